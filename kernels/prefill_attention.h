@@ -1,0 +1,52 @@
+// Prefill attention over the paged KV cache: several new query tokens per
+// sequence attend, causally, to the sequence's cached tokens plus themselves.
+// One flattened variable-length batch serves whole prompts, chunks of a chunked
+// prefill and prompts whose prefix is already in the cache (prefix caching).
+#ifndef PAGEDSERVE_KERNELS_PREFILL_ATTENTION_H_
+#define PAGEDSERVE_KERNELS_PREFILL_ATTENTION_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/types.h"
+
+namespace pagedserve::kernels {
+
+struct PrefillAttentionParams {
+  // Query tokens of all sequences back to back; sequence s owns rows
+  // [query_start_loc[s], query_start_loc[s+1]). num_tokens = query_start_loc[num_seqs].
+  void* out = nullptr;          // [num_tokens, num_heads, head_size], cache dtype
+  const void* query = nullptr;  // [num_tokens, num_heads, head_size], cache dtype
+  int64_t query_token_stride = 0;  // elements between tokens; 0 = num_heads * head_size
+  int num_seqs = 0;
+  int num_heads = 0;  // multiple of cache.shape.num_kv_heads (GQA/MQA as in decode)
+  const int32_t* query_start_loc = nullptr;  // [num_seqs + 1], int32, non-decreasing
+  // Total context of sequence s after this step, new tokens included. The new
+  // tokens' K/V must already be in the cache (ReshapeAndCache). Query row i of
+  // sequence s sits at position seq_lens[s] - q_len(s) + i and attends to keys
+  // at positions [0, that position].
+  const int32_t* seq_lens = nullptr;  // [num_seqs]
+  KVCacheView cache;
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  int max_blocks_per_seq = 0;
+  int max_query_len = 0;  // >= every q_len(s)
+  int max_seq_len = 0;    // >= every seq_lens[s]
+  float scale = 1.0f;
+  const float* alibi_slopes = nullptr;  // [num_heads] or null
+  const int32_t* host_query_start_loc = nullptr;  // validation copies for kCUDA
+  const int32_t* host_seq_lens = nullptr;
+  const int32_t* host_block_tables = nullptr;
+  void* stream = nullptr;
+};
+
+// Checks shapes, q_len(s) <= seq_lens[s], block ids and lengths (where
+// host-readable). InvalidArgument naming the field and index.
+absl::Status ValidatePrefillAttention(const PrefillAttentionParams& p);
+
+// Causal attention of every query row to its sequence's cached keys/values.
+// Validates first; nothing is written on error.
+absl::Status PrefillAttention(const PrefillAttentionParams& p);
+
+}  // namespace pagedserve::kernels
+
+#endif  // PAGEDSERVE_KERNELS_PREFILL_ATTENTION_H_

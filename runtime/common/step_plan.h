@@ -1,0 +1,93 @@
+// The step plan: everything workers need to run one engine step, decided by the
+// coordinator (scheduler + block manager) and broadcast to every worker rank.
+// Workers never decide placement; they apply the block operations and run the
+// forward pass exactly as planned. The coordinator never touches tensors.
+#ifndef PAGEDSERVE_RUNTIME_COMMON_STEP_PLAN_H_
+#define PAGEDSERVE_RUNTIME_COMMON_STEP_PLAN_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/common/sampling_params.h"
+
+namespace pagedserve {
+
+using SeqId = uint64_t;
+inline constexpr SeqId kNoSeq = ~SeqId{0};
+
+// A (source, destination) physical block pair.
+struct BlockPair {
+  int32_t src = 0;
+  int32_t dst = 0;
+  bool operator==(const BlockPair&) const = default;
+};
+
+// One sequence's share of a step.
+struct SequenceStep {
+  SeqId seq_id = 0;
+  // Before this step the worker copies its per-sequence state (token history
+  // used by penalties) from this sequence: set when a sibling is forked for
+  // n > 1 or beam search. kNoSeq otherwise.
+  SeqId fork_from = kNoSeq;
+  // Tokens fed this step: a prompt chunk (prefill) or the last sampled token
+  // (decode). Positions are start_pos, start_pos+1, ...; start_pos is the number
+  // of tokens whose K/V are already cached (0 on a fresh or recomputed sequence,
+  // > 0 after a prefix-cache hit or a previous chunk).
+  std::vector<int32_t> token_ids;
+  int32_t start_pos = 0;
+  // Physical blocks of the sequence, logical order; covers start_pos + token_ids.size().
+  std::vector<int32_t> block_table;
+  // Draw samples from the logits of the last token of this step. False for a
+  // non-final chunk of a chunked prefill.
+  bool sample = true;
+  // Samples to draw: n on the final prefill step of an n > 1 group's parent
+  // (siblings are forked afterwards), else 1.
+  int32_t num_samples = 1;
+  // Which member of its group this sequence is (0..n-1): seeded requests derive
+  // their random stream from (seed, sample_index, position) so outputs do not
+  // depend on batch composition or preemption.
+  int32_t sample_index = 0;
+  SamplingParams sampling;
+
+  int32_t context_len() const { return start_pos + static_cast<int32_t>(token_ids.size()); }
+  bool is_prefill() const { return token_ids.size() > 1 || start_pos == 0; }
+};
+
+struct StepPlan {
+  uint64_t step_id = 0;
+  std::vector<SequenceStep> seqs;  // decode sequences first, then prefills
+  // slot_mapping[t] = block * block_size + offset for every fed token t, in the
+  // order of seqs[*].token_ids flattened. int64 as the kernels take it.
+  std::vector<int64_t> slot_mapping;
+  // Block operations, applied in this order before the forward pass.
+  std::vector<BlockPair> swap_out;  // device block -> CPU swap block
+  std::vector<BlockPair> swap_in;   // CPU swap block -> device block
+  std::vector<BlockPair> copy;      // device -> device (copy-on-write)
+  // Sequences that ended (finished, aborted, or failed); workers drop their state.
+  std::vector<SeqId> finished;
+  bool shutdown = false;  // workers exit after acknowledging this plan
+
+  int64_t num_tokens() const { return static_cast<int64_t>(slot_mapping.size()); }
+};
+
+// One sampled token of a sequence.
+struct SampledToken {
+  SeqId seq_id = 0;
+  int32_t token_id = 0;
+  float logprob = 0.0f;                    // of token_id, when requested
+  std::vector<int32_t> top_token_ids;      // top-N alternatives, when requested
+  std::vector<float> top_logprobs;
+};
+
+// What TP rank 0 returns to the coordinator for a plan. For a sequence with
+// num_samples = n there are n entries with the same seq_id, in sample order.
+struct StepResult {
+  uint64_t step_id = 0;
+  std::vector<SampledToken> tokens;
+  double forward_seconds = 0.0;      // per-rank figures for metrics
+  double collective_seconds = 0.0;
+};
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_RUNTIME_COMMON_STEP_PLAN_H_
