@@ -1,0 +1,18 @@
+// Sub-commands of the `pagedserve` binary. Each takes the positional arguments
+// left after flag parsing (argv[0] is the sub-command name) and returns the
+// process exit code. Flags are absl flags defined beside each command.
+#ifndef PAGEDSERVE_RUNTIME_CLI_COMMANDS_H_
+#define PAGEDSERVE_RUNTIME_CLI_COMMANDS_H_
+
+#include <string>
+#include <vector>
+
+namespace pagedserve::cli {
+
+using Args = std::vector<std::string>;
+
+int SimCommand(const Args& args);       // pagedserve sim: KV memory simulator
+
+}  // namespace pagedserve::cli
+
+#endif  // PAGEDSERVE_RUNTIME_CLI_COMMANDS_H_
