@@ -1,0 +1,357 @@
+#include "monitoring/metrics.h"
+
+#include <cmath>
+#include <exception>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+
+namespace pagedserve {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+bool ValidLabelName(std::string_view name) {
+  if (name.empty() || name.substr(0, 2) == "__") return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    char c = name[i];
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+              (i > 0 && c >= '0' && c <= '9');
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// Splits "HOST:PORT" ("[v6]:PORT" for IPv6) and checks the port.
+absl::StatusOr<int> ParsePort(const std::string& address) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MetricsOptions.listen_address: expected HOST:PORT, got '", address, "'"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.front() == '[' ? host.back() != ']' || host.size() < 3
+                          : host.find(':') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MetricsOptions.listen_address: IPv6 hosts must be bracketed, as in [::1]:9400; got '",
+        address, "'"));
+  }
+  int port = 0;
+  std::string port_text = address.substr(colon + 1);
+  if (!absl::SimpleAtoi(port_text, &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MetricsOptions.listen_address: port must be an integer in 0..65535, got '",
+        port_text, "'"));
+  }
+  return port;
+}
+
+bool Valid(double x) { return std::isfinite(x) && x >= 0; }
+
+}  // namespace
+
+std::string_view FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "error";
+}
+
+std::string_view PreemptionModeName(PreemptionMode mode) {
+  return mode == PreemptionMode::kSwap ? "swap" : "recompute";
+}
+
+const std::vector<double>& Metrics::LatencyBuckets() {
+  static const auto* b = new std::vector<double>{
+      0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+      0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
+  return *b;
+}
+const std::vector<double>& Metrics::InterTokenBuckets() {
+  static const auto* b = new std::vector<double>{
+      0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+      0.1,   0.15,   0.2,   0.3,  0.4,   0.5,  0.75,  1.0,  2.5,  5.0,  10.0};
+  return *b;
+}
+const std::vector<double>& Metrics::RequestTimeBuckets() {
+  static const auto* b = new std::vector<double>{
+      0.01, 0.025, 0.05, 0.1,  0.25, 0.5,  1.0,   2.5,   5.0,   10.0,  15.0,
+      20.0, 30.0,  40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0};
+  return *b;
+}
+const std::vector<double>& Metrics::TokenCountBuckets() {
+  static const auto* b = new std::vector<double>{
+      1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000};
+  return *b;
+}
+const std::vector<double>& Metrics::StepTokenBuckets() {
+  static const auto* b = new std::vector<double>{
+      1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+  return *b;
+}
+const std::vector<double>& Metrics::RankStepBuckets() {
+  static const auto* b = new std::vector<double>{
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0};
+  return *b;
+}
+
+Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {}
+
+Metrics::~Metrics() {
+  // Stop serving before the registry's series go away.
+  exposer_.reset();
+}
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& options) {
+  const BuildInfo& info = options.build_info;
+  if (info.tensor_parallel_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BuildInfo.tensor_parallel_size must be >= 1, got ", info.tensor_parallel_size));
+  }
+  prometheus::Labels info_labels = {
+      {"version", info.version},
+      {"model", info.model},
+      {"tensor_parallel_size", std::to_string(info.tensor_parallel_size)},
+      {"block_size", std::to_string(info.block_size)},
+      {"backend", info.backend},
+  };
+  for (const auto& [name, value] : info.extra_labels) {
+    if (!ValidLabelName(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "BuildInfo.extra_labels: '", name,
+          "' is not a valid Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, no leading __)"));
+    }
+    if (!info_labels.emplace(name, value).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("BuildInfo.extra_labels: '", name, "' repeats a built-in label"));
+    }
+  }
+  int port = 0;
+  if (!options.listen_address.empty()) {
+    absl::StatusOr<int> parsed = ParsePort(options.listen_address);
+    if (!parsed.ok()) return parsed.status();
+    port = *parsed;
+  }
+
+  std::unique_ptr<Metrics> m(new Metrics());
+  prometheus::Registry& r = *m->registry_;
+
+  BuildGauge()
+      .Name("pagedserve_build_info")
+      .Help("Build and configuration of this server; the value is always 1.")
+      .Register(r)
+      .Add(info_labels)
+      .Set(1);
+
+  m->running_ = &BuildGauge().Name("pagedserve_requests_running")
+                     .Help("Requests (sequence groups) in the running queue.")
+                     .Register(r).Add({});
+  m->waiting_ = &BuildGauge().Name("pagedserve_requests_waiting")
+                     .Help("Requests (sequence groups) waiting to be scheduled.")
+                     .Register(r).Add({});
+  m->swapped_ = &BuildGauge().Name("pagedserve_requests_swapped")
+                     .Help("Requests (sequence groups) preempted by swap, KV blocks in the CPU pool.")
+                     .Register(r).Add({});
+  auto& kv = BuildGauge().Name("pagedserve_kv_cache_usage_ratio")
+                 .Help("Fraction (0-1) of KV cache blocks in use, by pool (device or cpu swap).")
+                 .Register(r);
+  m->kv_device_ = &kv.Add({{"pool", "device"}});
+  m->kv_cpu_ = &kv.Add({{"pool", "cpu"}});
+
+  m->prefix_queries_ = &BuildCounter().Name("pagedserve_prefix_cache_queries_tokens_total")
+                            .Help("Prompt tokens looked up in the prefix cache.")
+                            .Register(r).Add({});
+  m->prefix_hits_ = &BuildCounter().Name("pagedserve_prefix_cache_hits_tokens_total")
+                         .Help("Prompt tokens found in cached KV blocks (prefix cache hits).")
+                         .Register(r).Add({});
+  auto& preempt = BuildCounter().Name("pagedserve_preemptions_total")
+                      .Help("Sequence groups preempted, by mode (swap or recompute).")
+                      .Register(r);
+  m->preempt_swap_ = &preempt.Add({{"mode", "swap"}});
+  m->preempt_recompute_ = &preempt.Add({{"mode", "recompute"}});
+  m->prompt_tokens_ = &BuildCounter().Name("pagedserve_prompt_tokens_total")
+                           .Help("Prompt tokens prefilled, recomputed ones included.")
+                           .Register(r).Add({});
+  m->generation_tokens_ = &BuildCounter().Name("pagedserve_generation_tokens_total")
+                               .Help("Output tokens generated.")
+                               .Register(r).Add({});
+  auto& finished = BuildCounter().Name("pagedserve_requests_finished_total")
+                       .Help("Requests that left the server, by finish reason.")
+                       .Register(r);
+  for (FinishReason reason : {FinishReason::kStop, FinishReason::kLength,
+                              FinishReason::kAbort, FinishReason::kError}) {
+    m->finished_[static_cast<int>(reason)] =
+        &finished.Add({{"finish_reason", std::string(FinishReasonName(reason))}});
+  }
+
+  auto histogram = [&r](const char* name, const char* help,
+                        const std::vector<double>& buckets) -> prometheus::Histogram* {
+    return &BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
+  };
+  m->ttft_ = histogram("pagedserve_time_to_first_token_seconds",
+                       "Time from arrival to the first output token, per request.",
+                       LatencyBuckets());
+  m->itl_ = histogram("pagedserve_inter_token_latency_seconds",
+                      "Time between consecutive output tokens of a sequence.",
+                      InterTokenBuckets());
+  m->e2e_ = histogram("pagedserve_request_e2e_latency_seconds",
+                      "Time from arrival to the final message, per request.",
+                      RequestTimeBuckets());
+  m->queue_ = histogram("pagedserve_request_queue_time_seconds",
+                        "Time from arrival to first being scheduled, per request.",
+                        RequestTimeBuckets());
+  m->prefill_ = histogram("pagedserve_request_prefill_time_seconds",
+                          "Time from first scheduled to the first output token, per request.",
+                          RequestTimeBuckets());
+  m->decode_ = histogram("pagedserve_request_decode_time_seconds",
+                         "Time from the first to the last output token, per request.",
+                         RequestTimeBuckets());
+  m->prompt_len_ = histogram("pagedserve_request_prompt_tokens",
+                             "Prompt length in tokens, per finished request.",
+                             TokenCountBuckets());
+  m->generation_len_ = histogram("pagedserve_request_generation_tokens",
+                                 "Output tokens per finished request (all its sequences).",
+                                 TokenCountBuckets());
+  m->step_tokens_ = histogram("pagedserve_step_tokens",
+                              "Tokens (prefill and decode) processed in one model step.",
+                              StepTokenBuckets());
+  m->rank_step_ = &BuildHistogram().Name("pagedserve_rank_step_duration_seconds")
+                       .Help("Wall time of one model step on a worker, by tensor-parallel rank.")
+                       .Register(r);
+  m->rank_collective_ = &BuildHistogram().Name("pagedserve_rank_collective_duration_seconds")
+                             .Help("Time of one step spent in tensor-parallel collectives, by rank.")
+                             .Register(r);
+  for (int rank = 0; rank < info.tensor_parallel_size; ++rank) {
+    m->RankHistogram(m->rank_step_, rank);
+    m->RankHistogram(m->rank_collective_, rank);
+  }
+  m->rejected_ = &BuildCounter().Name("pagedserve_metrics_rejected_observations_total")
+                      .Help("Observations dropped because a value was negative, NaN or out of "
+                            "range, by Metrics method; nonzero means a caller bug.")
+                      .Register(r);
+
+  if (port != 0) {
+    try {
+      m->exposer_ = std::make_unique<prometheus::Exposer>(options.listen_address);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(
+          "MetricsOptions.listen_address: cannot serve metrics on '", options.listen_address,
+          "': ", e.what()));
+    }
+    m->exposer_->RegisterCollectable(m->registry_);
+    std::vector<int> ports = m->exposer_->GetListeningPorts();
+    m->listening_port_ = ports.empty() ? port : ports.front();
+  }
+  return m;
+}
+
+prometheus::Histogram& Metrics::RankHistogram(prometheus::Family<prometheus::Histogram>* family,
+                                              int rank) {
+  // Family::Add returns the existing series for labels already seen.
+  return family->Add({{"rank", std::to_string(rank)}}, RankStepBuckets());
+}
+
+void Metrics::Reject(std::string_view method) {
+  rejected_->Add({{"method", std::string(method)}}).Increment();
+}
+
+void Metrics::SetRequests(int64_t running, int64_t waiting, int64_t swapped) {
+  if (running < 0 || waiting < 0 || swapped < 0) return Reject("SetRequests");
+  running_->Set(static_cast<double>(running));
+  waiting_->Set(static_cast<double>(waiting));
+  swapped_->Set(static_cast<double>(swapped));
+}
+
+void Metrics::SetKvUsage(double device_fraction, double cpu_fraction) {
+  if (!Valid(device_fraction) || !Valid(cpu_fraction) || device_fraction > 1 ||
+      cpu_fraction > 1) {
+    return Reject("SetKvUsage");
+  }
+  kv_device_->Set(device_fraction);
+  kv_cpu_->Set(cpu_fraction);
+}
+
+void Metrics::AddPrefixCache(int64_t query_tokens, int64_t hit_tokens) {
+  if (query_tokens < 0 || hit_tokens < 0 || hit_tokens > query_tokens) {
+    return Reject("AddPrefixCache");
+  }
+  prefix_queries_->Increment(static_cast<double>(query_tokens));
+  prefix_hits_->Increment(static_cast<double>(hit_tokens));
+}
+
+void Metrics::AddPreemption(PreemptionMode mode) {
+  (mode == PreemptionMode::kSwap ? preempt_swap_ : preempt_recompute_)->Increment();
+}
+
+void Metrics::AddPromptTokens(int64_t n) {
+  if (n < 0) return Reject("AddPromptTokens");
+  prompt_tokens_->Increment(static_cast<double>(n));
+}
+
+void Metrics::AddGenerationTokens(int64_t n) {
+  if (n < 0) return Reject("AddGenerationTokens");
+  generation_tokens_->Increment(static_cast<double>(n));
+}
+
+void Metrics::RequestFinished(const FinishedRequest& q) {
+  int reason = static_cast<int>(q.reason);
+  bool produced = q.ttft_s >= 0;
+  // Either all of ttft/prefill/decode are given (a token was produced) or none.
+  bool consistent = produced ? Valid(q.ttft_s) && Valid(q.prefill_s) && Valid(q.decode_s)
+                             : q.prefill_s < 0 && q.decode_s < 0;
+  if (reason < 0 || reason > 3 || !Valid(q.e2e_s) || std::isnan(q.queue_s) ||
+      std::isinf(q.queue_s) || !consistent || std::isnan(q.ttft_s) || q.prompt_len < 0 ||
+      q.generation_len < 0 || (!produced && q.generation_len > 0)) {
+    return Reject("RequestFinished");
+  }
+  finished_[reason]->Increment();
+  e2e_->Observe(q.e2e_s);
+  if (q.queue_s >= 0) queue_->Observe(q.queue_s);
+  prompt_len_->Observe(static_cast<double>(q.prompt_len));
+  generation_len_->Observe(static_cast<double>(q.generation_len));
+  if (produced) {
+    ttft_->Observe(q.ttft_s);
+    prefill_->Observe(q.prefill_s);
+    decode_->Observe(q.decode_s);
+  }
+}
+
+void Metrics::ObserveInterTokenLatency(double seconds) {
+  if (!Valid(seconds)) return Reject("ObserveInterTokenLatency");
+  itl_->Observe(seconds);
+}
+
+void Metrics::ObserveStepTokens(int64_t n) {
+  if (n < 0) return Reject("ObserveStepTokens");
+  step_tokens_->Observe(static_cast<double>(n));
+}
+
+void Metrics::ObserveRankStep(int rank, double step_s, double collective_s) {
+  if (rank < 0 || !Valid(step_s) || !Valid(collective_s) || collective_s > step_s) {
+    return Reject("ObserveRankStep");
+  }
+  RankHistogram(rank_step_, rank).Observe(step_s);
+  RankHistogram(rank_collective_, rank).Observe(collective_s);
+}
+
+std::string Metrics::Serialize() const {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+}  // namespace pagedserve
