@@ -13,7 +13,7 @@
 namespace pagedserve {
 
 struct SamplingParams {
-  int n = 1;                         // parallel samples per request (>= 1)
+  int n = 1;                         // parallel samples per request, [1, 64]
   int max_tokens = 16;               // generated tokens per sample (>= 1)
   float temperature = 1.0f;          // >= 0; 0 (or < 1e-5) means greedy
   float top_p = 1.0f;                // (0, 1]
@@ -31,7 +31,8 @@ struct SamplingParams {
   // True when sampling reduces to argmax.
   bool greedy() const { return temperature < 1e-5f; }
 
-  // Checks every field against the ranges above. Returns InvalidArgument whose
+  // Checks every field against the ranges above (also: stop strings non-empty,
+  // stop_token_ids >= 0, NaN rejected everywhere). Returns InvalidArgument whose
   // message names the field and the bad value, e.g. "top_p must be in (0, 1], got 1.5".
   absl::Status Validate() const;
 };

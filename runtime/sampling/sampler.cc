@@ -1,0 +1,314 @@
+#include "runtime/sampling/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace pagedserve {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Cand {
+  float s;      // processed logit (after temperature, max subtracted), <= 0
+  int32_t id;
+  float e;      // exp(s), filled once needed
+};
+
+// Strict total order: larger value first, then lower token id.
+inline bool Before(const Cand& a, const Cand& b) {
+  return a.s > b.s || (a.s == b.s && a.id < b.id);
+}
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+absl::Status CheckRow(std::span<const float> logits_row, const SamplerRow& row,
+                      int32_t vocab_size, size_t row_index) {
+  auto where = [&] { return absl::StrCat("sampler row ", row_index, " (seq ", row.seq_id, "): "); };
+  if (row.params == nullptr) return absl::InvalidArgumentError(absl::StrCat(where(), "params is null"));
+  if (absl::Status s = row.params->Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where(), s.message()));
+  }
+  if (row.num_samples < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where(), "num_samples must be >= 1, got ", row.num_samples));
+  }
+  if (row.prompt_len < 0 || static_cast<size_t>(row.prompt_len) > row.token_history.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(where(), "prompt_len ", row.prompt_len,
+                                                   " outside [0, ", row.token_history.size(), "]"));
+  }
+  for (size_t i = 0; i < row.token_history.size(); ++i) {
+    const int32_t t = row.token_history[i];
+    if (t < 0 || t >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(where(), "token_history[", i, "] = ", t,
+                                                     " outside [0, ", vocab_size, ")"));
+    }
+  }
+  bool any_finite = false;
+  for (size_t i = 0; i < logits_row.size(); ++i) {
+    const float v = logits_row[i];
+    if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) {
+      return absl::InvalidArgumentError(absl::StrCat(where(), "logit of token ", i, " is ", v));
+    }
+    any_finite |= (v != kNegInf);
+  }
+  if (!any_finite) return absl::InvalidArgumentError(absl::StrCat(where(), "every logit is -inf"));
+  return absl::OkStatus();
+}
+
+// Step 1: penalized copy of the row.
+// Finite inputs stay finite: results are clamped to +-FLT_MAX (a huge penalty can
+// otherwise overflow), so at least one finite logit always remains.
+void ApplyPenalties(std::span<const float> in, const SamplerRow& row, std::vector<float>& out) {
+  out.assign(in.begin(), in.end());
+  const SamplingParams& p = *row.params;
+  constexpr float kMax = std::numeric_limits<float>::max();
+  auto clamp = [](float& v) {
+    if (v > kMax) v = kMax;
+    if (v < -kMax) v = -kMax;
+  };
+  std::vector<int32_t> ids;
+  if (p.repetition_penalty != 1.0f && !row.token_history.empty()) {
+    ids.assign(row.token_history.begin(), row.token_history.end());
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    for (int32_t t : ids) {
+      float& v = out[t];
+      if (v == kNegInf) continue;
+      v = v > 0.0f ? v / p.repetition_penalty : v * p.repetition_penalty;
+      clamp(v);
+    }
+  }
+  const auto output = row.token_history.subspan(row.prompt_len);
+  if ((p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) && !output.empty()) {
+    ids.assign(output.begin(), output.end());
+    std::sort(ids.begin(), ids.end());
+    for (size_t i = 0; i < ids.size();) {
+      size_t j = i;
+      while (j < ids.size() && ids[j] == ids[i]) ++j;
+      float& v = out[ids[i]];
+      if (v != kNegInf) {
+        v -= p.frequency_penalty * static_cast<float>(j - i) + p.presence_penalty;
+        clamp(v);
+      }
+      i = j;
+    }
+  }
+}
+
+int32_t ArgMax(const std::vector<float>& v) {
+  // First maximum: ties go to the lowest id. -inf entries never beat a finite one.
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// Steps 3-6 on penalized logits `w`. Leaves the survivors in `cands` with `e`
+// filled (unnormalized probabilities, > 0). `sorted` tells whether they are in
+// Before() order; otherwise they are in token-id order or top-k partition order.
+void Filter(const std::vector<float>& w, const SamplingParams& p, std::vector<Cand>& cands,
+            bool& sorted) {
+  const float max = *std::max_element(w.begin(), w.end());
+  const float inv_t = 1.0f / p.temperature;  // temperature >= 1e-5 here: finite
+  cands.clear();
+  cands.reserve(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (w[i] == kNegInf) continue;
+    cands.push_back({(w[i] - max) * inv_t, static_cast<int32_t>(i), 0.0f});
+  }
+  sorted = false;
+  // Top-k.
+  const bool top_k_active = p.top_k > 0 && static_cast<size_t>(p.top_k) < cands.size();
+  if (top_k_active) {
+    std::nth_element(cands.begin(), cands.begin() + p.top_k, cands.end(), Before);
+    cands.resize(p.top_k);
+  }
+  double z = 0.0;  // normalizer over the top-k survivors (what top-p renormalizes by)
+  for (Cand& c : cands) {
+    c.e = std::exp(c.s);
+    z += c.e;
+  }
+  // Top-p: walk the survivors in Before() order, sorting chunk by chunk so that a
+  // small nucleus never pays for a full sort of the vocabulary.
+  if (p.top_p < 1.0f) {
+    const double threshold = static_cast<double>(p.top_p) * z;
+    size_t done = 0, cut = cands.size();
+    double acc = 0.0;
+    while (done < cands.size() && cut == cands.size()) {
+      const size_t chunk = std::max<size_t>(64, done);
+      const size_t end = std::min(cands.size(), done + chunk);
+      if (end < cands.size()) {
+        std::nth_element(cands.begin() + done, cands.begin() + end, cands.end(), Before);
+      }
+      std::sort(cands.begin() + done, cands.begin() + end, Before);
+      for (size_t i = done; i < end; ++i) {
+        if (i > 0 && acc >= threshold) {
+          cut = i;
+          break;
+        }
+        acc += cands[i].e;
+      }
+      done = end;
+    }
+    cands.resize(cut);
+    sorted = true;
+  }
+  // Min-p: p_i / p_max = exp(s_i) since s_max = 0; the maximum always survives.
+  if (p.min_p > 0.0f) {
+    const float min_p = p.min_p;
+    cands.erase(std::remove_if(cands.begin(), cands.end(),
+                               [min_p](const Cand& c) { return c.s != 0.0f && c.e < min_p; }),
+                cands.end());
+  }
+  // Tokens whose probability underflowed to 0 cannot be drawn.
+  cands.erase(std::remove_if(cands.begin(), cands.end(), [](const Cand& c) { return c.e <= 0.0f; }),
+              cands.end());
+  if (top_k_active && !sorted) {
+    std::sort(cands.begin(), cands.end(), Before);
+    sorted = true;
+  }
+}
+
+// Inverse CDF over the survivors in their current (deterministic) order.
+int32_t Draw(const std::vector<Cand>& cands, double u) {
+  double total = 0.0;
+  for (const Cand& c : cands) total += c.e;
+  const double target = u * total;
+  double acc = 0.0;
+  for (const Cand& c : cands) {
+    acc += c.e;
+    if (target < acc) return c.id;
+  }
+  return cands.back().id;  // u * total rounded up to total
+}
+
+// Raw log-softmax of the sampled token and the top n.
+void FillLogprobs(std::span<const float> raw, int n, SampledToken& out) {
+  const float max = *std::max_element(raw.begin(), raw.end());
+  double sum = 0.0;
+  for (float v : raw) sum += std::exp(static_cast<double>(v) - max);
+  const double log_z = static_cast<double>(max) + std::log(sum);
+  out.logprob = static_cast<float>(static_cast<double>(raw[out.token_id]) - log_z);
+  out.top_token_ids.clear();
+  out.top_logprobs.clear();
+  if (n <= 0) return;
+  std::vector<int32_t> ids(raw.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  n = std::min<int>(n, static_cast<int>(raw.size()));
+  std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
+    return raw[a] > raw[b] || (raw[a] == raw[b] && a < b);
+  });
+  for (int i = 0; i < n; ++i) {
+    out.top_token_ids.push_back(ids[i]);
+    out.top_logprobs.push_back(static_cast<float>(static_cast<double>(raw[ids[i]]) - log_z));
+  }
+}
+
+}  // namespace
+
+Sampler::Sampler(int32_t vocab_size) : vocab_size_(std::max<int32_t>(vocab_size, 1)) {}
+
+uint64_t Sampler::StreamKey(uint64_t seed, int64_t sample_index, int64_t position) {
+  uint64_t k = SplitMix64(seed);
+  k = SplitMix64(k ^ static_cast<uint64_t>(sample_index));
+  k = SplitMix64(k ^ static_cast<uint64_t>(position));
+  return k;
+}
+
+double Sampler::SeededUniform(uint64_t seed, int64_t sample_index, int64_t position) {
+  std::mt19937_64 gen(StreamKey(seed, sample_index, position));
+  return static_cast<double>(gen() >> 11) * 0x1.0p-53;
+}
+
+absl::StatusOr<ProcessedDistribution> Sampler::Process(std::span<const float> logits_row,
+                                                       const SamplerRow& row) const {
+  if (logits_row.size() != static_cast<size_t>(vocab_size_)) {
+    return absl::InvalidArgumentError(absl::StrCat("logits row has ", logits_row.size(),
+                                                   " entries, vocab_size is ", vocab_size_));
+  }
+  if (absl::Status s = CheckRow(logits_row, row, vocab_size_, 0); !s.ok()) return s;
+  std::vector<float> w;
+  ApplyPenalties(logits_row, row, w);
+  ProcessedDistribution out;
+  if (row.params->greedy()) {
+    out.token_ids = {ArgMax(w)};
+    out.probs = {1.0};
+    return out;
+  }
+  std::vector<Cand> cands;
+  bool sorted = false;
+  Filter(w, *row.params, cands, sorted);
+  if (!sorted) std::sort(cands.begin(), cands.end(), Before);
+  double total = 0.0;
+  for (const Cand& c : cands) total += c.e;
+  for (const Cand& c : cands) {
+    out.token_ids.push_back(c.id);
+    out.probs.push_back(c.e / total);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<SampledToken>> Sampler::Sample(std::span<const float> logits,
+                                                          std::span<const SamplerRow> rows) {
+  const size_t v = static_cast<size_t>(vocab_size_);
+  if (logits.size() != rows.size() * v) {
+    return absl::InvalidArgumentError(absl::StrCat("logits have ", logits.size(), " entries, expected ",
+                                                   rows.size(), " rows x vocab_size ", v));
+  }
+  // Validation and every random draw happen up front, sequentially, so that the
+  // parallel part below is deterministic and touches no shared generator.
+  std::vector<size_t> first_out(rows.size() + 1, 0);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (absl::Status s = CheckRow(logits.subspan(r * v, v), rows[r], vocab_size_, r); !s.ok()) {
+      return s;
+    }
+    first_out[r + 1] = first_out[r] + static_cast<size_t>(rows[r].num_samples);
+  }
+  std::vector<double> uniforms(first_out.back(), 0.0);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const SamplerRow& row = rows[r];
+    if (row.params->greedy()) continue;
+    for (int32_t j = 0; j < row.num_samples; ++j) {
+      uniforms[first_out[r] + j] =
+          row.params->seed.has_value()
+              ? SeededUniform(*row.params->seed, int64_t{row.sample_index} + j, row.position)
+              : absl::Uniform<double>(absl::IntervalClosedOpen, unseeded_, 0.0, 1.0);
+    }
+  }
+
+  std::vector<SampledToken> out(first_out.back());
+  const int64_t num_rows = static_cast<int64_t>(rows.size());
+#pragma omp parallel for schedule(dynamic, 1) if (num_rows > 1)
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const SamplerRow& row = rows[r];
+    const SamplingParams& p = *row.params;
+    const auto raw = logits.subspan(static_cast<size_t>(r) * v, v);
+    std::vector<float> w;
+    ApplyPenalties(raw, row, w);
+    std::vector<Cand> cands;
+    int32_t greedy_token = -1;
+    if (p.greedy()) {
+      greedy_token = ArgMax(w);
+    } else {
+      bool sorted = false;
+      Filter(w, p, cands, sorted);
+    }
+    for (int32_t j = 0; j < row.num_samples; ++j) {
+      SampledToken& t = out[first_out[r] + j];
+      t.seq_id = row.seq_id;
+      t.token_id = greedy_token >= 0 ? greedy_token : Draw(cands, uniforms[first_out[r] + j]);
+      if (p.logprobs >= 0) FillLogprobs(raw, p.logprobs, t);
+    }
+  }
+  return out;
+}
+
+}  // namespace pagedserve
