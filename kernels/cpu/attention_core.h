@@ -1,0 +1,71 @@
+// Internal to the CPU backend: the inner attention loop shared by decode (v1,
+// v2), prefill and the contiguous-KV baseline of the benchmark.
+//
+// One call processes the token range [t_begin, t_end) of one sequence and one
+// KV head for M queries (the query heads of that KV head's GQA group, times
+// the query rows of a prefill tile). Per query it returns the max logit m, the
+// exp-sum l = sum exp(logit - m) and the unnormalized output
+// acc = sum exp(logit - m) * v, so that ranges can be combined with the usual
+// log-sum-exp rescaling (Milakov & Gimelshein 2018, "Online normalizer
+// calculation for softmax"; vLLM paged_attention_v2's reduce).
+//
+// Vectorization: loops are written so that the compiler auto-vectorizes them
+// (no reductions in inner loops). The same template is compiled twice, once
+// for the x86-64 baseline and once with target("avx2,fma"), and the
+// variant is chosen at run time from the CPU's features (no -march=native).
+#ifndef PAGEDSERVE_KERNELS_CPU_ATTENTION_CORE_H_
+#define PAGEDSERVE_KERNELS_CPU_ATTENTION_CORE_H_
+
+#include <cstdint>
+
+#include "kernels/types.h"
+
+namespace pagedserve::kernels::cpu {
+
+// Floats per query-vector chunk replicated for the key loop (see BuildQrep).
+inline constexpr int kQrepWidth = 16;
+
+struct AttendArgs {
+  int head_size = 0;
+  int num_queries = 0;          // M
+  // Query m, replicated for the key layout: qrep[(m * (head_size / x) + c) *
+  // kQrepWidth + i] = q_m[c * x + i % x]. Built by BuildQrep.
+  const float* qrep = nullptr;  // [M, head_size / x, kQrepWidth]
+  const int* limit = nullptr;   // [M] query m sees tokens [0, limit[m]) (causal / seq_len)
+  const int* qpos = nullptr;    // [M] query position; used only with slopes
+  const float* slopes = nullptr;  // [M] ALiBi slope per query or null
+  float scale = 1.0f;
+  // Block i covers tokens [t_begin + i * block_size, ...): pointers to this KV
+  // head's part of the block, key [head_size/x, block_size, x] and value
+  // [head_size, block_size], elements of the cache dtype.
+  const void* const* k_blocks = nullptr;
+  const void* const* v_blocks = nullptr;
+  int t_begin = 0;  // multiple of block_size
+  int t_end = 0;
+  // Scratch: logits [M, t_end - t_begin]; kbuf, vbuf [block_size * head_size].
+  float* logits = nullptr;
+  float* kbuf = nullptr;
+  float* vbuf = nullptr;
+  // Results: [M], [M], [M, head_size]. A query that sees no token of the
+  // range gets m = -inf, l = 0, acc = 0.
+  float* out_max = nullptr;
+  float* out_sum = nullptr;
+  float* out_acc = nullptr;
+};
+
+using AttendFn = void (*)(const AttendArgs&);
+
+// The variant for this dtype and block size (8, 16, 32), vectorized for the
+// widest instruction set this CPU supports among those compiled in.
+AttendFn SelectAttend(DType dtype, int block_size);
+
+// "avx2+fma" or "baseline": the variant SelectAttend picks on this CPU.
+const char* AttendIsaName();
+
+// Fills qrep for one query vector q (fp32, head_size elements), x = 16 bytes /
+// element size of the cache dtype.
+void BuildQrep(const float* q, int head_size, int x, float* qrep);
+
+}  // namespace pagedserve::kernels::cpu
+
+#endif  // PAGEDSERVE_KERNELS_CPU_ATTENTION_CORE_H_

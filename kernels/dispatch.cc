@@ -1,0 +1,326 @@
+// Public kernel entry points: validate at the API boundary, then run the
+// backend that matches KVCacheView::device (kernels/backend.h). Nothing is
+// written when validation fails.
+#include <cmath>
+#include <cstdint>
+#include <span>
+
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "kernels/cache_ops.h"
+#include "kernels/paged_attention.h"
+#include "kernels/prefill_attention.h"
+#include "kernels/reshape_and_cache.h"
+
+namespace pagedserve::kernels {
+namespace {
+
+absl::Status NoCuda() {
+  return absl::FailedPreconditionError("kCUDA cache view, but pagedserve was built without CUDA");
+}
+
+absl::Status Invalid(absl::string_view op, auto&&... parts) {
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", parts...));
+}
+
+absl::Status CheckCache(absl::string_view op, const KVCacheView& cache) {
+  absl::Status st = ValidateCacheView(cache);
+  if (!st.ok()) return Invalid(op, st.message());
+  return absl::OkStatus();
+}
+
+absl::Status CheckHeads(absl::string_view op, int num_heads, int num_kv_heads) {
+  if (num_heads <= 0) return Invalid(op, "num_heads must be > 0, got ", num_heads);
+  if (num_heads % num_kv_heads != 0)
+    return Invalid(op, "num_heads (", num_heads, ") must be a multiple of cache.num_kv_heads (",
+                   num_kv_heads, ")");
+  return absl::OkStatus();
+}
+
+// Checks the block-table rows of `num_seqs` sequences whose context lengths are
+// given by len(s): every used entry must name a block in [0, num_blocks).
+template <typename LenFn>
+absl::Status CheckBlockTables(absl::string_view op, const int32_t* bt, int num_seqs,
+                              int max_blocks_per_seq, const KVCacheShape& cs, LenFn len) {
+  for (int s = 0; s < num_seqs; ++s) {
+    const int64_t used = (static_cast<int64_t>(len(s)) + cs.block_size - 1) / cs.block_size;
+    for (int64_t i = 0; i < used; ++i) {
+      const int32_t b = bt[static_cast<int64_t>(s) * max_blocks_per_seq + i];
+      if (b < 0 || b >= cs.num_blocks)
+        return Invalid(op, "block_tables[", s, "][", i, "] = ", b, " is outside the pool [0, ",
+                       cs.num_blocks, ")");
+    }
+  }
+  return absl::OkStatus();
+}
+
+int NumPartitions(int max_seq_len) { return (max_seq_len + kPartitionSize - 1) / kPartitionSize; }
+
+absl::Status ValidateDecode(absl::string_view op, const PagedAttentionParams& p) {
+  if (absl::Status st = CheckCache(op, p.cache); !st.ok()) return st;
+  const KVCacheShape& cs = p.cache.shape;
+  if (p.num_seqs < 0) return Invalid(op, "num_seqs must be >= 0, got ", p.num_seqs);
+  if (absl::Status st = CheckHeads(op, p.num_heads, cs.num_kv_heads); !st.ok()) return st;
+  if (p.num_seqs == 0) return absl::OkStatus();
+  if (p.out == nullptr) return Invalid(op, "out is null");
+  if (p.query == nullptr) return Invalid(op, "query is null");
+  if (p.block_tables == nullptr) return Invalid(op, "block_tables is null");
+  if (p.seq_lens == nullptr) return Invalid(op, "seq_lens is null");
+  if (p.max_blocks_per_seq <= 0)
+    return Invalid(op, "max_blocks_per_seq must be > 0, got ", p.max_blocks_per_seq);
+  if (p.max_seq_len <= 0) return Invalid(op, "max_seq_len must be > 0, got ", p.max_seq_len);
+  if (!std::isfinite(p.scale)) return Invalid(op, "scale must be finite, got ", p.scale);
+  const bool on_host = p.cache.device == Device::kCPU;
+  const int32_t* seq_lens = on_host ? p.seq_lens : p.host_seq_lens;
+  const int32_t* block_tables = on_host ? p.block_tables : p.host_block_tables;
+  if (seq_lens == nullptr) return absl::OkStatus();  // kCUDA without host copies
+  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * cs.block_size;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int32_t len = seq_lens[s];
+    if (len < 1) return Invalid(op, "seq_lens[", s, "] = ", len, " must be >= 1");
+    if (len > p.max_seq_len)
+      return Invalid(op, "seq_lens[", s, "] = ", len, " exceeds max_seq_len ", p.max_seq_len);
+    if (len > capacity)
+      return Invalid(op, "seq_lens[", s, "] = ", len, " is longer than the block table (",
+                     p.max_blocks_per_seq, " blocks of ", cs.block_size, " tokens)");
+  }
+  if (block_tables == nullptr) return absl::OkStatus();
+  return CheckBlockTables(op, block_tables, p.num_seqs, p.max_blocks_per_seq, cs,
+                          [&](int s) { return seq_lens[s]; });
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// reshape_and_cache
+// ---------------------------------------------------------------------------
+
+absl::Status ReshapeAndCache(const ReshapeAndCacheParams& p) {
+  constexpr absl::string_view op = "reshape_and_cache";
+  if (absl::Status st = CheckCache(op, p.cache); !st.ok()) return st;
+  const KVCacheShape& cs = p.cache.shape;
+  if (p.num_tokens < 0) return Invalid(op, "num_tokens must be >= 0, got ", p.num_tokens);
+  const int64_t row = static_cast<int64_t>(cs.num_kv_heads) * cs.head_size;
+  if (p.key_token_stride < 0 || (p.key_token_stride != 0 && p.key_token_stride < row))
+    return Invalid(op, "key_token_stride ", p.key_token_stride, " is smaller than num_kv_heads * head_size = ", row);
+  if (p.value_token_stride < 0 || (p.value_token_stride != 0 && p.value_token_stride < row))
+    return Invalid(op, "value_token_stride ", p.value_token_stride, " is smaller than num_kv_heads * head_size = ", row);
+  if (p.num_tokens == 0) return absl::OkStatus();
+  if (p.key == nullptr) return Invalid(op, "key is null");
+  if (p.value == nullptr) return Invalid(op, "value is null");
+  if (p.slot_mapping == nullptr) return Invalid(op, "slot_mapping is null");
+  if (p.cache.device == Device::kCPU) {
+    const int64_t slots = cs.num_blocks * cs.block_size;
+    for (int t = 0; t < p.num_tokens; ++t)
+      if (p.slot_mapping[t] >= slots)
+        return Invalid(op, "slot_mapping[", t, "] = ", p.slot_mapping[t],
+                       " is outside the pool (num_blocks * block_size = ", slots, ")");
+    return cpu::ReshapeAndCache(p);
+  }
+#ifdef PAGEDSERVE_WITH_CUDA
+  return cuda::ReshapeAndCache(p);
+#else
+  return NoCuda();
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Decode attention
+// ---------------------------------------------------------------------------
+
+absl::Status ValidatePagedAttention(const PagedAttentionParams& p) {
+  return ValidateDecode("paged_attention", p);
+}
+
+size_t PagedAttentionV2WorkspaceBytes(int num_seqs, int num_heads, int head_size,
+                                      int max_seq_len) {
+  const size_t rows = static_cast<size_t>(num_seqs) * static_cast<size_t>(num_heads) *
+                      static_cast<size_t>(NumPartitions(max_seq_len));
+  return rows * (2 + static_cast<size_t>(head_size)) * sizeof(float);
+}
+
+bool ShouldUsePagedAttentionV1(int num_seqs, int num_heads, int max_seq_len) {
+  return max_seq_len <= 8192 &&
+         (NumPartitions(max_seq_len) == 1 || static_cast<int64_t>(num_seqs) * num_heads > 512);
+}
+
+absl::Status PagedAttentionV1(const PagedAttentionParams& p) {
+  if (absl::Status st = ValidateDecode("paged_attention_v1", p); !st.ok()) return st;
+  if (p.num_seqs == 0) return absl::OkStatus();
+  if (p.cache.device == Device::kCPU) return cpu::PagedAttentionV1(p);
+#ifdef PAGEDSERVE_WITH_CUDA
+  return cuda::PagedAttentionV1(p);
+#else
+  return NoCuda();
+#endif
+}
+
+absl::Status PagedAttentionV2(const PagedAttentionParams& p) {
+  if (absl::Status st = ValidateDecode("paged_attention_v2", p); !st.ok()) return st;
+  if (p.num_seqs == 0) return absl::OkStatus();
+  if (p.cache.device == Device::kCPU) return cpu::PagedAttentionV2(p);
+#ifdef PAGEDSERVE_WITH_CUDA
+  if (p.workspace == nullptr)
+    return Invalid("paged_attention_v2", "workspace is null (required on kCUDA; ",
+                   "PagedAttentionV2WorkspaceBytes() bytes)");
+  return cuda::PagedAttentionV2(p);
+#else
+  return NoCuda();
+#endif
+}
+
+absl::Status PagedAttention(const PagedAttentionParams& p) {
+  return ShouldUsePagedAttentionV1(p.num_seqs, p.num_heads, p.max_seq_len) ? PagedAttentionV1(p)
+                                                                           : PagedAttentionV2(p);
+}
+
+// ---------------------------------------------------------------------------
+// Prefill attention
+// ---------------------------------------------------------------------------
+
+absl::Status ValidatePrefillAttention(const PrefillAttentionParams& p) {
+  constexpr absl::string_view op = "prefill_attention";
+  if (absl::Status st = CheckCache(op, p.cache); !st.ok()) return st;
+  const KVCacheShape& cs = p.cache.shape;
+  if (p.num_seqs < 0) return Invalid(op, "num_seqs must be >= 0, got ", p.num_seqs);
+  if (absl::Status st = CheckHeads(op, p.num_heads, cs.num_kv_heads); !st.ok()) return st;
+  if (p.num_seqs == 0) return absl::OkStatus();
+  if (p.out == nullptr) return Invalid(op, "out is null");
+  if (p.query == nullptr) return Invalid(op, "query is null");
+  if (p.query_start_loc == nullptr) return Invalid(op, "query_start_loc is null");
+  if (p.seq_lens == nullptr) return Invalid(op, "seq_lens is null");
+  if (p.block_tables == nullptr) return Invalid(op, "block_tables is null");
+  const int64_t row = static_cast<int64_t>(p.num_heads) * cs.head_size;
+  if (p.query_token_stride < 0 || (p.query_token_stride != 0 && p.query_token_stride < row))
+    return Invalid(op, "query_token_stride ", p.query_token_stride,
+                   " is smaller than num_heads * head_size = ", row);
+  if (p.max_blocks_per_seq <= 0)
+    return Invalid(op, "max_blocks_per_seq must be > 0, got ", p.max_blocks_per_seq);
+  if (!std::isfinite(p.scale)) return Invalid(op, "scale must be finite, got ", p.scale);
+  const bool on_host = p.cache.device == Device::kCPU;
+  const int32_t* qsl = on_host ? p.query_start_loc : p.host_query_start_loc;
+  const int32_t* seq_lens = on_host ? p.seq_lens : p.host_seq_lens;
+  const int32_t* block_tables = on_host ? p.block_tables : p.host_block_tables;
+  if (qsl == nullptr || seq_lens == nullptr) return absl::OkStatus();
+  if (qsl[0] < 0) return Invalid(op, "query_start_loc[0] = ", qsl[0], " must be >= 0");
+  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * cs.block_size;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int64_t q_len = static_cast<int64_t>(qsl[s + 1]) - qsl[s];
+    if (q_len < 0)
+      return Invalid(op, "query_start_loc must be non-decreasing: [", s, "] = ", qsl[s], " > [",
+                     s + 1, "] = ", qsl[s + 1]);
+    if (q_len > p.max_query_len)
+      return Invalid(op, "query length of sequence ", s, " (", q_len, ") exceeds max_query_len ",
+                     p.max_query_len);
+    const int32_t len = seq_lens[s];
+    if (len < q_len)
+      return Invalid(op, "seq_lens[", s, "] = ", len, " is shorter than its query length ", q_len);
+    if (len > p.max_seq_len)
+      return Invalid(op, "seq_lens[", s, "] = ", len, " exceeds max_seq_len ", p.max_seq_len);
+    if (len > capacity)
+      return Invalid(op, "seq_lens[", s, "] = ", len, " is longer than the block table (",
+                     p.max_blocks_per_seq, " blocks of ", cs.block_size, " tokens)");
+  }
+  if (block_tables == nullptr) return absl::OkStatus();
+  return CheckBlockTables(op, block_tables, p.num_seqs, p.max_blocks_per_seq, cs,
+                          [&](int s) { return seq_lens[s]; });
+}
+
+absl::Status PrefillAttention(const PrefillAttentionParams& p) {
+  if (absl::Status st = ValidatePrefillAttention(p); !st.ok()) return st;
+  if (p.num_seqs == 0) return absl::OkStatus();
+  if (p.cache.device == Device::kCPU) return cpu::PrefillAttention(p);
+#ifdef PAGEDSERVE_WITH_CUDA
+  return cuda::PrefillAttention(p);
+#else
+  return NoCuda();
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// copy_blocks / swap_blocks
+// ---------------------------------------------------------------------------
+
+namespace {
+
+bool SameLayout(const KVCacheShape& a, const KVCacheShape& b) {
+  return a.num_kv_heads == b.num_kv_heads && a.head_size == b.head_size &&
+         a.block_size == b.block_size && a.dtype == b.dtype;
+}
+
+absl::Status CheckPairs(absl::string_view op, std::span<const BlockCopy> pairs, int64_t src_blocks,
+                        int64_t dst_blocks) {
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    if (pairs[i].src < 0 || pairs[i].src >= src_blocks)
+      return Invalid(op, "pairs[", i, "].src = ", pairs[i].src, " is outside the pool [0, ",
+                     src_blocks, ")");
+    if (pairs[i].dst < 0 || pairs[i].dst >= dst_blocks)
+      return Invalid(op, "pairs[", i, "].dst = ", pairs[i].dst, " is outside the pool [0, ",
+                     dst_blocks, ")");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CopyBlocks(std::span<const KVCacheView> layers, std::span<const BlockCopy> pairs,
+                        void* stream) {
+  constexpr absl::string_view op = "copy_blocks";
+  if (layers.empty() || pairs.empty()) return absl::OkStatus();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (absl::Status st = ValidateCacheView(layers[i]); !st.ok())
+      return Invalid(op, "layers[", i, "]: ", st.message());
+    if (!SameLayout(layers[i].shape, layers[0].shape) ||
+        layers[i].shape.num_blocks != layers[0].shape.num_blocks)
+      return Invalid(op, "layers[", i, "] has a different shape than layers[0]");
+    if (layers[i].device != layers[0].device)
+      return Invalid(op, "layers[", i, "] is on ", DeviceName(layers[i].device),
+                     ", layers[0] on ", DeviceName(layers[0].device));
+  }
+  const int64_t nb = layers[0].shape.num_blocks;
+  if (absl::Status st = CheckPairs(op, pairs, nb, nb); !st.ok()) return st;
+  if (layers[0].device == Device::kCPU) return cpu::CopyBlocks(layers, pairs);
+#ifdef PAGEDSERVE_WITH_CUDA
+  return cuda::CopyBlocks(layers, pairs, stream);
+#else
+  return NoCuda();
+#endif
+}
+
+absl::Status SwapBlocks(std::span<const KVCacheView> src, std::span<const KVCacheView> dst,
+                        std::span<const BlockCopy> pairs, void* stream) {
+  constexpr absl::string_view op = "swap_blocks";
+  if (src.size() != dst.size())
+    return Invalid(op, "src has ", src.size(), " layers, dst has ", dst.size());
+  if (src.empty() || pairs.empty()) return absl::OkStatus();
+  bool any_cuda = false;
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (absl::Status st = ValidateCacheView(src[i]); !st.ok())
+      return Invalid(op, "src[", i, "]: ", st.message());
+    if (absl::Status st = ValidateCacheView(dst[i]); !st.ok())
+      return Invalid(op, "dst[", i, "]: ", st.message());
+    if (!SameLayout(src[i].shape, src[0].shape) || !SameLayout(dst[i].shape, src[0].shape))
+      return Invalid(op, "layer ", i, ": src and dst must share num_kv_heads, head_size, ",
+                     "block_size and dtype with src[0]");
+    if (src[i].shape.num_blocks != src[0].shape.num_blocks ||
+        dst[i].shape.num_blocks != dst[0].shape.num_blocks)
+      return Invalid(op, "layer ", i, ": num_blocks differs from layer 0");
+    if (src[i].device != src[0].device || dst[i].device != dst[0].device)
+      return Invalid(op, "layer ", i, ": device differs from layer 0");
+    any_cuda = any_cuda || src[i].device == Device::kCUDA || dst[i].device == Device::kCUDA;
+  }
+  if (absl::Status st = CheckPairs(op, pairs, src[0].shape.num_blocks, dst[0].shape.num_blocks);
+      !st.ok())
+    return st;
+  if (!any_cuda) return cpu::SwapBlocks(src, dst, pairs);
+#ifdef PAGEDSERVE_WITH_CUDA
+  return cuda::SwapBlocks(src, dst, pairs, stream);
+#else
+  return NoCuda();
+#endif
+}
+
+}  // namespace pagedserve::kernels

@@ -1,0 +1,234 @@
+// paged_attention v1 / v2 (CPU) against the double-precision reference on
+// gathered K/V (tests/kernels/reference_attention.h).
+//
+// Tolerances (AttentionTolerance): |out - ref| <= tol * max|V| with tol 2e-5
+// for fp32, 1.5e-3 for fp16 and 1e-2 for bf16; v1 and v2 must agree within
+// the same bound. Built with PAGEDSERVE_KERNEL_TESTS_LIGHT (sanitizer builds),
+// the grid is thinned and the longest contexts shortened.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/paged_attention.h"
+#include "tests/kernels/kernel_test_util.h"
+#include "tests/kernels/reference_attention.h"
+
+namespace pagedserve::kernels::testing {
+namespace {
+
+#ifdef PAGEDSERVE_KERNEL_TESTS_LIGHT
+constexpr bool kLight = true;
+#else
+constexpr bool kLight = false;
+#endif
+
+struct HeadConfig {
+  int heads, kv_heads;
+};
+constexpr HeadConfig kHeadConfigs[] = {{40, 40}, {64, 8}, {9, 3}, {8, 1}};
+constexpr int kHeadSizes[] = {64, 80, 96, 112, 128, 256};
+constexpr int kBlockSizes[] = {8, 16, 32};
+constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+
+struct DecodeCase {
+  HeadConfig heads;
+  int head_size;
+  int block_size;
+  DType dtype;
+  std::vector<int32_t> seq_lens;
+  bool alibi;
+  float q_mag = 2.0f;
+  float v_mag = 1.0f;
+  uint32_t seed = 1;
+
+  std::string Name() const {
+    std::string lens;
+    for (int32_t l : seq_lens) absl::StrAppend(&lens, l, ",");
+    return absl::StrCat("heads ", heads.heads, "/", heads.kv_heads, " head_size ", head_size,
+                        " block ", block_size, " ", DTypeName(dtype), " alibi ", alibi,
+                        " lens ", lens);
+  }
+};
+
+struct DecodeOutputs {
+  HostTensor v1, v2;
+};
+
+PagedAttentionParams MakeParams(PagedBatch& b, HostTensor& q, int heads, const float* slopes,
+                                void* out) {
+  PagedAttentionParams p;
+  p.out = out;
+  p.query = q.data();
+  p.num_seqs = b.num_seqs;
+  p.num_heads = heads;
+  p.cache = b.cache.view();
+  p.block_tables = b.block_tables.data();
+  p.max_blocks_per_seq = b.max_blocks_per_seq;
+  p.seq_lens = b.seq_lens.data();
+  p.max_seq_len = *std::max_element(b.seq_lens.begin(), b.seq_lens.end());
+  p.scale = 1.0f / std::sqrt(static_cast<float>(b.cache.shape().head_size));
+  p.alibi_slopes = slopes;
+  return p;
+}
+
+void RunDecodeCase(const DecodeCase& c) {
+  SCOPED_TRACE(c.Name());
+  std::mt19937 rng(c.seed);
+  const int hs = c.head_size;
+  PagedBatch b = MakePagedBatch(rng, c.seq_lens, c.heads.kv_heads, hs, c.block_size, c.dtype,
+                                1.0f, c.v_mag);
+  const size_t n = static_cast<size_t>(b.num_seqs) * c.heads.heads * hs;
+  HostTensor q = RandomTensor(rng, c.dtype, n, c.q_mag);
+  const std::vector<float> slopes = AlibiSlopes(c.heads.heads);
+  HostTensor o1(c.dtype, n), o2(c.dtype, n);
+  PagedAttentionParams p = MakeParams(b, q, c.heads.heads, c.alibi ? slopes.data() : nullptr, nullptr);
+  p.out = o1.data();
+  ASSERT_TRUE(PagedAttentionV1(p).ok());
+  p.out = o2.data();
+  ASSERT_TRUE(PagedAttentionV2(p).ok());
+
+  const double tol = AttentionTolerance(c.dtype) * c.v_mag;
+  double worst = 0.0;
+  for (int s = 0; s < b.num_seqs; ++s) {
+    const std::vector<double> ref =
+        ReferenceDecode(q.f.data() + static_cast<size_t>(s) * c.heads.heads * hs, c.heads.heads,
+                        b.gathered_k(s), b.gathered_v(s), b.seq_lens[s], p.scale,
+                        c.alibi ? slopes.data() : nullptr);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const size_t j = static_cast<size_t>(s) * c.heads.heads * hs + i;
+      const double a = o1.Get(j), bb = o2.Get(j);
+      worst = std::max({worst, std::abs(a - ref[i]), std::abs(bb - ref[i])});
+      if (!(std::abs(a - ref[i]) <= tol) || !(std::abs(bb - ref[i]) <= tol) ||
+          !(std::abs(a - bb) <= tol)) {
+        FAIL() << "seq " << s << " (len " << b.seq_lens[s] << ") head " << i / hs << " dim "
+               << i % hs << ": v1 " << a << " v2 " << bb << " reference " << ref[i]
+               << " tolerance " << tol;
+      }
+    }
+  }
+  ::testing::Test::RecordProperty("max_abs_error", std::to_string(worst));
+}
+
+// Every head configuration, head size, block size and dtype with the short
+// context lengths 1, bs-1, bs, bs+1 (one batch), ALiBi alternating.
+TEST(PagedAttentionTest, ShortContextsEveryShape) {
+  int i = 0;
+  for (const HeadConfig& hc : kHeadConfigs)
+    for (int hs : kHeadSizes)
+      for (int bs : kBlockSizes)
+        for (DType dt : kDTypes) {
+          ++i;
+          if (kLight && i % 7 != 0) continue;
+          RunDecodeCase({hc, hs, bs, dt, {1, bs - 1, bs, bs + 1}, i % 2 == 0, 2.0f, 1.0f,
+                         static_cast<uint32_t>(i)});
+        }
+}
+
+// Contexts around and across the 512-token partitions: every dtype and block
+// size, head configurations and head sizes rotating.
+TEST(PagedAttentionTest, LongContextsAcrossPartitions) {
+  const std::vector<int32_t> lens = kLight ? std::vector<int32_t>{511, 513, 1025}
+                                           : std::vector<int32_t>{511, 512, 513, 1025, 4097};
+  // (heads, head size) pairs that keep the caches small: wide head counts with
+  // small heads.
+  const struct {
+    HeadConfig hc;
+    int hs;
+  } shapes[] = {{{8, 1}, 256}, {{9, 3}, 128}, {{64, 8}, 80}, {{40, 40}, 64}, {{9, 3}, 96},
+                {{8, 1}, 112}, {{64, 8}, 64}, {{9, 3}, 256}, {{8, 1}, 128}};
+  int i = 0;
+  for (int bs : kBlockSizes)
+    for (DType dt : kDTypes) {
+      const auto& sh = shapes[i % 9];
+      ++i;
+      if (kLight && i % 3 != 0) continue;
+      RunDecodeCase({sh.hc, sh.hs, bs, dt, lens, i % 2 == 1, 2.0f, 1.0f, static_cast<uint32_t>(100 + i)});
+    }
+}
+
+// Peaky softmax (large queries) so that errors in the max/rescaling logic show.
+TEST(PagedAttentionTest, PeakySoftmax) {
+  for (DType dt : kDTypes)
+    RunDecodeCase({{9, 3}, 64, 16, dt, {17, 600, 1500}, false, 16.0f, 1.0f, 7});
+}
+
+// Long context with large values: 32K tokens, |V| near 1e4 in fp16 / bf16.
+TEST(PagedAttentionTest, LongContextLargeValues) {
+  const int32_t len = kLight ? 8192 : 32768;
+  for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+    DecodeCase c{{8, 1}, 128, 16, dt, {len}, false, 2.0f, 1e4f, 11};
+    RunDecodeCase(c);
+  }
+}
+
+// A zero query gives equal weights: the output is the mean of V over exactly
+// seq_len tokens, whatever the unused slots of the last block hold.
+TEST(PagedAttentionTest, PaddingDoesNotLeak) {
+  for (DType dt : kDTypes)
+    for (float garbage : {std::numeric_limits<float>::quiet_NaN(), 6e4f, -3e38f}) {
+      if (dt != DType::kFloat32 && std::abs(garbage) > 6e4f) continue;
+      SCOPED_TRACE(absl::StrCat(DTypeName(dt), " garbage ", garbage));
+      std::mt19937 rng(3);
+      const std::vector<int32_t> lens = {1, 15, 17, 33, 513};
+      PagedBatch b = MakePagedBatch(rng, lens, 3, 128, 16, dt, 1.0f, 1.0f, 2, 1, garbage);
+      const int heads = 9, hs = 128;
+      HostTensor q(dt, lens.size() * heads * hs);
+      for (size_t i = 0; i < q.size(); ++i) q.Set(i, 0.0f);
+      for (int version = 1; version <= 2; ++version) {
+        HostTensor out(dt, q.size());
+        PagedAttentionParams p = MakeParams(b, q, heads, nullptr, out.data());
+        ASSERT_TRUE((version == 1 ? PagedAttentionV1(p) : PagedAttentionV2(p)).ok());
+        for (size_t s = 0; s < lens.size(); ++s)
+          for (int h = 0; h < heads; ++h)
+            for (int d = 0; d < hs; ++d) {
+              double mean = 0.0;
+              for (int t = 0; t < lens[s]; ++t) mean += b.v[s][(static_cast<size_t>(t) * 3 + h / 3) * hs + d];
+              mean /= lens[s];
+              const float got = out.Get((s * heads + h) * hs + d);
+              // fp32: accumulation error only; 16-bit: one output rounding.
+              const double tol = dt == DType::kFloat32 ? 1e-6 : (dt == DType::kFloat16 ? 5e-4 : 4e-3);
+              ASSERT_TRUE(std::abs(got - mean) <= tol)
+                  << "v" << version << " seq " << s << " head " << h << " dim " << d << ": " << got
+                  << " vs mean " << mean;
+            }
+      }
+    }
+}
+
+// The caller-provided v2 workspace and the v1/v2 heuristic.
+TEST(PagedAttentionTest, WorkspaceAndHeuristic) {
+  EXPECT_TRUE(ShouldUsePagedAttentionV1(1, 8, 512));     // one partition
+  EXPECT_FALSE(ShouldUsePagedAttentionV1(1, 8, 513));    // little parallelism, 2 partitions
+  EXPECT_TRUE(ShouldUsePagedAttentionV1(64, 32, 4096));  // 2048 (seq, head) pairs
+  EXPECT_FALSE(ShouldUsePagedAttentionV1(64, 32, 8193)); // too long for v1
+  EXPECT_EQ(PagedAttentionV2WorkspaceBytes(2, 4, 64, 1025), size_t{2 * 4 * 3 * (2 + 64) * 4});
+
+  std::mt19937 rng(5);
+  const std::vector<int32_t> lens = {700, 1300};
+  PagedBatch b = MakePagedBatch(rng, lens, 2, 64, 16, DType::kFloat32);
+  HostTensor q = RandomTensor(rng, DType::kFloat32, 2 * 4 * 64, 1.0f);
+  HostTensor a(DType::kFloat32, q.size()), c(DType::kFloat32, q.size()), d(DType::kFloat32, q.size());
+  PagedAttentionParams p = MakeParams(b, q, 4, nullptr, a.data());
+  std::vector<float> ws(PagedAttentionV2WorkspaceBytes(2, 4, 64, p.max_seq_len) / 4 + 1,
+                        std::numeric_limits<float>::quiet_NaN());
+  p.workspace = ws.data();
+  ASSERT_TRUE(PagedAttentionV2(p).ok());
+  EXPECT_TRUE(std::isnan(ws.back())) << "v2 wrote past its workspace";
+  p.workspace = nullptr;
+  p.out = c.data();
+  ASSERT_TRUE(PagedAttentionV1(p).ok());
+  p.out = d.data();
+  ASSERT_TRUE(PagedAttention(p).ok());
+  for (size_t i = 0; i < q.size(); ++i) {
+    EXPECT_NEAR(a.Get(i), c.Get(i), 2e-5);
+    EXPECT_NEAR(d.Get(i), c.Get(i), 2e-5);
+  }
+}
+
+}  // namespace
+}  // namespace pagedserve::kernels::testing
