@@ -1,0 +1,355 @@
+#include "runtime/model/model_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "runtime/model/gguf.h"
+
+namespace pagedserve {
+
+std::string ModelArchName(ModelArch arch) {
+  switch (arch) {
+    case ModelArch::kLlama: return "llama";
+    case ModelArch::kMistral: return "mistral";
+    case ModelArch::kQwen2: return "qwen2";
+  }
+  return "unknown";
+}
+
+absl::Status ModelConfig::Validate() const {
+  auto positive = [](const char* name, int64_t v) -> absl::Status {
+    if (v <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("model config: ", name,
+                                                     " must be positive, got ", v));
+    }
+    return absl::OkStatus();
+  };
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"num_layers", num_layers},
+                         {"hidden_size", hidden_size},
+                         {"intermediate_size", intermediate_size},
+                         {"num_heads", num_heads},
+                         {"num_kv_heads", num_kv_heads},
+                         {"head_size", head_size},
+                         {"vocab_size", vocab_size},
+                         {"max_position_embeddings", max_position_embeddings}}) {
+    if (auto s = positive(name, v); !s.ok()) return s;
+  }
+  if (num_heads % num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: num_heads ", num_heads,
+                                                   " is not a multiple of num_kv_heads ",
+                                                   num_kv_heads));
+  }
+  if (head_size % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: head_size ", head_size, " must be even for rotary"));
+  }
+  if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: rms_norm_eps must be positive, got ", rms_norm_eps));
+  }
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: rope_theta must be positive, got ", rope_theta));
+  }
+  if (rope_scaling.type != RopeScaling::Type::kNone && !(rope_scaling.factor > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: rope_scaling.factor must be positive, got ", rope_scaling.factor));
+  }
+  if (rope_scaling.type == RopeScaling::Type::kLlama3 &&
+      (!(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor) ||
+       !(rope_scaling.low_freq_factor > 0) ||
+       rope_scaling.original_max_position_embeddings <= 0)) {
+    return absl::InvalidArgumentError(
+        "model config: llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor and "
+        "original_max_position_embeddings > 0");
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// GGUF
+// ---------------------------------------------------------------------------
+
+namespace {
+
+absl::Status GetIntField(const GgufFile& g, const std::string& key, int* out) {
+  auto v = g.GetInt(key);
+  if (!v.ok()) return v.status();
+  if (*v <= 0 || *v > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(g.path(), ": metadata '", key, "': value ", *v, " out of range"));
+  }
+  *out = static_cast<int>(*v);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
+  auto arch_name = g.GetString("general.architecture");
+  if (!arch_name.ok()) return arch_name.status();
+  ModelConfig c;
+  if (*arch_name == "llama") {
+    c.arch = ModelArch::kLlama;
+  } else if (*arch_name == "qwen2") {
+    c.arch = ModelArch::kQwen2;
+    c.qkv_bias = true;
+  } else {
+    return absl::UnimplementedError(absl::StrCat(g.path(), ": general.architecture '",
+                                                 *arch_name,
+                                                 "' is not supported (llama, qwen2)"));
+  }
+  const std::string p = *arch_name + ".";
+  if (auto s = GetIntField(g, p + "block_count", &c.num_layers); !s.ok()) return s;
+  if (auto s = GetIntField(g, p + "embedding_length", &c.hidden_size); !s.ok()) return s;
+  if (auto s = GetIntField(g, p + "feed_forward_length", &c.intermediate_size); !s.ok()) return s;
+  if (auto s = GetIntField(g, p + "attention.head_count", &c.num_heads); !s.ok()) return s;
+  c.num_kv_heads = c.num_heads;
+  if (g.Find(p + "attention.head_count_kv")) {
+    if (auto s = GetIntField(g, p + "attention.head_count_kv", &c.num_kv_heads); !s.ok())
+      return s;
+  }
+  c.head_size = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
+  if (g.Find(p + "rope.dimension_count")) {
+    if (auto s = GetIntField(g, p + "rope.dimension_count", &c.head_size); !s.ok()) return s;
+  }
+  if (g.Find(p + "attention.key_length")) {
+    if (auto s = GetIntField(g, p + "attention.key_length", &c.head_size); !s.ok()) return s;
+  }
+  auto eps = g.GetFloat(p + "attention.layer_norm_rms_epsilon");
+  if (!eps.ok()) return eps.status();
+  c.rms_norm_eps = *eps;
+  if (g.Find(p + "rope.freq_base")) {
+    auto v = g.GetFloat(p + "rope.freq_base");
+    if (!v.ok()) return v.status();
+    c.rope_theta = *v;
+  }
+  if (g.Find(p + "context_length")) {
+    auto v = g.GetInt(p + "context_length");
+    if (!v.ok()) return v.status();
+    c.max_position_embeddings = *v;
+  }
+  if (g.Find(p + "vocab_size")) {
+    if (auto s = GetIntField(g, p + "vocab_size", &c.vocab_size); !s.ok()) return s;
+  } else if (const GgufValue* toks = g.Find("tokenizer.ggml.tokens");
+             toks && toks->is_array()) {
+    c.vocab_size = static_cast<int>(toks->array_size());
+  } else if (const GgufTensorInfo* t = g.FindTensor("token_embd.weight");
+             t && t->dims.size() == 2) {
+    c.vocab_size = static_cast<int>(t->dims[1]);
+  }
+  if (g.Find(p + "rope.scaling.type")) {
+    auto type = g.GetString(p + "rope.scaling.type");
+    if (!type.ok()) return type.status();
+    if (*type == "linear") {
+      c.rope_scaling.type = RopeScaling::Type::kLinear;
+    } else if (*type != "none") {
+      return absl::UnimplementedError(absl::StrCat(g.path(), ": rope.scaling.type '", *type,
+                                                   "' is not supported (none, linear)"));
+    }
+    if (c.rope_scaling.type != RopeScaling::Type::kNone) {
+      auto f = g.GetFloat(p + "rope.scaling.factor");
+      if (!f.ok()) return f.status();
+      c.rope_scaling.factor = *f;
+    }
+  }
+  if (g.FindTensor("rope_freqs.weight") != nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        g.path(), ": tensor 'rope_freqs.weight' (per-frequency rope factors) is not supported"));
+  }
+  c.tie_word_embeddings = g.FindTensor("output.weight") == nullptr;
+  if (g.Find("tokenizer.ggml.bos_token_id")) {
+    auto v = g.GetInt("tokenizer.ggml.bos_token_id");
+    if (!v.ok()) return v.status();
+    c.bos_token_id = static_cast<int32_t>(*v);
+  }
+  if (g.Find("tokenizer.ggml.eos_token_id")) {
+    auto v = g.GetInt("tokenizer.ggml.eos_token_id");
+    if (!v.ok()) return v.status();
+    c.eos_token_ids.push_back(static_cast<int32_t>(*v));
+  }
+  if (auto s = c.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(g.path(), ": ", s.message()));
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------------------
+// Hugging Face config.json
+// ---------------------------------------------------------------------------
+
+namespace {
+
+using nlohmann::json;
+
+absl::Status FieldError(absl::string_view source, absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(source, ": field '", field, "': ", what));
+}
+
+template <typename T>
+absl::Status ReadNumber(const json& j, absl::string_view source, const char* field, bool required,
+                        T* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) {
+    if (required) return FieldError(source, field, "missing");
+    return absl::OkStatus();
+  }
+  if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) return FieldError(source, field, "must be an integer");
+    int64_t v = it->get<int64_t>();
+    if (v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max()) {
+      return FieldError(source, field, absl::StrCat("value ", v, " out of range"));
+    }
+    *out = static_cast<T>(v);
+  } else {
+    if (!it->is_number()) return FieldError(source, field, "must be a number");
+    *out = it->get<T>();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
+                                                  std::string_view source_sv) {
+  absl::string_view source(source_sv.data(), source_sv.size());
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a valid JSON object"));
+  }
+  ModelConfig c;
+  auto archs = j.find("architectures");
+  if (archs == j.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
+    return FieldError(source, "architectures", "must be a non-empty list of strings");
+  }
+  std::string arch = (*archs)[0].get<std::string>();
+  if (arch == "LlamaForCausalLM") {
+    c.arch = ModelArch::kLlama;
+  } else if (arch == "MistralForCausalLM") {
+    c.arch = ModelArch::kMistral;
+  } else if (arch == "Qwen2ForCausalLM") {
+    c.arch = ModelArch::kQwen2;
+    c.qkv_bias = true;
+  } else {
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": architecture '", arch,
+        "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"));
+  }
+  if (c.arch == ModelArch::kLlama && j.contains("attention_bias") &&
+      j["attention_bias"].is_boolean() && j["attention_bias"].get<bool>()) {
+    c.qkv_bias = true;
+  }
+  absl::Status s;
+  if (!(s = ReadNumber(j, source, "num_hidden_layers", true, &c.num_layers)).ok()) return s;
+  if (!(s = ReadNumber(j, source, "hidden_size", true, &c.hidden_size)).ok()) return s;
+  if (!(s = ReadNumber(j, source, "intermediate_size", true, &c.intermediate_size)).ok()) return s;
+  if (!(s = ReadNumber(j, source, "num_attention_heads", true, &c.num_heads)).ok()) return s;
+  c.num_kv_heads = c.num_heads;
+  if (!(s = ReadNumber(j, source, "num_key_value_heads", false, &c.num_kv_heads)).ok()) return s;
+  c.head_size = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
+  if (!(s = ReadNumber(j, source, "head_dim", false, &c.head_size)).ok()) return s;
+  if (!(s = ReadNumber(j, source, "vocab_size", true, &c.vocab_size)).ok()) return s;
+  if (!(s = ReadNumber(j, source, "rms_norm_eps", false, &c.rms_norm_eps)).ok()) return s;
+  if (!(s = ReadNumber(j, source, "rope_theta", false, &c.rope_theta)).ok()) return s;
+  if (!(s = ReadNumber(j, source, "max_position_embeddings", false,
+                       &c.max_position_embeddings)).ok())
+    return s;
+  if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) return FieldError(source, "tie_word_embeddings", "must be a boolean");
+    c.tie_word_embeddings = it->get<bool>();
+  }
+  if (!(s = ReadNumber(j, source, "bos_token_id", false, &c.bos_token_id)).ok()) return s;
+  if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
+    if (it->is_number_integer()) {
+      c.eos_token_ids.push_back(it->get<int32_t>());
+    } else if (it->is_array()) {
+      for (const json& e : *it) {
+        if (!e.is_number_integer()) {
+          return FieldError(source, "eos_token_id", "list elements must be integers");
+        }
+        c.eos_token_ids.push_back(e.get<int32_t>());
+      }
+    } else {
+      return FieldError(source, "eos_token_id", "must be an integer or a list of integers");
+    }
+  }
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return FieldError(source, "rope_scaling", "must be an object or null");
+    const json& rs = *it;
+    std::string type;
+    if (rs.contains("rope_type") && rs["rope_type"].is_string()) {
+      type = rs["rope_type"].get<std::string>();
+    } else if (rs.contains("type") && rs["type"].is_string()) {
+      type = rs["type"].get<std::string>();
+    } else {
+      return FieldError(source, "rope_scaling.rope_type", "missing");
+    }
+    std::string ctx = absl::StrCat(source, " rope_scaling");
+    if (type == "linear") {
+      c.rope_scaling.type = RopeScaling::Type::kLinear;
+      if (!(s = ReadNumber(rs, ctx, "factor", true, &c.rope_scaling.factor)).ok()) return s;
+    } else if (type == "llama3") {
+      c.rope_scaling.type = RopeScaling::Type::kLlama3;
+      if (!(s = ReadNumber(rs, ctx, "factor", true, &c.rope_scaling.factor)).ok()) return s;
+      if (!(s = ReadNumber(rs, ctx, "low_freq_factor", true, &c.rope_scaling.low_freq_factor))
+               .ok())
+        return s;
+      if (!(s = ReadNumber(rs, ctx, "high_freq_factor", true, &c.rope_scaling.high_freq_factor))
+               .ok())
+        return s;
+      if (!(s = ReadNumber(rs, ctx, "original_max_position_embeddings", true,
+                           &c.rope_scaling.original_max_position_embeddings))
+               .ok())
+        return s;
+    } else if (type != "default") {
+      return absl::UnimplementedError(absl::StrCat(
+          source, ": rope_scaling type '", type, "' is not supported (linear, llama3)"));
+    }
+  }
+  if (auto v = c.Validate(); !v.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", v.message()));
+  }
+  return c;
+}
+
+absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& dir) {
+  std::string path = dir + "/config.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ModelConfigFromHfJson(ss.str(), path);
+}
+
+std::vector<double> RopeInverseFrequencies(const ModelConfig& c) {
+  const int half = c.head_size / 2;
+  std::vector<double> inv(half);
+  for (int i = 0; i < half; ++i) {
+    inv[i] = 1.0 / std::pow(c.rope_theta, (2.0 * i) / c.head_size);
+  }
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type == RopeScaling::Type::kLinear) {
+    for (double& f : inv) f /= rs.factor;
+  } else if (rs.type == RopeScaling::Type::kLlama3) {
+    const double old_ctx = static_cast<double>(rs.original_max_position_embeddings);
+    const double low_freq_wavelen = old_ctx / rs.low_freq_factor;
+    const double high_freq_wavelen = old_ctx / rs.high_freq_factor;
+    for (double& f : inv) {
+      const double wavelen = 2.0 * M_PI / f;
+      if (wavelen > low_freq_wavelen) {
+        f = f / rs.factor;  // low frequencies: fully interpolated
+      } else if (wavelen >= high_freq_wavelen) {
+        // medium: smooth blend between interpolated and original
+        double smooth = (old_ctx / wavelen - rs.low_freq_factor) /
+                        (rs.high_freq_factor - rs.low_freq_factor);
+        f = (1.0 - smooth) * f / rs.factor + smooth * f;
+      }  // high frequencies unchanged
+    }
+  }
+  return inv;
+}
+
+}  // namespace pagedserve

@@ -1,0 +1,99 @@
+// The architecture description of a Llama-family decoder-only model, read
+// from GGUF metadata (llama.* / qwen2.* keys) or a Hugging Face config.json.
+//
+// Field names follow Hugging Face's LlamaConfig. Supported: LlamaForCausalLM,
+// MistralForCausalLM, Qwen2ForCausalLM (bias on Q/K/V) and GGUF
+// general.architecture "llama" (which llama.cpp also uses for Mistral) and
+// "qwen2". All of them: RMSNorm, rotary embeddings (HF rotate_half layout after
+// loading, see weights.h), grouped-query attention, SwiGLU MLP.
+#ifndef PAGEDSERVE_RUNTIME_MODEL_MODEL_CONFIG_H_
+#define PAGEDSERVE_RUNTIME_MODEL_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pagedserve {
+
+class GgufFile;
+
+enum class ModelArch { kLlama, kMistral, kQwen2 };
+// "llama", "mistral", "qwen2".
+std::string ModelArchName(ModelArch arch);
+
+// rope_scaling of Hugging Face (transformers' modeling_rope_utils):
+//   kNone:   inv_freq[i] = rope_theta^(-2i/head_size)
+//   kLinear: positions divided by `factor` (equivalently inv_freq / factor)
+//   kLlama3: Llama 3.1 frequency-dependent scaling with factor,
+//            low_freq_factor, high_freq_factor and
+//            original_max_position_embeddings (RopeInverseFrequencies below).
+struct RopeScaling {
+  enum class Type { kNone, kLinear, kLlama3 };
+  Type type = Type::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  ModelArch arch = ModelArch::kLlama;
+  int num_layers = 0;           // num_hidden_layers / {arch}.block_count
+  int hidden_size = 0;          // hidden_size / {arch}.embedding_length
+  int intermediate_size = 0;    // MLP width / {arch}.feed_forward_length
+  int num_heads = 0;            // query heads
+  int num_kv_heads = 0;         // key/value heads (GQA); divides num_heads
+  int head_size = 0;            // hidden_size / num_heads unless set (head_dim)
+  int vocab_size = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;  // LM head = token embedding matrix
+  bool qkv_bias = false;             // true for Qwen2
+  int64_t max_position_embeddings = 2048;
+  int32_t bos_token_id = -1;         // -1 when unknown
+  std::vector<int32_t> eos_token_ids;  // may be empty
+
+  // Checks positivity and divisibility (num_heads % num_kv_heads, even
+  // head_size, ...). InvalidArgument naming the field otherwise.
+  absl::Status Validate() const;
+};
+
+// From GGUF metadata: general.architecture ("llama" or "qwen2") and the keys
+// {arch}.block_count, .embedding_length, .feed_forward_length,
+// .attention.head_count, .attention.head_count_kv (default head_count),
+// .attention.layer_norm_rms_epsilon, .rope.freq_base (default 10000),
+// .context_length, .rope.dimension_count (head size, default hidden/heads),
+// .vocab_size (else the length of tokenizer.ggml.tokens, else token_embd rows),
+// .rope.scaling.{type,factor,original_context_length}; tokenizer.ggml.
+// bos_token_id / eos_token_id. tie_word_embeddings = no "output.weight" tensor.
+// GGUF files carrying a "rope_freqs.weight" tensor (llama3 scaling baked in as
+// per-frequency factors) are rejected with Unimplemented.
+absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf);
+
+// From the text of a Hugging Face config.json; `source` names it in errors.
+// Reads architectures[0], num_hidden_layers, hidden_size, intermediate_size,
+// num_attention_heads, num_key_value_heads (default num_attention_heads),
+// head_dim (optional), vocab_size, rms_norm_eps, rope_theta (default 10000),
+// rope_scaling (null, or {"rope_type"|"type": "linear"|"llama3"|"default", ...}),
+// tie_word_embeddings (default false), max_position_embeddings, bos_token_id,
+// eos_token_id (int or list). Unknown architectures and rope types give
+// Unimplemented; missing or mistyped fields InvalidArgument naming the field.
+absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view json_text,
+                                                  std::string_view source);
+
+// Reads <dir>/config.json.
+absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& dir);
+
+// The head_size / 2 rotary inverse frequencies (radians per position) of the
+// config, with its rope scaling applied exactly as Hugging Face computes them
+// (double precision). Dimension pair i rotates (x[i], x[i + head_size/2]) in
+// the rotate_half layout.
+std::vector<double> RopeInverseFrequencies(const ModelConfig& config);
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_RUNTIME_MODEL_MODEL_CONFIG_H_

@@ -1,0 +1,113 @@
+// Llama-family weights in fp32, loaded for one tensor-parallel rank.
+//
+// Orientation: every matrix is row-major [out_features, in_features], exactly
+// as nn.Linear.weight in Hugging Face and as GGUF stores it (ggml ne0 = in).
+// y = x W^T is therefore one BLAS call per projection:
+//   cblas_sgemm(RowMajor, NoTrans, Trans, tokens, W.rows, W.cols,
+//               1, x, W.cols, W.data, W.cols, 0, y, W.rows).
+//
+// Q/K layout: after loading, Q and K rows are in Hugging Face order (apply
+// RoPE with rotate_half: pair (i, i + head_size/2) within each head). GGUF files
+// of arch "llama" store Q and K rows permuted by llama.cpp's converter
+// (convert_hf_to_gguf.py LlamaModel.permute: within each head, row
+// a * head_size/2 + b of HF is stored at row 2b + a, the interleaved-pair layout
+// of ggml's normal RoPE); the loader undoes that permutation (checked against
+// transformers' GGUF reader). qwen2 GGUF files are not permuted.
+//
+// Tensor parallelism (Megatron-LM style; Shoeybi et al. 2019), rank r of T:
+//   query heads   [r*H/T, (r+1)*H/T)                         (H % T == 0)
+//   KV heads      T <= KV: [r*KV/T, (r+1)*KV/T)               (KV % T == 0)
+//                 T >  KV: the one KV head its query heads use (T % KV == 0),
+//                          replicated on T/KV ranks
+//   column-parallel (output rows split): q_proj, k_proj, v_proj (+ biases),
+//                   gate_proj, up_proj  (intermediate rows [r*I/T, (r+1)*I/T))
+//   row-parallel (input columns split): o_proj (columns of the local query
+//                   heads), down_proj (columns of the local intermediate slice);
+//                   the partial outputs of all ranks must be summed (all-reduce)
+//   replicated: embed_tokens, lm_head, all RMSNorm weights. The embedding and the
+//   LM head are replicated (not vocab-parallel) so that every rank can embed
+//   tokens and rank 0 can sample without an extra gather; they are small next to
+//   the layers for the models served here.
+#ifndef PAGEDSERVE_RUNTIME_MODEL_WEIGHTS_H_
+#define PAGEDSERVE_RUNTIME_MODEL_WEIGHTS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/model/model_config.h"
+
+namespace pagedserve {
+
+// Row-major fp32 matrix [rows, cols].
+struct Matrix {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<float> data;  // rows * cols
+
+  bool empty() const { return data.empty(); }
+  float* row(int64_t r) { return data.data() + r * cols; }
+  const float* row(int64_t r) const { return data.data() + r * cols; }
+};
+
+// Which part of the model a tensor-parallel rank holds (see the header comment).
+struct ShardLayout {
+  int tp_rank = 0;
+  int tp_size = 1;
+  int num_heads = 0;          // local query heads
+  int first_head = 0;         // global index of local query head 0
+  int num_kv_heads = 0;       // local KV heads
+  int first_kv_head = 0;      // global index of local KV head 0
+  int intermediate_size = 0;  // local MLP width
+  int first_intermediate = 0;
+};
+
+// InvalidArgument (naming the counts) when tp_size does not divide the heads
+// or the MLP as required above, or tp_rank is outside [0, tp_size).
+absl::StatusOr<ShardLayout> ComputeShardLayout(const ModelConfig& config, int tp_rank,
+                                               int tp_size);
+
+// One decoder layer's local shard. D = head_size, h = hidden_size,
+// Hl/KVl/Il = local query heads / KV heads / intermediate (ShardLayout).
+struct LayerWeights {
+  std::vector<float> input_layernorm;           // [h]  RMSNorm before attention
+  Matrix q_proj;                                // [Hl*D, h]
+  Matrix k_proj;                                // [KVl*D, h]
+  Matrix v_proj;                                // [KVl*D, h]
+  std::vector<float> q_bias, k_bias, v_bias;    // [Hl*D], [KVl*D], [KVl*D]; empty unless qkv_bias
+  Matrix o_proj;                                // [h, Hl*D]  (row-parallel)
+  std::vector<float> post_attention_layernorm;  // [h]  RMSNorm before the MLP
+  Matrix gate_proj;                             // [Il, h]
+  Matrix up_proj;                               // [Il, h]
+  Matrix down_proj;                             // [h, Il]   (row-parallel)
+};
+
+struct LlamaWeights {
+  ModelConfig config;  // full-model description (global head counts)
+  ShardLayout shard;
+  Matrix embed_tokens;             // [vocab, h], replicated
+  Matrix lm_head;                  // [vocab, h]; empty when config.tie_word_embeddings
+  std::vector<float> final_norm;   // [h]
+  std::vector<LayerWeights> layers;
+
+  // The LM head matrix: lm_head, or embed_tokens when tied.
+  const Matrix& output_embeddings() const {
+    return lm_head.empty() ? embed_tokens : lm_head;
+  }
+};
+
+// The model description of `path`: a .gguf file (ModelConfigFromGguf) or a
+// Hugging Face directory (LoadHfConfig).
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
+
+// Loads the weights of rank tp_rank of tp_size from a .gguf file (any type
+// dequant.h accepts) or a Hugging Face directory (safetensors F32/F16/BF16,
+// single or sharded). Only the rank's rows/columns are converted. Errors name
+// the file and tensor (missing tensor, wrong shape, unsupported type).
+absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_rank = 0,
+                                              int tp_size = 1);
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_RUNTIME_MODEL_WEIGHTS_H_
