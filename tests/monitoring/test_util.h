@@ -164,7 +164,7 @@ struct CommandResult {
   int exit_code = -1;
   std::string output;
 };
-inline CommandResult Run(const std::string& command) {
+inline CommandResult RunCommand(const std::string& command) {
   CommandResult r;
   FILE* p = popen((command + " 2>&1").c_str(), "r");
   if (p == nullptr) return r;
