@@ -54,13 +54,20 @@ absl::Status CheckRow(std::span<const float> logits_row, const SamplerRow& row,
                                                      " outside [0, ", vocab_size, ")"));
     }
   }
-  bool any_finite = false;
-  for (size_t i = 0; i < logits_row.size(); ++i) {
-    const float v = logits_row[i];
-    if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) {
-      return absl::InvalidArgumentError(absl::StrCat(where(), "logit of token ", i, " is ", v));
+  // Branch-free scan first (vectorizes); locate the culprit only when there is one.
+  constexpr float kMax = std::numeric_limits<float>::max();
+  bool bad = false, any_finite = false;
+  for (const float v : logits_row) {
+    bad |= !(v <= kMax) & (v != kNegInf);  // NaN or +inf
+    any_finite |= (v > kNegInf);
+  }
+  if (bad) {
+    for (size_t i = 0; i < logits_row.size(); ++i) {
+      const float v = logits_row[i];
+      if (std::isnan(v) || v > kMax) {
+        return absl::InvalidArgumentError(absl::StrCat(where(), "logit of token ", i, " is ", v));
+      }
     }
-    any_finite |= (v != kNegInf);
   }
   if (!any_finite) return absl::InvalidArgumentError(absl::StrCat(where(), "every logit is -inf"));
   return absl::OkStatus();
@@ -113,31 +120,92 @@ int32_t ArgMax(const std::vector<float>& v) {
 
 // Steps 3-6 on penalized logits `w`. Leaves the survivors in `cands` with `e`
 // filled (unnormalized probabilities, > 0). `sorted` tells whether they are in
-// Before() order; otherwise they are in token-id order or top-k partition order.
+// Before() order; otherwise they are in token-id order.
+//
+// Cost: the filters are prefixes of the Before() order, so no full sort is needed.
+// Small top-k uses one pass with a k-entry heap; top-p first drops tokens with
+// p_i < (1 - top_p) / |K| (everything ranked at or below such a token weighs less
+// than 1 - top_p, so it lies outside the nucleus) and then sorts chunk by chunk
+// until the nucleus is complete; min-p (a prefix too) is applied before the top-p
+// walk, which cannot change the result because the walk's normalizer is fixed.
 void Filter(const std::vector<float>& w, const SamplingParams& p, std::vector<Cand>& cands,
             bool& sorted) {
   const float max = *std::max_element(w.begin(), w.end());
   const float inv_t = 1.0f / p.temperature;  // temperature >= 1e-5 here: finite
+  const size_t v = w.size();
   cands.clear();
-  cands.reserve(w.size());
-  for (size_t i = 0; i < w.size(); ++i) {
-    if (w[i] == kNegInf) continue;
-    cands.push_back({(w[i] - max) * inv_t, static_cast<int32_t>(i), 0.0f});
-  }
   sorted = false;
-  // Top-k.
-  const bool top_k_active = p.top_k > 0 && static_cast<size_t>(p.top_k) < cands.size();
-  if (top_k_active) {
-    std::nth_element(cands.begin(), cands.begin() + p.top_k, cands.end(), Before);
-    cands.resize(p.top_k);
+  const bool top_k_active = p.top_k > 0 && static_cast<size_t>(p.top_k) < v;
+  double z = 0.0;      // normalizer over the top-k survivors (what top-p renormalizes by)
+  size_t k_count = 0;  // |K|
+  float keep_min = 0.0f;  // survivors need e >= keep_min (and e > 0)
+  if (p.min_p > 0.0f) keep_min = p.min_p;
+  if (top_k_active && static_cast<size_t>(p.top_k) * 8 <= v) {
+    // Heap of the k best (front = worst kept), one pass over the raw values.
+    const size_t k = static_cast<size_t>(p.top_k);
+    cands.reserve(k);
+    for (size_t i = 0; i < v; ++i) {
+      const Cand c{w[i], static_cast<int32_t>(i), 0.0f};
+      if (cands.size() < k) {
+        if (w[i] == kNegInf) continue;
+        cands.push_back(c);
+        std::push_heap(cands.begin(), cands.end(), Before);
+      } else if (Before(c, cands.front())) {
+        std::pop_heap(cands.begin(), cands.end(), Before);
+        cands.back() = c;
+        std::push_heap(cands.begin(), cands.end(), Before);
+      }
+    }
+    for (Cand& c : cands) {
+      c.s = (c.s - max) * inv_t;
+      c.e = std::exp(c.s);
+      z += c.e;
+    }
+    k_count = cands.size();
+    if (p.top_p < 1.0f) {
+      keep_min = std::max(keep_min, static_cast<float>((1.0 - p.top_p) * z / k_count));
+    }
+    cands.erase(std::remove_if(cands.begin(), cands.end(),
+                               [keep_min](const Cand& c) { return !(c.e > 0.0f && c.e >= keep_min); }),
+                cands.end());
+  } else {
+    std::vector<float> e(v);
+    for (size_t i = 0; i < v; ++i) {
+      e[i] = std::exp((w[i] - max) * inv_t);  // exp(-inf) = 0 for masked tokens
+      z += e[i];
+    }
+    if (top_k_active) {
+      // Large k: select by value among all tokens, then recompute the normalizer.
+      cands.reserve(v);
+      for (size_t i = 0; i < v; ++i) {
+        if (w[i] != kNegInf) cands.push_back({(w[i] - max) * inv_t, static_cast<int32_t>(i), e[i]});
+      }
+      if (static_cast<size_t>(p.top_k) < cands.size()) {
+        std::nth_element(cands.begin(), cands.begin() + p.top_k, cands.end(), Before);
+        cands.resize(p.top_k);
+      }
+      z = 0.0;
+      for (const Cand& c : cands) z += c.e;
+      k_count = cands.size();
+      if (p.top_p < 1.0f) {
+        keep_min = std::max(keep_min, static_cast<float>((1.0 - p.top_p) * z / k_count));
+      }
+      cands.erase(std::remove_if(cands.begin(), cands.end(),
+                                 [keep_min](const Cand& c) { return !(c.e > 0.0f && c.e >= keep_min); }),
+                  cands.end());
+    } else {
+      for (size_t i = 0; i < v; ++i) k_count += (w[i] != kNegInf);
+      if (p.top_p < 1.0f) {
+        keep_min = std::max(keep_min, static_cast<float>((1.0 - p.top_p) * z / k_count));
+      }
+      for (size_t i = 0; i < v; ++i) {
+        if (e[i] > 0.0f && e[i] >= keep_min) {
+          cands.push_back({(w[i] - max) * inv_t, static_cast<int32_t>(i), e[i]});
+        }
+      }
+    }
   }
-  double z = 0.0;  // normalizer over the top-k survivors (what top-p renormalizes by)
-  for (Cand& c : cands) {
-    c.e = std::exp(c.s);
-    z += c.e;
-  }
-  // Top-p: walk the survivors in Before() order, sorting chunk by chunk so that a
-  // small nucleus never pays for a full sort of the vocabulary.
+  // The maximum (e = 1) always passes keep_min <= 1, so cands is never empty.
   if (p.top_p < 1.0f) {
     const double threshold = static_cast<double>(p.top_p) * z;
     size_t done = 0, cut = cands.size();
@@ -161,17 +229,7 @@ void Filter(const std::vector<float>& w, const SamplingParams& p, std::vector<Ca
     cands.resize(cut);
     sorted = true;
   }
-  // Min-p: p_i / p_max = exp(s_i) since s_max = 0; the maximum always survives.
-  if (p.min_p > 0.0f) {
-    const float min_p = p.min_p;
-    cands.erase(std::remove_if(cands.begin(), cands.end(),
-                               [min_p](const Cand& c) { return c.s != 0.0f && c.e < min_p; }),
-                cands.end());
-  }
-  // Tokens whose probability underflowed to 0 cannot be drawn.
-  cands.erase(std::remove_if(cands.begin(), cands.end(), [](const Cand& c) { return c.e <= 0.0f; }),
-              cands.end());
-  if (top_k_active && !sorted) {
+  if (!sorted && top_k_active) {
     std::sort(cands.begin(), cands.end(), Before);
     sorted = true;
   }
@@ -190,26 +248,41 @@ int32_t Draw(const std::vector<Cand>& cands, double u) {
   return cands.back().id;  // u * total rounded up to total
 }
 
-// Raw log-softmax of the sampled token and the top n.
-void FillLogprobs(std::span<const float> raw, int n, SampledToken& out) {
+// Raw log-softmax normalizer and the top n of a row (computed once per row).
+struct RawLogprobs {
+  double log_z = 0.0;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+
+RawLogprobs ComputeRawLogprobs(std::span<const float> raw, int n) {
+  RawLogprobs out;
   const float max = *std::max_element(raw.begin(), raw.end());
   double sum = 0.0;
   for (float v : raw) sum += std::exp(static_cast<double>(v) - max);
-  const double log_z = static_cast<double>(max) + std::log(sum);
-  out.logprob = static_cast<float>(static_cast<double>(raw[out.token_id]) - log_z);
-  out.top_token_ids.clear();
-  out.top_logprobs.clear();
-  if (n <= 0) return;
-  std::vector<int32_t> ids(raw.size());
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  out.log_z = static_cast<double>(max) + std::log(sum);
+  if (n <= 0) return out;
   n = std::min<int>(n, static_cast<int>(raw.size()));
-  std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
-    return raw[a] > raw[b] || (raw[a] == raw[b] && a < b);
-  });
-  for (int i = 0; i < n; ++i) {
-    out.top_token_ids.push_back(ids[i]);
-    out.top_logprobs.push_back(static_cast<float>(static_cast<double>(raw[ids[i]]) - log_z));
+  // One pass with an n-entry heap (front = worst kept), then sort the n.
+  std::vector<Cand> heap;
+  heap.reserve(n);
+  for (size_t i = 0; i < raw.size(); ++i) {
+    const Cand c{raw[i], static_cast<int32_t>(i), 0.0f};
+    if (heap.size() < static_cast<size_t>(n)) {
+      heap.push_back(c);
+      std::push_heap(heap.begin(), heap.end(), Before);
+    } else if (Before(c, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), Before);
+      heap.back() = c;
+      std::push_heap(heap.begin(), heap.end(), Before);
+    }
   }
+  std::sort(heap.begin(), heap.end(), Before);
+  for (const Cand& c : heap) {
+    out.top_ids.push_back(c.id);
+    out.top_logprobs.push_back(static_cast<float>(static_cast<double>(c.s) - out.log_z));
+  }
+  return out;
 }
 
 }  // namespace
@@ -301,11 +374,17 @@ absl::StatusOr<std::vector<SampledToken>> Sampler::Sample(std::span<const float>
       bool sorted = false;
       Filter(w, p, cands, sorted);
     }
+    RawLogprobs lp;
+    if (p.logprobs >= 0) lp = ComputeRawLogprobs(raw, p.logprobs);
     for (int32_t j = 0; j < row.num_samples; ++j) {
       SampledToken& t = out[first_out[r] + j];
       t.seq_id = row.seq_id;
       t.token_id = greedy_token >= 0 ? greedy_token : Draw(cands, uniforms[first_out[r] + j]);
-      if (p.logprobs >= 0) FillLogprobs(raw, p.logprobs, t);
+      if (p.logprobs >= 0) {
+        t.logprob = static_cast<float>(static_cast<double>(raw[t.token_id]) - lp.log_z);
+        t.top_token_ids = lp.top_ids;
+        t.top_logprobs = lp.top_logprobs;
+      }
     }
   }
   return out;
