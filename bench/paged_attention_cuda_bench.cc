@@ -1,0 +1,247 @@
+// GPU decode-attention benchmark (CUDA-event timed; run by scripts/gpu-check).
+//
+// Shapes: batch 8/32/64 x context 1K/4K/16K x heads 32q/8kv and 64q/8kv, head
+// size 128, block size 16, fp16. For each shape it times
+//   paged      PagedAttention (v1 or v2 by ShouldUsePagedAttentionV1) over a
+//              cache whose block tables are a random permutation of the pool,
+//   v1, v2     both variants explicitly on the same cache,
+//   contiguous the same kernel with identity block tables (each sequence's
+//              blocks back to back), the contiguous-KV baseline of the math,
+// and reports KV bytes read per second (K and V of every context token once)
+// as a percentage of the device's copy bandwidth measured here with
+// cudaMemcpy device-to-device (bytes read + bytes written per second, i.e. the
+// DRAM traffic a copy sustains).
+//
+//   paged_attention_cuda_bench [--json PATH] [--quick]
+//
+// Without a usable device it prints the reason, writes {"skipped": reason} to
+// the JSON path and exits 0.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/half.h"
+#include "kernels/cuda_device.h"
+#include "kernels/paged_attention.h"
+
+namespace pk = pagedserve::kernels;
+
+namespace {
+
+#define CHECK_CUDA(expr)                                                                   \
+  do {                                                                                     \
+    cudaError_t e_ = (expr);                                                               \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+void* DeviceAlloc(size_t bytes) {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, bytes));
+  return p;
+}
+
+// Fills `bytes` of device memory with fp16 values uniform in [-1, 1] by
+// replicating one random 32 MiB tile.
+void FillRandomHalf(void* dst, size_t bytes, std::mt19937& rng) {
+  const size_t tile = std::min<size_t>(bytes, 32u << 20);
+  std::vector<uint16_t> h(tile / 2);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& x : h) x = pk::FloatToHalfBits(u(rng));
+  CHECK_CUDA(cudaMemcpy(dst, h.data(), tile, cudaMemcpyHostToDevice));
+  for (size_t off = tile; off < bytes; off += tile)
+    CHECK_CUDA(cudaMemcpy(static_cast<char*>(dst) + off, dst, std::min(tile, bytes - off),
+                          cudaMemcpyDeviceToDevice));
+}
+
+// Copy bandwidth in bytes/s (read + write), best of several 1 GiB copies.
+double MeasureCopyBandwidth() {
+  const size_t bytes = 1ull << 30;
+  void* a = DeviceAlloc(bytes);
+  void* b = DeviceAlloc(bytes);
+  CHECK_CUDA(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  CHECK_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));  // warm-up
+  float best = 1e30f;
+  for (int i = 0; i < 10; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0));
+    CHECK_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, ms);
+  }
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  CHECK_CUDA(cudaFree(a));
+  CHECK_CUDA(cudaFree(b));
+  return 2.0 * bytes / (best * 1e-3);
+}
+
+struct Shape {
+  int batch, context, heads, kv_heads;
+};
+
+enum class Variant { kAuto, kV1, kV2 };
+
+// Median time in ms of `iters` runs after warm-up.
+float TimeDecode(pk::PagedAttentionParams p, Variant v, int iters) {
+  auto run = [&] {
+    absl::Status s = v == Variant::kAuto ? pk::PagedAttention(p)
+                     : v == Variant::kV1 ? pk::PagedAttentionV1(p)
+                                         : pk::PagedAttentionV2(p);
+    if (!s.ok()) {
+      std::fprintf(stderr, "paged attention failed: %s\n", s.ToString().c_str());
+      std::exit(1);
+    }
+  };
+  for (int i = 0; i < 3; ++i) run();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  std::vector<float> times;
+  for (int i = 0; i < iters; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0));
+    run();
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    times.push_back(ms);
+  }
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--json PATH] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  std::string reason;
+  if (!pk::CudaDeviceAvailable(&reason)) {
+    std::printf("paged_attention_cuda_bench: skipped (%s)\n", reason.c_str());
+    if (!json_path.empty()) {
+      std::ofstream(json_path) << "{\"skipped\": \"" << reason << "\"}\n";
+    }
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const double copy_bw = MeasureCopyBandwidth();
+  std::printf("device: %s (sm_%d%d), measured DtoD copy bandwidth %.1f GB/s (read+write)\n",
+              prop.name, prop.major, prop.minor, copy_bw / 1e9);
+
+  const int head_size = 128, block_size = 16;
+  std::vector<Shape> shapes;
+  for (int heads : {32, 64})
+    for (int batch : {8, 32, 64})
+      for (int ctx : {1024, 4096, 16384})
+        if (!quick || ctx != 16384 || batch == 8) shapes.push_back({batch, ctx, heads, 8});
+
+  std::mt19937 rng(42);
+  std::string json = "{\n  \"device\": \"" + std::string(prop.name) + "\",\n  \"copy_bandwidth_GBps\": " +
+                     std::to_string(copy_bw / 1e9) + ",\n  \"results\": [\n";
+  std::printf("%-6s %-7s %-7s %-8s | %-9s %-9s %-7s | %-9s %-9s %-9s | %s\n", "batch", "context",
+              "heads", "variant", "paged ms", "KV GB/s", "% copy", "v1 ms", "v2 ms", "contig ms",
+              "paged/contig");
+  bool first = true;
+  for (const Shape& s : shapes) {
+    const int blocks_per_seq = s.context / block_size;
+    const int64_t num_blocks = static_cast<int64_t>(s.batch) * blocks_per_seq;
+    pk::KVCacheShape cs{num_blocks, s.kv_heads, head_size, block_size, pk::DType::kFloat16};
+    const size_t cache_bytes = num_blocks * cs.block_bytes();
+    void* kc = DeviceAlloc(cache_bytes);
+    void* vc = DeviceAlloc(cache_bytes);
+    FillRandomHalf(kc, cache_bytes, rng);
+    FillRandomHalf(vc, cache_bytes, rng);
+    const size_t q_bytes = static_cast<size_t>(s.batch) * s.heads * head_size * 2;
+    void* q = DeviceAlloc(q_bytes);
+    void* out = DeviceAlloc(q_bytes);
+    FillRandomHalf(q, q_bytes, rng);
+    std::vector<int32_t> perm(num_blocks), ident(num_blocks);
+    std::iota(ident.begin(), ident.end(), 0);
+    perm = ident;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> lens(s.batch, s.context);
+    void* bt_paged = DeviceAlloc(num_blocks * 4);
+    void* bt_contig = DeviceAlloc(num_blocks * 4);
+    void* dlens = DeviceAlloc(s.batch * 4);
+    CHECK_CUDA(cudaMemcpy(bt_paged, perm.data(), num_blocks * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(bt_contig, ident.data(), num_blocks * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dlens, lens.data(), s.batch * 4, cudaMemcpyHostToDevice));
+    const size_t ws_bytes = pk::PagedAttentionV2WorkspaceBytes(s.batch, s.heads, head_size, s.context);
+    void* ws = DeviceAlloc(ws_bytes);
+
+    pk::PagedAttentionParams p;
+    p.out = out;
+    p.query = q;
+    p.num_seqs = s.batch;
+    p.num_heads = s.heads;
+    p.cache = {kc, vc, cs, pk::Device::kCUDA};
+    p.block_tables = static_cast<const int32_t*>(bt_paged);
+    p.max_blocks_per_seq = blocks_per_seq;
+    p.seq_lens = static_cast<const int32_t*>(dlens);
+    p.max_seq_len = s.context;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(head_size));
+    p.host_block_tables = perm.data();
+    p.host_seq_lens = lens.data();
+    p.workspace = ws;
+    const int iters = 20;
+    const float ms_auto = TimeDecode(p, Variant::kAuto, iters);
+    const float ms_v1 = TimeDecode(p, Variant::kV1, iters);
+    const float ms_v2 = TimeDecode(p, Variant::kV2, iters);
+    p.block_tables = static_cast<const int32_t*>(bt_contig);
+    p.host_block_tables = ident.data();
+    const float ms_contig = TimeDecode(p, Variant::kAuto, iters);
+
+    const double kv_bytes = 2.0 * static_cast<double>(s.batch) * s.context * s.kv_heads * head_size * 2;
+    const double bw = kv_bytes / (ms_auto * 1e-3);
+    const char* variant =
+        pk::ShouldUsePagedAttentionV1(s.batch, s.heads, s.context) ? "v1" : "v2";
+    std::printf("%-6d %-7d %2d/%-4d %-8s | %-9.4f %-9.1f %-7.1f | %-9.4f %-9.4f %-9.4f | %.3f\n",
+                s.batch, s.context, s.heads, s.kv_heads, variant, ms_auto, bw / 1e9,
+                100.0 * bw / copy_bw, ms_v1, ms_v2, ms_contig, ms_auto / ms_contig);
+    char buf[512];
+    std::snprintf(buf, sizeof(buf),
+                  "    {\"batch\": %d, \"context\": %d, \"heads\": %d, \"kv_heads\": %d, "
+                  "\"head_size\": %d, \"block_size\": %d, \"dtype\": \"f16\", \"variant\": \"%s\", "
+                  "\"paged_ms\": %.5f, \"v1_ms\": %.5f, \"v2_ms\": %.5f, \"contiguous_ms\": %.5f, "
+                  "\"kv_bytes\": %.0f, \"kv_GBps\": %.2f, \"pct_of_copy_bw\": %.2f}",
+                  s.batch, s.context, s.heads, s.kv_heads, head_size, block_size, variant,
+                  ms_auto, ms_v1, ms_v2, ms_contig, kv_bytes, bw / 1e9, 100.0 * bw / copy_bw);
+    json += (first ? "" : ",\n") + std::string(buf);
+    first = false;
+    for (void* ptr : {kc, vc, q, out, bt_paged, bt_contig, dlens, ws}) CHECK_CUDA(cudaFree(ptr));
+  }
+  json += "\n  ]\n}\n";
+  if (!json_path.empty()) std::ofstream(json_path) << json;
+  return 0;
+}

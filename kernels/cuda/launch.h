@@ -1,0 +1,111 @@
+// Internal: launchers of the CUDA kernels, callable from host C++ (C++20) and
+// from nvcc (C++17). Deliberately free of Abseil and of kernels/types.h so that
+// nvcc parses as little as possible; kernels/cuda/cuda_backend.cc turns the
+// cudaError_t results into absl::Status and owns argument checking.
+//
+// Layouts are those of kernels/types.h (vLLM's PagedAttention layout):
+//   key_cache   [num_blocks, num_kv_heads, head_size / x, block_size, x]
+//   value_cache [num_blocks, num_kv_heads, head_size, block_size]
+// with x = 16 / sizeof(element). Element codes: 0 = fp32, 1 = fp16, 2 = bf16
+// (the order of kernels::DType).
+#ifndef PAGEDSERVE_KERNELS_CUDA_LAUNCH_H_
+#define PAGEDSERVE_KERNELS_CUDA_LAUNCH_H_
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace pagedserve::kernels::cuda {
+
+// Threads per block of the decode attention kernels (4 warps, as vLLM).
+inline constexpr int kDecodeThreads = 128;
+// Tokens per v2 partition; equals kernels::kPartitionSize.
+inline constexpr int kDecodePartitionSize = 512;
+
+enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+struct CacheArgs {
+  const void* key_cache = nullptr;
+  const void* value_cache = nullptr;
+  int num_kv_heads = 0;
+  int head_size = 0;
+  int block_size = 0;
+  Elem elem = Elem::kF32;
+};
+
+struct DecodeArgs {
+  void* out = nullptr;          // [num_seqs, num_heads, head_size]
+  const void* query = nullptr;  // [num_seqs, num_heads, head_size]
+  int num_seqs = 0;
+  int num_heads = 0;
+  CacheArgs cache;
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq], device
+  int max_blocks_per_seq = 0;
+  const int32_t* seq_lens = nullptr;  // [num_seqs], device
+  int max_seq_len = 0;
+  float scale = 1.0f;
+  const float* alibi_slopes = nullptr;  // [num_heads] device, or null
+  cudaStream_t stream = nullptr;
+};
+
+// Dynamic shared memory bytes v1 needs for its logits (one fp32 per context
+// token, rounded up to 8 tokens).
+size_t DecodeV1SharedBytes(int max_seq_len);
+// Largest dynamic shared memory v1 may use on the current device for the given
+// element type and head size (opt-in limit minus the kernel's static shared
+// memory). Returns an error code from the runtime if it cannot be queried.
+cudaError_t DecodeV1MaxSharedBytes(Elem elem, int head_size, size_t* bytes);
+
+// v1: one thread block per (head, sequence) over the whole context; the logits
+// of the context live in shared memory (DecodeV1SharedBytes must not exceed
+// DecodeV1MaxSharedBytes).
+cudaError_t LaunchPagedAttentionV1(const DecodeArgs& a);
+
+// v2: grid (num_heads, num_seqs, ceil(max_seq_len / 512)); each block writes
+// max_logits / exp_sums [num_seqs, num_heads, P] and tmp_out [num_seqs,
+// num_heads, P, head_size] (fp32, P = ceil(max_seq_len / 512)), then a reduce
+// kernel combines the partitions into out.
+cudaError_t LaunchPagedAttentionV2(const DecodeArgs& a, float* max_logits, float* exp_sums,
+                                   float* tmp_out);
+
+struct PrefillArgs {
+  void* out = nullptr;          // [num_tokens, num_heads, head_size]
+  const void* query = nullptr;  // rows query_token_stride elements apart
+  int64_t query_token_stride = 0;
+  int num_seqs = 0;
+  int num_heads = 0;
+  const int32_t* query_start_loc = nullptr;  // [num_seqs + 1], device
+  const int32_t* seq_lens = nullptr;         // [num_seqs], device
+  CacheArgs cache;
+  const int32_t* block_tables = nullptr;
+  int max_blocks_per_seq = 0;
+  int max_query_len = 0;
+  float scale = 1.0f;
+  const float* alibi_slopes = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+// Causal prefill attention over the paged cache: grid (num_heads, num_seqs,
+// ceil(max_query_len / 8)), online softmax over tiles of 16 keys.
+cudaError_t LaunchPrefillAttention(const PrefillArgs& a);
+
+// reshape_and_cache: one thread block per token; negative slots (padding) and
+// slots >= num_slots (= num_blocks * block_size; out of the pool) are skipped.
+cudaError_t LaunchReshapeAndCache(const void* key, const void* value, int64_t key_token_stride,
+                                  int64_t value_token_stride, const int64_t* slot_mapping,
+                                  int64_t num_slots, int num_tokens, void* key_cache, void* value_cache,
+                                  int num_kv_heads, int head_size, int block_size, Elem elem,
+                                  cudaStream_t stream);
+
+// copy_blocks: grid (num_pairs, num_layers). key_ptrs / value_ptrs are device
+// arrays of num_layers cache base addresses, pairs a device array of
+// 2 * num_pairs int64 (src, dst, src, dst, ...). block_bytes is the size of one
+// block of K (= of V); when every address and block_bytes are 16-byte aligned
+// the copy uses 16-byte vectors, else bytes.
+cudaError_t LaunchCopyBlocks(const uint64_t* key_ptrs, const uint64_t* value_ptrs,
+                             const int64_t* pairs, int num_layers, int num_pairs,
+                             int64_t block_bytes, bool aligned16, cudaStream_t stream);
+
+}  // namespace pagedserve::kernels::cuda
+
+#endif  // PAGEDSERVE_KERNELS_CUDA_LAUNCH_H_
