@@ -1,0 +1,461 @@
+// Hugging Face directories: config.json parsing (architectures, rope_scaling),
+// safetensors (single and sharded), F32/F16/BF16, and the tensor-parallel
+// split of a tiny random-weight Llama / Qwen2 generated here.
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/model/model_config.h"
+#include "runtime/model/safetensors.h"
+#include "runtime/model/weights.h"
+#include "tests/model/test_util.h"
+
+namespace pagedserve {
+namespace {
+
+using nlohmann::json;
+
+struct Tensor {
+  std::string dtype;           // F32, F16 or BF16
+  std::vector<int64_t> shape;
+  std::vector<float> values;   // what the loader must produce
+  std::vector<uint8_t> bytes;  // encoded
+};
+
+// Tiny model: 2 layers, hidden 32, 8 query heads of 4, 2 KV heads, MLP 48, vocab 40.
+constexpr int kLayers = 2, kHidden = 32, kHeads = 8, kKv = 2, kHead = 4, kInter = 48, kVocab = 40;
+
+Tensor F32(std::mt19937& rng, std::vector<int64_t> shape) {
+  Tensor t{"F32", shape, {}, {}};
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (int64_t i = 0; i < n; ++i) t.values.push_back(u(rng));
+  t.bytes.resize(n * 4);
+  std::memcpy(t.bytes.data(), t.values.data(), n * 4);
+  return t;
+}
+
+// BF16: fp32 values whose low 16 bits are zero are exact.
+Tensor Bf16(std::mt19937& rng, std::vector<int64_t> shape) {
+  Tensor t = F32(rng, shape);
+  t.dtype = "BF16";
+  std::vector<uint8_t> b;
+  for (float& v : t.values) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    bits &= 0xffff0000u;
+    std::memcpy(&v, &bits, 4);
+    uint16_t hi = static_cast<uint16_t>(bits >> 16);
+    b.push_back(hi & 0xff);
+    b.push_back(hi >> 8);
+  }
+  t.bytes = b;
+  return t;
+}
+
+// F16 with bit patterns 0x3c00 + j, i.e. the values 1 + j / 1024.
+Tensor F16Ones(std::mt19937& rng, int64_t n) {
+  Tensor t{"F16", {n}, {}, {}};
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t j = rng() % 1024;
+    t.values.push_back(1.0f + j / 1024.0f);
+    uint16_t bits = 0x3c00 + j;
+    t.bytes.push_back(bits & 0xff);
+    t.bytes.push_back(bits >> 8);
+  }
+  return t;
+}
+
+using TensorMap = std::map<std::string, Tensor>;
+
+TensorMap MakeModel(bool qkv_bias, bool tied, uint32_t seed) {
+  std::mt19937 rng(seed);
+  TensorMap m;
+  m["model.embed_tokens.weight"] = Bf16(rng, {kVocab, kHidden});
+  m["model.norm.weight"] = F16Ones(rng, kHidden);
+  if (!tied) m["lm_head.weight"] = F32(rng, {kVocab, kHidden});
+  for (int l = 0; l < kLayers; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    m[p + "input_layernorm.weight"] = F16Ones(rng, kHidden);
+    m[p + "post_attention_layernorm.weight"] = F16Ones(rng, kHidden);
+    m[p + "self_attn.q_proj.weight"] = F32(rng, {kHeads * kHead, kHidden});
+    m[p + "self_attn.k_proj.weight"] = F32(rng, {kKv * kHead, kHidden});
+    m[p + "self_attn.v_proj.weight"] = F32(rng, {kKv * kHead, kHidden});
+    m[p + "self_attn.o_proj.weight"] = F32(rng, {kHidden, kHeads * kHead});
+    m[p + "mlp.gate_proj.weight"] = F32(rng, {kInter, kHidden});
+    m[p + "mlp.up_proj.weight"] = F32(rng, {kInter, kHidden});
+    m[p + "mlp.down_proj.weight"] = F32(rng, {kHidden, kInter});
+    if (qkv_bias) {
+      m[p + "self_attn.q_proj.bias"] = F32(rng, {kHeads * kHead});
+      m[p + "self_attn.k_proj.bias"] = F32(rng, {kKv * kHead});
+      m[p + "self_attn.v_proj.bias"] = F32(rng, {kKv * kHead});
+    }
+  }
+  return m;
+}
+
+void WriteFile(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary);
+  out << data;
+}
+
+std::string Safetensors(const TensorMap& m, const std::vector<std::string>& names) {
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  std::string data;
+  for (const std::string& n : names) {
+    const Tensor& t = m.at(n);
+    header[n] = {{"dtype", t.dtype},
+                 {"shape", t.shape},
+                 {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
+    data.append(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+  }
+  std::string h = header.dump();
+  uint64_t n = h.size();
+  std::string out(reinterpret_cast<const char*>(&n), 8);
+  return out + h + data;
+}
+
+json Config(const std::string& arch, bool tied) {
+  return {{"architectures", {arch}},
+          {"num_hidden_layers", kLayers},
+          {"hidden_size", kHidden},
+          {"intermediate_size", kInter},
+          {"num_attention_heads", kHeads},
+          {"num_key_value_heads", kKv},
+          {"vocab_size", kVocab},
+          {"rms_norm_eps", 1e-5},
+          {"rope_theta", 10000.0},
+          {"max_position_embeddings", 256},
+          {"tie_word_embeddings", tied},
+          {"bos_token_id", 1},
+          {"eos_token_id", {2, 3}},
+          {"rope_scaling", nullptr}};
+}
+
+// Writes the model as one file or as two shards with an index.
+std::string WriteModel(const TensorMap& m, const json& config, bool sharded) {
+  std::string dir = ::pagedserve::testing::MakeTempDir();
+  WriteFile(dir + "/config.json", config.dump(2));
+  std::vector<std::string> names;
+  for (const auto& [n, t] : m) names.push_back(n);
+  if (!sharded) {
+    WriteFile(dir + "/model.safetensors", Safetensors(m, names));
+  } else {
+    std::vector<std::string> a(names.begin(), names.begin() + names.size() / 2);
+    std::vector<std::string> b(names.begin() + names.size() / 2, names.end());
+    WriteFile(dir + "/model-00001-of-00002.safetensors", Safetensors(m, a));
+    WriteFile(dir + "/model-00002-of-00002.safetensors", Safetensors(m, b));
+    json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", json::object()}};
+    for (const auto& n : a) index["weight_map"][n] = "model-00001-of-00002.safetensors";
+    for (const auto& n : b) index["weight_map"][n] = "model-00002-of-00002.safetensors";
+    WriteFile(dir + "/model.safetensors.index.json", index.dump());
+  }
+  return dir;
+}
+
+// Rows [r0, r1) and columns [c0, c1) of a row-major [rows, cols] tensor.
+std::vector<float> Slice(const Tensor& t, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
+  std::vector<float> out;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = c0; c < c1; ++c) out.push_back(t.values[r * cols + c]);
+  return out;
+}
+
+void ExpectMatrix(const Matrix& m, int64_t rows, int64_t cols, const std::vector<float>& want,
+                  const std::string& what) {
+  EXPECT_EQ(m.rows, rows) << what;
+  EXPECT_EQ(m.cols, cols) << what;
+  EXPECT_EQ(m.data, want) << what;
+}
+
+TEST(HfConfigTest, ParsesLlamaConfig) {
+  auto c = ModelConfigFromHfJson(Config("LlamaForCausalLM", true).dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->arch, ModelArch::kLlama);
+  EXPECT_EQ(c->num_layers, kLayers);
+  EXPECT_EQ(c->head_size, kHead);
+  EXPECT_EQ(c->num_kv_heads, kKv);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_EQ(c->bos_token_id, 1);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(c->max_position_embeddings, 256);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kNone);
+
+  auto q = ModelConfigFromHfJson(Config("Qwen2ForCausalLM", false).dump(), "config.json");
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(q->arch, ModelArch::kQwen2);
+  EXPECT_TRUE(q->qkv_bias);
+  auto mi = ModelConfigFromHfJson(Config("MistralForCausalLM", false).dump(), "config.json");
+  ASSERT_TRUE(mi.ok());
+  EXPECT_EQ(mi->arch, ModelArch::kMistral);
+}
+
+TEST(HfConfigTest, RopeScaling) {
+  json j = Config("LlamaForCausalLM", true);
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}};
+  auto lin = ModelConfigFromHfJson(j.dump(), "c.json");
+  ASSERT_TRUE(lin.ok()) << lin.status();
+  EXPECT_EQ(lin->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(lin->rope_scaling.factor, 4.0);
+
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  auto l3 = ModelConfigFromHfJson(j.dump(), "c.json");
+  ASSERT_TRUE(l3.ok()) << l3.status();
+  EXPECT_EQ(l3->rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(l3->rope_scaling.factor, 8.0);
+  EXPECT_EQ(l3->rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(l3->rope_scaling.original_max_position_embeddings, 8192);
+
+  j["rope_scaling"] = {{"rope_type", "default"}};
+  EXPECT_EQ(ModelConfigFromHfJson(j.dump(), "c.json")->rope_scaling.type,
+            RopeScaling::Type::kNone);
+
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  auto yarn = ModelConfigFromHfJson(j.dump(), "c.json");
+  EXPECT_EQ(yarn.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(yarn.status().message().find("yarn"), std::string::npos);
+
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  auto missing = ModelConfigFromHfJson(j.dump(), "c.json");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("low_freq_factor"), std::string::npos)
+      << missing.status();
+}
+
+TEST(HfConfigTest, RopeInverseFrequencies) {
+  ModelConfig c;
+  c.head_size = 128;
+  c.rope_theta = 500000.0;
+  std::vector<double> base = RopeInverseFrequencies(c);
+  ASSERT_EQ(base.size(), 64u);
+  EXPECT_DOUBLE_EQ(base[0], 1.0);
+  EXPECT_NEAR(base[1], std::pow(500000.0, -2.0 / 128), 1e-15);
+  c.rope_scaling.type = RopeScaling::Type::kLinear;
+  c.rope_scaling.factor = 4;
+  std::vector<double> lin = RopeInverseFrequencies(c);
+  for (size_t i = 0; i < base.size(); ++i) EXPECT_DOUBLE_EQ(lin[i], base[i] / 4);
+  // Llama 3.1: wavelengths below 8192/4 keep their frequency, above 8192/1 are
+  // divided by 8, in between are blended (monotone, strictly between).
+  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 8192};
+  std::vector<double> l3 = RopeInverseFrequencies(c);
+  int high = 0, low = 0, mid = 0;
+  for (size_t i = 0; i < base.size(); ++i) {
+    double wavelen = 2 * M_PI / base[i];
+    if (wavelen < 8192.0 / 4) {
+      EXPECT_DOUBLE_EQ(l3[i], base[i]);
+      ++high;
+    } else if (wavelen > 8192.0) {
+      EXPECT_DOUBLE_EQ(l3[i], base[i] / 8);
+      ++low;
+    } else {
+      EXPECT_LT(l3[i], base[i]);
+      EXPECT_GT(l3[i], base[i] / 8);
+      ++mid;
+    }
+    if (i > 0) {
+      EXPECT_LT(l3[i], l3[i - 1]);
+    }
+  }
+  EXPECT_GT(high, 0);
+  EXPECT_GT(low, 0);
+  EXPECT_GT(mid, 0);
+}
+
+TEST(HfConfigTest, Errors) {
+  json j = Config("GPT2LMHeadModel", true);
+  EXPECT_EQ(ModelConfigFromHfJson(j.dump(), "c.json").status().code(),
+            absl::StatusCode::kUnimplemented);
+  j = Config("LlamaForCausalLM", true);
+  j.erase("hidden_size");
+  auto s = ModelConfigFromHfJson(j.dump(), "dir/config.json").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("dir/config.json"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("hidden_size"), std::string::npos) << s;
+  j = Config("LlamaForCausalLM", true);
+  j["num_key_value_heads"] = 3;
+  EXPECT_FALSE(ModelConfigFromHfJson(j.dump(), "c.json").ok());
+  j["num_key_value_heads"] = "two";
+  EXPECT_FALSE(ModelConfigFromHfJson(j.dump(), "c.json").ok());
+  EXPECT_FALSE(ModelConfigFromHfJson("{not json", "c.json").ok());
+  EXPECT_EQ(LoadHfConfig("/nonexistent").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(HfWeightsTest, SingleAndShardedLoadExactly) {
+  for (bool sharded : {false, true}) {
+    TensorMap m = MakeModel(false, false, 7);
+    std::string dir = WriteModel(m, Config("LlamaForCausalLM", false), sharded);
+    auto w = LoadLlamaWeights(dir);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(w->shard.num_heads, kHeads);
+    ExpectMatrix(w->embed_tokens, kVocab, kHidden, m["model.embed_tokens.weight"].values, "embed");
+    ExpectMatrix(w->lm_head, kVocab, kHidden, m["lm_head.weight"].values, "lm_head");
+    EXPECT_EQ(&w->output_embeddings(), &w->lm_head);
+    EXPECT_EQ(w->final_norm, m["model.norm.weight"].values);
+    ASSERT_EQ(w->layers.size(), size_t{kLayers});
+    for (int l = 0; l < kLayers; ++l) {
+      std::string p = "model.layers." + std::to_string(l) + ".";
+      const LayerWeights& L = w->layers[l];
+      EXPECT_EQ(L.input_layernorm, m[p + "input_layernorm.weight"].values);
+      EXPECT_EQ(L.post_attention_layernorm, m[p + "post_attention_layernorm.weight"].values);
+      ExpectMatrix(L.q_proj, kHeads * kHead, kHidden, m[p + "self_attn.q_proj.weight"].values, p);
+      ExpectMatrix(L.k_proj, kKv * kHead, kHidden, m[p + "self_attn.k_proj.weight"].values, p);
+      ExpectMatrix(L.v_proj, kKv * kHead, kHidden, m[p + "self_attn.v_proj.weight"].values, p);
+      ExpectMatrix(L.o_proj, kHidden, kHeads * kHead, m[p + "self_attn.o_proj.weight"].values, p);
+      ExpectMatrix(L.gate_proj, kInter, kHidden, m[p + "mlp.gate_proj.weight"].values, p);
+      ExpectMatrix(L.up_proj, kInter, kHidden, m[p + "mlp.up_proj.weight"].values, p);
+      ExpectMatrix(L.down_proj, kHidden, kInter, m[p + "mlp.down_proj.weight"].values, p);
+      EXPECT_TRUE(L.q_bias.empty());
+    }
+  }
+}
+
+TEST(HfWeightsTest, TensorParallelShardsConcatenateToFull) {
+  TensorMap m = MakeModel(/*qkv_bias=*/true, /*tied=*/true, 11);
+  std::string dir = WriteModel(m, Config("Qwen2ForCausalLM", true), false);
+  for (int tp : {1, 2, 4, 8}) {
+    for (int r = 0; r < tp; ++r) {
+      SCOPED_TRACE("tp " + std::to_string(tp) + " rank " + std::to_string(r));
+      auto w = LoadLlamaWeights(dir, r, tp);
+      ASSERT_TRUE(w.ok()) << w.status();
+      const ShardLayout& s = w->shard;
+      const int hl = kHeads / tp, il = kInter / tp;
+      EXPECT_EQ(s.num_heads, hl);
+      EXPECT_EQ(s.first_head, r * hl);
+      // KV heads: split when tp <= 2, otherwise the one head of this rank's group.
+      int kvl = tp <= kKv ? kKv / tp : 1;
+      int kv0 = tp <= kKv ? r * kvl : (r * hl) / (kHeads / kKv);
+      EXPECT_EQ(s.num_kv_heads, kvl);
+      EXPECT_EQ(s.first_kv_head, kv0);
+      EXPECT_TRUE(w->lm_head.empty());
+      EXPECT_EQ(&w->output_embeddings(), &w->embed_tokens);
+      EXPECT_EQ(w->embed_tokens.data, m["model.embed_tokens.weight"].values);
+      for (int l = 0; l < kLayers; ++l) {
+        std::string p = "model.layers." + std::to_string(l) + ".";
+        const LayerWeights& L = w->layers[l];
+        const int q0 = r * hl * kHead, q1 = (r + 1) * hl * kHead;
+        const int k0 = kv0 * kHead, k1 = (kv0 + kvl) * kHead;
+        ExpectMatrix(L.q_proj, q1 - q0, kHidden,
+                     Slice(m[p + "self_attn.q_proj.weight"], q0, q1, 0, kHidden), "q");
+        ExpectMatrix(L.k_proj, k1 - k0, kHidden,
+                     Slice(m[p + "self_attn.k_proj.weight"], k0, k1, 0, kHidden), "k");
+        ExpectMatrix(L.v_proj, k1 - k0, kHidden,
+                     Slice(m[p + "self_attn.v_proj.weight"], k0, k1, 0, kHidden), "v");
+        EXPECT_EQ(L.q_bias, Slice(m[p + "self_attn.q_proj.bias"], q0, q1, 0, 1));
+        EXPECT_EQ(L.k_bias, Slice(m[p + "self_attn.k_proj.bias"], k0, k1, 0, 1));
+        EXPECT_EQ(L.v_bias, Slice(m[p + "self_attn.v_proj.bias"], k0, k1, 0, 1));
+        ExpectMatrix(L.o_proj, kHidden, q1 - q0,
+                     Slice(m[p + "self_attn.o_proj.weight"], 0, kHidden, q0, q1), "o");
+        ExpectMatrix(L.gate_proj, il, kHidden,
+                     Slice(m[p + "mlp.gate_proj.weight"], r * il, (r + 1) * il, 0, kHidden),
+                     "gate");
+        ExpectMatrix(L.up_proj, il, kHidden,
+                     Slice(m[p + "mlp.up_proj.weight"], r * il, (r + 1) * il, 0, kHidden), "up");
+        ExpectMatrix(L.down_proj, kHidden, il,
+                     Slice(m[p + "mlp.down_proj.weight"], 0, kHidden, r * il, (r + 1) * il),
+                     "down");
+        EXPECT_EQ(L.input_layernorm, m[p + "input_layernorm.weight"].values);
+      }
+    }
+  }
+  auto bad = LoadLlamaWeights(dir, 0, 3);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("num_heads"), std::string::npos) << bad.status();
+  EXPECT_FALSE(LoadLlamaWeights(dir, 2, 2).ok());
+}
+
+TEST(HfWeightsTest, MissingAndMisshapenTensorsNamed) {
+  TensorMap m = MakeModel(false, true, 3);
+  m.erase("model.layers.1.mlp.up_proj.weight");
+  std::string dir = WriteModel(m, Config("LlamaForCausalLM", true), false);
+  auto w = LoadLlamaWeights(dir);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(w.status().message().find("model.layers.1.mlp.up_proj.weight"), std::string::npos)
+      << w.status();
+
+  TensorMap m2 = MakeModel(false, true, 3);
+  std::mt19937 rng(1);
+  m2["model.layers.0.self_attn.k_proj.weight"] = F32(rng, {kHead, kHidden});
+  std::string dir2 = WriteModel(m2, Config("LlamaForCausalLM", true), true);
+  auto w2 = LoadLlamaWeights(dir2);
+  EXPECT_EQ(w2.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(w2.status().message().find("k_proj"), std::string::npos) << w2.status();
+  EXPECT_NE(w2.status().message().find("[4, 32]"), std::string::npos) << w2.status();
+}
+
+std::string WithHeader(const std::string& header, size_t data_bytes) {
+  uint64_t n = header.size();
+  return std::string(reinterpret_cast<const char*>(&n), 8) + header +
+         std::string(data_bytes, '\0');
+}
+
+absl::Status ParseSt(const std::string& bytes) {
+  return SafetensorsFile::FromBytes("bad.safetensors",
+                                    std::vector<uint8_t>(bytes.begin(), bytes.end()))
+      .status();
+}
+
+TEST(SafetensorsTest, Malformed) {
+  std::string ok = WithHeader(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})", 16);
+  auto f = SafetensorsFile::FromBytes("ok", std::vector<uint8_t>(ok.begin(), ok.end()));
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_NE((*f)->Find("w"), nullptr);
+  EXPECT_EQ((*f)->Find("w")->shape, (std::vector<int64_t>{2, 2}));
+  for (size_t n = 0; n < ok.size() - 16; ++n) {
+    EXPECT_FALSE(ParseSt(ok.substr(0, n)).ok()) << n;
+  }
+  std::string huge = ok;
+  uint64_t big = ~uint64_t{0} - 4;
+  std::memcpy(huge.data(), &big, 8);
+  absl::Status s = ParseSt(huge);
+  EXPECT_NE(s.message().find("bad.safetensors"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("header length"), std::string::npos) << s;
+  s = ParseSt(WithHeader(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,32]}})", 16));
+  EXPECT_NE(s.message().find("past end of file"), std::string::npos) << s;
+  s = ParseSt(WithHeader(R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,16]}})", 16));
+  EXPECT_NE(s.message().find("need 24"), std::string::npos) << s;
+  s = ParseSt(WithHeader(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[8,0]}})", 16));
+  EXPECT_FALSE(s.ok());
+  s = ParseSt(WithHeader(R"({"w":{"dtype":"Q9","shape":[2,2],"data_offsets":[0,16]}})", 16));
+  EXPECT_NE(s.message().find("dtype"), std::string::npos) << s;
+  s = ParseSt(WithHeader(
+      R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})", 16));
+  EXPECT_FALSE(s.ok());
+  s = ParseSt(WithHeader("[1,2]", 0));
+  EXPECT_FALSE(s.ok());
+  s = ParseSt(WithHeader(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,16]}})", 16));
+  EXPECT_FALSE(s.ok());
+  // I64 parses but cannot be converted to fp32.
+  std::string i64 = WithHeader(R"({"w":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}})", 16);
+  auto g = SafetensorsFile::FromBytes("i64", std::vector<uint8_t>(i64.begin(), i64.end()));
+  ASSERT_TRUE(g.ok());
+  std::vector<float> out(2);
+  EXPECT_EQ((*g)->ReadRows(*(*g)->Find("w"), 0, 2, out.data()).code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_FALSE((*g)->ReadRows(*(*g)->Find("w"), 1, 3, out.data()).ok());
+}
+
+TEST(SafetensorsTest, CheckpointErrors) {
+  std::string dir = ::pagedserve::testing::MakeTempDir();
+  EXPECT_EQ(SafetensorsCheckpoint::Open(dir).status().code(), absl::StatusCode::kNotFound);
+  WriteFile(dir + "/model.safetensors.index.json", R"({"weight_map":{"a":"../x"}})");
+  EXPECT_FALSE(SafetensorsCheckpoint::Open(dir).ok());
+  WriteFile(dir + "/model.safetensors.index.json", R"({"weight_map":{"a":"missing.safetensors"}})");
+  auto s = SafetensorsCheckpoint::Open(dir).status();
+  EXPECT_NE(s.message().find("missing.safetensors"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace pagedserve

@@ -1,0 +1,42 @@
+#include "tests/model/test_util.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "gtest/gtest.h"
+
+namespace pagedserve::testing {
+
+std::string FixturePath() {
+  const char* src = std::getenv("PAGEDSERVE_SOURCE_DIR");
+  std::string root = src ? src : ".";
+  return root + "/tests/model/fixtures/dequant_fixtures.gguf";
+}
+
+std::string ModelPath() {
+  const char* m = std::getenv("PAGEDSERVE_MODEL");
+  return m ? m : "";
+}
+
+std::string MakeTempDir() {
+  const char* t = std::getenv("TMPDIR");
+  std::string tmpl = std::string(t && *t ? t : "/tmp") + "/pagedserve_model_XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  char* d = mkdtemp(buf.data());
+  EXPECT_NE(d, nullptr) << "mkdtemp failed";
+  return d ? std::string(d) : std::string();
+}
+
+std::vector<float> F32Tensor(const GgufFile& file, const std::string& name) {
+  const GgufTensorInfo* t = file.FindTensor(name);
+  EXPECT_NE(t, nullptr) << name;
+  if (t == nullptr) return {};
+  EXPECT_EQ(t->type, GgmlType::kF32) << name;
+  auto data = file.TensorData(*t);
+  std::vector<float> out(t->num_elements);
+  std::memcpy(out.data(), data.data(), out.size() * sizeof(float));
+  return out;
+}
+
+}  // namespace pagedserve::testing
