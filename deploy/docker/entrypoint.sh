@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Entry point of the pagedserve image (see docs/deploy.md).
+#
+#   pagedserve-entrypoint serve [FLAGS...]   one pod / one host: mpirun -np 1+TP pagedserve serve
+#   pagedserve-entrypoint leader [FLAGS...]  LeaderWorkerSet leader: builds a hostfile from the
+#                                            LWS_* variables, waits for the workers' sshd and
+#                                            runs mpirun across the group's pods
+#   pagedserve-entrypoint worker             LeaderWorkerSet worker: runs a non-root sshd on
+#                                            $PAGEDSERVE_SSH_PORT so that the leader's mpirun can
+#                                            start its orted here
+#   pagedserve-entrypoint drain [SECONDS]    preStop hook: waits until no request is running or
+#                                            waiting (read from the metrics endpoint), at most
+#                                            SECONDS (default 240)
+#   pagedserve-entrypoint probe-metrics      exits 0 when the metrics endpoint answers 200
+#   pagedserve-entrypoint CMD [ARGS...]      runs CMD, e.g. `pagedserve client --health`
+#
+# Environment (all optional):
+#   PAGEDSERVE_MODEL                 model file or directory; default: the only *.gguf in
+#                                    $PAGEDSERVE_MODEL_DIR, else fetched there when
+#                                    PAGEDSERVE_FETCH_MODEL=1 (scripts/fetch-model, SmolLM2)
+#   PAGEDSERVE_MODEL_DIR             default /models
+#   PAGEDSERVE_TENSOR_PARALLEL_SIZE  default: GPUs visible in this pod (serve) or
+#                                    LWS_GROUP_SIZE * PAGEDSERVE_GPUS_PER_POD (leader)
+#   PAGEDSERVE_GPUS_PER_POD          GPUs of each pod of a multi-node group (default: visible GPUs)
+#   PAGEDSERVE_ZMQ_PORT              default 5555 (server binds tcp://0.0.0.0:PORT)
+#   PAGEDSERVE_METRICS_PORT          default 9400 (bound on 0.0.0.0)
+#   PAGEDSERVE_SSH_PORT              default 2222 (multi-node only)
+#   PAGEDSERVE_SSH_KEY_DIR           default /etc/pagedserve/ssh: id_ed25519 + id_ed25519.pub
+#   PAGEDSERVE_MPI_IFACE             network interface for MPI traffic (default eth0)
+#   PAGEDSERVE_WAIT_WORKERS_SECONDS  how long the leader waits for the workers (default 600)
+set -euo pipefail
+
+log() { echo "pagedserve-entrypoint: $*" >&2; }
+die() { log "$*"; exit 1; }
+
+model_dir=${PAGEDSERVE_MODEL_DIR:-/models}
+zmq_port=${PAGEDSERVE_ZMQ_PORT:-5555}
+metrics_port=${PAGEDSERVE_METRICS_PORT:-9400}
+ssh_port=${PAGEDSERVE_SSH_PORT:-2222}
+ssh_key_dir=${PAGEDSERVE_SSH_KEY_DIR:-/etc/pagedserve/ssh}
+iface=${PAGEDSERVE_MPI_IFACE:-eth0}
+
+# GPUs this container may use: the NVIDIA device plugin puts the allocated GPUs'
+# UUIDs in NVIDIA_VISIBLE_DEVICES; `all` means ask the driver.
+visible_gpus() {
+  local v=${NVIDIA_VISIBLE_DEVICES:-}
+  if [[ -n "$v" && "$v" != all && "$v" != void && "$v" != none ]]; then
+    tr ',' '\n' <<<"$v" | grep -c .
+  elif command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 0
+  else
+    echo 0
+  fi
+}
+
+resolve_model() {
+  if [[ -n "${PAGEDSERVE_MODEL:-}" ]]; then
+    [[ -e "$PAGEDSERVE_MODEL" ]] || die "PAGEDSERVE_MODEL=$PAGEDSERVE_MODEL does not exist"
+    echo "$PAGEDSERVE_MODEL"; return
+  fi
+  shopt -s nullglob
+  local found=("$model_dir"/*.gguf)
+  shopt -u nullglob
+  if [[ ${#found[@]} -eq 1 ]]; then echo "${found[0]}"; return; fi
+  if [[ ${#found[@]} -gt 1 ]]; then
+    die "several .gguf files in $model_dir; set PAGEDSERVE_MODEL to one of them"
+  fi
+  if [[ "${PAGEDSERVE_FETCH_MODEL:-0}" == 1 ]]; then
+    log "no model in $model_dir, fetching the default model"
+    PAGEDSERVE_MODEL_DIR="$model_dir" /opt/pagedserve/scripts/fetch-model; return
+  fi
+  die "no model: mount one at $model_dir, set PAGEDSERVE_MODEL, or set PAGEDSERVE_FETCH_MODEL=1"
+}
+
+serve_flags() {  # flags common to single- and multi-node launches
+  local model=$1 tp=$2
+  echo --model "$model" --tensor-parallel-size "$tp" \
+       --zmq-endpoint "tcp://0.0.0.0:$zmq_port" \
+       --metrics-host 0.0.0.0 --metrics-port "$metrics_port"
+}
+
+metrics_body() {  # GET /metrics on loopback with bash's /dev/tcp (no curl in the image)
+  local fd
+  exec {fd}<>"/dev/tcp/127.0.0.1/$metrics_port" || return 1
+  printf 'GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n' >&"$fd"
+  timeout 5 cat <&"$fd"
+  exec {fd}>&-
+}
+
+cmd=${1:-serve}
+[[ $# -gt 0 ]] && shift
+
+case "$cmd" in
+  serve)
+    model=$(resolve_model)
+    tp=${PAGEDSERVE_TENSOR_PARALLEL_SIZE:-$(visible_gpus)}
+    [[ "$tp" -ge 1 ]] 2>/dev/null || tp=1
+    log "serving $model with tensor-parallel size $tp ($((tp + 1)) ranks)"
+    # Runs as the non-root image user, so OpenMPI needs no root override. --bind-to none: the ranks' threads are
+    # placed by the OS inside the pod's cpuset.
+    # shellcheck disable=SC2046
+    exec mpirun -np "$((tp + 1))" --bind-to none --map-by slot \
+      -x PATH -x LD_LIBRARY_PATH -x CUDA_DEVICE_ORDER=PCI_BUS_ID \
+      pagedserve serve $(serve_flags "$model" "$tp") "$@"
+    ;;
+
+  leader)
+    : "${LWS_LEADER_ADDRESS:?leader mode needs the LeaderWorkerSet variables (LWS_LEADER_ADDRESS)}"
+    : "${LWS_GROUP_SIZE:?leader mode needs LWS_GROUP_SIZE}"
+    gpus=${PAGEDSERVE_GPUS_PER_POD:-$(visible_gpus)}
+    [[ "$gpus" -ge 1 ]] 2>/dev/null || die "no GPU visible; set PAGEDSERVE_GPUS_PER_POD"
+    tp=${PAGEDSERVE_TENSOR_PARALLEL_SIZE:-$((LWS_GROUP_SIZE * gpus))}
+    model=$(resolve_model)
+    # Pod DNS names of a group (LWS headless service, subdomainPolicy Shared):
+    #   leader   <lws>-<group>.<lws>.<namespace>      = $LWS_LEADER_ADDRESS
+    #   worker i <lws>-<group>-<i>.<lws>.<namespace>  for i in 1..size-1
+    leader_host=${LWS_LEADER_ADDRESS%%.*}
+    domain=${LWS_LEADER_ADDRESS#*.}
+    hostfile=$(mktemp /tmp/pagedserve-hostfile.XXXXXX)
+    # The leader runs rank 0 (coordinator) plus `gpus` workers; OpenMPI knows
+    # its own short host name as the local node, so no sshd is needed here.
+    echo "$(hostname) slots=$((gpus + 1))" > "$hostfile"
+    workers=()
+    for ((i = 1; i < LWS_GROUP_SIZE; i++)); do
+      workers+=("${leader_host}-${i}.${domain}")
+      echo "${leader_host}-${i}.${domain} slots=$gpus" >> "$hostfile"
+    done
+    log "hostfile:"; cat "$hostfile" >&2
+    # SSH client setup: key from the Secret, port, no host key pinning inside the group.
+    mkdir -p ~/.ssh && chmod 700 ~/.ssh
+    install -m 600 "$ssh_key_dir/id_ed25519" ~/.ssh/id_ed25519
+    cat > ~/.ssh/config <<CFG
+Host *
+  Port $ssh_port
+  IdentityFile ~/.ssh/id_ed25519
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  LogLevel ERROR
+  ConnectTimeout 10
+CFG
+    chmod 600 ~/.ssh/config
+    deadline=$((SECONDS + ${PAGEDSERVE_WAIT_WORKERS_SECONDS:-600}))
+    for w in "${workers[@]}"; do
+      until ssh -o BatchMode=yes "$w" true 2>/dev/null; do
+        (( SECONDS < deadline )) || die "worker $w: sshd not reachable on port $ssh_port"
+        sleep 2
+      done
+      log "worker $w reachable"
+    done
+    log "serving $model on $LWS_GROUP_SIZE pods, tensor-parallel size $tp ($((tp + 1)) ranks)"
+    # shellcheck disable=SC2046
+    exec mpirun -np "$((tp + 1))" --hostfile "$hostfile" --map-by slot --bind-to none \
+      --mca plm_rsh_agent ssh --mca btl_tcp_if_include "$iface" --mca oob_tcp_if_include "$iface" \
+      -x PATH -x LD_LIBRARY_PATH -x CUDA_DEVICE_ORDER=PCI_BUS_ID -x NCCL_SOCKET_IFNAME="$iface" \
+      pagedserve serve $(serve_flags "$model" "$tp") "$@"
+    ;;
+
+  worker)
+    # Non-root sshd: host key generated per pod, only the group's key may log in,
+    # and only as this same user (a non-root sshd cannot switch users).
+    mkdir -p ~/.ssh && chmod 700 ~/.ssh
+    install -m 600 "$ssh_key_dir/id_ed25519.pub" ~/.ssh/authorized_keys
+    [[ -f ~/.ssh/host_ed25519 ]] || ssh-keygen -q -t ed25519 -N '' -f ~/.ssh/host_ed25519
+    # Model present before the leader starts mpirun (fetch if asked to).
+    resolve_model >/dev/null
+    cat > ~/.ssh/sshd_config <<CFG
+Port $ssh_port
+HostKey $HOME/.ssh/host_ed25519
+PidFile $HOME/.ssh/sshd.pid
+AuthorizedKeysFile $HOME/.ssh/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PubkeyAuthentication yes
+UsePAM no
+StrictModes no
+PermitUserEnvironment no
+AllowTcpForwarding no
+X11Forwarding no
+CFG
+    log "sshd on port $ssh_port for the leader's mpirun"
+    exec /usr/sbin/sshd -D -e -f ~/.ssh/sshd_config
+    ;;
+
+  drain)
+    budget=${1:-240}
+    deadline=$((SECONDS + budget))
+    while (( SECONDS < deadline )); do
+      body=$(metrics_body 2>/dev/null) || { log "metrics endpoint gone; nothing to drain"; exit 0; }
+      busy=$(awk '/^pagedserve_requests_(running|waiting|swapped) / {n += $2} END {print n + 0}' <<<"$body")
+      if [[ "$busy" == 0 ]]; then log "drained"; exit 0; fi
+      log "waiting for $busy in-flight requests"
+      sleep 2
+    done
+    log "drain budget of ${budget}s spent; stopping with requests in flight"
+    ;;
+
+  probe-metrics)
+    body=$(metrics_body) || exit 1
+    [[ "$body" =~ ^HTTP/1\.[01]\ 200 ]]
+    ;;
+
+  *)
+    exec "$cmd" "$@"
+    ;;
+esac

