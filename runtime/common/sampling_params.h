@@ -28,6 +28,8 @@ struct SamplingParams {
   bool ignore_eos = false;
   int logprobs = -1;                 // -1: none; 0: sampled token only; N: also top N (<= 20)
 
+  bool operator==(const SamplingParams&) const = default;
+
   // True when sampling reduces to argmax.
   bool greedy() const { return temperature < 1e-5f; }
 

@@ -1,0 +1,727 @@
+#include "runtime/frontend/protocol.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
+namespace pagedserve::protocol {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Failure inside the parser: code + message. The id is attached by the caller.
+struct Failure {
+  ErrorCode code;
+  std::string message;
+};
+using Check = std::optional<Failure>;
+
+Failure Invalid(std::string message) { return {ErrorCode::kInvalidRequest, std::move(message)}; }
+
+std::string Dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// "integer", "number", "string", ... as a reader of the message would say it.
+std::string KindOf(const json& j) {
+  if (j.is_number_integer()) return "integer";
+  if (j.is_number_float()) return "number";
+  return j.type_name();
+}
+
+// Cuts s to at most n bytes without splitting a UTF-8 sequence.
+std::string Truncate(std::string s, size_t n) {
+  if (s.size() <= n) return s;
+  size_t cut = n - 3;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return s.substr(0, cut) + "...";
+}
+
+// A short rendering of a bad value for messages.
+std::string Show(const json& j) { return Truncate(Dump(j), 40); }
+
+Failure WrongType(absl::string_view field, absl::string_view expected, const json& got) {
+  return Invalid(absl::StrCat("field '", field, "' must be ", expected, ", got ", KindOf(got),
+                              got.is_primitive() && !got.is_null() ? absl::StrCat(" ", Show(got)) : ""));
+}
+
+// Floats go on the wire in their shortest round-trip form (0.7, not 0.699999988).
+double WireFloat(float f) {
+  if (!std::isfinite(f)) return static_cast<double>(f);
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof(buf), f);
+  *r.ptr = '\0';
+  return std::strtod(buf, nullptr);
+}
+
+Check ReadString(const json& j, absl::string_view field, std::string& out) {
+  if (!j.is_string()) return WrongType(field, "a string", j);
+  out = j.get<std::string>();
+  return std::nullopt;
+}
+
+Check ReadInt(const json& j, absl::string_view field, int& out) {
+  if (!j.is_number_integer()) return WrongType(field, "an integer", j);
+  if (j.is_number_unsigned()) {
+    const uint64_t v = j.get<uint64_t>();
+    if (v > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
+      return Invalid(absl::StrCat("field '", field, "' is out of range, got ", v));
+    }
+    out = static_cast<int>(v);
+    return std::nullopt;
+  }
+  const int64_t v = j.get<int64_t>();
+  if (v > std::numeric_limits<int>::max() || v < std::numeric_limits<int>::min()) {
+    return Invalid(absl::StrCat("field '", field, "' is out of range, got ", v));
+  }
+  out = static_cast<int>(v);
+  return std::nullopt;
+}
+
+Check ReadFloat(const json& j, absl::string_view field, float& out) {
+  if (!j.is_number()) return WrongType(field, "a number", j);
+  const double v = j.get<double>();
+  if (!std::isfinite(v) || std::abs(v) > std::numeric_limits<float>::max()) {
+    return Invalid(absl::StrCat("field '", field, "' is out of range, got ", Show(j)));
+  }
+  out = static_cast<float>(v);
+  return std::nullopt;
+}
+
+Check ReadBool(const json& j, absl::string_view field, bool& out) {
+  if (!j.is_boolean()) return WrongType(field, "true or false", j);
+  out = j.get<bool>();
+  return std::nullopt;
+}
+
+Check ReadTokenIds(const json& j, absl::string_view field, int32_t vocab_size,
+                   std::vector<int32_t>& out) {
+  if (!j.is_array()) return WrongType(field, "an array of token ids", j);
+  out.clear();
+  out.reserve(j.size());
+  for (size_t i = 0; i < j.size(); ++i) {
+    const json& t = j[i];
+    const std::string name = absl::StrCat(field, "[", i, "]");
+    if (!t.is_number_integer()) return WrongType(name, "an integer token id", t);
+    const bool negative = !t.is_number_unsigned() && t.get<int64_t>() < 0;
+    const int64_t limit = vocab_size > 0 ? vocab_size : std::numeric_limits<int32_t>::max();
+    if (negative || (t.is_number_unsigned() ? t.get<uint64_t>() >= static_cast<uint64_t>(limit)
+                                            : t.get<int64_t>() >= limit)) {
+      return Invalid(absl::StrCat("field '", name, "' must be a token id in [0, ", limit, "), got ",
+                                  Show(t)));
+    }
+    out.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
+// Nesting depth of a JSON text, without parsing it (strings skipped). The parser
+// itself recurses only through nlohmann's iterative SAX driver, but the resulting
+// value's destruction and our walk would recurse; a bound keeps both shallow.
+bool TooDeep(absl::string_view s, int max_depth) {
+  int depth = 0;
+  bool in_string = false, escape = false;
+  for (char c : s) {
+    if (in_string) {
+      if (escape) {
+        escape = false;
+      } else if (c == '\\') {
+        escape = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > max_depth) return true;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+Check RejectUnknownFields(const json& obj, const std::set<absl::string_view>& known,
+                          absl::string_view type) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (!known.count(it.key())) {
+      const std::string key = Truncate(it.key(), 64);
+      return Invalid(absl::StrCat("unknown field ", Dump(json(key)), " in ", type, " request"));
+    }
+  }
+  return std::nullopt;
+}
+
+// Reads the optional id of health/stats/abort requests; required ones check emptiness.
+Check ReadId(const json& obj, bool required, std::string& out) {
+  auto it = obj.find("id");
+  if (it == obj.end() || it->is_null()) {
+    if (required) return Invalid("missing field 'id'");
+    return std::nullopt;
+  }
+  if (!it->is_string()) return WrongType("id", "a string", *it);
+  out = it->get<std::string>();
+  if (out.empty() && required) return Invalid("field 'id' must be a non-empty string");
+  if (out.size() > kMaxIdBytes) {
+    out.clear();
+    return Invalid(absl::StrCat("field 'id' is longer than ", kMaxIdBytes, " bytes"));
+  }
+  return std::nullopt;
+}
+
+Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& req) {
+  static const std::set<absl::string_view> kKnown = {
+      "version", "type", "id", "prompt", "prompt_token_ids", "messages", "stream",
+      "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+      "presence_penalty", "frequency_penalty", "seed", "stop", "stop_token_ids",
+      "ignore_eos", "logprobs"};
+  if (Check c = RejectUnknownFields(obj, kKnown, "generate")) return c;
+  // Prompt: exactly one form.
+  auto present = [&](const char* k) {
+    auto it = obj.find(k);
+    return it != obj.end() && !it->is_null();
+  };
+  const int forms = present("prompt") + present("prompt_token_ids") + present("messages");
+  if (forms == 0) {
+    return Invalid("missing prompt: one of 'prompt', 'prompt_token_ids' or 'messages' is required");
+  }
+  if (forms > 1) {
+    return Invalid("only one of 'prompt', 'prompt_token_ids' or 'messages' may be given");
+  }
+  if (present("prompt")) {
+    std::string text;
+    if (Check c = ReadString(obj["prompt"], "prompt", text)) return c;
+    if (text.empty()) return Invalid("field 'prompt' must be a non-empty string");
+    req.prompt = std::move(text);
+  } else if (present("prompt_token_ids")) {
+    std::vector<int32_t> ids;
+    if (Check c = ReadTokenIds(obj["prompt_token_ids"], "prompt_token_ids", opt.vocab_size, ids)) return c;
+    if (ids.empty()) return Invalid("field 'prompt_token_ids' must be a non-empty array");
+    req.prompt = std::move(ids);
+  } else {
+    const json& m = obj["messages"];
+    if (!m.is_array()) return WrongType("messages", "an array of {role, content} objects", m);
+    if (m.empty()) return Invalid("field 'messages' must be a non-empty array");
+    std::vector<ChatMessage> msgs;
+    for (size_t i = 0; i < m.size(); ++i) {
+      const std::string name = absl::StrCat("messages[", i, "]");
+      const json& e = m[i];
+      if (!e.is_object()) return WrongType(name, "an object with 'role' and 'content'", e);
+      for (auto it = e.begin(); it != e.end(); ++it) {
+        if (it.key() != "role" && it.key() != "content") {
+          return Invalid(absl::StrCat("unknown field in ", name, " (expected 'role' and 'content')"));
+        }
+      }
+      ChatMessage cm;
+      if (!e.contains("role")) return Invalid(absl::StrCat("missing field '", name, ".role'"));
+      if (!e.contains("content")) return Invalid(absl::StrCat("missing field '", name, ".content'"));
+      if (Check c = ReadString(e["role"], name + ".role", cm.role)) return c;
+      if (Check c = ReadString(e["content"], name + ".content", cm.content)) return c;
+      if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "tool") {
+        return Invalid(absl::StrCat("field '", name, ".role' must be one of system, user, assistant, tool, got ",
+                                    Show(e["role"])));
+      }
+      msgs.push_back(std::move(cm));
+    }
+    req.prompt = std::move(msgs);
+  }
+  // Sampling fields; null = default.
+  SamplingParams& sp = req.sampling;
+  auto field = [&](const char* k) -> const json* {
+    auto it = obj.find(k);
+    return it == obj.end() || it->is_null() ? nullptr : &*it;
+  };
+  if (auto* j = field("n")) if (Check c = ReadInt(*j, "n", sp.n)) return c;
+  if (auto* j = field("max_tokens")) if (Check c = ReadInt(*j, "max_tokens", sp.max_tokens)) return c;
+  if (auto* j = field("temperature")) if (Check c = ReadFloat(*j, "temperature", sp.temperature)) return c;
+  if (auto* j = field("top_p")) if (Check c = ReadFloat(*j, "top_p", sp.top_p)) return c;
+  if (auto* j = field("top_k")) if (Check c = ReadInt(*j, "top_k", sp.top_k)) return c;
+  if (auto* j = field("min_p")) if (Check c = ReadFloat(*j, "min_p", sp.min_p)) return c;
+  if (auto* j = field("repetition_penalty")) {
+    if (Check c = ReadFloat(*j, "repetition_penalty", sp.repetition_penalty)) return c;
+  }
+  if (auto* j = field("presence_penalty")) {
+    if (Check c = ReadFloat(*j, "presence_penalty", sp.presence_penalty)) return c;
+  }
+  if (auto* j = field("frequency_penalty")) {
+    if (Check c = ReadFloat(*j, "frequency_penalty", sp.frequency_penalty)) return c;
+  }
+  if (auto* j = field("seed")) {
+    if (!j->is_number_integer()) return WrongType("seed", "an integer in [0, 2^64)", *j);
+    if (!j->is_number_unsigned() && j->get<int64_t>() < 0) {
+      return Invalid(absl::StrCat("field 'seed' must be an integer in [0, 2^64), got ", Show(*j)));
+    }
+    sp.seed = j->get<uint64_t>();
+  }
+  if (auto* j = field("stop")) {
+    if (j->is_string()) {
+      sp.stop = {j->get<std::string>()};
+    } else if (j->is_array()) {
+      sp.stop.clear();
+      for (size_t i = 0; i < j->size(); ++i) {
+        std::string s;
+        if (Check c = ReadString((*j)[i], absl::StrCat("stop[", i, "]"), s)) return c;
+        sp.stop.push_back(std::move(s));
+      }
+    } else {
+      return WrongType("stop", "a string or an array of strings", *j);
+    }
+    if (sp.stop.size() > opt.max_stop_strings) {
+      return Invalid(absl::StrCat("field 'stop' has ", sp.stop.size(), " strings, the limit is ",
+                                  opt.max_stop_strings));
+    }
+    for (size_t i = 0; i < sp.stop.size(); ++i) {
+      if (sp.stop[i].size() > opt.max_stop_string_bytes) {
+        return Invalid(absl::StrCat("field 'stop[", i, "]' is longer than ", opt.max_stop_string_bytes,
+                                    " bytes"));
+      }
+    }
+  }
+  if (auto* j = field("stop_token_ids")) {
+    if (Check c = ReadTokenIds(*j, "stop_token_ids", opt.vocab_size, sp.stop_token_ids)) return c;
+  }
+  if (auto* j = field("ignore_eos")) if (Check c = ReadBool(*j, "ignore_eos", sp.ignore_eos)) return c;
+  if (auto* j = field("logprobs")) if (Check c = ReadInt(*j, "logprobs", sp.logprobs)) return c;
+  if (auto* j = field("stream")) if (Check c = ReadBool(*j, "stream", req.stream)) return c;
+  if (absl::Status s = sp.Validate(); !s.ok()) return Invalid(std::string(s.message()));
+  return std::nullopt;
+}
+
+// Messages quote client bytes (e.g. nlohmann's "last read: '...'"), which may
+// be invalid UTF-8: replace those with U+FFFD so the reply is exactly what the
+// client will decode.
+std::string ValidUtf8(const std::string& s) { return json::parse(Dump(json(s))).get<std::string>(); }
+
+ParseResult Fail(std::string id, Failure f) {
+  ParseResult r;
+  r.error = ErrorReply{std::move(id), f.code, ValidUtf8(f.message)};
+  return r;
+}
+
+ParseResult ParseRequestImpl(absl::string_view message, const ParseOptions& opt) {
+  if (message.size() > opt.max_message_bytes) {
+    return Fail("", {ErrorCode::kMessageTooLarge,
+                     absl::StrCat("message is ", message.size(), " bytes, the limit is ",
+                                  opt.max_message_bytes)});
+  }
+  if (TooDeep(message, opt.max_json_depth)) {
+    return Fail("", {ErrorCode::kInvalidJson,
+                     absl::StrCat("message nests deeper than ", opt.max_json_depth, " levels")});
+  }
+  json obj;
+  try {
+    obj = json::parse(message.begin(), message.end());
+  } catch (const json::exception& e) {
+    std::string what = e.what();
+    if (auto pos = what.find("] "); what.rfind("[json.exception", 0) == 0 && pos != std::string::npos) {
+      what = what.substr(pos + 2);
+    }
+    return Fail("", {ErrorCode::kInvalidJson, absl::StrCat("message is not valid JSON: ", what)});
+  }
+  if (!obj.is_object()) {
+    return Fail("", Invalid(absl::StrCat("message must be a JSON object, got ", KindOf(obj))));
+  }
+  // The id first, so that every later error can echo it.
+  std::string id;
+  if (auto it = obj.find("id"); it != obj.end() && it->is_string() && it->get_ref<const std::string&>().size() <= kMaxIdBytes) {
+    id = it->get<std::string>();
+  }
+  auto v = obj.find("version");
+  if (v == obj.end()) {
+    return Fail(id, {ErrorCode::kUnsupportedVersion,
+                     absl::StrCat("missing field 'version' (this server speaks protocol version ", kVersion, ")")});
+  }
+  if (!v->is_number_integer() || v->get<int64_t>() != kVersion) {
+    return Fail(id, {ErrorCode::kUnsupportedVersion,
+                     absl::StrCat("unsupported protocol version ", Show(*v),
+                                  " (this server speaks version ", kVersion, ")")});
+  }
+  auto t = obj.find("type");
+  if (t == obj.end()) return Fail(id, Invalid("missing field 'type'"));
+  if (!t->is_string()) return Fail(id, WrongType("type", "a string", *t));
+  const std::string& type = t->get_ref<const std::string&>();
+  ParseResult r;
+  if (type == "generate") {
+    GenerateRequest req;
+    if (Check c = ReadId(obj, /*required=*/true, req.id)) return Fail(id, *c);
+    if (Check c = ParseGenerate(obj, opt, req)) return Fail(id, *c);
+    r.request = std::move(req);
+  } else if (type == "abort") {
+    AbortRequest req;
+    if (Check c = RejectUnknownFields(obj, {"version", "type", "id"}, "abort")) return Fail(id, *c);
+    if (Check c = ReadId(obj, /*required=*/true, req.id)) return Fail(id, *c);
+    r.request = std::move(req);
+  } else if (type == "health" || type == "stats") {
+    std::string rid;
+    if (Check c = RejectUnknownFields(obj, {"version", "type", "id"}, type)) return Fail(id, *c);
+    if (Check c = ReadId(obj, /*required=*/false, rid)) return Fail(id, *c);
+    if (type == "health") {
+      r.request = HealthRequest{std::move(rid)};
+    } else {
+      r.request = StatsRequest{std::move(rid)};
+    }
+  } else {
+    return Fail(id, {ErrorCode::kUnknownType,
+                     absl::StrCat("unknown message type ", Show(*t),
+                                  " (expected generate, abort, health or stats)")});
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// Serialization
+// ---------------------------------------------------------------------------
+json Header(absl::string_view type, absl::string_view id) {
+  json j = json::object();
+  j["version"] = kVersion;
+  j["type"] = type;
+  if (!id.empty()) j["id"] = id;
+  return j;
+}
+
+json LogprobsJson(const std::vector<TokenLogprob>& lps) {
+  json arr = json::array();
+  for (const TokenLogprob& lp : lps) {
+    json e = {{"token_id", lp.token_id}, {"logprob", WireFloat(lp.logprob)}};
+    json top = json::array();
+    for (size_t i = 0; i < lp.top_token_ids.size() && i < lp.top_logprobs.size(); ++i) {
+      top.push_back({{"token_id", lp.top_token_ids[i]}, {"logprob", WireFloat(lp.top_logprobs[i])}});
+    }
+    e["top"] = std::move(top);
+    arr.push_back(std::move(e));
+  }
+  return arr;
+}
+
+json ToJson(const GenerateRequest& r) {
+  json j = Header("generate", r.id);
+  if (const auto* text = std::get_if<std::string>(&r.prompt)) {
+    j["prompt"] = *text;
+  } else if (const auto* ids = std::get_if<std::vector<int32_t>>(&r.prompt)) {
+    j["prompt_token_ids"] = *ids;
+  } else {
+    json m = json::array();
+    for (const ChatMessage& c : std::get<std::vector<ChatMessage>>(r.prompt)) {
+      m.push_back({{"role", c.role}, {"content", c.content}});
+    }
+    j["messages"] = std::move(m);
+  }
+  const SamplingParams& s = r.sampling;
+  j["n"] = s.n;
+  j["max_tokens"] = s.max_tokens;
+  j["temperature"] = WireFloat(s.temperature);
+  j["top_p"] = WireFloat(s.top_p);
+  j["top_k"] = s.top_k;
+  j["min_p"] = WireFloat(s.min_p);
+  j["repetition_penalty"] = WireFloat(s.repetition_penalty);
+  j["presence_penalty"] = WireFloat(s.presence_penalty);
+  j["frequency_penalty"] = WireFloat(s.frequency_penalty);
+  if (s.seed) j["seed"] = *s.seed;
+  j["stop"] = s.stop;
+  j["stop_token_ids"] = s.stop_token_ids;
+  j["ignore_eos"] = s.ignore_eos;
+  j["logprobs"] = s.logprobs;
+  j["stream"] = r.stream;
+  return j;
+}
+
+struct RequestToJson {
+  json operator()(const GenerateRequest& r) const { return ToJson(r); }
+  json operator()(const AbortRequest& r) const { return Header("abort", r.id); }
+  json operator()(const HealthRequest& r) const { return Header("health", r.id); }
+  json operator()(const StatsRequest& r) const { return Header("stats", r.id); }
+};
+
+struct ReplyToJson {
+  json operator()(const ErrorReply& r) const {
+    json j = Header("error", r.id);
+    j["code"] = ErrorCodeName(r.code);
+    j["message"] = r.message;
+    return j;
+  }
+  json operator()(const DeltaReply& r) const {
+    json j = Header("delta", r.id);
+    json outs = json::array();
+    for (const SequenceDelta& d : r.outputs) {
+      json o = {{"index", d.index}, {"text", d.text}, {"token_ids", d.token_ids}};
+      if (!d.logprobs.empty()) o["logprobs"] = LogprobsJson(d.logprobs);
+      if (d.finish_reason) o["finish_reason"] = FinishReasonName(*d.finish_reason);
+      outs.push_back(std::move(o));
+    }
+    j["outputs"] = std::move(outs);
+    return j;
+  }
+  json operator()(const FinalReply& r) const {
+    json j = Header("final", r.id);
+    j["stream"] = r.streamed;
+    json outs = json::array();
+    for (const SequenceFinal& f : r.outputs) {
+      json o = {{"index", f.index}, {"finish_reason", FinishReasonName(f.finish_reason)}};
+      if (f.stop_string) o["stop_string"] = *f.stop_string;
+      if (f.stop_token_id) o["stop_token_id"] = *f.stop_token_id;
+      if (!r.streamed) {
+        o["text"] = f.text;
+        o["token_ids"] = f.token_ids;
+        if (!f.logprobs.empty()) o["logprobs"] = LogprobsJson(f.logprobs);
+      }
+      outs.push_back(std::move(o));
+    }
+    j["outputs"] = std::move(outs);
+    j["usage"] = {{"prompt_tokens", r.usage.prompt_tokens},
+                  {"completion_tokens", r.usage.completion_tokens},
+                  {"cached_prompt_tokens", r.usage.cached_prompt_tokens}};
+    if (!r.error_message.empty()) j["error"] = r.error_message;
+    return j;
+  }
+  json operator()(const AbortReply& r) const { return Header("abort_ack", r.id); }
+  json operator()(const HealthReply& r) const {
+    json j = Header("health", r.id);
+    j["status"] = r.ok ? "ok" : "unhealthy";
+    return j;
+  }
+  json operator()(const StatsReply& r) const {
+    json j = Header("stats", r.id);
+    j["num_waiting"] = r.num_waiting;
+    j["num_running"] = r.num_running;
+    j["num_swapped"] = r.num_swapped;
+    j["kv_blocks_total"] = r.kv_blocks_total;
+    j["kv_blocks_used"] = r.kv_blocks_used;
+    j["kv_usage"] = r.kv_usage;
+    j["max_num_seqs"] = r.max_num_seqs;
+    j["max_model_len"] = r.max_model_len;
+    j["max_waiting"] = r.max_waiting;
+    return j;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Reply parsing (client side, lenient)
+// ---------------------------------------------------------------------------
+absl::Status Bad(absl::string_view what) { return absl::InvalidArgumentError(std::string(what)); }
+
+template <typename T>
+absl::Status Get(const json& obj, const char* key, T& out, bool required = true) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) {
+    return required ? Bad(absl::StrCat("reply: missing field '", key, "'")) : absl::OkStatus();
+  }
+  try {
+    out = it->get<T>();
+  } catch (const json::exception&) {
+    return Bad(absl::StrCat("reply: field '", key, "' has the wrong type (", KindOf(*it), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FinishReason> ParseFinish(const std::string& s) {
+  for (FinishReason f : {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort, FinishReason::kError}) {
+    if (s == FinishReasonName(f)) return f;
+  }
+  return Bad(absl::StrCat("reply: unknown finish_reason '", s, "'"));
+}
+
+absl::Status ParseLogprobs(const json& o, std::vector<TokenLogprob>& out) {
+  auto it = o.find("logprobs");
+  if (it == o.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_array()) return Bad("reply: 'logprobs' must be an array");
+  for (const json& e : *it) {
+    if (!e.is_object()) return Bad("reply: 'logprobs' entries must be objects");
+    TokenLogprob lp;
+    double v = 0;
+    if (auto s = Get(e, "token_id", lp.token_id); !s.ok()) return s;
+    if (e.contains("logprob") && e["logprob"].is_null()) {
+      lp.logprob = -std::numeric_limits<float>::infinity();
+    } else if (auto s = Get(e, "logprob", v); !s.ok()) {
+      return s;
+    } else {
+      lp.logprob = static_cast<float>(v);
+    }
+    if (auto t = e.find("top"); t != e.end() && t->is_array()) {
+      for (const json& x : *t) {
+        if (!x.is_object()) return Bad("reply: 'top' entries must be objects");
+        int32_t id = 0;
+        if (auto s = Get(x, "token_id", id); !s.ok()) return s;
+        const json& l = x.contains("logprob") ? x["logprob"] : json();
+        lp.top_token_ids.push_back(id);
+        lp.top_logprobs.push_back(l.is_number() ? static_cast<float>(l.get<double>())
+                                                : -std::numeric_limits<float>::infinity());
+      }
+    }
+    out.push_back(std::move(lp));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Reply> ParseReplyImpl(absl::string_view message) {
+  json j;
+  try {
+    j = json::parse(message.begin(), message.end());
+  } catch (const json::exception& e) {
+    return Bad(absl::StrCat("reply is not valid JSON: ", e.what()));
+  }
+  if (!j.is_object()) return Bad("reply must be a JSON object");
+  int version = 0;
+  if (auto s = Get(j, "version", version); !s.ok()) return s;
+  if (version != kVersion) return Bad(absl::StrCat("reply: unsupported protocol version ", version));
+  std::string type, id;
+  if (auto s = Get(j, "type", type); !s.ok()) return s;
+  if (auto s = Get(j, "id", id, /*required=*/false); !s.ok()) return s;
+  if (type == "error") {
+    ErrorReply r{id, ErrorCode::kInternal, ""};
+    std::string code;
+    if (auto s = Get(j, "code", code); !s.ok()) return s;
+    if (auto s = Get(j, "message", r.message); !s.ok()) return s;
+    bool known = false;
+    for (int c = 0; c <= static_cast<int>(ErrorCode::kInternal); ++c) {
+      if (code == ErrorCodeName(static_cast<ErrorCode>(c))) {
+        r.code = static_cast<ErrorCode>(c);
+        known = true;
+      }
+    }
+    if (!known) return Bad(absl::StrCat("reply: unknown error code '", code, "'"));
+    return r;
+  }
+  if (type == "delta" || type == "final") {
+    auto outs = j.find("outputs");
+    if (outs == j.end() || !outs->is_array()) return Bad("reply: 'outputs' must be an array");
+    if (type == "delta") {
+      DeltaReply r{id, {}};
+      for (const json& o : *outs) {
+        if (!o.is_object()) return Bad("reply: 'outputs' entries must be objects");
+        SequenceDelta d;
+        if (auto s = Get(o, "index", d.index); !s.ok()) return s;
+        if (auto s = Get(o, "text", d.text); !s.ok()) return s;
+        if (auto s = Get(o, "token_ids", d.token_ids); !s.ok()) return s;
+        if (auto s = ParseLogprobs(o, d.logprobs); !s.ok()) return s;
+        std::string fr;
+        if (auto s = Get(o, "finish_reason", fr, false); !s.ok()) return s;
+        if (!fr.empty()) {
+          auto f = ParseFinish(fr);
+          if (!f.ok()) return f.status();
+          d.finish_reason = *f;
+        }
+        r.outputs.push_back(std::move(d));
+      }
+      return r;
+    }
+    FinalReply r;
+    r.id = id;
+    if (auto s = Get(j, "stream", r.streamed, false); !s.ok()) return s;
+    for (const json& o : *outs) {
+      if (!o.is_object()) return Bad("reply: 'outputs' entries must be objects");
+      SequenceFinal f;
+      std::string fr;
+      if (auto s = Get(o, "index", f.index); !s.ok()) return s;
+      if (auto s = Get(o, "finish_reason", fr); !s.ok()) return s;
+      auto reason = ParseFinish(fr);
+      if (!reason.ok()) return reason.status();
+      f.finish_reason = *reason;
+      std::string ss;
+      int32_t st = 0;
+      if (o.contains("stop_string")) {
+        if (auto s = Get(o, "stop_string", ss); !s.ok()) return s;
+        f.stop_string = ss;
+      }
+      if (o.contains("stop_token_id")) {
+        if (auto s = Get(o, "stop_token_id", st); !s.ok()) return s;
+        f.stop_token_id = st;
+      }
+      if (auto s = Get(o, "text", f.text, !r.streamed); !s.ok()) return s;
+      if (auto s = Get(o, "token_ids", f.token_ids, !r.streamed); !s.ok()) return s;
+      if (auto s = ParseLogprobs(o, f.logprobs); !s.ok()) return s;
+      r.outputs.push_back(std::move(f));
+    }
+    auto u = j.find("usage");
+    if (u == j.end() || !u->is_object()) return Bad("reply: missing object 'usage'");
+    if (auto s = Get(*u, "prompt_tokens", r.usage.prompt_tokens); !s.ok()) return s;
+    if (auto s = Get(*u, "completion_tokens", r.usage.completion_tokens); !s.ok()) return s;
+    if (auto s = Get(*u, "cached_prompt_tokens", r.usage.cached_prompt_tokens); !s.ok()) return s;
+    if (auto s = Get(j, "error", r.error_message, false); !s.ok()) return s;
+    return r;
+  }
+  if (type == "abort_ack") return AbortReply{id};
+  if (type == "health") {
+    std::string status;
+    if (auto s = Get(j, "status", status); !s.ok()) return s;
+    return HealthReply{id, status == "ok"};
+  }
+  if (type == "stats") {
+    StatsReply r;
+    r.id = id;
+    for (auto [key, field] : {std::pair{"num_waiting", &r.num_waiting}, {"num_running", &r.num_running},
+                              {"num_swapped", &r.num_swapped}, {"kv_blocks_total", &r.kv_blocks_total},
+                              {"kv_blocks_used", &r.kv_blocks_used}, {"max_num_seqs", &r.max_num_seqs},
+                              {"max_model_len", &r.max_model_len}, {"max_waiting", &r.max_waiting}}) {
+      if (auto s = Get(j, key, *field); !s.ok()) return s;
+    }
+    if (auto s = Get(j, "kv_usage", r.kv_usage); !s.ok()) return s;
+    return r;
+  }
+  return Bad(absl::StrCat("reply: unknown type '", type, "'"));
+}
+
+}  // namespace
+
+std::string_view ErrorCodeName(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kInvalidJson: return "invalid_json";
+    case ErrorCode::kInvalidRequest: return "invalid_request";
+    case ErrorCode::kUnsupportedVersion: return "unsupported_version";
+    case ErrorCode::kUnknownType: return "unknown_type";
+    case ErrorCode::kMessageTooLarge: return "message_too_large";
+    case ErrorCode::kPromptTooLong: return "prompt_too_long";
+    case ErrorCode::kDuplicateId: return "duplicate_id";
+    case ErrorCode::kBusy: return "busy";
+    case ErrorCode::kNotFound: return "not_found";
+    case ErrorCode::kInternal: return "internal";
+  }
+  return "internal";
+}
+
+std::string_view FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "error";
+}
+
+ParseResult ParseRequest(std::string_view message, const ParseOptions& options) {
+  try {
+    return ParseRequestImpl(absl::string_view(message.data(), message.size()), options);
+  } catch (const std::exception& e) {  // e.g. bad_alloc; never escapes the API
+    return Fail("", {ErrorCode::kInternal, absl::StrCat("could not parse the message: ", e.what())});
+  }
+}
+
+absl::StatusOr<Reply> ParseReply(std::string_view message) {
+  try {
+    return ParseReplyImpl(absl::string_view(message.data(), message.size()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("could not parse the reply: ", e.what()));
+  }
+}
+
+std::string SerializeRequest(const Request& request) {
+  return Dump(std::visit(RequestToJson{}, request));
+}
+
+std::string SerializeReply(const Reply& reply) { return Dump(std::visit(ReplyToJson{}, reply)); }
+
+std::string ErrorMessage(std::string_view id, ErrorCode code, std::string_view message) {
+  return SerializeReply(ErrorReply{std::string(id), code, std::string(message)});
+}
+
+}  // namespace pagedserve::protocol

@@ -1,0 +1,335 @@
+// Protocol v1: request parsing/validation, reply serialization, round trips.
+#include "runtime/frontend/protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "nlohmann/json.hpp"
+#include "tests/frontend/protocol_fuzz_entry.h"
+
+namespace pagedserve::protocol {
+namespace {
+
+using json = nlohmann::json;
+
+// Expects a rejection with this code whose message contains `needle`.
+void ExpectError(std::string_view msg, ErrorCode code, std::string_view needle,
+                 std::string_view id = "", const ParseOptions& opt = {}) {
+  ParseResult r = ParseRequest(msg, opt);
+  ASSERT_FALSE(r.ok()) << msg;
+  EXPECT_EQ(ErrorCodeName(r.error.code), ErrorCodeName(code)) << msg << " -> " << r.error.message;
+  EXPECT_NE(r.error.message.find(needle), std::string::npos)
+      << "message: " << r.error.message << "\nexpected to contain: " << needle;
+  EXPECT_EQ(r.error.id, id) << msg;
+  // The error reply itself is well-formed protocol.
+  json wire = json::parse(SerializeReply(r.error));
+  EXPECT_EQ(wire["version"], 1);
+  EXPECT_EQ(wire["type"], "error");
+  EXPECT_EQ(wire["code"], ErrorCodeName(code));
+  EXPECT_EQ(wire["message"], r.error.message);
+  EXPECT_EQ(wire.contains("id"), !id.empty());
+}
+
+std::string Gen(const std::string& extra) {
+  return R"({"version":1,"type":"generate","id":"r7","prompt":"Hi")" + extra + "}";
+}
+
+TEST(ProtocolTest, BadInputsFromTheIssue) {
+  ExpectError("not json", ErrorCode::kInvalidJson, "message is not valid JSON");
+  ExpectError("{\"version\":1,", ErrorCode::kInvalidJson, "not valid JSON");
+  ExpectError("", ErrorCode::kInvalidJson, "not valid JSON");
+  ExpectError("[1,2]", ErrorCode::kInvalidRequest, "message must be a JSON object, got array");
+  ExpectError("42", ErrorCode::kInvalidRequest, "must be a JSON object, got integer");
+  ExpectError("\"hello\"", ErrorCode::kInvalidRequest, "got string");
+  // Wrong types.
+  ExpectError(Gen(R"(,"max_tokens":"10")"), ErrorCode::kInvalidRequest,
+              "field 'max_tokens' must be an integer, got string \"10\"", "r7");
+  ExpectError(Gen(R"(,"stream":"yes")"), ErrorCode::kInvalidRequest,
+              "field 'stream' must be true or false, got string", "r7");
+  ExpectError(Gen(R"(,"temperature":"hot")"), ErrorCode::kInvalidRequest,
+              "field 'temperature' must be a number, got string", "r7");
+  ExpectError(Gen(R"(,"stop":5)"), ErrorCode::kInvalidRequest,
+              "field 'stop' must be a string or an array of strings, got integer 5", "r7");
+  ExpectError(Gen(R"(,"stop":["a",3])"), ErrorCode::kInvalidRequest, "field 'stop[1]' must be a string", "r7");
+  ExpectError(Gen(R"(,"seed":-1)"), ErrorCode::kInvalidRequest, "field 'seed' must be an integer in [0, 2^64)",
+              "r7");
+  ExpectError(Gen(R"(,"n":true)"), ErrorCode::kInvalidRequest, "field 'n' must be an integer, got boolean", "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt":5})", ErrorCode::kInvalidRequest,
+              "field 'prompt' must be a string, got integer 5", "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","messages":"hi"})", ErrorCode::kInvalidRequest,
+              "field 'messages' must be an array", "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","messages":[{"role":"user"}]})",
+              ErrorCode::kInvalidRequest, "missing field 'messages[0].content'", "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","messages":[{"role":"robot","content":"x"}]})",
+              ErrorCode::kInvalidRequest, "'messages[0].role' must be one of system, user, assistant, tool",
+              "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt_token_ids":[1,"2"]})",
+              ErrorCode::kInvalidRequest, "field 'prompt_token_ids[1]' must be an integer token id", "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":7,"prompt":"x"})", ErrorCode::kInvalidRequest,
+              "field 'id' must be a string, got integer 7");
+  ExpectError(R"({"version":1,"type":5})", ErrorCode::kInvalidRequest, "field 'type' must be a string");
+  // Unknown type, missing type.
+  ExpectError(R"({"version":1,"type":"fly","id":"q"})", ErrorCode::kUnknownType,
+              "unknown message type \"fly\" (expected generate, abort, health or stats)", "q");
+  ExpectError(R"({"version":1,"id":"q"})", ErrorCode::kInvalidRequest, "missing field 'type'", "q");
+  // Missing / empty prompt.
+  ExpectError(R"({"version":1,"type":"generate","id":"r7"})", ErrorCode::kInvalidRequest,
+              "missing prompt: one of 'prompt', 'prompt_token_ids' or 'messages' is required", "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt":null})", ErrorCode::kInvalidRequest,
+              "missing prompt", "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt":""})", ErrorCode::kInvalidRequest,
+              "field 'prompt' must be a non-empty string", "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt_token_ids":[]})", ErrorCode::kInvalidRequest,
+              "field 'prompt_token_ids' must be a non-empty array", "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","messages":[]})", ErrorCode::kInvalidRequest,
+              "field 'messages' must be a non-empty array", "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt":"a","prompt_token_ids":[1]})",
+              ErrorCode::kInvalidRequest, "only one of 'prompt', 'prompt_token_ids' or 'messages'", "r7");
+  // Ranges (messages come from SamplingParams::Validate).
+  ExpectError(Gen(R"(,"max_tokens":0)"), ErrorCode::kInvalidRequest, "max_tokens must be >= 1, got 0", "r7");
+  ExpectError(Gen(R"(,"max_tokens":-1)"), ErrorCode::kInvalidRequest, "max_tokens must be >= 1, got -1", "r7");
+  ExpectError(Gen(R"(,"top_k":0.5)"), ErrorCode::kInvalidRequest,
+              "field 'top_k' must be an integer, got number 0.5", "r7");
+  ExpectError(Gen(R"(,"top_k":0)"), ErrorCode::kInvalidRequest, "top_k must be -1 (disabled) or >= 1, got 0",
+              "r7");
+  ExpectError(Gen(R"(,"top_p":0)"), ErrorCode::kInvalidRequest, "top_p must be in (0, 1], got 0", "r7");
+  ExpectError(Gen(R"(,"top_p":1.5)"), ErrorCode::kInvalidRequest, "top_p must be in (0, 1], got 1.5", "r7");
+  ExpectError(Gen(R"(,"temperature":-1)"), ErrorCode::kInvalidRequest,
+              "temperature must be a finite number >= 0, got -1", "r7");
+  ExpectError(Gen(R"(,"temperature":1e300)"), ErrorCode::kInvalidRequest, "field 'temperature' is out of range",
+              "r7");
+  ExpectError(Gen(R"(,"n":65)"), ErrorCode::kInvalidRequest, "n must be in [1, 64], got 65", "r7");
+  ExpectError(Gen(R"(,"max_tokens":99999999999)"), ErrorCode::kInvalidRequest,
+              "field 'max_tokens' is out of range", "r7");
+  ExpectError(Gen(R"(,"logprobs":21)"), ErrorCode::kInvalidRequest, "logprobs must be in [-1, 20], got 21", "r7");
+  ExpectError(Gen(R"(,"stop":[""])"), ErrorCode::kInvalidRequest, "stop[0] must be a non-empty string", "r7");
+  // Unknown fields are rejected, not ignored.
+  ExpectError(Gen(R"(,"max_token":5)"), ErrorCode::kInvalidRequest,
+              "unknown field \"max_token\" in generate request", "r7");
+  ExpectError(R"({"version":1,"type":"health","verbose":true})", ErrorCode::kInvalidRequest,
+              "unknown field \"verbose\" in health request");
+  // Versions.
+  ExpectError(R"({"type":"health","id":"h"})", ErrorCode::kUnsupportedVersion,
+              "missing field 'version' (this server speaks protocol version 1)", "h");
+  ExpectError(R"({"version":2,"type":"health","id":"h"})", ErrorCode::kUnsupportedVersion,
+              "unsupported protocol version 2 (this server speaks version 1)", "h");
+  ExpectError(R"({"version":"1","type":"health"})", ErrorCode::kUnsupportedVersion,
+              "unsupported protocol version \"1\"");
+  // Ids.
+  ExpectError(R"({"version":1,"type":"abort"})", ErrorCode::kInvalidRequest, "missing field 'id'");
+  ExpectError(R"({"version":1,"type":"generate","id":"","prompt":"x"})", ErrorCode::kInvalidRequest,
+              "field 'id' must be a non-empty string");
+  ExpectError(R"({"version":1,"type":"abort","id":")" + std::string(300, 'x') + "\"}",
+              ErrorCode::kInvalidRequest, "field 'id' is longer than 256 bytes");
+}
+
+TEST(ProtocolTest, SizeDepthAndVocabularyLimits) {
+  // A 10 MB message is refused before parsing.
+  std::string huge = Gen(R"(,"stop":")" + std::string(10 << 20, 'a') + "\"");
+  ExpectError(huge, ErrorCode::kMessageTooLarge, "message is 10485" /* 10485xxx bytes */);
+  ParseOptions small;
+  small.max_message_bytes = 20;
+  ExpectError(R"({"version":1,"type":"health"})", ErrorCode::kMessageTooLarge,
+              "message is 29 bytes, the limit is 20", "", small);
+  std::string deep = std::string(100, '[') + std::string(100, ']');
+  ExpectError(deep, ErrorCode::kInvalidJson, "message nests deeper than 32 levels");
+  ParseOptions vocab;
+  vocab.vocab_size = 100;
+  ExpectError(R"({"version":1,"type":"generate","id":"v","prompt_token_ids":[5,100]})", ErrorCode::kInvalidRequest,
+              "field 'prompt_token_ids[1]' must be a token id in [0, 100), got 100", "v", vocab);
+  ExpectError(R"({"version":1,"type":"generate","id":"v","prompt_token_ids":[-3]})", ErrorCode::kInvalidRequest,
+              "must be a token id in [0, 100), got -3", "v", vocab);
+  ExpectError(R"({"version":1,"type":"generate","id":"v","prompt":"x","stop_token_ids":[1000]})",
+              ErrorCode::kInvalidRequest, "field 'stop_token_ids[0]' must be a token id in [0, 100)", "v", vocab);
+}
+
+TEST(ProtocolTest, BracketsInsideStringsDoNotCountAsNesting) {
+  ParseResult r = ParseRequest(R"({"version":1,"type":"generate","id":"b","prompt":")" + std::string(200, '[') +
+                               R"(\"]]"})");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  EXPECT_EQ(std::get<std::string>(std::get<GenerateRequest>(*r.request).prompt), std::string(200, '[') + "\"]]");
+}
+
+TEST(ProtocolTest, ParsesEveryFieldOfAGenerateRequest) {
+  ParseResult r = ParseRequest(R"({"version":1,"type":"generate","id":"abc",
+      "prompt_token_ids":[1,2,3],"n":2,"max_tokens":32,"temperature":0.7,"top_p":0.9,"top_k":40,
+      "min_p":0.05,"repetition_penalty":1.1,"presence_penalty":0.5,"frequency_penalty":-0.25,
+      "seed":18446744073709551615,"stop":["\n","###"],"stop_token_ids":[2],"ignore_eos":true,
+      "logprobs":3,"stream":true})");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  const auto& g = std::get<GenerateRequest>(*r.request);
+  EXPECT_EQ(g.id, "abc");
+  EXPECT_EQ(std::get<std::vector<int32_t>>(g.prompt), (std::vector<int32_t>{1, 2, 3}));
+  const SamplingParams& s = g.sampling;
+  EXPECT_EQ(s.n, 2);
+  EXPECT_EQ(s.max_tokens, 32);
+  EXPECT_FLOAT_EQ(s.temperature, 0.7f);
+  EXPECT_FLOAT_EQ(s.top_p, 0.9f);
+  EXPECT_EQ(s.top_k, 40);
+  EXPECT_FLOAT_EQ(s.min_p, 0.05f);
+  EXPECT_FLOAT_EQ(s.repetition_penalty, 1.1f);
+  EXPECT_FLOAT_EQ(s.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(s.frequency_penalty, -0.25f);
+  ASSERT_TRUE(s.seed.has_value());
+  EXPECT_EQ(*s.seed, 18446744073709551615ull);
+  EXPECT_EQ(s.stop, (std::vector<std::string>{"\n", "###"}));
+  EXPECT_EQ(s.stop_token_ids, std::vector<int32_t>{2});
+  EXPECT_TRUE(s.ignore_eos);
+  EXPECT_EQ(s.logprobs, 3);
+  EXPECT_TRUE(g.stream);
+
+  // Defaults, a single stop string, nulls, chat messages.
+  r = ParseRequest(R"({"version":1,"type":"generate","id":"c","messages":[{"role":"user","content":"hé"}],
+      "stop":"END","seed":null,"temperature":null})");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  const auto& c = std::get<GenerateRequest>(*r.request);
+  EXPECT_EQ(std::get<std::vector<ChatMessage>>(c.prompt), (std::vector<ChatMessage>{{"user", "hé"}}));
+  EXPECT_EQ(c.sampling.stop, std::vector<std::string>{"END"});
+  EXPECT_FALSE(c.sampling.seed.has_value());
+  EXPECT_EQ(c.sampling.temperature, SamplingParams{}.temperature);
+  EXPECT_EQ(c.sampling.max_tokens, SamplingParams{}.max_tokens);
+  EXPECT_FALSE(c.stream);
+
+  r = ParseRequest(R"({"version":1,"type":"abort","id":"abc"})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(std::get<AbortRequest>(*r.request).id, "abc");
+  r = ParseRequest(R"({"version":1,"type":"health"})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(std::holds_alternative<HealthRequest>(*r.request));
+  r = ParseRequest(R"({"version":1,"type":"stats","id":"s1"})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(std::get<StatsRequest>(*r.request).id, "s1");
+}
+
+TEST(ProtocolTest, ValidRequestsRoundTrip) {
+  GenerateRequest g;
+  g.id = "rt-1";
+  g.prompt = std::vector<ChatMessage>{{"system", "Be brief."}, {"user", "2+2? \xF0\x9F\x98\x80"}};
+  g.sampling.n = 2;
+  g.sampling.temperature = 0.7f;
+  g.sampling.top_p = 0.95f;
+  g.sampling.min_p = 0.1f;
+  g.sampling.top_k = 50;
+  g.sampling.seed = 123;
+  g.sampling.stop = {"\n\n", "User:"};
+  g.sampling.stop_token_ids = {2, 0};
+  g.sampling.frequency_penalty = 0.3f;
+  g.sampling.logprobs = 5;
+  g.stream = true;
+  for (const Request& req : {Request{g}, Request{AbortRequest{"rt-1"}}, Request{HealthRequest{}},
+                             Request{HealthRequest{"h"}}, Request{StatsRequest{"s"}}}) {
+    const std::string wire = SerializeRequest(req);
+    json j = json::parse(wire);
+    EXPECT_EQ(j["version"], 1);
+    ParseResult back = ParseRequest(wire);
+    ASSERT_TRUE(back.ok()) << back.error.message << "\n" << wire;
+    EXPECT_TRUE(*back.request == req) << wire;
+  }
+  // Floats travel in their shortest form.
+  EXPECT_NE(SerializeRequest(g).find("\"temperature\":0.7,"), std::string::npos) << SerializeRequest(g);
+  g.prompt = std::string("plain text");
+  EXPECT_TRUE(*ParseRequest(SerializeRequest(g)).request == Request{g});
+  g.prompt = std::vector<int32_t>{5, 6, 7};
+  EXPECT_TRUE(*ParseRequest(SerializeRequest(g)).request == Request{g});
+}
+
+TEST(ProtocolTest, RepliesSerializeAsDocumented) {
+  DeltaReply d{"r1", {{0, "Hel", {9, 10}, {}, std::nullopt}, {1, "Wo", {11}, {}, FinishReason::kLength}}};
+  EXPECT_EQ(json::parse(SerializeReply(d)), json::parse(R"({"version":1,"type":"delta","id":"r1","outputs":[
+      {"index":0,"text":"Hel","token_ids":[9,10]},
+      {"index":1,"text":"Wo","token_ids":[11],"finish_reason":"length"}]})"));
+
+  FinalReply f;
+  f.id = "r1";
+  f.streamed = false;
+  SequenceFinal s0;
+  s0.index = 0;
+  s0.finish_reason = FinishReason::kStop;
+  s0.stop_string = "\n";
+  s0.text = "Hello";
+  s0.token_ids = {9, 10};
+  s0.logprobs = {TokenLogprob{9, -0.5f, {9, 4}, {-0.5f, -1.25f}}, TokenLogprob{10, -0.125f, {}, {}}};
+  f.outputs = {s0};
+  f.usage = {5, 2, 4};
+  EXPECT_EQ(json::parse(SerializeReply(f)), json::parse(R"({"version":1,"type":"final","id":"r1","stream":false,
+      "outputs":[{"index":0,"finish_reason":"stop","stop_string":"\n","text":"Hello","token_ids":[9,10],
+        "logprobs":[{"token_id":9,"logprob":-0.5,"top":[{"token_id":9,"logprob":-0.5},{"token_id":4,"logprob":-1.25}]},
+                    {"token_id":10,"logprob":-0.125,"top":[]}]}],
+      "usage":{"prompt_tokens":5,"completion_tokens":2,"cached_prompt_tokens":4}})"));
+  f.streamed = true;
+  EXPECT_EQ(json::parse(SerializeReply(f)), json::parse(R"({"version":1,"type":"final","id":"r1","stream":true,
+      "outputs":[{"index":0,"finish_reason":"stop","stop_string":"\n"}],
+      "usage":{"prompt_tokens":5,"completion_tokens":2,"cached_prompt_tokens":4}})"));
+
+  EXPECT_EQ(json::parse(SerializeReply(AbortReply{"r1"})),
+            json::parse(R"({"version":1,"type":"abort_ack","id":"r1"})"));
+  EXPECT_EQ(json::parse(SerializeReply(HealthReply{"", true})),
+            json::parse(R"({"version":1,"type":"health","status":"ok"})"));
+  EXPECT_EQ(json::parse(ErrorMessage("r9", ErrorCode::kBusy, "waiting queue is full (256)")),
+            json::parse(R"j({"version":1,"type":"error","id":"r9","code":"busy",
+                            "message":"waiting queue is full (256)"})j"));
+  StatsReply st{"s", 3, 8, 1, 1000, 250, 0.25, 64, 2048, 256};
+  EXPECT_EQ(json::parse(SerializeReply(st)), json::parse(R"({"version":1,"type":"stats","id":"s",
+      "num_waiting":3,"num_running":8,"num_swapped":1,"kv_blocks_total":1000,"kv_blocks_used":250,
+      "kv_usage":0.25,"max_num_seqs":64,"max_model_len":2048,"max_waiting":256})"));
+  // Invalid UTF-8 in text never makes serialization throw.
+  DeltaReply broken{"r2", {{0, "ok\xC3", {1}, {}, std::nullopt}}};
+  EXPECT_EQ(json::parse(SerializeReply(broken))["outputs"][0]["text"], "ok\xEF\xBF\xBD");
+}
+
+TEST(ProtocolTest, RepliesRoundTripThroughParseReply) {
+  FinalReply f;
+  f.id = "x";
+  f.outputs = {SequenceFinal{0, FinishReason::kStop, std::nullopt, 2, "a", {1}, {}},
+               SequenceFinal{1, FinishReason::kError, std::nullopt, std::nullopt, "b", {3}, {}}};
+  f.usage = {1, 2, 0};
+  f.error_message = "worker 1 failed";
+  const std::vector<Reply> replies = {
+      Reply{ErrorReply{"e", ErrorCode::kPromptTooLong, "prompt has 5000 tokens, max_model_len is 2048"}},
+      Reply{ErrorReply{"", ErrorCode::kInvalidJson, "m"}},
+      Reply{DeltaReply{"d", {{1, "x", {4}, {TokenLogprob{4, -1.5f, {4}, {-1.5f}}}, FinishReason::kAbort}}}},
+      Reply{f},
+      Reply{AbortReply{"a"}},
+      Reply{HealthReply{"h", false}},
+      Reply{StatsReply{"", 1, 2, 3, 4, 5, 0.5, 6, 7, 8}}};
+  for (const Reply& r : replies) {
+    const std::string wire = SerializeReply(r);
+    auto back = ParseReply(wire);
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << wire;
+    EXPECT_TRUE(*back == r) << wire;
+  }
+  EXPECT_FALSE(ParseReply("{}").ok());
+  EXPECT_FALSE(ParseReply(R"({"version":2,"type":"health","status":"ok"})").ok());
+  EXPECT_NE(ParseReply(R"({"version":1,"type":"error","code":"nope","message":"m"})").status().message().find("nope"),
+            std::string::npos);
+}
+
+// Replays the committed seed corpus through the fuzz entry point, so that the
+// invariants the fuzzer checks run on every build (with or without clang).
+TEST(ProtocolFuzzCorpusTest, SeedCorpusHoldsTheInvariants) {
+  const char* root = std::getenv("PAGEDSERVE_SOURCE_DIR");
+  ASSERT_NE(root, nullptr) << "PAGEDSERVE_SOURCE_DIR is set by ctest";
+  const std::filesystem::path dir = std::filesystem::path(root) / "tests/frontend/corpus";
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(ProtocolFuzzOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), "")
+        << entry.path();
+    // Every prefix too: truncated messages are the most common malformed input.
+    for (size_t n = 0; n < bytes.size(); n += 7) {
+      EXPECT_EQ(ProtocolFuzzOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), n), "")
+          << entry.path() << " prefix " << n;
+    }
+    ++files;
+  }
+  EXPECT_GE(files, 10);
+}
+
+}  // namespace
+}  // namespace pagedserve::protocol
