@@ -6,6 +6,7 @@
 // Grafana dashboard on the real PromQL engine. The server is stopped and the
 // temporary directory removed at the end, also when an assertion fails.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,7 +29,8 @@ using nlohmann::json;
 
 class PrometheusServerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  // One server for the whole suite: starting Prometheus is the slow part.
+  static void SetUpTestSuite() {
     ASSERT_EQ(testing::RunCommand("command -v prometheus").exit_code, 0)
         << "prometheus not found: install the Debian package `prometheus` (scripts/install-deps)";
     char tmpl[] = "/tmp/pagedserve-prometheus-XXXXXX";
@@ -65,6 +67,7 @@ class PrometheusServerTest : public ::testing::Test {
     pid_ = fork();
     ASSERT_GE(pid_, 0);
     if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);  // no orphan server if the test binary dies
       int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd >= 0) {
         dup2(fd, 1);
@@ -85,7 +88,7 @@ class PrometheusServerTest : public ::testing::Test {
     FAIL() << "prometheus not ready after 15 s:\n" << Log();
   }
 
-  void TearDown() override {
+  static void TearDownTestSuite() {
     if (pid_ > 0) {
       kill(pid_, SIGTERM);
       int status;
@@ -98,15 +101,16 @@ class PrometheusServerTest : public ::testing::Test {
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
+      pid_ = -1;
     }
     metrics_.reset();
     if (!dir_.empty()) testing::RunCommand("rm -rf '" + dir_ + "'");
   }
 
-  std::string Log() const { return testing::ReadFile(dir_ + "/prometheus.log"); }
+  static std::string Log() { return testing::ReadFile(dir_ + "/prometheus.log"); }
 
   // Instant query; returns data.result (an array) or a null json on error.
-  json Query(const std::string& promql, std::string* error = nullptr) {
+  static json Query(const std::string& promql, std::string* error = nullptr) {
     auto r = testing::HttpGet(prometheus_port_, "/api/v1/query?query=" + testing::UrlEncode(promql));
     json j = json::parse(r.body, nullptr, false);
     if (r.status != 200 || j.is_discarded() || j.value("status", "") != "success") {
@@ -117,7 +121,7 @@ class PrometheusServerTest : public ::testing::Test {
   }
 
   // Polls until `promql` returns exactly one sample whose value is `want`.
-  ::testing::AssertionResult WaitForValue(const std::string& promql, double want,
+  static ::testing::AssertionResult WaitForValue(const std::string& promql, double want,
                                           std::chrono::seconds timeout = std::chrono::seconds(15)) {
     auto deadline = Clock::now() + timeout;
     std::string last;
@@ -134,12 +138,16 @@ class PrometheusServerTest : public ::testing::Test {
     return ::testing::AssertionFailure() << promql << " != " << want << "; last answer: " << last;
   }
 
-  std::string dir_;
-  int metrics_port_ = 0;
-  int prometheus_port_ = 0;
-  pid_t pid_ = -1;
-  std::unique_ptr<Metrics> metrics_;
-  testing::Workload workload_;
+  void SetUp() override {
+    ASSERT_TRUE(metrics_ != nullptr && pid_ > 0) << "suite set-up failed";
+  }
+
+  static inline std::string dir_;
+  static inline int metrics_port_ = 0;
+  static inline int prometheus_port_ = 0;
+  static inline pid_t pid_ = -1;
+  static inline std::unique_ptr<Metrics> metrics_;
+  static inline testing::Workload workload_;
 };
 
 TEST_F(PrometheusServerTest, ScrapesTheExposerAndAnswersPromql) {

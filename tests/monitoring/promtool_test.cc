@@ -58,6 +58,22 @@ TEST_F(PromtoolTest, CheckMetricsReportsNothing) {
   EXPECT_EQ(r.output, "") << r.output;
 }
 
+TEST_F(PromtoolTest, CheckMetricsReportsNothingOnTheLiveEndpoint) {
+  // What Prometheus really scrapes: our registry plus the exposer's own series.
+  int port = testing::FreePort();
+  ASSERT_GT(port, 0);
+  auto m = Metrics::Create(testing::TestOptions("127.0.0.1:" + std::to_string(port)));
+  ASSERT_TRUE(m.ok()) << m.status();
+  testing::Workload().Play(**m);
+  auto r = testing::HttpGet(port, "/metrics");
+  ASSERT_EQ(r.status, 200);
+  ASSERT_NE(r.body.find("pagedserve_generation_tokens_total"), std::string::npos);
+  std::string path = Write("live.prom", r.body);
+  auto check = RunCommand("promtool check metrics < '" + path + "'");
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_EQ(check.output, "") << check.output;
+}
+
 TEST_F(PromtoolTest, CheckMetricsCatchesBadNames) {
   // Negative control: proves the lint above would speak up.
   std::string path = Write("bad.prom",
