@@ -1,0 +1,339 @@
+// Runs the CUDA kernel source (kernels/cuda/*_kernels.cuh) on the CPU through
+// tests/kernels/simt_emulator.h and compares it to the double-precision
+// reference (reference_attention.h) and to the CPU backend. This checks the
+// kernels' indexing into the paged layout, masking of the slots past the
+// context (filled with NaN here), thread-group / warp / block reductions, the
+// v2 partition + reduce arithmetic and the prefill tiling on machines without
+// a GPU. It needs only the CUDA headers, not a device.
+#include "tests/kernels/simt_emulator.h"  // must precede the kernel headers
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cache_ops.h"
+#include "kernels/cpu/half.h"
+#include "kernels/cuda/cache_kernels.cuh"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/paged_attention_kernels.cuh"
+#include "kernels/cuda/prefill_attention_kernels.cuh"
+#include "kernels/paged_attention.h"
+#include "kernels/reshape_and_cache.h"
+#include "kernels/types.h"
+#include "tests/kernels/reference_attention.h"
+
+namespace pagedserve::kernels {
+namespace {
+
+namespace kc = ::pagedserve::kernels::cuda;
+using testing::GatheredKV;
+
+std::vector<uint8_t> Encode(const std::vector<float>& f, DType t) {
+  std::vector<uint8_t> out(f.size() * DTypeSize(t));
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (t == DType::kFloat32) {
+      std::memcpy(out.data() + 4 * i, &f[i], 4);
+    } else {
+      const uint16_t b = t == DType::kFloat16 ? FloatToHalfBits(f[i]) : FloatToBFloat16Bits(f[i]);
+      std::memcpy(out.data() + 2 * i, &b, 2);
+    }
+  }
+  return out;
+}
+
+std::vector<float> Decode(const uint8_t* raw, size_t n, DType t) {
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (t == DType::kFloat32) {
+      std::memcpy(&f[i], raw + 4 * i, 4);
+    } else {
+      uint16_t b;
+      std::memcpy(&b, raw + 2 * i, 2);
+      f[i] = t == DType::kFloat16 ? HalfBitsToFloat(b) : BFloat16BitsToFloat(b);
+    }
+  }
+  return f;
+}
+
+std::vector<float> Quantize(const std::vector<float>& f, DType t) {
+  std::vector<uint8_t> e = Encode(f, t);
+  return Decode(e.data(), f.size(), t);
+}
+
+std::vector<float> RandomVector(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+double Tolerance(DType t) {
+  return t == DType::kFloat32 ? 1e-4 : t == DType::kFloat16 ? 4e-3 : 2.5e-2;
+}
+
+std::vector<float> AlibiSlopes(int n) {
+  std::vector<float> s(n);
+  for (int h = 0; h < n; ++h) s[h] = std::pow(2.0f, -8.0f * (h + 1) / n);
+  return s;
+}
+
+// A host paged cache filled by the emulated reshape_and_cache kernel, which
+// must produce the same bytes as the CPU backend. Unused slots hold NaN.
+struct HostCase {
+  DType dtype;
+  int num_heads, num_kv_heads, head_size, block_size;
+  std::vector<int> seq_lens;
+  int max_blocks_per_seq = 0;
+  int64_t num_blocks = 0;
+  std::vector<std::vector<float>> keys, values;
+  std::vector<int32_t> block_tables;
+  std::vector<uint8_t> key_cache, value_cache;
+  KVCacheShape shape;
+  GatheredKV K(int s) const { return {keys[s].data(), num_kv_heads, head_size}; }
+  GatheredKV V(int s) const { return {values[s].data(), num_kv_heads, head_size}; }
+  int num_seqs() const { return static_cast<int>(seq_lens.size()); }
+};
+
+template <typename U>
+void EmuReshapeAndCache(const std::vector<uint8_t>& k, const std::vector<uint8_t>& v,
+                        const std::vector<int64_t>& slots, HostCase& c) {
+  const int n = c.num_kv_heads * c.head_size;
+  const int threads = n < 512 ? ((n + 31) / 32) * 32 : 512;
+  kc::EmuLaunch(dim3(static_cast<unsigned>(slots.size())), dim3(threads), 0, [&] {
+    kc::ReshapeAndCacheKernel<U>(reinterpret_cast<const U*>(k.data()),
+                                 reinterpret_cast<const U*>(v.data()), n, n, slots.data(),
+                                 c.num_blocks * c.block_size,
+                                 reinterpret_cast<U*>(c.key_cache.data()),
+                                 reinterpret_cast<U*>(c.value_cache.data()), c.num_kv_heads,
+                                 c.head_size, c.block_size);
+  });
+}
+
+void Build(HostCase& c, std::mt19937& rng) {
+  const int bs = c.block_size;
+  const int max_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
+  c.max_blocks_per_seq = (max_len + bs - 1) / bs + 1;
+  int64_t used = 0;
+  for (int len : c.seq_lens) used += (len + bs - 1) / bs;
+  c.num_blocks = used + 2;
+  std::vector<int32_t> perm(c.num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  c.block_tables.assign(static_cast<size_t>(c.num_seqs()) * c.max_blocks_per_seq, perm[0]);
+  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_size;
+  std::vector<float> all_k, all_v;
+  std::vector<int64_t> slots;
+  int64_t next = 0;
+  for (int s = 0; s < c.num_seqs(); ++s) {
+    const int len = c.seq_lens[s];
+    for (int i = 0; i < (len + bs - 1) / bs; ++i)
+      c.block_tables[static_cast<size_t>(s) * c.max_blocks_per_seq + i] = perm[next++];
+    c.keys.push_back(Quantize(RandomVector(len * row, rng), c.dtype));
+    c.values.push_back(Quantize(RandomVector(len * row, rng), c.dtype));
+    all_k.insert(all_k.end(), c.keys.back().begin(), c.keys.back().end());
+    all_v.insert(all_v.end(), c.values.back().begin(), c.values.back().end());
+    for (int t = 0; t < len; ++t)
+      slots.push_back(static_cast<int64_t>(c.block_tables[static_cast<size_t>(s) * c.max_blocks_per_seq + t / bs]) * bs + t % bs);
+  }
+  slots.push_back(-1);  // a padding token
+  all_k.insert(all_k.end(), row, 7.0f);
+  all_v.insert(all_v.end(), row, 7.0f);
+  c.shape = {c.num_blocks, c.num_kv_heads, c.head_size, c.block_size, c.dtype};
+  const size_t bytes = c.num_blocks * c.shape.block_bytes();
+  c.key_cache.assign(bytes, 0xFF);  // NaN in every dtype
+  c.value_cache.assign(bytes, 0xFF);
+  std::vector<uint8_t> ek = Encode(all_k, c.dtype), ev = Encode(all_v, c.dtype);
+  if (c.dtype == DType::kFloat32) {
+    EmuReshapeAndCache<uint32_t>(ek, ev, slots, c);
+  } else {
+    EmuReshapeAndCache<uint16_t>(ek, ev, slots, c);
+  }
+  // Same bytes as the CPU backend.
+  std::vector<uint8_t> hk(bytes, 0xFF), hv(bytes, 0xFF);
+  ReshapeAndCacheParams p;
+  p.key = ek.data();
+  p.value = ev.data();
+  p.slot_mapping = slots.data();
+  p.num_tokens = static_cast<int>(slots.size());
+  p.cache = {hk.data(), hv.data(), c.shape, Device::kCPU};
+  ASSERT_TRUE(ReshapeAndCache(p).ok());
+  ASSERT_EQ(hk, c.key_cache) << "emulated reshape_and_cache key bytes differ from the CPU backend";
+  ASSERT_EQ(hv, c.value_cache) << "emulated reshape_and_cache value bytes differ from the CPU backend";
+}
+
+template <typename T, int HS>
+void EmuDecode(const HostCase& c, const std::vector<uint8_t>& q, const float* alibi, float scale,
+               bool v2, std::vector<uint8_t>& out) {
+  const int S = c.num_seqs(), H = c.num_heads;
+  const int max_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
+  std::vector<int32_t> lens(c.seq_lens.begin(), c.seq_lens.end());
+  const int P = v2 ? (max_len + kc::kDecodePartitionSize - 1) / kc::kDecodePartitionSize : 1;
+  const int psize = v2 ? kc::kDecodePartitionSize : 0;
+  std::vector<float> ml(static_cast<size_t>(S) * H * P, NAN), es(ml.size(), NAN);
+  std::vector<float> tmp(ml.size() * HS, NAN);
+  const size_t smem = static_cast<size_t>((v2 ? psize : max_len) + 7) / 8 * 8 * sizeof(float);
+  kc::EmuLaunch(dim3(H, S, P), dim3(kc::kDecodeThreads), smem, [&] {
+    kc::PagedAttentionKernel<T, HS, kc::kDecodeThreads>(
+        reinterpret_cast<T*>(out.data()), ml.data(), es.data(), tmp.data(),
+        reinterpret_cast<const T*>(q.data()), reinterpret_cast<const T*>(c.key_cache.data()),
+        reinterpret_cast<const T*>(c.value_cache.data()), c.num_kv_heads, c.block_size, scale,
+        c.block_tables.data(), c.max_blocks_per_seq, lens.data(), alibi, psize);
+  });
+  if (!v2) return;
+  kc::EmuLaunch(dim3(H, S), dim3(kc::kDecodeThreads), P * sizeof(float), [&] {
+    kc::PagedAttentionReduceKernel<T, kc::kDecodeThreads>(reinterpret_cast<T*>(out.data()),
+                                                          ml.data(), es.data(), tmp.data(),
+                                                          lens.data(), HS, P, psize);
+  });
+}
+
+template <typename T, int HS>
+void CheckDecode(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
+                 std::vector<int> lens, std::mt19937& rng) {
+  HostCase c{dt, heads, kv_heads, HS, block_size, std::move(lens)};
+  Build(c, rng);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  const int S = c.num_seqs();
+  std::vector<float> q = Quantize(RandomVector(static_cast<size_t>(S) * heads * HS, rng), dt);
+  std::vector<uint8_t> eq = Encode(q, dt);
+  std::vector<float> slopes = AlibiSlopes(heads);
+  const float* alibi = use_alibi ? slopes.data() : nullptr;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const std::string label = std::string(DTypeName(dt)) + " head " + std::to_string(HS) +
+                            " block " + std::to_string(block_size) + " heads " +
+                            std::to_string(heads) + "/" + std::to_string(kv_heads) +
+                            (use_alibi ? " alibi" : "");
+  for (bool v2 : {false, true}) {
+    std::vector<uint8_t> out(static_cast<size_t>(S) * heads * HS * DTypeSize(dt), 0xFF);
+    EmuDecode<T, HS>(c, eq, alibi, scale, v2, out);
+    std::vector<float> got = Decode(out.data(), static_cast<size_t>(S) * heads * HS, dt);
+    for (int s = 0; s < S; ++s) {
+      std::vector<double> ref = testing::ReferenceDecode(q.data() + static_cast<size_t>(s) * heads * HS,
+                                                         heads, c.K(s), c.V(s), c.seq_lens[s],
+                                                         scale, alibi);
+      for (int i = 0; i < heads * HS; ++i)
+        ASSERT_NEAR(got[static_cast<size_t>(s) * heads * HS + i], ref[i], Tolerance(dt))
+            << label << (v2 ? " v2" : " v1") << " seq " << s << " (len " << c.seq_lens[s]
+            << ") head " << i / HS << " dim " << i % HS;
+    }
+  }
+}
+
+// Lengths around block and partition edges; every dtype and block size, each
+// head size at least once, GQA/MQA/MHA, ALiBi on and off.
+TEST(CudaEmulationTest, DecodeKernelMatchesReference) {
+  std::mt19937 rng(21);
+  const std::vector<int> lens = {1, 7, 8, 9, 15, 16, 17, 33, 511, 512, 513, 1100};
+  CheckDecode<float, 64>(DType::kFloat32, 16, 4, 2, false, lens, rng);
+  CheckDecode<float, 80>(DType::kFloat32, 8, 3, 1, true, lens, rng);
+  CheckDecode<float, 256>(DType::kFloat32, 32, 2, 2, false, lens, rng);
+  CheckDecode<__half, 96>(DType::kFloat16, 16, 4, 1, true, lens, rng);
+  CheckDecode<__half, 112>(DType::kFloat16, 8, 2, 2, false, lens, rng);
+  CheckDecode<__half, 128>(DType::kFloat16, 32, 6, 2, true, lens, rng);
+  CheckDecode<__nv_bfloat16, 128>(DType::kBFloat16, 8, 4, 2, false, lens, rng);
+  CheckDecode<__nv_bfloat16, 80>(DType::kBFloat16, 32, 2, 1, true, lens, rng);
+  CheckDecode<__nv_bfloat16, 256>(DType::kBFloat16, 16, 2, 1, false, lens, rng);
+}
+
+template <typename T, int HS>
+void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
+                  std::mt19937& rng) {
+  struct Seq {
+    int cached, q_len;
+  };
+  const std::vector<Seq> seqs = {{1, 8}, {0, 1}, {37, 20}, {0, 45}, {16, 16}, {5, 1}};
+  std::vector<int> lens;
+  for (const Seq& s : seqs) lens.push_back(s.cached + s.q_len);
+  HostCase c{dt, heads, kv_heads, HS, block_size, lens};
+  Build(c, rng);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  std::vector<int32_t> qsl = {0};
+  int max_q = 0;
+  for (const Seq& s : seqs) {
+    qsl.push_back(qsl.back() + s.q_len);
+    max_q = std::max(max_q, s.q_len);
+  }
+  const int T_ = qsl.back(), S = c.num_seqs();
+  const int64_t qstride = static_cast<int64_t>(heads + 1) * HS;  // padded rows
+  std::vector<float> q = Quantize(RandomVector(static_cast<size_t>(T_) * qstride, rng), dt);
+  std::vector<uint8_t> eq = Encode(q, dt);
+  std::vector<float> slopes = AlibiSlopes(heads);
+  std::vector<int32_t> lens32(lens.begin(), lens.end());
+  std::vector<uint8_t> out(static_cast<size_t>(T_) * heads * HS * DTypeSize(dt), 0xFF);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  kc::EmuLaunch(dim3(heads, S, (max_q + 7) / 8), dim3(128), 0, [&] {
+    kc::PrefillAttentionKernel<T, HS>(
+        reinterpret_cast<T*>(out.data()), reinterpret_cast<const T*>(eq.data()), qstride,
+        qsl.data(), lens32.data(), reinterpret_cast<const T*>(c.key_cache.data()),
+        reinterpret_cast<const T*>(c.value_cache.data()), kv_heads, block_size,
+        c.block_tables.data(), c.max_blocks_per_seq, scale, use_alibi ? slopes.data() : nullptr);
+  });
+  std::vector<float> got = Decode(out.data(), static_cast<size_t>(T_) * heads * HS, dt);
+  std::vector<double> ref(HS);
+  for (int s = 0; s < S; ++s) {
+    for (int i = 0; i < seqs[s].q_len; ++i) {
+      const int row = qsl[s] + i, qpos = seqs[s].cached + i;
+      for (int h = 0; h < heads; ++h) {
+        testing::ReferenceAttendOne(q.data() + row * qstride + static_cast<int64_t>(h) * HS, h,
+                                    heads, c.K(s), c.V(s), qpos + 1, qpos, scale,
+                                    use_alibi ? slopes[h] : 0.0, ref.data());
+        for (int d = 0; d < HS; ++d)
+          ASSERT_NEAR(got[(static_cast<size_t>(row) * heads + h) * HS + d], ref[d], Tolerance(dt))
+              << DTypeName(dt) << " head " << HS << " block " << block_size
+              << (use_alibi ? " alibi" : "") << " seq " << s << " row " << i << " head " << h
+              << " dim " << d;
+      }
+    }
+  }
+}
+
+TEST(CudaEmulationTest, PrefillKernelMatchesReference) {
+  std::mt19937 rng(22);
+  CheckPrefill<float, 64>(DType::kFloat32, 16, 4, 2, false, rng);
+  CheckPrefill<__half, 80>(DType::kFloat16, 8, 2, 1, true, rng);
+  CheckPrefill<__nv_bfloat16, 128>(DType::kBFloat16, 32, 2, 2, false, rng);
+  CheckPrefill<float, 256>(DType::kFloat32, 8, 2, 1, true, rng);
+}
+
+TEST(CudaEmulationTest, CopyBlocksKernelIsByteExact) {
+  std::mt19937 rng(23);
+  const int64_t block_bytes = 2 * 64 * 16 * 2;  // fp16, 2 kv heads, head 64, block 16
+  const int num_blocks = 6, layers = 2;
+  std::vector<std::vector<uint8_t>> bufs(2 * layers, std::vector<uint8_t>(num_blocks * block_bytes));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : bufs)
+    for (auto& x : b) x = static_cast<uint8_t>(byte(rng));
+  const std::vector<std::vector<uint8_t>> before = bufs;
+  std::vector<uint64_t> kp, vp;
+  for (int l = 0; l < layers; ++l) {
+    kp.push_back(reinterpret_cast<uintptr_t>(bufs[2 * l].data()));
+    vp.push_back(reinterpret_cast<uintptr_t>(bufs[2 * l + 1].data()));
+  }
+  const std::vector<int64_t> pairs = {0, 3, 4, 1, 4, 5};
+  for (bool vec16 : {true, false}) {
+    bufs = before;
+    kc::EmuLaunch(dim3(3, layers), dim3(64), 0, [&] {
+      if (vec16) {
+        kc::CopyBlocksKernel<uint4>(kp.data(), vp.data(), pairs.data(), block_bytes / 16);
+      } else {
+        kc::CopyBlocksKernel<uint8_t>(kp.data(), vp.data(), pairs.data(), block_bytes);
+      }
+    });
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      std::vector<uint8_t> expect = before[i];
+      for (size_t p = 0; p < pairs.size(); p += 2)
+        std::memcpy(expect.data() + pairs[p + 1] * block_bytes, before[i].data() + pairs[p] * block_bytes,
+                    block_bytes);
+      EXPECT_EQ(bufs[i], expect) << "buffer " << i << (vec16 ? " uint4" : " bytes");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pagedserve::kernels
