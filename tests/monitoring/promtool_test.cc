@@ -170,3 +170,20 @@ TEST(DashboardTest, ParsesAndQueriesOnlyExportedMetrics) {
 
 }  // namespace
 }  // namespace pagedserve
+
+namespace pagedserve {
+namespace {
+
+TEST(DocsTest, EveryExportedMetricIsDocumented) {
+  std::string docs = testing::ReadFile(SourceDir() + "/docs/metrics.md");
+  ASSERT_FALSE(docs.empty());
+  std::set<std::string> families;
+  ExportedSampleNames(TouchedExposition(), &families);
+  EXPECT_GE(families.size(), 23u);
+  for (const std::string& f : families) {
+    EXPECT_NE(docs.find("| `" + f + "` |"), std::string::npos) << f << " is missing from docs/metrics.md";
+  }
+}
+
+}  // namespace
+}  // namespace pagedserve
