@@ -48,6 +48,19 @@ struct SequenceStep {
   // depend on batch composition or preemption.
   int32_t sample_index = 0;
   SamplingParams sampling;
+  // Added by the coordinator (backward compatible; defaults describe a plain
+  // continuing sequence):
+  // How many of the sequence's tokens are prompt (positions < this); the rest
+  // are generated tokens (for presence / frequency penalties).
+  int32_t num_prompt_tokens = 0;
+  // True on the first step of a sequence and on its first step after a
+  // recompute preemption: workers (re)start its per-sequence state here
+  // instead of continuing an old one. False on a forked sibling (fork_from).
+  bool new_state = false;
+  // When new_state and start_pos > 0 (a prefix-cache hit), the token ids at
+  // positions [0, start_pos) whose K/V came from the cache, so that workers see
+  // the whole history. Empty otherwise.
+  std::vector<int32_t> cached_prefix_token_ids;
 
   int32_t context_len() const { return start_pos + static_cast<int32_t>(token_ids.size()); }
   bool is_prefill() const { return token_ids.size() > 1 || start_pos == 0; }
@@ -64,6 +77,9 @@ struct StepPlan {
   std::vector<BlockPair> swap_in;   // CPU swap block -> device block
   std::vector<BlockPair> copy;      // device -> device (copy-on-write)
   // Sequences that ended (finished, aborted, or failed); workers drop their state.
+  // Workers apply this list after the forks (fork_from) of this plan and ignore
+  // ids they never saw (a request aborted while waiting, a sibling that finished
+  // on its first token).
   std::vector<SeqId> finished;
   bool shutdown = false;  // workers exit after acknowledging this plan
 

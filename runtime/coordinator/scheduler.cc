@@ -1,0 +1,602 @@
+#include "runtime/coordinator/scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace pagedserve {
+
+std::string_view FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kNone: break;
+  }
+  return "";
+}
+
+absl::StatusOr<PreemptionMode> ParsePreemptionMode(std::string_view s) {
+  if (s == "swap") return PreemptionMode::kSwap;
+  if (s == "recompute") return PreemptionMode::kRecompute;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--preemption-mode must be 'swap' or 'recompute', got '", std::string(s), "'"));
+}
+
+absl::Status SchedulerConfig::Validate() const {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (block_size < 1) return bad("--block-size must be >= 1, got ", block_size);
+  if (num_device_blocks < 1) return bad("num_device_blocks must be >= 1, got ", num_device_blocks);
+  if (num_cpu_blocks < 0) return bad("num_cpu_blocks must be >= 0, got ", num_cpu_blocks);
+  if (max_num_seqs < 1) return bad("--max-num-seqs must be >= 1, got ", max_num_seqs);
+  if (max_model_len < 2) return bad("--max-model-len must be >= 2, got ", max_model_len);
+  if (!(watermark >= 0.0 && watermark < 1.0)) return bad("watermark must be in [0, 1), got ", watermark);
+  if (max_num_batched_tokens < max_num_seqs) {
+    return bad("--max-num-batched-tokens (", max_num_batched_tokens,
+               ") must be >= --max-num-seqs (", max_num_seqs,
+               "): every running sequence needs one token per decode step");
+  }
+  if (!enable_chunked_prefill && max_num_batched_tokens < max_model_len) {
+    return bad("--max-num-batched-tokens (", max_num_batched_tokens, ") is smaller than --max-model-len (",
+               max_model_len,
+               ") with chunked prefill disabled: a long prompt could never be scheduled; raise "
+               "--max-num-batched-tokens or enable chunked prefill");
+  }
+  const int64_t per_seq = (static_cast<int64_t>(max_model_len) + block_size - 1) / block_size;
+  const int64_t watermark_blocks = static_cast<int64_t>(watermark * num_device_blocks);
+  if (num_device_blocks - watermark_blocks < per_seq) {
+    return bad("the KV cache holds ", num_device_blocks, " blocks of ", block_size, " tokens (",
+               watermark_blocks, " kept free as watermark), fewer than the ", per_seq,
+               " blocks one --max-model-len (", max_model_len,
+               ") sequence needs; lower --max-model-len or give the cache more memory");
+  }
+  return absl::OkStatus();
+}
+
+bool Scheduler::KeyLess::operator()(const SequenceGroup* a, const SequenceGroup* b) const {
+  return std::tie(a->priority, a->arrival_time, a->arrival_order) <
+         std::tie(b->priority, b->arrival_time, b->arrival_order);
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerConfig& config,
+                                                             std::vector<int32_t> eos_token_ids) {
+  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  return std::unique_ptr<Scheduler>(new Scheduler(config, std::move(eos_token_ids)));
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, std::vector<int32_t> eos_token_ids)
+    : config_(config), eos_(eos_token_ids.begin(), eos_token_ids.end()) {
+  BlockManager::Options o;
+  o.block_size = config.block_size;
+  o.num_device_blocks = config.num_device_blocks;
+  o.num_cpu_blocks = config.num_cpu_blocks;
+  o.enable_prefix_caching = config.enable_prefix_caching;
+  o.watermark = config.watermark;
+  o.hash_fn = config.hash_fn;
+  bm_ = std::make_unique<BlockManager>(o);
+}
+
+absl::Status Scheduler::CheckAdmissible(int64_t prompt_len, const SamplingParams& p) const {
+  const int64_t m = config_.max_model_len;
+  if (prompt_len < 1) return absl::InvalidArgumentError("prompt must have at least one token");
+  if (prompt_len >= m) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt has ", prompt_len, " tokens but max_model_len is ",
+                                                   m, ": at most ", m - 1, " prompt tokens are allowed"));
+  }
+  if (p.n < 1 || p.max_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("n and max_tokens must be >= 1, got n=", p.n,
+                                                   " max_tokens=", p.max_tokens));
+  }
+  if (p.n > config_.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat("n (", p.n, ") exceeds --max-num-seqs (",
+                                                   config_.max_num_seqs, ")"));
+  }
+  const int64_t total = std::min<int64_t>(prompt_len + p.max_tokens, m);
+  const int64_t needed = static_cast<int64_t>(p.n) * bm_->BlocksForTokens(total);
+  const int64_t limit = static_cast<int64_t>(config_.num_device_blocks) - bm_->watermark_blocks();
+  if (needed > limit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request needs ", needed, " KV blocks (n=", p.n, " x ", total, " tokens: prompt ", prompt_len,
+        " + max_tokens ", p.max_tokens, ", capped at max_model_len ", m, ", in blocks of ", config_.block_size,
+        ") but the KV cache admits at most ", limit, " (", config_.num_device_blocks, " blocks - watermark ",
+        bm_->watermark_blocks(), "); lower max_tokens or n"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::AddRequest(Request r) {
+  if (r.request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
+  if (groups_.contains(r.request_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id '", r.request_id, "' is already in use"));
+  }
+  if (absl::Status s = r.params.Validate(); !s.ok()) return s;
+  for (size_t i = 0; i < r.prompt_token_ids.size(); ++i) {
+    if (r.prompt_token_ids[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "] is negative (",
+                                                     r.prompt_token_ids[i], ")"));
+    }
+  }
+  if (absl::Status s = CheckAdmissible(static_cast<int64_t>(r.prompt_token_ids.size()), r.params); !s.ok()) {
+    return s;
+  }
+  auto g = std::make_unique<SequenceGroup>();
+  g->request_id = r.request_id;
+  g->params = std::move(r.params);
+  g->arrival_time = r.arrival_time;
+  g->priority = config_.enable_priority ? r.priority : 0;
+  g->arrival_order = arrival_counter_++;
+  auto s = std::make_unique<Sequence>();
+  s->id = next_seq_id_++;
+  s->num_prompt_tokens = static_cast<int32_t>(r.prompt_token_ids.size());
+  s->tokens = std::move(r.prompt_token_ids);
+  s->extra_keys = std::move(r.cache_extra_keys);
+  g->seqs.push_back(std::move(s));
+  waiting_.insert(g.get());
+  groups_.emplace(g->request_id, std::move(g));
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Abort(const std::string& request_id) {
+  return FinishRequest(request_id, FinishReason::kAbort);
+}
+
+absl::Status Scheduler::FinishRequest(const std::string& request_id, FinishReason reason) {
+  auto it = groups_.find(request_id);
+  if (it == groups_.end()) {
+    return absl::NotFoundError(absl::StrCat("no unfinished request '", request_id, "'"));
+  }
+  if (reason == FinishReason::kNone) reason = FinishReason::kAbort;
+  if (it->second->pending_finish == FinishReason::kNone) it->second->pending_finish = reason;
+  return absl::OkStatus();
+}
+
+const SequenceGroup* Scheduler::FindRequest(const std::string& request_id) const {
+  auto it = groups_.find(request_id);
+  return it == groups_.end() ? nullptr : it->second.get();
+}
+
+void Scheduler::ReleaseGroup(SequenceGroup* g, std::vector<SeqId>* finished_ids) {
+  for (auto& s : g->seqs) {
+    if (!s->finished()) {
+      s->status = SequenceStatus::kFinished;
+      s->finish_reason = g->pending_finish;
+    }
+    bm_->Free(*s);
+    finished_ids->push_back(s->id);
+  }
+  if (g->status == SequenceStatus::kRunning) {
+    running_.erase(std::find(running_.begin(), running_.end(), g));
+  } else if (g->status == SequenceStatus::kWaiting) {
+    waiting_.erase(g);
+  } else if (g->status == SequenceStatus::kSwapped) {
+    swapped_.erase(g);
+  }
+  g->status = SequenceStatus::kFinished;
+  groups_.erase(g->request_id);  // destroys g
+}
+
+void Scheduler::ApplyPendingFinishes(StepPlan* plan) {
+  std::vector<SequenceGroup*> doomed;
+  for (auto& [id, g] : groups_) {
+    if (g->pending_finish != FinishReason::kNone) doomed.push_back(g.get());
+  }
+  for (SequenceGroup* g : doomed) ReleaseGroup(g, &plan->finished);
+}
+
+int32_t Scheduler::DecodeCount(const SequenceGroup* g) const {
+  int32_t c = 0;
+  for (const auto& s : g->seqs) c += !s->finished() && s->num_uncomputed() == 1;
+  return c;
+}
+
+int32_t Scheduler::RunningSeqs() const {
+  int32_t c = 0;
+  for (const SequenceGroup* g : running_) c += g->max_running_seqs();
+  return c;
+}
+
+void Scheduler::InsertRunning(SequenceGroup* g) {
+  running_.insert(std::upper_bound(running_.begin(), running_.end(), g, KeyLess()), g);
+}
+
+void Scheduler::PlanTokens(SequenceGroup* g, int32_t avail, std::vector<Sequence*>* seqs,
+                           std::vector<int32_t>* ks, bool* incomplete) {
+  seqs->clear();
+  ks->clear();
+  for (auto& sp : g->seqs) {
+    Sequence* s = sp.get();
+    if (s->finished()) continue;
+    if (config_.enable_prefix_caching && s->block_table.empty() && s->num_computed_tokens == 0 &&
+        !s->blocks_on_cpu) {
+      s->prefix_hit_tokens = bm_->MatchPrefix(*s);
+    }
+    const int32_t need = s->num_uncomputed();
+    int32_t k;
+    if (need == 1) {
+      k = 1;  // decode tokens are budgeted by the caller
+    } else if (config_.enable_chunked_prefill) {
+      k = std::min(need, std::max(avail, 0));
+      avail -= k;
+    } else {
+      k = need <= avail ? need : 0;
+      avail -= k;
+    }
+    if (k < need) *incomplete = true;
+    seqs->push_back(s);
+    ks->push_back(k);
+  }
+}
+
+void Scheduler::Commit(SequenceGroup* g, const std::vector<Sequence*>& seqs,
+                       const std::vector<int32_t>& ks, std::vector<BlockPair>* copies) {
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Sequence* s = seqs[i];
+    if (s->prefix_hit_tokens >= 0) {
+      bm_->RecordPrefixQuery(s->len(), s->prefix_hit_tokens);
+      if (g->num_cached_tokens < 0 && s == g->seqs[0].get()) g->num_cached_tokens = s->prefix_hit_tokens;
+      s->prefix_hit_tokens = -1;
+    }
+    s->status = SequenceStatus::kRunning;
+    const int32_t k = ks[i];
+    if (k <= 0 || !bm_->AppendSlots(*s, k, copies)) continue;
+    int32_t samples = 0;
+    if (s->num_computed_tokens + k == s->len()) {
+      samples = (!g->forked && g->params.n > 1 && s == g->seqs[0].get()) ? g->params.n : 1;
+    }
+    scheduled_.push_back({s, g, k, samples});
+  }
+  if (g->num_cached_tokens < 0 && !config_.enable_prefix_caching) g->num_cached_tokens = 0;
+}
+
+void Scheduler::Preempt(SequenceGroup* g, StepPlan* plan) {
+  std::vector<Sequence*> seqs;
+  for (auto& s : g->seqs) {
+    if (s->finished()) continue;
+    s->prefix_hit_tokens = -1;
+    seqs.push_back(s.get());
+  }
+  if (config_.preemption_mode == PreemptionMode::kSwap) {
+    if (bm_->SwapOut(seqs, &plan->swap_out)) {
+      for (Sequence* s : seqs) s->status = SequenceStatus::kSwapped;
+      g->status = SequenceStatus::kSwapped;
+      swapped_.insert(g);
+      ++counters_.num_preemptions_swap;
+      return;
+    }
+    ++counters_.num_swap_fallbacks;
+  }
+  for (Sequence* s : seqs) {
+    bm_->Free(*s);
+    s->num_computed_tokens = 0;
+    s->new_state = true;
+    s->fork_from = kNoSeq;
+    s->status = SequenceStatus::kWaiting;
+  }
+  g->status = SequenceStatus::kWaiting;
+  waiting_.insert(g);
+  ++counters_.num_preemptions_recompute;
+}
+
+absl::StatusOr<StepPlan> Scheduler::Schedule() {
+  if (in_flight_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step_id_, " is still in flight: call ProcessResult before the next Schedule"));
+  }
+  StepPlan plan;
+  plan.step_id = ++step_id_;
+  plan.finished = std::move(pending_finished_ids_);
+  pending_finished_ids_.clear();
+  ApplyPendingFinishes(&plan);
+  scheduled_.clear();
+
+  int32_t budget = config_.max_num_batched_tokens;
+  int32_t reserved = 0;  // decode tokens of running groups not yet visited
+  for (const SequenceGroup* g : running_) reserved += DecodeCount(g);
+  bool preempted = false, incomplete = false;
+  std::vector<Sequence*> seqs;
+  std::vector<int32_t> ks;
+
+  // 1. Running requests, oldest first; preempt from the newest end.
+  for (size_t i = 0; i < running_.size();) {
+    SequenceGroup* g = running_[i];
+    const int32_t dc = DecodeCount(g);
+    reserved -= dc;
+    PlanTokens(g, budget - reserved - dc, &seqs, &ks, &incomplete);
+    bool self = false;
+    while (bm_->NumBlocksToAppend(seqs, ks) > bm_->device().num_available()) {
+      SequenceGroup* victim = running_.back();
+      running_.pop_back();
+      preempted = true;
+      if (victim == g) {
+        Preempt(g, &plan);
+        self = true;
+        break;
+      }
+      reserved -= DecodeCount(victim);
+      Preempt(victim, &plan);
+    }
+    if (self) break;  // g was the newest running request
+    Commit(g, seqs, ks, &plan.copy);
+    for (int32_t k : ks) budget -= k;
+    ++i;
+  }
+
+  // 2. Swapped requests, then 3. waiting requests (head-of-line, no skipping).
+  if (!preempted && !incomplete) {
+    int32_t running_seqs = RunningSeqs();
+    while (!swapped_.empty()) {
+      SequenceGroup* g = *swapped_.begin();
+      const int32_t dc = DecodeCount(g);
+      if (running_seqs + g->max_running_seqs() > config_.max_num_seqs || dc > budget) break;
+      std::vector<Sequence*> members;
+      for (auto& s : g->seqs) {
+        if (!s->finished()) members.push_back(s.get());
+      }
+      // Reserve one block per sequence for its decode slot (new block or copy).
+      if (!bm_->SwapIn(members, static_cast<int32_t>(members.size()), &plan.swap_in)) break;
+      swapped_.erase(swapped_.begin());
+      g->status = SequenceStatus::kRunning;
+      InsertRunning(g);
+      running_seqs += g->max_running_seqs();
+      bool inc = false;
+      PlanTokens(g, budget - dc, &seqs, &ks, &inc);
+      if (bm_->NumBlocksToAppend(seqs, ks) > bm_->device().num_available()) {
+        for (size_t j = 0; j < ks.size(); ++j) {
+          if (seqs[j]->num_uncomputed() > 1) ks[j] = 0, inc = true;
+        }
+      }
+      Commit(g, seqs, ks, &plan.copy);
+      for (int32_t k : ks) budget -= k;
+      if (inc) {
+        incomplete = true;
+        break;
+      }
+    }
+    while (swapped_.empty() && !incomplete && !waiting_.empty()) {
+      SequenceGroup* g = *waiting_.begin();
+      const int32_t dc = DecodeCount(g);
+      if (running_seqs + g->max_running_seqs() > config_.max_num_seqs || dc > budget) break;
+      bool inc = false;
+      PlanTokens(g, budget - dc, &seqs, &ks, &inc);
+      const bool starts = !ks.empty() && ks[0] > 0;
+      if (!starts || !bm_->CanAdmit(bm_->NumBlocksToAppend(seqs, ks))) {
+        for (Sequence* s : seqs) {  // undo prefix-cache matches
+          bm_->Free(*s);
+          s->num_computed_tokens = 0;
+          s->prefix_hit_tokens = -1;
+        }
+        break;
+      }
+      waiting_.erase(waiting_.begin());
+      g->status = SequenceStatus::kRunning;
+      InsertRunning(g);
+      running_seqs += g->max_running_seqs();
+      Commit(g, seqs, ks, &plan.copy);
+      for (int32_t k : ks) budget -= k;
+      if (inc) break;
+    }
+  }
+
+  // 4. The plan: decodes first, then prefills.
+  std::stable_partition(scheduled_.begin(), scheduled_.end(), [](const Scheduled& e) {
+    return e.num_tokens == 1 && e.seq->num_computed_tokens > 0;
+  });
+  const int32_t bs = config_.block_size;
+  plan.seqs.reserve(scheduled_.size());
+  int64_t total_tokens = 0;
+  for (const Scheduled& e : scheduled_) total_tokens += e.num_tokens;
+  plan.slot_mapping.reserve(total_tokens);
+  for (const Scheduled& e : scheduled_) {
+    Sequence* s = e.seq;
+    SequenceStep& st = plan.seqs.emplace_back();
+    st.seq_id = s->id;
+    st.fork_from = s->fork_from;
+    s->fork_from = kNoSeq;
+    st.start_pos = s->num_computed_tokens;
+    st.token_ids.assign(s->tokens.begin() + st.start_pos, s->tokens.begin() + st.start_pos + e.num_tokens);
+    st.block_table = s->block_table;
+    st.sample = e.num_samples > 0;
+    st.num_samples = std::max(e.num_samples, 1);
+    st.sample_index = s->sample_index;
+    st.sampling = e.group->params;
+    st.num_prompt_tokens = s->num_prompt_tokens;
+    st.new_state = s->new_state;
+    if (s->new_state && st.start_pos > 0) {
+      st.cached_prefix_token_ids.assign(s->tokens.begin(), s->tokens.begin() + st.start_pos);
+    }
+    s->new_state = false;
+    for (int32_t t = st.start_pos; t < st.start_pos + e.num_tokens; ++t) {
+      plan.slot_mapping.push_back(static_cast<int64_t>(s->block_table[t / bs]) * bs + t % bs);
+    }
+  }
+  in_flight_ = true;
+  ++counters_.num_steps;
+  counters_.last_step_tokens = static_cast<int32_t>(total_tokens);
+  counters_.last_step_seqs = static_cast<int32_t>(scheduled_.size());
+  return plan;
+}
+
+void Scheduler::CheckStop(Sequence* s, const SamplingParams& p) {
+  const int32_t tok = s->tokens.back();
+  if (!p.ignore_eos && eos_.contains(tok)) {
+    s->finish_reason = FinishReason::kStop;
+    s->stop_token_id = tok;
+  } else if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end()) {
+    s->finish_reason = FinishReason::kStop;
+    s->stop_token_id = tok;
+  } else if (s->num_output_tokens() >= p.max_tokens || s->len() >= config_.max_model_len) {
+    s->finish_reason = FinishReason::kLength;
+  } else {
+    return;
+  }
+  s->status = SequenceStatus::kFinished;
+}
+
+absl::StatusOr<std::vector<RequestOutput>> Scheduler::ProcessResult(const StepResult& result) {
+  if (!in_flight_) return absl::FailedPreconditionError("ProcessResult without a plan in flight");
+  if (result.step_id != step_id_) {
+    return absl::InvalidArgumentError(absl::StrCat("result is for step ", result.step_id,
+                                                   " but step ", step_id_, " is in flight"));
+  }
+  // Validate before changing anything: exactly num_samples tokens per sampling sequence.
+  absl::flat_hash_map<SeqId, std::vector<const SampledToken*>> by_seq;
+  by_seq.reserve(scheduled_.size());
+  for (const SampledToken& t : result.tokens) by_seq[t.seq_id].push_back(&t);
+  size_t expected = 0;
+  for (const Scheduled& e : scheduled_) {
+    if (e.num_samples == 0) continue;
+    expected += e.num_samples;
+    auto it = by_seq.find(e.seq->id);
+    const size_t got = it == by_seq.end() ? 0 : it->second.size();
+    if (got != static_cast<size_t>(e.num_samples)) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", step_id_, ": sequence ", e.seq->id, " expects ",
+                                                     e.num_samples, " sampled tokens, got ", got));
+    }
+  }
+  if (expected != result.tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step_id_, ": result has ", result.tokens.size(),
+                                                   " tokens, the plan samples ", expected,
+                                                   " (tokens for sequences not sampled this step)"));
+  }
+  for (const SampledToken& t : result.tokens) {
+    if (t.token_id < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", step_id_, ": negative token id ", t.token_id,
+                                                     " for sequence ", t.seq_id));
+    }
+  }
+  in_flight_ = false;
+
+  std::vector<RequestOutput> outputs;
+  absl::flat_hash_map<SequenceGroup*, size_t> out_index;
+  auto output_for = [&](SequenceGroup* g) -> RequestOutput& {
+    auto [it, inserted] = out_index.try_emplace(g, outputs.size());
+    if (inserted) {
+      RequestOutput& o = outputs.emplace_back();
+      o.request_id = g->request_id;
+      o.num_prompt_tokens = g->seqs[0]->num_prompt_tokens;
+      o.num_cached_tokens = std::max(g->num_cached_tokens, 0);
+    }
+    return outputs[it->second];
+  };
+  auto emit = [&](SequenceGroup* g, Sequence* s, const SampledToken& t) {
+    s->tokens.push_back(t.token_id);
+    CheckStop(s, g->params);
+    SequenceOutput& so = output_for(g).seqs.emplace_back();
+    so.index = s->sample_index;
+    so.new_tokens.push_back(t);
+    so.finished = s->finished();
+    so.finish_reason = s->finish_reason;
+    so.stop_token_id = s->stop_token_id;
+    so.num_output_tokens = s->num_output_tokens();
+  };
+
+  std::vector<SequenceGroup*> touched;
+  for (const Scheduled& e : scheduled_) {
+    Sequence* s = e.seq;
+    SequenceGroup* g = e.group;
+    s->num_computed_tokens += e.num_tokens;
+    bm_->MarkComputed(*s);
+    if (e.num_samples == 0 || g->pending_finish != FinishReason::kNone) continue;
+    const auto& toks = by_seq[s->id];
+    if (e.num_samples > 1) {
+      // Parallel sampling: fork the siblings from the prefilled parent.
+      for (int32_t i = 1; i < e.num_samples; ++i) {
+        auto child = std::make_unique<Sequence>();
+        child->id = next_seq_id_++;
+        child->sample_index = i;
+        child->tokens = s->tokens;
+        child->num_prompt_tokens = s->num_prompt_tokens;
+        child->num_computed_tokens = s->num_computed_tokens;
+        child->extra_keys = s->extra_keys;
+        child->status = SequenceStatus::kRunning;
+        child->fork_from = s->id;
+        child->new_state = false;
+        bm_->Fork(*s, *child);
+        g->seqs.push_back(std::move(child));
+      }
+      g->forked = true;
+      const size_t first_child = g->seqs.size() - (e.num_samples - 1);
+      emit(g, s, *toks[0]);
+      for (int32_t i = 1; i < e.num_samples; ++i) emit(g, g->seqs[first_child + i - 1].get(), *toks[i]);
+    } else {
+      emit(g, s, *toks[0]);
+    }
+    if (touched.empty() || touched.back() != g) touched.push_back(g);
+  }
+  // Release finished sequences' blocks now; report their ids when the whole
+  // request ends (a fresh sibling may still fork from a finished parent).
+  for (SequenceGroup* g : touched) {
+    if (g->status == SequenceStatus::kFinished) continue;  // already released
+    for (auto& s : g->seqs) {
+      if (s->finished() && (!s->block_table.empty() || s->blocks_on_cpu)) bm_->Free(*s);
+    }
+    if (g->num_unfinished() == 0) {
+      output_for(g).finished = true;
+      for (auto& s : g->seqs) pending_finished_ids_.push_back(s->id);
+      running_.erase(std::find(running_.begin(), running_.end(), g));
+      g->status = SequenceStatus::kFinished;
+      groups_.erase(g->request_id);
+    }
+  }
+  scheduled_.clear();
+  return outputs;
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s = counters_;
+  s.num_running = static_cast<int32_t>(running_.size());
+  s.num_waiting = static_cast<int32_t>(waiting_.size());
+  s.num_swapped = static_cast<int32_t>(swapped_.size());
+  const BlockPool& d = bm_->device();
+  const BlockPool& c = bm_->cpu();
+  s.device_kv_usage = d.num_blocks() ? static_cast<double>(d.num_in_use()) / d.num_blocks() : 0.0;
+  s.cpu_kv_usage = c.num_blocks() ? static_cast<double>(c.num_in_use()) / c.num_blocks() : 0.0;
+  s.prefix_cache_queries = bm_->prefix_cache_queries();
+  s.prefix_cache_hits = bm_->prefix_cache_hits();
+  return s;
+}
+
+absl::Status Scheduler::CheckInvariants() const {
+  if (absl::Status s = bm_->CheckInvariants(); !s.ok()) return s;
+  size_t listed = running_.size() + waiting_.size() + swapped_.size();
+  if (listed != groups_.size()) {
+    return absl::InternalError(absl::StrCat(groups_.size(), " requests but ", listed, " in the queues"));
+  }
+  if (!std::is_sorted(running_.begin(), running_.end(), KeyLess())) {
+    return absl::InternalError("running list is not in (priority, arrival) order");
+  }
+  for (const auto& [id, g] : groups_) {
+    for (const auto& s : g->seqs) {
+      const std::string where = absl::StrCat("request ", id, " sequence ", s->id, ": ");
+      if (s->finished()) {
+        if (!s->block_table.empty()) return absl::InternalError(where + "finished but holds blocks");
+        continue;
+      }
+      if (s->status != g->status) return absl::InternalError(where + "status differs from its request");
+      switch (g->status) {
+        case SequenceStatus::kRunning:
+          if (s->blocks_on_cpu) return absl::InternalError(where + "running with CPU blocks");
+          if (!in_flight_ && static_cast<int32_t>(s->block_table.size()) !=
+                                 bm_->BlocksForTokens(s->num_computed_tokens)) {
+            return absl::InternalError(absl::StrCat(where, s->block_table.size(), " blocks for ",
+                                                    s->num_computed_tokens, " computed tokens"));
+          }
+          break;
+        case SequenceStatus::kWaiting:
+          if (!s->block_table.empty() || s->num_computed_tokens != 0) {
+            return absl::InternalError(where + "waiting but holds blocks or computed tokens");
+          }
+          break;
+        case SequenceStatus::kSwapped:
+          if (!s->blocks_on_cpu) return absl::InternalError(where + "swapped without CPU blocks");
+          break;
+        case SequenceStatus::kFinished:
+          return absl::InternalError(where + "request finished but still listed");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pagedserve

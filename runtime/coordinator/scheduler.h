@@ -1,0 +1,220 @@
+// The continuous-batching scheduler (iteration-level scheduling, Orca OSDI'22;
+// block-level KV memory management, vLLM SOSP'23).
+//
+// Every engine step the caller does, strictly alternating:
+//   StepPlan plan = Schedule();            // which sequences run, block ops
+//   ... workers run the plan, TP rank 0 samples ...
+//   outputs = ProcessResult(result);       // append tokens, stop conditions
+//
+// Schedule():
+//   1. applies pending aborts / finishes (their sequences go into plan.finished
+//      and every block they hold is freed);
+//   2. walks the running requests oldest first (by (priority, arrival) when
+//      priority scheduling is on). Decode tokens are reserved first; prompt
+//      chunks (chunked prefill) take what the token budget
+//      max_num_batched_tokens has left. When the device pool cannot hold a
+//      request's new slots, the most recently arrived running request is
+//      preempted (vLLM's victim policy), possibly the request itself: by swap
+//      (its blocks go to the CPU pool) or by recompute (its blocks are freed
+//      and prompt + generated tokens are prefilled again); swap falls back to
+//      recompute when the CPU pool lacks room;
+//   3. when nothing was preempted or left unscheduled: swaps in swapped
+//      requests (oldest first), then, once none is swapped, admits waiting
+//      requests (oldest first, head-of-line: the first that does not fit stops
+//      admission, so no request waits forever) while max_num_seqs, the token
+//      budget and the device pool (keeping the watermark free) allow.
+//
+// Admission bound (AddRequest, and CheckAdmissible for the front end): a
+// request is accepted when prompt_len < max_model_len and
+//   n * ceil(min(prompt_len + max_tokens, max_model_len) / block_size)
+//     <= num_device_blocks - watermark_blocks,
+// and n <= max_num_seqs. The same bound makes every accepted request
+// schedulable alone, so the queue always moves.
+//
+// Stop conditions (ProcessResult): EOS (unless ignore_eos) and
+// stop_token_ids -> "stop"; max_tokens or max_model_len -> "length". A
+// request gets exactly max_tokens tokens whenever prompt + max_tokens <=
+// max_model_len and no stop condition fires. Stop strings are checked by the
+// caller after detokenizing, which then calls FinishRequest(id, kStop).
+//
+// Not thread-safe: one engine thread owns the scheduler.
+#ifndef PAGEDSERVE_RUNTIME_COORDINATOR_SCHEDULER_H_
+#define PAGEDSERVE_RUNTIME_COORDINATOR_SCHEDULER_H_
+
+#include <cstdint>
+#include <set>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/common/sampling_params.h"
+#include "runtime/common/step_plan.h"
+#include "runtime/coordinator/block_manager.h"
+#include "runtime/coordinator/sequence.h"
+
+namespace pagedserve {
+
+enum class PreemptionMode { kRecompute, kSwap };
+
+// "swap" / "recompute" (the --preemption-mode values).
+absl::StatusOr<PreemptionMode> ParsePreemptionMode(std::string_view s);
+
+struct SchedulerConfig {
+  int32_t block_size = 16;               // tokens per KV block
+  int32_t num_device_blocks = 0;         // KV blocks on the device (min over ranks)
+  int32_t num_cpu_blocks = 0;            // swap-space blocks on the host
+  int32_t max_num_seqs = 256;            // sequences per step
+  int32_t max_num_batched_tokens = 2048; // tokens per step
+  int32_t max_model_len = 2048;          // prompt + output tokens per sequence
+  bool enable_chunked_prefill = true;
+  bool enable_prefix_caching = false;
+  bool enable_priority = false;          // order by (priority, arrival) instead of arrival
+  PreemptionMode preemption_mode = PreemptionMode::kRecompute;
+  double watermark = 0.01;               // fraction of device blocks kept free at admission
+  BlockHashFn hash_fn;                   // prefix-cache hash; empty = SHA-256
+
+  // The startup check: InvalidArgument naming the flag when a setting is out
+  // of range or when some admissible request could never be scheduled
+  // (chunked prefill off and max_num_batched_tokens < max_model_len; a device
+  // pool, less watermark, smaller than one max_model_len sequence;
+  // max_num_batched_tokens < max_num_seqs).
+  absl::Status Validate() const;
+};
+
+// What a client sends, in token ids (the front end tokenizes).
+struct Request {
+  std::string request_id;
+  std::vector<int32_t> prompt_token_ids;
+  SamplingParams params;
+  double arrival_time = 0.0;  // seconds, any monotonic clock
+  int32_t priority = 0;       // lower = more important; used when enable_priority
+  std::vector<int64_t> cache_extra_keys;  // prefix-cache salt (e.g. adapter id)
+};
+
+// New tokens of one sequence of a request in one step.
+struct SequenceOutput {
+  int32_t index = 0;                     // sample index 0..n-1
+  std::vector<SampledToken> new_tokens;  // usually 1 (0 when it only finished)
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  int32_t stop_token_id = -1;            // for kStop by EOS / stop_token_ids
+  int32_t num_output_tokens = 0;         // generated so far, for usage
+};
+
+struct RequestOutput {
+  std::string request_id;
+  std::vector<SequenceOutput> seqs;
+  bool finished = false;        // every sequence finished
+  int32_t num_prompt_tokens = 0;
+  int32_t num_cached_tokens = 0;  // prompt tokens served by the prefix cache (first step)
+};
+
+struct SchedulerStats {
+  int32_t num_running = 0;   // requests
+  int32_t num_waiting = 0;
+  int32_t num_swapped = 0;
+  double device_kv_usage = 0.0;  // in-use device blocks / total
+  double cpu_kv_usage = 0.0;
+  int64_t prefix_cache_queries = 0;  // tokens
+  int64_t prefix_cache_hits = 0;     // tokens
+  int64_t num_preemptions_swap = 0;
+  int64_t num_preemptions_recompute = 0;
+  int64_t num_swap_fallbacks = 0;    // swap wanted, CPU pool full, recomputed
+  int64_t num_steps = 0;
+  int32_t last_step_tokens = 0;
+  int32_t last_step_seqs = 0;
+};
+
+class Scheduler {
+ public:
+  // Checks config.Validate(); eos_token_ids end a sequence unless ignore_eos.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const SchedulerConfig& config,
+                                                           std::vector<int32_t> eos_token_ids);
+
+  // Queues a request. InvalidArgument (naming the field and the bound) for bad
+  // sampling params, an empty prompt, or a request over the admission bound;
+  // AlreadyExists for a request id in use. The rejected request holds nothing.
+  absl::Status AddRequest(Request request);
+  // The admission bound alone (for validation in the front end).
+  absl::Status CheckAdmissible(int64_t prompt_len, const SamplingParams& params) const;
+
+  // Aborts (client request or disconnect) / finishes (stop string found by the
+  // caller, reason kStop) a request. Applied at the next Schedule(): every
+  // block is freed and its sequences are listed in plan.finished. Outputs for
+  // it are no longer produced. NotFound for an unknown or finished id.
+  absl::Status Abort(const std::string& request_id);
+  absl::Status FinishRequest(const std::string& request_id, FinishReason reason);
+
+  // Plans the next step. FailedPrecondition when the previous plan's result
+  // was not processed yet. An empty plan (no seqs) is valid: nothing to run.
+  absl::StatusOr<StepPlan> Schedule();
+
+  // Applies the sampled tokens of the plan in flight. InvalidArgument (state
+  // unchanged) when the step id or the set of tokens does not match the plan.
+  absl::StatusOr<std::vector<RequestOutput>> ProcessResult(const StepResult& result);
+
+  bool HasUnfinishedRequests() const { return !groups_.empty(); }
+  bool step_in_flight() const { return in_flight_; }
+  SchedulerStats stats() const;
+  const SchedulerConfig& config() const { return config_; }
+  const BlockManager& block_manager() const { return *bm_; }
+  // Block-manager invariants plus the scheduler's own (queue membership,
+  // block tables covering the computed tokens). For tests.
+  absl::Status CheckInvariants() const;
+  // The request's sequences (nullptr if unknown). For tests and tooling.
+  const SequenceGroup* FindRequest(const std::string& request_id) const;
+  // Requests holding device blocks, oldest first. For tests and tooling.
+  const std::vector<SequenceGroup*>& running_requests() const { return running_; }
+
+ private:
+  using Key = std::tuple<int32_t, double, uint64_t>;
+  struct KeyLess {
+    bool operator()(const SequenceGroup* a, const SequenceGroup* b) const;
+  };
+  struct Scheduled {
+    Sequence* seq;
+    SequenceGroup* group;
+    int32_t num_tokens;
+    int32_t num_samples;  // 0: no sampling this step
+  };
+
+  Scheduler(const SchedulerConfig& config, std::vector<int32_t> eos_token_ids);
+
+  void ApplyPendingFinishes(StepPlan* plan);
+  void ReleaseGroup(SequenceGroup* g, std::vector<SeqId>* finished_ids);
+  // Tokens each unfinished sequence of g feeds this step, given `avail`
+  // tokens for prompt chunks; prefix-cache matching happens here.
+  void PlanTokens(SequenceGroup* g, int32_t avail, std::vector<Sequence*>* seqs,
+                  std::vector<int32_t>* ks, bool* incomplete);
+  void Commit(SequenceGroup* g, const std::vector<Sequence*>& seqs, const std::vector<int32_t>& ks,
+              std::vector<BlockPair>* copies);
+  void Preempt(SequenceGroup* g, StepPlan* plan);
+  void InsertRunning(SequenceGroup* g);
+  int32_t DecodeCount(const SequenceGroup* g) const;
+  int32_t RunningSeqs() const;
+  void CheckStop(Sequence* s, const SamplingParams& p);
+
+  SchedulerConfig config_;
+  absl::flat_hash_set<int32_t> eos_;
+  std::unique_ptr<BlockManager> bm_;
+  absl::flat_hash_map<std::string, std::unique_ptr<SequenceGroup>> groups_;
+  std::vector<SequenceGroup*> running_;  // sorted by key, oldest first
+  std::set<SequenceGroup*, KeyLess> waiting_;
+  std::set<SequenceGroup*, KeyLess> swapped_;
+  std::vector<SeqId> pending_finished_ids_;
+  std::vector<Scheduled> scheduled_;  // the plan in flight
+  bool in_flight_ = false;
+  uint64_t step_id_ = 0;
+  uint64_t next_seq_id_ = 0;
+  uint64_t arrival_counter_ = 0;
+  SchedulerStats counters_;
+};
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_RUNTIME_COORDINATOR_SCHEDULER_H_

@@ -1,0 +1,98 @@
+// Sequences and requests (sequence groups) as the coordinator tracks them.
+//
+// A request (SequenceGroup) holds 1..n sequences: n > 1 for parallel sampling.
+// Its first sequence (the parent) is prefilled once and samples n tokens; the
+// n-1 siblings are then forked from it, sharing its prompt blocks.
+//
+// Token bookkeeping of one sequence (all counts in tokens):
+//   tokens                prompt + generated so far
+//   num_prompt_tokens     length of the prompt part
+//   num_computed_tokens   tokens whose K/V are in the cache and confirmed by a
+//                         returned step result (or a verified prefix-cache hit)
+// A sequence feeds tokens[num_computed_tokens, ...) in its next step: a prompt
+// chunk (prefill), or its last sampled token (decode, len - computed == 1).
+#ifndef PAGEDSERVE_RUNTIME_COORDINATOR_SEQUENCE_H_
+#define PAGEDSERVE_RUNTIME_COORDINATOR_SEQUENCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/common/sampling_params.h"
+#include "runtime/common/step_plan.h"
+#include "runtime/coordinator/block_hash.h"
+
+namespace pagedserve {
+
+enum class SequenceStatus {
+  kWaiting,   // not yet admitted, or preempted by recompute
+  kRunning,   // holds device blocks
+  kSwapped,   // preempted by swap: holds CPU swap blocks
+  kFinished,  // see FinishReason
+};
+
+enum class FinishReason {
+  kNone,
+  kStop,    // EOS, a stop token id, or a stop string (reported by the caller)
+  kLength,  // max_tokens or max_model_len reached
+  kAbort,   // aborted by the client or a disconnect
+};
+
+std::string_view FinishReasonName(FinishReason r);  // "stop", "length", "abort", ""
+
+struct Sequence {
+  SeqId id = 0;
+  int32_t sample_index = 0;  // 0..n-1 within the group
+  std::vector<int32_t> tokens;
+  int32_t num_prompt_tokens = 0;
+  int32_t num_computed_tokens = 0;
+  SequenceStatus status = SequenceStatus::kWaiting;
+  FinishReason finish_reason = FinishReason::kNone;
+  int32_t stop_token_id = -1;  // the token that stopped it, when kStop by token
+
+  // Block manager state. Entries are device block ids, or CPU swap block ids
+  // while status == kSwapped.
+  std::vector<int32_t> block_table;
+  bool blocks_on_cpu = false;
+  std::vector<BlockHash> block_hashes;  // of the first full blocks of `tokens`
+  int32_t num_registered_blocks = 0;   // leading full blocks already offered to the cache
+  std::vector<int64_t> extra_keys;     // prefix-cache extra keys of the request
+
+  // Step-plan hints consumed by the next SequenceStep.
+  SeqId fork_from = kNoSeq;  // set on a freshly forked sibling
+  bool new_state = true;     // workers (re)start this sequence's state
+  int32_t prefix_hit_tokens = -1;  // set by a prefix-cache match not yet counted
+
+  int32_t len() const { return static_cast<int32_t>(tokens.size()); }
+  int32_t num_output_tokens() const { return len() - num_prompt_tokens; }
+  int32_t num_uncomputed() const { return len() - num_computed_tokens; }
+  bool finished() const { return status == SequenceStatus::kFinished; }
+};
+
+// One client request.
+struct SequenceGroup {
+  std::string request_id;
+  SamplingParams params;
+  double arrival_time = 0.0;
+  int32_t priority = 0;          // lower value = more important (vLLM convention)
+  uint64_t arrival_order = 0;    // admission-queue tie breaker
+  std::vector<std::unique_ptr<Sequence>> seqs;  // seqs[0] is the parent
+  bool forked = false;           // siblings exist (n > 1 after the first sample)
+  SequenceStatus status = SequenceStatus::kWaiting;
+  FinishReason pending_finish = FinishReason::kNone;  // Abort/FinishRequest, applied next step
+  int32_t num_cached_tokens = -1;  // prefix-cache hit of the first admission; -1 until known
+
+  int32_t num_unfinished() const {
+    int32_t c = 0;
+    for (const auto& s : seqs) c += !s->finished();
+    return c;
+  }
+  // Sequence slots the group needs while it runs: n before the fork.
+  int32_t max_running_seqs() const { return forked ? num_unfinished() : params.n; }
+};
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_RUNTIME_COORDINATOR_SEQUENCE_H_

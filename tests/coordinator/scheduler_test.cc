@@ -1,0 +1,392 @@
+// Scheduler scenarios. Every step runs through the FakeEngine, which checks
+// that each sequence's KV context (through its block table) equals its history.
+#include "runtime/coordinator/scheduler.h"
+
+#include <map>
+
+#include "gtest/gtest.h"
+#include "tests/coordinator/fake_engine.h"
+
+namespace pagedserve {
+namespace {
+
+using testing::FakeEngine;
+
+SchedulerConfig Config(int32_t blocks, int32_t cpu_blocks = 0, int32_t bs = 4) {
+  SchedulerConfig c;
+  c.block_size = bs;
+  c.num_device_blocks = blocks;
+  c.num_cpu_blocks = cpu_blocks;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 64;
+  c.max_model_len = 64;
+  c.watermark = 0.0;
+  return c;
+}
+
+Request Req(std::string id, int32_t prompt_len, int32_t max_tokens, int32_t first_token = 1) {
+  Request r;
+  r.request_id = std::move(id);
+  for (int32_t i = 0; i < prompt_len; ++i) r.prompt_token_ids.push_back(first_token + i);
+  r.params.max_tokens = max_tokens;
+  r.params.temperature = 0.0f;
+  r.params.ignore_eos = true;
+  return r;
+}
+
+SampledToken Tok(SeqId id, int32_t token) {
+  SampledToken t;
+  t.seq_id = id;
+  t.token_id = token;
+  return t;
+}
+
+// Runs the engine loop; collects every request's tokens per sample index.
+struct Driver {
+  std::unique_ptr<Scheduler> sched;
+  FakeEngine engine;
+  std::map<std::string, std::map<int32_t, std::vector<int32_t>>> tokens;
+  std::map<std::string, std::map<int32_t, FinishReason>> reasons;
+  std::vector<StepPlan> plans;
+
+  Driver(const SchedulerConfig& c, std::vector<int32_t> eos = {}, int32_t engine_eos = -1)
+      : sched(*Scheduler::Create(c, eos)),
+        engine(c.num_device_blocks, c.num_cpu_blocks, c.block_size, 1000, engine_eos) {}
+
+  // One step; returns false on the first error (reported through gtest).
+  bool Step() {
+    auto plan = sched->Schedule();
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    if (!plan.ok()) return false;
+    StepResult result;
+    absl::Status s = engine.Run(*plan, &result);
+    EXPECT_TRUE(s.ok()) << s;
+    if (!s.ok()) return false;
+    plans.push_back(*plan);
+    auto outs = sched->ProcessResult(result);
+    EXPECT_TRUE(outs.ok()) << outs.status();
+    if (!outs.ok()) return false;
+    for (const RequestOutput& o : *outs) {
+      for (const SequenceOutput& so : o.seqs) {
+        for (const SampledToken& t : so.new_tokens) tokens[o.request_id][so.index].push_back(t.token_id);
+        if (so.finished) reasons[o.request_id][so.index] = so.finish_reason;
+      }
+    }
+    absl::Status inv = sched->CheckInvariants();
+    EXPECT_TRUE(inv.ok()) << inv;
+    return inv.ok();
+  }
+  bool RunToCompletion(int max_steps = 5000) {
+    for (int i = 0; i < max_steps && sched->HasUnfinishedRequests(); ++i) {
+      if (!Step()) return false;
+    }
+    EXPECT_FALSE(sched->HasUnfinishedRequests()) << "did not finish in " << max_steps << " steps";
+    return !sched->HasUnfinishedRequests();
+  }
+};
+
+TEST(SchedulerConfigTest, StartupCheckRefusesUnschedulableSettings) {
+  SchedulerConfig c = Config(64);
+  EXPECT_TRUE(c.Validate().ok());
+  c.enable_chunked_prefill = false;
+  c.max_num_batched_tokens = 32;  // < max_model_len 64
+  absl::Status s = c.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--max-num-batched-tokens"), std::string::npos) << s;
+  c = Config(15);  // 15 blocks * 4 < max_model_len 64
+  s = c.Validate();
+  EXPECT_NE(s.message().find("--max-model-len"), std::string::npos) << s;
+  c = Config(64);
+  c.max_num_batched_tokens = 4;  // < max_num_seqs
+  EXPECT_FALSE(c.Validate().ok());
+  c = Config(64);
+  c.watermark = 0.5;  // 32 usable blocks >= 16: fine
+  EXPECT_TRUE(c.Validate().ok());
+  c.watermark = 0.8;  // 13 usable < 16
+  EXPECT_FALSE(c.Validate().ok());
+  EXPECT_FALSE(Scheduler::Create(c, {}).ok());
+  EXPECT_FALSE(ParsePreemptionMode("swapp").ok());
+}
+
+TEST(SchedulerTest, RequestLargerThanPoolIsRejectedAndTheNextRuns) {
+  SchedulerConfig c = Config(20);  // 80 tokens
+  c.max_model_len = 64;
+  Driver d(c);
+  Request big = Req("big", 60, 30);  // min(90, 64) = 64 tokens = 16 blocks: fits
+  EXPECT_TRUE(d.sched->AddRequest(big).ok());
+  Request huge = Req("huge", 30, 20);
+  huge.params.n = 2;  // 2 x 50 tokens = 26 blocks > 20
+  absl::Status s = d.sched->AddRequest(huge);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("KV blocks"), std::string::npos) << s;
+  EXPECT_EQ(d.sched->CheckAdmissible(30, huge.params).message(), s.message());  // same bound
+  EXPECT_EQ(d.sched->AddRequest(Req("long", 64, 1)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(d.sched->AddRequest(Req("next", 5, 3)).ok());
+  ASSERT_TRUE(d.RunToCompletion());
+  EXPECT_EQ(d.tokens["next"][0].size(), 3u);
+  EXPECT_EQ(d.tokens["big"][0].size(), 4u);  // stopped by max_model_len: 60 + 4 = 64
+  EXPECT_EQ(d.reasons["big"][0], FinishReason::kLength);
+  EXPECT_EQ(d.tokens.count("huge"), 0u);
+}
+
+TEST(SchedulerTest, ExactlyMaxTokensAndStopConditions) {
+  SchedulerConfig c = Config(64);
+  Driver d(c, /*eos=*/{999});
+  for (int m : {1, 2, 7, 30}) ASSERT_TRUE(d.sched->AddRequest(Req("m" + std::to_string(m), 5, m)).ok());
+  ASSERT_TRUE(d.RunToCompletion());
+  for (int m : {1, 2, 7, 30}) {
+    EXPECT_EQ(d.tokens["m" + std::to_string(m)][0].size(), static_cast<size_t>(m));
+    EXPECT_EQ(d.reasons["m" + std::to_string(m)][0], FinishReason::kLength);
+  }
+  // Learn what the fake model generates, then stop on its 3rd token.
+  const std::vector<int32_t> free_run = d.tokens["m30"][0];
+  Driver d2(c, /*eos=*/{free_run[2]});
+  Request eos = Req("m30", 5, 30);
+  eos.params.ignore_eos = false;
+  ASSERT_TRUE(d2.sched->AddRequest(eos).ok());
+  Request ignore = Req("ignore", 5, 30);  // same prompt, ignore_eos
+  ASSERT_TRUE(d2.sched->AddRequest(ignore).ok());
+  Request stop_id = Req("stopid", 5, 30);
+  stop_id.params.stop_token_ids = {free_run[4]};
+  ASSERT_TRUE(d2.sched->AddRequest(stop_id).ok());
+  ASSERT_TRUE(d2.RunToCompletion());
+  size_t first_eos = std::find(free_run.begin(), free_run.end(), free_run[2]) - free_run.begin();
+  EXPECT_EQ(d2.tokens["m30"][0].size(), first_eos + 1);  // EOS is the last token
+  EXPECT_EQ(d2.reasons["m30"][0], FinishReason::kStop);
+  EXPECT_EQ(d2.tokens["ignore"][0].size(), 30u);
+  size_t first_stop = std::find(free_run.begin(), free_run.end(), free_run[4]) - free_run.begin();
+  EXPECT_EQ(d2.tokens["stopid"][0].size(), first_stop + 1);
+  EXPECT_EQ(d2.reasons["stopid"][0], FinishReason::kStop);
+}
+
+TEST(SchedulerTest, ChunkedPrefillPutsDecodesFirstAndRespectsTheBudget) {
+  SchedulerConfig c = Config(64);
+  c.max_num_batched_tokens = 10;
+  Driver d(c);
+  ASSERT_TRUE(d.sched->AddRequest(Req("a", 3, 20)).ok());
+  ASSERT_TRUE(d.Step());  // a prefilled
+  ASSERT_TRUE(d.sched->AddRequest(Req("b", 25, 2)).ok());
+  ASSERT_TRUE(d.Step());
+  const StepPlan& p = d.plans.back();
+  ASSERT_EQ(p.seqs.size(), 2u);
+  EXPECT_FALSE(p.seqs[0].is_prefill());  // a's decode first
+  EXPECT_EQ(p.seqs[1].token_ids.size(), 9u);  // b's first chunk fills the budget
+  EXPECT_FALSE(p.seqs[1].sample);
+  EXPECT_EQ(p.num_tokens(), 10);
+  ASSERT_TRUE(d.RunToCompletion());
+  for (const StepPlan& plan : d.plans) EXPECT_LE(plan.num_tokens(), 10);
+  EXPECT_EQ(d.tokens["b"][0].size(), 2u);
+}
+
+TEST(SchedulerTest, NoChunkingAdmitsWholePromptsOnly) {
+  SchedulerConfig c = Config(64);
+  c.enable_chunked_prefill = false;
+  Driver d(c);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(d.sched->AddRequest(Req("r" + std::to_string(i), 30, 4)).ok());
+  ASSERT_TRUE(d.RunToCompletion());
+  for (const StepPlan& plan : d.plans) {
+    for (const SequenceStep& s : plan.seqs) {
+      if (s.is_prefill()) EXPECT_EQ(s.token_ids.size(), 30u);
+    }
+  }
+}
+
+TEST(SchedulerTest, AbortInTheMiddleOfAPrefillChunkFreesEverything) {
+  SchedulerConfig c = Config(64);
+  c.max_num_batched_tokens = 8;
+  c.enable_prefix_caching = true;
+  Driver d(c);
+  ASSERT_TRUE(d.sched->AddRequest(Req("x", 30, 5)).ok());
+  ASSERT_TRUE(d.Step());  // chunk 1 (8 tokens)
+  auto plan = d.sched->Schedule();  // chunk 2 in flight
+  ASSERT_TRUE(plan.ok());
+  const SeqId id = plan->seqs[0].seq_id;
+  ASSERT_TRUE(d.sched->Abort("x").ok());
+  StepResult r;
+  ASSERT_TRUE(d.engine.Run(*plan, &r).ok());
+  auto outs = d.sched->ProcessResult(r);
+  ASSERT_TRUE(outs.ok());
+  EXPECT_TRUE(outs->empty());
+  auto next = d.sched->Schedule();
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->finished, std::vector<SeqId>{id});
+  EXPECT_TRUE(next->seqs.empty());
+  EXPECT_FALSE(d.sched->HasUnfinishedRequests());
+  EXPECT_EQ(d.sched->block_manager().device().num_in_use(), 0);
+  // Only the 16 computed tokens' full blocks (4) were offered to the cache.
+  EXPECT_EQ(d.sched->block_manager().device().num_evictable(), 4);
+  EXPECT_EQ(d.sched->Abort("x").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(d.sched->ProcessResult({next->step_id, {}, 0, 0}).ok());
+  EXPECT_TRUE(d.sched->CheckInvariants().ok());
+}
+
+TEST(SchedulerTest, FinishRequestForAStopStringEndsItNextStep) {
+  Driver d(Config(64));
+  ASSERT_TRUE(d.sched->AddRequest(Req("s", 4, 50)).ok());
+  ASSERT_TRUE(d.Step());
+  ASSERT_TRUE(d.Step());
+  ASSERT_TRUE(d.sched->FinishRequest("s", FinishReason::kStop).ok());
+  ASSERT_TRUE(d.Step());
+  EXPECT_FALSE(d.sched->HasUnfinishedRequests());
+  EXPECT_EQ(d.plans.back().finished.size(), 1u);
+  EXPECT_EQ(d.sched->block_manager().device().num_in_use(), 0);
+}
+
+TEST(SchedulerTest, SharedSystemPromptHitsThePrefixCache) {
+  SchedulerConfig c = Config(64);
+  c.enable_prefix_caching = true;
+  Driver d(c);
+  Request a = Req("a", 20, 3);  // 20-token "system prompt" + nothing
+  ASSERT_TRUE(d.sched->AddRequest(a).ok());
+  ASSERT_TRUE(d.RunToCompletion());
+  Request b = Req("b", 20, 3);
+  b.prompt_token_ids.insert(b.prompt_token_ids.end(), {500, 501, 502});  // same prefix + question
+  ASSERT_TRUE(d.sched->AddRequest(b).ok());
+  ASSERT_TRUE(d.Step());
+  const SequenceStep& s = d.plans.back().seqs[0];
+  EXPECT_EQ(s.start_pos, 20);  // 5 full blocks from the cache
+  EXPECT_EQ(s.token_ids.size(), 3u);
+  EXPECT_EQ(s.cached_prefix_token_ids.size(), 20u);
+  EXPECT_TRUE(s.new_state);
+  const SchedulerStats st = d.sched->stats();
+  EXPECT_EQ(st.prefix_cache_queries, 20 + 23);
+  EXPECT_EQ(st.prefix_cache_hits, 20);
+  ASSERT_TRUE(d.RunToCompletion());
+}
+
+TEST(SchedulerTest, ParallelSamplingForksSiblingsSharingThePrompt) {
+  SchedulerConfig c = Config(64);
+  Driver d(c);
+  Request r = Req("n4", 10, 6);
+  r.params.n = 4;
+  r.params.temperature = 1.0f;
+  ASSERT_TRUE(d.sched->AddRequest(r).ok());
+  ASSERT_TRUE(d.Step());
+  EXPECT_EQ(d.plans[0].seqs[0].num_samples, 4);
+  EXPECT_EQ(d.sched->block_manager().device().num_in_use(), 3);  // prompt blocks shared
+  ASSERT_TRUE(d.Step());
+  int forks = 0;
+  for (const SequenceStep& s : d.plans[1].seqs) forks += s.fork_from != kNoSeq;
+  EXPECT_EQ(forks, 3);
+  EXPECT_EQ(d.plans[1].copy.size(), 3u);  // the shared partial block, copied for 3 of 4
+  ASSERT_TRUE(d.RunToCompletion());
+  ASSERT_EQ(d.tokens["n4"].size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(d.tokens["n4"][i].size(), 6u);
+  EXPECT_NE(d.tokens["n4"][0], d.tokens["n4"][1]);
+}
+
+// n = 4 group preempted by recompute resumes with every sibling's tokens.
+TEST(SchedulerTest, RecomputePreemptionOfAGroupKeepsAllSiblingsTokens) {
+  // Reference: a pool large enough that nothing is preempted.
+  auto run = [](int32_t blocks, int64_t* preemptions) {
+    SchedulerConfig c = Config(blocks);
+    c.max_model_len = 48;
+    Driver d(c);
+    Request g = Req("g", 9, 30);
+    g.params.n = 4;
+    g.params.temperature = 1.0f;
+    EXPECT_TRUE(d.sched->AddRequest(g).ok());
+    EXPECT_TRUE(d.sched->AddRequest(Req("late", 8, 30, 300)).ok());
+    EXPECT_TRUE(d.RunToCompletion());
+    *preemptions = d.sched->stats().num_preemptions_recompute;
+    return d.tokens;
+  };
+  int64_t p_big = 0, p_small = 0;
+  auto ref = run(200, &p_big);
+  auto got = run(40, &p_small);  // n * 39 tokens need 40 blocks alone
+  EXPECT_EQ(p_big, 0);
+  EXPECT_GT(p_small, 0);
+  EXPECT_EQ(got, ref);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(got["g"][i].size(), 30u);
+}
+
+TEST(SchedulerTest, SwapPreemptionRestoresIdenticalBlocks) {
+  auto run = [](int32_t blocks, PreemptionMode mode, int32_t cpu, SchedulerStats* st) {
+    SchedulerConfig c = Config(blocks, cpu);
+    c.preemption_mode = mode;
+    c.max_model_len = 40;
+    Driver d(c);
+    for (int i = 0; i < 6; ++i) EXPECT_TRUE(d.sched->AddRequest(Req("r" + std::to_string(i), 6 + i, 30, 50 * i)).ok());
+    EXPECT_TRUE(d.RunToCompletion());
+    *st = d.sched->stats();
+    return d.tokens;
+  };
+  SchedulerStats big, swap, fallback;
+  auto ref = run(400, PreemptionMode::kSwap, 100, &big);
+  auto got = run(24, PreemptionMode::kSwap, 100, &swap);
+  auto fb = run(24, PreemptionMode::kSwap, 2, &fallback);
+  EXPECT_EQ(big.num_preemptions_swap + big.num_preemptions_recompute, 0);
+  EXPECT_GT(swap.num_preemptions_swap, 0);
+  EXPECT_GT(fallback.num_swap_fallbacks, 0);
+  EXPECT_GT(fallback.num_preemptions_recompute, 0);
+  EXPECT_EQ(got, ref);
+  EXPECT_EQ(fb, ref);
+}
+
+TEST(SchedulerTest, VictimIsTheMostRecentlyArrivedRunningRequest) {
+  SchedulerConfig c = Config(16);
+  c.max_model_len = 48;
+  Driver d(c);
+  Request a = Req("old", 20, 40);
+  a.arrival_time = 1.0;
+  Request b = Req("new", 20, 40, 100);
+  b.arrival_time = 2.0;
+  ASSERT_TRUE(d.sched->AddRequest(a).ok());
+  ASSERT_TRUE(d.sched->AddRequest(b).ok());
+  bool saw = false;
+  for (int i = 0; i < 200 && d.sched->HasUnfinishedRequests() && !saw; ++i) {
+    ASSERT_TRUE(d.Step());
+    if (d.sched->stats().num_preemptions_recompute > 0) {
+      saw = true;
+      EXPECT_EQ(d.sched->FindRequest("new")->status, SequenceStatus::kWaiting);
+      EXPECT_EQ(d.sched->FindRequest("old")->status, SequenceStatus::kRunning);
+    }
+  }
+  EXPECT_TRUE(saw);
+  ASSERT_TRUE(d.RunToCompletion());
+}
+
+TEST(SchedulerTest, PriorityOrdersAdmission) {
+  SchedulerConfig c = Config(64);
+  c.enable_priority = true;
+  c.max_num_seqs = 1;
+  c.max_num_batched_tokens = 64;
+  Driver d(c);
+  Request low = Req("low", 4, 2);
+  low.priority = 5;
+  Request high = Req("high", 4, 2, 20);
+  high.priority = 0;
+  high.arrival_time = 10;
+  ASSERT_TRUE(d.sched->AddRequest(low).ok());
+  ASSERT_TRUE(d.sched->AddRequest(high).ok());
+  ASSERT_TRUE(d.Step());
+  EXPECT_EQ(d.plans[0].seqs[0].token_ids[0], 20);
+  ASSERT_TRUE(d.RunToCompletion());
+}
+
+TEST(SchedulerTest, BadResultsAreRejectedWithoutChangingState) {
+  Driver d(Config(64));
+  ASSERT_TRUE(d.sched->AddRequest(Req("a", 4, 3)).ok());
+  auto plan = d.sched->Schedule();
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(d.sched->Schedule().status().code(), absl::StatusCode::kFailedPrecondition);
+  StepResult wrong_step{plan->step_id + 1, {}, 0, 0};
+  EXPECT_EQ(d.sched->ProcessResult(wrong_step).status().code(), absl::StatusCode::kInvalidArgument);
+  StepResult missing{plan->step_id, {}, 0, 0};
+  EXPECT_EQ(d.sched->ProcessResult(missing).status().code(), absl::StatusCode::kInvalidArgument);
+  StepResult extra{plan->step_id, {}, 0, 0};
+  extra.tokens.push_back(Tok(plan->seqs[0].seq_id, 3));
+  extra.tokens.push_back(Tok(12345, 3));
+  EXPECT_EQ(d.sched->ProcessResult(extra).status().code(), absl::StatusCode::kInvalidArgument);
+  StepResult ok{plan->step_id, {}, 0, 0};
+  ok.tokens.push_back(Tok(plan->seqs[0].seq_id, 3));
+  EXPECT_TRUE(d.sched->ProcessResult(ok).ok());
+  EXPECT_EQ(d.sched->AddRequest(Req("a", 4, 3)).code(), absl::StatusCode::kAlreadyExists);
+  Request bad = Req("b", 4, 3);
+  bad.params.top_p = 2.0f;
+  EXPECT_EQ(d.sched->AddRequest(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.sched->AddRequest(Req("empty", 0, 3)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pagedserve
