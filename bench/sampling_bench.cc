@@ -1,6 +1,7 @@
 // Sampler throughput on SmolLM2's vocabulary (49152) at batch 64.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -42,6 +43,24 @@ void BM_Sample(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * batch);
 }
+// Yardstick measured in the same run: one std::max_element pass over the same
+// logits (what a bare greedy argmax costs), to read BM_Sample on a noisy machine.
+void BM_ArgmaxPass(benchmark::State& state) {
+  const int batch = static_cast<int>(state.range(0));
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> logits(static_cast<size_t>(batch) * kVocab);
+  for (float& x : logits) x = nd(rng);
+  for (auto _ : state) {
+    for (int r = 0; r < batch; ++r) {
+      const float* row = logits.data() + static_cast<size_t>(r) * kVocab;
+      benchmark::DoNotOptimize(std::max_element(row, row + kVocab));
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * batch);
+}
+BENCHMARK(BM_ArgmaxPass)->ArgName("batch")->Arg(1)->Arg(64)->Unit(benchmark::kMillisecond);
+
 BENCHMARK(BM_Sample)
     ->ArgNames({"batch", "mode"})
     ->ArgsProduct({{1, 64}, {0, 1, 2, 3, 4, 5}})

@@ -73,12 +73,18 @@ absl::Status CheckRow(std::span<const float> logits_row, const SamplerRow& row,
   return absl::OkStatus();
 }
 
-// Step 1: penalized copy of the row.
+// Step 1: the penalized row.
 // Finite inputs stay finite: results are clamped to +-FLT_MAX (a huge penalty can
 // otherwise overflow), so at least one finite logit always remains.
-void ApplyPenalties(std::span<const float> in, const SamplerRow& row, std::vector<float>& out) {
-  out.assign(in.begin(), in.end());
+// Returns `in` itself when no penalty applies (no copy).
+std::span<const float> ApplyPenalties(std::span<const float> in, const SamplerRow& row,
+                                      std::vector<float>& out) {
   const SamplingParams& p = *row.params;
+  const bool repetition = p.repetition_penalty != 1.0f && !row.token_history.empty();
+  const bool additive = (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) &&
+                        static_cast<size_t>(row.prompt_len) < row.token_history.size();
+  if (!repetition && !additive) return in;
+  out.assign(in.begin(), in.end());
   constexpr float kMax = std::numeric_limits<float>::max();
   auto clamp = [](float& v) {
     if (v > kMax) v = kMax;
@@ -111,9 +117,10 @@ void ApplyPenalties(std::span<const float> in, const SamplerRow& row, std::vecto
       i = j;
     }
   }
+  return out;
 }
 
-int32_t ArgMax(const std::vector<float>& v) {
+int32_t ArgMax(std::span<const float> v) {
   // First maximum: ties go to the lowest id. -inf entries never beat a finite one.
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
@@ -128,7 +135,7 @@ int32_t ArgMax(const std::vector<float>& v) {
 // than 1 - top_p, so it lies outside the nucleus) and then sorts chunk by chunk
 // until the nucleus is complete; min-p (a prefix too) is applied before the top-p
 // walk, which cannot change the result because the walk's normalizer is fixed.
-void Filter(const std::vector<float>& w, const SamplingParams& p, std::vector<Cand>& cands,
+void Filter(std::span<const float> w, const SamplingParams& p, std::vector<Cand>& cands,
             bool& sorted) {
   const float max = *std::max_element(w.begin(), w.end());
   const float inv_t = 1.0f / p.temperature;  // temperature >= 1e-5 here: finite
@@ -259,7 +266,7 @@ RawLogprobs ComputeRawLogprobs(std::span<const float> raw, int n) {
   RawLogprobs out;
   const float max = *std::max_element(raw.begin(), raw.end());
   double sum = 0.0;
-  for (float v : raw) sum += std::exp(static_cast<double>(v) - max);
+  for (float v : raw) sum += std::exp(v - max);  // fp32 exp, fp64 sum
   out.log_z = static_cast<double>(max) + std::log(sum);
   if (n <= 0) return out;
   n = std::min<int>(n, static_cast<int>(raw.size()));
@@ -308,8 +315,8 @@ absl::StatusOr<ProcessedDistribution> Sampler::Process(std::span<const float> lo
                                                    " entries, vocab_size is ", vocab_size_));
   }
   if (absl::Status s = CheckRow(logits_row, row, vocab_size_, 0); !s.ok()) return s;
-  std::vector<float> w;
-  ApplyPenalties(logits_row, row, w);
+  std::vector<float> buf;
+  const std::span<const float> w = ApplyPenalties(logits_row, row, buf);
   ProcessedDistribution out;
   if (row.params->greedy()) {
     out.token_ids = {ArgMax(w)};
@@ -364,8 +371,8 @@ absl::StatusOr<std::vector<SampledToken>> Sampler::Sample(std::span<const float>
     const SamplerRow& row = rows[r];
     const SamplingParams& p = *row.params;
     const auto raw = logits.subspan(static_cast<size_t>(r) * v, v);
-    std::vector<float> w;
-    ApplyPenalties(raw, row, w);
+    std::vector<float> buf;
+    const std::span<const float> w = ApplyPenalties(raw, row, buf);
     std::vector<Cand> cands;
     int32_t greedy_token = -1;
     if (p.greedy()) {
