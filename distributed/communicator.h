@@ -1,0 +1,55 @@
+// Tensor-parallel collectives behind one interface, with an MPI implementation
+// for CPU workers and an NCCL implementation for GPU workers. The communicator
+// spans the worker ranks of one tensor-parallel group (not the coordinator).
+#ifndef PAGEDSERVE_DISTRIBUTED_COMMUNICATOR_H_
+#define PAGEDSERVE_DISTRIBUTED_COMMUNICATOR_H_
+
+#include <cstddef>
+#include <memory>
+
+#include <mpi.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace pagedserve {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // This rank's index in the group, 0..size()-1.
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "single", "mpi" or "nccl".
+  virtual const char* backend() const = 0;
+
+  // In-place elementwise sum of `count` fp32 values across the group. The
+  // buffer is host memory for MPI, device memory for NCCL.
+  virtual absl::Status AllReduceSum(float* data, size_t count) = 0;
+
+  // Gathers `count` fp32 values from every rank: out[r * count + i] = in_r[i].
+  // `out` holds size() * count values; `in` and `out` must not overlap.
+  virtual absl::Status AllGather(const float* in, float* out, size_t count) = 0;
+
+  // Seconds spent inside collectives since construction (for metrics).
+  double collective_seconds() const { return collective_seconds_; }
+
+ protected:
+  double collective_seconds_ = 0.0;
+};
+
+// A group of one: collectives are no-ops (AllGather copies).
+std::unique_ptr<Communicator> MakeSingleRankCommunicator();
+
+// MPI collectives over `comm` (not duplicated: the caller keeps it alive).
+std::unique_ptr<Communicator> MakeMpiCommunicator(MPI_Comm comm);
+
+// NCCL collectives among the ranks of `comm`, each on CUDA device `device`;
+// the unique id is distributed with MPI_Bcast from rank 0 of `comm`. Returns
+// FailedPrecondition in builds without CUDA.
+absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(MPI_Comm comm, int device);
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_DISTRIBUTED_COMMUNICATOR_H_

@@ -1,0 +1,77 @@
+// Moving step plans and step results between the coordinator (world rank 0)
+// and the worker ranks (world ranks 1..TP) over MPI point-to-point messages.
+//
+// Point-to-point sends with deadlines are used instead of MPI_Bcast so that a
+// dead or stuck worker turns into a DeadlineExceeded error on the coordinator
+// rather than a hang. Waiting polls MPI_Test with a short sleep, so an idle
+// rank does not spin a core (this matters when ranks share few cores).
+#ifndef PAGEDSERVE_DISTRIBUTED_PLAN_TRANSPORT_H_
+#define PAGEDSERVE_DISTRIBUTED_PLAN_TRANSPORT_H_
+
+#include <cstdint>
+#include <string>
+
+#include <mpi.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "runtime/common/step_plan.h"
+
+namespace pagedserve {
+
+// What a worker reports once its model and KV pools are set up.
+struct WorkerHello {
+  int32_t world_rank = 0;
+  bool ok = false;
+  std::string error;                // why setup failed when !ok
+  int64_t num_device_blocks = 0;    // KV blocks that fit this rank's budget
+  int64_t num_cpu_blocks = 0;       // swap blocks that fit --swap-space
+};
+
+// Coordinator side (world rank 0).
+class PlanSender {
+ public:
+  // `num_workers` = world size - 1. `timeout` bounds every wait for a worker.
+  PlanSender(MPI_Comm world, int num_workers, absl::Duration timeout);
+
+  // Collects one WorkerHello per worker (within `timeout`); error if any worker
+  // failed setup (its message is included) or did not answer.
+  absl::StatusOr<std::vector<WorkerHello>> GatherHellos(absl::Duration timeout);
+
+  // Sends the plan to every worker; DeadlineExceeded if a send does not finish.
+  absl::Status Send(const StepPlan& plan);
+
+  // Waits for the result of the last plan from the TP rank 0 worker (world
+  // rank 1). DeadlineExceeded after the timeout; Internal if a worker reported
+  // an error instead of a result.
+  absl::StatusOr<StepResult> Receive();
+
+ private:
+  MPI_Comm world_;
+  int num_workers_;
+  absl::Duration timeout_;
+};
+
+// Worker side (world ranks 1..TP).
+class PlanReceiver {
+ public:
+  explicit PlanReceiver(MPI_Comm world);
+
+  absl::Status SendHello(const WorkerHello& hello);
+
+  // Blocks (polling, without spinning) until the next plan arrives.
+  absl::StatusOr<StepPlan> Receive();
+
+  // TP rank 0 sends the result of the plan it just ran.
+  absl::Status SendResult(const StepResult& result);
+  // Any worker reports a failure of a step (the coordinator fails the step).
+  absl::Status SendError(const std::string& message);
+
+ private:
+  MPI_Comm world_;
+};
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_DISTRIBUTED_PLAN_TRANSPORT_H_

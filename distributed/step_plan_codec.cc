@@ -1,0 +1,177 @@
+#include "distributed/step_plan_codec.h"
+
+#include <cstring>
+
+#include "distributed/wire.h"
+#include "runtime/common/status_macros.h"
+
+namespace pagedserve {
+namespace {
+
+constexpr char kPlanMagic[4] = {'P', 'S', 'P', '1'};
+constexpr char kResultMagic[4] = {'P', 'S', 'R', '1'};
+
+void PutSampling(wire::Writer& w, const SamplingParams& s) {
+  w.Put<int32_t>(s.n);
+  w.Put<int32_t>(s.max_tokens);
+  w.Put<float>(s.temperature);
+  w.Put<float>(s.top_p);
+  w.Put<int32_t>(s.top_k);
+  w.Put<float>(s.min_p);
+  w.Put<float>(s.repetition_penalty);
+  w.Put<float>(s.presence_penalty);
+  w.Put<float>(s.frequency_penalty);
+  w.Put<uint8_t>(s.seed.has_value());
+  w.Put<uint64_t>(s.seed.value_or(0));
+  w.Put<uint64_t>(s.stop.size());
+  for (const auto& str : s.stop) w.PutString(str);
+  w.PutVector(s.stop_token_ids);
+  w.Put<uint8_t>(s.ignore_eos);
+  w.Put<int32_t>(s.logprobs);
+}
+
+absl::Status GetSampling(wire::Reader& r, SamplingParams* s) {
+  PS_RETURN_IF_ERROR(r.Get(&s->n, "sampling.n"));
+  PS_RETURN_IF_ERROR(r.Get(&s->max_tokens, "sampling.max_tokens"));
+  PS_RETURN_IF_ERROR(r.Get(&s->temperature, "sampling.temperature"));
+  PS_RETURN_IF_ERROR(r.Get(&s->top_p, "sampling.top_p"));
+  PS_RETURN_IF_ERROR(r.Get(&s->top_k, "sampling.top_k"));
+  PS_RETURN_IF_ERROR(r.Get(&s->min_p, "sampling.min_p"));
+  PS_RETURN_IF_ERROR(r.Get(&s->repetition_penalty, "sampling.repetition_penalty"));
+  PS_RETURN_IF_ERROR(r.Get(&s->presence_penalty, "sampling.presence_penalty"));
+  PS_RETURN_IF_ERROR(r.Get(&s->frequency_penalty, "sampling.frequency_penalty"));
+  uint8_t has_seed = 0;
+  uint64_t seed = 0;
+  PS_RETURN_IF_ERROR(r.Get(&has_seed, "sampling.has_seed"));
+  PS_RETURN_IF_ERROR(r.Get(&seed, "sampling.seed"));
+  if (has_seed) s->seed = seed; else s->seed.reset();
+  uint64_t num_stop = 0;
+  PS_RETURN_IF_ERROR(r.Get(&num_stop, "sampling.stop.size"));
+  PS_RETURN_IF_ERROR(r.CheckCount(num_stop, sizeof(uint64_t), "sampling.stop"));
+  s->stop.resize(num_stop);
+  for (auto& str : s->stop) PS_RETURN_IF_ERROR(r.GetString(&str, "sampling.stop"));
+  PS_RETURN_IF_ERROR(r.GetVector(&s->stop_token_ids, "sampling.stop_token_ids"));
+  uint8_t ignore_eos = 0;
+  PS_RETURN_IF_ERROR(r.Get(&ignore_eos, "sampling.ignore_eos"));
+  s->ignore_eos = ignore_eos != 0;
+  PS_RETURN_IF_ERROR(r.Get(&s->logprobs, "sampling.logprobs"));
+  return absl::OkStatus();
+}
+
+absl::Status CheckMagic(wire::Reader& r, const char (&magic)[4], const char* what) {
+  char m[4];
+  for (char& c : m) PS_RETURN_IF_ERROR(r.Get(&c, what));
+  if (std::memcmp(m, magic, 4) != 0)
+    return absl::DataLossError(absl::StrCat("not a ", what, " message (bad magic)"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string EncodeStepPlan(const StepPlan& p) {
+  wire::Writer w;
+  for (char c : kPlanMagic) w.Put(c);
+  w.Put<uint64_t>(p.step_id);
+  w.Put<uint64_t>(p.seqs.size());
+  for (const SequenceStep& s : p.seqs) {
+    w.Put<uint64_t>(s.seq_id);
+    w.Put<uint64_t>(s.fork_from);
+    w.PutVector(s.token_ids);
+    w.Put<int32_t>(s.start_pos);
+    w.PutVector(s.block_table);
+    w.Put<uint8_t>(s.sample);
+    w.Put<int32_t>(s.num_samples);
+    w.Put<int32_t>(s.sample_index);
+    PutSampling(w, s.sampling);
+    w.Put<int32_t>(s.num_prompt_tokens);
+    w.Put<uint8_t>(s.new_state);
+    w.PutVector(s.cached_prefix_token_ids);
+  }
+  w.PutVector(p.slot_mapping);
+  w.PutVector(p.swap_out);
+  w.PutVector(p.swap_in);
+  w.PutVector(p.copy);
+  w.PutVector(p.finished);
+  w.Put<uint8_t>(p.shutdown);
+  return std::move(w.buffer());
+}
+
+absl::StatusOr<StepPlan> DecodeStepPlan(std::string_view bytes) {
+  wire::Reader r(bytes);
+  StepPlan p;
+  PS_RETURN_IF_ERROR(CheckMagic(r, kPlanMagic, "step plan"));
+  PS_RETURN_IF_ERROR(r.Get(&p.step_id, "step_id"));
+  uint64_t num_seqs = 0;
+  PS_RETURN_IF_ERROR(r.Get(&num_seqs, "seqs.size"));
+  PS_RETURN_IF_ERROR(r.CheckCount(num_seqs, 64, "seqs"));
+  p.seqs.resize(num_seqs);
+  for (SequenceStep& s : p.seqs) {
+    PS_RETURN_IF_ERROR(r.Get(&s.seq_id, "seq_id"));
+    PS_RETURN_IF_ERROR(r.Get(&s.fork_from, "fork_from"));
+    PS_RETURN_IF_ERROR(r.GetVector(&s.token_ids, "token_ids"));
+    PS_RETURN_IF_ERROR(r.Get(&s.start_pos, "start_pos"));
+    PS_RETURN_IF_ERROR(r.GetVector(&s.block_table, "block_table"));
+    uint8_t sample = 0;
+    PS_RETURN_IF_ERROR(r.Get(&sample, "sample"));
+    s.sample = sample != 0;
+    PS_RETURN_IF_ERROR(r.Get(&s.num_samples, "num_samples"));
+    PS_RETURN_IF_ERROR(r.Get(&s.sample_index, "sample_index"));
+    PS_RETURN_IF_ERROR(GetSampling(r, &s.sampling));
+    PS_RETURN_IF_ERROR(r.Get(&s.num_prompt_tokens, "num_prompt_tokens"));
+    uint8_t new_state = 0;
+    PS_RETURN_IF_ERROR(r.Get(&new_state, "new_state"));
+    s.new_state = new_state != 0;
+    PS_RETURN_IF_ERROR(r.GetVector(&s.cached_prefix_token_ids, "cached_prefix_token_ids"));
+  }
+  PS_RETURN_IF_ERROR(r.GetVector(&p.slot_mapping, "slot_mapping"));
+  PS_RETURN_IF_ERROR(r.GetVector(&p.swap_out, "swap_out"));
+  PS_RETURN_IF_ERROR(r.GetVector(&p.swap_in, "swap_in"));
+  PS_RETURN_IF_ERROR(r.GetVector(&p.copy, "copy"));
+  PS_RETURN_IF_ERROR(r.GetVector(&p.finished, "finished"));
+  uint8_t shutdown = 0;
+  PS_RETURN_IF_ERROR(r.Get(&shutdown, "shutdown"));
+  p.shutdown = shutdown != 0;
+  if (!r.done()) return absl::DataLossError("step plan: trailing bytes after 'shutdown'");
+  return p;
+}
+
+std::string EncodeStepResult(const StepResult& res) {
+  wire::Writer w;
+  for (char c : kResultMagic) w.Put(c);
+  w.Put<uint64_t>(res.step_id);
+  w.Put<uint64_t>(res.tokens.size());
+  for (const SampledToken& t : res.tokens) {
+    w.Put<uint64_t>(t.seq_id);
+    w.Put<int32_t>(t.token_id);
+    w.Put<float>(t.logprob);
+    w.PutVector(t.top_token_ids);
+    w.PutVector(t.top_logprobs);
+  }
+  w.Put<double>(res.forward_seconds);
+  w.Put<double>(res.collective_seconds);
+  return std::move(w.buffer());
+}
+
+absl::StatusOr<StepResult> DecodeStepResult(std::string_view bytes) {
+  wire::Reader r(bytes);
+  StepResult res;
+  PS_RETURN_IF_ERROR(CheckMagic(r, kResultMagic, "step result"));
+  PS_RETURN_IF_ERROR(r.Get(&res.step_id, "step_id"));
+  uint64_t n = 0;
+  PS_RETURN_IF_ERROR(r.Get(&n, "tokens.size"));
+  PS_RETURN_IF_ERROR(r.CheckCount(n, 32, "tokens"));
+  res.tokens.resize(n);
+  for (SampledToken& t : res.tokens) {
+    PS_RETURN_IF_ERROR(r.Get(&t.seq_id, "seq_id"));
+    PS_RETURN_IF_ERROR(r.Get(&t.token_id, "token_id"));
+    PS_RETURN_IF_ERROR(r.Get(&t.logprob, "logprob"));
+    PS_RETURN_IF_ERROR(r.GetVector(&t.top_token_ids, "top_token_ids"));
+    PS_RETURN_IF_ERROR(r.GetVector(&t.top_logprobs, "top_logprobs"));
+  }
+  PS_RETURN_IF_ERROR(r.Get(&res.forward_seconds, "forward_seconds"));
+  PS_RETURN_IF_ERROR(r.Get(&res.collective_seconds, "collective_seconds"));
+  if (!r.done()) return absl::DataLossError("step result: trailing bytes after 'collective_seconds'");
+  return res;
+}
+
+}  // namespace pagedserve

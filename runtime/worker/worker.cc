@@ -1,0 +1,189 @@
+#include "runtime/worker/worker.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cache_ops.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/model/weights.h"
+
+namespace pagedserve {
+namespace {
+
+std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
+  std::vector<kernels::BlockCopy> out;
+  out.reserve(pairs.size());
+  for (const BlockPair& p : pairs) out.push_back({p.src, p.dst});
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& options,
+                                                       Communicator* comm) {
+  if (comm == nullptr) return absl::InvalidArgumentError("Worker: null communicator");
+  if (!kernels::IsSupportedBlockSize(options.block_size))
+    return absl::InvalidArgumentError(
+        absl::StrCat("--block-size ", options.block_size, " is not supported (8, 16 or 32)"));
+  PS_ASSIGN_OR_RETURN(LlamaWeights weights,
+                      LoadLlamaWeights(options.model_path, comm->rank(), comm->size()));
+  auto w = std::unique_ptr<Worker>(new Worker());
+  w->comm_ = comm;
+  const ShardLayout shard = weights.shard;
+  const int num_layers = weights.config.num_layers;
+  const int vocab = weights.config.vocab_size;
+  PS_ASSIGN_OR_RETURN(w->model_, LlamaModel::Create(std::move(weights), comm));
+  w->sampler_ = std::make_unique<Sampler>(vocab);
+
+  kernels::KVCacheShape shape;
+  shape.num_kv_heads = shard.num_kv_heads;
+  shape.head_size = w->model_->config().head_size;
+  shape.block_size = options.block_size;
+  shape.dtype = kernels::DType::kFloat32;
+  w->bytes_per_block_ = static_cast<int64_t>(shape.block_bytes()) * 2 * num_layers;
+  w->num_device_blocks_ = options.kv_cache_memory / w->bytes_per_block_;
+  if (options.max_num_blocks > 0)
+    w->num_device_blocks_ = std::min(w->num_device_blocks_, options.max_num_blocks);
+  w->num_cpu_blocks_ = options.swap_space / w->bytes_per_block_;
+  if (w->num_device_blocks_ < 1)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache budget of ", options.kv_cache_memory, " bytes is below one block (",
+        w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
+
+  auto make_pool = [&](int64_t blocks, std::vector<std::unique_ptr<float[]>>* storage,
+                       std::vector<kernels::KVCacheView>* views) {
+    if (blocks == 0) return;
+    kernels::KVCacheShape s = shape;
+    s.num_blocks = blocks;
+    const size_t elems = static_cast<size_t>(s.block_elems()) * blocks;
+    for (int l = 0; l < num_layers; ++l) {
+      storage->emplace_back(new float[elems]);
+      float* k = storage->back().get();
+      storage->emplace_back(new float[elems]);
+      float* v = storage->back().get();
+      views->push_back(kernels::KVCacheView{k, v, s, kernels::Device::kCPU});
+    }
+  };
+  make_pool(w->num_device_blocks_, &w->device_storage_, &w->device_layers_);
+  make_pool(w->num_cpu_blocks_, &w->cpu_storage_, &w->cpu_layers_);
+  return w;
+}
+
+absl::Status Worker::UpdateHistories(const StepPlan& plan) {
+  for (const SequenceStep& s : plan.seqs) {
+    if (s.fork_from != kNoSeq) {
+      auto parent = seqs_.find(s.fork_from);
+      if (parent == seqs_.end())
+        return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, ": sequence ",
+                                                       s.seq_id, " forks from unknown sequence ",
+                                                       s.fork_from));
+      seqs_[s.seq_id] = parent->second;
+    } else if (s.new_state) {
+      SeqState& st = seqs_[s.seq_id];
+      st.history = s.cached_prefix_token_ids;
+    }
+    auto it = seqs_.find(s.seq_id);
+    if (it == seqs_.end())
+      return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, ": sequence ",
+                                                     s.seq_id, " has no state on this worker"));
+    SeqState& st = it->second;
+    st.num_prompt_tokens = s.num_prompt_tokens;
+    if (static_cast<int64_t>(st.history.size()) < s.start_pos)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", plan.step_id, ": sequence ", s.seq_id, " starts at position ", s.start_pos,
+          " but this worker knows only ", st.history.size(), " of its tokens"));
+    st.history.resize(s.start_pos);
+    st.history.insert(st.history.end(), s.token_ids.begin(), s.token_ids.end());
+  }
+  for (SeqId id : plan.finished) seqs_.erase(id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
+  const auto start = std::chrono::steady_clock::now();
+  const double collective_before = comm_->collective_seconds();
+  StepResult result;
+  result.step_id = plan.step_id;
+
+  // Block operations, in the order the plan defines.
+  if (!plan.swap_out.empty()) {
+    auto pairs = ToCopies(plan.swap_out);
+    PS_RETURN_IF_ERROR(kernels::SwapBlocks(device_layers_, cpu_layers_, pairs));
+  }
+  if (!plan.swap_in.empty()) {
+    auto pairs = ToCopies(plan.swap_in);
+    PS_RETURN_IF_ERROR(kernels::SwapBlocks(cpu_layers_, device_layers_, pairs));
+  }
+  if (!plan.copy.empty()) {
+    auto pairs = ToCopies(plan.copy);
+    PS_RETURN_IF_ERROR(kernels::CopyBlocks(device_layers_, pairs));
+  }
+  PS_RETURN_IF_ERROR(UpdateHistories(plan));
+
+  if (!plan.seqs.empty()) {
+    // Flatten the batch.
+    const int num_seqs = static_cast<int>(plan.seqs.size());
+    std::vector<int32_t> token_ids, positions, qsl(num_seqs + 1, 0), seq_lens(num_seqs),
+        logits_rows;
+    std::vector<int> sampled_seq;  // index into plan.seqs per logits row
+    int max_blocks = 1;
+    for (const SequenceStep& s : plan.seqs)
+      max_blocks = std::max(max_blocks, static_cast<int>(s.block_table.size()));
+    std::vector<int32_t> block_tables(static_cast<size_t>(num_seqs) * max_blocks, 0);
+    for (int i = 0; i < num_seqs; ++i) {
+      const SequenceStep& s = plan.seqs[i];
+      for (size_t j = 0; j < s.token_ids.size(); ++j) {
+        token_ids.push_back(s.token_ids[j]);
+        positions.push_back(s.start_pos + static_cast<int32_t>(j));
+      }
+      qsl[i + 1] = static_cast<int32_t>(token_ids.size());
+      seq_lens[i] = s.context_len();
+      std::copy(s.block_table.begin(), s.block_table.end(),
+                block_tables.begin() + static_cast<size_t>(i) * max_blocks);
+      if (s.sample && !s.token_ids.empty()) {
+        logits_rows.push_back(qsl[i + 1] - 1);
+        sampled_seq.push_back(i);
+      }
+    }
+    if (plan.slot_mapping.size() != token_ids.size())
+      return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, ": slot_mapping has ",
+                                                     plan.slot_mapping.size(), " entries for ",
+                                                     token_ids.size(), " tokens"));
+    ForwardBatch batch;
+    batch.token_ids = token_ids;
+    batch.positions = positions;
+    batch.slot_mapping = plan.slot_mapping;
+    batch.query_start_loc = qsl;
+    batch.seq_lens = seq_lens;
+    batch.block_tables = block_tables;
+    batch.max_blocks_per_seq = max_blocks;
+    batch.logits_rows = logits_rows;
+    PS_RETURN_IF_ERROR(model_->Forward(batch, device_layers_, &logits_));
+
+    if (comm_->rank() == 0 && !sampled_seq.empty()) {
+      std::vector<SamplerRow> rows;
+      rows.reserve(sampled_seq.size());
+      for (int i : sampled_seq) {
+        const SequenceStep& s = plan.seqs[i];
+        const SeqState& st = seqs_.at(s.seq_id);
+        SamplerRow row;
+        row.seq_id = s.seq_id;
+        row.params = &s.sampling;
+        row.token_history = st.history;
+        row.prompt_len = std::min<int32_t>(st.num_prompt_tokens, st.history.size());
+        row.position = s.context_len();
+        row.sample_index = s.sample_index;
+        row.num_samples = s.num_samples;
+        rows.push_back(row);
+      }
+      PS_ASSIGN_OR_RETURN(result.tokens, sampler_->Sample(logits_, rows));
+    }
+  }
+  result.forward_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.collective_seconds = comm_->collective_seconds() - collective_before;
+  return result;
+}
+
+}  // namespace pagedserve

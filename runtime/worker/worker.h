@@ -1,0 +1,78 @@
+// A worker rank: one tensor-parallel shard of the model, its paged KV pool and
+// its CPU swap pool. It applies a step plan exactly as the coordinator decided
+// (swap out, swap in, copy-on-write copies, forward pass) and, on TP rank 0,
+// samples the next tokens. Workers never decide placement.
+#ifndef PAGEDSERVE_RUNTIME_WORKER_WORKER_H_
+#define PAGEDSERVE_RUNTIME_WORKER_WORKER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "distributed/communicator.h"
+#include "kernels/types.h"
+#include "runtime/common/step_plan.h"
+#include "runtime/sampling/sampler.h"
+#include "runtime/worker/llama_model.h"
+
+namespace pagedserve {
+
+struct WorkerOptions {
+  std::string model_path;            // .gguf file or Hugging Face directory
+  int block_size = 16;               // tokens per KV block (8, 16 or 32)
+  int64_t kv_cache_memory = 1LL << 30;  // bytes for the KV pool (all layers, K and V)
+  int64_t swap_space = 1LL << 30;       // bytes for the CPU swap pool
+  int64_t max_num_blocks = 0;        // cap on the device pool (0 = only the budget)
+};
+
+class Worker {
+ public:
+  // Loads this rank's shard (rank/size from `comm`, not owned, must outlive the
+  // worker) and allocates the KV and swap pools: blocks = budget / (bytes of one
+  // block across all layers, K and V). Errors: model loading errors (naming the
+  // file), InvalidArgument for a bad block size or a budget below one block.
+  static absl::StatusOr<std::unique_ptr<Worker>> Create(const WorkerOptions& options,
+                                                        Communicator* comm);
+
+  const ModelConfig& model_config() const { return model_->config(); }
+  int64_t num_device_blocks() const { return num_device_blocks_; }
+  int64_t num_cpu_blocks() const { return num_cpu_blocks_; }
+  // Bytes of one block across all layers, K and V (this rank's KV heads).
+  int64_t bytes_per_block() const { return bytes_per_block_; }
+
+  // Runs one plan: drops finished sequences' state, applies swap_out, swap_in
+  // and copy, runs the forward pass, and (TP rank 0 only) samples. Other ranks
+  // return a result without tokens. Errors leave the worker usable: the plan's
+  // sequences should be failed by the coordinator.
+  absl::StatusOr<StepResult> Execute(const StepPlan& plan);
+
+  // The device-pool views of every layer (tests compare swapped blocks).
+  std::span<const kernels::KVCacheView> device_cache() const { return device_layers_; }
+  std::span<const kernels::KVCacheView> cpu_cache() const { return cpu_layers_; }
+
+ private:
+  struct SeqState {
+    std::vector<int32_t> history;  // prompt + generated tokens fed so far
+    int32_t num_prompt_tokens = 0;
+  };
+  Worker() = default;
+  absl::Status UpdateHistories(const StepPlan& plan);
+
+  std::unique_ptr<LlamaModel> model_;
+  Communicator* comm_ = nullptr;
+  std::unique_ptr<Sampler> sampler_;
+  int64_t num_device_blocks_ = 0;
+  int64_t num_cpu_blocks_ = 0;
+  int64_t bytes_per_block_ = 0;
+  std::vector<std::unique_ptr<float[]>> device_storage_, cpu_storage_;
+  std::vector<kernels::KVCacheView> device_layers_, cpu_layers_;
+  absl::flat_hash_map<SeqId, SeqState> seqs_;
+  std::vector<float> logits_;
+};
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_RUNTIME_WORKER_WORKER_H_
