@@ -1,60 +1,12 @@
-// reshape_and_cache and copy_blocks kernels. Both move raw element bits, so
-// they are instantiated per element width (4 or 2 bytes), not per dtype.
+// Launchers of the reshape_and_cache and copy_blocks kernels (cache_kernels.cuh).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "kernels/cuda/cache_kernels.cuh"
 #include "kernels/cuda/launch.h"
 
 namespace pagedserve::kernels::cuda {
-namespace {
-
-// Grid (num_tokens); each thread block scatters one token's K and V of all KV
-// heads. Key element (h, d) goes to [block, h, d / x, offset, d % x], value
-// element to [block, h, d, offset]. Slots < 0 (padding) and slots at or beyond
-// num_slots = num_blocks * block_size are skipped.
-template <typename U>
-__global__ void ReshapeAndCacheKernel(const U* __restrict__ key, const U* __restrict__ value,
-                                      int64_t key_token_stride, int64_t value_token_stride,
-                                      const int64_t* __restrict__ slot_mapping, int64_t num_slots,
-                                      U* __restrict__ key_cache, U* __restrict__ value_cache,
-                                      int num_kv_heads, int head_size, int block_size) {
-  constexpr int X = static_cast<int>(16 / sizeof(U));
-  const int64_t token = blockIdx.x;
-  const int64_t slot = slot_mapping[token];
-  if (slot < 0 || slot >= num_slots) return;
-  const int64_t block = slot / block_size;
-  const int offset = static_cast<int>(slot % block_size);
-  const int n = num_kv_heads * head_size;
-  const int64_t block_base = block * n * block_size;
-  const U* k_src = key + token * key_token_stride;
-  const U* v_src = value + token * value_token_stride;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int h = i / head_size, d = i % head_size;
-    const int64_t head_base = block_base + static_cast<int64_t>(h) * head_size * block_size;
-    key_cache[head_base + (d / X) * block_size * X + offset * X + d % X] = k_src[i];
-    value_cache[head_base + static_cast<int64_t>(d) * block_size + offset] = v_src[i];
-  }
-}
-
-// Grid (num_pairs, num_layers): copies block pairs[2p] to block pairs[2p+1] in
-// the key and the value cache of one layer, in units of U.
-template <typename U>
-__global__ void CopyBlocksKernel(const uint64_t* __restrict__ key_ptrs,
-                                 const uint64_t* __restrict__ value_ptrs,
-                                 const int64_t* __restrict__ pairs, int64_t units_per_block) {
-  const int pair = blockIdx.x, layer = blockIdx.y;
-  const int64_t src = pairs[2 * pair] * units_per_block;
-  const int64_t dst = pairs[2 * pair + 1] * units_per_block;
-  U* k = reinterpret_cast<U*>(key_ptrs[layer]);
-  U* v = reinterpret_cast<U*>(value_ptrs[layer]);
-  for (int64_t i = threadIdx.x; i < units_per_block; i += blockDim.x) {
-    k[dst + i] = k[src + i];
-    v[dst + i] = v[src + i];
-  }
-}
-
-}  // namespace
 
 cudaError_t LaunchReshapeAndCache(const void* key, const void* value, int64_t key_token_stride,
                                   int64_t value_token_stride, const int64_t* slot_mapping,

@@ -7,7 +7,17 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+
+// Dynamic shared memory as `type* name` (16-byte aligned). A macro so that the
+// CPU emulation of the kernels (tests/kernels/simt_emulator.h) can supply it.
+#ifndef PAGEDSERVE_DYNAMIC_SHARED
+#define PAGEDSERVE_DYNAMIC_SHARED(type, name)                              \
+  extern __shared__ __align__(16) unsigned char pagedserve_dynamic_smem[]; \
+  type* name = reinterpret_cast<type*>(pagedserve_dynamic_smem)
+#endif
 
 namespace pagedserve::kernels::cuda {
 
@@ -41,28 +51,48 @@ __device__ __forceinline__ void Unpack16(const uint4& r, const float*, float* f)
   f[2] = __uint_as_float(r.z);
   f[3] = __uint_as_float(r.w);
 }
+// Bit casts of one 32-bit word. memcpy keeps host compilers' strict-aliasing
+// rules intact (the CPU emulation test runs this code); nvcc emits a move.
+__device__ __forceinline__ __half2 WordToHalf2(uint32_t w) {
+  __half2 h;
+  memcpy(&h, &w, sizeof(h));
+  return h;
+}
+__device__ __forceinline__ __nv_bfloat162 WordToBFloat162(uint32_t w) {
+  __nv_bfloat162 h;
+  memcpy(&h, &w, sizeof(h));
+  return h;
+}
+
 __device__ __forceinline__ void Unpack16(const uint4& r, const __half*, float* f) {
-  const __half2* h = reinterpret_cast<const __half2*>(&r);
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 t = __half22float2(h[i]);
+    const float2 t = __half22float2(WordToHalf2(w[i]));
     f[2 * i] = t.x;
     f[2 * i + 1] = t.y;
   }
 }
 __device__ __forceinline__ void Unpack16(const uint4& r, const __nv_bfloat16*, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&r);
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 t = __bfloat1622float2(h[i]);
+    const float2 t = __bfloat1622float2(WordToBFloat162(w[i]));
     f[2 * i] = t.x;
     f[2 * i + 1] = t.y;
   }
 }
 
+// One 16-byte load; p must be 16-byte aligned.
 template <typename T>
 __device__ __forceinline__ uint4 Load16(const T* p) {
+#ifdef __CUDA_ARCH__
   return *reinterpret_cast<const uint4*>(p);
+#else
+  uint4 r;  // host (CPU emulation): no type punning through uint4 lvalues
+  memcpy(&r, p, sizeof(r));
+  return r;
+#endif
 }
 
 __device__ __forceinline__ float WarpMax(float v) {

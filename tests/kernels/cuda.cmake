@@ -16,6 +16,6 @@ set_tests_properties(kernels_cuda_kernels_test PROPERTIES
 
 pagedserve_add_test(kernels_cuda_emulation_test
   SOURCES cuda_emulation_test.cc
-  LIBS pagedserve_kernels CUDA::cudart Threads::Threads
+  LIBS pagedserve_kernels CUDA::cudart
   LABELS kernels
   TIMEOUT 600)

@@ -2,16 +2,20 @@
 // kernel templates of kernels/cuda/*_kernels.cuh on the host, so that their
 // indexing, masking and reductions are tested on machines without a GPU.
 //
-// One thread block at a time; each CUDA thread is a std::thread. __syncthreads
-// is a std::barrier over the block; warp shuffles exchange through a per-warp
-// array between two arrivals at a per-warp barrier (every lane of the warp
-// must call them, as with a full mask on the device). __shared__ variables
-// become function-local statics (one block runs at a time, so they are
-// block-shared); dynamic shared memory is a buffer filled with NaN before every
-// block, so that reading a slot the kernel did not write shows up in results.
+// One thread block at a time; each CUDA thread is a fiber (ucontext for the
+// first entry, _setjmp/_longjmp for every later switch) on the calling OS
+// thread, scheduled round-robin. __syncthreads is a barrier over the block;
+// warp shuffles exchange through a per-warp array between two arrivals at a
+// per-warp barrier (every lane of the warp must call them, as with a full mask
+// on the device). A barrier some threads can never reach (a divergent return)
+// is detected and aborts with a message. __shared__ variables become
+// function-local statics (one block runs at a time, so they are block-shared);
+// dynamic shared memory is a buffer filled with NaN before every block, so that
+// reading a slot the kernel did not write shows up in the results.
 //
 // What it does not model: the device memory model beyond barriers, bank
-// conflicts, timing, register limits, alignment faults.
+// conflicts, timing, register limits, alignment faults. Not for sanitizer
+// builds (stack switching).
 //
 // Include this header INSTEAD of a CUDA compiler: it includes the CUDA headers
 // for the types (uint4, __half, ...) and must come before the kernel headers.
@@ -22,15 +26,18 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <setjmp.h>
+#include <ucontext.h>
+
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #ifdef __CUDACC__
@@ -39,22 +46,73 @@
 
 namespace pagedserve::kernels::cuda {
 
+inline uint3 threadIdx;
+inline uint3 blockIdx;
+inline dim3 blockDim;
+inline dim3 gridDim;
+
 namespace emu {
 
-struct Block {
-  explicit Block(int threads, size_t smem_bytes)
-      : block_barrier(threads), smem((smem_bytes + 15) / 16 + 1) {
-    const int warps = (threads + 31) / 32;
-    for (int w = 0; w < warps; ++w) {
-      warp_barriers.push_back(std::make_unique<std::barrier<>>(std::min(32, threads - 32 * w)));
-      exchange.emplace_back(32, 0u);
+struct Fiber {
+  jmp_buf jb;
+  ucontext_t uc;
+  bool started = false;
+  bool done = false;
+};
+
+struct Scheduler {
+  jmp_buf jb;
+  Fiber* current = nullptr;
+  uint64_t progress = 0;  // barrier completions and finished fibers
+  const std::function<void()>* body = nullptr;
+};
+
+inline Scheduler& Sched() {
+  static Scheduler s;
+  return s;
+}
+
+inline void Yield() {
+  Fiber* f = Sched().current;
+  if (!_setjmp(f->jb)) _longjmp(Sched().jb, 1);
+}
+
+inline void FiberEntry() {
+  (*Sched().body)();
+  Sched().current->done = true;
+  ++Sched().progress;
+  _longjmp(Sched().jb, 1);
+}
+
+struct Barrier {
+  int expected = 0;
+  int count = 0;
+  uint64_t generation = 0;
+  void Wait() {
+    const uint64_t g = generation;
+    if (++count == expected) {
+      count = 0;
+      ++generation;
+      ++Sched().progress;
+      return;
     }
+    while (generation == g) Yield();
+  }
+};
+
+struct Block {
+  Block(int threads, size_t smem_bytes) : smem((smem_bytes + 15) / 16 + 1) {
+    block_barrier.expected = threads;
+    const int warps = (threads + 31) / 32;
+    warp_barriers.resize(warps);
+    for (int w = 0; w < warps; ++w) warp_barriers[w].expected = std::min(32, threads - 32 * w);
+    exchange.assign(warps, std::vector<uint32_t>(32, 0u));
     const float nan = std::numeric_limits<float>::quiet_NaN();
     float* f = reinterpret_cast<float*>(smem.data());
     std::fill(f, f + smem.size() * 4, nan);
   }
-  std::barrier<> block_barrier;
-  std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
+  Barrier block_barrier;
+  std::vector<Barrier> warp_barriers;
   std::vector<std::vector<uint32_t>> exchange;  // [warp][lane], raw 32-bit values
   std::vector<uint4> smem;                      // 16-byte aligned dynamic shared memory
 };
@@ -64,22 +122,59 @@ inline Block*& CurrentBlock() {
   return b;
 }
 
+// Runs `threads` fibers of `body` to completion; fiber t sees threadIdx.x = t.
+inline void RunBlock(int threads, const std::function<void()>& body) {
+  constexpr size_t kStack = 256 * 1024;
+  static std::vector<std::unique_ptr<char[]>> stacks;
+  while (static_cast<int>(stacks.size()) < threads) stacks.emplace_back(new char[kStack]);
+  std::vector<Fiber> fibers(threads);
+  Scheduler& s = Sched();
+  s.body = &body;
+  int remaining = threads;
+  const uint3 block_idx = blockIdx;
+  while (remaining > 0) {
+    const uint64_t before = s.progress;
+    for (int t = 0; t < threads; ++t) {
+      Fiber& f = fibers[t];
+      if (f.done) continue;
+      s.current = &f;
+      threadIdx = uint3{static_cast<unsigned>(t), 0, 0};
+      blockIdx = block_idx;
+      if (!_setjmp(s.jb)) {
+        if (!f.started) {
+          f.started = true;
+          getcontext(&f.uc);
+          f.uc.uc_stack.ss_sp = stacks[t].get();
+          f.uc.uc_stack.ss_size = kStack;
+          f.uc.uc_link = nullptr;
+          makecontext(&f.uc, FiberEntry, 0);
+          setcontext(&f.uc);
+        } else {
+          _longjmp(f.jb, 1);
+        }
+      }
+      if (f.done) --remaining;
+    }
+    if (remaining > 0 && s.progress == before) {
+      std::fprintf(stderr, "simt_emulator: deadlock in block (%u,%u,%u): %d threads wait at a "
+                   "barrier the others cannot reach\n", block_idx.x, block_idx.y, block_idx.z,
+                   remaining);
+      std::abort();
+    }
+  }
+}
+
 }  // namespace emu
 
-inline thread_local uint3 threadIdx;
-inline thread_local uint3 blockIdx;
-inline thread_local dim3 blockDim;
-inline thread_local dim3 gridDim;
-
-inline void __syncthreads() { emu::CurrentBlock()->block_barrier.arrive_and_wait(); }
+inline void __syncthreads() { emu::CurrentBlock()->block_barrier.Wait(); }
 
 inline uint32_t EmuShuffle(uint32_t v, int src_lane) {
   emu::Block* b = emu::CurrentBlock();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   b->exchange[warp][lane] = v;
-  b->warp_barriers[warp]->arrive_and_wait();
+  b->warp_barriers[warp].Wait();
   const uint32_t r = b->exchange[warp][src_lane];
-  b->warp_barriers[warp]->arrive_and_wait();
+  b->warp_barriers[warp].Wait();
   return r;
 }
 
@@ -113,27 +208,19 @@ inline float __uint_as_float(unsigned u) {
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 
-// Runs `kernel` (a callable taking no arguments that calls the kernel
-// function) over the grid, one block at a time.
+// Runs `kernel` (a callable that calls the kernel function) over the grid,
+// one block at a time, block.x threads per block.
 inline void EmuLaunch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& kernel) {
   const int threads = static_cast<int>(block.x * block.y * block.z);
+  gridDim = grid;
+  blockDim = block;
   for (unsigned z = 0; z < grid.z; ++z) {
     for (unsigned y = 0; y < grid.y; ++y) {
       for (unsigned x = 0; x < grid.x; ++x) {
         emu::Block b(threads, smem_bytes);
         emu::CurrentBlock() = &b;
-        std::vector<std::thread> pool;
-        pool.reserve(threads);
-        for (int t = 0; t < threads; ++t) {
-          pool.emplace_back([&, t] {
-            threadIdx = uint3{static_cast<unsigned>(t), 0, 0};
-            blockIdx = uint3{x, y, z};
-            blockDim = block;
-            gridDim = grid;
-            kernel();
-          });
-        }
-        for (auto& th : pool) th.join();
+        blockIdx = uint3{x, y, z};
+        emu::RunBlock(threads, kernel);
         emu::CurrentBlock() = nullptr;
       }
     }
