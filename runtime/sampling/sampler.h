@@ -59,7 +59,11 @@
 
 namespace pagedserve {
 
-// One row of logits to sample from, i.e. one SequenceStep with sample = true.
+// One row of logits to sample from, i.e. one SequenceStep `s` with s.sample:
+//   seq_id = s.seq_id, params = &s.sampling, position = s.context_len(),
+//   sample_index = s.sample_index, num_samples = s.num_samples, and
+//   token_history / prompt_len from the worker's per-sequence state (copied from
+//   s.fork_from when a sibling is forked).
 struct SamplerRow {
   SeqId seq_id = 0;                          // copied into every SampledToken
   const SamplingParams* params = nullptr;    // not owned; required
