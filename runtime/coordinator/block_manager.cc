@@ -56,6 +56,16 @@ int32_t BlockManager::MatchPrefix(Sequence& seq) {
 int32_t BlockManager::NumBlocksToAppend(absl::Span<Sequence* const> seqs,
                                         absl::Span<const int32_t> num_new_tokens) const {
   int32_t needed = 0;
+  if (seqs.size() == 1) {  // the common case: no sharing within the group
+    const Sequence& s = *seqs[0];
+    const int32_t n = num_new_tokens[0];
+    if (n <= 0) return 0;
+    const int32_t have = static_cast<int32_t>(s.block_table.size());
+    needed = std::max(0, BlocksForTokens(static_cast<int64_t>(s.num_computed_tokens) + n) - have);
+    const int32_t wb = s.num_computed_tokens / block_size_;
+    if (wb < have && device_.ref_count(s.block_table[wb]) > 1) ++needed;
+    return needed;
+  }
   // Shared blocks about to be written: block -> number of writers among seqs.
   absl::flat_hash_map<int32_t, int32_t> writers;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -85,8 +95,9 @@ bool BlockManager::AppendSlots(Sequence& seq, int32_t n, std::vector<BlockPair>*
     device_.DecRef(src);
     seq.block_table[wb] = dst;
   }
+  const bool was_empty = seq.block_table.empty();
   for (int32_t i = 0; i < fresh; ++i) seq.block_table.push_back(device_.Allocate());
-  if (!seq.block_table.empty()) holders_.insert(&seq);
+  if (was_empty && !seq.block_table.empty()) holders_.insert(&seq);
   return true;
 }
 

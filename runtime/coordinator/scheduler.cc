@@ -130,6 +130,9 @@ absl::Status Scheduler::AddRequest(Request r) {
   s->id = next_seq_id_++;
   s->num_prompt_tokens = static_cast<int32_t>(r.prompt_token_ids.size());
   s->tokens = std::move(r.prompt_token_ids);
+  // Room for every token the sequence can reach: no reallocation while decoding.
+  s->tokens.reserve(std::min<int64_t>(static_cast<int64_t>(s->num_prompt_tokens) + g->params.max_tokens,
+                                      config_.max_model_len));
   s->extra_keys = std::move(r.cache_extra_keys);
   g->seqs.push_back(std::move(s));
   waiting_.insert(g.get());
@@ -147,7 +150,36 @@ absl::Status Scheduler::FinishRequest(const std::string& request_id, FinishReaso
     return absl::NotFoundError(absl::StrCat("no unfinished request '", request_id, "'"));
   }
   if (reason == FinishReason::kNone) reason = FinishReason::kAbort;
-  if (it->second->pending_finish == FinishReason::kNone) it->second->pending_finish = reason;
+  if (it->second->pending_finish == FinishReason::kNone) {
+    it->second->pending_finish = reason;
+    ++num_pending_finishes_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::FinishSequence(const std::string& request_id, int32_t index, FinishReason reason) {
+  auto it = groups_.find(request_id);
+  if (it == groups_.end()) {
+    return absl::NotFoundError(absl::StrCat("no unfinished request '", request_id, "'"));
+  }
+  if (in_flight_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "FinishSequence('", request_id, "', ", index, ") while step ", step_id_, " is in flight"));
+  }
+  SequenceGroup* g = it->second.get();
+  Sequence* s = nullptr;
+  for (auto& sp : g->seqs) {
+    if (sp->sample_index == index) s = sp.get();
+  }
+  if (s == nullptr) {
+    return absl::NotFoundError(absl::StrCat("request '", request_id, "' has no sequence with sample index ", index));
+  }
+  if (s->finished() || g->pending_finish != FinishReason::kNone) return absl::OkStatus();
+  if (g->num_unfinished() == 1) return FinishRequest(request_id, reason);
+  if (reason == FinishReason::kNone) reason = FinishReason::kAbort;
+  s->status = SequenceStatus::kFinished;
+  s->finish_reason = reason;
+  bm_->Free(*s);
   return absl::OkStatus();
 }
 
@@ -177,6 +209,8 @@ void Scheduler::ReleaseGroup(SequenceGroup* g, std::vector<SeqId>* finished_ids)
 }
 
 void Scheduler::ApplyPendingFinishes(StepPlan* plan) {
+  if (num_pending_finishes_ == 0) return;
+  num_pending_finishes_ = 0;
   std::vector<SequenceGroup*> doomed;
   for (auto& [id, g] : groups_) {
     if (g->pending_finish != FinishReason::kNone) doomed.push_back(g.get());
@@ -292,7 +326,10 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
 
   int32_t budget = config_.max_num_batched_tokens;
   int32_t reserved = 0;  // decode tokens of running groups not yet visited
-  for (const SequenceGroup* g : running_) reserved += DecodeCount(g);
+  for (SequenceGroup* g : running_) {
+    g->decode_count = DecodeCount(g);
+    reserved += g->decode_count;
+  }
   bool preempted = false, incomplete = false;
   std::vector<Sequence*> seqs;
   std::vector<int32_t> ks;
@@ -300,7 +337,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   // 1. Running requests, oldest first; preempt from the newest end.
   for (size_t i = 0; i < running_.size();) {
     SequenceGroup* g = running_[i];
-    const int32_t dc = DecodeCount(g);
+    const int32_t dc = g->decode_count;
     reserved -= dc;
     PlanTokens(g, budget - reserved - dc, &seqs, &ks, &incomplete);
     bool self = false;
@@ -313,7 +350,7 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
         self = true;
         break;
       }
-      reserved -= DecodeCount(victim);
+      reserved -= victim->decode_count;
       Preempt(victim, &plan);
     }
     if (self) break;  // g was the newest running request
@@ -379,9 +416,10 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   }
 
   // 4. The plan: decodes first, then prefills.
-  std::stable_partition(scheduled_.begin(), scheduled_.end(), [](const Scheduled& e) {
-    return e.num_tokens == 1 && e.seq->num_computed_tokens > 0;
-  });
+  auto is_decode = [](const Scheduled& e) { return e.num_tokens == 1 && e.seq->num_computed_tokens > 0; };
+  if (!std::is_partitioned(scheduled_.begin(), scheduled_.end(), is_decode)) {
+    std::stable_partition(scheduled_.begin(), scheduled_.end(), is_decode);
+  }
   const int32_t bs = config_.block_size;
   plan.seqs.reserve(scheduled_.size());
   int64_t total_tokens = 0;
@@ -439,25 +477,43 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::ProcessResult(const StepRe
     return absl::InvalidArgumentError(absl::StrCat("result is for step ", result.step_id,
                                                    " but step ", step_id_, " is in flight"));
   }
-  // Validate before changing anything: exactly num_samples tokens per sampling sequence.
-  absl::flat_hash_map<SeqId, std::vector<const SampledToken*>> by_seq;
-  by_seq.reserve(scheduled_.size());
-  for (const SampledToken& t : result.tokens) by_seq[t.seq_id].push_back(&t);
+  // Validate before changing anything: exactly num_samples tokens per sampling
+  // sequence. tok_index[i] = index in result.tokens of scheduled_[i]'s first
+  // token; fast path when the worker answers in plan order (the usual case).
+  std::vector<int32_t> tok_index(scheduled_.size(), -1);
   size_t expected = 0;
-  for (const Scheduled& e : scheduled_) {
+  bool in_order = true;
+  for (size_t i = 0; i < scheduled_.size(); ++i) {
+    const Scheduled& e = scheduled_[i];
     if (e.num_samples == 0) continue;
-    expected += e.num_samples;
-    auto it = by_seq.find(e.seq->id);
-    const size_t got = it == by_seq.end() ? 0 : it->second.size();
-    if (got != static_cast<size_t>(e.num_samples)) {
-      return absl::InvalidArgumentError(absl::StrCat("step ", step_id_, ": sequence ", e.seq->id, " expects ",
-                                                     e.num_samples, " sampled tokens, got ", got));
+    for (int32_t k = 0; k < e.num_samples && in_order; ++k) {
+      in_order = expected + k < result.tokens.size() && result.tokens[expected + k].seq_id == e.seq->id;
     }
+    if (!in_order) break;
+    tok_index[i] = static_cast<int32_t>(expected);
+    expected += e.num_samples;
   }
-  if (expected != result.tokens.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", step_id_, ": result has ", result.tokens.size(),
-                                                   " tokens, the plan samples ", expected,
-                                                   " (tokens for sequences not sampled this step)"));
+  // Gathered tokens when the order differs: by_seq[id] = indices in sample order.
+  absl::flat_hash_map<SeqId, std::vector<int32_t>> by_seq;
+  if (!in_order || expected != result.tokens.size()) {
+    for (size_t t = 0; t < result.tokens.size(); ++t) by_seq[result.tokens[t].seq_id].push_back(static_cast<int32_t>(t));
+    expected = 0;
+    for (const Scheduled& e : scheduled_) {
+      if (e.num_samples == 0) continue;
+      expected += e.num_samples;
+      auto it = by_seq.find(e.seq->id);
+      const size_t got = it == by_seq.end() ? 0 : it->second.size();
+      if (got != static_cast<size_t>(e.num_samples)) {
+        return absl::InvalidArgumentError(absl::StrCat("step ", step_id_, ": sequence ", e.seq->id, " expects ",
+                                                       e.num_samples, " sampled tokens, got ", got));
+      }
+    }
+    if (expected != result.tokens.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", step_id_, ": result has ", result.tokens.size(),
+                                                     " tokens, the plan samples ", expected,
+                                                     " (tokens for sequences not sampled this step)"));
+    }
+    in_order = false;
   }
   for (const SampledToken& t : result.tokens) {
     if (t.token_id < 0) {
@@ -465,19 +521,24 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::ProcessResult(const StepRe
                                                      " for sequence ", t.seq_id));
     }
   }
+  auto token_of = [&](size_t i, int32_t k) -> const SampledToken& {
+    if (in_order) return result.tokens[tok_index[i] + k];
+    return result.tokens[by_seq[scheduled_[i].seq->id][k]];
+  };
   in_flight_ = false;
 
   std::vector<RequestOutput> outputs;
-  absl::flat_hash_map<SequenceGroup*, size_t> out_index;
+  outputs.reserve(scheduled_.size());
   auto output_for = [&](SequenceGroup* g) -> RequestOutput& {
-    auto [it, inserted] = out_index.try_emplace(g, outputs.size());
-    if (inserted) {
+    if (g->output_step != step_id_) {
+      g->output_step = step_id_;
+      g->output_index = outputs.size();
       RequestOutput& o = outputs.emplace_back();
       o.request_id = g->request_id;
       o.num_prompt_tokens = g->seqs[0]->num_prompt_tokens;
       o.num_cached_tokens = std::max(g->num_cached_tokens, 0);
     }
-    return outputs[it->second];
+    return outputs[g->output_index];
   };
   auto emit = [&](SequenceGroup* g, Sequence* s, const SampledToken& t) {
     s->tokens.push_back(t.token_id);
@@ -492,19 +553,20 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::ProcessResult(const StepRe
   };
 
   std::vector<SequenceGroup*> touched;
-  for (const Scheduled& e : scheduled_) {
+  for (size_t i = 0; i < scheduled_.size(); ++i) {
+    const Scheduled& e = scheduled_[i];
     Sequence* s = e.seq;
     SequenceGroup* g = e.group;
     s->num_computed_tokens += e.num_tokens;
     bm_->MarkComputed(*s);
     if (e.num_samples == 0 || g->pending_finish != FinishReason::kNone) continue;
-    const auto& toks = by_seq[s->id];
     if (e.num_samples > 1) {
       // Parallel sampling: fork the siblings from the prefilled parent.
-      for (int32_t i = 1; i < e.num_samples; ++i) {
+      for (int32_t k = 1; k < e.num_samples; ++k) {
         auto child = std::make_unique<Sequence>();
         child->id = next_seq_id_++;
-        child->sample_index = i;
+        child->sample_index = k;
+        child->tokens.reserve(s->tokens.capacity());
         child->tokens = s->tokens;
         child->num_prompt_tokens = s->num_prompt_tokens;
         child->num_computed_tokens = s->num_computed_tokens;
@@ -517,10 +579,10 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::ProcessResult(const StepRe
       }
       g->forked = true;
       const size_t first_child = g->seqs.size() - (e.num_samples - 1);
-      emit(g, s, *toks[0]);
-      for (int32_t i = 1; i < e.num_samples; ++i) emit(g, g->seqs[first_child + i - 1].get(), *toks[i]);
+      emit(g, s, token_of(i, 0));
+      for (int32_t k = 1; k < e.num_samples; ++k) emit(g, g->seqs[first_child + k - 1].get(), token_of(i, k));
     } else {
-      emit(g, s, *toks[0]);
+      emit(g, s, token_of(i, 0));
     }
     if (touched.empty() || touched.back() != g) touched.push_back(g);
   }

@@ -50,6 +50,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/common/sampling_params.h"
@@ -99,7 +100,7 @@ struct Request {
 // New tokens of one sequence of a request in one step.
 struct SequenceOutput {
   int32_t index = 0;                     // sample index 0..n-1
-  std::vector<SampledToken> new_tokens;  // usually 1 (0 when it only finished)
+  absl::InlinedVector<SampledToken, 1> new_tokens;  // one per step
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   int32_t stop_token_id = -1;            // for kStop by EOS / stop_token_ids
@@ -108,7 +109,7 @@ struct SequenceOutput {
 
 struct RequestOutput {
   std::string request_id;
-  std::vector<SequenceOutput> seqs;
+  absl::InlinedVector<SequenceOutput, 1> seqs;  // the sequences that produced a token
   bool finished = false;        // every sequence finished
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_tokens = 0;  // prompt tokens served by the prefix cache (first step)
@@ -149,6 +150,15 @@ class Scheduler {
   // it are no longer produced. NotFound for an unknown or finished id.
   absl::Status Abort(const std::string& request_id);
   absl::Status FinishRequest(const std::string& request_id, FinishReason reason);
+  // Finishes one sequence (sample `index`) of a request while its siblings go
+  // on, e.g. a stop string found by the caller in that sample's text (n > 1
+  // samples stop independently). Call between ProcessResult and the next
+  // Schedule: the sequence's blocks are freed at once and it is listed in
+  // plan.finished when the whole request ends; when it was the request's last
+  // unfinished sequence the request finishes as with FinishRequest. A sequence
+  // already finished is left as it is. NotFound for an unknown request or
+  // index; FailedPrecondition while a step is in flight.
+  absl::Status FinishSequence(const std::string& request_id, int32_t index, FinishReason reason);
 
   // Plans the next step. FailedPrecondition when the previous plan's result
   // was not processed yet. An empty plan (no seqs) is valid: nothing to run.
@@ -208,6 +218,7 @@ class Scheduler {
   std::set<SequenceGroup*, KeyLess> swapped_;
   std::vector<SeqId> pending_finished_ids_;
   std::vector<Scheduled> scheduled_;  // the plan in flight
+  int32_t num_pending_finishes_ = 0;
   bool in_flight_ = false;
   uint64_t step_id_ = 0;
   uint64_t next_seq_id_ = 0;

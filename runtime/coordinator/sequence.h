@@ -83,6 +83,11 @@ struct SequenceGroup {
   SequenceStatus status = SequenceStatus::kWaiting;
   FinishReason pending_finish = FinishReason::kNone;  // Abort/FinishRequest, applied next step
   int32_t num_cached_tokens = -1;  // prefix-cache hit of the first admission; -1 until known
+  // Scratch for Scheduler::ProcessResult: index of this request's output in
+  // the step whose id is output_step.
+  uint64_t output_step = 0;
+  size_t output_index = 0;
+  int32_t decode_count = 0;  // Scheduler::Schedule scratch
 
   int32_t num_unfinished() const {
     int32_t c = 0;
