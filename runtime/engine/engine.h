@@ -7,16 +7,19 @@
 #ifndef PAGEDSERVE_RUNTIME_ENGINE_ENGINE_H_
 #define PAGEDSERVE_RUNTIME_ENGINE_ENGINE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/common/sampling_params.h"
 #include "runtime/coordinator/scheduler.h"
 #include "runtime/engine/executor.h"
+#include "runtime/tokenizer/detokenizer.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace pagedserve {
@@ -42,6 +45,10 @@ struct SequenceDelta {
                                     // never text that may still become a stop string
   std::vector<int32_t> token_ids;   // new token ids
   std::vector<float> logprobs;      // per new token, when requested
+  // Per new token, when logprobs > 0 was requested: the top-N alternatives
+  // (ids and raw logprobs, best first). Empty otherwise.
+  std::vector<std::vector<int32_t>> top_token_ids;
+  std::vector<std::vector<float>> top_logprobs;
   bool finished = false;
   std::string finish_reason;        // "stop", "length", "abort", "error" when finished
 };
@@ -77,16 +84,77 @@ class Engine {
   // with finish_reason "abort" is produced by the next Step. NotFound if unknown.
   absl::Status Abort(const std::string& request_id);
 
+  // The checks of AddRequest without queueing anything (parameters, token ids,
+  // admission bound), for a front end that answers before queueing.
+  absl::Status CheckRequest(const std::vector<int32_t>& prompt_token_ids,
+                            const SamplingParams& params) const;
+
   bool HasUnfinishedRequests() const;
+  // Requests added and not yet reported finished.
+  int64_t num_unfinished_requests() const { return static_cast<int64_t>(requests_.size()); }
   // One iteration. An error is fatal (the executor failed): call FailAll.
   absl::StatusOr<std::vector<EngineOutput>> Step();
   // Final outputs with `error` for every in-flight request (after a fatal error
-  // or at shutdown), and forgets them.
+  // or at shutdown), and forgets them. After a fatal Step error the engine
+  // stays stopped: AddRequest and Step return FailedPrecondition.
   std::vector<EngineOutput> FailAll(const absl::Status& error);
 
   SchedulerStats stats() const;
   const SchedulerConfig& scheduler_config() const;
   Executor& executor();
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  // For tests and tooling (block-manager invariants, queue contents).
+  const Scheduler& scheduler() const { return *scheduler_; }
+
+  ~Engine();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  // One sample of a request: incremental detokenization and stop strings.
+  struct SeqState {
+    explicit SeqState(const Tokenizer& t, DecodeOptions o) : detok(t, o) {}
+    IncrementalDetokenizer detok;
+    std::string text;      // text so far (stop token text excluded), truncated at a stop string
+    size_t sent = 0;       // bytes of `text` already emitted
+    int32_t num_tokens = 0;
+    bool finished = false;
+    std::string finish_reason;
+    Clock::time_point last_token;
+  };
+  struct RequestState {
+    std::string request_id;
+    SamplingParams params;
+    int32_t prompt_len = 0;
+    int32_t cached_tokens = 0;
+    std::vector<SeqState> seqs;  // n, by sample index
+    bool aborted = false;        // Abort() called; reported by the next Step
+    Clock::time_point arrival, first_scheduled, first_token, last_token;
+    bool scheduled = false, has_token = false;
+  };
+
+  Engine(EngineOptions options, const Tokenizer* tokenizer, std::unique_ptr<Executor> executor,
+         std::unique_ptr<Scheduler> scheduler, Metrics* metrics);
+  // Appends a sequence's new text to its delta, holding back a suffix that may
+  // still become a stop string. Returns true when a stop string was found (the
+  // text is truncated before it).
+  bool EmitText(RequestState& r, SeqState& s, bool final, SequenceDelta* d);
+  // Marks a sequence finished: flushes its detokenizer and emits the rest.
+  void FinishSeq(RequestState& r, SeqState& s, std::string reason, SequenceDelta* d);
+  // Builds the final output of a request and records its metrics.
+  void Finalize(RequestState& r, EngineOutput* out, const std::string& metrics_reason);
+  void RecordSchedule(const StepPlan& plan);
+
+  EngineOptions options_;
+  const Tokenizer* tokenizer_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Scheduler> scheduler_;
+  Metrics* metrics_;
+  DecodeOptions decode_options_;
+  absl::flat_hash_map<std::string, std::unique_ptr<RequestState>> requests_;
+  std::vector<std::string> unscheduled_;  // request ids not yet scheduled once
+  std::vector<std::string> aborted_;      // aborted, final output pending
+  absl::Status broken_;                   // the fatal error that stopped the engine
+  SchedulerStats last_stats_;
 };
 
 }  // namespace pagedserve

@@ -1,0 +1,409 @@
+#include "runtime/engine/engine.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/engine/engine_metrics.h"
+
+namespace pagedserve {
+namespace {
+
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+int32_t ClampBlocks(int64_t n) {
+  return static_cast<int32_t>(std::clamp<int64_t>(n, 0, std::numeric_limits<int32_t>::max()));
+}
+
+// Longest suffix of text[from, end) that is a proper prefix of some stop string.
+size_t StopPrefixHold(const std::string& text, size_t from, const std::vector<std::string>& stops) {
+  const size_t end = text.size();
+  size_t hold = 0;
+  for (const std::string& stop : stops) {
+    const size_t max_k = std::min(stop.size() - 1, end - from);
+    for (size_t k = max_k; k > hold; --k) {
+      if (text.compare(end - k, k, stop, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+}  // namespace
+
+Engine::Engine(EngineOptions options, const Tokenizer* tokenizer, std::unique_ptr<Executor> executor,
+               std::unique_ptr<Scheduler> scheduler, Metrics* metrics)
+    : options_(std::move(options)),
+      tokenizer_(tokenizer),
+      executor_(std::move(executor)),
+      scheduler_(std::move(scheduler)),
+      metrics_(metrics) {
+  decode_options_.skip_special_tokens = options_.skip_special_tokens;
+  options_.scheduler = scheduler_->config();
+  last_stats_ = scheduler_->stats();
+}
+
+Engine::~Engine() = default;
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options, const Tokenizer* tokenizer,
+                                                       std::unique_ptr<Executor> executor,
+                                                       std::vector<int32_t> eos_token_ids, Metrics* metrics) {
+  if (tokenizer == nullptr) return absl::InvalidArgumentError("Engine::Create: tokenizer is null");
+  if (executor == nullptr) return absl::InvalidArgumentError("Engine::Create: executor is null");
+  SchedulerConfig config = options.scheduler;
+  config.num_device_blocks = ClampBlocks(executor->num_device_blocks());
+  config.num_cpu_blocks = ClampBlocks(executor->num_cpu_blocks());
+  absl::StatusOr<std::unique_ptr<Scheduler>> scheduler = Scheduler::Create(config, std::move(eos_token_ids));
+  if (!scheduler.ok()) return scheduler.status();
+  return std::unique_ptr<Engine>(
+      new Engine(std::move(options), tokenizer, std::move(executor), *std::move(scheduler), metrics));
+}
+
+absl::Status Engine::CheckRequest(const std::vector<int32_t>& prompt_token_ids,
+                                  const SamplingParams& params) const {
+  if (!broken_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the engine stopped after a fatal error: ", broken_.message()));
+  }
+  if (absl::Status s = params.Validate(); !s.ok()) return s;
+  if (prompt_token_ids.empty()) return absl::InvalidArgumentError("prompt_token_ids must not be empty");
+  const int32_t vocab = tokenizer_->vocab_size();
+  for (size_t i = 0; i < prompt_token_ids.size(); ++i) {
+    if (prompt_token_ids[i] < 0 || prompt_token_ids[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "] = ", prompt_token_ids[i],
+                                                     " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  return scheduler_->CheckAdmissible(static_cast<int64_t>(prompt_token_ids.size()), params);
+}
+
+absl::Status Engine::AddRequest(EngineRequest request) {
+  if (request.request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
+  if (requests_.contains(request.request_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id '", request.request_id, "' is already in use"));
+  }
+  if (absl::Status s = CheckRequest(request.prompt_token_ids, request.params); !s.ok()) return s;
+
+  auto r = std::make_unique<RequestState>();
+  r->request_id = request.request_id;
+  r->params = request.params;
+  r->prompt_len = static_cast<int32_t>(request.prompt_token_ids.size());
+  r->arrival = Clock::now();
+  r->seqs.reserve(request.params.n);
+  for (int i = 0; i < request.params.n; ++i) r->seqs.emplace_back(*tokenizer_, decode_options_);
+
+  Request sr;
+  sr.request_id = request.request_id;
+  sr.prompt_token_ids = std::move(request.prompt_token_ids);
+  sr.params = std::move(request.params);
+  sr.arrival_time = Seconds(r->arrival.time_since_epoch());
+  sr.priority = request.priority;
+  if (absl::Status s = scheduler_->AddRequest(std::move(sr)); !s.ok()) return s;
+
+  unscheduled_.push_back(r->request_id);
+  requests_.emplace(r->request_id, std::move(r));
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Abort(const std::string& request_id) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    return absl::NotFoundError(absl::StrCat("no unfinished request '", request_id, "'"));
+  }
+  RequestState& r = *it->second;
+  if (r.aborted) return absl::OkStatus();
+  r.aborted = true;
+  aborted_.push_back(request_id);
+  // NotFound here would mean the scheduler already forgot it; the final
+  // output is produced by the next Step either way.
+  scheduler_->Abort(request_id).IgnoreError();
+  return absl::OkStatus();
+}
+
+bool Engine::HasUnfinishedRequests() const { return !requests_.empty(); }
+
+SchedulerStats Engine::stats() const { return scheduler_->stats(); }
+
+const SchedulerConfig& Engine::scheduler_config() const { return scheduler_->config(); }
+
+Executor& Engine::executor() { return *executor_; }
+
+bool Engine::EmitText(RequestState& r, SeqState& s, bool final, SequenceDelta* d) {
+  const std::vector<std::string>& stops = r.params.stop;
+  bool found = false;
+  if (!stops.empty()) {
+    // Text before `sent` cannot hold the start of a stop string: such a
+    // start would have been held back.
+    size_t best = std::string::npos;
+    for (const std::string& stop : stops) {
+      const size_t pos = s.text.find(stop, s.sent);
+      if (pos < best) best = pos;
+    }
+    if (best != std::string::npos) {
+      s.text.resize(best);
+      found = true;
+    }
+  }
+  size_t end = s.text.size();
+  if (!found && !final && !stops.empty()) end -= StopPrefixHold(s.text, s.sent, stops);
+  if (end > s.sent) {
+    d->text.append(s.text, s.sent, end - s.sent);
+    s.sent = end;
+  }
+  return found;
+}
+
+void Engine::FinishSeq(RequestState& r, SeqState& s, std::string reason, SequenceDelta* d) {
+  if (s.finished) return;
+  s.finished = true;
+  s.finish_reason = std::move(reason);
+  // Flush the detokenizer; the flushed bytes may still complete a stop string.
+  s.text += s.detok.Finish();
+  if (EmitText(r, s, /*final=*/true, d)) s.finish_reason = "stop";
+  d->finished = true;
+  d->finish_reason = s.finish_reason;
+}
+
+void Engine::Finalize(RequestState& r, EngineOutput* out, const std::string& metrics_reason) {
+  out->finished = true;
+  out->usage.prompt_tokens = r.prompt_len;
+  out->usage.cached_prompt_tokens = r.cached_tokens;
+  out->usage.completion_tokens = 0;
+  for (const SeqState& s : r.seqs) out->usage.completion_tokens += s.num_tokens;
+
+  std::string reason = metrics_reason;
+  if (reason.empty()) {
+    // One figure per request: "length" when every sample ran out of tokens,
+    // else "stop".
+    reason = "length";
+    for (const SeqState& s : r.seqs) {
+      if (s.finish_reason != "length") reason = "stop";
+    }
+  }
+  const Clock::time_point now = Clock::now();
+  engine_metrics::RequestFigures f;
+  f.reason = reason;
+  f.e2e_s = Seconds(now - r.arrival);
+  if (r.scheduled) f.queue_s = Seconds(r.first_scheduled - r.arrival);
+  if (r.has_token) {
+    f.ttft_s = Seconds(r.first_token - r.arrival);
+    f.prefill_s = r.scheduled ? Seconds(r.first_token - r.first_scheduled) : -1;
+    f.decode_s = Seconds(r.last_token - r.first_token);
+  }
+  f.prompt_len = r.prompt_len;
+  f.generation_len = out->usage.completion_tokens;
+  engine_metrics::RecordFinished(metrics_, f);
+}
+
+void Engine::RecordSchedule(const StepPlan& plan) {
+  if (unscheduled_.empty()) return;
+  const Clock::time_point now = Clock::now();
+  auto done = [&](const std::string& id) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) return true;
+    const SequenceGroup* g = scheduler_->FindRequest(id);
+    if (g == nullptr) return true;  // aborted before it ever ran
+    if (g->status == SequenceStatus::kWaiting) return false;
+    it->second->scheduled = true;
+    it->second->first_scheduled = now;
+    return true;
+  };
+  unscheduled_.erase(std::remove_if(unscheduled_.begin(), unscheduled_.end(), done), unscheduled_.end());
+}
+
+absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
+  if (!broken_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the engine stopped after a fatal error: ", broken_.message()));
+  }
+  std::vector<EngineOutput> outputs;
+
+  absl::StatusOr<StepPlan> plan = scheduler_->Schedule();
+  if (!plan.ok()) {
+    broken_ = plan.status();
+    return plan.status();
+  }
+
+  // Aborted requests: Schedule() released their blocks; report them now.
+  for (const std::string& id : aborted_) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    RequestState& r = *it->second;
+    EngineOutput& out = outputs.emplace_back();
+    out.request_id = id;
+    for (size_t i = 0; i < r.seqs.size(); ++i) {
+      if (r.seqs[i].finished) continue;
+      SequenceDelta& d = out.deltas.emplace_back();
+      d.index = static_cast<int32_t>(i);
+      FinishSeq(r, r.seqs[i], "abort", &d);
+      d.finish_reason = "abort";
+      r.seqs[i].finish_reason = "abort";
+    }
+    Finalize(r, &out, "abort");
+    requests_.erase(it);
+  }
+  aborted_.clear();
+  RecordSchedule(*plan);
+
+  engine_metrics::StepFigures fig;
+  StepResult result;
+  result.step_id = plan->step_id;
+  fig.executed = !plan->seqs.empty() || !plan->finished.empty() || !plan->swap_out.empty() ||
+                 !plan->swap_in.empty() || !plan->copy.empty();
+  if (fig.executed) {
+    absl::StatusOr<StepResult> r = executor_->Execute(*plan);
+    if (!r.ok()) {
+      broken_ = absl::Status(r.status().code(), absl::StrCat("step ", plan->step_id, ": ", r.status().message()));
+      return broken_;
+    }
+    result = *std::move(r);
+  }
+  absl::StatusOr<std::vector<RequestOutput>> processed = scheduler_->ProcessResult(result);
+  if (!processed.ok()) {
+    broken_ = absl::Status(processed.status().code(),
+                           absl::StrCat("step ", plan->step_id, ": ", processed.status().message()));
+    return broken_;
+  }
+
+  const Clock::time_point now = Clock::now();
+  for (const RequestOutput& ro : *processed) {
+    auto it = requests_.find(ro.request_id);
+    if (it == requests_.end()) continue;
+    RequestState& r = *it->second;
+    EngineOutput& out = outputs.emplace_back();
+    out.request_id = ro.request_id;
+    if (!r.has_token) {
+      r.has_token = true;
+      r.first_token = now;
+      r.cached_tokens = ro.num_cached_tokens;
+    }
+    r.last_token = now;
+    absl::Status failure;
+    for (const SequenceOutput& so : ro.seqs) {
+      if (so.index < 0 || so.index >= static_cast<int32_t>(r.seqs.size())) {
+        failure = absl::InternalError(absl::StrCat("scheduler output for sample ", so.index, " of a request with n = ",
+                                                   r.seqs.size()));
+        break;
+      }
+      SeqState& s = r.seqs[so.index];
+      if (s.finished) continue;
+      SequenceDelta& d = out.deltas.emplace_back();
+      d.index = so.index;
+      for (size_t k = 0; k < so.new_tokens.size(); ++k) {
+        const SampledToken& t = so.new_tokens[k];
+        if (++s.num_tokens > 1) engine_metrics::ObserveInterTokenLatency(metrics_, Seconds(now - s.last_token));
+        s.last_token = now;
+        d.token_ids.push_back(t.token_id);
+        if (r.params.logprobs >= 0) d.logprobs.push_back(t.logprob);
+        if (r.params.logprobs > 0) {
+          d.top_token_ids.push_back(t.top_token_ids);
+          d.top_logprobs.push_back(t.top_logprobs);
+        }
+        // The token that stopped the sequence (EOS, stop_token_ids) is not
+        // part of the text, as in vLLM; its id is reported.
+        const bool stop_token = so.finished && so.finish_reason == FinishReason::kStop &&
+                                k + 1 == so.new_tokens.size() && so.stop_token_id == t.token_id;
+        if (stop_token) continue;
+        absl::StatusOr<std::string> piece = s.detok.Add(t.token_id);
+        if (!piece.ok()) {
+          failure = absl::InternalError(absl::StrCat("sample ", so.index, ": ", piece.status().message()));
+          break;
+        }
+        s.text += *piece;
+      }
+      if (!failure.ok()) break;
+      if (EmitText(r, s, /*final=*/false, &d)) {
+        s.finished = true;
+        s.finish_reason = "stop";
+        d.finished = true;
+        d.finish_reason = "stop";
+        if (!so.finished) {
+          if (absl::Status st = scheduler_->FinishSequence(ro.request_id, so.index, FinishReason::kStop); !st.ok()) {
+            failure = st;
+            break;
+          }
+        }
+      } else if (so.finished) {
+        FinishSeq(r, s, std::string(FinishReasonName(so.finish_reason)), &d);
+      }
+    }
+    if (!failure.ok()) {
+      // A bad token id from the model: fail this request alone.
+      out.error = failure;
+      for (size_t i = 0; i < r.seqs.size(); ++i) {
+        if (r.seqs[i].finished) continue;
+        r.seqs[i].finished = true;
+        r.seqs[i].finish_reason = "error";
+        SequenceDelta& d = out.deltas.emplace_back();
+        d.index = static_cast<int32_t>(i);
+        d.finished = true;
+        d.finish_reason = "error";
+      }
+      if (!ro.finished) scheduler_->FinishRequest(ro.request_id, FinishReason::kAbort).IgnoreError();
+      Finalize(r, &out, "error");
+      requests_.erase(it);
+      continue;
+    }
+    bool all = true;
+    for (const SeqState& s : r.seqs) all = all && s.finished;
+    if (all) {
+      Finalize(r, &out, "");
+      requests_.erase(it);
+    }
+  }
+
+  // Metrics of the step.
+  const SchedulerStats st = scheduler_->stats();
+  fig.running = st.num_running;
+  fig.waiting = st.num_waiting;
+  fig.swapped = st.num_swapped;
+  fig.device_kv_usage = st.device_kv_usage;
+  fig.cpu_kv_usage = st.cpu_kv_usage;
+  fig.prefix_queries = st.prefix_cache_queries - last_stats_.prefix_cache_queries;
+  fig.prefix_hits = st.prefix_cache_hits - last_stats_.prefix_cache_hits;
+  fig.preemptions_swap = st.num_preemptions_swap - last_stats_.num_preemptions_swap;
+  fig.preemptions_recompute = st.num_preemptions_recompute - last_stats_.num_preemptions_recompute;
+  last_stats_ = st;
+  for (const SequenceStep& s : plan->seqs) {
+    if (s.is_prefill()) fig.prompt_tokens += static_cast<int64_t>(s.token_ids.size());
+  }
+  fig.generation_tokens = static_cast<int64_t>(result.tokens.size());
+  fig.step_tokens = plan->num_tokens();
+  fig.forward_s = result.forward_seconds;
+  fig.collective_s = result.collective_seconds;
+  engine_metrics::RecordStep(metrics_, fig);
+  return outputs;
+}
+
+std::vector<EngineOutput> Engine::FailAll(const absl::Status& error) {
+  std::vector<EngineOutput> outputs;
+  const absl::Status err = error.ok() ? absl::UnavailableError("the engine is shutting down") : error;
+  for (auto& [id, rp] : requests_) {
+    RequestState& r = *rp;
+    EngineOutput& out = outputs.emplace_back();
+    out.request_id = id;
+    out.error = err;
+    for (size_t i = 0; i < r.seqs.size(); ++i) {
+      if (r.seqs[i].finished) continue;
+      r.seqs[i].finished = true;
+      r.seqs[i].finish_reason = "error";
+      SequenceDelta& d = out.deltas.emplace_back();
+      d.index = static_cast<int32_t>(i);
+      d.finished = true;
+      d.finish_reason = "error";
+    }
+    Finalize(r, &out, "error");
+    if (!r.aborted) scheduler_->Abort(id).IgnoreError();
+  }
+  requests_.clear();
+  aborted_.clear();
+  unscheduled_.clear();
+  return outputs;
+}
+
+}  // namespace pagedserve
