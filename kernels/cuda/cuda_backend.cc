@@ -37,18 +37,18 @@ Elem ToElem(DType t) {
   return Elem::kF32;
 }
 
-absl::Status CheckAligned16(const void* p, absl::string_view field) {
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+absl::Status CheckAligned(const void* p, size_t alignment, absl::string_view field) {
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0)
     return absl::InvalidArgumentError(
-        absl::StrCat(field, " must be 16-byte aligned for the CUDA kernels"));
+        absl::StrCat(field, " must be ", alignment, "-byte aligned for the CUDA kernels"));
   return absl::OkStatus();
 }
 
 absl::Status CheckCache(const KVCacheView& c) {
   if (c.device != Device::kCUDA)
     return absl::InvalidArgumentError("cache.device must be kCUDA for the CUDA backend");
-  if (auto s = CheckAligned16(c.key_cache, "cache.key_cache"); !s.ok()) return s;
-  return CheckAligned16(c.value_cache, "cache.value_cache");
+  if (auto s = CheckAligned(c.key_cache, 16, "cache.key_cache"); !s.ok()) return s;
+  return CheckAligned(c.value_cache, 16, "cache.value_cache");
 }
 
 CacheArgs MakeCacheArgs(const KVCacheView& c) {
@@ -145,7 +145,7 @@ absl::Status PagedAttentionV2(const PagedAttentionParams& p) {
   if (auto s = CheckCache(p.cache); !s.ok()) return s;
   if (p.num_seqs == 0) return absl::OkStatus();
   if (p.workspace == nullptr) return RunV2WithTemporaryWorkspace(p);
-  if (auto s = CheckAligned16(p.workspace, "workspace"); !s.ok()) return s;
+  if (auto s = CheckAligned(p.workspace, alignof(float), "workspace"); !s.ok()) return s;
   return RunV2(p, p.workspace);
 }
 
