@@ -12,6 +12,7 @@ namespace pagedserve::cli {
 using Args = std::vector<std::string>;
 
 int SimCommand(const Args& args);       // pagedserve sim: KV memory simulator
+int GenerateCommand(const Args& args);  // pagedserve generate: offline generation, one prompt
 
 }  // namespace pagedserve::cli
 

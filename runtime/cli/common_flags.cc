@@ -1,0 +1,221 @@
+#include "runtime/cli/common_flags.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "runtime/model/weights.h"
+#include "runtime/tokenizer/chat_template.h"
+#include "runtime/tokenizer/loaders.h"
+
+ABSL_FLAG(std::string, model, "", "model: a .gguf file or a Hugging Face directory (config.json, *.safetensors, "
+                                  "tokenizer.json)");
+ABSL_FLAG(int32_t, tensor_parallel_size, 1,
+          "worker ranks sharding the model's heads; run under `mpirun -np 1+N` when N > 1");
+ABSL_FLAG(int32_t, block_size, 16, "tokens per KV-cache block: 8, 16 or 32");
+ABSL_FLAG(int64_t, kv_cache_memory, int64_t{1} << 30,
+          "bytes of KV cache per worker rank (all layers, K and V); sets the number of device blocks");
+ABSL_FLAG(double, swap_space, 1.0, "GiB of CPU swap space per worker rank for preempted sequences");
+ABSL_FLAG(int64_t, max_num_blocks, 0, "cap on the device KV blocks per rank (0 = only --kv-cache-memory decides)");
+ABSL_FLAG(int32_t, max_model_len, 0,
+          "prompt + output tokens per sequence (0 = min(the model's max_position_embeddings, 2048))");
+ABSL_FLAG(int32_t, max_num_seqs, 256, "sequences per engine step");
+ABSL_FLAG(int32_t, max_num_batched_tokens, 2048, "tokens per engine step (prefill chunks + decodes)");
+ABSL_FLAG(bool, enable_chunked_prefill, true, "split long prompts into chunks that share steps with decodes");
+ABSL_FLAG(bool, enable_prefix_caching, false, "reuse the KV blocks of identical prompt prefixes");
+ABSL_FLAG(std::string, preemption_mode, "recompute",
+          "what happens to a preempted sequence's KV blocks: swap (to CPU) or recompute");
+ABSL_FLAG(double, worker_startup_timeout, 600, "seconds to wait for the worker ranks to load the model (mpirun)");
+ABSL_FLAG(double, worker_step_timeout, 8,
+          "seconds the coordinator waits for the worker ranks in one step before declaring them dead (mpirun); "
+          "must exceed the longest step");
+
+ABSL_FLAG(int32_t, max_tokens, 16, "tokens to generate per sample");
+ABSL_FLAG(double, temperature, 1.0, "sampling temperature; 0 = greedy");
+ABSL_FLAG(double, top_p, 1.0, "nucleus sampling: smallest set of tokens with this probability mass, in (0, 1]");
+ABSL_FLAG(int32_t, top_k, -1, "sample among the k most likely tokens; -1 = off");
+ABSL_FLAG(double, min_p, 0.0, "drop tokens less likely than min_p times the most likely one, in [0, 1]");
+ABSL_FLAG(int64_t, seed, -1, "per-request random seed (reproducible sampling); -1 = none");
+ABSL_FLAG(int32_t, n, 1, "samples per prompt");
+
+namespace {
+// Every --stop occurrence adds its strings (absl keeps only the last value).
+std::vector<std::string>& StopAccumulator() {
+  static auto* v = new std::vector<std::string>();
+  return *v;
+}
+void OnStopFlag();
+}  // namespace
+
+ABSL_FLAG(std::vector<std::string>, stop, {},
+          "stop strings, comma separated; the flag may be repeated. Output ends before the first one found")
+    .OnUpdate(OnStopFlag);
+ABSL_FLAG(std::vector<std::string>, stop_token_ids, {}, "token ids that end a sample, comma separated");
+ABSL_FLAG(bool, ignore_eos, false, "keep generating after the end-of-sequence token");
+ABSL_FLAG(int32_t, logprobs, -1, "-1: none; 0: logprob of each sampled token; N: also the top N (<= 20)");
+ABSL_FLAG(double, repetition_penalty, 1.0, "CTRL repetition penalty over prompt and output; 1 = off");
+ABSL_FLAG(double, presence_penalty, 0.0, "OpenAI presence penalty over output tokens, in [-2, 2]");
+ABSL_FLAG(double, frequency_penalty, 0.0, "OpenAI frequency penalty over output tokens, in [-2, 2]");
+
+ABSL_FLAG(std::string, prompt, "", "prompt text (read from stdin when absent)");
+ABSL_FLAG(bool, chat, false, "send the prompt as one user message through the model's chat template");
+
+namespace {
+void OnStopFlag() {
+  const std::vector<std::string> v = absl::GetFlag(FLAGS_stop);
+  StopAccumulator().insert(StopAccumulator().end(), v.begin(), v.end());
+}
+}  // namespace
+
+namespace pagedserve::cli {
+namespace {
+
+absl::Status BadFlag(const std::string& flag, const std::string& what, auto value) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", what, ", got ", value));
+}
+
+}  // namespace
+
+absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
+  ModelSetup s;
+  const std::string path = absl::GetFlag(FLAGS_model);
+  if (path.empty()) return absl::InvalidArgumentError("--model is required (a .gguf file or a model directory)");
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("--model: '", path, "' does not exist"));
+  }
+  absl::StatusOr<ModelConfig> model = LoadModelConfig(path);
+  if (!model.ok()) {
+    return absl::Status(model.status().code(), absl::StrCat("--model ", path, ": ", model.status().message()));
+  }
+  s.model = *std::move(model);
+
+  s.tensor_parallel_size = absl::GetFlag(FLAGS_tensor_parallel_size);
+  if (s.tensor_parallel_size < 1) return BadFlag("tensor-parallel-size", "must be >= 1", s.tensor_parallel_size);
+
+  s.worker.model_path = path;
+  s.worker.block_size = absl::GetFlag(FLAGS_block_size);
+  if (s.worker.block_size != 8 && s.worker.block_size != 16 && s.worker.block_size != 32) {
+    return BadFlag("block-size", "must be 8, 16 or 32", s.worker.block_size);
+  }
+  s.worker.kv_cache_memory = absl::GetFlag(FLAGS_kv_cache_memory);
+  if (s.worker.kv_cache_memory <= 0) return BadFlag("kv-cache-memory", "must be > 0 bytes", s.worker.kv_cache_memory);
+  const double swap_gib = absl::GetFlag(FLAGS_swap_space);
+  if (!(swap_gib >= 0 && swap_gib <= 1024)) return BadFlag("swap-space", "must be in [0, 1024] GiB", swap_gib);
+  s.worker.swap_space = static_cast<int64_t>(swap_gib * static_cast<double>(int64_t{1} << 30));
+  s.worker.max_num_blocks = absl::GetFlag(FLAGS_max_num_blocks);
+  if (s.worker.max_num_blocks < 0) return BadFlag("max-num-blocks", "must be >= 0", s.worker.max_num_blocks);
+
+  SchedulerConfig& c = s.scheduler;
+  c.block_size = s.worker.block_size;
+  const int32_t len = absl::GetFlag(FLAGS_max_model_len);
+  if (len < 0) return BadFlag("max-model-len", "must be >= 0 (0 = from the model)", len);
+  if (len > s.model.max_position_embeddings) {
+    return BadFlag("max-model-len", absl::StrCat("must be <= the model's max_position_embeddings ",
+                                                 s.model.max_position_embeddings),
+                   len);
+  }
+  c.max_model_len = len > 0 ? len : static_cast<int32_t>(std::min<int64_t>(s.model.max_position_embeddings, 2048));
+  c.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  c.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
+  c.enable_chunked_prefill = absl::GetFlag(FLAGS_enable_chunked_prefill);
+  c.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  absl::StatusOr<PreemptionMode> mode = ParsePreemptionMode(absl::GetFlag(FLAGS_preemption_mode));
+  if (!mode.ok()) return mode.status();  // names --preemption-mode
+  c.preemption_mode = *mode;
+
+  const double startup = absl::GetFlag(FLAGS_worker_startup_timeout);
+  const double step = absl::GetFlag(FLAGS_worker_step_timeout);
+  if (!(startup > 0)) return BadFlag("worker-startup-timeout", "must be > 0 seconds", startup);
+  if (!(step > 0)) return BadFlag("worker-step-timeout", "must be > 0 seconds", step);
+  s.worker_startup_timeout = absl::Seconds(startup);
+  s.worker_step_timeout = absl::Seconds(step);
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(model_path, ec)) {
+    return absl::NotFoundError(absl::StrCat("model '", model_path, "' does not exist"));
+  }
+  if (std::filesystem::is_directory(model_path, ec)) return LoadHfTokenizer(model_path);
+  return LoadGgufTokenizer(model_path);
+}
+
+std::vector<int32_t> EosTokenIds(const ModelConfig& model, const Tokenizer& tokenizer) {
+  std::vector<int32_t> ids = model.eos_token_ids;
+  if (tokenizer.eos_id() >= 0) ids.push_back(tokenizer.eos_id());
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+absl::StatusOr<SamplingParams> SamplingParamsFromFlags() {
+  SamplingParams p;
+  p.n = absl::GetFlag(FLAGS_n);
+  p.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  p.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  p.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  p.top_k = absl::GetFlag(FLAGS_top_k);
+  p.min_p = static_cast<float>(absl::GetFlag(FLAGS_min_p));
+  p.repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty));
+  p.presence_penalty = static_cast<float>(absl::GetFlag(FLAGS_presence_penalty));
+  p.frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty));
+  const int64_t seed = absl::GetFlag(FLAGS_seed);
+  if (seed < -1) return BadFlag("seed", "must be >= 0 (or -1 for none)", seed);
+  if (seed >= 0) p.seed = static_cast<uint64_t>(seed);
+  p.stop = StopAccumulator();
+  if (p.stop.empty()) p.stop = absl::GetFlag(FLAGS_stop);  // set programmatically (SetFlag)
+  for (const std::string& t : absl::GetFlag(FLAGS_stop_token_ids)) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(t, &id)) return BadFlag("stop-token-ids", "must be a comma-separated list of token ids", t);
+    p.stop_token_ids.push_back(id);
+  }
+  p.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  p.logprobs = absl::GetFlag(FLAGS_logprobs);
+  if (absl::Status s = p.Validate(); !s.ok()) {
+    // "top_p must be in (0, 1], got 1.5" -> "--top-p must be ...".
+    std::string msg(s.message());
+    const size_t sp = msg.find(' ');
+    if (sp != std::string::npos) msg = "--" + absl::StrReplaceAll(msg.substr(0, sp), {{"_", "-"}}) + msg.substr(sp);
+    return absl::InvalidArgumentError(msg);
+  }
+  return p;
+}
+
+absl::StatusOr<std::string> ReadPromptFromFlags() {
+  std::string text = absl::GetFlag(FLAGS_prompt);
+  if (text.empty()) {
+    std::ostringstream ss;
+    ss << std::cin.rdbuf();
+    text = ss.str();
+  }
+  if (text.empty()) return absl::InvalidArgumentError("empty prompt: give --prompt TEXT or text on stdin");
+  return text;
+}
+
+absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer, const std::string& text,
+                                                    bool chat) {
+  if (!chat) return tokenizer.Encode(text);
+  absl::StatusOr<ChatTemplate> tmpl =
+      ChatTemplate::Create(tokenizer.spec().chat_template, tokenizer.BosText(), tokenizer.EosText());
+  if (!tmpl.ok()) {
+    return absl::Status(tmpl.status().code(), absl::StrCat("--chat: ", tmpl.status().message()));
+  }
+  const ChatMessage message{"user", text};
+  absl::StatusOr<std::string> rendered = tmpl->Render({&message, 1}, /*add_generation_prompt=*/true);
+  if (!rendered.ok()) return rendered.status();
+  EncodeOptions o;
+  o.add_special_tokens = false;
+  o.parse_special = true;
+  return tokenizer.Encode(*rendered, o);
+}
+
+}  // namespace pagedserve::cli

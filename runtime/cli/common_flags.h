@@ -1,0 +1,121 @@
+// Flags shared by the sub-commands that load a model (generate, serve) and by
+// those that send sampling parameters (generate, client), and the helpers that
+// turn them into WorkerOptions / SchedulerConfig / SamplingParams and load the
+// model's tokenizer. Names follow vLLM's command line.
+//
+// Model and engine:
+//   --model PATH                 .gguf file or Hugging Face directory (required)
+//   --tensor-parallel-size N     worker ranks (mpirun -np 1+N); 1 without mpirun
+//   --block-size N               tokens per KV block (8, 16, 32)
+//   --kv-cache-memory BYTES      KV pool per worker rank, all layers, K and V
+//   --swap-space GIB             CPU swap pool per worker rank
+//   --max-num-blocks N           cap on the device pool (0 = the budget decides)
+//   --max-model-len N            prompt + output tokens per sequence
+//                                (0 = min(model max_position_embeddings, 2048))
+//   --max-num-seqs N, --max-num-batched-tokens N, --enable-chunked-prefill,
+//   --enable-prefix-caching, --preemption-mode swap|recompute
+//   --worker-startup-timeout S, --worker-step-timeout S   (mpirun only)
+// Sampling:
+//   --max-tokens, --temperature, --top-p, --top-k, --min-p, --seed (-1 = none),
+//   --n, --stop (comma separated, and repeatable: every occurrence adds),
+//   --stop-token-ids, --ignore-eos, --logprobs,
+//   --repetition-penalty, --presence-penalty, --frequency-penalty
+// Prompt:
+//   --prompt TEXT (stdin when absent), --chat (as one user message through the
+//   model's chat template)
+#ifndef PAGEDSERVE_RUNTIME_CLI_COMMON_FLAGS_H_
+#define PAGEDSERVE_RUNTIME_CLI_COMMON_FLAGS_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "runtime/common/sampling_params.h"
+#include "runtime/coordinator/scheduler.h"
+#include "runtime/model/model_config.h"
+#include "runtime/tokenizer/tokenizer.h"
+#include "runtime/worker/worker.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(int32_t, tensor_parallel_size);
+ABSL_DECLARE_FLAG(int32_t, block_size);
+ABSL_DECLARE_FLAG(int64_t, kv_cache_memory);
+ABSL_DECLARE_FLAG(double, swap_space);
+ABSL_DECLARE_FLAG(int64_t, max_num_blocks);
+ABSL_DECLARE_FLAG(int32_t, max_model_len);
+ABSL_DECLARE_FLAG(int32_t, max_num_seqs);
+ABSL_DECLARE_FLAG(int32_t, max_num_batched_tokens);
+ABSL_DECLARE_FLAG(bool, enable_chunked_prefill);
+ABSL_DECLARE_FLAG(bool, enable_prefix_caching);
+ABSL_DECLARE_FLAG(std::string, preemption_mode);
+ABSL_DECLARE_FLAG(double, worker_startup_timeout);
+ABSL_DECLARE_FLAG(double, worker_step_timeout);
+
+ABSL_DECLARE_FLAG(int32_t, max_tokens);
+ABSL_DECLARE_FLAG(double, temperature);
+ABSL_DECLARE_FLAG(double, top_p);
+ABSL_DECLARE_FLAG(int32_t, top_k);
+ABSL_DECLARE_FLAG(double, min_p);
+ABSL_DECLARE_FLAG(int64_t, seed);
+ABSL_DECLARE_FLAG(int32_t, n);
+ABSL_DECLARE_FLAG(std::vector<std::string>, stop);
+ABSL_DECLARE_FLAG(std::vector<std::string>, stop_token_ids);
+ABSL_DECLARE_FLAG(bool, ignore_eos);
+ABSL_DECLARE_FLAG(int32_t, logprobs);
+ABSL_DECLARE_FLAG(double, repetition_penalty);
+ABSL_DECLARE_FLAG(double, presence_penalty);
+ABSL_DECLARE_FLAG(double, frequency_penalty);
+
+ABSL_DECLARE_FLAG(std::string, prompt);
+ABSL_DECLARE_FLAG(bool, chat);
+
+namespace pagedserve::cli {
+
+// Everything a process needs to load the model and run the engine, from the
+// model and engine flags above.
+struct ModelSetup {
+  ModelConfig model;             // the model's config.json / GGUF metadata
+  WorkerOptions worker;          // for Worker::Create / RunWorkerRank
+  SchedulerConfig scheduler;     // block counts left 0: the engine takes them from the executor
+  int32_t tensor_parallel_size = 1;
+  absl::Duration worker_startup_timeout;
+  absl::Duration worker_step_timeout;
+};
+
+// Reads the model's config (not its weights) and checks the flags. Errors
+// (InvalidArgument) name the flag, e.g. "--block-size must be 8, 16 or 32, got 7";
+// a missing or unreadable model gives the loader's error.
+absl::StatusOr<ModelSetup> ModelSetupFromFlags();
+
+// The tokenizer of a model path: GGUF file -> LoadGgufTokenizer, directory ->
+// LoadHfTokenizer. NotFound when the path does not exist.
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_path);
+
+// End-of-sequence ids: the model config's eos_token_ids plus the tokenizer's
+// eos id, without duplicates.
+std::vector<int32_t> EosTokenIds(const ModelConfig& model, const Tokenizer& tokenizer);
+
+// SamplingParams from the sampling flags, checked with SamplingParams::Validate
+// (its message, prefixed by the flag syntax, on error). Stop strings: every
+// --stop occurrence, each split at commas.
+absl::StatusOr<SamplingParams> SamplingParamsFromFlags();
+
+// The prompt text: --prompt, or all of stdin when the flag was not given.
+// InvalidArgument when it is empty.
+absl::StatusOr<std::string> ReadPromptFromFlags();
+
+// Prompt text -> token ids: with `chat` the text becomes one user message
+// rendered through the tokenizer's chat template (generation prompt added,
+// special tokens parsed, no extra BOS: the template has its own), otherwise
+// Encode with the tokenizer's default special tokens.
+absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer, const std::string& text,
+                                                    bool chat);
+
+}  // namespace pagedserve::cli
+
+#endif  // PAGEDSERVE_RUNTIME_CLI_COMMON_FLAGS_H_

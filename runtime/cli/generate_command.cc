@@ -1,0 +1,193 @@
+// pagedserve generate: offline generation, one prompt, no server.
+//
+//   pagedserve generate --model PATH --prompt TEXT [--max-tokens N] [--temperature T]
+//                       [--top-p P] [--top-k K] [--min-p P] [--seed S] [--n N]
+//                       [--stop STR]... [--chat] [engine flags, see common_flags.h]
+//   echo TEXT | pagedserve generate --model PATH
+//   mpirun -np 1+TP pagedserve generate --model PATH --tensor-parallel-size TP ...
+//
+// stdout: the generated text, streamed as it arrives (n = 1), or each sample
+// after a "[sample i]" line (n > 1); a final newline only on a terminal.
+// stderr: one usage line (finish reasons, prompt / completion / cached prompt
+// tokens, time). Exit codes: 0 success, 1 runtime failure (model, request,
+// engine), 2 bad flags or arguments.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "distributed/launch.h"
+#include "runtime/cli/commands.h"
+#include "runtime/cli/common_flags.h"
+#include "runtime/engine/engine.h"
+#include "runtime/engine/executor.h"
+
+namespace pagedserve::cli {
+namespace {
+
+void PrintError(const absl::Status& s) {
+  std::fprintf(stderr, "pagedserve generate: %s\n", std::string(s.message()).c_str());
+}
+
+int ExitCodeFor(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+// Rank 0 (or the only process): tokenizer, engine, the one request.
+// *workers_stopped: the worker ranks ended cleanly (always true without mpirun).
+int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* workers_stopped) {
+  *workers_stopped = info.world_size == 1;
+  bool executor_failed = false;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(setup.worker.model_path);
+  if (!tokenizer.ok()) {
+    PrintError(tokenizer.status());
+    return 1;
+  }
+  absl::StatusOr<SamplingParams> params = SamplingParamsFromFlags();
+  if (!params.ok()) {
+    PrintError(params.status());
+    return 2;
+  }
+  absl::StatusOr<std::string> text = ReadPromptFromFlags();
+  if (!text.ok()) {
+    PrintError(text.status());
+    return 2;
+  }
+  absl::StatusOr<std::vector<int32_t>> ids = TokenizePrompt(**tokenizer, *text, absl::GetFlag(FLAGS_chat));
+  if (!ids.ok()) {
+    PrintError(ids.status());
+    return 1;
+  }
+
+  absl::StatusOr<std::unique_ptr<Executor>> executor =
+      info.world_size > 1
+          ? MakeMpiExecutor(info, setup.worker_startup_timeout, setup.worker_step_timeout)
+          : CreateLocalExecutor(setup.worker);
+  if (!executor.ok()) {
+    PrintError(executor.status());
+    return 1;
+  }
+  EngineOptions options;
+  options.scheduler = setup.scheduler;
+  Executor* exec = executor->get();
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      Engine::Create(options, tokenizer->get(), *std::move(executor), EosTokenIds(setup.model, **tokenizer));
+  if (!engine.ok()) {
+    // The engine was not built: the executor went with the failed Create.
+    PrintError(engine.status());
+    return ExitCodeFor(engine.status());
+  }
+  int rc = 0;
+  const auto start = std::chrono::steady_clock::now();
+  EngineRequest request;
+  request.request_id = "generate-0";
+  request.prompt_token_ids = *std::move(ids);
+  request.params = *params;
+  const int n = params->n;
+  if (absl::Status s = (*engine)->AddRequest(std::move(request)); !s.ok()) {
+    PrintError(s);
+    rc = ExitCodeFor(s);
+  }
+
+  std::vector<std::string> texts(n), reasons(n);
+  Usage usage;
+  while (rc == 0 && (*engine)->HasUnfinishedRequests()) {
+    absl::StatusOr<std::vector<EngineOutput>> outs = (*engine)->Step();
+    if (!outs.ok()) {
+      (*engine)->FailAll(outs.status());
+      PrintError(outs.status());
+      executor_failed = true;
+      rc = 1;
+      break;
+    }
+    for (const EngineOutput& out : *outs) {
+      for (const SequenceDelta& d : out.deltas) {
+        if (n == 1) {
+          std::fwrite(d.text.data(), 1, d.text.size(), stdout);
+          std::fflush(stdout);
+        }
+        texts[d.index] += d.text;
+        if (d.finished) reasons[d.index] = d.finish_reason;
+      }
+      if (!out.error.ok()) {
+        PrintError(out.error);
+        rc = 1;
+      }
+      if (out.finished) usage = out.usage;
+    }
+  }
+  if (n > 1) {
+    for (int i = 0; i < n; ++i) std::printf("%s[sample %d]\n%s\n", i ? "\n" : "", i, texts[i].c_str());
+  } else if (isatty(fileno(stdout))) {
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (rc == 0) {
+    std::fprintf(stderr,
+                 "pagedserve generate: finish_reason=%s prompt_tokens=%d completion_tokens=%d "
+                 "cached_prompt_tokens=%d time=%.2fs (%.1f tokens/s)\n",
+                 absl::StrJoin(reasons, ",").c_str(), usage.prompt_tokens, usage.completion_tokens,
+                 usage.cached_prompt_tokens, secs, secs > 0 ? usage.completion_tokens / secs : 0.0);
+  }
+  if (!executor_failed) {
+    if (absl::Status s = exec->Shutdown(); !s.ok()) {
+      PrintError(s);
+      if (rc == 0) rc = 1;
+    } else {
+      *workers_stopped = true;
+    }
+  }
+  return rc;
+}
+
+}  // namespace
+
+int GenerateCommand(const Args& args) {
+  if (args.size() > 1) {
+    std::fprintf(stderr, "pagedserve generate: unexpected argument '%s' (the prompt goes in --prompt or stdin)\n",
+                 args[1].c_str());
+    return 2;
+  }
+  // MPI_Init may inspect argc/argv; give it the command's own.
+  std::vector<std::string> storage(args.begin(), args.end());
+  std::vector<char*> argv_vec;
+  for (std::string& a : storage) argv_vec.push_back(a.data());
+  argv_vec.push_back(nullptr);
+  int argc = static_cast<int>(storage.size());
+  char** argv = argv_vec.data();
+  absl::StatusOr<LaunchInfo> info = InitMpi(&argc, &argv);
+  if (!info.ok()) {
+    PrintError(info.status());
+    return 1;
+  }
+  absl::StatusOr<ModelSetup> setup = ModelSetupFromFlags();
+  if (!setup.ok()) {
+    if (info->coordinator()) PrintError(setup.status());
+    FinalizeMpi();
+    return ExitCodeFor(setup.status());
+  }
+  if (absl::Status s = CheckWorldSize(*info, setup->tensor_parallel_size); !s.ok()) {
+    if (info->coordinator()) PrintError(s);
+    FinalizeMpi();
+    return 2;
+  }
+  if (!info->coordinator()) {
+    const int rc = RunWorkerRank(*info, setup->worker);
+    FinalizeMpi(rc != 0, rc);
+    return rc;
+  }
+  bool workers_stopped = false;
+  const int rc = RunCoordinator(*info, *setup, &workers_stopped);
+  // Worker ranks wait for plans until the executor shuts them down; when it
+  // could not (or never existed), abort the job instead of hanging.
+  FinalizeMpi(!workers_stopped, rc == 0 ? 1 : rc);
+  return rc;
+}
+
+}  // namespace pagedserve::cli
