@@ -61,18 +61,18 @@ bool Valid(double x) { return std::isfinite(x) && x >= 0; }
 
 }  // namespace
 
-std::string_view FinishReasonName(FinishReason reason) {
+std::string_view FinishReasonName(MetricsFinishReason reason) {
   switch (reason) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-    case FinishReason::kError: return "error";
+    case MetricsFinishReason::kStop: return "stop";
+    case MetricsFinishReason::kLength: return "length";
+    case MetricsFinishReason::kAbort: return "abort";
+    case MetricsFinishReason::kError: return "error";
   }
   return "error";
 }
 
-std::string_view PreemptionModeName(PreemptionMode mode) {
-  return mode == PreemptionMode::kSwap ? "swap" : "recompute";
+std::string_view PreemptionModeName(MetricsPreemptionMode mode) {
+  return mode == MetricsPreemptionMode::kSwap ? "swap" : "recompute";
 }
 
 const std::vector<double>& Metrics::LatencyBuckets() {
@@ -192,8 +192,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
   auto& finished = BuildCounter().Name("pagedserve_requests_finished_total")
                        .Help("Requests that left the server, by finish reason.")
                        .Register(r);
-  for (FinishReason reason : {FinishReason::kStop, FinishReason::kLength,
-                              FinishReason::kAbort, FinishReason::kError}) {
+  for (MetricsFinishReason reason : {MetricsFinishReason::kStop, MetricsFinishReason::kLength,
+                              MetricsFinishReason::kAbort, MetricsFinishReason::kError}) {
     m->finished_[static_cast<int>(reason)] =
         &finished.Add({{"finish_reason", std::string(FinishReasonName(reason))}});
   }
@@ -293,8 +293,8 @@ void Metrics::AddPrefixCache(int64_t query_tokens, int64_t hit_tokens) {
   prefix_hits_->Increment(static_cast<double>(hit_tokens));
 }
 
-void Metrics::AddPreemption(PreemptionMode mode) {
-  (mode == PreemptionMode::kSwap ? preempt_swap_ : preempt_recompute_)->Increment();
+void Metrics::AddPreemption(MetricsPreemptionMode mode) {
+  (mode == MetricsPreemptionMode::kSwap ? preempt_swap_ : preempt_recompute_)->Increment();
 }
 
 void Metrics::AddPromptTokens(int64_t n) {

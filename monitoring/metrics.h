@@ -46,20 +46,23 @@ class Family;
 namespace pagedserve {
 
 // Why a request ended. Label `finish_reason` of pagedserve_requests_finished_total.
-enum class FinishReason {
+// (Named Metrics*: runtime/coordinator declares pagedserve::FinishReason and
+// pagedserve::PreemptionMode with other enumerators, and both headers meet in
+// the engine and in the pagedserve binary.)
+enum class MetricsFinishReason {
   kStop,    // a stop token or stop string was produced      -> "stop"
   kLength,  // max_tokens or the model's context length hit  -> "length"
   kAbort,   // the client aborted or disconnected            -> "abort"
   kError,   // the request failed inside the server          -> "error"
 };
-std::string_view FinishReasonName(FinishReason reason);
+std::string_view FinishReasonName(MetricsFinishReason reason);
 
 // How a sequence group was preempted. Label `mode` of pagedserve_preemptions_total.
-enum class PreemptionMode {
+enum class MetricsPreemptionMode {
   kSwap,       // KV blocks copied to the CPU swap pool, copied back later -> "swap"
   kRecompute,  // KV blocks freed, the prompt + output prefilled again     -> "recompute"
 };
-std::string_view PreemptionModeName(PreemptionMode mode);
+std::string_view PreemptionModeName(MetricsPreemptionMode mode);
 
 // Static facts about this server, exported once as
 // pagedserve_build_info{version="...", model="...", ...} 1.
@@ -98,7 +101,7 @@ struct MetricsOptions {
 // One n > 1 request (parallel sampling, beam search) counts once;
 // generation_len is the sum over its output sequences.
 struct FinishedRequest {
-  FinishReason reason = FinishReason::kStop;
+  MetricsFinishReason reason = MetricsFinishReason::kStop;
   double ttft_s = -1;
   double e2e_s = -1;
   double queue_s = -1;
@@ -135,7 +138,7 @@ class Metrics {
   // (hit_tokens <= query_tokens, else rejected).
   void AddPrefixCache(int64_t query_tokens, int64_t hit_tokens);
   // One sequence group preempted.
-  void AddPreemption(PreemptionMode mode);
+  void AddPreemption(MetricsPreemptionMode mode);
   // Prompt tokens prefilled (including recomputed ones after a recompute
   // preemption) and output tokens generated, per step.
   void AddPromptTokens(int64_t n);

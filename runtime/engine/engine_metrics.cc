@@ -9,8 +9,8 @@ void RecordStep(Metrics* m, const StepFigures& f) {
   m->SetRequests(f.running, f.waiting, f.swapped);
   m->SetKvUsage(f.device_kv_usage, f.cpu_kv_usage);
   if (f.prefix_queries > 0) m->AddPrefixCache(f.prefix_queries, f.prefix_hits);
-  for (int64_t i = 0; i < f.preemptions_swap; ++i) m->AddPreemption(PreemptionMode::kSwap);
-  for (int64_t i = 0; i < f.preemptions_recompute; ++i) m->AddPreemption(PreemptionMode::kRecompute);
+  for (int64_t i = 0; i < f.preemptions_swap; ++i) m->AddPreemption(MetricsPreemptionMode::kSwap);
+  for (int64_t i = 0; i < f.preemptions_recompute; ++i) m->AddPreemption(MetricsPreemptionMode::kRecompute);
   if (f.prompt_tokens > 0) m->AddPromptTokens(f.prompt_tokens);
   if (f.generation_tokens > 0) m->AddGenerationTokens(f.generation_tokens);
   if (f.executed) {
@@ -27,13 +27,13 @@ void RecordFinished(Metrics* m, const RequestFigures& r) {
   if (m == nullptr) return;
   FinishedRequest f;
   if (r.reason == "stop") {
-    f.reason = FinishReason::kStop;
+    f.reason = MetricsFinishReason::kStop;
   } else if (r.reason == "length") {
-    f.reason = FinishReason::kLength;
+    f.reason = MetricsFinishReason::kLength;
   } else if (r.reason == "abort") {
-    f.reason = FinishReason::kAbort;
+    f.reason = MetricsFinishReason::kAbort;
   } else {
-    f.reason = FinishReason::kError;
+    f.reason = MetricsFinishReason::kError;
   }
   f.ttft_s = r.ttft_s;
   f.e2e_s = r.e2e_s;

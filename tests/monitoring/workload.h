@@ -14,10 +14,10 @@ namespace pagedserve::testing {
 struct Workload {
   // Finished requests: three that produced tokens and one aborted in the queue.
   std::vector<FinishedRequest> requests = {
-      {FinishReason::kStop, 0.003, 0.9, 0.001, 0.002, 0.85, 12, 40},
-      {FinishReason::kLength, 0.05, 2.0, 0.02, 0.03, 1.9, 500, 64},
-      {FinishReason::kStop, 3.0, 7.5, 2.0, 1.0, 4.4, 7, 1},
-      {FinishReason::kAbort, -1, 0.4, -1, -1, -1, 30, 0},
+      {MetricsFinishReason::kStop, 0.003, 0.9, 0.001, 0.002, 0.85, 12, 40},
+      {MetricsFinishReason::kLength, 0.05, 2.0, 0.02, 0.03, 1.9, 500, 64},
+      {MetricsFinishReason::kStop, 3.0, 7.5, 2.0, 1.0, 4.4, 7, 1},
+      {MetricsFinishReason::kAbort, -1, 0.4, -1, -1, -1, 30, 0},
   };
   std::vector<double> itl = {0.009, 0.012, 0.012, 0.2, 0.031, 1e-4};
   std::vector<int64_t> step_tokens = {519, 3, 3, 2, 1, 1};
@@ -43,9 +43,9 @@ struct Workload {
     m.SetKvUsage(0.75, 0.5);
     m.AddPrefixCache(100, 32);
     m.AddPrefixCache(64, 0);
-    m.AddPreemption(PreemptionMode::kSwap);
-    m.AddPreemption(PreemptionMode::kSwap);
-    m.AddPreemption(PreemptionMode::kRecompute);
+    m.AddPreemption(MetricsPreemptionMode::kSwap);
+    m.AddPreemption(MetricsPreemptionMode::kSwap);
+    m.AddPreemption(MetricsPreemptionMode::kRecompute);
     m.AddPromptTokens(prompt_tokens());
     for (const auto& r : requests) {
       for (int64_t i = 0; i < r.generation_len; ++i) m.AddGenerationTokens(1);
@@ -55,7 +55,7 @@ struct Workload {
     for (const auto& s : rank_steps) m.ObserveRankStep(s.rank, s.step_s, s.collective_s);
     for (const auto& r : requests) m.RequestFinished(r);
     FinishedRequest failed;
-    failed.reason = FinishReason::kError;
+    failed.reason = MetricsFinishReason::kError;
     failed.e2e_s = 0.01;
     failed.queue_s = 0.005;
     failed.prompt_len = 3;

@@ -1,0 +1,495 @@
+// Engine logic without a model: a scripted executor emits known tokens (SmolLM2
+// tokenizer), so stop strings, held-back text, per-sample stops, abort,
+// validation, failures and preemption are checked against exact expectations.
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/engine/engine.h"
+#include "runtime/tokenizer/loaders.h"
+#include "tests/engine/metrics_probe.h"
+#include "tests/engine/scripted_executor.h"
+
+namespace pagedserve {
+namespace {
+
+using testing::ScriptedExecutor;
+
+std::string SourceDir() {
+  const char* d = std::getenv("PAGEDSERVE_SOURCE_DIR");
+  return d ? d : ".";
+}
+
+const Tokenizer& Tok() {
+  static const Tokenizer* t = [] {
+    auto r = LoadHfTokenizer(SourceDir() + "/tests/fixtures/smollm2-tokenizer");
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status();
+      std::abort();
+    }
+    return r->release();
+  }();
+  return *t;
+}
+
+std::vector<int32_t> Ids(const std::string& text) {
+  EncodeOptions o;
+  o.add_special_tokens = false;
+  return Tok().Encode(text, o);
+}
+
+std::string Decode(const std::vector<int32_t>& ids) {
+  auto r = Tok().Decode(ids);
+  return r.ok() ? *r : "<decode error>";
+}
+
+// Everything one request produced, per sample index.
+struct Collected {
+  std::vector<std::vector<std::string>> deltas;
+  std::vector<std::string> text;
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<float>> logprobs;
+  std::vector<std::string> reason;
+  bool finished = false;
+  Usage usage;
+  absl::Status error;
+};
+
+void Collect(const std::vector<EngineOutput>& outs, std::map<std::string, Collected>* all) {
+  for (const EngineOutput& o : outs) {
+    Collected& c = (*all)[o.request_id];
+    EXPECT_FALSE(c.finished) << o.request_id << ": output after the final one";
+    for (const SequenceDelta& d : o.deltas) {
+      const size_t i = d.index;
+      if (c.text.size() <= i) {
+        c.deltas.resize(i + 1), c.text.resize(i + 1), c.tokens.resize(i + 1), c.logprobs.resize(i + 1),
+            c.reason.resize(i + 1);
+      }
+      EXPECT_TRUE(c.reason[i].empty()) << o.request_id << "[" << i << "]: delta after its finish";
+      EXPECT_EQ(SanitizeUtf8(d.text, true), d.text) << "broken UTF-8 in a delta";
+      c.deltas[i].push_back(d.text);
+      c.text[i] += d.text;
+      c.tokens[i].insert(c.tokens[i].end(), d.token_ids.begin(), d.token_ids.end());
+      c.logprobs[i].insert(c.logprobs[i].end(), d.logprobs.begin(), d.logprobs.end());
+      if (d.finished) c.reason[i] = d.finish_reason;
+    }
+    if (o.finished) {
+      c.finished = true;
+      c.usage = o.usage;
+      c.error = o.error;
+    }
+  }
+}
+
+// Steps until nothing is left, checking the scheduler's invariants each step.
+std::map<std::string, Collected> RunAll(Engine& e, int max_steps = 2000) {
+  std::map<std::string, Collected> all;
+  for (int i = 0; i < max_steps && e.HasUnfinishedRequests(); ++i) {
+    auto outs = e.Step();
+    EXPECT_TRUE(outs.ok()) << outs.status();
+    if (!outs.ok()) break;
+    Collect(*outs, &all);
+    EXPECT_TRUE(e.scheduler().CheckInvariants().ok()) << e.scheduler().CheckInvariants();
+  }
+  EXPECT_FALSE(e.HasUnfinishedRequests());
+  return all;
+}
+
+struct EngineSetup {
+  int64_t device_blocks = 64;
+  int64_t cpu_blocks = 64;
+  int32_t max_model_len = 256;
+  PreemptionMode mode = PreemptionMode::kRecompute;
+  bool prefix_caching = false;
+  std::shared_ptr<Metrics> metrics;
+};
+
+std::unique_ptr<Engine> MakeEngine(ScriptedExecutor::Script script, const EngineSetup& s = {},
+                                   ScriptedExecutor** exec_out = nullptr) {
+  const int32_t filler = Ids(" x")[0];
+  auto exec = std::make_unique<ScriptedExecutor>(std::move(script), s.device_blocks, s.cpu_blocks, 16, filler);
+  if (exec_out) *exec_out = exec.get();
+  EngineOptions o;
+  o.scheduler.block_size = 16;
+  o.scheduler.max_model_len = s.max_model_len;
+  o.scheduler.max_num_batched_tokens = 512;
+  o.scheduler.preemption_mode = s.mode;
+  o.scheduler.enable_prefix_caching = s.prefix_caching;
+  auto e = Engine::Create(o, &Tok(), std::move(exec), {Tok().eos_id()}, s.metrics.get());
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+EngineRequest Req(const std::string& id, const std::vector<int32_t>& prompt, int max_tokens,
+                  std::vector<std::string> stop = {}, int n = 1) {
+  EngineRequest r;
+  r.request_id = id;
+  r.prompt_token_ids = prompt;
+  r.params.max_tokens = max_tokens;
+  r.params.temperature = 0;
+  r.params.stop = std::move(stop);
+  r.params.n = n;
+  return r;
+}
+
+void ExpectAllFreed(const Engine& e) {
+  const SchedulerStats st = e.stats();
+  EXPECT_EQ(st.num_running + st.num_waiting + st.num_swapped, 0);
+  EXPECT_EQ(st.device_kv_usage, 0.0);
+  EXPECT_EQ(st.cpu_kv_usage, 0.0);
+  EXPECT_TRUE(e.scheduler().CheckInvariants().ok()) << e.scheduler().CheckInvariants();
+}
+
+// Key token of a request's script: the first prompt token.
+int32_t Key(const std::string& word) { return Ids(word)[0]; }
+
+TEST(EngineLogicTest, StopStringSpanningTokensIsHeldBackAndCut) {
+  const std::vector<int32_t> out = Ids(" Hello world, this is a test");
+  ASSERT_GE(out.size(), 6u);
+  ASSERT_EQ(Decode({out[0]}), " Hello");
+  ASSERT_EQ(Decode({out[1]}), " world");
+  auto e = MakeEngine({{Key("A"), {out}}});
+  ASSERT_TRUE(e->AddRequest(Req("r", Ids("A b c"), 16, {"lo world, th"})).ok());
+  auto all = RunAll(*e);
+  const Collected& c = all["r"];
+  ASSERT_TRUE(c.finished);
+  EXPECT_EQ(c.text[0], " Hel");
+  EXPECT_EQ(c.reason[0], "stop");
+  // " Hello" -> " Hel" ("lo" may start the stop string), " world" and ","
+  // add nothing, " this" completes the stop string.
+  ASSERT_GE(c.deltas[0].size(), 4u);
+  EXPECT_EQ(c.deltas[0][0], " Hel");
+  EXPECT_EQ(c.deltas[0][1], "");
+  EXPECT_EQ(c.deltas[0][2], "");
+  EXPECT_EQ(c.tokens[0], std::vector<int32_t>(out.begin(), out.begin() + 4));
+  EXPECT_EQ(c.usage.completion_tokens, 4);
+  EXPECT_EQ(c.usage.prompt_tokens, static_cast<int32_t>(Ids("A b c").size()));
+  // The scheduler releases the request at the next step.
+  ASSERT_TRUE(e->Step().ok());
+  ExpectAllFreed(*e);
+}
+
+TEST(EngineLogicTest, HeldBackTextIsFlushedWhenTheStopStringNeverCompletes) {
+  const std::vector<int32_t> out = Ids(" this is a test");
+  auto e = MakeEngine({{Key("A"), {out}}});
+  ASSERT_TRUE(e->AddRequest(Req("r", Ids("A"), static_cast<int>(out.size()), {" test!", "xyz"})).ok());
+  auto all = RunAll(*e);
+  const Collected& c = all["r"];
+  EXPECT_EQ(c.text[0], " this is a test");
+  EXPECT_EQ(c.reason[0], "length");
+  EXPECT_EQ(c.deltas[0].back(), " test");  // held back until the end
+  EXPECT_EQ(c.usage.completion_tokens, static_cast<int32_t>(out.size()));
+  ExpectAllFreed(*e);
+}
+
+TEST(EngineLogicTest, SamplesStopIndependently) {
+  const std::vector<int32_t> s0 = Ids(" one two three four five six seven");
+  const std::vector<int32_t> s1 = Ids(" alpha beta gamma delta epsilon zeta eta");
+  auto e = MakeEngine({{Key("A"), {s0, s1}}});
+  ASSERT_TRUE(e->AddRequest(Req("r", Ids("A b"), 6, {"two", " gamma"}, 2)).ok());
+  std::map<std::string, Collected> all;
+  bool checked_partial = false;
+  while (e->HasUnfinishedRequests()) {
+    auto outs = e->Step();
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    Collect(*outs, &all);
+    ASSERT_TRUE(e->scheduler().CheckInvariants().ok()) << e->scheduler().CheckInvariants();
+    const Collected& c = all["r"];
+    if (c.reason.size() == 2 && c.reason[0] == "stop" && c.reason[1].empty()) {
+      // Sample 0 stopped: its sequence is finished and holds no blocks while
+      // sample 1 goes on.
+      const SequenceGroup* g = e->scheduler().FindRequest("r");
+      ASSERT_NE(g, nullptr);
+      for (const auto& s : g->seqs) {
+        if (s->sample_index == 0) {
+          EXPECT_TRUE(s->finished());
+          EXPECT_TRUE(s->block_table.empty());
+        } else {
+          EXPECT_FALSE(s->finished());
+        }
+      }
+      checked_partial = true;
+    }
+  }
+  EXPECT_TRUE(checked_partial);
+  const Collected& c = all["r"];
+  EXPECT_EQ(c.text[0], " one ");
+  EXPECT_EQ(c.text[1], " alpha beta");
+  EXPECT_EQ(c.reason[0], "stop");
+  EXPECT_EQ(c.reason[1], "stop");
+  EXPECT_EQ(c.tokens[0].size(), 2u);
+  EXPECT_EQ(c.tokens[1].size(), 3u);
+  EXPECT_EQ(c.usage.completion_tokens, 5);
+  ASSERT_TRUE(e->Step().ok());
+  ExpectAllFreed(*e);
+}
+
+TEST(EngineLogicTest, EosAndStopTokenIdsEndWithoutTheirText) {
+  std::vector<int32_t> a = Ids(" Hi there");
+  a.push_back(Tok().eos_id());
+  a.push_back(Ids(" never")[0]);
+  const std::vector<int32_t> b = Ids(" a b c d e");
+  auto e = MakeEngine({{Key("A"), {a}}, {Key("B"), {b}}});
+  ASSERT_TRUE(e->AddRequest(Req("eos", Ids("A"), 10)).ok());
+  EngineRequest r = Req("stop_id", Ids("B"), 10);
+  r.params.stop_token_ids = {Ids(" c")[0]};
+  ASSERT_TRUE(e->AddRequest(r).ok());
+  auto all = RunAll(*e);
+  EXPECT_EQ(all["eos"].text[0], " Hi there");
+  EXPECT_EQ(all["eos"].reason[0], "stop");
+  EXPECT_EQ(all["eos"].tokens[0], std::vector<int32_t>(a.begin(), a.begin() + 3));
+  EXPECT_EQ(all["stop_id"].text[0], " a b");
+  EXPECT_EQ(all["stop_id"].reason[0], "stop");
+  EXPECT_EQ(all["stop_id"].tokens[0].size(), 3u);
+  ExpectAllFreed(*e);
+}
+
+TEST(EngineLogicTest, Utf8NeverBrokenAndStopInsideEmoji) {
+  const std::vector<int32_t> out = Ids(" ok 🙂👍🏽 done ünïcödé");
+  auto e = MakeEngine({{Key("A"), {out}}, {Key("B"), {out}}});
+  ASSERT_TRUE(e->AddRequest(Req("plain", Ids("A"), static_cast<int>(out.size()))).ok());
+  ASSERT_TRUE(e->AddRequest(Req("stop", Ids("B"), static_cast<int>(out.size()), {"👍"})).ok());
+  auto all = RunAll(*e);  // Collect checks every delta is valid UTF-8
+  EXPECT_EQ(all["plain"].text[0], Decode(out));
+  EXPECT_EQ(all["stop"].text[0], " ok 🙂");
+  EXPECT_EQ(all["stop"].reason[0], "stop");
+}
+
+TEST(EngineLogicTest, AbortFreesEverythingAndReportsAbort) {
+  auto e = MakeEngine({{Key("A"), {Ids(" one two three four five six seven eight nine ten")}}});
+  ASSERT_TRUE(e->AddRequest(Req("run", Ids("A b c"), 40)).ok());
+  ASSERT_TRUE(e->AddRequest(Req("wait", Ids("B b c"), 40)).ok());
+  ASSERT_TRUE(e->Abort("wait").ok());  // aborted before it ever ran
+  std::map<std::string, Collected> all;
+  for (int i = 0; i < 3; ++i) {
+    auto outs = e->Step();
+    ASSERT_TRUE(outs.ok());
+    Collect(*outs, &all);
+  }
+  EXPECT_TRUE(all["wait"].finished);
+  EXPECT_EQ(all["wait"].reason[0], "abort");
+  EXPECT_EQ(all["wait"].usage.completion_tokens, 0);
+  EXPECT_GT(e->stats().device_kv_usage, 0.0);
+  ASSERT_TRUE(e->Abort("run").ok());
+  EXPECT_EQ(e->Abort("nope").code(), absl::StatusCode::kNotFound);
+  auto outs = e->Step();
+  ASSERT_TRUE(outs.ok());
+  Collect(*outs, &all);
+  EXPECT_TRUE(all["run"].finished);
+  EXPECT_EQ(all["run"].reason[0], "abort");
+  EXPECT_EQ(all["run"].usage.completion_tokens, 3);
+  EXPECT_EQ(all["run"].text[0], " one two three");
+  EXPECT_FALSE(e->HasUnfinishedRequests());
+  ExpectAllFreed(*e);
+  EXPECT_EQ(e->Abort("run").code(), absl::StatusCode::kNotFound);
+}
+
+TEST(EngineLogicTest, InvalidRequestsAreRejectedWithClearErrorsAndTheNextRuns) {
+  EngineSetup s;
+  s.device_blocks = 8;  // 128 tokens
+  s.max_model_len = 64;
+  auto e = MakeEngine({{Key("A"), {Ids(" fine")}}}, s);
+  EngineRequest bad = Req("t", Ids("A"), 4);
+  bad.params.temperature = -1;
+  absl::Status st = e->AddRequest(bad);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("temperature"), std::string::npos) << st;
+  bad = Req("k", Ids("A"), 4);
+  bad.params.top_k = 0;
+  EXPECT_NE(e->AddRequest(bad).message().find("top_k"), std::string::npos);
+  std::vector<int32_t> long_prompt(64, Key("A"));
+  st = e->AddRequest(Req("long", long_prompt, 4));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_EQ(e->CheckRequest(long_prompt, Req("x", {}, 4).params).code(), absl::StatusCode::kInvalidArgument);
+  // Larger than the pool: n = 4 sequences of 48 tokens need 12 blocks of 8.
+  st = e->AddRequest(Req("big", Ids("A b c"), 45, {}, 4));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("KV"), std::string::npos) << st;
+  st = e->AddRequest(Req("vocab", {Tok().vocab_size()}, 4));
+  EXPECT_NE(st.message().find("vocabulary"), std::string::npos) << st;
+  EXPECT_EQ(e->AddRequest(Req("", Ids("A"), 4)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->AddRequest(Req("empty", {}, 4)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(e->HasUnfinishedRequests());
+  ASSERT_TRUE(e->AddRequest(Req("ok", Ids("A"), 1)).ok());
+  EXPECT_EQ(e->AddRequest(Req("ok", Ids("A"), 1)).code(), absl::StatusCode::kAlreadyExists);
+  auto all = RunAll(*e);
+  EXPECT_EQ(all.size(), 1u);
+  EXPECT_EQ(all["ok"].text[0], " fine");
+  EXPECT_EQ(all["ok"].reason[0], "length");
+}
+
+TEST(EngineLogicTest, ExecutorFailureFailsEveryRequestAndStopsTheEngine) {
+  ScriptedExecutor* exec = nullptr;
+  auto e = MakeEngine({}, EngineSetup{}, &exec);
+  exec->FailAt(3);
+  ASSERT_TRUE(e->AddRequest(Req("a", Ids("A"), 10)).ok());
+  ASSERT_TRUE(e->AddRequest(Req("b", Ids("B"), 10, {}, 2)).ok());
+  absl::Status err;
+  for (int i = 0; i < 5 && err.ok(); ++i) {
+    auto outs = e->Step();
+    if (!outs.ok()) err = outs.status();
+  }
+  ASSERT_FALSE(err.ok());
+  EXPECT_NE(err.message().find("scripted worker failure"), std::string::npos) << err;
+  std::map<std::string, Collected> all;
+  Collect(e->FailAll(err), &all);
+  ASSERT_EQ(all.size(), 2u);
+  for (auto& [id, c] : all) {
+    EXPECT_TRUE(c.finished) << id;
+    EXPECT_FALSE(c.error.ok()) << id;
+    for (const std::string& r : c.reason) EXPECT_EQ(r, "error") << id;
+  }
+  EXPECT_EQ(all["b"].reason.size(), 2u);
+  EXPECT_FALSE(e->HasUnfinishedRequests());
+  EXPECT_EQ(e->Step().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(e->AddRequest(Req("c", Ids("A"), 1)).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(EngineLogicTest, LogprobsAndMetricsAreReported) {
+  std::shared_ptr<Metrics> metrics = testing::MakeProbeMetrics();
+  ASSERT_NE(metrics, nullptr);
+  EngineSetup s;
+  s.metrics = metrics;
+  auto e = MakeEngine({{Key("A"), {Ids(" one two three")}}}, s);
+  EngineRequest r = Req("r", Ids("A b"), 3);
+  r.params.logprobs = 1;
+  ASSERT_TRUE(e->AddRequest(r).ok());
+  auto all = RunAll(*e);
+  const Collected& c = all["r"];
+  ASSERT_EQ(c.logprobs[0].size(), 3u);
+  EXPECT_FLOAT_EQ(c.logprobs[0][0], -0.25f);
+  EXPECT_FLOAT_EQ(c.logprobs[0][2], -0.75f);
+  const std::string text = testing::SerializeMetrics(*metrics);
+  EXPECT_NE(text.find("pagedserve_requests_finished_total{finish_reason=\"length\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("pagedserve_generation_tokens_total 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("pagedserve_prompt_tokens_total 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("pagedserve_time_to_first_token_seconds_count 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("pagedserve_inter_token_latency_seconds_count 2"), std::string::npos) << text;
+}
+
+// Many requests (n = 1 and 2, stop strings, aborts) on a pool small enough to
+// preempt, in both modes, with and without prefix caching: every sample's text
+// is its script decoded and cut at the first stop string, whatever the
+// preemptions; every block comes back.
+class EngineStressTest : public ::testing::TestWithParam<std::tuple<PreemptionMode, bool>> {};
+
+TEST_P(EngineStressTest, ScriptedOutputsSurvivePreemption) {
+  std::mt19937 rng(7);
+  // Tokens that decode to clean text on their own.
+  std::vector<int32_t> words;
+  for (int32_t id = 300; id < 6000 && words.size() < 400; id += 7) {
+    const std::string t = Decode({id});
+    if (!t.empty() && SanitizeUtf8(t, true) == t && t.find("\xEF\xBF\xBD") == std::string::npos &&
+        !Tok().IsSpecial(id)) {
+      words.push_back(id);
+    }
+  }
+  ASSERT_GE(words.size(), 100u);
+  ScriptedExecutor::Script script;
+  struct Spec {
+    std::string id;
+    std::vector<int32_t> prompt;
+    int n, max_tokens;
+    std::vector<std::string> stop;
+    bool abort;
+  };
+  std::vector<Spec> specs;
+  for (int i = 0; i < 16; ++i) {
+    Spec sp;
+    sp.id = "req" + std::to_string(i);
+    const int32_t key = 6000 + i;
+    sp.prompt.push_back(key);
+    const int plen = 4 + static_cast<int>(rng() % 40);
+    for (int k = 1; k < plen; ++k) sp.prompt.push_back(words[rng() % 20]);  // shared-ish prefixes
+    sp.n = 1 + static_cast<int>(rng() % 2);
+    sp.max_tokens = 4 + static_cast<int>(rng() % 20);
+    auto& samples = script[key];
+    for (int s = 0; s < sp.n; ++s) {
+      std::vector<int32_t> toks;
+      for (int k = 0; k < 30; ++k) toks.push_back(words[rng() % words.size()]);
+      samples.push_back(toks);
+    }
+    if (i % 3 == 0) {
+      // A stop string taken across a token boundary of sample 0.
+      const std::string t = Decode(std::vector<int32_t>(samples[0].begin(), samples[0].begin() + 6));
+      const std::string first = Decode({samples[0][0]}), second = Decode({samples[0][1]});
+      sp.stop.push_back(t.substr(first.size() - 1, 2 + second.size()));
+    }
+    sp.abort = i % 5 == 4;
+    specs.push_back(sp);
+  }
+  EngineSetup s;
+  s.device_blocks = 12;  // 192 tokens for up to 16 x 2 sequences of <= 64
+  s.cpu_blocks = 24;
+  s.max_model_len = 96;
+  s.mode = std::get<0>(GetParam());
+  s.prefix_caching = std::get<1>(GetParam());
+  auto e = MakeEngine(script, s);
+  for (const Spec& sp : specs) {
+    EngineRequest r = Req(sp.id, sp.prompt, sp.max_tokens, sp.stop, sp.n);
+    ASSERT_TRUE(e->AddRequest(r).ok()) << sp.id;
+  }
+  std::map<std::string, Collected> all;
+  int step = 0;
+  while (e->HasUnfinishedRequests() && step < 3000) {
+    if (++step == 6) {
+      for (const Spec& sp : specs) {
+        if (sp.abort) EXPECT_TRUE(e->Abort(sp.id).ok());
+      }
+    }
+    auto outs = e->Step();
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    Collect(*outs, &all);
+    ASSERT_TRUE(e->scheduler().CheckInvariants().ok()) << e->scheduler().CheckInvariants();
+  }
+  ASSERT_FALSE(e->HasUnfinishedRequests());
+  const SchedulerStats st = e->stats();
+  EXPECT_GT(st.num_preemptions_swap + st.num_preemptions_recompute, 0);
+  for (const Spec& sp : specs) {
+    SCOPED_TRACE(sp.id);
+    const Collected& c = all[sp.id];
+    ASSERT_TRUE(c.finished);
+    const auto& samples = script[sp.prompt[0]];
+    for (int i = 0; i < sp.n; ++i) {
+      if (sp.abort) {
+        if (i < static_cast<int>(c.reason.size()) && c.reason[i] == "abort") {
+          // Whatever was produced is a prefix of the script.
+          EXPECT_EQ(c.tokens[i], std::vector<int32_t>(samples[i].begin(), samples[i].begin() + c.tokens[i].size()));
+        }
+        continue;
+      }
+      ASSERT_LT(i, static_cast<int>(c.text.size()));
+      // Expected: the fewest tokens whose text contains a stop string.
+      size_t k = 1;
+      std::string want;
+      std::string reason = "length";
+      for (; k <= static_cast<size_t>(sp.max_tokens); ++k) {
+        want = Decode(std::vector<int32_t>(samples[i].begin(), samples[i].begin() + k));
+        size_t cut = std::string::npos;
+        for (const std::string& stop : sp.stop) cut = std::min(cut, want.find(stop));
+        if (cut != std::string::npos) {
+          want.resize(cut);
+          reason = "stop";
+          break;
+        }
+      }
+      k = std::min(k, static_cast<size_t>(sp.max_tokens));
+      EXPECT_EQ(c.text[i], want) << "sample " << i;
+      EXPECT_EQ(c.reason[i], reason) << "sample " << i;
+      EXPECT_EQ(c.tokens[i], std::vector<int32_t>(samples[i].begin(), samples[i].begin() + k)) << "sample " << i;
+    }
+  }
+  ASSERT_TRUE(e->Step().ok());
+  ExpectAllFreed(*e);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, EngineStressTest,
+                         ::testing::Combine(::testing::Values(PreemptionMode::kSwap, PreemptionMode::kRecompute),
+                                            ::testing::Bool()));
+
+}  // namespace
+}  // namespace pagedserve

@@ -1,0 +1,394 @@
+// The engine end to end on the random-weight Llama (PAGEDSERVE_TEST_MODEL)
+// against the transformers greedy reference (PAGEDSERVE_TEST_REFERENCE):
+// batched greedy, seeded n = 2, stop strings across tokens, stop token ids,
+// exact max_tokens, abort, a request over the pool, prefix caching (cold, warm,
+// after an aborted / stopped warm-up) and preemption by swap and by recompute.
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distributed/communicator.h"
+#include "gtest/gtest.h"
+#include "runtime/engine/engine.h"
+#include "runtime/engine/executor.h"
+#include "runtime/tokenizer/loaders.h"
+#include "runtime/worker/worker.h"
+#include "tests/worker/reference_fixture.h"
+
+namespace pagedserve {
+namespace {
+
+using testing::LoadReference;
+using testing::ReferencePrompt;
+
+constexpr int kBlockSize = 16;
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// An executor over a worker shared by the whole suite (the model loads once),
+// reporting a smaller pool when asked (tiny pools force preemption).
+class SharedWorkerExecutor : public Executor {
+ public:
+  SharedWorkerExecutor(Worker* w, int64_t device_blocks, int64_t cpu_blocks)
+      : w_(w), device_(device_blocks), cpu_(cpu_blocks) {}
+  absl::StatusOr<StepResult> Execute(const StepPlan& plan) override { return w_->Execute(plan); }
+  absl::Status Shutdown() override { return absl::OkStatus(); }
+  int64_t num_device_blocks() const override { return device_; }
+  int64_t num_cpu_blocks() const override { return cpu_; }
+
+ private:
+  Worker* w_;
+  int64_t device_, cpu_;
+};
+
+struct Collected {
+  std::vector<std::string> text;
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::string> reason;
+  bool finished = false;
+  Usage usage;
+};
+
+class EngineModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = Env("PAGEDSERVE_TEST_MODEL");
+    reference_ = new std::vector<ReferencePrompt>(LoadReference(Env("PAGEDSERVE_TEST_REFERENCE")));
+    auto t = LoadHfTokenizer(model_);
+    ASSERT_TRUE(t.ok()) << t.status();
+    tokenizer_ = t->release();
+    comm_ = MakeSingleRankCommunicator().release();
+    WorkerOptions o;
+    o.model_path = model_;
+    o.block_size = kBlockSize;
+    o.kv_cache_memory = 64LL << 20;
+    o.swap_space = 4LL << 20;
+    auto w = Worker::Create(o, comm_);
+    ASSERT_TRUE(w.ok()) << w.status();
+    worker_ = w->release();
+  }
+  static void TearDownTestSuite() {
+    delete worker_;
+    delete comm_;
+    delete tokenizer_;
+    delete reference_;
+  }
+
+  static const ReferencePrompt& Ref(const std::string& name) {
+    for (const ReferencePrompt& p : *reference_) {
+      if (p.name == name) return p;
+    }
+    ADD_FAILURE() << "no reference prompt " << name;
+    return reference_->front();
+  }
+
+  struct Config {
+    int64_t device_blocks = 256;
+    int64_t cpu_blocks = 0;
+    int32_t max_model_len = 512;
+    bool prefix_caching = false;
+    PreemptionMode mode = PreemptionMode::kRecompute;
+  };
+  static std::unique_ptr<Engine> MakeEngine(const Config& c, std::unique_ptr<Executor> exec = nullptr) {
+    if (!exec) exec = std::make_unique<SharedWorkerExecutor>(worker_, c.device_blocks, c.cpu_blocks);
+    EngineOptions o;
+    o.scheduler.block_size = kBlockSize;
+    o.scheduler.max_model_len = c.max_model_len;
+    o.scheduler.enable_prefix_caching = c.prefix_caching;
+    o.scheduler.preemption_mode = c.mode;
+    auto e = Engine::Create(o, tokenizer_, std::move(exec), {tokenizer_->eos_id()});
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
+
+  static EngineRequest Greedy(const std::string& id, const std::vector<int32_t>& prompt, int max_tokens) {
+    EngineRequest r;
+    r.request_id = id;
+    r.prompt_token_ids = prompt;
+    r.params.temperature = 0;
+    r.params.max_tokens = max_tokens;
+    r.params.ignore_eos = true;  // the reference does not stop at EOS
+    return r;
+  }
+
+  static void Collect(const std::vector<EngineOutput>& outs, std::map<std::string, Collected>* all) {
+    for (const EngineOutput& o : outs) {
+      Collected& c = (*all)[o.request_id];
+      EXPECT_TRUE(o.error.ok()) << o.error;
+      for (const SequenceDelta& d : o.deltas) {
+        if (c.text.size() <= static_cast<size_t>(d.index)) {
+          c.text.resize(d.index + 1), c.tokens.resize(d.index + 1), c.reason.resize(d.index + 1);
+        }
+        c.text[d.index] += d.text;
+        c.tokens[d.index].insert(c.tokens[d.index].end(), d.token_ids.begin(), d.token_ids.end());
+        if (d.finished) c.reason[d.index] = d.finish_reason;
+      }
+      if (o.finished) c.finished = true, c.usage = o.usage;
+    }
+  }
+
+  static std::map<std::string, Collected> RunAll(Engine& e) {
+    std::map<std::string, Collected> all;
+    for (int i = 0; i < 1000 && e.HasUnfinishedRequests(); ++i) {
+      auto outs = e.Step();
+      EXPECT_TRUE(outs.ok()) << outs.status();
+      if (!outs.ok()) break;
+      Collect(*outs, &all);
+      EXPECT_TRUE(e.scheduler().CheckInvariants().ok()) << e.scheduler().CheckInvariants();
+    }
+    EXPECT_FALSE(e.HasUnfinishedRequests());
+    return all;
+  }
+
+  static void ExpectAllFreed(Engine& e) {
+    auto outs = e.Step();  // applies pending finishes
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    const SchedulerStats st = e.stats();
+    EXPECT_EQ(st.num_running + st.num_waiting + st.num_swapped, 0);
+    EXPECT_EQ(st.device_kv_usage, 0.0);
+    EXPECT_EQ(st.cpu_kv_usage, 0.0);
+    EXPECT_TRUE(e.scheduler().CheckInvariants().ok()) << e.scheduler().CheckInvariants();
+  }
+
+  static std::string Decode(const std::vector<int32_t>& ids) {
+    auto r = tokenizer_->Decode(ids);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : "";
+  }
+
+  static std::string model_;
+  static std::vector<ReferencePrompt>* reference_;
+  static Tokenizer* tokenizer_;
+  static Communicator* comm_;
+  static Worker* worker_;
+};
+std::string EngineModelTest::model_;
+std::vector<ReferencePrompt>* EngineModelTest::reference_ = nullptr;
+Tokenizer* EngineModelTest::tokenizer_ = nullptr;
+Communicator* EngineModelTest::comm_ = nullptr;
+Worker* EngineModelTest::worker_ = nullptr;
+
+// The near-tie rule of tests/worker/llama_reference_test.cc: at the first
+// token that differs from the reference, the reference's own top-1 margin must
+// be below the logit tolerance; later tokens are not compared.
+void ExpectSameGreedy(const ReferencePrompt& p, const std::vector<int32_t>& got) {
+  ASSERT_LE(got.size(), p.greedy_ids.size()) << p.name;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == p.greedy_ids[i]) continue;
+    ASSERT_LT(i, p.greedy_margins.size());
+    EXPECT_LT(p.greedy_margins[i], 1e-3) << p.name << ": greedy token " << i << " is " << got[i]
+                                         << ", reference " << p.greedy_ids[i] << " with a clear margin "
+                                         << p.greedy_margins[i];
+    return;
+  }
+}
+
+TEST_F(EngineModelTest, GreedyBatchMatchesTransformersThroughTheLocalExecutor) {
+  WorkerOptions o;
+  o.model_path = model_;
+  o.block_size = kBlockSize;
+  o.kv_cache_memory = 16LL << 20;
+  o.swap_space = 0;
+  auto exec = CreateLocalExecutor(o);
+  ASSERT_TRUE(exec.ok()) << exec.status();
+  auto e = MakeEngine(Config{}, *std::move(exec));
+  ASSERT_NE(e, nullptr);
+  const std::vector<std::string> names = {"plain_english", "code", "chat_single"};
+  for (const std::string& n : names) ASSERT_TRUE(e->AddRequest(Greedy(n, Ref(n).prompt_ids, 16)).ok());
+  auto all = RunAll(*e);
+  for (const std::string& n : names) {
+    const Collected& c = all[n];
+    ASSERT_TRUE(c.finished) << n;
+    EXPECT_EQ(c.tokens[0].size(), 16u) << n;
+    EXPECT_EQ(c.reason[0], "length") << n;
+    ExpectSameGreedy(Ref(n), c.tokens[0]);
+    EXPECT_EQ(c.text[0], Decode(c.tokens[0])) << n;
+    EXPECT_EQ(c.usage.prompt_tokens, static_cast<int32_t>(Ref(n).prompt_ids.size()));
+    EXPECT_EQ(c.usage.completion_tokens, 16);
+  }
+  ExpectAllFreed(*e);
+}
+
+TEST_F(EngineModelTest, SeededParallelSamplingIsReproducibleAndBatchIndependent) {
+  EngineRequest r;
+  r.request_id = "n2";
+  r.prompt_token_ids = Ref("story").prompt_ids;
+  r.params.n = 2;
+  r.params.temperature = 1.0f;
+  r.params.seed = 42;
+  r.params.max_tokens = 8;
+  r.params.ignore_eos = true;
+  auto alone = MakeEngine(Config{});
+  ASSERT_TRUE(alone->AddRequest(r).ok());
+  auto a = RunAll(*alone)["n2"];
+  ExpectAllFreed(*alone);
+  auto busy = MakeEngine(Config{});
+  ASSERT_TRUE(busy->AddRequest(Greedy("other", Ref("code").prompt_ids, 8)).ok());
+  ASSERT_TRUE(busy->AddRequest(r).ok());
+  auto b = RunAll(*busy)["n2"];
+  ASSERT_EQ(a.tokens.size(), 2u);
+  ASSERT_EQ(b.tokens.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(a.tokens[i].size(), 8u);
+    EXPECT_EQ(a.tokens[i], b.tokens[i]) << "sample " << i;
+    EXPECT_EQ(a.text[i], Decode(a.tokens[i]));
+  }
+  // Two samples of a near-uniform 49152-way distribution.
+  EXPECT_NE(a.tokens[0], a.tokens[1]);
+  EXPECT_EQ(a.usage.completion_tokens, 16);
+}
+
+TEST_F(EngineModelTest, StopStringAcrossTokensEndsRightBeforeIt) {
+  const ReferencePrompt& p = Ref("plain_english");
+  const std::string t2 = Decode({p.greedy_ids[2]}), t3 = Decode({p.greedy_ids[3]});
+  ASSERT_GE(t2.size(), 2u);
+  ASSERT_GE(t3.size(), 2u);
+  const std::string stop = t2.substr(t2.size() - 2) + t3.substr(0, 2);  // spans tokens 2 and 3
+  std::string want = Decode(std::vector<int32_t>(p.greedy_ids.begin(), p.greedy_ids.begin() + 4));
+  want.resize(want.find(stop));
+  auto e = MakeEngine(Config{});
+  EngineRequest r = Greedy("s", p.prompt_ids, 16);
+  r.params.stop = {stop, "never-appears"};
+  ASSERT_TRUE(e->AddRequest(r).ok());
+  auto c = RunAll(*e)["s"];
+  EXPECT_EQ(c.text[0], want) << "stop string '" << stop << "'";
+  EXPECT_EQ(c.reason[0], "stop");
+  EXPECT_EQ(c.tokens[0], std::vector<int32_t>(p.greedy_ids.begin(), p.greedy_ids.begin() + 4));
+  EXPECT_EQ(c.usage.completion_tokens, 4);
+  ExpectAllFreed(*e);
+}
+
+TEST_F(EngineModelTest, StopTokenIdsAndExactMaxTokens) {
+  const ReferencePrompt& p = Ref("numbers");
+  const int32_t stop_id = p.greedy_ids[4];
+  const size_t first = std::find(p.greedy_ids.begin(), p.greedy_ids.end(), stop_id) - p.greedy_ids.begin();
+  auto e = MakeEngine(Config{});
+  EngineRequest r = Greedy("stop_id", p.prompt_ids, 16);
+  r.params.stop_token_ids = {stop_id};
+  ASSERT_TRUE(e->AddRequest(r).ok());
+  ASSERT_TRUE(e->AddRequest(Greedy("len7", Ref("code").prompt_ids, 7)).ok());
+  auto all = RunAll(*e);
+  EXPECT_EQ(all["stop_id"].tokens[0],
+            std::vector<int32_t>(p.greedy_ids.begin(), p.greedy_ids.begin() + first + 1));
+  EXPECT_EQ(all["stop_id"].reason[0], "stop");
+  EXPECT_EQ(all["stop_id"].text[0],
+            Decode(std::vector<int32_t>(p.greedy_ids.begin(), p.greedy_ids.begin() + first)));
+  EXPECT_EQ(all["len7"].tokens[0].size(), 7u);
+  EXPECT_EQ(all["len7"].reason[0], "length");
+  ExpectSameGreedy(Ref("code"), all["len7"].tokens[0]);
+  ExpectAllFreed(*e);
+}
+
+TEST_F(EngineModelTest, AbortMidGenerationFreesItsBlocks) {
+  auto e = MakeEngine(Config{});
+  ASSERT_TRUE(e->AddRequest(Greedy("keep", Ref("story").prompt_ids, 12)).ok());
+  ASSERT_TRUE(e->AddRequest(Greedy("drop", Ref("multilingual").prompt_ids, 30)).ok());
+  std::map<std::string, Collected> all;
+  for (int i = 0; i < 4; ++i) {
+    auto outs = e->Step();
+    ASSERT_TRUE(outs.ok());
+    Collect(*outs, &all);
+  }
+  ASSERT_TRUE(e->Abort("drop").ok());
+  while (e->HasUnfinishedRequests()) {
+    auto outs = e->Step();
+    ASSERT_TRUE(outs.ok());
+    Collect(*outs, &all);
+  }
+  EXPECT_EQ(all["drop"].reason[0], "abort");
+  EXPECT_EQ(all["drop"].tokens[0].size(), 4u);
+  ExpectSameGreedy(Ref("multilingual"), all["drop"].tokens[0]);
+  EXPECT_EQ(all["keep"].tokens[0].size(), 12u);
+  ExpectSameGreedy(Ref("story"), all["keep"].tokens[0]);
+  ExpectAllFreed(*e);
+}
+
+TEST_F(EngineModelTest, RequestLargerThanThePoolIsRejectedAndTheNextRuns) {
+  Config c;
+  c.device_blocks = 16;  // 256 tokens
+  c.max_model_len = 256;
+  auto e = MakeEngine(c);
+  EngineRequest big = Greedy("big", Ref("story").prompt_ids, 100);
+  big.params.n = 4;  // 4 x ceil(115 / 16) = 32 blocks
+  const absl::Status st = e->AddRequest(big);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_FALSE(e->HasUnfinishedRequests());
+  ASSERT_TRUE(e->AddRequest(Greedy("next", Ref("plain_english").prompt_ids, 8)).ok());
+  auto c2 = RunAll(*e)["next"];
+  EXPECT_EQ(c2.tokens[0].size(), 8u);
+  ExpectSameGreedy(Ref("plain_english"), c2.tokens[0]);
+  ExpectAllFreed(*e);
+}
+
+TEST_F(EngineModelTest, PrefixCachingNeverChangesGreedyTokens) {
+  Config c;
+  c.prefix_caching = true;
+  auto e = MakeEngine(c);
+  const ReferencePrompt& p = Ref("long");
+  auto run = [&](const std::string& id) {
+    EXPECT_TRUE(e->AddRequest(Greedy(id, p.prompt_ids, 8)).ok());
+    return RunAll(*e)[id];
+  };
+  const Collected cold = run("cold");
+  ExpectSameGreedy(p, cold.tokens[0]);
+  EXPECT_EQ(cold.usage.cached_prompt_tokens, 0);
+  const Collected warm = run("warm");
+  EXPECT_EQ(warm.tokens[0], cold.tokens[0]);
+  EXPECT_GE(warm.usage.cached_prompt_tokens, 256);
+  // A warm-up aborted right after its prefill, and one ended by a stop string.
+  ASSERT_TRUE(e->AddRequest(Greedy("aborted", p.prompt_ids, 8)).ok());
+  auto outs = e->Step();
+  ASSERT_TRUE(outs.ok());
+  ASSERT_TRUE(e->Abort("aborted").ok());
+  RunAll(*e);
+  EngineRequest stopped = Greedy("stopped", p.prompt_ids, 8);
+  stopped.params.stop = {Decode({cold.tokens[0][1]})};
+  ASSERT_TRUE(e->AddRequest(stopped).ok());
+  const Collected st = RunAll(*e)["stopped"];
+  EXPECT_EQ(st.reason[0], "stop");
+  const Collected again = run("again");
+  EXPECT_EQ(again.tokens[0], cold.tokens[0]);
+  EXPECT_GT(e->stats().prefix_cache_hits, 0);
+  ExpectAllFreed(*e);
+}
+
+class EnginePreemptionTest : public EngineModelTest, public ::testing::WithParamInterface<PreemptionMode> {};
+
+TEST_P(EnginePreemptionTest, PreemptedRequestsGiveTheSameGreedyTokens) {
+  Config c;
+  c.device_blocks = 8;  // 128 tokens for four requests that need 10 blocks together
+  c.cpu_blocks = 16;
+  c.max_model_len = 64;
+  c.mode = GetParam();
+  auto e = MakeEngine(c);
+  const std::vector<std::string> names = {"plain_english", "story", "code", "numbers"};
+  for (const std::string& n : names) ASSERT_TRUE(e->AddRequest(Greedy(n, Ref(n).prompt_ids, 16)).ok());
+  auto all = RunAll(*e);
+  const SchedulerStats st = e->stats();
+  if (GetParam() == PreemptionMode::kSwap) {
+    EXPECT_GT(st.num_preemptions_swap, 0);
+  } else {
+    EXPECT_GT(st.num_preemptions_recompute, 0);
+  }
+  for (const std::string& n : names) {
+    EXPECT_EQ(all[n].tokens[0].size(), 16u) << n;
+    ExpectSameGreedy(Ref(n), all[n].tokens[0]);
+    EXPECT_EQ(all[n].text[0], Decode(all[n].tokens[0])) << n;
+  }
+  ExpectAllFreed(*e);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, EnginePreemptionTest,
+                         ::testing::Values(PreemptionMode::kSwap, PreemptionMode::kRecompute),
+                         [](const auto& info) {
+                           return std::string(info.param == PreemptionMode::kSwap ? "Swap" : "Recompute");
+                         });
+
+}  // namespace
+}  // namespace pagedserve
