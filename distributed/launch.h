@@ -1,6 +1,17 @@
 // The process model under mpirun: world rank 0 is the coordinator, ranks
 // 1..TP are the tensor-parallel workers. Without mpirun (world size 1) the
-// coordinator runs one in-process worker.
+// coordinator runs one in-process worker. docs/distributed.md describes the
+// protocol, the timeouts, the failure behaviour and the mpirun flags.
+//
+// Typical use in a command:
+//   auto info = InitMpi(&argc, &argv);               // every rank
+//   if (auto s = CheckWorldSize(*info, tp); !s.ok()) { print s; FinalizeMpi(); return 2; }
+//   if (!info->coordinator()) { int rc = RunWorkerRank(*info, opts); FinalizeMpi(rc != 0, rc); return rc; }
+//   auto exec = info->world_size > 1 ? MakeMpiExecutor(*info, kDefaultStartupTimeout,
+//                                                      kDefaultStepTimeout)
+//                                    : MakeLocalExecutor(...);
+//   ... engine loop; on an executor error fail every request ...
+//   exec->Shutdown(); FinalizeMpi(/*abort=*/failed, 1);
 #ifndef PAGEDSERVE_DISTRIBUTED_LAUNCH_H_
 #define PAGEDSERVE_DISTRIBUTED_LAUNCH_H_
 
@@ -20,28 +31,69 @@ struct LaunchInfo {
   bool coordinator() const { return world_rank == 0; }
 };
 
+// Recommended timeouts. Startup covers loading and dequantizing the shard on a
+// loaded machine. The step timeout bounds how long the coordinator waits for
+// the workers to take a plan and for TP rank 0's result: a worker that died or
+// hangs becomes an error on the coordinator within this time, so it must stay
+// below 10 s (the failure budget) and above the longest legitimate step.
+inline constexpr absl::Duration kDefaultStartupTimeout = absl::Seconds(600);
+inline constexpr absl::Duration kDefaultStepTimeout = absl::Seconds(8);
+
 // MPI_Init_thread (MPI_THREAD_FUNNELED: only the main thread calls MPI) and
 // the rank/size. Safe without mpirun (singleton MPI, world size 1).
 absl::StatusOr<LaunchInfo> InitMpi(int* argc, char*** argv);
-// MPI_Finalize (or MPI_Abort with `exit_code` when `abort`).
+// MPI_Finalize (or MPI_Abort with `exit_code` when `abort`). After an MPI
+// executor reported a worker failure, or when a worker rank gave up, this
+// aborts even when `abort` is false (MPI_Finalize would wait for a dead or
+// stuck rank), so that mpirun stops every rank. No-op before InitMpi or after
+// a previous call.
 void FinalizeMpi(bool abort = false, int exit_code = 1);
 
 // Checks world_size == 1 + tensor_parallel_size, or world_size == 1 with
 // tensor_parallel_size == 1. InvalidArgument with a message every rank prints.
 absl::Status CheckWorldSize(const LaunchInfo& info, int tensor_parallel_size);
 
-// Worker ranks: loads the shard (Worker::Create over a TP communicator: MPI on
-// CPU, NCCL on GPU), reports its block counts to the coordinator, then runs
-// plans until a shutdown plan. Returns the process exit code.
+// Worker ranks: loads the shard (Worker::Create over a TP communicator of the
+// worker ranks; MPI collectives, since Worker keeps its KV pools and
+// activations in host memory), reports its block counts (or its setup error)
+// to the coordinator, then runs plans until a shutdown plan. TP rank 0 returns
+// each step's result; any rank that fails a step sends the error and refuses
+// every later step plan (the coordinator stops). Signals: SIGINT is ignored
+// (the coordinator decides); after SIGTERM the rank keeps serving plans but
+// exits if it makes no progress for kDefaultStepTimeout (a rank stuck in a
+// collective with a dead peer), and a rank whose coordinator process is gone
+// (same host) exits. Returns 0 after a shutdown plan, non-zero after a setup
+// failure or an abort from the coordinator.
 int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options);
 
 // Coordinator rank with world_size > 1: an Executor over the worker ranks.
 // Waits up to `startup_timeout` for every worker's report; block counts are
 // the minimum over ranks. Every later step waits at most `step_timeout` for the
 // workers (a dead or stuck worker becomes an error, not a hang).
+// Logs (spdlog) the block counts of every rank and the capacity in tokens.
+// Errors: FailedPrecondition naming the rank and its setup error (e.g. a
+// tensor-parallel size that does not divide the query heads), DeadlineExceeded
+// when a worker does not report in time. On any error (here or in Execute)
+// the workers are told to abort and FinalizeMpi aborts the job.
+// Shutdown() waits for every worker to acknowledge (step timeout) and fails
+// if one does not (a dead rank), so a clean exit code means every rank ended.
 absl::StatusOr<std::unique_ptr<Executor>> MakeMpiExecutor(const LaunchInfo& info,
                                                           absl::Duration startup_timeout,
                                                           absl::Duration step_timeout);
+
+// Time the MPI executor spent per phase, summed over steps (for metrics and
+// the benchmark). send = serializing and handing the plan to every worker;
+// wait = from the end of the send to TP rank 0's result; worker_* = TP rank
+// 0's own figures (StepResult.forward_seconds / collective_seconds).
+struct MpiExecutorStats {
+  int64_t steps = 0;
+  double send_seconds = 0.0;
+  double wait_seconds = 0.0;
+  double worker_forward_seconds = 0.0;
+  double worker_collective_seconds = 0.0;
+};
+// Stats of an executor made by MakeMpiExecutor; NotFound for any other.
+absl::StatusOr<MpiExecutorStats> GetMpiExecutorStats(const Executor& executor);
 
 }  // namespace pagedserve
 

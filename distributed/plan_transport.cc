@@ -18,35 +18,62 @@ constexpr int kTagPlan = 102;
 constexpr int kTagResult = 103;
 constexpr int kTagError = 104;
 
+// How often a wait runs the liveness check.
+constexpr absl::Duration kLivenessPeriod = absl::Milliseconds(20);
+
 // Waits for `req` to complete, sleeping between polls (starting at 20 us and
-// backing off to 1 ms). Returns false on deadline; the request is cancelled.
-bool WaitRequest(MPI_Request* req, MPI_Status* status, absl::Time deadline) {
+// backing off to 1 ms). Returns OK when done; DeadlineExceeded (no message) at
+// the deadline, or the liveness check's error; the request is then released
+// (MPI cannot cancel a send: the caller keeps its buffer alive).
+absl::Status WaitRequest(MPI_Request* req, MPI_Status* status, absl::Time deadline,
+                         const PlanSender::LivenessCheck* check = nullptr) {
   auto sleep = std::chrono::microseconds(20);
+  absl::Time next_check = absl::Now() + kLivenessPeriod;
   while (true) {
     int done = 0;
     MPI_Test(req, &done, status);
-    if (done) return true;
-    if (absl::Now() >= deadline) {
+    if (done) return absl::OkStatus();
+    absl::Time now = absl::Now();
+    absl::Status failure;
+    if (check != nullptr && *check && now >= next_check) {
+      failure = (*check)();
+      next_check = now + kLivenessPeriod;
+    }
+    if (!failure.ok() || now >= deadline) {
       MPI_Cancel(req);
       MPI_Request_free(req);
-      return false;
+      return failure.ok() ? absl::DeadlineExceededError("") : failure;
     }
     std::this_thread::sleep_for(sleep);
     if (sleep < std::chrono::milliseconds(1)) sleep *= 2;
   }
 }
 
-// Probes without spinning for a message from `source` with any of the tags.
-bool WaitProbe(MPI_Comm comm, int source, int tag, MPI_Status* status, absl::Time deadline) {
+// Probes without spinning for a message from `source` with `tag`; same
+// outcomes as WaitRequest.
+absl::Status WaitProbe(MPI_Comm comm, int source, int tag, MPI_Status* status, absl::Time deadline,
+                       const PlanSender::LivenessCheck* check = nullptr) {
   auto sleep = std::chrono::microseconds(20);
+  absl::Time next_check = absl::Now() + kLivenessPeriod;
   while (true) {
     int flag = 0;
     MPI_Iprobe(source, tag, comm, &flag, status);
-    if (flag) return true;
-    if (absl::Now() >= deadline) return false;
+    if (flag) return absl::OkStatus();
+    absl::Time now = absl::Now();
+    if (check != nullptr && *check && now >= next_check) {
+      if (absl::Status failure = (*check)(); !failure.ok()) return failure;
+      next_check = now + kLivenessPeriod;
+    }
+    if (now >= deadline) return absl::DeadlineExceededError("");
     std::this_thread::sleep_for(sleep);
     if (sleep < std::chrono::milliseconds(1)) sleep *= 2;
   }
+}
+
+// A wait's error: the liveness failure as is, a deadline with `what`.
+absl::Status WaitError(const absl::Status& s, const std::string& what) {
+  if (absl::IsDeadlineExceeded(s) && s.message().empty()) return absl::DeadlineExceededError(what);
+  return s;
 }
 
 absl::StatusOr<std::string> RecvBytes(MPI_Comm comm, const MPI_Status& probed) {
@@ -66,6 +93,9 @@ std::string EncodeHello(const WorkerHello& h) {
   w.PutString(h.error);
   w.Put<int64_t>(h.num_device_blocks);
   w.Put<int64_t>(h.num_cpu_blocks);
+  w.Put<int32_t>(h.block_size);
+  w.Put<int64_t>(h.pid);
+  w.PutString(h.host);
   return std::move(w.buffer());
 }
 
@@ -78,6 +108,10 @@ absl::StatusOr<WorkerHello> DecodeHello(std::string_view bytes) {
   PS_RETURN_IF_ERROR(r.GetString(&h.error, "hello.error"));
   PS_RETURN_IF_ERROR(r.Get(&h.num_device_blocks, "hello.num_device_blocks"));
   PS_RETURN_IF_ERROR(r.Get(&h.num_cpu_blocks, "hello.num_cpu_blocks"));
+  PS_RETURN_IF_ERROR(r.Get(&h.block_size, "hello.block_size"));
+  PS_RETURN_IF_ERROR(r.Get(&h.pid, "hello.pid"));
+  PS_RETURN_IF_ERROR(r.GetString(&h.host, "hello.host"));
+  if (!r.done()) return absl::DataLossError("worker hello: trailing bytes after 'host'");
   h.ok = ok != 0;
   return h;
 }
@@ -89,8 +123,8 @@ absl::Status SendBytes(MPI_Comm comm, int dest, int tag, const std::string& byte
   MPI_Request req;
   MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, dest, tag, comm, &req);
   MPI_Status st;
-  if (!WaitRequest(&req, &st, deadline))
-    return absl::DeadlineExceededError(absl::StrCat("sending to rank ", dest, " timed out"));
+  if (absl::Status s = WaitRequest(&req, &st, deadline); !s.ok())
+    return WaitError(s, absl::StrCat("sending to rank ", dest, " timed out"));
   return absl::OkStatus();
 }
 
@@ -99,14 +133,18 @@ absl::Status SendBytes(MPI_Comm comm, int dest, int tag, const std::string& byte
 PlanSender::PlanSender(MPI_Comm world, int num_workers, absl::Duration timeout)
     : world_(world), num_workers_(num_workers), timeout_(timeout) {}
 
+PlanSender::~PlanSender() {
+  if (!abandoned_.empty()) new std::vector<std::string>(std::move(abandoned_));
+}
+
 absl::StatusOr<std::vector<WorkerHello>> PlanSender::GatherHellos(absl::Duration timeout) {
   std::vector<WorkerHello> hellos;
   absl::Time deadline = absl::Now() + timeout;
   for (int r = 1; r <= num_workers_; ++r) {
     MPI_Status st;
-    if (!WaitProbe(world_, r, kTagHello, &st, deadline))
-      return absl::DeadlineExceededError(
-          absl::StrCat("worker rank ", r, " did not report within ", absl::FormatDuration(timeout)));
+    if (absl::Status s = WaitProbe(world_, r, kTagHello, &st, deadline); !s.ok())
+      return WaitError(s, absl::StrCat("worker rank ", r, " did not report within ",
+                                       absl::FormatDuration(timeout)));
     PS_ASSIGN_OR_RETURN(std::string bytes, RecvBytes(world_, st));
     PS_ASSIGN_OR_RETURN(WorkerHello h, DecodeHello(bytes));
     if (!h.ok)
@@ -116,19 +154,28 @@ absl::StatusOr<std::vector<WorkerHello>> PlanSender::GatherHellos(absl::Duration
   return hellos;
 }
 
-absl::Status PlanSender::Send(const StepPlan& plan) {
-  const std::string bytes = EncodeStepPlan(plan);
-  absl::Time deadline = absl::Now() + timeout_;
+absl::Status PlanSender::Send(const StepPlan& plan) { return Send(plan, timeout_); }
+
+absl::Status PlanSender::Send(const StepPlan& plan, absl::Duration timeout) {
+  std::string bytes = EncodeStepPlan(plan);
+  if (bytes.size() > static_cast<size_t>(INT_MAX))
+    return absl::InvalidArgumentError(
+        absl::StrCat("step plan ", plan.step_id, " is larger than 2 GiB"));
+  absl::Time deadline = absl::Now() + timeout;
   std::vector<MPI_Request> reqs(num_workers_);
   for (int r = 1; r <= num_workers_; ++r)
     MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, r, kTagPlan, world_,
               &reqs[r - 1]);
   for (int r = 1; r <= num_workers_; ++r) {
     MPI_Status st;
-    if (!WaitRequest(&reqs[r - 1], &st, deadline))
-      return absl::DeadlineExceededError(absl::StrCat(
-          "worker rank ", r, " did not take step plan ", plan.step_id, " within ",
-          absl::FormatDuration(timeout_)));
+    if (absl::Status s = WaitRequest(&reqs[r - 1], &st, deadline, &liveness_); !s.ok()) {
+      // MPI cannot cancel a send reliably: release the other pending requests
+      // too and keep the buffer alive, since MPI may still read it.
+      for (int q = r + 1; q <= num_workers_; ++q) MPI_Request_free(&reqs[q - 1]);
+      abandoned_.push_back(std::move(bytes));
+      return WaitError(s, absl::StrCat("worker rank ", r, " did not take step plan ",
+                                       plan.step_id, " within ", absl::FormatDuration(timeout)));
+    }
   }
   return absl::OkStatus();
 }
@@ -137,9 +184,10 @@ absl::StatusOr<StepResult> PlanSender::Receive() {
   absl::Time deadline = absl::Now() + timeout_;
   MPI_Status st;
   // A result comes from TP rank 0 (world rank 1); an error from any worker.
-  if (!WaitProbe(world_, MPI_ANY_SOURCE, MPI_ANY_TAG, &st, deadline))
-    return absl::DeadlineExceededError(
-        absl::StrCat("no step result from the workers within ", absl::FormatDuration(timeout_)));
+  if (absl::Status s = WaitProbe(world_, MPI_ANY_SOURCE, MPI_ANY_TAG, &st, deadline, &liveness_);
+      !s.ok())
+    return WaitError(s, absl::StrCat("no step result from the workers within ",
+                                     absl::FormatDuration(timeout_)));
   PS_ASSIGN_OR_RETURN(std::string bytes, RecvBytes(world_, st));
   if (st.MPI_TAG == kTagError)
     return absl::InternalError(absl::StrCat("worker rank ", st.MPI_SOURCE, ": ", bytes));
@@ -157,7 +205,7 @@ absl::Status PlanReceiver::SendHello(const WorkerHello& hello) {
 
 absl::StatusOr<StepPlan> PlanReceiver::Receive() {
   MPI_Status st;
-  WaitProbe(world_, 0, kTagPlan, &st, absl::InfiniteFuture());
+  WaitProbe(world_, 0, kTagPlan, &st, absl::InfiniteFuture()).IgnoreError();
   PS_ASSIGN_OR_RETURN(std::string bytes, RecvBytes(world_, st));
   return DecodeStepPlan(bytes);
 }

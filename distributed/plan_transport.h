@@ -9,7 +9,9 @@
 #define PAGEDSERVE_DISTRIBUTED_PLAN_TRANSPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include <mpi.h>
 
@@ -27,6 +29,9 @@ struct WorkerHello {
   std::string error;                // why setup failed when !ok
   int64_t num_device_blocks = 0;    // KV blocks that fit this rank's budget
   int64_t num_cpu_blocks = 0;       // swap blocks that fit --swap-space
+  int32_t block_size = 0;           // tokens per block (for the capacity log)
+  int64_t pid = 0;                  // the worker's process id on `host`
+  std::string host;                 // MPI_Get_processor_name of the worker
 };
 
 // Coordinator side (world rank 0).
@@ -34,13 +39,26 @@ class PlanSender {
  public:
   // `num_workers` = world size - 1. `timeout` bounds every wait for a worker.
   PlanSender(MPI_Comm world, int num_workers, absl::Duration timeout);
+  // Buffers of abandoned sends are leaked on purpose (MPI may still read them).
+  ~PlanSender();
+  PlanSender(const PlanSender&) = delete;
+  PlanSender& operator=(const PlanSender&) = delete;
+
+  // Called about every 20 ms while Send / Receive wait; a non-OK status ends
+  // the wait with that error (e.g. "worker rank 2 (pid 123) exited"), so a
+  // dead worker is noticed before the timeout where it can be observed.
+  using LivenessCheck = std::function<absl::Status()>;
+  void SetLivenessCheck(LivenessCheck check) { liveness_ = std::move(check); }
 
   // Collects one WorkerHello per worker (within `timeout`); error if any worker
   // failed setup (its message is included) or did not answer.
   absl::StatusOr<std::vector<WorkerHello>> GatherHellos(absl::Duration timeout);
 
-  // Sends the plan to every worker; DeadlineExceeded if a send does not finish.
+  // Sends the plan to every worker; DeadlineExceeded if a send does not finish
+  // within the constructor's timeout (or `timeout`). A send given up on stays
+  // posted: its bytes are kept alive until the sender is destroyed.
   absl::Status Send(const StepPlan& plan);
+  absl::Status Send(const StepPlan& plan, absl::Duration timeout);
 
   // Waits for the result of the last plan from the TP rank 0 worker (world
   // rank 1). DeadlineExceeded after the timeout; Internal if a worker reported
@@ -51,6 +69,8 @@ class PlanSender {
   MPI_Comm world_;
   int num_workers_;
   absl::Duration timeout_;
+  std::vector<std::string> abandoned_;  // buffers of sends that timed out
+  LivenessCheck liveness_;
 };
 
 // Worker side (world ranks 1..TP).

@@ -60,7 +60,7 @@ class Reader {
     if (auto s = Get(&n, field); !s.ok()) return s;
     if (n > (data_.size() - pos_) / sizeof(T)) return Truncated(field);
     v->resize(n);
-    std::memcpy(v->data(), data_.data() + pos_, n * sizeof(T));
+    if (n > 0) std::memcpy(v->data(), data_.data() + pos_, n * sizeof(T));
     pos_ += n * sizeof(T);
     return absl::OkStatus();
   }

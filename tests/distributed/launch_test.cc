@@ -1,0 +1,322 @@
+// The mpirun process model end to end: runs pagedserve_tp_driver (rank 0
+// coordinator over MakeMpiExecutor, ranks 1..TP RunWorkerRank) under
+// `mpirun --oversubscribe` and checks
+//  - greedy tokens identical for TP = 1 and TP = 2 (and 4: KV heads replicated)
+//    on the random-weight model, and TP = 1 vs TP = 3 on SmolLM2 when present;
+//  - a swap-out / swap-in of a sequence mid-generation under TP = 2 changes
+//    no token;
+//  - a wrong rank count and a TP size that does not divide the query heads
+//    give a clear error and a non-zero exit, no hang;
+//  - killing a worker mid-generation: the coordinator reports the failure and
+//    everything exits non-zero within the documented time, no rank left.
+// Every child runs under a hard timeout, so the test cannot hang CI.
+//
+// Environment (set by tests/distributed/CMakeLists.txt): PAGEDSERVE_TP_DRIVER,
+// PAGEDSERVE_MPIEXEC, PAGEDSERVE_TEST_MODEL (random model dir),
+// PAGEDSERVE_SMOLLM2 (optional GGUF path).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+struct Result {
+  int exit_code = -1;    // -1: killed by the test's timeout
+  bool timed_out = false;
+  std::string out;       // stdout and stderr interleaved
+  double seconds = 0.0;
+};
+
+// A child process (mpirun) with its output on a pipe.
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& argv) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      setsid();
+      dup2(fds[1], 1);
+      dup2(fds[1], 2);
+      close(fds[0]);
+      close(fds[1]);
+      std::vector<char*> args;
+      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    fd_ = fds[0];
+    fcntl(fd_, F_SETFL, O_NONBLOCK);
+    start_ = Clock::now();
+  }
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+
+  // Reads output until `pattern` matches the text so far or `timeout` passes.
+  std::optional<std::smatch> WaitFor(const std::regex& pattern, double timeout_s) {
+    const auto deadline = start_ + std::chrono::duration<double>(Elapsed() + timeout_s);
+    while (Clock::now() < deadline) {
+      std::smatch m;
+      if (std::regex_search(out_, m, pattern)) return m;
+      if (!Pump(100)) break;
+    }
+    std::smatch m;
+    if (std::regex_search(out_, m, pattern)) return m;
+    return std::nullopt;
+  }
+
+  // Waits for the exit; on timeout SIGTERM (mpirun stops its ranks), then SIGKILL.
+  Result Wait(double timeout_s) {
+    Result r;
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+    int status = 0;
+    while (true) {
+      Pump(50);
+      pid_t w = waitpid(pid_, &status, WNOHANG);
+      if (w == pid_) break;
+      if (Clock::now() > deadline) {
+        r.timed_out = true;
+        kill(pid_, SIGTERM);
+        std::this_thread::sleep_for(std::chrono::seconds(3));
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+        break;
+      }
+    }
+    reaped_ = true;
+    while (Pump(0)) {
+    }
+    r.seconds = Elapsed();
+    r.exit_code = r.timed_out ? -1
+                  : WIFEXITED(status) ? WEXITSTATUS(status)
+                                      : 128 + WTERMSIG(status);
+    r.out = out_;
+    return r;
+  }
+
+  double Elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  const std::string& out() const { return out_; }
+
+ private:
+  // Reads what is available (waiting up to `ms`); false at EOF.
+  bool Pump(int ms) {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, ms) <= 0) return true;
+    char buf[4096];
+    ssize_t n = read(fd_, buf, sizeof(buf));
+    if (n > 0) {
+      out_.append(buf, n);
+      return true;
+    }
+    return n < 0 && errno == EAGAIN;
+  }
+
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool reaped_ = false;
+  std::string out_;
+  Clock::time_point start_;
+};
+
+class LaunchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    driver_ = Env("PAGEDSERVE_TP_DRIVER");
+    mpiexec_ = Env("PAGEDSERVE_MPIEXEC");
+    model_ = Env("PAGEDSERVE_TEST_MODEL");
+    ASSERT_FALSE(driver_.empty() || mpiexec_.empty() || model_.empty())
+        << "set PAGEDSERVE_TP_DRIVER, PAGEDSERVE_MPIEXEC and PAGEDSERVE_TEST_MODEL";
+    // OpenMPI refuses to run as root without these (containers, CI).
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMP_NUM_THREADS", "1", 1);
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  }
+
+  // mpirun -np `np` with the flags a small machine needs (docs/distributed.md).
+  std::vector<std::string> Mpirun(int np, const std::string& model, int tp,
+                                  std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {mpiexec_, "-np", std::to_string(np), "--oversubscribe",
+                                     "--bind-to", "none", driver_, "--model", model,
+                                     "--tp", std::to_string(tp)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  }
+
+  Result Run(const std::vector<std::string>& argv, double timeout_s = 240) {
+    Child c(argv);
+    Result r = c.Wait(timeout_s);
+    return r;
+  }
+
+  // "seq I: tokens" lines of a successful run.
+  static std::map<int, std::string> Tokens(const Result& r) {
+    std::map<int, std::string> seqs;
+    std::regex line(R"(seq (\d+): ([\d ]+))");
+    for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), line);
+         it != std::sregex_iterator(); ++it)
+      seqs[std::stoi((*it)[1])] = (*it)[2];
+    return seqs;
+  }
+
+  std::map<int, std::string> Generate(const std::string& model, int tp,
+                                      std::vector<std::string> extra = {}) {
+    Result r = Run(Mpirun(tp + 1, model, tp, extra));
+    EXPECT_EQ(r.exit_code, 0) << "TP " << tp << " run failed:\n" << r.out;
+    auto t = Tokens(r);
+    EXPECT_FALSE(t.empty()) << r.out;
+    return t;
+  }
+
+  std::string driver_, mpiexec_, model_;
+};
+
+TEST_F(LaunchTest, GreedyTokensIdenticalForTp1Tp2Tp4OnRandomModel) {
+  const std::vector<std::string> args = {"--max-tokens", "10"};
+  auto tp1 = Generate(model_, 1, args);
+  auto tp2 = Generate(model_, 2, args);
+  ASSERT_EQ(tp1.size(), 3u);
+  EXPECT_EQ(tp1, tp2);
+  // 4 ranks, 2 KV heads: each KV head is replicated on two ranks.
+  auto tp4 = Generate(model_, 4, args);
+  EXPECT_EQ(tp1, tp4);
+  // Not degenerate: the sequences differ from each other.
+  EXPECT_NE(tp1[0], tp1[1]);
+}
+
+TEST_F(LaunchTest, SwapOutAndInUnderTp2KeepsTokens) {
+  const std::vector<std::string> args = {"--max-tokens", "10"};
+  auto plain = Generate(model_, 2, args);
+  auto swapped = Generate(model_, 2, {"--max-tokens", "10", "--swap-at", "2"});
+  ASSERT_EQ(plain.size(), 3u);
+  EXPECT_EQ(plain, swapped);
+}
+
+TEST_F(LaunchTest, SmolLM2GreedyTokensIdenticalForTp1AndTp3) {
+  const std::string smol = Env("PAGEDSERVE_SMOLLM2");
+  if (smol.empty() || access(smol.c_str(), R_OK) != 0)
+    GTEST_SKIP() << "SmolLM2 GGUF not found (scripts/fetch-model; PAGEDSERVE_SMOLLM2=" << smol
+                 << ")";
+  const std::vector<std::string> args = {"--max-tokens", "8", "--kv-cache-memory", "33554432",
+                                         "--swap-space", "8388608"};
+  auto tp1 = Generate(smol, 1, args);
+  auto tp3 = Generate(smol, 3, args);
+  ASSERT_EQ(tp1.size(), 3u);
+  EXPECT_EQ(tp1, tp3);
+}
+
+TEST_F(LaunchTest, WrongRankCountFailsOnEveryRank) {
+  Result r = Run(Mpirun(3, model_, 1), 60);
+  EXPECT_FALSE(r.timed_out) << r.out;
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_NE(r.out.find(absl::StrCat("rank ", rank, ": INVALID_ARGUMENT: mpirun started 3 ranks "
+                                      "but --tensor-parallel-size 1 needs 2")),
+              std::string::npos)
+        << "rank " << rank << ":\n" << r.out;
+}
+
+TEST_F(LaunchTest, TpNotDividingQueryHeadsFailsClearly) {
+  // The random model has 8 query heads: TP = 3 cannot shard it.
+  Result r = Run(Mpirun(4, model_, 3), 120);
+  EXPECT_FALSE(r.timed_out) << r.out;
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  // The coordinator reports the workers' setup error.
+  EXPECT_NE(r.out.find("driver: cannot start the workers: FAILED_PRECONDITION: worker rank 1:"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("tensor parallel size 3 does not divide num_heads 8"), std::string::npos)
+      << r.out;
+}
+
+// Running (a zombie waiting for its reaper does not count).
+bool Alive(int pid) {
+  FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "r");
+  if (f == nullptr) return false;
+  char state = '?';
+  int scanned = std::fscanf(f, "%*d (%*[^)]) %c", &state);
+  std::fclose(f);
+  return scanned == 1 && state != 'Z';
+}
+
+TEST_F(LaunchTest, KillingAWorkerFailsTheCoordinatorInTime) {
+  // Slow steps so that the kill lands mid-generation; step timeout 3 s.
+  Child c(Mpirun(3, model_, 2,
+                 {"--max-tokens", "200", "--step-delay-ms", "100", "--step-timeout-ms", "3000"}));
+  auto m = c.WaitFor(std::regex(R"(step 5\b)"), 180);
+  ASSERT_TRUE(m.has_value()) << c.out();
+  std::vector<int> pids;
+  std::smatch w;
+  ASSERT_TRUE(std::regex_search(c.out(), w, std::regex(R"(coordinator pid (\d+))"))) << c.out();
+  pids.push_back(std::stoi(w[1]));
+  std::map<int, int> worker_pid;  // world rank -> pid
+  std::regex wl(R"(worker rank (\d+) \(TP rank \d+ of \d+, pid (\d+)\))");
+  for (auto it = std::sregex_iterator(c.out().begin(), c.out().end(), wl);
+       it != std::sregex_iterator(); ++it)
+    worker_pid[std::stoi((*it)[1])] = std::stoi((*it)[2]);
+  ASSERT_EQ(worker_pid.size(), 2u) << c.out();
+  for (auto [rank, pid] : worker_pid) pids.push_back(pid);
+
+  // Kill TP rank 1 (world rank 2): TP rank 0 then waits in an all-reduce forever.
+  const auto killed_at = Clock::now();
+  ASSERT_EQ(kill(worker_pid[2], SIGKILL), 0);
+  Result r = c.Wait(60);
+  const double exit_s = std::chrono::duration<double>(Clock::now() - killed_at).count();
+  EXPECT_FALSE(r.timed_out) << r.out;
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  // The coordinator itself reported the failure (not only mpirun): on one host
+  // it watches the worker pids, so it names the dead rank.
+  EXPECT_NE(r.out.find("driver: step"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("UNAVAILABLE: worker rank 2 (pid " + std::to_string(worker_pid[2]) +
+                       ") exited"),
+            std::string::npos)
+      << r.out;
+  // Detection (~20 ms) + abort, and mpirun's own teardown (2 x its
+  // odls_base_sigkill_timeout of 1 s): well within the 10 s budget.
+  EXPECT_LT(exit_s, 10.0) << r.out;
+  // mpirun has exited; its ranks must be gone too (allow a moment for the
+  // kernel to finish tearing them down).
+  const auto check_until = Clock::now() + std::chrono::seconds(2);
+  for (int pid : pids) {
+    while (Alive(pid) && Clock::now() < check_until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(Alive(pid)) << "pid " << pid << " left behind\n" << r.out;
+  }
+  std::printf("worker killed -> mpirun exited after %.2f s (exit code %d)\n", exit_s, r.exit_code);
+}
+
+}  // namespace
