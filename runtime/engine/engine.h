@@ -4,6 +4,18 @@
 // front end. Single-threaded: the caller (the serve loop or the generate
 // command) calls AddRequest / Abort / Step from one thread. The engine never
 // touches tensors.
+//
+// Text: per sample an IncrementalDetokenizer (skip_special_tokens); the token
+// that ends a sample by EOS or stop_token_ids is reported in token_ids but not
+// detokenized (as vLLM). Stop strings: text that could still become one is
+// held back; at the first occurrence the text is cut before it and that
+// sample finishes with "stop" (samples of an n > 1 request stop independently,
+// Scheduler::FinishSequence). Concatenated deltas of a sample equal the
+// one-shot Decode of its tokens (less a stop token) cut at the stop string.
+// A request id may be reused once its final output was returned and one more
+// Step ran (the scheduler releases stopped requests at the next step).
+// Metrics (optional): gauges and counters after every step, inter-token
+// latency per token, one RequestFinished per request (steady clock).
 #ifndef PAGEDSERVE_RUNTIME_ENGINE_ENGINE_H_
 #define PAGEDSERVE_RUNTIME_ENGINE_ENGINE_H_
 
