@@ -138,13 +138,18 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--extra-bufts", action="store_true",
+                    help="let llama.cpp use extra buffer types (AMX, repacking)")
     args = ap.parse_args()
     gguf = args.gguf or default_gguf()
 
     L.llama_backend_init()
-    quiet = L.ggml_log_callback(lambda level, text, user: None)  # kept alive below
+    quiet = L.llama_log_callback(lambda level, text, user: None)  # kept alive below
     L.llama_log_set(quiet, ctypes.c_void_p())
     mparams = L.llama_model_default_params()
+    # No extra buffer types (AMX tiles, repacked weights): AMX faults with
+    # "Illegal instruction" on this virtualised Xeon, and Q4_1 has no repacked kernel.
+    mparams.use_extra_bufts = args.extra_bufts
     model = L.llama_model_load_from_file(gguf.encode(), mparams)
     if not model:
         sys.exit(f"llamacpp_baseline: cannot load {gguf}")
@@ -154,6 +159,7 @@ def main():
         prompt = prompt + prompt
     prompt = prompt[:args.prompt_len]
 
+    load_before = os.getloadavg()[0]  # other processes competing for the cores
     results = [run_batch_size(model, vocab, prompt, int(b), args)
                for b in args.batches.split(",")]
     L.llama_model_free(model)
@@ -162,7 +168,9 @@ def main():
         "engine": "llama.cpp via llama-cpp-python " + importlib.metadata.version("llama-cpp-python"),
         "model": os.path.basename(gguf),
         "n_threads": args.threads,
+        "use_extra_bufts": args.extra_bufts,
         "cpu": platform.processor() or platform.machine(),
+        "load_average_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "llama_system_info": sysinfo.decode() if isinstance(sysinfo, bytes) else str(sysinfo),
         "results": results,
     }, indent=1))
