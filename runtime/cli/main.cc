@@ -2,6 +2,8 @@
 //
 //   pagedserve sim [flags]        KV memory simulator (naive vs paged allocation)
 //   pagedserve generate [flags]   offline generation for one prompt
+//   pagedserve serve [flags]      serve over ZeroMQ (docs/serving.md)
+//   pagedserve client [flags]     send a prompt / health / stats to a server
 //
 // Flags may be spelled with dashes (--max-model-len) or underscores
 // (--max_model_len): absl flags are named with underscores, so a dashed flag
@@ -30,6 +32,8 @@ const std::map<std::string, Command>& Commands() {
   static const auto* commands = new std::map<std::string, Command>{
       {"sim", {pagedserve::cli::SimCommand, "KV memory simulator: naive vs paged allocation"}},
       {"generate", {pagedserve::cli::GenerateCommand, "offline generation for one prompt (no server)"}},
+      {"serve", {pagedserve::cli::ServeCommand, "serve the model over ZeroMQ (protocol v1, docs/protocol.md)"}},
+      {"client", {pagedserve::cli::ClientCommand, "send a prompt, --health or --stats to a server"}},
   };
   return *commands;
 }

@@ -1,0 +1,259 @@
+// pagedserve serve: the server. Protocol v1 over ZeroMQ (docs/protocol.md),
+// metrics over HTTP (docs/metrics.md), serving guide in docs/serving.md.
+//
+//   pagedserve serve --model PATH [--zmq-endpoint tcp://127.0.0.1:5555]
+//                    [--metrics-host 127.0.0.1 --metrics-port 9400] [--max-queue-len 256]
+//                    [engine flags, see common_flags.h]
+//   mpirun -np 1+TP pagedserve serve --model PATH --tensor-parallel-size TP ...
+//
+// Under mpirun rank 0 is the coordinator (front end, engine, metrics) and ranks
+// 1..TP run RunWorkerRank; without mpirun one process runs the coordinator and
+// an in-process worker.
+//
+// Signals: the first SIGTERM or SIGINT to the coordinator stops admitting
+// (`generate` -> `busy`, `health` -> unhealthy), lets in-flight requests finish
+// for up to --shutdown-grace seconds, aborts the rest (finish_reason "abort"),
+// stops the worker ranks (executor Shutdown) and exits 0. A second signal skips
+// the rest of the grace period. Worker ranks ignore SIGTERM and SIGINT: they
+// stop when the coordinator shuts them down (mpirun forwards a SIGTERM sent to
+// it to every rank and kills them odls_base_sigkill_timeout seconds later; to
+// drain under mpirun signal rank 0, whose pid --pid-file records, or raise
+// OMPI_MCA_odls_base_sigkill_timeout above the grace period).
+//
+// Exit codes: 0 clean shutdown, 1 runtime failure (model, bind, engine),
+// 2 bad flags.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "distributed/launch.h"
+#include "runtime/cli/commands.h"
+#include "runtime/cli/common_flags.h"
+#include "runtime/engine/engine.h"
+#include "runtime/engine/executor.h"
+#include "runtime/frontend/serve_metrics.h"
+#include "runtime/frontend/server.h"
+#include "runtime/tokenizer/chat_template.h"
+
+ABSL_FLAG(std::string, zmq_endpoint, "tcp://127.0.0.1:5555",
+          "ZeroMQ endpoint: serve binds a ROUTER socket there, client connects to it "
+          "(tcp://0.0.0.0:5555 for every interface; tcp://127.0.0.1:* picks a free port)");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "serve: address of the Prometheus /metrics endpoint");
+ABSL_FLAG(int32_t, metrics_port, 0, "serve: port of the Prometheus /metrics endpoint; 0 = no endpoint");
+ABSL_FLAG(int64_t, max_queue_len, 256, "serve: waiting requests before new ones are answered 'busy'");
+ABSL_FLAG(int64_t, max_message_bytes, 1 << 20, "serve: largest accepted request message (message_too_large beyond)");
+ABSL_FLAG(double, shutdown_grace, 30,
+          "serve: seconds in-flight requests may still run after SIGTERM/SIGINT before they are aborted");
+ABSL_FLAG(int32_t, zmq_heartbeat_interval_ms, 2000,
+          "serve: ZMTP heartbeat interval to clients; a client that misses --zmq-heartbeat-timeout-ms "
+          "of them is disconnected and its requests aborted; 0 = no heartbeats");
+ABSL_FLAG(int32_t, zmq_heartbeat_timeout_ms, 10000, "serve: see --zmq-heartbeat-interval-ms");
+ABSL_FLAG(std::string, pid_file, "", "serve: write the coordinator's process id to this file (removed at exit)");
+
+namespace pagedserve::cli {
+namespace {
+
+std::atomic<bool> g_stop{false};
+std::atomic<bool> g_abort_now{false};
+
+extern "C" void OnStopSignal(int) {
+  if (g_stop.load()) g_abort_now.store(true);
+  g_stop.store(true);
+}
+
+void InstallSignals(void (*handler)(int)) {
+  struct sigaction sa = {};
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: zmq_poll returns EINTR and the loop looks at the flag
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+void PrintError(const absl::Status& s) {
+  std::fprintf(stderr, "pagedserve serve: %s\n", std::string(s.message()).c_str());
+}
+
+absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
+  ServerOptions o;
+  o.endpoint = absl::GetFlag(FLAGS_zmq_endpoint);
+  const int64_t max_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (max_bytes < 64 || max_bytes > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-message-bytes must be in [64, 2^30], got ", max_bytes));
+  }
+  o.max_message_bytes = static_cast<size_t>(max_bytes);
+  o.max_queue_len = absl::GetFlag(FLAGS_max_queue_len);
+  if (o.max_queue_len < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-queue-len must be >= 1, got ", o.max_queue_len));
+  }
+  const double grace = absl::GetFlag(FLAGS_shutdown_grace);
+  if (!(grace >= 0)) return absl::InvalidArgumentError(absl::StrCat("--shutdown-grace must be >= 0, got ", grace));
+  o.shutdown_grace = absl::Seconds(grace);
+  o.heartbeat_interval_ms = absl::GetFlag(FLAGS_zmq_heartbeat_interval_ms);
+  o.heartbeat_timeout_ms = absl::GetFlag(FLAGS_zmq_heartbeat_timeout_ms);
+  if (o.heartbeat_interval_ms < 0 || o.heartbeat_timeout_ms < 0) {
+    return absl::InvalidArgumentError("--zmq-heartbeat-interval-ms and --zmq-heartbeat-timeout-ms must be >= 0");
+  }
+  const int32_t port = absl::GetFlag(FLAGS_metrics_port);
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--metrics-port must be in [0, 65535], got ", port));
+  }
+  return o;
+}
+
+// Rank 0 (or the only process). *workers_stopped: the worker ranks ended
+// cleanly (always true without mpirun).
+int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServerOptions& server_options,
+                   bool* workers_stopped) {
+  *workers_stopped = info.world_size == 1;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(setup.worker.model_path);
+  if (!tokenizer.ok()) {
+    PrintError(tokenizer.status());
+    return 1;
+  }
+  std::optional<ChatTemplate> chat_template;
+  {
+    const Tokenizer& t = **tokenizer;
+    absl::StatusOr<ChatTemplate> ct = ChatTemplate::Create(t.spec().chat_template, t.BosText(), t.EosText());
+    if (ct.ok()) {
+      chat_template = *std::move(ct);
+    } else {
+      std::fprintf(stderr, "pagedserve serve: no chat template (%s): 'messages' requests will be refused\n",
+                   std::string(ct.status().message()).c_str());
+    }
+  }
+
+  std::shared_ptr<Metrics> metrics;
+  if (const int32_t port = absl::GetFlag(FLAGS_metrics_port); port > 0) {
+    ServeMetricsOptions mo;
+    mo.host = absl::GetFlag(FLAGS_metrics_host);
+    mo.port = port;
+    mo.model = setup.worker.model_path;
+    mo.tensor_parallel_size = setup.tensor_parallel_size;
+    mo.block_size = setup.worker.block_size;
+#ifdef PAGEDSERVE_WITH_CUDA
+    mo.backend = "cuda";
+#else
+    mo.backend = "cpu";
+#endif
+    mo.extra_labels["max_num_seqs"] = std::to_string(setup.scheduler.max_num_seqs);
+    absl::StatusOr<std::shared_ptr<Metrics>> m = CreateServeMetrics(mo);
+    if (!m.ok()) {
+      PrintError(m.status());
+      return 1;
+    }
+    metrics = *std::move(m);
+  }
+
+  absl::StatusOr<std::unique_ptr<Executor>> executor =
+      info.world_size > 1 ? MakeMpiExecutor(info, setup.worker_startup_timeout, setup.worker_step_timeout)
+                          : CreateLocalExecutor(setup.worker);
+  if (!executor.ok()) {
+    PrintError(executor.status());
+    return 1;
+  }
+  Executor* exec = executor->get();
+  EngineOptions options;
+  options.scheduler = setup.scheduler;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
+      options, tokenizer->get(), *std::move(executor), EosTokenIds(setup.model, **tokenizer), metrics.get());
+  if (!engine.ok()) {
+    PrintError(engine.status());
+    return engine.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+
+  int rc = 0;
+  bool executor_failed = false;
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(server_options, engine->get(), chat_template);
+  if (!server.ok()) {
+    PrintError(server.status());
+    rc = 1;
+  } else {
+    const SchedulerConfig& sc = (*engine)->scheduler_config();
+    std::fprintf(stderr,
+                 "pagedserve serve: serving %s on %s (ranks %d, KV blocks %d x %d tokens, max_model_len %d%s)\n",
+                 setup.worker.model_path.c_str(), (*server)->endpoint().c_str(), info.world_size,
+                 sc.num_device_blocks, sc.block_size, sc.max_model_len,
+                 metrics ? absl::StrCat(", metrics on port ", MetricsListeningPort(*metrics)).c_str() : "");
+    std::fflush(stderr);
+    absl::Status s = (*server)->Run(g_stop, g_abort_now);
+    if (!s.ok()) {
+      PrintError(s);
+      rc = 1;
+      // An engine step error means the executor is unusable (dead rank, timeout).
+      executor_failed = true;
+    }
+  }
+  if (!executor_failed) {
+    if (absl::Status s = exec->Shutdown(); !s.ok()) {
+      PrintError(s);
+      if (rc == 0) rc = 1;
+    } else {
+      *workers_stopped = true;
+    }
+  }
+  if (rc == 0) std::fprintf(stderr, "pagedserve serve: stopped\n");
+  return rc;
+}
+
+}  // namespace
+
+int ServeCommand(const Args& args) {
+  if (args.size() > 1) {
+    std::fprintf(stderr, "pagedserve serve: unexpected argument '%s'\n", args[1].c_str());
+    return 2;
+  }
+  std::vector<std::string> storage(args.begin(), args.end());
+  std::vector<char*> argv_vec;
+  for (std::string& a : storage) argv_vec.push_back(a.data());
+  argv_vec.push_back(nullptr);
+  int argc = static_cast<int>(storage.size());
+  char** argv = argv_vec.data();
+  absl::StatusOr<LaunchInfo> info = InitMpi(&argc, &argv);
+  if (!info.ok()) {
+    PrintError(info.status());
+    return 1;
+  }
+  if (info->coordinator()) {
+    InstallSignals(OnStopSignal);
+  } else {
+    // Workers stop when the coordinator shuts them down.
+    InstallSignals(SIG_IGN);
+  }
+  absl::StatusOr<ModelSetup> setup = ModelSetupFromFlags();
+  absl::StatusOr<ServerOptions> server_options = ServerOptionsFromFlags();
+  absl::Status flags_status = !setup.ok() ? setup.status() : server_options.status();
+  if (flags_status.ok()) flags_status = CheckWorldSize(*info, setup->tensor_parallel_size);
+  if (!flags_status.ok()) {
+    if (info->coordinator()) PrintError(flags_status);
+    FinalizeMpi();
+    return flags_status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  if (!info->coordinator()) {
+    const int rc = RunWorkerRank(*info, setup->worker);
+    FinalizeMpi(rc != 0, rc);
+    return rc;
+  }
+  const std::string pid_file = absl::GetFlag(FLAGS_pid_file);
+  if (!pid_file.empty()) {
+    std::ofstream(pid_file) << getpid() << "\n";
+  }
+  bool workers_stopped = false;
+  const int rc = RunCoordinator(*info, *setup, *server_options, &workers_stopped);
+  if (!pid_file.empty()) std::remove(pid_file.c_str());
+  // Worker ranks wait for plans until the executor shuts them down; when it
+  // could not, abort the job instead of hanging.
+  FinalizeMpi(!workers_stopped, rc == 0 ? 1 : rc);
+  return rc;
+}
+
+}  // namespace pagedserve::cli

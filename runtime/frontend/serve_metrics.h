@@ -1,0 +1,38 @@
+// The serve command's Prometheus endpoint, kept out of translation units that
+// see the scheduler: monitoring/metrics.h and runtime/coordinator/sequence.h
+// both declare pagedserve::FinishReason and pagedserve::PreemptionMode, so no
+// file may include both (see runtime/engine/engine_metrics.h). The shared_ptr
+// carries its deleter, so callers need only the forward declaration.
+#ifndef PAGEDSERVE_RUNTIME_FRONTEND_SERVE_METRICS_H_
+#define PAGEDSERVE_RUNTIME_FRONTEND_SERVE_METRICS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace pagedserve {
+
+class Metrics;
+
+struct ServeMetricsOptions {
+  std::string host = "127.0.0.1";  // --metrics-host; an IPv6 address is bracketed
+  int port = 0;                    // --metrics-port; 0 = no HTTP endpoint
+  std::string model;               // build_info labels
+  int tensor_parallel_size = 1;
+  int block_size = 16;
+  std::string backend;             // "cpu" or "cuda"
+  std::map<std::string, std::string> extra_labels;
+};
+
+// Metrics::Create with listen address "host:port" (its errors: InvalidArgument
+// for a bad address or label, Unavailable when the port cannot be bound).
+absl::StatusOr<std::shared_ptr<Metrics>> CreateServeMetrics(const ServeMetricsOptions& options);
+// The port the exposer listens on (0 when none).
+int MetricsListeningPort(const Metrics& metrics);
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_RUNTIME_FRONTEND_SERVE_METRICS_H_

@@ -1,0 +1,590 @@
+#include "runtime/frontend/server.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/engine/engine.h"
+#include "runtime/frontend/protocol.h"
+#include "spdlog/spdlog.h"
+#include "zmq.hpp"
+
+namespace pagedserve {
+namespace {
+
+using protocol::ErrorCode;
+
+protocol::FinishReason ToFinishReason(std::string_view reason) {
+  if (reason == "length") return protocol::FinishReason::kLength;
+  if (reason == "abort") return protocol::FinishReason::kAbort;
+  if (reason == "error") return protocol::FinishReason::kError;
+  return protocol::FinishReason::kStop;
+}
+
+void AppendLogprobs(const SequenceDelta& d, std::vector<protocol::TokenLogprob>* out) {
+  for (size_t i = 0; i < d.logprobs.size() && i < d.token_ids.size(); ++i) {
+    protocol::TokenLogprob lp;
+    lp.token_id = d.token_ids[i];
+    lp.logprob = d.logprobs[i];
+    if (i < d.top_token_ids.size()) lp.top_token_ids = d.top_token_ids[i];
+    if (i < d.top_logprobs.size()) lp.top_logprobs = d.top_logprobs[i];
+    out->push_back(std::move(lp));
+  }
+}
+
+}  // namespace
+
+struct Server::Impl {
+  // One generate request in flight.
+  struct InFlight {
+    std::string identity;   // ROUTER routing id of the client's connection
+    std::string client_id;  // the client's request id
+    bool stream = false;
+    bool orphaned = false;  // the client went away: replies are dropped
+    std::vector<protocol::SequenceFinal> outputs;  // by index; text/ids for non-streamed
+    std::vector<bool> finished;
+  };
+  // A connection with requests in flight.
+  struct Peer {
+    int fd = -1;                               // ZMQ_SRCFD of its last message
+    absl::flat_hash_set<std::string> ids;      // client request ids in flight
+  };
+
+  ServerOptions options;
+  Engine* engine = nullptr;
+  std::optional<ChatTemplate> chat_template;
+  zmq::context_t context{1};
+  zmq::socket_t router;
+  zmq::socket_t monitor;
+  std::string bound_endpoint;
+  Counters counters;
+
+  absl::flat_hash_map<std::string, InFlight> inflight;  // engine request id -> state
+  absl::flat_hash_map<std::string, Peer> peers;         // routing id -> peer
+  absl::flat_hash_set<int> closed_fds;                  // DISCONNECTED, not re-ACCEPTED
+  bool draining = false;
+  bool fatal = false;
+
+  static std::string EngineId(const std::string& identity, const std::string& client_id) {
+    return absl::StrCat(absl::BytesToHexString(identity), "/", client_id);
+  }
+
+  // ---------------------------------------------------------------- sending
+  // Sends one reply frame to `identity`. A peer that is gone (EHOSTUNREACH) or
+  // does not read (EAGAIN at the high-water mark) has its requests aborted.
+  void Send(const std::string& identity, const std::string& payload) {
+    if (peer_gone_guard_.contains(identity)) return;
+    try {
+      zmq::send_result_t r;
+      while (true) {
+        try {
+          r = router.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+          break;
+        } catch (const zmq::error_t& e) {
+          if (e.num() != EINTR) throw;
+        }
+      }
+      if (!r.has_value()) {
+        spdlog::warn("frontend: client {} does not read its replies ({} queued); aborting its requests",
+                     absl::BytesToHexString(identity), options.send_high_water_mark);
+        PeerGone(identity);
+        return;
+      }
+      router.send(zmq::buffer(payload), zmq::send_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EHOSTUNREACH) {
+        spdlog::info("frontend: client {} is gone (send: {}); aborting its requests",
+                     absl::BytesToHexString(identity), e.what());
+      } else {
+        spdlog::warn("frontend: send to client {} failed: {}; aborting its requests",
+                     absl::BytesToHexString(identity), e.what());
+      }
+      PeerGone(identity);
+    }
+  }
+
+  void SendReply(const std::string& identity, const protocol::Reply& reply) {
+    Send(identity, protocol::SerializeReply(reply));
+  }
+
+  void SendError(const std::string& identity, std::string_view id, ErrorCode code, std::string_view message) {
+    ++counters.errors_sent;
+    Send(identity, protocol::ErrorMessage(id, code, message));
+  }
+
+  // ------------------------------------------------------------ disconnects
+  // Aborts every request of a client that went away; their replies are dropped.
+  void PeerGone(const std::string& identity) {
+    auto it = peers.find(identity);
+    if (it == peers.end()) return;
+    for (const std::string& client_id : it->second.ids) {
+      const std::string eid = EngineId(identity, client_id);
+      auto f = inflight.find(eid);
+      if (f == inflight.end() || f->second.orphaned) continue;
+      f->second.orphaned = true;
+      ++counters.disconnect_aborts;
+      if (absl::Status s = engine->Abort(eid); !s.ok()) {
+        spdlog::warn("frontend: abort of {} after disconnect: {}", eid, s.ToString());
+      }
+    }
+    // The peer entry stays until its requests' final outputs arrive (they are
+    // dropped); a guard keeps further sends from retrying the dead socket.
+    peer_gone_guard_.insert(identity);
+  }
+
+  // Drains the socket monitor: ACCEPTED reopens a descriptor, DISCONNECTED
+  // aborts the requests of every peer last seen on it.
+  void DrainMonitor() {
+    while (true) {
+      zmq::message_t event, address;
+      std::optional<size_t> got;
+      try {
+        got = monitor.recv(event, zmq::recv_flags::dontwait);
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;
+        throw;
+      }
+      if (!got.has_value()) return;
+      if (event.more()) (void)monitor.recv(address);  // the endpoint frame
+      if (event.size() < 6) continue;
+      uint16_t kind;
+      uint32_t value;
+      std::memcpy(&kind, event.data(), 2);
+      std::memcpy(&value, static_cast<const char*>(event.data()) + 2, 4);
+      const int fd = static_cast<int>(value);
+      if (kind == ZMQ_EVENT_ACCEPTED) {
+        closed_fds.erase(fd);
+      } else if (kind == ZMQ_EVENT_DISCONNECTED) {
+        closed_fds.insert(fd);
+        std::vector<std::string> gone;
+        for (const auto& [identity, peer] : peers) {
+          if (peer.fd == fd) gone.push_back(identity);
+        }
+        for (const std::string& identity : gone) {
+          spdlog::info("frontend: client {} disconnected; aborting its requests", absl::BytesToHexString(identity));
+          PeerGone(identity);
+        }
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- receiving
+  // Receives one message without blocking. Returns false when none is waiting.
+  bool ReceiveOne() {
+    zmq::message_t identity_frame;
+    std::optional<size_t> got;
+    try {
+      got = router.recv(identity_frame, zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) return true;
+      throw;
+    }
+    if (!got.has_value()) return false;
+    ++counters.messages;
+    const std::string identity = identity_frame.to_string();
+    zmq::message_t payload;
+    size_t frames = 0;
+    int fd = -1;
+    bool more = identity_frame.more();
+    while (more) {
+      zmq::message_t frame;
+      // The rest of a multipart message is already here (delivery is atomic).
+      while (true) {
+        try {
+          (void)router.recv(frame);
+          break;
+        } catch (const zmq::error_t& e) {
+          if (e.num() != EINTR) throw;
+        }
+      }
+      more = frame.more();
+      if (frames == 0) {
+        fd = frame.get(ZMQ_SRCFD);
+        payload = std::move(frame);
+      }
+      ++frames;
+    }
+    // Apply disconnects seen so far before recording this message's descriptor.
+    DrainMonitor();
+    if (fd >= 0 && closed_fds.contains(fd)) {
+      // Sent by a connection that is already gone: nobody would read the reply.
+      return true;
+    }
+    peer_gone_guard_.erase(identity);  // a routing id that talks is alive
+    if (auto it = peers.find(identity); it != peers.end()) it->second.fd = fd;
+
+    if (frames != 1) {
+      SendError(identity, "", ErrorCode::kInvalidRequest,
+                absl::StrCat("expected one frame (one JSON object) per message, got ", frames,
+                             frames == 0 ? "" : " (multipart messages and REQ envelopes are not supported)"));
+      return true;
+    }
+    HandleMessage(identity, fd, std::string_view(static_cast<const char*>(payload.data()), payload.size()));
+    return true;
+  }
+
+  void HandleMessage(const std::string& identity, int fd, std::string_view bytes) {
+    protocol::ParseOptions po;
+    po.max_message_bytes = options.max_message_bytes;
+    po.vocab_size = engine->tokenizer().vocab_size();
+    protocol::ParseResult parsed = protocol::ParseRequest(bytes, po);
+    if (!parsed.ok()) {
+      ++counters.errors_sent;
+      SendReply(identity, parsed.error);
+      return;
+    }
+    std::visit(
+        [&](auto& request) {
+          using T = std::decay_t<decltype(request)>;
+          if constexpr (std::is_same_v<T, protocol::GenerateRequest>) {
+            HandleGenerate(identity, fd, request);
+          } else if constexpr (std::is_same_v<T, protocol::AbortRequest>) {
+            HandleAbort(identity, request);
+          } else if constexpr (std::is_same_v<T, protocol::HealthRequest>) {
+            protocol::HealthReply reply;
+            reply.id = request.id;
+            reply.ok = !draining && !fatal;
+            SendReply(identity, reply);
+          } else {
+            SendReply(identity, Stats(request.id));
+          }
+        },
+        *parsed.request);
+  }
+
+  protocol::StatsReply Stats(const std::string& id) const {
+    const SchedulerStats s = engine->stats();
+    const SchedulerConfig& c = engine->scheduler_config();
+    protocol::StatsReply r;
+    r.id = id;
+    r.num_waiting = s.num_waiting;
+    r.num_running = s.num_running;
+    r.num_swapped = s.num_swapped;
+    r.kv_blocks_total = c.num_device_blocks;
+    r.kv_blocks_used = std::llround(s.device_kv_usage * c.num_device_blocks);
+    r.kv_usage = s.device_kv_usage;
+    r.max_num_seqs = c.max_num_seqs;
+    r.max_model_len = c.max_model_len;
+    r.max_waiting = options.max_queue_len;
+    return r;
+  }
+
+  // Prompt -> token ids. Errors are sent; returns nullopt then.
+  std::optional<std::vector<int32_t>> Tokenize(const std::string& identity, const protocol::GenerateRequest& g) {
+    const Tokenizer& tok = engine->tokenizer();
+    if (const auto* text = std::get_if<std::string>(&g.prompt)) {
+      return tok.Encode(*text);
+    }
+    if (const auto* ids = std::get_if<std::vector<int32_t>>(&g.prompt)) return *ids;
+    const auto& messages = std::get<std::vector<protocol::ChatMessage>>(g.prompt);
+    if (!chat_template.has_value()) {
+      SendError(identity, g.id, ErrorCode::kInvalidRequest,
+                "'messages' needs a chat template, and this model has none; send 'prompt' instead");
+      return std::nullopt;
+    }
+    std::vector<ChatMessage> chat;
+    chat.reserve(messages.size());
+    for (const auto& m : messages) chat.push_back(ChatMessage{m.role, m.content});
+    absl::StatusOr<std::string> rendered = chat_template->Render(chat, /*add_generation_prompt=*/true);
+    if (!rendered.ok()) {
+      SendError(identity, g.id, ErrorCode::kInvalidRequest,
+                absl::StrCat("messages: ", rendered.status().message()));
+      return std::nullopt;
+    }
+    // The template already holds the special tokens (as HF apply_chat_template).
+    EncodeOptions eo;
+    eo.add_special_tokens = false;
+    return tok.Encode(*rendered, eo);
+  }
+
+  void HandleGenerate(const std::string& identity, int fd, protocol::GenerateRequest& g) {
+    if (draining) {
+      SendError(identity, g.id, ErrorCode::kBusy, "the server is shutting down; send the request elsewhere");
+      return;
+    }
+    if (fatal) {
+      SendError(identity, g.id, ErrorCode::kInternal, "the engine stopped after a fatal error");
+      return;
+    }
+    if (auto it = peers.find(identity); it != peers.end() && it->second.ids.contains(g.id)) {
+      SendError(identity, g.id, ErrorCode::kDuplicateId,
+                absl::StrCat("request id '", g.id, "' is already in flight on this connection"));
+      return;
+    }
+    const SchedulerStats stats = engine->stats();
+    if (stats.num_waiting >= options.max_queue_len) {
+      SendError(identity, g.id, ErrorCode::kBusy,
+                absl::StrCat("the waiting queue is full (", stats.num_waiting, " of ", options.max_queue_len,
+                             " requests); retry later"));
+      return;
+    }
+    std::optional<std::vector<int32_t>> ids = Tokenize(identity, g);
+    if (!ids.has_value()) return;
+    if (ids->empty()) {
+      SendError(identity, g.id, ErrorCode::kInvalidRequest, "the prompt tokenizes to no tokens");
+      return;
+    }
+    const int64_t max_len = engine->scheduler_config().max_model_len;
+    if (static_cast<int64_t>(ids->size()) >= max_len) {
+      SendError(identity, g.id, ErrorCode::kPromptTooLong,
+                absl::StrCat("prompt has ", ids->size(), " tokens but --max-model-len is ", max_len,
+                             ": at most ", max_len - 1, " prompt tokens are allowed"));
+      return;
+    }
+    if (absl::Status s = engine->CheckRequest(*ids, g.sampling); !s.ok()) {
+      SendError(identity, g.id,
+                s.code() == absl::StatusCode::kInvalidArgument ? ErrorCode::kInvalidRequest : ErrorCode::kInternal,
+                std::string(s.message()));
+      return;
+    }
+    EngineRequest er;
+    er.request_id = EngineId(identity, g.id);
+    er.prompt_token_ids = *std::move(ids);
+    er.params = g.sampling;
+    const int n = g.sampling.n;
+    if (absl::Status s = engine->AddRequest(std::move(er)); !s.ok()) {
+      ErrorCode code = ErrorCode::kInternal;
+      if (s.code() == absl::StatusCode::kInvalidArgument) code = ErrorCode::kInvalidRequest;
+      if (s.code() == absl::StatusCode::kAlreadyExists) code = ErrorCode::kDuplicateId;
+      SendError(identity, g.id, code, std::string(s.message()));
+      return;
+    }
+    InFlight f;
+    f.identity = identity;
+    f.client_id = g.id;
+    f.stream = g.stream;
+    f.outputs.resize(n);
+    f.finished.assign(n, false);
+    for (int i = 0; i < n; ++i) f.outputs[i].index = i;
+    inflight.emplace(EngineId(identity, g.id), std::move(f));
+    Peer& peer = peers[identity];
+    peer.fd = fd;
+    peer.ids.insert(g.id);
+    ++counters.requests_admitted;
+  }
+
+  void HandleAbort(const std::string& identity, const protocol::AbortRequest& a) {
+    const std::string eid = EngineId(identity, a.id);
+    auto it = inflight.find(eid);
+    if (it == inflight.end()) {
+      SendError(identity, a.id, ErrorCode::kNotFound,
+                absl::StrCat("no request with id '", a.id, "' is in flight on this connection"));
+      return;
+    }
+    if (absl::Status s = engine->Abort(eid); !s.ok() && s.code() != absl::StatusCode::kNotFound) {
+      SendError(identity, a.id, ErrorCode::kInternal, std::string(s.message()));
+      return;
+    }
+    protocol::AbortReply reply;
+    reply.id = a.id;
+    SendReply(identity, reply);
+  }
+
+  // ------------------------------------------------------------------ outputs
+  void Deliver(std::vector<EngineOutput>& outputs) {
+    for (EngineOutput& out : outputs) {
+      auto it = inflight.find(out.request_id);
+      if (it == inflight.end()) {
+        spdlog::warn("frontend: output for unknown request {}", out.request_id);
+        continue;
+      }
+      InFlight& f = it->second;
+      protocol::DeltaReply delta;
+      delta.id = f.client_id;
+      for (SequenceDelta& d : out.deltas) {
+        if (d.index < 0 || d.index >= static_cast<int32_t>(f.outputs.size())) continue;
+        protocol::SequenceFinal& acc = f.outputs[d.index];
+        if (d.finished) {
+          acc.finish_reason = ToFinishReason(d.finish_reason);
+          f.finished[d.index] = true;
+        }
+        if (f.stream) {
+          if (d.text.empty() && d.token_ids.empty() && !d.finished) continue;
+          protocol::SequenceDelta sd;
+          sd.index = d.index;
+          sd.text = std::move(d.text);
+          sd.token_ids = std::move(d.token_ids);
+          AppendLogprobs(d, &sd.logprobs);
+          if (d.finished) sd.finish_reason = acc.finish_reason;
+          delta.outputs.push_back(std::move(sd));
+        } else {
+          acc.text += d.text;
+          AppendLogprobs(d, &acc.logprobs);
+          acc.token_ids.insert(acc.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
+        }
+      }
+      if (!f.orphaned && !delta.outputs.empty()) SendReply(f.identity, delta);
+      if (!out.finished) continue;
+
+      // Final message. Sequences without a reported reason ended with the request.
+      const protocol::FinishReason fallback =
+          !out.error.ok() ? protocol::FinishReason::kError
+                          : (f.orphaned ? protocol::FinishReason::kAbort : protocol::FinishReason::kStop);
+      for (size_t i = 0; i < f.outputs.size(); ++i) {
+        if (!f.finished[i]) f.outputs[i].finish_reason = fallback;
+      }
+      if (!f.orphaned) {
+        protocol::FinalReply final_reply;
+        final_reply.id = f.client_id;
+        final_reply.streamed = f.stream;
+        final_reply.outputs = std::move(f.outputs);
+        final_reply.usage.prompt_tokens = out.usage.prompt_tokens;
+        final_reply.usage.completion_tokens = out.usage.completion_tokens;
+        final_reply.usage.cached_prompt_tokens = out.usage.cached_prompt_tokens;
+        if (!out.error.ok()) final_reply.error_message = std::string(out.error.message());
+        SendReply(f.identity, final_reply);
+      }
+      ++counters.requests_finished;
+      if (auto p = peers.find(f.identity); p != peers.end()) {
+        p->second.ids.erase(f.client_id);
+        if (p->second.ids.empty()) {
+          peer_gone_guard_.erase(f.identity);
+          peers.erase(p);
+        }
+      }
+      inflight.erase(it);
+    }
+  }
+
+  void AbortAll() {
+    for (auto& [eid, f] : inflight) {
+      if (absl::Status s = engine->Abort(eid); !s.ok() && s.code() != absl::StatusCode::kNotFound) {
+        spdlog::warn("frontend: abort of {} at shutdown: {}", eid, s.ToString());
+      }
+    }
+  }
+
+  absl::Status Run(const std::atomic<bool>& stop, const std::atomic<bool>& abort_now) {
+    absl::Time drain_deadline = absl::InfiniteFuture();
+    bool aborted_all = false;
+    while (true) {
+      if (stop.load() && !draining) {
+        draining = true;
+        drain_deadline = absl::Now() + options.shutdown_grace;
+        spdlog::info("frontend: shutting down: no new requests; {} in flight (grace {})", inflight.size(),
+                     absl::FormatDuration(options.shutdown_grace));
+      }
+      if (draining) {
+        if (!engine->HasUnfinishedRequests() && inflight.empty()) break;
+        if (!aborted_all && (abort_now.load() || absl::Now() >= drain_deadline)) {
+          spdlog::info("frontend: aborting {} requests still in flight", inflight.size());
+          AbortAll();
+          aborted_all = true;
+        }
+      }
+      const bool busy = engine->HasUnfinishedRequests();
+      zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0}, {monitor.handle(), 0, ZMQ_POLLIN, 0}};
+      try {
+        zmq::poll(items, 2, std::chrono::milliseconds(busy ? 0 : options.idle_poll_ms));
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EINTR) return absl::InternalError(absl::StrCat("zmq_poll: ", e.what()));
+      }
+      DrainMonitor();
+      for (int i = 0; i < options.max_messages_per_step && ReceiveOne(); ++i) {
+      }
+      if (!engine->HasUnfinishedRequests()) continue;
+      absl::StatusOr<std::vector<EngineOutput>> outputs = engine->Step();
+      if (!outputs.ok()) {
+        spdlog::error("frontend: engine step failed: {}; failing {} requests", outputs.status().ToString(),
+                      inflight.size());
+        fatal = true;
+        std::vector<EngineOutput> failed = engine->FailAll(outputs.status());
+        Deliver(failed);
+        // Answer what is already queued, then leave: the executor is unusable.
+        for (int i = 0; i < options.max_messages_per_step && ReceiveOne(); ++i) {
+        }
+        return outputs.status();
+      }
+      Deliver(*outputs);
+    }
+    spdlog::info("frontend: drained; {} requests served", counters.requests_finished);
+    return absl::OkStatus();
+  }
+
+  absl::flat_hash_set<std::string> peer_gone_guard_;  // routing ids whose sends failed
+};
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options, Engine* engine,
+                                                       std::optional<ChatTemplate> chat_template) {
+  if (engine == nullptr) return absl::InvalidArgumentError("Server::Create: engine is null");
+  if (options.max_message_bytes < 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_message_bytes must be >= 64, got ", options.max_message_bytes));
+  }
+  if (options.max_queue_len < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_queue_len must be >= 1, got ", options.max_queue_len));
+  }
+  if (options.idle_poll_ms < 1 || options.max_messages_per_step < 1 || options.send_high_water_mark < 1) {
+    return absl::InvalidArgumentError("idle_poll_ms, max_messages_per_step and send_high_water_mark must be >= 1");
+  }
+  if (options.heartbeat_interval_ms < 0 || options.heartbeat_timeout_ms < 0) {
+    return absl::InvalidArgumentError("heartbeat_interval_ms and heartbeat_timeout_ms must be >= 0");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->engine = engine;
+  impl->chat_template = std::move(chat_template);
+  try {
+    impl->router = zmq::socket_t(impl->context, zmq::socket_type::router);
+    impl->router.set(zmq::sockopt::router_mandatory, 1);
+    impl->router.set(zmq::sockopt::linger, 0);
+    impl->router.set(zmq::sockopt::sndhwm, options.send_high_water_mark);
+    impl->router.set(zmq::sockopt::maxmsgsize,
+                     static_cast<int64_t>(std::max<size_t>(size_t{16} << 20, 4 * options.max_message_bytes)));
+    if (options.heartbeat_interval_ms > 0) {
+      impl->router.set(zmq::sockopt::heartbeat_ivl, options.heartbeat_interval_ms);
+      impl->router.set(zmq::sockopt::heartbeat_timeout,
+                       options.heartbeat_timeout_ms > 0 ? options.heartbeat_timeout_ms
+                                                        : 5 * options.heartbeat_interval_ms);
+    }
+    const std::string monitor_endpoint =
+        absl::StrCat("inproc://pagedserve-frontend-monitor-", reinterpret_cast<uintptr_t>(impl.get()));
+    if (zmq_socket_monitor(impl->router.handle(), monitor_endpoint.c_str(),
+                           ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+      return absl::InternalError(absl::StrCat("zmq_socket_monitor: ", zmq_strerror(zmq_errno())));
+    }
+    impl->monitor = zmq::socket_t(impl->context, zmq::socket_type::pair);
+    impl->monitor.set(zmq::sockopt::linger, 0);
+    impl->monitor.connect(monitor_endpoint);
+    try {
+      impl->router.bind(options.endpoint);
+    } catch (const zmq::error_t& e) {
+      return absl::UnavailableError(absl::StrCat("cannot bind --zmq-endpoint ", options.endpoint, ": ", e.what()));
+    }
+    impl->bound_endpoint = impl->router.get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& e) {
+    return absl::InternalError(absl::StrCat("ZeroMQ setup failed: ", e.what()));
+  }
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+  if (impl_ != nullptr && impl_->router.handle() != nullptr) {
+    zmq_socket_monitor(impl_->router.handle(), nullptr, 0);
+  }
+}
+
+const std::string& Server::endpoint() const { return impl_->bound_endpoint; }
+
+const Server::Counters& Server::counters() const { return impl_->counters; }
+
+absl::Status Server::Run(const std::atomic<bool>& stop, const std::atomic<bool>& abort_now) {
+  try {
+    return impl_->Run(stop, abort_now);
+  } catch (const zmq::error_t& e) {
+    return absl::InternalError(absl::StrCat("ZeroMQ error in the serve loop: ", e.what()));
+  }
+}
+
+}  // namespace pagedserve

@@ -1,0 +1,136 @@
+// The ZeroMQ front end of the coordinator: protocol v1 (docs/protocol.md) on a
+// ROUTER socket, joined with the Engine.
+//
+// Threading: everything runs on the calling thread (the main thread under
+// mpirun: MPI is initialized FUNNELED and the engine's executor calls MPI).
+// Run() is one loop that polls the ROUTER socket (blocking up to
+// `idle_poll_ms` when the engine is idle, not at all when it has work), handles
+// every message that has arrived, runs one Engine::Step and sends the outputs.
+// No locks, no second thread touching the engine; a message waits at most one
+// step before it is read.
+//
+// Clients: any number of DEALER sockets, each with any number of requests in
+// flight. A request is keyed by (ROUTER routing id of the connection, client's
+// request id); the engine request id is "<hex routing id>/<client id>", so two
+// clients may use the same ids.
+//
+// Message framing: after the routing id the ROUTER must see exactly one frame
+// (one JSON object). Any other frame count (a REQ-style empty delimiter, a
+// multipart message) is answered with an `invalid_request` error and dropped.
+// ZeroMQ delivers multipart messages atomically, so a client that sends half a
+// multipart message and stops is never seen by the server (it blocks no one);
+// if it later completes it, the whole message is answered with that error.
+//
+// Limits:
+//  - message size: a frame over `max_message_bytes` (default 1 MiB) is answered
+//    with `message_too_large` without being parsed. ZMQ_MAXMSGSIZE is set to
+//    max(16 MiB, 4 x max_message_bytes): a frame beyond that makes libzmq drop
+//    the connection while reading it (memory bound), which then counts as a
+//    disconnect (below). A 10 MB message thus gets a structured error.
+//  - waiting queue: a `generate` arriving while the engine has
+//    `max_queue_len` requests waiting is answered `busy`.
+//  - prompts of max_model_len tokens or more: `prompt_too_long`; prompt +
+//    max_tokens beyond max_model_len is admitted and ends with `length` at
+//    max_model_len (as in vLLM).
+//
+// Disconnects (a client that goes away or stops answering has its requests
+// aborted and their KV blocks freed by the next step):
+//  - The ROUTER socket is monitored (zmq_socket_monitor) for ACCEPTED and
+//    DISCONNECTED events, which carry the connection's file descriptor, and
+//    every received message's descriptor is read with ZMQ_SRCFD. A
+//    DISCONNECTED event aborts the requests of the routing ids last seen on that
+//    descriptor. Monitor events are drained after each receive and before the
+//    message's descriptor is recorded, so the disconnect of an old connection
+//    is applied before a new connection that reuses its descriptor is mapped.
+//  - Silent clients: ZMTP heartbeats (ZMQ_HEARTBEAT_IVL / _TIMEOUT) make libzmq
+//    close a connection whose peer stops answering PINGs (process frozen, host
+//    gone, network cut) - which is then a DISCONNECTED event. libzmq answers
+//    PINGs in its own I/O thread, so a client busy in its own code is not cut.
+//  - Sends use ZMQ_ROUTER_MANDATORY without blocking: EHOSTUNREACH (the peer is
+//    gone) aborts that client's requests; EAGAIN (the client does not read and
+//    `send_high_water_mark` replies are queued for it) aborts them too, so a
+//    stuck reader cannot make the server block or grow without bound.
+//  Aborted requests of a vanished client end with finish_reason "abort"; their
+//  replies are dropped.
+//
+// Shutdown: Run() returns once `stop` is set (a signal handler may set it) and
+// the in-flight requests are done: from then on `generate` is answered `busy`
+// and `health` unhealthy; requests still running after `shutdown_grace` are
+// aborted (final message with finish_reason "abort"); `abort_now` skips the
+// grace period (a second signal). Run() does not stop the executor: the caller
+// calls engine->executor().Shutdown() after it.
+#ifndef PAGEDSERVE_RUNTIME_FRONTEND_SERVER_H_
+#define PAGEDSERVE_RUNTIME_FRONTEND_SERVER_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "runtime/tokenizer/chat_template.h"
+
+namespace pagedserve {
+
+class Engine;
+
+struct ServerOptions {
+  // ZeroMQ endpoint to bind, e.g. "tcp://127.0.0.1:5555", "tcp://0.0.0.0:5555",
+  // "ipc:///tmp/pagedserve.sock"; "tcp://127.0.0.1:*" picks a free port (see
+  // Server::endpoint()).
+  std::string endpoint = "tcp://127.0.0.1:5555";
+  size_t max_message_bytes = 1 << 20;  // larger frames: message_too_large
+  int64_t max_queue_len = 256;         // waiting requests before `busy`
+  int idle_poll_ms = 50;               // poll timeout when the engine is idle
+  int max_messages_per_step = 4096;    // messages handled between two steps
+  // ZMTP heartbeats to every client; 0 disables them (disconnects of live
+  // processes are still seen through TCP).
+  int heartbeat_interval_ms = 2000;
+  int heartbeat_timeout_ms = 10000;
+  int send_high_water_mark = 100000;   // queued replies per client before it is cut
+  absl::Duration shutdown_grace = absl::Seconds(30);
+};
+
+class Server {
+ public:
+  // Binds the socket. `engine` (not owned) must outlive the server and is used
+  // only from the thread that calls Run(). `chat_template` is the model's
+  // (nullopt: `messages` prompts are answered with invalid_request).
+  // Errors: InvalidArgument for bad options, Unavailable when the endpoint
+  // cannot be bound (address in use, bad address), naming the endpoint.
+  static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options, Engine* engine,
+                                                        std::optional<ChatTemplate> chat_template);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The bound endpoint with the actual port (ZMQ_LAST_ENDPOINT).
+  const std::string& endpoint() const;
+
+  // Serves until `stop` is true and the drain (see the header comment) is
+  // over. Returns OK after a clean shutdown, or the engine's fatal error (every
+  // in-flight request has then been answered with finish_reason "error").
+  absl::Status Run(const std::atomic<bool>& stop, const std::atomic<bool>& abort_now);
+
+  struct Counters {
+    int64_t messages = 0;          // received, well-formed or not
+    int64_t errors_sent = 0;       // error replies
+    int64_t requests_admitted = 0;
+    int64_t requests_finished = 0;
+    int64_t disconnect_aborts = 0; // requests aborted because their client went away
+  };
+  const Counters& counters() const;
+
+ private:
+  struct Impl;
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_RUNTIME_FRONTEND_SERVER_H_
