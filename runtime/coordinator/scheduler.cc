@@ -584,12 +584,16 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::ProcessResult(const StepRe
     } else {
       emit(g, s, token_of(i, 0));
     }
-    if (touched.empty() || touched.back() != g) touched.push_back(g);
+    // A group whose siblings are split between decodes and prefills shows up
+    // twice in scheduled_; list it once.
+    if (g->touched_step != step_id_) {
+      g->touched_step = step_id_;
+      touched.push_back(g);
+    }
   }
   // Release finished sequences' blocks now; report their ids when the whole
   // request ends (a fresh sibling may still fork from a finished parent).
   for (SequenceGroup* g : touched) {
-    if (g->status == SequenceStatus::kFinished) continue;  // already released
     for (auto& s : g->seqs) {
       if (s->finished() && (!s->block_table.empty() || s->blocks_on_cpu)) bm_->Free(*s);
     }

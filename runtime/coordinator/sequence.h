@@ -88,6 +88,7 @@ struct SequenceGroup {
   uint64_t output_step = 0;
   size_t output_index = 0;
   int32_t decode_count = 0;  // Scheduler::Schedule scratch
+  uint64_t touched_step = 0;  // Scheduler::ProcessResult scratch
 
   int32_t num_unfinished() const {
     int32_t c = 0;
