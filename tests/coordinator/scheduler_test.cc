@@ -3,6 +3,7 @@
 #include "runtime/coordinator/scheduler.h"
 
 #include <map>
+#include <set>
 
 #include "gtest/gtest.h"
 #include "tests/coordinator/fake_engine.h"
@@ -282,13 +283,21 @@ TEST(SchedulerTest, RecomputePreemptionOfAGroupKeepsAllSiblingsTokens) {
     SchedulerConfig c = Config(blocks);
     c.max_model_len = 48;
     Driver d(c);
+    // "old" arrives first, so the n = 4 group is the newest: the victim.
+    EXPECT_TRUE(d.sched->AddRequest(Req("old", 8, 30, 300)).ok());
     Request g = Req("g", 9, 30);
     g.params.n = 4;
     g.params.temperature = 1.0f;
+    g.arrival_time = 1.0;
     EXPECT_TRUE(d.sched->AddRequest(g).ok());
-    EXPECT_TRUE(d.sched->AddRequest(Req("late", 8, 30, 300)).ok());
-    EXPECT_TRUE(d.RunToCompletion());
-    *preemptions = d.sched->stats().num_preemptions_recompute;
+    bool g_preempted = false;
+    for (int i = 0; i < 3000 && d.sched->HasUnfinishedRequests(); ++i) {
+      if (!d.Step()) break;
+      const SequenceGroup* grp = d.sched->FindRequest("g");
+      g_preempted |= grp && grp->forked && grp->status == SequenceStatus::kWaiting;
+    }
+    EXPECT_FALSE(d.sched->HasUnfinishedRequests());
+    *preemptions = g_preempted ? d.sched->stats().num_preemptions_recompute : 0;
     return d.tokens;
   };
   int64_t p_big = 0, p_small = 0;
@@ -298,6 +307,45 @@ TEST(SchedulerTest, RecomputePreemptionOfAGroupKeepsAllSiblingsTokens) {
   EXPECT_GT(p_small, 0);
   EXPECT_EQ(got, ref);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(got["g"][i].size(), 30u);
+}
+
+// After a recompute preemption with a small token budget, siblings re-prefill
+// in different steps while the others already decode: the request appears
+// among both the decodes and the prefills of a step.
+TEST(SchedulerTest, SiblingsSplitBetweenDecodeAndPrefillInOneStep) {
+  auto run = [](int32_t blocks, bool* split) {
+    SchedulerConfig c = Config(blocks);
+    c.max_model_len = 48;
+    c.max_num_batched_tokens = 12;
+    Driver d(c);
+    // "old" arrives first, so the n = 4 group is the newest: the victim.
+    EXPECT_TRUE(d.sched->AddRequest(Req("old", 8, 30, 300)).ok());
+    Request g = Req("g", 9, 30);
+    g.params.n = 4;
+    g.params.temperature = 1.0f;
+    g.arrival_time = 1.0;
+    EXPECT_TRUE(d.sched->AddRequest(g).ok());
+    for (int i = 0; i < 3000 && d.sched->HasUnfinishedRequests(); ++i) {
+      std::set<SeqId> ids;
+      if (const SequenceGroup* grp = d.sched->FindRequest("g")) {
+        for (const auto& s : grp->seqs) ids.insert(s->id);
+      }
+      if (!d.Step()) break;
+      bool dec = false, pre = false;
+      for (const SequenceStep& s : d.plans.back().seqs) {
+        if (!ids.count(s.seq_id)) continue;
+        (s.is_prefill() ? pre : dec) = true;
+      }
+      *split |= dec && pre;
+    }
+    EXPECT_FALSE(d.sched->HasUnfinishedRequests());
+    return d.tokens;
+  };
+  bool split_ref = false, split = false;
+  auto ref = run(200, &split_ref);
+  auto got = run(40, &split);
+  EXPECT_TRUE(split);
+  EXPECT_EQ(got, ref);
 }
 
 TEST(SchedulerTest, SwapPreemptionRestoresIdenticalBlocks) {
