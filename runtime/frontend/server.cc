@@ -74,6 +74,13 @@ struct Server::Impl {
   bool draining = false;
   bool fatal = false;
 
+  // The engine has requests, or the scheduler still holds sequences the engine
+  // already reported (a stop string ends a sequence in the engine; the
+  // scheduler frees its blocks at the next step, which must then run).
+  bool HasWork() const {
+    return engine->HasUnfinishedRequests() || engine->scheduler().HasUnfinishedRequests();
+  }
+
   static std::string EngineId(const std::string& identity, const std::string& client_id) {
     return absl::StrCat(absl::BytesToHexString(identity), "/", client_id);
   }
@@ -474,14 +481,14 @@ struct Server::Impl {
                      absl::FormatDuration(options.shutdown_grace));
       }
       if (draining) {
-        if (!engine->HasUnfinishedRequests() && inflight.empty()) break;
+        if (!HasWork() && inflight.empty()) break;
         if (!aborted_all && (abort_now.load() || absl::Now() >= drain_deadline)) {
           spdlog::info("frontend: aborting {} requests still in flight", inflight.size());
           AbortAll();
           aborted_all = true;
         }
       }
-      const bool busy = engine->HasUnfinishedRequests();
+      const bool busy = HasWork();
       zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0}, {monitor.handle(), 0, ZMQ_POLLIN, 0}};
       try {
         zmq::poll(items, 2, std::chrono::milliseconds(busy ? 0 : options.idle_poll_ms));
@@ -491,7 +498,7 @@ struct Server::Impl {
       DrainMonitor();
       for (int i = 0; i < options.max_messages_per_step && ReceiveOne(); ++i) {
       }
-      if (!engine->HasUnfinishedRequests()) continue;
+      if (!HasWork()) continue;
       absl::StatusOr<std::vector<EngineOutput>> outputs = engine->Step();
       if (!outputs.ok()) {
         spdlog::error("frontend: engine step failed: {}; failing {} requests", outputs.status().ToString(),

@@ -174,6 +174,18 @@ def joined(deltas, index=0):
     return text, ids
 
 
+def wait_drained(timeout=10):
+    """(running, waiting, kv_blocks_used) once they are all 0, or at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with pagedserve_client.Client(SERVER.endpoint, timeout=REPLY_TIMEOUT) as c:
+            s = c.stats()
+        got = (s["num_running"], s["num_waiting"], s["kv_blocks_used"])
+        if got == (0, 0, 0) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
 SERVER = None
 
 
@@ -269,6 +281,8 @@ class ProtocolTest(unittest.TestCase):
             self.assertEqual(f["outputs"][0]["finish_reason"], "stop")
             got = joined(deltas)[0] if stream else f["outputs"][0]["text"]
             self.assertEqual(got, text[:cut], f"stop {stop!r}")
+        # A sequence ended by a stop string frees its blocks without another request.
+        self.assertEqual(wait_drained(), (0, 0, 0))
 
     def test_abort(self):
         self.raw.send(gen("ab", prompt="Count to a thousand", max_tokens=200, ignore_eos=True, stream=True))
@@ -483,14 +497,7 @@ class LoadTest(unittest.TestCase):
         # Greedy decoding: the same tokens whatever the batch (a batch-dependent
         # rounding may flip a near tie; a few are tolerated, not many).
         self.assertGreaterEqual(same, len(streamed) - 2, f"{same} of {len(streamed)} identical")
-        deadline = time.monotonic() + 10
-        while True:
-            with pagedserve_client.Client(SERVER.endpoint, timeout=REPLY_TIMEOUT) as c:
-                s = c.stats()
-            if s["kv_blocks_used"] == 0 or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        self.assertEqual((s["num_running"], s["num_waiting"], s["kv_blocks_used"]), (0, 0, 0), s)
+        self.assertEqual(wait_drained(), (0, 0, 0))
         print(f"load: 200 streamed requests x {self.MAX_TOKENS} tokens in {took:.1f} s", file=sys.stderr)
 
 
@@ -520,9 +527,7 @@ class DisconnectTest(unittest.TestCase):
                     break
                 time.sleep(0.05)
             self.assertGreater(SERVER.metric("pagedserve_requests_finished_total", 'finish_reason="abort"'), aborts)
-            with pagedserve_client.Client(SERVER.endpoint, timeout=REPLY_TIMEOUT) as c:
-                s = c.stats()
-            self.assertEqual((s["num_running"], s["kv_blocks_used"]), (0, 0), s)
+            self.assertEqual(wait_drained(), (0, 0, 0))
         finally:
             p.kill()
             p.wait(10)
