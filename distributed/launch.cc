@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <mpi.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +49,15 @@ struct MpiState {
 MpiState& State() {
   static MpiState* state = new MpiState();
   return *state;
+}
+
+// Launch messages go to stderr: stdout belongs to the command (generated text).
+spdlog::logger& Log() {
+  static std::shared_ptr<spdlog::logger> logger = [] {
+    std::shared_ptr<spdlog::logger> l = spdlog::get("launch");
+    return l ? l : spdlog::stderr_color_mt("launch");
+  }();
+  return *logger;
 }
 
 double Seconds(std::chrono::steady_clock::duration d) {
@@ -100,7 +110,7 @@ class Watchdog {
       const auto now = std::chrono::steady_clock::now();
       if (check_coordinator_ && State().coordinator_pid > 0 &&
           ProcessGone(State().coordinator_pid)) {
-        spdlog::error("coordinator process {} is gone; worker rank exits",
+        Log().error("coordinator process {} is gone; worker rank exits",
                       State().coordinator_pid);
         std::fflush(nullptr);
         _exit(3);
@@ -110,7 +120,7 @@ class Watchdog {
         const auto last = std::chrono::steady_clock::time_point(
             std::chrono::steady_clock::duration(last_progress_.load()));
         if (now - std::max(last, term_seen) > grace) {
-          spdlog::error("SIGTERM and no step progress for {}; worker rank exits",
+          Log().error("SIGTERM and no step progress for {}; worker rank exits",
                         absl::FormatDuration(grace_));
           std::fflush(nullptr);
           _exit(128 + SIGTERM);
@@ -220,7 +230,7 @@ class MpiExecutor final : public Executor {
                                                ack.status().message())));
     }
     shut_down_ = true;
-    spdlog::info("all {} worker ranks stopped", num_workers_);
+    Log().info("all {} worker ranks stopped", num_workers_);
     return absl::OkStatus();
   }
 
@@ -235,7 +245,7 @@ class MpiExecutor final : public Executor {
     failed_ = true;
     error_ = error;
     State().failed.store(true);
-    spdlog::error("worker ranks failed: {}", error.ToString());
+    Log().error("worker ranks failed: {}", error.ToString());
     StepPlan abort;
     abort.step_id = kAbortStepId;
     abort.shutdown = true;
@@ -299,7 +309,7 @@ void FinalizeMpi(bool abort, int exit_code) {
   st.finalized = true;
   if (abort || st.failed.load()) {
     std::fflush(nullptr);
-    spdlog::default_logger()->flush();
+    Log().flush();
     MPI_Abort(MPI_COMM_WORLD, exit_code == 0 ? 1 : exit_code);
     return;
   }
@@ -327,7 +337,7 @@ absl::Status CheckWorldSize(const LaunchInfo& info, int tensor_parallel_size) {
 
 int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
   if (info.coordinator() || info.world_size < 2) {
-    spdlog::error("RunWorkerRank called on rank {} of {}", info.world_rank, info.world_size);
+    Log().error("RunWorkerRank called on rank {} of {}", info.world_rank, info.world_size);
     return 2;
   }
   // The coordinator decides when ranks stop: Ctrl-C reaches it through mpirun.
@@ -363,16 +373,16 @@ int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
     hello.ok = true;
     hello.num_device_blocks = worker->num_device_blocks();
     hello.num_cpu_blocks = worker->num_cpu_blocks();
-    spdlog::info("worker rank {} (TP rank {} of {}, pid {}): {} KV blocks, {} swap blocks, {} bytes/block",
+    Log().info("worker rank {} (TP rank {} of {}, pid {}): {} KV blocks, {} swap blocks, {} bytes/block",
                  info.world_rank, tp_rank, info.world_size - 1, getpid(), hello.num_device_blocks,
                  hello.num_cpu_blocks, worker->bytes_per_block());
   } else {
     hello.ok = false;
     hello.error = std::string(setup.message());
-    spdlog::error("worker rank {}: setup failed: {}", info.world_rank, setup.ToString());
+    Log().error("worker rank {}: setup failed: {}", info.world_rank, setup.ToString());
   }
   if (auto s = receiver.SendHello(hello); !s.ok()) {
-    spdlog::error("worker rank {}: cannot report to the coordinator: {}", info.world_rank,
+    Log().error("worker rank {}: cannot report to the coordinator: {}", info.world_rank,
                   s.ToString());
     State().failed.store(true);
     return 1;
@@ -384,7 +394,7 @@ int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
     absl::StatusOr<StepPlan> plan = receiver.Receive();
     watchdog.Progress();
     if (!plan.ok()) {
-      spdlog::error("worker rank {}: bad step plan: {}", info.world_rank, plan.status().ToString());
+      Log().error("worker rank {}: bad step plan: {}", info.world_rank, plan.status().ToString());
       if (broken.ok()) broken = plan.status();
       receiver.SendError(std::string(plan.status().message())).IgnoreError();
       continue;
@@ -397,7 +407,7 @@ int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
         receiver.SendResult(ack).IgnoreError();
       }
       if (aborted || !broken.ok()) {
-        spdlog::info("worker rank {}: stopped by the coordinator after a failure", info.world_rank);
+        Log().info("worker rank {}: stopped by the coordinator after a failure", info.world_rank);
         State().failed.store(true);
         return 1;
       }
@@ -413,7 +423,7 @@ int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
     absl::StatusOr<StepResult> result = worker->Execute(*plan);
     watchdog.Progress();
     if (!result.ok()) {
-      spdlog::error("worker rank {}: step {} failed: {}", info.world_rank, plan->step_id,
+      Log().error("worker rank {}: step {} failed: {}", info.world_rank, plan->step_id,
                     result.status().ToString());
       broken = result.status();
       receiver
@@ -424,7 +434,7 @@ int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
     }
     if (tp_rank == 0) {
       if (auto s = receiver.SendResult(*result); !s.ok()) {
-        spdlog::error("worker rank {}: cannot send the result: {}", info.world_rank, s.ToString());
+        Log().error("worker rank {}: cannot send the result: {}", info.world_rank, s.ToString());
         broken = s;
       }
     }
@@ -449,13 +459,13 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeMpiExecutor(const LaunchInfo& info
   int64_t device_blocks = std::numeric_limits<int64_t>::max();
   int64_t cpu_blocks = std::numeric_limits<int64_t>::max();
   for (const WorkerHello& h : *hellos) {
-    spdlog::info("worker rank {} (pid {} on {}): {} KV blocks, {} swap blocks", h.world_rank,
+    Log().info("worker rank {} (pid {} on {}): {} KV blocks, {} swap blocks", h.world_rank,
                  h.pid, h.host, h.num_device_blocks, h.num_cpu_blocks);
     device_blocks = std::min(device_blocks, h.num_device_blocks);
     cpu_blocks = std::min(cpu_blocks, h.num_cpu_blocks);
   }
   const int64_t block_size = hellos->front().block_size;
-  spdlog::info(
+  Log().info(
       "KV capacity (minimum over {} worker ranks): {} blocks x {} tokens = {} tokens; swap {} "
       "blocks = {} tokens",
       num_workers, device_blocks, block_size, device_blocks * block_size, cpu_blocks,
