@@ -163,7 +163,7 @@ std::unique_ptr<Worker> MakeWorker(Communicator* comm, const std::string& path) 
   WorkerOptions o;
   o.model_path = path;
   o.block_size = kBlockSize;
-  o.kv_cache_memory = 64LL << 20;
+  o.kv_cache_memory = 256LL << 20;  // 10 sequences x 32 blocks for SmolLM2
   o.swap_space = 0;
   auto w = Worker::Create(o, comm);
   EXPECT_TRUE(w.ok()) << w.status();
