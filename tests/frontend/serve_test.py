@@ -547,6 +547,23 @@ class DisconnectTest(unittest.TestCase):
         self.run_vanishing_client("stop")
 
 
+class ServeFlagsTest(unittest.TestCase):
+    def serve(self, *flags):
+        return subprocess.run([ARGS.pagedserve, "serve", f"--model={ARGS.model}", "--kv-cache-memory=67108864",
+                               "--swap-space=0.0625", f"--max-model-len={MAX_MODEL_LEN}"] + list(flags),
+                              capture_output=True, timeout=120)
+
+    def test_endpoint_in_use_and_bad_flags(self):
+        r = self.serve(f"--zmq-endpoint={SERVER.endpoint}")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn(b"cannot bind --zmq-endpoint", r.stderr)
+        r = self.serve("--max-queue-len=0")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(b"--max-queue-len", r.stderr)
+        r = self.serve("--zmq-endpoint=nonsense://x")
+        self.assertEqual(r.returncode, 1, r.stderr)
+
+
 class BusyAndShutdownTest(unittest.TestCase):
     """A second server: one running sequence, a waiting queue of one, short grace."""
 
