@@ -1,16 +1,11 @@
 #include "runtime/model/gguf.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/common/status_macros.h"
 
 namespace pagedserve {
 
@@ -539,51 +534,26 @@ class GgufParser {
 // GgufFile
 // ---------------------------------------------------------------------------
 
-GgufFile::~GgufFile() {
-  if (mapping_ != nullptr) munmap(mapping_, size_);
-}
-
 absl::Status GgufFile::Parse() { return GgufParser(this).Run(); }
 
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(e));
-    return e == ENOENT ? absl::NotFoundError(msg) : absl::PermissionDeniedError(msg);
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  std::unique_ptr<GgufFile> f(new GgufFile());
-  f->path_ = path;
-  f->size_ = static_cast<uint64_t>(st.st_size);
-  if (f->size_ > 0) {
-    void* m = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      int e = errno;
-      ::close(fd);
-      return absl::ResourceExhaustedError(
-          absl::StrCat(path, ": mmap of ", f->size_, " bytes failed: ", std::strerror(e)));
-    }
-    f->mapping_ = m;
-    f->data_ = static_cast<const uint8_t*>(m);
-  }
-  ::close(fd);
-  if (auto s = f->Parse(); !s.ok()) return s;
-  return f;
+  PS_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
+  return FromMapped(path, std::move(file));
 }
 
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string name,
                                                              std::vector<uint8_t> bytes) {
+  return FromMapped(std::move(name), MappedFile::FromBytes(std::move(bytes)));
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromMapped(std::string name,
+                                                              MappedFile file) {
   std::unique_ptr<GgufFile> f(new GgufFile());
   f->path_ = std::move(name);
-  f->owned_ = std::move(bytes);
-  f->data_ = f->owned_.data();
-  f->size_ = f->owned_.size();
-  if (auto s = f->Parse(); !s.ok()) return s;
+  f->file_ = std::move(file);
+  f->data_ = f->file_.data();
+  f->size_ = f->file_.size();
+  PS_RETURN_IF_ERROR(f->Parse());
   return f;
 }
 
@@ -613,46 +583,38 @@ absl::StatusOr<T> Annotate(const std::string& path, std::string_view key_sv,
 }  // namespace
 
 absl::StatusOr<std::string> GgufFile::GetString(std::string_view key) const {
-  auto v = FindOrError(key);
-  if (!v.ok()) return v.status();
-  auto s = (*v)->AsString();
+  PS_ASSIGN_OR_RETURN(const GgufValue* v, FindOrError(key));
+  auto s = v->AsString();
   if (!s.ok()) return Annotate<std::string>(path_, key, s.status());
   return std::string(*s);
 }
 absl::StatusOr<int64_t> GgufFile::GetInt(std::string_view key) const {
-  auto v = FindOrError(key);
-  if (!v.ok()) return v.status();
-  return Annotate(path_, key, (*v)->AsInt());
+  PS_ASSIGN_OR_RETURN(const GgufValue* v, FindOrError(key));
+  return Annotate(path_, key, v->AsInt());
 }
 absl::StatusOr<uint64_t> GgufFile::GetUint(std::string_view key) const {
-  auto v = FindOrError(key);
-  if (!v.ok()) return v.status();
-  return Annotate(path_, key, (*v)->AsUint());
+  PS_ASSIGN_OR_RETURN(const GgufValue* v, FindOrError(key));
+  return Annotate(path_, key, v->AsUint());
 }
 absl::StatusOr<double> GgufFile::GetFloat(std::string_view key) const {
-  auto v = FindOrError(key);
-  if (!v.ok()) return v.status();
-  return Annotate(path_, key, (*v)->AsFloat());
+  PS_ASSIGN_OR_RETURN(const GgufValue* v, FindOrError(key));
+  return Annotate(path_, key, v->AsFloat());
 }
 absl::StatusOr<bool> GgufFile::GetBool(std::string_view key) const {
-  auto v = FindOrError(key);
-  if (!v.ok()) return v.status();
-  return Annotate(path_, key, (*v)->AsBool());
+  PS_ASSIGN_OR_RETURN(const GgufValue* v, FindOrError(key));
+  return Annotate(path_, key, v->AsBool());
 }
 absl::StatusOr<std::vector<std::string>> GgufFile::GetStringArray(std::string_view key) const {
-  auto v = FindOrError(key);
-  if (!v.ok()) return v.status();
-  return Annotate(path_, key, (*v)->AsStringArray());
+  PS_ASSIGN_OR_RETURN(const GgufValue* v, FindOrError(key));
+  return Annotate(path_, key, v->AsStringArray());
 }
 absl::StatusOr<std::vector<float>> GgufFile::GetFloatArray(std::string_view key) const {
-  auto v = FindOrError(key);
-  if (!v.ok()) return v.status();
-  return Annotate(path_, key, (*v)->AsFloatArray());
+  PS_ASSIGN_OR_RETURN(const GgufValue* v, FindOrError(key));
+  return Annotate(path_, key, v->AsFloatArray());
 }
 absl::StatusOr<std::vector<int32_t>> GgufFile::GetIntArray(std::string_view key) const {
-  auto v = FindOrError(key);
-  if (!v.ok()) return v.status();
-  return Annotate(path_, key, (*v)->AsInt32Array());
+  PS_ASSIGN_OR_RETURN(const GgufValue* v, FindOrError(key));
+  return Annotate(path_, key, v->AsInt32Array());
 }
 
 const GgufTensorInfo* GgufFile::FindTensor(std::string_view name) const {

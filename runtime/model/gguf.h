@@ -35,6 +35,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/model/mapped_file.h"
 
 namespace pagedserve {
 
@@ -168,7 +169,6 @@ class GgufFile {
   static absl::StatusOr<std::unique_ptr<GgufFile>> FromBytes(std::string name,
                                                             std::vector<uint8_t> bytes);
 
-  ~GgufFile();
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
 
@@ -203,14 +203,14 @@ class GgufFile {
  private:
   friend class GgufParser;
   GgufFile() = default;
+  static absl::StatusOr<std::unique_ptr<GgufFile>> FromMapped(std::string name, MappedFile file);
   absl::Status Parse();
   absl::StatusOr<const GgufValue*> FindOrError(std::string_view key) const;
 
   std::string path_;
-  const uint8_t* data_ = nullptr;
-  uint64_t size_ = 0;
-  void* mapping_ = nullptr;  // mmap base, nullptr for FromBytes
-  std::vector<uint8_t> owned_;
+  MappedFile file_;
+  const uint8_t* data_ = nullptr;  // file_.data()
+  uint64_t size_ = 0;              // file_.size()
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;

@@ -1,17 +1,14 @@
 #include "runtime/model/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/status_macros.h"
 #include "runtime/model/dequant.h"
 
 namespace pagedserve {
@@ -36,48 +33,24 @@ bool FileExists(const std::string& p) {
 
 }  // namespace
 
-SafetensorsFile::~SafetensorsFile() {
-  if (mapping_ != nullptr) munmap(mapping_, size_);
-}
-
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(e));
-    return e == ENOENT ? absl::NotFoundError(msg) : absl::PermissionDeniedError(msg);
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
-  f->path_ = path;
-  f->size_ = static_cast<uint64_t>(st.st_size);
-  if (f->size_ > 0) {
-    void* m = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      int e = errno;
-      ::close(fd);
-      return absl::ResourceExhaustedError(absl::StrCat(path, ": mmap failed: ", std::strerror(e)));
-    }
-    f->mapping_ = m;
-    f->data_ = static_cast<const uint8_t*>(m);
-  }
-  ::close(fd);
-  if (auto s = f->Parse(); !s.ok()) return s;
-  return f;
+  PS_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
+  return FromMapped(path, std::move(file));
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(
     std::string name, std::vector<uint8_t> bytes) {
+  return FromMapped(std::move(name), MappedFile::FromBytes(std::move(bytes)));
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromMapped(std::string name,
+                                                                            MappedFile file) {
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = std::move(name);
-  f->owned_ = std::move(bytes);
-  f->data_ = f->owned_.data();
-  f->size_ = f->owned_.size();
-  if (auto s = f->Parse(); !s.ok()) return s;
+  f->file_ = std::move(file);
+  f->data_ = f->file_.data();
+  f->size_ = f->file_.size();
+  PS_RETURN_IF_ERROR(f->Parse());
   return f;
 }
 

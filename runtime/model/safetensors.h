@@ -18,6 +18,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "runtime/model/mapped_file.h"
 
 namespace pagedserve {
 
@@ -35,7 +36,6 @@ class SafetensorsFile {
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBytes(std::string name,
                                                                    std::vector<uint8_t> bytes);
-  ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
@@ -52,12 +52,13 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromMapped(std::string name,
+                                                                    MappedFile file);
   absl::Status Parse();
   std::string path_;
-  const uint8_t* data_ = nullptr;
-  uint64_t size_ = 0;
-  void* mapping_ = nullptr;
-  std::vector<uint8_t> owned_;
+  MappedFile file_;
+  const uint8_t* data_ = nullptr;  // file_.data()
+  uint64_t size_ = 0;              // file_.size()
   std::vector<SafetensorsTensorInfo> tensors_;
   absl::flat_hash_map<std::string, size_t> index_;
 };
