@@ -5,10 +5,9 @@
 #include <cstdint>
 #include <span>
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 #include "kernels/cache_ops.h"
 #include "kernels/paged_attention.h"
@@ -40,6 +39,15 @@ absl::Status CheckHeads(absl::string_view op, int num_heads, int num_kv_heads) {
   return absl::OkStatus();
 }
 
+// A token stride of 0 means "packed" (`row` elements); otherwise it must be at
+// least `row` (`row_name` says what row is made of, for the message).
+absl::Status CheckTokenStride(absl::string_view op, absl::string_view field, int64_t stride,
+                              int64_t row, absl::string_view row_name) {
+  if (stride < 0 || (stride != 0 && stride < row))
+    return Invalid(op, field, " ", stride, " is smaller than ", row_name, " = ", row);
+  return absl::OkStatus();
+}
+
 // Checks the block-table rows of `num_seqs` sequences whose context lengths are
 // given by len(s): every used entry must name a block in [0, num_blocks).
 template <typename LenFn>
@@ -59,11 +67,15 @@ absl::Status CheckBlockTables(absl::string_view op, const int32_t* bt, int num_s
 
 int NumPartitions(int max_seq_len) { return (max_seq_len + kPartitionSize - 1) / kPartitionSize; }
 
-absl::Status ValidateDecode(absl::string_view op, const PagedAttentionParams& p) {
+// Checks shared by decode and prefill attention (PagedAttentionParams and
+// PrefillAttentionParams name these fields alike): the cache view, num_seqs,
+// num_heads and, when there is work, the pointers, max_blocks_per_seq and scale.
+template <typename Params>
+absl::Status CheckAttentionCommon(absl::string_view op, const Params& p) {
   if (absl::Status st = CheckCache(op, p.cache); !st.ok()) return st;
-  const KVCacheShape& cs = p.cache.shape;
   if (p.num_seqs < 0) return Invalid(op, "num_seqs must be >= 0, got ", p.num_seqs);
-  if (absl::Status st = CheckHeads(op, p.num_heads, cs.num_kv_heads); !st.ok()) return st;
+  if (absl::Status st = CheckHeads(op, p.num_heads, p.cache.shape.num_kv_heads); !st.ok())
+    return st;
   if (p.num_seqs == 0) return absl::OkStatus();
   if (p.out == nullptr) return Invalid(op, "out is null");
   if (p.query == nullptr) return Invalid(op, "query is null");
@@ -71,21 +83,35 @@ absl::Status ValidateDecode(absl::string_view op, const PagedAttentionParams& p)
   if (p.seq_lens == nullptr) return Invalid(op, "seq_lens is null");
   if (p.max_blocks_per_seq <= 0)
     return Invalid(op, "max_blocks_per_seq must be > 0, got ", p.max_blocks_per_seq);
-  if (p.max_seq_len <= 0) return Invalid(op, "max_seq_len must be > 0, got ", p.max_seq_len);
   if (!std::isfinite(p.scale)) return Invalid(op, "scale must be finite, got ", p.scale);
+  return absl::OkStatus();
+}
+
+// seq_lens[s] = len must fit max_seq_len and the block-table row of the sequence.
+template <typename Params>
+absl::Status CheckSeqLenFits(absl::string_view op, const Params& p, int s, int32_t len) {
+  const int block_size = p.cache.shape.block_size;
+  if (len > p.max_seq_len)
+    return Invalid(op, "seq_lens[", s, "] = ", len, " exceeds max_seq_len ", p.max_seq_len);
+  if (len > static_cast<int64_t>(p.max_blocks_per_seq) * block_size)
+    return Invalid(op, "seq_lens[", s, "] = ", len, " is longer than the block table (",
+                   p.max_blocks_per_seq, " blocks of ", block_size, " tokens)");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDecode(absl::string_view op, const PagedAttentionParams& p) {
+  if (absl::Status st = CheckAttentionCommon(op, p); !st.ok()) return st;
+  if (p.num_seqs == 0) return absl::OkStatus();
+  if (p.max_seq_len <= 0) return Invalid(op, "max_seq_len must be > 0, got ", p.max_seq_len);
+  const KVCacheShape& cs = p.cache.shape;
   const bool on_host = p.cache.device == Device::kCPU;
   const int32_t* seq_lens = on_host ? p.seq_lens : p.host_seq_lens;
   const int32_t* block_tables = on_host ? p.block_tables : p.host_block_tables;
   if (seq_lens == nullptr) return absl::OkStatus();  // kCUDA without host copies
-  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * cs.block_size;
   for (int s = 0; s < p.num_seqs; ++s) {
     const int32_t len = seq_lens[s];
     if (len < 1) return Invalid(op, "seq_lens[", s, "] = ", len, " must be >= 1");
-    if (len > p.max_seq_len)
-      return Invalid(op, "seq_lens[", s, "] = ", len, " exceeds max_seq_len ", p.max_seq_len);
-    if (len > capacity)
-      return Invalid(op, "seq_lens[", s, "] = ", len, " is longer than the block table (",
-                     p.max_blocks_per_seq, " blocks of ", cs.block_size, " tokens)");
+    if (absl::Status st = CheckSeqLenFits(op, p, s, len); !st.ok()) return st;
   }
   if (block_tables == nullptr) return absl::OkStatus();
   return CheckBlockTables(op, block_tables, p.num_seqs, p.max_blocks_per_seq, cs,
@@ -104,10 +130,14 @@ absl::Status ReshapeAndCache(const ReshapeAndCacheParams& p) {
   const KVCacheShape& cs = p.cache.shape;
   if (p.num_tokens < 0) return Invalid(op, "num_tokens must be >= 0, got ", p.num_tokens);
   const int64_t row = static_cast<int64_t>(cs.num_kv_heads) * cs.head_size;
-  if (p.key_token_stride < 0 || (p.key_token_stride != 0 && p.key_token_stride < row))
-    return Invalid(op, "key_token_stride ", p.key_token_stride, " is smaller than num_kv_heads * head_size = ", row);
-  if (p.value_token_stride < 0 || (p.value_token_stride != 0 && p.value_token_stride < row))
-    return Invalid(op, "value_token_stride ", p.value_token_stride, " is smaller than num_kv_heads * head_size = ", row);
+  if (absl::Status st = CheckTokenStride(op, "key_token_stride", p.key_token_stride, row,
+                                         "num_kv_heads * head_size");
+      !st.ok())
+    return st;
+  if (absl::Status st = CheckTokenStride(op, "value_token_stride", p.value_token_stride, row,
+                                         "num_kv_heads * head_size");
+      !st.ok())
+    return st;
   if (p.num_tokens == 0) return absl::OkStatus();
   if (p.key == nullptr) return Invalid(op, "key is null");
   if (p.value == nullptr) return Invalid(op, "value is null");
@@ -183,30 +213,21 @@ absl::Status PagedAttention(const PagedAttentionParams& p) {
 
 absl::Status ValidatePrefillAttention(const PrefillAttentionParams& p) {
   constexpr absl::string_view op = "prefill_attention";
-  if (absl::Status st = CheckCache(op, p.cache); !st.ok()) return st;
-  const KVCacheShape& cs = p.cache.shape;
-  if (p.num_seqs < 0) return Invalid(op, "num_seqs must be >= 0, got ", p.num_seqs);
-  if (absl::Status st = CheckHeads(op, p.num_heads, cs.num_kv_heads); !st.ok()) return st;
+  if (absl::Status st = CheckAttentionCommon(op, p); !st.ok()) return st;
   if (p.num_seqs == 0) return absl::OkStatus();
-  if (p.out == nullptr) return Invalid(op, "out is null");
-  if (p.query == nullptr) return Invalid(op, "query is null");
   if (p.query_start_loc == nullptr) return Invalid(op, "query_start_loc is null");
-  if (p.seq_lens == nullptr) return Invalid(op, "seq_lens is null");
-  if (p.block_tables == nullptr) return Invalid(op, "block_tables is null");
+  const KVCacheShape& cs = p.cache.shape;
   const int64_t row = static_cast<int64_t>(p.num_heads) * cs.head_size;
-  if (p.query_token_stride < 0 || (p.query_token_stride != 0 && p.query_token_stride < row))
-    return Invalid(op, "query_token_stride ", p.query_token_stride,
-                   " is smaller than num_heads * head_size = ", row);
-  if (p.max_blocks_per_seq <= 0)
-    return Invalid(op, "max_blocks_per_seq must be > 0, got ", p.max_blocks_per_seq);
-  if (!std::isfinite(p.scale)) return Invalid(op, "scale must be finite, got ", p.scale);
+  if (absl::Status st = CheckTokenStride(op, "query_token_stride", p.query_token_stride, row,
+                                         "num_heads * head_size");
+      !st.ok())
+    return st;
   const bool on_host = p.cache.device == Device::kCPU;
   const int32_t* qsl = on_host ? p.query_start_loc : p.host_query_start_loc;
   const int32_t* seq_lens = on_host ? p.seq_lens : p.host_seq_lens;
   const int32_t* block_tables = on_host ? p.block_tables : p.host_block_tables;
   if (qsl == nullptr || seq_lens == nullptr) return absl::OkStatus();
   if (qsl[0] < 0) return Invalid(op, "query_start_loc[0] = ", qsl[0], " must be >= 0");
-  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * cs.block_size;
   for (int s = 0; s < p.num_seqs; ++s) {
     const int64_t q_len = static_cast<int64_t>(qsl[s + 1]) - qsl[s];
     if (q_len < 0)
@@ -218,11 +239,7 @@ absl::Status ValidatePrefillAttention(const PrefillAttentionParams& p) {
     const int32_t len = seq_lens[s];
     if (len < q_len)
       return Invalid(op, "seq_lens[", s, "] = ", len, " is shorter than its query length ", q_len);
-    if (len > p.max_seq_len)
-      return Invalid(op, "seq_lens[", s, "] = ", len, " exceeds max_seq_len ", p.max_seq_len);
-    if (len > capacity)
-      return Invalid(op, "seq_lens[", s, "] = ", len, " is longer than the block table (",
-                     p.max_blocks_per_seq, " blocks of ", cs.block_size, " tokens)");
+    if (absl::Status st = CheckSeqLenFits(op, p, s, len); !st.ok()) return st;
   }
   if (block_tables == nullptr) return absl::OkStatus();
   return CheckBlockTables(op, block_tables, p.num_seqs, p.max_blocks_per_seq, cs,
