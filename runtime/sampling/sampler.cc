@@ -147,6 +147,17 @@ void Filter(std::span<const float> w, const SamplingParams& p, std::vector<Cand>
   size_t k_count = 0;  // |K|
   float keep_min = 0.0f;  // survivors need e >= keep_min (and e > 0)
   if (p.min_p > 0.0f) keep_min = p.min_p;
+  // Top-p prefilter: p_i < (1 - top_p) / |K| lies outside the nucleus.
+  auto RaiseKeepMinForTopP = [&] {
+    if (p.top_p < 1.0f) {
+      keep_min = std::max(keep_min, static_cast<float>((1.0 - p.top_p) * z / k_count));
+    }
+  };
+  auto DropBelowKeepMin = [&] {
+    cands.erase(std::remove_if(cands.begin(), cands.end(),
+                               [keep_min](const Cand& c) { return !(c.e > 0.0f && c.e >= keep_min); }),
+                cands.end());
+  };
   if (top_k_active && static_cast<size_t>(p.top_k) * 8 <= v) {
     // Heap of the k best (front = worst kept), one pass over the raw values.
     const size_t k = static_cast<size_t>(p.top_k);
@@ -169,12 +180,8 @@ void Filter(std::span<const float> w, const SamplingParams& p, std::vector<Cand>
       z += c.e;
     }
     k_count = cands.size();
-    if (p.top_p < 1.0f) {
-      keep_min = std::max(keep_min, static_cast<float>((1.0 - p.top_p) * z / k_count));
-    }
-    cands.erase(std::remove_if(cands.begin(), cands.end(),
-                               [keep_min](const Cand& c) { return !(c.e > 0.0f && c.e >= keep_min); }),
-                cands.end());
+    RaiseKeepMinForTopP();
+    DropBelowKeepMin();
   } else {
     std::vector<float> e(v);
     for (size_t i = 0; i < v; ++i) {
@@ -194,17 +201,11 @@ void Filter(std::span<const float> w, const SamplingParams& p, std::vector<Cand>
       z = 0.0;
       for (const Cand& c : cands) z += c.e;
       k_count = cands.size();
-      if (p.top_p < 1.0f) {
-        keep_min = std::max(keep_min, static_cast<float>((1.0 - p.top_p) * z / k_count));
-      }
-      cands.erase(std::remove_if(cands.begin(), cands.end(),
-                                 [keep_min](const Cand& c) { return !(c.e > 0.0f && c.e >= keep_min); }),
-                  cands.end());
+      RaiseKeepMinForTopP();
+      DropBelowKeepMin();
     } else {
       for (size_t i = 0; i < v; ++i) k_count += (w[i] != kNegInf);
-      if (p.top_p < 1.0f) {
-        keep_min = std::max(keep_min, static_cast<float>((1.0 - p.top_p) * z / k_count));
-      }
+      RaiseKeepMinForTopP();
       for (size_t i = 0; i < v; ++i) {
         if (e[i] > 0.0f && e[i] >= keep_min) {
           cands.push_back({(w[i] - max) * inv_t, static_cast<int32_t>(i), e[i]});
