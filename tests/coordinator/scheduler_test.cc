@@ -276,6 +276,18 @@ TEST(SchedulerTest, ParallelSamplingForksSiblingsSharingThePrompt) {
   EXPECT_NE(d.tokens["n4"][0], d.tokens["n4"][1]);
 }
 
+// Adds "old" (8 prompt tokens, 30 to generate) and then "g", an n = 4 sampled
+// group (9 prompt tokens, 30 each). "old" arrives first, so the group is the
+// newest: the recompute-preemption victim.
+void AddOldThenGroupOfFour(Driver& d) {
+  EXPECT_TRUE(d.sched->AddRequest(Req("old", 8, 30, 300)).ok());
+  Request g = Req("g", 9, 30);
+  g.params.n = 4;
+  g.params.temperature = 1.0f;
+  g.arrival_time = 1.0;
+  EXPECT_TRUE(d.sched->AddRequest(g).ok());
+}
+
 // n = 4 group preempted by recompute resumes with every sibling's tokens.
 TEST(SchedulerTest, RecomputePreemptionOfAGroupKeepsAllSiblingsTokens) {
   // Reference: a pool large enough that nothing is preempted.
@@ -283,13 +295,7 @@ TEST(SchedulerTest, RecomputePreemptionOfAGroupKeepsAllSiblingsTokens) {
     SchedulerConfig c = Config(blocks);
     c.max_model_len = 48;
     Driver d(c);
-    // "old" arrives first, so the n = 4 group is the newest: the victim.
-    EXPECT_TRUE(d.sched->AddRequest(Req("old", 8, 30, 300)).ok());
-    Request g = Req("g", 9, 30);
-    g.params.n = 4;
-    g.params.temperature = 1.0f;
-    g.arrival_time = 1.0;
-    EXPECT_TRUE(d.sched->AddRequest(g).ok());
+    AddOldThenGroupOfFour(d);
     bool g_preempted = false;
     for (int i = 0; i < 3000 && d.sched->HasUnfinishedRequests(); ++i) {
       if (!d.Step()) break;
@@ -318,13 +324,7 @@ TEST(SchedulerTest, SiblingsSplitBetweenDecodeAndPrefillInOneStep) {
     c.max_model_len = 48;
     c.max_num_batched_tokens = 12;
     Driver d(c);
-    // "old" arrives first, so the n = 4 group is the newest: the victim.
-    EXPECT_TRUE(d.sched->AddRequest(Req("old", 8, 30, 300)).ok());
-    Request g = Req("g", 9, 30);
-    g.params.n = 4;
-    g.params.temperature = 1.0f;
-    g.arrival_time = 1.0;
-    EXPECT_TRUE(d.sched->AddRequest(g).ok());
+    AddOldThenGroupOfFour(d);
     for (int i = 0; i < 3000 && d.sched->HasUnfinishedRequests(); ++i) {
       std::set<SeqId> ids;
       if (const SequenceGroup* grp = d.sched->FindRequest("g")) {
