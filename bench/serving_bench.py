@@ -224,8 +224,8 @@ class PagedServeBackend:
                     rec.chunk_times.append(now)
             rec.latency = time.perf_counter() - rec.send
             final = stream.final
-            rec.output_tokens = final.usage.completion_tokens if final.usage else 0
-            rec.prompt_tokens = final.usage.prompt_tokens if final.usage else 0
+            rec.output_tokens = int(final.usage.get("completion_tokens", 0))
+            rec.prompt_tokens = int(final.usage.get("prompt_tokens", 0))
             rec.finish_reason = final.outputs[0].finish_reason if final.outputs else ""
             rec.ok = rec.finish_reason == "length" and bool(rec.chunk_times)
             if not rec.ok:
