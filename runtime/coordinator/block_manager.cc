@@ -7,6 +7,28 @@
 #include "absl/strings/str_cat.h"
 
 namespace pagedserve {
+namespace {
+
+// Swap out / swap in of one sequence: every block of its block table gets a
+// block of pool `to` (the caller has checked there are enough) and the old one
+// loses a reference. A block shared by several sequences of the call (`moved`:
+// old id -> new id) is copied once (one entry in `pairs`) and referenced again.
+void MoveBlockTable(Sequence& seq, BlockPool& from, BlockPool& to,
+                    absl::flat_hash_map<int32_t, int32_t>& moved, std::vector<BlockPair>* pairs) {
+  for (int32_t& b : seq.block_table) {
+    auto [it, inserted] = moved.try_emplace(b, -1);
+    if (inserted) {
+      it->second = to.Allocate();
+      pairs->push_back({b, it->second});
+    } else {
+      to.IncRef(it->second);
+    }
+    from.DecRef(b);
+    b = it->second;
+  }
+}
+
+}  // namespace
 
 BlockManager::BlockManager(const Options& o)
     : block_size_(std::max(o.block_size, 1)),
@@ -155,17 +177,7 @@ bool BlockManager::SwapOut(absl::Span<Sequence* const> seqs, std::vector<BlockPa
   if (NumDistinctBlocks(seqs) > cpu_.num_available()) return false;
   absl::flat_hash_map<int32_t, int32_t> to_cpu;
   for (Sequence* s : seqs) {
-    for (int32_t& b : s->block_table) {
-      auto [it, inserted] = to_cpu.try_emplace(b, -1);
-      if (inserted) {
-        it->second = cpu_.Allocate();
-        pairs->push_back({b, it->second});
-      } else {
-        cpu_.IncRef(it->second);
-      }
-      device_.DecRef(b);
-      b = it->second;
-    }
+    MoveBlockTable(*s, device_, cpu_, to_cpu, pairs);
     s->blocks_on_cpu = true;
     s->num_registered_blocks = 0;
   }
@@ -181,17 +193,7 @@ bool BlockManager::SwapIn(absl::Span<Sequence* const> seqs, int32_t reserve,
   absl::flat_hash_map<int32_t, int32_t> to_dev;
   for (Sequence* s : seqs) {
     if (!s->blocks_on_cpu) continue;
-    for (int32_t& b : s->block_table) {
-      auto [it, inserted] = to_dev.try_emplace(b, -1);
-      if (inserted) {
-        it->second = device_.Allocate();
-        pairs->push_back({b, it->second});
-      } else {
-        device_.IncRef(it->second);
-      }
-      cpu_.DecRef(b);
-      b = it->second;
-    }
+    MoveBlockTable(*s, cpu_, device_, to_dev, pairs);
     s->blocks_on_cpu = false;
     s->num_registered_blocks = 0;
   }

@@ -219,8 +219,10 @@ AllocatorReport SimulateNaive(const SimConfig& c, const std::vector<SimRequest>&
       queue.pop_front();
     }
     // One engine step: decodes gain a token, admitted requests are prefilled.
+    // Decodes gain a token (admitted requests start at 0, so the prefill's
+    // token makes it 1); a request that reached its output length is freed.
     std::vector<Active> still;
-    for (Active& a : active) {
+    auto generate_one = [&](Active& a) {
       ++a.generated;
       ++m.r.generated_tokens;
       if (a.generated >= a.output) {
@@ -229,17 +231,9 @@ AllocatorReport SimulateNaive(const SimConfig& c, const std::vector<SimRequest>&
       } else {
         still.push_back(a);
       }
-    }
-    for (Active& a : admitted) {
-      a.generated = 1;
-      ++m.r.generated_tokens;
-      if (a.generated >= a.output) {
-        arena.Free(a.start, a.size);
-        ++m.r.completed;
-      } else {
-        still.push_back(a);
-      }
-    }
+    };
+    for (Active& a : active) generate_one(a);
+    for (Active& a : admitted) generate_one(a);
     active.swap(still);
     int64_t stored = 0, reserved = 0;
     for (const Active& a : active) {
