@@ -7,6 +7,7 @@
 #include "kernels/cache_ops.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/weights.h"
+#include "runtime/worker/cuda/llama_model_cuda.h"
 
 namespace pagedserve {
 namespace {
@@ -26,6 +27,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   if (!kernels::IsSupportedBlockSize(options.block_size))
     return absl::InvalidArgumentError(
         absl::StrCat("--block-size ", options.block_size, " is not supported (8, 16 or 32)"));
+  if (options.device == kernels::Device::kCUDA) return CreateOnCuda(options, comm);
   PS_ASSIGN_OR_RETURN(LlamaWeights weights,
                       LoadLlamaWeights(options.model_path, comm->rank(), comm->size()));
   auto w = std::unique_ptr<Worker>(new Worker());
@@ -34,6 +36,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   const int num_layers = weights.config.num_layers;
   const int vocab = weights.config.vocab_size;
   PS_ASSIGN_OR_RETURN(w->model_, LlamaModel::Create(std::move(weights), comm));
+  w->config_ = &w->model_->config();
   w->sampler_ = std::make_unique<Sampler>(vocab);
 
   kernels::KVCacheShape shape;
@@ -69,6 +72,57 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   make_pool(w->num_cpu_blocks_, &w->cpu_storage_, &w->cpu_layers_);
   return w;
 }
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::CreateOnCuda(const WorkerOptions& options,
+                                                             Communicator* comm) {
+#ifndef PAGEDSERVE_WITH_CUDA
+  (void)comm;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "worker device kCUDA (CUDA device ", options.cuda_device,
+      ") requested, but pagedserve was built without CUDA"));
+#else
+  PS_ASSIGN_OR_RETURN(LlamaWeights weights,
+                      LoadLlamaWeights(options.model_path, comm->rank(), comm->size()));
+  auto w = std::unique_ptr<Worker>(new Worker());
+  w->comm_ = comm;
+  w->device_ = kernels::Device::kCUDA;
+  const ShardLayout shard = weights.shard;
+  const int num_layers = weights.config.num_layers;
+  const int vocab = weights.config.vocab_size;
+  PS_ASSIGN_OR_RETURN(w->cuda_model_,
+                      CudaLlamaModel::Create(std::move(weights), comm, options.cuda_device));
+  w->config_ = &w->cuda_model_->config();
+  w->sampler_ = std::make_unique<Sampler>(vocab);
+
+  kernels::KVCacheShape shape;
+  shape.num_kv_heads = shard.num_kv_heads;
+  shape.head_size = w->cuda_model_->config().head_size;
+  shape.block_size = options.block_size;
+  shape.dtype = kernels::DType::kFloat32;
+  w->bytes_per_block_ = static_cast<int64_t>(shape.block_bytes()) * 2 * num_layers;
+  PS_ASSIGN_OR_RETURN(const int64_t budget,
+                      w->cuda_model_->KvCacheBudgetBytes(options.gpu_memory_utilization));
+  w->num_device_blocks_ = budget > 0 ? budget / w->bytes_per_block_ : 0;
+  if (options.max_num_blocks > 0)
+    w->num_device_blocks_ = std::min(w->num_device_blocks_, options.max_num_blocks);
+  w->num_cpu_blocks_ = options.swap_space / w->bytes_per_block_;
+  if (w->num_device_blocks_ < 1)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPU KV cache budget of ", budget, " bytes on CUDA device ", options.cuda_device, " (",
+        options.gpu_memory_utilization, " of the free memory after ",
+        w->cuda_model_->weight_bytes(), " bytes of weights, minus the activation reserve) ",
+        "is below one block (", w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
+  PS_RETURN_IF_ERROR(
+      w->cuda_model_->AllocateCaches(shape, w->num_device_blocks_, w->num_cpu_blocks_));
+  const auto dev = w->cuda_model_->device_cache();
+  const auto cpu = w->cuda_model_->cpu_cache();
+  w->device_layers_.assign(dev.begin(), dev.end());
+  w->cpu_layers_.assign(cpu.begin(), cpu.end());
+  return w;
+#endif
+}
+
+Worker::~Worker() = default;
 
 absl::Status Worker::UpdateHistories(const StepPlan& plan) {
   for (const SequenceStep& s : plan.seqs) {
@@ -159,7 +213,11 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
     batch.block_tables = block_tables;
     batch.max_blocks_per_seq = max_blocks;
     batch.logits_rows = logits_rows;
-    PS_RETURN_IF_ERROR(model_->Forward(batch, device_layers_, &logits_));
+    if (cuda_model_ != nullptr) {
+      PS_RETURN_IF_ERROR(cuda_model_->Forward(batch, device_layers_, &logits_));
+    } else {
+      PS_RETURN_IF_ERROR(model_->Forward(batch, device_layers_, &logits_));
+    }
 
     if (comm_->rank() == 0 && !sampled_seq.empty()) {
       std::vector<SamplerRow> rows;

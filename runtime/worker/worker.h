@@ -20,12 +20,23 @@
 
 namespace pagedserve {
 
+class CudaLlamaModel;  // runtime/worker/cuda/llama_model_cuda.h
+
 struct WorkerOptions {
   std::string model_path;            // .gguf file or Hugging Face directory
   int block_size = 16;               // tokens per KV block (8, 16 or 32)
   int64_t kv_cache_memory = 1LL << 30;  // bytes for the KV pool (all layers, K and V)
   int64_t swap_space = 1LL << 30;       // bytes for the CPU swap pool
   int64_t max_num_blocks = 0;        // cap on the device pool (0 = only the budget)
+  // Where the forward pass and the KV pool live. kCPU: host fp32 pools of
+  // kv_cache_memory bytes, OpenBLAS. kCUDA: device `cuda_device`, fp32 weights
+  // and KV pool in device memory sized from gpu_memory_utilization (see
+  // CudaLlamaModel::KvCacheBudgetBytes; kv_cache_memory is then unused), the
+  // swap pool in pinned host memory; needs a CUDA build, and a communicator
+  // that is a group of one or NCCL (runtime/worker/cuda/llama_model_cuda.h).
+  kernels::Device device = kernels::Device::kCPU;
+  int cuda_device = 0;
+  double gpu_memory_utilization = 0.9;  // fraction of the free device memory after the weights
 };
 
 class Worker {
@@ -33,11 +44,15 @@ class Worker {
   // Loads this rank's shard (rank/size from `comm`, not owned, must outlive the
   // worker) and allocates the KV and swap pools: blocks = budget / (bytes of one
   // block across all layers, K and V). Errors: model loading errors (naming the
-  // file), InvalidArgument for a bad block size or a budget below one block.
+  // file), InvalidArgument for a bad block size or a budget below one block;
+  // with device kCUDA also FailedPrecondition in builds without CUDA and the
+  // errors of CudaLlamaModel::Create / AllocateCaches.
   static absl::StatusOr<std::unique_ptr<Worker>> Create(const WorkerOptions& options,
                                                         Communicator* comm);
+  ~Worker();
 
-  const ModelConfig& model_config() const { return model_->config(); }
+  const ModelConfig& model_config() const { return *config_; }
+  kernels::Device device() const { return device_; }
   int64_t num_device_blocks() const { return num_device_blocks_; }
   int64_t num_cpu_blocks() const { return num_cpu_blocks_; }
   // Bytes of one block across all layers, K and V (this rank's KV heads).
@@ -59,9 +74,14 @@ class Worker {
     int32_t num_prompt_tokens = 0;
   };
   Worker() = default;
+  static absl::StatusOr<std::unique_ptr<Worker>> CreateOnCuda(const WorkerOptions& options,
+                                                              Communicator* comm);
   absl::Status UpdateHistories(const StepPlan& plan);
 
-  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<LlamaModel> model_;             // kCPU
+  std::unique_ptr<CudaLlamaModel> cuda_model_;    // kCUDA (owns the pools)
+  const ModelConfig* config_ = nullptr;           // of whichever model is set
+  kernels::Device device_ = kernels::Device::kCPU;
   Communicator* comm_ = nullptr;
   std::unique_ptr<Sampler> sampler_;
   int64_t num_device_blocks_ = 0;
