@@ -264,10 +264,15 @@ void Scheduler::PlanTokens(SequenceGroup* g, int32_t avail, std::vector<Sequence
 
 void Scheduler::Commit(SequenceGroup* g, const std::vector<Sequence*>& seqs,
                        const std::vector<int32_t>& ks, std::vector<BlockPair>* copies) {
+  // The prefix-cache counters describe a request's first admission only: a
+  // request re-admitted after a recompute preemption finds its own blocks
+  // again, which is recovered work, not prefix sharing (vLLM keeps those
+  // lookups apart as preempted_queries / preempted_hits).
+  const bool first_admission = g->num_cached_tokens < 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     Sequence* s = seqs[i];
     if (s->prefix_hit_tokens >= 0) {
-      bm_->RecordPrefixQuery(s->len(), s->prefix_hit_tokens);
+      if (first_admission) bm_->RecordPrefixQuery(s->len(), s->prefix_hit_tokens);
       if (g->num_cached_tokens < 0 && s == g->seqs[0].get()) g->num_cached_tokens = s->prefix_hit_tokens;
       s->prefix_hit_tokens = -1;
     }

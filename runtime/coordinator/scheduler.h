@@ -121,6 +121,8 @@ struct SchedulerStats {
   int32_t num_swapped = 0;
   double device_kv_usage = 0.0;  // in-use device blocks / total
   double cpu_kv_usage = 0.0;
+  // Prefix-cache lookups of requests' first admissions, in tokens (a request
+  // re-admitted after a recompute preemption is not counted again).
   int64_t prefix_cache_queries = 0;  // tokens
   int64_t prefix_cache_hits = 0;     // tokens
   int64_t num_preemptions_swap = 0;
