@@ -14,10 +14,15 @@
 
 namespace pagedserve {
 
+// Encoding never fails; Decode(Encode(x)) == x field for field.
 std::string EncodeStepPlan(const StepPlan& plan);
+// DataLoss for a wrong magic, truncated or corrupt data, trailing bytes. Only
+// the encoding is checked: ids, block numbers and slots are validated where
+// they are used (the worker).
 absl::StatusOr<StepPlan> DecodeStepPlan(std::string_view bytes);
 
 std::string EncodeStepResult(const StepResult& result);
+// DataLoss as DecodeStepPlan.
 absl::StatusOr<StepResult> DecodeStepResult(std::string_view bytes);
 
 }  // namespace pagedserve

@@ -198,6 +198,7 @@ class GgufFile {
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
   const GgufTensorInfo* FindTensor(std::string_view name) const;
   // The tensor's bytes inside the mapping (size_bytes long; validated at Open).
+  // `info` must come from this file's tensors() / FindTensor().
   std::span<const uint8_t> TensorData(const GgufTensorInfo& info) const;
 
  private:

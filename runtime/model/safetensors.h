@@ -33,7 +33,13 @@ struct SafetensorsTensorInfo {
 
 class SafetensorsFile {
  public:
+  // Maps `path` read-only (MappedFile: NotFound / PermissionDenied /
+  // InvalidArgument / ResourceExhausted naming the path) and parses the header;
+  // InvalidArgument naming the file, tensor and field for a bad header (length
+  // past the end, not JSON, unknown dtype, shape/dtype/data_offsets that
+  // disagree or point outside the file).
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  // Same, over bytes in memory (tests, fuzzing). `name` is used in messages.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBytes(std::string name,
                                                                    std::vector<uint8_t> bytes);
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -42,6 +48,8 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsTensorInfo>& tensors() const { return tensors_; }
   const SafetensorsTensorInfo* Find(std::string_view name) const;  // nullptr if absent
+  // The tensor's raw little-endian bytes (size_bytes long, validated at Open).
+  // `info` must come from this file's tensors() / Find().
   std::span<const uint8_t> TensorData(const SafetensorsTensorInfo& info) const;
 
   // Converts rows [row_begin, row_end) along dimension 0 to fp32 (a 1-D tensor
@@ -67,6 +75,9 @@ class SafetensorsFile {
 // in model.safetensors.index.json ({"weight_map": {tensor: file}}).
 class SafetensorsCheckpoint {
  public:
+  // Opens every file of the checkpoint in `dir`. NotFound when neither
+  // model.safetensors nor the index exists; InvalidArgument naming the index
+  // for a malformed weight_map; the errors of SafetensorsFile::Open otherwise.
   static absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> Open(const std::string& dir);
 
   // The tensor and the file that holds it; NotFound naming the checkpoint.

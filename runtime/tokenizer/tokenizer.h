@@ -137,6 +137,8 @@ class Tokenizer {
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 
+  // Token ids of `text` (any bytes; never fails, see the file comment), with
+  // BOS / EOS added per the spec when options.add_special_tokens is set.
   std::vector<int32_t> Encode(std::string_view text, const EncodeOptions& options = {}) const;
 
   // One-shot decode; InvalidArgument naming the position for an id out of range.
@@ -149,7 +151,8 @@ class Tokenizer {
   std::string TokenBytes(int32_t id, bool first, const DecodeOptions& options) const;
 
   int32_t vocab_size() const;
-  // Token text in the model's alphabet ("Ġhello", "▁hello", "<0x0A>").
+  // Token text in the model's alphabet ("Ġhello", "▁hello", "<0x0A>"). Id must
+  // be in [0, vocab_size()).
   const std::string& TokenText(int32_t id) const;
   // -1 when the text is not a vocab token.
   int32_t TokenId(std::string_view text) const;
