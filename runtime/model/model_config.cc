@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/status_macros.h"
 #include "runtime/model/gguf.h"
 
 namespace pagedserve {
@@ -103,37 +104,30 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
                                                  "' is not supported (llama, qwen2)"));
   }
   const std::string p = *arch_name + ".";
-  if (auto s = GetIntField(g, p + "block_count", &c.num_layers); !s.ok()) return s;
-  if (auto s = GetIntField(g, p + "embedding_length", &c.hidden_size); !s.ok()) return s;
-  if (auto s = GetIntField(g, p + "feed_forward_length", &c.intermediate_size); !s.ok()) return s;
-  if (auto s = GetIntField(g, p + "attention.head_count", &c.num_heads); !s.ok()) return s;
+  PS_RETURN_IF_ERROR(GetIntField(g, p + "block_count", &c.num_layers));
+  PS_RETURN_IF_ERROR(GetIntField(g, p + "embedding_length", &c.hidden_size));
+  PS_RETURN_IF_ERROR(GetIntField(g, p + "feed_forward_length", &c.intermediate_size));
+  PS_RETURN_IF_ERROR(GetIntField(g, p + "attention.head_count", &c.num_heads));
   c.num_kv_heads = c.num_heads;
   if (g.Find(p + "attention.head_count_kv")) {
-    if (auto s = GetIntField(g, p + "attention.head_count_kv", &c.num_kv_heads); !s.ok())
-      return s;
+    PS_RETURN_IF_ERROR(GetIntField(g, p + "attention.head_count_kv", &c.num_kv_heads));
   }
   c.head_size = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
   if (g.Find(p + "rope.dimension_count")) {
-    if (auto s = GetIntField(g, p + "rope.dimension_count", &c.head_size); !s.ok()) return s;
+    PS_RETURN_IF_ERROR(GetIntField(g, p + "rope.dimension_count", &c.head_size));
   }
   if (g.Find(p + "attention.key_length")) {
-    if (auto s = GetIntField(g, p + "attention.key_length", &c.head_size); !s.ok()) return s;
+    PS_RETURN_IF_ERROR(GetIntField(g, p + "attention.key_length", &c.head_size));
   }
-  auto eps = g.GetFloat(p + "attention.layer_norm_rms_epsilon");
-  if (!eps.ok()) return eps.status();
-  c.rms_norm_eps = *eps;
+  PS_ASSIGN_OR_RETURN(c.rms_norm_eps, g.GetFloat(p + "attention.layer_norm_rms_epsilon"));
   if (g.Find(p + "rope.freq_base")) {
-    auto v = g.GetFloat(p + "rope.freq_base");
-    if (!v.ok()) return v.status();
-    c.rope_theta = *v;
+    PS_ASSIGN_OR_RETURN(c.rope_theta, g.GetFloat(p + "rope.freq_base"));
   }
   if (g.Find(p + "context_length")) {
-    auto v = g.GetInt(p + "context_length");
-    if (!v.ok()) return v.status();
-    c.max_position_embeddings = *v;
+    PS_ASSIGN_OR_RETURN(c.max_position_embeddings, g.GetInt(p + "context_length"));
   }
   if (g.Find(p + "vocab_size")) {
-    if (auto s = GetIntField(g, p + "vocab_size", &c.vocab_size); !s.ok()) return s;
+    PS_RETURN_IF_ERROR(GetIntField(g, p + "vocab_size", &c.vocab_size));
   } else if (const GgufValue* toks = g.Find("tokenizer.ggml.tokens");
              toks && toks->is_array()) {
     c.vocab_size = static_cast<int>(toks->array_size());
@@ -151,9 +145,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
                                                    "' is not supported (none, linear)"));
     }
     if (c.rope_scaling.type != RopeScaling::Type::kNone) {
-      auto f = g.GetFloat(p + "rope.scaling.factor");
-      if (!f.ok()) return f.status();
-      c.rope_scaling.factor = *f;
+      PS_ASSIGN_OR_RETURN(c.rope_scaling.factor, g.GetFloat(p + "rope.scaling.factor"));
     }
   }
   if (g.FindTensor("rope_freqs.weight") != nullptr) {
@@ -242,26 +234,24 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
       j["attention_bias"].is_boolean() && j["attention_bias"].get<bool>()) {
     c.qkv_bias = true;
   }
-  absl::Status s;
-  if (!(s = ReadNumber(j, source, "num_hidden_layers", true, &c.num_layers)).ok()) return s;
-  if (!(s = ReadNumber(j, source, "hidden_size", true, &c.hidden_size)).ok()) return s;
-  if (!(s = ReadNumber(j, source, "intermediate_size", true, &c.intermediate_size)).ok()) return s;
-  if (!(s = ReadNumber(j, source, "num_attention_heads", true, &c.num_heads)).ok()) return s;
+  PS_RETURN_IF_ERROR(ReadNumber(j, source, "num_hidden_layers", true, &c.num_layers));
+  PS_RETURN_IF_ERROR(ReadNumber(j, source, "hidden_size", true, &c.hidden_size));
+  PS_RETURN_IF_ERROR(ReadNumber(j, source, "intermediate_size", true, &c.intermediate_size));
+  PS_RETURN_IF_ERROR(ReadNumber(j, source, "num_attention_heads", true, &c.num_heads));
   c.num_kv_heads = c.num_heads;
-  if (!(s = ReadNumber(j, source, "num_key_value_heads", false, &c.num_kv_heads)).ok()) return s;
+  PS_RETURN_IF_ERROR(ReadNumber(j, source, "num_key_value_heads", false, &c.num_kv_heads));
   c.head_size = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
-  if (!(s = ReadNumber(j, source, "head_dim", false, &c.head_size)).ok()) return s;
-  if (!(s = ReadNumber(j, source, "vocab_size", true, &c.vocab_size)).ok()) return s;
-  if (!(s = ReadNumber(j, source, "rms_norm_eps", false, &c.rms_norm_eps)).ok()) return s;
-  if (!(s = ReadNumber(j, source, "rope_theta", false, &c.rope_theta)).ok()) return s;
-  if (!(s = ReadNumber(j, source, "max_position_embeddings", false,
-                       &c.max_position_embeddings)).ok())
-    return s;
+  PS_RETURN_IF_ERROR(ReadNumber(j, source, "head_dim", false, &c.head_size));
+  PS_RETURN_IF_ERROR(ReadNumber(j, source, "vocab_size", true, &c.vocab_size));
+  PS_RETURN_IF_ERROR(ReadNumber(j, source, "rms_norm_eps", false, &c.rms_norm_eps));
+  PS_RETURN_IF_ERROR(ReadNumber(j, source, "rope_theta", false, &c.rope_theta));
+  PS_RETURN_IF_ERROR(
+      ReadNumber(j, source, "max_position_embeddings", false, &c.max_position_embeddings));
   if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
     if (!it->is_boolean()) return FieldError(source, "tie_word_embeddings", "must be a boolean");
     c.tie_word_embeddings = it->get<bool>();
   }
-  if (!(s = ReadNumber(j, source, "bos_token_id", false, &c.bos_token_id)).ok()) return s;
+  PS_RETURN_IF_ERROR(ReadNumber(j, source, "bos_token_id", false, &c.bos_token_id));
   if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
     if (it->is_number_integer()) {
       c.eos_token_ids.push_back(it->get<int32_t>());
@@ -290,20 +280,15 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
     std::string ctx = absl::StrCat(source, " rope_scaling");
     if (type == "linear") {
       c.rope_scaling.type = RopeScaling::Type::kLinear;
-      if (!(s = ReadNumber(rs, ctx, "factor", true, &c.rope_scaling.factor)).ok()) return s;
+      PS_RETURN_IF_ERROR(ReadNumber(rs, ctx, "factor", true, &c.rope_scaling.factor));
     } else if (type == "llama3") {
       c.rope_scaling.type = RopeScaling::Type::kLlama3;
-      if (!(s = ReadNumber(rs, ctx, "factor", true, &c.rope_scaling.factor)).ok()) return s;
-      if (!(s = ReadNumber(rs, ctx, "low_freq_factor", true, &c.rope_scaling.low_freq_factor))
-               .ok())
-        return s;
-      if (!(s = ReadNumber(rs, ctx, "high_freq_factor", true, &c.rope_scaling.high_freq_factor))
-               .ok())
-        return s;
-      if (!(s = ReadNumber(rs, ctx, "original_max_position_embeddings", true,
-                           &c.rope_scaling.original_max_position_embeddings))
-               .ok())
-        return s;
+      PS_RETURN_IF_ERROR(ReadNumber(rs, ctx, "factor", true, &c.rope_scaling.factor));
+      PS_RETURN_IF_ERROR(ReadNumber(rs, ctx, "low_freq_factor", true, &c.rope_scaling.low_freq_factor));
+      PS_RETURN_IF_ERROR(
+          ReadNumber(rs, ctx, "high_freq_factor", true, &c.rope_scaling.high_freq_factor));
+      PS_RETURN_IF_ERROR(ReadNumber(rs, ctx, "original_max_position_embeddings", true,
+                                    &c.rope_scaling.original_max_position_embeddings));
     } else if (type != "default") {
       return absl::UnimplementedError(absl::StrCat(
           source, ": rope_scaling type '", type, "' is not supported (linear, llama3)"));
