@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -18,12 +19,16 @@
 #include <vector>
 
 #include <mpi.h>
+#ifdef PAGEDSERVE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
 #include "distributed/communicator.h"
 #include "distributed/plan_transport.h"
+#include "kernels/cuda_device.h"
 #include "runtime/common/status_macros.h"
 
 namespace pagedserve {
@@ -154,6 +159,64 @@ absl::StatusOr<MPI_Comm> MakeWorkerComm(const LaunchInfo& info) {
     return absl::InternalError("MPI_Comm_create_group for the worker ranks failed");
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   return comm;
+}
+
+// Where a worker rank runs (see RunWorkerRank in launch.h): the environment
+// variable PAGEDSERVE_WORKER_DEVICE = auto (default) | cpu | cuda. auto picks
+// CUDA when options.device already says kCUDA or when the build has CUDA and
+// a device answers (kernels::CudaDeviceAvailable), else CPU.
+absl::StatusOr<kernels::Device> ChooseWorkerDevice(const WorkerOptions& options,
+                                                   std::string* why) {
+  const char* env = std::getenv("PAGEDSERVE_WORKER_DEVICE");
+  const std::string policy = env != nullptr && *env != '\0' ? env : "auto";
+  if (policy == "cpu") {
+    *why = "PAGEDSERVE_WORKER_DEVICE=cpu";
+    return kernels::Device::kCPU;
+  }
+  if (policy == "cuda") {
+    *why = "PAGEDSERVE_WORKER_DEVICE=cuda";
+    return kernels::Device::kCUDA;
+  }
+  if (policy != "auto")
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PAGEDSERVE_WORKER_DEVICE must be auto, cpu or cuda, got '", policy, "'"));
+  if (options.device == kernels::Device::kCUDA) {
+    *why = "WorkerOptions.device";
+    return kernels::Device::kCUDA;
+  }
+  std::string reason;
+  if (kernels::CudaDeviceAvailable(&reason)) {
+    *why = "a CUDA device is available";
+    return kernels::Device::kCUDA;
+  }
+  *why = absl::StrCat("no CUDA device: ", reason);
+  return kernels::Device::kCPU;
+}
+
+// The CUDA device of this worker rank: its rank among the worker ranks on the
+// same host (MPI_Comm_split_type SHARED over the TP group) modulo the number
+// of visible devices.
+absl::StatusOr<int> LocalCudaDevice(MPI_Comm tp_comm) {
+#ifdef PAGEDSERVE_WITH_CUDA
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("no usable CUDA device: ", cudaGetErrorString(e)));
+  }
+  if (count <= 0) return absl::FailedPreconditionError("no CUDA device is visible");
+#else
+  const int count = 1;  // Worker::Create reports that the build has no CUDA
+#endif
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(tp_comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) !=
+          MPI_SUCCESS ||
+      node == MPI_COMM_NULL)
+    return absl::InternalError("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
+  int local_rank = 0;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_free(&node);
+  return local_rank % count;
 }
 
 // ---------------------------------------------------------------------------
@@ -362,10 +425,22 @@ int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
   std::unique_ptr<Worker> worker;
   absl::Status setup = [&]() -> absl::Status {
     PS_ASSIGN_OR_RETURN(MPI_Comm tp_comm, MakeWorkerComm(info));
-    // Worker keeps its KV pools and activations in host memory, so its
-    // collectives are MPI ones even in CUDA builds (NCCL needs device buffers).
-    comm = MakeMpiCommunicator(tp_comm);
-    PS_ASSIGN_OR_RETURN(worker, Worker::Create(options, comm.get()));
+    std::string why;
+    PS_ASSIGN_OR_RETURN(const kernels::Device device, ChooseWorkerDevice(options, &why));
+    WorkerOptions o = options;
+    o.device = device;
+    if (device == kernels::Device::kCUDA) {
+      // Activations and KV pools in device memory: NCCL collectives.
+      PS_ASSIGN_OR_RETURN(o.cuda_device, LocalCudaDevice(tp_comm));
+      PS_ASSIGN_OR_RETURN(comm, MakeNcclCommunicator(tp_comm, o.cuda_device));
+      Log().info("worker rank {}: CUDA device {} ({}), NCCL collectives", info.world_rank,
+                 o.cuda_device, why);
+    } else {
+      // Host memory: MPI collectives.
+      comm = MakeMpiCommunicator(tp_comm);
+      Log().info("worker rank {}: CPU ({}), MPI collectives", info.world_rank, why);
+    }
+    PS_ASSIGN_OR_RETURN(worker, Worker::Create(o, comm.get()));
     return absl::OkStatus();
   }();
   const int tp_rank = comm ? comm->rank() : info.world_rank - 1;

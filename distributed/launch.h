@@ -54,8 +54,7 @@ void FinalizeMpi(bool abort = false, int exit_code = 1);
 absl::Status CheckWorldSize(const LaunchInfo& info, int tensor_parallel_size);
 
 // Worker ranks: loads the shard (Worker::Create over a TP communicator of the
-// worker ranks; MPI collectives, since Worker keeps its KV pools and
-// activations in host memory), reports its block counts (or its setup error)
+// worker ranks), reports its block counts (or its setup error)
 // to the coordinator, then runs plans until a shutdown plan. TP rank 0 returns
 // each step's result; any rank that fails a step sends the error and refuses
 // every later step plan (the coordinator stops). Signals: SIGINT is ignored
@@ -64,6 +63,15 @@ absl::Status CheckWorldSize(const LaunchInfo& info, int tensor_parallel_size);
 // collective with a dead peer), and a rank whose coordinator process is gone
 // (same host) exits. Returns 0 after a shutdown plan, non-zero after a setup
 // failure or an abort from the coordinator.
+//
+// Device: with PAGEDSERVE_WORKER_DEVICE unset or "auto", a rank runs on CUDA
+// when options.device is kCUDA or when the build has CUDA and a device answers
+// (kernels::CudaDeviceAvailable); its device is its rank among the worker
+// ranks on the same host (MPI_Comm_split_type SHARED) modulo the device count,
+// and its collectives are NCCL (device buffers). Otherwise, or with
+// PAGEDSERVE_WORKER_DEVICE=cpu, it runs on the CPU with MPI collectives.
+// PAGEDSERVE_WORKER_DEVICE=cuda forces CUDA (a setup error without a device).
+// Under mpirun pass the variable to the ranks (-x PAGEDSERVE_WORKER_DEVICE).
 int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options);
 
 // Coordinator rank with world_size > 1: an Executor over the worker ranks.
