@@ -2,6 +2,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/common/status_macros.h"
 #include "runtime/model/gguf.h"
 #include "runtime/tokenizer/loaders.h"
 
@@ -33,19 +34,15 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromGguf(const GgufFile& file) {
         *model));
   }
   const bool spm = spec.model == TokenizerModel::kSentencePieceBpe;
-  auto tokens = file.GetStringArray("tokenizer.ggml.tokens");
-  if (!tokens.ok()) return tokens.status();
-  spec.tokens = std::move(*tokens);
+  PS_ASSIGN_OR_RETURN(spec.tokens, file.GetStringArray("tokenizer.ggml.tokens"));
   if (file.Find("tokenizer.ggml.scores") != nullptr) {
-    auto scores = file.GetFloatArray("tokenizer.ggml.scores");
-    if (!scores.ok()) return scores.status();
-    spec.scores = std::move(*scores);
+    PS_ASSIGN_OR_RETURN(spec.scores, file.GetFloatArray("tokenizer.ggml.scores"));
   }
   if (file.Find("tokenizer.ggml.token_type") != nullptr) {
-    auto types = file.GetIntArray("tokenizer.ggml.token_type");
-    if (!types.ok()) return types.status();
-    for (size_t i = 0; i < types->size(); ++i) {
-      int32_t t = (*types)[i];
+    PS_ASSIGN_OR_RETURN(const std::vector<int32_t> types,
+                        file.GetIntArray("tokenizer.ggml.token_type"));
+    for (size_t i = 0; i < types.size(); ++i) {
+      int32_t t = types[i];
       if (t < 0 || t > 6) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "%s: tokenizer.ggml.token_type[%d]: unknown token type %d", file.path(), i, t));
@@ -54,11 +51,11 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromGguf(const GgufFile& file) {
     }
   }
   if (file.Find("tokenizer.ggml.merges") != nullptr) {
-    auto merges = file.GetStringArray("tokenizer.ggml.merges");
-    if (!merges.ok()) return merges.status();
-    spec.merges.reserve(merges->size());
-    for (size_t i = 0; i < merges->size(); ++i) {
-      const std::string& m = (*merges)[i];
+    PS_ASSIGN_OR_RETURN(const std::vector<std::string> merges,
+                        file.GetStringArray("tokenizer.ggml.merges"));
+    spec.merges.reserve(merges.size());
+    for (size_t i = 0; i < merges.size(); ++i) {
+      const std::string& m = merges[i];
       size_t space = m.find(' ', 1);  // a part may itself start with a space
       if (space == std::string::npos) {
         return absl::InvalidArgumentError(absl::StrFormat(
@@ -119,11 +116,9 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromGguf(const GgufFile& file) {
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadGgufTokenizer(const std::string& path) {
-  auto file = GgufFile::Open(path);
-  if (!file.ok()) return file.status();
-  auto spec = TokenizerSpecFromGguf(**file);
-  if (!spec.ok()) return spec.status();
-  auto tokenizer = Tokenizer::Create(std::move(*spec));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  PS_ASSIGN_OR_RETURN(TokenizerSpec spec, TokenizerSpecFromGguf(*file));
+  auto tokenizer = Tokenizer::Create(std::move(spec));
   if (!tokenizer.ok()) {
     return absl::Status(tokenizer.status().code(),
                         absl::StrCat(path, ": ", tokenizer.status().message()));
