@@ -9,12 +9,13 @@
 
 #include <cstdint>
 #include <cstring>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "kernels/backend.h"
+#include "kernels/paged_attention.h"
 #include "kernels/cuda/launch.h"
 
 namespace pagedserve::kernels::cuda {
@@ -83,8 +84,8 @@ DecodeArgs MakeDecodeArgs(const PagedAttentionParams& p) {
 // exp_sums [S, H, P], then tmp_out [S, H, P, D], all fp32, back to back.
 int NumPartitions(int max_seq_len) { return (max_seq_len + kPartitionSize - 1) / kPartitionSize; }
 size_t WorkspaceBytes(const PagedAttentionParams& p) {
-  const size_t shp = static_cast<size_t>(p.num_seqs) * p.num_heads * NumPartitions(p.max_seq_len);
-  return (2 * shp + shp * p.cache.shape.head_size) * sizeof(float);
+  return PagedAttentionV2WorkspaceBytes(p.num_seqs, p.num_heads, p.cache.shape.head_size,
+                                        p.max_seq_len);
 }
 
 absl::Status RunV2(const PagedAttentionParams& p, void* workspace) {
