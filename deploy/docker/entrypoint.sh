@@ -99,7 +99,10 @@ case "$cmd" in
     # Runs as the non-root image user, so OpenMPI needs no root override. --bind-to none: the ranks' threads are
     # placed by the OS inside the pod's cpuset.
     # shellcheck disable=SC2046
+    # mpirun forwards SIGTERM to the ranks and SIGKILLs them odls_base_sigkill_timeout
+    # seconds later: give rank 0 time to drain (serve's --shutdown-grace) first.
     exec mpirun -np "$((tp + 1))" --bind-to none --map-by slot \
+      --mca odls_base_sigkill_timeout "${PAGEDSERVE_SIGKILL_TIMEOUT:-60}" \
       -x PATH -x LD_LIBRARY_PATH -x CUDA_DEVICE_ORDER=PCI_BUS_ID \
       pagedserve serve $(serve_flags "$model" "$tp") "$@"
     ;;
@@ -150,6 +153,7 @@ CFG
     log "serving $model on $LWS_GROUP_SIZE pods, tensor-parallel size $tp ($((tp + 1)) ranks)"
     # shellcheck disable=SC2046
     exec mpirun -np "$((tp + 1))" --hostfile "$hostfile" --map-by slot --bind-to none \
+      --mca odls_base_sigkill_timeout "${PAGEDSERVE_SIGKILL_TIMEOUT:-60}" \
       --mca plm_rsh_agent ssh --mca btl_tcp_if_include "$iface" --mca oob_tcp_if_include "$iface" \
       -x PATH -x LD_LIBRARY_PATH -x CUDA_DEVICE_ORDER=PCI_BUS_ID -x NCCL_SOCKET_IFNAME="$iface" \
       pagedserve serve $(serve_flags "$model" "$tp") "$@"

@@ -125,7 +125,12 @@ absl::Status Engine::Abort(const std::string& request_id) {
   return absl::OkStatus();
 }
 
-bool Engine::HasUnfinishedRequests() const { return !requests_.empty(); }
+bool Engine::HasUnfinishedRequests() const {
+  // A sequence ended by a stop string is reported finished at once, but the
+  // scheduler frees its blocks only in the next Schedule(): that step must run.
+  // After a fatal error nothing can run any more.
+  return !requests_.empty() || (broken_.ok() && scheduler_->HasUnfinishedRequests());
+}
 
 SchedulerStats Engine::stats() const { return scheduler_->stats(); }
 

@@ -101,6 +101,8 @@ class Engine {
   absl::Status CheckRequest(const std::vector<int32_t>& prompt_token_ids,
                             const SamplingParams& params) const;
 
+  // True while a request is in flight or the scheduler still holds blocks of a
+  // request that already finished (released by the next Step): keep stepping.
   bool HasUnfinishedRequests() const;
   // Requests added and not yet reported finished.
   int64_t num_unfinished_requests() const { return static_cast<int64_t>(requests_.size()); }

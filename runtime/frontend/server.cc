@@ -74,12 +74,7 @@ struct Server::Impl {
   bool draining = false;
   bool fatal = false;
 
-  // The engine has requests, or the scheduler still holds sequences the engine
-  // already reported (a stop string ends a sequence in the engine; the
-  // scheduler frees its blocks at the next step, which must then run).
-  bool HasWork() const {
-    return engine->HasUnfinishedRequests() || engine->scheduler().HasUnfinishedRequests();
-  }
+  bool HasWork() const { return engine->HasUnfinishedRequests(); }
 
   static std::string EngineId(const std::string& identity, const std::string& client_id) {
     return absl::StrCat(absl::BytesToHexString(identity), "/", client_id);
