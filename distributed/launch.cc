@@ -426,7 +426,17 @@ int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
   absl::Status setup = [&]() -> absl::Status {
     PS_ASSIGN_OR_RETURN(MPI_Comm tp_comm, MakeWorkerComm(info));
     std::string why;
-    PS_ASSIGN_OR_RETURN(const kernels::Device device, ChooseWorkerDevice(options, &why));
+    PS_ASSIGN_OR_RETURN(kernels::Device device, ChooseWorkerDevice(options, &why));
+    // Every rank of the TP group must take the same path (the NCCL setup is
+    // collective): CUDA only when all ranks chose it.
+    const int want_cuda = device == kernels::Device::kCUDA ? 1 : 0;
+    int all_cuda = 0;
+    if (MPI_Allreduce(&want_cuda, &all_cuda, 1, MPI_INT, MPI_MIN, tp_comm) != MPI_SUCCESS)
+      return absl::InternalError("MPI_Allreduce of the worker device choice failed");
+    if (want_cuda && !all_cuda) {
+      device = kernels::Device::kCPU;
+      why = "another worker rank has no CUDA device";
+    }
     WorkerOptions o = options;
     o.device = device;
     if (device == kernels::Device::kCUDA) {

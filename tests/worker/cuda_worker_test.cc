@@ -55,6 +55,7 @@ TEST(CudaWorkerTest, WithoutDeviceCreateFailsWithStatus) {
   EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition) << w.status();
 }
 
+#ifdef PAGEDSERVE_WITH_CUDA
 // One sequence of a hand-made batch.
 struct Seq {
   std::vector<int32_t> tokens;  // fed this step
@@ -125,7 +126,6 @@ class CudaWorkerModelTest : public ::testing::Test {
   std::vector<testing::ReferencePrompt> prompts_;
 };
 
-#ifdef PAGEDSERVE_WITH_CUDA
 TEST_F(CudaWorkerModelTest, LogitsMatchCpuModel) {
   auto cpu_w = LoadLlamaWeights(model_path_);
   auto gpu_w = LoadLlamaWeights(model_path_);
