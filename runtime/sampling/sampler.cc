@@ -43,6 +43,14 @@ absl::Status CheckRow(std::span<const float> logits_row, const SamplerRow& row,
     return absl::InvalidArgumentError(
         absl::StrCat(where(), "num_samples must be >= 1, got ", row.num_samples));
   }
+  // num_samples is a request's n (at most 64, SamplingParams) on its final
+  // prefill step; the bound keeps a corrupt step plan from sizing the output
+  // and the draws by it.
+  constexpr int32_t kMaxNumSamples = 64;
+  if (row.num_samples > kMaxNumSamples) {
+    return absl::InvalidArgumentError(absl::StrCat(where(), "num_samples ", row.num_samples,
+                                                   " exceeds ", kMaxNumSamples, " (largest n)"));
+  }
   if (row.prompt_len < 0 || static_cast<size_t>(row.prompt_len) > row.token_history.size()) {
     return absl::InvalidArgumentError(absl::StrCat(where(), "prompt_len ", row.prompt_len,
                                                    " outside [0, ", row.token_history.size(), "]"));

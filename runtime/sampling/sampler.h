@@ -39,9 +39,9 @@
 // seed draw from an absl::BitGen seeded nondeterministically at construction.
 //
 // Errors (InvalidArgument): logits shape does not match rows x vocab_size, invalid
-// SamplingParams (SamplingParams::Validate), num_samples < 1, a token id in the
-// history outside [0, vocab_size), prompt_len outside [0, history length], a NaN
-// or +inf logit, or a row whose logits are all -inf. No partial result on error.
+// SamplingParams (SamplingParams::Validate), num_samples outside [1, 64] (n's range),
+// a token id in the history outside [0, vocab_size), prompt_len outside
+// [0, history length], a NaN or +inf logit, or a row whose logits are all -inf. No partial result on error.
 //
 // Thread safety: a Sampler is not thread-safe (it owns the unseeded generator and
 // scratch buffers); rows of one call are processed in parallel with OpenMP.

@@ -492,6 +492,14 @@ TEST(SamplerTest, BadInputIsAnErrorNotACrash) {
   Sampler s(4);
   SamplingParams p;
   std::vector<float> logits = {0, 1, 2, 3};
+  {
+    // A corrupt step plan's num_samples must not size the output: n's range bounds it.
+    auto huge = s.Sample(logits, std::vector<SamplerRow>{MakeRow(&p, {}, 0, 0, 0, 2147483647)});
+    EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(huge.status().message().find("num_samples 2147483647 exceeds 64"),
+              std::string::npos)
+        << huge.status();
+  }
   auto r = s.Sample(std::vector<float>{0, 1, 2}, std::vector<SamplerRow>{MakeRow(&p)});
   EXPECT_NE(r.status().message().find("expected 1 rows x vocab_size 4"), std::string::npos) << r.status();
   std::vector<int32_t> hist = {1, 9};
