@@ -21,6 +21,7 @@
 #include "kernels/prefill_attention.h"
 #include "kernels/reshape_and_cache.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/worker/cuda/cublas_loader.h"
 #include "runtime/worker/cuda/model_kernels.h"
 
 namespace pagedserve {
@@ -121,17 +122,18 @@ class CudaLlamaModelImpl final : public CudaLlamaModel {
   ~CudaLlamaModelImpl() override {
     if (cublas_ != nullptr) {
       cudaSetDevice(device_);
-      cublasDestroy(cublas_);
+      blas_->destroy(cublas_);
     }
   }
 
   absl::Status Init(const LlamaWeights& w) {
     PS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
-    PS_RETURN_IF_ERROR(CublasStatus(cublasCreate(&cublas_), "cublasCreate"));
-    PS_RETURN_IF_ERROR(CublasStatus(cublasSetStream(cublas_, nullptr), "cublasSetStream"));
+    PS_ASSIGN_OR_RETURN(blas_, LoadCublas());
+    PS_RETURN_IF_ERROR(CublasStatus(blas_->create(&cublas_), "cublasCreate"));
+    PS_RETURN_IF_ERROR(CublasStatus(blas_->set_stream(cublas_, nullptr), "cublasSetStream"));
     // Full fp32 SGEMM (no TF32 tensor-core rounding).
     PS_RETURN_IF_ERROR(
-        CublasStatus(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+        CublasStatus(blas_->set_math_mode(cublas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
 
     PS_ASSIGN_OR_RETURN(embed_, UploadMatrix(w.embed_tokens, "embed_tokens"));
     if (w.config.tie_word_embeddings) {
@@ -280,7 +282,7 @@ class CudaLlamaModelImpl final : public CudaLlamaModel {
     if (n == 0) return absl::OkStatus();
     const float alpha = 1.0f, beta = 0.0f;
     return CublasStatus(
-        cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),
+        blas_->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),
                     static_cast<int>(n), static_cast<int>(w.cols), &alpha, w.data,
                     static_cast<int>(w.cols), x, static_cast<int>(w.cols), &beta, y,
                     static_cast<int>(w.rows)),
@@ -311,6 +313,7 @@ class CudaLlamaModelImpl final : public CudaLlamaModel {
   Communicator* comm_;
   int device_;
   cublasHandle_t cublas_ = nullptr;
+  const CublasApi* blas_ = nullptr;  // dlopen-ed cuBLAS (cublas_loader.h)
   int64_t weight_bytes_ = 0;
   std::vector<DeviceBuffer> weights_;
   DeviceMatrix embed_, lm_head_;
