@@ -37,7 +37,7 @@ struct LaunchInfo {
 // hangs becomes an error on the coordinator within this time, so it must stay
 // below 10 s (the failure budget) and above the longest legitimate step.
 inline constexpr absl::Duration kDefaultStartupTimeout = absl::Seconds(600);
-inline constexpr absl::Duration kDefaultStepTimeout = absl::Seconds(8);
+inline constexpr absl::Duration kDefaultStepTimeout = absl::Seconds(120);
 
 // MPI_Init_thread (MPI_THREAD_FUNNELED: only the main thread calls MPI) and
 // the rank/size. Safe without mpirun (singleton MPI, world size 1).

@@ -27,15 +27,17 @@ ABSL_FLAG(int64_t, max_num_blocks, 0, "cap on the device KV blocks per rank (0 =
 ABSL_FLAG(int32_t, max_model_len, 0,
           "prompt + output tokens per sequence (0 = min(the model's max_position_embeddings, 2048))");
 ABSL_FLAG(int32_t, max_num_seqs, 256, "sequences per engine step");
-ABSL_FLAG(int32_t, max_num_batched_tokens, 2048, "tokens per engine step (prefill chunks + decodes)");
+ABSL_FLAG(int32_t, max_num_batched_tokens, 0,
+          "tokens per engine step (prefill chunks + decodes); 0 = 512 with chunked prefill (short steps "
+          "keep decodes flowing while long prompts are prefilled, as vLLM's default), else --max-model-len");
 ABSL_FLAG(bool, enable_chunked_prefill, true, "split long prompts into chunks that share steps with decodes");
 ABSL_FLAG(bool, enable_prefix_caching, false, "reuse the KV blocks of identical prompt prefixes");
 ABSL_FLAG(std::string, preemption_mode, "recompute",
           "what happens to a preempted sequence's KV blocks: swap (to CPU) or recompute");
 ABSL_FLAG(double, worker_startup_timeout, 600, "seconds to wait for the worker ranks to load the model (mpirun)");
-ABSL_FLAG(double, worker_step_timeout, 8,
-          "seconds the coordinator waits for the worker ranks in one step before declaring them dead (mpirun); "
-          "must exceed the longest step");
+ABSL_FLAG(double, worker_step_timeout, 120,
+          "seconds the coordinator waits for the worker ranks in one step before declaring them hung (mpirun); "
+          "must exceed the longest step. A worker that dies on the coordinator's host is noticed at once");
 
 ABSL_FLAG(int32_t, max_tokens, 16, "tokens to generate per sample");
 ABSL_FLAG(double, temperature, 1.0, "sampling temperature; 0 = greedy");
@@ -124,8 +126,11 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
   }
   c.max_model_len = len > 0 ? len : static_cast<int32_t>(std::min<int64_t>(s.model.max_position_embeddings, 2048));
   c.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
-  c.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   c.enable_chunked_prefill = absl::GetFlag(FLAGS_enable_chunked_prefill);
+  const int32_t batched = absl::GetFlag(FLAGS_max_num_batched_tokens);
+  if (batched < 0) return BadFlag("max-num-batched-tokens", "must be >= 0 (0 = default)", batched);
+  c.max_num_batched_tokens =
+      batched > 0 ? batched : (c.enable_chunked_prefill ? std::max(512, c.max_num_seqs) : c.max_model_len);
   c.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   absl::StatusOr<PreemptionMode> mode = ParsePreemptionMode(absl::GetFlag(FLAGS_preemption_mode));
   if (!mode.ok()) return mode.status();  // names --preemption-mode
