@@ -27,6 +27,8 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -245,7 +247,15 @@ int ServeCommand(const Args& args) {
   }
   const std::string pid_file = absl::GetFlag(FLAGS_pid_file);
   if (!pid_file.empty()) {
-    std::ofstream(pid_file) << getpid() << "\n";
+    std::ofstream out(pid_file);
+    out << getpid() << "\n";
+    out.close();
+    if (!out) {
+      PrintError(absl::InvalidArgumentError(
+          absl::StrCat("--pid-file ", pid_file, ": cannot write the process id: ", std::strerror(errno))));
+      FinalizeMpi(/*abort=*/true, 2);  // workers wait for plans: stop them too
+      return 2;
+    }
   }
   bool workers_stopped = false;
   const int rc = RunCoordinator(*info, *setup, *server_options, &workers_stopped);
