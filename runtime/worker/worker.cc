@@ -132,7 +132,8 @@ absl::Status Worker::UpdateHistories(const StepPlan& plan) {
         return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, ": sequence ",
                                                        s.seq_id, " forks from unknown sequence ",
                                                        s.fork_from));
-      seqs_[s.seq_id] = parent->second;
+      SeqState copy = parent->second;  // operator[] below may rehash and move the parent
+      seqs_[s.seq_id] = std::move(copy);
     } else if (s.new_state) {
       SeqState& st = seqs_[s.seq_id];
       st.history = s.cached_prefix_token_ids;

@@ -50,7 +50,8 @@ class ScriptedExecutor : public Executor {
       } else if (st.fork_from != kNoSeq) {
         auto it = seqs_.find(st.fork_from);
         if (it == seqs_.end()) return absl::InternalError("fork from an unknown sequence");
-        seqs_[st.seq_id] = it->second;
+        const Seq parent = it->second;  // copy first: operator[] may rehash and move it
+        seqs_[st.seq_id] = parent;
       }
       auto it = seqs_.find(st.seq_id);
       if (it == seqs_.end()) return absl::InternalError(absl::StrCat("unknown sequence ", st.seq_id));
