@@ -5,15 +5,50 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "kernels/cpu/half.h"
 #include "runtime/model/dequant.h"
 #include "runtime/model/gguf.h"
 #include "runtime/model/safetensors.h"
+#include "runtime/common/status_macros.h"
 
 namespace pagedserve {
+
+const char* WeightDTypeName(WeightDType d) {
+  switch (d) {
+    case WeightDType::kAuto: return "auto";
+    case WeightDType::kFloat32: return "float32";
+    case WeightDType::kFloat16: return "float16";
+    case WeightDType::kBFloat16: return "bfloat16";
+  }
+  return "?";
+}
+
+absl::StatusOr<WeightDType> ParseWeightDType(std::string_view name) {
+  for (WeightDType d : {WeightDType::kAuto, WeightDType::kFloat32, WeightDType::kFloat16,
+                        WeightDType::kBFloat16}) {
+    if (name == WeightDTypeName(d)) return d;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "dtype '", std::string(name), "' is not one of auto, float32, float16, bfloat16"));
+}
+
+absl::Status Matrix::RowToFloat(int64_t r, float* dst) const {
+  if (is_fp32()) {
+    std::copy_n(row(r), cols, dst);
+    return absl::OkStatus();
+  }
+  return DequantizeRow(type, std::span<const uint8_t>(bytes() + r * row_bytes, row_bytes), dst,
+                       static_cast<size_t>(cols));
+}
+
+uint64_t Matrix::size_bytes() const {
+  return is_fp32() ? data.size() * sizeof(float) : static_cast<uint64_t>(rows) * row_bytes;
+}
 
 absl::StatusOr<ShardLayout> ComputeShardLayout(const ModelConfig& c, int tp_rank, int tp_size) {
   if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
@@ -77,6 +112,15 @@ class TensorSource {
   // Rows [r0, r1) along dimension 0 (elements for a 1-D tensor), fp32.
   virtual absl::Status ReadRows(const std::string& name, int64_t r0, int64_t r1,
                                 float* dst) const = 0;
+  // The stored bytes of a 2-D tensor: row r is row_bytes bytes at data + r * row_bytes
+  // (inside the file mapping). Unimplemented for a type that has no ggml layout.
+  struct Stored {
+    GgmlType type = GgmlType::kF32;
+    const uint8_t* data = nullptr;
+    uint64_t row_bytes = 0;
+    GgmlBlockInfo block;
+  };
+  virtual absl::StatusOr<Stored> StoredRows(const std::string& name) const = 0;
   // True when Q/K rows are stored in llama.cpp's permuted order.
   virtual bool qk_permuted() const { return false; }
 };
@@ -133,6 +177,16 @@ class GgufSource : public TensorSource {
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(f_->path(), ": ", s.message()));
     return absl::OkStatus();
   }
+  absl::StatusOr<Stored> StoredRows(const std::string& name) const override {
+    auto info = Info(name);
+    if (!info.ok()) return info.status();
+    Stored st;
+    st.type = (*info)->type;
+    st.data = f_->TensorData(**info).data();
+    st.row_bytes = (*info)->row_bytes;
+    GetGgmlBlockInfo(st.type, &st.block);  // known: validated at Open
+    return st;
+  }
   bool qk_permuted() const override { return permuted_; }
   const GgufFile& file() const { return *f_; }
 
@@ -169,15 +223,51 @@ class SafetensorsSource : public TensorSource {
     if (!t.ok()) return t.status();
     return t->first->ReadRows(*t->second, r0, r1, dst);
   }
+  absl::StatusOr<Stored> StoredRows(const std::string& name) const override {
+    auto t = ck_->Find(name);
+    if (!t.ok()) return t.status();
+    const SafetensorsTensorInfo& info = *t->second;
+    Stored st;
+    if (info.dtype == "F32") {
+      st.type = GgmlType::kF32;
+    } else if (info.dtype == "F16") {
+      st.type = GgmlType::kF16;
+    } else if (info.dtype == "BF16") {
+      st.type = GgmlType::kBF16;
+    } else {
+      return absl::UnimplementedError(absl::StrCat(t->first->path(), ": tensor '", name,
+                                                   "': dtype ", info.dtype,
+                                                   " is not supported (F32, F16, BF16)"));
+    }
+    GetGgmlBlockInfo(st.type, &st.block);
+    st.data = t->first->TensorData(info).data();
+    st.row_bytes = info.shape.size() == 2 ? info.shape[1] * st.block.block_bytes : 0;
+    return st;
+  }
 
  private:
   std::unique_ptr<SafetensorsCheckpoint> ck_;
 };
 
+// Types the CPU linear kernels (kernels/weight_format.h) run in place.
+bool KeepsStored(GgmlType t) {
+  switch (t) {
+    case GgmlType::kF32: case GgmlType::kF16: case GgmlType::kBF16: case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1: case GgmlType::kQ5_0: case GgmlType::kQ5_1: case GgmlType::kQ8_0:
+    case GgmlType::kQ4_K: case GgmlType::kQ5_K: case GgmlType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
 class Loader {
  public:
-  Loader(const TensorSource& src, const ModelConfig& c, const ShardLayout& s)
-      : src_(src), c_(c), s_(s) {}
+  Loader(const TensorSource& src, const ModelConfig& c, const ShardLayout& s, WeightDType dtype)
+      : src_(src), c_(c), s_(s), dtype_(dtype) {}
+
+  // Whether some matrix points into the source's mapping.
+  bool uses_mapping() const { return uses_mapping_; }
 
   absl::Status CheckShape(const std::string& name, std::vector<int64_t> want) {
     auto shape = src_.Shape(name);
@@ -190,22 +280,51 @@ class Loader {
     return absl::OkStatus();
   }
 
-  // Rows [r0, r1) of a [rows, cols] matrix.
+  // Rows [r0, r1) of a [rows, cols] matrix; `qk_heads` > 0 undoes the Q/K
+  // permutation over that many heads (when the source is permuted).
   absl::StatusOr<Matrix> Rows(const std::string& name, int64_t rows, int64_t cols, int64_t r0,
-                              int64_t r1) {
-    if (auto s = CheckShape(name, {rows, cols}); !s.ok()) return s;
+                              int64_t r1, int64_t qk_heads = 0) {
+    PS_RETURN_IF_ERROR(CheckShape(name, {rows, cols}));
+    PS_ASSIGN_OR_RETURN(std::optional<TensorSource::Stored> st, KeptStored(name));
+    if (st.has_value()) {
+      Matrix m = StoredShell(*st, r1 - r0, cols);
+      const uint8_t* base = st->data + r0 * st->row_bytes;
+      if ((qk_heads > 0 && src_.qk_permuted()) || !Aligned(base, st->block)) {
+        m.owned.assign(base, base + m.rows * m.row_bytes);
+        if (qk_heads > 0) Unpermute(m.owned.data(), qk_heads, m.row_bytes);
+      } else {
+        m.mapped = base;
+        uses_mapping_ = true;
+      }
+      return m;
+    }
     Matrix m;
     m.rows = r1 - r0;
     m.cols = cols;
     m.data.resize(m.rows * m.cols);
-    if (auto s = src_.ReadRows(name, r0, r1, m.data.data()); !s.ok()) return s;
-    return m;
+    PS_RETURN_IF_ERROR(src_.ReadRows(name, r0, r1, m.data.data()));
+    if (qk_heads > 0) Unpermute(m.data.data(), qk_heads, cols * sizeof(float));
+    return ToHalfIfAsked(std::move(m));
   }
 
-  // Columns [c0, c1) of a [rows, cols] matrix, converted a chunk of rows at a time.
+  // Columns [c0, c1) of a [rows, cols] matrix.
   absl::StatusOr<Matrix> Cols(const std::string& name, int64_t rows, int64_t cols, int64_t c0,
                               int64_t c1) {
-    if (auto s = CheckShape(name, {rows, cols}); !s.ok()) return s;
+    PS_RETURN_IF_ERROR(CheckShape(name, {rows, cols}));
+    PS_ASSIGN_OR_RETURN(std::optional<TensorSource::Stored> st, KeptStored(name));
+    const int64_t be = st.has_value() ? st->block.block_elements : 1;
+    if (st.has_value() && c0 == 0 && c1 == cols) return Rows(name, rows, cols, 0, rows);
+    if (st.has_value() && c0 % be == 0 && c1 % be == 0) {
+      // Each row's sub-range is whole blocks: copy those bytes.
+      Matrix m = StoredShell(*st, rows, c1 - c0);
+      const uint64_t skip = c0 / be * st->block.block_bytes;
+      m.owned.resize(m.rows * m.row_bytes);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(m.owned.data() + r * m.row_bytes, st->data + r * st->row_bytes + skip,
+                    m.row_bytes);
+      }
+      return m;
+    }
     Matrix m;
     m.rows = rows;
     m.cols = c1 - c0;
@@ -214,12 +333,12 @@ class Loader {
     std::vector<float> tmp(chunk * cols);
     for (int64_t r = 0; r < rows; r += chunk) {
       int64_t n = std::min(chunk, rows - r);
-      if (auto s = src_.ReadRows(name, r, r + n, tmp.data()); !s.ok()) return s;
+      PS_RETURN_IF_ERROR(src_.ReadRows(name, r, r + n, tmp.data()));
       for (int64_t i = 0; i < n; ++i) {
         std::memcpy(m.row(r + i), tmp.data() + i * cols + c0, m.cols * sizeof(float));
       }
     }
-    return m;
+    return ToHalfIfAsked(std::move(m));
   }
 
   absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t n, int64_t r0,
@@ -230,20 +349,20 @@ class Loader {
     return v;
   }
 
-  // Undoes llama.cpp's Q/K permutation on consecutive heads of `rows_per_row`
-  // values each row (rows of a matrix, or 1 for a bias vector).
-  void Unpermute(float* data, int64_t heads, int64_t row_len) {
+  // Undoes llama.cpp's Q/K permutation on consecutive heads of head_size rows
+  // of `row_bytes` bytes each (matrix rows in any format, or single bias values).
+  void Unpermute(void* data, int64_t heads, uint64_t row_bytes) {
     if (!src_.qk_permuted()) return;
     const int64_t d = c_.head_size, half = d / 2;
-    std::vector<float> head(d * row_len);
+    std::vector<uint8_t> head(d * row_bytes);
     for (int64_t h = 0; h < heads; ++h) {
-      float* base = data + h * d * row_len;
-      std::memcpy(head.data(), base, head.size() * sizeof(float));
+      uint8_t* base = static_cast<uint8_t*>(data) + h * d * row_bytes;
+      std::memcpy(head.data(), base, head.size());
       // stored row 2b + a holds HF row a * half + b
       for (int64_t a = 0; a < 2; ++a) {
         for (int64_t b = 0; b < half; ++b) {
-          std::memcpy(base + (a * half + b) * row_len, head.data() + (2 * b + a) * row_len,
-                      row_len * sizeof(float));
+          std::memcpy(base + (a * half + b) * row_bytes, head.data() + (2 * b + a) * row_bytes,
+                      row_bytes);
         }
       }
     }
@@ -256,51 +375,76 @@ class Loader {
     const int64_t k0 = s_.first_kv_head * d, k1 = (s_.first_kv_head + s_.num_kv_heads) * d;
     const int64_t i0 = s_.first_intermediate, i1 = i0 + s_.intermediate_size;
     const int64_t qn = int64_t{c_.num_heads} * d, kn = int64_t{c_.num_kv_heads} * d;
-    auto assign = [](auto& dst, auto r) -> absl::Status {
-      if (!r.ok()) return r.status();
-      dst = std::move(*r);
-      return absl::OkStatus();
-    };
-    absl::Status s;
-    if (!(s = assign(L->input_layernorm, Vector(p + "input_layernorm.weight", h, 0, h))).ok())
-      return s;
-    if (!(s = assign(L->q_proj, Rows(p + "self_attn.q_proj.weight", qn, h, q0, q1))).ok())
-      return s;
-    Unpermute(L->q_proj.data.data(), s_.num_heads, h);
-    if (!(s = assign(L->k_proj, Rows(p + "self_attn.k_proj.weight", kn, h, k0, k1))).ok())
-      return s;
-    Unpermute(L->k_proj.data.data(), s_.num_kv_heads, h);
-    if (!(s = assign(L->v_proj, Rows(p + "self_attn.v_proj.weight", kn, h, k0, k1))).ok())
-      return s;
+    PS_ASSIGN_OR_RETURN(L->input_layernorm, Vector(p + "input_layernorm.weight", h, 0, h));
+    PS_ASSIGN_OR_RETURN(L->q_proj, Rows(p + "self_attn.q_proj.weight", qn, h, q0, q1,
+                                        s_.num_heads));
+    PS_ASSIGN_OR_RETURN(L->k_proj, Rows(p + "self_attn.k_proj.weight", kn, h, k0, k1,
+                                        s_.num_kv_heads));
+    PS_ASSIGN_OR_RETURN(L->v_proj, Rows(p + "self_attn.v_proj.weight", kn, h, k0, k1));
     if (c_.qkv_bias) {
-      if (!(s = assign(L->q_bias, Vector(p + "self_attn.q_proj.bias", qn, q0, q1))).ok())
-        return s;
-      Unpermute(L->q_bias.data(), s_.num_heads, 1);
-      if (!(s = assign(L->k_bias, Vector(p + "self_attn.k_proj.bias", kn, k0, k1))).ok())
-        return s;
-      Unpermute(L->k_bias.data(), s_.num_kv_heads, 1);
-      if (!(s = assign(L->v_bias, Vector(p + "self_attn.v_proj.bias", kn, k0, k1))).ok())
-        return s;
+      PS_ASSIGN_OR_RETURN(L->q_bias, Vector(p + "self_attn.q_proj.bias", qn, q0, q1));
+      Unpermute(L->q_bias.data(), s_.num_heads, sizeof(float));
+      PS_ASSIGN_OR_RETURN(L->k_bias, Vector(p + "self_attn.k_proj.bias", kn, k0, k1));
+      Unpermute(L->k_bias.data(), s_.num_kv_heads, sizeof(float));
+      PS_ASSIGN_OR_RETURN(L->v_bias, Vector(p + "self_attn.v_proj.bias", kn, k0, k1));
     }
-    if (!(s = assign(L->o_proj, Cols(p + "self_attn.o_proj.weight", h, qn, q0, q1))).ok())
-      return s;
-    if (!(s = assign(L->post_attention_layernorm,
-                     Vector(p + "post_attention_layernorm.weight", h, 0, h)))
-             .ok())
-      return s;
+    PS_ASSIGN_OR_RETURN(L->o_proj, Cols(p + "self_attn.o_proj.weight", h, qn, q0, q1));
+    PS_ASSIGN_OR_RETURN(L->post_attention_layernorm,
+                        Vector(p + "post_attention_layernorm.weight", h, 0, h));
     const int64_t in = c_.intermediate_size;
-    if (!(s = assign(L->gate_proj, Rows(p + "mlp.gate_proj.weight", in, h, i0, i1))).ok())
-      return s;
-    if (!(s = assign(L->up_proj, Rows(p + "mlp.up_proj.weight", in, h, i0, i1))).ok()) return s;
-    if (!(s = assign(L->down_proj, Cols(p + "mlp.down_proj.weight", h, in, i0, i1))).ok())
-      return s;
+    PS_ASSIGN_OR_RETURN(L->gate_proj, Rows(p + "mlp.gate_proj.weight", in, h, i0, i1));
+    PS_ASSIGN_OR_RETURN(L->up_proj, Rows(p + "mlp.up_proj.weight", in, h, i0, i1));
+    PS_ASSIGN_OR_RETURN(L->down_proj, Cols(p + "mlp.down_proj.weight", h, in, i0, i1));
     return absl::OkStatus();
   }
 
  private:
+  // The stored layout of `name` when the dtype keeps it as stored, else nullopt.
+  absl::StatusOr<std::optional<TensorSource::Stored>> KeptStored(const std::string& name) {
+    if (dtype_ == WeightDType::kFloat32) return std::nullopt;
+    PS_ASSIGN_OR_RETURN(TensorSource::Stored st, src_.StoredRows(name));
+    const bool keep = dtype_ == WeightDType::kAuto    ? KeepsStored(st.type)
+                      : dtype_ == WeightDType::kFloat16 ? st.type == GgmlType::kF16
+                                                        : st.type == GgmlType::kBF16;
+    if (!keep) return std::nullopt;
+    return st;
+  }
+
+  static Matrix StoredShell(const TensorSource::Stored& st, int64_t rows, int64_t cols) {
+    Matrix m;
+    m.rows = rows;
+    m.cols = cols;
+    m.type = st.type;
+    m.row_bytes = cols / st.block.block_elements * st.block.block_bytes;
+    return m;
+  }
+
+  // Plain element types are read in place only at their natural alignment.
+  static bool Aligned(const uint8_t* p, const GgmlBlockInfo& b) {
+    return b.block_elements != 1 || reinterpret_cast<uintptr_t>(p) % b.block_bytes == 0;
+  }
+
+  // fp32 values -> the fp16 / bf16 rows kFloat16 / kBFloat16 ask for.
+  Matrix ToHalfIfAsked(Matrix m) const {
+    if (dtype_ != WeightDType::kFloat16 && dtype_ != WeightDType::kBFloat16) return m;
+    const bool bf = dtype_ == WeightDType::kBFloat16;
+    m.type = bf ? GgmlType::kBF16 : GgmlType::kF16;
+    m.row_bytes = m.cols * 2;
+    m.owned.resize(m.data.size() * 2);
+    for (size_t i = 0; i < m.data.size(); ++i) {
+      const uint16_t v = bf ? kernels::FloatToBFloat16Bits(m.data[i])
+                            : kernels::FloatToHalfBits(m.data[i]);
+      std::memcpy(m.owned.data() + 2 * i, &v, 2);
+    }
+    m.data = {};
+    return m;
+  }
+
   const TensorSource& src_;
   const ModelConfig& c_;
   const ShardLayout& s_;
+  WeightDType dtype_;
+  bool uses_mapping_ = false;
 };
 
 absl::StatusOr<std::unique_ptr<TensorSource>> OpenSource(const std::string& path,
@@ -332,15 +476,16 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path) {
 }
 
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_rank,
-                                              int tp_size) {
+                                              int tp_size, WeightDType dtype) {
   LlamaWeights w;
+  w.dtype = dtype;
   auto src = OpenSource(path, &w.config);
   if (!src.ok()) return src.status();
   auto shard = ComputeShardLayout(w.config, tp_rank, tp_size);
   if (!shard.ok()) return shard.status();
   w.shard = *shard;
   const ModelConfig& c = w.config;
-  Loader loader(**src, c, w.shard);
+  Loader loader(**src, c, w.shard, dtype);
   auto embed = loader.Rows("model.embed_tokens.weight", c.vocab_size, c.hidden_size, 0,
                            c.vocab_size);
   if (!embed.ok()) return embed.status();
@@ -359,6 +504,7 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_ra
       return absl::Status(s.code(), absl::StrCat(path, ": layer ", i, ": ", s.message()));
     }
   }
+  if (loader.uses_mapping()) w.mapping = std::shared_ptr<const TensorSource>(std::move(*src));
   return w;
 }
 

@@ -1,4 +1,5 @@
-// Llama-family weights in fp32, loaded for one tensor-parallel rank.
+// Llama-family weights of one tensor-parallel rank, in fp32 or in their stored
+// formats (WeightDType).
 //
 // Orientation: every matrix is row-major [out_features, in_features], exactly
 // as nn.Linear.weight in Hugging Face and as GGUF stores it (ggml ne0 = in).
@@ -32,23 +33,62 @@
 #define PAGEDSERVE_RUNTIME_MODEL_WEIGHTS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/model/gguf.h"
 #include "runtime/model/model_config.h"
 
 namespace pagedserve {
 
-// Row-major fp32 matrix [rows, cols].
+// Precision the weight matrices are held in (--dtype).
+//   kAuto:     each matrix in its stored format (GGUF F32/F16/BF16/Q4_0/Q4_1/
+//              Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K; safetensors F32/F16/BF16),
+//              memory-mapped where the rows are used as stored; other GGUF
+//              types (Q2_K, Q3_K) are dequantized to fp32 at load.
+//   kFloat32:  every matrix dequantized to fp32 at load (Matrix::data).
+//   kFloat16 / kBFloat16: every matrix converted to fp16 / bf16 at load (round
+//              to nearest even); a stored matrix already in that type is mapped.
+// RMSNorm weights and biases are always fp32.
+enum class WeightDType : uint8_t { kAuto, kFloat32, kFloat16, kBFloat16 };
+
+// "auto", "float32", "float16", "bfloat16".
+const char* WeightDTypeName(WeightDType d);
+// Inverse of WeightDTypeName; InvalidArgument listing the choices otherwise.
+absl::StatusOr<WeightDType> ParseWeightDType(std::string_view name);
+
+// Row-major matrix [rows, cols], held either as fp32 values (`data`, the
+// float32 path) or as rows in a stored format (`type`, bytes()): row r is
+// row_bytes bytes at bytes() + r * row_bytes, laid out in ggml blocks of `type`
+// (F32/F16/BF16 are plain little-endian elements). Exactly one of the two is
+// set for a non-empty matrix. Stored bytes point either into `owned` or into a
+// file mapping owned by the LlamaWeights the matrix belongs to (`mapped`): such
+// a matrix must not outlive its LlamaWeights. Copies and moves are safe (bytes()
+// follows `owned`).
 struct Matrix {
   int64_t rows = 0;
   int64_t cols = 0;
-  std::vector<float> data;  // rows * cols
+  std::vector<float> data;  // rows * cols fp32 values, or empty when stored
 
-  bool empty() const { return data.empty(); }
+  GgmlType type = GgmlType::kF32;  // stored format (meaningful when data is empty)
+  uint64_t row_bytes = 0;          // bytes of one stored row
+  const uint8_t* mapped = nullptr; // stored rows inside a file mapping, or null
+  std::vector<uint8_t> owned;      // stored rows copied (permuted, sliced, converted)
+
+  bool empty() const { return data.empty() && bytes() == nullptr; }
+  bool is_fp32() const { return !data.empty(); }  // the float32 representation
+  const uint8_t* bytes() const { return owned.empty() ? mapped : owned.data(); }
+  // fp32 rows (is_fp32() only).
   float* row(int64_t r) { return data.data() + r * cols; }
   const float* row(int64_t r) const { return data.data() + r * cols; }
+  // Row r in fp32 into dst[cols], from either representation. r must be in
+  // [0, rows). Errors of DequantizeRow (corrupt type) pass through.
+  absl::Status RowToFloat(int64_t r, float* dst) const;
+  // Bytes held in memory or mapped: fp32 values or stored rows.
+  uint64_t size_bytes() const;
 };
 
 // Which part of the model a tensor-parallel rank holds (see the header comment).
@@ -84,6 +124,10 @@ struct LayerWeights {
 };
 
 struct LlamaWeights {
+  WeightDType dtype = WeightDType::kFloat32;  // how the matrices are held
+  // Keeps the model file(s) mapped while matrices point into them
+  // (Matrix::mapped); null when none does.
+  std::shared_ptr<const void> mapping;
   ModelConfig config;  // full-model description (global head counts)
   ShardLayout shard;
   Matrix embed_tokens;             // [vocab, h], replicated
@@ -103,10 +147,23 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
 
 // Loads the weights of rank tp_rank of tp_size from a .gguf file (any type
 // dequant.h accepts) or a Hugging Face directory (safetensors F32/F16/BF16,
-// single or sharded). Only the rank's rows/columns are converted. Errors name
-// the file and tensor (missing tensor, wrong shape, unsupported type).
+// single or sharded), holding the matrices as `dtype` says. Only the rank's
+// rows/columns are read. Errors name the file and tensor (missing tensor, wrong
+// shape, unsupported type).
+//
+// Stored formats (kAuto, and kFloat16/kBFloat16 for tensors already in that
+// type): a row slice of a row-major matrix is a contiguous byte range and is
+// used in place from the mapping (column-parallel q/k/v/gate/up, and every
+// matrix at tp_size 1). Copied into `owned` instead: Q/K rows of a permuted
+// GGUF (the permutation moves whole rows, so quantized rows move as byte
+// blocks), column slices of the row-parallel o_proj/down_proj (each row's
+// sub-range; the slice bounds must fall on block boundaries, e.g. multiples of
+// 256 for K-quants; a slice that does not is dequantized to fp32 instead), and
+// rows whose mapped address is not aligned to their element size (F32/F16/BF16
+// in a safetensors file whose header length is not a multiple of 4).
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_rank = 0,
-                                              int tp_size = 1);
+                                              int tp_size = 1,
+                                              WeightDType dtype = WeightDType::kFloat32);
 
 }  // namespace pagedserve
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/half.h"
 #include "nlohmann/json.hpp"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
@@ -374,6 +375,63 @@ TEST(HfWeightsTest, TensorParallelShardsConcatenateToFull) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("num_heads"), std::string::npos) << bad.status();
   EXPECT_FALSE(LoadLlamaWeights(dir, 2, 2).ok());
+}
+
+// Stored formats: BF16 embeddings and F32 projections stay as stored (mapped
+// unless a column slice needs copying) and read back exactly; --dtype bfloat16
+// converts the F32 matrices with round-to-nearest-even.
+void ExpectStoredMatrix(const Matrix& m, GgmlType type, const std::vector<float>& want,
+                        bool to_bf16, const std::string& what) {
+  EXPECT_FALSE(m.is_fp32()) << what;
+  EXPECT_EQ(m.type, type) << what;
+  ASSERT_EQ(static_cast<size_t>(m.rows * m.cols), want.size()) << what;
+  std::vector<float> row(m.cols), got;
+  for (int64_t r = 0; r < m.rows; ++r) {
+    ASSERT_TRUE(m.RowToFloat(r, row.data()).ok()) << what;
+    got.insert(got.end(), row.begin(), row.end());
+  }
+  std::vector<float> expect = want;
+  if (to_bf16) {
+    for (float& v : expect) v = kernels::BFloat16BitsToFloat(kernels::FloatToBFloat16Bits(v));
+  }
+  EXPECT_EQ(got, expect) << what;
+}
+
+TEST(HfWeightsTest, StoredFormatsStayAsStored) {
+  TensorMap m = MakeModel(/*qkv_bias=*/true, /*tied=*/true, 5);
+  std::string dir = WriteModel(m, Config("Qwen2ForCausalLM", true), false);
+  for (WeightDType dtype : {WeightDType::kAuto, WeightDType::kBFloat16}) {
+    const bool bf = dtype == WeightDType::kBFloat16;
+    const GgmlType proj = bf ? GgmlType::kBF16 : GgmlType::kF32;
+    for (int tp : {1, 2}) {
+      for (int r = 0; r < tp; ++r) {
+        SCOPED_TRACE(std::string(WeightDTypeName(dtype)) + " tp " + std::to_string(tp) +
+                     " rank " + std::to_string(r));
+        auto w = LoadLlamaWeights(dir, r, tp, dtype);
+        ASSERT_TRUE(w.ok()) << w.status();
+        EXPECT_EQ(w->dtype, dtype);
+        ExpectStoredMatrix(w->embed_tokens, GgmlType::kBF16, m["model.embed_tokens.weight"].values,
+                           false, "embed");
+        if (!bf) EXPECT_NE(w->embed_tokens.mapped, nullptr);
+        EXPECT_NE(w->mapping, nullptr);  // the BF16 embedding is used in place
+        const int hl = kHeads / tp, il = kInter / tp, q0 = r * hl * kHead;
+        const int q1 = q0 + hl * kHead;
+        for (int l = 0; l < kLayers; ++l) {
+          std::string p = "model.layers." + std::to_string(l) + ".";
+          const LayerWeights& L = w->layers[l];
+          ExpectStoredMatrix(L.q_proj, proj, Slice(m[p + "self_attn.q_proj.weight"], q0, q1, 0,
+                                                   kHidden), bf, "q");
+          ExpectStoredMatrix(L.o_proj, proj, Slice(m[p + "self_attn.o_proj.weight"], 0, kHidden,
+                                                   q0, q1), bf, "o");
+          ExpectStoredMatrix(L.down_proj, proj,
+                             Slice(m[p + "mlp.down_proj.weight"], 0, kHidden, r * il,
+                                   (r + 1) * il), bf, "down");
+          EXPECT_EQ(L.q_bias, Slice(m[p + "self_attn.q_proj.bias"], q0, q1, 0, 1));
+          EXPECT_EQ(L.o_proj.owned.empty(), tp == 1 && !bf) << "column slices are copied";
+        }
+      }
+    }
+  }
 }
 
 TEST(HfWeightsTest, MissingAndMisshapenTensorsNamed) {
