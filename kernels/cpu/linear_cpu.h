@@ -1,0 +1,67 @@
+// Internals of the CPU Linear (kernels/linear.h): the per-ISA kernel tables, the
+// activation quantizers, the weight-row dequantizer and the method choice.
+// Exposed for tests and benchmarks; the forward pass uses kernels/linear.h.
+#ifndef PAGEDSERVE_KERNELS_CPU_LINEAR_CPU_H_
+#define PAGEDSERVE_KERNELS_CPU_LINEAR_CPU_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/quant_blocks.h"
+#include "kernels/linear.h"
+#include "kernels/weight_format.h"
+
+namespace pagedserve::kernels::cpu {
+
+// How Linear computes one call (chosen by ChooseMethod, the one dispatch place).
+enum class LinearMethod : uint8_t {
+  kRowDot,     // per weight row, a dot product with every token (GEMV and small GEMM)
+  kTileSgemm,  // tiles of rows converted to fp32 (F32: used in place), OpenBLAS sgemm
+};
+const char* LinearMethodName(LinearMethod m);
+
+// The method Linear uses for `num_tokens` tokens over a weight of this format.
+LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols);
+
+// Linear with a given ISA path and method (validates like Linear; FailedPrecondition
+// when the CPU lacks `isa`).
+absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method);
+
+// True for the formats whose activations are quantized (Q4_0 .. Q6_K).
+bool IsQuantized(WeightType type);
+// Activation block used with `type`: 32 (ActBlock32) or 256 (ActBlock256).
+inline bool UsesActBlock256(WeightType t) {
+  return t == WeightType::kQ4_K || t == WeightType::kQ5_K || t == WeightType::kQ6_K;
+}
+
+// Quantizes n activations (n a multiple of 32 / 256) into n/32 or n/256 blocks.
+void QuantizeActs32(const float* x, int64_t n, ActBlock32* out);
+void QuantizeActs256(const float* x, int64_t n, ActBlock256* out);
+
+// Converts one weight row of `cols` elements (RowBytes(type, cols) bytes at
+// `row`) to fp32. Portable; the reference for every kernel.
+void DequantizeWeightRow(WeightType type, const uint8_t* row, int64_t cols, float* dst);
+
+// The kernels of one instruction-set path.
+//  qdot: dot product of one quantized weight row (nb blocks) with one token's
+//        activation blocks (ActBlock32 or ActBlock256 per UsesActBlock256).
+//  fdot: dot product of one F32/F16/BF16 weight row of n elements with fp32 x.
+struct IsaKernels {
+  using QDotFn = float (*)(const uint8_t* w, const void* x, int64_t nb);
+  using FDotFn = float (*)(const uint8_t* w, const float* x, int64_t n);
+  QDotFn q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k;
+  FDotFn f32, f16, bf16;
+};
+const IsaKernels& PortableKernels();
+#if defined(__x86_64__)
+const IsaKernels& Avx2Kernels();    // kernels/cpu/linear_avx2.cc
+const IsaKernels& Avx512Kernels();  // kernels/cpu/linear_avx512.cc
+#endif
+// The table of `isa` (the portable one on non-x86 builds).
+const IsaKernels& KernelsFor(CpuIsa isa);
+IsaKernels::QDotFn QDotFor(const IsaKernels& k, WeightType type);
+IsaKernels::FDotFn FDotFor(const IsaKernels& k, WeightType type);
+
+}  // namespace pagedserve::kernels::cpu
+
+#endif  // PAGEDSERVE_KERNELS_CPU_LINEAR_CPU_H_

@@ -1,0 +1,295 @@
+// Portable path of the CPU Linear: activation quantization, weight-row
+// dequantization (the reference of every kernel) and scalar dot products.
+#include <cmath>
+#include <cstdlib>
+
+#include "kernels/cpu/linear_cpu.h"
+
+namespace pagedserve::kernels::cpu {
+namespace {
+
+// Scale and codes of one block of n activations: d = max|x| / 127 and
+// q = round(x / d), so |x - d q| <= d / 2. lrintf, not a cast, keeps non-finite
+// input free of undefined behaviour (its result is then unspecified).
+float QuantizeBlock(const float* x, int n, int8_t* q) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  const float d = amax / 127.0f;
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  for (int i = 0; i < n; ++i) {
+    long v = std::lrintf(x[i] * id);
+    q[i] = static_cast<int8_t>(v > 127 ? 127 : (v < -127 ? -127 : v));
+  }
+  return d;
+}
+
+void DequantBlock(WeightType type, const uint8_t* b, float* y) {
+  switch (type) {
+    case WeightType::kQ4_0: {
+      const float d = LoadF16(b);
+      for (int j = 0; j < 16; ++j) {
+        y[j] = d * static_cast<float>((b[2 + j] & 15) - 8);
+        y[j + 16] = d * static_cast<float>((b[2 + j] >> 4) - 8);
+      }
+      return;
+    }
+    case WeightType::kQ4_1: {
+      const float d = LoadF16(b), m = LoadF16(b + 2);
+      for (int j = 0; j < 16; ++j) {
+        y[j] = d * static_cast<float>(b[4 + j] & 15) + m;
+        y[j + 16] = d * static_cast<float>(b[4 + j] >> 4) + m;
+      }
+      return;
+    }
+    case WeightType::kQ5_0:
+    case WeightType::kQ5_1: {
+      const bool has_min = type == WeightType::kQ5_1;
+      const float d = LoadF16(b), m = has_min ? LoadF16(b + 2) : 0.0f;
+      const uint32_t qh = LoadU32(b + (has_min ? 4 : 2));
+      const uint8_t* qs = b + (has_min ? 8 : 6);
+      const int off = has_min ? 0 : 16;
+      for (int j = 0; j < 16; ++j) {
+        const int x0 = (qs[j] & 15) | (((qh >> j) & 1) << 4);
+        const int x1 = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        y[j] = d * static_cast<float>(x0 - off) + m;
+        y[j + 16] = d * static_cast<float>(x1 - off) + m;
+      }
+      return;
+    }
+    case WeightType::kQ8_0: {
+      const float d = LoadF16(b);
+      for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(static_cast<int8_t>(b[2 + j]));
+      return;
+    }
+    case WeightType::kQ4_K:
+    case WeightType::kQ5_K: {
+      const bool five = type == WeightType::kQ5_K;
+      const float d = LoadF16(b), dmin = LoadF16(b + 2);
+      const uint8_t* qh = b + 16;
+      const uint8_t* qs = b + (five ? 48 : 16);
+      for (int j = 0; j < 8; ++j) {
+        int sc, mn;
+        ScaleMinK4(j, b + 4, &sc, &mn);
+        const float dl = d * static_cast<float>(sc), ml = dmin * static_cast<float>(mn);
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t byte = qs[32 * (j / 2) + l];
+          int q = (j & 1) ? (byte >> 4) : (byte & 15);
+          if (five) q |= ((qh[l] >> j) & 1) << 4;
+          y[32 * j + l] = dl * static_cast<float>(q) - ml;
+        }
+      }
+      return;
+    }
+    case WeightType::kQ6_K: {
+      const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+      const float d = LoadF16(b + 208);
+      for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+        const uint8_t lo = b[64 * h + l + 32 * (k & 1)];
+        const int q = ((k < 2 ? lo & 15 : lo >> 4) | (((b[128 + 32 * h + l] >> (2 * k)) & 3) << 4));
+        y[e] = d * static_cast<float>(sc[e / 16]) * static_cast<float>(q - 32);
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+// ---- dot products of one weight row with one token ----
+
+float DotQ4_0(const uint8_t* w, const void* xv, int64_t nb) {
+  const ActBlock32* x = static_cast<const ActBlock32*>(xv);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < nb; ++i, w += 18) {
+    const int8_t* q = x[i].qs;
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) s += (w[2 + j] & 15) * q[j] + (w[2 + j] >> 4) * q[j + 16];
+    acc += LoadF16(w) * x[i].d * static_cast<float>(s - 8 * x[i].sum);
+  }
+  return acc;
+}
+
+float DotQ4_1(const uint8_t* w, const void* xv, int64_t nb) {
+  const ActBlock32* x = static_cast<const ActBlock32*>(xv);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < nb; ++i, w += 20) {
+    const int8_t* q = x[i].qs;
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) s += (w[4 + j] & 15) * q[j] + (w[4 + j] >> 4) * q[j + 16];
+    acc += x[i].d * (LoadF16(w) * static_cast<float>(s) +
+                     LoadF16(w + 2) * static_cast<float>(x[i].sum));
+  }
+  return acc;
+}
+
+template <bool kHasMin>
+float DotQ5(const uint8_t* w, const void* xv, int64_t nb) {
+  const ActBlock32* x = static_cast<const ActBlock32*>(xv);
+  constexpr int kBytes = kHasMin ? 24 : 22, kQh = kHasMin ? 4 : 2, kQs = kHasMin ? 8 : 6;
+  float acc = 0.0f;
+  for (int64_t i = 0; i < nb; ++i, w += kBytes) {
+    const int8_t* q = x[i].qs;
+    const uint32_t qh = LoadU32(w + kQh);
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int x0 = (w[kQs + j] & 15) | (((qh >> j) & 1) << 4);
+      const int x1 = (w[kQs + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      s += x0 * q[j] + x1 * q[j + 16];
+    }
+    if constexpr (kHasMin) {
+      acc += x[i].d * (LoadF16(w) * static_cast<float>(s) +
+                       LoadF16(w + 2) * static_cast<float>(x[i].sum));
+    } else {
+      acc += LoadF16(w) * x[i].d * static_cast<float>(s - 16 * x[i].sum);
+    }
+  }
+  return acc;
+}
+
+float DotQ8_0(const uint8_t* w, const void* xv, int64_t nb) {
+  const ActBlock32* x = static_cast<const ActBlock32*>(xv);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < nb; ++i, w += 34) {
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += static_cast<int8_t>(w[2 + j]) * x[i].qs[j];
+    acc += LoadF16(w) * x[i].d * static_cast<float>(s);
+  }
+  return acc;
+}
+
+template <bool kFive>
+float DotQ45K(const uint8_t* w, const void* xv, int64_t nb) {
+  const ActBlock256* x = static_cast<const ActBlock256*>(xv);
+  constexpr int kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
+  float acc = 0.0f;
+  for (int64_t i = 0; i < nb; ++i, w += kBytes) {
+    const int8_t* q = x[i].qs;
+    const int16_t* bs = x[i].bsums;
+    const uint8_t* qh = w + 16;
+    int32_t sumi = 0, summ = 0;
+    for (int j = 0; j < 8; ++j) {
+      int sc, mn;
+      ScaleMinK4(j, w + 4, &sc, &mn);
+      const uint8_t* qs = w + kQs + 32 * (j / 2);
+      const int shift = (j & 1) * 4;
+      int32_t dot = 0;
+      for (int l = 0; l < 32; ++l) {
+        int v = (qs[l] >> shift) & 15;
+        if constexpr (kFive) v |= ((qh[l] >> j) & 1) << 4;
+        dot += v * q[32 * j + l];
+      }
+      sumi += sc * dot;
+      summ += mn * (bs[2 * j] + bs[2 * j + 1]);
+    }
+    acc += x[i].d * (LoadF16(w) * static_cast<float>(sumi) -
+                     LoadF16(w + 2) * static_cast<float>(summ));
+  }
+  return acc;
+}
+
+float DotQ6K(const uint8_t* w, const void* xv, int64_t nb) {
+  const ActBlock256* x = static_cast<const ActBlock256*>(xv);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < nb; ++i, w += 210) {
+    const int8_t* q = x[i].qs;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+    int32_t sumi = 0;
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 4; ++k) {
+        const uint8_t* ql = w + 64 * h + 32 * (k & 1);
+        const uint8_t* qh = w + 128 + 32 * h;
+        const int lshift = k < 2 ? 0 : 4;
+        for (int half = 0; half < 2; ++half) {
+          const int sub = 8 * h + 2 * k + half;
+          int32_t dot = 0;
+          for (int l = 16 * half; l < 16 * half + 16; ++l) {
+            const int v = ((ql[l] >> lshift) & 15) | (((qh[l] >> (2 * k)) & 3) << 4);
+            dot += v * q[16 * sub + (l - 16 * half)];
+          }
+          sumi += sc[sub] * (dot - 32 * x[i].bsums[sub]);
+        }
+      }
+    }
+    acc += LoadF16(w + 208) * x[i].d * static_cast<float>(sumi);
+  }
+  return acc;
+}
+
+// fp dots with 8 independent partial sums (lets the compiler vectorize).
+template <typename Load>
+float FDot(const uint8_t* w, const float* x, int64_t n, Load load) {
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) part[k] += load(w, i + k) * x[i + k];
+  for (; i < n; ++i) part[0] += load(w, i) * x[i];
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+float DotF32(const uint8_t* w, const float* x, int64_t n) {
+  return FDot(w, x, n, [](const uint8_t* p, int64_t i) {
+    float v;
+    std::memcpy(&v, p + 4 * i, 4);
+    return v;
+  });
+}
+float DotF16(const uint8_t* w, const float* x, int64_t n) {
+  return FDot(w, x, n, [](const uint8_t* p, int64_t i) { return LoadF16(p + 2 * i); });
+}
+float DotBF16(const uint8_t* w, const float* x, int64_t n) {
+  return FDot(w, x, n,
+              [](const uint8_t* p, int64_t i) { return BFloat16BitsToFloat(LoadU16(p + 2 * i)); });
+}
+
+}  // namespace
+
+void QuantizeActs32(const float* x, int64_t n, ActBlock32* out) {
+  for (int64_t b = 0; b < n / 32; ++b) {
+    ActBlock32& o = out[b];
+    o.d = QuantizeBlock(x + 32 * b, 32, o.qs);
+    int32_t s = 0;
+    for (int i = 0; i < 32; ++i) s += o.qs[i];
+    o.sum = s;
+  }
+}
+
+void QuantizeActs256(const float* x, int64_t n, ActBlock256* out) {
+  for (int64_t b = 0; b < n / 256; ++b) {
+    ActBlock256& o = out[b];
+    o.d = QuantizeBlock(x + 256 * b, 256, o.qs);
+    for (int k = 0; k < 16; ++k) {
+      int s = 0;
+      for (int i = 0; i < 16; ++i) s += o.qs[16 * k + i];
+      o.bsums[k] = static_cast<int16_t>(s);
+    }
+  }
+}
+
+void DequantizeWeightRow(WeightType type, const uint8_t* row, int64_t cols, float* dst) {
+  switch (type) {
+    case WeightType::kF32:
+      std::memcpy(dst, row, static_cast<size_t>(cols) * 4);
+      return;
+    case WeightType::kF16:
+      for (int64_t i = 0; i < cols; ++i) dst[i] = LoadF16(row + 2 * i);
+      return;
+    case WeightType::kBF16:
+      for (int64_t i = 0; i < cols; ++i) dst[i] = BFloat16BitsToFloat(LoadU16(row + 2 * i));
+      return;
+    default:
+      break;
+  }
+  const int64_t be = BlockElems(type);
+  const size_t bb = BlockBytes(type);
+  for (int64_t b = 0; b < cols / be; ++b) DequantBlock(type, row + b * bb, dst + b * be);
+}
+
+const IsaKernels& PortableKernels() {
+  static const IsaKernels k = {DotQ4_0,        DotQ4_1,        DotQ5<false>, DotQ5<true>,
+                               DotQ8_0,        DotQ45K<false>, DotQ45K<true>, DotQ6K,
+                               DotF32,         DotF16,         DotBF16};
+  return k;
+}
+
+}  // namespace pagedserve::kernels::cpu

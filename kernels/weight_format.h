@@ -1,0 +1,78 @@
+// Weight storage formats of linear layers and a non-owning view of a weight.
+//
+// A weight is the matrix W[rows, cols] of y = x W^T: rows = out_features,
+// cols = in_features. Each row is stored in ggml's block layout, i.e. exactly the
+// bytes a GGUF file holds for that row (little-endian; ggml-common.h / gguf-py
+// GGML_QUANT_SIZES): F32, F16 and BF16 are plain element arrays; the legacy
+// formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 are 32-element blocks with an fp16 scale
+// (and an fp16 min for the _1 variants); the K-quants Q4_K, Q5_K, Q6_K are
+// 256-element super-blocks. Block byte layouts are spelled out in
+// kernels/cpu/quant_blocks.h.
+#ifndef PAGEDSERVE_KERNELS_WEIGHT_FORMAT_H_
+#define PAGEDSERVE_KERNELS_WEIGHT_FORMAT_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace pagedserve::kernels {
+
+// Values are ggml's type ids (enum ggml_type), so a GGUF tensor's type field
+// converts with static_cast after IsWeightType() accepts it.
+enum class WeightType : uint8_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kBF16 = 30,
+};
+
+// True when `ggml_type_id` is one of the WeightType values above.
+bool IsWeightType(uint32_t ggml_type_id);
+
+// "F32", "F16", "BF16", "Q4_0", ..., "Q6_K" (ggml's names); "?" for other values.
+const char* WeightTypeName(WeightType type);
+
+// Elements per block: 1 for F32/F16/BF16, 32 for Q4_0..Q8_0, 256 for the K-quants;
+// 0 for a value that is not a WeightType.
+int64_t BlockElems(WeightType type);
+
+// Bytes per block (ggml's type_size): 4, 2, 2, 18 (Q4_0), 20 (Q4_1), 22 (Q5_0),
+// 24 (Q5_1), 34 (Q8_0), 144 (Q4_K), 176 (Q5_K), 210 (Q6_K); 0 for a non-WeightType.
+size_t BlockBytes(WeightType type);
+
+// Bytes of one row of `cols` elements. InvalidArgument when cols is negative or
+// not a multiple of BlockElems(type), or type is not a WeightType.
+absl::StatusOr<size_t> RowBytes(WeightType type, int64_t cols);
+
+// A non-owning, read-only, row-major view of W[rows, cols]. Row r starts at
+// static_cast<const uint8_t*>(data) + r * row_stride_bytes and holds
+// RowBytes(type, cols) bytes in the block layout of `type`. The memory must stay
+// valid and unmodified while a kernel reads it (e.g. an mmap'd GGUF file).
+// No alignment is required except for kF32, whose data and stride must be
+// multiples of 4 bytes.
+struct WeightView {
+  WeightType type = WeightType::kF32;
+  int64_t rows = 0;  // out_features
+  int64_t cols = 0;  // in_features; a multiple of BlockElems(type)
+  const void* data = nullptr;
+  size_t row_stride_bytes = 0;  // >= RowBytes(type, cols)
+};
+
+// OK when: type is a WeightType, rows > 0, cols > 0 and a multiple of the block,
+// data non-null, row_stride_bytes >= RowBytes(type, cols), and for kF32 data and
+// row_stride_bytes 4-byte aligned. Otherwise InvalidArgument naming the field
+// ("w.cols", "w.row_stride_bytes", ...). Reads no weight bytes.
+absl::Status ValidateWeightView(const WeightView& w);
+
+}  // namespace pagedserve::kernels
+
+#endif  // PAGEDSERVE_KERNELS_WEIGHT_FORMAT_H_

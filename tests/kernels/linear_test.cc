@@ -1,0 +1,401 @@
+// Linear over weights in their stored GGUF formats (kernels/linear.h), against a
+// reference nobody here wrote: runtime/model's DequantizeRow (checked against
+// gguf-py by tests/model/dequant_test.cc) followed by a double-precision dot.
+//
+// Error bound asserted for output y[t, r] (W = dequantized weight row r, x = token t):
+//  - quantized formats, row-dot method: each activation is replaced by d q with
+//    |x - d q| <= d / 2 (d = block max|x| / 127), so the activation term is
+//      A = sum_blocks (d_b / 2) * sum_{c in b} |W[c]|,
+//    plus fp32 rounding of the kernel's block sums: at most (nb + 8) * 2^-23 of
+//    3 * sum_c |x_c| * max_{c' in block(c)} |W[c']| (each per-block term is a
+//    product of three rounded factors, summed over nb blocks; a block's integer
+//    sum times its scale, and its min term, are each bounded by 3 max|W| there);
+//  - F32/F16/BF16, and every format with the tile-sgemm method (fp32 activations):
+//    the recursive-summation bound (cols + 8) * 2^-24 * sum_c |W[c] x_c|.
+// The bound is worst case; tests below show that dropping one block or zeroing
+// one block's scale breaks it.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/half.h"
+#include "kernels/cpu/linear_cpu.h"
+#include "kernels/linear.h"
+#include "kernels/weight_format.h"
+#include "runtime/model/dequant.h"
+
+namespace pagedserve::kernels {
+namespace {
+
+using cpu::LinearMethod;
+
+constexpr WeightType kAllTypes[] = {
+    WeightType::kF32,  WeightType::kF16,  WeightType::kBF16, WeightType::kQ4_0,
+    WeightType::kQ4_1, WeightType::kQ5_0, WeightType::kQ5_1, WeightType::kQ8_0,
+    WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K};
+constexpr CpuIsa kAllIsas[] = {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512};
+
+void PutHalf(uint8_t* p, float v) {
+  uint16_t h = FloatToHalfBits(v);
+  std::memcpy(p, &h, 2);
+}
+
+// A random weight [rows, cols] of `type` with `pad` extra bytes per row: random
+// codes, fp16 scales in [0.002, 0.03) with random sign, mins in [-0.1, 0.1).
+struct Weight {
+  WeightType type;
+  int64_t rows, cols;
+  size_t stride;
+  std::vector<uint8_t> bytes;
+  WeightView view() const { return {type, rows, cols, bytes.data(), stride}; }
+};
+
+Weight RandomWeight(std::mt19937& rng, WeightType type, int64_t rows, int64_t cols, size_t pad) {
+  const size_t row_bytes = *RowBytes(type, cols);
+  Weight w{type, rows, cols, row_bytes + pad, {}};
+  w.bytes.resize(w.stride * rows);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.002f, 0.03f), sign(-1.0f, 1.0f), val(-1.0f, 1.0f);
+  auto d = [&] { return scale(rng) * (sign(rng) < 0 ? -1.0f : 1.0f); };
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = w.bytes.data() + r * w.stride;
+    if (type == WeightType::kF32) {
+      for (int64_t c = 0; c < cols; ++c) {
+        float v = val(rng);
+        std::memcpy(row + 4 * c, &v, 4);
+      }
+      continue;
+    }
+    if (type == WeightType::kF16 || type == WeightType::kBF16) {
+      for (int64_t c = 0; c < cols; ++c) {
+        float v = val(rng);
+        uint16_t h = type == WeightType::kF16 ? FloatToHalfBits(v) : FloatToBFloat16Bits(v);
+        std::memcpy(row + 2 * c, &h, 2);
+      }
+      continue;
+    }
+    for (size_t i = 0; i < row_bytes; ++i) row[i] = static_cast<uint8_t>(byte(rng));
+    const size_t bb = BlockBytes(type);
+    for (uint8_t* b = row; b < row + row_bytes; b += bb) {
+      switch (type) {
+        case WeightType::kQ4_1: case WeightType::kQ5_1:
+          PutHalf(b, d()); PutHalf(b + 2, 0.1f * sign(rng)); break;
+        case WeightType::kQ4_K: case WeightType::kQ5_K:
+          PutHalf(b, 0.1f * d()); PutHalf(b + 2, 0.1f * d()); break;
+        case WeightType::kQ6_K: PutHalf(b + 208, 0.1f * d()); break;
+        default: PutHalf(b, d()); break;
+      }
+    }
+  }
+  return w;
+}
+
+std::vector<float> RandomActs(std::mt19937& rng, int64_t n) {
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& f : v) f = g(rng);
+  return v;
+}
+
+// Dequantized weight via runtime/model (the gguf-py-checked dequantizer).
+std::vector<float> Dequantized(const Weight& w) {
+  std::vector<float> out(w.rows * w.cols);
+  const size_t row_bytes = *RowBytes(w.type, w.cols);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    std::span<const uint8_t> row(w.bytes.data() + r * w.stride, row_bytes);
+    absl::Status s = DequantizeRow(static_cast<GgmlType>(w.type), row, &out[r * w.cols], w.cols);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  return out;
+}
+
+struct Reference {
+  std::vector<double> y, bound;
+};
+
+// Double-precision y and the bound stated at the top of this file.
+Reference Compute(const Weight& w, const std::vector<float>& wf, const std::vector<float>& x,
+                  int64_t tokens, int64_t x_stride, const float* bias, bool quant_acts) {
+  Reference ref{std::vector<double>(tokens * w.rows), std::vector<double>(tokens * w.rows)};
+  const int64_t be = cpu::IsQuantized(w.type) ? BlockElems(w.type) : 1;
+  const int64_t nb = w.cols / be;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* xt = &x[t * x_stride];
+    for (int64_t r = 0; r < w.rows; ++r) {
+      const float* wr = &wf[r * w.cols];
+      double y = bias ? bias[r] : 0.0, abs_wx = 0.0, act = 0.0, scaled = 0.0;
+      for (int64_t b = 0; b < nb; ++b) {
+        double amax_x = 0.0, amax_w = 0.0, sum_w = 0.0, sum_x = 0.0;
+        for (int64_t c = b * be; c < (b + 1) * be; ++c) {
+          y += static_cast<double>(wr[c]) * xt[c];
+          abs_wx += std::fabs(static_cast<double>(wr[c]) * xt[c]);
+          amax_x = std::fmax(amax_x, std::fabs(xt[c]));
+          amax_w = std::fmax(amax_w, std::fabs(wr[c]));
+          sum_w += std::fabs(wr[c]);
+          sum_x += std::fabs(xt[c]);
+        }
+        act += amax_x / 127.0 / 2.0 * sum_w;
+        scaled += 3.0 * sum_x * amax_w;
+      }
+      double bound;
+      if (quant_acts) {
+        bound = act * (1 + 1e-6) + (nb + 8) * std::ldexp(1.0, -23) * scaled;
+      } else {
+        bound = (w.cols + 8) * std::ldexp(1.0, -24) * abs_wx;
+      }
+      ref.y[t * w.rows + r] = y;
+      ref.bound[t * w.rows + r] = bound + 1e-30;
+    }
+  }
+  return ref;
+}
+
+// Largest |y - ref| / bound over all outputs (<= 1 passes).
+double WorstRatio(const std::vector<float>& y, int64_t y_stride, const Reference& ref,
+                  int64_t tokens, int64_t rows) {
+  double worst = 0.0;
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t r = 0; r < rows; ++r) {
+      double e = std::fabs(y[t * y_stride + r] - ref.y[t * rows + r]) / ref.bound[t * rows + r];
+      if (!(e <= worst)) worst = e;  // NaN propagates as a failure
+    }
+  return worst;
+}
+
+std::string Describe(WeightType type, CpuIsa isa, LinearMethod m, int64_t rows, int64_t cols,
+                     int64_t tokens) {
+  return absl::StrCat(WeightTypeName(type), " ", CpuIsaName(isa), " ",
+                      cpu::LinearMethodName(m), " rows=", rows, " cols=", cols,
+                      " tokens=", tokens);
+}
+
+// Runs one case and checks the bound and that the padding of y is untouched.
+void CheckCase(std::mt19937& rng, WeightType type, CpuIsa isa, LinearMethod method, int64_t rows,
+               int64_t cols, int64_t tokens, bool with_bias) {
+  SCOPED_TRACE(Describe(type, isa, method, rows, cols, tokens));
+  Weight w = RandomWeight(rng, type, rows, cols, /*pad=*/type == WeightType::kF32 ? 8 : 5);
+  const int64_t x_stride = cols + 3, y_stride = rows + 2;
+  std::vector<float> x = RandomActs(rng, tokens * x_stride);
+  std::vector<float> bias = RandomActs(rng, rows);
+  std::vector<float> y(tokens * y_stride, 7.5f);
+  LinearParams p{x.data(), tokens, x_stride, w.view(), with_bias ? bias.data() : nullptr,
+                 y.data(), y_stride};
+  ASSERT_TRUE(cpu::LinearWith(p, isa, method).ok());
+  const bool quant = method == LinearMethod::kRowDot && cpu::IsQuantized(type);
+  Reference ref = Compute(w, Dequantized(w), x, tokens, x_stride, p.bias, quant);
+  EXPECT_LE(WorstRatio(y, y_stride, ref, tokens, rows), 1.0);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t r = rows; r < y_stride; ++r) ASSERT_EQ(y[t * y_stride + r], 7.5f);
+}
+
+class LinearIsaTest : public ::testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override {
+    if (!CpuSupportsIsa(GetParam())) {
+      GTEST_SKIP() << "this CPU lacks the features of the " << CpuIsaName(GetParam()) << " path";
+    }
+  }
+};
+
+TEST_P(LinearIsaTest, EveryFormatWithinBoundOnOddShapes) {
+  std::mt19937 rng(11);
+  for (WeightType type : kAllTypes) {
+    const int64_t be = BlockElems(type) == 1 ? 13 : BlockElems(type);
+    for (int64_t cols : {be, 3 * be, 9 * be}) {
+      for (int64_t rows : {1, 7, 45}) {
+        for (int64_t tokens : {1, 3, 37}) {
+          for (LinearMethod m : {LinearMethod::kRowDot, LinearMethod::kTileSgemm}) {
+            CheckCase(rng, type, GetParam(), m, rows, cols, tokens, rows == 7);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Large enough to be split over the OpenMP threads (OMP_NUM_THREADS=2 in ctest).
+TEST_P(LinearIsaTest, ThreadedShapes) {
+  std::mt19937 rng(12);
+  for (WeightType type : kAllTypes) {
+    const int64_t cols = BlockElems(type) == 256 ? 768 : 576;
+    CheckCase(rng, type, GetParam(), LinearMethod::kRowDot, 130, cols, 3, true);
+    CheckCase(rng, type, GetParam(), LinearMethod::kTileSgemm, 130, cols, 9, false);
+  }
+}
+
+// The bound has teeth: feeding the kernel a weight with one block's scale zeroed,
+// or one block fewer, while comparing against the intact weight, breaks it.
+TEST_P(LinearIsaTest, BrokenWeightsExceedTheBound) {
+  std::mt19937 rng(13);
+  for (WeightType type : kAllTypes) {
+    if (!cpu::IsQuantized(type)) continue;
+    SCOPED_TRACE(WeightTypeName(type));
+    const int64_t rows = 16, cols = BlockElems(type) * 2, tokens = 3;
+    Weight w = RandomWeight(rng, type, rows, cols, 0);
+    std::vector<float> x = RandomActs(rng, tokens * cols);
+    Reference ref = Compute(w, Dequantized(w), x, tokens, cols, nullptr, true);
+    std::vector<float> y(tokens * rows);
+    LinearParams p{x.data(), tokens, cols, w.view(), nullptr, y.data(), rows};
+    ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
+    EXPECT_LE(WorstRatio(y, rows, ref, tokens, rows), 1.0);
+
+    // Dropped block: the last block of every row is ignored.
+    p.w.cols = cols - BlockElems(type);
+    std::vector<float> x_short(tokens * p.w.cols);
+    for (int64_t t = 0; t < tokens; ++t)
+      std::copy_n(&x[t * cols], p.w.cols, &x_short[t * p.w.cols]);
+    p.x = x_short.data();
+    p.x_stride = p.w.cols;
+    ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
+    EXPECT_GT(WorstRatio(y, rows, ref, tokens, rows), 1.0) << "dropping a block went unnoticed";
+
+    // Zeroed scale of the first block of every row.
+    Weight broken = w;
+    const size_t d_offset = type == WeightType::kQ6_K ? 208 : 0;
+    for (int64_t r = 0; r < rows; ++r) PutHalf(&broken.bytes[r * broken.stride + d_offset], 0.0f);
+    p = LinearParams{x.data(), tokens, cols, broken.view(), nullptr, y.data(), rows};
+    ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
+    EXPECT_GT(WorstRatio(y, rows, ref, tokens, rows), 1.0) << "a zeroed scale went unnoticed";
+  }
+}
+
+// Every path agrees with the public entry point, whichever path that chose.
+TEST_P(LinearIsaTest, SetLinearIsaSelectsThePath) {
+  const CpuIsa before = ActiveLinearIsa();
+  ASSERT_TRUE(SetLinearIsa(GetParam()).ok());
+  EXPECT_EQ(ActiveLinearIsa(), GetParam());
+  std::mt19937 rng(14);
+  Weight w = RandomWeight(rng, WeightType::kQ4_K, 20, 512, 0);
+  std::vector<float> x = RandomActs(rng, 2 * 512), y(2 * 20), y2(2 * 20);
+  LinearParams p{x.data(), 2, 512, w.view(), nullptr, y.data(), 20};
+  ASSERT_TRUE(Linear(p).ok());
+  p.y = y2.data();
+  ASSERT_TRUE(cpu::LinearWith(p, GetParam(), cpu::ChooseMethod(w.type, 2, 20, 512)).ok());
+  EXPECT_EQ(y, y2);
+  ASSERT_TRUE(SetLinearIsa(before).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPaths, LinearIsaTest, ::testing::ValuesIn(kAllIsas),
+                         [](const ::testing::TestParamInfo<CpuIsa>& i) {
+                           return std::string(CpuIsaName(i.param));
+                         });
+
+TEST(LinearTest, UnsupportedIsaIsRefused) {
+  for (CpuIsa isa : kAllIsas) {
+    if (CpuSupportsIsa(isa)) continue;
+    EXPECT_EQ(SetLinearIsa(isa).code(), absl::StatusCode::kFailedPrecondition);
+  }
+  EXPECT_TRUE(CpuSupportsIsa(CpuIsa::kPortable));
+}
+
+// The kernels' own dequantizer (used by the tile method) matches runtime/model's.
+TEST(LinearTest, DequantizeWeightRowMatchesModelDequantizer) {
+  std::mt19937 rng(15);
+  for (WeightType type : kAllTypes) {
+    Weight w = RandomWeight(rng, type, 3, BlockElems(type) == 1 ? 40 : 2 * BlockElems(type), 0);
+    std::vector<float> ref = Dequantized(w), got(w.rows * w.cols);
+    for (int64_t r = 0; r < w.rows; ++r)
+      cpu::DequantizeWeightRow(type, w.bytes.data() + r * w.stride, w.cols, &got[r * w.cols]);
+    EXPECT_EQ(got, ref) << WeightTypeName(type);
+  }
+}
+
+// Activation quantization: |x - d q| <= d / 2, and the stored sums match the codes.
+TEST(LinearTest, ActivationQuantizationBounds) {
+  std::mt19937 rng(16);
+  std::vector<float> x = RandomActs(rng, 512);
+  x[5] = 0.0f;
+  std::fill(x.begin() + 256, x.begin() + 288, 0.0f);  // an all-zero block
+  std::vector<cpu::ActBlock32> b32(16);
+  cpu::QuantizeActs32(x.data(), 512, b32.data());
+  for (int b = 0; b < 16; ++b) {
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const float xi = x[32 * b + i];
+      EXPECT_LE(std::fabs(xi - b32[b].d * b32[b].qs[i]), b32[b].d / 2 * 1.0001f + 1e-30f);
+      sum += b32[b].qs[i];
+    }
+    EXPECT_EQ(sum, b32[b].sum);
+  }
+  EXPECT_EQ(b32[8].d, 0.0f);
+  std::vector<cpu::ActBlock256> b256(2);
+  cpu::QuantizeActs256(x.data(), 512, b256.data());
+  for (int b = 0; b < 2; ++b)
+    for (int k = 0; k < 16; ++k) {
+      int sum = 0;
+      for (int i = 0; i < 16; ++i) {
+        const float xi = x[256 * b + 16 * k + i];
+        EXPECT_LE(std::fabs(xi - b256[b].d * b256[b].qs[16 * k + i]), b256[b].d / 2 * 1.0001f);
+        sum += b256[b].qs[16 * k + i];
+      }
+      EXPECT_EQ(sum, b256[b].bsums[k]);
+    }
+}
+
+TEST(WeightFormatTest, BlockGeometryMatchesGgml) {
+  for (WeightType type : kAllTypes) {
+    GgmlBlockInfo info;
+    ASSERT_TRUE(GetGgmlBlockInfo(static_cast<GgmlType>(type), &info)) << WeightTypeName(type);
+    EXPECT_EQ(BlockElems(type), info.block_elements) << WeightTypeName(type);
+    EXPECT_EQ(BlockBytes(type), info.block_bytes) << WeightTypeName(type);
+    EXPECT_EQ(WeightTypeName(type), GgmlTypeName(static_cast<GgmlType>(type)));
+    EXPECT_TRUE(IsWeightType(static_cast<uint32_t>(type)));
+  }
+  EXPECT_FALSE(IsWeightType(10));  // Q2_K: not a Linear format
+  EXPECT_EQ(*RowBytes(WeightType::kQ4_K, 512), 288u);
+  EXPECT_EQ(RowBytes(WeightType::kQ4_0, 48).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RowBytes(static_cast<WeightType>(10), 256).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+class LinearValidationTest : public ::testing::Test {
+ protected:
+  LinearValidationTest() : rng_(3), w_(RandomWeight(rng_, WeightType::kQ8_0, 8, 64, 0)),
+                           x_(RandomActs(rng_, 2 * 64)), y_(2 * 8, 42.0f) {
+    p_ = LinearParams{x_.data(), 2, 64, w_.view(), nullptr, y_.data(), 8};
+  }
+  void ExpectRejected(const LinearParams& p, const std::string& field) {
+    absl::Status s = Linear(p);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s << " does not name " << field;
+    for (float v : y_) ASSERT_EQ(v, 42.0f);
+  }
+  std::mt19937 rng_;
+  Weight w_;
+  std::vector<float> x_, y_;
+  LinearParams p_;
+};
+
+TEST_F(LinearValidationTest, RejectsBadParams) {
+  ASSERT_TRUE(Linear(p_).ok());
+  std::fill(y_.begin(), y_.end(), 42.0f);
+  LinearParams p = p_;
+  p.x = nullptr; ExpectRejected(p, "x");
+  p = p_; p.y = nullptr; ExpectRejected(p, "y");
+  p = p_; p.num_tokens = -1; ExpectRejected(p, "num_tokens");
+  p = p_; p.x_stride = 63; ExpectRejected(p, "x_stride");
+  p = p_; p.y_stride = 7; ExpectRejected(p, "y_stride");
+  p = p_; p.w.cols = 48; ExpectRejected(p, "w.cols");
+  p = p_; p.w.cols = 0; ExpectRejected(p, "w.cols");
+  p = p_; p.w.rows = 0; ExpectRejected(p, "w.rows");
+  p = p_; p.w.data = nullptr; ExpectRejected(p, "w.data");
+  p = p_; p.w.row_stride_bytes = 67; ExpectRejected(p, "w.row_stride_bytes");
+  p = p_; p.w.type = static_cast<WeightType>(10); ExpectRejected(p, "w.type");
+  p = p_; p.y = x_.data() + 8; ExpectRejected(p, "overlaps x");
+  p = p_; p.bias = y_.data() + 4; ExpectRejected(p, "overlaps bias");
+  std::vector<float> wf(8 * 64 + 1);
+  p = p_;
+  p.w = WeightView{WeightType::kF32, 8, 64, wf.data(), 258};
+  ExpectRejected(p, "4-byte aligned");
+  p = p_; p.num_tokens = 0; p.x = nullptr; p.y = nullptr;
+  EXPECT_TRUE(Linear(p).ok());
+}
+
+}  // namespace
+}  // namespace pagedserve::kernels
