@@ -6,7 +6,11 @@
 // one table. Results: docs/benchmarks.md, "Model (CPU): pagedserve vs llama.cpp".
 //
 //   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 build-bench/bench/bench_model --model=PATH [--prompt_len=128] [--decode_steps=32]
-//       [--batches=1,8,32] [--repeats=3] [--max_batched_tokens=512] [benchmark flags]
+//       [--batches=1,8,32] [--repeats=3] [--max_batched_tokens=512]
+//       [--dtype=auto|float32|float16|bfloat16] [--kv_cache_dtype=auto|float32|float16|bfloat16]
+//       [benchmark flags]
+// --dtype float32 (with --kv_cache_dtype auto, i.e. fp32) is the dequantize-at-load
+// OpenBLAS path; the default auto runs the GGUF's stored formats with an fp16 cache.
 //
 // Method (the same as llamacpp_baseline.py, so that the figures compare):
 //  * prefill/batch:B  B sequences of --prompt_len tokens (the tokenization of a
@@ -33,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +67,8 @@ struct Config {
   std::vector<int> batches = {1, 8, 32};
   int repeats = 3;
   int max_batched_tokens = 512;
+  WeightDType dtype = WeightDType::kAuto;          // --dtype=auto|float32|float16|bfloat16
+  std::optional<kernels::DType> kv_cache_dtype;    // --kv_cache_dtype=float32|float16|bfloat16
 };
 
 Config& config() {
@@ -108,6 +115,8 @@ void Setup() {
   b.comm = MakeSingleRankCommunicator();
   WorkerOptions o;
   o.model_path = c.model;
+  o.dtype = c.dtype;
+  o.kv_cache_dtype = c.kv_cache_dtype;
   o.block_size = kBlockSize;
   const int max_batch = *std::max_element(c.batches.begin(), c.batches.end());
   o.max_num_blocks = static_cast<int64_t>(max_batch) * BlocksPerSeq();
@@ -265,6 +274,16 @@ int main(int argc, char** argv) {
         if (!absl::SimpleAtoi(s, &v) || v < 1) Die(absl::StrCat("--batches: bad batch size '", s, "'"));
         c.batches.push_back(v);
       }
+    } else if (a.rfind("--dtype=", 0) == 0) {
+      auto d = ParseWeightDType(a.substr(8));
+      if (!d.ok()) Die(d.status().ToString());
+      c.dtype = *d;
+    } else if (a.rfind("--kv_cache_dtype=", 0) == 0) {
+      const std::string v = a.substr(17);
+      if (v == "float32") c.kv_cache_dtype = kernels::DType::kFloat32;
+      else if (v == "float16") c.kv_cache_dtype = kernels::DType::kFloat16;
+      else if (v == "bfloat16") c.kv_cache_dtype = kernels::DType::kBFloat16;
+      else if (v != "auto") Die("--kv_cache_dtype: auto, float32, float16 or bfloat16");
     } else if (!ParseInt(a, "prompt_len", &c.prompt_len) && !ParseInt(a, "decode_steps", &c.decode_steps) &&
                !ParseInt(a, "repeats", &c.repeats) && !ParseInt(a, "max_batched_tokens", &c.max_batched_tokens)) {
       Die(absl::StrCat("unknown argument '", a, "'"));
@@ -283,6 +302,9 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("prompt_len", std::to_string(c.prompt_len));
   benchmark::AddCustomContext("decode_steps", std::to_string(c.decode_steps));
   benchmark::AddCustomContext("max_batched_tokens", std::to_string(c.max_batched_tokens));
+  benchmark::AddCustomContext("dtype", WeightDTypeName(c.dtype));
+  benchmark::AddCustomContext("kv_cache_dtype",
+                              kernels::DTypeName(bench().worker->kv_cache_dtype()));
   // Warm-up: page in the weights and size the activation buffers.
   {
     std::vector<Seq> seqs = NewSeqs(1);

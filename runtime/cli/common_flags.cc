@@ -23,6 +23,12 @@ ABSL_FLAG(int32_t, block_size, 16, "tokens per KV-cache block: 8, 16 or 32");
 ABSL_FLAG(int64_t, kv_cache_memory, int64_t{1} << 30,
           "bytes of KV cache per worker rank (all layers, K and V); sets the number of device blocks");
 ABSL_FLAG(double, swap_space, 1.0, "GiB of CPU swap space per worker rank for preempted sequences");
+ABSL_FLAG(std::string, dtype, "auto",
+          "weight precision: auto (GGUF/safetensors matrices run in their stored formats, quantized "
+          "kernels), float32 (dequantize at load; the exact fp32 path), float16, bfloat16");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "KV cache element type: auto (float32 with --dtype float32, bfloat16 with --dtype bfloat16, "
+          "else float16 on the CPU; float32 on CUDA), float32, float16, bfloat16");
 ABSL_FLAG(int64_t, max_num_blocks, 0, "cap on the device KV blocks per rank (0 = only --kv-cache-memory decides)");
 ABSL_FLAG(int32_t, max_model_len, 0,
           "prompt + output tokens per sequence (0 = min(the model's max_position_embeddings, 2048))");
@@ -112,6 +118,19 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
   const double swap_gib = absl::GetFlag(FLAGS_swap_space);
   if (!(swap_gib >= 0 && swap_gib <= 1024)) return BadFlag("swap-space", "must be in [0, 1024] GiB", swap_gib);
   s.worker.swap_space = static_cast<int64_t>(swap_gib * static_cast<double>(int64_t{1} << 30));
+  absl::StatusOr<WeightDType> dtype = ParseWeightDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dtype.status().message()));
+  s.worker.dtype = *dtype;
+  const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype);
+  if (kv == "float32") {
+    s.worker.kv_cache_dtype = kernels::DType::kFloat32;
+  } else if (kv == "float16") {
+    s.worker.kv_cache_dtype = kernels::DType::kFloat16;
+  } else if (kv == "bfloat16") {
+    s.worker.kv_cache_dtype = kernels::DType::kBFloat16;
+  } else if (kv != "auto") {
+    return BadFlag("kv-cache-dtype", "must be auto, float32, float16 or bfloat16", kv);
+  }
   s.worker.max_num_blocks = absl::GetFlag(FLAGS_max_num_blocks);
   if (s.worker.max_num_blocks < 0) return BadFlag("max-num-blocks", "must be >= 0", s.worker.max_num_blocks);
 

@@ -10,6 +10,8 @@
 //   --kv-cache-memory BYTES      KV pool per worker rank, all layers, K and V
 //   --swap-space GIB             CPU swap pool per worker rank
 //   --max-num-blocks N           cap on the device pool (0 = the budget decides)
+//   --dtype auto|float32|float16|bfloat16      weight precision (WorkerOptions::dtype)
+//   --kv-cache-dtype auto|float32|float16|bfloat16   KV pool element type
 //   --max-model-len N            prompt + output tokens per sequence
 //                                (0 = min(model max_position_embeddings, 2048))
 //   --max-num-seqs N, --max-num-batched-tokens N, --enable-chunked-prefill,
@@ -47,6 +49,8 @@ ABSL_DECLARE_FLAG(int32_t, block_size);
 ABSL_DECLARE_FLAG(int64_t, kv_cache_memory);
 ABSL_DECLARE_FLAG(double, swap_space);
 ABSL_DECLARE_FLAG(int64_t, max_num_blocks);
+ABSL_DECLARE_FLAG(std::string, dtype);
+ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
 ABSL_DECLARE_FLAG(int32_t, max_model_len);
 ABSL_DECLARE_FLAG(int32_t, max_num_seqs);
 ABSL_DECLARE_FLAG(int32_t, max_num_batched_tokens);

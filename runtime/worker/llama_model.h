@@ -1,7 +1,12 @@
 // The Llama-family forward pass of one tensor-parallel rank over the paged KV
 // cache (CPU backend): embedding, RMSNorm, rotary embeddings, Q/K/V projections,
 // reshape_and_cache, decode (paged_attention) and prefill attention, SwiGLU MLP,
-// final norm and LM head. GEMMs go through BLAS (OpenBLAS).
+// final norm and LM head. Projections and the LM head run kernels::Linear over
+// the weights in their stored formats (GGUF quantized, F16, BF16), or one
+// OpenBLAS sgemm each for fp32 matrices (--dtype float32: the exact path). The
+// KV cache may be fp32, fp16 or bf16: queries, keys, values and the attention
+// output are converted to the cache's type around the attention kernels
+// (softmax and accumulation stay fp32 inside them).
 //
 // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): Q/K/V, gate and up are
 // column-parallel (this rank holds num_heads/tp query heads, its KV heads and
@@ -46,9 +51,9 @@ struct ForwardBatch {
 
 class LlamaModel {
  public:
-  // Takes ownership of this rank's weight shard. `comm` (not owned) spans the
-  // TP group; it must outlive the model. kv_layers are the per-layer cache
-  // views this rank owns (fp32 on CPU), one per model layer.
+  // Takes ownership of this rank's weight shard (and of its file mapping).
+  // `comm` (not owned) spans the TP group; it must outlive the model.
+  // Unimplemented when a stored matrix has a type kernels::Linear does not run.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(LlamaWeights weights,
                                                             Communicator* comm);
 
@@ -56,8 +61,8 @@ class LlamaModel {
   int local_num_heads() const { return local_heads_; }
   int local_num_kv_heads() const { return local_kv_heads_; }
 
-  // Runs the batch, writes this step's K/V into `kv_layers` (num_layers views)
-  // and fp32 logits [logits_rows.size(), vocab_size] row-major into `logits`.
+  // Runs the batch, writes this step's K/V into `kv_layers` (num_layers CPU
+  // views, all of one dtype: fp32, fp16 or bf16) and fp32 logits [logits_rows.size(), vocab_size] row-major into `logits`.
   // Errors: InvalidArgument for inconsistent batch spans or a token id outside
   // the vocabulary; kernel validation errors (bad block ids, lengths) pass
   // through; nothing is written to `logits` on error.
@@ -75,8 +80,10 @@ class LlamaModel {
   int local_kv_heads_ = 0;
   int local_intermediate_ = 0;
   std::vector<double> inv_freq_;
-  // Scratch buffers reused across steps.
-  std::vector<float> x_, h_, q_, k_, v_, attn_, o_, gate_, up_, cos_, sin_;
+  // Scratch buffers reused across steps (grown, never shrunk).
+  std::vector<float> x_, h_, q_, k_, v_, attn_, o_, gate_, up_, cos_, sin_, rows_, normed_;
+  std::vector<uint16_t> q16_, k16_, v16_, attn16_;  // attention operands for a 16-bit cache
+  std::vector<int32_t> prefill_qsl_;
 };
 
 }  // namespace pagedserve

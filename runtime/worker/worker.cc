@@ -19,6 +19,15 @@ std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
   return out;
 }
 
+// The KV cache element type of --kv-cache-dtype auto (see WorkerOptions).
+kernels::DType AutoKvDType(WeightDType dtype) {
+  switch (dtype) {
+    case WeightDType::kFloat32: return kernels::DType::kFloat32;
+    case WeightDType::kBFloat16: return kernels::DType::kBFloat16;
+    default: return kernels::DType::kFloat16;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& options,
@@ -28,10 +37,11 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
     return absl::InvalidArgumentError(
         absl::StrCat("--block-size ", options.block_size, " is not supported (8, 16 or 32)"));
   if (options.device == kernels::Device::kCUDA) return CreateOnCuda(options, comm);
-  PS_ASSIGN_OR_RETURN(LlamaWeights weights,
-                      LoadLlamaWeights(options.model_path, comm->rank(), comm->size()));
+  PS_ASSIGN_OR_RETURN(LlamaWeights weights, LoadLlamaWeights(options.model_path, comm->rank(),
+                                                             comm->size(), options.dtype));
   auto w = std::unique_ptr<Worker>(new Worker());
   w->comm_ = comm;
+  w->kv_dtype_ = options.kv_cache_dtype.value_or(AutoKvDType(options.dtype));
   const ShardLayout shard = weights.shard;
   const int num_layers = weights.config.num_layers;
   const int vocab = weights.config.vocab_size;
@@ -43,7 +53,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   shape.num_kv_heads = shard.num_kv_heads;
   shape.head_size = w->model_->config().head_size;
   shape.block_size = options.block_size;
-  shape.dtype = kernels::DType::kFloat32;
+  shape.dtype = w->kv_dtype_;
   w->bytes_per_block_ = static_cast<int64_t>(shape.block_bytes()) * 2 * num_layers;
   w->num_device_blocks_ = options.kv_cache_memory / w->bytes_per_block_;
   if (options.max_num_blocks > 0)
@@ -59,7 +69,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
     if (blocks == 0) return;
     kernels::KVCacheShape s = shape;
     s.num_blocks = blocks;
-    const size_t elems = static_cast<size_t>(s.block_elems()) * blocks;
+    // Storage in floats for alignment; block_bytes() of any dtype is a whole
+    // number of them (head sizes are even).
+    const size_t elems = s.block_bytes() * blocks / sizeof(float);
     for (int l = 0; l < num_layers; ++l) {
       storage->emplace_back(new float[elems]);
       float* k = storage->back().get();
@@ -81,8 +93,17 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::CreateOnCuda(const WorkerOptions
       "worker device kCUDA (CUDA device ", options.cuda_device,
       ") requested, but pagedserve was built without CUDA"));
 #else
+  if (options.dtype != WeightDType::kAuto && options.dtype != WeightDType::kFloat32)
+    return absl::UnimplementedError(absl::StrCat("the CUDA worker runs fp32 weights: --dtype ",
+                                                 WeightDTypeName(options.dtype),
+                                                 " is not supported (auto or float32)"));
+  if (options.kv_cache_dtype.value_or(kernels::DType::kFloat32) != kernels::DType::kFloat32)
+    return absl::UnimplementedError(absl::StrCat(
+        "the CUDA worker keeps an fp32 KV cache: --kv-cache-dtype ",
+        kernels::DTypeName(*options.kv_cache_dtype), " is not supported (auto or float32)"));
   PS_ASSIGN_OR_RETURN(LlamaWeights weights,
-                      LoadLlamaWeights(options.model_path, comm->rank(), comm->size()));
+                      LoadLlamaWeights(options.model_path, comm->rank(), comm->size(),
+                                       WeightDType::kFloat32));
   auto w = std::unique_ptr<Worker>(new Worker());
   w->comm_ = comm;
   w->device_ = kernels::Device::kCUDA;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,19 @@ struct WorkerOptions {
   int64_t kv_cache_memory = 1LL << 30;  // bytes for the KV pool (all layers, K and V)
   int64_t swap_space = 1LL << 30;       // bytes for the CPU swap pool
   int64_t max_num_blocks = 0;        // cap on the device pool (0 = only the budget)
-  // Where the forward pass and the KV pool live. kCPU: host fp32 pools of
-  // kv_cache_memory bytes, OpenBLAS. kCUDA: device `cuda_device`, fp32 weights
+  // How the CPU worker holds the weights (--dtype; runtime/model/weights.h):
+  // kAuto runs GGUF/safetensors matrices in their stored formats
+  // (kernels::Linear), kFloat32 dequantizes them at load (OpenBLAS sgemm: the
+  // exact path the transformers-fp32 fixtures are checked with). The CUDA
+  // worker always dequantizes to fp32: kAuto and kFloat32 only.
+  WeightDType dtype = WeightDType::kAuto;
+  // Element type of the KV and swap pools (--kv-cache-dtype); nullopt = auto:
+  // fp32 when dtype is kFloat32, bf16 when it is kBFloat16, fp16 otherwise on
+  // the CPU; fp32 on CUDA (the only type the CUDA worker supports). The block
+  // count follows: blocks = budget / bytes_per_block() of that type.
+  std::optional<kernels::DType> kv_cache_dtype;
+  // Where the forward pass and the KV pool live. kCPU: host pools of
+  // kv_cache_memory bytes. kCUDA: device `cuda_device`, fp32 weights
   // and KV pool in device memory sized from gpu_memory_utilization (see
   // CudaLlamaModel::KvCacheBudgetBytes; kv_cache_memory is then unused), the
   // swap pool in pinned host memory; needs a CUDA build, and a communicator
@@ -57,6 +69,8 @@ class Worker {
   int64_t num_cpu_blocks() const { return num_cpu_blocks_; }
   // Bytes of one block across all layers, K and V (this rank's KV heads).
   int64_t bytes_per_block() const { return bytes_per_block_; }
+  // Element type of the KV and swap pools.
+  kernels::DType kv_cache_dtype() const { return kv_dtype_; }
 
   // Runs one plan: drops finished sequences' state, applies swap_out, swap_in
   // and copy, runs the forward pass, and (TP rank 0 only) samples. Other ranks
@@ -87,7 +101,8 @@ class Worker {
   int64_t num_device_blocks_ = 0;
   int64_t num_cpu_blocks_ = 0;
   int64_t bytes_per_block_ = 0;
-  std::vector<std::unique_ptr<float[]>> device_storage_, cpu_storage_;
+  kernels::DType kv_dtype_ = kernels::DType::kFloat32;
+  std::vector<std::unique_ptr<float[]>> device_storage_, cpu_storage_;  // any dtype
   std::vector<kernels::KVCacheView> device_layers_, cpu_layers_;
   absl::flat_hash_map<SeqId, SeqState> seqs_;
   std::vector<float> logits_;

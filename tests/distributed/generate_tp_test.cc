@@ -59,16 +59,42 @@ class GenerateTpTest : public ::testing::Test {
 };
 
 TEST_F(GenerateTpTest, GreedyTextIdenticalInProcessTp1Tp2) {
-  Out local = Generate(0, "--max-tokens 12");
+  // The exact fp32 path: TP changes only fp32 summation order there.
+  Out local = Generate(0, "--max-tokens 12 --dtype float32");
   ASSERT_EQ(local.code, 0) << local.err;
   ASSERT_FALSE(local.out.empty()) << local.err;
-  Out tp1 = Generate(1, "--max-tokens 12");
+  Out tp1 = Generate(1, "--max-tokens 12 --dtype float32");
   ASSERT_EQ(tp1.code, 0) << tp1.err;
-  Out tp2 = Generate(2, "--max-tokens 12");
+  Out tp2 = Generate(2, "--max-tokens 12 --dtype float32");
   ASSERT_EQ(tp2.code, 0) << tp2.err;
   EXPECT_EQ(local.out, tp1.out);
   EXPECT_EQ(local.out, tp2.out);
   EXPECT_NE(tp2.err.find("KV capacity (minimum over 2 worker ranks)"), std::string::npos) << tp2.err;
+}
+
+// --dtype / --kv-cache-dtype reach the worker ranks: the stored-format path
+// gives the in-process text on one worker rank, and a 16-bit KV cache holds
+// twice the blocks of an fp32 one in the same --kv-cache-memory.
+TEST_F(GenerateTpTest, DtypeFlagsReachTheWorkerRanks) {
+  Out local = Generate(0, "--max-tokens 8 --dtype auto");
+  ASSERT_EQ(local.code, 0) << local.err;
+  Out tp1 = Generate(1, "--max-tokens 8 --dtype auto");
+  ASSERT_EQ(tp1.code, 0) << tp1.err;
+  EXPECT_EQ(local.out, tp1.out);
+  auto blocks = [](const std::string& err) -> long {
+    const std::string key = "worker ranks): ";
+    const size_t at = err.find(key);
+    return at == std::string::npos ? -1 : std::stol(err.substr(at + key.size()));
+  };
+  Out f32 = Generate(2, "--max-tokens 2 --kv-cache-dtype float32");
+  ASSERT_EQ(f32.code, 0) << f32.err;
+  Out f16 = Generate(2, "--max-tokens 2 --kv-cache-dtype float16");
+  ASSERT_EQ(f16.code, 0) << f16.err;
+  ASSERT_GT(blocks(f32.err), 0) << f32.err;
+  EXPECT_EQ(blocks(f16.err), 2 * blocks(f32.err)) << f16.err;
+  Out bad = Generate(1, "--max-tokens 2 --kv-cache-dtype fp8", 60);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("kv-cache-dtype"), std::string::npos) << bad.err;
 }
 
 TEST_F(GenerateTpTest, WrongRankCountIsAClearErrorNotAHang) {

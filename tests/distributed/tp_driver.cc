@@ -54,6 +54,9 @@ struct DriverFlags {
   int64_t kv_cache_memory = 64LL << 20;
   int64_t swap_space = 16LL << 20;
   int block_size = 16;
+  // Weight precision (--dtype); float32 by default so that TP equality is
+  // checked on the exact path.
+  WeightDType dtype = WeightDType::kFloat32;
 };
 
 bool ParseFlags(int argc, char** argv, DriverFlags* f, std::string* err) {
@@ -105,6 +108,13 @@ bool ParseFlags(int argc, char** argv, DriverFlags* f, std::string* err) {
       if (!num(&f->kv_cache_memory)) return false;
     } else if (a == "--swap-space") {
       if (!num(&f->swap_space)) return false;
+    } else if (a == "--dtype") {
+      absl::StatusOr<WeightDType> d = ParseWeightDType(value());
+      if (!d.ok()) {
+        *err = std::string(d.status().message());
+        return false;
+      }
+      f->dtype = *d;
     } else {
       *err = "unknown flag " + a;
       return false;
@@ -309,6 +319,7 @@ int Main(int argc, char** argv) {
   wo.block_size = f.block_size;
   wo.kv_cache_memory = f.kv_cache_memory;
   wo.swap_space = f.swap_space;
+  wo.dtype = f.dtype;
   if (!info->coordinator()) {
     const int rc = RunWorkerRank(*info, wo);
     FinalizeMpi(rc != 0, rc);

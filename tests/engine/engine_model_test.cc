@@ -66,6 +66,7 @@ class EngineModelTest : public ::testing::Test {
     comm_ = MakeSingleRankCommunicator().release();
     WorkerOptions o;
     o.model_path = model_;
+    o.dtype = WeightDType::kFloat32;  // the exact path the transformers fixtures check
     o.block_size = kBlockSize;
     o.kv_cache_memory = 64LL << 20;
     o.swap_space = 4LL << 20;
@@ -192,6 +193,7 @@ void ExpectSameGreedy(const ReferencePrompt& p, const std::vector<int32_t>& got)
 TEST_F(EngineModelTest, GreedyBatchMatchesTransformersThroughTheLocalExecutor) {
   WorkerOptions o;
   o.model_path = model_;
+  o.dtype = WeightDType::kFloat32;
   o.block_size = kBlockSize;
   o.kv_cache_memory = 16LL << 20;
   o.swap_space = 0;

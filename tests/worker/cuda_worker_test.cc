@@ -310,6 +310,7 @@ TEST_F(CudaWorkerModelTest, GreedyTokensMatchCpuWorkerWithSwapAndCopy) {
   auto comm_gpu = MakeSingleRankCommunicator();
   WorkerOptions o;
   o.model_path = model_path_;
+  o.dtype = WeightDType::kFloat32;  // the CPU side must compute what the fp32 CUDA worker does
   o.block_size = kBlockSize;
   o.kv_cache_memory = 64LL << 20;
   o.max_num_blocks = 128;

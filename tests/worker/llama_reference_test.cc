@@ -162,6 +162,7 @@ void ExpectSameGreedy(const ReferencePrompt& p, const std::vector<int32_t>& got)
 std::unique_ptr<Worker> MakeWorker(Communicator* comm, const std::string& path) {
   WorkerOptions o;
   o.model_path = path;
+  o.dtype = WeightDType::kFloat32;  // the exact path the transformers fixtures check
   o.block_size = kBlockSize;
   o.kv_cache_memory = 256LL << 20;  // 10 sequences x 32 blocks for SmolLM2
   o.swap_space = 0;
