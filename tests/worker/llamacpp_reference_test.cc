@@ -15,7 +15,7 @@
 // and, for comparison only, the same for the --dtype float32 path (dequantize
 // at load, fp32 activations and cache: transformers' function).
 //
-// Measured (x86-64 AVX-512 path, 2 threads, 40 positions):
+// Measured (x86-64, the AVX2 path of kernels::Linear, 2 threads, 40 positions):
 //                      quantized path        float32 path
 //   top-1 agreement    39 / 40               38 / 40
 //   KL mean            0.0053                0.0038
@@ -198,7 +198,9 @@ TEST(LlamaCppReferenceTest, QuantizedPathAgreesWithLlamaCpp) {
                   "(ref margin %.3f)\n",
                   p.name.c_str(), k, kq, kf, s.argmax, Argmax(lq), Argmax(lf), s.top1_margin);
       EXPECT_LT(kq, kMaxKl) << "step " << k;
-      if (s.top1_margin > kTop1Margin) EXPECT_EQ(Argmax(lq), s.argmax) << "step " << k;
+      if (s.top1_margin > kTop1Margin) {
+        EXPECT_EQ(Argmax(lq), s.argmax) << "step " << k;
+      }
       sum_kl_q += kq;
       sum_kl_f += kf;
       max_kl_q = std::max(max_kl_q, kq);
