@@ -412,7 +412,9 @@ TEST(HfWeightsTest, StoredFormatsStayAsStored) {
         EXPECT_EQ(w->dtype, dtype);
         ExpectStoredMatrix(w->embed_tokens, GgmlType::kBF16, m["model.embed_tokens.weight"].values,
                            false, "embed");
-        if (!bf) EXPECT_NE(w->embed_tokens.mapped, nullptr);
+        if (!bf) {
+          EXPECT_NE(w->embed_tokens.mapped, nullptr);
+        }
         EXPECT_NE(w->mapping, nullptr);  // the BF16 embedding is used in place
         const int hl = kHeads / tp, il = kInter / tp, q0 = r * hl * kHead;
         const int q1 = q0 + hl * kHead;
