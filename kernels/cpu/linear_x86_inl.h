@@ -1,0 +1,174 @@
+// Quantized dot products of the x86 paths of the CPU Linear, shared by
+// linear_avx2.cc (pmaddubsw + pmaddwd) and linear_avx512.cc (AVX512-VNNI
+// vpdpbusd on 256-bit vectors). Each of those files includes this header after
+// `#pragma GCC target(...)` with PS_LINEAR_VNNI set to 0 or 1; everything here
+// has internal linkage, so no function compiled for a wider ISA can be picked by
+// the linker for a caller on the portable path.
+//
+// Method (llama.cpp's ggml-quants.c vec_dot_*; written independently): the weight
+// codes are expanded to one unsigned byte per element (0..15, 0..31 or 0..63), the
+// 8-bit activations multiplied with them into int32 sums per 8 elements, and the
+// sums scaled in fp32 per block. The constant offsets (-8, -16, -32) and the mins
+// are applied through the activation block sums, in scalar fp32.
+#ifndef PAGEDSERVE_KERNELS_CPU_LINEAR_X86_INL_H_
+#define PAGEDSERVE_KERNELS_CPU_LINEAR_X86_INL_H_
+
+#if !defined(PS_LINEAR_VNNI)
+#error "define PS_LINEAR_VNNI before including linear_x86_inl.h"
+#endif
+
+namespace {
+
+using pagedserve::kernels::cpu::ActBlock256;
+using pagedserve::kernels::cpu::ActBlock32;
+using pagedserve::kernels::cpu::LoadF16;
+using pagedserve::kernels::cpu::LoadU32;
+using pagedserve::kernels::cpu::ScaleMinK4;
+
+// Sum over groups of 4 bytes of w (unsigned) * x (signed): 8 x int32.
+inline __m256i DotU8I8(__m256i w, __m256i x) {
+#if PS_LINEAR_VNNI
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+#endif
+}
+
+// Sum over groups of 4 of (w * x) * scale16 where scale16 is int16 per pair:
+// the weighted form used by the K-quants (pmaddwd applies the sub-block scale).
+inline __m256i DotU8I8Scaled(__m256i w, __m256i x, __m256i scale16) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), scale16);
+}
+
+inline float HSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256i Load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0..15), then high (16..31).
+inline __m256i Nibbles32(const uint8_t* q) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+// Bit i of qh -> 0x10 in byte i (i < 32), 0 otherwise.
+inline __m256i HighBits32(uint32_t qh) {
+  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                         0x0101010101010101, 0x0000000000000000);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
+  v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+// Legacy 32-blocks. kQs: offset of the nibbles; kQh: offset of the 5th bits
+// (-1: none); kMin: offset of the fp16 min (-1: none); kOffset: subtracted code.
+template <int kBytes, int kQs, int kQh, int kMin, int kOffset>
+float DotLegacy(const uint8_t* w, const void* xv, int64_t nb) {
+  const ActBlock32* x = static_cast<const ActBlock32*>(xv);
+  __m256 acc = _mm256_setzero_ps();
+  float extra = 0.0f;
+  for (int64_t i = 0; i < nb; ++i, w += kBytes) {
+    __m256i q = Nibbles32(w + kQs);
+    if constexpr (kQh >= 0) q = _mm256_or_si256(q, HighBits32(LoadU32(w + kQh)));
+    const __m256i s = DotU8I8(q, Load256(x[i].qs));
+    const float dw = LoadF16(w), dx = x[i].d;
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * dx), acc);
+    if constexpr (kMin >= 0) {
+      extra += LoadF16(w + kMin) * dx * static_cast<float>(x[i].sum);
+    } else {
+      extra -= dw * dx * static_cast<float>(kOffset * x[i].sum);
+    }
+  }
+  return HSum(acc) + extra;
+}
+
+float DotQ8_0(const uint8_t* w, const void* xv, int64_t nb) {
+  const ActBlock32* x = static_cast<const ActBlock32*>(xv);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i, w += 34) {
+    const __m256i q = Load256(w + 2);
+    // |w| (unsigned, <= 128) times x with w's sign: pmaddubsw needs one unsigned side.
+    const __m256i s = DotU8I8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(Load256(x[i].qs), q));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(LoadF16(w) * x[i].d), acc);
+  }
+  return HSum(acc);
+}
+
+// Q4_K (kFive = false) and Q5_K.
+template <bool kFive>
+float DotQ45K(const uint8_t* w, const void* xv, int64_t nb) {
+  const ActBlock256* x = static_cast<const ActBlock256*>(xv);
+  constexpr int kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
+  const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps();
+  float extra = 0.0f;
+  for (int64_t i = 0; i < nb; ++i, w += kBytes) {
+    const int16_t* bs = x[i].bsums;
+    __m256i hbits = kFive ? Load256(w + 16) : _mm256_setzero_si256();
+    __m256i sumi = _mm256_setzero_si256();
+    int32_t summ = 0;
+    for (int k = 0; k < 4; ++k) {
+      int sc0, mn0, sc1, mn1;
+      ScaleMinK4(2 * k, w + 4, &sc0, &mn0);
+      ScaleMinK4(2 * k + 1, w + 4, &sc1, &mn1);
+      const __m256i q = Load256(w + kQs + 32 * k);
+      __m256i lo = _mm256_and_si256(q, m4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if constexpr (kFive) {
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hbits, one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(
+                                     _mm256_and_si256(_mm256_srli_epi16(hbits, 1), one), 4));
+        hbits = _mm256_srli_epi16(hbits, 2);
+      }
+      sumi = _mm256_add_epi32(sumi, DotU8I8Scaled(lo, Load256(x[i].qs + 64 * k),
+                                                  _mm256_set1_epi16(static_cast<int16_t>(sc0))));
+      sumi = _mm256_add_epi32(sumi, DotU8I8Scaled(hi, Load256(x[i].qs + 64 * k + 32),
+                                                  _mm256_set1_epi16(static_cast<int16_t>(sc1))));
+      summ += mn0 * (bs[4 * k] + bs[4 * k + 1]) + mn1 * (bs[4 * k + 2] + bs[4 * k + 3]);
+    }
+    const float dx = x[i].d;
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(LoadF16(w) * dx), acc);
+    extra -= LoadF16(w + 2) * dx * static_cast<float>(summ);
+  }
+  return HSum(acc) + extra;
+}
+
+float DotQ6K(const uint8_t* w, const void* xv, int64_t nb) {
+  const ActBlock256* x = static_cast<const ActBlock256*>(xv);
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i, w += 210) {
+    const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+    __m256i sumi = _mm256_setzero_si256();
+    int32_t off = 0;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = Load256(w + 64 * h), ql1 = Load256(w + 64 * h + 32);
+      const __m256i qh = Load256(w + 128 + 32 * h);
+      for (int k = 0; k < 4; ++k) {
+        const __m256i ql = (k & 1) ? ql1 : ql0;
+        const __m256i low = k < 2 ? _mm256_and_si256(ql, m4)
+                                  : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
+        const __m256i q = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+        const int sub = 8 * h + 2 * k;
+        const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[sub + 1]), _mm_set1_epi16(sc[sub]));
+        sumi = _mm256_add_epi32(sumi, DotU8I8Scaled(q, Load256(x[i].qs + 128 * h + 32 * k), scale));
+        off += sc[sub] * x[i].bsums[sub] + sc[sub + 1] * x[i].bsums[sub + 1];
+      }
+    }
+    sumi = _mm256_sub_epi32(sumi, _mm256_set_epi32(0, 0, 0, 0, 0, 0, 0, 32 * off));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(LoadF16(w + 208) * x[i].d),
+                          acc);
+  }
+  return HSum(acc);
+}
+
+}  // namespace
+
+#endif  // PAGEDSERVE_KERNELS_CPU_LINEAR_X86_INL_H_
