@@ -75,14 +75,14 @@ struct Setup {
     std::mt19937 rng(2);
     std::normal_distribution<float> g;
     for (float& v : x) v = g(rng);
-    p = LinearParams{x.data(), n, c, WeightView{t, r, c, w.data(), *RowBytes(t, c)}, nullptr,
-                     y.data(), r};
+    p = LinearParams{x.data(), n,        c, WeightView{t, r, c, w.data(), *RowBytes(t, c)},
+                     nullptr,  y.data(), r};
   }
   void Count(benchmark::State& state, const char* method) {
     state.counters["weight_GBps"] = benchmark::Counter(
         static_cast<double>(w.size()) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
-    state.counters["tokens_per_s"] =
-        benchmark::Counter(static_cast<double>(tokens) * state.iterations(), benchmark::Counter::kIsRate);
+    state.counters["tokens_per_s"] = benchmark::Counter(
+        static_cast<double>(tokens) * state.iterations(), benchmark::Counter::kIsRate);
     state.SetLabel(std::string(WeightTypeName(type)) + " " + CpuIsaName(ActiveLinearIsa()) + " " +
                    method);
   }
@@ -138,7 +138,7 @@ void LinearArgs(benchmark::internal::Benchmark* b) {
 }
 void MethodArgs(benchmark::internal::Benchmark* b) {
   for (int64_t f : {0, 1, 3, 8, 12, 14})
-    for (int64_t t : {2, 4, 8, 16, 32, 64})
+    for (int64_t t : {4, 8, 16, 32, 64, 128, 256})
       for (int64_t m : {0, 1}) b->Args({f, 1536, 1536, t, m});
 }
 void BlasArgs(benchmark::internal::Benchmark* b) {

@@ -1,5 +1,7 @@
 // CPU Linear (kernels/linear.h): validation, instruction-set dispatch, the
 // choice of method per shape and the split of output rows over OpenMP threads.
+#include "kernels/linear.h"
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -12,7 +14,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/linear_cpu.h"
-#include "kernels/linear.h"
 
 namespace pagedserve::kernels {
 namespace {
@@ -21,8 +22,7 @@ namespace {
 
 bool Detect(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::kPortable:
-      return true;
+    case CpuIsa::kPortable: return true;
 #if defined(__x86_64__) && defined(PAGEDSERVE_LINEAR_X86_PATHS)
     case CpuIsa::kAvx2:
       __builtin_cpu_init();
@@ -34,8 +34,7 @@ bool Detect(CpuIsa isa) {
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512vnni");
 #endif
-    default:
-      return false;
+    default: return false;
   }
 }
 
@@ -93,8 +92,7 @@ CpuIsa ActiveLinearIsa() { return static_cast<CpuIsa>(ActiveIsaSlot().load()); }
 absl::Status SetLinearIsa(CpuIsa isa) {
   if (!CpuSupportsIsa(isa)) {
     return absl::FailedPreconditionError(absl::StrCat("the ", CpuIsaName(isa),
-                                                      " path of Linear needs ",
-                                                      IsaRequirement(isa),
+                                                      " path of Linear needs ", IsaRequirement(isa),
                                                       ", which this CPU or build lacks"));
   }
   ActiveIsaSlot().store(static_cast<int>(isa));
@@ -141,11 +139,15 @@ absl::Status ValidateLinear(const LinearParams& p) {
 namespace cpu {
 namespace {
 
-// Tokens from which a tile-sgemm beats per-row dots (see docs/benchmarks.md,
-// "Linear kernels"); the one place a method is chosen.
-constexpr int64_t kSgemmMinTokensF32 = 4;
-constexpr int64_t kSgemmMinTokensHalf = 8;
-constexpr int64_t kSgemmMinTokensQuant = 32;
+// Tokens from which the tile-sgemm method is used; the one place a method is
+// chosen. Measured with bench/linear_bench.cc BM_LinearMethod (1536x1536, one
+// thread, docs/benchmarks.md "Linear kernels (CPU)"): F32 sgemm overtakes fp32
+// dot products at 16 tokens, F16/BF16 at 128 (the tile conversion is paid per
+// call); for the quantized formats the 8-bit dot products were faster than
+// converting tiles for sgemm at every size measured (up to 256 tokens: 1.3-1.7x),
+// so they always use row dots.
+constexpr int64_t kSgemmMinTokensF32 = 16;
+constexpr int64_t kSgemmMinTokensHalf = 128;
 // Rows converted to fp32 per sgemm call of the tile method.
 constexpr int64_t kTileRows = 64;
 // Work (rows * cols * tokens) below which one thread does the whole call.
@@ -186,24 +188,24 @@ void RowDotRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, 
                  int64_t r1) {
   const WeightType type = p.w.type;
   const int64_t T = p.num_tokens;
-  if (IsQuantized(type)) {
-    const IsaKernels::QDotFn dot = QDotFor(k, type);
-    const int64_t nb = p.w.cols / BlockElems(type);
-    const size_t tok_bytes =
-        static_cast<size_t>(nb) * (UsesActBlock256(type) ? sizeof(ActBlock256) : sizeof(ActBlock32));
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t* w = Row(p.w, r);
-      const float b = p.bias ? p.bias[r] : 0.0f;
-      for (int64_t t = 0; t < T; ++t) p.y[t * p.y_stride + r] = dot(w, xq + t * tok_bytes, nb) + b;
-    }
-    return;
-  }
-  const IsaKernels::FDotFn dot = FDotFor(k, type);
+  const bool quant = IsQuantized(type);
+  const IsaKernels::QDotFn qdot = quant ? QDotFor(k, type) : nullptr;
+  const IsaKernels::FDotFn fdot = quant ? nullptr : FDotFor(k, type);
+  const int64_t nb = p.w.cols / BlockElems(type);
+  const size_t tok_bytes =
+      static_cast<size_t>(nb) * (UsesActBlock256(type) ? sizeof(ActBlock256) : sizeof(ActBlock32));
+  float out[kMaxTokens];
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* w = Row(p.w, r);
     const float b = p.bias ? p.bias[r] : 0.0f;
-    for (int64_t t = 0; t < T; ++t) {
-      p.y[t * p.y_stride + r] = dot(w, p.x + t * p.x_stride, p.w.cols) + b;
+    for (int64_t t = 0; t < T; t += kMaxTokens) {
+      const int n = static_cast<int>(std::min<int64_t>(kMaxTokens, T - t));
+      if (quant) {
+        qdot(w, xq + t * tok_bytes, tok_bytes, nb, n, out);
+      } else {
+        fdot(w, p.x + t * p.x_stride, p.x_stride, p.w.cols, n, out);
+      }
+      for (int j = 0; j < n; ++j) p.y[(t + j) * p.y_stride + r] = out[j] + b;
     }
   }
 }
@@ -220,7 +222,8 @@ void TileSgemmRange(const LinearParams& p, int64_t r0, int64_t r1) {
       ldw = static_cast<int64_t>(p.w.row_stride_bytes / 4);
     } else {
       float* buf = Scratch(tile, static_cast<size_t>(kTileRows * cols));
-      for (int64_t i = 0; i < n; ++i) DequantizeWeightRow(p.w.type, Row(p.w, rt + i), cols, buf + i * cols);
+      for (int64_t i = 0; i < n; ++i)
+        DequantizeWeightRow(p.w.type, Row(p.w, rt + i), cols, buf + i * cols);
       wt = buf;
       ldw = cols;
     }
@@ -253,9 +256,8 @@ bool IsQuantized(WeightType t) {
 }
 
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
-  int64_t min_tokens = kSgemmMinTokensQuant;
-  if (type == WeightType::kF32) min_tokens = kSgemmMinTokensF32;
-  if (type == WeightType::kF16 || type == WeightType::kBF16) min_tokens = kSgemmMinTokensHalf;
+  if (IsQuantized(type)) return LinearMethod::kRowDot;
+  const int64_t min_tokens = type == WeightType::kF32 ? kSgemmMinTokensF32 : kSgemmMinTokensHalf;
   return num_tokens >= min_tokens ? LinearMethod::kTileSgemm : LinearMethod::kRowDot;
 }
 

@@ -46,21 +46,39 @@ struct BF16Loader {  // bf16 is the upper half of an fp32: widen and shift (exac
   }
 };
 
-// fp dot product over 8-float vectors with 4 accumulators.
-template <typename L>
-float FDot(const uint8_t* w, const float* x, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+// fp dot products of one weight row with N tokens: each weight vector is
+// converted once and used for N tokens; two accumulators per token.
+template <typename L, int N>
+void FDotN(const uint8_t* w, const float* x, int64_t xs, int64_t n, float* out) {
+  __m256 a[N], b[N];
+  for (int j = 0; j < N; ++j) a[j] = _mm256_setzero_ps(), b[j] = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm256_fmadd_ps(L::Load8(w, i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(L::Load8(w, i + 8), _mm256_loadu_ps(x + i + 8), a1);
-    a2 = _mm256_fmadd_ps(L::Load8(w, i + 16), _mm256_loadu_ps(x + i + 16), a2);
-    a3 = _mm256_fmadd_ps(L::Load8(w, i + 24), _mm256_loadu_ps(x + i + 24), a3);
+  for (; i + 16 <= n; i += 16) {
+    const __m256 w0 = L::Load8(w, i), w1 = L::Load8(w, i + 8);
+    for (int j = 0; j < N; ++j) {
+      a[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + j * xs + i), a[j]);
+      b[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + j * xs + i + 8), b[j]);
+    }
   }
-  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(L::Load8(w, i), _mm256_loadu_ps(x + i), a0);
-  float s = HSum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (; i < n; ++i) s += L::Load1(w, i) * x[i];
-  return s;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 w0 = L::Load8(w, i);
+    for (int j = 0; j < N; ++j) a[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + j * xs + i), a[j]);
+  }
+  for (int j = 0; j < N; ++j) {
+    float s = HSum(_mm256_add_ps(a[j], b[j]));
+    for (int64_t t = i; t < n; ++t) s += L::Load1(w, t) * x[j * xs + t];
+    out[j] = s;
+  }
+}
+
+template <typename L>
+void FDot(const uint8_t* w, const float* x, int64_t xs, int64_t n, int ntok, float* out) {
+  switch (ntok) {
+    case 1: FDotN<L, 1>(w, x, xs, n, out); return;
+    case 2: FDotN<L, 2>(w, x, xs, n, out); return;
+    case 3: FDotN<L, 3>(w, x, xs, n, out); return;
+    default: FDotN<L, 4>(w, x, xs, n, out); return;
+  }
 }
 
 }  // namespace
@@ -70,12 +88,10 @@ float FDot(const uint8_t* w, const float* x, int64_t n) {
 namespace pagedserve::kernels::cpu {
 
 const IsaKernels& Avx2Kernels() {
-  static const IsaKernels k = {DotLegacy<18, 2, -1, -1, 8>,  DotLegacy<20, 4, -1, 2, 0>,
-                               DotLegacy<22, 6, 2, -1, 16>,  DotLegacy<24, 8, 4, 2, 0>,
-                               DotQ8_0,                      DotQ45K<false>,
-                               DotQ45K<true>,                DotQ6K,
-                               FDot<F32Loader>,              FDot<F16Loader>,
-                               FDot<BF16Loader>};
+  static const IsaKernels k = {MultiToken<KQ4_0>, MultiToken<KQ4_1>, MultiToken<KQ5_0>,
+                               MultiToken<KQ5_1>, MultiToken<KQ8_0>, MultiToken<KQ4_K>,
+                               MultiToken<KQ5_K>, MultiToken<KQ6_K>, FDot<F32Loader>,
+                               FDot<F16Loader>,   FDot<BF16Loader>};
   return k;
 }
 
