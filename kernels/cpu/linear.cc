@@ -150,6 +150,8 @@ constexpr int64_t kSgemmMinTokensF32 = 16;
 constexpr int64_t kSgemmMinTokensHalf = 128;
 // Rows converted to fp32 per sgemm call of the tile method.
 constexpr int64_t kTileRows = 64;
+// Tokens quantized by the calling thread before the parallel region.
+constexpr int64_t kSerialQuantTokens = 4;
 // Work (rows * cols * tokens) below which one thread does the whole call.
 constexpr int64_t kMinParallelWork = 1 << 15;
 
@@ -169,18 +171,13 @@ const uint8_t* Row(const WeightView& w, int64_t r) {
   return static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride_bytes;
 }
 
-// Quantizes every token's activations into `xq` (blocks of token t start at
-// t * nb blocks) — run by the OpenMP team that then computes the rows.
-void QuantizeTokens(const LinearParams& p, int64_t nb, uint8_t* xq) {
-  const bool k256 = UsesActBlock256(p.w.type);
-#pragma omp for schedule(static)
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    const float* x = p.x + t * p.x_stride;
-    if (k256) {
-      QuantizeActs256(x, p.w.cols, reinterpret_cast<ActBlock256*>(xq) + t * nb);
-    } else {
-      QuantizeActs32(x, p.w.cols, reinterpret_cast<ActBlock32*>(xq) + t * nb);
-    }
+// Quantizes token t's activations into `xq` (its blocks start at t * nb blocks).
+void QuantizeToken(const LinearParams& p, int64_t nb, int64_t t, uint8_t* xq) {
+  const float* x = p.x + t * p.x_stride;
+  if (UsesActBlock256(p.w.type)) {
+    QuantizeActs256(x, p.w.cols, reinterpret_cast<ActBlock256*>(xq) + t * nb);
+  } else {
+    QuantizeActs32(x, p.w.cols, reinterpret_cast<ActBlock32*>(xq) + t * nb);
   }
 }
 
@@ -311,9 +308,18 @@ absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method) 
   if (method == LinearMethod::kTileSgemm) UseOpenBlasSingleThreaded();
   const int64_t work = p.w.rows * p.w.cols * p.num_tokens;
   const int threads = (omp_in_parallel() || work < kMinParallelWork) ? 1 : omp_get_max_threads();
+  // A few tokens are quantized before the parallel region (microseconds), which
+  // saves decode a barrier; more are quantized by the team (omp for + barrier).
+  const bool quant_serial = quant_acts && p.num_tokens <= kSerialQuantTokens;
+  if (quant_serial) {
+    for (int64_t t = 0; t < p.num_tokens; ++t) QuantizeToken(p, nb, t, xq);
+  }
 #pragma omp parallel num_threads(threads)
   {
-    if (quant_acts) QuantizeTokens(p, nb, xq);  // ends with the barrier of omp for
+    if (quant_acts && !quant_serial) {
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < p.num_tokens; ++t) QuantizeToken(p, nb, t, xq);
+    }
     int64_t r0, r1;
     ThreadRows(p.w.rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
     if (r0 < r1) {
