@@ -3,7 +3,7 @@
 //   y[t, r] = sum_c x[t, c] * W[r, c] (+ bias[r])   for t < num_tokens, r < w.rows
 //
 // CPU implementation (kernels/cpu/linear.cc). How each format is computed:
-//  - F32: fewer than 16 tokens: fp32 dot products; more: OpenBLAS sgemm on each
+//  - F32: fewer than 24 tokens: fp32 dot products; more: OpenBLAS sgemm on each
 //    thread's slice of rows.
 //  - F16 / BF16: fewer than 128 tokens: converted to fp32 in registers (F16C; BF16
 //    by a 16-bit shift, which is exact) and fp32 FMA dot products; more: tiles of

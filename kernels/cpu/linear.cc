@@ -141,14 +141,15 @@ namespace {
 
 // Tokens from which the tile-sgemm method is used; the one place a method is
 // chosen. Measured with bench/linear_bench.cc BM_LinearMethod (1536x1536, one
-// thread, docs/benchmarks.md "Linear kernels (CPU)"): F32 sgemm overtakes fp32
-// dot products at 16 tokens, F16/BF16 at 128 (the tile conversion is paid per
-// call); for the quantized formats the 8-bit dot products were faster than
-// converting tiles for sgemm at every size measured (up to 256 tokens: 1.3-1.7x),
-// so they always use row dots.
-constexpr int64_t kSgemmMinTokensF32 = 16;
+// thread, CPU time, docs/benchmarks.md "Linear kernels (CPU)"): for F32 sgemm
+// overtakes fp32 dot products between 16 and 32 tokens; for F16/BF16 the two
+// are even at 128 tokens (the tile conversion is paid per call) and sgemm is
+// ahead at 256; for the quantized formats the 8-bit dot products were faster than
+// converting tiles for sgemm at every size measured (4..256 tokens: 1.3-8x), so
+// they always use row dots.
+constexpr int64_t kSgemmMinTokensF32 = 24;
 constexpr int64_t kSgemmMinTokensHalf = 128;
-// Rows converted to fp32 per sgemm call of the tile method.
+// Rows converted to fp32 per sgemm call of the tile method (F16/BF16).
 constexpr int64_t kTileRows = 64;
 // Tokens quantized by the calling thread before the parallel region.
 constexpr int64_t kSerialQuantTokens = 4;
@@ -210,8 +211,10 @@ void RowDotRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, 
 void TileSgemmRange(const LinearParams& p, int64_t r0, int64_t r1) {
   static thread_local std::vector<float> tile;
   const int64_t cols = p.w.cols;
-  for (int64_t rt = r0; rt < r1; rt += kTileRows) {
-    const int64_t n = std::min(kTileRows, r1 - rt);
+  // F32 rows are used in place: one sgemm over the thread's whole slice.
+  const int64_t tile_rows = p.w.type == WeightType::kF32 ? r1 - r0 : kTileRows;
+  for (int64_t rt = r0; rt < r1; rt += tile_rows) {
+    const int64_t n = std::min(tile_rows, r1 - rt);
     const float* wt;
     int64_t ldw;
     if (p.w.type == WeightType::kF32) {
