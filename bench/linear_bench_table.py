@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Markdown tables from bench_linear JSON outputs (two interleaved runs).
 
-Usage: bench/linear_bench_table.py run1.json run2.json [method.json]
-Prints, per (shape, tokens): the fp32 OpenBLAS baseline's wall time in each run
-and each format's speedup over it in each run (same run, same load).
+Usage: bench/linear_bench_table.py [--cpu] run1.json run2.json [method.json]
+Prints, per (shape, tokens): the fp32 OpenBLAS baseline's time in each run and
+each format's speedup over it in each run (same run, same load). Wall time by
+default; --cpu uses the main thread's CPU time (meaningful for one thread on a
+shared machine, where wall time includes time spent waiting for a core).
 """
 import json
 import sys
@@ -13,18 +15,26 @@ NAMES = {0: "F32", 1: "F16", 30: "BF16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5
 ORDER = [0, 1, 30, 8, 2, 3, 6, 7, 12, 13, 14]
 
 
+KEY = "real_time"
+
+
 def load(path):
     out = {}
     for b in json.load(open(path))["benchmarks"]:
         parts = b["name"].split("/")
         if parts[-1] == "real_time":
             parts = parts[:-1]
-        out[(parts[0], tuple(int(p) for p in parts[1:]))] = b["real_time"]
+        out[(parts[0], tuple(int(p) for p in parts[1:]))] = b[KEY]
     return out
 
 
 def main():
-    runs = [load(p) for p in sys.argv[1:3]]
+    global KEY
+    args = sys.argv[1:]
+    if args and args[0] == "--cpu":
+        KEY = "cpu_time"
+        args = args[1:]
+    runs = [load(p) for p in args[0:2]]
     shapes = sorted({k[1] for k in runs[0] if k[0] == "BM_OpenBlasF32"},
                     key=lambda s: (s[0] * s[1], s[2]))
     head = ["rows x cols", "tokens", "OpenBLAS fp32 (us)"] + [NAMES[f] for f in ORDER]
@@ -40,8 +50,8 @@ def main():
             else:
                 cells.append(" / ".join(f"{b / v:.1f}" for b, v in zip(base, t)))
         print("| " + " | ".join(cells) + " |")
-    if len(sys.argv) > 3:
-        m = load(sys.argv[3])
+    if len(args) > 2:
+        m = load(args[2])
         print()
         toks = sorted({k[1][3] for k in m})
         fmts = [f for f in ORDER if any(k[1][0] == f for k in m)]

@@ -25,20 +25,27 @@
 // where y_exact uses the dequantized weights (tests/kernels/linear_test.cc checks
 // exactly this bound).
 //
-// Instruction sets: a portable C++ path, an AVX2 path (AVX2+FMA+F16C) and an
-// AVX-512 path (F+BW+VL+VNNI; AVX512-BF16 not used: the shift conversion is exact
-// and the kernel is bound by memory bandwidth), chosen at run time from CPUID;
-// -march is never raised. The environment variable PAGEDSERVE_CPU_ISA
-// (portable | avx2 | avx512) read at the first call, or SetLinearIsa, forces a
-// lower path. The integer dot products use x86 intrinsics (pmaddubsw / vpdpbusd)
-// inside functions compiled with __attribute__((target(...))) rather than
+// Instruction sets: a portable C++ path, an AVX2 path (AVX2+FMA+F16C:
+// pmaddubsw/pmaddwd integer dots, 256-bit FMA) and an AVX-512 path
+// (AVX512F/BW/VL + VNNI: vpdpbusd on 256-bit vectors for the quantized formats,
+// 512-bit FMA for F32/F16/BF16), chosen at run time from CPUID; -march is never
+// raised. AVX512-BF16 (vdpbf16ps) is not used: it would also round the
+// activations to bf16, the shift conversion is exact, and decode is bound by
+// memory bandwidth (and the development machine lacks AVX512-BF16, so such a
+// path could not have been tested). The environment variable PAGEDSERVE_CPU_ISA
+// (portable | avx2 | avx512), read once at the first call, or SetLinearIsa
+// forces a path; an unknown value, or one this CPU cannot run, is ignored. The
+// integer dot products use x86 intrinsics in files compiled with
+// `#pragma GCC target` (kernels/cpu/linear_avx2.cc, linear_avx512.cc) rather than
 // Highway: Debian's Highway 1.0.3 has no u8 x i8 multiply-add
 // (SatWidenMulPairwiseAdd came in 1.1, SumOfMulQuadAccumulate in 1.2), which is
 // the inner loop of every quantized format.
 //
 // Threads: Linear splits the output rows over the OpenMP thread pool (the one
-// pool of the forward pass; omp_get_max_threads() threads). Called from inside an
-// active OpenMP parallel region it runs on the calling thread only. The first
+// pool of the forward pass; omp_get_max_threads() threads), one contiguous
+// slice of rows per thread. Called from inside an active OpenMP parallel region,
+// or for tiny calls (rows * cols * tokens < 32768), it runs on the calling
+// thread only. The first
 // call that uses OpenBLAS sets OpenBLAS to one thread (openblas_set_num_threads),
 // so that its own workers never compete with OpenMP's: all parallelism comes
 // from OpenMP. Linear is safe to call concurrently from several threads as long

@@ -1,6 +1,7 @@
 #include "kernels/weight_format.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/linear_cpu.h"
 
 namespace pagedserve::kernels {
 
@@ -110,6 +111,22 @@ absl::Status ValidateWeightView(const WeightView& w) {
     return absl::InvalidArgumentError(
         "w.data and w.row_stride_bytes must be 4-byte aligned for F32");
   }
+  return absl::OkStatus();
+}
+
+absl::Status DequantizeRowToFloat(WeightType type, const void* row, int64_t cols, float* dst) {
+  if (BlockElems(type) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("type: id ", static_cast<int>(type), " is not a supported format"));
+  }
+  if (cols <= 0) return absl::InvalidArgumentError(absl::StrCat("cols must be > 0, got ", cols));
+  absl::StatusOr<size_t> row_bytes = RowBytes(type, cols);
+  if (!row_bytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("cols: ", row_bytes.status().message()));
+  }
+  if (row == nullptr) return absl::InvalidArgumentError("row is null");
+  if (dst == nullptr) return absl::InvalidArgumentError("dst is null");
+  cpu::DequantizeWeightRow(type, static_cast<const uint8_t*>(row), cols, dst);
   return absl::OkStatus();
 }
 

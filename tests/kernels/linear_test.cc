@@ -1,6 +1,8 @@
-// Linear over weights in their stored GGUF formats (kernels/linear.h), against a
-// reference nobody here wrote: runtime/model's DequantizeRow (checked against
-// gguf-py by tests/model/dequant_test.cc) followed by a double-precision dot.
+// Linear over weights in their stored GGUF formats (kernels/linear.h), against
+// dequantize + a double-precision dot product: runtime/model's DequantizeRow
+// (kernels::DequantizeRowToFloat, checked against gguf-py's dequantize by
+// tests/model/dequant_test.cc). The row-dot kernels under test never dequantize;
+// the tile method does, through the same gguf-py-checked function.
 //
 // Error bound asserted for output y[t, r] (W = dequantized weight row r, x = token t):
 //  - quantized formats, row-dot method: each activation is replaced by d q with
@@ -307,16 +309,16 @@ TEST(LinearTest, UnsupportedIsaIsRefused) {
   EXPECT_TRUE(CpuSupportsIsa(CpuIsa::kPortable));
 }
 
-// The kernels' own dequantizer (used by the tile method) matches runtime/model's.
-TEST(LinearTest, DequantizeWeightRowMatchesModelDequantizer) {
-  std::mt19937 rng(15);
-  for (WeightType type : kAllTypes) {
-    Weight w = RandomWeight(rng, type, 3, BlockElems(type) == 1 ? 40 : 2 * BlockElems(type), 0);
-    std::vector<float> ref = Dequantized(w), got(w.rows * w.cols);
-    for (int64_t r = 0; r < w.rows; ++r)
-      cpu::DequantizeWeightRow(type, w.bytes.data() + r * w.stride, w.cols, &got[r * w.cols]);
-    EXPECT_EQ(got, ref) << WeightTypeName(type);
-  }
+TEST(LinearTest, DequantizeRowToFloatValidates) {
+  std::vector<uint8_t> row(18);
+  std::vector<float> out(32);
+  EXPECT_TRUE(DequantizeRowToFloat(WeightType::kQ4_0, row.data(), 32, out.data()).ok());
+  EXPECT_EQ(DequantizeRowToFloat(WeightType::kQ4_0, row.data(), 48, out.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DequantizeRowToFloat(WeightType::kQ4_0, nullptr, 32, out.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DequantizeRowToFloat(static_cast<WeightType>(10), row.data(), 256, out.data()).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Activation quantization: |x - d q| <= d / 2, and the stored sums match the codes.
