@@ -53,6 +53,7 @@ def main():
     if len(args) > 2:
         m = load(args[2])
         print()
+        m = {k: v for k, v in m.items() if k[0] == "BM_LinearMethod"}
         toks = sorted({k[1][3] for k in m})
         fmts = [f for f in ORDER if any(k[1][0] == f for k in m)]
         print("| format | " + " | ".join(f"{t} tok" for t in toks) + " |")
