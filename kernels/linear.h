@@ -3,20 +3,21 @@
 //   y[t, r] = sum_c x[t, c] * W[r, c] (+ bias[r])   for t < num_tokens, r < w.rows
 //
 // CPU implementation (kernels/cpu/linear.cc). How each format is computed:
-//  - F32: few tokens: fp32 dot products; many tokens: OpenBLAS sgemm on each
+//  - F32: fewer than 24 tokens: fp32 dot products; more: OpenBLAS sgemm on each
 //    thread's slice of rows.
-//  - F16 / BF16: few tokens: converted to fp32 in registers (F16C; BF16 by a 16-bit
-//    shift, which is exact) and fp32 FMA dot products; many tokens: tiles of rows
-//    converted to fp32 and multiplied with sgemm.
+//  - F16 / BF16: fewer than 128 tokens: converted to fp32 in registers (F16C; BF16
+//    by a 16-bit shift, which is exact) and fp32 FMA dot products; more: tiles of
+//    rows converted to fp32 and multiplied with sgemm.
 //  - Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: the activations are quantized
 //    on the fly to 8 bits per element with one fp32 scale per block of the weight's
 //    format (32 elements, like ggml's Q8_0/Q8_1, for the legacy formats; 256 with
 //    per-16 sums, like ggml's Q8_K, for the K-quants), the weight's integer codes
 //    are multiplied with them in integer arithmetic and block and sub-block scales
 //    are applied in fp32 (the method of llama.cpp's ggml-quants.c vec_dot_*;
-//    this is an independent implementation). Many tokens reuse each weight row
-//    for all tokens while it is in cache, or convert tiles of rows to fp32 for
-//    sgemm; kernels/cpu/linear.cc picks per shape in one place (ChooseMethod).
+//    this is an independent implementation). Each weight row is unpacked once
+//    per 4 tokens and stays in cache for all tokens; converting tiles of rows to
+//    fp32 for sgemm measured slower at every batch size up to 256 tokens.
+//    kernels/cpu/linear.cc chooses the method per shape in one place.
 // Accuracy: F32/F16/BF16 weights are exact up to fp32 rounding of the sums. For
 // the quantized formats, each activation x is replaced by d * round(x / d) with d =
 // max|x over its block| / 127, so |x - x'| <= d / 2 and
@@ -24,20 +25,27 @@
 // where y_exact uses the dequantized weights (tests/kernels/linear_test.cc checks
 // exactly this bound).
 //
-// Instruction sets: a portable C++ path, an AVX2 path (AVX2+FMA+F16C) and an
-// AVX-512 path (F+BW+VL+VNNI; AVX512-BF16 not used: the shift conversion is exact
-// and the kernel is bound by memory bandwidth), chosen at run time from CPUID;
-// -march is never raised. The environment variable PAGEDSERVE_CPU_ISA
-// (portable | avx2 | avx512) read at the first call, or SetLinearIsa, forces a
-// lower path. The integer dot products use x86 intrinsics (pmaddubsw / vpdpbusd)
-// inside functions compiled with __attribute__((target(...))) rather than
+// Instruction sets: a portable C++ path, an AVX2 path (AVX2+FMA+F16C:
+// pmaddubsw/pmaddwd integer dots, 256-bit FMA) and an AVX-512 path
+// (AVX512F/BW/VL + VNNI: vpdpbusd on 256-bit vectors for the quantized formats,
+// 512-bit FMA for F32/F16/BF16), chosen at run time from CPUID; -march is never
+// raised. AVX512-BF16 (vdpbf16ps) is not used: it would also round the
+// activations to bf16, the shift conversion is exact, and decode is bound by
+// memory bandwidth (and the development machine lacks AVX512-BF16, so such a
+// path could not have been tested). The environment variable PAGEDSERVE_CPU_ISA
+// (portable | avx2 | avx512), read once at the first call, or SetLinearIsa
+// forces a path; an unknown value, or one this CPU cannot run, is ignored. The
+// integer dot products use x86 intrinsics in files compiled with
+// `#pragma GCC target` (kernels/cpu/linear_avx2.cc, linear_avx512.cc) rather than
 // Highway: Debian's Highway 1.0.3 has no u8 x i8 multiply-add
 // (SatWidenMulPairwiseAdd came in 1.1, SumOfMulQuadAccumulate in 1.2), which is
 // the inner loop of every quantized format.
 //
 // Threads: Linear splits the output rows over the OpenMP thread pool (the one
-// pool of the forward pass; omp_get_max_threads() threads). Called from inside an
-// active OpenMP parallel region it runs on the calling thread only. The first
+// pool of the forward pass; omp_get_max_threads() threads), one contiguous
+// slice of rows per thread. Called from inside an active OpenMP parallel region,
+// or for tiny calls (rows * cols * tokens < 32768), it runs on the calling
+// thread only. The first
 // call that uses OpenBLAS sets OpenBLAS to one thread (openblas_set_num_threads),
 // so that its own workers never compete with OpenMP's: all parallelism comes
 // from OpenMP. Linear is safe to call concurrently from several threads as long
@@ -54,13 +62,13 @@
 namespace pagedserve::kernels {
 
 struct LinearParams {
-  const float* x = nullptr;  // [num_tokens, x_stride], the first w.cols of each row used
-  int64_t num_tokens = 0;    // >= 0; 0 is a no-op
-  int64_t x_stride = 0;      // elements between tokens of x, >= w.cols
-  WeightView w;              // [rows = out_features, cols = in_features]
+  const float* x = nullptr;     // [num_tokens, x_stride], the first w.cols of each row used
+  int64_t num_tokens = 0;       // >= 0; 0 is a no-op
+  int64_t x_stride = 0;         // elements between tokens of x, >= w.cols
+  WeightView w;                 // [rows = out_features, cols = in_features]
   const float* bias = nullptr;  // nullable; [w.rows]
-  float* y = nullptr;        // [num_tokens, y_stride], the first w.rows of each row written
-  int64_t y_stride = 0;      // elements between tokens of y, >= w.rows
+  float* y = nullptr;           // [num_tokens, y_stride], the first w.rows of each row written
+  int64_t y_stride = 0;         // elements between tokens of y, >= w.rows
 };
 
 // Computes y = x W^T (+ bias) as described above. InvalidArgument naming the

@@ -1,15 +1,24 @@
 #include "kernels/weight_format.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/linear_cpu.h"
 
 namespace pagedserve::kernels {
 
 bool IsWeightType(uint32_t id) {
   switch (id) {
-    case 0: case 1: case 2: case 3: case 6: case 7: case 8: case 12: case 13: case 14: case 30:
-      return true;
-    default:
-      return false;
+    case 0:
+    case 1:
+    case 2:
+    case 3:
+    case 6:
+    case 7:
+    case 8:
+    case 12:
+    case 13:
+    case 14:
+    case 30: return true;
+    default: return false;
   }
 }
 
@@ -32,13 +41,17 @@ const char* WeightTypeName(WeightType type) {
 
 int64_t BlockElems(WeightType type) {
   switch (type) {
-    case WeightType::kF32: case WeightType::kF16: case WeightType::kBF16:
-      return 1;
-    case WeightType::kQ4_0: case WeightType::kQ4_1: case WeightType::kQ5_0:
-    case WeightType::kQ5_1: case WeightType::kQ8_0:
-      return 32;
-    case WeightType::kQ4_K: case WeightType::kQ5_K: case WeightType::kQ6_K:
-      return 256;
+    case WeightType::kF32:
+    case WeightType::kF16:
+    case WeightType::kBF16: return 1;
+    case WeightType::kQ4_0:
+    case WeightType::kQ4_1:
+    case WeightType::kQ5_0:
+    case WeightType::kQ5_1:
+    case WeightType::kQ8_0: return 32;
+    case WeightType::kQ4_K:
+    case WeightType::kQ5_K:
+    case WeightType::kQ6_K: return 256;
   }
   return 0;
 }
@@ -79,23 +92,41 @@ absl::Status ValidateWeightView(const WeightView& w) {
     return absl::InvalidArgumentError(
         absl::StrCat("w.type: id ", static_cast<int>(w.type), " is not a supported format"));
   }
-  if (w.rows <= 0) return absl::InvalidArgumentError(absl::StrCat("w.rows must be > 0, got ", w.rows));
-  if (w.cols <= 0) return absl::InvalidArgumentError(absl::StrCat("w.cols must be > 0, got ", w.cols));
+  if (w.rows <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("w.rows must be > 0, got ", w.rows));
+  if (w.cols <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("w.cols must be > 0, got ", w.cols));
   absl::StatusOr<size_t> row_bytes = RowBytes(w.type, w.cols);
   if (!row_bytes.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("w.cols: ", row_bytes.status().message()));
   }
   if (w.data == nullptr) return absl::InvalidArgumentError("w.data is null");
   if (w.row_stride_bytes < *row_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("w.row_stride_bytes ", w.row_stride_bytes,
-                                                   " is less than the ", *row_bytes,
-                                                   " bytes of one ", WeightTypeName(w.type),
-                                                   " row of ", w.cols, " columns"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("w.row_stride_bytes ", w.row_stride_bytes, " is less than the ", *row_bytes,
+                     " bytes of one ", WeightTypeName(w.type), " row of ", w.cols, " columns"));
   }
   if (w.type == WeightType::kF32 &&
       (reinterpret_cast<uintptr_t>(w.data) % 4 != 0 || w.row_stride_bytes % 4 != 0)) {
-    return absl::InvalidArgumentError("w.data and w.row_stride_bytes must be 4-byte aligned for F32");
+    return absl::InvalidArgumentError(
+        "w.data and w.row_stride_bytes must be 4-byte aligned for F32");
   }
+  return absl::OkStatus();
+}
+
+absl::Status DequantizeRowToFloat(WeightType type, const void* row, int64_t cols, float* dst) {
+  if (BlockElems(type) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("type: id ", static_cast<int>(type), " is not a supported format"));
+  }
+  if (cols <= 0) return absl::InvalidArgumentError(absl::StrCat("cols must be > 0, got ", cols));
+  absl::StatusOr<size_t> row_bytes = RowBytes(type, cols);
+  if (!row_bytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("cols: ", row_bytes.status().message()));
+  }
+  if (row == nullptr) return absl::InvalidArgumentError("row is null");
+  if (dst == nullptr) return absl::InvalidArgumentError("dst is null");
+  cpu::DequantizeWeightRow(type, static_cast<const uint8_t*>(row), cols, dst);
   return absl::OkStatus();
 }
 

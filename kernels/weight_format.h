@@ -73,6 +73,16 @@ struct WeightView {
 // ("w.cols", "w.row_stride_bytes", ...). Reads no weight bytes.
 absl::Status ValidateWeightView(const WeightView& w);
 
+// Converts one row of `cols` elements stored as `type` (RowBytes(type, cols) bytes
+// at `row`, no alignment required) to fp32 in dst[0, cols). F32/F16/BF16 are
+// exact; a block format gives scale * code (- or + min) in fp32, element for
+// element what ggml's dequantize_row_* computes (checked against gguf-py by
+// tests/model/dequant_test.cc through runtime/model/dequant.h, which calls this).
+// InvalidArgument naming the argument for a non-WeightType, cols <= 0 or not a
+// multiple of the block, or a null pointer. Thread-safe (reads and writes only
+// its arguments).
+absl::Status DequantizeRowToFloat(WeightType type, const void* row, int64_t cols, float* dst);
+
 }  // namespace pagedserve::kernels
 
 #endif  // PAGEDSERVE_KERNELS_WEIGHT_FORMAT_H_

@@ -7,10 +7,27 @@
 
 #include "kernels/cpu/half.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define PAGEDSERVE_HAVE_AVX2_VARIANT 1
+#endif
+
 namespace pagedserve::kernels::cpu {
 namespace {
 
 #define PS_ALWAYS_INLINE inline __attribute__((always_inline))
+
+#ifdef PAGEDSERVE_HAVE_AVX2_VARIANT
+// fp16 -> fp32 with F16C, 8 elements per instruction (exact, like HalfBitsToFloat).
+__attribute__((target("avx2,f16c"))) void HalfToFloatF16c(const Half* src, int n, float* dst) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) dst[i] = HalfBitsToFloat(src[i].bits);
+}
+#endif
 
 template <typename T>
 PS_ALWAYS_INLINE float Load(const T* p, int64_t i) {
@@ -39,8 +56,20 @@ PS_ALWAYS_INLINE float Load(const T* p, int64_t i) {
   }
 }
 
+// n contiguous elements of a cache block to fp32; kF16c: with F16C (fp16 only).
+template <typename T, bool kF16c>
+PS_ALWAYS_INLINE void ToFloat(const T* src, int n, float* dst) {
+#ifdef PAGEDSERVE_HAVE_AVX2_VARIANT
+  if constexpr (kF16c && std::is_same_v<T, Half>) {
+    HalfToFloatF16c(src, n, dst);
+    return;
+  }
+#endif
+  for (int i = 0; i < n; ++i) dst[i] = Load(src, i);
+}
+
 // See attention_core.h for the contract.
-template <typename T, int BS>
+template <typename T, int BS, bool kF16c>
 PS_ALWAYS_INLINE void AttendImpl(const AttendArgs& a) {
   constexpr int X = static_cast<int>(16 / sizeof(T));
   constexpr int KW = BS * X;  // floats of one key chunk row group: [BS, X]
@@ -60,11 +89,8 @@ PS_ALWAYS_INLINE void AttendImpl(const AttendArgs& a) {
     if constexpr (std::is_same_v<T, float>) {
       K = static_cast<const float*>(a.k_blocks[b]);
     } else {
-      const T* src = static_cast<const T*>(a.k_blocks[b]);
-      float* dst = a.kbuf;
-      const int n = BS * hs;
-      for (int i = 0; i < n; ++i) dst[i] = Load(src, i);
-      K = dst;
+      ToFloat<T, kF16c>(static_cast<const T*>(a.k_blocks[b]), BS * hs, a.kbuf);
+      K = a.kbuf;
     }
     for (int m = 0; m < M; ++m) {
       int e = a.limit[m] < a.t_end ? a.limit[m] : a.t_end;
@@ -117,8 +143,15 @@ PS_ALWAYS_INLINE void AttendImpl(const AttendArgs& a) {
     const int b0 = a.t_begin + b * BS;
     const T* src = static_cast<const T*>(a.v_blocks[b]);
     float* vt = a.vbuf;
-    for (int t = 0; t < BS; ++t)
-      for (int d = 0; d < hs; ++d) vt[t * hs + d] = Load(src, static_cast<int64_t>(d) * BS + t);
+    if constexpr (std::is_same_v<T, float>) {
+      for (int t = 0; t < BS; ++t)
+        for (int d = 0; d < hs; ++d) vt[t * hs + d] = src[static_cast<int64_t>(d) * BS + t];
+    } else {
+      // Convert the block contiguously (kbuf is free after pass 1), then transpose.
+      ToFloat<T, kF16c>(src, BS * hs, a.kbuf);
+      for (int t = 0; t < BS; ++t)
+        for (int d = 0; d < hs; ++d) vt[t * hs + d] = a.kbuf[d * BS + t];
+    }
     for (int m = 0; m < M; ++m) {
       const int e = a.limit[m] < a.t_end ? a.limit[m] : a.t_end;
       if (e <= b0) continue;
@@ -143,20 +176,20 @@ PS_ALWAYS_INLINE void AttendImpl(const AttendArgs& a) {
 
 template <typename T, int BS>
 void AttendBaseline(const AttendArgs& a) {
-  AttendImpl<T, BS>(a);
+  AttendImpl<T, BS, false>(a);
 }
 
-#if defined(__x86_64__) || defined(__i386__)
-#define PAGEDSERVE_HAVE_AVX2_VARIANT 1
+#ifdef PAGEDSERVE_HAVE_AVX2_VARIANT
 template <typename T, int BS>
-__attribute__((target("avx2,fma"))) void AttendAvx2(const AttendArgs& a) {
-  AttendImpl<T, BS>(a);
+__attribute__((target("avx2,fma,f16c"))) void AttendAvx2(const AttendArgs& a) {
+  AttendImpl<T, BS, true>(a);
 }
 
 bool CpuHasAvx2() {
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
   }();
   return has;
 }
@@ -195,7 +228,7 @@ AttendFn SelectAttend(DType dtype, int block_size) {
 
 const char* AttendIsaName() {
 #ifdef PAGEDSERVE_HAVE_AVX2_VARIANT
-  if (CpuHasAvx2()) return "avx2+fma";
+  if (CpuHasAvx2()) return "avx2+fma+f16c";
 #endif
   return "baseline";
 }

@@ -11,8 +11,10 @@
 //
 // Vectorization: loops are written so that the compiler auto-vectorizes them
 // (no reductions in inner loops). The same template is compiled twice, once
-// for the x86-64 baseline and once with target("avx2,fma"), and the
+// for the x86-64 baseline and once with target("avx2,fma,f16c"), and the
 // variant is chosen at run time from the CPU's features (no -march=native).
+// The AVX2 variant converts fp16 K/V blocks with F16C (vcvtph2ps), the
+// baseline with integer bit operations; both conversions are exact.
 #ifndef PAGEDSERVE_KERNELS_CPU_ATTENTION_CORE_H_
 #define PAGEDSERVE_KERNELS_CPU_ATTENTION_CORE_H_
 
@@ -59,7 +61,7 @@ using AttendFn = void (*)(const AttendArgs&);
 // widest instruction set this CPU supports among those compiled in.
 AttendFn SelectAttend(DType dtype, int block_size);
 
-// "avx2+fma" or "baseline": the variant SelectAttend picks on this CPU.
+// "avx2+fma+f16c" or "baseline": the variant SelectAttend picks on this CPU.
 const char* AttendIsaName();
 
 // Fills qrep for one query vector q (fp32, head_size elements), x = 16 bytes /

@@ -1,5 +1,7 @@
 // CPU Linear (kernels/linear.h): validation, instruction-set dispatch, the
 // choice of method per shape and the split of output rows over OpenMP threads.
+#include "kernels/linear.h"
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -12,7 +14,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/linear_cpu.h"
-#include "kernels/linear.h"
 
 namespace pagedserve::kernels {
 namespace {
@@ -21,8 +22,7 @@ namespace {
 
 bool Detect(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::kPortable:
-      return true;
+    case CpuIsa::kPortable: return true;
 #if defined(__x86_64__) && defined(PAGEDSERVE_LINEAR_X86_PATHS)
     case CpuIsa::kAvx2:
       __builtin_cpu_init();
@@ -34,8 +34,7 @@ bool Detect(CpuIsa isa) {
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512vnni");
 #endif
-    default:
-      return false;
+    default: return false;
   }
 }
 
@@ -93,8 +92,7 @@ CpuIsa ActiveLinearIsa() { return static_cast<CpuIsa>(ActiveIsaSlot().load()); }
 absl::Status SetLinearIsa(CpuIsa isa) {
   if (!CpuSupportsIsa(isa)) {
     return absl::FailedPreconditionError(absl::StrCat("the ", CpuIsaName(isa),
-                                                      " path of Linear needs ",
-                                                      IsaRequirement(isa),
+                                                      " path of Linear needs ", IsaRequirement(isa),
                                                       ", which this CPU or build lacks"));
   }
   ActiveIsaSlot().store(static_cast<int>(isa));
@@ -141,13 +139,20 @@ absl::Status ValidateLinear(const LinearParams& p) {
 namespace cpu {
 namespace {
 
-// Tokens from which a tile-sgemm beats per-row dots (see docs/benchmarks.md,
-// "Linear kernels"); the one place a method is chosen.
-constexpr int64_t kSgemmMinTokensF32 = 4;
-constexpr int64_t kSgemmMinTokensHalf = 8;
-constexpr int64_t kSgemmMinTokensQuant = 32;
-// Rows converted to fp32 per sgemm call of the tile method.
+// Tokens from which the tile-sgemm method is used; the one place a method is
+// chosen. Measured with bench/linear_bench.cc BM_LinearMethod (1536x1536, one
+// thread, CPU time, docs/benchmarks.md "Linear kernels (CPU)"): for F32 sgemm
+// overtakes fp32 dot products between 16 and 32 tokens; for F16/BF16 the two
+// are even at 128 tokens (the tile conversion is paid per call) and sgemm is
+// ahead at 256; for the quantized formats the 8-bit dot products were faster than
+// converting tiles for sgemm at every size measured (4..256 tokens: 1.3-8x), so
+// they always use row dots.
+constexpr int64_t kSgemmMinTokensF32 = 24;
+constexpr int64_t kSgemmMinTokensHalf = 128;
+// Rows converted to fp32 per sgemm call of the tile method (F16/BF16).
 constexpr int64_t kTileRows = 64;
+// Tokens quantized by the calling thread before the parallel region.
+constexpr int64_t kSerialQuantTokens = 4;
 // Work (rows * cols * tokens) below which one thread does the whole call.
 constexpr int64_t kMinParallelWork = 1 << 15;
 
@@ -167,18 +172,13 @@ const uint8_t* Row(const WeightView& w, int64_t r) {
   return static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride_bytes;
 }
 
-// Quantizes every token's activations into `xq` (blocks of token t start at
-// t * nb blocks) — run by the OpenMP team that then computes the rows.
-void QuantizeTokens(const LinearParams& p, int64_t nb, uint8_t* xq) {
-  const bool k256 = UsesActBlock256(p.w.type);
-#pragma omp for schedule(static)
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    const float* x = p.x + t * p.x_stride;
-    if (k256) {
-      QuantizeActs256(x, p.w.cols, reinterpret_cast<ActBlock256*>(xq) + t * nb);
-    } else {
-      QuantizeActs32(x, p.w.cols, reinterpret_cast<ActBlock32*>(xq) + t * nb);
-    }
+// Quantizes token t's activations into `xq` (its blocks start at t * nb blocks).
+void QuantizeToken(const LinearParams& p, int64_t nb, int64_t t, uint8_t* xq) {
+  const float* x = p.x + t * p.x_stride;
+  if (UsesActBlock256(p.w.type)) {
+    QuantizeActs256(x, p.w.cols, reinterpret_cast<ActBlock256*>(xq) + t * nb);
+  } else {
+    QuantizeActs32(x, p.w.cols, reinterpret_cast<ActBlock32*>(xq) + t * nb);
   }
 }
 
@@ -186,24 +186,24 @@ void RowDotRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, 
                  int64_t r1) {
   const WeightType type = p.w.type;
   const int64_t T = p.num_tokens;
-  if (IsQuantized(type)) {
-    const IsaKernels::QDotFn dot = QDotFor(k, type);
-    const int64_t nb = p.w.cols / BlockElems(type);
-    const size_t tok_bytes =
-        static_cast<size_t>(nb) * (UsesActBlock256(type) ? sizeof(ActBlock256) : sizeof(ActBlock32));
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t* w = Row(p.w, r);
-      const float b = p.bias ? p.bias[r] : 0.0f;
-      for (int64_t t = 0; t < T; ++t) p.y[t * p.y_stride + r] = dot(w, xq + t * tok_bytes, nb) + b;
-    }
-    return;
-  }
-  const IsaKernels::FDotFn dot = FDotFor(k, type);
+  const bool quant = IsQuantized(type);
+  const IsaKernels::QDotFn qdot = quant ? QDotFor(k, type) : nullptr;
+  const IsaKernels::FDotFn fdot = quant ? nullptr : FDotFor(k, type);
+  const int64_t nb = p.w.cols / BlockElems(type);
+  const size_t tok_bytes =
+      static_cast<size_t>(nb) * (UsesActBlock256(type) ? sizeof(ActBlock256) : sizeof(ActBlock32));
+  float out[kMaxTokens];
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* w = Row(p.w, r);
     const float b = p.bias ? p.bias[r] : 0.0f;
-    for (int64_t t = 0; t < T; ++t) {
-      p.y[t * p.y_stride + r] = dot(w, p.x + t * p.x_stride, p.w.cols) + b;
+    for (int64_t t = 0; t < T; t += kMaxTokens) {
+      const int n = static_cast<int>(std::min<int64_t>(kMaxTokens, T - t));
+      if (quant) {
+        qdot(w, xq + t * tok_bytes, tok_bytes, nb, n, out);
+      } else {
+        fdot(w, p.x + t * p.x_stride, p.x_stride, p.w.cols, n, out);
+      }
+      for (int j = 0; j < n; ++j) p.y[(t + j) * p.y_stride + r] = out[j] + b;
     }
   }
 }
@@ -211,8 +211,10 @@ void RowDotRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, 
 void TileSgemmRange(const LinearParams& p, int64_t r0, int64_t r1) {
   static thread_local std::vector<float> tile;
   const int64_t cols = p.w.cols;
-  for (int64_t rt = r0; rt < r1; rt += kTileRows) {
-    const int64_t n = std::min(kTileRows, r1 - rt);
+  // F32 rows are used in place: one sgemm over the thread's whole slice.
+  const int64_t tile_rows = p.w.type == WeightType::kF32 ? r1 - r0 : kTileRows;
+  for (int64_t rt = r0; rt < r1; rt += tile_rows) {
+    const int64_t n = std::min(tile_rows, r1 - rt);
     const float* wt;
     int64_t ldw;
     if (p.w.type == WeightType::kF32) {
@@ -220,7 +222,8 @@ void TileSgemmRange(const LinearParams& p, int64_t r0, int64_t r1) {
       ldw = static_cast<int64_t>(p.w.row_stride_bytes / 4);
     } else {
       float* buf = Scratch(tile, static_cast<size_t>(kTileRows * cols));
-      for (int64_t i = 0; i < n; ++i) DequantizeWeightRow(p.w.type, Row(p.w, rt + i), cols, buf + i * cols);
+      for (int64_t i = 0; i < n; ++i)
+        DequantizeWeightRow(p.w.type, Row(p.w, rt + i), cols, buf + i * cols);
       wt = buf;
       ldw = cols;
     }
@@ -253,9 +256,8 @@ bool IsQuantized(WeightType t) {
 }
 
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
-  int64_t min_tokens = kSgemmMinTokensQuant;
-  if (type == WeightType::kF32) min_tokens = kSgemmMinTokensF32;
-  if (type == WeightType::kF16 || type == WeightType::kBF16) min_tokens = kSgemmMinTokensHalf;
+  if (IsQuantized(type)) return LinearMethod::kRowDot;
+  const int64_t min_tokens = type == WeightType::kF32 ? kSgemmMinTokensF32 : kSgemmMinTokensHalf;
   return num_tokens >= min_tokens ? LinearMethod::kTileSgemm : LinearMethod::kRowDot;
 }
 
@@ -309,9 +311,18 @@ absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method) 
   if (method == LinearMethod::kTileSgemm) UseOpenBlasSingleThreaded();
   const int64_t work = p.w.rows * p.w.cols * p.num_tokens;
   const int threads = (omp_in_parallel() || work < kMinParallelWork) ? 1 : omp_get_max_threads();
+  // A few tokens are quantized before the parallel region (microseconds), which
+  // saves decode a barrier; more are quantized by the team (omp for + barrier).
+  const bool quant_serial = quant_acts && p.num_tokens <= kSerialQuantTokens;
+  if (quant_serial) {
+    for (int64_t t = 0; t < p.num_tokens; ++t) QuantizeToken(p, nb, t, xq);
+  }
 #pragma omp parallel num_threads(threads)
   {
-    if (quant_acts) QuantizeTokens(p, nb, xq);  // ends with the barrier of omp for
+    if (quant_acts && !quant_serial) {
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < p.num_tokens; ++t) QuantizeToken(p, nb, t, xq);
+    }
     int64_t r0, r1;
     ThreadRows(p.w.rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
     if (r0 < r1) {

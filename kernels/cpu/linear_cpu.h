@@ -42,13 +42,22 @@ void QuantizeActs256(const float* x, int64_t n, ActBlock256* out);
 // `row`) to fp32. Portable; the reference for every kernel.
 void DequantizeWeightRow(WeightType type, const uint8_t* row, int64_t cols, float* dst);
 
+// Tokens one kernel call multiplies with a weight row (the row is loaded and
+// unpacked once for all of them).
+inline constexpr int kMaxTokens = 4;
+
 // The kernels of one instruction-set path.
-//  qdot: dot product of one quantized weight row (nb blocks) with one token's
-//        activation blocks (ActBlock32 or ActBlock256 per UsesActBlock256).
-//  fdot: dot product of one F32/F16/BF16 weight row of n elements with fp32 x.
+//  QDotFn: dot products of one quantized weight row (nb blocks at w) with
+//          ntok (1..kMaxTokens) tokens of activation blocks (ActBlock32 or
+//          ActBlock256 per UsesActBlock256); token j's blocks start at
+//          x + j * x_token_bytes; out[j] = its dot product.
+//  FDotFn: the same for an F32/F16/BF16 row of n elements and fp32 tokens
+//          x + j * x_stride.
 struct IsaKernels {
-  using QDotFn = float (*)(const uint8_t* w, const void* x, int64_t nb);
-  using FDotFn = float (*)(const uint8_t* w, const float* x, int64_t n);
+  using QDotFn = void (*)(const uint8_t* w, const uint8_t* x, size_t x_token_bytes, int64_t nb,
+                          int ntok, float* out);
+  using FDotFn = void (*)(const uint8_t* w, const float* x, int64_t x_stride, int64_t n, int ntok,
+                          float* out);
   QDotFn q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k;
   FDotFn f32, f16, bf16;
 };

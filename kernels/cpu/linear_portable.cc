@@ -91,8 +91,7 @@ void DequantBlock(WeightType type, const uint8_t* b, float* y) {
       }
       return;
     }
-    default:
-      return;
+    default: return;
   }
 }
 
@@ -117,8 +116,8 @@ float DotQ4_1(const uint8_t* w, const void* xv, int64_t nb) {
     const int8_t* q = x[i].qs;
     int32_t s = 0;
     for (int j = 0; j < 16; ++j) s += (w[4 + j] & 15) * q[j] + (w[4 + j] >> 4) * q[j + 16];
-    acc += x[i].d * (LoadF16(w) * static_cast<float>(s) +
-                     LoadF16(w + 2) * static_cast<float>(x[i].sum));
+    acc += x[i].d *
+           (LoadF16(w) * static_cast<float>(s) + LoadF16(w + 2) * static_cast<float>(x[i].sum));
   }
   return acc;
 }
@@ -138,8 +137,8 @@ float DotQ5(const uint8_t* w, const void* xv, int64_t nb) {
       s += x0 * q[j] + x1 * q[j + 16];
     }
     if constexpr (kHasMin) {
-      acc += x[i].d * (LoadF16(w) * static_cast<float>(s) +
-                       LoadF16(w + 2) * static_cast<float>(x[i].sum));
+      acc += x[i].d *
+             (LoadF16(w) * static_cast<float>(s) + LoadF16(w + 2) * static_cast<float>(x[i].sum));
     } else {
       acc += LoadF16(w) * x[i].d * static_cast<float>(s - 16 * x[i].sum);
     }
@@ -182,8 +181,8 @@ float DotQ45K(const uint8_t* w, const void* xv, int64_t nb) {
       sumi += sc * dot;
       summ += mn * (bs[2 * j] + bs[2 * j + 1]);
     }
-    acc += x[i].d * (LoadF16(w) * static_cast<float>(sumi) -
-                     LoadF16(w + 2) * static_cast<float>(summ));
+    acc += x[i].d *
+           (LoadF16(w) * static_cast<float>(sumi) - LoadF16(w + 2) * static_cast<float>(summ));
   }
   return acc;
 }
@@ -242,6 +241,16 @@ float DotBF16(const uint8_t* w, const float* x, int64_t n) {
               [](const uint8_t* p, int64_t i) { return BFloat16BitsToFloat(LoadU16(p + 2 * i)); });
 }
 
+// Adapters to the multi-token signatures of IsaKernels: one token at a time.
+template <float (*kDot)(const uint8_t*, const void*, int64_t)>
+void QMulti(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, int ntok, float* out) {
+  for (int j = 0; j < ntok; ++j) out[j] = kDot(w, x + j * xb, nb);
+}
+template <float (*kDot)(const uint8_t*, const float*, int64_t)>
+void FMulti(const uint8_t* w, const float* x, int64_t xs, int64_t n, int ntok, float* out) {
+  for (int j = 0; j < ntok; ++j) out[j] = kDot(w, x + j * xs, n);
+}
+
 }  // namespace
 
 void QuantizeActs32(const float* x, int64_t n, ActBlock32* out) {
@@ -268,17 +277,14 @@ void QuantizeActs256(const float* x, int64_t n, ActBlock256* out) {
 
 void DequantizeWeightRow(WeightType type, const uint8_t* row, int64_t cols, float* dst) {
   switch (type) {
-    case WeightType::kF32:
-      std::memcpy(dst, row, static_cast<size_t>(cols) * 4);
-      return;
+    case WeightType::kF32: std::memcpy(dst, row, static_cast<size_t>(cols) * 4); return;
     case WeightType::kF16:
       for (int64_t i = 0; i < cols; ++i) dst[i] = LoadF16(row + 2 * i);
       return;
     case WeightType::kBF16:
       for (int64_t i = 0; i < cols; ++i) dst[i] = BFloat16BitsToFloat(LoadU16(row + 2 * i));
       return;
-    default:
-      break;
+    default: break;
   }
   const int64_t be = BlockElems(type);
   const size_t bb = BlockBytes(type);
@@ -286,9 +292,10 @@ void DequantizeWeightRow(WeightType type, const uint8_t* row, int64_t cols, floa
 }
 
 const IsaKernels& PortableKernels() {
-  static const IsaKernels k = {DotQ4_0,        DotQ4_1,        DotQ5<false>, DotQ5<true>,
-                               DotQ8_0,        DotQ45K<false>, DotQ45K<true>, DotQ6K,
-                               DotF32,         DotF16,         DotBF16};
+  static const IsaKernels k = {QMulti<DotQ4_0>,       QMulti<DotQ4_1>, QMulti<DotQ5<false>>,
+                               QMulti<DotQ5<true>>,   QMulti<DotQ8_0>, QMulti<DotQ45K<false>>,
+                               QMulti<DotQ45K<true>>, QMulti<DotQ6K>,  FMulti<DotF32>,
+                               FMulti<DotF16>,        FMulti<DotBF16>};
   return k;
 }
 

@@ -5,6 +5,9 @@
 // super-blocks Q2_K..Q6_K, all with fp16 scales. Results match gguf-py's
 // gguf.quants.dequantize (checked by tests/model/dequant_test.cc against
 // fixtures from tests/model/make_dequant_fixtures.py) to within fp32 rounding.
+// The formats the Linear kernels run (kernels/weight_format.h: F32, F16, BF16,
+// Q4_0..Q8_0, Q4_K, Q5_K, Q6_K) are converted by kernels::DequantizeRowToFloat,
+// where their block layouts are defined; Q2_K and Q3_K here.
 #ifndef PAGEDSERVE_RUNTIME_MODEL_DEQUANT_H_
 #define PAGEDSERVE_RUNTIME_MODEL_DEQUANT_H_
 

@@ -1,0 +1,156 @@
+// Linear over stored weight formats (kernels/linear.h) at SmolLM2-135M shapes
+// (576x576 q/o proj, 1536x576 gate/up, 576x1536 down, 49152x576 LM head) and a
+// 4096x4096 7B-class shape, for 1/8/32/128 tokens, against today's path: the
+// weight dequantized to fp32 and one OpenBLAS sgemm with OpenBLAS's own threads.
+//
+// BM_Linear/<format>/<rows>/<cols>/<tokens>: Linear as the forward pass calls it
+//   (method from ChooseMethod, ISA from ActiveLinearIsa / PAGEDSERVE_CPU_ISA).
+// BM_LinearMethod/<format>/<rows>/<cols>/<tokens>/<method 0 row_dot, 1 tile_sgemm>:
+//   one method forced, to place the crossover in ChooseMethod.
+// BM_OpenBlasF32/<rows>/<cols>/<tokens>: cblas_sgemm on fp32 weights,
+//   openblas_set_num_threads(omp_get_max_threads()) during the run.
+// Counter weight_GBps = bytes of the stored weight / time (decode is bound by it).
+// Format ids: the WeightType values (0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1,
+// 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K, 30 BF16).
+#include <cblas.h>
+#include <omp.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "kernels/cpu/half.h"
+#include "kernels/cpu/linear_cpu.h"
+#include "kernels/linear.h"
+
+namespace pagedserve::kernels {
+namespace {
+
+// Random weight bytes with sane fp16 scales (every block's scale fields set).
+std::vector<uint8_t> RandomWeightBytes(WeightType type, int64_t rows, int64_t cols) {
+  const size_t row_bytes = *RowBytes(type, cols);
+  std::vector<uint8_t> w(row_bytes * rows);
+  std::mt19937 rng(1);
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  auto put = [](uint8_t* p, float v) {
+    const uint16_t h = FloatToHalfBits(v);
+    std::memcpy(p, &h, 2);
+  };
+  if (type == WeightType::kF32) {
+    for (size_t i = 0; i < w.size(); i += 4) {
+      const float v = static_cast<float>(rng() % 2001) / 1000.0f - 1.0f;
+      std::memcpy(&w[i], &v, 4);
+    }
+    return w;
+  }
+  if (type == WeightType::kF16 || type == WeightType::kBF16) {
+    for (size_t i = 0; i < w.size(); i += 2) {
+      const float v = static_cast<float>(rng() % 2001) / 1000.0f - 1.0f;
+      const uint16_t h = type == WeightType::kF16 ? FloatToHalfBits(v) : FloatToBFloat16Bits(v);
+      std::memcpy(&w[i], &h, 2);
+    }
+    return w;
+  }
+  const size_t bb = BlockBytes(type);
+  for (size_t off = 0; off < w.size(); off += bb) {
+    if (type == WeightType::kQ6_K) {
+      put(&w[off + 208], 0.001f);
+    } else {
+      put(&w[off], 0.01f);
+      put(&w[off + 2], 0.001f);
+    }
+  }
+  return w;
+}
+
+struct Setup {
+  WeightType type;
+  int64_t rows, cols, tokens;
+  std::vector<uint8_t> w;
+  std::vector<float> x, y;
+  LinearParams p;
+  Setup(WeightType t, int64_t r, int64_t c, int64_t n)
+      : type(t), rows(r), cols(c), tokens(n), w(RandomWeightBytes(t, r, c)), x(n * c), y(n * r) {
+    std::mt19937 rng(2);
+    std::normal_distribution<float> g;
+    for (float& v : x) v = g(rng);
+    p = LinearParams{x.data(), n,        c, WeightView{t, r, c, w.data(), *RowBytes(t, c)},
+                     nullptr,  y.data(), r};
+  }
+  void Count(benchmark::State& state, const char* method) {
+    state.counters["weight_GBps"] = benchmark::Counter(
+        static_cast<double>(w.size()) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+    state.counters["tokens_per_s"] = benchmark::Counter(
+        static_cast<double>(tokens) * state.iterations(), benchmark::Counter::kIsRate);
+    state.SetLabel(std::string(WeightTypeName(type)) + " " + CpuIsaName(ActiveLinearIsa()) + " " +
+                   method);
+  }
+};
+
+void BM_Linear(benchmark::State& state) {
+  Setup s(static_cast<WeightType>(state.range(0)), state.range(1), state.range(2), state.range(3));
+  for (auto _ : state) {
+    if (!Linear(s.p).ok()) state.SkipWithError("Linear failed");
+    benchmark::DoNotOptimize(s.y.data());
+  }
+  s.Count(state, cpu::LinearMethodName(cpu::ChooseMethod(s.type, s.tokens, s.rows, s.cols)));
+}
+
+void BM_LinearMethod(benchmark::State& state) {
+  Setup s(static_cast<WeightType>(state.range(0)), state.range(1), state.range(2), state.range(3));
+  const auto m = state.range(4) == 0 ? cpu::LinearMethod::kRowDot : cpu::LinearMethod::kTileSgemm;
+  for (auto _ : state) {
+    if (!cpu::LinearWith(s.p, ActiveLinearIsa(), m).ok()) state.SkipWithError("Linear failed");
+    benchmark::DoNotOptimize(s.y.data());
+  }
+  s.Count(state, cpu::LinearMethodName(m));
+}
+
+// Today's path: fp32 weights, one sgemm, OpenBLAS's own thread pool.
+void BM_OpenBlasF32(benchmark::State& state) {
+  Setup s(WeightType::kF32, state.range(0), state.range(1), state.range(2));
+  const float* w = reinterpret_cast<const float*>(s.w.data());
+  openblas_set_num_threads(omp_get_max_threads());
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(s.tokens),
+                static_cast<int>(s.rows), static_cast<int>(s.cols), 1.0f, s.x.data(),
+                static_cast<int>(s.cols), w, static_cast<int>(s.cols), 0.0f, s.y.data(),
+                static_cast<int>(s.rows));
+    benchmark::DoNotOptimize(s.y.data());
+  }
+  openblas_set_num_threads(1);  // what Linear's tile method expects (kernels/linear.h)
+  s.Count(state, "openblas threads");
+}
+
+constexpr int64_t kShapes[][2] = {{576, 576}, {1536, 576}, {576, 1536}, {49152, 576}, {4096, 4096}};
+constexpr int64_t kTokens[] = {1, 8, 32, 128};
+constexpr int64_t kFormats[] = {0, 1, 30, 2, 3, 6, 7, 8, 12, 13, 14};
+
+void LinearArgs(benchmark::internal::Benchmark* b) {
+  for (int64_t f : kFormats)
+    for (const auto& s : kShapes)
+      for (int64_t t : kTokens) {
+        // K-quants need cols % 256 == 0 (llama.cpp falls back to other formats for
+        // SmolLM2's 576-column tensors).
+        if (s[1] % BlockElems(static_cast<WeightType>(f)) == 0) b->Args({f, s[0], s[1], t});
+      }
+}
+void MethodArgs(benchmark::internal::Benchmark* b) {
+  for (int64_t f : {0, 1, 3, 8, 12, 14})
+    for (int64_t t : {4, 8, 16, 32, 64, 128, 256})
+      for (int64_t m : {0, 1}) b->Args({f, 1536, 1536, t, m});
+}
+void BlasArgs(benchmark::internal::Benchmark* b) {
+  for (const auto& s : kShapes)
+    for (int64_t t : kTokens) b->Args({s[0], s[1], t});
+}
+
+BENCHMARK(BM_OpenBlasF32)->Apply(BlasArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Linear)->Apply(LinearArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LinearMethod)->Apply(MethodArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace pagedserve::kernels
+
+BENCHMARK_MAIN();

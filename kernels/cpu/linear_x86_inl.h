@@ -1,0 +1,269 @@
+// Quantized dot products of the x86 paths of the CPU Linear, shared by
+// linear_avx2.cc (pmaddubsw + pmaddwd) and linear_avx512.cc (AVX512-VNNI
+// vpdpbusd on 256-bit vectors). Each of those files includes this header after
+// `#pragma GCC target(...)` with PS_LINEAR_VNNI set to 0 or 1; everything here
+// has internal linkage, so no function compiled for a wider ISA can be picked by
+// the linker for a caller on the portable path.
+//
+// Method (llama.cpp's ggml-quants.c vec_dot_*; written independently): the weight
+// codes are expanded to one unsigned byte per element (0..15, 0..31 or 0..63), the
+// 8-bit activations multiplied with them into int32 sums per 8 elements, and the
+// sums scaled in fp32 per block. The constant offsets (-8, -16, -32) and the mins
+// are applied through the activation block sums, in scalar fp32.
+#ifndef PAGEDSERVE_KERNELS_CPU_LINEAR_X86_INL_H_
+#define PAGEDSERVE_KERNELS_CPU_LINEAR_X86_INL_H_
+
+#if !defined(PS_LINEAR_VNNI)
+#error "define PS_LINEAR_VNNI before including linear_x86_inl.h"
+#endif
+
+namespace {
+
+using pagedserve::kernels::cpu::ActBlock256;
+using pagedserve::kernels::cpu::ActBlock32;
+using pagedserve::kernels::cpu::LoadU32;
+using pagedserve::kernels::cpu::ScaleMinK4;
+
+// Sum over groups of 4 bytes of w (unsigned) * x (signed): 8 x int32.
+inline __m256i DotU8I8(__m256i w, __m256i x) {
+#if PS_LINEAR_VNNI
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+#endif
+}
+
+// Sum over groups of 4 of (w * x) * scale16 where scale16 is int16 per pair:
+// the weighted form used by the K-quants (pmaddwd applies the sub-block scale).
+inline __m256i DotU8I8Scaled(__m256i w, __m256i x, __m256i scale16) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), scale16);
+}
+
+inline float HSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256i Load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0..15), then high (16..31).
+inline __m256i Nibbles32(const uint8_t* q) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+// Bit i of qh -> 0x10 in byte i (i < 32), 0 otherwise.
+inline __m256i HighBits32(uint32_t qh) {
+  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101,
+                                         0x0000000000000000);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
+  v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+// fp16 scalar by F16C (the portable LoadF16 is a software conversion).
+inline float F16(const uint8_t* p) { return _cvtsh_ss(pagedserve::kernels::cpu::LoadU16(p)); }
+
+// The kernels below compute one weight row against N = 1..4 tokens at once, so
+// that a weight block is loaded and unpacked once for N tokens; token j's
+// activation blocks start at x + j * xb bytes. kMaxTokens in linear_cpu.h.
+
+// Legacy 32-blocks. kQs: offset of the nibbles; kQh: offset of the 5th bits
+// (-1: none); kMin: offset of the fp16 min (-1: none); kOffset: subtracted code.
+template <int N, int kBytes, int kQs, int kQh, int kMin, int kOffset>
+void DotLegacyN(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  __m256 acc[N];
+  float extra[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps(), extra[j] = 0.0f;
+  for (int64_t i = 0; i < nb; ++i, w += kBytes) {
+    __m256i q = Nibbles32(w + kQs);
+    if constexpr (kQh >= 0) q = _mm256_or_si256(q, HighBits32(LoadU32(w + kQh)));
+    const float dw = F16(w);
+    const float mw = kMin >= 0 ? F16(w + kMin) : 0.0f;
+    for (int j = 0; j < N; ++j) {
+      const ActBlock32& a = reinterpret_cast<const ActBlock32*>(x + j * xb)[i];
+      const __m256i s = DotU8I8(q, Load256(a.qs));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * a.d), acc[j]);
+      if constexpr (kMin >= 0) {
+        extra[j] += mw * a.d * static_cast<float>(a.sum);
+      } else {
+        extra[j] -= dw * a.d * static_cast<float>(kOffset * a.sum);
+      }
+    }
+  }
+  for (int j = 0; j < N; ++j) out[j] = HSum(acc[j]) + extra[j];
+}
+
+template <int N>
+void DotQ8_0N(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  __m256 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i, w += 34) {
+    const __m256i q = Load256(w + 2);
+    // |w| (unsigned, <= 128) times x with w's sign: one side must be unsigned.
+    const __m256i aq = _mm256_sign_epi8(q, q);
+    const float dw = F16(w);
+    for (int j = 0; j < N; ++j) {
+      const ActBlock32& a = reinterpret_cast<const ActBlock32*>(x + j * xb)[i];
+      const __m256i s = DotU8I8(aq, _mm256_sign_epi8(Load256(a.qs), q));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * a.d), acc[j]);
+    }
+  }
+  for (int j = 0; j < N; ++j) out[j] = HSum(acc[j]);
+}
+
+// Q4_K (kFive = false) and Q5_K.
+template <int N, bool kFive>
+void DotQ45KN(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  constexpr int kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
+  const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+  __m256 acc[N];
+  float extra[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps(), extra[j] = 0.0f;
+  for (int64_t i = 0; i < nb; ++i, w += kBytes) {
+    __m256i hbits = kFive ? Load256(w + 16) : _mm256_setzero_si256();
+    __m256i sumi[N];
+    int32_t summ[N];
+    for (int j = 0; j < N; ++j) sumi[j] = _mm256_setzero_si256(), summ[j] = 0;
+    for (int k = 0; k < 4; ++k) {
+      int sc0, mn0, sc1, mn1;
+      ScaleMinK4(2 * k, w + 4, &sc0, &mn0);
+      ScaleMinK4(2 * k + 1, w + 4, &sc1, &mn1);
+      const __m256i q = Load256(w + kQs + 32 * k);
+      __m256i lo = _mm256_and_si256(q, m4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if constexpr (kFive) {
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hbits, one), 4));
+        hi = _mm256_or_si256(
+            hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 1), one), 4));
+        hbits = _mm256_srli_epi16(hbits, 2);
+      }
+      const __m256i s0 = _mm256_set1_epi16(static_cast<int16_t>(sc0));
+      const __m256i s1 = _mm256_set1_epi16(static_cast<int16_t>(sc1));
+      for (int j = 0; j < N; ++j) {
+        const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + j * xb)[i];
+        sumi[j] = _mm256_add_epi32(sumi[j], DotU8I8Scaled(lo, Load256(a.qs + 64 * k), s0));
+        sumi[j] = _mm256_add_epi32(sumi[j], DotU8I8Scaled(hi, Load256(a.qs + 64 * k + 32), s1));
+        const int16_t* bs = a.bsums + 4 * k;
+        summ[j] += mn0 * (bs[0] + bs[1]) + mn1 * (bs[2] + bs[3]);
+      }
+    }
+    const float d = F16(w), dmin = F16(w + 2);
+    for (int j = 0; j < N; ++j) {
+      const float dx = reinterpret_cast<const ActBlock256*>(x + j * xb)[i].d;
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[j]), _mm256_set1_ps(d * dx), acc[j]);
+      extra[j] -= dmin * dx * static_cast<float>(summ[j]);
+    }
+  }
+  for (int j = 0; j < N; ++j) out[j] = HSum(acc[j]) + extra[j];
+}
+
+template <int N>
+void DotQ6KN(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+  __m256 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i, w += 210) {
+    const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+    __m256i sumi[N];
+    int32_t off[N];
+    for (int j = 0; j < N; ++j) sumi[j] = _mm256_setzero_si256(), off[j] = 0;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = Load256(w + 64 * h), ql1 = Load256(w + 64 * h + 32);
+      const __m256i qh = Load256(w + 128 + 32 * h);
+      for (int k = 0; k < 4; ++k) {
+        const __m256i ql = (k & 1) ? ql1 : ql0;
+        const __m256i low =
+            k < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
+        const __m256i q = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+        const int sub = 8 * h + 2 * k;
+        const __m256i scale =
+            _mm256_set_m128i(_mm_set1_epi16(sc[sub + 1]), _mm_set1_epi16(sc[sub]));
+        for (int j = 0; j < N; ++j) {
+          const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + j * xb)[i];
+          sumi[j] =
+              _mm256_add_epi32(sumi[j], DotU8I8Scaled(q, Load256(a.qs + 128 * h + 32 * k), scale));
+          off[j] += sc[sub] * a.bsums[sub] + sc[sub + 1] * a.bsums[sub + 1];
+        }
+      }
+    }
+    const float d = F16(w + 208);
+    for (int j = 0; j < N; ++j) {
+      const float dx = reinterpret_cast<const ActBlock256*>(x + j * xb)[i].d;
+      // The -32 offset of the codes: subtract 32 * sum(scale * bsum) once.
+      const __m256i s =
+          _mm256_sub_epi32(sumi[j], _mm256_set_epi32(0, 0, 0, 0, 0, 0, 0, 32 * off[j]));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * dx), acc[j]);
+    }
+  }
+  for (int j = 0; j < N; ++j) out[j] = HSum(acc[j]);
+}
+
+// A QDotFn (linear_cpu.h) over a kernel template K<N>: n tokens in groups of 1..4.
+template <template <int> class K>
+void MultiToken(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, int n, float* out) {
+  switch (n) {
+    case 1: K<1>::Run(w, x, xb, nb, out); return;
+    case 2: K<2>::Run(w, x, xb, nb, out); return;
+    case 3: K<3>::Run(w, x, xb, nb, out); return;
+    default: K<4>::Run(w, x, xb, nb, out); return;
+  }
+}
+
+template <int N>
+struct KQ4_0 {
+  static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
+    DotLegacyN<N, 18, 2, -1, -1, 8>(w, x, xb, nb, o);
+  }
+};
+template <int N>
+struct KQ4_1 {
+  static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
+    DotLegacyN<N, 20, 4, -1, 2, 0>(w, x, xb, nb, o);
+  }
+};
+template <int N>
+struct KQ5_0 {
+  static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
+    DotLegacyN<N, 22, 6, 2, -1, 16>(w, x, xb, nb, o);
+  }
+};
+template <int N>
+struct KQ5_1 {
+  static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
+    DotLegacyN<N, 24, 8, 4, 2, 0>(w, x, xb, nb, o);
+  }
+};
+template <int N>
+struct KQ8_0 {
+  static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
+    DotQ8_0N<N>(w, x, xb, nb, o);
+  }
+};
+template <int N>
+struct KQ4_K {
+  static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
+    DotQ45KN<N, false>(w, x, xb, nb, o);
+  }
+};
+template <int N>
+struct KQ5_K {
+  static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
+    DotQ45KN<N, true>(w, x, xb, nb, o);
+  }
+};
+template <int N>
+struct KQ6_K {
+  static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
+    DotQ6KN<N>(w, x, xb, nb, o);
+  }
+};
+
+}  // namespace
+
+#endif  // PAGEDSERVE_KERNELS_CPU_LINEAR_X86_INL_H_
