@@ -281,9 +281,11 @@ class ServerTestCase(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        # SIGTERM is a graceful shutdown: the server must exit 0.
         rc = cls.server.stop()
         if rc != 0:
             print(cls.server.logs(), file=sys.stderr)
+            raise AssertionError(f"pagedserve serve exited with {rc} after SIGTERM")
 
     def check_histograms(self, samples):
         hs = histograms(samples)
