@@ -38,8 +38,11 @@ import pagedserve_client  # noqa: E402
 
 ARGS = None
 MAX_MODEL_LEN = 256
-START_TIMEOUT = 120.0
-REPLY_TIMEOUT = 60.0
+# Waiting bounds, multiplied by PAGEDSERVE_TEST_TIME_SCALE (default 1) on a slow
+# or shared machine: they are there so that a hang fails, not to time anything.
+TIME_SCALE = max(1.0, float(os.environ.get("PAGEDSERVE_TEST_TIME_SCALE", "1") or 1))
+START_TIMEOUT = 120.0 * TIME_SCALE
+REPLY_TIMEOUT = 60.0 * TIME_SCALE
 
 
 def free_port():
@@ -174,7 +177,7 @@ def joined(deltas, index=0):
     return text, ids
 
 
-def wait_drained(timeout=10):
+def wait_drained(timeout=10 * TIME_SCALE):
     """(running, waiting, kv_blocks_used) once they are all 0, or at the deadline."""
     deadline = time.monotonic() + timeout
     while True:

@@ -63,9 +63,12 @@ except ImportError:  # pragma: no cover
     sys.exit(1 if _allowed is not None and not re.search(_allowed, _reason) else 77)
 
 ARGS = None
-START_TIMEOUT = 120.0
-REPLY_TIMEOUT = 120.0
-DRAIN_TIMEOUT = 15.0
+# Waiting bounds, multiplied by PAGEDSERVE_TEST_TIME_SCALE (default 1) on a slow
+# or shared machine: they are there so that a hang fails, not to time anything.
+TIME_SCALE = max(1.0, float(os.environ.get("PAGEDSERVE_TEST_TIME_SCALE", "1") or 1))
+START_TIMEOUT = 120.0 * TIME_SCALE
+REPLY_TIMEOUT = 120.0 * TIME_SCALE
+DRAIN_TIMEOUT = 15.0 * TIME_SCALE
 
 
 def free_port():
