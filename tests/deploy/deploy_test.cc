@@ -66,6 +66,8 @@ TEST(KustomizeTest, BrokenOverlaysAreRejected) {
       {"unknown-field", {"'terminationGracePeriod' was unexpected"}},
       {"bad-lws", {"'Always' is not one of", "workerTemplate: kubernetes", "'readinesProbe' was unexpected"}},
       {"bad-port", {"targetPort 'prometheus'", "endpoint port 'http-metrics'"}},
+      // The upstream ServiceMonitor schema (extract_schemas.py) at work.
+      {"bad-servicemonitor", {"'scrapeInterval' was unexpected", "'tcp'"}},
   };
   for (const auto& [dir, messages] : cases) {
     auto r = RunCommand("python3 '" + SourceDir() + "/tests/deploy/validate_manifests.py' '" +

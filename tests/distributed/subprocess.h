@@ -30,6 +30,21 @@ inline std::string Env(const char* name) {
   return v ? v : "";
 }
 
+// PAGEDSERVE_TEST_TIME_SCALE (default 1, values below 1 ignored): the factor
+// every latency bound of the process tests is multiplied by, for a loaded
+// shared machine (CTest -j, sanitizers). Tests assert the order of events
+// wherever they can and keep wall-clock bounds only where the bound is the
+// property under test (a failure noticed within the step timeout).
+inline double TimeScale() {
+  const char* v = std::getenv("PAGEDSERVE_TEST_TIME_SCALE");
+  const double s = v != nullptr ? std::atof(v) : 1.0;
+  return s > 1.0 ? s : 1.0;
+}
+
+// Waits up to `timeout_s` for each pid to be gone (Alive below); returns the
+// pids still running.
+inline std::vector<int> StillAlive(const std::vector<int>& pids, double timeout_s);
+
 struct Result {
   int exit_code = -1;    // -1: killed by the test's timeout
   bool timed_out = false;
@@ -143,6 +158,17 @@ inline bool Alive(int pid) {
   int scanned = std::fscanf(f, "%*d (%*[^)]) %c", &state);
   std::fclose(f);
   return scanned == 1 && state != 'Z';
+}
+
+inline std::vector<int> StillAlive(const std::vector<int>& pids, double timeout_s) {
+  const auto until = Clock::now() + std::chrono::duration<double>(timeout_s);
+  std::vector<int> alive;
+  for (int pid : pids) {
+    while (Alive(pid) && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (Alive(pid)) alive.push_back(pid);
+  }
+  return alive;
 }
 
 inline Result RunChild(const std::vector<std::string>& argv, double timeout_s) {

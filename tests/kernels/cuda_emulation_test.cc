@@ -4,7 +4,8 @@
 // kernels' indexing into the paged layout, masking of the slots past the
 // context (filled with NaN here), thread-group / warp / block reductions, the
 // v2 partition + reduce arithmetic and the prefill tiling on machines without
-// a GPU. It needs only the CUDA headers, not a device.
+// a GPU. It needs only the CUDA headers, not a device. Tolerances: the
+// attention standard of attention_check.h, with its negative controls.
 #include "tests/kernels/simt_emulator.h"  // must precede the kernel headers
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include "kernels/paged_attention.h"
 #include "kernels/reshape_and_cache.h"
 #include "kernels/types.h"
+#include "tests/kernels/attention_check.h"
 #include "tests/kernels/reference_attention.h"
 
 namespace pagedserve::kernels {
@@ -71,10 +73,6 @@ std::vector<float> RandomVector(size_t n, std::mt19937& rng) {
   std::vector<float> v(n);
   for (float& x : v) x = u(rng);
   return v;
-}
-
-double Tolerance(DType t) {
-  return t == DType::kFloat32 ? 1e-4 : t == DType::kFloat16 ? 4e-3 : 2.5e-2;
 }
 
 std::vector<float> AlibiSlopes(int n) {
@@ -209,18 +207,36 @@ void CheckDecode(DType dt, int block_size, int heads, int kv_heads, bool use_ali
                             " block " + std::to_string(block_size) + " heads " +
                             std::to_string(heads) + "/" + std::to_string(kv_heads) +
                             (use_alibi ? " alibi" : "");
+  const size_t per_seq = static_cast<size_t>(heads) * HS;
+  // The negative controls' sequence: the longest with at least three blocks.
+  int control = -1;
+  for (int s = 0; s < S; ++s)
+    if (c.seq_lens[s] >= 3 * block_size && (control < 0 || c.seq_lens[s] > c.seq_lens[control]))
+      control = s;
   for (bool v2 : {false, true}) {
-    std::vector<uint8_t> out(static_cast<size_t>(S) * heads * HS * DTypeSize(dt), 0xFF);
+    std::vector<uint8_t> out(S * per_seq * DTypeSize(dt), 0xFF);
     EmuDecode<T, HS>(c, eq, alibi, scale, v2, out);
-    std::vector<float> got = Decode(out.data(), static_cast<size_t>(S) * heads * HS, dt);
+    std::vector<float> got = Decode(out.data(), S * per_seq, dt);
     for (int s = 0; s < S; ++s) {
-      std::vector<double> ref = testing::ReferenceDecode(q.data() + static_cast<size_t>(s) * heads * HS,
-                                                         heads, c.K(s), c.V(s), c.seq_lens[s],
-                                                         scale, alibi);
-      for (int i = 0; i < heads * HS; ++i)
-        ASSERT_NEAR(got[static_cast<size_t>(s) * heads * HS + i], ref[i], Tolerance(dt))
-            << label << (v2 ? " v2" : " v1") << " seq " << s << " (len " << c.seq_lens[s]
-            << ") head " << i / HS << " dim " << i % HS;
+      std::vector<double> ref = testing::ReferenceDecode(q.data() + s * per_seq, heads, c.K(s),
+                                                         c.V(s), c.seq_lens[s], scale, alibi);
+      ASSERT_TRUE(testing::AttentionOutputMatches(got.data() + s * per_seq, ref.data(), per_seq, dt))
+          << label << (v2 ? " v2" : " v1") << " seq " << s << " (len " << c.seq_lens[s] << ")";
+      if (s != control) continue;
+      // Negative controls (attention_check.h): zeroed output, and the same
+      // kernel with this sequence's last full block dropped.
+      HostCase dropped = c;
+      std::vector<int32_t> row(c.block_tables.begin() + s * c.max_blocks_per_seq,
+                               c.block_tables.begin() + (s + 1) * c.max_blocks_per_seq);
+      testing::DropBlock(&row, &dropped.seq_lens[s], (c.seq_lens[s] - 1) / block_size - 1,
+                         block_size);
+      std::copy(row.begin(), row.end(), dropped.block_tables.begin() + s * c.max_blocks_per_seq);
+      std::vector<uint8_t> dout(out.size(), 0xFF);
+      EmuDecode<T, HS>(dropped, eq, alibi, scale, v2, dout);
+      const std::vector<float> dgot = Decode(dout.data(), S * per_seq, dt);
+      testing::ExpectRejectsBrokenOutputs(
+          ref, std::vector<float>(dgot.begin() + s * per_seq, dgot.begin() + (s + 1) * per_seq),
+          dt);
     }
   }
 }
@@ -275,22 +291,23 @@ void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_al
         c.block_tables.data(), c.max_blocks_per_seq, scale, use_alibi ? slopes.data() : nullptr);
   });
   std::vector<float> got = Decode(out.data(), static_cast<size_t>(T_) * heads * HS, dt);
-  std::vector<double> ref(HS);
+  // Each query row (all heads) under the attention standard.
+  std::vector<double> ref(static_cast<size_t>(heads) * HS);
   for (int s = 0; s < S; ++s) {
     for (int i = 0; i < seqs[s].q_len; ++i) {
       const int row = qsl[s] + i, qpos = seqs[s].cached + i;
-      for (int h = 0; h < heads; ++h) {
+      for (int h = 0; h < heads; ++h)
         testing::ReferenceAttendOne(q.data() + row * qstride + static_cast<int64_t>(h) * HS, h,
                                     heads, c.K(s), c.V(s), qpos + 1, qpos, scale,
-                                    use_alibi ? slopes[h] : 0.0, ref.data());
-        for (int d = 0; d < HS; ++d)
-          ASSERT_NEAR(got[(static_cast<size_t>(row) * heads + h) * HS + d], ref[d], Tolerance(dt))
-              << DTypeName(dt) << " head " << HS << " block " << block_size
-              << (use_alibi ? " alibi" : "") << " seq " << s << " row " << i << " head " << h
-              << " dim " << d;
-      }
+                                    use_alibi ? slopes[h] : 0.0, ref.data() + h * HS);
+      ASSERT_TRUE(testing::AttentionOutputMatches(got.data() + static_cast<size_t>(row) * ref.size(),
+                                                  ref.data(), ref.size(), dt))
+          << DTypeName(dt) << " head " << HS << " block " << block_size
+          << (use_alibi ? " alibi" : "") << " seq " << s << " row " << i;
     }
   }
+  EXPECT_FALSE(testing::AttentionOutputMatches(std::vector<float>(ref.size(), 0.0f), ref, dt))
+      << "a zeroed prefill row passes";
 }
 
 TEST(CudaEmulationTest, PrefillKernelMatchesReference) {

@@ -45,18 +45,7 @@ inline float RoundTo(DType t, float v) {
   return t == DType::kFloat32 ? out : LoadElem(t, tmp, 0);
 }
 
-// Largest |error| the tests accept for an attention output, relative to the
-// largest |V| (outputs are convex combinations of V rows): fp32 accumulates in
-// fp32 (error ~1e-6 for these sizes); fp16 adds one output rounding (2^-11
-// relative) and bf16 one rounding of 2^-8, plus accumulation.
-inline double AttentionTolerance(DType t) {
-  switch (t) {
-    case DType::kFloat32: return 2e-5;
-    case DType::kFloat16: return 1.5e-3;
-    case DType::kBFloat16: return 1e-2;
-  }
-  return 0.0;
-}
+// Tolerances of attention outputs: tests/kernels/attention_check.h.
 
 // One layer's paged cache in host memory. Every element starts as NaN (the
 // "garbage" that unused slots must never leak).

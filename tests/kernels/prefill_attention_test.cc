@@ -1,6 +1,7 @@
 // Prefill attention (CPU) against the double-precision reference: causal,
 // variable-length flattened batch, K/V read from the paged cache (new tokens
-// written there by ReshapeAndCache). Tolerances as in paged_attention_test.
+// written there by ReshapeAndCache). Tolerances: the attention standard of
+// attention_check.h, with its negative controls (zeroed row, dropped block).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/prefill_attention.h"
 #include "kernels/reshape_and_cache.h"
+#include "tests/kernels/attention_check.h"
 #include "tests/kernels/kernel_test_util.h"
 #include "tests/kernels/reference_attention.h"
 
@@ -98,27 +100,56 @@ void RunPrefillCase(const PrefillCase& c) {
   p.alibi_slopes = c.alibi ? slopes.data() : nullptr;
   ASSERT_TRUE(PrefillAttention(p).ok());
 
-  const double tol = AttentionTolerance(c.dtype);
-  std::vector<double> ref(hs);
+  // Each checked query row (all heads) under the attention standard.
+  std::vector<double> ref(static_cast<size_t>(H) * hs);
+  std::vector<float> got(ref.size());
+  int control_seq = -1;
+  std::vector<double> control_ref;
   for (size_t s = 0; s < c.seqs.size(); ++s)
     for (int i = 0; i < c.seqs[s].q_len; ++i) {
       const int t = qsl[s] + i;
       const bool last = i == c.seqs[s].q_len - 1;
       if (i % c.check_every != 0 && !last) continue;
       const int pos = c.seqs[s].seq_len - c.seqs[s].q_len + i;
-      for (int h = 0; h < H; ++h) {
+      for (int h = 0; h < H; ++h)
         ReferenceAttendOne(q.f.data() + t * qstride + static_cast<int64_t>(h) * hs, h, H,
                            b.gathered_k(s), b.gathered_v(s), pos + 1, pos, p.scale,
-                           c.alibi ? slopes[h] : 0.0, ref.data());
-        for (int d = 0; d < hs; ++d) {
-          const float got = out.Get((static_cast<size_t>(t) * H + h) * hs + d);
-          ASSERT_TRUE(std::abs(got - ref[d]) <= tol)
-              << "seq " << s << " (len " << c.seqs[s].seq_len << ", q_len " << c.seqs[s].q_len
-              << ") row " << i << " head " << h << " dim " << d << ": " << got << " vs "
-              << ref[d];
-        }
+                           c.alibi ? slopes[h] : 0.0, ref.data() + static_cast<size_t>(h) * hs);
+      for (size_t k = 0; k < got.size(); ++k) got[k] = out.Get(static_cast<size_t>(t) * H * hs + k);
+      ASSERT_TRUE(AttentionOutputMatches(got, ref, c.dtype))
+          << "seq " << s << " (len " << c.seqs[s].seq_len << ", q_len " << c.seqs[s].q_len
+          << ") row " << i;
+      // Negative-control candidate: the last row of the longest sequence that
+      // keeps a valid context with one block dropped.
+      const SeqSpec& sp = c.seqs[s];
+      if (last && sp.seq_len >= 3 * c.block_size && sp.seq_len - c.block_size >= sp.q_len &&
+          (control_seq < 0 || sp.seq_len > c.seqs[control_seq].seq_len)) {
+        control_seq = static_cast<int>(s);
+        control_ref = ref;
       }
     }
+
+  // Negative controls: a zeroed row, and the same kernel with one block of the
+  // control sequence's context dropped (its last row then attends to every
+  // token but that block's), must both fail the standard.
+  if (control_seq < 0) {
+    EXPECT_FALSE(AttentionOutputMatches(std::vector<float>(ref.size(), 0.0f), ref, c.dtype));
+    return;
+  }
+  std::vector<int32_t> tables = b.block_tables, dlens = b.seq_lens;
+  std::vector<int32_t> trow(tables.begin() + control_seq * b.max_blocks_per_seq,
+                            tables.begin() + (control_seq + 1) * b.max_blocks_per_seq);
+  DropBlock(&trow, &dlens[control_seq], (c.seqs[control_seq].seq_len - 1) / c.block_size - 1,
+            c.block_size);
+  std::copy(trow.begin(), trow.end(), tables.begin() + control_seq * b.max_blocks_per_seq);
+  HostTensor dropped_out(c.dtype, out.size());
+  p.out = dropped_out.data();
+  p.block_tables = tables.data();
+  p.seq_lens = dlens.data();
+  ASSERT_TRUE(PrefillAttention(p).ok());
+  const size_t last_row = static_cast<size_t>(qsl[control_seq + 1] - 1);
+  for (size_t k = 0; k < got.size(); ++k) got[k] = dropped_out.Get(last_row * H * hs + k);
+  ExpectRejectsBrokenOutputs(control_ref, got, c.dtype);
 }
 
 constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
