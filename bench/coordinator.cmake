@@ -3,4 +3,4 @@
 # section "Coordinator".
 add_executable(bench_coordinator ${CMAKE_CURRENT_LIST_DIR}/coordinator_bench.cc)
 target_link_libraries(bench_coordinator PRIVATE pagedserve_options pagedserve_coordinator
-  benchmark::benchmark)
+  pagedserve_distributed benchmark::benchmark)

@@ -2,10 +2,14 @@
 // Schedule() (budgets, block appends, copy-on-write checks, step plan with block
 // tables and slot mapping) + a StepResult with one token per sequence +
 // ProcessResult() (append, stop checks, prefix-cache registration when on).
-// Goal (issue 4): <= 50 us per step at N = 256.
+// Goal (issue 14): <= 50 us per step at N = 256 and <= 200 us at N = 1024,
+// prefix caching on and off. Counters plan_bytes / plan_bytes_1000: the size
+// of a decode step's plan as the MPI executor encodes it
+// (distributed/step_plan_codec.h) on a fresh batch and 1000 steps later.
 #include <memory>
 
 #include "benchmark/benchmark.h"
+#include "distributed/step_plan_codec.h"
 #include "runtime/coordinator/scheduler.h"
 
 namespace pagedserve {
@@ -48,6 +52,20 @@ std::unique_ptr<Scheduler> MakeRunning(int32_t n, bool caching) {
   return s;
 }
 
+// Runs `steps` decode steps; returns the encoded size of the last plan.
+size_t DecodeSteps(Scheduler& s, int steps) {
+  size_t bytes = 0;
+  for (int i = 0; i < steps; ++i) {
+    auto plan = s.Schedule();
+    bytes = EncodeStepPlan(*plan).size();
+    StepResult res;
+    res.step_id = plan->step_id;
+    for (const SequenceStep& st : plan->seqs) res.tokens.push_back(SampledToken{st.seq_id, 7, 0.0f, {}, {}});
+    benchmark::DoNotOptimize(s.ProcessResult(res));
+  }
+  return bytes;
+}
+
 void BM_DecodeStep(benchmark::State& state) {
   const int32_t n = static_cast<int32_t>(state.range(0));
   const bool caching = state.range(1) != 0;
@@ -74,7 +92,11 @@ void BM_DecodeStep(benchmark::State& state) {
     benchmark::DoNotOptimize(out);
   }
   state.counters["seqs_per_step"] = benchmark::Counter(static_cast<double>(tokens) / state.iterations());
-  state.counters["preemptions"] = static_cast<double>(sched->stats().num_preemptions_recompute);
+  // Outside the timed loop: the wire size of a decode step's plan on a fresh
+  // batch (contexts of kPrompt + 1 tokens) and 1000 steps later.
+  auto fresh = MakeRunning(n, caching);
+  state.counters["plan_bytes"] = static_cast<double>(DecodeSteps(*fresh, 1));
+  state.counters["plan_bytes_1000"] = static_cast<double>(DecodeSteps(*fresh, 1000));
 }
 BENCHMARK(BM_DecodeStep)
     ->ArgsProduct({{256, 1024}, {0, 1}})

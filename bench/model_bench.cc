@@ -136,7 +136,7 @@ struct Seq {
   int32_t last = 0;      // last sampled token
 };
 
-SequenceStep MakeStep(const Seq& s, std::vector<int32_t> tokens, bool sample, std::vector<int64_t>* slots) {
+SequenceStep MakeStep(const Seq& s, std::vector<int32_t> tokens, bool sample) {
   SequenceStep st;
   st.seq_id = s.id;
   st.start_pos = s.pos;
@@ -148,8 +148,6 @@ SequenceStep MakeStep(const Seq& s, std::vector<int32_t> tokens, bool sample, st
   st.token_ids = std::move(tokens);
   const int end = s.pos + static_cast<int>(st.token_ids.size());
   for (int blk = 0; blk < (end + kBlockSize - 1) / kBlockSize; ++blk) st.block_table.push_back(s.first_block + blk);
-  for (int p = s.pos; p < end; ++p)
-    slots->push_back(static_cast<int64_t>(st.block_table[p / kBlockSize]) * kBlockSize + p % kBlockSize);
   return st;
 }
 
@@ -179,7 +177,7 @@ void Prefill(std::vector<Seq>& seqs) {
     while (s.pos < c.prompt_len) {
       const int n = std::min(budget, c.prompt_len - s.pos);
       std::vector<int32_t> chunk(prompt.begin() + s.pos, prompt.begin() + s.pos + n);
-      plan.seqs.push_back(MakeStep(s, std::move(chunk), s.pos + n == c.prompt_len, &plan.slot_mapping));
+      plan.seqs.push_back(MakeStep(s, std::move(chunk), s.pos + n == c.prompt_len));
       s.pos += n;
       budget -= n;
       if (budget == 0) {
@@ -194,7 +192,7 @@ void Prefill(std::vector<Seq>& seqs) {
 
 void DecodeStep(std::vector<Seq>& seqs) {
   StepPlan plan;
-  for (const Seq& s : seqs) plan.seqs.push_back(MakeStep(s, {s.last}, true, &plan.slot_mapping));
+  for (const Seq& s : seqs) plan.seqs.push_back(MakeStep(s, {s.last}, true));
   Run(plan, seqs);
   for (Seq& s : seqs) ++s.pos;
 }

@@ -527,6 +527,7 @@ int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
 }
 
 absl::StatusOr<std::unique_ptr<Executor>> MakeMpiExecutor(const LaunchInfo& info,
+                                                          int32_t block_size,
                                                           absl::Duration startup_timeout,
                                                           absl::Duration step_timeout) {
   if (!info.coordinator() || info.world_size < 2)
@@ -548,8 +549,14 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeMpiExecutor(const LaunchInfo& info
                  h.pid, h.host, h.num_device_blocks, h.num_cpu_blocks);
     device_blocks = std::min(device_blocks, h.num_device_blocks);
     cpu_blocks = std::min(cpu_blocks, h.num_cpu_blocks);
+    if (h.block_size != block_size) {
+      MpiExecutor failed(num_workers, step_timeout, 0, 0);
+      return failed.Abort(absl::FailedPreconditionError(absl::StrCat(
+          "worker rank ", h.world_rank, " runs with --block-size ", h.block_size,
+          " but the coordinator with ", block_size,
+          ": step plans carry block tables whose slots depend on it")));
+    }
   }
-  const int64_t block_size = hellos->front().block_size;
   Log().info(
       "KV capacity (minimum over {} worker ranks): {} blocks x {} tokens = {} tokens; swap {} "
       "blocks = {} tokens",

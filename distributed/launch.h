@@ -7,7 +7,7 @@
 //   auto info = InitMpi(&argc, &argv);               // every rank
 //   if (auto s = CheckWorldSize(*info, tp); !s.ok()) { print s; FinalizeMpi(); return 2; }
 //   if (!info->coordinator()) { int rc = RunWorkerRank(*info, opts); FinalizeMpi(rc != 0, rc); return rc; }
-//   auto exec = info->world_size > 1 ? MakeMpiExecutor(*info, kDefaultStartupTimeout,
+//   auto exec = info->world_size > 1 ? MakeMpiExecutor(*info, block_size, kDefaultStartupTimeout,
 //                                                      kDefaultStepTimeout)
 //                                    : MakeLocalExecutor(...);
 //   ... engine loop; on an executor error fail every request ...
@@ -85,7 +85,11 @@ int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options);
 // the workers are told to abort and FinalizeMpi aborts the job.
 // Shutdown() waits for every worker to acknowledge (step timeout) and fails
 // if one does not (a dead rank), so a clean exit code means every rank ended.
+// block_size is the coordinator's --block-size: every worker confirms it in
+// its hello (FailedPrecondition naming the rank otherwise), since workers
+// derive the slot mapping from the plans' block tables with it.
 absl::StatusOr<std::unique_ptr<Executor>> MakeMpiExecutor(const LaunchInfo& info,
+                                                          int32_t block_size,
                                                           absl::Duration startup_timeout,
                                                           absl::Duration step_timeout);
 

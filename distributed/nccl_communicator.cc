@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "distributed/communicator.h"
+#include "kernels/cuda/cuda_status.h"
 
 namespace pagedserve {
 namespace {
@@ -13,11 +14,6 @@ namespace {
 absl::Status NcclStatus(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(what, " failed: ", ncclGetErrorString(r)));
-}
-
-absl::Status CudaStatus(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, " failed: ", cudaGetErrorString(e)));
 }
 
 class NcclCommunicator final : public Communicator {

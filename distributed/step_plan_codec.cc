@@ -8,7 +8,7 @@
 namespace pagedserve {
 namespace {
 
-constexpr char kPlanMagic[4] = {'P', 'S', 'P', '1'};
+constexpr char kPlanMagic[4] = {'P', 'S', 'P', '2'};  // 2: incremental sequence entries
 constexpr char kResultMagic[4] = {'P', 'S', 'R', '1'};
 
 void PutSampling(wire::Writer& w, const SamplingParams& s) {
@@ -66,6 +66,52 @@ absl::Status CheckMagic(wire::Reader& r, const char (&magic)[4], const char* wha
   return absl::OkStatus();
 }
 
+// SequenceStep flags.
+constexpr uint8_t kSample = 1, kNewState = 2, kFork = 4, kKnownFlags = 7;
+
+void PutSequenceStep(wire::Writer& w, const SequenceStep& s) {
+  w.Put<uint64_t>(s.seq_id);
+  w.Put<uint8_t>((s.sample ? kSample : 0) | (s.new_state ? kNewState : 0) |
+                 (s.fork_from != kNoSeq ? kFork : 0));
+  if (s.fork_from != kNoSeq) w.Put<uint64_t>(s.fork_from);
+  w.PutVector(s.token_ids);
+  w.Put<int32_t>(s.start_pos);
+  w.Put<int32_t>(s.block_table_start);
+  w.PutVector(s.block_table);
+  w.Put<int32_t>(s.num_samples);
+  if (!s.starts()) return;  // the per-sequence constants travel once
+  w.Put<int32_t>(s.sample_index);
+  PutSampling(w, s.sampling);
+  w.Put<int32_t>(s.num_prompt_tokens);
+  w.PutVector(s.cached_prefix_token_ids);
+}
+
+absl::Status GetSequenceStep(wire::Reader& r, SequenceStep* s) {
+  PS_RETURN_IF_ERROR(r.Get(&s->seq_id, "seq_id"));
+  uint8_t flags = 0;
+  PS_RETURN_IF_ERROR(r.Get(&flags, "flags"));
+  if (flags & ~kKnownFlags) {
+    return absl::DataLossError(absl::StrCat("step plan: unknown sequence flags ", int{flags}));
+  }
+  s->sample = flags & kSample;
+  s->new_state = flags & kNewState;
+  s->fork_from = kNoSeq;
+  if (flags & kFork) {
+    PS_RETURN_IF_ERROR(r.Get(&s->fork_from, "fork_from"));
+    if (s->fork_from == kNoSeq) return absl::DataLossError("step plan: fork flag without a parent");
+  }
+  PS_RETURN_IF_ERROR(r.GetVector(&s->token_ids, "token_ids"));
+  PS_RETURN_IF_ERROR(r.Get(&s->start_pos, "start_pos"));
+  PS_RETURN_IF_ERROR(r.Get(&s->block_table_start, "block_table_start"));
+  PS_RETURN_IF_ERROR(r.GetVector(&s->block_table, "block_table"));
+  PS_RETURN_IF_ERROR(r.Get(&s->num_samples, "num_samples"));
+  if (!s->starts()) return absl::OkStatus();
+  PS_RETURN_IF_ERROR(r.Get(&s->sample_index, "sample_index"));
+  PS_RETURN_IF_ERROR(GetSampling(r, &s->sampling));
+  PS_RETURN_IF_ERROR(r.Get(&s->num_prompt_tokens, "num_prompt_tokens"));
+  return r.GetVector(&s->cached_prefix_token_ids, "cached_prefix_token_ids");
+}
+
 }  // namespace
 
 std::string EncodeStepPlan(const StepPlan& p) {
@@ -73,21 +119,7 @@ std::string EncodeStepPlan(const StepPlan& p) {
   for (char c : kPlanMagic) w.Put(c);
   w.Put<uint64_t>(p.step_id);
   w.Put<uint64_t>(p.seqs.size());
-  for (const SequenceStep& s : p.seqs) {
-    w.Put<uint64_t>(s.seq_id);
-    w.Put<uint64_t>(s.fork_from);
-    w.PutVector(s.token_ids);
-    w.Put<int32_t>(s.start_pos);
-    w.PutVector(s.block_table);
-    w.Put<uint8_t>(s.sample);
-    w.Put<int32_t>(s.num_samples);
-    w.Put<int32_t>(s.sample_index);
-    PutSampling(w, s.sampling);
-    w.Put<int32_t>(s.num_prompt_tokens);
-    w.Put<uint8_t>(s.new_state);
-    w.PutVector(s.cached_prefix_token_ids);
-  }
-  w.PutVector(p.slot_mapping);
+  for (const SequenceStep& s : p.seqs) PutSequenceStep(w, s);
   w.PutVector(p.swap_out);
   w.PutVector(p.swap_in);
   w.PutVector(p.copy);
@@ -103,27 +135,9 @@ absl::StatusOr<StepPlan> DecodeStepPlan(std::string_view bytes) {
   PS_RETURN_IF_ERROR(r.Get(&p.step_id, "step_id"));
   uint64_t num_seqs = 0;
   PS_RETURN_IF_ERROR(r.Get(&num_seqs, "seqs.size"));
-  PS_RETURN_IF_ERROR(r.CheckCount(num_seqs, 64, "seqs"));
+  PS_RETURN_IF_ERROR(r.CheckCount(num_seqs, 37, "seqs"));  // bytes of the smallest entry
   p.seqs.resize(num_seqs);
-  for (SequenceStep& s : p.seqs) {
-    PS_RETURN_IF_ERROR(r.Get(&s.seq_id, "seq_id"));
-    PS_RETURN_IF_ERROR(r.Get(&s.fork_from, "fork_from"));
-    PS_RETURN_IF_ERROR(r.GetVector(&s.token_ids, "token_ids"));
-    PS_RETURN_IF_ERROR(r.Get(&s.start_pos, "start_pos"));
-    PS_RETURN_IF_ERROR(r.GetVector(&s.block_table, "block_table"));
-    uint8_t sample = 0;
-    PS_RETURN_IF_ERROR(r.Get(&sample, "sample"));
-    s.sample = sample != 0;
-    PS_RETURN_IF_ERROR(r.Get(&s.num_samples, "num_samples"));
-    PS_RETURN_IF_ERROR(r.Get(&s.sample_index, "sample_index"));
-    PS_RETURN_IF_ERROR(GetSampling(r, &s.sampling));
-    PS_RETURN_IF_ERROR(r.Get(&s.num_prompt_tokens, "num_prompt_tokens"));
-    uint8_t new_state = 0;
-    PS_RETURN_IF_ERROR(r.Get(&new_state, "new_state"));
-    s.new_state = new_state != 0;
-    PS_RETURN_IF_ERROR(r.GetVector(&s.cached_prefix_token_ids, "cached_prefix_token_ids"));
-  }
-  PS_RETURN_IF_ERROR(r.GetVector(&p.slot_mapping, "slot_mapping"));
+  for (SequenceStep& s : p.seqs) PS_RETURN_IF_ERROR(GetSequenceStep(r, &s));
   PS_RETURN_IF_ERROR(r.GetVector(&p.swap_out, "swap_out"));
   PS_RETURN_IF_ERROR(r.GetVector(&p.swap_in, "swap_in"));
   PS_RETURN_IF_ERROR(r.GetVector(&p.copy, "copy"));

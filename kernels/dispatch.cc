@@ -65,8 +65,6 @@ absl::Status CheckBlockTables(absl::string_view op, const int32_t* bt, int num_s
   return absl::OkStatus();
 }
 
-int NumPartitions(int max_seq_len) { return (max_seq_len + kPartitionSize - 1) / kPartitionSize; }
-
 // Checks shared by decode and prefill attention (PagedAttentionParams and
 // PrefillAttentionParams name these fields alike): the cache view, num_seqs,
 // num_heads and, when there is work, the pointers, max_blocks_per_seq and scale.

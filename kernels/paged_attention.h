@@ -12,12 +12,10 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/partition.h"  // kPartitionSize, NumPartitions
 #include "kernels/types.h"
 
 namespace pagedserve::kernels {
-
-// Tokens per context partition of paged_attention_v2.
-inline constexpr int kPartitionSize = 512;
 
 struct PagedAttentionParams {
   void* out = nullptr;          // [num_seqs, num_heads, head_size], cache dtype

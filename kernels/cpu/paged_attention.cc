@@ -119,8 +119,6 @@ void RunDecodeV1(const DecodeShape& d, int max_seq_len, void* out, const BlockPt
   }
 }
 
-int NumPartitions(int max_seq_len) { return (max_seq_len + kPartitionSize - 1) / kPartitionSize; }
-
 }  // namespace
 
 absl::Status PagedAttentionV1(const PagedAttentionParams& p) {

@@ -16,16 +16,11 @@
 #include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 #include "kernels/paged_attention.h"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.h"
 
 namespace pagedserve::kernels::cuda {
 namespace {
-
-absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("CUDA error in ", what, ": ", cudaGetErrorString(e), " (", static_cast<int>(e), ")"));
-}
 
 cudaStream_t AsStream(void* s) { return static_cast<cudaStream_t>(s); }
 
@@ -82,7 +77,6 @@ DecodeArgs MakeDecodeArgs(const PagedAttentionParams& p) {
 
 // Workspace layout of kernels/paged_attention.h: max_logits [S, H, P], then
 // exp_sums [S, H, P], then tmp_out [S, H, P, D], all fp32, back to back.
-int NumPartitions(int max_seq_len) { return (max_seq_len + kPartitionSize - 1) / kPartitionSize; }
 size_t WorkspaceBytes(const PagedAttentionParams& p) {
   return PagedAttentionV2WorkspaceBytes(p.num_seqs, p.num_heads, p.cache.shape.head_size,
                                         p.max_seq_len);

@@ -15,12 +15,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/partition.h"  // kPartitionSize, NumPartitions: the v2 partition
+
 namespace pagedserve::kernels::cuda {
 
 // Threads per block of the decode attention kernels (4 warps, as vLLM).
 inline constexpr int kDecodeThreads = 128;
-// Tokens per v2 partition; equals kernels::kPartitionSize.
-inline constexpr int kDecodePartitionSize = 512;
 
 enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 

@@ -68,10 +68,10 @@ cudaError_t LaunchPagedAttentionV1(const DecodeArgs& a) {
 
 cudaError_t LaunchPagedAttentionV2(const DecodeArgs& a, float* max_logits, float* exp_sums,
                                    float* tmp_out) {
-  const int num_partitions = (a.max_seq_len + kDecodePartitionSize - 1) / kDecodePartitionSize;
+  const int num_partitions = NumPartitions(a.max_seq_len);
   return DispatchElemHead(a.cache.elem, a.cache.head_size, [&](auto t, auto hs) {
     using T = typename decltype(t)::type;
-    return LaunchDecode<T, decltype(hs)::value>(a, kDecodePartitionSize, num_partitions, max_logits,
+    return LaunchDecode<T, decltype(hs)::value>(a, kPartitionSize, num_partitions, max_logits,
                                      exp_sums, tmp_out);
   });
 }

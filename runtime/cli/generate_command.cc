@@ -66,7 +66,8 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
 
   absl::StatusOr<std::unique_ptr<Executor>> executor =
       info.world_size > 1
-          ? MakeMpiExecutor(info, setup.worker_startup_timeout, setup.worker_step_timeout)
+          ? MakeMpiExecutor(info, setup.scheduler.block_size, setup.worker_startup_timeout,
+                            setup.worker_step_timeout)
           : CreateLocalExecutor(setup.worker);
   if (!executor.ok()) {
     PrintError(executor.status());

@@ -157,7 +157,8 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const Server
   }
 
   absl::StatusOr<std::unique_ptr<Executor>> executor =
-      info.world_size > 1 ? MakeMpiExecutor(info, setup.worker_startup_timeout, setup.worker_step_timeout)
+      info.world_size > 1 ? MakeMpiExecutor(info, setup.scheduler.block_size, setup.worker_startup_timeout,
+                                          setup.worker_step_timeout)
                           : CreateLocalExecutor(setup.worker);
   if (!executor.ok()) {
     PrintError(executor.status());

@@ -22,12 +22,17 @@ struct BlockPair {
   bool operator==(const BlockPair&) const = default;
 };
 
-// One sequence's share of a step.
+// One sequence's share of a step. Plans are incremental: workers keep a mirror
+// of every running sequence (runtime/common/step_plan_mirror.h) and a plan
+// carries only what changed since the sequence's previous plan. A sequence
+// *starts* (new_state, or fork_from set) with everything in full; a continuing
+// sequence carries its fed tokens, the changed tail of its block table and
+// its sampling flags, nothing else.
 struct SequenceStep {
   SeqId seq_id = 0;
-  // Before this step the worker copies its per-sequence state (token history
-  // used by penalties) from this sequence: set when a sibling is forked for
-  // n > 1 or beam search. kNoSeq otherwise.
+  // Before this step the worker copies its per-sequence state (token history,
+  // block table, sampling parameters) from this sequence: set when a sibling
+  // is forked for n > 1 or beam search. kNoSeq otherwise.
   SeqId fork_from = kNoSeq;
   // Tokens fed this step: a prompt chunk (prefill) or the last sampled token
   // (decode). Positions are start_pos, start_pos+1, ...; start_pos is the number
@@ -35,7 +40,13 @@ struct SequenceStep {
   // > 0 after a prefix-cache hit or a previous chunk).
   std::vector<int32_t> token_ids;
   int32_t start_pos = 0;
-  // Physical blocks of the sequence, logical order; covers start_pos + token_ids.size().
+  // Block-table delta. The sequence's block table (physical blocks, logical
+  // order) after this plan is the first block_table_start entries the worker
+  // holds for it, followed by block_table. So a full row has start 0, and an
+  // unchanged row of L entries has start L and no entries; a decode that
+  // opens a new block sends one entry, a copy-on-write of the last block sends
+  // the last entry again. The resulting row covers start_pos + token_ids.size().
+  int32_t block_table_start = 0;
   std::vector<int32_t> block_table;
   // Draw samples from the logits of the last token of this step. False for a
   // non-final chunk of a chunked prefill.
@@ -43,25 +54,27 @@ struct SequenceStep {
   // Samples to draw: n on the final prefill step of an n > 1 group's parent
   // (siblings are forked afterwards), else 1.
   int32_t num_samples = 1;
+  // True on the first step of a sequence and on its first step after a
+  // recompute preemption: workers (re)start its per-sequence state here
+  // instead of continuing an old one. False on a forked sibling (fork_from).
+  bool new_state = false;
+
+  // Per-sequence constants: read by workers only when the sequence starts
+  // (starts()), ignored and not sent over the wire otherwise.
   // Which member of its group this sequence is (0..n-1): seeded requests derive
   // their random stream from (seed, sample_index, position) so outputs do not
   // depend on batch composition or preemption.
   int32_t sample_index = 0;
   SamplingParams sampling;
-  // Added by the coordinator (backward compatible; defaults describe a plain
-  // continuing sequence):
   // How many of the sequence's tokens are prompt (positions < this); the rest
   // are generated tokens (for presence / frequency penalties).
   int32_t num_prompt_tokens = 0;
-  // True on the first step of a sequence and on its first step after a
-  // recompute preemption: workers (re)start its per-sequence state here
-  // instead of continuing an old one. False on a forked sibling (fork_from).
-  bool new_state = false;
   // When new_state and start_pos > 0 (a prefix-cache hit), the token ids at
   // positions [0, start_pos) whose K/V came from the cache, so that workers see
   // the whole history. Empty otherwise.
   std::vector<int32_t> cached_prefix_token_ids;
 
+  bool starts() const { return new_state || fork_from != kNoSeq; }
   int32_t context_len() const { return start_pos + static_cast<int32_t>(token_ids.size()); }
   bool is_prefill() const { return token_ids.size() > 1 || start_pos == 0; }
 };
@@ -69,21 +82,26 @@ struct SequenceStep {
 struct StepPlan {
   uint64_t step_id = 0;
   std::vector<SequenceStep> seqs;  // decode sequences first, then prefills
-  // slot_mapping[t] = block * block_size + offset for every fed token t, in the
-  // order of seqs[*].token_ids flattened. int64 as the kernels take it.
-  std::vector<int64_t> slot_mapping;
   // Block operations, applied in this order before the forward pass.
   std::vector<BlockPair> swap_out;  // device block -> CPU swap block
   std::vector<BlockPair> swap_in;   // CPU swap block -> device block
   std::vector<BlockPair> copy;      // device -> device (copy-on-write)
-  // Sequences that ended (finished, aborted, or failed); workers drop their state.
-  // Workers apply this list after the forks (fork_from) of this plan and ignore
-  // ids they never saw (a request aborted while waiting, a sibling that finished
-  // on its first token).
+  // Sequences whose worker state ends: finished, aborted, failed, or preempted
+  // by recompute (such a sequence comes back later with new_state). Workers
+  // apply this list after the sequences of this plan (a fork reads its parent
+  // first) and ignore ids they never saw or already dropped (a request aborted
+  // while waiting, a sibling that finished on its first token).
   std::vector<SeqId> finished;
   bool shutdown = false;  // workers exit after acknowledging this plan
 
-  int64_t num_tokens() const { return static_cast<int64_t>(slot_mapping.size()); }
+  // Tokens fed this step (prefill chunks + decode tokens). The slot mapping
+  // (slot[t] = block_table[pos / block_size] * block_size + pos % block_size
+  // per fed token) is derived by workers from their mirrored block tables.
+  int64_t num_tokens() const {
+    int64_t n = 0;
+    for (const SequenceStep& s : seqs) n += static_cast<int64_t>(s.token_ids.size());
+    return n;
+  }
 };
 
 // One sampled token of a sequence.

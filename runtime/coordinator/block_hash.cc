@@ -3,36 +3,56 @@
 #include <openssl/evp.h>
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
 namespace pagedserve {
 namespace {
 
-void PutU64(std::vector<unsigned char>& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<unsigned char>(v >> (8 * i)));
+// Little-endian, fixed width, whatever the host order (one store on x86).
+unsigned char* PutU64(unsigned char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) *p++ = static_cast<unsigned char>(v >> (8 * i));
+  return p;
 }
-void PutU32(std::vector<unsigned char>& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<unsigned char>(v >> (8 * i)));
+unsigned char* PutU32(unsigned char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) *p++ = static_cast<unsigned char>(v >> (8 * i));
+  return p;
 }
+
+// SHA-256 fetched once: EVP_Digest(..., EVP_sha256(), ...) fetches the
+// algorithm from the provider and allocates a context on every call, which
+// cost more than hashing a 16-token block (OpenSSL 3 "performance" notes
+// recommend explicit fetching for repeated use).
+const EVP_MD* Sha256() {
+  static const EVP_MD* md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  return md;
+}
+
+struct MdCtxFree {
+  void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
+};
 
 }  // namespace
 
 BlockHash Sha256BlockHash(const BlockHash& parent, absl::Span<const int32_t> token_ids,
                           absl::Span<const int64_t> extra_keys) {
   thread_local std::vector<unsigned char> buf;
-  buf.clear();
-  buf.reserve(32 + 4 * token_ids.size() + 8 * extra_keys.size());
-  PutU64(buf, parent.hi);
-  PutU64(buf, parent.lo);
-  PutU64(buf, token_ids.size());
-  for (int32_t t : token_ids) PutU32(buf, static_cast<uint32_t>(t));
-  PutU64(buf, extra_keys.size());
-  for (int64_t k : extra_keys) PutU64(buf, static_cast<uint64_t>(k));
+  thread_local std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
+  buf.resize(32 + 4 * token_ids.size() + 8 * extra_keys.size());
+  unsigned char* p = buf.data();
+  p = PutU64(p, parent.hi);
+  p = PutU64(p, parent.lo);
+  p = PutU64(p, token_ids.size());
+  for (int32_t t : token_ids) p = PutU32(p, static_cast<uint32_t>(t));
+  p = PutU64(p, extra_keys.size());
+  for (int64_t k : extra_keys) p = PutU64(p, static_cast<uint64_t>(k));
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  // EVP_Digest only fails on allocation failure inside OpenSSL; a zero digest
-  // would then merely make every hit go through verification and miss.
-  if (EVP_Digest(buf.data(), buf.size(), digest, &len, EVP_sha256(), nullptr) != 1 || len < 16) {
+  // These fail only on allocation failure inside OpenSSL; a zero digest would
+  // then merely make every hit go through verification and miss.
+  if (ctx == nullptr || Sha256() == nullptr || EVP_DigestInit_ex2(ctx.get(), Sha256(), nullptr) != 1 ||
+      EVP_DigestUpdate(ctx.get(), buf.data(), buf.size()) != 1 ||
+      EVP_DigestFinal_ex(ctx.get(), digest, &len) != 1 || len < 16) {
     std::memset(digest, 0, sizeof(digest));
   }
   BlockHash h;

@@ -26,6 +26,7 @@ void MoveBlockTable(Sequence& seq, BlockPool& from, BlockPool& to,
     from.DecRef(b);
     b = it->second;
   }
+  seq.num_synced_blocks = 0;
 }
 
 }  // namespace
@@ -70,6 +71,7 @@ int32_t BlockManager::MatchPrefix(Sequence& seq) {
     ++hits;
   }
   if (hits > 0) holders_.insert(&seq);
+  seq.num_synced_blocks = 0;
   seq.num_computed_tokens = hits * block_size_;
   seq.num_registered_blocks = hits;
   return hits * block_size_;
@@ -108,18 +110,24 @@ bool BlockManager::AppendSlots(Sequence& seq, int32_t n, std::vector<BlockPair>*
   const int32_t have = static_cast<int32_t>(seq.block_table.size());
   const int32_t fresh = std::max(0, BlocksForTokens(static_cast<int64_t>(seq.num_computed_tokens) + n) - have);
   const int32_t wb = seq.num_computed_tokens / block_size_;
-  const bool cow = wb < have && device_.ref_count(seq.block_table[wb]) > 1;
+  const bool cow = wb < have && IsShared(seq, wb);
   if (fresh + (cow ? 1 : 0) > device_.num_available()) return false;
-  if (cow) {
-    const int32_t src = seq.block_table[wb];
-    const int32_t dst = device_.Allocate();
-    copies->push_back({src, dst});
-    device_.DecRef(src);
-    seq.block_table[wb] = dst;
-  }
+  if (cow) CopyOnWrite(seq, wb, copies);
   const bool was_empty = seq.block_table.empty();
   for (int32_t i = 0; i < fresh; ++i) seq.block_table.push_back(device_.Allocate());
   if (was_empty && !seq.block_table.empty()) holders_.insert(&seq);
+  return true;
+}
+
+bool BlockManager::CopyOnWrite(Sequence& seq, int32_t index, std::vector<BlockPair>* copies) {
+  if (!IsShared(seq, index)) return true;
+  const int32_t src = seq.block_table[index];
+  const int32_t dst = device_.Allocate();
+  if (dst < 0) return false;
+  copies->push_back({src, dst});
+  device_.DecRef(src);
+  seq.block_table[index] = dst;
+  seq.num_synced_blocks = std::min(seq.num_synced_blocks, index);
   return true;
 }
 
@@ -130,6 +138,7 @@ void BlockManager::Fork(const Sequence& parent, Sequence& child) {
   child.num_registered_blocks = parent.num_registered_blocks;
   BlockPool& pool = parent.blocks_on_cpu ? cpu_ : device_;
   for (int32_t b : child.block_table) pool.IncRef(b);
+  child.num_synced_blocks = 0;
   if (!child.block_table.empty()) holders_.insert(&child);
 }
 
@@ -141,6 +150,7 @@ void BlockManager::Free(Sequence& seq) {
   seq.block_table.clear();
   seq.blocks_on_cpu = false;
   seq.num_registered_blocks = 0;
+  seq.num_synced_blocks = 0;
   holders_.erase(&seq);
 }
 

@@ -70,11 +70,23 @@ class BlockManager {
   // counting that the last sharer of a block writes in place).
   int32_t NumBlocksToAppend(absl::Span<Sequence* const> seqs,
                             absl::Span<const int32_t> num_new_tokens) const;
-  // Makes seq's block table cover num_computed_tokens + n tokens. When the
-  // block the first new token is written to is shared (ref > 1), it is first
-  // copied (copy-on-write): (old, new) is appended to *copies. Returns false
-  // and changes nothing when the device pool cannot supply the blocks.
+  // Makes seq's block table cover num_computed_tokens + n tokens. The block
+  // the first new token is written to goes through CopyOnWrite first. Returns
+  // false and changes nothing when the device pool cannot supply the blocks.
   bool AppendSlots(Sequence& seq, int32_t n, std::vector<BlockPair>* copies);
+
+  // True when seq's block_table[index] is shared with another sequence
+  // (ref count > 1): writing into it would change the other's K/V.
+  bool IsShared(const Sequence& seq, int32_t index) const {
+    return device_.ref_count(seq.block_table[index]) > 1;
+  }
+  // Copy-on-write (vLLM, SOSP'23 section 4.4): makes seq's device block
+  // block_table[index] private before seq writes into it. When it is shared,
+  // a fresh block takes its place in seq's table, the old one loses seq's
+  // reference, and (old, new) is appended to *copies for the workers to copy
+  // the K/V before the forward pass. No-op (true) when it is not shared;
+  // false, changing nothing, when no device block is available.
+  bool CopyOnWrite(Sequence& seq, int32_t index, std::vector<BlockPair>* copies);
 
   // child shares all of parent's blocks (ref counts + 1); for n > 1 sampling
   // and beam search. child must hold no blocks.

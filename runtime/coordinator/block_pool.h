@@ -1,5 +1,6 @@
 // A pool of fixed-size physical KV blocks: free list, reference counts and,
-// optionally, the prefix-cache table (hash -> block) with LRU eviction.
+// optionally, a prefix cache (prefix_cache.h) whose unreferenced blocks it
+// evicts in LRU order.
 //
 // Every block is in exactly one state:
 //   free       ref 0, holds nothing reusable (on the free list);
@@ -16,19 +17,22 @@
 // Prefix caching (the device pool only): a block is registered under a hash only
 // after its K/V were computed (the caller's duty). A registered block records its
 // token ids, extra keys and its parent (block id + generation), and Lookup
-// accepts a candidate only when all of them equal the request's. The generation
-// of a block increases whenever it is handed out for new content, so a cached
-// child whose parent block was evicted and reused is never matched again.
+// accepts a candidate only when all of them equal the request's (PrefixCache).
+// The generation of a block increases whenever it is handed out for new
+// content, so a cached child whose parent block was evicted and reused is never
+// matched again.
 #ifndef PAGEDSERVE_RUNTIME_COORDINATOR_BLOCK_POOL_H_
 #define PAGEDSERVE_RUNTIME_COORDINATOR_BLOCK_POOL_H_
 
 #include <cstdint>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include <memory>
+
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "runtime/coordinator/block_hash.h"
+#include "runtime/coordinator/prefix_cache.h"
 
 namespace pagedserve {
 
@@ -60,8 +64,8 @@ class BlockPool {
   uint32_t generation(int32_t block) const { return gen_[block]; }
 
   // ---- prefix cache (no-ops / misses when caching is disabled) ----
-  bool caching() const { return caching_; }
-  bool is_cached(int32_t block) const { return caching_ && cached_[block]; }
+  bool caching() const { return cache_ != nullptr; }
+  bool is_cached(int32_t block) const { return cache_ != nullptr && cache_->contains(block); }
   // Returns the cached block registered under `hash` whose parent is
   // (parent_block, parent_gen) (-1 for the first block) and whose token ids and
   // extra keys equal the given ones; -1 when there is none or it does not
@@ -83,26 +87,17 @@ class BlockPool {
  private:
   void LruRemove(int32_t b);
   void LruPushBack(int32_t b);
-  void Uncache(int32_t b);
 
   const int32_t num_blocks_;
   const int32_t block_size_;
-  const bool caching_;
   std::vector<int32_t> ref_;
   std::vector<uint32_t> gen_;
   std::vector<int32_t> free_;  // stack
-  // Caching state, per block.
-  std::vector<uint8_t> cached_;
-  std::vector<BlockHash> hash_;
-  std::vector<int32_t> parent_;
-  std::vector<uint32_t> parent_gen_;
-  std::vector<int32_t> tokens_;  // num_blocks * block_size
-  std::vector<std::vector<int64_t>> extra_;
-  std::vector<int32_t> prev_, next_;  // LRU links, -1 terminated
+  std::unique_ptr<PrefixCache> cache_;  // null when caching is off
+  std::vector<int32_t> prev_, next_;  // LRU links of evictable blocks, -1 terminated
   int32_t lru_head_ = -1, lru_tail_ = -1;  // head = evicted first
   int32_t num_evictable_ = 0;
   int64_t num_evictions_ = 0;
-  absl::flat_hash_map<BlockHash, int32_t> table_;
 };
 
 }  // namespace pagedserve

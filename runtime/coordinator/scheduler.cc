@@ -234,16 +234,18 @@ void Scheduler::InsertRunning(SequenceGroup* g) {
   running_.insert(std::upper_bound(running_.begin(), running_.end(), g, KeyLess()), g);
 }
 
-void Scheduler::PlanTokens(SequenceGroup* g, int32_t avail, std::vector<Sequence*>* seqs,
-                           std::vector<int32_t>* ks, bool* incomplete) {
-  seqs->clear();
-  ks->clear();
+void Scheduler::PlanTokens(SequenceGroup* g, int32_t avail, GroupPlan* gp) {
+  gp->seqs.clear();
+  gp->ks.clear();
+  gp->prefix_hits.clear();
+  gp->incomplete = false;
   for (auto& sp : g->seqs) {
     Sequence* s = sp.get();
     if (s->finished()) continue;
+    int32_t hit = -1;
     if (config_.enable_prefix_caching && s->block_table.empty() && s->num_computed_tokens == 0 &&
         !s->blocks_on_cpu) {
-      s->prefix_hit_tokens = bm_->MatchPrefix(*s);
+      hit = bm_->MatchPrefix(*s);
     }
     const int32_t need = s->num_uncomputed();
     int32_t k;
@@ -256,44 +258,45 @@ void Scheduler::PlanTokens(SequenceGroup* g, int32_t avail, std::vector<Sequence
       k = need <= avail ? need : 0;
       avail -= k;
     }
-    if (k < need) *incomplete = true;
-    seqs->push_back(s);
-    ks->push_back(k);
+    if (k < need) gp->incomplete = true;
+    gp->seqs.push_back(s);
+    gp->ks.push_back(k);
+    gp->prefix_hits.push_back(hit);
   }
 }
 
-void Scheduler::Commit(SequenceGroup* g, const std::vector<Sequence*>& seqs,
-                       const std::vector<int32_t>& ks, std::vector<BlockPair>* copies) {
+int32_t Scheduler::Commit(SequenceGroup* g, const GroupPlan& gp, StepPlan* plan) {
   // The prefix-cache counters describe a request's first admission only: a
   // request re-admitted after a recompute preemption finds its own blocks
   // again, which is recovered work, not prefix sharing (vLLM keeps those
   // lookups apart as preempted_queries / preempted_hits).
   const bool first_admission = g->num_cached_tokens < 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    Sequence* s = seqs[i];
-    if (s->prefix_hit_tokens >= 0) {
-      if (first_admission) bm_->RecordPrefixQuery(s->len(), s->prefix_hit_tokens);
-      if (g->num_cached_tokens < 0 && s == g->seqs[0].get()) g->num_cached_tokens = s->prefix_hit_tokens;
-      s->prefix_hit_tokens = -1;
+  const int32_t ordinal = num_step_groups_++;
+  int32_t tokens = 0;
+  for (size_t i = 0; i < gp.seqs.size(); ++i) {
+    Sequence* s = gp.seqs[i];
+    if (gp.prefix_hits[i] >= 0) {
+      if (first_admission) bm_->RecordPrefixQuery(s->len(), gp.prefix_hits[i]);
+      if (g->num_cached_tokens < 0 && s == g->seqs[0].get()) g->num_cached_tokens = gp.prefix_hits[i];
     }
     s->status = SequenceStatus::kRunning;
-    const int32_t k = ks[i];
-    if (k <= 0 || !bm_->AppendSlots(*s, k, copies)) continue;
+    const int32_t k = gp.ks[i];
+    tokens += k;
+    if (k <= 0 || !bm_->AppendSlots(*s, k, &plan->copy)) continue;
     int32_t samples = 0;
     if (s->num_computed_tokens + k == s->len()) {
       samples = (!g->forked && g->params.n > 1 && s == g->seqs[0].get()) ? g->params.n : 1;
     }
-    scheduled_.push_back({s, g, k, samples});
+    scheduled_.push_back({s, g, k, samples, ordinal});
   }
   if (g->num_cached_tokens < 0 && !config_.enable_prefix_caching) g->num_cached_tokens = 0;
+  return tokens;
 }
 
 void Scheduler::Preempt(SequenceGroup* g, StepPlan* plan) {
   std::vector<Sequence*> seqs;
   for (auto& s : g->seqs) {
-    if (s->finished()) continue;
-    s->prefix_hit_tokens = -1;
-    seqs.push_back(s.get());
+    if (!s->finished()) seqs.push_back(s.get());
   }
   if (config_.preemption_mode == PreemptionMode::kSwap) {
     if (bm_->SwapOut(seqs, &plan->swap_out)) {
@@ -308,9 +311,10 @@ void Scheduler::Preempt(SequenceGroup* g, StepPlan* plan) {
   for (Sequence* s : seqs) {
     bm_->Free(*s);
     s->num_computed_tokens = 0;
-    s->new_state = true;
+    s->new_state = true;  // workers drop its state now and restart it on re-admission
     s->fork_from = kNoSeq;
     s->status = SequenceStatus::kWaiting;
+    plan->finished.push_back(s->id);
   }
   g->status = SequenceStatus::kWaiting;
   waiting_.insert(g);
@@ -328,136 +332,147 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   pending_finished_ids_.clear();
   ApplyPendingFinishes(&plan);
   scheduled_.clear();
+  num_step_groups_ = 0;
 
   int32_t budget = config_.max_num_batched_tokens;
-  int32_t reserved = 0;  // decode tokens of running groups not yet visited
-  for (SequenceGroup* g : running_) {
-    g->decode_count = DecodeCount(g);
-    reserved += g->decode_count;
-  }
-  bool preempted = false, incomplete = false;
-  std::vector<Sequence*> seqs;
-  std::vector<int32_t> ks;
-
-  // 1. Running requests, oldest first; preempt from the newest end.
-  for (size_t i = 0; i < running_.size();) {
-    SequenceGroup* g = running_[i];
-    const int32_t dc = g->decode_count;
-    reserved -= dc;
-    PlanTokens(g, budget - reserved - dc, &seqs, &ks, &incomplete);
-    bool self = false;
-    while (bm_->NumBlocksToAppend(seqs, ks) > bm_->device().num_available()) {
-      SequenceGroup* victim = running_.back();
-      running_.pop_back();
-      preempted = true;
-      if (victim == g) {
-        Preempt(g, &plan);
-        self = true;
-        break;
-      }
-      reserved -= victim->decode_count;
-      Preempt(victim, &plan);
-    }
-    if (self) break;  // g was the newest running request
-    Commit(g, seqs, ks, &plan.copy);
-    for (int32_t k : ks) budget -= k;
-    ++i;
-  }
-
-  // 2. Swapped requests, then 3. waiting requests (head-of-line, no skipping).
-  if (!preempted && !incomplete) {
+  if (!ScheduleRunning(&plan, &budget)) {
     int32_t running_seqs = RunningSeqs();
-    while (!swapped_.empty()) {
-      SequenceGroup* g = *swapped_.begin();
-      const int32_t dc = DecodeCount(g);
-      if (running_seqs + g->max_running_seqs() > config_.max_num_seqs || dc > budget) break;
-      std::vector<Sequence*> members;
-      for (auto& s : g->seqs) {
-        if (!s->finished()) members.push_back(s.get());
-      }
-      // Reserve one block per sequence for its decode slot (new block or copy).
-      if (!bm_->SwapIn(members, static_cast<int32_t>(members.size()), &plan.swap_in)) break;
-      swapped_.erase(swapped_.begin());
-      g->status = SequenceStatus::kRunning;
-      InsertRunning(g);
-      running_seqs += g->max_running_seqs();
-      bool inc = false;
-      PlanTokens(g, budget - dc, &seqs, &ks, &inc);
-      if (bm_->NumBlocksToAppend(seqs, ks) > bm_->device().num_available()) {
-        for (size_t j = 0; j < ks.size(); ++j) {
-          if (seqs[j]->num_uncomputed() > 1) ks[j] = 0, inc = true;
-        }
-      }
-      Commit(g, seqs, ks, &plan.copy);
-      for (int32_t k : ks) budget -= k;
-      if (inc) {
-        incomplete = true;
-        break;
-      }
-    }
-    while (swapped_.empty() && !incomplete && !waiting_.empty()) {
-      SequenceGroup* g = *waiting_.begin();
-      const int32_t dc = DecodeCount(g);
-      if (running_seqs + g->max_running_seqs() > config_.max_num_seqs || dc > budget) break;
-      bool inc = false;
-      PlanTokens(g, budget - dc, &seqs, &ks, &inc);
-      const bool starts = !ks.empty() && ks[0] > 0;
-      if (!starts || !bm_->CanAdmit(bm_->NumBlocksToAppend(seqs, ks))) {
-        for (Sequence* s : seqs) {  // undo prefix-cache matches
-          bm_->Free(*s);
-          s->num_computed_tokens = 0;
-          s->prefix_hit_tokens = -1;
-        }
-        break;
-      }
-      waiting_.erase(waiting_.begin());
-      g->status = SequenceStatus::kRunning;
-      InsertRunning(g);
-      running_seqs += g->max_running_seqs();
-      Commit(g, seqs, ks, &plan.copy);
-      for (int32_t k : ks) budget -= k;
-      if (inc) break;
-    }
+    if (ScheduleSwapped(&plan, &budget, &running_seqs)) AdmitWaiting(&plan, &budget, &running_seqs);
   }
+  BuildPlan(&plan);
+  return plan;
+}
 
-  // 4. The plan: decodes first, then prefills.
-  auto is_decode = [](const Scheduled& e) { return e.num_tokens == 1 && e.seq->num_computed_tokens > 0; };
+bool Scheduler::ScheduleRunning(StepPlan* plan, int32_t* budget) {
+  // Decode tokens of running groups not yet visited are reserved, so prompt
+  // chunks of older groups cannot starve newer groups' decodes.
+  decode_counts_.clear();
+  int32_t reserved = 0;
+  for (const SequenceGroup* g : running_) {
+    decode_counts_.push_back(DecodeCount(g));
+    reserved += decode_counts_.back();
+  }
+  bool stopped = false;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    SequenceGroup* g = running_[i];
+    reserved -= decode_counts_[i];
+    PlanTokens(g, *budget - reserved - decode_counts_[i], &group_plan_);
+    stopped |= group_plan_.incomplete;
+    while (bm_->NumBlocksToAppend(group_plan_.seqs, group_plan_.ks) > bm_->device().num_available()) {
+      SequenceGroup* victim = running_.back();
+      const int32_t victim_decodes = decode_counts_.back();
+      running_.pop_back();
+      decode_counts_.pop_back();
+      Preempt(victim, plan);
+      if (victim == g) return true;  // g was the newest running request
+      reserved -= victim_decodes;
+      stopped = true;
+    }
+    *budget -= Commit(g, group_plan_, plan);
+  }
+  return stopped;
+}
+
+bool Scheduler::ScheduleSwapped(StepPlan* plan, int32_t* budget, int32_t* running_seqs) {
+  while (!swapped_.empty()) {
+    SequenceGroup* g = *swapped_.begin();
+    const int32_t dc = DecodeCount(g);
+    if (*running_seqs + g->max_running_seqs() > config_.max_num_seqs || dc > *budget) break;
+    std::vector<Sequence*> members;
+    for (auto& s : g->seqs) {
+      if (!s->finished()) members.push_back(s.get());
+    }
+    // Reserve one block per sequence for its decode slot (new block or copy).
+    if (!bm_->SwapIn(members, static_cast<int32_t>(members.size()), &plan->swap_in)) break;
+    swapped_.erase(swapped_.begin());
+    g->status = SequenceStatus::kRunning;
+    InsertRunning(g);
+    *running_seqs += g->max_running_seqs();
+    PlanTokens(g, *budget - dc, &group_plan_);
+    if (bm_->NumBlocksToAppend(group_plan_.seqs, group_plan_.ks) > bm_->device().num_available()) {
+      for (size_t j = 0; j < group_plan_.ks.size(); ++j) {
+        if (group_plan_.seqs[j]->num_uncomputed() > 1) {
+          group_plan_.ks[j] = 0;
+          group_plan_.incomplete = true;
+        }
+      }
+    }
+    *budget -= Commit(g, group_plan_, plan);
+    if (group_plan_.incomplete) return false;
+  }
+  return true;
+}
+
+void Scheduler::AdmitWaiting(StepPlan* plan, int32_t* budget, int32_t* running_seqs) {
+  while (swapped_.empty() && !waiting_.empty()) {
+    SequenceGroup* g = *waiting_.begin();
+    const int32_t dc = DecodeCount(g);
+    if (*running_seqs + g->max_running_seqs() > config_.max_num_seqs || dc > *budget) break;
+    PlanTokens(g, *budget - dc, &group_plan_);
+    const bool starts = !group_plan_.ks.empty() && group_plan_.ks[0] > 0;
+    if (!starts ||
+        !bm_->CanAdmit(bm_->NumBlocksToAppend(group_plan_.seqs, group_plan_.ks))) {
+      for (Sequence* s : group_plan_.seqs) {  // undo prefix-cache matches
+        bm_->Free(*s);
+        s->num_computed_tokens = 0;
+      }
+      break;
+    }
+    waiting_.erase(waiting_.begin());
+    g->status = SequenceStatus::kRunning;
+    InsertRunning(g);
+    *running_seqs += g->max_running_seqs();
+    *budget -= Commit(g, group_plan_, plan);
+    if (group_plan_.incomplete) break;
+  }
+}
+
+void Scheduler::BuildPlan(StepPlan* plan) {
+  auto is_decode = [](const Scheduled& e) {
+    return e.num_tokens == 1 && e.seq->num_computed_tokens > 0;
+  };
   if (!std::is_partitioned(scheduled_.begin(), scheduled_.end(), is_decode)) {
     std::stable_partition(scheduled_.begin(), scheduled_.end(), is_decode);
   }
-  const int32_t bs = config_.block_size;
-  plan.seqs.reserve(scheduled_.size());
+  plan->seqs.reserve(scheduled_.size());
   int64_t total_tokens = 0;
-  for (const Scheduled& e : scheduled_) total_tokens += e.num_tokens;
-  plan.slot_mapping.reserve(total_tokens);
   for (const Scheduled& e : scheduled_) {
-    Sequence* s = e.seq;
-    SequenceStep& st = plan.seqs.emplace_back();
-    st.seq_id = s->id;
-    st.fork_from = s->fork_from;
-    s->fork_from = kNoSeq;
-    st.start_pos = s->num_computed_tokens;
-    st.token_ids.assign(s->tokens.begin() + st.start_pos, s->tokens.begin() + st.start_pos + e.num_tokens);
-    st.block_table = s->block_table;
-    st.sample = e.num_samples > 0;
-    st.num_samples = std::max(e.num_samples, 1);
-    st.sample_index = s->sample_index;
-    st.sampling = e.group->params;
-    st.num_prompt_tokens = s->num_prompt_tokens;
-    st.new_state = s->new_state;
-    if (s->new_state && st.start_pos > 0) {
-      st.cached_prefix_token_ids.assign(s->tokens.begin(), s->tokens.begin() + st.start_pos);
-    }
-    s->new_state = false;
-    for (int32_t t = st.start_pos; t < st.start_pos + e.num_tokens; ++t) {
-      plan.slot_mapping.push_back(static_cast<int64_t>(s->block_table[t / bs]) * bs + t % bs);
-    }
+    AddSequenceStep(e, plan);
+    total_tokens += e.num_tokens;
   }
   in_flight_ = true;
   ++counters_.num_steps;
   counters_.last_step_tokens = static_cast<int32_t>(total_tokens);
   counters_.last_step_seqs = static_cast<int32_t>(scheduled_.size());
-  return plan;
+}
+
+void Scheduler::AddSequenceStep(const Scheduled& e, StepPlan* plan) {
+  Sequence* s = e.seq;
+  SequenceStep& st = plan->seqs.emplace_back();
+  st.seq_id = s->id;
+  st.fork_from = s->fork_from;
+  st.new_state = s->new_state;
+  st.start_pos = s->num_computed_tokens;
+  st.token_ids.assign(s->tokens.begin() + st.start_pos,
+                      s->tokens.begin() + st.start_pos + e.num_tokens);
+  st.sample = e.num_samples > 0;
+  st.num_samples = std::max(e.num_samples, 1);
+  if (st.starts()) {  // everything in full
+    st.sample_index = s->sample_index;
+    st.sampling = e.group->params;
+    st.num_prompt_tokens = s->num_prompt_tokens;
+    if (s->new_state && st.start_pos > 0) {
+      st.cached_prefix_token_ids.assign(s->tokens.begin(), s->tokens.begin() + st.start_pos);
+    }
+    s->num_synced_blocks = 0;
+  }
+  // The block-table entries the workers do not hold yet.
+  const int32_t rows = static_cast<int32_t>(s->block_table.size());
+  st.block_table_start = std::min(s->num_synced_blocks, rows);
+  st.block_table.assign(s->block_table.begin() + st.block_table_start, s->block_table.end());
+  s->num_synced_blocks = rows;
+  s->fork_from = kNoSeq;
+  s->new_state = false;
 }
 
 void Scheduler::CheckStop(Sequence* s, const SamplingParams& p) {
@@ -482,82 +497,75 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::ProcessResult(const StepRe
     return absl::InvalidArgumentError(absl::StrCat("result is for step ", result.step_id,
                                                    " but step ", step_id_, " is in flight"));
   }
-  // Validate before changing anything: exactly num_samples tokens per sampling
-  // sequence. tok_index[i] = index in result.tokens of scheduled_[i]'s first
-  // token; fast path when the worker answers in plan order (the usual case).
-  std::vector<int32_t> tok_index(scheduled_.size(), -1);
+  if (absl::Status s = IndexResult(result); !s.ok()) return s;  // state unchanged on error
+  in_flight_ = false;
+  std::vector<RequestOutput> outputs;
+  ApplyTokens(result, &outputs);
+  ReleaseFinished(&outputs);
+  scheduled_.clear();
+  return outputs;
+}
+
+absl::Status Scheduler::IndexResult(const StepResult& result) {
+  // Fast path: the worker answers in plan order (the usual case).
+  ResultIndex& ix = result_index_;
+  ix.first.assign(scheduled_.size(), -1);
+  ix.by_seq.clear();
+  ix.in_order = true;
   size_t expected = 0;
-  bool in_order = true;
-  for (size_t i = 0; i < scheduled_.size(); ++i) {
+  for (size_t i = 0; i < scheduled_.size() && ix.in_order; ++i) {
     const Scheduled& e = scheduled_[i];
     if (e.num_samples == 0) continue;
-    for (int32_t k = 0; k < e.num_samples && in_order; ++k) {
-      in_order = expected + k < result.tokens.size() && result.tokens[expected + k].seq_id == e.seq->id;
+    for (int32_t k = 0; k < e.num_samples && ix.in_order; ++k) {
+      ix.in_order = expected + k < result.tokens.size() &&
+                    result.tokens[expected + k].seq_id == e.seq->id;
     }
-    if (!in_order) break;
-    tok_index[i] = static_cast<int32_t>(expected);
+    ix.first[i] = static_cast<int32_t>(expected);
     expected += e.num_samples;
   }
-  // Gathered tokens when the order differs: by_seq[id] = indices in sample order.
-  absl::flat_hash_map<SeqId, std::vector<int32_t>> by_seq;
-  if (!in_order || expected != result.tokens.size()) {
-    for (size_t t = 0; t < result.tokens.size(); ++t) by_seq[result.tokens[t].seq_id].push_back(static_cast<int32_t>(t));
+  if (!ix.in_order || expected != result.tokens.size()) {
+    // Gather by sequence: by_seq[id] = indices in sample order.
+    ix.in_order = false;
+    for (size_t t = 0; t < result.tokens.size(); ++t) {
+      ix.by_seq[result.tokens[t].seq_id].push_back(static_cast<int32_t>(t));
+    }
     expected = 0;
     for (const Scheduled& e : scheduled_) {
       if (e.num_samples == 0) continue;
       expected += e.num_samples;
-      auto it = by_seq.find(e.seq->id);
-      const size_t got = it == by_seq.end() ? 0 : it->second.size();
+      auto it = ix.by_seq.find(e.seq->id);
+      const size_t got = it == ix.by_seq.end() ? 0 : it->second.size();
       if (got != static_cast<size_t>(e.num_samples)) {
-        return absl::InvalidArgumentError(absl::StrCat("step ", step_id_, ": sequence ", e.seq->id, " expects ",
-                                                       e.num_samples, " sampled tokens, got ", got));
+        return absl::InvalidArgumentError(absl::StrCat("step ", step_id_, ": sequence ", e.seq->id,
+                                                       " expects ", e.num_samples,
+                                                       " sampled tokens, got ", got));
       }
     }
     if (expected != result.tokens.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("step ", step_id_, ": result has ", result.tokens.size(),
-                                                     " tokens, the plan samples ", expected,
-                                                     " (tokens for sequences not sampled this step)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", step_id_, ": result has ", result.tokens.size(), " tokens, the plan samples ",
+          expected, " (tokens for sequences not sampled this step)"));
     }
-    in_order = false;
   }
   for (const SampledToken& t : result.tokens) {
     if (t.token_id < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("step ", step_id_, ": negative token id ", t.token_id,
-                                                     " for sequence ", t.seq_id));
+      return absl::InvalidArgumentError(absl::StrCat("step ", step_id_, ": negative token id ",
+                                                     t.token_id, " for sequence ", t.seq_id));
     }
   }
-  auto token_of = [&](size_t i, int32_t k) -> const SampledToken& {
-    if (in_order) return result.tokens[tok_index[i] + k];
-    return result.tokens[by_seq[scheduled_[i].seq->id][k]];
-  };
-  in_flight_ = false;
+  return absl::OkStatus();
+}
 
-  std::vector<RequestOutput> outputs;
-  outputs.reserve(scheduled_.size());
-  auto output_for = [&](SequenceGroup* g) -> RequestOutput& {
-    if (g->output_step != step_id_) {
-      g->output_step = step_id_;
-      g->output_index = outputs.size();
-      RequestOutput& o = outputs.emplace_back();
-      o.request_id = g->request_id;
-      o.num_prompt_tokens = g->seqs[0]->num_prompt_tokens;
-      o.num_cached_tokens = std::max(g->num_cached_tokens, 0);
-    }
-    return outputs[g->output_index];
-  };
-  auto emit = [&](SequenceGroup* g, Sequence* s, const SampledToken& t) {
-    s->tokens.push_back(t.token_id);
-    CheckStop(s, g->params);
-    SequenceOutput& so = output_for(g).seqs.emplace_back();
-    so.index = s->sample_index;
-    so.new_tokens.push_back(t);
-    so.finished = s->finished();
-    so.finish_reason = s->finish_reason;
-    so.stop_token_id = s->stop_token_id;
-    so.num_output_tokens = s->num_output_tokens();
-  };
+const SampledToken& Scheduler::TokenOf(const StepResult& result, size_t i, int32_t k) const {
+  const ResultIndex& ix = result_index_;
+  if (ix.in_order) return result.tokens[ix.first[i] + k];
+  return result.tokens[ix.by_seq.at(scheduled_[i].seq->id)[k]];
+}
 
-  std::vector<SequenceGroup*> touched;
+void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>* outputs) {
+  outputs->reserve(num_step_groups_);  // one per group: references stay valid
+  output_slots_.assign(num_step_groups_, -1);
+  output_groups_.clear();
   for (size_t i = 0; i < scheduled_.size(); ++i) {
     const Scheduled& e = scheduled_[i];
     Sequence* s = e.seq;
@@ -565,53 +573,79 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::ProcessResult(const StepRe
     s->num_computed_tokens += e.num_tokens;
     bm_->MarkComputed(*s);
     if (e.num_samples == 0 || g->pending_finish != FinishReason::kNone) continue;
-    if (e.num_samples > 1) {
-      // Parallel sampling: fork the siblings from the prefilled parent.
-      for (int32_t k = 1; k < e.num_samples; ++k) {
-        auto child = std::make_unique<Sequence>();
-        child->id = next_seq_id_++;
-        child->sample_index = k;
-        child->tokens.reserve(s->tokens.capacity());
-        child->tokens = s->tokens;
-        child->num_prompt_tokens = s->num_prompt_tokens;
-        child->num_computed_tokens = s->num_computed_tokens;
-        child->extra_keys = s->extra_keys;
-        child->status = SequenceStatus::kRunning;
-        child->fork_from = s->id;
-        child->new_state = false;
-        bm_->Fork(*s, *child);
-        g->seqs.push_back(std::move(child));
-      }
-      g->forked = true;
-      const size_t first_child = g->seqs.size() - (e.num_samples - 1);
-      emit(g, s, token_of(i, 0));
-      for (int32_t k = 1; k < e.num_samples; ++k) emit(g, g->seqs[first_child + k - 1].get(), token_of(i, k));
-    } else {
-      emit(g, s, token_of(i, 0));
-    }
     // A group whose siblings are split between decodes and prefills shows up
-    // twice in scheduled_; list it once.
-    if (g->touched_step != step_id_) {
-      g->touched_step = step_id_;
-      touched.push_back(g);
+    // twice in scheduled_; it gets one output.
+    int32_t& slot = output_slots_[e.group_ordinal];
+    if (slot < 0) {
+      slot = static_cast<int32_t>(outputs->size());
+      output_groups_.push_back(g);
+      RequestOutput& o = outputs->emplace_back();
+      o.request_id = g->request_id;
+      o.num_prompt_tokens = g->seqs[0]->num_prompt_tokens;
+      o.num_cached_tokens = std::max(g->num_cached_tokens, 0);
+    }
+    RequestOutput& out = (*outputs)[slot];
+    if (e.num_samples > 1) {
+      const size_t first_child = ForkSiblings(g, *s, e.num_samples - 1);
+      Emit(g, s, TokenOf(result, i, 0), &out);
+      for (int32_t k = 1; k < e.num_samples; ++k) {
+        Emit(g, g->seqs[first_child + k - 1].get(), TokenOf(result, i, k), &out);
+      }
+    } else {
+      Emit(g, s, TokenOf(result, i, 0), &out);
     }
   }
-  // Release finished sequences' blocks now; report their ids when the whole
-  // request ends (a fresh sibling may still fork from a finished parent).
-  for (SequenceGroup* g : touched) {
+}
+
+size_t Scheduler::ForkSiblings(SequenceGroup* g, const Sequence& parent, int32_t count) {
+  // Parallel sampling: the siblings share the prefilled parent's blocks.
+  const size_t first = g->seqs.size();
+  for (int32_t k = 1; k <= count; ++k) {
+    auto child = std::make_unique<Sequence>();
+    child->id = next_seq_id_++;
+    child->sample_index = k;
+    child->tokens.reserve(parent.tokens.capacity());
+    child->tokens = parent.tokens;
+    child->num_prompt_tokens = parent.num_prompt_tokens;
+    child->num_computed_tokens = parent.num_computed_tokens;
+    child->extra_keys = parent.extra_keys;
+    child->status = SequenceStatus::kRunning;
+    child->fork_from = parent.id;
+    child->new_state = false;
+    bm_->Fork(parent, *child);
+    g->seqs.push_back(std::move(child));
+  }
+  g->forked = true;
+  return first;
+}
+
+void Scheduler::Emit(SequenceGroup* g, Sequence* s, const SampledToken& t, RequestOutput* out) {
+  s->tokens.push_back(t.token_id);
+  CheckStop(s, g->params);
+  SequenceOutput& so = out->seqs.emplace_back();
+  so.index = s->sample_index;
+  so.new_tokens.push_back(t);
+  so.finished = s->finished();
+  so.finish_reason = s->finish_reason;
+  so.stop_token_id = s->stop_token_id;
+  so.num_output_tokens = s->num_output_tokens();
+}
+
+void Scheduler::ReleaseFinished(std::vector<RequestOutput>* outputs) {
+  // Finished sequences' blocks are freed now; their ids are reported when the
+  // whole request ends (a fresh sibling may still fork from a finished parent).
+  for (size_t o = 0; o < output_groups_.size(); ++o) {
+    SequenceGroup* g = output_groups_[o];
     for (auto& s : g->seqs) {
       if (s->finished() && (!s->block_table.empty() || s->blocks_on_cpu)) bm_->Free(*s);
     }
-    if (g->num_unfinished() == 0) {
-      output_for(g).finished = true;
-      for (auto& s : g->seqs) pending_finished_ids_.push_back(s->id);
-      running_.erase(std::find(running_.begin(), running_.end(), g));
-      g->status = SequenceStatus::kFinished;
-      groups_.erase(g->request_id);
-    }
+    if (g->num_unfinished() > 0) continue;
+    (*outputs)[o].finished = true;
+    for (auto& s : g->seqs) pending_finished_ids_.push_back(s->id);
+    running_.erase(std::find(running_.begin(), running_.end(), g));
+    g->status = SequenceStatus::kFinished;
+    groups_.erase(g->request_id);  // destroys g
   }
-  scheduled_.clear();
-  return outputs;
 }
 
 SchedulerStats Scheduler::stats() const {

@@ -15,14 +15,19 @@
 //      max_num_batched_tokens has left. When the device pool cannot hold a
 //      request's new slots, the most recently arrived running request is
 //      preempted (vLLM's victim policy), possibly the request itself: by swap
-//      (its blocks go to the CPU pool) or by recompute (its blocks are freed
-//      and prompt + generated tokens are prefilled again); swap falls back to
-//      recompute when the CPU pool lacks room;
+//      (its blocks go to the CPU pool) or by recompute (its blocks are freed,
+//      its sequence ids go into plan.finished so that workers drop their
+//      state, and prompt + generated tokens are prefilled again); swap falls
+//      back to recompute when the CPU pool lacks room;
 //   3. when nothing was preempted or left unscheduled: swaps in swapped
 //      requests (oldest first), then, once none is swapped, admits waiting
 //      requests (oldest first, head-of-line: the first that does not fit stops
 //      admission, so no request waits forever) while max_num_seqs, the token
-//      budget and the device pool (keeping the watermark free) allow.
+//      budget and the device pool (keeping the watermark free) allow;
+//   4. builds the plan, decodes first: each sequence's entry carries only what
+//      changed since its previous plan (runtime/common/step_plan.h), so the
+//      cost of a step grows with new work, not with the running sequences'
+//      block tables and sampling parameters.
 //
 // Admission bound (AddRequest, and CheckAdmissible for the front end): a
 // request is accepted when prompt_len < max_model_len and
@@ -188,27 +193,66 @@ class Scheduler {
   struct KeyLess {
     bool operator()(const SequenceGroup* a, const SequenceGroup* b) const;
   };
+  // One sequence of the plan in flight.
   struct Scheduled {
     Sequence* seq;
     SequenceGroup* group;
     int32_t num_tokens;
-    int32_t num_samples;  // 0: no sampling this step
+    int32_t num_samples;    // 0: no sampling this step
+    int32_t group_ordinal;  // 0.. per group committed this step (its output slot)
+  };
+  // The tokens each unfinished sequence of one group feeds this step
+  // (PlanTokens -> Commit). Reused across groups and steps.
+  struct GroupPlan {
+    std::vector<Sequence*> seqs;
+    std::vector<int32_t> ks;           // tokens fed, per sequence
+    std::vector<int32_t> prefix_hits;  // prefix-cache hit in tokens, -1 when not looked up
+    bool incomplete = false;           // some prompt chunk got less than it needs
+  };
+  // Where scheduled_[i]'s k-th sampled token is in a StepResult.
+  struct ResultIndex {
+    bool in_order = true;        // tokens in plan order: first[i] + k
+    std::vector<int32_t> first;  // per scheduled_ entry
+    absl::flat_hash_map<SeqId, std::vector<int32_t>> by_seq;  // otherwise
   };
 
   Scheduler(const SchedulerConfig& config, std::vector<int32_t> eos_token_ids);
 
   void ApplyPendingFinishes(StepPlan* plan);
   void ReleaseGroup(SequenceGroup* g, std::vector<SeqId>* finished_ids);
+
+  // Schedule() phases, in order. ScheduleRunning returns true when it
+  // preempted or left a prompt chunk unscheduled (then nothing else is
+  // admitted); ScheduleSwapped returns false when it stopped with a chunk
+  // unscheduled (then no waiting request is admitted).
+  bool ScheduleRunning(StepPlan* plan, int32_t* budget);
+  bool ScheduleSwapped(StepPlan* plan, int32_t* budget, int32_t* running_seqs);
+  void AdmitWaiting(StepPlan* plan, int32_t* budget, int32_t* running_seqs);
+  void BuildPlan(StepPlan* plan);
+  // The incremental SequenceStep of one scheduled sequence (step_plan.h).
+  void AddSequenceStep(const Scheduled& e, StepPlan* plan);
+
   // Tokens each unfinished sequence of g feeds this step, given `avail`
   // tokens for prompt chunks; prefix-cache matching happens here.
-  void PlanTokens(SequenceGroup* g, int32_t avail, std::vector<Sequence*>* seqs,
-                  std::vector<int32_t>* ks, bool* incomplete);
-  void Commit(SequenceGroup* g, const std::vector<Sequence*>& seqs, const std::vector<int32_t>& ks,
-              std::vector<BlockPair>* copies);
+  void PlanTokens(SequenceGroup* g, int32_t avail, GroupPlan* gp);
+  // Appends the planned slots (copy-on-write copies go to plan->copy) and
+  // lists the sequences in scheduled_. Returns the tokens taken from the budget.
+  int32_t Commit(SequenceGroup* g, const GroupPlan& gp, StepPlan* plan);
   void Preempt(SequenceGroup* g, StepPlan* plan);
   void InsertRunning(SequenceGroup* g);
   int32_t DecodeCount(const SequenceGroup* g) const;
   int32_t RunningSeqs() const;
+
+  // ProcessResult() phases, in order: validate (and index) the result, apply
+  // the tokens (forking siblings after an n > 1 prefill), release finished.
+  absl::Status IndexResult(const StepResult& result);
+  const SampledToken& TokenOf(const StepResult& result, size_t i, int32_t k) const;
+  void ApplyTokens(const StepResult& result, std::vector<RequestOutput>* outputs);
+  // Forks `count` siblings of parent (sample indices 1..count) sharing its
+  // blocks; returns the index in g->seqs of the first.
+  size_t ForkSiblings(SequenceGroup* g, const Sequence& parent, int32_t count);
+  void Emit(SequenceGroup* g, Sequence* s, const SampledToken& t, RequestOutput* out);
+  void ReleaseFinished(std::vector<RequestOutput>* outputs);
   void CheckStop(Sequence* s, const SamplingParams& p);
 
   SchedulerConfig config_;
@@ -220,6 +264,13 @@ class Scheduler {
   std::set<SequenceGroup*, KeyLess> swapped_;
   std::vector<SeqId> pending_finished_ids_;
   std::vector<Scheduled> scheduled_;  // the plan in flight
+  int32_t num_step_groups_ = 0;       // groups committed to the plan in flight
+  // Per-step scratch, kept to reuse its memory.
+  GroupPlan group_plan_;
+  std::vector<int32_t> decode_counts_;           // per running_ entry (ScheduleRunning)
+  ResultIndex result_index_;                     // ProcessResult
+  std::vector<int32_t> output_slots_;            // group ordinal -> output index, -1 none
+  std::vector<SequenceGroup*> output_groups_;    // per output
   int32_t num_pending_finishes_ = 0;
   bool in_flight_ = false;
   uint64_t step_id_ = 0;

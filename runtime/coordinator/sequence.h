@@ -60,10 +60,14 @@ struct Sequence {
   int32_t num_registered_blocks = 0;   // leading full blocks already offered to the cache
   std::vector<int64_t> extra_keys;     // prefix-cache extra keys of the request
 
-  // Step-plan hints consumed by the next SequenceStep.
-  SeqId fork_from = kNoSeq;  // set on a freshly forked sibling
-  bool new_state = true;     // workers (re)start this sequence's state
-  int32_t prefix_hit_tokens = -1;  // set by a prefix-cache match not yet counted
+  // What the workers' mirror of the sequence (runtime/common/step_plan_mirror.h)
+  // holds, so that its next SequenceStep carries only what changed.
+  SeqId fork_from = kNoSeq;  // workers start it as a copy of this sibling
+  bool new_state = true;     // workers (re)start its state: everything in full
+  // Leading block-table entries the workers hold as they are now. The block
+  // manager lowers it whenever it replaces or drops entries (copy-on-write,
+  // swap, free); building a plan raises it to the table's length.
+  int32_t num_synced_blocks = 0;
 
   int32_t len() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_output_tokens() const { return len() - num_prompt_tokens; }
@@ -83,12 +87,6 @@ struct SequenceGroup {
   SequenceStatus status = SequenceStatus::kWaiting;
   FinishReason pending_finish = FinishReason::kNone;  // Abort/FinishRequest, applied next step
   int32_t num_cached_tokens = -1;  // prefix-cache hit of the first admission; -1 until known
-  // Scratch for Scheduler::ProcessResult: index of this request's output in
-  // the step whose id is output_step.
-  uint64_t output_step = 0;
-  size_t output_index = 0;
-  int32_t decode_count = 0;  // Scheduler::Schedule scratch
-  uint64_t touched_step = 0;  // Scheduler::ProcessResult scratch
 
   int32_t num_unfinished() const {
     int32_t c = 0;

@@ -60,10 +60,10 @@
 namespace pagedserve {
 
 // One row of logits to sample from, i.e. one SequenceStep `s` with s.sample:
-//   seq_id = s.seq_id, params = &s.sampling, position = s.context_len(),
-//   sample_index = s.sample_index, num_samples = s.num_samples, and
-//   token_history / prompt_len from the worker's per-sequence state (copied from
-//   s.fork_from when a sibling is forked).
+//   seq_id = s.seq_id, position = s.context_len(), num_samples = s.num_samples,
+//   and params, sample_index, token_history and prompt_len from the worker's
+//   mirror of the sequence (runtime/common/step_plan_mirror.h: set when it
+//   started, copied from s.fork_from when a sibling is forked).
 struct SamplerRow {
   SeqId seq_id = 0;                          // copied into every SampledToken
   const SamplingParams* params = nullptr;    // not owned; required

@@ -80,6 +80,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
       views->push_back(kernels::KVCacheView{k, v, s, kernels::Device::kCPU});
     }
   };
+  w->mirror_ = std::make_unique<StepPlanMirror>(options.block_size, w->num_device_blocks_);
   make_pool(w->num_device_blocks_, &w->device_storage_, &w->device_layers_);
   make_pool(w->num_cpu_blocks_, &w->cpu_storage_, &w->cpu_layers_);
   return w;
@@ -135,6 +136,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::CreateOnCuda(const WorkerOptions
         "is below one block (", w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
   PS_RETURN_IF_ERROR(
       w->cuda_model_->AllocateCaches(shape, w->num_device_blocks_, w->num_cpu_blocks_));
+  w->mirror_ = std::make_unique<StepPlanMirror>(options.block_size, w->num_device_blocks_);
   const auto dev = w->cuda_model_->device_cache();
   const auto cpu = w->cuda_model_->cpu_cache();
   w->device_layers_.assign(dev.begin(), dev.end());
@@ -144,37 +146,6 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::CreateOnCuda(const WorkerOptions
 }
 
 Worker::~Worker() = default;
-
-absl::Status Worker::UpdateHistories(const StepPlan& plan) {
-  for (const SequenceStep& s : plan.seqs) {
-    if (s.fork_from != kNoSeq) {
-      auto parent = seqs_.find(s.fork_from);
-      if (parent == seqs_.end())
-        return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, ": sequence ",
-                                                       s.seq_id, " forks from unknown sequence ",
-                                                       s.fork_from));
-      SeqState copy = parent->second;  // operator[] below may rehash and move the parent
-      seqs_[s.seq_id] = std::move(copy);
-    } else if (s.new_state) {
-      SeqState& st = seqs_[s.seq_id];
-      st.history = s.cached_prefix_token_ids;
-    }
-    auto it = seqs_.find(s.seq_id);
-    if (it == seqs_.end())
-      return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, ": sequence ",
-                                                     s.seq_id, " has no state on this worker"));
-    SeqState& st = it->second;
-    st.num_prompt_tokens = s.num_prompt_tokens;
-    if (static_cast<int64_t>(st.history.size()) < s.start_pos)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", plan.step_id, ": sequence ", s.seq_id, " starts at position ", s.start_pos,
-          " but this worker knows only ", st.history.size(), " of its tokens"));
-    st.history.resize(s.start_pos);
-    st.history.insert(st.history.end(), s.token_ids.begin(), s.token_ids.end());
-  }
-  for (SeqId id : plan.finished) seqs_.erase(id);
-  return absl::OkStatus();
-}
 
 absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
   const auto start = std::chrono::steady_clock::now();
@@ -195,7 +166,8 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
     auto pairs = ToCopies(plan.copy);
     PS_RETURN_IF_ERROR(kernels::CopyBlocks(device_layers_, pairs));
   }
-  PS_RETURN_IF_ERROR(UpdateHistories(plan));
+  // The plan's deltas bring the mirrored block tables and histories up to date.
+  PS_RETURN_IF_ERROR(mirror_->Apply(plan));
 
   if (!plan.seqs.empty()) {
     // Flatten the batch.
@@ -203,9 +175,12 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
     std::vector<int32_t> token_ids, positions, qsl(num_seqs + 1, 0), seq_lens(num_seqs),
         logits_rows;
     std::vector<int> sampled_seq;  // index into plan.seqs per logits row
+    std::vector<const StepPlanMirror::Sequence*> rows(num_seqs);
     int max_blocks = 1;
-    for (const SequenceStep& s : plan.seqs)
-      max_blocks = std::max(max_blocks, static_cast<int>(s.block_table.size()));
+    for (int i = 0; i < num_seqs; ++i) {
+      rows[i] = mirror_->Find(plan.seqs[i].seq_id);
+      max_blocks = std::max(max_blocks, static_cast<int>(rows[i]->block_table.size()));
+    }
     std::vector<int32_t> block_tables(static_cast<size_t>(num_seqs) * max_blocks, 0);
     for (int i = 0; i < num_seqs; ++i) {
       const SequenceStep& s = plan.seqs[i];
@@ -215,21 +190,20 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
       }
       qsl[i + 1] = static_cast<int32_t>(token_ids.size());
       seq_lens[i] = s.context_len();
-      std::copy(s.block_table.begin(), s.block_table.end(),
+      std::copy(rows[i]->block_table.begin(), rows[i]->block_table.end(),
                 block_tables.begin() + static_cast<size_t>(i) * max_blocks);
       if (s.sample && !s.token_ids.empty()) {
         logits_rows.push_back(qsl[i + 1] - 1);
         sampled_seq.push_back(i);
       }
     }
-    if (plan.slot_mapping.size() != token_ids.size())
-      return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, ": slot_mapping has ",
-                                                     plan.slot_mapping.size(), " entries for ",
-                                                     token_ids.size(), " tokens"));
+    std::vector<int64_t> slot_mapping;
+    slot_mapping.reserve(token_ids.size());
+    mirror_->AppendSlotMapping(plan, &slot_mapping);
     ForwardBatch batch;
     batch.token_ids = token_ids;
     batch.positions = positions;
-    batch.slot_mapping = plan.slot_mapping;
+    batch.slot_mapping = slot_mapping;
     batch.query_start_loc = qsl;
     batch.seq_lens = seq_lens;
     batch.block_tables = block_tables;
@@ -242,22 +216,22 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
     }
 
     if (comm_->rank() == 0 && !sampled_seq.empty()) {
-      std::vector<SamplerRow> rows;
-      rows.reserve(sampled_seq.size());
+      std::vector<SamplerRow> sampler_rows;
+      sampler_rows.reserve(sampled_seq.size());
       for (int i : sampled_seq) {
         const SequenceStep& s = plan.seqs[i];
-        const SeqState& st = seqs_.at(s.seq_id);
+        const StepPlanMirror::Sequence& st = *rows[i];
         SamplerRow row;
         row.seq_id = s.seq_id;
-        row.params = &s.sampling;
+        row.params = &st.sampling;
         row.token_history = st.history;
         row.prompt_len = std::min<int32_t>(st.num_prompt_tokens, st.history.size());
         row.position = s.context_len();
-        row.sample_index = s.sample_index;
+        row.sample_index = st.sample_index;
         row.num_samples = s.num_samples;
-        rows.push_back(row);
+        sampler_rows.push_back(row);
       }
-      PS_ASSIGN_OR_RETURN(result.tokens, sampler_->Sample(logits_, rows));
+      PS_ASSIGN_OR_RETURN(result.tokens, sampler_->Sample(logits_, sampler_rows));
     }
   }
   result.forward_seconds =

@@ -16,6 +16,7 @@
 #include "distributed/communicator.h"
 #include "kernels/types.h"
 #include "runtime/common/step_plan.h"
+#include "runtime/common/step_plan_mirror.h"
 #include "runtime/sampling/sampler.h"
 #include "runtime/worker/llama_model.h"
 
@@ -72,8 +73,10 @@ class Worker {
   // Element type of the KV and swap pools.
   kernels::DType kv_cache_dtype() const { return kv_dtype_; }
 
-  // Runs one plan: drops finished sequences' state, applies swap_out, swap_in
-  // and copy, runs the forward pass, and (TP rank 0 only) samples. Other ranks
+  // Runs one plan: applies swap_out, swap_in and copy, brings its mirror of
+  // every sequence up to date from the plan's incremental entries (dropping
+  // plan.finished), derives the slot mapping from the mirrored block tables,
+  // runs the forward pass, and (TP rank 0 only) samples. Other ranks
   // return a result without tokens. Errors leave the worker usable: the plan's
   // sequences should be failed by the coordinator.
   absl::StatusOr<StepResult> Execute(const StepPlan& plan);
@@ -83,14 +86,9 @@ class Worker {
   std::span<const kernels::KVCacheView> cpu_cache() const { return cpu_layers_; }
 
  private:
-  struct SeqState {
-    std::vector<int32_t> history;  // prompt + generated tokens fed so far
-    int32_t num_prompt_tokens = 0;
-  };
   Worker() = default;
   static absl::StatusOr<std::unique_ptr<Worker>> CreateOnCuda(const WorkerOptions& options,
                                                               Communicator* comm);
-  absl::Status UpdateHistories(const StepPlan& plan);
 
   std::unique_ptr<LlamaModel> model_;             // kCPU
   std::unique_ptr<CudaLlamaModel> cuda_model_;    // kCUDA (owns the pools)
@@ -104,7 +102,9 @@ class Worker {
   kernels::DType kv_dtype_ = kernels::DType::kFloat32;
   std::vector<std::unique_ptr<float[]>> device_storage_, cpu_storage_;  // any dtype
   std::vector<kernels::KVCacheView> device_layers_, cpu_layers_;
-  absl::flat_hash_map<SeqId, SeqState> seqs_;
+  // Per-sequence block tables, histories and sampling parameters, kept up
+  // to date from the plans' deltas.
+  std::unique_ptr<StepPlanMirror> mirror_;
   std::vector<float> logits_;
 };
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 
+#include "absl/container/flat_hash_map.h"
 #include "gtest/gtest.h"
 #include "runtime/coordinator/scheduler.h"
 #include "tests/coordinator/fake_engine.h"
@@ -62,6 +63,33 @@ struct RunResult {
   SchedulerStats stats;
 };
 
+// The block-table rows the worker rebuilt from the plans' deltas equal the
+// scheduler's tables for every sequence of the plan, and continuing sequences
+// were sent only what changed: nothing when the row is unchanged.
+absl::Status CheckMirroredBlockTables(const Scheduler& sched, const StepPlan& plan,
+                                      const FakeEngine& engine) {
+  absl::flat_hash_map<SeqId, const Sequence*> coordinator;
+  for (const SequenceGroup* g : sched.running_requests()) {
+    for (const auto& s : g->seqs) coordinator[s->id] = s.get();
+  }
+  for (const SequenceStep& st : plan.seqs) {
+    auto it = coordinator.find(st.seq_id);
+    if (it == coordinator.end()) return absl::InternalError(absl::StrCat("seq ", st.seq_id, " not running"));
+    const StepPlanMirror::Sequence* m = engine.mirror().Find(st.seq_id);
+    if (m == nullptr) return absl::InternalError(absl::StrCat("seq ", st.seq_id, " not mirrored"));
+    if (m->block_table != it->second->block_table) {
+      return absl::InternalError(absl::StrCat("seq ", st.seq_id, ": mirrored block table differs"));
+    }
+    // A decode writes into at most one new or copied block; only a swap-in
+    // (this step) rewrites a continuing sequence's whole row.
+    if (!st.starts() && st.token_ids.size() == 1 && plan.swap_in.empty() && st.block_table.size() > 1) {
+      return absl::InternalError(absl::StrCat("seq ", st.seq_id, ": a decode resent ", st.block_table.size(),
+                                              " block-table entries"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 RunResult RunWorkload(const SchedulerConfig& c, const Workload& w, int32_t eos) {
   RunResult rr;
   auto sched_or = Scheduler::Create(c, {eos});
@@ -86,6 +114,9 @@ RunResult RunWorkload(const SchedulerConfig& c, const Workload& w, int32_t eos) 
     StepResult result;
     absl::Status s = engine.Run(*plan, &result);
     EXPECT_TRUE(s.ok()) << s;
+    if (!s.ok()) return rr;
+    s = CheckMirroredBlockTables(sched, *plan, engine);
+    EXPECT_TRUE(s.ok()) << "step " << step << ": " << s;
     if (!s.ok()) return rr;
     auto outs = sched.ProcessResult(result);
     EXPECT_TRUE(outs.ok()) << outs.status();

@@ -255,6 +255,33 @@ TEST(SchedulerTest, SharedSystemPromptHitsThePrefixCache) {
   ASSERT_TRUE(d.RunToCompletion());
 }
 
+// Plans are incremental: the first step carries everything, later decodes only
+// the fed token and the block-table entry of a block they open.
+TEST(SchedulerTest, DecodePlansCarryOnlyWhatChanged) {
+  Driver d(Config(64));
+  Request r = Req("inc", 6, 12);
+  r.params.temperature = 0.5f;
+  r.params.stop_token_ids = {999};
+  ASSERT_TRUE(d.sched->AddRequest(r).ok());
+  ASSERT_TRUE(d.RunToCompletion());
+  ASSERT_EQ(d.plans.size(), 12u);
+  const SequenceStep& first = d.plans[0].seqs[0];
+  EXPECT_TRUE(first.new_state);
+  EXPECT_EQ(first.block_table_start, 0);
+  EXPECT_EQ(first.block_table.size(), 2u);  // 6 tokens in blocks of 4
+  EXPECT_EQ(first.sampling.temperature, 0.5f);
+  EXPECT_EQ(first.sampling.stop_token_ids, std::vector<int32_t>{999});
+  for (size_t i = 1; i < d.plans.size(); ++i) {
+    SCOPED_TRACE(i);
+    const SequenceStep& st = d.plans[i].seqs[0];
+    const int32_t pos = st.start_pos;  // the fed token's position
+    EXPECT_FALSE(st.starts());
+    EXPECT_TRUE(st.sampling.stop_token_ids.empty());  // constants not repeated
+    EXPECT_EQ(st.block_table_start, (pos + 3) / 4);   // blocks held before this token
+    EXPECT_EQ(st.block_table.size(), pos % 4 == 0 ? 1u : 0u);
+  }
+}
+
 TEST(SchedulerTest, ParallelSamplingForksSiblingsSharingThePrompt) {
   SchedulerConfig c = Config(64);
   Driver d(c);

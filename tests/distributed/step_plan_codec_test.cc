@@ -40,6 +40,7 @@ StepPlan FullPlan() {
     s.fork_from = i == 1 ? 1000 : kNoSeq;
     s.token_ids = {i, 10 + i, 20 + i};
     s.start_pos = 5 * i;
+    s.block_table_start = i == 2 ? 4 : 0;  // seq 1002 continues: a block-table tail
     s.block_table = {7 * i, 7 * i + 1, 7 * i + 2};
     s.sample = i != 2;
     s.num_samples = i + 1;
@@ -48,9 +49,14 @@ StepPlan FullPlan() {
     s.num_prompt_tokens = 4 + i;
     s.new_state = i == 0;
     s.cached_prefix_token_ids = {9, 8, 7, i};
+    if (!s.starts()) {  // a continuing sequence has no per-sequence constants
+      s.sample_index = 0;
+      s.sampling = SamplingParams{};
+      s.num_prompt_tokens = 0;
+      s.cached_prefix_token_ids.clear();
+    }
     p.seqs.push_back(s);
   }
-  p.slot_mapping = {0, 1, 2, 16, 17, -1, 33, 34, 35};
   p.swap_out = {{1, 2}, {3, 4}};
   p.swap_in = {{5, 6}};
   p.copy = {{7, 8}, {9, 10}, {11, 12}};
@@ -104,6 +110,7 @@ void ExpectPlanEq(const StepPlan& a, const StepPlan& b) {
     EXPECT_EQ(x.fork_from, y.fork_from);
     EXPECT_EQ(x.token_ids, y.token_ids);
     EXPECT_EQ(x.start_pos, y.start_pos);
+    EXPECT_EQ(x.block_table_start, y.block_table_start);
     EXPECT_EQ(x.block_table, y.block_table);
     EXPECT_EQ(x.sample, y.sample);
     EXPECT_EQ(x.num_samples, y.num_samples);
@@ -113,7 +120,6 @@ void ExpectPlanEq(const StepPlan& a, const StepPlan& b) {
     EXPECT_EQ(x.new_state, y.new_state);
     EXPECT_EQ(x.cached_prefix_token_ids, y.cached_prefix_token_ids);
   }
-  EXPECT_EQ(a.slot_mapping, b.slot_mapping);
   EXPECT_EQ(a.swap_out, b.swap_out);
   EXPECT_EQ(a.swap_in, b.swap_in);
   EXPECT_EQ(a.copy, b.copy);
@@ -139,6 +145,51 @@ TEST(StepPlanCodec, RoundTripDefaultsAndEmpty) {
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectPlanEq(one, *back);
   EXPECT_FALSE(back->seqs[0].sampling.seed.has_value());
+}
+
+// Plans are incremental on the wire: a continuing sequence's entry carries no
+// sampling parameters (nor the other per-sequence constants), so a decode
+// costs a fixed, small number of bytes however long its block table is.
+TEST(StepPlanCodec, ContinuingSequencesSendOnlyWhatChanged) {
+  StepPlan base;
+  const size_t empty = EncodeStepPlan(base).size();
+  SequenceStep decode;
+  decode.seq_id = 7;
+  decode.token_ids = {42};
+  decode.start_pos = 300;
+  decode.block_table_start = 19;  // unchanged row of 19 blocks
+  decode.sampling = FullSampling(0);  // set but not sent: not a start
+  decode.sample_index = 2;
+  StepPlan plan = base;
+  plan.seqs.push_back(decode);
+  const std::string bytes = EncodeStepPlan(plan);
+  // id 8, flags 1, tokens 8 + 4, start_pos 4, block_table_start 4, block_table 8,
+  // num_samples 4.
+  EXPECT_EQ(bytes.size() - empty, 41u);
+  absl::StatusOr<StepPlan> back = DecodeStepPlan(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->seqs[0].block_table_start, 19);
+  EXPECT_TRUE(back->seqs[0].block_table.empty());
+  EXPECT_EQ(back->seqs[0].sample_index, 0);  // constants are not sent for a continuing sequence
+  EXPECT_EQ(back->seqs[0].sampling.temperature, SamplingParams{}.temperature);
+  // The same sequence starting (new_state) carries everything.
+  plan.seqs[0].new_state = true;
+  back = DecodeStepPlan(EncodeStepPlan(plan));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->seqs[0].sample_index, 2);
+  ExpectSamplingEq(back->seqs[0].sampling, FullSampling(0));
+}
+
+TEST(StepPlanCodec, UnknownSequenceFlagsAreDataLoss) {
+  StepPlan plan;
+  plan.seqs.emplace_back();
+  std::string bytes = EncodeStepPlan(plan);
+  // Layout: magic(4) step_id(8) seqs.size(8) seq_id(8) flags(1).
+  bytes[28] = static_cast<char>(0x80);
+  absl::StatusOr<StepPlan> p = DecodeStepPlan(bytes);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(p.status().message().find("flags"), std::string::npos) << p.status();
 }
 
 TEST(StepResultCodec, RoundTripEveryField) {
@@ -203,7 +254,7 @@ TEST(StepPlanCodec, TrailingBytesAndBadMagic) {
 TEST(StepPlanCodec, HugeLengthPrefixIsRejectedWithoutAllocating) {
   // magic + step_id + seqs.size = 2^63: must fail on the count check, not
   // try to allocate.
-  std::string bytes = "PSP1";
+  std::string bytes = "PSP2";
   uint64_t step = 1, n = uint64_t{1} << 63;
   bytes.append(reinterpret_cast<const char*>(&step), 8);
   bytes.append(reinterpret_cast<const char*>(&n), 8);
@@ -212,13 +263,13 @@ TEST(StepPlanCodec, HugeLengthPrefixIsRejectedWithoutAllocating) {
   EXPECT_EQ(p.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(p.status().message().find("seqs"), std::string::npos) << p.status();
 
-  // The same for a vector length inside the plan: slot_mapping of an empty plan.
+  // The same for a vector length inside the plan: swap_out of an empty plan.
   std::string empty = EncodeStepPlan(StepPlan{});
-  // Layout: magic(4) step_id(8) seqs.size(8) slot_mapping.size(8) ...
+  // Layout: magic(4) step_id(8) seqs.size(8) swap_out.size(8) ...
   std::memcpy(empty.data() + 20, &n, 8);
   p = DecodeStepPlan(empty);
   ASSERT_FALSE(p.ok());
-  EXPECT_NE(p.status().message().find("slot_mapping"), std::string::npos) << p.status();
+  EXPECT_NE(p.status().message().find("swap_out"), std::string::npos) << p.status();
 }
 
 TEST(StepPlanCodec, RandomCorruptionNeverCrashes) {

@@ -231,9 +231,7 @@ int Coordinate(const DriverFlags& f, Executor& exec) {
       st.block_table = s.blocks;
       st.sampling = greedy;
       st.num_prompt_tokens = s.prompt_len;
-      st.new_state = prefill;
-      for (int32_t p = st.start_pos; p < st.context_len(); ++p)
-        plan.slot_mapping.push_back(static_cast<int64_t>(s.blocks[p / bs]) * bs + p % bs);
+      st.new_state = prefill;  // full block table every step: block_table_start 0
       plan.seqs.push_back(std::move(st));
     }
     plan.finished = finished;
@@ -327,7 +325,8 @@ int Main(int argc, char** argv) {
   }
   absl::StatusOr<std::unique_ptr<Executor>> exec =
       info->world_size > 1
-          ? MakeMpiExecutor(*info, kDefaultStartupTimeout, absl::Milliseconds(f.step_timeout_ms))
+          ? MakeMpiExecutor(*info, f.block_size, kDefaultStartupTimeout,
+                            absl::Milliseconds(f.step_timeout_ms))
           : InProcessExecutor::Create(wo);
   if (!exec.ok()) {
     std::fprintf(stderr, "driver: cannot start the workers: %s\n", exec.status().ToString().c_str());

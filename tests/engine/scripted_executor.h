@@ -2,7 +2,8 @@
 // token list chosen by the first token of its prompt and its sample index,
 // following the step plans exactly as a worker would (per-sequence state from
 // new_state / fork_from, dropped on `finished`). It also checks the plans it
-// gets: slot mapping length, block tables covering the context.
+// gets through a StepPlanMirror: block-table deltas that apply, rows covering
+// the context, blocks inside the pool.
 #ifndef PAGEDSERVE_TESTS_ENGINE_SCRIPTED_EXECUTOR_H_
 #define PAGEDSERVE_TESTS_ENGINE_SCRIPTED_EXECUTOR_H_
 
@@ -13,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/common/step_plan_mirror.h"
 #include "runtime/engine/executor.h"
 
 namespace pagedserve::testing {
@@ -28,48 +30,46 @@ class ScriptedExecutor : public Executor {
         device_blocks_(device_blocks),
         cpu_blocks_(cpu_blocks),
         block_size_(block_size),
-        filler_(filler) {}
+        filler_(filler),
+        mirror_(block_size, device_blocks) {}
 
   absl::StatusOr<StepResult> Execute(const StepPlan& plan) override {
     ++executed_;
     if (fail_at_ > 0 && executed_ >= fail_at_) return absl::UnavailableError("scripted worker failure");
     StepResult r;
     r.step_id = plan.step_id;
-    size_t slots = 0;
     for (const SequenceStep& st : plan.seqs) {
-      slots += st.token_ids.size();
-      if (static_cast<int64_t>(st.block_table.size()) * block_size_ < st.context_len()) {
-        return absl::InternalError(absl::StrCat("seq ", st.seq_id, ": block table too short"));
-      }
-      for (int32_t b : st.block_table) {
-        if (b < 0 || b >= device_blocks_) return absl::InternalError(absl::StrCat("block ", b, " out of range"));
-      }
       if (st.new_state) {
         const int32_t key = st.start_pos == 0 ? st.token_ids[0] : st.cached_prefix_token_ids[0];
-        seqs_[st.seq_id] = {key, st.num_prompt_tokens};
+        seqs_[st.seq_id] = {key};
       } else if (st.fork_from != kNoSeq) {
         auto it = seqs_.find(st.fork_from);
         if (it == seqs_.end()) return absl::InternalError("fork from an unknown sequence");
         const Seq parent = it->second;  // copy first: operator[] may rehash and move it
         seqs_[st.seq_id] = parent;
       }
+    }
+    // Block tables (covering each context, blocks in range), histories and
+    // sampling parameters, from the plan's deltas as a worker keeps them.
+    if (absl::Status s = mirror_.Apply(plan); !s.ok()) return absl::InternalError(s.message());
+    for (const SequenceStep& st : plan.seqs) {
       auto it = seqs_.find(st.seq_id);
       if (it == seqs_.end()) return absl::InternalError(absl::StrCat("unknown sequence ", st.seq_id));
       if (!st.sample) continue;
-      const int32_t generated = st.context_len() - it->second.prompt_len;
+      const StepPlanMirror::Sequence& m = *mirror_.Find(st.seq_id);
+      const int32_t generated = st.context_len() - m.num_prompt_tokens;
       for (int32_t k = 0; k < st.num_samples; ++k) {
         SampledToken t;
         t.seq_id = st.seq_id;
-        t.token_id = Token(it->second.key, st.sample_index + k, generated);
+        t.token_id = Token(it->second.key, m.sample_index + k, generated);
         t.logprob = -0.25f * static_cast<float>(generated + 1);
-        if (st.sampling.logprobs > 0) {
+        if (m.sampling.logprobs > 0) {
           t.top_token_ids = {t.token_id};
           t.top_logprobs = {t.logprob};
         }
         r.tokens.push_back(t);
       }
     }
-    if (slots != plan.slot_mapping.size()) return absl::InternalError("slot mapping length");
     for (SeqId id : plan.finished) seqs_.erase(id);
     max_step_tokens_ = std::max<int64_t>(max_step_tokens_, plan.num_tokens());
     return r;
@@ -84,7 +84,6 @@ class ScriptedExecutor : public Executor {
  private:
   struct Seq {
     int32_t key = 0;
-    int32_t prompt_len = 0;
   };
   int32_t Token(int32_t key, int32_t sample, int32_t generated) const {
     auto it = script_.find(key);
@@ -98,6 +97,7 @@ class ScriptedExecutor : public Executor {
   int32_t block_size_;
   int32_t filler_;
   absl::flat_hash_map<SeqId, Seq> seqs_;
+  StepPlanMirror mirror_;
   int executed_ = 0;
   int fail_at_ = 0;
   int64_t max_step_tokens_ = 0;

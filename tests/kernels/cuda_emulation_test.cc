@@ -171,8 +171,8 @@ void EmuDecode(const HostCase& c, const std::vector<uint8_t>& q, const float* al
   const int S = c.num_seqs(), H = c.num_heads;
   const int max_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
   std::vector<int32_t> lens(c.seq_lens.begin(), c.seq_lens.end());
-  const int P = v2 ? (max_len + kc::kDecodePartitionSize - 1) / kc::kDecodePartitionSize : 1;
-  const int psize = v2 ? kc::kDecodePartitionSize : 0;
+  const int P = v2 ? kernels::NumPartitions(max_len) : 1;
+  const int psize = v2 ? kernels::kPartitionSize : 0;
   std::vector<float> ml(static_cast<size_t>(S) * H * P, NAN), es(ml.size(), NAN);
   std::vector<float> tmp(ml.size() * HS, NAN);
   const size_t smem = static_cast<size_t>((v2 ? psize : max_len) + 7) / 8 * 8 * sizeof(float);

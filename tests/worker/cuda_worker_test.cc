@@ -282,11 +282,6 @@ class GreedyRunner {
         const int ctx = start[i] + static_cast<int>(feed[i].size());
         s.block_table.assign(tables[i].begin(),
                              tables[i].begin() + (ctx + kBlockSize - 1) / kBlockSize);
-        for (int j = 0; j < static_cast<int>(feed[i].size()); ++j) {
-          const int p = start[i] + j;
-          plan.slot_mapping.push_back(static_cast<int64_t>(s.block_table[p / kBlockSize]) *
-                                          kBlockSize + p % kBlockSize);
-        }
         s.sampling.temperature = 0.0f;
         s.sampling.max_tokens = steps;
         plan.seqs.push_back(s);

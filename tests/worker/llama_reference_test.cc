@@ -51,7 +51,7 @@ std::vector<ReferencePrompt> LlamaReferenceTest::reference_;
 // A step plan that runs `tokens` for sequence `id` whose blocks are the
 // contiguous range starting at `first_block` (the test does its own placement).
 SequenceStep MakeStep(SeqId id, const std::vector<int32_t>& tokens, int start_pos, int first_block,
-                      int context_capacity, std::vector<int64_t>* slots) {
+                      int context_capacity) {
   SequenceStep s;
   s.seq_id = id;
   s.token_ids = tokens;
@@ -61,11 +61,6 @@ SequenceStep MakeStep(SeqId id, const std::vector<int32_t>& tokens, int start_po
   const int blocks = (context_capacity + kBlockSize - 1) / kBlockSize;
   for (int b = 0; b < blocks; ++b) s.block_table.push_back(first_block + b);
   s.block_table.resize((start_pos + tokens.size() + kBlockSize - 1) / kBlockSize);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    int pos = start_pos + static_cast<int>(i);
-    slots->push_back(static_cast<int64_t>(s.block_table[pos / kBlockSize]) * kBlockSize +
-                     pos % kBlockSize);
-  }
   s.sampling.temperature = 0.0f;
   s.sampling.max_tokens = 32;
   return s;
@@ -189,13 +184,12 @@ std::vector<std::vector<int32_t>> RunGreedy(Worker& w, const std::vector<Referen
       const int first_block = static_cast<int>(i) * (cap / kBlockSize);
       if (step == 0) continue;
       int start = static_cast<int>(p.prompt_ids.size()) + step - 1;
-      plan.seqs.push_back(MakeStep(seq_base + i, {next[i]}, start, first_block, cap, &plan.slot_mapping));
+      plan.seqs.push_back(MakeStep(seq_base + i, {next[i]}, start, first_block, cap));
     }
     if (step == 0)
       for (size_t i = 0; i < prompts.size(); ++i)
         plan.seqs.push_back(MakeStep(seq_base + i, prompts[i].prompt_ids, 0,
-                                     static_cast<int>(i) * (cap / kBlockSize), cap,
-                                     &plan.slot_mapping));
+                                     static_cast<int>(i) * (cap / kBlockSize), cap));
     auto res = w.Execute(plan);
     EXPECT_TRUE(res.ok()) << res.status();
     if (!res.ok()) return out;

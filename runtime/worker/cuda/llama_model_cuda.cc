@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/paged_attention.h"
 #include "kernels/prefill_attention.h"
 #include "kernels/reshape_and_cache.h"
@@ -26,16 +27,6 @@
 
 namespace pagedserve {
 namespace {
-
-absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();  // clear a sticky launch error so later calls start clean
-  if (e == cudaErrorMemoryAllocation)
-    return absl::ResourceExhaustedError(
-        absl::StrCat("CUDA out of memory in ", what, ": ", cudaGetErrorString(e)));
-  return absl::InternalError(absl::StrCat("CUDA error in ", what, ": ", cudaGetErrorString(e),
-                                          " (", static_cast<int>(e), ")"));
-}
 
 absl::Status CublasStatus(cublasStatus_t s, absl::string_view what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
