@@ -18,6 +18,7 @@
 // one block's scale breaks it.
 #include "kernels/linear.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
