@@ -15,17 +15,20 @@
 // and, for comparison only, the same for the --dtype float32 path (dequantize
 // at load, fp32 activations and cache: transformers' function).
 //
-// Measured (x86-64, the AVX2 path of kernels::Linear, 2 threads, 40 positions):
-//                      quantized path        float32 path
-//   top-1 agreement    39 / 40               38 / 40
-//   KL mean            0.0053                0.0038
-//   KL max             0.034 (one_token 3)   0.030 (one_token 3)
-// The one quantized top-1 miss is multilingual step 0, where llama.cpp's own
-// top-1 margin is 0.032 logits. The quantized path is not closer to llama.cpp
-// than fp32 is: both differ from it by quantization/rounding noise of the same
-// size. The bounds below are about 3x the measured figures: a wrong scale, block
-// layout, permutation or KV conversion moves the KL by orders of magnitude
-// (a single wrong layer gives KL > 1).
+// Measured (x86-64, the AVX2 path of kernels::Linear, 2 threads, 40 positions;
+// two versions of the kernels, whose fp32 summation order differs):
+//                      quantized path              float32 path
+//   top-1 agreement    39, 38 / 40                 38 / 40
+//   KL mean            0.0053, 0.0048              0.0038
+//   KL max             0.034, 0.033 (one_token 3)  0.030 (one_token 3)
+// The quantized top-1 misses are multilingual step 0 (llama.cpp's own top-1
+// margin 0.032 logits) and, with the second kernels, story step 2 (margin 0.20,
+// where the float32 path disagrees with llama.cpp too). The quantized path is
+// not closer to llama.cpp than fp32 is: both differ from it by quantization and
+// rounding noise of the same size (logit differences of 0.2-0.4 are typical
+// between correct implementations; tests/fixtures/README.md). The bounds below
+// are about 3x the measured figures: a wrong scale, block layout, permutation or
+// KV conversion moves the KL by orders of magnitude (one wrong layer gives KL > 1).
 // Greedy continuations (32 tokens, common prefix with llama.cpp's) are printed
 // and recorded in docs/benchmarks.md; they are not asserted: after the first
 // near tie two correct implementations part ways.
@@ -56,8 +59,10 @@ constexpr int kNumBlocks = 32;  // 512 tokens: the longest context is ~340
 constexpr double kMaxKl = 0.1;        // per position (measured max 0.034)
 constexpr double kMaxMeanKl = 0.015;  // over the 40 positions (measured 0.0053)
 // llama.cpp's top-1 must be ours wherever its margin over the runner-up exceeds
-// this many logits (the one measured miss had a margin of 0.032).
-constexpr double kTop1Margin = 0.1;
+// this many logits (above the typical 0.2-0.4 difference between correct
+// implementations; the measured misses had margins of 0.032 and 0.20).
+constexpr double kTop1Margin = 0.5;
+constexpr int kMinTop1 = 36;  // of 40 (measured 38-39)
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -217,7 +222,7 @@ TEST(LlamaCppReferenceTest, QuantizedPathAgreesWithLlamaCpp) {
               positions, top1_q, top1_f, sum_kl_q / positions, sum_kl_f / positions, max_kl_q,
               max_kl_f);
   EXPECT_LT(sum_kl_q / positions, kMaxMeanKl);
-  EXPECT_GE(top1_q, positions - 2);
+  EXPECT_GE(top1_q, kMinTop1);
 
   for (const ReferencePrompt& p : ref) {
     const std::vector<int32_t> g = Greedy(*quant, p.prompt_ids);
