@@ -1,18 +1,27 @@
 // The forward pass and the worker against Hugging Face transformers (fp32) on
-// the same weights: logits of the first steps within tolerance, 32-token greedy
-// continuations identical, and a mixed batch equal to each sequence alone.
+// the same weights (tests/fixtures/README.md): logits of the first four steps
+// (top-64, logsumexp, mean / std, and the committed full-vocabulary vectors)
+// within a fixed per-model bound, the same logits when all prompts run as one
+// flattened batch, 32-token greedy continuations identical, a mixed batch equal
+// to each sequence alone, (SmolLM2) llama.cpp's step-0 logits as a sanity
+// bound, and (random_llama) penalized greedy sampling through the worker
+// against numpy, also for a forked sibling and a recomputed sequence.
 //
 // Model under test: PAGEDSERVE_TEST_MODEL (a .gguf or HF directory) with its
-// fixture PAGEDSERVE_TEST_REFERENCE (relative to the source dir).
+// fixture PAGEDSERVE_TEST_REFERENCE (relative to the source dir). These are
+// fp32 reference checks: LoadReferenceWeights / ReferenceWorkerOptions are the
+// one place that picks the weight precision.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include <nlohmann/json.hpp>
 #include "runtime/model/weights.h"
 #include "runtime/worker/llama_model.h"
 #include "runtime/worker/worker.h"
@@ -23,6 +32,7 @@ namespace {
 
 using testing::LoadReference;
 using testing::ReferencePrompt;
+using testing::ReferenceStep;
 
 constexpr int kBlockSize = 16;
 
@@ -31,21 +41,49 @@ std::string Env(const char* name) {
   return v ? v : "";
 }
 
-// Logit tolerance: transformers and this runtime both run fp32 but sum in a
-// different order (BLAS blocking, attention accumulation), over 4-30 layers.
-constexpr double kLogitAbsTol = 2e-3;
-constexpr double kLogitRelTol = 2e-3;
+// Logit bounds per model, absolute (fp32 vs fp32: only summation order
+// differs). tests/fixtures/README.md measured transformers against itself at
+// 5.7e-6 (random_llama, top-64, steps 0..3). This runtime against the
+// fixtures, max over every prompt and step of the top-64 and the full
+// vectors (RelWithDebInfo, x86-64, OpenBLAS): 7.6e-6 on random_llama (4
+// layers, logits ~5) and 5.3e-5 on SmolLM2 (30 layers, logits ~30). The
+// bounds are about 10x those: 1e-4 and 5e-4 (the fixture README's generic
+// recommendation was 1e-3 / 1e-2). A real bug (RoPE variant, norm, head
+// grouping, an off-by-one position) moves logits by 0.1 or more.
+struct LogitBounds {
+  double abs;        // |logit - reference| (top-64, full vectors)
+  double logsumexp;  // |logsumexp - reference| and mean / std of the vector
+};
+LogitBounds BoundsFor(const std::string& model_name) {
+  if (model_name == "random_llama") return {1e-4, 1e-4};
+  if (model_name == "SmolLM2-135M-Instruct") return {5e-4, 5e-4};
+  ADD_FAILURE() << "no logit bounds measured for model " << model_name;
+  return {0.0, 0.0};
+}
+// llama.cpp (Q4_1 / Q8_0 dot products on 8-bit activations, fp16 KV) is a
+// sanity bound only: tests/fixtures/README.md "llamacpp atol" 2.0.
+constexpr double kLlamaCppAbsTol = 2.0;
+
+// fp32 reference mode (--dtype float32: weights dequantized to fp32 at load,
+// fp32 KV). The one place that picks the weights' precision for these tests;
+// the stored-format (quantized) path is checked against llama.cpp in
+// llamacpp_reference_test.cc.
+absl::StatusOr<LlamaWeights> LoadReferenceWeights(const std::string& path) {
+  return LoadLlamaWeights(path, /*tp_rank=*/0, /*tp_size=*/1, WeightDType::kFloat32);
+}
 
 class LlamaReferenceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     model_path_ = Env("PAGEDSERVE_TEST_MODEL");
     reference_ = LoadReference(Env("PAGEDSERVE_TEST_REFERENCE"));
+    model_name_ = testing::ReferenceModelName(Env("PAGEDSERVE_TEST_REFERENCE"));
   }
-  static std::string model_path_;
+  static std::string model_path_, model_name_;
   static std::vector<ReferencePrompt> reference_;
 };
 std::string LlamaReferenceTest::model_path_;
+std::string LlamaReferenceTest::model_name_;
 std::vector<ReferencePrompt> LlamaReferenceTest::reference_;
 
 // A step plan that runs `tokens` for sequence `id` whose blocks are the
@@ -66,98 +104,247 @@ SequenceStep MakeStep(SeqId id, const std::vector<int32_t>& tokens, int start_po
   return s;
 }
 
-TEST_F(LlamaReferenceTest, LogitsMatchTransformers) {
-  auto weights = LoadLlamaWeights(model_path_);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  const int layers = weights->config.num_layers;
-  const int kv_heads = weights->config.num_kv_heads;
-  const int head = weights->config.head_size;
-  const int vocab = weights->config.vocab_size;
-  auto comm = MakeSingleRankCommunicator();
-  auto model = LlamaModel::Create(std::move(*weights), comm.get());
-  ASSERT_TRUE(model.ok()) << model.status();
-
-  const int num_blocks = 64;
-  kernels::KVCacheShape shape{num_blocks, kv_heads, head, kBlockSize, kernels::DType::kFloat32};
+// The model and an fp32 paged cache of `num_blocks` blocks per layer.
+struct ModelUnderTest {
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<LlamaModel> model;
   std::vector<std::vector<float>> storage;
   std::vector<kernels::KVCacheView> views;
-  for (int l = 0; l < layers; ++l) {
-    storage.emplace_back(shape.block_elems() * num_blocks);
-    storage.emplace_back(shape.block_elems() * num_blocks);
-    views.push_back({storage[storage.size() - 2].data(), storage.back().data(), shape,
-                     kernels::Device::kCPU});
-  }
+  int vocab = 0;
+};
 
+void MakeModel(const std::string& path, int num_blocks, ModelUnderTest* m) {
+  auto weights = LoadReferenceWeights(path);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const ModelConfig cfg = weights->config;
+  m->vocab = cfg.vocab_size;
+  m->comm = MakeSingleRankCommunicator();
+  auto model = LlamaModel::Create(std::move(*weights), m->comm.get());
+  ASSERT_TRUE(model.ok()) << model.status();
+  m->model = std::move(*model);
+  kernels::KVCacheShape shape{num_blocks, cfg.num_kv_heads, cfg.head_size, kBlockSize,
+                              kernels::DType::kFloat32};
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    m->storage.emplace_back(shape.block_elems() * num_blocks);
+    m->storage.emplace_back(shape.block_elems() * num_blocks);
+    m->views.push_back({m->storage[m->storage.size() - 2].data(), m->storage.back().data(), shape,
+                        kernels::Device::kCPU});
+  }
+}
+
+// One vocabulary row of logits against a reference step: argmax (where the
+// reference margin is clear), the top-64, logsumexp, mean / std and, where the
+// fixture has it, the full vector. Returns the largest |logit difference|.
+double CheckLogits(const float* logits, int vocab, const ReferenceStep& ref, const LogitBounds& b,
+                   const std::string& where) {
   double worst = 0;
-  for (const ReferencePrompt& p : reference_) {
-    SCOPED_TRACE(p.name);
-    std::vector<int32_t> context = p.prompt_ids;
-    std::vector<int32_t> block_table(num_blocks);
-    // Reverse order so the blocks are not contiguous.
-    std::iota(block_table.rbegin(), block_table.rend(), 0);
-    int start = 0;
-    for (size_t step = 0; step < p.steps.size(); ++step) {
-      const auto& ref = p.steps[step];
-      std::vector<int32_t> ids(context.begin() + start, context.end());
-      std::vector<int32_t> pos(ids.size());
-      std::vector<int64_t> slots(ids.size());
-      for (size_t i = 0; i < ids.size(); ++i) {
-        pos[i] = start + static_cast<int>(i);
-        slots[i] = static_cast<int64_t>(block_table[pos[i] / kBlockSize]) * kBlockSize +
-                   pos[i] % kBlockSize;
+  for (size_t i = 0; i < ref.top_ids.size(); ++i) {
+    const double d = std::abs(logits[ref.top_ids[i]] - static_cast<double>(ref.top_logits[i]));
+    worst = std::max(worst, d);
+    EXPECT_LE(d, b.abs) << where << " token " << ref.top_ids[i] << ": " << logits[ref.top_ids[i]]
+                        << " vs " << ref.top_logits[i];
+  }
+  const float* best = std::max_element(logits, logits + vocab);
+  if (ref.top1_margin > 10 * b.abs) {
+    EXPECT_EQ(best - logits, ref.argmax) << where;
+  }
+  double sum = 0, mean = 0, var = 0;
+  for (int i = 0; i < vocab; ++i) {
+    sum += std::exp(static_cast<double>(logits[i]) - *best);
+    mean += logits[i];
+  }
+  mean /= vocab;
+  for (int i = 0; i < vocab; ++i) var += (logits[i] - mean) * (logits[i] - mean);
+  EXPECT_NEAR(*best + std::log(sum), ref.logsumexp, b.logsumexp) << where;
+  EXPECT_NEAR(mean, ref.mean, b.logsumexp) << where;
+  EXPECT_NEAR(std::sqrt(var / vocab), ref.std, b.logsumexp) << where;
+  if (!ref.full_logits_file.empty()) {
+    EXPECT_EQ(ref.full_logits.size(), static_cast<size_t>(vocab))
+        << where << ": cannot read " << ref.full_logits_file;
+    if (ref.full_logits.size() == static_cast<size_t>(vocab)) {
+      double full = 0;
+      int at = 0;
+      for (int i = 0; i < vocab; ++i) {
+        const double d = std::abs(logits[i] - static_cast<double>(ref.full_logits[i]));
+        if (d > full) full = d, at = i;
       }
-      std::vector<int32_t> qsl = {0, static_cast<int32_t>(ids.size())};
-      std::vector<int32_t> lens = {static_cast<int32_t>(context.size())};
-      std::vector<int32_t> rows = {static_cast<int32_t>(ids.size()) - 1};
-      ASSERT_EQ(lens[0], ref.context_length);
-      ForwardBatch b;
-      b.token_ids = ids;
-      b.positions = pos;
-      b.slot_mapping = slots;
-      b.query_start_loc = qsl;
-      b.seq_lens = lens;
-      b.block_tables = block_table;
-      b.max_blocks_per_seq = num_blocks;
-      b.logits_rows = rows;
-      std::vector<float> logits;
-      ASSERT_TRUE((*model)->Forward(b, views, &logits).ok());
-      ASSERT_EQ(logits.size(), static_cast<size_t>(vocab));
-      for (size_t i = 0; i < ref.top_ids.size(); ++i) {
-        const double got = logits[ref.top_ids[i]];
-        const double want = ref.top_logits[i];
-        worst = std::max(worst, std::abs(got - want));
-        ASSERT_NEAR(got, want, kLogitAbsTol + kLogitRelTol * std::abs(want))
-            << "step " << step << " token " << ref.top_ids[i];
-      }
-      double m = *std::max_element(logits.begin(), logits.end()), sum = 0;
-      for (float v : logits) sum += std::exp(static_cast<double>(v) - m);
-      EXPECT_NEAR(m + std::log(sum), ref.logsumexp, 1e-2);
-      start = static_cast<int>(context.size());
-      context.push_back(ref.argmax);  // follow the reference's greedy path
+      worst = std::max(worst, full);
+      EXPECT_LE(full, b.abs) << where << " full vector, token " << at;
     }
   }
-  std::printf("max |logit - reference| over the top-64 of every step: %.3g\n", worst);
+  return worst;
 }
 
-// Greedy continuation through Worker::Execute. At the first token that differs
-// from the reference the reference's own top-1 margin must be below the logit
-// tolerance (a near tie that fp32 summation order may flip); otherwise fail.
-void ExpectSameGreedy(const ReferencePrompt& p, const std::vector<int32_t>& got) {
-  ASSERT_EQ(got.size(), p.greedy_ids.size()) << p.name;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] == p.greedy_ids[i]) continue;
-    ASSERT_LT(i, p.greedy_margins.size());
-    EXPECT_LT(p.greedy_margins[i], 1e-3)
-        << p.name << ": greedy token " << i << " is " << got[i] << ", reference "
-        << p.greedy_ids[i] << " with a clear margin " << p.greedy_margins[i];
-    return;
+// Contexts of reference step k: prompt_ids + greedy_ids[:k].
+std::vector<int32_t> StepContext(const ReferencePrompt& p, size_t k) {
+  std::vector<int32_t> c = p.prompt_ids;
+  c.insert(c.end(), p.greedy_ids.begin(), p.greedy_ids.begin() + k);
+  return c;
+}
+
+// A flattened batch: sequence i feeds `context[i]` from position `start[i]`,
+// its blocks the contiguous range i * blocks_per_seq.. in reverse order (so
+// no table is contiguous); logits of each sequence's last row.
+struct FlatBatch {
+  std::vector<int32_t> ids, pos, qsl{0}, lens, tables, rows;
+  std::vector<int64_t> slots;
+  int blocks_per_seq = 0;
+  FlatBatch(const std::vector<std::vector<int32_t>>& context, const std::vector<int>& start,
+            int blocks_per_seq_)
+      : blocks_per_seq(blocks_per_seq_) {
+    for (size_t i = 0; i < context.size(); ++i) {
+      std::vector<int32_t> table(blocks_per_seq);
+      std::iota(table.rbegin(), table.rend(), static_cast<int32_t>(i) * blocks_per_seq);
+      tables.insert(tables.end(), table.begin(), table.end());
+      for (size_t t = start[i]; t < context[i].size(); ++t) {
+        ids.push_back(context[i][t]);
+        pos.push_back(static_cast<int32_t>(t));
+        slots.push_back(static_cast<int64_t>(table[t / kBlockSize]) * kBlockSize + t % kBlockSize);
+      }
+      qsl.push_back(static_cast<int32_t>(ids.size()));
+      lens.push_back(static_cast<int32_t>(context[i].size()));
+      rows.push_back(qsl.back() - 1);
+    }
   }
+  ForwardBatch view() const {
+    ForwardBatch b;
+    b.token_ids = ids;
+    b.positions = pos;
+    b.slot_mapping = slots;
+    b.query_start_loc = qsl;
+    b.seq_lens = lens;
+    b.block_tables = tables;
+    b.max_blocks_per_seq = blocks_per_seq;
+    b.logits_rows = rows;
+    return b;
+  }
+};
+
+// llama.cpp's reference next to the transformers one (SmolLM2 only), or none.
+std::vector<ReferencePrompt> LoadLlamaCppReference() {
+  const std::string rel = Env("PAGEDSERVE_TEST_REFERENCE");
+  const std::string llamacpp = rel.substr(0, rel.rfind('/') + 1) + "llamacpp_reference.json";
+  std::ifstream probe(testing::SourceDir() + "/" + llamacpp);
+  return probe ? LoadReference(llamacpp) : std::vector<ReferencePrompt>{};
 }
 
-std::unique_ptr<Worker> MakeWorker(Communicator* comm, const std::string& path) {
+// Step-0 logits against llama.cpp as an independent sanity reference
+// (README item 5): within 2.0 of its top-64, and the same argmax where
+// llama.cpp and transformers agree on it. Never token identity. Returns the
+// largest difference; counts the argmax checks.
+double CheckLlamaCpp(const std::vector<float>& logits, const ReferenceStep& lcpp,
+                     const ReferenceStep& hf, const std::string& name, int* argmax_checked) {
+  double worst = 0;
+  for (size_t j = 0; j < lcpp.top_ids.size(); ++j) {
+    const double d = std::abs(logits[lcpp.top_ids[j]] - static_cast<double>(lcpp.top_logits[j]));
+    worst = std::max(worst, d);
+    EXPECT_LE(d, kLlamaCppAbsTol) << name << " token " << lcpp.top_ids[j] << " (llama.cpp)";
+  }
+  if (lcpp.argmax == hf.argmax) {
+    ++*argmax_checked;
+    EXPECT_EQ(std::max_element(logits.begin(), logits.end()) - logits.begin(), lcpp.argmax)
+        << name << " (llama.cpp and transformers agree)";
+  }
+  return worst;
+}
+
+// Each prompt alone: step 0 is the prefill of the prompt, steps 1..3 decode
+// the reference's greedy tokens; every step's logits against the reference,
+// and step 0 against llama.cpp where the model has that fixture (SmolLM2).
+TEST_F(LlamaReferenceTest, LogitsMatchTransformers) {
+  ModelUnderTest m;
+  MakeModel(model_path_, 64, &m);
+  ASSERT_FALSE(HasFatalFailure());
+  const LogitBounds bounds = BoundsFor(model_name_);
+  const std::vector<ReferencePrompt> lcpp = LoadLlamaCppReference();
+  // Only SmolLM2 (a GGUF that llama.cpp runs) has one.
+  EXPECT_EQ(lcpp.empty(), model_name_ == "random_llama");
+  if (!lcpp.empty()) {
+    ASSERT_EQ(lcpp.size(), reference_.size());
+  }
+  double worst = 0, worst_lcpp = 0;
+  int full_vectors = 0, argmax_checked = 0;
+  for (size_t pi = 0; pi < reference_.size(); ++pi) {
+    const ReferencePrompt& p = reference_[pi];
+    int start = 0;
+    for (size_t k = 0; k < p.steps.size(); ++k) {
+      const std::vector<int32_t> context = StepContext(p, k);
+      ASSERT_EQ(static_cast<int>(context.size()), p.steps[k].context_length) << p.name;
+      FlatBatch fb({context}, {start}, 64);
+      std::vector<float> logits;
+      ASSERT_TRUE(m.model->Forward(fb.view(), m.views, &logits).ok());
+      ASSERT_EQ(logits.size(), static_cast<size_t>(m.vocab));
+      worst = std::max(worst, CheckLogits(logits.data(), m.vocab, p.steps[k], bounds,
+                                          p.name + " step " + std::to_string(k)));
+      full_vectors += !p.steps[k].full_logits_file.empty();
+      if (k == 0 && !lcpp.empty()) {
+        EXPECT_EQ(lcpp[pi].prompt_ids, p.prompt_ids) << p.name;
+        worst_lcpp = std::max(worst_lcpp, CheckLlamaCpp(logits, lcpp[pi].steps[0], p.steps[0],
+                                                        p.name, &argmax_checked));
+      }
+      start = static_cast<int>(context.size());
+    }
+  }
+  // Both fixtures commit two full-vocabulary vectors (README): all were read.
+  EXPECT_EQ(full_vectors, 2);
+  // README: llama.cpp's step-0 argmax equals transformers' on 9 of 10 prompts.
+  if (!lcpp.empty()) {
+    EXPECT_EQ(argmax_checked, 9);
+  }
+  std::printf("%s: max |logit - reference| (top-64 and full vectors): %.3g (bound %.3g)\n",
+              model_name_.c_str(), worst, bounds.abs);
+  if (!lcpp.empty())
+    std::printf("max |logit - llama.cpp| over its step-0 top-64: %.3g (bound %.1f)\n", worst_lcpp,
+                kLlamaCppAbsTol);
+}
+
+// All prompts as one flattened batch: step 0 a variable-length prefill of the
+// ten prompts (1..304 tokens) in one forward pass, steps 1..3 batched decodes;
+// every sequence's logits within the same bounds of its reference.
+TEST_F(LlamaReferenceTest, BatchedLogitsMatchTransformers) {
+  ModelUnderTest m;
+  const int per_seq = 32;  // blocks per sequence: 512 tokens
+  MakeModel(model_path_, per_seq * static_cast<int>(reference_.size()), &m);
+  ASSERT_FALSE(HasFatalFailure());
+  const LogitBounds bounds = BoundsFor(model_name_);
+  std::vector<int> start(reference_.size(), 0);
+  double worst = 0;
+  for (size_t k = 0; k < 4; ++k) {
+    std::vector<std::vector<int32_t>> contexts;
+    for (const ReferencePrompt& p : reference_) contexts.push_back(StepContext(p, k));
+    FlatBatch fb(contexts, start, per_seq);
+    std::vector<float> logits;
+    ASSERT_TRUE(m.model->Forward(fb.view(), m.views, &logits).ok());
+    ASSERT_EQ(logits.size(), reference_.size() * m.vocab);
+    for (size_t i = 0; i < reference_.size(); ++i) {
+      ASSERT_GT(reference_[i].steps.size(), k);
+      worst = std::max(worst, CheckLogits(logits.data() + i * m.vocab, m.vocab,
+                                          reference_[i].steps[k], bounds,
+                                          reference_[i].name + " batched step " + std::to_string(k)));
+      start[i] = static_cast<int>(contexts[i].size());
+    }
+  }
+  std::printf("%s batched: max |logit - reference|: %.3g\n", model_name_.c_str(), worst);
+}
+
+// Greedy continuation through Worker::Execute: identical to the reference's
+// 32 tokens. The smallest recorded top-1 margins (README: 0.009 SmolLM2,
+// 0.0017 random_llama) are above the logit bounds, so no near tie excuses a
+// difference.
+void ExpectSameGreedy(const ReferencePrompt& p, const std::vector<int32_t>& got) {
+  EXPECT_EQ(got, p.greedy_ids) << p.name;
+}
+
+// fp32 reference mode for the worker (see LoadReferenceWeights).
+WorkerOptions ReferenceWorkerOptions(const std::string& path) {
   WorkerOptions o;
   o.model_path = path;
   o.dtype = WeightDType::kFloat32;  // the exact path the transformers fixtures check
+  return o;
+}
+
+std::unique_ptr<Worker> MakeWorker(Communicator* comm, const std::string& path) {
+  WorkerOptions o = ReferenceWorkerOptions(path);
   o.block_size = kBlockSize;
   o.kv_cache_memory = 256LL << 20;  // 10 sequences x 32 blocks for SmolLM2
   o.swap_space = 0;
@@ -221,6 +408,91 @@ TEST_F(LlamaReferenceTest, GreedyAloneMatchesTransformersAndBatchMatchesAlone) {
   auto batched = RunGreedy(*w, reference_);
   for (size_t i = 0; i < reference_.size(); ++i)
     EXPECT_EQ(batched[i], alone[i]) << reference_[i].name;
+}
+
+// The sampler through the real worker against numpy
+// (tests/fixtures/make_sampling_reference.py: greedy with repetition, presence
+// and frequency penalties on the transformers logits), teacher-forced along
+// the reference's greedy tokens; at step 2 the same token must come from a
+// sibling forked from the sequence (the history it inherits) and from the
+// sequence recomputed from scratch as after recompute preemption (prompt and
+// output told apart by num_prompt_tokens). random_llama only (its fixture).
+TEST_F(LlamaReferenceTest, PenalizedGreedyMatchesNumpyAfterForkAndRecompute) {
+  const std::string rel = Env("PAGEDSERVE_TEST_REFERENCE");
+  const nlohmann::json j = testing::ReadJson(testing::SourceDir() + "/" +
+                                             rel.substr(0, rel.rfind('/') + 1) +
+                                             "sampling_reference.json");
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.repetition_penalty = j.at("params").at("repetition_penalty").get<float>();
+  sp.presence_penalty = j.at("params").at("presence_penalty").get<float>();
+  sp.frequency_penalty = j.at("params").at("frequency_penalty").get<float>();
+  auto comm = MakeSingleRankCommunicator();
+  auto w = MakeWorker(comm.get(), model_path_);
+  ASSERT_NE(w, nullptr);
+  uint64_t step_id = 5000000;
+  int checked = 0, changed = 0;
+  SeqId base = 800000;
+  for (const auto& p : j.at("prompts")) {
+    const std::string name = p.at("name").get<std::string>();
+    const auto prompt = p.at("prompt_ids").get<std::vector<int32_t>>();
+    const auto& steps = p.at("steps");
+    const int len = static_cast<int>(prompt.size());
+    const SeqId seq = base, child = base + 1, recomputed = base + 2;
+    base += 10;
+    // seq and child share blocks 0.., the recomputed sequence has its own.
+    auto step = [&](SeqId id, std::vector<int32_t> ids, int start, int first_block) {
+      SequenceStep st = MakeStep(id, ids, start, first_block, 512);
+      st.num_prompt_tokens = len;
+      st.sampling = sp;
+      return st;
+    };
+    std::vector<int32_t> fed = prompt;
+    for (size_t k = 0; k < steps.size(); ++k) {
+      const int32_t want = steps[k].at("token").get<int32_t>();
+      StepPlan plan;
+      plan.step_id = ++step_id;
+      const int start = k == 0 ? 0 : len + static_cast<int>(k) - 1;
+      const std::vector<int32_t> ids(fed.begin() + start, fed.end());
+      std::vector<SequenceStep> seqs = {step(seq, ids, start, 0)};
+      if (k == 2) {
+        SequenceStep c = step(child, ids, start, 0);
+        c.fork_from = seq;
+        c.new_state = false;
+        seqs.push_back(c);
+        seqs.push_back(step(recomputed, fed, 0, 32));
+      } else if (k == 3) {
+        seqs.push_back(step(child, ids, start, 0));
+        seqs.push_back(step(recomputed, ids, start, 32));
+      }
+      for (SequenceStep& st : seqs) {
+        for (size_t i = 0; i < st.token_ids.size(); ++i) {
+          const int pos = st.start_pos + static_cast<int>(i);
+          plan.slot_mapping.push_back(static_cast<int64_t>(st.block_table[pos / kBlockSize]) *
+                                          kBlockSize + pos % kBlockSize);
+        }
+        plan.seqs.push_back(std::move(st));
+      }
+      auto r = w->Execute(plan);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_EQ(r->tokens.size(), plan.seqs.size());
+      for (const SampledToken& t : r->tokens) {
+        const char* who = t.seq_id == seq ? "sequence" : t.seq_id == child ? "forked sibling"
+                                                                           : "recomputed";
+        EXPECT_EQ(t.token_id, want) << name << " step " << k << " (" << who << "), numpy margin "
+                                    << steps[k].at("margin").get<double>();
+        ++checked;
+      }
+      changed += want != steps[k].at("unpenalized_argmax").get<int32_t>();
+      if (k < p.at("steps").size() - 1) fed.push_back(p.at("steps")[k + 1].at("fed_output").back());
+    }
+    StepPlan fin;
+    fin.step_id = ++step_id;
+    fin.finished = {seq, child, recomputed};
+    ASSERT_TRUE(w->Execute(fin).ok());
+  }
+  EXPECT_EQ(checked, 5 * (4 + 2 + 2));
+  EXPECT_GT(changed, 0) << "the penalties changed no greedy token: the test would not see them";
 }
 
 }  // namespace

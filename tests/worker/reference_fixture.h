@@ -21,6 +21,12 @@ struct ReferenceStep {
   std::vector<int32_t> top_ids;
   std::vector<float> top_logits;
   double logsumexp = 0;
+  double mean = 0, std = 0;  // of the full vector (population std)
+  // full_logits_file (empty if none) and its vector (empty if unreadable).
+  std::string full_logits_file;
+  std::vector<float> full_logits;
+  // llamacpp_reference.json only: whether llama.cpp saw the same context.
+  bool context_matches_transformers = true;
 };
 
 struct ReferencePrompt {
@@ -36,11 +42,41 @@ inline std::string SourceDir() {
   return d ? d : ".";
 }
 
-inline std::vector<ReferencePrompt> LoadReference(const std::string& relative_path) {
-  std::ifstream in(SourceDir() + "/" + relative_path);
+inline nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
   std::stringstream ss;
   ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str());
+  return nlohmann::json::parse(ss.str());
+}
+
+// A little-endian float32 file with no header (full_logits_file); empty when
+// it cannot be read.
+inline std::vector<float> ReadF32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return {};
+  const std::streamsize bytes = in.tellg();
+  std::vector<float> v(static_cast<size_t>(bytes) / sizeof(float));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+  return in ? v : std::vector<float>{};
+}
+
+inline std::string DirName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// model.name of a reference JSON ("random_llama", "SmolLM2-135M-Instruct").
+inline std::string ReferenceModelName(const std::string& relative_path) {
+  return ReadJson(SourceDir() + "/" + relative_path).at("model").at("name").get<std::string>();
+}
+
+// Reads reference.json or llamacpp_reference.json (same prompt layout); full
+// logit vectors are loaded from the files their steps name (relative to the
+// JSON's folder).
+inline std::vector<ReferencePrompt> LoadReference(const std::string& relative_path) {
+  const std::string path = SourceDir() + "/" + relative_path;
+  nlohmann::json j = ReadJson(path);
   std::vector<ReferencePrompt> out;
   for (const auto& p : j.at("prompts")) {
     ReferencePrompt r;
@@ -54,6 +90,13 @@ inline std::vector<ReferencePrompt> LoadReference(const std::string& relative_pa
       st.top_ids = s.at("top_ids").get<std::vector<int32_t>>();
       st.top_logits = s.at("top_logits").get<std::vector<float>>();
       st.logsumexp = s.at("logsumexp").get<double>();
+      st.mean = s.value("mean", 0.0);
+      st.std = s.value("std", 0.0);
+      st.context_matches_transformers = s.value("context_matches_transformers", true);
+      if (s.contains("full_logits_file") && s.at("full_logits_file").is_string()) {
+        st.full_logits_file = DirName(path) + "/" + s.at("full_logits_file").get<std::string>();
+        st.full_logits = ReadF32(st.full_logits_file);
+      }
       r.steps.push_back(std::move(st));
     }
     r.greedy_ids = p.at("greedy_ids").get<std::vector<int32_t>>();
