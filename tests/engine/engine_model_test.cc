@@ -390,16 +390,9 @@ TEST_F(EngineModelTest, ManyForksInOneStepKeepTheParentHistory) {
     s.sampling.frequency_penalty = 2.0f;
     return s;
   };
-  auto slots = [&](int start, int n) {
-    std::vector<int64_t> v;
-    for (int p = start; p < start + n; ++p)
-      v.push_back(static_cast<int64_t>(table[p / kBlockSize]) * kBlockSize + p % kBlockSize);
-    return v;
-  };
   StepPlan prefill;
   prefill.step_id = 9000001;
   prefill.seqs.push_back(seq(parent, prompt, 0));
-  prefill.slot_mapping = slots(0, len);
   auto r1 = worker_->Execute(prefill);
   ASSERT_TRUE(r1.ok()) << r1.status();
   ASSERT_EQ(r1->tokens.size(), 1u);
@@ -415,10 +408,6 @@ TEST_F(EngineModelTest, ManyForksInOneStepKeepTheParentHistory) {
     s.fork_from = parent;
     decode.seqs.push_back(s);
   }
-  for (size_t i = 0; i < decode.seqs.size(); ++i) {
-    const auto v = slots(len, 1);
-    decode.slot_mapping.insert(decode.slot_mapping.end(), v.begin(), v.end());
-  }
   auto r2 = worker_->Execute(decode);
   ASSERT_TRUE(r2.ok()) << r2.status();
   ASSERT_EQ(r2->tokens.size(), decode.seqs.size());
@@ -433,7 +422,6 @@ TEST_F(EngineModelTest, ManyForksInOneStepKeepTheParentHistory) {
   all.push_back(t0);
   SequenceStep s = seq(parent + 100, all, 0);
   alone.seqs.push_back(s);
-  alone.slot_mapping = slots(0, len + 1);
   auto r3 = worker_->Execute(alone);
   ASSERT_TRUE(r3.ok()) << r3.status();
   EXPECT_EQ(r3->tokens[0].token_id, r2->tokens[0].token_id);

@@ -465,14 +465,7 @@ TEST_F(LlamaReferenceTest, PenalizedGreedyMatchesNumpyAfterForkAndRecompute) {
         seqs.push_back(step(child, ids, start, 0));
         seqs.push_back(step(recomputed, ids, start, 32));
       }
-      for (SequenceStep& st : seqs) {
-        for (size_t i = 0; i < st.token_ids.size(); ++i) {
-          const int pos = st.start_pos + static_cast<int>(i);
-          plan.slot_mapping.push_back(static_cast<int64_t>(st.block_table[pos / kBlockSize]) *
-                                          kBlockSize + pos % kBlockSize);
-        }
-        plan.seqs.push_back(std::move(st));
-      }
+      for (SequenceStep& st : seqs) plan.seqs.push_back(std::move(st));
       auto r = w->Execute(plan);
       ASSERT_TRUE(r.ok()) << r.status();
       ASSERT_EQ(r->tokens.size(), plan.seqs.size());
