@@ -112,7 +112,7 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
           std::fflush(stdout);
         }
         texts[d.index] += d.text;
-        if (d.finished) reasons[d.index] = d.finish_reason;
+        if (d.finished) reasons[d.index] = std::string(FinishReasonName(d.finish_reason));
       }
       if (!out.error.ok()) {
         PrintError(out.error);
