@@ -236,6 +236,21 @@ struct HttpServer::Impl {
     for (const std::string& id : job.engine_ids) b.loop->Abort(id);
   }
 
+  // The client went away: aborts the job, waits for its final outputs (the
+  // engine's next step) so that the log line has the real figures, and logs it.
+  void AbortAndLog(Job& job, const HttpBackend& b) {
+    AbortJob(job, b);
+    while (!job.done()) {
+      std::optional<EngineOutput> out = job.channel->WaitPop(absl::Milliseconds(100));
+      if (out.has_value()) {
+        Apply(job, *out, nullptr);
+      } else if (stopping.load() && !b.loop->healthy()) {
+        break;  // shutting down: the loop may already be gone
+      }
+    }
+    LogDone(job);
+  }
+
   void LogDone(const Job& job) {
     if (!options.log_requests) return;
     using std::chrono::duration;
@@ -291,8 +306,7 @@ struct HttpServer::Impl {
       if (out.has_value()) {
         Apply(*job, *out, nullptr);
       } else if (PeerClosed(job->fd) || stopping.load()) {
-        AbortJob(*job, *b);
-        LogDone(*job);
+        AbortAndLog(*job, *b);
         SendError(res, MakeError(499, "client_closed_request", "the client closed the connection"));
         return;
       }
@@ -319,8 +333,7 @@ struct HttpServer::Impl {
             std::optional<EngineOutput> out = job->channel->WaitPop(options.disconnect_poll);
             if (!out.has_value()) {
               if (PeerClosed(job->fd) || !sink.is_writable() || stopping.load()) {
-                AbortJob(*job, *b);
-                LogDone(*job);
+                AbortAndLog(*job, *b);
                 return false;
               }
               continue;
@@ -331,8 +344,7 @@ struct HttpServer::Impl {
               const bool first = !job->started[c];
               job->started[c] = true;
               if (!send(openai::StreamChunk(job->request, job->id, job->created, c, d, first, tok))) {
-                AbortJob(*job, *b);
-                LogDone(*job);
+                AbortAndLog(*job, *b);
                 return false;
               }
             }

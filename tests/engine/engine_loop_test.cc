@@ -49,9 +49,9 @@ class GatedExecutor : public Executor {
   explicit GatedExecutor(std::unique_ptr<ScriptedExecutor> inner) : inner_(std::move(inner)) {}
   absl::StatusOr<StepResult> Execute(const StepPlan& plan) override {
     std::unique_lock<std::mutex> lock(mu_);
-    ++entered_;
+    const int step = ++entered_;
     cv_.notify_all();
-    cv_.wait(lock, [&] { return open_; });
+    cv_.wait(lock, [&] { return open_ || step <= free_steps_; });
     return inner_->Execute(plan);
   }
   absl::Status Shutdown() override { return absl::OkStatus(); }
@@ -61,6 +61,12 @@ class GatedExecutor : public Executor {
   void SetOpen(bool open) {
     std::lock_guard<std::mutex> lock(mu_);
     open_ = open;
+    cv_.notify_all();
+  }
+  // While closed, steps 1..n (counting from the start) still run.
+  void SetFreeSteps(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_steps_ = n;
     cv_.notify_all();
   }
   // Waits until `n` steps have entered Execute (counting from the start).
@@ -78,6 +84,7 @@ class GatedExecutor : public Executor {
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = true;
+  int free_steps_ = 0;
   int entered_ = 0;
 };
 
@@ -185,13 +192,17 @@ TEST(EngineLoopTest, SnapshotHealthAndSubmitDoNotWaitForAStepInProgress) {
 
 TEST(EngineLoopTest, AbortFreesTheBlocksAndEndsWithAbort) {
   Fixture f;
+  f.exec->SetFreeSteps(2);  // prefill and one decode, then the third step waits
+  f.exec->SetOpen(false);
   auto c = std::make_shared<RequestChannel>();
   ASSERT_TRUE(f.loop->Submit(Req("a", "A", 200, true), c).ok());
   std::optional<EngineOutput> first = c->WaitPop(absl::Seconds(60));
   ASSERT_TRUE(first.has_value());
   EXPECT_FALSE(first->finished);
+  f.exec->WaitEntered(3);  // step 2 was published: the request holds blocks
   EXPECT_GT(f.loop->Snapshot().kv_blocks_used, 0);
   f.loop->Abort("a");
+  f.exec->SetOpen(true);
   EXPECT_EQ(Drain(*c).second, FinishReason::kAbort);
   // The blocks are back once the step that released them was published.
   for (int i = 0; i < 6000 && f.loop->Snapshot().kv_blocks_used != 0; ++i) {
