@@ -354,6 +354,10 @@ int ServeCommand(const Args& args) {
   }
   if (info->coordinator()) {
     InstallSignals(OnStopSignal);
+    // A write to an HTTP client that hung up must fail with EPIPE (and abort
+    // its request), not kill the server: cpp-httplib 0.11 sends without
+    // MSG_NOSIGNAL.
+    signal(SIGPIPE, SIG_IGN);
   } else {
     // Workers stop when the coordinator shuts them down.
     InstallSignals(SIG_IGN);
