@@ -250,8 +250,13 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
       return 1;
     }
     http = *std::move(h);
-    StopSignalsBlocked blocked;
-    http->Start();
+    {
+      StopSignalsBlocked blocked;
+      http->Start();
+    }
+    std::fprintf(stderr, "pagedserve serve: HTTP API on http://%s:%d (model '%s'; 503 until the model is loaded)\n",
+                 serve_options.http.host.c_str(), http->port(), serve_options.http.served_model_name.c_str());
+    std::fflush(stderr);
   }
 
   absl::StatusOr<std::unique_ptr<Executor>> executor =
@@ -301,10 +306,6 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
                  MetricsListeningPort(*metrics) > 0
                      ? absl::StrCat(", metrics on port ", MetricsListeningPort(*metrics)).c_str()
                      : "");
-    if (http != nullptr) {
-      std::fprintf(stderr, "pagedserve serve: HTTP API on http://%s:%d (model '%s')\n",
-                   serve_options.http.host.c_str(), http->port(), serve_options.http.served_model_name.c_str());
-    }
     std::fflush(stderr);
     absl::Status s = loop.Run(g_stop, g_abort_now);
     // Every request has had its final output: let the front ends send them and stop.

@@ -381,25 +381,50 @@ class AbortAndLatencyTest(unittest.TestCase):
         self.assertTrue(wait_blocks_free(SERVER.url))
 
 
-class ApiKeyTest(unittest.TestCase):
-    def test_api_key_from_env_guards_v1_only(self):
-        srv = ServerProcess(extra=["--max-model-len=256"], env_extra={"PAGEDSERVE_API_KEY": "s3cret"})
+class SecondServerTest(unittest.TestCase):
+    """A server with an API key (from the environment), one running sequence and a waiting queue of one."""
+
+    def test_api_key_and_queue_full(self):
+        srv = ServerProcess(extra=["--max-model-len=256", "--max-num-seqs=1", "--max-queue-len=1"],
+                            env_extra={"PAGEDSERVE_API_KEY": "s3cret"})
         try:
-            u = srv.url
-            self.assertEqual(http("GET", u + "/v1/models")[0], 401)
-            status, body = http("GET", u + "/v1/models", headers={"Authorization": "Bearer wrong"})
-            self.assertEqual((status, body["error"]["code"]), (401, "invalid_api_key"))
-            self.assertEqual(http("GET", u + "/v1/models", headers={"Authorization": "Bearer s3cret"})[0], 200)
-            self.assertEqual(http("GET", u + "/v1/models", headers={"Authorization": "Bearer s3cret2"})[0], 401)
-            self.assertEqual(http("POST", u + "/tokenize", {"prompt": "x"})[0], 401)
-            self.assertEqual(http("GET", u + "/health")[0], 200)
-            self.assertEqual(http("GET", u + "/metrics")[0], 200)
-            with self.assertRaises(openai.AuthenticationError):
-                srv.client(api_key="nope").models.list()
-            r = srv.client(api_key="s3cret").completions.create(model=srv.model, prompt="Hi", max_tokens=2)
-            self.assertEqual(len(r.choices), 1)
+            self.check_api_key(srv)
+            self.check_queue_full(srv)
         finally:
             self.assertEqual(srv.stop(), 0, srv.logs())
+
+    def check_queue_full(self, srv):
+        c = srv.client(api_key="s3cret")
+        kw = dict(model=srv.model, prompt="Count: 1, 2, 3,", max_tokens=200, stream=True,
+                  extra_body={"ignore_eos": True})
+        running = c.completions.create(**kw)
+        next(iter(running))  # it runs (max-num-seqs 1) ...
+        waiting = c.completions.create(**kw)  # ... this one waits (the queue holds 1) ...
+        deadline = time.time() + 60
+        while metric(srv.url, "pagedserve_requests_waiting") < 1:
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.02)
+        with self.assertRaises(openai.RateLimitError) as e:  # ... and this one is refused: 429
+            c.completions.create(model=srv.model, prompt="x", max_tokens=1)
+        self.assertIn("queue is full", str(e.exception))
+        running.close()
+        waiting.close()
+        self.assertTrue(wait_blocks_free(srv.url))
+
+    def check_api_key(self, srv):
+        u = srv.url
+        self.assertEqual(http("GET", u + "/v1/models")[0], 401)
+        status, body = http("GET", u + "/v1/models", headers={"Authorization": "Bearer wrong"})
+        self.assertEqual((status, body["error"]["code"]), (401, "invalid_api_key"))
+        self.assertEqual(http("GET", u + "/v1/models", headers={"Authorization": "Bearer s3cret"})[0], 200)
+        self.assertEqual(http("GET", u + "/v1/models", headers={"Authorization": "Bearer s3cret2"})[0], 401)
+        self.assertEqual(http("POST", u + "/tokenize", {"prompt": "x"})[0], 401)
+        self.assertEqual(http("GET", u + "/health")[0], 200)
+        self.assertEqual(http("GET", u + "/metrics")[0], 200)
+        with self.assertRaises(openai.AuthenticationError):
+            srv.client(api_key="nope").models.list()
+        r = srv.client(api_key="s3cret").completions.create(model=srv.model, prompt="Hi", max_tokens=2)
+        self.assertEqual(len(r.choices), 1)
 
 
 def main():
