@@ -470,6 +470,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(const HttpServerO
   const int threads = options.num_threads;
   s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   s.set_payload_max_length(options.max_request_body_bytes);
+  s.set_tcp_nodelay(true);  // SSE events and small responses go out at once (no Nagle delay)
   auto split = [](absl::Duration d, auto setter) {
     const int64_t us = absl::ToInt64Microseconds(d);
     setter(static_cast<time_t>(us / 1000000), static_cast<time_t>(us % 1000000));
