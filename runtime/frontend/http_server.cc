@@ -465,7 +465,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(const HttpServerO
   if (options.num_threads < 2) return absl::InvalidArgumentError("num_threads must be >= 2");
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->id_salt = std::random_device{}() * 0x100000001ull;
+  std::random_device rd;
+  impl->id_salt = (static_cast<uint64_t>(rd()) << 32) | rd();  // ids differ across restarts
   httplib::Server& s = impl->server;
   const int threads = options.num_threads;
   s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
