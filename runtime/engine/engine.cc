@@ -78,7 +78,7 @@ absl::Status Engine::CheckRequest(const std::vector<int32_t>& prompt_token_ids,
   const int64_t max_len = scheduler_->config().max_model_len;
   if (static_cast<int64_t>(prompt_token_ids.size()) >= max_len) {
     return absl::OutOfRangeError(absl::StrCat("prompt has ", prompt_token_ids.size(),
-                                              " tokens but --max-model-len is ", max_len, ": at most ",
+                                              " tokens but max_model_len is ", max_len, ": at most ",
                                               max_len - 1, " prompt tokens are allowed"));
   }
   return scheduler_->CheckAdmissible(static_cast<int64_t>(prompt_token_ids.size()), params);
