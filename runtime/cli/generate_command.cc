@@ -34,8 +34,10 @@ void PrintError(const absl::Status& s) {
   std::fprintf(stderr, "pagedserve generate: %s\n", std::string(s.message()).c_str());
 }
 
+// Bad input (a bad flag or parameter, a prompt of --max-model-len tokens or
+// more) exits 2; anything else 1.
 int ExitCodeFor(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kOutOfRange ? 2 : 1;
 }
 
 // Rank 0 (or the only process): tokenizer, engine, the one request.
@@ -113,7 +115,7 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
           std::fflush(stdout);
         }
         texts[d.index] += d.text;
-        if (d.finished) reasons[d.index] = d.finish_reason;
+        if (d.finished) reasons[d.index] = std::string(FinishReasonName(d.finish_reason));
       }
       if (!out.error.ok()) {
         PrintError(out.error);

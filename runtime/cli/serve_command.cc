@@ -1,7 +1,9 @@
 // pagedserve serve: the server. Protocol v1 over ZeroMQ (docs/protocol.md),
-// metrics over HTTP (docs/metrics.md), serving guide in docs/serving.md.
+// the OpenAI-compatible HTTP API (docs/http.md), metrics over HTTP
+// (docs/metrics.md), serving guide in docs/serving.md.
 //
 //   pagedserve serve --model PATH [--zmq-endpoint tcp://127.0.0.1:5555]
+//                    [--host 127.0.0.1 --port 8000 --api-key KEY --served-model-name NAME]
 //                    [--metrics-host 127.0.0.1 --metrics-port 9400] [--max-queue-len 256]
 //                    [engine flags, see common_flags.h]
 //   mpirun -np 1+TP pagedserve serve --model PATH --tensor-parallel-size TP ...
@@ -29,9 +31,12 @@
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -39,8 +44,11 @@
 #include "distributed/launch.h"
 #include "runtime/cli/commands.h"
 #include "runtime/cli/common_flags.h"
+#include "runtime/common/status_macros.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/executor.h"
+#include "runtime/engine/engine_loop.h"
+#include "runtime/frontend/http_server.h"
 #include "runtime/frontend/serve_metrics.h"
 #include "runtime/frontend/server.h"
 #include "runtime/tokenizer/chat_template.h"
@@ -59,6 +67,18 @@ ABSL_FLAG(int32_t, zmq_heartbeat_interval_ms, 2000,
           "of them is disconnected and its requests aborted; 0 = no heartbeats");
 ABSL_FLAG(int32_t, zmq_heartbeat_timeout_ms, 10000, "serve: see --zmq-heartbeat-interval-ms");
 ABSL_FLAG(std::string, pid_file, "", "serve: write the coordinator's process id to this file (removed at exit)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "serve: address of the OpenAI-compatible HTTP API (0.0.0.0: every interface)");
+ABSL_FLAG(int32_t, port, 8000, "serve: port of the HTTP API; 0 picks a free port; -1 = no HTTP API");
+ABSL_FLAG(std::string, api_key, "",
+          "serve: require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
+          "(default: the environment variable PAGEDSERVE_API_KEY; empty = no key)");
+ABSL_FLAG(std::string, served_model_name, "",
+          "serve: the model name of the HTTP API (/v1/models, 'model' field); default the model file's name");
+ABSL_FLAG(bool, disable_log_requests, false, "serve: no log line per HTTP generation request");
+ABSL_FLAG(int64_t, max_request_body_bytes, 1 << 20, "serve: largest accepted HTTP request body (413 beyond)");
+ABSL_FLAG(double, http_timeout, 30,
+          "serve: seconds an HTTP client may take to send a request (headers and body) or to read a "
+          "response write; idle keep-alive connections are closed after 5 s");
 
 namespace pagedserve::cli {
 namespace {
@@ -84,8 +104,65 @@ void PrintError(const absl::Status& s) {
   std::fprintf(stderr, "pagedserve serve: %s\n", std::string(s.message()).c_str());
 }
 
-absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
-  ServerOptions o;
+struct ServeOptions {
+  ServerOptions zmq;
+  EngineLoopOptions loop;
+  HttpServerOptions http;
+  bool http_enabled = true;
+};
+
+// Blocks SIGTERM / SIGINT in the calling thread while alive, so that threads
+// started meanwhile (front ends) inherit the mask and the signals reach the
+// main thread, which runs the engine loop and looks at the stop flags.
+class StopSignalsBlocked {
+ public:
+  StopSignalsBlocked() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, &old_);
+  }
+  ~StopSignalsBlocked() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+
+ private:
+  sigset_t old_;
+};
+
+absl::StatusOr<HttpServerOptions> HttpOptionsFromFlags(const std::string& model_path) {
+  HttpServerOptions h;
+  h.host = absl::GetFlag(FLAGS_host);
+  h.port = absl::GetFlag(FLAGS_port);
+  if (h.port < -1 || h.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--port must be in [-1, 65535], got ", h.port));
+  }
+  h.api_key = absl::GetFlag(FLAGS_api_key);
+  if (h.api_key.empty()) {
+    if (const char* env = std::getenv("PAGEDSERVE_API_KEY")) h.api_key = env;
+  }
+  h.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  if (h.served_model_name.empty()) {
+    std::filesystem::path p(model_path);
+    if (!p.has_filename()) p = p.parent_path();  // a directory given with a trailing slash
+    h.served_model_name = p.filename().string();
+  }
+  h.log_requests = !absl::GetFlag(FLAGS_disable_log_requests);
+  const int64_t body = absl::GetFlag(FLAGS_max_request_body_bytes);
+  if (body < 64 || body > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-request-body-bytes must be in [64, 2^30], got ", body));
+  }
+  h.max_request_body_bytes = static_cast<size_t>(body);
+  const double timeout = absl::GetFlag(FLAGS_http_timeout);
+  if (!(timeout > 0 && timeout <= 3600)) {
+    return absl::InvalidArgumentError(absl::StrCat("--http-timeout must be in (0, 3600], got ", timeout));
+  }
+  h.read_timeout = h.write_timeout = absl::Seconds(timeout);
+  return h;
+}
+
+absl::StatusOr<ServeOptions> ServeOptionsFromFlags(const std::string& model_path) {
+  ServeOptions so;
+  ServerOptions& o = so.zmq;
   o.endpoint = absl::GetFlag(FLAGS_zmq_endpoint);
   const int64_t max_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (max_bytes < 64 || max_bytes > (int64_t{1} << 30)) {
@@ -93,13 +170,13 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
         absl::StrCat("--max-message-bytes must be in [64, 2^30], got ", max_bytes));
   }
   o.max_message_bytes = static_cast<size_t>(max_bytes);
-  o.max_queue_len = absl::GetFlag(FLAGS_max_queue_len);
-  if (o.max_queue_len < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-queue-len must be >= 1, got ", o.max_queue_len));
+  so.loop.max_queue_len = absl::GetFlag(FLAGS_max_queue_len);
+  if (so.loop.max_queue_len < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-queue-len must be >= 1, got ", so.loop.max_queue_len));
   }
   const double grace = absl::GetFlag(FLAGS_shutdown_grace);
   if (!(grace >= 0)) return absl::InvalidArgumentError(absl::StrCat("--shutdown-grace must be >= 0, got ", grace));
-  o.shutdown_grace = absl::Seconds(grace);
+  so.loop.shutdown_grace = absl::Seconds(grace);
   o.heartbeat_interval_ms = absl::GetFlag(FLAGS_zmq_heartbeat_interval_ms);
   o.heartbeat_timeout_ms = absl::GetFlag(FLAGS_zmq_heartbeat_timeout_ms);
   if (o.heartbeat_interval_ms < 0 || o.heartbeat_timeout_ms < 0) {
@@ -109,12 +186,15 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--metrics-port must be in [0, 65535], got ", port));
   }
-  return o;
+  PS_ASSIGN_OR_RETURN(so.http, HttpOptionsFromFlags(model_path));
+  so.http_enabled = so.http.port >= 0;
+  return so;
 }
 
-// Rank 0 (or the only process). *workers_stopped: the worker ranks ended
-// cleanly (always true without mpirun).
-int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServerOptions& server_options,
+// Rank 0 (or the only process): front ends on their own threads, the engine
+// loop on this one (it calls the executor, and MPI is initialized FUNNELED).
+// *workers_stopped: the worker ranks ended cleanly (always true without mpirun).
+int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeOptions& serve_options,
                    bool* workers_stopped) {
   *workers_stopped = info.world_size == 1;
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(setup.worker.model_path);
@@ -134,11 +214,12 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const Server
     }
   }
 
+  // One registry, served on --metrics-port (if any) and on the HTTP API's /metrics.
   std::shared_ptr<Metrics> metrics;
-  if (const int32_t port = absl::GetFlag(FLAGS_metrics_port); port > 0) {
+  {
     ServeMetricsOptions mo;
     mo.host = absl::GetFlag(FLAGS_metrics_host);
-    mo.port = port;
+    mo.port = absl::GetFlag(FLAGS_metrics_port);
     mo.model = setup.worker.model_path;
     mo.tensor_parallel_size = setup.tensor_parallel_size;
     mo.block_size = setup.worker.block_size;
@@ -154,6 +235,28 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const Server
       return 1;
     }
     metrics = *std::move(m);
+  }
+
+  // The HTTP API answers (503 on the model routes, /health "loading") while
+  // the model loads and the workers start.
+  std::unique_ptr<HttpServer> http;
+  if (serve_options.http_enabled) {
+    HttpServerOptions ho = serve_options.http;
+    ho.num_threads = static_cast<int>(std::min<int64_t>(
+        4096, setup.scheduler.max_num_seqs + serve_options.loop.max_queue_len + 32));
+    absl::StatusOr<std::unique_ptr<HttpServer>> h = HttpServer::Create(ho);
+    if (!h.ok()) {
+      PrintError(h.status());
+      return 1;
+    }
+    http = *std::move(h);
+    {
+      StopSignalsBlocked blocked;
+      http->Start();
+    }
+    std::fprintf(stderr, "pagedserve serve: HTTP API on http://%s:%d (model '%s'; 503 until the model is loaded)\n",
+                 serve_options.http.host.c_str(), http->port(), serve_options.http.served_model_name.c_str());
+    std::fflush(stderr);
   }
 
   absl::StatusOr<std::unique_ptr<Executor>> executor =
@@ -173,29 +276,54 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const Server
     PrintError(engine.status());
     return engine.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
+  EngineLoop loop(engine->get(), serve_options.loop);
 
   int rc = 0;
   bool executor_failed = false;
-  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(server_options, engine->get(), chat_template);
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(serve_options.zmq, &loop, chat_template);
   if (!server.ok()) {
     PrintError(server.status());
     rc = 1;
   } else {
+    std::atomic<bool> zmq_stop{false};
+    absl::Status zmq_status;
+    std::thread zmq_thread;
+    {
+      StopSignalsBlocked blocked;
+      zmq_thread = std::thread([&] { zmq_status = (*server)->Run(zmq_stop); });
+    }
+    if (http != nullptr) {
+      auto backend = std::make_unique<HttpBackend>();
+      backend->loop = &loop;
+      backend->chat_template = chat_template;
+      backend->metrics_text = [m = metrics.get()] { return SerializeServeMetrics(*m); };
+      http->Attach(std::move(backend));
+    }
     const SchedulerConfig& sc = (*engine)->scheduler_config();
     std::fprintf(stderr,
                  "pagedserve serve: serving %s on %s (ranks %d, KV blocks %d x %d tokens, max_model_len %d%s)\n",
                  setup.worker.model_path.c_str(), (*server)->endpoint().c_str(), info.world_size,
                  sc.num_device_blocks, sc.block_size, sc.max_model_len,
-                 metrics ? absl::StrCat(", metrics on port ", MetricsListeningPort(*metrics)).c_str() : "");
+                 MetricsListeningPort(*metrics) > 0
+                     ? absl::StrCat(", metrics on port ", MetricsListeningPort(*metrics)).c_str()
+                     : "");
     std::fflush(stderr);
-    absl::Status s = (*server)->Run(g_stop, g_abort_now);
+    absl::Status s = loop.Run(g_stop, g_abort_now);
+    // Every request has had its final output: let the front ends send them and stop.
+    zmq_stop.store(true);
+    zmq_thread.join();
+    if (http != nullptr) http->Stop();
     if (!s.ok()) {
       PrintError(s);
       rc = 1;
       // An engine step error means the executor is unusable (dead rank, timeout).
       executor_failed = true;
+    } else if (!zmq_status.ok()) {
+      PrintError(zmq_status);
+      rc = 1;
     }
   }
+  if (http != nullptr) http->Stop();
   if (!executor_failed) {
     if (absl::Status s = exec->Shutdown(); !s.ok()) {
       PrintError(s);
@@ -228,12 +356,17 @@ int ServeCommand(const Args& args) {
   }
   if (info->coordinator()) {
     InstallSignals(OnStopSignal);
+    // A write to an HTTP client that hung up must fail with EPIPE (and abort
+    // its request), not kill the server: cpp-httplib 0.11 sends without
+    // MSG_NOSIGNAL.
+    signal(SIGPIPE, SIG_IGN);
   } else {
     // Workers stop when the coordinator shuts them down.
     InstallSignals(SIG_IGN);
   }
   absl::StatusOr<ModelSetup> setup = ModelSetupFromFlags();
-  absl::StatusOr<ServerOptions> server_options = ServerOptionsFromFlags();
+  absl::StatusOr<ServeOptions> server_options =
+      setup.ok() ? ServeOptionsFromFlags(setup->worker.model_path) : absl::StatusOr<ServeOptions>(setup.status());
   absl::Status flags_status = !setup.ok() ? setup.status() : server_options.status();
   if (flags_status.ok()) flags_status = CheckWorldSize(*info, setup->tensor_parallel_size);
   if (!flags_status.ok()) {

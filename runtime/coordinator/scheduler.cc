@@ -7,16 +7,6 @@
 
 namespace pagedserve {
 
-std::string_view FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-    case FinishReason::kNone: break;
-  }
-  return "";
-}
-
 absl::StatusOr<PreemptionMode> ParsePreemptionMode(std::string_view s) {
   if (s == "swap") return PreemptionMode::kSwap;
   if (s == "recompute") return PreemptionMode::kRecompute;

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/common/finish_reason.h"
 #include "runtime/common/sampling_params.h"
 #include "runtime/common/step_plan.h"
 #include "runtime/coordinator/block_hash.h"
@@ -33,14 +34,9 @@ enum class SequenceStatus {
   kFinished,  // see FinishReason
 };
 
-enum class FinishReason {
-  kNone,
-  kStop,    // EOS, a stop token id, or a stop string (reported by the caller)
-  kLength,  // max_tokens or max_model_len reached
-  kAbort,   // aborted by the client or a disconnect
-};
-
-std::string_view FinishReasonName(FinishReason r);  // "stop", "length", "abort", ""
+// FinishReason (runtime/common/finish_reason.h): the scheduler sets kStop
+// (EOS / stop token id; stop strings are reported by the caller), kLength and
+// kAbort; kError is the engine's.
 
 struct Sequence {
   SeqId id = 0;

@@ -66,10 +66,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options, co
 
 absl::Status Engine::CheckRequest(const std::vector<int32_t>& prompt_token_ids,
                                   const SamplingParams& params) const {
-  if (!broken_.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the engine stopped after a fatal error: ", broken_.message()));
-  }
   if (absl::Status s = params.Validate(); !s.ok()) return s;
   if (prompt_token_ids.empty()) return absl::InvalidArgumentError("prompt_token_ids must not be empty");
   const int32_t vocab = tokenizer_->vocab_size();
@@ -79,6 +75,12 @@ absl::Status Engine::CheckRequest(const std::vector<int32_t>& prompt_token_ids,
                                                      " is outside the vocabulary [0, ", vocab, ")"));
     }
   }
+  const int64_t max_len = scheduler_->config().max_model_len;
+  if (static_cast<int64_t>(prompt_token_ids.size()) >= max_len) {
+    return absl::OutOfRangeError(absl::StrCat("prompt has ", prompt_token_ids.size(),
+                                              " tokens but max_model_len is ", max_len, ": at most ",
+                                              max_len - 1, " prompt tokens are allowed"));
+  }
   return scheduler_->CheckAdmissible(static_cast<int64_t>(prompt_token_ids.size()), params);
 }
 
@@ -86,6 +88,10 @@ absl::Status Engine::AddRequest(EngineRequest request) {
   if (request.request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
   if (requests_.contains(request.request_id)) {
     return absl::AlreadyExistsError(absl::StrCat("request_id '", request.request_id, "' is already in use"));
+  }
+  if (!broken_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the engine stopped after a fatal error: ", broken_.message()));
   }
   if (absl::Status s = CheckRequest(request.prompt_token_ids, request.params); !s.ok()) return s;
 
@@ -163,36 +169,36 @@ bool Engine::EmitText(RequestState& r, SeqState& s, bool final, SequenceDelta* d
   return found;
 }
 
-void Engine::FinishSeq(RequestState& r, SeqState& s, std::string reason, SequenceDelta* d) {
+void Engine::FinishSeq(RequestState& r, SeqState& s, FinishReason reason, SequenceDelta* d) {
   if (s.finished) return;
   s.finished = true;
-  s.finish_reason = std::move(reason);
+  s.finish_reason = reason;
   // Flush the detokenizer; the flushed bytes may still complete a stop string.
   s.text += s.detok.Finish();
-  if (EmitText(r, s, /*final=*/true, d)) s.finish_reason = "stop";
+  if (EmitText(r, s, /*final=*/true, d)) s.finish_reason = FinishReason::kStop;
   d->finished = true;
   d->finish_reason = s.finish_reason;
 }
 
-void Engine::Finalize(RequestState& r, EngineOutput* out, const std::string& metrics_reason) {
+void Engine::Finalize(RequestState& r, EngineOutput* out, FinishReason metrics_reason) {
   out->finished = true;
   out->usage.prompt_tokens = r.prompt_len;
   out->usage.cached_prompt_tokens = r.cached_tokens;
   out->usage.completion_tokens = 0;
   for (const SeqState& s : r.seqs) out->usage.completion_tokens += s.num_tokens;
 
-  std::string reason = metrics_reason;
-  if (reason.empty()) {
+  FinishReason reason = metrics_reason;
+  if (reason == FinishReason::kNone) {
     // One figure per request: "length" when every sample ran out of tokens,
     // else "stop".
-    reason = "length";
+    reason = FinishReason::kLength;
     for (const SeqState& s : r.seqs) {
-      if (s.finish_reason != "length") reason = "stop";
+      if (s.finish_reason != FinishReason::kLength) reason = FinishReason::kStop;
     }
   }
   const Clock::time_point now = Clock::now();
   engine_metrics::RequestFigures f;
-  f.reason = reason;
+  f.reason = FinishReasonName(reason);
   f.e2e_s = Seconds(now - r.arrival);
   if (r.scheduled) f.queue_s = Seconds(r.first_scheduled - r.arrival);
   if (r.has_token) {
@@ -245,11 +251,11 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
       if (r.seqs[i].finished) continue;
       SequenceDelta& d = out.deltas.emplace_back();
       d.index = static_cast<int32_t>(i);
-      FinishSeq(r, r.seqs[i], "abort", &d);
-      d.finish_reason = "abort";
-      r.seqs[i].finish_reason = "abort";
+      FinishSeq(r, r.seqs[i], FinishReason::kAbort, &d);
+      d.finish_reason = FinishReason::kAbort;
+      r.seqs[i].finish_reason = FinishReason::kAbort;
     }
-    Finalize(r, &out, "abort");
+    Finalize(r, &out, FinishReason::kAbort);
     requests_.erase(it);
   }
   aborted_.clear();
@@ -324,9 +330,9 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
       if (!failure.ok()) break;
       if (EmitText(r, s, /*final=*/false, &d)) {
         s.finished = true;
-        s.finish_reason = "stop";
+        s.finish_reason = FinishReason::kStop;
         d.finished = true;
-        d.finish_reason = "stop";
+        d.finish_reason = FinishReason::kStop;
         if (!so.finished) {
           if (absl::Status st = scheduler_->FinishSequence(ro.request_id, so.index, FinishReason::kStop); !st.ok()) {
             failure = st;
@@ -334,7 +340,7 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
           }
         }
       } else if (so.finished) {
-        FinishSeq(r, s, std::string(FinishReasonName(so.finish_reason)), &d);
+        FinishSeq(r, s, so.finish_reason, &d);
       }
     }
     if (!failure.ok()) {
@@ -343,21 +349,21 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
       for (size_t i = 0; i < r.seqs.size(); ++i) {
         if (r.seqs[i].finished) continue;
         r.seqs[i].finished = true;
-        r.seqs[i].finish_reason = "error";
+        r.seqs[i].finish_reason = FinishReason::kError;
         SequenceDelta& d = out.deltas.emplace_back();
         d.index = static_cast<int32_t>(i);
         d.finished = true;
-        d.finish_reason = "error";
+        d.finish_reason = FinishReason::kError;
       }
       if (!ro.finished) scheduler_->FinishRequest(ro.request_id, FinishReason::kAbort).IgnoreError();
-      Finalize(r, &out, "error");
+      Finalize(r, &out, FinishReason::kError);
       requests_.erase(it);
       continue;
     }
     bool all = true;
     for (const SeqState& s : r.seqs) all = all && s.finished;
     if (all) {
-      Finalize(r, &out, "");
+      Finalize(r, &out, FinishReason::kNone);
       requests_.erase(it);
     }
   }
@@ -396,13 +402,13 @@ std::vector<EngineOutput> Engine::FailAll(const absl::Status& error) {
     for (size_t i = 0; i < r.seqs.size(); ++i) {
       if (r.seqs[i].finished) continue;
       r.seqs[i].finished = true;
-      r.seqs[i].finish_reason = "error";
+      r.seqs[i].finish_reason = FinishReason::kError;
       SequenceDelta& d = out.deltas.emplace_back();
       d.index = static_cast<int32_t>(i);
       d.finished = true;
-      d.finish_reason = "error";
+      d.finish_reason = FinishReason::kError;
     }
-    Finalize(r, &out, "error");
+    Finalize(r, &out, FinishReason::kError);
     if (!r.aborted) scheduler_->Abort(id).IgnoreError();
   }
   requests_.clear();

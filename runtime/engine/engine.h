@@ -1,8 +1,9 @@
 // The coordinator's engine: one iteration = schedule (Scheduler) -> execute
 // (Executor) -> process results (stop conditions, incremental detokenization,
 // stop strings held back until they cannot match, usage) -> outputs for the
-// front end. Single-threaded: the caller (the serve loop or the generate
-// command) calls AddRequest / Abort / Step from one thread. The engine never
+// front end. Single-threaded: the caller (EngineLoop::Run or the generate
+// command) calls AddRequest / Abort / Step from one thread; only CheckRequest
+// may be called from other threads. The engine never
 // touches tensors.
 //
 // Text: per sample an IncrementalDetokenizer (skip_special_tokens); the token
@@ -62,7 +63,7 @@ struct SequenceDelta {
   std::vector<std::vector<int32_t>> top_token_ids;
   std::vector<std::vector<float>> top_logprobs;
   bool finished = false;
-  std::string finish_reason;        // "stop", "length", "abort", "error" when finished
+  FinishReason finish_reason = FinishReason::kNone;  // set when finished
 };
 
 struct Usage {
@@ -89,15 +90,20 @@ class Engine {
                                                         Metrics* metrics = nullptr);
 
   // Validates the parameters and admission bound (prompt + max_tokens vs the
-  // pool and max_model_len) and queues the request. Errors: InvalidArgument
-  // (bad parameters, prompt too long), AlreadyExists (duplicate id).
+  // pool and max_model_len) and queues the request. Errors: those of
+  // CheckRequest, AlreadyExists (duplicate id), FailedPrecondition (the engine
+  // stopped after a fatal error).
   absl::Status AddRequest(EngineRequest request);
   // Aborts a request: its blocks are freed in the next step and a final output
   // with finish_reason "abort" is produced by the next Step. NotFound if unknown.
   absl::Status Abort(const std::string& request_id);
 
   // The checks of AddRequest without queueing anything (parameters, token ids,
-  // admission bound), for a front end that answers before queueing.
+  // admission bound), for a front end that answers before queueing. Errors:
+  // InvalidArgument (parameters, token ids, KV admission bound), OutOfRange
+  // (a prompt of max_model_len tokens or more). Thread-safe: reads only state
+  // fixed at Create (tokenizer, scheduler configuration), so front-end threads
+  // may call it while another thread runs Step.
   absl::Status CheckRequest(const std::vector<int32_t>& prompt_token_ids,
                             const SamplingParams& params) const;
 
@@ -132,7 +138,7 @@ class Engine {
     size_t sent = 0;       // bytes of `text` already emitted
     int32_t num_tokens = 0;
     bool finished = false;
-    std::string finish_reason;
+    FinishReason finish_reason = FinishReason::kNone;
     Clock::time_point last_token;
   };
   struct RequestState {
@@ -153,9 +159,10 @@ class Engine {
   // text is truncated before it).
   bool EmitText(RequestState& r, SeqState& s, bool final, SequenceDelta* d);
   // Marks a sequence finished: flushes its detokenizer and emits the rest.
-  void FinishSeq(RequestState& r, SeqState& s, std::string reason, SequenceDelta* d);
-  // Builds the final output of a request and records its metrics.
-  void Finalize(RequestState& r, EngineOutput* out, const std::string& metrics_reason);
+  void FinishSeq(RequestState& r, SeqState& s, FinishReason reason, SequenceDelta* d);
+  // Builds the final output of a request and records its metrics (`reason`
+  // kNone: "length" when every sample ran out of tokens, else "stop").
+  void Finalize(RequestState& r, EngineOutput* out, FinishReason reason);
   void RecordSchedule(const StepPlan& plan);
 
   EngineOptions options_;

@@ -688,16 +688,6 @@ std::string_view ErrorCodeName(ErrorCode code) {
   return "internal";
 }
 
-std::string_view FinishReasonName(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-    case FinishReason::kError: return "error";
-  }
-  return "error";
-}
-
 ParseResult ParseRequest(std::string_view message, const ParseOptions& options) {
   try {
     return ParseRequestImpl(absl::string_view(message.data(), message.size()), options);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/common/finish_reason.h"
 #include "runtime/common/sampling_params.h"
 
 namespace pagedserve::protocol {
@@ -100,8 +101,10 @@ struct TokenLogprob {
   bool operator==(const TokenLogprob&) const = default;
 };
 
-enum class FinishReason { kStop, kLength, kAbort, kError };
-std::string_view FinishReasonName(FinishReason reason);  // "stop", "length", "abort", "error"
+// The engine's finish reason (kNone never goes on the wire); FinishReasonName
+// gives the wire form "stop", "length", "abort", "error".
+using ::pagedserve::FinishReason;
+using ::pagedserve::FinishReasonName;
 
 // New output of one sequence of a streamed request since the previous delta.
 struct SequenceDelta {

@@ -25,4 +25,6 @@ absl::StatusOr<std::shared_ptr<Metrics>> CreateServeMetrics(const ServeMetricsOp
 
 int MetricsListeningPort(const Metrics& metrics) { return metrics.listening_port(); }
 
+std::string SerializeServeMetrics(const Metrics& metrics) { return metrics.Serialize(); }
+
 }  // namespace pagedserve

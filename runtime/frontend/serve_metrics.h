@@ -32,6 +32,9 @@ struct ServeMetricsOptions {
 absl::StatusOr<std::shared_ptr<Metrics>> CreateServeMetrics(const ServeMetricsOptions& options);
 // The port the exposer listens on (0 when none).
 int MetricsListeningPort(const Metrics& metrics);
+// The registry in Prometheus text format (what --metrics-port serves); for the
+// HTTP API's /metrics. Thread-safe (prometheus-cpp collects under its locks).
+std::string SerializeServeMetrics(const Metrics& metrics);
 
 }  // namespace pagedserve
 

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <string_view>
 #include <utility>
 #include <variant>
@@ -13,22 +14,18 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "runtime/engine/engine.h"
+#include "runtime/engine/engine_loop.h"
 #include "runtime/frontend/protocol.h"
 #include "spdlog/spdlog.h"
 #include "zmq.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 namespace pagedserve {
 namespace {
 
 using protocol::ErrorCode;
-
-protocol::FinishReason ToFinishReason(std::string_view reason) {
-  if (reason == "length") return protocol::FinishReason::kLength;
-  if (reason == "abort") return protocol::FinishReason::kAbort;
-  if (reason == "error") return protocol::FinishReason::kError;
-  return protocol::FinishReason::kStop;
-}
 
 void AppendLogprobs(const SequenceDelta& d, std::vector<protocol::TokenLogprob>* out) {
   for (size_t i = 0; i < d.logprobs.size() && i < d.token_ids.size(); ++i) {
@@ -60,7 +57,7 @@ struct Server::Impl {
   };
 
   ServerOptions options;
-  Engine* engine = nullptr;
+  EngineLoop* loop = nullptr;
   std::optional<ChatTemplate> chat_template;
   zmq::context_t context{1};
   zmq::socket_t router;
@@ -71,10 +68,25 @@ struct Server::Impl {
   absl::flat_hash_map<std::string, InFlight> inflight;  // engine request id -> state
   absl::flat_hash_map<std::string, Peer> peers;         // routing id -> peer
   absl::flat_hash_set<int> closed_fds;                  // DISCONNECTED, not re-ACCEPTED
-  bool draining = false;
-  bool fatal = false;
+  // Outputs: the engine thread pushes into a request's channel, then (on_push)
+  // appends the request id to `ready` and writes to `wake_fd`, which Run polls.
+  int wake_fd = -1;
+  std::mutex ready_mu;
+  std::vector<std::string> ready;  // guarded by ready_mu
+  absl::flat_hash_map<std::string, std::shared_ptr<RequestChannel>> channels;  // engine id -> channel
 
-  bool HasWork() const { return engine->HasUnfinishedRequests(); }
+  ~Impl() {
+    if (wake_fd >= 0) close(wake_fd);
+  }
+
+  void Notify(const std::string& eid) {
+    {
+      std::lock_guard<std::mutex> lock(ready_mu);
+      ready.push_back(eid);
+    }
+    const uint64_t one = 1;
+    (void)!write(wake_fd, &one, sizeof(one));
+  }
 
   static std::string EngineId(const std::string& identity, const std::string& client_id) {
     return absl::StrCat(absl::BytesToHexString(identity), "/", client_id);
@@ -134,9 +146,7 @@ struct Server::Impl {
       if (f == inflight.end() || f->second.orphaned) continue;
       f->second.orphaned = true;
       ++counters.disconnect_aborts;
-      if (absl::Status s = engine->Abort(eid); !s.ok()) {
-        spdlog::warn("frontend: abort of {} after disconnect: {}", eid, s.ToString());
-      }
+      loop->Abort(eid);
     }
     // The peer entry stays until its requests' final outputs arrive (they are
     // dropped); a guard keeps further sends from retrying the dead socket.
@@ -237,7 +247,7 @@ struct Server::Impl {
   void HandleMessage(const std::string& identity, int fd, std::string_view bytes) {
     protocol::ParseOptions po;
     po.max_message_bytes = options.max_message_bytes;
-    po.vocab_size = engine->tokenizer().vocab_size();
+    po.vocab_size = loop->tokenizer().vocab_size();
     protocol::ParseResult parsed = protocol::ParseRequest(bytes, po);
     if (!parsed.ok()) {
       ++counters.errors_sent;
@@ -254,7 +264,7 @@ struct Server::Impl {
           } else if constexpr (std::is_same_v<T, protocol::HealthRequest>) {
             protocol::HealthReply reply;
             reply.id = request.id;
-            reply.ok = !draining && !fatal;
+            reply.ok = loop->healthy();
             SendReply(identity, reply);
           } else {
             SendReply(identity, Stats(request.id));
@@ -264,25 +274,24 @@ struct Server::Impl {
   }
 
   protocol::StatsReply Stats(const std::string& id) const {
-    const SchedulerStats s = engine->stats();
-    const SchedulerConfig& c = engine->scheduler_config();
+    const EngineSnapshot s = loop->Snapshot();
     protocol::StatsReply r;
     r.id = id;
-    r.num_waiting = s.num_waiting;
-    r.num_running = s.num_running;
-    r.num_swapped = s.num_swapped;
-    r.kv_blocks_total = c.num_device_blocks;
-    r.kv_blocks_used = std::llround(s.device_kv_usage * c.num_device_blocks);
-    r.kv_usage = s.device_kv_usage;
-    r.max_num_seqs = c.max_num_seqs;
-    r.max_model_len = c.max_model_len;
-    r.max_waiting = options.max_queue_len;
+    r.num_waiting = s.scheduler.num_waiting + s.queued_adds;
+    r.num_running = s.scheduler.num_running;
+    r.num_swapped = s.scheduler.num_swapped;
+    r.kv_blocks_total = s.kv_blocks_total;
+    r.kv_blocks_used = s.kv_blocks_used;
+    r.kv_usage = s.scheduler.device_kv_usage;
+    r.max_num_seqs = s.max_num_seqs;
+    r.max_model_len = s.max_model_len;
+    r.max_waiting = s.max_queue_len;
     return r;
   }
 
   // Prompt -> token ids. Errors are sent; returns nullopt then.
   std::optional<std::vector<int32_t>> Tokenize(const std::string& identity, const protocol::GenerateRequest& g) {
-    const Tokenizer& tok = engine->tokenizer();
+    const Tokenizer& tok = loop->tokenizer();
     if (const auto* text = std::get_if<std::string>(&g.prompt)) {
       return tok.Encode(*text);
     }
@@ -308,25 +317,21 @@ struct Server::Impl {
     return tok.Encode(*rendered, eo);
   }
 
+  static ErrorCode CodeOf(const absl::Status& s) {
+    switch (s.code()) {
+      case absl::StatusCode::kInvalidArgument: return ErrorCode::kInvalidRequest;
+      case absl::StatusCode::kOutOfRange: return ErrorCode::kPromptTooLong;
+      case absl::StatusCode::kAlreadyExists: return ErrorCode::kDuplicateId;
+      case absl::StatusCode::kResourceExhausted:
+      case absl::StatusCode::kUnavailable: return ErrorCode::kBusy;
+      default: return ErrorCode::kInternal;
+    }
+  }
+
   void HandleGenerate(const std::string& identity, int fd, protocol::GenerateRequest& g) {
-    if (draining) {
-      SendError(identity, g.id, ErrorCode::kBusy, "the server is shutting down; send the request elsewhere");
-      return;
-    }
-    if (fatal) {
-      SendError(identity, g.id, ErrorCode::kInternal, "the engine stopped after a fatal error");
-      return;
-    }
     if (auto it = peers.find(identity); it != peers.end() && it->second.ids.contains(g.id)) {
       SendError(identity, g.id, ErrorCode::kDuplicateId,
                 absl::StrCat("request id '", g.id, "' is already in flight on this connection"));
-      return;
-    }
-    const SchedulerStats stats = engine->stats();
-    if (stats.num_waiting >= options.max_queue_len) {
-      SendError(identity, g.id, ErrorCode::kBusy,
-                absl::StrCat("the waiting queue is full (", stats.num_waiting, " of ", options.max_queue_len,
-                             " requests); retry later"));
       return;
     }
     std::optional<std::vector<int32_t>> ids = Tokenize(identity, g);
@@ -335,31 +340,19 @@ struct Server::Impl {
       SendError(identity, g.id, ErrorCode::kInvalidRequest, "the prompt tokenizes to no tokens");
       return;
     }
-    const int64_t max_len = engine->scheduler_config().max_model_len;
-    if (static_cast<int64_t>(ids->size()) >= max_len) {
-      SendError(identity, g.id, ErrorCode::kPromptTooLong,
-                absl::StrCat("prompt has ", ids->size(), " tokens but --max-model-len is ", max_len,
-                             ": at most ", max_len - 1, " prompt tokens are allowed"));
-      return;
-    }
-    if (absl::Status s = engine->CheckRequest(*ids, g.sampling); !s.ok()) {
-      SendError(identity, g.id,
-                s.code() == absl::StatusCode::kInvalidArgument ? ErrorCode::kInvalidRequest : ErrorCode::kInternal,
-                std::string(s.message()));
-      return;
-    }
+    const std::string eid = EngineId(identity, g.id);
     EngineRequest er;
-    er.request_id = EngineId(identity, g.id);
+    er.request_id = eid;
     er.prompt_token_ids = *std::move(ids);
     er.params = g.sampling;
     const int n = g.sampling.n;
-    if (absl::Status s = engine->AddRequest(std::move(er)); !s.ok()) {
-      ErrorCode code = ErrorCode::kInternal;
-      if (s.code() == absl::StatusCode::kInvalidArgument) code = ErrorCode::kInvalidRequest;
-      if (s.code() == absl::StatusCode::kAlreadyExists) code = ErrorCode::kDuplicateId;
-      SendError(identity, g.id, code, std::string(s.message()));
+    auto channel = std::make_shared<RequestChannel>([this, eid] { Notify(eid); });
+    // The one admission check (Engine::CheckRequest, queue bound, shutdown).
+    if (absl::Status s = loop->Submit(std::move(er), channel); !s.ok()) {
+      SendError(identity, g.id, CodeOf(s), std::string(s.message()));
       return;
     }
+    channels.emplace(eid, std::move(channel));
     InFlight f;
     f.identity = identity;
     f.client_id = g.id;
@@ -367,7 +360,7 @@ struct Server::Impl {
     f.outputs.resize(n);
     f.finished.assign(n, false);
     for (int i = 0; i < n; ++i) f.outputs[i].index = i;
-    inflight.emplace(EngineId(identity, g.id), std::move(f));
+    inflight.emplace(eid, std::move(f));
     Peer& peer = peers[identity];
     peer.fd = fd;
     peer.ids.insert(g.id);
@@ -382,16 +375,39 @@ struct Server::Impl {
                 absl::StrCat("no request with id '", a.id, "' is in flight on this connection"));
       return;
     }
-    if (absl::Status s = engine->Abort(eid); !s.ok() && s.code() != absl::StatusCode::kNotFound) {
-      SendError(identity, a.id, ErrorCode::kInternal, std::string(s.message()));
-      return;
-    }
+    loop->Abort(eid);
     protocol::AbortReply reply;
     reply.id = a.id;
     SendReply(identity, reply);
   }
 
   // ------------------------------------------------------------------ outputs
+  // Sends what the engine thread pushed since the last call.
+  void DeliverReady() {
+    uint64_t count;
+    (void)!read(wake_fd, &count, sizeof(count));
+    std::vector<std::string> ids;
+    {
+      std::lock_guard<std::mutex> lock(ready_mu);
+      ids.swap(ready);
+    }
+    for (const std::string& eid : ids) {
+      auto c = channels.find(eid);
+      if (c == channels.end()) continue;
+      std::shared_ptr<RequestChannel> channel = c->second;
+      std::vector<EngineOutput> outputs;
+      while (std::optional<EngineOutput> out = channel->TryPop()) {
+        const bool finished = out->finished;
+        outputs.push_back(*std::move(out));
+        if (finished) {
+          channels.erase(eid);
+          break;
+        }
+      }
+      Deliver(outputs);
+    }
+  }
+
   void Deliver(std::vector<EngineOutput>& outputs) {
     for (EngineOutput& out : outputs) {
       auto it = inflight.find(out.request_id);
@@ -406,7 +422,7 @@ struct Server::Impl {
         if (d.index < 0 || d.index >= static_cast<int32_t>(f.outputs.size())) continue;
         protocol::SequenceFinal& acc = f.outputs[d.index];
         if (d.finished) {
-          acc.finish_reason = ToFinishReason(d.finish_reason);
+          acc.finish_reason = d.finish_reason;
           f.finished[d.index] = true;
         }
         if (f.stream) {
@@ -426,6 +442,13 @@ struct Server::Impl {
       }
       if (!f.orphaned && !delta.outputs.empty()) SendReply(f.identity, delta);
       if (!out.finished) continue;
+      if (!out.error.ok() && out.deltas.empty() && std::none_of(f.finished.begin(), f.finished.end(),
+                                                                 [](bool b) { return b; })) {
+        // Refused by the engine before it ran: an error reply, as at admission.
+        if (!f.orphaned) SendError(f.identity, f.client_id, CodeOf(out.error), std::string(out.error.message()));
+        ForgetRequest(it);
+        continue;
+      }
 
       // Final message. Sequences without a reported reason ended with the request.
       const protocol::FinishReason fallback =
@@ -446,84 +469,51 @@ struct Server::Impl {
         SendReply(f.identity, final_reply);
       }
       ++counters.requests_finished;
-      if (auto p = peers.find(f.identity); p != peers.end()) {
-        p->second.ids.erase(f.client_id);
-        if (p->second.ids.empty()) {
-          peer_gone_guard_.erase(f.identity);
-          peers.erase(p);
-        }
-      }
-      inflight.erase(it);
+      ForgetRequest(it);
     }
   }
 
-  void AbortAll() {
-    for (auto& [eid, f] : inflight) {
-      if (absl::Status s = engine->Abort(eid); !s.ok() && s.code() != absl::StatusCode::kNotFound) {
-        spdlog::warn("frontend: abort of {} at shutdown: {}", eid, s.ToString());
+  void ForgetRequest(absl::flat_hash_map<std::string, InFlight>::iterator it) {
+    const InFlight& f = it->second;
+    if (auto p = peers.find(f.identity); p != peers.end()) {
+      p->second.ids.erase(f.client_id);
+      if (p->second.ids.empty()) {
+        peer_gone_guard_.erase(f.identity);
+        peers.erase(p);
       }
     }
+    inflight.erase(it);
   }
 
-  absl::Status Run(const std::atomic<bool>& stop, const std::atomic<bool>& abort_now) {
-    absl::Time drain_deadline = absl::InfiniteFuture();
-    bool aborted_all = false;
+  absl::Status Run(const std::atomic<bool>& stop) {
     while (true) {
-      if (stop.load() && !draining) {
-        draining = true;
-        drain_deadline = absl::Now() + options.shutdown_grace;
-        spdlog::info("frontend: shutting down: no new requests; {} in flight (grace {})", inflight.size(),
-                     absl::FormatDuration(options.shutdown_grace));
-      }
-      if (draining) {
-        if (!HasWork() && inflight.empty()) break;
-        if (!aborted_all && (abort_now.load() || absl::Now() >= drain_deadline)) {
-          spdlog::info("frontend: aborting {} requests still in flight", inflight.size());
-          AbortAll();
-          aborted_all = true;
-        }
-      }
-      const bool busy = HasWork();
-      zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0}, {monitor.handle(), 0, ZMQ_POLLIN, 0}};
+      if (stop.load() && inflight.empty()) break;
+      zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0},
+                                 {monitor.handle(), 0, ZMQ_POLLIN, 0},
+                                 {nullptr, wake_fd, ZMQ_POLLIN, 0}};
       try {
-        zmq::poll(items, 2, std::chrono::milliseconds(busy ? 0 : options.idle_poll_ms));
+        zmq::poll(items, 3, std::chrono::milliseconds(options.idle_poll_ms));
       } catch (const zmq::error_t& e) {
         if (e.num() != EINTR) return absl::InternalError(absl::StrCat("zmq_poll: ", e.what()));
       }
       DrainMonitor();
       for (int i = 0; i < options.max_messages_per_step && ReceiveOne(); ++i) {
       }
-      if (!HasWork()) continue;
-      absl::StatusOr<std::vector<EngineOutput>> outputs = engine->Step();
-      if (!outputs.ok()) {
-        spdlog::error("frontend: engine step failed: {}; failing {} requests", outputs.status().ToString(),
-                      inflight.size());
-        fatal = true;
-        std::vector<EngineOutput> failed = engine->FailAll(outputs.status());
-        Deliver(failed);
-        // Answer what is already queued, then leave: the executor is unusable.
-        for (int i = 0; i < options.max_messages_per_step && ReceiveOne(); ++i) {
-        }
-        return outputs.status();
-      }
-      Deliver(*outputs);
+      DeliverReady();
     }
-    spdlog::info("frontend: drained; {} requests served", counters.requests_finished);
+    spdlog::info("frontend: ZeroMQ front end stopped; {} requests served", counters.requests_finished);
     return absl::OkStatus();
   }
 
   absl::flat_hash_set<std::string> peer_gone_guard_;  // routing ids whose sends failed
 };
 
-absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options, Engine* engine,
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options, EngineLoop* loop,
                                                        std::optional<ChatTemplate> chat_template) {
-  if (engine == nullptr) return absl::InvalidArgumentError("Server::Create: engine is null");
+  if (loop == nullptr) return absl::InvalidArgumentError("Server::Create: loop is null");
   if (options.max_message_bytes < 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_message_bytes must be >= 64, got ", options.max_message_bytes));
-  }
-  if (options.max_queue_len < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("max_queue_len must be >= 1, got ", options.max_queue_len));
   }
   if (options.idle_poll_ms < 1 || options.max_messages_per_step < 1 || options.send_high_water_mark < 1) {
     return absl::InvalidArgumentError("idle_poll_ms, max_messages_per_step and send_high_water_mark must be >= 1");
@@ -533,8 +523,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->engine = engine;
+  impl->loop = loop;
   impl->chat_template = std::move(chat_template);
+  impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (impl->wake_fd < 0) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
   try {
     impl->router = zmq::socket_t(impl->context, zmq::socket_type::router);
     impl->router.set(zmq::sockopt::router_mandatory, 1);
@@ -581,9 +573,9 @@ const std::string& Server::endpoint() const { return impl_->bound_endpoint; }
 
 const Server::Counters& Server::counters() const { return impl_->counters; }
 
-absl::Status Server::Run(const std::atomic<bool>& stop, const std::atomic<bool>& abort_now) {
+absl::Status Server::Run(const std::atomic<bool>& stop) {
   try {
-    return impl_->Run(stop, abort_now);
+    return impl_->Run(stop);
   } catch (const zmq::error_t& e) {
     return absl::InternalError(absl::StrCat("ZeroMQ error in the serve loop: ", e.what()));
   }

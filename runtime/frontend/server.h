@@ -1,13 +1,14 @@
 // The ZeroMQ front end of the coordinator: protocol v1 (docs/protocol.md) on a
 // ROUTER socket, joined with the Engine.
 //
-// Threading: everything runs on the calling thread (the main thread under
-// mpirun: MPI is initialized FUNNELED and the engine's executor calls MPI).
-// Run() is one loop that polls the ROUTER socket (blocking up to
-// `idle_poll_ms` when the engine is idle, not at all when it has work), handles
-// every message that has arrived, runs one Engine::Step and sends the outputs.
-// No locks, no second thread touching the engine; a message waits at most one
-// step before it is read.
+// Threading: Run() runs on the front end's own thread (not the engine's). It
+// polls the ROUTER socket, the socket monitor and an eventfd that the engine
+// thread signals when it pushes outputs into a request's RequestChannel
+// (engine_loop.h); it parses messages, submits requests to the EngineLoop and
+// sends the outputs. The ZeroMQ sockets and every member of the server are
+// used only by the thread that calls Run() (Create may run on another thread
+// before). health and stats are answered from EngineLoop::Snapshot() and never
+// wait for an engine step.
 //
 // Clients: any number of DEALER sockets, each with any number of requests in
 // flight. A request is keyed by (ROUTER routing id of the connection, client's
@@ -27,11 +28,11 @@
 //    max(16 MiB, 4 x max_message_bytes): a frame beyond that makes libzmq drop
 //    the connection while reading it (memory bound), which then counts as a
 //    disconnect (below). A 10 MB message thus gets a structured error.
-//  - waiting queue: a `generate` arriving while the engine has
-//    `max_queue_len` requests waiting is answered `busy`.
-//  - prompts of max_model_len tokens or more: `prompt_too_long`; prompt +
+//  - admission: the EngineLoop's one check (Engine::CheckRequest and the
+//    waiting-queue bound): a full queue or a server shutting down is `busy`,
+//    a prompt of max_model_len tokens or more `prompt_too_long` (prompt +
 //    max_tokens beyond max_model_len is admitted and ends with `length` at
-//    max_model_len (as in vLLM).
+//    max_model_len, as in vLLM), other refusals `invalid_request`.
 //
 // Disconnects (a client that goes away or stops answering has its requests
 // aborted and their KV blocks freed by the next step):
@@ -53,12 +54,10 @@
 //  Aborted requests of a vanished client end with finish_reason "abort"; their
 //  replies are dropped.
 //
-// Shutdown: Run() returns once `stop` is set (a signal handler may set it) and
-// the in-flight requests are done: from then on `generate` is answered `busy`
-// and `health` unhealthy; requests still running after `shutdown_grace` are
-// aborted (final message with finish_reason "abort"); `abort_now` skips the
-// grace period (a second signal). Run() does not stop the executor: the caller
-// calls engine->executor().Shutdown() after it.
+// Shutdown: the EngineLoop drains (`generate` -> `busy`, `health` unhealthy,
+// grace period, aborts); Run() returns once `stop` is set and every request it
+// admitted has had its final message. The caller sets `stop` after
+// EngineLoop::Run returned.
 #ifndef PAGEDSERVE_RUNTIME_FRONTEND_SERVER_H_
 #define PAGEDSERVE_RUNTIME_FRONTEND_SERVER_H_
 
@@ -76,7 +75,7 @@
 
 namespace pagedserve {
 
-class Engine;
+class EngineLoop;
 
 struct ServerOptions {
   // ZeroMQ endpoint to bind, e.g. "tcp://127.0.0.1:5555", "tcp://0.0.0.0:5555",
@@ -84,25 +83,22 @@ struct ServerOptions {
   // Server::endpoint()).
   std::string endpoint = "tcp://127.0.0.1:5555";
   size_t max_message_bytes = 1 << 20;  // larger frames: message_too_large
-  int64_t max_queue_len = 256;         // waiting requests before `busy`
-  int idle_poll_ms = 50;               // poll timeout when the engine is idle
-  int max_messages_per_step = 4096;    // messages handled between two steps
+  int idle_poll_ms = 50;               // poll timeout (how often `stop` is looked at)
+  int max_messages_per_step = 4096;    // messages handled between two output deliveries
   // ZMTP heartbeats to every client; 0 disables them (disconnects of live
   // processes are still seen through TCP).
   int heartbeat_interval_ms = 2000;
   int heartbeat_timeout_ms = 10000;
   int send_high_water_mark = 100000;   // queued replies per client before it is cut
-  absl::Duration shutdown_grace = absl::Seconds(30);
 };
 
 class Server {
  public:
-  // Binds the socket. `engine` (not owned) must outlive the server and is used
-  // only from the thread that calls Run(). `chat_template` is the model's
+  // Binds the socket. `loop` (not owned) must outlive the server. `chat_template` is the model's
   // (nullopt: `messages` prompts are answered with invalid_request).
   // Errors: InvalidArgument for bad options, Unavailable when the endpoint
   // cannot be bound (address in use, bad address), naming the endpoint.
-  static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options, Engine* engine,
+  static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options, EngineLoop* loop,
                                                         std::optional<ChatTemplate> chat_template);
   ~Server();
   Server(const Server&) = delete;
@@ -111,11 +107,11 @@ class Server {
   // The bound endpoint with the actual port (ZMQ_LAST_ENDPOINT).
   const std::string& endpoint() const;
 
-  // Serves until `stop` is true and the drain (see the header comment) is
-  // over. Returns OK after a clean shutdown, or the engine's fatal error (every
-  // in-flight request has then been answered with finish_reason "error").
-  absl::Status Run(const std::atomic<bool>& stop, const std::atomic<bool>& abort_now);
+  // Serves until `stop` is true and every admitted request has had its final
+  // message. Returns OK, or Internal on a ZeroMQ failure.
+  absl::Status Run(const std::atomic<bool>& stop);
 
+  // Read by the thread that runs Run() (or after it returned).
   struct Counters {
     int64_t messages = 0;          // received, well-formed or not
     int64_t errors_sent = 0;       // error replies

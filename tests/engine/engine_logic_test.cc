@@ -75,7 +75,7 @@ void Collect(const std::vector<EngineOutput>& outs, std::map<std::string, Collec
       c.text[i] += d.text;
       c.tokens[i].insert(c.tokens[i].end(), d.token_ids.begin(), d.token_ids.end());
       c.logprobs[i].insert(c.logprobs[i].end(), d.logprobs.begin(), d.logprobs.end());
-      if (d.finished) c.reason[i] = d.finish_reason;
+      if (d.finished) c.reason[i] = std::string(FinishReasonName(d.finish_reason));
     }
     if (o.finished) {
       c.finished = true;
@@ -303,8 +303,8 @@ TEST(EngineLogicTest, InvalidRequestsAreRejectedWithClearErrorsAndTheNextRuns) {
   EXPECT_NE(e->AddRequest(bad).message().find("top_k"), std::string::npos);
   std::vector<int32_t> long_prompt(64, Key("A"));
   st = e->AddRequest(Req("long", long_prompt, 4));
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_EQ(e->CheckRequest(long_prompt, Req("x", {}, 4).params).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange) << st;
+  EXPECT_EQ(e->CheckRequest(long_prompt, Req("x", {}, 4).params).code(), absl::StatusCode::kOutOfRange);
   // Larger than the pool: n = 4 sequences of 48 tokens need 12 blocks of 8.
   st = e->AddRequest(Req("big", Ids("A b c"), 45, {}, 4));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;

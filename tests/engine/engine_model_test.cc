@@ -131,7 +131,7 @@ class EngineModelTest : public ::testing::Test {
         }
         c.text[d.index] += d.text;
         c.tokens[d.index].insert(c.tokens[d.index].end(), d.token_ids.begin(), d.token_ids.end());
-        if (d.finished) c.reason[d.index] = d.finish_reason;
+        if (d.finished) c.reason[d.index] = std::string(FinishReasonName(d.finish_reason));
       }
       if (o.finished) c.finished = true, c.usage = o.usage;
     }

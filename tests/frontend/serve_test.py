@@ -62,7 +62,7 @@ class ServerProcess:
         os.unlink(self.pid_file)
         cmd = [ARGS.pagedserve, "serve", f"--model={ARGS.model}", f"--zmq-endpoint={self.endpoint}",
                f"--max-model-len={MAX_MODEL_LEN}", "--kv-cache-memory=67108864", "--swap-space=0.0625",
-               f"--metrics-port={self.metrics_port}", f"--pid-file={self.pid_file}"] + list(extra)
+               f"--metrics-port={self.metrics_port}", f"--pid-file={self.pid_file}", "--port=0"] + list(extra)
         env = dict(os.environ)
         if mpirun:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")

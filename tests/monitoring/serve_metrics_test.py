@@ -137,7 +137,7 @@ class Server:
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.metrics_port = free_port()
         cmd = [ARGS.pagedserve, "serve", f"--model={ARGS.model}", f"--zmq-endpoint={self.endpoint}",
-               "--metrics-host=127.0.0.1", f"--metrics-port={self.metrics_port}"] + list(extra)
+               "--metrics-host=127.0.0.1", f"--metrics-port={self.metrics_port}", "--port=0"] + list(extra)
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         try:

@@ -1,0 +1,522 @@
+// The only translation unit that includes httplib.h (compile time).
+#include "runtime/frontend/http_server.h"
+
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <random>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "httplib.h"
+#include "runtime/engine/engine_loop.h"
+#include "runtime/frontend/openai_api.h"
+#include "spdlog/spdlog.h"
+
+namespace pagedserve {
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  // Walks max(|a|, |b|) bytes whatever the contents; the length difference is
+  // folded into the result instead of returning early.
+  const size_t n = std::max(a.size(), b.size());
+  volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff = diff | (x ^ y);
+  }
+  return diff == 0;
+}
+
+namespace {
+
+using openai::ApiError;
+
+int64_t UnixNow() { return static_cast<int64_t>(std::time(nullptr)); }
+
+void SendError(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(openai::ErrorBody(e), "application/json");
+}
+
+ApiError MakeError(int status, std::string type, std::string message, std::string code = "") {
+  ApiError e;
+  e.status = status;
+  e.type = std::move(type);
+  e.message = std::move(message);
+  e.code = std::move(code);
+  return e;
+}
+
+ApiError FromStatus(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange: return openai::BadRequest(std::string(s.message()));
+    case absl::StatusCode::kResourceExhausted:
+      return MakeError(429, "rate_limit_exceeded", std::string(s.message()), "rate_limit_exceeded");
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kFailedPrecondition:
+      return MakeError(503, "service_unavailable", std::string(s.message()));
+    default: return MakeError(500, "internal_error", std::string(s.message()));
+  }
+}
+
+// The connected socket of `req` (the handler runs on its connection's thread
+// and cpp-httplib closes the socket only after the handler and its content
+// provider returned, so the descriptor is stable meanwhile). -1 when not found.
+int FindConnectionFd(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* e = readdir(dir)) {
+    int fd;
+    if (!absl::SimpleAtoi(e->d_name, &fd) || fd == dirfd(dir)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof(local), pl = sizeof(peer);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    char host[INET6_ADDRSTRLEN] = {0};
+    int lport = -1, pport = -1;
+    if (peer.ss_family == AF_INET) {
+      auto* p = reinterpret_cast<sockaddr_in*>(&peer);
+      inet_ntop(AF_INET, &p->sin_addr, host, sizeof(host));
+      pport = ntohs(p->sin_port);
+      lport = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+    } else if (peer.ss_family == AF_INET6) {
+      auto* p = reinterpret_cast<sockaddr_in6*>(&peer);
+      inet_ntop(AF_INET6, &p->sin6_addr, host, sizeof(host));
+      pport = ntohs(p->sin6_port);
+      lport = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
+    } else {
+      continue;
+    }
+    if (pport == req.remote_port && lport == req.local_port && req.remote_addr == host) {
+      found = fd;
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// True when the peer closed (or reset) the connection.
+bool PeerClosed(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+// One generation request (1..N prompts x n samples) between the handler and
+// the engine. Used by one connection thread only.
+struct Job {
+  openai::ValidatedRequest request;
+  std::string id;  // cmpl-... / chatcmpl-...
+  int64_t created = 0;
+  std::vector<std::string> engine_ids;  // one per prompt
+  std::shared_ptr<RequestChannel> channel = std::make_shared<RequestChannel>();
+  std::vector<openai::ChoiceState> choices;  // prompt p, sample i -> p * n + i
+  std::vector<bool> started;                 // chat: role chunk sent
+  openai::UsageTotals usage;
+  size_t finished_requests = 0;
+  absl::Status error;
+  std::chrono::steady_clock::time_point start, first_token;
+  bool has_token = false;
+  bool aborted = false;  // the client went away
+  int fd = -1;
+
+  bool done() const { return finished_requests == engine_ids.size(); }
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  HttpServerOptions options;
+  httplib::Server server;
+  int port = 0;
+  std::thread thread;
+  std::atomic<const HttpBackend*> backend{nullptr};
+  std::unique_ptr<HttpBackend> backend_storage;  // written once by Attach, before publication
+  std::atomic<uint64_t> next_id{0};
+  std::atomic<bool> stopping{false};
+  uint64_t id_salt = 0;
+
+  const HttpBackend* Backend(httplib::Response& res) {
+    const HttpBackend* b = backend.load(std::memory_order_acquire);
+    if (b == nullptr) SendError(res, MakeError(503, "service_unavailable", "the model is loading"));
+    return b;
+  }
+
+  openai::ServedModel Model(const HttpBackend& b) const {
+    openai::ServedModel m;
+    m.name = options.served_model_name;
+    m.max_model_len = b.loop->engine().scheduler_config().max_model_len;
+    m.vocab_size = b.loop->tokenizer().vocab_size();
+    return m;
+  }
+
+  bool Authorized(const httplib::Request& req) const {
+    if (options.api_key.empty()) return true;
+    const std::string header = req.get_header_value("Authorization");
+    constexpr std::string_view kBearer = "Bearer ";
+    std::string_view token = header;
+    if (token.substr(0, kBearer.size()) == kBearer) {
+      token.remove_prefix(kBearer.size());
+    } else {
+      token = std::string_view();
+    }
+    return ConstantTimeEquals(token, options.api_key);
+  }
+
+  static bool Protected(const std::string& path) {
+    return absl::StartsWith(path, "/v1/") || path == "/tokenize" || path == "/detokenize";
+  }
+
+  // Applies one engine output to the job; fills `deltas` (streaming) with the
+  // per-choice news.
+  void Apply(Job& job, EngineOutput& out, std::vector<std::pair<int, openai::ChoiceState>>* deltas) {
+    size_t p = 0;
+    while (p < job.engine_ids.size() && job.engine_ids[p] != out.request_id) ++p;
+    if (p == job.engine_ids.size()) return;
+    const int n = job.request.params.n;
+    for (SequenceDelta& d : out.deltas) {
+      if (d.index < 0 || d.index >= n) continue;
+      const int c = static_cast<int>(p) * n + d.index;
+      openai::ChoiceState& acc = job.choices[c];
+      openai::ChoiceState news;
+      news.text = d.text;
+      news.token_ids = d.token_ids;
+      news.logprobs = d.logprobs;
+      news.top_token_ids = d.top_token_ids;
+      news.top_logprobs = d.top_logprobs;
+      if (d.finished) news.finish_reason = d.finish_reason;
+      if (!d.token_ids.empty() && !job.has_token) {
+        job.has_token = true;
+        job.first_token = std::chrono::steady_clock::now();
+      }
+      acc.text += d.text;
+      acc.token_ids.insert(acc.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
+      acc.logprobs.insert(acc.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+      acc.top_token_ids.insert(acc.top_token_ids.end(), d.top_token_ids.begin(), d.top_token_ids.end());
+      acc.top_logprobs.insert(acc.top_logprobs.end(), d.top_logprobs.begin(), d.top_logprobs.end());
+      if (d.finished) acc.finish_reason = d.finish_reason;
+      if (deltas != nullptr && (!news.text.empty() || !news.token_ids.empty() || d.finished)) {
+        deltas->emplace_back(c, std::move(news));
+      }
+    }
+    if (out.finished) {
+      ++job.finished_requests;
+      job.usage.prompt_tokens += out.usage.prompt_tokens;
+      job.usage.completion_tokens += out.usage.completion_tokens;
+      job.usage.cached_tokens += out.usage.cached_prompt_tokens;
+      if (!out.error.ok() && job.error.ok()) job.error = out.error;
+      for (int i = 0; i < n; ++i) {
+        openai::ChoiceState& acc = job.choices[p * n + i];
+        if (acc.finish_reason == FinishReason::kNone) {
+          acc.finish_reason = out.error.ok() ? FinishReason::kAbort : FinishReason::kError;
+        }
+      }
+    }
+  }
+
+  void AbortJob(Job& job, const HttpBackend& b) {
+    if (job.aborted) return;
+    job.aborted = true;
+    for (const std::string& id : job.engine_ids) b.loop->Abort(id);
+  }
+
+  // The client went away: aborts the job, waits for its final outputs (the
+  // engine's next step) so that the log line has the real figures, and logs it.
+  void AbortAndLog(Job& job, const HttpBackend& b) {
+    AbortJob(job, b);
+    while (!job.done()) {
+      std::optional<EngineOutput> out = job.channel->WaitPop(absl::Milliseconds(100));
+      if (out.has_value()) {
+        Apply(job, *out, nullptr);
+      } else if (stopping.load() && !b.loop->healthy()) {
+        break;  // shutting down: the loop may already be gone
+      }
+    }
+    LogDone(job);
+  }
+
+  void LogDone(const Job& job) {
+    if (!options.log_requests) return;
+    using std::chrono::duration;
+    const auto now = std::chrono::steady_clock::now();
+    std::string reasons;
+    for (const auto& c : job.choices) {
+      absl::StrAppend(&reasons, reasons.empty() ? "" : ",", std::string(FinishReasonName(c.finish_reason)));
+    }
+    spdlog::info("http: request {} prompt_tokens={} completion_tokens={} cached_tokens={} ttft_ms={} "
+                 "duration_ms={} finish_reason={}{}",
+                 job.id, job.usage.prompt_tokens, job.usage.completion_tokens, job.usage.cached_tokens,
+                 job.has_token ? absl::StrCat(static_cast<int64_t>(
+                                     duration<double, std::milli>(job.first_token - job.start).count()))
+                               : std::string("-"),
+                 static_cast<int64_t>(duration<double, std::milli>(now - job.start).count()), reasons,
+                 job.aborted ? " (client disconnected)" : "");
+  }
+
+  void HandleGeneration(openai::Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+    const HttpBackend* b = Backend(res);
+    if (b == nullptr) return;
+    const ChatTemplate* tmpl = b->chat_template.has_value() ? &*b->chat_template : nullptr;
+    openai::ParseOutcome parsed =
+        openai::ParseRequest(endpoint, req.body, Model(*b), b->loop->tokenizer(), tmpl);
+    if (!parsed.request.has_value()) return SendError(res, parsed.error);
+    auto job = std::make_shared<Job>();
+    job->request = *std::move(parsed.request);
+    job->start = std::chrono::steady_clock::now();
+    job->created = UnixNow();
+    const uint64_t seq = next_id.fetch_add(1);
+    job->id = absl::StrCat(endpoint == openai::Endpoint::kChat ? "chatcmpl-" : "cmpl-",
+                           absl::Hex(id_salt ^ (seq * 0x9E3779B97F4A7C15ull), absl::kZeroPad16));
+    const int n = job->request.params.n;
+    job->choices.resize(job->request.prompts.size() * n);
+    job->started.assign(job->choices.size(), false);
+    for (size_t p = 0; p < job->request.prompts.size(); ++p) {
+      EngineRequest er;
+      er.request_id = absl::StrCat("http-", seq, "-", p);
+      er.prompt_token_ids = job->request.prompts[p];
+      er.params = job->request.params;
+      const std::string eid = er.request_id;
+      if (absl::Status s = b->loop->Submit(std::move(er), job->channel); !s.ok()) {
+        AbortJob(*job, *b);
+        return SendError(res, FromStatus(s));
+      }
+      job->engine_ids.push_back(eid);
+    }
+    job->fd = FindConnectionFd(req);
+    if (job->request.stream) return Stream(job, b, res);
+
+    while (!job->done()) {
+      std::optional<EngineOutput> out = job->channel->WaitPop(options.disconnect_poll);
+      if (out.has_value()) {
+        Apply(*job, *out, nullptr);
+      } else if (PeerClosed(job->fd) || stopping.load()) {
+        AbortAndLog(*job, *b);
+        SendError(res, MakeError(499, "client_closed_request", "the client closed the connection"));
+        return;
+      }
+    }
+    LogDone(*job);
+    const bool produced = job->usage.completion_tokens > 0;
+    if (!job->error.ok() && !produced) return SendError(res, FromStatus(job->error));
+    res.set_content(openai::CompletionResponse(job->request, job->id, job->created, job->choices, job->usage,
+                                               b->loop->tokenizer()),
+                    "application/json");
+  }
+
+  void Stream(std::shared_ptr<Job> job, const HttpBackend* b, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, job, b](size_t, httplib::DataSink& sink) {
+          auto send = [&](const std::string& data) {
+            const std::string event = absl::StrCat("data: ", data, "\n\n");
+            return sink.write(event.data(), event.size());
+          };
+          const Tokenizer& tok = b->loop->tokenizer();
+          while (!job->done()) {
+            std::optional<EngineOutput> out = job->channel->WaitPop(options.disconnect_poll);
+            if (!out.has_value()) {
+              if (PeerClosed(job->fd) || !sink.is_writable() || stopping.load()) {
+                AbortAndLog(*job, *b);
+                return false;
+              }
+              continue;
+            }
+            std::vector<std::pair<int, openai::ChoiceState>> deltas;
+            Apply(*job, *out, &deltas);
+            for (auto& [c, d] : deltas) {
+              const bool first = !job->started[c];
+              job->started[c] = true;
+              if (!send(openai::StreamChunk(job->request, job->id, job->created, c, d, first, tok))) {
+                AbortAndLog(*job, *b);
+                return false;
+              }
+            }
+          }
+          bool ok = true;
+          if (!job->error.ok()) {
+            ok = send(openai::ErrorBody(FromStatus(job->error)));
+          }
+          if (ok && job->request.include_usage) {
+            ok = send(openai::UsageChunk(job->request, job->id, job->created, job->usage));
+          }
+          if (ok) ok = send("[DONE]");
+          LogDone(*job);
+          if (ok) sink.done();
+          return ok;
+        },
+        [this, job, b](bool success) {
+          // Called also when the provider never ran (the client went away first).
+          if (!job->done()) AbortJob(*job, *b);
+        });
+  }
+
+  void Routes() {
+    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (Protected(req.path) && !Authorized(req)) {
+        SendError(res, MakeError(401, "invalid_request_error", "missing or invalid API key (Authorization: Bearer)",
+                                 "invalid_api_key"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
+    server.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "unknown exception";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      spdlog::error("http: handler failed: {}", what);
+      SendError(res, MakeError(500, "internal_error", absl::StrCat("internal error: ", what)));
+    });
+    server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      if (res.status == 413) {
+        SendError(res, MakeError(413, "invalid_request_error", "the request body is too large"));
+      } else if (res.status == 404) {
+        SendError(res, MakeError(404, "NotFoundError", absl::StrCat("no route ", req.method, " ", req.path)));
+      } else {
+        SendError(res, MakeError(res.status, "invalid_request_error", absl::StrCat("HTTP ", res.status)));
+      }
+    });
+    server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      HandleGeneration(openai::Endpoint::kCompletions, req, res);
+    });
+    server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      HandleGeneration(openai::Endpoint::kChat, req, res);
+    });
+    server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      if (const HttpBackend* b = Backend(res)) {
+        res.set_content(openai::ModelsResponse(Model(*b), UnixNow()), "application/json");
+      }
+    });
+    server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      const HttpBackend* b = backend.load(std::memory_order_acquire);
+      const bool ok = b != nullptr && b->loop->healthy();
+      res.status = ok ? 200 : 503;
+      res.set_content(ok ? "{\"status\":\"ok\"}" : (b == nullptr ? "{\"status\":\"loading\"}"
+                                                                 : "{\"status\":\"unhealthy\"}"),
+                      "application/json");
+    });
+    server.Get("/version", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(absl::StrCat("{\"version\":\"", options.version, "\"}"), "application/json");
+    });
+    server.Get("/openapi.json", [this](const httplib::Request&, httplib::Response& res) {
+      const HttpBackend* b = backend.load(std::memory_order_acquire);
+      res.set_content(openai::OpenApiDocument(options.version, b ? b->loop->tokenizer().vocab_size() : 1 << 20),
+                      "application/json");
+    });
+    server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      const HttpBackend* b = backend.load(std::memory_order_acquire);
+      if (b == nullptr || !b->metrics_text) {
+        res.status = 503;
+        res.set_content("# metrics are not available yet\n", "text/plain");
+        return;
+      }
+      res.set_content(b->metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    server.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      const HttpBackend* b = Backend(res);
+      if (b == nullptr) return;
+      ApiError err;
+      err.status = 0;
+      std::string body = openai::TokenizeResponse(req.body, Model(*b), b->loop->tokenizer(),
+                                                  b->chat_template ? &*b->chat_template : nullptr, &err);
+      if (err.status != 0) return SendError(res, err);
+      res.set_content(body, "application/json");
+    });
+    server.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      const HttpBackend* b = Backend(res);
+      if (b == nullptr) return;
+      ApiError err;
+      err.status = 0;
+      std::string body = openai::DetokenizeResponse(req.body, b->loop->tokenizer(), &err);
+      if (err.status != 0) return SendError(res, err);
+      res.set_content(body, "application/json");
+    });
+  }
+};
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(const HttpServerOptions& options) {
+  if (options.port < 0 || options.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--port must be in [0, 65535], got ", options.port));
+  }
+  if (options.max_request_body_bytes < 64) {
+    return absl::InvalidArgumentError("--max-request-body-bytes must be >= 64");
+  }
+  if (options.num_threads < 2) return absl::InvalidArgumentError("num_threads must be >= 2");
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  std::random_device rd;
+  impl->id_salt = (static_cast<uint64_t>(rd()) << 32) | rd();  // ids differ across restarts
+  httplib::Server& s = impl->server;
+  const int threads = options.num_threads;
+  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  s.set_payload_max_length(options.max_request_body_bytes);
+  s.set_tcp_nodelay(true);  // SSE events and small responses go out at once (no Nagle delay)
+  auto split = [](absl::Duration d, auto setter) {
+    const int64_t us = absl::ToInt64Microseconds(d);
+    setter(static_cast<time_t>(us / 1000000), static_cast<time_t>(us % 1000000));
+  };
+  split(options.read_timeout, [&](time_t sec, time_t usec) { s.set_read_timeout(sec, usec); });
+  split(options.write_timeout, [&](time_t sec, time_t usec) { s.set_write_timeout(sec, usec); });
+  s.set_keep_alive_timeout(std::max<time_t>(1, absl::ToInt64Seconds(options.keep_alive_timeout)));
+  impl->Routes();
+  const int port = options.port == 0 ? s.bind_to_any_port(options.host) : (s.bind_to_port(options.host, options.port)
+                                                                              ? options.port
+                                                                              : -1);
+  if (port < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot bind the HTTP server to ", options.host, ":", options.port,
+                                               " (address in use, or not an address of this host)"));
+  }
+  impl->port = port;
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+HttpServer::~HttpServer() { Stop(); }
+
+int HttpServer::port() const { return impl_->port; }
+
+void HttpServer::Start() {
+  impl_->thread = std::thread([impl = impl_.get()] { impl->server.listen_after_bind(); });
+}
+
+void HttpServer::Attach(std::unique_ptr<HttpBackend> backend) {
+  impl_->backend_storage = std::move(backend);
+  impl_->backend.store(impl_->backend_storage.get(), std::memory_order_release);
+}
+
+void HttpServer::Stop() {
+  if (impl_ == nullptr) return;
+  impl_->stopping.store(true);
+  if (impl_->thread.joinable()) {
+    // stop() only takes effect once the listening loop runs.
+    for (int i = 0; i < 2000 && !impl_->server.is_running(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    impl_->server.stop();
+    impl_->thread.join();
+  }
+}
+
+}  // namespace pagedserve

@@ -1,0 +1,101 @@
+// The HTTP front end of the coordinator: the OpenAI-compatible API
+// (openai_api.h, docs/http.md) on cpp-httplib, beside the ZeroMQ server.
+//
+// Routes: POST /v1/completions, POST /v1/chat/completions (JSON or
+// Server-Sent Events), GET /v1/models, GET /health, GET /version,
+// POST /tokenize, POST /detokenize, GET /metrics, GET /openapi.json.
+//
+// Threads: cpp-httplib accepts on the thread started by Start() and runs each
+// connection on a worker of its pool (`num_threads`); no handler ever touches
+// the Engine: generation goes through EngineLoop::Submit / Abort and the
+// request's RequestChannel, health / models / metrics read
+// EngineLoop::Snapshot() or the metrics registry, so they never wait for an
+// engine step. The backend (engine loop, chat template, metrics) is published
+// once by Attach() through an atomic pointer; before that every route except
+// /health, /version, /openapi.json and /metrics answers 503 (loading).
+//
+// Disconnects: a streaming request is aborted when a write to its client
+// fails; both streaming and non-streaming requests poll their connection
+// (POLLRDHUP) every `disconnect_poll` while waiting for output, so a client
+// that closes the connection has its request aborted, and its KV blocks freed,
+// by the engine's next step.
+//
+// Security: with a non-empty api_key every /v1/* route and /tokenize,
+// /detokenize need "Authorization: Bearer <key>" (401 otherwise), compared in
+// constant time; /health, /version, /metrics and /openapi.json stay open.
+#ifndef PAGEDSERVE_RUNTIME_FRONTEND_HTTP_SERVER_H_
+#define PAGEDSERVE_RUNTIME_FRONTEND_HTTP_SERVER_H_
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "runtime/tokenizer/chat_template.h"
+
+namespace pagedserve {
+
+class EngineLoop;
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";          // --host
+  int port = 8000;                         // --port; 0 picks a free port (see port())
+  std::string api_key;                     // --api-key / PAGEDSERVE_API_KEY; empty = open
+  std::string served_model_name;           // --served-model-name
+  size_t max_request_body_bytes = 1 << 20; // --max-request-body-bytes: 413 beyond
+  absl::Duration read_timeout = absl::Seconds(30);   // request line, headers and body
+  absl::Duration write_timeout = absl::Seconds(30);  // a client that stops reading
+  absl::Duration keep_alive_timeout = absl::Seconds(5);  // idle keep-alive connections
+  absl::Duration disconnect_poll = absl::Milliseconds(20);
+  int num_threads = 512;                   // connections served at once
+  bool log_requests = true;                // one log line per generation request
+  std::string version = "0.1.0";
+};
+
+// What the routes need once the model is loaded. Not owned; must outlive the
+// server's Stop().
+struct HttpBackend {
+  EngineLoop* loop = nullptr;
+  std::optional<ChatTemplate> chat_template;
+  std::function<std::string()> metrics_text;  // Prometheus text; empty: /metrics 404
+};
+
+// Thread safety: Create, Start, Attach and Stop are called by one owner thread;
+// the handlers run on cpp-httplib's threads and share only the atomically
+// published backend and the counter of request ids (atomic).
+class HttpServer {
+ public:
+  // Binds host:port. Errors: InvalidArgument (bad options), Unavailable (the
+  // address cannot be bound), naming host and port.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Create(const HttpServerOptions& options);
+  ~HttpServer();  // Stop()s
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  int port() const;
+  // Starts serving on a thread of its own (503 on model routes until Attach).
+  void Start();
+  // Publishes the backend: from now on the API routes serve. Call once.
+  void Attach(std::unique_ptr<HttpBackend> backend);
+  // Stops accepting, ends the connections and joins the threads. Requests
+  // still waiting for output are aborted through the loop. Idempotent.
+  void Stop();
+
+ private:
+  struct Impl;
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Constant-time comparison: the time depends only on the lengths of `a` and
+// `b` combined, never on where they first differ (no early exit on a length
+// mismatch either). For API keys.
+bool ConstantTimeEquals(std::string_view a, std::string_view b);
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_RUNTIME_FRONTEND_HTTP_SERVER_H_

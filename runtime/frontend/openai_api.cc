@@ -1,0 +1,522 @@
+#include "runtime/frontend/openai_api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace pagedserve::openai {
+namespace {
+
+using json = nlohmann::json;
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// Field readers: absent or null leaves *out unchanged; a wrong type is an error.
+bool ReadInt(const json& body, const char* key, int64_t lo, int64_t hi, int64_t* out, ApiError* err) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_number_integer()) {
+    *err = BadRequest(absl::StrCat("'", key, "' must be an integer"), key);
+    return false;
+  }
+  const bool too_big = it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi);
+  const int64_t v = too_big ? hi : it->get<int64_t>();
+  if (too_big || v < lo || v > hi) {
+    *err = BadRequest(absl::StrCat("'", key, "' must be in [", lo, ", ", hi, "], got ", it->dump()), key);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+bool ReadFloat(const json& body, const char* key, float* out, ApiError* err) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_number()) {
+    *err = BadRequest(absl::StrCat("'", key, "' must be a number"), key);
+    return false;
+  }
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || std::fabs(v) > 1e6) {
+    *err = BadRequest(absl::StrCat("'", key, "' must be a finite number of magnitude <= 1e6"), key);
+    return false;
+  }
+  *out = static_cast<float>(v);
+  return true;
+}
+
+bool ReadBool(const json& body, const char* key, bool* out, ApiError* err) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return true;
+  if (!it->is_boolean()) {
+    *err = BadRequest(absl::StrCat("'", key, "' must be a boolean"), key);
+    return false;
+  }
+  *out = it->get<bool>();
+  return true;
+}
+
+// A list of token ids, each in [0, vocab).
+bool ReadIds(const json& v, const char* key, int32_t vocab, std::vector<int32_t>* out, ApiError* err) {
+  out->clear();
+  for (const json& e : v) {
+    if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab) {
+      *err = BadRequest(absl::StrCat("'", key, "' must hold token ids in [0, ", vocab, ")"), key);
+      return false;
+    }
+    out->push_back(static_cast<int32_t>(e.get<int64_t>()));
+  }
+  return true;
+}
+
+bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingParams* p, ApiError* err) {
+  int64_t v = p->n;
+  if (!ReadInt(body, "n", 1, 64, &v, err)) return false;
+  p->n = static_cast<int>(v);
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    v = -1;
+    if (!ReadInt(body, key, 1, std::numeric_limits<int32_t>::max(), &v, err)) return false;
+    if (v > 0) p->max_tokens = static_cast<int>(v);
+  }
+  if (!ReadFloat(body, "temperature", &p->temperature, err) || !ReadFloat(body, "top_p", &p->top_p, err) ||
+      !ReadFloat(body, "min_p", &p->min_p, err) ||
+      !ReadFloat(body, "presence_penalty", &p->presence_penalty, err) ||
+      !ReadFloat(body, "frequency_penalty", &p->frequency_penalty, err) ||
+      !ReadFloat(body, "repetition_penalty", &p->repetition_penalty, err) ||
+      !ReadBool(body, "ignore_eos", &p->ignore_eos, err)) {
+    return false;
+  }
+  v = p->top_k;
+  if (!ReadInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &v, err)) return false;
+  p->top_k = v == 0 ? -1 : static_cast<int>(v);  // 0 and -1 both mean off, as in vLLM
+  v = -1;
+  if (!ReadInt(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &v,
+               err)) {
+    return false;
+  }
+  if (body.contains("seed") && !body["seed"].is_null()) p->seed = static_cast<uint64_t>(v);
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      p->stop = {it->get<std::string>()};
+    } else if (it->is_array()) {
+      for (const json& s : *it) {
+        if (!s.is_string()) {
+          *err = BadRequest("'stop' must be a string or an array of strings", "stop");
+          return false;
+        }
+        p->stop.push_back(s.get<std::string>());
+      }
+    } else {
+      *err = BadRequest("'stop' must be a string or an array of strings", "stop");
+      return false;
+    }
+    if (p->stop.size() > 16) {
+      *err = BadRequest("'stop' holds at most 16 strings", "stop");
+      return false;
+    }
+  }
+  if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
+    if (!it->is_array() || !ReadIds(*it, "stop_token_ids", vocab, &p->stop_token_ids, err)) {
+      if (!it->is_array()) *err = BadRequest("'stop_token_ids' must be an array of integers", "stop_token_ids");
+      return false;
+    }
+  }
+  // logprobs: completions N (0..20); chat bool + top_logprobs N.
+  if (endpoint == Endpoint::kCompletions) {
+    v = -1;
+    if (!ReadInt(body, "logprobs", 0, 20, &v, err)) return false;
+    p->logprobs = static_cast<int>(v);
+  } else {
+    bool want = false;
+    if (!ReadBool(body, "logprobs", &want, err)) return false;
+    v = 0;
+    if (!ReadInt(body, "top_logprobs", 0, 20, &v, err)) return false;
+    if (v > 0 && !want) {
+      *err = BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+      return false;
+    }
+    p->logprobs = want ? static_cast<int>(v) : -1;
+  }
+  if (absl::Status s = p->Validate(); !s.ok()) {
+    *err = BadRequest(std::string(s.message()));
+    return false;
+  }
+  return true;
+}
+
+// Chat `messages` -> the template's messages. content: a string or an array of
+// {"type": "text", "text": ...} parts (concatenated).
+bool ReadMessages(const json& body, std::vector<ChatMessage>* out, ApiError* err) {
+  auto it = body.find("messages");
+  if (it == body.end() || !it->is_array() || it->empty()) {
+    *err = BadRequest("'messages' must be a non-empty array", "messages");
+    return false;
+  }
+  for (const json& m : *it) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      *err = BadRequest("each message needs a string 'role'", "messages");
+      return false;
+    }
+    ChatMessage cm;
+    cm.role = m["role"].get<std::string>();
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "developer") {
+      *err = BadRequest(absl::StrCat("unsupported message role '", cm.role, "'"), "messages");
+      return false;
+    }
+    if (cm.role == "developer") cm.role = "system";
+    const json content = m.contains("content") ? m["content"] : json();
+    if (content.is_string()) {
+      cm.content = content.get<std::string>();
+    } else if (content.is_array()) {
+      for (const json& part : content) {
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
+          *err = BadRequest("only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
+                            "messages");
+          return false;
+        }
+        cm.content += part["text"].get<std::string>();
+      }
+    } else if (!content.is_null()) {
+      *err = BadRequest("message 'content' must be a string or an array of text parts", "messages");
+      return false;
+    }
+    out->push_back(std::move(cm));
+  }
+  return true;
+}
+
+// Completions `prompt`: a string, a list of strings, a list of ids, a list of lists of ids.
+bool ReadPrompts(const json& body, const Tokenizer& tok, std::vector<std::vector<int32_t>>* out,
+                 ApiError* err) {
+  auto it = body.find("prompt");
+  const char* kMsg = "'prompt' must be a string, an array of strings, an array of token ids "
+                     "or an array of arrays of token ids";
+  if (it == body.end() || it->is_null()) {
+    *err = BadRequest("'prompt' is required", "prompt");
+    return false;
+  }
+  if (it->is_string()) {
+    out->push_back(tok.Encode(it->get<std::string>()));
+    return true;
+  }
+  if (!it->is_array() || it->empty()) {
+    *err = BadRequest(kMsg, "prompt");
+    return false;
+  }
+  if ((*it)[0].is_number_integer()) {
+    out->emplace_back();
+    return ReadIds(*it, "prompt", tok.vocab_size(), &out->back(), err);
+  }
+  for (const json& e : *it) {
+    if (e.is_string()) {
+      out->push_back(tok.Encode(e.get<std::string>()));
+    } else if (e.is_array() && !e.empty()) {
+      out->emplace_back();
+      if (!ReadIds(e, "prompt", tok.vocab_size(), &out->back(), err)) return false;
+    } else {
+      *err = BadRequest(kMsg, "prompt");
+      return false;
+    }
+  }
+  if (out->size() > 64) {
+    *err = BadRequest("at most 64 prompts per request", "prompt");
+    return false;
+  }
+  return true;
+}
+
+json UsageJson(const UsageTotals& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+std::string TokenString(const Tokenizer& tok, int32_t id) {
+  DecodeOptions o;
+  o.skip_special_tokens = false;
+  o.strip_leading_space = false;
+  return tok.TokenBytes(id, /*first=*/false, o);
+}
+
+json Bytes(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+json LogprobValue(float lp) { return std::isfinite(lp) ? json(lp) : json(-9999.0); }
+
+json LogprobsJson(const ValidatedRequest& r, const ChoiceState& c, const Tokenizer& tok) {
+  if (r.params.logprobs < 0) return nullptr;
+  if (r.endpoint == Endpoint::kChat) {
+    json content = json::array();
+    for (size_t i = 0; i < c.token_ids.size() && i < c.logprobs.size(); ++i) {
+      const std::string t = TokenString(tok, c.token_ids[i]);
+      json top = json::array();
+      if (i < c.top_token_ids.size()) {
+        for (size_t k = 0; k < c.top_token_ids[i].size() && k < c.top_logprobs[i].size(); ++k) {
+          const std::string tk = TokenString(tok, c.top_token_ids[i][k]);
+          top.push_back({{"token", tk}, {"logprob", LogprobValue(c.top_logprobs[i][k])}, {"bytes", Bytes(tk)}});
+        }
+      }
+      content.push_back({{"token", t}, {"logprob", LogprobValue(c.logprobs[i])}, {"bytes", Bytes(t)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  size_t offset = 0;
+  for (size_t i = 0; i < c.token_ids.size() && i < c.logprobs.size(); ++i) {
+    const std::string t = TokenString(tok, c.token_ids[i]);
+    tokens.push_back(t);
+    lps.push_back(LogprobValue(c.logprobs[i]));
+    offsets.push_back(offset);
+    offset += t.size();
+    json top = json::object();
+    if (i < c.top_token_ids.size()) {
+      for (size_t k = 0; k < c.top_token_ids[i].size() && k < c.top_logprobs[i].size(); ++k) {
+        top[TokenString(tok, c.top_token_ids[i][k])] = LogprobValue(c.top_logprobs[i][k]);
+      }
+    }
+    tops.push_back(r.params.logprobs > 0 ? top : json(nullptr));
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json FinishJson(FinishReason reason) {
+  return reason == FinishReason::kNone ? json(nullptr) : json(std::string(FinishReasonName(reason)));
+}
+
+}  // namespace
+
+ApiError BadRequest(std::string message, std::string param) {
+  ApiError e;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  return e;
+}
+
+std::string ErrorBody(const ApiError& e) {
+  json err = {{"message", e.message},
+              {"type", e.type},
+              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+              {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
+  return Dump({{"error", err}});
+}
+
+namespace {
+
+ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const ServedModel& model,
+                                 const Tokenizer& tok, const ChatTemplate* chat_template) {
+  ParseOutcome out;
+  json body = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    out.error = BadRequest("the request body must be one JSON object");
+    return out;
+  }
+  ValidatedRequest r;
+  r.endpoint = endpoint;
+  r.model = model.name;
+  if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) {
+      out.error = BadRequest("'model' must be a string", "model");
+      return out;
+    }
+    if (it->get<std::string>() != model.name) {
+      out.error = BadRequest(absl::StrCat("The model '", it->get<std::string>(), "' does not exist; this server serves '",
+                                          model.name, "'"),
+                             "model");
+      out.error.status = 404;
+      out.error.type = "NotFoundError";
+      out.error.code = "model_not_found";
+      return out;
+    }
+  }
+  if (!ReadBool(body, "stream", &r.stream, &out.error)) return out;
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      out.error = BadRequest("'stream_options' must be an object", "stream_options");
+      return out;
+    }
+    if (!ReadBool(*it, "include_usage", &r.include_usage, &out.error)) return out;
+  }
+  bool echo = false;
+  if (!ReadBool(body, "echo", &echo, &out.error)) return out;
+  if (echo) {
+    out.error = BadRequest("'echo' is not supported", "echo");
+    return out;
+  }
+  if (endpoint == Endpoint::kChat) {
+    std::vector<ChatMessage> messages;
+    if (!ReadMessages(body, &messages, &out.error)) return out;
+    if (chat_template == nullptr) {
+      out.error = BadRequest("this model has no chat template; use /v1/completions", "messages");
+      return out;
+    }
+    absl::StatusOr<std::string> rendered = chat_template->Render(messages, /*add_generation_prompt=*/true);
+    if (!rendered.ok()) {
+      out.error = BadRequest(absl::StrCat("messages: ", rendered.status().message()), "messages");
+      return out;
+    }
+    EncodeOptions eo;
+    eo.add_special_tokens = false;  // the template holds them (as HF apply_chat_template)
+    r.prompts.push_back(tok.Encode(*rendered, eo));
+  } else if (!ReadPrompts(body, tok, &r.prompts, &out.error)) {
+    return out;
+  }
+  size_t longest = 0;
+  for (const auto& p : r.prompts) {
+    if (p.empty()) {
+      out.error = BadRequest("the prompt tokenizes to no tokens", "prompt");
+      return out;
+    }
+    longest = std::max(longest, p.size());
+  }
+  // Default max_tokens: 16 for completions (OpenAI), the rest of the context for chat (vLLM).
+  if (endpoint == Endpoint::kChat) {
+    r.params.max_tokens = static_cast<int>(std::max<int64_t>(1, model.max_model_len - static_cast<int64_t>(longest)));
+  }
+  if (!ReadSampling(body, endpoint, tok.vocab_size(), &r.params, &out.error)) return out;
+  out.request = std::move(r);
+  return out;
+}
+
+}  // namespace
+
+ParseOutcome ParseRequest(Endpoint endpoint, std::string_view text, const ServedModel& model,
+                          const Tokenizer& tok, const ChatTemplate* chat_template) {
+  try {
+    return ParseRequestOrThrow(endpoint, text, model, tok, chat_template);
+  } catch (const json::exception& e) {  // a type the checks above missed: still the client's fault
+    ParseOutcome out;
+    out.error = BadRequest(absl::StrCat("malformed request: ", e.what()));
+    return out;
+  }
+}
+
+std::string CompletionResponse(const ValidatedRequest& r, const std::string& id, int64_t created,
+                               const std::vector<ChoiceState>& choices, const UsageTotals& usage,
+                               const Tokenizer& tok) {
+  const bool chat = r.endpoint == Endpoint::kChat;
+  json cs = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceState& c = choices[i];
+    json choice = {{"index", i}, {"logprobs", LogprobsJson(r, c, tok)}, {"finish_reason", FinishJson(c.finish_reason)}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
+    cs.push_back(std::move(choice));
+  }
+  return Dump({{"id", id},
+               {"object", chat ? "chat.completion" : "text_completion"},
+               {"created", created},
+               {"model", r.model},
+               {"choices", cs},
+               {"usage", UsageJson(usage)}});
+}
+
+std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_t created, int index,
+                        const ChoiceState& d, bool first, const Tokenizer& tok) {
+  const bool chat = r.endpoint == Endpoint::kChat;
+  json choice = {{"index", index}, {"logprobs", LogprobsJson(r, d, tok)}, {"finish_reason", FinishJson(d.finish_reason)}};
+  if (chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!d.text.empty() || first) delta["content"] = d.text;
+    choice["delta"] = std::move(delta);
+  } else {
+    choice["text"] = d.text;
+  }
+  json chunk = {{"id", id},
+                {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
+                {"model", r.model},
+                {"choices", json::array({choice})}};
+  if (r.include_usage) chunk["usage"] = nullptr;
+  return Dump(chunk);
+}
+
+std::string UsageChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
+                       const UsageTotals& usage) {
+  const bool chat = r.endpoint == Endpoint::kChat;
+  return Dump({{"id", id},
+               {"object", chat ? "chat.completion.chunk" : "text_completion"},
+               {"created", created},
+               {"model", r.model},
+               {"choices", json::array()},
+               {"usage", UsageJson(usage)}});
+}
+
+std::string ModelsResponse(const ServedModel& model, int64_t created) {
+  json m = {{"id", model.name},
+            {"object", "model"},
+            {"created", created},
+            {"owned_by", "pagedserve"},
+            {"root", model.name},
+            {"max_model_len", model.max_model_len}};
+  return Dump({{"object", "list"}, {"data", json::array({m})}});
+}
+
+std::string TokenizeResponse(std::string_view text, const ServedModel& model, const Tokenizer& tok,
+                             const ChatTemplate* chat_template, ApiError* err) {
+  json body = json::parse(text.begin(), text.end(), nullptr, false);
+  if (body.is_discarded() || !body.is_object()) {
+    *err = BadRequest("the request body must be one JSON object");
+    return "";
+  }
+  bool add_special = true;
+  if (!ReadBool(body, "add_special_tokens", &add_special, err)) return "";
+  std::vector<int32_t> ids;
+  if (body.contains("messages")) {
+    std::vector<ChatMessage> messages;
+    if (!ReadMessages(body, &messages, err)) return "";
+    if (chat_template == nullptr) {
+      *err = BadRequest("this model has no chat template", "messages");
+      return "";
+    }
+    absl::StatusOr<std::string> rendered = chat_template->Render(messages, true);
+    if (!rendered.ok()) {
+      *err = BadRequest(std::string(rendered.status().message()), "messages");
+      return "";
+    }
+    EncodeOptions eo;
+    eo.add_special_tokens = false;
+    ids = tok.Encode(*rendered, eo);
+  } else {
+    auto it = body.find("prompt");
+    if (it == body.end() || !it->is_string()) {
+      *err = BadRequest("'prompt' (a string) or 'messages' is required", "prompt");
+      return "";
+    }
+    EncodeOptions eo;
+    eo.add_special_tokens = add_special;
+    ids = tok.Encode(it->get<std::string>(), eo);
+  }
+  return Dump({{"tokens", ids}, {"count", ids.size()}, {"max_model_len", model.max_model_len}});
+}
+
+std::string DetokenizeResponse(std::string_view text, const Tokenizer& tok, ApiError* err) {
+  json body = json::parse(text.begin(), text.end(), nullptr, false);
+  if (body.is_discarded() || !body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
+    *err = BadRequest("'tokens' (an array of token ids) is required", "tokens");
+    return "";
+  }
+  std::vector<int32_t> ids;
+  if (!ReadIds(body["tokens"], "tokens", tok.vocab_size(), &ids, err)) return "";
+  absl::StatusOr<std::string> s = tok.Decode(ids);
+  if (!s.ok()) {
+    *err = BadRequest(std::string(s.status().message()), "tokens");
+    return "";
+  }
+  return Dump({{"prompt", *s}});
+}
+
+}  // namespace pagedserve::openai

@@ -1,0 +1,111 @@
+// The OpenAI-compatible HTTP API (docs/http.md): request bodies of
+// /v1/completions and /v1/chat/completions validated into one type, and the
+// response / stream-chunk bodies. Pure functions over JSON text, no sockets:
+// http_server.cc joins them with cpp-httplib and the EngineLoop.
+//
+// Follows the OpenAI API reference (completions: legacy text format with
+// `logprobs` = N; chat: `logprobs` bool + `top_logprobs` N) and vLLM's
+// extensions (top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids).
+// Unknown fields are ignored, as the OpenAI API does; a known field of the
+// wrong type or out of range is a 400 naming the field. All functions are
+// thread-safe (no shared state); the Tokenizer and ChatTemplate are immutable.
+#ifndef PAGEDSERVE_RUNTIME_FRONTEND_OPENAI_API_H_
+#define PAGEDSERVE_RUNTIME_FRONTEND_OPENAI_API_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/common/sampling_params.h"
+#include "runtime/engine/engine.h"
+#include "runtime/tokenizer/chat_template.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+namespace pagedserve::openai {
+
+// OpenAI's error object: {"error": {"message", "type", "param", "code"}} with
+// the HTTP status it is sent with.
+struct ApiError {
+  int status = 400;
+  std::string type = "invalid_request_error";
+  std::string message;
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+};
+std::string ErrorBody(const ApiError& error);
+ApiError BadRequest(std::string message, std::string param = "");
+
+enum class Endpoint { kCompletions, kChat };
+
+// A request validated at the edge: every prompt tokenized, sampling parameters
+// checked by SamplingParams::Validate. The admission bound (KV blocks,
+// max_model_len) is checked once more by EngineLoop::Submit.
+struct ValidatedRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;                          // as served (the request's, or the default)
+  std::vector<std::vector<int32_t>> prompts;  // completions: 1..N prompts; chat: 1
+  SamplingParams params;                      // params.logprobs: -1 none, else top-N
+  bool stream = false;
+  bool include_usage = false;                 // stream_options.include_usage
+};
+
+struct ServedModel {
+  std::string name;           // --served-model-name
+  int64_t max_model_len = 0;
+  int32_t vocab_size = 0;
+};
+
+// Parses a request body. `chat_template` may be null (then `messages` is a 400).
+// Errors: 400 (bad JSON, missing / mistyped / out-of-range field, empty
+// prompt), 404 (model is not the served one).
+struct ParseOutcome {
+  std::optional<ValidatedRequest> request;
+  ApiError error;
+};
+ParseOutcome ParseRequest(Endpoint endpoint, std::string_view body, const ServedModel& model,
+                          const Tokenizer& tokenizer, const ChatTemplate* chat_template);
+
+// Accumulated output of one choice (one sample of one prompt).
+struct ChoiceState {
+  std::string text;
+  std::vector<int32_t> token_ids;
+  std::vector<float> logprobs;
+  std::vector<std::vector<int32_t>> top_token_ids;
+  std::vector<std::vector<float>> top_logprobs;
+  FinishReason finish_reason = FinishReason::kNone;  // kNone while running
+};
+
+struct UsageTotals {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+};
+
+// Response builders. `id` is "cmpl-..." / "chatcmpl-...", `created` Unix seconds.
+std::string CompletionResponse(const ValidatedRequest& r, const std::string& id, int64_t created,
+                               const std::vector<ChoiceState>& choices, const UsageTotals& usage,
+                               const Tokenizer& tokenizer);
+// One SSE chunk (the JSON only) for the new output `delta` of choice `index`.
+// Chat: `first` adds the assistant role to the delta.
+std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_t created, int index,
+                        const ChoiceState& delta, bool first, const Tokenizer& tokenizer);
+// The final usage chunk of stream_options.include_usage (empty choices).
+std::string UsageChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
+                       const UsageTotals& usage);
+
+// GET /v1/models, /tokenize, /detokenize bodies.
+std::string ModelsResponse(const ServedModel& model, int64_t created);
+// /tokenize: {"prompt": str, "add_special_tokens": bool} or {"messages": [...]}.
+std::string TokenizeResponse(std::string_view body, const ServedModel& model, const Tokenizer& tokenizer,
+                             const ChatTemplate* chat_template, ApiError* error);
+// /detokenize: {"tokens": [ids]}.
+std::string DetokenizeResponse(std::string_view body, const Tokenizer& tokenizer, ApiError* error);
+
+// The OpenAPI 3.0 document served at /openapi.json (token ids bounded by vocab_size).
+std::string OpenApiDocument(const std::string& version, int32_t vocab_size);
+
+}  // namespace pagedserve::openai
+
+#endif  // PAGEDSERVE_RUNTIME_FRONTEND_OPENAI_API_H_

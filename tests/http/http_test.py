@@ -1,0 +1,450 @@
+#!/usr/bin/env python3
+"""The OpenAI-compatible HTTP API of `pagedserve serve` (docs/http.md), end to end.
+
+Starts a real server on the default model (SmolLM2-135M-Instruct GGUF) with the HTTP
+API on a free port and talks to it with the official `openai` package and with curl:
+chat and completions, streaming and not, n = 2, stop strings, logprobs, seed
+reproducibility, usage totals, a client that closes a stream mid-way (its KV blocks
+come back), SSE framing, error statuses, the API key, and health / models / metrics
+answering while a 2,000-token prompt is being prefilled. Greedy decoding is
+deterministic, which the equality checks rely on.
+
+  http_test.py --pagedserve BUILD/runtime/cli/pagedserve --model MODEL.gguf [-k PATTERN]
+"""
+import argparse
+import http.client as httpclient
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+try:
+    import openai
+except ImportError:  # scripts/install-deps installs it
+    print("http_test: the 'openai' package is missing (pip install openai); skipping")
+    sys.exit(77)
+
+ARGS = None
+SERVER = None
+MAX_MODEL_LEN = 2304
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`pagedserve serve` with the HTTP API on a free port; stop() sends SIGTERM."""
+
+    def __init__(self, extra=(), env_extra=None):
+        self.zmq = f"tcp://127.0.0.1:{free_port()}"
+        cmd = [ARGS.pagedserve, "serve", f"--model={ARGS.model}", f"--zmq-endpoint={self.zmq}", "--port=0",
+               f"--max-model-len={MAX_MODEL_LEN}", "--kv-cache-memory=134217728",
+               "--max-num-batched-tokens=512"] + list(extra)
+        env = dict(os.environ)
+        env.update(env_extra or {})
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        self.url = None
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.logs()}")
+            m = re.search(r"HTTP API on (http://[0-9.]+:\d+)", self.logs())
+            if m and self.url is None:
+                self.url = m.group(1)
+            if self.url is not None:
+                try:
+                    with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                        if r.status == 200:
+                            break
+                except (urllib.error.URLError, ConnectionError, TimeoutError):
+                    pass
+            time.sleep(0.2)
+        else:
+            self.stop()
+            raise RuntimeError(f"server not healthy in time:\n{self.logs()}")
+        self.model = os.path.basename(ARGS.model.rstrip("/"))
+
+    def logs(self):
+        self.log.seek(0)
+        return self.log.read().decode("utf-8", "replace")
+
+    def client(self, api_key="none"):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def http(method, url, body=None, headers=None, timeout=60):
+    """(status, parsed JSON or text) without raising on 4xx/5xx."""
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json",
+                                                                          **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode("utf-8", "replace")
+
+
+def metric(url, name, labels=""):
+    _, text = http("GET", url + "/metrics")
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            if labels in line:
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+    assert found, f"{name} {labels} not in /metrics"
+    return total
+
+
+def wait_blocks_free(url, timeout=30):
+    """Device KV usage and running/waiting requests back to 0 (one step after the last request)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (metric(url, "pagedserve_kv_cache_usage_ratio", 'pool="device"') == 0 and
+                metric(url, "pagedserve_requests_running") == 0 and metric(url, "pagedserve_requests_waiting") == 0):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def curl(*args):
+    out = subprocess.run(["curl", "-s", "-S", "--max-time", "120", *args], capture_output=True, timeout=180)
+    return out.stdout.decode("utf-8", "replace")
+
+
+class OpenAiClientTest(unittest.TestCase):
+    def setUp(self):
+        self.c = SERVER.client()
+        self.m = SERVER.model
+
+    def tokenize(self, text, add_special_tokens=True):
+        status, body = http("POST", SERVER.url + "/tokenize", {"prompt": text,
+                                                               "add_special_tokens": add_special_tokens})
+        self.assertEqual(status, 200, body)
+        return body["tokens"]
+
+    def test_models_health_version(self):
+        models = self.c.models.list()
+        self.assertEqual([m.id for m in models.data], [self.m])
+        self.assertEqual(http("GET", SERVER.url + "/health")[0], 200)
+        status, body = http("GET", SERVER.url + "/version")
+        self.assertEqual(status, 200)
+        self.assertRegex(body["version"], r"^\d+\.\d+\.\d+$")
+
+    def test_completion_usage_and_token_id_prompt(self):
+        prompt = "The capital of France is"
+        r = self.c.completions.create(model=self.m, prompt=prompt, max_tokens=8, temperature=0)
+        self.assertEqual(len(r.choices), 1)
+        self.assertTrue(r.choices[0].text)
+        ids = self.tokenize(prompt)
+        self.assertEqual(r.usage.prompt_tokens, len(ids))
+        self.assertEqual(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens)
+        if r.choices[0].finish_reason == "length":
+            self.assertEqual(r.usage.completion_tokens, 8)
+        # The same prompt as token ids gives the same greedy text.
+        r2 = self.c.completions.create(model=self.m, prompt=ids, max_tokens=8, temperature=0)
+        self.assertEqual(r2.choices[0].text, r.choices[0].text)
+        # /detokenize inverts /tokenize (without the special tokens).
+        status, body = http("POST", SERVER.url + "/detokenize", {"tokens": self.tokenize(prompt, False)})
+        self.assertEqual((status, body["prompt"]), (200, prompt))
+
+    def test_list_of_prompts(self):
+        r = self.c.completions.create(model=self.m, prompt=["One, two,", "Red, green,"], max_tokens=4,
+                                      temperature=0)
+        self.assertEqual([c.index for c in r.choices], [0, 1])
+        single = self.c.completions.create(model=self.m, prompt="Red, green,", max_tokens=4, temperature=0)
+        self.assertEqual(r.choices[1].text, single.choices[0].text)
+        self.assertEqual(r.usage.prompt_tokens, len(self.tokenize("One, two,")) + len(self.tokenize("Red, green,")))
+
+    def test_chat_stream_equals_non_stream(self):
+        msgs = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": [{"type": "text", "text": "Name three colours."}]}]
+        full = self.c.chat.completions.create(model=self.m, messages=msgs, max_tokens=24, temperature=0)
+        self.assertEqual(full.object, "chat.completion")
+        self.assertEqual(full.choices[0].message.role, "assistant")
+        text = full.choices[0].message.content
+        self.assertTrue(text)
+        chunks = list(self.c.chat.completions.create(model=self.m, messages=msgs, max_tokens=24, temperature=0,
+                                                     stream=True, stream_options={"include_usage": True}))
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        self.assertEqual(streamed, text)
+        finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+        self.assertEqual(finals, [full.choices[0].finish_reason])
+        # include_usage: one last chunk with empty choices and the totals.
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, full.usage.completion_tokens)
+        self.assertEqual(chunks[-1].usage.prompt_tokens, full.usage.prompt_tokens)
+        self.assertTrue(all(ch.usage is None for ch in chunks[:-1]))
+
+    def test_completion_stream(self):
+        full = self.c.completions.create(model=self.m, prompt="Once upon a time", max_tokens=12, temperature=0)
+        chunks = list(self.c.completions.create(model=self.m, prompt="Once upon a time", max_tokens=12,
+                                                temperature=0, stream=True))
+        self.assertEqual("".join(ch.choices[0].text for ch in chunks), full.choices[0].text)
+        self.assertEqual(chunks[-1].choices[0].finish_reason, full.choices[0].finish_reason)
+
+    def test_n2_and_seed_reproducibility(self):
+        kw = dict(model=self.m, prompt="My favourite animal is", max_tokens=10, temperature=1.0, n=2)
+        a = self.c.completions.create(seed=1234, **kw)
+        b = self.c.completions.create(seed=1234, **kw)
+        self.assertEqual(sorted(c.index for c in a.choices), [0, 1])
+        self.assertEqual([c.text for c in a.choices], [c.text for c in b.choices])
+        self.assertTrue(2 <= a.usage.completion_tokens <= 20, a.usage)
+        others = [self.c.completions.create(seed=s, **kw).choices[0].text for s in (1, 2, 3)]
+        self.assertTrue(any(t != a.choices[0].text for t in others), "different seeds gave identical samples")
+
+    def test_stop_string(self):
+        base = self.c.completions.create(model=self.m, prompt="1, 2, 3, 4,", max_tokens=16, temperature=0,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+        self.assertGreater(len(base), 6, base)
+        stop = base[3:6]
+        r = self.c.completions.create(model=self.m, prompt="1, 2, 3, 4,", max_tokens=16, temperature=0,
+                                      stop=[stop])
+        self.assertEqual(r.choices[0].text, base[:base.index(stop)])
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+
+    def test_logprobs_both_formats(self):
+        r = self.c.completions.create(model=self.m, prompt="Hello", max_tokens=5, temperature=0, logprobs=2)
+        lp = r.choices[0].logprobs
+        self.assertEqual(len(lp.tokens), r.usage.completion_tokens)
+        self.assertEqual(len(lp.token_logprobs), len(lp.tokens))
+        self.assertTrue(all(x <= 0 for x in lp.token_logprobs))
+        for tok, x, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+            self.assertLessEqual(len(top), 2)
+            # Greedy: the sampled token is the best one.
+            self.assertAlmostEqual(max(top.values()), x, places=4)
+        c = self.c.chat.completions.create(model=self.m, messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=5, temperature=0, logprobs=True, top_logprobs=3)
+        content = c.choices[0].logprobs.content
+        self.assertEqual(len(content), c.usage.completion_tokens)
+        for e in content:
+            self.assertEqual(bytes(e.bytes).decode("utf-8", "replace"), e.token)
+            self.assertEqual(len(e.top_logprobs), 3)
+            self.assertAlmostEqual(e.top_logprobs[0].logprob, e.logprob, places=4)
+
+    def test_errors_through_the_sdk(self):
+        with self.assertRaises(openai.NotFoundError):
+            self.c.completions.create(model="no-such-model", prompt="x", max_tokens=1)
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.c.completions.create(model=self.m, prompt="x", max_tokens=1, temperature=-1)
+        self.assertIn("temperature", str(e.exception))
+        with self.assertRaises(openai.BadRequestError):
+            self.c.completions.create(model=self.m, prompt=[1] * MAX_MODEL_LEN, max_tokens=1)
+
+
+class CurlTest(unittest.TestCase):
+    def test_sse_framing(self):
+        body = json.dumps({"model": SERVER.model, "prompt": "Hi", "max_tokens": 4, "temperature": 0,
+                           "stream": True})
+        out = curl("-N", "-H", "Content-Type: application/json", "-d", body, SERVER.url + "/v1/completions")
+        self.assertTrue(out.endswith("data: [DONE]\n\n"), repr(out[-200:]))
+        events = out.split("\n\n")[:-1]
+        self.assertGreaterEqual(len(events), 2)
+        for ev in events:
+            self.assertTrue(ev.startswith("data: "), repr(ev))
+            self.assertNotIn("\n", ev)
+        for ev in events[:-1]:
+            chunk = json.loads(ev[len("data: "):])
+            self.assertEqual(chunk["object"], "text_completion")
+
+    def status(self, *args):
+        out = curl("-o", "/dev/null", "-w", "%{http_code}", *args)
+        return int(out)
+
+    def test_error_statuses(self):
+        u = SERVER.url
+        js = ["-H", "Content-Type: application/json"]
+        self.assertEqual(self.status(*js, "-d", "{not json", u + "/v1/completions"), 400)
+        self.assertEqual(self.status(*js, "-d", '{"prompt": "x", "max_tokens": "many"}', u + "/v1/completions"), 400)
+        self.assertEqual(self.status(*js, "-d", '{"messages": "hi"}', u + "/v1/chat/completions"), 400)
+        self.assertEqual(self.status(*js, "-d", '{"prompt": "x", "model": "other"}', u + "/v1/completions"), 404)
+        self.assertEqual(self.status(u + "/v1/nothing"), 404)
+        big = tempfile.NamedTemporaryFile(delete=False)
+        big.write(b'{"prompt": "' + b"a" * (2 << 20) + b'"}')
+        big.close()
+        self.assertEqual(self.status(*js, "--data-binary", "@" + big.name, u + "/v1/completions"), 413)
+        os.unlink(big.name)
+        status, body = http("POST", u + "/v1/completions", {"prompt": "x", "n": 0})
+        self.assertEqual(status, 400)
+        self.assertEqual(body["error"]["type"], "invalid_request_error")
+        self.assertEqual(body["error"]["param"], "n")
+        # Unknown fields are ignored, as the OpenAI API does.
+        status, body = http("POST", u + "/v1/completions", {"prompt": "x", "max_tokens": 1, "frobnicate": 3,
+                                                            "user": "someone"})
+        self.assertEqual(status, 200, body)
+
+
+class AbortAndLatencyTest(unittest.TestCase):
+    def test_client_closing_a_stream_frees_its_blocks(self):
+        c = SERVER.client()
+        before = metric(SERVER.url, "pagedserve_requests_finished_total", 'finish_reason="abort"')
+        stream = c.completions.create(model=SERVER.model, prompt="Count: 1, 2, 3,", max_tokens=1500,
+                                      temperature=0, stream=True, extra_body={"ignore_eos": True})
+        got = 0
+        for _ in stream:
+            got += 1
+            if got == 3:
+                break
+        self.assertGreater(metric(SERVER.url, "pagedserve_kv_cache_usage_ratio", 'pool="device"'), 0)
+        stream.close()  # closes the connection mid-stream
+        self.assertTrue(wait_blocks_free(SERVER.url), SERVER.logs()[-2000:])
+        self.assertEqual(metric(SERVER.url, "pagedserve_requests_finished_total", 'finish_reason="abort"'),
+                         before + 1)
+        self.assertIn("(client disconnected)", SERVER.logs())
+
+    def test_non_streaming_client_that_hangs_up_is_aborted(self):
+        body = json.dumps({"prompt": "Count: 1, 2, 3,", "max_tokens": 1500, "ignore_eos": True})
+        before = metric(SERVER.url, "pagedserve_requests_finished_total", 'finish_reason="abort"')
+        p = subprocess.Popen(["curl", "-s", "-H", "Content-Type: application/json", "-d", body,
+                              SERVER.url + "/v1/completions"], stdout=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while metric(SERVER.url, "pagedserve_kv_cache_usage_ratio", 'pool="device"') == 0:
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.02)
+        p.kill()
+        p.wait()
+        self.assertTrue(wait_blocks_free(SERVER.url))
+        self.assertEqual(metric(SERVER.url, "pagedserve_requests_finished_total", 'finish_reason="abort"'),
+                         before + 1)
+
+    def test_health_and_stats_answer_during_a_long_prefill(self):
+        ids = http("POST", SERVER.url + "/tokenize", {"prompt": "The quick brown fox jumps over the lazy dog. " * 250,
+                                                      "add_special_tokens": False})[1]["tokens"][:2000]
+        self.assertEqual(len(ids), 2000)
+        aborts = metric(SERVER.url, "pagedserve_requests_finished_total", 'finish_reason="abort"')
+        host, port = SERVER.url[len("http://"):].split(":")
+        conn = httpclient.HTTPConnection(host, int(port), timeout=600)
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": ids, "max_tokens": 1, "stream": True}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()  # headers come at once; the first event after the prefill
+        self.assertEqual(resp.status, 200)
+        first = {}
+
+        def read_first_event():
+            try:
+                first["line"] = resp.readline()
+            except Exception:  # the test closes the socket under it
+                pass
+            first["t"] = time.monotonic()
+
+        reader = threading.Thread(target=read_first_event)
+        reader.start()
+        time.sleep(0.5)  # the engine takes the request before its next step: now prefilling
+        latencies = []
+        for path in ["/health", "/v1/models", "/metrics", "/health", "/version"]:
+            s = time.monotonic()
+            status, _ = http("GET", SERVER.url + path)
+            latencies.append(time.monotonic() - s)
+            self.assertEqual(status, 200, path)
+        # Order: every probe was answered while the prefill was still running ...
+        self.assertNotIn("t", first, "the prefill ended before the probes: the test proves nothing")
+        print(f"probe latencies during a 2000-token prefill (ms): {[round(x * 1000, 1) for x in latencies]}",
+              file=sys.stderr)
+        # ... and quickly (generous bound for a loaded 2-core CI machine; the target is 50 ms).
+        self.assertLess(max(latencies), 0.5)
+        # Hang up: the request is aborted after the prefill chunk in progress; its blocks come back.
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        reader.join()
+        deadline = time.time() + 300
+        while metric(SERVER.url, "pagedserve_requests_finished_total", 'finish_reason="abort"') < aborts + 1:
+            self.assertLess(time.time(), deadline, "the hung-up request was not aborted")
+            time.sleep(0.05)
+        self.assertTrue(wait_blocks_free(SERVER.url))
+
+
+class SecondServerTest(unittest.TestCase):
+    """A server with an API key (from the environment), one running sequence and a waiting queue of one."""
+
+    def test_api_key_and_queue_full(self):
+        srv = ServerProcess(extra=["--max-model-len=256", "--max-num-seqs=1", "--max-queue-len=1"],
+                            env_extra={"PAGEDSERVE_API_KEY": "s3cret"})
+        try:
+            self.check_api_key(srv)
+            self.check_queue_full(srv)
+        finally:
+            self.assertEqual(srv.stop(), 0, srv.logs())
+
+    def check_queue_full(self, srv):
+        c = srv.client(api_key="s3cret")
+        kw = dict(model=srv.model, prompt="Count: 1, 2, 3,", max_tokens=200, stream=True,
+                  extra_body={"ignore_eos": True})
+        running = c.completions.create(**kw)
+        next(iter(running))  # it runs (max-num-seqs 1) ...
+        waiting = c.completions.create(**kw)  # ... this one waits (the queue holds 1) ...
+        deadline = time.time() + 60
+        while metric(srv.url, "pagedserve_requests_waiting") < 1:
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.02)
+        with self.assertRaises(openai.RateLimitError) as e:  # ... and this one is refused: 429
+            c.completions.create(model=srv.model, prompt="x", max_tokens=1)
+        self.assertIn("queue is full", str(e.exception))
+        running.close()
+        waiting.close()
+        self.assertTrue(wait_blocks_free(srv.url))
+
+    def check_api_key(self, srv):
+        u = srv.url
+        self.assertEqual(http("GET", u + "/v1/models")[0], 401)
+        status, body = http("GET", u + "/v1/models", headers={"Authorization": "Bearer wrong"})
+        self.assertEqual((status, body["error"]["code"]), (401, "invalid_api_key"))
+        self.assertEqual(http("GET", u + "/v1/models", headers={"Authorization": "Bearer s3cret"})[0], 200)
+        self.assertEqual(http("GET", u + "/v1/models", headers={"Authorization": "Bearer s3cret2"})[0], 401)
+        self.assertEqual(http("POST", u + "/tokenize", {"prompt": "x"})[0], 401)
+        self.assertEqual(http("GET", u + "/health")[0], 200)
+        self.assertEqual(http("GET", u + "/metrics")[0], 200)
+        with self.assertRaises(openai.AuthenticationError):
+            srv.client(api_key="nope").models.list()
+        r = srv.client(api_key="s3cret").completions.create(model=srv.model, prompt="Hi", max_tokens=2)
+        self.assertEqual(len(r.choices), 1)
+
+
+def main():
+    global ARGS, SERVER
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pagedserve", required=True)
+    parser.add_argument("--model", required=True)
+    ARGS, rest = parser.parse_known_args()
+    SERVER = ServerProcess()
+    try:
+        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+    finally:
+        rc = SERVER.stop()
+    if rc != 0:
+        print(f"server exited with {rc}:\n{SERVER.logs()}", file=sys.stderr)
+        sys.exit(1)
+    if not prog.result.wasSuccessful():
+        print(SERVER.logs()[-4000:], file=sys.stderr)
+    sys.exit(0 if prog.result.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+// The OpenAI request validation (openai_api.h) without a server: every prompt
+// form, the field types and ranges, the error object, the response formats,
+// and the constant-time key comparison of the HTTP server.
+#include "runtime/frontend/openai_api.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/frontend/http_server.h"
+#include "runtime/tokenizer/loaders.h"
+
+namespace pagedserve::openai {
+namespace {
+
+using json = nlohmann::json;
+
+const Tokenizer& Tok() {
+  static const Tokenizer* t = [] {
+    const char* d = std::getenv("PAGEDSERVE_SOURCE_DIR");
+    auto r = LoadHfTokenizer(std::string(d ? d : ".") + "/tests/fixtures/smollm2-tokenizer");
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status();
+      std::abort();
+    }
+    return r->release();
+  }();
+  return *t;
+}
+
+const ServedModel kModel{"smol", 128, 49152};
+
+ParseOutcome Completions(const std::string& body) {
+  return ParseRequest(Endpoint::kCompletions, body, kModel, Tok(), nullptr);
+}
+
+// The error's status and `param` of a request that must be refused.
+std::pair<int, std::string> Refused(const std::string& body) {
+  ParseOutcome o = Completions(body);
+  EXPECT_FALSE(o.request.has_value()) << body;
+  return {o.error.status, o.error.param};
+}
+
+TEST(OpenAiApiTest, EveryPromptForm) {
+  ParseOutcome text = Completions(R"({"prompt": "Hello world"})");
+  ASSERT_TRUE(text.request.has_value()) << text.error.message;
+  const std::vector<int32_t> ids = Tok().Encode("Hello world");
+  EXPECT_EQ(text.request->prompts, std::vector<std::vector<int32_t>>{ids});
+  EXPECT_EQ(text.request->params.max_tokens, 16);  // OpenAI's default for completions
+  EXPECT_EQ(text.request->model, "smol");
+
+  json as_ids = {{"prompt", ids}};
+  ParseOutcome by_ids = Completions(as_ids.dump());
+  ASSERT_TRUE(by_ids.request.has_value());
+  EXPECT_EQ(by_ids.request->prompts, text.request->prompts);
+
+  ParseOutcome several = Completions(R"({"prompt": ["a", "b c"], "n": 2})");
+  ASSERT_TRUE(several.request.has_value());
+  EXPECT_EQ(several.request->prompts.size(), 2u);
+  ParseOutcome nested = Completions(R"({"prompt": [[1, 2], [3]]})");
+  ASSERT_TRUE(nested.request.has_value());
+  EXPECT_EQ(nested.request->prompts, (std::vector<std::vector<int32_t>>{{1, 2}, {3}}));
+}
+
+TEST(OpenAiApiTest, SamplingFieldsAreMapped) {
+  ParseOutcome o = Completions(R"({"prompt": "x", "max_tokens": 7, "n": 3, "temperature": 0.5, "top_p": 0.9,
+      "top_k": 0, "min_p": 0.1, "seed": 42, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+      "repetition_penalty": 1.1, "stop": "\n", "stop_token_ids": [2], "ignore_eos": true, "logprobs": 3,
+      "user": "u", "some_future_field": {"x": 1}, "stream": true, "stream_options": {"include_usage": true}})");
+  ASSERT_TRUE(o.request.has_value()) << o.error.message;
+  const SamplingParams& p = o.request->params;
+  EXPECT_EQ(p.max_tokens, 7);
+  EXPECT_EQ(p.n, 3);
+  EXPECT_FLOAT_EQ(p.temperature, 0.5f);
+  EXPECT_EQ(p.top_k, -1);  // 0 = off, as in vLLM
+  ASSERT_TRUE(p.seed.has_value());
+  EXPECT_EQ(*p.seed, 42u);
+  EXPECT_EQ(p.stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(p.stop_token_ids, std::vector<int32_t>{2});
+  EXPECT_TRUE(p.ignore_eos);
+  EXPECT_EQ(p.logprobs, 3);
+  EXPECT_TRUE(o.request->stream);
+  EXPECT_TRUE(o.request->include_usage);
+  // max_completion_tokens is the newer name of max_tokens.
+  ParseOutcome m = Completions(R"({"prompt": "x", "max_completion_tokens": 5})");
+  ASSERT_TRUE(m.request.has_value());
+  EXPECT_EQ(m.request->params.max_tokens, 5);
+}
+
+TEST(OpenAiApiTest, WrongTypesAndValuesName) {
+  EXPECT_EQ(Refused("{not json"), std::make_pair(400, std::string()));
+  EXPECT_EQ(Refused("[1, 2]"), std::make_pair(400, std::string()));
+  EXPECT_EQ(Refused(R"({})"), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(Refused(R"({"prompt": ""})"), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(Refused(R"({"prompt": [true]})"), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(Refused(R"({"prompt": [49152]})"), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "max_tokens": "8"})"), std::make_pair(400, std::string("max_tokens")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "max_tokens": 0})"), std::make_pair(400, std::string("max_tokens")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "n": 65})"), std::make_pair(400, std::string("n")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "temperature": "hot"})"), std::make_pair(400, std::string("temperature")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "temperature": 1e300})"), std::make_pair(400, std::string("temperature")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "stop": 3})"), std::make_pair(400, std::string("stop")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "logprobs": 21})"), std::make_pair(400, std::string("logprobs")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "seed": 18446744073709551616})"), std::make_pair(400, std::string("seed")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "stream": "yes"})"), std::make_pair(400, std::string("stream")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "echo": true})"), std::make_pair(400, std::string("echo")));
+  // Ranges of SamplingParams::Validate: the message names the field.
+  ParseOutcome o = Completions(R"({"prompt": "x", "top_p": 1.5})");
+  ASSERT_FALSE(o.request.has_value());
+  EXPECT_NE(o.error.message.find("top_p"), std::string::npos) << o.error.message;
+  // Another model: 404 model_not_found.
+  ParseOutcome other = Completions(R"({"prompt": "x", "model": "gpt-4"})");
+  EXPECT_EQ(other.error.status, 404);
+  EXPECT_EQ(other.error.code, "model_not_found");
+  const json e = json::parse(ErrorBody(other.error));
+  EXPECT_EQ(e["error"]["code"], "model_not_found");
+  EXPECT_EQ(e["error"]["param"], "model");
+  EXPECT_TRUE(e["error"]["message"].is_string());
+}
+
+TEST(OpenAiApiTest, ChatNeedsATemplateAndTextParts) {
+  ParseOutcome none = ParseRequest(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "hi"}]})",
+                                   kModel, Tok(), nullptr);
+  EXPECT_EQ(none.error.status, 400);
+  EXPECT_EQ(none.error.param, "messages");
+  auto tmpl = ChatTemplate::Create(Tok().spec().chat_template, Tok().BosText(), Tok().EosText());
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  ParseOutcome parts = ParseRequest(
+      Endpoint::kChat,
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}],
+          "logprobs": true, "top_logprobs": 2})",
+      kModel, Tok(), &*tmpl);
+  ParseOutcome plain = ParseRequest(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "Hello"}]})",
+                                    kModel, Tok(), &*tmpl);
+  ASSERT_TRUE(parts.request.has_value()) << parts.error.message;
+  ASSERT_TRUE(plain.request.has_value()) << plain.error.message;
+  EXPECT_EQ(parts.request->prompts, plain.request->prompts);
+  EXPECT_EQ(parts.request->params.logprobs, 2);
+  EXPECT_EQ(plain.request->params.logprobs, -1);
+  // Chat's default max_tokens: the rest of the context.
+  EXPECT_EQ(plain.request->params.max_tokens, 128 - static_cast<int>(plain.request->prompts[0].size()));
+  ParseOutcome image = ParseRequest(
+      Endpoint::kChat, R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
+      kModel, Tok(), &*tmpl);
+  EXPECT_EQ(image.error.status, 400);
+  ParseOutcome bad_type = ParseRequest(
+      Endpoint::kChat, R"({"messages": [{"role": "user", "content": [{"type": 7, "text": "x"}]}]})", kModel, Tok(),
+      &*tmpl);
+  EXPECT_EQ(bad_type.error.status, 400);
+  ParseOutcome top_without = ParseRequest(
+      Endpoint::kChat, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", kModel, Tok(),
+      &*tmpl);
+  EXPECT_EQ(top_without.error.param, "top_logprobs");
+}
+
+TEST(OpenAiApiTest, ResponseFormats) {
+  ParseOutcome o = Completions(R"({"prompt": "x", "logprobs": 1, "stream_options": {"include_usage": true}})");
+  ASSERT_TRUE(o.request.has_value());
+  ChoiceState c;
+  c.text = " Paris";
+  c.token_ids = {Tok().Encode(" Paris", {false, true})[0]};
+  c.logprobs = {-0.5f};
+  c.top_token_ids = {{c.token_ids[0]}};
+  c.top_logprobs = {{-0.5f}};
+  c.finish_reason = FinishReason::kLength;
+  UsageTotals u{3, 1, 2};
+  const json r = json::parse(CompletionResponse(*o.request, "cmpl-1", 7, {c}, u, Tok()));
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["choices"][0]["text"], " Paris");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["choices"][0]["logprobs"]["tokens"][0], " Paris");
+  EXPECT_EQ(r["choices"][0]["logprobs"]["top_logprobs"][0][" Paris"], -0.5);
+  EXPECT_EQ(r["usage"]["total_tokens"], 4);
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
+  const json chunk = json::parse(StreamChunk(*o.request, "cmpl-1", 7, 0, c, true, Tok()));
+  EXPECT_TRUE(chunk["usage"].is_null());  // include_usage: null on every chunk but the last
+  const json last = json::parse(UsageChunk(*o.request, "cmpl-1", 7, u));
+  EXPECT_TRUE(last["choices"].empty());
+  EXPECT_EQ(last["usage"]["completion_tokens"], 1);
+}
+
+TEST(ConstantTimeEqualsTest, ComparesWholeStrings) {
+  EXPECT_TRUE(ConstantTimeEquals("s3cret", "s3cret"));
+  EXPECT_TRUE(ConstantTimeEquals("", ""));
+  EXPECT_FALSE(ConstantTimeEquals("s3cret", "s3cres"));
+  EXPECT_FALSE(ConstantTimeEquals("s3cret", "s3cret2"));  // a prefix is not a match
+  EXPECT_FALSE(ConstantTimeEquals("", "x"));
+  EXPECT_FALSE(ConstantTimeEquals(std::string("a\0b", 3), std::string("a\0c", 3)));
+}
+
+}  // namespace
+}  // namespace pagedserve::openai
