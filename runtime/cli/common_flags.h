@@ -23,6 +23,20 @@
 // Prompt:
 //   --prompt TEXT (stdin when absent), --chat (as one user message through the
 //   model's chat template)
+//
+// Adding a flag: one line at namespace scope in the .cc of the sub-command that
+// reads it (or here, in common_flags.cc, when several do), naming the
+// sub-commands it applies to (flag_registry.h):
+//
+//   PAGEDSERVE_FLAG("serve", int32_t, port, 8000, "serve: port of the HTTP API");
+//   PAGEDSERVE_FLAG("generate,serve", bool, enable_foo, false, "...");
+//
+// plus ABSL_DECLARE_FLAG(type, name) in the header of whoever else reads it.
+// `pagedserve SUBCOMMAND --help` then lists it, and giving it to any other
+// sub-command is an error (exit 2). A plain ABSL_FLAG under runtime/cli/ makes
+// every command exit 70 at startup (CheckRegistry): it applies to nothing.
+// A flag with .OnUpdate() is ABSL_FLAG(...).OnUpdate(f); followed by
+// PAGEDSERVE_REGISTER_FLAG("generate,client", name);
 #ifndef PAGEDSERVE_RUNTIME_CLI_COMMON_FLAGS_H_
 #define PAGEDSERVE_RUNTIME_CLI_COMMON_FLAGS_H_
 
@@ -35,6 +49,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "runtime/cli/flag_registry.h"
 #include "runtime/common/sampling_params.h"
 #include "runtime/coordinator/scheduler.h"
 #include "runtime/model/model_config.h"
