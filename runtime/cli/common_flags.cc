@@ -155,6 +155,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& mode
   return LoadGgufTokenizer(model_path);
 }
 
+std::string DefaultServedModelName(const std::string& model_path) {
+  std::string_view p = model_path;
+  while (p.size() > 1 && p.back() == '/') p.remove_suffix(1);
+  const size_t slash = p.rfind('/');
+  std::string_view name = slash == std::string_view::npos ? p : p.substr(slash + 1);
+  return name.empty() ? model_path : std::string(name);
+}
+
 std::vector<int32_t> EosTokenIds(const ModelConfig& model, const Tokenizer& tokenizer) {
   std::vector<int32_t> ids = model.eos_token_ids;
   if (tokenizer.eos_id() >= 0) ids.push_back(tokenizer.eos_id());

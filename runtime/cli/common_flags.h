@@ -111,6 +111,12 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags();
 // LoadHfTokenizer. NotFound when the path does not exist.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_path);
 
+// The name a server reports for a model path (vLLM's --served-model-name
+// default is the path; ours is its last component): "/m/SmolLM2.Q4_1.gguf" ->
+// "SmolLM2.Q4_1.gguf", "/models/llama/" -> "llama". The path itself when it has
+// no non-empty component.
+std::string DefaultServedModelName(const std::string& model_path);
+
 // End-of-sequence ids: the model config's eos_token_ids plus the tokenizer's
 // eos id, without duplicates.
 std::vector<int32_t> EosTokenIds(const ModelConfig& model, const Tokenizer& tokenizer);

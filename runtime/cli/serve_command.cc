@@ -140,6 +140,7 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const Server
     mo.host = absl::GetFlag(FLAGS_metrics_host);
     mo.port = port;
     mo.model = setup.worker.model_path;
+    mo.model_name = DefaultServedModelName(setup.worker.model_path);
     mo.tensor_parallel_size = setup.tensor_parallel_size;
     mo.block_size = setup.worker.block_size;
 #ifdef PAGEDSERVE_WITH_CUDA
