@@ -15,36 +15,53 @@
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/loaders.h"
 
-PAGEDSERVE_FLAG("generate,serve", std::string, model, "", "model: a .gguf file or a Hugging Face directory (config.json, *.safetensors, "
-                                  "tokenizer.json)");
+PAGEDSERVE_FLAG("generate,serve", std::string, model, "",
+                "model: a .gguf file or a Hugging Face directory (config.json, *.safetensors, "
+                "tokenizer.json)");
 PAGEDSERVE_FLAG("generate,serve", int32_t, tensor_parallel_size, 1,
-          "worker ranks sharding the model's heads; run under `mpirun -np 1+N` when N > 1");
-PAGEDSERVE_FLAG("generate,serve", int32_t, block_size, 16, "tokens per KV-cache block: 8, 16 or 32");
-PAGEDSERVE_FLAG("generate,serve", int64_t, kv_cache_memory, int64_t{1} << 30,
-          "bytes of KV cache per worker rank (all layers, K and V); sets the number of device blocks");
-PAGEDSERVE_FLAG("generate,serve", double, swap_space, 1.0, "GiB of CPU swap space per worker rank for preempted sequences");
-PAGEDSERVE_FLAG("generate,serve", int64_t, max_num_blocks, 0, "cap on the device KV blocks per rank (0 = only --kv-cache-memory decides)");
-PAGEDSERVE_FLAG("generate,serve", int32_t, max_model_len, 0,
-          "prompt + output tokens per sequence (0 = min(the model's max_position_embeddings, 2048))");
+                "worker ranks sharding the model's heads; run under `mpirun -np 1+N` when N > 1");
+PAGEDSERVE_FLAG("generate,serve", int32_t, block_size, 16,
+                "tokens per KV-cache block: 8, 16 or 32");
+PAGEDSERVE_FLAG(
+    "generate,serve", int64_t, kv_cache_memory, int64_t{1} << 30,
+    "bytes of KV cache per worker rank (all layers, K and V); sets the number of device blocks");
+PAGEDSERVE_FLAG("generate,serve", double, swap_space, 1.0,
+                "GiB of CPU swap space per worker rank for preempted sequences");
+PAGEDSERVE_FLAG("generate,serve", int64_t, max_num_blocks, 0,
+                "cap on the device KV blocks per rank (0 = only --kv-cache-memory decides)");
+PAGEDSERVE_FLAG(
+    "generate,serve", int32_t, max_model_len, 0,
+    "prompt + output tokens per sequence (0 = min(the model's max_position_embeddings, 2048))");
 PAGEDSERVE_FLAG("generate,serve", int32_t, max_num_seqs, 256, "sequences per engine step");
-PAGEDSERVE_FLAG("generate,serve", int32_t, max_num_batched_tokens, 0,
-          "tokens per engine step (prefill chunks + decodes); 0 = 512 with chunked prefill (short steps "
-          "keep decodes flowing while long prompts are prefilled, as vLLM's default), else --max-model-len");
-PAGEDSERVE_FLAG("generate,serve", bool, enable_chunked_prefill, true, "split long prompts into chunks that share steps with decodes");
-PAGEDSERVE_FLAG("generate,serve", bool, enable_prefix_caching, false, "reuse the KV blocks of identical prompt prefixes");
+PAGEDSERVE_FLAG(
+    "generate,serve", int32_t, max_num_batched_tokens, 0,
+    "tokens per engine step (prefill chunks + decodes); 0 = 512 with chunked prefill (short steps "
+    "keep decodes flowing while long prompts are prefilled, as vLLM's default), else "
+    "--max-model-len");
+PAGEDSERVE_FLAG("generate,serve", bool, enable_chunked_prefill, true,
+                "split long prompts into chunks that share steps with decodes");
+PAGEDSERVE_FLAG("generate,serve", bool, enable_prefix_caching, false,
+                "reuse the KV blocks of identical prompt prefixes");
 PAGEDSERVE_FLAG("generate,serve", std::string, preemption_mode, "recompute",
-          "what happens to a preempted sequence's KV blocks: swap (to CPU) or recompute");
-PAGEDSERVE_FLAG("generate,serve", double, worker_startup_timeout, 600, "seconds to wait for the worker ranks to load the model (mpirun)");
+                "what happens to a preempted sequence's KV blocks: swap (to CPU) or recompute");
+PAGEDSERVE_FLAG("generate,serve", double, worker_startup_timeout, 600,
+                "seconds to wait for the worker ranks to load the model (mpirun)");
 PAGEDSERVE_FLAG("generate,serve", double, worker_step_timeout, 120,
-          "seconds the coordinator waits for the worker ranks in one step before declaring them hung (mpirun); "
-          "must exceed the longest step. A worker that dies on the coordinator's host is noticed at once");
+                "seconds the coordinator waits for the worker ranks in one step before declaring "
+                "them hung (mpirun); "
+                "must exceed the longest step. A worker that dies on the coordinator's host is "
+                "noticed at once");
 
 PAGEDSERVE_FLAG("generate,client", int32_t, max_tokens, 16, "tokens to generate per sample");
 PAGEDSERVE_FLAG("generate,client", double, temperature, 1.0, "sampling temperature; 0 = greedy");
-PAGEDSERVE_FLAG("generate,client", double, top_p, 1.0, "nucleus sampling: smallest set of tokens with this probability mass, in (0, 1]");
-PAGEDSERVE_FLAG("generate,client", int32_t, top_k, -1, "sample among the k most likely tokens; -1 = off");
-PAGEDSERVE_FLAG("generate,client", double, min_p, 0.0, "drop tokens less likely than min_p times the most likely one, in [0, 1]");
-PAGEDSERVE_FLAG("generate,client", int64_t, seed, -1, "per-request random seed (reproducible sampling); -1 = none");
+PAGEDSERVE_FLAG("generate,client", double, top_p, 1.0,
+                "nucleus sampling: smallest set of tokens with this probability mass, in (0, 1]");
+PAGEDSERVE_FLAG("generate,client", int32_t, top_k, -1,
+                "sample among the k most likely tokens; -1 = off");
+PAGEDSERVE_FLAG("generate,client", double, min_p, 0.0,
+                "drop tokens less likely than min_p times the most likely one, in [0, 1]");
+PAGEDSERVE_FLAG("generate,client", int64_t, seed, -1,
+                "per-request random seed (reproducible sampling); -1 = none");
 PAGEDSERVE_FLAG("generate,client", int32_t, n, 1, "samples per prompt");
 
 namespace {
@@ -57,18 +74,27 @@ void OnStopFlag();
 }  // namespace
 
 ABSL_FLAG(std::vector<std::string>, stop, {},
-          "stop strings, comma separated; the flag may be repeated. Output ends before the first one found")
+          "stop strings, comma separated; the flag may be repeated. Output ends before the first "
+          "one found")
     .OnUpdate(OnStopFlag);
 PAGEDSERVE_REGISTER_FLAG("generate,client", stop);
-PAGEDSERVE_FLAG("generate,client", std::vector<std::string>, stop_token_ids, {}, "token ids that end a sample, comma separated");
-PAGEDSERVE_FLAG("generate,client", bool, ignore_eos, false, "keep generating after the end-of-sequence token");
-PAGEDSERVE_FLAG("generate,client", int32_t, logprobs, -1, "-1: none; 0: logprob of each sampled token; N: also the top N (<= 20)");
-PAGEDSERVE_FLAG("generate,client", double, repetition_penalty, 1.0, "CTRL repetition penalty over prompt and output; 1 = off");
-PAGEDSERVE_FLAG("generate,client", double, presence_penalty, 0.0, "OpenAI presence penalty over output tokens, in [-2, 2]");
-PAGEDSERVE_FLAG("generate,client", double, frequency_penalty, 0.0, "OpenAI frequency penalty over output tokens, in [-2, 2]");
+PAGEDSERVE_FLAG("generate,client", std::vector<std::string>, stop_token_ids, {},
+                "token ids that end a sample, comma separated");
+PAGEDSERVE_FLAG("generate,client", bool, ignore_eos, false,
+                "keep generating after the end-of-sequence token");
+PAGEDSERVE_FLAG("generate,client", int32_t, logprobs, -1,
+                "-1: none; 0: logprob of each sampled token; N: also the top N (<= 20)");
+PAGEDSERVE_FLAG("generate,client", double, repetition_penalty, 1.0,
+                "CTRL repetition penalty over prompt and output; 1 = off");
+PAGEDSERVE_FLAG("generate,client", double, presence_penalty, 0.0,
+                "OpenAI presence penalty over output tokens, in [-2, 2]");
+PAGEDSERVE_FLAG("generate,client", double, frequency_penalty, 0.0,
+                "OpenAI frequency penalty over output tokens, in [-2, 2]");
 
-PAGEDSERVE_FLAG("generate,client", std::string, prompt, "", "prompt text (read from stdin when absent)");
-PAGEDSERVE_FLAG("generate,client", bool, chat, false, "send the prompt as one user message through the model's chat template");
+PAGEDSERVE_FLAG("generate,client", std::string, prompt, "",
+                "prompt text (read from stdin when absent)");
+PAGEDSERVE_FLAG("generate,client", bool, chat, false,
+                "send the prompt as one user message through the model's chat template");
 
 namespace {
 void OnStopFlag() {

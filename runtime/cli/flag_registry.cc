@@ -137,15 +137,16 @@ absl::Status CheckFlagsApply(const ScannedCommandLine& line) {
   for (const std::string& name : line.flags) {
     auto it = GetRegistry().find(name);
     if (it == GetRegistry().end() || it->second.count(line.subcommand) > 0) continue;
-    return absl::InvalidArgumentError(absl::StrCat(
-        Dashed(name), " does not apply to `pagedserve ", line.subcommand, "` (it is a flag of ",
-        absl::StrJoin(it->second, ", "), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(Dashed(name), " does not apply to `pagedserve ",
+                                                   line.subcommand, "` (it is a flag of ",
+                                                   absl::StrJoin(it->second, ", "), ")"));
   }
   return absl::OkStatus();
 }
 
 std::string SubcommandUsage(absl::string_view command, absl::string_view summary) {
-  std::string u = absl::StrCat("usage: pagedserve ", command, " [flags]\n\n", summary, "\n\nflags:\n");
+  std::string u =
+      absl::StrCat("usage: pagedserve ", command, " [flags]\n\n", summary, "\n\nflags:\n");
   for (const std::string& name : FlagsOfSubcommand(command)) {
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr) continue;

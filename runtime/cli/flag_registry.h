@@ -73,7 +73,7 @@ std::string SubcommandUsage(absl::string_view command, absl::string_view summary
   PAGEDSERVE_REGISTER_FLAG(commands, name)
 
 // Registers a flag defined with ABSL_FLAG directly (e.g. one with .OnUpdate()).
-#define PAGEDSERVE_REGISTER_FLAG(commands, name)                          \
+#define PAGEDSERVE_REGISTER_FLAG(commands, name)                         \
   [[maybe_unused]] static const bool pagedserve_flag_registered_##name = \
       ::pagedserve::cli::RegisterSubcommandFlag(commands, #name)
 

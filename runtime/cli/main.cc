@@ -50,7 +50,8 @@ const std::map<std::string, Command>& Commands() {
 std::string Usage() {
   std::string u = "usage: pagedserve COMMAND [flags]\n\ncommands:\n";
   for (const auto& [name, c] : Commands()) u += "  " + name + std::string(12 - name.size(), ' ') + c.summary + "\n";
-  u += "\n`pagedserve COMMAND --help` lists a command's flags, `pagedserve --helpfull` all of them.";
+  u += "\n`pagedserve COMMAND --help` lists a command's flags, `pagedserve --helpfull` all of "
+       "them.";
   return u;
 }
 
@@ -63,12 +64,12 @@ std::string UsageOf(const std::string& command) {
 // --help / help [COMMAND] / --helpfull: the usage on stdout, exit 0; 2 for an
 // unknown command.
 int PrintHelp(const pagedserve::cli::ScannedCommandLine& line) {
-  std::string command = line.subcommand == "help" && line.positional.size() > 1
-                            ? line.positional[1]
-                            : line.subcommand;
+  std::string command = line.subcommand == "help" && line.positional.size() > 1 ? line.positional[1]
+                                                                                : line.subcommand;
   if (command == "help") command.clear();
   if (!command.empty() && Commands().count(command) == 0) {
-    std::fprintf(stderr, "pagedserve: unknown command '%s'\n\n%s\n", command.c_str(), Usage().c_str());
+    std::fprintf(stderr, "pagedserve: unknown command '%s'\n\n%s\n", command.c_str(),
+                 Usage().c_str());
     return 2;
   }
   std::string text = UsageOf(command);
@@ -115,8 +116,11 @@ int main(int argc, char** argv) {
   }
   absl::SetProgramUsageMessage(Usage());
   std::vector<std::string> normalized = NormalizeFlagNames(argc, argv);
-  absl::StatusOr<pagedserve::cli::ScannedCommandLine> line = pagedserve::cli::ScanCommandLine(normalized);
-  if (line.ok() && (line->help || line->helpfull || line->subcommand == "help")) return PrintHelp(*line);
+  absl::StatusOr<pagedserve::cli::ScannedCommandLine> line =
+      pagedserve::cli::ScanCommandLine(normalized);
+  if (line.ok() && (line->help || line->helpfull || line->subcommand == "help")) {
+    return PrintHelp(*line);
+  }
   if (line.ok() && line->subcommand.empty()) {
     std::fprintf(stderr, "%s\n", Usage().c_str());
     return 2;
@@ -129,8 +133,8 @@ int main(int argc, char** argv) {
   absl::Status status = line.ok() ? pagedserve::cli::CheckFlagsApply(*line) : line.status();
   if (!status.ok()) {
     const std::string command = line.ok() ? " " + line->subcommand : "";
-    std::fprintf(stderr, "pagedserve%s: %s\n(`pagedserve%s --help` lists the flags)\n", command.c_str(),
-                 std::string(status.message()).c_str(), command.c_str());
+    std::fprintf(stderr, "pagedserve%s: %s\n(`pagedserve%s --help` lists the flags)\n",
+                 command.c_str(), std::string(status.message()).c_str(), command.c_str());
     return 2;
   }
   std::vector<char*> normalized_argv;

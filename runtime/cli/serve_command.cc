@@ -46,19 +46,27 @@
 #include "runtime/tokenizer/chat_template.h"
 
 PAGEDSERVE_FLAG("serve,client", std::string, zmq_endpoint, "tcp://127.0.0.1:5555",
-          "ZeroMQ endpoint: serve binds a ROUTER socket there, client connects to it "
-          "(tcp://0.0.0.0:5555 for every interface; tcp://127.0.0.1:* picks a free port)");
-PAGEDSERVE_FLAG("serve", std::string, metrics_host, "127.0.0.1", "serve: address of the Prometheus /metrics endpoint");
-PAGEDSERVE_FLAG("serve", int32_t, metrics_port, 0, "serve: port of the Prometheus /metrics endpoint; 0 = no endpoint");
-PAGEDSERVE_FLAG("serve", int64_t, max_queue_len, 256, "serve: waiting requests before new ones are answered 'busy'");
-PAGEDSERVE_FLAG("serve", int64_t, max_message_bytes, 1 << 20, "serve: largest accepted request message (message_too_large beyond)");
-PAGEDSERVE_FLAG("serve", double, shutdown_grace, 30,
-          "serve: seconds in-flight requests may still run after SIGTERM/SIGINT before they are aborted");
-PAGEDSERVE_FLAG("serve", int32_t, zmq_heartbeat_interval_ms, 2000,
-          "serve: ZMTP heartbeat interval to clients; a client that misses --zmq-heartbeat-timeout-ms "
-          "of them is disconnected and its requests aborted; 0 = no heartbeats");
-PAGEDSERVE_FLAG("serve", int32_t, zmq_heartbeat_timeout_ms, 10000, "serve: see --zmq-heartbeat-interval-ms");
-PAGEDSERVE_FLAG("serve", std::string, pid_file, "", "serve: write the coordinator's process id to this file (removed at exit)");
+                "ZeroMQ endpoint: serve binds a ROUTER socket there, client connects to it "
+                "(tcp://0.0.0.0:5555 for every interface; tcp://127.0.0.1:* picks a free port)");
+PAGEDSERVE_FLAG("serve", std::string, metrics_host, "127.0.0.1",
+                "serve: address of the Prometheus /metrics endpoint");
+PAGEDSERVE_FLAG("serve", int32_t, metrics_port, 0,
+                "serve: port of the Prometheus /metrics endpoint; 0 = no endpoint");
+PAGEDSERVE_FLAG("serve", int64_t, max_queue_len, 256,
+                "serve: waiting requests before new ones are answered 'busy'");
+PAGEDSERVE_FLAG("serve", int64_t, max_message_bytes, 1 << 20,
+                "serve: largest accepted request message (message_too_large beyond)");
+PAGEDSERVE_FLAG(
+    "serve", double, shutdown_grace, 30,
+    "serve: seconds in-flight requests may still run after SIGTERM/SIGINT before they are aborted");
+PAGEDSERVE_FLAG(
+    "serve", int32_t, zmq_heartbeat_interval_ms, 2000,
+    "serve: ZMTP heartbeat interval to clients; a client that misses --zmq-heartbeat-timeout-ms "
+    "of them is disconnected and its requests aborted; 0 = no heartbeats");
+PAGEDSERVE_FLAG("serve", int32_t, zmq_heartbeat_timeout_ms, 10000,
+                "serve: see --zmq-heartbeat-interval-ms");
+PAGEDSERVE_FLAG("serve", std::string, pid_file, "",
+                "serve: write the coordinator's process id to this file (removed at exit)");
 
 namespace pagedserve::cli {
 namespace {

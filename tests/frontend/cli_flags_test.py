@@ -31,8 +31,8 @@ def run(binary, args, timeout=60):
 def registered_flags(source_dir):
     """{command: {dashed flag}} from the PAGEDSERVE_FLAG lines of runtime/cli/."""
     out = {c: set() for c in COMMANDS}
-    pattern = re.compile(r'PAGEDSERVE_(?:FLAG\("([^"]+)",\s*[^,]+,\s*(\w+)|'
-                         r'REGISTER_FLAG\("([^"]+)",\s*(\w+)\))')
+    pattern = re.compile(r'PAGEDSERVE_(?:FLAG\(\s*"([^"]+)",\s*[^,]+,\s*(\w+)|'
+                         r'REGISTER_FLAG\(\s*"([^"]+)",\s*(\w+)\))')
     for path in glob.glob(os.path.join(source_dir, "runtime/cli/*_command.cc")) + [
             os.path.join(source_dir, "runtime/cli/common_flags.cc")]:
         with open(path, encoding="utf-8") as f:
