@@ -77,8 +77,9 @@ std::string_view PreemptionModeName(MetricsPreemptionMode mode) {
 
 const std::vector<double>& Metrics::LatencyBuckets() {
   static const auto* b = new std::vector<double>{
-      0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
-      0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
+      0.001, 0.005, 0.01, 0.02,  0.04,  0.06,   0.08,   0.1,    0.25,  0.5,   0.75, 1.0,
+      2.5,   5.0,   7.5,  10.0,  20.0,  40.0,   80.0,   160.0,  320.0, 640.0, 1200.0,
+      1800.0, 2400.0};
   return *b;
 }
 const std::vector<double>& Metrics::InterTokenBuckets() {
@@ -89,8 +90,8 @@ const std::vector<double>& Metrics::InterTokenBuckets() {
 }
 const std::vector<double>& Metrics::RequestTimeBuckets() {
   static const auto* b = new std::vector<double>{
-      0.01, 0.025, 0.05, 0.1,  0.25, 0.5,  1.0,   2.5,   5.0,   10.0,  15.0,
-      20.0, 30.0,  40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0};
+      0.01, 0.025, 0.05, 0.1,  0.25, 0.5,  1.0,   2.5,   5.0,   10.0,   15.0,   20.0,
+      30.0, 40.0,  50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1200.0, 1800.0, 2400.0};
   return *b;
 }
 const std::vector<double>& Metrics::TokenCountBuckets() {
@@ -122,6 +123,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
     return absl::InvalidArgumentError(absl::StrCat(
         "BuildInfo.tensor_parallel_size must be >= 1, got ", info.tensor_parallel_size));
   }
+  if (options.model_name.empty()) {
+    return absl::InvalidArgumentError("MetricsOptions.model_name must not be empty");
+  }
+  // The constant label of every family: a series never lacks it.
+  const prometheus::Labels constant = {{"model_name", options.model_name}};
   prometheus::Labels info_labels = {
       {"version", info.version},
       {"model", info.model},
@@ -135,7 +141,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
           "BuildInfo.extra_labels: '", name,
           "' is not a valid Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, no leading __)"));
     }
-    if (!info_labels.emplace(name, value).second) {
+    if (constant.count(name) > 0 || !info_labels.emplace(name, value).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("BuildInfo.extra_labels: '", name, "' repeats a built-in label"));
     }
@@ -153,54 +159,54 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
   BuildGauge()
       .Name("pagedserve_build_info")
       .Help("Build and configuration of this server; the value is always 1.")
-      .Register(r)
+      .Labels(constant).Register(r)
       .Add(info_labels)
       .Set(1);
 
   m->running_ = &BuildGauge().Name("pagedserve_requests_running")
                      .Help("Requests (sequence groups) in the running queue.")
-                     .Register(r).Add({});
+                     .Labels(constant).Register(r).Add({});
   m->waiting_ = &BuildGauge().Name("pagedserve_requests_waiting")
                      .Help("Requests (sequence groups) waiting to be scheduled.")
-                     .Register(r).Add({});
+                     .Labels(constant).Register(r).Add({});
   m->swapped_ = &BuildGauge().Name("pagedserve_requests_swapped")
                      .Help("Requests (sequence groups) preempted by swap, KV blocks in the CPU pool.")
-                     .Register(r).Add({});
+                     .Labels(constant).Register(r).Add({});
   auto& kv = BuildGauge().Name("pagedserve_kv_cache_usage_ratio")
                  .Help("Fraction (0-1) of KV cache blocks in use, by pool (device or cpu swap).")
-                 .Register(r);
+                 .Labels(constant).Register(r);
   m->kv_device_ = &kv.Add({{"pool", "device"}});
   m->kv_cpu_ = &kv.Add({{"pool", "cpu"}});
 
   m->prefix_queries_ = &BuildCounter().Name("pagedserve_prefix_cache_queries_tokens_total")
                             .Help("Prompt tokens looked up in the prefix cache.")
-                            .Register(r).Add({});
+                            .Labels(constant).Register(r).Add({});
   m->prefix_hits_ = &BuildCounter().Name("pagedserve_prefix_cache_hits_tokens_total")
                          .Help("Prompt tokens found in cached KV blocks (prefix cache hits).")
-                         .Register(r).Add({});
+                         .Labels(constant).Register(r).Add({});
   auto& preempt = BuildCounter().Name("pagedserve_preemptions_total")
                       .Help("Sequence groups preempted, by mode (swap or recompute).")
-                      .Register(r);
+                      .Labels(constant).Register(r);
   m->preempt_swap_ = &preempt.Add({{"mode", "swap"}});
   m->preempt_recompute_ = &preempt.Add({{"mode", "recompute"}});
   m->prompt_tokens_ = &BuildCounter().Name("pagedserve_prompt_tokens_total")
                            .Help("Prompt tokens prefilled, recomputed ones included.")
-                           .Register(r).Add({});
+                           .Labels(constant).Register(r).Add({});
   m->generation_tokens_ = &BuildCounter().Name("pagedserve_generation_tokens_total")
                                .Help("Output tokens generated.")
-                               .Register(r).Add({});
+                               .Labels(constant).Register(r).Add({});
   auto& finished = BuildCounter().Name("pagedserve_requests_finished_total")
                        .Help("Requests that left the server, by finish reason.")
-                       .Register(r);
+                       .Labels(constant).Register(r);
   for (MetricsFinishReason reason : {MetricsFinishReason::kStop, MetricsFinishReason::kLength,
                               MetricsFinishReason::kAbort, MetricsFinishReason::kError}) {
     m->finished_[static_cast<int>(reason)] =
         &finished.Add({{"finish_reason", std::string(FinishReasonName(reason))}});
   }
 
-  auto histogram = [&r](const char* name, const char* help,
+  auto histogram = [&r, &constant](const char* name, const char* help,
                         const std::vector<double>& buckets) -> prometheus::Histogram* {
-    return &BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
+    return &BuildHistogram().Name(name).Help(help).Labels(constant).Register(r).Add({}, buckets);
   };
   m->ttft_ = histogram("pagedserve_time_to_first_token_seconds",
                        "Time from arrival to the first output token, per request.",
@@ -231,10 +237,10 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
                               StepTokenBuckets());
   m->rank_step_ = &BuildHistogram().Name("pagedserve_rank_step_duration_seconds")
                        .Help("Wall time of one model step on a worker, by tensor-parallel rank.")
-                       .Register(r);
+                       .Labels(constant).Register(r);
   m->rank_collective_ = &BuildHistogram().Name("pagedserve_rank_collective_duration_seconds")
                              .Help("Time of one step spent in tensor-parallel collectives, by rank.")
-                             .Register(r);
+                             .Labels(constant).Register(r);
   for (int rank = 0; rank < info.tensor_parallel_size; ++rank) {
     m->RankHistogram(m->rank_step_, rank);
     m->RankHistogram(m->rank_collective_, rank);
@@ -242,7 +248,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
   m->rejected_ = &BuildCounter().Name("pagedserve_metrics_rejected_observations_total")
                       .Help("Observations dropped because a value was negative, NaN or out of "
                             "range, by Metrics method; nonzero means a caller bug.")
-                      .Register(r);
+                      .Labels(constant).Register(r);
 
   if (port != 0) {
     try {

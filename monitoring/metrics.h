@@ -84,6 +84,12 @@ struct MetricsOptions {
   // or "[::]:9400". Empty, or port 0, means no HTTP endpoint (the caller maps
   // `--metrics-port 0` to that); Serialize() works either way.
   std::string listen_address;
+  // The served model name (what vLLM calls --served-model-name; the serve
+  // command passes the model file's or folder's base name). Exported as the
+  // label `model_name` on every pagedserve_* series, as vLLM labels its own, so
+  // that dashboards and alerts can select one model among several servers.
+  // Must not be empty (InvalidArgument).
+  std::string model_name;
   BuildInfo build_info;
 };
 
@@ -161,9 +167,9 @@ class Metrics {
   std::string Serialize() const;
 
   // Bucket upper bounds used by the histograms (exposed for tests and docs).
-  static const std::vector<double>& LatencyBuckets();       // TTFT
+  static const std::vector<double>& LatencyBuckets();       // TTFT, up to 2400 s as vLLM
   static const std::vector<double>& InterTokenBuckets();    // ITL
-  static const std::vector<double>& RequestTimeBuckets();   // e2e, queue, prefill, decode
+  static const std::vector<double>& RequestTimeBuckets();   // e2e, queue, prefill, decode (2400 s)
   static const std::vector<double>& TokenCountBuckets();    // prompt / generation length
   static const std::vector<double>& StepTokenBuckets();     // tokens per step
   static const std::vector<double>& RankStepBuckets();      // per-rank step and collectives

@@ -190,7 +190,8 @@ CFG
     deadline=$((SECONDS + budget))
     while (( SECONDS < deadline )); do
       body=$(metrics_body 2>/dev/null) || { log "metrics endpoint gone; nothing to drain"; exit 0; }
-      busy=$(awk '/^pagedserve_requests_(running|waiting|swapped) / {n += $2} END {print n + 0}' <<<"$body")
+      # Sample lines: name{model_name="..."} value (the value is the last field).
+      busy=$(awk '/^pagedserve_requests_(running|waiting|swapped)[{ ]/ {n += $NF} END {print n + 0}' <<<"$body")
       if [[ "$busy" == 0 ]]; then log "drained"; exit 0; fi
       log "waiting for $busy in-flight requests"
       sleep 2

@@ -38,13 +38,18 @@
 #include "zmq.hpp"
 
 ABSL_DECLARE_FLAG(std::string, zmq_endpoint);
-ABSL_FLAG(bool, health, false, "client: ask the server whether it is healthy; exit 0 when it is");
-ABSL_FLAG(bool, stats, false, "client: print the server's stats (queue, running, KV usage, capacity) as JSON");
-ABSL_FLAG(bool, stream, true, "client: stream the text as it is generated (false: one final message)");
-ABSL_FLAG(std::string, system, "", "client: with --chat, a system message before the user message");
-ABSL_FLAG(double, client_timeout, -1,
-          "client: seconds to wait for a reply; -1 = 3 s for --health/--stats, 300 s between two replies "
-          "of a generation");
+PAGEDSERVE_FLAG("client", bool, health, false,
+                "client: ask the server whether it is healthy; exit 0 when it is");
+PAGEDSERVE_FLAG("client", bool, stats, false,
+                "client: print the server's stats (queue, running, KV usage, capacity) as JSON");
+PAGEDSERVE_FLAG("client", bool, stream, true,
+                "client: stream the text as it is generated (false: one final message)");
+PAGEDSERVE_FLAG("client", std::string, system, "",
+                "client: with --chat, a system message before the user message");
+PAGEDSERVE_FLAG(
+    "client", double, client_timeout, -1,
+    "client: seconds to wait for a reply; -1 = 3 s for --health/--stats, 300 s between two replies "
+    "of a generation");
 
 namespace pagedserve::cli {
 namespace {

@@ -15,43 +15,61 @@
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/loaders.h"
 
-ABSL_FLAG(std::string, model, "", "model: a .gguf file or a Hugging Face directory (config.json, *.safetensors, "
-                                  "tokenizer.json)");
-ABSL_FLAG(int32_t, tensor_parallel_size, 1,
-          "worker ranks sharding the model's heads; run under `mpirun -np 1+N` when N > 1");
-ABSL_FLAG(int32_t, block_size, 16, "tokens per KV-cache block: 8, 16 or 32");
-ABSL_FLAG(int64_t, kv_cache_memory, int64_t{1} << 30,
-          "bytes of KV cache per worker rank (all layers, K and V); sets the number of device blocks");
-ABSL_FLAG(double, swap_space, 1.0, "GiB of CPU swap space per worker rank for preempted sequences");
-ABSL_FLAG(std::string, dtype, "auto",
-          "weight precision: auto (GGUF/safetensors matrices run in their stored formats, quantized "
-          "kernels), float32 (dequantize at load; the exact fp32 path), float16, bfloat16");
-ABSL_FLAG(std::string, kv_cache_dtype, "auto",
-          "KV cache element type: auto (float32 with --dtype float32, bfloat16 with --dtype bfloat16, "
-          "else float16 on the CPU; float32 on CUDA), float32, float16, bfloat16");
-ABSL_FLAG(int64_t, max_num_blocks, 0, "cap on the device KV blocks per rank (0 = only --kv-cache-memory decides)");
-ABSL_FLAG(int32_t, max_model_len, 0,
-          "prompt + output tokens per sequence (0 = min(the model's max_position_embeddings, 2048))");
-ABSL_FLAG(int32_t, max_num_seqs, 256, "sequences per engine step");
-ABSL_FLAG(int32_t, max_num_batched_tokens, 0,
-          "tokens per engine step (prefill chunks + decodes); 0 = 512 with chunked prefill (short steps "
-          "keep decodes flowing while long prompts are prefilled, as vLLM's default), else --max-model-len");
-ABSL_FLAG(bool, enable_chunked_prefill, true, "split long prompts into chunks that share steps with decodes");
-ABSL_FLAG(bool, enable_prefix_caching, false, "reuse the KV blocks of identical prompt prefixes");
-ABSL_FLAG(std::string, preemption_mode, "recompute",
-          "what happens to a preempted sequence's KV blocks: swap (to CPU) or recompute");
-ABSL_FLAG(double, worker_startup_timeout, 600, "seconds to wait for the worker ranks to load the model (mpirun)");
-ABSL_FLAG(double, worker_step_timeout, 120,
-          "seconds the coordinator waits for the worker ranks in one step before declaring them hung (mpirun); "
-          "must exceed the longest step. A worker that dies on the coordinator's host is noticed at once");
+PAGEDSERVE_FLAG("generate,serve", std::string, model, "",
+                "model: a .gguf file or a Hugging Face directory (config.json, *.safetensors, "
+                "tokenizer.json)");
+PAGEDSERVE_FLAG("generate,serve", int32_t, tensor_parallel_size, 1,
+                "worker ranks sharding the model's heads; run under `mpirun -np 1+N` when N > 1");
+PAGEDSERVE_FLAG("generate,serve", int32_t, block_size, 16,
+                "tokens per KV-cache block: 8, 16 or 32");
+PAGEDSERVE_FLAG(
+    "generate,serve", int64_t, kv_cache_memory, int64_t{1} << 30,
+    "bytes of KV cache per worker rank (all layers, K and V); sets the number of device blocks");
+PAGEDSERVE_FLAG("generate,serve", double, swap_space, 1.0,
+                "GiB of CPU swap space per worker rank for preempted sequences");
+PAGEDSERVE_FLAG("generate,serve", std::string, dtype, "auto",
+                "weight precision: auto (GGUF/safetensors matrices run in their stored formats, "
+                "quantized kernels), float32 (dequantize at load; the exact fp32 path), float16, "
+                "bfloat16");
+PAGEDSERVE_FLAG("generate,serve", std::string, kv_cache_dtype, "auto",
+                "KV cache element type: auto (float32 with --dtype float32, bfloat16 with --dtype "
+                "bfloat16, else float16 on the CPU; float32 on CUDA), float32, float16, bfloat16");
+PAGEDSERVE_FLAG("generate,serve", int64_t, max_num_blocks, 0,
+                "cap on the device KV blocks per rank (0 = only --kv-cache-memory decides)");
+PAGEDSERVE_FLAG(
+    "generate,serve", int32_t, max_model_len, 0,
+    "prompt + output tokens per sequence (0 = min(the model's max_position_embeddings, 2048))");
+PAGEDSERVE_FLAG("generate,serve", int32_t, max_num_seqs, 256, "sequences per engine step");
+PAGEDSERVE_FLAG(
+    "generate,serve", int32_t, max_num_batched_tokens, 0,
+    "tokens per engine step (prefill chunks + decodes); 0 = 512 with chunked prefill (short steps "
+    "keep decodes flowing while long prompts are prefilled, as vLLM's default), else "
+    "--max-model-len");
+PAGEDSERVE_FLAG("generate,serve", bool, enable_chunked_prefill, true,
+                "split long prompts into chunks that share steps with decodes");
+PAGEDSERVE_FLAG("generate,serve", bool, enable_prefix_caching, false,
+                "reuse the KV blocks of identical prompt prefixes");
+PAGEDSERVE_FLAG("generate,serve", std::string, preemption_mode, "recompute",
+                "what happens to a preempted sequence's KV blocks: swap (to CPU) or recompute");
+PAGEDSERVE_FLAG("generate,serve", double, worker_startup_timeout, 600,
+                "seconds to wait for the worker ranks to load the model (mpirun)");
+PAGEDSERVE_FLAG("generate,serve", double, worker_step_timeout, 120,
+                "seconds the coordinator waits for the worker ranks in one step before declaring "
+                "them hung (mpirun); "
+                "must exceed the longest step. A worker that dies on the coordinator's host is "
+                "noticed at once");
 
-ABSL_FLAG(int32_t, max_tokens, 16, "tokens to generate per sample");
-ABSL_FLAG(double, temperature, 1.0, "sampling temperature; 0 = greedy");
-ABSL_FLAG(double, top_p, 1.0, "nucleus sampling: smallest set of tokens with this probability mass, in (0, 1]");
-ABSL_FLAG(int32_t, top_k, -1, "sample among the k most likely tokens; -1 = off");
-ABSL_FLAG(double, min_p, 0.0, "drop tokens less likely than min_p times the most likely one, in [0, 1]");
-ABSL_FLAG(int64_t, seed, -1, "per-request random seed (reproducible sampling); -1 = none");
-ABSL_FLAG(int32_t, n, 1, "samples per prompt");
+PAGEDSERVE_FLAG("generate,client", int32_t, max_tokens, 16, "tokens to generate per sample");
+PAGEDSERVE_FLAG("generate,client", double, temperature, 1.0, "sampling temperature; 0 = greedy");
+PAGEDSERVE_FLAG("generate,client", double, top_p, 1.0,
+                "nucleus sampling: smallest set of tokens with this probability mass, in (0, 1]");
+PAGEDSERVE_FLAG("generate,client", int32_t, top_k, -1,
+                "sample among the k most likely tokens; -1 = off");
+PAGEDSERVE_FLAG("generate,client", double, min_p, 0.0,
+                "drop tokens less likely than min_p times the most likely one, in [0, 1]");
+PAGEDSERVE_FLAG("generate,client", int64_t, seed, -1,
+                "per-request random seed (reproducible sampling); -1 = none");
+PAGEDSERVE_FLAG("generate,client", int32_t, n, 1, "samples per prompt");
 
 namespace {
 // Every --stop occurrence adds its strings (absl keeps only the last value).
@@ -63,17 +81,27 @@ void OnStopFlag();
 }  // namespace
 
 ABSL_FLAG(std::vector<std::string>, stop, {},
-          "stop strings, comma separated; the flag may be repeated. Output ends before the first one found")
+          "stop strings, comma separated; the flag may be repeated. Output ends before the first "
+          "one found")
     .OnUpdate(OnStopFlag);
-ABSL_FLAG(std::vector<std::string>, stop_token_ids, {}, "token ids that end a sample, comma separated");
-ABSL_FLAG(bool, ignore_eos, false, "keep generating after the end-of-sequence token");
-ABSL_FLAG(int32_t, logprobs, -1, "-1: none; 0: logprob of each sampled token; N: also the top N (<= 20)");
-ABSL_FLAG(double, repetition_penalty, 1.0, "CTRL repetition penalty over prompt and output; 1 = off");
-ABSL_FLAG(double, presence_penalty, 0.0, "OpenAI presence penalty over output tokens, in [-2, 2]");
-ABSL_FLAG(double, frequency_penalty, 0.0, "OpenAI frequency penalty over output tokens, in [-2, 2]");
+PAGEDSERVE_REGISTER_FLAG("generate,client", stop);
+PAGEDSERVE_FLAG("generate,client", std::vector<std::string>, stop_token_ids, {},
+                "token ids that end a sample, comma separated");
+PAGEDSERVE_FLAG("generate,client", bool, ignore_eos, false,
+                "keep generating after the end-of-sequence token");
+PAGEDSERVE_FLAG("generate,client", int32_t, logprobs, -1,
+                "-1: none; 0: logprob of each sampled token; N: also the top N (<= 20)");
+PAGEDSERVE_FLAG("generate,client", double, repetition_penalty, 1.0,
+                "CTRL repetition penalty over prompt and output; 1 = off");
+PAGEDSERVE_FLAG("generate,client", double, presence_penalty, 0.0,
+                "OpenAI presence penalty over output tokens, in [-2, 2]");
+PAGEDSERVE_FLAG("generate,client", double, frequency_penalty, 0.0,
+                "OpenAI frequency penalty over output tokens, in [-2, 2]");
 
-ABSL_FLAG(std::string, prompt, "", "prompt text (read from stdin when absent)");
-ABSL_FLAG(bool, chat, false, "send the prompt as one user message through the model's chat template");
+PAGEDSERVE_FLAG("generate,client", std::string, prompt, "",
+                "prompt text (read from stdin when absent)");
+PAGEDSERVE_FLAG("generate,client", bool, chat, false,
+                "send the prompt as one user message through the model's chat template");
 
 namespace {
 void OnStopFlag() {
@@ -171,6 +199,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& mode
   }
   if (std::filesystem::is_directory(model_path, ec)) return LoadHfTokenizer(model_path);
   return LoadGgufTokenizer(model_path);
+}
+
+std::string DefaultServedModelName(const std::string& model_path) {
+  std::string_view p = model_path;
+  while (p.size() > 1 && p.back() == '/') p.remove_suffix(1);
+  const size_t slash = p.rfind('/');
+  std::string_view name = slash == std::string_view::npos ? p : p.substr(slash + 1);
+  return name.empty() ? model_path : std::string(name);
 }
 
 std::vector<int32_t> EosTokenIds(const ModelConfig& model, const Tokenizer& tokenizer) {

@@ -25,6 +25,20 @@
 // Prompt:
 //   --prompt TEXT (stdin when absent), --chat (as one user message through the
 //   model's chat template)
+//
+// Adding a flag: one line at namespace scope in the .cc of the sub-command that
+// reads it (or here, in common_flags.cc, when several do), naming the
+// sub-commands it applies to (flag_registry.h):
+//
+//   PAGEDSERVE_FLAG("serve", int32_t, port, 8000, "serve: port of the HTTP API");
+//   PAGEDSERVE_FLAG("generate,serve", bool, enable_foo, false, "...");
+//
+// plus ABSL_DECLARE_FLAG(type, name) in the header of whoever else reads it.
+// `pagedserve SUBCOMMAND --help` then lists it, and giving it to any other
+// sub-command is an error (exit 2). A plain ABSL_FLAG under runtime/cli/ makes
+// every command exit 70 at startup (CheckRegistry): it applies to nothing.
+// A flag with .OnUpdate() is ABSL_FLAG(...).OnUpdate(f); followed by
+// PAGEDSERVE_REGISTER_FLAG("generate,client", name);
 #ifndef PAGEDSERVE_RUNTIME_CLI_COMMON_FLAGS_H_
 #define PAGEDSERVE_RUNTIME_CLI_COMMON_FLAGS_H_
 
@@ -37,6 +51,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "runtime/cli/flag_registry.h"
 #include "runtime/common/sampling_params.h"
 #include "runtime/coordinator/scheduler.h"
 #include "runtime/model/model_config.h"
@@ -99,6 +114,12 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags();
 // The tokenizer of a model path: GGUF file -> LoadGgufTokenizer, directory ->
 // LoadHfTokenizer. NotFound when the path does not exist.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_path);
+
+// The name a server reports for a model path (vLLM's --served-model-name
+// default is the path; ours is its last component): "/m/SmolLM2.Q4_1.gguf" ->
+// "SmolLM2.Q4_1.gguf", "/models/llama/" -> "llama". The path itself when it has
+// no non-empty component.
+std::string DefaultServedModelName(const std::string& model_path);
 
 // End-of-sequence ids: the model config's eos_token_ids plus the tokenizer's
 // eos id, without duplicates.

@@ -53,32 +53,45 @@
 #include "runtime/frontend/server.h"
 #include "runtime/tokenizer/chat_template.h"
 
-ABSL_FLAG(std::string, zmq_endpoint, "tcp://127.0.0.1:5555",
-          "ZeroMQ endpoint: serve binds a ROUTER socket there, client connects to it "
-          "(tcp://0.0.0.0:5555 for every interface; tcp://127.0.0.1:* picks a free port)");
-ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "serve: address of the Prometheus /metrics endpoint");
-ABSL_FLAG(int32_t, metrics_port, 0, "serve: port of the Prometheus /metrics endpoint; 0 = no endpoint");
-ABSL_FLAG(int64_t, max_queue_len, 256, "serve: waiting requests before new ones are answered 'busy'");
-ABSL_FLAG(int64_t, max_message_bytes, 1 << 20, "serve: largest accepted request message (message_too_large beyond)");
-ABSL_FLAG(double, shutdown_grace, 30,
-          "serve: seconds in-flight requests may still run after SIGTERM/SIGINT before they are aborted");
-ABSL_FLAG(int32_t, zmq_heartbeat_interval_ms, 2000,
-          "serve: ZMTP heartbeat interval to clients; a client that misses --zmq-heartbeat-timeout-ms "
-          "of them is disconnected and its requests aborted; 0 = no heartbeats");
-ABSL_FLAG(int32_t, zmq_heartbeat_timeout_ms, 10000, "serve: see --zmq-heartbeat-interval-ms");
-ABSL_FLAG(std::string, pid_file, "", "serve: write the coordinator's process id to this file (removed at exit)");
-ABSL_FLAG(std::string, host, "127.0.0.1", "serve: address of the OpenAI-compatible HTTP API (0.0.0.0: every interface)");
-ABSL_FLAG(int32_t, port, 8000, "serve: port of the HTTP API; 0 picks a free port; -1 = no HTTP API");
-ABSL_FLAG(std::string, api_key, "",
-          "serve: require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
-          "(default: the environment variable PAGEDSERVE_API_KEY; empty = no key)");
-ABSL_FLAG(std::string, served_model_name, "",
-          "serve: the model name of the HTTP API (/v1/models, 'model' field); default the model file's name");
-ABSL_FLAG(bool, disable_log_requests, false, "serve: no log line per HTTP generation request");
-ABSL_FLAG(int64_t, max_request_body_bytes, 1 << 20, "serve: largest accepted HTTP request body (413 beyond)");
-ABSL_FLAG(double, http_timeout, 30,
-          "serve: seconds an HTTP client may take to send a request (headers and body) or to read a "
-          "response write; idle keep-alive connections are closed after 5 s");
+PAGEDSERVE_FLAG("serve,client", std::string, zmq_endpoint, "tcp://127.0.0.1:5555",
+                "ZeroMQ endpoint: serve binds a ROUTER socket there, client connects to it "
+                "(tcp://0.0.0.0:5555 for every interface; tcp://127.0.0.1:* picks a free port)");
+PAGEDSERVE_FLAG("serve", std::string, metrics_host, "127.0.0.1",
+                "serve: address of the Prometheus /metrics endpoint");
+PAGEDSERVE_FLAG("serve", int32_t, metrics_port, 0,
+                "serve: port of the Prometheus /metrics endpoint; 0 = no endpoint");
+PAGEDSERVE_FLAG("serve", int64_t, max_queue_len, 256,
+                "serve: waiting requests before new ones are answered 'busy'");
+PAGEDSERVE_FLAG("serve", int64_t, max_message_bytes, 1 << 20,
+                "serve: largest accepted request message (message_too_large beyond)");
+PAGEDSERVE_FLAG(
+    "serve", double, shutdown_grace, 30,
+    "serve: seconds in-flight requests may still run after SIGTERM/SIGINT before they are aborted");
+PAGEDSERVE_FLAG(
+    "serve", int32_t, zmq_heartbeat_interval_ms, 2000,
+    "serve: ZMTP heartbeat interval to clients; a client that misses --zmq-heartbeat-timeout-ms "
+    "of them is disconnected and its requests aborted; 0 = no heartbeats");
+PAGEDSERVE_FLAG("serve", int32_t, zmq_heartbeat_timeout_ms, 10000,
+                "serve: see --zmq-heartbeat-interval-ms");
+PAGEDSERVE_FLAG("serve", std::string, pid_file, "",
+                "serve: write the coordinator's process id to this file (removed at exit)");
+PAGEDSERVE_FLAG("serve", std::string, host, "127.0.0.1",
+                "serve: address of the OpenAI-compatible HTTP API (0.0.0.0: every interface)");
+PAGEDSERVE_FLAG("serve", int32_t, port, 8000,
+                "serve: port of the HTTP API; 0 picks a free port; -1 = no HTTP API");
+PAGEDSERVE_FLAG("serve", std::string, api_key, "",
+                "serve: require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
+                "(default: the environment variable PAGEDSERVE_API_KEY; empty = no key)");
+PAGEDSERVE_FLAG("serve", std::string, served_model_name, "",
+                "serve: the model name of the HTTP API (/v1/models, 'model' field) and of the "
+                "metrics' model_name label; default the model file's name");
+PAGEDSERVE_FLAG("serve", bool, disable_log_requests, false,
+                "serve: no log line per HTTP generation request");
+PAGEDSERVE_FLAG("serve", int64_t, max_request_body_bytes, 1 << 20,
+                "serve: largest accepted HTTP request body (413 beyond)");
+PAGEDSERVE_FLAG("serve", double, http_timeout, 30,
+                "serve: seconds an HTTP client may take to send a request (headers and body) or "
+                "to read a response write; idle keep-alive connections are closed after 5 s");
 
 namespace pagedserve::cli {
 namespace {
@@ -141,11 +154,7 @@ absl::StatusOr<HttpServerOptions> HttpOptionsFromFlags(const std::string& model_
     if (const char* env = std::getenv("PAGEDSERVE_API_KEY")) h.api_key = env;
   }
   h.served_model_name = absl::GetFlag(FLAGS_served_model_name);
-  if (h.served_model_name.empty()) {
-    std::filesystem::path p(model_path);
-    if (!p.has_filename()) p = p.parent_path();  // a directory given with a trailing slash
-    h.served_model_name = p.filename().string();
-  }
+  if (h.served_model_name.empty()) h.served_model_name = DefaultServedModelName(model_path);
   h.log_requests = !absl::GetFlag(FLAGS_disable_log_requests);
   const int64_t body = absl::GetFlag(FLAGS_max_request_body_bytes);
   if (body < 64 || body > (int64_t{1} << 30)) {
@@ -221,6 +230,7 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
     mo.host = absl::GetFlag(FLAGS_metrics_host);
     mo.port = absl::GetFlag(FLAGS_metrics_port);
     mo.model = setup.worker.model_path;
+    mo.model_name = serve_options.http.served_model_name;  // also without an HTTP API
     mo.tensor_parallel_size = setup.tensor_parallel_size;
     mo.block_size = setup.worker.block_size;
 #ifdef PAGEDSERVE_WITH_CUDA

@@ -10,30 +10,42 @@
 
 #include "absl/flags/flag.h"
 #include "runtime/cli/commands.h"
+#include "runtime/cli/flag_registry.h"
 #include "runtime/coordinator/kv_simulator.h"
 
-ABSL_FLAG(int32_t, sim_num_requests, 100, "sim: number of random requests (ignored with --sim-trace)");
-ABSL_FLAG(int32_t, sim_min_len, 50, "sim: minimum total length (prompt + output) of a random request, tokens");
-ABSL_FLAG(int32_t, sim_max_len, 500, "sim: maximum total length (prompt + output) of a random request, tokens");
-ABSL_FLAG(double, sim_prompt_fraction, 0.5, "sim: share of a random request's length that is prompt");
-ABSL_FLAG(double, sim_arrival_rate, 0.0,
-          "sim: random requests arriving per engine step (Poisson); 0 = all arrive at step 0");
-ABSL_FLAG(uint64_t, sim_seed, 1, "sim: random seed of the workload");
-ABSL_FLAG(std::string, sim_trace, "", "sim: trace file, one 'arrival_step,prompt_len,output_len' per line");
-ABSL_FLAG(int32_t, sim_block_size, 16, "sim: tokens per KV block of the paged allocator");
-ABSL_FLAG(int32_t, sim_naive_max_len, 512, "sim: tokens reserved per request by the naive allocator");
-ABSL_FLAG(int64_t, sim_kv_capacity_tokens, 8192,
-          "sim: KV capacity in tokens shared by all allocators (ignored with --sim-device-memory)");
-ABSL_FLAG(std::string, sim_device_memory, "",
-          "sim: device memory for the KV cache (e.g. 8GiB); with --sim-model-shape sets the capacity");
-ABSL_FLAG(std::string, sim_model_shape, "30,3,64,2",
-          "sim: layers,kv_heads,head_size,dtype_bytes (default SmolLM2-135M in fp16)");
-ABSL_FLAG(int32_t, sim_swap_blocks, -1, "sim: CPU swap blocks of the paged allocator; -1 = as many as device");
-ABSL_FLAG(std::string, sim_preemption_mode, "swap", "sim: swap or recompute");
-ABSL_FLAG(int32_t, sim_max_num_seqs, 256, "sim: sequences per step");
-ABSL_FLAG(int32_t, sim_max_num_batched_tokens, 2048, "sim: tokens per step");
-ABSL_FLAG(std::string, sim_output_svg, "pagedserve_sim.svg",
-          "sim: SVG file for the utilization timeline and histogram ('' = none)");
+PAGEDSERVE_FLAG("sim", int32_t, sim_num_requests, 100,
+                "sim: number of random requests (ignored with --sim-trace)");
+PAGEDSERVE_FLAG("sim", int32_t, sim_min_len, 50,
+                "sim: minimum total length (prompt + output) of a random request, tokens");
+PAGEDSERVE_FLAG("sim", int32_t, sim_max_len, 500,
+                "sim: maximum total length (prompt + output) of a random request, tokens");
+PAGEDSERVE_FLAG("sim", double, sim_prompt_fraction, 0.5,
+                "sim: share of a random request's length that is prompt");
+PAGEDSERVE_FLAG(
+    "sim", double, sim_arrival_rate, 0.0,
+    "sim: random requests arriving per engine step (Poisson); 0 = all arrive at step 0");
+PAGEDSERVE_FLAG("sim", uint64_t, sim_seed, 1, "sim: random seed of the workload");
+PAGEDSERVE_FLAG("sim", std::string, sim_trace, "",
+                "sim: trace file, one 'arrival_step,prompt_len,output_len' per line");
+PAGEDSERVE_FLAG("sim", int32_t, sim_block_size, 16,
+                "sim: tokens per KV block of the paged allocator");
+PAGEDSERVE_FLAG("sim", int32_t, sim_naive_max_len, 512,
+                "sim: tokens reserved per request by the naive allocator");
+PAGEDSERVE_FLAG(
+    "sim", int64_t, sim_kv_capacity_tokens, 8192,
+    "sim: KV capacity in tokens shared by all allocators (ignored with --sim-device-memory)");
+PAGEDSERVE_FLAG(
+    "sim", std::string, sim_device_memory, "",
+    "sim: device memory for the KV cache (e.g. 8GiB); with --sim-model-shape sets the capacity");
+PAGEDSERVE_FLAG("sim", std::string, sim_model_shape, "30,3,64,2",
+                "sim: layers,kv_heads,head_size,dtype_bytes (default SmolLM2-135M in fp16)");
+PAGEDSERVE_FLAG("sim", int32_t, sim_swap_blocks, -1,
+                "sim: CPU swap blocks of the paged allocator; -1 = as many as device");
+PAGEDSERVE_FLAG("sim", std::string, sim_preemption_mode, "swap", "sim: swap or recompute");
+PAGEDSERVE_FLAG("sim", int32_t, sim_max_num_seqs, 256, "sim: sequences per step");
+PAGEDSERVE_FLAG("sim", int32_t, sim_max_num_batched_tokens, 2048, "sim: tokens per step");
+PAGEDSERVE_FLAG("sim", std::string, sim_output_svg, "pagedserve_sim.svg",
+                "sim: SVG file for the utilization timeline and histogram ('' = none)");
 
 namespace pagedserve::cli {
 

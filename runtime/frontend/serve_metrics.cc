@@ -12,6 +12,7 @@ absl::StatusOr<std::shared_ptr<Metrics>> CreateServeMetrics(const ServeMetricsOp
   mo.listen_address = options.port > 0 ? (ipv6 ? absl::StrCat("[", host, "]:", options.port)
                                                : absl::StrCat(host, ":", options.port))
                                        : "";
+  mo.model_name = options.model_name;
   mo.build_info.version = "0.1.0";
   mo.build_info.model = options.model;
   mo.build_info.tensor_parallel_size = options.tensor_parallel_size;

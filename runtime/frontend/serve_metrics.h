@@ -20,6 +20,7 @@ class Metrics;
 struct ServeMetricsOptions {
   std::string host = "127.0.0.1";  // --metrics-host; an IPv6 address is bracketed
   int port = 0;                    // --metrics-port; 0 = no HTTP endpoint
+  std::string model_name;          // label model_name on every series (served model name)
   std::string model;               // build_info labels
   int tensor_parallel_size = 1;
   int block_size = 16;

@@ -208,6 +208,7 @@ TEST_F(EntrypointFixture, DrainWaitsForInFlightRequestsAndProbeReadsMetrics) {
   int port = testing::FreePort();
   MetricsOptions o;
   o.listen_address = "127.0.0.1:" + std::to_string(port);
+  o.model_name = "m";
   auto m = Metrics::Create(o);
   ASSERT_TRUE(m.ok()) << m.status();
   std::string env = "PAGEDSERVE_METRICS_PORT=" + std::to_string(port);

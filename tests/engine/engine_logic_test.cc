@@ -364,11 +364,11 @@ TEST(EngineLogicTest, LogprobsAndMetricsAreReported) {
   EXPECT_FLOAT_EQ(c.logprobs[0][0], -0.25f);
   EXPECT_FLOAT_EQ(c.logprobs[0][2], -0.75f);
   const std::string text = testing::SerializeMetrics(*metrics);
-  EXPECT_NE(text.find("pagedserve_requests_finished_total{finish_reason=\"length\"} 1"), std::string::npos) << text;
-  EXPECT_NE(text.find("pagedserve_generation_tokens_total 3"), std::string::npos) << text;
-  EXPECT_NE(text.find("pagedserve_prompt_tokens_total 2"), std::string::npos) << text;
-  EXPECT_NE(text.find("pagedserve_time_to_first_token_seconds_count 1"), std::string::npos) << text;
-  EXPECT_NE(text.find("pagedserve_inter_token_latency_seconds_count 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("pagedserve_requests_finished_total{model_name=\"probe\",finish_reason=\"length\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("pagedserve_generation_tokens_total{model_name=\"probe\"} 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("pagedserve_prompt_tokens_total{model_name=\"probe\"} 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("pagedserve_time_to_first_token_seconds_count{model_name=\"probe\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("pagedserve_inter_token_latency_seconds_count{model_name=\"probe\"} 2"), std::string::npos) << text;
 }
 
 // Many requests (n = 1 and 2, stop strings, aborts) on a pool small enough to

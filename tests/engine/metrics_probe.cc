@@ -7,7 +7,9 @@
 namespace pagedserve::testing {
 
 std::shared_ptr<Metrics> MakeProbeMetrics() {
-  auto m = Metrics::Create(MetricsOptions{});
+  MetricsOptions options;
+  options.model_name = "probe";
+  auto m = Metrics::Create(options);
   if (!m.ok()) return nullptr;
   return std::shared_ptr<Metrics>(std::move(*m));
 }

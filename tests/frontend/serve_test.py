@@ -98,7 +98,7 @@ class ServerProcess:
     def metric(self, name, labels=""):
         """Value of one Prometheus series (0 when absent)."""
         body = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
-        pattern = re.compile(r"^" + re.escape(name) + (r"\{[^}]*" + re.escape(labels) + r"[^}]*\}" if labels else r"(\{\})?")
+        pattern = re.compile(r"^" + re.escape(name) + (r"\{[^}]*" + re.escape(labels) + r"[^}]*\}" if labels else r"(\{[^}]*\})?")
                              + r"\s+(\S+)$", re.M)
         m = pattern.search(body)
         return float(m.group(m.lastindex)) if m else 0.0

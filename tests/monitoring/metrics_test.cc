@@ -70,6 +70,16 @@ TEST(MetricsTest, KnownWorkloadGivesExactValues) {
                   {{"version", "0.1.0-test"}, {"tensor_parallel_size", "2"},
                    {"block_size", "16"}, {"backend", "cpu"}, {"max_num_seqs", "8"}}),
             1);
+  // Every series carries the served model name (vLLM's `model_name` label).
+  int pagedserve_series = 0;
+  for (const auto& sample : s) {
+    if (sample.name.rfind("pagedserve_", 0) != 0) continue;
+    ++pagedserve_series;
+    auto it = sample.labels.find("model_name");
+    EXPECT_TRUE(it != sample.labels.end() && it->second == "SmolLM2-135M-Instruct.Q4_1.gguf")
+        << sample.name << " lacks model_name";
+  }
+  EXPECT_GT(pagedserve_series, 100);
   // Gauges hold the last value: drained.
   EXPECT_EQ(Value(s, "pagedserve_requests_running"), 0);
   EXPECT_EQ(Value(s, "pagedserve_requests_waiting"), 0);
@@ -134,6 +144,36 @@ TEST(MetricsTest, KnownWorkloadGivesExactValues) {
   }
   // Nothing was rejected.
   EXPECT_TRUE(Find(s, "pagedserve_metrics_rejected_observations_total").empty());
+}
+
+// TTFT and end-to-end buckets reach 40 minutes (as vLLM's do): a 25-minute
+// TTFT, a 21-minute queue wait and a 35-minute request land in finite buckets,
+// not only in +Inf.
+TEST(MetricsTest, LongRequestsLandInFiniteBuckets) {
+  auto m = Metrics::Create(testing::TestOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  FinishedRequest r;
+  r.reason = MetricsFinishReason::kLength;
+  r.ttft_s = 25 * 60;
+  r.e2e_s = 35 * 60;
+  r.queue_s = 21 * 60;
+  r.prefill_s = 5 * 60;
+  r.decode_s = 10 * 60;
+  r.prompt_len = 100000;
+  r.generation_len = 4;
+  (*m)->RequestFinished(r);
+  auto s = Samples(**m);
+  auto bucket = [&s](const std::string& name, const char* le) {
+    return Value(s, name + "_bucket", {{"le", le}});
+  };
+  EXPECT_EQ(bucket("pagedserve_time_to_first_token_seconds", "1200"), 0);
+  EXPECT_EQ(bucket("pagedserve_time_to_first_token_seconds", "1800"), 1);
+  EXPECT_EQ(bucket("pagedserve_request_e2e_latency_seconds", "1800"), 0);
+  EXPECT_EQ(bucket("pagedserve_request_e2e_latency_seconds", "2400"), 1);
+  EXPECT_EQ(bucket("pagedserve_request_queue_time_seconds", "1200"), 0);
+  EXPECT_EQ(bucket("pagedserve_request_queue_time_seconds", "1800"), 1);
+  EXPECT_EQ(Metrics::LatencyBuckets().back(), 2400);
+  EXPECT_EQ(Metrics::RequestTimeBuckets().back(), 2400);
 }
 
 TEST(MetricsTest, PerRankSeriesExistBeforeTheFirstStep) {
@@ -216,7 +256,14 @@ TEST(MetricsTest, CreateRejectsBadOptionsNamingTheField) {
   EXPECT_FALSE(Metrics::Create(o).ok());
   o.build_info.extra_labels = {{"model", "other"}};
   EXPECT_FALSE(Metrics::Create(o).ok());
+  o.build_info.extra_labels = {{"model_name", "other"}};
+  EXPECT_FALSE(Metrics::Create(o).ok());
   o.build_info.extra_labels = {};
+  o.model_name = "";
+  m = Metrics::Create(o);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("model_name"), std::string_view::npos) << m.status();
+  o.model_name = "m";
   o.build_info.tensor_parallel_size = 0;
   m = Metrics::Create(o);
   ASSERT_FALSE(m.ok());

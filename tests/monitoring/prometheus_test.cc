@@ -196,7 +196,7 @@ TEST_F(PrometheusServerTest, EveryDashboardExpressionEvaluates) {
       std::string expr = t.value("expr", "");
       // Grafana's variables, as Grafana would substitute them.
       for (auto [var, value] : {std::pair<std::string, std::string>{"$__rate_interval", "1m"},
-                                {"$instance", ".*"}}) {
+                                {"$instance", ".*"}, {"$model_name", ".*"}}) {
         for (size_t at; (at = expr.find(var)) != std::string::npos;) expr.replace(at, var.size(), value);
       }
       std::string error;

@@ -136,6 +136,9 @@ TEST(DashboardTest, ParsesAndQueriesOnlyExportedMetrics) {
     if (v.value("name", "") == "DS_PROMETHEUS" && v.value("type", "") == "datasource") has_ds_variable = true;
   }
   EXPECT_TRUE(has_ds_variable) << "the data source must be the ${DS_PROMETHEUS} variable";
+  bool has_model_variable = false;
+  for (const auto& v : d["templating"]["list"]) has_model_variable |= v.value("name", "") == "model_name";
+  EXPECT_TRUE(has_model_variable) << "a model_name variable selects the served model, as vLLM's dashboards do";
 
   std::set<std::string> families;
   std::set<std::string> exported = ExportedSampleNames(TouchedExposition(), &families);
@@ -150,6 +153,14 @@ TEST(DashboardTest, ParsesAndQueriesOnlyExportedMetrics) {
       std::string expr = t.value("expr", "");
       ASSERT_FALSE(expr.empty());
       ++exprs;
+      // Every series selector filters by the served model (label model_name).
+      size_t selectors = 0, filtered = 0;
+      for (size_t p = expr.find('{'); p != std::string::npos; p = expr.find('{', p + 1)) ++selectors;
+      for (size_t p = expr.find("model_name=~\"$model_name\""); p != std::string::npos;
+           p = expr.find("model_name=~\"$model_name\"", p + 1)) {
+        ++filtered;
+      }
+      EXPECT_EQ(filtered, selectors) << "`" << expr << "` does not select model_name=~\"$model_name\"";
       for (const std::string& name : testing::PromqlMetricNames(expr)) {
         EXPECT_TRUE(exported.count(name)) << "'" << name << "' in `" << expr
                                           << "` is not exported by Metrics";

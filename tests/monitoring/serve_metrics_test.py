@@ -88,8 +88,15 @@ SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\d+)?$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
+def served_model_name():
+    """What serve labels every series with: the --model path's last component."""
+    return os.path.basename(ARGS.model.rstrip("/"))
+
+
 def parse_metrics(text):
-    """{(name, frozenset(labels.items())): value} of every sample."""
+    """{(name, frozenset(labels.items())): value} of every sample. Every
+    pagedserve_* series must carry model_name = served_model_name(); that label
+    is checked here and left out of the keys."""
     out = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -97,8 +104,12 @@ def parse_metrics(text):
         m = SAMPLE.match(line)
         if not m:
             raise AssertionError(f"unparsable sample line: {line!r}")
-        labels = frozenset(LABEL.findall(m.group(3) or ""))
-        out[(m.group(1), labels)] = float(m.group(4))
+        labels = dict(LABEL.findall(m.group(3) or ""))
+        if m.group(1).startswith("pagedserve_"):
+            got = labels.pop("model_name", None)
+            if got != served_model_name():
+                raise AssertionError(f"{line!r}: model_name {got!r}, expected {served_model_name()!r}")
+        out[(m.group(1), frozenset(labels.items()))] = float(m.group(4))
     return out
 
 

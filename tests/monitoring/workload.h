@@ -69,6 +69,7 @@ struct Workload {
 inline MetricsOptions TestOptions(std::string listen_address = "") {
   MetricsOptions o;
   o.listen_address = std::move(listen_address);
+  o.model_name = "SmolLM2-135M-Instruct.Q4_1.gguf";
   o.build_info.version = "0.1.0-test";
   o.build_info.model = "SmolLM2-135M-Instruct.Q4_1.gguf";
   o.build_info.tensor_parallel_size = 2;

@@ -81,6 +81,9 @@ TEST_P(SmolLm2Test, MetadataMatchesHf) {
 
 TEST_P(SmolLm2Test, PromptIdsMatchHf) { CheckCases(*tok_, fixture_["prompts"], GetParam()); }
 TEST_P(SmolLm2Test, HardStringIdsMatchHf) { CheckCases(*tok_, fixture_["hard"], GetParam()); }
+TEST_P(SmolLm2Test, GeneratedStringIdsMatchHf) {
+  CheckCases(*tok_, fixture_["generated"], GetParam());
+}
 
 TEST_P(SmolLm2Test, RandomIdDecodesMatchHf) {
   for (const auto& c : fixture_["random_decodes"]) {
@@ -123,6 +126,47 @@ TEST_P(SmolLm2Test, ChatTemplateMatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sources, SmolLm2Test, ::testing::Values("gguf", "tokenizer_json"));
+
+// SmolLM2's pre-tokenizer splits digits off before the ByteLevel regex (GGUF
+// tokenizer.ggml.pre "smollm"; tokenizer.json Sequence[Digits, ByteLevel]).
+// ByteLevel alone would give [81, 216, 216, 33, 34, 13855]: the second space
+// would stay with the digits.
+TEST(SmolLm2Sources, DigitsAreSplitBeforeByteLevel) {
+  auto hf = LoadHf("smollm2-tokenizer");
+  ASSERT_NE(hf, nullptr);
+  const std::vector<int32_t> expected = {81, 256, 33, 34, 13855};
+  EXPECT_EQ(hf->Encode("a  12 apples", {.add_special_tokens = false}), expected);
+  auto gguf = LoadGguf();
+  if (gguf == nullptr) GTEST_SKIP() << "PAGEDSERVE_MODEL not set or missing";
+  EXPECT_EQ(gguf->Encode("a  12 apples", {.add_special_tokens = false}), expected);
+}
+
+// The two loaders of SmolLM2's tokenizer (the GGUF's metadata, the HF
+// tokenizer.json fixture) build the same tokenizer: equal ids on every fixture
+// string (prompts, hard strings and the generated ones; the fixture compares
+// each source with HF on its own above).
+TEST(SmolLm2Sources, GgufAndTokenizerJsonGiveEqualIds) {
+  auto gguf = LoadGguf();
+  if (gguf == nullptr && !::testing::Test::HasFailure()) {
+    GTEST_SKIP() << "PAGEDSERVE_MODEL not set or missing";
+  }
+  ASSERT_NE(gguf, nullptr);
+  auto hf = LoadHf("smollm2-tokenizer");
+  ASSERT_NE(hf, nullptr);
+  auto fixture = LoadFixture("smollm2.json");
+  std::vector<std::string> corpus;
+  for (const char* section : {"prompts", "hard", "generated"}) {
+    for (const auto& c : fixture[section]) corpus.push_back(c["text"]);
+  }
+  int differing = 0;
+  for (const std::string& text : corpus) {
+    std::vector<int32_t> a = hf->Encode(text, {.add_special_tokens = false});
+    std::vector<int32_t> b = gguf->Encode(text, {.add_special_tokens = false});
+    EXPECT_EQ(a, b) << "'" << text << "'";
+    differing += a != b;
+    if (differing > 10) break;
+  }
+}
 
 TEST(ChatTemplates, OtherFamiliesMatchTransformers) {
   auto fixture = LoadFixture("smollm2.json");

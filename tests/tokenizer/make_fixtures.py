@@ -4,10 +4,12 @@ tokenizers (nobody here wrote them).
 
     scripts/install-deps --reference
     python3 tests/tokenizer/make_fixtures.py [--model PATH.gguf]
+    python3 tests/tokenizer/make_fixtures.py --ids-only   # pip install tokenizers gguf
 
 Writes (committed):
   tests/fixtures/smollm2-tokenizer/tokenizer.json, tokenizer_config.json
-      SmolLM2's tokenizer as transformers builds it from the GGUF.
+      SmolLM2's tokenizer as transformers builds it from the GGUF, with the
+      pre-tokenizer the GGUF declares (tokenizer.ggml.pre; transformers drops it).
   tests/tokenizer/fixtures/smollm2.json
       token ids of prompts and hard strings, decodes of those ids and of random id
       sequences (skip_special_tokens false/true), chat template renderings.
@@ -82,7 +84,42 @@ HARD = [
     "Math: ∑ x² ≤ ∞, ∀ε>0 ∃δ",
     "!!!??? ... --- *** ___",
     "CamelCaseIdentifier snake_case_identifier kebab-case-identifier",
+    # Runs of spaces (and other whitespace) before digits: where a pre-tokenizer
+    # that splits digits first (SmolLM2's) and plain ByteLevel disagree.
+    "a  12 apples",
+    "x   3 y    45 z     678",
+    "  7",
+    "     2024-01-01",
+    "\t9\n  8\r\n   7",
+    "1  2   3    4     5",
+    "price:  $ 1 000,  00 EUR",
+    "日本  2024年  12月",
+    "🙂  3 🙂   4",
+    "Ω  9 and  ٣٤ and  ５６ and  ² ½ Ⅻ",
+    "v1.2.3  (build  42)",
+    "arr[  0] = x  -  1;  // i  +=  2",
 ]
+
+# Pieces of the generated strings (GENERATED_COUNT of them, 1-12 pieces each, from
+# a seeded generator): where pre-tokenizers go wrong. Runs of spaces, tabs and
+# newlines next to digits (ASCII, Arabic-Indic, full-width, superscript, fraction,
+# Roman numeral), letters of several scripts, CJK, emoji with modifiers and
+# joiners, combining marks, code punctuation, contractions, special-token look-alikes.
+GENERATED_PIECES = [
+    " ", "  ", "   ", "\t", "\n", "\r\n", "\u00a0", "\u3000", "0", "7", "12", "2024", "3.14",
+    "\u0663\u0664", "\uff15\uff16", "\u00b2", "\u00bd", "\u216b", "a", "apples", "The",
+    "don't", "I'm", "\u0645\u0631\u062d\u0628\u0627", "\u043c\u0438\u0440",
+    "\u65e5\u672c\u8a9e", "\u6771\u4eac", "\ud55c\uad6d\uc5b4", "\U0001f600",
+    "\U0001f44d\U0001f3fd", "\U0001f468\u200d\U0001f469\u200d\U0001f467", "\u2764\ufe0f",
+    "e\u0301", "{", "}", "()", "[i]", "->", "==", "//", "#", "$", "%", "_", "x_1",
+    "<|im_start|>", "<|im_end", ".", ",", "!?"]
+GENERATED_COUNT = 200
+
+
+def generated_strings(seed=2026):
+    rng = random.Random(seed)
+    return ["".join(rng.choice(GENERATED_PIECES) for _ in range(rng.randint(1, 12)))
+            for _ in range(GENERATED_COUNT)]
 
 
 def build_messages():
@@ -182,6 +219,39 @@ def random_decodes(fast, vocab_size, emoji_ids, rng, count=40):
     return out
 
 
+# GGUF tokenizer.ggml.pre names whose pre-tokenizer splits every digit off before
+# the GPT-2 ByteLevel regex: llama.cpp (src/llama-vocab.cpp) runs the regexes
+# "\\p{N}" then the GPT-2 one for LLAMA_VOCAB_PRE_TYPE_SMOLLM / STARCODER / REFACT /
+# COMMAND_R / CODESHELL / EXAONE / MINERVA, and those models' own tokenizer.json
+# say the same with Sequence[Digits(individual_digits=true), ByteLevel].
+DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
+
+
+def gguf_pre_name(model_path):
+    import gguf
+    field = gguf.GGUFReader(model_path).fields.get("tokenizer.ggml.pre")
+    return bytes(field.parts[field.data[0]]).decode("utf-8") if field else "default"
+
+
+def make_pre_tokenizer_faithful(fast, pre_name):
+    """transformers' GGUF converter ignores tokenizer.ggml.pre and always builds a
+    plain ByteLevel pre-tokenizer. Put back what the model's own tokenizer.json
+    has, so that the fixture tokenizes as the model (and llama.cpp) does: for
+    SmolLM2 "a  12 apples" is [81, 256, 33, 34, 13855], not 6 ids."""
+    from tokenizers import pre_tokenizers
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True,
+                                          use_regex=True)
+    if pre_name in DIGIT_SPLIT_PRE:
+        fast.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif pre_name in ("default", "gpt2", "gpt-2"):
+        fast.pre_tokenizer = byte_level
+    else:
+        raise SystemExit(f"make_fixtures.py: no HF pre-tokenizer known for GGUF pre '{pre_name}'")
+    return f"GGUF tokenizer.ggml.pre '{pre_name}' -> " + json.dumps(
+        json.loads(fast.to_str())["pre_tokenizer"], separators=(",", ":"))
+
+
 def write_json(path, obj):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
@@ -196,6 +266,7 @@ def smollm2(model_path, rng):
 
     d, name = os.path.split(model_path)
     tok = AutoTokenizer.from_pretrained(d, gguf_file=name)
+    pre_tokenizer = make_pre_tokenizer_faithful(tok.backend_tokenizer, gguf_pre_name(model_path))
     reader = gguf.GGUFReader(model_path)
     field = reader.fields["tokenizer.chat_template"]
     gguf_template = bytes(field.parts[field.data[0]]).decode("utf-8")
@@ -225,11 +296,13 @@ def smollm2(model_path, rng):
         "generator": "tests/tokenizer/make_fixtures.py",
         "transformers_tokenizer": type(tok).__name__,
         "model": name,
+        "pre_tokenizer": pre_tokenizer,
         "bos_token": tok.bos_token,
         "eos_token": tok.eos_token,
         "chat_template": gguf_template,
         "prompts": encode_cases(tok, PROMPTS),
         "hard": encode_cases(tok, HARD),
+        "generated": encode_cases(tok, generated_strings()),
         "random_decodes": random_decodes(fast, fast.get_vocab_size(), emoji_ids, rng),
         "chat": {
             "smollm2": render_all(tok, gguf_template, tok.bos_token, tok.eos_token),
@@ -305,12 +378,47 @@ def spm_tiny(rng):
         "random_decodes": random_decodes(hf, hf.get_vocab_size(), list(range(259, hf.get_vocab_size())), rng, count=40)})
 
 
+def smollm2_ids_only(model_path):
+    """Without transformers (and torch, which its GGUF reader needs): makes the
+    committed tokenizer.json's pre-tokenizer faithful and recomputes every id list
+    of smollm2.json with HF `tokenizers` alone. Texts, decodes, chat renderings
+    and random decodes do not depend on the pre-tokenizer and are kept; the hard
+    strings are taken from HARD (new ones get their ids and decodes)."""
+    from tokenizers import Tokenizer as HfTokenizer
+    out_dir = os.path.join(ROOT, "tests/fixtures/smollm2-tokenizer")
+    fast = HfTokenizer.from_file(os.path.join(out_dir, "tokenizer.json"))
+    pre_tokenizer = make_pre_tokenizer_faithful(fast, gguf_pre_name(model_path))
+    fast.save(os.path.join(out_dir, "tokenizer.json"), pretty=False)
+    print("wrote", os.path.relpath(os.path.join(out_dir, "tokenizer.json"), ROOT))
+    path = os.path.join(ROOT, "tests/tokenizer/fixtures/smollm2.json")
+    with open(path, encoding="utf-8") as f:
+        fixtures = json.load(f)
+    fixtures = {k: v for kv in fixtures.items() if kv[0] != "pre_tokenizer"
+                for k, v in ([kv, ("pre_tokenizer", pre_tokenizer)] if kv[0] == "model" else [kv])}
+    fixtures["prompts"] = encode_cases(fast, [c["text"] for c in fixtures["prompts"]])
+    fixtures["hard"] = encode_cases(fast, HARD)
+    fixtures = {k: v for kv in fixtures.items() if kv[0] != "generated"
+                for k, v in ([kv, ("generated", encode_cases(fast, generated_strings()))]
+                             if kv[0] == "hard" else [kv])}
+    for r in fixtures["chat"]["smollm2"]:
+        if "text" in r:
+            r["ids"] = fast.encode(r["text"], add_special_tokens=False).ids
+    write_json(path, fixtures)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="SmolLM2 GGUF (default: scripts/fetch-model)")
+    parser.add_argument("--ids-only", action="store_true",
+                        help="SmolLM2 only, with `tokenizers` + `gguf` (no transformers/torch): "
+                             "fix the pre-tokenizer of the committed tokenizer.json and recompute "
+                             "the ids of smollm2.json")
     args = parser.parse_args()
     model = args.model or subprocess.check_output(
         [os.path.join(ROOT, "scripts/fetch-model")], text=True).strip()
+    if args.ids_only:
+        smollm2_ids_only(model)
+        return
     rng = random.Random(1234)
     smollm2(model, rng)
     spm_tiny(rng)

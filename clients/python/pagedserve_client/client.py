@@ -1,4 +1,4 @@
-"""Python client for pagedserve, protocol v1 over ZeroMQ (see docs/protocol.md).
+"""The client of pagedserve's protocol v1 over ZeroMQ (see docs/protocol.md).
 
 The server binds a ROUTER socket; this client connects a DEALER socket and sends
 one JSON object per message. Many requests may be in flight on one client: replies

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""The `pagedserve` command line: help and per-sub-command flags.
+
+    cli_flags_test.py PAGEDSERVE SOURCE_DIR
+
+`--help`, `help`, `COMMAND --help`, `help COMMAND`, `--helpfull` print usage on
+stdout and exit 0; each command's usage lists exactly the flags its sources
+register for it (PAGEDSERVE_FLAG / PAGEDSERVE_REGISTER_FLAG in runtime/cli/);
+a flag of another command, an unknown flag or an unknown command exits 2 with a
+message naming it, before the command runs (a rejected flag is not ignored).
+No model or server is needed: the commands that would run fail fast or are `sim`.
+"""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+COMMANDS = ["client", "generate", "serve", "sim"]
+
+
+def run(binary, args, timeout=60):
+    # In a scratch folder: `sim` writes its SVG into the working directory.
+    with tempfile.TemporaryDirectory() as cwd:
+        p = subprocess.run([binary] + args, capture_output=True, timeout=timeout, cwd=cwd)
+    return p.returncode, p.stdout.decode("utf-8"), p.stderr.decode("utf-8")
+
+
+def registered_flags(source_dir):
+    """{command: {dashed flag}} from the PAGEDSERVE_FLAG lines of runtime/cli/."""
+    out = {c: set() for c in COMMANDS}
+    pattern = re.compile(r'PAGEDSERVE_(?:FLAG\(\s*"([^"]+)",\s*[^,]+,\s*(\w+)|'
+                         r'REGISTER_FLAG\(\s*"([^"]+)",\s*(\w+)\))')
+    for path in glob.glob(os.path.join(source_dir, "runtime/cli/*_command.cc")) + [
+            os.path.join(source_dir, "runtime/cli/common_flags.cc")]:
+        with open(path, encoding="utf-8") as f:
+            for m in pattern.finditer(f.read()):
+                commands, name = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+                for c in commands.split(","):
+                    out[c.strip()].add("--" + name.replace("_", "-"))
+    return out
+
+
+def listed_flags(usage):
+    return set(re.findall(r"^  (--[a-z0-9-]+) \(default", usage, re.M))
+
+
+def main():
+    binary, source_dir = sys.argv[1:3]
+    failures = []
+
+    def check(cond, what):
+        print(("ok    " if cond else "FAIL  ") + what)
+        if not cond:
+            failures.append(what)
+
+    for args in (["--help"], ["-h"], ["help"]):
+        rc, out, err = run(binary, args)
+        check(rc == 0 and out.startswith("usage: pagedserve COMMAND") and
+              all(f"\n  {c} " in out for c in COMMANDS), f"{args} prints the command list, exit 0 (rc={rc})")
+    rc, out, err = run(binary, [])
+    check(rc == 2 and "usage: pagedserve COMMAND" in err, f"no command: usage on stderr, exit 2 (rc={rc})")
+
+    expected = registered_flags(source_dir)
+    check(all(expected.values()) and "--model" in expected["serve"] and "--health" in expected["client"],
+          "the sources register flags for every command")
+    for c in COMMANDS:
+        for args in ([c, "--help"], ["help", c], ["--help", c]):
+            rc, out, err = run(binary, args)
+            check(rc == 0 and out.startswith(f"usage: pagedserve {c} [flags]"),
+                  f"{args}: usage of {c}, exit 0 (rc={rc}, stderr={err.strip()[:200]!r})")
+            listed = listed_flags(out)
+            check(listed == expected[c], f"{args} lists exactly {c}'s flags "
+                  f"(missing {sorted(expected[c] - listed)}, extra {sorted(listed - expected[c])})")
+    rc, out, err = run(binary, ["--helpfull"])
+    check(rc == 0 and all(f"usage: pagedserve {c} [flags]" in out for c in COMMANDS),
+          f"--helpfull prints every command's usage, exit 0 (rc={rc})")
+    check(listed_flags(out) == set().union(*expected.values()), "--helpfull lists every flag")
+
+    # A flag of another command: exit 2 naming it, before the command runs.
+    # `sim` alone succeeds, and `client --health` on a dead endpoint would wait
+    # for a timeout: neither happens.
+    not_applicable = [
+        (["sim", "--block-size", "8"], "--block-size"),
+        (["sim", "--model=/x.gguf"], "--model"),
+        (["sim", "--no-enable-prefix-caching"], "--enable-prefix-caching"),
+        (["client", "--health", "--max-num-seqs", "4", "--zmq-endpoint", "tcp://127.0.0.1:9"],
+         "--max-num-seqs"),
+        (["serve", "--model", "/x.gguf", "--max-tokens", "4"], "--max-tokens"),
+        (["serve", "--model", "/x.gguf", "--health"], "--health"),
+        (["generate", "--model", "/x.gguf", "--metrics-port", "9400"], "--metrics-port"),
+        (["generate", "--model", "/x.gguf", "--sim_seed=3"], "--sim-seed"),
+        (["--zmq-endpoint", "tcp://127.0.0.1:9", "sim"], "--zmq-endpoint"),
+    ]
+    for args, flag in not_applicable:
+        command = next(a for a in args if a in COMMANDS)
+        rc, out, err = run(binary, args, timeout=20)
+        check(rc == 2 and f"{flag} does not apply to `pagedserve {command}`" in err and out == "",
+              f"{args}: exit 2 naming {flag} (rc={rc}, stderr={err.strip()!r})")
+
+    for args, what in ((["sim", "--bogus-flag"], "unknown flag --bogus-flag"),
+                       (["frob"], "unknown command 'frob'"),
+                       (["frob", "--help"], "unknown command 'frob'")):
+        rc, out, err = run(binary, args)
+        check(rc == 2 and what in err, f"{args}: exit 2, '{what}' (rc={rc}, stderr={err.strip()[:200]!r})")
+
+    # Accepted forms: the command runs. A non-boolean flag's separate value is
+    # not taken for the command (`--sim-seed 3 sim`); dashed negation works.
+    rc, out, err = run(binary, ["--sim-seed", "3", "sim", "--sim-num-requests", "5"])
+    check(rc == 0 and "paged" in out.lower(), f"flag before the command, its value skipped (rc={rc}, {err!r})")
+    rc, out, err = run(binary, ["sim", "--sim_num_requests=5", "--sim-block-size=8"])
+    check(rc == 0, f"underscored and dashed spellings (rc={rc}, {err!r})")
+    rc, out, err = run(binary, ["generate", "--no-enable-prefix-caching", "--model", "/nonexistent.gguf"])
+    check(rc == 1 and "does not exist" in err and "nknown" not in err,
+          f"--no-enable-prefix-caching parses; the missing model is the error (rc={rc}, {err.strip()!r})")
+
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
