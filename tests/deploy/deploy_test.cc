@@ -19,6 +19,7 @@
 
 #include "gtest/gtest.h"
 #include "monitoring/metrics.h"
+#include "tests/distributed/subprocess.h"
 #include "tests/monitoring/test_util.h"
 
 namespace pagedserve {
@@ -53,12 +54,25 @@ TEST(KustomizeTest, EveryOverlayRendersAndValidates) {
                         SourceDir() + "/deploy/k8s/overlays/" + o + "'");
     EXPECT_EQ(r.exit_code, 0) << o << ":\n" << r.output;
     EXPECT_NE(r.output.find(", 0 errors"), std::string::npos) << r.output;
-    for (const std::string& obj : {workload.at(o), std::string("Service/pagedserve"),
+    for (const std::string& obj : {workload.at(o), std::string("Service/pagedserve-api"),
                                    std::string("ServiceMonitor/pagedserve"),
+                                   std::string("PrometheusRule/pagedserve"),
                                    std::string("ConfigMap/pagedserve-grafana-dashboard")}) {
       EXPECT_NE(r.output.find("validated " + obj + "\n"), std::string::npos) << o << ": " << obj;
     }
+    // No client-facing Service takes the name of the LWS controller's headless Service.
+    EXPECT_EQ(r.output.find("validated Service/pagedserve\n"), std::string::npos) << o;
   }
+  // The worker host name the leader's entry point resolves is published.
+  auto r = RunCommand("python3 '" + SourceDir() + "/tests/deploy/validate_manifests.py' '" +
+                      SourceDir() + "/deploy/k8s/overlays/multi-node'");
+  EXPECT_NE(r.output.find("resolves pagedserve-0-1.pagedserve.default\n"), std::string::npos)
+      << r.output;
+}
+
+TEST(KustomizeTest, PrometheusRuleIsGeneratedFromTheAlertRules) {
+  auto r = RunCommand("python3 '" + SourceDir() + "/monitoring/make_prometheusrule.py' --check");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST(KustomizeTest, BrokenOverlaysAreRejected) {
@@ -66,6 +80,14 @@ TEST(KustomizeTest, BrokenOverlaysAreRejected) {
       {"unknown-field", {"'terminationGracePeriod' was unexpected"}},
       {"bad-lws", {"'Always' is not one of", "workerTemplate: kubernetes", "'readinesProbe' was unexpected"}},
       {"bad-port", {"targetPort 'prometheus'", "endpoint port 'http-metrics'"}},
+      {"lws-service-name",
+       {"Service/pagedserve: takes the name of the headless Service the LeaderWorkerSet controller",
+        "host name 'pagedserve-0-1.pagedserve.default' (used by the entrypoint) is published by no "
+        "headless Service"}},
+      {"probes", {"readinessProbe of pagedserve must be GET /health on port http",
+                  "livenessProbe of pagedserve is /health"}},
+      {"alert-job", {"rule PagedserveDown selects job=\"pagedserve\", but the ServiceMonitors "
+                     "produce ['pagedserve-api']"}},
   };
   for (const auto& [dir, messages] : cases) {
     auto r = RunCommand("python3 '" + SourceDir() + "/tests/deploy/validate_manifests.py' '" +
@@ -159,6 +181,9 @@ TEST_F(EntrypointFixture, ServeRunsOneCoordinatorPlusOneRankPerGpu) {
   EXPECT_NE(r.output.find("ARG --model\nARG " + dir_ + "/models/SmolLM2.gguf\n"), std::string::npos);
   EXPECT_NE(r.output.find("ARG --zmq-endpoint\nARG tcp://0.0.0.0:5555\n"), std::string::npos);
   EXPECT_NE(r.output.find("ARG --metrics-port\nARG 9400\n"), std::string::npos);
+  EXPECT_NE(r.output.find("ARG --host\nARG 0.0.0.0\nARG --port\nARG 8000\n"), std::string::npos);
+  EXPECT_NE(r.output.find("ARG --pid-file\nARG /tmp/pagedserve-coordinator.pid\n"),
+            std::string::npos);
   EXPECT_NE(r.output.find("ARG --max-num-seqs=8\n"), std::string::npos) << "extra flags pass through";
   EXPECT_EQ(r.output.find("allow-run-as-root"), std::string::npos);
 }
@@ -202,7 +227,7 @@ TEST_F(EntrypointFixture, LeaderOutsideLeaderWorkerSetFails) {
   EXPECT_NE(r.output.find("LWS_LEADER_ADDRESS"), std::string::npos) << r.output;
 }
 
-TEST_F(EntrypointFixture, DrainWaitsForInFlightRequestsAndProbeReadsMetrics) {
+TEST_F(EntrypointFixture, ProbeReadsMetricsAndDrainWithoutCoordinatorIsANoOp) {
   int port = testing::FreePort();
   MetricsOptions o;
   o.listen_address = "127.0.0.1:" + std::to_string(port);
@@ -210,33 +235,63 @@ TEST_F(EntrypointFixture, DrainWaitsForInFlightRequestsAndProbeReadsMetrics) {
   ASSERT_TRUE(m.ok()) << m.status();
   std::string env = "PAGEDSERVE_METRICS_PORT=" + std::to_string(port);
   EXPECT_EQ(Entrypoint(env, "probe-metrics").exit_code, 0);
-
-  (*m)->SetRequests(2, 1, 0);
-  auto start = std::chrono::steady_clock::now();
-  std::thread finish([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-    (*m)->SetRequests(0, 0, 0);
-  });
-  auto r = Entrypoint(env, "drain 30");
-  finish.join();
-  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("waiting for 3 in-flight requests"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("drained"), std::string::npos) << r.output;
-  EXPECT_GE(waited, 2.0);
-  EXPECT_LT(waited, 15.0);
-
-  // Budget spent: gives up (exit 0 so that termination goes on) after ~2 s.
-  (*m)->SetRequests(1, 0, 0);
-  r = Entrypoint(env, "drain 2");
-  EXPECT_EQ(r.exit_code, 0);
-  EXPECT_NE(r.output.find("drain budget of 2s spent"), std::string::npos) << r.output;
-
   m->reset();
   EXPECT_NE(Entrypoint(env, "probe-metrics").exit_code, 0) << "no endpoint, probe must fail";
-  r = Entrypoint(env, "drain 5");
+  // No coordinator (no pid file, or a stale one): nothing to drain, exit 0 at once.
+  auto r = Entrypoint(env + " PAGEDSERVE_PID_FILE=" + dir_ + "/none.pid", "drain 5");
   EXPECT_EQ(r.exit_code, 0);
-  EXPECT_NE(r.output.find("metrics endpoint gone"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("coordinator not running"), std::string::npos) << r.output;
+  std::ofstream(dir_ + "/stale.pid") << "999999999\n";
+  r = Entrypoint(env + " PAGEDSERVE_PID_FILE=" + dir_ + "/stale.pid", "drain 5");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("coordinator not running"), std::string::npos) << r.output;
+}
+
+// The preStop contract against a real server (pagedserve serve, TP = 1, the
+// random test model): the drain stops admission at once (a new request is
+// refused), lets the in-flight request finish whole, and returns once the
+// coordinator has exited.
+TEST_F(EntrypointFixture, DrainStopsAdmissionThenWaitsForInFlightRequests) {
+  using pagedserve::subprocess::Child;
+  const std::string bin = pagedserve::subprocess::Env("PAGEDSERVE_BIN");
+  const std::string model = pagedserve::subprocess::Env("PAGEDSERVE_TEST_MODEL");
+  if (bin.empty() || model.empty()) GTEST_SKIP() << "PAGEDSERVE_BIN / PAGEDSERVE_TEST_MODEL not set";
+  const std::string zmq = "tcp://127.0.0.1:" + std::to_string(testing::FreePort());
+  const int metrics_port = testing::FreePort();
+  const std::string pid_file = dir_ + "/coordinator.pid";
+  Child server({bin, "serve", "--model", model, "--zmq-endpoint", zmq, "--metrics-port",
+                std::to_string(metrics_port), "--pid-file", pid_file, "--shutdown-grace", "120",
+                "--kv-cache-memory", "33554432", "--swap-space", "0.01"});
+  ASSERT_TRUE(server.WaitFor(std::regex("pagedserve serve: serving"), 180).has_value())
+      << server.out();
+  auto client = [&](int max_tokens) {
+    return std::vector<std::string>{bin, "client", "--zmq-endpoint", zmq, "--temperature", "0",
+                                    "--ignore-eos", "--max-tokens", std::to_string(max_tokens),
+                                    "--client-timeout", "120", "Once upon a time"};
+  };
+  Child in_flight(client(48));
+  ASSERT_TRUE(in_flight.WaitFor(std::regex(R"(\S{6})"), 60).has_value()) << in_flight.out();
+
+  const std::string env = "PAGEDSERVE_METRICS_PORT=" + std::to_string(metrics_port) +
+                          " PAGEDSERVE_PID_FILE=" + pid_file;
+  Child drain({"/bin/bash", "-c",
+               "env -i PATH=/usr/bin:/bin HOME='" + dir_ + "/home' " + env + " bash '" +
+                   SourceDir() + "/deploy/docker/entrypoint.sh' drain 100"});
+  ASSERT_TRUE(drain.WaitFor(std::regex("admission stopped"), 30).has_value()) << drain.out();
+  // Refused while draining; the in-flight request still completes in full.
+  auto refused = pagedserve::subprocess::RunChild(client(4), 60);
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_TRUE(std::regex_search(refused.out, std::regex("busy|unavailable|shutting down")))
+      << refused.out;
+  auto done = in_flight.Wait(120);
+  EXPECT_EQ(done.exit_code, 0) << done.out;
+  EXPECT_NE(done.out.find("finish_reason=length"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("completion_tokens=48"), std::string::npos) << done.out;
+  auto d = drain.Wait(120);
+  EXPECT_EQ(d.exit_code, 0) << d.out;
+  EXPECT_NE(d.out.find("drained: the coordinator has exited"), std::string::npos) << d.out;
+  auto s = server.Wait(30);
+  EXPECT_EQ(s.exit_code, 0) << s.out;
 }
 
 TEST_F(EntrypointFixture, OtherCommandsRunAsGiven) {
