@@ -189,7 +189,8 @@ TEST(DockerfileTest, MultiStageNonRootWithHealthcheckAndMpirunEntrypoint) {
 TEST(EntrypointTest, ShellcheckReportsNothing) {
   ASSERT_TRUE(Has("shellcheck")) << "shellcheck needed (Debian package shellcheck)";
   auto r = RunCommand("shellcheck '" + SourceDir() + "/deploy/docker/entrypoint.sh' '" +
-                      SourceDir() + "/scripts/fetch-model'");
+                      SourceDir() + "/scripts/fetch-model' '" + SourceDir() +
+                      "/scripts/install-deps' '" + SourceDir() + "/tests/multihost/netns_hosts.sh'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
