@@ -27,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "distributed/communicator.h"
+#include "distributed/liveness.h"
 #include "distributed/plan_transport.h"
 #include "kernels/cuda_device.h"
 #include "runtime/common/status_macros.h"
@@ -50,6 +51,10 @@ struct MpiState {
   // The coordinator's host name and pid (for the workers' liveness check).
   char coordinator_host[MPI_MAX_PROCESSOR_NAME] = {};
   int64_t coordinator_pid = 0;
+  // Liveness links (distributed/liveness.h): the coordinator's monitor and
+  // the endpoint every rank learns at start-up ("" when the monitor failed).
+  std::unique_ptr<LivenessMonitor> liveness;
+  char liveness_endpoint[kLivenessEndpointBytes] = {};
 };
 MpiState& State() {
   static MpiState* state = new MpiState();
@@ -233,21 +238,28 @@ class MpiExecutor final : public Executor {
         cpu_blocks_(cpu_blocks) {
     // Workers on this host are watched directly: a dead one is an error within
     // ~20 ms instead of at the step timeout.
+    // Workers on other hosts are watched through their liveness links: a dead
+    // process is seen at once, a dead host or link within kLivenessTimeout.
+    std::vector<int> local_ranks;
     for (const WorkerHello& h : workers)
-      if (h.pid > 0 && h.host == State().coordinator_host)
+      if (h.pid > 0 && h.host == State().coordinator_host) {
         local_workers_.push_back({h.world_rank, h.pid});
-    if (!local_workers_.empty()) {
-      sender_.SetLivenessCheck([this]() -> absl::Status {
+        local_ranks.push_back(h.world_rank);
+      }
+    if (!local_workers_.empty() || State().liveness != nullptr) {
+      sender_.SetLivenessCheck([this, local_ranks]() -> absl::Status {
         for (const auto& [rank, pid] : local_workers_)
           if (ProcessGone(pid))
             return absl::UnavailableError(
                 absl::StrCat("worker rank ", rank, " (pid ", pid, ") exited"));
+        if (State().liveness != nullptr) return State().liveness->Check(local_ranks);
         return absl::OkStatus();
       });
     }
   }
 
   ~MpiExecutor() override {
+    if (failed_ && !abort_sent_) SendAbortPlan();
     if (!shut_down_ && !failed_) {
       // Not shut down by the owner: stop the workers anyway (no hang at exit).
       Abort(absl::CancelledError("executor destroyed without Shutdown")).IgnoreError();
@@ -260,12 +272,12 @@ class MpiExecutor final : public Executor {
     if (shut_down_) return absl::FailedPreconditionError("MPI executor is shut down");
     if (plan.shutdown) return absl::InvalidArgumentError("use Shutdown() to stop the workers");
     const auto t0 = std::chrono::steady_clock::now();
-    if (auto s = sender_.Send(plan); !s.ok()) return Abort(s);
+    if (auto s = sender_.Send(plan); !s.ok()) return Fail(s);
     const auto t1 = std::chrono::steady_clock::now();
     absl::StatusOr<StepResult> result = sender_.Receive();
-    if (!result.ok()) return Abort(result.status());
+    if (!result.ok()) return Fail(result.status());
     if (result->step_id != plan.step_id)
-      return Abort(absl::InternalError(absl::StrCat("result for step ", result->step_id,
+      return Fail(absl::InternalError(absl::StrCat("result for step ", result->step_id,
                                                     " while waiting for step ", plan.step_id)));
     const auto t2 = std::chrono::steady_clock::now();
     ++stats_.steps;
@@ -282,6 +294,7 @@ class MpiExecutor final : public Executor {
     StepPlan plan;
     plan.step_id = kShutdownStepId;
     plan.shutdown = true;
+    if (State().liveness != nullptr) State().liveness->ExpectExits();
     if (auto s = sender_.Send(plan); !s.ok()) return Abort(s);
     // Every worker acknowledges: a missing one is dead or stuck.
     for (int i = 0; i < num_workers_; ++i) {
@@ -305,15 +318,30 @@ class MpiExecutor final : public Executor {
   // non-zero (best effort: a dead or stuck worker is stopped by mpirun once
   // FinalizeMpi aborts the job).
   absl::Status Abort(absl::Status error) {
+    Fail(error).IgnoreError();
+    SendAbortPlan();
+    return error;
+  }
+
+  // A failed step: marks the executor and the process failed and returns the
+  // error at once, so that the engine fails its requests before anything else
+  // (mpirun may kill this process within a second of a rank's death). The
+  // abort plan follows in the destructor.
+  absl::Status Fail(absl::Status error) {
     failed_ = true;
     error_ = error;
     State().failed.store(true);
     Log().error("worker ranks failed: {}", error.ToString());
+    if (State().liveness != nullptr) State().liveness->ExpectExits();
+    return error;
+  }
+
+  void SendAbortPlan() {
+    abort_sent_ = true;
     StepPlan abort;
     abort.step_id = kAbortStepId;
     abort.shutdown = true;
     sender_.Send(abort, kAbortSendTimeout).IgnoreError();
-    return error;
   }
 
  private:
@@ -325,6 +353,7 @@ class MpiExecutor final : public Executor {
   int64_t cpu_blocks_;
   bool shut_down_ = false;
   bool failed_ = false;
+  bool abort_sent_ = false;
   absl::Status error_;
   MpiExecutorStats stats_;
   std::vector<std::pair<int, int64_t>> local_workers_;  // (world rank, pid) on this host
@@ -359,6 +388,19 @@ absl::StatusOr<LaunchInfo> InitMpi(int* argc, char*** argv) {
     }
     MPI_Bcast(st.coordinator_host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, MPI_COMM_WORLD);
     MPI_Bcast(&st.coordinator_pid, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    // ... and where to open its liveness link.
+    if (info.world_rank == 0) {
+      absl::StatusOr<std::unique_ptr<LivenessMonitor>> m = LivenessMonitor::Start();
+      if (m.ok()) {
+        st.liveness = std::move(*m);
+        std::snprintf(st.liveness_endpoint, sizeof(st.liveness_endpoint), "%s",
+                      st.liveness->endpoint().c_str());
+      } else {
+        Log().warn("no liveness links (workers on other hosts are watched only by the step "
+                   "timeout): {}", m.status().ToString());
+      }
+    }
+    MPI_Bcast(st.liveness_endpoint, kLivenessEndpointBytes, MPI_CHAR, 0, MPI_COMM_WORLD);
   }
   return info;
 }
@@ -453,6 +495,19 @@ int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
     PS_ASSIGN_OR_RETURN(worker, Worker::Create(o, comm.get()));
     return absl::OkStatus();
   }();
+  // The liveness link to the coordinator (after the collective setup above,
+  // which every worker must enter): without it a lost coordinator or a
+  // partitioned host would leave this rank waiting forever.
+  std::unique_ptr<LivenessBeacon> beacon;
+  if (setup.ok() && State().liveness_endpoint[0] != '\0') {
+    absl::StatusOr<std::unique_ptr<LivenessBeacon>> b =
+        LivenessBeacon::Connect(State().liveness_endpoint, info.world_rank);
+    if (b.ok()) {
+      beacon = std::move(*b);
+    } else {
+      setup = b.status();
+    }
+  }
   const int tp_rank = comm ? comm->rank() : info.world_rank - 1;
   if (setup.ok()) {
     hello.ok = true;
@@ -485,6 +540,7 @@ int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
       continue;
     }
     if (plan->shutdown) {
+      if (beacon) beacon->Stop();
       const bool aborted = plan->step_id == kAbortStepId;
       if (!aborted) {
         StepResult ack;

@@ -8,9 +8,11 @@
 #   pagedserve-entrypoint worker             LeaderWorkerSet worker: runs a non-root sshd on
 #                                            $PAGEDSERVE_SSH_PORT so that the leader's mpirun can
 #                                            start its orted here
-#   pagedserve-entrypoint drain [SECONDS]    preStop hook: waits until no request is running or
-#                                            waiting (read from the metrics endpoint), at most
-#                                            SECONDS (default 240)
+#   pagedserve-entrypoint drain [SECONDS]    preStop hook: stops admission (SIGTERM to the
+#                                            coordinator, rank 0: new requests get 503 / ZeroMQ
+#                                            `unavailable`, /health turns 503), then waits until
+#                                            its in-flight requests are done and it has exited,
+#                                            at most SECONDS (default 240)
 #   pagedserve-entrypoint probe-metrics      exits 0 when the metrics endpoint answers 200
 #   pagedserve-entrypoint CMD [ARGS...]      runs CMD, e.g. `pagedserve client --health`
 #
@@ -22,23 +24,30 @@
 #   PAGEDSERVE_TENSOR_PARALLEL_SIZE  default: GPUs visible in this pod (serve) or
 #                                    LWS_GROUP_SIZE * PAGEDSERVE_GPUS_PER_POD (leader)
 #   PAGEDSERVE_GPUS_PER_POD          GPUs of each pod of a multi-node group (default: visible GPUs)
+#   PAGEDSERVE_HTTP_PORT             default 8000 (OpenAI-compatible HTTP API and /health, 0.0.0.0)
 #   PAGEDSERVE_ZMQ_PORT              default 5555 (server binds tcp://0.0.0.0:PORT)
 #   PAGEDSERVE_METRICS_PORT          default 9400 (bound on 0.0.0.0)
 #   PAGEDSERVE_SSH_PORT              default 2222 (multi-node only)
 #   PAGEDSERVE_SSH_KEY_DIR           default /etc/pagedserve/ssh: id_ed25519 + id_ed25519.pub
 #   PAGEDSERVE_MPI_IFACE             network interface for MPI traffic (default eth0)
 #   PAGEDSERVE_WAIT_WORKERS_SECONDS  how long the leader waits for the workers (default 600)
+#   PAGEDSERVE_PID_FILE              where the coordinator writes its pid for `drain`
+#                                    (default /tmp/pagedserve-coordinator.pid)
+#   PAGEDSERVE_SHUTDOWN_GRACE        seconds the coordinator lets in-flight requests finish
+#                                    after SIGTERM (default 230, below the drain budget)
 set -euo pipefail
 
 log() { echo "pagedserve-entrypoint: $*" >&2; }
 die() { log "$*"; exit 1; }
 
 model_dir=${PAGEDSERVE_MODEL_DIR:-/models}
+http_port=${PAGEDSERVE_HTTP_PORT:-8000}
 zmq_port=${PAGEDSERVE_ZMQ_PORT:-5555}
 metrics_port=${PAGEDSERVE_METRICS_PORT:-9400}
 ssh_port=${PAGEDSERVE_SSH_PORT:-2222}
 ssh_key_dir=${PAGEDSERVE_SSH_KEY_DIR:-/etc/pagedserve/ssh}
 iface=${PAGEDSERVE_MPI_IFACE:-eth0}
+pid_file=${PAGEDSERVE_PID_FILE:-/tmp/pagedserve-coordinator.pid}
 
 # GPUs this container may use: the NVIDIA device plugin puts the allocated GPUs'
 # UUIDs in NVIDIA_VISIBLE_DEVICES; `all` means ask the driver.
@@ -75,8 +84,17 @@ resolve_model() {
 serve_flags() {  # flags common to single- and multi-node launches
   local model=$1 tp=$2
   echo --model "$model" --tensor-parallel-size "$tp" \
+       --host 0.0.0.0 --port "$http_port" \
        --zmq-endpoint "tcp://0.0.0.0:$zmq_port" \
-       --metrics-host 0.0.0.0 --metrics-port "$metrics_port"
+       --metrics-host 0.0.0.0 --metrics-port "$metrics_port" \
+       --pid-file "$pid_file" --shutdown-grace "${PAGEDSERVE_SHUTDOWN_GRACE:-230}"
+}
+
+running() {  # process $1 exists and is not a zombie waiting for its parent to reap it
+  local state
+  kill -0 "$1" 2>/dev/null || return 1
+  state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 0
+  [[ "$state" != Z && "$state" != X ]]
 }
 
 metrics_body() {  # GET /metrics on loopback with bash's /dev/tcp (no curl in the image)
@@ -155,6 +173,8 @@ CFG
     exec mpirun -np "$((tp + 1))" --hostfile "$hostfile" --map-by slot --bind-to none \
       --mca odls_base_sigkill_timeout "${PAGEDSERVE_SIGKILL_TIMEOUT:-60}" \
       --mca plm_rsh_agent ssh --mca btl_tcp_if_include "$iface" --mca oob_tcp_if_include "$iface" \
+      --mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 2 \
+      --mca oob_tcp_keepalive_probes 3 \
       -x PATH -x LD_LIBRARY_PATH -x CUDA_DEVICE_ORDER=PCI_BUS_ID -x NCCL_SOCKET_IFNAME="$iface" \
       pagedserve serve $(serve_flags "$model" "$tp") "$@"
     ;;
@@ -186,17 +206,28 @@ CFG
     ;;
 
   drain)
+    # Kubernetes runs this before it sends SIGTERM to mpirun. SIGTERM to rank 0
+    # makes it stop admitting and finish what is in flight (up to its
+    # --shutdown-grace), shut the worker ranks down and exit; mpirun then exits.
     budget=${1:-240}
     deadline=$((SECONDS + budget))
-    while (( SECONDS < deadline )); do
-      body=$(metrics_body 2>/dev/null) || { log "metrics endpoint gone; nothing to drain"; exit 0; }
+    pid=$(cat "$pid_file" 2>/dev/null || true)
+    if [[ ! "$pid" =~ ^[0-9]+$ ]] || ! running "$pid"; then
+      log "coordinator not running (no live pid in $pid_file); nothing to drain"; exit 0
+    fi
+    kill -TERM "$pid"
+    log "admission stopped (SIGTERM to the coordinator, pid $pid)"
+    while running "$pid"; do
+      if (( SECONDS >= deadline )); then
+        log "drain budget of ${budget}s spent; stopping with requests in flight"; exit 0
+      fi
+      body=$(metrics_body 2>/dev/null || true)
       # Sample lines: name{model_name="..."} value (the value is the last field).
       busy=$(awk '/^pagedserve_requests_(running|waiting|swapped)[{ ]/ {n += $NF} END {print n + 0}' <<<"$body")
-      if [[ "$busy" == 0 ]]; then log "drained"; exit 0; fi
       log "waiting for $busy in-flight requests"
-      sleep 2
+      sleep 1
     done
-    log "drain budget of ${budget}s spent; stopping with requests in flight"
+    log "drained: the coordinator has exited"
     ;;
 
   probe-metrics)

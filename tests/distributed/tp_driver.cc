@@ -10,6 +10,8 @@
 //   "seq I: T1 T2 ..."  the generated token ids of each prompt
 //   "step N"            before every step (the kill test waits for these)
 //   "stats ..."         with --bench: per-step times (see bench/tp_decode.sh)
+//   "plan bytes ..."    encoded step plan size (EncodeStepPlan): the prefill
+//                       step's and the mean over decode steps
 // Flags:
 //   --prompts "1 2 3,4 5"  token ids of the prompts (default: 3 fixed prompts)
 //   --max-tokens N         tokens generated per prompt (default 8)
@@ -34,6 +36,7 @@
 #include "absl/strings/str_split.h"
 #include "distributed/communicator.h"
 #include "distributed/launch.h"
+#include "distributed/step_plan_codec.h"
 #include "runtime/engine/executor.h"
 #include "runtime/worker/worker.h"
 
@@ -199,6 +202,7 @@ int Coordinate(const DriverFlags& f, Executor& exec) {
   int decode_step = 0;
   double prefill_s = 0, decode_s = 0;
   int64_t decode_tokens = 0;
+  size_t prefill_plan_bytes = 0, decode_plan_bytes = 0;
   std::vector<SeqId> finished;
   bool swapped_in_pending = false;
   while (true) {
@@ -265,9 +269,12 @@ int Coordinate(const DriverFlags& f, Executor& exec) {
       s.generated.push_back(t.token_id);
       if (static_cast<int>(s.generated.size()) >= f.max_tokens) finished.push_back(t.seq_id);
     }
+    const size_t plan_bytes = EncodeStepPlan(plan).size();
     if (prefill) {
       prefill_s += dt;
+      prefill_plan_bytes = plan_bytes;
     } else {
+      decode_plan_bytes += plan_bytes;
       decode_s += dt;
       decode_tokens += static_cast<int64_t>(plan.seqs.size());
       ++decode_step;
@@ -276,6 +283,8 @@ int Coordinate(const DriverFlags& f, Executor& exec) {
   }
   for (size_t i = 0; i < seqs.size(); ++i)
     std::printf("seq %zu: %s\n", i, absl::StrJoin(seqs[i].generated, " ").c_str());
+  std::printf("plan bytes prefill=%zu decode_mean=%.1f\n", prefill_plan_bytes,
+              decode_step > 0 ? static_cast<double>(decode_plan_bytes) / decode_step : 0.0);
   if (auto st = GetMpiExecutorStats(exec); st.ok() && st->steps > 0) {
     std::printf(
         "stats steps=%lld prefill_s=%.6f decode_steps=%d decode_s=%.6f decode_tok_per_s=%.2f "

@@ -1,0 +1,348 @@
+// Ranks on separate network hosts: every host is a network namespace with its
+// own address, host name and veth link to a bridge (tests/multihost/
+// netns_hosts.sh, which runs this binary with the hosts made and deletes them
+// afterwards). mpirun runs on host 0 and starts its daemons on the other hosts
+// through an rsh agent that enters their namespace; OpenMPI is restricted to
+// its TCP transport on the hosts' subnet (`--mca btl tcp,self`), so every byte
+// between ranks on different hosts crosses a veth link. Checks:
+//  - greedy tokens at TP = 2 with the workers on two other hosts equal TP = 1 on
+//    one host (random Llama, 8/2 heads), and TP = 3 across hosts equals TP = 1
+//    on SmolLM2 (9/3 heads);
+//  - a swap-out / swap-in under TP = 2 across hosts changes no token;
+//  - bytes on the links per decode step (sum of what every host sent) are at
+//    least what the all-reduces must move: traffic really crosses the network;
+//  - a worker killed on its host, or a host whose link goes down mid-step:
+//    the client gets an error and every rank exits within 10 s, no hang
+//    (mpirun itself may linger: see ServeBreakAndCheck).
+// Time bounds scale with PAGEDSERVE_TEST_TIME_SCALE (default 1) for slow
+// machines (sanitizers, valgrind).
+//
+// Environment (tests/multihost/CMakeLists.txt and netns_hosts.sh run):
+// PAGEDSERVE_NETNS_SCRIPT, PAGEDSERVE_NETNS_PREFIX, PAGEDSERVE_NETNS_HOSTS,
+// PAGEDSERVE_TP_DRIVER, PAGEDSERVE_BIN, PAGEDSERVE_MPIEXEC,
+// PAGEDSERVE_TEST_MODEL (random model dir), PAGEDSERVE_SMOLLM2 (optional).
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "tests/distributed/subprocess.h"
+
+namespace {
+
+using namespace pagedserve::subprocess;  // NOLINT
+
+double TimeScale() {
+  double s = 1.0;
+  const std::string v = Env("PAGEDSERVE_TEST_TIME_SCALE");
+  return !v.empty() && absl::SimpleAtod(v, &s) && s >= 1.0 ? s : 1.0;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int ConfigInt(const std::string& config_json, const std::string& key) {
+  std::smatch m;
+  std::regex re("\"" + key + "\"\\s*:\\s*(\\d+)");
+  return std::regex_search(config_json, m, re) ? std::stoi(m[1]) : -1;
+}
+
+class MultiHostTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    script_ = Env("PAGEDSERVE_NETNS_SCRIPT");
+    prefix_ = Env("PAGEDSERVE_NETNS_PREFIX");
+    driver_ = Env("PAGEDSERVE_TP_DRIVER");
+    bin_ = Env("PAGEDSERVE_BIN");
+    mpiexec_ = Env("PAGEDSERVE_MPIEXEC");
+    model_ = Env("PAGEDSERVE_TEST_MODEL");
+    ASSERT_FALSE(script_.empty() || prefix_.empty() || driver_.empty() || mpiexec_.empty() ||
+                 model_.empty())
+        << "run through tests/multihost/netns_hosts.sh run (see CMakeLists.txt)";
+    ASSERT_TRUE(absl::SimpleAtoi(Env("PAGEDSERVE_NETNS_HOSTS"), &hosts_) && hosts_ >= 3);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMP_NUM_THREADS", "1", 1);
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    for (int i = 0; i < hosts_; ++i) {
+      Result r = RunChild({script_, "addr", prefix_, std::to_string(i)}, 10);
+      ASSERT_EQ(r.exit_code, 0) << r.out;
+      addr_.push_back(std::string(absl::StripTrailingAsciiWhitespace(r.out)));
+    }
+    subnet_ = addr_[0].substr(0, addr_[0].rfind('.')) + ".0/24";
+  }
+
+  // Restores links a test took down, so that the next test starts whole.
+  void TearDown() override {
+    for (int i = 0; i < hosts_; ++i)
+      RunChild({"ip", "-n", Host(i), "link", "set", "eth0", "up"}, 10);
+  }
+
+  std::string Host(int i) const { return absl::StrCat(prefix_, "-h", i); }
+
+  // mpirun on host 0 over `slots` (host index -> ranks there, in rank order
+  // of the map), TCP only, on the hosts' subnet.
+  std::vector<std::string> Mpirun(const std::vector<std::pair<int, int>>& slots,
+                                   const std::vector<std::string>& cmd) {
+    const std::string hostfile = ::testing::TempDir() + prefix_ + "-hostfile";
+    std::ofstream f(hostfile);
+    int np = 0;
+    for (auto [host, n] : slots) {
+      f << addr_[host] << " slots=" << n << "\n";
+      np += n;
+    }
+    f.close();
+    std::vector<std::string> argv = {
+        script_, "on", prefix_, "0", mpiexec_, "-np", std::to_string(np), "--hostfile", hostfile,
+        "--map-by", "slot", "--bind-to", "none", "--mca", "plm_rsh_agent", script_ + " agent",
+        "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", subnet_,
+        "--mca", "oob_tcp_if_include", subnet_, "--mca", "odls_base_sigkill_timeout", "3",
+        // As deploy/docker/entrypoint.sh: when a rank dies mpirun SIGTERMs the
+        // others and SIGKILLs them only this many seconds later, so that the
+        // coordinator can fail its requests first (it sees the death at once).
+        // mpirun's daemons notice a lost peer host within ~5 s (TCP keepalive).
+        "--mca", "oob_tcp_keepalive_time", "2", "--mca", "oob_tcp_keepalive_intvl", "1",
+        "--mca", "oob_tcp_keepalive_probes", "3",
+        "-x", "OMP_NUM_THREADS", "-x", "OPENBLAS_NUM_THREADS", "-x", "OMP_WAIT_POLICY"};
+    argv.insert(argv.end(), cmd.begin(), cmd.end());
+    return argv;
+  }
+
+  std::vector<std::string> Driver(const std::string& model, int tp,
+                                  std::vector<std::string> extra) {
+    std::vector<std::string> cmd = {driver_, "--model", model, "--tp", std::to_string(tp)};
+    cmd.insert(cmd.end(), extra.begin(), extra.end());
+    return cmd;
+  }
+
+  static std::map<int, std::string> Tokens(const Result& r) {
+    std::map<int, std::string> seqs;
+    std::regex line(R"(seq (\d+): ([\d ]+))");
+    for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), line);
+         it != std::sregex_iterator(); ++it)
+      seqs[std::stoi((*it)[1])] = (*it)[2];
+    return seqs;
+  }
+
+  Result RunDriver(const std::vector<std::pair<int, int>>& slots, const std::string& model,
+                   int tp, std::vector<std::string> extra) {
+    Result r = RunChild(Mpirun(slots, Driver(model, tp, extra)), 300 * TimeScale());
+    EXPECT_EQ(r.exit_code, 0) << "TP " << tp << ":\n" << r.out;
+    return r;
+  }
+
+  // Bytes host `i` has sent on its link so far (its namespace's sysfs).
+  int64_t TxBytes(int i) {
+    Result r = RunChild({"ip", "netns", "exec", Host(i), "cat",
+                         "/sys/class/net/eth0/statistics/tx_bytes"}, 10);
+    int64_t v = -1;
+    EXPECT_TRUE(absl::SimpleAtoi(absl::StripTrailingAsciiWhitespace(r.out), &v)) << r.out;
+    return v;
+  }
+  int64_t TotalTxBytes() {
+    int64_t sum = 0;
+    for (int i = 0; i < hosts_; ++i) sum += TxBytes(i);
+    return sum;
+  }
+
+  // Every rank ran where the map put it: "worker rank R (pid P on HOST)".
+  void ExpectWorkerHosts(const std::string& out, const std::map<int, int>& rank_host) {
+    for (auto [rank, host] : rank_host)
+      EXPECT_TRUE(std::regex_search(
+          out, std::regex(absl::StrCat("worker rank ", rank, R"( \(pid \d+ on )", Host(host),
+                                       R"(\))"))))
+          << "rank " << rank << " not on " << Host(host) << ":\n" << out;
+  }
+
+  int hosts_ = 0;
+  std::string script_, prefix_, driver_, bin_, mpiexec_, model_, subnet_;
+  std::vector<std::string> addr_;
+};
+
+// Coordinator on host 0, TP rank 0 on host 1, TP rank 1 on host 2.
+const std::vector<std::pair<int, int>> kTp2AcrossHosts = {{0, 1}, {1, 1}, {2, 1}};
+
+TEST_F(MultiHostTest, GreedyTokensTp2AcrossHostsEqualTp1OnOneHost) {
+  auto tp1 = Tokens(RunDriver({{0, 2}}, model_, 1, {"--max-tokens", "10"}));
+  Result r = RunDriver(kTp2AcrossHosts, model_, 2, {"--max-tokens", "10"});
+  ExpectWorkerHosts(r.out, {{1, 1}, {2, 2}});
+  auto tp2 = Tokens(r);
+  ASSERT_EQ(tp1.size(), 3u);
+  EXPECT_EQ(tp1, tp2);
+  EXPECT_NE(tp1[0], tp1[1]) << "degenerate output";
+}
+
+TEST_F(MultiHostTest, SwapOutAndInUnderTp2AcrossHostsKeepsTokens) {
+  auto plain = Tokens(RunDriver(kTp2AcrossHosts, model_, 2, {"--max-tokens", "10"}));
+  auto swapped =
+      Tokens(RunDriver(kTp2AcrossHosts, model_, 2, {"--max-tokens", "10", "--swap-at", "2"}));
+  ASSERT_EQ(plain.size(), 3u);
+  EXPECT_EQ(plain, swapped);
+}
+
+TEST_F(MultiHostTest, SmolLM2Tp3AcrossHostsEqualsTp1) {
+  const std::string smol = Env("PAGEDSERVE_SMOLLM2");
+  if (smol.empty() || access(smol.c_str(), R_OK) != 0)
+    GTEST_SKIP() << "SmolLM2 GGUF not found (scripts/fetch-model; PAGEDSERVE_SMOLLM2=" << smol
+                 << ")";
+  const std::vector<std::string> args = {"--max-tokens", "6", "--kv-cache-memory", "33554432",
+                                         "--swap-space", "8388608"};
+  auto tp1 = Tokens(RunDriver({{0, 2}}, smol, 1, args));
+  // Host 0: coordinator + TP rank 0 (as a LeaderWorkerSet leader); hosts 1, 2: TP ranks 1, 2.
+  Result r = RunDriver({{0, 2}, {1, 1}, {2, 1}}, smol, 3, args);
+  ExpectWorkerHosts(r.out, {{1, 0}, {2, 1}, {3, 2}});
+  auto tp3 = Tokens(r);
+  ASSERT_EQ(tp1.size(), 3u);
+  EXPECT_EQ(tp1, tp3);
+}
+
+// Two runs that differ only in the number of decode steps: the difference in
+// bytes sent on all links, over the difference in steps, is what one decode
+// step costs on the network (start-up, prefill and shutdown cancel out).
+TEST_F(MultiHostTest, BytesPerDecodeStepCoverTheAllReduces) {
+  const std::string config = ReadFile(model_ + "/config.json");
+  const int hidden = ConfigInt(config, "hidden_size");
+  const int layers = ConfigInt(config, "num_hidden_layers");
+  ASSERT_GT(hidden, 0);
+  ASSERT_GT(layers, 0);
+  auto run = [&](int tokens, std::string* out) {
+    const int64_t before = TotalTxBytes();
+    Result r = RunDriver(kTp2AcrossHosts, model_, 2, {"--max-tokens", std::to_string(tokens)});
+    *out = r.out;
+    return TotalTxBytes() - before;
+  };
+  std::string short_out, long_out;
+  const int64_t short_bytes = run(4, &short_out);
+  const int64_t long_bytes = run(20, &long_out);
+  const int extra_steps = 16;
+  const double per_step = static_cast<double>(long_bytes - short_bytes) / extra_steps;
+  // 3 sequences decode together: 2 all-reduces per layer of 3 x hidden fp32
+  // values; with 2 ranks each must send at least its whole vector (half in the
+  // reduce-scatter, half in the all-gather), or the other rank cannot have the sum.
+  const double allreduce_floor = 2.0 * layers * 2 * 3 * hidden * sizeof(float);
+  std::smatch plan;
+  ASSERT_TRUE(std::regex_search(long_out, plan, std::regex(R"(plan bytes prefill=(\d+) decode_mean=([\d.]+))")))
+      << long_out;
+  std::printf("bytes between hosts per decode step (TP = 2, 3 sequences): %.0f; all-reduce "
+              "floor %.0f; decode step plan %s bytes\n",
+              per_step, allreduce_floor, plan[2].str().c_str());
+  EXPECT_GE(per_step, allreduce_floor) << "traffic does not cross the links";
+  // Start-up, prefill and the plans should not be larger than the all-reduces
+  // by orders of magnitude (a runaway protocol would show here).
+  EXPECT_LT(per_step, 8 * allreduce_floor);
+}
+
+// `pagedserve serve` at TP = 2 across hosts with one streaming client on host
+// 0; `fail` breaks host 2 mid-generation. The client must get an error and
+// every rank must be gone within 10 s (scaled).
+class MultiHostFailureTest : public MultiHostTest {
+ protected:
+  // mpirun itself is not required to exit within the budget: with OpenMPI 4.1
+  // it often stays ("abort is already in progress") when a rank's death and
+  // the coordinator's abort race, and after a partition it waits for the
+  // daemon on the cut-off host. The test stops it; on Kubernetes the leader's
+  // liveness probe (the coordinator's /metrics) restarts the group.
+  void ServeBreakAndCheck(const std::string& what, const std::function<void(int victim)>& fail) {
+    ASSERT_FALSE(bin_.empty()) << "PAGEDSERVE_BIN not set (no pagedserve target)";
+    const std::string pid_file = ::testing::TempDir() + prefix_ + "-coordinator.pid";
+    const std::string endpoint = "tcp://127.0.0.1:5555";  // inside host 0's namespace
+    Child server(Mpirun(kTp2AcrossHosts,
+                        {bin_, "serve", "--model", model_, "--tensor-parallel-size", "2",
+                         "--zmq-endpoint", endpoint, "--pid-file", pid_file,
+                         "--kv-cache-memory", "67108864", "--swap-space", "0.01"}));
+    auto ready = server.WaitFor(std::regex(R"(worker rank 2 \(pid (\d+) on )" + Host(2) + R"(\))"),
+                                180 * TimeScale());
+    ASSERT_TRUE(ready.has_value()) << server.out();
+    const int victim = std::stoi((*ready)[1]);
+    std::vector<int> pids = {victim};
+    std::smatch w;
+    std::string out = server.out();
+    ASSERT_TRUE(std::regex_search(out, w, std::regex(R"(worker rank 1 \(pid (\d+) on )")))
+        << out;
+    pids.push_back(std::stoi(w[1]));
+    // The coordinator has written its pid file by the time it serves.
+    Result health = RunChild({script_, "on", prefix_, "0", bin_, "client", "--health",
+                              "--zmq-endpoint", endpoint, "--client-timeout", "30"},
+                             60 * TimeScale());
+    ASSERT_EQ(health.exit_code, 0) << health.out << "\n" << server.out();
+    int coordinator = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(absl::StripTrailingAsciiWhitespace(ReadFile(pid_file)),
+                                 &coordinator))
+        << pid_file;
+    pids.push_back(coordinator);
+
+    Child client({script_, "on", prefix_, "0", bin_, "client", "--zmq-endpoint", endpoint,
+                  "--temperature", "0", "--ignore-eos", "--max-tokens", "1500",
+                  "--client-timeout", "120", "Once upon a time"});
+    // Generation under way: some text streamed.
+    ASSERT_TRUE(client.WaitFor(std::regex(R"(\S{8})"), 60 * TimeScale()).has_value())
+        << client.out() << "\n" << server.out();
+    const auto broken_at = Clock::now();
+    fail(victim);
+    const double budget = 10 * TimeScale();
+    Result c = client.Wait(budget + 5);
+    const double client_s = std::chrono::duration<double>(Clock::now() - broken_at).count();
+    // Every rank gone by the deadline: checked while mpirun still runs, since
+    // stopping it (below) would kill what is left.
+    std::vector<int> alive;
+    for (int pid : pids) {
+      while (Alive(pid) && std::chrono::duration<double>(Clock::now() - broken_at).count() < budget)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (Alive(pid)) alive.push_back(pid);
+    }
+    Result m = server.Wait(1);
+    const double mpirun_s = std::chrono::duration<double>(Clock::now() - broken_at).count();
+    EXPECT_TRUE(alive.empty()) << what << ": " << alive.size() << " rank(s) still alive after "
+                               << budget << " s (pid " << (alive.empty() ? 0 : alive[0]) << ")\n"
+                               << m.out;
+    EXPECT_FALSE(c.timed_out) << what << ": the client hung\n" << c.out << "\nserver:\n" << m.out;
+    EXPECT_LT(client_s, budget) << what << ": the client's error came late\n" << m.out;
+    EXPECT_EQ(c.exit_code, 1) << what << ":\n" << c.out;
+    EXPECT_NE(c.out.find("error"), std::string::npos) << what << ": client output:\n" << c.out;
+    // The error names the lost rank (the client's copy: the coordinator's own
+    // log line may be cut off by mpirun's teardown of its output forwarding).
+    EXPECT_NE((c.out + m.out).find("worker rank 2 lost"), std::string::npos)
+        << what << ": the error does not name the lost rank\nclient:\n" << c.out << "\nserver:\n"
+        << m.out;
+    std::printf("%s: client done after %.2f s; mpirun %s after %.2f s (code %d); client:\n%s\n",
+                what.c_str(), client_s, m.timed_out ? "killed by the test" : "exited", mpirun_s,
+                m.exit_code, c.out.c_str());
+  }
+};
+
+TEST_F(MultiHostFailureTest, WorkerKilledOnItsHostFailsClientsAndEveryRankExits) {
+  ServeBreakAndCheck("worker killed", [&](int victim) {
+    Result r = RunChild({script_, "on", prefix_, "2", "kill", "-KILL", std::to_string(victim)}, 10);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+  });
+}
+
+TEST_F(MultiHostFailureTest, LinkDownMidStepFailsClientsAndEveryRankExits) {
+  ServeBreakAndCheck("link down", [&](int) {
+    Result r = RunChild({"ip", "-n", Host(2), "link", "set", "eth0", "down"}, 10);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+  });
+}
+
+}  // namespace
