@@ -3,6 +3,9 @@
 //
 //   pagedserve serve --model PATH [--zmq-endpoint tcp://127.0.0.1:5555]
 //                    [--metrics-host 127.0.0.1 --metrics-port 9400] [--max-queue-len 256]
+//                    [--zmq-curve-secret-key-file server.key_secret
+//                     [--zmq-curve-authorized-clients DIR]] [--require-cache-salt]
+//                    [--log-request-content | --disable-log-requests]
 //                    [engine flags, see common_flags.h]
 //   mpirun -np 1+TP pagedserve serve --model PATH --tensor-parallel-size TP ...
 //
@@ -58,6 +61,19 @@ ABSL_FLAG(int32_t, zmq_heartbeat_interval_ms, 2000,
           "serve: ZMTP heartbeat interval to clients; a client that misses --zmq-heartbeat-timeout-ms "
           "of them is disconnected and its requests aborted; 0 = no heartbeats");
 ABSL_FLAG(int32_t, zmq_heartbeat_timeout_ms, 10000, "serve: see --zmq-heartbeat-interval-ms");
+ABSL_FLAG(std::string, zmq_curve_secret_key_file, "",
+          "serve: turn on CurveZMQ (encryption + server authentication) with this secret certificate "
+          "(NAME.key_secret from `pagedserve keygen`); client: this client's own key pair (default: a "
+          "fresh one per run)");
+ABSL_FLAG(std::string, zmq_curve_authorized_clients, "",
+          "serve: with --zmq-curve-secret-key-file, serve only clients whose public certificate (*.key) "
+          "is in this folder; others are refused during the handshake");
+ABSL_FLAG(bool, require_cache_salt, false,
+          "serve: refuse requests without a cache_salt (multi-tenant prefix-cache isolation)");
+ABSL_FLAG(bool, log_request_content, false,
+          "serve: also write prompt and completion text to the request log (default: ids, token counts "
+          "and timings only)");
+ABSL_FLAG(bool, disable_log_requests, false, "serve: no request log line per finished request");
 ABSL_FLAG(std::string, pid_file, "", "serve: write the coordinator's process id to this file (removed at exit)");
 
 namespace pagedserve::cli {
@@ -105,6 +121,14 @@ absl::StatusOr<ServerOptions> ServerOptionsFromFlags() {
   if (o.heartbeat_interval_ms < 0 || o.heartbeat_timeout_ms < 0) {
     return absl::InvalidArgumentError("--zmq-heartbeat-interval-ms and --zmq-heartbeat-timeout-ms must be >= 0");
   }
+  o.curve.secret_key_file = absl::GetFlag(FLAGS_zmq_curve_secret_key_file);
+  o.curve.authorized_clients_dir = absl::GetFlag(FLAGS_zmq_curve_authorized_clients);
+  if (!o.curve.authorized_clients_dir.empty() && !o.curve.enabled()) {
+    return absl::InvalidArgumentError(
+        "--zmq-curve-authorized-clients needs --zmq-curve-secret-key-file (CURVE is off without it)");
+  }
+  o.log_requests = !absl::GetFlag(FLAGS_disable_log_requests);
+  o.log_request_content = absl::GetFlag(FLAGS_log_request_content);
   const int32_t port = absl::GetFlag(FLAGS_metrics_port);
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--metrics-port must be in [0, 65535], got ", port));
@@ -166,6 +190,7 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const Server
   Executor* exec = executor->get();
   EngineOptions options;
   options.scheduler = setup.scheduler;
+  options.require_cache_salt = absl::GetFlag(FLAGS_require_cache_salt);
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
       options, tokenizer->get(), *std::move(executor), EosTokenIds(setup.model, **tokenizer), metrics.get());
   if (!engine.ok()) {
