@@ -12,6 +12,8 @@
 #                                            waiting (read from the metrics endpoint), at most
 #                                            SECONDS (default 240)
 #   pagedserve-entrypoint probe-metrics      exits 0 when the metrics endpoint answers 200
+#   pagedserve-entrypoint probe-health       `pagedserve client --health` on loopback, with the
+#                                            CURVE keys when they are mounted
 #   pagedserve-entrypoint CMD [ARGS...]      runs CMD, e.g. `pagedserve client --health`
 #
 # Environment (all optional):
@@ -28,6 +30,10 @@
 #   PAGEDSERVE_SSH_KEY_DIR           default /etc/pagedserve/ssh: id_ed25519 + id_ed25519.pub
 #   PAGEDSERVE_MPI_IFACE             network interface for MPI traffic (default eth0)
 #   PAGEDSERVE_WAIT_WORKERS_SECONDS  how long the leader waits for the workers (default 600)
+#   PAGEDSERVE_CURVE_DIR             default /etc/pagedserve/curve: with server.key_secret (and
+#                                    server.key) there, serve turns on CurveZMQ
+#   PAGEDSERVE_CURVE_CLIENTS_DIR     default /etc/pagedserve/curve-clients: with *.key files
+#                                    there, only those clients (and the probe) are served
 set -euo pipefail
 
 log() { echo "pagedserve-entrypoint: $*" >&2; }
@@ -39,6 +45,8 @@ metrics_port=${PAGEDSERVE_METRICS_PORT:-9400}
 ssh_port=${PAGEDSERVE_SSH_PORT:-2222}
 ssh_key_dir=${PAGEDSERVE_SSH_KEY_DIR:-/etc/pagedserve/ssh}
 iface=${PAGEDSERVE_MPI_IFACE:-eth0}
+curve_dir=${PAGEDSERVE_CURVE_DIR:-/etc/pagedserve/curve}
+curve_clients_dir=${PAGEDSERVE_CURVE_CLIENTS_DIR:-/etc/pagedserve/curve-clients}
 
 # GPUs this container may use: the NVIDIA device plugin puts the allocated GPUs'
 # UUIDs in NVIDIA_VISIBLE_DEVICES; `all` means ask the driver.
@@ -72,11 +80,32 @@ resolve_model() {
   die "no model: mount one at $model_dir, set PAGEDSERVE_MODEL, or set PAGEDSERVE_FETCH_MODEL=1"
 }
 
+# CurveZMQ flags of serve when the keys are mounted (docs/security.md). The
+# allow-list is the mounted client keys plus the server's own public key: the
+# readiness probe (probe-health) uses the server's key pair as its client keys.
+curve_flags() {
+  [[ -f "$curve_dir/server.key_secret" ]] || return 0
+  [[ -f "$curve_dir/server.key" ]] || die "$curve_dir has server.key_secret but no server.key"
+  local cflags=(--zmq-curve-secret-key-file "$curve_dir/server.key_secret")
+  if compgen -G "$curve_clients_dir/*.key" >/dev/null; then
+    local allow=${TMPDIR:-/tmp}/pagedserve-curve-clients
+    rm -rf "$allow" && mkdir -p "$allow"
+    cp "$curve_clients_dir"/*.key "$allow"/
+    cp "$curve_dir/server.key" "$allow/pagedserve-probe.key"
+    cflags+=(--zmq-curve-authorized-clients "$allow")
+    log "CurveZMQ on; clients allowed: $(cd "$curve_clients_dir" && echo ./*.key)"
+  else
+    log "CurveZMQ on; any client holding the server's public key is served"
+  fi
+  echo "${cflags[@]}"
+}
+
 serve_flags() {  # flags common to single- and multi-node launches
   local model=$1 tp=$2
   echo --model "$model" --tensor-parallel-size "$tp" \
        --zmq-endpoint "tcp://0.0.0.0:$zmq_port" \
        --metrics-host 0.0.0.0 --metrics-port "$metrics_port"
+  curve_flags
 }
 
 metrics_body() {  # GET /metrics on loopback with bash's /dev/tcp (no curl in the image)
@@ -95,16 +124,18 @@ case "$cmd" in
     model=$(resolve_model)
     tp=${PAGEDSERVE_TENSOR_PARALLEL_SIZE:-$(visible_gpus)}
     [[ "$tp" -ge 1 ]] 2>/dev/null || tp=1
+    # In the main shell, so that a broken CURVE setup stops here instead of serving without it.
+    sflags=$(serve_flags "$model" "$tp") || die "cannot build the serve flags"
     log "serving $model with tensor-parallel size $tp ($((tp + 1)) ranks)"
     # Runs as the non-root image user, so OpenMPI needs no root override. --bind-to none: the ranks' threads are
     # placed by the OS inside the pod's cpuset.
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2086
     # mpirun forwards SIGTERM to the ranks and SIGKILLs them odls_base_sigkill_timeout
     # seconds later: give rank 0 time to drain (serve's --shutdown-grace) first.
     exec mpirun -np "$((tp + 1))" --bind-to none --map-by slot \
       --mca odls_base_sigkill_timeout "${PAGEDSERVE_SIGKILL_TIMEOUT:-60}" \
       -x PATH -x LD_LIBRARY_PATH -x CUDA_DEVICE_ORDER=PCI_BUS_ID \
-      pagedserve serve $(serve_flags "$model" "$tp") "$@"
+      pagedserve serve $sflags "$@"
     ;;
 
   leader)
@@ -150,13 +181,14 @@ CFG
       done
       log "worker $w reachable"
     done
+    sflags=$(serve_flags "$model" "$tp") || die "cannot build the serve flags"
     log "serving $model on $LWS_GROUP_SIZE pods, tensor-parallel size $tp ($((tp + 1)) ranks)"
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2086
     exec mpirun -np "$((tp + 1))" --hostfile "$hostfile" --map-by slot --bind-to none \
       --mca odls_base_sigkill_timeout "${PAGEDSERVE_SIGKILL_TIMEOUT:-60}" \
       --mca plm_rsh_agent ssh --mca btl_tcp_if_include "$iface" --mca oob_tcp_if_include "$iface" \
       -x PATH -x LD_LIBRARY_PATH -x CUDA_DEVICE_ORDER=PCI_BUS_ID -x NCCL_SOCKET_IFNAME="$iface" \
-      pagedserve serve $(serve_flags "$model" "$tp") "$@"
+      pagedserve serve $sflags "$@"
     ;;
 
   worker)
@@ -196,6 +228,15 @@ CFG
       sleep 2
     done
     log "drain budget of ${budget}s spent; stopping with requests in flight"
+    ;;
+
+  probe-health)
+    probe=(--health --zmq-endpoint "tcp://127.0.0.1:$zmq_port")
+    if [[ -f "$curve_dir/server.key_secret" ]]; then
+      probe+=(--zmq-curve-server-key-file "$curve_dir/server.key"
+              --zmq-curve-secret-key-file "$curve_dir/server.key_secret")
+    fi
+    exec pagedserve client "${probe[@]}"
     ;;
 
   probe-metrics)

@@ -183,6 +183,19 @@ def main():
             for s in svcs:
                 if ep.get("port") not in {p.get("name") for p in s["spec"]["ports"]}:
                     error(label, f"endpoint port '{ep.get('port')}' is not a port of {name_of(s)}")
+    # NetworkPolicy: it selects some pod, and each named port of its rules is a
+    # container port of a selected pod (a typo would silently allow nothing).
+    for pol in (o for o in objs if o["kind"] == "NetworkPolicy"):
+        label = name_of(pol)
+        match = pol["spec"].get("podSelector", {}).get("matchLabels", {})
+        chosen = [t for _, t in templates if selects(match, t.get("metadata", {}).get("labels", {}))]
+        if not chosen:
+            error(label, f"podSelector {match} selects no pod template")
+        names = {p.get("name") for t in chosen for c in t["spec"]["containers"] for p in c.get("ports", [])}
+        for rule in pol["spec"].get("ingress", []):
+            for port in rule.get("ports", []):
+                if isinstance(port.get("port"), str) and port["port"] not in names:
+                    error(label, f"ingress port '{port['port']}' is not a container port of the selected pods")
     dashboards = [o for o in objs if o["kind"] == "ConfigMap"
                   and o["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
     if len(dashboards) != 1:
