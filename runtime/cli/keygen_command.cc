@@ -32,7 +32,8 @@ int KeygenCommand(const Args& args) {
     return 1;
   }
   std::printf("%s\n", pair->public_key.c_str());
-  std::fprintf(stderr, "pagedserve keygen: wrote %s.key (public) and %s.key_secret (secret, mode 0600)\n",
+  std::fprintf(stderr,
+               "pagedserve keygen: wrote %s.key (public) and %s.key_secret (secret, mode 0600)\n",
                args[1].c_str(), args[1].c_str());
   return 0;
 }

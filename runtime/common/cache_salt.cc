@@ -9,8 +9,8 @@ namespace pagedserve {
 absl::Status ValidateCacheSalt(std::string_view salt) {
   if (salt.empty()) return absl::InvalidArgumentError("cache_salt must be a non-empty string");
   if (salt.size() > kMaxCacheSaltBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("cache_salt is ", salt.size(), " bytes; at most ",
-                                                   kMaxCacheSaltBytes, " are allowed"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cache_salt is ", salt.size(), " bytes; at most ", kMaxCacheSaltBytes, " are allowed"));
   }
   for (size_t i = 0; i < salt.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(salt[i]);

@@ -13,7 +13,8 @@ constexpr char kZapEndpoint[] = "inproc://zeromq.zap.01";
 constexpr char kZapVersion[] = "1.0";
 
 void SetKey(zmq::socket_t& socket, int option, const std::string& bytes) {
-  if (zmq_setsockopt(socket.handle(), option, bytes.data(), bytes.size()) != 0) throw zmq::error_t();
+  if (zmq_setsockopt(socket.handle(), option, bytes.data(), bytes.size()) != 0)
+    throw zmq::error_t();
 }
 
 }  // namespace
@@ -35,7 +36,8 @@ absl::StatusOr<std::unique_ptr<CurveAuthenticator>> CurveAuthenticator::Start(
     try {
       zap.bind(kZapEndpoint);
     } catch (const zmq::error_t& e) {
-      return absl::InternalError(absl::StrCat("cannot bind the ZAP handler on ", kZapEndpoint, ": ", e.what()));
+      return absl::InternalError(
+          absl::StrCat("cannot bind the ZAP handler on ", kZapEndpoint, ": ", e.what()));
     }
     const std::string stop_endpoint =
         absl::StrCat("inproc://pagedserve-zap-stop-", reinterpret_cast<uintptr_t>(a.get()));
@@ -89,7 +91,8 @@ void CurveAuthenticator::Loop(zmq::socket_t zap, zmq::socket_t stop) {
       } while (request.back().more());
       const std::vector<std::string> reply = Answer(request);
       for (size_t i = 0; i < reply.size(); ++i) {
-        zap.send(zmq::buffer(reply[i]), i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        zap.send(zmq::buffer(reply[i]),
+                 i + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
       }
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
@@ -113,13 +116,15 @@ std::vector<std::string> CurveAuthenticator::Answer(const std::vector<zmq::messa
     }
     return std::vector<std::string>{kZapVersion, request_id, "400", why, "", ""};
   };
-  if (request.size() < 6 || request[0].to_string() != kZapVersion) return refuse("malformed ZAP request");
+  if (request.size() < 6 || request[0].to_string() != kZapVersion)
+    return refuse("malformed ZAP request");
   const std::string address = request[3].to_string();
   if (request[5].to_string() != "CURVE" || request.size() != 7 || request[6].size() != 32) {
     return refuse(absl::StrCat("not a CURVE handshake, from ", address));
   }
   const std::string key = request[6].to_string();
-  if (!keys_.contains(key)) return refuse(absl::StrCat("client key not authorized, from ", address));
+  if (!keys_.contains(key))
+    return refuse(absl::StrCat("client key not authorized, from ", address));
   allowed_.fetch_add(1, std::memory_order_relaxed);
   char z85[41] = {};
   zmq_z85_encode(z85, reinterpret_cast<const uint8_t*>(key.data()), key.size());
@@ -127,30 +132,36 @@ std::vector<std::string> CurveAuthenticator::Answer(const std::vector<zmq::messa
 }
 
 absl::Status ConfigureCurveServer(const CurveServerOptions& options, zmq::context_t& context,
-                                  zmq::socket_t& router, std::unique_ptr<CurveAuthenticator>* authenticator) {
+                                  zmq::socket_t& router,
+                                  std::unique_ptr<CurveAuthenticator>* authenticator) {
   if (!options.enabled()) {
     if (!options.authorized_clients_dir.empty()) {
       return absl::InvalidArgumentError(
-          "--zmq-curve-authorized-clients needs --zmq-curve-secret-key-file (CURVE is off without it)");
+          "--zmq-curve-authorized-clients needs --zmq-curve-secret-key-file (CURVE is off without "
+          "it)");
     }
     return absl::OkStatus();
   }
   if (!zmq_has("curve")) {
-    return absl::UnimplementedError("--zmq-curve-secret-key-file: this libzmq was built without CURVE");
+    return absl::UnimplementedError(
+        "--zmq-curve-secret-key-file: this libzmq was built without CURVE");
   }
   absl::StatusOr<CurveKeyPair> pair = ReadCurveSecretCertificate(options.secret_key_file);
   if (!pair.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--zmq-curve-secret-key-file: ", pair.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--zmq-curve-secret-key-file: ", pair.status().message()));
   }
   absl::StatusOr<std::string> secret = DecodeCurveKey(pair->secret_key);
   if (!secret.ok()) return secret.status();
   if (!options.authorized_clients_dir.empty()) {
-    absl::StatusOr<std::vector<std::string>> keys = ReadAuthorizedKeys(options.authorized_clients_dir);
+    absl::StatusOr<std::vector<std::string>> keys =
+        ReadAuthorizedKeys(options.authorized_clients_dir);
     if (!keys.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--zmq-curve-authorized-clients: ", keys.status().message()));
     }
-    absl::StatusOr<std::unique_ptr<CurveAuthenticator>> a = CurveAuthenticator::Start(context, *keys);
+    absl::StatusOr<std::unique_ptr<CurveAuthenticator>> a =
+        CurveAuthenticator::Start(context, *keys);
     if (!a.ok()) return a.status();
     *authenticator = *std::move(a);
     spdlog::info("frontend: CURVE on; {} authorized client keys from {}", keys->size(),
@@ -164,17 +175,19 @@ absl::Status ConfigureCurveServer(const CurveServerOptions& options, zmq::contex
   return absl::OkStatus();
 }
 
-absl::Status ConfigureCurveClient(const std::string& server_public_key_file, const std::string& secret_key_file,
-                                  zmq::socket_t& socket) {
+absl::Status ConfigureCurveClient(const std::string& server_public_key_file,
+                                  const std::string& secret_key_file, zmq::socket_t& socket) {
   absl::StatusOr<CurveKeyPair> server = ReadCurveCertificate(server_public_key_file);
   if (!server.ok()) return server.status();
-  absl::StatusOr<CurveKeyPair> own =
-      secret_key_file.empty() ? GenerateCurveKeyPair() : ReadCurveSecretCertificate(secret_key_file);
+  absl::StatusOr<CurveKeyPair> own = secret_key_file.empty()
+                                         ? GenerateCurveKeyPair()
+                                         : ReadCurveSecretCertificate(secret_key_file);
   if (!own.ok()) return own.status();
   absl::StatusOr<std::string> server_key = DecodeCurveKey(server->public_key);
   absl::StatusOr<std::string> pub = DecodeCurveKey(own->public_key);
   absl::StatusOr<std::string> sec = DecodeCurveKey(own->secret_key);
-  if (!server_key.ok() || !pub.ok() || !sec.ok()) return absl::InternalError("CURVE keys did not decode");
+  if (!server_key.ok() || !pub.ok() || !sec.ok())
+    return absl::InternalError("CURVE keys did not decode");
   SetKey(socket, ZMQ_CURVE_SERVERKEY, *server_key);
   SetKey(socket, ZMQ_CURVE_PUBLICKEY, *pub);
   SetKey(socket, ZMQ_CURVE_SECRETKEY, *sec);

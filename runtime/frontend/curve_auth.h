@@ -72,7 +72,8 @@ class CurveAuthenticator {
 // `context` with its keys (stored in *authenticator). Errors name the flag
 // (--zmq-curve-secret-key-file / --zmq-curve-authorized-clients).
 absl::Status ConfigureCurveServer(const CurveServerOptions& options, zmq::context_t& context,
-                                  zmq::socket_t& router, std::unique_ptr<CurveAuthenticator>* authenticator);
+                                  zmq::socket_t& router,
+                                  std::unique_ptr<CurveAuthenticator>* authenticator);
 
 // Makes `socket` a CURVE client (before it connects) of the server whose public
 // key is in `server_public_key_file` (its NAME.key), with the key pair of

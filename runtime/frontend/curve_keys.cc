@@ -34,7 +34,8 @@ absl::Status WriteNew(const std::string& path, const std::string& text, mode_t m
   if (fd < 0) {
     const int err = errno;
     const std::string msg = absl::StrCat(path, ": ", std::strerror(err));
-    if (err == EEXIST) return absl::AlreadyExistsError(absl::StrCat(msg, " (keys are never overwritten)"));
+    if (err == EEXIST)
+      return absl::AlreadyExistsError(absl::StrCat(msg, " (keys are never overwritten)"));
     if (err == EACCES) return absl::PermissionDeniedError(msg);
     return absl::InternalError(msg);
   }
@@ -49,7 +50,8 @@ absl::Status WriteNew(const std::string& path, const std::string& text, mode_t m
     }
     done += static_cast<size_t>(n);
   }
-  if (close(fd) != 0) return absl::InternalError(absl::StrCat(path, ": close: ", std::strerror(errno)));
+  if (close(fd) != 0)
+    return absl::InternalError(absl::StrCat(path, ": close: ", std::strerror(errno)));
   return absl::OkStatus();
 }
 
@@ -79,8 +81,8 @@ absl::StatusOr<std::string> DecodeCurveKey(const std::string& z85) {
 absl::StatusOr<CurveKeyPair> GenerateCurveKeyPair() {
   char pub[41] = {}, sec[41] = {};
   if (zmq_curve_keypair(pub, sec) != 0) {
-    return absl::UnimplementedError(
-        absl::StrCat("zmq_curve_keypair: ", zmq_strerror(zmq_errno()), " (libzmq built without CURVE?)"));
+    return absl::UnimplementedError(absl::StrCat("zmq_curve_keypair: ", zmq_strerror(zmq_errno()),
+                                                 " (libzmq built without CURVE?)"));
   }
   return CurveKeyPair{pub, sec};
 }
@@ -96,8 +98,8 @@ absl::Status WriteCurveCertificates(const std::string& base, const CurveKeyPair&
   }
   const std::string curve_pub = absl::StrCat("    public-key = \"", pair.public_key, "\"\n");
   absl::Status s = WriteNew(sec_path,
-                            absl::StrCat(kSecretHeader, "metadata\ncurve\n", curve_pub, "    secret-key = \"",
-                                         pair.secret_key, "\"\n"),
+                            absl::StrCat(kSecretHeader, "metadata\ncurve\n", curve_pub,
+                                         "    secret-key = \"", pair.secret_key, "\"\n"),
                             0600);
   if (!s.ok()) return s;
   s = WriteNew(pub_path, absl::StrCat(kPublicHeader, "metadata\ncurve\n", curve_pub), 0644);
@@ -108,7 +110,8 @@ absl::Status WriteCurveCertificates(const std::string& base, const CurveKeyPair&
 absl::StatusOr<CurveKeyPair> ReadCurveCertificate(const std::string& path) {
   std::ifstream in(path);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open the CURVE certificate: ", std::strerror(errno)));
+    return absl::NotFoundError(
+        absl::StrCat(path, ": cannot open the CURVE certificate: ", std::strerror(errno)));
   }
   CurveKeyPair pair;
   std::string section, line;
@@ -132,19 +135,23 @@ absl::StatusOr<CurveKeyPair> ReadCurveCertificate(const std::string& path) {
   }
   if (pair.public_key.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": no `curve` section with a public-key (expected a ZeroMQ CURVE certificate, "
-                           "as written by `pagedserve keygen`)"));
+        absl::StrCat(path,
+                     ": no `curve` section with a public-key (expected a ZeroMQ CURVE certificate, "
+                     "as written by `pagedserve keygen`)"));
   }
   absl::StatusOr<std::string> pub = DecodeCurveKey(pair.public_key);
-  if (!pub.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": public-key: ", pub.status().message()));
+  if (!pub.ok())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": public-key: ", pub.status().message()));
   if (!pair.secret_key.empty()) {
     absl::StatusOr<std::string> sec = DecodeCurveKey(pair.secret_key);
     if (!sec.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": secret-key: ", sec.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": secret-key: ", sec.status().message()));
     }
     char derived[41] = {};
     if (zmq_curve_public(derived, pair.secret_key.c_str()) != 0 || pair.public_key != derived) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": public-key does not belong to secret-key"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": public-key does not belong to secret-key"));
     }
   }
   return pair;
@@ -153,8 +160,8 @@ absl::StatusOr<CurveKeyPair> ReadCurveCertificate(const std::string& path) {
 absl::StatusOr<CurveKeyPair> ReadCurveSecretCertificate(const std::string& path) {
   absl::StatusOr<CurveKeyPair> pair = ReadCurveCertificate(path);
   if (pair.ok() && pair->secret_key.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": no secret-key: this is a public certificate (NAME.key); give NAME.key_secret"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": no secret-key: this is a public certificate (NAME.key); give NAME.key_secret"));
   }
   return pair;
 }
@@ -162,7 +169,8 @@ absl::StatusOr<CurveKeyPair> ReadCurveSecretCertificate(const std::string& path)
 absl::StatusOr<std::vector<std::string>> ReadAuthorizedKeys(const std::string& dir) {
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) {
-    return absl::NotFoundError(absl::StrCat(dir, ": cannot read the directory: ", std::strerror(errno)));
+    return absl::NotFoundError(
+        absl::StrCat(dir, ": cannot read the directory: ", std::strerror(errno)));
   }
   std::vector<std::string> names;
   while (const dirent* e = readdir(d)) {
@@ -178,8 +186,8 @@ absl::StatusOr<std::vector<std::string>> ReadAuthorizedKeys(const std::string& d
     keys.push_back(cert->public_key);
   }
   if (keys.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(dir, ": no client public certificates (*.key); every client would be refused"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": no client public certificates (*.key); every client would be refused"));
   }
   return keys;
 }

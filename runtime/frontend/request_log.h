@@ -28,11 +28,11 @@ struct RequestLogRecord {
   int64_t completion_tokens = 0;
   int64_t cached_prompt_tokens = 0;
   std::vector<std::string> finish_reasons;  // by sample index
-  double first_output_s = -1;  // admission -> first output sent; < 0 when none
-  double e2e_s = 0;            // admission -> final message
+  double first_output_s = -1;               // admission -> first output sent; < 0 when none
+  double e2e_s = 0;                         // admission -> final message
   // Filled only with --log-request-content.
-  std::optional<std::string> prompt;        // DescribePrompt()
-  std::vector<std::string> completions;     // by sample index
+  std::optional<std::string> prompt;     // DescribePrompt()
+  std::vector<std::string> completions;  // by sample index
 };
 
 // The line (without the logger's prefix), for tests and for LogRequest.

@@ -55,7 +55,8 @@ TEST(CurveKeysTest, KeygenFilesRoundTripWithModesAndNoOverwrite) {
   EXPECT_EQ(pub->public_key, pair->public_key);
   EXPECT_TRUE(pub->secret_key.empty()) << "the public file must not hold the secret";
   EXPECT_EQ(WriteCurveCertificates(dir / "server", *pair).code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(ReadCurveSecretCertificate(dir / "server.key").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadCurveSecretCertificate(dir / "server.key").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // The layout CZMQ's zcert_save and pyzmq's zmq.auth.create_certificates write.
@@ -67,29 +68,34 @@ TEST(CurveKeysTest, ReadsCzmqStyleCertificatesAndRejectsBrokenOnes) {
   WriteFile(dir / "czmq.key_secret",
             "#   ****  Generated on 2024-01-01 by CZMQ  ****\r\n"
             "#   ZeroMQ CURVE **Secret** Certificate\r\n\r\nmetadata\r\n    name = 'x'\r\ncurve\r\n"
-            "    public-key = \"" + pair->public_key + "\"\r\n    secret-key = '" + pair->secret_key + "'\r\n");
+            "    public-key = \"" +
+                pair->public_key + "\"\r\n    secret-key = '" + pair->secret_key + "'\r\n");
   absl::StatusOr<CurveKeyPair> read = ReadCurveSecretCertificate(dir / "czmq.key_secret");
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->secret_key, pair->secret_key);
 
   absl::StatusOr<CurveKeyPair> other = GenerateCurveKeyPair();
   ASSERT_TRUE(other.ok());
-  WriteFile(dir / "mismatch", "curve\n    public-key = \"" + other->public_key + "\"\n    secret-key = \"" +
-                                  pair->secret_key + "\"\n");
-  EXPECT_NE(ReadCurveCertificate(dir / "mismatch").status().message().find("does not belong"), std::string::npos);
+  WriteFile(dir / "mismatch", "curve\n    public-key = \"" + other->public_key +
+                                  "\"\n    secret-key = \"" + pair->secret_key + "\"\n");
+  EXPECT_NE(ReadCurveCertificate(dir / "mismatch").status().message().find("does not belong"),
+            std::string::npos);
   WriteFile(dir / "nosection", "metadata\n    public-key = \"" + pair->public_key + "\"\n");
   EXPECT_NE(ReadCurveCertificate(dir / "nosection").status().message().find("no `curve` section"),
             std::string::npos);
   WriteFile(dir / "short", "curve\n    public-key = \"abc\"\n");
-  EXPECT_NE(ReadCurveCertificate(dir / "short").status().message().find("40 Z85 characters"), std::string::npos);
+  EXPECT_NE(ReadCurveCertificate(dir / "short").status().message().find("40 Z85 characters"),
+            std::string::npos);
   WriteFile(dir / "badchar", "curve\n    public-key = \"" + std::string(39, 'a') + "~\"\n");
-  EXPECT_EQ(ReadCurveCertificate(dir / "badchar").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadCurveCertificate(dir / "badchar").status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ReadCurveCertificate(dir / "missing").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(CurveKeysTest, AuthorizedFolderTakesPublicCertificatesOnly) {
   TempDir dir;
-  EXPECT_EQ(ReadAuthorizedKeys(dir.path()).status().code(), absl::StatusCode::kInvalidArgument) << "empty";
+  EXPECT_EQ(ReadAuthorizedKeys(dir.path()).status().code(), absl::StatusCode::kInvalidArgument)
+      << "empty";
   absl::StatusOr<CurveKeyPair> a = GenerateCurveKeyPair(), b = GenerateCurveKeyPair();
   ASSERT_TRUE(a.ok() && b.ok());
   ASSERT_TRUE(WriteCurveCertificates(dir / "alice", *a).ok());
@@ -99,7 +105,8 @@ TEST(CurveKeysTest, AuthorizedFolderTakesPublicCertificatesOnly) {
   ASSERT_TRUE(keys.ok()) << keys.status();
   EXPECT_EQ(*keys, (std::vector<std::string>{a->public_key, b->public_key}));
   WriteFile(dir / "broken.key", "curve\n");
-  EXPECT_NE(ReadAuthorizedKeys(dir.path()).status().message().find("broken.key"), std::string::npos);
+  EXPECT_NE(ReadAuthorizedKeys(dir.path()).status().message().find("broken.key"),
+            std::string::npos);
   EXPECT_EQ(ReadAuthorizedKeys(dir / "nope").status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -136,7 +143,8 @@ TEST(CurveAuthTest, OnlyListedClientsReachTheRouter) {
     return s;
   };
   auto wait_refused = [&](int64_t n) {
-    for (int i = 0; i < 1000 && auth->refused() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (int i = 0; i < 1000 && auth->refused() < n; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     return auth->refused() >= n;
   };
   zmq::socket_t m = client(dir / "server.key", dir / "mallory.key_secret");
@@ -171,13 +179,15 @@ TEST(CurveAuthTest, FlagErrorsNameTheFlag) {
   zmq::socket_t router(context, zmq::socket_type::router);
   std::unique_ptr<CurveAuthenticator> auth;
   absl::Status s = ConfigureCurveServer({"", dir.path()}, context, router, &auth);
-  EXPECT_NE(s.message().find("--zmq-curve-authorized-clients needs --zmq-curve-secret-key-file"), std::string::npos);
+  EXPECT_NE(s.message().find("--zmq-curve-authorized-clients needs --zmq-curve-secret-key-file"),
+            std::string::npos);
   s = ConfigureCurveServer({dir / "none.key_secret", ""}, context, router, &auth);
   EXPECT_NE(s.message().find("--zmq-curve-secret-key-file"), std::string::npos) << s;
   absl::StatusOr<CurveKeyPair> k = GenerateCurveKeyPair();
   ASSERT_TRUE(k.ok());
   ASSERT_TRUE(WriteCurveCertificates(dir / "server", *k).ok());
-  s = ConfigureCurveServer({dir / "server.key_secret", dir.path() + "/empty-nonexistent"}, context, router, &auth);
+  s = ConfigureCurveServer({dir / "server.key_secret", dir.path() + "/empty-nonexistent"}, context,
+                           router, &auth);
   EXPECT_NE(s.message().find("--zmq-curve-authorized-clients"), std::string::npos) << s;
   EXPECT_EQ(auth, nullptr);
   EXPECT_TRUE(ConfigureCurveServer({}, context, router, &auth).ok()) << "no flags: nothing changes";
