@@ -14,6 +14,8 @@
 #                                            its in-flight requests are done and it has exited,
 #                                            at most SECONDS (default 240)
 #   pagedserve-entrypoint probe-metrics      exits 0 when the metrics endpoint answers 200
+#   pagedserve-entrypoint probe-health       `pagedserve client --health` on loopback, with the
+#                                            CURVE keys when they are mounted
 #   pagedserve-entrypoint CMD [ARGS...]      runs CMD, e.g. `pagedserve client --health`
 #
 # Environment (all optional):
@@ -35,6 +37,10 @@
 #                                    (default /tmp/pagedserve-coordinator.pid)
 #   PAGEDSERVE_SHUTDOWN_GRACE        seconds the coordinator lets in-flight requests finish
 #                                    after SIGTERM (default 230, below the drain budget)
+#   PAGEDSERVE_CURVE_DIR             default /etc/pagedserve/curve: with server.key_secret (and
+#                                    server.key) there, serve turns on CurveZMQ
+#   PAGEDSERVE_CURVE_CLIENTS_DIR     default /etc/pagedserve/curve-clients: with *.key files
+#                                    there, only those clients (and the probe) are served
 set -euo pipefail
 
 log() { echo "pagedserve-entrypoint: $*" >&2; }
@@ -48,6 +54,8 @@ ssh_port=${PAGEDSERVE_SSH_PORT:-2222}
 ssh_key_dir=${PAGEDSERVE_SSH_KEY_DIR:-/etc/pagedserve/ssh}
 iface=${PAGEDSERVE_MPI_IFACE:-eth0}
 pid_file=${PAGEDSERVE_PID_FILE:-/tmp/pagedserve-coordinator.pid}
+curve_dir=${PAGEDSERVE_CURVE_DIR:-/etc/pagedserve/curve}
+curve_clients_dir=${PAGEDSERVE_CURVE_CLIENTS_DIR:-/etc/pagedserve/curve-clients}
 
 # GPUs this container may use: the NVIDIA device plugin puts the allocated GPUs'
 # UUIDs in NVIDIA_VISIBLE_DEVICES; `all` means ask the driver.
@@ -81,6 +89,26 @@ resolve_model() {
   die "no model: mount one at $model_dir, set PAGEDSERVE_MODEL, or set PAGEDSERVE_FETCH_MODEL=1"
 }
 
+# CurveZMQ flags of serve when the keys are mounted (docs/security.md). The
+# allow-list is the mounted client keys plus the server's own public key: the
+# ZeroMQ health check `probe-health` uses the server's key pair as its client keys.
+curve_flags() {
+  [[ -f "$curve_dir/server.key_secret" ]] || return 0
+  [[ -f "$curve_dir/server.key" ]] || die "$curve_dir has server.key_secret but no server.key"
+  local cflags=(--zmq-curve-secret-key-file "$curve_dir/server.key_secret")
+  if compgen -G "$curve_clients_dir/*.key" >/dev/null; then
+    local allow=${TMPDIR:-/tmp}/pagedserve-curve-clients
+    rm -rf "$allow" && mkdir -p "$allow"
+    cp "$curve_clients_dir"/*.key "$allow"/
+    cp "$curve_dir/server.key" "$allow/pagedserve-probe.key"
+    cflags+=(--zmq-curve-authorized-clients "$allow")
+    log "CurveZMQ on; clients allowed: $(cd "$curve_clients_dir" && echo ./*.key)"
+  else
+    log "CurveZMQ on; any client holding the server's public key is served"
+  fi
+  echo "${cflags[@]}"
+}
+
 serve_flags() {  # flags common to single- and multi-node launches
   local model=$1 tp=$2
   echo --model "$model" --tensor-parallel-size "$tp" \
@@ -88,6 +116,7 @@ serve_flags() {  # flags common to single- and multi-node launches
        --zmq-endpoint "tcp://0.0.0.0:$zmq_port" \
        --metrics-host 0.0.0.0 --metrics-port "$metrics_port" \
        --pid-file "$pid_file" --shutdown-grace "${PAGEDSERVE_SHUTDOWN_GRACE:-230}"
+  curve_flags
 }
 
 running() {  # process $1 exists and is not a zombie waiting for its parent to reap it
@@ -113,16 +142,18 @@ case "$cmd" in
     model=$(resolve_model)
     tp=${PAGEDSERVE_TENSOR_PARALLEL_SIZE:-$(visible_gpus)}
     [[ "$tp" -ge 1 ]] 2>/dev/null || tp=1
+    # In the main shell, so that a broken CURVE setup stops here instead of serving without it.
+    sflags=$(serve_flags "$model" "$tp") || die "cannot build the serve flags"
     log "serving $model with tensor-parallel size $tp ($((tp + 1)) ranks)"
     # Runs as the non-root image user, so OpenMPI needs no root override. --bind-to none: the ranks' threads are
     # placed by the OS inside the pod's cpuset.
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2086
     # mpirun forwards SIGTERM to the ranks and SIGKILLs them odls_base_sigkill_timeout
     # seconds later: give rank 0 time to drain (serve's --shutdown-grace) first.
     exec mpirun -np "$((tp + 1))" --bind-to none --map-by slot \
       --mca odls_base_sigkill_timeout "${PAGEDSERVE_SIGKILL_TIMEOUT:-60}" \
       -x PATH -x LD_LIBRARY_PATH -x CUDA_DEVICE_ORDER=PCI_BUS_ID \
-      pagedserve serve $(serve_flags "$model" "$tp") "$@"
+      pagedserve serve $sflags "$@"
     ;;
 
   leader)
@@ -168,15 +199,16 @@ CFG
       done
       log "worker $w reachable"
     done
+    sflags=$(serve_flags "$model" "$tp") || die "cannot build the serve flags"
     log "serving $model on $LWS_GROUP_SIZE pods, tensor-parallel size $tp ($((tp + 1)) ranks)"
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2086
     exec mpirun -np "$((tp + 1))" --hostfile "$hostfile" --map-by slot --bind-to none \
       --mca odls_base_sigkill_timeout "${PAGEDSERVE_SIGKILL_TIMEOUT:-60}" \
       --mca plm_rsh_agent ssh --mca btl_tcp_if_include "$iface" --mca oob_tcp_if_include "$iface" \
       --mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 2 \
       --mca oob_tcp_keepalive_probes 3 \
       -x PATH -x LD_LIBRARY_PATH -x CUDA_DEVICE_ORDER=PCI_BUS_ID -x NCCL_SOCKET_IFNAME="$iface" \
-      pagedserve serve $(serve_flags "$model" "$tp") "$@"
+      pagedserve serve $sflags "$@"
     ;;
 
   worker)
@@ -228,6 +260,15 @@ CFG
       sleep 1
     done
     log "drained: the coordinator has exited"
+    ;;
+
+  probe-health)
+    probe=(--health --zmq-endpoint "tcp://127.0.0.1:$zmq_port")
+    if [[ -f "$curve_dir/server.key_secret" ]]; then
+      probe+=(--zmq-curve-server-key-file "$curve_dir/server.key"
+              --zmq-curve-secret-key-file "$curve_dir/server.key_secret")
+    fi
+    exec pagedserve client "${probe[@]}"
     ;;
 
   probe-metrics)

@@ -4,6 +4,9 @@
 //   echo "prompt text" | pagedserve client --chat --max-tokens 64 --temperature 0
 //   pagedserve client --health            exit 0 when the server answers healthy
 //   pagedserve client --stats             prints the stats reply (JSON) on stdout
+//   pagedserve client --zmq-curve-server-key-file server.key
+//       --zmq-curve-secret-key-file me.key_secret "prompt"      CurveZMQ (docs/security.md)
+//   pagedserve client --cache-salt tenant-a "prompt"            prefix-cache isolation
 //
 // The prompt is the positional argument, else --prompt, else all of stdin.
 // Sampling flags are the ones of `pagedserve generate` (common_flags.h): the
@@ -24,6 +27,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <stdexcept>
 #include <cstdio>
 #include <string>
 #include <variant>
@@ -34,10 +38,18 @@
 #include "absl/strings/str_join.h"
 #include "runtime/cli/commands.h"
 #include "runtime/cli/common_flags.h"
+#include "runtime/frontend/curve_auth.h"
 #include "runtime/frontend/protocol.h"
 #include "zmq.hpp"
 
 ABSL_DECLARE_FLAG(std::string, zmq_endpoint);
+ABSL_DECLARE_FLAG(std::string, zmq_curve_secret_key_file);
+PAGEDSERVE_FLAG("client", std::string, zmq_curve_server_key_file, "",
+                "client: talk CurveZMQ to a server with this public certificate (its NAME.key); the "
+                "client's own key pair is --zmq-curve-secret-key-file");
+PAGEDSERVE_FLAG("client", std::string, cache_salt, "",
+                "client: the request's cache_salt (prefix-cache isolation; 1..256 visible ASCII "
+                "characters)");
 PAGEDSERVE_FLAG("client", bool, health, false,
                 "client: ask the server whether it is healthy; exit 0 when it is");
 PAGEDSERVE_FLAG("client", bool, stats, false,
@@ -67,6 +79,11 @@ class Connection {
  public:
   explicit Connection(const std::string& endpoint) : socket_(context_, zmq::socket_type::dealer) {
     socket_.set(zmq::sockopt::linger, 0);
+    const std::string server_key = absl::GetFlag(FLAGS_zmq_curve_server_key_file);
+    if (!server_key.empty()) {
+      absl::Status s = ConfigureCurveClient(server_key, absl::GetFlag(FLAGS_zmq_curve_secret_key_file), socket_);
+      if (!s.ok()) throw std::invalid_argument(std::string(s.message()));
+    }
     socket_.connect(endpoint);
   }
   void Send(const std::string& message) { socket_.send(zmq::buffer(message), zmq::send_flags::none); }
@@ -104,6 +121,13 @@ class Connection {
   zmq::socket_t socket_;
 };
 
+// With CURVE a refused handshake looks like silence: say what to check.
+std::string NoReplyHint() {
+  return absl::GetFlag(FLAGS_zmq_curve_server_key_file).empty()
+             ? ""
+             : " (CURVE: a wrong server key or a client key the server does not authorize also gets no reply)";
+}
+
 std::chrono::milliseconds TimeoutMs(double default_seconds) {
   double t = absl::GetFlag(FLAGS_client_timeout);
   if (t < 0) t = default_seconds;
@@ -118,7 +142,7 @@ int HealthOrStats(Connection& conn, bool health) {
   std::optional<std::string> raw = conn.Receive(timeout, nullptr);
   if (!raw.has_value()) {
     PrintError(absl::StrCat("no reply from ", absl::GetFlag(FLAGS_zmq_endpoint), " within ",
-                            timeout.count() / 1000.0, " s"));
+                            timeout.count() / 1000.0, " s", NoReplyHint()));
     return 1;
   }
   absl::StatusOr<pp::Reply> reply = pp::ParseReply(*raw);
@@ -167,6 +191,7 @@ int Generate(Connection& conn, const std::string& text) {
   }
   g.sampling = *params;
   g.stream = absl::GetFlag(FLAGS_stream);
+  g.cache_salt = absl::GetFlag(FLAGS_cache_salt);
   const int n = params->n;
   conn.Send(pp::SerializeRequest(g));
 
@@ -189,7 +214,7 @@ int Generate(Connection& conn, const std::string& text) {
         continue;
       }
       PrintError(abort_sent ? "no final message after the abort"
-                            : absl::StrCat("no reply within ", timeout.count() / 1000.0, " s"));
+                            : absl::StrCat("no reply within ", timeout.count() / 1000.0, " s", NoReplyHint()));
       return 1;
     }
     absl::StatusOr<pp::Reply> reply = pp::ParseReply(*raw);
@@ -272,6 +297,9 @@ int ClientCommand(const Args& args) {
   } catch (const zmq::error_t& e) {
     PrintError(absl::StrCat("ZeroMQ: ", e.what(), " (endpoint ", absl::GetFlag(FLAGS_zmq_endpoint), ")"));
     return 1;
+  } catch (const std::invalid_argument& e) {
+    PrintError(absl::StrCat("--zmq-curve-*: ", e.what()));
+    return 2;
   }
 }
 

@@ -4,6 +4,7 @@
 //   pagedserve generate [flags]   offline generation for one prompt
 //   pagedserve serve [flags]      serve over ZeroMQ (docs/serving.md)
 //   pagedserve client [flags]     send a prompt / health / stats to a server
+//   pagedserve keygen NAME        CurveZMQ key pair NAME.key / NAME.key_secret
 //
 // Flags may be spelled with dashes (--max-model-len) or underscores
 // (--max_model_len): absl flags are named with underscores, so a dashed flag
@@ -43,6 +44,7 @@ const std::map<std::string, Command>& Commands() {
       {"generate", {pagedserve::cli::GenerateCommand, "offline generation for one prompt (no server)"}},
       {"serve", {pagedserve::cli::ServeCommand, "serve the model over ZeroMQ (protocol v1, docs/protocol.md)"}},
       {"client", {pagedserve::cli::ClientCommand, "send a prompt, --health or --stats to a server"}},
+      {"keygen", {pagedserve::cli::KeygenCommand, "write a CurveZMQ key pair: NAME.key, NAME.key_secret"}},
   };
   return *commands;
 }

@@ -5,6 +5,9 @@
 //   pagedserve serve --model PATH [--zmq-endpoint tcp://127.0.0.1:5555]
 //                    [--host 127.0.0.1 --port 8000 --api-key KEY --served-model-name NAME]
 //                    [--metrics-host 127.0.0.1 --metrics-port 9400] [--max-queue-len 256]
+//                    [--zmq-curve-secret-key-file server.key_secret
+//                     [--zmq-curve-authorized-clients DIR]] [--require-cache-salt]
+//                    [--log-request-content | --disable-log-requests]
 //                    [engine flags, see common_flags.h]
 //   mpirun -np 1+TP pagedserve serve --model PATH --tensor-parallel-size TP ...
 //
@@ -86,12 +89,25 @@ PAGEDSERVE_FLAG("serve", std::string, served_model_name, "",
                 "serve: the model name of the HTTP API (/v1/models, 'model' field) and of the "
                 "metrics' model_name label; default the model file's name");
 PAGEDSERVE_FLAG("serve", bool, disable_log_requests, false,
-                "serve: no log line per HTTP generation request");
+                "serve: no request log line per finished request (both the ZeroMQ and the HTTP front "
+                "end)");
+PAGEDSERVE_FLAG("serve", bool, log_request_content, false,
+                "serve: also write prompt and completion text to the request log of both front ends "
+                "(default: ids, token counts and timings only)");
 PAGEDSERVE_FLAG("serve", int64_t, max_request_body_bytes, 1 << 20,
                 "serve: largest accepted HTTP request body (413 beyond)");
 PAGEDSERVE_FLAG("serve", double, http_timeout, 30,
                 "serve: seconds an HTTP client may take to send a request (headers and body) or "
                 "to read a response write; idle keep-alive connections are closed after 5 s");
+PAGEDSERVE_FLAG("serve,client", std::string, zmq_curve_secret_key_file, "",
+                "serve: turn on CurveZMQ (encryption + server authentication) with this secret "
+                "certificate (NAME.key_secret from `pagedserve keygen`); client: this client's own "
+                "key pair (default: a fresh one per run)");
+PAGEDSERVE_FLAG("serve", std::string, zmq_curve_authorized_clients, "",
+                "serve: with --zmq-curve-secret-key-file, serve only clients whose public "
+                "certificate (*.key) is in this folder; others are refused during the handshake");
+PAGEDSERVE_FLAG("serve", bool, require_cache_salt, false,
+                "serve: refuse requests without a cache_salt (multi-tenant prefix-cache isolation)");
 
 namespace pagedserve::cli {
 namespace {
@@ -156,6 +172,7 @@ absl::StatusOr<HttpServerOptions> HttpOptionsFromFlags(const std::string& model_
   h.served_model_name = absl::GetFlag(FLAGS_served_model_name);
   if (h.served_model_name.empty()) h.served_model_name = DefaultServedModelName(model_path);
   h.log_requests = !absl::GetFlag(FLAGS_disable_log_requests);
+  h.log_request_content = absl::GetFlag(FLAGS_log_request_content);
   const int64_t body = absl::GetFlag(FLAGS_max_request_body_bytes);
   if (body < 64 || body > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat("--max-request-body-bytes must be in [64, 2^30], got ", body));
@@ -191,6 +208,14 @@ absl::StatusOr<ServeOptions> ServeOptionsFromFlags(const std::string& model_path
   if (o.heartbeat_interval_ms < 0 || o.heartbeat_timeout_ms < 0) {
     return absl::InvalidArgumentError("--zmq-heartbeat-interval-ms and --zmq-heartbeat-timeout-ms must be >= 0");
   }
+  o.curve.secret_key_file = absl::GetFlag(FLAGS_zmq_curve_secret_key_file);
+  o.curve.authorized_clients_dir = absl::GetFlag(FLAGS_zmq_curve_authorized_clients);
+  if (!o.curve.authorized_clients_dir.empty() && !o.curve.enabled()) {
+    return absl::InvalidArgumentError(
+        "--zmq-curve-authorized-clients needs --zmq-curve-secret-key-file (CURVE is off without it)");
+  }
+  o.log_requests = !absl::GetFlag(FLAGS_disable_log_requests);
+  o.log_request_content = absl::GetFlag(FLAGS_log_request_content);
   const int32_t port = absl::GetFlag(FLAGS_metrics_port);
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--metrics-port must be in [0, 65535], got ", port));
@@ -280,6 +305,7 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
   Executor* exec = executor->get();
   EngineOptions options;
   options.scheduler = setup.scheduler;
+  options.require_cache_salt = absl::GetFlag(FLAGS_require_cache_salt);
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
       options, tokenizer->get(), *std::move(executor), EosTokenIds(setup.model, **tokenizer), metrics.get());
   if (!engine.ok()) {
@@ -290,7 +316,11 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
 
   int rc = 0;
   bool executor_failed = false;
-  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(serve_options.zmq, &loop, chat_template);
+  absl::StatusOr<std::unique_ptr<Server>> server;
+  {
+    StopSignalsBlocked blocked;  // the CURVE authenticator's ZAP thread is started here
+    server = Server::Create(serve_options.zmq, &loop, chat_template);
+  }
   if (!server.ok()) {
     PrintError(server.status());
     rc = 1;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/common/cache_salt.h"
 #include "runtime/engine/engine_metrics.h"
 
 namespace pagedserve {
@@ -84,6 +85,17 @@ absl::Status Engine::CheckRequest(const std::vector<int32_t>& prompt_token_ids,
   return scheduler_->CheckAdmissible(static_cast<int64_t>(prompt_token_ids.size()), params);
 }
 
+absl::Status Engine::CheckCacheSalt(std::string_view cache_salt) const {
+  if (cache_salt.empty()) {
+    if (options_.require_cache_salt) {
+      return absl::InvalidArgumentError(
+          "cache_salt is required: this server runs with --require-cache-salt (one salt per tenant)");
+    }
+    return absl::OkStatus();
+  }
+  return ValidateCacheSalt(cache_salt);
+}
+
 absl::Status Engine::AddRequest(EngineRequest request) {
   if (request.request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
   if (requests_.contains(request.request_id)) {
@@ -94,6 +106,7 @@ absl::Status Engine::AddRequest(EngineRequest request) {
         absl::StrCat("the engine stopped after a fatal error: ", broken_.message()));
   }
   if (absl::Status s = CheckRequest(request.prompt_token_ids, request.params); !s.ok()) return s;
+  if (absl::Status s = CheckCacheSalt(request.cache_salt); !s.ok()) return s;
 
   auto r = std::make_unique<RequestState>();
   r->request_id = request.request_id;
@@ -109,6 +122,7 @@ absl::Status Engine::AddRequest(EngineRequest request) {
   sr.params = std::move(request.params);
   sr.arrival_time = Seconds(r->arrival.time_since_epoch());
   sr.priority = request.priority;
+  sr.cache_extra_keys = CacheSaltKeys(request.cache_salt);
   if (absl::Status s = scheduler_->AddRequest(std::move(sr)); !s.ok()) return s;
 
   unscheduled_.push_back(r->request_id);

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -42,6 +43,10 @@ class Metrics;
 struct EngineOptions {
   SchedulerConfig scheduler;   // block counts are taken from the executor
   bool skip_special_tokens = true;
+  // --require-cache-salt: every request must carry a cache_salt (multi-tenant
+  // deployments, where an unsalted request would share the prefix cache with
+  // every other unsalted one). Checked by CheckCacheSalt / AddRequest.
+  bool require_cache_salt = false;
 };
 
 struct EngineRequest {
@@ -49,6 +54,10 @@ struct EngineRequest {
   std::vector<int32_t> prompt_token_ids;  // already tokenized (chat templates applied)
   SamplingParams params;                  // validated by AddRequest
   int32_t priority = 0;
+  // Prefix-cache isolation (runtime/common/cache_salt.h): requests with
+  // different salts never share cached KV blocks. Empty = no salt. Checked by
+  // AddRequest with CheckCacheSalt; a front end parses it and passes it here.
+  std::string cache_salt;
 };
 
 // New output of one sequence (sample index) of a request since the last Step.
@@ -106,6 +115,12 @@ class Engine {
   // may call it while another thread runs Step.
   absl::Status CheckRequest(const std::vector<int32_t>& prompt_token_ids,
                             const SamplingParams& params) const;
+
+  // The checks of a request's cache_salt: ValidateCacheSalt when non-empty;
+  // InvalidArgument "cache_salt is required (--require-cache-salt)" when empty
+  // and EngineOptions::require_cache_salt is set. Never echoes the salt.
+  // Thread-safe like CheckRequest (reads only options fixed at Create).
+  absl::Status CheckCacheSalt(std::string_view cache_salt) const;
 
   // True while a request is in flight or the scheduler still holds blocks of a
   // request that already finished (released by the next Step): keep stepping.

@@ -45,6 +45,7 @@ EngineLoop::EngineLoop(Engine* engine, EngineLoopOptions options)
 absl::Status EngineLoop::Submit(EngineRequest request, std::shared_ptr<RequestChannel> channel) {
   // Thread-safe: reads only what is fixed at Engine::Create.
   if (absl::Status s = engine_->CheckRequest(request.prompt_token_ids, request.params); !s.ok()) return s;
+  if (absl::Status s = engine_->CheckCacheSalt(request.cache_salt); !s.ok()) return s;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_) return absl::FailedPreconditionError("the engine stopped after a fatal error");

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -20,9 +21,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "httplib.h"
 #include "runtime/engine/engine_loop.h"
 #include "runtime/frontend/openai_api.h"
+#include "runtime/frontend/request_log.h"
 #include "spdlog/spdlog.h"
 
 namespace pagedserve {
@@ -135,6 +138,7 @@ struct Job {
   bool has_token = false;
   bool aborted = false;  // the client went away
   int fd = -1;
+  std::optional<std::string> logged_prompt;  // --log-request-content: the prompts as decoded
 
   bool done() const { return finished_requests == engine_ids.size(); }
 };
@@ -251,22 +255,39 @@ struct HttpServer::Impl {
     LogDone(job);
   }
 
+  // The request log line (request_log.h), front end "http"; the request id is
+  // the response's id. Completion text only with log_request_content.
   void LogDone(const Job& job) {
     if (!options.log_requests) return;
     using std::chrono::duration;
-    const auto now = std::chrono::steady_clock::now();
-    std::string reasons;
+    RequestLogRecord r;
+    r.front_end = "http";
+    r.request_id = job.id;
+    r.prompt_tokens = job.usage.prompt_tokens;
+    r.completion_tokens = job.usage.completion_tokens;
+    r.cached_prompt_tokens = job.usage.cached_tokens;
+    r.e2e_s = duration<double>(std::chrono::steady_clock::now() - job.start).count();
+    if (job.has_token) r.first_output_s = duration<double>(job.first_token - job.start).count();
     for (const auto& c : job.choices) {
-      absl::StrAppend(&reasons, reasons.empty() ? "" : ",", std::string(FinishReasonName(c.finish_reason)));
+      r.finish_reasons.push_back(std::string(FinishReasonName(c.finish_reason)));
+      if (job.logged_prompt.has_value()) r.completions.push_back(c.text);
     }
-    spdlog::info("http: request {} prompt_tokens={} completion_tokens={} cached_tokens={} ttft_ms={} "
-                 "duration_ms={} finish_reason={}{}",
-                 job.id, job.usage.prompt_tokens, job.usage.completion_tokens, job.usage.cached_tokens,
-                 job.has_token ? absl::StrCat(static_cast<int64_t>(
-                                     duration<double, std::milli>(job.first_token - job.start).count()))
-                               : std::string("-"),
-                 static_cast<int64_t>(duration<double, std::milli>(now - job.start).count()), reasons,
-                 job.aborted ? " (client disconnected)" : "");
+    r.prompt = job.logged_prompt;
+    LogRequest(r);
+  }
+
+  // What --log-request-content logs as the prompt: each prompt decoded (chat:
+  // the templated text the model saw), separated by " | " when there are several.
+  static std::string DescribePrompts(const openai::ValidatedRequest& request, const Tokenizer& tokenizer) {
+    std::string out;
+    DecodeOptions decode;
+    decode.skip_special_tokens = false;
+    for (const std::vector<int32_t>& ids : request.prompts) {
+      absl::StatusOr<std::string> text = tokenizer.Decode(ids, decode);
+      absl::StrAppend(&out, out.empty() ? "" : " | ",
+                      text.ok() ? *text : absl::StrCat("token_ids=[", absl::StrJoin(ids, ","), "]"));
+    }
+    return out;
   }
 
   void HandleGeneration(openai::Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
@@ -278,6 +299,9 @@ struct HttpServer::Impl {
     if (!parsed.request.has_value()) return SendError(res, parsed.error);
     auto job = std::make_shared<Job>();
     job->request = *std::move(parsed.request);
+    if (options.log_requests && options.log_request_content) {
+      job->logged_prompt = DescribePrompts(job->request, b->loop->tokenizer());
+    }
     job->start = std::chrono::steady_clock::now();
     job->created = UnixNow();
     const uint64_t seq = next_id.fetch_add(1);

@@ -52,7 +52,8 @@ struct HttpServerOptions {
   absl::Duration keep_alive_timeout = absl::Seconds(5);  // idle keep-alive connections
   absl::Duration disconnect_poll = absl::Milliseconds(20);
   int num_threads = 512;                   // connections served at once
-  bool log_requests = true;                // one log line per generation request
+  bool log_requests = true;                // --disable-log-requests: false (request_log.h)
+  bool log_request_content = false;        // --log-request-content: prompt and text too
   std::string version = "0.1.0";
 };
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/cache_salt.h"
 
 namespace pagedserve::protocol {
 
@@ -184,7 +185,7 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
       "version", "type", "id", "prompt", "prompt_token_ids", "messages", "stream",
       "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
       "presence_penalty", "frequency_penalty", "seed", "stop", "stop_token_ids",
-      "ignore_eos", "logprobs"};
+      "ignore_eos", "logprobs", "cache_salt"};
   if (Check c = RejectUnknownFields(obj, kKnown, "generate")) return c;
   // Prompt: exactly one form.
   auto present = [&](const char* k) {
@@ -293,6 +294,12 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
   if (auto* j = field("ignore_eos")) if (Check c = ReadBool(*j, "ignore_eos", sp.ignore_eos)) return c;
   if (auto* j = field("logprobs")) if (Check c = ReadInt(*j, "logprobs", sp.logprobs)) return c;
   if (auto* j = field("stream")) if (Check c = ReadBool(*j, "stream", req.stream)) return c;
+  if (auto* j = field("cache_salt")) {
+    if (!j->is_string()) return WrongType("cache_salt", "a string", *j);
+    const std::string& salt = j->get_ref<const std::string&>();
+    if (absl::Status s = ValidateCacheSalt(salt); !s.ok()) return Invalid(std::string(s.message()));
+    req.cache_salt = salt;
+  }
   if (absl::Status s = sp.Validate(); !s.ok()) return Invalid(std::string(s.message()));
   return std::nullopt;
 }
@@ -432,6 +439,7 @@ json ToJson(const GenerateRequest& r) {
   j["ignore_eos"] = s.ignore_eos;
   j["logprobs"] = s.logprobs;
   j["stream"] = r.stream;
+  if (!r.cache_salt.empty()) j["cache_salt"] = r.cache_salt;
   return j;
 }
 

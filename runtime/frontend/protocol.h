@@ -60,6 +60,9 @@ struct GenerateRequest {
   Prompt prompt;
   SamplingParams sampling;  // validated with SamplingParams::Validate()
   bool stream = false;      // true: delta messages, then a final message
+  // Prefix-cache isolation (runtime/common/cache_salt.h): empty = none; else
+  // 1..256 visible ASCII bytes (ValidateCacheSalt). Goes to EngineRequest.
+  std::string cache_salt;
   bool operator==(const GenerateRequest&) const = default;
 };
 

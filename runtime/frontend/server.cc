@@ -14,8 +14,11 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/common/status_macros.h"
 #include "runtime/engine/engine_loop.h"
+#include "runtime/frontend/curve_auth.h"
 #include "runtime/frontend/protocol.h"
+#include "runtime/frontend/request_log.h"
 #include "spdlog/spdlog.h"
 #include "zmq.hpp"
 
@@ -49,6 +52,11 @@ struct Server::Impl {
     bool orphaned = false;  // the client went away: replies are dropped
     std::vector<protocol::SequenceFinal> outputs;  // by index; text/ids for non-streamed
     std::vector<bool> finished;
+    // Request log (request_log.h): timings always; content only when enabled.
+    absl::Time admitted;
+    absl::Time first_output = absl::InfinitePast();
+    std::optional<std::string> logged_prompt;
+    std::vector<std::string> logged_text;  // streamed text, by index
   };
   // A connection with requests in flight.
   struct Peer {
@@ -60,6 +68,9 @@ struct Server::Impl {
   EngineLoop* loop = nullptr;
   std::optional<ChatTemplate> chat_template;
   zmq::context_t context{1};
+  // Declared after the context and before the router: it outlives the ROUTER
+  // socket (libzmq admits CURVE clients when no ZAP handler is bound).
+  std::unique_ptr<CurveAuthenticator> curve_authenticator;
   zmq::socket_t router;
   zmq::socket_t monitor;
   std::string bound_endpoint;
@@ -345,6 +356,7 @@ struct Server::Impl {
     er.request_id = eid;
     er.prompt_token_ids = *std::move(ids);
     er.params = g.sampling;
+    er.cache_salt = g.cache_salt;
     const int n = g.sampling.n;
     auto channel = std::make_shared<RequestChannel>([this, eid] { Notify(eid); });
     // The one admission check (Engine::CheckRequest, queue bound, shutdown).
@@ -360,6 +372,11 @@ struct Server::Impl {
     f.outputs.resize(n);
     f.finished.assign(n, false);
     for (int i = 0; i < n; ++i) f.outputs[i].index = i;
+    f.admitted = absl::Now();
+    if (options.log_request_content) {
+      f.logged_prompt = DescribePrompt(g.prompt);
+      f.logged_text.resize(n);
+    }
     inflight.emplace(eid, std::move(f));
     Peer& peer = peers[identity];
     peer.fd = fd;
@@ -429,6 +446,7 @@ struct Server::Impl {
           if (d.text.empty() && d.token_ids.empty() && !d.finished) continue;
           protocol::SequenceDelta sd;
           sd.index = d.index;
+          if (options.log_request_content) f.logged_text[d.index] += d.text;
           sd.text = std::move(d.text);
           sd.token_ids = std::move(d.token_ids);
           AppendLogprobs(d, &sd.logprobs);
@@ -440,7 +458,10 @@ struct Server::Impl {
           acc.token_ids.insert(acc.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
         }
       }
-      if (!f.orphaned && !delta.outputs.empty()) SendReply(f.identity, delta);
+      if (!f.orphaned && !delta.outputs.empty()) {
+        if (f.first_output == absl::InfinitePast()) f.first_output = absl::Now();
+        SendReply(f.identity, delta);
+      }
       if (!out.finished) continue;
       if (!out.error.ok() && out.deltas.empty() && std::none_of(f.finished.begin(), f.finished.end(),
                                                                  [](bool b) { return b; })) {
@@ -457,6 +478,7 @@ struct Server::Impl {
       for (size_t i = 0; i < f.outputs.size(); ++i) {
         if (!f.finished[i]) f.outputs[i].finish_reason = fallback;
       }
+      if (options.log_requests) LogFinished(out, f);
       if (!f.orphaned) {
         protocol::FinalReply final_reply;
         final_reply.id = f.client_id;
@@ -471,6 +493,24 @@ struct Server::Impl {
       ++counters.requests_finished;
       ForgetRequest(it);
     }
+  }
+
+  void LogFinished(const EngineOutput& out, const InFlight& f) const {
+    RequestLogRecord r;
+    r.front_end = "zmq";
+    r.request_id = out.request_id;
+    r.prompt_tokens = out.usage.prompt_tokens;
+    r.completion_tokens = out.usage.completion_tokens;
+    r.cached_prompt_tokens = out.usage.cached_prompt_tokens;
+    const absl::Time now = absl::Now();
+    r.e2e_s = absl::ToDoubleSeconds(now - f.admitted);
+    if (f.first_output != absl::InfinitePast()) r.first_output_s = absl::ToDoubleSeconds(f.first_output - f.admitted);
+    for (size_t i = 0; i < f.outputs.size(); ++i) {
+      r.finish_reasons.push_back(std::string(protocol::FinishReasonName(f.outputs[i].finish_reason)));
+      if (f.logged_prompt.has_value()) r.completions.push_back(f.stream ? f.logged_text[i] : f.outputs[i].text);
+    }
+    r.prompt = f.logged_prompt;
+    LogRequest(r);
   }
 
   void ForgetRequest(absl::flat_hash_map<std::string, InFlight>::iterator it) {
@@ -540,6 +580,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
                        options.heartbeat_timeout_ms > 0 ? options.heartbeat_timeout_ms
                                                         : 5 * options.heartbeat_interval_ms);
     }
+    PS_RETURN_IF_ERROR(
+        ConfigureCurveServer(options.curve, impl->context, impl->router, &impl->curve_authenticator));
     const std::string monitor_endpoint =
         absl::StrCat("inproc://pagedserve-frontend-monitor-", reinterpret_cast<uintptr_t>(impl.get()));
     if (zmq_socket_monitor(impl->router.handle(), monitor_endpoint.c_str(),

@@ -54,6 +54,11 @@
 //  Aborted requests of a vanished client end with finish_reason "abort"; their
 //  replies are dropped.
 //
+// Authentication (optional, docs/security.md): with options.curve set the
+// ROUTER socket is a CURVE server, and with an authorized-clients folder a ZAP
+// handler thread (curve_auth.h) refuses unlisted client keys during the
+// handshake; refused or failed handshakes never produce a message here.
+//
 // Shutdown: the EngineLoop drains (`generate` -> `busy`, `health` unhealthy,
 // grace period, aborts); Run() returns once `stop` is set and every request it
 // admitted has had its final message. The caller sets `stop` after
@@ -71,6 +76,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "runtime/frontend/curve_keys.h"
 #include "runtime/tokenizer/chat_template.h"
 
 namespace pagedserve {
@@ -90,6 +96,13 @@ struct ServerOptions {
   int heartbeat_interval_ms = 2000;
   int heartbeat_timeout_ms = 10000;
   int send_high_water_mark = 100000;   // queued replies per client before it is cut
+  // Request log (request_log.h): one line per finished request with ids,
+  // token counts and timings; prompt and completion text only with
+  // log_request_content (--log-request-content).
+  bool log_requests = true;
+  bool log_request_content = false;
+  // CurveZMQ (curve_auth.h): off when curve.secret_key_file is empty.
+  CurveServerOptions curve;
 };
 
 class Server {

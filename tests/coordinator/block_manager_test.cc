@@ -3,6 +3,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "runtime/common/cache_salt.h"
 #include "runtime/coordinator/block_manager.h"
 #include "runtime/coordinator/block_pool.h"
 
@@ -239,6 +240,52 @@ TEST(BlockManagerTest, ExtraKeysSeparateOtherwiseEqualPrefixes) {
   Sequence c = MakeSeq(3, Iota(9));
   c.extra_keys = {7};
   EXPECT_EQ(bm.MatchPrefix(c), 8);
+}
+
+// cache_salt isolation at the block manager: the salt's keys enter the first
+// block's hash; different salts share nothing, one salt shares as before, and
+// unsalted requests do not hit a salted tenant's blocks (nor the reverse).
+TEST(BlockManagerTest, CacheSaltsIsolatePrefixes) {
+  BlockManager bm(Opts(32, 0, 4, true));
+  std::vector<BlockPair> copies;
+  Sequence a = MakeSeq(1, Iota(13));
+  a.extra_keys = CacheSaltKeys("tenant-a");
+  Feed(bm, a, 13, &copies);
+  Sequence b = MakeSeq(2, Iota(13));
+  b.extra_keys = CacheSaltKeys("tenant-b");
+  EXPECT_EQ(bm.MatchPrefix(b), 0) << "another salt must not hit";
+  Sequence plain = MakeSeq(3, Iota(13));
+  EXPECT_EQ(bm.MatchPrefix(plain), 0) << "no salt must not hit a salted prefix";
+  Sequence a2 = MakeSeq(4, Iota(13));
+  a2.extra_keys = CacheSaltKeys("tenant-a");
+  EXPECT_EQ(bm.MatchPrefix(a2), 12) << "the same salt shares its full blocks";
+  EXPECT_EQ(bm.prefix_cache_collisions(), 0) << "separated by the hash, not by verification";
+
+  const std::vector<int32_t> t = Iota(4);
+  EXPECT_FALSE(Sha256BlockHash(kRootBlockHash, t, CacheSaltKeys("tenant-a")) ==
+               Sha256BlockHash(kRootBlockHash, t, CacheSaltKeys("tenant-b")));
+  EXPECT_TRUE(Sha256BlockHash(kRootBlockHash, t, CacheSaltKeys("tenant-a")) ==
+              Sha256BlockHash(kRootBlockHash, t, CacheSaltKeys("tenant-a")));
+}
+
+// The salt -> keys encoding is injective (length word + zero-padded bytes).
+TEST(CacheSaltTest, KeysAreInjectiveAndEmptyMeansNone) {
+  EXPECT_TRUE(CacheSaltKeys("").empty());
+  const std::vector<std::string> salts = {"a", "b", "ab", "ba", "abcdefgh", "abcdefghi",
+                                          std::string("abcdefgh\0", 9), std::string(256, 'x')};
+  for (size_t i = 0; i < salts.size(); ++i) {
+    EXPECT_EQ(CacheSaltKeys(salts[i]), CacheSaltKeys(salts[i]));
+    for (size_t j = i + 1; j < salts.size(); ++j) {
+      EXPECT_NE(CacheSaltKeys(salts[i]), CacheSaltKeys(salts[j])) << i << " vs " << j;
+    }
+  }
+  EXPECT_EQ(CacheSaltKeys(std::string(256, 'x')).size(), 2u + 32u);
+  EXPECT_EQ(CacheSaltKeys("a")[0], kCacheSaltTag);
+  EXPECT_TRUE(ValidateCacheSalt("tenant-a").ok());
+  EXPECT_FALSE(ValidateCacheSalt("").ok());
+  EXPECT_FALSE(ValidateCacheSalt(std::string(257, 'x')).ok());
+  EXPECT_FALSE(ValidateCacheSalt("tab\there").ok());
+  EXPECT_FALSE(ValidateCacheSalt("\x7f").ok());
 }
 
 TEST(BlockHashTest, Sha256ChainIsDeterministicAndSensitive) {

@@ -58,6 +58,7 @@ TEST(KustomizeTest, EveryOverlayRendersAndValidates) {
     for (const std::string& obj : {workload.at(o), std::string("Service/pagedserve-api"),
                                    std::string("ServiceMonitor/pagedserve"),
                                    std::string("PrometheusRule/pagedserve"),
+                                   std::string("NetworkPolicy/pagedserve"),
                                    std::string("ConfigMap/pagedserve-grafana-dashboard")}) {
       EXPECT_NE(r.output.find("validated " + obj + "\n"), std::string::npos) << o << ": " << obj;
     }
@@ -80,7 +81,9 @@ TEST(KustomizeTest, BrokenOverlaysAreRejected) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       {"unknown-field", {"'terminationGracePeriod' was unexpected"}},
       {"bad-lws", {"'Always' is not one of", "workerTemplate: kubernetes", "'readinesProbe' was unexpected"}},
-      {"bad-port", {"targetPort 'prometheus'", "endpoint port 'http-metrics'"}},
+      {"bad-port", {"targetPort 'prometheus'", "endpoint port 'http-metrics'", "ingress port 'zeromq'"}},
+      {"netpol-closed-port",
+       {"NetworkPolicy/pagedserve: port 'http' of Service/pagedserve-api is opened by no ingress rule"}},
       // The upstream ServiceMonitor schema (extract_schemas.py) at work.
       {"bad-servicemonitor", {"'scrapeInterval' was unexpected", "'tcp'"}},
       {"lws-service-name",
@@ -240,6 +243,47 @@ TEST_F(EntrypointFixture, ServeRunsOneCoordinatorPlusOneRankPerGpu) {
             std::string::npos);
   EXPECT_NE(r.output.find("ARG --max-num-seqs=8\n"), std::string::npos) << "extra flags pass through";
   EXPECT_EQ(r.output.find("allow-run-as-root"), std::string::npos);
+}
+
+// CURVE keys mounted from the Secrets turn CurveZMQ on; the allow-list gets the
+// server's own public key for the readiness probe; a half-mounted pair stops
+// the start instead of serving without CURVE.
+TEST_F(EntrypointFixture, ServeTurnsOnCurveOnlyWhenTheKeysAreMounted) {
+  RunCommand("mkdir -p '" + dir_ + "/curve' '" + dir_ + "/clients' '" + dir_ + "/tmp'");
+  const std::string env = "TMPDIR='" + dir_ + "/tmp' PAGEDSERVE_CURVE_DIR='" + dir_ +
+                          "/curve' PAGEDSERVE_CURVE_CLIENTS_DIR='" + dir_ + "/clients'";
+  auto r = Entrypoint(env, "serve");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("zmq-curve"), std::string::npos) << "no keys, no CURVE: " << r.output;
+
+  std::ofstream(dir_ + "/curve/server.key_secret") << "secret";
+  r = Entrypoint(env, "serve");
+  EXPECT_NE(r.exit_code, 0) << "server.key missing must stop the start: " << r.output;
+  EXPECT_NE(r.output.find("no server.key"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("ARG serve"), std::string::npos) << "mpirun must not run: " << r.output;
+
+  std::ofstream(dir_ + "/curve/server.key") << "public";
+  r = Entrypoint(env, "serve");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ARG --zmq-curve-secret-key-file\nARG " + dir_ + "/curve/server.key_secret\n"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("zmq-curve-authorized-clients"), std::string::npos) << "no client keys: any client";
+
+  std::ofstream(dir_ + "/clients/alice.key") << "alice";
+  r = Entrypoint(env, "serve");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ARG --zmq-curve-authorized-clients\nARG " + dir_ + "/tmp/pagedserve-curve-clients\n"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(testing::ReadFile(dir_ + "/tmp/pagedserve-curve-clients/alice.key"), "alice");
+  EXPECT_EQ(testing::ReadFile(dir_ + "/tmp/pagedserve-curve-clients/pagedserve-probe.key"), "public");
+
+  // The probe talks CURVE with the server's key pair.
+  Script("pagedserve", "#!/bin/bash\nfor a in \"$@\"; do echo \"ARG $a\"; done\n");
+  r = Entrypoint(env, "probe-health");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ARG --zmq-curve-server-key-file\nARG " + dir_ + "/curve/server.key\n"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ARG --health\n"), std::string::npos) << r.output;
 }
 
 TEST_F(EntrypointFixture, ServeWithoutModelFailsWithAMessage) {

@@ -351,6 +351,33 @@ def main():
             for s in svcs:
                 if ep.get("port") not in {p.get("name") for p in s["spec"]["ports"]}:
                     error(label, f"endpoint port '{ep.get('port')}' is not a port of {name_of(s)}")
+    # NetworkPolicy: it selects some pod, and each named port of its rules is a
+    # container port of a selected pod (a typo would silently allow nothing).
+    for pol in (o for o in objs if o["kind"] == "NetworkPolicy"):
+        label = name_of(pol)
+        match = pol["spec"].get("podSelector", {}).get("matchLabels", {})
+        chosen = [t for _, t in templates if selects(match, t.get("metadata", {}).get("labels", {}))]
+        if not chosen:
+            error(label, f"podSelector {match} selects no pod template")
+        names = {p.get("name") for t in chosen for c in t["spec"]["containers"] for p in c.get("ports", [])}
+        for rule in pol["spec"].get("ingress", []):
+            for port in rule.get("ports", []):
+                if isinstance(port.get("port"), str) and port["port"] not in names:
+                    error(label, f"ingress port '{port['port']}' is not a container port of the selected pods")
+        # Each port a Service publishes for these pods (HTTP API, ZeroMQ, metrics)
+        # must be opened by some rule that names ports: the rule without ports
+        # admits only pagedserve's own pods, so a port left out of the others
+        # would be unreachable for every client behind the Service.
+        opened = {p.get("port") for rule in pol["spec"].get("ingress", []) for p in rule.get("ports", [])}
+        for svc in services:
+            if not any(selects(svc["spec"].get("selector", {}), t.get("metadata", {}).get("labels", {}))
+                       for t in chosen):
+                continue
+            for port in svc["spec"].get("ports", []):
+                target = port.get("targetPort")
+                if isinstance(target, str) and target not in opened:
+                    error(label, f"port '{target}' of {name_of(svc)} is opened by no ingress rule "
+                                 "(only pagedserve's own pods could reach it)")
     check_lws_dns(objs)
     check_alert_rules(objs)
     dashboards = [o for o in objs if o["kind"] == "ConfigMap"

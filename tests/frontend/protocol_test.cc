@@ -238,6 +238,37 @@ TEST(ProtocolTest, ValidRequestsRoundTrip) {
   EXPECT_TRUE(*ParseRequest(SerializeRequest(g)).request == Request{g});
 }
 
+// cache_salt (runtime/common/cache_salt.h): validated at the edge, never echoed.
+TEST(ProtocolTest, CacheSaltIsValidatedAndRoundTrips) {
+  ParseResult ok = ParseRequest(Gen(R"(,"cache_salt":"tenant-A_01+/=")"));
+  ASSERT_TRUE(ok.ok()) << ok.error.message;
+  EXPECT_EQ(std::get<GenerateRequest>(*ok.request).cache_salt, "tenant-A_01+/=");
+  EXPECT_TRUE(std::get<GenerateRequest>(*ParseRequest(Gen("")).request).cache_salt.empty());
+  EXPECT_TRUE(std::get<GenerateRequest>(*ParseRequest(Gen(R"(,"cache_salt":null)")).request).cache_salt.empty());
+  const std::string max(256, 'z');
+  ASSERT_TRUE(ParseRequest(Gen(",\"cache_salt\":\"" + max + "\"")).ok());
+
+  ExpectError(Gen(R"(,"cache_salt":"")"), ErrorCode::kInvalidRequest, "cache_salt must be a non-empty string",
+              "r7");
+  ExpectError(Gen(",\"cache_salt\":\"" + max + "z\""), ErrorCode::kInvalidRequest,
+              "cache_salt is 257 bytes; at most 256 are allowed", "r7");
+  ExpectError(Gen(R"(,"cache_salt":"two words")"), ErrorCode::kInvalidRequest, "cache_salt byte 3 is 0x20", "r7");
+  ExpectError(Gen(R"(,"cache_salt":"caf\u00e9")"), ErrorCode::kInvalidRequest, "cache_salt byte 3 is 0xC3", "r7");
+  ExpectError(Gen(R"(,"cache_salt":"a\nb")"), ErrorCode::kInvalidRequest, "cache_salt byte 1 is 0x0A", "r7");
+  ExpectError(Gen(R"(,"cache_salt":42)"), ErrorCode::kInvalidRequest, "field 'cache_salt' must be a string", "r7");
+  // The message never quotes a rejected salt.
+  ParseResult bad = ParseRequest(Gen(R"(,"cache_salt":"secret tenant")"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error.message.find("secret"), std::string::npos) << bad.error.message;
+
+  GenerateRequest g = std::get<GenerateRequest>(*ok.request);
+  const std::string wire = SerializeRequest(g);
+  EXPECT_NE(wire.find("\"cache_salt\":\"tenant-A_01+/=\""), std::string::npos) << wire;
+  EXPECT_TRUE(*ParseRequest(wire).request == Request{g});
+  g.cache_salt.clear();
+  EXPECT_EQ(SerializeRequest(g).find("cache_salt"), std::string::npos) << "absent when empty";
+}
+
 TEST(ProtocolTest, RepliesSerializeAsDocumented) {
   DeltaReply d{"r1", {{0, "Hel", {9, 10}, {}, std::nullopt}, {1, "Wo", {11}, {}, FinishReason::kLength}}};
   EXPECT_EQ(json::parse(SerializeReply(d)), json::parse(R"({"version":1,"type":"delta","id":"r1","outputs":[

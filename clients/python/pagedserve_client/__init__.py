@@ -7,9 +7,10 @@ full example and ``Client`` for the API.
 """
 
 from .client import (DEFAULT_ENDPOINT, PROTOCOL_VERSION, Client, Delta, Final, Output,
-                     PagedServeError, PagedServeTimeout, Stream, TokenLogprob)
+                     PagedServeError, PagedServeTimeout, Stream, TokenLogprob, load_certificate)
 
 __version__ = "0.1.0"
 
 __all__ = ["Client", "Stream", "Delta", "Final", "Output", "TokenLogprob", "PagedServeError",
-           "PagedServeTimeout", "PROTOCOL_VERSION", "DEFAULT_ENDPOINT", "__version__"]
+           "PagedServeTimeout", "PROTOCOL_VERSION", "DEFAULT_ENDPOINT", "load_certificate",
+           "__version__"]

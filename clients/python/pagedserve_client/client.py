@@ -27,6 +27,19 @@ Example::
             client.generate("x", top_p=1.5)
         except PagedServeError as e:
             print(e.code, e.message)   # invalid_request top_p must be in (0, 1], got 1.5
+        # Prefix-cache isolation: requests with different salts share no KV blocks.
+        client.generate("Hello", cache_salt="tenant-a", max_tokens=8)
+
+CurveZMQ (server started with --zmq-curve-secret-key-file, see docs/security.md)::
+
+    server_public, _ = load_certificate("server.key")           # from `pagedserve keygen server`
+    my_public, my_secret = load_certificate("client.key_secret")  # listed in the server's folder
+    with Client("tcp://10.0.0.5:5555", curve_server_key=server_public,
+                curve_public_key=my_public, curve_secret_key=my_secret) as client:
+        ...
+
+A client refused at the CURVE handshake (wrong server key, key not authorized)
+sees no reply at all: calls raise PagedServeTimeout.
 """
 
 from __future__ import annotations
@@ -152,18 +165,44 @@ class Stream:
         self._client.abort(self.request_id, wait=False)
 
 
+def _key_bytes(key) -> bytes:
+    return key.encode("ascii") if isinstance(key, str) else bytes(key)
+
+
+def load_certificate(path: str):
+    """(public_key, secret_key or None) of a ZeroMQ certificate file (Z85 bytes),
+    as written by `pagedserve keygen NAME` (NAME.key, NAME.key_secret)."""
+    import zmq.auth  # noqa: PLC0415 (only CURVE users need it)
+    return zmq.auth.load_certificate(path)
+
+
 class Client:
     """A DEALER connection to a pagedserve server.
 
     timeout: seconds to wait for each reply (None waits forever).
+    curve_server_key: the server's Z85 public key (its NAME.key, read with
+        load_certificate): talk CurveZMQ. curve_public_key / curve_secret_key:
+        this client's Z85 key pair (default: a fresh pair, enough for a server
+        without an allow-list of client keys).
     """
 
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, timeout: Optional[float] = 60.0,
-                 context: Optional[zmq.Context] = None):
+                 context: Optional[zmq.Context] = None, *, curve_server_key: Optional[bytes] = None,
+                 curve_public_key: Optional[bytes] = None, curve_secret_key: Optional[bytes] = None):
         self._own_context = context is None
         self._context = context or zmq.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        if curve_server_key is not None:
+            if (curve_public_key is None) != (curve_secret_key is None):
+                raise ValueError("give both curve_public_key and curve_secret_key, or neither")
+            if curve_public_key is None:
+                curve_public_key, curve_secret_key = zmq.curve_keypair()
+            self._socket.curve_serverkey = _key_bytes(curve_server_key)
+            self._socket.curve_publickey = _key_bytes(curve_public_key)
+            self._socket.curve_secretkey = _key_bytes(curve_secret_key)
+        elif curve_public_key is not None or curve_secret_key is not None:
+            raise ValueError("curve_public_key / curve_secret_key need curve_server_key")
         self._socket.connect(endpoint)
         self.timeout = timeout
         self._pending: Dict[str, Deque[dict]] = collections.defaultdict(collections.deque)
@@ -186,9 +225,15 @@ class Client:
         return f"{self._prefix}{next(self._ids)}"
 
     def send(self, message: dict) -> None:
-        """Sends one raw protocol message (version added when missing)."""
+        """Sends one raw protocol message (version added when missing). Raises
+        PagedServeTimeout when the message cannot be queued within `timeout`
+        (no connection to the server: e.g. refused at the CURVE handshake)."""
         message = {"version": PROTOCOL_VERSION, **message}
-        self._socket.send(json.dumps(message, ensure_ascii=False).encode("utf-8"))
+        self._socket.sndtimeo = -1 if self.timeout is None else max(0, int(self.timeout * 1000))
+        try:
+            self._socket.send(json.dumps(message, ensure_ascii=False).encode("utf-8"))
+        except zmq.Again as e:
+            raise PagedServeTimeout(message.get("id"), self.timeout or 0.0) from e
 
     def _next_reply(self, request_id: str) -> dict:
         """The next reply for request_id; raises PagedServeError for an error reply."""
@@ -241,7 +286,7 @@ class Client:
 
         sampling: n, max_tokens, temperature, top_p, top_k, min_p,
         repetition_penalty, presence_penalty, frequency_penalty, seed, stop,
-        stop_token_ids, ignore_eos, logprobs (see docs/protocol.md).
+        stop_token_ids, ignore_eos, logprobs; and cache_salt (see docs/protocol.md).
         """
         msg = self._generate_message(prompt, prompt_token_ids, messages, True, request_id, sampling)
         self.send(msg)

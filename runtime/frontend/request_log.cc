@@ -1,0 +1,41 @@
+#include "runtime/frontend/request_log.h"
+
+#include <variant>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "spdlog/spdlog.h"
+
+namespace pagedserve {
+
+std::string FormatRequestLog(const RequestLogRecord& r) {
+  std::string line = absl::StrFormat(
+      "request %s: id=\"%s\" prompt_tokens=%d completion_tokens=%d cached_prompt_tokens=%d "
+      "finish_reason=%s e2e_s=%.4f",
+      r.front_end, absl::CEscape(r.request_id), r.prompt_tokens, r.completion_tokens,
+      r.cached_prompt_tokens, absl::StrJoin(r.finish_reasons, ","), r.e2e_s);
+  if (r.first_output_s >= 0) absl::StrAppendFormat(&line, " first_output_s=%.4f", r.first_output_s);
+  if (r.prompt.has_value()) absl::StrAppend(&line, " prompt=\"", absl::CEscape(*r.prompt), "\"");
+  for (size_t i = 0; i < r.completions.size(); ++i) {
+    absl::StrAppend(&line, " completion[", i, "]=\"", absl::CEscape(r.completions[i]), "\"");
+  }
+  return line;
+}
+
+void LogRequest(const RequestLogRecord& record) { spdlog::info("{}", FormatRequestLog(record)); }
+
+std::string DescribePrompt(const protocol::Prompt& prompt) {
+  if (const auto* text = std::get_if<std::string>(&prompt)) return *text;
+  if (const auto* ids = std::get_if<std::vector<int32_t>>(&prompt)) {
+    return absl::StrCat("token_ids=[", absl::StrJoin(*ids, ","), "]");
+  }
+  std::vector<std::string> turns;
+  for (const protocol::ChatMessage& m : std::get<std::vector<protocol::ChatMessage>>(prompt)) {
+    turns.push_back(absl::StrCat(m.role, ": ", m.content));
+  }
+  return absl::StrJoin(turns, " | ");
+}
+
+}  // namespace pagedserve

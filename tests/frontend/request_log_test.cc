@@ -1,0 +1,56 @@
+// The request log line (request_log.h): what it carries and what it never does.
+#include "runtime/frontend/request_log.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace pagedserve {
+namespace {
+
+RequestLogRecord Record() {
+  RequestLogRecord r;
+  r.front_end = "zmq";
+  r.request_id = "00ab/req-1";
+  r.prompt_tokens = 12;
+  r.completion_tokens = 5;
+  r.cached_prompt_tokens = 8;
+  r.finish_reasons = {"stop", "length"};
+  r.first_output_s = 0.25;
+  r.e2e_s = 1.5;
+  return r;
+}
+
+TEST(RequestLogTest, CarriesIdsCountsAndTimingsOnly) {
+  const std::string line = FormatRequestLog(Record());
+  EXPECT_EQ(line,
+            "request zmq: id=\"00ab/req-1\" prompt_tokens=12 completion_tokens=5 "
+            "cached_prompt_tokens=8 finish_reason=stop,length e2e_s=1.5000 first_output_s=0.2500");
+  RequestLogRecord none = Record();
+  none.first_output_s = -1;
+  EXPECT_EQ(FormatRequestLog(none).find("first_output_s"), std::string::npos);
+}
+
+TEST(RequestLogTest, ContentOnlyWhenGivenAndAlwaysOneLine) {
+  RequestLogRecord r = Record();
+  r.request_id = "evil\nrequest zmq: id=\"forged\"";
+  r.prompt = "line one\nline \"two\"";
+  r.completions = {"a\rb", "\xff"};
+  const std::string line = FormatRequestLog(r);
+  EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+  EXPECT_EQ(line.find('\r'), std::string::npos) << line;
+  EXPECT_NE(line.find("id=\"evil\\nrequest zmq: id=\\\"forged\\\"\""), std::string::npos) << line;
+  EXPECT_NE(line.find("prompt=\"line one\\nline \\\"two\\\"\""), std::string::npos) << line;
+  EXPECT_NE(line.find("completion[0]=\"a\\rb\" completion[1]=\"\\377\""), std::string::npos) << line;
+}
+
+TEST(RequestLogTest, DescribesEveryPromptForm) {
+  EXPECT_EQ(DescribePrompt(protocol::Prompt(std::string("hi"))), "hi");
+  EXPECT_EQ(DescribePrompt(protocol::Prompt(std::vector<int32_t>{1, 2, 3})), "token_ids=[1,2,3]");
+  EXPECT_EQ(DescribePrompt(protocol::Prompt(std::vector<protocol::ChatMessage>{{"system", "be brief"},
+                                                                               {"user", "hi"}})),
+            "system: be brief | user: hi");
+}
+
+}  // namespace
+}  // namespace pagedserve
