@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
@@ -49,7 +50,7 @@ absl::Status EngineLoop::Submit(EngineRequest request, std::shared_ptr<RequestCh
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_) return absl::FailedPreconditionError("the engine stopped after a fatal error");
-    if (draining_) return absl::UnavailableError("the server is shutting down; send the request elsewhere");
+    if (draining_ || (stop_ != nullptr && stop_->load())) return absl::UnavailableError("the server is shutting down; send the request elsewhere");
     if (request.request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
     if (channels_.contains(request.request_id)) {
       return absl::AlreadyExistsError(absl::StrCat("request id '", request.request_id, "' is already in flight"));
@@ -97,7 +98,7 @@ EngineSnapshot EngineLoop::Snapshot() const {
 
 bool EngineLoop::healthy() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return !draining_ && !failed_;
+  return !draining_ && !(stop_ != nullptr && stop_->load()) && !failed_;
 }
 
 void EngineLoop::ApplyCommands(std::vector<Command>& commands) {
@@ -154,6 +155,15 @@ void EngineLoop::AbortAll() {
 absl::Status EngineLoop::Run(const std::atomic<bool>& stop, const std::atomic<bool>& abort_now) {
   absl::Time drain_deadline = absl::InfiniteFuture();
   bool draining = false, aborted_all = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = &stop;
+  }
+  // `stop` may not outlive Run; when Run returns, draining_ or failed_ is set.
+  absl::Cleanup forget_stop = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = nullptr;
+  };
   while (true) {
     std::vector<Command> commands;
     int64_t in_flight = 0;

@@ -25,7 +25,8 @@
 // the scheduler in the next step and its final output (finish reason kAbort)
 // still arrives in the channel.
 //
-// Shutdown: once `stop` is set, Submit answers Unavailable, healthy() turns
+// Shutdown: once `stop` is set (Submit and healthy() read it directly, not
+// only after Run noticed it), Submit answers Unavailable, healthy() turns
 // false, requests in flight may run for `shutdown_grace`, then (or at once
 // when `abort_now` is set) they are aborted; Run returns when none is left.
 #ifndef PAGEDSERVE_RUNTIME_ENGINE_ENGINE_LOOP_H_
@@ -150,6 +151,10 @@ class EngineLoop {
   absl::flat_hash_map<std::string, std::shared_ptr<RequestChannel>> channels_;  // guarded by mu_
   SchedulerStats stats_;                          // guarded by mu_
   bool draining_ = false;                         // guarded by mu_
+  // Run's `stop` (set by a signal handler): Submit and healthy() read it too,
+  // so that a request submitted after the signal but before Run looked at it
+  // (during a step, or an idle wait) is refused, not served.
+  const std::atomic<bool>* stop_ = nullptr;       // guarded by mu_
   bool failed_ = false;                           // guarded by mu_
 };
 

@@ -272,6 +272,7 @@ struct HttpServer::Impl {
       r.finish_reasons.push_back(std::string(FinishReasonName(c.finish_reason)));
       if (job.logged_prompt.has_value()) r.completions.push_back(c.text);
     }
+    r.client_disconnected = job.aborted;
     r.prompt = job.logged_prompt;
     LogRequest(r);
   }

@@ -17,6 +17,7 @@ std::string FormatRequestLog(const RequestLogRecord& r) {
       r.front_end, absl::CEscape(r.request_id), r.prompt_tokens, r.completion_tokens,
       r.cached_prompt_tokens, absl::StrJoin(r.finish_reasons, ","), r.e2e_s);
   if (r.first_output_s >= 0) absl::StrAppendFormat(&line, " first_output_s=%.4f", r.first_output_s);
+  if (r.client_disconnected) absl::StrAppend(&line, " client_disconnected");
   if (r.prompt.has_value()) absl::StrAppend(&line, " prompt=\"", absl::CEscape(*r.prompt), "\"");
   for (size_t i = 0; i < r.completions.size(); ++i) {
     absl::StrAppend(&line, " completion[", i, "]=\"", absl::CEscape(r.completions[i]), "\"");

@@ -30,6 +30,7 @@ struct RequestLogRecord {
   std::vector<std::string> finish_reasons;  // by sample index
   double first_output_s = -1;               // admission -> first output sent; < 0 when none
   double e2e_s = 0;                         // admission -> final message
+  bool client_disconnected = false;         // the client went away before the end
   // Filled only with --log-request-content.
   std::optional<std::string> prompt;     // DescribePrompt()
   std::vector<std::string> completions;  // by sample index

@@ -509,6 +509,7 @@ struct Server::Impl {
       r.finish_reasons.push_back(std::string(protocol::FinishReasonName(f.outputs[i].finish_reason)));
       if (f.logged_prompt.has_value()) r.completions.push_back(f.stream ? f.logged_text[i] : f.outputs[i].text);
     }
+    r.client_disconnected = f.orphaned;
     r.prompt = f.logged_prompt;
     LogRequest(r);
   }

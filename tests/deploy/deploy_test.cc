@@ -359,7 +359,8 @@ TEST_F(EntrypointFixture, DrainStopsAdmissionThenWaitsForInFlightRequests) {
   const int metrics_port = testing::FreePort();
   const std::string pid_file = dir_ + "/coordinator.pid";
   Child server({bin, "serve", "--model", model, "--zmq-endpoint", zmq, "--metrics-port",
-                std::to_string(metrics_port), "--pid-file", pid_file, "--shutdown-grace", "120",
+                std::to_string(metrics_port), "--port", "0", "--pid-file", pid_file,
+                "--shutdown-grace", "120",
                 "--kv-cache-memory", "33554432", "--swap-space", "0.01"});
   ASSERT_TRUE(server.WaitFor(std::regex("pagedserve serve: serving"), 180).has_value())
       << server.out();

@@ -75,7 +75,7 @@ class FaultTest : public ::testing::Test {
   // mpirun -np 2 pagedserve serve with a step timeout of `step_timeout_s`.
   std::vector<std::string> Serve(double step_timeout_s) const {
     return {mpiexec_, "-np", "2", "--oversubscribe", "--bind-to", "none", bin_, "serve",
-            "--model", model_, "--zmq-endpoint", endpoint_, "--metrics-port", "0",
+            "--model", model_, "--zmq-endpoint", endpoint_, "--metrics-port", "0", "--port", "0",
             "--max-model-len", "256", "--kv-cache-memory", "67108864",
             "--worker-step-timeout", std::to_string(step_timeout_s), "--pid-file", pid_file_};
   }

@@ -263,5 +263,23 @@ TEST(EngineLoopTest, ShutdownRefusesNewRequestsAndDrains) {
   EXPECT_EQ(reason, FinishReason::kLength);
 }
 
+// A signal sets `stop` while the engine thread is inside a step (it cannot look
+// at the flag until the step ends): a request submitted then is refused, not
+// queued and served after the step (what the preStop drain relies on).
+TEST(EngineLoopTest, StopRefusesSubmitsBeforeTheLoopNoticesIt) {
+  Fixture f;
+  f.exec->SetOpen(false);  // the next step blocks inside Execute
+  auto c = std::make_shared<RequestChannel>();
+  ASSERT_TRUE(f.loop->Submit(Req("long", "A", 20, true), c).ok());
+  f.exec->WaitEntered(1);
+  f.stop.store(true);
+  EXPECT_FALSE(f.loop->healthy());
+  EXPECT_EQ(f.loop->Submit(Req("late", "A", 3), std::make_shared<RequestChannel>()).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(f.exec->entered(), 1);  // still the same step: the loop has not looked yet
+  f.exec->SetOpen(true);
+  EXPECT_EQ(Drain(*c).second, FinishReason::kLength);  // the one in flight completes
+}
+
 }  // namespace
 }  // namespace pagedserve

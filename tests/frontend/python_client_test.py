@@ -172,7 +172,7 @@ def real_server_test(pc, binary, model):
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen([binary, "serve", f"--model={model}", f"--zmq-endpoint={endpoint}",
-                             "--max-model-len=256", "--kv-cache-memory=67108864", "--swap-space=0.0625"],
+                             "--max-model-len=256", "--kv-cache-memory=67108864", "--swap-space=0.0625", "--port=0"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120

@@ -29,6 +29,14 @@ TEST(RequestLogTest, CarriesIdsCountsAndTimingsOnly) {
   RequestLogRecord none = Record();
   none.first_output_s = -1;
   EXPECT_EQ(FormatRequestLog(none).find("first_output_s"), std::string::npos);
+  EXPECT_EQ(FormatRequestLog(none).find("client_disconnected"), std::string::npos);
+  RequestLogRecord gone = Record();
+  gone.front_end = "http";
+  gone.client_disconnected = true;
+  EXPECT_EQ(FormatRequestLog(gone),
+            "request http: id=\"00ab/req-1\" prompt_tokens=12 completion_tokens=5 "
+            "cached_prompt_tokens=8 finish_reason=stop,length e2e_s=1.5000 first_output_s=0.2500 "
+            "client_disconnected");
 }
 
 TEST(RequestLogTest, ContentOnlyWhenGivenAndAlwaysOneLine) {

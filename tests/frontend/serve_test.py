@@ -551,7 +551,7 @@ class DisconnectTest(unittest.TestCase):
 class ServeFlagsTest(unittest.TestCase):
     def serve(self, *flags):
         return subprocess.run([ARGS.pagedserve, "serve", f"--model={ARGS.model}", "--kv-cache-memory=67108864",
-                               "--swap-space=0.0625", f"--max-model-len={MAX_MODEL_LEN}"] + list(flags),
+                               "--swap-space=0.0625", f"--max-model-len={MAX_MODEL_LEN}", "--port=0"] + list(flags),
                               capture_output=True, timeout=120)
 
     def test_endpoint_in_use_and_bad_flags(self):
