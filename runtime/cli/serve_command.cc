@@ -99,6 +99,10 @@ PAGEDSERVE_FLAG("serve", int64_t, max_request_body_bytes, 1 << 20,
 PAGEDSERVE_FLAG("serve", double, http_timeout, 30,
                 "serve: seconds an HTTP client may take to send a request (headers and body) or "
                 "to read a response write; idle keep-alive connections are closed after 5 s");
+PAGEDSERVE_FLAG("serve", std::string, ssl_certfile, "",
+                "serve: HTTPS on the HTTP API with this PEM certificate (chain); needs --ssl-keyfile");
+PAGEDSERVE_FLAG("serve", std::string, ssl_keyfile, "",
+                "serve: the PEM private key of --ssl-certfile");
 PAGEDSERVE_FLAG("serve,client", std::string, zmq_curve_secret_key_file, "",
                 "serve: turn on CurveZMQ (encryption + server authentication) with this secret "
                 "certificate (NAME.key_secret from `pagedserve keygen`); client: this client's own "
@@ -173,6 +177,8 @@ absl::StatusOr<HttpServerOptions> HttpOptionsFromFlags(const std::string& model_
   if (h.served_model_name.empty()) h.served_model_name = DefaultServedModelName(model_path);
   h.log_requests = !absl::GetFlag(FLAGS_disable_log_requests);
   h.log_request_content = absl::GetFlag(FLAGS_log_request_content);
+  h.ssl_certfile = absl::GetFlag(FLAGS_ssl_certfile);
+  h.ssl_keyfile = absl::GetFlag(FLAGS_ssl_keyfile);
   const int64_t body = absl::GetFlag(FLAGS_max_request_body_bytes);
   if (body < 64 || body > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat("--max-request-body-bytes must be in [64, 2^30], got ", body));
@@ -289,8 +295,9 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
       StopSignalsBlocked blocked;
       http->Start();
     }
-    std::fprintf(stderr, "pagedserve serve: HTTP API on http://%s:%d (model '%s'; 503 until the model is loaded)\n",
-                 serve_options.http.host.c_str(), http->port(), serve_options.http.served_model_name.c_str());
+    std::fprintf(stderr, "pagedserve serve: HTTP API on %s://%s:%d (model '%s'; 503 until the model is loaded)\n",
+                 serve_options.http.ssl_certfile.empty() ? "http" : "https", serve_options.http.host.c_str(),
+                 http->port(), serve_options.http.served_model_name.c_str());
     std::fflush(stderr);
   }
 

@@ -6,8 +6,11 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <arpa/inet.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -23,6 +26,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "httplib.h"
+#include "openssl/err.h"
+#include "runtime/common/status_macros.h"
 #include "runtime/engine/engine_loop.h"
 #include "runtime/frontend/openai_api.h"
 #include "runtime/frontend/request_log.h"
@@ -147,7 +152,7 @@ struct Job {
 
 struct HttpServer::Impl {
   HttpServerOptions options;
-  httplib::Server server;
+  std::unique_ptr<httplib::Server> server;  // an httplib::SSLServer with TLS
   int port = 0;
   std::thread thread;
   std::atomic<const HttpBackend*> backend{nullptr};
@@ -316,6 +321,7 @@ struct HttpServer::Impl {
       er.request_id = absl::StrCat("http-", seq, "-", p);
       er.prompt_token_ids = job->request.prompts[p];
       er.params = job->request.params;
+      er.cache_salt = job->request.cache_salt;
       const std::string eid = er.request_id;
       if (absl::Status s = b->loop->Submit(std::move(er), job->channel); !s.ok()) {
         AbortJob(*job, *b);
@@ -393,7 +399,7 @@ struct HttpServer::Impl {
   }
 
   void Routes() {
-    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    server->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (Protected(req.path) && !Authorized(req)) {
         SendError(res, MakeError(401, "invalid_request_error", "missing or invalid API key (Authorization: Bearer)",
                                  "invalid_api_key"));
@@ -401,7 +407,7 @@ struct HttpServer::Impl {
       }
       return httplib::Server::HandlerResponse::Unhandled;
     });
-    server.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    server->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
       std::string what = "unknown exception";
       try {
         std::rethrow_exception(ep);
@@ -412,7 +418,7 @@ struct HttpServer::Impl {
       spdlog::error("http: handler failed: {}", what);
       SendError(res, MakeError(500, "internal_error", absl::StrCat("internal error: ", what)));
     });
-    server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    server->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
       if (res.status == 413) {
         SendError(res, MakeError(413, "invalid_request_error", "the request body is too large"));
@@ -422,18 +428,18 @@ struct HttpServer::Impl {
         SendError(res, MakeError(res.status, "invalid_request_error", absl::StrCat("HTTP ", res.status)));
       }
     });
-    server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    server->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       HandleGeneration(openai::Endpoint::kCompletions, req, res);
     });
-    server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    server->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
       HandleGeneration(openai::Endpoint::kChat, req, res);
     });
-    server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    server->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       if (const HttpBackend* b = Backend(res)) {
         res.set_content(openai::ModelsResponse(Model(*b), UnixNow()), "application/json");
       }
     });
-    server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    server->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       const HttpBackend* b = backend.load(std::memory_order_acquire);
       const bool ok = b != nullptr && b->loop->healthy();
       res.status = ok ? 200 : 503;
@@ -441,15 +447,15 @@ struct HttpServer::Impl {
                                                                  : "{\"status\":\"unhealthy\"}"),
                       "application/json");
     });
-    server.Get("/version", [this](const httplib::Request&, httplib::Response& res) {
+    server->Get("/version", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(absl::StrCat("{\"version\":\"", options.version, "\"}"), "application/json");
     });
-    server.Get("/openapi.json", [this](const httplib::Request&, httplib::Response& res) {
+    server->Get("/openapi.json", [this](const httplib::Request&, httplib::Response& res) {
       const HttpBackend* b = backend.load(std::memory_order_acquire);
       res.set_content(openai::OpenApiDocument(options.version, b ? b->loop->tokenizer().vocab_size() : 1 << 20),
                       "application/json");
     });
-    server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    server->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       const HttpBackend* b = backend.load(std::memory_order_acquire);
       if (b == nullptr || !b->metrics_text) {
         res.status = 503;
@@ -458,7 +464,7 @@ struct HttpServer::Impl {
       }
       res.set_content(b->metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
     });
-    server.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    server->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
       const HttpBackend* b = Backend(res);
       if (b == nullptr) return;
       ApiError err;
@@ -468,7 +474,7 @@ struct HttpServer::Impl {
       if (err.status != 0) return SendError(res, err);
       res.set_content(body, "application/json");
     });
-    server.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    server->Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
       const HttpBackend* b = Backend(res);
       if (b == nullptr) return;
       ApiError err;
@@ -480,6 +486,47 @@ struct HttpServer::Impl {
   }
 };
 
+namespace {
+
+// The OpenSSL errors queued by a failed load, oldest first ("" when none).
+std::string OpenSslErrors() {
+  std::string out;
+  while (const unsigned long e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof(buf));
+    absl::StrAppend(&out, out.empty() ? "" : "; ", buf);
+  }
+  return out;
+}
+
+// Plain HTTP, or HTTPS with the PEM certificate chain and private key of
+// --ssl-certfile / --ssl-keyfile (httplib::SSLServer; protocol versions and
+// ciphers are OpenSSL's defaults, i.e. the system openssl.cnf).
+absl::StatusOr<std::unique_ptr<httplib::Server>> MakeHttplibServer(const HttpServerOptions& options) {
+  if (options.ssl_certfile.empty() != options.ssl_keyfile.empty()) {
+    return absl::InvalidArgumentError("--ssl-certfile and --ssl-keyfile go together (TLS needs both)");
+  }
+  if (options.ssl_certfile.empty()) return std::make_unique<httplib::Server>();
+  for (const std::string* path : {&options.ssl_certfile, &options.ssl_keyfile}) {
+    if (access(path->c_str(), R_OK) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(path == &options.ssl_certfile ? "--ssl-certfile " : "--ssl-keyfile ",
+                                                     *path, ": ", std::strerror(errno)));
+    }
+  }
+  ERR_clear_error();
+  auto server = std::make_unique<httplib::SSLServer>(options.ssl_certfile.c_str(), options.ssl_keyfile.c_str());
+  if (!server->is_valid()) {
+    const std::string why = OpenSslErrors();
+    return absl::InvalidArgumentError(absl::StrCat("--ssl-certfile ", options.ssl_certfile, " / --ssl-keyfile ",
+                                                   options.ssl_keyfile,
+                                                   ": not a PEM certificate and its matching private key",
+                                                   why.empty() ? "" : absl::StrCat(" (", why, ")")));
+  }
+  return server;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(const HttpServerOptions& options) {
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--port must be in [0, 65535], got ", options.port));
@@ -490,9 +537,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(const HttpServerO
   if (options.num_threads < 2) return absl::InvalidArgumentError("num_threads must be >= 2");
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  PS_ASSIGN_OR_RETURN(impl->server, MakeHttplibServer(options));
   std::random_device rd;
   impl->id_salt = (static_cast<uint64_t>(rd()) << 32) | rd();  // ids differ across restarts
-  httplib::Server& s = impl->server;
+  httplib::Server& s = *impl->server;
   const int threads = options.num_threads;
   s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   s.set_payload_max_length(options.max_request_body_bytes);
@@ -523,7 +571,7 @@ HttpServer::~HttpServer() { Stop(); }
 int HttpServer::port() const { return impl_->port; }
 
 void HttpServer::Start() {
-  impl_->thread = std::thread([impl = impl_.get()] { impl->server.listen_after_bind(); });
+  impl_->thread = std::thread([impl = impl_.get()] { impl->server->listen_after_bind(); });
 }
 
 void HttpServer::Attach(std::unique_ptr<HttpBackend> backend) {
@@ -536,10 +584,10 @@ void HttpServer::Stop() {
   impl_->stopping.store(true);
   if (impl_->thread.joinable()) {
     // stop() only takes effect once the listening loop runs.
-    for (int i = 0; i < 2000 && !impl_->server.is_running(); ++i) {
+    for (int i = 0; i < 2000 && !impl_->server->is_running(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    impl_->server.stop();
+    impl_->server->stop();
     impl_->thread.join();
   }
 }

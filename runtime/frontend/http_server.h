@@ -23,6 +23,8 @@
 // Security: with a non-empty api_key every /v1/* route and /tokenize,
 // /detokenize need "Authorization: Bearer <key>" (401 otherwise), compared in
 // constant time; /health, /version, /metrics and /openapi.json stay open.
+// With ssl_certfile / ssl_keyfile the server speaks only HTTPS (cpp-httplib's
+// SSLServer on OpenSSL); docs/security.md.
 #ifndef PAGEDSERVE_RUNTIME_FRONTEND_HTTP_SERVER_H_
 #define PAGEDSERVE_RUNTIME_FRONTEND_HTTP_SERVER_H_
 
@@ -54,6 +56,11 @@ struct HttpServerOptions {
   int num_threads = 512;                   // connections served at once
   bool log_requests = true;                // --disable-log-requests: false (request_log.h)
   bool log_request_content = false;        // --log-request-content: prompt and text too
+  // TLS (HTTPS) with these PEM files (certificate chain, private key); both or
+  // neither. Read once by Create; InvalidArgument when unreadable or not a
+  // matching pair.
+  std::string ssl_certfile;                // --ssl-certfile
+  std::string ssl_keyfile;                 // --ssl-keyfile
   std::string version = "0.1.0";
 };
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/cache_salt.h"
 
 namespace pagedserve::openai {
 namespace {
@@ -345,6 +346,18 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
       return out;
     }
     if (!ReadBool(*it, "include_usage", &r.include_usage, &out.error)) return out;
+  }
+  if (auto it = body.find("cache_salt"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) {
+      out.error = BadRequest("'cache_salt' must be a string", "cache_salt");
+      return out;
+    }
+    // Never echoes the salt (the message names its length or a byte offset).
+    if (absl::Status s = ValidateCacheSalt(it->get_ref<const std::string&>()); !s.ok()) {
+      out.error = BadRequest(std::string(s.message()), "cache_salt");
+      return out;
+    }
+    r.cache_salt = it->get<std::string>();
   }
   bool echo = false;
   if (!ReadBool(body, "echo", &echo, &out.error)) return out;

@@ -49,6 +49,10 @@ struct ValidatedRequest {
   SamplingParams params;                      // params.logprobs: -1 none, else top-N
   bool stream = false;
   bool include_usage = false;                 // stream_options.include_usage
+  // Prefix-cache isolation (runtime/common/cache_salt.h), vLLM's `cache_salt`
+  // field: empty = none; else 1..256 visible ASCII bytes (ValidateCacheSalt).
+  // Goes to every EngineRequest of the request.
+  std::string cache_salt;
 };
 
 struct ServedModel {

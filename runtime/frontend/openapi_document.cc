@@ -39,6 +39,8 @@ constexpr char kDocument[] = R"json({
         "ignore_eos": {"type": "boolean"},
         "stop_token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": @VOCAB_MAX@}},
         "user": {"type": "string"},
+        "cache_salt": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": "^[!-~]+$",
+                       "nullable": true},
         "stream": {"type": "boolean"},
         "stream_options": {"type": "object", "nullable": true,
                            "properties": {"include_usage": {"type": "boolean"}}}}},

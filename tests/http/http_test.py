@@ -46,7 +46,8 @@ def free_port():
 class ServerProcess:
     """`pagedserve serve` with the HTTP API on a free port; stop() sends SIGTERM."""
 
-    def __init__(self, extra=(), env_extra=None):
+    def __init__(self, extra=(), env_extra=None, ssl_context=None):
+        """ssl_context: the server runs with --ssl-certfile; health checks trust this context."""
         self.zmq = f"tcp://127.0.0.1:{free_port()}"
         cmd = [ARGS.pagedserve, "serve", f"--model={ARGS.model}", f"--zmq-endpoint={self.zmq}", "--port=0",
                f"--max-model-len={MAX_MODEL_LEN}", "--kv-cache-memory=134217728",
@@ -61,12 +62,12 @@ class ServerProcess:
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.logs()}")
-            m = re.search(r"HTTP API on (http://[0-9.]+:\d+)", self.logs())
+            m = re.search(r"HTTP API on (https?://[0-9.]+:\d+)", self.logs())
             if m and self.url is None:
                 self.url = m.group(1)
             if self.url is not None:
                 try:
-                    with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    with urllib.request.urlopen(self.url + "/health", timeout=5, context=ssl_context) as r:
                         if r.status == 200:
                             break
                 except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -95,13 +96,13 @@ class ServerProcess:
         return self.proc.returncode
 
 
-def http(method, url, body=None, headers=None, timeout=60):
-    """(status, parsed JSON or text) without raising on 4xx/5xx."""
+def http(method, url, body=None, headers=None, timeout=60, context=None):
+    """(status, parsed JSON or text) without raising on 4xx/5xx; context: an ssl.SSLContext for https."""
     data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json",
                                                                           **(headers or {})})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
             status, raw = r.status, r.read()
     except urllib.error.HTTPError as e:
         status, raw = e.code, e.read()

@@ -119,6 +119,29 @@ TEST(OpenAiApiTest, WrongTypesAndValuesName) {
   EXPECT_TRUE(e["error"]["message"].is_string());
 }
 
+// cache_salt (runtime/common/cache_salt.h): kept as given when well-formed,
+// absent or null = none; otherwise a 400 naming the field, never echoing it.
+TEST(OpenAiApiTest, CacheSaltIsValidatedAtTheEdge) {
+  ParseOutcome salted = Completions(R"({"prompt": "hi", "cache_salt": "tenant-A_1"})");
+  ASSERT_TRUE(salted.request.has_value()) << salted.error.message;
+  EXPECT_EQ(salted.request->cache_salt, "tenant-A_1");
+  for (const char* body : {R"({"prompt": "hi"})", R"({"prompt": "hi", "cache_salt": null})"}) {
+    ParseOutcome none = Completions(body);
+    ASSERT_TRUE(none.request.has_value()) << body;
+    EXPECT_EQ(none.request->cache_salt, "") << body;
+  }
+  const std::string long_salt(257, 's');
+  for (const std::string& bad : {std::string(R"("two words")"), std::string(R"("")"), std::string("7"),
+                                 "\"" + long_salt + "\"", std::string(R"("tab\there")")}) {
+    ParseOutcome o = Completions(R"({"prompt": "hi", "cache_salt": )" + bad + "}");
+    EXPECT_FALSE(o.request.has_value()) << bad;
+    EXPECT_EQ(o.error.status, 400) << bad;
+    EXPECT_EQ(o.error.param, "cache_salt") << bad;
+    EXPECT_EQ(o.error.message.find("words"), std::string::npos) << o.error.message;
+    EXPECT_EQ(o.error.message.find(long_salt), std::string::npos) << bad;
+  }
+}
+
 TEST(OpenAiApiTest, ChatNeedsATemplateAndTextParts) {
   ParseOutcome none = ParseRequest(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "hi"}]})",
                                    kModel, Tok(), nullptr);
