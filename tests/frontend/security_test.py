@@ -138,8 +138,14 @@ class CurveTest(unittest.TestCase):
         return pagedserve_client.Client(self.server.endpoint, timeout=timeout, **(kwargs or self.alice))
 
     def served_snapshot(self):
+        # Idle first: a finished request's blocks are released by the engine's next step.
+        deadline = time.monotonic() + serve_test.REPLY_TIMEOUT
         with self.client() as c:
             s = c.stats()
+            while (s["num_running"], s["num_waiting"], s["kv_blocks_used"]) != (0, 0, 0) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.05)
+                s = c.stats()
         return dict(running=s["num_running"], waiting=s["num_waiting"], kv_used=s["kv_blocks_used"],
                     finished=finished_requests(self.server),
                     prompt_tokens=self.server.metric("pagedserve_prompt_tokens_total"),
