@@ -89,18 +89,19 @@ PAGEDSERVE_FLAG("serve", std::string, served_model_name, "",
                 "serve: the model name of the HTTP API (/v1/models, 'model' field) and of the "
                 "metrics' model_name label; default the model file's name");
 PAGEDSERVE_FLAG("serve", bool, disable_log_requests, false,
-                "serve: no request log line per finished request (both the ZeroMQ and the HTTP front "
-                "end)");
+                "serve: no request log line per finished request (both the ZeroMQ and the "
+                "HTTP front end)");
 PAGEDSERVE_FLAG("serve", bool, log_request_content, false,
-                "serve: also write prompt and completion text to the request log of both front ends "
-                "(default: ids, token counts and timings only)");
+                "serve: also write prompt and completion text to the request log of both "
+                "front ends (default: ids, token counts and timings only)");
 PAGEDSERVE_FLAG("serve", int64_t, max_request_body_bytes, 1 << 20,
                 "serve: largest accepted HTTP request body (413 beyond)");
 PAGEDSERVE_FLAG("serve", double, http_timeout, 30,
                 "serve: seconds an HTTP client may take to send a request (headers and body) or "
                 "to read a response write; idle keep-alive connections are closed after 5 s");
 PAGEDSERVE_FLAG("serve", std::string, ssl_certfile, "",
-                "serve: HTTPS on the HTTP API with this PEM certificate (chain); needs --ssl-keyfile");
+                "serve: HTTPS on the HTTP API with this PEM certificate (chain); needs "
+                "--ssl-keyfile");
 PAGEDSERVE_FLAG("serve", std::string, ssl_keyfile, "",
                 "serve: the PEM private key of --ssl-certfile");
 PAGEDSERVE_FLAG("serve,client", std::string, zmq_curve_secret_key_file, "",
@@ -111,7 +112,8 @@ PAGEDSERVE_FLAG("serve", std::string, zmq_curve_authorized_clients, "",
                 "serve: with --zmq-curve-secret-key-file, serve only clients whose public "
                 "certificate (*.key) is in this folder; others are refused during the handshake");
 PAGEDSERVE_FLAG("serve", bool, require_cache_salt, false,
-                "serve: refuse requests without a cache_salt (multi-tenant prefix-cache isolation)");
+                "serve: refuse requests without a cache_salt (multi-tenant prefix-cache "
+                "isolation)");
 
 namespace pagedserve::cli {
 namespace {
@@ -295,9 +297,12 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
       StopSignalsBlocked blocked;
       http->Start();
     }
-    std::fprintf(stderr, "pagedserve serve: HTTP API on %s://%s:%d (model '%s'; 503 until the model is loaded)\n",
-                 serve_options.http.ssl_certfile.empty() ? "http" : "https", serve_options.http.host.c_str(),
-                 http->port(), serve_options.http.served_model_name.c_str());
+    std::fprintf(stderr,
+                 "pagedserve serve: HTTP API on %s://%s:%d (model '%s'; 503 until the model is "
+                 "loaded)\n",
+                 serve_options.http.ssl_certfile.empty() ? "http" : "https",
+                 serve_options.http.host.c_str(), http->port(),
+                 serve_options.http.served_model_name.c_str());
     std::fflush(stderr);
   }
 

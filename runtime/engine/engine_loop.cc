@@ -50,7 +50,9 @@ absl::Status EngineLoop::Submit(EngineRequest request, std::shared_ptr<RequestCh
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_) return absl::FailedPreconditionError("the engine stopped after a fatal error");
-    if (draining_ || (stop_ != nullptr && stop_->load())) return absl::UnavailableError("the server is shutting down; send the request elsewhere");
+    if (draining_ || (stop_ != nullptr && stop_->load())) {
+      return absl::UnavailableError("the server is shutting down; send the request elsewhere");
+    }
     if (request.request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
     if (channels_.contains(request.request_id)) {
       return absl::AlreadyExistsError(absl::StrCat("request id '", request.request_id, "' is already in flight"));

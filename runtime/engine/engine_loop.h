@@ -19,8 +19,9 @@
 // Request lifecycle (both front ends): the front end tokenizes, then Submit
 // validates once with Engine::CheckRequest (parameters, vocabulary, prompt
 // length, KV admission bound), Engine::CheckCacheSalt (--require-cache-salt,
-// the salt's form) and the waiting-queue bound, and queues the add. Outputs arrive in the channel; the last one has finished = true (also
-// for a request that the engine refused late, which carries `error`). A front
+// the salt's form) and the waiting-queue bound, and queues the add. Outputs
+// arrive in the channel; the last one has finished = true (also for a request
+// that the engine refused late, which carries `error`). A front
 // end whose client went away calls Abort: the request's blocks are freed by
 // the scheduler in the next step and its final output (finish reason kAbort)
 // still arrives in the channel.

@@ -284,14 +284,16 @@ struct HttpServer::Impl {
 
   // What --log-request-content logs as the prompt: each prompt decoded (chat:
   // the templated text the model saw), separated by " | " when there are several.
-  static std::string DescribePrompts(const openai::ValidatedRequest& request, const Tokenizer& tokenizer) {
+  static std::string DescribePrompts(const openai::ValidatedRequest& request,
+                                     const Tokenizer& tokenizer) {
     std::string out;
     DecodeOptions decode;
     decode.skip_special_tokens = false;
     for (const std::vector<int32_t>& ids : request.prompts) {
       absl::StatusOr<std::string> text = tokenizer.Decode(ids, decode);
       absl::StrAppend(&out, out.empty() ? "" : " | ",
-                      text.ok() ? *text : absl::StrCat("token_ids=[", absl::StrJoin(ids, ","), "]"));
+                      text.ok() ? *text
+                                : absl::StrCat("token_ids=[", absl::StrJoin(ids, ","), "]"));
     }
     return out;
   }
@@ -502,25 +504,28 @@ std::string OpenSslErrors() {
 // Plain HTTP, or HTTPS with the PEM certificate chain and private key of
 // --ssl-certfile / --ssl-keyfile (httplib::SSLServer; protocol versions and
 // ciphers are OpenSSL's defaults, i.e. the system openssl.cnf).
-absl::StatusOr<std::unique_ptr<httplib::Server>> MakeHttplibServer(const HttpServerOptions& options) {
+absl::StatusOr<std::unique_ptr<httplib::Server>> MakeHttplibServer(
+    const HttpServerOptions& options) {
   if (options.ssl_certfile.empty() != options.ssl_keyfile.empty()) {
-    return absl::InvalidArgumentError("--ssl-certfile and --ssl-keyfile go together (TLS needs both)");
+    return absl::InvalidArgumentError(
+        "--ssl-certfile and --ssl-keyfile go together (TLS needs both)");
   }
   if (options.ssl_certfile.empty()) return std::make_unique<httplib::Server>();
   for (const std::string* path : {&options.ssl_certfile, &options.ssl_keyfile}) {
     if (access(path->c_str(), R_OK) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(path == &options.ssl_certfile ? "--ssl-certfile " : "--ssl-keyfile ",
-                                                     *path, ": ", std::strerror(errno)));
+      const char* flag = path == &options.ssl_certfile ? "--ssl-certfile " : "--ssl-keyfile ";
+      return absl::InvalidArgumentError(absl::StrCat(flag, *path, ": ", std::strerror(errno)));
     }
   }
   ERR_clear_error();
-  auto server = std::make_unique<httplib::SSLServer>(options.ssl_certfile.c_str(), options.ssl_keyfile.c_str());
+  auto server = std::make_unique<httplib::SSLServer>(options.ssl_certfile.c_str(),
+                                                     options.ssl_keyfile.c_str());
   if (!server->is_valid()) {
     const std::string why = OpenSslErrors();
-    return absl::InvalidArgumentError(absl::StrCat("--ssl-certfile ", options.ssl_certfile, " / --ssl-keyfile ",
-                                                   options.ssl_keyfile,
-                                                   ": not a PEM certificate and its matching private key",
-                                                   why.empty() ? "" : absl::StrCat(" (", why, ")")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ssl-certfile ", options.ssl_certfile, " / --ssl-keyfile ",
+                     options.ssl_keyfile, ": not a PEM certificate and its matching private key",
+                     why.empty() ? "" : absl::StrCat(" (", why, ")")));
   }
   return server;
 }
