@@ -232,8 +232,11 @@ absl::Status EngineLoop::Run(const std::atomic<bool>& stop, const std::atomic<bo
       Publish();
       return outputs.status();
     }
-    Deliver(*outputs);
+    // Stats first: a client that reacts to an output (e.g. sends the next
+    // request once its first one streams) must see the queue as it is after
+    // this step, not before it (Submit's bound reads stats_).
     Publish();
+    Deliver(*outputs);
   }
   Publish();
   spdlog::info("engine: drained");
