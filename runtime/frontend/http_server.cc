@@ -402,6 +402,31 @@ struct HttpServer::Impl {
 
   void Routes() {
     server->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      // Runs before cpp-httplib reads the body. Its payload limit covers only
+      // bodies with a Content-Length (0.11: a chunked body was read and
+      // tokenized whole, 50 MB -> 3 GB of memory), so chunked bodies are
+      // refused (411; every OpenAI client sends Content-Length) and an
+      // oversized Content-Length is answered 413 without waiting for the body.
+      // The unread body makes the connection unusable: close it.
+      if (req.has_header("Transfer-Encoding")) {
+        res.set_header("Connection", "close");
+        SendError(res, MakeError(411, "invalid_request_error",
+                                 "chunked request bodies are not accepted; send Content-Length"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      if (req.has_header("Content-Length")) {
+        const std::string& v = req.get_header_value("Content-Length");
+        uint64_t len = 0;
+        if (!absl::SimpleAtoi(v, &len) ||
+            len > static_cast<uint64_t>(options.max_request_body_bytes)) {
+          res.set_header("Connection", "close");
+          SendError(res, MakeError(413, "invalid_request_error",
+                                   absl::StrCat("the request body is too large (Content-Length ", v,
+                                                ", --max-request-body-bytes ",
+                                                options.max_request_body_bytes, ")")));
+          return httplib::Server::HandlerResponse::Handled;
+        }
+      }
       if (Protected(req.path) && !Authorized(req)) {
         SendError(res, MakeError(401, "invalid_request_error", "missing or invalid API key (Authorization: Bearer)",
                                  "invalid_api_key"));

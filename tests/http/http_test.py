@@ -292,7 +292,16 @@ class CurlTest(unittest.TestCase):
         big.write(b'{"prompt": "' + b"a" * (2 << 20) + b'"}')
         big.close()
         self.assertEqual(self.status(*js, "--data-binary", "@" + big.name, u + "/v1/completions"), 413)
+        # A chunked body would bypass the Content-Length limit (cpp-httplib 0.11
+        # reads it whole): refused before it is read, on every route.
+        for route in ("/v1/completions", "/tokenize"):
+            self.assertEqual(self.status(*js, "-H", "Transfer-Encoding: chunked", "--data-binary",
+                                         "@" + big.name, u + route), 411, route)
         os.unlink(big.name)
+        # A Content-Length beyond the limit is answered from the header alone
+        # (no body follows here: waiting for it would time out).
+        self.assertEqual(self.status(*js, "-H", "Content-Length: 999999999999", "-d", "{}", "-m", "10",
+                                     u + "/v1/completions"), 413)
         status, body = http("POST", u + "/v1/completions", {"prompt": "x", "n": 0})
         self.assertEqual(status, 400)
         self.assertEqual(body["error"]["type"], "invalid_request_error")
