@@ -90,6 +90,24 @@ BlockFn BlockFunction(GgmlType type) {
   }
 }
 
+// kernels::WeightType repeats ggml's ids for the formats the kernels run (the
+// kernels layer cannot see this one); the casts here rely on the two agreeing.
+#define PS_SAME_ID(name) \
+  static_assert(static_cast<uint32_t>(GgmlType::name) == \
+                static_cast<uint32_t>(kernels::WeightType::name))
+PS_SAME_ID(kF32);
+PS_SAME_ID(kF16);
+PS_SAME_ID(kBF16);
+PS_SAME_ID(kQ4_0);
+PS_SAME_ID(kQ4_1);
+PS_SAME_ID(kQ5_0);
+PS_SAME_ID(kQ5_1);
+PS_SAME_ID(kQ8_0);
+PS_SAME_ID(kQ4_K);
+PS_SAME_ID(kQ5_K);
+PS_SAME_ID(kQ6_K);
+#undef PS_SAME_ID
+
 bool IsKernelFormat(GgmlType type) {
   return kernels::IsWeightType(static_cast<uint32_t>(type));
 }
