@@ -2,9 +2,13 @@
 //
 // Shapes: batch 8/32/64 x context 1K/4K/16K x heads 32q/8kv and 64q/8kv, head
 // size 128, block size 16, fp16. For each shape it times
-//   paged      PagedAttention (v1 or v2 by ShouldUsePagedAttentionV1) over a
-//              cache whose block tables are a random permutation of the pool,
-//   v1, v2     both variants explicitly on the same cache,
+//   paged      PagedAttention (the kernel ChooseDecodeKernel picks: GQA for
+//              these grouped shapes) over a cache whose block tables are a
+//              random permutation of the pool,
+//   v1, v2     both vLLM variants explicitly on the same cache,
+//   gqa        the GQA decode kernel explicitly, with a workspace of
+//              PagedAttentionGqaWorkspaceBytes (so it splits as the occupancy
+//              planner wants),
 //   contiguous the same kernel with identity block tables (each sequence's
 //              blocks back to back), the contiguous-KV baseline of the math,
 // and reports KV bytes read per second (K and V of every context token once)
@@ -96,14 +100,15 @@ struct Shape {
   int batch, context, heads, kv_heads;
 };
 
-enum class Variant { kAuto, kV1, kV2 };
+enum class Variant { kAuto, kV1, kV2, kGqa };
 
 // Median time in ms of `iters` runs after warm-up.
 float TimeDecode(pk::PagedAttentionParams p, Variant v, int iters) {
   auto run = [&] {
     absl::Status s = v == Variant::kAuto ? pk::PagedAttention(p)
                      : v == Variant::kV1 ? pk::PagedAttentionV1(p)
-                                         : pk::PagedAttentionV2(p);
+                     : v == Variant::kV2 ? pk::PagedAttentionV2(p)
+                                         : pk::PagedAttentionGqa(p);
     if (!s.ok()) {
       std::fprintf(stderr, "paged attention failed: %s\n", s.ToString().c_str());
       std::exit(1);
@@ -169,9 +174,9 @@ int main(int argc, char** argv) {
   std::mt19937 rng(42);
   std::string json = "{\n  \"device\": \"" + std::string(prop.name) + "\",\n  \"copy_bandwidth_GBps\": " +
                      std::to_string(copy_bw / 1e9) + ",\n  \"results\": [\n";
-  std::printf("%-6s %-7s %-7s %-8s | %-9s %-9s %-7s | %-9s %-9s %-9s | %s\n", "batch", "context",
-              "heads", "variant", "paged ms", "KV GB/s", "% copy", "v1 ms", "v2 ms", "contig ms",
-              "paged/contig");
+  std::printf("%-6s %-7s %-7s %-8s | %-9s %-9s %-7s | %-9s %-9s %-9s %-9s | %s\n", "batch",
+              "context", "heads", "variant", "paged ms", "KV GB/s", "% copy", "v1 ms", "v2 ms",
+              "gqa ms", "contig ms", "paged/contig");
   bool first = true;
   for (const Shape& s : shapes) {
     const int blocks_per_seq = s.context / block_size;
@@ -197,7 +202,9 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMemcpy(bt_paged, perm.data(), num_blocks * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(bt_contig, ident.data(), num_blocks * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(dlens, lens.data(), s.batch * 4, cudaMemcpyHostToDevice));
-    const size_t ws_bytes = pk::PagedAttentionV2WorkspaceBytes(s.batch, s.heads, head_size, s.context);
+    const size_t ws_bytes =
+        std::max(pk::PagedAttentionV2WorkspaceBytes(s.batch, s.heads, head_size, s.context),
+                 pk::PagedAttentionGqaWorkspaceBytes(s.batch, s.heads, head_size, s.context));
     void* ws = DeviceAlloc(ws_bytes);
 
     pk::PagedAttentionParams p;
@@ -214,29 +221,34 @@ int main(int argc, char** argv) {
     p.host_block_tables = perm.data();
     p.host_seq_lens = lens.data();
     p.workspace = ws;
+    p.workspace_bytes = ws_bytes;
     const int iters = 20;
     const float ms_auto = TimeDecode(p, Variant::kAuto, iters);
     const float ms_v1 = TimeDecode(p, Variant::kV1, iters);
     const float ms_v2 = TimeDecode(p, Variant::kV2, iters);
+    const float ms_gqa = TimeDecode(p, Variant::kGqa, iters);
     p.block_tables = static_cast<const int32_t*>(bt_contig);
     p.host_block_tables = ident.data();
     const float ms_contig = TimeDecode(p, Variant::kAuto, iters);
 
     const double kv_bytes = 2.0 * static_cast<double>(s.batch) * s.context * s.kv_heads * head_size * 2;
     const double bw = kv_bytes / (ms_auto * 1e-3);
-    const char* variant =
-        pk::ShouldUsePagedAttentionV1(s.batch, s.heads, s.context) ? "v1" : "v2";
-    std::printf("%-6d %-7d %2d/%-4d %-8s | %-9.4f %-9.1f %-7.1f | %-9.4f %-9.4f %-9.4f | %.3f\n",
-                s.batch, s.context, s.heads, s.kv_heads, variant, ms_auto, bw / 1e9,
-                100.0 * bw / copy_bw, ms_v1, ms_v2, ms_contig, ms_auto / ms_contig);
+    const char* variant = pk::DecodeKernelName(
+        pk::ChooseDecodeKernel(pk::Device::kCUDA, s.batch, s.heads, s.kv_heads, head_size, s.context)
+            .kernel);
+    std::printf(
+        "%-6d %-7d %2d/%-4d %-8s | %-9.4f %-9.1f %-7.1f | %-9.4f %-9.4f %-9.4f %-9.4f | %.3f\n",
+        s.batch, s.context, s.heads, s.kv_heads, variant, ms_auto, bw / 1e9, 100.0 * bw / copy_bw,
+        ms_v1, ms_v2, ms_gqa, ms_contig, ms_auto / ms_contig);
     char buf[512];
     std::snprintf(buf, sizeof(buf),
                   "    {\"batch\": %d, \"context\": %d, \"heads\": %d, \"kv_heads\": %d, "
                   "\"head_size\": %d, \"block_size\": %d, \"dtype\": \"f16\", \"variant\": \"%s\", "
-                  "\"paged_ms\": %.5f, \"v1_ms\": %.5f, \"v2_ms\": %.5f, \"contiguous_ms\": %.5f, "
+                  "\"paged_ms\": %.5f, \"v1_ms\": %.5f, \"v2_ms\": %.5f, \"gqa_ms\": %.5f, "
+                  "\"contiguous_ms\": %.5f, "
                   "\"kv_bytes\": %.0f, \"kv_GBps\": %.2f, \"pct_of_copy_bw\": %.2f}",
                   s.batch, s.context, s.heads, s.kv_heads, head_size, block_size, variant,
-                  ms_auto, ms_v1, ms_v2, ms_contig, kv_bytes, bw / 1e9, 100.0 * bw / copy_bw);
+                  ms_auto, ms_v1, ms_v2, ms_gqa, ms_contig, kv_bytes, bw / 1e9, 100.0 * bw / copy_bw);
     json += (first ? "" : ",\n") + std::string(buf);
     first = false;
     for (void* ptr : {kc, vc, q, out, bt_paged, bt_contig, dlens, ws}) CHECK_CUDA(cudaFree(ptr));

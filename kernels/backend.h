@@ -31,6 +31,8 @@ namespace cuda {
 absl::Status ReshapeAndCache(const ReshapeAndCacheParams& p);
 absl::Status PagedAttentionV1(const PagedAttentionParams& p);
 absl::Status PagedAttentionV2(const PagedAttentionParams& p);
+// Group size within GqaDecodeFits (checked by the caller).
+absl::Status PagedAttentionGqa(const PagedAttentionParams& p);
 absl::Status PrefillAttention(const PrefillAttentionParams& p);
 absl::Status CopyBlocks(std::span<const KVCacheView> layers, std::span<const BlockCopy> pairs,
                         void* stream);

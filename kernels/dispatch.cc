@@ -3,13 +3,17 @@
 // written when validation fails.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <span>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 #include "kernels/cache_ops.h"
+#include "kernels/cuda/gqa_decode_plan.h"  // pure C++: GQA shared memory and split bounds
 #include "kernels/paged_attention.h"
 #include "kernels/prefill_attention.h"
 #include "kernels/reshape_and_cache.h"
@@ -200,9 +204,118 @@ absl::Status PagedAttentionV2(const PagedAttentionParams& p) {
 #endif
 }
 
+const char* DecodeKernelName(DecodeKernel k) {
+  switch (k) {
+    case DecodeKernel::kAuto: return "auto";
+    case DecodeKernel::kV1: return "v1";
+    case DecodeKernel::kV2: return "v2";
+    case DecodeKernel::kGqa: return "gqa";
+  }
+  return "?";
+}
+
+bool ParseDecodeKernel(const char* name, DecodeKernel* k) {
+  if (name == nullptr) return false;
+  for (DecodeKernel c : {DecodeKernel::kAuto, DecodeKernel::kV1, DecodeKernel::kV2,
+                         DecodeKernel::kGqa}) {
+    if (std::strcmp(name, DecodeKernelName(c)) == 0) {
+      *k = c;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool GqaDecodeFits(int head_size, int group_size) {
+  return group_size >= 1 &&
+         cuda::GqaDecodeSharedBytes(head_size, group_size) <= cuda::kGqaMaxSharedBytes;
+}
+
+size_t PagedAttentionGqaWorkspaceBytes(int num_seqs, int num_heads, int head_size,
+                                       int max_seq_len) {
+  // PlanGqaSplits never exceeds tiles / kGqaMinTilesPerSplit or kGqaMaxSplits.
+  const int64_t tiles = (static_cast<int64_t>(max_seq_len) + cuda::kGqaTileTokens - 1) /
+                        cuda::kGqaTileTokens;
+  int64_t splits = tiles / cuda::kGqaMinTilesPerSplit;
+  if (splits > cuda::kGqaMaxSplits) splits = cuda::kGqaMaxSplits;
+  if (splits < 2) return 0;  // one split: no scratch
+  return cuda::GqaWorkspaceBytes(num_seqs, num_heads, head_size, static_cast<int>(splits));
+}
+
+absl::Status PagedAttentionGqa(const PagedAttentionParams& p) {
+  constexpr absl::string_view op = "paged_attention_gqa";
+  if (absl::Status st = ValidateDecode(op, p); !st.ok()) return st;
+  if (p.num_seqs == 0) return absl::OkStatus();
+  const int group = p.num_heads / p.cache.shape.num_kv_heads;
+  if (!GqaDecodeFits(p.cache.shape.head_size, group))
+    return Invalid(op, "group size ", group, " with head_size ", p.cache.shape.head_size,
+                   " needs ", cuda::GqaDecodeSharedBytes(p.cache.shape.head_size, group),
+                   " bytes of shared memory, more than the ", cuda::kGqaMaxSharedBytes,
+                   " allowed");
+  if (p.cache.device == Device::kCPU)
+    return absl::FailedPreconditionError(
+        "paged_attention_gqa: the GQA decode kernel is CUDA-only (the CPU v1/v2 kernels already "
+        "serve a whole GQA group per task)");
+#ifdef PAGEDSERVE_WITH_CUDA
+  return cuda::PagedAttentionGqa(p);
+#else
+  return NoCuda();
+#endif
+}
+
+// The one place that decides which decode kernel runs (see the contract in
+// paged_attention.h). Reasons are stated so that logs, benchmarks and tests
+// can tell why a kernel was taken.
+DecodeKernelChoice ChooseDecodeKernel(Device device, int num_seqs, int num_heads,
+                                      int num_kv_heads, int head_size, int max_seq_len,
+                                      DecodeKernel requested) {
+  const bool v1 = ShouldUsePagedAttentionV1(num_seqs, num_heads, max_seq_len);
+  const DecodeKernel v1v2 = v1 ? DecodeKernel::kV1 : DecodeKernel::kV2;
+  const std::string heuristic =
+      v1 ? "vLLM heuristic: v1 (context fits one 512-token partition, or num_seqs * num_heads > "
+           "512, and max_seq_len <= 8192)"
+         : "vLLM heuristic: v2 (long context with few sequences x heads: split into 512-token "
+           "partitions)";
+  if (requested == DecodeKernel::kV1 || requested == DecodeKernel::kV2)
+    return {requested, absl::StrCat(DecodeKernelName(requested), " requested")};
+  const int group = num_kv_heads > 0 ? num_heads / num_kv_heads : 0;
+  if (device == Device::kCPU)
+    return {v1v2, absl::StrCat("CPU backend (no separate GQA kernel; its v1/v2 serve a whole "
+                               "group per task)",
+                               requested == DecodeKernel::kGqa ? ", gqa request ignored" : "",
+                               "; ", heuristic)};
+  if (!GqaDecodeFits(head_size, group))
+    return {v1v2, absl::StrCat("group size ", group, " x head_size ", head_size,
+                               " exceeds the GQA kernel's shared memory (",
+                               cuda::GqaDecodeSharedBytes(head_size, group), " > ",
+                               cuda::kGqaMaxSharedBytes, " bytes); ", heuristic)};
+  if (requested == DecodeKernel::kGqa)
+    return {DecodeKernel::kGqa, absl::StrCat("gqa requested (group size ", group, ")")};
+  if (group >= 2)
+    return {DecodeKernel::kGqa,
+            absl::StrCat("GQA group size ", group,
+                         ": each K/V tile is read once for all ", group,
+                         " query heads (v1/v2 would read it ", group, " times)")};
+  return {v1v2, absl::StrCat("MHA (group size 1): no K/V to share across heads; ", heuristic)};
+}
+
 absl::Status PagedAttention(const PagedAttentionParams& p) {
-  return ShouldUsePagedAttentionV1(p.num_seqs, p.num_heads, p.max_seq_len) ? PagedAttentionV1(p)
-                                                                           : PagedAttentionV2(p);
+  DecodeKernel requested = p.kernel;
+  if (requested == DecodeKernel::kAuto) {
+    // Read once: the comparison override for devices (v1/v2 stay reachable).
+    static const char* const env = std::getenv("PAGEDSERVE_DECODE_KERNEL");
+    if (env != nullptr && *env != '\0' && !ParseDecodeKernel(env, &requested))
+      return Invalid("paged_attention", "PAGEDSERVE_DECODE_KERNEL=", env,
+                     " is not one of auto, v1, v2, gqa");
+  }
+  const DecodeKernelChoice c =
+      ChooseDecodeKernel(p.cache.device, p.num_seqs, p.num_heads, p.cache.shape.num_kv_heads,
+                         p.cache.shape.head_size, p.max_seq_len, requested);
+  switch (c.kernel) {
+    case DecodeKernel::kGqa: return PagedAttentionGqa(p);
+    case DecodeKernel::kV2: return PagedAttentionV2(p);
+    default: return PagedAttentionV1(p);
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -4,18 +4,29 @@
 // v1 makes one pass over the whole context per (head, sequence); v2 splits the
 // context into partitions of kPartitionSize tokens (a context-length partition,
 // not a number of GPUs), each writing its max logit, exp-sum and partial output,
-// and a reduce step combines them with the usual log-sum-exp rescaling.
+// and a reduce step combines them with the usual log-sum-exp rescaling. On
+// CUDA a third kernel, GQA decode, serves all query heads of a KV head from one
+// read of the K/V (PagedAttentionGqa); ChooseDecodeKernel picks among them.
 #ifndef PAGEDSERVE_KERNELS_PAGED_ATTENTION_H_
 #define PAGEDSERVE_KERNELS_PAGED_ATTENTION_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "kernels/partition.h"  // kPartitionSize, NumPartitions
 #include "kernels/types.h"
 
 namespace pagedserve::kernels {
+
+// The decode attention kernels PagedAttention() chooses from (see
+// ChooseDecodeKernel). kAuto = let the dispatcher decide.
+enum class DecodeKernel : uint8_t { kAuto, kV1, kV2, kGqa };
+// "auto", "v1", "v2", "gqa".
+const char* DecodeKernelName(DecodeKernel k);
+// Parses a DecodeKernelName() string; false (and *k untouched) otherwise.
+bool ParseDecodeKernel(const char* name, DecodeKernel* k);
 
 struct PagedAttentionParams {
   void* out = nullptr;          // [num_seqs, num_heads, head_size], cache dtype
@@ -37,9 +48,19 @@ struct PagedAttentionParams {
   const int32_t* host_block_tables = nullptr;
   const int32_t* host_seq_lens = nullptr;
   // v2 scratch space of PagedAttentionV2WorkspaceBytes() bytes on the cache's
-  // device; may be null on CPU (then allocated internally).
+  // device; may be null on CPU (then allocated internally). The GQA kernel
+  // (kCUDA) uses it too, for its context splits; null there means a temporary
+  // stream-ordered allocation.
   void* workspace = nullptr;
+  // Bytes at `workspace`; 0 means PagedAttentionV2WorkspaceBytes(num_seqs,
+  // num_heads, head_size, max_seq_len). The GQA kernel runs at most as many
+  // context splits as fit (PagedAttentionGqaWorkspaceBytes() holds its most).
+  size_t workspace_bytes = 0;
   void* stream = nullptr;  // cudaStream_t for kCUDA; ignored on CPU
+  // Which kernel PagedAttention() runs: kAuto = ChooseDecodeKernel's rule,
+  // unless the environment variable PAGEDSERVE_DECODE_KERNEL (auto, v1, v2,
+  // gqa) names one. Ignored by PagedAttentionV1/V2/Gqa.
+  DecodeKernel kernel = DecodeKernel::kAuto;
 };
 
 // Checks shapes and, where host-readable, every block id (< num_blocks, >= 0)
@@ -65,7 +86,49 @@ size_t PagedAttentionV2WorkspaceBytes(int num_seqs, int num_heads, int head_size
 // splitting the context); v2 otherwise.
 bool ShouldUsePagedAttentionV1(int num_seqs, int num_heads, int max_seq_len);
 
-// Runs v1 or v2 according to ShouldUsePagedAttentionV1.
+// GQA-aware decode kernel (kCUDA only; kernels/cuda/gqa_decode_kernels.cuh):
+// one thread block per (KV head, sequence, context split) loads each K/V tile
+// once into shared memory for all num_heads / num_kv_heads query heads of the
+// group (FlashInfer's decode approach), online softmax in fp32 across tiles,
+// then the v2 log-sum-exp reduce across splits. The number of splits comes
+// from the device's occupancy (kernels/cuda/gqa_decode_plan.h). Same result as
+// v1; any group size >= 1 whose shared memory fits (GqaDecodeFits). On kCPU:
+// FailedPrecondition (the CPU backend has no separate GQA kernel).
+absl::Status PagedAttentionGqa(const PagedAttentionParams& p);
+
+// Whether the GQA kernel's shared memory for this head size and group size
+// (num_heads / num_kv_heads) is within the limit the dispatcher allows.
+bool GqaDecodeFits(int head_size, int group_size);
+
+// Bytes of scratch the GQA kernel uses at most for this shape (its largest
+// split count for max_seq_len); passing that much (and workspace_bytes) lets
+// it split as finely as the device wants.
+size_t PagedAttentionGqaWorkspaceBytes(int num_seqs, int num_heads, int head_size,
+                                       int max_seq_len);
+
+struct DecodeKernelChoice {
+  DecodeKernel kernel = DecodeKernel::kV1;  // never kAuto
+  std::string reason;                       // one line: why this kernel
+};
+
+// THE decode-kernel choice (PagedAttention() follows it; tests assert on it):
+//  - `requested` v1 or v2: that kernel (comparison and fallback path).
+//  - kCPU: v1/v2 by ShouldUsePagedAttentionV1 (the CPU v1/v2 already run one
+//    task per (sequence, KV head) for the whole group; a kGqa request too).
+//  - kCUDA, group size num_heads / num_kv_heads >= 2 and GqaDecodeFits (or
+//    `requested` kGqa and it fits): the GQA kernel -- v1/v2 would stream the
+//    same K/V group_size times, once per query head.
+//  - kCUDA, group size 1 (MHA): v1/v2 by ShouldUsePagedAttentionV1; nothing
+//    to share, and v1/v2 are the reference kernels.
+//  - kCUDA, group too large for the GQA shared memory: v1/v2.
+// Pure: no device access. Arguments as in PagedAttentionParams.
+DecodeKernelChoice ChooseDecodeKernel(Device device, int num_seqs, int num_heads,
+                                      int num_kv_heads, int head_size, int max_seq_len,
+                                      DecodeKernel requested = DecodeKernel::kAuto);
+
+// Runs the kernel ChooseDecodeKernel picks for p (p.kernel, else
+// PAGEDSERVE_DECODE_KERNEL, else kAuto). An unknown PAGEDSERVE_DECODE_KERNEL
+// value is InvalidArgument.
 absl::Status PagedAttention(const PagedAttentionParams& p);
 
 }  // namespace pagedserve::kernels

@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/gqa_decode_plan.h"  // GqaSplitPlan
 #include "kernels/partition.h"  // kPartitionSize, NumPartitions: the v2 partition
 
 namespace pagedserve::kernels::cuda {
@@ -67,6 +68,27 @@ cudaError_t LaunchPagedAttentionV1(const DecodeArgs& a);
 // kernel combines the partitions into out.
 cudaError_t LaunchPagedAttentionV2(const DecodeArgs& a, float* max_logits, float* exp_sums,
                                    float* tmp_out);
+
+// GQA decode (kernels/cuda/gqa_decode_kernels.cuh): one thread block per (KV
+// head, sequence, context split) serving all num_heads / num_kv_heads query
+// heads of the group from shared-memory K/V tiles. The caller plans the splits
+// (PlanGqaSplits, gqa_decode_plan.h). plan.num_splits == 1 writes out directly
+// (the three scratch pointers may be null); otherwise max_logits / exp_sums
+// [num_seqs, num_heads, num_splits] and tmp_out [num_seqs, num_heads,
+// num_splits, head_size] (fp32) are written and the v2 reduce kernel merges
+// them into out. Fails with cudaErrorInvalidValue for an unsupported head size
+// or a plan that is not a valid PlanGqaSplits result.
+cudaError_t LaunchGqaDecode(const DecodeArgs& a, const GqaSplitPlan& plan, float* max_logits,
+                            float* exp_sums, float* tmp_out);
+
+// The device facts PlanGqaSplits needs for the GQA kernel of this element type,
+// head size and group size on the current device: its multiprocessor count and
+// how many blocks of the kernel (kDecodeThreads threads, GqaDecodeSharedBytes
+// of dynamic shared memory, opted in above 48 KiB) are resident per
+// multiprocessor (cudaOccupancyMaxActiveBlocksPerMultiprocessor; 0 when the
+// shared memory does not fit the device).
+cudaError_t GqaDecodeOccupancy(Elem elem, int head_size, int group_size, int* num_sms,
+                               int* blocks_per_sm);
 
 struct PrefillArgs {
   void* out = nullptr;          // [num_tokens, num_heads, head_size]

@@ -17,3 +17,11 @@ pagedserve_add_test(kernels_cuda_emulation_test
   LIBS pagedserve_kernels CUDA::cudart
   LABELS kernels
   TIMEOUT 600)
+
+# The GQA decode kernel (kernels/cuda/gqa_decode_kernels.cuh) through the same
+# emulator, against the double reference and the CPU backend.
+pagedserve_add_test(kernels_cuda_gqa_emulation_test
+  SOURCES cuda_gqa_emulation_test.cc
+  LIBS pagedserve_kernels CUDA::cudart
+  LABELS kernels
+  TIMEOUT 600)

@@ -1,0 +1,261 @@
+// Internal: the GQA-aware decode attention kernel (one query token per
+// sequence) over the paged KV cache of kernels/types.h (vLLM layout).
+//
+// What it does differently from PagedAttention v1/v2
+// (paged_attention_kernels.cuh): v1/v2 run one thread block per QUERY head,
+// so with grouped-query attention (num_heads = group_size * num_kv_heads) the
+// same K/V bytes are streamed group_size times. Here one thread block serves a
+// whole group: grid (num_kv_heads, num_seqs, num_splits), and every K/V tile of
+// kGqaTileTokens (32) context tokens is read from the paged cache once,
+// converted to fp32 into shared memory, and used by all group_size query heads
+// of that KV head. This is FlashInfer's decode approach (Ye et al., FlashInfer,
+// 2025; flashinfer/include/flashinfer/attention/decode.cuh,
+// BatchDecodeWithPagedKVCacheKernel: the query heads of one KV head share a
+// thread block and its shared-memory K/V tiles), written here for vLLM's
+// [head_size/x, block_size, x] key and [head_size, block_size] value blocks.
+//
+// Per block, for each tile of its context split:
+//   1. K tile -> smem k_s[32][head_size + 4] (fp32), V tile -> smem
+//      v_s[32][head_size] (fp32, transposed to token-major); slots past the
+//      context are never read and hold 0 (garbage or NaN there cannot leak).
+//   2. logits s[g][t] = scale * q_g . k_t (+ ALiBi slope_h * (t - seq_len + 1)),
+//      one (head, token) pair per thread; tokens past the context get -inf.
+//   3. online softmax (Milakov & Gimelshein 2018; FlashAttention): warp w
+//      takes heads w, w + 4, ...; lane = token; m_new = max(m, max_t s),
+//      p = exp(s - m_new), l = l * exp(m - m_new) + sum p.
+//   4. acc[g][d] = acc[g][d] * exp(m - m_new) + sum_t p[g][t] v_s[t][d] in
+//      fp32 (accumulators in shared memory, one (head, dim) per thread, so the
+//      group size is a runtime value).
+// One split (split_tokens == 0) writes out = acc / l directly. Several splits
+// write, per query head, max_logits = m, exp_sums = l and tmp_out = acc / l in
+// the v2 workspace layout ([S, H, P] and [S, H, P, D] with P = num_splits),
+// and the v2 reduce kernel (PagedAttentionReduceKernel, partition_size =
+// split_tokens) merges them by log-sum-exp rescaling.
+//
+// fp32 softmax and accumulation throughout; elements are converted to fp32 at
+// the single K/V load helper LoadKVChunk (the place a quantized cache type
+// would add its conversion and scale). Compile-time parameters: element types
+// and HEAD_SIZE; group size, block size, ALiBi and the split size are runtime.
+//
+// Status: verified on the CPU only, by running this very source through
+// tests/kernels/simt_emulator.h (tests/kernels/cuda_gqa_emulation_test.cc)
+// against a double-precision reference and the CPU backend. It compiles with
+// nvcc for sm_80/sm_90, but no device has run it yet: neither its results on
+// a GPU nor its speed have been measured. Not yet done: cp.async double
+// buffering of the tiles and tensor-core (mma) dot products for large groups.
+#ifndef PAGEDSERVE_KERNELS_CUDA_GQA_DECODE_KERNELS_CUH_
+#define PAGEDSERVE_KERNELS_CUDA_GQA_DECODE_KERNELS_CUH_
+
+#include <cstdint>
+
+#include "kernels/cuda/dtype_utils.cuh"
+#include "kernels/cuda/gqa_decode_plan.h"
+
+namespace pagedserve::kernels::cuda {
+
+// The one K/V load of the GQA kernel: 16 bytes of the cache at p (16-byte
+// aligned) as kVec16<CacheT> fp32 values. A quantized cache element type adds
+// its overload (and scale) here.
+template <typename CacheT>
+__device__ __forceinline__ void LoadKVChunk(const CacheT* p, float* f) {
+  Unpack16(Load16(p), static_cast<const CacheT*>(nullptr), f);
+}
+
+// Grid (num_kv_heads, num_seqs, num_splits), NUM_THREADS threads (a multiple of
+// 32), dynamic shared memory GqaDecodeSharedBytes(HEAD_SIZE, group_size).
+// num_heads = num_kv_heads * group_size; query head h = kv_head * group_size + g
+// (the kv(h) = h / group_size mapping of kernels/paged_attention.h).
+// split_tokens == 0: one split covers the whole context and `out` is written.
+// split_tokens > 0 (a multiple of kGqaTileTokens): split z covers tokens
+// [z * split_tokens, min((z + 1) * split_tokens, seq_len)) and writes
+// max_logits / exp_sums [S, H, num_splits] and tmp_out [S, H, num_splits, D]
+// for the splits that hold tokens; splits past a sequence's context write
+// nothing (the reduce reads only ceil(seq_len / split_tokens) of them).
+template <typename T, typename CacheT, int HEAD_SIZE, int NUM_THREADS>
+__global__ void __launch_bounds__(NUM_THREADS)
+    GqaDecodeKernel(T* __restrict__ out,              // [S, H, D]         (one split)
+                    float* __restrict__ max_logits,   // [S, H, P]         (splits)
+                    float* __restrict__ exp_sums,     // [S, H, P]         (splits)
+                    float* __restrict__ tmp_out,      // [S, H, P, D]      (splits)
+                    const T* __restrict__ q,          // [S, H, D]
+                    const CacheT* __restrict__ k_cache,  // [B, KVH, D/x, BS, x]
+                    const CacheT* __restrict__ v_cache,  // [B, KVH, D, BS]
+                    int num_kv_heads, int group_size, int block_size, float scale,
+                    const int32_t* __restrict__ block_tables, int max_blocks_per_seq,
+                    const int32_t* __restrict__ seq_lens,
+                    const float* __restrict__ alibi_slopes, int split_tokens) {
+  constexpr int NUM_WARPS = NUM_THREADS / kWarpSize;
+  constexpr int TILE = kGqaTileTokens;
+  constexpr int X = kVec16<CacheT>;           // elements per 16-byte vector
+  constexpr int NUM_CHUNKS = HEAD_SIZE / X;   // 16-byte chunks per key vector
+  constexpr int V_VEC = X;                    // tokens per 16-byte value vector
+  constexpr int V_GROUPS = TILE / V_VEC;      // value vectors per dim per tile
+  constexpr int KS = GqaKRowStride(HEAD_SIZE);
+  static_assert(TILE == kWarpSize, "the softmax step maps one lane to one token");
+  static_assert(HEAD_SIZE % X == 0 && HEAD_SIZE % 4 == 0 && TILE % V_VEC == 0, "shapes");
+  static_assert(NUM_THREADS % kWarpSize == 0, "whole warps");
+
+  const int kv_head = blockIdx.x, seq = blockIdx.y, split = blockIdx.z;
+  const int num_splits = gridDim.z;
+  const int num_heads = num_kv_heads * group_size;
+  const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+
+  const int seq_len = seq_lens[seq];
+  const int start_token = split_tokens > 0 ? split * split_tokens : 0;
+  if (start_token >= seq_len) return;  // whole block: this split is empty
+  const int end_token = split_tokens > 0 ? min(start_token + split_tokens, seq_len) : seq_len;
+
+  const int kv_head_stride = HEAD_SIZE * block_size;
+  const int64_t kv_block_stride = static_cast<int64_t>(num_kv_heads) * kv_head_stride;
+  const int32_t* block_table = block_tables + static_cast<int64_t>(seq) * max_blocks_per_seq;
+  const CacheT* k_head = k_cache + static_cast<int64_t>(kv_head) * kv_head_stride;
+  const CacheT* v_head = v_cache + static_cast<int64_t>(kv_head) * kv_head_stride;
+  const int group_elems = group_size * HEAD_SIZE;
+
+  // Dynamic shared memory, in the order of GqaDecodeSharedBytes (every piece a
+  // multiple of 16 bytes except the last three).
+  PAGEDSERVE_DYNAMIC_SHARED(float, smem);
+  float* k_s = smem;                        // [TILE][KS]
+  float* v_s = k_s + TILE * KS;             // [TILE][HEAD_SIZE]
+  float* q_s = v_s + TILE * HEAD_SIZE;      // [group][HEAD_SIZE]
+  float* acc_s = q_s + group_elems;         // [group][HEAD_SIZE]
+  float* p_s = acc_s + group_elems;         // [group][TILE] logits, then probabilities
+  float* m_s = p_s + group_size * TILE;     // [group] running max
+  float* l_s = m_s + group_size;            // [group] running exp-sum
+  float* alpha_s = l_s + group_size;        // [group] rescale factor of this tile
+
+  {
+    // The group's query heads are consecutive: G * D contiguous elements.
+    const T* q_ptr = q + (static_cast<int64_t>(seq) * num_heads +
+                          static_cast<int64_t>(kv_head) * group_size) * HEAD_SIZE;
+    for (int i = tid; i < group_elems; i += NUM_THREADS) {
+      q_s[i] = ToFloat(q_ptr[i]);
+      acc_s[i] = 0.0f;
+    }
+    for (int g = tid; g < group_size; g += NUM_THREADS) {
+      m_s[g] = -INFINITY;
+      l_s[g] = 0.0f;
+    }
+  }
+  __syncthreads();
+
+  for (int tile_start = start_token; tile_start < end_token; tile_start += TILE) {
+    // ---- 1. K and V of this tile into shared memory, once for the group.
+    // K: item (chunk c, token t), t fastest, so consecutive threads read
+    // consecutive 16-byte token chunks of [D/x, BS, x].
+    for (int i = tid; i < NUM_CHUNKS * TILE; i += NUM_THREADS) {
+      const int c = i / TILE, t = i % TILE, token = tile_start + t;
+      float kf[X];
+      if (token < end_token) {
+        const int64_t block = block_table[token / block_size];
+        LoadKVChunk(k_head + block * kv_block_stride +
+                        (static_cast<int64_t>(c) * block_size + token % block_size) * X,
+                    kf);
+      } else {
+#pragma unroll
+        for (int e = 0; e < X; ++e) kf[e] = 0.0f;
+      }
+      float* dst = k_s + t * KS + c * X;
+#pragma unroll
+      for (int e = 0; e < X; ++e) dst[e] = kf[e];
+    }
+    // V: item (dim d, vector j of V_VEC tokens). V_VEC divides the block size
+    // and tile_start, so one vector lies in one block.
+    for (int i = tid; i < HEAD_SIZE * V_GROUPS; i += NUM_THREADS) {
+      const int d = i / V_GROUPS, t0 = (i % V_GROUPS) * V_VEC, token0 = tile_start + t0;
+      float vf[V_VEC];
+      if (token0 < end_token) {
+        const int64_t block = block_table[token0 / block_size];
+        LoadKVChunk(v_head + block * kv_block_stride + static_cast<int64_t>(d) * block_size +
+                        token0 % block_size,
+                    vf);
+#pragma unroll
+        for (int e = 0; e < V_VEC; ++e)
+          if (token0 + e >= end_token) vf[e] = 0.0f;  // 0 * NaN would be NaN
+      } else {
+#pragma unroll
+        for (int e = 0; e < V_VEC; ++e) vf[e] = 0.0f;
+      }
+#pragma unroll
+      for (int e = 0; e < V_VEC; ++e) v_s[(t0 + e) * HEAD_SIZE + d] = vf[e];
+    }
+    __syncthreads();
+
+    // ---- 2. Logits of every (head, token) pair of the tile.
+    for (int i = tid; i < group_size * TILE; i += NUM_THREADS) {
+      const int g = i / TILE, t = i % TILE, token = tile_start + t;
+      const float4* qv = reinterpret_cast<const float4*>(q_s + g * HEAD_SIZE);
+      const float4* kv = reinterpret_cast<const float4*>(k_s + t * KS);
+      float dot = 0.0f;
+#pragma unroll 8
+      for (int j = 0; j < HEAD_SIZE / 4; ++j) {
+        const float4 a = qv[j], b = kv[j];
+        dot = fmaf(a.x, b.x, dot);
+        dot = fmaf(a.y, b.y, dot);
+        dot = fmaf(a.z, b.z, dot);
+        dot = fmaf(a.w, b.w, dot);
+      }
+      float s = -INFINITY;
+      if (token < end_token) {
+        const int head = kv_head * group_size + g;
+        const float slope = alibi_slopes != nullptr ? alibi_slopes[head] : 0.0f;
+        s = scale * dot + slope * static_cast<float>(token - seq_len + 1);
+      }
+      p_s[i] = s;
+    }
+    __syncthreads();
+
+    // ---- 3. Online softmax, one warp per head, one lane per token. The
+    // tile's first token is in the context, so tile_max is finite.
+    for (int g = warp; g < group_size; g += NUM_WARPS) {  // warp-uniform
+      const float s = p_s[g * TILE + lane];
+      const float tile_max = WarpMax(s);
+      const float m_old = m_s[g];
+      const float m_new = fmaxf(m_old, tile_max);
+      const float p = __expf(s - m_new);  // exp(-inf) = 0 past the context
+      const float p_sum = WarpSum(p);
+      p_s[g * TILE + lane] = p;
+      if (lane == 0) {
+        const float alpha = __expf(m_old - m_new);  // 0 on the first tile (m_old = -inf)
+        alpha_s[g] = alpha;
+        l_s[g] = l_s[g] * alpha + p_sum;
+        m_s[g] = m_new;
+      }
+    }
+    __syncthreads();
+
+    // ---- 4. Rescale and accumulate P V, one (head, dim) per thread.
+    for (int i = tid; i < group_elems; i += NUM_THREADS) {
+      const int g = i / HEAD_SIZE, d = i % HEAD_SIZE;
+      const float* p = p_s + g * TILE;
+      float a = acc_s[i] * alpha_s[g];
+#pragma unroll 8
+      for (int t = 0; t < TILE; ++t) a = fmaf(p[t], v_s[t * HEAD_SIZE + d], a);
+      acc_s[i] = a;
+    }
+    __syncthreads();  // before the next tile overwrites k_s, v_s, p_s
+  }
+
+  // ---- Output (one split) or this split's partial state.
+  const int64_t sh0 = static_cast<int64_t>(seq) * num_heads +
+                      static_cast<int64_t>(kv_head) * group_size;  // (seq, first head)
+  for (int i = tid; i < group_elems; i += NUM_THREADS) {
+    const int g = i / HEAD_SIZE, d = i % HEAD_SIZE;
+    const float v = acc_s[i] / l_s[g];  // l >= 1: the max term contributes exp(0)
+    if (split_tokens > 0) {
+      tmp_out[((sh0 + g) * num_splits + split) * HEAD_SIZE + d] = v;
+    } else {
+      out[(sh0 + g) * HEAD_SIZE + d] = FromFloat<T>(v);
+    }
+  }
+  if (split_tokens > 0) {
+    for (int g = tid; g < group_size; g += NUM_THREADS) {
+      max_logits[(sh0 + g) * num_splits + split] = m_s[g];
+      exp_sums[(sh0 + g) * num_splits + split] = l_s[g];
+    }
+  }
+}
+
+}  // namespace pagedserve::kernels::cuda
+
+#endif  // PAGEDSERVE_KERNELS_CUDA_GQA_DECODE_KERNELS_CUH_
