@@ -216,9 +216,12 @@ void BuildPagedCase(PagedCase& c, std::mt19937& rng, float value_scale = 1.0f) {
 
 struct DecodeResult {
   std::vector<float> v1, v2;
+  // The GQA decode kernel with the v2-sized workspace (splits bounded by it)
+  // and with PagedAttentionGqaWorkspaceBytes (splits as the planner wants).
+  std::vector<float> gqa, gqa_wide;
 };
 
-// Runs v1 and v2 over the case with query q [num_seqs, num_heads, head_size].
+// Runs v1, v2 and the GQA kernel over the case with query q [num_seqs, num_heads, head_size].
 // `drop` (sequence, block index) runs them with that block left out of the
 // sequence's context instead (testing::DropBlock): the negative control.
 void RunDecode(const PagedCase& c, const std::vector<float>& q, float scale,
@@ -240,10 +243,12 @@ void RunDecode(const PagedCase& c, const std::vector<float>& q, float scale,
   DeviceBuffer dlens = Upload(lens);
   DeviceBuffer dalibi = alibi ? Upload(*alibi) : DeviceBuffer();
   const size_t out_bytes = static_cast<size_t>(S) * H * D * DTypeSize(c.dtype);
-  DeviceBuffer out1(out_bytes), out2(out_bytes);
+  DeviceBuffer out1(out_bytes), out2(out_bytes), out3(out_bytes), out4(out_bytes);
   DeviceBuffer ws(PagedAttentionV2WorkspaceBytes(S, H, D, max_len));
-  CUDA_OK(cudaMemset(out1.get(), 0xFF, out_bytes));
-  CUDA_OK(cudaMemset(out2.get(), 0xFF, out_bytes));
+  const size_t wide_bytes = PagedAttentionGqaWorkspaceBytes(S, H, D, max_len);
+  DeviceBuffer wide(wide_bytes > 0 ? wide_bytes : 16);
+  for (DeviceBuffer* o : {&out1, &out2, &out3, &out4})
+    CUDA_OK(cudaMemset(o->get(), 0xFF, out_bytes));
 
   PagedAttentionParams p;
   p.query = dq.get();
@@ -265,9 +270,19 @@ void RunDecode(const PagedCase& c, const std::vector<float>& q, float scale,
   p.workspace = ws.get();
   absl::Status s2 = PagedAttentionV2(p);
   ASSERT_TRUE(s2.ok()) << s2;
+  p.out = out3.get();
+  absl::Status s3 = PagedAttentionGqa(p);
+  ASSERT_TRUE(s3.ok()) << s3;
+  p.out = out4.get();
+  p.workspace = wide.get();
+  p.workspace_bytes = wide_bytes > 0 ? wide_bytes : 16;
+  absl::Status s4 = PagedAttentionGqa(p);
+  ASSERT_TRUE(s4.ok()) << s4;
   CUDA_OK(cudaDeviceSynchronize());
   r->v1 = Decode(Download(out1.get(), out_bytes), c.dtype);
   r->v2 = Decode(Download(out2.get(), out_bytes), c.dtype);
+  r->gqa = Decode(Download(out3.get(), out_bytes), c.dtype);
+  r->gqa_wide = Decode(Download(out4.get(), out_bytes), c.dtype);
 }
 
 std::vector<float> AlibiSlopes(int num_heads) {
@@ -296,6 +311,10 @@ void CheckAgainstReference(const PagedCase& c, const std::vector<float>& q, floa
         << label << " v1 seq " << s << " (len " << c.seq_lens[s] << ")";
     ASSERT_TRUE(testing::AttentionOutputMatches(r.v2.data() + s * n, ref.data(), n, c.dtype))
         << label << " v2 seq " << s << " (len " << c.seq_lens[s] << ")";
+    ASSERT_TRUE(testing::AttentionOutputMatches(r.gqa.data() + s * n, ref.data(), n, c.dtype))
+        << label << " gqa seq " << s << " (len " << c.seq_lens[s] << ")";
+    ASSERT_TRUE(testing::AttentionOutputMatches(r.gqa_wide.data() + s * n, ref.data(), n, c.dtype))
+        << label << " gqa (wide workspace) seq " << s << " (len " << c.seq_lens[s] << ")";
     if (c.seq_lens[s] >= 3 * c.block_size && (control < 0 || c.seq_lens[s] > c.seq_lens[control])) {
       control = s;
       control_ref = std::move(ref);
@@ -305,15 +324,17 @@ void CheckAgainstReference(const PagedCase& c, const std::vector<float>& q, floa
   DecodeResult dropped;
   RunDecode(c, q, scale, alibi, &dropped, {control, (c.seq_lens[control] - 1) / c.block_size - 1});
   if (::testing::Test::HasFatalFailure()) return;
-  for (const std::vector<float>* out : {&dropped.v1, &dropped.v2}) {
-    SCOPED_TRACE(label + (out == &dropped.v1 ? " negative controls v1" : " negative controls v2"));
+  for (const std::vector<float>* out : {&dropped.v1, &dropped.v2, &dropped.gqa, &dropped.gqa_wide}) {
+    SCOPED_TRACE(label + (out == &dropped.v1   ? " negative controls v1"
+                          : out == &dropped.v2 ? " negative controls v2"
+                                               : " negative controls gqa"));
     testing::ExpectRejectsBrokenOutputs(
         control_ref, std::vector<float>(out->begin() + control * n, out->begin() + (control + 1) * n),
         c.dtype);
   }
 }
 
-// Checks v1 and v2 against the reference (CheckAgainstReference).
+// Checks v1, v2 and the GQA kernel against the reference (CheckAgainstReference).
 void CheckDecodeCase(PagedCase& c, bool use_alibi, std::mt19937& rng, const std::string& label) {
   const int S = c.num_seqs(), H = c.num_heads, D = c.head_size;
   std::vector<float> q = Quantize(RandomVector(static_cast<size_t>(S) * H * D, rng), c.dtype);
@@ -404,6 +425,10 @@ TEST_F(CudaKernelsTest, ZeroQueryGivesMeanOfValuesAndPaddingDoesNotLeak) {
           << DTypeName(dt) << " v1 seq " << s;
       ASSERT_TRUE(testing::AttentionOutputMatches(r.v2.data() + o, mean.data(), mean.size(), dt))
           << DTypeName(dt) << " v2 seq " << s;
+      ASSERT_TRUE(testing::AttentionOutputMatches(r.gqa.data() + o, mean.data(), mean.size(), dt))
+          << DTypeName(dt) << " gqa seq " << s;
+      ASSERT_TRUE(testing::AttentionOutputMatches(r.gqa_wide.data() + o, mean.data(), mean.size(), dt))
+          << DTypeName(dt) << " gqa (wide workspace) seq " << s;
     }
   }
 }
