@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -284,7 +285,11 @@ void CheckGqa(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
         (control < 0 || c.seq_lens[s] > c.seq_lens[control]))
       control = s;
 
-  for (const kc::GqaSplitPlan& plan : PlansFor(c)) {
+  const std::vector<kc::GqaSplitPlan> plans = PlansFor(c);
+  std::string plan_names;
+  for (const kc::GqaSplitPlan& plan : plans) plan_names += (plan_names.empty() ? "" : "; ") + PlanName(plan);
+  std::printf("%s, max_len %d: %s\n", label.c_str(), c.max_len(), plan_names.c_str());
+  for (const kc::GqaSplitPlan& plan : plans) {
     if (plan.num_splits > 1) ++*multi_split_runs;
     const std::vector<float> got = EmuGqa<T, HS>(c, c.q, alibi, scale, plan);
     for (int s = 0; s < S; ++s) {
