@@ -101,8 +101,10 @@ absl::Status PagedAttentionGqa(const PagedAttentionParams& p);
 bool GqaDecodeFits(int head_size, int group_size);
 
 // Bytes of scratch the GQA kernel uses at most for this shape (its largest
-// split count for max_seq_len); passing that much (and workspace_bytes) lets
-// it split as finely as the device wants.
+// split count for max_seq_len; 0 when the context is too short to split);
+// passing that much (and workspace_bytes) lets it split as finely as the
+// device wants. The kernel's plan also costs a few host-side CUDA runtime
+// calls per launch (occupancy and attribute queries; no synchronization).
 size_t PagedAttentionGqaWorkspaceBytes(int num_seqs, int num_heads, int head_size,
                                        int max_seq_len);
 
