@@ -348,7 +348,11 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
   absl::StatusOr<std::unique_ptr<Server>> server;
   {
     StopSignalsBlocked blocked;  // the CURVE authenticator's ZAP thread is started here
-    server = Server::Create(serve_options.zmq, &loop, chat_template);
+    ServerOptions zo = serve_options.zmq;
+    if (metrics != nullptr) {
+      zo.on_handshake_failed = [m = metrics.get()](std::string_view reason) { RecordFailedHandshake(*m, reason); };
+    }
+    server = Server::Create(zo, &loop, chat_template);
   }
   if (!server.ok()) {
     PrintError(server.status());
