@@ -195,6 +195,14 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
   m->generation_tokens_ = &BuildCounter().Name("pagedserve_generation_tokens_total")
                                .Help("Output tokens generated.")
                                .Labels(constant).Register(r).Add({});
+  auto& handshakes = BuildCounter().Name("pagedserve_zmq_handshakes_failed_total")
+                         .Help("ZeroMQ connections refused during the handshake (CurveZMQ), by "
+                               "reason: auth (client key not authorized), protocol (wrong server "
+                               "key, mechanism mismatch, malformed greeting), other.")
+                         .Labels(constant).Register(r);
+  m->handshake_auth_ = &handshakes.Add({{"reason", "auth"}});
+  m->handshake_protocol_ = &handshakes.Add({{"reason", "protocol"}});
+  m->handshake_other_ = &handshakes.Add({{"reason", "other"}});
   auto& finished = BuildCounter().Name("pagedserve_requests_finished_total")
                        .Help("Requests that left the server, by finish reason.")
                        .Labels(constant).Register(r);
@@ -311,6 +319,13 @@ void Metrics::AddPromptTokens(int64_t n) {
 void Metrics::AddGenerationTokens(int64_t n) {
   if (n < 0) return Reject("AddGenerationTokens");
   generation_tokens_->Increment(static_cast<double>(n));
+}
+
+void Metrics::AddFailedHandshake(std::string_view reason) {
+  if (reason == "auth") return handshake_auth_->Increment();
+  if (reason == "protocol") return handshake_protocol_->Increment();
+  if (reason == "other") return handshake_other_->Increment();
+  Reject("AddFailedHandshake");
 }
 
 void Metrics::RequestFinished(const FinishedRequest& q) {

@@ -149,6 +149,11 @@ class Metrics {
   // preemption) and output tokens generated, per step.
   void AddPromptTokens(int64_t n);
   void AddGenerationTokens(int64_t n);
+  // One ZeroMQ connection whose handshake failed (a CurveZMQ server refusing a
+  // client): `reason` "auth" (the ZAP handler refused the client's key),
+  // "protocol" (wrong server key, mechanism mismatch, malformed greeting) or
+  // "other"; any other string is rejected.
+  void AddFailedHandshake(std::string_view reason);
 
   // --- per request / per token / per step histograms ---
   void RequestFinished(const FinishedRequest& request);
@@ -195,6 +200,9 @@ class Metrics {
   prometheus::Counter* prompt_tokens_ = nullptr;
   prometheus::Counter* generation_tokens_ = nullptr;
   prometheus::Counter* finished_[4] = {};
+  prometheus::Counter* handshake_auth_ = nullptr;
+  prometheus::Counter* handshake_protocol_ = nullptr;
+  prometheus::Counter* handshake_other_ = nullptr;
   prometheus::Histogram* ttft_ = nullptr;
   prometheus::Histogram* itl_ = nullptr;
   prometheus::Histogram* e2e_ = nullptr;

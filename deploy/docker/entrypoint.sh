@@ -41,6 +41,8 @@
 #                                    server.key) there, serve turns on CurveZMQ
 #   PAGEDSERVE_CURVE_CLIENTS_DIR     default /etc/pagedserve/curve-clients: with *.key files
 #                                    there, only those clients (and the probe) are served
+#   PAGEDSERVE_TLS_DIR               default /etc/pagedserve/tls: with tls.crt and tls.key there
+#                                    (a kubernetes.io/tls Secret), the HTTP API is HTTPS only
 set -euo pipefail
 
 log() { echo "pagedserve-entrypoint: $*" >&2; }
@@ -56,6 +58,7 @@ iface=${PAGEDSERVE_MPI_IFACE:-eth0}
 pid_file=${PAGEDSERVE_PID_FILE:-/tmp/pagedserve-coordinator.pid}
 curve_dir=${PAGEDSERVE_CURVE_DIR:-/etc/pagedserve/curve}
 curve_clients_dir=${PAGEDSERVE_CURVE_CLIENTS_DIR:-/etc/pagedserve/curve-clients}
+tls_dir=${PAGEDSERVE_TLS_DIR:-/etc/pagedserve/tls}
 
 # GPUs this container may use: the NVIDIA device plugin puts the allocated GPUs'
 # UUIDs in NVIDIA_VISIBLE_DEVICES; `all` means ask the driver.
@@ -109,6 +112,13 @@ curve_flags() {
   echo "${cflags[@]}"
 }
 
+tls_flags() {  # --ssl-certfile/--ssl-keyfile when the TLS Secret is mounted (deploy/k8s/components/tls)
+  [[ -f "$tls_dir/tls.crt" ]] || return 0
+  [[ -f "$tls_dir/tls.key" ]] || die "$tls_dir has tls.crt but no tls.key"
+  log "HTTPS on port $http_port with $tls_dir/tls.crt"
+  echo --ssl-certfile "$tls_dir/tls.crt" --ssl-keyfile "$tls_dir/tls.key"
+}
+
 serve_flags() {  # flags common to single- and multi-node launches
   local model=$1 tp=$2
   echo --model "$model" --tensor-parallel-size "$tp" \
@@ -117,6 +127,7 @@ serve_flags() {  # flags common to single- and multi-node launches
        --metrics-host 0.0.0.0 --metrics-port "$metrics_port" \
        --pid-file "$pid_file" --shutdown-grace "${PAGEDSERVE_SHUTDOWN_GRACE:-230}"
   curve_flags
+  tls_flags
 }
 
 running() {  # process $1 exists and is not a zombie waiting for its parent to reap it

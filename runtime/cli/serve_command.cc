@@ -28,8 +28,10 @@
 // Exit codes: 0 clean shutdown, 1 runtime failure (model, bind, engine),
 // 2 bad flags.
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cerrno>
@@ -285,8 +287,23 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
   std::unique_ptr<HttpServer> http;
   if (serve_options.http_enabled) {
     HttpServerOptions ho = serve_options.http;
-    ho.num_threads = static_cast<int>(std::min<int64_t>(
-        4096, setup.scheduler.max_num_seqs + serve_options.loop.max_queue_len + 32));
+    // One thread per open connection, created on demand: as many as the
+    // process may hold sockets (RLIMIT_NOFILE, less a reserve for files,
+    // ZeroMQ and MPI), at most 4096; at least enough for every running and
+    // queued request.
+    // The soft descriptor limit is first raised towards the hard one (as Go's
+    // runtime does), so a default of 1024 does not cap the server.
+    int64_t fd_room = 4096;
+    if (rlimit nofile{}; getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+      if (nofile.rlim_cur < nofile.rlim_max) {
+        nofile.rlim_cur = std::min<rlim_t>(nofile.rlim_max, 65536);
+        if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) getrlimit(RLIMIT_NOFILE, &nofile);
+      }
+      fd_room = static_cast<int64_t>(nofile.rlim_cur) - 128;
+    }
+    ho.num_threads = static_cast<int>(std::max<int64_t>(
+        std::min<int64_t>(fd_room, 4096),
+        setup.scheduler.max_num_seqs + serve_options.loop.max_queue_len + 32));
     absl::StatusOr<std::unique_ptr<HttpServer>> h = HttpServer::Create(ho);
     if (!h.ok()) {
       PrintError(h.status());
@@ -331,7 +348,11 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
   absl::StatusOr<std::unique_ptr<Server>> server;
   {
     StopSignalsBlocked blocked;  // the CURVE authenticator's ZAP thread is started here
-    server = Server::Create(serve_options.zmq, &loop, chat_template);
+    ServerOptions zo = serve_options.zmq;
+    if (metrics != nullptr) {
+      zo.on_handshake_failed = [m = metrics.get()](std::string_view reason) { RecordFailedHandshake(*m, reason); };
+    }
+    server = Server::Create(zo, &loop, chat_template);
   }
   if (!server.ok()) {
     PrintError(server.status());

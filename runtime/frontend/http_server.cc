@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <ctime>
 #include <optional>
 #include <random>
@@ -29,6 +30,7 @@
 #include "openssl/err.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/engine/engine_loop.h"
+#include "runtime/frontend/elastic_thread_pool.h"
 #include "runtime/frontend/openai_api.h"
 #include "runtime/frontend/request_log.h"
 #include "spdlog/spdlog.h"
@@ -53,6 +55,20 @@ namespace {
 using openai::ApiError;
 
 int64_t UnixNow() { return static_cast<int64_t>(std::time(nullptr)); }
+
+// cpp-httplib's TaskQueue over ElasticThreadPool: one thread per open
+// connection, created on demand (elastic_thread_pool.h says why), at most
+// `max_threads`; 8 are kept, the others retire after a minute without work.
+class ElasticTaskQueue : public httplib::TaskQueue {
+ public:
+  explicit ElasticTaskQueue(size_t max_threads)
+      : pool_(max_threads, /*min_threads=*/8, std::chrono::seconds(60)) {}
+  void enqueue(std::function<void()> fn) override { pool_.Enqueue(std::move(fn)); }
+  void shutdown() override { pool_.Shutdown(); }
+
+ private:
+  ElasticThreadPool pool_;
+};
 
 void SendError(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
@@ -572,7 +588,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(const HttpServerO
   impl->id_salt = (static_cast<uint64_t>(rd()) << 32) | rd();  // ids differ across restarts
   httplib::Server& s = *impl->server;
   const int threads = options.num_threads;
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  s.new_task_queue = [threads] { return new ElasticTaskQueue(static_cast<size_t>(threads)); };
   s.set_payload_max_length(options.max_request_body_bytes);
   s.set_tcp_nodelay(true);  // SSE events and small responses go out at once (no Nagle delay)
   auto split = [](absl::Duration d, auto setter) {

@@ -6,7 +6,8 @@
 // POST /tokenize, POST /detokenize, GET /metrics, GET /openapi.json.
 //
 // Threads: cpp-httplib accepts on the thread started by Start() and runs each
-// connection on a worker of its pool (`num_threads`); no handler ever touches
+// connection on a thread of an elastic pool (up to `num_threads`, created on
+// demand, so idle keep-alive or slow clients do not queue others); no handler ever touches
 // the Engine: generation goes through EngineLoop::Submit / Abort and the
 // request's RequestChannel, health / models / metrics read
 // EngineLoop::Snapshot() or the metrics registry, so they never wait for an
@@ -53,7 +54,10 @@ struct HttpServerOptions {
   absl::Duration write_timeout = absl::Seconds(30);  // a client that stops reading
   absl::Duration keep_alive_timeout = absl::Seconds(5);  // idle keep-alive connections
   absl::Duration disconnect_poll = absl::Milliseconds(20);
-  int num_threads = 512;                   // connections served at once
+  // Connections served at once: one thread each, created on demand (idle or
+  // slow clients cost a sleeping thread, never a place in front of /health;
+  // runtime/frontend/elastic_thread_pool.h); connections beyond wait in FIFO.
+  int num_threads = 512;
   bool log_requests = true;                // --disable-log-requests: false (request_log.h)
   bool log_request_content = false;        // --log-request-content: prompt and text too
   // TLS (HTTPS) with these PEM files (certificate chain, private key); both or

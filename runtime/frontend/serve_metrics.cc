@@ -26,6 +26,10 @@ absl::StatusOr<std::shared_ptr<Metrics>> CreateServeMetrics(const ServeMetricsOp
 
 int MetricsListeningPort(const Metrics& metrics) { return metrics.listening_port(); }
 
+void RecordFailedHandshake(Metrics& metrics, std::string_view reason) {
+  metrics.AddFailedHandshake(reason);
+}
+
 std::string SerializeServeMetrics(const Metrics& metrics) { return metrics.Serialize(); }
 
 }  // namespace pagedserve

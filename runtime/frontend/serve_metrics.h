@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 
@@ -31,6 +32,10 @@ struct ServeMetricsOptions {
 // Metrics::Create with listen address "host:port" (its errors: InvalidArgument
 // for a bad address or label, Unavailable when the port cannot be bound).
 absl::StatusOr<std::shared_ptr<Metrics>> CreateServeMetrics(const ServeMetricsOptions& options);
+// Metrics::AddFailedHandshake (for translation units that must not include
+// monitoring/metrics.h): reason "auth", "protocol" or "other".
+void RecordFailedHandshake(Metrics& metrics, std::string_view reason);
+
 // The port the exposer listens on (0 when none).
 int MetricsListeningPort(const Metrics& metrics);
 // The registry in Prometheus text format (what --metrics-port serves); for the

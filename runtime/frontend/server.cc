@@ -184,7 +184,15 @@ struct Server::Impl {
       std::memcpy(&kind, event.data(), 2);
       std::memcpy(&value, static_cast<const char*>(event.data()) + 2, 4);
       const int fd = static_cast<int>(value);
-      if (kind == ZMQ_EVENT_ACCEPTED) {
+      if (kind & (ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)) {
+        ++counters.handshakes_failed;
+        const char* reason = kind == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH       ? "auth"
+                             : kind == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol"
+                                                                           : "other";
+        spdlog::debug("frontend: handshake failed ({}, code {})", reason, value);
+        if (options.on_handshake_failed) options.on_handshake_failed(reason);
+      } else if (kind == ZMQ_EVENT_ACCEPTED) {
         closed_fds.erase(fd);
       } else if (kind == ZMQ_EVENT_DISCONNECTED) {
         closed_fds.insert(fd);
@@ -586,7 +594,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
     const std::string monitor_endpoint =
         absl::StrCat("inproc://pagedserve-frontend-monitor-", reinterpret_cast<uintptr_t>(impl.get()));
     if (zmq_socket_monitor(impl->router.handle(), monitor_endpoint.c_str(),
-                           ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+                           ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0) {
       return absl::InternalError(absl::StrCat("zmq_socket_monitor: ", zmq_strerror(zmq_errno())));
     }
     impl->monitor = zmq::socket_t(impl->context, zmq::socket_type::pair);

@@ -57,7 +57,8 @@
 // Authentication (optional, docs/security.md): with options.curve set the
 // ROUTER socket is a CURVE server, and with an authorized-clients folder a ZAP
 // handler thread (curve_auth.h) refuses unlisted client keys during the
-// handshake; refused or failed handshakes never produce a message here.
+// handshake; refused or failed handshakes never produce a message here, only
+// a count (Counters::handshakes_failed, options.on_handshake_failed).
 //
 // Shutdown: the EngineLoop drains (`generate` -> `busy`, `health` unhealthy,
 // grace period, aborts); Run() returns once `stop` is set and every request it
@@ -69,9 +70,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -103,6 +106,11 @@ struct ServerOptions {
   bool log_request_content = false;
   // CurveZMQ (curve_auth.h): off when curve.secret_key_file is empty.
   CurveServerOptions curve;
+  // Called on the Run() thread for every connection whose handshake failed
+  // (the socket monitor's ZMQ_EVENT_HANDSHAKE_FAILED_* events): reason "auth"
+  // (the ZAP handler refused the client's key), "protocol" (wrong server key,
+  // mechanism mismatch, malformed greeting) or "other". May be empty.
+  std::function<void(std::string_view reason)> on_handshake_failed;
 };
 
 class Server {
@@ -131,6 +139,7 @@ class Server {
     int64_t requests_admitted = 0;
     int64_t requests_finished = 0;
     int64_t disconnect_aborts = 0; // requests aborted because their client went away
+    int64_t handshakes_failed = 0; // connections refused in the handshake (CURVE)
   };
   const Counters& counters() const;
 

@@ -47,9 +47,12 @@ bool Has(const std::string& tool) { return RunCommand("command -v " + tool).exit
 TEST(KustomizeTest, EveryOverlayRendersAndValidates) {
   ASSERT_TRUE(Has("kubectl") || Has("kustomize")) << "kubectl or kustomize needed (scripts/install-deps)";
   auto overlays = Subdirs(SourceDir() + "/deploy/k8s/overlays");
-  ASSERT_EQ(overlays, (std::vector<std::string>{"multi-node", "single-node"}));
+  ASSERT_EQ(overlays,
+            (std::vector<std::string>{"multi-node", "multi-node-tls", "single-node", "single-node-tls"}));
   const std::map<std::string, std::string> workload = {{"single-node", "Deployment/pagedserve"},
-                                                       {"multi-node", "LeaderWorkerSet/pagedserve"}};
+                                                       {"single-node-tls", "Deployment/pagedserve"},
+                                                       {"multi-node", "LeaderWorkerSet/pagedserve"},
+                                                       {"multi-node-tls", "LeaderWorkerSet/pagedserve"}};
   for (const auto& o : overlays) {
     auto r = RunCommand("python3 '" + SourceDir() + "/tests/deploy/validate_manifests.py' '" +
                         SourceDir() + "/deploy/k8s/overlays/" + o + "'");
@@ -92,6 +95,9 @@ TEST(KustomizeTest, BrokenOverlaysAreRejected) {
         "headless Service"}},
       {"probes", {"readinessProbe of pagedserve must be GET /health on port http",
                   "livenessProbe of pagedserve is /health"}},
+      {"tls-probes",
+       {"TLS Secret pagedserve-tls of pagedserve is optional",
+        "readinessProbe of pagedserve uses HTTP, but the API port serves HTTPS"}},
       {"alert-job", {"rule PagedserveDown selects job=\"pagedserve\", but the ServiceMonitors "
                      "produce ['pagedserve-api']"}},
   };
@@ -284,6 +290,30 @@ TEST_F(EntrypointFixture, ServeTurnsOnCurveOnlyWhenTheKeysAreMounted) {
   EXPECT_NE(r.output.find("ARG --zmq-curve-server-key-file\nARG " + dir_ + "/curve/server.key\n"),
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("ARG --health\n"), std::string::npos) << r.output;
+}
+
+// The TLS pair of deploy/k8s/components/tls turns HTTPS on; a certificate
+// without its key stops the start instead of serving plain HTTP.
+TEST_F(EntrypointFixture, ServeTurnsOnHttpsOnlyWhenTheTlsPairIsMounted) {
+  RunCommand("mkdir -p '" + dir_ + "/tls'");
+  const std::string env = "PAGEDSERVE_TLS_DIR='" + dir_ + "/tls'";
+  auto r = Entrypoint(env, "serve");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("ssl-"), std::string::npos) << "no pair, no TLS: " << r.output;
+
+  std::ofstream(dir_ + "/tls/tls.crt") << "cert";
+  r = Entrypoint(env, "serve");
+  EXPECT_NE(r.exit_code, 0) << "tls.key missing must stop the start: " << r.output;
+  EXPECT_NE(r.output.find("no tls.key"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("ARG serve"), std::string::npos) << "mpirun must not run: " << r.output;
+
+  std::ofstream(dir_ + "/tls/tls.key") << "key";
+  r = Entrypoint(env, "serve");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ARG --ssl-certfile\nARG " + dir_ + "/tls/tls.crt\nARG --ssl-keyfile\nARG " + dir_ +
+                          "/tls/tls.key\n"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST_F(EntrypointFixture, ServeWithoutModelFailsWithAMessage) {

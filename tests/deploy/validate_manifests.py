@@ -117,6 +117,28 @@ def selects(selector, labels):
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
+TLS_DIR = "/etc/pagedserve/tls"  # where deploy/docker/entrypoint.sh looks for tls.crt / tls.key
+
+
+def tls_secret(label, spec, c):
+    """True when container c mounts a Secret at the entry point's TLS directory (the
+    server then speaks only HTTPS); an optional Secret there is an error: without it
+    the server would fall back to plain HTTP behind probes that expect TLS."""
+    tls_dir = next((e.get("value") for e in c.get("env", []) if e.get("name") == "PAGEDSERVE_TLS_DIR"), TLS_DIR)
+    for m in c.get("volumeMounts", []):
+        if m.get("mountPath", "").rstrip("/") != tls_dir:
+            continue
+        vol = next((v for v in spec.get("volumes", []) if v.get("name") == m.get("name")), {})
+        if "secret" not in vol:
+            error(label, f"{tls_dir} of {c['name']} is not mounted from a Secret")
+            return False
+        if vol["secret"].get("optional"):
+            error(label, f"TLS Secret {vol['secret'].get('secretName')} of {c['name']} is optional: without it "
+                         "the API port falls back to plain HTTP")
+        return True
+    return False
+
+
 def check_pod(label, template):
     spec = template.get("spec", {})
     psc = spec.get("securityContext", {})
@@ -138,10 +160,15 @@ def check_pod(label, template):
         if "readinessProbe" not in c or "livenessProbe" not in c:
             error(label, f"container {c['name']}: needs readiness and liveness probes")
         if "http" in ports:
+            want = "HTTPS" if tls_secret(label, spec, c) else "HTTP"
             for probe in ("startupProbe", "readinessProbe"):
                 get = c.get(probe, {}).get("httpGet", {})
                 if get.get("path") != "/health" or get.get("port") not in ("http", 8000):
                     error(label, f"{probe} of {c['name']} must be GET /health on port http, got {get}")
+                if probe in c and get.get("scheme", "HTTP") != want:
+                    error(label, f"{probe} of {c['name']} uses {get.get('scheme', 'HTTP')}, but the API port "
+                                 f"serves {want} (TLS pair {'' if want == 'HTTPS' else 'not '}mounted at "
+                                 f"{TLS_DIR})")
             live = c.get("livenessProbe", {}).get("httpGet", {})
             if live.get("path") == "/health":
                 error(label, f"livenessProbe of {c['name']} is /health, which fails while the model "

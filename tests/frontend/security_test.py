@@ -167,8 +167,12 @@ class CurveTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("completion_tokens=4", r.stderr)
 
+    def handshakes_failed(self, reason):
+        return self.server.metric("pagedserve_zmq_handshakes_failed_total", f'reason="{reason}"')
+
     def test_refused_clients_get_nothing_and_cost_nothing(self):
         before = self.served_snapshot()
+        refused_before = {r: self.handshakes_failed(r) for r in ("auth", "protocol")}
         m_pub, m_sec = cert("mallory.key_secret")
         a_pub, a_sec = cert("clients/alice.key_secret")
         wrong_server = m_pub
@@ -195,6 +199,16 @@ class CurveTest(unittest.TestCase):
         self.assertEqual(after, before, "a refused client changed the server's state")
         self.assertEqual((after["running"], after["waiting"], after["kv_used"]), (0, 0, 0))
         self.assertRegex(self.server.logs(), r"CURVE handshakes refused so far: \d+")
+        # ... but each refusal is counted, by reason: an unlisted or fresh key is
+        # refused by the ZAP handler ("auth"); no CURVE or a wrong server key
+        # fails the CURVE handshake itself ("protocol").
+        deadline = time.monotonic() + serve_test.REPLY_TIMEOUT
+        while time.monotonic() < deadline and not (
+                self.handshakes_failed("auth") >= refused_before["auth"] + 2 and
+                self.handshakes_failed("protocol") >= refused_before["protocol"] + 3):
+            time.sleep(0.1)
+        self.assertGreaterEqual(self.handshakes_failed("auth"), refused_before["auth"] + 2)
+        self.assertGreaterEqual(self.handshakes_failed("protocol"), refused_before["protocol"] + 3)
 
     def test_handshake_flood_does_not_slow_served_clients(self):
         """200 connections with unlisted keys fail the handshake again and again (each

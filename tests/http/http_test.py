@@ -391,6 +391,41 @@ class AbortAndLatencyTest(unittest.TestCase):
             time.sleep(0.05)
         self.assertTrue(wait_blocks_free(SERVER.url))
 
+    def test_slow_clients_do_not_queue_health(self):
+        # 700 clients that send half a request line and stall (slowloris; an idle
+        # keep-alive connection is the same to the server) hold their connections
+        # until --http-timeout (30 s). With a fixed pool smaller than 700 (the old
+        # one had max_num_seqs + max_queue_len + 32 = 544 threads here), /health
+        # queued behind them and was answered only once the first of them timed
+        # out. The check is an order, not a time: /health is answered while every
+        # slow connection is still open.
+        host, port = SERVER.url[len("http://"):].split(":")
+        try:
+            import resource
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+        except (ImportError, ValueError, OSError):
+            pass
+        slow = []
+        try:
+            for _ in range(700):
+                s = socket.create_connection((host, int(port)), timeout=30)
+                s.sendall(b"GET /heal")
+                slow.append(s)
+            time.sleep(0.5)  # the server has accepted and is reading every one of them
+            status, body = http("GET", SERVER.url + "/health", timeout=120)
+            self.assertEqual(status, 200, body)
+            for s in slow:  # still open: a read would block (no EOF, no reset)
+                s.setblocking(False)
+                try:
+                    data = s.recv(1)
+                    self.fail(f"a slow connection was answered or closed before /health: {data!r}")
+                except BlockingIOError:
+                    pass
+        finally:
+            for s in slow:
+                s.close()
+
 
 class SecondServerTest(unittest.TestCase):
     """A server with an API key (from the environment), one running sequence and a waiting queue of one."""

@@ -191,6 +191,26 @@ TEST(MetricsTest, PerRankSeriesExistBeforeTheFirstStep) {
   EXPECT_EQ(Value(Samples(**m), "pagedserve_rank_step_duration_seconds_count", {{"rank", "3"}}), 1);
 }
 
+TEST(MetricsTest, FailedHandshakesAreCountedByReason) {
+  auto m = Metrics::Create(testing::TestOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  Metrics& x = **m;
+  const std::string h = "pagedserve_zmq_handshakes_failed_total";
+  auto s = Samples(x);
+  for (const char* reason : {"auth", "protocol", "other"}) EXPECT_EQ(Value(s, h, {{"reason", reason}}), 0);
+  x.AddFailedHandshake("auth");
+  x.AddFailedHandshake("auth");
+  x.AddFailedHandshake("protocol");
+  x.AddFailedHandshake("other");
+  x.AddFailedHandshake("bogus");  // not a reason: rejected, no new series
+  s = Samples(x);
+  EXPECT_EQ(Value(s, h, {{"reason", "auth"}}), 2);
+  EXPECT_EQ(Value(s, h, {{"reason", "protocol"}}), 1);
+  EXPECT_EQ(Value(s, h, {{"reason", "other"}}), 1);
+  EXPECT_TRUE(Find(s, h, {{"reason", "bogus"}}).empty());
+  EXPECT_EQ(Value(s, "pagedserve_metrics_rejected_observations_total", {{"method", "AddFailedHandshake"}}), 1);
+}
+
 TEST(MetricsTest, BadValuesAreRejectedAndCounted) {
   auto m = Metrics::Create(testing::TestOptions());
   ASSERT_TRUE(m.ok()) << m.status();
