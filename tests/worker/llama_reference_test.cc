@@ -520,7 +520,9 @@ TEST_F(LlamaReferenceTest, PenalizedGreedyMatchesNumpyAfterForkAndRecompute) {
   EXPECT_GT(changed, 0) << "the penalties changed no greedy token: the test would not see them";
 }
 
-// The feature models only (tests/fixtures/make_random_variant.py). What the
+// The feature models only (tests/fixtures/make_random_variant.py; the CTest
+// entries of random_llama and SmolLM2 filter FeatureControl* out, and run on
+// another model these tests fail rather than pass vacuously). What the
 // loader built is what transformers built: the rotary inverse frequencies
 // (RopeInverseFrequencies against the reference's `transformers_rope.inv_freq`,
 // float32 there) and, for qwen2_bias, Q/K/V biases of the right sizes and no
