@@ -479,8 +479,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(TokenizerSpec spec)
   if (spec.added_tokens.empty() && !spec.token_types.empty()) {
     for (int32_t id = 0; id < n; ++id) {
       TokenType t = spec.token_types[id];
-      if (t == TokenType::kControl || t == TokenType::kUserDefined) {
-        spec.added_tokens.push_back({id, spec.tokens[id], t == TokenType::kControl, false, false});
+      // As llama.cpp's special-token cache (CONTROL | USER_DEFINED | UNKNOWN):
+      // "<unk>" written in the text is the unknown token under parse_special,
+      // as in HF, where it is an added special token.
+      if (t == TokenType::kControl || t == TokenType::kUserDefined || t == TokenType::kUnknown) {
+        spec.added_tokens.push_back({id, spec.tokens[id], t != TokenType::kUserDefined, false,
+                                     false});
       }
     }
   }

@@ -95,7 +95,8 @@ struct TokenizerSpec {
   bool add_space_prefix = true;
   bool space_prefix_first_only = false;
   // Special and added tokens. When empty, Create() derives them from
-  // token_types: kControl -> special, kUserDefined -> non-special.
+  // token_types: kControl and kUnknown -> special, kUserDefined -> non-special
+  // (llama.cpp's special-token cache: CONTROL | USER_DEFINED | UNKNOWN).
   std::vector<AddedToken> added_tokens;
   int32_t bos_id = -1;  // -1: none
   int32_t eos_id = -1;

@@ -1,6 +1,8 @@
 // Token ids, decodes and chat renderings identical to Hugging Face on the
 // committed fixtures (tests/tokenizer/make_fixtures.py), for SmolLM2 loaded from
-// the GGUF and from tokenizer.json, and for a SentencePiece BPE model.
+// the GGUF and from tokenizer.json, and for a SentencePiece BPE model (from its
+// tokenizer.json against HF, and from a GGUF vocabulary against sentencepiece).
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -241,6 +243,62 @@ TEST(SentencePiece, IdsMatchHfOnTinyModel) {
     ++compared;
   }
   EXPECT_GT(compared, 0);
+}
+
+// A GGUF SentencePiece vocabulary (tokenizer.ggml.model "llama": pieces, scores
+// and token types as llama.cpp's convert_hf_to_gguf.py writes them; the spm-tiny
+// model, tests/tokenizer/make_spm_gguf.py) against sentencepiece itself on 267
+// strings (prompts, hard strings, generated mixes; 240 use byte fallback): the
+// ids with special tokens taken as text are sentencepiece's, with special
+// tokens parsed (llama.cpp's parse_special, HF) they are tokenizers' on the
+// same model's tokenizer.json, and decodes are sentencepiece's. This path
+// merges by piece score, not by a merge list: the same vocabulary with every
+// score equal must give other ids (the negative control).
+TEST(SentencePiece, GgufIdsMatchSentencePiece) {
+  const auto fixture = LoadFixture("spm_tiny_gguf.json");
+  auto tok = LoadGgufTokenizer(SourceDir() + "/" + fixture["gguf"].get<std::string>());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const Tokenizer& t = **tok;
+  EXPECT_EQ(t.spec().model, TokenizerModel::kSentencePieceBpe);
+  EXPECT_EQ(t.vocab_size(), fixture["vocab_size"].get<int32_t>());
+  EXPECT_EQ(t.bos_id(), fixture["bos_token_id"].get<int32_t>());
+  EXPECT_EQ(t.eos_id(), fixture["eos_token_id"].get<int32_t>());
+  EXPECT_EQ(t.spec().unk_id, fixture["unk_token_id"].get<int32_t>());
+  int differ = 0, decoded_compared = 0;
+  for (const auto& c : fixture["cases"]) {
+    const std::string text = c["text"];
+    const std::vector<int32_t> sp = c["sentencepiece_ids"];
+    const std::vector<int32_t> hf = c["hf_ids"];
+    differ += sp != hf;
+    EXPECT_EQ(t.Encode(text, {.add_special_tokens = false, .parse_special = false}), sp)
+        << "'" << text << "'";
+    EXPECT_EQ(t.Encode(text, {.add_special_tokens = false}), hf) << "'" << text << "'";
+    std::vector<int32_t> with_bos = {t.bos_id()};
+    with_bos.insert(with_bos.end(), hf.begin(), hf.end());
+    EXPECT_EQ(t.Encode(text), with_bos) << "'" << text << "'";
+    // sentencepiece writes U+FFFD for each byte of an invalid sequence, this
+    // tokenizer for each maximal invalid subsequence (as HF); compare valid text.
+    const std::string want = c["sentencepiece_decode"];
+    if (want.find("\xEF\xBF\xBD") != std::string::npos) continue;
+    auto got = t.Decode(sp);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, want) << "'" << text << "'";
+    ++decoded_compared;
+  }
+  EXPECT_EQ(differ, fixture["strings_where_ids_differ"].get<int>());
+  EXPECT_GT(decoded_compared, 200);
+
+  TokenizerSpec flat = t.spec();
+  std::fill(flat.scores.begin(), flat.scores.end(), 0.0f);
+  auto broken = Tokenizer::Create(std::move(flat));
+  ASSERT_TRUE(broken.ok()) << broken.status();
+  int wrong = 0;
+  for (const auto& c : fixture["cases"]) {
+    wrong += (*broken)->Encode(c["text"].get<std::string>(),
+                               {.add_special_tokens = false, .parse_special = false}) !=
+             c["sentencepiece_ids"].get<std::vector<int32_t>>();
+  }
+  EXPECT_GT(wrong, 10) << "piece scores changed almost no encoding: the test would not see them";
 }
 
 }  // namespace

@@ -7,6 +7,12 @@
 // bound, and (random_llama) penalized greedy sampling through the worker
 // against numpy, also for a forked sibling and a recomputed sequence.
 //
+// The tiny feature models of tests/fixtures/make_random_variant.py (qwen2_bias:
+// Qwen2's Q/K/V biases; rope_linear and rope_llama3: rope_scaling) run the same
+// checks, plus the FeatureControl* tests: the rotary frequencies equal the ones
+// transformers built, and the model with the feature removed (biases zeroed,
+// rope_scaling replaced) fails the logit bound by orders of magnitude.
+//
 // Model under test: PAGEDSERVE_TEST_MODEL (a .gguf or HF directory) with its
 // fixture PAGEDSERVE_TEST_REFERENCE (relative to the source dir). These are
 // fp32 reference checks: LoadReferenceWeights / ReferenceWorkerOptions are the
@@ -15,6 +21,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -50,6 +57,14 @@ std::string Env(const char* name) {
 // bounds are about 10x those: 1e-4 and 5e-4 (the fixture README's generic
 // recommendation was 1e-3 / 1e-2). A real bug (RoPE variant, norm, head
 // grouping, an off-by-one position) moves logits by 0.1 or more.
+//
+// The feature models (2 layers, hidden 256, vocab 600, logits ~2, prompts of
+// 5..1016 tokens; every step's full vector is committed), measured the same
+// way: 3.5e-6 (qwen2_bias), 3.4e-6 (rope_linear), 3.7e-6 (rope_llama3), alone
+// and batched. Bound 1e-4 for all three, ~30x the noise; their smallest greedy
+// margins are 3.0e-3, 1.3e-3 and 4.0e-3. With the feature removed the same
+// comparison is off by 0.02 (K bias alone) to 2.2 (see
+// FeatureControlWithoutTheFeatureFailsTheBound).
 struct LogitBounds {
   double abs;        // |logit - reference| (top-64, full vectors)
   double logsumexp;  // |logsumexp - reference| and mean / std of the vector
@@ -57,6 +72,8 @@ struct LogitBounds {
 LogitBounds BoundsFor(const std::string& model_name) {
   if (model_name == "random_llama") return {1e-4, 1e-4};
   if (model_name == "SmolLM2-135M-Instruct") return {5e-4, 5e-4};
+  if (model_name == "qwen2_bias" || model_name == "rope_linear" || model_name == "rope_llama3")
+    return {1e-4, 1e-4};
   ADD_FAILURE() << "no logit bounds measured for model " << model_name;
   return {0.0, 0.0};
 }
@@ -104,6 +121,14 @@ SequenceStep MakeStep(SeqId id, const std::vector<int32_t>& tokens, int start_po
   return s;
 }
 
+// Blocks one sequence needs for its longest reference context (prompt and 32
+// generated tokens), at least `min_blocks`.
+int BlocksPerSeq(const std::vector<ReferencePrompt>& ref, int min_blocks) {
+  size_t longest = 0;
+  for (const ReferencePrompt& p : ref) longest = std::max(longest, p.prompt_ids.size() + 32);
+  return std::max(min_blocks, static_cast<int>((longest + kBlockSize - 1) / kBlockSize));
+}
+
 // The model and an fp32 paged cache of `num_blocks` blocks per layer.
 struct ModelUnderTest {
   std::unique_ptr<Communicator> comm;
@@ -113,9 +138,13 @@ struct ModelUnderTest {
   int vocab = 0;
 };
 
-void MakeModel(const std::string& path, int num_blocks, ModelUnderTest* m) {
+// `edit`, when set, changes the loaded weights (and config) before the model
+// is built: the negative controls remove a feature with it.
+void MakeModel(const std::string& path, int num_blocks, ModelUnderTest* m,
+               const std::function<void(LlamaWeights*)>& edit = nullptr) {
   auto weights = LoadReferenceWeights(path);
   ASSERT_TRUE(weights.ok()) << weights.status();
+  if (edit) edit(&*weights);
   const ModelConfig cfg = weights->config;
   m->vocab = cfg.vocab_size;
   m->comm = MakeSingleRankCommunicator();
@@ -253,12 +282,13 @@ double CheckLlamaCpp(const std::vector<float>& logits, const ReferenceStep& lcpp
 // and step 0 against llama.cpp where the model has that fixture (SmolLM2).
 TEST_F(LlamaReferenceTest, LogitsMatchTransformers) {
   ModelUnderTest m;
-  MakeModel(model_path_, 64, &m);
+  const int per_seq = BlocksPerSeq(reference_, 64);
+  MakeModel(model_path_, per_seq, &m);
   ASSERT_FALSE(HasFatalFailure());
   const LogitBounds bounds = BoundsFor(model_name_);
   const std::vector<ReferencePrompt> lcpp = LoadLlamaCppReference();
   // Only SmolLM2 (a GGUF that llama.cpp runs) has one.
-  EXPECT_EQ(lcpp.empty(), model_name_ == "random_llama");
+  EXPECT_EQ(lcpp.empty(), model_name_ != "SmolLM2-135M-Instruct");
   if (!lcpp.empty()) {
     ASSERT_EQ(lcpp.size(), reference_.size());
   }
@@ -270,7 +300,7 @@ TEST_F(LlamaReferenceTest, LogitsMatchTransformers) {
     for (size_t k = 0; k < p.steps.size(); ++k) {
       const std::vector<int32_t> context = StepContext(p, k);
       ASSERT_EQ(static_cast<int>(context.size()), p.steps[k].context_length) << p.name;
-      FlatBatch fb({context}, {start}, 64);
+      FlatBatch fb({context}, {start}, per_seq);
       std::vector<float> logits;
       ASSERT_TRUE(m.model->Forward(fb.view(), m.views, &logits).ok());
       ASSERT_EQ(logits.size(), static_cast<size_t>(m.vocab));
@@ -285,8 +315,10 @@ TEST_F(LlamaReferenceTest, LogitsMatchTransformers) {
       start = static_cast<int>(context.size());
     }
   }
-  // Both fixtures commit two full-vocabulary vectors (README): all were read.
-  EXPECT_EQ(full_vectors, 2);
+  // random_llama and SmolLM2 commit two full-vocabulary vectors, the feature
+  // models one per prompt and step (README): all were read.
+  const bool feature_model = model_name_ != "random_llama" && model_name_ != "SmolLM2-135M-Instruct";
+  EXPECT_EQ(full_vectors, feature_model ? static_cast<int>(reference_.size()) * 4 : 2);
   // README: llama.cpp's step-0 argmax equals transformers' on 9 of 10 prompts.
   if (!lcpp.empty()) {
     EXPECT_EQ(argmax_checked, 9);
@@ -303,7 +335,7 @@ TEST_F(LlamaReferenceTest, LogitsMatchTransformers) {
 // every sequence's logits within the same bounds of its reference.
 TEST_F(LlamaReferenceTest, BatchedLogitsMatchTransformers) {
   ModelUnderTest m;
-  const int per_seq = 32;  // blocks per sequence: 512 tokens
+  const int per_seq = BlocksPerSeq(reference_, 32);  // at least 512 tokens
   MakeModel(model_path_, per_seq * static_cast<int>(reference_.size()), &m);
   ASSERT_FALSE(HasFatalFailure());
   const LogitBounds bounds = BoundsFor(model_name_);
@@ -356,7 +388,7 @@ std::unique_ptr<Worker> MakeWorker(Communicator* comm, const std::string& path) 
 // Runs all `prompts` for 32 greedy tokens in one batch (or one at a time)
 // through the worker with hand-made plans.
 std::vector<std::vector<int32_t>> RunGreedy(Worker& w, const std::vector<ReferencePrompt>& prompts) {
-  const int cap = 512;
+  const int cap = BlocksPerSeq(prompts, 32) * kBlockSize;  // at least 512 tokens
   std::vector<std::vector<int32_t>> out(prompts.size());
   std::vector<int32_t> next(prompts.size());
   static uint64_t step_id = 0;
@@ -486,6 +518,120 @@ TEST_F(LlamaReferenceTest, PenalizedGreedyMatchesNumpyAfterForkAndRecompute) {
   }
   EXPECT_EQ(checked, 5 * (4 + 2 + 2));
   EXPECT_GT(changed, 0) << "the penalties changed no greedy token: the test would not see them";
+}
+
+// The feature models only (tests/fixtures/make_random_variant.py; the CTest
+// entries of random_llama and SmolLM2 filter FeatureControl* out, and run on
+// another model these tests fail rather than pass vacuously). What the
+// loader built is what transformers built: the rotary inverse frequencies
+// (RopeInverseFrequencies against the reference's `transformers_rope.inv_freq`,
+// float32 there) and, for qwen2_bias, Q/K/V biases of the right sizes and no
+// scaling. The logit checks above then cover the forward pass that uses them.
+TEST_F(LlamaReferenceTest, FeatureControlConfigMatchesTransformers) {
+  const nlohmann::json info =
+      testing::ReadJson(testing::SourceDir() + "/" + Env("PAGEDSERVE_TEST_REFERENCE")).at("model");
+  auto weights = LoadReferenceWeights(model_path_);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const ModelConfig& c = weights->config;
+  if (model_name_ == "qwen2_bias") {
+    EXPECT_EQ(c.arch, ModelArch::kQwen2);
+    EXPECT_TRUE(c.qkv_bias);
+    EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kNone);
+    ASSERT_EQ(weights->layers.size(), 2u);
+    for (const LayerWeights& l : weights->layers) {
+      EXPECT_EQ(l.q_bias.size(), static_cast<size_t>(c.num_heads * c.head_size));
+      EXPECT_EQ(l.k_bias.size(), static_cast<size_t>(c.num_kv_heads * c.head_size));
+      EXPECT_EQ(l.v_bias.size(), static_cast<size_t>(c.num_kv_heads * c.head_size));
+    }
+    return;
+  }
+  ASSERT_TRUE(model_name_ == "rope_linear" || model_name_ == "rope_llama3") << model_name_;
+  EXPECT_EQ(c.rope_scaling.type, model_name_ == "rope_linear" ? RopeScaling::Type::kLinear
+                                                              : RopeScaling::Type::kLlama3);
+  const auto want = info.at("transformers_rope").at("inv_freq").get<std::vector<double>>();
+  EXPECT_EQ(info.at("transformers_rope").at("attention_scaling").get<double>(), 1.0);
+  const std::vector<double> got = RopeInverseFrequencies(c);
+  ASSERT_EQ(got.size(), want.size());
+  int scaled = 0;
+  const auto plain = info.at("transformers_rope").at("inv_freq_unscaled").get<std::vector<double>>();
+  for (size_t i = 0; i < got.size(); ++i) {
+    // transformers holds inv_freq in float32: relative 2^-24 of rounding.
+    EXPECT_NEAR(got[i], want[i], 2e-7 * want[i]) << "pair " << i;
+    scaled += std::abs(want[i] / plain[i] - 1) > 1e-3;
+  }
+  // Linear scales every pair; llama3 (original context 64, see
+  // make_random_variant.py) leaves pairs 0..3 alone and scales the other 28.
+  EXPECT_EQ(scaled, model_name_ == "rope_linear" ? 32 : 28);
+}
+
+// Negative controls: the same step-0 logits (every prompt, full vectors) from
+// the model with the fixture's feature removed after loading must miss the
+// bound that the real model meets, by far. Shows that the reference test sees
+// the feature: a loader that dropped the biases or ignored rope_scaling, or a
+// llama3 scaling implemented as plain linear, would fail it.
+TEST_F(LlamaReferenceTest, FeatureControlWithoutTheFeatureFailsTheBound) {
+  struct Broken {
+    std::string what;
+    std::function<void(LlamaWeights*)> edit;
+  };
+  std::vector<Broken> broken;
+  if (model_name_ == "qwen2_bias") {
+    broken.push_back({"Q/K/V biases zeroed", [](LlamaWeights* w) {
+                        for (LayerWeights& l : w->layers)
+                          for (auto* b : {&l.q_bias, &l.k_bias, &l.v_bias})
+                            std::fill(b->begin(), b->end(), 0.0f);
+                      }});
+    // Without RoPE a K bias would only add a per-query constant to the scores
+    // (softmax ignores it); with RoPE it rotates with the key's position.
+    broken.push_back({"K bias zeroed", [](LlamaWeights* w) {
+                        for (LayerWeights& l : w->layers)
+                          std::fill(l.k_bias.begin(), l.k_bias.end(), 0.0f);
+                      }});
+  } else if (model_name_ == "rope_linear" || model_name_ == "rope_llama3") {
+    broken.push_back({"rope_scaling ignored",
+                      [](LlamaWeights* w) { w->config.rope_scaling = RopeScaling{}; }});
+    if (model_name_ == "rope_llama3") {
+      broken.push_back({"llama3 as linear (factor 8 on every frequency)", [](LlamaWeights* w) {
+                          w->config.rope_scaling.type = RopeScaling::Type::kLinear;
+                        }});
+      // The blended band (wavelengths 16..64, pairs 4..8) left unscaled: a
+      // high_freq_factor just above low_freq_factor empties it.
+      broken.push_back({"llama3 without the blended band", [](LlamaWeights* w) {
+                          w->config.rope_scaling.high_freq_factor = 1.0001;
+                        }});
+    }
+  }
+  ASSERT_FALSE(broken.empty()) << "no negative control for model " << model_name_;
+  const LogitBounds bounds = BoundsFor(model_name_);
+  const int per_seq = BlocksPerSeq(reference_, 64);
+  for (const Broken& b : broken) {
+    ModelUnderTest m;
+    MakeModel(model_path_, per_seq, &m, b.edit);
+    ASSERT_FALSE(HasFatalFailure());
+    double worst = 0;
+    int argmax_changed = 0;
+    for (const ReferencePrompt& p : reference_) {
+      const ReferenceStep& ref = p.steps[0];
+      ASSERT_EQ(ref.full_logits.size(), static_cast<size_t>(m.vocab)) << p.name;
+      FlatBatch fb({p.prompt_ids}, {0}, per_seq);
+      std::vector<float> logits;
+      ASSERT_TRUE(m.model->Forward(fb.view(), m.views, &logits).ok());
+      ASSERT_EQ(logits.size(), static_cast<size_t>(m.vocab));
+      double d = 0;
+      for (int i = 0; i < m.vocab; ++i)
+        d = std::max(d, std::abs(logits[i] - static_cast<double>(ref.full_logits[i])));
+      worst = std::max(worst, d);
+      argmax_changed += std::max_element(logits.begin(), logits.end()) - logits.begin() != ref.argmax;
+      std::printf("%s, %s (%zu tokens): max |logit - reference| %.3g\n", model_name_.c_str(),
+                  b.what.c_str(), p.prompt_ids.size(), d);
+    }
+    // 100x the bound: nowhere near float32 noise. (A changed argmax is not
+    // required: zeroing the K bias alone moves logits by 0.02-0.07, too little
+    // to flip the step-0 winners of these four prompts.)
+    EXPECT_GT(worst, 100 * bounds.abs) << b.what << " passes the reference bound";
+    std::printf("%s, %s: step-0 argmax changed on %d of %zu prompts\n", model_name_.c_str(),
+                b.what.c_str(), argmax_changed, reference_.size());
+  }
 }
 
 }  // namespace
