@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""scripts/gpu-check --prepare and --run without a GPU (CTest gpu_check_bundle).
+
+    gpu_check_test.py --source-dir SRC --build-dir BUILD
+
+1. --prepare with GPU_CHECK_BUILD_DIR=BUILD (no build: GPU_CHECK_NO_BUILD=1)
+   into a temporary bundle folder: exit 0, the bundle path as the last line of
+   stdout, the layout (bin/ with the five binaries without debug info, lib/,
+   fixtures/, manifest.json), the size limit, and that with only the bundle on
+   LD_LIBRARY_PATH every library a binary loads is bundled or one the GPU
+   machine provides (C library family, driver, NCCL, cuBLAS).
+2. --run on that bundle with CUDA_VISIBLE_DEVICES="" (no device visible, on any
+   machine): exit 0, summary.json with every GPU step skipped for "no usable
+   CUDA device", the library and pagedserve steps ok, and the log tarball.
+3. Broken inputs must fail --prepare with a clear message: a size limit below
+   the bundle's size, and a build dir whose CUDA architectures lack sm_90.
+Standard library only; prints "N passed, N failed".
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+BINS = ["kernels_cuda_kernels_test", "cuda_worker_test", "paged_attention_cuda_bench",
+        "bench_model", "pagedserve"]
+GPU_STEPS = ["kernel_tests", "cuda_worker", "memcheck", "attention_bench", "model_bench"]
+PROVIDED = re.compile(r"^(linux-vdso\.so|ld-linux-x86-64\.so|libc\.so|libm\.so|libpthread\.so|"
+                      r"libdl\.so|librt\.so|libresolv\.so|libutil\.so|libcuda\.so|libnvidia-|"
+                      r"libnccl\.so|libcublas\.so|libcublasLt\.so)")
+MIB64 = 64 << 20
+
+passed = 0
+failed = 0
+
+
+def check(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+        print(f"ok: {what}")
+    else:
+        failed += 1
+        print(f"FAILED: {what}")
+    return cond
+
+
+def run(cmd, env_extra, cwd, timeout=240):
+    env = dict(os.environ)
+    env.update(env_extra)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def has_debug_info(path):
+    out = subprocess.run(["readelf", "-S", "-W", path], capture_output=True, text=True).stdout
+    return ".debug_info" in out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--source-dir", required=True)
+    ap.add_argument("--build-dir", required=True)
+    args = ap.parse_args()
+    script = os.path.join(args.source_dir, "scripts", "gpu-check")
+    tmp = tempfile.mkdtemp(prefix="gpu-check-test.")
+    try:
+        bundle = os.path.join(tmp, "bundle")
+        base_env = {"GPU_CHECK_BUILD_DIR": args.build_dir, "GPU_CHECK_NO_BUILD": "1",
+                    "GPU_CHECK_BUNDLE": bundle}
+
+        # --- 1. --prepare
+        p = run([script, "--prepare"], base_env, args.source_dir)
+        print(p.stderr[-3000:])
+        if not check(p.returncode == 0, f"--prepare exits 0 (got {p.returncode})"):
+            return
+        lines = p.stdout.strip().splitlines()
+        check(lines and lines[-1] == bundle, f"last stdout line is the bundle path ({lines[-1:]})")
+        for b in BINS:
+            path = os.path.join(bundle, "bin", b)
+            check(os.path.isfile(path) and os.access(path, os.X_OK), f"bin/{b} is an executable")
+            check(not has_debug_info(path), f"bin/{b} has no debug info")
+        libs = os.listdir(os.path.join(bundle, "lib"))
+        check(any(n.startswith("libcudart.so") for n in libs), "lib/ holds libcudart")
+        check(any(n.startswith("libabsl_") for n in libs), "lib/ holds the Abseil libraries")
+        check(not any(PROVIDED.match(n) for n in libs), "lib/ holds no library the GPU machine provides")
+        check(os.path.isfile(os.path.join(bundle, "fixtures", "make_random_llama.py")) and
+              os.path.isfile(os.path.join(bundle, "fixtures", "random_llama", "reference.json")) and
+              os.path.isfile(os.path.join(bundle, "fixtures", "smollm2-tokenizer", "tokenizer.json")),
+              "fixtures/ holds the random-model generator, its reference and tokenizer")
+        with open(os.path.join(bundle, "manifest.json")) as f:
+            manifest = json.load(f)
+        size = sum(os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(bundle) for n in ns)
+        check(size <= MIB64, f"bundle is {size} bytes <= 64 MiB")
+        check(manifest["bytes"] <= manifest["max_bytes"] == MIB64 and
+              manifest["bytes"] + manifest["working_tree_bytes"] <= MIB64,
+              f"manifest: {manifest['bytes']} + {manifest['working_tree_bytes']} bytes within the limit")
+        check(sorted(manifest["binaries"]) == sorted(BINS), "manifest lists the five binaries")
+        check({"libnccl.so.2", "libcublas.so.13"} <= set(manifest["from_device"]),
+              "manifest names NCCL and cuBLAS as taken from the GPU machine")
+        check("90" in re.split(r"[;-]", manifest["cuda_architectures"]), "manifest: sm_90 built")
+        # Self-containment, checked here independently of the script's own check.
+        outside = []
+        for b in BINS:
+            ldd = subprocess.run(["ldd", os.path.join(bundle, "bin", b)], capture_output=True, text=True,
+                                 env={**os.environ, "LD_LIBRARY_PATH":
+                                      f"{bundle}/lib:{bundle}/lib/compat"}).stdout
+            for m in re.finditer(r"^\s*(\S+) => (\S+)", ldd, re.M):
+                name, path = m.groups()
+                if not PROVIDED.match(name) and not path.startswith(bundle + "/lib/"):
+                    outside.append(f"{b}: {name} => {path}")
+        check(not outside, f"every other library resolves inside the bundle {outside[:5]}")
+
+        # --- 2. --run without a visible device
+        out = os.path.join(tmp, "out")
+        r = run([script, "--run"], {"GPU_CHECK_BUNDLE": bundle, "OUT": out, "CUDA_VISIBLE_DEVICES": ""},
+                tmp)
+        print(r.stderr[-3000:])
+        check(r.returncode == 0, f"--run exits 0 without a GPU (got {r.returncode})")
+        with open(os.path.join(out, "summary.json")) as f:
+            summary = json.load(f)
+        steps = summary["steps"]
+        check(summary["ok"] is True, "summary ok")
+        check(steps["libraries"]["status"] == "ok", f"libraries ok ({steps['libraries']})")
+        check(steps["device"]["status"] == "skipped" and
+              steps["device"]["reason"].startswith("no usable CUDA device"),
+              f"device skipped: {steps['device']['reason']}")
+        for s in GPU_STEPS:
+            check(steps[s]["status"] == "skipped" and steps[s]["reason"].startswith("no usable CUDA device"),
+                  f"{s} skipped: {steps[s]['reason']}")
+        check(steps["pagedserve"]["status"] == "ok", f"pagedserve loads ({steps['pagedserve']})")
+        check(summary["bundle"]["binaries"] == manifest["binaries"], "summary carries the manifest")
+        files = sorted(os.listdir(out))
+        check(files == ["gpu-check-logs.tar.gz", "summary.json"], f"$OUT holds two files: {files}")
+        with tarfile.open(os.path.join(out, "gpu-check-logs.tar.gz")) as t:
+            names = t.getnames()
+        for n in ["logs/summary.json", "logs/libraries.log", "logs/probe.log", "logs/pagedserve.log"]:
+            check(n in names, f"tarball holds {n}")
+
+        # --- 3. broken inputs
+        small = run([script, "--prepare"], {**base_env, "GPU_CHECK_BUNDLE": os.path.join(tmp, "b2"),
+                                            "GPU_CHECK_MAX_BYTES": "100000"}, args.source_dir)
+        check(small.returncode != 0 and "over the limit" in small.stderr,
+              f"a bundle over GPU_CHECK_MAX_BYTES fails --prepare ({small.returncode})")
+        fake = os.path.join(tmp, "build-sm80")
+        os.makedirs(fake)
+        with open(os.path.join(args.build_dir, "CMakeCache.txt")) as f:
+            cache = re.sub(r"^CMAKE_CUDA_ARCHITECTURES:(\w*)=.*$", r"CMAKE_CUDA_ARCHITECTURES:\1=80",
+                           f.read(), flags=re.M)
+        with open(os.path.join(fake, "CMakeCache.txt"), "w") as f:
+            f.write(cache)
+        sm80 = run([script, "--prepare"], {**base_env, "GPU_CHECK_BUILD_DIR": fake,
+                                           "GPU_CHECK_BUNDLE": os.path.join(tmp, "b3")}, args.source_dir)
+        check(sm80.returncode != 0 and "lacks 90" in sm80.stderr,
+              f"a build dir without sm_90 fails --prepare ({sm80.returncode}: {sm80.stderr.strip()[-200:]})")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # noqa: BLE001 - any crash is a failure of the test
+        failed += 1
+        print(f"FAILED: {type(e).__name__}: {e}")
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed or not passed else 0)
