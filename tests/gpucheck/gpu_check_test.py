@@ -5,8 +5,9 @@
 
 1. --prepare with GPU_CHECK_BUILD_DIR=BUILD (no build: GPU_CHECK_NO_BUILD=1)
    into a temporary bundle folder: exit 0, the bundle path as the last line of
-   stdout, the layout (bin/ with the five binaries without debug info, lib/,
-   fixtures/, manifest.json), the size limit, and that with only the bundle on
+   stdout, the layout (manifest.json + payload.tar.gz holding bin/ with the five
+   binaries without debug info, lib/, fixtures/), the size limit, and that with
+   only the bundle on
    LD_LIBRARY_PATH every library a binary loads is bundled or one the GPU
    machine provides (C library family, driver, NCCL, cuBLAS).
 2. --run on that bundle with CUDA_VISIBLE_DEVICES="" (no device visible, on any
@@ -80,17 +81,22 @@ def main():
             return
         lines = p.stdout.strip().splitlines()
         check(lines and lines[-1] == bundle, f"last stdout line is the bundle path ({lines[-1:]})")
+        check(sorted(os.listdir(bundle)) == ["manifest.json", "payload.tar.gz"],
+              f"bundle holds manifest.json and payload.tar.gz: {sorted(os.listdir(bundle))}")
+        payload = os.path.join(tmp, "payload")
+        with tarfile.open(os.path.join(bundle, "payload.tar.gz")) as t:
+            t.extractall(payload)
         for b in BINS:
-            path = os.path.join(bundle, "bin", b)
+            path = os.path.join(payload, "bin", b)
             check(os.path.isfile(path) and os.access(path, os.X_OK), f"bin/{b} is an executable")
             check(not has_debug_info(path), f"bin/{b} has no debug info")
-        libs = os.listdir(os.path.join(bundle, "lib"))
+        libs = os.listdir(os.path.join(payload, "lib"))
         check(any(n.startswith("libcudart.so") for n in libs), "lib/ holds libcudart")
         check(any(n.startswith("libabsl_") for n in libs), "lib/ holds the Abseil libraries")
         check(not any(PROVIDED.match(n) for n in libs), "lib/ holds no library the GPU machine provides")
-        check(os.path.isfile(os.path.join(bundle, "fixtures", "make_random_llama.py")) and
-              os.path.isfile(os.path.join(bundle, "fixtures", "random_llama", "reference.json")) and
-              os.path.isfile(os.path.join(bundle, "fixtures", "smollm2-tokenizer", "tokenizer.json")),
+        check(os.path.isfile(os.path.join(payload, "fixtures", "make_random_llama.py")) and
+              os.path.isfile(os.path.join(payload, "fixtures", "random_llama", "reference.json")) and
+              os.path.isfile(os.path.join(payload, "fixtures", "smollm2-tokenizer", "tokenizer.json")),
               "fixtures/ holds the random-model generator, its reference and tokenizer")
         with open(os.path.join(bundle, "manifest.json")) as f:
             manifest = json.load(f)
@@ -106,12 +112,12 @@ def main():
         # Self-containment, checked here independently of the script's own check.
         outside = []
         for b in BINS:
-            ldd = subprocess.run(["ldd", os.path.join(bundle, "bin", b)], capture_output=True, text=True,
+            ldd = subprocess.run(["ldd", os.path.join(payload, "bin", b)], capture_output=True, text=True,
                                  env={**os.environ, "LD_LIBRARY_PATH":
-                                      f"{bundle}/lib:{bundle}/lib/compat"}).stdout
+                                      f"{payload}/lib:{payload}/lib/compat"}).stdout
             for m in re.finditer(r"^\s*(\S+) => (\S+)", ldd, re.M):
                 name, path = m.groups()
-                if not PROVIDED.match(name) and not path.startswith(bundle + "/lib/"):
+                if not PROVIDED.match(name) and not path.startswith(payload + "/lib/"):
                     outside.append(f"{b}: {name} => {path}")
         check(not outside, f"every other library resolves inside the bundle {outside[:5]}")
 
