@@ -435,7 +435,9 @@ void RunRandom(const StepPlan& plan, std::vector<Seq>& seqs) {
   if (absl::Status s = m.Forward(fb); !s.ok()) Die(s.ToString());
   for (size_t r = 0; r < sampled.size(); ++r) {
     const float* row = m.logits.data() + r * static_cast<size_t>(m.vocab);
-    const int32_t token = static_cast<int32_t>(std::max_element(row, row + m.vocab) - row);
+    const float* best = std::max_element(row, row + m.vocab);
+    if (!std::isfinite(*best)) Die("the random-weight model produced non-finite logits");
+    const int32_t token = static_cast<int32_t>(best - row);
     for (Seq& s : seqs)
       if (s.id == sampled[r]) s.last = token;
   }

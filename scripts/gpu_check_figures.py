@@ -17,11 +17,13 @@ import xml.etree.ElementTree as ET
 
 def gtest(path):
     root = ET.parse(path).getroot()
+    cases = list(root.iter("testcase"))
     return {
-        "tests": int(root.get("tests", 0)),
+        "tests": int(root.get("tests", len(cases))),
         "failures": int(root.get("failures", 0)),
         "errors": int(root.get("errors", 0)),
-        "skipped": int(root.get("skipped", 0)),
+        # GoogleTest marks a skipped case with result="skipped" and a <skipped> child.
+        "skipped": sum(1 for c in cases if c.get("result") == "skipped" or c.find("skipped") is not None),
         "disabled": int(root.get("disabled", 0)),
         "seconds": float(root.get("time", 0)),
     }

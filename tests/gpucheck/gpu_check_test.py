@@ -14,7 +14,7 @@
    machine): exit 0, summary.json with every GPU step skipped for "no usable
    CUDA device", the library and pagedserve steps ok, and the log tarball.
 3. Broken inputs must fail --prepare with a clear message: a size limit below
-   the bundle's size, and a build dir whose CUDA architectures lack sm_90.
+   the bundle's size, and a build dir whose nvcc flags lack sm_90 (only sm_80).
 Standard library only; prints "N passed, N failed".
 """
 
@@ -150,7 +150,7 @@ def main():
         # --- 3. broken inputs
         small = run([script, "--prepare"], {**base_env, "GPU_CHECK_BUNDLE": os.path.join(tmp, "b2"),
                                             "GPU_CHECK_MAX_BYTES": "100000"}, args.source_dir)
-        check(small.returncode != 0 and "over the limit" in small.stderr,
+        check(small.returncode == 1 and "over the limit" in small.stderr,
               f"a bundle over GPU_CHECK_MAX_BYTES fails --prepare ({small.returncode})")
         fake = os.path.join(tmp, "build-sm80")
         os.makedirs(fake)
@@ -159,9 +159,11 @@ def main():
                            f.read(), flags=re.M)
         with open(os.path.join(fake, "CMakeCache.txt"), "w") as f:
             f.write(cache)
+        with open(os.path.join(fake, "build.ninja"), "w") as f:
+            f.write("FLAGS = --generate-code=arch=compute_80,code=[compute_80,sm_80]\n")
         sm80 = run([script, "--prepare"], {**base_env, "GPU_CHECK_BUILD_DIR": fake,
                                            "GPU_CHECK_BUNDLE": os.path.join(tmp, "b3")}, args.source_dir)
-        check(sm80.returncode != 0 and "lacks 90" in sm80.stderr,
+        check(sm80.returncode == 1 and "lacks 90" in sm80.stderr,
               f"a build dir without sm_90 fails --prepare ({sm80.returncode}: {sm80.stderr.strip()[-200:]})")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
