@@ -4,6 +4,7 @@
     gpu_check_figures.py gtest FILE.xml      tests / failures / skipped / seconds
     gpu_check_figures.py attention FILE.json paged_attention_cuda_bench --json
     gpu_check_figures.py model FILE.json     bench_model --benchmark_format=json
+    gpu_check_figures.py sdpa FILE.json      bench/sdpa_baseline.py --json
 
 Prints one JSON object on stdout; {} when the file is missing or unreadable
 (the reason goes to stderr). Standard library only.
@@ -80,12 +81,26 @@ def model(path):
     return out
 
 
+def sdpa(path):
+    with open(path) as f:
+        d = json.load(f)
+    if "skipped" in d:
+        return {"skipped": d["skipped"]}
+    rows = d.get("results", [])
+    out = {"device": d.get("device"), "torch": d.get("torch"), "shapes": len(rows)}
+    for r in rows:
+        if (r["heads"], r["kv_heads"], r["batch"], r["context"]) == (32, 8, 64, 4096):
+            out["gqa_32q8kv_f16_b64_ctx4096"] = {"sdpa_ms": r["sdpa_ms"], "kv_GBps": round(r["kv_GBps"], 1)}
+    return out
+
+
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in ("gtest", "attention", "model"):
+    kinds = {"gtest": gtest, "attention": attention, "model": model, "sdpa": sdpa}
+    if len(sys.argv) != 3 or sys.argv[1] not in kinds:
         sys.exit(__doc__)
     kind, path = sys.argv[1], sys.argv[2]
     try:
-        fig = {"gtest": gtest, "attention": attention, "model": model}[kind](path)
+        fig = kinds[kind](path)
     except (OSError, ValueError, KeyError, ET.ParseError) as e:
         print(f"gpu_check_figures: {kind} {path}: {e}", file=sys.stderr)
         fig = {}
