@@ -54,7 +54,8 @@
 // Extra counters: layers, and layer_tokens_per_s = tokens_per_s * layers (the
 // tokens/s of one decoder layer if the whole step were spent in the layers; it
 // includes the embedding, LM head and sampling, so it understates a layer's own
-// rate; dividing it by a model's depth estimates that model's tokens/s).
+// rate; divided by a model's depth it roughly estimates that model's tokens/s,
+// leaving out that the LM head runs once per step, not once per layer).
 #include <omp.h>
 
 #include <algorithm>
@@ -76,9 +77,9 @@
 #include "distributed/communicator.h"
 #include "kernels/cpu/half.h"
 #include "kernels/types.h"
+#include "runtime/common/step_plan.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
-#include "runtime/common/step_plan.h"
 #include "runtime/tokenizer/loaders.h"
 #include "runtime/worker/cuda/llama_model_cuda.h"
 #include "runtime/worker/llama_model.h"
