@@ -13,6 +13,9 @@
 2. --run on that bundle with CUDA_VISIBLE_DEVICES="" (no device visible, on any
    machine): exit 0, summary.json with every GPU step skipped for "no usable
    CUDA device", the library and pagedserve steps ok, and the log tarball.
+   Where root, unshare and chroot are available (CI), the same binaries are
+   also started in a root holding only the C library family, NCCL and the
+   payload: they must load there.
 3. Broken inputs must fail --prepare with a clear message: a size limit below
    the bundle's size, and a build dir whose nvcc flags lack sm_90 (only sm_80).
 Standard library only; prints "N passed, N failed".
@@ -60,6 +63,62 @@ def run(cmd, env_extra, cwd, timeout=240):
 def has_debug_info(path):
     out = subprocess.run(["readelf", "-S", "-W", path], capture_output=True, text=True).stdout
     return ".debug_info" in out
+
+
+def bare_root_check(payload, tmp):
+    """The bundle in a root that holds only the C library family, NCCL (bind
+    mounted) and the payload, as on a bare GPU machine: every binary loads
+    (pagedserve prints its usage, the probe answers, the GTest binaries list
+    their tests). Needs root, unshare and chroot; said and left out otherwise."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("chroot"):
+        print("note: bare-root check not run (needs root, unshare and chroot)")
+        return
+    root = os.path.join(tmp, "bare")
+    host_libs = {}
+    for b in BINS:
+        ldd = subprocess.run(["ldd", os.path.join(payload, "bin", b)], capture_output=True, text=True,
+                             env={**os.environ, "LD_LIBRARY_PATH": f"{payload}/lib"}).stdout
+        for m in re.finditer(r"^\s*(\S+) => (/\S+)", ldd, re.M):
+            if PROVIDED.match(m.group(1)):
+                host_libs[m.group(1)] = m.group(2)
+        m = re.search(r"^\s*(/\S*ld-linux\S*)", ldd, re.M)
+        if m:
+            host_libs["interp"] = m.group(1)
+    nccl = host_libs.pop("libnccl.so.2", None)
+    if nccl is None:
+        print("note: bare-root check not run (no libnccl.so.2 on this machine)")
+        return
+    os.makedirs(os.path.join(root, "glibc"))
+    for d in ("bundle", "nccl", "proc", "dev", "tmp"):
+        os.makedirs(os.path.join(root, d))
+    for name, path in host_libs.items():
+        if name == "interp":
+            dest = os.path.join(root, path.lstrip("/"))
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copy(os.path.realpath(path), dest)
+        elif not name.startswith(("libcuda", "libnvidia", "libcublas")):
+            shutil.copy(os.path.realpath(path), os.path.join(root, "glibc", name))
+    shutil.copytree(payload, os.path.join(root, "bundle"), dirs_exist_ok=True)
+    libpath = "/bundle/lib:/bundle/lib/compat:/glibc:/nccl"
+    script = (f"mount --bind {os.path.dirname(os.path.realpath(nccl))} {root}/nccl && "
+              f"mount -t proc proc {root}/proc && "
+              f"unset PAGEDSERVE_BENCH_MODEL; export LD_LIBRARY_PATH={libpath} CUDA_VISIBLE_DEVICES= && "
+              f"echo '== pagedserve' && chroot {root} /bundle/bin/pagedserve --help && "
+              f"echo '== probe' && {{ chroot {root} /bundle/bin/paged_attention_cuda_bench --probe; "
+              f"echo probe-rc=$?; }} && "
+              f"echo '== kernels' && chroot {root} /bundle/bin/kernels_cuda_kernels_test --gtest_list_tests && "
+              f"echo '== worker' && chroot {root} /bundle/bin/cuda_worker_test --gtest_list_tests && "
+              f"echo '== bench_model' && {{ chroot {root} /bundle/bin/bench_model --benchmark_list_tests; "
+              f"echo bench-rc=$?; }}")
+    r = subprocess.run(["unshare", "-m", "bash", "-c", script], capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    print(out[-2000:])
+    check(r.returncode == 0 and "usage: pagedserve" in out, "bare root: pagedserve loads and prints its usage")
+    check("probe-rc=3" in out and "no usable CUDA device" in out, "bare root: the CUDA probe answers")
+    check("CudaKernelsTest." in out, "bare root: kernels_cuda_kernels_test loads")
+    check("CudaWorkerTest." in out, "bare root: cuda_worker_test loads")
+    # Without --model or --random-weights bench_model stops with its usage (exit 2).
+    check("bench-rc=2" in out and "error while loading" not in out, "bare root: bench_model loads")
 
 
 def main():
@@ -120,6 +179,8 @@ def main():
                 if not PROVIDED.match(name) and not path.startswith(payload + "/lib/"):
                     outside.append(f"{b}: {name} => {path}")
         check(not outside, f"every other library resolves inside the bundle {outside[:5]}")
+
+        bare_root_check(payload, tmp)
 
         # --- 2. --run without a visible device
         out = os.path.join(tmp, "out")
