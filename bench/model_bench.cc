@@ -29,10 +29,38 @@
 //    (over all iterations) and tokens_per_s_best (best iteration).
 // Threads: OpenMP (OMP_NUM_THREADS) for our loops and OpenBLAS
 // (OPENBLAS_NUM_THREADS) for the GEMMs; the context records both.
+//
+// --device=cpu|cuda (default cpu): the worker's device (WorkerOptions::device;
+// the CUDA worker holds fp32 weights and an fp32 KV cache).
+//
+// Random weights (issue 11; no model file, e.g. on the offline GPU machine
+// where the 92 MiB default model does not travel):
+//   bench_model --random-weights [--random-layers N] [--device=cpu|cuda] [...]
+// builds, in memory, a model of Llama-3-8B's layer shape (hidden 4096, 32 query
+// heads, 8 KV heads, head size 128, intermediate 14336, vocab 128256, RMSNorm
+// eps 1e-5, rope theta 500000, untied LM head) with N decoder layers (default
+// 4 on the CPU, 32 -- the real depth -- on CUDA; fp32 needs ~0.87 GB per layer
+// plus 4.2 GB for the embedding and the LM head). Weights are uniform random
+// values from the counter-based hash splitmix64 (as tests/fixtures/
+// make_random_llama.py), scaled so that activations stay O(1): a projection
+// with fan-in n has standard deviation 1/sqrt(n); fixed seed, so every run
+// builds the same model. --dtype float32/auto holds them as fp32 (the only
+// choice on CUDA), float16/bfloat16 as stored 16-bit rows (CPU: kernels::Linear).
+// The prompt is fixed token ids (no tokenizer). The model runs through the
+// public model API (LlamaModel::Create / CudaLlamaModel::Create over the
+// in-memory LlamaWeights) with the same plans as above, turned into
+// ForwardBatch rows, and greedy argmax over the returned logits instead of the
+// Worker's sampler (same cost class: one pass over the vocabulary per row).
+// Extra counters: layers, and layer_tokens_per_s = tokens_per_s * layers (the
+// tokens/s of one decoder layer if the whole step were spent in the layers; it
+// includes the embedding, LM head and sampling, so it understates a layer's own
+// rate; divided by a model's depth it roughly estimates that model's tokens/s,
+// leaving out that the LM head runs once per step, not once per layer).
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -41,13 +69,20 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "benchmark/benchmark.h"
 #include "distributed/communicator.h"
+#include "kernels/cpu/half.h"
+#include "kernels/types.h"
 #include "runtime/common/step_plan.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/weights.h"
 #include "runtime/tokenizer/loaders.h"
+#include "runtime/worker/cuda/llama_model_cuda.h"
+#include "runtime/worker/llama_model.h"
 #include "runtime/worker/worker.h"
 
 namespace pagedserve {
@@ -69,6 +104,9 @@ struct Config {
   int max_batched_tokens = 512;
   WeightDType dtype = WeightDType::kAuto;          // --dtype=auto|float32|float16|bfloat16
   std::optional<kernels::DType> kv_cache_dtype;    // --kv_cache_dtype=float32|float16|bfloat16
+  kernels::Device device = kernels::Device::kCPU;  // --device=cpu|cuda
+  bool random_weights = false;                     // --random-weights
+  int random_layers = 0;                           // --random-layers (0: 4 on CPU, 32 on CUDA)
 };
 
 Config& config() {
@@ -76,9 +114,27 @@ Config& config() {
   return c;
 }
 
+// The model of --random-weights, driven through the public model API.
+struct RandomModel {
+  std::unique_ptr<LlamaModel> cpu;
+  std::unique_ptr<CudaLlamaModel> cuda;
+  std::vector<std::unique_ptr<float[]>> storage;  // the CPU KV pool
+  std::vector<kernels::KVCacheView> cpu_cache;
+  kernels::DType kv_dtype = kernels::DType::kFloat32;
+  int num_layers = 0;
+  int vocab = 0;
+  std::vector<float> logits;
+
+  absl::Status Forward(const ForwardBatch& b) {
+    if (cuda) return cuda->Forward(b, cuda->device_cache(), &logits);
+    return cpu->Forward(b, cpu_cache, &logits);
+  }
+};
+
 struct Bench {
   std::unique_ptr<Communicator> comm;
-  std::unique_ptr<Worker> worker;
+  std::unique_ptr<Worker> worker;       // model from a file
+  std::unique_ptr<RandomModel> random;  // --random-weights
   std::vector<int32_t> prompt;
   uint64_t next_step = 0;
   SeqId next_seq = 1;
@@ -99,7 +155,7 @@ int BlocksPerSeq() {
   return (c.prompt_len + c.decode_steps + kBlockSize - 1) / kBlockSize;
 }
 
-void Setup() {
+void SetupFromFile() {
   Config& c = config();
   Bench& b = bench();
   auto tokenizer = LoadGgufTokenizer(c.model);
@@ -122,11 +178,200 @@ void Setup() {
   o.max_num_blocks = static_cast<int64_t>(max_batch) * BlocksPerSeq();
   o.kv_cache_memory = 8LL << 30;  // capped by max_num_blocks
   o.swap_space = 0;
+  o.device = c.device;
   auto w = Worker::Create(o, b.comm.get());
   if (!w.ok()) Die(w.status().ToString());
   b.worker = *std::move(w);
   if (b.worker->num_device_blocks() < o.max_num_blocks)
     Die(absl::StrCat("KV pool has ", b.worker->num_device_blocks(), " blocks, need ", o.max_num_blocks));
+}
+
+
+// --- --random-weights ------------------------------------------------------
+
+// Llama-3-8B (meta-llama/Meta-Llama-3-8B config.json) with `layers` layers.
+ModelConfig Llama3_8BShape(int layers) {
+  ModelConfig m;
+  m.arch = ModelArch::kLlama;
+  m.num_layers = layers;
+  m.hidden_size = 4096;
+  m.intermediate_size = 14336;
+  m.num_heads = 32;
+  m.num_kv_heads = 8;
+  m.head_size = 128;
+  m.vocab_size = 128256;
+  m.rms_norm_eps = 1e-5;
+  m.rope_theta = 500000.0;
+  m.tie_word_embeddings = false;
+  m.max_position_embeddings = 8192;
+  m.bos_token_id = 128000;
+  m.eos_token_ids = {128001};
+  return m;
+}
+
+// splitmix64 (Steele, Lea, Flood, OOPSLA 2014) of a counter: element `i` of
+// tensor `tensor` -> uniform in [-1, 1).
+inline float RandomUniform(uint64_t tensor, uint64_t i) {
+  uint64_t z = (tensor << 40) + i + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+// [rows, cols] with standard deviation `std` (uniform(-a, a), a = std * sqrt(3)),
+// as fp32 values or as stored F16/BF16 rows.
+Matrix RandomMatrix(uint64_t tensor, int64_t rows, int64_t cols, float std, WeightDType dtype) {
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  const float a = std * 1.7320508f;
+  if (dtype == WeightDType::kFloat16 || dtype == WeightDType::kBFloat16) {
+    const bool bf16 = dtype == WeightDType::kBFloat16;
+    m.type = bf16 ? GgmlType::kBF16 : GgmlType::kF16;
+    m.row_bytes = static_cast<uint64_t>(cols) * 2;
+    m.owned.resize(static_cast<size_t>(rows * cols) * 2);
+    uint16_t* dst = reinterpret_cast<uint16_t*>(m.owned.data());
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j) {
+        const float v = a * RandomUniform(tensor, static_cast<uint64_t>(r * cols + j));
+        dst[r * cols + j] = bf16 ? kernels::FloatToBFloat16Bits(v) : kernels::FloatToHalfBits(v);
+      }
+  } else {
+    m.data.resize(static_cast<size_t>(rows * cols));
+    float* dst = m.data.data();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j)
+        dst[r * cols + j] = a * RandomUniform(tensor, static_cast<uint64_t>(r * cols + j));
+  }
+  return m;
+}
+
+// RMSNorm weights uniform in [0.9, 1.1].
+std::vector<float> RandomNorm(uint64_t tensor, int n) {
+  std::vector<float> v(n);
+  for (int i = 0; i < n; ++i) v[i] = 1.0f + 0.1f * RandomUniform(tensor, i);
+  return v;
+}
+
+// The whole (tensor-parallel size 1) model in memory. Tensor indices are
+// fixed: 0 embedding, 1 LM head, 2 final norm, 16 + 16 * layer + k.
+LlamaWeights RandomLlamaWeights(const ModelConfig& cfg, WeightDType dtype) {
+  LlamaWeights w;
+  w.dtype = dtype == WeightDType::kAuto ? WeightDType::kFloat32 : dtype;
+  w.config = cfg;
+  auto shard = ComputeShardLayout(cfg, 0, 1);
+  if (!shard.ok()) Die(shard.status().ToString());
+  w.shard = *shard;
+  const int h = cfg.hidden_size, q = cfg.num_heads * cfg.head_size,
+            kv = cfg.num_kv_heads * cfg.head_size, inter = cfg.intermediate_size;
+  const float in_h = 1.0f / std::sqrt(static_cast<float>(h));
+  // Embedding rows of norm ~1 per element (RMSNorm follows); LM head as a projection.
+  w.embed_tokens = RandomMatrix(0, cfg.vocab_size, h, 1.0f, w.dtype);
+  w.lm_head = RandomMatrix(1, cfg.vocab_size, h, in_h, w.dtype);
+  w.final_norm = RandomNorm(2, h);
+  w.layers.resize(cfg.num_layers);
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    LayerWeights& L = w.layers[l];
+    const uint64_t t = 16 + 16 * static_cast<uint64_t>(l);
+    L.input_layernorm = RandomNorm(t + 0, h);
+    L.q_proj = RandomMatrix(t + 1, q, h, in_h, w.dtype);
+    L.k_proj = RandomMatrix(t + 2, kv, h, in_h, w.dtype);
+    L.v_proj = RandomMatrix(t + 3, kv, h, in_h, w.dtype);
+    L.o_proj = RandomMatrix(t + 4, h, q, 1.0f / std::sqrt(static_cast<float>(q)), w.dtype);
+    L.post_attention_layernorm = RandomNorm(t + 5, h);
+    L.gate_proj = RandomMatrix(t + 6, inter, h, in_h, w.dtype);
+    L.up_proj = RandomMatrix(t + 7, inter, h, in_h, w.dtype);
+    L.down_proj = RandomMatrix(t + 8, h, inter, 1.0f / std::sqrt(static_cast<float>(inter)), w.dtype);
+  }
+  return w;
+}
+
+void SetupRandom() {
+  Config& c = config();
+  Bench& b = bench();
+  const bool cuda = c.device == kernels::Device::kCUDA;
+  if (c.random_layers == 0) c.random_layers = cuda ? 32 : 4;
+  if (cuda && c.dtype != WeightDType::kAuto && c.dtype != WeightDType::kFloat32)
+    Die("the CUDA model holds fp32 weights: --dtype auto or float32 with --device=cuda");
+  const ModelConfig cfg = Llama3_8BShape(c.random_layers);
+  // Fixed prompt ids spread over the vocabulary (no tokenizer).
+  for (int i = 0; i < c.prompt_len; ++i)
+    b.prompt.push_back(static_cast<int32_t>((1000 + 7919LL * i) % cfg.vocab_size));
+
+  b.comm = MakeSingleRankCommunicator();
+  auto r = std::make_unique<RandomModel>();
+  r->num_layers = cfg.num_layers;
+  r->vocab = cfg.vocab_size;
+  const auto t0 = std::chrono::steady_clock::now();
+  LlamaWeights weights = RandomLlamaWeights(cfg, c.dtype);
+  const auto t1 = std::chrono::steady_clock::now();
+  std::fprintf(stderr, "bench_model: random Llama-3-8B-shaped weights, %d layers, %s, built in %.1f s\n",
+               cfg.num_layers, WeightDTypeName(weights.dtype),
+               std::chrono::duration<double>(t1 - t0).count());
+  const int max_batch = *std::max_element(c.batches.begin(), c.batches.end());
+  kernels::KVCacheShape shape;
+  shape.num_blocks = static_cast<int64_t>(max_batch) * BlocksPerSeq();
+  shape.num_kv_heads = cfg.num_kv_heads;
+  shape.head_size = cfg.head_size;
+  shape.block_size = kBlockSize;
+  if (cuda) {
+#ifdef PAGEDSERVE_WITH_CUDA
+    if (c.kv_cache_dtype.value_or(kernels::DType::kFloat32) != kernels::DType::kFloat32)
+      Die("the CUDA model keeps an fp32 KV cache: --kv_cache_dtype auto or float32");
+    auto m = CudaLlamaModel::Create(std::move(weights), b.comm.get(), 0);
+    if (!m.ok()) Die(m.status().ToString());
+    r->cuda = *std::move(m);
+    shape.dtype = kernels::DType::kFloat32;
+    if (absl::Status s = r->cuda->AllocateCaches(shape, shape.num_blocks, 0); !s.ok())
+      Die(s.ToString());
+    std::fprintf(stderr, "bench_model: uploaded in %.1f s (%.2f GB of weights on CUDA device 0)\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(),
+                 r->cuda->weight_bytes() / 1e9);
+#else
+    Die("--device=cuda: this build has no CUDA backend");
+#endif
+  } else {
+    // The Worker's auto KV type: fp32 for fp32 weights, bf16 for bf16, else fp16.
+    shape.dtype = c.kv_cache_dtype.value_or(weights.dtype == WeightDType::kFloat32
+                                                ? kernels::DType::kFloat32
+                                                : weights.dtype == WeightDType::kBFloat16
+                                                      ? kernels::DType::kBFloat16
+                                                      : kernels::DType::kFloat16);
+    auto m = LlamaModel::Create(std::move(weights), b.comm.get());
+    if (!m.ok()) Die(m.status().ToString());
+    r->cpu = *std::move(m);
+    const size_t floats = shape.block_bytes() * static_cast<size_t>(shape.num_blocks) / sizeof(float);
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      r->storage.emplace_back(new float[floats]);
+      float* k = r->storage.back().get();
+      r->storage.emplace_back(new float[floats]);
+      float* v = r->storage.back().get();
+      r->cpu_cache.push_back(kernels::KVCacheView{k, v, shape, kernels::Device::kCPU});
+    }
+  }
+  r->kv_dtype = shape.dtype;
+  b.random = std::move(r);
+}
+
+void Setup() {
+  if (config().random_weights) {
+    SetupRandom();
+  } else {
+    SetupFromFile();
+  }
+}
+
+int NumLayers() {
+  const Bench& b = bench();
+  return b.random ? b.random->num_layers : b.worker->model_config().num_layers;
+}
+
+kernels::DType KvCacheDType() {
+  const Bench& b = bench();
+  return b.random ? b.random->kv_dtype : b.worker->kv_cache_dtype();
 }
 
 struct Seq {
@@ -151,9 +396,61 @@ SequenceStep MakeStep(const Seq& s, std::vector<int32_t> tokens, bool sample) {
   return st;
 }
 
+// --random-weights: the plan's rows as one ForwardBatch (every step of this
+// benchmark carries its sequence's full block table), then greedy argmax.
+void RunRandom(const StepPlan& plan, std::vector<Seq>& seqs) {
+  RandomModel& m = *bench().random;
+  std::vector<int32_t> ids, pos, qsl{0}, lens, bt, rows;
+  std::vector<int64_t> slots;
+  std::vector<SeqId> sampled;
+  size_t max_blocks = 1;
+  for (const SequenceStep& st : plan.seqs) max_blocks = std::max(max_blocks, st.block_table.size());
+  for (const SequenceStep& st : plan.seqs) {
+    for (size_t i = 0; i < st.token_ids.size(); ++i) {
+      const int p = st.start_pos + static_cast<int>(i);
+      ids.push_back(st.token_ids[i]);
+      pos.push_back(p);
+      slots.push_back(static_cast<int64_t>(st.block_table.at(p / kBlockSize)) * kBlockSize +
+                      p % kBlockSize);
+    }
+    qsl.push_back(static_cast<int32_t>(ids.size()));
+    lens.push_back(st.start_pos + static_cast<int32_t>(st.token_ids.size()));
+    std::vector<int32_t> row(max_blocks, 0);
+    std::copy(st.block_table.begin(), st.block_table.end(), row.begin());
+    bt.insert(bt.end(), row.begin(), row.end());
+    if (st.sample) {
+      rows.push_back(qsl.back() - 1);
+      sampled.push_back(st.seq_id);
+    }
+  }
+  if (ids.empty()) return;  // a plan that only finishes sequences
+  ForwardBatch fb;
+  fb.token_ids = ids;
+  fb.positions = pos;
+  fb.slot_mapping = slots;
+  fb.query_start_loc = qsl;
+  fb.seq_lens = lens;
+  fb.block_tables = bt;
+  fb.max_blocks_per_seq = static_cast<int>(max_blocks);
+  fb.logits_rows = rows;
+  if (absl::Status s = m.Forward(fb); !s.ok()) Die(s.ToString());
+  for (size_t r = 0; r < sampled.size(); ++r) {
+    const float* row = m.logits.data() + r * static_cast<size_t>(m.vocab);
+    const float* best = std::max_element(row, row + m.vocab);
+    if (!std::isfinite(*best)) Die("the random-weight model produced non-finite logits");
+    const int32_t token = static_cast<int32_t>(best - row);
+    for (Seq& s : seqs)
+      if (s.id == sampled[r]) s.last = token;
+  }
+}
+
 void Run(StepPlan& plan, std::vector<Seq>& seqs) {
   Bench& b = bench();
   plan.step_id = ++b.next_step;
+  if (b.random) {
+    RunRandom(plan, seqs);
+    return;
+  }
   auto r = b.worker->Execute(plan);
   if (!r.ok()) Die(r.status().ToString());
   for (const SampledToken& t : r->tokens)
@@ -213,8 +510,11 @@ void Report(benchmark::State& state, double tokens_per_iter, const std::vector<d
     total += s;
     best = std::max(best, tokens_per_iter / s);
   }
-  state.counters["tokens_per_s"] = tokens_per_iter * static_cast<double>(secs.size()) / total;
+  const double tps = tokens_per_iter * static_cast<double>(secs.size()) / total;
+  state.counters["tokens_per_s"] = tps;
   state.counters["tokens_per_s_best"] = best;
+  state.counters["layers"] = NumLayers();
+  state.counters["layer_tokens_per_s"] = tps * NumLayers();
 }
 
 void BM_Prefill(benchmark::State& state, int batch) {
@@ -265,6 +565,17 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a.rfind("--model=", 0) == 0) {
       c.model = a.substr(8);
+    } else if (a == "--random-weights") {
+      c.random_weights = true;
+    } else if (a == "--random-layers" && i + 1 < argc) {
+      if (!absl::SimpleAtoi(argv[++i], &c.random_layers) || c.random_layers < 1)
+        Die(absl::StrCat("--random-layers wants a positive integer, got '", argv[i], "'"));
+    } else if (ParseInt(a, "random-layers", &c.random_layers)) {
+    } else if (a.rfind("--device=", 0) == 0) {
+      const std::string v = a.substr(9);
+      if (v == "cpu") c.device = kernels::Device::kCPU;
+      else if (v == "cuda") c.device = kernels::Device::kCUDA;
+      else Die("--device: cpu or cuda");
     } else if (a.rfind("--batches=", 0) == 0) {
       c.batches.clear();
       for (absl::string_view s : absl::StrSplit(a.substr(10), ',')) {
@@ -287,13 +598,18 @@ int main(int argc, char** argv) {
       Die(absl::StrCat("unknown argument '", a, "'"));
     }
   }
-  if (c.model.empty()) {
+  if (c.random_weights && !c.model.empty()) Die("--model and --random-weights exclude each other");
+  if (c.model.empty() && !c.random_weights) {
     const char* env = std::getenv("PAGEDSERVE_BENCH_MODEL");
-    if (env == nullptr || *env == '\0') Die("give --model=PATH (e.g. --model=$(scripts/fetch-model))");
+    if (env == nullptr || *env == '\0')
+      Die("give --model=PATH (e.g. --model=$(scripts/fetch-model)) or --random-weights");
     c.model = env;
   }
   Setup();
-  benchmark::AddCustomContext("model", c.model);
+  benchmark::AddCustomContext(
+      "model", c.random_weights ? absl::StrCat("random Llama-3-8B shape, ", NumLayers(), " layers")
+                                : c.model);
+  benchmark::AddCustomContext("device", kernels::DeviceName(c.device));
   benchmark::AddCustomContext("omp_max_threads", std::to_string(omp_get_max_threads()));
   const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
   benchmark::AddCustomContext("OPENBLAS_NUM_THREADS", blas ? blas : "(unset)");
@@ -301,8 +617,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("decode_steps", std::to_string(c.decode_steps));
   benchmark::AddCustomContext("max_batched_tokens", std::to_string(c.max_batched_tokens));
   benchmark::AddCustomContext("dtype", WeightDTypeName(c.dtype));
-  benchmark::AddCustomContext("kv_cache_dtype",
-                              kernels::DTypeName(bench().worker->kv_cache_dtype()));
+  benchmark::AddCustomContext("kv_cache_dtype", kernels::DTypeName(KvCacheDType()));
   // Warm-up: page in the weights and size the activation buffers.
   {
     std::vector<Seq> seqs = NewSeqs(1);

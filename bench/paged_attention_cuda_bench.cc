@@ -1,10 +1,11 @@
 // GPU decode-attention benchmark (CUDA-event timed; run by scripts/gpu-check).
 //
-// Shapes: batch 8/32/64 x context 1K/4K/16K x heads 32q/8kv and 64q/8kv, head
-// size 128, block size 16, fp16. For each shape it times
+// Shapes: batch 8/32/64 x context 1K/4K/16K x heads 32q/32kv (MHA), 32q/8kv
+// and 64q/8kv (GQA), head size 128, block size 16, KV cache and queries in fp16
+// and in bf16 (--quick: batch 8/64 x context 1K/4K). For each shape it times
 //   paged      PagedAttention (the kernel ChooseDecodeKernel picks: GQA for
-//              these grouped shapes) over a cache whose block tables are a
-//              random permutation of the pool,
+//              the grouped shapes, v1 or v2 for MHA) over a cache whose block
+//              tables are a random permutation of the pool,
 //   v1, v2     both vLLM variants explicitly on the same cache,
 //   gqa        the GQA decode kernel explicitly, with a workspace of
 //              PagedAttentionGqaWorkspaceBytes (so it splits as the occupancy
@@ -17,6 +18,14 @@
 // DRAM traffic a copy sustains).
 //
 //   paged_attention_cuda_bench [--json PATH] [--quick]
+//   paged_attention_cuda_bench --probe
+//
+// --probe (scripts/gpu-check): prints one line naming the device and exits 0,
+// or prints "no usable CUDA device: REASON" and exits 3.
+//
+// The JSON holds the device, the copy bandwidth and one record per shape
+// (batch, context, heads, kv_heads, attention "MHA"/"GQA", dtype, the times
+// and pct_of_copy_bw of the paged run).
 //
 // Without a usable device it prints the reason, writes {"skipped": reason} to
 // the JSON path and exits 0.
@@ -56,13 +65,14 @@ void* DeviceAlloc(size_t bytes) {
   return p;
 }
 
-// Fills `bytes` of device memory with fp16 values uniform in [-1, 1] by
-// replicating one random 32 MiB tile.
-void FillRandomHalf(void* dst, size_t bytes, std::mt19937& rng) {
+// Fills `bytes` of device memory with fp16 or bf16 values uniform in [-1, 1]
+// by replicating one random 32 MiB tile.
+void FillRandom16(void* dst, size_t bytes, pk::DType dtype, std::mt19937& rng) {
   const size_t tile = std::min<size_t>(bytes, 32u << 20);
   std::vector<uint16_t> h(tile / 2);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (auto& x : h) x = pk::FloatToHalfBits(u(rng));
+  for (auto& x : h)
+    x = dtype == pk::DType::kBFloat16 ? pk::FloatToBFloat16Bits(u(rng)) : pk::FloatToHalfBits(u(rng));
   CHECK_CUDA(cudaMemcpy(dst, h.data(), tile, cudaMemcpyHostToDevice));
   for (size_t off = tile; off < bytes; off += tile)
     CHECK_CUDA(cudaMemcpy(static_cast<char*>(dst) + off, dst, std::min(tile, bytes - off),
@@ -98,6 +108,7 @@ double MeasureCopyBandwidth() {
 
 struct Shape {
   int batch, context, heads, kv_heads;
+  pk::DType dtype;
 };
 
 enum class Variant { kAuto, kV1, kV2, kGqa };
@@ -139,18 +150,35 @@ float TimeDecode(pk::PagedAttentionParams p, Variant v, int iters) {
 
 int main(int argc, char** argv) {
   std::string json_path;
-  bool quick = false;
+  bool quick = false, probe = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
       json_path = argv[++i];
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--probe") == 0) {
+      probe = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] | --probe\n", argv[0]);
       return 2;
     }
   }
   std::string reason;
+  if (probe) {
+    if (!pk::CudaDeviceAvailable(&reason)) {
+      std::printf("no usable CUDA device: %s\n", reason.c_str());
+      return 3;
+    }
+    cudaDeviceProp prop{};
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+    int driver = 0, runtime = 0;
+    CHECK_CUDA(cudaDriverGetVersion(&driver));
+    CHECK_CUDA(cudaRuntimeGetVersion(&runtime));
+    std::printf("%s (sm_%d%d, %d SMs, %.1f GiB), driver API %d, runtime %d\n", prop.name,
+                prop.major, prop.minor, prop.multiProcessorCount,
+                prop.totalGlobalMem / 1073741824.0, driver, runtime);
+    return 0;
+  }
   if (!pk::CudaDeviceAvailable(&reason)) {
     std::printf("paged_attention_cuda_bench: skipped (%s)\n", reason.c_str());
     if (!json_path.empty()) {
@@ -166,31 +194,34 @@ int main(int argc, char** argv) {
 
   const int head_size = 128, block_size = 16;
   std::vector<Shape> shapes;
-  for (int heads : {32, 64})
-    for (int batch : {8, 32, 64})
-      for (int ctx : {1024, 4096, 16384})
-        if (!quick || ctx != 16384 || batch == 8) shapes.push_back({batch, ctx, heads, 8});
+  const std::vector<int> batches = quick ? std::vector<int>{8, 64} : std::vector<int>{8, 32, 64};
+  const std::vector<int> contexts =
+      quick ? std::vector<int>{1024, 4096} : std::vector<int>{1024, 4096, 16384};
+  for (pk::DType dtype : {pk::DType::kFloat16, pk::DType::kBFloat16})
+    for (auto [heads, kv_heads] : {std::pair{32, 32}, std::pair{32, 8}, std::pair{64, 8}})
+      for (int batch : batches)
+        for (int ctx : contexts) shapes.push_back({batch, ctx, heads, kv_heads, dtype});
 
   std::mt19937 rng(42);
   std::string json = "{\n  \"device\": \"" + std::string(prop.name) + "\",\n  \"copy_bandwidth_GBps\": " +
                      std::to_string(copy_bw / 1e9) + ",\n  \"results\": [\n";
-  std::printf("%-6s %-7s %-7s %-8s | %-9s %-9s %-7s | %-9s %-9s %-9s %-9s | %s\n", "batch",
-              "context", "heads", "variant", "paged ms", "KV GB/s", "% copy", "v1 ms", "v2 ms",
-              "gqa ms", "contig ms", "paged/contig");
+  std::printf("%-5s %-6s %-7s %-7s %-8s | %-9s %-9s %-7s | %-9s %-9s %-9s %-9s | %s\n", "dtype", "batch",
+              "context", "heads", "variant", "paged ms", "KV GB/s", "% copy", "v1 ms", "v2 ms", "gqa ms",
+              "contig ms", "paged/contig");
   bool first = true;
   for (const Shape& s : shapes) {
     const int blocks_per_seq = s.context / block_size;
     const int64_t num_blocks = static_cast<int64_t>(s.batch) * blocks_per_seq;
-    pk::KVCacheShape cs{num_blocks, s.kv_heads, head_size, block_size, pk::DType::kFloat16};
+    pk::KVCacheShape cs{num_blocks, s.kv_heads, head_size, block_size, s.dtype};
     const size_t cache_bytes = num_blocks * cs.block_bytes();
     void* kc = DeviceAlloc(cache_bytes);
     void* vc = DeviceAlloc(cache_bytes);
-    FillRandomHalf(kc, cache_bytes, rng);
-    FillRandomHalf(vc, cache_bytes, rng);
+    FillRandom16(kc, cache_bytes, s.dtype, rng);
+    FillRandom16(vc, cache_bytes, s.dtype, rng);
     const size_t q_bytes = static_cast<size_t>(s.batch) * s.heads * head_size * 2;
     void* q = DeviceAlloc(q_bytes);
     void* out = DeviceAlloc(q_bytes);
-    FillRandomHalf(q, q_bytes, rng);
+    FillRandom16(q, q_bytes, s.dtype, rng);
     std::vector<int32_t> perm(num_blocks), ident(num_blocks);
     std::iota(ident.begin(), ident.end(), 0);
     perm = ident;
@@ -236,19 +267,23 @@ int main(int argc, char** argv) {
     const char* variant = pk::DecodeKernelName(
         pk::ChooseDecodeKernel(pk::Device::kCUDA, s.batch, s.heads, s.kv_heads, head_size, s.context)
             .kernel);
+    const char* dtype = pk::DTypeName(s.dtype);
+    const char* attention = s.heads == s.kv_heads ? "MHA" : "GQA";
     std::printf(
-        "%-6d %-7d %2d/%-4d %-8s | %-9.4f %-9.1f %-7.1f | %-9.4f %-9.4f %-9.4f %-9.4f | %.3f\n",
-        s.batch, s.context, s.heads, s.kv_heads, variant, ms_auto, bw / 1e9, 100.0 * bw / copy_bw,
+        "%-5s %-6d %-7d %2d/%-4d %-8s | %-9.4f %-9.1f %-7.1f | %-9.4f %-9.4f %-9.4f %-9.4f | %.3f\n",
+        dtype, s.batch, s.context, s.heads, s.kv_heads, variant, ms_auto, bw / 1e9, 100.0 * bw / copy_bw,
         ms_v1, ms_v2, ms_gqa, ms_contig, ms_auto / ms_contig);
-    char buf[512];
+    char buf[768];
     std::snprintf(buf, sizeof(buf),
                   "    {\"batch\": %d, \"context\": %d, \"heads\": %d, \"kv_heads\": %d, "
-                  "\"head_size\": %d, \"block_size\": %d, \"dtype\": \"f16\", \"variant\": \"%s\", "
+                  "\"attention\": \"%s\", \"head_size\": %d, \"block_size\": %d, \"dtype\": \"%s\", "
+                  "\"variant\": \"%s\", "
                   "\"paged_ms\": %.5f, \"v1_ms\": %.5f, \"v2_ms\": %.5f, \"gqa_ms\": %.5f, "
                   "\"contiguous_ms\": %.5f, "
                   "\"kv_bytes\": %.0f, \"kv_GBps\": %.2f, \"pct_of_copy_bw\": %.2f}",
-                  s.batch, s.context, s.heads, s.kv_heads, head_size, block_size, variant,
-                  ms_auto, ms_v1, ms_v2, ms_gqa, ms_contig, kv_bytes, bw / 1e9, 100.0 * bw / copy_bw);
+                  s.batch, s.context, s.heads, s.kv_heads, attention, head_size, block_size, dtype,
+                  variant, ms_auto, ms_v1, ms_v2, ms_gqa, ms_contig, kv_bytes, bw / 1e9,
+                  100.0 * bw / copy_bw);
     json += (first ? "" : ",\n") + std::string(buf);
     first = false;
     for (void* ptr : {kc, vc, q, out, bt_paged, bt_contig, dlens, ws}) CHECK_CUDA(cudaFree(ptr));
