@@ -1,12 +1,22 @@
 // The Llama-family forward pass of one tensor-parallel rank over the paged KV
-// cache (CPU backend): embedding, RMSNorm, rotary embeddings, Q/K/V projections,
-// reshape_and_cache, decode (paged_attention) and prefill attention, SwiGLU MLP,
-// final norm and LM head. Projections and the LM head run kernels::Linear over
-// the weights in their stored formats (GGUF quantized, F16, BF16), or one
-// OpenBLAS sgemm each for fp32 matrices (--dtype float32: the exact path). The
-// KV cache may be fp32, fp16 or bf16: queries, keys, values and the attention
-// output are converted to the cache's type around the attention kernels
-// (softmax and accumulation stay fp32 inside them).
+// cache, written once over a ModelBackend (runtime/worker/model_backend.h):
+// embedding, RMSNorm (fused with the residual add), rotary embeddings, Q/K/V
+// projections, attention over the paged cache (reshape_and_cache, decode
+// paged_attention and prefill attention), SwiGLU MLP, final norm and LM head
+// on the rows whose logits are wanted. The backend decides where and in which
+// format this runs (CpuBackend: stored-format weights, fp32/fp16/bf16 KV;
+// the CUDA backend: fp32 weights and KV in device memory).
+//
+// One step: validate the batch, build the ForwardPlan once (decode/prefill
+// split, prefill query_start_loc, max lengths, rotary tables), hand it to the
+// backend (BeginStep), then run the layer loop:
+//   h = norm(x)                                  (AddRmsNorm, no add)
+//   per layer: q,k,v = h W_qkv (+b); RoPE(q, k); attn = Attention(q, k, v)
+//              o = attn W_o; all-reduce(o); h = norm(x += o)
+//              o = silu(h W_gate) * (h W_up) W_down; all-reduce(o)
+//              h = norm_next(x += o)  (the last layer: final norm of the
+//              logits rows only, gathered)
+//   logits = h W_lm_head
 //
 // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): Q/K/V, gate and up are
 // column-parallel (this rank holds num_heads/tp query heads, its KV heads and
@@ -28,62 +38,64 @@
 #include "kernels/types.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
+#include "runtime/worker/model_backend.h"
 
 namespace pagedserve {
 
-// One step's flattened variable-length batch (host memory, no padding).
-// Sequences are back to back; sequence s owns token rows
-// [query_start_loc[s], query_start_loc[s+1]).
-struct ForwardBatch {
-  std::span<const int32_t> token_ids;        // [num_tokens]
-  std::span<const int32_t> positions;        // [num_tokens], absolute positions
-  std::span<const int64_t> slot_mapping;     // [num_tokens], see kernels/reshape_and_cache.h
-  std::span<const int32_t> query_start_loc;  // [num_seqs + 1]
-  std::span<const int32_t> seq_lens;         // [num_seqs], context incl. this step's tokens
-  std::span<const int32_t> block_tables;     // [num_seqs * max_blocks_per_seq], -padded with 0
-  int max_blocks_per_seq = 0;
-  // Token rows whose logits are wanted (e.g. each sampled sequence's last row).
-  std::span<const int32_t> logits_rows;
-
-  int num_seqs() const { return static_cast<int>(seq_lens.size()); }
-  int num_tokens() const { return static_cast<int>(token_ids.size()); }
-};
-
 class LlamaModel {
  public:
-  // Takes ownership of this rank's weight shard (and of its file mapping).
-  // `comm` (not owned) spans the TP group; it must outlive the model.
-  // Unimplemented when a stored matrix has a type kernels::Linear does not run.
+  // Hands this rank's weight shard (and its file mapping) to `backend`, which
+  // the model owns. `comm` (not owned) spans the TP group; it must outlive the
+  // model. Errors: InvalidArgument for a shard/communicator mismatch or a
+  // layer count that differs from the config, Unimplemented for a head size
+  // the attention kernels do not support, and the backend's LoadWeights
+  // errors (e.g. Unimplemented for a stored type the CPU linear kernels do
+  // not run, ResourceExhausted when device memory is short).
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(
+      LlamaWeights weights, Communicator* comm, std::unique_ptr<ModelBackend> backend);
+  // The same over the CPU backend (MakeCpuBackend(comm)).
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(LlamaWeights weights,
                                                             Communicator* comm);
 
-  const ModelConfig& config() const { return weights_.config; }
-  int local_num_heads() const { return local_heads_; }
-  int local_num_kv_heads() const { return local_kv_heads_; }
+  const ModelConfig& config() const { return config_; }
+  int local_num_heads() const { return shard_.num_heads; }
+  int local_num_kv_heads() const { return shard_.num_kv_heads; }
+  ModelBackend& backend() { return *backend_; }
+  const ModelBackend& backend() const { return *backend_; }
 
-  // Runs the batch, writes this step's K/V into `kv_layers` (num_layers CPU
-  // views, all of one dtype: fp32, fp16 or bf16) and fp32 logits [logits_rows.size(), vocab_size] row-major into `logits`.
-  // Errors: InvalidArgument for inconsistent batch spans or a token id outside
-  // the vocabulary; kernel validation errors (bad block ids, lengths) pass
-  // through; nothing is written to `logits` on error.
+  // The backend's pools (ModelBackend::AllocateCaches).
+  absl::Status AllocateCaches(const kernels::KVCacheShape& shape, int64_t num_device_blocks,
+                              int64_t num_cpu_blocks) {
+    return backend_->AllocateCaches(shape, num_device_blocks, num_cpu_blocks);
+  }
+  std::span<const kernels::KVCacheView> device_cache() const { return backend_->device_cache(); }
+  std::span<const kernels::KVCacheView> cpu_cache() const { return backend_->cpu_cache(); }
+
+  // Runs the batch, writes this step's K/V into `kv_layers` (num_layers views
+  // the backend accepts: CPU views of fp32, fp16 or bf16 on the CPU backend,
+  // fp32 kCUDA views on the CUDA one) and fp32 logits [logits_rows.size(),
+  // vocab_size] row-major (host) into `logits`.
+  // Errors: InvalidArgument for inconsistent batch spans, a token id outside
+  // the vocabulary, a slot outside the pool or a cache view the backend does
+  // not take; kernel validation errors (bad block ids, lengths) and backend
+  // errors pass through; nothing is written to `logits` on error.
   absl::Status Forward(const ForwardBatch& batch, std::span<const kernels::KVCacheView> kv_layers,
                        std::vector<float>* logits);
 
  private:
-  LlamaModel(LlamaWeights weights, Communicator* comm);
+  LlamaModel(const LlamaWeights& weights, Communicator* comm, std::unique_ptr<ModelBackend> backend);
 
-  absl::Status ValidateBatch(const ForwardBatch& b, size_t num_kv_layers) const;
+  absl::Status ValidateBatch(const ForwardBatch& b,
+                             std::span<const kernels::KVCacheView> kv_layers) const;
+  void BuildPlan(const ForwardBatch& b);
 
-  LlamaWeights weights_;
+  ModelConfig config_;
+  ShardLayout shard_;
   Communicator* comm_;
-  int local_heads_ = 0;
-  int local_kv_heads_ = 0;
-  int local_intermediate_ = 0;
+  std::unique_ptr<ModelBackend> backend_;
+  BackendWeights w_;
   std::vector<double> inv_freq_;
-  // Scratch buffers reused across steps (grown, never shrunk).
-  std::vector<float> x_, h_, q_, k_, v_, attn_, o_, gate_, up_, cos_, sin_, rows_, normed_;
-  std::vector<uint16_t> q16_, k16_, v16_, attn16_;  // attention operands for a 16-bit cache
-  std::vector<int32_t> prefill_qsl_;
+  ForwardPlan plan_;  // this step's (reused: its vectors keep their capacity)
 };
 
 }  // namespace pagedserve

@@ -7,7 +7,8 @@
 #include "kernels/cache_ops.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/weights.h"
-#include "runtime/worker/cuda/llama_model_cuda.h"
+#include "runtime/worker/cpu_backend.h"
+#include "runtime/worker/cuda/cuda_backend.h"
 
 namespace pagedserve {
 namespace {
@@ -36,16 +37,45 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   if (!kernels::IsSupportedBlockSize(options.block_size))
     return absl::InvalidArgumentError(
         absl::StrCat("--block-size ", options.block_size, " is not supported (8, 16 or 32)"));
-  if (options.device == kernels::Device::kCUDA) return CreateOnCuda(options, comm);
+
+  // The backend is the only thing the device changes.
+  const bool cuda = options.device == kernels::Device::kCUDA;
+  WeightDType load_dtype = options.dtype;
+  kernels::DType kv_dtype = options.kv_cache_dtype.value_or(AutoKvDType(options.dtype));
+  std::unique_ptr<ModelBackend> backend;
+  if (!cuda) {
+    backend = MakeCpuBackend(comm);
+  } else {
+#ifndef PAGEDSERVE_WITH_CUDA
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker device kCUDA (CUDA device ", options.cuda_device,
+        ") requested, but pagedserve was built without CUDA"));
+#else
+    // The CUDA backend runs fp32 weights and an fp32 KV cache.
+    if (options.dtype != WeightDType::kAuto && options.dtype != WeightDType::kFloat32)
+      return absl::UnimplementedError(absl::StrCat("the CUDA worker runs fp32 weights: --dtype ",
+                                                   WeightDTypeName(options.dtype),
+                                                   " is not supported (auto or float32)"));
+    if (options.kv_cache_dtype.value_or(kernels::DType::kFloat32) != kernels::DType::kFloat32)
+      return absl::UnimplementedError(absl::StrCat(
+          "the CUDA worker keeps an fp32 KV cache: --kv-cache-dtype ",
+          kernels::DTypeName(*options.kv_cache_dtype), " is not supported (auto or float32)"));
+    load_dtype = WeightDType::kFloat32;
+    kv_dtype = kernels::DType::kFloat32;
+    PS_ASSIGN_OR_RETURN(backend, MakeCudaBackend(comm, options.cuda_device));
+#endif
+  }
+
   PS_ASSIGN_OR_RETURN(LlamaWeights weights, LoadLlamaWeights(options.model_path, comm->rank(),
-                                                             comm->size(), options.dtype));
+                                                             comm->size(), load_dtype));
   auto w = std::unique_ptr<Worker>(new Worker());
   w->comm_ = comm;
-  w->kv_dtype_ = options.kv_cache_dtype.value_or(AutoKvDType(options.dtype));
+  w->device_ = options.device;
+  w->kv_dtype_ = kv_dtype;
   const ShardLayout shard = weights.shard;
   const int num_layers = weights.config.num_layers;
   const int vocab = weights.config.vocab_size;
-  PS_ASSIGN_OR_RETURN(w->model_, LlamaModel::Create(std::move(weights), comm));
+  PS_ASSIGN_OR_RETURN(w->model_, LlamaModel::Create(std::move(weights), comm, std::move(backend)));
   w->config_ = &w->model_->config();
   w->sampler_ = std::make_unique<Sampler>(vocab);
 
@@ -55,94 +85,32 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   shape.block_size = options.block_size;
   shape.dtype = w->kv_dtype_;
   w->bytes_per_block_ = static_cast<int64_t>(shape.block_bytes()) * 2 * num_layers;
-  w->num_device_blocks_ = options.kv_cache_memory / w->bytes_per_block_;
-  if (options.max_num_blocks > 0)
-    w->num_device_blocks_ = std::min(w->num_device_blocks_, options.max_num_blocks);
-  w->num_cpu_blocks_ = options.swap_space / w->bytes_per_block_;
-  if (w->num_device_blocks_ < 1)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV cache budget of ", options.kv_cache_memory, " bytes is below one block (",
-        w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
-
-  auto make_pool = [&](int64_t blocks, std::vector<std::unique_ptr<float[]>>* storage,
-                       std::vector<kernels::KVCacheView>* views) {
-    if (blocks == 0) return;
-    kernels::KVCacheShape s = shape;
-    s.num_blocks = blocks;
-    // Storage in floats for alignment; block_bytes() of any dtype is a whole
-    // number of them (head sizes are even).
-    const size_t elems = s.block_bytes() * blocks / sizeof(float);
-    for (int l = 0; l < num_layers; ++l) {
-      storage->emplace_back(new float[elems]);
-      float* k = storage->back().get();
-      storage->emplace_back(new float[elems]);
-      float* v = storage->back().get();
-      views->push_back(kernels::KVCacheView{k, v, s, kernels::Device::kCPU});
-    }
-  };
-  w->mirror_ = std::make_unique<StepPlanMirror>(options.block_size, w->num_device_blocks_);
-  make_pool(w->num_device_blocks_, &w->device_storage_, &w->device_layers_);
-  make_pool(w->num_cpu_blocks_, &w->cpu_storage_, &w->cpu_layers_);
-  return w;
-}
-
-absl::StatusOr<std::unique_ptr<Worker>> Worker::CreateOnCuda(const WorkerOptions& options,
-                                                             Communicator* comm) {
-#ifndef PAGEDSERVE_WITH_CUDA
-  (void)comm;
-  return absl::FailedPreconditionError(absl::StrCat(
-      "worker device kCUDA (CUDA device ", options.cuda_device,
-      ") requested, but pagedserve was built without CUDA"));
-#else
-  if (options.dtype != WeightDType::kAuto && options.dtype != WeightDType::kFloat32)
-    return absl::UnimplementedError(absl::StrCat("the CUDA worker runs fp32 weights: --dtype ",
-                                                 WeightDTypeName(options.dtype),
-                                                 " is not supported (auto or float32)"));
-  if (options.kv_cache_dtype.value_or(kernels::DType::kFloat32) != kernels::DType::kFloat32)
-    return absl::UnimplementedError(absl::StrCat(
-        "the CUDA worker keeps an fp32 KV cache: --kv-cache-dtype ",
-        kernels::DTypeName(*options.kv_cache_dtype), " is not supported (auto or float32)"));
-  PS_ASSIGN_OR_RETURN(LlamaWeights weights,
-                      LoadLlamaWeights(options.model_path, comm->rank(), comm->size(),
-                                       WeightDType::kFloat32));
-  auto w = std::unique_ptr<Worker>(new Worker());
-  w->comm_ = comm;
-  w->device_ = kernels::Device::kCUDA;
-  const ShardLayout shard = weights.shard;
-  const int num_layers = weights.config.num_layers;
-  const int vocab = weights.config.vocab_size;
-  PS_ASSIGN_OR_RETURN(w->cuda_model_,
-                      CudaLlamaModel::Create(std::move(weights), comm, options.cuda_device));
-  w->config_ = &w->cuda_model_->config();
-  w->sampler_ = std::make_unique<Sampler>(vocab);
-
-  kernels::KVCacheShape shape;
-  shape.num_kv_heads = shard.num_kv_heads;
-  shape.head_size = w->cuda_model_->config().head_size;
-  shape.block_size = options.block_size;
-  shape.dtype = kernels::DType::kFloat32;
-  w->bytes_per_block_ = static_cast<int64_t>(shape.block_bytes()) * 2 * num_layers;
+  ModelBackend& be = w->model_->backend();
   PS_ASSIGN_OR_RETURN(const int64_t budget,
-                      w->cuda_model_->KvCacheBudgetBytes(options.gpu_memory_utilization));
+                      be.KvCacheBudgetBytes(options.kv_cache_memory,
+                                            options.gpu_memory_utilization));
   w->num_device_blocks_ = budget > 0 ? budget / w->bytes_per_block_ : 0;
   if (options.max_num_blocks > 0)
     w->num_device_blocks_ = std::min(w->num_device_blocks_, options.max_num_blocks);
   w->num_cpu_blocks_ = options.swap_space / w->bytes_per_block_;
-  if (w->num_device_blocks_ < 1)
+  if (w->num_device_blocks_ < 1) {
+    if (cuda)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GPU KV cache budget of ", budget, " bytes on CUDA device ", options.cuda_device, " (",
+          options.gpu_memory_utilization, " of the free memory after ", be.weight_bytes(),
+          " bytes of weights, minus the activation reserve) ", "is below one block (",
+          w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
     return absl::InvalidArgumentError(absl::StrCat(
-        "GPU KV cache budget of ", budget, " bytes on CUDA device ", options.cuda_device, " (",
-        options.gpu_memory_utilization, " of the free memory after ",
-        w->cuda_model_->weight_bytes(), " bytes of weights, minus the activation reserve) ",
-        "is below one block (", w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
-  PS_RETURN_IF_ERROR(
-      w->cuda_model_->AllocateCaches(shape, w->num_device_blocks_, w->num_cpu_blocks_));
+        "KV cache budget of ", options.kv_cache_memory, " bytes is below one block (",
+        w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
+  }
+  PS_RETURN_IF_ERROR(be.AllocateCaches(shape, w->num_device_blocks_, w->num_cpu_blocks_));
   w->mirror_ = std::make_unique<StepPlanMirror>(options.block_size, w->num_device_blocks_);
-  const auto dev = w->cuda_model_->device_cache();
-  const auto cpu = w->cuda_model_->cpu_cache();
+  const auto dev = be.device_cache();
+  const auto cpu = be.cpu_cache();
   w->device_layers_.assign(dev.begin(), dev.end());
   w->cpu_layers_.assign(cpu.begin(), cpu.end());
   return w;
-#endif
 }
 
 Worker::~Worker() = default;
@@ -209,11 +177,7 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
     batch.block_tables = block_tables;
     batch.max_blocks_per_seq = max_blocks;
     batch.logits_rows = logits_rows;
-    if (cuda_model_ != nullptr) {
-      PS_RETURN_IF_ERROR(cuda_model_->Forward(batch, device_layers_, &logits_));
-    } else {
-      PS_RETURN_IF_ERROR(model_->Forward(batch, device_layers_, &logits_));
-    }
+    PS_RETURN_IF_ERROR(model_->Forward(batch, device_layers_, &logits_));
 
     if (comm_->rank() == 0 && !sampled_seq.empty()) {
       std::vector<SamplerRow> sampler_rows;

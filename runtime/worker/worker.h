@@ -22,8 +22,6 @@
 
 namespace pagedserve {
 
-class CudaLlamaModel;  // runtime/worker/cuda/llama_model_cuda.h
-
 struct WorkerOptions {
   std::string model_path;            // .gguf file or Hugging Face directory
   int block_size = 16;               // tokens per KV block (8, 16 or 32)
@@ -41,12 +39,14 @@ struct WorkerOptions {
   // the CPU; fp32 on CUDA (the only type the CUDA worker supports). The block
   // count follows: blocks = budget / bytes_per_block() of that type.
   std::optional<kernels::DType> kv_cache_dtype;
-  // Where the forward pass and the KV pool live. kCPU: host pools of
-  // kv_cache_memory bytes. kCUDA: device `cuda_device`, fp32 weights
-  // and KV pool in device memory sized from gpu_memory_utilization (see
-  // CudaLlamaModel::KvCacheBudgetBytes; kv_cache_memory is then unused), the
-  // swap pool in pinned host memory; needs a CUDA build, and a communicator
-  // that is a group of one or NCCL (runtime/worker/cuda/llama_model_cuda.h).
+  // The backend of the forward pass (runtime/worker/model_backend.h), i.e.
+  // where the weights and the KV pool live. kCPU: CpuBackend, host pools of
+  // kv_cache_memory bytes. kCUDA: the CUDA backend on device `cuda_device`,
+  // fp32 weights and KV pool in device memory sized from
+  // gpu_memory_utilization (ModelBackend::KvCacheBudgetBytes;
+  // kv_cache_memory is then unused), the swap pool in pinned host memory;
+  // needs a CUDA build, and a communicator that is a group of one or NCCL
+  // (runtime/worker/cuda/cuda_backend.h).
   kernels::Device device = kernels::Device::kCPU;
   int cuda_device = 0;
   double gpu_memory_utilization = 0.9;  // fraction of the free device memory after the weights
@@ -58,8 +58,10 @@ class Worker {
   // worker) and allocates the KV and swap pools: blocks = budget / (bytes of one
   // block across all layers, K and V). Errors: model loading errors (naming the
   // file), InvalidArgument for a bad block size or a budget below one block;
-  // with device kCUDA also FailedPrecondition in builds without CUDA and the
-  // errors of CudaLlamaModel::Create / AllocateCaches.
+  // with device kCUDA also FailedPrecondition in builds without CUDA,
+  // Unimplemented for a --dtype / --kv-cache-dtype the CUDA backend does not
+  // run, and the errors of MakeCudaBackend / LlamaModel::Create /
+  // AllocateCaches. One path for both devices: only the backend differs.
   static absl::StatusOr<std::unique_ptr<Worker>> Create(const WorkerOptions& options,
                                                         Communicator* comm);
   ~Worker();
@@ -87,12 +89,9 @@ class Worker {
 
  private:
   Worker() = default;
-  static absl::StatusOr<std::unique_ptr<Worker>> CreateOnCuda(const WorkerOptions& options,
-                                                              Communicator* comm);
 
-  std::unique_ptr<LlamaModel> model_;             // kCPU
-  std::unique_ptr<CudaLlamaModel> cuda_model_;    // kCUDA (owns the pools)
-  const ModelConfig* config_ = nullptr;           // of whichever model is set
+  std::unique_ptr<LlamaModel> model_;  // its backend owns the pools
+  const ModelConfig* config_ = nullptr;
   kernels::Device device_ = kernels::Device::kCPU;
   Communicator* comm_ = nullptr;
   std::unique_ptr<Sampler> sampler_;
@@ -100,8 +99,7 @@ class Worker {
   int64_t num_cpu_blocks_ = 0;
   int64_t bytes_per_block_ = 0;
   kernels::DType kv_dtype_ = kernels::DType::kFloat32;
-  std::vector<std::unique_ptr<float[]>> device_storage_, cpu_storage_;  // any dtype
-  std::vector<kernels::KVCacheView> device_layers_, cpu_layers_;
+  std::vector<kernels::KVCacheView> device_layers_, cpu_layers_;  // the backend's pools
   // Per-sequence block tables, histories and sampling parameters, kept up
   // to date from the plans' deltas.
   std::unique_ptr<StepPlanMirror> mirror_;

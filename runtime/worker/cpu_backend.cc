@@ -1,0 +1,389 @@
+// CPU backend (contract in cpu_backend.h and model_backend.h).
+#include "runtime/worker/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/half.h"
+#include "kernels/linear.h"
+#include "kernels/paged_attention.h"
+#include "kernels/prefill_attention.h"
+#include "kernels/reshape_and_cache.h"
+#include "runtime/common/status_macros.h"
+
+namespace pagedserve {
+
+namespace cpu_ops {
+
+void AddRmsNorm(float* residual, const float* add, const int32_t* rows, int64_t n, int dim,
+                const float* weight, double eps, float* out) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t r = rows != nullptr ? rows[t] : t;
+    float* o = out + t * dim;
+    const float* xr = residual + r * dim;
+    if (add != nullptr) {
+      const float* ar = add + r * dim;
+      // The sum goes to the residual stream (a full pass) or, for a gather, to out.
+      float* dst = rows == nullptr ? residual + r * dim : o;
+      for (int i = 0; i < dim; ++i) dst[i] = xr[i] + ar[i];
+      xr = dst;
+    }
+    double ss = 0.0;
+    for (int i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / dim + eps));
+    for (int i = 0; i < dim; ++i) o[i] = xr[i] * inv * weight[i];
+  }
+}
+
+void ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stride,
+               const float* cos_t, const float* sin_t) {
+  const int half = head_size / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n; ++t) {
+    const float* c = cos_t + t * half;
+    const float* s = sin_t + t * half;
+    for (int h = 0; h < heads; ++h) {
+      float* v = x + t * token_stride + static_cast<int64_t>(h) * head_size;
+      for (int i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = b * c[i] + a * s[i];
+      }
+    }
+  }
+}
+
+void SiluMul(float* gate, const float* up, int64_t count) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+absl::Status EmbeddingGather(const Matrix& table, const int32_t* ids, int64_t n, float* out) {
+  const int64_t hidden = table.cols;
+  for (int64_t t = 0; t < n; ++t) {
+    if (table.is_fp32()) {
+      std::copy_n(table.row(ids[t]), hidden, out + t * hidden);
+    } else {
+      PS_RETURN_IF_ERROR(table.RowToFloat(ids[t], out + t * hidden));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cpu_ops
+
+namespace {
+
+kernels::WeightView StoredView(const Matrix& w) {
+  kernels::WeightView v;
+  v.type = static_cast<kernels::WeightType>(static_cast<uint32_t>(w.type));
+  v.rows = w.rows;
+  v.cols = w.cols;
+  v.data = w.bytes();
+  v.row_stride_bytes = w.row_bytes;
+  return v;
+}
+
+// Checks that a stored matrix is one kernels::Linear runs.
+absl::Status CheckStored(const Matrix& w, const std::string& what) {
+  if (w.empty() || w.is_fp32()) return absl::OkStatus();
+  if (!kernels::IsWeightType(static_cast<uint32_t>(w.type)))
+    return absl::UnimplementedError(absl::StrCat("LlamaModel: ", what, " has type ",
+                                                 GgmlTypeName(w.type),
+                                                 ", which the linear kernels do not run"));
+  absl::Status s = kernels::ValidateWeightView(StoredView(w));
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("LlamaModel: ", what, ": ", s.message()));
+  return absl::OkStatus();
+}
+
+// fp32 [n] <-> the KV cache's 16-bit element type (round to nearest even).
+void ToCacheType(const float* src, int64_t n, kernels::DType t, uint16_t* dst) {
+  const bool bf = t == kernels::DType::kBFloat16;
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = bf ? kernels::FloatToBFloat16Bits(src[i]) : kernels::FloatToHalfBits(src[i]);
+}
+void FromCacheType(const uint16_t* src, int64_t n, kernels::DType t, float* dst) {
+  const bool bf = t == kernels::DType::kBFloat16;
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = bf ? kernels::BFloat16BitsToFloat(src[i]) : kernels::HalfBitsToFloat(src[i]);
+}
+
+BackendMatrix Handle(const Matrix& m) { return BackendMatrix{&m, m.rows, m.cols}; }
+BackendVector Handle(const std::vector<float>& v) {
+  return BackendVector{v.empty() ? nullptr : v.data(), static_cast<int64_t>(v.size())};
+}
+
+class CpuBackend final : public ModelBackend {
+ public:
+  explicit CpuBackend(Communicator* comm) : comm_(comm) {}
+
+  kernels::Device device() const override { return kernels::Device::kCPU; }
+  const char* name() const override { return "cpu"; }
+
+  absl::StatusOr<BackendWeights> LoadWeights(LlamaWeights weights) override {
+    PS_RETURN_IF_ERROR(CheckStored(weights.embed_tokens, "embed_tokens"));
+    PS_RETURN_IF_ERROR(CheckStored(weights.lm_head, "lm_head"));
+    for (size_t l = 0; l < weights.layers.size(); ++l) {
+      const LayerWeights& L = weights.layers[l];
+      const std::string p = absl::StrCat("layer ", l, " ");
+      PS_RETURN_IF_ERROR(CheckStored(L.q_proj, p + "q_proj"));
+      PS_RETURN_IF_ERROR(CheckStored(L.k_proj, p + "k_proj"));
+      PS_RETURN_IF_ERROR(CheckStored(L.v_proj, p + "v_proj"));
+      PS_RETURN_IF_ERROR(CheckStored(L.o_proj, p + "o_proj"));
+      PS_RETURN_IF_ERROR(CheckStored(L.gate_proj, p + "gate_proj"));
+      PS_RETURN_IF_ERROR(CheckStored(L.up_proj, p + "up_proj"));
+      PS_RETURN_IF_ERROR(CheckStored(L.down_proj, p + "down_proj"));
+    }
+    weights_ = std::move(weights);
+    BackendWeights h;
+    h.embed_tokens = Handle(weights_.embed_tokens);
+    h.lm_head = Handle(weights_.output_embeddings());
+    h.final_norm = Handle(weights_.final_norm);
+    for (const LayerWeights& L : weights_.layers) {
+      BackendLayer b;
+      b.input_layernorm = Handle(L.input_layernorm);
+      b.post_attention_layernorm = Handle(L.post_attention_layernorm);
+      b.q_proj = Handle(L.q_proj);
+      b.k_proj = Handle(L.k_proj);
+      b.v_proj = Handle(L.v_proj);
+      b.o_proj = Handle(L.o_proj);
+      b.gate_proj = Handle(L.gate_proj);
+      b.up_proj = Handle(L.up_proj);
+      b.down_proj = Handle(L.down_proj);
+      b.q_bias = Handle(L.q_bias);
+      b.k_bias = Handle(L.k_bias);
+      b.v_bias = Handle(L.v_bias);
+      h.layers.push_back(b);
+    }
+    return h;
+  }
+
+  int64_t weight_bytes() const override {
+    int64_t bytes = static_cast<int64_t>(weights_.embed_tokens.size_bytes() +
+                                         weights_.lm_head.size_bytes());
+    for (const LayerWeights& L : weights_.layers)
+      for (const Matrix* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj,
+                              &L.up_proj, &L.down_proj})
+        bytes += static_cast<int64_t>(m->size_bytes());
+    return bytes;
+  }
+
+  absl::StatusOr<int64_t> KvCacheBudgetBytes(int64_t host_bytes, double) const override {
+    return host_bytes;
+  }
+
+  absl::Status AllocateCaches(const kernels::KVCacheShape& shape, int64_t num_device_blocks,
+                              int64_t num_cpu_blocks) override {
+    if (!device_views_.empty() || !cpu_views_.empty())
+      return absl::FailedPreconditionError("CpuBackend::AllocateCaches called twice");
+    const int num_layers = static_cast<int>(weights_.layers.size());
+    auto make_pool = [&](int64_t blocks, std::vector<std::unique_ptr<float[]>>* storage,
+                         std::vector<kernels::KVCacheView>* views) {
+      if (blocks <= 0) return;
+      kernels::KVCacheShape s = shape;
+      s.num_blocks = blocks;
+      // Storage in floats for alignment; block_bytes() of any dtype is a whole
+      // number of them (head sizes are even).
+      const size_t elems = s.block_bytes() * blocks / sizeof(float);
+      for (int l = 0; l < num_layers; ++l) {
+        storage->emplace_back(new float[elems]);
+        float* k = storage->back().get();
+        storage->emplace_back(new float[elems]);
+        float* v = storage->back().get();
+        views->push_back(kernels::KVCacheView{k, v, s, kernels::Device::kCPU});
+      }
+    };
+    make_pool(num_device_blocks, &device_storage_, &device_views_);
+    make_pool(num_cpu_blocks, &cpu_storage_, &cpu_views_);
+    return absl::OkStatus();
+  }
+  std::span<const kernels::KVCacheView> device_cache() const override { return device_views_; }
+  std::span<const kernels::KVCacheView> cpu_cache() const override { return cpu_views_; }
+
+  absl::Status CheckKvCache(const kernels::KVCacheView& view) const override {
+    if (view.device != kernels::Device::kCPU)
+      return absl::InvalidArgumentError("the CPU backend needs kCPU KV cache views");
+    return absl::OkStatus();  // the kernels validate the element type
+  }
+
+  absl::Status BeginStep(const ForwardPlan& plan) override {
+    plan_ = &plan;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<float*> Buffer(BufferId id, int64_t elems) override {
+    std::vector<float>& b = buffers_[static_cast<size_t>(id)];
+    if (static_cast<int64_t>(b.size()) < elems) b.resize(elems);
+    return b.data();
+  }
+
+  absl::Status EmbeddingGather(const BackendMatrix& table, float* out) override {
+    return cpu_ops::EmbeddingGather(M(table), plan_->batch->token_ids.data(), plan_->num_tokens,
+                                    out);
+  }
+
+  // y[n, W.rows] = x[n, W.cols] W^T (+ bias): one OpenBLAS sgemm for fp32
+  // matrices, kernels::Linear over the stored format otherwise.
+  absl::Status Linear(const float* x, int64_t n, const BackendMatrix& handle,
+                      const BackendVector& bias, float* y) override {
+    const Matrix& w = M(handle);
+    if (w.is_fp32()) {
+      if (n == 0) return absl::OkStatus();
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
+                  static_cast<int>(w.rows), static_cast<int>(w.cols), 1.0f, x,
+                  static_cast<int>(w.cols), w.data.data(), static_cast<int>(w.cols), 0.0f, y,
+                  static_cast<int>(w.rows));
+      if (bias.data != nullptr) {
+#pragma omp parallel for schedule(static)
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t j = 0; j < w.rows; ++j) y[t * w.rows + j] += bias.data[j];
+      }
+      return absl::OkStatus();
+    }
+    kernels::LinearParams p;
+    p.x = x;
+    p.num_tokens = n;
+    p.x_stride = w.cols;
+    p.w = StoredView(w);
+    p.bias = bias.data;
+    p.y = y;
+    p.y_stride = w.rows;
+    return kernels::Linear(p);
+  }
+
+  absl::Status AddRmsNorm(float* residual, const float* add, int64_t n, int dim,
+                          const BackendVector& weight, double eps, bool logits_rows,
+                          float* out) override {
+    cpu_ops::AddRmsNorm(residual, add, logits_rows ? plan_->batch->logits_rows.data() : nullptr,
+                        n, dim, weight.data, eps, out);
+    return absl::OkStatus();
+  }
+
+  absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size,
+                         int64_t token_stride) override {
+    cpu_ops::ApplyRope(x, n, heads, head_size, token_stride, plan_->rope_cos.data(),
+                       plan_->rope_sin.data());
+    return absl::OkStatus();
+  }
+
+  absl::Status SiluMul(float* gate, const float* up, int64_t count) override {
+    cpu_ops::SiluMul(gate, up, count);
+    return absl::OkStatus();
+  }
+
+  absl::Status Attention(const kernels::KVCacheView& cache, int num_heads, float* q, float* k,
+                         float* v, float* out) override {
+    const ForwardPlan& plan = *plan_;
+    const ForwardBatch& b = *plan.batch;
+    const int64_t n = plan.num_tokens;
+    const int D = cache.shape.head_size;
+    const int64_t q_dim = static_cast<int64_t>(num_heads) * D;
+    const int64_t kv_dim = static_cast<int64_t>(cache.shape.num_kv_heads) * D;
+    // Operands in the cache's element type: fp32 as they are; a 16-bit cache
+    // gets converted copies (and the output converted back).
+    const kernels::DType dt = cache.shape.dtype;
+    const bool convert = dt != kernels::DType::kFloat32;
+    void* qa = q;
+    void* ka = k;
+    void* va = v;
+    void* oa = out;
+    if (convert) {
+      q16_.resize(n * q_dim);
+      k16_.resize(n * kv_dim);
+      v16_.resize(n * kv_dim);
+      out16_.resize(n * q_dim);
+      ToCacheType(q, n * q_dim, dt, q16_.data());
+      ToCacheType(k, n * kv_dim, dt, k16_.data());
+      ToCacheType(v, n * kv_dim, dt, v16_.data());
+      qa = q16_.data();
+      ka = k16_.data();
+      va = v16_.data();
+      oa = out16_.data();
+    }
+
+    kernels::ReshapeAndCacheParams rc;
+    rc.key = ka;
+    rc.value = va;
+    rc.slot_mapping = b.slot_mapping.data();
+    rc.num_tokens = static_cast<int>(n);
+    rc.cache = cache;
+    PS_RETURN_IF_ERROR(kernels::ReshapeAndCache(rc));
+
+    if (plan.num_decode > 0) {
+      kernels::PagedAttentionParams pa;
+      pa.out = oa;
+      pa.query = qa;
+      pa.num_seqs = plan.num_decode;
+      pa.num_heads = num_heads;
+      pa.cache = cache;
+      pa.block_tables = b.block_tables.data();
+      pa.max_blocks_per_seq = b.max_blocks_per_seq;
+      pa.seq_lens = b.seq_lens.data();
+      pa.max_seq_len = plan.max_decode_len;
+      pa.scale = plan.attention_scale;
+      PS_RETURN_IF_ERROR(kernels::PagedAttention(pa));
+    }
+    if (plan.num_prefill > 0) {
+      const int64_t off =
+          static_cast<int64_t>(plan.prefill_row0) * q_dim * kernels::DTypeSize(dt);
+      kernels::PrefillAttentionParams pf;
+      pf.out = static_cast<uint8_t*>(oa) + off;
+      pf.query = static_cast<const uint8_t*>(qa) + off;
+      pf.num_seqs = plan.num_prefill;
+      pf.num_heads = num_heads;
+      pf.query_start_loc = plan.prefill_query_start_loc.data();
+      pf.seq_lens = b.seq_lens.data() + plan.num_decode;
+      pf.cache = cache;
+      pf.block_tables =
+          b.block_tables.data() + static_cast<int64_t>(plan.num_decode) * b.max_blocks_per_seq;
+      pf.max_blocks_per_seq = b.max_blocks_per_seq;
+      pf.max_query_len = plan.max_prefill_query_len;
+      pf.max_seq_len = plan.max_prefill_len;
+      pf.scale = plan.attention_scale;
+      PS_RETURN_IF_ERROR(kernels::PrefillAttention(pf));
+    }
+    if (convert) FromCacheType(out16_.data(), n * q_dim, dt, out);
+    return absl::OkStatus();
+  }
+
+  absl::Status AllReduceSum(float* data, int64_t count) override {
+    return comm_->AllReduceSum(data, static_cast<size_t>(count));
+  }
+
+  absl::Status LmHead(const float* x, int64_t n, const BackendMatrix& w,
+                      std::vector<float>* logits) override {
+    logits->resize(static_cast<size_t>(n) * w.rows);
+    return Linear(x, n, w, BackendVector{}, logits->data());
+  }
+
+ private:
+  static const Matrix& M(const BackendMatrix& h) { return *static_cast<const Matrix*>(h.handle); }
+
+  Communicator* comm_;
+  LlamaWeights weights_;
+  const ForwardPlan* plan_ = nullptr;
+  std::array<std::vector<float>, static_cast<size_t>(BufferId::kCount)> buffers_;
+  std::vector<uint16_t> q16_, k16_, v16_, out16_;  // attention operands for a 16-bit cache
+  std::vector<std::unique_ptr<float[]>> device_storage_, cpu_storage_;  // any dtype
+  std::vector<kernels::KVCacheView> device_views_, cpu_views_;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelBackend> MakeCpuBackend(Communicator* comm) {
+  return std::make_unique<CpuBackend>(comm);
+}
+
+}  // namespace pagedserve

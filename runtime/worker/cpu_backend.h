@@ -1,0 +1,54 @@
+// The CPU backend of the forward pass (runtime/worker/model_backend.h).
+//
+// Weights stay in their stored formats: projections and the LM head run
+// kernels::Linear over GGUF quantized, F16 or BF16 rows, or one OpenBLAS
+// sgemm for fp32 matrices (--dtype float32: the exact path the transformers
+// fixtures check). RMSNorm sums squares in double; rotary tables come from
+// the plan. Loops run on OpenMP threads. The KV cache may be fp32, fp16 or
+// bf16 (host memory); Attention converts queries, keys, values and the output
+// to the cache's element type around the kernels:: attention entry points
+// (round to nearest even). The TP all-reduce is the communicator's (MPI).
+//
+// The elementwise operations are also free functions (cpu_ops below) so that
+// the CUDA kernels' emulation test (tests/worker/cuda_model_emulation_test.cc)
+// checks the device kernels against exactly this arithmetic.
+#ifndef PAGEDSERVE_RUNTIME_WORKER_CPU_BACKEND_H_
+#define PAGEDSERVE_RUNTIME_WORKER_CPU_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "distributed/communicator.h"
+#include "runtime/worker/model_backend.h"
+
+namespace pagedserve {
+
+namespace cpu_ops {
+
+// ModelBackend::AddRmsNorm on host arrays: for t < n, r = rows ? rows[t] : t,
+// v = residual[r] (+ add[r]), out[t] = v / sqrt(sum(v^2)/dim + eps) * weight
+// (sum in double, in index order); residual[r] = v is written back only when
+// rows is null and add is not. out must not alias residual or add.
+void AddRmsNorm(float* residual, const float* add, const int32_t* rows, int64_t n, int dim,
+                const float* weight, double eps, float* out);
+
+// ModelBackend::ApplyRope on host arrays; cos_t/sin_t are [n, head_size/2].
+void ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stride,
+               const float* cos_t, const float* sin_t);
+
+// gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i] (fp32 exp), i < count.
+void SiluMul(float* gate, const float* up, int64_t count);
+
+// out[t, :] = table[ids[t], :] as fp32 (a copy for fp32 tables, the row's
+// dequantization otherwise); ids must be in [0, table.rows). Errors of
+// Matrix::RowToFloat pass through.
+absl::Status EmbeddingGather(const Matrix& table, const int32_t* ids, int64_t n, float* out);
+
+}  // namespace cpu_ops
+
+// `comm` (not owned) spans the TP group and must outlive the backend.
+std::unique_ptr<ModelBackend> MakeCpuBackend(Communicator* comm);
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_RUNTIME_WORKER_CPU_BACKEND_H_

@@ -1,0 +1,109 @@
+// Internal: the bodies of the small fp32 kernels of the CUDA backend
+// (runtime/worker/cuda/cuda_backend.h), as device functions so that
+// model_kernels.cu wraps them in __global__ kernels and
+// tests/worker/cuda_model_emulation_test.cc runs the same source on the CPU
+// through tests/kernels/simt_emulator.h, against the CPU backend's operations
+// (runtime/worker/cpu_backend.h, cpu_ops). Each body mirrors one cpu_ops
+// function with the same arithmetic where it matters (double sums in RMSNorm,
+// fp32 elsewhere). Every pointer is device memory; row-major layouts.
+#ifndef PAGEDSERVE_RUNTIME_WORKER_CUDA_MODEL_KERNELS_CUH_
+#define PAGEDSERVE_RUNTIME_WORKER_CUDA_MODEL_KERNELS_CUH_
+
+#include <cstdint>
+
+namespace pagedserve::cuda_model {
+
+// Threads per block of every launcher (model_kernels.cu).
+constexpr int kThreads = 256;
+
+// Grid (n): out[t, :] = table[ids[t], :], table [vocab, hidden]. ids are
+// checked on the host beforehand (0 <= id < vocab).
+__device__ __forceinline__ void EmbeddingGatherBody(const float* __restrict__ table,
+                                                    const int32_t* __restrict__ ids, int hidden,
+                                                    float* __restrict__ out) {
+  const int t = blockIdx.x;
+  const float* src = table + static_cast<int64_t>(ids[t]) * hidden;
+  float* dst = out + static_cast<int64_t>(t) * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = src[i];
+}
+
+// Grid (n), block (kThreads): fused residual add + RMSNorm of one row
+// (cpu_ops::AddRmsNorm): r = rows ? rows[t] : t; v = residual[r] (+ add[r]);
+// out[t] = v / sqrt(sum(v^2) / dim + eps) * weight, the sum of squares in
+// double (a tree over the block); residual[r] = v is written back only when
+// rows is null and add is not (otherwise v is staged in out[t]).
+template <int NUM_THREADS>
+__device__ __forceinline__ void AddRmsNormBody(float* residual, const float* __restrict__ add,
+                                               const int32_t* __restrict__ rows,
+                                               const float* __restrict__ weight, int dim,
+                                               double eps, float* __restrict__ out) {
+  __shared__ double partial[NUM_THREADS];
+  const int t = blockIdx.x;
+  const int64_t r = rows != nullptr ? rows[t] : t;
+  float* o = out + static_cast<int64_t>(t) * dim;
+  const float* xr = residual + r * dim;
+  if (add != nullptr) {
+    const float* ar = add + r * dim;
+    float* dst = rows == nullptr ? residual + r * dim : o;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = xr[i] + ar[i];
+    xr = dst;  // each thread reads back only the elements it wrote
+  }
+  double ss = 0.0;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const double v = xr[i];
+    ss += v * v;
+  }
+  partial[threadIdx.x] = ss;
+  __syncthreads();
+  for (int stride = NUM_THREADS / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const float inv = static_cast<float>(1.0 / sqrt(partial[0] / dim + eps));
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * weight[i];
+}
+
+// Grid (n): rotary embedding in the rotate_half layout (HF
+// LlamaRotaryEmbedding) of token t: for head h < heads and i < head_size/2
+// the pair (i, i + half) of x[t * token_stride + h * head_size + ...] rotates
+// by (cos_t, sin_t)[t, i]; tables [n, head_size/2].
+__device__ __forceinline__ void ApplyRopeBody(float* __restrict__ x, int heads, int head_size,
+                                              int64_t token_stride,
+                                              const float* __restrict__ cos_t,
+                                              const float* __restrict__ sin_t) {
+  const int t = blockIdx.x;
+  const int half = head_size / 2;
+  const float* c = cos_t + static_cast<int64_t>(t) * half;
+  const float* s = sin_t + static_cast<int64_t>(t) * half;
+  float* row = x + static_cast<int64_t>(t) * token_stride;
+  for (int k = threadIdx.x; k < heads * half; k += blockDim.x) {
+    const int h = k / half;
+    const int i = k % half;
+    float* v = row + static_cast<int64_t>(h) * head_size;
+    const float a = v[i], b = v[i + half];
+    v[i] = a * c[i] - b * s[i];
+    v[i + half] = b * c[i] + a * s[i];
+  }
+}
+
+// Grid-stride: y[k] += bias[k % cols], k < total.
+__device__ __forceinline__ void AddBiasBody(float* __restrict__ y, const float* __restrict__ bias,
+                                            int64_t total, int cols) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < total;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[k] += bias[k % cols];
+}
+
+// Grid-stride: gate[k] = gate[k] / (1 + exp(-gate[k])) * up[k], k < count.
+__device__ __forceinline__ void SiluMulBody(float* __restrict__ gate, const float* __restrict__ up,
+                                            int64_t count) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < count;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[k];
+    gate[k] = g / (1.0f + expf(-g)) * up[k];
+  }
+}
+
+}  // namespace pagedserve::cuda_model
+
+#endif  // PAGEDSERVE_RUNTIME_WORKER_CUDA_MODEL_KERNELS_CUH_

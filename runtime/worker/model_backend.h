@@ -1,0 +1,236 @@
+// The seam between the one Llama forward pass (runtime/worker/llama_model.h)
+// and the hardware it runs on. The forward pass owns the model logic: batch
+// validation, the decode/prefill split, the layer loop, the tensor-parallel
+// all-reduce calls and the logits rows. A ModelBackend owns memory and
+// arithmetic: weights in the form it runs them, activation buffers, the KV and
+// swap pools, and the operations below. Backends: CpuBackend
+// (runtime/worker/cpu_backend.h) and the CUDA backend
+// (runtime/worker/cuda/cuda_backend.h). The split follows llama.cpp's graph
+// over ggml backends and FlashInfer's plan/run split: the per-step metadata is
+// computed once on the host (ForwardPlan) and handed to the backend once per
+// step (BeginStep), never per layer.
+//
+// Conventions for every operation:
+//   - Pointers named x, y, out, residual, q, k, v, gate, up are activation
+//     buffers from Buffer() (backend memory: host for the CPU, device for
+//     CUDA); activations are fp32, row-major, one row per token.
+//   - Operations run in order on the backend's one stream; a pointer may be
+//     passed to the next operation at once. Results reach the host only
+//     through LmHead (which waits for the step).
+//   - Errors are absl::Status: InvalidArgument for arguments the contract
+//     rules out, kernel validation errors pass through, Internal for device
+//     runtime errors, ResourceExhausted for allocations. After an error the
+//     step is abandoned; the backend stays usable for the next BeginStep.
+//   - Not thread-safe: one forward pass at a time per backend.
+#ifndef PAGEDSERVE_RUNTIME_WORKER_MODEL_BACKEND_H_
+#define PAGEDSERVE_RUNTIME_WORKER_MODEL_BACKEND_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/types.h"
+#include "runtime/model/weights.h"
+
+namespace pagedserve {
+
+// One step's flattened variable-length batch (host memory, no padding).
+// Sequences are back to back; sequence s owns token rows
+// [query_start_loc[s], query_start_loc[s+1]).
+struct ForwardBatch {
+  std::span<const int32_t> token_ids;        // [num_tokens]
+  std::span<const int32_t> positions;        // [num_tokens], absolute positions
+  std::span<const int64_t> slot_mapping;     // [num_tokens], see kernels/reshape_and_cache.h
+  std::span<const int32_t> query_start_loc;  // [num_seqs + 1]
+  std::span<const int32_t> seq_lens;         // [num_seqs], context incl. this step's tokens
+  std::span<const int32_t> block_tables;     // [num_seqs * max_blocks_per_seq], -padded with 0
+  int max_blocks_per_seq = 0;
+  // Token rows whose logits are wanted (e.g. each sampled sequence's last row).
+  std::span<const int32_t> logits_rows;
+
+  int num_seqs() const { return static_cast<int>(seq_lens.size()); }
+  int num_tokens() const { return static_cast<int>(token_ids.size()); }
+};
+
+// The per-step metadata, computed once on the host by the forward pass
+// (LlamaModel) from a validated ForwardBatch and consumed by the backend
+// (BeginStep). Host memory; `batch` must outlive the step.
+struct ForwardPlan {
+  const ForwardBatch* batch = nullptr;
+  int64_t num_tokens = 0;
+  int num_seqs = 0;
+  // The batch split: the leading run of single-token sequences with cached
+  // context (seq_len > 1) runs decode attention (paged_attention), sequences
+  // [num_decode, num_seqs) run prefill attention over token rows
+  // [prefill_row0, num_tokens).
+  int num_decode = 0;
+  int max_decode_len = 0;  // max seq_len over the decode sequences
+  int num_prefill = 0;
+  int prefill_row0 = 0;
+  int max_prefill_query_len = 0;
+  int max_prefill_len = 0;  // max seq_len over the prefill sequences
+  // [num_prefill + 1] query_start_loc of the prefill part, relative to
+  // prefill_row0; empty when num_prefill == 0.
+  std::vector<int32_t> prefill_query_start_loc;
+  // Rotary tables [num_tokens, rope_half]: (float)cos/sin(position *
+  // inv_freq[i]), angle in double (RopeInverseFrequencies).
+  int rope_half = 0;
+  std::vector<float> rope_cos, rope_sin;
+  float attention_scale = 0.0f;  // 1 / sqrt(head_size)
+};
+
+// A weight as the backend holds it. `handle` is backend-private (CPU: the
+// host Matrix in its stored format; CUDA: an fp32 device copy); rows/cols are
+// the logical shape [out_features, in_features].
+struct BackendMatrix {
+  const void* handle = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+// A vector of fp32 values in backend memory (norm weights, biases); data is
+// null (size 0) for an absent bias.
+struct BackendVector {
+  const float* data = nullptr;
+  int64_t size = 0;
+};
+struct BackendLayer {
+  BackendVector input_layernorm, post_attention_layernorm;
+  BackendMatrix q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+  BackendVector q_bias, k_bias, v_bias;
+};
+// All weights of one rank's shard, valid as long as the backend.
+struct BackendWeights {
+  BackendMatrix embed_tokens;
+  BackendMatrix lm_head;  // the embedding again when tied
+  BackendVector final_norm;
+  std::vector<BackendLayer> layers;
+};
+
+// The activation buffers the forward pass asks for (one allocation each,
+// reused across steps: grown, never shrunk).
+enum class BufferId {
+  kResidual,     // [n, hidden] the residual stream
+  kNormed,       // [n, hidden] RMSNorm output
+  kQuery,        // [n, q_dim]
+  kKey,          // [n, kv_dim]
+  kValue,        // [n, kv_dim]
+  kAttention,    // [n, q_dim] attention output
+  kProjection,   // [n, hidden] o_proj / down_proj output (all-reduced)
+  kGate,         // [n, intermediate]
+  kUp,           // [n, intermediate]
+  kLogitsInput,  // [logits_rows, hidden] final-norm output of the logits rows
+  kCount
+};
+
+class ModelBackend {
+ public:
+  virtual ~ModelBackend() = default;
+
+  // Where the pools, weights and activations live (kCPU or kCUDA).
+  virtual kernels::Device device() const = 0;
+  // Short name for messages ("cpu", "cuda").
+  virtual const char* name() const = 0;
+
+  // ---- Setup -------------------------------------------------------------
+  // Takes this rank's weight shard (ownership: the CPU backend keeps it, the
+  // CUDA backend uploads it and drops the host copy) and returns the handles
+  // the forward pass uses. Called once, before anything else.
+  // Errors: Unimplemented for a stored matrix type the backend does not run;
+  // ResourceExhausted when the weights do not fit.
+  virtual absl::StatusOr<BackendWeights> LoadWeights(LlamaWeights weights) = 0;
+  // Bytes of backend memory the weights occupy.
+  virtual int64_t weight_bytes() const = 0;
+
+  // The KV-pool budget in bytes. CPU: `host_bytes` (--kv-cache-memory).
+  // CUDA: free device memory now (after the weights) times
+  // `gpu_memory_utilization`, minus a reserve for one step's activations and
+  // for runtime internals (vLLM-style); may be <= 0 (nothing fits).
+  // InvalidArgument unless 0 < gpu_memory_utilization <= 1 (CUDA).
+  virtual absl::StatusOr<int64_t> KvCacheBudgetBytes(int64_t host_bytes,
+                                                     double gpu_memory_utilization) const = 0;
+  // Allocates the per-layer pools: num_device_blocks blocks of `shape` in
+  // backend memory (views of device()) and num_cpu_blocks blocks in host
+  // memory for swapping (kCPU views; pinned on CUDA); zero blocks gives no
+  // views. shape.num_blocks is ignored. Buffers live as long as the backend.
+  // Call once. Errors: FailedPrecondition on a second call, InvalidArgument
+  // for a dtype the backend's attention does not take, ResourceExhausted
+  // naming the pool when an allocation fails.
+  virtual absl::Status AllocateCaches(const kernels::KVCacheShape& shape,
+                                      int64_t num_device_blocks, int64_t num_cpu_blocks) = 0;
+  virtual std::span<const kernels::KVCacheView> device_cache() const = 0;
+  virtual std::span<const kernels::KVCacheView> cpu_cache() const = 0;
+  // OK when `view` is a KV cache layer this backend's attention runs
+  // (device and element type); InvalidArgument naming the problem otherwise.
+  virtual absl::Status CheckKvCache(const kernels::KVCacheView& view) const = 0;
+
+  // ---- One step --------------------------------------------------------
+  // Starts a step: makes the plan's index arrays and rotary tables available
+  // to the operations below (CUDA: one packed upload) and prepares attention
+  // workspaces. `plan` (and its batch) must stay valid until the step's
+  // LmHead returns.
+  virtual absl::Status BeginStep(const ForwardPlan& plan) = 0;
+
+  // An fp32 activation buffer of at least `elems` elements for this step.
+  // The pointer stays valid until the next Buffer call with the same id and a
+  // larger size; contents are not preserved on growth.
+  virtual absl::StatusOr<float*> Buffer(BufferId id, int64_t elems) = 0;
+
+  // out[t, :] = table[token_ids[t], :] for the plan's tokens, converted to
+  // fp32; out [num_tokens, table.cols].
+  virtual absl::Status EmbeddingGather(const BackendMatrix& table, float* out) = 0;
+
+  // y[n, w.rows] = x[n, w.cols] w^T (+ bias[w.rows] when bias.data is set),
+  // over `w` in the form the backend holds it (stored format on the CPU).
+  virtual absl::Status Linear(const float* x, int64_t n, const BackendMatrix& w,
+                              const BackendVector& bias, float* y) = 0;
+
+  // Fused residual add + RMSNorm (Zhang & Sennrich 2019), one row at a time:
+  //   v   = residual[r] (+ add[r] when add is not null)   (fp32 add)
+  //   out[t] = v / sqrt(mean(v^2) + eps) * weight        (sum of squares in double)
+  // With logits_rows false: r = t for t < n, and residual[r] = v is written
+  // back (the residual stream update). With logits_rows true: r = the plan's
+  // logits_rows[t] for t < n = logits_rows.size(), and residual is not written
+  // (a gather of the rows whose logits are wanted). out [n, dim] must not
+  // alias residual or add.
+  virtual absl::Status AddRmsNorm(float* residual, const float* add, int64_t n, int dim,
+                                  const BackendVector& weight, double eps, bool logits_rows,
+                                  float* out) = 0;
+
+  // Rotary embedding in the rotate_half layout (Su et al. 2021; HF
+  // LlamaRotaryEmbedding), in place: for token t, head h < heads and i <
+  // head_size/2 the pair (i, i + head_size/2) of x[t * token_stride + h *
+  // head_size + ...] rotates by the plan's (rope_cos, rope_sin)[t, i].
+  virtual absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size,
+                                 int64_t token_stride) = 0;
+
+  // gate[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i].
+  virtual absl::Status SiluMul(float* gate, const float* up, int64_t count) = 0;
+
+  // The attention of one layer over the paged cache `cache` (a view this
+  // backend accepts, CheckKvCache): writes the step's keys and values
+  // (fp32 [n, kv_dim]) into the cache at the plan's slot_mapping
+  // (reshape_and_cache), then computes out (fp32 [n, q_dim]) from the queries
+  // (fp32 [n, q_dim], RoPE applied) with decode attention for the plan's
+  // decode sequences and prefill attention (causal) for the rest, scale
+  // plan.attention_scale. This is the one place where queries, keys, values
+  // and the output are converted to and from the element type the attention
+  // kernels take for this cache (e.g. fp16/bf16 on the CPU); softmax and
+  // accumulation stay fp32 inside the kernels. q, k, v may be overwritten.
+  virtual absl::Status Attention(const kernels::KVCacheView& cache, int num_heads, float* q,
+                                 float* k, float* v, float* out) = 0;
+
+  // Sum over the tensor-parallel group, in place, on backend memory (the
+  // output of a row-parallel layer). A no-op for a group of one.
+  virtual absl::Status AllReduceSum(float* data, int64_t count) = 0;
+
+  // logits (host, resized to [n, w.rows]) = x[n, w.cols] w^T; waits for the
+  // step. Ends the step. Nothing is written to `logits` on error.
+  virtual absl::Status LmHead(const float* x, int64_t n, const BackendMatrix& w,
+                              std::vector<float>* logits) = 0;
+};
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_RUNTIME_WORKER_MODEL_BACKEND_H_

@@ -1,0 +1,272 @@
+// Runs the CUDA backend's small model kernels (runtime/worker/cuda/
+// model_kernels.cuh: embedding gather, fused residual add + RMSNorm, RoPE,
+// SiLU-and-mul, bias add) on the CPU through tests/kernels/simt_emulator.h and
+// compares them with the CPU backend's operations (cpu_ops in
+// runtime/worker/cpu_backend.h, the arithmetic the transformers and llama.cpp
+// fixtures check), on odd shapes (rows not a multiple of the block, a grid
+// smaller than the work for the grid-stride loops). Needs the CUDA headers
+// only, no device. Each op has a negative control: a deliberately broken
+// variant of its body, run the same way, must fail the same check.
+//
+// Tolerances: gather, bias add, and the residual sums are bit-exact; RoPE and
+// SiLU-and-mul use the same fp32 operations as the CPU loop (tolerance
+// 2e-6 relative + 1e-7 for a contraction into FMA by either compiler);
+// RMSNorm sums squares in double in a different order (a block tree vs a
+// sequential loop), so its outputs agree within a few float ulps (2e-6
+// relative + 1e-7).
+#include "tests/kernels/simt_emulator.h"  // must precede the kernel header
+
+// The kernel bodies use threadIdx, __syncthreads, ... unqualified; in this
+// host build they come from the emulator's namespace.
+namespace pagedserve::cuda_model {
+using namespace ::pagedserve::kernels::cuda;  // NOLINT
+}  // namespace pagedserve::cuda_model
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/model/weights.h"
+#include "runtime/worker/cpu_backend.h"
+#include "runtime/worker/cuda/model_kernels.cuh"
+
+namespace pagedserve::cuda_model {
+namespace {
+
+namespace kc = ::pagedserve::kernels::cuda;
+
+std::vector<float> Random(size_t n, std::mt19937& rng, float lo = -2.0f, float hi = 2.0f) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// Number of elements where got and want differ by more than rel * |want| + abs
+// (rel = abs = 0: bit-exact).
+int Mismatches(const std::vector<float>& got, const std::vector<float>& want, double rel,
+               double abs) {
+  if (got.size() != want.size()) return static_cast<int>(std::max(got.size(), want.size()));
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (!(d <= rel * std::abs(static_cast<double>(want[i])) + abs)) ++bad;
+  }
+  return bad;
+}
+
+constexpr double kRel = 2e-6;
+constexpr double kAbs = 1e-7;
+
+// ---- Embedding gather -------------------------------------------------------
+
+// Broken: reads the next row of the table.
+void BrokenEmbeddingGatherBody(const float* table, const int32_t* ids, int hidden, int vocab,
+                               float* out) {
+  const int t = blockIdx.x;
+  const float* src = table + static_cast<int64_t>((ids[t] + 1) % vocab) * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[static_cast<int64_t>(t) * hidden + i] = src[i];
+}
+
+TEST(CudaModelEmulationTest, EmbeddingGatherMatchesCpu) {
+  std::mt19937 rng(1);
+  const int vocab = 37, hidden = 300, n = 6;
+  Matrix table;
+  table.rows = vocab;
+  table.cols = hidden;
+  table.data = Random(static_cast<size_t>(vocab) * hidden, rng);
+  const std::vector<int32_t> ids = {5, 0, 36, 5, 17, 2};
+  std::vector<float> want(static_cast<size_t>(n) * hidden);
+  ASSERT_TRUE(cpu_ops::EmbeddingGather(table, ids.data(), n, want.data()).ok());
+
+  std::vector<float> got(want.size(), NAN), broken(want.size(), NAN);
+  kc::EmuLaunch(dim3(n), dim3(kThreads), 0,
+                [&] { EmbeddingGatherBody(table.data.data(), ids.data(), hidden, got.data()); });
+  EXPECT_EQ(Mismatches(got, want, 0, 0), 0);
+  kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+    BrokenEmbeddingGatherBody(table.data.data(), ids.data(), hidden, vocab, broken.data());
+  });
+  EXPECT_GT(Mismatches(broken, want, 0, 0), 0) << "negative control passed the check";
+}
+
+// ---- Fused residual add + RMSNorm ----------------------------------------------
+
+// Broken: the block tree stops one level early (half the partial sums lost
+// for dims wider than half the block).
+template <int NUM_THREADS>
+void BrokenAddRmsNormBody(float* residual, const float* add, const int32_t* rows,
+                          const float* weight, int dim, double eps, float* out) {
+  __shared__ double partial[NUM_THREADS];
+  const int t = blockIdx.x;
+  const int64_t r = rows != nullptr ? rows[t] : t;
+  float* o = out + static_cast<int64_t>(t) * dim;
+  const float* xr = residual + r * dim;
+  if (add != nullptr) {
+    float* dst = rows == nullptr ? residual + r * dim : o;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = xr[i] + add[r * dim + i];
+    xr = dst;
+  }
+  double ss = 0.0;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
+  partial[threadIdx.x] = ss;
+  __syncthreads();
+  for (int stride = NUM_THREADS / 4; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const float inv = static_cast<float>(1.0 / sqrt(partial[0] / dim + eps));
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * weight[i];
+}
+
+struct NormCase {
+  const char* what;
+  bool with_add;
+  std::vector<int32_t> rows;  // empty: all rows, written back
+};
+
+template <int NUM_THREADS, bool kBroken>
+void RunAddRmsNorm(const NormCase& c, int n, int dim, std::mt19937& rng, int* out_bad,
+                   int* residual_bad) {
+  const double eps = 1e-5;
+  const std::vector<float> x0 = Random(static_cast<size_t>(n) * dim, rng);
+  const std::vector<float> add = Random(x0.size(), rng);
+  const std::vector<float> weight = Random(dim, rng, 0.5f, 1.5f);
+  const int32_t* rows = c.rows.empty() ? nullptr : c.rows.data();
+  const int out_rows = c.rows.empty() ? n : static_cast<int>(c.rows.size());
+  const float* a = c.with_add ? add.data() : nullptr;
+
+  std::vector<float> want_x = x0, want(static_cast<size_t>(out_rows) * dim);
+  cpu_ops::AddRmsNorm(want_x.data(), a, rows, out_rows, dim, weight.data(), eps, want.data());
+  std::vector<float> got_x = x0, got(want.size(), NAN);
+  kc::EmuLaunch(dim3(out_rows), dim3(NUM_THREADS), 0, [&] {
+    if constexpr (kBroken) {
+      BrokenAddRmsNormBody<NUM_THREADS>(got_x.data(), a, rows, weight.data(), dim, eps, got.data());
+    } else {
+      AddRmsNormBody<NUM_THREADS>(got_x.data(), a, rows, weight.data(), dim, eps, got.data());
+    }
+  });
+  *out_bad = Mismatches(got, want, kRel, kAbs);
+  *residual_bad = Mismatches(got_x, want_x, 0, 0);  // the write-back is a plain fp32 add
+}
+
+TEST(CudaModelEmulationTest, AddRmsNormMatchesCpu) {
+  std::mt19937 rng(2);
+  const std::vector<NormCase> cases = {
+      {"norm only", false, {}},
+      {"residual add + norm, written back", true, {}},
+      {"residual add + norm of gathered rows (one twice)", true, {4, 0, 4, 2}},
+  };
+  for (const NormCase& c : cases) {
+    for (int dim : {96, 576, 1000}) {  // below, at a multiple of and above the block width
+      SCOPED_TRACE(testing::Message() << c.what << ", dim " << dim);
+      int out_bad = -1, res_bad = -1;
+      RunAddRmsNorm<kThreads, false>(c, 5, dim, rng, &out_bad, &res_bad);
+      EXPECT_EQ(out_bad, 0);
+      EXPECT_EQ(res_bad, 0);
+      RunAddRmsNorm<64, false>(c, 5, dim, rng, &out_bad, &res_bad);  // another block width
+      EXPECT_EQ(out_bad, 0);
+      EXPECT_EQ(res_bad, 0);
+      if (dim > kThreads / 2) {
+        RunAddRmsNorm<kThreads, true>(c, 5, dim, rng, &out_bad, &res_bad);
+        EXPECT_GT(out_bad, 0) << "negative control passed the check";
+      }
+    }
+  }
+}
+
+// ---- RoPE ------------------------------------------------------------------
+
+// Broken: rotates by -angle (sin sign flipped).
+void BrokenApplyRopeBody(float* x, int heads, int head_size, int64_t token_stride,
+                         const float* cos_t, const float* sin_t) {
+  const int t = blockIdx.x;
+  const int half = head_size / 2;
+  float* row = x + static_cast<int64_t>(t) * token_stride;
+  for (int k = threadIdx.x; k < heads * half; k += blockDim.x) {
+    const int h = k / half, i = k % half;
+    float* v = row + static_cast<int64_t>(h) * head_size;
+    const float c = cos_t[t * half + i], s = -sin_t[t * half + i];
+    const float a = v[i], b = v[i + half];
+    v[i] = a * c - b * s;
+    v[i + half] = b * c + a * s;
+  }
+}
+
+TEST(CudaModelEmulationTest, ApplyRopeMatchesCpu) {
+  std::mt19937 rng(3);
+  // 7 query heads of 64 in a row of 7 * 64 (q), and 3 KV heads of 128 in a
+  // wider row (a stride larger than heads * head_size).
+  struct Shape {
+    int heads, head_size;
+    int64_t stride;
+  };
+  for (const Shape& s : {Shape{7, 64, 7 * 64}, Shape{3, 128, 3 * 128 + 32}}) {
+    SCOPED_TRACE(testing::Message() << s.heads << " heads of " << s.head_size);
+    const int n = 5, half = s.head_size / 2;
+    const std::vector<float> x0 = Random(static_cast<size_t>(n) * s.stride, rng);
+    std::vector<float> cos_t(static_cast<size_t>(n) * half), sin_t(cos_t.size());
+    for (size_t i = 0; i < cos_t.size(); ++i) {
+      const double angle = std::uniform_real_distribution<double>(-10, 10)(rng);
+      cos_t[i] = static_cast<float>(std::cos(angle));
+      sin_t[i] = static_cast<float>(std::sin(angle));
+    }
+    std::vector<float> want = x0, got = x0, broken = x0;
+    cpu_ops::ApplyRope(want.data(), n, s.heads, s.head_size, s.stride, cos_t.data(), sin_t.data());
+    kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+      ApplyRopeBody(got.data(), s.heads, s.head_size, s.stride, cos_t.data(), sin_t.data());
+    });
+    EXPECT_EQ(Mismatches(got, want, kRel, kAbs), 0);
+    kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+      BrokenApplyRopeBody(broken.data(), s.heads, s.head_size, s.stride, cos_t.data(),
+                          sin_t.data());
+    });
+    EXPECT_GT(Mismatches(broken, want, kRel, kAbs), 0) << "negative control passed the check";
+  }
+}
+
+// ---- SiLU-and-mul, bias add (grid-stride loops) ---------------------------------
+
+// Broken: silu(g) computed as g / (1 + exp(g)).
+void BrokenSiluMulBody(float* gate, const float* up, int64_t count) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < count;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[k];
+    gate[k] = g / (1.0f + expf(g)) * up[k];
+  }
+}
+
+TEST(CudaModelEmulationTest, SiluMulMatchesCpu) {
+  std::mt19937 rng(4);
+  const int64_t count = 3 * 1536 + 7;  // several grid-stride rounds of 3 blocks
+  const std::vector<float> gate0 = Random(count, rng, -8.0f, 8.0f);
+  const std::vector<float> up = Random(count, rng);
+  std::vector<float> want = gate0, got = gate0, broken = gate0;
+  cpu_ops::SiluMul(want.data(), up.data(), count);
+  kc::EmuLaunch(dim3(3), dim3(kThreads), 0, [&] { SiluMulBody(got.data(), up.data(), count); });
+  EXPECT_EQ(Mismatches(got, want, kRel, kAbs), 0);
+  kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
+                [&] { BrokenSiluMulBody(broken.data(), up.data(), count); });
+  EXPECT_GT(Mismatches(broken, want, kRel, kAbs), 0) << "negative control passed the check";
+}
+
+TEST(CudaModelEmulationTest, AddBiasMatchesReference) {
+  std::mt19937 rng(5);
+  const int n = 9, cols = 333;
+  const std::vector<float> y0 = Random(static_cast<size_t>(n) * cols, rng);
+  const std::vector<float> bias = Random(cols, rng);
+  std::vector<float> want = y0, got = y0, broken = y0;
+  for (int t = 0; t < n; ++t)
+    for (int j = 0; j < cols; ++j) want[static_cast<size_t>(t) * cols + j] += bias[j];
+  kc::EmuLaunch(dim3(2), dim3(kThreads), 0,
+                [&] { AddBiasBody(got.data(), bias.data(), int64_t{n} * cols, cols); });
+  EXPECT_EQ(Mismatches(got, want, 0, 0), 0);
+  // Broken: the bias indexed modulo cols - 1 (a wrong row length).
+  kc::EmuLaunch(dim3(2), dim3(kThreads), 0,
+                [&] { AddBiasBody(broken.data(), bias.data(), int64_t{n} * cols, cols - 1); });
+  EXPECT_GT(Mismatches(broken, want, 0, 0), 0) << "negative control passed the check";
+}
+
+}  // namespace
+}  // namespace pagedserve::cuda_model
