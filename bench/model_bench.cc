@@ -117,7 +117,7 @@ Config& config() {
 // The model of --random-weights, driven through the public model API.
 struct RandomModel {
   std::unique_ptr<LlamaModel> cpu;
-  std::unique_ptr<CudaLlamaModel> cuda;
+  std::unique_ptr<LlamaModel> cuda;  // over the CUDA backend (CudaLlamaModel::Create)
   std::vector<std::unique_ptr<float[]>> storage;  // the CPU KV pool
   std::vector<kernels::KVCacheView> cpu_cache;
   kernels::DType kv_dtype = kernels::DType::kFloat32;
@@ -329,7 +329,7 @@ void SetupRandom() {
       Die(s.ToString());
     std::fprintf(stderr, "bench_model: uploaded in %.1f s (%.2f GB of weights on CUDA device 0)\n",
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(),
-                 r->cuda->weight_bytes() / 1e9);
+                 r->cuda->backend().weight_bytes() / 1e9);
 #else
     Die("--device=cuda: this build has no CUDA backend");
 #endif
