@@ -71,6 +71,8 @@ absl::Status CheckBlockTables(absl::string_view op, const int32_t* bt, int num_s
 template <typename Params>
 absl::Status CheckAttentionCommon(absl::string_view op, const Params& p) {
   if (absl::Status st = CheckCache(op, p.cache); !st.ok()) return st;
+  if (absl::Status st = ValidateIoDType(p.io_dtype, p.cache.shape.dtype); !st.ok())
+    return Invalid(op, st.message());
   if (p.num_seqs < 0) return Invalid(op, "num_seqs must be >= 0, got ", p.num_seqs);
   if (absl::Status st = CheckHeads(op, p.num_heads, p.cache.shape.num_kv_heads); !st.ok())
     return st;
@@ -125,6 +127,8 @@ absl::Status ValidateDecode(absl::string_view op, const PagedAttentionParams& p)
 absl::Status ReshapeAndCache(const ReshapeAndCacheParams& p) {
   constexpr absl::string_view op = "reshape_and_cache";
   if (absl::Status st = CheckCache(op, p.cache); !st.ok()) return st;
+  if (absl::Status st = ValidateIoDType(p.io_dtype, p.cache.shape.dtype); !st.ok())
+    return Invalid(op, st.message());
   const KVCacheShape& cs = p.cache.shape;
   if (p.num_tokens < 0) return Invalid(op, "num_tokens must be >= 0, got ", p.num_tokens);
   const int64_t row = static_cast<int64_t>(cs.num_kv_heads) * cs.head_size;
@@ -325,6 +329,10 @@ absl::Status SwapBlocks(std::span<const KVCacheView> src, std::span<const KVCach
       return Invalid(op, "layer ", i, ": num_blocks differs from layer 0");
     if (src[i].device != src[0].device || dst[i].device != dst[0].device)
       return Invalid(op, "layer ", i, ": device differs from layer 0");
+    if (IsFp8(src[i].shape.dtype) &&
+        (src[i].k_scale != dst[i].k_scale || src[i].v_scale != dst[i].v_scale))
+      return Invalid(op, "layer ", i, ": src and dst fp8 pools must share k_scale and v_scale ",
+                     "(the bytes are moved as they are)");
     any_cuda = any_cuda || src[i].device == Device::kCUDA || dst[i].device == Device::kCUDA;
   }
   if (absl::Status st = CheckPairs(op, pairs, src[0].shape.num_blocks, dst[0].shape.num_blocks);

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "kernels/partition.h"  // kPartitionSize, NumPartitions
@@ -18,12 +19,21 @@
 namespace pagedserve::kernels {
 
 struct PagedAttentionParams {
-  void* out = nullptr;          // [num_seqs, num_heads, head_size], cache dtype
-  const void* query = nullptr;  // [num_seqs, num_heads, head_size], cache dtype
+  void* out = nullptr;          // [num_seqs, num_heads, head_size], io_dtype
+  const void* query = nullptr;  // [num_seqs, num_heads, head_size], io_dtype
   int num_seqs = 0;
   int num_heads = 0;  // query heads; a multiple of cache.shape.num_kv_heads.
                       // GQA/MQA: kv_head = head / (num_heads / num_kv_heads).
   KVCacheView cache;
+  // Element type of query and out. Unset means cache.shape.dtype (the only
+  // choice for fp32/fp16/bf16 caches). An fp8 cache requires kFloat32,
+  // kFloat16 or kBFloat16 here; its elements are read as stored * k_scale
+  // (keys) and stored * v_scale (values) (kernels/types.h), converted in
+  // registers as they are loaded. The kernels fold the scales into the softmax
+  // scale (logit = scale * k_scale * q . stored_k) and into the output
+  // normalization (out = v_scale * sum p_j stored_v_j / sum p_j), equal to
+  // scaling every element up to fp32 rounding.
+  std::optional<DType> io_dtype;
   // block_tables[s * max_blocks_per_seq + i] = physical block of sequence s's
   // i-th logical block. int32, same device as the cache.
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
@@ -42,7 +52,7 @@ struct PagedAttentionParams {
   void* stream = nullptr;  // cudaStream_t for kCUDA; ignored on CPU
 };
 
-// Checks shapes and, where host-readable, every block id (< num_blocks, >= 0)
+// Checks shapes, io_dtype against the cache dtype (ValidateIoDType) and, where host-readable, every block id (< num_blocks, >= 0)
 // and seq_len (1 <= seq_len <= max_blocks_per_seq * block_size, <= max_seq_len).
 // Returns InvalidArgument naming the offending field and index.
 absl::Status ValidatePagedAttention(const PagedAttentionParams& p);

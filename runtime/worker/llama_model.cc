@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/half.h"
@@ -199,8 +200,12 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
   const int inter = local_intermediate_;
   // Queries, keys, values and attention outputs go to the kernels in the cache's
   // element type; with a 16-bit cache they are converted around the attention.
-  const kernels::DType kv_dtype = kv_layers.empty() ? kernels::DType::kFloat32
-                                                    : kv_layers[0].shape.dtype;
+  // An fp8 cache takes them as fp32 (io_dtype) and converts inside the kernels.
+  const kernels::DType cache_dtype = kv_layers.empty() ? kernels::DType::kFloat32
+                                                       : kv_layers[0].shape.dtype;
+  const std::optional<kernels::DType> io_dtype =
+      kernels::IsFp8(cache_dtype) ? std::optional(kernels::DType::kFloat32) : std::nullopt;
+  const kernels::DType kv_dtype = kernels::ResolveIoDType(io_dtype, cache_dtype);
   const bool half_kv = kv_dtype != kernels::DType::kFloat32;
 
   x_.resize(n * hidden);
@@ -290,6 +295,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
     rc.slot_mapping = b.slot_mapping.data();
     rc.num_tokens = static_cast<int>(n);
     rc.cache = kv_layers[l];
+    rc.io_dtype = io_dtype;
     PS_RETURN_IF_ERROR(kernels::ReshapeAndCache(rc));
 
     if (num_decode > 0) {
@@ -299,6 +305,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
       pa.num_seqs = num_decode;
       pa.num_heads = local_heads_;
       pa.cache = kv_layers[l];
+    pa.io_dtype = io_dtype;
       pa.block_tables = b.block_tables.data();
       pa.max_blocks_per_seq = b.max_blocks_per_seq;
       pa.seq_lens = b.seq_lens.data();
@@ -316,6 +323,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
       pf.query_start_loc = prefill_qsl_.data();
       pf.seq_lens = b.seq_lens.data() + num_decode;
       pf.cache = kv_layers[l];
+    pf.io_dtype = io_dtype;
       pf.block_tables = b.block_tables.data() + static_cast<int64_t>(num_decode) * b.max_blocks_per_seq;
       pf.max_blocks_per_seq = b.max_blocks_per_seq;
       pf.max_query_len = max_prefill_q;

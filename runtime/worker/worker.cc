@@ -77,7 +77,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
       float* k = storage->back().get();
       storage->emplace_back(new float[elems]);
       float* v = storage->back().get();
-      views->push_back(kernels::KVCacheView{k, v, s, kernels::Device::kCPU});
+      // k_scale = v_scale = 1: vLLM's default without checkpoint KV scales
+      // (used by fp8 pools only; see WorkerOptions::kv_cache_dtype).
+      views->push_back(kernels::KVCacheView{k, v, s, kernels::Device::kCPU, 1.0f, 1.0f});
     }
   };
   w->mirror_ = std::make_unique<StepPlanMirror>(options.block_size, w->num_device_blocks_);
