@@ -62,7 +62,7 @@ class LlamaModel {
   int local_num_kv_heads() const { return local_kv_heads_; }
 
   // Runs the batch, writes this step's K/V into `kv_layers` (num_layers CPU
-  // views, all of one dtype: fp32, fp16 or bf16) and fp32 logits [logits_rows.size(), vocab_size] row-major into `logits`.
+  // views, all of one dtype: fp32, fp16, bf16 or fp8 e4m3/e5m2) and fp32 logits [logits_rows.size(), vocab_size] row-major into `logits`.
   // Errors: InvalidArgument for inconsistent batch spans or a token id outside
   // the vocabulary; kernel validation errors (bad block ids, lengths) pass
   // through; nothing is written to `logits` on error.

@@ -314,6 +314,7 @@ TEST(Fp8KvCacheTest, ValidationNamesTheField) {
   p.seq_lens = b.seq_lens.data();
   p.max_seq_len = 20;
   auto expect_invalid = [](const absl::Status& st, const char* field) {
+    SCOPED_TRACE(field);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_NE(st.message().find(field), std::string::npos) << st;
   };
@@ -354,6 +355,7 @@ TEST(Fp8KvCacheTest, ValidationNamesTheField) {
   KVCacheView src = b.view(0.5f, 1.0f), dst = src;
   dst.key_cache = hk.data();
   dst.value_cache = hv.data();
+  dst.k_scale = 1.0f;
   const BlockCopy pair{0, 0};
   expect_invalid(SwapBlocks({&src, 1}, {&dst, 1}, {&pair, 1}), "k_scale");
   dst.k_scale = 0.5f;
