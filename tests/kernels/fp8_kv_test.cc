@@ -4,9 +4,10 @@
 //
 // Reference: the double-precision naive attention (reference_attention.h) on
 // the fp8-rounded K/V, i.e. decode(fp8(x / k_scale)) * k_scale per element
-// with the conversions of kernels/cpu/fp8.h (checked against cuda_fp8.h in
-// fp8_conversion_test.cc). Tolerance: attention_check.h's standard for the
-// io dtype (the output is io-typed). Negative controls in every case: a
+// with the conversions of kernels/cpu/fp8.h (checked against ml_dtypes in
+// fp8_fixture_test.cc and against cuda_fp8.h in fp8_conversion_test.cc).
+// Tolerance: attention_check.h's standard for the io dtype (the output is
+// io-typed). Negative controls in every case: a
 // zeroed output, the kernel with one block dropped, and the kernel run with
 // k_scale or v_scale left at 1 (a kernel ignoring the scale) all fail.
 #include <algorithm>
