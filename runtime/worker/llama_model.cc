@@ -305,7 +305,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
       pa.num_seqs = num_decode;
       pa.num_heads = local_heads_;
       pa.cache = kv_layers[l];
-    pa.io_dtype = io_dtype;
+      pa.io_dtype = io_dtype;
       pa.block_tables = b.block_tables.data();
       pa.max_blocks_per_seq = b.max_blocks_per_seq;
       pa.seq_lens = b.seq_lens.data();
@@ -323,7 +323,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
       pf.query_start_loc = prefill_qsl_.data();
       pf.seq_lens = b.seq_lens.data() + num_decode;
       pf.cache = kv_layers[l];
-    pf.io_dtype = io_dtype;
+      pf.io_dtype = io_dtype;
       pf.block_tables = b.block_tables.data() + static_cast<int64_t>(num_decode) * b.max_blocks_per_seq;
       pf.max_blocks_per_seq = b.max_blocks_per_seq;
       pf.max_query_len = max_prefill_q;
