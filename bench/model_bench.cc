@@ -103,7 +103,7 @@ struct Config {
   int repeats = 3;
   int max_batched_tokens = 512;
   WeightDType dtype = WeightDType::kAuto;          // --dtype=auto|float32|float16|bfloat16
-  std::optional<kernels::DType> kv_cache_dtype;    // --kv_cache_dtype=float32|float16|bfloat16
+  std::optional<kernels::DType> kv_cache_dtype;    // --kv_cache_dtype=float32|float16|bfloat16|fp8|fp8_e4m3|fp8_e5m2
   kernels::Device device = kernels::Device::kCPU;  // --device=cpu|cuda
   bool random_weights = false;                     // --random-weights
   int random_layers = 0;                           // --random-layers (0: 4 on CPU, 32 on CUDA)
@@ -592,7 +592,10 @@ int main(int argc, char** argv) {
       if (v == "float32") c.kv_cache_dtype = kernels::DType::kFloat32;
       else if (v == "float16") c.kv_cache_dtype = kernels::DType::kFloat16;
       else if (v == "bfloat16") c.kv_cache_dtype = kernels::DType::kBFloat16;
-      else if (v != "auto") Die("--kv_cache_dtype: auto, float32, float16 or bfloat16");
+      else if (v == "fp8" || v == "fp8_e4m3") c.kv_cache_dtype = kernels::DType::kFloat8E4M3;
+      else if (v == "fp8_e5m2") c.kv_cache_dtype = kernels::DType::kFloat8E5M2;
+      else if (v != "auto")
+        Die("--kv_cache_dtype: auto, float32, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2");
     } else if (!ParseInt(a, "prompt_len", &c.prompt_len) && !ParseInt(a, "decode_steps", &c.decode_steps) &&
                !ParseInt(a, "repeats", &c.repeats) && !ParseInt(a, "max_batched_tokens", &c.max_batched_tokens)) {
       Die(absl::StrCat("unknown argument '", a, "'"));

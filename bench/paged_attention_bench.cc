@@ -3,8 +3,9 @@
 // head) (kernels/cpu/contiguous_attention.h), and a memcpy of a large buffer as
 // the machine's copy-bandwidth baseline.
 //
-// Arguments: batch, context length, query heads, dtype (0 = f32, 1 = f16);
-// 8 KV heads, head size 128, block size 16. Counter kv_bytes_per_second = K
+// Arguments: batch, context length, query heads, dtype (0 = f32, 1 = f16,
+// 2 = fp8 e4m3 cache with f16 queries/outputs, paged only); 8 KV heads, head
+// size 128, block size 16. Counter kv_bytes_per_second = K
 // and V bytes of all context tokens (each read once per step) / time.
 #include <algorithm>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "benchmark/benchmark.h"
 #include "kernels/cpu/attention_core.h"
 #include "kernels/cpu/contiguous_attention.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/half.h"
 #include "kernels/paged_attention.h"
 
@@ -29,13 +31,19 @@ constexpr int kKVHeads = 8;
 constexpr int kHeadSize = 128;
 constexpr int kBlockSize = 16;
 
-DType ArgDType(int64_t a) { return a == 0 ? DType::kFloat32 : DType::kFloat16; }
+DType ArgDType(int64_t a) {
+  return a == 0 ? DType::kFloat32 : a == 1 ? DType::kFloat16 : DType::kFloat8E4M3;
+}
+// Element type of queries and outputs for a cache dtype.
+DType IoDType(DType t) { return IsFp8(t) ? DType::kFloat16 : t; }
 
-// Random fill: fp32 values or their fp16 encodings.
+// Random fill: fp32 values or their fp16 / fp8 encodings.
 void FillRandom(std::vector<uint8_t>& buf, DType t, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const size_t n = buf.size() / DTypeSize(t);
-  if (t == DType::kFloat32) {
+  if (IsFp8(t)) {
+    for (size_t i = 0; i < n; ++i) buf[i] = FloatToFp8E4M3Bits(u(rng));
+  } else if (t == DType::kFloat32) {
     float* p = reinterpret_cast<float*>(buf.data());
     for (size_t i = 0; i < n; ++i) p[i] = u(rng);
   } else {
@@ -72,14 +80,16 @@ void BM_PagedDecode(benchmark::State& state) {
   std::iota(tables.begin(), tables.end(), 0);
   std::shuffle(tables.begin(), tables.end(), rng);  // blocks scattered over the pool
   std::vector<int32_t> lens(batch, ctx);
-  std::vector<uint8_t> q(static_cast<size_t>(batch) * heads * kHeadSize * DTypeSize(t)), out(q.size());
-  FillRandom(q, t, rng);
+  const DType io = IoDType(t);
+  std::vector<uint8_t> q(static_cast<size_t>(batch) * heads * kHeadSize * DTypeSize(io)), out(q.size());
+  FillRandom(q, io, rng);
   PagedAttentionParams p;
   p.out = out.data();
   p.query = q.data();
   p.num_seqs = batch;
   p.num_heads = heads;
   p.cache = {key.data(), value.data(), shape, Device::kCPU};
+  if (IsFp8(t)) p.io_dtype = io;
   p.block_tables = tables.data();
   p.max_blocks_per_seq = blocks_per_seq;
   p.seq_lens = lens.data();
@@ -171,6 +181,16 @@ void DecodeArgs(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_MemcpyBandwidth)->Arg(0)->Arg(1)->ArgName("parallel")->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PagedDecode)->Apply(DecodeArgs);
+// fp8 e4m3 cache vs fp16 (same f16 queries): batch 8/32 x context 4K/16K, 32 heads.
+void Fp8DecodeArgs(benchmark::internal::Benchmark* b) {
+  for (int dtype : {1, 2})
+    for (int batch : {8, 32})
+      for (int ctx : {4096, 16384}) b->Args({batch, ctx, 32, dtype});
+  b->ArgNames({"batch", "ctx", "heads", "dtype"});
+  b->Unit(benchmark::kMillisecond);
+  b->UseRealTime();
+}
+BENCHMARK(BM_PagedDecode)->Name("BM_PagedDecodeFp8VsF16")->Apply(Fp8DecodeArgs);
 BENCHMARK(BM_ContiguousDecode)->Apply(DecodeArgs);
 
 }  // namespace

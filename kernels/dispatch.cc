@@ -75,6 +75,8 @@ absl::Status CheckBlockTables(absl::string_view op, const int32_t* bt, int num_s
 template <typename Params>
 absl::Status CheckAttentionCommon(absl::string_view op, const Params& p) {
   if (absl::Status st = CheckCache(op, p.cache); !st.ok()) return st;
+  if (absl::Status st = ValidateIoDType(p.io_dtype, p.cache.shape.dtype); !st.ok())
+    return Invalid(op, st.message());
   if (p.num_seqs < 0) return Invalid(op, "num_seqs must be >= 0, got ", p.num_seqs);
   if (absl::Status st = CheckHeads(op, p.num_heads, p.cache.shape.num_kv_heads); !st.ok())
     return st;
@@ -129,6 +131,8 @@ absl::Status ValidateDecode(absl::string_view op, const PagedAttentionParams& p)
 absl::Status ReshapeAndCache(const ReshapeAndCacheParams& p) {
   constexpr absl::string_view op = "reshape_and_cache";
   if (absl::Status st = CheckCache(op, p.cache); !st.ok()) return st;
+  if (absl::Status st = ValidateIoDType(p.io_dtype, p.cache.shape.dtype); !st.ok())
+    return Invalid(op, st.message());
   const KVCacheShape& cs = p.cache.shape;
   if (p.num_tokens < 0) return Invalid(op, "num_tokens must be >= 0, got ", p.num_tokens);
   const int64_t row = static_cast<int64_t>(cs.num_kv_heads) * cs.head_size;
@@ -246,6 +250,9 @@ absl::Status PagedAttentionGqa(const PagedAttentionParams& p) {
   constexpr absl::string_view op = "paged_attention_gqa";
   if (absl::Status st = ValidateDecode(op, p); !st.ok()) return st;
   if (p.num_seqs == 0) return absl::OkStatus();
+  if (IsFp8(p.cache.shape.dtype) || ResolveIoDType(p.io_dtype, p.cache.shape.dtype) != p.cache.shape.dtype)
+    return Invalid(op, "the GQA kernel reads fp32/fp16/bf16 caches with operands of the same type; ",
+                   DTypeName(p.cache.shape.dtype), " caches go to v1/v2");
   const int group = p.num_heads / p.cache.shape.num_kv_heads;
   if (!GqaDecodeFits(p.cache.shape.head_size, group))
     return Invalid(op, "group size ", group, " with head_size ", p.cache.shape.head_size,
@@ -299,6 +306,21 @@ DecodeKernelChoice ChooseDecodeKernel(Device device, int num_seqs, int num_heads
   return {v1v2, absl::StrCat("MHA (group size 1): no K/V to share across heads; ", heuristic)};
 }
 
+DecodeKernelChoice ChooseDecodeKernel(const PagedAttentionParams& p, DecodeKernel requested) {
+  const DType cache = p.cache.shape.dtype;
+  if (IsFp8(cache) || ResolveIoDType(p.io_dtype, cache) != cache) {
+    const bool v1 = ShouldUsePagedAttentionV1(p.num_seqs, p.num_heads, p.max_seq_len);
+    const DecodeKernel k = requested == DecodeKernel::kV1 || requested == DecodeKernel::kV2
+                               ? requested
+                               : (v1 ? DecodeKernel::kV1 : DecodeKernel::kV2);
+    return {k, absl::StrCat(DTypeName(cache), " cache with ",
+                            DTypeName(ResolveIoDType(p.io_dtype, cache)),
+                            " operands: only v1/v2 convert in registers; ", DecodeKernelName(k))};
+  }
+  return ChooseDecodeKernel(p.cache.device, p.num_seqs, p.num_heads, p.cache.shape.num_kv_heads,
+                            p.cache.shape.head_size, p.max_seq_len, requested);
+}
+
 absl::Status PagedAttention(const PagedAttentionParams& p) {
   DecodeKernel requested = p.kernel;
   if (requested == DecodeKernel::kAuto) {
@@ -308,9 +330,7 @@ absl::Status PagedAttention(const PagedAttentionParams& p) {
       return Invalid("paged_attention", "PAGEDSERVE_DECODE_KERNEL=", env,
                      " is not one of auto, v1, v2, gqa");
   }
-  const DecodeKernelChoice c =
-      ChooseDecodeKernel(p.cache.device, p.num_seqs, p.num_heads, p.cache.shape.num_kv_heads,
-                         p.cache.shape.head_size, p.max_seq_len, requested);
+  const DecodeKernelChoice c = ChooseDecodeKernel(p, requested);
   switch (c.kernel) {
     case DecodeKernel::kGqa: return PagedAttentionGqa(p);
     case DecodeKernel::kV2: return PagedAttentionV2(p);
@@ -438,6 +458,10 @@ absl::Status SwapBlocks(std::span<const KVCacheView> src, std::span<const KVCach
       return Invalid(op, "layer ", i, ": num_blocks differs from layer 0");
     if (src[i].device != src[0].device || dst[i].device != dst[0].device)
       return Invalid(op, "layer ", i, ": device differs from layer 0");
+    if (IsFp8(src[i].shape.dtype) &&
+        (src[i].k_scale != dst[i].k_scale || src[i].v_scale != dst[i].v_scale))
+      return Invalid(op, "layer ", i, ": src and dst fp8 pools must share k_scale and v_scale ",
+                     "(the bytes are moved as they are)");
     any_cuda = any_cuda || src[i].device == Device::kCUDA || dst[i].device == Device::kCUDA;
   }
   if (absl::Status st = CheckPairs(op, pairs, src[0].shape.num_blocks, dst[0].shape.num_blocks);

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "kernels/partition.h"  // kPartitionSize, NumPartitions
@@ -29,12 +30,21 @@ const char* DecodeKernelName(DecodeKernel k);
 bool ParseDecodeKernel(const char* name, DecodeKernel* k);
 
 struct PagedAttentionParams {
-  void* out = nullptr;          // [num_seqs, num_heads, head_size], cache dtype
-  const void* query = nullptr;  // [num_seqs, num_heads, head_size], cache dtype
+  void* out = nullptr;          // [num_seqs, num_heads, head_size], io_dtype
+  const void* query = nullptr;  // [num_seqs, num_heads, head_size], io_dtype
   int num_seqs = 0;
   int num_heads = 0;  // query heads; a multiple of cache.shape.num_kv_heads.
                       // GQA/MQA: kv_head = head / (num_heads / num_kv_heads).
   KVCacheView cache;
+  // Element type of query and out. Unset means cache.shape.dtype (the only
+  // choice for fp32/fp16/bf16 caches). An fp8 cache requires kFloat32,
+  // kFloat16 or kBFloat16 here; its elements are read as stored * k_scale
+  // (keys) and stored * v_scale (values) (kernels/types.h), converted in
+  // registers as they are loaded. The kernels fold the scales into the softmax
+  // scale (logit = scale * k_scale * q . stored_k) and into the output
+  // normalization (out = v_scale * sum p_j stored_v_j / sum p_j), equal to
+  // scaling every element up to fp32 rounding.
+  std::optional<DType> io_dtype;
   // block_tables[s * max_blocks_per_seq + i] = physical block of sequence s's
   // i-th logical block. int32, same device as the cache.
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
@@ -63,7 +73,7 @@ struct PagedAttentionParams {
   DecodeKernel kernel = DecodeKernel::kAuto;
 };
 
-// Checks shapes and, where host-readable, every block id (< num_blocks, >= 0)
+// Checks shapes, io_dtype against the cache dtype (ValidateIoDType) and, where host-readable, every block id (< num_blocks, >= 0)
 // and seq_len (1 <= seq_len <= max_blocks_per_seq * block_size, <= max_seq_len).
 // Returns InvalidArgument naming the offending field and index.
 absl::Status ValidatePagedAttention(const PagedAttentionParams& p);
@@ -127,6 +137,12 @@ struct DecodeKernelChoice {
 DecodeKernelChoice ChooseDecodeKernel(Device device, int num_seqs, int num_heads,
                                       int num_kv_heads, int head_size, int max_seq_len,
                                       DecodeKernel requested = DecodeKernel::kAuto);
+
+// The rule above for one concrete call (what PagedAttention() runs): an fp8
+// cache, or operands in another type than the cache (io_dtype), stays on v1/v2
+// whatever was requested, because only they convert in registers; the GQA
+// kernel reads fp32/fp16/bf16 caches with operands of the same type.
+DecodeKernelChoice ChooseDecodeKernel(const PagedAttentionParams& p, DecodeKernel requested);
 
 // Runs the kernel ChooseDecodeKernel picks for p (p.kernel, else
 // PAGEDSERVE_DECODE_KERNEL, else kAuto). An unknown PAGEDSERVE_DECODE_KERNEL

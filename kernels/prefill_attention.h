@@ -6,6 +6,7 @@
 #define PAGEDSERVE_KERNELS_PREFILL_ATTENTION_H_
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "kernels/types.h"
@@ -15,8 +16,8 @@ namespace pagedserve::kernels {
 struct PrefillAttentionParams {
   // Query tokens of all sequences back to back; sequence s owns rows
   // [query_start_loc[s], query_start_loc[s+1]). num_tokens = query_start_loc[num_seqs].
-  void* out = nullptr;          // [num_tokens, num_heads, head_size], cache dtype
-  const void* query = nullptr;  // [num_tokens, num_heads, head_size], cache dtype
+  void* out = nullptr;          // [num_tokens, num_heads, head_size], io_dtype
+  const void* query = nullptr;  // [num_tokens, num_heads, head_size], io_dtype
   int64_t query_token_stride = 0;  // elements between tokens; 0 = num_heads * head_size
   int num_seqs = 0;
   int num_heads = 0;  // multiple of cache.shape.num_kv_heads (GQA/MQA as in decode)
@@ -27,6 +28,8 @@ struct PrefillAttentionParams {
   // at positions [0, that position].
   const int32_t* seq_lens = nullptr;  // [num_seqs]
   KVCacheView cache;
+  // As PagedAttentionParams::io_dtype (kernels/paged_attention.h).
+  std::optional<DType> io_dtype;
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
   int max_blocks_per_seq = 0;
   int max_query_len = 0;  // >= every q_len(s)
@@ -39,7 +42,7 @@ struct PrefillAttentionParams {
   void* stream = nullptr;
 };
 
-// Checks shapes, q_len(s) <= seq_lens[s], block ids and lengths (where
+// Checks shapes, io_dtype (ValidateIoDType), q_len(s) <= seq_lens[s], block ids and lengths (where
 // host-readable). InvalidArgument naming the field and index.
 absl::Status ValidatePrefillAttention(const PrefillAttentionParams& p);
 

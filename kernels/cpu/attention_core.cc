@@ -5,6 +5,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/half.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -33,6 +34,10 @@ template <typename T>
 PS_ALWAYS_INLINE float Load(const T* p, int64_t i) {
   if constexpr (std::is_same_v<T, float>) {
     return p[i];
+  } else if constexpr (std::is_same_v<T, Fp8E4M3>) {
+    return fp8_detail::kE4M3Table[p[i].bits];  // exact decode (kernels/cpu/fp8.h)
+  } else if constexpr (std::is_same_v<T, Fp8E5M2>) {
+    return fp8_detail::kE5M2Table[p[i].bits];
   } else if constexpr (std::is_same_v<T, BFloat16>) {
     uint32_t u = static_cast<uint32_t>(p[i].bits) << 16;
     float f;
@@ -222,6 +227,8 @@ AttendFn SelectAttend(DType dtype, int block_size) {
     case DType::kFloat32: return SelectForType<float>(block_size);
     case DType::kFloat16: return SelectForType<Half>(block_size);
     case DType::kBFloat16: return SelectForType<BFloat16>(block_size);
+    case DType::kFloat8E4M3: return SelectForType<Fp8E4M3>(block_size);
+    case DType::kFloat8E5M2: return SelectForType<Fp8E5M2>(block_size);
   }
   return nullptr;
 }

@@ -14,7 +14,10 @@
 // for the x86-64 baseline and once with target("avx2,fma,f16c"), and the
 // variant is chosen at run time from the CPU's features (no -march=native).
 // The AVX2 variant converts fp16 K/V blocks with F16C (vcvtph2ps), the
-// baseline with integer bit operations; both conversions are exact.
+// baseline with integer bit operations; both conversions are exact. fp8 blocks
+// are decoded through the 256-entry tables of kernels/cpu/fp8.h (exact); the
+// per-layer scales are not applied here: callers fold k_scale into `scale`
+// and v_scale into the output normalization.
 #ifndef PAGEDSERVE_KERNELS_CPU_ATTENTION_CORE_H_
 #define PAGEDSERVE_KERNELS_CPU_ATTENTION_CORE_H_
 
@@ -39,7 +42,7 @@ struct AttendArgs {
   float scale = 1.0f;
   // Block i covers tokens [t_begin + i * block_size, ...): pointers to this KV
   // head's part of the block, key [head_size/x, block_size, x] and value
-  // [head_size, block_size], elements of the cache dtype.
+  // [head_size, block_size], elements of the cache dtype (fp8: raw codes).
   const void* const* k_blocks = nullptr;
   const void* const* v_blocks = nullptr;
   int t_begin = 0;  // multiple of block_size

@@ -20,11 +20,13 @@ namespace {
 
 struct DecodeShape {
   int num_seqs, num_heads, num_kv_heads, head_size, block_size;
-  DType dtype;
+  DType dtype;  // cache element type
   const void* query;
   const int32_t* seq_lens;
-  float scale;
+  float scale;          // softmax scale times the effective k_scale
   const float* slopes;  // [num_heads] or null
+  DType io;             // query / output element type
+  float v_scale;        // effective v_scale, applied with the normalization
 };
 
 // Per-thread buffers, sized for one task of `group` queries over at most
@@ -64,7 +66,7 @@ void DecodeTask(const DecodeShape& d, AttendFn fn, Scratch& sc, int s, int kvh, 
   const int seq_len = d.seq_lens[s];
   for (int g = 0; g < group; ++g) {
     const int h = kvh * group + g;
-    LoadRow(d.dtype, ElemPtr(d.query, (static_cast<int64_t>(s) * d.num_heads + h) * hs, d.dtype), hs,
+    LoadRow(d.io, ElemPtr(d.query, (static_cast<int64_t>(s) * d.num_heads + h) * hs, d.io), hs,
             sc.q.data());
     BuildQrep(sc.q.data(), hs, x, sc.qrep.data() + static_cast<size_t>(g) * (hs / x) * kQrepWidth);
     sc.limit[g] = seq_len;
@@ -112,8 +114,8 @@ void RunDecodeV1(const DecodeShape& d, int max_seq_len, void* out, const BlockPt
       DecodeTask(d, fn, sc, s, kvh, 0, d.seq_lens[s], block_ptrs);
       for (int g = 0; g < group; ++g) {
         const int h = kvh * group + g;
-        StoreRow(d.dtype, sc.acc.data() + static_cast<size_t>(g) * hs, 1.0f / sc.l[g], hs,
-                 ElemPtr(out, (static_cast<int64_t>(s) * d.num_heads + h) * hs, d.dtype));
+        StoreRow(d.io, sc.acc.data() + static_cast<size_t>(g) * hs, d.v_scale / sc.l[g], hs,
+                 ElemPtr(out, (static_cast<int64_t>(s) * d.num_heads + h) * hs, d.io));
       }
     }
   }
@@ -123,8 +125,11 @@ void RunDecodeV1(const DecodeShape& d, int max_seq_len, void* out, const BlockPt
 
 absl::Status PagedAttentionV1(const PagedAttentionParams& p) {
   const KVCacheShape& cs = p.cache.shape;
-  const DecodeShape d{p.num_seqs, p.num_heads, cs.num_kv_heads, cs.head_size, cs.block_size,
-                      cs.dtype,   p.query,     p.seq_lens,      p.scale,      p.alibi_slopes};
+  const DType io = ResolveIoDType(p.io_dtype, cs.dtype);
+  const DecodeShape d{p.num_seqs,   p.num_heads, cs.num_kv_heads,
+                      cs.head_size, cs.block_size, cs.dtype,
+                      p.query,      p.seq_lens,  p.scale * EffectiveKScale(p.cache),
+                      p.alibi_slopes, io,        EffectiveVScale(p.cache)};
   const int64_t head_elems = static_cast<int64_t>(cs.head_size) * cs.block_size;
   auto block_ptrs = [&](int s, int kvh, int b, const void** k, const void** v) {
     const int64_t phys = p.block_tables[static_cast<int64_t>(s) * p.max_blocks_per_seq + b];
@@ -138,8 +143,11 @@ absl::Status PagedAttentionV1(const PagedAttentionParams& p) {
 
 absl::Status PagedAttentionV2(const PagedAttentionParams& p) {
   const KVCacheShape& cs = p.cache.shape;
-  const DecodeShape d{p.num_seqs, p.num_heads, cs.num_kv_heads, cs.head_size, cs.block_size,
-                      cs.dtype,   p.query,     p.seq_lens,      p.scale,      p.alibi_slopes};
+  const DType io = ResolveIoDType(p.io_dtype, cs.dtype);
+  const DecodeShape d{p.num_seqs,   p.num_heads, cs.num_kv_heads,
+                      cs.head_size, cs.block_size, cs.dtype,
+                      p.query,      p.seq_lens,  p.scale * EffectiveKScale(p.cache),
+                      p.alibi_slopes, io,        EffectiveVScale(p.cache)};
   const int hs = cs.head_size;
   const int group = p.num_heads / cs.num_kv_heads;
   const int parts = NumPartitions(p.max_seq_len);
@@ -211,8 +219,8 @@ absl::Status PagedAttentionV2(const PagedAttentionParams& p) {
         const float* src = tmp_out + (row * parts + i) * hs;
         for (int j = 0; j < hs; ++j) acc[j] += w * src[j];
       }
-      StoreRow(cs.dtype, acc.data(), 1.0f / total, hs,
-               ElemPtr(p.out, row * hs, cs.dtype));
+      // tmp_out is in stored-V units: v_scale is applied here, once.
+      StoreRow(io, acc.data(), EffectiveVScale(p.cache) / total, hs, ElemPtr(p.out, row * hs, io));
     }
   }
   return absl::OkStatus();
@@ -234,7 +242,8 @@ absl::Status ContiguousDecodeAttention(const ContiguousDecodeParams& p) {
       return absl::InvalidArgumentError(absl::StrCat("contiguous attention: seq_lens[", s, "]=",
                                                      p.seq_lens[s], " outside [1, capacity]"));
   const DecodeShape d{p.num_seqs, p.num_heads, p.num_kv_heads, p.head_size, p.block_size,
-                      p.dtype,    p.query,     p.seq_lens,     p.scale,     nullptr};
+                      p.dtype,    p.query,     p.seq_lens,     p.scale,     nullptr,
+                      p.dtype,    1.0f};
   const int64_t head_elems = static_cast<int64_t>(p.head_size) * p.block_size;
   const int64_t seq_head_elems = static_cast<int64_t>(p.head_size) * p.capacity;
   auto block_ptrs = [&](int s, int kvh, int b, const void** k, const void** v) {

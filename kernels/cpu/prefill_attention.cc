@@ -33,6 +33,9 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
   const int64_t q_stride =
       p.query_token_stride != 0 ? p.query_token_stride : static_cast<int64_t>(p.num_heads) * hs;
   const AttendFn fn = SelectAttend(cs.dtype, bs);
+  const DType io = ResolveIoDType(p.io_dtype, cs.dtype);
+  const float kscale = p.scale * EffectiveKScale(p.cache);  // k_scale folded in
+  const float vscale = EffectiveVScale(p.cache);
   const int64_t head_elems = static_cast<int64_t>(hs) * bs;
 
   // (sequence, first row) of every tile.
@@ -69,7 +72,7 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
         for (int g = 0; g < group; ++g) {
           const int qi = r * group + g;
           const int h = kvh * group + g;
-          LoadRow(cs.dtype, ElemPtr(p.query, (q0 + r0 + r) * q_stride + static_cast<int64_t>(h) * hs, cs.dtype),
+          LoadRow(io, ElemPtr(p.query, (q0 + r0 + r) * q_stride + static_cast<int64_t>(h) * hs, io),
                   hs, q.data());
           BuildQrep(q.data(), hs, x, qrep.data() + static_cast<size_t>(qi) * (hs / x) * kQrepWidth);
           limit[qi] = pos + 1;
@@ -96,7 +99,7 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
         a.limit = limit.data();
         a.qpos = qpos.data();
         a.slopes = p.alibi_slopes != nullptr ? slopes.data() : nullptr;
-        a.scale = p.scale;
+        a.scale = kscale;
         a.k_blocks = kp.data();
         a.v_blocks = vp.data();
         a.t_begin = c0;
@@ -125,9 +128,9 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
         for (int g = 0; g < group; ++g) {
           const int qi = r * group + g;
           const int h = kvh * group + g;
-          StoreRow(cs.dtype, acc.data() + static_cast<size_t>(qi) * hs, 1.0f / l[qi], hs,
+          StoreRow(io, acc.data() + static_cast<size_t>(qi) * hs, vscale / l[qi], hs,
                    ElemPtr(p.out, (static_cast<int64_t>(q0 + r0 + r) * p.num_heads + h) * hs,
-                           cs.dtype));
+                           io));
         }
     }
   }

@@ -12,10 +12,33 @@ cudaError_t LaunchReshapeAndCache(const void* key, const void* value, int64_t ke
                                   int64_t value_token_stride, const int64_t* slot_mapping,
                                   int64_t num_slots, int num_tokens, void* key_cache,
                                   void* value_cache, int num_kv_heads, int head_size,
-                                  int block_size, Elem elem, cudaStream_t stream) {
+                                  int block_size, Elem elem, Elem io, float k_scale,
+                                  float v_scale, cudaStream_t stream) {
   if (num_tokens <= 0) return cudaSuccess;
   const int n = num_kv_heads * head_size;
   const int threads = n < 512 ? ((n + 31) / 32) * 32 : 512;
+  if (elem == Elem::kFp8E4M3 || elem == Elem::kFp8E5M2) {
+    auto launch = [&](auto io_tag, auto cache_tag) {
+      using T = decltype(io_tag);
+      using C = decltype(cache_tag);
+      ReshapeAndCacheFp8Kernel<T, C><<<num_tokens, threads, 0, stream>>>(
+          static_cast<const T*>(key), static_cast<const T*>(value), key_token_stride,
+          value_token_stride, slot_mapping, num_slots, static_cast<uint8_t*>(key_cache),
+          static_cast<uint8_t*>(value_cache), num_kv_heads, head_size, block_size, k_scale,
+          v_scale);
+      return cudaGetLastError();
+    };
+    auto with_io = [&](auto cache_tag) {
+      switch (io) {
+        case Elem::kF32: return launch(float{}, cache_tag);
+        case Elem::kF16: return launch(__half{}, cache_tag);
+        case Elem::kBF16: return launch(__nv_bfloat16{}, cache_tag);
+        default: return cudaErrorInvalidValue;
+      }
+    };
+    return elem == Elem::kFp8E4M3 ? with_io(__nv_fp8_e4m3{}) : with_io(__nv_fp8_e5m2{});
+  }
+  if (io != elem) return cudaErrorInvalidValue;
   if (elem == Elem::kF32) {
     ReshapeAndCacheKernel<uint32_t><<<num_tokens, threads, 0, stream>>>(
         static_cast<const uint32_t*>(key), static_cast<const uint32_t*>(value), key_token_stride,

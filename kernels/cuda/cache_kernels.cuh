@@ -1,6 +1,7 @@
 // Internal: reshape_and_cache and copy_blocks kernels. Both move raw element
 // bits, so they are instantiated per element width (4 or 2 bytes), not per
-// dtype. Shared by cache_kernels.cu and the CPU emulation test.
+// dtype; the fp8 variant of reshape_and_cache converts (per input type x fp8
+// format). Shared by cache_kernels.cu and the CPU emulation test.
 #ifndef PAGEDSERVE_KERNELS_CUDA_CACHE_KERNELS_CUH_
 #define PAGEDSERVE_KERNELS_CUDA_CACHE_KERNELS_CUH_
 
@@ -35,6 +36,38 @@ __global__ void ReshapeAndCacheKernel(const U* __restrict__ key, const U* __rest
     const int64_t head_base = block_base + static_cast<int64_t>(h) * head_size * block_size;
     key_cache[head_base + (d / X) * block_size * X + offset * X + d % X] = k_src[i];
     value_cache[head_base + static_cast<int64_t>(d) * block_size + offset] = v_src[i];
+  }
+}
+
+// reshape_and_cache into an fp8 cache (C = __nv_fp8_e4m3 / __nv_fp8_e5m2):
+// same grid and layout (x = 16), each element stored as
+// fp8(x / k_scale) (keys) or fp8(x / v_scale) (values), round to nearest
+// even, saturating (cuda_fp8.h __NV_SATFINITE). T: float, __half, __nv_bfloat16.
+template <typename T, typename C>
+__global__ void ReshapeAndCacheFp8Kernel(const T* __restrict__ key, const T* __restrict__ value,
+                                         int64_t key_token_stride, int64_t value_token_stride,
+                                         const int64_t* __restrict__ slot_mapping,
+                                         int64_t num_slots, uint8_t* __restrict__ key_cache,
+                                         uint8_t* __restrict__ value_cache, int num_kv_heads,
+                                         int head_size, int block_size, float k_scale,
+                                         float v_scale) {
+  constexpr int X = CacheElem<C>::kKeyVec;
+  const int64_t token = blockIdx.x;
+  const int64_t slot = slot_mapping[token];
+  if (slot < 0 || slot >= num_slots) return;
+  const int64_t block = slot / block_size;
+  const int offset = static_cast<int>(slot % block_size);
+  const int n = num_kv_heads * head_size;
+  const int64_t block_base = block * n * block_size;
+  const T* k_src = key + token * key_token_stride;
+  const T* v_src = value + token * value_token_stride;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int h = i / head_size, d = i % head_size;
+    const int64_t head_base = block_base + static_cast<int64_t>(h) * head_size * block_size;
+    key_cache[head_base + (d / X) * block_size * X + offset * X + d % X] =
+        FloatToFp8<C>(ToFloat(k_src[i]) / k_scale);
+    value_cache[head_base + static_cast<int64_t>(d) * block_size + offset] =
+        FloatToFp8<C>(ToFloat(v_src[i]) / v_scale);
   }
 }
 

@@ -29,6 +29,8 @@ Elem ToElem(DType t) {
     case DType::kFloat32: return Elem::kF32;
     case DType::kFloat16: return Elem::kF16;
     case DType::kBFloat16: return Elem::kBF16;
+    case DType::kFloat8E4M3: return Elem::kFp8E4M3;
+    case DType::kFloat8E5M2: return Elem::kFp8E5M2;
   }
   return Elem::kF32;
 }
@@ -55,6 +57,8 @@ CacheArgs MakeCacheArgs(const KVCacheView& c) {
   a.head_size = c.shape.head_size;
   a.block_size = c.shape.block_size;
   a.elem = ToElem(c.shape.dtype);
+  a.k_scale = IsFp8(c.shape.dtype) ? c.k_scale : 1.0f;
+  a.v_scale = IsFp8(c.shape.dtype) ? c.v_scale : 1.0f;
   return a;
 }
 
@@ -65,6 +69,7 @@ DecodeArgs MakeDecodeArgs(const PagedAttentionParams& p) {
   a.num_seqs = p.num_seqs;
   a.num_heads = p.num_heads;
   a.cache = MakeCacheArgs(p.cache);
+  a.io = ToElem(ResolveIoDType(p.io_dtype, p.cache.shape.dtype));
   a.block_tables = p.block_tables;
   a.max_blocks_per_seq = p.max_blocks_per_seq;
   a.seq_lens = p.seq_lens;
@@ -116,7 +121,9 @@ absl::Status ReshapeAndCache(const ReshapeAndCacheParams& p) {
   return CudaStatus(
       LaunchReshapeAndCache(p.key, p.value, ks, vs, p.slot_mapping, sh.num_blocks * sh.block_size,
                             p.num_tokens, p.cache.key_cache, p.cache.value_cache, sh.num_kv_heads,
-                            sh.head_size, sh.block_size, ToElem(sh.dtype), AsStream(p.stream)),
+                            sh.head_size, sh.block_size, ToElem(sh.dtype),
+                            ToElem(ResolveIoDType(p.io_dtype, sh.dtype)), p.cache.k_scale,
+                            p.cache.v_scale, AsStream(p.stream)),
       "reshape_and_cache launch");
 }
 
@@ -124,7 +131,8 @@ absl::Status PagedAttentionV1(const PagedAttentionParams& p) {
   if (auto s = CheckCache(p.cache); !s.ok()) return s;
   if (p.num_seqs == 0) return absl::OkStatus();
   size_t max_smem = 0;
-  if (auto s = CudaStatus(DecodeV1MaxSharedBytes(ToElem(p.cache.shape.dtype),
+  if (auto s = CudaStatus(DecodeV1MaxSharedBytes(ToElem(ResolveIoDType(p.io_dtype, p.cache.shape.dtype)),
+                                                 ToElem(p.cache.shape.dtype),
                                                  p.cache.shape.head_size, &max_smem),
                           "paged_attention_v1 shared memory query");
       !s.ok())
@@ -214,6 +222,7 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
   a.query_start_loc = p.query_start_loc;
   a.seq_lens = p.seq_lens;
   a.cache = MakeCacheArgs(p.cache);
+  a.io = ToElem(ResolveIoDType(p.io_dtype, p.cache.shape.dtype));
   a.block_tables = p.block_tables;
   a.max_blocks_per_seq = p.max_blocks_per_seq;
   a.max_query_len = p.max_query_len;

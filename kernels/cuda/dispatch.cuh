@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -42,8 +43,36 @@ cudaError_t DispatchElemHead(Elem elem, int head_size, Fn&& fn) {
       return DispatchHead(head_size, [&](auto hs) { return fn(TypeTag<__half>{}, hs); });
     case Elem::kBF16:
       return DispatchHead(head_size, [&](auto hs) { return fn(TypeTag<__nv_bfloat16>{}, hs); });
+    default: return cudaErrorInvalidValue;
   }
-  return cudaErrorInvalidValue;
+}
+
+// Calls fn(TypeTag<T>{}, TypeTag<CACHE_T>{}, std::integral_constant<int,
+// HEAD_SIZE>{}) for the io element type T and the cache element type CACHE_T:
+// (T, T) for fp32/fp16/bf16 caches (io must equal the cache element), and
+// T in {float, __half, __nv_bfloat16} x CACHE_T in {__nv_fp8_e4m3,
+// __nv_fp8_e5m2} for fp8 caches. cudaErrorInvalidValue for other combinations.
+template <typename Fn>
+cudaError_t DispatchIoCacheHead(Elem io, Elem cache, int head_size, Fn&& fn) {
+  auto with_io = [&](auto cache_tag) -> cudaError_t {
+    switch (io) {
+      case Elem::kF32:
+        return DispatchHead(head_size, [&](auto hs) { return fn(TypeTag<float>{}, cache_tag, hs); });
+      case Elem::kF16:
+        return DispatchHead(head_size, [&](auto hs) { return fn(TypeTag<__half>{}, cache_tag, hs); });
+      case Elem::kBF16:
+        return DispatchHead(head_size,
+                            [&](auto hs) { return fn(TypeTag<__nv_bfloat16>{}, cache_tag, hs); });
+      default: return cudaErrorInvalidValue;
+    }
+  };
+  switch (cache) {
+    case Elem::kFp8E4M3: return with_io(TypeTag<__nv_fp8_e4m3>{});
+    case Elem::kFp8E5M2: return with_io(TypeTag<__nv_fp8_e5m2>{});
+    default:
+      if (io != cache) return cudaErrorInvalidValue;
+      return DispatchElemHead(cache, head_size, [&](auto t, auto hs) { return fn(t, t, hs); });
+  }
 }
 
 }  // namespace pagedserve::kernels::cuda

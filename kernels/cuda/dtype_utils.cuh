@@ -1,10 +1,22 @@
 // Internal device helpers shared by the CUDA kernels: element <-> fp32
 // conversion, 16-byte vector unpacking and warp/block reductions.
+//
+// KV-cache element types (template parameter CACHE_T of the kernels): float,
+// __half, __nv_bfloat16, and the fp8 types __nv_fp8_e4m3 / __nv_fp8_e5m2 of
+// cuda_fp8.h used as tags (their storage is one byte; kernels read them as
+// raw bytes). CacheElem<CACHE_T> gives the vector widths; Unpack16 / UnpackVec
+// convert one loaded vector to fp32 in registers (fp8: cuda_fp8.h's
+// __nv_cvt_fp8x2_to_halfraw2, exact, hardware cvt on sm_89+, emulated in the
+// header on sm_80); CacheFromFloat<CACHE_T> encodes (fp8: __nv_cvt_float_to_fp8
+// with __NV_SATFINITE, round to nearest even). The fp8 scales are NOT applied
+// here: callers fold k_scale into the softmax scale and v_scale into the
+// output normalization (kernels/paged_attention.h).
 #ifndef PAGEDSERVE_KERNELS_CUDA_DTYPE_UTILS_CUH_
 #define PAGEDSERVE_KERNELS_CUDA_DTYPE_UTILS_CUH_
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -93,6 +105,121 @@ __device__ __forceinline__ uint4 Load16(const T* p) {
   memcpy(&r, p, sizeof(r));
   return r;
 #endif
+}
+
+// One 8-byte load; p must be 8-byte aligned.
+template <typename T>
+__device__ __forceinline__ uint2 Load8(const T* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint2*>(p);
+#else
+  uint2 r;
+  memcpy(&r, p, sizeof(r));
+  return r;
+#endif
+}
+
+// ---- fp8 KV-cache elements.
+
+template <typename C>
+struct Fp8Interp;  // the cuda_fp8.h interpretation of an fp8 tag type
+template <>
+struct Fp8Interp<__nv_fp8_e4m3> {
+  static constexpr __nv_fp8_interpretation_t value = __NV_E4M3;
+};
+template <>
+struct Fp8Interp<__nv_fp8_e5m2> {
+  static constexpr __nv_fp8_interpretation_t value = __NV_E5M2;
+};
+
+template <typename C>
+inline constexpr bool kIsFp8 = false;
+template <>
+inline constexpr bool kIsFp8<__nv_fp8_e4m3> = true;
+template <>
+inline constexpr bool kIsFp8<__nv_fp8_e5m2> = true;
+
+// Vector widths of a cache element type. kKeyVec is the x of the key layout
+// (one 16-byte load). kValueVec is the number of consecutive tokens of one
+// head dimension read per value load: 16 bytes for fp32/fp16/bf16 (4 or 8
+// tokens); 8 bytes (8 tokens) for fp8, so that a load never straddles a block
+// of 8 tokens. ValueVec is the loaded register type.
+template <typename C>
+struct CacheElem {
+  static constexpr int kKeyVec = static_cast<int>(16 / sizeof(C));
+  static constexpr int kValueVec = kKeyVec;
+  using ValueVec = uint4;
+};
+template <>
+struct CacheElem<__nv_fp8_e4m3> {
+  static constexpr int kKeyVec = 16;
+  static constexpr int kValueVec = 8;
+  using ValueVec = uint2;
+};
+template <>
+struct CacheElem<__nv_fp8_e5m2> : CacheElem<__nv_fp8_e4m3> {};
+
+// Two fp8 codes (low byte first) to two floats, exact.
+template <typename C>
+__device__ __forceinline__ float2 Fp8x2ToFloat2(uint16_t codes) {
+  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes),
+                                                    Fp8Interp<C>::value);
+  __half2 h;
+  memcpy(&h, &hr, sizeof(h));
+  return __half22float2(h);
+}
+
+// One fp8 code to float, exact.
+template <typename C>
+__device__ __forceinline__ float Fp8ToFloat(uint8_t code) {
+  return Fp8x2ToFloat2<C>(code).x;
+}
+
+// fp32 -> fp8 code: round to nearest even, saturate to the largest finite
+// value, NaN -> 0x7F (cuda_fp8.h, __NV_SATFINITE).
+template <typename C>
+__device__ __forceinline__ uint8_t FloatToFp8(float v) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, Fp8Interp<C>::value));
+}
+
+// Unpacks the 4 words of 4 fp8 codes each into 16 floats (element i = byte i).
+template <typename C>
+__device__ __forceinline__ void UnpackFp8Words(const uint32_t* w, int nwords, float* f) {
+  for (int i = 0; i < nwords; ++i) {
+    const float2 lo = Fp8x2ToFloat2<C>(static_cast<uint16_t>(w[i] & 0xffffu));
+    const float2 hi = Fp8x2ToFloat2<C>(static_cast<uint16_t>(w[i] >> 16));
+    f[4 * i] = lo.x;
+    f[4 * i + 1] = lo.y;
+    f[4 * i + 2] = hi.x;
+    f[4 * i + 3] = hi.y;
+  }
+}
+__device__ __forceinline__ void Unpack16(const uint4& r, const __nv_fp8_e4m3*, float* f) {
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+  UnpackFp8Words<__nv_fp8_e4m3>(w, 4, f);
+}
+__device__ __forceinline__ void Unpack16(const uint4& r, const __nv_fp8_e5m2*, float* f) {
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+  UnpackFp8Words<__nv_fp8_e5m2>(w, 4, f);
+}
+
+// Loads / unpacks one value vector (CacheElem<C>::kValueVec elements).
+template <typename C>
+__device__ __forceinline__ typename CacheElem<C>::ValueVec LoadValueVec(const C* p) {
+  if constexpr (kIsFp8<C>) {
+    return Load8(p);
+  } else {
+    return Load16(p);
+  }
+}
+template <typename C>
+__device__ __forceinline__ void UnpackValueVec(const typename CacheElem<C>::ValueVec& r, float* f) {
+  if constexpr (kIsFp8<C>) {
+    const uint32_t w[2] = {r.x, r.y};
+    UnpackFp8Words<C>(w, 2, f);
+  } else {
+    Unpack16(r, static_cast<const C*>(nullptr), f);
+  }
 }
 
 __device__ __forceinline__ float WarpMax(float v) {

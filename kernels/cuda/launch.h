@@ -6,8 +6,11 @@
 // Layouts are those of kernels/types.h (vLLM's PagedAttention layout):
 //   key_cache   [num_blocks, num_kv_heads, head_size / x, block_size, x]
 //   value_cache [num_blocks, num_kv_heads, head_size, block_size]
-// with x = 16 / sizeof(element). Element codes: 0 = fp32, 1 = fp16, 2 = bf16
-// (the order of kernels::DType).
+// with x = 16 / sizeof(element). Element codes: 0 = fp32, 1 = fp16, 2 = bf16,
+// 3 = fp8 e4m3, 4 = fp8 e5m2 (the order of kernels::DType). An fp8 cache
+// pairs with an fp32/fp16/bf16 io element type (queries, new K/V, outputs)
+// and carries k_scale / v_scale (kernels/types.h); otherwise io == cache
+// element and the scales are ignored.
 #ifndef PAGEDSERVE_KERNELS_CUDA_LAUNCH_H_
 #define PAGEDSERVE_KERNELS_CUDA_LAUNCH_H_
 
@@ -23,7 +26,7 @@ namespace pagedserve::kernels::cuda {
 // Threads per block of the decode attention kernels (4 warps, as vLLM).
 inline constexpr int kDecodeThreads = 128;
 
-enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2, kFp8E4M3 = 3, kFp8E5M2 = 4 };
 
 struct CacheArgs {
   const void* key_cache = nullptr;
@@ -32,6 +35,8 @@ struct CacheArgs {
   int head_size = 0;
   int block_size = 0;
   Elem elem = Elem::kF32;
+  float k_scale = 1.0f;  // fp8 only
+  float v_scale = 1.0f;  // fp8 only
 };
 
 struct DecodeArgs {
@@ -40,6 +45,7 @@ struct DecodeArgs {
   int num_seqs = 0;
   int num_heads = 0;
   CacheArgs cache;
+  Elem io = Elem::kF32;  // element type of query and out
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq], device
   int max_blocks_per_seq = 0;
   const int32_t* seq_lens = nullptr;  // [num_seqs], device
@@ -53,9 +59,10 @@ struct DecodeArgs {
 // token, rounded up to 8 tokens).
 size_t DecodeV1SharedBytes(int max_seq_len);
 // Largest dynamic shared memory v1 may use on the current device for the given
-// element type and head size (opt-in limit minus the kernel's static shared
-// memory). Returns an error code from the runtime if it cannot be queried.
-cudaError_t DecodeV1MaxSharedBytes(Elem elem, int head_size, size_t* bytes);
+// io / cache element types and head size (opt-in limit minus the kernel's
+// static shared memory). Returns an error code from the runtime if it cannot
+// be queried, cudaErrorInvalidValue for an unsupported combination.
+cudaError_t DecodeV1MaxSharedBytes(Elem io, Elem cache, int head_size, size_t* bytes);
 
 // v1: one thread block per (head, sequence) over the whole context; the logits
 // of the context live in shared memory (DecodeV1SharedBytes must not exceed
@@ -99,6 +106,7 @@ struct PrefillArgs {
   const int32_t* query_start_loc = nullptr;  // [num_seqs + 1], device
   const int32_t* seq_lens = nullptr;         // [num_seqs], device
   CacheArgs cache;
+  Elem io = Elem::kF32;  // element type of query and out
   const int32_t* block_tables = nullptr;
   int max_blocks_per_seq = 0;
   int max_query_len = 0;
@@ -113,11 +121,13 @@ cudaError_t LaunchPrefillAttention(const PrefillArgs& a);
 
 // reshape_and_cache: one thread block per token; negative slots (padding) and
 // slots >= num_slots (= num_blocks * block_size; out of the pool) are skipped.
+// key/value are of element type `io`; the cache of `elem` (= io unless fp8:
+// then stored = fp8(x / k_scale) resp. fp8(x / v_scale)).
 cudaError_t LaunchReshapeAndCache(const void* key, const void* value, int64_t key_token_stride,
                                   int64_t value_token_stride, const int64_t* slot_mapping,
                                   int64_t num_slots, int num_tokens, void* key_cache, void* value_cache,
                                   int num_kv_heads, int head_size, int block_size, Elem elem,
-                                  cudaStream_t stream);
+                                  Elem io, float k_scale, float v_scale, cudaStream_t stream);
 
 // copy_blocks: grid (num_pairs, num_layers). key_ptrs / value_ptrs are device
 // arrays of num_layers cache base addresses, pairs a device array of

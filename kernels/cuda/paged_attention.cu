@@ -14,10 +14,12 @@ namespace {
 
 size_t LogitsBytes(int tokens) { return static_cast<size_t>((tokens + 7) / 8 * 8) * sizeof(float); }
 
-template <typename T, int HEAD_SIZE>
+template <typename T, typename C, int HEAD_SIZE>
 cudaError_t LaunchDecode(const DecodeArgs& a, int partition_size, int num_partitions,
                          float* max_logits, float* exp_sums, float* tmp_out) {
-  auto kernel = PagedAttentionKernel<T, HEAD_SIZE, kDecodeThreads>;
+  auto kernel = PagedAttentionKernel<T, HEAD_SIZE, kDecodeThreads, C>;
+  // fp8: k_scale folded into the softmax scale; v_scale applied by the kernel.
+  const float scale = kIsFp8<C> ? a.scale * a.cache.k_scale : a.scale;
   const size_t smem = LogitsBytes(partition_size > 0 ? partition_size : a.max_seq_len);
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -27,9 +29,9 @@ cudaError_t LaunchDecode(const DecodeArgs& a, int partition_size, int num_partit
   const dim3 grid(a.num_heads, a.num_seqs, num_partitions);
   kernel<<<grid, kDecodeThreads, smem, a.stream>>>(
       static_cast<T*>(a.out), max_logits, exp_sums, tmp_out, static_cast<const T*>(a.query),
-      static_cast<const T*>(a.cache.key_cache), static_cast<const T*>(a.cache.value_cache),
-      a.cache.num_kv_heads, a.cache.block_size, a.scale, a.block_tables, a.max_blocks_per_seq,
-      a.seq_lens, a.alibi_slopes, partition_size);
+      static_cast<const C*>(a.cache.key_cache), static_cast<const C*>(a.cache.value_cache),
+      a.cache.num_kv_heads, a.cache.block_size, scale, a.block_tables, a.max_blocks_per_seq,
+      a.seq_lens, a.alibi_slopes, partition_size, a.cache.v_scale);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || partition_size == 0) return e;
   const dim3 rgrid(a.num_heads, a.num_seqs);
@@ -44,11 +46,13 @@ cudaError_t LaunchDecode(const DecodeArgs& a, int partition_size, int num_partit
 
 size_t DecodeV1SharedBytes(int max_seq_len) { return LogitsBytes(max_seq_len); }
 
-cudaError_t DecodeV1MaxSharedBytes(Elem elem, int head_size, size_t* bytes) {
-  return DispatchElemHead(elem, head_size, [&](auto t, auto hs) -> cudaError_t {
+cudaError_t DecodeV1MaxSharedBytes(Elem io, Elem cache, int head_size, size_t* bytes) {
+  return DispatchIoCacheHead(io, cache, head_size, [&](auto t, auto c, auto hs) -> cudaError_t {
     using T = typename decltype(t)::type;
+    using C = typename decltype(c)::type;
     cudaFuncAttributes attr{};
-    cudaError_t e = cudaFuncGetAttributes(&attr, PagedAttentionKernel<T, decltype(hs)::value, kDecodeThreads>);
+    cudaError_t e = cudaFuncGetAttributes(
+        &attr, PagedAttentionKernel<T, decltype(hs)::value, kDecodeThreads, C>);
     if (e != cudaSuccess) return e;
     int device = 0, optin = 0;
     if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
@@ -60,19 +64,21 @@ cudaError_t DecodeV1MaxSharedBytes(Elem elem, int head_size, size_t* bytes) {
 }
 
 cudaError_t LaunchPagedAttentionV1(const DecodeArgs& a) {
-  return DispatchElemHead(a.cache.elem, a.cache.head_size, [&](auto t, auto hs) {
+  return DispatchIoCacheHead(a.io, a.cache.elem, a.cache.head_size, [&](auto t, auto c, auto hs) {
     using T = typename decltype(t)::type;
-    return LaunchDecode<T, decltype(hs)::value>(a, 0, 1, nullptr, nullptr, nullptr);
+    using C = typename decltype(c)::type;
+    return LaunchDecode<T, C, decltype(hs)::value>(a, 0, 1, nullptr, nullptr, nullptr);
   });
 }
 
 cudaError_t LaunchPagedAttentionV2(const DecodeArgs& a, float* max_logits, float* exp_sums,
                                    float* tmp_out) {
   const int num_partitions = NumPartitions(a.max_seq_len);
-  return DispatchElemHead(a.cache.elem, a.cache.head_size, [&](auto t, auto hs) {
+  return DispatchIoCacheHead(a.io, a.cache.elem, a.cache.head_size, [&](auto t, auto c, auto hs) {
     using T = typename decltype(t)::type;
-    return LaunchDecode<T, decltype(hs)::value>(a, kPartitionSize, num_partitions, max_logits,
-                                     exp_sums, tmp_out);
+    using C = typename decltype(c)::type;
+    return LaunchDecode<T, C, decltype(hs)::value>(a, kPartitionSize, num_partitions, max_logits,
+                                                   exp_sums, tmp_out);
   });
 }
 

@@ -9,9 +9,14 @@
 // (V_VEC_SIZE consecutive tokens of one head dimension) into per-thread fp32
 // accumulators; the warps' accumulators are summed through shared memory.
 //
-// Compile-time parameters are only the element type and HEAD_SIZE (register
+// Compile-time parameters are only the element types (T: query/output,
+// CACHE_T: the KV cache, = T except for an fp8 cache) and HEAD_SIZE (register
 // array sizes); block size, ALiBi and v1/v2 (partition size) are runtime
-// values, which keeps the number of instantiations at 3 x 6 = 18. To make the
+// values, which keeps the number of instantiations at (3 + 3 x 2) x 6 = 54.
+// An fp8 cache (CACHE_T = __nv_fp8_e4m3 / __nv_fp8_e5m2) is read with the same
+// 16-byte key loads (x = 16) and 8-byte value loads (8 tokens), converted to
+// fp32 in registers; the caller folds k_scale into `scale` and the kernel
+// multiplies the normalized output by v_scale. To make the
 // block size a runtime value, the thread group size is fixed at 4 (a warp
 // covers 8 key tokens per step, 1/2/4 steps per block of 8/16/32 tokens), and
 // each thread owns whole 16-byte key chunks (x elements) rather than a slice of
@@ -37,24 +42,26 @@ constexpr int kTokensPerStep = kWarpSize / kThreadGroupSize;  // 8
 // partition = the whole context; writes `out`), otherwise v2 (writes
 // max_logits, exp_sums and tmp_out for partition blockIdx.z).
 // Dynamic shared memory: fp32 logits of round_up(tokens of the partition, 8).
-template <typename T, int HEAD_SIZE, int NUM_THREADS>
+template <typename T, int HEAD_SIZE, int NUM_THREADS, typename CACHE_T = T>
 __global__ void __launch_bounds__(NUM_THREADS)
     PagedAttentionKernel(T* __restrict__ out,              // [S, H, D]          (v1)
                          float* __restrict__ max_logits,   // [S, H, P]          (v2)
                          float* __restrict__ exp_sums,     // [S, H, P]          (v2)
                          float* __restrict__ tmp_out,      // [S, H, P, D]       (v2)
                          const T* __restrict__ q,          // [S, H, D]
-                         const T* __restrict__ k_cache,    // [B, KVH, D/x, BS, x]
-                         const T* __restrict__ v_cache,    // [B, KVH, D, BS]
+                         const CACHE_T* __restrict__ k_cache,  // [B, KVH, D/x, BS, x]
+                         const CACHE_T* __restrict__ v_cache,  // [B, KVH, D, BS]
                          int num_kv_heads, int block_size, float scale,
                          const int32_t* __restrict__ block_tables, int max_blocks_per_seq,
                          const int32_t* __restrict__ seq_lens,
-                         const float* __restrict__ alibi_slopes, int partition_size) {
+                         const float* __restrict__ alibi_slopes, int partition_size,
+                         float v_scale) {  // fp8 caches only; ignored otherwise
   constexpr int NUM_WARPS = NUM_THREADS / kWarpSize;
-  constexpr int X = kVec16<T>;                    // elements per 16-byte vector
+  constexpr int X = CacheElem<CACHE_T>::kKeyVec;  // elements per 16-byte vector
   constexpr int NUM_CHUNKS = HEAD_SIZE / X;       // 16-byte chunks per key vector
   constexpr int CHUNKS_PER_THREAD = (NUM_CHUNKS + kThreadGroupSize - 1) / kThreadGroupSize;
-  constexpr int V_VEC = X;                        // tokens per value vector
+  constexpr int V_VEC = CacheElem<CACHE_T>::kValueVec;  // tokens per value vector
+  using ValueVec = typename CacheElem<CACHE_T>::ValueVec;
   constexpr int ROWS_PER_THREAD = (HEAD_SIZE + kWarpSize - 1) / kWarpSize;
   static_assert(HEAD_SIZE % X == 0 && HEAD_SIZE % 4 == 0, "head size");
 
@@ -94,9 +101,9 @@ __global__ void __launch_bounds__(NUM_THREADS)
   const int group = lane / kThreadGroupSize;       // token within the step
   const int group_lane = lane % kThreadGroupSize;  // which chunks of that token
   float qk_max = -INFINITY;
-  const T* k_head = k_cache + static_cast<int64_t>(kv_head) * kv_head_stride;
+  const CACHE_T* k_head = k_cache + static_cast<int64_t>(kv_head) * kv_head_stride;
   for (int b = start_block + warp; b < end_block; b += NUM_WARPS) {
-    const T* k_block = k_head + static_cast<int64_t>(block_table[b]) * kv_block_stride;
+    const CACHE_T* k_block = k_head + static_cast<int64_t>(block_table[b]) * kv_block_stride;
     for (int step = 0; step < block_size; step += kTokensPerStep) {
       if (b * block_size + step >= end_token) break;  // warp-uniform
       const int offset = step + group;
@@ -114,7 +121,7 @@ __global__ void __launch_bounds__(NUM_THREADS)
         const int c = group_lane + j * kThreadGroupSize;
         if (NUM_CHUNKS % kThreadGroupSize == 0 || c < NUM_CHUNKS) {
           float kf[X];
-          Unpack16(k_vecs[j], static_cast<const T*>(nullptr), kf);
+          Unpack16(k_vecs[j], static_cast<const CACHE_T*>(nullptr), kf);
           const float4* qc = q_vecs + c * (X / 4);
 #pragma unroll
           for (int v = 0; v < X / 4; ++v) {
@@ -150,22 +157,22 @@ __global__ void __launch_bounds__(NUM_THREADS)
   exp_sum = BlockSum<NUM_WARPS>(red_smem + NUM_WARPS, exp_sum);  // orders the writes
   const float inv_sum = 1.0f / exp_sum;  // >= 1: the max term contributes exp(0)
 
-  // ---- LV: one 16-byte V vector (V_VEC tokens of head dim d) per row per step.
+  // ---- LV: one V vector (V_VEC tokens of head dim d) per row per step.
   float accs[ROWS_PER_THREAD];
 #pragma unroll
   for (int i = 0; i < ROWS_PER_THREAD; ++i) accs[i] = 0.0f;
-  const T* v_head = v_cache + static_cast<int64_t>(kv_head) * kv_head_stride;
+  const CACHE_T* v_head = v_cache + static_cast<int64_t>(kv_head) * kv_head_stride;
   for (int b = start_block + warp; b < end_block; b += NUM_WARPS) {
-    const T* v_block = v_head + static_cast<int64_t>(block_table[b]) * kv_block_stride;
+    const CACHE_T* v_block = v_head + static_cast<int64_t>(block_table[b]) * kv_block_stride;
     for (int step = 0; step < block_size; step += V_VEC) {
       const int token0 = b * block_size + step;
       if (token0 >= end_token) break;  // warp-uniform
-      uint4 v_vecs[ROWS_PER_THREAD];
+      ValueVec v_vecs[ROWS_PER_THREAD];
 #pragma unroll
       for (int i = 0; i < ROWS_PER_THREAD; ++i) {
         const int d = lane + i * kWarpSize;
         if (HEAD_SIZE % kWarpSize == 0 || d < HEAD_SIZE)
-          v_vecs[i] = Load16(v_block + static_cast<int64_t>(d) * block_size + step);
+          v_vecs[i] = LoadValueVec(v_block + static_cast<int64_t>(d) * block_size + step);
       }
       float logits_vec[V_VEC];
       const float4* lg = reinterpret_cast<const float4*>(logits + (token0 - start_token));
@@ -183,7 +190,7 @@ __global__ void __launch_bounds__(NUM_THREADS)
         const int d = lane + i * kWarpSize;
         if (HEAD_SIZE % kWarpSize == 0 || d < HEAD_SIZE) {
           float vf[V_VEC];
-          Unpack16(v_vecs[i], static_cast<const T*>(nullptr), vf);
+          UnpackValueVec<CACHE_T>(v_vecs[i], vf);
           if (tail) {  // zero garbage past the context (0 * NaN would be NaN)
 #pragma unroll
             for (int e = 0; e < V_VEC; ++e)
@@ -211,6 +218,7 @@ __global__ void __launch_bounds__(NUM_THREADS)
 #pragma unroll
     for (int w = 0; w < NUM_WARPS; ++w) sum += out_smem[w][d];
     sum *= inv_sum;
+    if constexpr (kIsFp8<CACHE_T>) sum *= v_scale;
     if (partition_size > 0) {
       tmp_out[(sh * num_partitions + partition) * HEAD_SIZE + d] = sum;
     } else {

@@ -9,7 +9,11 @@
 // 16-byte loads along the [head_size/x, block_size, x] layout), thread (row r,
 // lane k) scores key k for row r, the row's running max and sum are updated
 // with 16-lane shuffles, and thread (r, k) accumulates head dims k, k+16, ...
-// in fp32 registers. Templated on element type and HEAD_SIZE only.
+// in fp32 registers. Templated on the element types (T: query/output, CACHE_T:
+// the cache, = T except for an fp8 cache) and HEAD_SIZE. An fp8 cache is
+// gathered with 16-byte key loads (x = 16) and 8-byte value loads (8 tokens),
+// converted in registers; the caller folds k_scale into `scale` and the kernel
+// multiplies the output by v_scale.
 #ifndef PAGEDSERVE_KERNELS_CUDA_PREFILL_ATTENTION_KERNELS_CUH_
 #define PAGEDSERVE_KERNELS_CUDA_PREFILL_ATTENTION_KERNELS_CUH_
 
@@ -26,17 +30,20 @@ constexpr int kLanesPerRow = 16;
 constexpr int kRowsPerTile = kPrefillThreads / kLanesPerRow;  // 8
 constexpr int kKeyTile = 16;                                   // == kLanesPerRow
 
-template <typename T, int HEAD_SIZE>
+template <typename T, int HEAD_SIZE, typename CACHE_T = T>
 __global__ void __launch_bounds__(kPrefillThreads)
     PrefillAttentionKernel(T* __restrict__ out, const T* __restrict__ q, int64_t q_token_stride,
                            const int32_t* __restrict__ query_start_loc,
-                           const int32_t* __restrict__ seq_lens, const T* __restrict__ k_cache,
-                           const T* __restrict__ v_cache, int num_kv_heads, int block_size,
+                           const int32_t* __restrict__ seq_lens,
+                           const CACHE_T* __restrict__ k_cache,
+                           const CACHE_T* __restrict__ v_cache, int num_kv_heads, int block_size,
                            const int32_t* __restrict__ block_tables, int max_blocks_per_seq,
-                           float scale, const float* __restrict__ alibi_slopes) {
-  constexpr int X = kVec16<T>;
+                           float scale, const float* __restrict__ alibi_slopes,
+                           float v_scale) {  // fp8 caches only; ignored otherwise
+  constexpr int X = CacheElem<CACHE_T>::kKeyVec;
+  constexpr int VX = CacheElem<CACHE_T>::kValueVec;  // tokens per V vector
   constexpr int NUM_CHUNKS = HEAD_SIZE / X;     // 16-byte key chunks per token
-  constexpr int V_PER_ROW = kKeyTile / X;       // 16-byte V vectors per head dim per tile
+  constexpr int V_PER_ROW = kKeyTile / VX;      // V vectors per head dim per tile
   constexpr int DIMS_PER_LANE = HEAD_SIZE / kLanesPerRow;
   constexpr int K_STRIDE = HEAD_SIZE + 1;       // odd stride: conflict-free column reads
   static_assert(HEAD_SIZE % kLanesPerRow == 0, "head size");
@@ -57,8 +64,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
   const int kv_head_stride = HEAD_SIZE * block_size;
   const int64_t kv_block_stride = static_cast<int64_t>(num_kv_heads) * kv_head_stride;
   const int32_t* block_table = block_tables + static_cast<int64_t>(seq) * max_blocks_per_seq;
-  const T* k_head = k_cache + static_cast<int64_t>(kv_head) * kv_head_stride;
-  const T* v_head = v_cache + static_cast<int64_t>(kv_head) * kv_head_stride;
+  const CACHE_T* k_head = k_cache + static_cast<int64_t>(kv_head) * kv_head_stride;
+  const CACHE_T* v_head = v_cache + static_cast<int64_t>(kv_head) * kv_head_stride;
 
   __shared__ float q_smem[kRowsPerTile][HEAD_SIZE];
   __shared__ float k_smem[kKeyTile * K_STRIDE];
@@ -96,7 +103,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
         const int64_t pb = block_table[pos / block_size];
         const int off = pos % block_size;
         Unpack16(Load16(k_head + pb * kv_block_stride + (static_cast<int64_t>(c) * block_size + off) * X),
-                 static_cast<const T*>(nullptr), f);
+                 static_cast<const CACHE_T*>(nullptr), f);
       } else {
 #pragma unroll
         for (int e = 0; e < X; ++e) f[e] = 0.0f;
@@ -104,26 +111,27 @@ __global__ void __launch_bounds__(kPrefillThreads)
 #pragma unroll
       for (int e = 0; e < X; ++e) k_smem[tok * K_STRIDE + c * X + e] = f[e];
     }
-    // Gather V: one 16-byte vector = X consecutive tokens of head dim d (X
-    // divides 8 and every block size, so a vector never straddles blocks).
+    // Gather V: one vector = VX consecutive tokens of head dim d (VX divides
+    // 8 and every block size, so a vector never straddles blocks).
     for (int i = tid; i < HEAD_SIZE * V_PER_ROW; i += kPrefillThreads) {
       const int d = i / V_PER_ROW, vv = i % V_PER_ROW;
-      const int pos0 = kt0 + vv * X;
-      float f[X];
+      const int pos0 = kt0 + vv * VX;
+      float f[VX];
       if (pos0 < kv_end) {
         const int64_t pb = block_table[pos0 / block_size];
         const int off = pos0 % block_size;
-        Unpack16(Load16(v_head + pb * kv_block_stride + static_cast<int64_t>(d) * block_size + off),
-                 static_cast<const T*>(nullptr), f);
+        UnpackValueVec<CACHE_T>(
+            LoadValueVec(v_head + pb * kv_block_stride + static_cast<int64_t>(d) * block_size + off),
+            f);
 #pragma unroll
-        for (int e = 0; e < X; ++e)
+        for (int e = 0; e < VX; ++e)
           if (pos0 + e >= kv_end) f[e] = 0.0f;  // garbage past the visible keys
       } else {
 #pragma unroll
-        for (int e = 0; e < X; ++e) f[e] = 0.0f;
+        for (int e = 0; e < VX; ++e) f[e] = 0.0f;
       }
 #pragma unroll
-      for (int e = 0; e < X; ++e) v_smem[vv * X + e][d] = f[e];
+      for (int e = 0; e < VX; ++e) v_smem[vv * VX + e][d] = f[e];
     }
     __syncthreads();
 
@@ -158,7 +166,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
   }
 
   if (row_valid) {
-    const float inv_l = 1.0f / l;  // l >= 1: key 0 is always visible
+    float inv_l = 1.0f / l;  // l >= 1: key 0 is always visible
+    if constexpr (kIsFp8<CACHE_T>) inv_l *= v_scale;
     T* out_row = out + (static_cast<int64_t>(q_begin + row0 + r) * num_heads + head) * HEAD_SIZE;
 #pragma unroll
     for (int j = 0; j < DIMS_PER_LANE; ++j)

@@ -33,7 +33,8 @@ PAGEDSERVE_FLAG("generate,serve", std::string, dtype, "auto",
                 "bfloat16");
 PAGEDSERVE_FLAG("generate,serve", std::string, kv_cache_dtype, "auto",
                 "KV cache element type: auto (float32 with --dtype float32, bfloat16 with --dtype "
-                "bfloat16, else float16 on the CPU; float32 on CUDA), float32, float16, bfloat16");
+                "bfloat16, else float16 on the CPU; float32 on CUDA), float32, float16, bfloat16, "
+                "fp8 (= fp8_e4m3, as vLLM), fp8_e4m3, fp8_e5m2 (CPU worker; per-layer scales 1.0)");
 PAGEDSERVE_FLAG("generate,serve", int64_t, max_num_blocks, 0,
                 "cap on the device KV blocks per rank (0 = only --kv-cache-memory decides)");
 PAGEDSERVE_FLAG(
@@ -156,8 +157,13 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
     s.worker.kv_cache_dtype = kernels::DType::kFloat16;
   } else if (kv == "bfloat16") {
     s.worker.kv_cache_dtype = kernels::DType::kBFloat16;
+  } else if (kv == "fp8" || kv == "fp8_e4m3") {  // fp8 = e4m3, as in vLLM
+    s.worker.kv_cache_dtype = kernels::DType::kFloat8E4M3;
+  } else if (kv == "fp8_e5m2") {
+    s.worker.kv_cache_dtype = kernels::DType::kFloat8E5M2;
   } else if (kv != "auto") {
-    return BadFlag("kv-cache-dtype", "must be auto, float32, float16 or bfloat16", kv);
+    return BadFlag("kv-cache-dtype",
+                   "must be auto, float32, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2", kv);
   }
   s.worker.max_num_blocks = absl::GetFlag(FLAGS_max_num_blocks);
   if (s.worker.max_num_blocks < 0) return BadFlag("max-num-blocks", "must be >= 0", s.worker.max_num_blocks);

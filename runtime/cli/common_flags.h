@@ -11,7 +11,8 @@
 //   --swap-space GIB             CPU swap pool per worker rank
 //   --max-num-blocks N           cap on the device pool (0 = the budget decides)
 //   --dtype auto|float32|float16|bfloat16      weight precision (WorkerOptions::dtype)
-//   --kv-cache-dtype auto|float32|float16|bfloat16   KV pool element type
+//   --kv-cache-dtype auto|float32|float16|bfloat16|fp8|fp8_e4m3|fp8_e5m2
+//                                                    KV pool element type
 //   --max-model-len N            prompt + output tokens per sequence
 //                                (0 = min(model max_position_embeddings, 2048))
 //   --max-num-seqs N, --max-num-batched-tokens N, --enable-chunked-prefill,

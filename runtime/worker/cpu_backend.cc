@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -292,8 +293,11 @@ class CpuBackend final : public ModelBackend {
     const int64_t q_dim = static_cast<int64_t>(num_heads) * D;
     const int64_t kv_dim = static_cast<int64_t>(cache.shape.num_kv_heads) * D;
     // Operands in the cache's element type: fp32 as they are; a 16-bit cache
-    // gets converted copies (and the output converted back).
-    const kernels::DType dt = cache.shape.dtype;
+    // gets converted copies (and the output converted back). An fp8 cache
+    // takes fp32 operands (io_dtype) and converts inside the kernels.
+    const std::optional<kernels::DType> io_dtype =
+        kernels::IsFp8(cache.shape.dtype) ? std::optional(kernels::DType::kFloat32) : std::nullopt;
+    const kernels::DType dt = kernels::ResolveIoDType(io_dtype, cache.shape.dtype);
     const bool convert = dt != kernels::DType::kFloat32;
     void* qa = q;
     void* ka = k;
@@ -319,6 +323,7 @@ class CpuBackend final : public ModelBackend {
     rc.slot_mapping = b.slot_mapping.data();
     rc.num_tokens = static_cast<int>(n);
     rc.cache = cache;
+    rc.io_dtype = io_dtype;
     PS_RETURN_IF_ERROR(kernels::ReshapeAndCache(rc));
 
     if (plan.num_decode > 0) {
@@ -328,6 +333,7 @@ class CpuBackend final : public ModelBackend {
       pa.num_seqs = plan.num_decode;
       pa.num_heads = num_heads;
       pa.cache = cache;
+      pa.io_dtype = io_dtype;
       pa.block_tables = b.block_tables.data();
       pa.max_blocks_per_seq = b.max_blocks_per_seq;
       pa.seq_lens = b.seq_lens.data();
@@ -346,6 +352,7 @@ class CpuBackend final : public ModelBackend {
       pf.query_start_loc = plan.prefill_query_start_loc.data();
       pf.seq_lens = b.seq_lens.data() + plan.num_decode;
       pf.cache = cache;
+      pf.io_dtype = io_dtype;
       pf.block_tables =
           b.block_tables.data() + static_cast<int64_t>(plan.num_decode) * b.max_blocks_per_seq;
       pf.max_blocks_per_seq = b.max_blocks_per_seq;

@@ -72,7 +72,7 @@ class LlamaModel {
   std::span<const kernels::KVCacheView> cpu_cache() const { return backend_->cpu_cache(); }
 
   // Runs the batch, writes this step's K/V into `kv_layers` (num_layers views
-  // the backend accepts: CPU views of fp32, fp16 or bf16 on the CPU backend,
+  // the backend accepts: CPU views of fp32, fp16, bf16 or fp8 (e4m3/e5m2) on the CPU backend,
   // fp32 kCUDA views on the CUDA one) and fp32 logits [logits_rows.size(),
   // vocab_size] row-major (host) into `logits`.
   // Errors: InvalidArgument for inconsistent batch spans, a token id outside

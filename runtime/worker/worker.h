@@ -36,8 +36,11 @@ struct WorkerOptions {
   WeightDType dtype = WeightDType::kAuto;
   // Element type of the KV and swap pools (--kv-cache-dtype); nullopt = auto:
   // fp32 when dtype is kFloat32, bf16 when it is kBFloat16, fp16 otherwise on
-  // the CPU; fp32 on CUDA (the only type the CUDA worker supports). The block
-  // count follows: blocks = budget / bytes_per_block() of that type.
+  // the CPU; fp32 on CUDA (the only type the CUDA worker supports; it rejects
+  // others, fp8 included, with Unimplemented). The block count follows:
+  // blocks = budget / bytes_per_block() of that type (1-byte elements for fp8).
+  // fp8 pools (CPU worker) use k_scale = v_scale = 1.0 in every layer: vLLM's
+  // default when a checkpoint carries no KV scales (kernels/types.h).
   std::optional<kernels::DType> kv_cache_dtype;
   // The backend of the forward pass (runtime/worker/model_backend.h), i.e.
   // where the weights and the KV pool live. kCPU: CpuBackend, host pools of

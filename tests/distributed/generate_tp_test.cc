@@ -74,7 +74,8 @@ TEST_F(GenerateTpTest, GreedyTextIdenticalInProcessTp1Tp2) {
 
 // --dtype / --kv-cache-dtype reach the worker ranks: the stored-format path
 // gives the in-process text on one worker rank, and a 16-bit KV cache holds
-// twice the blocks of an fp32 one in the same --kv-cache-memory.
+// twice (an fp8 one four times) the blocks of an fp32 one in the same
+// --kv-cache-memory.
 TEST_F(GenerateTpTest, DtypeFlagsReachTheWorkerRanks) {
   Out local = Generate(0, "--max-tokens 8 --dtype auto");
   ASSERT_EQ(local.code, 0) << local.err;
@@ -92,7 +93,11 @@ TEST_F(GenerateTpTest, DtypeFlagsReachTheWorkerRanks) {
   ASSERT_EQ(f16.code, 0) << f16.err;
   ASSERT_GT(blocks(f32.err), 0) << f32.err;
   EXPECT_EQ(blocks(f16.err), 2 * blocks(f32.err)) << f16.err;
-  Out bad = Generate(1, "--max-tokens 2 --kv-cache-dtype fp8", 60);
+  // fp8 (= fp8_e4m3, as vLLM): 1-byte elements, four times the fp32 blocks.
+  Out f8 = Generate(2, "--max-tokens 2 --kv-cache-dtype fp8");
+  ASSERT_EQ(f8.code, 0) << f8.err;
+  EXPECT_EQ(blocks(f8.err), 4 * blocks(f32.err)) << f8.err;
+  Out bad = Generate(1, "--max-tokens 2 --kv-cache-dtype fp4", 60);
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("kv-cache-dtype"), std::string::npos) << bad.err;
 }

@@ -63,6 +63,8 @@ inline double UnitRoundoff(DType t) {
     case DType::kFloat32: return 0x1p-24;
     case DType::kFloat16: return 0x1p-11;
     case DType::kBFloat16: return 0x1p-8;
+    case DType::kFloat8E4M3: return 0x1p-4;  // never an output dtype; for completeness
+    case DType::kFloat8E5M2: return 0x1p-3;
   }
   return 0.0;
 }
@@ -74,6 +76,8 @@ inline AttentionBounds AttentionBoundsFor(DType t) {
     case DType::kFloat32: return {2.0 * u, 5e-5, 1e-5};
     case DType::kFloat16: return {2.0 * u, 1e-4, 1e-3};
     case DType::kBFloat16: return {2.0 * u, 1e-4, 5e-3};
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2: break;  // outputs are never fp8 (io_dtype)
   }
   return {};
 }

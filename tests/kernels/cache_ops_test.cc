@@ -1,6 +1,8 @@
 // reshape_and_cache against the test's own indexing of the layout in
 // kernels/types.h; copy_blocks and swap_blocks byte-identical round trips;
-// the fp16 / bf16 conversions of kernels/cpu/half.h.
+// the fp16 / bf16 conversions of kernels/cpu/half.h. fp8 caches: reshape_and_cache
+// stores fp8(x / scale) (saturating) from an fp16/fp32 input, copy/swap move
+// fp8 blocks byte-exactly (conversions themselves: fp8_conversion_test.cc).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -19,7 +21,8 @@
 namespace pagedserve::kernels::testing {
 namespace {
 
-constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                             DType::kFloat8E4M3, DType::kFloat8E5M2};
 
 KVCacheShape Shape(int64_t blocks, int kvh, int hs, int bs, DType dt) {
   KVCacheShape s;
@@ -38,13 +41,18 @@ TEST(ReshapeAndCacheTest, ScattersIntoLayoutAndSkipsPadding) {
         SCOPED_TRACE(absl::StrCat(DTypeName(dt), " block ", bs, " head ", hs));
         std::mt19937 rng(bs * 1000 + hs);
         const int kvh = 3, blocks = 5, tokens = 23;
+        // fp8: fp32 or fp16 input and per-layer scales; the value scale makes
+        // |x / v_scale| exceed e4m3's 448 (saturation).
+        const bool fp8 = IsFp8(dt);
+        const DType io = fp8 ? (bs == 16 ? DType::kFloat32 : DType::kFloat16) : dt;
+        const float ks = fp8 ? 0.37f : 1.0f, vs = fp8 ? 0.006f : 1.0f;
         HostPagedCache cache(Shape(blocks, kvh, hs, bs, dt));
         cache.Fill(-9.0f);
         HostPagedCache expected(Shape(blocks, kvh, hs, bs, dt));
         expected.Fill(-9.0f);
         // Strided input (key and value slices of one fused buffer per token).
         const int64_t stride = 3 * kvh * hs;
-        HostTensor qkv = RandomTensor(rng, dt, tokens * stride, 4.0f);
+        HostTensor qkv = RandomTensor(rng, io, tokens * stride, 4.0f);
         std::vector<int64_t> slots(tokens);
         std::vector<int64_t> free_slots(blocks * bs);
         for (int i = 0; i < blocks * bs; ++i) free_slots[i] = i;
@@ -54,19 +62,24 @@ TEST(ReshapeAndCacheTest, ScattersIntoLayoutAndSkipsPadding) {
           if (slots[t] < 0) continue;
           for (int h = 0; h < kvh; ++h)
             for (int d = 0; d < hs; ++d) {
-              expected.SetKey(slots[t] / bs, h, d, slots[t] % bs, qkv.f[t * stride + kvh * hs + h * hs + d]);
-              expected.SetValue(slots[t] / bs, h, d, slots[t] % bs,
-                                qkv.f[t * stride + 2 * kvh * hs + h * hs + d]);
+              // fp8: the code of x / scale (StoreElem rounds and saturates).
+              const float k = qkv.f[t * stride + kvh * hs + h * hs + d];
+              const float v = qkv.f[t * stride + 2 * kvh * hs + h * hs + d];
+              expected.SetKey(slots[t] / bs, h, d, slots[t] % bs, fp8 ? k / ks : k);
+              expected.SetValue(slots[t] / bs, h, d, slots[t] % bs, fp8 ? v / vs : v);
             }
         }
         ReshapeAndCacheParams p;
-        p.key = static_cast<const uint8_t*>(qkv.data()) + kvh * hs * DTypeSize(dt);
-        p.value = static_cast<const uint8_t*>(qkv.data()) + 2 * kvh * hs * DTypeSize(dt);
+        p.key = static_cast<const uint8_t*>(qkv.data()) + kvh * hs * DTypeSize(io);
+        p.value = static_cast<const uint8_t*>(qkv.data()) + 2 * kvh * hs * DTypeSize(io);
+        if (fp8) p.io_dtype = io;
         p.key_token_stride = stride;
         p.value_token_stride = stride;
         p.slot_mapping = slots.data();
         p.num_tokens = tokens;
         p.cache = cache.view();
+        p.cache.k_scale = ks;
+        p.cache.v_scale = vs;
         ASSERT_TRUE(ReshapeAndCache(p).ok());
         EXPECT_TRUE(cache.key_bytes() == expected.key_bytes());
         EXPECT_TRUE(cache.value_bytes() == expected.value_bytes());

@@ -25,3 +25,11 @@ pagedserve_add_test(kernels_cuda_gqa_emulation_test
   LIBS pagedserve_kernels CUDA::cudart
   LABELS kernels
   TIMEOUT 600)
+
+# fp8 KV-cache conversions (kernels/cpu/fp8.h) against cuda_fp8.h's
+# host-callable conversions: needs the CUDA headers only.
+pagedserve_add_test(kernels_fp8_conversion_test
+  SOURCES fp8_conversion_test.cc
+  LIBS CUDA::cudart
+  LABELS kernels
+  TIMEOUT 300)

@@ -19,7 +19,9 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cache_ops.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/half.h"
+#include "kernels/prefill_attention.h"
 #include "kernels/cuda/cache_kernels.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/paged_attention_kernels.cuh"
@@ -165,9 +167,11 @@ void Build(HostCase& c, std::mt19937& rng) {
   ASSERT_EQ(hv, c.value_cache) << "emulated reshape_and_cache value bytes differ from the CPU backend";
 }
 
-template <typename T, int HS>
+// C: the cache element type (T, or an fp8 tag type); `scale` already holds
+// k_scale for fp8 (as the launcher folds it), v_scale is applied by the kernel.
+template <typename T, int HS, typename C = T>
 void EmuDecode(const HostCase& c, const std::vector<uint8_t>& q, const float* alibi, float scale,
-               bool v2, std::vector<uint8_t>& out) {
+               bool v2, std::vector<uint8_t>& out, float v_scale = 1.0f) {
   const int S = c.num_seqs(), H = c.num_heads;
   const int max_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
   std::vector<int32_t> lens(c.seq_lens.begin(), c.seq_lens.end());
@@ -177,11 +181,11 @@ void EmuDecode(const HostCase& c, const std::vector<uint8_t>& q, const float* al
   std::vector<float> tmp(ml.size() * HS, NAN);
   const size_t smem = static_cast<size_t>((v2 ? psize : max_len) + 7) / 8 * 8 * sizeof(float);
   kc::EmuLaunch(dim3(H, S, P), dim3(kc::kDecodeThreads), smem, [&] {
-    kc::PagedAttentionKernel<T, HS, kc::kDecodeThreads>(
+    kc::PagedAttentionKernel<T, HS, kc::kDecodeThreads, C>(
         reinterpret_cast<T*>(out.data()), ml.data(), es.data(), tmp.data(),
-        reinterpret_cast<const T*>(q.data()), reinterpret_cast<const T*>(c.key_cache.data()),
-        reinterpret_cast<const T*>(c.value_cache.data()), c.num_kv_heads, c.block_size, scale,
-        c.block_tables.data(), c.max_blocks_per_seq, lens.data(), alibi, psize);
+        reinterpret_cast<const T*>(q.data()), reinterpret_cast<const C*>(c.key_cache.data()),
+        reinterpret_cast<const C*>(c.value_cache.data()), c.num_kv_heads, c.block_size, scale,
+        c.block_tables.data(), c.max_blocks_per_seq, lens.data(), alibi, psize, v_scale);
   });
   if (!v2) return;
   kc::EmuLaunch(dim3(H, S), dim3(kc::kDecodeThreads), P * sizeof(float), [&] {
@@ -288,7 +292,8 @@ void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_al
         reinterpret_cast<T*>(out.data()), reinterpret_cast<const T*>(eq.data()), qstride,
         qsl.data(), lens32.data(), reinterpret_cast<const T*>(c.key_cache.data()),
         reinterpret_cast<const T*>(c.value_cache.data()), kv_heads, block_size,
-        c.block_tables.data(), c.max_blocks_per_seq, scale, use_alibi ? slopes.data() : nullptr);
+        c.block_tables.data(), c.max_blocks_per_seq, scale, use_alibi ? slopes.data() : nullptr,
+        1.0f);
   });
   std::vector<float> got = Decode(out.data(), static_cast<size_t>(T_) * heads * HS, dt);
   // Each query row (all heads) under the attention standard.
@@ -316,6 +321,219 @@ TEST(CudaEmulationTest, PrefillKernelMatchesReference) {
   CheckPrefill<__half, 80>(DType::kFloat16, 8, 2, 1, true, rng);
   CheckPrefill<__nv_bfloat16, 128>(DType::kBFloat16, 32, 2, 2, false, rng);
   CheckPrefill<float, 256>(DType::kFloat32, 8, 2, 1, true, rng);
+}
+
+// ---------------------------------------------------------------------------
+// fp8 KV cache: the same kernel source with CACHE_T = __nv_fp8_e4m3 /
+// __nv_fp8_e5m2 (16-byte key loads of 16 codes, 8-byte value loads, the
+// conversion of cuda_fp8.h in registers) and the fp8 reshape_and_cache kernel,
+// whose bytes must equal the CPU backend's. Reference: the double attention
+// on decode(fp8(x / scale)) * scale (kernels/cpu/fp8.h, checked against
+// cuda_fp8.h in fp8_conversion_test.cc); bounds of the io dtype. Negative
+// controls: zeroed output, one block dropped, k_scale or v_scale ignored.
+
+float Fp8Round(DType t, float x, float scale) {
+  return t == DType::kFloat8E4M3 ? Fp8E4M3BitsToFloat(FloatToFp8E4M3Bits(x / scale)) * scale
+                                 : Fp8E5M2BitsToFloat(FloatToFp8E5M2Bits(x / scale)) * scale;
+}
+
+// c.dtype is the fp8 cache dtype; K/V are drawn in `io`, written by the
+// emulated ReshapeAndCacheFp8Kernel<T, C>, and c.keys / c.values hold the
+// values the attention kernels must see.
+template <typename T, typename C>
+void BuildFp8(HostCase& c, DType io, float ks, float vs, std::mt19937& rng) {
+  const int bs = c.block_size;
+  const int max_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
+  c.max_blocks_per_seq = (max_len + bs - 1) / bs + 1;
+  int64_t used = 0;
+  for (int len : c.seq_lens) used += (len + bs - 1) / bs;
+  c.num_blocks = used + 2;
+  std::vector<int32_t> perm(c.num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  c.block_tables.assign(static_cast<size_t>(c.num_seqs()) * c.max_blocks_per_seq, perm[0]);
+  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_size;
+  std::vector<float> all_k, all_v;
+  std::vector<int64_t> slots;
+  int64_t next = 0;
+  for (int s = 0; s < c.num_seqs(); ++s) {
+    const int len = c.seq_lens[s];
+    for (int i = 0; i < (len + bs - 1) / bs; ++i)
+      c.block_tables[static_cast<size_t>(s) * c.max_blocks_per_seq + i] = perm[next++];
+    std::vector<float> k = Quantize(RandomVector(len * row, rng), io);
+    std::vector<float> v = Quantize(RandomVector(len * row, rng), io);
+    all_k.insert(all_k.end(), k.begin(), k.end());
+    all_v.insert(all_v.end(), v.begin(), v.end());
+    for (float& x : k) x = Fp8Round(c.dtype, x, ks);
+    for (float& x : v) x = Fp8Round(c.dtype, x, vs);
+    c.keys.push_back(std::move(k));
+    c.values.push_back(std::move(v));
+    for (int t = 0; t < len; ++t)
+      slots.push_back(static_cast<int64_t>(c.block_tables[static_cast<size_t>(s) * c.max_blocks_per_seq + t / bs]) * bs + t % bs);
+  }
+  slots.push_back(-1);  // a padding token
+  all_k.insert(all_k.end(), row, 7.0f);
+  all_v.insert(all_v.end(), row, 7.0f);
+  c.shape = {c.num_blocks, c.num_kv_heads, c.head_size, c.block_size, c.dtype};
+  const size_t bytes = c.num_blocks * c.shape.block_bytes();
+  c.key_cache.assign(bytes, 0x7F);  // NaN in both fp8 formats
+  c.value_cache.assign(bytes, 0x7F);
+  std::vector<uint8_t> ek = Encode(all_k, io), ev = Encode(all_v, io);
+  const int n = c.num_kv_heads * c.head_size;
+  const int threads = n < 512 ? ((n + 31) / 32) * 32 : 512;
+  kc::EmuLaunch(dim3(static_cast<unsigned>(slots.size())), dim3(threads), 0, [&] {
+    kc::ReshapeAndCacheFp8Kernel<T, C>(reinterpret_cast<const T*>(ek.data()),
+                                       reinterpret_cast<const T*>(ev.data()), n, n, slots.data(),
+                                       c.num_blocks * c.block_size, c.key_cache.data(),
+                                       c.value_cache.data(), c.num_kv_heads, c.head_size,
+                                       c.block_size, ks, vs);
+  });
+  std::vector<uint8_t> hk(bytes, 0x7F), hv(bytes, 0x7F);
+  ReshapeAndCacheParams p;
+  p.key = ek.data();
+  p.value = ev.data();
+  p.slot_mapping = slots.data();
+  p.num_tokens = static_cast<int>(slots.size());
+  p.cache = {hk.data(), hv.data(), c.shape, Device::kCPU, ks, vs};
+  p.io_dtype = io;
+  ASSERT_TRUE(ReshapeAndCache(p).ok());
+  ASSERT_EQ(hk, c.key_cache) << "emulated fp8 reshape_and_cache key bytes differ from the CPU backend";
+  ASSERT_EQ(hv, c.value_cache) << "emulated fp8 reshape_and_cache value bytes differ from the CPU backend";
+}
+
+template <typename T, typename C, int HS>
+void CheckDecodeFp8(DType cache_dt, DType io, int block_size, int heads, int kv_heads,
+                    bool use_alibi, float ks, float vs, std::mt19937& rng) {
+  HostCase c{cache_dt, heads, kv_heads, HS, block_size, {1, 7, 8, 9, 17, 33, 512, 513, 1100}};
+  BuildFp8<T, C>(c, io, ks, vs, rng);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  const int S = c.num_seqs();
+  std::vector<float> q = Quantize(RandomVector(static_cast<size_t>(S) * heads * HS, rng), io);
+  std::vector<uint8_t> eq = Encode(q, io);
+  std::vector<float> slopes = AlibiSlopes(heads);
+  const float* alibi = use_alibi ? slopes.data() : nullptr;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const std::string label = std::string(DTypeName(cache_dt)) + " io " + DTypeName(io) +
+                            " head " + std::to_string(HS) + " block " +
+                            std::to_string(block_size) + (use_alibi ? " alibi" : "");
+  const size_t per_seq = static_cast<size_t>(heads) * HS;
+  const int control = S - 1;  // 1100 tokens
+  for (bool v2 : {false, true}) {
+    auto run = [&](const HostCase& hc, float k_s, float v_s) {
+      std::vector<uint8_t> out(S * per_seq * DTypeSize(io), 0xFF);
+      EmuDecode<T, HS, C>(hc, eq, alibi, scale * k_s, v2, out, v_s);
+      return Decode(out.data(), S * per_seq, io);
+    };
+    const std::vector<float> got = run(c, ks, vs);
+    std::vector<double> ref;
+    for (int s = 0; s < S; ++s) {
+      ref = testing::ReferenceDecode(q.data() + s * per_seq, heads, c.K(s), c.V(s), c.seq_lens[s],
+                                     scale, alibi);
+      ASSERT_TRUE(testing::AttentionOutputMatches(got.data() + s * per_seq, ref.data(), per_seq, io))
+          << label << (v2 ? " v2" : " v1") << " seq " << s << " (len " << c.seq_lens[s] << ")";
+    }
+    auto slice = [&](const std::vector<float>& v) {
+      return std::vector<float>(v.begin() + control * per_seq, v.begin() + (control + 1) * per_seq);
+    };
+    HostCase dropped = c;
+    std::vector<int32_t> row(c.block_tables.begin() + control * c.max_blocks_per_seq,
+                             c.block_tables.begin() + (control + 1) * c.max_blocks_per_seq);
+    testing::DropBlock(&row, &dropped.seq_lens[control], (c.seq_lens[control] - 1) / block_size - 1,
+                       block_size);
+    std::copy(row.begin(), row.end(), dropped.block_tables.begin() + control * c.max_blocks_per_seq);
+    testing::ExpectRejectsBrokenOutputs(ref, slice(run(dropped, ks, vs)), io);
+    testing::AttentionControlScope scope;
+    EXPECT_FALSE(testing::AttentionOutputMatches(slice(run(c, 1.0f, vs)), ref, io))
+        << label << ": a kernel ignoring k_scale passes";
+    EXPECT_FALSE(testing::AttentionOutputMatches(slice(run(c, ks, 1.0f)), ref, io))
+        << label << ": a kernel ignoring v_scale passes";
+  }
+}
+
+TEST(CudaEmulationTest, Fp8DecodeKernelMatchesReference) {
+  std::mt19937 rng(31);
+  CheckDecodeFp8<float, __nv_fp8_e4m3, 128>(DType::kFloat8E4M3, DType::kFloat32, 16, 4, 2, false,
+                                            0.043f, 0.021f, rng);
+  CheckDecodeFp8<__half, __nv_fp8_e4m3, 64>(DType::kFloat8E4M3, DType::kFloat16, 8, 2, 1, true,
+                                            0.0037f, 0.25f, rng);
+  CheckDecodeFp8<__nv_bfloat16, __nv_fp8_e5m2, 80>(DType::kFloat8E5M2, DType::kBFloat16, 32, 3, 1,
+                                                   false, 0.05f, 0.03f, rng);
+  CheckDecodeFp8<float, __nv_fp8_e5m2, 112>(DType::kFloat8E5M2, DType::kFloat32, 8, 2, 2, false,
+                                            2.5f, 0.0009f, rng);
+}
+
+template <typename T, typename C, int HS>
+void CheckPrefillFp8(DType cache_dt, DType io, int block_size, int heads, int kv_heads,
+                     bool use_alibi, float ks, float vs, std::mt19937& rng) {
+  struct Seq {
+    int cached, q_len;
+  };
+  const std::vector<Seq> seqs = {{1, 8}, {0, 1}, {37, 20}, {0, 45}, {16, 16}, {5, 1}};
+  std::vector<int> lens;
+  for (const Seq& s : seqs) lens.push_back(s.cached + s.q_len);
+  HostCase c{cache_dt, heads, kv_heads, HS, block_size, lens};
+  BuildFp8<T, C>(c, io, ks, vs, rng);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  std::vector<int32_t> qsl = {0};
+  int max_q = 0;
+  for (const Seq& s : seqs) {
+    qsl.push_back(qsl.back() + s.q_len);
+    max_q = std::max(max_q, s.q_len);
+  }
+  const int T_ = qsl.back(), S = c.num_seqs();
+  const int64_t qstride = static_cast<int64_t>(heads) * HS;
+  std::vector<float> q = Quantize(RandomVector(static_cast<size_t>(T_) * qstride, rng), io);
+  std::vector<uint8_t> eq = Encode(q, io);
+  std::vector<float> slopes = AlibiSlopes(heads);
+  std::vector<int32_t> lens32(lens.begin(), lens.end());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  auto run = [&](float k_s, float v_s) {
+    std::vector<uint8_t> out(static_cast<size_t>(T_) * heads * HS * DTypeSize(io), 0xFF);
+    kc::EmuLaunch(dim3(heads, S, (max_q + 7) / 8), dim3(128), 0, [&] {
+      kc::PrefillAttentionKernel<T, HS, C>(
+          reinterpret_cast<T*>(out.data()), reinterpret_cast<const T*>(eq.data()), qstride,
+          qsl.data(), lens32.data(), reinterpret_cast<const C*>(c.key_cache.data()),
+          reinterpret_cast<const C*>(c.value_cache.data()), kv_heads, block_size,
+          c.block_tables.data(), c.max_blocks_per_seq, scale * k_s,
+          use_alibi ? slopes.data() : nullptr, v_s);
+    });
+    return Decode(out.data(), static_cast<size_t>(T_) * heads * HS, io);
+  };
+  const std::vector<float> got = run(ks, vs), no_k = run(1.0f, vs), no_v = run(ks, 1.0f);
+  std::vector<double> ref(static_cast<size_t>(heads) * HS);
+  for (int s = 0; s < S; ++s) {
+    for (int i = 0; i < seqs[s].q_len; ++i) {
+      const int row = qsl[s] + i, qpos = seqs[s].cached + i;
+      for (int h = 0; h < heads; ++h)
+        testing::ReferenceAttendOne(q.data() + row * qstride + static_cast<int64_t>(h) * HS, h,
+                                    heads, c.K(s), c.V(s), qpos + 1, qpos, scale,
+                                    use_alibi ? slopes[h] : 0.0, ref.data() + h * HS);
+      ASSERT_TRUE(testing::AttentionOutputMatches(got.data() + static_cast<size_t>(row) * ref.size(),
+                                                  ref.data(), ref.size(), io))
+          << DTypeName(cache_dt) << " io " << DTypeName(io) << " head " << HS << " block "
+          << block_size << " seq " << s << " row " << i;
+      if (s == 2 && i == seqs[s].q_len - 1) {
+        testing::AttentionControlScope scope;
+        EXPECT_FALSE(testing::AttentionOutputMatches(std::vector<float>(ref.size(), 0.0f), ref, io));
+        EXPECT_FALSE(testing::AttentionOutputMatches(no_k.data() + static_cast<size_t>(row) * ref.size(),
+                                                     ref.data(), ref.size(), io))
+            << "a prefill kernel ignoring k_scale passes";
+        EXPECT_FALSE(testing::AttentionOutputMatches(no_v.data() + static_cast<size_t>(row) * ref.size(),
+                                                     ref.data(), ref.size(), io))
+            << "a prefill kernel ignoring v_scale passes";
+      }
+    }
+  }
+}
+
+TEST(CudaEmulationTest, Fp8PrefillKernelMatchesReference) {
+  std::mt19937 rng(32);
+  CheckPrefillFp8<float, __nv_fp8_e4m3, 64>(DType::kFloat8E4M3, DType::kFloat32, 16, 4, 2, false,
+                                            0.043f, 0.021f, rng);
+  CheckPrefillFp8<__half, __nv_fp8_e5m2, 80>(DType::kFloat8E5M2, DType::kFloat16, 8, 2, 1, true,
+                                             0.05f, 0.03f, rng);
+  CheckPrefillFp8<__nv_bfloat16, __nv_fp8_e4m3, 128>(DType::kFloat8E4M3, DType::kBFloat16, 32, 2,
+                                                     2, false, 0.02f, 0.5f, rng);
 }
 
 TEST(CudaEmulationTest, CopyBlocksKernelIsByteExact) {

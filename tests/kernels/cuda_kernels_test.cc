@@ -8,6 +8,7 @@
 // Tolerances: the attention standard of tests/kernels/attention_check.h (per
 // element scaled to the reference output plus a relative-RMS bound), with its
 // negative controls (zeroed output, one block dropped) run on the device.
+// fp8 caches (Fp8CacheMatchesReference): see that test.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cache_ops.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cuda_device.h"
 #include "kernels/paged_attention.h"
@@ -707,6 +709,164 @@ TEST_F(CudaKernelsTest, MisalignedCacheIsInvalidArgument) {
   p.seq_lens = static_cast<const int32_t*>(lens.get());
   p.max_seq_len = 1;
   EXPECT_EQ(PagedAttentionV1(p).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// fp8 caches through the public API on the device: reshape_and_cache writes
+// the CPU backend's bytes (fp8(x / scale), saturating), decode v1 / v2 and
+// prefill (the launchers fold k_scale into the softmax scale) match the
+// double reference on decode(fp8(x / scale)) * scale under the io dtype's
+// attention standard; negative controls: zeroed output and k_scale / v_scale
+// left at 1 on the device fail it.
+TEST_F(CudaKernelsTest, Fp8CacheMatchesReference) {
+  std::mt19937 rng(11);
+  struct Case {
+    DType cache, io;
+  };
+  for (const Case& cs : {Case{DType::kFloat8E4M3, DType::kFloat32}, Case{DType::kFloat8E4M3, DType::kBFloat16},
+                         Case{DType::kFloat8E5M2, DType::kFloat16}}) {
+    SCOPED_TRACE(std::string(DTypeName(cs.cache)) + " io " + DTypeName(cs.io));
+    const int heads = 4, kvh = 2, hs = 128, bs = 16;
+    const float ks = 0.043f, vs = 0.021f;
+    const std::vector<int32_t> lens = {1, 17, 600};
+    const int S = static_cast<int>(lens.size());
+    const int max_blocks = (600 + bs - 1) / bs + 1;
+    const KVCacheShape shape{static_cast<int64_t>(S) * max_blocks, kvh, hs, bs, cs.cache};
+    const size_t row = static_cast<size_t>(kvh) * hs;
+    int total = 0;
+    for (int l : lens) total += l;
+    const std::vector<float> k = Quantize(RandomVector(total * row, rng), cs.io);
+    const std::vector<float> v = Quantize(RandomVector(total * row, rng), cs.io);
+    std::vector<int64_t> slots;
+    std::vector<int32_t> tables(static_cast<size_t>(S) * max_blocks);
+    for (int s = 0; s < S; ++s) {
+      for (int b = 0; b < max_blocks; ++b) tables[s * max_blocks + b] = s * max_blocks + b;
+      for (int t = 0; t < lens[s]; ++t) slots.push_back(static_cast<int64_t>(s) * max_blocks * bs + t);
+    }
+    auto round8 = [&](float x, float scale) {
+      return cs.cache == DType::kFloat8E4M3 ? Fp8E4M3BitsToFloat(FloatToFp8E4M3Bits(x / scale)) * scale
+                                            : Fp8E5M2BitsToFloat(FloatToFp8E5M2Bits(x / scale)) * scale;
+    };
+    std::vector<float> kr(k.size()), vr(v.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      kr[i] = round8(k[i], ks);
+      vr[i] = round8(v[i], vs);
+    }
+    const size_t cache_bytes = shape.num_blocks * shape.block_bytes();
+    std::vector<uint8_t> ek = Encode(k, cs.io), ev = Encode(v, cs.io);
+    std::vector<uint8_t> hk(cache_bytes, 0x7F), hv(cache_bytes, 0x7F);
+    ReshapeAndCacheParams rc;
+    rc.key = ek.data();
+    rc.value = ev.data();
+    rc.slot_mapping = slots.data();
+    rc.num_tokens = total;
+    rc.io_dtype = cs.io;
+    rc.cache = {hk.data(), hv.data(), shape, Device::kCPU, ks, vs};
+    ASSERT_TRUE(ReshapeAndCache(rc).ok());
+    DeviceBuffer dk_in = Upload(ek), dv_in = Upload(ev), dslots = Upload(slots);
+    DeviceBuffer dk = Upload(std::vector<uint8_t>(cache_bytes, 0x7F));
+    DeviceBuffer dv = Upload(std::vector<uint8_t>(cache_bytes, 0x7F));
+    rc.key = dk_in.get();
+    rc.value = dv_in.get();
+    rc.slot_mapping = static_cast<const int64_t*>(dslots.get());
+    rc.cache = {dk.get(), dv.get(), shape, Device::kCUDA, ks, vs};
+    absl::Status st = ReshapeAndCache(rc);
+    ASSERT_TRUE(st.ok()) << st;
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_EQ(Download(dk.get(), cache_bytes), hk) << "fp8 key bytes differ from the CPU backend";
+    ASSERT_EQ(Download(dv.get(), cache_bytes), hv) << "fp8 value bytes differ from the CPU backend";
+
+    // Decode: one query per sequence.
+    const size_t per_seq = static_cast<size_t>(heads) * hs;
+    const std::vector<float> q = Quantize(RandomVector(S * per_seq, rng), cs.io);
+    DeviceBuffer dq = Upload(Encode(q, cs.io)), dout(S * per_seq * DTypeSize(cs.io));
+    DeviceBuffer dtables = Upload(tables), dlens = Upload(lens);
+    DeviceBuffer dws(PagedAttentionV2WorkspaceBytes(S, heads, hs, 600));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    auto decode = [&](bool v2, float k_s, float v_s) {
+      PagedAttentionParams p;
+      p.out = dout.get();
+      p.query = dq.get();
+      p.num_seqs = S;
+      p.num_heads = heads;
+      p.cache = {dk.get(), dv.get(), shape, Device::kCUDA, k_s, v_s};
+      p.io_dtype = cs.io;
+      p.block_tables = static_cast<const int32_t*>(dtables.get());
+      p.max_blocks_per_seq = max_blocks;
+      p.seq_lens = static_cast<const int32_t*>(dlens.get());
+      p.max_seq_len = 600;
+      p.scale = scale;
+      p.host_block_tables = tables.data();
+      p.host_seq_lens = lens.data();
+      p.workspace = dws.get();
+      const absl::Status r = v2 ? PagedAttentionV2(p) : PagedAttentionV1(p);
+      EXPECT_TRUE(r.ok()) << r;
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      return Decode(Download(dout.get(), S * per_seq * DTypeSize(cs.io)), cs.io);
+    };
+    size_t off = 0;
+    std::vector<std::vector<double>> refs;
+    for (int s = 0; s < S; ++s) {
+      const GatheredKV K{kr.data() + off, kvh, hs}, V{vr.data() + off, kvh, hs};
+      refs.push_back(testing::ReferenceDecode(q.data() + s * per_seq, heads, K, V, lens[s], scale, nullptr));
+      off += lens[s] * row;
+    }
+    for (bool v2 : {false, true}) {
+      const std::vector<float> got = decode(v2, ks, vs);
+      for (int s = 0; s < S; ++s)
+        EXPECT_TRUE(testing::AttentionOutputMatches(got.data() + s * per_seq, refs[s].data(), per_seq, cs.io))
+            << (v2 ? "v2" : "v1") << " seq " << s;
+      testing::AttentionControlScope control;
+      const std::vector<float> no_k = decode(v2, 1.0f, vs), no_v = decode(v2, ks, 1.0f);
+      EXPECT_FALSE(testing::AttentionOutputMatches(no_k.data() + 2 * per_seq, refs[2].data(), per_seq, cs.io))
+          << "ignoring k_scale passes";
+      EXPECT_FALSE(testing::AttentionOutputMatches(no_v.data() + 2 * per_seq, refs[2].data(), per_seq, cs.io))
+          << "ignoring v_scale passes";
+      EXPECT_FALSE(testing::AttentionOutputMatches(std::vector<float>(per_seq, 0.0f), refs[2], cs.io));
+    }
+
+    // Prefill: every sequence's whole context is its prompt.
+    std::vector<int32_t> qsl = {0};
+    for (int l : lens) qsl.push_back(qsl.back() + l);
+    const std::vector<float> pq = Quantize(RandomVector(static_cast<size_t>(total) * per_seq, rng), cs.io);
+    DeviceBuffer dpq = Upload(Encode(pq, cs.io)), dpout(static_cast<size_t>(total) * per_seq * DTypeSize(cs.io));
+    DeviceBuffer dqsl = Upload(qsl);
+    PrefillAttentionParams pf;
+    pf.out = dpout.get();
+    pf.query = dpq.get();
+    pf.num_seqs = S;
+    pf.num_heads = heads;
+    pf.query_start_loc = static_cast<const int32_t*>(dqsl.get());
+    pf.seq_lens = static_cast<const int32_t*>(dlens.get());
+    pf.cache = {dk.get(), dv.get(), shape, Device::kCUDA, ks, vs};
+    pf.io_dtype = cs.io;
+    pf.block_tables = static_cast<const int32_t*>(dtables.get());
+    pf.max_blocks_per_seq = max_blocks;
+    pf.max_query_len = 600;
+    pf.max_seq_len = 600;
+    pf.scale = scale;
+    pf.host_query_start_loc = qsl.data();
+    pf.host_seq_lens = lens.data();
+    pf.host_block_tables = tables.data();
+    st = PrefillAttention(pf);
+    ASSERT_TRUE(st.ok()) << st;
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<float> pgot =
+        Decode(Download(dpout.get(), static_cast<size_t>(total) * per_seq * DTypeSize(cs.io)), cs.io);
+    std::vector<double> ref(per_seq);
+    off = 0;
+    for (int s = 0; s < S; ++s) {
+      const GatheredKV K{kr.data() + off, kvh, hs}, V{vr.data() + off, kvh, hs};
+      for (int i = 0; i < lens[s]; i += std::max(1, lens[s] / 7)) {  // a sample of rows
+        const size_t r = static_cast<size_t>(qsl[s] + i);
+        for (int h = 0; h < heads; ++h)
+          testing::ReferenceAttendOne(pq.data() + r * per_seq + static_cast<size_t>(h) * hs, h, heads, K, V,
+                                      i + 1, i, scale, 0.0, ref.data() + h * hs);
+        EXPECT_TRUE(testing::AttentionOutputMatches(pgot.data() + r * per_seq, ref.data(), per_seq, cs.io))
+            << "prefill seq " << s << " row " << i;
+      }
+      off += lens[s] * row;
+    }
+  }
 }
 
 }  // namespace

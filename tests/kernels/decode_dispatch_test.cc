@@ -50,6 +50,28 @@ TEST(ChooseDecodeKernelTest, CpuNeverGetsTheGqaKernel) {
   }
 }
 
+TEST(ChooseDecodeKernelTest, Fp8CachesStayOnV1V2) {
+  // A grouped CUDA shape the GQA kernel would take with an fp16 cache ...
+  PagedAttentionParams p;
+  p.num_seqs = 4;
+  p.num_heads = 32;
+  p.max_seq_len = 1000;
+  p.cache.device = Device::kCUDA;
+  p.cache.shape = KVCacheShape{64, 8, 128, 16, DType::kFloat16};
+  EXPECT_EQ(ChooseDecodeKernel(p, DecodeKernel::kAuto).kernel, DecodeKernel::kGqa);
+  // ... stays on v1/v2 with an fp8 cache (fp32 operands), even on request.
+  for (DType fp8 : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    p.cache.shape.dtype = fp8;
+    p.io_dtype = DType::kFloat32;
+    for (DecodeKernel req : {DecodeKernel::kAuto, DecodeKernel::kGqa}) {
+      const DecodeKernelChoice c = ChooseDecodeKernel(p, req);
+      EXPECT_NE(c.kernel, DecodeKernel::kGqa) << c.reason;
+      EXPECT_TRUE(Contains(c.reason, DTypeName(fp8))) << c.reason;
+    }
+    EXPECT_EQ(ChooseDecodeKernel(p, DecodeKernel::kV2).kernel, DecodeKernel::kV2);
+  }
+}
+
 TEST(ChooseDecodeKernelTest, RequestsOverrideTheRule) {
   DecodeKernelChoice c = ChooseDecodeKernel(Device::kCUDA, 4, 32, 8, 128, 1000, DecodeKernel::kV1);
   EXPECT_EQ(c.kernel, DecodeKernel::kV1);

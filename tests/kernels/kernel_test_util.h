@@ -15,18 +15,22 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/half.h"
 #include "kernels/types.h"
 #include "tests/kernels/reference_attention.h"
 
 namespace pagedserve::kernels::testing {
 
-// Stores v (rounded to nearest even) as element i of a dtype-typed buffer.
+// Stores v (rounded to nearest even) as element i of a dtype-typed buffer
+// (fp8: the raw code of v, i.e. with scale 1; saturating).
 inline void StoreElem(DType t, void* base, int64_t i, float v) {
   switch (t) {
     case DType::kFloat32: static_cast<float*>(base)[i] = v; break;
     case DType::kFloat16: static_cast<uint16_t*>(base)[i] = FloatToHalfBits(v); break;
     case DType::kBFloat16: static_cast<uint16_t*>(base)[i] = FloatToBFloat16Bits(v); break;
+    case DType::kFloat8E4M3: static_cast<uint8_t*>(base)[i] = FloatToFp8E4M3Bits(v); break;
+    case DType::kFloat8E5M2: static_cast<uint8_t*>(base)[i] = FloatToFp8E5M2Bits(v); break;
   }
 }
 inline float LoadElem(DType t, const void* base, int64_t i) {
@@ -34,6 +38,8 @@ inline float LoadElem(DType t, const void* base, int64_t i) {
     case DType::kFloat32: return static_cast<const float*>(base)[i];
     case DType::kFloat16: return HalfBitsToFloat(static_cast<const uint16_t*>(base)[i]);
     case DType::kBFloat16: return BFloat16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
+    case DType::kFloat8E4M3: return Fp8E4M3BitsToFloat(static_cast<const uint8_t*>(base)[i]);
+    case DType::kFloat8E5M2: return Fp8E5M2BitsToFloat(static_cast<const uint8_t*>(base)[i]);
   }
   return 0.0f;
 }

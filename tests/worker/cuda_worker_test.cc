@@ -62,6 +62,25 @@ TEST(CudaWorkerTest, CreateFollowsDeviceAvailability) {
 }
 
 #ifdef PAGEDSERVE_WITH_CUDA
+// The CUDA worker keeps an fp32 pool: an fp8 (or any other) --kv-cache-dtype
+// is refused with Unimplemented naming the flag and the value, before any
+// device work (so this runs without a GPU too).
+TEST(CudaWorkerTest, Fp8KvCacheIsRefusedClearly) {
+  auto comm = MakeSingleRankCommunicator();
+  for (kernels::DType dt : {kernels::DType::kFloat8E4M3, kernels::DType::kFloat8E5M2}) {
+    WorkerOptions o;
+    o.model_path = Env("PAGEDSERVE_TEST_MODEL");
+    o.device = kernels::Device::kCUDA;
+    o.kv_cache_dtype = dt;
+    auto w = Worker::Create(o, comm.get());
+    ASSERT_FALSE(w.ok());
+    EXPECT_EQ(w.status().code(), absl::StatusCode::kUnimplemented) << w.status();
+    EXPECT_NE(w.status().message().find(std::string("--kv-cache-dtype ") + kernels::DTypeName(dt)),
+              std::string::npos)
+        << w.status();
+  }
+}
+
 // One sequence of a hand-made batch.
 struct Seq {
   std::vector<int32_t> tokens;  // fed this step

@@ -1,4 +1,4 @@
-// The forward pass over stored-format weights and 16-bit KV caches against the
+// The forward pass over stored-format weights and 16-bit / fp8 KV caches against the
 // float32 path (dequantize at load, fp32 cache; checked against transformers by
 // llama_reference_test.cc) on the random-weight Llama (F32 safetensors): a
 // two-step schedule whose second step mixes decodes (first) with a prefill, so
@@ -111,11 +111,16 @@ TEST(StoredForwardTest, StoredWeightsAndHalfCachesTrackFloat32) {
   // Measured max |diff| (x86-64 AVX2): F32 in place 1.9e-6 (summation order),
   // fp16 cache 3.3e-3, bf16 cache 2.6e-2, bf16 weights and cache 5.4e-2 (bf16
   // keeps 8 bits of mantissa). Bounds about 3x that; a misplaced K/V row or a
-  // wrong offset into the 16-bit buffers moves logits by more than 1.
+  // wrong offset into the 16-bit buffers moves logits by more than 1. fp8
+  // caches (scales 1.0, fp32 attention operands): e4m3 0.33, e5m2 0.60 (3 and
+  // 2 mantissa bits); bounds 1.0 and 1.5 (the SmolLM2 agreement test,
+  // fp8_kv_forward_test.cc, is the stricter end-to-end check).
   for (const Case& c : {Case{WeightDType::kAuto, kernels::DType::kFloat32, 1e-4},
                         Case{WeightDType::kAuto, kernels::DType::kFloat16, 1e-2},
                         Case{WeightDType::kAuto, kernels::DType::kBFloat16, 8e-2},
-                        Case{WeightDType::kBFloat16, kernels::DType::kBFloat16, 0.2}}) {
+                        Case{WeightDType::kBFloat16, kernels::DType::kBFloat16, 0.2},
+                        Case{WeightDType::kAuto, kernels::DType::kFloat8E4M3, 1.0},
+                        Case{WeightDType::kAuto, kernels::DType::kFloat8E5M2, 1.5}}) {
     SCOPED_TRACE(std::string(WeightDTypeName(c.dtype)) + " weights, " +
                  kernels::DTypeName(c.kv) + " cache");
     const ScheduleLogits r = RunSchedule(path, c.dtype, c.kv);
