@@ -9,13 +9,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
-#include <functional>
+#include <cstring>
 #include <ctime>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <random>
 #include <thread>
@@ -599,12 +600,30 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(const HttpServerO
   split(options.write_timeout, [&](time_t sec, time_t usec) { s.set_write_timeout(sec, usec); });
   s.set_keep_alive_timeout(std::max<time_t>(1, absl::ToInt64Seconds(options.keep_alive_timeout)));
   impl->Routes();
+  // cpp-httplib 0.11 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed
+  // in Debian's compiled library): a burst of connections then waits for SYN
+  // retransmits (1 s, 3 s, 7 s, ...) before the accept loop even sees it. The
+  // listening socket is remembered here and listen() called again with SOMAXCONN
+  // (Linux adjusts the backlog of a listening socket).
+  auto listen_fd = std::make_shared<int>(-1);
+  s.set_socket_options([listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    *listen_fd = sock;
+  });
   const int port = options.port == 0 ? s.bind_to_any_port(options.host) : (s.bind_to_port(options.host, options.port)
                                                                               ? options.port
                                                                               : -1);
   if (port < 0) {
     return absl::UnavailableError(absl::StrCat("cannot bind the HTTP server to ", options.host, ":", options.port,
                                                " (address in use, or not an address of this host)"));
+  }
+  int accepting = 0;
+  socklen_t len = sizeof(accepting);
+  if (*listen_fd >= 0 && getsockopt(*listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) == 0 &&
+      accepting != 0) {
+    if (::listen(*listen_fd, SOMAXCONN) != 0) {
+      spdlog::warn("http: cannot raise the listen backlog: {}", std::strerror(errno));
+    }
   }
   impl->port = port;
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));

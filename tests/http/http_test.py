@@ -415,13 +415,14 @@ class AbortAndLatencyTest(unittest.TestCase):
             time.sleep(0.5)  # the server has accepted and is reading every one of them
             status, body = http("GET", SERVER.url + "/health", timeout=120)
             self.assertEqual(status, 200, body)
-            for s in slow:  # still open: a read would block (no EOF, no reset)
+            closed = []
+            for i, s in enumerate(slow):  # still open: a read would block (no EOF, no reset)
                 s.setblocking(False)
                 try:
-                    data = s.recv(1)
-                    self.fail(f"a slow connection was answered or closed before /health: {data!r}")
+                    closed.append((i, s.recv(200)))
                 except BlockingIOError:
                     pass
+            self.assertEqual(closed, [], f"{len(closed)} slow connections were answered or closed before /health")
         finally:
             for s in slow:
                 s.close()
