@@ -468,6 +468,11 @@ void FinalizeMpi(bool abort, int exit_code) {
   done->store(true);
 }
 
+absl::Status CheckWorkerLiveness() {
+  LivenessMonitor* links = State().liveness.get();
+  return links != nullptr ? links->Probe() : absl::OkStatus();
+}
+
 absl::Status CheckWorldSize(const LaunchInfo& info, int tensor_parallel_size) {
   if (tensor_parallel_size < 1)
     return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel-size must be >= 1, got ",
