@@ -63,6 +63,7 @@ void FinalizeMpi(bool abort = false, int exit_code = 1);
 // (seen with OpenMPI 4.1 over TCP after a worker was killed: no step error
 // for 6 s, until mpirun's SIGKILL), so serve_command fails the clients from
 // another thread when the executor has not reported a loss in time.
+// Thread-safe; not after FinalizeMpi (which closes the links).
 absl::Status CheckWorkerLiveness();
 
 // Checks world_size == 1 + tensor_parallel_size, or world_size == 1 with
