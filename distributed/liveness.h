@@ -68,8 +68,9 @@ class LivenessMonitor {
   // monitor thread having run since: a worker process that died a moment ago
   // is reported even when this machine is too loaded to schedule that thread.
   // The coordinator calls it right before it hands a step plan to MPI, since
-  // OpenMPI 4.1 aborts a process whose send to a dead peer fails (pml ob1:
-  // "FATAL"), which would kill the coordinator before its clients hear why.
+  // with OpenMPI 4.1 over TCP a send to a dead peer can block the sender
+  // (reconnect attempts) or abort it (a failed fragment is fatal in pml ob1),
+  // either way before its clients hear why.
   // Closures found here are recorded as if the thread had seen them. Cheap
   // (one poll over the open connections); safe from any thread.
   absl::Status Probe(const std::vector<int>& ignore = {});

@@ -163,9 +163,9 @@ absl::Status PlanSender::Send(const StepPlan& plan, absl::Duration timeout,
   if (bytes.size() > static_cast<size_t>(INT_MAX))
     return absl::InvalidArgumentError(
         absl::StrCat("step plan ", plan.step_id, " is larger than 2 GiB"));
-  // Liveness first: OpenMPI aborts this process when a send to a dead worker
-  // fails (see LivenessMonitor::Probe), so a loss already visible must end the
-  // step here, before MPI is asked to send anything.
+  // Liveness first: a send to a dead worker can block or abort this process
+  // (see LivenessMonitor::Probe), so a loss already visible must end the step
+  // here, before MPI is asked to send anything.
   if (liveness_) PS_RETURN_IF_ERROR(liveness_());
   absl::Time deadline = absl::Now() + timeout;
   std::vector<MPI_Request> reqs(num_workers_, MPI_REQUEST_NULL);

@@ -59,8 +59,8 @@ class PlanSender {
   // within the constructor's timeout (or `timeout`). A send given up on stays
   // posted: its bytes are kept alive until the sender is destroyed. The
   // liveness check runs once before anything is posted (its error is returned
-  // and nothing is sent): OpenMPI 4.1 aborts a process whose send to a dead
-  // peer fails, so a worker known to be lost must not be sent to.
+  // and nothing is sent): with OpenMPI 4.1 a send to a dead peer can block or
+  // abort this process, so a worker known to be lost must not be sent to.
   absl::Status Send(const StepPlan& plan);
   // As Send, to every worker but the world ranks in `skip` (e.g. dead ones:
   // a send to a dead peer can block or abort this process in OpenMPI 4.1).
