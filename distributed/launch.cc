@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -38,6 +39,9 @@ namespace {
 // A shutdown plan with this step id tells the workers that the coordinator
 // gave up (setup or step failure): they exit non-zero instead of 0.
 constexpr uint64_t kAbortStepId = std::numeric_limits<uint64_t>::max();
+// Bounds on FinalizeMpi (see launch.h): MPI_Abort, then MPI_Finalize.
+constexpr absl::Duration kAbortExitGrace = absl::Seconds(2);
+constexpr absl::Duration kFinalizeExitGrace = absl::Seconds(30);
 // How long the coordinator tries to hand the abort plan to the workers.
 constexpr absl::Duration kAbortSendTimeout = absl::Milliseconds(500);
 
@@ -252,7 +256,7 @@ class MpiExecutor final : public Executor {
           if (ProcessGone(pid))
             return absl::UnavailableError(
                 absl::StrCat("worker rank ", rank, " (pid ", pid, ") exited"));
-        if (State().liveness != nullptr) return State().liveness->Check(local_ranks);
+        if (State().liveness != nullptr) return State().liveness->Probe(local_ranks);
         return absl::OkStatus();
       });
     }
@@ -336,12 +340,24 @@ class MpiExecutor final : public Executor {
     return error;
   }
 
+  // Best effort, after the clients were told (the engine failed its requests
+  // and the front ends sent the replies before the executor is destroyed):
+  // the liveness check is off here, since a known loss would stop the plan
+  // from reaching the ranks that are still alive.
   void SendAbortPlan() {
     abort_sent_ = true;
+    sender_.SetLivenessCheck({});
     StepPlan abort;
     abort.step_id = kAbortStepId;
     abort.shutdown = true;
-    sender_.Send(abort, kAbortSendTimeout).IgnoreError();
+    // Not to ranks known dead: MPI would try to reconnect to them, which can
+    // block this process (seen: "failed to TCP connect to a peer", then the
+    // coordinator stuck until mpirun's SIGKILL 6 s later) or abort it.
+    std::vector<int> gone;
+    if (State().liveness != nullptr) gone = State().liveness->Gone();
+    for (const auto& [rank, pid] : local_workers_)
+      if (ProcessGone(pid)) gone.push_back(rank);
+    sender_.Send(abort, kAbortSendTimeout, gone).IgnoreError();
   }
 
  private:
@@ -358,6 +374,24 @@ class MpiExecutor final : public Executor {
   MpiExecutorStats stats_;
   std::vector<std::pair<int, int64_t>> local_workers_;  // (world rank, pid) on this host
 };
+
+// Ends the process with `code` after `grace` unless it has exited (or the
+// returned flag was set) by then: a detached plain thread (no MPI), so that no
+// MPI call on an exit path can keep a rank alive. Exiting without
+// MPI_Finalize makes mpirun tear the job down, which is what an exit path
+// that hangs needs anyway.
+std::shared_ptr<std::atomic<bool>> ExitAfter(absl::Duration grace, int code, const char* what) {
+  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  std::thread([grace, code, what, cancelled] {
+    std::this_thread::sleep_for(absl::ToChronoNanoseconds(grace));
+    if (cancelled->load()) return;
+    std::fprintf(stderr, "pagedserve (pid %d): %s did not return within %s; exiting (code %d)\n",
+                 static_cast<int>(getpid()), what, absl::FormatDuration(grace).c_str(), code);
+    std::fflush(nullptr);
+    _exit(code);
+  }).detach();
+  return cancelled;
+}
 
 }  // namespace
 
@@ -413,12 +447,30 @@ void FinalizeMpi(bool abort, int exit_code) {
   if (!initialized || finalized || st.finalized) return;
   st.finalized = true;
   if (abort || st.failed.load()) {
+    const int code = exit_code == 0 ? 1 : exit_code;
     std::fflush(nullptr);
     Log().flush();
-    MPI_Abort(MPI_COMM_WORLD, exit_code == 0 ? 1 : exit_code);
+    // The coordinator closes its liveness links first: every worker that was
+    // not told to stop (e.g. blocked in an all-reduce with a lost rank) sees
+    // them close and exits at once, whatever MPI_Abort and mpirun do next.
+    st.liveness.reset();
+    // MPI_Abort waits for the local mpirun daemon to acknowledge (PMIx_Abort);
+    // after a lost host, or while mpirun is already tearing the job down
+    // ("abort is already in progress"), that answer may never come.
+    ExitAfter(kAbortExitGrace, code, "MPI_Abort");
+    MPI_Abort(MPI_COMM_WORLD, code);
     return;
   }
+  // Reached only when every rank was told to stop and acknowledged: a bound
+  // for a peer that dies meanwhile, not a wait anybody should hit.
+  std::shared_ptr<std::atomic<bool>> done = ExitAfter(kFinalizeExitGrace, 1, "MPI_Finalize");
   MPI_Finalize();
+  done->store(true);
+}
+
+absl::Status CheckWorkerLiveness() {
+  LivenessMonitor* links = State().liveness.get();
+  return links != nullptr ? links->Probe() : absl::OkStatus();
 }
 
 absl::Status CheckWorldSize(const LaunchInfo& info, int tensor_parallel_size) {

@@ -46,8 +46,25 @@ absl::StatusOr<LaunchInfo> InitMpi(int* argc, char*** argv);
 // executor reported a worker failure, or when a worker rank gave up, this
 // aborts even when `abort` is false (MPI_Finalize would wait for a dead or
 // stuck rank), so that mpirun stops every rank. No-op before InitMpi or after
-// a previous call.
+// a previous call. Bounded: before MPI_Abort the coordinator closes its
+// liveness links (workers that were not told to stop exit at once), and a
+// rank whose MPI_Abort has not returned after 2 s (it waits for mpirun's
+// daemon, which may never answer once the job is already being torn down or
+// a host is lost) ends itself with _exit(exit_code); MPI_Finalize likewise
+// after 30 s (_exit(1)). Call it last: the process is expected to exit.
 void FinalizeMpi(bool abort = false, int exit_code = 1);
+
+// Coordinator, any thread, no MPI call: the liveness links' verdict
+// (LivenessMonitor::Probe): OK, or Unavailable naming the first lost worker
+// rank ("worker rank 2 lost: ..."). OK when there are no links (world size 1,
+// or the monitor could not start). A loss seen before the workers were told to
+// stop stays reported. For a watchdog that must not depend on the thread
+// that runs the executor: that thread can block inside MPI once a peer died
+// (seen with OpenMPI 4.1 over TCP after a worker was killed: no step error
+// for 6 s, until mpirun's SIGKILL), so serve_command fails the clients from
+// another thread when the executor has not reported a loss in time.
+// Thread-safe; not after FinalizeMpi (which closes the links).
+absl::Status CheckWorkerLiveness();
 
 // Checks world_size == 1 + tensor_parallel_size, or world_size == 1 with
 // tensor_parallel_size == 1. InvalidArgument with a message every rank prints.

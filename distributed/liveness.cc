@@ -127,6 +127,38 @@ absl::Status LivenessMonitor::Check(const std::vector<int>& ignore) const {
   return absl::OkStatus();
 }
 
+absl::Status LivenessMonitor::Probe(const std::vector<int>& ignore) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!expect_exits_) {
+      std::vector<pollfd> fds;
+      std::vector<int> ranks;
+      for (const auto& [rank, fd] : fds_) {
+        if (std::find(ignore.begin(), ignore.end(), rank) != ignore.end()) continue;
+        fds.push_back({fd, POLLRDHUP, 0});
+        ranks.push_back(rank);
+      }
+      // fds_ only holds open sockets: Run closes them with mu_ held.
+      if (!fds.empty() && poll(fds.data(), fds.size(), 0) > 0) {
+        for (size_t i = 0; i < fds.size(); ++i) {
+          if (!(fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR))) continue;
+          connected_[ranks[i]] = false;
+          lost_.emplace(ranks[i], "its connection closed (process exited or host unreachable)");
+        }
+      }
+    }
+  }
+  return Check(ignore);
+}
+
+std::vector<int> LivenessMonitor::Gone() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<int> ranks;
+  for (const auto& [rank, open] : connected_)
+    if (!open) ranks.push_back(rank);
+  return ranks;
+}
+
 std::vector<int> LivenessMonitor::Connected() const {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<int> ranks;
@@ -147,10 +179,15 @@ void LivenessMonitor::Run() {
     Clock::time_point last_rx;
   };
   std::vector<Conn> conns;
+  // Records the loss and closes the socket (under mu_: Probe polls fds_).
   auto lose = [&](const Conn& c, const std::string& why) {
     std::lock_guard<std::mutex> l(mu_);
-    if (c.rank >= 0) connected_[c.rank] = false;
+    if (c.rank >= 0) {
+      connected_[c.rank] = false;
+      fds_.erase(c.rank);
+    }
     if (!expect_exits_ && c.rank >= 0) lost_.emplace(c.rank, why);
+    close(c.fd);
   };
   auto next_beat = Clock::now();
   while (true) {
@@ -189,6 +226,7 @@ void LivenessMonitor::Run() {
             c.rank = rank;
             std::lock_guard<std::mutex> l(mu_);
             connected_[rank] = true;
+            fds_[rank] = c.fd;
           }
         }
         if (!open) why = "its connection closed (process exited or host unreachable)";
@@ -200,7 +238,6 @@ void LivenessMonitor::Run() {
       }
       if (!open) {
         lose(c, why);
-        close(c.fd);
         conns.erase(conns.begin() + i);
         continue;
       }
@@ -211,6 +248,8 @@ void LivenessMonitor::Run() {
       next_beat = now + absl::ToChronoNanoseconds(interval_);
     }
   }
+  std::lock_guard<std::mutex> l(mu_);
+  fds_.clear();
   for (const Conn& c : conns) close(c.fd);
 }
 

@@ -63,8 +63,22 @@ class LivenessMonitor {
   // aside; else Unavailable naming the first lost rank (its world rank and
   // what was seen). Ranks that have not connected yet are not checked.
   absl::Status Check(const std::vector<int>& ignore = {}) const;
+  // As Check, but first asks the kernel (poll with no wait, POLLRDHUP) whether
+  // a connection has been closed by its peer, instead of relying on the
+  // monitor thread having run since: a worker process that died a moment ago
+  // is reported even when this machine is too loaded to schedule that thread.
+  // The coordinator calls it right before it hands a step plan to MPI, since
+  // with OpenMPI 4.1 over TCP a send to a dead peer can block the sender
+  // (reconnect attempts) or abort it (a failed fragment is fatal in pml ob1),
+  // either way before its clients hear why.
+  // Closures found here are recorded as if the thread had seen them. Cheap
+  // (one poll over the open connections); safe from any thread.
+  absl::Status Probe(const std::vector<int>& ignore = {});
   // World ranks connected so far (ascending).
   std::vector<int> Connected() const;
+  // World ranks whose connection has closed or gone silent (ascending), lost
+  // or expected: no MPI message should be sent to them any more.
+  std::vector<int> Gone() const;
   // From now on closed connections are expected (the workers are being shut
   // down or aborted): they are not errors.
   void ExpectExits();
@@ -79,6 +93,7 @@ class LivenessMonitor {
   int wake_fds_[2] = {-1, -1};  // pipe: the destructor wakes the thread
   mutable std::mutex mu_;
   std::map<int, bool> connected_;    // world rank -> connection open
+  std::map<int, int> fds_;           // world rank -> its open socket (closed under mu_)
   std::map<int, std::string> lost_;  // world rank -> what was seen
   bool expect_exits_ = false;
   std::thread thread_;

@@ -1,5 +1,6 @@
 #include "distributed/plan_transport.h"
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <thread>
@@ -156,22 +157,30 @@ absl::StatusOr<std::vector<WorkerHello>> PlanSender::GatherHellos(absl::Duration
 
 absl::Status PlanSender::Send(const StepPlan& plan) { return Send(plan, timeout_); }
 
-absl::Status PlanSender::Send(const StepPlan& plan, absl::Duration timeout) {
+absl::Status PlanSender::Send(const StepPlan& plan, absl::Duration timeout,
+                              const std::vector<int>& skip) {
   std::string bytes = EncodeStepPlan(plan);
   if (bytes.size() > static_cast<size_t>(INT_MAX))
     return absl::InvalidArgumentError(
         absl::StrCat("step plan ", plan.step_id, " is larger than 2 GiB"));
+  // Liveness first: a send to a dead worker can block or abort this process
+  // (see LivenessMonitor::Probe), so a loss already visible must end the step
+  // here, before MPI is asked to send anything.
+  if (liveness_) PS_RETURN_IF_ERROR(liveness_());
   absl::Time deadline = absl::Now() + timeout;
-  std::vector<MPI_Request> reqs(num_workers_);
+  std::vector<MPI_Request> reqs(num_workers_, MPI_REQUEST_NULL);
   for (int r = 1; r <= num_workers_; ++r)
-    MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, r, kTagPlan, world_,
-              &reqs[r - 1]);
+    if (std::find(skip.begin(), skip.end(), r) == skip.end())
+      MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, r, kTagPlan, world_,
+                &reqs[r - 1]);
   for (int r = 1; r <= num_workers_; ++r) {
+    if (reqs[r - 1] == MPI_REQUEST_NULL) continue;  // skipped
     MPI_Status st;
     if (absl::Status s = WaitRequest(&reqs[r - 1], &st, deadline, &liveness_); !s.ok()) {
       // MPI cannot cancel a send reliably: release the other pending requests
       // too and keep the buffer alive, since MPI may still read it.
-      for (int q = r + 1; q <= num_workers_; ++q) MPI_Request_free(&reqs[q - 1]);
+      for (int q = r + 1; q <= num_workers_; ++q)
+        if (reqs[q - 1] != MPI_REQUEST_NULL) MPI_Request_free(&reqs[q - 1]);
       abandoned_.push_back(std::move(bytes));
       return WaitError(s, absl::StrCat("worker rank ", r, " did not take step plan ",
                                        plan.step_id, " within ", absl::FormatDuration(timeout)));

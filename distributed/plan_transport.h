@@ -46,7 +46,8 @@ class PlanSender {
 
   // Called about every 20 ms while Send / Receive wait; a non-OK status ends
   // the wait with that error (e.g. "worker rank 2 (pid 123) exited"), so a
-  // dead worker is noticed before the timeout where it can be observed.
+  // dead worker is noticed before the timeout where it can be observed. Send
+  // also runs it before posting its sends. An empty check turns it off.
   using LivenessCheck = std::function<absl::Status()>;
   void SetLivenessCheck(LivenessCheck check) { liveness_ = std::move(check); }
 
@@ -56,9 +57,15 @@ class PlanSender {
 
   // Sends the plan to every worker; DeadlineExceeded if a send does not finish
   // within the constructor's timeout (or `timeout`). A send given up on stays
-  // posted: its bytes are kept alive until the sender is destroyed.
+  // posted: its bytes are kept alive until the sender is destroyed. The
+  // liveness check runs once before anything is posted (its error is returned
+  // and nothing is sent): with OpenMPI 4.1 a send to a dead peer can block or
+  // abort this process, so a worker known to be lost must not be sent to.
   absl::Status Send(const StepPlan& plan);
-  absl::Status Send(const StepPlan& plan, absl::Duration timeout);
+  // As Send, to every worker but the world ranks in `skip` (e.g. dead ones:
+  // a send to a dead peer can block or abort this process in OpenMPI 4.1).
+  absl::Status Send(const StepPlan& plan, absl::Duration timeout,
+                    const std::vector<int>& skip = {});
 
   // Waits for the result of the last plan from the TP rank 0 worker (world
   // rank 1). DeadlineExceeded after the timeout; Internal if a worker reported

@@ -33,12 +33,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -381,11 +383,63 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
                      ? absl::StrCat(", metrics on port ", MetricsListeningPort(*metrics)).c_str()
                      : "");
     std::fflush(stderr);
+    // The front ends stop once: after Run, or from the loss watcher below.
+    std::once_flag front_ends_stopped;
+    auto stop_front_ends = [&] {
+      std::call_once(front_ends_stopped, [&] {
+        zmq_stop.store(true);
+        zmq_thread.join();
+        if (http != nullptr) http->Stop();
+      });
+    };
+    // Loss watcher (ranks on other processes): the engine thread is the only
+    // one that calls MPI, and once a worker died an MPI call can block it for
+    // good (OpenMPI 4.1 over TCP, seen after `kill -9` of a worker: no step
+    // error until mpirun's SIGKILL 6 s later, the client never told). When the
+    // liveness links report a lost worker while requests are in flight and the
+    // engine has not failed them within kEngineReportGrace, this thread fails
+    // them (EngineLoop::FailAll, no MPI), lets the front ends send the replies
+    // and ends the process (_exit(1)): mpirun then stops the other ranks, and
+    // the workers see the liveness links close.
+    std::atomic<bool> watch_stop{false};
+    std::thread watcher;
+    if (info.world_size > 1) {
+      StopSignalsBlocked blocked;
+      watcher = std::thread([&] {
+        constexpr auto kEngineReportGrace = std::chrono::seconds(1);
+        // Time for ZeroMQ's I/O thread to write the replies queued by the
+        // front end before the process ends (its sockets have linger 0).
+        constexpr auto kReplyFlush = std::chrono::milliseconds(300);
+        std::optional<std::chrono::steady_clock::time_point> lost_since;
+        while (!watch_stop.load()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          absl::Status lost = CheckWorkerLiveness();
+          const EngineSnapshot snap = loop.Snapshot();
+          if (lost.ok() || snap.failed || snap.in_flight == 0) {
+            lost_since.reset();
+            continue;
+          }
+          const auto now = std::chrono::steady_clock::now();
+          if (!lost_since) lost_since = now;
+          if (now - *lost_since < kEngineReportGrace) continue;
+          const int64_t failed = loop.FailAll(lost);
+          std::fprintf(stderr,
+                       "pagedserve serve: %s; the engine thread did not fail the requests "
+                       "within 1s (blocked in MPI): %lld failed from the loss watcher; exiting\n",
+                       std::string(lost.message()).c_str(), static_cast<long long>(failed));
+          std::fflush(stderr);
+          stop_front_ends();
+          std::this_thread::sleep_for(kReplyFlush);
+          std::fflush(nullptr);
+          _exit(1);
+        }
+      });
+    }
     absl::Status s = loop.Run(g_stop, g_abort_now);
+    watch_stop.store(true);
+    if (watcher.joinable()) watcher.join();
     // Every request has had its final output: let the front ends send them and stop.
-    zmq_stop.store(true);
-    zmq_thread.join();
-    if (http != nullptr) http->Stop();
+    stop_front_ends();
     if (!s.ok()) {
       PrintError(s);
       rc = 1;

@@ -139,6 +139,27 @@ void EngineLoop::Deliver(std::vector<EngineOutput>& outputs) {
   }
 }
 
+int64_t EngineLoop::FailAll(const absl::Status& error) {
+  std::vector<std::pair<std::shared_ptr<RequestChannel>, EngineOutput>> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_ = true;
+    for (const auto& [id, channel] : channels_) {
+      EngineOutput out;
+      out.request_id = id;
+      out.finished = true;
+      out.error = error;
+      failed.emplace_back(channel, std::move(out));
+    }
+    channels_.clear();
+    commands_.clear();
+    queued_adds_ = 0;
+  }
+  for (auto& [channel, out] : failed) channel->Push(std::move(out));
+  wake_.notify_all();
+  return static_cast<int64_t>(failed.size());
+}
+
 void EngineLoop::Publish() {
   const SchedulerStats s = engine_->stats();
   std::lock_guard<std::mutex> lock(mu_);

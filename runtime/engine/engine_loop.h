@@ -118,6 +118,14 @@ class EngineLoop {
   // finished ids are ignored.
   void Abort(const std::string& request_id);
 
+  // Fails every request in flight without the engine, from any thread: each
+  // channel gets a final output with `error` (finished, usage zero), the loop
+  // counts as failed (Submit refuses, healthy() is false) and forgets the
+  // requests, so that outputs Run may still produce for them are dropped.
+  // For a coordinator whose engine thread is stuck in an MPI call after a
+  // worker was lost (serve_command.cc). Returns how many requests it failed.
+  int64_t FailAll(const absl::Status& error);
+
   EngineSnapshot Snapshot() const;
   // Accepting requests: not draining and not failed.
   bool healthy() const;

@@ -471,9 +471,11 @@ struct Server::Impl {
         SendReply(f.identity, delta);
       }
       if (!out.finished) continue;
-      if (!out.error.ok() && out.deltas.empty() && std::none_of(f.finished.begin(), f.finished.end(),
-                                                                 [](bool b) { return b; })) {
+      if (!out.error.ok() && out.deltas.empty() && f.first_output == absl::InfinitePast() &&
+          std::none_of(f.finished.begin(), f.finished.end(), [](bool b) { return b; })) {
         // Refused by the engine before it ran: an error reply, as at admission.
+        // (A request that already streamed gets the final reply below, with
+        // finish_reason error: EngineLoop::FailAll sends no deltas.)
         if (!f.orphaned) SendError(f.identity, f.client_id, CodeOf(out.error), std::string(out.error.message()));
         ForgetRequest(it);
         continue;

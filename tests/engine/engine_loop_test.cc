@@ -281,5 +281,38 @@ TEST(EngineLoopTest, StopRefusesSubmitsBeforeTheLoopNoticesIt) {
   EXPECT_EQ(Drain(*c).second, FinishReason::kLength);  // the one in flight completes
 }
 
+// The engine thread is stuck inside a step (as a coordinator's can be inside
+// an MPI call after a worker died): FailAll, from another thread, gives every
+// request its final error output at once, refuses new requests, and drops what
+// the step produces for them if it ever returns.
+TEST(EngineLoopTest, FailAllWhileTheEngineThreadIsStuckInAStep) {
+  Fixture f;
+  f.exec->SetFreeSteps(1);  // the prefill runs, the first decode waits
+  f.exec->SetOpen(false);
+  auto c = std::make_shared<RequestChannel>();
+  ASSERT_TRUE(f.loop->Submit(Req("stuck", "A", 20, true), c).ok());
+  std::optional<EngineOutput> first = c->WaitPop(absl::Seconds(60));
+  ASSERT_TRUE(first.has_value());
+  ASSERT_FALSE(first->finished);
+  f.exec->WaitEntered(2);  // the engine thread is inside the decode step
+  const absl::Status lost = absl::UnavailableError("worker rank 2 lost: its connection closed");
+  EXPECT_EQ(f.loop->FailAll(lost), 1);
+  std::optional<EngineOutput> final_out = c->TryPop();  // pushed before FailAll returned
+  ASSERT_TRUE(final_out.has_value());
+  EXPECT_TRUE(final_out->finished);
+  EXPECT_EQ(final_out->error, lost);
+  EXPECT_EQ(f.exec->entered(), 2);  // still the same step
+  const EngineSnapshot snap = f.loop->Snapshot();
+  EXPECT_TRUE(snap.failed);
+  EXPECT_EQ(snap.in_flight, 0);
+  EXPECT_FALSE(f.loop->healthy());
+  EXPECT_EQ(f.loop->Submit(Req("late", "A", 3), std::make_shared<RequestChannel>()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The step returns after all and more run: nothing more reaches the channel.
+  f.exec->SetOpen(true);
+  f.exec->WaitEntered(5);
+  EXPECT_FALSE(c->TryPop().has_value());
+}
+
 }  // namespace
 }  // namespace pagedserve

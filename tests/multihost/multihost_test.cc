@@ -305,11 +305,24 @@ class MultiHostFailureTest : public MultiHostTest {
     const double client_s = std::chrono::duration<double>(Clock::now() - broken_at).count();
     // Every rank gone by the deadline: checked while mpirun still runs, since
     // stopping it (below) would kill what is left.
+    // By when each rank was gone (rank 2, rank 1, coordinator), for the log.
+    std::vector<double> gone_s(pids.size(), -1);
+    auto since_break = [&] {
+      return std::chrono::duration<double>(Clock::now() - broken_at).count();
+    };
+    while (since_break() < budget) {
+      bool any = false;
+      for (size_t i = 0; i < pids.size(); ++i) {
+        if (gone_s[i] >= 0) continue;
+        if (Alive(pids[i])) any = true; else gone_s[i] = since_break();
+      }
+      if (!any) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     std::vector<int> alive;
-    for (int pid : pids) {
-      while (Alive(pid) && std::chrono::duration<double>(Clock::now() - broken_at).count() < budget)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      if (Alive(pid)) alive.push_back(pid);
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (gone_s[i] >= 0) continue;
+      if (Alive(pids[i])) alive.push_back(pids[i]); else gone_s[i] = since_break();  // bound
     }
     Result m = server.Wait(1);
     const double mpirun_s = std::chrono::duration<double>(Clock::now() - broken_at).count();
@@ -325,9 +338,12 @@ class MultiHostFailureTest : public MultiHostTest {
     EXPECT_NE((c.out + m.out).find("worker rank 2 lost"), std::string::npos)
         << what << ": the error does not name the lost rank\nclient:\n" << c.out << "\nserver:\n"
         << m.out;
-    std::printf("%s: client done after %.2f s; mpirun %s after %.2f s (code %d); client:\n%s\n",
-                what.c_str(), client_s, m.timed_out ? "killed by the test" : "exited", mpirun_s,
-                m.exit_code, c.out.c_str());
+    std::printf("%s: client done after %.2f s; ranks gone by %.2f (rank 2), %.2f (rank 1), "
+                "%.2f (coordinator) s (-1: alive at %.0f s); mpirun %s after %.2f s (code %d); "
+                "client:\n%s\n",
+                what.c_str(), client_s, gone_s[0], gone_s[1], gone_s[2], budget,
+                m.timed_out ? "killed by the test" : "exited", mpirun_s, m.exit_code,
+                c.out.c_str());
   }
 };
 
