@@ -273,52 +273,74 @@ absl::Status PagedAttentionGqa(const PagedAttentionParams& p) {
 // The one place that decides which decode kernel runs (see the contract in
 // paged_attention.h). Reasons are stated so that logs, benchmarks and tests
 // can tell why a kernel was taken.
-DecodeKernelChoice ChooseDecodeKernel(Device device, int num_seqs, int num_heads,
-                                      int num_kv_heads, int head_size, int max_seq_len,
-                                      DecodeKernel requested) {
+namespace {
+
+// The decode-kernel rule (contract: ChooseDecodeKernel in paged_attention.h).
+// The reason string is built only when `explain` is set: PagedAttention() runs
+// this for every layer of every step and needs the kernel alone.
+DecodeKernelChoice ChooseDecodeKernelImpl(Device device, int num_seqs, int num_heads,
+                                          int num_kv_heads, int head_size, int max_seq_len,
+                                          DecodeKernel requested, bool explain) {
+  auto why = [explain](const auto&... parts) {
+    return explain ? absl::StrCat(parts...) : std::string();
+  };
   const bool v1 = ShouldUsePagedAttentionV1(num_seqs, num_heads, max_seq_len);
   const DecodeKernel v1v2 = v1 ? DecodeKernel::kV1 : DecodeKernel::kV2;
-  const std::string heuristic =
+  const char* const heuristic =
       v1 ? "vLLM heuristic: v1 (context fits one 512-token partition, or num_seqs * num_heads > "
            "512, and max_seq_len <= 8192)"
          : "vLLM heuristic: v2 (long context with few sequences x heads: split into 512-token "
            "partitions)";
   if (requested == DecodeKernel::kV1 || requested == DecodeKernel::kV2)
-    return {requested, absl::StrCat(DecodeKernelName(requested), " requested")};
+    return {requested, why(DecodeKernelName(requested), " requested")};
   const int group = num_kv_heads > 0 ? num_heads / num_kv_heads : 0;
   if (device == Device::kCPU)
-    return {v1v2, absl::StrCat("CPU backend (no separate GQA kernel; its v1/v2 serve a whole "
-                               "group per task)",
-                               requested == DecodeKernel::kGqa ? ", gqa request ignored" : "",
-                               "; ", heuristic)};
+    return {v1v2, why("CPU backend (no separate GQA kernel; its v1/v2 serve a whole "
+                      "group per task)",
+                      requested == DecodeKernel::kGqa ? ", gqa request ignored" : "", "; ",
+                      heuristic)};
   if (!GqaDecodeFits(head_size, group))
-    return {v1v2, absl::StrCat("group size ", group, " x head_size ", head_size,
-                               " exceeds the GQA kernel's shared memory (",
-                               cuda::GqaDecodeSharedBytes(head_size, group), " > ",
-                               cuda::kGqaMaxSharedBytes, " bytes); ", heuristic)};
+    return {v1v2, why("group size ", group, " x head_size ", head_size,
+                      " exceeds the GQA kernel's shared memory (",
+                      cuda::GqaDecodeSharedBytes(head_size, group), " > ",
+                      cuda::kGqaMaxSharedBytes, " bytes); ", heuristic)};
   if (requested == DecodeKernel::kGqa)
-    return {DecodeKernel::kGqa, absl::StrCat("gqa requested (group size ", group, ")")};
+    return {DecodeKernel::kGqa, why("gqa requested (group size ", group, ")")};
   if (group >= 2)
-    return {DecodeKernel::kGqa,
-            absl::StrCat("GQA group size ", group,
-                         ": each K/V tile is read once for all ", group,
-                         " query heads (v1/v2 would read it ", group, " times)")};
-  return {v1v2, absl::StrCat("MHA (group size 1): no K/V to share across heads; ", heuristic)};
+    return {DecodeKernel::kGqa, why("GQA group size ", group, ": each K/V tile is read once for all ",
+                                    group, " query heads (v1/v2 would read it ", group, " times)")};
+  return {v1v2, why("MHA (group size 1): no K/V to share across heads; ", heuristic)};
 }
 
-DecodeKernelChoice ChooseDecodeKernel(const PagedAttentionParams& p, DecodeKernel requested) {
+DecodeKernelChoice ChooseDecodeKernelImpl(const PagedAttentionParams& p, DecodeKernel requested,
+                                          bool explain) {
   const DType cache = p.cache.shape.dtype;
   if (IsFp8(cache) || ResolveIoDType(p.io_dtype, cache) != cache) {
     const bool v1 = ShouldUsePagedAttentionV1(p.num_seqs, p.num_heads, p.max_seq_len);
     const DecodeKernel k = requested == DecodeKernel::kV1 || requested == DecodeKernel::kV2
                                ? requested
                                : (v1 ? DecodeKernel::kV1 : DecodeKernel::kV2);
+    if (!explain) return {k, std::string()};
     return {k, absl::StrCat(DTypeName(cache), " cache with ",
                             DTypeName(ResolveIoDType(p.io_dtype, cache)),
                             " operands: only v1/v2 convert in registers; ", DecodeKernelName(k))};
   }
-  return ChooseDecodeKernel(p.cache.device, p.num_seqs, p.num_heads, p.cache.shape.num_kv_heads,
-                            p.cache.shape.head_size, p.max_seq_len, requested);
+  return ChooseDecodeKernelImpl(p.cache.device, p.num_seqs, p.num_heads,
+                                p.cache.shape.num_kv_heads, p.cache.shape.head_size,
+                                p.max_seq_len, requested, explain);
+}
+
+}  // namespace
+
+DecodeKernelChoice ChooseDecodeKernel(Device device, int num_seqs, int num_heads,
+                                      int num_kv_heads, int head_size, int max_seq_len,
+                                      DecodeKernel requested) {
+  return ChooseDecodeKernelImpl(device, num_seqs, num_heads, num_kv_heads, head_size,
+                                max_seq_len, requested, /*explain=*/true);
+}
+
+DecodeKernelChoice ChooseDecodeKernel(const PagedAttentionParams& p, DecodeKernel requested) {
+  return ChooseDecodeKernelImpl(p, requested, /*explain=*/true);
 }
 
 absl::Status PagedAttention(const PagedAttentionParams& p) {
@@ -330,8 +352,7 @@ absl::Status PagedAttention(const PagedAttentionParams& p) {
       return Invalid("paged_attention", "PAGEDSERVE_DECODE_KERNEL=", env,
                      " is not one of auto, v1, v2, gqa");
   }
-  const DecodeKernelChoice c = ChooseDecodeKernel(p, requested);
-  switch (c.kernel) {
+  switch (ChooseDecodeKernelImpl(p, requested, /*explain=*/false).kernel) {
     case DecodeKernel::kGqa: return PagedAttentionGqa(p);
     case DecodeKernel::kV2: return PagedAttentionV2(p);
     default: return PagedAttentionV1(p);
