@@ -36,6 +36,7 @@
 #include "kernels/reshape_and_cache.h"
 #include "kernels/types.h"
 #include "tests/kernels/attention_check.h"
+#include "tests/kernels/kernel_test_util.h"
 #include "tests/kernels/reference_attention.h"
 
 namespace pagedserve::kernels {
@@ -44,32 +45,8 @@ namespace {
 namespace kc = ::pagedserve::kernels::cuda;
 using testing::GatheredKV;
 
-std::vector<uint8_t> Encode(const std::vector<float>& f, DType t) {
-  std::vector<uint8_t> out(f.size() * DTypeSize(t));
-  for (size_t i = 0; i < f.size(); ++i) {
-    if (t == DType::kFloat32) {
-      std::memcpy(out.data() + 4 * i, &f[i], 4);
-    } else {
-      const uint16_t b = t == DType::kFloat16 ? FloatToHalfBits(f[i]) : FloatToBFloat16Bits(f[i]);
-      std::memcpy(out.data() + 2 * i, &b, 2);
-    }
-  }
-  return out;
-}
-
-std::vector<float> Decode(const uint8_t* raw, size_t n, DType t) {
-  std::vector<float> f(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (t == DType::kFloat32) {
-      std::memcpy(&f[i], raw + 4 * i, 4);
-    } else {
-      uint16_t b;
-      std::memcpy(&b, raw + 2 * i, 2);
-      f[i] = t == DType::kFloat16 ? HalfBitsToFloat(b) : BFloat16BitsToFloat(b);
-    }
-  }
-  return f;
-}
+using testing::Decode;
+using testing::Encode;
 
 std::vector<float> RandomRounded(size_t n, DType t, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);

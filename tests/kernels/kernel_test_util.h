@@ -44,6 +44,18 @@ inline float LoadElem(DType t, const void* base, int64_t i) {
   return 0.0f;
 }
 // v as stored in dtype t.
+// `f` stored as elements of type t (bytes), and back: the operands and outputs
+// of the kernels under test in their wire format.
+inline std::vector<uint8_t> Encode(const std::vector<float>& f, DType t) {
+  std::vector<uint8_t> out(f.size() * DTypeSize(t));
+  for (size_t i = 0; i < f.size(); ++i) StoreElem(t, out.data(), static_cast<int64_t>(i), f[i]);
+  return out;
+}
+inline std::vector<float> Decode(const uint8_t* raw, size_t n, DType t) {
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) f[i] = LoadElem(t, raw, static_cast<int64_t>(i));
+  return f;
+}
 inline float RoundTo(DType t, float v) {
   float out;
   uint16_t tmp[2];
