@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Writes a random-weight Llama as an F16 GGUF file, for benchmarks of model
+shapes larger than the default SmolLM2-135M (issue 10: "a random-weight Llama
+of about 1B parameters ... quantized to Q4_K_M with llama.cpp's llama-quantize").
+
+    python3 bench/make_random_gguf.py OUT.gguf [--shape 1b|3b|135m] [--seed 0]
+        [--tokenizer-from SOURCE.gguf]
+
+Then quantize it with the baseline build (bench/build-llamacpp):
+
+    $(bench/build-llamacpp | tail -1)/llama-quantize OUT.gguf OUT-Q4_K_M.gguf Q4_K_M
+
+Shapes (hidden, layers, heads, KV heads, FFN; vocabulary 49152 from the
+tokenizer source, embeddings tied as in Llama-3.2-1B):
+  135m: SmolLM2-135M's own shape (576, 30, 9, 3, 1536)
+  1b:   Llama-3.2-1B's shape with a 49152 vocabulary (2048, 16, 32, 8, 8192), ~1.07e9
+  3b:   Llama-3.2-3B's shape with a 49152 vocabulary (3072, 28, 24, 8, 8192), ~3.0e9
+
+The tokenizer (vocabulary, merges, token types, special ids, pre-tokenizer)
+is copied from --tokenizer-from (default: the model scripts/fetch-model
+fetches), so both engines can load the file and tokenize prompts. Weights are
+N(0, 0.02) from numpy's PCG64 with the given seed (reproducible), norms are 1,
+written as llama.cpp's converter lays Llama tensors out (blk.N.attn_q.weight
+etc.; no output.weight: tied). The logits are meaningless; the file exists to
+measure speed and memory, never correctness.
+
+Needs numpy and gguf-py (PyPI `gguf`).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+SHAPES = {
+    "135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, ffn=1536, rope_base=100000.0),
+    "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, rope_base=500000.0),
+    "3b": dict(hidden=3072, layers=28, heads=24, kv_heads=8, ffn=8192, rope_base=500000.0),
+}
+TOKENIZER_KEYS = [
+    "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
+    "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_space_prefix", "tokenizer.chat_template",
+]
+
+
+def field_value(field):
+    """The Python value of a GGUFReader field (scalar, string or array)."""
+    kind = field.types[0]
+    if kind == GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]]).decode("utf-8")
+    if kind == GGUFValueType.ARRAY:
+        sub = field.types[1]
+        if sub == GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+        return [field.parts[i].tolist()[0] for i in field.data]
+    return field.parts[field.data[0]].tolist()[0]
+
+
+def copy_tokenizer(writer, source):
+    reader = GGUFReader(source)
+    vocab = None
+    for key in TOKENIZER_KEYS:
+        field = reader.fields.get(key)
+        if field is None:
+            continue
+        value = field_value(field)
+        kind = field.types[0]
+        if kind == GGUFValueType.ARRAY:
+            writer.add_array(key, value)
+            if key == "tokenizer.ggml.tokens":
+                vocab = len(value)
+        elif kind == GGUFValueType.STRING:
+            writer.add_string(key, value)
+        elif kind == GGUFValueType.BOOL:
+            writer.add_bool(key, bool(value))
+        else:
+            writer.add_uint32(key, int(value))
+    if vocab is None:
+        sys.exit(f"make_random_gguf: {source} has no tokenizer.ggml.tokens")
+    return vocab
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="1b")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer-from", default=None)
+    args = ap.parse_args()
+    source = args.tokenizer_from
+    if source is None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        source = subprocess.check_output([os.path.join(root, "scripts", "fetch-model")],
+                                         text=True).strip()
+    s = SHAPES[args.shape]
+    head_dim = s["hidden"] // s["heads"]
+    writer = GGUFWriter(args.out, "llama")
+    writer.add_name(f"random-llama-{args.shape}")
+    writer.add_file_type(1)  # LLAMA_FTYPE_MOSTLY_F16
+    vocab = copy_tokenizer(writer, source)
+    writer.add_context_length(8192)
+    writer.add_embedding_length(s["hidden"])
+    writer.add_block_count(s["layers"])
+    writer.add_feed_forward_length(s["ffn"])
+    writer.add_head_count(s["heads"])
+    writer.add_head_count_kv(s["kv_heads"])
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(s["rope_base"])
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+
+    rng = np.random.Generator(np.random.PCG64(args.seed))
+
+    def dense(rows, cols):  # numpy (rows, cols) = GGUF ne (cols, rows), as the converter writes
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+
+    ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
+    h, kv = s["hidden"], s["kv_heads"] * head_dim
+    writer.add_tensor("token_embd.weight", dense(vocab, h))
+    writer.add_tensor("output_norm.weight", ones(h))
+    for i in range(s["layers"]):
+        p = f"blk.{i}."
+        writer.add_tensor(p + "attn_norm.weight", ones(h))
+        writer.add_tensor(p + "attn_q.weight", dense(h, h))
+        writer.add_tensor(p + "attn_k.weight", dense(kv, h))
+        writer.add_tensor(p + "attn_v.weight", dense(kv, h))
+        writer.add_tensor(p + "attn_output.weight", dense(h, h))
+        writer.add_tensor(p + "ffn_norm.weight", ones(h))
+        writer.add_tensor(p + "ffn_gate.weight", dense(s["ffn"], h))
+        writer.add_tensor(p + "ffn_up.weight", dense(s["ffn"], h))
+        writer.add_tensor(p + "ffn_down.weight", dense(h, s["ffn"]))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
