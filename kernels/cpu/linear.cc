@@ -149,6 +149,10 @@ namespace {
 // they always use row dots.
 constexpr int64_t kSgemmMinTokensF32 = 24;
 constexpr int64_t kSgemmMinTokensHalf = 128;
+// Tokens from which the quantized formats use the register-blocked tiles
+// (kRowBlock) rather than the row dots. Measured: see docs/benchmarks.md
+// "Register-blocked quantized kernels".
+constexpr int64_t kRowBlockMinTokens = 4;
 // Rows converted to fp32 per sgemm call of the tile method (F16/BF16).
 constexpr int64_t kTileRows = 64;
 // Tokens quantized by the calling thread before the parallel region.
@@ -172,13 +176,15 @@ const uint8_t* Row(const WeightView& w, int64_t r) {
   return static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride_bytes;
 }
 
-// Quantizes token t's activations into `xq` (its blocks start at t * nb blocks).
-void QuantizeToken(const LinearParams& p, int64_t nb, int64_t t, uint8_t* xq) {
+// Quantizes token t's activations into `xq` (its blocks start at t * nb blocks)
+// with the ISA's quantizer (bit-identical to QuantizeActs32/256).
+void QuantizeToken(const LinearParams& p, const IsaKernels& k, int64_t nb, int64_t t,
+                   uint8_t* xq) {
   const float* x = p.x + t * p.x_stride;
   if (UsesActBlock256(p.w.type)) {
-    QuantizeActs256(x, p.w.cols, reinterpret_cast<ActBlock256*>(xq) + t * nb);
+    k.quant256(x, p.w.cols, reinterpret_cast<ActBlock256*>(xq) + t * nb);
   } else {
-    QuantizeActs32(x, p.w.cols, reinterpret_cast<ActBlock32*>(xq) + t * nb);
+    k.quant32(x, p.w.cols, reinterpret_cast<ActBlock32*>(xq) + t * nb);
   }
 }
 
@@ -206,6 +212,41 @@ void RowDotRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, 
       for (int j = 0; j < n; ++j) p.y[(t + j) * p.y_stride + r] = out[j] + b;
     }
   }
+}
+
+// kRowBlock: tiles of kBlockRows rows x kBlockTokens tokens; the tokens left
+// over (< kBlockTokens) and the rows left over (< kBlockRows) use the row dots.
+void RowBlockRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, int64_t r0,
+                   int64_t r1) {
+  const WeightType type = p.w.type;
+  const int64_t T = p.num_tokens;
+  const IsaKernels::QTileFn tile = QTileFor(k, type);
+  const IsaKernels::QDotFn qdot = QDotFor(k, type);
+  const int64_t nb = p.w.cols / BlockElems(type);
+  const size_t tok_bytes =
+      static_cast<size_t>(nb) * (UsesActBlock256(type) ? sizeof(ActBlock256) : sizeof(ActBlock32));
+  const int64_t t_full = T - T % kBlockTokens;
+  float out[kBlockRows * kBlockTokens];
+  int64_t r = r0;
+  for (; r + kBlockRows <= r1; r += kBlockRows) {
+    for (int64_t t = 0; t < t_full; t += kBlockTokens) {
+      tile(Row(p.w, r), p.w.row_stride_bytes, xq + t * tok_bytes, tok_bytes, nb, out);
+      for (int i = 0; i < kBlockRows; ++i) {
+        const float b = p.bias ? p.bias[r + i] : 0.0f;
+        for (int j = 0; j < kBlockTokens; ++j)
+          p.y[(t + j) * p.y_stride + r + i] = out[i * kBlockTokens + j] + b;
+      }
+    }
+    for (int64_t t = t_full; t < T; t += kMaxTokens) {
+      const int n = static_cast<int>(std::min<int64_t>(kMaxTokens, T - t));
+      for (int i = 0; i < kBlockRows; ++i) {
+        qdot(Row(p.w, r + i), xq + t * tok_bytes, tok_bytes, nb, n, out);
+        const float b = p.bias ? p.bias[r + i] : 0.0f;
+        for (int j = 0; j < n; ++j) p.y[(t + j) * p.y_stride + r + i] = out[j] + b;
+      }
+    }
+  }
+  if (r < r1) RowDotRange(p, k, xq, r, r1);
 }
 
 void TileSgemmRange(const LinearParams& p, int64_t r0, int64_t r1) {
@@ -248,7 +289,12 @@ void ThreadRows(int64_t rows, int tid, int nt, int64_t* begin, int64_t* end) {
 }  // namespace
 
 const char* LinearMethodName(LinearMethod m) {
-  return m == LinearMethod::kRowDot ? "row_dot" : "tile_sgemm";
+  switch (m) {
+    case LinearMethod::kRowDot: return "row_dot";
+    case LinearMethod::kTileSgemm: return "tile_sgemm";
+    case LinearMethod::kRowBlock: return "row_block";
+  }
+  return "?";
 }
 
 bool IsQuantized(WeightType t) {
@@ -256,7 +302,9 @@ bool IsQuantized(WeightType t) {
 }
 
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
-  if (IsQuantized(type)) return LinearMethod::kRowDot;
+  if (IsQuantized(type)) {
+    return num_tokens >= kRowBlockMinTokens ? LinearMethod::kRowBlock : LinearMethod::kRowDot;
+  }
   const int64_t min_tokens = type == WeightType::kF32 ? kSgemmMinTokensF32 : kSgemmMinTokensHalf;
   return num_tokens >= min_tokens ? LinearMethod::kTileSgemm : LinearMethod::kRowDot;
 }
@@ -283,6 +331,20 @@ IsaKernels::QDotFn QDotFor(const IsaKernels& k, WeightType type) {
   }
 }
 
+IsaKernels::QTileFn QTileFor(const IsaKernels& k, WeightType type) {
+  switch (type) {
+    case WeightType::kQ4_0: return k.t4_0;
+    case WeightType::kQ4_1: return k.t4_1;
+    case WeightType::kQ5_0: return k.t5_0;
+    case WeightType::kQ5_1: return k.t5_1;
+    case WeightType::kQ8_0: return k.t8_0;
+    case WeightType::kQ4_K: return k.t4_k;
+    case WeightType::kQ5_K: return k.t5_k;
+    case WeightType::kQ6_K: return k.t6_k;
+    default: return nullptr;
+  }
+}
+
 IsaKernels::FDotFn FDotFor(const IsaKernels& k, WeightType type) {
   switch (type) {
     case WeightType::kF32: return k.f32;
@@ -300,7 +362,9 @@ absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method) 
         absl::StrCat("the ", CpuIsaName(isa), " path of Linear is not available on this CPU"));
   }
   const IsaKernels& k = KernelsFor(isa);
-  const bool quant_acts = method == LinearMethod::kRowDot && IsQuantized(p.w.type);
+  // kRowBlock on a format without activation quantization is the row dots.
+  if (method == LinearMethod::kRowBlock && !IsQuantized(p.w.type)) method = LinearMethod::kRowDot;
+  const bool quant_acts = method != LinearMethod::kTileSgemm && IsQuantized(p.w.type);
   static thread_local std::vector<uint8_t> xq_scratch;
   const int64_t nb = p.w.cols / BlockElems(p.w.type);
   uint8_t* xq = nullptr;
@@ -315,19 +379,21 @@ absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method) 
   // saves decode a barrier; more are quantized by the team (omp for + barrier).
   const bool quant_serial = quant_acts && p.num_tokens <= kSerialQuantTokens;
   if (quant_serial) {
-    for (int64_t t = 0; t < p.num_tokens; ++t) QuantizeToken(p, nb, t, xq);
+    for (int64_t t = 0; t < p.num_tokens; ++t) QuantizeToken(p, k, nb, t, xq);
   }
 #pragma omp parallel num_threads(threads)
   {
     if (quant_acts && !quant_serial) {
 #pragma omp for schedule(static)
-      for (int64_t t = 0; t < p.num_tokens; ++t) QuantizeToken(p, nb, t, xq);
+      for (int64_t t = 0; t < p.num_tokens; ++t) QuantizeToken(p, k, nb, t, xq);
     }
     int64_t r0, r1;
     ThreadRows(p.w.rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
     if (r0 < r1) {
       if (method == LinearMethod::kRowDot) {
         RowDotRange(p, k, xq, r0, r1);
+      } else if (method == LinearMethod::kRowBlock) {
+        RowBlockRange(p, k, xq, r0, r1);
       } else {
         TileSgemmRange(p, r0, r1);
       }

@@ -264,6 +264,307 @@ struct KQ6_K {
   }
 };
 
+// ---- activation quantization (QuantizeActs32 / QuantizeActs256, vectorized) ----
+//
+// Bit-identical to the portable quantizer for finite input: the block maximum of
+// |x| is exact in any order, d and 1/d are the same scalar fp32 expressions, the
+// products x * id are the same fp32 multiplies, and vcvtps2dq rounds them in the
+// MXCSR mode (round to nearest, ties to even, by default), which is what lrintf
+// does in the default rounding mode. |x * id| <= 127 * (1 + 2^-23) for finite x,
+// so the int16/int8 saturating packs never clip a finite code; the clamp to -127
+// matches the portable clamp (it only acts on non-finite input).
+
+inline float HMax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 AbsPs(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+// The 32 codes of x[0..32) * id, in element order.
+inline __m256i QuantCodes32(const float* x, __m256 id) {
+  const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), id));
+  const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), id));
+  const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), id));
+  const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), id));
+  // packs work per 128-bit lane: the dwords of 4 codes come out as elements
+  // 0-3, 8-11, 16-19, 24-27, 4-7, 12-15, 20-23, 28-31; the permute restores order.
+  const __m256i b =
+      _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+  const __m256i ordered = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  return _mm256_max_epi8(ordered, _mm256_set1_epi8(-127));
+}
+
+// Sums of codes 0..15 and 16..31 of a 32-byte vector.
+inline void HalfSums(__m256i q, int32_t* s0, int32_t* s1) {
+  const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
+                                      _mm256_set1_epi16(1));  // 4 codes per int32
+  __m128i h = _mm_hadd_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  h = _mm_hadd_epi32(h, h);
+  *s0 = _mm_cvtsi128_si32(h);
+  *s1 = _mm_extract_epi32(h, 1);
+}
+
+void QuantActs32X86(const float* x, int64_t n, ActBlock32* out) {
+  for (int64_t blk = 0; blk < n / 32; ++blk) {
+    const float* p = x + 32 * blk;
+    const __m256 m =
+        _mm256_max_ps(_mm256_max_ps(AbsPs(_mm256_loadu_ps(p)), AbsPs(_mm256_loadu_ps(p + 8))),
+                      _mm256_max_ps(AbsPs(_mm256_loadu_ps(p + 16)), AbsPs(_mm256_loadu_ps(p + 24))));
+    const float amax = HMax(m);
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    ActBlock32& o = out[blk];
+    o.d = amax / 127.0f;
+    const __m256i q = QuantCodes32(p, _mm256_set1_ps(id));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.qs), q);
+    int32_t s0, s1;
+    HalfSums(q, &s0, &s1);
+    o.sum = s0 + s1;
+  }
+}
+
+void QuantActs256X86(const float* x, int64_t n, ActBlock256* out) {
+  for (int64_t blk = 0; blk < n / 256; ++blk) {
+    const float* p = x + 256 * blk;
+    __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
+    for (int i = 0; i < 256; i += 16) {
+      m0 = _mm256_max_ps(m0, AbsPs(_mm256_loadu_ps(p + i)));
+      m1 = _mm256_max_ps(m1, AbsPs(_mm256_loadu_ps(p + i + 8)));
+    }
+    const float amax = HMax(_mm256_max_ps(m0, m1));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    ActBlock256& o = out[blk];
+    o.d = amax / 127.0f;
+    const __m256 idv = _mm256_set1_ps(id);
+    for (int c = 0; c < 8; ++c) {
+      const __m256i q = QuantCodes32(p + 32 * c, idv);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.qs + 32 * c), q);
+      int32_t s0, s1;
+      HalfSums(q, &s0, &s1);
+      o.bsums[2 * c] = static_cast<int16_t>(s0);
+      o.bsums[2 * c + 1] = static_cast<int16_t>(s1);
+    }
+  }
+}
+
+// ---- register-blocked tiles (QTileFn, linear_cpu.h) ----
+//
+// kR weight rows x kT tokens: one fp32 accumulator vector per (row, token) for
+// the whole row. Per block, each row's codes are unpacked once for kT tokens and
+// each token's per-block terms (scale broadcast, offset/min sums) are formed
+// once for kR rows. The scalar per-(row, token) work of the row kernels above
+// (the offset, min and sub-block-min terms) is done in vectors: the Q4_0/Q5_0
+// offset is subtracted from the integer sum, the Q4_1/Q5_1 min term is an FMA
+// into lane 0 of the accumulator, and the K-quant mins / Q6_K offsets are a
+// pmaddwd of the 16 activation sub-block sums with the 16 weight sub-block
+// mins / scales.
+
+constexpr int kR = pagedserve::kernels::cpu::kBlockRows;
+constexpr int kT = pagedserve::kernels::cpu::kBlockTokens;
+
+inline void StoreTile(const __m256 (&acc)[kR][kT], float* out) {
+  for (int r = 0; r < kR; ++r)
+    for (int t = 0; t < kT; ++t) out[r * kT + t] = HSum(acc[r][t]);
+}
+
+template <int kBytes, int kQs, int kQh, int kMin, int kOffset>
+void TileLegacy(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb,
+                float* out) {
+  __m256 acc[kR][kT];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    __m256i q[kR];
+    __m256 dw[kR], mw[kR];
+    for (int r = 0; r < kR; ++r) {
+      const uint8_t* b = w + r * wb + i * kBytes;
+      q[r] = Nibbles32(b + kQs);
+      if constexpr (kQh >= 0) q[r] = _mm256_or_si256(q[r], HighBits32(LoadU32(b + kQh)));
+      dw[r] = _mm256_set1_ps(F16(b));
+      if constexpr (kMin >= 0) mw[r] = _mm256_set1_ps(F16(b + kMin));
+    }
+    for (int t = 0; t < kT; ++t) {
+      const ActBlock32& a = reinterpret_cast<const ActBlock32*>(x + t * xb)[i];
+      const __m256i xq = Load256(a.qs);
+      const __m256 dx = _mm256_set1_ps(a.d);
+      if constexpr (kMin >= 0) {
+        // min * sum_c x_c = m * d_x * sum(codes), added to lane 0.
+        const __m256 ms = _mm256_setr_ps(a.d * static_cast<float>(a.sum), 0, 0, 0, 0, 0, 0, 0);
+        for (int r = 0; r < kR; ++r) {
+          const __m256i s = DotU8I8(q[r], xq);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[r], dx), acc[r][t]);
+          acc[r][t] = _mm256_fmadd_ps(mw[r], ms, acc[r][t]);
+        }
+      } else {
+        // (q - kOffset) . x = q . x - kOffset * sum(x codes): exact in int32, lane 0.
+        const __m256i off = _mm256_setr_epi32(kOffset * a.sum, 0, 0, 0, 0, 0, 0, 0);
+        for (int r = 0; r < kR; ++r) {
+          const __m256i s = _mm256_sub_epi32(DotU8I8(q[r], xq), off);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[r], dx), acc[r][t]);
+        }
+      }
+    }
+  }
+  StoreTile(acc, out);
+}
+
+void TileQ8_0(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  __m256 acc[kR][kT];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    __m256i q[kR], aq[kR];
+    __m256 dw[kR];
+    for (int r = 0; r < kR; ++r) {
+      const uint8_t* b = w + r * wb + i * 34;
+      q[r] = Load256(b + 2);
+      aq[r] = _mm256_sign_epi8(q[r], q[r]);  // |w| unsigned; x takes w's sign
+      dw[r] = _mm256_set1_ps(F16(b));
+    }
+    for (int t = 0; t < kT; ++t) {
+      const ActBlock32& a = reinterpret_cast<const ActBlock32*>(x + t * xb)[i];
+      const __m256i xq = Load256(a.qs);
+      const __m256 dx = _mm256_set1_ps(a.d);
+      for (int r = 0; r < kR; ++r) {
+        const __m256i s = DotU8I8(aq[r], _mm256_sign_epi8(xq, q[r]));
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[r], dx), acc[r][t]);
+      }
+    }
+  }
+  StoreTile(acc, out);
+}
+
+// Q4_K (kFive = false) and Q5_K.
+template <bool kFive>
+void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  constexpr int kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
+  const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+  __m256 acc[kR][kT];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* b[kR];
+    int16_t sc[kR][8];
+    __m256i mins16[kR], hbits[kR];
+    float d[kR], dmin[kR];
+    for (int r = 0; r < kR; ++r) {
+      b[r] = w + r * wb + i * kBytes;
+      alignas(32) int16_t mn16[16];
+      for (int j = 0; j < 8; ++j) {
+        int s, m;
+        ScaleMinK4(j, b[r] + 4, &s, &m);
+        sc[r][j] = static_cast<int16_t>(s);
+        mn16[2 * j] = mn16[2 * j + 1] = static_cast<int16_t>(m);  // bsums are per 16
+      }
+      mins16[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(mn16));
+      hbits[r] = kFive ? Load256(b[r] + 16) : _mm256_setzero_si256();
+      d[r] = F16(b[r]);
+      dmin[r] = F16(b[r] + 2);
+    }
+    __m256i sumi[kR][kT];
+    for (auto& row : sumi)
+      for (auto& s : row) s = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+      __m256i lo[kR], hi[kR], s0[kR], s1[kR];
+      for (int r = 0; r < kR; ++r) {
+        const __m256i q = Load256(b[r] + kQs + 32 * k);
+        lo[r] = _mm256_and_si256(q, m4);
+        hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if constexpr (kFive) {
+          lo[r] = _mm256_or_si256(lo[r], _mm256_slli_epi16(_mm256_and_si256(hbits[r], one), 4));
+          hi[r] = _mm256_or_si256(
+              hi[r], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits[r], 1), one), 4));
+          hbits[r] = _mm256_srli_epi16(hbits[r], 2);
+        }
+        s0[r] = _mm256_set1_epi16(sc[r][2 * k]);
+        s1[r] = _mm256_set1_epi16(sc[r][2 * k + 1]);
+      }
+      for (int t = 0; t < kT; ++t) {
+        const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
+        const __m256i x0 = Load256(a.qs + 64 * k), x1 = Load256(a.qs + 64 * k + 32);
+        for (int r = 0; r < kR; ++r) {
+          sumi[r][t] = _mm256_add_epi32(sumi[r][t], DotU8I8Scaled(lo[r], x0, s0[r]));
+          sumi[r][t] = _mm256_add_epi32(sumi[r][t], DotU8I8Scaled(hi[r], x1, s1[r]));
+        }
+      }
+    }
+    for (int t = 0; t < kT; ++t) {
+      const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
+      const __m256i bs = Load256(a.bsums);
+      for (int r = 0; r < kR; ++r) {
+        const __m256i mins = _mm256_madd_epi16(bs, mins16[r]);  // sum_j min_j * bsum_j
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_set1_ps(d[r] * a.d),
+                                    acc[r][t]);
+        acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin[r] * a.d),
+                                     acc[r][t]);
+      }
+    }
+  }
+  StoreTile(acc, out);
+}
+
+void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+  __m256 acc[kR][kT];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* b[kR];
+    __m256i scales16[kR];
+    float d[kR];
+    for (int r = 0; r < kR; ++r) {
+      b[r] = w + r * wb + i * 210;
+      scales16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[r] + 192)));
+      d[r] = F16(b[r] + 208);
+    }
+    __m256i sumi[kR][kT];
+    for (auto& row : sumi)
+      for (auto& s : row) s = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 4; ++k) {
+        const int sub = 8 * h + 2 * k;
+        __m256i q[kR], scale[kR];
+        for (int r = 0; r < kR; ++r) {
+          const int8_t* sc = reinterpret_cast<const int8_t*>(b[r] + 192);
+          const __m256i ql = Load256(b[r] + 64 * h + 32 * (k & 1));
+          const __m256i qh = Load256(b[r] + 128 + 32 * h);
+          const __m256i low =
+              k < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+          const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
+          q[r] = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+          scale[r] = _mm256_set_m128i(_mm_set1_epi16(sc[sub + 1]), _mm_set1_epi16(sc[sub]));
+        }
+        for (int t = 0; t < kT; ++t) {
+          const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
+          const __m256i xv = Load256(a.qs + 128 * h + 32 * k);
+          for (int r = 0; r < kR; ++r)
+            sumi[r][t] = _mm256_add_epi32(sumi[r][t], DotU8I8Scaled(q[r], xv, scale[r]));
+        }
+      }
+    }
+    for (int t = 0; t < kT; ++t) {
+      const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
+      const __m256i bs = Load256(a.bsums);
+      for (int r = 0; r < kR; ++r) {
+        // The -32 offset of the codes: 32 * sum_j scale_j * bsum_j.
+        const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(bs, scales16[r]), 5);
+        const __m256i s = _mm256_sub_epi32(sumi[r][t], off);
+        acc[r][t] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d[r] * a.d), acc[r][t]);
+      }
+    }
+  }
+  StoreTile(acc, out);
+}
+
+// The QTileFn of each format (argument order of IsaKernels).
+#define PS_X86_TILES                                                                          \
+  TileLegacy<18, 2, -1, -1, 8>, TileLegacy<20, 4, -1, 2, 0>, TileLegacy<22, 6, 2, -1, 16>,    \
+      TileLegacy<24, 8, 4, 2, 0>, TileQ8_0, TileQ45K<false>, TileQ45K<true>, TileQ6K,         \
+      QuantActs32X86, QuantActs256X86
+
 }  // namespace
 
 #endif  // PAGEDSERVE_KERNELS_CPU_LINEAR_X86_INL_H_
