@@ -361,11 +361,17 @@ void QuantActs256X86(const float* x, int64_t n, ActBlock256* out) {
 // pmaddwd of the 16 activation sub-block sums with the 16 weight sub-block
 // mins / scales.
 
+// Every loop over the tile's rows and tokens is unrolled, so that the
+// accumulator arrays live in registers (GCC keeps them in memory otherwise).
+#define PS_UNROLL _Pragma("GCC unroll 16")
+
 constexpr int kR = pagedserve::kernels::cpu::kBlockRows;
 constexpr int kT = pagedserve::kernels::cpu::kBlockTokens;
 
 inline void StoreTile(const __m256 (&acc)[kR][kT], float* out) {
+  PS_UNROLL
   for (int r = 0; r < kR; ++r)
+    PS_UNROLL
     for (int t = 0; t < kT; ++t) out[r * kT + t] = HSum(acc[r][t]);
 }
 
@@ -373,11 +379,14 @@ template <int kBytes, int kQs, int kQh, int kMin, int kOffset>
 void TileLegacy(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb,
                 float* out) {
   __m256 acc[kR][kT];
+  PS_UNROLL
   for (auto& row : acc)
+    PS_UNROLL
     for (auto& a : row) a = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     __m256i q[kR];
     __m256 dw[kR], mw[kR];
+    PS_UNROLL
     for (int r = 0; r < kR; ++r) {
       const uint8_t* b = w + r * wb + i * kBytes;
       q[r] = Nibbles32(b + kQs);
@@ -385,6 +394,7 @@ void TileLegacy(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_
       dw[r] = _mm256_set1_ps(F16(b));
       if constexpr (kMin >= 0) mw[r] = _mm256_set1_ps(F16(b + kMin));
     }
+    PS_UNROLL
     for (int t = 0; t < kT; ++t) {
       const ActBlock32& a = reinterpret_cast<const ActBlock32*>(x + t * xb)[i];
       const __m256i xq = Load256(a.qs);
@@ -392,6 +402,7 @@ void TileLegacy(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_
       if constexpr (kMin >= 0) {
         // min * sum_c x_c = m * d_x * sum(codes), added to lane 0.
         const __m256 ms = _mm256_setr_ps(a.d * static_cast<float>(a.sum), 0, 0, 0, 0, 0, 0, 0);
+        PS_UNROLL
         for (int r = 0; r < kR; ++r) {
           const __m256i s = DotU8I8(q[r], xq);
           acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[r], dx), acc[r][t]);
@@ -400,6 +411,7 @@ void TileLegacy(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_
       } else {
         // (q - kOffset) . x = q . x - kOffset * sum(x codes): exact in int32, lane 0.
         const __m256i off = _mm256_setr_epi32(kOffset * a.sum, 0, 0, 0, 0, 0, 0, 0);
+        PS_UNROLL
         for (int r = 0; r < kR; ++r) {
           const __m256i s = _mm256_sub_epi32(DotU8I8(q[r], xq), off);
           acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[r], dx), acc[r][t]);
@@ -412,21 +424,26 @@ void TileLegacy(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_
 
 void TileQ8_0(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
   __m256 acc[kR][kT];
+  PS_UNROLL
   for (auto& row : acc)
+    PS_UNROLL
     for (auto& a : row) a = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     __m256i q[kR], aq[kR];
     __m256 dw[kR];
+    PS_UNROLL
     for (int r = 0; r < kR; ++r) {
       const uint8_t* b = w + r * wb + i * 34;
       q[r] = Load256(b + 2);
       aq[r] = _mm256_sign_epi8(q[r], q[r]);  // |w| unsigned; x takes w's sign
       dw[r] = _mm256_set1_ps(F16(b));
     }
+    PS_UNROLL
     for (int t = 0; t < kT; ++t) {
       const ActBlock32& a = reinterpret_cast<const ActBlock32*>(x + t * xb)[i];
       const __m256i xq = Load256(a.qs);
       const __m256 dx = _mm256_set1_ps(a.d);
+      PS_UNROLL
       for (int r = 0; r < kR; ++r) {
         const __m256i s = DotU8I8(aq[r], _mm256_sign_epi8(xq, q[r]));
         acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[r], dx), acc[r][t]);
@@ -442,57 +459,74 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
   constexpr int kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
   const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
   __m256 acc[kR][kT];
+  PS_UNROLL
   for (auto& row : acc)
+    PS_UNROLL
     for (auto& a : row) a = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* b[kR];
-    int16_t sc[kR][8];
-    __m256i mins16[kR], hbits[kR];
+    __m256i sc256[kR], mins16[kR], hbits[kR];
     float d[kR], dmin[kR];
+    PS_UNROLL
     for (int r = 0; r < kR; ++r) {
       b[r] = w + r * wb + i * kBytes;
-      alignas(32) int16_t mn16[16];
-      for (int j = 0; j < 8; ++j) {
-        int s, m;
-        ScaleMinK4(j, b[r] + 4, &s, &m);
-        sc[r][j] = static_cast<int16_t>(s);
-        mn16[2 * j] = mn16[2 * j + 1] = static_cast<int16_t>(m);  // bsums are per 16
-      }
-      mins16[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(mn16));
+      // The eight 6-bit scales and mins (ScaleMinK4) rearranged into scale
+      // bytes 0..7 (u[0], u[1]) and min bytes 0..7 (u[2], u[3]), 32 bits at a time.
+      uint32_t u[4];
+      std::memcpy(u, b[r] + 4, 12);
+      constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+      u[3] = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);
+      const uint32_t mins_lo = u[1] & k6;
+      u[1] = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);
+      u[2] = mins_lo;
+      u[0] &= k6;
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+      // scales as int16 in both 128-bit lanes (for a per-sub-block pshufb broadcast)
+      sc256[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(bytes));
+      // mins as int16, each twice: the activation sums are per 16 elements
+      const __m128i mins = _mm_srli_si128(bytes, 8);
+      mins16[r] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins));
       hbits[r] = kFive ? Load256(b[r] + 16) : _mm256_setzero_si256();
       d[r] = F16(b[r]);
       dmin[r] = F16(b[r] + 2);
     }
     __m256i sumi[kR][kT];
+    PS_UNROLL
     for (auto& row : sumi)
+      PS_UNROLL
       for (auto& s : row) s = _mm256_setzero_si256();
-    for (int k = 0; k < 4; ++k) {
-      __m256i lo[kR], hi[kR], s0[kR], s1[kR];
+    // Sub-block 2k (low nibbles) and 2k + 1 (high nibbles) one after the other,
+    // so that only kR unpacked vectors and kR scales are live next to the
+    // kR x kT integer sums (16 vector registers on AVX2).
+    PS_UNROLL
+    for (int sub = 0; sub < 8; ++sub) {
+      const int k = sub / 2;
+      __m256i q[kR], sc16[kR];
+      PS_UNROLL
       for (int r = 0; r < kR; ++r) {
-        const __m256i q = Load256(b[r] + kQs + 32 * k);
-        lo[r] = _mm256_and_si256(q, m4);
-        hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        const __m256i v = Load256(b[r] + kQs + 32 * k);
+        q[r] = (sub & 1) ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
         if constexpr (kFive) {
-          lo[r] = _mm256_or_si256(lo[r], _mm256_slli_epi16(_mm256_and_si256(hbits[r], one), 4));
-          hi[r] = _mm256_or_si256(
-              hi[r], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits[r], 1), one), 4));
-          hbits[r] = _mm256_srli_epi16(hbits[r], 2);
+          // bit `sub` of each qh byte is bit 4 of the element
+          q[r] = _mm256_or_si256(
+              q[r], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits[r], sub), one), 4));
         }
-        s0[r] = _mm256_set1_epi16(sc[r][2 * k]);
-        s1[r] = _mm256_set1_epi16(sc[r][2 * k + 1]);
+        sc16[r] = _mm256_shuffle_epi8(sc256[r], _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * sub)));
       }
+      PS_UNROLL
       for (int t = 0; t < kT; ++t) {
         const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
-        const __m256i x0 = Load256(a.qs + 64 * k), x1 = Load256(a.qs + 64 * k + 32);
-        for (int r = 0; r < kR; ++r) {
-          sumi[r][t] = _mm256_add_epi32(sumi[r][t], DotU8I8Scaled(lo[r], x0, s0[r]));
-          sumi[r][t] = _mm256_add_epi32(sumi[r][t], DotU8I8Scaled(hi[r], x1, s1[r]));
-        }
+        const __m256i xv = Load256(a.qs + 32 * sub);
+        PS_UNROLL
+        for (int r = 0; r < kR; ++r)
+          sumi[r][t] = _mm256_add_epi32(sumi[r][t], DotU8I8Scaled(q[r], xv, sc16[r]));
       }
     }
+    PS_UNROLL
     for (int t = 0; t < kT; ++t) {
       const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
       const __m256i bs = Load256(a.bsums);
+      PS_UNROLL
       for (int r = 0; r < kR; ++r) {
         const __m256i mins = _mm256_madd_epi16(bs, mins16[r]);  // sum_j min_j * bsum_j
         acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_set1_ps(d[r] * a.d),
@@ -508,24 +542,32 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
 void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
   const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
   __m256 acc[kR][kT];
+  PS_UNROLL
   for (auto& row : acc)
+    PS_UNROLL
     for (auto& a : row) a = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* b[kR];
     __m256i scales16[kR];
     float d[kR];
+    PS_UNROLL
     for (int r = 0; r < kR; ++r) {
       b[r] = w + r * wb + i * 210;
       scales16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[r] + 192)));
       d[r] = F16(b[r] + 208);
     }
     __m256i sumi[kR][kT];
+    PS_UNROLL
     for (auto& row : sumi)
+      PS_UNROLL
       for (auto& s : row) s = _mm256_setzero_si256();
+    PS_UNROLL
     for (int h = 0; h < 2; ++h) {
+      PS_UNROLL
       for (int k = 0; k < 4; ++k) {
         const int sub = 8 * h + 2 * k;
         __m256i q[kR], scale[kR];
+        PS_UNROLL
         for (int r = 0; r < kR; ++r) {
           const int8_t* sc = reinterpret_cast<const int8_t*>(b[r] + 192);
           const __m256i ql = Load256(b[r] + 64 * h + 32 * (k & 1));
@@ -536,17 +578,21 @@ void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
           q[r] = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
           scale[r] = _mm256_set_m128i(_mm_set1_epi16(sc[sub + 1]), _mm_set1_epi16(sc[sub]));
         }
+        PS_UNROLL
         for (int t = 0; t < kT; ++t) {
           const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
           const __m256i xv = Load256(a.qs + 128 * h + 32 * k);
+          PS_UNROLL
           for (int r = 0; r < kR; ++r)
             sumi[r][t] = _mm256_add_epi32(sumi[r][t], DotU8I8Scaled(q[r], xv, scale[r]));
         }
       }
     }
+    PS_UNROLL
     for (int t = 0; t < kT; ++t) {
       const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
       const __m256i bs = Load256(a.bsums);
+      PS_UNROLL
       for (int r = 0; r < kR; ++r) {
         // The -32 offset of the codes: 32 * sum_j scale_j * bsum_j.
         const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(bs, scales16[r]), 5);
