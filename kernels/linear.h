@@ -14,9 +14,17 @@
 //    per-16 sums, like ggml's Q8_K, for the K-quants), the weight's integer codes
 //    are multiplied with them in integer arithmetic and block and sub-block scales
 //    are applied in fp32 (the method of llama.cpp's ggml-quants.c vec_dot_*;
-//    this is an independent implementation). Each weight row is unpacked once
-//    per 4 tokens and stays in cache for all tokens; converting tiles of rows to
-//    fp32 for sgemm measured slower at every batch size up to 256 tokens.
+//    this is an independent implementation), in register-blocked tiles: from
+//    4 tokens, 2 weight rows x 4 tokens whose 8 fp32 accumulators stay in
+//    registers for the whole row (each weight block unpacked once per 4
+//    tokens, each activation block's scale and sums used for 2 rows; the
+//    offset/min terms in vectors); below 4 tokens, 4 rows x 1 token per token.
+//    Tokens and rows left over, and two shapes where they measured faster
+//    (kernels/cpu/linear.cc RowDotsFaster), use row dots (each weight row
+//    unpacked once for up to 4 tokens).
+//    Converting tiles of rows to fp32 for sgemm measured slower at every batch
+//    size up to 256 tokens. The activation quantizer is vectorized on the x86
+//    paths and writes blocks bit-identical to the portable one.
 //    kernels/cpu/linear.cc chooses the method per shape in one place.
 // Accuracy: F32/F16/BF16 weights are exact up to fp32 rounding of the sums. For
 // the quantized formats, each activation x is replaced by d * round(x / d) with d =

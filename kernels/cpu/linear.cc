@@ -146,13 +146,19 @@ namespace {
 // are even at 128 tokens (the tile conversion is paid per call) and sgemm is
 // ahead at 256; for the quantized formats the 8-bit dot products were faster than
 // converting tiles for sgemm at every size measured (4..256 tokens: 1.3-8x), so
-// they always use row dots.
+// they never use sgemm: register-blocked tiles (RowDotsFaster below names the
+// few shapes where the row dots are kept).
 constexpr int64_t kSgemmMinTokensF32 = 24;
 constexpr int64_t kSgemmMinTokensHalf = 128;
-// Tokens from which the quantized formats use the register-blocked tiles
-// (kRowBlock) rather than the row dots. Measured: see docs/benchmarks.md
-// "Register-blocked quantized kernels".
-constexpr int64_t kRowBlockMinTokens = 4;
+// The quantized formats use the register-blocked tiles (kRowBlock: 2 rows x 4
+// tokens from 4 tokens, 4 rows x 1 token below) except where the row dots
+// measured faster: Q4_1 at 3 tokens and Q8_0 at 2 (BM_LinearMethod, 1536x1536,
+// one thread: 10-20%; docs/benchmarks.md "Register-blocked quantized kernels
+// (CPU)"). Everywhere else the tiles measured 1.0-2.3x faster.
+bool RowDotsFaster(WeightType type, int64_t num_tokens) {
+  return (type == WeightType::kQ4_1 && num_tokens == 3) ||
+         (type == WeightType::kQ8_0 && num_tokens == 2);
+}
 // Rows converted to fp32 per sgemm call of the tile method (F16/BF16).
 constexpr int64_t kTileRows = 64;
 // Tokens quantized by the calling thread before the parallel region.
@@ -216,18 +222,33 @@ void RowDotRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, 
 
 // kRowBlock: tiles of kBlockRows rows x kBlockTokens tokens; the tokens left
 // over (< kBlockTokens) and the rows left over (< kBlockRows) use the row dots.
+// Fewer than kBlockTokens tokens: tiles of kDecodeRows rows x 1 token, one per
+// token (the rows stay in L1 between the tokens), left-over rows by row dots.
 void RowBlockRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, int64_t r0,
                    int64_t r1) {
   const WeightType type = p.w.type;
   const int64_t T = p.num_tokens;
-  const IsaKernels::QTileFn tile = QTileFor(k, type);
   const IsaKernels::QDotFn qdot = QDotFor(k, type);
   const int64_t nb = p.w.cols / BlockElems(type);
   const size_t tok_bytes =
       static_cast<size_t>(nb) * (UsesActBlock256(type) ? sizeof(ActBlock256) : sizeof(ActBlock32));
+  int64_t r = r0;
+  if (T < kBlockTokens) {
+    const IsaKernels::QTileFn tile = QTileFor(k, type, /*decode=*/true);
+    float out[kDecodeRows];
+    for (; r + kDecodeRows <= r1; r += kDecodeRows) {
+      for (int64_t t = 0; t < T; ++t) {
+        tile(Row(p.w, r), p.w.row_stride_bytes, xq + t * tok_bytes, tok_bytes, nb, out);
+        for (int i = 0; i < kDecodeRows; ++i)
+          p.y[t * p.y_stride + r + i] = out[i] + (p.bias ? p.bias[r + i] : 0.0f);
+      }
+    }
+    if (r < r1) RowDotRange(p, k, xq, r, r1);
+    return;
+  }
+  const IsaKernels::QTileFn tile = QTileFor(k, type);
   const int64_t t_full = T - T % kBlockTokens;
   float out[kBlockRows * kBlockTokens];
-  int64_t r = r0;
   for (; r + kBlockRows <= r1; r += kBlockRows) {
     for (int64_t t = 0; t < t_full; t += kBlockTokens) {
       tile(Row(p.w, r), p.w.row_stride_bytes, xq + t * tok_bytes, tok_bytes, nb, out);
@@ -303,7 +324,7 @@ bool IsQuantized(WeightType t) {
 
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
   if (IsQuantized(type)) {
-    return num_tokens >= kRowBlockMinTokens ? LinearMethod::kRowBlock : LinearMethod::kRowDot;
+    return RowDotsFaster(type, num_tokens) ? LinearMethod::kRowDot : LinearMethod::kRowBlock;
   }
   const int64_t min_tokens = type == WeightType::kF32 ? kSgemmMinTokensF32 : kSgemmMinTokensHalf;
   return num_tokens >= min_tokens ? LinearMethod::kTileSgemm : LinearMethod::kRowDot;
@@ -331,16 +352,16 @@ IsaKernels::QDotFn QDotFor(const IsaKernels& k, WeightType type) {
   }
 }
 
-IsaKernels::QTileFn QTileFor(const IsaKernels& k, WeightType type) {
+IsaKernels::QTileFn QTileFor(const IsaKernels& k, WeightType type, bool decode) {
   switch (type) {
-    case WeightType::kQ4_0: return k.t4_0;
-    case WeightType::kQ4_1: return k.t4_1;
-    case WeightType::kQ5_0: return k.t5_0;
-    case WeightType::kQ5_1: return k.t5_1;
-    case WeightType::kQ8_0: return k.t8_0;
-    case WeightType::kQ4_K: return k.t4_k;
-    case WeightType::kQ5_K: return k.t5_k;
-    case WeightType::kQ6_K: return k.t6_k;
+    case WeightType::kQ4_0: return decode ? k.d4_0 : k.t4_0;
+    case WeightType::kQ4_1: return decode ? k.d4_1 : k.t4_1;
+    case WeightType::kQ5_0: return decode ? k.d5_0 : k.t5_0;
+    case WeightType::kQ5_1: return decode ? k.d5_1 : k.t5_1;
+    case WeightType::kQ8_0: return decode ? k.d8_0 : k.t8_0;
+    case WeightType::kQ4_K: return decode ? k.d4_k : k.t4_k;
+    case WeightType::kQ5_K: return decode ? k.d5_k : k.t5_k;
+    case WeightType::kQ6_K: return decode ? k.d6_k : k.t6_k;
     default: return nullptr;
   }
 }

@@ -58,6 +58,9 @@ inline constexpr int kMaxTokens = 4;
 // per-block terms (scale, sums) computed once per kBlockRows rows.
 inline constexpr int kBlockRows = 2;
 inline constexpr int kBlockTokens = 4;
+// Tile of kRowBlock for fewer than kBlockTokens tokens (decode): kDecodeRows
+// weight rows x 1 token, one call per token.
+inline constexpr int kDecodeRows = 4;
 
 // The kernels of one instruction-set path.
 //  QDotFn: dot products of one quantized weight row (nb blocks at w) with
@@ -66,10 +69,11 @@ inline constexpr int kBlockTokens = 4;
 //          x + j * x_token_bytes; out[j] = its dot product.
 //  FDotFn: the same for an F32/F16/BF16 row of n elements and fp32 tokens
 //          x + j * x_stride.
-//  QTileFn: kBlockRows weight rows (row i at w + i * w_row_bytes) times
+//  QTileFn: t*: kBlockRows weight rows (row i at w + i * w_row_bytes) times
 //          kBlockTokens tokens (as QDotFn); out[i * kBlockTokens + j] = dot of
-//          row i with token j. Same arithmetic contract as QDotFn (integer block
-//          sums, fp32 scaling; the order of the fp32 sums differs).
+//          row i with token j. d*: the same for kDecodeRows rows x 1 token
+//          (out[i]). Same arithmetic contract as QDotFn (integer block sums,
+//          fp32 scaling; the order of the fp32 sums differs).
 //  QuantFn: the activation quantizers (QuantizeActs32 / QuantizeActs256 above),
 //          vectorized on the x86 paths, bit-identical to the portable ones.
 struct IsaKernels {
@@ -84,6 +88,7 @@ struct IsaKernels {
   QDotFn q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k;
   FDotFn f32, f16, bf16;
   QTileFn t4_0, t4_1, t5_0, t5_1, t8_0, t4_k, t5_k, t6_k;
+  QTileFn d4_0, d4_1, d5_0, d5_1, d8_0, d4_k, d5_k, d6_k;
   Quant32Fn quant32;
   Quant256Fn quant256;
 };
@@ -96,7 +101,8 @@ const IsaKernels& Avx512Kernels();  // kernels/cpu/linear_avx512.cc
 const IsaKernels& KernelsFor(CpuIsa isa);
 IsaKernels::QDotFn QDotFor(const IsaKernels& k, WeightType type);
 IsaKernels::FDotFn FDotFor(const IsaKernels& k, WeightType type);
-IsaKernels::QTileFn QTileFor(const IsaKernels& k, WeightType type);
+// The kBlockRows x kBlockTokens tile (decode = false) or the kDecodeRows x 1 tile.
+IsaKernels::QTileFn QTileFor(const IsaKernels& k, WeightType type, bool decode = false);
 
 }  // namespace pagedserve::kernels::cpu
 

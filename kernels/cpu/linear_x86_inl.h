@@ -365,9 +365,9 @@ void QuantActs256X86(const float* x, int64_t n, ActBlock256* out) {
 // accumulator arrays live in registers (GCC keeps them in memory otherwise).
 #define PS_UNROLL _Pragma("GCC unroll 16")
 
-constexpr int kR = pagedserve::kernels::cpu::kBlockRows;
-constexpr int kT = pagedserve::kernels::cpu::kBlockTokens;
-
+// Two shapes are instantiated: kBlockRows x kBlockTokens (many tokens) and
+// kDecodeRows x 1 (one token at a time: decode).
+template <int kR, int kT>
 inline void StoreTile(const __m256 (&acc)[kR][kT], float* out) {
   PS_UNROLL
   for (int r = 0; r < kR; ++r)
@@ -375,7 +375,7 @@ inline void StoreTile(const __m256 (&acc)[kR][kT], float* out) {
     for (int t = 0; t < kT; ++t) out[r * kT + t] = HSum(acc[r][t]);
 }
 
-template <int kBytes, int kQs, int kQh, int kMin, int kOffset>
+template <int kR, int kT, int kBytes, int kQs, int kQh, int kMin, int kOffset>
 void TileLegacy(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb,
                 float* out) {
   __m256 acc[kR][kT];
@@ -422,6 +422,7 @@ void TileLegacy(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_
   StoreTile(acc, out);
 }
 
+template <int kR, int kT>
 void TileQ8_0(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
   __m256 acc[kR][kT];
   PS_UNROLL
@@ -454,7 +455,7 @@ void TileQ8_0(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
 }
 
 // Q4_K (kFive = false) and Q5_K.
-template <bool kFive>
+template <int kR, int kT, bool kFive>
 void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
   constexpr int kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
   const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
@@ -539,6 +540,7 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
   StoreTile(acc, out);
 }
 
+template <int kR, int kT>
 void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
   const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
   __m256 acc[kR][kT];
@@ -605,11 +607,14 @@ void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
   StoreTile(acc, out);
 }
 
-// The QTileFn of each format (argument order of IsaKernels).
-#define PS_X86_TILES                                                                          \
-  TileLegacy<18, 2, -1, -1, 8>, TileLegacy<20, 4, -1, 2, 0>, TileLegacy<22, 6, 2, -1, 16>,    \
-      TileLegacy<24, 8, 4, 2, 0>, TileQ8_0, TileQ45K<false>, TileQ45K<true>, TileQ6K,         \
-      QuantActs32X86, QuantActs256X86
+// The QTileFn of each format for an R x T tile (argument order of IsaKernels).
+#define PS_X86_TILE_SET(R, T)                                                                  \
+  TileLegacy<R, T, 18, 2, -1, -1, 8>, TileLegacy<R, T, 20, 4, -1, 2, 0>,                       \
+      TileLegacy<R, T, 22, 6, 2, -1, 16>, TileLegacy<R, T, 24, 8, 4, 2, 0>, TileQ8_0<R, T>,    \
+      TileQ45K<R, T, false>, TileQ45K<R, T, true>, TileQ6K<R, T>
+#define PS_X86_TILES                                                                  \
+  PS_X86_TILE_SET(pagedserve::kernels::cpu::kBlockRows, pagedserve::kernels::cpu::kBlockTokens), \
+      PS_X86_TILE_SET(pagedserve::kernels::cpu::kDecodeRows, 1), QuantActs32X86, QuantActs256X86
 
 }  // namespace
 

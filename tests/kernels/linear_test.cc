@@ -25,6 +25,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -256,12 +257,16 @@ TEST_P(LinearIsaTest, ThreadedShapes) {
 // or one block fewer, while comparing against the intact weight, breaks it.
 TEST_P(LinearIsaTest, BrokenWeightsExceedTheBound) {
   std::mt19937 rng(13);
-  for (LinearMethod method : {LinearMethod::kRowDot, LinearMethod::kRowBlock})
+  // kRowBlock with 8 tokens: whole kBlockRows x kBlockTokens tiles; with 1
+  // token: kDecodeRows x 1 tiles.
+  for (auto [method, tokens] : {std::pair{LinearMethod::kRowDot, int64_t{3}},
+                                std::pair{LinearMethod::kRowBlock, int64_t{8}},
+                                std::pair{LinearMethod::kRowBlock, int64_t{1}}})
   for (WeightType type : kAllTypes) {
     if (!cpu::IsQuantized(type)) continue;
-    SCOPED_TRACE(absl::StrCat(WeightTypeName(type), " ", cpu::LinearMethodName(method)));
-    // 8 tokens: whole kBlockRows x kBlockTokens tiles for kRowBlock.
-    const int64_t rows = 16, cols = BlockElems(type) * 2, tokens = 8;
+    SCOPED_TRACE(absl::StrCat(WeightTypeName(type), " ", cpu::LinearMethodName(method), " tokens=",
+                              tokens));
+    const int64_t rows = 16, cols = BlockElems(type) * 2;
     Weight w = RandomWeight(rng, type, rows, cols, 0);
     std::vector<float> x = RandomActs(rng, tokens * cols);
     Reference ref = Compute(w, Dequantized(w), x, tokens, cols, nullptr, true);
