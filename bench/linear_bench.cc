@@ -171,6 +171,10 @@ void MethodArgs(benchmark::internal::Benchmark* b) {
   for (int64_t f : {0, 1, 2, 3, 8, 12, 14})
     for (int64_t t : {1, 2, 3, 4, 8, 16, 32, 64, 128, 256})
       for (int64_t m : {0, 1, 2}) b->Args({f, 1536, 1536, t, m});
+  // decode on a weight that does not fit in cache: row dots vs row-block tiles
+  for (int64_t f : {2, 3, 8, 12, 14})
+    for (int64_t t : {1, 2})
+      for (int64_t m : {0, 2}) b->Args({f, 4096, 4096, t, m});
 }
 void BlasArgs(benchmark::internal::Benchmark* b) {
   for (const auto& s : kShapes)

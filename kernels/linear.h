@@ -18,10 +18,11 @@
 //    4 tokens, 2 weight rows x 4 tokens whose 8 fp32 accumulators stay in
 //    registers for the whole row (each weight block unpacked once per 4
 //    tokens, each activation block's scale and sums used for 2 rows; the
-//    offset/min terms in vectors); below 4 tokens, 4 rows x 1 token per token.
-//    Tokens and rows left over, and two shapes where they measured faster
-//    (kernels/cpu/linear.cc RowDotsFaster), use row dots (each weight row
-//    unpacked once for up to 4 tokens).
+//    offset/min terms in vectors); below 4 tokens, 4 rows x 1 token per token
+//    on weights up to 4 MiB. Tokens and rows left over, and the shapes where
+//    they measured faster (kernels/cpu/linear.cc RowDotsFaster: below 4 tokens
+//    on larger weights, which stream faster one row at a time), use row dots
+//    (each weight row unpacked once for up to 4 tokens).
 //    Converting tiles of rows to fp32 for sgemm measured slower at every batch
 //    size up to 256 tokens. The activation quantizer is vectorized on the x86
 //    paths and writes blocks bit-identical to the portable one.

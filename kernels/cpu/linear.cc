@@ -152,10 +152,22 @@ constexpr int64_t kSgemmMinTokensF32 = 24;
 constexpr int64_t kSgemmMinTokensHalf = 128;
 // The quantized formats use the register-blocked tiles (kRowBlock: 2 rows x 4
 // tokens from 4 tokens, 4 rows x 1 token below) except where the row dots
-// measured faster: Q4_1 at 3 tokens and Q8_0 at 2 (BM_LinearMethod, 1536x1536,
-// one thread: 10-20%; docs/benchmarks.md "Register-blocked quantized kernels
-// (CPU)"). Everywhere else the tiles measured 1.0-2.3x faster.
-bool RowDotsFaster(WeightType type, int64_t num_tokens) {
+// measured faster (BM_LinearMethod, one thread; docs/benchmarks.md
+// "Register-blocked quantized kernels (CPU)"):
+//  - below 4 tokens on a weight larger than kDecodeTileMaxBytes: at 4096x4096
+//    (9-14 MB) the 4-row tiles were 1.2-1.7x slower than streaming one row at a
+//    time, at 1536x1536 and smaller (<= 1.6 MB) 1.0-1.5x faster; the limit is
+//    placed between the two measured sizes, not tuned further;
+//  - Q4_1 at 3 tokens and Q8_0 at 2 (1536x1536: 10-20%).
+// Everywhere else the tiles measured 1.0-3x faster.
+constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
+// Called before Linear validates the shape: any type, rows or cols is safe here.
+bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
+  const int64_t be = BlockElems(type);
+  if (be <= 0) return false;
+  const double bytes = static_cast<double>(rows) * static_cast<double>(cols / be) *
+                       static_cast<double>(BlockBytes(type));
+  if (num_tokens < kBlockTokens && bytes > static_cast<double>(kDecodeTileMaxBytes)) return true;
   return (type == WeightType::kQ4_1 && num_tokens == 3) ||
          (type == WeightType::kQ8_0 && num_tokens == 2);
 }
@@ -324,7 +336,8 @@ bool IsQuantized(WeightType t) {
 
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
   if (IsQuantized(type)) {
-    return RowDotsFaster(type, num_tokens) ? LinearMethod::kRowDot : LinearMethod::kRowBlock;
+    return RowDotsFaster(type, num_tokens, rows, cols) ? LinearMethod::kRowDot
+                                                       : LinearMethod::kRowBlock;
   }
   const int64_t min_tokens = type == WeightType::kF32 ? kSgemmMinTokensF32 : kSgemmMinTokensHalf;
   return num_tokens >= min_tokens ? LinearMethod::kTileSgemm : LinearMethod::kRowDot;
