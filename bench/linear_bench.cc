@@ -96,7 +96,7 @@ void BM_Linear(benchmark::State& state) {
     if (!Linear(s.p).ok()) state.SkipWithError("Linear failed");
     benchmark::DoNotOptimize(s.y.data());
   }
-  s.Count(state, cpu::LinearMethodName(cpu::ChooseMethod(s.type, s.tokens, s.rows, s.cols)));
+  s.Count(state, cpu::LinearMethodName(cpu::ChooseMethod(s.type, s.tokens, s.rows, s.cols, ActiveLinearIsa())));
 }
 
 void BM_LinearMethod(benchmark::State& state) {

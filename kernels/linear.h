@@ -22,13 +22,15 @@
 //    on weights up to 4 MiB. Tokens and rows left over, and the shapes where
 //    they measured faster (kernels/cpu/linear.cc RowDotsFaster: below 4 tokens
 //    on larger weights, which stream faster one row at a time), use row dots
-//    (each weight row unpacked once for up to 4 tokens).
-//    Converting tiles of rows to fp32 for sgemm measured slower at every batch
-//    size up to 256 tokens. The activation quantizer is vectorized on the x86
+//    (each weight row unpacked once for up to 4 tokens). On the AVX2 path,
+//    Q4_0/Q4_1 from 128 tokens use tiles of rows converted to fp32 + sgemm
+//    (measured faster there; fp32 activations, no activation quantization).
+//    The activation quantizer is vectorized on the x86
 //    paths and writes blocks bit-identical to the portable one.
 //    kernels/cpu/linear.cc chooses the method per shape in one place.
 // Accuracy: F32/F16/BF16 weights are exact up to fp32 rounding of the sums. For
-// the quantized formats, each activation x is replaced by d * round(x / d) with d =
+// the quantized formats with quantized activations (all but the sgemm case above),
+// each activation x is replaced by d * round(x / d) with d =
 // max|x over its block| / 127, so |x - x'| <= d / 2 and
 //   |y - y_exact| <= sum_blocks (d_b / 2) * sum_{c in b} |W[r, c]| + fp32 rounding,
 // where y_exact uses the dequantized weights (tests/kernels/linear_test.cc checks

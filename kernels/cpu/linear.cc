@@ -161,6 +161,13 @@ constexpr int64_t kSgemmMinTokensHalf = 128;
 //  - Q4_1 at 3 tokens and Q8_0 at 2 (1536x1536: 10-20%).
 // Everywhere else the tiles measured 1.0-3x faster.
 constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
+// Q4_0 and Q4_1 on the AVX2 path (pmaddubsw + pmaddwd, no VNNI): from 128
+// tokens, tiles converted to fp32 + OpenBLAS sgemm measured 1.0-1.4x faster
+// than the row-block tiles at 1536x1536 (Q8_0 and the K-quants stay faster in
+// int8 up to 256 tokens, the most measured). On the AVX-512 VNNI path the int8
+// row dots alone were already 1.4x faster than sgemm at 128-256 tokens (the
+// earlier measurement in docs/benchmarks.md), so it keeps the tiles.
+constexpr int64_t kSgemmMinTokensQ4Avx2 = 128;
 // Called before Linear validates the shape: any type, rows or cols is safe here.
 bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
   const int64_t be = BlockElems(type);
@@ -334,8 +341,13 @@ bool IsQuantized(WeightType t) {
   return t != WeightType::kF32 && t != WeightType::kF16 && t != WeightType::kBF16;
 }
 
-LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
+LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols,
+                          CpuIsa isa) {
   if (IsQuantized(type)) {
+    if (isa == CpuIsa::kAvx2 && num_tokens >= kSgemmMinTokensQ4Avx2 &&
+        (type == WeightType::kQ4_0 || type == WeightType::kQ4_1)) {
+      return LinearMethod::kTileSgemm;
+    }
     return RowDotsFaster(type, num_tokens, rows, cols) ? LinearMethod::kRowDot
                                                        : LinearMethod::kRowBlock;
   }
@@ -439,8 +451,8 @@ absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method) 
 }  // namespace cpu
 
 absl::Status Linear(const LinearParams& p) {
-  return cpu::LinearWith(p, ActiveLinearIsa(),
-                         cpu::ChooseMethod(p.w.type, p.num_tokens, p.w.rows, p.w.cols));
+  const CpuIsa isa = ActiveLinearIsa();
+  return cpu::LinearWith(p, isa, cpu::ChooseMethod(p.w.type, p.num_tokens, p.w.rows, p.w.cols, isa));
 }
 
 }  // namespace pagedserve::kernels

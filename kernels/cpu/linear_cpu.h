@@ -22,8 +22,11 @@ enum class LinearMethod : uint8_t {
 };
 const char* LinearMethodName(LinearMethod m);
 
-// The method Linear uses for `num_tokens` tokens over a weight of this format.
-LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols);
+// The method Linear uses for `num_tokens` tokens over a weight of this format
+// on the `isa` path (the crossovers differ between paths). Safe on any
+// arguments (called before validation).
+LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols,
+                          CpuIsa isa);
 
 // Linear with a given ISA path and method (validates like Linear; FailedPrecondition
 // when the CPU lacks `isa`).

@@ -379,7 +379,7 @@ TEST_P(LinearIsaTest, SetLinearIsaSelectsThePath) {
   LinearParams p{x.data(), 2, 512, w.view(), nullptr, y.data(), 20};
   ASSERT_TRUE(Linear(p).ok());
   p.y = y2.data();
-  ASSERT_TRUE(cpu::LinearWith(p, GetParam(), cpu::ChooseMethod(w.type, 2, 20, 512)).ok());
+  ASSERT_TRUE(cpu::LinearWith(p, GetParam(), cpu::ChooseMethod(w.type, 2, 20, 512, GetParam())).ok());
   EXPECT_EQ(y, y2);
   ASSERT_TRUE(SetLinearIsa(before).ok());
 }
