@@ -153,7 +153,7 @@ constexpr int64_t kSgemmMinTokensHalf = 128;
 // The quantized formats use the register-blocked tiles (kRowBlock: 2 rows x 4
 // tokens from 4 tokens, 4 rows x 1 token below) except where the row dots
 // measured faster (BM_LinearMethod, one thread; docs/benchmarks.md
-// "Register-blocked quantized kernels (CPU)"):
+// "Register-blocked quantized kernels (CPU, issue 10)"):
 //  - below 4 tokens on a weight larger than kDecodeTileMaxBytes: at 4096x4096
 //    (9-14 MB) the 4-row tiles were 1.2-1.7x slower than streaming one row at a
 //    time, at 1536x1536 and smaller (<= 1.6 MB) 1.0-1.5x faster; the limit is
