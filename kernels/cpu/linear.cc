@@ -155,9 +155,11 @@ constexpr int64_t kSgemmMinTokensHalf = 128;
 // measured faster (BM_LinearMethod, one thread; docs/benchmarks.md
 // "Register-blocked quantized kernels (CPU, issue 10)"):
 //  - below 4 tokens on a weight larger than kDecodeTileMaxBytes: at 4096x4096
-//    (9-14 MB) the 4-row tiles were 1.2-1.7x slower than streaming one row at a
-//    time, at 1536x1536 and smaller (<= 1.6 MB) 1.0-1.5x faster; the limit is
-//    placed between the two measured sizes, not tuned further;
+//    (9-14 MB) the 4-row tiles were 1.3-1.6x slower for Q4_1 and Q6_K than
+//    streaming one row at a time (Q8_0 even, Q4_0/Q4_K faster), at 1536x1536
+//    and smaller (<= 1.6 MB) 0.95-1.7x as fast (Q4_1 even, the others
+//    faster); the limit is placed between the two measured sizes, for all
+//    formats, not tuned further;
 //  - Q4_1 at 3 tokens and Q8_0 at 2 (1536x1536: 10-20%).
 // Everywhere else the tiles measured 1.0-3x faster.
 constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
