@@ -5,8 +5,10 @@
 //
 // BM_Linear/<format>/<rows>/<cols>/<tokens>: Linear as the forward pass calls it
 //   (method from ChooseMethod, ISA from ActiveLinearIsa / PAGEDSERVE_CPU_ISA).
-// BM_LinearMethod/<format>/<rows>/<cols>/<tokens>/<method 0 row_dot, 1 tile_sgemm>:
-//   one method forced, to place the crossover in ChooseMethod.
+// BM_LinearMethod/<format>/<rows>/<cols>/<tokens>/<method 0 row_dot, 1 tile_sgemm,
+//   2 row_block>: one method forced, to place the crossovers in ChooseMethod.
+// BM_QuantizeActs/<isa 0 portable, 1 avx2, 2 avx512>/<block 32 or 256>/<n>: the
+//   activation quantizer of one ISA path on n activations.
 // BM_OpenBlasF32/<rows>/<cols>/<tokens>: cblas_sgemm on fp32 weights,
 //   openblas_set_num_threads(omp_get_max_threads()) during the run.
 // Counter weight_GBps = bytes of the stored weight / time (decode is bound by it).
@@ -94,17 +96,46 @@ void BM_Linear(benchmark::State& state) {
     if (!Linear(s.p).ok()) state.SkipWithError("Linear failed");
     benchmark::DoNotOptimize(s.y.data());
   }
-  s.Count(state, cpu::LinearMethodName(cpu::ChooseMethod(s.type, s.tokens, s.rows, s.cols)));
+  s.Count(state, cpu::LinearMethodName(cpu::ChooseMethod(s.type, s.tokens, s.rows, s.cols, ActiveLinearIsa())));
 }
 
 void BM_LinearMethod(benchmark::State& state) {
   Setup s(static_cast<WeightType>(state.range(0)), state.range(1), state.range(2), state.range(3));
-  const auto m = state.range(4) == 0 ? cpu::LinearMethod::kRowDot : cpu::LinearMethod::kTileSgemm;
+  const auto m = state.range(4) == 0   ? cpu::LinearMethod::kRowDot
+                 : state.range(4) == 1 ? cpu::LinearMethod::kTileSgemm
+                                       : cpu::LinearMethod::kRowBlock;
   for (auto _ : state) {
     if (!cpu::LinearWith(s.p, ActiveLinearIsa(), m).ok()) state.SkipWithError("Linear failed");
     benchmark::DoNotOptimize(s.y.data());
   }
   s.Count(state, cpu::LinearMethodName(m));
+}
+
+void BM_QuantizeActs(benchmark::State& state) {
+  const auto isa = static_cast<CpuIsa>(state.range(0));
+  if (!CpuSupportsIsa(isa)) {
+    state.SkipWithError("this CPU lacks the path");
+    return;
+  }
+  const cpu::IsaKernels& k = cpu::KernelsFor(isa);
+  const int64_t n = state.range(2);
+  std::vector<float> x(n);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g;
+  for (float& v : x) v = g(rng);
+  std::vector<cpu::ActBlock32> b32(n / 32);
+  std::vector<cpu::ActBlock256> b256(n / 256);
+  for (auto _ : state) {
+    if (state.range(1) == 32) {
+      k.quant32(x.data(), n, b32.data());
+      benchmark::DoNotOptimize(b32.data());
+    } else {
+      k.quant256(x.data(), n, b256.data());
+      benchmark::DoNotOptimize(b256.data());
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+  state.SetLabel(CpuIsaName(isa));
 }
 
 // Today's path: fp32 weights, one sgemm, OpenBLAS's own thread pool.
@@ -137,9 +168,13 @@ void LinearArgs(benchmark::internal::Benchmark* b) {
       }
 }
 void MethodArgs(benchmark::internal::Benchmark* b) {
-  for (int64_t f : {0, 1, 3, 8, 12, 14})
-    for (int64_t t : {4, 8, 16, 32, 64, 128, 256})
-      for (int64_t m : {0, 1}) b->Args({f, 1536, 1536, t, m});
+  for (int64_t f : {0, 1, 2, 3, 8, 12, 14})
+    for (int64_t t : {1, 2, 3, 4, 8, 16, 32, 64, 128, 256})
+      for (int64_t m : {0, 1, 2}) b->Args({f, 1536, 1536, t, m});
+  // decode on a weight that does not fit in cache: row dots vs row-block tiles
+  for (int64_t f : {2, 3, 8, 12, 14})
+    for (int64_t t : {1, 2})
+      for (int64_t m : {0, 2}) b->Args({f, 4096, 4096, t, m});
 }
 void BlasArgs(benchmark::internal::Benchmark* b) {
   for (const auto& s : kShapes)
@@ -149,6 +184,9 @@ void BlasArgs(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_OpenBlasF32)->Apply(BlasArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Linear)->Apply(LinearArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LinearMethod)->Apply(MethodArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_QuantizeActs)
+    ->ArgsProduct({{0, 1, 2}, {32, 256}, {1536}})
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace pagedserve::kernels

@@ -63,7 +63,11 @@ def main():
             for t in toks:
                 a = m.get(("BM_LinearMethod", (f, 1536, 1536, t, 0)))
                 b = m.get(("BM_LinearMethod", (f, 1536, 1536, t, 1)))
-                cells.append(f"{a / 1000:.1f} / {b / 1000:.1f}" if a and b else "-")
+                c = m.get(("BM_LinearMethod", (f, 1536, 1536, t, 2)))  # row_block
+                if a and b and c:
+                    cells.append(f"{a / 1000:.2f} / {c / 1000:.2f} / {b / 1000:.2f}")
+                else:
+                    cells.append(f"{a / 1000:.1f} / {b / 1000:.1f}" if a and b else "-")
             print("| " + " | ".join(cells) + " |")
 
 

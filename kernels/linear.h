@@ -14,12 +14,23 @@
 //    per-16 sums, like ggml's Q8_K, for the K-quants), the weight's integer codes
 //    are multiplied with them in integer arithmetic and block and sub-block scales
 //    are applied in fp32 (the method of llama.cpp's ggml-quants.c vec_dot_*;
-//    this is an independent implementation). Each weight row is unpacked once
-//    per 4 tokens and stays in cache for all tokens; converting tiles of rows to
-//    fp32 for sgemm measured slower at every batch size up to 256 tokens.
+//    this is an independent implementation), in register-blocked tiles: from
+//    4 tokens, 2 weight rows x 4 tokens whose 8 fp32 accumulators stay in
+//    registers for the whole row (each weight block unpacked once per 4
+//    tokens, each activation block's scale and sums used for 2 rows; the
+//    offset/min terms in vectors); below 4 tokens, 4 rows x 1 token per token
+//    on weights up to 4 MiB. Tokens and rows left over, and the shapes where
+//    they measured faster (kernels/cpu/linear.cc RowDotsFaster: below 4 tokens
+//    on larger weights, which stream faster one row at a time), use row dots
+//    (each weight row unpacked once for up to 4 tokens). On the AVX2 path,
+//    Q4_0/Q4_1 from 128 tokens use tiles of rows converted to fp32 + sgemm
+//    (measured faster there; fp32 activations, no activation quantization).
+//    The activation quantizer is vectorized on the x86
+//    paths and writes blocks bit-identical to the portable one.
 //    kernels/cpu/linear.cc chooses the method per shape in one place.
 // Accuracy: F32/F16/BF16 weights are exact up to fp32 rounding of the sums. For
-// the quantized formats, each activation x is replaced by d * round(x / d) with d =
+// the quantized formats with quantized activations (all but the sgemm case above),
+// each activation x is replaced by d * round(x / d) with d =
 // max|x over its block| / 127, so |x - x'| <= d / 2 and
 //   |y - y_exact| <= sum_blocks (d_b / 2) * sum_{c in b} |W[r, c]| + fp32 rounding,
 // where y_exact uses the dequantized weights (tests/kernels/linear_test.cc checks

@@ -146,9 +146,40 @@ namespace {
 // are even at 128 tokens (the tile conversion is paid per call) and sgemm is
 // ahead at 256; for the quantized formats the 8-bit dot products were faster than
 // converting tiles for sgemm at every size measured (4..256 tokens: 1.3-8x), so
-// they always use row dots.
+// they never use sgemm: register-blocked tiles (RowDotsFaster below names the
+// few shapes where the row dots are kept).
 constexpr int64_t kSgemmMinTokensF32 = 24;
 constexpr int64_t kSgemmMinTokensHalf = 128;
+// The quantized formats use the register-blocked tiles (kRowBlock: 2 rows x 4
+// tokens from 4 tokens, 4 rows x 1 token below) except where the row dots
+// measured faster (BM_LinearMethod, one thread; docs/benchmarks.md
+// "Register-blocked quantized kernels (CPU, issue 10)"):
+//  - below 4 tokens on a weight larger than kDecodeTileMaxBytes: at 4096x4096
+//    (9-14 MB) the 4-row tiles were 1.3-1.6x slower for Q4_1 and Q6_K than
+//    streaming one row at a time (Q8_0 even, Q4_0/Q4_K faster), at 1536x1536
+//    and smaller (<= 1.6 MB) 0.95-1.7x as fast (Q4_1 even, the others
+//    faster); the limit is placed between the two measured sizes, for all
+//    formats, not tuned further;
+//  - Q4_1 at 3 tokens and Q8_0 at 2 (1536x1536: 10-20%).
+// Everywhere else the tiles measured 1.0-3x faster.
+constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
+// Q4_0 and Q4_1 on the AVX2 path (pmaddubsw + pmaddwd, no VNNI): from 128
+// tokens, tiles converted to fp32 + OpenBLAS sgemm measured 1.0-1.4x faster
+// than the row-block tiles at 1536x1536 (Q8_0 and the K-quants stay faster in
+// int8 up to 256 tokens, the most measured). On the AVX-512 VNNI path the int8
+// row dots alone were already 1.4x faster than sgemm at 128-256 tokens (the
+// earlier measurement in docs/benchmarks.md), so it keeps the tiles.
+constexpr int64_t kSgemmMinTokensQ4Avx2 = 128;
+// Called before Linear validates the shape: any type, rows or cols is safe here.
+bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
+  const int64_t be = BlockElems(type);
+  if (be <= 0) return false;
+  const double bytes = static_cast<double>(rows) * static_cast<double>(cols / be) *
+                       static_cast<double>(BlockBytes(type));
+  if (num_tokens < kBlockTokens && bytes > static_cast<double>(kDecodeTileMaxBytes)) return true;
+  return (type == WeightType::kQ4_1 && num_tokens == 3) ||
+         (type == WeightType::kQ8_0 && num_tokens == 2);
+}
 // Rows converted to fp32 per sgemm call of the tile method (F16/BF16).
 constexpr int64_t kTileRows = 64;
 // Tokens quantized by the calling thread before the parallel region.
@@ -172,13 +203,15 @@ const uint8_t* Row(const WeightView& w, int64_t r) {
   return static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride_bytes;
 }
 
-// Quantizes token t's activations into `xq` (its blocks start at t * nb blocks).
-void QuantizeToken(const LinearParams& p, int64_t nb, int64_t t, uint8_t* xq) {
+// Quantizes token t's activations into `xq` (its blocks start at t * nb blocks)
+// with the ISA's quantizer (bit-identical to QuantizeActs32/256).
+void QuantizeToken(const LinearParams& p, const IsaKernels& k, int64_t nb, int64_t t,
+                   uint8_t* xq) {
   const float* x = p.x + t * p.x_stride;
   if (UsesActBlock256(p.w.type)) {
-    QuantizeActs256(x, p.w.cols, reinterpret_cast<ActBlock256*>(xq) + t * nb);
+    k.quant256(x, p.w.cols, reinterpret_cast<ActBlock256*>(xq) + t * nb);
   } else {
-    QuantizeActs32(x, p.w.cols, reinterpret_cast<ActBlock32*>(xq) + t * nb);
+    k.quant32(x, p.w.cols, reinterpret_cast<ActBlock32*>(xq) + t * nb);
   }
 }
 
@@ -206,6 +239,56 @@ void RowDotRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, 
       for (int j = 0; j < n; ++j) p.y[(t + j) * p.y_stride + r] = out[j] + b;
     }
   }
+}
+
+// kRowBlock: tiles of kBlockRows rows x kBlockTokens tokens; the tokens left
+// over (< kBlockTokens) and the rows left over (< kBlockRows) use the row dots.
+// Fewer than kBlockTokens tokens: tiles of kDecodeRows rows x 1 token, one per
+// token (the rows stay in L1 between the tokens), left-over rows by row dots.
+void RowBlockRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, int64_t r0,
+                   int64_t r1) {
+  const WeightType type = p.w.type;
+  const int64_t T = p.num_tokens;
+  const IsaKernels::QDotFn qdot = QDotFor(k, type);
+  const int64_t nb = p.w.cols / BlockElems(type);
+  const size_t tok_bytes =
+      static_cast<size_t>(nb) * (UsesActBlock256(type) ? sizeof(ActBlock256) : sizeof(ActBlock32));
+  int64_t r = r0;
+  if (T < kBlockTokens) {
+    const IsaKernels::QTileFn tile = QTileFor(k, type, /*decode=*/true);
+    float out[kDecodeRows];
+    for (; r + kDecodeRows <= r1; r += kDecodeRows) {
+      for (int64_t t = 0; t < T; ++t) {
+        tile(Row(p.w, r), p.w.row_stride_bytes, xq + t * tok_bytes, tok_bytes, nb, out);
+        for (int i = 0; i < kDecodeRows; ++i)
+          p.y[t * p.y_stride + r + i] = out[i] + (p.bias ? p.bias[r + i] : 0.0f);
+      }
+    }
+    if (r < r1) RowDotRange(p, k, xq, r, r1);
+    return;
+  }
+  const IsaKernels::QTileFn tile = QTileFor(k, type);
+  const int64_t t_full = T - T % kBlockTokens;
+  float out[kBlockRows * kBlockTokens];
+  for (; r + kBlockRows <= r1; r += kBlockRows) {
+    for (int64_t t = 0; t < t_full; t += kBlockTokens) {
+      tile(Row(p.w, r), p.w.row_stride_bytes, xq + t * tok_bytes, tok_bytes, nb, out);
+      for (int i = 0; i < kBlockRows; ++i) {
+        const float b = p.bias ? p.bias[r + i] : 0.0f;
+        for (int j = 0; j < kBlockTokens; ++j)
+          p.y[(t + j) * p.y_stride + r + i] = out[i * kBlockTokens + j] + b;
+      }
+    }
+    for (int64_t t = t_full; t < T; t += kMaxTokens) {
+      const int n = static_cast<int>(std::min<int64_t>(kMaxTokens, T - t));
+      for (int i = 0; i < kBlockRows; ++i) {
+        qdot(Row(p.w, r + i), xq + t * tok_bytes, tok_bytes, nb, n, out);
+        const float b = p.bias ? p.bias[r + i] : 0.0f;
+        for (int j = 0; j < n; ++j) p.y[(t + j) * p.y_stride + r + i] = out[j] + b;
+      }
+    }
+  }
+  if (r < r1) RowDotRange(p, k, xq, r, r1);
 }
 
 void TileSgemmRange(const LinearParams& p, int64_t r0, int64_t r1) {
@@ -248,15 +331,28 @@ void ThreadRows(int64_t rows, int tid, int nt, int64_t* begin, int64_t* end) {
 }  // namespace
 
 const char* LinearMethodName(LinearMethod m) {
-  return m == LinearMethod::kRowDot ? "row_dot" : "tile_sgemm";
+  switch (m) {
+    case LinearMethod::kRowDot: return "row_dot";
+    case LinearMethod::kTileSgemm: return "tile_sgemm";
+    case LinearMethod::kRowBlock: return "row_block";
+  }
+  return "?";
 }
 
 bool IsQuantized(WeightType t) {
   return t != WeightType::kF32 && t != WeightType::kF16 && t != WeightType::kBF16;
 }
 
-LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
-  if (IsQuantized(type)) return LinearMethod::kRowDot;
+LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols,
+                          CpuIsa isa) {
+  if (IsQuantized(type)) {
+    if (isa == CpuIsa::kAvx2 && num_tokens >= kSgemmMinTokensQ4Avx2 &&
+        (type == WeightType::kQ4_0 || type == WeightType::kQ4_1)) {
+      return LinearMethod::kTileSgemm;
+    }
+    return RowDotsFaster(type, num_tokens, rows, cols) ? LinearMethod::kRowDot
+                                                       : LinearMethod::kRowBlock;
+  }
   const int64_t min_tokens = type == WeightType::kF32 ? kSgemmMinTokensF32 : kSgemmMinTokensHalf;
   return num_tokens >= min_tokens ? LinearMethod::kTileSgemm : LinearMethod::kRowDot;
 }
@@ -283,6 +379,20 @@ IsaKernels::QDotFn QDotFor(const IsaKernels& k, WeightType type) {
   }
 }
 
+IsaKernels::QTileFn QTileFor(const IsaKernels& k, WeightType type, bool decode) {
+  switch (type) {
+    case WeightType::kQ4_0: return decode ? k.d4_0 : k.t4_0;
+    case WeightType::kQ4_1: return decode ? k.d4_1 : k.t4_1;
+    case WeightType::kQ5_0: return decode ? k.d5_0 : k.t5_0;
+    case WeightType::kQ5_1: return decode ? k.d5_1 : k.t5_1;
+    case WeightType::kQ8_0: return decode ? k.d8_0 : k.t8_0;
+    case WeightType::kQ4_K: return decode ? k.d4_k : k.t4_k;
+    case WeightType::kQ5_K: return decode ? k.d5_k : k.t5_k;
+    case WeightType::kQ6_K: return decode ? k.d6_k : k.t6_k;
+    default: return nullptr;
+  }
+}
+
 IsaKernels::FDotFn FDotFor(const IsaKernels& k, WeightType type) {
   switch (type) {
     case WeightType::kF32: return k.f32;
@@ -300,7 +410,9 @@ absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method) 
         absl::StrCat("the ", CpuIsaName(isa), " path of Linear is not available on this CPU"));
   }
   const IsaKernels& k = KernelsFor(isa);
-  const bool quant_acts = method == LinearMethod::kRowDot && IsQuantized(p.w.type);
+  // kRowBlock on a format without activation quantization is the row dots.
+  if (method == LinearMethod::kRowBlock && !IsQuantized(p.w.type)) method = LinearMethod::kRowDot;
+  const bool quant_acts = method != LinearMethod::kTileSgemm && IsQuantized(p.w.type);
   static thread_local std::vector<uint8_t> xq_scratch;
   const int64_t nb = p.w.cols / BlockElems(p.w.type);
   uint8_t* xq = nullptr;
@@ -315,19 +427,21 @@ absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method) 
   // saves decode a barrier; more are quantized by the team (omp for + barrier).
   const bool quant_serial = quant_acts && p.num_tokens <= kSerialQuantTokens;
   if (quant_serial) {
-    for (int64_t t = 0; t < p.num_tokens; ++t) QuantizeToken(p, nb, t, xq);
+    for (int64_t t = 0; t < p.num_tokens; ++t) QuantizeToken(p, k, nb, t, xq);
   }
 #pragma omp parallel num_threads(threads)
   {
     if (quant_acts && !quant_serial) {
 #pragma omp for schedule(static)
-      for (int64_t t = 0; t < p.num_tokens; ++t) QuantizeToken(p, nb, t, xq);
+      for (int64_t t = 0; t < p.num_tokens; ++t) QuantizeToken(p, k, nb, t, xq);
     }
     int64_t r0, r1;
     ThreadRows(p.w.rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
     if (r0 < r1) {
       if (method == LinearMethod::kRowDot) {
         RowDotRange(p, k, xq, r0, r1);
+      } else if (method == LinearMethod::kRowBlock) {
+        RowBlockRange(p, k, xq, r0, r1);
       } else {
         TileSgemmRange(p, r0, r1);
       }
@@ -339,8 +453,8 @@ absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method) 
 }  // namespace cpu
 
 absl::Status Linear(const LinearParams& p) {
-  return cpu::LinearWith(p, ActiveLinearIsa(),
-                         cpu::ChooseMethod(p.w.type, p.num_tokens, p.w.rows, p.w.cols));
+  const CpuIsa isa = ActiveLinearIsa();
+  return cpu::LinearWith(p, isa, cpu::ChooseMethod(p.w.type, p.num_tokens, p.w.rows, p.w.cols, isa));
 }
 
 }  // namespace pagedserve::kernels

@@ -91,7 +91,7 @@ const IsaKernels& Avx2Kernels() {
   static const IsaKernels k = {MultiToken<KQ4_0>, MultiToken<KQ4_1>, MultiToken<KQ5_0>,
                                MultiToken<KQ5_1>, MultiToken<KQ8_0>, MultiToken<KQ4_K>,
                                MultiToken<KQ5_K>, MultiToken<KQ6_K>, FDot<F32Loader>,
-                               FDot<F16Loader>,   FDot<BF16Loader>};
+                               FDot<F16Loader>,   FDot<BF16Loader>,  PS_X86_TILES};
   return k;
 }
 

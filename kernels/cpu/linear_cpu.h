@@ -17,11 +17,16 @@ namespace pagedserve::kernels::cpu {
 enum class LinearMethod : uint8_t {
   kRowDot,     // per weight row, a dot product with every token (GEMV and small GEMM)
   kTileSgemm,  // tiles of rows converted to fp32 (F32: used in place), OpenBLAS sgemm
+  kRowBlock,   // quantized formats: register-blocked kBlockRows x kBlockTokens tiles
+               // (IsaKernels::QTileFn); remainders use the row dots
 };
 const char* LinearMethodName(LinearMethod m);
 
-// The method Linear uses for `num_tokens` tokens over a weight of this format.
-LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols);
+// The method Linear uses for `num_tokens` tokens over a weight of this format
+// on the `isa` path (the crossovers differ between paths). Safe on any
+// arguments (called before validation).
+LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols,
+                          CpuIsa isa);
 
 // Linear with a given ISA path and method (validates like Linear; FailedPrecondition
 // when the CPU lacks `isa`).
@@ -35,6 +40,11 @@ inline bool UsesActBlock256(WeightType t) {
 }
 
 // Quantizes n activations (n a multiple of 32 / 256) into n/32 or n/256 blocks.
+// The portable reference: d = max|x| / 127, q = lrintf(x * (127 / max|x|))
+// clamped to [-127, 127] (round to nearest, ties to even, in the default
+// rounding mode). Every ISA's IsaKernels::quant32/quant256 produces blocks
+// bit-identical to these for finite input (tests/kernels/linear_test.cc); for
+// non-finite input the codes are unspecified in both.
 void QuantizeActs32(const float* x, int64_t n, ActBlock32* out);
 void QuantizeActs256(const float* x, int64_t n, ActBlock256* out);
 
@@ -45,6 +55,15 @@ void DequantizeWeightRow(WeightType type, const uint8_t* row, int64_t cols, floa
 // Tokens one kernel call multiplies with a weight row (the row is loaded and
 // unpacked once for all of them).
 inline constexpr int kMaxTokens = 4;
+// Tile of the register-blocked method (kRowBlock): weight rows x tokens whose
+// kBlockRows * kBlockTokens fp32 accumulators stay in registers for a whole row;
+// each weight block is unpacked once per kBlockTokens tokens and each token's
+// per-block terms (scale, sums) computed once per kBlockRows rows.
+inline constexpr int kBlockRows = 2;
+inline constexpr int kBlockTokens = 4;
+// Tile of kRowBlock for fewer than kBlockTokens tokens (decode): kDecodeRows
+// weight rows x 1 token, one call per token.
+inline constexpr int kDecodeRows = 4;
 
 // The kernels of one instruction-set path.
 //  QDotFn: dot products of one quantized weight row (nb blocks at w) with
@@ -53,13 +72,28 @@ inline constexpr int kMaxTokens = 4;
 //          x + j * x_token_bytes; out[j] = its dot product.
 //  FDotFn: the same for an F32/F16/BF16 row of n elements and fp32 tokens
 //          x + j * x_stride.
+//  QTileFn: t*: kBlockRows weight rows (row i at w + i * w_row_bytes) times
+//          kBlockTokens tokens (as QDotFn); out[i * kBlockTokens + j] = dot of
+//          row i with token j. d*: the same for kDecodeRows rows x 1 token
+//          (out[i]). Same arithmetic contract as QDotFn (integer block sums,
+//          fp32 scaling; the order of the fp32 sums differs).
+//  QuantFn: the activation quantizers (QuantizeActs32 / QuantizeActs256 above),
+//          vectorized on the x86 paths, bit-identical to the portable ones.
 struct IsaKernels {
   using QDotFn = void (*)(const uint8_t* w, const uint8_t* x, size_t x_token_bytes, int64_t nb,
                           int ntok, float* out);
   using FDotFn = void (*)(const uint8_t* w, const float* x, int64_t x_stride, int64_t n, int ntok,
                           float* out);
+  using QTileFn = void (*)(const uint8_t* w, size_t w_row_bytes, const uint8_t* x,
+                           size_t x_token_bytes, int64_t nb, float* out);
+  using Quant32Fn = void (*)(const float* x, int64_t n, ActBlock32* out);
+  using Quant256Fn = void (*)(const float* x, int64_t n, ActBlock256* out);
   QDotFn q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k;
   FDotFn f32, f16, bf16;
+  QTileFn t4_0, t4_1, t5_0, t5_1, t8_0, t4_k, t5_k, t6_k;
+  QTileFn d4_0, d4_1, d5_0, d5_1, d8_0, d4_k, d5_k, d6_k;
+  Quant32Fn quant32;
+  Quant256Fn quant256;
 };
 const IsaKernels& PortableKernels();
 #if defined(__x86_64__)
@@ -70,6 +104,8 @@ const IsaKernels& Avx512Kernels();  // kernels/cpu/linear_avx512.cc
 const IsaKernels& KernelsFor(CpuIsa isa);
 IsaKernels::QDotFn QDotFor(const IsaKernels& k, WeightType type);
 IsaKernels::FDotFn FDotFor(const IsaKernels& k, WeightType type);
+// The kBlockRows x kBlockTokens tile (decode = false) or the kDecodeRows x 1 tile.
+IsaKernels::QTileFn QTileFor(const IsaKernels& k, WeightType type, bool decode = false);
 
 }  // namespace pagedserve::kernels::cpu
 

@@ -246,6 +246,18 @@ template <float (*kDot)(const uint8_t*, const void*, int64_t)>
 void QMulti(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, int ntok, float* out) {
   for (int j = 0; j < ntok; ++j) out[j] = kDot(w, x + j * xb, nb);
 }
+// The register-blocked tile (QTileFn) as row dots: the portable reference.
+template <float (*kDot)(const uint8_t*, const void*, int64_t), int kRows = kBlockRows,
+          int kTokens = kBlockTokens>
+void QTile(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  for (int i = 0; i < kRows; ++i)
+    for (int j = 0; j < kTokens; ++j) out[i * kTokens + j] = kDot(w + i * wb, x + j * xb, nb);
+}
+template <float (*kDot)(const uint8_t*, const void*, int64_t)>
+void QTileDecode(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb,
+                 float* out) {
+  QTile<kDot, kDecodeRows, 1>(w, wb, x, xb, nb, out);
+}
 template <float (*kDot)(const uint8_t*, const float*, int64_t)>
 void FMulti(const uint8_t* w, const float* x, int64_t xs, int64_t n, int ntok, float* out) {
   for (int j = 0; j < ntok; ++j) out[j] = kDot(w, x + j * xs, n);
@@ -295,7 +307,15 @@ const IsaKernels& PortableKernels() {
   static const IsaKernels k = {QMulti<DotQ4_0>,       QMulti<DotQ4_1>, QMulti<DotQ5<false>>,
                                QMulti<DotQ5<true>>,   QMulti<DotQ8_0>, QMulti<DotQ45K<false>>,
                                QMulti<DotQ45K<true>>, QMulti<DotQ6K>,  FMulti<DotF32>,
-                               FMulti<DotF16>,        FMulti<DotBF16>};
+                               FMulti<DotF16>,        FMulti<DotBF16>,
+                               QTile<DotQ4_0>,        QTile<DotQ4_1>,  QTile<DotQ5<false>>,
+                               QTile<DotQ5<true>>,    QTile<DotQ8_0>,  QTile<DotQ45K<false>>,
+                               QTile<DotQ45K<true>>,  QTile<DotQ6K>,
+                               QTileDecode<DotQ4_0>,  QTileDecode<DotQ4_1>,
+                               QTileDecode<DotQ5<false>>, QTileDecode<DotQ5<true>>,
+                               QTileDecode<DotQ8_0>,  QTileDecode<DotQ45K<false>>,
+                               QTileDecode<DotQ45K<true>>, QTileDecode<DotQ6K>, QuantizeActs32,
+                               QuantizeActs256};
   return k;
 }
 

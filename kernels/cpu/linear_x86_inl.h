@@ -264,6 +264,358 @@ struct KQ6_K {
   }
 };
 
+// ---- activation quantization (QuantizeActs32 / QuantizeActs256, vectorized) ----
+//
+// Bit-identical to the portable quantizer for finite input: the block maximum of
+// |x| is exact in any order, d and 1/d are the same scalar fp32 expressions, the
+// products x * id are the same fp32 multiplies, and vcvtps2dq rounds them in the
+// MXCSR mode (round to nearest, ties to even, by default), which is what lrintf
+// does in the default rounding mode. |x * id| <= 127 * (1 + 2^-23) for finite x,
+// so the int16/int8 saturating packs never clip a finite code; the clamp to -127
+// matches the portable clamp (it only acts on non-finite input).
+
+inline float HMax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 AbsPs(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+// The 32 codes of x[0..32) * id, in element order.
+inline __m256i QuantCodes32(const float* x, __m256 id) {
+  const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), id));
+  const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), id));
+  const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), id));
+  const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), id));
+  // packs work per 128-bit lane: the dwords of 4 codes come out as elements
+  // 0-3, 8-11, 16-19, 24-27, 4-7, 12-15, 20-23, 28-31; the permute restores order.
+  const __m256i b =
+      _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+  const __m256i ordered = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  return _mm256_max_epi8(ordered, _mm256_set1_epi8(-127));
+}
+
+// Sums of codes 0..15 and 16..31 of a 32-byte vector.
+inline void HalfSums(__m256i q, int32_t* s0, int32_t* s1) {
+  const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
+                                      _mm256_set1_epi16(1));  // 4 codes per int32
+  __m128i h = _mm_hadd_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  h = _mm_hadd_epi32(h, h);
+  *s0 = _mm_cvtsi128_si32(h);
+  *s1 = _mm_extract_epi32(h, 1);
+}
+
+void QuantActs32X86(const float* x, int64_t n, ActBlock32* out) {
+  for (int64_t blk = 0; blk < n / 32; ++blk) {
+    const float* p = x + 32 * blk;
+    const __m256 m =
+        _mm256_max_ps(_mm256_max_ps(AbsPs(_mm256_loadu_ps(p)), AbsPs(_mm256_loadu_ps(p + 8))),
+                      _mm256_max_ps(AbsPs(_mm256_loadu_ps(p + 16)), AbsPs(_mm256_loadu_ps(p + 24))));
+    const float amax = HMax(m);
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    ActBlock32& o = out[blk];
+    o.d = amax / 127.0f;
+    const __m256i q = QuantCodes32(p, _mm256_set1_ps(id));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.qs), q);
+    int32_t s0, s1;
+    HalfSums(q, &s0, &s1);
+    o.sum = s0 + s1;
+  }
+}
+
+void QuantActs256X86(const float* x, int64_t n, ActBlock256* out) {
+  for (int64_t blk = 0; blk < n / 256; ++blk) {
+    const float* p = x + 256 * blk;
+    __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
+    for (int i = 0; i < 256; i += 16) {
+      m0 = _mm256_max_ps(m0, AbsPs(_mm256_loadu_ps(p + i)));
+      m1 = _mm256_max_ps(m1, AbsPs(_mm256_loadu_ps(p + i + 8)));
+    }
+    const float amax = HMax(_mm256_max_ps(m0, m1));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    ActBlock256& o = out[blk];
+    o.d = amax / 127.0f;
+    const __m256 idv = _mm256_set1_ps(id);
+    for (int c = 0; c < 8; ++c) {
+      const __m256i q = QuantCodes32(p + 32 * c, idv);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.qs + 32 * c), q);
+      int32_t s0, s1;
+      HalfSums(q, &s0, &s1);
+      o.bsums[2 * c] = static_cast<int16_t>(s0);
+      o.bsums[2 * c + 1] = static_cast<int16_t>(s1);
+    }
+  }
+}
+
+// ---- register-blocked tiles (QTileFn, linear_cpu.h) ----
+//
+// kR weight rows x kT tokens: one fp32 accumulator vector per (row, token) for
+// the whole row. Per block, each row's codes are unpacked once for kT tokens and
+// each token's per-block terms (scale broadcast, offset/min sums) are formed
+// once for kR rows. The scalar per-(row, token) work of the row kernels above
+// (the offset, min and sub-block-min terms) is done in vectors: the Q4_0/Q5_0
+// offset is subtracted from the integer sum, the Q4_1/Q5_1 min term is an FMA
+// into lane 0 of the accumulator, and the K-quant mins / Q6_K offsets are a
+// pmaddwd of the 16 activation sub-block sums with the 16 weight sub-block
+// mins / scales.
+
+// Every loop over the tile's rows and tokens is unrolled, so that the
+// accumulator arrays live in registers (GCC keeps them in memory otherwise).
+#define PS_UNROLL _Pragma("GCC unroll 16")
+
+// Two shapes are instantiated: kBlockRows x kBlockTokens (many tokens) and
+// kDecodeRows x 1 (one token at a time: decode).
+template <int kR, int kT>
+inline void StoreTile(const __m256 (&acc)[kR][kT], float* out) {
+  PS_UNROLL
+  for (int r = 0; r < kR; ++r)
+    PS_UNROLL
+    for (int t = 0; t < kT; ++t) out[r * kT + t] = HSum(acc[r][t]);
+}
+
+template <int kR, int kT, int kBytes, int kQs, int kQh, int kMin, int kOffset>
+void TileLegacy(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb,
+                float* out) {
+  __m256 acc[kR][kT];
+  PS_UNROLL
+  for (auto& row : acc)
+    PS_UNROLL
+    for (auto& a : row) a = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    __m256i q[kR];
+    __m256 dw[kR], mw[kR];
+    PS_UNROLL
+    for (int r = 0; r < kR; ++r) {
+      const uint8_t* b = w + r * wb + i * kBytes;
+      q[r] = Nibbles32(b + kQs);
+      if constexpr (kQh >= 0) q[r] = _mm256_or_si256(q[r], HighBits32(LoadU32(b + kQh)));
+      dw[r] = _mm256_set1_ps(F16(b));
+      if constexpr (kMin >= 0) mw[r] = _mm256_set1_ps(F16(b + kMin));
+    }
+    PS_UNROLL
+    for (int t = 0; t < kT; ++t) {
+      const ActBlock32& a = reinterpret_cast<const ActBlock32*>(x + t * xb)[i];
+      const __m256i xq = Load256(a.qs);
+      const __m256 dx = _mm256_set1_ps(a.d);
+      if constexpr (kMin >= 0) {
+        // min * sum_c x_c = m * d_x * sum(codes), added to lane 0.
+        const __m256 ms = _mm256_setr_ps(a.d * static_cast<float>(a.sum), 0, 0, 0, 0, 0, 0, 0);
+        PS_UNROLL
+        for (int r = 0; r < kR; ++r) {
+          const __m256i s = DotU8I8(q[r], xq);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[r], dx), acc[r][t]);
+          acc[r][t] = _mm256_fmadd_ps(mw[r], ms, acc[r][t]);
+        }
+      } else {
+        // (q - kOffset) . x = q . x - kOffset * sum(x codes): exact in int32, lane 0.
+        const __m256i off = _mm256_setr_epi32(kOffset * a.sum, 0, 0, 0, 0, 0, 0, 0);
+        PS_UNROLL
+        for (int r = 0; r < kR; ++r) {
+          const __m256i s = _mm256_sub_epi32(DotU8I8(q[r], xq), off);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[r], dx), acc[r][t]);
+        }
+      }
+    }
+  }
+  StoreTile(acc, out);
+}
+
+template <int kR, int kT>
+void TileQ8_0(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  __m256 acc[kR][kT];
+  PS_UNROLL
+  for (auto& row : acc)
+    PS_UNROLL
+    for (auto& a : row) a = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    __m256i q[kR], aq[kR];
+    __m256 dw[kR];
+    PS_UNROLL
+    for (int r = 0; r < kR; ++r) {
+      const uint8_t* b = w + r * wb + i * 34;
+      q[r] = Load256(b + 2);
+      aq[r] = _mm256_sign_epi8(q[r], q[r]);  // |w| unsigned; x takes w's sign
+      dw[r] = _mm256_set1_ps(F16(b));
+    }
+    PS_UNROLL
+    for (int t = 0; t < kT; ++t) {
+      const ActBlock32& a = reinterpret_cast<const ActBlock32*>(x + t * xb)[i];
+      const __m256i xq = Load256(a.qs);
+      const __m256 dx = _mm256_set1_ps(a.d);
+      PS_UNROLL
+      for (int r = 0; r < kR; ++r) {
+        const __m256i s = DotU8I8(aq[r], _mm256_sign_epi8(xq, q[r]));
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[r], dx), acc[r][t]);
+      }
+    }
+  }
+  StoreTile(acc, out);
+}
+
+// Q4_K (kFive = false) and Q5_K.
+template <int kR, int kT, bool kFive>
+void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  constexpr int kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
+  const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+  __m256 acc[kR][kT];
+  PS_UNROLL
+  for (auto& row : acc)
+    PS_UNROLL
+    for (auto& a : row) a = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* b[kR];
+    __m256i sc256[kR], mins16[kR], hbits[kR];
+    float d[kR], dmin[kR];
+    PS_UNROLL
+    for (int r = 0; r < kR; ++r) {
+      b[r] = w + r * wb + i * kBytes;
+      // The eight 6-bit scales and mins (ScaleMinK4) rearranged into scale
+      // bytes 0..7 (u[0], u[1]) and min bytes 0..7 (u[2], u[3]), 32 bits at a time.
+      uint32_t u[4];
+      std::memcpy(u, b[r] + 4, 12);
+      constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+      u[3] = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);
+      const uint32_t mins_lo = u[1] & k6;
+      u[1] = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);
+      u[2] = mins_lo;
+      u[0] &= k6;
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+      // scales as int16 in both 128-bit lanes (for a per-sub-block pshufb broadcast)
+      sc256[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(bytes));
+      // mins as int16, each twice: the activation sums are per 16 elements
+      const __m128i mins = _mm_srli_si128(bytes, 8);
+      mins16[r] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins));
+      hbits[r] = kFive ? Load256(b[r] + 16) : _mm256_setzero_si256();
+      d[r] = F16(b[r]);
+      dmin[r] = F16(b[r] + 2);
+    }
+    __m256i sumi[kR][kT];
+    PS_UNROLL
+    for (auto& row : sumi)
+      PS_UNROLL
+      for (auto& s : row) s = _mm256_setzero_si256();
+    // Sub-block 2k (low nibbles) and 2k + 1 (high nibbles) one after the other,
+    // so that only kR unpacked vectors and kR scales are live next to the
+    // kR x kT integer sums (16 vector registers on AVX2).
+    PS_UNROLL
+    for (int sub = 0; sub < 8; ++sub) {
+      const int k = sub / 2;
+      __m256i q[kR], sc16[kR];
+      PS_UNROLL
+      for (int r = 0; r < kR; ++r) {
+        const __m256i v = Load256(b[r] + kQs + 32 * k);
+        q[r] = (sub & 1) ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+        if constexpr (kFive) {
+          // bit `sub` of each qh byte is bit 4 of the element
+          q[r] = _mm256_or_si256(
+              q[r], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits[r], sub), one), 4));
+        }
+        sc16[r] = _mm256_shuffle_epi8(sc256[r], _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * sub)));
+      }
+      PS_UNROLL
+      for (int t = 0; t < kT; ++t) {
+        const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
+        const __m256i xv = Load256(a.qs + 32 * sub);
+        PS_UNROLL
+        for (int r = 0; r < kR; ++r)
+          sumi[r][t] = _mm256_add_epi32(sumi[r][t], DotU8I8Scaled(q[r], xv, sc16[r]));
+      }
+    }
+    PS_UNROLL
+    for (int t = 0; t < kT; ++t) {
+      const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
+      const __m256i bs = Load256(a.bsums);
+      PS_UNROLL
+      for (int r = 0; r < kR; ++r) {
+        const __m256i mins = _mm256_madd_epi16(bs, mins16[r]);  // sum_j min_j * bsum_j
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_set1_ps(d[r] * a.d),
+                                    acc[r][t]);
+        acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin[r] * a.d),
+                                     acc[r][t]);
+      }
+    }
+  }
+  StoreTile(acc, out);
+}
+
+template <int kR, int kT>
+void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+  __m256 acc[kR][kT];
+  PS_UNROLL
+  for (auto& row : acc)
+    PS_UNROLL
+    for (auto& a : row) a = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* b[kR];
+    __m256i scales16[kR];
+    float d[kR];
+    PS_UNROLL
+    for (int r = 0; r < kR; ++r) {
+      b[r] = w + r * wb + i * 210;
+      scales16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[r] + 192)));
+      d[r] = F16(b[r] + 208);
+    }
+    __m256i sumi[kR][kT];
+    PS_UNROLL
+    for (auto& row : sumi)
+      PS_UNROLL
+      for (auto& s : row) s = _mm256_setzero_si256();
+    PS_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      PS_UNROLL
+      for (int k = 0; k < 4; ++k) {
+        const int sub = 8 * h + 2 * k;
+        __m256i q[kR], scale[kR];
+        PS_UNROLL
+        for (int r = 0; r < kR; ++r) {
+          const int8_t* sc = reinterpret_cast<const int8_t*>(b[r] + 192);
+          const __m256i ql = Load256(b[r] + 64 * h + 32 * (k & 1));
+          const __m256i qh = Load256(b[r] + 128 + 32 * h);
+          const __m256i low =
+              k < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+          const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
+          q[r] = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+          scale[r] = _mm256_set_m128i(_mm_set1_epi16(sc[sub + 1]), _mm_set1_epi16(sc[sub]));
+        }
+        PS_UNROLL
+        for (int t = 0; t < kT; ++t) {
+          const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
+          const __m256i xv = Load256(a.qs + 128 * h + 32 * k);
+          PS_UNROLL
+          for (int r = 0; r < kR; ++r)
+            sumi[r][t] = _mm256_add_epi32(sumi[r][t], DotU8I8Scaled(q[r], xv, scale[r]));
+        }
+      }
+    }
+    PS_UNROLL
+    for (int t = 0; t < kT; ++t) {
+      const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
+      const __m256i bs = Load256(a.bsums);
+      PS_UNROLL
+      for (int r = 0; r < kR; ++r) {
+        // The -32 offset of the codes: 32 * sum_j scale_j * bsum_j.
+        const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(bs, scales16[r]), 5);
+        const __m256i s = _mm256_sub_epi32(sumi[r][t], off);
+        acc[r][t] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d[r] * a.d), acc[r][t]);
+      }
+    }
+  }
+  StoreTile(acc, out);
+}
+
+// The QTileFn of each format for an R x T tile (argument order of IsaKernels).
+#define PS_X86_TILE_SET(R, T)                                                                  \
+  TileLegacy<R, T, 18, 2, -1, -1, 8>, TileLegacy<R, T, 20, 4, -1, 2, 0>,                       \
+      TileLegacy<R, T, 22, 6, 2, -1, 16>, TileLegacy<R, T, 24, 8, 4, 2, 0>, TileQ8_0<R, T>,    \
+      TileQ45K<R, T, false>, TileQ45K<R, T, true>, TileQ6K<R, T>
+#define PS_X86_TILES                                                                  \
+  PS_X86_TILE_SET(pagedserve::kernels::cpu::kBlockRows, pagedserve::kernels::cpu::kBlockTokens), \
+      PS_X86_TILE_SET(pagedserve::kernels::cpu::kDecodeRows, 1), QuantActs32X86, QuantActs256X86
+
 }  // namespace
 
 #endif  // PAGEDSERVE_KERNELS_CPU_LINEAR_X86_INL_H_

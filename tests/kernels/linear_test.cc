@@ -25,6 +25,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -203,7 +204,7 @@ void CheckCase(std::mt19937& rng, WeightType type, CpuIsa isa, LinearMethod meth
   LinearParams p{x.data(), tokens,  x_stride, w.view(), with_bias ? bias.data() : nullptr,
                  y.data(), y_stride};
   ASSERT_TRUE(cpu::LinearWith(p, isa, method).ok());
-  const bool quant = method == LinearMethod::kRowDot && cpu::IsQuantized(type);
+  const bool quant = method != LinearMethod::kTileSgemm && cpu::IsQuantized(type);
   Reference ref = Compute(w, Dequantized(w), x, tokens, x_stride, p.bias, quant);
   EXPECT_LE(WorstRatio(y, y_stride, ref, tokens, rows), 1.0);
   for (int64_t t = 0; t < tokens; ++t)
@@ -231,7 +232,8 @@ TEST_P(LinearIsaTest, EveryFormatWithinBoundOnOddShapes) {
     for (int64_t cols : kLight ? std::vector<int64_t>{3 * be} : std::vector<int64_t>{be, 3 * be}) {
       for (int64_t rows : {1, 7, 45}) {
         for (int64_t tokens : {1, 3, 37}) {
-          for (LinearMethod m : {LinearMethod::kRowDot, LinearMethod::kTileSgemm}) {
+          for (LinearMethod m :
+               {LinearMethod::kRowDot, LinearMethod::kRowBlock, LinearMethod::kTileSgemm}) {
             CheckCase(rng, type, GetParam(), m, rows, cols, tokens, rows == 7);
           }
         }
@@ -246,6 +248,7 @@ TEST_P(LinearIsaTest, ThreadedShapes) {
   for (WeightType type : kAllTypes) {
     const int64_t cols = BlockElems(type) == 256 ? 768 : 576;
     CheckCase(rng, type, GetParam(), LinearMethod::kRowDot, 130, cols, 3, true);
+    CheckCase(rng, type, GetParam(), LinearMethod::kRowBlock, 130, cols, 11, true);
     CheckCase(rng, type, GetParam(), LinearMethod::kTileSgemm, 130, cols, 9, false);
   }
 }
@@ -254,16 +257,22 @@ TEST_P(LinearIsaTest, ThreadedShapes) {
 // or one block fewer, while comparing against the intact weight, breaks it.
 TEST_P(LinearIsaTest, BrokenWeightsExceedTheBound) {
   std::mt19937 rng(13);
+  // kRowBlock with 8 tokens: whole kBlockRows x kBlockTokens tiles; with 1
+  // token: kDecodeRows x 1 tiles.
+  for (auto [method, tokens] : {std::pair{LinearMethod::kRowDot, int64_t{3}},
+                                std::pair{LinearMethod::kRowBlock, int64_t{8}},
+                                std::pair{LinearMethod::kRowBlock, int64_t{1}}})
   for (WeightType type : kAllTypes) {
     if (!cpu::IsQuantized(type)) continue;
-    SCOPED_TRACE(WeightTypeName(type));
-    const int64_t rows = 16, cols = BlockElems(type) * 2, tokens = 3;
+    SCOPED_TRACE(absl::StrCat(WeightTypeName(type), " ", cpu::LinearMethodName(method), " tokens=",
+                              tokens));
+    const int64_t rows = 16, cols = BlockElems(type) * 2;
     Weight w = RandomWeight(rng, type, rows, cols, 0);
     std::vector<float> x = RandomActs(rng, tokens * cols);
     Reference ref = Compute(w, Dequantized(w), x, tokens, cols, nullptr, true);
     std::vector<float> y(tokens * rows);
     LinearParams p{x.data(), tokens, cols, w.view(), nullptr, y.data(), rows};
-    ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
+    ASSERT_TRUE(cpu::LinearWith(p, GetParam(), method).ok());
     EXPECT_LE(WorstRatio(y, rows, ref, tokens, rows), 1.0);
 
     // Dropped block: the last block of every row is ignored.
@@ -273,7 +282,7 @@ TEST_P(LinearIsaTest, BrokenWeightsExceedTheBound) {
       std::copy_n(&x[t * cols], p.w.cols, &x_short[t * p.w.cols]);
     p.x = x_short.data();
     p.x_stride = p.w.cols;
-    ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
+    ASSERT_TRUE(cpu::LinearWith(p, GetParam(), method).ok());
     EXPECT_GT(WorstRatio(y, rows, ref, tokens, rows), 1.0) << "dropping a block went unnoticed";
 
     // Zeroed scale of the first block of every row.
@@ -281,8 +290,81 @@ TEST_P(LinearIsaTest, BrokenWeightsExceedTheBound) {
     const size_t d_offset = type == WeightType::kQ6_K ? 208 : 0;
     for (int64_t r = 0; r < rows; ++r) PutHalf(&broken.bytes[r * broken.stride + d_offset], 0.0f);
     p = LinearParams{x.data(), tokens, cols, broken.view(), nullptr, y.data(), rows};
-    ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
+    ASSERT_TRUE(cpu::LinearWith(p, GetParam(), method).ok());
     EXPECT_GT(WorstRatio(y, rows, ref, tokens, rows), 1.0) << "a zeroed scale went unnoticed";
+  }
+}
+
+// The ISA's activation quantizer (IsaKernels::quant32 / quant256) writes blocks
+// bit-identical to the portable QuantizeActs32 / QuantizeActs256, including
+// exact ties (x * 127 / max|x| = k + 1/2: the block maximum is 127, so the
+// scale factor is exactly 1 and x = k + 0.5 rounds to even), an all-zero block,
+// tiny and huge magnitudes. A quantizer that rounds ties away from zero
+// (std::round) is shown to differ, so the comparison can fail.
+std::vector<float> QuantizerInput(std::mt19937& rng, int64_t n) {
+  std::vector<float> x = RandomActs(rng, n);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t b = 0; b < n / 32; ++b) {
+    float* p = &x[32 * b];
+    switch (b % 6) {
+      case 0:  // ties: max 127, values k + 0.5
+        for (int i = 0; i < 32; ++i) p[i] = static_cast<float>(i * 4 - 63) + 0.5f;
+        p[7] = 127.0f;
+        break;
+      case 1: std::fill(p, p + 32, 0.0f); break;
+      case 2:
+        // tiny (127 / max|x| must stay finite: below ~3.7e-37 it overflows to
+        // inf and both quantizers return unspecified codes, linear_cpu.h)
+        for (int i = 0; i < 32; ++i) p[i] = u(rng) * 1e-30f;
+        break;
+      case 3:
+        for (int i = 0; i < 32; ++i) p[i] = u(rng) * 3e38f;
+        break;
+      case 4: p[3] = -0.0f; p[9] = -40.0f; break;  // a negative maximum
+      default: break;
+    }
+  }
+  return x;
+}
+
+void BrokenQuantize32(const float* x, int64_t n, cpu::ActBlock32* out) {
+  cpu::QuantizeActs32(x, n, out);
+  for (int64_t b = 0; b < n / 32; ++b) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[32 * b + i]));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32_t s = 0;
+    for (int i = 0; i < 32; ++i) {
+      out[b].qs[i] = static_cast<int8_t>(std::round(x[32 * b + i] * id));
+      s += out[b].qs[i];
+    }
+    out[b].sum = s;
+  }
+}
+
+TEST_P(LinearIsaTest, ActivationQuantizerMatchesPortableBitForBit) {
+  const cpu::IsaKernels& k = cpu::KernelsFor(GetParam());
+  std::mt19937 rng(17);
+  for (int64_t n : {256, 768, 2304}) {
+    SCOPED_TRACE(n);
+    const std::vector<float> x = QuantizerInput(rng, n);
+    std::vector<cpu::ActBlock32> want32(n / 32), got32(n / 32), broken(n / 32);
+    cpu::QuantizeActs32(x.data(), n, want32.data());
+    k.quant32(x.data(), n, got32.data());
+    EXPECT_EQ(std::memcmp(want32.data(), got32.data(), want32.size() * sizeof(cpu::ActBlock32)), 0);
+    BrokenQuantize32(x.data(), n, broken.data());
+    EXPECT_NE(std::memcmp(want32.data(), broken.data(), want32.size() * sizeof(cpu::ActBlock32)), 0)
+        << "rounding ties away from zero went unnoticed";
+
+    std::vector<cpu::ActBlock256> want256(n / 256), got256(n / 256);
+    // The struct has no padding (static_assert in quant_blocks.h), so memcmp compares fields.
+    cpu::QuantizeActs256(x.data(), n, want256.data());
+    k.quant256(x.data(), n, got256.data());
+    EXPECT_EQ(
+        std::memcmp(want256.data(), got256.data(), want256.size() * sizeof(cpu::ActBlock256)), 0);
+    for (size_t b = 0; b < want256.size(); ++b) {
+      for (int i = 0; i < 256; ++i) ASSERT_EQ(want256[b].qs[i], got256[b].qs[i]) << b << " " << i;
+    }
   }
 }
 
@@ -297,7 +379,7 @@ TEST_P(LinearIsaTest, SetLinearIsaSelectsThePath) {
   LinearParams p{x.data(), 2, 512, w.view(), nullptr, y.data(), 20};
   ASSERT_TRUE(Linear(p).ok());
   p.y = y2.data();
-  ASSERT_TRUE(cpu::LinearWith(p, GetParam(), cpu::ChooseMethod(w.type, 2, 20, 512)).ok());
+  ASSERT_TRUE(cpu::LinearWith(p, GetParam(), cpu::ChooseMethod(w.type, 2, 20, 512, GetParam())).ok());
   EXPECT_EQ(y, y2);
   ASSERT_TRUE(SetLinearIsa(before).ok());
 }
