@@ -373,8 +373,8 @@ TEST(ProtocolTest, BeamSearchFieldsParseValidateAndRoundTrip) {
 TEST(ProtocolTest, RepliesRoundTripThroughParseReply) {
   FinalReply f;
   f.id = "x";
-  f.outputs = {SequenceFinal{0, FinishReason::kStop, std::nullopt, 2, "a", {1}, {}},
-               SequenceFinal{1, FinishReason::kError, std::nullopt, std::nullopt, "b", {3}, {}}};
+  f.outputs = {SequenceFinal{0, FinishReason::kStop, std::nullopt, 2, "a", {1}, {}, std::nullopt},
+               SequenceFinal{1, FinishReason::kError, std::nullopt, std::nullopt, "b", {3}, {}, std::nullopt}};
   f.usage = {1, 2, 0};
   f.error_message = "worker 1 failed";
   const std::vector<Reply> replies = {
