@@ -98,6 +98,14 @@ PAGEDSERVE_FLAG("generate,client", double, presence_penalty, 0.0,
                 "OpenAI presence penalty over output tokens, in [-2, 2]");
 PAGEDSERVE_FLAG("generate,client", double, frequency_penalty, 0.0,
                 "OpenAI frequency penalty over output tokens, in [-2, 2]");
+PAGEDSERVE_FLAG("generate,client", bool, use_beam_search, false,
+                "beam search (needs --temperature 0): returns the --n best of --best-of beams");
+PAGEDSERVE_FLAG("generate,client", int32_t, best_of, 0,
+                "beam width with --use-beam-search, in [n, 10]; 0 = n");
+PAGEDSERVE_FLAG("generate,client", double, length_penalty, 1.0,
+                "beam score = cumulative logprob / generated_len ^ length_penalty");
+PAGEDSERVE_FLAG("generate,client", std::string, early_stopping, "false",
+                "when beam search stops: true, false or never (docs/protocol.md)");
 
 PAGEDSERVE_FLAG("generate,client", std::string, prompt, "",
                 "prompt text (read from stdin when absent)");
@@ -222,7 +230,6 @@ std::vector<int32_t> EosTokenIds(const ModelConfig& model, const Tokenizer& toke
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   return ids;
 }
-
 absl::StatusOr<SamplingParams> SamplingParamsFromFlags() {
   SamplingParams p;
   p.n = absl::GetFlag(FLAGS_n);
@@ -246,6 +253,17 @@ absl::StatusOr<SamplingParams> SamplingParamsFromFlags() {
   }
   p.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   p.logprobs = absl::GetFlag(FLAGS_logprobs);
+  p.use_beam_search = absl::GetFlag(FLAGS_use_beam_search);
+  p.best_of = absl::GetFlag(FLAGS_best_of);
+  p.length_penalty = static_cast<float>(absl::GetFlag(FLAGS_length_penalty));
+  const std::string es = absl::GetFlag(FLAGS_early_stopping);
+  if (es == "true") {
+    p.early_stopping = EarlyStopping::kTrue;
+  } else if (es == "never") {
+    p.early_stopping = EarlyStopping::kNever;
+  } else if (es != "false") {
+    return BadFlag("early-stopping", "must be true, false or never", es);
+  }
   if (absl::Status s = p.Validate(); !s.ok()) {
     // "top_p must be in (0, 1], got 1.5" -> "--top-p must be ...".
     std::string msg(s.message());

@@ -22,7 +22,8 @@
 //   --max-tokens, --temperature, --top-p, --top-k, --min-p, --seed (-1 = none),
 //   --n, --stop (comma separated, and repeatable: every occurrence adds),
 //   --stop-token-ids, --ignore-eos, --logprobs,
-//   --repetition-penalty, --presence-penalty, --frequency-penalty
+//   --repetition-penalty, --presence-penalty, --frequency-penalty,
+//   --use-beam-search, --best-of, --length-penalty, --early-stopping (true/false/never)
 // Prompt:
 //   --prompt TEXT (stdin when absent), --chat (as one user message through the
 //   model's chat template)

@@ -12,6 +12,9 @@ namespace {
 constexpr int kMaxN = 64;
 constexpr int kMaxLogprobs = 20;
 constexpr float kMaxPenalty = 2.0f;
+// Workers return the top 2 * beam_width logprobs per beam through the logprobs
+// path, which stops at kMaxLogprobs.
+constexpr int kMaxBeamWidth = kMaxLogprobs / 2;
 
 absl::Status Bad(absl::string_view field, const std::string& range, auto value) {
   return absl::InvalidArgumentError(
@@ -53,7 +56,56 @@ absl::Status SamplingParams::Validate() const {
           absl::StrCat("stop_token_ids[", i, "] must be >= 0, got ", stop_token_ids[i]));
     }
   }
+  return ValidateBeamSearch();
+}
+
+absl::Status SamplingParams::ValidateBeamSearch() const {
+  if (!std::isfinite(length_penalty)) return Bad("length_penalty", "a finite number", length_penalty);
+  if (!use_beam_search) {
+    if (best_of != 0 && best_of != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "best_of (", best_of, ") different from n (", n,
+          ") requires use_beam_search: best-of-n sampling is not supported"));
+    }
+    if (length_penalty != 1.0f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "length_penalty must be 1 when use_beam_search is false, got ", length_penalty));
+    }
+    if (early_stopping != EarlyStopping::kFalse) {
+      return absl::InvalidArgumentError("early_stopping must be false when use_beam_search is false");
+    }
+    return absl::OkStatus();
+  }
+  auto bad = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(parts..., " with use_beam_search"));
+  };
+  if (best_of < 0) return bad("best_of must be >= 1 (or 0 for n), got ", best_of);
+  if (best_of != 0 && best_of < n) return bad("n (", n, ") must be <= best_of (", best_of, ")");
+  if (beam_width() > kMaxBeamWidth) {
+    return bad("best_of (the beam width, n when unset) must be <= ", kMaxBeamWidth, ", got ", beam_width());
+  }
+  if (!greedy()) return bad("temperature must be 0, got ", temperature);
+  if (top_p != 1.0f) return bad("top_p must be 1, got ", top_p);
+  if (top_k != -1) return bad("top_k must be -1, got ", top_k);
+  if (min_p != 0.0f) return bad("min_p must be 0, got ", min_p);
+  if (repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f) {
+    return bad("repetition_penalty, presence_penalty and frequency_penalty are not supported");
+  }
+  if (!stop.empty()) return bad("stop strings are not supported (stop_token_ids are)");
+  if (logprobs > 0) return bad("logprobs must be -1 or 0 (top alternatives are not returned), got ", logprobs);
   return absl::OkStatus();
+}
+
+const char* EarlyStoppingName(EarlyStopping e) {
+  switch (e) {
+    case EarlyStopping::kTrue:
+      return "true";
+    case EarlyStopping::kNever:
+      return "never";
+    case EarlyStopping::kFalse:
+      break;
+  }
+  return "false";
 }
 
 }  // namespace pagedserve

@@ -12,8 +12,18 @@
 
 namespace pagedserve {
 
+// Beam search's stopping rule (vLLM v0 / Hugging Face `early_stopping`):
+//   kFalse  (false)   stop when beam_width hypotheses are finished and the best
+//                     live beam, scored at its current length, cannot beat the
+//                     worst of them (a heuristic; the default);
+//   kTrue   (true)    stop as soon as beam_width hypotheses are finished;
+//   kNever  ("never") the same test as kFalse but, when length_penalty > 0,
+//                     scoring the best live beam at max_tokens (the canonical
+//                     bound: no better hypothesis can exist when it stops).
+enum class EarlyStopping { kFalse, kTrue, kNever };
+
 struct SamplingParams {
-  int n = 1;                         // parallel samples per request, [1, 64]
+  int n = 1;                         // parallel samples (or returned beams) per request, [1, 64]
   int max_tokens = 16;               // generated tokens per sample (>= 1)
   float temperature = 1.0f;          // >= 0; 0 (or < 1e-5) means greedy
   float top_p = 1.0f;                // (0, 1]
@@ -28,16 +38,40 @@ struct SamplingParams {
   bool ignore_eos = false;
   int logprobs = -1;                 // -1: none; 0: sampled token only; N: also top N (<= 20)
 
+  // Beam search (vLLM v0 BeamSearchSampler / Hugging Face BeamSearchScorer;
+  // the scheduler runs it, runtime/coordinator/beam_search.h). The request
+  // returns the n best of beam_width() finished hypotheses, scored
+  // cumulative_logprob / generated_len ** length_penalty. Requires greedy
+  // semantics: temperature 0, top_p 1, top_k -1, min_p 0, no penalties, no stop
+  // strings, logprobs -1 or 0, 1 <= n <= best_of <= 10.
+  bool use_beam_search = false;
+  int best_of = 0;                   // beams (beam width); 0 = n. Only with use_beam_search
+  float length_penalty = 1.0f;       // exponent of the length in the score; finite
+  EarlyStopping early_stopping = EarlyStopping::kFalse;
+
   bool operator==(const SamplingParams&) const = default;
 
   // True when sampling reduces to argmax.
   bool greedy() const { return temperature < 1e-5f; }
+  // Live beams per step: best_of, or n when best_of is 0.
+  int beam_width() const { return best_of > 0 ? best_of : n; }
+  // Sequence slots the request takes while it runs: beam_width() with beam
+  // search, else n.
+  int max_seqs() const { return use_beam_search ? beam_width() : n; }
 
   // Checks every field against the ranges above (also: stop strings non-empty,
-  // stop_token_ids >= 0, NaN rejected everywhere). Returns InvalidArgument whose
+  // stop_token_ids >= 0, NaN rejected everywhere; the beam-search rules above,
+  // and without use_beam_search: best_of 0 or n, length_penalty 1,
+  // early_stopping false, as vLLM v0). Returns InvalidArgument whose
   // message names the field and the bad value, e.g. "top_p must be in (0, 1], got 1.5".
   absl::Status Validate() const;
+
+ private:
+  absl::Status ValidateBeamSearch() const;
 };
+
+// "false" / "true" / "never", and back (the protocol's spelling).
+const char* EarlyStoppingName(EarlyStopping e);
 
 }  // namespace pagedserve
 

@@ -78,16 +78,18 @@ absl::Status Scheduler::CheckAdmissible(int64_t prompt_len, const SamplingParams
     return absl::InvalidArgumentError(absl::StrCat("n and max_tokens must be >= 1, got n=", p.n,
                                                    " max_tokens=", p.max_tokens));
   }
-  if (p.n > config_.max_num_seqs) {
-    return absl::InvalidArgumentError(absl::StrCat("n (", p.n, ") exceeds --max-num-seqs (",
+  const int32_t seqs = p.max_seqs();
+  const char* what = p.use_beam_search ? "the beam width" : "n";
+  if (seqs > config_.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " (", seqs, ") exceeds --max-num-seqs (",
                                                    config_.max_num_seqs, ")"));
   }
   const int64_t total = std::min<int64_t>(prompt_len + p.max_tokens, m);
-  const int64_t needed = static_cast<int64_t>(p.n) * bm_->BlocksForTokens(total);
+  const int64_t needed = static_cast<int64_t>(seqs) * bm_->BlocksForTokens(total);
   const int64_t limit = static_cast<int64_t>(config_.num_device_blocks) - bm_->watermark_blocks();
   if (needed > limit) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "request needs ", needed, " KV blocks (n=", p.n, " x ", total, " tokens: prompt ", prompt_len,
+        "request needs ", needed, " KV blocks (", what, " ", seqs, " x ", total, " tokens: prompt ", prompt_len,
         " + max_tokens ", p.max_tokens, ", capped at max_model_len ", m, ", in blocks of ", config_.block_size,
         ") but the KV cache admits at most ", limit, " (", config_.num_device_blocks, " blocks - watermark ",
         bm_->watermark_blocks(), "); lower max_tokens or n"));
@@ -113,6 +115,19 @@ absl::Status Scheduler::AddRequest(Request r) {
   auto g = std::make_unique<SequenceGroup>();
   g->request_id = r.request_id;
   g->params = std::move(r.params);
+  g->step_params = g->params;
+  if (g->params.use_beam_search) {
+    SamplingParams& w = g->step_params;
+    w.n = 1;
+    w.logprobs = 2 * g->params.beam_width();
+    w.use_beam_search = false;
+    w.best_of = 0;
+    w.length_penalty = 1.0f;
+    w.early_stopping = EarlyStopping::kFalse;
+    const int64_t room = static_cast<int64_t>(config_.max_model_len) - static_cast<int64_t>(r.prompt_token_ids.size());
+    g->beam = std::make_unique<BeamSearch>(
+        g->params, static_cast<int32_t>(std::min<int64_t>(g->params.max_tokens, room)));
+  }
   g->arrival_time = r.arrival_time;
   g->priority = config_.enable_priority ? r.priority : 0;
   g->arrival_order = arrival_counter_++;
@@ -253,6 +268,21 @@ void Scheduler::PlanTokens(SequenceGroup* g, int32_t avail, GroupPlan* gp) {
     gp->ks.push_back(k);
     gp->prefix_hits.push_back(hit);
   }
+  AlignBeams(g, gp);
+}
+
+void Scheduler::AlignBeams(const SequenceGroup* g, GroupPlan* gp) const {
+  if (!g->params.use_beam_search) return;
+  bool all = true;
+  for (size_t i = 0; i < gp->seqs.size(); ++i) all = all && gp->ks[i] == gp->seqs[i]->num_uncomputed();
+  if (all) return;
+  // Beams sample together: while some beam's (recomputed) prompt stays
+  // incomplete, the others keep their last token for a later step.
+  gp->incomplete = true;
+  for (size_t i = 0; i < gp->seqs.size(); ++i) {
+    const int32_t need = gp->seqs[i]->num_uncomputed();
+    if (gp->ks[i] == need) gp->ks[i] = need - 1;
+  }
 }
 
 int32_t Scheduler::Commit(SequenceGroup* g, const GroupPlan& gp, StepPlan* plan) {
@@ -275,7 +305,9 @@ int32_t Scheduler::Commit(SequenceGroup* g, const GroupPlan& gp, StepPlan* plan)
     if (k <= 0 || !bm_->AppendSlots(*s, k, &plan->copy)) continue;
     int32_t samples = 0;
     if (s->num_computed_tokens + k == s->len()) {
-      samples = (!g->forked && g->params.n > 1 && s == g->seqs[0].get()) ? g->params.n : 1;
+      samples = (!g->forked && !g->params.use_beam_search && g->params.n > 1 && s == g->seqs[0].get())
+                    ? g->params.n
+                    : 1;
     }
     scheduled_.push_back({s, g, k, samples, ordinal});
   }
@@ -386,6 +418,7 @@ bool Scheduler::ScheduleSwapped(StepPlan* plan, int32_t* budget, int32_t* runnin
           group_plan_.incomplete = true;
         }
       }
+      AlignBeams(g, &group_plan_);
     }
     *budget -= Commit(g, group_plan_, plan);
     if (group_plan_.incomplete) return false;
@@ -449,7 +482,7 @@ void Scheduler::AddSequenceStep(const Scheduled& e, StepPlan* plan) {
   st.num_samples = std::max(e.num_samples, 1);
   if (st.starts()) {  // everything in full
     st.sample_index = s->sample_index;
-    st.sampling = e.group->params;
+    st.sampling = e.group->step_params;
     st.num_prompt_tokens = s->num_prompt_tokens;
     if (s->new_state && st.start_pos > 0) {
       st.cached_prefix_token_ids.assign(s->tokens.begin(), s->tokens.begin() + st.start_pos);
@@ -556,6 +589,7 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
   outputs->reserve(num_step_groups_);  // one per group: references stay valid
   output_slots_.assign(num_step_groups_, -1);
   output_groups_.clear();
+  for (auto& v : beam_samples_) v.clear();
   for (size_t i = 0; i < scheduled_.size(); ++i) {
     const Scheduled& e = scheduled_[i];
     Sequence* s = e.seq;
@@ -575,6 +609,11 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
       o.num_cached_tokens = std::max(g->num_cached_tokens, 0);
     }
     RequestOutput& out = (*outputs)[slot];
+    if (g->beam != nullptr) {
+      if (beam_samples_.size() <= static_cast<size_t>(slot)) beam_samples_.resize(slot + 1);
+      beam_samples_[slot].emplace_back(s, &TokenOf(result, i, 0));
+      continue;
+    }
     if (e.num_samples > 1) {
       const size_t first_child = ForkSiblings(g, *s, e.num_samples - 1);
       Emit(g, s, TokenOf(result, i, 0), &out);
@@ -584,6 +623,113 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
     } else {
       Emit(g, s, TokenOf(result, i, 0), &out);
     }
+  }
+  for (size_t o = 0; o < beam_samples_.size() && o < output_groups_.size(); ++o) {
+    if (!beam_samples_[o].empty()) BeamStep(output_groups_[o], beam_samples_[o], &(*outputs)[o]);
+  }
+}
+
+bool Scheduler::IsStopToken(const SamplingParams& p, int32_t token) const {
+  if (!p.ignore_eos && eos_.contains(token)) return true;
+  return std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
+}
+
+void Scheduler::BeamStep(SequenceGroup* g, std::span<const std::pair<Sequence*, const SampledToken*>> sampled,
+                         RequestOutput* out) {
+  std::vector<BeamInput> in(sampled.size());
+  for (size_t b = 0; b < sampled.size(); ++b) {
+    Sequence* s = sampled[b].first;
+    in[b].cumulative_logprob = s->cumulative_logprob;
+    in[b].output_tokens = nullptr;
+    in[b].output_logprobs = &s->output_logprobs;
+    in[b].sampled = sampled[b].second;
+  }
+  // Generated tokens of each beam (the tokens past the prompt).
+  std::vector<std::vector<int32_t>> outputs(sampled.size());
+  for (size_t b = 0; b < sampled.size(); ++b) {
+    const Sequence* s = sampled[b].first;
+    outputs[b].assign(s->tokens.begin() + s->num_prompt_tokens, s->tokens.end());
+    in[b].output_tokens = &outputs[b];
+  }
+  const int32_t output_len = sampled.front().first->num_output_tokens();
+  const SamplingParams& p = g->params;
+  std::vector<BeamChoice> live =
+      g->beam->Step(in, output_len, [&](int32_t t) { return IsStopToken(p, t); });
+  g->forked = true;
+
+  // Forks first (a child copies its parent before the parent is extended),
+  // then extend the parents in place; beams nobody chose are dropped.
+  std::vector<bool> extended(sampled.size(), false);
+  std::vector<std::pair<Sequence*, const BeamChoice*>> extend;
+  for (const BeamChoice& c : live) {
+    Sequence* parent = sampled[c.parent].first;
+    if (!extended[c.parent]) {
+      extended[c.parent] = true;
+      extend.emplace_back(parent, &c);
+      continue;
+    }
+    auto child = std::make_unique<Sequence>();
+    child->id = next_seq_id_++;
+    child->sample_index = parent->sample_index;
+    child->tokens.reserve(parent->tokens.capacity());
+    child->tokens = parent->tokens;
+    child->num_prompt_tokens = parent->num_prompt_tokens;
+    child->num_computed_tokens = parent->num_computed_tokens;
+    child->extra_keys = parent->extra_keys;
+    child->status = SequenceStatus::kRunning;
+    child->fork_from = parent->id;
+    child->new_state = false;
+    child->output_logprobs = parent->output_logprobs;
+    bm_->Fork(*parent, *child);
+    extend.emplace_back(child.get(), &c);
+    g->seqs.push_back(std::move(child));
+  }
+  for (auto& [s, c] : extend) {
+    s->tokens.push_back(c->token_id);
+    s->output_logprobs.push_back(c->logprob);
+    s->cumulative_logprob = c->cumulative_logprob;
+  }
+  for (size_t b = 0; b < sampled.size(); ++b) {
+    if (extended[b]) continue;
+    Sequence* s = sampled[b].first;
+    s->status = SequenceStatus::kFinished;
+    s->finish_reason = FinishReason::kAbort;
+    bm_->Free(*s);
+    pending_finished_ids_.push_back(s->id);
+  }
+  if (!g->beam->done()) {
+    std::erase_if(g->seqs, [](const std::unique_ptr<Sequence>& s) { return s->finished(); });
+    return;
+  }
+  // The search ended: every live beam finishes; ReleaseFinished frees them.
+  for (auto& s : g->seqs) {
+    if (s->finished()) continue;
+    s->status = SequenceStatus::kFinished;
+    s->finish_reason = FinishReason::kLength;
+  }
+  // Dropped beams' ids were listed above: keep them out of ReleaseFinished's list.
+  std::erase_if(g->seqs, [&](const std::unique_ptr<Sequence>& s) {
+    for (size_t b = 0; b < sampled.size(); ++b) {
+      if (!extended[b] && sampled[b].first == s.get()) return true;
+    }
+    return false;
+  });
+  std::vector<BeamHypothesis> results = g->beam->TakeResults();
+  for (size_t i = 0; i < results.size(); ++i) {
+    BeamHypothesis& h = results[i];
+    SequenceOutput& so = out->seqs.emplace_back();
+    so.index = static_cast<int32_t>(i);
+    for (size_t t = 0; t < h.token_ids.size(); ++t) {
+      SampledToken& st = so.new_tokens.emplace_back();
+      st.token_id = h.token_ids[t];
+      st.logprob = h.logprobs[t];
+    }
+    so.finished = true;
+    so.finish_reason = h.finish_reason;
+    so.stop_token_id = h.stop_token_id;
+    so.num_output_tokens = static_cast<int32_t>(h.token_ids.size());
+    so.cumulative_logprob = h.cumulative_logprob;
+    so.beam_score = h.score;
   }
 }
 

@@ -33,7 +33,7 @@
 // request is accepted when prompt_len < max_model_len and
 //   n * ceil(min(prompt_len + max_tokens, max_model_len) / block_size)
 //     <= num_device_blocks - watermark_blocks,
-// and n <= max_num_seqs. The same bound makes every accepted request
+// and n <= max_num_seqs (n = the beam width for beam search). The same bound makes every accepted request
 // schedulable alone, so the queue always moves.
 //
 // Stop conditions (ProcessResult): EOS (unless ignore_eos) and
@@ -42,6 +42,21 @@
 // max_model_len and no stop condition fires. Stop strings are checked by the
 // caller after detokenizing, which then calls FinishRequest(id, kStop).
 //
+// Beam search (SamplingParams::use_beam_search; runtime/coordinator/beam_search.h):
+// the prompt is prefilled once; after every step in which the live beams
+// sampled (workers return each beam's top 2 * beam_width raw logprobs),
+// ApplyTokens runs one BeamSearch::Step for the request: a chosen parent is
+// extended in place by its best chosen token and forked (BlockManager::Fork:
+// full blocks shared, the last partial block copied on write by the next
+// AppendSlots) for its other chosen tokens; beams not chosen are freed at once
+// and their ids listed in the next plan's `finished` (after the forks that
+// read their parents). Every beam of a request is scheduled, preempted (swap
+// or recompute), swapped in and admitted together, and their sampling steps
+// stay aligned: a beam whose recomputed prompt would complete while another
+// beam's would not keeps its last token for a later step. Nothing is streamed
+// while the search runs; the final output carries the n best hypotheses
+// (index = rank) with every token, cumulative_logprob and beam_score.
+//
 // Not thread-safe: one engine thread owns the scheduler.
 #ifndef PAGEDSERVE_RUNTIME_COORDINATOR_SCHEDULER_H_
 #define PAGEDSERVE_RUNTIME_COORDINATOR_SCHEDULER_H_
@@ -49,6 +64,9 @@
 #include <cstdint>
 #include <set>
 #include <memory>
+#include <span>
+#include <utility>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -110,6 +128,10 @@ struct SequenceOutput {
   FinishReason finish_reason = FinishReason::kNone;
   int32_t stop_token_id = -1;            // for kStop by EOS / stop_token_ids
   int32_t num_output_tokens = 0;         // generated so far, for usage
+  // Beam search: set on the final outputs (index = rank, best first; new_tokens
+  // = the whole hypothesis), the hypothesis' sum of raw logprobs and its score.
+  std::optional<double> cumulative_logprob;
+  std::optional<double> beam_score;
 };
 
 struct RequestOutput {
@@ -235,6 +257,9 @@ class Scheduler {
   // Tokens each unfinished sequence of g feeds this step, given `avail`
   // tokens for prompt chunks; prefix-cache matching happens here.
   void PlanTokens(SequenceGroup* g, int32_t avail, GroupPlan* gp);
+  // Beam search: when some beam would not sample this step, none does (the
+  // others feed one token less), so every beam step sees every live beam.
+  void AlignBeams(const SequenceGroup* g, GroupPlan* gp) const;
   // Appends the planned slots (copy-on-write copies go to plan->copy) and
   // lists the sequences in scheduled_. Returns the tokens taken from the budget.
   int32_t Commit(SequenceGroup* g, const GroupPlan& gp, StepPlan* plan);
@@ -252,6 +277,12 @@ class Scheduler {
   // blocks; returns the index in g->seqs of the first.
   size_t ForkSiblings(SequenceGroup* g, const Sequence& parent, int32_t count);
   void Emit(SequenceGroup* g, Sequence* s, const SampledToken& t, RequestOutput* out);
+  // One beam-search step of g from its beams' sampled tokens (beam_step_ of
+  // this group): extends, forks and drops beams; on the last step marks every
+  // beam finished and writes the n results into *out.
+  void BeamStep(SequenceGroup* g, std::span<const std::pair<Sequence*, const SampledToken*>> sampled,
+                RequestOutput* out);
+  bool IsStopToken(const SamplingParams& p, int32_t token) const;
   void ReleaseFinished(std::vector<RequestOutput>* outputs);
   void CheckStop(Sequence* s, const SamplingParams& p);
 
@@ -271,6 +302,8 @@ class Scheduler {
   ResultIndex result_index_;                     // ProcessResult
   std::vector<int32_t> output_slots_;            // group ordinal -> output index, -1 none
   std::vector<SequenceGroup*> output_groups_;    // per output
+  // Beam search: this step's sampled (beam, token) pairs, by output slot.
+  std::vector<std::vector<std::pair<Sequence*, const SampledToken*>>> beam_samples_;
   int32_t num_pending_finishes_ = 0;
   bool in_flight_ = false;
   uint64_t step_id_ = 0;

@@ -3,6 +3,10 @@
 // A request (SequenceGroup) holds 1..n sequences: n > 1 for parallel sampling.
 // Its first sequence (the parent) is prefilled once and samples n tokens; the
 // n-1 siblings are then forked from it, sharing its prompt blocks.
+// With beam search (params.use_beam_search) the sequences are the live beams
+// (at most beam_width): after every step the scheduler extends each chosen
+// parent in place by its best chosen token, forks it for its other chosen
+// tokens, and frees and drops the beams not chosen (runtime/coordinator/beam_search.h).
 //
 // Token bookkeeping of one sequence (all counts in tokens):
 //   tokens                prompt + generated so far
@@ -23,6 +27,7 @@
 #include "runtime/common/finish_reason.h"
 #include "runtime/common/sampling_params.h"
 #include "runtime/common/step_plan.h"
+#include "runtime/coordinator/beam_search.h"
 #include "runtime/coordinator/block_hash.h"
 
 namespace pagedserve {
@@ -47,6 +52,10 @@ struct Sequence {
   SequenceStatus status = SequenceStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
   int32_t stop_token_id = -1;  // the token that stopped it, when kStop by token
+  // Beam search only: sum of the raw logprobs of the generated tokens, and
+  // each one's logprob.
+  double cumulative_logprob = 0.0;
+  std::vector<float> output_logprobs;
 
   // Block manager state. Entries are device block ids, or CPU swap block ids
   // while status == kSwapped.
@@ -75,6 +84,11 @@ struct Sequence {
 struct SequenceGroup {
   std::string request_id;
   SamplingParams params;
+  // What workers get for this request's sequences: params, except for beam
+  // search: greedy with logprobs = 2 * beam_width (the candidates), n = 1 and
+  // no beam fields (workers never see beam search).
+  SamplingParams step_params;
+  std::unique_ptr<BeamSearch> beam;  // set when params.use_beam_search
   double arrival_time = 0.0;
   int32_t priority = 0;          // lower value = more important (vLLM convention)
   uint64_t arrival_order = 0;    // admission-queue tie breaker
@@ -89,8 +103,12 @@ struct SequenceGroup {
     for (const auto& s : seqs) c += !s->finished();
     return c;
   }
-  // Sequence slots the group needs while it runs: n before the fork.
-  int32_t max_running_seqs() const { return forked ? num_unfinished() : params.n; }
+  // Sequence slots the group needs while it runs: n before the fork; the
+  // beam width throughout for beam search.
+  int32_t max_running_seqs() const {
+    if (params.use_beam_search) return params.beam_width();
+    return forked ? num_unfinished() : params.n;
+  }
 };
 
 }  // namespace pagedserve

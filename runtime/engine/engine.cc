@@ -300,14 +300,16 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
     auto it = requests_.find(ro.request_id);
     if (it == requests_.end()) continue;
     RequestState& r = *it->second;
-    EngineOutput& out = outputs.emplace_back();
-    out.request_id = ro.request_id;
     if (!r.has_token) {
       r.has_token = true;
       r.first_token = now;
       r.cached_tokens = ro.num_cached_tokens;
     }
     r.last_token = now;
+    // Beam search reports nothing until the search ends (beams reorder).
+    if (ro.seqs.empty() && !ro.finished) continue;
+    EngineOutput& out = outputs.emplace_back();
+    out.request_id = ro.request_id;
     absl::Status failure;
     for (const SequenceOutput& so : ro.seqs) {
       if (so.index < 0 || so.index >= static_cast<int32_t>(r.seqs.size())) {
@@ -319,6 +321,8 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
       if (s.finished) continue;
       SequenceDelta& d = out.deltas.emplace_back();
       d.index = so.index;
+      d.cumulative_logprob = so.cumulative_logprob;
+      d.beam_score = so.beam_score;
       for (size_t k = 0; k < so.new_tokens.size(); ++k) {
         const SampledToken& t = so.new_tokens[k];
         if (++s.num_tokens > 1) engine_metrics::ObserveInterTokenLatency(metrics_, Seconds(now - s.last_token));

@@ -15,6 +15,8 @@
 // one-shot Decode of its tokens (less a stop token) cut at the stop string.
 // A request id may be reused once its final output was returned and one more
 // Step ran (the scheduler releases stopped requests at the next step).
+// Beam search: no deltas while the search runs; the final output holds the n
+// best beams whole (SequenceDelta::cumulative_logprob / beam_score set).
 // Metrics (optional): gauges and counters after every step, inter-token
 // latency per token, one RequestFinished per request (steady clock).
 #ifndef PAGEDSERVE_RUNTIME_ENGINE_ENGINE_H_
@@ -23,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -73,6 +76,12 @@ struct SequenceDelta {
   std::vector<std::vector<float>> top_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;  // set when finished
+  // Beam search (use_beam_search): a request's only deltas come when the
+  // search ends, one per returned beam (index = rank, best first), each with
+  // every token, the beam's sum of raw logprobs and its score
+  // cumulative_logprob / generated_len ** length_penalty. Unset otherwise.
+  std::optional<double> cumulative_logprob;
+  std::optional<double> beam_score;
 };
 
 struct Usage {

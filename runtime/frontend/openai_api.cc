@@ -142,6 +142,28 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
     }
     p->logprobs = want ? static_cast<int>(v) : -1;
   }
+  // Beam search (vLLM's extra body fields): use_beam_search, best_of,
+  // length_penalty, early_stopping (true, false or "never"). An absent
+  // temperature means 0 with beam search (its only valid value).
+  if (!ReadBool(body, "use_beam_search", &p->use_beam_search, err)) return false;
+  v = 0;
+  if (!ReadInt(body, "best_of", 1, 64, &v, err)) return false;
+  p->best_of = static_cast<int>(v);
+  if (!ReadFloat(body, "length_penalty", &p->length_penalty, err)) return false;
+  if (auto it = body.find("early_stopping"); it != body.end() && !it->is_null()) {
+    if (it->is_boolean()) {
+      p->early_stopping = it->get<bool>() ? EarlyStopping::kTrue : EarlyStopping::kFalse;
+    } else if (it->is_string() && it->get_ref<const std::string&>() == "never") {
+      p->early_stopping = EarlyStopping::kNever;
+    } else {
+      *err = BadRequest("'early_stopping' must be true, false or \"never\"", "early_stopping");
+      return false;
+    }
+  }
+  if (p->use_beam_search) {
+    auto t = body.find("temperature");
+    if (t == body.end() || t->is_null()) p->temperature = 0.0f;
+  }
   if (absl::Status s = p->Validate(); !s.ok()) {
     *err = BadRequest(std::string(s.message()));
     return false;

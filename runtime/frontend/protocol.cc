@@ -185,7 +185,8 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
       "version", "type", "id", "prompt", "prompt_token_ids", "messages", "stream",
       "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
       "presence_penalty", "frequency_penalty", "seed", "stop", "stop_token_ids",
-      "ignore_eos", "logprobs", "cache_salt"};
+      "ignore_eos", "logprobs", "cache_salt", "use_beam_search", "best_of", "length_penalty",
+      "early_stopping"};
   if (Check c = RejectUnknownFields(obj, kKnown, "generate")) return c;
   // Prompt: exactly one form.
   auto present = [&](const char* k) {
@@ -293,6 +294,23 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
   }
   if (auto* j = field("ignore_eos")) if (Check c = ReadBool(*j, "ignore_eos", sp.ignore_eos)) return c;
   if (auto* j = field("logprobs")) if (Check c = ReadInt(*j, "logprobs", sp.logprobs)) return c;
+  if (auto* j = field("use_beam_search")) {
+    if (Check c = ReadBool(*j, "use_beam_search", sp.use_beam_search)) return c;
+  }
+  if (auto* j = field("best_of")) if (Check c = ReadInt(*j, "best_of", sp.best_of)) return c;
+  if (auto* j = field("length_penalty")) {
+    if (Check c = ReadFloat(*j, "length_penalty", sp.length_penalty)) return c;
+  }
+  if (auto* j = field("early_stopping")) {
+    if (j->is_boolean()) {
+      sp.early_stopping = j->get<bool>() ? EarlyStopping::kTrue : EarlyStopping::kFalse;
+    } else if (j->is_string() && j->get_ref<const std::string&>() == "never") {
+      sp.early_stopping = EarlyStopping::kNever;
+    } else {
+      return WrongType("early_stopping", "true, false or \"never\"", *j);
+    }
+  }
+  if (sp.use_beam_search && field("temperature") == nullptr) sp.temperature = 0.0f;  // its only valid value
   if (auto* j = field("stream")) if (Check c = ReadBool(*j, "stream", req.stream)) return c;
   if (auto* j = field("cache_salt")) {
     if (!j->is_string()) return WrongType("cache_salt", "a string", *j);
@@ -438,6 +456,16 @@ json ToJson(const GenerateRequest& r) {
   j["stop_token_ids"] = s.stop_token_ids;
   j["ignore_eos"] = s.ignore_eos;
   j["logprobs"] = s.logprobs;
+  if (s.use_beam_search) {
+    j["use_beam_search"] = true;
+    j["best_of"] = s.beam_width();
+    j["length_penalty"] = WireFloat(s.length_penalty);
+    if (s.early_stopping == EarlyStopping::kNever) {
+      j["early_stopping"] = "never";
+    } else {
+      j["early_stopping"] = s.early_stopping == EarlyStopping::kTrue;
+    }
+  }
   j["stream"] = r.stream;
   if (!r.cache_salt.empty()) j["cache_salt"] = r.cache_salt;
   return j;
@@ -477,6 +505,7 @@ struct ReplyToJson {
       json o = {{"index", f.index}, {"finish_reason", FinishReasonName(f.finish_reason)}};
       if (f.stop_string) o["stop_string"] = *f.stop_string;
       if (f.stop_token_id) o["stop_token_id"] = *f.stop_token_id;
+      if (f.cumulative_logprob) o["cumulative_logprob"] = *f.cumulative_logprob;
       if (!r.streamed) {
         o["text"] = f.text;
         o["token_ids"] = f.token_ids;
@@ -643,6 +672,11 @@ absl::StatusOr<Reply> ParseReplyImpl(absl::string_view message) {
       if (o.contains("stop_token_id")) {
         if (auto s = Get(o, "stop_token_id", st); !s.ok()) return s;
         f.stop_token_id = st;
+      }
+      if (o.contains("cumulative_logprob")) {
+        double cl = 0.0;
+        if (auto s = Get(o, "cumulative_logprob", cl); !s.ok()) return s;
+        f.cumulative_logprob = cl;
       }
       if (auto s = Get(o, "text", f.text, !r.streamed); !s.ok()) return s;
       if (auto s = Get(o, "token_ids", f.token_ids, !r.streamed); !s.ok()) return s;

@@ -144,6 +144,9 @@ struct SequenceFinal {
   std::string text;
   std::vector<int32_t> token_ids;
   std::vector<TokenLogprob> logprobs;
+  // Beam search (use_beam_search): the beam's sum of raw token logprobs
+  // ("cumulative_logprob" in the final message, also when streamed).
+  std::optional<double> cumulative_logprob;
   bool operator==(const SequenceFinal&) const = default;
 };
 

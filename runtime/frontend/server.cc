@@ -450,6 +450,7 @@ struct Server::Impl {
           acc.finish_reason = d.finish_reason;
           f.finished[d.index] = true;
         }
+        if (d.cumulative_logprob) acc.cumulative_logprob = *d.cumulative_logprob;
         if (f.stream) {
           if (d.text.empty() && d.token_ids.empty() && !d.finished) continue;
           protocol::SequenceDelta sd;

@@ -95,6 +95,10 @@ class FakeEngine {
         SampledToken tok;
         tok.seq_id = s.seq_id;
         tok.token_id = NextToken(ctx, m.sample_index + k);
+        if (m.sampling.logprobs > 0) {
+          TopLogprobs(ctx, m.sampling.logprobs, &tok);
+          tok.token_id = tok.top_token_ids[0];
+        }
         result->tokens.push_back(tok);
       }
     }
@@ -116,6 +120,30 @@ class FakeEngine {
     std::copy(from.begin() + static_cast<size_t>(src) * bs_, from.begin() + static_cast<size_t>(src + 1) * bs_,
               to.begin() + static_cast<size_t>(dst) * bs_);
     return absl::OkStatus();
+  }
+
+  // A fake top-n list (what beam search reads): n distinct token ids with
+  // strictly decreasing logprobs < 0, a function of the context alone.
+  void TopLogprobs(const std::vector<int32_t>& ctx, int32_t n, SampledToken* tok) const {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int32_t v : ctx) h = (h ^ static_cast<uint32_t>(v)) * 1099511628211ull;
+    auto next = [&h] {
+      h ^= h >> 31;
+      h *= 0x9E3779B97F4A7C15ull;
+      h ^= h >> 29;
+      return h;
+    };
+    std::vector<bool> used(vocab_, false);
+    double lp = -0.05 - static_cast<double>(next() % 1000) / 400.0;
+    for (int32_t j = 0; j < n && j < vocab_; ++j) {
+      int32_t id = static_cast<int32_t>(next() % static_cast<uint64_t>(vocab_));
+      while (used[id]) id = (id + 1) % vocab_;
+      used[id] = true;
+      tok->top_token_ids.push_back(id);
+      tok->top_logprobs.push_back(static_cast<float>(lp));
+      lp -= 0.01 + static_cast<double>(next() % 1000) / 800.0;
+    }
+    tok->logprob = tok->top_logprobs[0];
   }
 
   int32_t NextToken(const std::vector<int32_t>& ctx, int32_t sample_index) const {

@@ -5,6 +5,8 @@
 // through its block table equals its token history. Outputs must also equal
 // those of a run with a pool so large that nothing is preempted, and a warm
 // prefix-cache run must equal a cold one.
+#include <algorithm>
+#include <array>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -30,7 +32,7 @@ struct Workload {
   std::vector<Item> items;
 };
 
-Workload MakeWorkload(uint64_t seed, int n, bool with_aborts) {
+Workload MakeWorkload(uint64_t seed, int n, bool with_aborts, bool with_beams = false) {
   std::mt19937_64 rng(seed);
   auto rand = [&](int lo, int hi) { return lo + static_cast<int>(rng() % (hi - lo + 1)); };
   Workload w;
@@ -51,6 +53,18 @@ Workload MakeWorkload(uint64_t seed, int n, bool with_aborts) {
     r.params.n = rand(0, 4) == 0 ? rand(2, 3) : 1;
     r.params.temperature = r.params.n > 1 ? 1.0f : 0.0f;
     r.params.ignore_eos = rand(0, 1) == 0;
+    if (with_beams && rand(0, 3) != 0) {  // beam search: 2..4 beams, 1..k returned
+      r.params.use_beam_search = true;
+      r.params.temperature = 0.0f;
+      r.params.best_of = rand(2, 4);
+      r.params.n = rand(1, r.params.best_of);
+      r.params.length_penalty = std::array<float, 4>{0.0f, 0.5f, 1.0f, 2.0f}[rand(0, 3)];
+      r.params.early_stopping = static_cast<EarlyStopping>(rand(0, 2));
+      if (rand(0, 3) == 0) r.params.stop_token_ids = {rand(0, 63)};
+      // 4 beams x 60 tokens fit the tight pool's admission bound.
+      if (r.prompt_token_ids.size() > 30) r.prompt_token_ids.resize(30);
+      r.params.max_tokens = std::min(r.params.max_tokens, 30);
+    }
     if (with_aborts && rand(0, 5) == 0) it.abort_at = step + rand(0, 6);
     if (with_aborts && rand(0, 7) == 0) it.stop_at = step + rand(1, 8);
     w.items.push_back(std::move(it));
@@ -60,7 +74,10 @@ Workload MakeWorkload(uint64_t seed, int n, bool with_aborts) {
 
 struct RunResult {
   Outputs outputs;
+  std::map<std::string, std::map<int32_t, double>> scores;  // beam search
   SchedulerStats stats;
+  int64_t forks = 0;     // sequences started from another (fork_from) in plans
+  int64_t released = 0;  // sequence ids in plans' finished lists
 };
 
 // The block-table rows the worker rebuilt from the plans' deltas equal the
@@ -100,7 +117,8 @@ RunResult RunWorkload(const SchedulerConfig& c, const Workload& w, int32_t eos) 
   size_t next = 0;
   for (int step = 0; step < 20000; ++step) {
     while (next < w.items.size() && w.items[next].step <= step) {
-      EXPECT_TRUE(sched.AddRequest(w.items[next].req).ok()) << w.items[next].req.request_id;
+      const absl::Status added = sched.AddRequest(w.items[next].req);
+      EXPECT_TRUE(added.ok()) << w.items[next].req.request_id << ": " << added;
       ++next;
     }
     for (const auto& it : w.items) {
@@ -111,6 +129,8 @@ RunResult RunWorkload(const SchedulerConfig& c, const Workload& w, int32_t eos) 
     auto plan = sched.Schedule();
     EXPECT_TRUE(plan.ok()) << plan.status();
     if (!plan.ok()) return rr;
+    for (const SequenceStep& st : plan->seqs) rr.forks += st.fork_from != kNoSeq;
+    rr.released += static_cast<int64_t>(plan->finished.size());
     StepResult result;
     absl::Status s = engine.Run(*plan, &result);
     EXPECT_TRUE(s.ok()) << s;
@@ -124,6 +144,7 @@ RunResult RunWorkload(const SchedulerConfig& c, const Workload& w, int32_t eos) 
     for (const RequestOutput& o : *outs) {
       for (const SequenceOutput& so : o.seqs) {
         for (const SampledToken& t : so.new_tokens) rr.outputs[o.request_id][so.index].push_back(t.token_id);
+        if (so.beam_score) rr.scores[o.request_id][so.index] = *so.beam_score;
       }
     }
     absl::Status inv = sched.CheckInvariants();
@@ -252,6 +273,57 @@ TEST(PrefixCacheTest, WarmRunEqualsColdRunEvenAfterAbortedWarmup) {
   }
   EXPECT_GT(sched->stats().prefix_cache_hits, 0);
   EXPECT_EQ(warm, cold.outputs);
+}
+
+// Beam search under random load: thousands of beam forks and frees (every
+// step forks the chosen parents and frees the others) with preemption by swap
+// and by recompute, prefix caching on and off. After every step the fake
+// worker checks each beam's KV context against its history and the block
+// manager its reference counts (CheckInvariants); at the end every block is
+// free, and the beams and scores equal those of a run that never preempts.
+class BeamWorkloadTest
+    : public ::testing::TestWithParam<std::tuple<uint64_t, PreemptionMode, bool /*caching*/>> {};
+
+TEST_P(BeamWorkloadTest, NoLeaksAndSameBeamsWithPreemption) {
+  const auto [seed, mode, caching] = GetParam();
+  const Workload w = MakeWorkload(seed, 150, /*with_aborts=*/false, /*with_beams=*/true);
+  const RunResult ref = RunWorkload(Base(4000, 0), w, /*eos=*/5);
+  ASSERT_EQ(ref.stats.num_preemptions_recompute + ref.stats.num_preemptions_swap, 0);
+  SchedulerConfig tight = Base(76, seed % 2 ? 40 : 12);
+  tight.preemption_mode = mode;
+  tight.enable_prefix_caching = caching;
+  const RunResult got = RunWorkload(tight, w, 5);
+  EXPECT_GT(got.stats.num_preemptions_recompute + got.stats.num_preemptions_swap, 0);
+  EXPECT_GT(got.forks, 1000);
+  EXPECT_GT(got.released, 1000);
+  EXPECT_EQ(got.outputs, ref.outputs);
+  EXPECT_EQ(got.scores, ref.scores);
+  EXPECT_FALSE(ref.scores.empty());
+  // Every request answered with n outputs.
+  for (const auto& it : w.items) {
+    EXPECT_EQ(got.outputs.count(it.req.request_id) ? got.outputs.at(it.req.request_id).size() : 0u,
+              static_cast<size_t>(it.req.params.n))
+        << it.req.request_id;
+  }
+  std::printf("beam workload: %lld forks, %lld released ids, preemptions swap %lld recompute %lld\n",
+              static_cast<long long>(got.forks), static_cast<long long>(got.released),
+              static_cast<long long>(got.stats.num_preemptions_swap),
+              static_cast<long long>(got.stats.num_preemptions_recompute));
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, BeamWorkloadTest,
+                         ::testing::Combine(::testing::Values(41u, 42u),
+                                            ::testing::Values(PreemptionMode::kRecompute, PreemptionMode::kSwap),
+                                            ::testing::Bool()));
+
+TEST(BeamWorkloadTest, AbortsNeverLeakBlocks) {
+  for (uint64_t seed : {51u, 52u, 53u, 54u}) {
+    const Workload w = MakeWorkload(seed, 150, /*with_aborts=*/true, /*with_beams=*/true);
+    SchedulerConfig c = Base(76, 30);
+    c.preemption_mode = seed % 2 ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
+    c.enable_prefix_caching = seed % 4 < 2;
+    RunWorkload(c, w, 5);  // checks inside: contexts, invariants, all blocks free at the end
+  }
 }
 
 }  // namespace

@@ -130,6 +130,53 @@ TEST(SchedulerTest, RequestLargerThanPoolIsRejectedAndTheNextRuns) {
   EXPECT_EQ(d.tokens.count("huge"), 0u);
 }
 
+// Beam search: the admission bound and max_num_seqs count beam_width
+// sequences (best_of), not n; a beam request decodes in beam_width slots, its
+// beams sharing the prompt blocks (forked), and ends with n outputs, each
+// whole, capped by max_model_len like any sequence.
+TEST(SchedulerTest, BeamSearchCountsTheBeamWidthAndSharesThePrompt) {
+  SchedulerConfig c = Config(20);  // 80 tokens
+  Driver d(c);
+  Request beam = Req("beam", 30, 20);
+  beam.params.use_beam_search = true;
+  beam.params.n = 1;
+  beam.params.best_of = 2;  // 2 x 50 tokens = 26 blocks > 20, although n = 1
+  absl::Status s = d.sched->AddRequest(beam);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("the beam width 2"), std::string::npos) << s;
+  beam.params.best_of = 9;  // > max_num_seqs 8
+  EXPECT_NE(d.sched->AddRequest(beam).message().find("the beam width (9) exceeds --max-num-seqs"),
+            std::string::npos);
+  Request ok = Req("ok", 12, 8);
+  ok.params.use_beam_search = true;
+  ok.params.n = 2;
+  ok.params.best_of = 3;
+  ok.params.ignore_eos = false;
+  ok.params.logprobs = 0;
+  ASSERT_TRUE(d.sched->AddRequest(ok).ok());
+  ASSERT_TRUE(d.Step());  // prefill: one sequence, top 6 logprobs asked of the worker
+  ASSERT_EQ(d.plans[0].seqs.size(), 1u);
+  EXPECT_EQ(d.plans[0].seqs[0].sampling.logprobs, 6);
+  EXPECT_FALSE(d.plans[0].seqs[0].sampling.use_beam_search);
+  EXPECT_TRUE(d.sched->FindRequest("ok")->seqs.size() == 3u);  // 3 live beams after the first step
+  ASSERT_TRUE(d.Step());
+  ASSERT_EQ(d.plans[1].seqs.size(), 3u);
+  int forked = 0;
+  for (const SequenceStep& st : d.plans[1].seqs) forked += st.fork_from != kNoSeq;
+  EXPECT_EQ(forked, 2);  // one beam continues its parent in place, two fork
+  // The 12-token prompt's 3 full blocks are shared by every beam.
+  const SequenceGroup* g = d.sched->FindRequest("ok");
+  for (const auto& b : g->seqs) {
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(b->block_table[i], g->seqs[0]->block_table[i]);
+  }
+  ASSERT_TRUE(d.RunToCompletion());
+  ASSERT_EQ(d.tokens["ok"].size(), 2u);
+  EXPECT_EQ(d.tokens["ok"][0].size(), 8u);
+  EXPECT_EQ(d.tokens["ok"][1].size(), 8u);
+  EXPECT_NE(d.tokens["ok"][0], d.tokens["ok"][1]);
+  EXPECT_EQ(d.sched->block_manager().device().num_in_use(), 0);
+}
+
 TEST(SchedulerTest, ExactlyMaxTokensAndStopConditions) {
   SchedulerConfig c = Config(64);
   Driver d(c, /*eos=*/{999});

@@ -7,7 +7,9 @@
 // preemption), and many forks in one step (the c77901d use-after-free).
 // Also built under ASan + UBSan (label sanitized, a lighter filter there).
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,6 +17,7 @@
 
 #include "distributed/communicator.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/executor.h"
 #include "runtime/tokenizer/loaders.h"
@@ -54,6 +57,7 @@ struct Collected {
   std::vector<std::string> text;
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::string> reason;
+  std::vector<double> cumulative_logprob, beam_score;  // beam search, NaN otherwise
   bool finished = false;
   Usage usage;
 };
@@ -128,7 +132,10 @@ class EngineModelTest : public ::testing::Test {
       for (const SequenceDelta& d : o.deltas) {
         if (c.text.size() <= static_cast<size_t>(d.index)) {
           c.text.resize(d.index + 1), c.tokens.resize(d.index + 1), c.reason.resize(d.index + 1);
+          c.cumulative_logprob.resize(d.index + 1, std::nan("")), c.beam_score.resize(d.index + 1, std::nan(""));
         }
+        if (d.cumulative_logprob) c.cumulative_logprob[d.index] = *d.cumulative_logprob;
+        if (d.beam_score) c.beam_score[d.index] = *d.beam_score;
         c.text[d.index] += d.text;
         c.tokens[d.index].insert(c.tokens[d.index].end(), d.token_ids.begin(), d.token_ids.end());
         if (d.finished) c.reason[d.index] = std::string(FinishReasonName(d.finish_reason));
@@ -433,6 +440,132 @@ TEST_F(EngineModelTest, ManyForksInOneStepKeepTheParentHistory) {
   ASSERT_TRUE(worker_->Execute(fin).ok());
 }
 
+
+// Beam search against Hugging Face transformers' generate(num_beams=k,
+// num_return_sequences=k, do_sample=False) in float32
+// (tests/fixtures/make_beam_reference.py -> random_llama/beam_reference.json):
+// the same k beams (token ids, best first), cumulative logprobs and scores.
+struct BeamCase {
+  std::string name;
+  std::vector<int32_t> prompt_ids;
+  int k = 0;
+  float length_penalty = 1.0f;
+  EarlyStopping early_stopping = EarlyStopping::kFalse;
+  int32_t eos = 2;
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<double> score, cumulative_logprob;
+  std::vector<int32_t> greedy_ids;
+};
+
+std::vector<BeamCase> LoadBeamCases(int* max_new_tokens) {
+  std::ifstream f(Env("PAGEDSERVE_SOURCE_DIR") + "/tests/fixtures/random_llama/beam_reference.json");
+  EXPECT_TRUE(f.good());
+  const nlohmann::json j = nlohmann::json::parse(f);
+  *max_new_tokens = j.at("max_new_tokens").get<int>();
+  std::vector<BeamCase> out;
+  for (const auto& c : j.at("cases")) {
+    BeamCase b;
+    b.name = c.at("name").get<std::string>();
+    b.prompt_ids = c.at("prompt_ids").get<std::vector<int32_t>>();
+    b.k = c.at("num_beams").get<int>();
+    b.length_penalty = c.at("length_penalty").get<float>();
+    const auto& es = c.at("early_stopping");
+    b.early_stopping = es.is_string() ? EarlyStopping::kNever
+                       : es.get<bool>() ? EarlyStopping::kTrue
+                                        : EarlyStopping::kFalse;
+    b.eos = c.at("eos_token_id").get<int32_t>();
+    for (const auto& beam : c.at("beams")) {
+      b.tokens.push_back(beam.at("token_ids").get<std::vector<int32_t>>());
+      b.score.push_back(beam.at("score").get<double>());
+      b.cumulative_logprob.push_back(beam.at("cumulative_logprob").get<double>());
+    }
+    b.greedy_ids = c.at("greedy_ids").get<std::vector<int32_t>>();
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+EngineRequest BeamRequest(const BeamCase& c, int max_tokens, int32_t model_eos) {
+  EngineRequest r;
+  r.request_id = c.name;
+  r.prompt_token_ids = c.prompt_ids;
+  r.params.temperature = 0;
+  r.params.max_tokens = max_tokens;
+  r.params.n = c.k;
+  r.params.best_of = c.k;
+  r.params.use_beam_search = true;
+  r.params.length_penalty = c.length_penalty;
+  r.params.early_stopping = c.early_stopping;
+  r.params.logprobs = 0;
+  if (c.eos != model_eos) {  // the case's beam-ending token stands in for EOS
+    r.params.ignore_eos = true;
+    r.params.stop_token_ids = {c.eos};
+  }
+  return r;
+}
+
+// Score tolerance, from measurement: the fp32 path's logprobs differ from
+// transformers' by rounding only; the largest |score difference| over the 14
+// cases was 4.3e-6 (printed by the test), so 1e-4 (~25x) leaves room for
+// another CPU's summation order while a wrong candidate (the closest
+// returned beams of a case in the fixture are 5.3e-4 apart) would still fail.
+constexpr double kBeamScoreTolerance = 1e-4;
+
+TEST_F(EngineModelTest, BeamSearchMatchesTransformers) {
+  int max_new = 0;
+  const std::vector<BeamCase> cases = LoadBeamCases(&max_new);
+  ASSERT_GE(cases.size(), 8u);
+  auto e = MakeEngine(Config{});
+  ASSERT_EQ(tokenizer_->eos_id(), 2);
+  for (const BeamCase& c : cases) ASSERT_TRUE(e->AddRequest(BeamRequest(c, max_new, 2)).ok()) << c.name;
+  auto all = RunAll(*e);
+  double max_diff = 0.0;
+  for (const BeamCase& c : cases) {
+    const Collected& got = all[c.name];
+    ASSERT_TRUE(got.finished) << c.name;
+    ASSERT_EQ(got.tokens.size(), static_cast<size_t>(c.k)) << c.name;
+    for (int i = 0; i < c.k; ++i) {
+      EXPECT_EQ(got.tokens[i], c.tokens[i]) << c.name << " beam " << i;
+      EXPECT_NEAR(got.beam_score[i], c.score[i], kBeamScoreTolerance) << c.name << " beam " << i;
+      EXPECT_NEAR(got.cumulative_logprob[i], c.cumulative_logprob[i], kBeamScoreTolerance * max_new)
+          << c.name << " beam " << i;
+      max_diff = std::max(max_diff, std::abs(got.beam_score[i] - c.score[i]));
+      const bool ended = !c.tokens[i].empty() && c.tokens[i].back() == c.eos;
+      EXPECT_EQ(got.reason[i], ended ? "stop" : "length") << c.name << " beam " << i;
+      // The ending token is reported but is not text (as for sampling).
+      std::vector<int32_t> text_ids = got.tokens[i];
+      if (ended) text_ids.pop_back();
+      EXPECT_EQ(got.text[i], Decode(text_ids)) << c.name << " beam " << i;
+    }
+  }
+  std::printf("beam search: max |score - transformers score| = %.3g over %zu cases\n", max_diff, cases.size());
+  ExpectAllFreed(*e);
+}
+
+// Negative control: the comparison above can fail. Greedy decoding (n = 1)
+// gives transformers' greedy tokens, which differ from the best beam on
+// several prompts, so an engine that ignored use_beam_search would fail it.
+TEST_F(EngineModelTest, BeamSearchNegativeControlGreedyDiffers) {
+  int max_new = 0;
+  const std::vector<BeamCase> cases = LoadBeamCases(&max_new);
+  auto e = MakeEngine(Config{});
+  for (const BeamCase& c : cases) {
+    EngineRequest r = BeamRequest(c, max_new, 2);
+    r.params = SamplingParams{};
+    r.params.temperature = 0;
+    r.params.max_tokens = max_new;
+    if (c.eos != 2) r.params.ignore_eos = true, r.params.stop_token_ids = {c.eos};
+    ASSERT_TRUE(e->AddRequest(r).ok());
+  }
+  auto all = RunAll(*e);
+  int differs = 0;
+  for (const BeamCase& c : cases) {
+    EXPECT_EQ(all[c.name].tokens[0], c.greedy_ids) << c.name;
+    differs += all[c.name].tokens[0] != c.tokens[0];
+  }
+  EXPECT_GE(differs, 3);
+}
+
 class EnginePreemptionTest : public EngineModelTest, public ::testing::WithParamInterface<PreemptionMode> {};
 
 TEST_P(EnginePreemptionTest, PreemptedRequestsGiveTheSameGreedyTokens) {
@@ -522,6 +655,40 @@ TEST_P(EnginePreemptionTest, PenaltiesAndSeedsSameWithAndWithoutPreemption) {
                            ref.begin());
   }
   EXPECT_GT(differs, 0);
+}
+
+// Beam search under preemption: the beams of a request are swapped or
+// recomputed together and give the same beams and scores as with a roomy pool.
+TEST_P(EnginePreemptionTest, BeamSearchSameWithAndWithoutPreemption) {
+  int max_new = 0;
+  std::vector<BeamCase> cases = LoadBeamCases(&max_new);
+  std::erase_if(cases, [](const BeamCase& c) { return c.k != 4; });
+  ASSERT_GE(cases.size(), 4u);
+  auto run = [&](const Config& c) {
+    auto e = MakeEngine(c);
+    for (const BeamCase& bc : cases) EXPECT_TRUE(e->AddRequest(BeamRequest(bc, max_new, 2)).ok()) << bc.name;
+    auto all = RunAll(*e);
+    ExpectAllFreed(*e);
+    return std::make_pair(all, e->stats());
+  };
+  const auto [roomy, roomy_stats] = run(Config{});
+  Config tight;
+  tight.device_blocks = 12;  // four beams of ~2 blocks each for several requests
+  tight.cpu_blocks = 32;
+  tight.max_model_len = 48;
+  tight.mode = GetParam();
+  const auto [preempted, st] = run(tight);
+  EXPECT_GT(GetParam() == PreemptionMode::kSwap ? st.num_preemptions_swap : st.num_preemptions_recompute, 0);
+  for (const BeamCase& c : cases) {
+    const Collected& a = roomy.at(c.name);
+    const Collected& b = preempted.at(c.name);
+    ASSERT_EQ(a.tokens.size(), 4u) << c.name;
+    ASSERT_EQ(b.tokens.size(), 4u) << c.name;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(b.tokens[i], a.tokens[i]) << c.name << " beam " << i;
+      EXPECT_NEAR(b.beam_score[i], a.beam_score[i], 1e-5) << c.name << " beam " << i;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EnginePreemptionTest,

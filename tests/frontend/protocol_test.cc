@@ -313,11 +313,68 @@ TEST(ProtocolTest, RepliesSerializeAsDocumented) {
   EXPECT_EQ(json::parse(SerializeReply(broken))["outputs"][0]["text"], "ok\xEF\xBF\xBD");
 }
 
+// Beam search fields (vLLM's names and meanings), validated at the edge.
+TEST(ProtocolTest, BeamSearchFieldsParseValidateAndRoundTrip) {
+  ParseResult r = ParseRequest(
+      Gen(R"(,"n":2,"use_beam_search":true,"best_of":4,"length_penalty":0.5,"early_stopping":"never")"));
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  const SamplingParams& p = std::get<GenerateRequest>(*r.request).sampling;
+  EXPECT_TRUE(p.use_beam_search);
+  EXPECT_EQ(p.n, 2);
+  EXPECT_EQ(p.best_of, 4);
+  EXPECT_EQ(p.beam_width(), 4);
+  EXPECT_FLOAT_EQ(p.length_penalty, 0.5f);
+  EXPECT_EQ(p.early_stopping, EarlyStopping::kNever);
+  EXPECT_EQ(p.temperature, 0.0f);  // absent temperature: 0 with beam search
+  for (const char* es : {"true", "false"}) {
+    ParseResult b = ParseRequest(Gen(absl::StrCat(R"(,"use_beam_search":true,"n":2,"early_stopping":)", es)));
+    ASSERT_TRUE(b.ok()) << b.error.message;
+    EXPECT_EQ(std::get<GenerateRequest>(*b.request).sampling.early_stopping,
+              std::string(es) == "true" ? EarlyStopping::kTrue : EarlyStopping::kFalse);
+  }
+  ExpectError(Gen(R"(,"use_beam_search":true,"early_stopping":"sometimes")"), ErrorCode::kInvalidRequest,
+              "early_stopping", "r7");
+  ExpectError(Gen(R"(,"use_beam_search":true,"n":2,"temperature":0.7)"), ErrorCode::kInvalidRequest,
+              "temperature must be 0", "r7");
+  ExpectError(Gen(R"(,"use_beam_search":true,"n":3,"best_of":2)"), ErrorCode::kInvalidRequest,
+              "n (3) must be <= best_of (2)", "r7");
+  ExpectError(Gen(R"(,"use_beam_search":true,"best_of":11)"), ErrorCode::kInvalidRequest, "must be <= 10", "r7");
+  ExpectError(Gen(R"(,"use_beam_search":true,"n":2,"stop":"x")"), ErrorCode::kInvalidRequest, "stop strings",
+              "r7");
+  ExpectError(Gen(R"(,"use_beam_search":true,"n":2,"top_p":0.5)"), ErrorCode::kInvalidRequest, "top_p must be 1",
+              "r7");
+  ExpectError(Gen(R"(,"best_of":3)"), ErrorCode::kInvalidRequest, "requires use_beam_search", "r7");
+  ExpectError(Gen(R"(,"length_penalty":2)"), ErrorCode::kInvalidRequest, "length_penalty must be 1", "r7");
+  ExpectError(Gen(R"(,"early_stopping":true)"), ErrorCode::kInvalidRequest, "early_stopping must be false", "r7");
+  // Round trip.
+  GenerateRequest g;
+  g.id = "b";
+  g.prompt = std::string("x");
+  g.sampling.temperature = 0;
+  g.sampling.n = 2;
+  g.sampling.best_of = 3;
+  g.sampling.use_beam_search = true;
+  g.sampling.length_penalty = 1.5f;
+  g.sampling.early_stopping = EarlyStopping::kTrue;
+  ParseResult back = ParseRequest(SerializeRequest(g));
+  ASSERT_TRUE(back.ok()) << back.error.message;
+  EXPECT_TRUE(*back.request == Request{g}) << SerializeRequest(g);
+  // The final message carries each beam's cumulative logprob.
+  FinalReply f;
+  f.id = "b";
+  f.outputs = {SequenceFinal{0, FinishReason::kLength, std::nullopt, std::nullopt, "a", {1}, {}, -3.25}};
+  const std::string wire = SerializeReply(f);
+  EXPECT_EQ(json::parse(wire)["outputs"][0]["cumulative_logprob"], -3.25) << wire;
+  auto fb = ParseReply(wire);
+  ASSERT_TRUE(fb.ok()) << fb.status();
+  EXPECT_TRUE(*fb == Reply{f}) << wire;
+}
+
 TEST(ProtocolTest, RepliesRoundTripThroughParseReply) {
   FinalReply f;
   f.id = "x";
-  f.outputs = {SequenceFinal{0, FinishReason::kStop, std::nullopt, 2, "a", {1}, {}},
-               SequenceFinal{1, FinishReason::kError, std::nullopt, std::nullopt, "b", {3}, {}}};
+  f.outputs = {SequenceFinal{0, FinishReason::kStop, std::nullopt, 2, "a", {1}, {}, std::nullopt},
+               SequenceFinal{1, FinishReason::kError, std::nullopt, std::nullopt, "b", {3}, {}, std::nullopt}};
   f.usage = {1, 2, 0};
   f.error_message = "worker 1 failed";
   const std::vector<Reply> replies = {

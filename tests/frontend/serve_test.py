@@ -257,6 +257,27 @@ class ProtocolTest(unittest.TestCase):
             self.assertEqual(len(ids), 6)
         self.assertEqual(final["usage"]["completion_tokens"], 12)
 
+    def test_beam_search(self):
+        # n = 2 of best_of 3 beams: outputs best first with cumulative_logprob
+        # in the final message; streamed, the deltas come when the search ends.
+        fields = dict(prompt="Once upon a time", n=2, best_of=3, use_beam_search=True, max_tokens=6,
+                      ignore_eos=True, length_penalty=1.0, early_stopping=False)
+        _, final = self.generate("beam", **fields)
+        self.assertEqual(final["type"], "final", final)
+        outs = final["outputs"]
+        self.assertEqual([o["index"] for o in outs], [0, 1])
+        self.assertTrue(all(len(o["token_ids"]) == 6 for o in outs), outs)
+        self.assertGreaterEqual(outs[0]["cumulative_logprob"], outs[1]["cumulative_logprob"])
+        self.assertNotEqual(outs[0]["token_ids"], outs[1]["token_ids"])
+        deltas, sfinal = self.generate("beam-s", stream=True, **fields)
+        self.assertEqual([o["cumulative_logprob"] for o in sfinal["outputs"]],
+                         [o["cumulative_logprob"] for o in outs])
+        for i in (0, 1):
+            self.assertEqual(joined(deltas, i), (outs[i]["text"], outs[i]["token_ids"]))
+        _, err = self.generate("beam-bad", prompt="x", use_beam_search=True, n=2, temperature=0.5)
+        self.assertEqual((err["type"], err["code"]), ("error", "invalid_request"), err)
+        self.assertIn("temperature must be 0", err["message"])
+
     def test_stop_string_spanning_tokens(self):
         _, ref = self.generate("s0", prompt="Tell me a story", max_tokens=24, temperature=0, ignore_eos=True)
         text = ref["outputs"][0]["text"]

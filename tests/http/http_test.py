@@ -251,6 +251,32 @@ class OpenAiClientTest(unittest.TestCase):
             self.assertEqual(len(e.top_logprobs), 3)
             self.assertAlmostEqual(e.top_logprobs[0].logprob, e.logprob, places=4)
 
+    def test_beam_search_extra_body(self):
+        # vLLM's extra body fields; n = 2 of 3 beams, best first, all of
+        # length 6 (ignore_eos), so the first has the higher cumulative logprob.
+        kw = dict(model=self.m, prompt="The capital of France is", max_tokens=6, n=2, logprobs=0)
+        extra = {"use_beam_search": True, "best_of": 3, "ignore_eos": True, "length_penalty": 1.0,
+                 "early_stopping": "never"}
+        r = self.c.completions.create(extra_body=extra, **kw)
+        self.assertEqual(sorted(c.index for c in r.choices), [0, 1])
+        by_index = sorted(r.choices, key=lambda c: c.index)
+        sums = [sum(c.logprobs.token_logprobs) for c in by_index]
+        self.assertTrue(all(len(c.logprobs.token_logprobs) == 6 for c in by_index))
+        self.assertGreaterEqual(sums[0], sums[1])
+        self.assertNotEqual(by_index[0].logprobs.tokens, by_index[1].logprobs.tokens)
+        self.assertEqual(r.usage.completion_tokens, 12)
+        # Streamed: the same beams, sent when the search ends.
+        chunks = list(self.c.completions.create(stream=True, extra_body=extra, **kw))
+        texts = {}
+        for ch in chunks:
+            for c in ch.choices:
+                texts[c.index] = texts.get(c.index, "") + c.text
+        self.assertEqual(texts, {c.index: c.text for c in r.choices})
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.c.completions.create(model=self.m, prompt="x", max_tokens=2, n=2, temperature=1.0,
+                                      extra_body={"use_beam_search": True})
+        self.assertIn("temperature must be 0", str(e.exception))
+
     def test_errors_through_the_sdk(self):
         with self.assertRaises(openai.NotFoundError):
             self.c.completions.create(model="no-such-model", prompt="x", max_tokens=1)

@@ -88,6 +88,33 @@ TEST(OpenAiApiTest, SamplingFieldsAreMapped) {
   EXPECT_EQ(m.request->params.max_tokens, 5);
 }
 
+// vLLM's beam-search extra body fields.
+TEST(OpenAiApiTest, BeamSearchFields) {
+  ParseOutcome o = Completions(
+      R"({"prompt": "x", "n": 2, "use_beam_search": true, "best_of": 3, "length_penalty": 0.7,
+          "early_stopping": "never"})");
+  ASSERT_TRUE(o.request.has_value()) << o.error.message;
+  const SamplingParams& p = o.request->params;
+  EXPECT_TRUE(p.use_beam_search);
+  EXPECT_EQ(p.best_of, 3);
+  EXPECT_FLOAT_EQ(p.length_penalty, 0.7f);
+  EXPECT_EQ(p.early_stopping, EarlyStopping::kNever);
+  EXPECT_EQ(p.temperature, 0.0f);  // absent: 0 with beam search
+  ParseOutcome t = Completions(R"({"prompt": "x", "use_beam_search": true, "n": 2, "early_stopping": true})");
+  ASSERT_TRUE(t.request.has_value()) << t.error.message;
+  EXPECT_EQ(t.request->params.early_stopping, EarlyStopping::kTrue);
+  EXPECT_EQ(Refused(R"({"prompt": "x", "use_beam_search": true, "early_stopping": "x"})"),
+            std::make_pair(400, std::string("early_stopping")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "use_beam_search": "yes"})"),
+            std::make_pair(400, std::string("use_beam_search")));
+  ParseOutcome hot = Completions(R"({"prompt": "x", "use_beam_search": true, "n": 2, "temperature": 1})");
+  ASSERT_FALSE(hot.request.has_value());
+  EXPECT_NE(hot.error.message.find("temperature must be 0"), std::string::npos) << hot.error.message;
+  ParseOutcome wide = Completions(R"({"prompt": "x", "use_beam_search": true, "n": 4, "best_of": 2})");
+  ASSERT_FALSE(wide.request.has_value());
+  EXPECT_NE(wide.error.message.find("n (4) must be <= best_of (2)"), std::string::npos) << wide.error.message;
+}
+
 TEST(OpenAiApiTest, WrongTypesAndValuesName) {
   EXPECT_EQ(Refused("{not json"), std::make_pair(400, std::string()));
   EXPECT_EQ(Refused("[1, 2]"), std::make_pair(400, std::string()));

@@ -286,7 +286,8 @@ class Client:
 
         sampling: n, max_tokens, temperature, top_p, top_k, min_p,
         repetition_penalty, presence_penalty, frequency_penalty, seed, stop,
-        stop_token_ids, ignore_eos, logprobs; and cache_salt (see docs/protocol.md).
+        stop_token_ids, ignore_eos, logprobs; use_beam_search, best_of,
+        length_penalty, early_stopping (beam search); and cache_salt (see docs/protocol.md).
         """
         msg = self._generate_message(prompt, prompt_token_ids, messages, True, request_id, sampling)
         self.send(msg)
