@@ -330,7 +330,9 @@ struct HttpServer::Impl {
   // here: reading stops at the first chunk that would take the body beyond
   // max_request_body_bytes (413), so at most that much is ever held. False:
   // the error response is set (413; 400 for a malformed or timed-out body;
-  // 415 for multipart, which no route takes) and the connection closes.
+  // 415 for multipart, which no route takes) with "Connection: close" (the
+  // unread rest of the body makes the connection unusable; cpp-httplib 0.11
+  // keeps it open all the same, parsing what follows as a next request).
   bool ReadBody(const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader& reader, std::string* body) {
     res.set_header("Connection", "close");  // removed again once the body is read whole
@@ -475,7 +477,8 @@ struct HttpServer::Impl {
       // one beside a Content-Length is refused (400: the two disagree on
       // where the body ends, the shape of request smuggling). An oversized
       // Content-Length is answered 413 without waiting for the body. The
-      // unread body makes the connection unusable: close it.
+      // unread body makes the connection unusable: "Connection: close" (see
+      // ReadBody on what cpp-httplib 0.11 makes of it).
       if (req.has_header("Transfer-Encoding")) {
         const bool chunked = req.get_header_value_count("Transfer-Encoding") == 1 &&
                              absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked");
