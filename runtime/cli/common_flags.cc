@@ -1,7 +1,10 @@
 #include "runtime/cli/common_flags.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <iterator>
@@ -11,10 +14,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "runtime/common/status_macros.h"
 #include "runtime/model/weights.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/loaders.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
 
+PAGEDSERVE_FLAG("generate,serve", std::string, log_color, "auto",
+                "ANSI colours in log lines: auto (only when the output is a terminal, NO_COLOR is "
+                "unset and not under mpirun, whose ranks write to a pseudo-terminal), always, never");
 PAGEDSERVE_FLAG("generate,serve", std::string, model, "",
                 "model: a .gguf file or a Hugging Face directory (config.json, *.safetensors, "
                 "tokenizer.json)");
@@ -300,6 +309,39 @@ absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer, 
   o.add_special_tokens = false;
   o.parse_special = true;
   return tokenizer.Encode(*rendered, o);
+}
+
+absl::StatusOr<bool> UseLogColor(const std::string& mode, bool is_terminal, const char* no_color,
+                                 bool under_mpirun) {
+  if (mode == "always") return true;
+  if (mode == "never") return false;
+  if (mode != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-color must be auto, always or never, got '", mode, "'"));
+  }
+  return is_terminal && (no_color == nullptr || no_color[0] == '\0') && !under_mpirun;
+}
+
+absl::Status ConfigureLogColor() {
+  const std::string mode = absl::GetFlag(FLAGS_log_color);
+  const bool under_mpirun =
+      std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+  const char* no_color = std::getenv("NO_COLOR");
+  PS_ASSIGN_OR_RETURN(const bool out_color,
+                      UseLogColor(mode, isatty(STDOUT_FILENO) == 1, no_color, under_mpirun));
+  PS_ASSIGN_OR_RETURN(const bool err_color,
+                      UseLogColor(mode, isatty(STDERR_FILENO) == 1, no_color, under_mpirun));
+  // spdlog's own `automatic` would colour any terminal whose TERM looks like
+  // a colour one, NO_COLOR or not: the decision is made here instead.
+  using spdlog::color_mode;
+  auto stdout_logger = std::make_shared<spdlog::logger>(
+      "", std::make_shared<spdlog::sinks::stdout_color_sink_mt>(out_color ? color_mode::always
+                                                                          : color_mode::never));
+  stdout_logger->set_level(spdlog::default_logger()->level());
+  spdlog::set_default_logger(stdout_logger);
+  spdlog::drop("launch");
+  spdlog::stderr_color_mt("launch", err_color ? color_mode::always : color_mode::never);
+  return absl::OkStatus();
 }
 
 }  // namespace pagedserve::cli

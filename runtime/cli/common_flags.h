@@ -27,6 +27,8 @@
 // Prompt:
 //   --prompt TEXT (stdin when absent), --chat (as one user message through the
 //   model's chat template)
+// Logging:
+//   --log-color auto|always|never   ANSI colours in log lines (ConfigureLogColor)
 //
 // Adding a flag: one line at namespace scope in the .cc of the sub-command that
 // reads it (or here, in common_flags.cc, when several do), naming the
@@ -76,6 +78,8 @@ ABSL_DECLARE_FLAG(bool, enable_prefix_caching);
 ABSL_DECLARE_FLAG(std::string, preemption_mode);
 ABSL_DECLARE_FLAG(double, worker_startup_timeout);
 ABSL_DECLARE_FLAG(double, worker_step_timeout);
+
+ABSL_DECLARE_FLAG(std::string, log_color);
 
 ABSL_DECLARE_FLAG(int32_t, max_tokens);
 ABSL_DECLARE_FLAG(double, temperature);
@@ -142,6 +146,22 @@ absl::StatusOr<std::string> ReadPromptFromFlags();
 // Encode with the tokenizer's default special tokens.
 absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer, const std::string& text,
                                                     bool chat);
+
+// Whether log lines get ANSI colour codes, for --log-color `mode`:
+// "always", "never", or "auto": colour only when the stream is a terminal
+// (`is_terminal`), NO_COLOR is unset or empty (`no_color`, the environment
+// value or null; no-color.org) and the process was not started by mpirun
+// (`under_mpirun`: OpenMPI hands every rank a pseudo-terminal as stdout, so a
+// rank's isatty says nothing about where mpirun's output goes - a log file, a
+// pipe, `kubectl logs`). InvalidArgument naming the flag for another mode.
+absl::StatusOr<bool> UseLogColor(const std::string& mode, bool is_terminal, const char* no_color,
+                                 bool under_mpirun);
+
+// Applies --log-color (UseLogColor with this process's stdout / stderr,
+// NO_COLOR and OMPI_COMM_WORLD_SIZE / PMIX_RANK) to spdlog's default logger
+// (stdout) and to the "launch" logger (stderr, distributed/launch.cc). Call
+// once after the flags are parsed, before anything logs. Errors: UseLogColor's.
+absl::Status ConfigureLogColor();
 
 }  // namespace pagedserve::cli
 

@@ -2,7 +2,7 @@
 //
 //   pagedserve sim [flags]        KV memory simulator (naive vs paged allocation)
 //   pagedserve generate [flags]   offline generation for one prompt
-//   pagedserve serve [flags]      serve over ZeroMQ (docs/serving.md)
+//   pagedserve serve [flags]      serve over ZeroMQ and HTTP (docs/serving.md)
 //   pagedserve client [flags]     send a prompt / health / stats to a server
 //   pagedserve keygen NAME        CurveZMQ key pair NAME.key / NAME.key_secret
 //
@@ -29,6 +29,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "runtime/cli/commands.h"
+#include "runtime/cli/common_flags.h"
 #include "runtime/cli/flag_registry.h"
 
 namespace {
@@ -42,7 +43,8 @@ const std::map<std::string, Command>& Commands() {
   static const auto* commands = new std::map<std::string, Command>{
       {"sim", {pagedserve::cli::SimCommand, "KV memory simulator: naive vs paged allocation"}},
       {"generate", {pagedserve::cli::GenerateCommand, "offline generation for one prompt (no server)"}},
-      {"serve", {pagedserve::cli::ServeCommand, "serve the model over ZeroMQ (protocol v1, docs/protocol.md)"}},
+      {"serve", {pagedserve::cli::ServeCommand,
+                 "serve the model over ZeroMQ (docs/protocol.md) and HTTP (OpenAI API, docs/http.md)"}},
       {"client", {pagedserve::cli::ClientCommand, "send a prompt, --health or --stats to a server"}},
       {"keygen", {pagedserve::cli::KeygenCommand, "write a CurveZMQ key pair: NAME.key, NAME.key_secret"}},
   };
@@ -145,5 +147,9 @@ int main(int argc, char** argv) {
   std::vector<char*> positional =
       absl::ParseCommandLine(static_cast<int>(normalized.size()), normalized_argv.data());
   pagedserve::cli::Args args(positional.begin() + 1, positional.end());
+  if (absl::Status s = pagedserve::cli::ConfigureLogColor(); !s.ok()) {
+    std::fprintf(stderr, "pagedserve %s: %s\n", line->subcommand.c_str(), std::string(s.message()).c_str());
+    return 2;
+  }
   return Commands().at(line->subcommand).run(args);
 }

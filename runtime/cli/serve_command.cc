@@ -59,6 +59,7 @@
 #include "runtime/frontend/serve_metrics.h"
 #include "runtime/frontend/server.h"
 #include "runtime/tokenizer/chat_template.h"
+#include "runtime/worker/worker.h"
 
 PAGEDSERVE_FLAG("serve,client", std::string, zmq_endpoint, "tcp://127.0.0.1:5555",
                 "ZeroMQ endpoint: serve binds a ROUTER socket there, client connects to it "
@@ -376,9 +377,11 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
     }
     const SchedulerConfig& sc = (*engine)->scheduler_config();
     std::fprintf(stderr,
-                 "pagedserve serve: serving %s on %s (ranks %d, KV blocks %d x %d tokens, max_model_len %d%s)\n",
+                 "pagedserve serve: serving %s on %s (ranks %d, KV blocks %d x %d tokens, "
+                 "KV cache dtype %s, max_model_len %d%s)\n",
                  setup.worker.model_path.c_str(), (*server)->endpoint().c_str(), info.world_size,
-                 sc.num_device_blocks, sc.block_size, sc.max_model_len,
+                 sc.num_device_blocks, sc.block_size, kernels::DTypeName(ResolveKvCacheDType(setup.worker)),
+                 sc.max_model_len,
                  MetricsListeningPort(*metrics) > 0
                      ? absl::StrCat(", metrics on port ", MetricsListeningPort(*metrics)).c_str()
                      : "");

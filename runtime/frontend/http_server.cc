@@ -94,7 +94,7 @@ ApiError FromStatus(const absl::Status& s) {
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kFailedPrecondition:
       return MakeError(503, "service_unavailable", std::string(s.message()));
-    default: return MakeError(500, "internal_error", std::string(s.message()));
+    default: return MakeError(500, "server_error", std::string(s.message()));
   }
 }
 
@@ -163,6 +163,14 @@ struct Job {
   std::optional<std::string> logged_prompt;  // --log-request-content: the prompts as decoded
 
   bool done() const { return finished_requests == engine_ids.size(); }
+  // The error the request ended with (openai::FinishError of its choices'
+  // finish reasons), nullopt when it completed.
+  std::optional<ApiError> Error() const {
+    for (const openai::ChoiceState& c : choices) {
+      if (std::optional<ApiError> e = openai::FinishError(c.finish_reason, error)) return e;
+    }
+    return std::nullopt;
+  }
 };
 
 }  // namespace
@@ -315,12 +323,56 @@ struct HttpServer::Impl {
     return out;
   }
 
-  void HandleGeneration(openai::Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+  // The body of a POST, read through cpp-httplib's ContentReader: with a
+  // Content-Length (one over the limit was answered 413 before routing) or
+  // Transfer-Encoding: chunked, which cpp-httplib 0.11 does not bound by its
+  // payload limit (it would read a chunked body whole). The bound is kept
+  // here: reading stops at the first chunk that would take the body beyond
+  // max_request_body_bytes (413), so at most that much is ever held. False:
+  // the error response is set (413; 400 for a malformed or timed-out body;
+  // 415 for multipart, which no route takes) with "Connection: close" (the
+  // unread rest of the body makes the connection unusable; cpp-httplib 0.11
+  // keeps it open all the same, parsing what follows as a next request).
+  bool ReadBody(const httplib::Request& req, httplib::Response& res,
+                const httplib::ContentReader& reader, std::string* body) {
+    res.set_header("Connection", "close");  // removed again once the body is read whole
+    if (req.is_multipart_form_data()) {
+      SendError(res, MakeError(415, "invalid_request_error",
+                               "multipart bodies are not accepted; send application/json"));
+      return false;
+    }
+    const size_t limit = options.max_request_body_bytes;
+    bool too_large = false;
+    const bool read = reader([&](const char* data, size_t n) {
+      if (n > limit - body->size()) {
+        too_large = true;
+        return false;
+      }
+      body->append(data, n);
+      return true;
+    });
+    if (too_large) {
+      SendError(res, MakeError(413, "invalid_request_error",
+                               absl::StrCat("the request body is too large (over --max-request-body-bytes ",
+                                            limit, ")")));
+      return false;
+    }
+    if (!read) {
+      SendError(res, MakeError(400, "invalid_request_error",
+                               "the request body could not be read (malformed chunked encoding, or too slow)"));
+      return false;
+    }
+    res.headers.erase("Connection");
+    return true;
+  }
+
+  void HandleGeneration(openai::Endpoint endpoint, const httplib::Request& req, const std::string& body,
+                        httplib::Response& res) {
     const HttpBackend* b = Backend(res);
     if (b == nullptr) return;
     const ChatTemplate* tmpl = b->chat_template.has_value() ? &*b->chat_template : nullptr;
     openai::ParseOutcome parsed =
-        openai::ParseRequest(endpoint, req.body, Model(*b), b->loop->tokenizer(), tmpl);
+        openai::ParseRequest(endpoint, body, Model(*b), b->loop->tokenizer(), tmpl);
     if (!parsed.request.has_value()) return SendError(res, parsed.error);
     auto job = std::make_shared<Job>();
     job->request = *std::move(parsed.request);
@@ -362,8 +414,9 @@ struct HttpServer::Impl {
       }
     }
     LogDone(*job);
-    const bool produced = job->usage.completion_tokens > 0;
-    if (!job->error.ok() && !produced) return SendError(res, FromStatus(job->error));
+    // Failed by the engine (even after some tokens): OpenAI's error object, not a
+    // 200 whose choices say finish_reason "error" without a message.
+    if (std::optional<ApiError> e = job->Error()) return SendError(res, *e);
     res.set_content(openai::CompletionResponse(job->request, job->id, job->created, job->choices, job->usage,
                                                b->loop->tokenizer()),
                     "application/json");
@@ -400,9 +453,7 @@ struct HttpServer::Impl {
             }
           }
           bool ok = true;
-          if (!job->error.ok()) {
-            ok = send(openai::ErrorBody(FromStatus(job->error)));
-          }
+          if (std::optional<ApiError> e = job->Error()) ok = send(openai::ErrorBody(*e));
           if (ok && job->request.include_usage) {
             ok = send(openai::UsageChunk(job->request, job->id, job->created, job->usage));
           }
@@ -419,17 +470,26 @@ struct HttpServer::Impl {
 
   void Routes() {
     server->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      // Runs before cpp-httplib reads the body. Its payload limit covers only
-      // bodies with a Content-Length (0.11: a chunked body was read and
-      // tokenized whole, 50 MB -> 3 GB of memory), so chunked bodies are
-      // refused (411; every OpenAI client sends Content-Length) and an
-      // oversized Content-Length is answered 413 without waiting for the body.
-      // The unread body makes the connection unusable: close it.
+      // Runs before cpp-httplib reads the body. A chunked body is read by
+      // the POST routes under --max-request-body-bytes (ReadBody: cpp-httplib
+      // 0.11's payload limit covers only bodies with a Content-Length); any
+      // other transfer coding is not implemented (501, RFC 9112 6.1), and
+      // one beside a Content-Length is refused (400: the two disagree on
+      // where the body ends, the shape of request smuggling). An oversized
+      // Content-Length is answered 413 without waiting for the body. The
+      // unread body makes the connection unusable: "Connection: close" (see
+      // ReadBody on what cpp-httplib 0.11 makes of it).
       if (req.has_header("Transfer-Encoding")) {
-        res.set_header("Connection", "close");
-        SendError(res, MakeError(411, "invalid_request_error",
-                                 "chunked request bodies are not accepted; send Content-Length"));
-        return httplib::Server::HandlerResponse::Handled;
+        const bool chunked = req.get_header_value_count("Transfer-Encoding") == 1 &&
+                             absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked");
+        if (!chunked || req.has_header("Content-Length")) {
+          res.set_header("Connection", "close");
+          SendError(res, chunked ? MakeError(400, "invalid_request_error",
+                                             "Transfer-Encoding and Content-Length together")
+                                 : MakeError(501, "invalid_request_error",
+                                             "only the chunked transfer coding is implemented"));
+          return httplib::Server::HandlerResponse::Handled;
+        }
       }
       if (req.has_header("Content-Length")) {
         const std::string& v = req.get_header_value("Content-Length");
@@ -460,7 +520,7 @@ struct HttpServer::Impl {
       } catch (...) {
       }
       spdlog::error("http: handler failed: {}", what);
-      SendError(res, MakeError(500, "internal_error", absl::StrCat("internal error: ", what)));
+      SendError(res, MakeError(500, "server_error", absl::StrCat("internal error: ", what)));
     });
     server->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
@@ -472,12 +532,17 @@ struct HttpServer::Impl {
         SendError(res, MakeError(res.status, "invalid_request_error", absl::StrCat("HTTP ", res.status)));
       }
     });
-    server->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      HandleGeneration(openai::Endpoint::kCompletions, req, res);
-    });
-    server->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      HandleGeneration(openai::Endpoint::kChat, req, res);
-    });
+    // POST routes read their body themselves (ReadBody: the bound for chunked bodies).
+    using httplib::ContentReader;
+    auto generation = [this](openai::Endpoint endpoint) {
+      return [this, endpoint](const httplib::Request& req, httplib::Response& res,
+                              const ContentReader& reader) {
+        std::string body;
+        if (ReadBody(req, res, reader, &body)) HandleGeneration(endpoint, req, body, res);
+      };
+    };
+    server->Post("/v1/completions", generation(openai::Endpoint::kCompletions));
+    server->Post("/v1/chat/completions", generation(openai::Endpoint::kChat));
     server->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       if (const HttpBackend* b = Backend(res)) {
         res.set_content(openai::ModelsResponse(Model(*b), UnixNow()), "application/json");
@@ -508,22 +573,28 @@ struct HttpServer::Impl {
       }
       res.set_content(b->metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
     });
-    server->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    server->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res,
+                                     const ContentReader& reader) {
+      std::string req_body;
+      if (!ReadBody(req, res, reader, &req_body)) return;
       const HttpBackend* b = Backend(res);
       if (b == nullptr) return;
       ApiError err;
       err.status = 0;
-      std::string body = openai::TokenizeResponse(req.body, Model(*b), b->loop->tokenizer(),
+      std::string body = openai::TokenizeResponse(req_body, Model(*b), b->loop->tokenizer(),
                                                   b->chat_template ? &*b->chat_template : nullptr, &err);
       if (err.status != 0) return SendError(res, err);
       res.set_content(body, "application/json");
     });
-    server->Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    server->Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res,
+                                       const ContentReader& reader) {
+      std::string req_body;
+      if (!ReadBody(req, res, reader, &req_body)) return;
       const HttpBackend* b = Backend(res);
       if (b == nullptr) return;
       ApiError err;
       err.status = 0;
-      std::string body = openai::DetokenizeResponse(req.body, b->loop->tokenizer(), &err);
+      std::string body = openai::DetokenizeResponse(req_body, b->loop->tokenizer(), &err);
       if (err.status != 0) return SendError(res, err);
       res.set_content(body, "application/json");
     });

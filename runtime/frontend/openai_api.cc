@@ -325,6 +325,16 @@ ApiError BadRequest(std::string message, std::string param) {
   return e;
 }
 
+std::optional<ApiError> FinishError(FinishReason reason, const absl::Status& error) {
+  if (reason != FinishReason::kError) return std::nullopt;
+  ApiError e;
+  e.status = 500;
+  e.type = "server_error";
+  e.message = error.ok() ? "the engine failed the request"
+                         : absl::StrCat("the engine failed the request: ", error.message());
+  return e;
+}
+
 std::string ErrorBody(const ApiError& e) {
   json err = {{"message", e.message},
               {"type", e.type},

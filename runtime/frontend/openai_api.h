@@ -37,6 +37,17 @@ struct ApiError {
 std::string ErrorBody(const ApiError& error);
 ApiError BadRequest(std::string message, std::string param = "");
 
+// How a request that Submit accepted ended, as the HTTP API reports it: the
+// one mapping from a finish reason to an error, for the JSON reply and the
+// Server-Sent Events error event alike. FinishReason::kError (the engine
+// failed the request: a step error, a lost worker - EngineLoop::FailAll - or a
+// late refusal; `error` its status, OK when unknown) is a failure of the
+// server, not of the request: 500 with type "server_error" (OpenAI's and
+// vLLM's type for it) and the engine's message. Every other reason (stop,
+// length, abort, none) is no error: nullopt. Errors at admission (Submit's
+// status) are mapped by their code instead (http_server.cc: 400 / 429 / 503).
+std::optional<ApiError> FinishError(FinishReason reason, const absl::Status& error);
+
 enum class Endpoint { kCompletions, kChat };
 
 // A request validated at the edge: every prompt tokenized, sampling parameters

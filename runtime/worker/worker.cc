@@ -31,6 +31,11 @@ kernels::DType AutoKvDType(WeightDType dtype) {
 
 }  // namespace
 
+kernels::DType ResolveKvCacheDType(const WorkerOptions& options) {
+  if (options.device == kernels::Device::kCUDA) return kernels::DType::kFloat32;
+  return options.kv_cache_dtype.value_or(AutoKvDType(options.dtype));
+}
+
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& options,
                                                        Communicator* comm) {
   if (comm == nullptr) return absl::InvalidArgumentError("Worker: null communicator");
@@ -41,7 +46,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   // The backend is the only thing the device changes.
   const bool cuda = options.device == kernels::Device::kCUDA;
   WeightDType load_dtype = options.dtype;
-  kernels::DType kv_dtype = options.kv_cache_dtype.value_or(AutoKvDType(options.dtype));
+  kernels::DType kv_dtype = ResolveKvCacheDType(options);
   std::unique_ptr<ModelBackend> backend;
   if (!cuda) {
     backend = MakeCpuBackend(comm);

@@ -55,6 +55,13 @@ struct WorkerOptions {
   double gpu_memory_utilization = 0.9;  // fraction of the free device memory after the weights
 };
 
+// The KV pool's element type Worker::Create uses for `options`: the
+// kv_cache_dtype rule above (auto follows dtype; always fp32 on CUDA, whose
+// worker refuses any other explicit choice). Lets the coordinator name it
+// (the startup line) without a worker of its own: under mpirun the workers run
+// the same flags.
+kernels::DType ResolveKvCacheDType(const WorkerOptions& options);
+
 class Worker {
  public:
   // Loads this rank's shard (rank/size from `comm`, not owned, must outlive the

@@ -116,6 +116,17 @@ def main():
     check(rc == 1 and "does not exist" in err and "nknown" not in err,
           f"--no-enable-prefix-caching parses; the missing model is the error (rc={rc}, {err.strip()!r})")
 
+    # `serve` serves ZeroMQ and HTTP: its summary says both.
+    rc, out, err = run(binary, ["serve", "--help"])
+    summary = out.split("\n")[2] if out.count("\n") > 2 else ""
+    check("ZeroMQ" in summary and "HTTP" in summary, f"serve's summary names ZeroMQ and HTTP ({summary!r})")
+    rc, out, err = run(binary, ["generate", "--log-color=sometimes", "--model", "/nonexistent.gguf"])
+    check(rc == 2 and "--log-color must be auto, always or never" in err,
+          f"--log-color=sometimes: exit 2 naming the values (rc={rc}, {err.strip()!r})")
+    for mode in ("auto", "always", "never"):
+        rc, out, err = run(binary, ["generate", f"--log-color={mode}", "--model", "/nonexistent.gguf"])
+        check(rc == 1 and "does not exist" in err, f"--log-color={mode} parses (rc={rc}, {err.strip()!r})")
+
     if failures:
         print(f"{len(failures)} check(s) failed")
         return 1

@@ -54,7 +54,8 @@ def free_port():
 class ServerProcess:
     """A `pagedserve serve` process (optionally under mpirun) on free ports."""
 
-    def __init__(self, extra=(), mpirun=False, metrics=True):
+    def __init__(self, extra=(), mpirun=False, metrics=True, tty=False, env_extra=None):
+        """tty: stdout and stderr on a pseudo-terminal (logs() reads it)."""
         self.port = free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.metrics_port = free_port() if metrics else 0
@@ -63,16 +64,42 @@ class ServerProcess:
         cmd = [ARGS.pagedserve, "serve", f"--model={ARGS.model}", f"--zmq-endpoint={self.endpoint}",
                f"--max-model-len={MAX_MODEL_LEN}", "--kv-cache-memory=67108864", "--swap-space=0.0625",
                f"--metrics-port={self.metrics_port}", f"--pid-file={self.pid_file}", "--port=0"] + list(extra)
-        env = dict(os.environ)
+        # A colour terminal type, as on a developer's machine: a rank whose
+        # colour decision were isatty + TERM alone would then colour its log
+        # lines under mpirun (OpenMPI hands ranks a pseudo-terminal).
+        env = dict(os.environ, TERM="xterm-256color")
+        env.pop("NO_COLOR", None)
+        env.update(env_extra or {})
         if mpirun:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
             cmd = ["mpirun", "-np", "2", "--oversubscribe"] + cmd
         self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+        out = self.log
+        if tty:
+            master, out = os.openpty()
+            self.tty_output = bytearray()
+            self.tty_reader = threading.Thread(target=self.read_tty, args=(master,), daemon=True)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
                                      start_new_session=True)
+        if tty:
+            os.close(out)
+            self.tty_reader.start()
         self.wait_healthy()
 
+    def read_tty(self, master):
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the last writer closed the terminal
+                data = b""
+            if not data:
+                os.close(master)
+                return
+            self.tty_output += data
+
     def logs(self):
+        if hasattr(self, "tty_output"):
+            return bytes(self.tty_output).decode("utf-8", "replace")
         self.log.seek(0)
         return self.log.read().decode("utf-8", "replace")
 
@@ -583,6 +610,47 @@ class DisconnectTest(unittest.TestCase):
 
     def test_silent_client(self):
         self.run_vanishing_client("stop")
+
+
+class LogOutputTest(unittest.TestCase):
+    """What the server writes to a file or a pipe (under mpirun: through the
+    rank's pseudo-terminal): the startup line names the KV cache dtype, and no
+    log line carries ANSI colour codes unless --log-color=always asks for them."""
+
+    def request_logged(self, server):
+        raw = Raw(server.endpoint)
+        raw.send(gen("log-1", prompt="one", max_tokens=2))
+        _, final = collect(raw, "log-1")
+        raw.close()
+        self.assertEqual(final["type"], "final", final)
+        deadline = time.monotonic() + REPLY_TIMEOUT
+        while 'log-1" prompt_tokens=' not in server.logs() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        logs = server.logs()
+        self.assertIn('log-1" prompt_tokens=', logs)  # the request log line (spdlog) is there
+        return logs
+
+    def test_startup_line_and_no_colour_codes(self):
+        logs = self.request_logged(SERVER)
+        self.assertNotIn("\x1b[", logs)
+        self.assertRegex(logs, r"KV blocks \d+ x \d+ tokens, KV cache dtype (f16|f32)")
+
+    def test_terminal_colours_unless_no_color_or_mpirun(self):
+        # --log-color=auto with the output on a terminal: colours, except with
+        # NO_COLOR=1 and under mpirun (the terminal is then mpirun's).
+        for env, coloured in (({}, not ARGS.mpirun), ({"NO_COLOR": "1"}, False)):
+            server = ServerProcess(metrics=False, tty=True, env_extra=env, mpirun=ARGS.mpirun)
+            try:
+                self.assertEqual("\x1b[" in self.request_logged(server), coloured, env)
+            finally:
+                server.stop()
+
+    def test_log_color_always(self):
+        server = ServerProcess(["--log-color=always"], mpirun=ARGS.mpirun, metrics=False)
+        try:
+            self.assertIn("\x1b[", self.request_logged(server))
+        finally:
+            server.stop()
 
 
 class ServeFlagsTest(unittest.TestCase):

@@ -230,6 +230,22 @@ TEST(OpenAiApiTest, ResponseFormats) {
   EXPECT_EQ(last["usage"]["completion_tokens"], 1);
 }
 
+// The one finish-reason -> error mapping: only kError is an error, a 500 of
+// type server_error carrying the engine's message; the rest answer normally.
+TEST(OpenAiApiTest, FinishErrorMapsOnlyEngineFailures) {
+  const std::optional<ApiError> e = FinishError(FinishReason::kError, absl::UnavailableError("worker rank 1 lost"));
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->status, 500);
+  EXPECT_EQ(e->type, "server_error");
+  EXPECT_NE(e->message.find("worker rank 1 lost"), std::string::npos) << e->message;
+  const json body = json::parse(ErrorBody(*e));
+  EXPECT_EQ(body["error"]["type"], "server_error");
+  EXPECT_TRUE(FinishError(FinishReason::kError, absl::OkStatus()).has_value());
+  for (FinishReason r : {FinishReason::kNone, FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort}) {
+    EXPECT_FALSE(FinishError(r, absl::InternalError("x")).has_value()) << FinishReasonName(r);
+  }
+}
+
 TEST(ConstantTimeEqualsTest, ComparesWholeStrings) {
   EXPECT_TRUE(ConstantTimeEquals("s3cret", "s3cret"));
   EXPECT_TRUE(ConstantTimeEquals("", ""));

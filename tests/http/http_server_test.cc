@@ -1,0 +1,454 @@
+// The HTTP front end in process: a real HttpServer (cpp-httplib, a socket on
+// 127.0.0.1, port 0) over a real EngineLoop whose Engine runs a scripted
+// executor (tests/engine/scripted_executor.h, no model) that can be held at a
+// gate or made to fail a step. Clients are raw sockets on their own threads,
+// so the request bytes (chunked bodies, a body that never ends) are exactly
+// what each test says. Covers what needs the server and the engine thread
+// together: fatal engine errors as OpenAI error objects (500 server_error, JSON
+// and SSE), chunked request bodies under --max-request-body-bytes, and
+// concurrent clients (streaming, an abandoned stream, health during a held
+// step). Labelled tsan: written to be ThreadSanitizer-clean, no timed asserts
+// (waits are bounded only to turn a hang into a failure).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/engine/engine_loop.h"
+#include "runtime/frontend/http_server.h"
+#include "runtime/tokenizer/loaders.h"
+#include "tests/engine/scripted_executor.h"
+
+namespace pagedserve {
+namespace {
+
+using json = nlohmann::json;
+using testing::ScriptedExecutor;
+
+const Tokenizer& Tok() {
+  static const Tokenizer* t = [] {
+    const char* d = std::getenv("PAGEDSERVE_SOURCE_DIR");
+    auto r = LoadHfTokenizer(std::string(d ? d : ".") + "/tests/fixtures/smollm2-tokenizer");
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status();
+      std::abort();
+    }
+    return r->release();
+  }();
+  return *t;
+}
+
+int32_t Id(const std::string& text) {
+  EncodeOptions o;
+  o.add_special_tokens = false;
+  return Tok().Encode(text, o).at(0);
+}
+
+// A ScriptedExecutor whose steps wait at a gate (closed: step k waits unless
+// k <= free_steps) and whose step `fail_at` (1-based, 0 = never) returns an
+// error, as a lost worker makes Execute fail.
+class GatedExecutor : public Executor {
+ public:
+  explicit GatedExecutor(std::unique_ptr<ScriptedExecutor> inner) : inner_(std::move(inner)) {}
+  absl::StatusOr<StepResult> Execute(const StepPlan& plan) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int step = ++entered_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_ || step <= free_steps_; });
+    if (fail_at_ > 0 && step >= fail_at_) return absl::UnavailableError("worker rank 1 lost: scripted");
+    return inner_->Execute(plan);
+  }
+  absl::Status Shutdown() override { return absl::OkStatus(); }
+  int64_t num_device_blocks() const override { return inner_->num_device_blocks(); }
+  int64_t num_cpu_blocks() const override { return inner_->num_cpu_blocks(); }
+
+  void Hold(int free_steps) {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = false;
+    free_steps_ = free_steps;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void FailAt(int step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_at_ = step;
+  }
+  // Waits until `n` steps have entered Execute (false after 60 s: a hang).
+  bool WaitEntered(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(60), [&] { return entered_ >= n; });
+  }
+  int entered() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return entered_;
+  }
+
+ private:
+  std::unique_ptr<ScriptedExecutor> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = true;
+  int free_steps_ = 0;
+  int fail_at_ = 0;
+  int entered_ = 0;
+};
+
+constexpr size_t kMaxBody = 4096;
+
+struct Server {
+  GatedExecutor* exec = nullptr;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<EngineLoop> loop;
+  std::unique_ptr<HttpServer> http;
+  std::atomic<bool> stop{false}, abort_now{false};
+  std::thread engine_thread;
+
+  Server() {
+    // Prompt "A" continues " one two three", then " x" for ever (no EOS).
+    auto inner = std::make_unique<ScriptedExecutor>(
+        ScriptedExecutor::Script{{Id("A"), {{Id(" one"), Id(" two"), Id(" three")}}}}, 64, 0, 16, Id(" x"));
+    auto gated = std::make_unique<GatedExecutor>(std::move(inner));
+    exec = gated.get();
+    EngineOptions o;
+    o.scheduler.block_size = 16;
+    o.scheduler.max_model_len = 256;
+    o.scheduler.max_num_batched_tokens = 512;
+    auto e = Engine::Create(o, &Tok(), std::move(gated), {Tok().eos_id()});
+    EXPECT_TRUE(e.ok()) << e.status();
+    engine = *std::move(e);
+    EngineLoopOptions lo;
+    lo.idle_wait = absl::Milliseconds(5);
+    loop = std::make_unique<EngineLoop>(engine.get(), lo);
+    engine_thread = std::thread([this] { loop->Run(stop, abort_now).IgnoreError(); });
+    HttpServerOptions ho;
+    ho.port = 0;
+    ho.served_model_name = "scripted";
+    ho.max_request_body_bytes = kMaxBody;
+    ho.read_timeout = absl::Seconds(5);
+    ho.num_threads = 16;
+    ho.log_requests = false;
+    auto h = HttpServer::Create(ho);
+    EXPECT_TRUE(h.ok()) << h.status();
+    http = *std::move(h);
+    http->Start();
+    auto backend = std::make_unique<HttpBackend>();
+    backend->loop = loop.get();
+    backend->metrics_text = [] { return std::string("# scripted\n"); };
+    http->Attach(std::move(backend));
+  }
+  ~Server() {
+    exec->Open();
+    http->Stop();
+    stop.store(true);
+    abort_now.store(true);
+    engine_thread.join();
+  }
+  int port() const { return http->port(); }
+
+  // Waits (bounded) until no request is in flight and no KV block is used.
+  bool WaitIdle() {
+    for (int i = 0; i < 6000; ++i) {
+      const EngineSnapshot s = loop->Snapshot();
+      if (s.in_flight == 0 && s.kv_blocks_used == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+};
+
+// A connected client socket with a receive timeout (a hang becomes a failure).
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_GE(fd, 0);
+  timeval tv{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
+  return fd;
+}
+
+bool SendAll(int fd, const std::string& data) {
+  size_t sent = 0;
+  while (sent < data.size()) {
+    const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Reads until `until` occurs in what was read (empty: until the peer closes
+// or the receive timeout).
+std::string Receive(int fd, const std::string& until = "") {
+  std::string out;
+  char buf[4096];
+  while (until.empty() || !absl::StrContains(out, until)) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+struct Response {
+  int status = 0;
+  std::string head;  // status line and headers
+  std::string body;  // as sent (SSE: still in chunked framing)
+};
+
+Response Parse(const std::string& raw) {
+  Response r;
+  const size_t end = raw.find("\r\n\r\n");
+  r.head = raw.substr(0, end);
+  if (end != std::string::npos) r.body = raw.substr(end + 4);
+  std::vector<std::string> first = absl::StrSplit(r.head.substr(0, r.head.find("\r\n")), ' ');
+  if (first.size() < 2 || !absl::SimpleAtoi(first[1], &r.status)) r.status = -1;
+  if (const size_t p = r.head.find("Content-Length: "); p != std::string::npos) {
+    size_t len = 0;
+    if (absl::SimpleAtoi(r.head.substr(p + 16, r.head.find("\r\n", p) - p - 16), &len) && len <= r.body.size()) {
+      r.body.resize(len);  // what follows belongs to another response
+    }
+  }
+  return r;
+}
+
+// One request on a fresh connection (Connection: close); the whole response.
+Response Request(int port, const std::string& method, const std::string& path, const std::string& body = "") {
+  const int fd = Connect(port);
+  std::string req = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+  if (method == "POST") {
+    absl::StrAppend(&req, "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n");
+  }
+  absl::StrAppend(&req, "\r\n", body);
+  EXPECT_TRUE(SendAll(fd, req));
+  Response r = Parse(Receive(fd));
+  close(fd);
+  return r;
+}
+
+// The request headers of a chunked POST (the chunks follow separately).
+std::string ChunkedHead(const std::string& path) {
+  return absl::StrCat("POST ", path,
+                      " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                      "Transfer-Encoding: chunked\r\n\r\n");
+}
+std::string Chunk(const std::string& data) { return absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n"); }
+
+json ErrorOf(const Response& r) {
+  json j = json::parse(r.body, nullptr, false);
+  return j.is_object() && j.contains("error") ? j["error"] : json();
+}
+
+// The JSON payloads of the SSE events in a streamed body.
+std::vector<std::string> Events(const std::string& body) {
+  std::vector<std::string> out;
+  for (size_t p = body.find("data: "); p != std::string::npos; p = body.find("data: ", p)) {
+    const size_t end = body.find("\n\n", p);
+    out.push_back(body.substr(p + 6, end - p - 6));
+    if (end == std::string::npos) break;
+    p = end;
+  }
+  return out;
+}
+
+TEST(HttpServerTest, CompletesARequest) {
+  Server s;
+  Response r = Request(s.port(), "POST", "/v1/completions", R"({"prompt": "A", "max_tokens": 3})");
+  ASSERT_EQ(r.status, 200) << r.head << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["text"], " one two three");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+}
+
+// A fatal engine error after some tokens (a lost worker: the loss watcher's
+// EngineLoop::FailAll while the engine thread is stuck in a step) ends a
+// non-streaming request with OpenAI's error object: 500 server_error with the
+// engine's message, not a 200 whose choice says finish_reason "error".
+TEST(HttpServerTest, RequestFailedByTheEngineIsA500ServerError) {
+  Server s;
+  s.exec->Hold(2);  // prefill and one decode, then the third step waits
+  Response r;
+  std::thread client([&] {
+    r = Request(s.port(), "POST", "/v1/completions", R"({"prompt": "A", "max_tokens": 20})");
+  });
+  ASSERT_TRUE(s.exec->WaitEntered(3));  // steps 1 and 2 delivered a token each
+  EXPECT_EQ(s.loop->FailAll(absl::UnavailableError("worker rank 1 lost")), 1);
+  client.join();
+  ASSERT_EQ(r.status, 500) << r.head << r.body;
+  const json e = ErrorOf(r);
+  ASSERT_TRUE(e.is_object()) << r.body;
+  EXPECT_EQ(e["type"], "server_error");
+  EXPECT_TRUE(absl::StrContains(e["message"].get<std::string>(), "worker rank 1 lost")) << e;
+  EXPECT_FALSE(s.loop->healthy());
+  EXPECT_EQ(Request(s.port(), "GET", "/health").status, 503);
+}
+
+// The same through the engine's own failure (Execute returns an error at the
+// third step, after both requests got tokens; Engine::FailAll then reports
+// their usage): the non-streaming reply is a 500, the stream ends with an
+// error event of type server_error before [DONE].
+TEST(HttpServerTest, StepFailureIsAServerErrorForJsonAndStream) {
+  Server s;
+  s.exec->Hold(0);
+  s.exec->FailAt(3);
+  std::string streamed;
+  Response plain;
+  std::thread stream_client([&] {
+    streamed = Request(s.port(), "POST", "/v1/completions",
+                       R"({"prompt": "A", "max_tokens": 20, "stream": true})").body;
+  });
+  std::thread plain_client([&] {
+    plain = Request(s.port(), "POST", "/v1/completions", R"({"prompt": "A", "max_tokens": 20})");
+  });
+  // Both requests submitted (in the held first step or queued behind it), then
+  // steps 1 and 2 run and step 3 fails.
+  for (int i = 0; i < 6000 && s.loop->Snapshot().in_flight < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(s.loop->Snapshot().in_flight, 2);
+  s.exec->Open();
+  stream_client.join();
+  plain_client.join();
+  EXPECT_EQ(plain.status, 500) << plain.head << plain.body;
+  EXPECT_EQ(ErrorOf(plain)["type"], "server_error") << plain.body;
+  std::vector<std::string> events = Events(streamed);
+  ASSERT_GE(events.size(), 2u) << streamed;  // the error event and [DONE] at least
+  EXPECT_EQ(events.back(), "[DONE]");
+  bool error_event = false;
+  for (const std::string& ev : events) {
+    json j = json::parse(ev, nullptr, false);
+    if (j.is_object() && j.contains("error")) {
+      error_event = true;
+      EXPECT_EQ(j["error"]["type"], "server_error") << ev;
+      EXPECT_TRUE(absl::StrContains(j["error"]["message"].get<std::string>(), "worker rank 1 lost")) << ev;
+    }
+  }
+  EXPECT_TRUE(error_event) << streamed;
+}
+
+// Transfer-Encoding: chunked request bodies are read (cpp-httplib's content
+// reader) on every POST route.
+TEST(HttpServerTest, AcceptsChunkedRequestBodies) {
+  Server s;
+  {
+    const int fd = Connect(s.port());
+    ASSERT_TRUE(SendAll(fd, ChunkedHead("/v1/completions") + Chunk(R"({"prompt": "A",)") +
+                                Chunk(R"( "max_tokens": 3})") + "0\r\n\r\n"));
+    Response r = Parse(Receive(fd));
+    close(fd);
+    ASSERT_EQ(r.status, 200) << r.head << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], " one two three");
+  }
+  {
+    const int fd = Connect(s.port());
+    ASSERT_TRUE(SendAll(fd, ChunkedHead("/tokenize") + Chunk(R"({"prompt")") + Chunk(R"(: "A"})") + "0\r\n\r\n"));
+    Response r = Parse(Receive(fd));
+    close(fd);
+    ASSERT_EQ(r.status, 200) << r.head << r.body;
+    EXPECT_EQ(json::parse(r.body)["tokens"], json::array({Id("A")}));
+  }
+}
+
+// A chunked body beyond --max-request-body-bytes gets 413 as soon as it
+// crosses the bound: the body here never ends (no last chunk), so a server
+// that read it to the end before deciding would never answer. Other transfer
+// codings are 501; Transfer-Encoding beside Content-Length is 400.
+TEST(HttpServerTest, ChunkedBodyOverTheLimitIs413WithoutReadingItAll) {
+  Server s;
+  const int fd = Connect(s.port());
+  ASSERT_TRUE(SendAll(fd, ChunkedHead("/v1/completions") + Chunk(R"({"prompt": ")")));
+  const std::string filler(1024, 'a');
+  for (size_t sent = 0; sent <= kMaxBody; sent += filler.size()) ASSERT_TRUE(SendAll(fd, Chunk(filler)));
+  Response r = Parse(Receive(fd, "}}"));  // the end of the error object
+  close(fd);
+  ASSERT_EQ(r.status, 413) << r.head << r.body;
+  EXPECT_EQ(ErrorOf(r)["type"], "invalid_request_error") << r.body;
+  EXPECT_TRUE(absl::StrContains(r.head, "Connection: close")) << r.head;
+
+  const int gz = Connect(s.port());
+  ASSERT_TRUE(SendAll(gz, "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n"));
+  EXPECT_EQ(Parse(Receive(gz, "}}")).status, 501);
+  close(gz);
+  const int both = Connect(s.port());
+  ASSERT_TRUE(SendAll(both, "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                            "Content-Length: 5\r\n\r\n0\r\n\r\n"));
+  EXPECT_EQ(Parse(Receive(both, "}}")).status, 400);
+  close(both);
+  EXPECT_EQ(Request(s.port(), "GET", "/health").status, 200);  // still serving
+}
+
+// Concurrent clients on the HTTP threads while the engine thread steps:
+// streaming and non-streaming requests, a stream abandoned after its first
+// event (the request is aborted, its blocks come back), and health / models /
+// metrics answered while a step is held at the gate (order, not time: the
+// step cannot finish before they answer).
+TEST(HttpServerTest, ConcurrentClientsStreamingAbortAndHealthDuringAStep) {
+  Server s;
+  s.exec->Hold(0);
+  std::atomic<int> ok{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 4; ++i) {
+    clients.emplace_back([&, i] {
+      const bool stream = i % 2 == 1;
+      Response r = Request(s.port(), "POST", "/v1/completions",
+                           absl::StrCat(R"({"prompt": "A", "max_tokens": 6, "stream": )",
+                                        stream ? "true" : "false", "}"));
+      EXPECT_EQ(r.status, 200) << r.body;
+      if (stream) {
+        const std::vector<std::string> events = Events(r.body);
+        EXPECT_TRUE(!events.empty() && events.back() == "[DONE]") << r.body;
+      } else {
+        json j = json::parse(r.body, nullptr, false);
+        EXPECT_TRUE(j.is_object() && j["choices"][0]["finish_reason"] == "length") << r.body;
+      }
+      ++ok;
+    });
+  }
+  // An abandoned stream: read its first event, then close the connection.
+  std::thread quitter([&] {
+    const int fd = Connect(s.port());
+    const std::string body = R"({"prompt": "A", "max_tokens": 200, "stream": true})";
+    EXPECT_TRUE(SendAll(fd, absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                         "application/json\r\nContent-Length: ",
+                                         body.size(), "\r\n\r\n", body)));
+    EXPECT_TRUE(absl::StrContains(Receive(fd, "data: "), "data: "));
+    close(fd);
+  });
+  ASSERT_TRUE(s.exec->WaitEntered(1));  // the engine thread is inside a step, held
+  const int held = s.exec->entered();
+  EXPECT_EQ(Request(s.port(), "GET", "/health").status, 200);
+  EXPECT_EQ(Request(s.port(), "GET", "/v1/models").status, 200);
+  EXPECT_EQ(Request(s.port(), "GET", "/metrics").status, 200);
+  EXPECT_EQ(s.exec->entered(), held);  // answered during that same step
+  s.exec->Open();
+  for (auto& t : clients) t.join();
+  quitter.join();
+  EXPECT_EQ(ok.load(), 4);
+  EXPECT_TRUE(s.WaitIdle()) << "requests or KV blocks left after the clients finished";
+}
+
+}  // namespace
+}  // namespace pagedserve
