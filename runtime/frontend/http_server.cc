@@ -38,16 +38,18 @@
 
 namespace pagedserve {
 
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+bool ConstantTimeEquals(std::string_view a, std::string_view b, size_t* bytes_compared) {
   // Walks max(|a|, |b|) bytes whatever the contents; the length difference is
   // folded into the result instead of returning early.
   const size_t n = std::max(a.size(), b.size());
   volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < n; ++i) {
+  size_t i = 0;
+  for (; i < n; ++i) {
     const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
     const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
     diff = diff | (x ^ y);
   }
+  if (bytes_compared != nullptr) *bytes_compared = i;
   return diff == 0;
 }
 

@@ -105,8 +105,10 @@ class HttpServer {
 
 // Constant-time comparison: the time depends only on the lengths of `a` and
 // `b` combined, never on where they first differ (no early exit on a length
-// mismatch either). For API keys.
-bool ConstantTimeEquals(std::string_view a, std::string_view b);
+// mismatch either). For API keys. `bytes_compared`, when given, receives the
+// number of byte positions the loop visited: always max(|a|, |b|) (tests check
+// that no input makes it stop early).
+bool ConstantTimeEquals(std::string_view a, std::string_view b, size_t* bytes_compared = nullptr);
 
 }  // namespace pagedserve
 
