@@ -320,6 +320,59 @@ def check_alert_rules(objs):
                               f"job=\"{job}\", but the ServiceMonitors produce {sorted(jobs)}")
 
 
+# Who may reach which port (docs/security.md, deploy/k8s/base/networkpolicy.yaml):
+# request ports only from the gateway's pods of this namespace, the metrics port
+# only from Prometheus pods, the rule without ports only from pagedserve's own
+# pods. A rule without `from` (every source), an ipBlock, or a peer of another
+# kind on these ports is an error.
+REQUEST_PORTS = {"http", "zmq"}
+METRICS_PORTS = {"metrics"}
+GATEWAY = {"app.kubernetes.io/part-of": "pagedserve", "app.kubernetes.io/component": "gateway"}
+PROMETHEUS = {"app.kubernetes.io/name": "prometheus"}
+SELF = {"app.kubernetes.io/name": "pagedserve"}
+
+
+def peer_kind(peer):
+    if set(peer) - {"podSelector", "namespaceSelector"} or "podSelector" not in peer:
+        return None  # ipBlock, or a namespaceSelector alone (every pod of those namespaces)
+    pods = peer["podSelector"]
+    if set(pods) != {"matchLabels"}:
+        return None  # matchExpressions, or {} (every pod)
+    labels = pods["matchLabels"]
+    if "namespaceSelector" not in peer and all(labels.get(k) == v for k, v in GATEWAY.items()):
+        return "gateway"
+    if "namespaceSelector" not in peer and all(labels.get(k) == v for k, v in SELF.items()):
+        return "self"
+    if all(labels.get(k) == v for k, v in PROMETHEUS.items()):
+        return "prometheus"
+    return None
+
+
+def check_network_policy_peers(label, pol):
+    for i, rule in enumerate(pol["spec"].get("ingress", [])):
+        peers = rule.get("from") or []
+        ports = {p.get("port") for p in rule.get("ports", [])}
+        if not peers:
+            error(label, f"ingress rule {i} has no 'from': every source may reach "
+                         f"{sorted(map(str, ports)) or 'every port'}")
+            continue
+        kinds = [peer_kind(p) for p in peers]
+        if not ports:
+            allowed = {"self"}
+        elif ports & REQUEST_PORTS and ports & METRICS_PORTS:
+            allowed = set()
+        elif ports & REQUEST_PORTS:
+            allowed = {"gateway"}
+        elif ports & METRICS_PORTS:
+            allowed = {"prometheus"}
+        else:
+            allowed = {"gateway", "prometheus", "self"}
+        for p, k in zip(peers, kinds):
+            if k not in allowed:
+                error(label, f"ingress rule {i} lets {json.dumps(p, sort_keys=True)} reach "
+                             f"{sorted(map(str, ports)) or 'every port'} (only {sorted(allowed) or 'nobody'} may)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("overlay")
@@ -405,6 +458,7 @@ def main():
                 if isinstance(target, str) and target not in opened:
                     error(label, f"port '{target}' of {name_of(svc)} is opened by no ingress rule "
                                  "(only pagedserve's own pods could reach it)")
+        check_network_policy_peers(label, pol)
     check_lws_dns(objs)
     check_alert_rules(objs)
     dashboards = [o for o in objs if o["kind"] == "ConfigMap"
