@@ -120,6 +120,43 @@ def selects(selector, labels):
 TLS_DIR = "/etc/pagedserve/tls"  # where deploy/docker/entrypoint.sh looks for tls.crt / tls.key
 
 
+def entrypoint_default(variable):
+    """The default directory deploy/docker/entrypoint.sh gives ${variable:-...}."""
+    with open(ENTRYPOINT) as f:
+        m = re.search(r"\$\{" + variable + r":-([^}]+)\}", f.read())
+    if not m:
+        sys.exit(f"validate_manifests: no default for {variable} in {ENTRYPOINT}")
+    return m.group(1)
+
+
+# Secret -> entry point variable whose default directory it must be mounted at:
+# a Secret mounted elsewhere would leave the entry point serving without CURVE
+# (or without the client allow-list) and nothing would say so.
+SECRET_DIRS = {"pagedserve-curve": "PAGEDSERVE_CURVE_DIR",
+               "pagedserve-curve-clients": "PAGEDSERVE_CURVE_CLIENTS_DIR",
+               "pagedserve-tls": "PAGEDSERVE_TLS_DIR"}
+
+
+def check_secret_mounts(templates):
+    mounted = set()
+    for label, template in templates:
+        spec = template.get("spec", {})
+        secret_of = {v["name"]: v["secret"].get("secretName") for v in spec.get("volumes", []) if "secret" in v}
+        for c in spec.get("containers", []):
+            for m in c.get("volumeMounts", []):
+                secret = secret_of.get(m.get("name"))
+                if secret not in SECRET_DIRS:
+                    continue
+                mounted.add(secret)
+                want = entrypoint_default(SECRET_DIRS[secret])
+                if m.get("mountPath") != want:
+                    error(label, f"Secret {secret} is mounted at {m.get('mountPath')} in {c['name']}, "
+                                 f"but the entry point reads {want}")
+    for secret in ("pagedserve-curve", "pagedserve-curve-clients"):
+        if templates and secret not in mounted:
+            error("workloads", f"no container mounts the CurveZMQ Secret {secret}")
+
+
 def tls_secret(label, spec, c):
     """True when container c mounts a Secret at the entry point's TLS directory (the
     server then speaks only HTTPS); an optional Secret there is an error: without it
@@ -407,6 +444,7 @@ def main():
             templates.append((tlabel, template))
         print(f"validated {label}")
 
+    check_secret_mounts(templates)
     services = [o for o in objs if o["kind"] == "Service"]
     for svc in services:
         label = name_of(svc)
