@@ -33,6 +33,12 @@
 7. Alerts: a PrometheusRule's groups equal monitoring/alerts.yml's, and every
    job="..." its expressions select is a job a ServiceMonitor produces
    (jobLabel: the Service's label value, else the Service's name).
+8. Security (docs/security.md): the NetworkPolicy admits the request ports
+   (http, zmq) only from the gateway's pods, the metrics port only from
+   Prometheus pods, its portless rule only from pagedserve's own pods, and no
+   rule lacks `from`; the CurveZMQ and TLS Secrets are mounted at the
+   directories deploy/docker/entrypoint.sh reads, and both CurveZMQ Secrets
+   are mounted.
 
 Prints one line per object and exits 1 on the first class of error found
 (all errors are printed).
