@@ -19,6 +19,8 @@
   hits a salted one's blocks; greedy output is the same either way; a malformed salt is
   a 400 naming `cache_salt` that does not echo the salt, and the server keeps serving;
   --require-cache-salt refuses unsalted requests.
+- Request log: a completion's and a chat's log lines carry ids and counts, never the
+  prompt or the completion, without --log-request-content.
 
   http_security_test.py --pagedserve BUILD/runtime/cli/pagedserve --model MODEL.gguf
 """
@@ -30,6 +32,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -212,6 +215,27 @@ class CacheSaltTest(unittest.TestCase):
     def setUpClass(cls):
         cls.server = ServerProcess(["--enable-prefix-caching"])
         cls.c = cls.server.client()
+
+    def test_request_log_has_no_content_by_default(self):
+        """What leaves the process: the HTTP front end's request log line carries the
+        id and the counts, never the prompt or the completion (no
+        --log-request-content on this server)."""
+        r = self.c.completions.create(model=self.server.model, prompt="zebra quartz lantern", max_tokens=4,
+                                      temperature=0, extra_body={"ignore_eos": True})
+        chat = self.c.chat.completions.create(model=self.server.model, max_tokens=4, temperature=0,
+                                              messages=[{"role": "user", "content": "zebra quartz lantern"}])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(f'id="{x.id}"' in self.server.logs() for x in (r, chat)):
+            time.sleep(0.05)
+        logs = self.server.logs()
+        for x, completion in ((r, r.choices[0].text), (chat, chat.choices[0].message.content)):
+            lines = [l for l in logs.splitlines() if "request http:" in l and f'id="{x.id}"' in l]
+            self.assertEqual(len(lines), 1, logs[-2000:])
+            self.assertRegex(lines[0], r"prompt_tokens=\d+ completion_tokens=4 ")
+            self.assertNotIn("prompt=", lines[0])
+            if completion.strip():
+                self.assertNotIn(completion.strip(), logs)
+        self.assertNotIn("zebra", logs)
 
     @classmethod
     def tearDownClass(cls):
