@@ -109,6 +109,13 @@ PAGEDSERVE_FLAG("serve", std::string, ssl_certfile, "",
                 "--ssl-keyfile");
 PAGEDSERVE_FLAG("serve", std::string, ssl_keyfile, "",
                 "serve: the PEM private key of --ssl-certfile");
+PAGEDSERVE_FLAG("serve", std::string, ssl_ca_certs, "",
+                "serve: PEM file of the CA certificates that sign client certificates (mutual "
+                "TLS with --ssl-cert-reqs; needs --ssl-certfile)");
+PAGEDSERVE_FLAG("serve", int32_t, ssl_cert_reqs, 0,
+                "serve: client certificates, as Python's ssl.VerifyMode (uvicorn, vLLM): 0 not "
+                "asked for, 1 optional (a presented one must verify against --ssl-ca-certs), 2 "
+                "required");
 PAGEDSERVE_FLAG("serve,client", std::string, zmq_curve_secret_key_file, "",
                 "serve: turn on CurveZMQ (encryption + server authentication) with this secret "
                 "certificate (NAME.key_secret from `pagedserve keygen`); client: this client's own "
@@ -186,6 +193,8 @@ absl::StatusOr<HttpServerOptions> HttpOptionsFromFlags(const std::string& model_
   h.log_request_content = absl::GetFlag(FLAGS_log_request_content);
   h.ssl_certfile = absl::GetFlag(FLAGS_ssl_certfile);
   h.ssl_keyfile = absl::GetFlag(FLAGS_ssl_keyfile);
+  h.ssl_ca_certs = absl::GetFlag(FLAGS_ssl_ca_certs);
+  h.ssl_cert_reqs = absl::GetFlag(FLAGS_ssl_cert_reqs);
   const int64_t body = absl::GetFlag(FLAGS_max_request_body_bytes);
   if (body < 64 || body > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat("--max-request-body-bytes must be in [64, 2^30], got ", body));

@@ -29,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "httplib.h"
 #include "openssl/err.h"
+#include "openssl/ssl.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/engine/engine_loop.h"
 #include "runtime/frontend/elastic_thread_pool.h"
@@ -38,16 +39,18 @@
 
 namespace pagedserve {
 
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+bool ConstantTimeEquals(std::string_view a, std::string_view b, size_t* bytes_compared) {
   // Walks max(|a|, |b|) bytes whatever the contents; the length difference is
   // folded into the result instead of returning early.
   const size_t n = std::max(a.size(), b.size());
   volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < n; ++i) {
+  size_t i = 0;
+  for (; i < n; ++i) {
     const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
     const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
     diff = diff | (x ^ y);
   }
+  if (bytes_compared != nullptr) *bytes_compared = i;
   return diff == 0;
 }
 
@@ -623,10 +626,25 @@ absl::StatusOr<std::unique_ptr<httplib::Server>> MakeHttplibServer(
     return absl::InvalidArgumentError(
         "--ssl-certfile and --ssl-keyfile go together (TLS needs both)");
   }
+  if (options.ssl_cert_reqs < 0 || options.ssl_cert_reqs > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ssl-cert-reqs must be 0 (CERT_NONE), 1 (CERT_OPTIONAL) or 2 (CERT_REQUIRED), got ",
+        options.ssl_cert_reqs));
+  }
+  if (!options.ssl_ca_certs.empty() && options.ssl_certfile.empty()) {
+    return absl::InvalidArgumentError("--ssl-ca-certs needs --ssl-certfile and --ssl-keyfile (TLS)");
+  }
+  if (options.ssl_cert_reqs != 0 && options.ssl_ca_certs.empty()) {
+    return absl::InvalidArgumentError(
+        "--ssl-cert-reqs 1 or 2 needs --ssl-ca-certs (the CAs that sign client certificates)");
+  }
   if (options.ssl_certfile.empty()) return std::make_unique<httplib::Server>();
-  for (const std::string* path : {&options.ssl_certfile, &options.ssl_keyfile}) {
+  for (const std::string* path : {&options.ssl_certfile, &options.ssl_keyfile, &options.ssl_ca_certs}) {
+    if (path->empty()) continue;
     if (access(path->c_str(), R_OK) != 0) {
-      const char* flag = path == &options.ssl_certfile ? "--ssl-certfile " : "--ssl-keyfile ";
+      const char* flag = path == &options.ssl_certfile ? "--ssl-certfile "
+                         : path == &options.ssl_keyfile ? "--ssl-keyfile "
+                                                        : "--ssl-ca-certs ";
       return absl::InvalidArgumentError(absl::StrCat(flag, *path, ": ", std::strerror(errno)));
     }
   }
@@ -639,6 +657,26 @@ absl::StatusOr<std::unique_ptr<httplib::Server>> MakeHttplibServer(
         absl::StrCat("--ssl-certfile ", options.ssl_certfile, " / --ssl-keyfile ",
                      options.ssl_keyfile, ": not a PEM certificate and its matching private key",
                      why.empty() ? "" : absl::StrCat(" (", why, ")")));
+  }
+  if (!options.ssl_ca_certs.empty()) {
+    // Mutual TLS: trust these CAs for client certificates, name them in the
+    // CertificateRequest, and ask for (1) or demand (2) a client certificate.
+    SSL_CTX* ctx = server->ssl_context();
+    ERR_clear_error();
+    STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(options.ssl_ca_certs.c_str());
+    if (names == nullptr ||
+        SSL_CTX_load_verify_locations(ctx, options.ssl_ca_certs.c_str(), nullptr) != 1) {
+      if (names != nullptr) sk_X509_NAME_pop_free(names, X509_NAME_free);
+      const std::string why = OpenSslErrors();
+      return absl::InvalidArgumentError(
+          absl::StrCat("--ssl-ca-certs ", options.ssl_ca_certs, ": no PEM CA certificate loaded",
+                       why.empty() ? "" : absl::StrCat(" (", why, ")")));
+    }
+    SSL_CTX_set_client_CA_list(ctx, names);  // takes ownership
+    const int mode = options.ssl_cert_reqs == 0   ? SSL_VERIFY_NONE
+                     : options.ssl_cert_reqs == 1 ? SSL_VERIFY_PEER
+                                                  : SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT;
+    SSL_CTX_set_verify(ctx, mode, nullptr);
   }
   return server;
 }

@@ -25,7 +25,8 @@
 // /detokenize need "Authorization: Bearer <key>" (401 otherwise), compared in
 // constant time; /health, /version, /metrics and /openapi.json stay open.
 // With ssl_certfile / ssl_keyfile the server speaks only HTTPS (cpp-httplib's
-// SSLServer on OpenSSL); docs/security.md.
+// SSLServer on OpenSSL), with ssl_ca_certs / ssl_cert_reqs it also checks
+// client certificates (mutual TLS); docs/security.md.
 #ifndef PAGEDSERVE_RUNTIME_FRONTEND_HTTP_SERVER_H_
 #define PAGEDSERVE_RUNTIME_FRONTEND_HTTP_SERVER_H_
 
@@ -65,6 +66,15 @@ struct HttpServerOptions {
   // matching pair.
   std::string ssl_certfile;                // --ssl-certfile
   std::string ssl_keyfile;                 // --ssl-keyfile
+  // Mutual TLS, with uvicorn's / vLLM's names and values: ssl_cert_reqs is
+  // Python's ssl.VerifyMode, 0 CERT_NONE (no client certificate asked for),
+  // 1 CERT_OPTIONAL (a client may present none; one it presents must verify
+  // against ssl_ca_certs), 2 CERT_REQUIRED (the handshake fails without a
+  // certificate that verifies). ssl_ca_certs: PEM file of the CA certificates
+  // that sign client certificates; needs ssl_certfile, and ssl_cert_reqs 1 or 2
+  // needs it. InvalidArgument otherwise, or when the file does not load.
+  std::string ssl_ca_certs;                // --ssl-ca-certs
+  int ssl_cert_reqs = 0;                   // --ssl-cert-reqs
   std::string version = "0.1.0";
 };
 
@@ -105,8 +115,10 @@ class HttpServer {
 
 // Constant-time comparison: the time depends only on the lengths of `a` and
 // `b` combined, never on where they first differ (no early exit on a length
-// mismatch either). For API keys.
-bool ConstantTimeEquals(std::string_view a, std::string_view b);
+// mismatch either). For API keys. `bytes_compared`, when given, receives the
+// number of byte positions the loop visited: always max(|a|, |b|) (tests check
+// that no input makes it stop early).
+bool ConstantTimeEquals(std::string_view a, std::string_view b, size_t* bytes_compared = nullptr);
 
 }  // namespace pagedserve
 

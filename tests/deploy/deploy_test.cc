@@ -87,6 +87,14 @@ TEST(KustomizeTest, BrokenOverlaysAreRejected) {
       {"bad-port", {"targetPort 'prometheus'", "endpoint port 'http-metrics'", "ingress port 'zeromq'"}},
       {"netpol-closed-port",
        {"NetworkPolicy/pagedserve: port 'http' of Service/pagedserve-api is opened by no ingress rule"}},
+      {"netpol-open",
+       {"NetworkPolicy/pagedserve: ingress rule 0 has no 'from': every source may reach ['http', 'zmq']",
+        "NetworkPolicy/pagedserve: ingress rule 1 lets {\"namespaceSelector\": {}, \"podSelector\": {}} "
+        "reach ['metrics'] (only ['prometheus'] may)"}},
+      {"curve-mounts",
+       {"Secret pagedserve-curve is mounted at /etc/curve in pagedserve, but the entry point reads "
+        "/etc/pagedserve/curve",
+        "no container mounts the CurveZMQ Secret pagedserve-curve-clients"}},
       // The upstream ServiceMonitor schema (extract_schemas.py) at work.
       {"bad-servicemonitor", {"'scrapeInterval' was unexpected", "'tcp'"}},
       {"lws-service-name",

@@ -33,6 +33,12 @@
 7. Alerts: a PrometheusRule's groups equal monitoring/alerts.yml's, and every
    job="..." its expressions select is a job a ServiceMonitor produces
    (jobLabel: the Service's label value, else the Service's name).
+8. Security (docs/security.md): the NetworkPolicy admits the request ports
+   (http, zmq) only from the gateway's pods, the metrics port only from
+   Prometheus pods, its portless rule only from pagedserve's own pods, and no
+   rule lacks `from`; the CurveZMQ and TLS Secrets are mounted at the
+   directories deploy/docker/entrypoint.sh reads, and both CurveZMQ Secrets
+   are mounted.
 
 Prints one line per object and exits 1 on the first class of error found
 (all errors are printed).
@@ -118,6 +124,43 @@ def selects(selector, labels):
 
 
 TLS_DIR = "/etc/pagedserve/tls"  # where deploy/docker/entrypoint.sh looks for tls.crt / tls.key
+
+
+def entrypoint_default(variable):
+    """The default directory deploy/docker/entrypoint.sh gives ${variable:-...}."""
+    with open(ENTRYPOINT) as f:
+        m = re.search(r"\$\{" + variable + r":-([^}]+)\}", f.read())
+    if not m:
+        sys.exit(f"validate_manifests: no default for {variable} in {ENTRYPOINT}")
+    return m.group(1)
+
+
+# Secret -> entry point variable whose default directory it must be mounted at:
+# a Secret mounted elsewhere would leave the entry point serving without CURVE
+# (or without the client allow-list) and nothing would say so.
+SECRET_DIRS = {"pagedserve-curve": "PAGEDSERVE_CURVE_DIR",
+               "pagedserve-curve-clients": "PAGEDSERVE_CURVE_CLIENTS_DIR",
+               "pagedserve-tls": "PAGEDSERVE_TLS_DIR"}
+
+
+def check_secret_mounts(templates):
+    mounted = set()
+    for label, template in templates:
+        spec = template.get("spec", {})
+        secret_of = {v["name"]: v["secret"].get("secretName") for v in spec.get("volumes", []) if "secret" in v}
+        for c in spec.get("containers", []):
+            for m in c.get("volumeMounts", []):
+                secret = secret_of.get(m.get("name"))
+                if secret not in SECRET_DIRS:
+                    continue
+                mounted.add(secret)
+                want = entrypoint_default(SECRET_DIRS[secret])
+                if m.get("mountPath") != want:
+                    error(label, f"Secret {secret} is mounted at {m.get('mountPath')} in {c['name']}, "
+                                 f"but the entry point reads {want}")
+    for secret in ("pagedserve-curve", "pagedserve-curve-clients"):
+        if templates and secret not in mounted:
+            error("workloads", f"no container mounts the CurveZMQ Secret {secret}")
 
 
 def tls_secret(label, spec, c):
@@ -320,6 +363,59 @@ def check_alert_rules(objs):
                               f"job=\"{job}\", but the ServiceMonitors produce {sorted(jobs)}")
 
 
+# Who may reach which port (docs/security.md, deploy/k8s/base/networkpolicy.yaml):
+# request ports only from the gateway's pods of this namespace, the metrics port
+# only from Prometheus pods, the rule without ports only from pagedserve's own
+# pods. A rule without `from` (every source), an ipBlock, or a peer of another
+# kind on these ports is an error.
+REQUEST_PORTS = {"http", "zmq"}
+METRICS_PORTS = {"metrics"}
+GATEWAY = {"app.kubernetes.io/part-of": "pagedserve", "app.kubernetes.io/component": "gateway"}
+PROMETHEUS = {"app.kubernetes.io/name": "prometheus"}
+SELF = {"app.kubernetes.io/name": "pagedserve"}
+
+
+def peer_kind(peer):
+    if set(peer) - {"podSelector", "namespaceSelector"} or "podSelector" not in peer:
+        return None  # ipBlock, or a namespaceSelector alone (every pod of those namespaces)
+    pods = peer["podSelector"]
+    if set(pods) != {"matchLabels"}:
+        return None  # matchExpressions, or {} (every pod)
+    labels = pods["matchLabels"]
+    if "namespaceSelector" not in peer and all(labels.get(k) == v for k, v in GATEWAY.items()):
+        return "gateway"
+    if "namespaceSelector" not in peer and all(labels.get(k) == v for k, v in SELF.items()):
+        return "self"
+    if all(labels.get(k) == v for k, v in PROMETHEUS.items()):
+        return "prometheus"
+    return None
+
+
+def check_network_policy_peers(label, pol):
+    for i, rule in enumerate(pol["spec"].get("ingress", [])):
+        peers = rule.get("from") or []
+        ports = {p.get("port") for p in rule.get("ports", [])}
+        if not peers:
+            error(label, f"ingress rule {i} has no 'from': every source may reach "
+                         f"{sorted(map(str, ports)) or 'every port'}")
+            continue
+        kinds = [peer_kind(p) for p in peers]
+        if not ports:
+            allowed = {"self"}
+        elif ports & REQUEST_PORTS and ports & METRICS_PORTS:
+            allowed = set()
+        elif ports & REQUEST_PORTS:
+            allowed = {"gateway"}
+        elif ports & METRICS_PORTS:
+            allowed = {"prometheus"}
+        else:
+            allowed = {"gateway", "prometheus", "self"}
+        for p, k in zip(peers, kinds):
+            if k not in allowed:
+                error(label, f"ingress rule {i} lets {json.dumps(p, sort_keys=True)} reach "
+                             f"{sorted(map(str, ports)) or 'every port'} (only {sorted(allowed) or 'nobody'} may)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("overlay")
@@ -354,6 +450,7 @@ def main():
             templates.append((tlabel, template))
         print(f"validated {label}")
 
+    check_secret_mounts(templates)
     services = [o for o in objs if o["kind"] == "Service"]
     for svc in services:
         label = name_of(svc)
@@ -405,6 +502,7 @@ def main():
                 if isinstance(target, str) and target not in opened:
                     error(label, f"port '{target}' of {name_of(svc)} is opened by no ingress rule "
                                  "(only pagedserve's own pods could reach it)")
+        check_network_policy_peers(label, pol)
     check_lws_dns(objs)
     check_alert_rules(objs)
     dashboards = [o for o in objs if o["kind"] == "ConfigMap"

@@ -3,6 +3,9 @@
 // `mpirun --oversubscribe` and checks
 //  - greedy tokens identical for TP = 1 and TP = 2 (and 4: KV heads replicated)
 //    on the random-weight model, and TP = 1 vs TP = 3 on SmolLM2 when present;
+//  - Qwen2's Q/K/V biases split across ranks: the qwen2_bias feature model at
+//    TP = 2 (and 4: each rank one query head, KV heads replicated) gives the
+//    transformers reference's greedy tokens (tests/fixtures/qwen2_bias);
 //  - a swap-out / swap-in of a sequence mid-generation under TP = 2 changes
 //    no token;
 //  - a wrong rank count and a TP size that does not divide the query heads
@@ -13,7 +16,8 @@
 //
 // Environment (set by tests/distributed/CMakeLists.txt): PAGEDSERVE_TP_DRIVER,
 // PAGEDSERVE_MPIEXEC, PAGEDSERVE_TEST_MODEL (random model dir),
-// PAGEDSERVE_SMOLLM2 (optional GGUF path).
+// PAGEDSERVE_SMOLLM2 (optional GGUF path), PAGEDSERVE_QWEN2_BIAS_MODEL (the
+// make_random_variant.py qwen2_bias dir), PAGEDSERVE_SOURCE_DIR.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -32,8 +36,10 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/distributed/subprocess.h"
+#include "tests/worker/reference_fixture.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -129,6 +135,56 @@ TEST_F(LaunchTest, SmolLM2GreedyTokensIdenticalForTp1AndTp3) {
   auto tp3 = Generate(smol, 3, args);
   ASSERT_EQ(tp1.size(), 3u);
   EXPECT_EQ(tp1, tp3);
+}
+
+// Qwen2's Q/K/V biases are column-parallel like their projections: each rank
+// must add the slice of its own heads. The qwen2_bias model (4 query heads,
+// 2 KV heads, biases of std 0.5) at TP = 2 and TP = 4 must give the greedy
+// tokens of transformers (tests/fixtures/qwen2_bias/reference.json), with the
+// near-tie rule of llama_reference_test.cc: at the first token that differs,
+// the reference's own top-1 margin must be below 1e-3 (the smallest margin of
+// these 16 steps is 4e-3). Checked to fail when every rank adds rank 0's
+// query-bias slice (a TP = 1 run cannot see that).
+TEST_F(LaunchTest, Qwen2BiasSplitAcrossRanksMatchesTransformers) {
+  const std::string model = Env("PAGEDSERVE_QWEN2_BIAS_MODEL");
+  ASSERT_FALSE(model.empty()) << "set PAGEDSERVE_QWEN2_BIAS_MODEL";
+  const nlohmann::json ref = pagedserve::testing::ReadJson(
+      pagedserve::testing::SourceDir() + "/tests/fixtures/qwen2_bias/reference.json");
+  ASSERT_TRUE(ref.at("model").at("config").at("architectures").at(0) == "Qwen2ForCausalLM");
+  constexpr size_t kTokens = 16;
+  std::vector<std::string> prompts;
+  std::vector<std::vector<int32_t>> want;
+  std::vector<std::vector<double>> margins;
+  std::vector<std::string> names;
+  for (const nlohmann::json& p : ref.at("prompts")) {
+    prompts.push_back(absl::StrJoin(p.at("prompt_ids").get<std::vector<int32_t>>(), " "));
+    auto ids = p.at("greedy_ids").get<std::vector<int32_t>>();
+    auto m = p.at("greedy_margins").get<std::vector<double>>();
+    ASSERT_GE(ids.size(), kTokens);
+    want.emplace_back(ids.begin(), ids.begin() + kTokens);
+    margins.emplace_back(m.begin(), m.begin() + kTokens);
+    names.push_back(p.at("name").get<std::string>());
+  }
+  ASSERT_GE(prompts.size(), 4u);
+  const std::vector<std::string> args = {"--max-tokens", std::to_string(kTokens), "--prompts",
+                                         absl::StrJoin(prompts, ",")};
+  for (int tp : {2, 4}) {
+    auto got = Generate(model, tp, args);
+    ASSERT_EQ(got.size(), want.size()) << "TP " << tp;
+    for (size_t i = 0; i < want.size(); ++i) {
+      std::vector<int32_t> ids;
+      for (absl::string_view t : absl::StrSplit(got[static_cast<int>(i)], ' ', absl::SkipEmpty()))
+        ids.push_back(std::stoi(std::string(t)));
+      ASSERT_EQ(ids.size(), kTokens) << names[i] << " TP " << tp;
+      for (size_t k = 0; k < kTokens; ++k) {
+        if (ids[k] == want[i][k]) continue;
+        EXPECT_LT(margins[i][k], 1e-3) << names[i] << " TP " << tp << ": greedy token " << k
+                                       << " is " << ids[k] << ", transformers " << want[i][k]
+                                       << " with a clear margin " << margins[i][k];
+        break;
+      }
+    }
+  }
 }
 
 TEST_F(LaunchTest, WrongRankCountFailsOnEveryRank) {

@@ -16,6 +16,12 @@
    Where root, unshare and chroot are available (CI), the same binaries are
    also started in a root holding only the C library family, NCCL and the
    payload: they must load there.
+   2b. The same --run with a stand-in probe that reports a device (/bin/true):
+   a device test that skips (the real cuda_worker_test, devices hidden), one
+   that exits 0 without output (kernels_cuda_kernels_test replaced by
+   /bin/true) and a benchmark without its JSON each fail the step, and --run
+   exits 1. (The memcheck step's output check is not exercised: it needs
+   compute-sanitizer.)
 3. Broken inputs must fail --prepare with a clear message: a size limit below
    the bundle's size, and a build dir whose nvcc flags lack sm_90 (only sm_80).
 Standard library only; prints "N passed, N failed".
@@ -207,6 +213,47 @@ def main():
             names = t.getnames()
         for n in ["logs/summary.json", "logs/libraries.log", "logs/probe.log", "logs/pagedserve.log"]:
             check(n in names, f"tarball holds {n}")
+
+        # --- 2b. a device that answers the probe, but device tests that skip or
+        # print nothing: those steps must fail, never read as passed. The probe
+        # binary is replaced by /bin/true (exit 0: "a device"; as the benchmark it
+        # writes no JSON); cuda_worker_test is the real binary, which skips
+        # without a device (CUDA_VISIBLE_DEVICES=""); kernels_cuda_kernels_test is
+        # /bin/true too, exiting 0 without running anything. (ELF stand-ins: the
+        # libraries step runs ldd on every binary.)
+        stub_pay = os.path.join(tmp, "stub-payload")
+        shutil.copytree(payload, stub_pay, symlinks=True)
+        for name in ("paged_attention_cuda_bench", "kernels_cuda_kernels_test"):
+            path = os.path.join(stub_pay, "bin", name)
+            os.remove(path)
+            shutil.copy("/bin/true", path)
+            os.chmod(path, 0o755)
+        stub_bundle = os.path.join(tmp, "stub-bundle")
+        os.makedirs(stub_bundle)
+        shutil.copy(os.path.join(bundle, "manifest.json"), stub_bundle)
+        with tarfile.open(os.path.join(stub_bundle, "payload.tar.gz"), "w:gz") as t:
+            for n in sorted(os.listdir(stub_pay)):
+                t.add(os.path.join(stub_pay, n), arcname=n)
+        stub_out = os.path.join(tmp, "stub-out")
+        r = run([script, "--run"], {"GPU_CHECK_BUNDLE": stub_bundle, "OUT": stub_out, "CUDA_VISIBLE_DEVICES": "",
+                                    "GPU_CHECK_QUICK": "1", "GPU_CHECK_MODEL_LAYERS": "1"}, tmp, timeout=600)
+        print(r.stderr[-3000:])
+        check(r.returncode == 1, f"--run exits 1 when device steps skip or print nothing (got {r.returncode})")
+        with open(os.path.join(stub_out, "summary.json")) as f:
+            summary = json.load(f)
+        steps = summary["steps"]
+        check(summary["ok"] is False, "stand-in device: summary not ok")
+        check(steps["device"]["status"] == "ok", f"stand-in device: probe ok ({steps['device']})")
+        check(steps["kernel_tests"]["status"] == "failed" and
+              steps["kernel_tests"]["reason"].startswith("no test output"),
+              f"kernel_tests with no output fails: {steps['kernel_tests']}")
+        check(steps["cuda_worker"]["status"] == "failed",
+              f"cuda_worker_test that skips fails: {steps['cuda_worker']}")
+        check(steps["attention_bench"]["status"] == "failed" and
+              steps["attention_bench"]["reason"].startswith("no output"),
+              f"attention_bench without its JSON fails: {steps['attention_bench']}")
+        check(all(st["status"] != "ok" for n, st in steps.items() if n in GPU_STEPS),
+              f"no GPU step reads ok: {[(n, st['status']) for n, st in steps.items() if n in GPU_STEPS]}")
 
         # --- 3. broken inputs
         small = run([script, "--prepare"], {**base_env, "GPU_CHECK_BUNDLE": os.path.join(tmp, "b2"),

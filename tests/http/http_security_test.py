@@ -7,12 +7,20 @@
   CA file is the certificate) is served, streaming and not; a client that does not trust it, and
   a plain-HTTP client on the same port, are not. A certificate without its key, or with
   another key, stops the server at start with an error naming the flags.
+- Mutual TLS (--ssl-ca-certs, --ssl-cert-reqs as uvicorn / vLLM name them): a test CA
+  made with `openssl` signs one client certificate; a second client certificate is
+  self-signed. With --ssl-cert-reqs 2 the signed client is served (openai client and
+  /health) and a client without a certificate or with the self-signed one is not; with
+  1 a client without a certificate is served and the self-signed one is not. Bad
+  combinations of the flags stop the server at start naming the flag.
 - cache_salt on /v1/completions and /v1/chat/completions: the same prompt under two
   salts gets zero cached prompt tokens across salts (usage.prompt_tokens_details and
   the prefix-cache hit metric), under one salt it gets hits; an unsalted request never
   hits a salted one's blocks; greedy output is the same either way; a malformed salt is
   a 400 naming `cache_salt` that does not echo the salt, and the server keeps serving;
   --require-cache-salt refuses unsalted requests.
+- Request log: a completion's and a chat's log lines carry ids and counts, never the
+  prompt or the completion, without --log-request-content.
 
   http_security_test.py --pagedserve BUILD/runtime/cli/pagedserve --model MODEL.gguf
 """
@@ -24,6 +32,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -55,6 +64,16 @@ def setUpModule():
             "-keyout", os.path.join(CERTS, "key.pem"), "-out", os.path.join(CERTS, "cert.pem"))
     openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
             "-out", os.path.join(CERTS, "other_key.pem"))
+    # Mutual TLS: a CA, a client certificate it signs, and a self-signed one.
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=pagedserve test CA",
+            "-keyout", os.path.join(CERTS, "ca_key.pem"), "-out", os.path.join(CERTS, "ca.pem"))
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=gateway", "-keyout",
+            os.path.join(CERTS, "client_key.pem"), "-out", os.path.join(CERTS, "client.csr"))
+    openssl("x509", "-req", "-in", os.path.join(CERTS, "client.csr"), "-CA", os.path.join(CERTS, "ca.pem"),
+            "-CAkey", os.path.join(CERTS, "ca_key.pem"), "-CAcreateserial", "-days", "2",
+            "-out", os.path.join(CERTS, "client.pem"))
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=gateway",
+            "-keyout", os.path.join(CERTS, "rogue_key.pem"), "-out", os.path.join(CERTS, "rogue.pem"))
 
 
 def tearDownModule():
@@ -126,11 +145,97 @@ class TlsTest(unittest.TestCase):
         self.assertIn("--ssl-certfile " + cert("missing.pem"), out)
 
 
+def client_context(cert_name=None):
+    """Trusts the server's certificate; presents CERTS/<cert_name>.pem when given."""
+    ctx = ssl.create_default_context(cafile=cert("cert.pem"))
+    if cert_name:
+        ctx.load_cert_chain(cert(cert_name + ".pem"), cert(cert_name + "_key.pem"))
+    return ctx
+
+
+class MutualTlsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        tls = [f"--ssl-certfile={cert('cert.pem')}", f"--ssl-keyfile={cert('key.pem')}",
+               f"--ssl-ca-certs={cert('ca.pem')}"]
+        cls.required = ServerProcess(tls + ["--ssl-cert-reqs=2"], ssl_context=client_context("client"))
+        cls.optional = ServerProcess(tls + ["--ssl-cert-reqs=1"], ssl_context=client_context())
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.required.stop()
+        cls.optional.stop()
+
+    def served(self, server, ctx):
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120,
+                          http_client=openai.DefaultHttpxClient(verify=ctx))
+        r = c.completions.create(model=server.model, prompt="Once upon a time", max_tokens=4, temperature=0,
+                                 extra_body={"ignore_eos": True})
+        self.assertEqual(r.usage.completion_tokens, 4)
+        status, body = http("GET", server.url + "/health", context=ctx)
+        self.assertEqual(status, 200, body)
+
+    def refused(self, server, ctx, what):
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60,
+                          http_client=openai.DefaultHttpxClient(verify=ctx))
+        with self.assertRaises(openai.APIConnectionError, msg=what):
+            c.models.list()
+        with self.assertRaises((ssl.SSLError, ConnectionError, OSError), msg=what):
+            http("GET", server.url + "/health", context=ctx)
+
+    def test_required_client_certificate(self):
+        self.served(self.required, client_context("client"))
+        self.refused(self.required, client_context(), "no client certificate")
+        self.refused(self.required, client_context("rogue"), "a certificate the CA did not sign")
+        self.served(self.required, client_context("client"))  # still serving
+
+    def test_optional_client_certificate(self):
+        self.served(self.optional, client_context())
+        self.served(self.optional, client_context("client"))
+        self.refused(self.optional, client_context("rogue"), "a certificate the CA did not sign")
+
+    def test_bad_flags_stop_the_server(self):
+        tls = [f"--ssl-certfile={cert('cert.pem')}", f"--ssl-keyfile={cert('key.pem')}"]
+        rc, out = serve_fails(*tls, "--ssl-cert-reqs=3", f"--ssl-ca-certs={cert('ca.pem')}")
+        self.assertNotEqual(rc, 0)
+        self.assertIn("--ssl-cert-reqs must be 0 (CERT_NONE), 1 (CERT_OPTIONAL) or 2 (CERT_REQUIRED)", out)
+        rc, out = serve_fails(*tls, "--ssl-cert-reqs=2")
+        self.assertNotEqual(rc, 0)
+        self.assertIn("--ssl-cert-reqs 1 or 2 needs --ssl-ca-certs", out)
+        rc, out = serve_fails(f"--ssl-ca-certs={cert('ca.pem')}", "--ssl-cert-reqs=2")
+        self.assertNotEqual(rc, 0)
+        self.assertIn("--ssl-ca-certs needs --ssl-certfile", out)
+        rc, out = serve_fails(*tls, "--ssl-cert-reqs=2", f"--ssl-ca-certs={cert('other_key.pem')}")
+        self.assertNotEqual(rc, 0)
+        self.assertIn("--ssl-ca-certs " + cert("other_key.pem") + ": no PEM CA certificate loaded", out)
+
+
 class CacheSaltTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.server = ServerProcess(["--enable-prefix-caching"])
         cls.c = cls.server.client()
+
+    def test_request_log_has_no_content_by_default(self):
+        """What leaves the process: the HTTP front end's request log line carries the
+        id and the counts, never the prompt or the completion (no
+        --log-request-content on this server)."""
+        r = self.c.completions.create(model=self.server.model, prompt="zebra quartz lantern", max_tokens=4,
+                                      temperature=0, extra_body={"ignore_eos": True})
+        chat = self.c.chat.completions.create(model=self.server.model, max_tokens=4, temperature=0,
+                                              messages=[{"role": "user", "content": "zebra quartz lantern"}])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(f'id="{x.id}"' in self.server.logs() for x in (r, chat)):
+            time.sleep(0.05)
+        logs = self.server.logs()
+        for x, completion in ((r, r.choices[0].text), (chat, chat.choices[0].message.content)):
+            lines = [l for l in logs.splitlines() if "request http:" in l and f'id="{x.id}"' in l]
+            self.assertEqual(len(lines), 1, logs[-2000:])
+            self.assertRegex(lines[0], r"prompt_tokens=\d+ completion_tokens=4 ")
+            self.assertNotIn("prompt=", lines[0])
+            if completion.strip():
+                self.assertNotIn(completion.strip(), logs)
+        self.assertNotIn("zebra", logs)
 
     @classmethod
     def tearDownClass(cls):

@@ -495,7 +495,17 @@ class SecondServerTest(unittest.TestCase):
         self.assertEqual((status, body["error"]["code"]), (401, "invalid_api_key"))
         self.assertEqual(http("GET", u + "/v1/models", headers={"Authorization": "Bearer s3cret"})[0], 200)
         self.assertEqual(http("GET", u + "/v1/models", headers={"Authorization": "Bearer s3cret2"})[0], 401)
-        self.assertEqual(http("POST", u + "/tokenize", {"prompt": "x"})[0], 401)
+        # /tokenize and /detokenize are guarded like /v1/ (they reveal the vocabulary
+        # and cost CPU): no key, a wrong key and a longer key are refused with
+        # invalid_api_key, the right key is served.
+        for path, body in (("/tokenize", {"prompt": "x"}), ("/detokenize", {"tokens": [1, 2]})):
+            for auth in (None, "Bearer wrong", "Bearer s3cret2", "s3cret"):
+                headers = {"Authorization": auth} if auth else {}
+                status, reply = http("POST", u + path, body, headers=headers)
+                self.assertEqual(status, 401, f"{path} with {auth!r}: {reply}")
+                self.assertEqual(reply["error"]["code"], "invalid_api_key", f"{path}: {reply}")
+            status, reply = http("POST", u + path, body, headers={"Authorization": "Bearer s3cret"})
+            self.assertEqual(status, 200, f"{path}: {reply}")
         self.assertEqual(http("GET", u + "/health")[0], 200)
         self.assertEqual(http("GET", u + "/metrics")[0], 200)
         with self.assertRaises(openai.AuthenticationError):

@@ -3,8 +3,11 @@
 // and the constant-time key comparison of the HTTP server.
 #include "runtime/frontend/openai_api.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -253,6 +256,28 @@ TEST(ConstantTimeEqualsTest, ComparesWholeStrings) {
   EXPECT_FALSE(ConstantTimeEquals("s3cret", "s3cret2"));  // a prefix is not a match
   EXPECT_FALSE(ConstantTimeEquals("", "x"));
   EXPECT_FALSE(ConstantTimeEquals(std::string("a\0b", 3), std::string("a\0c", 3)));
+}
+
+// "A wrong key costs no more than a right one" without a timed assert: the
+// comparison visits every byte position of the longer input whatever the
+// inputs (a difference in the first byte, a length mismatch, an empty key),
+// so an early exit on content or length fails here.
+TEST(ConstantTimeEqualsTest, VisitsEveryPositionWhateverTheInputs) {
+  const std::string key(64, 'k');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {key, key},                                  // right key
+      {"x" + key.substr(1), key},                  // differs at byte 0
+      {key.substr(0, 63) + "x", key},              // differs at the last byte
+      {"", key},                                   // empty
+      {"k", key},                                  // a one-byte prefix
+      {key + "k", key},                            // one byte longer
+      {std::string(1000, 'k'), key}};              // much longer
+  for (const auto& [a, b] : cases) {
+    size_t visited = 0;
+    const bool eq = ConstantTimeEquals(a, b, &visited);
+    EXPECT_EQ(eq, a == b) << a.size();
+    EXPECT_EQ(visited, std::max(a.size(), b.size())) << "|a| = " << a.size();
+  }
 }
 
 }  // namespace
