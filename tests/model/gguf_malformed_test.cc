@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "runtime/model/gguf.h"
+#include "runtime/model/model_config.h"
 #include "tests/model/test_util.h"
 
 namespace pagedserve {
@@ -276,6 +277,48 @@ TEST(GgufMalformedTest, RandomCorruptionNeverCrashes) {
     }
   }
   EXPECT_GT(ok, 0);  // some flips hit tensor data and stay valid
+}
+
+// Found by fuzz_gguf: an empty numeric array used to memcpy zero bytes to the
+// null storage of an empty vector (UBSan: null pointer passed as argument 1).
+// The sanitized build of this test catches a regression.
+TEST(GgufMalformedTest, EmptyNumericArray) {
+  Builder b;
+  b.Raw("GGUF", 4).U32(3).U64(0).U64(2);
+  b.Str("empty.u32").U32(9).U32(4).U64(0);
+  b.Str("empty.f32").U32(9).U32(6).U64(0);
+  auto f = GgufFile::FromBytes("ok.gguf", b.bytes);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->Find("empty.u32")->array_size(), 0u);
+  auto ints = (*f)->GetIntArray("empty.u32");
+  ASSERT_TRUE(ints.ok()) << ints.status();
+  EXPECT_TRUE(ints->empty());
+  auto floats = (*f)->GetFloatArray("empty.f32");
+  ASSERT_TRUE(floats.ok()) << floats.status();
+  EXPECT_TRUE(floats->empty());
+}
+
+// Token ids in the model config must fit int32: 2^32 + 1 used to be cast to 1
+// silently. The error names the file and the key.
+TEST(GgufMalformedTest, ModelConfigTokenIdOutOfRange) {
+  for (const char* key : {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"}) {
+    Builder b;
+    b.Raw("GGUF", 4).U32(3).U64(0).U64(8);
+    b.Str("general.architecture").U32(8).Str("llama");
+    b.Str("llama.block_count").U32(4).U32(1);
+    b.Str("llama.embedding_length").U32(4).U32(8);
+    b.Str("llama.feed_forward_length").U32(4).U32(16);
+    b.Str("llama.attention.head_count").U32(4).U32(2);
+    b.Str("llama.attention.layer_norm_rms_epsilon").U32(6);
+    float eps = 1e-5f;
+    b.Raw(&eps, 4);
+    b.Str("llama.vocab_size").U32(4).U32(10);
+    b.Str(key).U32(10).U64((uint64_t{1} << 32) + 1);
+    auto f = GgufFile::FromBytes("bad.gguf", b.bytes);
+    ASSERT_TRUE(f.ok()) << f.status();
+    auto c = ModelConfigFromGguf(**f);
+    ExpectError(c.status(), std::string(key) + "': value 4294967297 out of range");
+  }
 }
 
 TEST(GgufMalformedTest, EmptyAndDirectory) {
