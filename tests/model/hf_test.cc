@@ -521,6 +521,13 @@ TEST(SafetensorsTest, Malformed) {
   EXPECT_FALSE(s.ok());
   s = ParseSt(WithHeader(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,16]}})", 16));
   EXPECT_FALSE(s.ok());
+  // Found with fuzz_safetensors' invariants: after a 0 dimension a uint64 one
+  // above INT64_MAX passed the size check and became a negative shape entry.
+  s = ParseSt(WithHeader(
+      R"({"w":{"dtype":"F32","shape":[0,18446744073709551615],"data_offsets":[0,0]}})", 0));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("bad.safetensors: tensor 'w': field 'shape'"), std::string::npos)
+      << s;
   // I64 parses but cannot be converted to fp32.
   std::string i64 = WithHeader(R"({"w":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}})", 16);
   auto g = SafetensorsFile::FromBytes("i64", std::vector<uint8_t>(i64.begin(), i64.end()));
