@@ -498,11 +498,15 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_ra
     if (!head.ok()) return head.status();
     w.lm_head = std::move(*head);
   }
-  w.layers.resize(c.num_layers);
+  // Grown layer by layer: num_layers comes from the file and is only known to
+  // be right once every layer's tensors are there (a block_count of 2^31 - 1
+  // must fail on the first missing tensor, not allocate 2^31 layers first).
   for (int i = 0; i < c.num_layers; ++i) {
-    if (auto s = loader.Layer(i, &w.layers[i]); !s.ok()) {
+    LayerWeights layer;
+    if (auto s = loader.Layer(i, &layer); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(path, ": layer ", i, ": ", s.message()));
     }
+    w.layers.push_back(std::move(layer));
   }
   if (loader.uses_mapping()) w.mapping = std::shared_ptr<const TensorSource>(std::move(*src));
   return w;

@@ -9,11 +9,13 @@
 #include <iterator>
 #include <vector>
 #include <string>
+#include <tuple>
 
 #include "gtest/gtest.h"
 #include "runtime/model/gguf.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
+#include "runtime/model/weights.h"
 #include "runtime/tokenizer/loaders.h"
 #include "runtime/tokenizer/tokenizer.h"
 #include "tests/model/loader_fuzz_entry.h"
@@ -101,6 +103,15 @@ TEST(LoaderFuzzCorpusTest, SeedsAreValidFiles) {
     ASSERT_TRUE(spec.ok()) << spec.status();
     auto tok = Tokenizer::Create(std::move(*spec));
     EXPECT_TRUE(tok.ok()) << f << ": " << tok.status();
+  }
+  // The llama seed is a whole model: the weights load, also sharded.
+  const std::string llama = (dir / "gguf/seed-llama-gpt2.gguf").string();
+  for (auto [rank, size, dtype] : {std::tuple{0, 1, WeightDType::kFloat32},
+                                   std::tuple{1, 2, WeightDType::kAuto}}) {
+    auto w = LoadLlamaWeights(llama, rank, size, dtype);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(w->layers.size(), 1u);
+    EXPECT_EQ(w->embed_tokens.rows, 12);
   }
   auto all = GgufFile::FromBytes("all", bytes("gguf/seed-all-types.gguf"));
   ASSERT_TRUE(all.ok()) << all.status();

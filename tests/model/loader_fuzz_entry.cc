@@ -1,5 +1,8 @@
 #include "tests/model/loader_fuzz_entry.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,6 +18,7 @@
 #include "runtime/model/gguf.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
+#include "runtime/model/weights.h"
 #include "runtime/tokenizer/loaders.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -65,6 +69,77 @@ std::string ExerciseTokenizer(const Tokenizer& tok) {
   }
   const int32_t bad[] = {n};
   if (tok.Decode(bad).ok()) return "tokenizer: Decode accepted an out-of-range id";
+  return "";
+}
+
+// The input as an anonymous in-memory file (memfd), for the loaders that take
+// a path; path() is /proc/self/fd/N. Nothing touches the disk.
+class MemFile {
+ public:
+  MemFile(const uint8_t* data, size_t size) {
+    fd_ = memfd_create("fuzz.gguf", MFD_CLOEXEC);
+    if (fd_ < 0) return;
+    size_t done = 0;
+    while (done < size) {
+      ssize_t n = write(fd_, data + done, size - done);
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    ok_ = done == size;
+  }
+  ~MemFile() {
+    if (fd_ >= 0) close(fd_);
+  }
+  bool ok() const { return ok_; }
+  std::string path() const { return absl::StrCat("/proc/self/fd/", fd_); }
+
+ private:
+  int fd_ = -1;
+  bool ok_ = false;
+};
+
+// LoadLlamaWeights over the whole file, as the server loads it: all of it in
+// fp32 at tensor-parallel size 1, and rank 1 of 2 in the stored formats
+// (mapped rows, column slices, permuted Q/K rows). An accepted model has the
+// config's layer count and matrix shapes, and every row of every matrix
+// converts to fp32; a rejection names the file.
+std::string CheckWeights(const std::string& path, const ModelConfig& c) {
+  struct Variant {
+    int rank, size;
+    WeightDType dtype;
+  };
+  for (Variant v : {Variant{0, 1, WeightDType::kFloat32}, Variant{1, 2, WeightDType::kAuto}}) {
+    const std::string what = absl::StrCat("weights (rank ", v.rank, " of ", v.size, ", ",
+                                          WeightDTypeName(v.dtype), ")");
+    auto w = LoadLlamaWeights(path, v.rank, v.size, v.dtype);
+    if (!w.ok()) {
+      if (v.size == 1 && !absl::StrContains(w.status().message(), path)) {
+        return absl::StrCat(what, ": error does not name the file: ", w.status().ToString());
+      }
+      continue;
+    }
+    if (static_cast<int>(w->layers.size()) != c.num_layers) return what + ": layer count";
+    std::vector<const Matrix*> matrices = {&w->embed_tokens};
+    if (!c.tie_word_embeddings) matrices.push_back(&w->lm_head);
+    for (const LayerWeights& l : w->layers) {
+      for (const Matrix* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj,
+                              &l.up_proj, &l.down_proj}) {
+        matrices.push_back(m);
+      }
+    }
+    if (w->embed_tokens.rows != c.vocab_size || w->embed_tokens.cols != c.hidden_size) {
+      return what + ": embed_tokens shape";
+    }
+    for (const Matrix* m : matrices) {
+      if (m->rows <= 0 || m->cols <= 0 || m->empty()) return what + ": empty matrix";
+      std::vector<float> row(m->cols);
+      for (int64_t r = 0; r < m->rows; ++r) {
+        if (absl::Status s = m->RowToFloat(r, row.data()); !s.ok()) {
+          return absl::StrCat(what, ": RowToFloat(", r, ") failed: ", s.ToString());
+        }
+      }
+    }
+  }
   return "";
 }
 
@@ -164,6 +239,9 @@ std::string GgufFuzzOneInput(const uint8_t* data, size_t size) {
     if (absl::Status v = config->Validate(); !v.ok()) {
       return "gguf: accepted model config does not validate: " + v.ToString();
     }
+    MemFile mem(data, size);
+    if (!mem.ok()) return "gguf: cannot create the in-memory file (memfd_create)";
+    if (std::string p = CheckWeights(mem.path(), *config); !p.empty()) return p;
   } else if (std::string p = CheckError(config.status(), "fuzz.gguf: ", "gguf model config");
              !p.empty()) {
     return p;

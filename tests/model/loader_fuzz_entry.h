@@ -28,8 +28,12 @@ namespace pagedserve {
 // through FindTensor / Find. Every dequantizable tensor (up to a bounded
 // element count) converts to fp32 with DequantizeRows, and out-of-range rows
 // are rejected. Then ModelConfigFromGguf and TokenizerSpecFromGguf run on the
-// parsed file (errors must name the file; an accepted config validates), and
-// an accepted tokenizer spec goes through Tokenizer::Create and a few
+// parsed file (errors must name the file; an accepted config validates). With
+// an accepted config the input is also loaded the way the server loads a model,
+// LoadLlamaWeights over an in-memory file (memfd; fp32 at tensor-parallel size
+// 1, stored formats as rank 1 of 2): a rejection names the file, an accepted
+// model has the config's layers and shapes and every matrix row converts to
+// fp32. An accepted tokenizer spec goes through Tokenizer::Create and a few
 // Encode / Decode calls (ids in range, Decode succeeds).
 std::string GgufFuzzOneInput(const uint8_t* data, size_t size);
 

@@ -91,8 +91,8 @@ def llama_kvs(arch="llama"):
     return [
         ("general.architecture", STR, arch),
         (p + "block_count", U32, 1),
-        (p + "embedding_length", U32, 8),
-        (p + "feed_forward_length", U32, 16),
+        (p + "embedding_length", U32, 32),
+        (p + "feed_forward_length", U32, 32),
         (p + "attention.head_count", U32, 2),
         (p + "attention.head_count_kv", U32, 1),
         (p + "attention.layer_norm_rms_epsilon", F32, 1e-5),
@@ -143,11 +143,26 @@ def gguf_seeds():
         blocks = 1 if be > 1 else 8
         tensors.append(("t." + tname, dims, tname, block_bytes(rng, tname, blocks)))
     write("gguf", "seed-all-types.gguf", gguf([("general.name", STR, "all types")], tensors))
-    # A tiny llama with a byte-level BPE tokenizer and a chat template.
+    # A complete tiny llama (hidden 32, 2 heads of 16, 1 KV head, MLP 32, vocab
+    # 12, one layer, a different type per matrix) with a byte-level BPE
+    # tokenizer and a chat template: LoadLlamaWeights accepts it.
+    ones = struct.pack("<32f", *[1.0] * 32)
+    def mat(name, cols, rows, tname):
+        be = GGML[tname][1]
+        return (name, [cols, rows], tname, block_bytes(rng, tname, cols * rows // be))
     tensors = [
-        ("token_embd.weight", [32, 12], "Q8_0", block_bytes(rng, "Q8_0", 12)),
-        ("blk.0.attn_q.weight", [256, 1], "Q4_K", block_bytes(rng, "Q4_K", 1)),
-        ("output_norm.weight", [8], "F32", struct.pack("<8f", *[1.0] * 8)),
+        mat("token_embd.weight", 32, 12, "Q8_0"),
+        ("output_norm.weight", [32], "F32", ones),
+        mat("output.weight", 32, 12, "Q4_0"),
+        ("blk.0.attn_norm.weight", [32], "F32", ones),
+        mat("blk.0.attn_q.weight", 32, 32, "Q4_0"),
+        mat("blk.0.attn_k.weight", 32, 16, "F16"),
+        mat("blk.0.attn_v.weight", 32, 16, "Q5_0"),
+        mat("blk.0.attn_output.weight", 32, 32, "Q4_1"),
+        ("blk.0.ffn_norm.weight", [32], "F32", ones),
+        mat("blk.0.ffn_gate.weight", 32, 32, "Q5_1"),
+        mat("blk.0.ffn_up.weight", 32, 32, "Q8_0"),
+        mat("blk.0.ffn_down.weight", 32, 32, "Q4_0"),
     ]
     write("gguf", "seed-llama-gpt2.gguf", gguf(llama_kvs() + gpt2_tokenizer_kvs(), tensors))
     # Qwen2 with linear rope scaling, a SentencePiece vocabulary, alignment 64, v2.
