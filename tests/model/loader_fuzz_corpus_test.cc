@@ -4,6 +4,7 @@
 // check run on every build, with any compiler. Prefixes of every seed are
 // replayed too: truncated files are the most common malformed input.
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -19,6 +20,7 @@
 #include "runtime/tokenizer/loaders.h"
 #include "runtime/tokenizer/tokenizer.h"
 #include "tests/model/loader_fuzz_entry.h"
+#include "tests/model/test_util.h"
 
 namespace pagedserve {
 namespace {
@@ -138,6 +140,25 @@ TEST(LoaderFuzzCorpusTest, SeedsAreValidFiles) {
     auto tok = Tokenizer::Create(std::move(*spec));
     EXPECT_TRUE(tok.ok()) << f << ": " << tok.status();
   }
+}
+
+// A block_count far beyond the layers in the file used to resize the layer
+// vector first (2^31 - 1 layers: bad_alloc, a crash); now the load fails on the
+// first missing tensor, naming the file and the layer.
+TEST(LoaderFuzzCorpusTest, HugeBlockCountFailsOnTheMissingLayer) {
+  std::string bytes = ReadAll(SourceDir() / "tests/model/corpus/gguf/seed-llama-gpt2.gguf");
+  const std::string key = "llama.block_count";
+  const size_t at = bytes.find(key);
+  ASSERT_NE(at, std::string::npos);
+  const size_t value = at + key.size() + 4;  // after the uint32 value type
+  ASSERT_EQ(bytes[value], 1);
+  const uint32_t huge = 0x7fffffff;
+  std::memcpy(bytes.data() + value, &huge, 4);
+  const std::string path = ::pagedserve::testing::MakeTempDir() + "/huge_block_count.gguf";
+  std::ofstream(path, std::ios::binary) << bytes;
+  auto w = LoadLlamaWeights(path);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find(path + ": layer 1: "), std::string::npos) << w.status();
 }
 
 // An empty file is rejected by every loader, with the file named.
