@@ -161,6 +161,25 @@ TEST(LoaderFuzzCorpusTest, HugeBlockCountFailsOnTheMissingLayer) {
   EXPECT_NE(w.status().message().find(path + ": layer 1: "), std::string::npos) << w.status();
 }
 
+// Found by fuzz_gguf: a shape mismatch of embed_tokens / norm / lm_head (and a
+// shard layout error) did not name the file, unlike the layers' errors.
+TEST(LoaderFuzzCorpusTest, WeightErrorsNameTheFile) {
+  std::string bytes = ReadAll(SourceDir() / "tests/model/corpus/gguf/seed-llama-gpt2.gguf");
+  const std::string key = "llama.embedding_length";
+  const size_t at = bytes.find(key);
+  ASSERT_NE(at, std::string::npos);
+  const size_t value = at + key.size() + 4;  // after the uint32 value type
+  ASSERT_EQ(bytes[value], 32);
+  bytes[value] = 64;
+  const std::string path = ::pagedserve::testing::MakeTempDir() + "/wide.gguf";
+  std::ofstream(path, std::ios::binary) << bytes;
+  auto w = LoadLlamaWeights(path);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().message().rfind(path + ": tensor 'model.embed_tokens.weight': shape", 0),
+            0u)
+      << w.status();
+}
+
 // An empty file is rejected by every loader, with the file named.
 TEST(LoaderFuzzCorpusTest, EntryPointsAcceptEmptyInput) {
   for (Entry e : {GgufFuzzOneInput, SafetensorsFuzzOneInput, HfConfigFuzzOneInput,

@@ -113,7 +113,7 @@ std::string CheckWeights(const std::string& path, const ModelConfig& c) {
                                           WeightDTypeName(v.dtype), ")");
     auto w = LoadLlamaWeights(path, v.rank, v.size, v.dtype);
     if (!w.ok()) {
-      if (v.size == 1 && !absl::StrContains(w.status().message(), path)) {
+      if (!absl::StartsWith(w.status().message(), path + ": ")) {
         return absl::StrCat(what, ": error does not name the file: ", w.status().ToString());
       }
       continue;
