@@ -444,6 +444,7 @@ class GgufParser {
 
   absl::Status ReadBytes(absl::string_view field, void* out, uint64_t n) {
     if (n > Remaining()) return Truncated(field, n);
+    if (n == 0) return absl::OkStatus();  // `out` may be null (an empty array's storage)
     std::memcpy(out, p_ + pos_, n);
     pos_ += n;
     return absl::OkStatus();

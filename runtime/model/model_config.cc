@@ -1,7 +1,9 @@
 #include "runtime/model/model_config.h"
 
 #include <cmath>
+#include <cstdint>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -133,6 +135,10 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
     c.vocab_size = static_cast<int>(toks->array_size());
   } else if (const GgufTensorInfo* t = g.FindTensor("token_embd.weight");
              t && t->dims.size() == 2) {
+    if (t->dims[1] > static_cast<uint64_t>(INT32_MAX)) {
+      return absl::InvalidArgumentError(absl::StrCat(g.path(), ": tensor 'token_embd.weight': ",
+                                                     t->dims[1], " rows is not a vocabulary size"));
+    }
     c.vocab_size = static_cast<int>(t->dims[1]);
   }
   if (g.Find(p + "rope.scaling.type")) {
@@ -153,15 +159,20 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
         g.path(), ": tensor 'rope_freqs.weight' (per-frequency rope factors) is not supported"));
   }
   c.tie_word_embeddings = g.FindTensor("output.weight") == nullptr;
-  if (g.Find("tokenizer.ggml.bos_token_id")) {
-    auto v = g.GetInt("tokenizer.ggml.bos_token_id");
+  // Token ids must fit int32 (a plain cast would wrap them silently).
+  for (const char* key : {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"}) {
+    if (!g.Find(key)) continue;
+    auto v = g.GetInt(key);
     if (!v.ok()) return v.status();
-    c.bos_token_id = static_cast<int32_t>(*v);
-  }
-  if (g.Find("tokenizer.ggml.eos_token_id")) {
-    auto v = g.GetInt("tokenizer.ggml.eos_token_id");
-    if (!v.ok()) return v.status();
-    c.eos_token_ids.push_back(static_cast<int32_t>(*v));
+    if (*v < INT32_MIN || *v > INT32_MAX) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(g.path(), ": metadata '", key, "': value ", *v, " out of range"));
+    }
+    if (key == std::string_view("tokenizer.ggml.bos_token_id")) {
+      c.bos_token_id = static_cast<int32_t>(*v);
+    } else {
+      c.eos_token_ids.push_back(static_cast<int32_t>(*v));
+    }
   }
   if (auto s = c.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(g.path(), ": ", s.message()));
@@ -181,23 +192,30 @@ absl::Status FieldError(absl::string_view source, absl::string_view field, absl:
   return absl::InvalidArgumentError(absl::StrCat(source, ": field '", field, "': ", what));
 }
 
+// Reads j[field]; errors name `source` and the field as `prefix` + field
+// (prefix "rope_scaling." for the members of rope_scaling).
 template <typename T>
 absl::Status ReadNumber(const json& j, absl::string_view source, const char* field, bool required,
-                        T* out) {
+                        T* out, absl::string_view prefix = "") {
+  const std::string name = absl::StrCat(prefix, field);
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) {
-    if (required) return FieldError(source, field, "missing");
+    if (required) return FieldError(source, name, "missing");
     return absl::OkStatus();
   }
   if constexpr (std::is_integral_v<T>) {
-    if (!it->is_number_integer()) return FieldError(source, field, "must be an integer");
+    if (!it->is_number_integer()) return FieldError(source, name, "must be an integer");
+    if (it->is_number_unsigned() &&
+        it->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return FieldError(source, name, absl::StrCat("value ", it->get<uint64_t>(), " out of range"));
+    }
     int64_t v = it->get<int64_t>();
     if (v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max()) {
-      return FieldError(source, field, absl::StrCat("value ", v, " out of range"));
+      return FieldError(source, name, absl::StrCat("value ", v, " out of range"));
     }
     *out = static_cast<T>(v);
   } else {
-    if (!it->is_number()) return FieldError(source, field, "must be a number");
+    if (!it->is_number()) return FieldError(source, name, "must be a number");
     *out = it->get<T>();
   }
   return absl::OkStatus();
@@ -253,14 +271,21 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
   }
   PS_RETURN_IF_ERROR(ReadNumber(j, source, "bos_token_id", false, &c.bos_token_id));
   if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
+    // An id must fit int32 (nlohmann's get<int32_t> would wrap it silently).
+    auto push_id = [&](const json& e) -> absl::Status {
+      int32_t id = 0;
+      PS_RETURN_IF_ERROR(ReadNumber(json{{"eos_token_id", e}}, source, "eos_token_id", true, &id));
+      c.eos_token_ids.push_back(id);
+      return absl::OkStatus();
+    };
     if (it->is_number_integer()) {
-      c.eos_token_ids.push_back(it->get<int32_t>());
+      PS_RETURN_IF_ERROR(push_id(*it));
     } else if (it->is_array()) {
       for (const json& e : *it) {
         if (!e.is_number_integer()) {
           return FieldError(source, "eos_token_id", "list elements must be integers");
         }
-        c.eos_token_ids.push_back(e.get<int32_t>());
+        PS_RETURN_IF_ERROR(push_id(e));
       }
     } else {
       return FieldError(source, "eos_token_id", "must be an integer or a list of integers");
@@ -277,18 +302,19 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
     } else {
       return FieldError(source, "rope_scaling.rope_type", "missing");
     }
-    std::string ctx = absl::StrCat(source, " rope_scaling");
+    constexpr absl::string_view kRs = "rope_scaling.";
     if (type == "linear") {
       c.rope_scaling.type = RopeScaling::Type::kLinear;
-      PS_RETURN_IF_ERROR(ReadNumber(rs, ctx, "factor", true, &c.rope_scaling.factor));
+      PS_RETURN_IF_ERROR(ReadNumber(rs, source, "factor", true, &c.rope_scaling.factor, kRs));
     } else if (type == "llama3") {
       c.rope_scaling.type = RopeScaling::Type::kLlama3;
-      PS_RETURN_IF_ERROR(ReadNumber(rs, ctx, "factor", true, &c.rope_scaling.factor));
-      PS_RETURN_IF_ERROR(ReadNumber(rs, ctx, "low_freq_factor", true, &c.rope_scaling.low_freq_factor));
+      PS_RETURN_IF_ERROR(ReadNumber(rs, source, "factor", true, &c.rope_scaling.factor, kRs));
       PS_RETURN_IF_ERROR(
-          ReadNumber(rs, ctx, "high_freq_factor", true, &c.rope_scaling.high_freq_factor));
-      PS_RETURN_IF_ERROR(ReadNumber(rs, ctx, "original_max_position_embeddings", true,
-                                    &c.rope_scaling.original_max_position_embeddings));
+          ReadNumber(rs, source, "low_freq_factor", true, &c.rope_scaling.low_freq_factor, kRs));
+      PS_RETURN_IF_ERROR(
+          ReadNumber(rs, source, "high_freq_factor", true, &c.rope_scaling.high_freq_factor, kRs));
+      PS_RETURN_IF_ERROR(ReadNumber(rs, source, "original_max_position_embeddings", true,
+                                    &c.rope_scaling.original_max_position_embeddings, kRs));
     } else if (type != "default") {
       return absl::UnimplementedError(absl::StrCat(
           source, ": rope_scaling type '", type, "' is not supported (linear, llama3)"));

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -86,6 +87,11 @@ absl::Status SafetensorsFile::Parse() {
     for (const json& d : t["shape"]) {
       if (!d.is_number_unsigned()) return err(field + ": field 'shape' must hold integers >= 0");
       uint64_t v = d.get<uint64_t>();
+      // shape holds int64: a dimension past INT64_MAX would turn negative (it
+      // passes the size check below when an earlier dimension is 0).
+      if (v > static_cast<uint64_t>(INT64_MAX)) {
+        return err(absl::StrCat(field, ": field 'shape': dimension ", v, " exceeds 2^63 - 1"));
+      }
       if (v != 0 && numel > data_size / v) {
         return err(absl::StrCat(field, ": shape has more elements than the file can hold"));
       }

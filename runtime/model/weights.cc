@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -481,28 +482,38 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_ra
   w.dtype = dtype;
   auto src = OpenSource(path, &w.config);
   if (!src.ok()) return src.status();
+  // Every error names the file: the loader's own messages (a shape mismatch,
+  // the shard layout) get the path in front; the source's already start with it.
+  auto named = [&](const absl::Status& s) {
+    if (absl::StartsWith(s.message(), path)) return s;
+    return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  };
   auto shard = ComputeShardLayout(w.config, tp_rank, tp_size);
-  if (!shard.ok()) return shard.status();
+  if (!shard.ok()) return named(shard.status());
   w.shard = *shard;
   const ModelConfig& c = w.config;
   Loader loader(**src, c, w.shard, dtype);
   auto embed = loader.Rows("model.embed_tokens.weight", c.vocab_size, c.hidden_size, 0,
                            c.vocab_size);
-  if (!embed.ok()) return embed.status();
+  if (!embed.ok()) return named(embed.status());
   w.embed_tokens = std::move(*embed);
   auto norm = loader.Vector("model.norm.weight", c.hidden_size, 0, c.hidden_size);
-  if (!norm.ok()) return norm.status();
+  if (!norm.ok()) return named(norm.status());
   w.final_norm = std::move(*norm);
   if (!c.tie_word_embeddings) {
     auto head = loader.Rows("lm_head.weight", c.vocab_size, c.hidden_size, 0, c.vocab_size);
-    if (!head.ok()) return head.status();
+    if (!head.ok()) return named(head.status());
     w.lm_head = std::move(*head);
   }
-  w.layers.resize(c.num_layers);
+  // Grown layer by layer: num_layers comes from the file and is only known to
+  // be right once every layer's tensors are there (a block_count of 2^31 - 1
+  // must fail on the first missing tensor, not allocate 2^31 layers first).
   for (int i = 0; i < c.num_layers; ++i) {
-    if (auto s = loader.Layer(i, &w.layers[i]); !s.ok()) {
+    LayerWeights layer;
+    if (auto s = loader.Layer(i, &layer); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(path, ": layer ", i, ": ", s.message()));
     }
+    w.layers.push_back(std::move(layer));
   }
   if (loader.uses_mapping()) w.mapping = std::shared_ptr<const TensorSource>(std::move(*src));
   return w;

@@ -1,4 +1,5 @@
 // TokenizerSpec from a Hugging Face tokenizer.json (+ tokenizer_config.json).
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -58,9 +59,17 @@ struct PreTokenizerResult {
   bool metaspace_prepend = false;
 };
 
+// Sequences nested deeper than this are rejected (bounds the recursion; real
+// tokenizers nest one level).
+constexpr int kMaxPreTokenizerDepth = 8;
+
 absl::Status ParsePreTokenizer(const json& node, const std::string& field, std::string_view file,
-                               PreTokenizerResult* out) {
+                               PreTokenizerResult* out, int depth = 0) {
   if (node.is_null()) return absl::OkStatus();
+  if (depth > kMaxPreTokenizerDepth) {
+    return Unsupported(file, field,
+                       absl::StrCat("Sequences nested deeper than ", kMaxPreTokenizerDepth));
+  }
   if (!node.is_object() || !node.contains("type") || !node["type"].is_string()) {
     return Bad(file, field, "expected an object with a string 'type'");
   }
@@ -72,7 +81,7 @@ absl::Status ParsePreTokenizer(const json& node, const std::string& field, std::
     for (size_t i = 0; i < node["pretokenizers"].size(); ++i) {
       absl::Status s = ParsePreTokenizer(node["pretokenizers"][i],
                                          absl::StrFormat("%s.pretokenizers[%d]", field, i), file,
-                                         out);
+                                         out, depth + 1);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
@@ -181,8 +190,26 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromHfJson(std::string_view tokenizer
   // Ids: vocab and added tokens together must cover 0..max without holes.
   std::vector<std::string> tokens;
   std::vector<bool> seen;
-  auto place = [&](const std::string& text, int64_t id, const std::string& field) -> absl::Status {
-    if (id < 0 || id > (1 << 24)) return Bad(kFile, field, absl::StrFormat("id %d out of range", id));
+  // The ids leave no holes, so an id at or past the number of entries means a
+  // hole below it (found by the check after the loops); such an id is not
+  // placed, so that one large id cannot size the vocabulary.
+  const json* added_json = root.contains("added_tokens") ? &root["added_tokens"] : nullptr;
+  const uint64_t entries =
+      vocab.size() + (added_json != nullptr && added_json->is_array() ? added_json->size() : 0);
+  bool id_past_entries = false;
+  // `id_json` is an integer; it is range-checked before any narrowing (nlohmann's
+  // get<int32_t> / get<int64_t> would wrap 4294967297 or 2^64-1 silently).
+  auto place = [&](const std::string& text, const json& id_json,
+                   const std::string& field) -> absl::Status {
+    const bool in_range = id_json.is_number_unsigned()
+                              ? id_json.get<uint64_t>() <= (1u << 24)
+                              : id_json.get<int64_t>() >= 0 && id_json.get<int64_t>() <= (1 << 24);
+    if (!in_range) return Bad(kFile, field, absl::StrCat("id ", id_json.dump(), " out of range"));
+    const int64_t id = id_json.get<int64_t>();
+    if (static_cast<uint64_t>(id) >= entries) {
+      id_past_entries = true;
+      return absl::OkStatus();
+    }
     if (static_cast<size_t>(id) >= tokens.size()) {
       tokens.resize(id + 1);
       seen.resize(id + 1, false);
@@ -197,7 +224,7 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromHfJson(std::string_view tokenizer
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     std::string field = absl::StrCat("model.vocab[\"", it.key(), "\"]");
     if (!it.value().is_number_integer()) return Bad(kFile, field, "expected an integer id");
-    absl::Status s = place(it.key(), it.value().get<int64_t>(), field);
+    absl::Status s = place(it.key(), it.value(), field);
     if (!s.ok()) return s;
   }
   if (root.contains("added_tokens") && !root["added_tokens"].is_null()) {
@@ -211,7 +238,6 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromHfJson(std::string_view tokenizer
         return Bad(kFile, field, "expected an object with an integer 'id' and a string 'content'");
       }
       AddedToken token;
-      token.id = t["id"].get<int32_t>();
       token.content = t["content"].get<std::string>();
       auto special = GetBool(t, "special", false, kFile, field + ".");
       auto lstrip = GetBool(t, "lstrip", false, kFile, field + ".");
@@ -222,13 +248,17 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromHfJson(std::string_view tokenizer
       token.special = *special;
       token.lstrip = *lstrip;
       token.rstrip = *rstrip;
-      absl::Status s = place(token.content, token.id, field + ".id");
+      absl::Status s = place(token.content, t["id"], field + ".id");
       if (!s.ok()) return s;
+      token.id = static_cast<int32_t>(t["id"].get<int64_t>());  // in [0, 2^24] (place)
       spec.added_tokens.push_back(std::move(token));
     }
   }
-  for (size_t id = 0; id < seen.size(); ++id) {
-    if (!seen[id]) return Bad(kFile, "model.vocab", absl::StrFormat("no token has id %d", id));
+  const size_t id_end = id_past_entries ? entries : seen.size();  // a hole lies below
+  for (size_t id = 0; id < id_end; ++id) {
+    if (id >= seen.size() || !seen[id]) {
+      return Bad(kFile, "model.vocab", absl::StrFormat("no token has id %d", id));
+    }
   }
   spec.tokens = std::move(tokens);
 

@@ -1,5 +1,5 @@
 // libFuzzer target for the protocol v1 request parser. Built only with clang and
-// -DPAGEDSERVE_FUZZ=ON (see tests/frontend/CMakeLists.txt, scripts/fuzz-protocol).
+// -DPAGEDSERVE_FUZZ=ON (see tests/frontend/CMakeLists.txt, scripts/fuzz protocol).
 #include <cstdio>
 #include <cstdlib>
 

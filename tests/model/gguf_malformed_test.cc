@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/model/dequant.h"
 #include "runtime/model/gguf.h"
+#include "runtime/model/model_config.h"
 #include "tests/model/test_util.h"
 
 namespace pagedserve {
@@ -276,6 +278,87 @@ TEST(GgufMalformedTest, RandomCorruptionNeverCrashes) {
     }
   }
   EXPECT_GT(ok, 0);  // some flips hit tensor data and stay valid
+}
+
+// Found by fuzz_gguf: an empty numeric array used to memcpy zero bytes to the
+// null storage of an empty vector (UBSan: null pointer passed as argument 1).
+// The sanitized build of this test catches a regression.
+TEST(GgufMalformedTest, EmptyNumericArray) {
+  Builder b;
+  b.Raw("GGUF", 4).U32(3).U64(0).U64(2);
+  b.Str("empty.u32").U32(9).U32(4).U64(0);
+  b.Str("empty.f32").U32(9).U32(6).U64(0);
+  auto f = GgufFile::FromBytes("ok.gguf", b.bytes);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->Find("empty.u32")->array_size(), 0u);
+  auto ints = (*f)->GetIntArray("empty.u32");
+  ASSERT_TRUE(ints.ok()) << ints.status();
+  EXPECT_TRUE(ints->empty());
+  auto floats = (*f)->GetFloatArray("empty.f32");
+  ASSERT_TRUE(floats.ok()) << floats.status();
+  EXPECT_TRUE(floats->empty());
+}
+
+// Token ids in the model config must fit int32: 2^32 + 1 used to be cast to 1
+// silently. The error names the file and the key.
+TEST(GgufMalformedTest, ModelConfigTokenIdOutOfRange) {
+  for (const char* key : {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"}) {
+    Builder b;
+    b.Raw("GGUF", 4).U32(3).U64(0).U64(8);
+    b.Str("general.architecture").U32(8).Str("llama");
+    b.Str("llama.block_count").U32(4).U32(1);
+    b.Str("llama.embedding_length").U32(4).U32(8);
+    b.Str("llama.feed_forward_length").U32(4).U32(16);
+    b.Str("llama.attention.head_count").U32(4).U32(2);
+    b.Str("llama.attention.layer_norm_rms_epsilon").U32(6);
+    float eps = 1e-5f;
+    b.Raw(&eps, 4);
+    b.Str("llama.vocab_size").U32(4).U32(10);
+    b.Str(key).U32(10).U64((uint64_t{1} << 32) + 1);
+    auto f = GgufFile::FromBytes("bad.gguf", b.bytes);
+    ASSERT_TRUE(f.ok()) << f.status();
+    auto c = ModelConfigFromGguf(**f);
+    ExpectError(c.status(), std::string(key) + "': value 4294967297 out of range");
+  }
+}
+
+// A quantized tensor of every ggml block type: whole, it parses and (where
+// supported) dequantizes; one byte short, the error names the file, the tensor
+// and the field (its data offset) and says the data runs past the end; a row
+// length that is not a whole number of blocks names the tensor's type field.
+TEST(GgufMalformedTest, TruncatedQuantizedTensorOfEveryType) {
+  const GgmlType kTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                             GgmlType::kQ8_0, GgmlType::kQ8_1, GgmlType::kQ2_K, GgmlType::kQ3_K,
+                             GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_K};
+  for (GgmlType type : kTypes) {
+    GgmlBlockInfo bi;
+    ASSERT_TRUE(GetGgmlBlockInfo(type, &bi));
+    const std::string name = "blk.0." + GgmlTypeName(type);
+    auto file = [&](uint64_t row, size_t data_bytes) {
+      Builder b;
+      b.Raw("GGUF", 4).U32(3).U64(1).U64(0);
+      b.Str(name).U32(2).U64(row).U64(2).U32(static_cast<uint32_t>(type)).U64(0);
+      b.PadTo(32);
+      for (size_t i = 0; i < data_bytes; ++i) b.bytes.push_back(i % 2 ? 0x11 : 0x3c);
+      return b.bytes;
+    };
+    const size_t whole = 2 * bi.block_bytes;  // 2 rows of one block
+    auto f = GgufFile::FromBytes("ok.gguf", file(bi.block_elements, whole));
+    ASSERT_TRUE(f.ok()) << GgmlTypeName(type) << ": " << f.status();
+    const GgufTensorInfo& t = (*f)->tensors()[0];
+    EXPECT_EQ(t.size_bytes, whole);
+    if (CanDequantize(type)) {
+      std::vector<float> out(2 * bi.block_elements);
+      EXPECT_TRUE(DequantizeRows(t, (*f)->TensorData(t), 0, 2, out.data()).ok());
+      EXPECT_FALSE(DequantizeRows(t, (*f)->TensorData(t).first(whole - 1), 0, 2, out.data()).ok());
+    }
+    absl::Status s = Parse(file(bi.block_elements, whole - 1));
+    ExpectError(s, "tensor '" + name + "' offset ");
+    ExpectError(s, "data (" + std::to_string(whole) + " bytes) extends past end of file");
+    s = Parse(file(bi.block_elements + 1, whole));
+    ExpectError(s, "tensor '" + name + "' type");
+    ExpectError(s, "block size " + std::to_string(bi.block_elements));
+  }
 }
 
 TEST(GgufMalformedTest, EmptyAndDirectory) {

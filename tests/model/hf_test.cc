@@ -232,8 +232,32 @@ TEST(HfConfigTest, RopeScaling) {
   j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
   auto missing = ModelConfigFromHfJson(j.dump(), "c.json");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(missing.status().message().find("low_freq_factor"), std::string::npos)
+  // Found by fuzz_hf_config: the message used to read "c.json rope_scaling:
+  // field 'low_freq_factor'", unlike every other field error ("c.json: field ...").
+  EXPECT_EQ(missing.status().message(), "c.json: field 'rope_scaling.low_freq_factor': missing")
       << missing.status();
+}
+
+// Integers that do not fit the field's type are rejected, not wrapped: an
+// eos_token_id of 2^32 + 2 used to become 2, and a uint64 above INT64_MAX wrapped
+// to a negative int64 before the range check.
+TEST(HfConfigTest, OutOfRangeIntegersAreRejected) {
+  json j = Config("LlamaForCausalLM", true);
+  j["eos_token_id"] = 4294967298LL;
+  auto one = ModelConfigFromHfJson(j.dump(), "c.json");
+  EXPECT_EQ(one.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(one.status().message().find("c.json: field 'eos_token_id': value 4294967298 out of "
+                                        "range"),
+            std::string::npos)
+      << one.status();
+  j["eos_token_id"] = {2, 4294967298LL};
+  EXPECT_EQ(ModelConfigFromHfJson(j.dump(), "c.json").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  j["eos_token_id"] = 2;
+  j["bos_token_id"] = 18446744073709551615ULL;  // wrapped to -1 before
+  auto bos = ModelConfigFromHfJson(j.dump(), "c.json");
+  EXPECT_EQ(bos.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bos.status().message().find("'bos_token_id'"), std::string::npos) << bos.status();
 }
 
 TEST(HfConfigTest, RopeInverseFrequencies) {
@@ -497,6 +521,13 @@ TEST(SafetensorsTest, Malformed) {
   EXPECT_FALSE(s.ok());
   s = ParseSt(WithHeader(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,16]}})", 16));
   EXPECT_FALSE(s.ok());
+  // Found with fuzz_safetensors' invariants: after a 0 dimension a uint64 one
+  // above INT64_MAX passed the size check and became a negative shape entry.
+  s = ParseSt(WithHeader(
+      R"({"w":{"dtype":"F32","shape":[0,18446744073709551615],"data_offsets":[0,0]}})", 0));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("bad.safetensors: tensor 'w': field 'shape'"), std::string::npos)
+      << s;
   // I64 parses but cannot be converted to fp32.
   std::string i64 = WithHeader(R"({"w":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}})", 16);
   auto g = SafetensorsFile::FromBytes("i64", std::vector<uint8_t>(i64.begin(), i64.end()));

@@ -233,6 +233,35 @@ TEST(HfLoader, MalformedTokenizerJsonNamesTheField) {
     EXPECT_NE(std::string(spec.status().message()).find(c.field), std::string::npos)
         << spec.status() << " should name " << c.field;
   }
+  // Ids are range-checked before any narrowing (an added token's id 4294967297
+  // used to wrap to 1 and be accepted), and an id past the number of entries is
+  // reported as the hole it implies without sizing the vocabulary by it (id
+  // 16777216 used to allocate 2^24 strings first).
+  struct IdCase {
+    const char* text;
+    const char* error;
+  } id_cases[] = {
+      {R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}}, "pre_tokenizer": {"type": "ByteLevel"}, "added_tokens": [{"id": 4294967297, "content": "b"}]})",
+       "added_tokens[0].id: id 4294967297 out of range"},
+      {R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 18446744073709551615}}, "pre_tokenizer": {"type": "ByteLevel"}})",
+       "model.vocab[\"b\"]: id 18446744073709551615 out of range"},
+      {R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 16777216}}, "pre_tokenizer": {"type": "ByteLevel"}})",
+       "no token has id 1"},
+  };
+  for (const IdCase& c : id_cases) {
+    auto spec = TokenizerSpecFromHfJson(c.text, "");
+    ASSERT_FALSE(spec.ok()) << c.text;
+    EXPECT_NE(std::string(spec.status().message()).find(c.error), std::string::npos)
+        << spec.status() << " should contain " << c.error;
+  }
+  // Pre-tokenizer Sequences nest at most 8 deep (the parser recurses).
+  std::string deep = R"({"type": "ByteLevel"})";
+  for (int i = 0; i < 12; ++i) deep = R"({"type": "Sequence", "pretokenizers": [)" + deep + "]}";
+  auto nested = TokenizerSpecFromHfJson(
+      R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "pre_tokenizer": )" + deep + "}", "");
+  ASSERT_FALSE(nested.ok());
+  EXPECT_NE(std::string(nested.status().message()).find("nested deeper than 8"), std::string::npos)
+      << nested.status();
   auto bad_config = TokenizerSpecFromHfJson(good, R"({"bos_token": 7})");
   ASSERT_FALSE(bad_config.ok());
   EXPECT_NE(std::string(bad_config.status().message()).find("tokenizer_config.json: bos_token"),
