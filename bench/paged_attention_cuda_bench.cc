@@ -148,6 +148,7 @@ float TimeDecode(pk::PagedAttentionParams p, Variant v, int iters) {
 
 }  // namespace
 
+// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
 int main(int argc, char** argv) {
   std::string json_path;
   bool quick = false, probe = false;

@@ -180,6 +180,7 @@ Check ReadId(const json& obj, bool required, std::string& out) {
   return std::nullopt;
 }
 
+// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
 Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& req) {
   static const std::set<absl::string_view> kKnown = {
       "version", "type", "id", "prompt", "prompt_token_ids", "messages", "stream",

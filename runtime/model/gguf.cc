@@ -292,6 +292,7 @@ class GgufParser {
  public:
   explicit GgufParser(GgufFile* f) : f_(f), p_(f->data_), size_(f->size_) {}
 
+  // NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
   absl::Status Run() {
     uint8_t magic[4];
     if (auto s = ReadBytes("magic", magic, 4); !s.ok()) return s;
