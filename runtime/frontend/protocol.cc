@@ -310,7 +310,7 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
 // client will decode.
 std::string ValidUtf8(const std::string& s) { return json::parse(Dump(json(s))).get<std::string>(); }
 
-ParseResult Fail(std::string id, Failure f) {
+ParseResult Fail(std::string id, const Failure& f) {
   ParseResult r;
   r.error = ErrorReply{std::move(id), f.code, ValidUtf8(f.message)};
   return r;
