@@ -49,7 +49,7 @@ absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b,
   const int n = b.num_tokens();
   if (b.positions.size() != static_cast<size_t>(n) || b.slot_mapping.size() != static_cast<size_t>(n))
     return absl::InvalidArgumentError("ForwardBatch: token_ids, positions and slot_mapping differ in length");
-  if (b.query_start_loc.size() != static_cast<size_t>(b.num_seqs() + 1) ||
+  if (b.query_start_loc.size() != static_cast<size_t>(b.num_seqs()) + 1 ||
       b.query_start_loc.front() != 0 || b.query_start_loc.back() != n)
     return absl::InvalidArgumentError("ForwardBatch: query_start_loc must have num_seqs + 1 entries from 0 to num_tokens");
   if (b.block_tables.size() != static_cast<size_t>(b.num_seqs()) * b.max_blocks_per_seq)

@@ -91,7 +91,7 @@ class LlamaModel {
 
   ModelConfig config_;
   ShardLayout shard_;
-  Communicator* comm_;
+  Communicator* comm_;  // NOLINT(clang-diagnostic-unused-private-field): unused, to remove (issue 14)
   std::unique_ptr<ModelBackend> backend_;
   BackendWeights w_;
   std::vector<double> inv_freq_;
