@@ -31,16 +31,14 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
     return absl::UnimplementedError(absl::StrCat("LlamaModel: head size ",
                                                  weights.config.head_size,
                                                  " is not supported by the attention kernels"));
-  auto model = std::unique_ptr<LlamaModel>(new LlamaModel(weights, comm, std::move(backend)));
+  auto model = std::unique_ptr<LlamaModel>(new LlamaModel(weights, std::move(backend)));
   PS_ASSIGN_OR_RETURN(model->w_, model->backend_->LoadWeights(std::move(weights)));
   return model;
 }
 
-LlamaModel::LlamaModel(const LlamaWeights& weights, Communicator* comm,
-                       std::unique_ptr<ModelBackend> backend)
+LlamaModel::LlamaModel(const LlamaWeights& weights, std::unique_ptr<ModelBackend> backend)
     : config_(weights.config),
       shard_(weights.shard),
-      comm_(comm),
       backend_(std::move(backend)),
       inv_freq_(RopeInverseFrequencies(weights.config)) {}
 
