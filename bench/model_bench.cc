@@ -460,6 +460,7 @@ void Run(StepPlan& plan, std::vector<Seq>& seqs) {
 
 std::vector<Seq> NewSeqs(int batch) {
   std::vector<Seq> seqs;
+  seqs.reserve(batch);
   for (int i = 0; i < batch; ++i) seqs.push_back(Seq{bench().next_seq++, i * BlocksPerSeq()});
   return seqs;
 }

@@ -148,6 +148,7 @@ float TimeDecode(pk::PagedAttentionParams p, Variant v, int iters) {
 
 }  // namespace
 
+// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
 int main(int argc, char** argv) {
   std::string json_path;
   bool quick = false, probe = false;
@@ -229,10 +230,10 @@ int main(int argc, char** argv) {
     std::vector<int32_t> lens(s.batch, s.context);
     void* bt_paged = DeviceAlloc(num_blocks * 4);
     void* bt_contig = DeviceAlloc(num_blocks * 4);
-    void* dlens = DeviceAlloc(s.batch * 4);
+    void* dlens = DeviceAlloc(lens.size() * sizeof(int32_t));
     CHECK_CUDA(cudaMemcpy(bt_paged, perm.data(), num_blocks * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(bt_contig, ident.data(), num_blocks * 4, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(dlens, lens.data(), s.batch * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dlens, lens.data(), lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     const size_t ws_bytes =
         std::max(pk::PagedAttentionV2WorkspaceBytes(s.batch, s.heads, head_size, s.context),
                  pk::PagedAttentionGqaWorkspaceBytes(s.batch, s.heads, head_size, s.context));

@@ -492,6 +492,7 @@ absl::Status CheckWorldSize(const LaunchInfo& info, int tensor_parallel_size) {
       info.world_size - 1));
 }
 
+// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
 int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
   if (info.coordinator() || info.world_size < 2) {
     Log().error("RunWorkerRank called on rank {} of {}", info.world_rank, info.world_size);

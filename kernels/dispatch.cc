@@ -21,9 +21,11 @@
 namespace pagedserve::kernels {
 namespace {
 
+#ifndef PAGEDSERVE_WITH_CUDA
 absl::Status NoCuda() {
   return absl::FailedPreconditionError("kCUDA cache view, but pagedserve was built without CUDA");
 }
+#endif
 
 absl::Status Invalid(absl::string_view op, auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(op, ": ", parts...));

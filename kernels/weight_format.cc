@@ -59,8 +59,8 @@ int64_t BlockElems(WeightType type) {
 size_t BlockBytes(WeightType type) {
   switch (type) {
     case WeightType::kF32: return 4;
-    case WeightType::kF16: return 2;
-    case WeightType::kBF16: return 2;
+    case WeightType::kF16:
+    case WeightType::kBF16: return 2;  // both 16-bit
     case WeightType::kQ4_0: return 18;
     case WeightType::kQ4_1: return 20;
     case WeightType::kQ5_0: return 22;

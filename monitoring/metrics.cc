@@ -117,6 +117,7 @@ Metrics::~Metrics() {
   exposer_.reset();
 }
 
+// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& options) {
   const BuildInfo& info = options.build_info;
   if (info.tensor_parallel_size < 1) {

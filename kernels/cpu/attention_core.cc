@@ -5,6 +5,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/half.h"
 
@@ -191,11 +192,7 @@ __attribute__((target("avx2,fma,f16c"))) void AttendAvx2(const AttendArgs& a) {
 }
 
 bool CpuHasAvx2() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-  }();
+  static const bool has = CpuHasAvx2FmaF16c();
   return has;
 }
 #endif

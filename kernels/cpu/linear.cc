@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/linear_cpu.h"
 
 namespace pagedserve::kernels {
@@ -24,10 +25,7 @@ bool Detect(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kPortable: return true;
 #if defined(__x86_64__) && defined(PAGEDSERVE_LINEAR_X86_PATHS)
-    case CpuIsa::kAvx2:
-      __builtin_cpu_init();
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+    case CpuIsa::kAvx2: return cpu::CpuHasAvx2FmaF16c();
     case CpuIsa::kAvx512:
       __builtin_cpu_init();
       return Detect(CpuIsa::kAvx2) && __builtin_cpu_supports("avx512f") &&

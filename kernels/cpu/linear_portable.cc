@@ -84,10 +84,10 @@ void DequantBlock(WeightType type, const uint8_t* b, float* y) {
       const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
       const float d = LoadF16(b + 208);
       for (int e = 0; e < 256; ++e) {
-        const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+        const int h = e / 128, k = (e % 128) / 32, l = e % 32, j = e / 16;
         const uint8_t lo = b[64 * h + l + 32 * (k & 1)];
         const int q = ((k < 2 ? lo & 15 : lo >> 4) | (((b[128 + 32 * h + l] >> (2 * k)) & 3) << 4));
-        y[e] = d * static_cast<float>(sc[e / 16]) * static_cast<float>(q - 32);
+        y[e] = d * static_cast<float>(sc[j]) * static_cast<float>(q - 32);
       }
       return;
     }

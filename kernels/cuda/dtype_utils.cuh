@@ -64,16 +64,18 @@ __device__ __forceinline__ void Unpack16(const uint4& r, const float*, float* f)
   f[3] = __uint_as_float(r.w);
 }
 // Bit casts of one 32-bit word. memcpy keeps host compilers' strict-aliasing
-// rules intact (the CPU emulation test runs this code); nvcc emits a move.
+// rules intact (the CPU emulation test runs this code); nvcc emits a move. The
+// copy goes through the trivially copyable *_raw structs (GCC's -Wclass-memaccess:
+// __half2 and __nv_bfloat162 have user-provided assignment).
 __device__ __forceinline__ __half2 WordToHalf2(uint32_t w) {
-  __half2 h;
+  __half2_raw h;
   memcpy(&h, &w, sizeof(h));
-  return h;
+  return __half2(h);
 }
 __device__ __forceinline__ __nv_bfloat162 WordToBFloat162(uint32_t w) {
-  __nv_bfloat162 h;
+  __nv_bfloat162_raw h;
   memcpy(&h, &w, sizeof(h));
-  return h;
+  return __nv_bfloat162(h);
 }
 
 __device__ __forceinline__ void Unpack16(const uint4& r, const __half*, float* f) {
@@ -164,9 +166,7 @@ template <typename C>
 __device__ __forceinline__ float2 Fp8x2ToFloat2(uint16_t codes) {
   const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes),
                                                     Fp8Interp<C>::value);
-  __half2 h;
-  memcpy(&h, &hr, sizeof(h));
-  return __half22float2(h);
+  return __half22float2(__half2(hr));
 }
 
 // One fp8 code to float, exact.

@@ -160,6 +160,7 @@ int GenerateCommand(const Args& args) {
   // MPI_Init may inspect argc/argv; give it the command's own.
   std::vector<std::string> storage(args.begin(), args.end());
   std::vector<char*> argv_vec;
+  argv_vec.reserve(storage.size() + 1);
   for (std::string& a : storage) argv_vec.push_back(a.data());
   argv_vec.push_back(nullptr);
   int argc = static_cast<int>(storage.size());

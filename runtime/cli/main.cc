@@ -28,6 +28,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "runtime/cli/commands.h"
 #include "runtime/cli/common_flags.h"
 #include "runtime/cli/flag_registry.h"
@@ -101,9 +102,9 @@ std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
       for (char& c : underscored) c = c == '-' ? '_' : c;
       const std::string base = underscored.compare(0, 3, "no_") == 0 ? underscored.substr(3) : underscored;
       if (underscored != name && absl::FindCommandLineFlag(underscored) != nullptr) {
-        a = "--" + underscored + (eq == std::string::npos ? "" : a.substr(eq));
+        a = absl::StrCat("--", underscored, eq == std::string::npos ? "" : a.substr(eq));
       } else if (base != underscored && absl::FindCommandLineFlag(base) != nullptr) {
-        a = "--no" + base + (eq == std::string::npos ? "" : a.substr(eq));  // absl's --noflag
+        a = absl::StrCat("--no", base, eq == std::string::npos ? "" : a.substr(eq));  // absl's --noflag
       }
     }
     out.push_back(std::move(a));
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<char*> normalized_argv;
+  normalized_argv.reserve(normalized.size() + 1);
   for (std::string& a : normalized) normalized_argv.push_back(a.data());
   normalized_argv.push_back(nullptr);
   std::vector<char*> positional =

@@ -250,6 +250,7 @@ absl::StatusOr<ServeOptions> ServeOptionsFromFlags(const std::string& model_path
 // Rank 0 (or the only process): front ends on their own threads, the engine
 // loop on this one (it calls the executor, and MPI is initialized FUNNELED).
 // *workers_stopped: the worker ranks ended cleanly (always true without mpirun).
+// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
 int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeOptions& serve_options,
                    bool* workers_stopped) {
   *workers_stopped = info.world_size == 1;
@@ -484,6 +485,7 @@ int ServeCommand(const Args& args) {
   }
   std::vector<std::string> storage(args.begin(), args.end());
   std::vector<char*> argv_vec;
+  argv_vec.reserve(storage.size() + 1);
   for (std::string& a : storage) argv_vec.push_back(a.data());
   argv_vec.push_back(nullptr);
   int argc = static_cast<int>(storage.size());

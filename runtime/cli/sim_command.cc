@@ -108,7 +108,7 @@ int SimCommand(const Args& args) {
                 "%d bytes x 2 (K,V) x %d tokens) = %lld blocks = %lld tokens\n",
                 mem.c_str(), static_cast<long long>(block_bytes), shape->num_layers, shape->num_kv_heads,
                 shape->head_size, shape->dtype_bytes, c.block_size, static_cast<long long>(blocks),
-                static_cast<long long>(blocks * c.block_size));
+                static_cast<long long>(blocks) * c.block_size);
     c.capacity_tokens = blocks * c.block_size;
   }
   auto rep = RunKvSimulation(c, workload);

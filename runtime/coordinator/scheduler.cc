@@ -500,10 +500,8 @@ void Scheduler::AddSequenceStep(const Scheduled& e, StepPlan* plan) {
 
 void Scheduler::CheckStop(Sequence* s, const SamplingParams& p) {
   const int32_t tok = s->tokens.back();
-  if (!p.ignore_eos && eos_.contains(tok)) {
-    s->finish_reason = FinishReason::kStop;
-    s->stop_token_id = tok;
-  } else if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end()) {
+  const bool eos = !p.ignore_eos && eos_.contains(tok);
+  if (eos || std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end()) {
     s->finish_reason = FinishReason::kStop;
     s->stop_token_id = tok;
   } else if (s->num_output_tokens() >= p.max_tokens || s->len() >= config_.max_model_len) {

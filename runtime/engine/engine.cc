@@ -241,6 +241,7 @@ void Engine::RecordSchedule(const StepPlan& plan) {
   unscheduled_.erase(std::remove_if(unscheduled_.begin(), unscheduled_.end(), done), unscheduled_.end());
 }
 
+// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
 absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
   if (!broken_.ok()) {
     return absl::FailedPreconditionError(

@@ -425,7 +425,7 @@ struct HttpServer::Impl {
                     "application/json");
   }
 
-  void Stream(std::shared_ptr<Job> job, const HttpBackend* b, httplib::Response& res) {
+  void Stream(const std::shared_ptr<Job>& job, const HttpBackend* b, httplib::Response& res) {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -517,7 +517,7 @@ struct HttpServer::Impl {
     server->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
       std::string what = "unknown exception";
       try {
-        std::rethrow_exception(ep);
+        std::rethrow_exception(std::move(ep));
       } catch (const std::exception& e) {
         what = e.what();
       } catch (...) {

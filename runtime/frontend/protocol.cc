@@ -180,6 +180,7 @@ Check ReadId(const json& obj, bool required, std::string& out) {
   return std::nullopt;
 }
 
+// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
 Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& req) {
   static const std::set<absl::string_view> kKnown = {
       "version", "type", "id", "prompt", "prompt_token_ids", "messages", "stream",
@@ -327,7 +328,7 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
 // client will decode.
 std::string ValidUtf8(const std::string& s) { return json::parse(Dump(json(s))).get<std::string>(); }
 
-ParseResult Fail(std::string id, Failure f) {
+ParseResult Fail(std::string id, const Failure& f) {
   ParseResult r;
   r.error = ErrorReply{std::move(id), f.code, ValidUtf8(f.message)};
   return r;

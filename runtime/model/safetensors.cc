@@ -196,7 +196,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
         dir, ": neither model.safetensors nor model.safetensors.index.json found"));
   }
   for (const std::string& f : files) {
-    auto sf = SafetensorsFile::Open(dir + "/" + f);
+    auto sf = SafetensorsFile::Open(absl::StrCat(dir, "/", f));
     if (!sf.ok()) return sf.status();
     for (const SafetensorsTensorInfo& t : (*sf)->tensors()) {
       if (ck->owner_.contains(t.name)) {

@@ -270,7 +270,7 @@ class Loader {
   // Whether some matrix points into the source's mapping.
   bool uses_mapping() const { return uses_mapping_; }
 
-  absl::Status CheckShape(const std::string& name, std::vector<int64_t> want) {
+  absl::Status CheckShape(const std::string& name, const std::vector<int64_t>& want) {
     auto shape = src_.Shape(name);
     if (!shape.ok()) return shape.status();
     if (*shape != want) {

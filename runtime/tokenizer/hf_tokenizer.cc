@@ -152,6 +152,7 @@ absl::Status ParsePreTokenizer(const json& node, const std::string& field, std::
 
 }  // namespace
 
+// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
 absl::StatusOr<TokenizerSpec> TokenizerSpecFromHfJson(std::string_view tokenizer_json,
                                                       std::string_view tokenizer_config_json) {
   constexpr std::string_view kFile = "tokenizer.json";

@@ -31,16 +31,14 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
     return absl::UnimplementedError(absl::StrCat("LlamaModel: head size ",
                                                  weights.config.head_size,
                                                  " is not supported by the attention kernels"));
-  auto model = std::unique_ptr<LlamaModel>(new LlamaModel(weights, comm, std::move(backend)));
+  auto model = std::unique_ptr<LlamaModel>(new LlamaModel(weights, std::move(backend)));
   PS_ASSIGN_OR_RETURN(model->w_, model->backend_->LoadWeights(std::move(weights)));
   return model;
 }
 
-LlamaModel::LlamaModel(const LlamaWeights& weights, Communicator* comm,
-                       std::unique_ptr<ModelBackend> backend)
+LlamaModel::LlamaModel(const LlamaWeights& weights, std::unique_ptr<ModelBackend> backend)
     : config_(weights.config),
       shard_(weights.shard),
-      comm_(comm),
       backend_(std::move(backend)),
       inv_freq_(RopeInverseFrequencies(weights.config)) {}
 
@@ -49,7 +47,7 @@ absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b,
   const int n = b.num_tokens();
   if (b.positions.size() != static_cast<size_t>(n) || b.slot_mapping.size() != static_cast<size_t>(n))
     return absl::InvalidArgumentError("ForwardBatch: token_ids, positions and slot_mapping differ in length");
-  if (b.query_start_loc.size() != static_cast<size_t>(b.num_seqs() + 1) ||
+  if (b.query_start_loc.size() != static_cast<size_t>(b.num_seqs()) + 1 ||
       b.query_start_loc.front() != 0 || b.query_start_loc.back() != n)
     return absl::InvalidArgumentError("ForwardBatch: query_start_loc must have num_seqs + 1 entries from 0 to num_tokens");
   if (b.block_tables.size() != static_cast<size_t>(b.num_seqs()) * b.max_blocks_per_seq)

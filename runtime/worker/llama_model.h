@@ -83,7 +83,7 @@ class LlamaModel {
                        std::vector<float>* logits);
 
  private:
-  LlamaModel(const LlamaWeights& weights, Communicator* comm, std::unique_ptr<ModelBackend> backend);
+  LlamaModel(const LlamaWeights& weights, std::unique_ptr<ModelBackend> backend);
 
   absl::Status ValidateBatch(const ForwardBatch& b,
                              std::span<const kernels::KVCacheView> kv_layers) const;
@@ -91,7 +91,6 @@ class LlamaModel {
 
   ModelConfig config_;
   ShardLayout shard_;
-  Communicator* comm_;
   std::unique_ptr<ModelBackend> backend_;
   BackendWeights w_;
   std::vector<double> inv_freq_;

@@ -186,7 +186,9 @@ TEST_P(RandomWorkloadTest, KvContentsMatchHistoriesAndOutputsMatchUnpreemptedRun
   const RunResult got = RunWorkload(tight, w, 5);
   EXPECT_GT(got.stats.num_preemptions_recompute + got.stats.num_preemptions_swap, 0);
   EXPECT_EQ(got.outputs, ref.outputs);
-  if (caching) EXPECT_GT(got.stats.prefix_cache_hits, 0);
+  if (caching) {
+    EXPECT_GT(got.stats.prefix_cache_hits, 0);
+  }
   std::printf("preemptions: swap %lld recompute %lld (fallbacks %lld); prefix hits %lld / %lld tokens\n",
               static_cast<long long>(got.stats.num_preemptions_swap),
               static_cast<long long>(got.stats.num_preemptions_recompute),

@@ -234,7 +234,9 @@ TEST(SchedulerTest, NoChunkingAdmitsWholePromptsOnly) {
   ASSERT_TRUE(d.RunToCompletion());
   for (const StepPlan& plan : d.plans) {
     for (const SequenceStep& s : plan.seqs) {
-      if (s.is_prefill()) EXPECT_EQ(s.token_ids.size(), 30u);
+      if (s.is_prefill()) {
+        EXPECT_EQ(s.token_ids.size(), 30u);
+      }
     }
   }
 }

@@ -171,6 +171,7 @@ struct Seq {
 };
 
 // Runs the whole generation on rank 0. Returns the exit code.
+// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
 int Coordinate(const DriverFlags& f, Executor& exec) {
   const int bs = f.block_size;
   std::vector<Seq> seqs(f.prompts.size());

@@ -438,7 +438,9 @@ TEST_P(EngineStressTest, ScriptedOutputsSurvivePreemption) {
   while (e->HasUnfinishedRequests() && step < 3000) {
     if (++step == 6) {
       for (const Spec& sp : specs) {
-        if (sp.abort) EXPECT_TRUE(e->Abort(sp.id).ok());
+        if (sp.abort) {
+          EXPECT_TRUE(e->Abort(sp.id).ok());
+        }
       }
     }
     auto outs = e->Step();

@@ -33,3 +33,9 @@ pagedserve_add_test(kernels_fp8_conversion_test
   LIBS CUDA::cudart
   LABELS kernels
   TIMEOUT 300)
+
+# The emulation tests compile CUDA kernel source with the host compiler, which does
+# not know nvcc's `#pragma unroll` (GCC spells it `#pragma GCC unroll`).
+foreach(t kernels_cuda_emulation_test kernels_cuda_gqa_emulation_test)
+  target_compile_options(${t} PRIVATE -Wno-unknown-pragmas)
+endforeach()

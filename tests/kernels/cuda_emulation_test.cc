@@ -68,10 +68,10 @@ struct HostCase {
   std::vector<int> seq_lens;
   int max_blocks_per_seq = 0;
   int64_t num_blocks = 0;
-  std::vector<std::vector<float>> keys, values;
-  std::vector<int32_t> block_tables;
-  std::vector<uint8_t> key_cache, value_cache;
-  KVCacheShape shape;
+  std::vector<std::vector<float>> keys{}, values{};
+  std::vector<int32_t> block_tables{};
+  std::vector<uint8_t> key_cache{}, value_cache{};
+  KVCacheShape shape{};
   GatheredKV K(int s) const { return {keys[s].data(), num_kv_heads, head_size}; }
   GatheredKV V(int s) const { return {values[s].data(), num_kv_heads, head_size}; }
   int num_seqs() const { return static_cast<int>(seq_lens.size()); }

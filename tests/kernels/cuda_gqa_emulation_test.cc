@@ -66,11 +66,11 @@ struct Case {
   int max_blocks_per_seq = 0;
   int64_t num_blocks = 0;
   int32_t poison_block = 0;  // never written: all NaN
-  std::vector<std::vector<float>> keys, values;  // gathered [len, kv_heads, head_size]
-  std::vector<int32_t> block_tables;             // unused entries -> poison_block
-  std::vector<uint8_t> key_cache, value_cache;
-  std::vector<float> q;  // [S, H, D], rounded to dtype
-  KVCacheShape shape;
+  std::vector<std::vector<float>> keys{}, values{};  // gathered [len, kv_heads, head_size]
+  std::vector<int32_t> block_tables{};             // unused entries -> poison_block
+  std::vector<uint8_t> key_cache{}, value_cache{};
+  std::vector<float> q{};  // [S, H, D], rounded to dtype
+  KVCacheShape shape{};
   int num_seqs() const { return static_cast<int>(seq_lens.size()); }
   int max_len() const { return *std::max_element(seq_lens.begin(), seq_lens.end()); }
   GatheredKV K(int s) const { return {keys[s].data(), num_kv_heads, head_size}; }

@@ -43,10 +43,10 @@ struct Fp8Batch {
   float k_scale, v_scale;
   std::vector<int32_t> seq_lens;
   int max_blocks_per_seq = 0;
-  std::vector<int32_t> block_tables;
-  std::vector<std::vector<float>> k_ref, v_ref;  // fp8-rounded, scaled: what the kernels must see
-  std::vector<uint8_t> key_cache, value_cache;
-  KVCacheShape shape;
+  std::vector<int32_t> block_tables{};
+  std::vector<std::vector<float>> k_ref{}, v_ref{};  // fp8-rounded, scaled: what the kernels must see
+  std::vector<uint8_t> key_cache{}, value_cache{};
+  KVCacheShape shape{};
 
   KVCacheView view(float ks, float vs) {
     KVCacheView v;

@@ -122,6 +122,25 @@ inline Block*& CurrentBlock() {
   return b;
 }
 
+// Runs fiber f until it yields (Yield) or finishes (FiberEntry); both jump back to
+// s.jb here. A function of its own so that no local of the caller's loop lives
+// across _setjmp (GCC's -Wclobbered: a local modified between setjmp and longjmp
+// is indeterminate afterwards).
+inline void ResumeFiber(Scheduler& s, Fiber& f, char* stack, size_t stack_size) {
+  if (_setjmp(s.jb)) return;
+  if (!f.started) {
+    f.started = true;
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = stack;
+    f.uc.uc_stack.ss_size = stack_size;
+    f.uc.uc_link = nullptr;
+    makecontext(&f.uc, FiberEntry, 0);
+    setcontext(&f.uc);
+  } else {
+    _longjmp(f.jb, 1);
+  }
+}
+
 // Runs `threads` fibers of `body` to completion; fiber t sees threadIdx.x = t.
 inline void RunBlock(int threads, const std::function<void()>& body) {
   constexpr size_t kStack = 256 * 1024;
@@ -140,19 +159,7 @@ inline void RunBlock(int threads, const std::function<void()>& body) {
       s.current = &f;
       threadIdx = uint3{static_cast<unsigned>(t), 0, 0};
       blockIdx = block_idx;
-      if (!_setjmp(s.jb)) {
-        if (!f.started) {
-          f.started = true;
-          getcontext(&f.uc);
-          f.uc.uc_stack.ss_sp = stacks[t].get();
-          f.uc.uc_stack.ss_size = kStack;
-          f.uc.uc_link = nullptr;
-          makecontext(&f.uc, FiberEntry, 0);
-          setcontext(&f.uc);
-        } else {
-          _longjmp(f.jb, 1);
-        }
-      }
+      ResumeFiber(s, f, stacks[t].get(), kStack);
       if (f.done) --remaining;
     }
     if (remaining > 0 && s.progress == before) {

@@ -47,8 +47,11 @@ void ExpectHistogram(const std::vector<Sample>& samples, const std::string& name
     double le = std::strtod(buckets[i].labels.at("le").c_str(), nullptr);
     double expected = 0;
     for (double x : observed) expected += x <= le ? 1 : 0;
-    if (i < bounds.size()) EXPECT_DOUBLE_EQ(le, bounds[i]);
-    else EXPECT_TRUE(std::isinf(le));
+    if (i < bounds.size()) {
+      EXPECT_DOUBLE_EQ(le, bounds[i]);
+    } else {
+      EXPECT_TRUE(std::isinf(le));
+    }
     EXPECT_EQ(buckets[i].value, expected) << "le=" << buckets[i].labels.at("le");
     EXPECT_GE(buckets[i].value, previous);
     previous = buckets[i].value;
