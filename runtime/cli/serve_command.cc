@@ -102,8 +102,9 @@ PAGEDSERVE_FLAG("serve", bool, log_request_content, false,
 PAGEDSERVE_FLAG("serve", int64_t, max_request_body_bytes, 1 << 20,
                 "serve: largest accepted HTTP request body (413 beyond)");
 PAGEDSERVE_FLAG("serve", double, http_timeout, 30,
-                "serve: seconds an HTTP client may take to send a request (headers and body) or "
-                "to read a response write; idle keep-alive connections are closed after 5 s");
+                "serve: seconds an HTTP connection may stay silent while sending a request or "
+                "reading a response write (a per-read timeout, not a bound on the whole "
+                "request); idle keep-alive connections are closed after 5 s");
 PAGEDSERVE_FLAG("serve", std::string, ssl_certfile, "",
                 "serve: HTTPS on the HTTP API with this PEM certificate (chain); needs "
                 "--ssl-keyfile");
