@@ -13,28 +13,14 @@
 #include "runtime/tokenizer/loaders.h"
 #include "tests/engine/metrics_probe.h"
 #include "tests/engine/scripted_executor.h"
+#include "tests/common/fixture_tokenizer.h"
 
 namespace pagedserve {
 namespace {
 
 using testing::ScriptedExecutor;
 
-std::string SourceDir() {
-  const char* d = std::getenv("PAGEDSERVE_SOURCE_DIR");
-  return d ? d : ".";
-}
-
-const Tokenizer& Tok() {
-  static const Tokenizer* t = [] {
-    auto r = LoadHfTokenizer(SourceDir() + "/tests/fixtures/smollm2-tokenizer");
-    if (!r.ok()) {
-      ADD_FAILURE() << r.status();
-      std::abort();
-    }
-    return r->release();
-  }();
-  return *t;
-}
+const Tokenizer& Tok() { return testing::FixtureTokenizer(); }
 
 std::vector<int32_t> Ids(const std::string& text) {
   EncodeOptions o;

@@ -18,24 +18,14 @@
 #include "gtest/gtest.h"
 #include "runtime/tokenizer/loaders.h"
 #include "tests/engine/scripted_executor.h"
+#include "tests/common/fixture_tokenizer.h"
 
 namespace pagedserve {
 namespace {
 
 using testing::ScriptedExecutor;
 
-const Tokenizer& Tok() {
-  static const Tokenizer* t = [] {
-    const char* d = std::getenv("PAGEDSERVE_SOURCE_DIR");
-    auto r = LoadHfTokenizer(std::string(d ? d : ".") + "/tests/fixtures/smollm2-tokenizer");
-    if (!r.ok()) {
-      ADD_FAILURE() << r.status();
-      std::abort();
-    }
-    return r->release();
-  }();
-  return *t;
-}
+const Tokenizer& Tok() { return testing::FixtureTokenizer(); }
 
 std::vector<int32_t> Ids(const std::string& text) {
   EncodeOptions o;

@@ -35,6 +35,7 @@
 #include "runtime/frontend/http_server.h"
 #include "runtime/tokenizer/loaders.h"
 #include "tests/engine/scripted_executor.h"
+#include "tests/common/fixture_tokenizer.h"
 
 namespace pagedserve {
 namespace {
@@ -42,18 +43,7 @@ namespace {
 using json = nlohmann::json;
 using testing::ScriptedExecutor;
 
-const Tokenizer& Tok() {
-  static const Tokenizer* t = [] {
-    const char* d = std::getenv("PAGEDSERVE_SOURCE_DIR");
-    auto r = LoadHfTokenizer(std::string(d ? d : ".") + "/tests/fixtures/smollm2-tokenizer");
-    if (!r.ok()) {
-      ADD_FAILURE() << r.status();
-      std::abort();
-    }
-    return r->release();
-  }();
-  return *t;
-}
+const Tokenizer& Tok() { return testing::FixtureTokenizer(); }
 
 int32_t Id(const std::string& text) {
   EncodeOptions o;

@@ -13,24 +13,14 @@
 #include "nlohmann/json.hpp"
 #include "runtime/frontend/http_server.h"
 #include "runtime/tokenizer/loaders.h"
+#include "tests/common/fixture_tokenizer.h"
 
 namespace pagedserve::openai {
 namespace {
 
 using json = nlohmann::json;
 
-const Tokenizer& Tok() {
-  static const Tokenizer* t = [] {
-    const char* d = std::getenv("PAGEDSERVE_SOURCE_DIR");
-    auto r = LoadHfTokenizer(std::string(d ? d : ".") + "/tests/fixtures/smollm2-tokenizer");
-    if (!r.ok()) {
-      ADD_FAILURE() << r.status();
-      std::abort();
-    }
-    return r->release();
-  }();
-  return *t;
-}
+const Tokenizer& Tok() { return testing::FixtureTokenizer(); }
 
 const ServedModel kModel{"smol", 128, 49152};
 
