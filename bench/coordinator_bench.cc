@@ -60,7 +60,8 @@ size_t DecodeSteps(Scheduler& s, int steps) {
     bytes = EncodeStepPlan(*plan).size();
     StepResult res;
     res.step_id = plan->step_id;
-    for (const SequenceStep& st : plan->seqs) res.tokens.push_back(SampledToken{st.seq_id, 7, 0.0f, {}, {}});
+    for (const SequenceStep& st : plan->seqs)
+      res.tokens.push_back(SampledToken{st.seq_id, 7, 0.0f, {}, {}});
     benchmark::DoNotOptimize(s.ProcessResult(res));
   }
   return bytes;
@@ -91,7 +92,8 @@ void BM_DecodeStep(benchmark::State& state) {
     auto out = sched->ProcessResult(res);
     benchmark::DoNotOptimize(out);
   }
-  state.counters["seqs_per_step"] = benchmark::Counter(static_cast<double>(tokens) / state.iterations());
+  state.counters["seqs_per_step"] =
+      benchmark::Counter(static_cast<double>(tokens) / state.iterations());
   // Outside the timed loop: the wire size of a decode step's plan on a fresh
   // batch (contexts of kPrompt + 1 tokens) and 1000 steps later.
   auto fresh = MakeRunning(n, caching);

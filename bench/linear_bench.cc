@@ -96,7 +96,8 @@ void BM_Linear(benchmark::State& state) {
     if (!Linear(s.p).ok()) state.SkipWithError("Linear failed");
     benchmark::DoNotOptimize(s.y.data());
   }
-  s.Count(state, cpu::LinearMethodName(cpu::ChooseMethod(s.type, s.tokens, s.rows, s.cols, ActiveLinearIsa())));
+  s.Count(state, cpu::LinearMethodName(
+                     cpu::ChooseMethod(s.type, s.tokens, s.rows, s.cols, ActiveLinearIsa())));
 }
 
 void BM_LinearMethod(benchmark::State& state) {

@@ -5,7 +5,8 @@
 // bench/llamacpp_baseline.py; bench/model_side_by_side.sh runs both and prints
 // one table. Results: docs/benchmarks.md, "Model (CPU): pagedserve vs llama.cpp".
 //
-//   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 build-bench/bench/bench_model --model=PATH [--prompt_len=128] [--decode_steps=32]
+//   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 build-bench/bench/bench_model --model=PATH
+//   [--prompt_len=128] [--decode_steps=32]
 //       [--batches=1,8,32] [--repeats=3] [--max_batched_tokens=512]
 //       [--dtype=auto|float32|float16|bfloat16] [--kv_cache_dtype=auto|float32|float16|bfloat16]
 //       [benchmark flags]
@@ -102,8 +103,9 @@ struct Config {
   std::vector<int> batches = {1, 8, 32};
   int repeats = 3;
   int max_batched_tokens = 512;
-  WeightDType dtype = WeightDType::kAuto;          // --dtype=auto|float32|float16|bfloat16
-  std::optional<kernels::DType> kv_cache_dtype;    // --kv_cache_dtype=float32|float16|bfloat16|fp8|fp8_e4m3|fp8_e5m2
+  WeightDType dtype = WeightDType::kAuto;  // --dtype=auto|float32|float16|bfloat16
+  std::optional<kernels::DType>
+      kv_cache_dtype;  // --kv_cache_dtype=float32|float16|bfloat16|fp8|fp8_e4m3|fp8_e5m2
   kernels::Device device = kernels::Device::kCPU;  // --device=cpu|cuda
   bool random_weights = false;                     // --random-weights
   int random_layers = 0;                           // --random-layers (0: 4 on CPU, 32 on CUDA)
@@ -117,7 +119,7 @@ Config& config() {
 // The model of --random-weights, driven through the public model API.
 struct RandomModel {
   std::unique_ptr<LlamaModel> cpu;
-  std::unique_ptr<LlamaModel> cuda;  // over the CUDA backend (CudaLlamaModel::Create)
+  std::unique_ptr<LlamaModel> cuda;               // over the CUDA backend (CudaLlamaModel::Create)
   std::vector<std::unique_ptr<float[]>> storage;  // the CPU KV pool
   std::vector<kernels::KVCacheView> cpu_cache;
   kernels::DType kv_dtype = kernels::DType::kFloat32;
@@ -165,7 +167,8 @@ void SetupFromFile() {
   enc.parse_special = false;
   std::vector<int32_t> text = (*tokenizer)->Encode(kText, enc);
   if (text.empty()) Die("the benchmark text tokenizes to nothing");
-  while (static_cast<int>(b.prompt.size()) < c.prompt_len) b.prompt.insert(b.prompt.end(), text.begin(), text.end());
+  while (static_cast<int>(b.prompt.size()) < c.prompt_len)
+    b.prompt.insert(b.prompt.end(), text.begin(), text.end());
   b.prompt.resize(c.prompt_len);
 
   b.comm = MakeSingleRankCommunicator();
@@ -183,9 +186,9 @@ void SetupFromFile() {
   if (!w.ok()) Die(w.status().ToString());
   b.worker = *std::move(w);
   if (b.worker->num_device_blocks() < o.max_num_blocks)
-    Die(absl::StrCat("KV pool has ", b.worker->num_device_blocks(), " blocks, need ", o.max_num_blocks));
+    Die(absl::StrCat("KV pool has ", b.worker->num_device_blocks(), " blocks, need ",
+                     o.max_num_blocks));
 }
-
 
 // --- --random-weights ------------------------------------------------------
 
@@ -284,7 +287,8 @@ LlamaWeights RandomLlamaWeights(const ModelConfig& cfg, WeightDType dtype) {
     L.post_attention_layernorm = RandomNorm(t + 5, h);
     L.gate_proj = RandomMatrix(t + 6, inter, h, in_h, w.dtype);
     L.up_proj = RandomMatrix(t + 7, inter, h, in_h, w.dtype);
-    L.down_proj = RandomMatrix(t + 8, h, inter, 1.0f / std::sqrt(static_cast<float>(inter)), w.dtype);
+    L.down_proj =
+        RandomMatrix(t + 8, h, inter, 1.0f / std::sqrt(static_cast<float>(inter)), w.dtype);
   }
   return w;
 }
@@ -308,7 +312,8 @@ void SetupRandom() {
   const auto t0 = std::chrono::steady_clock::now();
   LlamaWeights weights = RandomLlamaWeights(cfg, c.dtype);
   const auto t1 = std::chrono::steady_clock::now();
-  std::fprintf(stderr, "bench_model: random Llama-3-8B-shaped weights, %d layers, %s, built in %.1f s\n",
+  std::fprintf(stderr,
+               "bench_model: random Llama-3-8B-shaped weights, %d layers, %s, built in %.1f s\n",
                cfg.num_layers, WeightDTypeName(weights.dtype),
                std::chrono::duration<double>(t1 - t0).count());
   const int max_batch = *std::max_element(c.batches.begin(), c.batches.end());
@@ -335,15 +340,15 @@ void SetupRandom() {
 #endif
   } else {
     // The Worker's auto KV type: fp32 for fp32 weights, bf16 for bf16, else fp16.
-    shape.dtype = c.kv_cache_dtype.value_or(weights.dtype == WeightDType::kFloat32
-                                                ? kernels::DType::kFloat32
-                                                : weights.dtype == WeightDType::kBFloat16
-                                                      ? kernels::DType::kBFloat16
-                                                      : kernels::DType::kFloat16);
+    shape.dtype = c.kv_cache_dtype.value_or(
+        weights.dtype == WeightDType::kFloat32    ? kernels::DType::kFloat32
+        : weights.dtype == WeightDType::kBFloat16 ? kernels::DType::kBFloat16
+                                                  : kernels::DType::kFloat16);
     auto m = LlamaModel::Create(std::move(weights), b.comm.get());
     if (!m.ok()) Die(m.status().ToString());
     r->cpu = *std::move(m);
-    const size_t floats = shape.block_bytes() * static_cast<size_t>(shape.num_blocks) / sizeof(float);
+    const size_t floats =
+        shape.block_bytes() * static_cast<size_t>(shape.num_blocks) / sizeof(float);
     for (int l = 0; l < cfg.num_layers; ++l) {
       r->storage.emplace_back(new float[floats]);
       float* k = r->storage.back().get();
@@ -377,8 +382,8 @@ kernels::DType KvCacheDType() {
 struct Seq {
   SeqId id;
   int first_block;
-  int pos = 0;           // tokens cached so far
-  int32_t last = 0;      // last sampled token
+  int pos = 0;       // tokens cached so far
+  int32_t last = 0;  // last sampled token
 };
 
 SequenceStep MakeStep(const Seq& s, std::vector<int32_t> tokens, bool sample) {
@@ -392,7 +397,8 @@ SequenceStep MakeStep(const Seq& s, std::vector<int32_t> tokens, bool sample) {
   st.sampling.max_tokens = config().decode_steps + 1;
   st.token_ids = std::move(tokens);
   const int end = s.pos + static_cast<int>(st.token_ids.size());
-  for (int blk = 0; blk < (end + kBlockSize - 1) / kBlockSize; ++blk) st.block_table.push_back(s.first_block + blk);
+  for (int blk = 0; blk < (end + kBlockSize - 1) / kBlockSize; ++blk)
+    st.block_table.push_back(s.first_block + blk);
   return st;
 }
 
@@ -574,14 +580,18 @@ int main(int argc, char** argv) {
     } else if (ParseInt(a, "random-layers", &c.random_layers)) {
     } else if (a.rfind("--device=", 0) == 0) {
       const std::string v = a.substr(9);
-      if (v == "cpu") c.device = kernels::Device::kCPU;
-      else if (v == "cuda") c.device = kernels::Device::kCUDA;
-      else Die("--device: cpu or cuda");
+      if (v == "cpu")
+        c.device = kernels::Device::kCPU;
+      else if (v == "cuda")
+        c.device = kernels::Device::kCUDA;
+      else
+        Die("--device: cpu or cuda");
     } else if (a.rfind("--batches=", 0) == 0) {
       c.batches.clear();
       for (absl::string_view s : absl::StrSplit(a.substr(10), ',')) {
         int v = 0;
-        if (!absl::SimpleAtoi(s, &v) || v < 1) Die(absl::StrCat("--batches: bad batch size '", s, "'"));
+        if (!absl::SimpleAtoi(s, &v) || v < 1)
+          Die(absl::StrCat("--batches: bad batch size '", s, "'"));
         c.batches.push_back(v);
       }
     } else if (a.rfind("--dtype=", 0) == 0) {
@@ -590,15 +600,22 @@ int main(int argc, char** argv) {
       c.dtype = *d;
     } else if (a.rfind("--kv_cache_dtype=", 0) == 0) {
       const std::string v = a.substr(17);
-      if (v == "float32") c.kv_cache_dtype = kernels::DType::kFloat32;
-      else if (v == "float16") c.kv_cache_dtype = kernels::DType::kFloat16;
-      else if (v == "bfloat16") c.kv_cache_dtype = kernels::DType::kBFloat16;
-      else if (v == "fp8" || v == "fp8_e4m3") c.kv_cache_dtype = kernels::DType::kFloat8E4M3;
-      else if (v == "fp8_e5m2") c.kv_cache_dtype = kernels::DType::kFloat8E5M2;
+      if (v == "float32")
+        c.kv_cache_dtype = kernels::DType::kFloat32;
+      else if (v == "float16")
+        c.kv_cache_dtype = kernels::DType::kFloat16;
+      else if (v == "bfloat16")
+        c.kv_cache_dtype = kernels::DType::kBFloat16;
+      else if (v == "fp8" || v == "fp8_e4m3")
+        c.kv_cache_dtype = kernels::DType::kFloat8E4M3;
+      else if (v == "fp8_e5m2")
+        c.kv_cache_dtype = kernels::DType::kFloat8E5M2;
       else if (v != "auto")
         Die("--kv_cache_dtype: auto, float32, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2");
-    } else if (!ParseInt(a, "prompt_len", &c.prompt_len) && !ParseInt(a, "decode_steps", &c.decode_steps) &&
-               !ParseInt(a, "repeats", &c.repeats) && !ParseInt(a, "max_batched_tokens", &c.max_batched_tokens)) {
+    } else if (!ParseInt(a, "prompt_len", &c.prompt_len) &&
+               !ParseInt(a, "decode_steps", &c.decode_steps) &&
+               !ParseInt(a, "repeats", &c.repeats) &&
+               !ParseInt(a, "max_batched_tokens", &c.max_batched_tokens)) {
       Die(absl::StrCat("unknown argument '", a, "'"));
     }
   }
@@ -631,9 +648,13 @@ int main(int argc, char** argv) {
   }
   for (int b : c.batches) {
     benchmark::RegisterBenchmark(absl::StrCat("prefill/batch:", b).c_str(), BM_Prefill, b)
-        ->Iterations(c.repeats)->UseManualTime()->Unit(benchmark::kMillisecond);
+        ->Iterations(c.repeats)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(absl::StrCat("decode/batch:", b).c_str(), BM_Decode, b)
-        ->Iterations(c.repeats)->UseManualTime()->Unit(benchmark::kMillisecond);
+        ->Iterations(c.repeats)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -81,7 +81,8 @@ void BM_PagedDecode(benchmark::State& state) {
   std::shuffle(tables.begin(), tables.end(), rng);  // blocks scattered over the pool
   std::vector<int32_t> lens(batch, ctx);
   const DType io = IoDType(t);
-  std::vector<uint8_t> q(static_cast<size_t>(batch) * heads * kHeadSize * DTypeSize(io)), out(q.size());
+  std::vector<uint8_t> q(static_cast<size_t>(batch) * heads * kHeadSize * DTypeSize(io)),
+      out(q.size());
   FillRandom(q, io, rng);
   PagedAttentionParams p;
   p.out = out.data();
@@ -114,7 +115,8 @@ void BM_ContiguousDecode(benchmark::State& state) {
   FillRandom(key, t, rng);
   FillRandom(value, t, rng);
   std::vector<int32_t> lens(batch, ctx);
-  std::vector<uint8_t> q(static_cast<size_t>(batch) * heads * kHeadSize * DTypeSize(t)), out(q.size());
+  std::vector<uint8_t> q(static_cast<size_t>(batch) * heads * kHeadSize * DTypeSize(t)),
+      out(q.size());
   FillRandom(q, t, rng);
   cpu::ContiguousDecodeParams p;
   p.out = out.data();
@@ -179,7 +181,12 @@ void DecodeArgs(benchmark::internal::Benchmark* b) {
   b->UseRealTime();
 }
 
-BENCHMARK(BM_MemcpyBandwidth)->Arg(0)->Arg(1)->ArgName("parallel")->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MemcpyBandwidth)
+    ->Arg(0)
+    ->Arg(1)
+    ->ArgName("parallel")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PagedDecode)->Apply(DecodeArgs);
 // fp8 e4m3 cache vs fp16 (same f16 queries): batch 8/32 x context 4K/16K, 32 heads.
 void Fp8DecodeArgs(benchmark::internal::Benchmark* b) {

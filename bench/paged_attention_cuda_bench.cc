@@ -50,13 +50,13 @@ namespace pk = pagedserve::kernels;
 
 namespace {
 
-#define CHECK_CUDA(expr)                                                                   \
-  do {                                                                                     \
-    cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) {                                                               \
+#define CHECK_CUDA(expr)                                                                         \
+  do {                                                                                           \
+    cudaError_t e_ = (expr);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
+      std::exit(1);                                                                              \
+    }                                                                                            \
   } while (0)
 
 void* DeviceAlloc(size_t bytes) {
@@ -72,7 +72,8 @@ void FillRandom16(void* dst, size_t bytes, pk::DType dtype, std::mt19937& rng) {
   std::vector<uint16_t> h(tile / 2);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (auto& x : h)
-    x = dtype == pk::DType::kBFloat16 ? pk::FloatToBFloat16Bits(u(rng)) : pk::FloatToHalfBits(u(rng));
+    x = dtype == pk::DType::kBFloat16 ? pk::FloatToBFloat16Bits(u(rng))
+                                      : pk::FloatToHalfBits(u(rng));
   CHECK_CUDA(cudaMemcpy(dst, h.data(), tile, cudaMemcpyHostToDevice));
   for (size_t off = tile; off < bytes; off += tile)
     CHECK_CUDA(cudaMemcpy(static_cast<char*>(dst) + off, dst, std::min(tile, bytes - off),
@@ -204,11 +205,12 @@ int main(int argc, char** argv) {
         for (int ctx : contexts) shapes.push_back({batch, ctx, heads, kv_heads, dtype});
 
   std::mt19937 rng(42);
-  std::string json = "{\n  \"device\": \"" + std::string(prop.name) + "\",\n  \"copy_bandwidth_GBps\": " +
-                     std::to_string(copy_bw / 1e9) + ",\n  \"results\": [\n";
-  std::printf("%-5s %-6s %-7s %-7s %-8s | %-9s %-9s %-7s | %-9s %-9s %-9s %-9s | %s\n", "dtype", "batch",
-              "context", "heads", "variant", "paged ms", "KV GB/s", "% copy", "v1 ms", "v2 ms", "gqa ms",
-              "contig ms", "paged/contig");
+  std::string json = "{\n  \"device\": \"" + std::string(prop.name) +
+                     "\",\n  \"copy_bandwidth_GBps\": " + std::to_string(copy_bw / 1e9) +
+                     ",\n  \"results\": [\n";
+  std::printf("%-5s %-6s %-7s %-7s %-8s | %-9s %-9s %-7s | %-9s %-9s %-9s %-9s | %s\n", "dtype",
+              "batch", "context", "heads", "variant", "paged ms", "KV GB/s", "% copy", "v1 ms",
+              "v2 ms", "gqa ms", "contig ms", "paged/contig");
   bool first = true;
   for (const Shape& s : shapes) {
     const int blocks_per_seq = s.context / block_size;
@@ -233,7 +235,8 @@ int main(int argc, char** argv) {
     void* dlens = DeviceAlloc(lens.size() * sizeof(int32_t));
     CHECK_CUDA(cudaMemcpy(bt_paged, perm.data(), num_blocks * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(bt_contig, ident.data(), num_blocks * 4, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(dlens, lens.data(), lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CHECK_CUDA(
+        cudaMemcpy(dlens, lens.data(), lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     const size_t ws_bytes =
         std::max(pk::PagedAttentionV2WorkspaceBytes(s.batch, s.heads, head_size, s.context),
                  pk::PagedAttentionGqaWorkspaceBytes(s.batch, s.heads, head_size, s.context));
@@ -263,28 +266,30 @@ int main(int argc, char** argv) {
     p.host_block_tables = ident.data();
     const float ms_contig = TimeDecode(p, Variant::kAuto, iters);
 
-    const double kv_bytes = 2.0 * static_cast<double>(s.batch) * s.context * s.kv_heads * head_size * 2;
+    const double kv_bytes =
+        2.0 * static_cast<double>(s.batch) * s.context * s.kv_heads * head_size * 2;
     const double bw = kv_bytes / (ms_auto * 1e-3);
-    const char* variant = pk::DecodeKernelName(
-        pk::ChooseDecodeKernel(pk::Device::kCUDA, s.batch, s.heads, s.kv_heads, head_size, s.context)
-            .kernel);
+    const char* variant =
+        pk::DecodeKernelName(pk::ChooseDecodeKernel(pk::Device::kCUDA, s.batch, s.heads, s.kv_heads,
+                                                    head_size, s.context)
+                                 .kernel);
     const char* dtype = pk::DTypeName(s.dtype);
     const char* attention = s.heads == s.kv_heads ? "MHA" : "GQA";
     std::printf(
         "%-5s %-6d %-7d %2d/%-4d %-8s | %-9.4f %-9.1f %-7.1f | %-9.4f %-9.4f %-9.4f %-9.4f | %.3f\n",
-        dtype, s.batch, s.context, s.heads, s.kv_heads, variant, ms_auto, bw / 1e9, 100.0 * bw / copy_bw,
-        ms_v1, ms_v2, ms_gqa, ms_contig, ms_auto / ms_contig);
+        dtype, s.batch, s.context, s.heads, s.kv_heads, variant, ms_auto, bw / 1e9,
+        100.0 * bw / copy_bw, ms_v1, ms_v2, ms_gqa, ms_contig, ms_auto / ms_contig);
     char buf[768];
-    std::snprintf(buf, sizeof(buf),
-                  "    {\"batch\": %d, \"context\": %d, \"heads\": %d, \"kv_heads\": %d, "
-                  "\"attention\": \"%s\", \"head_size\": %d, \"block_size\": %d, \"dtype\": \"%s\", "
-                  "\"variant\": \"%s\", "
-                  "\"paged_ms\": %.5f, \"v1_ms\": %.5f, \"v2_ms\": %.5f, \"gqa_ms\": %.5f, "
-                  "\"contiguous_ms\": %.5f, "
-                  "\"kv_bytes\": %.0f, \"kv_GBps\": %.2f, \"pct_of_copy_bw\": %.2f}",
-                  s.batch, s.context, s.heads, s.kv_heads, attention, head_size, block_size, dtype,
-                  variant, ms_auto, ms_v1, ms_v2, ms_gqa, ms_contig, kv_bytes, bw / 1e9,
-                  100.0 * bw / copy_bw);
+    std::snprintf(
+        buf, sizeof(buf),
+        "    {\"batch\": %d, \"context\": %d, \"heads\": %d, \"kv_heads\": %d, "
+        "\"attention\": \"%s\", \"head_size\": %d, \"block_size\": %d, \"dtype\": \"%s\", "
+        "\"variant\": \"%s\", "
+        "\"paged_ms\": %.5f, \"v1_ms\": %.5f, \"v2_ms\": %.5f, \"gqa_ms\": %.5f, "
+        "\"contiguous_ms\": %.5f, "
+        "\"kv_bytes\": %.0f, \"kv_GBps\": %.2f, \"pct_of_copy_bw\": %.2f}",
+        s.batch, s.context, s.heads, s.kv_heads, attention, head_size, block_size, dtype, variant,
+        ms_auto, ms_v1, ms_v2, ms_gqa, ms_contig, kv_bytes, bw / 1e9, 100.0 * bw / copy_bw);
     json += (first ? "" : ",\n") + std::string(buf);
     first = false;
     for (void* ptr : {kc, vc, q, out, bt_paged, bt_contig, dlens, ws}) CHECK_CUDA(cudaFree(ptr));

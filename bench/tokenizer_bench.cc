@@ -43,8 +43,8 @@ void BM_Encode(benchmark::State& state) {
     benchmark::DoNotOptimize(ids.data());
   }
   state.SetBytesProcessed(state.iterations() * text.size());
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(tokens),
-                                                  benchmark::Counter::kIsRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(tokens), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_Encode);
 

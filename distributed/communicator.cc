@@ -65,7 +65,8 @@ class MpiCommunicator final : public Communicator {
   absl::Status AllGather(const float* in, float* out, size_t count) override {
     ScopedTimer t(&collective_seconds_);
     if (count > static_cast<size_t>(INT_MAX))
-      return absl::InvalidArgumentError(absl::StrCat("AllGather count ", count, " exceeds INT_MAX"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("AllGather count ", count, " exceeds INT_MAX"));
     int rc = MPI_Allgather(in, static_cast<int>(count), MPI_FLOAT, out, static_cast<int>(count),
                            MPI_FLOAT, comm_);
     if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allgather");

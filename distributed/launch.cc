@@ -100,7 +100,8 @@ extern "C" void OnSigterm(int) { g_sigterm.store(true); }
 class Watchdog {
  public:
   Watchdog(absl::Duration grace, bool check_coordinator)
-      : grace_(grace), check_coordinator_(check_coordinator),
+      : grace_(grace),
+        check_coordinator_(check_coordinator),
         last_progress_(std::chrono::steady_clock::now().time_since_epoch().count()),
         thread_([this] { Run(); }) {}
   ~Watchdog() {
@@ -124,8 +125,7 @@ class Watchdog {
       const auto now = std::chrono::steady_clock::now();
       if (check_coordinator_ && State().coordinator_pid > 0 &&
           ProcessGone(State().coordinator_pid)) {
-        Log().error("coordinator process {} is gone; worker rank exits",
-                      State().coordinator_pid);
+        Log().error("coordinator process {} is gone; worker rank exits", State().coordinator_pid);
         std::fflush(nullptr);
         _exit(3);
       }
@@ -135,7 +135,7 @@ class Watchdog {
             std::chrono::steady_clock::duration(last_progress_.load()));
         if (now - std::max(last, term_seen) > grace) {
           Log().error("SIGTERM and no step progress for {}; worker rank exits",
-                        absl::FormatDuration(grace_));
+                      absl::FormatDuration(grace_));
           std::fflush(nullptr);
           _exit(128 + SIGTERM);
         }
@@ -174,8 +174,7 @@ absl::StatusOr<MPI_Comm> MakeWorkerComm(const LaunchInfo& info) {
 // variable PAGEDSERVE_WORKER_DEVICE = auto (default) | cpu | cuda. auto picks
 // CUDA when options.device already says kCUDA or when the build has CUDA and
 // a device answers (kernels::CudaDeviceAvailable), else CPU.
-absl::StatusOr<kernels::Device> ChooseWorkerDevice(const WorkerOptions& options,
-                                                   std::string* why) {
+absl::StatusOr<kernels::Device> ChooseWorkerDevice(const WorkerOptions& options, std::string* why) {
   const char* env = std::getenv("PAGEDSERVE_WORKER_DEVICE");
   const std::string policy = env != nullptr && *env != '\0' ? env : "auto";
   if (policy == "cpu") {
@@ -187,8 +186,8 @@ absl::StatusOr<kernels::Device> ChooseWorkerDevice(const WorkerOptions& options,
     return kernels::Device::kCUDA;
   }
   if (policy != "auto")
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PAGEDSERVE_WORKER_DEVICE must be auto, cpu or cuda, got '", policy, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("PAGEDSERVE_WORKER_DEVICE must be auto, cpu or cuda, got '", policy, "'"));
   if (options.device == kernels::Device::kCUDA) {
     *why = "WorkerOptions.device";
     return kernels::Device::kCUDA;
@@ -218,8 +217,7 @@ absl::StatusOr<int> LocalCudaDevice(MPI_Comm tp_comm) {
   const int count = 1;  // Worker::Create reports that the build has no CUDA
 #endif
   MPI_Comm node = MPI_COMM_NULL;
-  if (MPI_Comm_split_type(tp_comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) !=
-          MPI_SUCCESS ||
+  if (MPI_Comm_split_type(tp_comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS ||
       node == MPI_COMM_NULL)
     return absl::InternalError("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
   int local_rank = 0;
@@ -271,8 +269,9 @@ class MpiExecutor final : public Executor {
   }
 
   absl::StatusOr<StepResult> Execute(const StepPlan& plan) override {
-    if (failed_) return absl::FailedPreconditionError(
-        absl::StrCat("MPI executor failed earlier: ", error_.message()));
+    if (failed_)
+      return absl::FailedPreconditionError(
+          absl::StrCat("MPI executor failed earlier: ", error_.message()));
     if (shut_down_) return absl::FailedPreconditionError("MPI executor is shut down");
     if (plan.shutdown) return absl::InvalidArgumentError("use Shutdown() to stop the workers");
     const auto t0 = std::chrono::steady_clock::now();
@@ -282,7 +281,7 @@ class MpiExecutor final : public Executor {
     if (!result.ok()) return Fail(result.status());
     if (result->step_id != plan.step_id)
       return Fail(absl::InternalError(absl::StrCat("result for step ", result->step_id,
-                                                    " while waiting for step ", plan.step_id)));
+                                                   " while waiting for step ", plan.step_id)));
     const auto t2 = std::chrono::steady_clock::now();
     ++stats_.steps;
     stats_.send_seconds += Seconds(t1 - t0);
@@ -306,8 +305,7 @@ class MpiExecutor final : public Executor {
       if (!ack.ok())
         return Abort(absl::Status(ack.status().code(),
                                   absl::StrCat("shutdown: ", i, " of ", num_workers_,
-                                               " workers acknowledged; ",
-                                               ack.status().message())));
+                                               " workers acknowledged; ", ack.status().message())));
     }
     shut_down_ = true;
     Log().info("all {} worker ranks stopped", num_workers_);
@@ -430,8 +428,10 @@ absl::StatusOr<LaunchInfo> InitMpi(int* argc, char*** argv) {
         std::snprintf(st.liveness_endpoint, sizeof(st.liveness_endpoint), "%s",
                       st.liveness->endpoint().c_str());
       } else {
-        Log().warn("no liveness links (workers on other hosts are watched only by the step "
-                   "timeout): {}", m.status().ToString());
+        Log().warn(
+            "no liveness links (workers on other hosts are watched only by the step "
+            "timeout): {}",
+            m.status().ToString());
       }
     }
     MPI_Bcast(st.liveness_endpoint, kLivenessEndpointBytes, MPI_CHAR, 0, MPI_COMM_WORLD);
@@ -475,21 +475,21 @@ absl::Status CheckWorkerLiveness() {
 
 absl::Status CheckWorldSize(const LaunchInfo& info, int tensor_parallel_size) {
   if (tensor_parallel_size < 1)
-    return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel-size must be >= 1, got ",
-                                                   tensor_parallel_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tensor-parallel-size must be >= 1, got ", tensor_parallel_size));
   if (info.world_size == 1 && tensor_parallel_size == 1) return absl::OkStatus();
   if (info.world_size == 1 + tensor_parallel_size) return absl::OkStatus();
   if (info.world_size == 1)
     return absl::InvalidArgumentError(absl::StrCat(
-        "--tensor-parallel-size ", tensor_parallel_size,
-        " needs one coordinator and ", tensor_parallel_size, " worker ranks: run under `mpirun -np ",
-        tensor_parallel_size + 1, "` (started without mpirun, only TP = 1 runs in-process)"));
-  return absl::InvalidArgumentError(absl::StrCat(
-      "mpirun started ", info.world_size, " ranks but --tensor-parallel-size ",
-      tensor_parallel_size, " needs ", tensor_parallel_size + 1,
-      " (rank 0 the coordinator, ranks 1..", tensor_parallel_size,
-      " the workers): use `mpirun -np ", tensor_parallel_size + 1, "` or --tensor-parallel-size ",
-      info.world_size - 1));
+        "--tensor-parallel-size ", tensor_parallel_size, " needs one coordinator and ",
+        tensor_parallel_size, " worker ranks: run under `mpirun -np ", tensor_parallel_size + 1,
+        "` (started without mpirun, only TP = 1 runs in-process)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("mpirun started ", info.world_size, " ranks but --tensor-parallel-size ",
+                   tensor_parallel_size, " needs ", tensor_parallel_size + 1,
+                   " (rank 0 the coordinator, ranks 1..", tensor_parallel_size,
+                   " the workers): use `mpirun -np ", tensor_parallel_size + 1,
+                   "` or --tensor-parallel-size ", info.world_size - 1));
 }
 
 // NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
@@ -566,9 +566,10 @@ int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
     hello.ok = true;
     hello.num_device_blocks = worker->num_device_blocks();
     hello.num_cpu_blocks = worker->num_cpu_blocks();
-    Log().info("worker rank {} (TP rank {} of {}, pid {}): {} KV blocks, {} swap blocks, {} bytes/block",
-                 info.world_rank, tp_rank, info.world_size - 1, getpid(), hello.num_device_blocks,
-                 hello.num_cpu_blocks, worker->bytes_per_block());
+    Log().info(
+        "worker rank {} (TP rank {} of {}, pid {}): {} KV blocks, {} swap blocks, {} bytes/block",
+        info.world_rank, tp_rank, info.world_size - 1, getpid(), hello.num_device_blocks,
+        hello.num_cpu_blocks, worker->bytes_per_block());
   } else {
     hello.ok = false;
     hello.error = std::string(setup.message());
@@ -576,7 +577,7 @@ int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
   }
   if (auto s = receiver.SendHello(hello); !s.ok()) {
     Log().error("worker rank {}: cannot report to the coordinator: {}", info.world_rank,
-                  s.ToString());
+                s.ToString());
     State().failed.store(true);
     return 1;
   }
@@ -618,7 +619,7 @@ int RunWorkerRank(const LaunchInfo& info, const WorkerOptions& options) {
     watchdog.Progress();
     if (!result.ok()) {
       Log().error("worker rank {}: step {} failed: {}", info.world_rank, plan->step_id,
-                    result.status().ToString());
+                  result.status().ToString());
       broken = result.status();
       receiver
           .SendError(absl::StrCat("rank ", info.world_rank, " step ", plan->step_id, ": ",
@@ -640,9 +641,9 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeMpiExecutor(const LaunchInfo& info
                                                           absl::Duration startup_timeout,
                                                           absl::Duration step_timeout) {
   if (!info.coordinator() || info.world_size < 2)
-    return absl::FailedPreconditionError(absl::StrCat(
-        "MakeMpiExecutor needs world rank 0 of at least 2 ranks (rank ", info.world_rank, " of ",
-        info.world_size, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("MakeMpiExecutor needs world rank 0 of at least 2 ranks (rank ",
+                     info.world_rank, " of ", info.world_size, ")"));
   const int num_workers = info.world_size - 1;
   PlanSender sender(MPI_COMM_WORLD, num_workers, step_timeout);
   absl::StatusOr<std::vector<WorkerHello>> hellos = sender.GatherHellos(startup_timeout);
@@ -654,16 +655,16 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeMpiExecutor(const LaunchInfo& info
   int64_t device_blocks = std::numeric_limits<int64_t>::max();
   int64_t cpu_blocks = std::numeric_limits<int64_t>::max();
   for (const WorkerHello& h : *hellos) {
-    Log().info("worker rank {} (pid {} on {}): {} KV blocks, {} swap blocks", h.world_rank,
-                 h.pid, h.host, h.num_device_blocks, h.num_cpu_blocks);
+    Log().info("worker rank {} (pid {} on {}): {} KV blocks, {} swap blocks", h.world_rank, h.pid,
+               h.host, h.num_device_blocks, h.num_cpu_blocks);
     device_blocks = std::min(device_blocks, h.num_device_blocks);
     cpu_blocks = std::min(cpu_blocks, h.num_cpu_blocks);
     if (h.block_size != block_size) {
       MpiExecutor failed(num_workers, step_timeout, 0, 0);
-      return failed.Abort(absl::FailedPreconditionError(absl::StrCat(
-          "worker rank ", h.world_rank, " runs with --block-size ", h.block_size,
-          " but the coordinator with ", block_size,
-          ": step plans carry block tables whose slots depend on it")));
+      return failed.Abort(absl::FailedPreconditionError(
+          absl::StrCat("worker rank ", h.world_rank, " runs with --block-size ", h.block_size,
+                       " but the coordinator with ", block_size,
+                       ": step plans carry block tables whose slots depend on it")));
     }
   }
   Log().info(

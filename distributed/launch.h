@@ -6,8 +6,9 @@
 // Typical use in a command:
 //   auto info = InitMpi(&argc, &argv);               // every rank
 //   if (auto s = CheckWorldSize(*info, tp); !s.ok()) { print s; FinalizeMpi(); return 2; }
-//   if (!info->coordinator()) { int rc = RunWorkerRank(*info, opts); FinalizeMpi(rc != 0, rc); return rc; }
-//   auto exec = info->world_size > 1 ? MakeMpiExecutor(*info, block_size, kDefaultStartupTimeout,
+//   if (!info->coordinator()) { int rc = RunWorkerRank(*info, opts); FinalizeMpi(rc != 0, rc);
+//   return rc; } auto exec = info->world_size > 1 ? MakeMpiExecutor(*info, block_size,
+//   kDefaultStartupTimeout,
 //                                                      kDefaultStepTimeout)
 //                                    : MakeLocalExecutor(...);
 //   ... engine loop; on an executor error fail every request ...

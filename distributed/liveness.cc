@@ -194,7 +194,8 @@ void LivenessMonitor::Run() {
     std::vector<pollfd> fds = {{wake_fds_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
     for (const Conn& c : conns) fds.push_back({c.fd, POLLIN, 0});
     const int wait_ms = static_cast<int>(std::max<int64_t>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(next_beat - Clock::now()).count()));
+        0,
+        std::chrono::duration_cast<std::chrono::milliseconds>(next_beat - Clock::now()).count()));
     poll(fds.data(), fds.size(), wait_ms);
     if (fds[0].revents) break;
     const auto now = Clock::now();
@@ -262,8 +263,8 @@ absl::StatusOr<std::unique_ptr<LivenessBeacon>> LivenessBeacon::Connect(
   std::vector<std::string> parts = absl::StrSplit(endpoint, ' ');
   int port = 0;
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &port) || port <= 0 || port > 65535)
-    return absl::InvalidArgumentError(absl::StrCat("liveness endpoint '", endpoint,
-                                                   "' is not 'PORT ADDR,...'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("liveness endpoint '", endpoint, "' is not 'PORT ADDR,...'"));
   std::vector<std::string> addrs = absl::StrSplit(parts[1], ',', absl::SkipEmpty());
   const auto deadline = Clock::now() + absl::ToChronoNanoseconds(connect_timeout);
   std::string last_error = "no address";
@@ -304,8 +305,8 @@ absl::StatusOr<std::unique_ptr<LivenessBeacon>> LivenessBeacon::Connect(
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  return absl::UnavailableError(absl::StrCat("cannot reach the coordinator's liveness port (",
-                                             endpoint, "): ", last_error));
+  return absl::UnavailableError(
+      absl::StrCat("cannot reach the coordinator's liveness port (", endpoint, "): ", last_error));
 }
 
 LivenessBeacon::LivenessBeacon(int fd, std::string peer, absl::Duration interval,
@@ -333,7 +334,8 @@ void LivenessBeacon::Run() {
   while (true) {
     pollfd fds[2] = {{wake_fds_[0], POLLIN, 0}, {fd_, POLLIN, 0}};
     const int wait_ms = static_cast<int>(std::max<int64_t>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(next_beat - Clock::now()).count()));
+        0,
+        std::chrono::duration_cast<std::chrono::milliseconds>(next_beat - Clock::now()).count()));
     poll(fds, 2, std::min(wait_ms, Millis(interval_)));
     if (fds[0].revents) return;
     const auto now = Clock::now();

@@ -71,8 +71,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(MPI_Comm comm
   if (auto s = NcclStatus(ncclCommInitRank(&nccl, size, id, rank), "ncclCommInitRank"); !s.ok())
     return s;
   cudaStream_t stream = nullptr;
-  if (auto s = CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                          "cudaStreamCreate");
+  if (auto s =
+          CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
       !s.ok()) {
     ncclCommDestroy(nccl);
     return s;

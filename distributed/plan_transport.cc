@@ -148,8 +148,7 @@ absl::StatusOr<std::vector<WorkerHello>> PlanSender::GatherHellos(absl::Duration
                                        absl::FormatDuration(timeout)));
     PS_ASSIGN_OR_RETURN(std::string bytes, RecvBytes(world_, st));
     PS_ASSIGN_OR_RETURN(WorkerHello h, DecodeHello(bytes));
-    if (!h.ok)
-      return absl::FailedPreconditionError(absl::StrCat("worker rank ", r, ": ", h.error));
+    if (!h.ok) return absl::FailedPreconditionError(absl::StrCat("worker rank ", r, ": ", h.error));
     hellos.push_back(std::move(h));
   }
   return hellos;
@@ -182,8 +181,8 @@ absl::Status PlanSender::Send(const StepPlan& plan, absl::Duration timeout,
       for (int q = r + 1; q <= num_workers_; ++q)
         if (reqs[q - 1] != MPI_REQUEST_NULL) MPI_Request_free(&reqs[q - 1]);
       abandoned_.push_back(std::move(bytes));
-      return WaitError(s, absl::StrCat("worker rank ", r, " did not take step plan ",
-                                       plan.step_id, " within ", absl::FormatDuration(timeout)));
+      return WaitError(s, absl::StrCat("worker rank ", r, " did not take step plan ", plan.step_id,
+                                       " within ", absl::FormatDuration(timeout)));
     }
   }
   return absl::OkStatus();
@@ -195,14 +194,14 @@ absl::StatusOr<StepResult> PlanSender::Receive() {
   // A result comes from TP rank 0 (world rank 1); an error from any worker.
   if (absl::Status s = WaitProbe(world_, MPI_ANY_SOURCE, MPI_ANY_TAG, &st, deadline, &liveness_);
       !s.ok())
-    return WaitError(s, absl::StrCat("no step result from the workers within ",
-                                     absl::FormatDuration(timeout_)));
+    return WaitError(
+        s, absl::StrCat("no step result from the workers within ", absl::FormatDuration(timeout_)));
   PS_ASSIGN_OR_RETURN(std::string bytes, RecvBytes(world_, st));
   if (st.MPI_TAG == kTagError)
     return absl::InternalError(absl::StrCat("worker rank ", st.MPI_SOURCE, ": ", bytes));
   if (st.MPI_TAG != kTagResult)
-    return absl::InternalError(absl::StrCat("unexpected message tag ", st.MPI_TAG, " from rank ",
-                                            st.MPI_SOURCE));
+    return absl::InternalError(
+        absl::StrCat("unexpected message tag ", st.MPI_TAG, " from rank ", st.MPI_SOURCE));
   return DecodeStepResult(bytes);
 }
 

@@ -26,12 +26,12 @@ namespace pagedserve {
 struct WorkerHello {
   int32_t world_rank = 0;
   bool ok = false;
-  std::string error;                // why setup failed when !ok
-  int64_t num_device_blocks = 0;    // KV blocks that fit this rank's budget
-  int64_t num_cpu_blocks = 0;       // swap blocks that fit --swap-space
-  int32_t block_size = 0;           // tokens per block (for the capacity log)
-  int64_t pid = 0;                  // the worker's process id on `host`
-  std::string host;                 // MPI_Get_processor_name of the worker
+  std::string error;              // why setup failed when !ok
+  int64_t num_device_blocks = 0;  // KV blocks that fit this rank's budget
+  int64_t num_cpu_blocks = 0;     // swap blocks that fit --swap-space
+  int32_t block_size = 0;         // tokens per block (for the capacity log)
+  int64_t pid = 0;                // the worker's process id on `host`
+  std::string host;               // MPI_Get_processor_name of the worker
 };
 
 // Coordinator side (world rank 0).

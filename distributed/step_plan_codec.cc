@@ -44,7 +44,10 @@ absl::Status GetSampling(wire::Reader& r, SamplingParams* s) {
   uint64_t seed = 0;
   PS_RETURN_IF_ERROR(r.Get(&has_seed, "sampling.has_seed"));
   PS_RETURN_IF_ERROR(r.Get(&seed, "sampling.seed"));
-  if (has_seed) s->seed = seed; else s->seed.reset();
+  if (has_seed)
+    s->seed = seed;
+  else
+    s->seed.reset();
   uint64_t num_stop = 0;
   PS_RETURN_IF_ERROR(r.Get(&num_stop, "sampling.stop.size"));
   PS_RETURN_IF_ERROR(r.CheckCount(num_stop, sizeof(uint64_t), "sampling.stop"));
@@ -184,7 +187,8 @@ absl::StatusOr<StepResult> DecodeStepResult(std::string_view bytes) {
   }
   PS_RETURN_IF_ERROR(r.Get(&res.forward_seconds, "forward_seconds"));
   PS_RETURN_IF_ERROR(r.Get(&res.collective_seconds, "collective_seconds"));
-  if (!r.done()) return absl::DataLossError("step result: trailing bytes after 'collective_seconds'");
+  if (!r.done())
+    return absl::DataLossError("step result: trailing bytes after 'collective_seconds'");
   return res;
 }
 

@@ -23,8 +23,8 @@ struct BlockCopy {
 // share one shape and device. Pairs are host memory. Errors: InvalidArgument
 // for a block id outside [0, num_blocks) or mismatched layer shapes; nothing is
 // copied on error.
-absl::Status CopyBlocks(std::span<const KVCacheView> layers,
-                        std::span<const BlockCopy> pairs, void* stream = nullptr);
+absl::Status CopyBlocks(std::span<const KVCacheView> layers, std::span<const BlockCopy> pairs,
+                        void* stream = nullptr);
 
 // Swap in or out: for every layer i and pair, copies block pair.src of src[i]
 // to block pair.dst of dst[i], K and V. src and dst may live on different

@@ -173,8 +173,7 @@ absl::Status ValidatePagedAttention(const PagedAttentionParams& p) {
   return ValidateDecode("paged_attention", p);
 }
 
-size_t PagedAttentionV2WorkspaceBytes(int num_seqs, int num_heads, int head_size,
-                                      int max_seq_len) {
+size_t PagedAttentionV2WorkspaceBytes(int num_seqs, int num_heads, int head_size, int max_seq_len) {
   const size_t rows = static_cast<size_t>(num_seqs) * static_cast<size_t>(num_heads) *
                       static_cast<size_t>(NumPartitions(max_seq_len));
   return rows * (2 + static_cast<size_t>(head_size)) * sizeof(float);
@@ -222,8 +221,8 @@ const char* DecodeKernelName(DecodeKernel k) {
 
 bool ParseDecodeKernel(const char* name, DecodeKernel* k) {
   if (name == nullptr) return false;
-  for (DecodeKernel c : {DecodeKernel::kAuto, DecodeKernel::kV1, DecodeKernel::kV2,
-                         DecodeKernel::kGqa}) {
+  for (DecodeKernel c :
+       {DecodeKernel::kAuto, DecodeKernel::kV1, DecodeKernel::kV2, DecodeKernel::kGqa}) {
     if (std::strcmp(name, DecodeKernelName(c)) == 0) {
       *k = c;
       return true;
@@ -240,8 +239,8 @@ bool GqaDecodeFits(int head_size, int group_size) {
 size_t PagedAttentionGqaWorkspaceBytes(int num_seqs, int num_heads, int head_size,
                                        int max_seq_len) {
   // PlanGqaSplits never exceeds tiles / kGqaMinTilesPerSplit or kGqaMaxSplits.
-  const int64_t tiles = (static_cast<int64_t>(max_seq_len) + cuda::kGqaTileTokens - 1) /
-                        cuda::kGqaTileTokens;
+  const int64_t tiles =
+      (static_cast<int64_t>(max_seq_len) + cuda::kGqaTileTokens - 1) / cuda::kGqaTileTokens;
   int64_t splits = tiles / cuda::kGqaMinTilesPerSplit;
   if (splits > cuda::kGqaMaxSplits) splits = cuda::kGqaMaxSplits;
   if (splits < 2) return 0;  // one split: no scratch
@@ -252,15 +251,16 @@ absl::Status PagedAttentionGqa(const PagedAttentionParams& p) {
   constexpr absl::string_view op = "paged_attention_gqa";
   if (absl::Status st = ValidateDecode(op, p); !st.ok()) return st;
   if (p.num_seqs == 0) return absl::OkStatus();
-  if (IsFp8(p.cache.shape.dtype) || ResolveIoDType(p.io_dtype, p.cache.shape.dtype) != p.cache.shape.dtype)
-    return Invalid(op, "the GQA kernel reads fp32/fp16/bf16 caches with operands of the same type; ",
+  if (IsFp8(p.cache.shape.dtype) ||
+      ResolveIoDType(p.io_dtype, p.cache.shape.dtype) != p.cache.shape.dtype)
+    return Invalid(op,
+                   "the GQA kernel reads fp32/fp16/bf16 caches with operands of the same type; ",
                    DTypeName(p.cache.shape.dtype), " caches go to v1/v2");
   const int group = p.num_heads / p.cache.shape.num_kv_heads;
   if (!GqaDecodeFits(p.cache.shape.head_size, group))
-    return Invalid(op, "group size ", group, " with head_size ", p.cache.shape.head_size,
-                   " needs ", cuda::GqaDecodeSharedBytes(p.cache.shape.head_size, group),
-                   " bytes of shared memory, more than the ", cuda::kGqaMaxSharedBytes,
-                   " allowed");
+    return Invalid(op, "group size ", group, " with head_size ", p.cache.shape.head_size, " needs ",
+                   cuda::GqaDecodeSharedBytes(p.cache.shape.head_size, group),
+                   " bytes of shared memory, more than the ", cuda::kGqaMaxSharedBytes, " allowed");
   if (p.cache.device == Device::kCPU)
     return absl::FailedPreconditionError(
         "paged_attention_gqa: the GQA decode kernel is CUDA-only (the CPU v1/v2 kernels already "
@@ -297,20 +297,21 @@ DecodeKernelChoice ChooseDecodeKernelImpl(Device device, int num_seqs, int num_h
     return {requested, why(DecodeKernelName(requested), " requested")};
   const int group = num_kv_heads > 0 ? num_heads / num_kv_heads : 0;
   if (device == Device::kCPU)
-    return {v1v2, why("CPU backend (no separate GQA kernel; its v1/v2 serve a whole "
-                      "group per task)",
-                      requested == DecodeKernel::kGqa ? ", gqa request ignored" : "", "; ",
-                      heuristic)};
+    return {v1v2,
+            why("CPU backend (no separate GQA kernel; its v1/v2 serve a whole "
+                "group per task)",
+                requested == DecodeKernel::kGqa ? ", gqa request ignored" : "", "; ", heuristic)};
   if (!GqaDecodeFits(head_size, group))
     return {v1v2, why("group size ", group, " x head_size ", head_size,
                       " exceeds the GQA kernel's shared memory (",
-                      cuda::GqaDecodeSharedBytes(head_size, group), " > ",
-                      cuda::kGqaMaxSharedBytes, " bytes); ", heuristic)};
+                      cuda::GqaDecodeSharedBytes(head_size, group), " > ", cuda::kGqaMaxSharedBytes,
+                      " bytes); ", heuristic)};
   if (requested == DecodeKernel::kGqa)
     return {DecodeKernel::kGqa, why("gqa requested (group size ", group, ")")};
   if (group >= 2)
-    return {DecodeKernel::kGqa, why("GQA group size ", group, ": each K/V tile is read once for all ",
-                                    group, " query heads (v1/v2 would read it ", group, " times)")};
+    return {DecodeKernel::kGqa,
+            why("GQA group size ", group, ": each K/V tile is read once for all ", group,
+                " query heads (v1/v2 would read it ", group, " times)")};
   return {v1v2, why("MHA (group size 1): no K/V to share across heads; ", heuristic)};
 }
 
@@ -327,18 +328,16 @@ DecodeKernelChoice ChooseDecodeKernelImpl(const PagedAttentionParams& p, DecodeK
                             DTypeName(ResolveIoDType(p.io_dtype, cache)),
                             " operands: only v1/v2 convert in registers; ", DecodeKernelName(k))};
   }
-  return ChooseDecodeKernelImpl(p.cache.device, p.num_seqs, p.num_heads,
-                                p.cache.shape.num_kv_heads, p.cache.shape.head_size,
-                                p.max_seq_len, requested, explain);
+  return ChooseDecodeKernelImpl(p.cache.device, p.num_seqs, p.num_heads, p.cache.shape.num_kv_heads,
+                                p.cache.shape.head_size, p.max_seq_len, requested, explain);
 }
 
 }  // namespace
 
-DecodeKernelChoice ChooseDecodeKernel(Device device, int num_seqs, int num_heads,
-                                      int num_kv_heads, int head_size, int max_seq_len,
-                                      DecodeKernel requested) {
-  return ChooseDecodeKernelImpl(device, num_seqs, num_heads, num_kv_heads, head_size,
-                                max_seq_len, requested, /*explain=*/true);
+DecodeKernelChoice ChooseDecodeKernel(Device device, int num_seqs, int num_heads, int num_kv_heads,
+                                      int head_size, int max_seq_len, DecodeKernel requested) {
+  return ChooseDecodeKernelImpl(device, num_seqs, num_heads, num_kv_heads, head_size, max_seq_len,
+                                requested, /*explain=*/true);
 }
 
 DecodeKernelChoice ChooseDecodeKernel(const PagedAttentionParams& p, DecodeKernel requested) {
@@ -448,8 +447,8 @@ absl::Status CopyBlocks(std::span<const KVCacheView> layers, std::span<const Blo
         layers[i].shape.num_blocks != layers[0].shape.num_blocks)
       return Invalid(op, "layers[", i, "] has a different shape than layers[0]");
     if (layers[i].device != layers[0].device)
-      return Invalid(op, "layers[", i, "] is on ", DeviceName(layers[i].device),
-                     ", layers[0] on ", DeviceName(layers[0].device));
+      return Invalid(op, "layers[", i, "] is on ", DeviceName(layers[i].device), ", layers[0] on ",
+                     DeviceName(layers[0].device));
   }
   const int64_t nb = layers[0].shape.num_blocks;
   if (absl::Status st = CheckPairs(op, pairs, nb, nb); !st.ok()) return st;

@@ -12,8 +12,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "kernels/partition.h"  // kPartitionSize, NumPartitions
@@ -49,9 +49,9 @@ struct PagedAttentionParams {
   // i-th logical block. int32, same device as the cache.
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
   int max_blocks_per_seq = 0;
-  const int32_t* seq_lens = nullptr;  // [num_seqs], context tokens incl. the current one; >= 1
-  int max_seq_len = 0;                // >= every seq_lens[s]; sizes the v2 partitions
-  float scale = 1.0f;                 // softmax scale, usually 1/sqrt(head_size)
+  const int32_t* seq_lens = nullptr;    // [num_seqs], context tokens incl. the current one; >= 1
+  int max_seq_len = 0;                  // >= every seq_lens[s]; sizes the v2 partitions
+  float scale = 1.0f;                   // softmax scale, usually 1/sqrt(head_size)
   const float* alibi_slopes = nullptr;  // [num_heads] fp32 or null (no ALiBi)
   // Host-readable copies used only for validation on kCUDA (optional there; on
   // CPU the device arrays are host-readable and are checked directly).
@@ -73,9 +73,9 @@ struct PagedAttentionParams {
   DecodeKernel kernel = DecodeKernel::kAuto;
 };
 
-// Checks shapes, io_dtype against the cache dtype (ValidateIoDType) and, where host-readable, every block id (< num_blocks, >= 0)
-// and seq_len (1 <= seq_len <= max_blocks_per_seq * block_size, <= max_seq_len).
-// Returns InvalidArgument naming the offending field and index.
+// Checks shapes, io_dtype against the cache dtype (ValidateIoDType) and, where host-readable, every
+// block id (< num_blocks, >= 0) and seq_len (1 <= seq_len <= max_blocks_per_seq * block_size, <=
+// max_seq_len). Returns InvalidArgument naming the offending field and index.
 absl::Status ValidatePagedAttention(const PagedAttentionParams& p);
 
 // out[s, h] = softmax(scale * q[s,h] . K[s, kv(h)]^T + alibi) V[s, kv(h)] over
@@ -88,8 +88,7 @@ absl::Status PagedAttentionV2(const PagedAttentionParams& p);
 // Bytes of v2 scratch: fp32 max_logits and exp_sums [num_seqs, num_heads,
 // num_partitions] and fp32 partial outputs [num_seqs, num_heads,
 // num_partitions, head_size], with num_partitions = ceil(max_seq_len / 512).
-size_t PagedAttentionV2WorkspaceBytes(int num_seqs, int num_heads, int head_size,
-                                      int max_seq_len);
+size_t PagedAttentionV2WorkspaceBytes(int num_seqs, int num_heads, int head_size, int max_seq_len);
 
 // vLLM's heuristic: v1 when max_seq_len <= 8192 and either the context fits in
 // one partition or num_seqs * num_heads > 512 (enough parallelism without
@@ -115,8 +114,7 @@ bool GqaDecodeFits(int head_size, int group_size);
 // passing that much (and workspace_bytes) lets it split as finely as the
 // device wants. The kernel's plan also costs a few host-side CUDA runtime
 // calls per launch (occupancy and attribute queries; no synchronization).
-size_t PagedAttentionGqaWorkspaceBytes(int num_seqs, int num_heads, int head_size,
-                                       int max_seq_len);
+size_t PagedAttentionGqaWorkspaceBytes(int num_seqs, int num_heads, int head_size, int max_seq_len);
 
 struct DecodeKernelChoice {
   DecodeKernel kernel = DecodeKernel::kV1;  // never kAuto
@@ -134,8 +132,8 @@ struct DecodeKernelChoice {
 //    to share, and v1/v2 are the reference kernels.
 //  - kCUDA, group too large for the GQA shared memory: v1/v2.
 // Pure: no device access. Arguments as in PagedAttentionParams.
-DecodeKernelChoice ChooseDecodeKernel(Device device, int num_seqs, int num_heads,
-                                      int num_kv_heads, int head_size, int max_seq_len,
+DecodeKernelChoice ChooseDecodeKernel(Device device, int num_seqs, int num_heads, int num_kv_heads,
+                                      int head_size, int max_seq_len,
                                       DecodeKernel requested = DecodeKernel::kAuto);
 
 // The rule above for one concrete call (what PagedAttention() runs): an fp8

@@ -16,8 +16,8 @@ namespace pagedserve::kernels {
 struct PrefillAttentionParams {
   // Query tokens of all sequences back to back; sequence s owns rows
   // [query_start_loc[s], query_start_loc[s+1]). num_tokens = query_start_loc[num_seqs].
-  void* out = nullptr;          // [num_tokens, num_heads, head_size], io_dtype
-  const void* query = nullptr;  // [num_tokens, num_heads, head_size], io_dtype
+  void* out = nullptr;             // [num_tokens, num_heads, head_size], io_dtype
+  const void* query = nullptr;     // [num_tokens, num_heads, head_size], io_dtype
   int64_t query_token_stride = 0;  // elements between tokens; 0 = num_heads * head_size
   int num_seqs = 0;
   int num_heads = 0;  // multiple of cache.shape.num_kv_heads (GQA/MQA as in decode)
@@ -35,7 +35,7 @@ struct PrefillAttentionParams {
   int max_query_len = 0;  // >= every q_len(s)
   int max_seq_len = 0;    // >= every seq_lens[s]
   float scale = 1.0f;
-  const float* alibi_slopes = nullptr;  // [num_heads] or null
+  const float* alibi_slopes = nullptr;            // [num_heads] or null
   const int32_t* host_query_start_loc = nullptr;  // validation copies for kCUDA
   const int32_t* host_seq_lens = nullptr;
   const int32_t* host_block_tables = nullptr;

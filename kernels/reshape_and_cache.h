@@ -14,8 +14,8 @@ struct ReshapeAndCacheParams {
   // key[t, h, d] at key + t * key_token_stride + h * head_size + d (elements);
   // likewise value. Strides let callers pass slices of a fused QKV buffer.
   // Element type io_dtype (below); same device as the cache.
-  const void* key = nullptr;    // [num_tokens, num_kv_heads, head_size]
-  const void* value = nullptr;  // [num_tokens, num_kv_heads, head_size]
+  const void* key = nullptr;       // [num_tokens, num_kv_heads, head_size]
+  const void* value = nullptr;     // [num_tokens, num_kv_heads, head_size]
   int64_t key_token_stride = 0;    // elements; 0 means num_kv_heads * head_size
   int64_t value_token_stride = 0;  // elements; 0 means num_kv_heads * head_size
   // slot_mapping[t] = physical_block * block_size + offset_in_block; a negative
@@ -35,8 +35,8 @@ struct ReshapeAndCacheParams {
 // Scatters every non-padding token t into block slot_mapping[t] / block_size at
 // offset slot_mapping[t] % block_size, in the layouts of kernels/types.h.
 // Errors (before anything is written): InvalidArgument for a bad cache view,
-// a bad io_dtype (ValidateIoDType), null pointers with num_tokens > 0, or (when slot_mapping is host-readable,
-// i.e. on CPU) a slot at or beyond num_blocks * block_size.
+// a bad io_dtype (ValidateIoDType), null pointers with num_tokens > 0, or (when slot_mapping is
+// host-readable, i.e. on CPU) a slot at or beyond num_blocks * block_size.
 absl::Status ReshapeAndCache(const ReshapeAndCacheParams& p);
 
 }  // namespace pagedserve::kernels

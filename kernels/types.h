@@ -110,8 +110,8 @@ struct KVCacheView {
 };
 
 // Head sizes and block sizes every backend supports.
-bool IsSupportedHeadSize(int head_size);   // 64, 80, 96, 112, 128, 256
-bool IsSupportedBlockSize(int block_size); // 8, 16, 32
+bool IsSupportedHeadSize(int head_size);    // 64, 80, 96, 112, 128, 256
+bool IsSupportedBlockSize(int block_size);  // 8, 16, 32
 
 // Checks a cache view: known dtype, supported head/block size, positive counts,
 // non-null buffers, head_size divisible by x, finite positive k_scale/v_scale.

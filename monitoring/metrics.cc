@@ -37,8 +37,8 @@ bool ValidLabelName(std::string_view name) {
 absl::StatusOr<int> ParsePort(const std::string& address) {
   size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MetricsOptions.listen_address: expected HOST:PORT, got '", address, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MetricsOptions.listen_address: expected HOST:PORT, got '", address, "'"));
   }
   std::string host = address.substr(0, colon);
   if (host.front() == '[' ? host.back() != ']' || host.size() < 3
@@ -50,9 +50,9 @@ absl::StatusOr<int> ParsePort(const std::string& address) {
   int port = 0;
   std::string port_text = address.substr(colon + 1);
   if (!absl::SimpleAtoi(port_text, &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MetricsOptions.listen_address: port must be an integer in 0..65535, got '",
-        port_text, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MetricsOptions.listen_address: port must be an integer in 0..65535, got '",
+                     port_text, "'"));
   }
   return port;
 }
@@ -77,9 +77,8 @@ std::string_view PreemptionModeName(MetricsPreemptionMode mode) {
 
 const std::vector<double>& Metrics::LatencyBuckets() {
   static const auto* b = new std::vector<double>{
-      0.001, 0.005, 0.01, 0.02,  0.04,  0.06,   0.08,   0.1,    0.25,  0.5,   0.75, 1.0,
-      2.5,   5.0,   7.5,  10.0,  20.0,  40.0,   80.0,   160.0,  320.0, 640.0, 1200.0,
-      1800.0, 2400.0};
+      0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,  0.1,   0.25,  0.5,    0.75,   1.0,   2.5,
+      5.0,   7.5,   10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1200.0, 1800.0, 2400.0};
   return *b;
 }
 const std::vector<double>& Metrics::InterTokenBuckets() {
@@ -90,7 +89,7 @@ const std::vector<double>& Metrics::InterTokenBuckets() {
 }
 const std::vector<double>& Metrics::RequestTimeBuckets() {
   static const auto* b = new std::vector<double>{
-      0.01, 0.025, 0.05, 0.1,  0.25, 0.5,  1.0,   2.5,   5.0,   10.0,   15.0,   20.0,
+      0.01, 0.025, 0.05, 0.1,  0.25,  0.5,   1.0,   2.5,   5.0,    10.0,   15.0,  20.0,
       30.0, 40.0,  50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1200.0, 1800.0, 2400.0};
   return *b;
 }
@@ -100,13 +99,13 @@ const std::vector<double>& Metrics::TokenCountBuckets() {
   return *b;
 }
 const std::vector<double>& Metrics::StepTokenBuckets() {
-  static const auto* b = new std::vector<double>{
-      1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+  static const auto* b =
+      new std::vector<double>{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
   return *b;
 }
 const std::vector<double>& Metrics::RankStepBuckets() {
-  static const auto* b = new std::vector<double>{
-      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0};
+  static const auto* b = new std::vector<double>{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                                 0.1,    0.25,  0.5,    1.0,   2.5,  5.0};
   return *b;
 }
 
@@ -160,112 +159,149 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
   BuildGauge()
       .Name("pagedserve_build_info")
       .Help("Build and configuration of this server; the value is always 1.")
-      .Labels(constant).Register(r)
+      .Labels(constant)
+      .Register(r)
       .Add(info_labels)
       .Set(1);
 
-  m->running_ = &BuildGauge().Name("pagedserve_requests_running")
+  m->running_ = &BuildGauge()
+                     .Name("pagedserve_requests_running")
                      .Help("Requests (sequence groups) in the running queue.")
-                     .Labels(constant).Register(r).Add({});
-  m->waiting_ = &BuildGauge().Name("pagedserve_requests_waiting")
+                     .Labels(constant)
+                     .Register(r)
+                     .Add({});
+  m->waiting_ = &BuildGauge()
+                     .Name("pagedserve_requests_waiting")
                      .Help("Requests (sequence groups) waiting to be scheduled.")
-                     .Labels(constant).Register(r).Add({});
-  m->swapped_ = &BuildGauge().Name("pagedserve_requests_swapped")
-                     .Help("Requests (sequence groups) preempted by swap, KV blocks in the CPU pool.")
-                     .Labels(constant).Register(r).Add({});
-  auto& kv = BuildGauge().Name("pagedserve_kv_cache_usage_ratio")
+                     .Labels(constant)
+                     .Register(r)
+                     .Add({});
+  m->swapped_ =
+      &BuildGauge()
+           .Name("pagedserve_requests_swapped")
+           .Help("Requests (sequence groups) preempted by swap, KV blocks in the CPU pool.")
+           .Labels(constant)
+           .Register(r)
+           .Add({});
+  auto& kv = BuildGauge()
+                 .Name("pagedserve_kv_cache_usage_ratio")
                  .Help("Fraction (0-1) of KV cache blocks in use, by pool (device or cpu swap).")
-                 .Labels(constant).Register(r);
+                 .Labels(constant)
+                 .Register(r);
   m->kv_device_ = &kv.Add({{"pool", "device"}});
   m->kv_cpu_ = &kv.Add({{"pool", "cpu"}});
 
-  m->prefix_queries_ = &BuildCounter().Name("pagedserve_prefix_cache_queries_tokens_total")
+  m->prefix_queries_ = &BuildCounter()
+                            .Name("pagedserve_prefix_cache_queries_tokens_total")
                             .Help("Prompt tokens looked up in the prefix cache.")
-                            .Labels(constant).Register(r).Add({});
-  m->prefix_hits_ = &BuildCounter().Name("pagedserve_prefix_cache_hits_tokens_total")
+                            .Labels(constant)
+                            .Register(r)
+                            .Add({});
+  m->prefix_hits_ = &BuildCounter()
+                         .Name("pagedserve_prefix_cache_hits_tokens_total")
                          .Help("Prompt tokens found in cached KV blocks (prefix cache hits).")
-                         .Labels(constant).Register(r).Add({});
-  auto& preempt = BuildCounter().Name("pagedserve_preemptions_total")
+                         .Labels(constant)
+                         .Register(r)
+                         .Add({});
+  auto& preempt = BuildCounter()
+                      .Name("pagedserve_preemptions_total")
                       .Help("Sequence groups preempted, by mode (swap or recompute).")
-                      .Labels(constant).Register(r);
+                      .Labels(constant)
+                      .Register(r);
   m->preempt_swap_ = &preempt.Add({{"mode", "swap"}});
   m->preempt_recompute_ = &preempt.Add({{"mode", "recompute"}});
-  m->prompt_tokens_ = &BuildCounter().Name("pagedserve_prompt_tokens_total")
+  m->prompt_tokens_ = &BuildCounter()
+                           .Name("pagedserve_prompt_tokens_total")
                            .Help("Prompt tokens prefilled, recomputed ones included.")
-                           .Labels(constant).Register(r).Add({});
-  m->generation_tokens_ = &BuildCounter().Name("pagedserve_generation_tokens_total")
+                           .Labels(constant)
+                           .Register(r)
+                           .Add({});
+  m->generation_tokens_ = &BuildCounter()
+                               .Name("pagedserve_generation_tokens_total")
                                .Help("Output tokens generated.")
-                               .Labels(constant).Register(r).Add({});
-  auto& handshakes = BuildCounter().Name("pagedserve_zmq_handshakes_failed_total")
-                         .Help("ZeroMQ connections refused during the handshake (CurveZMQ), by "
-                               "reason: auth (client key not authorized), protocol (wrong server "
-                               "key, mechanism mismatch, malformed greeting), other.")
-                         .Labels(constant).Register(r);
+                               .Labels(constant)
+                               .Register(r)
+                               .Add({});
+  auto& handshakes = BuildCounter()
+                         .Name("pagedserve_zmq_handshakes_failed_total")
+                         .Help(
+                             "ZeroMQ connections refused during the handshake (CurveZMQ), by "
+                             "reason: auth (client key not authorized), protocol (wrong server "
+                             "key, mechanism mismatch, malformed greeting), other.")
+                         .Labels(constant)
+                         .Register(r);
   m->handshake_auth_ = &handshakes.Add({{"reason", "auth"}});
   m->handshake_protocol_ = &handshakes.Add({{"reason", "protocol"}});
   m->handshake_other_ = &handshakes.Add({{"reason", "other"}});
-  auto& finished = BuildCounter().Name("pagedserve_requests_finished_total")
+  auto& finished = BuildCounter()
+                       .Name("pagedserve_requests_finished_total")
                        .Help("Requests that left the server, by finish reason.")
-                       .Labels(constant).Register(r);
+                       .Labels(constant)
+                       .Register(r);
   for (MetricsFinishReason reason : {MetricsFinishReason::kStop, MetricsFinishReason::kLength,
-                              MetricsFinishReason::kAbort, MetricsFinishReason::kError}) {
+                                     MetricsFinishReason::kAbort, MetricsFinishReason::kError}) {
     m->finished_[static_cast<int>(reason)] =
         &finished.Add({{"finish_reason", std::string(FinishReasonName(reason))}});
   }
 
   auto histogram = [&r, &constant](const char* name, const char* help,
-                        const std::vector<double>& buckets) -> prometheus::Histogram* {
+                                   const std::vector<double>& buckets) -> prometheus::Histogram* {
     return &BuildHistogram().Name(name).Help(help).Labels(constant).Register(r).Add({}, buckets);
   };
-  m->ttft_ = histogram("pagedserve_time_to_first_token_seconds",
-                       "Time from arrival to the first output token, per request.",
-                       LatencyBuckets());
+  m->ttft_ =
+      histogram("pagedserve_time_to_first_token_seconds",
+                "Time from arrival to the first output token, per request.", LatencyBuckets());
   m->itl_ = histogram("pagedserve_inter_token_latency_seconds",
-                      "Time between consecutive output tokens of a sequence.",
-                      InterTokenBuckets());
+                      "Time between consecutive output tokens of a sequence.", InterTokenBuckets());
   m->e2e_ = histogram("pagedserve_request_e2e_latency_seconds",
-                      "Time from arrival to the final message, per request.",
-                      RequestTimeBuckets());
-  m->queue_ = histogram("pagedserve_request_queue_time_seconds",
-                        "Time from arrival to first being scheduled, per request.",
-                        RequestTimeBuckets());
+                      "Time from arrival to the final message, per request.", RequestTimeBuckets());
+  m->queue_ =
+      histogram("pagedserve_request_queue_time_seconds",
+                "Time from arrival to first being scheduled, per request.", RequestTimeBuckets());
   m->prefill_ = histogram("pagedserve_request_prefill_time_seconds",
                           "Time from first scheduled to the first output token, per request.",
                           RequestTimeBuckets());
-  m->decode_ = histogram("pagedserve_request_decode_time_seconds",
-                         "Time from the first to the last output token, per request.",
-                         RequestTimeBuckets());
+  m->decode_ =
+      histogram("pagedserve_request_decode_time_seconds",
+                "Time from the first to the last output token, per request.", RequestTimeBuckets());
   m->prompt_len_ = histogram("pagedserve_request_prompt_tokens",
-                             "Prompt length in tokens, per finished request.",
-                             TokenCountBuckets());
-  m->generation_len_ = histogram("pagedserve_request_generation_tokens",
-                                 "Output tokens per finished request (all its sequences).",
-                                 TokenCountBuckets());
-  m->step_tokens_ = histogram("pagedserve_step_tokens",
-                              "Tokens (prefill and decode) processed in one model step.",
-                              StepTokenBuckets());
-  m->rank_step_ = &BuildHistogram().Name("pagedserve_rank_step_duration_seconds")
+                             "Prompt length in tokens, per finished request.", TokenCountBuckets());
+  m->generation_len_ =
+      histogram("pagedserve_request_generation_tokens",
+                "Output tokens per finished request (all its sequences).", TokenCountBuckets());
+  m->step_tokens_ =
+      histogram("pagedserve_step_tokens",
+                "Tokens (prefill and decode) processed in one model step.", StepTokenBuckets());
+  m->rank_step_ = &BuildHistogram()
+                       .Name("pagedserve_rank_step_duration_seconds")
                        .Help("Wall time of one model step on a worker, by tensor-parallel rank.")
-                       .Labels(constant).Register(r);
-  m->rank_collective_ = &BuildHistogram().Name("pagedserve_rank_collective_duration_seconds")
-                             .Help("Time of one step spent in tensor-parallel collectives, by rank.")
-                             .Labels(constant).Register(r);
+                       .Labels(constant)
+                       .Register(r);
+  m->rank_collective_ =
+      &BuildHistogram()
+           .Name("pagedserve_rank_collective_duration_seconds")
+           .Help("Time of one step spent in tensor-parallel collectives, by rank.")
+           .Labels(constant)
+           .Register(r);
   for (int rank = 0; rank < info.tensor_parallel_size; ++rank) {
     m->RankHistogram(m->rank_step_, rank);
     m->RankHistogram(m->rank_collective_, rank);
   }
-  m->rejected_ = &BuildCounter().Name("pagedserve_metrics_rejected_observations_total")
-                      .Help("Observations dropped because a value was negative, NaN or out of "
-                            "range, by Metrics method; nonzero means a caller bug.")
-                      .Labels(constant).Register(r);
+  m->rejected_ = &BuildCounter()
+                      .Name("pagedserve_metrics_rejected_observations_total")
+                      .Help(
+                          "Observations dropped because a value was negative, NaN or out of "
+                          "range, by Metrics method; nonzero means a caller bug.")
+                      .Labels(constant)
+                      .Register(r);
 
   if (port != 0) {
     try {
       m->exposer_ = std::make_unique<prometheus::Exposer>(options.listen_address);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat(
-          "MetricsOptions.listen_address: cannot serve metrics on '", options.listen_address,
-          "': ", e.what()));
+      return absl::UnavailableError(
+          absl::StrCat("MetricsOptions.listen_address: cannot serve metrics on '",
+                       options.listen_address, "': ", e.what()));
     }
     m->exposer_->RegisterCollectable(m->registry_);
     std::vector<int> ports = m->exposer_->GetListeningPorts();
@@ -292,8 +328,7 @@ void Metrics::SetRequests(int64_t running, int64_t waiting, int64_t swapped) {
 }
 
 void Metrics::SetKvUsage(double device_fraction, double cpu_fraction) {
-  if (!Valid(device_fraction) || !Valid(cpu_fraction) || device_fraction > 1 ||
-      cpu_fraction > 1) {
+  if (!Valid(device_fraction) || !Valid(cpu_fraction) || device_fraction > 1 || cpu_fraction > 1) {
     return Reject("SetKvUsage");
   }
   kv_device_->Set(device_fraction);

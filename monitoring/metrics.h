@@ -67,12 +67,12 @@ std::string_view PreemptionModeName(MetricsPreemptionMode mode);
 // Static facts about this server, exported once as
 // pagedserve_build_info{version="...", model="...", ...} 1.
 struct BuildInfo {
-  std::string version;              // pagedserve version, e.g. "0.1.0"
-  std::string model;                // model name or path as given to --model
-  int tensor_parallel_size = 1;     // --tensor-parallel-size; also pre-creates the
-                                    // per-rank series for ranks 0..tp-1
-  int block_size = 16;              // --block-size (tokens per KV block)
-  std::string backend;              // "cpu" or "cuda"
+  std::string version;           // pagedserve version, e.g. "0.1.0"
+  std::string model;             // model name or path as given to --model
+  int tensor_parallel_size = 1;  // --tensor-parallel-size; also pre-creates the
+                                 // per-rank series for ranks 0..tp-1
+  int block_size = 16;           // --block-size (tokens per KV block)
+  std::string backend;           // "cpu" or "cuda"
   // Further configuration labels, e.g. {"max_num_seqs", "256"}. Names must match
   // [a-zA-Z_][a-zA-Z0-9_]*, must not start with "__" and must not repeat one of
   // the fields above.
@@ -172,12 +172,12 @@ class Metrics {
   std::string Serialize() const;
 
   // Bucket upper bounds used by the histograms (exposed for tests and docs).
-  static const std::vector<double>& LatencyBuckets();       // TTFT, up to 2400 s as vLLM
-  static const std::vector<double>& InterTokenBuckets();    // ITL
-  static const std::vector<double>& RequestTimeBuckets();   // e2e, queue, prefill, decode (2400 s)
-  static const std::vector<double>& TokenCountBuckets();    // prompt / generation length
-  static const std::vector<double>& StepTokenBuckets();     // tokens per step
-  static const std::vector<double>& RankStepBuckets();      // per-rank step and collectives
+  static const std::vector<double>& LatencyBuckets();      // TTFT, up to 2400 s as vLLM
+  static const std::vector<double>& InterTokenBuckets();   // ITL
+  static const std::vector<double>& RequestTimeBuckets();  // e2e, queue, prefill, decode (2400 s)
+  static const std::vector<double>& TokenCountBuckets();   // prompt / generation length
+  static const std::vector<double>& StepTokenBuckets();    // tokens per step
+  static const std::vector<double>& RankStepBuckets();     // per-rank step and collectives
 
  private:
   Metrics();

@@ -32,12 +32,12 @@ inline constexpr int kQrepWidth = 16;
 
 struct AttendArgs {
   int head_size = 0;
-  int num_queries = 0;          // M
+  int num_queries = 0;  // M
   // Query m, replicated for the key layout: qrep[(m * (head_size / x) + c) *
   // kQrepWidth + i] = q_m[c * x + i % x]. Built by BuildQrep.
-  const float* qrep = nullptr;  // [M, head_size / x, kQrepWidth]
-  const int* limit = nullptr;   // [M] query m sees tokens [0, limit[m]) (causal / seq_len)
-  const int* qpos = nullptr;    // [M] query position; used only with slopes
+  const float* qrep = nullptr;    // [M, head_size / x, kQrepWidth]
+  const int* limit = nullptr;     // [M] query m sees tokens [0, limit[m]) (causal / seq_len)
+  const int* qpos = nullptr;      // [M] query position; used only with slopes
   const float* slopes = nullptr;  // [M] ALiBi slope per query or null
   float scale = 1.0f;
   // Block i covers tokens [t_begin + i * block_size, ...): pointers to this KV

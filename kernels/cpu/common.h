@@ -85,8 +85,12 @@ inline void StoreFp8Row(DType t, const float* src, float scale, int n, uint8_t* 
 
 // The scales the kernels apply: the view's k_scale / v_scale for an fp8
 // cache, 1 otherwise (kernels/types.h: ignored for fp32/fp16/bf16).
-inline float EffectiveKScale(const KVCacheView& c) { return IsFp8(c.shape.dtype) ? c.k_scale : 1.0f; }
-inline float EffectiveVScale(const KVCacheView& c) { return IsFp8(c.shape.dtype) ? c.v_scale : 1.0f; }
+inline float EffectiveKScale(const KVCacheView& c) {
+  return IsFp8(c.shape.dtype) ? c.k_scale : 1.0f;
+}
+inline float EffectiveVScale(const KVCacheView& c) {
+  return IsFp8(c.shape.dtype) ? c.v_scale : 1.0f;
+}
 
 // Byte offset helpers.
 inline const void* ElemPtr(const void* base, int64_t elems, DType t) {

@@ -32,7 +32,7 @@ struct ContiguousDecodeParams {
   // value: [num_seqs, num_kv_heads, capacity / block_size, head_size, block_size]
   const void* key = nullptr;
   const void* value = nullptr;
-  int capacity = 0;  // tokens per (sequence, KV head); multiple of block_size
+  int capacity = 0;                   // tokens per (sequence, KV head); multiple of block_size
   const int32_t* seq_lens = nullptr;  // [num_seqs], 1 <= seq_len <= capacity
   float scale = 1.0f;
 };

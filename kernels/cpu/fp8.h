@@ -77,7 +77,8 @@ constexpr float DecodeArith(uint8_t b) {
 template <int kExpBits, int kManBits, bool kE4M3Fn>
 constexpr std::array<float, 256> MakeTable() {
   std::array<float, 256> t{};
-  for (int i = 0; i < 256; ++i) t[i] = DecodeArith<kExpBits, kManBits, kE4M3Fn>(static_cast<uint8_t>(i));
+  for (int i = 0; i < 256; ++i)
+    t[i] = DecodeArith<kExpBits, kManBits, kE4M3Fn>(static_cast<uint8_t>(i));
   return t;
 }
 

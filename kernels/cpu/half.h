@@ -88,11 +88,17 @@ inline float ToFloat(BFloat16 v) { return BFloat16BitsToFloat(v.bits); }
 template <typename T>
 inline T FromFloat(float v);
 template <>
-inline float FromFloat<float>(float v) { return v; }
+inline float FromFloat<float>(float v) {
+  return v;
+}
 template <>
-inline Half FromFloat<Half>(float v) { return Half{FloatToHalfBits(v)}; }
+inline Half FromFloat<Half>(float v) {
+  return Half{FloatToHalfBits(v)};
+}
 template <>
-inline BFloat16 FromFloat<BFloat16>(float v) { return BFloat16{FloatToBFloat16Bits(v)}; }
+inline BFloat16 FromFloat<BFloat16>(float v) {
+  return BFloat16{FloatToBFloat16Bits(v)};
+}
 
 }  // namespace pagedserve::kernels
 

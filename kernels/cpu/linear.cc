@@ -203,8 +203,7 @@ const uint8_t* Row(const WeightView& w, int64_t r) {
 
 // Quantizes token t's activations into `xq` (its blocks start at t * nb blocks)
 // with the ISA's quantizer (bit-identical to QuantizeActs32/256).
-void QuantizeToken(const LinearParams& p, const IsaKernels& k, int64_t nb, int64_t t,
-                   uint8_t* xq) {
+void QuantizeToken(const LinearParams& p, const IsaKernels& k, int64_t nb, int64_t t, uint8_t* xq) {
   const float* x = p.x + t * p.x_stride;
   if (UsesActBlock256(p.w.type)) {
     k.quant256(x, p.w.cols, reinterpret_cast<ActBlock256*>(xq) + t * nb);
@@ -452,7 +451,8 @@ absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method) 
 
 absl::Status Linear(const LinearParams& p) {
   const CpuIsa isa = ActiveLinearIsa();
-  return cpu::LinearWith(p, isa, cpu::ChooseMethod(p.w.type, p.num_tokens, p.w.rows, p.w.cols, isa));
+  return cpu::LinearWith(p, isa,
+                         cpu::ChooseMethod(p.w.type, p.num_tokens, p.w.rows, p.w.cols, isa));
 }
 
 }  // namespace pagedserve::kernels

@@ -254,8 +254,7 @@ void QTile(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb,
     for (int j = 0; j < kTokens; ++j) out[i * kTokens + j] = kDot(w + i * wb, x + j * xb, nb);
 }
 template <float (*kDot)(const uint8_t*, const void*, int64_t)>
-void QTileDecode(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb,
-                 float* out) {
+void QTileDecode(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
   QTile<kDot, kDecodeRows, 1>(w, wb, x, xb, nb, out);
 }
 template <float (*kDot)(const uint8_t*, const float*, int64_t)>
@@ -304,17 +303,34 @@ void DequantizeWeightRow(WeightType type, const uint8_t* row, int64_t cols, floa
 }
 
 const IsaKernels& PortableKernels() {
-  static const IsaKernels k = {QMulti<DotQ4_0>,       QMulti<DotQ4_1>, QMulti<DotQ5<false>>,
-                               QMulti<DotQ5<true>>,   QMulti<DotQ8_0>, QMulti<DotQ45K<false>>,
-                               QMulti<DotQ45K<true>>, QMulti<DotQ6K>,  FMulti<DotF32>,
-                               FMulti<DotF16>,        FMulti<DotBF16>,
-                               QTile<DotQ4_0>,        QTile<DotQ4_1>,  QTile<DotQ5<false>>,
-                               QTile<DotQ5<true>>,    QTile<DotQ8_0>,  QTile<DotQ45K<false>>,
-                               QTile<DotQ45K<true>>,  QTile<DotQ6K>,
-                               QTileDecode<DotQ4_0>,  QTileDecode<DotQ4_1>,
-                               QTileDecode<DotQ5<false>>, QTileDecode<DotQ5<true>>,
-                               QTileDecode<DotQ8_0>,  QTileDecode<DotQ45K<false>>,
-                               QTileDecode<DotQ45K<true>>, QTileDecode<DotQ6K>, QuantizeActs32,
+  static const IsaKernels k = {QMulti<DotQ4_0>,
+                               QMulti<DotQ4_1>,
+                               QMulti<DotQ5<false>>,
+                               QMulti<DotQ5<true>>,
+                               QMulti<DotQ8_0>,
+                               QMulti<DotQ45K<false>>,
+                               QMulti<DotQ45K<true>>,
+                               QMulti<DotQ6K>,
+                               FMulti<DotF32>,
+                               FMulti<DotF16>,
+                               FMulti<DotBF16>,
+                               QTile<DotQ4_0>,
+                               QTile<DotQ4_1>,
+                               QTile<DotQ5<false>>,
+                               QTile<DotQ5<true>>,
+                               QTile<DotQ8_0>,
+                               QTile<DotQ45K<false>>,
+                               QTile<DotQ45K<true>>,
+                               QTile<DotQ6K>,
+                               QTileDecode<DotQ4_0>,
+                               QTileDecode<DotQ4_1>,
+                               QTileDecode<DotQ5<false>>,
+                               QTileDecode<DotQ5<true>>,
+                               QTileDecode<DotQ8_0>,
+                               QTileDecode<DotQ45K<false>>,
+                               QTileDecode<DotQ45K<true>>,
+                               QTileDecode<DotQ6K>,
+                               QuantizeActs32,
                                QuantizeActs256};
   return k;
 }

@@ -291,8 +291,7 @@ inline __m256i QuantCodes32(const float* x, __m256 id) {
   const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), id));
   // packs work per 128-bit lane: the dwords of 4 codes come out as elements
   // 0-3, 8-11, 16-19, 24-27, 4-7, 12-15, 20-23, 28-31; the permute restores order.
-  const __m256i b =
-      _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
   const __m256i ordered = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   return _mm256_max_epi8(ordered, _mm256_set1_epi8(-127));
 }
@@ -310,9 +309,9 @@ inline void HalfSums(__m256i q, int32_t* s0, int32_t* s1) {
 void QuantActs32X86(const float* x, int64_t n, ActBlock32* out) {
   for (int64_t blk = 0; blk < n / 32; ++blk) {
     const float* p = x + 32 * blk;
-    const __m256 m =
-        _mm256_max_ps(_mm256_max_ps(AbsPs(_mm256_loadu_ps(p)), AbsPs(_mm256_loadu_ps(p + 8))),
-                      _mm256_max_ps(AbsPs(_mm256_loadu_ps(p + 16)), AbsPs(_mm256_loadu_ps(p + 24))));
+    const __m256 m = _mm256_max_ps(
+        _mm256_max_ps(AbsPs(_mm256_loadu_ps(p)), AbsPs(_mm256_loadu_ps(p + 8))),
+        _mm256_max_ps(AbsPs(_mm256_loadu_ps(p + 16)), AbsPs(_mm256_loadu_ps(p + 24))));
     const float amax = HMax(m);
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
     ActBlock32& o = out[blk];
@@ -370,19 +369,16 @@ void QuantActs256X86(const float* x, int64_t n, ActBlock256* out) {
 template <int kR, int kT>
 inline void StoreTile(const __m256 (&acc)[kR][kT], float* out) {
   PS_UNROLL
-  for (int r = 0; r < kR; ++r)
-    PS_UNROLL
-    for (int t = 0; t < kT; ++t) out[r * kT + t] = HSum(acc[r][t]);
+  for (int r = 0; r < kR; ++r) PS_UNROLL
+  for (int t = 0; t < kT; ++t) out[r * kT + t] = HSum(acc[r][t]);
 }
 
 template <int kR, int kT, int kBytes, int kQs, int kQh, int kMin, int kOffset>
-void TileLegacy(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb,
-                float* out) {
+void TileLegacy(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
   __m256 acc[kR][kT];
   PS_UNROLL
-  for (auto& row : acc)
-    PS_UNROLL
-    for (auto& a : row) a = _mm256_setzero_ps();
+  for (auto& row : acc) PS_UNROLL
+  for (auto& a : row) a = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     __m256i q[kR];
     __m256 dw[kR], mw[kR];
@@ -426,9 +422,8 @@ template <int kR, int kT>
 void TileQ8_0(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
   __m256 acc[kR][kT];
   PS_UNROLL
-  for (auto& row : acc)
-    PS_UNROLL
-    for (auto& a : row) a = _mm256_setzero_ps();
+  for (auto& row : acc) PS_UNROLL
+  for (auto& a : row) a = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     __m256i q[kR], aq[kR];
     __m256 dw[kR];
@@ -461,9 +456,8 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
   const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
   __m256 acc[kR][kT];
   PS_UNROLL
-  for (auto& row : acc)
-    PS_UNROLL
-    for (auto& a : row) a = _mm256_setzero_ps();
+  for (auto& row : acc) PS_UNROLL
+  for (auto& a : row) a = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* b[kR];
     __m256i sc256[kR], mins16[kR], hbits[kR];
@@ -493,9 +487,8 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
     }
     __m256i sumi[kR][kT];
     PS_UNROLL
-    for (auto& row : sumi)
-      PS_UNROLL
-      for (auto& s : row) s = _mm256_setzero_si256();
+    for (auto& row : sumi) PS_UNROLL
+    for (auto& s : row) s = _mm256_setzero_si256();
     // Sub-block 2k (low nibbles) and 2k + 1 (high nibbles) one after the other,
     // so that only kR unpacked vectors and kR scales are live next to the
     // kR x kT integer sums (16 vector registers on AVX2).
@@ -512,7 +505,8 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
           q[r] = _mm256_or_si256(
               q[r], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits[r], sub), one), 4));
         }
-        sc16[r] = _mm256_shuffle_epi8(sc256[r], _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * sub)));
+        sc16[r] = _mm256_shuffle_epi8(
+            sc256[r], _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * sub)));
       }
       PS_UNROLL
       for (int t = 0; t < kT; ++t) {
@@ -530,10 +524,10 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
       PS_UNROLL
       for (int r = 0; r < kR; ++r) {
         const __m256i mins = _mm256_madd_epi16(bs, mins16[r]);  // sum_j min_j * bsum_j
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_set1_ps(d[r] * a.d),
-                                    acc[r][t]);
-        acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin[r] * a.d),
-                                     acc[r][t]);
+        acc[r][t] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_set1_ps(d[r] * a.d), acc[r][t]);
+        acc[r][t] =
+            _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin[r] * a.d), acc[r][t]);
       }
     }
   }
@@ -545,9 +539,8 @@ void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
   const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
   __m256 acc[kR][kT];
   PS_UNROLL
-  for (auto& row : acc)
-    PS_UNROLL
-    for (auto& a : row) a = _mm256_setzero_ps();
+  for (auto& row : acc) PS_UNROLL
+  for (auto& a : row) a = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* b[kR];
     __m256i scales16[kR];
@@ -555,14 +548,14 @@ void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
     PS_UNROLL
     for (int r = 0; r < kR; ++r) {
       b[r] = w + r * wb + i * 210;
-      scales16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[r] + 192)));
+      scales16[r] =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[r] + 192)));
       d[r] = F16(b[r] + 208);
     }
     __m256i sumi[kR][kT];
     PS_UNROLL
-    for (auto& row : sumi)
-      PS_UNROLL
-      for (auto& s : row) s = _mm256_setzero_si256();
+    for (auto& row : sumi) PS_UNROLL
+    for (auto& s : row) s = _mm256_setzero_si256();
     PS_UNROLL
     for (int h = 0; h < 2; ++h) {
       PS_UNROLL
@@ -599,8 +592,7 @@ void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
         // The -32 offset of the codes: 32 * sum_j scale_j * bsum_j.
         const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(bs, scales16[r]), 5);
         const __m256i s = _mm256_sub_epi32(sumi[r][t], off);
-        acc[r][t] =
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d[r] * a.d), acc[r][t]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d[r] * a.d), acc[r][t]);
       }
     }
   }
@@ -608,11 +600,11 @@ void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
 }
 
 // The QTileFn of each format for an R x T tile (argument order of IsaKernels).
-#define PS_X86_TILE_SET(R, T)                                                                  \
-  TileLegacy<R, T, 18, 2, -1, -1, 8>, TileLegacy<R, T, 20, 4, -1, 2, 0>,                       \
-      TileLegacy<R, T, 22, 6, 2, -1, 16>, TileLegacy<R, T, 24, 8, 4, 2, 0>, TileQ8_0<R, T>,    \
+#define PS_X86_TILE_SET(R, T)                                                               \
+  TileLegacy<R, T, 18, 2, -1, -1, 8>, TileLegacy<R, T, 20, 4, -1, 2, 0>,                    \
+      TileLegacy<R, T, 22, 6, 2, -1, 16>, TileLegacy<R, T, 24, 8, 4, 2, 0>, TileQ8_0<R, T>, \
       TileQ45K<R, T, false>, TileQ45K<R, T, true>, TileQ6K<R, T>
-#define PS_X86_TILES                                                                  \
+#define PS_X86_TILES                                                                             \
   PS_X86_TILE_SET(pagedserve::kernels::cpu::kBlockRows, pagedserve::kernels::cpu::kBlockTokens), \
       PS_X86_TILE_SET(pagedserve::kernels::cpu::kDecodeRows, 1), QuantActs32X86, QuantActs256X86
 

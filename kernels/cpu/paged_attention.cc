@@ -126,10 +126,18 @@ void RunDecodeV1(const DecodeShape& d, int max_seq_len, void* out, const BlockPt
 absl::Status PagedAttentionV1(const PagedAttentionParams& p) {
   const KVCacheShape& cs = p.cache.shape;
   const DType io = ResolveIoDType(p.io_dtype, cs.dtype);
-  const DecodeShape d{p.num_seqs,   p.num_heads, cs.num_kv_heads,
-                      cs.head_size, cs.block_size, cs.dtype,
-                      p.query,      p.seq_lens,  p.scale * EffectiveKScale(p.cache),
-                      p.alibi_slopes, io,        EffectiveVScale(p.cache)};
+  const DecodeShape d{p.num_seqs,
+                      p.num_heads,
+                      cs.num_kv_heads,
+                      cs.head_size,
+                      cs.block_size,
+                      cs.dtype,
+                      p.query,
+                      p.seq_lens,
+                      p.scale * EffectiveKScale(p.cache),
+                      p.alibi_slopes,
+                      io,
+                      EffectiveVScale(p.cache)};
   const int64_t head_elems = static_cast<int64_t>(cs.head_size) * cs.block_size;
   auto block_ptrs = [&](int s, int kvh, int b, const void** k, const void** v) {
     const int64_t phys = p.block_tables[static_cast<int64_t>(s) * p.max_blocks_per_seq + b];
@@ -144,10 +152,18 @@ absl::Status PagedAttentionV1(const PagedAttentionParams& p) {
 absl::Status PagedAttentionV2(const PagedAttentionParams& p) {
   const KVCacheShape& cs = p.cache.shape;
   const DType io = ResolveIoDType(p.io_dtype, cs.dtype);
-  const DecodeShape d{p.num_seqs,   p.num_heads, cs.num_kv_heads,
-                      cs.head_size, cs.block_size, cs.dtype,
-                      p.query,      p.seq_lens,  p.scale * EffectiveKScale(p.cache),
-                      p.alibi_slopes, io,        EffectiveVScale(p.cache)};
+  const DecodeShape d{p.num_seqs,
+                      p.num_heads,
+                      cs.num_kv_heads,
+                      cs.head_size,
+                      cs.block_size,
+                      cs.dtype,
+                      p.query,
+                      p.seq_lens,
+                      p.scale * EffectiveKScale(p.cache),
+                      p.alibi_slopes,
+                      io,
+                      EffectiveVScale(p.cache)};
   const int hs = cs.head_size;
   const int group = p.num_heads / cs.num_kv_heads;
   const int parts = NumPartitions(p.max_seq_len);
@@ -232,23 +248,22 @@ absl::Status ContiguousDecodeAttention(const ContiguousDecodeParams& p) {
     return absl::InvalidArgumentError("contiguous attention: null buffer");
   if (p.num_seqs <= 0 || p.num_kv_heads <= 0 || p.num_heads <= 0 ||
       p.num_heads % p.num_kv_heads != 0)
-    return absl::InvalidArgumentError(absl::StrCat("contiguous attention: bad head counts ",
-                                                   p.num_heads, "/", p.num_kv_heads));
-  if (!IsSupportedHeadSize(p.head_size) || !IsSupportedBlockSize(p.block_size) ||
-      p.capacity <= 0 || p.capacity % p.block_size != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("contiguous attention: bad head counts ", p.num_heads, "/", p.num_kv_heads));
+  if (!IsSupportedHeadSize(p.head_size) || !IsSupportedBlockSize(p.block_size) || p.capacity <= 0 ||
+      p.capacity % p.block_size != 0)
     return absl::InvalidArgumentError("contiguous attention: bad head_size/block_size/capacity");
   for (int s = 0; s < p.num_seqs; ++s)
     if (p.seq_lens[s] < 1 || p.seq_lens[s] > p.capacity)
-      return absl::InvalidArgumentError(absl::StrCat("contiguous attention: seq_lens[", s, "]=",
-                                                     p.seq_lens[s], " outside [1, capacity]"));
-  const DecodeShape d{p.num_seqs, p.num_heads, p.num_kv_heads, p.head_size, p.block_size,
-                      p.dtype,    p.query,     p.seq_lens,     p.scale,     nullptr,
-                      p.dtype,    1.0f};
+      return absl::InvalidArgumentError(absl::StrCat(
+          "contiguous attention: seq_lens[", s, "]=", p.seq_lens[s], " outside [1, capacity]"));
+  const DecodeShape d{p.num_seqs, p.num_heads, p.num_kv_heads, p.head_size, p.block_size, p.dtype,
+                      p.query,    p.seq_lens,  p.scale,        nullptr,     p.dtype,      1.0f};
   const int64_t head_elems = static_cast<int64_t>(p.head_size) * p.block_size;
   const int64_t seq_head_elems = static_cast<int64_t>(p.head_size) * p.capacity;
   auto block_ptrs = [&](int s, int kvh, int b, const void** k, const void** v) {
-    const int64_t off = (static_cast<int64_t>(s) * p.num_kv_heads + kvh) * seq_head_elems +
-                        b * head_elems;
+    const int64_t off =
+        (static_cast<int64_t>(s) * p.num_kv_heads + kvh) * seq_head_elems + b * head_elems;
     *k = ElemPtr(p.key, off, p.dtype);
     *v = ElemPtr(p.value, off, p.dtype);
   };

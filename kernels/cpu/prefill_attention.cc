@@ -129,8 +129,7 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
           const int qi = r * group + g;
           const int h = kvh * group + g;
           StoreRow(io, acc.data() + static_cast<size_t>(qi) * hs, vscale / l[qi], hs,
-                   ElemPtr(p.out, (static_cast<int64_t>(q0 + r0 + r) * p.num_heads + h) * hs,
-                           io));
+                   ElemPtr(p.out, (static_cast<int64_t>(q0 + r0 + r) * p.num_heads + h) * hs, io));
         }
     }
   }

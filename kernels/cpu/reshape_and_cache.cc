@@ -49,7 +49,8 @@ absl::Status ReshapeAndCache(const ReshapeAndCacheParams& p) {
           for (int c = 0; c < hs / x; ++c)
             std::memcpy(kc + base + (static_cast<int64_t>(c) * bs + off) * x,
                         kq.data() + static_cast<size_t>(c) * x, x);
-          for (int d = 0; d < hs; ++d) vc[base + static_cast<int64_t>(d) * bs + off] = static_cast<char>(vq[d]);
+          for (int d = 0; d < hs; ++d)
+            vc[base + static_cast<int64_t>(d) * bs + off] = static_cast<char>(vq[d]);
         }
       }
     }

@@ -12,8 +12,8 @@ cudaError_t LaunchReshapeAndCache(const void* key, const void* value, int64_t ke
                                   int64_t value_token_stride, const int64_t* slot_mapping,
                                   int64_t num_slots, int num_tokens, void* key_cache,
                                   void* value_cache, int num_kv_heads, int head_size,
-                                  int block_size, Elem elem, Elem io, float k_scale,
-                                  float v_scale, cudaStream_t stream) {
+                                  int block_size, Elem elem, Elem io, float k_scale, float v_scale,
+                                  cudaStream_t stream) {
   if (num_tokens <= 0) return cudaSuccess;
   const int n = num_kv_heads * head_size;
   const int threads = n < 512 ? ((n + 31) / 32) * 32 : 512;
@@ -59,11 +59,10 @@ cudaError_t LaunchCopyBlocks(const uint64_t* key_ptrs, const uint64_t* value_ptr
   if (num_layers <= 0 || num_pairs <= 0) return cudaSuccess;
   const dim3 grid(num_pairs, num_layers);
   if (aligned16) {
-    CopyBlocksKernel<uint4><<<grid, 256, 0, stream>>>(key_ptrs, value_ptrs, pairs,
-                                                      block_bytes / 16);
+    CopyBlocksKernel<uint4>
+        <<<grid, 256, 0, stream>>>(key_ptrs, value_ptrs, pairs, block_bytes / 16);
   } else {
-    CopyBlocksKernel<uint8_t><<<grid, 256, 0, stream>>>(key_ptrs, value_ptrs, pairs,
-                                                         block_bytes);
+    CopyBlocksKernel<uint8_t><<<grid, 256, 0, stream>>>(key_ptrs, value_ptrs, pairs, block_bytes);
   }
   return cudaGetLastError();
 }

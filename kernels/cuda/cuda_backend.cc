@@ -15,9 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "kernels/backend.h"
-#include "kernels/paged_attention.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/paged_attention.h"
 
 namespace pagedserve::kernels::cuda {
 namespace {
@@ -131,10 +131,10 @@ absl::Status PagedAttentionV1(const PagedAttentionParams& p) {
   if (auto s = CheckCache(p.cache); !s.ok()) return s;
   if (p.num_seqs == 0) return absl::OkStatus();
   size_t max_smem = 0;
-  if (auto s = CudaStatus(DecodeV1MaxSharedBytes(ToElem(ResolveIoDType(p.io_dtype, p.cache.shape.dtype)),
-                                                 ToElem(p.cache.shape.dtype),
-                                                 p.cache.shape.head_size, &max_smem),
-                          "paged_attention_v1 shared memory query");
+  if (auto s = CudaStatus(
+          DecodeV1MaxSharedBytes(ToElem(ResolveIoDType(p.io_dtype, p.cache.shape.dtype)),
+                                 ToElem(p.cache.shape.dtype), p.cache.shape.head_size, &max_smem),
+          "paged_attention_v1 shared memory query");
       !s.ok())
     return s;
   // v1 keeps one fp32 logit per context token in shared memory. Contexts too
@@ -160,15 +160,16 @@ absl::Status PagedAttentionGqa(const PagedAttentionParams& p) {
   const KVCacheShape& sh = p.cache.shape;
   const int group = p.num_heads / sh.num_kv_heads;
   int num_sms = 0, blocks_per_sm = 0;
-  if (auto s = CudaStatus(GqaDecodeOccupancy(ToElem(sh.dtype), sh.head_size, group, &num_sms,
-                                             &blocks_per_sm),
-                          "paged_attention_gqa occupancy query");
+  if (auto s = CudaStatus(
+          GqaDecodeOccupancy(ToElem(sh.dtype), sh.head_size, group, &num_sms, &blocks_per_sm),
+          "paged_attention_gqa occupancy query");
       !s.ok())
     return s;
   if (blocks_per_sm < 1)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "paged_attention_gqa: group size ", group, " with head_size ", sh.head_size, " needs ",
-        GqaDecodeSharedBytes(sh.head_size, group), " bytes of shared memory; the device fits none"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("paged_attention_gqa: group size ", group, " with head_size ", sh.head_size,
+                     " needs ", GqaDecodeSharedBytes(sh.head_size, group),
+                     " bytes of shared memory; the device fits none"));
   // Splits the caller's workspace holds (PagedAttentionParams::workspace_bytes,
   // default the v2 size); without a workspace, a temporary one of the planned size.
   int max_splits = kGqaMaxSplits;
@@ -177,8 +178,8 @@ absl::Status PagedAttentionGqa(const PagedAttentionParams& p) {
     const size_t bytes = p.workspace_bytes != 0 ? p.workspace_bytes : WorkspaceBytes(p);
     max_splits = GqaSplitsThatFit(bytes, p.num_seqs, p.num_heads, sh.head_size);
   }
-  const GqaSplitPlan plan = PlanGqaSplits(num_sms, blocks_per_sm, p.num_seqs, sh.num_kv_heads,
-                                          p.max_seq_len, max_splits);
+  const GqaSplitPlan plan =
+      PlanGqaSplits(num_sms, blocks_per_sm, p.num_seqs, sh.num_kv_heads, p.max_seq_len, max_splits);
   const DecodeArgs a = MakeDecodeArgs(p);
   if (plan.num_splits == 1)
     return CudaStatus(LaunchGqaDecode(a, plan, nullptr, nullptr, nullptr),
@@ -186,11 +187,11 @@ absl::Status PagedAttentionGqa(const PagedAttentionParams& p) {
   void* ws = p.workspace;
   cudaStream_t stream = AsStream(p.stream);
   if (ws == nullptr) {
-    if (auto s = CudaStatus(cudaMallocAsync(&ws,
-                                            GqaWorkspaceBytes(p.num_seqs, p.num_heads,
-                                                              sh.head_size, plan.num_splits),
-                                            stream),
-                            "paged_attention_gqa workspace allocation");
+    if (auto s = CudaStatus(
+            cudaMallocAsync(
+                &ws, GqaWorkspaceBytes(p.num_seqs, p.num_heads, sh.head_size, plan.num_splits),
+                stream),
+            "paged_attention_gqa workspace allocation");
         !s.ok())
       return s;
   }
@@ -259,8 +260,9 @@ absl::Status CopyBlocks(std::span<const KVCacheView> layers, std::span<const Blo
     return st;
   // From pageable memory the copy is staged before cudaMemcpyAsync returns, so
   // `table` may go out of scope afterwards.
-  absl::Status status = CudaStatus(cudaMemcpyAsync(dev, table.data(), bytes, cudaMemcpyHostToDevice, s),
-                                   "copy_blocks table upload");
+  absl::Status status =
+      CudaStatus(cudaMemcpyAsync(dev, table.data(), bytes, cudaMemcpyHostToDevice, s),
+                 "copy_blocks table upload");
   if (status.ok()) {
     const uint64_t* d = static_cast<const uint64_t*>(dev);
     status = CudaStatus(
@@ -295,16 +297,16 @@ absl::Status SwapBlocks(std::span<const KVCacheView> src, std::span<const KVCach
                     static_cast<const char*>(a.value_cache) + so, block_bytes);
         continue;
       }
-      if (auto st = CudaStatus(cudaMemcpyAsync(static_cast<char*>(b.key_cache) + doff,
-                                               static_cast<const char*>(a.key_cache) + so,
-                                               block_bytes, kind, s),
-                               "swap_blocks key copy");
+      if (auto st = CudaStatus(
+              cudaMemcpyAsync(static_cast<char*>(b.key_cache) + doff,
+                              static_cast<const char*>(a.key_cache) + so, block_bytes, kind, s),
+              "swap_blocks key copy");
           !st.ok())
         return st;
-      if (auto st = CudaStatus(cudaMemcpyAsync(static_cast<char*>(b.value_cache) + doff,
-                                               static_cast<const char*>(a.value_cache) + so,
-                                               block_bytes, kind, s),
-                               "swap_blocks value copy");
+      if (auto st = CudaStatus(
+              cudaMemcpyAsync(static_cast<char*>(b.value_cache) + doff,
+                              static_cast<const char*>(a.value_cache) + so, block_bytes, kind, s),
+              "swap_blocks value copy");
           !st.ok())
         return st;
     }

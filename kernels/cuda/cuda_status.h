@@ -24,8 +24,8 @@ inline absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
     return absl::ResourceExhaustedError(
         absl::StrCat("CUDA out of memory in ", what, ": ", cudaGetErrorString(e)));
   }
-  return absl::InternalError(absl::StrCat("CUDA error in ", what, ": ", cudaGetErrorString(e),
-                                          " (", static_cast<int>(e), ")"));
+  return absl::InternalError(absl::StrCat("CUDA error in ", what, ": ", cudaGetErrorString(e), " (",
+                                          static_cast<int>(e), ")"));
 }
 
 }  // namespace pagedserve

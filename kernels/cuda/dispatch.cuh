@@ -57,9 +57,11 @@ cudaError_t DispatchIoCacheHead(Elem io, Elem cache, int head_size, Fn&& fn) {
   auto with_io = [&](auto cache_tag) -> cudaError_t {
     switch (io) {
       case Elem::kF32:
-        return DispatchHead(head_size, [&](auto hs) { return fn(TypeTag<float>{}, cache_tag, hs); });
+        return DispatchHead(head_size,
+                            [&](auto hs) { return fn(TypeTag<float>{}, cache_tag, hs); });
       case Elem::kF16:
-        return DispatchHead(head_size, [&](auto hs) { return fn(TypeTag<__half>{}, cache_tag, hs); });
+        return DispatchHead(head_size,
+                            [&](auto hs) { return fn(TypeTag<__half>{}, cache_tag, hs); });
       case Elem::kBF16:
         return DispatchHead(head_size,
                             [&](auto hs) { return fn(TypeTag<__nv_bfloat16>{}, cache_tag, hs); });

@@ -43,9 +43,13 @@ __device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162fl
 template <typename T>
 __device__ __forceinline__ T FromFloat(float v);
 template <>
-__device__ __forceinline__ float FromFloat<float>(float v) { return v; }
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half FromFloat<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half FromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
@@ -164,8 +168,8 @@ struct CacheElem<__nv_fp8_e5m2> : CacheElem<__nv_fp8_e4m3> {};
 // Two fp8 codes (low byte first) to two floats, exact.
 template <typename C>
 __device__ __forceinline__ float2 Fp8x2ToFloat2(uint16_t codes) {
-  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes),
-                                                    Fp8Interp<C>::value);
+  const __half2_raw hr =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), Fp8Interp<C>::value);
   return __half22float2(__half2(hr));
 }
 

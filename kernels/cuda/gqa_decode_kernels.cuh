@@ -73,23 +73,23 @@ __device__ __forceinline__ void LoadKVChunk(const CacheT* p, float* f) {
 // nothing (the reduce reads only ceil(seq_len / split_tokens) of them).
 template <typename T, typename CacheT, int HEAD_SIZE, int NUM_THREADS>
 __global__ void __launch_bounds__(NUM_THREADS)
-    GqaDecodeKernel(T* __restrict__ out,              // [S, H, D]         (one split)
-                    float* __restrict__ max_logits,   // [S, H, P]         (splits)
-                    float* __restrict__ exp_sums,     // [S, H, P]         (splits)
-                    float* __restrict__ tmp_out,      // [S, H, P, D]      (splits)
-                    const T* __restrict__ q,          // [S, H, D]
+    GqaDecodeKernel(T* __restrict__ out,                 // [S, H, D]         (one split)
+                    float* __restrict__ max_logits,      // [S, H, P]         (splits)
+                    float* __restrict__ exp_sums,        // [S, H, P]         (splits)
+                    float* __restrict__ tmp_out,         // [S, H, P, D]      (splits)
+                    const T* __restrict__ q,             // [S, H, D]
                     const CacheT* __restrict__ k_cache,  // [B, KVH, D/x, BS, x]
                     const CacheT* __restrict__ v_cache,  // [B, KVH, D, BS]
                     int num_kv_heads, int group_size, int block_size, float scale,
                     const int32_t* __restrict__ block_tables, int max_blocks_per_seq,
-                    const int32_t* __restrict__ seq_lens,
-                    const float* __restrict__ alibi_slopes, int split_tokens) {
+                    const int32_t* __restrict__ seq_lens, const float* __restrict__ alibi_slopes,
+                    int split_tokens) {
   constexpr int NUM_WARPS = NUM_THREADS / kWarpSize;
   constexpr int TILE = kGqaTileTokens;
-  constexpr int X = kVec16<CacheT>;           // elements per 16-byte vector
-  constexpr int NUM_CHUNKS = HEAD_SIZE / X;   // 16-byte chunks per key vector
-  constexpr int V_VEC = X;                    // tokens per 16-byte value vector
-  constexpr int V_GROUPS = TILE / V_VEC;      // value vectors per dim per tile
+  constexpr int X = kVec16<CacheT>;          // elements per 16-byte vector
+  constexpr int NUM_CHUNKS = HEAD_SIZE / X;  // 16-byte chunks per key vector
+  constexpr int V_VEC = X;                   // tokens per 16-byte value vector
+  constexpr int V_GROUPS = TILE / V_VEC;     // value vectors per dim per tile
   constexpr int KS = GqaKRowStride(HEAD_SIZE);
   static_assert(TILE == kWarpSize, "the softmax step maps one lane to one token");
   static_assert(HEAD_SIZE % X == 0 && HEAD_SIZE % 4 == 0 && TILE % V_VEC == 0, "shapes");
@@ -115,19 +115,20 @@ __global__ void __launch_bounds__(NUM_THREADS)
   // Dynamic shared memory, in the order of GqaDecodeSharedBytes (every piece a
   // multiple of 16 bytes except the last three).
   PAGEDSERVE_DYNAMIC_SHARED(float, smem);
-  float* k_s = smem;                        // [TILE][KS]
-  float* v_s = k_s + TILE * KS;             // [TILE][HEAD_SIZE]
-  float* q_s = v_s + TILE * HEAD_SIZE;      // [group][HEAD_SIZE]
-  float* acc_s = q_s + group_elems;         // [group][HEAD_SIZE]
-  float* p_s = acc_s + group_elems;         // [group][TILE] logits, then probabilities
-  float* m_s = p_s + group_size * TILE;     // [group] running max
-  float* l_s = m_s + group_size;            // [group] running exp-sum
-  float* alpha_s = l_s + group_size;        // [group] rescale factor of this tile
+  float* k_s = smem;                     // [TILE][KS]
+  float* v_s = k_s + TILE * KS;          // [TILE][HEAD_SIZE]
+  float* q_s = v_s + TILE * HEAD_SIZE;   // [group][HEAD_SIZE]
+  float* acc_s = q_s + group_elems;      // [group][HEAD_SIZE]
+  float* p_s = acc_s + group_elems;      // [group][TILE] logits, then probabilities
+  float* m_s = p_s + group_size * TILE;  // [group] running max
+  float* l_s = m_s + group_size;         // [group] running exp-sum
+  float* alpha_s = l_s + group_size;     // [group] rescale factor of this tile
 
   {
     // The group's query heads are consecutive: G * D contiguous elements.
-    const T* q_ptr = q + (static_cast<int64_t>(seq) * num_heads +
-                          static_cast<int64_t>(kv_head) * group_size) * HEAD_SIZE;
+    const T* q_ptr =
+        q + (static_cast<int64_t>(seq) * num_heads + static_cast<int64_t>(kv_head) * group_size) *
+                HEAD_SIZE;
     for (int i = tid; i < group_elems; i += NUM_THREADS) {
       q_s[i] = ToFloat(q_ptr[i]);
       acc_s[i] = 0.0f;

@@ -71,8 +71,8 @@ struct GqaSplitPlan {
 // max_seq_len >= 1; max_splits < 1 counts as 1. Deterministic, no device access.
 inline GqaSplitPlan PlanGqaSplits(int num_sms, int blocks_per_sm, int num_seqs, int num_kv_heads,
                                   int max_seq_len, int max_splits) {
-  const int64_t slots = static_cast<int64_t>(num_sms < 1 ? 1 : num_sms) *
-                        (blocks_per_sm < 1 ? 1 : blocks_per_sm);
+  const int64_t slots =
+      static_cast<int64_t>(num_sms < 1 ? 1 : num_sms) * (blocks_per_sm < 1 ? 1 : blocks_per_sm);
   int64_t base = static_cast<int64_t>(num_seqs) * num_kv_heads;
   if (base < 1) base = 1;
   const int64_t tiles = max_seq_len < 1 ? 1 : (max_seq_len + kGqaTileTokens - 1) / kGqaTileTokens;

@@ -19,7 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/gqa_decode_plan.h"  // GqaSplitPlan
-#include "kernels/partition.h"  // kPartitionSize, NumPartitions: the v2 partition
+#include "kernels/partition.h"             // kPartitionSize, NumPartitions: the v2 partition
 
 namespace pagedserve::kernels::cuda {
 
@@ -45,7 +45,7 @@ struct DecodeArgs {
   int num_seqs = 0;
   int num_heads = 0;
   CacheArgs cache;
-  Elem io = Elem::kF32;  // element type of query and out
+  Elem io = Elem::kF32;                   // element type of query and out
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq], device
   int max_blocks_per_seq = 0;
   const int32_t* seq_lens = nullptr;  // [num_seqs], device
@@ -125,9 +125,10 @@ cudaError_t LaunchPrefillAttention(const PrefillArgs& a);
 // then stored = fp8(x / k_scale) resp. fp8(x / v_scale)).
 cudaError_t LaunchReshapeAndCache(const void* key, const void* value, int64_t key_token_stride,
                                   int64_t value_token_stride, const int64_t* slot_mapping,
-                                  int64_t num_slots, int num_tokens, void* key_cache, void* value_cache,
-                                  int num_kv_heads, int head_size, int block_size, Elem elem,
-                                  Elem io, float k_scale, float v_scale, cudaStream_t stream);
+                                  int64_t num_slots, int num_tokens, void* key_cache,
+                                  void* value_cache, int num_kv_heads, int head_size,
+                                  int block_size, Elem elem, Elem io, float k_scale, float v_scale,
+                                  cudaStream_t stream);
 
 // copy_blocks: grid (num_pairs, num_layers). key_ptrs / value_ptrs are device
 // arrays of num_layers cache base addresses, pairs a device array of

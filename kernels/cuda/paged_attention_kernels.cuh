@@ -44,11 +44,11 @@ constexpr int kTokensPerStep = kWarpSize / kThreadGroupSize;  // 8
 // Dynamic shared memory: fp32 logits of round_up(tokens of the partition, 8).
 template <typename T, int HEAD_SIZE, int NUM_THREADS, typename CACHE_T = T>
 __global__ void __launch_bounds__(NUM_THREADS)
-    PagedAttentionKernel(T* __restrict__ out,              // [S, H, D]          (v1)
-                         float* __restrict__ max_logits,   // [S, H, P]          (v2)
-                         float* __restrict__ exp_sums,     // [S, H, P]          (v2)
-                         float* __restrict__ tmp_out,      // [S, H, P, D]       (v2)
-                         const T* __restrict__ q,          // [S, H, D]
+    PagedAttentionKernel(T* __restrict__ out,                  // [S, H, D]          (v1)
+                         float* __restrict__ max_logits,       // [S, H, P]          (v2)
+                         float* __restrict__ exp_sums,         // [S, H, P]          (v2)
+                         float* __restrict__ tmp_out,          // [S, H, P, D]       (v2)
+                         const T* __restrict__ q,              // [S, H, D]
                          const CACHE_T* __restrict__ k_cache,  // [B, KVH, D/x, BS, x]
                          const CACHE_T* __restrict__ v_cache,  // [B, KVH, D, BS]
                          int num_kv_heads, int block_size, float scale,
@@ -269,7 +269,8 @@ __global__ void __launch_bounds__(NUM_THREADS)
   const float inv_sum = 1.0f / sum;
   for (int d = tid; d < head_size; d += NUM_THREADS) {
     float acc = 0.0f;
-    for (int p = 0; p < num_partitions; ++p) acc = fmaf(part_out[p * head_size + d], weights[p], acc);
+    for (int p = 0; p < num_partitions; ++p)
+      acc = fmaf(part_out[p * head_size + d], weights[p], acc);
     out_ptr[d] = FromFloat<T>(acc * inv_sum);
   }
 }

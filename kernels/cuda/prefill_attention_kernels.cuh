@@ -28,24 +28,24 @@ namespace pagedserve::kernels::cuda {
 constexpr int kPrefillThreads = 128;
 constexpr int kLanesPerRow = 16;
 constexpr int kRowsPerTile = kPrefillThreads / kLanesPerRow;  // 8
-constexpr int kKeyTile = 16;                                   // == kLanesPerRow
+constexpr int kKeyTile = 16;                                  // == kLanesPerRow
 
 template <typename T, int HEAD_SIZE, typename CACHE_T = T>
 __global__ void __launch_bounds__(kPrefillThreads)
     PrefillAttentionKernel(T* __restrict__ out, const T* __restrict__ q, int64_t q_token_stride,
                            const int32_t* __restrict__ query_start_loc,
                            const int32_t* __restrict__ seq_lens,
-                           const CACHE_T* __restrict__ k_cache,
-                           const CACHE_T* __restrict__ v_cache, int num_kv_heads, int block_size,
+                           const CACHE_T* __restrict__ k_cache, const CACHE_T* __restrict__ v_cache,
+                           int num_kv_heads, int block_size,
                            const int32_t* __restrict__ block_tables, int max_blocks_per_seq,
                            float scale, const float* __restrict__ alibi_slopes,
                            float v_scale) {  // fp8 caches only; ignored otherwise
   constexpr int X = CacheElem<CACHE_T>::kKeyVec;
   constexpr int VX = CacheElem<CACHE_T>::kValueVec;  // tokens per V vector
-  constexpr int NUM_CHUNKS = HEAD_SIZE / X;     // 16-byte key chunks per token
-  constexpr int V_PER_ROW = kKeyTile / VX;      // V vectors per head dim per tile
+  constexpr int NUM_CHUNKS = HEAD_SIZE / X;          // 16-byte key chunks per token
+  constexpr int V_PER_ROW = kKeyTile / VX;           // V vectors per head dim per tile
   constexpr int DIMS_PER_LANE = HEAD_SIZE / kLanesPerRow;
-  constexpr int K_STRIDE = HEAD_SIZE + 1;       // odd stride: conflict-free column reads
+  constexpr int K_STRIDE = HEAD_SIZE + 1;  // odd stride: conflict-free column reads
   static_assert(HEAD_SIZE % kLanesPerRow == 0, "head size");
 
   const int head = blockIdx.x, seq = blockIdx.y, num_heads = gridDim.x;
@@ -82,8 +82,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
     q_smem[r][d] = v;
   }
 
-  const int r = tid / kLanesPerRow;       // query row within the tile
-  const int kl = tid % kLanesPerRow;      // key within the key tile / head-dim lane
+  const int r = tid / kLanesPerRow;   // query row within the tile
+  const int kl = tid % kLanesPerRow;  // key within the key tile / head-dim lane
   const int half_base = lane & ~(kLanesPerRow - 1);
   const int q_pos = ctx0 + row0 + r;
   const bool row_valid = r < rows_here;
@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
       if (pos < kv_end) {
         const int64_t pb = block_table[pos / block_size];
         const int off = pos % block_size;
-        Unpack16(Load16(k_head + pb * kv_block_stride + (static_cast<int64_t>(c) * block_size + off) * X),
+        Unpack16(Load16(k_head + pb * kv_block_stride +
+                        (static_cast<int64_t>(c) * block_size + off) * X),
                  static_cast<const CACHE_T*>(nullptr), f);
       } else {
 #pragma unroll
@@ -120,9 +121,9 @@ __global__ void __launch_bounds__(kPrefillThreads)
       if (pos0 < kv_end) {
         const int64_t pb = block_table[pos0 / block_size];
         const int off = pos0 % block_size;
-        UnpackValueVec<CACHE_T>(
-            LoadValueVec(v_head + pb * kv_block_stride + static_cast<int64_t>(d) * block_size + off),
-            f);
+        UnpackValueVec<CACHE_T>(LoadValueVec(v_head + pb * kv_block_stride +
+                                             static_cast<int64_t>(d) * block_size + off),
+                                f);
 #pragma unroll
         for (int e = 0; e < VX; ++e)
           if (pos0 + e >= kv_end) f[e] = 0.0f;  // garbage past the visible keys
@@ -161,7 +162,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
     for (int k = 0; k < kKeyTile; ++k) {
       const float pk = __shfl_sync(kFullMask, p, half_base + k);
 #pragma unroll
-      for (int j = 0; j < DIMS_PER_LANE; ++j) o[j] = fmaf(pk, v_smem[k][kl + j * kLanesPerRow], o[j]);
+      for (int j = 0; j < DIMS_PER_LANE; ++j)
+        o[j] = fmaf(pk, v_smem[k][kl + j * kLanesPerRow], o[j]);
     }
   }
 

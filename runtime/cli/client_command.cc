@@ -27,8 +27,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <stdexcept>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <variant>
 #include <vector>
@@ -44,9 +44,10 @@
 
 ABSL_DECLARE_FLAG(std::string, zmq_endpoint);
 ABSL_DECLARE_FLAG(std::string, zmq_curve_secret_key_file);
-PAGEDSERVE_FLAG("client", std::string, zmq_curve_server_key_file, "",
-                "client: talk CurveZMQ to a server with this public certificate (its NAME.key); the "
-                "client's own key pair is --zmq-curve-secret-key-file");
+PAGEDSERVE_FLAG(
+    "client", std::string, zmq_curve_server_key_file, "",
+    "client: talk CurveZMQ to a server with this public certificate (its NAME.key); the "
+    "client's own key pair is --zmq-curve-secret-key-file");
 PAGEDSERVE_FLAG("client", std::string, cache_salt, "",
                 "client: the request's cache_salt (prefix-cache isolation; 1..256 visible ASCII "
                 "characters)");
@@ -81,20 +82,24 @@ class Connection {
     socket_.set(zmq::sockopt::linger, 0);
     const std::string server_key = absl::GetFlag(FLAGS_zmq_curve_server_key_file);
     if (!server_key.empty()) {
-      absl::Status s = ConfigureCurveClient(server_key, absl::GetFlag(FLAGS_zmq_curve_secret_key_file), socket_);
+      absl::Status s =
+          ConfigureCurveClient(server_key, absl::GetFlag(FLAGS_zmq_curve_secret_key_file), socket_);
       if (!s.ok()) throw std::invalid_argument(std::string(s.message()));
     }
     socket_.connect(endpoint);
   }
-  void Send(const std::string& message) { socket_.send(zmq::buffer(message), zmq::send_flags::none); }
+  void Send(const std::string& message) {
+    socket_.send(zmq::buffer(message), zmq::send_flags::none);
+  }
 
   // The next message within `timeout`; nullopt on timeout. Returns early
   // (nullopt) when `interrupt` becomes true.
-  std::optional<std::string> Receive(std::chrono::milliseconds timeout, const std::atomic<bool>* interrupt) {
+  std::optional<std::string> Receive(std::chrono::milliseconds timeout,
+                                     const std::atomic<bool>* interrupt) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return std::nullopt;
       if (interrupt != nullptr && interrupt->load()) return std::nullopt;
       zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
@@ -136,7 +141,8 @@ std::chrono::milliseconds TimeoutMs(double default_seconds) {
 
 int HealthOrStats(Connection& conn, bool health) {
   const std::string id = health ? "cli-health" : "cli-stats";
-  pp::Request request = health ? pp::Request(pp::HealthRequest{id}) : pp::Request(pp::StatsRequest{id});
+  pp::Request request =
+      health ? pp::Request(pp::HealthRequest{id}) : pp::Request(pp::StatsRequest{id});
   conn.Send(pp::SerializeRequest(request));
   const auto timeout = TimeoutMs(3);
   std::optional<std::string> raw = conn.Receive(timeout, nullptr);
@@ -205,8 +211,9 @@ int Generate(Connection& conn, const std::string& text) {
   std::vector<std::string> texts(n);
   bool abort_sent = false;
   while (true) {
-    std::optional<std::string> raw = conn.Receive(abort_sent ? std::chrono::milliseconds(5000) : timeout,
-                                                  abort_sent ? nullptr : &g_interrupted);
+    std::optional<std::string> raw =
+        conn.Receive(abort_sent ? std::chrono::milliseconds(5000) : timeout,
+                     abort_sent ? nullptr : &g_interrupted);
     if (!raw.has_value()) {
       if (g_interrupted.load() && !abort_sent) {
         conn.Send(pp::SerializeRequest(pp::AbortRequest{g.id}));
@@ -214,7 +221,8 @@ int Generate(Connection& conn, const std::string& text) {
         continue;
       }
       PrintError(abort_sent ? "no final message after the abort"
-                            : absl::StrCat("no reply within ", timeout.count() / 1000.0, " s", NoReplyHint()));
+                            : absl::StrCat("no reply within ", timeout.count() / 1000.0, " s",
+                                           NoReplyHint()));
       return 1;
     }
     absl::StatusOr<pp::Reply> reply = pp::ParseReply(*raw);
@@ -243,19 +251,24 @@ int Generate(Connection& conn, const std::string& text) {
     bool failed = false;
     for (const pp::SequenceFinal& o : f->outputs) {
       reasons.push_back(std::string(pp::FinishReasonName(o.finish_reason)));
-      if (o.finish_reason == pp::FinishReason::kError || o.finish_reason == pp::FinishReason::kAbort) failed = true;
+      if (o.finish_reason == pp::FinishReason::kError ||
+          o.finish_reason == pp::FinishReason::kAbort)
+        failed = true;
       if (!f->streamed && o.index >= 0 && o.index < n) texts[o.index] = o.text;
     }
     if (n > 1) {
-      for (int i = 0; i < n; ++i) std::printf("%s[sample %d]\n%s\n", i ? "\n" : "", i, texts[i].c_str());
+      for (int i = 0; i < n; ++i)
+        std::printf("%s[sample %d]\n%s\n", i ? "\n" : "", i, texts[i].c_str());
     } else if (!f->streamed) {
       std::fwrite(texts[0].data(), 1, texts[0].size(), stdout);
     }
     if (n == 1 && isatty(fileno(stdout))) std::printf("\n");
     std::fflush(stdout);
-    std::fprintf(stderr, "pagedserve client: finish_reason=%s prompt_tokens=%lld completion_tokens=%lld "
+    std::fprintf(stderr,
+                 "pagedserve client: finish_reason=%s prompt_tokens=%lld completion_tokens=%lld "
                  "cached_prompt_tokens=%lld\n",
-                 absl::StrJoin(reasons, ",").c_str(), static_cast<long long>(f->usage.prompt_tokens),
+                 absl::StrJoin(reasons, ",").c_str(),
+                 static_cast<long long>(f->usage.prompt_tokens),
                  static_cast<long long>(f->usage.completion_tokens),
                  static_cast<long long>(f->usage.cached_prompt_tokens));
     if (!f->error_message.empty()) PrintError(f->error_message);
@@ -267,7 +280,8 @@ int Generate(Connection& conn, const std::string& text) {
 
 int ClientCommand(const Args& args) {
   if (args.size() > 2) {
-    PrintError(absl::StrCat("unexpected argument '", args[2], "' (quote the prompt: one argument)"));
+    PrintError(
+        absl::StrCat("unexpected argument '", args[2], "' (quote the prompt: one argument)"));
     return 2;
   }
   const bool health = absl::GetFlag(FLAGS_health), stats = absl::GetFlag(FLAGS_stats);
@@ -295,7 +309,8 @@ int ClientCommand(const Args& args) {
     }
     return Generate(conn, text);
   } catch (const zmq::error_t& e) {
-    PrintError(absl::StrCat("ZeroMQ: ", e.what(), " (endpoint ", absl::GetFlag(FLAGS_zmq_endpoint), ")"));
+    PrintError(
+        absl::StrCat("ZeroMQ: ", e.what(), " (endpoint ", absl::GetFlag(FLAGS_zmq_endpoint), ")"));
     return 1;
   } catch (const std::invalid_argument& e) {
     PrintError(absl::StrCat("--zmq-curve-*: ", e.what()));

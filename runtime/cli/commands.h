@@ -13,9 +13,10 @@ using Args = std::vector<std::string>;
 
 int SimCommand(const Args& args);       // pagedserve sim: KV memory simulator
 int GenerateCommand(const Args& args);  // pagedserve generate: offline generation, one prompt
-int ServeCommand(const Args& args);     // pagedserve serve: the ZeroMQ server (rank 0) / worker ranks
-int ClientCommand(const Args& args);    // pagedserve client: protocol v1 client (generate, health, stats)
-int KeygenCommand(const Args& args);    // pagedserve keygen: a CurveZMQ key pair (certificate files)
+int ServeCommand(const Args& args);  // pagedserve serve: the ZeroMQ server (rank 0) / worker ranks
+int ClientCommand(
+    const Args& args);  // pagedserve client: protocol v1 client (generate, health, stats)
+int KeygenCommand(const Args& args);  // pagedserve keygen: a CurveZMQ key pair (certificate files)
 
 }  // namespace pagedserve::cli
 

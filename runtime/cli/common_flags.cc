@@ -21,9 +21,10 @@
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
-PAGEDSERVE_FLAG("generate,serve", std::string, log_color, "auto",
-                "ANSI colours in log lines: auto (only when the output is a terminal, NO_COLOR is "
-                "unset and not under mpirun, whose ranks write to a pseudo-terminal), always, never");
+PAGEDSERVE_FLAG(
+    "generate,serve", std::string, log_color, "auto",
+    "ANSI colours in log lines: auto (only when the output is a terminal, NO_COLOR is "
+    "unset and not under mpirun, whose ranks write to a pseudo-terminal), always, never");
 PAGEDSERVE_FLAG("generate,serve", std::string, model, "",
                 "model: a .gguf file or a Hugging Face directory (config.json, *.safetensors, "
                 "tokenizer.json)");
@@ -140,19 +141,22 @@ absl::Status BadFlag(const std::string& flag, const std::string& what, auto valu
 absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
   ModelSetup s;
   const std::string path = absl::GetFlag(FLAGS_model);
-  if (path.empty()) return absl::InvalidArgumentError("--model is required (a .gguf file or a model directory)");
+  if (path.empty())
+    return absl::InvalidArgumentError("--model is required (a .gguf file or a model directory)");
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
     return absl::NotFoundError(absl::StrCat("--model: '", path, "' does not exist"));
   }
   absl::StatusOr<ModelConfig> model = LoadModelConfig(path);
   if (!model.ok()) {
-    return absl::Status(model.status().code(), absl::StrCat("--model ", path, ": ", model.status().message()));
+    return absl::Status(model.status().code(),
+                        absl::StrCat("--model ", path, ": ", model.status().message()));
   }
   s.model = *std::move(model);
 
   s.tensor_parallel_size = absl::GetFlag(FLAGS_tensor_parallel_size);
-  if (s.tensor_parallel_size < 1) return BadFlag("tensor-parallel-size", "must be >= 1", s.tensor_parallel_size);
+  if (s.tensor_parallel_size < 1)
+    return BadFlag("tensor-parallel-size", "must be >= 1", s.tensor_parallel_size);
 
   s.worker.model_path = path;
   s.worker.block_size = absl::GetFlag(FLAGS_block_size);
@@ -160,12 +164,15 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
     return BadFlag("block-size", "must be 8, 16 or 32", s.worker.block_size);
   }
   s.worker.kv_cache_memory = absl::GetFlag(FLAGS_kv_cache_memory);
-  if (s.worker.kv_cache_memory <= 0) return BadFlag("kv-cache-memory", "must be > 0 bytes", s.worker.kv_cache_memory);
+  if (s.worker.kv_cache_memory <= 0)
+    return BadFlag("kv-cache-memory", "must be > 0 bytes", s.worker.kv_cache_memory);
   const double swap_gib = absl::GetFlag(FLAGS_swap_space);
-  if (!(swap_gib >= 0 && swap_gib <= 1024)) return BadFlag("swap-space", "must be in [0, 1024] GiB", swap_gib);
+  if (!(swap_gib >= 0 && swap_gib <= 1024))
+    return BadFlag("swap-space", "must be in [0, 1024] GiB", swap_gib);
   s.worker.swap_space = static_cast<int64_t>(swap_gib * static_cast<double>(int64_t{1} << 30));
   absl::StatusOr<WeightDType> dtype = ParseWeightDType(absl::GetFlag(FLAGS_dtype));
-  if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dtype.status().message()));
+  if (!dtype.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dtype.status().message()));
   s.worker.dtype = *dtype;
   const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype);
   if (kv == "float32") {
@@ -183,24 +190,29 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
                    "must be auto, float32, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2", kv);
   }
   s.worker.max_num_blocks = absl::GetFlag(FLAGS_max_num_blocks);
-  if (s.worker.max_num_blocks < 0) return BadFlag("max-num-blocks", "must be >= 0", s.worker.max_num_blocks);
+  if (s.worker.max_num_blocks < 0)
+    return BadFlag("max-num-blocks", "must be >= 0", s.worker.max_num_blocks);
 
   SchedulerConfig& c = s.scheduler;
   c.block_size = s.worker.block_size;
   const int32_t len = absl::GetFlag(FLAGS_max_model_len);
   if (len < 0) return BadFlag("max-model-len", "must be >= 0 (0 = from the model)", len);
   if (len > s.model.max_position_embeddings) {
-    return BadFlag("max-model-len", absl::StrCat("must be <= the model's max_position_embeddings ",
-                                                 s.model.max_position_embeddings),
+    return BadFlag("max-model-len",
+                   absl::StrCat("must be <= the model's max_position_embeddings ",
+                                s.model.max_position_embeddings),
                    len);
   }
-  c.max_model_len = len > 0 ? len : static_cast<int32_t>(std::min<int64_t>(s.model.max_position_embeddings, 2048));
+  c.max_model_len =
+      len > 0 ? len
+              : static_cast<int32_t>(std::min<int64_t>(s.model.max_position_embeddings, 2048));
   c.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   c.enable_chunked_prefill = absl::GetFlag(FLAGS_enable_chunked_prefill);
   const int32_t batched = absl::GetFlag(FLAGS_max_num_batched_tokens);
   if (batched < 0) return BadFlag("max-num-batched-tokens", "must be >= 0 (0 = default)", batched);
   c.max_num_batched_tokens =
-      batched > 0 ? batched : (c.enable_chunked_prefill ? std::max(512, c.max_num_seqs) : c.max_model_len);
+      batched > 0 ? batched
+                  : (c.enable_chunked_prefill ? std::max(512, c.max_num_seqs) : c.max_model_len);
   c.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   absl::StatusOr<PreemptionMode> mode = ParsePreemptionMode(absl::GetFlag(FLAGS_preemption_mode));
   if (!mode.ok()) return mode.status();  // names --preemption-mode
@@ -257,7 +269,8 @@ absl::StatusOr<SamplingParams> SamplingParamsFromFlags() {
   if (p.stop.empty()) p.stop = absl::GetFlag(FLAGS_stop);  // set programmatically (SetFlag)
   for (const std::string& t : absl::GetFlag(FLAGS_stop_token_ids)) {
     int32_t id = 0;
-    if (!absl::SimpleAtoi(t, &id)) return BadFlag("stop-token-ids", "must be a comma-separated list of token ids", t);
+    if (!absl::SimpleAtoi(t, &id))
+      return BadFlag("stop-token-ids", "must be a comma-separated list of token ids", t);
     p.stop_token_ids.push_back(id);
   }
   p.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
@@ -277,7 +290,8 @@ absl::StatusOr<SamplingParams> SamplingParamsFromFlags() {
     // "top_p must be in (0, 1], got 1.5" -> "--top-p must be ...".
     std::string msg(s.message());
     const size_t sp = msg.find(' ');
-    if (sp != std::string::npos) msg = "--" + absl::StrReplaceAll(msg.substr(0, sp), {{"_", "-"}}) + msg.substr(sp);
+    if (sp != std::string::npos)
+      msg = "--" + absl::StrReplaceAll(msg.substr(0, sp), {{"_", "-"}}) + msg.substr(sp);
     return absl::InvalidArgumentError(msg);
   }
   return p;
@@ -290,20 +304,22 @@ absl::StatusOr<std::string> ReadPromptFromFlags() {
     ss << std::cin.rdbuf();
     text = ss.str();
   }
-  if (text.empty()) return absl::InvalidArgumentError("empty prompt: give --prompt TEXT or text on stdin");
+  if (text.empty())
+    return absl::InvalidArgumentError("empty prompt: give --prompt TEXT or text on stdin");
   return text;
 }
 
-absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer, const std::string& text,
-                                                    bool chat) {
+absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer,
+                                                    const std::string& text, bool chat) {
   if (!chat) return tokenizer.Encode(text);
-  absl::StatusOr<ChatTemplate> tmpl =
-      ChatTemplate::Create(tokenizer.spec().chat_template, tokenizer.BosText(), tokenizer.EosText());
+  absl::StatusOr<ChatTemplate> tmpl = ChatTemplate::Create(
+      tokenizer.spec().chat_template, tokenizer.BosText(), tokenizer.EosText());
   if (!tmpl.ok()) {
     return absl::Status(tmpl.status().code(), absl::StrCat("--chat: ", tmpl.status().message()));
   }
   const ChatMessage message{"user", text};
-  absl::StatusOr<std::string> rendered = tmpl->Render({&message, 1}, /*add_generation_prompt=*/true);
+  absl::StatusOr<std::string> rendered =
+      tmpl->Render({&message, 1}, /*add_generation_prompt=*/true);
   if (!rendered.ok()) return rendered.status();
   EncodeOptions o;
   o.add_special_tokens = false;
@@ -334,9 +350,9 @@ absl::Status ConfigureLogColor() {
   // spdlog's own `automatic` would colour any terminal whose TERM looks like
   // a colour one, NO_COLOR or not: the decision is made here instead.
   using spdlog::color_mode;
-  auto stdout_logger = std::make_shared<spdlog::logger>(
-      "", std::make_shared<spdlog::sinks::stdout_color_sink_mt>(out_color ? color_mode::always
-                                                                          : color_mode::never));
+  auto stdout_logger =
+      std::make_shared<spdlog::logger>("", std::make_shared<spdlog::sinks::stdout_color_sink_mt>(
+                                               out_color ? color_mode::always : color_mode::never));
   stdout_logger->set_level(spdlog::default_logger()->level());
   spdlog::set_default_logger(stdout_logger);
   spdlog::drop("launch");

@@ -104,9 +104,9 @@ namespace pagedserve::cli {
 // Everything a process needs to load the model and run the engine, from the
 // model and engine flags above.
 struct ModelSetup {
-  ModelConfig model;             // the model's config.json / GGUF metadata
-  WorkerOptions worker;          // for Worker::Create / RunWorkerRank
-  SchedulerConfig scheduler;     // block counts left 0: the engine takes them from the executor
+  ModelConfig model;          // the model's config.json / GGUF metadata
+  WorkerOptions worker;       // for Worker::Create / RunWorkerRank
+  SchedulerConfig scheduler;  // block counts left 0: the engine takes them from the executor
   int32_t tensor_parallel_size = 1;
   absl::Duration worker_startup_timeout;
   absl::Duration worker_step_timeout;
@@ -144,8 +144,8 @@ absl::StatusOr<std::string> ReadPromptFromFlags();
 // rendered through the tokenizer's chat template (generation prompt added,
 // special tokens parsed, no extra BOS: the template has its own), otherwise
 // Encode with the tokenizer's default special tokens.
-absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer, const std::string& text,
-                                                    bool chat);
+absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer,
+                                                    const std::string& text, bool chat);
 
 // Whether log lines get ANSI colour codes, for --log-color `mode`:
 // "always", "never", or "auto": colour only when the stream is a terminal

@@ -37,7 +37,9 @@ void PrintError(const absl::Status& s) {
 // Bad input (a bad flag or parameter, a prompt of --max-model-len tokens or
 // more) exits 2; anything else 1.
 int ExitCodeFor(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kOutOfRange ? 2 : 1;
+  return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kOutOfRange
+             ? 2
+             : 1;
 }
 
 // Rank 0 (or the only process): tokenizer, engine, the one request.
@@ -60,17 +62,17 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
     PrintError(text.status());
     return 2;
   }
-  absl::StatusOr<std::vector<int32_t>> ids = TokenizePrompt(**tokenizer, *text, absl::GetFlag(FLAGS_chat));
+  absl::StatusOr<std::vector<int32_t>> ids =
+      TokenizePrompt(**tokenizer, *text, absl::GetFlag(FLAGS_chat));
   if (!ids.ok()) {
     PrintError(ids.status());
     return 1;
   }
 
   absl::StatusOr<std::unique_ptr<Executor>> executor =
-      info.world_size > 1
-          ? MakeMpiExecutor(info, setup.scheduler.block_size, setup.worker_startup_timeout,
-                            setup.worker_step_timeout)
-          : CreateLocalExecutor(setup.worker);
+      info.world_size > 1 ? MakeMpiExecutor(info, setup.scheduler.block_size,
+                                            setup.worker_startup_timeout, setup.worker_step_timeout)
+                          : CreateLocalExecutor(setup.worker);
   if (!executor.ok()) {
     PrintError(executor.status());
     return 1;
@@ -78,8 +80,8 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
   EngineOptions options;
   options.scheduler = setup.scheduler;
   Executor* exec = executor->get();
-  absl::StatusOr<std::unique_ptr<Engine>> engine =
-      Engine::Create(options, tokenizer->get(), *std::move(executor), EosTokenIds(setup.model, **tokenizer));
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
+      options, tokenizer->get(), *std::move(executor), EosTokenIds(setup.model, **tokenizer));
   if (!engine.ok()) {
     // The engine was not built: the executor went with the failed Create.
     PrintError(engine.status());
@@ -125,12 +127,14 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
     }
   }
   if (n > 1) {
-    for (int i = 0; i < n; ++i) std::printf("%s[sample %d]\n%s\n", i ? "\n" : "", i, texts[i].c_str());
+    for (int i = 0; i < n; ++i)
+      std::printf("%s[sample %d]\n%s\n", i ? "\n" : "", i, texts[i].c_str());
   } else if (isatty(fileno(stdout))) {
     std::printf("\n");
   }
   std::fflush(stdout);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (rc == 0) {
     std::fprintf(stderr,
                  "pagedserve generate: finish_reason=%s prompt_tokens=%d completion_tokens=%d "
@@ -153,8 +157,10 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
 
 int GenerateCommand(const Args& args) {
   if (args.size() > 1) {
-    std::fprintf(stderr, "pagedserve generate: unexpected argument '%s' (the prompt goes in --prompt or stdin)\n",
-                 args[1].c_str());
+    std::fprintf(
+        stderr,
+        "pagedserve generate: unexpected argument '%s' (the prompt goes in --prompt or stdin)\n",
+        args[1].c_str());
     return 2;
   }
   // MPI_Init may inspect argc/argv; give it the command's own.

@@ -43,18 +43,23 @@ struct Command {
 const std::map<std::string, Command>& Commands() {
   static const auto* commands = new std::map<std::string, Command>{
       {"sim", {pagedserve::cli::SimCommand, "KV memory simulator: naive vs paged allocation"}},
-      {"generate", {pagedserve::cli::GenerateCommand, "offline generation for one prompt (no server)"}},
-      {"serve", {pagedserve::cli::ServeCommand,
-                 "serve the model over ZeroMQ (docs/protocol.md) and HTTP (OpenAI API, docs/http.md)"}},
-      {"client", {pagedserve::cli::ClientCommand, "send a prompt, --health or --stats to a server"}},
-      {"keygen", {pagedserve::cli::KeygenCommand, "write a CurveZMQ key pair: NAME.key, NAME.key_secret"}},
+      {"generate",
+       {pagedserve::cli::GenerateCommand, "offline generation for one prompt (no server)"}},
+      {"serve",
+       {pagedserve::cli::ServeCommand,
+        "serve the model over ZeroMQ (docs/protocol.md) and HTTP (OpenAI API, docs/http.md)"}},
+      {"client",
+       {pagedserve::cli::ClientCommand, "send a prompt, --health or --stats to a server"}},
+      {"keygen",
+       {pagedserve::cli::KeygenCommand, "write a CurveZMQ key pair: NAME.key, NAME.key_secret"}},
   };
   return *commands;
 }
 
 std::string Usage() {
   std::string u = "usage: pagedserve COMMAND [flags]\n\ncommands:\n";
-  for (const auto& [name, c] : Commands()) u += "  " + name + std::string(12 - name.size(), ' ') + c.summary + "\n";
+  for (const auto& [name, c] : Commands())
+    u += "  " + name + std::string(12 - name.size(), ' ') + c.summary + "\n";
   u += "\n`pagedserve COMMAND --help` lists a command's flags, `pagedserve --helpfull` all of "
        "them.";
   return u;
@@ -100,11 +105,13 @@ std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
       std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
       std::string underscored = name;
       for (char& c : underscored) c = c == '-' ? '_' : c;
-      const std::string base = underscored.compare(0, 3, "no_") == 0 ? underscored.substr(3) : underscored;
+      const std::string base =
+          underscored.compare(0, 3, "no_") == 0 ? underscored.substr(3) : underscored;
       if (underscored != name && absl::FindCommandLineFlag(underscored) != nullptr) {
         a = absl::StrCat("--", underscored, eq == std::string::npos ? "" : a.substr(eq));
       } else if (base != underscored && absl::FindCommandLineFlag(base) != nullptr) {
-        a = absl::StrCat("--no", base, eq == std::string::npos ? "" : a.substr(eq));  // absl's --noflag
+        a = absl::StrCat("--no", base,
+                         eq == std::string::npos ? "" : a.substr(eq));  // absl's --noflag
       }
     }
     out.push_back(std::move(a));
@@ -150,7 +157,8 @@ int main(int argc, char** argv) {
       absl::ParseCommandLine(static_cast<int>(normalized.size()), normalized_argv.data());
   pagedserve::cli::Args args(positional.begin() + 1, positional.end());
   if (absl::Status s = pagedserve::cli::ConfigureLogColor(); !s.ok()) {
-    std::fprintf(stderr, "pagedserve %s: %s\n", line->subcommand.c_str(), std::string(s.message()).c_str());
+    std::fprintf(stderr, "pagedserve %s: %s\n", line->subcommand.c_str(),
+                 std::string(s.message()).c_str());
     return 2;
   }
   return Commands().at(line->subcommand).run(args);

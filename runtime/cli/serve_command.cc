@@ -33,11 +33,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cerrno>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -53,8 +53,8 @@
 #include "runtime/cli/common_flags.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/engine/engine.h"
-#include "runtime/engine/executor.h"
 #include "runtime/engine/engine_loop.h"
+#include "runtime/engine/executor.h"
 #include "runtime/frontend/http_server.h"
 #include "runtime/frontend/serve_metrics.h"
 #include "runtime/frontend/server.h"
@@ -198,12 +198,14 @@ absl::StatusOr<HttpServerOptions> HttpOptionsFromFlags(const std::string& model_
   h.ssl_cert_reqs = absl::GetFlag(FLAGS_ssl_cert_reqs);
   const int64_t body = absl::GetFlag(FLAGS_max_request_body_bytes);
   if (body < 64 || body > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-request-body-bytes must be in [64, 2^30], got ", body));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-request-body-bytes must be in [64, 2^30], got ", body));
   }
   h.max_request_body_bytes = static_cast<size_t>(body);
   const double timeout = absl::GetFlag(FLAGS_http_timeout);
   if (!(timeout > 0 && timeout <= 3600)) {
-    return absl::InvalidArgumentError(absl::StrCat("--http-timeout must be in (0, 3600], got ", timeout));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http-timeout must be in (0, 3600], got ", timeout));
   }
   h.read_timeout = h.write_timeout = absl::Seconds(timeout);
   return h;
@@ -221,15 +223,18 @@ absl::StatusOr<ServeOptions> ServeOptionsFromFlags(const std::string& model_path
   o.max_message_bytes = static_cast<size_t>(max_bytes);
   so.loop.max_queue_len = absl::GetFlag(FLAGS_max_queue_len);
   if (so.loop.max_queue_len < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-queue-len must be >= 1, got ", so.loop.max_queue_len));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-queue-len must be >= 1, got ", so.loop.max_queue_len));
   }
   const double grace = absl::GetFlag(FLAGS_shutdown_grace);
-  if (!(grace >= 0)) return absl::InvalidArgumentError(absl::StrCat("--shutdown-grace must be >= 0, got ", grace));
+  if (!(grace >= 0))
+    return absl::InvalidArgumentError(absl::StrCat("--shutdown-grace must be >= 0, got ", grace));
   so.loop.shutdown_grace = absl::Seconds(grace);
   o.heartbeat_interval_ms = absl::GetFlag(FLAGS_zmq_heartbeat_interval_ms);
   o.heartbeat_timeout_ms = absl::GetFlag(FLAGS_zmq_heartbeat_timeout_ms);
   if (o.heartbeat_interval_ms < 0 || o.heartbeat_timeout_ms < 0) {
-    return absl::InvalidArgumentError("--zmq-heartbeat-interval-ms and --zmq-heartbeat-timeout-ms must be >= 0");
+    return absl::InvalidArgumentError(
+        "--zmq-heartbeat-interval-ms and --zmq-heartbeat-timeout-ms must be >= 0");
   }
   o.curve.secret_key_file = absl::GetFlag(FLAGS_zmq_curve_secret_key_file);
   o.curve.authorized_clients_dir = absl::GetFlag(FLAGS_zmq_curve_authorized_clients);
@@ -241,7 +246,8 @@ absl::StatusOr<ServeOptions> ServeOptionsFromFlags(const std::string& model_path
   o.log_request_content = absl::GetFlag(FLAGS_log_request_content);
   const int32_t port = absl::GetFlag(FLAGS_metrics_port);
   if (port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--metrics-port must be in [0, 65535], got ", port));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-port must be in [0, 65535], got ", port));
   }
   PS_ASSIGN_OR_RETURN(so.http, HttpOptionsFromFlags(model_path));
   so.http_enabled = so.http.port >= 0;
@@ -252,8 +258,8 @@ absl::StatusOr<ServeOptions> ServeOptionsFromFlags(const std::string& model_path
 // loop on this one (it calls the executor, and MPI is initialized FUNNELED).
 // *workers_stopped: the worker ranks ended cleanly (always true without mpirun).
 // NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
-int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeOptions& serve_options,
-                   bool* workers_stopped) {
+int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup,
+                   const ServeOptions& serve_options, bool* workers_stopped) {
   *workers_stopped = info.world_size == 1;
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(setup.worker.model_path);
   if (!tokenizer.ok()) {
@@ -263,11 +269,13 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
   std::optional<ChatTemplate> chat_template;
   {
     const Tokenizer& t = **tokenizer;
-    absl::StatusOr<ChatTemplate> ct = ChatTemplate::Create(t.spec().chat_template, t.BosText(), t.EosText());
+    absl::StatusOr<ChatTemplate> ct =
+        ChatTemplate::Create(t.spec().chat_template, t.BosText(), t.EosText());
     if (ct.ok()) {
       chat_template = *std::move(ct);
     } else {
-      std::fprintf(stderr, "pagedserve serve: no chat template (%s): 'messages' requests will be refused\n",
+      std::fprintf(stderr,
+                   "pagedserve serve: no chat template (%s): 'messages' requests will be refused\n",
                    std::string(ct.status().message()).c_str());
     }
   }
@@ -308,16 +316,17 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
     // The soft descriptor limit is first raised towards the hard one (as Go's
     // runtime does), so a default of 1024 does not cap the server.
     int64_t fd_room = 4096;
-    if (rlimit nofile{}; getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+    if (rlimit nofile{};
+        getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
       if (nofile.rlim_cur < nofile.rlim_max) {
         nofile.rlim_cur = std::min<rlim_t>(nofile.rlim_max, 65536);
         if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) getrlimit(RLIMIT_NOFILE, &nofile);
       }
       fd_room = static_cast<int64_t>(nofile.rlim_cur) - 128;
     }
-    ho.num_threads = static_cast<int>(std::max<int64_t>(
-        std::min<int64_t>(fd_room, 4096),
-        setup.scheduler.max_num_seqs + serve_options.loop.max_queue_len + 32));
+    ho.num_threads = static_cast<int>(
+        std::max<int64_t>(std::min<int64_t>(fd_room, 4096),
+                          setup.scheduler.max_num_seqs + serve_options.loop.max_queue_len + 32));
     absl::StatusOr<std::unique_ptr<HttpServer>> h = HttpServer::Create(ho);
     if (!h.ok()) {
       PrintError(h.status());
@@ -338,8 +347,8 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
   }
 
   absl::StatusOr<std::unique_ptr<Executor>> executor =
-      info.world_size > 1 ? MakeMpiExecutor(info, setup.scheduler.block_size, setup.worker_startup_timeout,
-                                          setup.worker_step_timeout)
+      info.world_size > 1 ? MakeMpiExecutor(info, setup.scheduler.block_size,
+                                            setup.worker_startup_timeout, setup.worker_step_timeout)
                           : CreateLocalExecutor(setup.worker);
   if (!executor.ok()) {
     PrintError(executor.status());
@@ -349,8 +358,9 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
   EngineOptions options;
   options.scheduler = setup.scheduler;
   options.require_cache_salt = absl::GetFlag(FLAGS_require_cache_salt);
-  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
-      options, tokenizer->get(), *std::move(executor), EosTokenIds(setup.model, **tokenizer), metrics.get());
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      Engine::Create(options, tokenizer->get(), *std::move(executor),
+                     EosTokenIds(setup.model, **tokenizer), metrics.get());
   if (!engine.ok()) {
     PrintError(engine.status());
     return engine.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
@@ -364,7 +374,9 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
     StopSignalsBlocked blocked;  // the CURVE authenticator's ZAP thread is started here
     ServerOptions zo = serve_options.zmq;
     if (metrics != nullptr) {
-      zo.on_handshake_failed = [m = metrics.get()](std::string_view reason) { RecordFailedHandshake(*m, reason); };
+      zo.on_handshake_failed = [m = metrics.get()](std::string_view reason) {
+        RecordFailedHandshake(*m, reason);
+      };
     }
     server = Server::Create(zo, &loop, chat_template);
   }
@@ -391,8 +403,8 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, const ServeO
                  "pagedserve serve: serving %s on %s (ranks %d, KV blocks %d x %d tokens, "
                  "KV cache dtype %s, max_model_len %d%s)\n",
                  setup.worker.model_path.c_str(), (*server)->endpoint().c_str(), info.world_size,
-                 sc.num_device_blocks, sc.block_size, kernels::DTypeName(ResolveKvCacheDType(setup.worker)),
-                 sc.max_model_len,
+                 sc.num_device_blocks, sc.block_size,
+                 kernels::DTypeName(ResolveKvCacheDType(setup.worker)), sc.max_model_len,
                  MetricsListeningPort(*metrics) > 0
                      ? absl::StrCat(", metrics on port ", MetricsListeningPort(*metrics)).c_str()
                      : "");
@@ -508,7 +520,8 @@ int ServeCommand(const Args& args) {
   }
   absl::StatusOr<ModelSetup> setup = ModelSetupFromFlags();
   absl::StatusOr<ServeOptions> server_options =
-      setup.ok() ? ServeOptionsFromFlags(setup->worker.model_path) : absl::StatusOr<ServeOptions>(setup.status());
+      setup.ok() ? ServeOptionsFromFlags(setup->worker.model_path)
+                 : absl::StatusOr<ServeOptions>(setup.status());
   absl::Status flags_status = !setup.ok() ? setup.status() : server_options.status();
   if (flags_status.ok()) flags_status = CheckWorldSize(*info, setup->tensor_parallel_size);
   if (!flags_status.ok()) {
@@ -527,8 +540,8 @@ int ServeCommand(const Args& args) {
     out << getpid() << "\n";
     out.close();
     if (!out) {
-      PrintError(absl::InvalidArgumentError(
-          absl::StrCat("--pid-file ", pid_file, ": cannot write the process id: ", std::strerror(errno))));
+      PrintError(absl::InvalidArgumentError(absl::StrCat(
+          "--pid-file ", pid_file, ": cannot write the process id: ", std::strerror(errno))));
       FinalizeMpi(/*abort=*/true, 2);  // workers wait for plans: stop them too
       return 2;
     }

@@ -51,7 +51,8 @@ namespace pagedserve::cli {
 
 int SimCommand(const Args& args) {
   if (args.size() > 1) {
-    std::fprintf(stderr, "pagedserve sim: unexpected argument '%s' (flags start with --sim-)\n", args[1].c_str());
+    std::fprintf(stderr, "pagedserve sim: unexpected argument '%s' (flags start with --sim-)\n",
+                 args[1].c_str());
     return 2;
   }
   std::vector<SimRequest> workload;
@@ -68,12 +69,14 @@ int SimCommand(const Args& args) {
     const int32_t lo = absl::GetFlag(FLAGS_sim_min_len), hi = absl::GetFlag(FLAGS_sim_max_len);
     const double frac = absl::GetFlag(FLAGS_sim_prompt_fraction);
     if (n < 1 || lo < 2 || hi < lo || !(frac > 0 && frac < 1)) {
-      std::fprintf(stderr,
-                   "pagedserve sim: need --sim-num-requests >= 1, 2 <= --sim-min-len <= --sim-max-len and "
-                   "0 < --sim-prompt-fraction < 1\n");
+      std::fprintf(
+          stderr,
+          "pagedserve sim: need --sim-num-requests >= 1, 2 <= --sim-min-len <= --sim-max-len and "
+          "0 < --sim-prompt-fraction < 1\n");
       return 2;
     }
-    workload = RandomSimWorkload(n, lo, hi, frac, absl::GetFlag(FLAGS_sim_arrival_rate), absl::GetFlag(FLAGS_sim_seed));
+    workload = RandomSimWorkload(n, lo, hi, frac, absl::GetFlag(FLAGS_sim_arrival_rate),
+                                 absl::GetFlag(FLAGS_sim_seed));
   }
 
   SimConfig c;
@@ -104,11 +107,12 @@ int SimCommand(const Args& args) {
     }
     const int64_t block_bytes = shape->BytesPerToken() * c.block_size;
     const int64_t blocks = *bytes / block_bytes;
-    std::printf("Capacity: %s of KV memory / %lld bytes per block (%d layers x %d KV heads x %d head size x "
-                "%d bytes x 2 (K,V) x %d tokens) = %lld blocks = %lld tokens\n",
-                mem.c_str(), static_cast<long long>(block_bytes), shape->num_layers, shape->num_kv_heads,
-                shape->head_size, shape->dtype_bytes, c.block_size, static_cast<long long>(blocks),
-                static_cast<long long>(blocks) * c.block_size);
+    std::printf(
+        "Capacity: %s of KV memory / %lld bytes per block (%d layers x %d KV heads x %d head size x "
+        "%d bytes x 2 (K,V) x %d tokens) = %lld blocks = %lld tokens\n",
+        mem.c_str(), static_cast<long long>(block_bytes), shape->num_layers, shape->num_kv_heads,
+        shape->head_size, shape->dtype_bytes, c.block_size, static_cast<long long>(blocks),
+        static_cast<long long>(blocks) * c.block_size);
     c.capacity_tokens = blocks * c.block_size;
   }
   auto rep = RunKvSimulation(c, workload);

@@ -16,8 +16,8 @@
 
 enum { kPagedserveMinThreadStack = 1 << 20 };
 
-int pthread_attr_setstacksize(pthread_attr_t *attr, size_t stacksize) {
-  typedef int (*setstacksize_fn)(pthread_attr_t *, size_t);
+int pthread_attr_setstacksize(pthread_attr_t* attr, size_t stacksize) {
+  typedef int (*setstacksize_fn)(pthread_attr_t*, size_t);
   static setstacksize_fn real = NULL;
   if (real == NULL) real = (setstacksize_fn)dlsym(RTLD_NEXT, "pthread_attr_setstacksize");
   if (stacksize < kPagedserveMinThreadStack) stacksize = kPagedserveMinThreadStack;

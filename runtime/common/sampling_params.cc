@@ -17,8 +17,7 @@ constexpr float kMaxPenalty = 2.0f;
 constexpr int kMaxBeamWidth = kMaxLogprobs / 2;
 
 absl::Status Bad(absl::string_view field, const std::string& range, auto value) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, " must be ", range, ", got ", value));
+  return absl::InvalidArgumentError(absl::StrCat(field, " must be ", range, ", got ", value));
 }
 
 }  // namespace
@@ -60,19 +59,21 @@ absl::Status SamplingParams::Validate() const {
 }
 
 absl::Status SamplingParams::ValidateBeamSearch() const {
-  if (!std::isfinite(length_penalty)) return Bad("length_penalty", "a finite number", length_penalty);
+  if (!std::isfinite(length_penalty))
+    return Bad("length_penalty", "a finite number", length_penalty);
   if (!use_beam_search) {
     if (best_of != 0 && best_of != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "best_of (", best_of, ") different from n (", n,
-          ") requires use_beam_search: best-of-n sampling is not supported"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("best_of (", best_of, ") different from n (", n,
+                       ") requires use_beam_search: best-of-n sampling is not supported"));
     }
     if (length_penalty != 1.0f) {
       return absl::InvalidArgumentError(absl::StrCat(
           "length_penalty must be 1 when use_beam_search is false, got ", length_penalty));
     }
     if (early_stopping != EarlyStopping::kFalse) {
-      return absl::InvalidArgumentError("early_stopping must be false when use_beam_search is false");
+      return absl::InvalidArgumentError(
+          "early_stopping must be false when use_beam_search is false");
     }
     return absl::OkStatus();
   }
@@ -82,7 +83,8 @@ absl::Status SamplingParams::ValidateBeamSearch() const {
   if (best_of < 0) return bad("best_of must be >= 1 (or 0 for n), got ", best_of);
   if (best_of != 0 && best_of < n) return bad("n (", n, ") must be <= best_of (", best_of, ")");
   if (beam_width() > kMaxBeamWidth) {
-    return bad("best_of (the beam width, n when unset) must be <= ", kMaxBeamWidth, ", got ", beam_width());
+    return bad("best_of (the beam width, n when unset) must be <= ", kMaxBeamWidth, ", got ",
+               beam_width());
   }
   if (!greedy()) return bad("temperature must be 0, got ", temperature);
   if (top_p != 1.0f) return bad("top_p must be 1, got ", top_p);
@@ -92,18 +94,16 @@ absl::Status SamplingParams::ValidateBeamSearch() const {
     return bad("repetition_penalty, presence_penalty and frequency_penalty are not supported");
   }
   if (!stop.empty()) return bad("stop strings are not supported (stop_token_ids are)");
-  if (logprobs > 0) return bad("logprobs must be -1 or 0 (top alternatives are not returned), got ", logprobs);
+  if (logprobs > 0)
+    return bad("logprobs must be -1 or 0 (top alternatives are not returned), got ", logprobs);
   return absl::OkStatus();
 }
 
 const char* EarlyStoppingName(EarlyStopping e) {
   switch (e) {
-    case EarlyStopping::kTrue:
-      return "true";
-    case EarlyStopping::kNever:
-      return "never";
-    case EarlyStopping::kFalse:
-      break;
+    case EarlyStopping::kTrue: return "true";
+    case EarlyStopping::kNever: return "never";
+    case EarlyStopping::kFalse: break;
   }
   return "false";
 }

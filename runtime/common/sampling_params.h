@@ -23,20 +23,20 @@ namespace pagedserve {
 enum class EarlyStopping { kFalse, kTrue, kNever };
 
 struct SamplingParams {
-  int n = 1;                         // parallel samples (or returned beams) per request, [1, 64]
-  int max_tokens = 16;               // generated tokens per sample (>= 1)
-  float temperature = 1.0f;          // >= 0; 0 (or < 1e-5) means greedy
-  float top_p = 1.0f;                // (0, 1]
-  int top_k = -1;                    // -1 (off) or >= 1
-  float min_p = 0.0f;                // [0, 1]
-  float repetition_penalty = 1.0f;   // > 0; 1 = off (CTRL-style, prompt + output)
-  float presence_penalty = 0.0f;     // [-2, 2], OpenAI-style, output tokens
-  float frequency_penalty = 0.0f;    // [-2, 2], OpenAI-style, output tokens
-  std::optional<uint64_t> seed;      // per-request generator; none = nondeterministic
-  std::vector<std::string> stop;     // stop strings (not included in the output)
+  int n = 1;                        // parallel samples (or returned beams) per request, [1, 64]
+  int max_tokens = 16;              // generated tokens per sample (>= 1)
+  float temperature = 1.0f;         // >= 0; 0 (or < 1e-5) means greedy
+  float top_p = 1.0f;               // (0, 1]
+  int top_k = -1;                   // -1 (off) or >= 1
+  float min_p = 0.0f;               // [0, 1]
+  float repetition_penalty = 1.0f;  // > 0; 1 = off (CTRL-style, prompt + output)
+  float presence_penalty = 0.0f;    // [-2, 2], OpenAI-style, output tokens
+  float frequency_penalty = 0.0f;   // [-2, 2], OpenAI-style, output tokens
+  std::optional<uint64_t> seed;     // per-request generator; none = nondeterministic
+  std::vector<std::string> stop;    // stop strings (not included in the output)
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
-  int logprobs = -1;                 // -1: none; 0: sampled token only; N: also top N (<= 20)
+  int logprobs = -1;  // -1: none; 0: sampled token only; N: also top N (<= 20)
 
   // Beam search (vLLM v0 BeamSearchSampler / Hugging Face BeamSearchScorer;
   // the scheduler runs it, runtime/coordinator/beam_search.h). The request
@@ -45,8 +45,8 @@ struct SamplingParams {
   // semantics: temperature 0, top_p 1, top_k -1, min_p 0, no penalties, no stop
   // strings, logprobs -1 or 0, 1 <= n <= best_of <= 10.
   bool use_beam_search = false;
-  int best_of = 0;                   // beams (beam width); 0 = n. Only with use_beam_search
-  float length_penalty = 1.0f;       // exponent of the length in the score; finite
+  int best_of = 0;              // beams (beam width); 0 = n. Only with use_beam_search
+  float length_penalty = 1.0f;  // exponent of the length in the score; finite
   EarlyStopping early_stopping = EarlyStopping::kFalse;
 
   bool operator==(const SamplingParams&) const = default;

@@ -6,10 +6,9 @@
 #include "absl/status/statusor.h"
 
 // Returns the status of `expr` from the current function when it is not OK.
-#define PS_RETURN_IF_ERROR(expr)                  \
-  do {                                            \
-    if (absl::Status ps_status_ = (expr); !ps_status_.ok()) \
-      return ps_status_;                          \
+#define PS_RETURN_IF_ERROR(expr)                                               \
+  do {                                                                         \
+    if (absl::Status ps_status_ = (expr); !ps_status_.ok()) return ps_status_; \
   } while (0)
 
 #define PS_CONCAT_INNER_(a, b) a##b

@@ -108,8 +108,8 @@ struct StepPlan {
 struct SampledToken {
   SeqId seq_id = 0;
   int32_t token_id = 0;
-  float logprob = 0.0f;                    // of token_id, when requested
-  std::vector<int32_t> top_token_ids;      // top-N alternatives, when requested
+  float logprob = 0.0f;                // of token_id, when requested
+  std::vector<int32_t> top_token_ids;  // top-N alternatives, when requested
   std::vector<float> top_logprobs;
 };
 
@@ -118,7 +118,7 @@ struct SampledToken {
 struct StepResult {
   uint64_t step_id = 0;
   std::vector<SampledToken> tokens;
-  double forward_seconds = 0.0;      // per-rank figures for metrics
+  double forward_seconds = 0.0;  // per-rank figures for metrics
   double collective_seconds = 0.0;
 };
 

@@ -64,8 +64,7 @@ absl::Status StepPlanMirror::ApplyOne(uint64_t step_id, const SequenceStep& s,
   m->history.resize(s.start_pos);
   m->history.insert(m->history.end(), s.token_ids.begin(), s.token_ids.end());
 
-  if (s.block_table_start < 0 ||
-      static_cast<size_t>(s.block_table_start) > m->block_table.size()) {
+  if (s.block_table_start < 0 || static_cast<size_t>(s.block_table_start) > m->block_table.size()) {
     return bad("changes its block table from entry ", s.block_table_start, " but the worker holds ",
                m->block_table.size(), " entries");
   }
@@ -77,8 +76,8 @@ absl::Status StepPlanMirror::ApplyOne(uint64_t step_id, const SequenceStep& s,
   m->block_table.resize(s.block_table_start);
   m->block_table.insert(m->block_table.end(), s.block_table.begin(), s.block_table.end());
   if (static_cast<int64_t>(m->block_table.size()) * block_size_ < s.context_len()) {
-    return bad("has ", m->block_table.size(), " blocks of ", block_size_, " tokens for a context of ",
-               s.context_len());
+    return bad("has ", m->block_table.size(), " blocks of ", block_size_,
+               " tokens for a context of ", s.context_len());
   }
   return absl::OkStatus();
 }

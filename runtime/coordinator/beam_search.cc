@@ -9,9 +9,9 @@ namespace pagedserve {
 namespace {
 
 struct Candidate {
-  double score;     // cumulative logprob after the token
-  int32_t beam;     // index into the step's inputs
-  int32_t rank;     // place in the beam's top list
+  double score;  // cumulative logprob after the token
+  int32_t beam;  // index into the step's inputs
+  int32_t rank;  // place in the beam's top list
   int32_t token_id;
   float logprob;
 };
@@ -32,7 +32,8 @@ BeamSearch::BeamSearch(const SamplingParams& params, int32_t max_output_len)
       early_stopping_(params.early_stopping) {}
 
 double BeamSearch::Score(double cumulative_logprob, int32_t len) const {
-  return cumulative_logprob / std::pow(static_cast<double>(len), static_cast<double>(length_penalty_));
+  return cumulative_logprob /
+         std::pow(static_cast<double>(len), static_cast<double>(length_penalty_));
 }
 
 void BeamSearch::AddHypothesis(BeamHypothesis h) {
@@ -58,7 +59,8 @@ std::vector<BeamChoice> BeamSearch::Step(std::span<const BeamInput> beams, int32
     const size_t m = std::min({t.top_token_ids.size(), t.top_logprobs.size(), keep});
     for (size_t j = 0; j < m; ++j) {
       cands.push_back({beams[b].cumulative_logprob + static_cast<double>(t.top_logprobs[j]),
-                       static_cast<int32_t>(b), static_cast<int32_t>(j), t.top_token_ids[j], t.top_logprobs[j]});
+                       static_cast<int32_t>(b), static_cast<int32_t>(j), t.top_token_ids[j],
+                       t.top_logprobs[j]});
     }
   }
   const size_t top = std::min(keep, cands.size());
@@ -102,7 +104,8 @@ std::vector<BeamChoice> BeamSearch::Step(std::span<const BeamInput> beams, int32
   const bool full = static_cast<int32_t>(finished_.size()) >= width_;
   if (!live.empty() && full) {
     const bool never = early_stopping_ == EarlyStopping::kNever && length_penalty_ > 0.0f;
-    const double best_possible = Score(live.front().cumulative_logprob, never ? max_output_len_ : new_len);
+    const double best_possible =
+        Score(live.front().cumulative_logprob, never ? max_output_len_ : new_len);
     if (!(best_possible > finished_.back().score)) heuristic_unsatisfied_ = false;
   }
   done_ = by_length || live.empty() || !heuristic_unsatisfied_ ||

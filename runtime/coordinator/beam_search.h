@@ -51,9 +51,9 @@ struct BeamHypothesis {
   std::vector<int32_t> token_ids;  // generated tokens, the ending stop token included
   std::vector<float> logprobs;     // per token, raw logprobs
   double cumulative_logprob = 0.0;
-  double score = 0.0;              // cumulative_logprob / len ** length_penalty
+  double score = 0.0;                                // cumulative_logprob / len ** length_penalty
   FinishReason finish_reason = FinishReason::kNone;  // kStop (stop token) or kLength
-  int32_t stop_token_id = -1;      // for kStop
+  int32_t stop_token_id = -1;                        // for kStop
 };
 
 // One live beam as the step sees it.

@@ -50,7 +50,8 @@ BlockHash Sha256BlockHash(const BlockHash& parent, absl::Span<const int32_t> tok
   unsigned int len = 0;
   // These fail only on allocation failure inside OpenSSL; a zero digest would
   // then merely make every hit go through verification and miss.
-  if (ctx == nullptr || Sha256() == nullptr || EVP_DigestInit_ex2(ctx.get(), Sha256(), nullptr) != 1 ||
+  if (ctx == nullptr || Sha256() == nullptr ||
+      EVP_DigestInit_ex2(ctx.get(), Sha256(), nullptr) != 1 ||
       EVP_DigestUpdate(ctx.get(), buf.data(), buf.size()) != 1 ||
       EVP_DigestFinal_ex(ctx.get(), digest, &len) != 1 || len < 16) {
     std::memset(digest, 0, sizeof(digest));

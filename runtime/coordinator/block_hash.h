@@ -37,9 +37,9 @@ struct BlockHash {
 inline constexpr BlockHash kRootBlockHash{};
 
 // Hash of one full block given its parent's hash. Must be deterministic.
-using BlockHashFn = std::function<BlockHash(const BlockHash& parent,
-                                            absl::Span<const int32_t> token_ids,
-                                            absl::Span<const int64_t> extra_keys)>;
+using BlockHashFn =
+    std::function<BlockHash(const BlockHash& parent, absl::Span<const int32_t> token_ids,
+                            absl::Span<const int64_t> extra_keys)>;
 
 // SHA-256 based default (see the file comment).
 BlockHash Sha256BlockHash(const BlockHash& parent, absl::Span<const int32_t> token_ids,

@@ -33,8 +33,8 @@ void MoveBlockTable(Sequence& seq, BlockPool& from, BlockPool& to,
 
 BlockManager::BlockManager(const Options& o)
     : block_size_(std::max(o.block_size, 1)),
-      watermark_blocks_(static_cast<int32_t>(std::floor(std::max(o.watermark, 0.0) *
-                                                        std::max(o.num_device_blocks, 0)))),
+      watermark_blocks_(static_cast<int32_t>(
+          std::floor(std::max(o.watermark, 0.0) * std::max(o.num_device_blocks, 0)))),
       device_(o.num_device_blocks, std::max(o.block_size, 1), o.enable_prefix_caching),
       cpu_(o.num_cpu_blocks, std::max(o.block_size, 1), /*enable_caching=*/false),
       hash_fn_(o.hash_fn ? o.hash_fn : BlockHashFn(Sha256BlockHash)) {}
@@ -44,7 +44,8 @@ void BlockManager::EnsureHashes(Sequence& seq, int32_t num_full_blocks) {
   for (int32_t i = static_cast<int32_t>(hashes.size()); i < num_full_blocks; ++i) {
     const BlockHash& parent = i == 0 ? kRootBlockHash : hashes[i - 1];
     hashes.push_back(hash_fn_(
-        parent, absl::MakeConstSpan(seq.tokens).subspan(static_cast<size_t>(i) * block_size_, block_size_),
+        parent,
+        absl::MakeConstSpan(seq.tokens).subspan(static_cast<size_t>(i) * block_size_, block_size_),
         seq.extra_keys));
   }
 }
@@ -108,7 +109,8 @@ int32_t BlockManager::NumBlocksToAppend(absl::Span<Sequence* const> seqs,
 bool BlockManager::AppendSlots(Sequence& seq, int32_t n, std::vector<BlockPair>* copies) {
   if (n <= 0) return true;
   const int32_t have = static_cast<int32_t>(seq.block_table.size());
-  const int32_t fresh = std::max(0, BlocksForTokens(static_cast<int64_t>(seq.num_computed_tokens) + n) - have);
+  const int32_t fresh =
+      std::max(0, BlocksForTokens(static_cast<int64_t>(seq.num_computed_tokens) + n) - have);
   const int32_t wb = seq.num_computed_tokens / block_size_;
   const bool cow = wb < have && IsShared(seq, wb);
   if (fresh + (cow ? 1 : 0) > device_.num_available()) return false;
@@ -223,8 +225,8 @@ absl::Status BlockManager::CheckInvariants() const {
     auto& refs = s->blocks_on_cpu ? cpu_refs : dev_refs;
     for (int32_t b : s->block_table) {
       if (b < 0 || b >= static_cast<int32_t>(refs.size())) {
-        return absl::InternalError(absl::StrCat("sequence ", s->id, " names block ", b,
-                                                " outside its pool"));
+        return absl::InternalError(
+            absl::StrCat("sequence ", s->id, " names block ", b, " outside its pool"));
       }
       ++refs[b];
     }

@@ -29,9 +29,9 @@ namespace pagedserve {
 class BlockManager {
  public:
   struct Options {
-    int32_t block_size = 16;         // tokens per block, >= 1
-    int32_t num_device_blocks = 0;   // >= 1
-    int32_t num_cpu_blocks = 0;      // >= 0 (0: no swap space)
+    int32_t block_size = 16;        // tokens per block, >= 1
+    int32_t num_device_blocks = 0;  // >= 1
+    int32_t num_cpu_blocks = 0;     // >= 0 (0: no swap space)
     bool enable_prefix_caching = false;
     // Fraction of device blocks kept free when admitting new work (vLLM's
     // default 0.01), so that admission does not cause immediate preemption.

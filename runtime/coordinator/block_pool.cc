@@ -70,8 +70,8 @@ void BlockPool::LruPushBack(int32_t b) {
 }
 
 int32_t BlockPool::Lookup(const BlockHash& hash, int32_t parent_block, uint32_t parent_gen,
-                          absl::Span<const int32_t> token_ids,
-                          absl::Span<const int64_t> extra_keys, bool* collision) const {
+                          absl::Span<const int32_t> token_ids, absl::Span<const int64_t> extra_keys,
+                          bool* collision) const {
   if (cache_ == nullptr) return -1;
   return cache_->Lookup(hash, parent_block, parent_gen, token_ids, extra_keys, collision);
 }
@@ -87,9 +87,11 @@ absl::Status BlockPool::CheckInvariants() const {
   std::vector<uint8_t> state(num_blocks_, 0);  // 1 free, 2 evictable, 3 in use
   for (int32_t b : free_) {
     if (b < 0 || b >= num_blocks_ || state[b] != 0) {
-      return absl::InternalError(absl::StrCat("block ", b, " is on the free list twice or out of range"));
+      return absl::InternalError(
+          absl::StrCat("block ", b, " is on the free list twice or out of range"));
     }
-    if (ref_[b] != 0) return absl::InternalError(absl::StrCat("free block ", b, " has ref ", ref_[b]));
+    if (ref_[b] != 0)
+      return absl::InternalError(absl::StrCat("free block ", b, " has ref ", ref_[b]));
     if (is_cached(b)) return absl::InternalError(absl::StrCat("free block ", b, " is cached"));
     state[b] = 1;
   }
@@ -112,13 +114,15 @@ absl::Status BlockPool::CheckInvariants() const {
     if (absl::Status st = cache_->CheckInvariants(); !st.ok()) return st;
   }
   if (lru_count != num_evictable_) {
-    return absl::InternalError(absl::StrCat("evictable count ", num_evictable_, " but LRU holds ", lru_count));
+    return absl::InternalError(
+        absl::StrCat("evictable count ", num_evictable_, " but LRU holds ", lru_count));
   }
   int32_t in_use = 0;
   for (int32_t b = 0; b < num_blocks_; ++b) {
     if (state[b] == 0) {
       if (ref_[b] <= 0) {
-        return absl::InternalError(absl::StrCat("block ", b, " is neither free, evictable nor referenced"));
+        return absl::InternalError(
+            absl::StrCat("block ", b, " is neither free, evictable nor referenced"));
       }
       ++in_use;
     }

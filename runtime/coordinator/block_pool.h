@@ -92,9 +92,9 @@ class BlockPool {
   const int32_t block_size_;
   std::vector<int32_t> ref_;
   std::vector<uint32_t> gen_;
-  std::vector<int32_t> free_;  // stack
-  std::unique_ptr<PrefixCache> cache_;  // null when caching is off
-  std::vector<int32_t> prev_, next_;  // LRU links of evictable blocks, -1 terminated
+  std::vector<int32_t> free_;              // stack
+  std::unique_ptr<PrefixCache> cache_;     // null when caching is off
+  std::vector<int32_t> prev_, next_;       // LRU links of evictable blocks, -1 terminated
   int32_t lru_head_ = -1, lru_tail_ = -1;  // head = evicted first
   int32_t num_evictable_ = 0;
   int64_t num_evictions_ = 0;

@@ -29,16 +29,18 @@ absl::StatusOr<std::vector<SimRequest>> LoadSimTrace(const std::string& path) {
     if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
     absl::string_view v = absl::StripAsciiWhitespace(line);
     if (v.empty()) continue;
-    std::vector<absl::string_view> f = absl::StrSplit(v, absl::ByAnyChar(", \t;"), absl::SkipEmpty());
-    const bool numeric = !f.empty() && (std::isdigit(static_cast<unsigned char>(f[0][0])) || f[0][0] == '.');
+    std::vector<absl::string_view> f =
+        absl::StrSplit(v, absl::ByAnyChar(", \t;"), absl::SkipEmpty());
+    const bool numeric =
+        !f.empty() && (std::isdigit(static_cast<unsigned char>(f[0][0])) || f[0][0] == '.');
     if (first_content && !numeric) {  // header
       first_content = false;
       continue;
     }
     first_content = false;
     SimRequest r;
-    if (f.size() != 3 || !absl::SimpleAtod(f[0], &r.arrival_step) || !absl::SimpleAtoi(f[1], &r.prompt_len) ||
-        !absl::SimpleAtoi(f[2], &r.output_len)) {
+    if (f.size() != 3 || !absl::SimpleAtod(f[0], &r.arrival_step) ||
+        !absl::SimpleAtoi(f[1], &r.prompt_len) || !absl::SimpleAtoi(f[2], &r.output_len)) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ":", lineno, ": expected 'arrival,prompt_len,output_len', got '", v, "'"));
     }
@@ -48,15 +50,14 @@ absl::StatusOr<std::vector<SimRequest>> LoadSimTrace(const std::string& path) {
     }
     out.push_back(r);
   }
-  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no requests in the trace"));
+  if (out.empty())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no requests in the trace"));
   return out;
 }
 
 std::vector<SimRequest> RandomSimWorkload(int32_t n, int32_t min_len, int32_t max_len,
                                           double prompt_fraction, double requests_per_step,
                                           uint64_t seed) {
-
-
   std::mt19937_64 rng(seed);
   std::vector<SimRequest> out;
   double t = 0.0;
@@ -65,7 +66,8 @@ std::vector<SimRequest> RandomSimWorkload(int32_t n, int32_t min_len, int32_t ma
   for (int32_t i = 0; i < n; ++i) {
     const int32_t total = std::uniform_int_distribution<int32_t>(min_len, max_len)(rng);
     SimRequest r;
-    r.prompt_len = std::clamp<int32_t>(static_cast<int32_t>(std::lround(prompt_fraction * total)), 1, total - 1);
+    r.prompt_len = std::clamp<int32_t>(static_cast<int32_t>(std::lround(prompt_fraction * total)),
+                                       1, total - 1);
     r.output_len = total - r.prompt_len;
     if (requests_per_step > 0) {
       t += std::exponential_distribution<double>(requests_per_step)(rng);
@@ -79,11 +81,13 @@ std::vector<SimRequest> RandomSimWorkload(int32_t n, int32_t min_len, int32_t ma
 absl::StatusOr<ModelShape> ParseModelShape(const std::string& s) {
   std::vector<absl::string_view> f = absl::StrSplit(s, ',');
   ModelShape m;
-  if (f.size() != 4 || !absl::SimpleAtoi(f[0], &m.num_layers) || !absl::SimpleAtoi(f[1], &m.num_kv_heads) ||
-      !absl::SimpleAtoi(f[2], &m.head_size) || !absl::SimpleAtoi(f[3], &m.dtype_bytes) || m.num_layers < 1 ||
-      m.num_kv_heads < 1 || m.head_size < 1 || m.dtype_bytes < 1) {
+  if (f.size() != 4 || !absl::SimpleAtoi(f[0], &m.num_layers) ||
+      !absl::SimpleAtoi(f[1], &m.num_kv_heads) || !absl::SimpleAtoi(f[2], &m.head_size) ||
+      !absl::SimpleAtoi(f[3], &m.dtype_bytes) || m.num_layers < 1 || m.num_kv_heads < 1 ||
+      m.head_size < 1 || m.dtype_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "model shape must be 'layers,kv_heads,head_size,dtype_bytes' with positive integers, got '", s, "'"));
+        "model shape must be 'layers,kv_heads,head_size,dtype_bytes' with positive integers, got '",
+        s, "'"));
   }
   return m;
 }
@@ -94,15 +98,24 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& s) {
   while (i < v.size() && (std::isdigit(static_cast<unsigned char>(v[i])) || v[i] == '.')) ++i;
   double num = 0;
   if (i == 0 || !absl::SimpleAtod(v.substr(0, i), &num)) {
-    return absl::InvalidArgumentError(absl::StrCat("bad byte size '", s, "' (e.g. 24GiB, 512MiB, 1000000)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad byte size '", s, "' (e.g. 24GiB, 512MiB, 1000000)"));
   }
   std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(v.substr(i)));
-  static const std::map<std::string, double> kUnits = {
-      {"", 1},       {"b", 1},        {"kb", 1e3},           {"mb", 1e6},          {"gb", 1e9},
-      {"tb", 1e12},  {"kib", 1024.0}, {"mib", 1048576.0},    {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
+  static const std::map<std::string, double> kUnits = {{"", 1},
+                                                       {"b", 1},
+                                                       {"kb", 1e3},
+                                                       {"mb", 1e6},
+                                                       {"gb", 1e9},
+                                                       {"tb", 1e12},
+                                                       {"kib", 1024.0},
+                                                       {"mib", 1048576.0},
+                                                       {"gib", 1073741824.0},
+                                                       {"tib", 1099511627776.0}};
   auto it = kUnits.find(unit);
   if (it == kUnits.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("bad byte size unit in '", s, "' (B, KB, MB, GB, KiB, MiB, GiB)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad byte size unit in '", s, "' (B, KB, MB, GB, KiB, MiB, GiB)"));
   }
   return static_cast<int64_t>(num * it->second);
 }
@@ -192,11 +205,13 @@ AllocatorReport SimulateNaive(const SimConfig& c, const std::vector<SimRequest>&
   std::vector<Active> active;
   size_t next = 0;
   for (int64_t step = 0; step < c.max_steps; ++step) {
-    while (next < w.size() && w[next].arrival_step <= step) queue.push_back(static_cast<int32_t>(next++));
+    while (next < w.size() && w[next].arrival_step <= step)
+      queue.push_back(static_cast<int32_t>(next++));
     if (queue.empty() && active.empty() && next == w.size()) break;
     int32_t budget = c.max_num_batched_tokens - static_cast<int32_t>(active.size());
     std::vector<Active> admitted;
-    while (!queue.empty() && static_cast<int32_t>(active.size() + admitted.size()) < c.max_num_seqs) {
+    while (!queue.empty() &&
+           static_cast<int32_t>(active.size() + admitted.size()) < c.max_num_seqs) {
       const SimRequest& r = w[queue.front()];
       const int64_t size = exact ? r.prompt_len + r.output_len : c.naive_max_len;
       if (size > c.capacity_tokens || r.prompt_len + r.output_len > size ||
@@ -263,14 +278,16 @@ absl::StatusOr<AllocatorReport> SimulatePaged(const SimConfig& c, const std::vec
   const int32_t fit = static_cast<int32_t>(
       (num_blocks - static_cast<int64_t>(c.watermark * num_blocks)) * c.block_size);
   sc.max_model_len = std::min(longest + 1, fit);
-  if (!c.enable_chunked_prefill) sc.max_model_len = std::min(sc.max_model_len, c.max_num_batched_tokens);
+  if (!c.enable_chunked_prefill)
+    sc.max_model_len = std::min(sc.max_model_len, c.max_num_batched_tokens);
   auto sched_or = Scheduler::Create(sc, /*eos_token_ids=*/{});
   if (!sched_or.ok()) return sched_or.status();
   Scheduler& sched = **sched_or;
   size_t next = 0;
   for (int64_t step = 0;; ++step) {
     if (step >= c.max_steps) {
-      return absl::DeadlineExceededError(absl::StrCat("paged simulation did not finish in ", c.max_steps, " steps"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("paged simulation did not finish in ", c.max_steps, " steps"));
     }
     while (next < w.size() && w[next].arrival_step <= step) {
       const SimRequest& r = w[next];
@@ -312,8 +329,10 @@ absl::StatusOr<AllocatorReport> SimulatePaged(const SimConfig& c, const std::vec
         if (!s->finished()) stored += s->num_computed_tokens;
       }
     }
-    const int64_t reserved = static_cast<int64_t>(sched.block_manager().device().num_in_use()) * c.block_size;
-    m.Step(stored, reserved, c.capacity_tokens, static_cast<int32_t>(sched.running_requests().size()));
+    const int64_t reserved =
+        static_cast<int64_t>(sched.block_manager().device().num_in_use()) * c.block_size;
+    m.Step(stored, reserved, c.capacity_tokens,
+           static_cast<int32_t>(sched.running_requests().size()));
   }
   const SchedulerStats st = sched.stats();
   m.r.preemptions_swap = st.num_preemptions_swap;
@@ -323,20 +342,23 @@ absl::StatusOr<AllocatorReport> SimulatePaged(const SimConfig& c, const std::vec
 
 }  // namespace
 
-absl::StatusOr<SimReport> RunKvSimulation(const SimConfig& config, const std::vector<SimRequest>& workload) {
+absl::StatusOr<SimReport> RunKvSimulation(const SimConfig& config,
+                                          const std::vector<SimRequest>& workload) {
   if (workload.empty()) return absl::InvalidArgumentError("the workload has no requests");
   if (config.block_size < 1) return absl::InvalidArgumentError("block size must be >= 1");
   if (config.naive_max_len < 1) return absl::InvalidArgumentError("naive max_len must be >= 1");
   if (config.capacity_tokens < config.block_size) {
     return absl::InvalidArgumentError(absl::StrCat("KV capacity (", config.capacity_tokens,
-                                                   " tokens) is below one block (", config.block_size, ")"));
+                                                   " tokens) is below one block (",
+                                                   config.block_size, ")"));
   }
   if (config.max_num_seqs < 1 || config.max_num_batched_tokens < 1) {
     return absl::InvalidArgumentError("max_num_seqs and max_num_batched_tokens must be >= 1");
   }
   std::vector<SimRequest> w = workload;
-  std::stable_sort(w.begin(), w.end(),
-                   [](const SimRequest& a, const SimRequest& b) { return a.arrival_step < b.arrival_step; });
+  std::stable_sort(w.begin(), w.end(), [](const SimRequest& a, const SimRequest& b) {
+    return a.arrival_step < b.arrival_step;
+  });
   SimReport rep;
   rep.config = config;
   rep.num_requests = static_cast<int32_t>(w.size());
@@ -358,24 +380,26 @@ std::string FormatSimTable(const SimReport& rep) {
       "KV capacity: %d tokens (%d blocks of %d), %d requests, budgets: %d seqs / %d tokens per step\n\n",
       rep.config.capacity_tokens, rep.num_device_blocks, rep.config.block_size, rep.num_requests,
       rep.config.max_num_seqs, rep.config.max_num_batched_tokens);
-  absl::StrAppendFormat(&out, "%-40s %7s %6s %6s %8s %8s %8s %8s %8s %8s %9s\n", "allocator", "steps", "done",
-                        "rej", "max conc", "avg conc", "util avg", "util max", "int frag", "ext frag",
-                        "preempt");
+  absl::StrAppendFormat(&out, "%-40s %7s %6s %6s %8s %8s %8s %8s %8s %8s %9s\n", "allocator",
+                        "steps", "done", "rej", "max conc", "avg conc", "util avg", "util max",
+                        "int frag", "ext frag", "preempt");
   for (const AllocatorReport& a : rep.allocators) {
-    absl::StrAppendFormat(&out, "%-40s %7d %6d %6d %8d %8.1f %7.1f%% %7.1f%% %7.1f%% %7.1f%% %4d/%-4d\n", a.name,
-                          a.steps, a.completed, a.rejected, a.max_concurrent, a.mean_concurrent,
-                          100 * a.mean_utilization, 100 * a.peak_utilization, 100 * a.internal_fragmentation,
-                          100 * a.external_fragmentation, a.preemptions_swap, a.preemptions_recompute);
+    absl::StrAppendFormat(
+        &out, "%-40s %7d %6d %6d %8d %8.1f %7.1f%% %7.1f%% %7.1f%% %7.1f%% %4d/%-4d\n", a.name,
+        a.steps, a.completed, a.rejected, a.max_concurrent, a.mean_concurrent,
+        100 * a.mean_utilization, 100 * a.peak_utilization, 100 * a.internal_fragmentation,
+        100 * a.external_fragmentation, a.preemptions_swap, a.preemptions_recompute);
   }
   if (rep.allocators.size() == 3) {
     const AllocatorReport& naive = rep.allocators[0];
     const AllocatorReport& paged = rep.allocators[2];
-    absl::StrAppendFormat(&out,
-                          "\npaged vs naive max_len: %.2fx max concurrent requests, %.2fx mean concurrent, "
-                          "%.2fx fewer steps\n",
-                          naive.max_concurrent ? double(paged.max_concurrent) / naive.max_concurrent : 0.0,
-                          naive.mean_concurrent > 0 ? paged.mean_concurrent / naive.mean_concurrent : 0.0,
-                          paged.steps ? double(naive.steps) / paged.steps : 0.0);
+    absl::StrAppendFormat(
+        &out,
+        "\npaged vs naive max_len: %.2fx max concurrent requests, %.2fx mean concurrent, "
+        "%.2fx fewer steps\n",
+        naive.max_concurrent ? double(paged.max_concurrent) / naive.max_concurrent : 0.0,
+        naive.mean_concurrent > 0 ? paged.mean_concurrent / naive.mean_concurrent : 0.0,
+        paged.steps ? double(naive.steps) / paged.steps : 0.0);
   }
   out +=
       "int frag = reserved but unused / reserved (time average); ext frag = free memory stranded while the "
@@ -389,7 +413,8 @@ std::string RenderSimSvg(const SimReport& rep) {
   const int top_y0 = 40, top_h = 280, hist_y0 = 380, hist_h = 200;
   const char* colors[] = {"#d62728", "#ff7f0e", "#1f77b4", "#2ca02c"};
   int64_t max_steps = 1;
-  for (const auto& a : rep.allocators) max_steps = std::max<int64_t>(max_steps, a.utilization.size());
+  for (const auto& a : rep.allocators)
+    max_steps = std::max<int64_t>(max_steps, a.utilization.size());
   std::string s = absl::StrFormat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
       "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
@@ -405,27 +430,34 @@ std::string RenderSimSvg(const SimReport& rep) {
                           "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%d%%</text>\n",
                           L, y, L + pw, y, L - 6, y + 4, p);
   }
-  absl::StrAppendFormat(&s, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">engine step (0 .. %d)</text>\n",
-                        L + pw / 2, top_y0 + top_h + 20, max_steps);
+  absl::StrAppendFormat(
+      &s, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">engine step (0 .. %d)</text>\n",
+      L + pw / 2, top_y0 + top_h + 20, max_steps);
   for (size_t k = 0; k < rep.allocators.size(); ++k) {
     const auto& u = rep.allocators[k].utilization;
     if (u.empty()) continue;
     std::string pts;
     const size_t stride = std::max<size_t>(1, u.size() / 1200);
     for (size_t i = 0; i < u.size(); i += stride) {
-      absl::StrAppendFormat(&pts, "%.1f,%.1f ", L + pw * double(i) / max_steps, top_y0 + top_h * (1 - u[i]));
+      absl::StrAppendFormat(&pts, "%.1f,%.1f ", L + pw * double(i) / max_steps,
+                            top_y0 + top_h * (1 - u[i]));
     }
-    absl::StrAppendFormat(&s, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"%s\"/>\n",
-                          colors[k % 4], pts);
-    absl::StrAppendFormat(&s, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/>"
+    absl::StrAppendFormat(
+        &s, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"%s\"/>\n",
+        colors[k % 4], pts);
+    absl::StrAppendFormat(&s,
+                          "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/>"
                           "<text x=\"%d\" y=\"%d\">%s (mean %.1f%%)</text>\n",
-                          L + 10, top_y0 + 8 + 18 * int(k), colors[k % 4], L + 28, top_y0 + 18 + 18 * int(k),
-                          rep.allocators[k].name, 100 * rep.allocators[k].mean_utilization);
+                          L + 10, top_y0 + 8 + 18 * int(k), colors[k % 4], L + 28,
+                          top_y0 + 18 + 18 * int(k), rep.allocators[k].name,
+                          100 * rep.allocators[k].mean_utilization);
   }
   // Histogram: share of steps per 5% utilization bin.
   const int bins = 20;
-  absl::StrAppendFormat(&s, "<text x=\"%d\" y=\"%d\" font-size=\"14\">Histogram: share of steps by utilization</text>\n",
-                        L, hist_y0 - 12);
+  absl::StrAppendFormat(
+      &s,
+      "<text x=\"%d\" y=\"%d\" font-size=\"14\">Histogram: share of steps by utilization</text>\n",
+      L, hist_y0 - 12);
   std::vector<std::vector<double>> share(rep.allocators.size(), std::vector<double>(bins, 0));
   double max_share = 0.01;
   for (size_t k = 0; k < rep.allocators.size(); ++k) {
@@ -438,18 +470,20 @@ std::string RenderSimSvg(const SimReport& rep) {
   for (int b = 0; b < bins; ++b) {
     for (size_t k = 0; k < rep.allocators.size(); ++k) {
       const double h = hist_h * share[k][b] / max_share;
-      absl::StrAppendFormat(&s, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n",
-                            L + b * bw + (k + 0.5) * barw, hist_y0 + hist_h - h, barw, h, colors[k % 4]);
+      absl::StrAppendFormat(
+          &s, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n",
+          L + b * bw + (k + 0.5) * barw, hist_y0 + hist_h - h, barw, h, colors[k % 4]);
     }
     if (b % 2 == 0) {
-      absl::StrAppendFormat(&s, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d%%</text>\n", L + b * bw,
-                            hist_y0 + hist_h + 16, b * 100 / bins);
+      absl::StrAppendFormat(&s, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d%%</text>\n",
+                            L + b * bw, hist_y0 + hist_h + 16, b * 100 / bins);
     }
   }
   absl::StrAppendFormat(&s,
                         "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>"
                         "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.0f%%</text>\n</svg>\n",
-                        L, hist_y0 + hist_h, L + pw, hist_y0 + hist_h, L - 6, hist_y0 + 4, 100 * max_share);
+                        L, hist_y0 + hist_h, L + pw, hist_y0 + hist_h, L - 6, hist_y0 + 4,
+                        100 * max_share);
   return s;
 }
 

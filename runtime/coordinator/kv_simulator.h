@@ -84,9 +84,9 @@ struct SimConfig {
 
 struct AllocatorReport {
   std::string name;
-  int64_t steps = 0;              // until every request finished or was rejected
+  int64_t steps = 0;  // until every request finished or was rejected
   int32_t completed = 0;
-  int32_t rejected = 0;           // could never fit (region or admission bound)
+  int32_t rejected = 0;  // could never fit (region or admission bound)
   int32_t max_concurrent = 0;
   double mean_concurrent = 0.0;
   double mean_utilization = 0.0;
@@ -97,7 +97,7 @@ struct AllocatorReport {
   int64_t preemptions_swap = 0;
   int64_t preemptions_recompute = 0;
   int64_t generated_tokens = 0;
-  std::vector<float> utilization;       // per step
+  std::vector<float> utilization;  // per step
 };
 
 struct SimReport {

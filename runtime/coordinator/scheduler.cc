@@ -21,15 +21,16 @@ absl::Status SchedulerConfig::Validate() const {
   if (num_cpu_blocks < 0) return bad("num_cpu_blocks must be >= 0, got ", num_cpu_blocks);
   if (max_num_seqs < 1) return bad("--max-num-seqs must be >= 1, got ", max_num_seqs);
   if (max_model_len < 2) return bad("--max-model-len must be >= 2, got ", max_model_len);
-  if (!(watermark >= 0.0 && watermark < 1.0)) return bad("watermark must be in [0, 1), got ", watermark);
+  if (!(watermark >= 0.0 && watermark < 1.0))
+    return bad("watermark must be in [0, 1), got ", watermark);
   if (max_num_batched_tokens < max_num_seqs) {
     return bad("--max-num-batched-tokens (", max_num_batched_tokens,
                ") must be >= --max-num-seqs (", max_num_seqs,
                "): every running sequence needs one token per decode step");
   }
   if (!enable_chunked_prefill && max_num_batched_tokens < max_model_len) {
-    return bad("--max-num-batched-tokens (", max_num_batched_tokens, ") is smaller than --max-model-len (",
-               max_model_len,
+    return bad("--max-num-batched-tokens (", max_num_batched_tokens,
+               ") is smaller than --max-model-len (", max_model_len,
                ") with chunked prefill disabled: a long prompt could never be scheduled; raise "
                "--max-num-batched-tokens or enable chunked prefill");
   }
@@ -71,28 +72,30 @@ absl::Status Scheduler::CheckAdmissible(int64_t prompt_len, const SamplingParams
   const int64_t m = config_.max_model_len;
   if (prompt_len < 1) return absl::InvalidArgumentError("prompt must have at least one token");
   if (prompt_len >= m) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt has ", prompt_len, " tokens but max_model_len is ",
-                                                   m, ": at most ", m - 1, " prompt tokens are allowed"));
+    return absl::InvalidArgumentError(absl::StrCat("prompt has ", prompt_len,
+                                                   " tokens but max_model_len is ", m, ": at most ",
+                                                   m - 1, " prompt tokens are allowed"));
   }
   if (p.n < 1 || p.max_tokens < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("n and max_tokens must be >= 1, got n=", p.n,
-                                                   " max_tokens=", p.max_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("n and max_tokens must be >= 1, got n=", p.n, " max_tokens=", p.max_tokens));
   }
   const int32_t seqs = p.max_seqs();
   const char* what = p.use_beam_search ? "the beam width" : "n";
   if (seqs > config_.max_num_seqs) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " (", seqs, ") exceeds --max-num-seqs (",
-                                                   config_.max_num_seqs, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " (", seqs, ") exceeds --max-num-seqs (", config_.max_num_seqs, ")"));
   }
   const int64_t total = std::min<int64_t>(prompt_len + p.max_tokens, m);
   const int64_t needed = static_cast<int64_t>(seqs) * bm_->BlocksForTokens(total);
   const int64_t limit = static_cast<int64_t>(config_.num_device_blocks) - bm_->watermark_blocks();
   if (needed > limit) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request needs ", needed, " KV blocks (", what, " ", seqs, " x ", total, " tokens: prompt ", prompt_len,
-        " + max_tokens ", p.max_tokens, ", capped at max_model_len ", m, ", in blocks of ", config_.block_size,
-        ") but the KV cache admits at most ", limit, " (", config_.num_device_blocks, " blocks - watermark ",
-        bm_->watermark_blocks(), "); lower max_tokens or n"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("request needs ", needed, " KV blocks (", what, " ", seqs, " x ", total,
+                     " tokens: prompt ", prompt_len, " + max_tokens ", p.max_tokens,
+                     ", capped at max_model_len ", m, ", in blocks of ", config_.block_size,
+                     ") but the KV cache admits at most ", limit, " (", config_.num_device_blocks,
+                     " blocks - watermark ", bm_->watermark_blocks(), "); lower max_tokens or n"));
   }
   return absl::OkStatus();
 }
@@ -100,16 +103,18 @@ absl::Status Scheduler::CheckAdmissible(int64_t prompt_len, const SamplingParams
 absl::Status Scheduler::AddRequest(Request r) {
   if (r.request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
   if (groups_.contains(r.request_id)) {
-    return absl::AlreadyExistsError(absl::StrCat("request_id '", r.request_id, "' is already in use"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("request_id '", r.request_id, "' is already in use"));
   }
   if (absl::Status s = r.params.Validate(); !s.ok()) return s;
   for (size_t i = 0; i < r.prompt_token_ids.size(); ++i) {
     if (r.prompt_token_ids[i] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "] is negative (",
-                                                     r.prompt_token_ids[i], ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt_token_ids[", i, "] is negative (", r.prompt_token_ids[i], ")"));
     }
   }
-  if (absl::Status s = CheckAdmissible(static_cast<int64_t>(r.prompt_token_ids.size()), r.params); !s.ok()) {
+  if (absl::Status s = CheckAdmissible(static_cast<int64_t>(r.prompt_token_ids.size()), r.params);
+      !s.ok()) {
     return s;
   }
   auto g = std::make_unique<SequenceGroup>();
@@ -124,7 +129,8 @@ absl::Status Scheduler::AddRequest(Request r) {
     w.best_of = 0;
     w.length_penalty = 1.0f;
     w.early_stopping = EarlyStopping::kFalse;
-    const int64_t room = static_cast<int64_t>(config_.max_model_len) - static_cast<int64_t>(r.prompt_token_ids.size());
+    const int64_t room = static_cast<int64_t>(config_.max_model_len) -
+                         static_cast<int64_t>(r.prompt_token_ids.size());
     g->beam = std::make_unique<BeamSearch>(
         g->params, static_cast<int32_t>(std::min<int64_t>(g->params.max_tokens, room)));
   }
@@ -136,8 +142,8 @@ absl::Status Scheduler::AddRequest(Request r) {
   s->num_prompt_tokens = static_cast<int32_t>(r.prompt_token_ids.size());
   s->tokens = std::move(r.prompt_token_ids);
   // Room for every token the sequence can reach: no reallocation while decoding.
-  s->tokens.reserve(std::min<int64_t>(static_cast<int64_t>(s->num_prompt_tokens) + g->params.max_tokens,
-                                      config_.max_model_len));
+  s->tokens.reserve(std::min<int64_t>(
+      static_cast<int64_t>(s->num_prompt_tokens) + g->params.max_tokens, config_.max_model_len));
   s->extra_keys = std::move(r.cache_extra_keys);
   g->seqs.push_back(std::move(s));
   waiting_.insert(g.get());
@@ -162,14 +168,15 @@ absl::Status Scheduler::FinishRequest(const std::string& request_id, FinishReaso
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::FinishSequence(const std::string& request_id, int32_t index, FinishReason reason) {
+absl::Status Scheduler::FinishSequence(const std::string& request_id, int32_t index,
+                                       FinishReason reason) {
   auto it = groups_.find(request_id);
   if (it == groups_.end()) {
     return absl::NotFoundError(absl::StrCat("no unfinished request '", request_id, "'"));
   }
   if (in_flight_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "FinishSequence('", request_id, "', ", index, ") while step ", step_id_, " is in flight"));
+    return absl::FailedPreconditionError(absl::StrCat("FinishSequence('", request_id, "', ", index,
+                                                      ") while step ", step_id_, " is in flight"));
   }
   SequenceGroup* g = it->second.get();
   Sequence* s = nullptr;
@@ -177,7 +184,8 @@ absl::Status Scheduler::FinishSequence(const std::string& request_id, int32_t in
     if (sp->sample_index == index) s = sp.get();
   }
   if (s == nullptr) {
-    return absl::NotFoundError(absl::StrCat("request '", request_id, "' has no sequence with sample index ", index));
+    return absl::NotFoundError(
+        absl::StrCat("request '", request_id, "' has no sequence with sample index ", index));
   }
   if (s->finished() || g->pending_finish != FinishReason::kNone) return absl::OkStatus();
   if (g->num_unfinished() == 1) return FinishRequest(request_id, reason);
@@ -274,7 +282,8 @@ void Scheduler::PlanTokens(SequenceGroup* g, int32_t avail, GroupPlan* gp) {
 void Scheduler::AlignBeams(const SequenceGroup* g, GroupPlan* gp) const {
   if (!g->params.use_beam_search) return;
   bool all = true;
-  for (size_t i = 0; i < gp->seqs.size(); ++i) all = all && gp->ks[i] == gp->seqs[i]->num_uncomputed();
+  for (size_t i = 0; i < gp->seqs.size(); ++i)
+    all = all && gp->ks[i] == gp->seqs[i]->num_uncomputed();
   if (all) return;
   // Beams sample together: while some beam's (recomputed) prompt stays
   // incomplete, the others keep their last token for a later step.
@@ -297,7 +306,8 @@ int32_t Scheduler::Commit(SequenceGroup* g, const GroupPlan& gp, StepPlan* plan)
     Sequence* s = gp.seqs[i];
     if (gp.prefix_hits[i] >= 0) {
       if (first_admission) bm_->RecordPrefixQuery(s->len(), gp.prefix_hits[i]);
-      if (g->num_cached_tokens < 0 && s == g->seqs[0].get()) g->num_cached_tokens = gp.prefix_hits[i];
+      if (g->num_cached_tokens < 0 && s == g->seqs[0].get())
+        g->num_cached_tokens = gp.prefix_hits[i];
     }
     s->status = SequenceStatus::kRunning;
     const int32_t k = gp.ks[i];
@@ -305,9 +315,10 @@ int32_t Scheduler::Commit(SequenceGroup* g, const GroupPlan& gp, StepPlan* plan)
     if (k <= 0 || !bm_->AppendSlots(*s, k, &plan->copy)) continue;
     int32_t samples = 0;
     if (s->num_computed_tokens + k == s->len()) {
-      samples = (!g->forked && !g->params.use_beam_search && g->params.n > 1 && s == g->seqs[0].get())
-                    ? g->params.n
-                    : 1;
+      samples =
+          (!g->forked && !g->params.use_beam_search && g->params.n > 1 && s == g->seqs[0].get())
+              ? g->params.n
+              : 1;
     }
     scheduled_.push_back({s, g, k, samples, ordinal});
   }
@@ -380,7 +391,8 @@ bool Scheduler::ScheduleRunning(StepPlan* plan, int32_t* budget) {
     reserved -= decode_counts_[i];
     PlanTokens(g, *budget - reserved - decode_counts_[i], &group_plan_);
     stopped |= group_plan_.incomplete;
-    while (bm_->NumBlocksToAppend(group_plan_.seqs, group_plan_.ks) > bm_->device().num_available()) {
+    while (bm_->NumBlocksToAppend(group_plan_.seqs, group_plan_.ks) >
+           bm_->device().num_available()) {
       SequenceGroup* victim = running_.back();
       const int32_t victim_decodes = decode_counts_.back();
       running_.pop_back();
@@ -433,8 +445,7 @@ void Scheduler::AdmitWaiting(StepPlan* plan, int32_t* budget, int32_t* running_s
     if (*running_seqs + g->max_running_seqs() > config_.max_num_seqs || dc > *budget) break;
     PlanTokens(g, *budget - dc, &group_plan_);
     const bool starts = !group_plan_.ks.empty() && group_plan_.ks[0] > 0;
-    if (!starts ||
-        !bm_->CanAdmit(bm_->NumBlocksToAppend(group_plan_.seqs, group_plan_.ks))) {
+    if (!starts || !bm_->CanAdmit(bm_->NumBlocksToAppend(group_plan_.seqs, group_plan_.ks))) {
       for (Sequence* s : group_plan_.seqs) {  // undo prefix-cache matches
         bm_->Free(*s);
         s->num_computed_tokens = 0;
@@ -501,7 +512,8 @@ void Scheduler::AddSequenceStep(const Scheduled& e, StepPlan* plan) {
 void Scheduler::CheckStop(Sequence* s, const SamplingParams& p) {
   const int32_t tok = s->tokens.back();
   const bool eos = !p.ignore_eos && eos_.contains(tok);
-  if (eos || std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end()) {
+  if (eos ||
+      std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end()) {
     s->finish_reason = FinishReason::kStop;
     s->stop_token_id = tok;
   } else if (s->num_output_tokens() >= p.max_tokens || s->len() >= config_.max_model_len) {
@@ -538,8 +550,8 @@ absl::Status Scheduler::IndexResult(const StepResult& result) {
     const Scheduled& e = scheduled_[i];
     if (e.num_samples == 0) continue;
     for (int32_t k = 0; k < e.num_samples && ix.in_order; ++k) {
-      ix.in_order = expected + k < result.tokens.size() &&
-                    result.tokens[expected + k].seq_id == e.seq->id;
+      ix.in_order =
+          expected + k < result.tokens.size() && result.tokens[expected + k].seq_id == e.seq->id;
     }
     ix.first[i] = static_cast<int32_t>(expected);
     expected += e.num_samples;
@@ -629,10 +641,12 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
 
 bool Scheduler::IsStopToken(const SamplingParams& p, int32_t token) const {
   if (!p.ignore_eos && eos_.contains(token)) return true;
-  return std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
+  return std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
+         p.stop_token_ids.end();
 }
 
-void Scheduler::BeamStep(SequenceGroup* g, std::span<const std::pair<Sequence*, const SampledToken*>> sampled,
+void Scheduler::BeamStep(SequenceGroup* g,
+                         std::span<const std::pair<Sequence*, const SampledToken*>> sampled,
                          RequestOutput* out) {
   std::vector<BeamInput> in(sampled.size());
   for (size_t b = 0; b < sampled.size(); ++b) {
@@ -800,7 +814,8 @@ absl::Status Scheduler::CheckInvariants() const {
   if (absl::Status s = bm_->CheckInvariants(); !s.ok()) return s;
   size_t listed = running_.size() + waiting_.size() + swapped_.size();
   if (listed != groups_.size()) {
-    return absl::InternalError(absl::StrCat(groups_.size(), " requests but ", listed, " in the queues"));
+    return absl::InternalError(
+        absl::StrCat(groups_.size(), " requests but ", listed, " in the queues"));
   }
   if (!std::is_sorted(running_.begin(), running_.end(), KeyLess())) {
     return absl::InternalError("running list is not in (priority, arrival) order");
@@ -809,10 +824,12 @@ absl::Status Scheduler::CheckInvariants() const {
     for (const auto& s : g->seqs) {
       const std::string where = absl::StrCat("request ", id, " sequence ", s->id, ": ");
       if (s->finished()) {
-        if (!s->block_table.empty()) return absl::InternalError(where + "finished but holds blocks");
+        if (!s->block_table.empty())
+          return absl::InternalError(where + "finished but holds blocks");
         continue;
       }
-      if (s->status != g->status) return absl::InternalError(where + "status differs from its request");
+      if (s->status != g->status)
+        return absl::InternalError(where + "status differs from its request");
       switch (g->status) {
         case SequenceStatus::kRunning:
           if (s->blocks_on_cpu) return absl::InternalError(where + "running with CPU blocks");

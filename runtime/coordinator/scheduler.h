@@ -33,8 +33,8 @@
 // request is accepted when prompt_len < max_model_len and
 //   n * ceil(min(prompt_len + max_tokens, max_model_len) / block_size)
 //     <= num_device_blocks - watermark_blocks,
-// and n <= max_num_seqs (n = the beam width for beam search). The same bound makes every accepted request
-// schedulable alone, so the queue always moves.
+// and n <= max_num_seqs (n = the beam width for beam search). The same bound makes every accepted
+// request schedulable alone, so the queue always moves.
 //
 // Stop conditions (ProcessResult): EOS (unless ignore_eos) and
 // stop_token_ids -> "stop"; max_tokens or max_model_len -> "length". A
@@ -62,13 +62,13 @@
 #define PAGEDSERVE_RUNTIME_COORDINATOR_SCHEDULER_H_
 
 #include <cstdint>
-#include <set>
 #include <memory>
-#include <span>
-#include <utility>
 #include <optional>
+#include <set>
+#include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -89,18 +89,18 @@ enum class PreemptionMode { kRecompute, kSwap };
 absl::StatusOr<PreemptionMode> ParsePreemptionMode(std::string_view s);
 
 struct SchedulerConfig {
-  int32_t block_size = 16;               // tokens per KV block
-  int32_t num_device_blocks = 0;         // KV blocks on the device (min over ranks)
-  int32_t num_cpu_blocks = 0;            // swap-space blocks on the host
-  int32_t max_num_seqs = 256;            // sequences per step
-  int32_t max_num_batched_tokens = 2048; // tokens per step
-  int32_t max_model_len = 2048;          // prompt + output tokens per sequence
+  int32_t block_size = 16;                // tokens per KV block
+  int32_t num_device_blocks = 0;          // KV blocks on the device (min over ranks)
+  int32_t num_cpu_blocks = 0;             // swap-space blocks on the host
+  int32_t max_num_seqs = 256;             // sequences per step
+  int32_t max_num_batched_tokens = 2048;  // tokens per step
+  int32_t max_model_len = 2048;           // prompt + output tokens per sequence
   bool enable_chunked_prefill = true;
   bool enable_prefix_caching = false;
-  bool enable_priority = false;          // order by (priority, arrival) instead of arrival
+  bool enable_priority = false;  // order by (priority, arrival) instead of arrival
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;
-  double watermark = 0.01;               // fraction of device blocks kept free at admission
-  BlockHashFn hash_fn;                   // prefix-cache hash; empty = SHA-256
+  double watermark = 0.01;  // fraction of device blocks kept free at admission
+  BlockHashFn hash_fn;      // prefix-cache hash; empty = SHA-256
 
   // The startup check: InvalidArgument naming the flag when a setting is out
   // of range or when some admissible request could never be scheduled
@@ -115,19 +115,19 @@ struct Request {
   std::string request_id;
   std::vector<int32_t> prompt_token_ids;
   SamplingParams params;
-  double arrival_time = 0.0;  // seconds, any monotonic clock
-  int32_t priority = 0;       // lower = more important; used when enable_priority
+  double arrival_time = 0.0;              // seconds, any monotonic clock
+  int32_t priority = 0;                   // lower = more important; used when enable_priority
   std::vector<int64_t> cache_extra_keys;  // prefix-cache salt (e.g. adapter id)
 };
 
 // New tokens of one sequence of a request in one step.
 struct SequenceOutput {
-  int32_t index = 0;                     // sample index 0..n-1
+  int32_t index = 0;                                // sample index 0..n-1
   absl::InlinedVector<SampledToken, 1> new_tokens;  // one per step
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
-  int32_t stop_token_id = -1;            // for kStop by EOS / stop_token_ids
-  int32_t num_output_tokens = 0;         // generated so far, for usage
+  int32_t stop_token_id = -1;     // for kStop by EOS / stop_token_ids
+  int32_t num_output_tokens = 0;  // generated so far, for usage
   // Beam search: set on the final outputs (index = rank, best first; new_tokens
   // = the whole hypothesis), the hypothesis' sum of raw logprobs and its score.
   std::optional<double> cumulative_logprob;
@@ -137,13 +137,13 @@ struct SequenceOutput {
 struct RequestOutput {
   std::string request_id;
   absl::InlinedVector<SequenceOutput, 1> seqs;  // the sequences that produced a token
-  bool finished = false;        // every sequence finished
+  bool finished = false;                        // every sequence finished
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_tokens = 0;  // prompt tokens served by the prefix cache (first step)
 };
 
 struct SchedulerStats {
-  int32_t num_running = 0;   // requests
+  int32_t num_running = 0;  // requests
   int32_t num_waiting = 0;
   int32_t num_swapped = 0;
   double device_kv_usage = 0.0;  // in-use device blocks / total
@@ -154,7 +154,7 @@ struct SchedulerStats {
   int64_t prefix_cache_hits = 0;     // tokens
   int64_t num_preemptions_swap = 0;
   int64_t num_preemptions_recompute = 0;
-  int64_t num_swap_fallbacks = 0;    // swap wanted, CPU pool full, recomputed
+  int64_t num_swap_fallbacks = 0;  // swap wanted, CPU pool full, recomputed
   int64_t num_steps = 0;
   int32_t last_step_tokens = 0;
   int32_t last_step_seqs = 0;
@@ -233,8 +233,8 @@ class Scheduler {
   };
   // Where scheduled_[i]'s k-th sampled token is in a StepResult.
   struct ResultIndex {
-    bool in_order = true;        // tokens in plan order: first[i] + k
-    std::vector<int32_t> first;  // per scheduled_ entry
+    bool in_order = true;                                     // tokens in plan order: first[i] + k
+    std::vector<int32_t> first;                               // per scheduled_ entry
     absl::flat_hash_map<SeqId, std::vector<int32_t>> by_seq;  // otherwise
   };
 
@@ -280,7 +280,8 @@ class Scheduler {
   // One beam-search step of g from its beams' sampled tokens (beam_step_ of
   // this group): extends, forks and drops beams; on the last step marks every
   // beam finished and writes the n results into *out.
-  void BeamStep(SequenceGroup* g, std::span<const std::pair<Sequence*, const SampledToken*>> sampled,
+  void BeamStep(SequenceGroup* g,
+                std::span<const std::pair<Sequence*, const SampledToken*>> sampled,
                 RequestOutput* out);
   bool IsStopToken(const SamplingParams& p, int32_t token) const;
   void ReleaseFinished(std::vector<RequestOutput>* outputs);
@@ -298,10 +299,10 @@ class Scheduler {
   int32_t num_step_groups_ = 0;       // groups committed to the plan in flight
   // Per-step scratch, kept to reuse its memory.
   GroupPlan group_plan_;
-  std::vector<int32_t> decode_counts_;           // per running_ entry (ScheduleRunning)
-  ResultIndex result_index_;                     // ProcessResult
-  std::vector<int32_t> output_slots_;            // group ordinal -> output index, -1 none
-  std::vector<SequenceGroup*> output_groups_;    // per output
+  std::vector<int32_t> decode_counts_;         // per running_ entry (ScheduleRunning)
+  ResultIndex result_index_;                   // ProcessResult
+  std::vector<int32_t> output_slots_;          // group ordinal -> output index, -1 none
+  std::vector<SequenceGroup*> output_groups_;  // per output
   // Beam search: this step's sampled (beam, token) pairs, by output slot.
   std::vector<std::vector<std::pair<Sequence*, const SampledToken*>>> beam_samples_;
   int32_t num_pending_finishes_ = 0;

@@ -62,8 +62,8 @@ struct Sequence {
   std::vector<int32_t> block_table;
   bool blocks_on_cpu = false;
   std::vector<BlockHash> block_hashes;  // of the first full blocks of `tokens`
-  int32_t num_registered_blocks = 0;   // leading full blocks already offered to the cache
-  std::vector<int64_t> extra_keys;     // prefix-cache extra keys of the request
+  int32_t num_registered_blocks = 0;    // leading full blocks already offered to the cache
+  std::vector<int64_t> extra_keys;      // prefix-cache extra keys of the request
 
   // What the workers' mirror of the sequence (runtime/common/step_plan_mirror.h)
   // holds, so that its next SequenceStep carries only what changed.
@@ -90,10 +90,10 @@ struct SequenceGroup {
   SamplingParams step_params;
   std::unique_ptr<BeamSearch> beam;  // set when params.use_beam_search
   double arrival_time = 0.0;
-  int32_t priority = 0;          // lower value = more important (vLLM convention)
-  uint64_t arrival_order = 0;    // admission-queue tie breaker
+  int32_t priority = 0;                         // lower value = more important (vLLM convention)
+  uint64_t arrival_order = 0;                   // admission-queue tie breaker
   std::vector<std::unique_ptr<Sequence>> seqs;  // seqs[0] is the parent
-  bool forked = false;           // siblings exist (n > 1 after the first sample)
+  bool forked = false;                          // siblings exist (n > 1 after the first sample)
   SequenceStatus status = SequenceStatus::kWaiting;
   FinishReason pending_finish = FinishReason::kNone;  // Abort/FinishRequest, applied next step
   int32_t num_cached_tokens = -1;  // prefix-cache hit of the first admission; -1 until known

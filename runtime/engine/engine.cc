@@ -37,8 +37,9 @@ size_t StopPrefixHold(const std::string& text, size_t from, const std::vector<st
 
 }  // namespace
 
-Engine::Engine(EngineOptions options, const Tokenizer* tokenizer, std::unique_ptr<Executor> executor,
-               std::unique_ptr<Scheduler> scheduler, Metrics* metrics)
+Engine::Engine(EngineOptions options, const Tokenizer* tokenizer,
+               std::unique_ptr<Executor> executor, std::unique_ptr<Scheduler> scheduler,
+               Metrics* metrics)
     : options_(std::move(options)),
       tokenizer_(tokenizer),
       executor_(std::move(executor)),
@@ -51,36 +52,41 @@ Engine::Engine(EngineOptions options, const Tokenizer* tokenizer, std::unique_pt
 
 Engine::~Engine() = default;
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options, const Tokenizer* tokenizer,
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options,
+                                                       const Tokenizer* tokenizer,
                                                        std::unique_ptr<Executor> executor,
-                                                       std::vector<int32_t> eos_token_ids, Metrics* metrics) {
+                                                       std::vector<int32_t> eos_token_ids,
+                                                       Metrics* metrics) {
   if (tokenizer == nullptr) return absl::InvalidArgumentError("Engine::Create: tokenizer is null");
   if (executor == nullptr) return absl::InvalidArgumentError("Engine::Create: executor is null");
   SchedulerConfig config = options.scheduler;
   config.num_device_blocks = ClampBlocks(executor->num_device_blocks());
   config.num_cpu_blocks = ClampBlocks(executor->num_cpu_blocks());
-  absl::StatusOr<std::unique_ptr<Scheduler>> scheduler = Scheduler::Create(config, std::move(eos_token_ids));
+  absl::StatusOr<std::unique_ptr<Scheduler>> scheduler =
+      Scheduler::Create(config, std::move(eos_token_ids));
   if (!scheduler.ok()) return scheduler.status();
-  return std::unique_ptr<Engine>(
-      new Engine(std::move(options), tokenizer, std::move(executor), *std::move(scheduler), metrics));
+  return std::unique_ptr<Engine>(new Engine(std::move(options), tokenizer, std::move(executor),
+                                            *std::move(scheduler), metrics));
 }
 
 absl::Status Engine::CheckRequest(const std::vector<int32_t>& prompt_token_ids,
                                   const SamplingParams& params) const {
   if (absl::Status s = params.Validate(); !s.ok()) return s;
-  if (prompt_token_ids.empty()) return absl::InvalidArgumentError("prompt_token_ids must not be empty");
+  if (prompt_token_ids.empty())
+    return absl::InvalidArgumentError("prompt_token_ids must not be empty");
   const int32_t vocab = tokenizer_->vocab_size();
   for (size_t i = 0; i < prompt_token_ids.size(); ++i) {
     if (prompt_token_ids[i] < 0 || prompt_token_ids[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "] = ", prompt_token_ids[i],
-                                                     " is outside the vocabulary [0, ", vocab, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt_token_ids[", i, "] = ", prompt_token_ids[i],
+                       " is outside the vocabulary [0, ", vocab, ")"));
     }
   }
   const int64_t max_len = scheduler_->config().max_model_len;
   if (static_cast<int64_t>(prompt_token_ids.size()) >= max_len) {
-    return absl::OutOfRangeError(absl::StrCat("prompt has ", prompt_token_ids.size(),
-                                              " tokens but max_model_len is ", max_len, ": at most ",
-                                              max_len - 1, " prompt tokens are allowed"));
+    return absl::OutOfRangeError(
+        absl::StrCat("prompt has ", prompt_token_ids.size(), " tokens but max_model_len is ",
+                     max_len, ": at most ", max_len - 1, " prompt tokens are allowed"));
   }
   return scheduler_->CheckAdmissible(static_cast<int64_t>(prompt_token_ids.size()), params);
 }
@@ -99,7 +105,8 @@ absl::Status Engine::CheckCacheSalt(std::string_view cache_salt) const {
 absl::Status Engine::AddRequest(EngineRequest request) {
   if (request.request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
   if (requests_.contains(request.request_id)) {
-    return absl::AlreadyExistsError(absl::StrCat("request_id '", request.request_id, "' is already in use"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("request_id '", request.request_id, "' is already in use"));
   }
   if (!broken_.ok()) {
     return absl::FailedPreconditionError(
@@ -238,7 +245,8 @@ void Engine::RecordSchedule(const StepPlan& plan) {
     it->second->first_scheduled = now;
     return true;
   };
-  unscheduled_.erase(std::remove_if(unscheduled_.begin(), unscheduled_.end(), done), unscheduled_.end());
+  unscheduled_.erase(std::remove_if(unscheduled_.begin(), unscheduled_.end(), done),
+                     unscheduled_.end());
 }
 
 // NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
@@ -284,15 +292,16 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
   if (fig.executed) {
     absl::StatusOr<StepResult> r = executor_->Execute(*plan);
     if (!r.ok()) {
-      broken_ = absl::Status(r.status().code(), absl::StrCat("step ", plan->step_id, ": ", r.status().message()));
+      broken_ = absl::Status(r.status().code(),
+                             absl::StrCat("step ", plan->step_id, ": ", r.status().message()));
       return broken_;
     }
     result = *std::move(r);
   }
   absl::StatusOr<std::vector<RequestOutput>> processed = scheduler_->ProcessResult(result);
   if (!processed.ok()) {
-    broken_ = absl::Status(processed.status().code(),
-                           absl::StrCat("step ", plan->step_id, ": ", processed.status().message()));
+    broken_ = absl::Status(processed.status().code(), absl::StrCat("step ", plan->step_id, ": ",
+                                                                   processed.status().message()));
     return broken_;
   }
 
@@ -314,8 +323,8 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
     absl::Status failure;
     for (const SequenceOutput& so : ro.seqs) {
       if (so.index < 0 || so.index >= static_cast<int32_t>(r.seqs.size())) {
-        failure = absl::InternalError(absl::StrCat("scheduler output for sample ", so.index, " of a request with n = ",
-                                                   r.seqs.size()));
+        failure = absl::InternalError(absl::StrCat("scheduler output for sample ", so.index,
+                                                   " of a request with n = ", r.seqs.size()));
         break;
       }
       SeqState& s = r.seqs[so.index];
@@ -326,7 +335,8 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
       d.beam_score = so.beam_score;
       for (size_t k = 0; k < so.new_tokens.size(); ++k) {
         const SampledToken& t = so.new_tokens[k];
-        if (++s.num_tokens > 1) engine_metrics::ObserveInterTokenLatency(metrics_, Seconds(now - s.last_token));
+        if (++s.num_tokens > 1)
+          engine_metrics::ObserveInterTokenLatency(metrics_, Seconds(now - s.last_token));
         s.last_token = now;
         d.token_ids.push_back(t.token_id);
         if (r.params.logprobs >= 0) d.logprobs.push_back(t.logprob);
@@ -341,7 +351,8 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
         if (stop_token) continue;
         absl::StatusOr<std::string> piece = s.detok.Add(t.token_id);
         if (!piece.ok()) {
-          failure = absl::InternalError(absl::StrCat("sample ", so.index, ": ", piece.status().message()));
+          failure = absl::InternalError(
+              absl::StrCat("sample ", so.index, ": ", piece.status().message()));
           break;
         }
         s.text += *piece;
@@ -353,7 +364,9 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
         d.finished = true;
         d.finish_reason = FinishReason::kStop;
         if (!so.finished) {
-          if (absl::Status st = scheduler_->FinishSequence(ro.request_id, so.index, FinishReason::kStop); !st.ok()) {
+          if (absl::Status st =
+                  scheduler_->FinishSequence(ro.request_id, so.index, FinishReason::kStop);
+              !st.ok()) {
             failure = st;
             break;
           }
@@ -374,7 +387,8 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
         d.finished = true;
         d.finish_reason = FinishReason::kError;
       }
-      if (!ro.finished) scheduler_->FinishRequest(ro.request_id, FinishReason::kAbort).IgnoreError();
+      if (!ro.finished)
+        scheduler_->FinishRequest(ro.request_id, FinishReason::kAbort).IgnoreError();
       Finalize(r, &out, FinishReason::kError);
       requests_.erase(it);
       continue;
@@ -412,7 +426,8 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
 
 std::vector<EngineOutput> Engine::FailAll(const absl::Status& error) {
   std::vector<EngineOutput> outputs;
-  const absl::Status err = error.ok() ? absl::UnavailableError("the engine is shutting down") : error;
+  const absl::Status err =
+      error.ok() ? absl::UnavailableError("the engine is shutting down") : error;
   for (auto& [id, rp] : requests_) {
     RequestState& r = *rp;
     EngineOutput& out = outputs.emplace_back();

@@ -44,7 +44,7 @@ namespace pagedserve {
 class Metrics;
 
 struct EngineOptions {
-  SchedulerConfig scheduler;   // block counts are taken from the executor
+  SchedulerConfig scheduler;  // block counts are taken from the executor
   bool skip_special_tokens = true;
   // --require-cache-salt: every request must carry a cache_salt (multi-tenant
   // deployments, where an unsalted request would share the prefix cache with
@@ -66,10 +66,10 @@ struct EngineRequest {
 // New output of one sequence (sample index) of a request since the last Step.
 struct SequenceDelta {
   int32_t index = 0;
-  std::string text;                 // new text; never a broken UTF-8 sequence,
-                                    // never text that may still become a stop string
-  std::vector<int32_t> token_ids;   // new token ids
-  std::vector<float> logprobs;      // per new token, when requested
+  std::string text;                // new text; never a broken UTF-8 sequence,
+                                   // never text that may still become a stop string
+  std::vector<int32_t> token_ids;  // new token ids
+  std::vector<float> logprobs;     // per new token, when requested
   // Per new token, when logprobs > 0 was requested: the top-N alternatives
   // (ids and raw logprobs, best first). Empty otherwise.
   std::vector<std::vector<int32_t>> top_token_ids;
@@ -86,7 +86,7 @@ struct SequenceDelta {
 
 struct Usage {
   int32_t prompt_tokens = 0;
-  int32_t completion_tokens = 0;    // summed over the n sequences
+  int32_t completion_tokens = 0;  // summed over the n sequences
   int32_t cached_prompt_tokens = 0;
 };
 
@@ -158,8 +158,8 @@ class Engine {
   struct SeqState {
     explicit SeqState(const Tokenizer& t, DecodeOptions o) : detok(t, o) {}
     IncrementalDetokenizer detok;
-    std::string text;      // text so far (stop token text excluded), truncated at a stop string
-    size_t sent = 0;       // bytes of `text` already emitted
+    std::string text;  // text so far (stop token text excluded), truncated at a stop string
+    size_t sent = 0;   // bytes of `text` already emitted
     int32_t num_tokens = 0;
     bool finished = false;
     FinishReason finish_reason = FinishReason::kNone;

@@ -48,7 +48,8 @@ EngineLoop::EngineLoop(Engine* engine, EngineLoopOptions options)
 // NOLINTNEXTLINE(performance-unnecessary-value-param)
 absl::Status EngineLoop::Submit(EngineRequest request, std::shared_ptr<RequestChannel> channel) {
   // Thread-safe: reads only what is fixed at Engine::Create.
-  if (absl::Status s = engine_->CheckRequest(request.prompt_token_ids, request.params); !s.ok()) return s;
+  if (absl::Status s = engine_->CheckRequest(request.prompt_token_ids, request.params); !s.ok())
+    return s;
   if (absl::Status s = engine_->CheckCacheSalt(request.cache_salt); !s.ok()) return s;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -56,14 +57,17 @@ absl::Status EngineLoop::Submit(EngineRequest request, std::shared_ptr<RequestCh
     if (draining_ || (stop_ != nullptr && stop_->load())) {
       return absl::UnavailableError("the server is shutting down; send the request elsewhere");
     }
-    if (request.request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
+    if (request.request_id.empty())
+      return absl::InvalidArgumentError("request_id must not be empty");
     if (channels_.contains(request.request_id)) {
-      return absl::AlreadyExistsError(absl::StrCat("request id '", request.request_id, "' is already in flight"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("request id '", request.request_id, "' is already in flight"));
     }
     const int64_t waiting = stats_.num_waiting + queued_adds_;
     if (waiting >= options_.max_queue_len) {
-      return absl::ResourceExhaustedError(absl::StrCat("the waiting queue is full (", waiting, " of ",
-                                                       options_.max_queue_len, " requests); retry later"));
+      return absl::ResourceExhaustedError(absl::StrCat("the waiting queue is full (", waiting,
+                                                       " of ", options_.max_queue_len,
+                                                       " requests); retry later"));
     }
     channels_.emplace(request.request_id, std::move(channel));
     ++queued_adds_;
@@ -199,8 +203,8 @@ absl::Status EngineLoop::Run(const std::atomic<bool>& stop, const std::atomic<bo
         draining_ = true;
         draining = true;
         drain_deadline = absl::Now() + options_.shutdown_grace;
-        spdlog::info("engine: shutting down: no new requests; {} in flight (grace {})", channels_.size(),
-                     absl::FormatDuration(options_.shutdown_grace));
+        spdlog::info("engine: shutting down: no new requests; {} in flight (grace {})",
+                     channels_.size(), absl::FormatDuration(options_.shutdown_grace));
       }
       if (commands_.empty() && !engine_->HasUnfinishedRequests()) {
         if (draining && channels_.empty()) break;
@@ -232,7 +236,8 @@ absl::Status EngineLoop::Run(const std::atomic<bool>& stop, const std::atomic<bo
     }
     absl::StatusOr<std::vector<EngineOutput>> outputs = engine_->Step();
     if (!outputs.ok()) {
-      spdlog::error("engine: step failed: {}; failing {} requests", outputs.status().ToString(), in_flight);
+      spdlog::error("engine: step failed: {}; failing {} requests", outputs.status().ToString(),
+                    in_flight);
       {
         std::lock_guard<std::mutex> lock(mu_);
         failed_ = true;

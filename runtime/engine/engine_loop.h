@@ -86,15 +86,15 @@ struct EngineLoopOptions {
 // are fixed at construction.
 struct EngineSnapshot {
   SchedulerStats scheduler;
-  int64_t queued_adds = 0;       // Submit()ted, not yet applied by Run
-  int64_t in_flight = 0;         // submitted requests whose final output is not out yet
-  int64_t kv_blocks_total = 0;   // device KV blocks (minimum over ranks)
+  int64_t queued_adds = 0;      // Submit()ted, not yet applied by Run
+  int64_t in_flight = 0;        // submitted requests whose final output is not out yet
+  int64_t kv_blocks_total = 0;  // device KV blocks (minimum over ranks)
   int64_t kv_blocks_used = 0;
   int64_t max_num_seqs = 0;
   int64_t max_model_len = 0;
   int64_t max_queue_len = 0;
-  bool draining = false;         // stop was requested
-  bool failed = false;           // the engine hit a fatal error
+  bool draining = false;  // stop was requested
+  bool failed = false;    // the engine hit a fatal error
 };
 
 // Thread safety: every public method may be called from any thread, except
@@ -154,17 +154,17 @@ class EngineLoop {
   const SchedulerConfig config_;
 
   mutable std::mutex mu_;
-  std::condition_variable wake_;                  // commands queued, or stop
-  std::vector<Command> commands_;                 // guarded by mu_
-  int64_t queued_adds_ = 0;                       // guarded by mu_
+  std::condition_variable wake_;   // commands queued, or stop
+  std::vector<Command> commands_;  // guarded by mu_
+  int64_t queued_adds_ = 0;        // guarded by mu_
   absl::flat_hash_map<std::string, std::shared_ptr<RequestChannel>> channels_;  // guarded by mu_
-  SchedulerStats stats_;                          // guarded by mu_
-  bool draining_ = false;                         // guarded by mu_
+  SchedulerStats stats_;                                                        // guarded by mu_
+  bool draining_ = false;                                                       // guarded by mu_
   // Run's `stop` (set by a signal handler): Submit and healthy() read it too,
   // so that a request submitted after the signal but before Run looked at it
   // (during a step, or an idle wait) is refused, not served.
-  const std::atomic<bool>* stop_ = nullptr;       // guarded by mu_
-  bool failed_ = false;                           // guarded by mu_
+  const std::atomic<bool>* stop_ = nullptr;  // guarded by mu_
+  bool failed_ = false;                      // guarded by mu_
 };
 
 }  // namespace pagedserve

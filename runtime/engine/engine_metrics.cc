@@ -10,7 +10,8 @@ void RecordStep(Metrics* m, const StepFigures& f) {
   m->SetKvUsage(f.device_kv_usage, f.cpu_kv_usage);
   if (f.prefix_queries > 0) m->AddPrefixCache(f.prefix_queries, f.prefix_hits);
   for (int64_t i = 0; i < f.preemptions_swap; ++i) m->AddPreemption(MetricsPreemptionMode::kSwap);
-  for (int64_t i = 0; i < f.preemptions_recompute; ++i) m->AddPreemption(MetricsPreemptionMode::kRecompute);
+  for (int64_t i = 0; i < f.preemptions_recompute; ++i)
+    m->AddPreemption(MetricsPreemptionMode::kRecompute);
   if (f.prompt_tokens > 0) m->AddPromptTokens(f.prompt_tokens);
   if (f.generation_tokens > 0) m->AddGenerationTokens(f.generation_tokens);
   if (f.executed) {

@@ -48,8 +48,8 @@ void ElasticThreadPool::WorkerLoop() {
     if (queue_.empty()) {
       if (shutdown_) break;
       ++idle_;
-      const bool woken = work_cv_.wait_for(lock, idle_timeout_,
-                                           [this] { return !queue_.empty() || shutdown_; });
+      const bool woken =
+          work_cv_.wait_for(lock, idle_timeout_, [this] { return !queue_.empty() || shutdown_; });
       --idle_;
       if (!woken && alive_ > min_threads_) break;  // idle for idle_timeout: retire
       continue;

@@ -34,8 +34,7 @@ class ElasticThreadPool {
  public:
   // max_threads >= 1: threads alive at once. Threads beyond min_threads exit
   // after idle_timeout without work; min_threads are created lazily and kept.
-  ElasticThreadPool(size_t max_threads, size_t min_threads,
-                    std::chrono::milliseconds idle_timeout);
+  ElasticThreadPool(size_t max_threads, size_t min_threads, std::chrono::milliseconds idle_timeout);
   ElasticThreadPool(const ElasticThreadPool&) = delete;
   ElasticThreadPool& operator=(const ElasticThreadPool&) = delete;
   // Shuts down (runs the queued tasks first) and joins every thread.
@@ -63,8 +62,8 @@ class ElasticThreadPool {
   mutable std::mutex mu_;
   std::condition_variable work_cv_;
   std::deque<std::function<void()>> queue_;
-  std::vector<std::thread> threads_;         // every thread not yet joined
-  std::vector<std::thread::id> exited_;      // returned from WorkerLoop, to join
+  std::vector<std::thread> threads_;     // every thread not yet joined
+  std::vector<std::thread::id> exited_;  // returned from WorkerLoop, to join
   size_t alive_ = 0;
   size_t idle_ = 0;
   bool shutdown_ = false;

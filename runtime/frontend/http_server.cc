@@ -1,11 +1,11 @@
 // The only translation unit that includes httplib.h (compile time).
 #include "runtime/frontend/http_server.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -222,7 +222,8 @@ struct HttpServer::Impl {
 
   // Applies one engine output to the job; fills `deltas` (streaming) with the
   // per-choice news.
-  void Apply(Job& job, EngineOutput& out, std::vector<std::pair<int, openai::ChoiceState>>* deltas) {
+  void Apply(Job& job, EngineOutput& out,
+             std::vector<std::pair<int, openai::ChoiceState>>* deltas) {
     size_t p = 0;
     while (p < job.engine_ids.size() && job.engine_ids[p] != out.request_id) ++p;
     if (p == job.engine_ids.size()) return;
@@ -245,7 +246,8 @@ struct HttpServer::Impl {
       acc.text += d.text;
       acc.token_ids.insert(acc.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
       acc.logprobs.insert(acc.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
-      acc.top_token_ids.insert(acc.top_token_ids.end(), d.top_token_ids.begin(), d.top_token_ids.end());
+      acc.top_token_ids.insert(acc.top_token_ids.end(), d.top_token_ids.begin(),
+                               d.top_token_ids.end());
       acc.top_logprobs.insert(acc.top_logprobs.end(), d.top_logprobs.begin(), d.top_logprobs.end());
       if (d.finished) acc.finish_reason = d.finish_reason;
       if (deltas != nullptr && (!news.text.empty() || !news.token_ids.empty() || d.finished)) {
@@ -319,9 +321,9 @@ struct HttpServer::Impl {
     decode.skip_special_tokens = false;
     for (const std::vector<int32_t>& ids : request.prompts) {
       absl::StatusOr<std::string> text = tokenizer.Decode(ids, decode);
-      absl::StrAppend(&out, out.empty() ? "" : " | ",
-                      text.ok() ? *text
-                                : absl::StrCat("token_ids=[", absl::StrJoin(ids, ","), "]"));
+      absl::StrAppend(
+          &out, out.empty() ? "" : " | ",
+          text.ok() ? *text : absl::StrCat("token_ids=[", absl::StrJoin(ids, ","), "]"));
     }
     return out;
   }
@@ -356,21 +358,24 @@ struct HttpServer::Impl {
     });
     if (too_large) {
       SendError(res, MakeError(413, "invalid_request_error",
-                               absl::StrCat("the request body is too large (over --max-request-body-bytes ",
-                                            limit, ")")));
+                               absl::StrCat(
+                                   "the request body is too large (over --max-request-body-bytes ",
+                                   limit, ")")));
       return false;
     }
     if (!read) {
-      SendError(res, MakeError(400, "invalid_request_error",
-                               "the request body could not be read (malformed chunked encoding, or too slow)"));
+      SendError(
+          res, MakeError(
+                   400, "invalid_request_error",
+                   "the request body could not be read (malformed chunked encoding, or too slow)"));
       return false;
     }
     res.headers.erase("Connection");
     return true;
   }
 
-  void HandleGeneration(openai::Endpoint endpoint, const httplib::Request& req, const std::string& body,
-                        httplib::Response& res) {
+  void HandleGeneration(openai::Endpoint endpoint, const httplib::Request& req,
+                        const std::string& body, httplib::Response& res) {
     const HttpBackend* b = Backend(res);
     if (b == nullptr) return;
     const ChatTemplate* tmpl = b->chat_template.has_value() ? &*b->chat_template : nullptr;
@@ -420,8 +425,8 @@ struct HttpServer::Impl {
     // Failed by the engine (even after some tokens): OpenAI's error object, not a
     // 200 whose choices say finish_reason "error" without a message.
     if (std::optional<ApiError> e = job->Error()) return SendError(res, *e);
-    res.set_content(openai::CompletionResponse(job->request, job->id, job->created, job->choices, job->usage,
-                                               b->loop->tokenizer()),
+    res.set_content(openai::CompletionResponse(job->request, job->id, job->created, job->choices,
+                                               job->usage, b->loop->tokenizer()),
                     "application/json");
   }
 
@@ -449,7 +454,8 @@ struct HttpServer::Impl {
             for (auto& [c, d] : deltas) {
               const bool first = !job->started[c];
               job->started[c] = true;
-              if (!send(openai::StreamChunk(job->request, job->id, job->created, c, d, first, tok))) {
+              if (!send(
+                      openai::StreamChunk(job->request, job->id, job->created, c, d, first, tok))) {
                 AbortAndLog(*job, *b);
                 return false;
               }
@@ -483,8 +489,9 @@ struct HttpServer::Impl {
       // unread body makes the connection unusable: "Connection: close" (see
       // ReadBody on what cpp-httplib 0.11 makes of it).
       if (req.has_header("Transfer-Encoding")) {
-        const bool chunked = req.get_header_value_count("Transfer-Encoding") == 1 &&
-                             absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked");
+        const bool chunked =
+            req.get_header_value_count("Transfer-Encoding") == 1 &&
+            absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked");
         if (!chunked || req.has_header("Content-Length")) {
           res.set_header("Connection", "close");
           SendError(res, chunked ? MakeError(400, "invalid_request_error",
@@ -508,31 +515,35 @@ struct HttpServer::Impl {
         }
       }
       if (Protected(req.path) && !Authorized(req)) {
-        SendError(res, MakeError(401, "invalid_request_error", "missing or invalid API key (Authorization: Bearer)",
+        SendError(res, MakeError(401, "invalid_request_error",
+                                 "missing or invalid API key (Authorization: Bearer)",
                                  "invalid_api_key"));
         return httplib::Server::HandlerResponse::Handled;
       }
       return httplib::Server::HandlerResponse::Unhandled;
     });
-    server->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "unknown exception";
-      try {
-        std::rethrow_exception(std::move(ep));
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      spdlog::error("http: handler failed: {}", what);
-      SendError(res, MakeError(500, "server_error", absl::StrCat("internal error: ", what)));
-    });
+    server->set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+          std::string what = "unknown exception";
+          try {
+            std::rethrow_exception(std::move(ep));
+          } catch (const std::exception& e) {
+            what = e.what();
+          } catch (...) {
+          }
+          spdlog::error("http: handler failed: {}", what);
+          SendError(res, MakeError(500, "server_error", absl::StrCat("internal error: ", what)));
+        });
     server->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
       if (res.status == 413) {
         SendError(res, MakeError(413, "invalid_request_error", "the request body is too large"));
       } else if (res.status == 404) {
-        SendError(res, MakeError(404, "NotFoundError", absl::StrCat("no route ", req.method, " ", req.path)));
+        SendError(res, MakeError(404, "NotFoundError",
+                                 absl::StrCat("no route ", req.method, " ", req.path)));
       } else {
-        SendError(res, MakeError(res.status, "invalid_request_error", absl::StrCat("HTTP ", res.status)));
+        SendError(
+            res, MakeError(res.status, "invalid_request_error", absl::StrCat("HTTP ", res.status)));
       }
     });
     // POST routes read their body themselves (ReadBody: the bound for chunked bodies).
@@ -555,17 +566,19 @@ struct HttpServer::Impl {
       const HttpBackend* b = backend.load(std::memory_order_acquire);
       const bool ok = b != nullptr && b->loop->healthy();
       res.status = ok ? 200 : 503;
-      res.set_content(ok ? "{\"status\":\"ok\"}" : (b == nullptr ? "{\"status\":\"loading\"}"
-                                                                 : "{\"status\":\"unhealthy\"}"),
-                      "application/json");
+      res.set_content(
+          ok ? "{\"status\":\"ok\"}"
+             : (b == nullptr ? "{\"status\":\"loading\"}" : "{\"status\":\"unhealthy\"}"),
+          "application/json");
     });
     server->Get("/version", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(absl::StrCat("{\"version\":\"", options.version, "\"}"), "application/json");
     });
     server->Get("/openapi.json", [this](const httplib::Request&, httplib::Response& res) {
       const HttpBackend* b = backend.load(std::memory_order_acquire);
-      res.set_content(openai::OpenApiDocument(options.version, b ? b->loop->tokenizer().vocab_size() : 1 << 20),
-                      "application/json");
+      res.set_content(
+          openai::OpenApiDocument(options.version, b ? b->loop->tokenizer().vocab_size() : 1 << 20),
+          "application/json");
     });
     server->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       const HttpBackend* b = backend.load(std::memory_order_acquire);
@@ -584,8 +597,9 @@ struct HttpServer::Impl {
       if (b == nullptr) return;
       ApiError err;
       err.status = 0;
-      std::string body = openai::TokenizeResponse(req_body, Model(*b), b->loop->tokenizer(),
-                                                  b->chat_template ? &*b->chat_template : nullptr, &err);
+      std::string body =
+          openai::TokenizeResponse(req_body, Model(*b), b->loop->tokenizer(),
+                                   b->chat_template ? &*b->chat_template : nullptr, &err);
       if (err.status != 0) return SendError(res, err);
       res.set_content(body, "application/json");
     });
@@ -632,17 +646,19 @@ absl::StatusOr<std::unique_ptr<httplib::Server>> MakeHttplibServer(
         options.ssl_cert_reqs));
   }
   if (!options.ssl_ca_certs.empty() && options.ssl_certfile.empty()) {
-    return absl::InvalidArgumentError("--ssl-ca-certs needs --ssl-certfile and --ssl-keyfile (TLS)");
+    return absl::InvalidArgumentError(
+        "--ssl-ca-certs needs --ssl-certfile and --ssl-keyfile (TLS)");
   }
   if (options.ssl_cert_reqs != 0 && options.ssl_ca_certs.empty()) {
     return absl::InvalidArgumentError(
         "--ssl-cert-reqs 1 or 2 needs --ssl-ca-certs (the CAs that sign client certificates)");
   }
   if (options.ssl_certfile.empty()) return std::make_unique<httplib::Server>();
-  for (const std::string* path : {&options.ssl_certfile, &options.ssl_keyfile, &options.ssl_ca_certs}) {
+  for (const std::string* path :
+       {&options.ssl_certfile, &options.ssl_keyfile, &options.ssl_ca_certs}) {
     if (path->empty()) continue;
     if (access(path->c_str(), R_OK) != 0) {
-      const char* flag = path == &options.ssl_certfile ? "--ssl-certfile "
+      const char* flag = path == &options.ssl_certfile  ? "--ssl-certfile "
                          : path == &options.ssl_keyfile ? "--ssl-keyfile "
                                                         : "--ssl-ca-certs ";
       return absl::InvalidArgumentError(absl::StrCat(flag, *path, ": ", std::strerror(errno)));
@@ -673,9 +689,10 @@ absl::StatusOr<std::unique_ptr<httplib::Server>> MakeHttplibServer(
                        why.empty() ? "" : absl::StrCat(" (", why, ")")));
     }
     SSL_CTX_set_client_CA_list(ctx, names);  // takes ownership
-    const int mode = options.ssl_cert_reqs == 0   ? SSL_VERIFY_NONE
-                     : options.ssl_cert_reqs == 1 ? SSL_VERIFY_PEER
-                                                  : SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT;
+    const int mode = options.ssl_cert_reqs == 0 ? SSL_VERIFY_NONE
+                     : options.ssl_cert_reqs == 1
+                         ? SSL_VERIFY_PEER
+                         : SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT;
     SSL_CTX_set_verify(ctx, mode, nullptr);
   }
   return server;
@@ -685,7 +702,8 @@ absl::StatusOr<std::unique_ptr<httplib::Server>> MakeHttplibServer(
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(const HttpServerOptions& options) {
   if (options.port < 0 || options.port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--port must be in [0, 65535], got ", options.port));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--port must be in [0, 65535], got ", options.port));
   }
   if (options.max_request_body_bytes < 64) {
     return absl::InvalidArgumentError("--max-request-body-bytes must be >= 64");
@@ -719,12 +737,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(const HttpServerO
     httplib::default_socket_options(sock);
     *listen_fd = sock;
   });
-  const int port = options.port == 0 ? s.bind_to_any_port(options.host) : (s.bind_to_port(options.host, options.port)
-                                                                              ? options.port
-                                                                              : -1);
+  const int port = options.port == 0
+                       ? s.bind_to_any_port(options.host)
+                       : (s.bind_to_port(options.host, options.port) ? options.port : -1);
   if (port < 0) {
-    return absl::UnavailableError(absl::StrCat("cannot bind the HTTP server to ", options.host, ":", options.port,
-                                               " (address in use, or not an address of this host)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot bind the HTTP server to ", options.host, ":", options.port,
+                     " (address in use, or not an address of this host)"));
   }
   int accepting = 0;
   socklen_t len = sizeof(accepting);

@@ -46,11 +46,11 @@ namespace pagedserve {
 class EngineLoop;
 
 struct HttpServerOptions {
-  std::string host = "127.0.0.1";          // --host
-  int port = 8000;                         // --port; 0 picks a free port (see port())
-  std::string api_key;                     // --api-key / PAGEDSERVE_API_KEY; empty = open
-  std::string served_model_name;           // --served-model-name
-  size_t max_request_body_bytes = 1 << 20; // --max-request-body-bytes: 413 beyond
+  std::string host = "127.0.0.1";                    // --host
+  int port = 8000;                                   // --port; 0 picks a free port (see port())
+  std::string api_key;                               // --api-key / PAGEDSERVE_API_KEY; empty = open
+  std::string served_model_name;                     // --served-model-name
+  size_t max_request_body_bytes = 1 << 20;           // --max-request-body-bytes: 413 beyond
   absl::Duration read_timeout = absl::Seconds(30);   // request line, headers and body
   absl::Duration write_timeout = absl::Seconds(30);  // a client that stops reading
   absl::Duration keep_alive_timeout = absl::Seconds(5);  // idle keep-alive connections
@@ -59,13 +59,13 @@ struct HttpServerOptions {
   // slow clients cost a sleeping thread, never a place in front of /health;
   // runtime/frontend/elastic_thread_pool.h); connections beyond wait in FIFO.
   int num_threads = 512;
-  bool log_requests = true;                // --disable-log-requests: false (request_log.h)
-  bool log_request_content = false;        // --log-request-content: prompt and text too
+  bool log_requests = true;          // --disable-log-requests: false (request_log.h)
+  bool log_request_content = false;  // --log-request-content: prompt and text too
   // TLS (HTTPS) with these PEM files (certificate chain, private key); both or
   // neither. Read once by Create; InvalidArgument when unreadable or not a
   // matching pair.
-  std::string ssl_certfile;                // --ssl-certfile
-  std::string ssl_keyfile;                 // --ssl-keyfile
+  std::string ssl_certfile;  // --ssl-certfile
+  std::string ssl_keyfile;   // --ssl-keyfile
   // Mutual TLS, with uvicorn's / vLLM's names and values: ssl_cert_reqs is
   // Python's ssl.VerifyMode, 0 CERT_NONE (no client certificate asked for),
   // 1 CERT_OPTIONAL (a client may present none; one it presents must verify
@@ -73,8 +73,8 @@ struct HttpServerOptions {
   // certificate that verifies). ssl_ca_certs: PEM file of the CA certificates
   // that sign client certificates; needs ssl_certfile, and ssl_cert_reqs 1 or 2
   // needs it. InvalidArgument otherwise, or when the file does not load.
-  std::string ssl_ca_certs;                // --ssl-ca-certs
-  int ssl_cert_reqs = 0;                   // --ssl-cert-reqs
+  std::string ssl_ca_certs;  // --ssl-ca-certs
+  int ssl_cert_reqs = 0;     // --ssl-cert-reqs
   std::string version = "0.1.0";
 };
 

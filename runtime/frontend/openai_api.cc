@@ -17,7 +17,8 @@ using json = nlohmann::json;
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 // Field readers: absent or null leaves *out unchanged; a wrong type is an error.
-bool ReadInt(const json& body, const char* key, int64_t lo, int64_t hi, int64_t* out, ApiError* err) {
+bool ReadInt(const json& body, const char* key, int64_t lo, int64_t hi, int64_t* out,
+             ApiError* err) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return true;
   if (!it->is_number_integer()) {
@@ -27,7 +28,8 @@ bool ReadInt(const json& body, const char* key, int64_t lo, int64_t hi, int64_t*
   const bool too_big = it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi);
   const int64_t v = too_big ? hi : it->get<int64_t>();
   if (too_big || v < lo || v > hi) {
-    *err = BadRequest(absl::StrCat("'", key, "' must be in [", lo, ", ", hi, "], got ", it->dump()), key);
+    *err = BadRequest(absl::StrCat("'", key, "' must be in [", lo, ", ", hi, "], got ", it->dump()),
+                      key);
     return false;
   }
   *out = v;
@@ -62,7 +64,8 @@ bool ReadBool(const json& body, const char* key, bool* out, ApiError* err) {
 }
 
 // A list of token ids, each in [0, vocab).
-bool ReadIds(const json& v, const char* key, int32_t vocab, std::vector<int32_t>* out, ApiError* err) {
+bool ReadIds(const json& v, const char* key, int32_t vocab, std::vector<int32_t>* out,
+             ApiError* err) {
   out->clear();
   for (const json& e : v) {
     if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab) {
@@ -74,7 +77,8 @@ bool ReadIds(const json& v, const char* key, int32_t vocab, std::vector<int32_t>
   return true;
 }
 
-bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingParams* p, ApiError* err) {
+bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingParams* p,
+                  ApiError* err) {
   int64_t v = p->n;
   if (!ReadInt(body, "n", 1, 64, &v, err)) return false;
   p->n = static_cast<int>(v);
@@ -83,8 +87,8 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
     if (!ReadInt(body, key, 1, std::numeric_limits<int32_t>::max(), &v, err)) return false;
     if (v > 0) p->max_tokens = static_cast<int>(v);
   }
-  if (!ReadFloat(body, "temperature", &p->temperature, err) || !ReadFloat(body, "top_p", &p->top_p, err) ||
-      !ReadFloat(body, "min_p", &p->min_p, err) ||
+  if (!ReadFloat(body, "temperature", &p->temperature, err) ||
+      !ReadFloat(body, "top_p", &p->top_p, err) || !ReadFloat(body, "min_p", &p->min_p, err) ||
       !ReadFloat(body, "presence_penalty", &p->presence_penalty, err) ||
       !ReadFloat(body, "frequency_penalty", &p->frequency_penalty, err) ||
       !ReadFloat(body, "repetition_penalty", &p->repetition_penalty, err) ||
@@ -95,8 +99,8 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
   if (!ReadInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &v, err)) return false;
   p->top_k = v == 0 ? -1 : static_cast<int>(v);  // 0 and -1 both mean off, as in vLLM
   v = -1;
-  if (!ReadInt(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &v,
-               err)) {
+  if (!ReadInt(body, "seed", std::numeric_limits<int64_t>::min(),
+               std::numeric_limits<int64_t>::max(), &v, err)) {
     return false;
   }
   if (body.contains("seed") && !body["seed"].is_null()) p->seed = static_cast<uint64_t>(v);
@@ -122,7 +126,8 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
   }
   if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
     if (!it->is_array() || !ReadIds(*it, "stop_token_ids", vocab, &p->stop_token_ids, err)) {
-      if (!it->is_array()) *err = BadRequest("'stop_token_ids' must be an array of integers", "stop_token_ids");
+      if (!it->is_array())
+        *err = BadRequest("'stop_token_ids' must be an array of integers", "stop_token_ids");
       return false;
     }
   }
@@ -186,7 +191,8 @@ bool ReadMessages(const json& body, std::vector<ChatMessage>* out, ApiError* err
     }
     ChatMessage cm;
     cm.role = m["role"].get<std::string>();
-    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "developer") {
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" &&
+        cm.role != "developer") {
       *err = BadRequest(absl::StrCat("unsupported message role '", cm.role, "'"), "messages");
       return false;
     }
@@ -196,10 +202,11 @@ bool ReadMessages(const json& body, std::vector<ChatMessage>* out, ApiError* err
       cm.content = content.get<std::string>();
     } else if (content.is_array()) {
       for (const json& part : content) {
-        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
-            !part["text"].is_string()) {
-          *err = BadRequest("only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
-                            "messages");
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+            !part.contains("text") || !part["text"].is_string()) {
+          *err = BadRequest(
+              "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
+              "messages");
           return false;
         }
         cm.content += part["text"].get<std::string>();
@@ -217,8 +224,9 @@ bool ReadMessages(const json& body, std::vector<ChatMessage>* out, ApiError* err
 bool ReadPrompts(const json& body, const Tokenizer& tok, std::vector<std::vector<int32_t>>* out,
                  ApiError* err) {
   auto it = body.find("prompt");
-  const char* kMsg = "'prompt' must be a string, an array of strings, an array of token ids "
-                     "or an array of arrays of token ids";
+  const char* kMsg =
+      "'prompt' must be a string, an array of strings, an array of token ids "
+      "or an array of arrays of token ids";
   if (it == body.end() || it->is_null()) {
     *err = BadRequest("'prompt' is required", "prompt");
     return false;
@@ -285,10 +293,14 @@ json LogprobsJson(const ValidatedRequest& r, const ChoiceState& c, const Tokeniz
       if (i < c.top_token_ids.size()) {
         for (size_t k = 0; k < c.top_token_ids[i].size() && k < c.top_logprobs[i].size(); ++k) {
           const std::string tk = TokenString(tok, c.top_token_ids[i][k]);
-          top.push_back({{"token", tk}, {"logprob", LogprobValue(c.top_logprobs[i][k])}, {"bytes", Bytes(tk)}});
+          top.push_back({{"token", tk},
+                         {"logprob", LogprobValue(c.top_logprobs[i][k])},
+                         {"bytes", Bytes(tk)}});
         }
       }
-      content.push_back({{"token", t}, {"logprob", LogprobValue(c.logprobs[i])}, {"bytes", Bytes(t)},
+      content.push_back({{"token", t},
+                         {"logprob", LogprobValue(c.logprobs[i])},
+                         {"bytes", Bytes(t)},
                          {"top_logprobs", top}});
     }
     return {{"content", content}};
@@ -309,11 +321,15 @@ json LogprobsJson(const ValidatedRequest& r, const ChoiceState& c, const Tokeniz
     }
     tops.push_back(r.params.logprobs > 0 ? top : json(nullptr));
   }
-  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  return {{"tokens", tokens},
+          {"token_logprobs", lps},
+          {"top_logprobs", tops},
+          {"text_offset", offsets}};
 }
 
 json FinishJson(FinishReason reason) {
-  return reason == FinishReason::kNone ? json(nullptr) : json(std::string(FinishReasonName(reason)));
+  return reason == FinishReason::kNone ? json(nullptr)
+                                       : json(std::string(FinishReasonName(reason)));
 }
 
 }  // namespace
@@ -362,9 +378,10 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
       return out;
     }
     if (it->get<std::string>() != model.name) {
-      out.error = BadRequest(absl::StrCat("The model '", it->get<std::string>(), "' does not exist; this server serves '",
-                                          model.name, "'"),
-                             "model");
+      out.error =
+          BadRequest(absl::StrCat("The model '", it->get<std::string>(),
+                                  "' does not exist; this server serves '", model.name, "'"),
+                     "model");
       out.error.status = 404;
       out.error.type = "NotFoundError";
       out.error.code = "model_not_found";
@@ -404,7 +421,8 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
       out.error = BadRequest("this model has no chat template; use /v1/completions", "messages");
       return out;
     }
-    absl::StatusOr<std::string> rendered = chat_template->Render(messages, /*add_generation_prompt=*/true);
+    absl::StatusOr<std::string> rendered =
+        chat_template->Render(messages, /*add_generation_prompt=*/true);
     if (!rendered.ok()) {
       out.error = BadRequest(absl::StrCat("messages: ", rendered.status().message()), "messages");
       return out;
@@ -425,7 +443,8 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
   }
   // Default max_tokens: 16 for completions (OpenAI), the rest of the context for chat (vLLM).
   if (endpoint == Endpoint::kChat) {
-    r.params.max_tokens = static_cast<int>(std::max<int64_t>(1, model.max_model_len - static_cast<int64_t>(longest)));
+    r.params.max_tokens =
+        static_cast<int>(std::max<int64_t>(1, model.max_model_len - static_cast<int64_t>(longest)));
   }
   if (!ReadSampling(body, endpoint, tok.vocab_size(), &r.params, &out.error)) return out;
   out.request = std::move(r);
@@ -452,7 +471,9 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
   json cs = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const ChoiceState& c = choices[i];
-    json choice = {{"index", i}, {"logprobs", LogprobsJson(r, c, tok)}, {"finish_reason", FinishJson(c.finish_reason)}};
+    json choice = {{"index", i},
+                   {"logprobs", LogprobsJson(r, c, tok)},
+                   {"finish_reason", FinishJson(c.finish_reason)}};
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
@@ -468,10 +489,12 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
                {"usage", UsageJson(usage)}});
 }
 
-std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_t created, int index,
-                        const ChoiceState& d, bool first, const Tokenizer& tok) {
+std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
+                        int index, const ChoiceState& d, bool first, const Tokenizer& tok) {
   const bool chat = r.endpoint == Endpoint::kChat;
-  json choice = {{"index", index}, {"logprobs", LogprobsJson(r, d, tok)}, {"finish_reason", FinishJson(d.finish_reason)}};
+  json choice = {{"index", index},
+                 {"logprobs", LogprobsJson(r, d, tok)},
+                 {"finish_reason", FinishJson(d.finish_reason)}};
   if (chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
@@ -501,12 +524,9 @@ std::string UsageChunk(const ValidatedRequest& r, const std::string& id, int64_t
 }
 
 std::string ModelsResponse(const ServedModel& model, int64_t created) {
-  json m = {{"id", model.name},
-            {"object", "model"},
-            {"created", created},
-            {"owned_by", "pagedserve"},
-            {"root", model.name},
-            {"max_model_len", model.max_model_len}};
+  json m = {{"id", model.name},   {"object", "model"},
+            {"created", created}, {"owned_by", "pagedserve"},
+            {"root", model.name}, {"max_model_len", model.max_model_len}};
   return Dump({{"object", "list"}, {"data", json::array({m})}});
 }
 
@@ -550,7 +570,8 @@ std::string TokenizeResponse(std::string_view text, const ServedModel& model, co
 
 std::string DetokenizeResponse(std::string_view text, const Tokenizer& tok, ApiError* err) {
   json body = json::parse(text.begin(), text.end(), nullptr, false);
-  if (body.is_discarded() || !body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
+  if (body.is_discarded() || !body.is_object() || !body.contains("tokens") ||
+      !body["tokens"].is_array()) {
     *err = BadRequest("'tokens' (an array of token ids) is required", "tokens");
     return "";
   }

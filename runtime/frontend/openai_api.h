@@ -59,7 +59,7 @@ struct ValidatedRequest {
   std::vector<std::vector<int32_t>> prompts;  // completions: 1..N prompts; chat: 1
   SamplingParams params;                      // params.logprobs: -1 none, else top-N
   bool stream = false;
-  bool include_usage = false;                 // stream_options.include_usage
+  bool include_usage = false;  // stream_options.include_usage
   // Prefix-cache isolation (runtime/common/cache_salt.h), vLLM's `cache_salt`
   // field: empty = none; else 1..256 visible ASCII bytes (ValidateCacheSalt).
   // Goes to every EngineRequest of the request.
@@ -67,7 +67,7 @@ struct ValidatedRequest {
 };
 
 struct ServedModel {
-  std::string name;           // --served-model-name
+  std::string name;  // --served-model-name
   int64_t max_model_len = 0;
   int32_t vocab_size = 0;
 };
@@ -104,8 +104,9 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
                                const Tokenizer& tokenizer);
 // One SSE chunk (the JSON only) for the new output `delta` of choice `index`.
 // Chat: `first` adds the assistant role to the delta.
-std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_t created, int index,
-                        const ChoiceState& delta, bool first, const Tokenizer& tokenizer);
+std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
+                        int index, const ChoiceState& delta, bool first,
+                        const Tokenizer& tokenizer);
 // The final usage chunk of stream_options.include_usage (empty choices).
 std::string UsageChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
                        const UsageTotals& usage);
@@ -113,8 +114,9 @@ std::string UsageChunk(const ValidatedRequest& r, const std::string& id, int64_t
 // GET /v1/models, /tokenize, /detokenize bodies.
 std::string ModelsResponse(const ServedModel& model, int64_t created);
 // /tokenize: {"prompt": str, "add_special_tokens": bool} or {"messages": [...]}.
-std::string TokenizeResponse(std::string_view body, const ServedModel& model, const Tokenizer& tokenizer,
-                             const ChatTemplate* chat_template, ApiError* error);
+std::string TokenizeResponse(std::string_view body, const ServedModel& model,
+                             const Tokenizer& tokenizer, const ChatTemplate* chat_template,
+                             ApiError* error);
 // /detokenize: {"tokens": [ids]}.
 std::string DetokenizeResponse(std::string_view body, const Tokenizer& tokenizer, ApiError* error);
 

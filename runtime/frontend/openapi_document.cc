@@ -139,7 +139,8 @@ constexpr char kDocument[] = R"json({
 }  // namespace
 
 std::string OpenApiDocument(const std::string& version, int32_t vocab_size) {
-  return absl::StrReplaceAll(kDocument, {{"@VERSION@", version}, {"@VOCAB_MAX@", std::to_string(vocab_size - 1)}});
+  return absl::StrReplaceAll(
+      kDocument, {{"@VERSION@", version}, {"@VOCAB_MAX@", std::to_string(vocab_size - 1)}});
 }
 
 }  // namespace pagedserve::openai

@@ -27,9 +27,7 @@ using Check = std::optional<Failure>;
 
 Failure Invalid(std::string message) { return {ErrorCode::kInvalidRequest, std::move(message)}; }
 
-std::string Dump(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 // "integer", "number", "string", ... as a reader of the message would say it.
 std::string KindOf(const json& j) {
@@ -50,8 +48,9 @@ std::string Truncate(std::string s, size_t n) {
 std::string Show(const json& j) { return Truncate(Dump(j), 40); }
 
 Failure WrongType(absl::string_view field, absl::string_view expected, const json& got) {
-  return Invalid(absl::StrCat("field '", field, "' must be ", expected, ", got ", KindOf(got),
-                              got.is_primitive() && !got.is_null() ? absl::StrCat(" ", Show(got)) : ""));
+  return Invalid(
+      absl::StrCat("field '", field, "' must be ", expected, ", got ", KindOf(got),
+                   got.is_primitive() && !got.is_null() ? absl::StrCat(" ", Show(got)) : ""));
 }
 
 // Floats go on the wire in their shortest round-trip form (0.7, not 0.699999988).
@@ -116,8 +115,8 @@ Check ReadTokenIds(const json& j, absl::string_view field, int32_t vocab_size,
     const int64_t limit = vocab_size > 0 ? vocab_size : std::numeric_limits<int32_t>::max();
     if (negative || (t.is_number_unsigned() ? t.get<uint64_t>() >= static_cast<uint64_t>(limit)
                                             : t.get<int64_t>() >= limit)) {
-      return Invalid(absl::StrCat("field '", name, "' must be a token id in [0, ", limit, "), got ",
-                                  Show(t)));
+      return Invalid(
+          absl::StrCat("field '", name, "' must be a token id in [0, ", limit, "), got ", Show(t)));
     }
     out.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
@@ -182,12 +181,32 @@ Check ReadId(const json& obj, bool required, std::string& out) {
 
 // NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
 Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& req) {
-  static const std::set<absl::string_view> kKnown = {
-      "version", "type", "id", "prompt", "prompt_token_ids", "messages", "stream",
-      "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-      "presence_penalty", "frequency_penalty", "seed", "stop", "stop_token_ids",
-      "ignore_eos", "logprobs", "cache_salt", "use_beam_search", "best_of", "length_penalty",
-      "early_stopping"};
+  static const std::set<absl::string_view> kKnown = {"version",
+                                                     "type",
+                                                     "id",
+                                                     "prompt",
+                                                     "prompt_token_ids",
+                                                     "messages",
+                                                     "stream",
+                                                     "n",
+                                                     "max_tokens",
+                                                     "temperature",
+                                                     "top_p",
+                                                     "top_k",
+                                                     "min_p",
+                                                     "repetition_penalty",
+                                                     "presence_penalty",
+                                                     "frequency_penalty",
+                                                     "seed",
+                                                     "stop",
+                                                     "stop_token_ids",
+                                                     "ignore_eos",
+                                                     "logprobs",
+                                                     "cache_salt",
+                                                     "use_beam_search",
+                                                     "best_of",
+                                                     "length_penalty",
+                                                     "early_stopping"};
   if (Check c = RejectUnknownFields(obj, kKnown, "generate")) return c;
   // Prompt: exactly one form.
   auto present = [&](const char* k) {
@@ -208,7 +227,8 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
     req.prompt = std::move(text);
   } else if (present("prompt_token_ids")) {
     std::vector<int32_t> ids;
-    if (Check c = ReadTokenIds(obj["prompt_token_ids"], "prompt_token_ids", opt.vocab_size, ids)) return c;
+    if (Check c = ReadTokenIds(obj["prompt_token_ids"], "prompt_token_ids", opt.vocab_size, ids))
+      return c;
     if (ids.empty()) return Invalid("field 'prompt_token_ids' must be a non-empty array");
     req.prompt = std::move(ids);
   } else {
@@ -222,16 +242,19 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
       if (!e.is_object()) return WrongType(name, "an object with 'role' and 'content'", e);
       for (auto it = e.begin(); it != e.end(); ++it) {
         if (it.key() != "role" && it.key() != "content") {
-          return Invalid(absl::StrCat("unknown field in ", name, " (expected 'role' and 'content')"));
+          return Invalid(
+              absl::StrCat("unknown field in ", name, " (expected 'role' and 'content')"));
         }
       }
       ChatMessage cm;
       if (!e.contains("role")) return Invalid(absl::StrCat("missing field '", name, ".role'"));
-      if (!e.contains("content")) return Invalid(absl::StrCat("missing field '", name, ".content'"));
+      if (!e.contains("content"))
+        return Invalid(absl::StrCat("missing field '", name, ".content'"));
       if (Check c = ReadString(e["role"], name + ".role", cm.role)) return c;
       if (Check c = ReadString(e["content"], name + ".content", cm.content)) return c;
       if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "tool") {
-        return Invalid(absl::StrCat("field '", name, ".role' must be one of system, user, assistant, tool, got ",
+        return Invalid(absl::StrCat("field '", name,
+                                    ".role' must be one of system, user, assistant, tool, got ",
                                     Show(e["role"])));
       }
       msgs.push_back(std::move(cm));
@@ -244,12 +267,18 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
     auto it = obj.find(k);
     return it == obj.end() || it->is_null() ? nullptr : &*it;
   };
-  if (auto* j = field("n")) if (Check c = ReadInt(*j, "n", sp.n)) return c;
-  if (auto* j = field("max_tokens")) if (Check c = ReadInt(*j, "max_tokens", sp.max_tokens)) return c;
-  if (auto* j = field("temperature")) if (Check c = ReadFloat(*j, "temperature", sp.temperature)) return c;
-  if (auto* j = field("top_p")) if (Check c = ReadFloat(*j, "top_p", sp.top_p)) return c;
-  if (auto* j = field("top_k")) if (Check c = ReadInt(*j, "top_k", sp.top_k)) return c;
-  if (auto* j = field("min_p")) if (Check c = ReadFloat(*j, "min_p", sp.min_p)) return c;
+  if (auto* j = field("n"))
+    if (Check c = ReadInt(*j, "n", sp.n)) return c;
+  if (auto* j = field("max_tokens"))
+    if (Check c = ReadInt(*j, "max_tokens", sp.max_tokens)) return c;
+  if (auto* j = field("temperature"))
+    if (Check c = ReadFloat(*j, "temperature", sp.temperature)) return c;
+  if (auto* j = field("top_p"))
+    if (Check c = ReadFloat(*j, "top_p", sp.top_p)) return c;
+  if (auto* j = field("top_k"))
+    if (Check c = ReadInt(*j, "top_k", sp.top_k)) return c;
+  if (auto* j = field("min_p"))
+    if (Check c = ReadFloat(*j, "min_p", sp.min_p)) return c;
   if (auto* j = field("repetition_penalty")) {
     if (Check c = ReadFloat(*j, "repetition_penalty", sp.repetition_penalty)) return c;
   }
@@ -285,20 +314,23 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
     }
     for (size_t i = 0; i < sp.stop.size(); ++i) {
       if (sp.stop[i].size() > opt.max_stop_string_bytes) {
-        return Invalid(absl::StrCat("field 'stop[", i, "]' is longer than ", opt.max_stop_string_bytes,
-                                    " bytes"));
+        return Invalid(absl::StrCat("field 'stop[", i, "]' is longer than ",
+                                    opt.max_stop_string_bytes, " bytes"));
       }
     }
   }
   if (auto* j = field("stop_token_ids")) {
     if (Check c = ReadTokenIds(*j, "stop_token_ids", opt.vocab_size, sp.stop_token_ids)) return c;
   }
-  if (auto* j = field("ignore_eos")) if (Check c = ReadBool(*j, "ignore_eos", sp.ignore_eos)) return c;
-  if (auto* j = field("logprobs")) if (Check c = ReadInt(*j, "logprobs", sp.logprobs)) return c;
+  if (auto* j = field("ignore_eos"))
+    if (Check c = ReadBool(*j, "ignore_eos", sp.ignore_eos)) return c;
+  if (auto* j = field("logprobs"))
+    if (Check c = ReadInt(*j, "logprobs", sp.logprobs)) return c;
   if (auto* j = field("use_beam_search")) {
     if (Check c = ReadBool(*j, "use_beam_search", sp.use_beam_search)) return c;
   }
-  if (auto* j = field("best_of")) if (Check c = ReadInt(*j, "best_of", sp.best_of)) return c;
+  if (auto* j = field("best_of"))
+    if (Check c = ReadInt(*j, "best_of", sp.best_of)) return c;
   if (auto* j = field("length_penalty")) {
     if (Check c = ReadFloat(*j, "length_penalty", sp.length_penalty)) return c;
   }
@@ -311,8 +343,10 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
       return WrongType("early_stopping", "true, false or \"never\"", *j);
     }
   }
-  if (sp.use_beam_search && field("temperature") == nullptr) sp.temperature = 0.0f;  // its only valid value
-  if (auto* j = field("stream")) if (Check c = ReadBool(*j, "stream", req.stream)) return c;
+  if (sp.use_beam_search && field("temperature") == nullptr)
+    sp.temperature = 0.0f;  // its only valid value
+  if (auto* j = field("stream"))
+    if (Check c = ReadBool(*j, "stream", req.stream)) return c;
   if (auto* j = field("cache_salt")) {
     if (!j->is_string()) return WrongType("cache_salt", "a string", *j);
     const std::string& salt = j->get_ref<const std::string&>();
@@ -326,7 +360,9 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
 // Messages quote client bytes (e.g. nlohmann's "last read: '...'"), which may
 // be invalid UTF-8: replace those with U+FFFD so the reply is exactly what the
 // client will decode.
-std::string ValidUtf8(const std::string& s) { return json::parse(Dump(json(s))).get<std::string>(); }
+std::string ValidUtf8(const std::string& s) {
+  return json::parse(Dump(json(s))).get<std::string>();
+}
 
 ParseResult Fail(std::string id, const Failure& f) {
   ParseResult r;
@@ -349,7 +385,8 @@ ParseResult ParseRequestImpl(absl::string_view message, const ParseOptions& opt)
     obj = json::parse(message.begin(), message.end());
   } catch (const json::exception& e) {
     std::string what = e.what();
-    if (auto pos = what.find("] "); what.rfind("[json.exception", 0) == 0 && pos != std::string::npos) {
+    if (auto pos = what.find("] ");
+        what.rfind("[json.exception", 0) == 0 && pos != std::string::npos) {
       what = what.substr(pos + 2);
     }
     return Fail("", {ErrorCode::kInvalidJson, absl::StrCat("message is not valid JSON: ", what)});
@@ -359,13 +396,15 @@ ParseResult ParseRequestImpl(absl::string_view message, const ParseOptions& opt)
   }
   // The id first, so that every later error can echo it.
   std::string id;
-  if (auto it = obj.find("id"); it != obj.end() && it->is_string() && it->get_ref<const std::string&>().size() <= kMaxIdBytes) {
+  if (auto it = obj.find("id"); it != obj.end() && it->is_string() &&
+                                it->get_ref<const std::string&>().size() <= kMaxIdBytes) {
     id = it->get<std::string>();
   }
   auto v = obj.find("version");
   if (v == obj.end()) {
     return Fail(id, {ErrorCode::kUnsupportedVersion,
-                     absl::StrCat("missing field 'version' (this server speaks protocol version ", kVersion, ")")});
+                     absl::StrCat("missing field 'version' (this server speaks protocol version ",
+                                  kVersion, ")")});
   }
   if (!v->is_number_integer() || v->get<int64_t>() != kVersion) {
     return Fail(id, {ErrorCode::kUnsupportedVersion,
@@ -421,7 +460,8 @@ json LogprobsJson(const std::vector<TokenLogprob>& lps) {
     json e = {{"token_id", lp.token_id}, {"logprob", WireFloat(lp.logprob)}};
     json top = json::array();
     for (size_t i = 0; i < lp.top_token_ids.size() && i < lp.top_logprobs.size(); ++i) {
-      top.push_back({{"token_id", lp.top_token_ids[i]}, {"logprob", WireFloat(lp.top_logprobs[i])}});
+      top.push_back(
+          {{"token_id", lp.top_token_ids[i]}, {"logprob", WireFloat(lp.top_logprobs[i])}});
     }
     e["top"] = std::move(top);
     arr.push_back(std::move(e));
@@ -562,7 +602,8 @@ absl::Status Get(const json& obj, const char* key, T& out, bool required = true)
 }
 
 absl::StatusOr<FinishReason> ParseFinish(const std::string& s) {
-  for (FinishReason f : {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort, FinishReason::kError}) {
+  for (FinishReason f :
+       {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort, FinishReason::kError}) {
     if (s == FinishReasonName(f)) return f;
   }
   return Bad(absl::StrCat("reply: unknown finish_reason '", s, "'"));
@@ -610,7 +651,8 @@ absl::StatusOr<Reply> ParseReplyImpl(absl::string_view message) {
   if (!j.is_object()) return Bad("reply must be a JSON object");
   int version = 0;
   if (auto s = Get(j, "version", version); !s.ok()) return s;
-  if (version != kVersion) return Bad(absl::StrCat("reply: unsupported protocol version ", version));
+  if (version != kVersion)
+    return Bad(absl::StrCat("reply: unsupported protocol version ", version));
   std::string type, id;
   if (auto s = Get(j, "type", type); !s.ok()) return s;
   if (auto s = Get(j, "id", id, /*required=*/false); !s.ok()) return s;
@@ -701,10 +743,14 @@ absl::StatusOr<Reply> ParseReplyImpl(absl::string_view message) {
   if (type == "stats") {
     StatsReply r;
     r.id = id;
-    for (auto [key, field] : {std::pair{"num_waiting", &r.num_waiting}, {"num_running", &r.num_running},
-                              {"num_swapped", &r.num_swapped}, {"kv_blocks_total", &r.kv_blocks_total},
-                              {"kv_blocks_used", &r.kv_blocks_used}, {"max_num_seqs", &r.max_num_seqs},
-                              {"max_model_len", &r.max_model_len}, {"max_waiting", &r.max_waiting}}) {
+    for (auto [key, field] : {std::pair{"num_waiting", &r.num_waiting},
+                              {"num_running", &r.num_running},
+                              {"num_swapped", &r.num_swapped},
+                              {"kv_blocks_total", &r.kv_blocks_total},
+                              {"kv_blocks_used", &r.kv_blocks_used},
+                              {"max_num_seqs", &r.max_num_seqs},
+                              {"max_model_len", &r.max_model_len},
+                              {"max_waiting", &r.max_waiting}}) {
       if (auto s = Get(j, key, *field); !s.ok()) return s;
     }
     if (auto s = Get(j, "kv_usage", r.kv_usage); !s.ok()) return s;
@@ -735,7 +781,8 @@ ParseResult ParseRequest(std::string_view message, const ParseOptions& options) 
   try {
     return ParseRequestImpl(absl::string_view(message.data(), message.size()), options);
   } catch (const std::exception& e) {  // e.g. bad_alloc; never escapes the API
-    return Fail("", {ErrorCode::kInternal, absl::StrCat("could not parse the message: ", e.what())});
+    return Fail("",
+                {ErrorCode::kInternal, absl::StrCat("could not parse the message: ", e.what())});
   }
 }
 

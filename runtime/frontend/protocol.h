@@ -46,7 +46,7 @@ std::string_view ErrorCodeName(ErrorCode code);
 // Requests (client -> server)
 // ---------------------------------------------------------------------------
 struct ChatMessage {
-  std::string role;     // "system", "user", "assistant" or "tool"
+  std::string role;  // "system", "user", "assistant" or "tool"
   std::string content;
   bool operator==(const ChatMessage&) const = default;
 };
@@ -56,7 +56,7 @@ struct ChatMessage {
 using Prompt = std::variant<std::string, std::vector<int32_t>, std::vector<ChatMessage>>;
 
 struct GenerateRequest {
-  std::string id;           // non-empty, <= kMaxIdBytes; unique among the client's in-flight requests
+  std::string id;  // non-empty, <= kMaxIdBytes; unique among the client's in-flight requests
   Prompt prompt;
   SamplingParams sampling;  // validated with SamplingParams::Validate()
   bool stream = false;      // true: delta messages, then a final message
@@ -111,10 +111,10 @@ using ::pagedserve::FinishReasonName;
 
 // New output of one sequence of a streamed request since the previous delta.
 struct SequenceDelta {
-  int32_t index = 0;                     // 0..n-1
-  std::string text;                      // UTF-8, never a split character
+  int32_t index = 0;  // 0..n-1
+  std::string text;   // UTF-8, never a split character
   std::vector<int32_t> token_ids;
-  std::vector<TokenLogprob> logprobs;    // one per token id when requested, else empty
+  std::vector<TokenLogprob> logprobs;         // one per token id when requested, else empty
   std::optional<FinishReason> finish_reason;  // set on the delta that ends this sequence
   bool operator==(const SequenceDelta&) const = default;
 };
@@ -127,8 +127,8 @@ struct DeltaReply {
 
 struct Usage {
   int64_t prompt_tokens = 0;
-  int64_t completion_tokens = 0;       // summed over the n sequences
-  int64_t cached_prompt_tokens = 0;    // prompt tokens served from the prefix cache
+  int64_t completion_tokens = 0;     // summed over the n sequences
+  int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
   bool operator==(const Usage&) const = default;
 };
 
@@ -152,7 +152,7 @@ struct SequenceFinal {
 
 struct FinalReply {
   std::string id;
-  bool streamed = false;  // true: omit text/token_ids/logprobs of the outputs
+  bool streamed = false;               // true: omit text/token_ids/logprobs of the outputs
   std::vector<SequenceFinal> outputs;  // all n, by index
   Usage usage;
   std::string error_message;  // set when some output finished with "error"
@@ -175,12 +175,12 @@ struct StatsReply {
   int64_t num_waiting = 0;
   int64_t num_running = 0;
   int64_t num_swapped = 0;
-  int64_t kv_blocks_total = 0;   // device KV blocks (minimum over ranks)
+  int64_t kv_blocks_total = 0;  // device KV blocks (minimum over ranks)
   int64_t kv_blocks_used = 0;
-  double kv_usage = 0.0;         // kv_blocks_used / kv_blocks_total, 0 when total is 0
-  int64_t max_num_seqs = 0;      // capacity: running sequences
-  int64_t max_model_len = 0;     // capacity: tokens per sequence
-  int64_t max_waiting = 0;       // capacity: waiting queue bound (busy beyond)
+  double kv_usage = 0.0;      // kv_blocks_used / kv_blocks_total, 0 when total is 0
+  int64_t max_num_seqs = 0;   // capacity: running sequences
+  int64_t max_model_len = 0;  // capacity: tokens per sequence
+  int64_t max_waiting = 0;    // capacity: waiting queue bound (busy beyond)
   bool operator==(const StatsReply&) const = default;
 };
 

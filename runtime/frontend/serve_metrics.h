@@ -25,7 +25,7 @@ struct ServeMetricsOptions {
   std::string model;               // build_info labels
   int tensor_parallel_size = 1;
   int block_size = 16;
-  std::string backend;             // "cpu" or "cuda"
+  std::string backend;  // "cpu" or "cuda"
   std::map<std::string, std::string> extra_labels;
 };
 

@@ -49,7 +49,7 @@ struct Server::Impl {
     std::string identity;   // ROUTER routing id of the client's connection
     std::string client_id;  // the client's request id
     bool stream = false;
-    bool orphaned = false;  // the client went away: replies are dropped
+    bool orphaned = false;                         // the client went away: replies are dropped
     std::vector<protocol::SequenceFinal> outputs;  // by index; text/ids for non-streamed
     std::vector<bool> finished;
     // Request log (request_log.h): timings always; content only when enabled.
@@ -60,8 +60,8 @@ struct Server::Impl {
   };
   // A connection with requests in flight.
   struct Peer {
-    int fd = -1;                               // ZMQ_SRCFD of its last message
-    absl::flat_hash_set<std::string> ids;      // client request ids in flight
+    int fd = -1;                           // ZMQ_SRCFD of its last message
+    absl::flat_hash_set<std::string> ids;  // client request ids in flight
   };
 
   ServerOptions options;
@@ -84,7 +84,8 @@ struct Server::Impl {
   int wake_fd = -1;
   std::mutex ready_mu;
   std::vector<std::string> ready;  // guarded by ready_mu
-  absl::flat_hash_map<std::string, std::shared_ptr<RequestChannel>> channels;  // engine id -> channel
+  absl::flat_hash_map<std::string, std::shared_ptr<RequestChannel>>
+      channels;  // engine id -> channel
 
   ~Impl() {
     if (wake_fd >= 0) close(wake_fd);
@@ -112,15 +113,17 @@ struct Server::Impl {
       zmq::send_result_t r;
       while (true) {
         try {
-          r = router.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+          r = router.send(zmq::buffer(identity),
+                          zmq::send_flags::sndmore | zmq::send_flags::dontwait);
           break;
         } catch (const zmq::error_t& e) {
           if (e.num() != EINTR) throw;
         }
       }
       if (!r.has_value()) {
-        spdlog::warn("frontend: client {} does not read its replies ({} queued); aborting its requests",
-                     absl::BytesToHexString(identity), options.send_high_water_mark);
+        spdlog::warn(
+            "frontend: client {} does not read its replies ({} queued); aborting its requests",
+            absl::BytesToHexString(identity), options.send_high_water_mark);
         PeerGone(identity);
         return;
       }
@@ -141,7 +144,8 @@ struct Server::Impl {
     Send(identity, protocol::SerializeReply(reply));
   }
 
-  void SendError(const std::string& identity, std::string_view id, ErrorCode code, std::string_view message) {
+  void SendError(const std::string& identity, std::string_view id, ErrorCode code,
+                 std::string_view message) {
     ++counters.errors_sent;
     Send(identity, protocol::ErrorMessage(id, code, message));
   }
@@ -201,7 +205,8 @@ struct Server::Impl {
           if (peer.fd == fd) gone.push_back(identity);
         }
         for (const std::string& identity : gone) {
-          spdlog::info("frontend: client {} disconnected; aborting its requests", absl::BytesToHexString(identity));
+          spdlog::info("frontend: client {} disconnected; aborting its requests",
+                       absl::BytesToHexString(identity));
           PeerGone(identity);
         }
       }
@@ -254,12 +259,15 @@ struct Server::Impl {
     if (auto it = peers.find(identity); it != peers.end()) it->second.fd = fd;
 
     if (frames != 1) {
-      SendError(identity, "", ErrorCode::kInvalidRequest,
-                absl::StrCat("expected one frame (one JSON object) per message, got ", frames,
-                             frames == 0 ? "" : " (multipart messages and REQ envelopes are not supported)"));
+      SendError(
+          identity, "", ErrorCode::kInvalidRequest,
+          absl::StrCat(
+              "expected one frame (one JSON object) per message, got ", frames,
+              frames == 0 ? "" : " (multipart messages and REQ envelopes are not supported)"));
       return true;
     }
-    HandleMessage(identity, fd, std::string_view(static_cast<const char*>(payload.data()), payload.size()));
+    HandleMessage(identity, fd,
+                  std::string_view(static_cast<const char*>(payload.data()), payload.size()));
     return true;
   }
 
@@ -309,7 +317,8 @@ struct Server::Impl {
   }
 
   // Prompt -> token ids. Errors are sent; returns nullopt then.
-  std::optional<std::vector<int32_t>> Tokenize(const std::string& identity, const protocol::GenerateRequest& g) {
+  std::optional<std::vector<int32_t>> Tokenize(const std::string& identity,
+                                               const protocol::GenerateRequest& g) {
     const Tokenizer& tok = loop->tokenizer();
     if (const auto* text = std::get_if<std::string>(&g.prompt)) {
       return tok.Encode(*text);
@@ -324,7 +333,8 @@ struct Server::Impl {
     std::vector<ChatMessage> chat;
     chat.reserve(messages.size());
     for (const auto& m : messages) chat.push_back(ChatMessage{m.role, m.content});
-    absl::StatusOr<std::string> rendered = chat_template->Render(chat, /*add_generation_prompt=*/true);
+    absl::StatusOr<std::string> rendered =
+        chat_template->Render(chat, /*add_generation_prompt=*/true);
     if (!rendered.ok()) {
       SendError(identity, g.id, ErrorCode::kInvalidRequest,
                 absl::StrCat("messages: ", rendered.status().message()));
@@ -477,15 +487,17 @@ struct Server::Impl {
         // Refused by the engine before it ran: an error reply, as at admission.
         // (A request that already streamed gets the final reply below, with
         // finish_reason error: EngineLoop::FailAll sends no deltas.)
-        if (!f.orphaned) SendError(f.identity, f.client_id, CodeOf(out.error), std::string(out.error.message()));
+        if (!f.orphaned)
+          SendError(f.identity, f.client_id, CodeOf(out.error), std::string(out.error.message()));
         ForgetRequest(it);
         continue;
       }
 
       // Final message. Sequences without a reported reason ended with the request.
       const protocol::FinishReason fallback =
-          !out.error.ok() ? protocol::FinishReason::kError
-                          : (f.orphaned ? protocol::FinishReason::kAbort : protocol::FinishReason::kStop);
+          !out.error.ok()
+              ? protocol::FinishReason::kError
+              : (f.orphaned ? protocol::FinishReason::kAbort : protocol::FinishReason::kStop);
       for (size_t i = 0; i < f.outputs.size(); ++i) {
         if (!f.finished[i]) f.outputs[i].finish_reason = fallback;
       }
@@ -515,10 +527,13 @@ struct Server::Impl {
     r.cached_prompt_tokens = out.usage.cached_prompt_tokens;
     const absl::Time now = absl::Now();
     r.e2e_s = absl::ToDoubleSeconds(now - f.admitted);
-    if (f.first_output != absl::InfinitePast()) r.first_output_s = absl::ToDoubleSeconds(f.first_output - f.admitted);
+    if (f.first_output != absl::InfinitePast())
+      r.first_output_s = absl::ToDoubleSeconds(f.first_output - f.admitted);
     for (size_t i = 0; i < f.outputs.size(); ++i) {
-      r.finish_reasons.push_back(std::string(protocol::FinishReasonName(f.outputs[i].finish_reason)));
-      if (f.logged_prompt.has_value()) r.completions.push_back(f.stream ? f.logged_text[i] : f.outputs[i].text);
+      r.finish_reasons.push_back(
+          std::string(protocol::FinishReasonName(f.outputs[i].finish_reason)));
+      if (f.logged_prompt.has_value())
+        r.completions.push_back(f.stream ? f.logged_text[i] : f.outputs[i].text);
     }
     r.client_disconnected = f.orphaned;
     r.prompt = f.logged_prompt;
@@ -553,53 +568,60 @@ struct Server::Impl {
       }
       DeliverReady();
     }
-    spdlog::info("frontend: ZeroMQ front end stopped; {} requests served", counters.requests_finished);
+    spdlog::info("frontend: ZeroMQ front end stopped; {} requests served",
+                 counters.requests_finished);
     return absl::OkStatus();
   }
 
   absl::flat_hash_set<std::string> peer_gone_guard_;  // routing ids whose sends failed
 };
 
-absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options, EngineLoop* loop,
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options,
+                                                       EngineLoop* loop,
                                                        std::optional<ChatTemplate> chat_template) {
   if (loop == nullptr) return absl::InvalidArgumentError("Server::Create: loop is null");
   if (options.max_message_bytes < 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_message_bytes must be >= 64, got ", options.max_message_bytes));
   }
-  if (options.idle_poll_ms < 1 || options.max_messages_per_step < 1 || options.send_high_water_mark < 1) {
-    return absl::InvalidArgumentError("idle_poll_ms, max_messages_per_step and send_high_water_mark must be >= 1");
+  if (options.idle_poll_ms < 1 || options.max_messages_per_step < 1 ||
+      options.send_high_water_mark < 1) {
+    return absl::InvalidArgumentError(
+        "idle_poll_ms, max_messages_per_step and send_high_water_mark must be >= 1");
   }
   if (options.heartbeat_interval_ms < 0 || options.heartbeat_timeout_ms < 0) {
-    return absl::InvalidArgumentError("heartbeat_interval_ms and heartbeat_timeout_ms must be >= 0");
+    return absl::InvalidArgumentError(
+        "heartbeat_interval_ms and heartbeat_timeout_ms must be >= 0");
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->loop = loop;
   impl->chat_template = std::move(chat_template);
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (impl->wake_fd < 0) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  if (impl->wake_fd < 0)
+    return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
   try {
     impl->router = zmq::socket_t(impl->context, zmq::socket_type::router);
     impl->router.set(zmq::sockopt::router_mandatory, 1);
     impl->router.set(zmq::sockopt::linger, 0);
     impl->router.set(zmq::sockopt::sndhwm, options.send_high_water_mark);
-    impl->router.set(zmq::sockopt::maxmsgsize,
-                     static_cast<int64_t>(std::max<size_t>(size_t{16} << 20, 4 * options.max_message_bytes)));
+    impl->router.set(
+        zmq::sockopt::maxmsgsize,
+        static_cast<int64_t>(std::max<size_t>(size_t{16} << 20, 4 * options.max_message_bytes)));
     if (options.heartbeat_interval_ms > 0) {
       impl->router.set(zmq::sockopt::heartbeat_ivl, options.heartbeat_interval_ms);
-      impl->router.set(zmq::sockopt::heartbeat_timeout,
-                       options.heartbeat_timeout_ms > 0 ? options.heartbeat_timeout_ms
-                                                        : 5 * options.heartbeat_interval_ms);
+      impl->router.set(zmq::sockopt::heartbeat_timeout, options.heartbeat_timeout_ms > 0
+                                                            ? options.heartbeat_timeout_ms
+                                                            : 5 * options.heartbeat_interval_ms);
     }
-    PS_RETURN_IF_ERROR(
-        ConfigureCurveServer(options.curve, impl->context, impl->router, &impl->curve_authenticator));
-    const std::string monitor_endpoint =
-        absl::StrCat("inproc://pagedserve-frontend-monitor-", reinterpret_cast<uintptr_t>(impl.get()));
-    if (zmq_socket_monitor(impl->router.handle(), monitor_endpoint.c_str(),
-                           ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0) {
+    PS_RETURN_IF_ERROR(ConfigureCurveServer(options.curve, impl->context, impl->router,
+                                            &impl->curve_authenticator));
+    const std::string monitor_endpoint = absl::StrCat("inproc://pagedserve-frontend-monitor-",
+                                                      reinterpret_cast<uintptr_t>(impl.get()));
+    if (zmq_socket_monitor(
+            impl->router.handle(), monitor_endpoint.c_str(),
+            ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0) {
       return absl::InternalError(absl::StrCat("zmq_socket_monitor: ", zmq_strerror(zmq_errno())));
     }
     impl->monitor = zmq::socket_t(impl->context, zmq::socket_type::pair);
@@ -608,7 +630,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
     try {
       impl->router.bind(options.endpoint);
     } catch (const zmq::error_t& e) {
-      return absl::UnavailableError(absl::StrCat("cannot bind --zmq-endpoint ", options.endpoint, ": ", e.what()));
+      return absl::UnavailableError(
+          absl::StrCat("cannot bind --zmq-endpoint ", options.endpoint, ": ", e.what()));
     }
     impl->bound_endpoint = impl->router.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {

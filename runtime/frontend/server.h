@@ -98,7 +98,7 @@ struct ServerOptions {
   // processes are still seen through TCP).
   int heartbeat_interval_ms = 2000;
   int heartbeat_timeout_ms = 10000;
-  int send_high_water_mark = 100000;   // queued replies per client before it is cut
+  int send_high_water_mark = 100000;  // queued replies per client before it is cut
   // Request log (request_log.h): one line per finished request with ids,
   // token counts and timings; prompt and completion text only with
   // log_request_content (--log-request-content).
@@ -119,7 +119,8 @@ class Server {
   // (nullopt: `messages` prompts are answered with invalid_request).
   // Errors: InvalidArgument for bad options, Unavailable when the endpoint
   // cannot be bound (address in use, bad address), naming the endpoint.
-  static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options, EngineLoop* loop,
+  static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options,
+                                                        EngineLoop* loop,
                                                         std::optional<ChatTemplate> chat_template);
   ~Server();
   Server(const Server&) = delete;
@@ -134,12 +135,12 @@ class Server {
 
   // Read by the thread that runs Run() (or after it returned).
   struct Counters {
-    int64_t messages = 0;          // received, well-formed or not
-    int64_t errors_sent = 0;       // error replies
+    int64_t messages = 0;     // received, well-formed or not
+    int64_t errors_sent = 0;  // error replies
     int64_t requests_admitted = 0;
     int64_t requests_finished = 0;
-    int64_t disconnect_aborts = 0; // requests aborted because their client went away
-    int64_t handshakes_failed = 0; // connections refused in the handshake (CURVE)
+    int64_t disconnect_aborts = 0;  // requests aborted because their client went away
+    int64_t handshakes_failed = 0;  // connections refused in the handshake (CURVE)
   };
   const Counters& counters() const;
 

@@ -92,7 +92,7 @@ BlockFn BlockFunction(GgmlType type) {
 
 // kernels::WeightType repeats ggml's ids for the formats the kernels run (the
 // kernels layer cannot see this one); the casts here rely on the two agreeing.
-#define PS_SAME_ID(name) \
+#define PS_SAME_ID(name)                                 \
   static_assert(static_cast<uint32_t>(GgmlType::name) == \
                 static_cast<uint32_t>(kernels::WeightType::name))
 PS_SAME_ID(kF32);
@@ -108,9 +108,7 @@ PS_SAME_ID(kQ5_K);
 PS_SAME_ID(kQ6_K);
 #undef PS_SAME_ID
 
-bool IsKernelFormat(GgmlType type) {
-  return kernels::IsWeightType(static_cast<uint32_t>(type));
-}
+bool IsKernelFormat(GgmlType type) { return kernels::IsWeightType(static_cast<uint32_t>(type)); }
 
 }  // namespace
 
@@ -183,8 +181,8 @@ absl::Status DequantizeRows(const GgufTensorInfo& info, std::span<const uint8_t>
     auto row = data.subspan(r * info.row_bytes, info.row_bytes);
     absl::Status s = DequantizeRow(info.type, row, dst + (r - row_begin) * cols, cols);
     if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("tensor '", info.name, "' row ", r, ": ",
-                                                 s.message()));
+      return absl::Status(s.code(),
+                          absl::StrCat("tensor '", info.name, "' row ", r, ": ", s.message()));
     }
   }
   return absl::OkStatus();

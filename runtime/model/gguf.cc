@@ -20,21 +20,16 @@ size_t ScalarSize(GgufValueType t) {
   switch (t) {
     case GgufValueType::kUint8:
     case GgufValueType::kInt8:
-    case GgufValueType::kBool:
-      return 1;
+    case GgufValueType::kBool: return 1;
     case GgufValueType::kUint16:
-    case GgufValueType::kInt16:
-      return 2;
+    case GgufValueType::kInt16: return 2;
     case GgufValueType::kUint32:
     case GgufValueType::kInt32:
-    case GgufValueType::kFloat32:
-      return 4;
+    case GgufValueType::kFloat32: return 4;
     case GgufValueType::kUint64:
     case GgufValueType::kInt64:
-    case GgufValueType::kFloat64:
-      return 8;
-    default:
-      return 0;
+    case GgufValueType::kFloat64: return 8;
+    default: return 0;
   }
 }
 
@@ -49,16 +44,14 @@ bool IsIntegerType(GgufValueType t) {
     case GgufValueType::kUint32:
     case GgufValueType::kInt32:
     case GgufValueType::kUint64:
-    case GgufValueType::kInt64:
-      return true;
-    default:
-      return false;
+    case GgufValueType::kInt64: return true;
+    default: return false;
   }
 }
 
 bool IsSignedType(GgufValueType t) {
-  return t == GgufValueType::kInt8 || t == GgufValueType::kInt16 ||
-         t == GgufValueType::kInt32 || t == GgufValueType::kInt64;
+  return t == GgufValueType::kInt8 || t == GgufValueType::kInt16 || t == GgufValueType::kInt32 ||
+         t == GgufValueType::kInt64;
 }
 
 // Raw little-endian bits of a scalar of `size` bytes, sign-extended for signed
@@ -77,7 +70,7 @@ uint64_t LoadScalar(const uint8_t* p, GgufValueType t) {
 }  // namespace
 
 std::string GgufValueTypeName(GgufValueType type) {
-  static const char* const kNames[] = {"uint8",  "int8",    "uint16", "int16", "uint32",
+  static const char* const kNames[] = {"uint8",  "int8",    "uint16", "int16",  "uint32",
                                        "int32",  "float32", "bool",   "string", "array",
                                        "uint64", "int64",   "float64"};
   uint32_t t = static_cast<uint32_t>(type);
@@ -153,8 +146,8 @@ absl::Status TypeMismatch(absl::string_view want, GgufValueType got) {
 absl::StatusOr<int64_t> GgufValue::AsInt() const {
   if (!IsIntegerType(type_)) return TypeMismatch("an integer", type_);
   if (type_ == GgufValueType::kUint64 && scalar_bits_ > uint64_t{INT64_MAX}) {
-    return absl::OutOfRangeError(absl::StrCat("uint64 value ", scalar_bits_,
-                                              " does not fit in int64"));
+    return absl::OutOfRangeError(
+        absl::StrCat("uint64 value ", scalar_bits_, " does not fit in int64"));
   }
   return static_cast<int64_t>(scalar_bits_);
 }
@@ -162,8 +155,7 @@ absl::StatusOr<int64_t> GgufValue::AsInt() const {
 absl::StatusOr<uint64_t> GgufValue::AsUint() const {
   if (!IsIntegerType(type_)) return TypeMismatch("an integer", type_);
   if (IsSignedType(type_) && static_cast<int64_t>(scalar_bits_) < 0) {
-    return absl::OutOfRangeError(absl::StrCat("negative value ",
-                                              static_cast<int64_t>(scalar_bits_),
+    return absl::OutOfRangeError(absl::StrCat("negative value ", static_cast<int64_t>(scalar_bits_),
                                               " where an unsigned integer is expected"));
   }
   return scalar_bits_;
@@ -201,8 +193,8 @@ absl::StatusOr<std::string_view> GgufValue::AsString() const {
 absl::StatusOr<GgufValue> GgufValue::At(size_t i) const {
   if (!is_array()) return TypeMismatch("array", type_);
   if (i >= array_size_) {
-    return absl::OutOfRangeError(absl::StrCat("index ", i, " out of range for array of ",
-                                              array_size_, " elements"));
+    return absl::OutOfRangeError(
+        absl::StrCat("index ", i, " out of range for array of ", array_size_, " elements"));
   }
   GgufValue v;
   v.type_ = array_type_;
@@ -219,8 +211,8 @@ absl::StatusOr<GgufValue> GgufValue::At(size_t i) const {
 absl::StatusOr<std::vector<std::string>> GgufValue::AsStringArray() const {
   if (!is_array()) return TypeMismatch("array of string", type_);
   if (array_type_ != GgufValueType::kString) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expected array of string, value is array of ", GgufValueTypeName(array_type_)));
+    return absl::InvalidArgumentError(absl::StrCat("expected array of string, value is array of ",
+                                                   GgufValueTypeName(array_type_)));
   }
   return strings_;
 }
@@ -228,8 +220,8 @@ absl::StatusOr<std::vector<std::string>> GgufValue::AsStringArray() const {
 absl::StatusOr<std::vector<float>> GgufValue::AsFloatArray() const {
   if (!is_array()) return TypeMismatch("array of numbers", type_);
   if (ScalarSize(array_type_) == 0 || array_type_ == GgufValueType::kBool) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expected array of numbers, value is array of ", GgufValueTypeName(array_type_)));
+    return absl::InvalidArgumentError(absl::StrCat("expected array of numbers, value is array of ",
+                                                   GgufValueTypeName(array_type_)));
   }
   std::vector<float> out(array_size_);
   size_t es = ScalarSize(array_type_);
@@ -253,16 +245,16 @@ absl::StatusOr<std::vector<float>> GgufValue::AsFloatArray() const {
 absl::StatusOr<std::vector<int64_t>> GgufValue::AsInt64Array() const {
   if (!is_array()) return TypeMismatch("array of integers", type_);
   if (!IsIntegerType(array_type_)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expected array of integers, value is array of ", GgufValueTypeName(array_type_)));
+    return absl::InvalidArgumentError(absl::StrCat("expected array of integers, value is array of ",
+                                                   GgufValueTypeName(array_type_)));
   }
   std::vector<int64_t> out(array_size_);
   size_t es = ScalarSize(array_type_);
   for (size_t i = 0; i < array_size_; ++i) {
     uint64_t b = LoadScalar(raw_.data() + i * es, array_type_);
     if (array_type_ == GgufValueType::kUint64 && b > uint64_t{INT64_MAX}) {
-      return absl::OutOfRangeError(absl::StrCat("array element ", i, " = ", b,
-                                                " does not fit in int64"));
+      return absl::OutOfRangeError(
+          absl::StrCat("array element ", i, " = ", b, " does not fit in int64"));
     }
     out[i] = static_cast<int64_t>(b);
   }
@@ -276,8 +268,8 @@ absl::StatusOr<std::vector<int32_t>> GgufValue::AsInt32Array() const {
   for (size_t i = 0; i < wide->size(); ++i) {
     int64_t v = (*wide)[i];
     if (v < INT32_MIN || v > INT32_MAX) {
-      return absl::OutOfRangeError(absl::StrCat("array element ", i, " = ", v,
-                                                " does not fit in int32"));
+      return absl::OutOfRangeError(
+          absl::StrCat("array element ", i, " = ", v, " does not fit in int32"));
     }
     out[i] = static_cast<int32_t>(v);
   }
@@ -297,8 +289,8 @@ class GgufParser {
     uint8_t magic[4];
     if (auto s = ReadBytes("magic", magic, 4); !s.ok()) return s;
     if (std::memcmp(magic, "GGUF", 4) != 0) {
-      return Error(0, "magic", absl::StrCat("bad magic (expected \"GGUF\", got bytes ",
-                                            Hex(magic, 4), ")"));
+      return Error(0, "magic",
+                   absl::StrCat("bad magic (expected \"GGUF\", got bytes ", Hex(magic, 4), ")"));
     }
     uint32_t version = 0;
     if (auto s = ReadU32("version", &version); !s.ok()) return s;
@@ -405,15 +397,14 @@ class GgufParser {
     for (GgufTensorInfo& t : f_->tensors_) {
       std::string field = absl::StrCat("tensor '", t.name, "'");
       if (t.offset % al != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            f_->path_, ": ", field, " offset ", t.offset, ": not a multiple of the alignment ",
-            al));
+        return absl::InvalidArgumentError(absl::StrCat(f_->path_, ": ", field, " offset ", t.offset,
+                                                       ": not a multiple of the alignment ", al));
       }
       if (t.offset > size_ || data_start > size_ - t.offset ||
           t.size_bytes > size_ - data_start - t.offset) {
         return absl::InvalidArgumentError(absl::StrCat(
-            f_->path_, ": ", field, " offset ", data_start + std::min(t.offset, size_),
-            ": data (", t.size_bytes, " bytes) extends past end of file (size ", size_, ")"));
+            f_->path_, ": ", field, " offset ", data_start + std::min(t.offset, size_), ": data (",
+            t.size_bytes, " bytes) extends past end of file (size ", size_, ")"));
       }
       t.file_offset = data_start + t.offset;
     }
@@ -458,8 +449,8 @@ class GgufParser {
     if (auto s = ReadU64(absl::StrCat(field, " length"), &len); !s.ok()) return s;
     if (len > Remaining()) {
       return Error(pos_ - 8, field,
-                   absl::StrCat("string length ", len, " extends past end of file (",
-                                 Remaining(), " bytes remain, size ", size_, ")"));
+                   absl::StrCat("string length ", len, " extends past end of file (", Remaining(),
+                                " bytes remain, size ", size_, ")"));
     }
     out->assign(reinterpret_cast<const char*>(p_ + pos_), len);
     pos_ += len;
@@ -501,8 +492,8 @@ class GgufParser {
     if (count > Remaining() / min_size) {
       return Error(pos_ - 8, field,
                    absl::StrCat("array count ", count, " of ", GgufValueTypeName(v->array_type_),
-                                " extends past end of file (", Remaining(),
-                                " bytes remain, size ", size_, ")"));
+                                " extends past end of file (", Remaining(), " bytes remain, size ",
+                                size_, ")"));
     }
     v->array_size_ = count;
     if (v->array_type_ == GgufValueType::kString) {
@@ -514,8 +505,8 @@ class GgufParser {
     } else if (v->array_type_ == GgufValueType::kArray) {
       v->nested_.resize(count);
       for (uint64_t i = 0; i < count; ++i) {
-        if (auto s = ReadValue(absl::StrCat(field, "[", i, "]"), et, et_at, depth + 1,
-                               &v->nested_[i]);
+        if (auto s =
+                ReadValue(absl::StrCat(field, "[", i, "]"), et, et_at, depth + 1, &v->nested_[i]);
             !s.ok())
           return s;
       }
@@ -544,12 +535,11 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
 }
 
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string name,
-                                                             std::vector<uint8_t> bytes) {
+                                                              std::vector<uint8_t> bytes) {
   return FromMapped(std::move(name), MappedFile::FromBytes(std::move(bytes)));
 }
 
-absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromMapped(std::string name,
-                                                              MappedFile file) {
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromMapped(std::string name, MappedFile file) {
   std::unique_ptr<GgufFile> f(new GgufFile());
   f->path_ = std::move(name);
   f->file_ = std::move(file);
@@ -575,12 +565,11 @@ absl::StatusOr<const GgufValue*> GgufFile::FindOrError(std::string_view key_sv) 
 
 namespace {
 template <typename T>
-absl::StatusOr<T> Annotate(const std::string& path, std::string_view key_sv,
-                           absl::StatusOr<T> r) {
+absl::StatusOr<T> Annotate(const std::string& path, std::string_view key_sv, absl::StatusOr<T> r) {
   if (r.ok()) return r;
   absl::string_view key(key_sv.data(), key_sv.size());
-  return absl::Status(r.status().code(), absl::StrCat(path, ": metadata '", key, "': ",
-                                                      r.status().message()));
+  return absl::Status(r.status().code(),
+                      absl::StrCat(path, ": metadata '", key, "': ", r.status().message()));
 }
 }  // namespace
 

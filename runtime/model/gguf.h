@@ -153,8 +153,8 @@ struct GgufTensorInfo {
   uint64_t offset = 0;       // relative to the start of the data section (aligned)
   uint64_t file_offset = 0;  // absolute byte offset in the file
   uint64_t num_elements = 0;
-  uint64_t size_bytes = 0;   // bytes of data in the file
-  uint64_t row_bytes = 0;    // bytes of one row of dims[0] elements
+  uint64_t size_bytes = 0;  // bytes of data in the file
+  uint64_t row_bytes = 0;   // bytes of one row of dims[0] elements
   // Rows as ggml sees them: num_elements / dims[0].
   uint64_t num_rows() const { return dims.empty() ? 0 : num_elements / dims[0]; }
 };
@@ -167,15 +167,15 @@ class GgufFile {
   static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
   // Same, over bytes in memory (tests, fuzzing). `name` is used in messages.
   static absl::StatusOr<std::unique_ptr<GgufFile>> FromBytes(std::string name,
-                                                            std::vector<uint8_t> bytes);
+                                                             std::vector<uint8_t> bytes);
 
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
 
   const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }
-  uint64_t alignment() const { return alignment_; }     // general.alignment or 32
-  uint64_t data_offset() const { return data_offset_; } // start of the data section
+  uint64_t alignment() const { return alignment_; }      // general.alignment or 32
+  uint64_t data_offset() const { return data_offset_; }  // start of the data section
   uint64_t file_size() const { return size_; }
 
   // All metadata in file order.

@@ -25,8 +25,8 @@ std::string ModelArchName(ModelArch arch) {
 absl::Status ModelConfig::Validate() const {
   auto positive = [](const char* name, int64_t v) -> absl::Status {
     if (v <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("model config: ", name,
-                                                     " must be positive, got ", v));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: ", name, " must be positive, got ", v));
     }
     return absl::OkStatus();
   };
@@ -63,8 +63,7 @@ absl::Status ModelConfig::Validate() const {
   }
   if (rope_scaling.type == RopeScaling::Type::kLlama3 &&
       (!(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor) ||
-       !(rope_scaling.low_freq_factor > 0) ||
-       rope_scaling.original_max_position_embeddings <= 0)) {
+       !(rope_scaling.low_freq_factor > 0) || rope_scaling.original_max_position_embeddings <= 0)) {
     return absl::InvalidArgumentError(
         "model config: llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor and "
         "original_max_position_embeddings > 0");
@@ -101,8 +100,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
     c.arch = ModelArch::kQwen2;
     c.qkv_bias = true;
   } else {
-    return absl::UnimplementedError(absl::StrCat(g.path(), ": general.architecture '",
-                                                 *arch_name,
+    return absl::UnimplementedError(absl::StrCat(g.path(), ": general.architecture '", *arch_name,
                                                  "' is not supported (llama, qwen2)"));
   }
   const std::string p = *arch_name + ".";
@@ -130,8 +128,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   }
   if (g.Find(p + "vocab_size")) {
     PS_RETURN_IF_ERROR(GetIntField(g, p + "vocab_size", &c.vocab_size));
-  } else if (const GgufValue* toks = g.Find("tokenizer.ggml.tokens");
-             toks && toks->is_array()) {
+  } else if (const GgufValue* toks = g.Find("tokenizer.ggml.tokens"); toks && toks->is_array()) {
     c.vocab_size = static_cast<int>(toks->array_size());
   } else if (const GgufTensorInfo* t = g.FindTensor("token_embd.weight");
              t && t->dims.size() == 2) {
@@ -316,8 +313,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
       PS_RETURN_IF_ERROR(ReadNumber(rs, source, "original_max_position_embeddings", true,
                                     &c.rope_scaling.original_max_position_embeddings, kRs));
     } else if (type != "default") {
-      return absl::UnimplementedError(absl::StrCat(
-          source, ": rope_scaling type '", type, "' is not supported (linear, llama3)"));
+      return absl::UnimplementedError(absl::StrCat(source, ": rope_scaling type '", type,
+                                                   "' is not supported (linear, llama3)"));
     }
   }
   if (auto v = c.Validate(); !v.ok()) {
@@ -354,8 +351,8 @@ std::vector<double> RopeInverseFrequencies(const ModelConfig& c) {
         f = f / rs.factor;  // low frequencies: fully interpolated
       } else if (wavelen >= high_freq_wavelen) {
         // medium: smooth blend between interpolated and original
-        double smooth = (old_ctx / wavelen - rs.low_freq_factor) /
-                        (rs.high_freq_factor - rs.low_freq_factor);
+        double smooth =
+            (old_ctx / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
         f = (1.0 - smooth) * f / rs.factor + smooth * f;
       }  // high frequencies unchanged
     }

@@ -41,12 +41,12 @@ struct RopeScaling {
 
 struct ModelConfig {
   ModelArch arch = ModelArch::kLlama;
-  int num_layers = 0;           // num_hidden_layers / {arch}.block_count
-  int hidden_size = 0;          // hidden_size / {arch}.embedding_length
-  int intermediate_size = 0;    // MLP width / {arch}.feed_forward_length
-  int num_heads = 0;            // query heads
-  int num_kv_heads = 0;         // key/value heads (GQA); divides num_heads
-  int head_size = 0;            // hidden_size / num_heads unless set (head_dim)
+  int num_layers = 0;         // num_hidden_layers / {arch}.block_count
+  int hidden_size = 0;        // hidden_size / {arch}.embedding_length
+  int intermediate_size = 0;  // MLP width / {arch}.feed_forward_length
+  int num_heads = 0;          // query heads
+  int num_kv_heads = 0;       // key/value heads (GQA); divides num_heads
+  int head_size = 0;          // hidden_size / num_heads unless set (head_dim)
   int vocab_size = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
@@ -54,7 +54,7 @@ struct ModelConfig {
   bool tie_word_embeddings = false;  // LM head = token embedding matrix
   bool qkv_bias = false;             // true for Qwen2
   int64_t max_position_embeddings = 2048;
-  int32_t bos_token_id = -1;         // -1 when unknown
+  int32_t bos_token_id = -1;           // -1 when unknown
   std::vector<int32_t> eos_token_ids;  // may be empty
 
   // Checks positivity and divisibility (num_heads % num_kv_heads, even

@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromMapped(std::string name,
-                                                                            MappedFile file) {
+                                                                             MappedFile file) {
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = std::move(name);
   f->file_ = std::move(file);
@@ -59,7 +59,8 @@ absl::Status SafetensorsFile::Parse() {
   auto err = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(path_, ": ", what));
   };
-  if (size_ < 8) return err(absl::StrCat("header length at offset 0: file too short (size ", size_, ")"));
+  if (size_ < 8)
+    return err(absl::StrCat("header length at offset 0: file too short (size ", size_, ")"));
   uint64_t n;
   std::memcpy(&n, data_, 8);
   if (n > size_ - 8) {
@@ -78,11 +79,13 @@ absl::Status SafetensorsFile::Parse() {
     if (!t.is_object()) return err(field + ": entry is not an object");
     SafetensorsTensorInfo info;
     info.name = it.key();
-    if (!t.contains("dtype") || !t["dtype"].is_string()) return err(field + ": field 'dtype' missing");
+    if (!t.contains("dtype") || !t["dtype"].is_string())
+      return err(field + ": field 'dtype' missing");
     info.dtype = t["dtype"].get<std::string>();
     uint64_t es = DtypeSize(info.dtype);
     if (es == 0) return err(absl::StrCat(field, ": unknown dtype '", info.dtype, "'"));
-    if (!t.contains("shape") || !t["shape"].is_array()) return err(field + ": field 'shape' missing");
+    if (!t.contains("shape") || !t["shape"].is_array())
+      return err(field + ": field 'shape' missing");
     uint64_t numel = 1;
     for (const json& d : t["shape"]) {
       if (!d.is_number_unsigned()) return err(field + ": field 'shape' must hold integers >= 0");
@@ -136,8 +139,8 @@ absl::Status SafetensorsFile::ReadRows(const SafetensorsTensorInfo& info, uint64
   uint64_t row_len = rows == 0 ? 0 : info.num_elements / rows;
   if (row_begin > row_end || row_end > rows) {
     return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", info.name, "': rows [",
-                                                   row_begin, ", ", row_end,
-                                                   ") out of range (", rows, " rows)"));
+                                                   row_begin, ", ", row_end, ") out of range (",
+                                                   rows, " rows)"));
   }
   const uint8_t* p = data_ + info.file_offset;
   uint64_t first = row_begin * row_len, count = (row_end - row_begin) * row_len;
@@ -176,8 +179,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
     absl::flat_hash_map<std::string, size_t> file_ids;
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       if (!it.value().is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map['", it.key(),
-                                                       "'] is not a string"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path, ": weight_map['", it.key(), "'] is not a string"));
       }
       std::string f = it.value().get<std::string>();
       if (f.find('/') != std::string::npos || f == "..") {
@@ -192,16 +195,16 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
   } else if (FileExists(dir + "/model.safetensors")) {
     files.push_back("model.safetensors");
   } else {
-    return absl::NotFoundError(absl::StrCat(
-        dir, ": neither model.safetensors nor model.safetensors.index.json found"));
+    return absl::NotFoundError(
+        absl::StrCat(dir, ": neither model.safetensors nor model.safetensors.index.json found"));
   }
   for (const std::string& f : files) {
     auto sf = SafetensorsFile::Open(absl::StrCat(dir, "/", f));
     if (!sf.ok()) return sf.status();
     for (const SafetensorsTensorInfo& t : (*sf)->tensors()) {
       if (ck->owner_.contains(t.name)) {
-        return absl::InvalidArgumentError(absl::StrCat(dir, "/", f, ": tensor '", t.name,
-                                                       "' also appears in another shard"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(dir, "/", f, ": tensor '", t.name, "' also appears in another shard"));
       }
       ck->owner_.emplace(t.name, ck->files_.size());
     }

@@ -24,10 +24,10 @@ namespace pagedserve {
 
 struct SafetensorsTensorInfo {
   std::string name;
-  std::string dtype;            // "F32", "F16", "BF16", "I64", ... as in the file
-  std::vector<int64_t> shape;   // PyTorch order (row-major, last dim fastest)
+  std::string dtype;           // "F32", "F16", "BF16", "I64", ... as in the file
+  std::vector<int64_t> shape;  // PyTorch order (row-major, last dim fastest)
   uint64_t num_elements = 0;
-  uint64_t file_offset = 0;     // absolute offset of the first byte
+  uint64_t file_offset = 0;  // absolute offset of the first byte
   uint64_t size_bytes = 0;
 };
 
@@ -41,7 +41,7 @@ class SafetensorsFile {
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
   // Same, over bytes in memory (tests, fuzzing). `name` is used in messages.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBytes(std::string name,
-                                                                   std::vector<uint8_t> bytes);
+                                                                    std::vector<uint8_t> bytes);
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
@@ -61,7 +61,7 @@ class SafetensorsFile {
  private:
   SafetensorsFile() = default;
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromMapped(std::string name,
-                                                                    MappedFile file);
+                                                                     MappedFile file);
   absl::Status Parse();
   std::string path_;
   MappedFile file_;

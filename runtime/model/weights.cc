@@ -12,10 +12,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "kernels/cpu/half.h"
+#include "runtime/common/status_macros.h"
 #include "runtime/model/dequant.h"
 #include "runtime/model/gguf.h"
 #include "runtime/model/safetensors.h"
-#include "runtime/common/status_macros.h"
 
 namespace pagedserve {
 
@@ -30,8 +30,8 @@ const char* WeightDTypeName(WeightDType d) {
 }
 
 absl::StatusOr<WeightDType> ParseWeightDType(std::string_view name) {
-  for (WeightDType d : {WeightDType::kAuto, WeightDType::kFloat32, WeightDType::kFloat16,
-                        WeightDType::kBFloat16}) {
+  for (WeightDType d :
+       {WeightDType::kAuto, WeightDType::kFloat32, WeightDType::kFloat16, WeightDType::kBFloat16}) {
     if (name == WeightDTypeName(d)) return d;
   }
   return absl::InvalidArgumentError(absl::StrCat(
@@ -57,8 +57,8 @@ absl::StatusOr<ShardLayout> ComputeShardLayout(const ModelConfig& c, int tp_rank
         absl::StrCat("tensor parallel rank ", tp_rank, " of size ", tp_size, " is invalid"));
   }
   if (c.num_heads % tp_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor parallel size ", tp_size,
-                                                   " does not divide num_heads ", c.num_heads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor parallel size ", tp_size, " does not divide num_heads ", c.num_heads));
   }
   if (c.intermediate_size % tp_size != 0) {
     return absl::InvalidArgumentError(absl::StrCat("tensor parallel size ", tp_size,
@@ -66,14 +66,13 @@ absl::StatusOr<ShardLayout> ComputeShardLayout(const ModelConfig& c, int tp_rank
                                                    c.intermediate_size));
   }
   if (c.num_kv_heads <= 0 || c.num_heads % c.num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("num_heads ", c.num_heads,
-                                                   " is not a multiple of num_kv_heads ",
-                                                   c.num_kv_heads));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_heads ", c.num_heads, " is not a multiple of num_kv_heads ", c.num_kv_heads));
   }
   if (tp_size <= c.num_kv_heads ? c.num_kv_heads % tp_size != 0 : tp_size % c.num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor parallel size ", tp_size, " and num_kv_heads ", c.num_kv_heads,
-        " must divide one another"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallel size ", tp_size,
+                                                   " and num_kv_heads ", c.num_kv_heads,
+                                                   " must divide one another"));
   }
   ShardLayout s;
   s.tp_rank = tp_rank;
@@ -135,17 +134,16 @@ class GgufSource : public TensorSource {
     if (hf == "model.embed_tokens.weight") return "token_embd.weight";
     if (hf == "model.norm.weight") return "output_norm.weight";
     if (hf == "lm_head.weight") return "output.weight";
-    std::string n = absl::StrReplaceAll(
-        hf, {{"model.layers.", "blk."},
-             {".self_attn.q_proj.", ".attn_q."},
-             {".self_attn.k_proj.", ".attn_k."},
-             {".self_attn.v_proj.", ".attn_v."},
-             {".self_attn.o_proj.", ".attn_output."},
-             {".input_layernorm.", ".attn_norm."},
-             {".post_attention_layernorm.", ".ffn_norm."},
-             {".mlp.gate_proj.", ".ffn_gate."},
-             {".mlp.up_proj.", ".ffn_up."},
-             {".mlp.down_proj.", ".ffn_down."}});
+    std::string n = absl::StrReplaceAll(hf, {{"model.layers.", "blk."},
+                                             {".self_attn.q_proj.", ".attn_q."},
+                                             {".self_attn.k_proj.", ".attn_k."},
+                                             {".self_attn.v_proj.", ".attn_v."},
+                                             {".self_attn.o_proj.", ".attn_output."},
+                                             {".input_layernorm.", ".attn_norm."},
+                                             {".post_attention_layernorm.", ".ffn_norm."},
+                                             {".mlp.gate_proj.", ".ffn_gate."},
+                                             {".mlp.up_proj.", ".ffn_up."},
+                                             {".mlp.down_proj.", ".ffn_down."}});
     return n;
   }
 
@@ -253,12 +251,18 @@ class SafetensorsSource : public TensorSource {
 // Types the CPU linear kernels (kernels/weight_format.h) run in place.
 bool KeepsStored(GgmlType t) {
   switch (t) {
-    case GgmlType::kF32: case GgmlType::kF16: case GgmlType::kBF16: case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1: case GgmlType::kQ5_0: case GgmlType::kQ5_1: case GgmlType::kQ8_0:
-    case GgmlType::kQ4_K: case GgmlType::kQ5_K: case GgmlType::kQ6_K:
-      return true;
-    default:
-      return false;
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K: return true;
+    default: return false;
   }
 }
 
@@ -274,9 +278,8 @@ class Loader {
     auto shape = src_.Shape(name);
     if (!shape.ok()) return shape.status();
     if (*shape != want) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': shape ",
-                                                     ShapeString(*shape), ", expected ",
-                                                     ShapeString(want)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': shape ", ShapeString(*shape), ", expected ", ShapeString(want)));
     }
     return absl::OkStatus();
   }
@@ -377,10 +380,10 @@ class Loader {
     const int64_t i0 = s_.first_intermediate, i1 = i0 + s_.intermediate_size;
     const int64_t qn = int64_t{c_.num_heads} * d, kn = int64_t{c_.num_kv_heads} * d;
     PS_ASSIGN_OR_RETURN(L->input_layernorm, Vector(p + "input_layernorm.weight", h, 0, h));
-    PS_ASSIGN_OR_RETURN(L->q_proj, Rows(p + "self_attn.q_proj.weight", qn, h, q0, q1,
-                                        s_.num_heads));
-    PS_ASSIGN_OR_RETURN(L->k_proj, Rows(p + "self_attn.k_proj.weight", kn, h, k0, k1,
-                                        s_.num_kv_heads));
+    PS_ASSIGN_OR_RETURN(L->q_proj,
+                        Rows(p + "self_attn.q_proj.weight", qn, h, q0, q1, s_.num_heads));
+    PS_ASSIGN_OR_RETURN(L->k_proj,
+                        Rows(p + "self_attn.k_proj.weight", kn, h, k0, k1, s_.num_kv_heads));
     PS_ASSIGN_OR_RETURN(L->v_proj, Rows(p + "self_attn.v_proj.weight", kn, h, k0, k1));
     if (c_.qkv_bias) {
       PS_ASSIGN_OR_RETURN(L->q_bias, Vector(p + "self_attn.q_proj.bias", qn, q0, q1));
@@ -404,7 +407,7 @@ class Loader {
   absl::StatusOr<std::optional<TensorSource::Stored>> KeptStored(const std::string& name) {
     if (dtype_ == WeightDType::kFloat32) return std::nullopt;
     PS_ASSIGN_OR_RETURN(TensorSource::Stored st, src_.StoredRows(name));
-    const bool keep = dtype_ == WeightDType::kAuto    ? KeepsStored(st.type)
+    const bool keep = dtype_ == WeightDType::kAuto      ? KeepsStored(st.type)
                       : dtype_ == WeightDType::kFloat16 ? st.type == GgmlType::kF16
                                                         : st.type == GgmlType::kBF16;
     if (!keep) return std::nullopt;
@@ -433,8 +436,8 @@ class Loader {
     m.row_bytes = m.cols * 2;
     m.owned.resize(m.data.size() * 2);
     for (size_t i = 0; i < m.data.size(); ++i) {
-      const uint16_t v = bf ? kernels::FloatToBFloat16Bits(m.data[i])
-                            : kernels::FloatToHalfBits(m.data[i]);
+      const uint16_t v =
+          bf ? kernels::FloatToBFloat16Bits(m.data[i]) : kernels::FloatToHalfBits(m.data[i]);
       std::memcpy(m.owned.data() + 2 * i, &v, 2);
     }
     m.data = {};
@@ -476,8 +479,8 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path) {
   return ModelConfigFromGguf(**g);
 }
 
-absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_rank,
-                                              int tp_size, WeightDType dtype) {
+absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_rank, int tp_size,
+                                              WeightDType dtype) {
   LlamaWeights w;
   w.dtype = dtype;
   auto src = OpenSource(path, &w.config);
@@ -493,8 +496,8 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_ra
   w.shard = *shard;
   const ModelConfig& c = w.config;
   Loader loader(**src, c, w.shard, dtype);
-  auto embed = loader.Rows("model.embed_tokens.weight", c.vocab_size, c.hidden_size, 0,
-                           c.vocab_size);
+  auto embed =
+      loader.Rows("model.embed_tokens.weight", c.vocab_size, c.hidden_size, 0, c.vocab_size);
   if (!embed.ok()) return named(embed.status());
   w.embed_tokens = std::move(*embed);
   auto norm = loader.Vector("model.norm.weight", c.hidden_size, 0, c.hidden_size);

@@ -73,10 +73,10 @@ struct Matrix {
   int64_t cols = 0;
   std::vector<float> data;  // rows * cols fp32 values, or empty when stored
 
-  GgmlType type = GgmlType::kF32;  // stored format (meaningful when data is empty)
-  uint64_t row_bytes = 0;          // bytes of one stored row
-  const uint8_t* mapped = nullptr; // stored rows inside a file mapping, or null
-  std::vector<uint8_t> owned;      // stored rows copied (permuted, sliced, converted)
+  GgmlType type = GgmlType::kF32;   // stored format (meaningful when data is empty)
+  uint64_t row_bytes = 0;           // bytes of one stored row
+  const uint8_t* mapped = nullptr;  // stored rows inside a file mapping, or null
+  std::vector<uint8_t> owned;       // stored rows copied (permuted, sliced, converted)
 
   bool empty() const { return data.empty() && bytes() == nullptr; }
   bool is_fp32() const { return !data.empty(); }  // the float32 representation
@@ -105,8 +105,7 @@ struct ShardLayout {
 
 // InvalidArgument (naming the counts) when tp_size does not divide the heads
 // or the MLP as required above, or tp_rank is outside [0, tp_size).
-absl::StatusOr<ShardLayout> ComputeShardLayout(const ModelConfig& config, int tp_rank,
-                                               int tp_size);
+absl::StatusOr<ShardLayout> ComputeShardLayout(const ModelConfig& config, int tp_rank, int tp_size);
 
 // One decoder layer's local shard. D = head_size, h = hidden_size,
 // Hl/KVl/Il = local query heads / KV heads / intermediate (ShardLayout).
@@ -130,15 +129,13 @@ struct LlamaWeights {
   std::shared_ptr<const void> mapping;
   ModelConfig config;  // full-model description (global head counts)
   ShardLayout shard;
-  Matrix embed_tokens;             // [vocab, h], replicated
-  Matrix lm_head;                  // [vocab, h]; empty when config.tie_word_embeddings
-  std::vector<float> final_norm;   // [h]
+  Matrix embed_tokens;            // [vocab, h], replicated
+  Matrix lm_head;                 // [vocab, h]; empty when config.tie_word_embeddings
+  std::vector<float> final_norm;  // [h]
   std::vector<LayerWeights> layers;
 
   // The LM head matrix: lm_head, or embed_tokens when tied.
-  const Matrix& output_embeddings() const {
-    return lm_head.empty() ? embed_tokens : lm_head;
-  }
+  const Matrix& output_embeddings() const { return lm_head.empty() ? embed_tokens : lm_head; }
 };
 
 // The model description of `path`: a .gguf file (ModelConfigFromGguf) or a

@@ -15,9 +15,9 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Cand {
-  float s;      // processed logit (after temperature, max subtracted), <= 0
+  float s;  // processed logit (after temperature, max subtracted), <= 0
   int32_t id;
-  float e;      // exp(s), filled once needed
+  float e;  // exp(s), filled once needed
 };
 
 // Strict total order: larger value first, then lower token id.
@@ -32,10 +32,11 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-absl::Status CheckRow(std::span<const float> logits_row, const SamplerRow& row,
-                      int32_t vocab_size, size_t row_index) {
+absl::Status CheckRow(std::span<const float> logits_row, const SamplerRow& row, int32_t vocab_size,
+                      size_t row_index) {
   auto where = [&] { return absl::StrCat("sampler row ", row_index, " (seq ", row.seq_id, "): "); };
-  if (row.params == nullptr) return absl::InvalidArgumentError(absl::StrCat(where(), "params is null"));
+  if (row.params == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat(where(), "params is null"));
   if (absl::Status s = row.params->Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where(), s.message()));
   }
@@ -58,8 +59,8 @@ absl::Status CheckRow(std::span<const float> logits_row, const SamplerRow& row,
   for (size_t i = 0; i < row.token_history.size(); ++i) {
     const int32_t t = row.token_history[i];
     if (t < 0 || t >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(where(), "token_history[", i, "] = ", t,
-                                                     " outside [0, ", vocab_size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(), "token_history[", i, "] = ", t, " outside [0, ", vocab_size, ")"));
     }
   }
   // Branch-free scan first (vectorizes); locate the culprit only when there is one.
@@ -151,8 +152,8 @@ void Filter(std::span<const float> w, const SamplingParams& p, std::vector<Cand>
   cands.clear();
   sorted = false;
   const bool top_k_active = p.top_k > 0 && static_cast<size_t>(p.top_k) < v;
-  double z = 0.0;      // normalizer over the top-k survivors (what top-p renormalizes by)
-  size_t k_count = 0;  // |K|
+  double z = 0.0;         // normalizer over the top-k survivors (what top-p renormalizes by)
+  size_t k_count = 0;     // |K|
   float keep_min = 0.0f;  // survivors need e >= keep_min (and e > 0)
   if (p.min_p > 0.0f) keep_min = p.min_p;
   // Top-p prefilter: p_i < (1 - top_p) / |K| lies outside the nucleus.
@@ -162,9 +163,10 @@ void Filter(std::span<const float> w, const SamplingParams& p, std::vector<Cand>
     }
   };
   auto DropBelowKeepMin = [&] {
-    cands.erase(std::remove_if(cands.begin(), cands.end(),
-                               [keep_min](const Cand& c) { return !(c.e > 0.0f && c.e >= keep_min); }),
-                cands.end());
+    cands.erase(
+        std::remove_if(cands.begin(), cands.end(),
+                       [keep_min](const Cand& c) { return !(c.e > 0.0f && c.e >= keep_min); }),
+        cands.end());
   };
   if (top_k_active && static_cast<size_t>(p.top_k) * 8 <= v) {
     // Heap of the k best (front = worst kept), one pass over the raw values.
@@ -349,8 +351,9 @@ absl::StatusOr<std::vector<SampledToken>> Sampler::Sample(std::span<const float>
                                                           std::span<const SamplerRow> rows) {
   const size_t v = static_cast<size_t>(vocab_size_);
   if (logits.size() != rows.size() * v) {
-    return absl::InvalidArgumentError(absl::StrCat("logits have ", logits.size(), " entries, expected ",
-                                                   rows.size(), " rows x vocab_size ", v));
+    return absl::InvalidArgumentError(absl::StrCat("logits have ", logits.size(),
+                                                   " entries, expected ", rows.size(),
+                                                   " rows x vocab_size ", v));
   }
   // Validation and every random draw happen up front, sequentially, so that the
   // parallel part below is deterministic and touches no shared generator.

@@ -41,7 +41,8 @@
 // Errors (InvalidArgument): logits shape does not match rows x vocab_size, invalid
 // SamplingParams (SamplingParams::Validate), num_samples outside [1, 64] (n's range),
 // a token id in the history outside [0, vocab_size), prompt_len outside
-// [0, history length], a NaN or +inf logit, or a row whose logits are all -inf. No partial result on error.
+// [0, history length], a NaN or +inf logit, or a row whose logits are all -inf. No partial result
+// on error.
 //
 // Thread safety: a Sampler is not thread-safe (it owns the unseeded generator and
 // scratch buffers); rows of one call are processed in parallel with OpenMP.
@@ -65,17 +66,17 @@ namespace pagedserve {
 //   mirror of the sequence (runtime/common/step_plan_mirror.h: set when it
 //   started, copied from s.fork_from when a sibling is forked).
 struct SamplerRow {
-  SeqId seq_id = 0;                          // copied into every SampledToken
-  const SamplingParams* params = nullptr;    // not owned; required
+  SeqId seq_id = 0;                        // copied into every SampledToken
+  const SamplingParams* params = nullptr;  // not owned; required
   // Prompt tokens followed by the output tokens generated so far (the step's fed
   // tokens included). Penalties read it; it is not owned.
   std::span<const int32_t> token_history;
-  int32_t prompt_len = 0;                    // first prompt_len entries are the prompt
+  int32_t prompt_len = 0;  // first prompt_len entries are the prompt
   // Position of the token being sampled = SequenceStep::context_len(). Part of the
   // seeded stream's key.
   int64_t position = 0;
-  int32_t sample_index = 0;                  // draw j uses sample_index + j
-  int32_t num_samples = 1;                   // SequenceStep::num_samples
+  int32_t sample_index = 0;  // draw j uses sample_index + j
+  int32_t num_samples = 1;   // SequenceStep::num_samples
 };
 
 // The distribution a row is drawn from after steps 1-6: surviving token ids and

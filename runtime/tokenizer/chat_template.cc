@@ -53,8 +53,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Create(std::string_view source, std::
     t.family_ = ChatTemplateFamily::kChatMl;
     // A literal default system turn: '<|im_start|>system\n...<|im_end|>' inside one
     // quoted string (not followed by a concatenated message['content']).
-    for (std::string_view marker : {std::string_view("<|im_start|>system\n"),
-                                    std::string_view("<|im_start|>system\\n")}) {
+    for (std::string_view marker :
+         {std::string_view("<|im_start|>system\n"), std::string_view("<|im_start|>system\\n")}) {
       size_t at = source.find(marker);
       while (at != std::string_view::npos) {
         size_t start = at + marker.size();
@@ -114,10 +114,10 @@ absl::StatusOr<std::string> ChatTemplate::Render(std::span<const ChatMessage> me
       }
       for (size_t i = 0; i < loop.size(); ++i) {
         if ((loop[i].role == "user") != (i % 2 == 0)) return AlternationError();
-        std::string content = (i == 0 && system != nullptr)
-                                  ? absl::StrCat("<<SYS>>\n", *system, "\n<</SYS>>\n\n",
-                                                 loop[i].content)
-                                  : loop[i].content;
+        std::string content =
+            (i == 0 && system != nullptr)
+                ? absl::StrCat("<<SYS>>\n", *system, "\n<</SYS>>\n\n", loop[i].content)
+                : loop[i].content;
         if (loop[i].role == "user") {
           absl::StrAppend(&out, bos_, "[INST] ", Strip(content), " [/INST]");
         } else if (loop[i].role == "assistant") {

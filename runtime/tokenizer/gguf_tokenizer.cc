@@ -29,9 +29,9 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromGguf(const GgufFile& file) {
   } else if (*model == "llama") {
     spec.model = TokenizerModel::kSentencePieceBpe;
   } else {
-    return absl::UnimplementedError(absl::StrFormat(
-        "%s: tokenizer.ggml.model '%s' is not supported (only 'gpt2' and 'llama')", file.path(),
-        *model));
+    return absl::UnimplementedError(
+        absl::StrFormat("%s: tokenizer.ggml.model '%s' is not supported (only 'gpt2' and 'llama')",
+                        file.path(), *model));
   }
   const bool spm = spec.model == TokenizerModel::kSentencePieceBpe;
   PS_ASSIGN_OR_RETURN(spec.tokens, file.GetStringArray("tokenizer.ggml.tokens"));
@@ -58,9 +58,9 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromGguf(const GgufFile& file) {
       const std::string& m = merges[i];
       size_t space = m.find(' ', 1);  // a part may itself start with a space
       if (space == std::string::npos) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: tokenizer.ggml.merges[%d]: '%s' is not of the form 'left right'", file.path(),
-            i, m));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: tokenizer.ggml.merges[%d]: '%s' is not of the form 'left right'",
+                            file.path(), i, m));
       }
       spec.merges.emplace_back(m.substr(0, space), m.substr(space + 1));
     }
@@ -74,8 +74,8 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromGguf(const GgufFile& file) {
     if (!pre.ok()) return pre.status();
     auto regexes = PreTokenizerRegexes(*pre);
     if (!regexes.ok()) {
-      return absl::UnimplementedError(absl::StrFormat(
-          "%s: tokenizer.ggml.pre: %s", file.path(), regexes.status().message()));
+      return absl::UnimplementedError(
+          absl::StrFormat("%s: tokenizer.ggml.pre: %s", file.path(), regexes.status().message()));
     }
     spec.pre_tokenizer_regexes = std::move(*regexes);
     spec.ignore_merges = *pre == "llama3" || *pre == "llama-bpe" || *pre == "llama-v3";
@@ -93,9 +93,9 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromGguf(const GgufFile& file) {
     auto id = Optional<int64_t>(file, k.key, -1, get_int);
     if (!id.ok()) return id.status();
     if (*id < -1 || *id >= static_cast<int64_t>(spec.tokens.size())) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: %s: %d is outside the vocabulary of %d tokens", file.path(), k.key, *id,
-          spec.tokens.size()));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: %s: %d is outside the vocabulary of %d tokens", file.path(), k.key,
+                          *id, spec.tokens.size()));
     }
     *k.out = static_cast<int32_t>(*id);
   }

@@ -24,8 +24,8 @@ absl::Status Unsupported(std::string_view file, std::string_view field, std::str
 }
 
 // Optional typed members: absent or null -> fallback; wrong type -> error.
-absl::StatusOr<bool> GetBool(const json& obj, const char* key, bool fallback,
-                             std::string_view file, const std::string& path) {
+absl::StatusOr<bool> GetBool(const json& obj, const char* key, bool fallback, std::string_view file,
+                             const std::string& path) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return fallback;
   if (!it->is_boolean()) return Bad(file, absl::StrCat(path, key), "expected a boolean");
@@ -39,8 +39,7 @@ absl::StatusOr<std::string> GetString(const json& obj, const char* key, std::str
   return it->get<std::string>();
 }
 // A special token in tokenizer_config.json: "text" or {"content": "text", ...}.
-absl::StatusOr<std::string> GetTokenText(const json& obj, const char* key,
-                                         std::string_view file) {
+absl::StatusOr<std::string> GetTokenText(const json& obj, const char* key, std::string_view file) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return std::string();
   if (it->is_string()) return it->get<std::string>();
@@ -162,8 +161,8 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromHfJson(std::string_view tokenizer
   if (!root.is_object()) return Bad(kFile, "(document)", "expected an object");
   json config = json::object();
   if (!tokenizer_config_json.empty()) {
-    config = json::parse(tokenizer_config_json.begin(), tokenizer_config_json.end(), nullptr,
-                         false);
+    config =
+        json::parse(tokenizer_config_json.begin(), tokenizer_config_json.end(), nullptr, false);
     if (config.is_discarded()) return Bad(kConfig, "(document)", "not valid JSON");
     if (!config.is_object()) return Bad(kConfig, "(document)", "expected an object");
   }
@@ -176,8 +175,8 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromHfJson(std::string_view tokenizer
   auto model_type = GetString(model, "type", kFile, "model.");
   if (!model_type.ok()) return model_type.status();
   if (!model_type->empty() && *model_type != "BPE") {
-    return Unsupported(kFile, "model.type", absl::StrCat("model '", *model_type,
-                                                         "' (only BPE is supported)"));
+    return Unsupported(kFile, "model.type",
+                       absl::StrCat("model '", *model_type, "' (only BPE is supported)"));
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     auto v = GetString(model, key, kFile, "model.");
@@ -216,7 +215,8 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromHfJson(std::string_view tokenizer
       seen.resize(id + 1, false);
     }
     if (seen[id] && tokens[id] != text) {
-      return Bad(kFile, field, absl::StrFormat("id %d is used by '%s' and '%s'", id, tokens[id], text));
+      return Bad(kFile, field,
+                 absl::StrFormat("id %d is used by '%s' and '%s'", id, tokens[id], text));
     }
     tokens[id] = text;
     seen[id] = true;
@@ -300,7 +300,8 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromHfJson(std::string_view tokenizer
     if (norm.is_object() && norm.value("type", "") == "Sequence" && norm.contains("normalizers") &&
         norm["normalizers"].is_array()) {
       for (size_t i = 0; i < norm["normalizers"].size(); ++i) {
-        parts.emplace_back(&norm["normalizers"][i], absl::StrFormat("normalizer.normalizers[%d]", i));
+        parts.emplace_back(&norm["normalizers"][i],
+                           absl::StrFormat("normalizer.normalizers[%d]", i));
       }
     } else {
       parts.emplace_back(&norm, "normalizer");
@@ -310,7 +311,8 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromHfJson(std::string_view tokenizer
       if (type == "Prepend" && n->value("prepend", "") == kSpmSpace) {
         normalizer_prepend = true;
       } else if (type == "Replace" && n->contains("pattern") && (*n)["pattern"].is_object() &&
-                 (*n)["pattern"].value("String", "") == " " && n->value("content", "") == kSpmSpace) {
+                 (*n)["pattern"].value("String", "") == " " &&
+                 n->value("content", "") == kSpmSpace) {
         normalizer_replace = true;
       } else {
         return Unsupported(kFile, field + ".type",
@@ -355,7 +357,8 @@ absl::StatusOr<TokenizerSpec> TokenizerSpecFromHfJson(std::string_view tokenizer
   };
   spec.unk_id = id_of(*unk);
   for (auto [key, out] : {std::pair<const char*, int32_t*>{"bos_token", &spec.bos_id},
-                          {"eos_token", &spec.eos_id}, {"unk_token", &spec.unk_id},
+                          {"eos_token", &spec.eos_id},
+                          {"unk_token", &spec.unk_id},
                           {"pad_token", &spec.pad_id}}) {
     auto text = GetTokenText(config, key, kConfig);
     if (!text.ok()) return text.status();

@@ -110,9 +110,9 @@ class Regex {
     if (code == nullptr) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(error, message, sizeof(message));
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: regex does not compile at offset %d: %s", field, offset,
-          reinterpret_cast<const char*>(message)));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: regex does not compile at offset %d: %s", field, offset,
+                          reinterpret_cast<const char*>(message)));
     }
     auto regex = std::unique_ptr<Regex>(new Regex(code));
     regex->jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
@@ -127,8 +127,9 @@ class Regex {
     size_t pos = 0, gap_start = 0;
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     while (pos <= text.size()) {
-      int rc = jit_ ? pcre2_jit_match(code_, subject, text.size(), pos, 0, md, nullptr)
-                    : pcre2_match(code_, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+      int rc = jit_
+                   ? pcre2_jit_match(code_, subject, text.size(), pos, 0, md, nullptr)
+                   : pcre2_match(code_, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
       if (rc < 0) break;
       PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       size_t start = ov[0], end = ov[1];
@@ -166,7 +167,8 @@ absl::StatusOr<std::vector<std::string>> PreTokenizerRegexes(std::string_view na
   static const std::string kQwen2 =
       "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
       "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-  if (name == "gpt2" || name == "gpt-2" || name == "default") return std::vector<std::string>{kGpt2};
+  if (name == "gpt2" || name == "gpt-2" || name == "default")
+    return std::vector<std::string>{kGpt2};
   if (name == "smollm" || name == "starcoder" || name == "refact" || name == "command-r" ||
       name == "codeshell" || name == "exaone" || name == "minerva") {
     return std::vector<std::string>{"\\p{N}", kGpt2};
@@ -247,8 +249,8 @@ struct Tokenizer::Impl {
   // (left id, right id) -> (rank, merged id).
   absl::flat_hash_map<uint64_t, std::pair<int32_t, int32_t>> merges;
   std::vector<std::unique_ptr<Regex>> regexes;
-  int32_t byte_ids[256];           // byte-level: id of each byte character
-  int32_t byte_fallback_ids[256];  // SentencePiece: id of "<0xXX>" or -1
+  int32_t byte_ids[256];                  // byte-level: id of each byte character
+  int32_t byte_fallback_ids[256];         // SentencePiece: id of "<0xXX>" or -1
   std::vector<int16_t> byte_token_value;  // SentencePiece: byte of a <0xXX> token or -1
   std::vector<bool> is_special;
   std::vector<int32_t> added_index;  // id -> index into spec.added_tokens or -1
@@ -452,15 +454,16 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(TokenizerSpec spec)
   const int32_t n = static_cast<int32_t>(spec.tokens.size());
   if (n == 0) return absl::InvalidArgumentError("tokens: the vocabulary is empty");
   if (!spec.scores.empty() && spec.scores.size() != spec.tokens.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "scores: %d entries for %d tokens", spec.scores.size(), spec.tokens.size()));
+    return absl::InvalidArgumentError(absl::StrFormat("scores: %d entries for %d tokens",
+                                                      spec.scores.size(), spec.tokens.size()));
   }
   if (!spec.token_types.empty() && spec.token_types.size() != spec.tokens.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "token_types: %d entries for %d tokens", spec.token_types.size(), spec.tokens.size()));
+    return absl::InvalidArgumentError(absl::StrFormat("token_types: %d entries for %d tokens",
+                                                      spec.token_types.size(), spec.tokens.size()));
   }
   for (auto [name, id] : {std::pair<const char*, int32_t>{"bos_id", spec.bos_id},
-                          {"eos_id", spec.eos_id}, {"unk_id", spec.unk_id},
+                          {"eos_id", spec.eos_id},
+                          {"unk_id", spec.unk_id},
                           {"pad_id", spec.pad_id}}) {
     if (id < -1 || id >= n) {
       return absl::InvalidArgumentError(
@@ -483,8 +486,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(TokenizerSpec spec)
       // "<unk>" written in the text is the unknown token under parse_special,
       // as in HF, where it is an added special token.
       if (t == TokenType::kControl || t == TokenType::kUserDefined || t == TokenType::kUnknown) {
-        spec.added_tokens.push_back({id, spec.tokens[id], t != TokenType::kUserDefined, false,
-                                     false});
+        spec.added_tokens.push_back(
+            {id, spec.tokens[id], t != TokenType::kUserDefined, false, false});
       }
     }
   }
@@ -501,7 +504,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(TokenizerSpec spec)
     }
     impl->is_special[t.id] = impl->is_special[t.id] || t.special;
     impl->added_index[t.id] = static_cast<int32_t>(i);
-    impl->added_by_first_byte[static_cast<uint8_t>(t.content[0])].push_back(static_cast<int32_t>(i));
+    impl->added_by_first_byte[static_cast<uint8_t>(t.content[0])].push_back(
+        static_cast<int32_t>(i));
   }
   for (auto& list : impl->added_by_first_byte) {
     std::stable_sort(list.begin(), list.end(), [&](int32_t a, int32_t b) {
@@ -515,14 +519,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(TokenizerSpec spec)
     auto l = impl->vocab.find(left), r = impl->vocab.find(right);
     auto m = impl->vocab.find(absl::StrCat(left, right));
     if (l == impl->vocab.end() || r == impl->vocab.end() || m == impl->vocab.end()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "merges[%d]: '%s %s': %s is not in the vocabulary", i, left, right,
-          l == impl->vocab.end() ? "the left part" : r == impl->vocab.end() ? "the right part"
-                                                                             : "the merged token"));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("merges[%d]: '%s %s': %s is not in the vocabulary", i, left, right,
+                          l == impl->vocab.end()   ? "the left part"
+                          : r == impl->vocab.end() ? "the right part"
+                                                   : "the merged token"));
     }
     // The first occurrence of a pair defines its rank.
-    impl->merges.try_emplace(PairKey(l->second, r->second),
-                             static_cast<int32_t>(i), m->second);
+    impl->merges.try_emplace(PairKey(l->second, r->second), static_cast<int32_t>(i), m->second);
   }
 
   std::fill(std::begin(impl->byte_ids), std::end(impl->byte_ids), -1);
@@ -570,8 +574,8 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, const EncodeOption
     if (spec.model == TokenizerModel::kByteLevelBpe) {
       m.EncodeByteLevel(piece, &out);
     } else {
-      bool prefix = spec.add_space_prefix &&
-                    (spec.space_prefix_first_only ? offset == 0 : prev_special);
+      bool prefix =
+          spec.add_space_prefix && (spec.space_prefix_first_only ? offset == 0 : prev_special);
       m.EncodeSentencePiece(piece, prefix, &out);
     }
     prev_special = false;

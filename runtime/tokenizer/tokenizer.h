@@ -23,8 +23,8 @@
 // Ids are int32 in [0, vocab_size). Encode never fails on any byte string:
 // invalid UTF-8 in the input is handled byte-wise (byte-level BPE) or through
 // byte fallback / unk (SentencePiece); a byte whose character is missing from a
-// byte-level vocabulary encodes as unk_id (dropped when there is none), as HF. Decode replaces each maximal invalid
-// UTF-8 subsequence by U+FFFD (as Python's errors="replace" and Rust's
+// byte-level vocabulary encodes as unk_id (dropped when there is none), as HF. Decode replaces each
+// maximal invalid UTF-8 subsequence by U+FFFD (as Python's errors="replace" and Rust's
 // from_utf8_lossy); an out-of-range id is an error.
 //
 // A Tokenizer is immutable after Create() and safe to use from several threads
@@ -57,16 +57,16 @@ enum class TokenType : int32_t {
   kControl = 3,      // special tokens: <|im_start|>, <s>, ...
   kUserDefined = 4,  // added (non-special) tokens
   kUnused = 5,
-  kByte = 6,         // <0xXX> byte-fallback tokens (SentencePiece)
+  kByte = 6,  // <0xXX> byte-fallback tokens (SentencePiece)
 };
 
 // A token matched verbatim in the raw text before BPE.
 struct AddedToken {
   int32_t id = -1;
-  std::string content;   // exact UTF-8 text
-  bool special = true;   // matched only with parse_special; skippable in Decode
-  bool lstrip = false;   // also swallows whitespace on its left
-  bool rstrip = false;   // also swallows whitespace on its right
+  std::string content;  // exact UTF-8 text
+  bool special = true;  // matched only with parse_special; skippable in Decode
+  bool lstrip = false;  // also swallows whitespace on its left
+  bool rstrip = false;  // also swallows whitespace on its right
 };
 
 // Everything needed to build a Tokenizer. Filled from GGUF metadata
@@ -77,8 +77,8 @@ struct TokenizerSpec {
   // Vocabulary: tokens[id] is the token's text in the model's alphabet (GPT-2
   // byte characters for byte-level BPE, "▁" for spaces in SentencePiece).
   std::vector<std::string> tokens;
-  std::vector<float> scores;            // empty or tokens.size() (SentencePiece)
-  std::vector<TokenType> token_types;   // empty (all kNormal) or tokens.size()
+  std::vector<float> scores;           // empty or tokens.size() (SentencePiece)
+  std::vector<TokenType> token_types;  // empty (all kNormal) or tokens.size()
   // Merges (left, right), rank = index; both parts and their concatenation are
   // vocab tokens. May be empty for SentencePiece (scores are used instead).
   std::vector<std::pair<std::string, std::string>> merges;
@@ -88,7 +88,7 @@ struct TokenizerSpec {
   // the known GGUF tokenizer.ggml.pre names.
   std::vector<std::string> pre_tokenizer_regexes;
   bool byte_level_add_prefix_space = false;  // HF ByteLevel add_prefix_space
-  bool ignore_merges = false;  // a word that is a whole vocab token is not merged
+  bool ignore_merges = false;                // a word that is a whole vocab token is not merged
   // SentencePiece dummy "▁" prefix: added to each text fragment (start of the
   // text and after every special token), or with space_prefix_first_only only
   // to a fragment at the very start of the text (HF Metaspace "first").

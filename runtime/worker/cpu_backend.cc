@@ -172,11 +172,11 @@ class CpuBackend final : public ModelBackend {
   }
 
   int64_t weight_bytes() const override {
-    int64_t bytes = static_cast<int64_t>(weights_.embed_tokens.size_bytes() +
-                                         weights_.lm_head.size_bytes());
+    int64_t bytes =
+        static_cast<int64_t>(weights_.embed_tokens.size_bytes() + weights_.lm_head.size_bytes());
     for (const LayerWeights& L : weights_.layers)
-      for (const Matrix* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj,
-                              &L.up_proj, &L.down_proj})
+      for (const Matrix* m :
+           {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj})
         bytes += static_cast<int64_t>(m->size_bytes());
     return bytes;
   }
@@ -267,8 +267,8 @@ class CpuBackend final : public ModelBackend {
   absl::Status AddRmsNorm(float* residual, const float* add, int64_t n, int dim,
                           const BackendVector& weight, double eps, bool logits_rows,
                           float* out) override {
-    cpu_ops::AddRmsNorm(residual, add, logits_rows ? plan_->batch->logits_rows.data() : nullptr,
-                        n, dim, weight.data, eps, out);
+    cpu_ops::AddRmsNorm(residual, add, logits_rows ? plan_->batch->logits_rows.data() : nullptr, n,
+                        dim, weight.data, eps, out);
     return absl::OkStatus();
   }
 
@@ -342,8 +342,7 @@ class CpuBackend final : public ModelBackend {
       PS_RETURN_IF_ERROR(kernels::PagedAttention(pa));
     }
     if (plan.num_prefill > 0) {
-      const int64_t off =
-          static_cast<int64_t>(plan.prefill_row0) * q_dim * kernels::DTypeSize(dt);
+      const int64_t off = static_cast<int64_t>(plan.prefill_row0) * q_dim * kernels::DTypeSize(dt);
       kernels::PrefillAttentionParams pf;
       pf.out = static_cast<uint8_t*>(oa) + off;
       pf.query = static_cast<const uint8_t*>(qa) + off;

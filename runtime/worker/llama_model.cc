@@ -28,8 +28,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
   if (static_cast<int>(weights.layers.size()) != weights.config.num_layers)
     return absl::InvalidArgumentError("LlamaModel: layer count does not match the config");
   if (!kernels::IsSupportedHeadSize(weights.config.head_size))
-    return absl::UnimplementedError(absl::StrCat("LlamaModel: head size ",
-                                                 weights.config.head_size,
+    return absl::UnimplementedError(absl::StrCat("LlamaModel: head size ", weights.config.head_size,
                                                  " is not supported by the attention kernels"));
   auto model = std::unique_ptr<LlamaModel>(new LlamaModel(weights, std::move(backend)));
   PS_ASSIGN_OR_RETURN(model->w_, model->backend_->LoadWeights(std::move(weights)));
@@ -45,13 +44,17 @@ LlamaModel::LlamaModel(const LlamaWeights& weights, std::unique_ptr<ModelBackend
 absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b,
                                        std::span<const kernels::KVCacheView> kv_layers) const {
   const int n = b.num_tokens();
-  if (b.positions.size() != static_cast<size_t>(n) || b.slot_mapping.size() != static_cast<size_t>(n))
-    return absl::InvalidArgumentError("ForwardBatch: token_ids, positions and slot_mapping differ in length");
+  if (b.positions.size() != static_cast<size_t>(n) ||
+      b.slot_mapping.size() != static_cast<size_t>(n))
+    return absl::InvalidArgumentError(
+        "ForwardBatch: token_ids, positions and slot_mapping differ in length");
   if (b.query_start_loc.size() != static_cast<size_t>(b.num_seqs()) + 1 ||
       b.query_start_loc.front() != 0 || b.query_start_loc.back() != n)
-    return absl::InvalidArgumentError("ForwardBatch: query_start_loc must have num_seqs + 1 entries from 0 to num_tokens");
+    return absl::InvalidArgumentError(
+        "ForwardBatch: query_start_loc must have num_seqs + 1 entries from 0 to num_tokens");
   if (b.block_tables.size() != static_cast<size_t>(b.num_seqs()) * b.max_blocks_per_seq)
-    return absl::InvalidArgumentError("ForwardBatch: block_tables must be num_seqs * max_blocks_per_seq");
+    return absl::InvalidArgumentError(
+        "ForwardBatch: block_tables must be num_seqs * max_blocks_per_seq");
   if (kv_layers.size() != static_cast<size_t>(config_.num_layers))
     return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: ", kv_layers.size(),
                                                    " KV cache layers for a model of ",
@@ -64,19 +67,21 @@ absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b,
   for (int t = 0; t < n; ++t)
     if (b.token_ids[t] < 0 || b.token_ids[t] >= vocab)
       return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: token id ", b.token_ids[t],
-                                                     " at row ", t, " outside vocabulary [0, ", vocab, ")"));
+                                                     " at row ", t, " outside vocabulary [0, ",
+                                                     vocab, ")"));
   for (int32_t r : b.logits_rows)
     if (r < 0 || r >= n)
-      return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: logits row ", r, " outside [0, ", n, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ForwardBatch: logits row ", r, " outside [0, ", n, ")"));
   // The CUDA reshape_and_cache skips out-of-pool slots silently, the CPU one
   // rejects them: reject here so that every backend fails the same way.
   if (!kv_layers.empty()) {
     const int64_t slots = kv_layers[0].shape.num_blocks * kv_layers[0].shape.block_size;
     for (int t = 0; t < n; ++t)
       if (b.slot_mapping[t] >= slots)
-        return absl::InvalidArgumentError(absl::StrCat(
-            "reshape_and_cache: slot_mapping[", t, "] = ", b.slot_mapping[t],
-            " is outside the pool (num_blocks * block_size = ", slots, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("reshape_and_cache: slot_mapping[", t, "] = ", b.slot_mapping[t],
+                         " is outside the pool (num_blocks * block_size = ", slots, ")"));
   }
   return absl::OkStatus();
 }

@@ -51,8 +51,9 @@ class LlamaModel {
   // the attention kernels do not support, and the backend's LoadWeights
   // errors (e.g. Unimplemented for a stored type the CPU linear kernels do
   // not run, ResourceExhausted when device memory is short).
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(
-      LlamaWeights weights, Communicator* comm, std::unique_ptr<ModelBackend> backend);
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(LlamaWeights weights,
+                                                            Communicator* comm,
+                                                            std::unique_ptr<ModelBackend> backend);
   // The same over the CPU backend (MakeCpuBackend(comm)).
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(LlamaWeights weights,
                                                             Communicator* comm);

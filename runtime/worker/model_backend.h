@@ -157,8 +157,8 @@ class ModelBackend {
   // Call once. Errors: FailedPrecondition on a second call, InvalidArgument
   // for a dtype the backend's attention does not take, ResourceExhausted
   // naming the pool when an allocation fails.
-  virtual absl::Status AllocateCaches(const kernels::KVCacheShape& shape,
-                                      int64_t num_device_blocks, int64_t num_cpu_blocks) = 0;
+  virtual absl::Status AllocateCaches(const kernels::KVCacheShape& shape, int64_t num_device_blocks,
+                                      int64_t num_cpu_blocks) = 0;
   virtual std::span<const kernels::KVCacheView> device_cache() const = 0;
   virtual std::span<const kernels::KVCacheView> cpu_cache() const = 0;
   // OK when `view` is a KV cache layer this backend's attention runs

@@ -52,9 +52,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
     backend = MakeCpuBackend(comm);
   } else {
 #ifndef PAGEDSERVE_WITH_CUDA
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker device kCUDA (CUDA device ", options.cuda_device,
-        ") requested, but pagedserve was built without CUDA"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker device kCUDA (CUDA device ", options.cuda_device,
+                     ") requested, but pagedserve was built without CUDA"));
 #else
     // The CUDA backend runs fp32 weights and an fp32 KV cache.
     if (options.dtype != WeightDType::kAuto && options.dtype != WeightDType::kFloat32)
@@ -71,8 +71,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
 #endif
   }
 
-  PS_ASSIGN_OR_RETURN(LlamaWeights weights, LoadLlamaWeights(options.model_path, comm->rank(),
-                                                             comm->size(), load_dtype));
+  PS_ASSIGN_OR_RETURN(LlamaWeights weights,
+                      LoadLlamaWeights(options.model_path, comm->rank(), comm->size(), load_dtype));
   auto w = std::unique_ptr<Worker>(new Worker());
   w->comm_ = comm;
   w->device_ = options.device;
@@ -91,9 +91,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   shape.dtype = w->kv_dtype_;
   w->bytes_per_block_ = static_cast<int64_t>(shape.block_bytes()) * 2 * num_layers;
   ModelBackend& be = w->model_->backend();
-  PS_ASSIGN_OR_RETURN(const int64_t budget,
-                      be.KvCacheBudgetBytes(options.kv_cache_memory,
-                                            options.gpu_memory_utilization));
+  PS_ASSIGN_OR_RETURN(const int64_t budget, be.KvCacheBudgetBytes(options.kv_cache_memory,
+                                                                  options.gpu_memory_utilization));
   w->num_device_blocks_ = budget > 0 ? budget / w->bytes_per_block_ : 0;
   if (options.max_num_blocks > 0)
     w->num_device_blocks_ = std::min(w->num_device_blocks_, options.max_num_blocks);
@@ -105,9 +104,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
           options.gpu_memory_utilization, " of the free memory after ", be.weight_bytes(),
           " bytes of weights, minus the activation reserve) ", "is below one block (",
           w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV cache budget of ", options.kv_cache_memory, " bytes is below one block (",
-        w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache budget of ", options.kv_cache_memory, " bytes is below one block (",
+                     w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
   }
   PS_RETURN_IF_ERROR(be.AllocateCaches(shape, w->num_device_blocks_, w->num_cpu_blocks_));
   w->mirror_ = std::make_unique<StepPlanMirror>(options.block_size, w->num_device_blocks_);

@@ -23,11 +23,11 @@
 namespace pagedserve {
 
 struct WorkerOptions {
-  std::string model_path;            // .gguf file or Hugging Face directory
-  int block_size = 16;               // tokens per KV block (8, 16 or 32)
+  std::string model_path;               // .gguf file or Hugging Face directory
+  int block_size = 16;                  // tokens per KV block (8, 16 or 32)
   int64_t kv_cache_memory = 1LL << 30;  // bytes for the KV pool (all layers, K and V)
   int64_t swap_space = 1LL << 30;       // bytes for the CPU swap pool
-  int64_t max_num_blocks = 0;        // cap on the device pool (0 = only the budget)
+  int64_t max_num_blocks = 0;           // cap on the device pool (0 = only the budget)
   // How the CPU worker holds the weights (--dtype; runtime/model/weights.h):
   // kAuto runs GGUF/safetensors matrices in their stored formats
   // (kernels::Linear), kFloat32 dequantizes them at load (OpenBLAS sgemm: the

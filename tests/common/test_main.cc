@@ -10,8 +10,8 @@
 //       `ctest` lists the binary as skipped, never as passed);
 //   0   every selected test ran and passed.
 // Each skip is printed with its message on stderr.
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <regex>
 #include <string>
 #include <vector>
@@ -58,8 +58,9 @@ int main(int argc, char** argv) {
   for (const Skip& s : skips) {
     bool ok = true;
     if (allowed != nullptr) ok = std::regex_search(s.reason, std::regex(allowed));
-    std::fprintf(stderr, "%s: %s: %s\n", ok ? "SKIPPED" : "SKIP NOT ALLOWED (PAGEDSERVE_ALLOWED_SKIPS)",
-                 s.test.c_str(), s.reason.c_str());
+    std::fprintf(stderr, "%s: %s: %s\n",
+                 ok ? "SKIPPED" : "SKIP NOT ALLOWED (PAGEDSERVE_ALLOWED_SKIPS)", s.test.c_str(),
+                 s.reason.c_str());
     disallowed |= !ok;
   }
   return disallowed ? 1 : kSkipExitCode;

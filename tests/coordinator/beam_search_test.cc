@@ -42,7 +42,8 @@ struct Beam1 {
   double cum = 0.0;
 };
 
-std::vector<BeamInput> Inputs(const std::vector<Beam1>& beams, const std::vector<SampledToken>& sampled) {
+std::vector<BeamInput> Inputs(const std::vector<Beam1>& beams,
+                              const std::vector<SampledToken>& sampled) {
   std::vector<BeamInput> in(beams.size());
   for (size_t i = 0; i < beams.size(); ++i) {
     in[i].cumulative_logprob = beams[i].cum;
@@ -105,7 +106,8 @@ TEST(BeamSearchTest, MaxTokensEndsTheTopKAndLengthPenaltyRanks) {
   ASSERT_EQ(bs.finished().size(), 1u);
   EXPECT_NEAR(bs.finished()[0].score, -0.9, 1e-6);
   beams = {{{5}, {-1.0f}, -1.0}, {{6}, {-1.1f}, -1.1}};
-  s = {Top({11, 12, 13, 14}, {-0.2f, -0.3f, -4.0f, -4.1f}), Top({15, 16, 17, 18}, {-0.05f, -4.0f, -4.0f, -4.0f})};
+  s = {Top({11, 12, 13, 14}, {-0.2f, -0.3f, -4.0f, -4.1f}),
+       Top({15, 16, 17, 18}, {-0.05f, -4.0f, -4.0f, -4.0f})};
   live = bs.Step(Inputs(beams, s), 1, IsEos);
   EXPECT_TRUE(bs.done());
   std::vector<BeamHypothesis> r = bs.TakeResults();
@@ -143,7 +145,8 @@ TEST(BeamSearchTest, StopTokensBelowRankKAreDroppedAndNoLiveBeamEndsTheSearch) {
   EXPECT_TRUE(bs.finished().empty());  // 3 and 4 were ranks 2 and 3
   beams = {{{1}, {-0.1f}, -0.1}, {{2}, {-0.2f}, -0.2}};
   auto all_stop = [](int32_t t) { return t >= 50; };
-  s = {Top({50, 51, 52, 53}, {-1.0f, -1.1f, -9.0f, -9.1f}), Top({54, 55, 56, 57}, {-5.0f, -5.1f, -9.0f, -9.1f})};
+  s = {Top({50, 51, 52, 53}, {-1.0f, -1.1f, -9.0f, -9.1f}),
+       Top({54, 55, 56, 57}, {-5.0f, -5.1f, -9.0f, -9.1f})};
   live = bs.Step(Inputs(beams, s), 1, all_stop);
   EXPECT_TRUE(live.empty());
   EXPECT_TRUE(bs.done());

@@ -72,9 +72,9 @@ TEST(BlockPoolTest, LookupVerifiesTokensParentAndExtraKeys) {
   EXPECT_FALSE(collision);
   EXPECT_EQ(pool.Lookup({8, 8}, p, pool.generation(p), t1, salt, &collision), -1);  // other tokens
   EXPECT_TRUE(collision);
-  EXPECT_EQ(pool.Lookup({8, 8}, p, pool.generation(p), t2, {}), -1);          // other extra keys
-  EXPECT_EQ(pool.Lookup({8, 8}, -1, 0, t2, salt), -1);                        // other parent
-  EXPECT_EQ(pool.Lookup({8, 8}, p, pool.generation(p) + 1, t2, salt), -1);    // parent reused
+  EXPECT_EQ(pool.Lookup({8, 8}, p, pool.generation(p), t2, {}), -1);        // other extra keys
+  EXPECT_EQ(pool.Lookup({8, 8}, -1, 0, t2, salt), -1);                      // other parent
+  EXPECT_EQ(pool.Lookup({8, 8}, p, pool.generation(p) + 1, t2, salt), -1);  // parent reused
 }
 
 BlockManager::Options Opts(int32_t dev, int32_t cpu, int32_t bs = 4, bool caching = false) {
@@ -217,7 +217,9 @@ TEST(BlockManagerTest, NotComputedBlocksAreNeverCached) {
 
 TEST(BlockManagerTest, ConstantHashCollisionIsCaughtByVerification) {
   BlockManager::Options o = Opts(16, 0, 4, true);
-  o.hash_fn = [](const BlockHash&, absl::Span<const int32_t>, absl::Span<const int64_t>) { return BlockHash{1, 1}; };
+  o.hash_fn = [](const BlockHash&, absl::Span<const int32_t>, absl::Span<const int64_t>) {
+    return BlockHash{1, 1};
+  };
   BlockManager bm(o);
   Sequence a = MakeSeq(1, Iota(8));
   std::vector<BlockPair> copies;
@@ -271,8 +273,14 @@ TEST(BlockManagerTest, CacheSaltsIsolatePrefixes) {
 // The salt -> keys encoding is injective (length word + zero-padded bytes).
 TEST(CacheSaltTest, KeysAreInjectiveAndEmptyMeansNone) {
   EXPECT_TRUE(CacheSaltKeys("").empty());
-  const std::vector<std::string> salts = {"a", "b", "ab", "ba", "abcdefgh", "abcdefghi",
-                                          std::string("abcdefgh\0", 9), std::string(256, 'x')};
+  const std::vector<std::string> salts = {"a",
+                                          "b",
+                                          "ab",
+                                          "ba",
+                                          "abcdefgh",
+                                          "abcdefghi",
+                                          std::string("abcdefgh\0", 9),
+                                          std::string(256, 'x')};
   for (size_t i = 0; i < salts.size(); ++i) {
     EXPECT_EQ(CacheSaltKeys(salts[i]), CacheSaltKeys(salts[i]));
     for (size_t j = i + 1; j < salts.size(); ++j) {
@@ -316,7 +324,8 @@ TEST_P(RandomOpsTest, InvariantsHoldAndEveryBlockReturns) {
       auto s = std::make_unique<Sequence>();
       s->id = next_id++;
       const int32_t n = 1 + rand(20);
-      for (int i = 0; i < n; ++i) s->tokens.push_back(rand(3));  // small vocab: many shared prefixes
+      for (int i = 0; i < n; ++i)
+        s->tokens.push_back(rand(3));  // small vocab: many shared prefixes
       s->num_prompt_tokens = n;
       bm.MatchPrefix(*s);
       ops.clear();

@@ -26,16 +26,18 @@
 
 namespace pagedserve::testing {
 
-#define PS_CHECK_OK(expr)                          \
-  do {                                             \
+#define PS_CHECK_OK(expr)                                 \
+  do {                                                    \
     if (absl::Status st_ = (expr); !st_.ok()) return st_; \
   } while (0)
 
 class FakeEngine {
  public:
-  FakeEngine(int32_t num_device_blocks, int32_t num_cpu_blocks, int32_t block_size, int32_t vocab = 1000,
-             int32_t eos = -1)
-      : bs_(block_size), vocab_(vocab), eos_(eos),
+  FakeEngine(int32_t num_device_blocks, int32_t num_cpu_blocks, int32_t block_size,
+             int32_t vocab = 1000, int32_t eos = -1)
+      : bs_(block_size),
+        vocab_(vocab),
+        eos_(eos),
         dev_(static_cast<size_t>(num_device_blocks) * block_size, -1),
         cpu_(static_cast<size_t>(num_cpu_blocks) * block_size, -1),
         mirror_(block_size, num_device_blocks) {}
@@ -87,8 +89,9 @@ class FakeEngine {
         ctx[p] = dev_.at(static_cast<size_t>(m.block_table.at(p / bs_)) * bs_ + p % bs_);
       }
       if (ctx != m.history) {
-        return absl::InternalError(absl::StrCat("step ", plan.step_id, " seq ", s.seq_id,
-                                                ": KV context differs from the sequence's history"));
+        return absl::InternalError(
+            absl::StrCat("step ", plan.step_id, " seq ", s.seq_id,
+                         ": KV context differs from the sequence's history"));
       }
       if (!s.sample) continue;
       for (int32_t k = 0; k < s.num_samples; ++k) {
@@ -112,12 +115,14 @@ class FakeEngine {
   }
 
  private:
-  absl::Status CopyBlock(const std::vector<int32_t>& from, int32_t src, std::vector<int32_t>& to, int32_t dst) {
+  absl::Status CopyBlock(const std::vector<int32_t>& from, int32_t src, std::vector<int32_t>& to,
+                         int32_t dst) {
     if (src < 0 || dst < 0 || static_cast<size_t>(src + 1) * bs_ > from.size() ||
         static_cast<size_t>(dst + 1) * bs_ > to.size()) {
       return absl::InternalError(absl::StrCat("block op (", src, ", ", dst, ") out of range"));
     }
-    std::copy(from.begin() + static_cast<size_t>(src) * bs_, from.begin() + static_cast<size_t>(src + 1) * bs_,
+    std::copy(from.begin() + static_cast<size_t>(src) * bs_,
+              from.begin() + static_cast<size_t>(src + 1) * bs_,
               to.begin() + static_cast<size_t>(dst) * bs_);
     return absl::OkStatus();
   }
@@ -147,7 +152,8 @@ class FakeEngine {
   }
 
   int32_t NextToken(const std::vector<int32_t>& ctx, int32_t sample_index) const {
-    uint64_t h = 1469598103934665603ull ^ static_cast<uint64_t>(sample_index) * 0x9E3779B97F4A7C15ull;
+    uint64_t h =
+        1469598103934665603ull ^ static_cast<uint64_t>(sample_index) * 0x9E3779B97F4A7C15ull;
     for (int32_t v : ctx) h = (h ^ static_cast<uint32_t>(v)) * 1099511628211ull;
     h ^= h >> 29;
     int32_t tok = static_cast<int32_t>(h % static_cast<uint64_t>(vocab_));

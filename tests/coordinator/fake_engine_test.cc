@@ -48,7 +48,8 @@ Workload MakeWorkload(uint64_t seed, int n, bool with_aborts, bool with_beams = 
     r.arrival_time = step + 0.001 * i;
     if (rand(0, 2) == 0) r.prompt_token_ids = system_prompt;  // shared prefix
     const int len = rand(1, 40);
-    for (int k = 0; k < len; ++k) r.prompt_token_ids.push_back(rand(1, 6));  // tiny vocab: shared blocks
+    for (int k = 0; k < len; ++k)
+      r.prompt_token_ids.push_back(rand(1, 6));  // tiny vocab: shared blocks
     r.params.max_tokens = rand(1, 60);
     r.params.n = rand(0, 4) == 0 ? rand(2, 3) : 1;
     r.params.temperature = r.params.n > 1 ? 1.0f : 0.0f;
@@ -91,7 +92,8 @@ absl::Status CheckMirroredBlockTables(const Scheduler& sched, const StepPlan& pl
   }
   for (const SequenceStep& st : plan.seqs) {
     auto it = coordinator.find(st.seq_id);
-    if (it == coordinator.end()) return absl::InternalError(absl::StrCat("seq ", st.seq_id, " not running"));
+    if (it == coordinator.end())
+      return absl::InternalError(absl::StrCat("seq ", st.seq_id, " not running"));
     const StepPlanMirror::Sequence* m = engine.mirror().Find(st.seq_id);
     if (m == nullptr) return absl::InternalError(absl::StrCat("seq ", st.seq_id, " not mirrored"));
     if (m->block_table != it->second->block_table) {
@@ -99,9 +101,10 @@ absl::Status CheckMirroredBlockTables(const Scheduler& sched, const StepPlan& pl
     }
     // A decode writes into at most one new or copied block; only a swap-in
     // (this step) rewrites a continuing sequence's whole row.
-    if (!st.starts() && st.token_ids.size() == 1 && plan.swap_in.empty() && st.block_table.size() > 1) {
-      return absl::InternalError(absl::StrCat("seq ", st.seq_id, ": a decode resent ", st.block_table.size(),
-                                              " block-table entries"));
+    if (!st.starts() && st.token_ids.size() == 1 && plan.swap_in.empty() &&
+        st.block_table.size() > 1) {
+      return absl::InternalError(absl::StrCat("seq ", st.seq_id, ": a decode resent ",
+                                              st.block_table.size(), " block-table entries"));
     }
   }
   return absl::OkStatus();
@@ -143,7 +146,8 @@ RunResult RunWorkload(const SchedulerConfig& c, const Workload& w, int32_t eos) 
     if (!outs.ok()) return rr;
     for (const RequestOutput& o : *outs) {
       for (const SequenceOutput& so : o.seqs) {
-        for (const SampledToken& t : so.new_tokens) rr.outputs[o.request_id][so.index].push_back(t.token_id);
+        for (const SampledToken& t : so.new_tokens)
+          rr.outputs[o.request_id][so.index].push_back(t.token_id);
         if (so.beam_score) rr.scores[o.request_id][so.index] = *so.beam_score;
       }
     }
@@ -189,17 +193,19 @@ TEST_P(RandomWorkloadTest, KvContentsMatchHistoriesAndOutputsMatchUnpreemptedRun
   if (caching) {
     EXPECT_GT(got.stats.prefix_cache_hits, 0);
   }
-  std::printf("preemptions: swap %lld recompute %lld (fallbacks %lld); prefix hits %lld / %lld tokens\n",
-              static_cast<long long>(got.stats.num_preemptions_swap),
-              static_cast<long long>(got.stats.num_preemptions_recompute),
-              static_cast<long long>(got.stats.num_swap_fallbacks),
-              static_cast<long long>(got.stats.prefix_cache_hits),
-              static_cast<long long>(got.stats.prefix_cache_queries));
+  std::printf(
+      "preemptions: swap %lld recompute %lld (fallbacks %lld); prefix hits %lld / %lld tokens\n",
+      static_cast<long long>(got.stats.num_preemptions_swap),
+      static_cast<long long>(got.stats.num_preemptions_recompute),
+      static_cast<long long>(got.stats.num_swap_fallbacks),
+      static_cast<long long>(got.stats.prefix_cache_hits),
+      static_cast<long long>(got.stats.prefix_cache_queries));
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomWorkloadTest,
                          ::testing::Combine(::testing::Values(11u, 12u, 13u),
-                                            ::testing::Values(PreemptionMode::kRecompute, PreemptionMode::kSwap),
+                                            ::testing::Values(PreemptionMode::kRecompute,
+                                                              PreemptionMode::kSwap),
                                             ::testing::Bool()));
 
 TEST(RandomWorkloadTest, AbortsAndStopStringsNeverLeakBlocks) {
@@ -251,7 +257,8 @@ TEST(PrefixCacheTest, WarmRunEqualsColdRunEvenAfterAbortedWarmup) {
   step();
   step();
   for (size_t i = 0; i < w.items.size(); i += 2) (void)sched->Abort("warm" + std::to_string(i));
-  for (size_t i = 1; i < w.items.size(); i += 2) (void)sched->FinishRequest("warm" + std::to_string(i), FinishReason::kStop);
+  for (size_t i = 1; i < w.items.size(); i += 2)
+    (void)sched->FinishRequest("warm" + std::to_string(i), FinishReason::kStop);
   step();
   ASSERT_FALSE(sched->HasUnfinishedRequests());
   ASSERT_GT(sched->block_manager().device().num_evictable(), 0);
@@ -259,7 +266,8 @@ TEST(PrefixCacheTest, WarmRunEqualsColdRunEvenAfterAbortedWarmup) {
   Outputs warm;
   size_t next = 0;
   for (int s = 0; s < 5000; ++s) {
-    while (next < w.items.size() && w.items[next].step <= s) ASSERT_TRUE(sched->AddRequest(w.items[next++].req).ok());
+    while (next < w.items.size() && w.items[next].step <= s)
+      ASSERT_TRUE(sched->AddRequest(w.items[next++].req).ok());
     if (next == w.items.size() && !sched->HasUnfinishedRequests()) break;
     auto plan = sched->Schedule();
     ASSERT_TRUE(plan.ok());
@@ -269,7 +277,8 @@ TEST(PrefixCacheTest, WarmRunEqualsColdRunEvenAfterAbortedWarmup) {
     ASSERT_TRUE(outs.ok());
     for (const RequestOutput& o : *outs) {
       for (const SequenceOutput& so : o.seqs) {
-        for (const SampledToken& t : so.new_tokens) warm[o.request_id][so.index].push_back(t.token_id);
+        for (const SampledToken& t : so.new_tokens)
+          warm[o.request_id][so.index].push_back(t.token_id);
       }
     }
   }
@@ -307,15 +316,17 @@ TEST_P(BeamWorkloadTest, NoLeaksAndSameBeamsWithPreemption) {
               static_cast<size_t>(it.req.params.n))
         << it.req.request_id;
   }
-  std::printf("beam workload: %lld forks, %lld released ids, preemptions swap %lld recompute %lld\n",
-              static_cast<long long>(got.forks), static_cast<long long>(got.released),
-              static_cast<long long>(got.stats.num_preemptions_swap),
-              static_cast<long long>(got.stats.num_preemptions_recompute));
+  std::printf(
+      "beam workload: %lld forks, %lld released ids, preemptions swap %lld recompute %lld\n",
+      static_cast<long long>(got.forks), static_cast<long long>(got.released),
+      static_cast<long long>(got.stats.num_preemptions_swap),
+      static_cast<long long>(got.stats.num_preemptions_recompute));
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, BeamWorkloadTest,
                          ::testing::Combine(::testing::Values(41u, 42u),
-                                            ::testing::Values(PreemptionMode::kRecompute, PreemptionMode::kSwap),
+                                            ::testing::Values(PreemptionMode::kRecompute,
+                                                              PreemptionMode::kSwap),
                                             ::testing::Bool()));
 
 TEST(BeamWorkloadTest, AbortsNeverLeakBlocks) {

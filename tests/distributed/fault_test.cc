@@ -16,8 +16,8 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <string>
@@ -74,15 +74,45 @@ class FaultTest : public ::testing::Test {
 
   // mpirun -np 2 pagedserve serve with a step timeout of `step_timeout_s`.
   std::vector<std::string> Serve(double step_timeout_s) const {
-    return {mpiexec_, "-np", "2", "--oversubscribe", "--bind-to", "none", bin_, "serve",
-            "--model", model_, "--zmq-endpoint", endpoint_, "--metrics-port", "0", "--port", "0",
-            "--max-model-len", "256", "--kv-cache-memory", "67108864",
-            "--worker-step-timeout", std::to_string(step_timeout_s), "--pid-file", pid_file_};
+    return {mpiexec_,
+            "-np",
+            "2",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            bin_,
+            "serve",
+            "--model",
+            model_,
+            "--zmq-endpoint",
+            endpoint_,
+            "--metrics-port",
+            "0",
+            "--port",
+            "0",
+            "--max-model-len",
+            "256",
+            "--kv-cache-memory",
+            "67108864",
+            "--worker-step-timeout",
+            std::to_string(step_timeout_s),
+            "--pid-file",
+            pid_file_};
   }
   // A client request long enough to be running when the fault lands.
   std::vector<std::string> Client() const {
-    return {bin_, "client", "--zmq-endpoint", endpoint_, "--client-timeout", "600",
-            "--max-tokens", "200", "--temperature", "0", "--ignore-eos", "Once upon a time"};
+    return {bin_,
+            "client",
+            "--zmq-endpoint",
+            endpoint_,
+            "--client-timeout",
+            "600",
+            "--max-tokens",
+            "200",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "Once upon a time"};
   }
 
   // Waits for the server to serve and returns {coordinator pid, worker pid}.
@@ -140,8 +170,9 @@ TEST_F(FaultTest, StoppedWorkerGivesClientsDeadlineExceededAndEveryRankExits) {
   EXPECT_FALSE(s.timed_out) << s.out;
   EXPECT_NE(s.exit_code, 0) << s.out;
   EXPECT_EQ(StillAlive({worker, coordinator}, 5.0 * TimeScale()), std::vector<int>{}) << s.out;
-  std::printf("worker stopped -> client error after %.2f s (step timeout %.1f s), job ended after %.2f s\n",
-              client_s, step_timeout, server_s);
+  std::printf(
+      "worker stopped -> client error after %.2f s (step timeout %.1f s), job ended after %.2f s\n",
+      client_s, step_timeout, server_s);
 }
 
 TEST_F(FaultTest, KilledCoordinatorMakesEveryWorkerExit) {

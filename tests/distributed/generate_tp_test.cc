@@ -69,7 +69,8 @@ TEST_F(GenerateTpTest, GreedyTextIdenticalInProcessTp1Tp2) {
   ASSERT_EQ(tp2.code, 0) << tp2.err;
   EXPECT_EQ(local.out, tp1.out);
   EXPECT_EQ(local.out, tp2.out);
-  EXPECT_NE(tp2.err.find("KV capacity (minimum over 2 worker ranks)"), std::string::npos) << tp2.err;
+  EXPECT_NE(tp2.err.find("KV capacity (minimum over 2 worker ranks)"), std::string::npos)
+      << tp2.err;
 }
 
 // --dtype / --kv-cache-dtype reach the worker ranks: the stored-format path

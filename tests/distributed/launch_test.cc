@@ -25,8 +25,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -68,9 +68,17 @@ class LaunchTest : public ::testing::Test {
   // mpirun -np `np` with the flags a small machine needs (docs/distributed.md).
   std::vector<std::string> Mpirun(int np, const std::string& model, int tp,
                                   std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {mpiexec_, "-np", std::to_string(np), "--oversubscribe",
-                                     "--bind-to", "none", driver_, "--model", model,
-                                     "--tp", std::to_string(tp)};
+    std::vector<std::string> argv = {mpiexec_,
+                                     "-np",
+                                     std::to_string(np),
+                                     "--oversubscribe",
+                                     "--bind-to",
+                                     "none",
+                                     driver_,
+                                     "--model",
+                                     model,
+                                     "--tp",
+                                     std::to_string(tp)};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return argv;
   }
@@ -129,7 +137,7 @@ TEST_F(LaunchTest, SmolLM2GreedyTokensIdenticalForTp1AndTp3) {
   if (smol.empty() || access(smol.c_str(), R_OK) != 0)
     GTEST_SKIP() << "SmolLM2 GGUF not found (scripts/fetch-model; PAGEDSERVE_SMOLLM2=" << smol
                  << ")";
-  const std::vector<std::string> args = {"--max-tokens", "8", "--kv-cache-memory", "33554432",
+  const std::vector<std::string> args = {"--max-tokens", "8",      "--kv-cache-memory", "33554432",
                                          "--swap-space", "8388608"};
   auto tp1 = Generate(smol, 1, args);
   auto tp3 = Generate(smol, 3, args);
@@ -178,9 +186,9 @@ TEST_F(LaunchTest, Qwen2BiasSplitAcrossRanksMatchesTransformers) {
       ASSERT_EQ(ids.size(), kTokens) << names[i] << " TP " << tp;
       for (size_t k = 0; k < kTokens; ++k) {
         if (ids[k] == want[i][k]) continue;
-        EXPECT_LT(margins[i][k], 1e-3) << names[i] << " TP " << tp << ": greedy token " << k
-                                       << " is " << ids[k] << ", transformers " << want[i][k]
-                                       << " with a clear margin " << margins[i][k];
+        EXPECT_LT(margins[i][k], 1e-3)
+            << names[i] << " TP " << tp << ": greedy token " << k << " is " << ids[k]
+            << ", transformers " << want[i][k] << " with a clear margin " << margins[i][k];
         break;
       }
     }
@@ -192,10 +200,12 @@ TEST_F(LaunchTest, WrongRankCountFailsOnEveryRank) {
   EXPECT_FALSE(r.timed_out) << r.out;
   EXPECT_NE(r.exit_code, 0) << r.out;
   for (int rank = 0; rank < 3; ++rank)
-    EXPECT_NE(r.out.find(absl::StrCat("rank ", rank, ": INVALID_ARGUMENT: mpirun started 3 ranks "
+    EXPECT_NE(r.out.find(absl::StrCat("rank ", rank,
+                                      ": INVALID_ARGUMENT: mpirun started 3 ranks "
                                       "but --tensor-parallel-size 1 needs 2")),
               std::string::npos)
-        << "rank " << rank << ":\n" << r.out;
+        << "rank " << rank << ":\n"
+        << r.out;
 }
 
 TEST_F(LaunchTest, TpNotDividingQueryHeadsFailsClearly) {
@@ -240,9 +250,9 @@ TEST_F(LaunchTest, KillingAWorkerFailsTheCoordinatorInTime) {
   // The coordinator itself reported the failure (not only mpirun): on one host
   // it watches the worker pids, so it names the dead rank.
   EXPECT_NE(r.out.find("driver: step"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("UNAVAILABLE: worker rank 2 (pid " + std::to_string(worker_pid[2]) +
-                       ") exited"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("UNAVAILABLE: worker rank 2 (pid " + std::to_string(worker_pid[2]) + ") exited"),
+      std::string::npos)
       << r.out;
   // Detection (~20 ms) + abort, and mpirun's own teardown (2 x its
   // odls_base_sigkill_timeout of 1 s): well within the 10 s budget.

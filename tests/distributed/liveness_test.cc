@@ -89,7 +89,8 @@ TEST(LivenessTest, ASilentPeerIsLostAfterTheTimeout) {
   ASSERT_TRUE(Eventually([&] { return m->Connected() == std::vector<int>{3}; }));
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(Eventually([&] { return !m->Check().ok(); }));
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GE(waited, 0.2);  // not before the timeout (400 ms from its last byte)
   EXPECT_NE(m->Check().message().find("worker rank 3 lost: no heartbeat for 400ms"),
             std::string::npos)
@@ -161,8 +162,7 @@ TEST(LivenessTest, AWorkerExitsWhenItsCoordinatorIsLost) {
     char buf[kLivenessEndpointBytes] = {};
     ssize_t n = read(pipe_fds[0], buf, sizeof(buf) - 1);
     if (n <= 0) _exit(10);
-    auto b = LivenessBeacon::Connect(std::string(buf, n), 1, absl::Seconds(5), kInterval,
-                                     kTimeout);
+    auto b = LivenessBeacon::Connect(std::string(buf, n), 1, absl::Seconds(5), kInterval, kTimeout);
     if (!b.ok()) _exit(11);
     std::this_thread::sleep_for(std::chrono::seconds(20));  // the beacon ends it before
     _exit(0);

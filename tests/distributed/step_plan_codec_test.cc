@@ -157,7 +157,7 @@ TEST(StepPlanCodec, ContinuingSequencesSendOnlyWhatChanged) {
   decode.seq_id = 7;
   decode.token_ids = {42};
   decode.start_pos = 300;
-  decode.block_table_start = 19;  // unchanged row of 19 blocks
+  decode.block_table_start = 19;      // unchanged row of 19 blocks
   decode.sampling = FullSampling(0);  // set but not sent: not a start
   decode.sample_index = 2;
   StepPlan plan = base;

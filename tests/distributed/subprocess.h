@@ -46,9 +46,9 @@ inline double TimeScale() {
 inline std::vector<int> StillAlive(const std::vector<int>& pids, double timeout_s);
 
 struct Result {
-  int exit_code = -1;    // -1: killed by the test's timeout
+  int exit_code = -1;  // -1: killed by the test's timeout
   bool timed_out = false;
-  std::string out;       // stdout and stderr interleaved
+  std::string out;  // stdout and stderr interleaved
   double seconds = 0.0;
 };
 
@@ -124,7 +124,7 @@ class Child {
       if (!Pump(200)) break;
     }
     r.seconds = Elapsed();
-    r.exit_code = r.timed_out ? -1
+    r.exit_code = r.timed_out         ? -1
                   : WIFEXITED(status) ? WEXITSTATUS(status)
                                       : 128 + WTERMSIG(status);
     r.out = out_;

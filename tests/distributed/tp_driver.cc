@@ -47,8 +47,9 @@ struct DriverFlags {
   std::string model;
   int tp = 1;
   std::vector<std::vector<int32_t>> prompts = {
-      {1, 15, 2000, 345, 77, 9001}, {42, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30,
-                                     31, 32, 33, 34}, {5}};
+      {1, 15, 2000, 345, 77, 9001},
+      {42, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34},
+      {5}};
   int max_tokens = 8;
   int swap_at = -1;
   int bench_seqs = 0;
@@ -187,10 +188,10 @@ int Coordinate(const DriverFlags& f, Executor& exec) {
   const int64_t blocks_needed = next_block + (f.swap_at >= 0 ? seqs[0].blocks.size() : 0);
   if (blocks_needed > exec.num_device_blocks() ||
       (f.swap_at >= 0 && static_cast<int64_t>(seqs[0].blocks.size()) > exec.num_cpu_blocks())) {
-    std::fprintf(stderr, "driver: need %lld device blocks (have %lld) and %zu swap blocks (have %lld)\n",
-                 static_cast<long long>(blocks_needed),
-                 static_cast<long long>(exec.num_device_blocks()), seqs[0].blocks.size(),
-                 static_cast<long long>(exec.num_cpu_blocks()));
+    std::fprintf(
+        stderr, "driver: need %lld device blocks (have %lld) and %zu swap blocks (have %lld)\n",
+        static_cast<long long>(blocks_needed), static_cast<long long>(exec.num_device_blocks()),
+        seqs[0].blocks.size(), static_cast<long long>(exec.num_cpu_blocks()));
     return 2;
   }
 
@@ -243,7 +244,8 @@ int Coordinate(const DriverFlags& f, Executor& exec) {
     finished.clear();
     std::printf("step %llu\n", static_cast<unsigned long long>(step_id));
     std::fflush(stdout);
-    if (f.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.step_delay_ms));
+    if (f.step_delay_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(f.step_delay_ms));
     const auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<StepResult> r = exec.Execute(plan);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -296,9 +298,10 @@ int Coordinate(const DriverFlags& f, Executor& exec) {
         1e3 * st->wait_seconds / st->steps, 1e3 * st->worker_forward_seconds / st->steps,
         1e3 * st->worker_collective_seconds / st->steps);
   } else {
-    std::printf("stats steps=%llu prefill_s=%.6f decode_steps=%d decode_s=%.6f decode_tok_per_s=%.2f\n",
-                static_cast<unsigned long long>(step_id), prefill_s, decode_step, decode_s,
-                decode_s > 0 ? decode_tokens / decode_s : 0.0);
+    std::printf(
+        "stats steps=%llu prefill_s=%.6f decode_steps=%d decode_s=%.6f decode_tok_per_s=%.2f\n",
+        static_cast<unsigned long long>(step_id), prefill_s, decode_step, decode_s,
+        decode_s > 0 ? decode_tokens / decode_s : 0.0);
   }
   std::fflush(stdout);
   return 0;
@@ -334,12 +337,12 @@ int Main(int argc, char** argv) {
     return rc;
   }
   absl::StatusOr<std::unique_ptr<Executor>> exec =
-      info->world_size > 1
-          ? MakeMpiExecutor(*info, f.block_size, kDefaultStartupTimeout,
-                            absl::Milliseconds(f.step_timeout_ms))
-          : InProcessExecutor::Create(wo);
+      info->world_size > 1 ? MakeMpiExecutor(*info, f.block_size, kDefaultStartupTimeout,
+                                             absl::Milliseconds(f.step_timeout_ms))
+                           : InProcessExecutor::Create(wo);
   if (!exec.ok()) {
-    std::fprintf(stderr, "driver: cannot start the workers: %s\n", exec.status().ToString().c_str());
+    std::fprintf(stderr, "driver: cannot start the workers: %s\n",
+                 exec.status().ToString().c_str());
     FinalizeMpi(true, 1);
     return 1;
   }

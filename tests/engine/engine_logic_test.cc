@@ -11,9 +11,9 @@
 #include "gtest/gtest.h"
 #include "runtime/engine/engine.h"
 #include "runtime/tokenizer/loaders.h"
+#include "tests/common/fixture_tokenizer.h"
 #include "tests/engine/metrics_probe.h"
 #include "tests/engine/scripted_executor.h"
-#include "tests/common/fixture_tokenizer.h"
 
 namespace pagedserve {
 namespace {
@@ -52,8 +52,8 @@ void Collect(const std::vector<EngineOutput>& outs, std::map<std::string, Collec
     for (const SequenceDelta& d : o.deltas) {
       const size_t i = d.index;
       if (c.text.size() <= i) {
-        c.deltas.resize(i + 1), c.text.resize(i + 1), c.tokens.resize(i + 1), c.logprobs.resize(i + 1),
-            c.reason.resize(i + 1);
+        c.deltas.resize(i + 1), c.text.resize(i + 1), c.tokens.resize(i + 1),
+            c.logprobs.resize(i + 1), c.reason.resize(i + 1);
       }
       EXPECT_TRUE(c.reason[i].empty()) << o.request_id << "[" << i << "]: delta after its finish";
       EXPECT_EQ(SanitizeUtf8(d.text, true), d.text) << "broken UTF-8 in a delta";
@@ -97,7 +97,8 @@ struct EngineSetup {
 std::unique_ptr<Engine> MakeEngine(ScriptedExecutor::Script script, const EngineSetup& s = {},
                                    ScriptedExecutor** exec_out = nullptr) {
   const int32_t filler = Ids(" x")[0];
-  auto exec = std::make_unique<ScriptedExecutor>(std::move(script), s.device_blocks, s.cpu_blocks, 16, filler);
+  auto exec = std::make_unique<ScriptedExecutor>(std::move(script), s.device_blocks, s.cpu_blocks,
+                                                 16, filler);
   if (exec_out) *exec_out = exec.get();
   EngineOptions o;
   o.scheduler.block_size = 16;
@@ -162,7 +163,8 @@ TEST(EngineLogicTest, StopStringSpanningTokensIsHeldBackAndCut) {
 TEST(EngineLogicTest, HeldBackTextIsFlushedWhenTheStopStringNeverCompletes) {
   const std::vector<int32_t> out = Ids(" this is a test");
   auto e = MakeEngine({{Key("A"), {out}}});
-  ASSERT_TRUE(e->AddRequest(Req("r", Ids("A"), static_cast<int>(out.size()), {" test!", "xyz"})).ok());
+  ASSERT_TRUE(
+      e->AddRequest(Req("r", Ids("A"), static_cast<int>(out.size()), {" test!", "xyz"})).ok());
   auto all = RunAll(*e);
   const Collected& c = all["r"];
   EXPECT_EQ(c.text[0], " this is a test");
@@ -290,7 +292,8 @@ TEST(EngineLogicTest, InvalidRequestsAreRejectedWithClearErrorsAndTheNextRuns) {
   std::vector<int32_t> long_prompt(64, Key("A"));
   st = e->AddRequest(Req("long", long_prompt, 4));
   EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange) << st;
-  EXPECT_EQ(e->CheckRequest(long_prompt, Req("x", {}, 4).params).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(e->CheckRequest(long_prompt, Req("x", {}, 4).params).code(),
+            absl::StatusCode::kOutOfRange);
   // Larger than the pool: n = 4 sequences of 48 tokens need 12 blocks of 8.
   st = e->AddRequest(Req("big", Ids("A b c"), 45, {}, 4));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
@@ -350,11 +353,22 @@ TEST(EngineLogicTest, LogprobsAndMetricsAreReported) {
   EXPECT_FLOAT_EQ(c.logprobs[0][0], -0.25f);
   EXPECT_FLOAT_EQ(c.logprobs[0][2], -0.75f);
   const std::string text = testing::SerializeMetrics(*metrics);
-  EXPECT_NE(text.find("pagedserve_requests_finished_total{model_name=\"probe\",finish_reason=\"length\"} 1"), std::string::npos) << text;
-  EXPECT_NE(text.find("pagedserve_generation_tokens_total{model_name=\"probe\"} 3"), std::string::npos) << text;
-  EXPECT_NE(text.find("pagedserve_prompt_tokens_total{model_name=\"probe\"} 2"), std::string::npos) << text;
-  EXPECT_NE(text.find("pagedserve_time_to_first_token_seconds_count{model_name=\"probe\"} 1"), std::string::npos) << text;
-  EXPECT_NE(text.find("pagedserve_inter_token_latency_seconds_count{model_name=\"probe\"} 2"), std::string::npos) << text;
+  EXPECT_NE(
+      text.find(
+          "pagedserve_requests_finished_total{model_name=\"probe\",finish_reason=\"length\"} 1"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("pagedserve_generation_tokens_total{model_name=\"probe\"} 3"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("pagedserve_prompt_tokens_total{model_name=\"probe\"} 2"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("pagedserve_time_to_first_token_seconds_count{model_name=\"probe\"} 1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("pagedserve_inter_token_latency_seconds_count{model_name=\"probe\"} 2"),
+            std::string::npos)
+      << text;
 }
 
 // Many requests (n = 1 and 2, stop strings, aborts) on a pool small enough to
@@ -401,7 +415,8 @@ TEST_P(EngineStressTest, ScriptedOutputsSurvivePreemption) {
     }
     if (i % 3 == 0) {
       // A stop string taken across a token boundary of sample 0.
-      const std::string t = Decode(std::vector<int32_t>(samples[0].begin(), samples[0].begin() + 6));
+      const std::string t =
+          Decode(std::vector<int32_t>(samples[0].begin(), samples[0].begin() + 6));
       const std::string first = Decode({samples[0][0]}), second = Decode({samples[0][1]});
       sp.stop.push_back(t.substr(first.size() - 1, 2 + second.size()));
     }
@@ -446,7 +461,8 @@ TEST_P(EngineStressTest, ScriptedOutputsSurvivePreemption) {
       if (sp.abort) {
         if (i < static_cast<int>(c.reason.size()) && c.reason[i] == "abort") {
           // Whatever was produced is a prefix of the script.
-          EXPECT_EQ(c.tokens[i], std::vector<int32_t>(samples[i].begin(), samples[i].begin() + c.tokens[i].size()));
+          EXPECT_EQ(c.tokens[i], std::vector<int32_t>(samples[i].begin(),
+                                                      samples[i].begin() + c.tokens[i].size()));
         }
         continue;
       }
@@ -468,7 +484,8 @@ TEST_P(EngineStressTest, ScriptedOutputsSurvivePreemption) {
       k = std::min(k, static_cast<size_t>(sp.max_tokens));
       EXPECT_EQ(c.text[i], want) << "sample " << i;
       EXPECT_EQ(c.reason[i], reason) << "sample " << i;
-      EXPECT_EQ(c.tokens[i], std::vector<int32_t>(samples[i].begin(), samples[i].begin() + k)) << "sample " << i;
+      EXPECT_EQ(c.tokens[i], std::vector<int32_t>(samples[i].begin(), samples[i].begin() + k))
+          << "sample " << i;
     }
   }
   ASSERT_TRUE(e->Step().ok());
@@ -476,7 +493,8 @@ TEST_P(EngineStressTest, ScriptedOutputsSurvivePreemption) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EngineStressTest,
-                         ::testing::Combine(::testing::Values(PreemptionMode::kSwap, PreemptionMode::kRecompute),
+                         ::testing::Combine(::testing::Values(PreemptionMode::kSwap,
+                                                              PreemptionMode::kRecompute),
                                             ::testing::Bool()));
 
 }  // namespace

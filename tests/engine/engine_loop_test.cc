@@ -17,8 +17,8 @@
 
 #include "gtest/gtest.h"
 #include "runtime/tokenizer/loaders.h"
-#include "tests/engine/scripted_executor.h"
 #include "tests/common/fixture_tokenizer.h"
+#include "tests/engine/scripted_executor.h"
 
 namespace pagedserve {
 namespace {
@@ -87,8 +87,8 @@ struct Fixture {
   absl::Status run_status;
 
   explicit Fixture(EngineLoopOptions lo = {}, int32_t max_model_len = 256) {
-    auto inner = std::make_unique<ScriptedExecutor>(ScriptedExecutor::Script{{Ids("A")[0], {Ids(" one two three")}}},
-                                                    64, 0, 16, Ids(" x")[0]);
+    auto inner = std::make_unique<ScriptedExecutor>(
+        ScriptedExecutor::Script{{Ids("A")[0], {Ids(" one two three")}}}, 64, 0, 16, Ids(" x")[0]);
     auto gated = std::make_unique<GatedExecutor>(std::move(inner));
     exec = gated.get();
     EngineOptions o;
@@ -110,7 +110,8 @@ struct Fixture {
   }
 };
 
-EngineRequest Req(const std::string& id, const std::string& prompt, int max_tokens, bool ignore_eos = false) {
+EngineRequest Req(const std::string& id, const std::string& prompt, int max_tokens,
+                  bool ignore_eos = false) {
   EngineRequest r;
   r.request_id = id;
   r.prompt_token_ids = Ids(prompt);
@@ -166,10 +167,12 @@ TEST(EngineLoopTest, SnapshotHealthAndSubmitDoNotWaitForAStepInProgress) {
   auto probe = std::async(std::launch::async, [&] {
     EngineSnapshot s = f.loop->Snapshot();
     const bool healthy = f.loop->healthy();
-    const absl::Status second = f.loop->Submit(Req("second", "A", 2), std::make_shared<RequestChannel>());
+    const absl::Status second =
+        f.loop->Submit(Req("second", "A", 2), std::make_shared<RequestChannel>());
     return std::make_tuple(s, healthy, second);
   });
-  ASSERT_EQ(probe.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "blocked on the step";
+  ASSERT_EQ(probe.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "blocked on the step";
   auto [snap, healthy, second] = probe.get();
   EXPECT_EQ(f.exec->entered(), 1);  // still the same step
   EXPECT_TRUE(healthy);
@@ -244,7 +247,8 @@ TEST(EngineLoopTest, ShutdownRefusesNewRequestsAndDrains) {
   auto c = std::make_shared<RequestChannel>();
   ASSERT_TRUE(f.loop->Submit(Req("d", "A", 3), c).ok());
   f.stop.store(true);
-  for (int i = 0; i < 6000 && f.loop->healthy(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 6000 && f.loop->healthy(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_FALSE(f.loop->healthy());
   EXPECT_EQ(f.loop->Submit(Req("late", "A", 3), std::make_shared<RequestChannel>()).code(),
             absl::StatusCode::kUnavailable);

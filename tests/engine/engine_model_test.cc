@@ -105,8 +105,10 @@ class EngineModelTest : public ::testing::Test {
     bool prefix_caching = false;
     PreemptionMode mode = PreemptionMode::kRecompute;
   };
-  static std::unique_ptr<Engine> MakeEngine(const Config& c, std::unique_ptr<Executor> exec = nullptr) {
-    if (!exec) exec = std::make_unique<SharedWorkerExecutor>(worker_, c.device_blocks, c.cpu_blocks);
+  static std::unique_ptr<Engine> MakeEngine(const Config& c,
+                                            std::unique_ptr<Executor> exec = nullptr) {
+    if (!exec)
+      exec = std::make_unique<SharedWorkerExecutor>(worker_, c.device_blocks, c.cpu_blocks);
     EngineOptions o;
     o.scheduler.block_size = kBlockSize;
     o.scheduler.max_model_len = c.max_model_len;
@@ -117,7 +119,8 @@ class EngineModelTest : public ::testing::Test {
     return e.ok() ? std::move(*e) : nullptr;
   }
 
-  static EngineRequest Greedy(const std::string& id, const std::vector<int32_t>& prompt, int max_tokens) {
+  static EngineRequest Greedy(const std::string& id, const std::vector<int32_t>& prompt,
+                              int max_tokens) {
     EngineRequest r;
     r.request_id = id;
     r.prompt_token_ids = prompt;
@@ -127,14 +130,16 @@ class EngineModelTest : public ::testing::Test {
     return r;
   }
 
-  static void Collect(const std::vector<EngineOutput>& outs, std::map<std::string, Collected>* all) {
+  static void Collect(const std::vector<EngineOutput>& outs,
+                      std::map<std::string, Collected>* all) {
     for (const EngineOutput& o : outs) {
       Collected& c = (*all)[o.request_id];
       EXPECT_TRUE(o.error.ok()) << o.error;
       for (const SequenceDelta& d : o.deltas) {
         if (c.text.size() <= static_cast<size_t>(d.index)) {
           c.text.resize(d.index + 1), c.tokens.resize(d.index + 1), c.reason.resize(d.index + 1);
-          c.cumulative_logprob.resize(d.index + 1, std::nan("")), c.beam_score.resize(d.index + 1, std::nan(""));
+          c.cumulative_logprob.resize(d.index + 1, std::nan("")),
+              c.beam_score.resize(d.index + 1, std::nan(""));
         }
         if (d.cumulative_logprob) c.cumulative_logprob[d.index] = *d.cumulative_logprob;
         if (d.beam_score) c.beam_score[d.index] = *d.beam_score;
@@ -195,9 +200,9 @@ void ExpectSameGreedy(const ReferencePrompt& p, const std::vector<int32_t>& got)
   for (size_t i = 0; i < got.size(); ++i) {
     if (got[i] == p.greedy_ids[i]) continue;
     ASSERT_LT(i, p.greedy_margins.size());
-    EXPECT_LT(p.greedy_margins[i], 1e-3) << p.name << ": greedy token " << i << " is " << got[i]
-                                         << ", reference " << p.greedy_ids[i] << " with a clear margin "
-                                         << p.greedy_margins[i];
+    EXPECT_LT(p.greedy_margins[i], 1e-3)
+        << p.name << ": greedy token " << i << " is " << got[i] << ", reference " << p.greedy_ids[i]
+        << " with a clear margin " << p.greedy_margins[i];
     return;
   }
 }
@@ -214,7 +219,8 @@ TEST_F(EngineModelTest, GreedyBatchMatchesTransformersThroughTheLocalExecutor) {
   auto e = MakeEngine(Config{}, *std::move(exec));
   ASSERT_NE(e, nullptr);
   const std::vector<std::string> names = {"plain_english", "code", "chat_single"};
-  for (const std::string& n : names) ASSERT_TRUE(e->AddRequest(Greedy(n, Ref(n).prompt_ids, 16)).ok());
+  for (const std::string& n : names)
+    ASSERT_TRUE(e->AddRequest(Greedy(n, Ref(n).prompt_ids, 16)).ok());
   auto all = RunAll(*e);
   for (const std::string& n : names) {
     const Collected& c = all[n];
@@ -281,7 +287,8 @@ TEST_F(EngineModelTest, StopStringAcrossTokensEndsRightBeforeIt) {
 TEST_F(EngineModelTest, StopTokenIdsAndExactMaxTokens) {
   const ReferencePrompt& p = Ref("numbers");
   const int32_t stop_id = p.greedy_ids[4];
-  const size_t first = std::find(p.greedy_ids.begin(), p.greedy_ids.end(), stop_id) - p.greedy_ids.begin();
+  const size_t first =
+      std::find(p.greedy_ids.begin(), p.greedy_ids.end(), stop_id) - p.greedy_ids.begin();
   auto e = MakeEngine(Config{});
   EngineRequest r = Greedy("stop_id", p.prompt_ids, 16);
   r.params.stop_token_ids = {stop_id};
@@ -442,7 +449,6 @@ TEST_F(EngineModelTest, ManyForksInOneStepKeepTheParentHistory) {
   ASSERT_TRUE(worker_->Execute(fin).ok());
 }
 
-
 // Beam search against Hugging Face transformers' generate(num_beams=k,
 // num_return_sequences=k, do_sample=False) in float32
 // (tests/fixtures/make_beam_reference.py -> random_llama/beam_reference.json):
@@ -460,7 +466,8 @@ struct BeamCase {
 };
 
 std::vector<BeamCase> LoadBeamCases(int* max_new_tokens) {
-  std::ifstream f(Env("PAGEDSERVE_SOURCE_DIR") + "/tests/fixtures/random_llama/beam_reference.json");
+  std::ifstream f(Env("PAGEDSERVE_SOURCE_DIR") +
+                  "/tests/fixtures/random_llama/beam_reference.json");
   EXPECT_TRUE(f.good());
   const nlohmann::json j = nlohmann::json::parse(f);
   *max_new_tokens = j.at("max_new_tokens").get<int>();
@@ -472,7 +479,7 @@ std::vector<BeamCase> LoadBeamCases(int* max_new_tokens) {
     b.k = c.at("num_beams").get<int>();
     b.length_penalty = c.at("length_penalty").get<float>();
     const auto& es = c.at("early_stopping");
-    b.early_stopping = es.is_string() ? EarlyStopping::kNever
+    b.early_stopping = es.is_string()   ? EarlyStopping::kNever
                        : es.get<bool>() ? EarlyStopping::kTrue
                                         : EarlyStopping::kFalse;
     b.eos = c.at("eos_token_id").get<int32_t>();
@@ -519,7 +526,8 @@ TEST_F(EngineModelTest, BeamSearchMatchesTransformers) {
   ASSERT_GE(cases.size(), 8u);
   auto e = MakeEngine(Config{});
   ASSERT_EQ(tokenizer_->eos_id(), 2);
-  for (const BeamCase& c : cases) ASSERT_TRUE(e->AddRequest(BeamRequest(c, max_new, 2)).ok()) << c.name;
+  for (const BeamCase& c : cases)
+    ASSERT_TRUE(e->AddRequest(BeamRequest(c, max_new, 2)).ok()) << c.name;
   auto all = RunAll(*e);
   double max_diff = 0.0;
   for (const BeamCase& c : cases) {
@@ -540,7 +548,8 @@ TEST_F(EngineModelTest, BeamSearchMatchesTransformers) {
       EXPECT_EQ(got.text[i], Decode(text_ids)) << c.name << " beam " << i;
     }
   }
-  std::printf("beam search: max |score - transformers score| = %.3g over %zu cases\n", max_diff, cases.size());
+  std::printf("beam search: max |score - transformers score| = %.3g over %zu cases\n", max_diff,
+              cases.size());
   ExpectAllFreed(*e);
 }
 
@@ -568,7 +577,8 @@ TEST_F(EngineModelTest, BeamSearchNegativeControlGreedyDiffers) {
   EXPECT_GE(differs, 3);
 }
 
-class EnginePreemptionTest : public EngineModelTest, public ::testing::WithParamInterface<PreemptionMode> {};
+class EnginePreemptionTest : public EngineModelTest,
+                             public ::testing::WithParamInterface<PreemptionMode> {};
 
 TEST_P(EnginePreemptionTest, PreemptedRequestsGiveTheSameGreedyTokens) {
   Config c;
@@ -578,7 +588,8 @@ TEST_P(EnginePreemptionTest, PreemptedRequestsGiveTheSameGreedyTokens) {
   c.mode = GetParam();
   auto e = MakeEngine(c);
   const std::vector<std::string> names = {"plain_english", "story", "code", "numbers"};
-  for (const std::string& n : names) ASSERT_TRUE(e->AddRequest(Greedy(n, Ref(n).prompt_ids, 16)).ok());
+  for (const std::string& n : names)
+    ASSERT_TRUE(e->AddRequest(Greedy(n, Ref(n).prompt_ids, 16)).ok());
   auto all = RunAll(*e);
   const SchedulerStats st = e->stats();
   if (GetParam() == PreemptionMode::kSwap) {
@@ -674,8 +685,7 @@ TEST_P(EnginePreemptionTest, PenaltiesAndSeedsMatchNumpyWithAndWithoutPreemption
       ++sampled;
       EXPECT_NE(samples[0].at("tokens"), samples[1].at("tokens")) << name;
     } else {
-      differs_from_plain_greedy +=
-          samples[0].at("tokens") != samples[0].at("plain_greedy_prefix");
+      differs_from_plain_greedy += samples[0].at("tokens") != samples[0].at("plain_greedy_prefix");
     }
   }
   // Both kinds are present and the penalties change greedy tokens (the test
@@ -693,7 +703,8 @@ TEST_P(EnginePreemptionTest, BeamSearchSameWithAndWithoutPreemption) {
   ASSERT_GE(cases.size(), 4u);
   auto run = [&](const Config& c) {
     auto e = MakeEngine(c);
-    for (const BeamCase& bc : cases) EXPECT_TRUE(e->AddRequest(BeamRequest(bc, max_new, 2)).ok()) << bc.name;
+    for (const BeamCase& bc : cases)
+      EXPECT_TRUE(e->AddRequest(BeamRequest(bc, max_new, 2)).ok()) << bc.name;
     auto all = RunAll(*e);
     ExpectAllFreed(*e);
     return std::make_pair(all, e->stats());
@@ -705,7 +716,9 @@ TEST_P(EnginePreemptionTest, BeamSearchSameWithAndWithoutPreemption) {
   tight.max_model_len = 48;
   tight.mode = GetParam();
   const auto [preempted, st] = run(tight);
-  EXPECT_GT(GetParam() == PreemptionMode::kSwap ? st.num_preemptions_swap : st.num_preemptions_recompute, 0);
+  EXPECT_GT(
+      GetParam() == PreemptionMode::kSwap ? st.num_preemptions_swap : st.num_preemptions_recompute,
+      0);
   for (const BeamCase& c : cases) {
     const Collected& a = roomy.at(c.name);
     const Collected& b = preempted.at(c.name);
@@ -721,7 +734,8 @@ TEST_P(EnginePreemptionTest, BeamSearchSameWithAndWithoutPreemption) {
 INSTANTIATE_TEST_SUITE_P(Modes, EnginePreemptionTest,
                          ::testing::Values(PreemptionMode::kSwap, PreemptionMode::kRecompute),
                          [](const auto& info) {
-                           return std::string(info.param == PreemptionMode::kSwap ? "Swap" : "Recompute");
+                           return std::string(info.param == PreemptionMode::kSwap ? "Swap"
+                                                                                  : "Recompute");
                          });
 
 }  // namespace

@@ -35,7 +35,8 @@ class ScriptedExecutor : public Executor {
 
   absl::StatusOr<StepResult> Execute(const StepPlan& plan) override {
     ++executed_;
-    if (fail_at_ > 0 && executed_ >= fail_at_) return absl::UnavailableError("scripted worker failure");
+    if (fail_at_ > 0 && executed_ >= fail_at_)
+      return absl::UnavailableError("scripted worker failure");
     StepResult r;
     r.step_id = plan.step_id;
     for (const SequenceStep& st : plan.seqs) {
@@ -54,7 +55,8 @@ class ScriptedExecutor : public Executor {
     if (absl::Status s = mirror_.Apply(plan); !s.ok()) return absl::InternalError(s.message());
     for (const SequenceStep& st : plan.seqs) {
       auto it = seqs_.find(st.seq_id);
-      if (it == seqs_.end()) return absl::InternalError(absl::StrCat("unknown sequence ", st.seq_id));
+      if (it == seqs_.end())
+        return absl::InternalError(absl::StrCat("unknown sequence ", st.seq_id));
       if (!st.sample) continue;
       const StepPlanMirror::Sequence& m = *mirror_.Find(st.seq_id);
       const int32_t generated = st.context_len() - m.num_prompt_tokens;

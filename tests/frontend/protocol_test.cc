@@ -55,59 +55,73 @@ TEST(ProtocolTest, BadInputsFromTheIssue) {
               "field 'temperature' must be a number, got string", "r7");
   ExpectError(Gen(R"(,"stop":5)"), ErrorCode::kInvalidRequest,
               "field 'stop' must be a string or an array of strings, got integer 5", "r7");
-  ExpectError(Gen(R"(,"stop":["a",3])"), ErrorCode::kInvalidRequest, "field 'stop[1]' must be a string", "r7");
-  ExpectError(Gen(R"(,"seed":-1)"), ErrorCode::kInvalidRequest, "field 'seed' must be an integer in [0, 2^64)",
-              "r7");
-  ExpectError(Gen(R"(,"n":true)"), ErrorCode::kInvalidRequest, "field 'n' must be an integer, got boolean", "r7");
+  ExpectError(Gen(R"(,"stop":["a",3])"), ErrorCode::kInvalidRequest,
+              "field 'stop[1]' must be a string", "r7");
+  ExpectError(Gen(R"(,"seed":-1)"), ErrorCode::kInvalidRequest,
+              "field 'seed' must be an integer in [0, 2^64)", "r7");
+  ExpectError(Gen(R"(,"n":true)"), ErrorCode::kInvalidRequest,
+              "field 'n' must be an integer, got boolean", "r7");
   ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt":5})", ErrorCode::kInvalidRequest,
               "field 'prompt' must be a string, got integer 5", "r7");
-  ExpectError(R"({"version":1,"type":"generate","id":"r7","messages":"hi"})", ErrorCode::kInvalidRequest,
-              "field 'messages' must be an array", "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","messages":"hi"})",
+              ErrorCode::kInvalidRequest, "field 'messages' must be an array", "r7");
   ExpectError(R"({"version":1,"type":"generate","id":"r7","messages":[{"role":"user"}]})",
               ErrorCode::kInvalidRequest, "missing field 'messages[0].content'", "r7");
-  ExpectError(R"({"version":1,"type":"generate","id":"r7","messages":[{"role":"robot","content":"x"}]})",
-              ErrorCode::kInvalidRequest, "'messages[0].role' must be one of system, user, assistant, tool",
-              "r7");
+  ExpectError(
+      R"({"version":1,"type":"generate","id":"r7","messages":[{"role":"robot","content":"x"}]})",
+      ErrorCode::kInvalidRequest, "'messages[0].role' must be one of system, user, assistant, tool",
+      "r7");
   ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt_token_ids":[1,"2"]})",
-              ErrorCode::kInvalidRequest, "field 'prompt_token_ids[1]' must be an integer token id", "r7");
+              ErrorCode::kInvalidRequest, "field 'prompt_token_ids[1]' must be an integer token id",
+              "r7");
   ExpectError(R"({"version":1,"type":"generate","id":7,"prompt":"x"})", ErrorCode::kInvalidRequest,
               "field 'id' must be a string, got integer 7");
-  ExpectError(R"({"version":1,"type":5})", ErrorCode::kInvalidRequest, "field 'type' must be a string");
+  ExpectError(R"({"version":1,"type":5})", ErrorCode::kInvalidRequest,
+              "field 'type' must be a string");
   // Unknown type, missing type.
   ExpectError(R"({"version":1,"type":"fly","id":"q"})", ErrorCode::kUnknownType,
               "unknown message type \"fly\" (expected generate, abort, health or stats)", "q");
   ExpectError(R"({"version":1,"id":"q"})", ErrorCode::kInvalidRequest, "missing field 'type'", "q");
   // Missing / empty prompt.
   ExpectError(R"({"version":1,"type":"generate","id":"r7"})", ErrorCode::kInvalidRequest,
-              "missing prompt: one of 'prompt', 'prompt_token_ids' or 'messages' is required", "r7");
-  ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt":null})", ErrorCode::kInvalidRequest,
-              "missing prompt", "r7");
-  ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt":""})", ErrorCode::kInvalidRequest,
-              "field 'prompt' must be a non-empty string", "r7");
-  ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt_token_ids":[]})", ErrorCode::kInvalidRequest,
-              "field 'prompt_token_ids' must be a non-empty array", "r7");
-  ExpectError(R"({"version":1,"type":"generate","id":"r7","messages":[]})", ErrorCode::kInvalidRequest,
-              "field 'messages' must be a non-empty array", "r7");
+              "missing prompt: one of 'prompt', 'prompt_token_ids' or 'messages' is required",
+              "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt":null})",
+              ErrorCode::kInvalidRequest, "missing prompt", "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt":""})",
+              ErrorCode::kInvalidRequest, "field 'prompt' must be a non-empty string", "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt_token_ids":[]})",
+              ErrorCode::kInvalidRequest, "field 'prompt_token_ids' must be a non-empty array",
+              "r7");
+  ExpectError(R"({"version":1,"type":"generate","id":"r7","messages":[]})",
+              ErrorCode::kInvalidRequest, "field 'messages' must be a non-empty array", "r7");
   ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt":"a","prompt_token_ids":[1]})",
-              ErrorCode::kInvalidRequest, "only one of 'prompt', 'prompt_token_ids' or 'messages'", "r7");
+              ErrorCode::kInvalidRequest, "only one of 'prompt', 'prompt_token_ids' or 'messages'",
+              "r7");
   // Ranges (messages come from SamplingParams::Validate).
-  ExpectError(Gen(R"(,"max_tokens":0)"), ErrorCode::kInvalidRequest, "max_tokens must be >= 1, got 0", "r7");
-  ExpectError(Gen(R"(,"max_tokens":-1)"), ErrorCode::kInvalidRequest, "max_tokens must be >= 1, got -1", "r7");
+  ExpectError(Gen(R"(,"max_tokens":0)"), ErrorCode::kInvalidRequest,
+              "max_tokens must be >= 1, got 0", "r7");
+  ExpectError(Gen(R"(,"max_tokens":-1)"), ErrorCode::kInvalidRequest,
+              "max_tokens must be >= 1, got -1", "r7");
   ExpectError(Gen(R"(,"top_k":0.5)"), ErrorCode::kInvalidRequest,
               "field 'top_k' must be an integer, got number 0.5", "r7");
-  ExpectError(Gen(R"(,"top_k":0)"), ErrorCode::kInvalidRequest, "top_k must be -1 (disabled) or >= 1, got 0",
+  ExpectError(Gen(R"(,"top_k":0)"), ErrorCode::kInvalidRequest,
+              "top_k must be -1 (disabled) or >= 1, got 0", "r7");
+  ExpectError(Gen(R"(,"top_p":0)"), ErrorCode::kInvalidRequest, "top_p must be in (0, 1], got 0",
               "r7");
-  ExpectError(Gen(R"(,"top_p":0)"), ErrorCode::kInvalidRequest, "top_p must be in (0, 1], got 0", "r7");
-  ExpectError(Gen(R"(,"top_p":1.5)"), ErrorCode::kInvalidRequest, "top_p must be in (0, 1], got 1.5", "r7");
+  ExpectError(Gen(R"(,"top_p":1.5)"), ErrorCode::kInvalidRequest,
+              "top_p must be in (0, 1], got 1.5", "r7");
   ExpectError(Gen(R"(,"temperature":-1)"), ErrorCode::kInvalidRequest,
               "temperature must be a finite number >= 0, got -1", "r7");
-  ExpectError(Gen(R"(,"temperature":1e300)"), ErrorCode::kInvalidRequest, "field 'temperature' is out of range",
-              "r7");
+  ExpectError(Gen(R"(,"temperature":1e300)"), ErrorCode::kInvalidRequest,
+              "field 'temperature' is out of range", "r7");
   ExpectError(Gen(R"(,"n":65)"), ErrorCode::kInvalidRequest, "n must be in [1, 64], got 65", "r7");
   ExpectError(Gen(R"(,"max_tokens":99999999999)"), ErrorCode::kInvalidRequest,
               "field 'max_tokens' is out of range", "r7");
-  ExpectError(Gen(R"(,"logprobs":21)"), ErrorCode::kInvalidRequest, "logprobs must be in [-1, 20], got 21", "r7");
-  ExpectError(Gen(R"(,"stop":[""])"), ErrorCode::kInvalidRequest, "stop[0] must be a non-empty string", "r7");
+  ExpectError(Gen(R"(,"logprobs":21)"), ErrorCode::kInvalidRequest,
+              "logprobs must be in [-1, 20], got 21", "r7");
+  ExpectError(Gen(R"(,"stop":[""])"), ErrorCode::kInvalidRequest,
+              "stop[0] must be a non-empty string", "r7");
   // Unknown fields are rejected, not ignored.
   ExpectError(Gen(R"(,"max_token":5)"), ErrorCode::kInvalidRequest,
               "unknown field \"max_token\" in generate request", "r7");
@@ -140,19 +154,22 @@ TEST(ProtocolTest, SizeDepthAndVocabularyLimits) {
   ExpectError(deep, ErrorCode::kInvalidJson, "message nests deeper than 32 levels");
   ParseOptions vocab;
   vocab.vocab_size = 100;
-  ExpectError(R"({"version":1,"type":"generate","id":"v","prompt_token_ids":[5,100]})", ErrorCode::kInvalidRequest,
+  ExpectError(R"({"version":1,"type":"generate","id":"v","prompt_token_ids":[5,100]})",
+              ErrorCode::kInvalidRequest,
               "field 'prompt_token_ids[1]' must be a token id in [0, 100), got 100", "v", vocab);
-  ExpectError(R"({"version":1,"type":"generate","id":"v","prompt_token_ids":[-3]})", ErrorCode::kInvalidRequest,
-              "must be a token id in [0, 100), got -3", "v", vocab);
+  ExpectError(R"({"version":1,"type":"generate","id":"v","prompt_token_ids":[-3]})",
+              ErrorCode::kInvalidRequest, "must be a token id in [0, 100), got -3", "v", vocab);
   ExpectError(R"({"version":1,"type":"generate","id":"v","prompt":"x","stop_token_ids":[1000]})",
-              ErrorCode::kInvalidRequest, "field 'stop_token_ids[0]' must be a token id in [0, 100)", "v", vocab);
+              ErrorCode::kInvalidRequest,
+              "field 'stop_token_ids[0]' must be a token id in [0, 100)", "v", vocab);
 }
 
 TEST(ProtocolTest, BracketsInsideStringsDoNotCountAsNesting) {
-  ParseResult r = ParseRequest(R"({"version":1,"type":"generate","id":"b","prompt":")" + std::string(200, '[') +
-                               R"(\"]]"})");
+  ParseResult r = ParseRequest(R"({"version":1,"type":"generate","id":"b","prompt":")" +
+                               std::string(200, '[') + R"(\"]]"})");
   ASSERT_TRUE(r.ok()) << r.error.message;
-  EXPECT_EQ(std::get<std::string>(std::get<GenerateRequest>(*r.request).prompt), std::string(200, '[') + "\"]]");
+  EXPECT_EQ(std::get<std::string>(std::get<GenerateRequest>(*r.request).prompt),
+            std::string(200, '[') + "\"]]");
 }
 
 TEST(ProtocolTest, ParsesEveryFieldOfAGenerateRequest) {
@@ -184,11 +201,13 @@ TEST(ProtocolTest, ParsesEveryFieldOfAGenerateRequest) {
   EXPECT_TRUE(g.stream);
 
   // Defaults, a single stop string, nulls, chat messages.
-  r = ParseRequest(R"({"version":1,"type":"generate","id":"c","messages":[{"role":"user","content":"hé"}],
+  r = ParseRequest(
+      R"({"version":1,"type":"generate","id":"c","messages":[{"role":"user","content":"hé"}],
       "stop":"END","seed":null,"temperature":null})");
   ASSERT_TRUE(r.ok()) << r.error.message;
   const auto& c = std::get<GenerateRequest>(*r.request);
-  EXPECT_EQ(std::get<std::vector<ChatMessage>>(c.prompt), (std::vector<ChatMessage>{{"user", "hé"}}));
+  EXPECT_EQ(std::get<std::vector<ChatMessage>>(c.prompt),
+            (std::vector<ChatMessage>{{"user", "hé"}}));
   EXPECT_EQ(c.sampling.stop, std::vector<std::string>{"END"});
   EXPECT_FALSE(c.sampling.seed.has_value());
   EXPECT_EQ(c.sampling.temperature, SamplingParams{}.temperature);
@@ -231,7 +250,8 @@ TEST(ProtocolTest, ValidRequestsRoundTrip) {
     EXPECT_TRUE(*back.request == req) << wire;
   }
   // Floats travel in their shortest form.
-  EXPECT_NE(SerializeRequest(g).find("\"temperature\":0.7,"), std::string::npos) << SerializeRequest(g);
+  EXPECT_NE(SerializeRequest(g).find("\"temperature\":0.7,"), std::string::npos)
+      << SerializeRequest(g);
   g.prompt = std::string("plain text");
   EXPECT_TRUE(*ParseRequest(SerializeRequest(g)).request == Request{g});
   g.prompt = std::vector<int32_t>{5, 6, 7};
@@ -244,18 +264,23 @@ TEST(ProtocolTest, CacheSaltIsValidatedAndRoundTrips) {
   ASSERT_TRUE(ok.ok()) << ok.error.message;
   EXPECT_EQ(std::get<GenerateRequest>(*ok.request).cache_salt, "tenant-A_01+/=");
   EXPECT_TRUE(std::get<GenerateRequest>(*ParseRequest(Gen("")).request).cache_salt.empty());
-  EXPECT_TRUE(std::get<GenerateRequest>(*ParseRequest(Gen(R"(,"cache_salt":null)")).request).cache_salt.empty());
+  EXPECT_TRUE(std::get<GenerateRequest>(*ParseRequest(Gen(R"(,"cache_salt":null)")).request)
+                  .cache_salt.empty());
   const std::string max(256, 'z');
   ASSERT_TRUE(ParseRequest(Gen(",\"cache_salt\":\"" + max + "\"")).ok());
 
-  ExpectError(Gen(R"(,"cache_salt":"")"), ErrorCode::kInvalidRequest, "cache_salt must be a non-empty string",
-              "r7");
+  ExpectError(Gen(R"(,"cache_salt":"")"), ErrorCode::kInvalidRequest,
+              "cache_salt must be a non-empty string", "r7");
   ExpectError(Gen(",\"cache_salt\":\"" + max + "z\""), ErrorCode::kInvalidRequest,
               "cache_salt is 257 bytes; at most 256 are allowed", "r7");
-  ExpectError(Gen(R"(,"cache_salt":"two words")"), ErrorCode::kInvalidRequest, "cache_salt byte 3 is 0x20", "r7");
-  ExpectError(Gen(R"(,"cache_salt":"caf\u00e9")"), ErrorCode::kInvalidRequest, "cache_salt byte 3 is 0xC3", "r7");
-  ExpectError(Gen(R"(,"cache_salt":"a\nb")"), ErrorCode::kInvalidRequest, "cache_salt byte 1 is 0x0A", "r7");
-  ExpectError(Gen(R"(,"cache_salt":42)"), ErrorCode::kInvalidRequest, "field 'cache_salt' must be a string", "r7");
+  ExpectError(Gen(R"(,"cache_salt":"two words")"), ErrorCode::kInvalidRequest,
+              "cache_salt byte 3 is 0x20", "r7");
+  ExpectError(Gen(R"(,"cache_salt":"caf\u00e9")"), ErrorCode::kInvalidRequest,
+              "cache_salt byte 3 is 0xC3", "r7");
+  ExpectError(Gen(R"(,"cache_salt":"a\nb")"), ErrorCode::kInvalidRequest,
+              "cache_salt byte 1 is 0x0A", "r7");
+  ExpectError(Gen(R"(,"cache_salt":42)"), ErrorCode::kInvalidRequest,
+              "field 'cache_salt' must be a string", "r7");
   // The message never quotes a rejected salt.
   ParseResult bad = ParseRequest(Gen(R"(,"cache_salt":"secret tenant")"));
   ASSERT_FALSE(bad.ok());
@@ -270,8 +295,10 @@ TEST(ProtocolTest, CacheSaltIsValidatedAndRoundTrips) {
 }
 
 TEST(ProtocolTest, RepliesSerializeAsDocumented) {
-  DeltaReply d{"r1", {{0, "Hel", {9, 10}, {}, std::nullopt}, {1, "Wo", {11}, {}, FinishReason::kLength}}};
-  EXPECT_EQ(json::parse(SerializeReply(d)), json::parse(R"({"version":1,"type":"delta","id":"r1","outputs":[
+  DeltaReply d{"r1",
+               {{0, "Hel", {9, 10}, {}, std::nullopt}, {1, "Wo", {11}, {}, FinishReason::kLength}}};
+  EXPECT_EQ(json::parse(SerializeReply(d)),
+            json::parse(R"({"version":1,"type":"delta","id":"r1","outputs":[
       {"index":0,"text":"Hel","token_ids":[9,10]},
       {"index":1,"text":"Wo","token_ids":[11],"finish_reason":"length"}]})"));
 
@@ -284,16 +311,19 @@ TEST(ProtocolTest, RepliesSerializeAsDocumented) {
   s0.stop_string = "\n";
   s0.text = "Hello";
   s0.token_ids = {9, 10};
-  s0.logprobs = {TokenLogprob{9, -0.5f, {9, 4}, {-0.5f, -1.25f}}, TokenLogprob{10, -0.125f, {}, {}}};
+  s0.logprobs = {TokenLogprob{9, -0.5f, {9, 4}, {-0.5f, -1.25f}},
+                 TokenLogprob{10, -0.125f, {}, {}}};
   f.outputs = {s0};
   f.usage = {5, 2, 4};
-  EXPECT_EQ(json::parse(SerializeReply(f)), json::parse(R"({"version":1,"type":"final","id":"r1","stream":false,
+  EXPECT_EQ(json::parse(SerializeReply(f)),
+            json::parse(R"({"version":1,"type":"final","id":"r1","stream":false,
       "outputs":[{"index":0,"finish_reason":"stop","stop_string":"\n","text":"Hello","token_ids":[9,10],
         "logprobs":[{"token_id":9,"logprob":-0.5,"top":[{"token_id":9,"logprob":-0.5},{"token_id":4,"logprob":-1.25}]},
                     {"token_id":10,"logprob":-0.125,"top":[]}]}],
       "usage":{"prompt_tokens":5,"completion_tokens":2,"cached_prompt_tokens":4}})"));
   f.streamed = true;
-  EXPECT_EQ(json::parse(SerializeReply(f)), json::parse(R"({"version":1,"type":"final","id":"r1","stream":true,
+  EXPECT_EQ(json::parse(SerializeReply(f)),
+            json::parse(R"({"version":1,"type":"final","id":"r1","stream":true,
       "outputs":[{"index":0,"finish_reason":"stop","stop_string":"\n"}],
       "usage":{"prompt_tokens":5,"completion_tokens":2,"cached_prompt_tokens":4}})"));
 
@@ -315,8 +345,8 @@ TEST(ProtocolTest, RepliesSerializeAsDocumented) {
 
 // Beam search fields (vLLM's names and meanings), validated at the edge.
 TEST(ProtocolTest, BeamSearchFieldsParseValidateAndRoundTrip) {
-  ParseResult r = ParseRequest(
-      Gen(R"(,"n":2,"use_beam_search":true,"best_of":4,"length_penalty":0.5,"early_stopping":"never")"));
+  ParseResult r = ParseRequest(Gen(
+      R"(,"n":2,"use_beam_search":true,"best_of":4,"length_penalty":0.5,"early_stopping":"never")"));
   ASSERT_TRUE(r.ok()) << r.error.message;
   const SamplingParams& p = std::get<GenerateRequest>(*r.request).sampling;
   EXPECT_TRUE(p.use_beam_search);
@@ -327,25 +357,29 @@ TEST(ProtocolTest, BeamSearchFieldsParseValidateAndRoundTrip) {
   EXPECT_EQ(p.early_stopping, EarlyStopping::kNever);
   EXPECT_EQ(p.temperature, 0.0f);  // absent temperature: 0 with beam search
   for (const char* es : {"true", "false"}) {
-    ParseResult b = ParseRequest(Gen(absl::StrCat(R"(,"use_beam_search":true,"n":2,"early_stopping":)", es)));
+    ParseResult b =
+        ParseRequest(Gen(absl::StrCat(R"(,"use_beam_search":true,"n":2,"early_stopping":)", es)));
     ASSERT_TRUE(b.ok()) << b.error.message;
     EXPECT_EQ(std::get<GenerateRequest>(*b.request).sampling.early_stopping,
               std::string(es) == "true" ? EarlyStopping::kTrue : EarlyStopping::kFalse);
   }
-  ExpectError(Gen(R"(,"use_beam_search":true,"early_stopping":"sometimes")"), ErrorCode::kInvalidRequest,
-              "early_stopping", "r7");
+  ExpectError(Gen(R"(,"use_beam_search":true,"early_stopping":"sometimes")"),
+              ErrorCode::kInvalidRequest, "early_stopping", "r7");
   ExpectError(Gen(R"(,"use_beam_search":true,"n":2,"temperature":0.7)"), ErrorCode::kInvalidRequest,
               "temperature must be 0", "r7");
   ExpectError(Gen(R"(,"use_beam_search":true,"n":3,"best_of":2)"), ErrorCode::kInvalidRequest,
               "n (3) must be <= best_of (2)", "r7");
-  ExpectError(Gen(R"(,"use_beam_search":true,"best_of":11)"), ErrorCode::kInvalidRequest, "must be <= 10", "r7");
-  ExpectError(Gen(R"(,"use_beam_search":true,"n":2,"stop":"x")"), ErrorCode::kInvalidRequest, "stop strings",
-              "r7");
-  ExpectError(Gen(R"(,"use_beam_search":true,"n":2,"top_p":0.5)"), ErrorCode::kInvalidRequest, "top_p must be 1",
-              "r7");
+  ExpectError(Gen(R"(,"use_beam_search":true,"best_of":11)"), ErrorCode::kInvalidRequest,
+              "must be <= 10", "r7");
+  ExpectError(Gen(R"(,"use_beam_search":true,"n":2,"stop":"x")"), ErrorCode::kInvalidRequest,
+              "stop strings", "r7");
+  ExpectError(Gen(R"(,"use_beam_search":true,"n":2,"top_p":0.5)"), ErrorCode::kInvalidRequest,
+              "top_p must be 1", "r7");
   ExpectError(Gen(R"(,"best_of":3)"), ErrorCode::kInvalidRequest, "requires use_beam_search", "r7");
-  ExpectError(Gen(R"(,"length_penalty":2)"), ErrorCode::kInvalidRequest, "length_penalty must be 1", "r7");
-  ExpectError(Gen(R"(,"early_stopping":true)"), ErrorCode::kInvalidRequest, "early_stopping must be false", "r7");
+  ExpectError(Gen(R"(,"length_penalty":2)"), ErrorCode::kInvalidRequest, "length_penalty must be 1",
+              "r7");
+  ExpectError(Gen(R"(,"early_stopping":true)"), ErrorCode::kInvalidRequest,
+              "early_stopping must be false", "r7");
   // Round trip.
   GenerateRequest g;
   g.id = "b";
@@ -362,7 +396,8 @@ TEST(ProtocolTest, BeamSearchFieldsParseValidateAndRoundTrip) {
   // The final message carries each beam's cumulative logprob.
   FinalReply f;
   f.id = "b";
-  f.outputs = {SequenceFinal{0, FinishReason::kLength, std::nullopt, std::nullopt, "a", {1}, {}, -3.25}};
+  f.outputs = {
+      SequenceFinal{0, FinishReason::kLength, std::nullopt, std::nullopt, "a", {1}, {}, -3.25}};
   const std::string wire = SerializeReply(f);
   EXPECT_EQ(json::parse(wire)["outputs"][0]["cumulative_logprob"], -3.25) << wire;
   auto fb = ParseReply(wire);
@@ -373,14 +408,18 @@ TEST(ProtocolTest, BeamSearchFieldsParseValidateAndRoundTrip) {
 TEST(ProtocolTest, RepliesRoundTripThroughParseReply) {
   FinalReply f;
   f.id = "x";
-  f.outputs = {SequenceFinal{0, FinishReason::kStop, std::nullopt, 2, "a", {1}, {}, std::nullopt},
-               SequenceFinal{1, FinishReason::kError, std::nullopt, std::nullopt, "b", {3}, {}, std::nullopt}};
+  f.outputs = {
+      SequenceFinal{0, FinishReason::kStop, std::nullopt, 2, "a", {1}, {}, std::nullopt},
+      SequenceFinal{
+          1, FinishReason::kError, std::nullopt, std::nullopt, "b", {3}, {}, std::nullopt}};
   f.usage = {1, 2, 0};
   f.error_message = "worker 1 failed";
   const std::vector<Reply> replies = {
-      Reply{ErrorReply{"e", ErrorCode::kPromptTooLong, "prompt has 5000 tokens, max_model_len is 2048"}},
+      Reply{ErrorReply{"e", ErrorCode::kPromptTooLong,
+                       "prompt has 5000 tokens, max_model_len is 2048"}},
       Reply{ErrorReply{"", ErrorCode::kInvalidJson, "m"}},
-      Reply{DeltaReply{"d", {{1, "x", {4}, {TokenLogprob{4, -1.5f, {4}, {-1.5f}}}, FinishReason::kAbort}}}},
+      Reply{DeltaReply{
+          "d", {{1, "x", {4}, {TokenLogprob{4, -1.5f, {4}, {-1.5f}}}, FinishReason::kAbort}}}},
       Reply{f},
       Reply{AbortReply{"a"}},
       Reply{HealthReply{"h", false}},
@@ -393,7 +432,10 @@ TEST(ProtocolTest, RepliesRoundTripThroughParseReply) {
   }
   EXPECT_FALSE(ParseReply("{}").ok());
   EXPECT_FALSE(ParseReply(R"({"version":2,"type":"health","status":"ok"})").ok());
-  EXPECT_NE(ParseReply(R"({"version":1,"type":"error","code":"nope","message":"m"})").status().message().find("nope"),
+  EXPECT_NE(ParseReply(R"({"version":1,"type":"error","code":"nope","message":"m"})")
+                .status()
+                .message()
+                .find("nope"),
             std::string::npos);
 }
 
@@ -407,7 +449,8 @@ TEST(ProtocolFuzzCorpusTest, SeedCorpusHoldsTheInvariants) {
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     std::ifstream in(entry.path(), std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    EXPECT_EQ(ProtocolFuzzOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), "")
+    EXPECT_EQ(ProtocolFuzzOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+              "")
         << entry.path();
     // Every prefix too: truncated messages are the most common malformed input.
     for (size_t n = 0; n < bytes.size(); n += 7) {

@@ -49,14 +49,15 @@ TEST(RequestLogTest, ContentOnlyWhenGivenAndAlwaysOneLine) {
   EXPECT_EQ(line.find('\r'), std::string::npos) << line;
   EXPECT_NE(line.find("id=\"evil\\nrequest zmq: id=\\\"forged\\\"\""), std::string::npos) << line;
   EXPECT_NE(line.find("prompt=\"line one\\nline \\\"two\\\"\""), std::string::npos) << line;
-  EXPECT_NE(line.find("completion[0]=\"a\\rb\" completion[1]=\"\\377\""), std::string::npos) << line;
+  EXPECT_NE(line.find("completion[0]=\"a\\rb\" completion[1]=\"\\377\""), std::string::npos)
+      << line;
 }
 
 TEST(RequestLogTest, DescribesEveryPromptForm) {
   EXPECT_EQ(DescribePrompt(protocol::Prompt(std::string("hi"))), "hi");
   EXPECT_EQ(DescribePrompt(protocol::Prompt(std::vector<int32_t>{1, 2, 3})), "token_ids=[1,2,3]");
-  EXPECT_EQ(DescribePrompt(protocol::Prompt(std::vector<protocol::ChatMessage>{{"system", "be brief"},
-                                                                               {"user", "hi"}})),
+  EXPECT_EQ(DescribePrompt(protocol::Prompt(
+                std::vector<protocol::ChatMessage>{{"system", "be brief"}, {"user", "hi"}})),
             "system: be brief | user: hi");
 }
 

@@ -34,8 +34,8 @@
 #include "runtime/engine/engine_loop.h"
 #include "runtime/frontend/http_server.h"
 #include "runtime/tokenizer/loaders.h"
-#include "tests/engine/scripted_executor.h"
 #include "tests/common/fixture_tokenizer.h"
+#include "tests/engine/scripted_executor.h"
 
 namespace pagedserve {
 namespace {
@@ -62,7 +62,8 @@ class GatedExecutor : public Executor {
     const int step = ++entered_;
     cv_.notify_all();
     cv_.wait(lock, [&] { return open_ || step <= free_steps_; });
-    if (fail_at_ > 0 && step >= fail_at_) return absl::UnavailableError("worker rank 1 lost: scripted");
+    if (fail_at_ > 0 && step >= fail_at_)
+      return absl::UnavailableError("worker rank 1 lost: scripted");
     return inner_->Execute(plan);
   }
   absl::Status Shutdown() override { return absl::OkStatus(); }
@@ -116,7 +117,8 @@ struct Server {
   Server() {
     // Prompt "A" continues " one two three", then " x" for ever (no EOS).
     auto inner = std::make_unique<ScriptedExecutor>(
-        ScriptedExecutor::Script{{Id("A"), {{Id(" one"), Id(" two"), Id(" three")}}}}, 64, 0, 16, Id(" x"));
+        ScriptedExecutor::Script{{Id("A"), {{Id(" one"), Id(" two"), Id(" three")}}}}, 64, 0, 16,
+        Id(" x"));
     auto gated = std::make_unique<GatedExecutor>(std::move(inner));
     exec = gated.get();
     EngineOptions o;
@@ -176,7 +178,8 @@ int Connect(int port) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0)
+      << std::strerror(errno);
   return fd;
 }
 
@@ -218,7 +221,8 @@ Response Parse(const std::string& raw) {
   if (first.size() < 2 || !absl::SimpleAtoi(first[1], &r.status)) r.status = -1;
   if (const size_t p = r.head.find("Content-Length: "); p != std::string::npos) {
     size_t len = 0;
-    if (absl::SimpleAtoi(r.head.substr(p + 16, r.head.find("\r\n", p) - p - 16), &len) && len <= r.body.size()) {
+    if (absl::SimpleAtoi(r.head.substr(p + 16, r.head.find("\r\n", p) - p - 16), &len) &&
+        len <= r.body.size()) {
       r.body.resize(len);  // what follows belongs to another response
     }
   }
@@ -226,11 +230,14 @@ Response Parse(const std::string& raw) {
 }
 
 // One request on a fresh connection (Connection: close); the whole response.
-Response Request(int port, const std::string& method, const std::string& path, const std::string& body = "") {
+Response Request(int port, const std::string& method, const std::string& path,
+                 const std::string& body = "") {
   const int fd = Connect(port);
-  std::string req = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+  std::string req =
+      absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
   if (method == "POST") {
-    absl::StrAppend(&req, "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n");
+    absl::StrAppend(&req, "Content-Type: application/json\r\nContent-Length: ", body.size(),
+                    "\r\n");
   }
   absl::StrAppend(&req, "\r\n", body);
   EXPECT_TRUE(SendAll(fd, req));
@@ -241,11 +248,14 @@ Response Request(int port, const std::string& method, const std::string& path, c
 
 // The request headers of a chunked POST (the chunks follow separately).
 std::string ChunkedHead(const std::string& path) {
-  return absl::StrCat("POST ", path,
-                      " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
-                      "Transfer-Encoding: chunked\r\n\r\n");
+  return absl::StrCat(
+      "POST ", path,
+      " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n");
 }
-std::string Chunk(const std::string& data) { return absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n"); }
+std::string Chunk(const std::string& data) {
+  return absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n");
+}
 
 json ErrorOf(const Response& r) {
   json j = json::parse(r.body, nullptr, false);
@@ -308,7 +318,8 @@ TEST(HttpServerTest, StepFailureIsAServerErrorForJsonAndStream) {
   Response plain;
   std::thread stream_client([&] {
     streamed = Request(s.port(), "POST", "/v1/completions",
-                       R"({"prompt": "A", "max_tokens": 20, "stream": true})").body;
+                       R"({"prompt": "A", "max_tokens": 20, "stream": true})")
+                   .body;
   });
   std::thread plain_client([&] {
     plain = Request(s.port(), "POST", "/v1/completions", R"({"prompt": "A", "max_tokens": 20})");
@@ -333,7 +344,8 @@ TEST(HttpServerTest, StepFailureIsAServerErrorForJsonAndStream) {
     if (j.is_object() && j.contains("error")) {
       error_event = true;
       EXPECT_EQ(j["error"]["type"], "server_error") << ev;
-      EXPECT_TRUE(absl::StrContains(j["error"]["message"].get<std::string>(), "worker rank 1 lost")) << ev;
+      EXPECT_TRUE(absl::StrContains(j["error"]["message"].get<std::string>(), "worker rank 1 lost"))
+          << ev;
     }
   }
   EXPECT_TRUE(error_event) << streamed;
@@ -354,7 +366,8 @@ TEST(HttpServerTest, AcceptsChunkedRequestBodies) {
   }
   {
     const int fd = Connect(s.port());
-    ASSERT_TRUE(SendAll(fd, ChunkedHead("/tokenize") + Chunk(R"({"prompt")") + Chunk(R"(: "A"})") + "0\r\n\r\n"));
+    ASSERT_TRUE(SendAll(
+        fd, ChunkedHead("/tokenize") + Chunk(R"({"prompt")") + Chunk(R"(: "A"})") + "0\r\n\r\n"));
     Response r = Parse(Receive(fd));
     close(fd);
     ASSERT_EQ(r.status, 200) << r.head << r.body;
@@ -371,7 +384,8 @@ TEST(HttpServerTest, ChunkedBodyOverTheLimitIs413WithoutReadingItAll) {
   const int fd = Connect(s.port());
   ASSERT_TRUE(SendAll(fd, ChunkedHead("/v1/completions") + Chunk(R"({"prompt": ")")));
   const std::string filler(1024, 'a');
-  for (size_t sent = 0; sent <= kMaxBody; sent += filler.size()) ASSERT_TRUE(SendAll(fd, Chunk(filler)));
+  for (size_t sent = 0; sent <= kMaxBody; sent += filler.size())
+    ASSERT_TRUE(SendAll(fd, Chunk(filler)));
   Response r = Parse(Receive(fd, "}}"));  // the end of the error object
   close(fd);
   ASSERT_EQ(r.status, 413) << r.head << r.body;
@@ -383,8 +397,9 @@ TEST(HttpServerTest, ChunkedBodyOverTheLimitIs413WithoutReadingItAll) {
   EXPECT_EQ(Parse(Receive(gz, "}}")).status, 501);
   close(gz);
   const int both = Connect(s.port());
-  ASSERT_TRUE(SendAll(both, "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-                            "Content-Length: 5\r\n\r\n0\r\n\r\n"));
+  ASSERT_TRUE(SendAll(both,
+                      "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                      "Content-Length: 5\r\n\r\n0\r\n\r\n"));
   EXPECT_EQ(Parse(Receive(both, "}}")).status, 400);
   close(both);
   EXPECT_EQ(Request(s.port(), "GET", "/health").status, 200);  // still serving
@@ -421,9 +436,10 @@ TEST(HttpServerTest, ConcurrentClientsStreamingAbortAndHealthDuringAStep) {
   std::thread quitter([&] {
     const int fd = Connect(s.port());
     const std::string body = R"({"prompt": "A", "max_tokens": 200, "stream": true})";
-    EXPECT_TRUE(SendAll(fd, absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                                         "application/json\r\nContent-Length: ",
-                                         body.size(), "\r\n\r\n", body)));
+    EXPECT_TRUE(
+        SendAll(fd, absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                 "application/json\r\nContent-Length: ",
+                                 body.size(), "\r\n\r\n", body)));
     EXPECT_TRUE(absl::StrContains(Receive(fd, "data: "), "data: "));
     close(fd);
   });

@@ -57,7 +57,8 @@ TEST(OpenAiApiTest, EveryPromptForm) {
 }
 
 TEST(OpenAiApiTest, SamplingFieldsAreMapped) {
-  ParseOutcome o = Completions(R"({"prompt": "x", "max_tokens": 7, "n": 3, "temperature": 0.5, "top_p": 0.9,
+  ParseOutcome o =
+      Completions(R"({"prompt": "x", "max_tokens": 7, "n": 3, "temperature": 0.5, "top_p": 0.9,
       "top_k": 0, "min_p": 0.1, "seed": 42, "presence_penalty": 0.5, "frequency_penalty": -0.5,
       "repetition_penalty": 1.1, "stop": "\n", "stop_token_ids": [2], "ignore_eos": true, "logprobs": 3,
       "user": "u", "some_future_field": {"x": 1}, "stream": true, "stream_options": {"include_usage": true}})");
@@ -93,19 +94,24 @@ TEST(OpenAiApiTest, BeamSearchFields) {
   EXPECT_FLOAT_EQ(p.length_penalty, 0.7f);
   EXPECT_EQ(p.early_stopping, EarlyStopping::kNever);
   EXPECT_EQ(p.temperature, 0.0f);  // absent: 0 with beam search
-  ParseOutcome t = Completions(R"({"prompt": "x", "use_beam_search": true, "n": 2, "early_stopping": true})");
+  ParseOutcome t =
+      Completions(R"({"prompt": "x", "use_beam_search": true, "n": 2, "early_stopping": true})");
   ASSERT_TRUE(t.request.has_value()) << t.error.message;
   EXPECT_EQ(t.request->params.early_stopping, EarlyStopping::kTrue);
   EXPECT_EQ(Refused(R"({"prompt": "x", "use_beam_search": true, "early_stopping": "x"})"),
             std::make_pair(400, std::string("early_stopping")));
   EXPECT_EQ(Refused(R"({"prompt": "x", "use_beam_search": "yes"})"),
             std::make_pair(400, std::string("use_beam_search")));
-  ParseOutcome hot = Completions(R"({"prompt": "x", "use_beam_search": true, "n": 2, "temperature": 1})");
+  ParseOutcome hot =
+      Completions(R"({"prompt": "x", "use_beam_search": true, "n": 2, "temperature": 1})");
   ASSERT_FALSE(hot.request.has_value());
-  EXPECT_NE(hot.error.message.find("temperature must be 0"), std::string::npos) << hot.error.message;
-  ParseOutcome wide = Completions(R"({"prompt": "x", "use_beam_search": true, "n": 4, "best_of": 2})");
+  EXPECT_NE(hot.error.message.find("temperature must be 0"), std::string::npos)
+      << hot.error.message;
+  ParseOutcome wide =
+      Completions(R"({"prompt": "x", "use_beam_search": true, "n": 4, "best_of": 2})");
   ASSERT_FALSE(wide.request.has_value());
-  EXPECT_NE(wide.error.message.find("n (4) must be <= best_of (2)"), std::string::npos) << wide.error.message;
+  EXPECT_NE(wide.error.message.find("n (4) must be <= best_of (2)"), std::string::npos)
+      << wide.error.message;
 }
 
 TEST(OpenAiApiTest, WrongTypesAndValuesName) {
@@ -115,15 +121,22 @@ TEST(OpenAiApiTest, WrongTypesAndValuesName) {
   EXPECT_EQ(Refused(R"({"prompt": ""})"), std::make_pair(400, std::string("prompt")));
   EXPECT_EQ(Refused(R"({"prompt": [true]})"), std::make_pair(400, std::string("prompt")));
   EXPECT_EQ(Refused(R"({"prompt": [49152]})"), std::make_pair(400, std::string("prompt")));
-  EXPECT_EQ(Refused(R"({"prompt": "x", "max_tokens": "8"})"), std::make_pair(400, std::string("max_tokens")));
-  EXPECT_EQ(Refused(R"({"prompt": "x", "max_tokens": 0})"), std::make_pair(400, std::string("max_tokens")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "max_tokens": "8"})"),
+            std::make_pair(400, std::string("max_tokens")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "max_tokens": 0})"),
+            std::make_pair(400, std::string("max_tokens")));
   EXPECT_EQ(Refused(R"({"prompt": "x", "n": 65})"), std::make_pair(400, std::string("n")));
-  EXPECT_EQ(Refused(R"({"prompt": "x", "temperature": "hot"})"), std::make_pair(400, std::string("temperature")));
-  EXPECT_EQ(Refused(R"({"prompt": "x", "temperature": 1e300})"), std::make_pair(400, std::string("temperature")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "temperature": "hot"})"),
+            std::make_pair(400, std::string("temperature")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "temperature": 1e300})"),
+            std::make_pair(400, std::string("temperature")));
   EXPECT_EQ(Refused(R"({"prompt": "x", "stop": 3})"), std::make_pair(400, std::string("stop")));
-  EXPECT_EQ(Refused(R"({"prompt": "x", "logprobs": 21})"), std::make_pair(400, std::string("logprobs")));
-  EXPECT_EQ(Refused(R"({"prompt": "x", "seed": 18446744073709551616})"), std::make_pair(400, std::string("seed")));
-  EXPECT_EQ(Refused(R"({"prompt": "x", "stream": "yes"})"), std::make_pair(400, std::string("stream")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "logprobs": 21})"),
+            std::make_pair(400, std::string("logprobs")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "seed": 18446744073709551616})"),
+            std::make_pair(400, std::string("seed")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "stream": "yes"})"),
+            std::make_pair(400, std::string("stream")));
   EXPECT_EQ(Refused(R"({"prompt": "x", "echo": true})"), std::make_pair(400, std::string("echo")));
   // Ranges of SamplingParams::Validate: the message names the field.
   ParseOutcome o = Completions(R"({"prompt": "x", "top_p": 1.5})");
@@ -151,8 +164,9 @@ TEST(OpenAiApiTest, CacheSaltIsValidatedAtTheEdge) {
     EXPECT_EQ(none.request->cache_salt, "") << body;
   }
   const std::string long_salt(257, 's');
-  for (const std::string& bad : {std::string(R"("two words")"), std::string(R"("")"), std::string("7"),
-                                 "\"" + long_salt + "\"", std::string(R"("tab\there")")}) {
+  for (const std::string& bad :
+       {std::string(R"("two words")"), std::string(R"("")"), std::string("7"),
+        "\"" + long_salt + "\"", std::string(R"("tab\there")")}) {
     ParseOutcome o = Completions(R"({"prompt": "hi", "cache_salt": )" + bad + "}");
     EXPECT_FALSE(o.request.has_value()) << bad;
     EXPECT_EQ(o.error.status, 400) << bad;
@@ -163,8 +177,9 @@ TEST(OpenAiApiTest, CacheSaltIsValidatedAtTheEdge) {
 }
 
 TEST(OpenAiApiTest, ChatNeedsATemplateAndTextParts) {
-  ParseOutcome none = ParseRequest(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "hi"}]})",
-                                   kModel, Tok(), nullptr);
+  ParseOutcome none =
+      ParseRequest(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "hi"}]})", kModel,
+                   Tok(), nullptr);
   EXPECT_EQ(none.error.status, 400);
   EXPECT_EQ(none.error.param, "messages");
   auto tmpl = ChatTemplate::Create(Tok().spec().chat_template, Tok().BosText(), Tok().EosText());
@@ -174,31 +189,35 @@ TEST(OpenAiApiTest, ChatNeedsATemplateAndTextParts) {
       R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}],
           "logprobs": true, "top_logprobs": 2})",
       kModel, Tok(), &*tmpl);
-  ParseOutcome plain = ParseRequest(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "Hello"}]})",
-                                    kModel, Tok(), &*tmpl);
+  ParseOutcome plain =
+      ParseRequest(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "Hello"}]})",
+                   kModel, Tok(), &*tmpl);
   ASSERT_TRUE(parts.request.has_value()) << parts.error.message;
   ASSERT_TRUE(plain.request.has_value()) << plain.error.message;
   EXPECT_EQ(parts.request->prompts, plain.request->prompts);
   EXPECT_EQ(parts.request->params.logprobs, 2);
   EXPECT_EQ(plain.request->params.logprobs, -1);
   // Chat's default max_tokens: the rest of the context.
-  EXPECT_EQ(plain.request->params.max_tokens, 128 - static_cast<int>(plain.request->prompts[0].size()));
+  EXPECT_EQ(plain.request->params.max_tokens,
+            128 - static_cast<int>(plain.request->prompts[0].size()));
   ParseOutcome image = ParseRequest(
-      Endpoint::kChat, R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
+      Endpoint::kChat,
+      R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
       kModel, Tok(), &*tmpl);
   EXPECT_EQ(image.error.status, 400);
   ParseOutcome bad_type = ParseRequest(
-      Endpoint::kChat, R"({"messages": [{"role": "user", "content": [{"type": 7, "text": "x"}]}]})", kModel, Tok(),
-      &*tmpl);
+      Endpoint::kChat, R"({"messages": [{"role": "user", "content": [{"type": 7, "text": "x"}]}]})",
+      kModel, Tok(), &*tmpl);
   EXPECT_EQ(bad_type.error.status, 400);
   ParseOutcome top_without = ParseRequest(
-      Endpoint::kChat, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", kModel, Tok(),
-      &*tmpl);
+      Endpoint::kChat, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})",
+      kModel, Tok(), &*tmpl);
   EXPECT_EQ(top_without.error.param, "top_logprobs");
 }
 
 TEST(OpenAiApiTest, ResponseFormats) {
-  ParseOutcome o = Completions(R"({"prompt": "x", "logprobs": 1, "stream_options": {"include_usage": true}})");
+  ParseOutcome o =
+      Completions(R"({"prompt": "x", "logprobs": 1, "stream_options": {"include_usage": true}})");
   ASSERT_TRUE(o.request.has_value());
   ChoiceState c;
   c.text = " Paris";
@@ -226,7 +245,8 @@ TEST(OpenAiApiTest, ResponseFormats) {
 // The one finish-reason -> error mapping: only kError is an error, a 500 of
 // type server_error carrying the engine's message; the rest answer normally.
 TEST(OpenAiApiTest, FinishErrorMapsOnlyEngineFailures) {
-  const std::optional<ApiError> e = FinishError(FinishReason::kError, absl::UnavailableError("worker rank 1 lost"));
+  const std::optional<ApiError> e =
+      FinishError(FinishReason::kError, absl::UnavailableError("worker rank 1 lost"));
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->status, 500);
   EXPECT_EQ(e->type, "server_error");
@@ -234,7 +254,8 @@ TEST(OpenAiApiTest, FinishErrorMapsOnlyEngineFailures) {
   const json body = json::parse(ErrorBody(*e));
   EXPECT_EQ(body["error"]["type"], "server_error");
   EXPECT_TRUE(FinishError(FinishReason::kError, absl::OkStatus()).has_value());
-  for (FinishReason r : {FinishReason::kNone, FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort}) {
+  for (FinishReason r :
+       {FinishReason::kNone, FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort}) {
     EXPECT_FALSE(FinishError(r, absl::InternalError("x")).has_value()) << FinishReasonName(r);
   }
 }
@@ -255,13 +276,13 @@ TEST(ConstantTimeEqualsTest, ComparesWholeStrings) {
 TEST(ConstantTimeEqualsTest, VisitsEveryPositionWhateverTheInputs) {
   const std::string key(64, 'k');
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {key, key},                                  // right key
-      {"x" + key.substr(1), key},                  // differs at byte 0
-      {key.substr(0, 63) + "x", key},              // differs at the last byte
-      {"", key},                                   // empty
-      {"k", key},                                  // a one-byte prefix
-      {key + "k", key},                            // one byte longer
-      {std::string(1000, 'k'), key}};              // much longer
+      {key, key},                      // right key
+      {"x" + key.substr(1), key},      // differs at byte 0
+      {key.substr(0, 63) + "x", key},  // differs at the last byte
+      {"", key},                       // empty
+      {"k", key},                      // a one-byte prefix
+      {key + "k", key},                // one byte longer
+      {std::string(1000, 'k'), key}};  // much longer
   for (const auto& [a, b] : cases) {
     size_t visited = 0;
     const bool eq = ConstantTimeEquals(a, b, &visited);

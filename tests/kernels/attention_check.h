@@ -38,8 +38,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -84,9 +84,9 @@ inline AttentionBounds AttentionBoundsFor(DType t) {
 
 struct AttentionError {
   bool finite = true;
-  double rel_rms = 0.0;      // ||got - ref|| / ||ref||
-  double worst_excess = 0.0; // max over elements of |got - ref| / allowed
-  size_t worst = 0;          // index of that element
+  double rel_rms = 0.0;       // ||got - ref|| / ||ref||
+  double worst_excess = 0.0;  // max over elements of |got - ref| / allowed
+  size_t worst = 0;           // index of that element
   double max_abs = 0.0;
   double atol_needed = 0.0;  // max over elements of (|got - ref| - rtol |ref|) / rms(ref)
 };
@@ -135,9 +135,11 @@ inline ::testing::AssertionResult AttentionOutputMatches(const float* got, const
   // PAGEDSERVE_ATTENTION_ERROR_LOG=1 prints every comparison's figures (how
   // the bounds above were measured; rerun it when a kernel changes).
   if (const char* log = std::getenv("PAGEDSERVE_ATTENTION_ERROR_LOG"); log && *log == '1')
-    std::fprintf(stderr, "attention-error %s%s n %zu rel_rms %.3g excess %.3g max_abs %.3g atol_needed %.3g\n",
-                 DTypeName(t), AttentionControlScope::active ? " (control)" : "", n, e.rel_rms,
-                 e.worst_excess, e.max_abs, e.atol_needed);
+    std::fprintf(
+        stderr,
+        "attention-error %s%s n %zu rel_rms %.3g excess %.3g max_abs %.3g atol_needed %.3g\n",
+        DTypeName(t), AttentionControlScope::active ? " (control)" : "", n, e.rel_rms,
+        e.worst_excess, e.max_abs, e.atol_needed);
   if (e.finite && e.worst_excess <= 1.0 && e.rel_rms <= b.rel_rms)
     return ::testing::AssertionSuccess();
   std::ostringstream m;
@@ -152,8 +154,7 @@ inline ::testing::AssertionResult AttentionOutputMatches(const float* got, const
 }
 
 inline ::testing::AssertionResult AttentionOutputMatches(const std::vector<float>& got,
-                                                         const std::vector<double>& ref,
-                                                         DType t) {
+                                                         const std::vector<double>& ref, DType t) {
   if (got.size() != ref.size())
     return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
   return AttentionOutputMatches(got.data(), ref.data(), ref.size(), t);

@@ -21,8 +21,8 @@
 namespace pagedserve::kernels::testing {
 namespace {
 
-constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
-                             DType::kFloat8E4M3, DType::kFloat8E5M2};
+constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat8E4M3,
+                             DType::kFloat8E5M2};
 
 KVCacheShape Shape(int64_t blocks, int kvh, int hs, int bs, DType dt) {
   KVCacheShape s;
@@ -138,8 +138,10 @@ TEST(SwapBlocksTest, SwapOutAndInRoundTripIsByteIdentical) {
     // ... clobber them on the device, then swap them in to blocks 7, 1, 5.
     for (auto& l : device)
       for (int64_t b : {2, 11, 5}) {
-        std::memset(l.key_bytes().data() + b * l.shape().block_bytes(), 0xAB, l.shape().block_bytes());
-        std::memset(l.value_bytes().data() + b * l.shape().block_bytes(), 0xCD, l.shape().block_bytes());
+        std::memset(l.key_bytes().data() + b * l.shape().block_bytes(), 0xAB,
+                    l.shape().block_bytes());
+        std::memset(l.value_bytes().data() + b * l.shape().block_bytes(), 0xCD,
+                    l.shape().block_bytes());
       }
     const std::vector<BlockCopy> in_pairs = {{0, 7}, {5, 1}, {3, 5}};
     ASSERT_TRUE(SwapBlocks(hv, dv, in_pairs).ok());
@@ -158,10 +160,10 @@ TEST(HalfTest, KnownValuesAndRounding) {
   EXPECT_EQ(FloatToHalfBits(1.0f), 0x3c00);
   EXPECT_EQ(FloatToHalfBits(-2.0f), 0xc000);
   EXPECT_EQ(FloatToHalfBits(65504.0f), 0x7bff);
-  EXPECT_EQ(FloatToHalfBits(65520.0f), 0x7c00);        // rounds to infinity
-  EXPECT_EQ(FloatToHalfBits(0x1p-24f), 0x0001);        // smallest subnormal
-  EXPECT_EQ(FloatToHalfBits(0x1p-25f), 0x0000);        // tie to even -> 0
-  EXPECT_EQ(FloatToHalfBits(1.0f + 0x1p-11f), 0x3c00); // tie to even
+  EXPECT_EQ(FloatToHalfBits(65520.0f), 0x7c00);         // rounds to infinity
+  EXPECT_EQ(FloatToHalfBits(0x1p-24f), 0x0001);         // smallest subnormal
+  EXPECT_EQ(FloatToHalfBits(0x1p-25f), 0x0000);         // tie to even -> 0
+  EXPECT_EQ(FloatToHalfBits(1.0f + 0x1p-11f), 0x3c00);  // tie to even
   EXPECT_EQ(FloatToHalfBits(1.0f + 0x1.8p-11f), 0x3c01);
   EXPECT_TRUE(std::isnan(HalfBitsToFloat(FloatToHalfBits(std::nanf("")))));
   EXPECT_EQ(HalfBitsToFloat(0x7c00), INFINITY);

@@ -21,12 +21,12 @@
 #include "kernels/cache_ops.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/half.h"
-#include "kernels/prefill_attention.h"
 #include "kernels/cuda/cache_kernels.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/paged_attention_kernels.cuh"
 #include "kernels/cuda/prefill_attention_kernels.cuh"
 #include "kernels/paged_attention.h"
+#include "kernels/prefill_attention.h"
 #include "kernels/reshape_and_cache.h"
 #include "kernels/types.h"
 #include "tests/kernels/attention_check.h"
@@ -83,12 +83,10 @@ void EmuReshapeAndCache(const std::vector<uint8_t>& k, const std::vector<uint8_t
   const int n = c.num_kv_heads * c.head_size;
   const int threads = n < 512 ? ((n + 31) / 32) * 32 : 512;
   kc::EmuLaunch(dim3(static_cast<unsigned>(slots.size())), dim3(threads), 0, [&] {
-    kc::ReshapeAndCacheKernel<U>(reinterpret_cast<const U*>(k.data()),
-                                 reinterpret_cast<const U*>(v.data()), n, n, slots.data(),
-                                 c.num_blocks * c.block_size,
-                                 reinterpret_cast<U*>(c.key_cache.data()),
-                                 reinterpret_cast<U*>(c.value_cache.data()), c.num_kv_heads,
-                                 c.head_size, c.block_size);
+    kc::ReshapeAndCacheKernel<U>(
+        reinterpret_cast<const U*>(k.data()), reinterpret_cast<const U*>(v.data()), n, n,
+        slots.data(), c.num_blocks * c.block_size, reinterpret_cast<U*>(c.key_cache.data()),
+        reinterpret_cast<U*>(c.value_cache.data()), c.num_kv_heads, c.head_size, c.block_size);
   });
 }
 
@@ -116,7 +114,10 @@ void Build(HostCase& c, std::mt19937& rng) {
     all_k.insert(all_k.end(), c.keys.back().begin(), c.keys.back().end());
     all_v.insert(all_v.end(), c.values.back().begin(), c.values.back().end());
     for (int t = 0; t < len; ++t)
-      slots.push_back(static_cast<int64_t>(c.block_tables[static_cast<size_t>(s) * c.max_blocks_per_seq + t / bs]) * bs + t % bs);
+      slots.push_back(static_cast<int64_t>(
+                          c.block_tables[static_cast<size_t>(s) * c.max_blocks_per_seq + t / bs]) *
+                          bs +
+                      t % bs);
   }
   slots.push_back(-1);  // a padding token
   all_k.insert(all_k.end(), row, 7.0f);
@@ -141,7 +142,8 @@ void Build(HostCase& c, std::mt19937& rng) {
   p.cache = {hk.data(), hv.data(), c.shape, Device::kCPU};
   ASSERT_TRUE(ReshapeAndCache(p).ok());
   ASSERT_EQ(hk, c.key_cache) << "emulated reshape_and_cache key bytes differ from the CPU backend";
-  ASSERT_EQ(hv, c.value_cache) << "emulated reshape_and_cache value bytes differ from the CPU backend";
+  ASSERT_EQ(hv, c.value_cache)
+      << "emulated reshape_and_cache value bytes differ from the CPU backend";
 }
 
 // C: the cache element type (T, or an fp8 tag type); `scale` already holds
@@ -184,10 +186,9 @@ void CheckDecode(DType dt, int block_size, int heads, int kv_heads, bool use_ali
   std::vector<float> slopes = AlibiSlopes(heads);
   const float* alibi = use_alibi ? slopes.data() : nullptr;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const std::string label = std::string(DTypeName(dt)) + " head " + std::to_string(HS) +
-                            " block " + std::to_string(block_size) + " heads " +
-                            std::to_string(heads) + "/" + std::to_string(kv_heads) +
-                            (use_alibi ? " alibi" : "");
+  const std::string label = std::string(DTypeName(dt)) + " head " + std::to_string(HS) + " block " +
+                            std::to_string(block_size) + " heads " + std::to_string(heads) + "/" +
+                            std::to_string(kv_heads) + (use_alibi ? " alibi" : "");
   const size_t per_seq = static_cast<size_t>(heads) * HS;
   // The negative controls' sequence: the longest with at least three blocks.
   int control = -1;
@@ -201,7 +202,8 @@ void CheckDecode(DType dt, int block_size, int heads, int kv_heads, bool use_ali
     for (int s = 0; s < S; ++s) {
       std::vector<double> ref = testing::ReferenceDecode(q.data() + s * per_seq, heads, c.K(s),
                                                          c.V(s), c.seq_lens[s], scale, alibi);
-      ASSERT_TRUE(testing::AttentionOutputMatches(got.data() + s * per_seq, ref.data(), per_seq, dt))
+      ASSERT_TRUE(
+          testing::AttentionOutputMatches(got.data() + s * per_seq, ref.data(), per_seq, dt))
           << label << (v2 ? " v2" : " v1") << " seq " << s << " (len " << c.seq_lens[s] << ")";
       if (s != control) continue;
       // Negative controls (attention_check.h): zeroed output, and the same
@@ -265,12 +267,12 @@ void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_al
   std::vector<uint8_t> out(static_cast<size_t>(T_) * heads * HS * DTypeSize(dt), 0xFF);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   kc::EmuLaunch(dim3(heads, S, (max_q + 7) / 8), dim3(128), 0, [&] {
-    kc::PrefillAttentionKernel<T, HS>(
-        reinterpret_cast<T*>(out.data()), reinterpret_cast<const T*>(eq.data()), qstride,
-        qsl.data(), lens32.data(), reinterpret_cast<const T*>(c.key_cache.data()),
-        reinterpret_cast<const T*>(c.value_cache.data()), kv_heads, block_size,
-        c.block_tables.data(), c.max_blocks_per_seq, scale, use_alibi ? slopes.data() : nullptr,
-        1.0f);
+    kc::PrefillAttentionKernel<T, HS>(reinterpret_cast<T*>(out.data()),
+                                      reinterpret_cast<const T*>(eq.data()), qstride, qsl.data(),
+                                      lens32.data(), reinterpret_cast<const T*>(c.key_cache.data()),
+                                      reinterpret_cast<const T*>(c.value_cache.data()), kv_heads,
+                                      block_size, c.block_tables.data(), c.max_blocks_per_seq,
+                                      scale, use_alibi ? slopes.data() : nullptr, 1.0f);
   });
   std::vector<float> got = Decode(out.data(), static_cast<size_t>(T_) * heads * HS, dt);
   // Each query row (all heads) under the attention standard.
@@ -282,8 +284,8 @@ void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_al
         testing::ReferenceAttendOne(q.data() + row * qstride + static_cast<int64_t>(h) * HS, h,
                                     heads, c.K(s), c.V(s), qpos + 1, qpos, scale,
                                     use_alibi ? slopes[h] : 0.0, ref.data() + h * HS);
-      ASSERT_TRUE(testing::AttentionOutputMatches(got.data() + static_cast<size_t>(row) * ref.size(),
-                                                  ref.data(), ref.size(), dt))
+      ASSERT_TRUE(testing::AttentionOutputMatches(
+          got.data() + static_cast<size_t>(row) * ref.size(), ref.data(), ref.size(), dt))
           << DTypeName(dt) << " head " << HS << " block " << block_size
           << (use_alibi ? " alibi" : "") << " seq " << s << " row " << i;
     }
@@ -346,7 +348,10 @@ void BuildFp8(HostCase& c, DType io, float ks, float vs, std::mt19937& rng) {
     c.keys.push_back(std::move(k));
     c.values.push_back(std::move(v));
     for (int t = 0; t < len; ++t)
-      slots.push_back(static_cast<int64_t>(c.block_tables[static_cast<size_t>(s) * c.max_blocks_per_seq + t / bs]) * bs + t % bs);
+      slots.push_back(static_cast<int64_t>(
+                          c.block_tables[static_cast<size_t>(s) * c.max_blocks_per_seq + t / bs]) *
+                          bs +
+                      t % bs);
   }
   slots.push_back(-1);  // a padding token
   all_k.insert(all_k.end(), row, 7.0f);
@@ -359,11 +364,10 @@ void BuildFp8(HostCase& c, DType io, float ks, float vs, std::mt19937& rng) {
   const int n = c.num_kv_heads * c.head_size;
   const int threads = n < 512 ? ((n + 31) / 32) * 32 : 512;
   kc::EmuLaunch(dim3(static_cast<unsigned>(slots.size())), dim3(threads), 0, [&] {
-    kc::ReshapeAndCacheFp8Kernel<T, C>(reinterpret_cast<const T*>(ek.data()),
-                                       reinterpret_cast<const T*>(ev.data()), n, n, slots.data(),
-                                       c.num_blocks * c.block_size, c.key_cache.data(),
-                                       c.value_cache.data(), c.num_kv_heads, c.head_size,
-                                       c.block_size, ks, vs);
+    kc::ReshapeAndCacheFp8Kernel<T, C>(
+        reinterpret_cast<const T*>(ek.data()), reinterpret_cast<const T*>(ev.data()), n, n,
+        slots.data(), c.num_blocks * c.block_size, c.key_cache.data(), c.value_cache.data(),
+        c.num_kv_heads, c.head_size, c.block_size, ks, vs);
   });
   std::vector<uint8_t> hk(bytes, 0x7F), hv(bytes, 0x7F);
   ReshapeAndCacheParams p;
@@ -374,8 +378,10 @@ void BuildFp8(HostCase& c, DType io, float ks, float vs, std::mt19937& rng) {
   p.cache = {hk.data(), hv.data(), c.shape, Device::kCPU, ks, vs};
   p.io_dtype = io;
   ASSERT_TRUE(ReshapeAndCache(p).ok());
-  ASSERT_EQ(hk, c.key_cache) << "emulated fp8 reshape_and_cache key bytes differ from the CPU backend";
-  ASSERT_EQ(hv, c.value_cache) << "emulated fp8 reshape_and_cache value bytes differ from the CPU backend";
+  ASSERT_EQ(hk, c.key_cache)
+      << "emulated fp8 reshape_and_cache key bytes differ from the CPU backend";
+  ASSERT_EQ(hv, c.value_cache)
+      << "emulated fp8 reshape_and_cache value bytes differ from the CPU backend";
 }
 
 template <typename T, typename C, int HS>
@@ -390,9 +396,9 @@ void CheckDecodeFp8(DType cache_dt, DType io, int block_size, int heads, int kv_
   std::vector<float> slopes = AlibiSlopes(heads);
   const float* alibi = use_alibi ? slopes.data() : nullptr;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const std::string label = std::string(DTypeName(cache_dt)) + " io " + DTypeName(io) +
-                            " head " + std::to_string(HS) + " block " +
-                            std::to_string(block_size) + (use_alibi ? " alibi" : "");
+  const std::string label = std::string(DTypeName(cache_dt)) + " io " + DTypeName(io) + " head " +
+                            std::to_string(HS) + " block " + std::to_string(block_size) +
+                            (use_alibi ? " alibi" : "");
   const size_t per_seq = static_cast<size_t>(heads) * HS;
   const int control = S - 1;  // 1100 tokens
   for (bool v2 : {false, true}) {
@@ -406,7 +412,8 @@ void CheckDecodeFp8(DType cache_dt, DType io, int block_size, int heads, int kv_
     for (int s = 0; s < S; ++s) {
       ref = testing::ReferenceDecode(q.data() + s * per_seq, heads, c.K(s), c.V(s), c.seq_lens[s],
                                      scale, alibi);
-      ASSERT_TRUE(testing::AttentionOutputMatches(got.data() + s * per_seq, ref.data(), per_seq, io))
+      ASSERT_TRUE(
+          testing::AttentionOutputMatches(got.data() + s * per_seq, ref.data(), per_seq, io))
           << label << (v2 ? " v2" : " v1") << " seq " << s << " (len " << c.seq_lens[s] << ")";
     }
     auto slice = [&](const std::vector<float>& v) {
@@ -417,7 +424,8 @@ void CheckDecodeFp8(DType cache_dt, DType io, int block_size, int heads, int kv_
                              c.block_tables.begin() + (control + 1) * c.max_blocks_per_seq);
     testing::DropBlock(&row, &dropped.seq_lens[control], (c.seq_lens[control] - 1) / block_size - 1,
                        block_size);
-    std::copy(row.begin(), row.end(), dropped.block_tables.begin() + control * c.max_blocks_per_seq);
+    std::copy(row.begin(), row.end(),
+              dropped.block_tables.begin() + control * c.max_blocks_per_seq);
     testing::ExpectRejectsBrokenOutputs(ref, slice(run(dropped, ks, vs)), io);
     testing::AttentionControlScope scope;
     EXPECT_FALSE(testing::AttentionOutputMatches(slice(run(c, 1.0f, vs)), ref, io))
@@ -485,18 +493,19 @@ void CheckPrefillFp8(DType cache_dt, DType io, int block_size, int heads, int kv
         testing::ReferenceAttendOne(q.data() + row * qstride + static_cast<int64_t>(h) * HS, h,
                                     heads, c.K(s), c.V(s), qpos + 1, qpos, scale,
                                     use_alibi ? slopes[h] : 0.0, ref.data() + h * HS);
-      ASSERT_TRUE(testing::AttentionOutputMatches(got.data() + static_cast<size_t>(row) * ref.size(),
-                                                  ref.data(), ref.size(), io))
+      ASSERT_TRUE(testing::AttentionOutputMatches(
+          got.data() + static_cast<size_t>(row) * ref.size(), ref.data(), ref.size(), io))
           << DTypeName(cache_dt) << " io " << DTypeName(io) << " head " << HS << " block "
           << block_size << " seq " << s << " row " << i;
       if (s == 2 && i == seqs[s].q_len - 1) {
         testing::AttentionControlScope scope;
-        EXPECT_FALSE(testing::AttentionOutputMatches(std::vector<float>(ref.size(), 0.0f), ref, io));
-        EXPECT_FALSE(testing::AttentionOutputMatches(no_k.data() + static_cast<size_t>(row) * ref.size(),
-                                                     ref.data(), ref.size(), io))
+        EXPECT_FALSE(
+            testing::AttentionOutputMatches(std::vector<float>(ref.size(), 0.0f), ref, io));
+        EXPECT_FALSE(testing::AttentionOutputMatches(
+            no_k.data() + static_cast<size_t>(row) * ref.size(), ref.data(), ref.size(), io))
             << "a prefill kernel ignoring k_scale passes";
-        EXPECT_FALSE(testing::AttentionOutputMatches(no_v.data() + static_cast<size_t>(row) * ref.size(),
-                                                     ref.data(), ref.size(), io))
+        EXPECT_FALSE(testing::AttentionOutputMatches(
+            no_v.data() + static_cast<size_t>(row) * ref.size(), ref.data(), ref.size(), io))
             << "a prefill kernel ignoring v_scale passes";
       }
     }
@@ -509,15 +518,16 @@ TEST(CudaEmulationTest, Fp8PrefillKernelMatchesReference) {
                                             0.043f, 0.021f, rng);
   CheckPrefillFp8<__half, __nv_fp8_e5m2, 80>(DType::kFloat8E5M2, DType::kFloat16, 8, 2, 1, true,
                                              0.05f, 0.03f, rng);
-  CheckPrefillFp8<__nv_bfloat16, __nv_fp8_e4m3, 128>(DType::kFloat8E4M3, DType::kBFloat16, 32, 2,
-                                                     2, false, 0.02f, 0.5f, rng);
+  CheckPrefillFp8<__nv_bfloat16, __nv_fp8_e4m3, 128>(DType::kFloat8E4M3, DType::kBFloat16, 32, 2, 2,
+                                                     false, 0.02f, 0.5f, rng);
 }
 
 TEST(CudaEmulationTest, CopyBlocksKernelIsByteExact) {
   std::mt19937 rng(23);
   const int64_t block_bytes = 2 * 64 * 16 * 2;  // fp16, 2 kv heads, head 64, block 16
   const int num_blocks = 6, layers = 2;
-  std::vector<std::vector<uint8_t>> bufs(2 * layers, std::vector<uint8_t>(num_blocks * block_bytes));
+  std::vector<std::vector<uint8_t>> bufs(2 * layers,
+                                         std::vector<uint8_t>(num_blocks * block_bytes));
   std::uniform_int_distribution<int> byte(0, 255);
   for (auto& b : bufs)
     for (auto& x : b) x = static_cast<uint8_t>(byte(rng));
@@ -540,8 +550,8 @@ TEST(CudaEmulationTest, CopyBlocksKernelIsByteExact) {
     for (size_t i = 0; i < bufs.size(); ++i) {
       std::vector<uint8_t> expect = before[i];
       for (size_t p = 0; p < pairs.size(); p += 2)
-        std::memcpy(expect.data() + pairs[p + 1] * block_bytes, before[i].data() + pairs[p] * block_bytes,
-                    block_bytes);
+        std::memcpy(expect.data() + pairs[p + 1] * block_bytes,
+                    before[i].data() + pairs[p] * block_bytes, block_bytes);
       EXPECT_EQ(bufs[i], expect) << "buffer " << i << (vec16 ? " uint4" : " bytes");
     }
   }

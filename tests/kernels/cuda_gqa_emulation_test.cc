@@ -65,9 +65,9 @@ struct Case {
   std::vector<int> seq_lens;
   int max_blocks_per_seq = 0;
   int64_t num_blocks = 0;
-  int32_t poison_block = 0;  // never written: all NaN
+  int32_t poison_block = 0;                          // never written: all NaN
   std::vector<std::vector<float>> keys{}, values{};  // gathered [len, kv_heads, head_size]
-  std::vector<int32_t> block_tables{};             // unused entries -> poison_block
+  std::vector<int32_t> block_tables{};               // unused entries -> poison_block
   std::vector<uint8_t> key_cache{}, value_cache{};
   std::vector<float> q{};  // [S, H, D], rounded to dtype
   KVCacheShape shape{};
@@ -100,7 +100,8 @@ void Build(Case& c, std::mt19937& rng) {
     c.values.push_back(RandomRounded(len * row, c.dtype, rng));
     all_k.insert(all_k.end(), c.keys.back().begin(), c.keys.back().end());
     all_v.insert(all_v.end(), c.values.back().begin(), c.values.back().end());
-    for (int t = 0; t < len; ++t) slots.push_back(static_cast<int64_t>(table[t / bs]) * bs + t % bs);
+    for (int t = 0; t < len; ++t)
+      slots.push_back(static_cast<int64_t>(table[t / bs]) * bs + t % bs);
   }
   c.shape = {c.num_blocks, c.num_kv_heads, c.head_size, c.block_size, c.dtype};
   const size_t bytes = c.num_blocks * c.shape.block_bytes();
@@ -137,8 +138,8 @@ std::vector<float> EmuGqa(const Case& c, const std::vector<float>& q, const floa
                       reinterpret_cast<const T*>(eq.data()),
                       reinterpret_cast<const T*>(c.key_cache.data()),
                       reinterpret_cast<const T*>(c.value_cache.data()), c.num_kv_heads, G,
-                      c.block_size, scale, c.block_tables.data(), c.max_blocks_per_seq,
-                      lens.data(), alibi, plan.split_tokens);
+                      c.block_size, scale, c.block_tables.data(), c.max_blocks_per_seq, lens.data(),
+                      alibi, plan.split_tokens);
                 });
   if (split) {
     kc::EmuLaunch(dim3(H, S), dim3(kc::kDecodeThreads), plan.num_splits * sizeof(float), [&] {
@@ -197,9 +198,9 @@ std::vector<kc::GqaSplitPlan> PlansFor(const Case& c) {
 }
 
 std::string PlanName(const kc::GqaSplitPlan& p) {
-  return p.num_splits == 1 ? "1 split"
-                           : std::to_string(p.num_splits) + " splits of " +
-                                 std::to_string(p.split_tokens);
+  return p.num_splits == 1
+             ? "1 split"
+             : std::to_string(p.num_splits) + " splits of " + std::to_string(p.split_tokens);
 }
 
 // Query for the wrong-group-mapping control: the kernel maps slot j to KV head
@@ -239,10 +240,9 @@ void CheckGqa(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
   const std::vector<float> slopes = AlibiSlopes(heads);
   const float* alibi = use_alibi ? slopes.data() : nullptr;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const std::string label = std::string(DTypeName(dt)) + " head " + std::to_string(HS) +
-                            " block " + std::to_string(block_size) + " heads " +
-                            std::to_string(heads) + "/" + std::to_string(kv_heads) +
-                            (use_alibi ? " alibi" : "");
+  const std::string label = std::string(DTypeName(dt)) + " head " + std::to_string(HS) + " block " +
+                            std::to_string(block_size) + " heads " + std::to_string(heads) + "/" +
+                            std::to_string(kv_heads) + (use_alibi ? " alibi" : "");
   const size_t per_seq = static_cast<size_t>(heads) * HS;
   std::vector<std::vector<double>> refs;
   for (int s = 0; s < S; ++s)
@@ -252,7 +252,8 @@ void CheckGqa(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
   // emulated kernel within the standard of it.
   const std::vector<float> cpu = CpuV1(c, alibi, scale);
   for (int s = 0; s < S; ++s)
-    ASSERT_TRUE(testing::AttentionOutputMatches(cpu.data() + s * per_seq, refs[s].data(), per_seq, dt))
+    ASSERT_TRUE(
+        testing::AttentionOutputMatches(cpu.data() + s * per_seq, refs[s].data(), per_seq, dt))
         << label << " CPU v1 seq " << s;
 
   // The negative controls' sequence: the longest with at least two tiles.
@@ -264,7 +265,8 @@ void CheckGqa(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
 
   const std::vector<kc::GqaSplitPlan> plans = PlansFor(c);
   std::string plan_names;
-  for (const kc::GqaSplitPlan& plan : plans) plan_names += (plan_names.empty() ? "" : "; ") + PlanName(plan);
+  for (const kc::GqaSplitPlan& plan : plans)
+    plan_names += (plan_names.empty() ? "" : "; ") + PlanName(plan);
   std::printf("%s, max_len %d: %s\n", label.c_str(), c.max_len(), plan_names.c_str());
   for (const kc::GqaSplitPlan& plan : plans) {
     if (plan.num_splits > 1) ++*multi_split_runs;
@@ -272,10 +274,12 @@ void CheckGqa(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
     for (int s = 0; s < S; ++s) {
       const std::string where = label + ", " + PlanName(plan) + ", seq " + std::to_string(s) +
                                 " (len " + std::to_string(c.seq_lens[s]) + ")";
-      ASSERT_TRUE(testing::AttentionOutputMatches(got.data() + s * per_seq, refs[s].data(), per_seq, dt))
+      ASSERT_TRUE(
+          testing::AttentionOutputMatches(got.data() + s * per_seq, refs[s].data(), per_seq, dt))
           << where << " vs the double reference";
       std::vector<double> cpu_d(cpu.begin() + s * per_seq, cpu.begin() + (s + 1) * per_seq);
-      ASSERT_TRUE(testing::AttentionOutputMatches(got.data() + s * per_seq, cpu_d.data(), per_seq, dt))
+      ASSERT_TRUE(
+          testing::AttentionOutputMatches(got.data() + s * per_seq, cpu_d.data(), per_seq, dt))
           << where << " vs the CPU backend";
     }
     if (control < 0) continue;
@@ -288,7 +292,8 @@ void CheckGqa(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
       testing::DropBlock(&row, &dropped.seq_lens[control], kc::kGqaTileTokens / block_size,
                          block_size);
     std::replace(row.begin(), row.end(), -1, c.poison_block);
-    std::copy(row.begin(), row.end(), dropped.block_tables.begin() + control * c.max_blocks_per_seq);
+    std::copy(row.begin(), row.end(),
+              dropped.block_tables.begin() + control * c.max_blocks_per_seq);
     const std::vector<float> dgot = EmuGqa<T, HS>(dropped, c.q, alibi, scale, plan);
     testing::ExpectRejectsBrokenOutputs(
         refs[control], std::vector<float>(dgot.begin() + off, dgot.begin() + off + per_seq), dt);
@@ -301,7 +306,8 @@ void CheckGqa(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
       testing::AttentionControlScope scope;
       std::vector<double> ref_noalibi = testing::ReferenceDecode(
           c.q.data() + off, heads, c.K(control), c.V(control), c.seq_lens[control], scale, nullptr);
-      EXPECT_FALSE(testing::AttentionOutputMatches(wgot.data() + off, ref_noalibi.data(), per_seq, dt))
+      EXPECT_FALSE(
+          testing::AttentionOutputMatches(wgot.data() + off, ref_noalibi.data(), per_seq, dt))
           << label << ", " << PlanName(plan) << ": the wrong GQA group mapping passes";
     }
   }
@@ -312,8 +318,8 @@ TEST(CudaGqaEmulationTest, DecodeMatchesReferenceAndCpuBackend) {
   int multi = 0;
   // 32q/8kv head 128 (Llama-3-8B-like), fp16, long contexts: tile, block and
   // split edges, a few thousand tokens.
-  CheckGqa<__half, 128>(DType::kFloat16, 16, 32, 8, false,
-                        {1, 16, 17, 31, 32, 33, 129, 511, 2100}, rng, &multi);
+  CheckGqa<__half, 128>(DType::kFloat16, 16, 32, 8, false, {1, 16, 17, 31, 32, 33, 129, 511, 2100},
+                        rng, &multi);
   // SmolLM2-like: 9q/3kv and (TP-style) 14q/2kv, head 64.
   CheckGqa<__nv_bfloat16, 64>(DType::kBFloat16, 16, 9, 3, false, {1, 16, 17, 300, 1000}, rng,
                               &multi);

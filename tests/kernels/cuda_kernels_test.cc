@@ -38,10 +38,10 @@ namespace {
 
 using testing::GatheredKV;
 
-#define CUDA_OK(expr)                                                          \
-  do {                                                                         \
-    cudaError_t e_ = (expr);                                                   \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);     \
+#define CUDA_OK(expr)                                                      \
+  do {                                                                     \
+    cudaError_t e_ = (expr);                                               \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_); \
   } while (0)
 
 class CudaKernelsTest : public ::testing::Test {
@@ -126,7 +126,9 @@ std::vector<float> Decode(const std::vector<uint8_t>& raw, DType t) {
 }
 
 // Rounds through the dtype so the reference sees exactly the kernel's inputs.
-std::vector<float> Quantize(const std::vector<float>& f, DType t) { return Decode(Encode(f, t), t); }
+std::vector<float> Quantize(const std::vector<float>& f, DType t) {
+  return Decode(Encode(f, t), t);
+}
 
 std::vector<float> RandomVector(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> u(lo, hi);
@@ -174,7 +176,8 @@ void BuildPagedCase(PagedCase& c, std::mt19937& rng, float value_scale = 1.0f) {
   for (int s = 0; s < c.num_seqs(); ++s) {
     const int len = c.seq_lens[s];
     const int nb = (len + bs - 1) / bs;
-    for (int i = 0; i < nb; ++i) c.block_tables[static_cast<size_t>(s) * c.max_blocks_per_seq + i] = perm[next++];
+    for (int i = 0; i < nb; ++i)
+      c.block_tables[static_cast<size_t>(s) * c.max_blocks_per_seq + i] = perm[next++];
     // Unused trailing entries point at a valid block too (never read).
     for (int i = nb; i < c.max_blocks_per_seq; ++i)
       c.block_tables[static_cast<size_t>(s) * c.max_blocks_per_seq + i] = perm[0];
@@ -235,7 +238,8 @@ void RunDecode(const PagedCase& c, const std::vector<float>& q, float scale,
   std::vector<int32_t> tables = c.block_tables;
   if (drop.first >= 0) {
     const size_t w = c.max_blocks_per_seq;
-    std::vector<int32_t> row(tables.begin() + drop.first * w, tables.begin() + (drop.first + 1) * w);
+    std::vector<int32_t> row(tables.begin() + drop.first * w,
+                             tables.begin() + (drop.first + 1) * w);
     testing::DropBlock(&row, &lens[drop.first], drop.second, c.block_size);
     row.back() = row.front();  // trailing entries point at a valid block, as in BuildPagedCase
     std::copy(row.begin(), row.end(), tables.begin() + drop.first * w);
@@ -306,9 +310,9 @@ void CheckAgainstReference(const PagedCase& c, const std::vector<float>& q, floa
   int control = -1;
   std::vector<double> control_ref;
   for (int s = 0; s < S; ++s) {
-    std::vector<double> ref = testing::ReferenceDecode(q.data() + s * n, c.num_heads, c.K(s),
-                                                       c.V(s), c.seq_lens[s], scale,
-                                                       alibi ? alibi->data() : nullptr);
+    std::vector<double> ref =
+        testing::ReferenceDecode(q.data() + s * n, c.num_heads, c.K(s), c.V(s), c.seq_lens[s],
+                                 scale, alibi ? alibi->data() : nullptr);
     ASSERT_TRUE(testing::AttentionOutputMatches(r.v1.data() + s * n, ref.data(), n, c.dtype))
         << label << " v1 seq " << s << " (len " << c.seq_lens[s] << ")";
     ASSERT_TRUE(testing::AttentionOutputMatches(r.v2.data() + s * n, ref.data(), n, c.dtype))
@@ -326,13 +330,14 @@ void CheckAgainstReference(const PagedCase& c, const std::vector<float>& q, floa
   DecodeResult dropped;
   RunDecode(c, q, scale, alibi, &dropped, {control, (c.seq_lens[control] - 1) / c.block_size - 1});
   if (::testing::Test::HasFatalFailure()) return;
-  for (const std::vector<float>* out : {&dropped.v1, &dropped.v2, &dropped.gqa, &dropped.gqa_wide}) {
+  for (const std::vector<float>* out :
+       {&dropped.v1, &dropped.v2, &dropped.gqa, &dropped.gqa_wide}) {
     SCOPED_TRACE(label + (out == &dropped.v1   ? " negative controls v1"
                           : out == &dropped.v2 ? " negative controls v2"
                                                : " negative controls gqa"));
     testing::ExpectRejectsBrokenOutputs(
-        control_ref, std::vector<float>(out->begin() + control * n, out->begin() + (control + 1) * n),
-        c.dtype);
+        control_ref,
+        std::vector<float>(out->begin() + control * n, out->begin() + (control + 1) * n), c.dtype);
   }
 }
 
@@ -382,9 +387,8 @@ TEST_F(CudaKernelsTest, DecodeMatchesReferenceOverTheGrid) {
         BuildPagedCase(c, rng);
         ASSERT_FALSE(HasFatalFailure());
         const std::string label = std::string(DTypeName(dt)) + " head_size " + std::to_string(hs) +
-                                  " block " + std::to_string(bs) + " heads " +
-                                  std::to_string(h.q) + "/" + std::to_string(h.kv) +
-                                  (alibi ? " alibi" : "");
+                                  " block " + std::to_string(bs) + " heads " + std::to_string(h.q) +
+                                  "/" + std::to_string(h.kv) + (alibi ? " alibi" : "");
         CheckDecodeCase(c, alibi, rng, label);
         ASSERT_FALSE(HasFatalFailure()) << label;
       }
@@ -429,7 +433,8 @@ TEST_F(CudaKernelsTest, ZeroQueryGivesMeanOfValuesAndPaddingDoesNotLeak) {
           << DTypeName(dt) << " v2 seq " << s;
       ASSERT_TRUE(testing::AttentionOutputMatches(r.gqa.data() + o, mean.data(), mean.size(), dt))
           << DTypeName(dt) << " gqa seq " << s;
-      ASSERT_TRUE(testing::AttentionOutputMatches(r.gqa_wide.data() + o, mean.data(), mean.size(), dt))
+      ASSERT_TRUE(
+          testing::AttentionOutputMatches(r.gqa_wide.data() + o, mean.data(), mean.size(), dt))
           << DTypeName(dt) << " gqa (wide workspace) seq " << s;
     }
   }
@@ -437,9 +442,9 @@ TEST_F(CudaKernelsTest, ZeroQueryGivesMeanOfValuesAndPaddingDoesNotLeak) {
 
 // 32K tokens, V of magnitude near 1e4 in fp16/bf16: finite and within the
 // attention standard (scaled to the output, whose magnitude is ~1e4 / sqrt of
-// the effective context, not 1e4), with the zeroed / dropped-block controls. At 32K, v1 needs 128 KiB of opt-in
-// shared memory for its logits; at 70001 tokens (274 KiB) it exceeds every
-// current device and takes the partitioned path.
+// the effective context, not 1e4), with the zeroed / dropped-block controls. At 32K, v1 needs 128
+// KiB of opt-in shared memory for its logits; at 70001 tokens (274 KiB) it exceeds every current
+// device and takes the partitioned path.
 TEST_F(CudaKernelsTest, LongContextWithLargeValues) {
   std::mt19937 rng(99);
   for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
@@ -575,16 +580,17 @@ TEST_F(CudaKernelsTest, PrefillMatchesReference) {
             const int row = qsl[s] + i;
             const int qpos = seqs[s].cached + i;
             for (int h = 0; h < H; ++h)
-              testing::ReferenceAttendOne(q.data() + row * qstride + static_cast<int64_t>(h) * D,
-                                          h, H, c.K(s), c.V(s), qpos + 1, qpos, p.scale,
+              testing::ReferenceAttendOne(q.data() + row * qstride + static_cast<int64_t>(h) * D, h,
+                                          H, c.K(s), c.V(s), qpos + 1, qpos, p.scale,
                                           alibi ? slopes[h] : 0.0, ref.data() + h * D);
-            ASSERT_TRUE(testing::AttentionOutputMatches(out.data() + static_cast<size_t>(row) * ref.size(),
-                                                        ref.data(), ref.size(), dt))
+            ASSERT_TRUE(testing::AttentionOutputMatches(
+                out.data() + static_cast<size_t>(row) * ref.size(), ref.data(), ref.size(), dt))
                 << DTypeName(dt) << (alibi ? " alibi" : "") << " head_size " << hs << " seq " << s
                 << " row " << i;
           }
         }
-        EXPECT_FALSE(testing::AttentionOutputMatches(std::vector<float>(ref.size(), 0.0f), ref, dt));
+        EXPECT_FALSE(
+            testing::AttentionOutputMatches(std::vector<float>(ref.size(), 0.0f), ref, dt));
       }
     }
   }
@@ -656,8 +662,10 @@ TEST_F(CudaKernelsTest, SwapBlocksRoundTripIsByteExact) {
     ASSERT_TRUE(SwapBlocks(std::span(&dev, 1), std::span(&cpu, 1), out_pairs).ok());
     CUDA_OK(cudaDeviceSynchronize());
     for (const BlockCopy& pc : out_pairs) {
-      EXPECT_EQ(0, std::memcmp(static_cast<uint8_t*>(pk) + pc.dst * bb, hk.data() + pc.src * bb, bb));
-      EXPECT_EQ(0, std::memcmp(static_cast<uint8_t*>(pv) + pc.dst * bb, hv.data() + pc.src * bb, bb));
+      EXPECT_EQ(0,
+                std::memcmp(static_cast<uint8_t*>(pk) + pc.dst * bb, hk.data() + pc.src * bb, bb));
+      EXPECT_EQ(0,
+                std::memcmp(static_cast<uint8_t*>(pv) + pc.dst * bb, hv.data() + pc.src * bb, bb));
     }
     // Swap back in to different device blocks.
     const std::vector<BlockCopy> in_pairs = {{0, 7}, {4, 1}, {5, 8}};
@@ -702,8 +710,8 @@ TEST_F(CudaKernelsTest, MisalignedCacheIsInvalidArgument) {
   p.query = q.get();
   p.num_seqs = 1;
   p.num_heads = 1;
-  p.cache = {static_cast<char*>(k.get()) + 2, v.get(), {1, 1, 64, 16, DType::kFloat16},
-             Device::kCUDA};
+  p.cache = {
+      static_cast<char*>(k.get()) + 2, v.get(), {1, 1, 64, 16, DType::kFloat16}, Device::kCUDA};
   p.block_tables = static_cast<const int32_t*>(bt.get());
   p.max_blocks_per_seq = 1;
   p.seq_lens = static_cast<const int32_t*>(lens.get());
@@ -723,8 +731,9 @@ TEST_F(CudaKernelsTest, Fp8CacheMatchesReference) {
   struct Case {
     DType cache, io;
   };
-  for (const Case& cs : {Case{DType::kFloat8E4M3, DType::kFloat32}, Case{DType::kFloat8E4M3, DType::kBFloat16},
-                         Case{DType::kFloat8E5M2, DType::kFloat16}}) {
+  for (const Case& cs :
+       {Case{DType::kFloat8E4M3, DType::kFloat32}, Case{DType::kFloat8E4M3, DType::kBFloat16},
+        Case{DType::kFloat8E5M2, DType::kFloat16}}) {
     SCOPED_TRACE(std::string(DTypeName(cs.cache)) + " io " + DTypeName(cs.io));
     const int heads = 4, kvh = 2, hs = 128, bs = 16;
     const float ks = 0.043f, vs = 0.021f;
@@ -741,11 +750,13 @@ TEST_F(CudaKernelsTest, Fp8CacheMatchesReference) {
     std::vector<int32_t> tables(static_cast<size_t>(S) * max_blocks);
     for (int s = 0; s < S; ++s) {
       for (int b = 0; b < max_blocks; ++b) tables[s * max_blocks + b] = s * max_blocks + b;
-      for (int t = 0; t < lens[s]; ++t) slots.push_back(static_cast<int64_t>(s) * max_blocks * bs + t);
+      for (int t = 0; t < lens[s]; ++t)
+        slots.push_back(static_cast<int64_t>(s) * max_blocks * bs + t);
     }
     auto round8 = [&](float x, float scale) {
-      return cs.cache == DType::kFloat8E4M3 ? Fp8E4M3BitsToFloat(FloatToFp8E4M3Bits(x / scale)) * scale
-                                            : Fp8E5M2BitsToFloat(FloatToFp8E5M2Bits(x / scale)) * scale;
+      return cs.cache == DType::kFloat8E4M3
+                 ? Fp8E4M3BitsToFloat(FloatToFp8E4M3Bits(x / scale)) * scale
+                 : Fp8E5M2BitsToFloat(FloatToFp8E5M2Bits(x / scale)) * scale;
     };
     std::vector<float> kr(k.size()), vr(v.size());
     for (size_t i = 0; i < k.size(); ++i) {
@@ -808,28 +819,35 @@ TEST_F(CudaKernelsTest, Fp8CacheMatchesReference) {
     std::vector<std::vector<double>> refs;
     for (int s = 0; s < S; ++s) {
       const GatheredKV K{kr.data() + off, kvh, hs}, V{vr.data() + off, kvh, hs};
-      refs.push_back(testing::ReferenceDecode(q.data() + s * per_seq, heads, K, V, lens[s], scale, nullptr));
+      refs.push_back(
+          testing::ReferenceDecode(q.data() + s * per_seq, heads, K, V, lens[s], scale, nullptr));
       off += lens[s] * row;
     }
     for (bool v2 : {false, true}) {
       const std::vector<float> got = decode(v2, ks, vs);
       for (int s = 0; s < S; ++s)
-        EXPECT_TRUE(testing::AttentionOutputMatches(got.data() + s * per_seq, refs[s].data(), per_seq, cs.io))
+        EXPECT_TRUE(testing::AttentionOutputMatches(got.data() + s * per_seq, refs[s].data(),
+                                                    per_seq, cs.io))
             << (v2 ? "v2" : "v1") << " seq " << s;
       testing::AttentionControlScope control;
       const std::vector<float> no_k = decode(v2, 1.0f, vs), no_v = decode(v2, ks, 1.0f);
-      EXPECT_FALSE(testing::AttentionOutputMatches(no_k.data() + 2 * per_seq, refs[2].data(), per_seq, cs.io))
+      EXPECT_FALSE(testing::AttentionOutputMatches(no_k.data() + 2 * per_seq, refs[2].data(),
+                                                   per_seq, cs.io))
           << "ignoring k_scale passes";
-      EXPECT_FALSE(testing::AttentionOutputMatches(no_v.data() + 2 * per_seq, refs[2].data(), per_seq, cs.io))
+      EXPECT_FALSE(testing::AttentionOutputMatches(no_v.data() + 2 * per_seq, refs[2].data(),
+                                                   per_seq, cs.io))
           << "ignoring v_scale passes";
-      EXPECT_FALSE(testing::AttentionOutputMatches(std::vector<float>(per_seq, 0.0f), refs[2], cs.io));
+      EXPECT_FALSE(
+          testing::AttentionOutputMatches(std::vector<float>(per_seq, 0.0f), refs[2], cs.io));
     }
 
     // Prefill: every sequence's whole context is its prompt.
     std::vector<int32_t> qsl = {0};
     for (int l : lens) qsl.push_back(qsl.back() + l);
-    const std::vector<float> pq = Quantize(RandomVector(static_cast<size_t>(total) * per_seq, rng), cs.io);
-    DeviceBuffer dpq = Upload(Encode(pq, cs.io)), dpout(static_cast<size_t>(total) * per_seq * DTypeSize(cs.io));
+    const std::vector<float> pq =
+        Quantize(RandomVector(static_cast<size_t>(total) * per_seq, rng), cs.io);
+    DeviceBuffer dpq = Upload(Encode(pq, cs.io)),
+                 dpout(static_cast<size_t>(total) * per_seq * DTypeSize(cs.io));
     DeviceBuffer dqsl = Upload(qsl);
     PrefillAttentionParams pf;
     pf.out = dpout.get();
@@ -851,8 +869,8 @@ TEST_F(CudaKernelsTest, Fp8CacheMatchesReference) {
     st = PrefillAttention(pf);
     ASSERT_TRUE(st.ok()) << st;
     CUDA_OK(cudaDeviceSynchronize());
-    const std::vector<float> pgot =
-        Decode(Download(dpout.get(), static_cast<size_t>(total) * per_seq * DTypeSize(cs.io)), cs.io);
+    const std::vector<float> pgot = Decode(
+        Download(dpout.get(), static_cast<size_t>(total) * per_seq * DTypeSize(cs.io)), cs.io);
     std::vector<double> ref(per_seq);
     off = 0;
     for (int s = 0; s < S; ++s) {
@@ -860,9 +878,10 @@ TEST_F(CudaKernelsTest, Fp8CacheMatchesReference) {
       for (int i = 0; i < lens[s]; i += std::max(1, lens[s] / 7)) {  // a sample of rows
         const size_t r = static_cast<size_t>(qsl[s] + i);
         for (int h = 0; h < heads; ++h)
-          testing::ReferenceAttendOne(pq.data() + r * per_seq + static_cast<size_t>(h) * hs, h, heads, K, V,
-                                      i + 1, i, scale, 0.0, ref.data() + h * hs);
-        EXPECT_TRUE(testing::AttentionOutputMatches(pgot.data() + r * per_seq, ref.data(), per_seq, cs.io))
+          testing::ReferenceAttendOne(pq.data() + r * per_seq + static_cast<size_t>(h) * hs, h,
+                                      heads, K, V, i + 1, i, scale, 0.0, ref.data() + h * hs);
+        EXPECT_TRUE(
+            testing::AttentionOutputMatches(pgot.data() + r * per_seq, ref.data(), per_seq, cs.io))
             << "prefill seq " << s << " row " << i;
       }
       off += lens[s] * row;

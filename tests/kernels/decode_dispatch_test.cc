@@ -45,7 +45,8 @@ TEST(ChooseDecodeKernelTest, CpuNeverGetsTheGqaKernel) {
   for (DecodeKernel req : {DecodeKernel::kAuto, DecodeKernel::kGqa}) {
     const DecodeKernelChoice c = ChooseDecodeKernel(Device::kCPU, 4, 9, 3, 64, 1000, req);
     EXPECT_NE(c.kernel, DecodeKernel::kGqa) << c.reason;
-    EXPECT_EQ(c.kernel, ShouldUsePagedAttentionV1(4, 9, 1000) ? DecodeKernel::kV1 : DecodeKernel::kV2);
+    EXPECT_EQ(c.kernel,
+              ShouldUsePagedAttentionV1(4, 9, 1000) ? DecodeKernel::kV1 : DecodeKernel::kV2);
     EXPECT_TRUE(Contains(c.reason, "CPU")) << c.reason;
   }
 }
@@ -96,8 +97,8 @@ TEST(ChooseDecodeKernelTest, GroupsTooLargeForSharedMemoryFallBack) {
 }
 
 TEST(ChooseDecodeKernelTest, KernelNamesRoundTrip) {
-  for (DecodeKernel k : {DecodeKernel::kAuto, DecodeKernel::kV1, DecodeKernel::kV2,
-                         DecodeKernel::kGqa}) {
+  for (DecodeKernel k :
+       {DecodeKernel::kAuto, DecodeKernel::kV1, DecodeKernel::kV2, DecodeKernel::kGqa}) {
     DecodeKernel parsed = DecodeKernel::kV1;
     EXPECT_TRUE(ParseDecodeKernel(DecodeKernelName(k), &parsed)) << DecodeKernelName(k);
     EXPECT_EQ(parsed, k);

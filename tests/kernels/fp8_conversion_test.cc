@@ -96,7 +96,8 @@ uint8_t TiesAwayEncode(float f, const float* table, uint8_t (*enc)(float)) {
   const uint8_t c = enc(f);
   if (std::isnan(f) || std::isnan(table[c]) || (c & 0x7f) == 0x7f) return c;
   const uint8_t up = static_cast<uint8_t>(c + 1);  // next magnitude
-  if (std::isfinite(table[up]) && std::abs(table[up]) - std::abs(f) == std::abs(f) - std::abs(table[c]) &&
+  if (std::isfinite(table[up]) &&
+      std::abs(table[up]) - std::abs(f) == std::abs(f) - std::abs(table[c]) &&
       std::abs(f) > std::abs(table[c]))
     return up;
   return c;
@@ -147,7 +148,8 @@ TEST(Fp8ConversionTest, EncodeMatchesCudaIncludingTiesAndSaturation) {
       if (ours != cuda && ++mismatches <= 10)
         ADD_FAILURE() << f.name << " encode(" << x << ") = 0x" << std::hex << int{ours}
                       << ", CUDA 0x" << int{cuda};
-      if (std::isfinite(x) && std::abs(x) > f.max) saturated += (cuda & 0x7f) == (f.encode(f.max) & 0x7f);
+      if (std::isfinite(x) && std::abs(x) > f.max)
+        saturated += (cuda & 0x7f) == (f.encode(f.max) & 0x7f);
       const uint8_t c = cuda & 0x7f;
       if (c < 0x7e && std::isfinite(x) && !std::isnan(f.table[c + 1]) &&
           std::abs(x) == 0.5f * (f.table[c] + f.table[c + 1]))

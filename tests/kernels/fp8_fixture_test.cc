@@ -69,9 +69,12 @@ TEST(Fp8FixtureTest, ConversionsMatchMlDtypes) {
       // Ties: x exactly halfway between two neighbouring fp8 values.
       const int c = code & 0x7f;
       if (c > 0 && std::abs(x) == 0.5f * (table[c - 1] + table[c])) ++ties;
-      if (c < 0x7e && std::isfinite(table[c + 1]) && std::abs(x) == 0.5f * (table[c] + table[c + 1])) ++ties;
+      if (c < 0x7e && std::isfinite(table[c + 1]) &&
+          std::abs(x) == 0.5f * (table[c] + table[c + 1]))
+        ++ties;
       // Round toward zero would pick the code whose magnitude is below |x|.
-      const uint8_t trunc = std::abs(table[ours]) > std::abs(x) && (ours & 0x7f) != 0 ? ours - 1 : ours;
+      const uint8_t trunc =
+          std::abs(table[ours]) > std::abs(x) && (ours & 0x7f) != 0 ? ours - 1 : ours;
       truncation_differs += trunc != code;
     }
   }

@@ -44,7 +44,8 @@ struct Fp8Batch {
   std::vector<int32_t> seq_lens;
   int max_blocks_per_seq = 0;
   std::vector<int32_t> block_tables{};
-  std::vector<std::vector<float>> k_ref{}, v_ref{};  // fp8-rounded, scaled: what the kernels must see
+  std::vector<std::vector<float>> k_ref{},
+      v_ref{};  // fp8-rounded, scaled: what the kernels must see
   std::vector<uint8_t> key_cache{}, value_cache{};
   KVCacheShape shape{};
 
@@ -92,7 +93,10 @@ void Build(Fp8Batch& b, std::mt19937& rng) {
     }
     std::vector<int64_t> slots(len);
     for (int t = 0; t < len; ++t)
-      slots[t] = static_cast<int64_t>(b.block_tables[static_cast<size_t>(s) * b.max_blocks_per_seq + t / bs]) * bs + t % bs;
+      slots[t] = static_cast<int64_t>(
+                     b.block_tables[static_cast<size_t>(s) * b.max_blocks_per_seq + t / bs]) *
+                     bs +
+                 t % bs;
     ReshapeAndCacheParams p;
     p.key = k.data();
     p.value = v.data();
@@ -161,8 +165,8 @@ void CheckDecode(DType cache_dt, DType io, int hs, int bs, int heads, int kvh, b
     const std::vector<float> got = RunDecode(b, q, heads, v2, alibi, ks, vs);
     std::vector<std::vector<double>> refs;
     for (int s = 0; s < S; ++s) {
-      refs.push_back(ReferenceDecode(q.f.data() + s * per_seq, heads, b.K(s), b.V(s),
-                                     b.seq_lens[s], scale, alibi));
+      refs.push_back(ReferenceDecode(q.f.data() + s * per_seq, heads, b.K(s), b.V(s), b.seq_lens[s],
+                                     scale, alibi));
       EXPECT_TRUE(AttentionOutputMatches(got.data() + s * per_seq, refs[s].data(), per_seq, io))
           << "seq " << s << " (len " << b.seq_lens[s] << ")";
     }
@@ -177,8 +181,8 @@ void CheckDecode(DType cache_dt, DType io, int hs, int bs, int heads, int kvh, b
     DropBlock(&row, &len, (len - 1) / bs - 1, bs);
     lens[control] = len;
     std::copy(row.begin(), row.end(), tables.begin() + control * b.max_blocks_per_seq);
-    ExpectRejectsBrokenOutputs(refs[control],
-                               slice(RunDecode(b, q, heads, v2, alibi, ks, vs, &tables, &lens)), io);
+    ExpectRejectsBrokenOutputs(
+        refs[control], slice(RunDecode(b, q, heads, v2, alibi, ks, vs, &tables, &lens)), io);
     AttentionControlScope scope;
     EXPECT_FALSE(AttentionOutputMatches(slice(RunDecode(b, q, heads, v2, alibi, 1.0f, vs)),
                                         refs[control], io))

@@ -98,7 +98,10 @@ class HostPagedCache {
   int64_t KeyIndex(int64_t block, int h, int d, int off) const {
     const int x = shape_.x();
     return (((block * shape_.num_kv_heads + h) * (shape_.head_size / x) + d / x) *
-                shape_.block_size + off) * x + d % x;
+                shape_.block_size +
+            off) *
+               x +
+           d % x;
   }
   int64_t ValueIndex(int64_t block, int h, int d, int off) const {
     return ((block * shape_.num_kv_heads + h) * shape_.head_size + d) * shape_.block_size + off;
@@ -129,7 +132,7 @@ struct PagedBatch {
   int num_seqs = 0;
   int max_blocks_per_seq = 0;
   std::vector<int32_t> seq_lens;
-  std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq]
+  std::vector<int32_t> block_tables;     // [num_seqs, max_blocks_per_seq]
   std::vector<std::vector<float>> k, v;  // per sequence [seq_len, num_kv_heads, head_size]
 
   GatheredKV gathered_k(int s) const {
@@ -143,8 +146,8 @@ struct PagedBatch {
 // Builds a batch: every sequence gets ceil(len / block_size) distinct
 // physical blocks drawn at random from a pool with `spare_blocks` extra blocks;
 // block-table entries past the used ones are -1. Every slot not holding a
-// token (unused tail of the last block, spare blocks) holds `garbage`. K uniform in [-k_mag, k_mag],
-// V in [-v_mag, v_mag].
+// token (unused tail of the last block, spare blocks) holds `garbage`. K uniform in [-k_mag,
+// k_mag], V in [-v_mag, v_mag].
 inline PagedBatch MakePagedBatch(std::mt19937& rng, const std::vector<int32_t>& seq_lens,
                                  int num_kv_heads, int head_size, int block_size, DType dtype,
                                  float k_mag = 1.0f, float v_mag = 1.0f, int spare_blocks = 3,
@@ -177,11 +180,13 @@ inline PagedBatch MakePagedBatch(std::mt19937& rng, const std::vector<int32_t>& 
   for (int s = 0; s < b.num_seqs; ++s) {
     const int len = seq_lens[s];
     const int nb = (len + block_size - 1) / block_size;
-    for (int i = 0; i < nb; ++i) b.block_tables[static_cast<size_t>(s) * b.max_blocks_per_seq + i] = pool[next++];
+    for (int i = 0; i < nb; ++i)
+      b.block_tables[static_cast<size_t>(s) * b.max_blocks_per_seq + i] = pool[next++];
     b.k.emplace_back(static_cast<size_t>(len) * num_kv_heads * head_size);
     b.v.emplace_back(static_cast<size_t>(len) * num_kv_heads * head_size);
     for (int t = 0; t < len; ++t) {
-      const int32_t blk = b.block_tables[static_cast<size_t>(s) * b.max_blocks_per_seq + t / block_size];
+      const int32_t blk =
+          b.block_tables[static_cast<size_t>(s) * b.max_blocks_per_seq + t / block_size];
       for (int h = 0; h < num_kv_heads; ++h)
         for (int d = 0; d < head_size; ++d) {
           const size_t i = (static_cast<size_t>(t) * num_kv_heads + h) * head_size + d;

@@ -262,37 +262,37 @@ TEST_P(LinearIsaTest, BrokenWeightsExceedTheBound) {
   for (auto [method, tokens] : {std::pair{LinearMethod::kRowDot, int64_t{3}},
                                 std::pair{LinearMethod::kRowBlock, int64_t{8}},
                                 std::pair{LinearMethod::kRowBlock, int64_t{1}}})
-  for (WeightType type : kAllTypes) {
-    if (!cpu::IsQuantized(type)) continue;
-    SCOPED_TRACE(absl::StrCat(WeightTypeName(type), " ", cpu::LinearMethodName(method), " tokens=",
-                              tokens));
-    const int64_t rows = 16, cols = BlockElems(type) * 2;
-    Weight w = RandomWeight(rng, type, rows, cols, 0);
-    std::vector<float> x = RandomActs(rng, tokens * cols);
-    Reference ref = Compute(w, Dequantized(w), x, tokens, cols, nullptr, true);
-    std::vector<float> y(tokens * rows);
-    LinearParams p{x.data(), tokens, cols, w.view(), nullptr, y.data(), rows};
-    ASSERT_TRUE(cpu::LinearWith(p, GetParam(), method).ok());
-    EXPECT_LE(WorstRatio(y, rows, ref, tokens, rows), 1.0);
+    for (WeightType type : kAllTypes) {
+      if (!cpu::IsQuantized(type)) continue;
+      SCOPED_TRACE(absl::StrCat(WeightTypeName(type), " ", cpu::LinearMethodName(method),
+                                " tokens=", tokens));
+      const int64_t rows = 16, cols = BlockElems(type) * 2;
+      Weight w = RandomWeight(rng, type, rows, cols, 0);
+      std::vector<float> x = RandomActs(rng, tokens * cols);
+      Reference ref = Compute(w, Dequantized(w), x, tokens, cols, nullptr, true);
+      std::vector<float> y(tokens * rows);
+      LinearParams p{x.data(), tokens, cols, w.view(), nullptr, y.data(), rows};
+      ASSERT_TRUE(cpu::LinearWith(p, GetParam(), method).ok());
+      EXPECT_LE(WorstRatio(y, rows, ref, tokens, rows), 1.0);
 
-    // Dropped block: the last block of every row is ignored.
-    p.w.cols = cols - BlockElems(type);
-    std::vector<float> x_short(tokens * p.w.cols);
-    for (int64_t t = 0; t < tokens; ++t)
-      std::copy_n(&x[t * cols], p.w.cols, &x_short[t * p.w.cols]);
-    p.x = x_short.data();
-    p.x_stride = p.w.cols;
-    ASSERT_TRUE(cpu::LinearWith(p, GetParam(), method).ok());
-    EXPECT_GT(WorstRatio(y, rows, ref, tokens, rows), 1.0) << "dropping a block went unnoticed";
+      // Dropped block: the last block of every row is ignored.
+      p.w.cols = cols - BlockElems(type);
+      std::vector<float> x_short(tokens * p.w.cols);
+      for (int64_t t = 0; t < tokens; ++t)
+        std::copy_n(&x[t * cols], p.w.cols, &x_short[t * p.w.cols]);
+      p.x = x_short.data();
+      p.x_stride = p.w.cols;
+      ASSERT_TRUE(cpu::LinearWith(p, GetParam(), method).ok());
+      EXPECT_GT(WorstRatio(y, rows, ref, tokens, rows), 1.0) << "dropping a block went unnoticed";
 
-    // Zeroed scale of the first block of every row.
-    Weight broken = w;
-    const size_t d_offset = type == WeightType::kQ6_K ? 208 : 0;
-    for (int64_t r = 0; r < rows; ++r) PutHalf(&broken.bytes[r * broken.stride + d_offset], 0.0f);
-    p = LinearParams{x.data(), tokens, cols, broken.view(), nullptr, y.data(), rows};
-    ASSERT_TRUE(cpu::LinearWith(p, GetParam(), method).ok());
-    EXPECT_GT(WorstRatio(y, rows, ref, tokens, rows), 1.0) << "a zeroed scale went unnoticed";
-  }
+      // Zeroed scale of the first block of every row.
+      Weight broken = w;
+      const size_t d_offset = type == WeightType::kQ6_K ? 208 : 0;
+      for (int64_t r = 0; r < rows; ++r) PutHalf(&broken.bytes[r * broken.stride + d_offset], 0.0f);
+      p = LinearParams{x.data(), tokens, cols, broken.view(), nullptr, y.data(), rows};
+      ASSERT_TRUE(cpu::LinearWith(p, GetParam(), method).ok());
+      EXPECT_GT(WorstRatio(y, rows, ref, tokens, rows), 1.0) << "a zeroed scale went unnoticed";
+    }
 }
 
 // The ISA's activation quantizer (IsaKernels::quant32 / quant256) writes blocks
@@ -320,7 +320,10 @@ std::vector<float> QuantizerInput(std::mt19937& rng, int64_t n) {
       case 3:
         for (int i = 0; i < 32; ++i) p[i] = u(rng) * 3e38f;
         break;
-      case 4: p[3] = -0.0f; p[9] = -40.0f; break;  // a negative maximum
+      case 4:
+        p[3] = -0.0f;
+        p[9] = -40.0f;
+        break;  // a negative maximum
       default: break;
     }
   }
@@ -360,8 +363,8 @@ TEST_P(LinearIsaTest, ActivationQuantizerMatchesPortableBitForBit) {
     // The struct has no padding (static_assert in quant_blocks.h), so memcmp compares fields.
     cpu::QuantizeActs256(x.data(), n, want256.data());
     k.quant256(x.data(), n, got256.data());
-    EXPECT_EQ(
-        std::memcmp(want256.data(), got256.data(), want256.size() * sizeof(cpu::ActBlock256)), 0);
+    EXPECT_EQ(std::memcmp(want256.data(), got256.data(), want256.size() * sizeof(cpu::ActBlock256)),
+              0);
     for (size_t b = 0; b < want256.size(); ++b) {
       for (int i = 0; i < 256; ++i) ASSERT_EQ(want256[b].qs[i], got256[b].qs[i]) << b << " " << i;
     }
@@ -379,7 +382,8 @@ TEST_P(LinearIsaTest, SetLinearIsaSelectsThePath) {
   LinearParams p{x.data(), 2, 512, w.view(), nullptr, y.data(), 20};
   ASSERT_TRUE(Linear(p).ok());
   p.y = y2.data();
-  ASSERT_TRUE(cpu::LinearWith(p, GetParam(), cpu::ChooseMethod(w.type, 2, 20, 512, GetParam())).ok());
+  ASSERT_TRUE(
+      cpu::LinearWith(p, GetParam(), cpu::ChooseMethod(w.type, 2, 20, 512, GetParam())).ok());
   EXPECT_EQ(y, y2);
   ASSERT_TRUE(SetLinearIsa(before).ok());
 }

@@ -4,8 +4,9 @@
 // Tolerances: the attention standard of attention_check.h (per element scaled
 // to the reference output, plus a relative-RMS bound); every case with a
 // sequence of three or more blocks also checks that a zeroed output and the
-// kernel's own output with one block dropped fail that standard. Built with PAGEDSERVE_KERNEL_TESTS_LIGHT (sanitizer builds),
-// the grid is thinned and the longest contexts shortened.
+// kernel's own output with one block dropped fail that standard. Built with
+// PAGEDSERVE_KERNEL_TESTS_LIGHT (sanitizer builds), the grid is thinned and the longest contexts
+// shortened.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -52,8 +53,8 @@ struct DecodeCase {
     std::string lens;
     for (int32_t l : seq_lens) absl::StrAppend(&lens, l, ",");
     return absl::StrCat("heads ", heads.heads, "/", heads.kv_heads, " head_size ", head_size,
-                        " block ", block_size, " ", DTypeName(dtype), " alibi ", alibi,
-                        " lens ", lens);
+                        " block ", block_size, " ", DTypeName(dtype), " alibi ", alibi, " lens ",
+                        lens);
   }
 };
 
@@ -86,8 +87,8 @@ std::vector<float> ToFloats(const HostTensor& t, size_t begin, size_t n) {
 
 // Runs v2 (v1 when `v1`) on `b` with sequence s's block `index` dropped
 // (DropBlock) and returns sequence s's output.
-std::vector<float> RunWithDroppedBlock(PagedBatch& b, HostTensor& q, int heads,
-                                       const float* slopes, int s, int index, bool v1) {
+std::vector<float> RunWithDroppedBlock(PagedBatch& b, HostTensor& q, int heads, const float* slopes,
+                                       int s, int index, bool v1) {
   std::vector<int32_t> tables = b.block_tables, lens = b.seq_lens;
   std::vector<int32_t> row(tables.begin() + s * b.max_blocks_per_seq,
                            tables.begin() + (s + 1) * b.max_blocks_per_seq);
@@ -110,8 +111,8 @@ void RunDecodeCase(const DecodeCase& c) {
   SCOPED_TRACE(c.Name());
   std::mt19937 rng(c.seed);
   const int hs = c.head_size;
-  PagedBatch b = MakePagedBatch(rng, c.seq_lens, c.heads.kv_heads, hs, c.block_size, c.dtype,
-                                1.0f, c.v_mag);
+  PagedBatch b =
+      MakePagedBatch(rng, c.seq_lens, c.heads.kv_heads, hs, c.block_size, c.dtype, 1.0f, c.v_mag);
   const size_t n = static_cast<size_t>(b.num_seqs) * c.heads.heads * hs;
   HostTensor q = RandomTensor(rng, c.dtype, n, c.q_mag);
   const std::vector<float> slopes = AlibiSlopes(c.heads.heads);
@@ -127,9 +128,9 @@ void RunDecodeCase(const DecodeCase& c) {
   int control_seq = -1;
   std::vector<double> control_ref;
   for (int s = 0; s < b.num_seqs; ++s) {
-    const std::vector<double> ref = ReferenceDecode(q.f.data() + s * per_seq, c.heads.heads,
-                                                    b.gathered_k(s), b.gathered_v(s),
-                                                    b.seq_lens[s], p.scale, alibi);
+    const std::vector<double> ref =
+        ReferenceDecode(q.f.data() + s * per_seq, c.heads.heads, b.gathered_k(s), b.gathered_v(s),
+                        b.seq_lens[s], p.scale, alibi);
     ASSERT_TRUE(AttentionOutputMatches(ToFloats(o1, s * per_seq, per_seq), ref, c.dtype))
         << "v1 seq " << s << " (len " << b.seq_lens[s] << ")";
     ASSERT_TRUE(AttentionOutputMatches(ToFloats(o2, s * per_seq, per_seq), ref, c.dtype))
@@ -145,8 +146,8 @@ void RunDecodeCase(const DecodeCase& c) {
   for (bool v1 : {true, false}) {
     SCOPED_TRACE(v1 ? "negative controls, v1" : "negative controls, v2");
     ExpectRejectsBrokenOutputs(
-        control_ref,
-        RunWithDroppedBlock(b, q, c.heads.heads, alibi, control_seq, nb - 2, v1), c.dtype);
+        control_ref, RunWithDroppedBlock(b, q, c.heads.heads, alibi, control_seq, nb - 2, v1),
+        c.dtype);
   }
 }
 
@@ -160,7 +161,14 @@ TEST(PagedAttentionTest, ShortContextsEveryShape) {
         for (DType dt : kDTypes) {
           ++i;
           if (kLight && i % 7 != 0) continue;
-          RunDecodeCase({hc, hs, bs, dt, {1, bs - 1, bs, bs + 1}, i % 2 == 0, 2.0f, 1.0f,
+          RunDecodeCase({hc,
+                         hs,
+                         bs,
+                         dt,
+                         {1, bs - 1, bs, bs + 1},
+                         i % 2 == 0,
+                         2.0f,
+                         1.0f,
                          static_cast<uint32_t>(i)});
         }
 }
@@ -183,7 +191,8 @@ TEST(PagedAttentionTest, LongContextsAcrossPartitions) {
       const auto& sh = shapes[i % 9];
       ++i;
       if (kLight && i % 3 != 0) continue;
-      RunDecodeCase({sh.hc, sh.hs, bs, dt, lens, i % 2 == 1, 2.0f, 1.0f, static_cast<uint32_t>(100 + i)});
+      RunDecodeCase(
+          {sh.hc, sh.hs, bs, dt, lens, i % 2 == 1, 2.0f, 1.0f, static_cast<uint32_t>(100 + i)});
     }
 }
 
@@ -224,7 +233,8 @@ TEST(PagedAttentionTest, PaddingDoesNotLeak) {
           for (int h = 0; h < heads; ++h)
             for (int d = 0; d < hs; ++d) {
               double& m = mean[static_cast<size_t>(h) * hs + d];
-              for (int t = 0; t < lens[s]; ++t) m += b.v[s][(static_cast<size_t>(t) * 3 + h / 3) * hs + d];
+              for (int t = 0; t < lens[s]; ++t)
+                m += b.v[s][(static_cast<size_t>(t) * 3 + h / 3) * hs + d];
               m /= lens[s];
             }
           ASSERT_TRUE(AttentionOutputMatches(ToFloats(out, s * mean.size(), mean.size()), mean, dt))
@@ -236,17 +246,18 @@ TEST(PagedAttentionTest, PaddingDoesNotLeak) {
 
 // The caller-provided v2 workspace and the v1/v2 heuristic.
 TEST(PagedAttentionTest, WorkspaceAndHeuristic) {
-  EXPECT_TRUE(ShouldUsePagedAttentionV1(1, 8, 512));     // one partition
-  EXPECT_FALSE(ShouldUsePagedAttentionV1(1, 8, 513));    // little parallelism, 2 partitions
-  EXPECT_TRUE(ShouldUsePagedAttentionV1(64, 32, 4096));  // 2048 (seq, head) pairs
-  EXPECT_FALSE(ShouldUsePagedAttentionV1(64, 32, 8193)); // too long for v1
+  EXPECT_TRUE(ShouldUsePagedAttentionV1(1, 8, 512));      // one partition
+  EXPECT_FALSE(ShouldUsePagedAttentionV1(1, 8, 513));     // little parallelism, 2 partitions
+  EXPECT_TRUE(ShouldUsePagedAttentionV1(64, 32, 4096));   // 2048 (seq, head) pairs
+  EXPECT_FALSE(ShouldUsePagedAttentionV1(64, 32, 8193));  // too long for v1
   EXPECT_EQ(PagedAttentionV2WorkspaceBytes(2, 4, 64, 1025), size_t{2 * 4 * 3 * (2 + 64) * 4});
 
   std::mt19937 rng(5);
   const std::vector<int32_t> lens = {700, 1300};
   PagedBatch b = MakePagedBatch(rng, lens, 2, 64, 16, DType::kFloat32);
   HostTensor q = RandomTensor(rng, DType::kFloat32, 2 * 4 * 64, 1.0f);
-  HostTensor a(DType::kFloat32, q.size()), c(DType::kFloat32, q.size()), d(DType::kFloat32, q.size());
+  HostTensor a(DType::kFloat32, q.size()), c(DType::kFloat32, q.size()),
+      d(DType::kFloat32, q.size());
   PagedAttentionParams p = MakeParams(b, q, 4, nullptr, a.data());
   std::vector<float> ws(PagedAttentionV2WorkspaceBytes(2, 4, 64, p.max_seq_len) / 4 + 1,
                         std::numeric_limits<float>::quiet_NaN());

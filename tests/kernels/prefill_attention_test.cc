@@ -63,8 +63,10 @@ void RunPrefillCase(const PrefillCase& c) {
     for (int i = 0; i < c.seqs[s].q_len; ++i) {
       const int pos = c.seqs[s].seq_len - c.seqs[s].q_len + i;
       const int t = qsl[s] + i;
-      slots[t] = static_cast<int64_t>(b.block_tables[s * b.max_blocks_per_seq + pos / c.block_size]) *
-                     c.block_size + pos % c.block_size;
+      slots[t] =
+          static_cast<int64_t>(b.block_tables[s * b.max_blocks_per_seq + pos / c.block_size]) *
+              c.block_size +
+          pos % c.block_size;
       std::copy_n(nk.f.begin() + t * row, row, b.k[s].begin() + pos * row);
       std::copy_n(nv.f.begin() + t * row, row, b.v[s].begin() + pos * row);
     }

@@ -66,8 +66,8 @@ inline std::vector<double> ReferenceDecode(const float* q, int num_heads, const 
   const int hs = k.head_size;
   std::vector<double> out(static_cast<size_t>(num_heads) * hs);
   for (int h = 0; h < num_heads; ++h)
-    ReferenceAttendOne(q + static_cast<int64_t>(h) * hs, h, num_heads, k, v, seq_len,
-                       seq_len - 1, scale, alibi_slopes ? alibi_slopes[h] : 0.0,
+    ReferenceAttendOne(q + static_cast<int64_t>(h) * hs, h, num_heads, k, v, seq_len, seq_len - 1,
+                       scale, alibi_slopes ? alibi_slopes[h] : 0.0,
                        out.data() + static_cast<size_t>(h) * hs);
   return out;
 }

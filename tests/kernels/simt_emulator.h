@@ -163,9 +163,10 @@ inline void RunBlock(int threads, const std::function<void()>& body) {
       if (f.done) --remaining;
     }
     if (remaining > 0 && s.progress == before) {
-      std::fprintf(stderr, "simt_emulator: deadlock in block (%u,%u,%u): %d threads wait at a "
-                   "barrier the others cannot reach\n", block_idx.x, block_idx.y, block_idx.z,
-                   remaining);
+      std::fprintf(stderr,
+                   "simt_emulator: deadlock in block (%u,%u,%u): %d threads wait at a "
+                   "barrier the others cannot reach\n",
+                   block_idx.x, block_idx.y, block_idx.z, remaining);
       std::abort();
     }
   }
@@ -217,7 +218,8 @@ inline int max(int a, int b) { return a > b ? a : b; }
 
 // Runs `kernel` (a callable that calls the kernel function) over the grid,
 // one block at a time, block.x threads per block.
-inline void EmuLaunch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& kernel) {
+inline void EmuLaunch(dim3 grid, dim3 block, size_t smem_bytes,
+                      const std::function<void()>& kernel) {
   const int threads = static_cast<int>(block.x * block.y * block.z);
   gridDim = grid;
   blockDim = block;
@@ -242,6 +244,7 @@ inline void EmuLaunch(dim3 grid, dim3 block, size_t smem_bytes, const std::funct
 #define __launch_bounds__(...)
 #endif
 #define PAGEDSERVE_DYNAMIC_SHARED(type, name) \
-  type* name = reinterpret_cast<type*>(::pagedserve::kernels::cuda::emu::CurrentBlock()->smem.data())
+  type* name =                                \
+      reinterpret_cast<type*>(::pagedserve::kernels::cuda::emu::CurrentBlock()->smem.data())
 
 #endif  // PAGEDSERVE_TESTS_KERNELS_SIMT_EMULATOR_H_

@@ -20,9 +20,11 @@ namespace {
 
 class DecodeValidationTest : public ::testing::Test {
  protected:
-  DecodeValidationTest() : rng_(1), b_(MakePagedBatch(rng_, {20, 33}, 2, 64, 16, DType::kFloat32)),
-                           q_(RandomTensor(rng_, DType::kFloat32, 2 * 4 * 64, 1.0f)),
-                           out_(DType::kFloat32, 2 * 4 * 64) {
+  DecodeValidationTest()
+      : rng_(1),
+        b_(MakePagedBatch(rng_, {20, 33}, 2, 64, 16, DType::kFloat32)),
+        q_(RandomTensor(rng_, DType::kFloat32, 2 * 4 * 64, 1.0f)),
+        out_(DType::kFloat32, 2 * 4 * 64) {
     for (size_t i = 0; i < out_.size(); ++i) out_.Set(i, 42.0f);
     p_.out = out_.data();
     p_.query = q_.data();
@@ -71,10 +73,10 @@ TEST_F(DecodeValidationTest, RejectsBadInputs) {
   ExpectRejected([](auto& p) { p.out = nullptr; });
   ExpectRejected([](auto& p) { p.block_tables = nullptr; });
   ExpectRejected([](auto& p) { p.seq_lens = nullptr; });
-  ExpectRejected([](auto& p) { p.num_heads = 3; });   // not a multiple of 2 KV heads
+  ExpectRejected([](auto& p) { p.num_heads = 3; });  // not a multiple of 2 KV heads
   ExpectRejected([](auto& p) { p.num_heads = 0; });
   ExpectRejected([](auto& p) { p.num_seqs = -1; });
-  ExpectRejected([](auto& p) { p.max_seq_len = 32; }); // shorter than seq_lens[1]
+  ExpectRejected([](auto& p) { p.max_seq_len = 32; });  // shorter than seq_lens[1]
   ExpectRejected([](auto& p) { p.max_blocks_per_seq = 0; });
   ExpectRejected([](auto& p) { p.scale = NAN; });
 }
@@ -139,7 +141,10 @@ TEST(PrefillValidationTest, RejectsBadInputs) {
       [](auto& p) { p.query = nullptr; },
       [](auto& p) { p.query_start_loc = nullptr; },
       [&](auto& p) { p.query_start_loc = bad_qsl.data(); },
-      [&](auto& p) { p.query_start_loc = long_q.data(); p.max_query_len = 10; },
+      [&](auto& p) {
+        p.query_start_loc = long_q.data();
+        p.max_query_len = 10;
+      },
       [](auto& p) { p.max_query_len = 7; },
       [](auto& p) { p.max_seq_len = 29; },
       [](auto& p) { p.query_token_stride = 14 * 64 - 1; },

@@ -29,8 +29,8 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
       worst_i = i;
     }
   }
-  EXPECT_LE(worst, 2e-6) << what << " element " << worst_i << ": got " << got[worst_i]
-                         << " want " << want[worst_i];
+  EXPECT_LE(worst, 2e-6) << what << " element " << worst_i << ": got " << got[worst_i] << " want "
+                         << want[worst_i];
 }
 
 TEST_P(DequantTest, MatchesGgufPy) {

@@ -35,8 +35,7 @@ TEST(GgufTest, FixtureMetadataOfEveryType) {
   EXPECT_EQ(*g.GetFloat("fixture.f64"), -2.25e100);
   EXPECT_EQ(*g.GetBool("fixture.bool"), true);
   EXPECT_EQ(*g.GetString("fixture.str"), "h\xc3\xa9llo \xe4\xb8\x96\xe7\x95\x8c");
-  EXPECT_EQ(*g.GetStringArray("fixture.arr_str"),
-            (std::vector<std::string>{"a", "", "\xc3\xbc"}));
+  EXPECT_EQ(*g.GetStringArray("fixture.arr_str"), (std::vector<std::string>{"a", "", "\xc3\xbc"}));
   EXPECT_EQ(*g.GetIntArray("fixture.arr_i32"), (std::vector<int32_t>{1, -2, 3}));
   EXPECT_EQ(*g.GetFloatArray("fixture.arr_f32"), (std::vector<float>{0.5f, -1.25f}));
   const GgufValue* nested = g.Find("fixture.arr_nested");

@@ -22,7 +22,7 @@ namespace {
 using nlohmann::json;
 
 struct Tensor {
-  std::string dtype;           // F32, F16 or BF16
+  std::string dtype;  // F32, F16 or BF16
   std::vector<int64_t> shape;
   std::vector<float> values;   // what the loader must produce
   std::vector<uint8_t> bytes;  // encoded
@@ -124,20 +124,13 @@ std::string Safetensors(const TensorMap& m, const std::vector<std::string>& name
 }
 
 json Config(const std::string& arch, bool tied) {
-  return {{"architectures", {arch}},
-          {"num_hidden_layers", kLayers},
-          {"hidden_size", kHidden},
-          {"intermediate_size", kInter},
-          {"num_attention_heads", kHeads},
-          {"num_key_value_heads", kKv},
-          {"vocab_size", kVocab},
-          {"rms_norm_eps", 1e-5},
-          {"rope_theta", 10000.0},
-          {"max_position_embeddings", 256},
-          {"tie_word_embeddings", tied},
-          {"bos_token_id", 1},
-          {"eos_token_id", {2, 3}},
-          {"rope_scaling", nullptr}};
+  return {{"architectures", {arch}},       {"num_hidden_layers", kLayers},
+          {"hidden_size", kHidden},        {"intermediate_size", kInter},
+          {"num_attention_heads", kHeads}, {"num_key_value_heads", kKv},
+          {"vocab_size", kVocab},          {"rms_norm_eps", 1e-5},
+          {"rope_theta", 10000.0},         {"max_position_embeddings", 256},
+          {"tie_word_embeddings", tied},   {"bos_token_id", 1},
+          {"eos_token_id", {2, 3}},        {"rope_scaling", nullptr}};
 }
 
 // Writes the model as one file or as two shards with an index.
@@ -221,8 +214,7 @@ TEST(HfConfigTest, RopeScaling) {
   EXPECT_EQ(l3->rope_scaling.original_max_position_embeddings, 8192);
 
   j["rope_scaling"] = {{"rope_type", "default"}};
-  EXPECT_EQ(ModelConfigFromHfJson(j.dump(), "c.json")->rope_scaling.type,
-            RopeScaling::Type::kNone);
+  EXPECT_EQ(ModelConfigFromHfJson(j.dump(), "c.json")->rope_scaling.type, RopeScaling::Type::kNone);
 
   j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
   auto yarn = ModelConfigFromHfJson(j.dump(), "c.json");
@@ -429,8 +421,8 @@ TEST(HfWeightsTest, StoredFormatsStayAsStored) {
     const GgmlType proj = bf ? GgmlType::kBF16 : GgmlType::kF32;
     for (int tp : {1, 2}) {
       for (int r = 0; r < tp; ++r) {
-        SCOPED_TRACE(std::string(WeightDTypeName(dtype)) + " tp " + std::to_string(tp) +
-                     " rank " + std::to_string(r));
+        SCOPED_TRACE(std::string(WeightDTypeName(dtype)) + " tp " + std::to_string(tp) + " rank " +
+                     std::to_string(r));
         auto w = LoadLlamaWeights(dir, r, tp, dtype);
         ASSERT_TRUE(w.ok()) << w.status();
         EXPECT_EQ(w->dtype, dtype);
@@ -445,13 +437,13 @@ TEST(HfWeightsTest, StoredFormatsStayAsStored) {
         for (int l = 0; l < kLayers; ++l) {
           std::string p = "model.layers." + std::to_string(l) + ".";
           const LayerWeights& L = w->layers[l];
-          ExpectStoredMatrix(L.q_proj, proj, Slice(m[p + "self_attn.q_proj.weight"], q0, q1, 0,
-                                                   kHidden), bf, "q");
-          ExpectStoredMatrix(L.o_proj, proj, Slice(m[p + "self_attn.o_proj.weight"], 0, kHidden,
-                                                   q0, q1), bf, "o");
+          ExpectStoredMatrix(L.q_proj, proj,
+                             Slice(m[p + "self_attn.q_proj.weight"], q0, q1, 0, kHidden), bf, "q");
+          ExpectStoredMatrix(L.o_proj, proj,
+                             Slice(m[p + "self_attn.o_proj.weight"], 0, kHidden, q0, q1), bf, "o");
           ExpectStoredMatrix(L.down_proj, proj,
-                             Slice(m[p + "mlp.down_proj.weight"], 0, kHidden, r * il,
-                                   (r + 1) * il), bf, "down");
+                             Slice(m[p + "mlp.down_proj.weight"], 0, kHidden, r * il, (r + 1) * il),
+                             bf, "down");
           EXPECT_EQ(L.q_bias, Slice(m[p + "self_attn.q_proj.bias"], q0, q1, 0, 1));
           EXPECT_EQ(L.o_proj.owned.empty(), tp == 1 && !bf) << "column slices are copied";
         }
@@ -481,8 +473,7 @@ TEST(HfWeightsTest, MissingAndMisshapenTensorsNamed) {
 
 std::string WithHeader(const std::string& header, size_t data_bytes) {
   uint64_t n = header.size();
-  return std::string(reinterpret_cast<const char*>(&n), 8) + header +
-         std::string(data_bytes, '\0');
+  return std::string(reinterpret_cast<const char*>(&n), 8) + header + std::string(data_bytes, '\0');
 }
 
 absl::Status ParseSt(const std::string& bytes) {
@@ -526,8 +517,7 @@ TEST(SafetensorsTest, Malformed) {
   s = ParseSt(WithHeader(
       R"({"w":{"dtype":"F32","shape":[0,18446744073709551615],"data_offsets":[0,0]}})", 0));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("bad.safetensors: tensor 'w': field 'shape'"), std::string::npos)
-      << s;
+  EXPECT_NE(s.message().find("bad.safetensors: tensor 'w': field 'shape'"), std::string::npos) << s;
   // I64 parses but cannot be converted to fp32.
   std::string i64 = WithHeader(R"({"w":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}})", 16);
   auto g = SafetensorsFile::FromBytes("i64", std::vector<uint8_t>(i64.begin(), i64.end()));

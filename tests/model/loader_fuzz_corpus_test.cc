@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <vector>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "runtime/model/gguf.h"
@@ -108,8 +108,8 @@ TEST(LoaderFuzzCorpusTest, SeedsAreValidFiles) {
   }
   // The llama seed is a whole model: the weights load, also sharded.
   const std::string llama = (dir / "gguf/seed-llama-gpt2.gguf").string();
-  for (auto [rank, size, dtype] : {std::tuple{0, 1, WeightDType::kFloat32},
-                                   std::tuple{1, 2, WeightDType::kAuto}}) {
+  for (auto [rank, size, dtype] :
+       {std::tuple{0, 1, WeightDType::kFloat32}, std::tuple{1, 2, WeightDType::kAuto}}) {
     auto w = LoadLlamaWeights(llama, rank, size, dtype);
     ASSERT_TRUE(w.ok()) << w.status();
     EXPECT_EQ(w->layers.size(), 1u);
@@ -119,9 +119,9 @@ TEST(LoaderFuzzCorpusTest, SeedsAreValidFiles) {
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ((*all)->tensors().size(), 20u);  // every ggml type the reader knows
   EXPECT_TRUE(GgufFile::FromBytes("v", bytes("gguf/seed-value-types.gguf")).ok());
-  for (const char* f : {"safetensors/seed-float.safetensors",
-                        "safetensors/seed-int-scalar-empty.safetensors",
-                        "safetensors/seed-u-types.safetensors"}) {
+  for (const char* f :
+       {"safetensors/seed-float.safetensors", "safetensors/seed-int-scalar-empty.safetensors",
+        "safetensors/seed-u-types.safetensors"}) {
     auto st = SafetensorsFile::FromBytes(f, bytes(f));
     EXPECT_TRUE(st.ok()) << st.status();
   }
@@ -175,15 +175,14 @@ TEST(LoaderFuzzCorpusTest, WeightErrorsNameTheFile) {
   std::ofstream(path, std::ios::binary) << bytes;
   auto w = LoadLlamaWeights(path);
   ASSERT_FALSE(w.ok());
-  EXPECT_EQ(w.status().message().rfind(path + ": tensor 'model.embed_tokens.weight': shape", 0),
-            0u)
+  EXPECT_EQ(w.status().message().rfind(path + ": tensor 'model.embed_tokens.weight': shape", 0), 0u)
       << w.status();
 }
 
 // An empty file is rejected by every loader, with the file named.
 TEST(LoaderFuzzCorpusTest, EntryPointsAcceptEmptyInput) {
-  for (Entry e : {GgufFuzzOneInput, SafetensorsFuzzOneInput, HfConfigFuzzOneInput,
-                  HfTokenizerFuzzOneInput}) {
+  for (Entry e :
+       {GgufFuzzOneInput, SafetensorsFuzzOneInput, HfConfigFuzzOneInput, HfTokenizerFuzzOneInput}) {
     EXPECT_EQ(e(nullptr, 0), "");
   }
 }

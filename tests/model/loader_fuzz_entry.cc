@@ -49,7 +49,8 @@ bool Inside(const uint8_t* base, size_t size, std::span<const uint8_t> span) {
 std::string ExerciseTokenizer(const Tokenizer& tok) {
   const int32_t n = tok.vocab_size();
   if (n <= 0) return "tokenizer: vocab_size <= 0";
-  static const char* const kTexts[] = {"", "Hello world", " 123  x\n\ty", "\xE2\x96\x81\xC3\xA9\xF0\x9F\x98\x80",
+  static const char* const kTexts[] = {"", "Hello world", " 123  x\n\ty",
+                                       "\xE2\x96\x81\xC3\xA9\xF0\x9F\x98\x80",
                                        "\xFF\xFE<s></s><|im_start|>"};
   for (const char* text : kTexts) {
     for (bool special : {false, true}) {
@@ -59,12 +60,13 @@ std::string ExerciseTokenizer(const Tokenizer& tok) {
       std::vector<int32_t> ids = tok.Encode(text, eo);
       for (int32_t id : ids) {
         if (id < 0 || id >= n) {
-          return absl::StrCat("tokenizer: Encode(\"", text, "\") gave id ", id, " outside [0, ",
-                              n, ")");
+          return absl::StrCat("tokenizer: Encode(\"", text, "\") gave id ", id, " outside [0, ", n,
+                              ")");
         }
       }
       auto decoded = tok.Decode(ids);
-      if (!decoded.ok()) return absl::StrCat("tokenizer: Decode failed: ", decoded.status().ToString());
+      if (!decoded.ok())
+        return absl::StrCat("tokenizer: Decode failed: ", decoded.status().ToString());
     }
   }
   const int32_t bad[] = {n};
@@ -109,8 +111,8 @@ std::string CheckWeights(const std::string& path, const ModelConfig& c) {
     WeightDType dtype;
   };
   for (Variant v : {Variant{0, 1, WeightDType::kFloat32}, Variant{1, 2, WeightDType::kAuto}}) {
-    const std::string what = absl::StrCat("weights (rank ", v.rank, " of ", v.size, ", ",
-                                          WeightDTypeName(v.dtype), ")");
+    const std::string what =
+        absl::StrCat("weights (rank ", v.rank, " of ", v.size, ", ", WeightDTypeName(v.dtype), ")");
     auto w = LoadLlamaWeights(path, v.rank, v.size, v.dtype);
     if (!w.ok()) {
       if (!absl::StartsWith(w.status().message(), path + ": ")) {
@@ -122,8 +124,8 @@ std::string CheckWeights(const std::string& path, const ModelConfig& c) {
     std::vector<const Matrix*> matrices = {&w->embed_tokens};
     if (!c.tie_word_embeddings) matrices.push_back(&w->lm_head);
     for (const LayerWeights& l : w->layers) {
-      for (const Matrix* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj,
-                              &l.up_proj, &l.down_proj}) {
+      for (const Matrix* m :
+           {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
         matrices.push_back(m);
       }
     }
@@ -195,17 +197,18 @@ std::string CheckGgufTensors(const GgufFile& f, const uint8_t* base, size_t size
     }
   }
   for (const auto& [key, value] : f.metadata()) {
-    if (f.Find(key) != &value) return absl::StrCat("gguf metadata '", key, "': Find does not return it");
+    if (f.Find(key) != &value)
+      return absl::StrCat("gguf metadata '", key, "': Find does not return it");
     // Every typed getter either succeeds or names the file and the key.
     const std::string prefix = absl::StrCat(f.path(), ": metadata ");
-    for (absl::Status s : {f.GetString(key).status(), f.GetInt(key).status(),
-                           f.GetUint(key).status(), f.GetFloat(key).status(),
-                           f.GetBool(key).status(), f.GetStringArray(key).status(),
-                           f.GetFloatArray(key).status(), f.GetIntArray(key).status()}) {
-      if (!s.ok() && (!absl::StartsWith(s.message(), prefix) ||
-                      !absl::StrContains(s.message(), key))) {
-        return absl::StrCat("gguf metadata '", key, "': getter error does not name file and key: ",
-                            s.ToString());
+    for (absl::Status s :
+         {f.GetString(key).status(), f.GetInt(key).status(), f.GetUint(key).status(),
+          f.GetFloat(key).status(), f.GetBool(key).status(), f.GetStringArray(key).status(),
+          f.GetFloatArray(key).status(), f.GetIntArray(key).status()}) {
+      if (!s.ok() &&
+          (!absl::StartsWith(s.message(), prefix) || !absl::StrContains(s.message(), key))) {
+        return absl::StrCat("gguf metadata '", key,
+                            "': getter error does not name file and key: ", s.ToString());
       }
     }
   }
@@ -307,8 +310,8 @@ std::string SafetensorsFuzzOneInput(const uint8_t* data, size_t size) {
 
 std::string HfConfigFuzzOneInput(const uint8_t* data, size_t size) {
   constexpr std::string_view kSource = "fuzz/config.json";
-  auto config = ModelConfigFromHfJson(
-      std::string_view(reinterpret_cast<const char*>(data), size), kSource);
+  auto config =
+      ModelConfigFromHfJson(std::string_view(reinterpret_cast<const char*>(data), size), kSource);
   if (!config.ok()) {
     if (config.status().code() != absl::StatusCode::kInvalidArgument &&
         config.status().code() != absl::StatusCode::kUnimplemented) {

@@ -58,8 +58,8 @@ void ExpectSameModel(const LlamaWeights& got, const LlamaWeights& want, Round ro
 uint64_t MatrixBytes(const LlamaWeights& w) {
   uint64_t n = w.embed_tokens.size_bytes() + w.lm_head.size_bytes();
   for (const LayerWeights& L : w.layers) {
-    for (const Matrix* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj,
-                            &L.up_proj, &L.down_proj})
+    for (const Matrix* m :
+         {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj})
       n += m->size_bytes();
   }
   return n;
@@ -133,8 +133,8 @@ TEST_F(StoredWeightsTest, Float16ConvertsEveryMatrix) {
 }
 
 TEST(WeightDTypeTest, ParsesItsNames) {
-  for (WeightDType d : {WeightDType::kAuto, WeightDType::kFloat32, WeightDType::kFloat16,
-                        WeightDType::kBFloat16}) {
+  for (WeightDType d :
+       {WeightDType::kAuto, WeightDType::kFloat32, WeightDType::kFloat16, WeightDType::kBFloat16}) {
     auto p = ParseWeightDType(WeightDTypeName(d));
     ASSERT_TRUE(p.ok());
     EXPECT_EQ(*p, d);

@@ -70,8 +70,11 @@ TEST(MetricsTest, KnownWorkloadGivesExactValues) {
   auto s = Samples(**m);
 
   EXPECT_EQ(Value(s, "pagedserve_build_info",
-                  {{"version", "0.1.0-test"}, {"tensor_parallel_size", "2"},
-                   {"block_size", "16"}, {"backend", "cpu"}, {"max_num_seqs", "8"}}),
+                  {{"version", "0.1.0-test"},
+                   {"tensor_parallel_size", "2"},
+                   {"block_size", "16"},
+                   {"backend", "cpu"},
+                   {"max_num_seqs", "8"}}),
             1);
   // Every series carries the served model name (vLLM's `model_name` label).
   int pagedserve_series = 0;
@@ -141,7 +144,8 @@ TEST(MetricsTest, KnownWorkloadGivesExactValues) {
       coll.push_back(r.collective_s);
     }
     std::map<std::string, std::string> l = {{"rank", std::to_string(rank)}};
-    ExpectHistogram(s, "pagedserve_rank_step_duration_seconds", Metrics::RankStepBuckets(), step, l);
+    ExpectHistogram(s, "pagedserve_rank_step_duration_seconds", Metrics::RankStepBuckets(), step,
+                    l);
     ExpectHistogram(s, "pagedserve_rank_collective_duration_seconds", Metrics::RankStepBuckets(),
                     coll, l);
   }
@@ -186,7 +190,9 @@ TEST(MetricsTest, PerRankSeriesExistBeforeTheFirstStep) {
   ASSERT_TRUE(m.ok()) << m.status();
   auto s = Samples(**m);
   for (int rank = 0; rank < 3; ++rank) {
-    EXPECT_EQ(Value(s, "pagedserve_rank_step_duration_seconds_count", {{"rank", std::to_string(rank)}}), 0);
+    EXPECT_EQ(
+        Value(s, "pagedserve_rank_step_duration_seconds_count", {{"rank", std::to_string(rank)}}),
+        0);
   }
   EXPECT_TRUE(Find(s, "pagedserve_rank_step_duration_seconds_count", {{"rank", "3"}}).empty());
   // A rank beyond tp is accepted and creates its series.
@@ -200,7 +206,8 @@ TEST(MetricsTest, FailedHandshakesAreCountedByReason) {
   Metrics& x = **m;
   const std::string h = "pagedserve_zmq_handshakes_failed_total";
   auto s = Samples(x);
-  for (const char* reason : {"auth", "protocol", "other"}) EXPECT_EQ(Value(s, h, {{"reason", reason}}), 0);
+  for (const char* reason : {"auth", "protocol", "other"})
+    EXPECT_EQ(Value(s, h, {{"reason", reason}}), 0);
   x.AddFailedHandshake("auth");
   x.AddFailedHandshake("auth");
   x.AddFailedHandshake("protocol");
@@ -211,7 +218,9 @@ TEST(MetricsTest, FailedHandshakesAreCountedByReason) {
   EXPECT_EQ(Value(s, h, {{"reason", "protocol"}}), 1);
   EXPECT_EQ(Value(s, h, {{"reason", "other"}}), 1);
   EXPECT_TRUE(Find(s, h, {{"reason", "bogus"}}).empty());
-  EXPECT_EQ(Value(s, "pagedserve_metrics_rejected_observations_total", {{"method", "AddFailedHandshake"}}), 1);
+  EXPECT_EQ(Value(s, "pagedserve_metrics_rejected_observations_total",
+                  {{"method", "AddFailedHandshake"}}),
+            1);
 }
 
 TEST(MetricsTest, BadValuesAreRejectedAndCounted) {
@@ -219,21 +228,21 @@ TEST(MetricsTest, BadValuesAreRejectedAndCounted) {
   ASSERT_TRUE(m.ok()) << m.status();
   Metrics& x = **m;
   x.SetKvUsage(0.5, 0.25);
-  x.SetKvUsage(1.5, 0.0);            // > 1
-  x.SetKvUsage(std::nan(""), 0.0);   // NaN
+  x.SetKvUsage(1.5, 0.0);           // > 1
+  x.SetKvUsage(std::nan(""), 0.0);  // NaN
   x.SetRequests(1, -1, 0);
-  x.AddPrefixCache(10, 11);          // more hits than queries
+  x.AddPrefixCache(10, 11);  // more hits than queries
   x.AddPromptTokens(-5);
   x.AddGenerationTokens(-1);
   x.ObserveInterTokenLatency(-0.1);
   x.ObserveInterTokenLatency(INFINITY);
   x.ObserveStepTokens(-3);
   x.ObserveRankStep(-1, 0.1, 0.0);
-  x.ObserveRankStep(0, 0.1, 0.2);    // collectives longer than the step
+  x.ObserveRankStep(0, 0.1, 0.2);  // collectives longer than the step
   FinishedRequest bad;
   bad.e2e_s = -1;
   x.RequestFinished(bad);
-  FinishedRequest half;              // a TTFT but no decode time
+  FinishedRequest half;  // a TTFT but no decode time
   half.ttft_s = 0.1;
   half.e2e_s = 0.2;
   x.RequestFinished(half);

@@ -10,8 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <fcntl.h>
+#include <chrono>
 #include <fstream>
 #include <thread>
 
@@ -44,19 +44,18 @@ class PrometheusServerTest : public ::testing::Test {
     metrics_ = std::move(*m);
     workload_.Play(*metrics_);
 
-    std::ofstream(dir_ + "/prometheus.yml")
-        << "global:\n"
-           "  scrape_interval: 1s\n"
-           "  scrape_timeout: 900ms\n"
-           "  evaluation_interval: 1s\n"
-           "rule_files:\n"
-           "  - "
-        << testing::SourceDir() << "/monitoring/alerts.yml\n"
-        << "scrape_configs:\n"
-           "  - job_name: pagedserve\n"
-           "    static_configs:\n"
-           "      - targets: ['127.0.0.1:"
-        << metrics_port_ << "']\n";
+    std::ofstream(dir_ + "/prometheus.yml") << "global:\n"
+                                               "  scrape_interval: 1s\n"
+                                               "  scrape_timeout: 900ms\n"
+                                               "  evaluation_interval: 1s\n"
+                                               "rule_files:\n"
+                                               "  - "
+                                            << testing::SourceDir() << "/monitoring/alerts.yml\n"
+                                            << "scrape_configs:\n"
+                                               "  - job_name: pagedserve\n"
+                                               "    static_configs:\n"
+                                               "      - targets: ['127.0.0.1:"
+                                            << metrics_port_ << "']\n";
 
     prometheus_port_ = testing::FreePort();
     ASSERT_GT(prometheus_port_, 0);
@@ -111,7 +110,8 @@ class PrometheusServerTest : public ::testing::Test {
 
   // Instant query; returns data.result (an array) or a null json on error.
   static json Query(const std::string& promql, std::string* error = nullptr) {
-    auto r = testing::HttpGet(prometheus_port_, "/api/v1/query?query=" + testing::UrlEncode(promql));
+    auto r =
+        testing::HttpGet(prometheus_port_, "/api/v1/query?query=" + testing::UrlEncode(promql));
     json j = json::parse(r.body, nullptr, false);
     if (r.status != 200 || j.is_discarded() || j.value("status", "") != "success") {
       if (error) *error = "HTTP " + std::to_string(r.status) + ": " + r.body;
@@ -121,8 +121,9 @@ class PrometheusServerTest : public ::testing::Test {
   }
 
   // Polls until `promql` returns exactly one sample whose value is `want`.
-  static ::testing::AssertionResult WaitForValue(const std::string& promql, double want,
-                                          std::chrono::seconds timeout = std::chrono::seconds(15)) {
+  static ::testing::AssertionResult WaitForValue(
+      const std::string& promql, double want,
+      std::chrono::seconds timeout = std::chrono::seconds(15)) {
     auto deadline = Clock::now() + timeout;
     std::string last;
     while (Clock::now() < deadline) {
@@ -138,9 +139,7 @@ class PrometheusServerTest : public ::testing::Test {
     return ::testing::AssertionFailure() << promql << " != " << want << "; last answer: " << last;
   }
 
-  void SetUp() override {
-    ASSERT_TRUE(metrics_ != nullptr && pid_ > 0) << "suite set-up failed";
-  }
+  void SetUp() override { ASSERT_TRUE(metrics_ != nullptr && pid_ > 0) << "suite set-up failed"; }
 
   static inline std::string dir_;
   static inline int metrics_port_ = 0;
@@ -196,8 +195,10 @@ TEST_F(PrometheusServerTest, EveryDashboardExpressionEvaluates) {
       std::string expr = t.value("expr", "");
       // Grafana's variables, as Grafana would substitute them.
       for (auto [var, value] : {std::pair<std::string, std::string>{"$__rate_interval", "1m"},
-                                {"$instance", ".*"}, {"$model_name", ".*"}}) {
-        for (size_t at; (at = expr.find(var)) != std::string::npos;) expr.replace(at, var.size(), value);
+                                {"$instance", ".*"},
+                                {"$model_name", ".*"}}) {
+        for (size_t at; (at = expr.find(var)) != std::string::npos;)
+          expr.replace(at, var.size(), value);
       }
       std::string error;
       json result = Query(expr, &error);

@@ -15,13 +15,18 @@ namespace pagedserve::testing {
 
 inline std::set<std::string> PromqlMetricNames(const std::string& expr) {
   static const std::set<std::string> kKeywords = {
-      "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
-      "unless", "offset", "inf", "nan", "Inf", "NaN", "sum", "min", "max", "avg", "count",
-      "stddev", "stdvar", "topk", "bottomk", "quantile", "count_values", "group", "atan2"};
-  static const std::set<std::string> kLabelLists = {"by", "without", "on", "ignoring",
-                                                    "group_left", "group_right"};
-  auto ident_start = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == ':'; };
-  auto ident_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == ':'; };
+      "by",     "without", "on",      "ignoring", "group_left",   "group_right", "bool",
+      "and",    "or",      "unless",  "offset",   "inf",          "nan",         "Inf",
+      "NaN",    "sum",     "min",     "max",      "avg",          "count",       "stddev",
+      "stdvar", "topk",    "bottomk", "quantile", "count_values", "group",       "atan2"};
+  static const std::set<std::string> kLabelLists = {"by",       "without",    "on",
+                                                    "ignoring", "group_left", "group_right"};
+  auto ident_start = [](char c) {
+    return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == ':';
+  };
+  auto ident_char = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == ':';
+  };
   // Pass 1: blank out strings, {...} and [...].
   std::string s = expr;
   for (size_t i = 0; i < s.size(); ++i) {

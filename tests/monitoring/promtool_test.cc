@@ -98,7 +98,8 @@ TEST_F(PromtoolTest, AlertRulesAreValid) {
 }
 
 TEST_F(PromtoolTest, AlertRuleUnitTestsPass) {
-  auto r = RunCommand("cd '" + SourceDir() + "/tests/monitoring' && promtool test rules alerts_test.yml");
+  auto r = RunCommand("cd '" + SourceDir() +
+                      "/tests/monitoring' && promtool test rules alerts_test.yml");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("SUCCESS"), std::string::npos) << r.output;
 }
@@ -111,7 +112,8 @@ TEST(PromqlNamesTest, ExtractsOnlyMetricNames) {
   EXPECT_EQ(names, (std::set<std::string>{"a_bucket", "c", "d:mean5m"}));
 }
 
-std::set<std::string> ExportedSampleNames(const std::string& text, std::set<std::string>* families) {
+std::set<std::string> ExportedSampleNames(const std::string& text,
+                                          std::set<std::string>* families) {
   std::set<std::string> names;
   auto samples = testing::ParseExposition(text);
   EXPECT_TRUE(samples.has_value());
@@ -133,12 +135,15 @@ TEST(DashboardTest, ParsesAndQueriesOnlyExportedMetrics) {
   EXPECT_FALSE(d.value("uid", "").empty());
   bool has_ds_variable = false;
   for (const auto& v : d["templating"]["list"]) {
-    if (v.value("name", "") == "DS_PROMETHEUS" && v.value("type", "") == "datasource") has_ds_variable = true;
+    if (v.value("name", "") == "DS_PROMETHEUS" && v.value("type", "") == "datasource")
+      has_ds_variable = true;
   }
   EXPECT_TRUE(has_ds_variable) << "the data source must be the ${DS_PROMETHEUS} variable";
   bool has_model_variable = false;
-  for (const auto& v : d["templating"]["list"]) has_model_variable |= v.value("name", "") == "model_name";
-  EXPECT_TRUE(has_model_variable) << "a model_name variable selects the served model, as vLLM's dashboards do";
+  for (const auto& v : d["templating"]["list"])
+    has_model_variable |= v.value("name", "") == "model_name";
+  EXPECT_TRUE(has_model_variable)
+      << "a model_name variable selects the served model, as vLLM's dashboards do";
 
   std::set<std::string> families;
   std::set<std::string> exported = ExportedSampleNames(TouchedExposition(), &families);
@@ -155,15 +160,17 @@ TEST(DashboardTest, ParsesAndQueriesOnlyExportedMetrics) {
       ++exprs;
       // Every series selector filters by the served model (label model_name).
       size_t selectors = 0, filtered = 0;
-      for (size_t p = expr.find('{'); p != std::string::npos; p = expr.find('{', p + 1)) ++selectors;
+      for (size_t p = expr.find('{'); p != std::string::npos; p = expr.find('{', p + 1))
+        ++selectors;
       for (size_t p = expr.find("model_name=~\"$model_name\""); p != std::string::npos;
            p = expr.find("model_name=~\"$model_name\"", p + 1)) {
         ++filtered;
       }
-      EXPECT_EQ(filtered, selectors) << "`" << expr << "` does not select model_name=~\"$model_name\"";
+      EXPECT_EQ(filtered, selectors)
+          << "`" << expr << "` does not select model_name=~\"$model_name\"";
       for (const std::string& name : testing::PromqlMetricNames(expr)) {
-        EXPECT_TRUE(exported.count(name)) << "'" << name << "' in `" << expr
-                                          << "` is not exported by Metrics";
+        EXPECT_TRUE(exported.count(name))
+            << "'" << name << "' in `" << expr << "` is not exported by Metrics";
         used.insert(name);
       }
     }
@@ -192,7 +199,8 @@ TEST(DocsTest, EveryExportedMetricIsDocumented) {
   ExportedSampleNames(TouchedExposition(), &families);
   EXPECT_GE(families.size(), 23u);
   for (const std::string& f : families) {
-    EXPECT_NE(docs.find("| `" + f + "` |"), std::string::npos) << f << " is missing from docs/metrics.md";
+    EXPECT_NE(docs.find("| `" + f + "` |"), std::string::npos)
+        << f << " is missing from docs/metrics.md";
   }
 }
 

@@ -44,7 +44,8 @@ inline std::optional<std::vector<Sample>> ParseExposition(const std::string& tex
       ++i;
       while (i < line.size() && line[i] != '}') {
         size_t eq = line.find('=', i);
-        if (eq == std::string::npos || eq + 1 >= line.size() || line[eq + 1] != '"') return std::nullopt;
+        if (eq == std::string::npos || eq + 1 >= line.size() || line[eq + 1] != '"')
+          return std::nullopt;
         std::string key = line.substr(i, eq - i);
         std::string value;
         size_t j = eq + 2;

@@ -22,9 +22,12 @@ struct Workload {
   std::vector<double> itl = {0.009, 0.012, 0.012, 0.2, 0.031, 1e-4};
   std::vector<int64_t> step_tokens = {519, 3, 3, 2, 1, 1};
   // (rank, step_s, collective_s)
-  struct RankStep { int rank; double step_s, collective_s; };
-  std::vector<RankStep> rank_steps = {{0, 0.02, 0.005}, {1, 0.03, 0.01}, {1, 0.2, 0.1},
-                                      {0, 0.0004, 0.0001}};
+  struct RankStep {
+    int rank;
+    double step_s, collective_s;
+  };
+  std::vector<RankStep> rank_steps = {
+      {0, 0.02, 0.005}, {1, 0.03, 0.01}, {1, 0.2, 0.1}, {0, 0.0004, 0.0001}};
 
   int64_t prompt_tokens() const {
     int64_t n = 0;

@@ -104,7 +104,7 @@ class MultiHostTest : public ::testing::Test {
   // mpirun on host 0 over `slots` (host index -> ranks there, in rank order
   // of the map), TCP only, on the hosts' subnet.
   std::vector<std::string> Mpirun(const std::vector<std::pair<int, int>>& slots,
-                                   const std::vector<std::string>& cmd) {
+                                  const std::vector<std::string>& cmd) {
     const std::string hostfile = ::testing::TempDir() + prefix_ + "-hostfile";
     std::ofstream f(hostfile);
     int np = 0;
@@ -116,15 +116,15 @@ class MultiHostTest : public ::testing::Test {
     std::vector<std::string> argv = {
         script_, "on", prefix_, "0", mpiexec_, "-np", std::to_string(np), "--hostfile", hostfile,
         "--map-by", "slot", "--bind-to", "none", "--mca", "plm_rsh_agent", script_ + " agent",
-        "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", subnet_,
-        "--mca", "oob_tcp_if_include", subnet_, "--mca", "odls_base_sigkill_timeout", "3",
+        "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", subnet_, "--mca",
+        "oob_tcp_if_include", subnet_, "--mca", "odls_base_sigkill_timeout", "3",
         // As deploy/docker/entrypoint.sh: when a rank dies mpirun SIGTERMs the
         // others and SIGKILLs them only this many seconds later, so that the
         // coordinator can fail its requests first (it sees the death at once).
         // mpirun's daemons notice a lost peer host within ~5 s (TCP keepalive).
-        "--mca", "oob_tcp_keepalive_time", "2", "--mca", "oob_tcp_keepalive_intvl", "1",
-        "--mca", "oob_tcp_keepalive_probes", "3",
-        "-x", "OMP_NUM_THREADS", "-x", "OPENBLAS_NUM_THREADS", "-x", "OMP_WAIT_POLICY"};
+        "--mca", "oob_tcp_keepalive_time", "2", "--mca", "oob_tcp_keepalive_intvl", "1", "--mca",
+        "oob_tcp_keepalive_probes", "3", "-x", "OMP_NUM_THREADS", "-x", "OPENBLAS_NUM_THREADS",
+        "-x", "OMP_WAIT_POLICY"};
     argv.insert(argv.end(), cmd.begin(), cmd.end());
     return argv;
   }
@@ -145,8 +145,8 @@ class MultiHostTest : public ::testing::Test {
     return seqs;
   }
 
-  Result RunDriver(const std::vector<std::pair<int, int>>& slots, const std::string& model,
-                   int tp, std::vector<std::string> extra) {
+  Result RunDriver(const std::vector<std::pair<int, int>>& slots, const std::string& model, int tp,
+                   std::vector<std::string> extra) {
     Result r = RunChild(Mpirun(slots, Driver(model, tp, extra)), 300 * TimeScale());
     EXPECT_EQ(r.exit_code, 0) << "TP " << tp << ":\n" << r.out;
     return r;
@@ -154,8 +154,8 @@ class MultiHostTest : public ::testing::Test {
 
   // Bytes host `i` has sent on its link so far (its namespace's sysfs).
   int64_t TxBytes(int i) {
-    Result r = RunChild({"ip", "netns", "exec", Host(i), "cat",
-                         "/sys/class/net/eth0/statistics/tx_bytes"}, 10);
+    Result r = RunChild(
+        {"ip", "netns", "exec", Host(i), "cat", "/sys/class/net/eth0/statistics/tx_bytes"}, 10);
     int64_t v = -1;
     EXPECT_TRUE(absl::SimpleAtoi(absl::StripTrailingAsciiWhitespace(r.out), &v)) << r.out;
     return v;
@@ -170,9 +170,10 @@ class MultiHostTest : public ::testing::Test {
   void ExpectWorkerHosts(const std::string& out, const std::map<int, int>& rank_host) {
     for (auto [rank, host] : rank_host)
       EXPECT_TRUE(std::regex_search(
-          out, std::regex(absl::StrCat("worker rank ", rank, R"( \(pid \d+ on )", Host(host),
-                                       R"(\))"))))
-          << "rank " << rank << " not on " << Host(host) << ":\n" << out;
+          out,
+          std::regex(absl::StrCat("worker rank ", rank, R"( \(pid \d+ on )", Host(host), R"(\))"))))
+          << "rank " << rank << " not on " << Host(host) << ":\n"
+          << out;
   }
 
   int hosts_ = 0;
@@ -206,7 +207,7 @@ TEST_F(MultiHostTest, SmolLM2Tp3AcrossHostsEqualsTp1) {
   if (smol.empty() || access(smol.c_str(), R_OK) != 0)
     GTEST_SKIP() << "SmolLM2 GGUF not found (scripts/fetch-model; PAGEDSERVE_SMOLLM2=" << smol
                  << ")";
-  const std::vector<std::string> args = {"--max-tokens", "6", "--kv-cache-memory", "33554432",
+  const std::vector<std::string> args = {"--max-tokens", "6",      "--kv-cache-memory", "33554432",
                                          "--swap-space", "8388608"};
   auto tp1 = Tokens(RunDriver({{0, 2}}, smol, 1, args));
   // Host 0: coordinator + TP rank 0 (as a LeaderWorkerSet leader); hosts 1, 2: TP ranks 1, 2.
@@ -242,11 +243,13 @@ TEST_F(MultiHostTest, BytesPerDecodeStepCoverTheAllReduces) {
   // reduce-scatter, half in the all-gather), or the other rank cannot have the sum.
   const double allreduce_floor = 2.0 * layers * 2 * 3 * hidden * sizeof(float);
   std::smatch plan;
-  ASSERT_TRUE(std::regex_search(long_out, plan, std::regex(R"(plan bytes prefill=(\d+) decode_mean=([\d.]+))")))
+  ASSERT_TRUE(std::regex_search(long_out, plan,
+                                std::regex(R"(plan bytes prefill=(\d+) decode_mean=([\d.]+))")))
       << long_out;
-  std::printf("bytes between hosts per decode step (TP = 2, 3 sequences): %.0f; all-reduce "
-              "floor %.0f; decode step plan %s bytes\n",
-              per_step, allreduce_floor, plan[2].str().c_str());
+  std::printf(
+      "bytes between hosts per decode step (TP = 2, 3 sequences): %.0f; all-reduce "
+      "floor %.0f; decode step plan %s bytes\n",
+      per_step, allreduce_floor, plan[2].str().c_str());
   EXPECT_GE(per_step, allreduce_floor) << "traffic does not cross the links";
   // Start-up, prefill and the plans should not be larger than the all-reduces
   // by orders of magnitude (a runaway protocol would show here).
@@ -267,10 +270,10 @@ class MultiHostFailureTest : public MultiHostTest {
     ASSERT_FALSE(bin_.empty()) << "PAGEDSERVE_BIN not set (no pagedserve target)";
     const std::string pid_file = ::testing::TempDir() + prefix_ + "-coordinator.pid";
     const std::string endpoint = "tcp://127.0.0.1:5555";  // inside host 0's namespace
-    Child server(Mpirun(kTp2AcrossHosts,
-                        {bin_, "serve", "--model", model_, "--tensor-parallel-size", "2",
-                         "--zmq-endpoint", endpoint, "--pid-file", pid_file,
-                         "--kv-cache-memory", "67108864", "--swap-space", "0.01"}));
+    Child server(
+        Mpirun(kTp2AcrossHosts, {bin_, "serve", "--model", model_, "--tensor-parallel-size", "2",
+                                 "--zmq-endpoint", endpoint, "--pid-file", pid_file,
+                                 "--kv-cache-memory", "67108864", "--swap-space", "0.01"}));
     auto ready = server.WaitFor(std::regex(R"(worker rank 2 \(pid (\d+) on )" + Host(2) + R"(\))"),
                                 180 * TimeScale());
     ASSERT_TRUE(ready.has_value()) << server.out();
@@ -278,8 +281,7 @@ class MultiHostFailureTest : public MultiHostTest {
     std::vector<int> pids = {victim};
     std::smatch w;
     std::string out = server.out();
-    ASSERT_TRUE(std::regex_search(out, w, std::regex(R"(worker rank 1 \(pid (\d+) on )")))
-        << out;
+    ASSERT_TRUE(std::regex_search(out, w, std::regex(R"(worker rank 1 \(pid (\d+) on )"))) << out;
     pids.push_back(std::stoi(w[1]));
     // The coordinator has written its pid file by the time it serves.
     Result health = RunChild({script_, "on", prefix_, "0", bin_, "client", "--health",
@@ -287,17 +289,18 @@ class MultiHostFailureTest : public MultiHostTest {
                              60 * TimeScale());
     ASSERT_EQ(health.exit_code, 0) << health.out << "\n" << server.out();
     int coordinator = 0;
-    ASSERT_TRUE(absl::SimpleAtoi(absl::StripTrailingAsciiWhitespace(ReadFile(pid_file)),
-                                 &coordinator))
+    ASSERT_TRUE(
+        absl::SimpleAtoi(absl::StripTrailingAsciiWhitespace(ReadFile(pid_file)), &coordinator))
         << pid_file;
     pids.push_back(coordinator);
 
     Child client({script_, "on", prefix_, "0", bin_, "client", "--zmq-endpoint", endpoint,
-                  "--temperature", "0", "--ignore-eos", "--max-tokens", "1500",
-                  "--client-timeout", "120", "Once upon a time"});
+                  "--temperature", "0", "--ignore-eos", "--max-tokens", "1500", "--client-timeout",
+                  "120", "Once upon a time"});
     // Generation under way: some text streamed.
     ASSERT_TRUE(client.WaitFor(std::regex(R"(\S{8})"), 60 * TimeScale()).has_value())
-        << client.out() << "\n" << server.out();
+        << client.out() << "\n"
+        << server.out();
     const auto broken_at = Clock::now();
     fail(victim);
     const double budget = 10 * TimeScale();
@@ -314,7 +317,10 @@ class MultiHostFailureTest : public MultiHostTest {
       bool any = false;
       for (size_t i = 0; i < pids.size(); ++i) {
         if (gone_s[i] >= 0) continue;
-        if (Alive(pids[i])) any = true; else gone_s[i] = since_break();
+        if (Alive(pids[i]))
+          any = true;
+        else
+          gone_s[i] = since_break();
       }
       if (!any) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -322,7 +328,10 @@ class MultiHostFailureTest : public MultiHostTest {
     std::vector<int> alive;
     for (size_t i = 0; i < pids.size(); ++i) {
       if (gone_s[i] >= 0) continue;
-      if (Alive(pids[i])) alive.push_back(pids[i]); else gone_s[i] = since_break();  // bound
+      if (Alive(pids[i]))
+        alive.push_back(pids[i]);
+      else
+        gone_s[i] = since_break();  // bound
     }
     Result m = server.Wait(1);
     const double mpirun_s = std::chrono::duration<double>(Clock::now() - broken_at).count();
@@ -336,14 +345,15 @@ class MultiHostFailureTest : public MultiHostTest {
     // The error names the lost rank (the client's copy: the coordinator's own
     // log line may be cut off by mpirun's teardown of its output forwarding).
     EXPECT_NE((c.out + m.out).find("worker rank 2 lost"), std::string::npos)
-        << what << ": the error does not name the lost rank\nclient:\n" << c.out << "\nserver:\n"
+        << what << ": the error does not name the lost rank\nclient:\n"
+        << c.out << "\nserver:\n"
         << m.out;
-    std::printf("%s: client done after %.2f s; ranks gone by %.2f (rank 2), %.2f (rank 1), "
-                "%.2f (coordinator) s (-1: alive at %.0f s); mpirun %s after %.2f s (code %d); "
-                "client:\n%s\n",
-                what.c_str(), client_s, gone_s[0], gone_s[1], gone_s[2], budget,
-                m.timed_out ? "killed by the test" : "exited", mpirun_s, m.exit_code,
-                c.out.c_str());
+    std::printf(
+        "%s: client done after %.2f s; ranks gone by %.2f (rank 2), %.2f (rank 1), "
+        "%.2f (coordinator) s (-1: alive at %.0f s); mpirun %s after %.2f s (code %d); "
+        "client:\n%s\n",
+        what.c_str(), client_s, gone_s[0], gone_s[1], gone_s[2], budget,
+        m.timed_out ? "killed by the test" : "exited", mpirun_s, m.exit_code, c.out.c_str());
   }
 };
 

@@ -21,16 +21,18 @@ namespace {
 // Naive reference: full sorts, double precision, one step at a time.
 // ---------------------------------------------------------------------------
 struct RefResult {
-  std::vector<int32_t> ids;    // survivors, prob descending, ties to lower id
-  std::vector<double> probs;   // renormalized
-  bool ambiguous = false;      // some filter decision was within rounding distance
+  std::vector<int32_t> ids;   // survivors, prob descending, ties to lower id
+  std::vector<double> probs;  // renormalized
+  bool ambiguous = false;     // some filter decision was within rounding distance
 };
 
-std::vector<double> RefPenalize(const std::vector<float>& logits, const std::vector<int32_t>& history,
-                                int prompt_len, const SamplingParams& p) {
+std::vector<double> RefPenalize(const std::vector<float>& logits,
+                                const std::vector<int32_t>& history, int prompt_len,
+                                const SamplingParams& p) {
   std::vector<double> w(logits.begin(), logits.end());
   std::set<int32_t> seen(history.begin(), history.end());
-  for (int32_t t : seen) w[t] = w[t] > 0 ? w[t] / p.repetition_penalty : w[t] * p.repetition_penalty;
+  for (int32_t t : seen)
+    w[t] = w[t] > 0 ? w[t] / p.repetition_penalty : w[t] * p.repetition_penalty;
   std::map<int32_t, int> counts;
   for (size_t i = prompt_len; i < history.size(); ++i) counts[history[i]]++;
   for (auto [t, c] : counts) w[t] -= p.frequency_penalty * c + p.presence_penalty;
@@ -98,8 +100,9 @@ std::vector<float> RandomLogits(std::mt19937_64& rng, int v, double scale) {
   return l;
 }
 
-SamplerRow MakeRow(const SamplingParams* p, std::span<const int32_t> history = {}, int prompt_len = 0,
-                   int64_t position = 0, int sample_index = 0, int num_samples = 1, SeqId seq = 0) {
+SamplerRow MakeRow(const SamplingParams* p, std::span<const int32_t> history = {},
+                   int prompt_len = 0, int64_t position = 0, int sample_index = 0,
+                   int num_samples = 1, SeqId seq = 0) {
   SamplerRow r;
   r.seq_id = seq;
   r.params = p;
@@ -137,8 +140,9 @@ TEST(SamplerTest, FiltersMatchNaiveReference) {
     if (ref.ambiguous) continue;
     auto got = sampler.Process(logits, MakeRow(&p, history, prompt_len));
     ASSERT_TRUE(got.ok()) << got.status();
-    ASSERT_EQ(got->token_ids, ref.ids) << "trial " << trial << " T=" << p.temperature
-                                       << " k=" << p.top_k << " p=" << p.top_p << " min_p=" << p.min_p;
+    ASSERT_EQ(got->token_ids, ref.ids)
+        << "trial " << trial << " T=" << p.temperature << " k=" << p.top_k << " p=" << p.top_p
+        << " min_p=" << p.min_p;
     for (size_t i = 0; i < ref.probs.size(); ++i) {
       EXPECT_NEAR(got->probs[i], ref.probs[i], 2e-5) << "trial " << trial << " rank " << i;
     }
@@ -180,7 +184,12 @@ TEST(SamplerTest, SampledFrequenciesFollowTheProcessedDistribution) {
   const int kDraws = 20000;
   std::mt19937_64 rng(99);
   std::vector<float> logits = RandomLogits(rng, kVocab, 1.0);
-  struct Config { float t; int k; float top_p; float min_p; };
+  struct Config {
+    float t;
+    int k;
+    float top_p;
+    float min_p;
+  };
   for (Config c : {Config{1.0f, -1, 1.0f, 0.0f}, Config{0.7f, 6, 1.0f, 0.0f},
                    Config{1.3f, -1, 0.8f, 0.0f}, Config{1.0f, 8, 0.9f, 0.1f}}) {
     SamplingParams p;
@@ -204,7 +213,8 @@ TEST(SamplerTest, SampledFrequenciesFollowTheProcessedDistribution) {
     for (const SampledToken& t : *got) counts[t.token_id]++;
     std::map<int32_t, double> expected;
     for (size_t i = 0; i < ref.ids.size(); ++i) expected[ref.ids[i]] = ref.probs[i] * kDraws;
-    for (auto [id, n] : counts) EXPECT_TRUE(expected.count(id)) << "token " << id << " outside the filtered set";
+    for (auto [id, n] : counts)
+      EXPECT_TRUE(expected.count(id)) << "token " << id << " outside the filtered set";
     double chi2 = 0;
     for (auto [id, e] : expected) chi2 += (counts[id] - e) * (counts[id] - e) / e;
     const int df = static_cast<int>(expected.size()) - 1;
@@ -231,8 +241,8 @@ TEST(SamplerTest, PenaltiesFollowTheFormula) {
   p.frequency_penalty = 0.4f;
   p.presence_penalty = 0.2f;
   // Prompt tokens 0, 1: repetition only. Output tokens 3 (x2), 4 (x1): all three.
-  const double expected[] = {2.0 / 1.3, -1.0 * 1.3, 0.5, 3.0 / 1.3 - 0.4 * 2 - 0.2,
-                             -2.0 * 1.3 - 0.4 * 1 - 0.2, 0.0};
+  const double expected[] = {
+      2.0 / 1.3, -1.0 * 1.3, 0.5, 3.0 / 1.3 - 0.4 * 2 - 0.2, -2.0 * 1.3 - 0.4 * 1 - 0.2, 0.0};
   Sampler sampler(6);
   auto got = sampler.Process(logits, MakeRow(&p, history, 2));
   ASSERT_TRUE(got.ok()) << got.status();
@@ -240,7 +250,8 @@ TEST(SamplerTest, PenaltiesFollowTheFormula) {
   for (double e : expected) z += std::exp(e);
   ASSERT_EQ(got->token_ids.size(), 6u);
   for (size_t i = 0; i < 6; ++i) {
-    EXPECT_NEAR(got->probs[i], std::exp(expected[got->token_ids[i]]) / z, 1e-6) << "token " << got->token_ids[i];
+    EXPECT_NEAR(got->probs[i], std::exp(expected[got->token_ids[i]]) / z, 1e-6)
+        << "token " << got->token_ids[i];
   }
   // Greedy picks the argmax of the penalized logits: token 0 (1.54) beats token 3 (1.31).
   p.temperature = 0.0f;
@@ -285,7 +296,8 @@ TEST(SamplerTest, SeededRowsDoNotDependOnBatchComposition) {
     ASSERT_TRUE(r.ok());
     alone.push_back((*r)[0].token_id);
   }
-  EXPECT_GT(std::set<int32_t>(alone.begin(), alone.end()).size(), 10u) << "positions must vary the stream";
+  EXPECT_GT(std::set<int32_t>(alone.begin(), alone.end()).size(), 10u)
+      << "positions must vary the stream";
 
   Sampler s(kVocab);
   for (int pos = 10; pos < 60; ++pos) {
@@ -340,7 +352,8 @@ TEST(SamplerTest, SeededUniformIsMt19937_64OfTheMixedKey) {
   ASSERT_EQ(check(), 9981545732273789042ull);
   for (uint64_t seed : {0ull, 1ull, ~0ull}) {
     std::mt19937_64 gen(Sampler::StreamKey(seed, 3, 17));
-    EXPECT_EQ(Sampler::SeededUniform(seed, 3, 17), static_cast<double>(gen() >> 11) / 9007199254740992.0);
+    EXPECT_EQ(Sampler::SeededUniform(seed, 3, 17),
+              static_cast<double>(gen() >> 11) / 9007199254740992.0);
     const double u = Sampler::SeededUniform(seed, 3, 17);
     EXPECT_GE(u, 0.0);
     EXPECT_LT(u, 1.0);
@@ -496,15 +509,16 @@ TEST(SamplerTest, BadInputIsAnErrorNotACrash) {
     // A corrupt step plan's num_samples must not size the output: n's range bounds it.
     auto huge = s.Sample(logits, std::vector<SamplerRow>{MakeRow(&p, {}, 0, 0, 0, 2147483647)});
     EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(huge.status().message().find("num_samples 2147483647 exceeds 64"),
-              std::string::npos)
+    EXPECT_NE(huge.status().message().find("num_samples 2147483647 exceeds 64"), std::string::npos)
         << huge.status();
   }
   auto r = s.Sample(std::vector<float>{0, 1, 2}, std::vector<SamplerRow>{MakeRow(&p)});
-  EXPECT_NE(r.status().message().find("expected 1 rows x vocab_size 4"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("expected 1 rows x vocab_size 4"), std::string::npos)
+      << r.status();
   std::vector<int32_t> hist = {1, 9};
   r = s.Sample(logits, std::vector<SamplerRow>{MakeRow(&p, hist, 1)});
-  EXPECT_NE(r.status().message().find("token_history[1] = 9 outside [0, 4)"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("token_history[1] = 9 outside [0, 4)"), std::string::npos)
+      << r.status();
   r = s.Sample(logits, std::vector<SamplerRow>{MakeRow(&p, hist, 3)});
   EXPECT_NE(r.status().message().find("prompt_len 3"), std::string::npos) << r.status();
   logits[2] = std::nanf("");
@@ -517,7 +531,8 @@ TEST(SamplerTest, BadInputIsAnErrorNotACrash) {
   bad.top_p = 2;
   r = s.Sample(std::vector<float>{0, 1, 2, 3}, std::vector<SamplerRow>{MakeRow(&bad)});
   EXPECT_NE(r.status().message().find("top_p must be in (0, 1]"), std::string::npos) << r.status();
-  r = s.Sample(std::vector<float>{0, 1, 2, 3}, std::vector<SamplerRow>{MakeRow(&p, {}, 0, 0, 0, 0)});
+  r = s.Sample(std::vector<float>{0, 1, 2, 3},
+               std::vector<SamplerRow>{MakeRow(&p, {}, 0, 0, 0, 0)});
   EXPECT_NE(r.status().message().find("num_samples must be >= 1"), std::string::npos) << r.status();
   // Masked (-inf) logits are fine and never sampled.
   r = s.Sample(std::vector<float>{ninf, 1, ninf, ninf}, std::vector<SamplerRow>{MakeRow(&p)});

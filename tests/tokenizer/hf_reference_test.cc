@@ -43,7 +43,8 @@ void CheckCases(const Tokenizer& tok, const nlohmann::json& cases, const std::st
     std::vector<int32_t> expected = c["ids"];
     EXPECT_EQ(tok.Encode(text), expected) << what << ": '" << text << "'";
     std::vector<int32_t> expected_raw = c["ids_no_special"];
-    EXPECT_EQ(tok.Encode(text, {.add_special_tokens = false}), expected_raw) << what << ": '" << text << "'";
+    EXPECT_EQ(tok.Encode(text, {.add_special_tokens = false}), expected_raw)
+        << what << ": '" << text << "'";
     auto decoded = tok.Decode(expected, {.skip_special_tokens = false});
     ASSERT_TRUE(decoded.ok()) << decoded.status();
     EXPECT_EQ(*decoded, c["decode"].get<std::string>()) << what;

@@ -68,9 +68,10 @@ void CheckIncremental(const Tokenizer& tok, const std::vector<int32_t>& interest
 TEST(IncrementalDetokenizer, ByteLevelDeltasConcatenateToDecode) {
   auto tok = Load("smollm2-tokenizer");
   ASSERT_NE(tok, nullptr);
-  std::vector<int32_t> interesting =
-      tok->Encode("😀👍🏽🇫🇷❤️ 👨‍👩‍👧‍👦 日本語のテキスト 한국어 e\u0301 Ωμέγα <|im_end|>");
-  for (int b = 0; b < 256; b += 7) {  // single-byte tokens, including lone UTF-8 lead/continuation bytes
+  std::vector<int32_t> interesting = tok->Encode(
+      "😀👍🏽🇫🇷❤️ 👨‍👩‍👧‍👦 日本語のテキスト 한국어 e\u0301 Ωμέγα <|im_end|>");
+  for (int b = 0; b < 256;
+       b += 7) {  // single-byte tokens, including lone UTF-8 lead/continuation bytes
     std::string s(1, static_cast<char>(b));
     auto ids = tok->Encode(s, {.parse_special = false});
     interesting.insert(interesting.end(), ids.begin(), ids.end());
@@ -126,7 +127,7 @@ TEST(IncrementalDetokenizer, RejectsOutOfRangeIds) {
 
 TEST(SanitizeUtf8, ChunkedEqualsWhole) {
   std::mt19937 rng(3);
-  const std::string pieces[] = {"a", "\xC3", "\xA9", "\xF0\x9F", "\x98\x80", "\xE2\x82",
+  const std::string pieces[] = {"a",    "\xC3", "\xA9",         "\xF0\x9F", "\x98\x80", "\xE2\x82",
                                 "\xAC", "\xFF", "\xED\xA0\x80", "\xC0\xAF", "\xF4\x90"};
   for (int trial = 0; trial < 500; ++trial) {
     std::string all;
@@ -181,8 +182,7 @@ TEST(Tokenizer, HandBuiltByteLevelSpecMergesByRank) {
   auto tok = Tokenizer::Create(spec);
   ASSERT_TRUE(tok.ok()) << tok.status();
   EXPECT_EQ((*tok)->Encode("abc"), (std::vector<int32_t>{'a', 257, 259}));
-  EXPECT_EQ((*tok)->Encode("abd", {.add_special_tokens = false}),
-            (std::vector<int32_t>{256, 'd'}));
+  EXPECT_EQ((*tok)->Encode("abd", {.add_special_tokens = false}), (std::vector<int32_t>{256, 'd'}));
   EXPECT_EQ((*tok)->Encode("x<eos>", {.add_special_tokens = false}),
             (std::vector<int32_t>{'x', 259}));
 

@@ -67,7 +67,8 @@ void BrokenEmbeddingGatherBody(const float* table, const int32_t* ids, int hidde
                                float* out) {
   const int t = blockIdx.x;
   const float* src = table + static_cast<int64_t>((ids[t] + 1) % vocab) * hidden;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[static_cast<int64_t>(t) * hidden + i] = src[i];
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+    out[static_cast<int64_t>(t) * hidden + i] = src[i];
 }
 
 TEST(CudaModelEmulationTest, EmbeddingGatherMatchesCpu) {
@@ -113,7 +114,8 @@ void BrokenAddRmsNormBody(float* residual, const float* add, const int32_t* rows
   partial[threadIdx.x] = ss;
   __syncthreads();
   for (int stride = NUM_THREADS / 4; stride > 0; stride /= 2) {
-    if (static_cast<int>(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    if (static_cast<int>(threadIdx.x) < stride)
+      partial[threadIdx.x] += partial[threadIdx.x + stride];
     __syncthreads();
   }
   const float inv = static_cast<float>(1.0 / sqrt(partial[0] / dim + eps));

@@ -171,8 +171,8 @@ TEST_F(CudaWorkerModelTest, LogitsMatchCpuModel) {
   for (int l = 0; l < cfg.num_layers; ++l) {
     storage.emplace_back(shape.block_elems() * num_blocks);
     storage.emplace_back(shape.block_elems() * num_blocks);
-    cpu_views.push_back({storage[storage.size() - 2].data(), storage.back().data(), shape,
-                         kernels::Device::kCPU});
+    cpu_views.push_back(
+        {storage[storage.size() - 2].data(), storage.back().data(), shape, kernels::Device::kCPU});
   }
   ASSERT_TRUE((*gpu)->AllocateCaches(shape, num_blocks, 0).ok());
   const auto gpu_views = (*gpu)->device_cache();
@@ -323,9 +323,10 @@ class GreedyRunner {
 };
 
 TEST_F(CudaWorkerModelTest, GreedyTokensMatchCpuWorkerWithSwapAndCopy) {
-  std::vector<testing::ReferencePrompt> prompts(prompts_.begin(),
-                                                prompts_.begin() + std::min<size_t>(4, prompts_.size()));
-  for (auto& p : prompts) ASSERT_LE(p.prompt_ids.size(), 64u) << "prompt too long for the test pool";
+  std::vector<testing::ReferencePrompt> prompts(
+      prompts_.begin(), prompts_.begin() + std::min<size_t>(4, prompts_.size()));
+  for (auto& p : prompts)
+    ASSERT_LE(p.prompt_ids.size(), 64u) << "prompt too long for the test pool";
   auto comm_cpu = MakeSingleRankCommunicator();
   auto comm_gpu = MakeSingleRankCommunicator();
   WorkerOptions o;

@@ -90,7 +90,8 @@ std::vector<float> Step(LlamaModel& m, Pool& pool, const std::vector<std::vector
     for (int r : rows[s]) logit_rows.push_back(base + r);
     qsl.push_back(static_cast<int32_t>(ids.size()));
     lens.push_back(start[s] + static_cast<int>(tokens[s].size()));
-    for (int b = 0; b < pool.per_seq; ++b) tables.push_back(static_cast<int32_t>(s) * pool.per_seq + b);
+    for (int b = 0; b < pool.per_seq; ++b)
+      tables.push_back(static_cast<int32_t>(s) * pool.per_seq + b);
   }
   ForwardBatch b;
   b.token_ids = ids;
@@ -107,7 +108,9 @@ std::vector<float> Step(LlamaModel& m, Pool& pool, const std::vector<std::vector
   return logits;
 }
 
-int Argmax(const float* row, int n) { return static_cast<int>(std::max_element(row, row + n) - row); }
+int Argmax(const float* row, int n) {
+  return static_cast<int>(std::max_element(row, row + n) - row);
+}
 
 // Greedy continuation of every prompt (kGenerate tokens).
 std::vector<std::vector<int32_t>> Greedy(Model& m, const std::vector<testing::ReferencePrompt>& ps,
@@ -149,9 +152,11 @@ std::vector<float> TeacherForced(Model& m, const std::vector<testing::ReferenceP
   std::vector<std::vector<int>> rows;
   for (size_t s = 0; s < ps.size(); ++s) {
     std::vector<int32_t> t = ps[s].prompt_ids;
-    t.insert(t.end(), cont[s].begin(), cont[s].end() - 1);  // the last token predicts nothing we check
+    t.insert(t.end(), cont[s].begin(),
+             cont[s].end() - 1);  // the last token predicts nothing we check
     std::vector<int> r;
-    for (int i = 0; i < kGenerate; ++i) r.push_back(static_cast<int>(ps[s].prompt_ids.size()) - 1 + i);
+    for (int i = 0; i < kGenerate; ++i)
+      r.push_back(static_cast<int>(ps[s].prompt_ids.size()) - 1 + i);
     max_len = std::max<int>(max_len, t.size());
     tokens.push_back(std::move(t));
     rows.push_back(std::move(r));
@@ -229,8 +234,10 @@ TEST(Fp8KvForwardTest, GreedyTop1AgreesWithFloat32Cache) {
   float kv_absmax[2] = {0, 0};
   const std::vector<float> ref =
       TeacherForced(m, prompts, greedy32, kernels::DType::kFloat32, 1.0f, kv_absmax);
-  std::printf("fp32 cache: max |K| %.4g, max |V| %.4g over all layers (e4m3 saturates at 448 "
-              "with scale 1)\n", kv_absmax[0], kv_absmax[1]);
+  std::printf(
+      "fp32 cache: max |K| %.4g, max |V| %.4g over all layers (e4m3 saturates at 448 "
+      "with scale 1)\n",
+      kv_absmax[0], kv_absmax[1]);
   ASSERT_EQ(ref.size(), prompts.size() * kGenerate * vocab);
   // The fp32 cache's teacher-forced argmax reproduces its own greedy tokens.
   int self = 0;
@@ -253,21 +260,22 @@ TEST(Fp8KvForwardTest, GreedyTop1AgreesWithFloat32Cache) {
         while (k < g[s].size() && g[s][k] == greedy32[s][k]) ++k;
         prefix += static_cast<double>(k) / prompts.size();
       }
-      std::printf("%s cache: greedy %d / %zu prompts identical for %d tokens, mean identical "
-                  "prefix %.1f tokens\n",
-                  kernels::DTypeName(b.dt), identical, prompts.size(), kGenerate, prefix);
+      std::printf(
+          "%s cache: greedy %d / %zu prompts identical for %d tokens, mean identical "
+          "prefix %.1f tokens\n",
+          kernels::DTypeName(b.dt), identical, prompts.size(), kGenerate, prefix);
     }
-    std::printf("%s cache: teacher-forced top-1 agreement %.4f (%zu rows), max |logit diff| %.3g, "
-                "RMS logit diff %.3g\n",
-                kernels::DTypeName(b.dt), a.top1, prompts.size() * kGenerate, a.max_diff,
-                a.rms_diff);
+    std::printf(
+        "%s cache: teacher-forced top-1 agreement %.4f (%zu rows), max |logit diff| %.3g, "
+        "RMS logit diff %.3g\n",
+        kernels::DTypeName(b.dt), a.top1, prompts.size() * kGenerate, a.max_diff, a.rms_diff);
     EXPECT_GE(a.top1, b.min_top1);
     EXPECT_LE(a.max_diff, b.max_diff);
   }
 
   // Negative control: keys flushed to zero by a bad k_scale fail the e4m3 bound.
-  const Agreement broken = Compare(
-      TeacherForced(m, prompts, greedy32, kernels::DType::kFloat8E4M3, 1e4f), ref, vocab);
+  const Agreement broken =
+      Compare(TeacherForced(m, prompts, greedy32, kernels::DType::kFloat8E4M3, 1e4f), ref, vocab);
   std::printf("control (e4m3, k_scale 1e4): top-1 agreement %.4f, max |logit diff| %.3g\n",
               broken.top1, broken.max_diff);
   EXPECT_TRUE(broken.top1 < kBounds[1].min_top1 || broken.max_diff > kBounds[1].max_diff)

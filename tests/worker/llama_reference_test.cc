@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include <nlohmann/json.hpp>
+#include "gtest/gtest.h"
 #include "runtime/model/weights.h"
 #include "runtime/worker/llama_model.h"
 #include "runtime/worker/worker.h"
@@ -317,7 +317,8 @@ TEST_F(LlamaReferenceTest, LogitsMatchTransformers) {
   }
   // random_llama and SmolLM2 commit two full-vocabulary vectors, the feature
   // models one per prompt and step (README): all were read.
-  const bool feature_model = model_name_ != "random_llama" && model_name_ != "SmolLM2-135M-Instruct";
+  const bool feature_model =
+      model_name_ != "random_llama" && model_name_ != "SmolLM2-135M-Instruct";
   EXPECT_EQ(full_vectors, feature_model ? static_cast<int>(reference_.size()) * 4 : 2);
   // README: llama.cpp's step-0 argmax equals transformers' on 9 of 10 prompts.
   if (!lcpp.empty()) {
@@ -350,9 +351,9 @@ TEST_F(LlamaReferenceTest, BatchedLogitsMatchTransformers) {
     ASSERT_EQ(logits.size(), reference_.size() * m.vocab);
     for (size_t i = 0; i < reference_.size(); ++i) {
       ASSERT_GT(reference_[i].steps.size(), k);
-      worst = std::max(worst, CheckLogits(logits.data() + i * m.vocab, m.vocab,
-                                          reference_[i].steps[k], bounds,
-                                          reference_[i].name + " batched step " + std::to_string(k)));
+      worst = std::max(
+          worst, CheckLogits(logits.data() + i * m.vocab, m.vocab, reference_[i].steps[k], bounds,
+                             reference_[i].name + " batched step " + std::to_string(k)));
       start[i] = static_cast<int>(contexts[i].size());
     }
   }
@@ -387,7 +388,8 @@ std::unique_ptr<Worker> MakeWorker(Communicator* comm, const std::string& path) 
 
 // Runs all `prompts` for 32 greedy tokens in one batch (or one at a time)
 // through the worker with hand-made plans.
-std::vector<std::vector<int32_t>> RunGreedy(Worker& w, const std::vector<ReferencePrompt>& prompts) {
+std::vector<std::vector<int32_t>> RunGreedy(Worker& w,
+                                            const std::vector<ReferencePrompt>& prompts) {
   const int cap = BlocksPerSeq(prompts, 32) * kBlockSize;  // at least 512 tokens
   std::vector<std::vector<int32_t>> out(prompts.size());
   std::vector<int32_t> next(prompts.size());
@@ -451,9 +453,8 @@ TEST_F(LlamaReferenceTest, GreedyAloneMatchesTransformersAndBatchMatchesAlone) {
 // output told apart by num_prompt_tokens). random_llama only (its fixture).
 TEST_F(LlamaReferenceTest, PenalizedGreedyMatchesNumpyAfterForkAndRecompute) {
   const std::string rel = Env("PAGEDSERVE_TEST_REFERENCE");
-  const nlohmann::json j = testing::ReadJson(testing::SourceDir() + "/" +
-                                             rel.substr(0, rel.rfind('/') + 1) +
-                                             "sampling_reference.json");
+  const nlohmann::json j = testing::ReadJson(
+      testing::SourceDir() + "/" + rel.substr(0, rel.rfind('/') + 1) + "sampling_reference.json");
   SamplingParams sp;
   sp.temperature = 0;
   sp.repetition_penalty = j.at("params").at("repetition_penalty").get<float>();
@@ -502,8 +503,9 @@ TEST_F(LlamaReferenceTest, PenalizedGreedyMatchesNumpyAfterForkAndRecompute) {
       ASSERT_TRUE(r.ok()) << r.status();
       ASSERT_EQ(r->tokens.size(), plan.seqs.size());
       for (const SampledToken& t : r->tokens) {
-        const char* who = t.seq_id == seq ? "sequence" : t.seq_id == child ? "forked sibling"
-                                                                           : "recomputed";
+        const char* who = t.seq_id == seq     ? "sequence"
+                          : t.seq_id == child ? "forked sibling"
+                                              : "recomputed";
         EXPECT_EQ(t.token_id, want) << name << " step " << k << " (" << who << "), numpy margin "
                                     << steps[k].at("margin").get<double>();
         ++checked;
@@ -546,14 +548,15 @@ TEST_F(LlamaReferenceTest, FeatureControlConfigMatchesTransformers) {
     return;
   }
   ASSERT_TRUE(model_name_ == "rope_linear" || model_name_ == "rope_llama3") << model_name_;
-  EXPECT_EQ(c.rope_scaling.type, model_name_ == "rope_linear" ? RopeScaling::Type::kLinear
-                                                              : RopeScaling::Type::kLlama3);
+  EXPECT_EQ(c.rope_scaling.type,
+            model_name_ == "rope_linear" ? RopeScaling::Type::kLinear : RopeScaling::Type::kLlama3);
   const auto want = info.at("transformers_rope").at("inv_freq").get<std::vector<double>>();
   EXPECT_EQ(info.at("transformers_rope").at("attention_scaling").get<double>(), 1.0);
   const std::vector<double> got = RopeInverseFrequencies(c);
   ASSERT_EQ(got.size(), want.size());
   int scaled = 0;
-  const auto plain = info.at("transformers_rope").at("inv_freq_unscaled").get<std::vector<double>>();
+  const auto plain =
+      info.at("transformers_rope").at("inv_freq_unscaled").get<std::vector<double>>();
   for (size_t i = 0; i < got.size(); ++i) {
     // transformers holds inv_freq in float32: relative 2^-24 of rounding.
     EXPECT_NEAR(got[i], want[i], 2e-7 * want[i]) << "pair " << i;
@@ -588,17 +591,16 @@ TEST_F(LlamaReferenceTest, FeatureControlWithoutTheFeatureFailsTheBound) {
                           std::fill(l.k_bias.begin(), l.k_bias.end(), 0.0f);
                       }});
   } else if (model_name_ == "rope_linear" || model_name_ == "rope_llama3") {
-    broken.push_back({"rope_scaling ignored",
-                      [](LlamaWeights* w) { w->config.rope_scaling = RopeScaling{}; }});
+    broken.push_back(
+        {"rope_scaling ignored", [](LlamaWeights* w) { w->config.rope_scaling = RopeScaling{}; }});
     if (model_name_ == "rope_llama3") {
       broken.push_back({"llama3 as linear (factor 8 on every frequency)", [](LlamaWeights* w) {
                           w->config.rope_scaling.type = RopeScaling::Type::kLinear;
                         }});
       // The blended band (wavelengths 16..64, pairs 4..8) left unscaled: a
       // high_freq_factor just above low_freq_factor empties it.
-      broken.push_back({"llama3 without the blended band", [](LlamaWeights* w) {
-                          w->config.rope_scaling.high_freq_factor = 1.0001;
-                        }});
+      broken.push_back({"llama3 without the blended band",
+                        [](LlamaWeights* w) { w->config.rope_scaling.high_freq_factor = 1.0001; }});
     }
   }
   ASSERT_FALSE(broken.empty()) << "no negative control for model " << model_name_;
@@ -621,7 +623,8 @@ TEST_F(LlamaReferenceTest, FeatureControlWithoutTheFeatureFailsTheBound) {
       for (int i = 0; i < m.vocab; ++i)
         d = std::max(d, std::abs(logits[i] - static_cast<double>(ref.full_logits[i])));
       worst = std::max(worst, d);
-      argmax_changed += std::max_element(logits.begin(), logits.end()) - logits.begin() != ref.argmax;
+      argmax_changed +=
+          std::max_element(logits.begin(), logits.end()) - logits.begin() != ref.argmax;
       std::printf("%s, %s (%zu tokens): max |logit - reference| %.3g\n", model_name_.c_str(),
                   b.what.c_str(), p.prompt_ids.size(), d);
     }

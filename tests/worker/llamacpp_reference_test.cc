@@ -95,8 +95,8 @@ std::unique_ptr<ModelUnderTest> Make(const std::string& path, WeightDType dtype,
   for (int l = 0; l < c.num_layers; ++l) {
     m->storage.emplace_back(shape.block_bytes() * kNumBlocks);
     m->storage.emplace_back(shape.block_bytes() * kNumBlocks);
-    m->views.push_back({m->storage[m->storage.size() - 2].data(), m->storage.back().data(),
-                        shape, kernels::Device::kCPU});
+    m->views.push_back({m->storage[m->storage.size() - 2].data(), m->storage.back().data(), shape,
+                        kernels::Device::kCPU});
   }
   return m;
 }
@@ -199,9 +199,10 @@ TEST(LlamaCppReferenceTest, QuantizedPathAgreesWithLlamaCpp) {
       std::vector<float> lf = Step(*fp32, context, start);
       ASSERT_EQ(lq.size(), static_cast<size_t>(quant->vocab));
       const double kq = CoarseKl(s, lq), kf = CoarseKl(s, lf);
-      std::printf("%-16s step %zu  KL quant %.5f  fp32 %.5f  argmax ref %d quant %d fp32 %d "
-                  "(ref margin %.3f)\n",
-                  p.name.c_str(), k, kq, kf, s.argmax, Argmax(lq), Argmax(lf), s.top1_margin);
+      std::printf(
+          "%-16s step %zu  KL quant %.5f  fp32 %.5f  argmax ref %d quant %d fp32 %d "
+          "(ref margin %.3f)\n",
+          p.name.c_str(), k, kq, kf, s.argmax, Argmax(lq), Argmax(lf), s.top1_margin);
       EXPECT_LT(kq, kMaxKl) << "step " << k;
       if (s.top1_margin > kTop1Margin) {
         EXPECT_EQ(Argmax(lq), s.argmax) << "step " << k;
@@ -217,10 +218,10 @@ TEST(LlamaCppReferenceTest, QuantizedPathAgreesWithLlamaCpp) {
       context.push_back(p.greedy_ids[k]);  // follow llama.cpp's greedy path
     }
   }
-  std::printf("positions %d  top-1 agreement quant %d fp32 %d  KL mean quant %.5f fp32 %.5f  "
-              "max quant %.5f fp32 %.5f\n",
-              positions, top1_q, top1_f, sum_kl_q / positions, sum_kl_f / positions, max_kl_q,
-              max_kl_f);
+  std::printf(
+      "positions %d  top-1 agreement quant %d fp32 %d  KL mean quant %.5f fp32 %.5f  "
+      "max quant %.5f fp32 %.5f\n",
+      positions, top1_q, top1_f, sum_kl_q / positions, sum_kl_f / positions, max_kl_q, max_kl_f);
   EXPECT_LT(sum_kl_q / positions, kMaxMeanKl);
   EXPECT_GE(top1_q, kMinTop1);
 

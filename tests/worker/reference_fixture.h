@@ -57,7 +57,8 @@ inline std::vector<float> ReadF32(const std::string& path) {
   const std::streamsize bytes = in.tellg();
   std::vector<float> v(static_cast<size_t>(bytes) / sizeof(float));
   in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+  in.read(reinterpret_cast<char*>(v.data()),
+          static_cast<std::streamsize>(v.size() * sizeof(float)));
   return in ? v : std::vector<float>{};
 }
 

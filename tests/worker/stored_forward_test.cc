@@ -46,8 +46,8 @@ ScheduleLogits RunSchedule(const std::string& path, WeightDType dtype, kernels::
   for (int l = 0; l < c.num_layers; ++l) {
     storage.emplace_back(shape.block_bytes() * num_blocks);
     storage.emplace_back(shape.block_bytes() * num_blocks);
-    views.push_back({storage[storage.size() - 2].data(), storage.back().data(), shape,
-                     kernels::Device::kCPU});
+    views.push_back(
+        {storage[storage.size() - 2].data(), storage.back().data(), shape, kernels::Device::kCPU});
   }
   auto tokens = [](int seq, int n, int first) {
     std::vector<int32_t> t(n);
@@ -121,8 +121,8 @@ TEST(StoredForwardTest, StoredWeightsAndHalfCachesTrackFloat32) {
                         Case{WeightDType::kBFloat16, kernels::DType::kBFloat16, 0.2},
                         Case{WeightDType::kAuto, kernels::DType::kFloat8E4M3, 1.0},
                         Case{WeightDType::kAuto, kernels::DType::kFloat8E5M2, 1.5}}) {
-    SCOPED_TRACE(std::string(WeightDTypeName(c.dtype)) + " weights, " +
-                 kernels::DTypeName(c.kv) + " cache");
+    SCOPED_TRACE(std::string(WeightDTypeName(c.dtype)) + " weights, " + kernels::DTypeName(c.kv) +
+                 " cache");
     const ScheduleLogits r = RunSchedule(path, c.dtype, c.kv);
     const double d1 = MaxAbsDiff(r.step1, f32.step1), d2 = MaxAbsDiff(r.step2, f32.step2);
     std::printf("%s weights, %s cache: max |diff| step 1 %.3g, step 2 %.3g\n",

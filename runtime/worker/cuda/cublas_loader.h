@@ -24,8 +24,8 @@ struct CublasApi {
   cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t) = nullptr;
   cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t) = nullptr;
   cublasStatus_t (*sgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                          const float*, const float*, int, const float*, int, const float*,
-                          float*, int) = nullptr;
+                          const float*, const float*, int, const float*, int, const float*, float*,
+                          int) = nullptr;
 };
 
 // Loads libcublas.so.<major of the toolkit built against> once per process

@@ -32,8 +32,8 @@ namespace {
 
 absl::Status CublasStatus(cublasStatus_t s, absl::string_view what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("cuBLAS error in ", what, ": status ",
-                                          static_cast<int>(s)));
+  return absl::InternalError(
+      absl::StrCat("cuBLAS error in ", what, ": status ", static_cast<int>(s)));
 }
 
 // Owning device allocation that only grows.
@@ -137,7 +137,8 @@ class CudaBackend final : public ModelBackend {
       const LayerWeights& src = w.layers[l];
       BackendLayer& d = h.layers[l];
       const std::string p = absl::StrCat("layers.", l, ".");
-      PS_ASSIGN_OR_RETURN(d.input_layernorm, UploadVector(src.input_layernorm, p + "input_layernorm"));
+      PS_ASSIGN_OR_RETURN(d.input_layernorm,
+                          UploadVector(src.input_layernorm, p + "input_layernorm"));
       PS_ASSIGN_OR_RETURN(d.q_proj, UploadMatrix(src.q_proj, p + "q_proj"));
       PS_ASSIGN_OR_RETURN(d.k_proj, UploadMatrix(src.k_proj, p + "k_proj"));
       PS_ASSIGN_OR_RETURN(d.v_proj, UploadMatrix(src.v_proj, p + "v_proj"));
@@ -151,8 +152,8 @@ class CudaBackend final : public ModelBackend {
         PS_ASSIGN_OR_RETURN(d.v_bias, UploadVector(src.v_bias, p + "v_bias"));
       }
       PS_ASSIGN_OR_RETURN(d.o_proj, UploadMatrix(src.o_proj, p + "o_proj"));
-      PS_ASSIGN_OR_RETURN(d.post_attention_layernorm,
-                          UploadVector(src.post_attention_layernorm, p + "post_attention_layernorm"));
+      PS_ASSIGN_OR_RETURN(d.post_attention_layernorm, UploadVector(src.post_attention_layernorm,
+                                                                   p + "post_attention_layernorm"));
       PS_ASSIGN_OR_RETURN(d.gate_proj, UploadMatrix(src.gate_proj, p + "gate_proj"));
       PS_ASSIGN_OR_RETURN(d.up_proj, UploadMatrix(src.up_proj, p + "up_proj"));
       PS_ASSIGN_OR_RETURN(d.down_proj, UploadMatrix(src.down_proj, p + "down_proj"));
@@ -163,10 +164,11 @@ class CudaBackend final : public ModelBackend {
 
   int64_t weight_bytes() const override { return weight_bytes_; }
 
-  absl::StatusOr<int64_t> KvCacheBudgetBytes(int64_t, double gpu_memory_utilization) const override {
+  absl::StatusOr<int64_t> KvCacheBudgetBytes(int64_t,
+                                             double gpu_memory_utilization) const override {
     if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0))
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gpu_memory_utilization must be in (0, 1], got ", gpu_memory_utilization));
+      return absl::InvalidArgumentError(
+          absl::StrCat("gpu_memory_utilization must be in (0, 1], got ", gpu_memory_utilization));
     PS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
     size_t free_bytes = 0, total_bytes = 0;
     PS_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
@@ -192,10 +194,10 @@ class CudaBackend final : public ModelBackend {
       const size_t bytes = s.block_bytes() * static_cast<size_t>(num_device_blocks);
       for (int l = 0; l < num_layers; ++l) {
         DeviceBuffer k, v;
-        PS_RETURN_IF_ERROR(k.Reserve(bytes, absl::StrCat("KV pool (", num_device_blocks,
-                                                         " blocks) layer ", l, " keys")));
-        PS_RETURN_IF_ERROR(v.Reserve(bytes, absl::StrCat("KV pool (", num_device_blocks,
-                                                         " blocks) layer ", l, " values")));
+        PS_RETURN_IF_ERROR(k.Reserve(
+            bytes, absl::StrCat("KV pool (", num_device_blocks, " blocks) layer ", l, " keys")));
+        PS_RETURN_IF_ERROR(v.Reserve(
+            bytes, absl::StrCat("KV pool (", num_device_blocks, " blocks) layer ", l, " values")));
         device_views_.push_back(kernels::KVCacheView{k.get(), v.get(), s, kernels::Device::kCUDA});
         pool_.push_back(std::move(k));
         pool_.push_back(std::move(v));
@@ -244,7 +246,8 @@ class CudaBackend final : public ModelBackend {
         {b.token_ids.data(), n * sizeof(int32_t)},
         {b.seq_lens.data(), b.seq_lens.size() * sizeof(int32_t)},
         {b.block_tables.data(), b.block_tables.size() * sizeof(int32_t)},
-        {plan.prefill_query_start_loc.data(), plan.prefill_query_start_loc.size() * sizeof(int32_t)},
+        {plan.prefill_query_start_loc.data(),
+         plan.prefill_query_start_loc.size() * sizeof(int32_t)},
         {b.logits_rows.data(), b.logits_rows.size() * sizeof(int32_t)},
         {plan.rope_cos.data(), plan.rope_cos.size() * sizeof(float)},
         {plan.rope_sin.data(), plan.rope_sin.size() * sizeof(float)},
@@ -262,18 +265,18 @@ class CudaBackend final : public ModelBackend {
     PS_RETURN_IF_ERROR(inputs_.Reserve(host_inputs_.size(), "step input allocation"));
     // From pageable memory: returns once the data is staged, so host_inputs_
     // may be reused by the next step.
-    PS_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(inputs_.get(), host_inputs_.data(), total,
-                                                  cudaMemcpyHostToDevice, nullptr),
-                                  "step input upload"));
+    PS_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(inputs_.get(), host_inputs_.data(), total, cudaMemcpyHostToDevice, nullptr),
+        "step input upload"));
     for (int i = 0; i < kInputCount; ++i) d_in_[i] = static_cast<char*>(inputs_.get()) + offsets[i];
 
     const int heads = shard_.num_heads;
     if (plan.num_decode > 0 &&
         !kernels::ShouldUsePagedAttentionV1(plan.num_decode, heads, plan.max_decode_len))
-      PS_RETURN_IF_ERROR(workspace_.Reserve(
-          kernels::PagedAttentionV2WorkspaceBytes(plan.num_decode, heads, config_.head_size,
-                                                  plan.max_decode_len),
-          "paged_attention_v2 workspace allocation"));
+      PS_RETURN_IF_ERROR(
+          workspace_.Reserve(kernels::PagedAttentionV2WorkspaceBytes(
+                                 plan.num_decode, heads, config_.head_size, plan.max_decode_len),
+                             "paged_attention_v2 workspace allocation"));
     return absl::OkStatus();
   }
 
@@ -303,11 +306,10 @@ class CudaBackend final : public ModelBackend {
   absl::Status AddRmsNorm(float* residual, const float* add, int64_t n, int dim,
                           const BackendVector& weight, double eps, bool logits_rows,
                           float* out) override {
-    return CudaStatus(
-        cuda_model::LaunchAddRmsNorm(residual, add,
-                                     logits_rows ? In<int32_t>(kLogitsRows) : nullptr,
-                                     weight.data, static_cast<int>(n), dim, eps, out, nullptr),
-        "add_rms_norm launch");
+    return CudaStatus(cuda_model::LaunchAddRmsNorm(
+                          residual, add, logits_rows ? In<int32_t>(kLogitsRows) : nullptr,
+                          weight.data, static_cast<int>(n), dim, eps, out, nullptr),
+                      "add_rms_norm launch");
   }
 
   absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size,
@@ -395,10 +397,10 @@ class CudaBackend final : public ModelBackend {
       float* d_logits = static_cast<float*>(logits_.get());
       PS_RETURN_IF_ERROR(Gemm(x, n, M(w), d_logits));
       // Synchronous on the legacy default stream: waits for the whole step.
-      PS_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(host_logits_.data(), d_logits,
-                                               host_logits_.size() * sizeof(float),
-                                               cudaMemcpyDeviceToHost),
-                                    "logits download"));
+      PS_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpy(host_logits_.data(), d_logits, host_logits_.size() * sizeof(float),
+                                cudaMemcpyDeviceToHost),
+                     "logits download"));
     } else {
       PS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(nullptr), "forward pass"));
     }
@@ -408,10 +410,21 @@ class CudaBackend final : public ModelBackend {
 
  private:
   // Sections of the packed step inputs (BeginStep).
-  enum Input { kSlots, kTokens, kSeqLens, kBlockTables, kPrefillQsl, kLogitsRows, kRopeCos,
-               kRopeSin, kInputCount };
+  enum Input {
+    kSlots,
+    kTokens,
+    kSeqLens,
+    kBlockTables,
+    kPrefillQsl,
+    kLogitsRows,
+    kRopeCos,
+    kRopeSin,
+    kInputCount
+  };
   template <typename T>
-  const T* In(Input i) const { return static_cast<const T*>(d_in_[i]); }
+  const T* In(Input i) const {
+    return static_cast<const T*>(d_in_[i]);
+  }
 
   static const DeviceMatrix& M(const BackendMatrix& h) {
     return *static_cast<const DeviceMatrix*>(h.handle);
@@ -425,9 +438,9 @@ class CudaBackend final : public ModelBackend {
     const int64_t kv_dim = static_cast<int64_t>(shard_.num_kv_heads) * D;
     const int64_t inter = shard_.intermediate_size;
     const int64_t per_token = 3 * hidden + 2 * q_dim + 2 * kv_dim + 2 * inter + D;
-    return static_cast<int64_t>(
-        (n * per_token + r * (hidden + config_.vocab_size)) * sizeof(float) +
-        (kInputCount + static_cast<int>(BufferId::kCount) + 1) * kAlign);
+    return static_cast<int64_t>((n * per_token + r * (hidden + config_.vocab_size)) *
+                                    sizeof(float) +
+                                (kInputCount + static_cast<int>(BufferId::kCount) + 1) * kAlign);
   }
 
   absl::StatusOr<BackendVector> UploadVector(const std::vector<float>& v, const std::string& name) {
@@ -435,8 +448,8 @@ class CudaBackend final : public ModelBackend {
     const size_t bytes = v.size() * sizeof(float);
     PS_RETURN_IF_ERROR(buf.Reserve(std::max<size_t>(bytes, 4), absl::StrCat("upload of ", name)));
     if (bytes > 0)
-      PS_RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpy(buf.get(), v.data(), bytes, cudaMemcpyHostToDevice), absl::StrCat("upload of ", name)));
+      PS_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(buf.get(), v.data(), bytes, cudaMemcpyHostToDevice),
+                                    absl::StrCat("upload of ", name)));
     weight_bytes_ += static_cast<int64_t>(bytes);
     const float* p = static_cast<const float*>(buf.get());
     weights_.push_back(std::move(buf));
@@ -459,12 +472,11 @@ class CudaBackend final : public ModelBackend {
   absl::Status Gemm(const float* x, int64_t n, const DeviceMatrix& w, float* y) {
     if (n == 0) return absl::OkStatus();
     const float alpha = 1.0f, beta = 0.0f;
-    return CublasStatus(
-        blas_->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),
-                     static_cast<int>(n), static_cast<int>(w.cols), &alpha, w.data,
-                     static_cast<int>(w.cols), x, static_cast<int>(w.cols), &beta, y,
-                     static_cast<int>(w.rows)),
-        "cublasSgemm");
+    return CublasStatus(blas_->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),
+                                     static_cast<int>(n), static_cast<int>(w.cols), &alpha, w.data,
+                                     static_cast<int>(w.cols), x, static_cast<int>(w.cols), &beta,
+                                     y, static_cast<int>(w.rows)),
+                        "cublasSgemm");
   }
 
   Communicator* comm_;
@@ -490,8 +502,7 @@ class CudaBackend final : public ModelBackend {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ModelBackend>> MakeCudaBackend(Communicator* comm,
-                                                              int cuda_device) {
+absl::StatusOr<std::unique_ptr<ModelBackend>> MakeCudaBackend(Communicator* comm, int cuda_device) {
   if (comm == nullptr) return absl::InvalidArgumentError("CudaBackend: null communicator");
   if (comm->size() > 1 && std::string_view(comm->backend()) != "nccl")
     return absl::InvalidArgumentError(absl::StrCat(
@@ -504,8 +515,8 @@ absl::StatusOr<std::unique_ptr<ModelBackend>> MakeCudaBackend(Communicator* comm
         absl::StrCat("CudaBackend: no usable CUDA device: ", cudaGetErrorString(e)));
   }
   if (cuda_device < 0 || cuda_device >= count)
-    return absl::FailedPreconditionError(absl::StrCat("CudaBackend: CUDA device ", cuda_device,
-                                                      " outside [0, ", count, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("CudaBackend: CUDA device ", cuda_device, " outside [0, ", count, ")"));
   auto backend = std::make_unique<CudaBackend>(comm, cuda_device);
   PS_RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<ModelBackend>(std::move(backend));

@@ -61,8 +61,7 @@ struct CudaBackendLimits {
 // rank; FailedPrecondition when no device answers or the index is outside
 // [0, device count); Internal for other CUDA or cuBLAS errors (with the
 // runtime's message).
-absl::StatusOr<std::unique_ptr<ModelBackend>> MakeCudaBackend(Communicator* comm,
-                                                              int cuda_device);
+absl::StatusOr<std::unique_ptr<ModelBackend>> MakeCudaBackend(Communicator* comm, int cuda_device);
 
 // The forward pass over MakeCudaBackend(comm, cuda_device): a LlamaModel
 // whose weights (fp32, e.g. LoadLlamaWeights(..., WeightDType::kFloat32))

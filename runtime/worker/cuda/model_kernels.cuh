@@ -56,7 +56,8 @@ __device__ __forceinline__ void AddRmsNormBody(float* residual, const float* __r
   partial[threadIdx.x] = ss;
   __syncthreads();
   for (int stride = NUM_THREADS / 2; stride > 0; stride /= 2) {
-    if (static_cast<int>(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    if (static_cast<int>(threadIdx.x) < stride)
+      partial[threadIdx.x] += partial[threadIdx.x + stride];
     __syncthreads();
   }
   const float inv = static_cast<float>(1.0 / sqrt(partial[0] / dim + eps));
@@ -68,8 +69,7 @@ __device__ __forceinline__ void AddRmsNormBody(float* residual, const float* __r
 // the pair (i, i + half) of x[t * token_stride + h * head_size + ...] rotates
 // by (cos_t, sin_t)[t, i]; tables [n, head_size/2].
 __device__ __forceinline__ void ApplyRopeBody(float* __restrict__ x, int heads, int head_size,
-                                              int64_t token_stride,
-                                              const float* __restrict__ cos_t,
+                                              int64_t token_stride, const float* __restrict__ cos_t,
                                               const float* __restrict__ sin_t) {
   const int t = blockIdx.x;
   const int half = head_size / 2;
