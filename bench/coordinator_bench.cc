@@ -67,11 +67,32 @@ size_t DecodeSteps(Scheduler& s, int steps) {
   return bytes;
 }
 
+// One timed step: Schedule(), a StepResult with one token per sampled
+// sequence (token 7 + salt), ProcessResult(), and the plan and outputs
+// destroyed. Not inlined, so that a profiler can count exactly this
+// (valgrind --toggle-collect, see docs/benchmarks.md). Returns the tokens fed.
+// The engine's pattern: the previous step's plan is passed back to Schedule
+// for its memory (`spare`).
+[[gnu::noinline]] int64_t OneStep(Scheduler& s, StepPlan& spare, StepResult& res, int32_t salt) {
+  auto plan = s.Schedule(std::move(spare));
+  res.step_id = plan->step_id;
+  res.tokens.clear();
+  for (const SequenceStep& st : plan->seqs) {
+    if (st.sample) res.tokens.push_back(SampledToken{st.seq_id, 7 + salt, 0.0f, {}, {}});
+  }
+  auto out = s.ProcessResult(res);
+  benchmark::DoNotOptimize(out);
+  const int64_t tokens = plan->num_tokens();
+  spare = *std::move(plan);
+  return tokens;
+}
+
 void BM_DecodeStep(benchmark::State& state) {
   const int32_t n = static_cast<int32_t>(state.range(0));
   const bool caching = state.range(1) != 0;
   auto sched = MakeRunning(n, caching);
   int steps = 0;
+  StepPlan spare;
   StepResult res;
   res.tokens.reserve(n);
   int64_t tokens = 0;
@@ -82,18 +103,11 @@ void BM_DecodeStep(benchmark::State& state) {
       steps = 0;
       state.ResumeTiming();
     }
-    auto plan = sched->Schedule();
-    res.step_id = plan->step_id;
-    res.tokens.clear();
-    for (const SequenceStep& st : plan->seqs) {
-      if (st.sample) res.tokens.push_back(SampledToken{st.seq_id, 7 + (steps & 15), 0.0f, {}, {}});
-    }
-    tokens += plan->num_tokens();
-    auto out = sched->ProcessResult(res);
-    benchmark::DoNotOptimize(out);
+    tokens += OneStep(*sched, spare, res, steps & 15);
   }
   state.counters["seqs_per_step"] =
       benchmark::Counter(static_cast<double>(tokens) / state.iterations());
+  if (state.range(2) != 0) return;  // the fixed-count profiling run
   // Outside the timed loop: the wire size of a decode step's plan on a fresh
   // batch (contexts of kPrompt + 1 tokens) and 1000 steps later.
   auto fresh = MakeRunning(n, caching);
@@ -101,8 +115,16 @@ void BM_DecodeStep(benchmark::State& state) {
   state.counters["plan_bytes_1000"] = static_cast<double>(DecodeSteps(*fresh, 1000));
 }
 BENCHMARK(BM_DecodeStep)
-    ->ArgsProduct({{256, 1024}, {0, 1}})
-    ->ArgNames({"seqs", "prefix_caching"})
+    ->ArgsProduct({{256, 1024}, {0, 1}, {0}})
+    ->ArgNames({"seqs", "prefix_caching", "fixed"})
+    ->Unit(benchmark::kMicrosecond);
+// For profilers: exactly 64 steps (every sequence fills 4 blocks, the same
+// share of block-filling steps as a long run), no plan-size counters. Run it
+// alone: --benchmark_filter='fixed:1'.
+BENCHMARK(BM_DecodeStep)
+    ->ArgsProduct({{256, 1024}, {0, 1}, {1}})
+    ->ArgNames({"seqs", "prefix_caching", "fixed"})
+    ->Iterations(64)
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

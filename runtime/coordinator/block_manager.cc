@@ -156,11 +156,7 @@ void BlockManager::Free(Sequence& seq) {
   holders_.erase(&seq);
 }
 
-void BlockManager::MarkComputed(Sequence& seq) {
-  if (!device_.caching() || seq.blocks_on_cpu) return;
-  const int32_t full = std::min<int32_t>(seq.num_computed_tokens / block_size_,
-                                         static_cast<int32_t>(seq.block_table.size()));
-  if (full <= seq.num_registered_blocks) return;
+void BlockManager::RegisterFullBlocks(Sequence& seq, int32_t full) {
   EnsureHashes(seq, full);
   for (int32_t i = seq.num_registered_blocks; i < full; ++i) {
     const int32_t b = seq.block_table[i];

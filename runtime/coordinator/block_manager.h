@@ -13,6 +13,7 @@
 #ifndef PAGEDSERVE_RUNTIME_COORDINATOR_BLOCK_MANAGER_H_
 #define PAGEDSERVE_RUNTIME_COORDINATOR_BLOCK_MANAGER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -97,7 +98,14 @@ class BlockManager {
 
   // Offers seq's full blocks whose K/V are computed (num_computed_tokens) to
   // the prefix cache. Call only after the step that computed them returned.
-  void MarkComputed(Sequence& seq);
+  // Inline: called for every sequence of every step, and a block fills only
+  // once every block_size decode steps.
+  void MarkComputed(Sequence& seq) {
+    if (!device_.caching() || seq.blocks_on_cpu) return;
+    const int32_t full = std::min<int32_t>(seq.num_computed_tokens / block_size_,
+                                           static_cast<int32_t>(seq.block_table.size()));
+    if (full > seq.num_registered_blocks) RegisterFullBlocks(seq, full);
+  }
 
   // Distinct blocks held by the sequences together (shared blocks once).
   int32_t NumDistinctBlocks(absl::Span<Sequence* const> seqs) const;
@@ -127,6 +135,8 @@ class BlockManager {
 
  private:
   void EnsureHashes(Sequence& seq, int32_t num_full_blocks);
+  // MarkComputed's work once seq's first `full` blocks are full and computed.
+  void RegisterFullBlocks(Sequence& seq, int32_t full);
 
   const int32_t block_size_;
   const int32_t watermark_blocks_;

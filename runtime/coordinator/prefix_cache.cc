@@ -13,7 +13,12 @@ PrefixCache::PrefixCache(int32_t num_blocks, int32_t block_size)
       parent_(num_blocks, -1),
       parent_gen_(num_blocks, 0),
       tokens_(static_cast<size_t>(num_blocks) * block_size, 0),
-      extra_(num_blocks) {}
+      extra_(num_blocks) {
+  // Every block can be cached at once: sized for that up front, so that
+  // registering a block never rehashes the whole table in the middle of a
+  // step (each rehash moves every entry, one cache miss apiece).
+  table_.reserve(static_cast<size_t>(std::max(num_blocks, 0)));
+}
 
 int32_t PrefixCache::Lookup(const BlockHash& hash, int32_t parent_block, uint32_t parent_gen,
                             absl::Span<const int32_t> token_ids,

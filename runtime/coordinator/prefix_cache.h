@@ -24,6 +24,8 @@ namespace pagedserve {
 class PrefixCache {
  public:
   // Block ids are 0..num_blocks-1; every cached block holds block_size tokens.
+  // Memory: block_size token ids plus 80 to 110 bytes per block (the hash
+  // table is sized for num_blocks entries at construction).
   PrefixCache(int32_t num_blocks, int32_t block_size);
 
   PrefixCache(const PrefixCache&) = delete;

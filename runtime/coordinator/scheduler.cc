@@ -326,6 +326,23 @@ int32_t Scheduler::Commit(SequenceGroup* g, const GroupPlan& gp, StepPlan* plan)
   return tokens;
 }
 
+bool Scheduler::CommitLoneDecode(SequenceGroup* g, StepPlan* plan) {
+  if (g->seqs.size() != 1) return false;
+  Sequence* s = g->seqs[0].get();
+  // A decode (one uncomputed token) on a table that covers the computed
+  // tokens: PlanTokens would give it k = 1, with no prefix-cache lookup.
+  if (s->finished() || s->num_uncomputed() != 1 || s->block_table.empty()) return false;
+  // Fails, changing nothing, exactly when NumBlocksToAppend({s}, {1}) exceeds
+  // the available blocks: then the general path preempts.
+  if (!bm_->AppendSlots(*s, 1, &plan->copy)) return false;
+  s->status = SequenceStatus::kRunning;
+  const int32_t samples =
+      (!g->forked && !g->params.use_beam_search && g->params.n > 1) ? g->params.n : 1;
+  scheduled_.push_back({s, g, 1, samples, num_step_groups_++});
+  if (g->num_cached_tokens < 0 && !config_.enable_prefix_caching) g->num_cached_tokens = 0;
+  return true;
+}
+
 void Scheduler::Preempt(SequenceGroup* g, StepPlan* plan) {
   std::vector<Sequence*> seqs;
   for (auto& s : g->seqs) {
@@ -354,15 +371,22 @@ void Scheduler::Preempt(SequenceGroup* g, StepPlan* plan) {
   ++counters_.num_preemptions_recompute;
 }
 
-absl::StatusOr<StepPlan> Scheduler::Schedule() {
+absl::StatusOr<StepPlan> Scheduler::Schedule() { return Schedule(StepPlan()); }
+
+absl::StatusOr<StepPlan> Scheduler::Schedule(StepPlan recycled) {
   if (in_flight_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "step ", step_id_, " is still in flight: call ProcessResult before the next Schedule"));
   }
-  StepPlan plan;
+  StepPlan plan = std::move(recycled);
   plan.step_id = ++step_id_;
-  plan.finished = std::move(pending_finished_ids_);
-  pending_finished_ids_.clear();
+  plan.swap_out.clear();
+  plan.swap_in.clear();
+  plan.copy.clear();
+  plan.shutdown = false;
+  // plan.seqs keeps its entries for BuildPlan to overwrite.
+  plan.finished.clear();
+  plan.finished.swap(pending_finished_ids_);
   ApplyPendingFinishes(&plan);
   scheduled_.clear();
   num_step_groups_ = 0;
@@ -389,6 +413,10 @@ bool Scheduler::ScheduleRunning(StepPlan* plan, int32_t* budget) {
   for (size_t i = 0; i < running_.size(); ++i) {
     SequenceGroup* g = running_[i];
     reserved -= decode_counts_[i];
+    if (CommitLoneDecode(g, plan)) {
+      *budget -= 1;
+      continue;
+    }
     PlanTokens(g, *budget - reserved - decode_counts_[i], &group_plan_);
     stopped |= group_plan_.incomplete;
     while (bm_->NumBlocksToAppend(group_plan_.seqs, group_plan_.ks) >
@@ -468,11 +496,11 @@ void Scheduler::BuildPlan(StepPlan* plan) {
   if (!std::is_partitioned(scheduled_.begin(), scheduled_.end(), is_decode)) {
     std::stable_partition(scheduled_.begin(), scheduled_.end(), is_decode);
   }
-  plan->seqs.reserve(scheduled_.size());
+  plan->seqs.resize(scheduled_.size());
   int64_t total_tokens = 0;
-  for (const Scheduled& e : scheduled_) {
-    AddSequenceStep(e, plan);
-    total_tokens += e.num_tokens;
+  for (size_t i = 0; i < scheduled_.size(); ++i) {
+    FillSequenceStep(scheduled_[i], plan->seqs[i]);
+    total_tokens += scheduled_[i].num_tokens;
   }
   in_flight_ = true;
   ++counters_.num_steps;
@@ -480,15 +508,22 @@ void Scheduler::BuildPlan(StepPlan* plan) {
   counters_.last_step_seqs = static_cast<int32_t>(scheduled_.size());
 }
 
-void Scheduler::AddSequenceStep(const Scheduled& e, StepPlan* plan) {
+void Scheduler::FillSequenceStep(const Scheduled& e, SequenceStep& st) {
   Sequence* s = e.seq;
-  SequenceStep& st = plan->seqs.emplace_back();
+  // A recycled entry that carried per-sequence constants; a continuing
+  // sequence's entry leaves them at their defaults.
+  const bool had_constants = st.starts();
   st.seq_id = s->id;
   st.fork_from = s->fork_from;
   st.new_state = s->new_state;
   st.start_pos = s->num_computed_tokens;
-  st.token_ids.assign(s->tokens.begin() + st.start_pos,
-                      s->tokens.begin() + st.start_pos + e.num_tokens);
+  if (e.num_tokens == 1) {  // a decode: no call into memmove for one token
+    st.token_ids.clear();
+    st.token_ids.push_back(s->tokens[st.start_pos]);
+  } else {
+    st.token_ids.assign(s->tokens.begin() + st.start_pos,
+                        s->tokens.begin() + st.start_pos + e.num_tokens);
+  }
   st.sample = e.num_samples > 0;
   st.num_samples = std::max(e.num_samples, 1);
   if (st.starts()) {  // everything in full
@@ -497,13 +532,24 @@ void Scheduler::AddSequenceStep(const Scheduled& e, StepPlan* plan) {
     st.num_prompt_tokens = s->num_prompt_tokens;
     if (s->new_state && st.start_pos > 0) {
       st.cached_prefix_token_ids.assign(s->tokens.begin(), s->tokens.begin() + st.start_pos);
+    } else {
+      st.cached_prefix_token_ids.clear();
     }
     s->num_synced_blocks = 0;
+  } else if (had_constants) {
+    st.sample_index = 0;
+    st.sampling = SamplingParams();
+    st.num_prompt_tokens = 0;
+    st.cached_prefix_token_ids.clear();
   }
   // The block-table entries the workers do not hold yet.
   const int32_t rows = static_cast<int32_t>(s->block_table.size());
   st.block_table_start = std::min(s->num_synced_blocks, rows);
-  st.block_table.assign(s->block_table.begin() + st.block_table_start, s->block_table.end());
+  if (st.block_table_start == rows) {
+    st.block_table.clear();  // the usual decode: nothing changed
+  } else {
+    st.block_table.assign(s->block_table.begin() + st.block_table_start, s->block_table.end());
+  }
   s->num_synced_blocks = rows;
   s->fork_from = kNoSeq;
   s->new_state = false;
@@ -599,6 +645,7 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
   outputs->reserve(num_step_groups_);  // one per group: references stay valid
   output_slots_.assign(num_step_groups_, -1);
   output_groups_.clear();
+  finishing_outputs_.clear();
   for (auto& v : beam_samples_) v.clear();
   for (size_t i = 0; i < scheduled_.size(); ++i) {
     const Scheduled& e = scheduled_[i];
@@ -615,7 +662,7 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
       output_groups_.push_back(g);
       RequestOutput& o = outputs->emplace_back();
       o.request_id = g->request_id;
-      o.num_prompt_tokens = g->seqs[0]->num_prompt_tokens;
+      o.num_prompt_tokens = s->num_prompt_tokens;  // every sequence of g has its prompt
       o.num_cached_tokens = std::max(g->num_cached_tokens, 0);
     }
     RequestOutput& out = (*outputs)[slot];
@@ -624,18 +671,22 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
       beam_samples_[slot].emplace_back(s, &TokenOf(result, i, 0));
       continue;
     }
+    bool finished;
     if (e.num_samples > 1) {
       const size_t first_child = ForkSiblings(g, *s, e.num_samples - 1);
-      Emit(g, s, TokenOf(result, i, 0), &out);
+      finished = Emit(g, s, TokenOf(result, i, 0), &out);
       for (int32_t k = 1; k < e.num_samples; ++k) {
-        Emit(g, g->seqs[first_child + k - 1].get(), TokenOf(result, i, k), &out);
+        finished |= Emit(g, g->seqs[first_child + k - 1].get(), TokenOf(result, i, k), &out);
       }
     } else {
-      Emit(g, s, TokenOf(result, i, 0), &out);
+      finished = Emit(g, s, TokenOf(result, i, 0), &out);
     }
+    if (finished) finishing_outputs_.push_back(slot);
   }
   for (size_t o = 0; o < beam_samples_.size() && o < output_groups_.size(); ++o) {
-    if (!beam_samples_[o].empty()) BeamStep(output_groups_[o], beam_samples_[o], &(*outputs)[o]);
+    if (beam_samples_[o].empty()) continue;
+    BeamStep(output_groups_[o], beam_samples_[o], &(*outputs)[o]);
+    if (output_groups_[o]->beam->done()) finishing_outputs_.push_back(static_cast<int32_t>(o));
   }
 }
 
@@ -767,7 +818,7 @@ size_t Scheduler::ForkSiblings(SequenceGroup* g, const Sequence& parent, int32_t
   return first;
 }
 
-void Scheduler::Emit(SequenceGroup* g, Sequence* s, const SampledToken& t, RequestOutput* out) {
+bool Scheduler::Emit(SequenceGroup* g, Sequence* s, const SampledToken& t, RequestOutput* out) {
   s->tokens.push_back(t.token_id);
   CheckStop(s, g->params);
   SequenceOutput& so = out->seqs.emplace_back();
@@ -777,12 +828,18 @@ void Scheduler::Emit(SequenceGroup* g, Sequence* s, const SampledToken& t, Reque
   so.finish_reason = s->finish_reason;
   so.stop_token_id = s->stop_token_id;
   so.num_output_tokens = s->num_output_tokens();
+  return so.finished;
 }
 
 void Scheduler::ReleaseFinished(std::vector<RequestOutput>* outputs) {
   // Finished sequences' blocks are freed now; their ids are reported when the
   // whole request ends (a fresh sibling may still fork from a finished parent).
-  for (size_t o = 0; o < output_groups_.size(); ++o) {
+  // Only outputs where a sequence finished this step can hold such blocks
+  // (FinishSequence and dropped beams free theirs at once), or end a request.
+  std::sort(finishing_outputs_.begin(), finishing_outputs_.end());
+  finishing_outputs_.erase(std::unique(finishing_outputs_.begin(), finishing_outputs_.end()),
+                           finishing_outputs_.end());
+  for (int32_t o : finishing_outputs_) {
     SequenceGroup* g = output_groups_[o];
     for (auto& s : g->seqs) {
       if (s->finished() && (!s->block_table.empty() || s->blocks_on_cpu)) bm_->Free(*s);

@@ -192,6 +192,14 @@ class Scheduler {
   // Plans the next step. FailedPrecondition when the previous plan's result
   // was not processed yet. An empty plan (no seqs) is valid: nothing to run.
   absl::StatusOr<StepPlan> Schedule();
+  // The same, building the plan in `recycled`'s memory: pass back a plan an
+  // earlier Schedule returned, once the step it describes is done, so that a
+  // step allocates nothing per sequence (the plan's vectors, each entry's
+  // token_ids and block_table keep their capacity). Only memory is reused:
+  // the result equals what Schedule() returns (the per-sequence constants of
+  // a continuing entry are left at their defaults). On error `recycled` is
+  // dropped.
+  absl::StatusOr<StepPlan> Schedule(StepPlan recycled);
 
   // Applies the sampled tokens of the plan in flight. InvalidArgument (state
   // unchanged) when the step id or the set of tokens does not match the plan.
@@ -251,8 +259,9 @@ class Scheduler {
   bool ScheduleSwapped(StepPlan* plan, int32_t* budget, int32_t* running_seqs);
   void AdmitWaiting(StepPlan* plan, int32_t* budget, int32_t* running_seqs);
   void BuildPlan(StepPlan* plan);
-  // The incremental SequenceStep of one scheduled sequence (step_plan.h).
-  void AddSequenceStep(const Scheduled& e, StepPlan* plan);
+  // Overwrites `st` (default-constructed or recycled) with the incremental
+  // SequenceStep of one scheduled sequence (step_plan.h).
+  void FillSequenceStep(const Scheduled& e, SequenceStep& st);
 
   // Tokens each unfinished sequence of g feeds this step, given `avail`
   // tokens for prompt chunks; prefix-cache matching happens here.
@@ -263,6 +272,11 @@ class Scheduler {
   // Appends the planned slots (copy-on-write copies go to plan->copy) and
   // lists the sequences in scheduled_. Returns the tokens taken from the budget.
   int32_t Commit(SequenceGroup* g, const GroupPlan& gp, StepPlan* plan);
+  // ScheduleRunning's shortcut for the common case, a group of one sequence
+  // in decode: PlanTokens + Commit for it when its slot fits in the device
+  // pool (then true, one token taken). False, changing nothing, otherwise:
+  // the general path plans the group (and preempts when the pool is full).
+  bool CommitLoneDecode(SequenceGroup* g, StepPlan* plan);
   void Preempt(SequenceGroup* g, StepPlan* plan);
   void InsertRunning(SequenceGroup* g);
   int32_t DecodeCount(const SequenceGroup* g) const;
@@ -276,7 +290,8 @@ class Scheduler {
   // Forks `count` siblings of parent (sample indices 1..count) sharing its
   // blocks; returns the index in g->seqs of the first.
   size_t ForkSiblings(SequenceGroup* g, const Sequence& parent, int32_t count);
-  void Emit(SequenceGroup* g, Sequence* s, const SampledToken& t, RequestOutput* out);
+  // Appends t to s, checks its stop conditions, adds its output; true when s finished.
+  bool Emit(SequenceGroup* g, Sequence* s, const SampledToken& t, RequestOutput* out);
   // One beam-search step of g from its beams' sampled tokens (beam_step_ of
   // this group): extends, forks and drops beams; on the last step marks every
   // beam finished and writes the n results into *out.
@@ -303,6 +318,7 @@ class Scheduler {
   ResultIndex result_index_;                   // ProcessResult
   std::vector<int32_t> output_slots_;          // group ordinal -> output index, -1 none
   std::vector<SequenceGroup*> output_groups_;  // per output
+  std::vector<int32_t> finishing_outputs_;     // outputs where a sequence finished this step
   // Beam search: this step's sampled (beam, token) pairs, by output slot.
   std::vector<std::vector<std::pair<Sequence*, const SampledToken*>>> beam_samples_;
   int32_t num_pending_finishes_ = 0;

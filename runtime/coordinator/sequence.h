@@ -43,36 +43,42 @@ enum class SequenceStatus {
 // (EOS / stop token id; stop strings are reported by the caller), kLength and
 // kAbort; kError is the engine's.
 
+// Field order is for the step loop: the fields every scheduling step reads
+// or writes come first, within the first two cache lines; beam search and
+// prefix-cache state, read only when a block fills or a beam forks, follow.
 struct Sequence {
   SeqId id = 0;
-  int32_t sample_index = 0;  // 0..n-1 within the group
   std::vector<int32_t> tokens;
   int32_t num_prompt_tokens = 0;
   int32_t num_computed_tokens = 0;
   SequenceStatus status = SequenceStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
+  int32_t sample_index = 0;    // 0..n-1 within the group
   int32_t stop_token_id = -1;  // the token that stopped it, when kStop by token
-  // Beam search only: sum of the raw logprobs of the generated tokens, and
-  // each one's logprob.
-  double cumulative_logprob = 0.0;
-  std::vector<float> output_logprobs;
 
   // Block manager state. Entries are device block ids, or CPU swap block ids
   // while status == kSwapped.
   std::vector<int32_t> block_table;
+  int32_t num_registered_blocks = 0;  // leading full blocks already offered to the cache
   bool blocks_on_cpu = false;
-  std::vector<BlockHash> block_hashes;  // of the first full blocks of `tokens`
-  int32_t num_registered_blocks = 0;    // leading full blocks already offered to the cache
-  std::vector<int64_t> extra_keys;      // prefix-cache extra keys of the request
 
   // What the workers' mirror of the sequence (runtime/common/step_plan_mirror.h)
   // holds, so that its next SequenceStep carries only what changed.
-  SeqId fork_from = kNoSeq;  // workers start it as a copy of this sibling
-  bool new_state = true;     // workers (re)start its state: everything in full
+  bool new_state = true;  // workers (re)start its state: everything in full
   // Leading block-table entries the workers hold as they are now. The block
   // manager lowers it whenever it replaces or drops entries (copy-on-write,
   // swap, free); building a plan raises it to the table's length.
   int32_t num_synced_blocks = 0;
+  SeqId fork_from = kNoSeq;  // workers start it as a copy of this sibling
+
+  // Prefix caching: hashes of the first full blocks of `tokens`, and the
+  // request's extra keys.
+  std::vector<BlockHash> block_hashes;
+  std::vector<int64_t> extra_keys;
+  // Beam search only: sum of the raw logprobs of the generated tokens, and
+  // each one's logprob.
+  double cumulative_logprob = 0.0;
+  std::vector<float> output_logprobs;
 
   int32_t len() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_output_tokens() const { return len() - num_prompt_tokens; }
@@ -81,22 +87,24 @@ struct Sequence {
 };
 
 // One client request.
+// Field order as for Sequence: what every step reads first; step_params,
+// read only when a sequence starts, last.
 struct SequenceGroup {
   std::string request_id;
+  std::vector<std::unique_ptr<Sequence>> seqs;  // seqs[0] is the parent
+  std::unique_ptr<BeamSearch> beam;             // set when params.use_beam_search
+  SequenceStatus status = SequenceStatus::kWaiting;
+  FinishReason pending_finish = FinishReason::kNone;  // Abort/FinishRequest, applied next step
+  int32_t num_cached_tokens = -1;  // prefix-cache hit of the first admission; -1 until known
+  bool forked = false;             // siblings exist (n > 1 after the first sample)
   SamplingParams params;
+  double arrival_time = 0.0;
+  int32_t priority = 0;        // lower value = more important (vLLM convention)
+  uint64_t arrival_order = 0;  // admission-queue tie breaker
   // What workers get for this request's sequences: params, except for beam
   // search: greedy with logprobs = 2 * beam_width (the candidates), n = 1 and
   // no beam fields (workers never see beam search).
   SamplingParams step_params;
-  std::unique_ptr<BeamSearch> beam;  // set when params.use_beam_search
-  double arrival_time = 0.0;
-  int32_t priority = 0;                         // lower value = more important (vLLM convention)
-  uint64_t arrival_order = 0;                   // admission-queue tie breaker
-  std::vector<std::unique_ptr<Sequence>> seqs;  // seqs[0] is the parent
-  bool forked = false;                          // siblings exist (n > 1 after the first sample)
-  SequenceStatus status = SequenceStatus::kWaiting;
-  FinishReason pending_finish = FinishReason::kNone;  // Abort/FinishRequest, applied next step
-  int32_t num_cached_tokens = -1;  // prefix-cache hit of the first admission; -1 until known
 
   int32_t num_unfinished() const {
     int32_t c = 0;

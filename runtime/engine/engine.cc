@@ -257,7 +257,7 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
   }
   std::vector<EngineOutput> outputs;
 
-  absl::StatusOr<StepPlan> plan = scheduler_->Schedule();
+  absl::StatusOr<StepPlan> plan = scheduler_->Schedule(std::move(spare_plan_));
   if (!plan.ok()) {
     broken_ = plan.status();
     return plan.status();
@@ -418,6 +418,7 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
   }
   fig.generation_tokens = static_cast<int64_t>(result.tokens.size());
   fig.step_tokens = plan->num_tokens();
+  spare_plan_ = *std::move(plan);
   fig.forward_s = result.forward_seconds;
   fig.collective_s = result.collective_seconds;
   engine_metrics::RecordStep(metrics_, fig);

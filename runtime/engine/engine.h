@@ -193,6 +193,7 @@ class Engine {
   const Tokenizer* tokenizer_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Scheduler> scheduler_;
+  StepPlan spare_plan_;  // the last step's plan: the next Schedule reuses its memory
   Metrics* metrics_;
   DecodeOptions decode_options_;
   absl::flat_hash_map<std::string, std::unique_ptr<RequestState>> requests_;

@@ -49,14 +49,17 @@ struct Driver {
   std::map<std::string, std::map<int32_t, std::vector<int32_t>>> tokens;
   std::map<std::string, std::map<int32_t, FinishReason>> reasons;
   std::vector<StepPlan> plans;
+  // Schedule(StepPlan) with the previous step's plan (the engine's pattern).
+  bool recycle_plans = false;
+  StepPlan spare;
 
   Driver(const SchedulerConfig& c, std::vector<int32_t> eos = {}, int32_t engine_eos = -1)
-      : sched(*Scheduler::Create(c, eos)),
+      : sched(*Scheduler::Create(c, std::move(eos))),
         engine(c.num_device_blocks, c.num_cpu_blocks, c.block_size, 1000, engine_eos) {}
 
   // One step; returns false on the first error (reported through gtest).
   bool Step() {
-    auto plan = sched->Schedule();
+    auto plan = recycle_plans ? sched->Schedule(std::move(spare)) : sched->Schedule();
     EXPECT_TRUE(plan.ok()) << plan.status();
     if (!plan.ok()) return false;
     StepResult result;
@@ -74,6 +77,7 @@ struct Driver {
         if (so.finished) reasons[o.request_id][so.index] = so.finish_reason;
       }
     }
+    if (recycle_plans) spare = *std::move(plan);
     absl::Status inv = sched->CheckInvariants();
     EXPECT_TRUE(inv.ok()) << inv;
     return inv.ok();
@@ -514,6 +518,77 @@ TEST(SchedulerTest, BadResultsAreRejectedWithoutChangingState) {
   bad.params.top_p = 2.0f;
   EXPECT_EQ(d.sched->AddRequest(bad).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(d.sched->AddRequest(Req("empty", 0, 3)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+void ExpectSamePlan(const StepPlan& a, const StepPlan& b, size_t step) {
+  SCOPED_TRACE(::testing::Message() << "plan " << step);
+  EXPECT_EQ(a.step_id, b.step_id);
+  EXPECT_EQ(a.swap_out, b.swap_out);
+  EXPECT_EQ(a.swap_in, b.swap_in);
+  EXPECT_EQ(a.copy, b.copy);
+  EXPECT_EQ(a.finished, b.finished);
+  EXPECT_EQ(a.shutdown, b.shutdown);
+  ASSERT_EQ(a.seqs.size(), b.seqs.size());
+  for (size_t i = 0; i < a.seqs.size(); ++i) {
+    const SequenceStep& x = a.seqs[i];
+    const SequenceStep& y = b.seqs[i];
+    SCOPED_TRACE(::testing::Message() << "entry " << i << " sequence " << x.seq_id);
+    EXPECT_EQ(x.seq_id, y.seq_id);
+    EXPECT_EQ(x.fork_from, y.fork_from);
+    EXPECT_EQ(x.token_ids, y.token_ids);
+    EXPECT_EQ(x.start_pos, y.start_pos);
+    EXPECT_EQ(x.block_table_start, y.block_table_start);
+    EXPECT_EQ(x.block_table, y.block_table);
+    EXPECT_EQ(x.sample, y.sample);
+    EXPECT_EQ(x.num_samples, y.num_samples);
+    EXPECT_EQ(x.new_state, y.new_state);
+    EXPECT_EQ(x.sample_index, y.sample_index);
+    EXPECT_TRUE(x.sampling == y.sampling);
+    EXPECT_EQ(x.num_prompt_tokens, y.num_prompt_tokens);
+    EXPECT_EQ(x.cached_prefix_token_ids, y.cached_prefix_token_ids);
+  }
+}
+
+// Schedule(recycled plan) builds, in the old plan's memory, exactly the plan
+// Schedule() builds: every field of every entry, over starts (prefix-cache
+// hits with cached_prefix_token_ids, forks for n > 1 and beams, re-admission
+// after preemption) landing in entries that held continuing sequences and
+// the other way round, under both preemption modes.
+TEST(SchedulerTest, RecycledPlansEqualFreshOnes) {
+  for (PreemptionMode mode : {PreemptionMode::kSwap, PreemptionMode::kRecompute}) {
+    SCOPED_TRACE(mode == PreemptionMode::kSwap ? "swap" : "recompute");
+    SchedulerConfig c = Config(28, 40);  // 112 device tokens: preemption
+    c.enable_prefix_caching = true;
+    c.preemption_mode = mode;
+    c.max_num_batched_tokens = 24;  // chunked prompts
+    Driver fresh(c), recycled(c);
+    recycled.recycle_plans = true;
+    for (Driver* d : {&fresh, &recycled}) {
+      ASSERT_TRUE(d->sched->AddRequest(Req("a", 13, 20)).ok());
+      Request b = Req("b", 17, 9);  // shares a's first 3 blocks: a prefix-cache hit
+      b.params.n = 3;
+      b.params.temperature = 0.7f;
+      b.params.seed = 5;
+      ASSERT_TRUE(d->sched->AddRequest(b).ok());
+      Request beam = Req("beam", 6, 7, 100);
+      beam.params.use_beam_search = true;
+      beam.params.best_of = 2;
+      ASSERT_TRUE(d->sched->AddRequest(beam).ok());
+      for (int i = 0; i < 5; ++i) {
+        ASSERT_TRUE(d->sched->AddRequest(Req("r" + std::to_string(i), 9 + 5 * i, 12, 1)).ok());
+      }
+    }
+    ASSERT_TRUE(fresh.RunToCompletion());
+    ASSERT_TRUE(recycled.RunToCompletion());
+    ASSERT_EQ(fresh.plans.size(), recycled.plans.size());
+    for (size_t i = 0; i < fresh.plans.size(); ++i) {
+      ExpectSamePlan(fresh.plans[i], recycled.plans[i], i);
+    }
+    EXPECT_EQ(fresh.tokens, recycled.tokens);
+    const SchedulerStats st = fresh.sched->stats();
+    EXPECT_GT(st.prefix_cache_hits, 0);  // the scenario covers what it claims
+    EXPECT_GT(st.num_preemptions_swap + st.num_preemptions_recompute, 0);
+  }
 }
 
 }  // namespace

@@ -409,8 +409,8 @@ TEST_P(EngineStressTest, ScriptedOutputsSurvivePreemption) {
     sp.max_tokens = 4 + static_cast<int>(rng() % 20);
     auto& samples = script[key];
     for (int s = 0; s < sp.n; ++s) {
-      std::vector<int32_t> toks;
-      for (int k = 0; k < 30; ++k) toks.push_back(words[rng() % words.size()]);
+      std::vector<int32_t> toks(30);
+      for (int32_t& t : toks) t = words[rng() % words.size()];
       samples.push_back(toks);
     }
     if (i % 3 == 0) {
