@@ -68,11 +68,10 @@ size_t DecodeSteps(Scheduler& s, int steps) {
 }
 
 // One timed step: Schedule(), a StepResult with one token per sampled
-// sequence (token 7 + salt), ProcessResult(), and the plan and outputs
-// destroyed. Not inlined, so that a profiler can count exactly this
+// sequence (token 7 + salt), ProcessResult(), the outputs destroyed. As the
+// engine does, the plan goes back into `spare`, whose memory the next
+// Schedule reuses. Not inlined, so that a profiler can count exactly this
 // (valgrind --toggle-collect, see docs/benchmarks.md). Returns the tokens fed.
-// The engine's pattern: the previous step's plan is passed back to Schedule
-// for its memory (`spare`).
 [[gnu::noinline]] int64_t OneStep(Scheduler& s, StepPlan& spare, StepResult& res, int32_t salt) {
   auto plan = s.Schedule(std::move(spare));
   res.step_id = plan->step_id;
