@@ -176,6 +176,11 @@ void MethodArgs(benchmark::internal::Benchmark* b) {
   for (int64_t f : {2, 3, 8, 12, 14})
     for (int64_t t : {1, 2})
       for (int64_t m : {0, 2}) b->Args({f, 4096, 4096, t, m});
+  // decode on a large weight of short rows (SmolLM2's 49152x576 LM head, 30 MB
+  // in Q8_0): the same choice where 4 rows are one contiguous stream
+  for (int64_t f : {3, 8})
+    for (int64_t t : {1, 2})
+      for (int64_t m : {0, 2}) b->Args({f, 49152, 576, t, m});
 }
 void BlasArgs(benchmark::internal::Benchmark* b) {
   for (const auto& s : kShapes)

@@ -66,6 +66,7 @@
 #define PAGEDSERVE_KERNELS_LINEAR_H_
 
 #include <cstdint>
+#include <span>
 
 #include "absl/status/status.h"
 #include "kernels/weight_format.h"
@@ -87,6 +88,21 @@ struct LinearParams {
 // x or y is null (with num_tokens > 0), x_stride < w.cols, y_stride < w.rows, or
 // y overlaps x or bias. Writes nothing on error.
 absl::Status Linear(const LinearParams& p);
+
+// Several Linear calls over one input, in one parallel region: ps[i] as
+// Linear(ps[i]) for every i, with bit-identical results (each member uses the
+// method, kernels and activation blocks Linear would choose for it alone), but
+// one fork/join of the thread pool instead of ps.size(), and the input's
+// 8-bit activation blocks quantized once per block size (32 or 256) instead
+// of once per quantized member. Meant for the projections that read the same
+// normalized hidden states (q/k/v, gate/up) in decode, where the per-call
+// fork/join costs as much as a small GEMV. Each thread takes the same share of
+// every member's rows (contiguous slices, multiples of 16 rows).
+// Requirements: every member valid for Linear, and all members with the same
+// x, num_tokens, x_stride and w.cols (a shared input); no member's y may
+// overlap another member's y, x or bias. InvalidArgument naming the member
+// otherwise; writes nothing on error. An empty span is a no-op.
+absl::Status LinearGroup(std::span<const LinearParams> ps);
 
 // CPU instruction-set paths of Linear.
 enum class CpuIsa : uint8_t { kPortable, kAvx2, kAvx512 };

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -172,7 +173,8 @@ constexpr int64_t kSgemmMinTokensQ4Avx2 = 128;
 bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
   const int64_t be = BlockElems(type);
   if (be <= 0) return false;
-  const double bytes = static_cast<double>(rows) * static_cast<double>(cols / be) *
+  const int64_t blocks_per_row = cols / be;
+  const double bytes = static_cast<double>(rows) * static_cast<double>(blocks_per_row) *
                        static_cast<double>(BlockBytes(type));
   if (num_tokens < kBlockTokens && bytes > static_cast<double>(kDecodeTileMaxBytes)) return true;
   return (type == WeightType::kQ4_1 && num_tokens == 3) ||
@@ -399,55 +401,145 @@ IsaKernels::FDotFn FDotFor(const IsaKernels& k, WeightType type) {
   }
 }
 
-absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method) {
-  absl::Status s = ValidateLinear(p);
-  if (!s.ok() || p.num_tokens == 0) return s;
+namespace {
+
+// One member of a group run: its parameters, method and activation blocks.
+struct Member {
+  const LinearParams* p;
+  LinearMethod method;
+  bool quant_acts;
+  bool act256;  // ActBlock256 blocks (else ActBlock32)
+};
+
+// Runs every member in one parallel region (validated by the caller). The
+// activation blocks of the shared input are quantized once per block size.
+void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
+  static thread_local std::vector<uint8_t> xq_scratch[2];
+  const LinearParams& p0 = *ms[0].p;
+  const int64_t T = p0.num_tokens;
+  // The member whose weight type defines each activation block size (any
+  // member of that size: the blocks depend only on x, cols and the size).
+  const LinearParams* rep[2] = {nullptr, nullptr};
+  uint8_t* xq[2] = {nullptr, nullptr};
+  int64_t nb[2] = {0, 0};
+  bool uses_sgemm = false;
+  int64_t work = 0;
+  for (const Member& m : ms) {
+    work += m.p->w.rows * m.p->w.cols * T;
+    uses_sgemm |= m.method == LinearMethod::kTileSgemm;
+    if (!m.quant_acts) continue;
+    const int kind = m.act256 ? 1 : 0;
+    if (rep[kind] != nullptr) continue;
+    rep[kind] = m.p;
+    nb[kind] = m.p->w.cols / BlockElems(m.p->w.type);
+    const size_t block = m.act256 ? sizeof(ActBlock256) : sizeof(ActBlock32);
+    xq[kind] = Scratch(xq_scratch[kind], static_cast<size_t>(T * nb[kind]) * block);
+  }
+  if (uses_sgemm) UseOpenBlasSingleThreaded();
+  const int threads = (omp_in_parallel() || work < kMinParallelWork) ? 1 : omp_get_max_threads();
+  // A few tokens are quantized before the parallel region (microseconds), which
+  // saves decode a barrier; more are quantized by the team (omp for + barrier).
+  const bool any_quant = rep[0] != nullptr || rep[1] != nullptr;
+  const bool quant_serial = any_quant && T <= kSerialQuantTokens;
+  if (quant_serial) {
+    for (int kind = 0; kind < 2; ++kind)
+      if (rep[kind] != nullptr)
+        for (int64_t t = 0; t < T; ++t) QuantizeToken(*rep[kind], k, nb[kind], t, xq[kind]);
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    if (any_quant && !quant_serial) {
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < 2 * T; ++i) {
+        const int kind = static_cast<int>(i / T);
+        if (rep[kind] != nullptr) QuantizeToken(*rep[kind], k, nb[kind], i % T, xq[kind]);
+      }
+    }
+    const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    for (const Member& m : ms) {
+      int64_t r0, r1;
+      ThreadRows(m.p->w.rows, tid, nt, &r0, &r1);
+      if (r0 >= r1) continue;
+      const uint8_t* acts = m.quant_acts ? xq[m.act256 ? 1 : 0] : nullptr;
+      if (m.method == LinearMethod::kRowDot) {
+        RowDotRange(*m.p, k, acts, r0, r1);
+      } else if (m.method == LinearMethod::kRowBlock) {
+        RowBlockRange(*m.p, k, acts, r0, r1);
+      } else {
+        TileSgemmRange(*m.p, r0, r1);
+      }
+    }
+  }
+}
+
+Member MakeMember(const LinearParams& p, LinearMethod method) {
+  // kRowBlock on a format without activation quantization is the row dots.
+  if (method == LinearMethod::kRowBlock && !IsQuantized(p.w.type)) method = LinearMethod::kRowDot;
+  return Member{&p, method, method != LinearMethod::kTileSgemm && IsQuantized(p.w.type),
+                UsesActBlock256(p.w.type)};
+}
+
+absl::Status CheckIsa(CpuIsa isa) {
   if (!CpuSupportsIsa(isa)) {
     return absl::FailedPreconditionError(
         absl::StrCat("the ", CpuIsaName(isa), " path of Linear is not available on this CPU"));
   }
-  const IsaKernels& k = KernelsFor(isa);
-  // kRowBlock on a format without activation quantization is the row dots.
-  if (method == LinearMethod::kRowBlock && !IsQuantized(p.w.type)) method = LinearMethod::kRowDot;
-  const bool quant_acts = method != LinearMethod::kTileSgemm && IsQuantized(p.w.type);
-  static thread_local std::vector<uint8_t> xq_scratch;
-  const int64_t nb = p.w.cols / BlockElems(p.w.type);
-  uint8_t* xq = nullptr;
-  if (quant_acts) {
-    const size_t block = UsesActBlock256(p.w.type) ? sizeof(ActBlock256) : sizeof(ActBlock32);
-    xq = Scratch(xq_scratch, static_cast<size_t>(p.num_tokens * nb) * block);
-  }
-  if (method == LinearMethod::kTileSgemm) UseOpenBlasSingleThreaded();
-  const int64_t work = p.w.rows * p.w.cols * p.num_tokens;
-  const int threads = (omp_in_parallel() || work < kMinParallelWork) ? 1 : omp_get_max_threads();
-  // A few tokens are quantized before the parallel region (microseconds), which
-  // saves decode a barrier; more are quantized by the team (omp for + barrier).
-  const bool quant_serial = quant_acts && p.num_tokens <= kSerialQuantTokens;
-  if (quant_serial) {
-    for (int64_t t = 0; t < p.num_tokens; ++t) QuantizeToken(p, k, nb, t, xq);
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    if (quant_acts && !quant_serial) {
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < p.num_tokens; ++t) QuantizeToken(p, k, nb, t, xq);
-    }
-    int64_t r0, r1;
-    ThreadRows(p.w.rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
-    if (r0 < r1) {
-      if (method == LinearMethod::kRowDot) {
-        RowDotRange(p, k, xq, r0, r1);
-      } else if (method == LinearMethod::kRowBlock) {
-        RowBlockRange(p, k, xq, r0, r1);
-      } else {
-        TileSgemmRange(p, r0, r1);
-      }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method) {
+  absl::Status s = ValidateLinear(p);
+  if (!s.ok() || p.num_tokens == 0) return s;
+  if (s = CheckIsa(isa); !s.ok()) return s;
+  const Member m = MakeMember(p, method);
+  RunGroup(std::span<const Member>(&m, 1), KernelsFor(isa));
+  return absl::OkStatus();
+}
+
+absl::Status LinearGroupWith(std::span<const LinearParams> ps, CpuIsa isa) {
+  if (ps.empty()) return absl::OkStatus();
+  const LinearParams& p0 = ps[0];
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const LinearParams& p = ps[i];
+    absl::Status s = ValidateLinear(p);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("group member ", i, ": ", s.message()));
+    if (p.x != p0.x || p.num_tokens != p0.num_tokens || p.x_stride != p0.x_stride ||
+        p.w.cols != p0.w.cols) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group member ", i, ": x, num_tokens, x_stride and w.cols must equal member 0's"));
     }
   }
+  if (p0.num_tokens == 0) return absl::OkStatus();
+  auto y_bytes = [](const LinearParams& p) {
+    return 4 * static_cast<size_t>((p.num_tokens - 1) * p.y_stride + p.w.rows);
+  };
+  for (size_t i = 0; i < ps.size(); ++i)
+    for (size_t j = 0; j < ps.size(); ++j) {
+      if (i == j) continue;
+      if (i < j && Overlaps(ps[i].y, y_bytes(ps[i]), ps[j].y, y_bytes(ps[j])))
+        return absl::InvalidArgumentError(
+            absl::StrCat("group members ", i, " and ", j, ": y overlaps"));
+      if (ps[j].bias != nullptr &&
+          Overlaps(ps[i].y, y_bytes(ps[i]), ps[j].bias, 4 * static_cast<size_t>(ps[j].w.rows)))
+        return absl::InvalidArgumentError(
+            absl::StrCat("group member ", i, ": y overlaps member ", j, "'s bias"));
+    }
+  if (absl::Status s = CheckIsa(isa); !s.ok()) return s;
+  std::vector<Member> ms;
+  ms.reserve(ps.size());
+  for (const LinearParams& p : ps)
+    ms.push_back(MakeMember(p, ChooseMethod(p.w.type, p.num_tokens, p.w.rows, p.w.cols, isa)));
+  RunGroup(ms, KernelsFor(isa));
   return absl::OkStatus();
 }
 
 }  // namespace cpu
+
+absl::Status LinearGroup(std::span<const LinearParams> ps) {
+  return cpu::LinearGroupWith(ps, ActiveLinearIsa());
+}
 
 absl::Status Linear(const LinearParams& p) {
   const CpuIsa isa = ActiveLinearIsa();

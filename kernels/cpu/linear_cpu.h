@@ -5,6 +5,7 @@
 #define PAGEDSERVE_KERNELS_CPU_LINEAR_CPU_H_
 
 #include <cstdint>
+#include <span>
 
 #include "absl/status/status.h"
 #include "kernels/cpu/quant_blocks.h"
@@ -31,6 +32,8 @@ LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int
 // Linear with a given ISA path and method (validates like Linear; FailedPrecondition
 // when the CPU lacks `isa`).
 absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method);
+// LinearGroup (kernels/linear.h) on a given ISA path (methods from ChooseMethod).
+absl::Status LinearGroupWith(std::span<const LinearParams> ps, CpuIsa isa);
 
 // True for the formats whose activations are quantized (Q4_0 .. Q6_K).
 bool IsQuantized(WeightType type);

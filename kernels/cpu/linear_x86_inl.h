@@ -49,10 +49,14 @@ inline float HSum(__m256 v) {
 inline __m256i Load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
 // 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0..15), then high (16..31).
+// The 16 bytes go to both 128-bit lanes (one broadcast load); the upper lane's
+// 64-bit halves shift right by 4, which brings each byte's high nibble down
+// (the bits that cross from the next byte are masked off).
 inline __m256i Nibbles32(const uint8_t* q) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-  const __m128i m = _mm_set1_epi8(0x0f);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+  const __m256i b =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  return _mm256_and_si256(_mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4)),
+                          _mm256_set1_epi8(0x0f));
 }
 
 // Bit i of qh -> 0x10 in byte i (i < 32), 0 otherwise.
@@ -387,8 +391,16 @@ void TileLegacy(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_
       const uint8_t* b = w + r * wb + i * kBytes;
       q[r] = Nibbles32(b + kQs);
       if constexpr (kQh >= 0) q[r] = _mm256_or_si256(q[r], HighBits32(LoadU32(b + kQh)));
-      dw[r] = _mm256_set1_ps(F16(b));
-      if constexpr (kMin >= 0) mw[r] = _mm256_set1_ps(F16(b + kMin));
+      if constexpr (kMin == 2) {
+        // d and min are adjacent fp16 fields: one F16C conversion for both
+        // (the same values as two scalar conversions).
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(b))));
+        dw[r] = _mm256_broadcastss_ps(dm);
+        mw[r] = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+      } else {
+        dw[r] = _mm256_set1_ps(F16(b));
+        if constexpr (kMin >= 0) mw[r] = _mm256_set1_ps(F16(b + kMin));
+      }
     }
     PS_UNROLL
     for (int t = 0; t < kT; ++t) {

@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -22,9 +23,16 @@ namespace pagedserve {
 
 namespace cpu_ops {
 
+// Elementwise loops fork the OpenMP team only above these element counts: below
+// them a fork/join (a futex wake per thread under OMP_WAIT_POLICY=PASSIVE)
+// costs more than the loop (decode at small batches). Every element is computed
+// the same way on any thread, so the results do not depend on the split.
+constexpr int64_t kMinParallelElems = 1 << 16;
+constexpr int64_t kMinParallelSiluElems = 1 << 14;  // expf makes each element dearer
+
 void AddRmsNorm(float* residual, const float* add, const int32_t* rows, int64_t n, int dim,
                 const float* weight, double eps, float* out) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * dim >= kMinParallelElems)
   for (int64_t t = 0; t < n; ++t) {
     const int64_t r = rows != nullptr ? rows[t] : t;
     float* o = out + t * dim;
@@ -46,7 +54,7 @@ void AddRmsNorm(float* residual, const float* add, const int32_t* rows, int64_t 
 void ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stride,
                const float* cos_t, const float* sin_t) {
   const int half = head_size / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * heads * head_size >= kMinParallelElems)
   for (int64_t t = 0; t < n; ++t) {
     const float* c = cos_t + t * half;
     const float* s = sin_t + t * half;
@@ -62,7 +70,7 @@ void ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stri
 }
 
 void SiluMul(float* gate, const float* up, int64_t count) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (count >= kMinParallelSiluElems)
   for (int64_t i = 0; i < count; ++i) {
     const float g = gate[i];
     gate[i] = g / (1.0f + std::exp(-g)) * up[i];
@@ -262,6 +270,29 @@ class CpuBackend final : public ModelBackend {
     p.y = y;
     p.y_stride = w.rows;
     return kernels::Linear(p);
+  }
+
+  // Stored-format weights: one kernels::LinearGroup (one parallel region, the
+  // activations quantized once); any fp32 matrix: Linear one by one (the
+  // --dtype float32 path, unchanged).
+  absl::Status LinearGroup(const float* x, int64_t n, std::span<const LinearOut> outs) override {
+    bool stored = true;
+    for (const LinearOut& o : outs) stored &= !M(o.w).is_fp32();
+    if (!stored) return ModelBackend::LinearGroup(x, n, outs);
+    std::array<kernels::LinearParams, 4> ps;
+    if (outs.size() > ps.size()) return ModelBackend::LinearGroup(x, n, outs);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const Matrix& w = M(outs[i].w);
+      kernels::LinearParams& p = ps[i];
+      p.x = x;
+      p.num_tokens = n;
+      p.x_stride = w.cols;
+      p.w = StoredView(w);
+      p.bias = outs[i].bias.data;
+      p.y = outs[i].y;
+      p.y_stride = w.rows;
+    }
+    return kernels::LinearGroup(std::span<const kernels::LinearParams>(ps.data(), outs.size()));
   }
 
   absl::Status AddRmsNorm(float* residual, const float* add, int64_t n, int dim,

@@ -166,9 +166,10 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
       be.AddRmsNorm(x, nullptr, n, hidden, w_.layers[0].input_layernorm, eps, false, h));
   for (int l = 0; l < cfg.num_layers; ++l) {
     const BackendLayer& w = w_.layers[l];
-    PS_RETURN_IF_ERROR(be.Linear(h, n, w.q_proj, w.q_bias, q));
-    PS_RETURN_IF_ERROR(be.Linear(h, n, w.k_proj, w.k_bias, k));
-    PS_RETURN_IF_ERROR(be.Linear(h, n, w.v_proj, w.v_bias, v));
+    // q/k/v (and gate/up below) read the same normed rows: one backend launch.
+    const LinearOut qkv[3] = {
+        {w.q_proj, w.q_bias, q}, {w.k_proj, w.k_bias, k}, {w.v_proj, w.v_bias, v}};
+    PS_RETURN_IF_ERROR(be.LinearGroup(h, n, qkv));
     PS_RETURN_IF_ERROR(be.ApplyRope(q, n, heads, D, q_dim));
     PS_RETURN_IF_ERROR(be.ApplyRope(k, n, kv_heads, D, kv_dim));
     PS_RETURN_IF_ERROR(be.Attention(kv_layers[l], heads, q, k, v, attn));
@@ -179,8 +180,9 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
     PS_RETURN_IF_ERROR(be.AddRmsNorm(x, o, n, hidden, w.post_attention_layernorm, eps, false, h));
 
     // SwiGLU MLP: down(silu(gate(h)) * up(h)), down row-parallel + all-reduce.
-    PS_RETURN_IF_ERROR(be.Linear(h, n, w.gate_proj, BackendVector{}, gate));
-    PS_RETURN_IF_ERROR(be.Linear(h, n, w.up_proj, BackendVector{}, up));
+    const LinearOut gate_up[2] = {{w.gate_proj, BackendVector{}, gate},
+                                  {w.up_proj, BackendVector{}, up}};
+    PS_RETURN_IF_ERROR(be.LinearGroup(h, n, gate_up));
     PS_RETURN_IF_ERROR(be.SiluMul(gate, up, n * inter));
     PS_RETURN_IF_ERROR(be.Linear(gate, n, w.down_proj, BackendVector{}, o));
     PS_RETURN_IF_ERROR(be.AllReduceSum(o, n * hidden));

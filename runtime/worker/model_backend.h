@@ -100,6 +100,12 @@ struct BackendLayer {
   BackendMatrix q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
   BackendVector q_bias, k_bias, v_bias;
 };
+// One output of ModelBackend::LinearGroup: y = x w^T (+ bias).
+struct LinearOut {
+  BackendMatrix w;
+  BackendVector bias;
+  float* y = nullptr;
+};
 // All weights of one rank's shard, valid as long as the backend.
 struct BackendWeights {
   BackendMatrix embed_tokens;
@@ -185,6 +191,20 @@ class ModelBackend {
   // over `w` in the form the backend holds it (stored format on the CPU).
   virtual absl::Status Linear(const float* x, int64_t n, const BackendMatrix& w,
                               const BackendVector& bias, float* y) = 0;
+
+  // Several Linear calls over the same input x[n, cols] (every outs[i].w has
+  // the same cols): outs[i].y = x outs[i].w^T (+ outs[i].bias), with results
+  // identical to calling Linear for each in order. A backend may run them as
+  // one launch (CPU: one parallel region and one activation quantization,
+  // kernels::LinearGroup). The outputs must not overlap x or one another.
+  // This default calls Linear for each.
+  virtual absl::Status LinearGroup(const float* x, int64_t n, std::span<const LinearOut> outs) {
+    for (const LinearOut& o : outs) {
+      absl::Status s = Linear(x, n, o.w, o.bias, o.y);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
 
   // Fused residual add + RMSNorm (Zhang & Sennrich 2019), one row at a time:
   //   v   = residual[r] (+ add[r] when add is not null)   (fp32 add)

@@ -388,6 +388,66 @@ TEST_P(LinearIsaTest, SetLinearIsaSelectsThePath) {
   ASSERT_TRUE(SetLinearIsa(before).ok());
 }
 
+// LinearGroup: several weights over one input in one parallel region give
+// exactly what Linear gives for each alone (same method, kernels and activation
+// blocks), and every member is within the double-precision bound. Groups mix
+// block sizes (32 and 256: two activation quantizations), fp16 rows and
+// tile-sgemm members, at decode and batched token counts; rows odd so that
+// the threads' slices end mid-tile. A group member fed a weight with one
+// byte changed is shown to differ, so the comparison can fail.
+TEST_P(LinearIsaTest, GroupMatchesLinearBitForBit) {
+  const CpuIsa isa = GetParam();
+  const CpuIsa before = ActiveLinearIsa();
+  ASSERT_TRUE(SetLinearIsa(isa).ok());
+  std::mt19937 rng(21);
+  const std::vector<std::vector<WeightType>> groups = {
+      {WeightType::kQ4_1, WeightType::kQ4_1, WeightType::kQ4_1},
+      {WeightType::kQ4_K, WeightType::kQ6_K, WeightType::kQ8_0},
+      {WeightType::kQ5_0, WeightType::kF16}};
+  const int64_t cols = 768;  // a multiple of 256
+  for (const auto& types : groups)
+    for (int64_t tokens : {1, 3, 5, 130}) {
+      SCOPED_TRACE(absl::StrCat("tokens=", tokens, " first=", WeightTypeName(types[0])));
+      std::vector<Weight> ws;
+      std::vector<std::vector<float>> ys, want, biases;
+      std::vector<float> x = RandomActs(rng, tokens * cols);
+      std::vector<LinearParams> ps;
+      for (size_t i = 0; i < types.size(); ++i) {
+        const int64_t rows = 97 + 64 * static_cast<int64_t>(i);
+        ws.push_back(RandomWeight(rng, types[i], rows, cols, 0));
+        biases.push_back(RandomActs(rng, rows));
+        ys.emplace_back(tokens * rows, 7.5f);
+        want.emplace_back(tokens * rows);
+      }
+      for (size_t i = 0; i < types.size(); ++i) {
+        const int64_t rows = ws[i].rows;
+        LinearParams p{
+            x.data(),       tokens, cols, ws[i].view(), i == 1 ? biases[i].data() : nullptr,
+            want[i].data(), rows};
+        ASSERT_TRUE(Linear(p).ok());
+        p.y = ys[i].data();
+        ps.push_back(p);
+      }
+      ASSERT_TRUE(LinearGroup(ps).ok());
+      for (size_t i = 0; i < types.size(); ++i) {
+        SCOPED_TRACE(absl::StrCat("member ", i, " ", WeightTypeName(types[i])));
+        EXPECT_EQ(ys[i], want[i]);
+        const bool quant =
+            cpu::IsQuantized(types[i]) &&
+            cpu::ChooseMethod(types[i], tokens, ws[i].rows, cols, isa) != LinearMethod::kTileSgemm;
+        Reference ref = Compute(ws[i], Dequantized(ws[i]), x, tokens, cols, ps[i].bias, quant);
+        EXPECT_LE(WorstRatio(ys[i], ws[i].rows, ref, tokens, ws[i].rows), 1.0);
+      }
+      // Teeth: one changed weight byte in the last member shows up.
+      Weight broken = ws.back();
+      broken.bytes[broken.stride * 3 + broken.stride / 2] ^= 0x11;
+      ps.back().w = broken.view();
+      ASSERT_TRUE(LinearGroup(ps).ok());
+      EXPECT_NE(ys.back(), want.back()) << "a changed weight byte went unnoticed";
+    }
+  ASSERT_TRUE(SetLinearIsa(before).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(AllPaths, LinearIsaTest, ::testing::ValuesIn(IsasOfThisCpu()),
                          [](const ::testing::TestParamInfo<CpuIsa>& i) {
                            return std::string(CpuIsaName(i.param));
@@ -399,6 +459,33 @@ TEST(LinearTest, UnsupportedIsaIsRefused) {
     EXPECT_EQ(SetLinearIsa(isa).code(), absl::StatusCode::kFailedPrecondition);
   }
   EXPECT_TRUE(CpuSupportsIsa(CpuIsa::kPortable));
+}
+
+TEST(LinearTest, GroupValidates) {
+  std::mt19937 rng(22);
+  Weight a = RandomWeight(rng, WeightType::kQ4_1, 40, 64, 0);
+  Weight b = RandomWeight(rng, WeightType::kQ8_0, 24, 64, 0);
+  Weight c = RandomWeight(rng, WeightType::kQ8_0, 24, 96, 0);
+  std::vector<float> x = RandomActs(rng, 2 * 96), x2 = x, ya(2 * 40), yb(2 * 24);
+  LinearParams pa{x.data(), 2, 64, a.view(), nullptr, ya.data(), 40};
+  LinearParams pb{x.data(), 2, 64, b.view(), nullptr, yb.data(), 24};
+  EXPECT_TRUE(LinearGroup(std::vector<LinearParams>{}).ok());
+  EXPECT_TRUE(LinearGroup(std::vector<LinearParams>{pa, pb}).ok());
+  LinearParams other_x = pb;
+  other_x.x = x2.data();
+  EXPECT_EQ(LinearGroup(std::vector<LinearParams>{pa, other_x}).code(),
+            absl::StatusCode::kInvalidArgument);
+  LinearParams other_cols{x.data(), 2, 96, c.view(), nullptr, yb.data(), 24};
+  EXPECT_EQ(LinearGroup(std::vector<LinearParams>{pa, other_cols}).code(),
+            absl::StatusCode::kInvalidArgument);
+  LinearParams same_y = pb;
+  same_y.y = ya.data() + 10;
+  EXPECT_EQ(LinearGroup(std::vector<LinearParams>{pa, same_y}).code(),
+            absl::StatusCode::kInvalidArgument);
+  LinearParams bad_member = pb;
+  bad_member.y_stride = 3;
+  EXPECT_EQ(LinearGroup(std::vector<LinearParams>{pa, bad_member}).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(LinearTest, DequantizeRowToFloatValidates) {
