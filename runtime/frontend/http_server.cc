@@ -246,7 +246,7 @@ class Connection final : public httplib::Stream {
     begin_ = end_ = 0;
     if (ssl_ != nullptr) return FillTls();
     if (!PollFor(POLLIN, std::min(read_timeout_, budget))) {
-      if (absl::Now() >= deadline_) deadline_exceeded_ = true;
+      deadline_exceeded_ = budget <= read_timeout_;  // the wait ended at the deadline
       failed_ = true;
       return false;
     }
@@ -274,7 +274,7 @@ class Connection final : public httplib::Stream {
       const absl::Duration budget = ReadBudget();
       if (wait == 0 || budget <= absl::ZeroDuration() ||
           !PollFor(wait, std::min(read_timeout_, budget))) {
-        if (wait != 0 && absl::Now() >= deadline_) deadline_exceeded_ = true;
+        deadline_exceeded_ = wait != 0 && budget <= read_timeout_;  // ended at the deadline
         failed_ = true;
         return false;
       }
