@@ -941,53 +941,57 @@ struct HttpServer::Impl {
         });
   }
 
-  void Routes() {
-    server->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      // Runs before cpp-httplib reads the body. A chunked body is read by
-      // the POST routes under --max-request-body-bytes (ReadBody: cpp-httplib
-      // 0.11's payload limit covers only bodies with a Content-Length); any
-      // other transfer coding is not implemented (501, RFC 9112 6.1), and
-      // one beside a Content-Length is refused (400: the two disagree on
-      // where the body ends, the shape of request smuggling). An oversized
-      // Content-Length is answered 413 without waiting for the body. The
-      // unread body makes the connection unusable: "Connection: close" (see
-      // ReadBody; ConnectionLoop ends the connection after such a response).
-      if (Connection* c = CurrentConnection()) c->BeginBody(req);
-      const bool has_body = req.has_header("Transfer-Encoding") || req.has_header("Content-Length");
-      if (req.has_header("Transfer-Encoding")) {
-        const bool chunked =
-            req.get_header_value_count("Transfer-Encoding") == 1 &&
-            absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked");
-        if (!chunked || req.has_header("Content-Length")) {
-          CloseAfter(res);
-          SendError(res, chunked ? MakeError(400, "invalid_request_error",
-                                             "Transfer-Encoding and Content-Length together")
-                                 : MakeError(501, "invalid_request_error",
-                                             "only the chunked transfer coding is implemented"));
-          return httplib::Server::HandlerResponse::Handled;
-        }
-      }
-      if (req.has_header("Content-Length")) {
-        const std::string& v = req.get_header_value("Content-Length");
-        uint64_t len = 0;
-        if (!absl::SimpleAtoi(v, &len) ||
-            len > static_cast<uint64_t>(options.max_request_body_bytes)) {
-          CloseAfter(res);
-          SendError(res, MakeError(413, "invalid_request_error",
-                                   absl::StrCat("the request body is too large (Content-Length ", v,
-                                                ", --max-request-body-bytes ",
-                                                options.max_request_body_bytes, ")")));
-          return httplib::Server::HandlerResponse::Handled;
-        }
-      }
-      if (Protected(req.path) && !Authorized(req)) {
-        if (has_body) CloseAfter(res);  // the body stays unread
-        SendError(res, MakeError(401, "invalid_request_error",
-                                 "missing or invalid API key (Authorization: Bearer)",
-                                 "invalid_api_key"));
+  httplib::Server::HandlerResponse PreRouting(const httplib::Request& req, httplib::Response& res) {
+    // Runs before cpp-httplib reads the body. A chunked body is read by
+    // the POST routes under --max-request-body-bytes (ReadBody: cpp-httplib
+    // 0.11's payload limit covers only bodies with a Content-Length); any
+    // other transfer coding is not implemented (501, RFC 9112 6.1), and
+    // one beside a Content-Length is refused (400: the two disagree on
+    // where the body ends, the shape of request smuggling). An oversized
+    // Content-Length is answered 413 without waiting for the body. The
+    // unread body makes the connection unusable: "Connection: close" (see
+    // ReadBody; ConnectionLoop ends the connection after such a response).
+    if (Connection* c = CurrentConnection()) c->BeginBody(req);
+    const bool has_body = req.has_header("Transfer-Encoding") || req.has_header("Content-Length");
+    if (req.has_header("Transfer-Encoding")) {
+      const bool chunked =
+          req.get_header_value_count("Transfer-Encoding") == 1 &&
+          absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked");
+      if (!chunked || req.has_header("Content-Length")) {
+        CloseAfter(res);
+        SendError(res, chunked ? MakeError(400, "invalid_request_error",
+                                           "Transfer-Encoding and Content-Length together")
+                               : MakeError(501, "invalid_request_error",
+                                           "only the chunked transfer coding is implemented"));
         return httplib::Server::HandlerResponse::Handled;
       }
-      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    if (req.has_header("Content-Length")) {
+      const std::string& v = req.get_header_value("Content-Length");
+      uint64_t len = 0;
+      if (!absl::SimpleAtoi(v, &len) ||
+          len > static_cast<uint64_t>(options.max_request_body_bytes)) {
+        CloseAfter(res);
+        SendError(res, MakeError(413, "invalid_request_error",
+                                 absl::StrCat("the request body is too large (Content-Length ", v,
+                                              ", --max-request-body-bytes ",
+                                              options.max_request_body_bytes, ")")));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    if (Protected(req.path) && !Authorized(req)) {
+      if (has_body) CloseAfter(res);  // the body stays unread
+      SendError(res,
+                MakeError(401, "invalid_request_error",
+                          "missing or invalid API key (Authorization: Bearer)", "invalid_api_key"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
+
+  void Routes() {
+    server->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      return PreRouting(req, res);
     });
     server->set_exception_handler(
         [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {

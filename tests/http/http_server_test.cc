@@ -565,6 +565,7 @@ TEST(HttpServerTest, ConcurrentClientsStreamingAbortAndHealthDuringAStep) {
   s.exec->Hold(0);
   std::atomic<int> ok{0};
   std::vector<std::thread> clients;
+  clients.reserve(4);
   for (int i = 0; i < 4; ++i) {
     clients.emplace_back([&, i] {
       const bool stream = i % 2 == 1;
