@@ -781,10 +781,10 @@ struct HttpServer::Impl {
   // payload limit (it would read a chunked body whole). The bound is kept
   // here: reading stops at the first chunk that would take the body beyond
   // max_request_body_bytes (413), so at most that much is ever held. False:
-  // the error response is set (413; 400 for a malformed or timed-out body;
-  // 415 for multipart, which no route takes) with "Connection: close" (the
-  // unread rest of the body makes the connection unusable; cpp-httplib 0.11
-  // keeps it open all the same, parsing what follows as a next request).
+  // the error response is set (413; 400 for malformed chunked framing or
+  // an unreadable body; 408 past the request deadline; 415 for multipart,
+  // which no route takes) with "Connection: close": the unread rest of the
+  // body makes the connection unusable, and ConnectionLoop ends it.
   bool ReadBody(const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader& reader, std::string* body) {
     CloseAfter(res);  // undone once the body is read whole
