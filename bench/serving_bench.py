@@ -1,59 +1,77 @@
 #!/usr/bin/env python3
-"""Serving benchmark (issue 6): one workload against pagedserve (protocol v1 over
-ZeroMQ, streaming) and against llama.cpp's own server (llama-cpp-python's
-OpenAI-compatible server, streaming /v1/completions), on the same GGUF, one
-after the other in one run; reports request throughput, output tokens/s, TTFT,
-TPOT, ITL and end-to-end latency (mean, p50, p99) as text and JSON.
+"""Serving benchmark (issues 6, 12): pagedserve and llama.cpp's C++ llama-server
+driven through the same OpenAI HTTP API (streaming POST /v1/completions), on
+the same GGUF with the same number of threads, at a sweep of concurrency levels
+and with Poisson arrivals; reports output tokens/s, TTFT, TPOT, ITL (mean, p50,
+p99) per level in one table with ratios, and everything as JSON.
 
     bench/serving_bench.py [--backends pagedserve,llamacpp] [--model GGUF]
-        [--num-prompts 32] [--request-rate inf | R] [--max-concurrency C]
-        [--dataset random|shared-prefix] [--input-len 128] [--output-len 64]
-        [--range-ratio 0.0] [--prefix-len 256] [--seed 0] [--json-out FILE]
-        [--pagedserve-bin PATH] [--serve-arg=--max-num-seqs=64 ...]
-        [--pagedserve-endpoint tcp://HOST:PORT] [--llamacpp-url http://HOST:PORT]
+        [--concurrency 1,8,32,64] [--rounds 2] [--min-prompts 8]
+        [--poisson-rate 0.5] [--poisson-prompts 32] [--poisson-max-concurrency 64]
+        [--input-len 128] [--output-len 64] [--range-ratio 0.0]
+        [--dataset random|shared-prefix] [--prefix-len 256] [--seed 0]
+        [--repeats 2] [--threads 2] [--json-out FILE]
+        [--pagedserve-bin PATH] [--serve-arg=--max-num-batched-tokens=256 ...]
+        [--llamacpp-server-bin PATH] [--llamacpp-arg=... ...]
+        [--pagedserve-url http://HOST:PORT] [--llamacpp-url http://HOST:PORT]
 
-Servers: by default the script starts each server itself (pagedserve serve
-with --threads' worth of OpenMP/OpenBLAS threads; python3 -m llama_cpp.server
-with --n_threads/--n_threads_batch), waits until it answers (--startup-timeout),
-sends one untimed warm-up request, runs the workload, and stops the server
-(SIGTERM, then SIGKILL after 10 s; always, also on errors and Ctrl-C). With
---pagedserve-endpoint / --llamacpp-url it attaches to a running server instead
-and leaves it alone. Server output goes to --log-dir (a temporary directory by
-default, printed).
+Servers. By default the script starts each server itself, waits until it
+answers (--startup-timeout), sends one untimed warm-up request, runs every
+level, and stops the server (SIGTERM, then SIGKILL after 10 s; always, also on
+errors and Ctrl-C). With --pagedserve-url / --llamacpp-url it attaches to a
+running server instead and leaves it alone. Server output goes to --log-dir
+(a temporary directory by default, printed).
+  * pagedserve: `pagedserve serve --model GGUF --host 127.0.0.1 --port P
+    --zmq-endpoint tcp://127.0.0.1:Q` with OMP_NUM_THREADS = OPENBLAS_NUM_THREADS
+    = --threads (its engine defaults unless --serve-arg says otherwise).
+  * llama.cpp: `llama-server -m GGUF -t T -tb T --parallel S --cont-batching
+    -c S*L --host 127.0.0.1 --port P` (default binary: bench/build-llamacpp's,
+    ~/.cache/pagedserve/llamacpp/build/bin/llama-server), S = the largest level
+    (and --poisson-max-concurrency), L = per-sequence length = the longest
+    prompt + output of the workload + 16, rounded up to 256. llama-server splits
+    -c evenly over its slots, so every slot holds a whole sequence. The script
+    checks what the server reports (GET /props: total_slots, per-slot n_ctx) and
+    records it; a slot context shorter than L is an error.
+Continuous batching is checked, not assumed: during every level a sampler
+polls the server (llama-server: GET /slots, the slots with is_processing;
+pagedserve: GET /metrics, pagedserve_requests_running) every 0.25 s and
+records the most requests it saw in progress at once ("max_running" in the
+JSON and the table). At 32 concurrent requests it should be near 32 on both.
 
-Workload (identical for every backend: same seed, same prompts, same arrival
-times):
+Runs. --repeats R runs each backend R times, interleaved (A B A B ...), each
+run a fresh server and the whole sweep; the 1/5/15-minute load average is
+recorded before each backend's run and before each level. The table pools the
+repeats: throughputs are the mean over the repeats (each repeat's value in the
+JSON), latency percentiles over all requests of all repeats.
+
+Workload (identical for every backend and repeat: same seed, same prompts, same
+arrival times): level C sends max(--rounds x C, --min-prompts) requests with at
+most C in flight (a new one starts when one finishes); the Poisson run sends
+--poisson-prompts requests at exponential gaps of mean 1/--poisson-rate s
+(seeded) with at most --poisson-max-concurrency in flight (0 = no cap; skip the
+run with --poisson-rate 0).
   * random: each request's prompt length is drawn uniformly from
     [input_len * (1 - range_ratio), input_len * (1 + range_ratio)] tokens and its
     output length likewise from output_len (vLLM's "random" dataset).
   * shared-prefix: every prompt starts with the same --prefix-len tokens
-    (a system-prompt style workload) followed by a random part drawn as above.
-  Prompt text is made of random common English words and trimmed to the exact
+    followed by a random part drawn as above.
+  Prompt text is made of random common English words trimmed to the exact
   token count with the model's tokenizer (llama.cpp's, through llama-cpp-python's
-  vocab-only loading). Every request is greedy (temperature 0) and generates
-  exactly its output length: pagedserve with ignore_eos, llama.cpp with a -100
-  logit bias on every end-of-generation token and max_tokens.
-  Arrivals: all at once (--request-rate inf) or a Poisson process of rate R
-  requests/s (exponential gaps, seeded); --max-concurrency caps requests in
-  flight (the others wait for a free slot).
+  vocab-only loading). Every request is the same JSON on both servers:
+  {"prompt", "max_tokens": output length, "temperature": 0, "ignore_eos": true,
+  "stream": true, "stream_options": {"include_usage": true}} — greedy, and
+  exactly its output length: a request counts as completed only when the
+  final usage says completion_tokens == its output length and finish_reason
+  is "length" (both servers honour ignore_eos).
 
 Metrics (as vLLM's benchmark_serving defines them):
   TTFT  time from sending a request to its first streamed token;
   TPOT  per request, (latency - TTFT) / (output tokens - 1);
-  ITL   every gap between two consecutive streamed chunks (a chunk that carries
-        several tokens, e.g. held-back text, is one gap);
+  ITL   every gap between two consecutive streamed chunks that carry text (a
+        chunk that carries several tokens, e.g. held-back text, is one gap);
   E2E   latency from send to the last message;
-  output tokens/s = all output tokens / wall time of the run (first send to last
-  reply); request throughput = completed requests / that time.
-Output tokens per request: pagedserve's usage.completion_tokens; llama.cpp's
-max_tokens when finish_reason is "length" (streamed chunks do not carry usage),
-else the number of chunks.
-
-Caveat (recorded in the JSON): llama-cpp-python's server runs one request at a
-time (a lock around its single llama context; no continuous batching), so under
-concurrency its requests queue. llama.cpp's C++ llama-server (--parallel N,
-continuous batching) is a stronger baseline; it is used when --llamacpp-server-bin
-names one (started as `BIN -m GGUF -t T --parallel C --cont-batching --port P`).
+  output tokens/s = all output tokens / wall time of the level (first send to
+  last reply).
 """
 
 from __future__ import annotations
@@ -65,6 +83,7 @@ import math
 import os
 import platform
 import random
+import re
 import shutil
 import signal
 import socket
@@ -76,10 +95,11 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+DEFAULT_LLAMA_SERVER = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                                    "pagedserve", "llamacpp", "build", "bin", "llama-server")
 
 WORDS = ("time person year way day thing man world life hand part child eye woman place "
          "work week case point government company number group problem fact be have do say "
@@ -96,25 +116,60 @@ WORDS = ("time person year way day thing man world life hand part child eye woma
 
 
 class PromptMaker:
-    """Makes prompt texts of an exact token length for the model's tokenizer."""
+    """Makes prompt texts of an exact token length for the model's tokenizer:
+    llama.cpp's, through llama-cpp-python's vocab-only loading when it is
+    installed, else through POST /tokenize of a llama-server on the same GGUF
+    (started for this and stopped again; or the one at --llamacpp-url)."""
 
-    def __init__(self, gguf: str):
-        import ctypes
-        import llama_cpp as L
-        self.L = L
-        L.llama_backend_init()
-        self._quiet = L.llama_log_callback(lambda level, text, user: None)
-        L.llama_log_set(self._quiet, ctypes.c_void_p())
-        p = L.llama_model_default_params()
-        p.vocab_only = True
-        self.model = L.llama_model_load_from_file(gguf.encode(), p)
-        if not self.model:
-            raise SystemExit(f"serving_bench: cannot load the tokenizer of {gguf}")
-        self.vocab = L.llama_model_get_vocab(self.model)
-        n = L.llama_vocab_n_tokens(self.vocab)
-        self.eog_ids = [i for i in range(n) if L.llama_vocab_is_eog(self.vocab, i)]
+    def __init__(self, gguf: str, llama_server_bin: str, llamacpp_url: Optional[str], log_dir: str):
+        self.server = None
+        try:
+            import ctypes
+            import llama_cpp as L
+        except ImportError:
+            L = None
+        if L is not None:
+            self.L = L
+            L.llama_backend_init()
+            self._quiet = L.llama_log_callback(lambda level, text, user: None)
+            L.llama_log_set(self._quiet, ctypes.c_void_p())
+            p = L.llama_model_default_params()
+            p.vocab_only = True
+            self.model = L.llama_model_load_from_file(gguf.encode(), p)
+            if not self.model:
+                raise SystemExit(f"serving_bench: cannot load the tokenizer of {gguf}")
+            self.vocab = L.llama_model_get_vocab(self.model)
+            self.source = "llama-cpp-python (vocab only)"
+            return
+        self.L = None
+        url = llamacpp_url
+        if not url:
+            if not os.access(llama_server_bin, os.X_OK):
+                raise SystemExit("serving_bench: no tokenizer: install llama-cpp-python or build llama-server "
+                                 "(bench/build-llamacpp)")
+            port = free_port()
+            self.server = Server("tokenizer", [llama_server_bin, "-m", gguf, "-t", "1", "-c", "512", "--parallel", "1",
+                                               "--host", "127.0.0.1", "--port", str(port)], dict(os.environ), log_dir)
+            url = f"http://127.0.0.1:{port}"
+            self.server.wait_healthy(OpenAIBackend("llamacpp", url, 10.0), 120.0)
+        u = urllib.parse.urlparse(url)
+        self.conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=30.0)
+        self.source = f"llama-server POST /tokenize ({url})"
+
+    def close(self) -> None:
+        if self.server:
+            self.server.stop()
+            self.server = None
 
     def tokenize(self, text: str) -> List[int]:
+        if self.L is None:
+            self.conn.request("POST", "/tokenize", json.dumps({"content": text, "add_special": False}),
+                              {"Content-Type": "application/json"})
+            resp = self.conn.getresponse()
+            body = resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"POST /tokenize: HTTP {resp.status}: {body[:200]!r}")
+            return list(json.loads(body)["tokens"])
         raw = text.encode()
         buf = (self.L.llama_token * (len(raw) + 16))()
         n = self.L.llama_tokenize(self.vocab, raw, len(raw), buf, len(buf), False, False)
@@ -160,25 +215,25 @@ def uniform_len(rng: random.Random, mean: int, ratio: float) -> int:
     return rng.randint(lo, hi)
 
 
-def make_workload(args, maker: PromptMaker) -> List[Request]:
-    rng = random.Random(args.seed)
+def make_workload(args, maker: PromptMaker, num_prompts: int, request_rate: float, seed: int) -> List[Request]:
+    rng = random.Random(seed)
     prefix = ""
     if args.dataset == "shared-prefix":
-        prefix = maker.text(rng, args.prefix_len - 1) + "."
+        prefix = maker.text(random.Random(args.seed), args.prefix_len - 1) + "."
     reqs = []
     t = 0.0
-    for i in range(args.num_prompts):
+    for i in range(num_prompts):
         in_len = uniform_len(rng, args.input_len, args.range_ratio)
         out_len = uniform_len(rng, args.output_len, args.range_ratio)
         text = maker.text(rng, in_len, prefix)
-        if args.request_rate != math.inf and i > 0:
-            t += rng.expovariate(args.request_rate)
+        if request_rate != math.inf and i > 0:
+            t += rng.expovariate(request_rate)
         reqs.append(Request(i, text, len(maker.tokenize(text)), out_len, t))
     return reqs
 
 
 # ---------------------------------------------------------------------------
-# Backends: each send() runs one streamed request and returns its record.
+# The one client: streaming POST /v1/completions, the same body for both servers.
 
 
 @dataclass
@@ -188,75 +243,56 @@ class Record:
     send: float = 0.0
     ttft: float = 0.0
     latency: float = 0.0
-    chunk_times: List[float] = field(default_factory=list)  # absolute, per chunk with tokens
+    chunk_times: List[float] = field(default_factory=list)  # absolute, per chunk with text
     output_tokens: int = 0
     prompt_tokens: int = 0
     finish_reason: str = ""
 
 
-class PagedServeBackend:
-    name = "pagedserve"
+class OpenAIBackend:
+    """An OpenAI-compatible server at `url` (pagedserve or llama-server)."""
 
-    def __init__(self, endpoint: str, timeout: float):
-        import zmq
-        self.endpoint = endpoint
-        self.timeout = timeout
-        self.context = zmq.Context()
-
-    def health(self) -> bool:
-        from pagedserve_client import Client
-        try:
-            with Client(self.endpoint, timeout=1.0, context=self.context) as c:
-                return c.health()
-        except Exception:
-            return False
-
-    def send(self, req: Request, rec: Record) -> None:
-        from pagedserve_client import Client
-        with Client(self.endpoint, timeout=self.timeout, context=self.context) as c:
-            rec.send = time.perf_counter()
-            stream = c.stream(req.prompt, max_tokens=req.output_len, temperature=0.0, ignore_eos=True)
-            for delta in stream:
-                if delta.token_ids:
-                    now = time.perf_counter()
-                    if not rec.chunk_times:
-                        rec.ttft = now - rec.send
-                    rec.chunk_times.append(now)
-            rec.latency = time.perf_counter() - rec.send
-            final = stream.final
-            rec.output_tokens = int(final.usage.get("completion_tokens", 0))
-            rec.prompt_tokens = int(final.usage.get("prompt_tokens", 0))
-            rec.finish_reason = final.outputs[0].finish_reason if final.outputs else ""
-            rec.ok = rec.finish_reason == "length" and bool(rec.chunk_times)
-            if not rec.ok:
-                rec.error = f"finish_reason {rec.finish_reason!r}, {len(rec.chunk_times)} chunks"
-
-    def close(self) -> None:
-        self.context.term()
-
-
-class LlamaCppBackend:
-    name = "llamacpp"
-
-    def __init__(self, url: str, timeout: float, eog_ids: List[int]):
+    def __init__(self, name: str, url: str, timeout: float):
         u = urllib.parse.urlparse(url)
+        self.name = name
+        self.url = url
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
         self.timeout = timeout
-        self.logit_bias = {str(i): -100.0 for i in eog_ids}
+
+    def get(self, path: str, timeout: float = 2.0) -> Tuple[int, bytes]:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
 
     def health(self) -> bool:
         try:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=2.0)
-            conn.request("GET", "/v1/models")
-            ok = conn.getresponse().status == 200
-            conn.close()
-            return ok
+            return self.get("/health")[0] == 200
         except OSError:
             return False
 
+    def running(self) -> Optional[int]:
+        """Requests in progress right now, as the server reports them (None: unknown)."""
+        try:
+            if self.name == "llamacpp":
+                status, body = self.get("/slots")
+                if status != 200:
+                    return None
+                return sum(1 for s in json.loads(body) if s.get("is_processing"))
+            status, body = self.get("/metrics")
+            if status != 200:
+                return None
+            m = re.search(rb"^pagedserve_requests_running(?:\{[^}]*\})? ([0-9.e+]+)$", body, re.M)
+            return int(float(m.group(1))) if m else None
+        except (OSError, ValueError):
+            return None
+
     def send(self, req: Request, rec: Record) -> None:
         body = json.dumps({"prompt": req.prompt, "max_tokens": req.output_len, "temperature": 0.0,
-                           "stream": True, "logit_bias": self.logit_bias})
+                           "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         try:
             rec.send = time.perf_counter()
@@ -265,7 +301,6 @@ class LlamaCppBackend:
             if resp.status != 200:
                 rec.error = f"HTTP {resp.status}: {resp.read(300)!r}"
                 return
-            chunks = 0
             while True:
                 line = resp.readline()
                 if not line:
@@ -277,39 +312,57 @@ class LlamaCppBackend:
                 if data == b"[DONE]":
                     break
                 msg = json.loads(data)
-                choice = (msg.get("choices") or [{}])[0]
-                if choice.get("text"):
-                    now = time.perf_counter()
-                    if not rec.chunk_times:
-                        rec.ttft = now - rec.send
-                    rec.chunk_times.append(now)
-                    chunks += 1
-                if choice.get("finish_reason"):
-                    rec.finish_reason = choice["finish_reason"]
+                if "error" in msg:
+                    rec.error = f"stream error: {msg['error']}"
+                    return
+                for choice in msg.get("choices") or []:
+                    if choice.get("text"):
+                        now = time.perf_counter()
+                        if not rec.chunk_times:
+                            rec.ttft = now - rec.send
+                        rec.chunk_times.append(now)
+                    if choice.get("finish_reason"):
+                        rec.finish_reason = choice["finish_reason"]
                 if msg.get("usage"):
-                    rec.output_tokens = msg["usage"].get("completion_tokens", 0)
+                    rec.output_tokens = int(msg["usage"].get("completion_tokens", 0))
+                    rec.prompt_tokens = int(msg["usage"].get("prompt_tokens", 0))
             rec.latency = time.perf_counter() - rec.send
-            if not rec.output_tokens:
-                rec.output_tokens = req.output_len if rec.finish_reason == "length" else chunks
-            rec.prompt_tokens = req.prompt_len
-            rec.ok = rec.finish_reason == "length" and bool(rec.chunk_times)
+            rec.ok = (rec.finish_reason == "length" and rec.output_tokens == req.output_len
+                      and bool(rec.chunk_times))
             if not rec.ok:
-                rec.error = f"finish_reason {rec.finish_reason!r}, {chunks} chunks"
+                rec.error = (f"finish_reason {rec.finish_reason!r}, completion_tokens {rec.output_tokens} "
+                             f"(wanted {req.output_len}), {len(rec.chunk_times)} chunks")
         finally:
             conn.close()
 
-    def close(self) -> None:
-        pass
+
+class RunningSampler:
+    """Polls backend.running() on a thread; max_seen = the most in progress at once."""
+
+    def __init__(self, backend: OpenAIBackend, interval: float = 0.25):
+        self.backend, self.interval = backend, interval
+        self.max_seen: Optional[int] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            n = self.backend.running()
+            if n is not None:
+                self.max_seen = n if self.max_seen is None else max(self.max_seen, n)
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
 
 
 # ---------------------------------------------------------------------------
 # Servers started by the script
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -371,6 +424,12 @@ def thread_env(threads: int) -> Dict[str, str]:
     return env
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def default_pagedserve_bin() -> str:
     for d in ("build-bench", "build"):
         p = os.path.join(ROOT, d, "runtime", "cli", "pagedserve")
@@ -379,34 +438,44 @@ def default_pagedserve_bin() -> str:
     return shutil.which("pagedserve") or os.path.join(ROOT, "build", "runtime", "cli", "pagedserve")
 
 
-def start_pagedserve(args, log_dir: str):
+def start_pagedserve(args, log_dir: str, tag: str):
     port = free_port()
-    endpoint = f"tcp://127.0.0.1:{port}"
-    cmd = [args.pagedserve_bin, "serve", "--model", args.model, "--zmq-endpoint", endpoint] + args.serve_arg
-    server = Server("pagedserve", cmd, thread_env(args.threads), log_dir)
-    return server, endpoint
+    cmd = [args.pagedserve_bin, "serve", "--model", args.model, "--host", "127.0.0.1", "--port", str(port),
+           "--zmq-endpoint", f"tcp://127.0.0.1:{free_port()}", "--disable-log-requests"] + args.serve_arg
+    return Server(f"pagedserve{tag}", cmd, thread_env(args.threads), log_dir), f"http://127.0.0.1:{port}"
 
 
-def start_llamacpp(args, log_dir: str):
+def start_llamacpp(args, log_dir: str, tag: str):
     port = free_port()
-    if args.llamacpp_server_bin:
-        cmd = [args.llamacpp_server_bin, "-m", args.model, "-t", str(args.threads), "--port", str(port),
-               "--host", "127.0.0.1", "--parallel", str(args.llamacpp_parallel), "--cont-batching",
-               "-c", str(args.llamacpp_n_ctx * args.llamacpp_parallel)]
-    else:
-        cmd = [sys.executable, os.path.join(ROOT, "bench", "llamacpp_server.py"), "--model", args.model, "--host", "127.0.0.1",
-               "--port", str(port), "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads),
-               "--n_ctx", str(args.llamacpp_n_ctx), "--interrupt_requests", "False"]
-    cmd += args.llamacpp_arg
-    server = Server("llamacpp", cmd, thread_env(args.threads), log_dir)
-    return server, f"http://127.0.0.1:{port}"
+    cmd = [args.llamacpp_server_bin, "-m", args.model, "-t", str(args.threads), "-tb", str(args.threads),
+           "--host", "127.0.0.1", "--port", str(port), "--parallel", str(args.llamacpp_parallel),
+           "--cont-batching", "-c", str(args.llamacpp_parallel * args.seq_len)] + args.llamacpp_arg
+    return Server(f"llamacpp{tag}", cmd, thread_env(args.threads), log_dir), f"http://127.0.0.1:{port}"
+
+
+def check_llamacpp(backend: OpenAIBackend, args) -> Dict:
+    """What llama-server says about its slots; an error when a slot cannot hold a sequence."""
+    status, body = backend.get("/props", timeout=10.0)
+    if status != 200:
+        raise SystemExit(f"serving_bench: llama-server GET /props: HTTP {status}")
+    props = json.loads(body)
+    slot_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
+    info = {"total_slots": props.get("total_slots"), "slot_n_ctx": slot_ctx,
+            "build_info": props.get("build_info")}
+    if slot_ctx is not None and slot_ctx < args.seq_len:
+        raise SystemExit(f"serving_bench: llama-server slots hold {slot_ctx} tokens, the workload needs "
+                         f"{args.seq_len}; raise -c (see --llamacpp-arg)")
+    if info["total_slots"] is not None and info["total_slots"] < args.llamacpp_parallel:
+        raise SystemExit(f"serving_bench: llama-server has {info['total_slots']} slots, wanted "
+                         f"{args.llamacpp_parallel}")
+    return info
 
 
 # ---------------------------------------------------------------------------
 # Running and reporting
 
 
-def run_workload(backend, reqs: List[Request], max_concurrency: int, run_timeout: float) -> (List[Record], float):
+def run_workload(backend, reqs: List[Request], max_concurrency: int, run_timeout: float) -> Tuple[List[Record], float]:
     records = [Record() for _ in reqs]
     slots = threading.Semaphore(max_concurrency) if max_concurrency > 0 else None
     start = time.perf_counter()
@@ -453,54 +522,82 @@ def stats_ms(values: List[float]) -> Dict[str, float]:
     return {"mean": round(statistics.fmean(v), 3), "p50": round(pct(50), 3), "p99": round(pct(99), 3)}
 
 
+def latency_stats(records: List[Record]) -> Dict:
+    done = [r for r in records if r.ok]
+    tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    itl = [b - a for r in done for a, b in zip(r.chunk_times, r.chunk_times[1:])]
+    return {"ttft_ms": stats_ms([r.ttft for r in done]), "tpot_ms": stats_ms(tpot), "itl_ms": stats_ms(itl),
+            "e2e_latency_ms": stats_ms([r.latency for r in done])}
+
+
 def summarize(records: List[Record], duration: float) -> Dict:
     done = [r for r in records if r.ok]
     out_tokens = sum(r.output_tokens for r in done)
     in_tokens = sum(r.prompt_tokens for r in done)
-    tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
-    itl = [b - a for r in done for a, b in zip(r.chunk_times, r.chunk_times[1:])]
-    errors = sorted({r.error for r in records if not r.ok})
     return {
-        "completed": len(done), "failed": len(records) - len(done), "errors": errors[:5],
+        "completed": len(done), "failed": len(records) - len(done),
+        "errors": sorted({r.error for r in records if not r.ok})[:5],
         "duration_s": round(duration, 3),
         "request_throughput_per_s": round(len(done) / duration, 4) if duration > 0 else 0.0,
         "output_tokens_per_s": round(out_tokens / duration, 2) if duration > 0 else 0.0,
-        "total_tokens_per_s": round((in_tokens + out_tokens) / duration, 2) if duration > 0 else 0.0,
         "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
-        "ttft_ms": stats_ms([r.ttft for r in done]), "tpot_ms": stats_ms(tpot),
-        "itl_ms": stats_ms(itl), "e2e_latency_ms": stats_ms([r.latency for r in done]),
+        **latency_stats(records),
     }
 
 
-def print_table(results: Dict[str, Dict]) -> None:
-    names = list(results)
-    rows = [("completed / failed", lambda s: f"{s['completed']} / {s['failed']}"),
-            ("duration (s)", lambda s: f"{s['duration_s']:.2f}"),
-            ("request throughput (req/s)", lambda s: f"{s['request_throughput_per_s']:.3f}"),
-            ("output tokens/s", lambda s: f"{s['output_tokens_per_s']:.1f}"),
-            ("total tokens/s", lambda s: f"{s['total_tokens_per_s']:.1f}")]
-    for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms"):
-        for k in ("mean", "p50", "p99"):
-            rows.append((f"{m[:-3].upper()} {k} (ms)", lambda s, m=m, k=k: f"{s[m][k]:.1f}"))
-    width = 28
-    print(f"{'':{width}}" + "".join(f"{n:>14}" for n in names)
-          + (f"{'ratio':>10}" if len(names) == 2 else ""))
-    for label, fmt in rows:
-        cells = [fmt(results[n]["summary"]) for n in names]
-        line = f"{label:{width}}" + "".join(f"{c:>14}" for c in cells)
-        if len(names) == 2 and label in ("output tokens/s", "request throughput (req/s)", "total tokens/s"):
-            key = {"output tokens/s": "output_tokens_per_s", "request throughput (req/s)": "request_throughput_per_s",
-                   "total tokens/s": "total_tokens_per_s"}[label]
-            a, b = (results[n]["summary"][key] for n in names)
-            line += f"{(a / b if b else float('nan')):>9.2f}x"
-        print(line)
-    for n in names:
-        if results[n]["summary"]["errors"]:
-            print(f"{n} errors: {results[n]['summary']['errors']}")
+def fmt_stat(s: Dict[str, float]) -> str:
+    return " / ".join(f"{s[k]:.1f}" for k in ("mean", "p50", "p99"))
+
+
+def print_table(report: Dict, names: List[str]) -> None:
+    """One table: per level, each backend's pooled figures and the ratio pagedserve / llama.cpp."""
+    two = len(names) == 2
+    head = ["level", "metric"] + names + (["ratio"] if two else [])
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|")
+    for level, by_name in report["levels"].items():
+        pooled = {n: by_name[n]["pooled"] for n in names if n in by_name}
+        if len(pooled) != len(names):
+            continue
+        rows = [("output tokens/s", lambda p: p["output_tokens_per_s_mean"],
+                 lambda p: " / ".join(f"{x:.1f}" for x in p["output_tokens_per_s_runs"]), True)]
+        for m, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL")):
+            rows.append((f"{label} mean / p50 / p99 (ms)", lambda p, m=m: p[m]["p50"],
+                         lambda p, m=m: fmt_stat(p[m]), False))
+        rows.append(("completed / failed; max running", None,
+                     lambda p: f"{p['completed']} / {p['failed']}; {p['max_running']}", False))
+        for label, key, cell, higher_better in rows:
+            line = [level, label] + [cell(pooled[n]) for n in names]
+            if two:
+                a, b = (key(pooled[n]) if key else None for n in names)
+                if a is None or b is None or not b or a != a or b != b:
+                    line.append("")
+                elif higher_better:
+                    line.append(f"{a / b:.2f}x")
+                else:
+                    line.append(f"{a / b:.2f}x (p50)")
+            print("| " + " | ".join(line) + " |")
+    for level, by_name in report["levels"].items():
+        for n in names:
+            if n in by_name and by_name[n]["pooled"]["errors"]:
+                print(f"{level} {n} errors: {by_name[n]['pooled']['errors']}")
+
+
+def pool(runs: List[Dict], records: List[Record]) -> Dict:
+    thr = [r["output_tokens_per_s"] for r in runs]
+    running = [r["max_running"] for r in runs if r.get("max_running") is not None]
+    return {"output_tokens_per_s_mean": round(statistics.fmean(thr), 2), "output_tokens_per_s_runs": thr,
+            "completed": sum(r["completed"] for r in runs), "failed": sum(r["failed"] for r in runs),
+            "errors": sorted({e for r in runs for e in r["errors"]})[:5],
+            "max_running": max(running) if running else None, **latency_stats(records)}
 
 
 def default_model() -> str:
     return subprocess.check_output([os.path.join(ROOT, "scripts", "fetch-model")], text=True).strip()
+
+
+def loadavg() -> List[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def main() -> int:
@@ -508,42 +605,57 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--backends", default="pagedserve,llamacpp")
     ap.add_argument("--model", help="GGUF file (default: scripts/fetch-model)")
-    ap.add_argument("--num-prompts", type=int, default=32)
-    ap.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (Poisson); inf = all at once")
-    ap.add_argument("--max-concurrency", type=int, default=0, help="requests in flight at most (0 = no cap)")
+    ap.add_argument("--concurrency", default="1,8,32,64", help="comma-separated levels (requests in flight)")
+    ap.add_argument("--rounds", type=int, default=2, help="level C sends max(rounds x C, --min-prompts) requests")
+    ap.add_argument("--min-prompts", type=int, default=8)
+    ap.add_argument("--poisson-rate", type=float, default=0.5, help="requests/s of the Poisson run (0 = no run)")
+    ap.add_argument("--poisson-prompts", type=int, default=32)
+    ap.add_argument("--poisson-max-concurrency", type=int, default=64, help="0 = no cap")
     ap.add_argument("--dataset", choices=("random", "shared-prefix"), default="random")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--range-ratio", type=float, default=0.0)
     ap.add_argument("--prefix-len", type=int, default=256, help="shared-prefix: tokens of the common prefix")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1, help="runs per backend, interleaved (A B A B ...)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of each server")
     ap.add_argument("--json-out")
     ap.add_argument("--log-dir")
     ap.add_argument("--startup-timeout", type=float, default=180.0)
     ap.add_argument("--request-timeout", type=float, default=600.0, help="seconds without a reply before a request fails")
-    ap.add_argument("--run-timeout", type=float, default=900.0, help="seconds for the whole workload per backend")
+    ap.add_argument("--run-timeout", type=float, default=1800.0, help="seconds for one level of one run")
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--pagedserve-bin", default=None)
     ap.add_argument("--serve-arg", action="append", default=[],
                     help="extra argument for pagedserve serve (repeatable), e.g. --serve-arg=--max-num-seqs=64")
-    ap.add_argument("--pagedserve-endpoint", help="attach to this running pagedserve instead of starting one")
-    ap.add_argument("--llamacpp-url", help="attach to this running llama.cpp server instead of starting one")
-    ap.add_argument("--llamacpp-server-bin", help="llama.cpp's llama-server binary (default: llama-cpp-python's server)")
-    ap.add_argument("--llamacpp-parallel", type=int, default=32, help="llama-server --parallel (slots)")
-    ap.add_argument("--llamacpp-n-ctx", type=int, default=2048, help="context per sequence of the llama.cpp server")
-    ap.add_argument("--llamacpp-arg", action="append", default=[], help="extra argument for the llama.cpp server")
+    ap.add_argument("--llamacpp-server-bin", default=DEFAULT_LLAMA_SERVER)
+    ap.add_argument("--llamacpp-arg", action="append", default=[], help="extra argument for llama-server")
+    ap.add_argument("--pagedserve-url", help="attach to this running pagedserve HTTP API instead of starting one")
+    ap.add_argument("--llamacpp-url", help="attach to this running llama-server instead of starting one")
     args = ap.parse_args()
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    for b in backends:
+    names = [b.strip() for b in args.backends.split(",") if b.strip()]
+    for b in names:
         if b not in ("pagedserve", "llamacpp"):
             ap.error(f"--backends: unknown backend {b!r} (pagedserve, llamacpp)")
-    if args.num_prompts < 1 or args.input_len < 1 or args.output_len < 1 or not 0 <= args.range_ratio < 1:
-        ap.error("--num-prompts, --input-len, --output-len must be >= 1 and --range-ratio in [0, 1)")
-    if args.request_rate <= 0:
-        ap.error("--request-rate must be > 0 (inf = all at once)")
+    try:
+        levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    except ValueError:
+        ap.error("--concurrency: comma-separated integers")
+    if any(c < 1 for c in levels) or args.rounds < 1 or args.repeats < 1:
+        ap.error("--concurrency levels, --rounds and --repeats must be >= 1")
+    if args.input_len < 1 or args.output_len < 1 or not 0 <= args.range_ratio < 1:
+        ap.error("--input-len, --output-len must be >= 1 and --range-ratio in [0, 1)")
+    if args.poisson_rate < 0:
+        ap.error("--poisson-rate must be >= 0 (0 = no Poisson run)")
     args.model = args.model or default_model()
     args.pagedserve_bin = args.pagedserve_bin or default_pagedserve_bin()
+    if "llamacpp" in names and not args.llamacpp_url and not os.access(args.llamacpp_server_bin, os.X_OK):
+        ap.error(f"no llama-server at {args.llamacpp_server_bin} (bench/build-llamacpp builds it)")
+    longest = (int(args.input_len * (1 + args.range_ratio)) + int(args.output_len * (1 + args.range_ratio))
+               + (args.prefix_len if args.dataset == "shared-prefix" else 0) + 16)
+    args.seq_len = -(-longest // 256) * 256
+    args.llamacpp_parallel = max(levels + ([args.poisson_max_concurrency or args.poisson_prompts]
+                                           if args.poisson_rate > 0 else []))
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="serving_bench.")
     os.makedirs(log_dir, exist_ok=True)
 
@@ -553,76 +665,116 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    maker = PromptMaker(args.model)
-    reqs = make_workload(args, maker)
+    maker = PromptMaker(args.model, args.llamacpp_server_bin, args.llamacpp_url, log_dir)
+    try:
+        # The workloads: (level name, requests, max in flight), the same for every backend and repeat.
+        workloads = []
+        for c in levels:
+            n = max(args.rounds * c, args.min_prompts)
+            workloads.append((f"c={c}", make_workload(args, maker, n, math.inf, args.seed + c), c))
+        if args.poisson_rate > 0:
+            workloads.append((f"poisson {args.poisson_rate:g}/s",
+                              make_workload(args, maker, args.poisson_prompts, args.poisson_rate, args.seed + 1000),
+                              args.poisson_max_concurrency))
+    finally:
+        maker.close()
     warm = Request(-1, "Warm-up request: say something about lighthouses.", 0, 8, 0.0)
     report = {
         "workload": {k: (v if v != math.inf else "inf") for k, v in vars(args).items()
-                     if k in ("num_prompts", "request_rate", "max_concurrency", "dataset", "input_len", "output_len",
-                              "range_ratio", "prefix_len", "seed")},
+                     if k in ("concurrency", "rounds", "min_prompts", "poisson_rate", "poisson_prompts",
+                              "poisson_max_concurrency", "dataset", "input_len", "output_len", "range_ratio",
+                              "prefix_len", "seed", "repeats", "seq_len")},
+        "requests_per_level": {name: len(reqs) for name, reqs, _ in workloads},
         "model": os.path.basename(args.model), "threads_per_server": args.threads,
-        "host": {"cpu_count": os.cpu_count(), "machine": platform.machine()},
-        "backends": {},
+        "tokenizer": maker.source, "host": {"cpu_count": os.cpu_count(), "machine": platform.machine()},
+        "runs": [],
     }
+    records: Dict[Tuple[str, str], List[Record]] = {}
     try:
-        for name in backends:
-            server = None
-            load_before = os.getloadavg()
-            if name == "pagedserve":
-                endpoint = args.pagedserve_endpoint
-                if not endpoint:
-                    server, endpoint = start_pagedserve(args, log_dir)
-                backend = PagedServeBackend(endpoint, args.request_timeout)
-                info = {"endpoint": endpoint, "command": server and " ".join(server.proc.args)}
-            else:
-                url = args.llamacpp_url
+        for rep in range(args.repeats):
+            for name in names:
+                tag = f".{rep + 1}" if args.repeats > 1 else ""
+                run = {"backend": name, "repeat": rep + 1, "load_average_before": loadavg(), "levels": {}}
+                server = None
+                url = args.pagedserve_url if name == "pagedserve" else args.llamacpp_url
                 if not url:
-                    server, url = start_llamacpp(args, log_dir)
-                backend = LlamaCppBackend(url, args.request_timeout, maker.eog_ids)
-                info = {"url": url, "command": server and " ".join(server.proc.args),
-                        "note": None if args.llamacpp_server_bin or args.llamacpp_url else
-                        "llama-cpp-python server: one request at a time (no continuous batching)"}
-            try:
-                if server:
-                    server.wait_healthy(backend, args.startup_timeout)
-                else:
-                    if not backend.health():
-                        raise SystemExit(f"serving_bench: {name} at {info.get('endpoint') or info.get('url')} "
-                                         "does not answer")
-                if not args.no_warmup:
-                    rec = Record()
-                    backend.send(warm, rec)
-                    if not rec.ok:
-                        raise SystemExit(f"serving_bench: {name} warm-up request failed: {rec.error}")
-                print(f"serving_bench: {name}: {len(reqs)} requests...", file=sys.stderr)
-                load_before = os.getloadavg()
-                records, duration = run_workload(backend, reqs, args.max_concurrency, args.run_timeout)
-                load_after = os.getloadavg()
-            finally:
-                backend.close()
-                if server:
-                    server.stop()
-            summary = summarize(records, duration)
-            report["backends"][name] = {
-                **info, "summary": summary,
-                "load_average_before_after": [[round(x, 2) for x in load_before], [round(x, 2) for x in load_after]],
-            }
+                    server, url = (start_pagedserve if name == "pagedserve" else start_llamacpp)(args, log_dir, tag)
+                backend = OpenAIBackend(name, url, args.request_timeout)
+                run.update(url=url, command=server and " ".join(server.proc.args))
+                try:
+                    if server:
+                        server.wait_healthy(backend, args.startup_timeout)
+                    elif not backend.health():
+                        raise SystemExit(f"serving_bench: {name} at {url} does not answer")
+                    if name == "llamacpp":
+                        run["llamacpp"] = check_llamacpp(backend, args)
+                    if not args.no_warmup:
+                        rec = Record()
+                        warm.output_len = 8
+                        backend.send(warm, rec)
+                        if not rec.ok:
+                            raise SystemExit(f"serving_bench: {name} warm-up request failed: {rec.error}")
+                    for level, reqs, cap in workloads:
+                        print(f"serving_bench: {name} run {rep + 1}: {level}, {len(reqs)} requests "
+                              f"(load {os.getloadavg()[0]:.1f})...", file=sys.stderr)
+                        load = loadavg()
+                        with RunningSampler(backend) as sampler:
+                            recs, duration = run_workload(backend, reqs, cap, args.run_timeout)
+                        s = summarize(recs, duration)
+                        s.update(load_average_before=load, max_running=sampler.max_seen)
+                        run["levels"][level] = s
+                        records.setdefault((level, name), []).extend(recs)
+                finally:
+                    if server:
+                        server.stop()
+                report["runs"].append(run)
     finally:
         Server.stop_all()
 
+    report["levels"] = {}
+    for level, _, cap in workloads:
+        report["levels"][level] = {}
+        for name in names:
+            runs = [r["levels"][level] for r in report["runs"] if r["backend"] == name and level in r["levels"]]
+            if runs:
+                report["levels"][level][name] = {"pooled": pool(runs, records[(level, name)])}
+    goals = {}
+    if names == ["pagedserve", "llamacpp"]:
+        for level in ("c=32", "c=64"):
+            lv = report["levels"].get(level)
+            if not lv or len(lv) < 2:
+                continue
+            p, l = lv["pagedserve"]["pooled"], lv["llamacpp"]["pooled"]
+            goals[level] = {
+                "output_tokens_per_s_ratio": round(p["output_tokens_per_s_mean"] / l["output_tokens_per_s_mean"], 3)
+                if l["output_tokens_per_s_mean"] else None,
+                "ttft_p50_ratio": round(p["ttft_ms"]["p50"] / l["ttft_ms"]["p50"], 3) if l["ttft_ms"]["p50"] else None,
+                "tpot_p50_ratio": round(p["tpot_ms"]["p50"] / l["tpot_ms"]["p50"], 3) if l["tpot_ms"]["p50"] else None,
+            }
+            g = goals[level]
+            g["met"] = bool(g["output_tokens_per_s_ratio"] and g["output_tokens_per_s_ratio"] >= 1.5
+                            and g["ttft_p50_ratio"] is not None and g["ttft_p50_ratio"] <= 1.0
+                            and g["tpot_p50_ratio"] is not None and g["tpot_p50_ratio"] <= 1.2)
+        report["goals"] = goals
+
     w = report["workload"]
-    print(f"\nworkload: {w['num_prompts']} requests, rate {w['request_rate']}, dataset {w['dataset']}, "
-          f"input {w['input_len']} output {w['output_len']} tokens (range ratio {w['range_ratio']}), "
-          f"{args.threads} threads per server, model {report['model']}")
-    for n, r in report["backends"].items():
-        print(f"{n}: load average (1/5/15 min) before {r['load_average_before_after'][0]}, "
-              f"after {r['load_average_before_after'][1]}")
-    print_table(report["backends"])
+    print(f"\nworkload: input {w['input_len']} output {w['output_len']} tokens (range ratio {w['range_ratio']}), "
+          f"dataset {w['dataset']}, levels {report['requests_per_level']} (requests), {args.repeats} run(s) "
+          f"per backend interleaved, {args.threads} threads per server, model {report['model']}")
+    for r in report["runs"]:
+        print(f"{r['backend']} run {r['repeat']}: load average before {r['load_average_before']}"
+              + (f"; llama-server {r['llamacpp']}" if r.get("llamacpp") else ""))
+    print_table(report, names)
+    for level, g in goals.items():
+        print(f"goal at {level} (>= 1.5x output tokens/s, TTFT p50 <= 1x, TPOT p50 <= 1.2x): "
+              f"{g['output_tokens_per_s_ratio']}x, {g['ttft_p50_ratio']}x, {g['tpot_p50_ratio']}x -> "
+              f"{'met' if g['met'] else 'not met'}")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(report, f, indent=1)
         print(f"serving_bench: wrote {args.json_out}", file=sys.stderr)
-    return 0 if all(r["summary"]["failed"] == 0 for r in report["backends"].values()) else 1
+    failed = sum(r["failed"] for run in report["runs"] for r in run["levels"].values())
+    return 0 if failed == 0 else 1
 
 
 if __name__ == "__main__":

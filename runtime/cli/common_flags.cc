@@ -53,9 +53,9 @@ PAGEDSERVE_FLAG(
 PAGEDSERVE_FLAG("generate,serve", int32_t, max_num_seqs, 256, "sequences per engine step");
 PAGEDSERVE_FLAG(
     "generate,serve", int32_t, max_num_batched_tokens, 0,
-    "tokens per engine step (prefill chunks + decodes); 0 = 512 with chunked prefill (short steps "
-    "keep decodes flowing while long prompts are prefilled, as vLLM's default), else "
-    "--max-model-len");
+    "tokens per engine step (prefill chunks + decodes); 0 = max(256, --max-num-seqs) with chunked "
+    "prefill (short steps keep decodes flowing while long prompts are prefilled; the trade-off "
+    "is in docs/benchmarks.md, \"Step budget and inter-token latency\"), else --max-model-len");
 PAGEDSERVE_FLAG("generate,serve", bool, enable_chunked_prefill, true,
                 "split long prompts into chunks that share steps with decodes");
 PAGEDSERVE_FLAG("generate,serve", bool, enable_prefix_caching, false,
@@ -212,7 +212,7 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
   if (batched < 0) return BadFlag("max-num-batched-tokens", "must be >= 0 (0 = default)", batched);
   c.max_num_batched_tokens =
       batched > 0 ? batched
-                  : (c.enable_chunked_prefill ? std::max(512, c.max_num_seqs) : c.max_model_len);
+                  : (c.enable_chunked_prefill ? std::max(256, c.max_num_seqs) : c.max_model_len);
   c.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   absl::StatusOr<PreemptionMode> mode = ParsePreemptionMode(absl::GetFlag(FLAGS_preemption_mode));
   if (!mode.ok()) return mode.status();  // names --preemption-mode

@@ -102,9 +102,9 @@ PAGEDSERVE_FLAG("serve", bool, log_request_content, false,
 PAGEDSERVE_FLAG("serve", int64_t, max_request_body_bytes, 1 << 20,
                 "serve: largest accepted HTTP request body (413 beyond)");
 PAGEDSERVE_FLAG("serve", double, http_timeout, 30,
-                "serve: seconds an HTTP connection may stay silent while sending a request or "
-                "reading a response write (a per-read timeout, not a bound on the whole "
-                "request); idle keep-alive connections are closed after 5 s");
+                "serve: seconds a client has to send a whole HTTP request (request line, "
+                "headers and body: a deadline, 408 after it) and a response write may wait for "
+                "a client that stops reading; idle keep-alive connections close after 5 s");
 PAGEDSERVE_FLAG("serve", std::string, ssl_certfile, "",
                 "serve: HTTPS on the HTTP API with this PEM certificate (chain); needs "
                 "--ssl-keyfile");
@@ -112,7 +112,7 @@ PAGEDSERVE_FLAG("serve", std::string, ssl_keyfile, "",
                 "serve: the PEM private key of --ssl-certfile");
 PAGEDSERVE_FLAG("serve", std::string, ssl_ca_certs, "",
                 "serve: PEM file of the CA certificates that sign client certificates (mutual "
-                "TLS with --ssl-cert-reqs; needs --ssl-certfile)");
+                "TLS; needs --ssl-certfile and --ssl-cert-reqs 1 or 2)");
 PAGEDSERVE_FLAG("serve", int32_t, ssl_cert_reqs, 0,
                 "serve: client certificates, as Python's ssl.VerifyMode (uvicorn, vLLM): 0 not "
                 "asked for, 1 optional (a presented one must verify against --ssl-ca-certs), 2 "

@@ -3,12 +3,14 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -20,6 +22,7 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -72,6 +75,450 @@ class ElasticTaskQueue : public httplib::TaskQueue {
 
  private:
   ElasticThreadPool pool_;
+};
+
+// One HTTP connection, from accept to close, plain or TLS (an OpenSSL `ssl`
+// over the socket, handshake done; the socket then non-blocking): the
+// httplib::Stream that cpp-httplib 0.11 reads requests from and writes
+// responses to, kept for the whole connection (ConnectionLoop below). What cpp-httplib's own
+// connection loop does not do, this does:
+//  * a total deadline for reading a request: from the request's first byte,
+//    request line, headers and body must arrive within `read_timeout`
+//    (cpp-httplib bounds only each read, so a client trickling one byte per
+//    timeout could hold the connection for ever); after it every read fails
+//    and deadline_exceeded() says so;
+//  * pipelining: bytes read ahead of the current request (a client that sent
+//    two requests in one TCP write) stay buffered for the next one
+//    (cpp-httplib 0.11 makes a new stream, and drops its read-ahead buffer,
+//    per request: the second request was lost and the connection hung until
+//    the keep-alive timeout);
+//  * the framing of a chunked body is checked byte by byte as cpp-httplib
+//    consumes it (RFC 9112 7.1: chunk-size = 1*HEXDIG, optional extensions,
+//    CRLF; chunk-data; CRLF; last-chunk "0"; trailer lines; CRLF): a negative
+//    or non-hex size, or bytes where the CRLF after chunk data belongs, fail
+//    the read at once (cpp-httplib 0.11 parses the size with strtoul, so "-5"
+//    became a wait for 2^64 - 5 bytes, and it ended the body early, without
+//    an error, at a missing CRLF); malformed_body() says so;
+//  * whether the current request's body was read whole, so that a response
+//    sent before the body was read (413, 401, a malformed body) ends the
+//    connection instead of parsing the rest of the body as the next request.
+// Used by one connection thread only; the handlers reach it through
+// CurrentConnection() (they run on that thread).
+class Connection final : public httplib::Stream {
+ public:
+  Connection(int fd, SSL* ssl, absl::Duration read_timeout, absl::Duration write_timeout)
+      : fd_(fd), ssl_(ssl), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+
+  bool is_readable() const override {
+    return Pending() || PollFor(POLLIN, std::min(read_timeout_, ReadBudget()));
+  }
+  bool is_writable() const override { return PollFor(POLLOUT, write_timeout_); }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (failed_) return -1;
+    if (buffered() == 0 && !Fill()) return -1;
+    const size_t n = std::min(size, buffered());
+    const char* data = buf_.data() + begin_;
+    if (chunked_ && !CheckChunked(data, n)) {
+      failed_ = malformed_ = true;
+      return -1;
+    }
+    if (body_remaining_ > 0) body_remaining_ -= std::min<uint64_t>(body_remaining_, n);
+    std::memcpy(ptr, data, n);
+    begin_ += n;
+    return static_cast<ssize_t>(n);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    size_t sent = 0;
+    while (ssl_ != nullptr && sent < size) {
+      ERR_clear_error();
+      const int n =
+          SSL_write(ssl_, ptr + sent, static_cast<int>(std::min<size_t>(size - sent, 1 << 30)));
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+        continue;
+      }
+      const short wait = WaitFor(SSL_get_error(ssl_, n));
+      if (wait == 0 || !PollFor(wait, write_timeout_)) return -1;
+    }
+    while (sent < size) {
+      if (!PollFor(POLLOUT, write_timeout_)) return -1;
+      const ssize_t n = ::send(fd_, ptr + sent, size - sent, MSG_NOSIGNAL);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      if (n <= 0) return -1;
+      sent += static_cast<size_t>(n);
+    }
+    return static_cast<ssize_t>(sent);
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    Address(getpeername, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    Address(getsockname, ip, port);
+  }
+  socket_t socket() const override { return fd_; }
+
+  // Waits up to `idle` for the next request: true when a byte of it is
+  // buffered or readable; false on the keep-alive timeout, a closed or failed
+  // connection, or `stopping`.
+  bool WaitForRequest(absl::Duration idle, const std::function<bool()>& stopping) const {
+    if (Pending()) return true;
+    const absl::Time end = absl::Now() + idle;
+    while (!stopping()) {
+      const absl::Duration left = end - absl::Now();
+      if (left <= absl::ZeroDuration()) return false;
+      pollfd p{fd_, POLLIN, 0};
+      const int r = poll(&p, 1,
+                         static_cast<int>(std::min<int64_t>(
+                             10, std::max<int64_t>(1, absl::ToInt64Milliseconds(left)))));
+      if (r < 0 && errno != EINTR) return false;
+      if (r > 0) return (p.revents & POLLIN) != 0;
+    }
+    return false;
+  }
+
+  // A new request starts: its deadline is `read_timeout` from now.
+  void BeginRequest() {
+    deadline_ = absl::Now() + read_timeout_;
+    failed_ = malformed_ = deadline_exceeded_ = close_ = chunked_ = false;
+    body_remaining_ = 0;
+  }
+  // The headers are read and the body (if any) comes next: its framing.
+  void BeginBody(const httplib::Request& req) {
+    if (req.has_header("Transfer-Encoding")) {
+      chunked_ = true;
+      chunk_state_ = ChunkState::kSizeFirst;
+      return;
+    }
+    uint64_t len = 0;
+    if (absl::SimpleAtoi(req.get_header_value("Content-Length"), &len)) body_remaining_ = len;
+  }
+  // True when the request's body has not been read whole (or its framing
+  // is unknown): the connection cannot be used for another request.
+  bool BodyUnread() const {
+    return body_remaining_ > 0 || (chunked_ && chunk_state_ != ChunkState::kDone);
+  }
+  void RequestClose() { close_ = true; }
+  void KeepOpen() { close_ = false; }
+  bool close_requested() const { return close_ || failed_; }
+  bool deadline_exceeded() const { return deadline_exceeded_; }
+  bool malformed_body() const { return malformed_; }
+  int fd() const { return fd_; }
+
+ private:
+  enum class ChunkState {
+    kSizeFirst,   // the first hex digit of a chunk size
+    kSize,        // more hex digits, ';' (extension) or CR
+    kExtension,   // chunk extension up to CR
+    kSizeLf,      // LF after the size line
+    kData,        // chunk_left_ bytes of data
+    kDataCr,      // CR after chunk data
+    kDataLf,      // LF after chunk data
+    kTrailer,     // a trailer line (or the empty line that ends the body)
+    kTrailerAny,  // the rest of a non-empty trailer line up to CR
+    kTrailerLf,   // LF after a trailer line
+    kEndLf,       // LF of the final empty line
+    kDone,
+  };
+
+  size_t buffered() const { return end_ - begin_; }
+  // Bytes of the request stream already here: buffered, or decrypted by OpenSSL.
+  bool Pending() const { return buffered() > 0 || (ssl_ != nullptr && SSL_pending(ssl_) > 0); }
+  // What a non-blocking OpenSSL call waits for (0: it failed for good).
+  static short WaitFor(int ssl_error) {
+    return ssl_error == SSL_ERROR_WANT_READ    ? POLLIN
+           : ssl_error == SSL_ERROR_WANT_WRITE ? POLLOUT
+                                               : 0;
+  }
+
+  absl::Duration ReadBudget() const { return deadline_ - absl::Now(); }
+
+  // Reads what the socket has into the buffer, waiting at most the per-read
+  // timeout and never past the request's deadline.
+  bool Fill() {
+    const absl::Duration budget = ReadBudget();
+    if (budget <= absl::ZeroDuration()) {
+      failed_ = deadline_exceeded_ = true;
+      return false;
+    }
+    begin_ = end_ = 0;
+    if (ssl_ != nullptr) return FillTls();
+    if (!PollFor(POLLIN, std::min(read_timeout_, budget))) {
+      deadline_exceeded_ = budget <= read_timeout_;  // the wait ended at the deadline
+      failed_ = true;
+      return false;
+    }
+    ssize_t n;
+    do {
+      n = ::recv(fd_, buf_.data(), buf_.size(), 0);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) {
+      failed_ = true;
+      return false;
+    }
+    end_ = static_cast<size_t>(n);
+    return true;
+  }
+
+  bool FillTls() {
+    for (;;) {
+      ERR_clear_error();
+      const int n = SSL_read(ssl_, buf_.data(), static_cast<int>(buf_.size()));
+      if (n > 0) {
+        end_ = static_cast<size_t>(n);
+        return true;
+      }
+      const short wait = WaitFor(SSL_get_error(ssl_, n));
+      const absl::Duration budget = ReadBudget();
+      if (wait == 0 || budget <= absl::ZeroDuration() ||
+          !PollFor(wait, std::min(read_timeout_, budget))) {
+        deadline_exceeded_ = wait != 0 && budget <= read_timeout_;  // ended at the deadline
+        failed_ = true;
+        return false;
+      }
+    }
+  }
+
+  bool PollFor(short events, absl::Duration timeout) const {
+    const int64_t ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout));
+    pollfd p{fd_, events, 0};
+    int r;
+    do {
+      r = poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1 << 30)));
+    } while (r < 0 && errno == EINTR);
+    return r > 0 && (p.revents & events) != 0;
+  }
+
+  static bool IsHex(char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+  }
+  static int HexValue(char c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; }
+
+  // Advances the chunked-framing state over `n` bytes; false at the first
+  // byte that breaks it.
+  bool CheckChunked(const char* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      const char c = data[i];
+      switch (chunk_state_) {
+        case ChunkState::kSizeFirst:
+          if (!IsHex(c)) return false;
+          chunk_left_ = static_cast<uint64_t>(HexValue(c));
+          size_digits_ = 1;
+          chunk_state_ = ChunkState::kSize;
+          break;
+        case ChunkState::kSize:
+          if (IsHex(c)) {
+            if (++size_digits_ > 15) return false;  // beyond any body we accept
+            chunk_left_ = chunk_left_ * 16 + static_cast<uint64_t>(HexValue(c));
+          } else if (c == ';' || c == ' ' || c == '\t') {
+            chunk_state_ = ChunkState::kExtension;
+          } else if (c == '\r') {
+            chunk_state_ = ChunkState::kSizeLf;
+          } else {
+            return false;
+          }
+          break;
+        case ChunkState::kExtension:
+          if (c == '\r')
+            chunk_state_ = ChunkState::kSizeLf;
+          else if (c == '\n')
+            return false;
+          break;
+        case ChunkState::kSizeLf:
+          if (c != '\n') return false;
+          chunk_state_ = chunk_left_ == 0 ? ChunkState::kTrailer : ChunkState::kData;
+          break;
+        case ChunkState::kData: {
+          const uint64_t take = std::min<uint64_t>(chunk_left_, n - i);
+          chunk_left_ -= take;
+          i += take - 1;
+          if (chunk_left_ == 0) chunk_state_ = ChunkState::kDataCr;
+          break;
+        }
+        case ChunkState::kDataCr:
+          if (c != '\r') return false;
+          chunk_state_ = ChunkState::kDataLf;
+          break;
+        case ChunkState::kDataLf:
+          if (c != '\n') return false;
+          chunk_state_ = ChunkState::kSizeFirst;
+          break;
+        case ChunkState::kTrailer:
+          if (c == '\r')
+            chunk_state_ = ChunkState::kEndLf;
+          else if (c == '\n')
+            return false;
+          else
+            chunk_state_ = ChunkState::kTrailerAny;
+          break;
+        case ChunkState::kTrailerAny:
+          if (c == '\r')
+            chunk_state_ = ChunkState::kTrailerLf;
+          else if (c == '\n')
+            return false;
+          break;
+        case ChunkState::kTrailerLf:
+          if (c != '\n') return false;
+          chunk_state_ = ChunkState::kTrailer;
+          break;
+        case ChunkState::kEndLf:
+          if (c != '\n') return false;
+          chunk_state_ = ChunkState::kDone;
+          break;
+        case ChunkState::kDone:
+          // Bytes after the body belong to the next request: checked no more.
+          chunked_ = false;
+          return true;
+      }
+    }
+    if (chunk_state_ == ChunkState::kDone) chunked_ = false;
+    return true;
+  }
+
+  template <typename Getter>
+  void Address(Getter getter, std::string& ip, int& port) const {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    ip.clear();
+    port = -1;
+    if (getter(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return;
+    char host[INET6_ADDRSTRLEN] = {0};
+    if (addr.ss_family == AF_INET) {
+      auto* a = reinterpret_cast<sockaddr_in*>(&addr);
+      inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+      port = ntohs(a->sin_port);
+    } else if (addr.ss_family == AF_INET6) {
+      auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
+      inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+      port = ntohs(a->sin6_port);
+    }
+    ip = host;
+  }
+
+  const int fd_;
+  SSL* const ssl_;  // null: plain HTTP
+  const absl::Duration read_timeout_, write_timeout_;
+  std::array<char, 16384> buf_{};
+  size_t begin_ = 0, end_ = 0;
+  absl::Time deadline_ = absl::InfiniteFuture();
+  bool failed_ = false, malformed_ = false, deadline_exceeded_ = false, close_ = false;
+  uint64_t body_remaining_ = 0;
+  bool chunked_ = false;
+  ChunkState chunk_state_ = ChunkState::kDone;
+  uint64_t chunk_left_ = 0;
+  int size_digits_ = 0;
+};
+
+thread_local Connection* current_connection = nullptr;
+
+// The connection the calling handler serves (nullptr outside a handler).
+Connection* CurrentConnection() { return current_connection; }
+
+// "Connection: close" on the response, and the connection ends after it.
+void CloseAfter(httplib::Response& res) {
+  res.set_header("Connection", "close");
+  if (Connection* c = CurrentConnection()) c->RequestClose();
+}
+
+// cpp-httplib's Server (plain) or SSLServer (TLS) with its connection loop
+// replaced (Connection above): keep-alive up to keep_alive_max_count requests,
+// each read under one deadline, pipelined requests answered in order, and the
+// connection ended after any response whose request body was not read whole or
+// that said "Connection: close". A connection that ends with unread input is
+// closed gracefully: FIN after the response, then the input is discarded
+// (never parsed) for at most a second, so that the client reads the response
+// instead of a reset. TLS: the handshake (client certificates as the
+// SSL_CTX says, MakeHttplibServer) must also finish within the read timeout.
+template <typename Base>
+class ConnectionLoop final : public Base {
+ public:
+  template <typename... Args>
+  ConnectionLoop(absl::Duration read_timeout, absl::Duration write_timeout,
+                 absl::Duration keep_alive, Args&&... base_args)
+      : Base(std::forward<Args>(base_args)...),
+        read_timeout_(read_timeout),
+        write_timeout_(write_timeout),
+        keep_alive_(std::max(keep_alive, absl::Seconds(1))) {}
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    SSL* ssl = nullptr;
+    if constexpr (std::is_base_of_v<httplib::SSLServer, Base>) {
+      ssl = Handshake(sock);
+      if (ssl == nullptr) {
+        ::shutdown(sock, SHUT_RDWR);
+        ::close(sock);
+        return false;
+      }
+    }
+    Connection conn(sock, ssl, read_timeout_, write_timeout_);
+    current_connection = &conn;
+    bool ret = false;
+    bool linger = false;
+    auto stopping = [this] { return this->svr_sock_ == INVALID_SOCKET; };
+    for (size_t count = this->keep_alive_max_count_; count > 0 && !stopping(); --count) {
+      if (!conn.WaitForRequest(keep_alive_, stopping)) break;
+      conn.BeginRequest();
+      bool connection_closed = false;
+      ret =
+          this->process_request(conn, /*close_connection=*/count == 1, connection_closed, nullptr);
+      if (conn.BodyUnread() || conn.close_requested()) {
+        linger = true;
+        break;
+      }
+      if (!ret || connection_closed) break;
+    }
+    current_connection = nullptr;
+    if (ssl != nullptr) SSL_shutdown(ssl);  // close_notify (non-blocking: best effort)
+    if (linger) {
+      ::shutdown(sock, SHUT_WR);
+      char scratch[4096];
+      const absl::Time end = absl::Now() + absl::Seconds(1);
+      size_t drained = 0;
+      while (drained < (1u << 20)) {
+        const int64_t ms = absl::ToInt64Milliseconds(end - absl::Now());
+        pollfd p{sock, POLLIN, 0};
+        if (ms <= 0 || poll(&p, 1, static_cast<int>(ms)) <= 0) break;
+        const ssize_t n = ::recv(sock, scratch, sizeof(scratch), 0);
+        if (n <= 0) break;
+        drained += static_cast<size_t>(n);
+      }
+    }
+    if (ssl != nullptr) SSL_free(ssl);
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return ret;
+  }
+
+  // The server side of the TLS handshake on a socket made non-blocking, within
+  // the read timeout; nullptr when it fails or times out.
+  SSL* Handshake(int sock) {
+    const int flags = fcntl(sock, F_GETFL, 0);
+    if (flags < 0 || fcntl(sock, F_SETFL, flags | O_NONBLOCK) != 0) return nullptr;
+    SSL* ssl = SSL_new(this->ssl_context());
+    if (ssl == nullptr) return nullptr;
+    SSL_set_fd(ssl, sock);
+    const absl::Time end = absl::Now() + read_timeout_;
+    for (;;) {
+      ERR_clear_error();
+      const int r = SSL_accept(ssl);
+      if (r == 1) return ssl;
+      const int err = SSL_get_error(ssl, r);
+      const short wait = err == SSL_ERROR_WANT_READ    ? POLLIN
+                         : err == SSL_ERROR_WANT_WRITE ? POLLOUT
+                                                       : 0;
+      const int64_t ms = absl::ToInt64Milliseconds(end - absl::Now());
+      pollfd p{sock, wait, 0};
+      if (wait == 0 || ms <= 0 || poll(&p, 1, static_cast<int>(ms)) <= 0) {
+        SSL_free(ssl);
+        return nullptr;
+      }
+    }
+  }
+
+  const absl::Duration read_timeout_, write_timeout_, keep_alive_;
 };
 
 void SendError(httplib::Response& res, const ApiError& e) {
@@ -334,13 +781,13 @@ struct HttpServer::Impl {
   // payload limit (it would read a chunked body whole). The bound is kept
   // here: reading stops at the first chunk that would take the body beyond
   // max_request_body_bytes (413), so at most that much is ever held. False:
-  // the error response is set (413; 400 for a malformed or timed-out body;
-  // 415 for multipart, which no route takes) with "Connection: close" (the
-  // unread rest of the body makes the connection unusable; cpp-httplib 0.11
-  // keeps it open all the same, parsing what follows as a next request).
+  // the error response is set (413; 400 for malformed chunked framing or
+  // an unreadable body; 408 past the request deadline; 415 for multipart,
+  // which no route takes) with "Connection: close": the unread rest of the
+  // body makes the connection unusable, and ConnectionLoop ends it.
   bool ReadBody(const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader& reader, std::string* body) {
-    res.set_header("Connection", "close");  // removed again once the body is read whole
+    CloseAfter(res);  // undone once the body is read whole
     if (req.is_multipart_form_data()) {
       SendError(res, MakeError(415, "invalid_request_error",
                                "multipart bodies are not accepted; send application/json"));
@@ -363,6 +810,19 @@ struct HttpServer::Impl {
                                    limit, ")")));
       return false;
     }
+    const Connection* conn = CurrentConnection();
+    if (!read && conn != nullptr && conn->deadline_exceeded()) {
+      SendError(res, MakeError(408, "invalid_request_error",
+                               absl::StrCat("the request did not arrive within --http-timeout (",
+                                            absl::FormatDuration(options.read_timeout), ")")));
+      return false;
+    }
+    if (!read && conn != nullptr && conn->malformed_body()) {
+      SendError(res, MakeError(400, "invalid_request_error",
+                               "malformed chunked encoding (RFC 9112 7.1: chunk sizes are hex "
+                               "digits, each chunk's data ends with CRLF)"));
+      return false;
+    }
     if (!read) {
       SendError(
           res, MakeError(
@@ -371,6 +831,7 @@ struct HttpServer::Impl {
       return false;
     }
     res.headers.erase("Connection");
+    if (Connection* c = CurrentConnection()) c->KeepOpen();
     return true;
   }
 
@@ -404,11 +865,14 @@ struct HttpServer::Impl {
       const std::string eid = er.request_id;
       if (absl::Status s = b->loop->Submit(std::move(er), job->channel); !s.ok()) {
         AbortJob(*job, *b);
-        return SendError(res, FromStatus(s));
+        ApiError e = FromStatus(s);
+        if (e.status == 400) e.param = openai::ParamOf(std::string(s.message()), endpoint);
+        return SendError(res, e);
       }
       job->engine_ids.push_back(eid);
     }
-    job->fd = FindConnectionFd(req);
+    const Connection* conn = CurrentConnection();
+    job->fd = conn != nullptr ? conn->fd() : FindConnectionFd(req);
     if (job->request.stream) return Stream(job, b, res);
 
     while (!job->done()) {
@@ -477,50 +941,57 @@ struct HttpServer::Impl {
         });
   }
 
-  void Routes() {
-    server->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      // Runs before cpp-httplib reads the body. A chunked body is read by
-      // the POST routes under --max-request-body-bytes (ReadBody: cpp-httplib
-      // 0.11's payload limit covers only bodies with a Content-Length); any
-      // other transfer coding is not implemented (501, RFC 9112 6.1), and
-      // one beside a Content-Length is refused (400: the two disagree on
-      // where the body ends, the shape of request smuggling). An oversized
-      // Content-Length is answered 413 without waiting for the body. The
-      // unread body makes the connection unusable: "Connection: close" (see
-      // ReadBody on what cpp-httplib 0.11 makes of it).
-      if (req.has_header("Transfer-Encoding")) {
-        const bool chunked =
-            req.get_header_value_count("Transfer-Encoding") == 1 &&
-            absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked");
-        if (!chunked || req.has_header("Content-Length")) {
-          res.set_header("Connection", "close");
-          SendError(res, chunked ? MakeError(400, "invalid_request_error",
-                                             "Transfer-Encoding and Content-Length together")
-                                 : MakeError(501, "invalid_request_error",
-                                             "only the chunked transfer coding is implemented"));
-          return httplib::Server::HandlerResponse::Handled;
-        }
-      }
-      if (req.has_header("Content-Length")) {
-        const std::string& v = req.get_header_value("Content-Length");
-        uint64_t len = 0;
-        if (!absl::SimpleAtoi(v, &len) ||
-            len > static_cast<uint64_t>(options.max_request_body_bytes)) {
-          res.set_header("Connection", "close");
-          SendError(res, MakeError(413, "invalid_request_error",
-                                   absl::StrCat("the request body is too large (Content-Length ", v,
-                                                ", --max-request-body-bytes ",
-                                                options.max_request_body_bytes, ")")));
-          return httplib::Server::HandlerResponse::Handled;
-        }
-      }
-      if (Protected(req.path) && !Authorized(req)) {
-        SendError(res, MakeError(401, "invalid_request_error",
-                                 "missing or invalid API key (Authorization: Bearer)",
-                                 "invalid_api_key"));
+  httplib::Server::HandlerResponse PreRouting(const httplib::Request& req, httplib::Response& res) {
+    // Runs before cpp-httplib reads the body. A chunked body is read by
+    // the POST routes under --max-request-body-bytes (ReadBody: cpp-httplib
+    // 0.11's payload limit covers only bodies with a Content-Length); any
+    // other transfer coding is not implemented (501, RFC 9112 6.1), and
+    // one beside a Content-Length is refused (400: the two disagree on
+    // where the body ends, the shape of request smuggling). An oversized
+    // Content-Length is answered 413 without waiting for the body. The
+    // unread body makes the connection unusable: "Connection: close" (see
+    // ReadBody; ConnectionLoop ends the connection after such a response).
+    if (Connection* c = CurrentConnection()) c->BeginBody(req);
+    const bool has_body = req.has_header("Transfer-Encoding") || req.has_header("Content-Length");
+    if (req.has_header("Transfer-Encoding")) {
+      const bool chunked =
+          req.get_header_value_count("Transfer-Encoding") == 1 &&
+          absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked");
+      if (!chunked || req.has_header("Content-Length")) {
+        CloseAfter(res);
+        SendError(res, chunked ? MakeError(400, "invalid_request_error",
+                                           "Transfer-Encoding and Content-Length together")
+                               : MakeError(501, "invalid_request_error",
+                                           "only the chunked transfer coding is implemented"));
         return httplib::Server::HandlerResponse::Handled;
       }
-      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    if (req.has_header("Content-Length")) {
+      const std::string& v = req.get_header_value("Content-Length");
+      uint64_t len = 0;
+      if (!absl::SimpleAtoi(v, &len) ||
+          len > static_cast<uint64_t>(options.max_request_body_bytes)) {
+        CloseAfter(res);
+        SendError(res, MakeError(413, "invalid_request_error",
+                                 absl::StrCat("the request body is too large (Content-Length ", v,
+                                              ", --max-request-body-bytes ",
+                                              options.max_request_body_bytes, ")")));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    if (Protected(req.path) && !Authorized(req)) {
+      if (has_body) CloseAfter(res);  // the body stays unread
+      SendError(res,
+                MakeError(401, "invalid_request_error",
+                          "missing or invalid API key (Authorization: Bearer)", "invalid_api_key"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
+
+  void Routes() {
+    server->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      return PreRouting(req, res);
     });
     server->set_exception_handler(
         [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -536,6 +1007,9 @@ struct HttpServer::Impl {
         });
     server->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
+      // cpp-httplib's own errors: a request it could not parse (400), a body over the
+      // limit (413), a request line too long (414): what follows cannot be trusted.
+      if (res.status == 400 || res.status == 413 || res.status == 414) CloseAfter(res);
       if (res.status == 413) {
         SendError(res, MakeError(413, "invalid_request_error", "the request body is too large"));
       } else if (res.status == 404) {
@@ -649,11 +1123,21 @@ absl::StatusOr<std::unique_ptr<httplib::Server>> MakeHttplibServer(
     return absl::InvalidArgumentError(
         "--ssl-ca-certs needs --ssl-certfile and --ssl-keyfile (TLS)");
   }
+  if (options.ssl_cert_reqs == 0 && !options.ssl_ca_certs.empty()) {
+    // Would load the CAs and never ask for a client certificate: an operator who
+    // gave the CAs expects client certificates to be checked.
+    return absl::InvalidArgumentError(
+        "--ssl-ca-certs needs --ssl-cert-reqs 1 (CERT_OPTIONAL) or 2 (CERT_REQUIRED); with "
+        "--ssl-cert-reqs 0 (CERT_NONE, the default) no client certificate would be checked");
+  }
   if (options.ssl_cert_reqs != 0 && options.ssl_ca_certs.empty()) {
     return absl::InvalidArgumentError(
         "--ssl-cert-reqs 1 or 2 needs --ssl-ca-certs (the CAs that sign client certificates)");
   }
-  if (options.ssl_certfile.empty()) return std::make_unique<httplib::Server>();
+  if (options.ssl_certfile.empty()) {
+    return std::make_unique<ConnectionLoop<httplib::Server>>(
+        options.read_timeout, options.write_timeout, options.keep_alive_timeout);
+  }
   for (const std::string* path :
        {&options.ssl_certfile, &options.ssl_keyfile, &options.ssl_ca_certs}) {
     if (path->empty()) continue;
@@ -665,8 +1149,9 @@ absl::StatusOr<std::unique_ptr<httplib::Server>> MakeHttplibServer(
     }
   }
   ERR_clear_error();
-  auto server = std::make_unique<httplib::SSLServer>(options.ssl_certfile.c_str(),
-                                                     options.ssl_keyfile.c_str());
+  auto server = std::make_unique<ConnectionLoop<httplib::SSLServer>>(
+      options.read_timeout, options.write_timeout, options.keep_alive_timeout,
+      options.ssl_certfile.c_str(), options.ssl_keyfile.c_str());
   if (!server->is_valid()) {
     const std::string why = OpenSslErrors();
     return absl::InvalidArgumentError(

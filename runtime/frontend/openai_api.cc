@@ -170,7 +170,7 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
     if (t == body.end() || t->is_null()) p->temperature = 0.0f;
   }
   if (absl::Status s = p->Validate(); !s.ok()) {
-    *err = BadRequest(std::string(s.message()));
+    *err = BadRequest(std::string(s.message()), ParamOf(std::string(s.message()), endpoint));
     return false;
   }
   return true;
@@ -333,6 +333,27 @@ json FinishJson(FinishReason reason) {
 }
 
 }  // namespace
+
+std::string ParamOf(std::string_view message, Endpoint endpoint) {
+  // Admission errors (Scheduler::CheckAdmissible) that name no field first.
+  if (message.substr(0, 14) == "the beam width") return "best_of";
+  if (message.substr(0, 14) == "request needs ")
+    return "max_tokens";  // "... lower max_tokens or n"
+  size_t n = 0;
+  while (n < message.size() && ((message[n] >= 'a' && message[n] <= 'z') || message[n] == '_')) ++n;
+  const std::string_view field = message.substr(0, n);
+  if (field == "logprobs" && endpoint == Endpoint::kChat) return "top_logprobs";
+  if ((field == "prompt" || field == "prompt_token_ids") && endpoint == Endpoint::kChat)
+    return "messages";
+  if (field == "prompt_token_ids") return "prompt";
+  for (const char* known :
+       {"prompt", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+        "presence_penalty", "frequency_penalty", "logprobs", "stop", "stop_token_ids", "seed",
+        "best_of", "length_penalty", "early_stopping", "use_beam_search", "cache_salt"}) {
+    if (field == known) return std::string(field);
+  }
+  return "";
+}
 
 ApiError BadRequest(std::string message, std::string param) {
   ApiError e;

@@ -50,6 +50,15 @@ std::optional<ApiError> FinishError(FinishReason reason, const absl::Status& err
 
 enum class Endpoint { kCompletions, kChat };
 
+// The request field an InvalidArgument from validation or admission is about
+// (SamplingParams::Validate, Engine::CheckRequest / Scheduler::CheckAdmissible,
+// whose messages start with the field they name; a cross-field rule with the
+// first of its fields, e.g. "best_of (3) different from n (1) ..." -> "best_of",
+// "prompt has 300 tokens but max_model_len is 256 ..." -> "prompt", or
+// "messages" on the chat endpoint), as the error object's "param". "" (null)
+// when the message names no field of the endpoint's request.
+std::string ParamOf(std::string_view message, Endpoint endpoint);
+
 // A request validated at the edge: every prompt tokenized, sampling parameters
 // checked by SamplingParams::Validate. The admission bound (KV blocks,
 // max_model_len) is checked once more by EngineLoop::Submit.

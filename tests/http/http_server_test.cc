@@ -11,6 +11,7 @@
 // (waits are bounded only to turn a hang into a failure).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -114,7 +115,8 @@ struct Server {
   std::atomic<bool> stop{false}, abort_now{false};
   std::thread engine_thread;
 
-  Server() {
+  // `read_timeout`: --http-timeout (the deadline for reading one request).
+  explicit Server(absl::Duration read_timeout = absl::Seconds(5)) {
     // Prompt "A" continues " one two three", then " x" for ever (no EOS).
     auto inner = std::make_unique<ScriptedExecutor>(
         ScriptedExecutor::Script{{Id("A"), {{Id(" one"), Id(" two"), Id(" three")}}}}, 64, 0, 16,
@@ -136,7 +138,7 @@ struct Server {
     ho.port = 0;
     ho.served_model_name = "scripted";
     ho.max_request_body_bytes = kMaxBody;
-    ho.read_timeout = absl::Seconds(5);
+    ho.read_timeout = read_timeout;
     ho.num_threads = 16;
     ho.log_requests = false;
     auto h = HttpServer::Create(ho);
@@ -405,6 +407,154 @@ TEST(HttpServerTest, ChunkedBodyOverTheLimitIs413WithoutReadingItAll) {
   EXPECT_EQ(Request(s.port(), "GET", "/health").status, 200);  // still serving
 }
 
+// The number of HTTP responses in `raw` (status lines at the start of a
+// response: the first bytes, or right after the previous response's body).
+int CountResponses(const std::string& raw) {
+  int n = 0;
+  for (size_t p = raw.find("HTTP/1.1 "); p != std::string::npos; p = raw.find("HTTP/1.1 ", p + 1))
+    ++n;
+  return n;
+}
+
+// Two requests in one TCP write (pipelining, RFC 9112 9.3.2): both are
+// answered, in order, on the one connection. (cpp-httplib 0.11's own loop
+// dropped the bytes it had read ahead: one answer, then the connection hung
+// until the keep-alive timeout.)
+TEST(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
+  Server s;
+  const int fd = Connect(s.port());
+  const std::string body = R"({"prompt": "A"})";
+  ASSERT_TRUE(SendAll(
+      fd, absl::StrCat("POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       "Content-Length: ",
+                       body.size(), "\r\n\r\n", body,
+                       "GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")));
+  const std::string raw = Receive(fd);  // until the server closes (Connection: close)
+  close(fd);
+  ASSERT_EQ(CountResponses(raw), 2) << raw;
+  const size_t second = raw.find("HTTP/1.1 ", 1);
+  const Response first = Parse(raw.substr(0, second));
+  EXPECT_EQ(first.status, 200) << raw;
+  EXPECT_EQ(json::parse(first.body)["tokens"], json::array({Id("A")})) << raw;
+  const Response version = Parse(raw.substr(second));
+  EXPECT_EQ(version.status, 200) << raw;
+  EXPECT_TRUE(absl::StrContains(version.body, "\"version\"")) << raw;
+}
+
+// A 413 sent before the body was read ends the connection: what the client
+// sends after it (here a request, as a smuggler would write it into the body)
+// is never parsed as another request. (cpp-httplib 0.11 kept reading the
+// connection and answered it.) The smuggled bytes go out after the 413 has
+// arrived, so that they cannot be lost in a read-ahead buffer either.
+TEST(HttpServerTest, NothingAfterA413IsParsedAsARequest) {
+  Server s;
+  const std::string smuggled = "GET /version HTTP/1.1\r\nHost: x\r\n\r\n";
+  auto after_answer = [&](const std::string& head, int status) {
+    const int fd = Connect(s.port());
+    ASSERT_TRUE(SendAll(fd, head));
+    std::string raw = Receive(fd, "}}");  // the end of the error object
+    SendAll(fd, smuggled);                // may fail: the server closed
+    raw += Receive(fd);                   // until the server closes
+    close(fd);
+    EXPECT_EQ(CountResponses(raw), 1) << raw;
+    EXPECT_EQ(Parse(raw).status, status) << raw;
+    EXPECT_TRUE(absl::StrContains(raw, "Connection: close")) << raw;
+  };
+  // An oversized Content-Length: 413 before the body is read.
+  after_answer(absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ",
+                            kMaxBody + 1, "\r\n\r\n"),
+               413);
+  // A chunked body that crosses the bound: 413 at the crossing.
+  std::string chunked = ChunkedHead("/v1/completions");
+  for (size_t sent = 0; sent <= kMaxBody; sent += 1024) chunked += Chunk(std::string(1024, 'a'));
+  after_answer(chunked, 413);
+  // Any answer given before the body was read (here 501, an unknown transfer coding).
+  after_answer("POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501);
+  EXPECT_EQ(Request(s.port(), "GET", "/health").status, 200);  // still serving
+}
+
+// Chunked framing is checked as the body is read: a negative chunk size is a
+// 400 at once (cpp-httplib 0.11's strtoul made "-5" a wait for 2^64 - 5 bytes,
+// ended only by --http-timeout; the server here has a 60 s timeout and the
+// client waits 30 s at most), and so are bytes where the CRLF after a chunk's
+// data belongs (cpp-httplib 0.11 ended the body there without an error and
+// served the request, here a valid one).
+TEST(HttpServerTest, MalformedChunkedBodiesAre400AtOnce) {
+  Server s(absl::Seconds(60));
+  const std::string body = R"({"prompt": "A"})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"negative size", "-5\r\nhello\r\n0\r\n\r\n"},
+      {"hex prefix", "0x5\r\nhello\r\n0\r\n\r\n"},
+      {"no CRLF after the data",
+       absl::StrCat(absl::Hex(body.size()), "\r\n", body, "XX\r\n0\r\n\r\n")},
+      {"LF alone after the size",
+       absl::StrCat(absl::Hex(body.size()), "\n", body, "\r\n0\r\n\r\n")},
+  };
+  for (const auto& [name, chunks] : cases) {
+    const int fd = Connect(s.port());
+    ASSERT_TRUE(SendAll(fd, ChunkedHead("/tokenize") + chunks)) << name;
+    const std::string raw = Receive(fd);  // the server closes after the 400
+    close(fd);
+    EXPECT_EQ(CountResponses(raw), 1) << name << ": " << raw;
+    const Response r = Parse(raw);
+    EXPECT_EQ(r.status, 400) << name << ": " << raw;
+    EXPECT_TRUE(absl::StrContains(ErrorOf(r)["message"].get<std::string>(), "RFC 9112"))
+        << name << ": " << raw;
+  }
+  // The well-formed body, with an extension and a trailer, still works.
+  const int fd = Connect(s.port());
+  ASSERT_TRUE(
+      SendAll(fd, ChunkedHead("/tokenize") +
+                      absl::StrCat(absl::Hex(body.size()), ";ext=1\r\n", body, "\r\n0\r\n\r\n")));
+  const Response ok = Parse(Receive(fd));
+  close(fd);
+  EXPECT_EQ(ok.status, 200) << ok.head << ok.body;
+}
+
+// --http-timeout is a deadline for the whole request, not for each read: a
+// client that trickles its body one byte every 100 ms (each read well within
+// the 1 s timeout) is answered 408 and cut off before it has sent the whole
+// 100-byte body (10 s). With only a per-read timeout the body would arrive
+// whole and be served.
+TEST(HttpServerTest, ATrickledBodyMeetsTheRequestDeadline) {
+  Server s(absl::Seconds(1));
+  const std::string body = absl::StrCat(R"({"prompt": ")", std::string(86, 'a'), R"("})");
+  ASSERT_EQ(body.size(), 100u);
+  const int fd = Connect(s.port());
+  ASSERT_TRUE(SendAll(fd, absl::StrCat("POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                       "application/json\r\nContent-Length: ",
+                                       body.size(), "\r\n\r\n")));
+  size_t sent = 0;
+  std::string raw;
+  for (; sent < body.size(); ++sent) {
+    if (!SendAll(fd, body.substr(sent, 1))) break;  // the server closed
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 0) > 0) break;  // an answer (or the close) came
+  }
+  raw = Receive(fd);
+  close(fd);
+  EXPECT_LT(sent, body.size()) << "the whole trickled body was read: " << raw;
+  EXPECT_EQ(Parse(raw).status, 408) << raw;
+  EXPECT_EQ(Request(s.port(), "GET", "/health").status, 200);  // still serving
+}
+
+// --ssl-ca-certs with --ssl-cert-reqs 0 (CERT_NONE) would load the CAs and check
+// no client certificate: refused at start, naming both flags.
+TEST(HttpServerTest, CaCertsWithoutClientCertificateChecksIsAnError) {
+  HttpServerOptions o;
+  o.port = 0;
+  o.ssl_certfile = "/nonexistent/cert.pem";
+  o.ssl_keyfile = "/nonexistent/key.pem";
+  o.ssl_ca_certs = "/nonexistent/ca.pem";
+  o.ssl_cert_reqs = 0;
+  auto h = HttpServer::Create(o);
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(h.status().message(), "--ssl-cert-reqs")) << h.status();
+  EXPECT_TRUE(absl::StrContains(h.status().message(), "--ssl-ca-certs")) << h.status();
+}
+
 // Concurrent clients on the HTTP threads while the engine thread steps:
 // streaming and non-streaming requests, a stream abandoned after its first
 // event (the request is aborted, its blocks come back), and health / models /
@@ -415,6 +565,7 @@ TEST(HttpServerTest, ConcurrentClientsStreamingAbortAndHealthDuringAStep) {
   s.exec->Hold(0);
   std::atomic<int> ok{0};
   std::vector<std::thread> clients;
+  clients.reserve(4);
   for (int i = 0; i < 4; ++i) {
     clients.emplace_back([&, i] {
       const bool stream = i % 2 == 1;

@@ -154,6 +154,38 @@ TEST(OpenAiApiTest, WrongTypesAndValuesName) {
 
 // cache_salt (runtime/common/cache_salt.h): kept as given when well-formed,
 // absent or null = none; otherwise a 400 naming the field, never echoing it.
+// Errors of a rule over several fields (SamplingParams::Validate) and of
+// admission (Engine::CheckRequest, mapped by http_server.cc) name the field in
+// "param" instead of null.
+TEST(OpenAiApiTest, CrossFieldErrorsNameTheirField) {
+  EXPECT_EQ(Refused(R"({"prompt": "x", "use_beam_search": true, "n": 2, "temperature": 1})"),
+            std::make_pair(400, std::string("temperature")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "use_beam_search": true, "n": 4, "best_of": 2})"),
+            std::make_pair(400, std::string("n")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "n": 1, "best_of": 3})"),
+            std::make_pair(400, std::string("best_of")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "length_penalty": 0.5})"),
+            std::make_pair(400, std::string("length_penalty")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "use_beam_search": true, "stop": ["a"]})"),
+            std::make_pair(400, std::string("stop")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "use_beam_search": true, "logprobs": 2})"),
+            std::make_pair(400, std::string("logprobs")));
+  // Admission messages (Scheduler::CheckAdmissible, Engine::CheckRequest).
+  EXPECT_EQ(ParamOf("prompt has 300 tokens but max_model_len is 256: at most 255 prompt tokens "
+                    "are allowed",
+                    Endpoint::kCompletions),
+            "prompt");
+  EXPECT_EQ(ParamOf("prompt has 300 tokens but max_model_len is 256", Endpoint::kChat), "messages");
+  EXPECT_EQ(ParamOf("n (300) exceeds --max-num-seqs (256)", Endpoint::kChat), "n");
+  EXPECT_EQ(ParamOf("the beam width (8) exceeds --max-num-seqs (4)", Endpoint::kCompletions),
+            "best_of");
+  EXPECT_EQ(ParamOf("request needs 99 KV blocks (n 2 x 300 tokens ...); lower max_tokens or n",
+                    Endpoint::kCompletions),
+            "max_tokens");
+  EXPECT_EQ(ParamOf("logprobs must be -1 or 0", Endpoint::kChat), "top_logprobs");
+  EXPECT_EQ(ParamOf("the engine is shutting down", Endpoint::kCompletions), "");
+}
+
 TEST(OpenAiApiTest, CacheSaltIsValidatedAtTheEdge) {
   ParseOutcome salted = Completions(R"({"prompt": "hi", "cache_salt": "tenant-A_1"})");
   ASSERT_TRUE(salted.request.has_value()) << salted.error.message;
