@@ -114,7 +114,9 @@ struct Server {
   std::atomic<bool> stop{false}, abort_now{false};
   std::thread engine_thread;
 
-  Server() {
+  // attach = false: the HTTP server runs without its backend, as `pagedserve
+  // serve` before the model is loaded and every worker rank answered (Attach()).
+  explicit Server(bool attach = true) {
     // Prompt "A" continues " one two three", then " x" for ever (no EOS).
     auto inner = std::make_unique<ScriptedExecutor>(
         ScriptedExecutor::Script{{Id("A"), {{Id(" one"), Id(" two"), Id(" three")}}}}, 64, 0, 16,
@@ -143,6 +145,9 @@ struct Server {
     EXPECT_TRUE(h.ok()) << h.status();
     http = *std::move(h);
     http->Start();
+    if (attach) Attach();
+  }
+  void Attach() {
     auto backend = std::make_unique<HttpBackend>();
     backend->loop = loop.get();
     backend->metrics_text = [] { return std::string("# scripted\n"); };
@@ -283,6 +288,25 @@ TEST(HttpServerTest, CompletesARequest) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
 }
 
+// The startup and readiness probes (GET /health): 503 while `pagedserve serve`
+// is loading (the HTTP server listens before the model is loaded and before
+// every worker rank sent its hello; serve_command.cc attaches the backend
+// after MakeMpiExecutor returned), 200 once attached. Requests are refused
+// meanwhile, not queued.
+TEST(HttpServerTest, HealthIs503UntilTheModelIsLoadedAndEveryWorkerAnswered) {
+  Server s(/*attach=*/false);
+  Response h = Request(s.port(), "GET", "/health");
+  EXPECT_EQ(h.status, 503) << h.head << h.body;
+  EXPECT_EQ(json::parse(h.body, nullptr, false), json::parse(R"({"status": "loading"})"));
+  Response r = Request(s.port(), "POST", "/v1/completions", R"({"prompt": "A", "max_tokens": 3})");
+  EXPECT_EQ(r.status, 503) << r.head << r.body;
+  s.Attach();
+  h = Request(s.port(), "GET", "/health");
+  EXPECT_EQ(h.status, 200) << h.head << h.body;
+  r = Request(s.port(), "POST", "/v1/completions", R"({"prompt": "A", "max_tokens": 3})");
+  EXPECT_EQ(r.status, 200) << r.head << r.body;
+}
+
 // A fatal engine error after some tokens (a lost worker: the loss watcher's
 // EngineLoop::FailAll while the engine thread is stuck in a step) ends a
 // non-streaming request with OpenAI's error object: 500 server_error with the
@@ -415,6 +439,7 @@ TEST(HttpServerTest, ConcurrentClientsStreamingAbortAndHealthDuringAStep) {
   s.exec->Hold(0);
   std::atomic<int> ok{0};
   std::vector<std::thread> clients;
+  clients.reserve(4);
   for (int i = 0; i < 4; ++i) {
     clients.emplace_back([&, i] {
       const bool stream = i % 2 == 1;
