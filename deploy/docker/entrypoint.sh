@@ -37,6 +37,8 @@
 #                                    (default /tmp/pagedserve-coordinator.pid)
 #   PAGEDSERVE_SHUTDOWN_GRACE        seconds the coordinator lets in-flight requests finish
 #                                    after SIGTERM (default 230, below the drain budget)
+#   PAGEDSERVE_MPIRUN_LINGER         seconds mpirun may outlive the coordinator before the
+#                                    entry point stops it and exits 1 (default 15; run_mpirun)
 #   PAGEDSERVE_CURVE_DIR             default /etc/pagedserve/curve: with server.key_secret (and
 #                                    server.key) there, serve turns on CurveZMQ
 #   PAGEDSERVE_CURVE_CLIENTS_DIR     default /etc/pagedserve/curve-clients: with *.key files
@@ -137,6 +139,45 @@ running() {  # process $1 exists and is not a zombie waiting for its parent to r
   [[ "$state" != Z && "$state" != X ]]
 }
 
+# Runs mpirun "$@" and exits with its code. OpenMPI 4.1's mpirun does not
+# always exit once the job is over: after a lost host it waits for that host's
+# daemon (minutes, until TCP gives up), and it can stay in "abort is already in
+# progress" with every rank gone (docs/distributed.md, "Failure paths"). The
+# coordinator (rank 0, --pid-file) exits within seconds of any failure, so
+# mpirun gets PAGEDSERVE_MPIRUN_LINGER seconds more once the coordinator is
+# gone, then SIGTERM and, 5 s later, SIGKILL; the entry point exits 1 and the
+# container restarts (a LeaderWorkerSet recreates the group). SIGTERM / SIGINT
+# to the entry point (Kubernetes stopping the pod) go to mpirun, as they would
+# with `exec mpirun`.
+run_mpirun() {
+  local linger=${PAGEDSERVE_MPIRUN_LINGER:-15} mpirun_pid coordinator="" gone_at="" rc=0
+  # An earlier run's pid file (an emptyDir outlives a container restart) would
+  # name a process that is gone, or another one.
+  rm -f "$pid_file"
+  mpirun "$@" &
+  mpirun_pid=$!
+  trap 'kill -TERM "$mpirun_pid" 2>/dev/null || true' TERM INT
+  while running "$mpirun_pid"; do
+    if [[ -z "$coordinator" ]]; then
+      coordinator=$(cat "$pid_file" 2>/dev/null || true)
+      [[ "$coordinator" =~ ^[0-9]+$ ]] || coordinator=""
+    elif [[ -z "$gone_at" ]]; then
+      running "$coordinator" || gone_at=$SECONDS
+    elif (( SECONDS - gone_at >= linger )); then
+      log "mpirun (pid $mpirun_pid) still running ${linger}s after the coordinator (pid" \
+        "$coordinator) exited: stopping it"
+      kill -TERM "$mpirun_pid" 2>/dev/null || true
+      for _ in 1 2 3 4 5; do running "$mpirun_pid" && sleep 1; done
+      kill -KILL "$mpirun_pid" 2>/dev/null || true
+      wait "$mpirun_pid" 2>/dev/null || true
+      exit 1
+    fi
+    sleep 1
+  done
+  wait "$mpirun_pid" || rc=$?
+  exit "$rc"
+}
+
 metrics_body() {  # GET /metrics on loopback with bash's /dev/tcp (no curl in the image)
   local fd
   exec {fd}<>"/dev/tcp/127.0.0.1/$metrics_port" || return 1
@@ -161,7 +202,7 @@ case "$cmd" in
     # shellcheck disable=SC2086
     # mpirun forwards SIGTERM to the ranks and SIGKILLs them odls_base_sigkill_timeout
     # seconds later: give rank 0 time to drain (serve's --shutdown-grace) first.
-    exec mpirun -np "$((tp + 1))" --bind-to none --map-by slot \
+    run_mpirun -np "$((tp + 1))" --bind-to none --map-by slot \
       --mca odls_base_sigkill_timeout "${PAGEDSERVE_SIGKILL_TIMEOUT:-60}" \
       -x PATH -x LD_LIBRARY_PATH -x CUDA_DEVICE_ORDER=PCI_BUS_ID \
       pagedserve serve $sflags "$@"
@@ -213,7 +254,7 @@ CFG
     sflags=$(serve_flags "$model" "$tp") || die "cannot build the serve flags"
     log "serving $model on $LWS_GROUP_SIZE pods, tensor-parallel size $tp ($((tp + 1)) ranks)"
     # shellcheck disable=SC2086
-    exec mpirun -np "$((tp + 1))" --hostfile "$hostfile" --map-by slot --bind-to none \
+    run_mpirun -np "$((tp + 1))" --hostfile "$hostfile" --map-by slot --bind-to none \
       --mca odls_base_sigkill_timeout "${PAGEDSERVE_SIGKILL_TIMEOUT:-60}" \
       --mca plm_rsh_agent ssh --mca btl_tcp_if_include "$iface" --mca oob_tcp_if_include "$iface" \
       --mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 2 \
@@ -264,7 +305,10 @@ CFG
       if (( SECONDS >= deadline )); then
         log "drain budget of ${budget}s spent; stopping with requests in flight"; exit 0
       fi
-      body=$(metrics_body 2>/dev/null || true)
+      # The coordinator may exit between the check above and this request: its
+      # socket closes under the printf and SIGPIPE ends the subshell (status
+      # 141), which `set -e` would make the hook's exit status.
+      body=$(metrics_body 2>/dev/null) || body=""
       # Sample lines: name{model_name="..."} value (the value is the last field).
       busy=$(awk '/^pagedserve_requests_(running|waiting|swapped)[{ ]/ {n += $NF} END {print n + 0}' <<<"$body")
       log "waiting for $busy in-flight requests"

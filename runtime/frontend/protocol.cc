@@ -772,6 +772,7 @@ std::string_view ErrorCodeName(ErrorCode code) {
     case ErrorCode::kDuplicateId: return "duplicate_id";
     case ErrorCode::kBusy: return "busy";
     case ErrorCode::kNotFound: return "not_found";
+    case ErrorCode::kUnavailable: return "unavailable";
     case ErrorCode::kInternal: return "internal";
   }
   return "internal";

@@ -38,8 +38,10 @@ enum class ErrorCode {
   kDuplicateId,         // "duplicate_id": the client already has a request in flight with this id
   kBusy,                // "busy": the waiting queue is full; retry later
   kNotFound,            // "not_found": abort of an id with no request in flight
+  kUnavailable,         // "unavailable": the server admits nothing more (draining or
+                        // shutting down, or a worker rank was lost); send it elsewhere
   kInternal,            // "internal": the server failed; the request was dropped
-};
+};                      // kInternal stays last: ParseReply scans the codes up to it
 std::string_view ErrorCodeName(ErrorCode code);
 
 // ---------------------------------------------------------------------------

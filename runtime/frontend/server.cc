@@ -351,8 +351,10 @@ struct Server::Impl {
       case absl::StatusCode::kInvalidArgument: return ErrorCode::kInvalidRequest;
       case absl::StatusCode::kOutOfRange: return ErrorCode::kPromptTooLong;
       case absl::StatusCode::kAlreadyExists: return ErrorCode::kDuplicateId;
-      case absl::StatusCode::kResourceExhausted:
-      case absl::StatusCode::kUnavailable: return ErrorCode::kBusy;
+      case absl::StatusCode::kResourceExhausted: return ErrorCode::kBusy;
+      // Draining / shutting down (EngineLoop::Submit) or a lost worker rank:
+      // not "busy" (retrying here will not help), another replica should take it.
+      case absl::StatusCode::kUnavailable: return ErrorCode::kUnavailable;
       default: return ErrorCode::kInternal;
     }
   }

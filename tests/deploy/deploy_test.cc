@@ -7,7 +7,10 @@
 //  - the image's entry point (deploy/docker/entrypoint.sh) passes shellcheck and
 //    builds the right mpirun command lines (with stand-ins for mpirun and ssh),
 //    and its drain / probe-metrics modes read a real Metrics endpoint.
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -277,6 +280,78 @@ TEST_F(EntrypointFixture, ServeRunsOneCoordinatorPlusOneRankPerGpu) {
   EXPECT_EQ(r.output.find("allow-run-as-root"), std::string::npos);
 }
 
+// A stand-in mpirun that starts a stand-in coordinator (`sleep`, its pid in
+// --pid-file) which exits after a moment; then, per MODE: `linger` ignores
+// SIGTERM and stays (OpenMPI 4.1's mpirun after a lost host), `exit3` exits
+// with code 3 once the coordinator is gone, `term` waits for SIGTERM and
+// exits 0. It writes its pid to DIR/mpirun.pid and what it saw to DIR/mpirun.log.
+std::string LingeringMpirun(const std::string& dir, const std::string& mode) {
+  return "#!/bin/bash\n"
+         "echo $$ > '" +
+         dir +
+         "/mpirun.pid'\n"
+         "prev=; for a in \"$@\"; do [[ $prev == --pid-file ]] && pf=$a; prev=$a; done\n"
+         "sleep 1 & echo $! > \"$pf\"\n"
+         "case " +
+         mode +
+         " in\n"
+         "  linger) trap 'echo TERM >> " +
+         dir +
+         "/mpirun.log' TERM; wait; "
+         "while :; do sleep 1; done ;;\n"
+         "  exit3) wait; exit 3 ;;\n"
+         "  term) trap 'echo TERM >> " +
+         dir + "/mpirun.log; exit 0' TERM; echo started >> " + dir +
+         "/mpirun.log; while :; do sleep 0.2; done ;;\n"
+         "esac\n";
+}
+
+// The entry point bounds how long mpirun may outlive the coordinator
+// (run_mpirun): OpenMPI 4.1's mpirun can stay for minutes after a lost host
+// while every rank is gone. `timeout 120` only keeps a broken entry point
+// from hanging the test; the linger budget is 1 s here.
+TEST_F(EntrypointFixture, ServeStopsAnMpirunThatOutlivesTheCoordinator) {
+  Script("mpirun", LingeringMpirun(dir_, "linger"));
+  const std::string env =
+      "PAGEDSERVE_PID_FILE='" + dir_ + "/coordinator.pid' PAGEDSERVE_MPIRUN_LINGER=1";
+  auto r = RunCommand("timeout 120 env -i PATH='" + dir_ + "/bin:/usr/bin:/bin' HOME='" + dir_ +
+                      "/home' PAGEDSERVE_MODEL_DIR='" + dir_ + "/models' " + env + " bash '" +
+                      SourceDir() + "/deploy/docker/entrypoint.sh' serve");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("still running 1s after the coordinator"), std::string::npos) << r.output;
+  int pid = 0;
+  std::ifstream(dir_ + "/mpirun.pid") >> pid;
+  ASSERT_GT(pid, 0);
+  EXPECT_FALSE(pagedserve::subprocess::Alive(pid)) << "the stand-in mpirun was not stopped";
+  std::stringstream log;
+  log << std::ifstream(dir_ + "/mpirun.log").rdbuf();
+  EXPECT_NE(log.str().find("TERM"), std::string::npos) << "SIGTERM first (mpirun stops its ranks)";
+
+  // An mpirun that exits by itself: its exit code is the entry point's.
+  Script("mpirun", LingeringMpirun(dir_, "exit3"));
+  r = Entrypoint(env, "serve");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_EQ(r.output.find("still running"), std::string::npos) << r.output;
+}
+
+// Kubernetes stops the pod with SIGTERM to the entry point (PID 1): mpirun
+// gets it, as it would with `exec mpirun`, and its exit code is passed on.
+TEST_F(EntrypointFixture, SigtermToTheEntrypointReachesMpirun) {
+  Script("mpirun", LingeringMpirun(dir_, "term"));
+  const std::string ep = "env -i PATH='" + dir_ + "/bin:/usr/bin:/bin' HOME='" + dir_ +
+                         "/home' PAGEDSERVE_MODEL_DIR='" + dir_ + "/models' PAGEDSERVE_PID_FILE='" +
+                         dir_ + "/coordinator.pid' PAGEDSERVE_MPIRUN_LINGER=600 bash '" +
+                         SourceDir() + "/deploy/docker/entrypoint.sh' serve";
+  auto r = RunCommand("cd '" + dir_ + "' && { " + ep +
+                      " & ep=$!; for i in $(seq 600); do grep -q started mpirun.log 2>/dev/null "
+                      "&& break; sleep 0.1; done; kill -TERM $ep; timeout 120 tail --pid=$ep -f "
+                      "/dev/null; wait $ep; echo \"entrypoint exit $?\"; }");
+  EXPECT_NE(r.output.find("entrypoint exit 0"), std::string::npos) << r.output;
+  std::stringstream log;
+  log << std::ifstream(dir_ + "/mpirun.log").rdbuf();
+  EXPECT_NE(log.str().find("TERM"), std::string::npos) << log.str() << r.output;
+}
+
 // CURVE keys mounted from the Secrets turn CurveZMQ on; the allow-list gets the
 // server's own public key for the readiness probe; a half-mounted pair stops
 // the start instead of serving without CURVE.
@@ -409,11 +484,66 @@ TEST_F(EntrypointFixture, ProbeReadsMetricsAndDrainWithoutCoordinatorIsANoOp) {
   EXPECT_NE(r.output.find("coordinator not running"), std::string::npos) << r.output;
 }
 
+// The drain polls /metrics while the coordinator exits: its request can die of
+// SIGPIPE (the socket closed under it). Simulated deterministically: a
+// stand-in `timeout` (what metrics_body runs after sending the request) kills
+// its parent, the command substitution's subshell, with SIGPIPE. The hook must
+// still wait for the coordinator and exit 0 (it exited 141 under `set -e`,
+// seen in this test's real-server variant below).
+TEST_F(EntrypointFixture, DrainSurvivesAMetricsRequestKilledBySigpipe) {
+  int port = testing::FreePort();
+  MetricsOptions o;
+  o.listen_address = "127.0.0.1:" + std::to_string(port);
+  o.model_name = "m";
+  auto m = Metrics::Create(o);
+  ASSERT_TRUE(m.ok()) << m.status();
+  Script("timeout", "#!/bin/bash\nkill -PIPE $PPID\n");
+  // The stand-in coordinator ignores the drain's SIGTERM and exits after 3 s,
+  // so the hook polls /metrics meanwhile.
+  const std::string pid_file = dir_ + "/coordinator.pid";
+  auto r = RunCommand("(trap '' TERM; exec sleep 3) & echo $! > '" + pid_file + "'; env -i PATH='" +
+                      dir_ + "/bin:/usr/bin:/bin' HOME='" + dir_ +
+                      "/home' PAGEDSERVE_METRICS_PORT=" + std::to_string(port) +
+                      " PAGEDSERVE_PID_FILE='" + pid_file + "' bash '" + SourceDir() +
+                      "/deploy/docker/entrypoint.sh' drain 60 2>&1; echo \"drain exit $?\"");
+  EXPECT_NE(r.output.find("drained: the coordinator has exited"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("drain exit 0"), std::string::npos) << r.output;
+}
+
+// HTTP status of METHOD http://127.0.0.1:PORT/PATH (POST with a small
+// completion request), or -1 when nothing answered.
+int HttpStatus(const std::string& method, int port, const std::string& path) {
+  if (method == "GET") return testing::HttpGet(port, path).status;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  timeval tv{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const std::string body = R"({"prompt": "hi", "max_tokens": 2})";
+  const std::string req = method + " " + path +
+                          " HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " +
+                          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  std::string raw;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size())) {
+    char buf[4096];
+    for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) raw.append(buf, n);
+  }
+  close(fd);
+  const size_t sp = raw.find(' ');
+  return sp == std::string::npos ? -1 : std::atoi(raw.c_str() + sp + 1);
+}
+
 // The preStop contract against a real server (pagedserve serve, TP = 1, the
 // random test model): the drain stops admission at once (a new request is
-// refused), lets the in-flight request finish whole, and returns once the
-// coordinator has exited.
+// refused: ZeroMQ error `unavailable`, HTTP 503, /health 503), lets the
+// in-flight request finish whole, and returns once the coordinator has exited.
 TEST_F(EntrypointFixture, DrainStopsAdmissionThenWaitsForInFlightRequests) {
+  constexpr int kInFlightTokens = 96;
   using pagedserve::subprocess::Child;
   const std::string bin = pagedserve::subprocess::Env("PAGEDSERVE_BIN");
   const std::string model = pagedserve::subprocess::Env("PAGEDSERVE_TEST_MODEL");
@@ -421,10 +551,27 @@ TEST_F(EntrypointFixture, DrainStopsAdmissionThenWaitsForInFlightRequests) {
     GTEST_SKIP() << "PAGEDSERVE_BIN / PAGEDSERVE_TEST_MODEL not set";
   const std::string zmq = "tcp://127.0.0.1:" + std::to_string(testing::FreePort());
   const int metrics_port = testing::FreePort();
+  const int http_port = testing::FreePort();
   const std::string pid_file = dir_ + "/coordinator.pid";
-  Child server({bin, "serve", "--model", model, "--zmq-endpoint", zmq, "--metrics-port",
-                std::to_string(metrics_port), "--port", "0", "--pid-file", pid_file,
-                "--shutdown-grace", "120", "--kv-cache-memory", "33554432", "--swap-space",
+  Child server({bin,
+                "serve",
+                "--model",
+                model,
+                "--zmq-endpoint",
+                zmq,
+                "--metrics-port",
+                std::to_string(metrics_port),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                std::to_string(http_port),
+                "--pid-file",
+                pid_file,
+                "--shutdown-grace",
+                "120",
+                "--kv-cache-memory",
+                "33554432",
+                "--swap-space",
                 "0.01"});
   ASSERT_TRUE(server.WaitFor(std::regex("pagedserve serve: serving"), 180).has_value())
       << server.out();
@@ -442,8 +589,11 @@ TEST_F(EntrypointFixture, DrainStopsAdmissionThenWaitsForInFlightRequests) {
                                     "120",
                                     "Once upon a time"};
   };
-  Child in_flight(client(48));
+  // Long enough to be still running while the refusals below are checked (a
+  // request that ends first lets the server exit: nothing would answer).
+  Child in_flight(client(kInFlightTokens));
   ASSERT_TRUE(in_flight.WaitFor(std::regex(R"(\S{6})"), 60).has_value()) << in_flight.out();
+  EXPECT_EQ(HttpStatus("GET", http_port, "/health"), 200) << "serving: the readiness probe passes";
 
   const std::string env = "PAGEDSERVE_METRICS_PORT=" + std::to_string(metrics_port) +
                           " PAGEDSERVE_PID_FILE=" + pid_file;
@@ -451,15 +601,27 @@ TEST_F(EntrypointFixture, DrainStopsAdmissionThenWaitsForInFlightRequests) {
                "env -i PATH=/usr/bin:/bin HOME='" + dir_ + "/home' " + env + " bash '" +
                    SourceDir() + "/deploy/docker/entrypoint.sh' drain 100"});
   ASSERT_TRUE(drain.WaitFor(std::regex("admission stopped"), 30).has_value()) << drain.out();
-  // Refused while draining; the in-flight request still completes in full.
+  // The coordinator handles the SIGTERM on its own thread: wait (no time
+  // bound asserted) until /health says it has, then every front end refuses.
+  int health = 0;
+  for (int i = 0; i < 600 && (health = HttpStatus("GET", http_port, "/health")) == 200; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(health, 503) << "draining: the readiness probe must fail";
+  EXPECT_EQ(HttpStatus("POST", http_port, "/v1/completions"), 503)
+      << "draining: HTTP admits nothing";
+  // Refused while draining, with the code that tells a client to go elsewhere
+  // (not "busy": retrying here would not help); the in-flight request still
+  // completes in full.
   auto refused = pagedserve::subprocess::RunChild(client(4), 60);
   EXPECT_EQ(refused.exit_code, 1) << refused.out;
-  EXPECT_TRUE(std::regex_search(refused.out, std::regex("busy|unavailable|shutting down")))
+  EXPECT_NE(refused.out.find("unavailable: the server is shutting down"), std::string::npos)
       << refused.out;
   auto done = in_flight.Wait(120);
   EXPECT_EQ(done.exit_code, 0) << done.out;
   EXPECT_NE(done.out.find("finish_reason=length"), std::string::npos) << done.out;
-  EXPECT_NE(done.out.find("completion_tokens=48"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("completion_tokens=" + std::to_string(kInFlightTokens)),
+            std::string::npos)
+      << done.out;
   auto d = drain.Wait(120);
   EXPECT_EQ(d.exit_code, 0) << d.out;
   EXPECT_NE(d.out.find("drained: the coordinator has exited"), std::string::npos) << d.out;

@@ -8,7 +8,8 @@
 //    transformers reference's greedy tokens (tests/fixtures/qwen2_bias);
 //  - a swap-out / swap-in of a sequence mid-generation under TP = 2 changes
 //    no token;
-//  - a wrong rank count and a TP size that does not divide the query heads
+//  - a wrong rank count, a TP size that does not divide the query heads and a
+//    worker block size other than the coordinator's (the start-up handshake)
 //    give a clear error and a non-zero exit, no hang;
 //  - killing a worker mid-generation: the coordinator reports the failure and
 //    everything exits non-zero within the documented time, no rank left.
@@ -33,6 +34,7 @@
 #include <regex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -101,7 +103,7 @@ class LaunchTest : public ::testing::Test {
 
   std::map<int, std::string> Generate(const std::string& model, int tp,
                                       std::vector<std::string> extra = {}) {
-    Result r = Run(Mpirun(tp + 1, model, tp, extra));
+    Result r = Run(Mpirun(tp + 1, model, tp, std::move(extra)));
     EXPECT_EQ(r.exit_code, 0) << "TP " << tp << " run failed:\n" << r.out;
     auto t = Tokens(r);
     EXPECT_FALSE(t.empty()) << r.out;
@@ -219,6 +221,20 @@ TEST_F(LaunchTest, TpNotDividingQueryHeadsFailsClearly) {
       << r.out;
   EXPECT_NE(r.out.find("tensor parallel size 3 does not divide num_heads 8"), std::string::npos)
       << r.out;
+}
+
+// The start-up handshake: a worker whose block size is not the coordinator's
+// would derive other slots from the same block tables (silently wrong K/V), so
+// the coordinator refuses to start, naming the rank and both sizes.
+TEST_F(LaunchTest, WorkerWithAnotherBlockSizeFailsTheHandshake) {
+  Result r = Run(Mpirun(3, model_, 2, {"--worker-block-size", "8"}), 120);
+  EXPECT_FALSE(r.timed_out) << r.out;
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("driver: cannot start the workers: FAILED_PRECONDITION: worker rank 1 runs "
+                       "with --block-size 8 but the coordinator with 16"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("seq 0:"), std::string::npos) << "generated despite the mismatch";
 }
 
 TEST_F(LaunchTest, KillingAWorkerFailsTheCoordinatorInTime) {

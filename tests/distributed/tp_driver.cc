@@ -5,7 +5,10 @@
 //
 // Rank 0 builds the step plans itself (greedy decoding, contiguous block
 // tables, one prefill step for every prompt then decode steps) and runs them
-// through MakeMpiExecutor; the other ranks run RunWorkerRank. Without mpirun
+// through MakeMpiExecutor. The plans are incremental as the scheduler's
+// (runtime/common/step_plan.h): a sequence's first step carries its full block
+// table, later steps none (its row is allocated up front and never changes)
+// except the whole row after a swap-in; the other ranks run RunWorkerRank. Without mpirun
 // (one rank) the plans run on an in-process worker. Output on stdout of rank 0:
 //   "seq I: T1 T2 ..."  the generated token ids of each prompt
 //   "step N"            before every step (the kill test waits for these)
@@ -17,11 +20,15 @@
 //   --max-tokens N         tokens generated per prompt (default 8)
 //   --swap-at S            at decode step S swap sequence 0 out to the CPU pool,
 //                          run one step without it, then swap it back in to
-//                          other device blocks (the tokens must not change)
+//                          other device blocks (the tokens must not change);
+//                          prints "swap out: N blocks at decode step S" and
+//                          "swap in: N blocks at decode step S"
 //   --bench-seqs B         instead of --prompts: B prompts of 8 tokens each
 //   --step-timeout-ms T    executor step timeout (default kDefaultStepTimeout)
 //   --step-delay-ms D      sleep before each step (gives the kill test time)
 //   --kv-cache-memory B / --swap-space B   per-worker pool budgets in bytes
+//   --worker-block-size B  the worker ranks' block size (default: the coordinator's
+//                          16); a different one must fail the start-up handshake
 // Exit code: 0 on success, 1 on an executor error, 2 on bad usage.
 #include <unistd.h>
 
@@ -32,6 +39,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "distributed/communicator.h"
@@ -58,6 +66,7 @@ struct DriverFlags {
   int64_t kv_cache_memory = 64LL << 20;
   int64_t swap_space = 16LL << 20;
   int block_size = 16;
+  int worker_block_size = 16;
   // Weight precision (--dtype); float32 by default so that TP equality is
   // checked on the exact path.
   WeightDType dtype = WeightDType::kFloat32;
@@ -71,7 +80,7 @@ bool ParseFlags(int argc, char** argv, DriverFlags* f, std::string* err) {
     auto num = [&](int64_t* out) {
       std::string s = value();
       if (!absl::SimpleAtoi(s, out)) {
-        *err = a + ": not a number: '" + s + "'";
+        *err = absl::StrCat(a, ": not a number: '", s, "'");
         return false;
       }
       return true;
@@ -112,6 +121,9 @@ bool ParseFlags(int argc, char** argv, DriverFlags* f, std::string* err) {
       if (!num(&f->kv_cache_memory)) return false;
     } else if (a == "--swap-space") {
       if (!num(&f->swap_space)) return false;
+    } else if (a == "--worker-block-size") {
+      if (!num(&v)) return false;
+      f->worker_block_size = static_cast<int>(v);
     } else if (a == "--dtype") {
       absl::StatusOr<WeightDType> d = ParseWeightDType(value());
       if (!d.ok()) {
@@ -132,6 +144,7 @@ bool ParseFlags(int argc, char** argv, DriverFlags* f, std::string* err) {
     f->prompts.clear();
     for (int s = 0; s < f->bench_seqs; ++s) {
       std::vector<int32_t> ids;
+      ids.reserve(8);
       for (int t = 0; t < 8; ++t) ids.push_back(100 + 37 * s + 11 * t);
       f->prompts.push_back(ids);
     }
@@ -169,6 +182,7 @@ struct Seq {
   std::vector<int32_t> blocks;  // device blocks
   std::vector<int32_t> generated;
   bool swapped = false;
+  bool send_full_row = true;  // the workers' mirror of its row is stale (start, swap-in)
 };
 
 // Runs the whole generation on rank 0. Returns the exit code.
@@ -219,13 +233,16 @@ int Coordinate(const DriverFlags& f, Executor& exec) {
       for (size_t b = 0; b < seqs[0].blocks.size(); ++b)
         plan.swap_out.push_back({seqs[0].blocks[b], static_cast<int32_t>(b)});
       seqs[0].swapped = true;
+      std::printf("swap out: %zu blocks at decode step %d\n", plan.swap_out.size(), decode_step);
     } else if (seqs[0].swapped) {
       for (size_t b = 0; b < seqs[0].blocks.size(); ++b) {
         plan.swap_in.push_back({static_cast<int32_t>(b), swap_in_base + static_cast<int32_t>(b)});
         seqs[0].blocks[b] = swap_in_base + static_cast<int32_t>(b);
       }
       seqs[0].swapped = false;
+      seqs[0].send_full_row = true;  // its row moved to other device blocks
       swapped_in_pending = true;
+      std::printf("swap in: %zu blocks at decode step %d\n", plan.swap_in.size(), decode_step);
     }
     for (size_t i = 0; i < seqs.size(); ++i) {
       Seq& s = seqs[i];
@@ -234,10 +251,17 @@ int Coordinate(const DriverFlags& f, Executor& exec) {
       st.seq_id = i;
       st.start_pos = s.cached;
       st.token_ids.assign(s.tokens.begin() + s.cached, s.tokens.end());
-      st.block_table = s.blocks;
-      st.sampling = greedy;
+      // Block-table delta: the whole row when the workers' copy is stale, else
+      // nothing (start = the row's length).
+      if (s.send_full_row) {
+        st.block_table = s.blocks;
+        s.send_full_row = false;
+      } else {
+        st.block_table_start = static_cast<int32_t>(s.blocks.size());
+      }
+      st.sampling = greedy;  // sent only when the sequence starts
       st.num_prompt_tokens = s.prompt_len;
-      st.new_state = prefill;  // full block table every step: block_table_start 0
+      st.new_state = prefill;
       plan.seqs.push_back(std::move(st));
     }
     plan.finished = finished;
@@ -332,6 +356,7 @@ int Main(int argc, char** argv) {
   wo.swap_space = f.swap_space;
   wo.dtype = f.dtype;
   if (!info->coordinator()) {
+    wo.block_size = f.worker_block_size;
     const int rc = RunWorkerRank(*info, wo);
     FinalizeMpi(rc != 0, rc);
     return rc;

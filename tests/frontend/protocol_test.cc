@@ -334,6 +334,9 @@ TEST(ProtocolTest, RepliesSerializeAsDocumented) {
   EXPECT_EQ(json::parse(ErrorMessage("r9", ErrorCode::kBusy, "waiting queue is full (256)")),
             json::parse(R"j({"version":1,"type":"error","id":"r9","code":"busy",
                             "message":"waiting queue is full (256)"})j"));
+  EXPECT_EQ(json::parse(ErrorMessage("r8", ErrorCode::kUnavailable, "shutting down")),
+            json::parse(R"j({"version":1,"type":"error","id":"r8","code":"unavailable",
+                            "message":"shutting down"})j"));
   StatsReply st{"s", 3, 8, 1, 1000, 250, 0.25, 64, 2048, 256};
   EXPECT_EQ(json::parse(SerializeReply(st)), json::parse(R"({"version":1,"type":"stats","id":"s",
       "num_waiting":3,"num_running":8,"num_swapped":1,"kv_blocks_total":1000,"kv_blocks_used":250,
@@ -418,6 +421,8 @@ TEST(ProtocolTest, RepliesRoundTripThroughParseReply) {
       Reply{ErrorReply{"e", ErrorCode::kPromptTooLong,
                        "prompt has 5000 tokens, max_model_len is 2048"}},
       Reply{ErrorReply{"", ErrorCode::kInvalidJson, "m"}},
+      Reply{ErrorReply{"u", ErrorCode::kUnavailable, "the server is shutting down"}},
+      Reply{ErrorReply{"i", ErrorCode::kInternal, "m"}},
       Reply{DeltaReply{
           "d", {{1, "x", {4}, {TokenLogprob{4, -1.5f, {4}, {-1.5f}}}, FinishReason::kAbort}}}},
       Reply{f},

@@ -116,7 +116,9 @@ struct Server {
   std::thread engine_thread;
 
   // `read_timeout`: --http-timeout (the deadline for reading one request).
-  explicit Server(absl::Duration read_timeout = absl::Seconds(5)) {
+  // attach = false: the HTTP server runs without its backend, as `pagedserve
+  // serve` before the model is loaded and every worker rank answered (Attach()).
+  explicit Server(absl::Duration read_timeout = absl::Seconds(5), bool attach = true) {
     // Prompt "A" continues " one two three", then " x" for ever (no EOS).
     auto inner = std::make_unique<ScriptedExecutor>(
         ScriptedExecutor::Script{{Id("A"), {{Id(" one"), Id(" two"), Id(" three")}}}}, 64, 0, 16,
@@ -145,6 +147,9 @@ struct Server {
     EXPECT_TRUE(h.ok()) << h.status();
     http = *std::move(h);
     http->Start();
+    if (attach) Attach();
+  }
+  void Attach() {
     auto backend = std::make_unique<HttpBackend>();
     backend->loop = loop.get();
     backend->metrics_text = [] { return std::string("# scripted\n"); };
@@ -283,6 +288,25 @@ TEST(HttpServerTest, CompletesARequest) {
   json j = json::parse(r.body);
   EXPECT_EQ(j["choices"][0]["text"], " one two three");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+}
+
+// The startup and readiness probes (GET /health): 503 while `pagedserve serve`
+// is loading (the HTTP server listens before the model is loaded and before
+// every worker rank sent its hello; serve_command.cc attaches the backend
+// after MakeMpiExecutor returned), 200 once attached. Requests are refused
+// meanwhile, not queued.
+TEST(HttpServerTest, HealthIs503UntilTheModelIsLoadedAndEveryWorkerAnswered) {
+  Server s(absl::Seconds(5), /*attach=*/false);
+  Response h = Request(s.port(), "GET", "/health");
+  EXPECT_EQ(h.status, 503) << h.head << h.body;
+  EXPECT_EQ(json::parse(h.body, nullptr, false), json::parse(R"({"status": "loading"})"));
+  Response r = Request(s.port(), "POST", "/v1/completions", R"({"prompt": "A", "max_tokens": 3})");
+  EXPECT_EQ(r.status, 503) << r.head << r.body;
+  s.Attach();
+  h = Request(s.port(), "GET", "/health");
+  EXPECT_EQ(h.status, 200) << h.head << h.body;
+  r = Request(s.port(), "POST", "/v1/completions", R"({"prompt": "A", "max_tokens": 3})");
+  EXPECT_EQ(r.status, 200) << r.head << r.body;
 }
 
 // A fatal engine error after some tokens (a lost worker: the loss watcher's

@@ -24,6 +24,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -147,7 +148,7 @@ class MultiHostTest : public ::testing::Test {
 
   Result RunDriver(const std::vector<std::pair<int, int>>& slots, const std::string& model, int tp,
                    std::vector<std::string> extra) {
-    Result r = RunChild(Mpirun(slots, Driver(model, tp, extra)), 300 * TimeScale());
+    Result r = RunChild(Mpirun(slots, Driver(model, tp, std::move(extra))), 300 * TimeScale());
     EXPECT_EQ(r.exit_code, 0) << "TP " << tp << ":\n" << r.out;
     return r;
   }
@@ -164,6 +165,12 @@ class MultiHostTest : public ::testing::Test {
     int64_t sum = 0;
     for (int i = 0; i < hosts_; ++i) sum += TxBytes(i);
     return sum;
+  }
+
+  // The network namespace process `pid` runs in (`ip netns identify`), "" if none.
+  std::string NetnsOf(int pid) {
+    Result r = RunChild({"ip", "netns", "identify", std::to_string(pid)}, 10);
+    return std::string(absl::StripTrailingAsciiWhitespace(r.out));
   }
 
   // Every rank ran where the map put it: "worker rank R (pid P on HOST)".
@@ -194,10 +201,23 @@ TEST_F(MultiHostTest, GreedyTokensTp2AcrossHostsEqualTp1OnOneHost) {
   EXPECT_NE(tp1[0], tp1[1]) << "degenerate output";
 }
 
+// Sequence 0's blocks go to the CPU swap pool at decode step 2 and come back
+// into other device blocks a step later (the workers on hosts 1 and 2 copy
+// them); every token must stay what the run without a swap produced.
 TEST_F(MultiHostTest, SwapOutAndInUnderTp2AcrossHostsKeepsTokens) {
   auto plain = Tokens(RunDriver(kTp2AcrossHosts, model_, 2, {"--max-tokens", "10"}));
-  auto swapped =
-      Tokens(RunDriver(kTp2AcrossHosts, model_, 2, {"--max-tokens", "10", "--swap-at", "2"}));
+  Result r = RunDriver(kTp2AcrossHosts, model_, 2, {"--max-tokens", "10", "--swap-at", "2"});
+  // The swap happened (a --swap-at that did nothing would pass the comparison).
+  std::smatch out, in;
+  ASSERT_TRUE(
+      std::regex_search(r.out, out, std::regex(R"(swap out: (\d+) blocks at decode step 2)")))
+      << r.out;
+  ASSERT_TRUE(std::regex_search(r.out, in, std::regex(R"(swap in: (\d+) blocks at decode step 3)")))
+      << r.out;
+  EXPECT_GT(std::stoi(out[1]), 0);
+  EXPECT_EQ(out[1], in[1]);
+  ExpectWorkerHosts(r.out, {{1, 1}, {2, 2}});
+  auto swapped = Tokens(r);
   ASSERT_EQ(plain.size(), 3u);
   EXPECT_EQ(plain, swapped);
 }
@@ -236,20 +256,26 @@ TEST_F(MultiHostTest, BytesPerDecodeStepCoverTheAllReduces) {
   std::string short_out, long_out;
   const int64_t short_bytes = run(4, &short_out);
   const int64_t long_bytes = run(20, &long_out);
+  ExpectWorkerHosts(long_out, {{1, 1}, {2, 2}});
   const int extra_steps = 16;
   const double per_step = static_cast<double>(long_bytes - short_bytes) / extra_steps;
   // 3 sequences decode together: 2 all-reduces per layer of 3 x hidden fp32
   // values; with 2 ranks each must send at least its whole vector (half in the
   // reduce-scatter, half in the all-gather), or the other rank cannot have the sum.
   const double allreduce_floor = 2.0 * layers * 2 * 3 * hidden * sizeof(float);
-  std::smatch plan;
-  ASSERT_TRUE(std::regex_search(long_out, plan,
-                                std::regex(R"(plan bytes prefill=(\d+) decode_mean=([\d.]+))")))
-      << long_out;
+  const std::regex plan_re(R"(plan bytes prefill=(\d+) decode_mean=([\d.]+))");
+  std::smatch plan, short_plan;
+  ASSERT_TRUE(std::regex_search(long_out, plan, plan_re)) << long_out;
+  ASSERT_TRUE(std::regex_search(short_out, short_plan, plan_re)) << short_out;
   std::printf(
       "bytes between hosts per decode step (TP = 2, 3 sequences): %.0f; all-reduce "
-      "floor %.0f; decode step plan %s bytes\n",
-      per_step, allreduce_floor, plan[2].str().c_str());
+      "floor %.0f; decode step plan %s bytes (%s in the 4-token run)\n",
+      per_step, allreduce_floor, plan[2].str().c_str(), short_plan[2].str().c_str());
+  // Incremental plans: a decode step's plan carries each running sequence's
+  // fed token and no block table, so it is as large after 20 tokens as after
+  // 4 (a plan with full block-table rows grows with the context: the rows here
+  // are allocated for prompt + max tokens).
+  EXPECT_EQ(plan[2].str(), short_plan[2].str()) << "the decode plan grows with the context";
   EXPECT_GE(per_step, allreduce_floor) << "traffic does not cross the links";
   // Start-up, prefill and the plans should not be larger than the all-reduces
   // by orders of magnitude (a runaway protocol would show here).
@@ -293,6 +319,11 @@ class MultiHostFailureTest : public MultiHostTest {
         absl::SimpleAtoi(absl::StripTrailingAsciiWhitespace(ReadFile(pid_file)), &coordinator))
         << pid_file;
     pids.push_back(coordinator);
+    // Not only the host names the ranks report: each process lives in its
+    // host's network namespace (its only route to the others is that host's link).
+    EXPECT_EQ(NetnsOf(victim), Host(2)) << "TP rank 1 (world rank 2)";
+    EXPECT_EQ(NetnsOf(pids[1]), Host(1)) << "TP rank 0 (world rank 1)";
+    EXPECT_EQ(NetnsOf(coordinator), Host(0)) << "coordinator";
 
     Child client({script_, "on", prefix_, "0", bin_, "client", "--zmq-endpoint", endpoint,
                   "--temperature", "0", "--ignore-eos", "--max-tokens", "1500", "--client-timeout",
@@ -333,8 +364,19 @@ class MultiHostFailureTest : public MultiHostTest {
       else
         gone_s[i] = since_break();  // bound
     }
-    Result m = server.Wait(1);
+    // mpirun is given kMpirunGrace more to exit by itself (measured, not
+    // asserted: see the class comment), then the test stops it.
+    constexpr double kMpirunGrace = 20;
+    Result m = server.Wait(std::max(0.0, budget + kMpirunGrace - since_break()));
     const double mpirun_s = std::chrono::duration<double>(Clock::now() - broken_at).count();
+    // Processes still in the hosts' namespaces once mpirun is gone (orted
+    // daemons that outlive it), for the log.
+    std::string left;
+    for (int i = 0; i < hosts_; ++i) {
+      Result p = RunChild({"ip", "netns", "pids", Host(i)}, 10);
+      const int n = static_cast<int>(std::count(p.out.begin(), p.out.end(), '\n'));
+      absl::StrAppend(&left, i == 0 ? "" : ", ", Host(i), ": ", n);
+    }
     EXPECT_TRUE(alive.empty()) << what << ": " << alive.size() << " rank(s) still alive after "
                                << budget << " s (pid " << (alive.empty() ? 0 : alive[0]) << ")\n"
                                << m.out;
@@ -351,9 +393,10 @@ class MultiHostFailureTest : public MultiHostTest {
     std::printf(
         "%s: client done after %.2f s; ranks gone by %.2f (rank 2), %.2f (rank 1), "
         "%.2f (coordinator) s (-1: alive at %.0f s); mpirun %s after %.2f s (code %d); "
-        "client:\n%s\n",
+        "processes left in the hosts after mpirun: %s; client:\n%s\n",
         what.c_str(), client_s, gone_s[0], gone_s[1], gone_s[2], budget,
-        m.timed_out ? "killed by the test" : "exited", mpirun_s, m.exit_code, c.out.c_str());
+        m.timed_out ? "killed by the test" : "exited", mpirun_s, m.exit_code, left.c_str(),
+        c.out.c_str());
   }
 };
 
