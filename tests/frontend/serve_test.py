@@ -578,16 +578,38 @@ CLIENT_SCRIPT = r"""
 import json, sys, zmq
 ctx = zmq.Context(); s = ctx.socket(zmq.DEALER); s.connect(sys.argv[1])
 s.send(json.dumps({"version": 1, "type": "generate", "id": "v", "prompt": "Go on forever",
-                   "max_tokens": 230, "ignore_eos": True, "stream": True}).encode())
+                   "max_tokens": int(sys.argv[2]), "ignore_eos": True, "stream": True}).encode())
 s.recv(); print("streaming", flush=True)
 import time; time.sleep(600)
 """
 
 
 class DisconnectTest(unittest.TestCase):
+    # A server of its own with a long context: the vanishing client's request
+    # (2000 tokens, some 20 s of decoding on an idle machine) must still be
+    # running when the disconnect is noticed (heartbeat timeout 1.5 s). With
+    # the shared server's 256-token context the request could end by length
+    # first on a loaded machine, and no abort was counted.
+    MAX_TOKENS = 2000
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = ServerProcess(["--zmq-heartbeat-interval-ms=200", "--zmq-heartbeat-timeout-ms=1500",
+                                    "--max-model-len=2048"], mpirun=ARGS.mpirun)
+
+    @classmethod
+    def tearDownClass(cls):
+        rc = cls.server.stop()
+        if rc != 0:
+            print(cls.server.logs(), file=sys.stderr)
+        assert rc == 0, f"server exit code {rc}"
+
     def run_vanishing_client(self, how):
-        aborts = SERVER.metric("pagedserve_requests_finished_total", 'finish_reason="abort"')
-        p = subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, SERVER.endpoint], stdout=subprocess.PIPE)
+        server = self.server
+        aborts = server.metric("pagedserve_requests_finished_total", 'finish_reason="abort"')
+        lengths = server.metric("pagedserve_requests_finished_total", 'finish_reason="length"')
+        p = subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, server.endpoint, str(self.MAX_TOKENS)],
+                             stdout=subprocess.PIPE)
         try:
             self.assertEqual(p.stdout.readline().strip(), b"streaming")
             if how == "kill":
@@ -596,11 +618,13 @@ class DisconnectTest(unittest.TestCase):
                 p.send_signal(signal.SIGSTOP)  # silent: no heartbeat answers
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:
-                if SERVER.metric("pagedserve_requests_finished_total", 'finish_reason="abort"') > aborts:
+                if server.metric("pagedserve_requests_finished_total", 'finish_reason="abort"') > aborts:
                     break
                 time.sleep(0.05)
-            self.assertGreater(SERVER.metric("pagedserve_requests_finished_total", 'finish_reason="abort"'), aborts)
-            self.assertEqual(wait_drained(), (0, 0, 0))
+            self.assertEqual(server.metric("pagedserve_requests_finished_total", 'finish_reason="length"'),
+                             lengths, "the request ran to its end before the disconnect was noticed")
+            self.assertGreater(server.metric("pagedserve_requests_finished_total", 'finish_reason="abort"'), aborts)
+            self.assertEqual(wait_drained(server=server), (0, 0, 0))
         finally:
             p.kill()
             p.wait(10)
