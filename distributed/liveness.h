@@ -18,7 +18,7 @@
 //
 // Addresses: the coordinator listens on an ephemeral TCP port of every IPv4
 // address of its host (INADDR_ANY) and tells the workers the port and its
-// addresses (MPI broadcast at start-up, see launch.cc); a worker tries them in
+// addresses (MPI broadcast at start-up, see runtime/launch/mpi_process.cc); a worker tries them in
 // order until one connects. Both ends are thread-safe.
 #ifndef PAGEDSERVE_DISTRIBUTED_LIVENESS_H_
 #define PAGEDSERVE_DISTRIBUTED_LIVENESS_H_

@@ -159,7 +159,7 @@ absl::StatusOr<bool> UseLogColor(const std::string& mode, bool is_terminal, cons
 
 // Applies --log-color (UseLogColor with this process's stdout / stderr,
 // NO_COLOR and OMPI_COMM_WORLD_SIZE / PMIX_RANK) to spdlog's default logger
-// (stdout) and to the "launch" logger (stderr, distributed/launch.cc). Call
+// (stdout) and to the "launch" logger (stderr, runtime/launch/process_state.cc). Call
 // once after the flags are parsed, before anything logs. Errors: UseLogColor's.
 absl::Status ConfigureLogColor();
 

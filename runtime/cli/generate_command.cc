@@ -21,11 +21,14 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "distributed/launch.h"
 #include "runtime/cli/commands.h"
 #include "runtime/cli/common_flags.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/executor.h"
+#include "runtime/launch/local_executor.h"
+#include "runtime/launch/mpi_executor.h"
+#include "runtime/launch/mpi_process.h"
+#include "runtime/launch/worker_rank.h"
 
 namespace pagedserve::cli {
 namespace {

@@ -40,6 +40,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -48,7 +50,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "distributed/launch.h"
 #include "runtime/cli/commands.h"
 #include "runtime/cli/common_flags.h"
 #include "runtime/common/status_macros.h"
@@ -58,6 +59,10 @@
 #include "runtime/frontend/http_server.h"
 #include "runtime/frontend/serve_metrics.h"
 #include "runtime/frontend/server.h"
+#include "runtime/launch/local_executor.h"
+#include "runtime/launch/mpi_executor.h"
+#include "runtime/launch/mpi_process.h"
+#include "runtime/launch/worker_rank.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/worker/worker.h"
 
@@ -254,239 +259,303 @@ absl::StatusOr<ServeOptions> ServeOptionsFromFlags(const std::string& model_path
   return so;
 }
 
-// Rank 0 (or the only process): front ends on their own threads, the engine
-// loop on this one (it calls the executor, and MPI is initialized FUNNELED).
-// *workers_stopped: the worker ranks ended cleanly (always true without mpirun).
-// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
-int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup,
-                   const ServeOptions& serve_options, bool* workers_stopped) {
-  *workers_stopped = info.world_size == 1;
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(setup.worker.model_path);
-  if (!tokenizer.ok()) {
-    PrintError(tokenizer.status());
-    return 1;
+// Threads for the HTTP API: one per open connection, created on demand, as
+// many as the process may hold sockets (RLIMIT_NOFILE, less a reserve for
+// files, ZeroMQ and MPI), at most 4096; at least enough for every running and
+// queued request. The soft descriptor limit is first raised towards the hard
+// one (as Go's runtime does), so a default of 1024 does not cap the server.
+int HttpThreadCount(const ModelSetup& setup, const ServeOptions& serve_options) {
+  int64_t fd_room = 4096;
+  if (rlimit nofile{}; getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+    if (nofile.rlim_cur < nofile.rlim_max) {
+      nofile.rlim_cur = std::min<rlim_t>(nofile.rlim_max, 65536);
+      if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) getrlimit(RLIMIT_NOFILE, &nofile);
+    }
+    fd_room = static_cast<int64_t>(nofile.rlim_cur) - 128;
   }
-  std::optional<ChatTemplate> chat_template;
-  {
-    const Tokenizer& t = **tokenizer;
-    absl::StatusOr<ChatTemplate> ct =
-        ChatTemplate::Create(t.spec().chat_template, t.BosText(), t.EosText());
+  return static_cast<int>(
+      std::max<int64_t>(std::min<int64_t>(fd_room, 4096),
+                        setup.scheduler.max_num_seqs + serve_options.loop.max_queue_len + 32));
+}
+
+// Rank 0 (or the only process), in the order RunCoordinator calls its phases:
+// Load (tokenizer, chat template, metrics registry), StartHttp (the HTTP API
+// answers 503 on the model routes, /health "loading", while the model loads
+// and the workers start), StartEngine (executor over the workers, engine,
+// engine loop), Serve (the front ends on their own threads, the engine loop on
+// this one: it calls the executor, and MPI is initialized FUNNELED), then
+// StopWorkers. Members are destroyed in reverse order: the ZeroMQ server
+// before the loop and the engine, the HTTP server after them.
+class CoordinatorRank {
+ public:
+  CoordinatorRank(const LaunchInfo& info, const ModelSetup& setup, const ServeOptions& options)
+      : info_(info), setup_(setup), options_(options) {}
+
+  // Each phase below returns 0 to go on, or the exit code after printing why.
+  int Load() {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(setup_.worker.model_path);
+    if (!tokenizer.ok()) {
+      PrintError(tokenizer.status());
+      return 1;
+    }
+    tokenizer_ = *std::move(tokenizer);
+    absl::StatusOr<ChatTemplate> ct = ChatTemplate::Create(
+        tokenizer_->spec().chat_template, tokenizer_->BosText(), tokenizer_->EosText());
     if (ct.ok()) {
-      chat_template = *std::move(ct);
+      chat_template_ = *std::move(ct);
     } else {
       std::fprintf(stderr,
                    "pagedserve serve: no chat template (%s): 'messages' requests will be refused\n",
                    std::string(ct.status().message()).c_str());
     }
-  }
-
-  // One registry, served on --metrics-port (if any) and on the HTTP API's /metrics.
-  std::shared_ptr<Metrics> metrics;
-  {
+    // One registry, served on --metrics-port (if any) and on the HTTP API's /metrics.
     ServeMetricsOptions mo;
     mo.host = absl::GetFlag(FLAGS_metrics_host);
     mo.port = absl::GetFlag(FLAGS_metrics_port);
-    mo.model = setup.worker.model_path;
-    mo.model_name = serve_options.http.served_model_name;  // also without an HTTP API
-    mo.tensor_parallel_size = setup.tensor_parallel_size;
-    mo.block_size = setup.worker.block_size;
+    mo.model = setup_.worker.model_path;
+    mo.model_name = options_.http.served_model_name;  // also without an HTTP API
+    mo.tensor_parallel_size = setup_.tensor_parallel_size;
+    mo.block_size = setup_.worker.block_size;
 #ifdef PAGEDSERVE_WITH_CUDA
     mo.backend = "cuda";
 #else
     mo.backend = "cpu";
 #endif
-    mo.extra_labels["max_num_seqs"] = std::to_string(setup.scheduler.max_num_seqs);
+    mo.extra_labels["max_num_seqs"] = std::to_string(setup_.scheduler.max_num_seqs);
     absl::StatusOr<std::shared_ptr<Metrics>> m = CreateServeMetrics(mo);
     if (!m.ok()) {
       PrintError(m.status());
       return 1;
     }
-    metrics = *std::move(m);
+    metrics_ = *std::move(m);
+    return 0;
   }
 
-  // The HTTP API answers (503 on the model routes, /health "loading") while
-  // the model loads and the workers start.
-  std::unique_ptr<HttpServer> http;
-  if (serve_options.http_enabled) {
-    HttpServerOptions ho = serve_options.http;
-    // One thread per open connection, created on demand: as many as the
-    // process may hold sockets (RLIMIT_NOFILE, less a reserve for files,
-    // ZeroMQ and MPI), at most 4096; at least enough for every running and
-    // queued request.
-    // The soft descriptor limit is first raised towards the hard one (as Go's
-    // runtime does), so a default of 1024 does not cap the server.
-    int64_t fd_room = 4096;
-    if (rlimit nofile{};
-        getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
-      if (nofile.rlim_cur < nofile.rlim_max) {
-        nofile.rlim_cur = std::min<rlim_t>(nofile.rlim_max, 65536);
-        if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) getrlimit(RLIMIT_NOFILE, &nofile);
-      }
-      fd_room = static_cast<int64_t>(nofile.rlim_cur) - 128;
-    }
-    ho.num_threads = static_cast<int>(
-        std::max<int64_t>(std::min<int64_t>(fd_room, 4096),
-                          setup.scheduler.max_num_seqs + serve_options.loop.max_queue_len + 32));
+  int StartHttp() {
+    if (!options_.http_enabled) return 0;
+    HttpServerOptions ho = options_.http;
+    ho.num_threads = HttpThreadCount(setup_, options_);
     absl::StatusOr<std::unique_ptr<HttpServer>> h = HttpServer::Create(ho);
     if (!h.ok()) {
       PrintError(h.status());
       return 1;
     }
-    http = *std::move(h);
+    http_ = *std::move(h);
     {
       StopSignalsBlocked blocked;
-      http->Start();
+      http_->Start();
     }
     std::fprintf(stderr,
                  "pagedserve serve: HTTP API on %s://%s:%d (model '%s'; 503 until the model is "
                  "loaded)\n",
-                 serve_options.http.ssl_certfile.empty() ? "http" : "https",
-                 serve_options.http.host.c_str(), http->port(),
-                 serve_options.http.served_model_name.c_str());
+                 options_.http.ssl_certfile.empty() ? "http" : "https", options_.http.host.c_str(),
+                 http_->port(), options_.http.served_model_name.c_str());
     std::fflush(stderr);
+    return 0;
   }
 
-  absl::StatusOr<std::unique_ptr<Executor>> executor =
-      info.world_size > 1 ? MakeMpiExecutor(info, setup.scheduler.block_size,
-                                            setup.worker_startup_timeout, setup.worker_step_timeout)
-                          : CreateLocalExecutor(setup.worker);
-  if (!executor.ok()) {
-    PrintError(executor.status());
-    return 1;
-  }
-  Executor* exec = executor->get();
-  EngineOptions options;
-  options.scheduler = setup.scheduler;
-  options.require_cache_salt = absl::GetFlag(FLAGS_require_cache_salt);
-  absl::StatusOr<std::unique_ptr<Engine>> engine =
-      Engine::Create(options, tokenizer->get(), *std::move(executor),
-                     EosTokenIds(setup.model, **tokenizer), metrics.get());
-  if (!engine.ok()) {
-    PrintError(engine.status());
-    return engine.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-  }
-  EngineLoop loop(engine->get(), serve_options.loop);
-
-  int rc = 0;
-  bool executor_failed = false;
-  absl::StatusOr<std::unique_ptr<Server>> server;
-  {
-    StopSignalsBlocked blocked;  // the CURVE authenticator's ZAP thread is started here
-    ServerOptions zo = serve_options.zmq;
-    if (metrics != nullptr) {
-      zo.on_handshake_failed = [m = metrics.get()](std::string_view reason) {
-        RecordFailedHandshake(*m, reason);
-      };
+  int StartEngine() {
+    absl::StatusOr<std::unique_ptr<Executor>> executor =
+        info_.world_size > 1
+            ? MakeMpiExecutor(info_, setup_.scheduler.block_size, setup_.worker_startup_timeout,
+                              setup_.worker_step_timeout)
+            : CreateLocalExecutor(setup_.worker);
+    if (!executor.ok()) {
+      PrintError(executor.status());
+      return 1;
     }
-    server = Server::Create(zo, &loop, chat_template);
+    exec_ = executor->get();
+    EngineOptions options;
+    options.scheduler = setup_.scheduler;
+    options.require_cache_salt = absl::GetFlag(FLAGS_require_cache_salt);
+    absl::StatusOr<std::unique_ptr<Engine>> engine =
+        Engine::Create(options, tokenizer_.get(), *std::move(executor),
+                       EosTokenIds(setup_.model, *tokenizer_), metrics_.get());
+    if (!engine.ok()) {
+      exec_ = nullptr;  // destroyed with the executor Engine::Create was given
+      PrintError(engine.status());
+      return engine.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    engine_ = *std::move(engine);
+    loop_ = std::make_unique<EngineLoop>(engine_.get(), options_.loop);
+    return 0;
   }
-  if (!server.ok()) {
-    PrintError(server.status());
-    rc = 1;
-  } else {
+
+  // The ZeroMQ front end, the HTTP API's backend and the engine loop until a
+  // stop signal (or an engine error). Returns the exit code so far.
+  int Serve() {
+    if (absl::Status s = CreateZmqServer(); !s.ok()) {
+      PrintError(s);
+      return 1;
+    }
     std::atomic<bool> zmq_stop{false};
     absl::Status zmq_status;
     std::thread zmq_thread;
     {
       StopSignalsBlocked blocked;
-      zmq_thread = std::thread([&] { zmq_status = (*server)->Run(zmq_stop); });
+      zmq_thread = std::thread([&] { zmq_status = server_->Run(zmq_stop); });
     }
-    if (http != nullptr) {
-      auto backend = std::make_unique<HttpBackend>();
-      backend->loop = &loop;
-      backend->chat_template = chat_template;
-      backend->metrics_text = [m = metrics.get()] { return SerializeServeMetrics(*m); };
-      http->Attach(std::move(backend));
-    }
-    const SchedulerConfig& sc = (*engine)->scheduler_config();
-    std::fprintf(stderr,
-                 "pagedserve serve: serving %s on %s (ranks %d, KV blocks %d x %d tokens, "
-                 "KV cache dtype %s, max_model_len %d%s)\n",
-                 setup.worker.model_path.c_str(), (*server)->endpoint().c_str(), info.world_size,
-                 sc.num_device_blocks, sc.block_size,
-                 kernels::DTypeName(ResolveKvCacheDType(setup.worker)), sc.max_model_len,
-                 MetricsListeningPort(*metrics) > 0
-                     ? absl::StrCat(", metrics on port ", MetricsListeningPort(*metrics)).c_str()
-                     : "");
-    std::fflush(stderr);
+    AttachHttpBackend();
+    PrintServing();
     // The front ends stop once: after Run, or from the loss watcher below.
     std::once_flag front_ends_stopped;
     auto stop_front_ends = [&] {
       std::call_once(front_ends_stopped, [&] {
         zmq_stop.store(true);
         zmq_thread.join();
-        if (http != nullptr) http->Stop();
+        if (http_ != nullptr) http_->Stop();
       });
     };
-    // Loss watcher (ranks on other processes): the engine thread is the only
-    // one that calls MPI, and once a worker died an MPI call can block it for
-    // good (OpenMPI 4.1 over TCP, seen after `kill -9` of a worker: no step
-    // error until mpirun's SIGKILL 6 s later, the client never told). When the
-    // liveness links report a lost worker while requests are in flight and the
-    // engine has not failed them within kEngineReportGrace, this thread fails
-    // them (EngineLoop::FailAll, no MPI), lets the front ends send the replies
-    // and ends the process (_exit(1)): mpirun then stops the other ranks, and
-    // the workers see the liveness links close.
     std::atomic<bool> watch_stop{false};
     std::thread watcher;
-    if (info.world_size > 1) {
+    if (info_.world_size > 1) {
       StopSignalsBlocked blocked;
-      watcher = std::thread([&] {
-        constexpr auto kEngineReportGrace = std::chrono::seconds(1);
-        // Time for ZeroMQ's I/O thread to write the replies queued by the
-        // front end before the process ends (its sockets have linger 0).
-        constexpr auto kReplyFlush = std::chrono::milliseconds(300);
-        std::optional<std::chrono::steady_clock::time_point> lost_since;
-        while (!watch_stop.load()) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));
-          absl::Status lost = CheckWorkerLiveness();
-          const EngineSnapshot snap = loop.Snapshot();
-          if (lost.ok() || snap.failed || snap.in_flight == 0) {
-            lost_since.reset();
-            continue;
-          }
-          const auto now = std::chrono::steady_clock::now();
-          if (!lost_since) lost_since = now;
-          if (now - *lost_since < kEngineReportGrace) continue;
-          const int64_t failed = loop.FailAll(lost);
-          std::fprintf(stderr,
-                       "pagedserve serve: %s; the engine thread did not fail the requests "
-                       "within 1s (blocked in MPI): %lld failed from the loss watcher; exiting\n",
-                       std::string(lost.message()).c_str(), static_cast<long long>(failed));
-          std::fflush(stderr);
-          stop_front_ends();
-          std::this_thread::sleep_for(kReplyFlush);
-          std::fflush(nullptr);
-          _exit(1);
-        }
-      });
+      watcher = std::thread([&] { WatchForLostWorkers(watch_stop, stop_front_ends); });
     }
-    absl::Status s = loop.Run(g_stop, g_abort_now);
+    absl::Status s = loop_->Run(g_stop, g_abort_now);
     watch_stop.store(true);
     if (watcher.joinable()) watcher.join();
     // Every request has had its final output: let the front ends send them and stop.
     stop_front_ends();
     if (!s.ok()) {
       PrintError(s);
-      rc = 1;
       // An engine step error means the executor is unusable (dead rank, timeout).
-      executor_failed = true;
-    } else if (!zmq_status.ok()) {
+      executor_failed_ = true;
+      return 1;
+    }
+    if (!zmq_status.ok()) {
       PrintError(zmq_status);
-      rc = 1;
+      return 1;
+    }
+    return 0;
+  }
+
+  // Stops the HTTP API and, unless the executor failed, the workers (executor
+  // Shutdown). Returns the final exit code; *workers_stopped: the worker ranks
+  // ended cleanly.
+  int StopWorkers(int rc, bool* workers_stopped) {
+    if (http_ != nullptr) http_->Stop();
+    if (!executor_failed_) {
+      if (absl::Status s = exec_->Shutdown(); !s.ok()) {
+        PrintError(s);
+        if (rc == 0) rc = 1;
+      } else {
+        *workers_stopped = true;
+      }
+    }
+    if (rc == 0) std::fprintf(stderr, "pagedserve serve: stopped\n");
+    return rc;
+  }
+
+ private:
+  absl::Status CreateZmqServer() {
+    StopSignalsBlocked blocked;  // the CURVE authenticator's ZAP thread is started here
+    ServerOptions zo = options_.zmq;
+    if (metrics_ != nullptr) {
+      zo.on_handshake_failed = [m = metrics_.get()](std::string_view reason) {
+        RecordFailedHandshake(*m, reason);
+      };
+    }
+    PS_ASSIGN_OR_RETURN(server_, Server::Create(zo, loop_.get(), chat_template_));
+    return absl::OkStatus();
+  }
+
+  // From here on the HTTP API's model routes answer (no more 503).
+  void AttachHttpBackend() {
+    if (http_ == nullptr) return;
+    auto backend = std::make_unique<HttpBackend>();
+    backend->loop = loop_.get();
+    backend->chat_template = chat_template_;
+    backend->metrics_text = [m = metrics_.get()] { return SerializeServeMetrics(*m); };
+    http_->Attach(std::move(backend));
+  }
+
+  void PrintServing() {
+    const SchedulerConfig& sc = engine_->scheduler_config();
+    std::fprintf(stderr,
+                 "pagedserve serve: serving %s on %s (ranks %d, KV blocks %d x %d tokens, "
+                 "KV cache dtype %s, max_model_len %d%s)\n",
+                 setup_.worker.model_path.c_str(), server_->endpoint().c_str(), info_.world_size,
+                 sc.num_device_blocks, sc.block_size,
+                 kernels::DTypeName(ResolveKvCacheDType(setup_.worker)), sc.max_model_len,
+                 MetricsListeningPort(*metrics_) > 0
+                     ? absl::StrCat(", metrics on port ", MetricsListeningPort(*metrics_)).c_str()
+                     : "");
+    std::fflush(stderr);
+  }
+
+  // Loss watcher (ranks on other processes; runs on its own thread until
+  // `stop`): the engine thread is the only one that calls MPI, and once a
+  // worker died an MPI call can block it for good (OpenMPI 4.1 over TCP, seen
+  // after `kill -9` of a worker: no step error until mpirun's SIGKILL 6 s
+  // later, the client never told). When the liveness links report a lost
+  // worker while requests are in flight and the engine has not failed them
+  // within kEngineReportGrace, this thread fails them (EngineLoop::FailAll, no
+  // MPI), lets the front ends send the replies and ends the process
+  // (_exit(1)): mpirun then stops the other ranks, and the workers see the
+  // liveness links close.
+  void WatchForLostWorkers(const std::atomic<bool>& stop,
+                           const std::function<void()>& stop_front_ends) {
+    constexpr auto kEngineReportGrace = std::chrono::seconds(1);
+    // Time for ZeroMQ's I/O thread to write the replies queued by the
+    // front end before the process ends (its sockets have linger 0).
+    constexpr auto kReplyFlush = std::chrono::milliseconds(300);
+    // Since when a loss with requests in flight is seen (a plain time point
+    // and flag: GCC 12 warns about std::optional here, -Wmaybe-uninitialized).
+    bool losing = false;
+    std::chrono::steady_clock::time_point lost_since{};
+    while (!stop.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      absl::Status lost = CheckWorkerLiveness();
+      const EngineSnapshot snap = loop_->Snapshot();
+      if (lost.ok() || snap.failed || snap.in_flight == 0) {
+        losing = false;
+        continue;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (!losing) {
+        losing = true;
+        lost_since = now;
+      }
+      if (now - lost_since < kEngineReportGrace) continue;
+      const int64_t failed = loop_->FailAll(lost);
+      std::fprintf(stderr,
+                   "pagedserve serve: %s; the engine thread did not fail the requests "
+                   "within 1s (blocked in MPI): %lld failed from the loss watcher; exiting\n",
+                   std::string(lost.message()).c_str(), static_cast<long long>(failed));
+      std::fflush(stderr);
+      stop_front_ends();
+      std::this_thread::sleep_for(kReplyFlush);
+      std::fflush(nullptr);
+      _exit(1);
     }
   }
-  if (http != nullptr) http->Stop();
-  if (!executor_failed) {
-    if (absl::Status s = exec->Shutdown(); !s.ok()) {
-      PrintError(s);
-      if (rc == 0) rc = 1;
-    } else {
-      *workers_stopped = true;
-    }
-  }
-  if (rc == 0) std::fprintf(stderr, "pagedserve serve: stopped\n");
-  return rc;
+
+  const LaunchInfo info_;
+  const ModelSetup& setup_;
+  const ServeOptions& options_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::optional<ChatTemplate> chat_template_;
+  std::shared_ptr<Metrics> metrics_;
+  std::unique_ptr<HttpServer> http_;
+  Executor* exec_ = nullptr;  // owned by engine_
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<EngineLoop> loop_;
+  std::unique_ptr<Server> server_;
+  bool executor_failed_ = false;
+};
+
+// Rank 0 (or the only process): the phases of CoordinatorRank.
+// *workers_stopped: the worker ranks ended cleanly (always true without mpirun).
+int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup,
+                   const ServeOptions& serve_options, bool* workers_stopped) {
+  *workers_stopped = info.world_size == 1;
+  CoordinatorRank coordinator(info, setup, serve_options);
+  if (int rc = coordinator.Load(); rc != 0) return rc;
+  if (int rc = coordinator.StartHttp(); rc != 0) return rc;
+  if (int rc = coordinator.StartEngine(); rc != 0) return rc;
+  const int rc = coordinator.Serve();
+  return coordinator.StopWorkers(rc, workers_stopped);
 }
 
 }  // namespace

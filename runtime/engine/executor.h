@@ -12,10 +12,6 @@
 
 namespace pagedserve {
 
-class Communicator;
-class Worker;
-struct WorkerOptions;
-
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -30,16 +26,9 @@ class Executor {
   virtual int64_t num_cpu_blocks() const = 0;
 };
 
-// Runs plans on an in-process worker (TP = 1, no MPI). Takes ownership.
-// Shutdown() is local bookkeeping: later Execute calls fail with
-// FailedPrecondition. The worker's communicator must outlive the executor, or
-// be handed over with the second overload.
-std::unique_ptr<Executor> MakeLocalExecutor(std::unique_ptr<Worker> worker);
-std::unique_ptr<Executor> MakeLocalExecutor(std::unique_ptr<Worker> worker,
-                                            std::unique_ptr<Communicator> comm);
-// Loads the model on a single-rank communicator (Worker::Create, whose errors
-// it returns) and wraps it in a local executor that owns both.
-absl::StatusOr<std::unique_ptr<Executor>> CreateLocalExecutor(const WorkerOptions& options);
+// Implementations: MakeLocalExecutor / CreateLocalExecutor (in-process worker,
+// runtime/launch/local_executor.h) and MakeMpiExecutor (worker ranks under
+// mpirun, runtime/launch/mpi_executor.h); tests use scripted executors.
 
 }  // namespace pagedserve
 

@@ -1,4 +1,4 @@
-// pagedserve_tp_driver: drives the mpirun process model (distributed/launch.h)
+// pagedserve_tp_driver: drives the mpirun process model (runtime/launch/)
 // without the engine, for the distributed tests and the TP decode benchmark.
 //
 //   mpirun -np 1+TP pagedserve_tp_driver --model PATH --tp TP [flags]
@@ -43,9 +43,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "distributed/communicator.h"
-#include "distributed/launch.h"
 #include "distributed/step_plan_codec.h"
 #include "runtime/engine/executor.h"
+#include "runtime/launch/mpi_executor.h"
+#include "runtime/launch/mpi_process.h"
+#include "runtime/launch/worker_rank.h"
 #include "runtime/worker/worker.h"
 
 namespace pagedserve {

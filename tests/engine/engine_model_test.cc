@@ -22,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/executor.h"
+#include "runtime/launch/local_executor.h"
 #include "runtime/tokenizer/loaders.h"
 #include "runtime/worker/worker.h"
 #include "tests/worker/reference_fixture.h"

@@ -1,10 +1,8 @@
-#include "runtime/engine/executor.h"
+#include "runtime/launch/local_executor.h"
 
 #include <utility>
 
 #include "absl/status/status.h"
-#include "distributed/communicator.h"
-#include "runtime/worker/worker.h"
 
 namespace pagedserve {
 namespace {
