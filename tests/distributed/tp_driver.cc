@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "distributed/communicator.h"
@@ -71,7 +72,7 @@ bool ParseFlags(int argc, char** argv, DriverFlags* f, std::string* err) {
     auto num = [&](int64_t* out) {
       std::string s = value();
       if (!absl::SimpleAtoi(s, out)) {
-        *err = a + ": not a number: '" + s + "'";
+        *err = absl::StrCat(a, ": not a number: '", s, "'");
         return false;
       }
       return true;
@@ -132,6 +133,7 @@ bool ParseFlags(int argc, char** argv, DriverFlags* f, std::string* err) {
     f->prompts.clear();
     for (int s = 0; s < f->bench_seqs; ++s) {
       std::vector<int32_t> ids;
+      ids.reserve(8);
       for (int t = 0; t < 8; ++t) ids.push_back(100 + 37 * s + 11 * t);
       f->prompts.push_back(ids);
     }
