@@ -33,6 +33,7 @@
 #include <regex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -101,7 +102,7 @@ class LaunchTest : public ::testing::Test {
 
   std::map<int, std::string> Generate(const std::string& model, int tp,
                                       std::vector<std::string> extra = {}) {
-    Result r = Run(Mpirun(tp + 1, model, tp, extra));
+    Result r = Run(Mpirun(tp + 1, model, tp, std::move(extra)));
     EXPECT_EQ(r.exit_code, 0) << "TP " << tp << " run failed:\n" << r.out;
     auto t = Tokens(r);
     EXPECT_FALSE(t.empty()) << r.out;

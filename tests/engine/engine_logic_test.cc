@@ -410,6 +410,7 @@ TEST_P(EngineStressTest, ScriptedOutputsSurvivePreemption) {
     auto& samples = script[key];
     for (int s = 0; s < sp.n; ++s) {
       std::vector<int32_t> toks;
+      toks.reserve(30);
       for (int k = 0; k < 30; ++k) toks.push_back(words[rng() % words.size()]);
       samples.push_back(toks);
     }
