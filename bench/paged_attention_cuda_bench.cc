@@ -147,44 +147,189 @@ float TimeDecode(pk::PagedAttentionParams p, Variant v, int iters) {
   return times[times.size() / 2];
 }
 
-}  // namespace
-
-// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
-int main(int argc, char** argv) {
+struct Options {
   std::string json_path;
   bool quick = false, probe = false;
+};
+
+// False (after printing the usage) on an unknown argument.
+bool ParseArgs(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
-      json_path = argv[++i];
+      o->json_path = argv[++i];
     } else if (std::strcmp(argv[i], "--quick") == 0) {
-      quick = true;
+      o->quick = true;
     } else if (std::strcmp(argv[i], "--probe") == 0) {
-      probe = true;
+      o->probe = true;
     } else {
       std::fprintf(stderr, "usage: %s [--json PATH] [--quick] | --probe\n", argv[0]);
-      return 2;
+      return false;
     }
   }
+  return true;
+}
+
+// --probe: one line naming the device (exit 0), or the reason there is none (exit 3).
+int Probe() {
   std::string reason;
-  if (probe) {
-    if (!pk::CudaDeviceAvailable(&reason)) {
-      std::printf("no usable CUDA device: %s\n", reason.c_str());
-      return 3;
-    }
-    cudaDeviceProp prop{};
-    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-    int driver = 0, runtime = 0;
-    CHECK_CUDA(cudaDriverGetVersion(&driver));
-    CHECK_CUDA(cudaRuntimeGetVersion(&runtime));
-    std::printf("%s (sm_%d%d, %d SMs, %.1f GiB), driver API %d, runtime %d\n", prop.name,
-                prop.major, prop.minor, prop.multiProcessorCount,
-                prop.totalGlobalMem / 1073741824.0, driver, runtime);
-    return 0;
+  if (!pk::CudaDeviceAvailable(&reason)) {
+    std::printf("no usable CUDA device: %s\n", reason.c_str());
+    return 3;
   }
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  int driver = 0, runtime = 0;
+  CHECK_CUDA(cudaDriverGetVersion(&driver));
+  CHECK_CUDA(cudaRuntimeGetVersion(&runtime));
+  std::printf("%s (sm_%d%d, %d SMs, %.1f GiB), driver API %d, runtime %d\n", prop.name, prop.major,
+              prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, driver,
+              runtime);
+  return 0;
+}
+
+constexpr int kHeadSize = 128, kBlockSize = 16;
+
+// Every dtype x (heads, kv_heads) x batch x context (--quick: fewer batches and contexts).
+std::vector<Shape> ListShapes(bool quick) {
+  std::vector<Shape> shapes;
+  const std::vector<int> batches = quick ? std::vector<int>{8, 64} : std::vector<int>{8, 32, 64};
+  const std::vector<int> contexts =
+      quick ? std::vector<int>{1024, 4096} : std::vector<int>{1024, 4096, 16384};
+  for (pk::DType dtype : {pk::DType::kFloat16, pk::DType::kBFloat16})
+    for (auto [heads, kv_heads] : {std::pair{32, 32}, std::pair{32, 8}, std::pair{64, 8}})
+      for (int batch : batches)
+        for (int ctx : contexts) shapes.push_back({batch, ctx, heads, kv_heads, dtype});
+  return shapes;
+}
+
+// The device buffers of one shape: a random cache and queries, paged (a random
+// permutation of the pool) and contiguous (identity) block tables, the
+// context lengths and a workspace for v2 and GQA. Freed by the destructor.
+struct ShapeBuffers {
+  ShapeBuffers(const Shape& s, std::mt19937& rng) {
+    blocks_per_seq = s.context / kBlockSize;
+    const int64_t num_blocks = static_cast<int64_t>(s.batch) * blocks_per_seq;
+    cache_shape = {num_blocks, s.kv_heads, kHeadSize, kBlockSize, s.dtype};
+    const size_t cache_bytes = num_blocks * cache_shape.block_bytes();
+    kc = DeviceAlloc(cache_bytes);
+    vc = DeviceAlloc(cache_bytes);
+    FillRandom16(kc, cache_bytes, s.dtype, rng);
+    FillRandom16(vc, cache_bytes, s.dtype, rng);
+    const size_t q_bytes = static_cast<size_t>(s.batch) * s.heads * kHeadSize * 2;
+    q = DeviceAlloc(q_bytes);
+    out = DeviceAlloc(q_bytes);
+    FillRandom16(q, q_bytes, s.dtype, rng);
+    perm.resize(num_blocks);
+    ident.resize(num_blocks);
+    std::iota(ident.begin(), ident.end(), 0);
+    perm = ident;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    lens.assign(s.batch, s.context);
+    bt_paged = DeviceAlloc(num_blocks * 4);
+    bt_contig = DeviceAlloc(num_blocks * 4);
+    dlens = DeviceAlloc(lens.size() * sizeof(int32_t));
+    CHECK_CUDA(cudaMemcpy(bt_paged, perm.data(), num_blocks * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(bt_contig, ident.data(), num_blocks * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(
+        cudaMemcpy(dlens, lens.data(), lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    ws_bytes =
+        std::max(pk::PagedAttentionV2WorkspaceBytes(s.batch, s.heads, kHeadSize, s.context),
+                 pk::PagedAttentionGqaWorkspaceBytes(s.batch, s.heads, kHeadSize, s.context));
+    ws = DeviceAlloc(ws_bytes);
+  }
+  ~ShapeBuffers() {
+    for (void* ptr : {kc, vc, q, out, bt_paged, bt_contig, dlens, ws}) CHECK_CUDA(cudaFree(ptr));
+  }
+  ShapeBuffers(const ShapeBuffers&) = delete;
+  ShapeBuffers& operator=(const ShapeBuffers&) = delete;
+
+  // Decode parameters over the paged block tables.
+  pk::PagedAttentionParams Params(const Shape& s) const {
+    pk::PagedAttentionParams p;
+    p.out = out;
+    p.query = q;
+    p.num_seqs = s.batch;
+    p.num_heads = s.heads;
+    p.cache = {kc, vc, cache_shape, pk::Device::kCUDA};
+    p.block_tables = static_cast<const int32_t*>(bt_paged);
+    p.max_blocks_per_seq = blocks_per_seq;
+    p.seq_lens = static_cast<const int32_t*>(dlens);
+    p.max_seq_len = s.context;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadSize));
+    p.host_block_tables = perm.data();
+    p.host_seq_lens = lens.data();
+    p.workspace = ws;
+    p.workspace_bytes = ws_bytes;
+    return p;
+  }
+
+  int blocks_per_seq = 0;
+  pk::KVCacheShape cache_shape{};
+  void *kc = nullptr, *vc = nullptr, *q = nullptr, *out = nullptr;
+  std::vector<int32_t> perm, ident, lens;
+  void *bt_paged = nullptr, *bt_contig = nullptr, *dlens = nullptr, *ws = nullptr;
+  size_t ws_bytes = 0;
+};
+
+// Median times (ms) of one shape and the bandwidth of the paged run.
+struct ShapeTimes {
+  float paged, v1, v2, gqa, contig;
+  double kv_bytes, kv_bps;
+};
+
+ShapeTimes TimeShape(const Shape& s, const ShapeBuffers& b) {
+  const int iters = 20;
+  pk::PagedAttentionParams p = b.Params(s);
+  ShapeTimes t{};
+  t.paged = TimeDecode(p, Variant::kAuto, iters);
+  t.v1 = TimeDecode(p, Variant::kV1, iters);
+  t.v2 = TimeDecode(p, Variant::kV2, iters);
+  t.gqa = TimeDecode(p, Variant::kGqa, iters);
+  p.block_tables = static_cast<const int32_t*>(b.bt_contig);
+  p.host_block_tables = b.ident.data();
+  t.contig = TimeDecode(p, Variant::kAuto, iters);
+  t.kv_bytes = 2.0 * static_cast<double>(s.batch) * s.context * s.kv_heads * kHeadSize * 2;
+  t.kv_bps = t.kv_bytes / (t.paged * 1e-3);
+  return t;
+}
+
+// One table row on stdout; returns the shape's JSON record.
+std::string Report(const Shape& s, const ShapeTimes& t, double copy_bw) {
+  const char* variant = pk::DecodeKernelName(
+      pk::ChooseDecodeKernel(pk::Device::kCUDA, s.batch, s.heads, s.kv_heads, kHeadSize, s.context)
+          .kernel);
+  const char* dtype = pk::DTypeName(s.dtype);
+  const char* attention = s.heads == s.kv_heads ? "MHA" : "GQA";
+  const double bw = t.kv_bps;
+  std::printf(
+      "%-5s %-6d %-7d %2d/%-4d %-8s | %-9.4f %-9.1f %-7.1f | %-9.4f %-9.4f %-9.4f %-9.4f | %.3f\n",
+      dtype, s.batch, s.context, s.heads, s.kv_heads, variant, t.paged, bw / 1e9,
+      100.0 * bw / copy_bw, t.v1, t.v2, t.gqa, t.contig, t.paged / t.contig);
+  char buf[768];
+  std::snprintf(buf, sizeof(buf),
+                "    {\"batch\": %d, \"context\": %d, \"heads\": %d, \"kv_heads\": %d, "
+                "\"attention\": \"%s\", \"head_size\": %d, \"block_size\": %d, \"dtype\": \"%s\", "
+                "\"variant\": \"%s\", "
+                "\"paged_ms\": %.5f, \"v1_ms\": %.5f, \"v2_ms\": %.5f, \"gqa_ms\": %.5f, "
+                "\"contiguous_ms\": %.5f, "
+                "\"kv_bytes\": %.0f, \"kv_GBps\": %.2f, \"pct_of_copy_bw\": %.2f}",
+                s.batch, s.context, s.heads, s.kv_heads, attention, kHeadSize, kBlockSize, dtype,
+                variant, t.paged, t.v1, t.v2, t.gqa, t.contig, t.kv_bytes, bw / 1e9,
+                100.0 * bw / copy_bw);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!ParseArgs(argc, argv, &o)) return 2;
+  if (o.probe) return Probe();
+  std::string reason;
   if (!pk::CudaDeviceAvailable(&reason)) {
     std::printf("paged_attention_cuda_bench: skipped (%s)\n", reason.c_str());
-    if (!json_path.empty()) {
-      std::ofstream(json_path) << "{\"skipped\": \"" << reason << "\"}\n";
+    if (!o.json_path.empty()) {
+      std::ofstream(o.json_path) << "{\"skipped\": \"" << reason << "\"}\n";
     }
     return 0;
   }
@@ -194,16 +339,6 @@ int main(int argc, char** argv) {
   std::printf("device: %s (sm_%d%d), measured DtoD copy bandwidth %.1f GB/s (read+write)\n",
               prop.name, prop.major, prop.minor, copy_bw / 1e9);
 
-  const int head_size = 128, block_size = 16;
-  std::vector<Shape> shapes;
-  const std::vector<int> batches = quick ? std::vector<int>{8, 64} : std::vector<int>{8, 32, 64};
-  const std::vector<int> contexts =
-      quick ? std::vector<int>{1024, 4096} : std::vector<int>{1024, 4096, 16384};
-  for (pk::DType dtype : {pk::DType::kFloat16, pk::DType::kBFloat16})
-    for (auto [heads, kv_heads] : {std::pair{32, 32}, std::pair{32, 8}, std::pair{64, 8}})
-      for (int batch : batches)
-        for (int ctx : contexts) shapes.push_back({batch, ctx, heads, kv_heads, dtype});
-
   std::mt19937 rng(42);
   std::string json = "{\n  \"device\": \"" + std::string(prop.name) +
                      "\",\n  \"copy_bandwidth_GBps\": " + std::to_string(copy_bw / 1e9) +
@@ -212,89 +347,13 @@ int main(int argc, char** argv) {
               "batch", "context", "heads", "variant", "paged ms", "KV GB/s", "% copy", "v1 ms",
               "v2 ms", "gqa ms", "contig ms", "paged/contig");
   bool first = true;
-  for (const Shape& s : shapes) {
-    const int blocks_per_seq = s.context / block_size;
-    const int64_t num_blocks = static_cast<int64_t>(s.batch) * blocks_per_seq;
-    pk::KVCacheShape cs{num_blocks, s.kv_heads, head_size, block_size, s.dtype};
-    const size_t cache_bytes = num_blocks * cs.block_bytes();
-    void* kc = DeviceAlloc(cache_bytes);
-    void* vc = DeviceAlloc(cache_bytes);
-    FillRandom16(kc, cache_bytes, s.dtype, rng);
-    FillRandom16(vc, cache_bytes, s.dtype, rng);
-    const size_t q_bytes = static_cast<size_t>(s.batch) * s.heads * head_size * 2;
-    void* q = DeviceAlloc(q_bytes);
-    void* out = DeviceAlloc(q_bytes);
-    FillRandom16(q, q_bytes, s.dtype, rng);
-    std::vector<int32_t> perm(num_blocks), ident(num_blocks);
-    std::iota(ident.begin(), ident.end(), 0);
-    perm = ident;
-    std::shuffle(perm.begin(), perm.end(), rng);
-    std::vector<int32_t> lens(s.batch, s.context);
-    void* bt_paged = DeviceAlloc(num_blocks * 4);
-    void* bt_contig = DeviceAlloc(num_blocks * 4);
-    void* dlens = DeviceAlloc(lens.size() * sizeof(int32_t));
-    CHECK_CUDA(cudaMemcpy(bt_paged, perm.data(), num_blocks * 4, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(bt_contig, ident.data(), num_blocks * 4, cudaMemcpyHostToDevice));
-    CHECK_CUDA(
-        cudaMemcpy(dlens, lens.data(), lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-    const size_t ws_bytes =
-        std::max(pk::PagedAttentionV2WorkspaceBytes(s.batch, s.heads, head_size, s.context),
-                 pk::PagedAttentionGqaWorkspaceBytes(s.batch, s.heads, head_size, s.context));
-    void* ws = DeviceAlloc(ws_bytes);
-
-    pk::PagedAttentionParams p;
-    p.out = out;
-    p.query = q;
-    p.num_seqs = s.batch;
-    p.num_heads = s.heads;
-    p.cache = {kc, vc, cs, pk::Device::kCUDA};
-    p.block_tables = static_cast<const int32_t*>(bt_paged);
-    p.max_blocks_per_seq = blocks_per_seq;
-    p.seq_lens = static_cast<const int32_t*>(dlens);
-    p.max_seq_len = s.context;
-    p.scale = 1.0f / std::sqrt(static_cast<float>(head_size));
-    p.host_block_tables = perm.data();
-    p.host_seq_lens = lens.data();
-    p.workspace = ws;
-    p.workspace_bytes = ws_bytes;
-    const int iters = 20;
-    const float ms_auto = TimeDecode(p, Variant::kAuto, iters);
-    const float ms_v1 = TimeDecode(p, Variant::kV1, iters);
-    const float ms_v2 = TimeDecode(p, Variant::kV2, iters);
-    const float ms_gqa = TimeDecode(p, Variant::kGqa, iters);
-    p.block_tables = static_cast<const int32_t*>(bt_contig);
-    p.host_block_tables = ident.data();
-    const float ms_contig = TimeDecode(p, Variant::kAuto, iters);
-
-    const double kv_bytes =
-        2.0 * static_cast<double>(s.batch) * s.context * s.kv_heads * head_size * 2;
-    const double bw = kv_bytes / (ms_auto * 1e-3);
-    const char* variant =
-        pk::DecodeKernelName(pk::ChooseDecodeKernel(pk::Device::kCUDA, s.batch, s.heads, s.kv_heads,
-                                                    head_size, s.context)
-                                 .kernel);
-    const char* dtype = pk::DTypeName(s.dtype);
-    const char* attention = s.heads == s.kv_heads ? "MHA" : "GQA";
-    std::printf(
-        "%-5s %-6d %-7d %2d/%-4d %-8s | %-9.4f %-9.1f %-7.1f | %-9.4f %-9.4f %-9.4f %-9.4f | %.3f\n",
-        dtype, s.batch, s.context, s.heads, s.kv_heads, variant, ms_auto, bw / 1e9,
-        100.0 * bw / copy_bw, ms_v1, ms_v2, ms_gqa, ms_contig, ms_auto / ms_contig);
-    char buf[768];
-    std::snprintf(
-        buf, sizeof(buf),
-        "    {\"batch\": %d, \"context\": %d, \"heads\": %d, \"kv_heads\": %d, "
-        "\"attention\": \"%s\", \"head_size\": %d, \"block_size\": %d, \"dtype\": \"%s\", "
-        "\"variant\": \"%s\", "
-        "\"paged_ms\": %.5f, \"v1_ms\": %.5f, \"v2_ms\": %.5f, \"gqa_ms\": %.5f, "
-        "\"contiguous_ms\": %.5f, "
-        "\"kv_bytes\": %.0f, \"kv_GBps\": %.2f, \"pct_of_copy_bw\": %.2f}",
-        s.batch, s.context, s.heads, s.kv_heads, attention, head_size, block_size, dtype, variant,
-        ms_auto, ms_v1, ms_v2, ms_gqa, ms_contig, kv_bytes, bw / 1e9, 100.0 * bw / copy_bw);
-    json += (first ? "" : ",\n") + std::string(buf);
+  for (const Shape& s : ListShapes(o.quick)) {
+    const ShapeBuffers buffers(s, rng);
+    const std::string record = Report(s, TimeShape(s, buffers), copy_bw);
+    json += (first ? "" : ",\n") + record;
     first = false;
-    for (void* ptr : {kc, vc, q, out, bt_paged, bt_contig, dlens, ws}) CHECK_CUDA(cudaFree(ptr));
   }
   json += "\n  ]\n}\n";
-  if (!json_path.empty()) std::ofstream(json_path) << json;
+  if (!o.json_path.empty()) std::ofstream(o.json_path) << json;
   return 0;
 }

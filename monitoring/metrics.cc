@@ -59,6 +59,40 @@ absl::StatusOr<int> ParsePort(const std::string& address) {
 
 bool Valid(double x) { return std::isfinite(x) && x >= 0; }
 
+// Checks the build info and model name and returns the labels of
+// pagedserve_build_info: the built-in ones and BuildInfo.extra_labels (valid
+// Prometheus label names, none repeating a built-in label or one of `constant`).
+absl::StatusOr<prometheus::Labels> BuildInfoLabels(const MetricsOptions& options,
+                                                   const prometheus::Labels& constant) {
+  const BuildInfo& info = options.build_info;
+  if (info.tensor_parallel_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BuildInfo.tensor_parallel_size must be >= 1, got ", info.tensor_parallel_size));
+  }
+  if (options.model_name.empty()) {
+    return absl::InvalidArgumentError("MetricsOptions.model_name must not be empty");
+  }
+  prometheus::Labels info_labels = {
+      {"version", info.version},
+      {"model", info.model},
+      {"tensor_parallel_size", std::to_string(info.tensor_parallel_size)},
+      {"block_size", std::to_string(info.block_size)},
+      {"backend", info.backend},
+  };
+  for (const auto& [name, value] : info.extra_labels) {
+    if (!ValidLabelName(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "BuildInfo.extra_labels: '", name,
+          "' is not a valid Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, no leading __)"));
+    }
+    if (constant.count(name) > 0 || !info_labels.emplace(name, value).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("BuildInfo.extra_labels: '", name, "' repeats a built-in label"));
+    }
+  }
+  return info_labels;
+}
+
 }  // namespace
 
 std::string_view FinishReasonName(MetricsFinishReason reason) {
@@ -116,36 +150,11 @@ Metrics::~Metrics() {
   exposer_.reset();
 }
 
-// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& options) {
-  const BuildInfo& info = options.build_info;
-  if (info.tensor_parallel_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "BuildInfo.tensor_parallel_size must be >= 1, got ", info.tensor_parallel_size));
-  }
-  if (options.model_name.empty()) {
-    return absl::InvalidArgumentError("MetricsOptions.model_name must not be empty");
-  }
   // The constant label of every family: a series never lacks it.
   const prometheus::Labels constant = {{"model_name", options.model_name}};
-  prometheus::Labels info_labels = {
-      {"version", info.version},
-      {"model", info.model},
-      {"tensor_parallel_size", std::to_string(info.tensor_parallel_size)},
-      {"block_size", std::to_string(info.block_size)},
-      {"backend", info.backend},
-  };
-  for (const auto& [name, value] : info.extra_labels) {
-    if (!ValidLabelName(name)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "BuildInfo.extra_labels: '", name,
-          "' is not a valid Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, no leading __)"));
-    }
-    if (constant.count(name) > 0 || !info_labels.emplace(name, value).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("BuildInfo.extra_labels: '", name, "' repeats a built-in label"));
-    }
-  }
+  absl::StatusOr<prometheus::Labels> info_labels = BuildInfoLabels(options, constant);
+  if (!info_labels.ok()) return info_labels.status();
   int port = 0;
   if (!options.listen_address.empty()) {
     absl::StatusOr<int> parsed = ParsePort(options.listen_address);
@@ -154,8 +163,18 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
   }
 
   std::unique_ptr<Metrics> m(new Metrics());
-  prometheus::Registry& r = *m->registry_;
+  m->RegisterGauges(constant, *info_labels);
+  m->RegisterCounters(constant);
+  m->RegisterHistograms(constant, options.build_info.tensor_parallel_size);
+  if (port != 0) {
+    if (absl::Status s = m->StartExposer(options.listen_address, port); !s.ok()) return s;
+  }
+  return m;
+}
 
+void Metrics::RegisterGauges(const prometheus::Labels& constant,
+                             const prometheus::Labels& info_labels) {
+  prometheus::Registry& r = *registry_;
   BuildGauge()
       .Name("pagedserve_build_info")
       .Help("Build and configuration of this server; the value is always 1.")
@@ -164,64 +183,66 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
       .Add(info_labels)
       .Set(1);
 
-  m->running_ = &BuildGauge()
-                     .Name("pagedserve_requests_running")
-                     .Help("Requests (sequence groups) in the running queue.")
-                     .Labels(constant)
-                     .Register(r)
-                     .Add({});
-  m->waiting_ = &BuildGauge()
-                     .Name("pagedserve_requests_waiting")
-                     .Help("Requests (sequence groups) waiting to be scheduled.")
-                     .Labels(constant)
-                     .Register(r)
-                     .Add({});
-  m->swapped_ =
-      &BuildGauge()
-           .Name("pagedserve_requests_swapped")
-           .Help("Requests (sequence groups) preempted by swap, KV blocks in the CPU pool.")
-           .Labels(constant)
-           .Register(r)
-           .Add({});
+  running_ = &BuildGauge()
+                  .Name("pagedserve_requests_running")
+                  .Help("Requests (sequence groups) in the running queue.")
+                  .Labels(constant)
+                  .Register(r)
+                  .Add({});
+  waiting_ = &BuildGauge()
+                  .Name("pagedserve_requests_waiting")
+                  .Help("Requests (sequence groups) waiting to be scheduled.")
+                  .Labels(constant)
+                  .Register(r)
+                  .Add({});
+  swapped_ = &BuildGauge()
+                  .Name("pagedserve_requests_swapped")
+                  .Help("Requests (sequence groups) preempted by swap, KV blocks in the CPU pool.")
+                  .Labels(constant)
+                  .Register(r)
+                  .Add({});
   auto& kv = BuildGauge()
                  .Name("pagedserve_kv_cache_usage_ratio")
                  .Help("Fraction (0-1) of KV cache blocks in use, by pool (device or cpu swap).")
                  .Labels(constant)
                  .Register(r);
-  m->kv_device_ = &kv.Add({{"pool", "device"}});
-  m->kv_cpu_ = &kv.Add({{"pool", "cpu"}});
+  kv_device_ = &kv.Add({{"pool", "device"}});
+  kv_cpu_ = &kv.Add({{"pool", "cpu"}});
+}
 
-  m->prefix_queries_ = &BuildCounter()
-                            .Name("pagedserve_prefix_cache_queries_tokens_total")
-                            .Help("Prompt tokens looked up in the prefix cache.")
-                            .Labels(constant)
-                            .Register(r)
-                            .Add({});
-  m->prefix_hits_ = &BuildCounter()
-                         .Name("pagedserve_prefix_cache_hits_tokens_total")
-                         .Help("Prompt tokens found in cached KV blocks (prefix cache hits).")
+void Metrics::RegisterCounters(const prometheus::Labels& constant) {
+  prometheus::Registry& r = *registry_;
+  prefix_queries_ = &BuildCounter()
+                         .Name("pagedserve_prefix_cache_queries_tokens_total")
+                         .Help("Prompt tokens looked up in the prefix cache.")
                          .Labels(constant)
                          .Register(r)
                          .Add({});
+  prefix_hits_ = &BuildCounter()
+                      .Name("pagedserve_prefix_cache_hits_tokens_total")
+                      .Help("Prompt tokens found in cached KV blocks (prefix cache hits).")
+                      .Labels(constant)
+                      .Register(r)
+                      .Add({});
   auto& preempt = BuildCounter()
                       .Name("pagedserve_preemptions_total")
                       .Help("Sequence groups preempted, by mode (swap or recompute).")
                       .Labels(constant)
                       .Register(r);
-  m->preempt_swap_ = &preempt.Add({{"mode", "swap"}});
-  m->preempt_recompute_ = &preempt.Add({{"mode", "recompute"}});
-  m->prompt_tokens_ = &BuildCounter()
-                           .Name("pagedserve_prompt_tokens_total")
-                           .Help("Prompt tokens prefilled, recomputed ones included.")
-                           .Labels(constant)
-                           .Register(r)
-                           .Add({});
-  m->generation_tokens_ = &BuildCounter()
-                               .Name("pagedserve_generation_tokens_total")
-                               .Help("Output tokens generated.")
-                               .Labels(constant)
-                               .Register(r)
-                               .Add({});
+  preempt_swap_ = &preempt.Add({{"mode", "swap"}});
+  preempt_recompute_ = &preempt.Add({{"mode", "recompute"}});
+  prompt_tokens_ = &BuildCounter()
+                        .Name("pagedserve_prompt_tokens_total")
+                        .Help("Prompt tokens prefilled, recomputed ones included.")
+                        .Labels(constant)
+                        .Register(r)
+                        .Add({});
+  generation_tokens_ = &BuildCounter()
+                            .Name("pagedserve_generation_tokens_total")
+                            .Help("Output tokens generated.")
+                            .Labels(constant)
+                            .Register(r)
+                            .Add({});
   auto& handshakes = BuildCounter()
                          .Name("pagedserve_zmq_handshakes_failed_total")
                          .Help(
@@ -230,9 +251,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
                              "key, mechanism mismatch, malformed greeting), other.")
                          .Labels(constant)
                          .Register(r);
-  m->handshake_auth_ = &handshakes.Add({{"reason", "auth"}});
-  m->handshake_protocol_ = &handshakes.Add({{"reason", "protocol"}});
-  m->handshake_other_ = &handshakes.Add({{"reason", "other"}});
+  handshake_auth_ = &handshakes.Add({{"reason", "auth"}});
+  handshake_protocol_ = &handshakes.Add({{"reason", "protocol"}});
+  handshake_other_ = &handshakes.Add({{"reason", "other"}});
   auto& finished = BuildCounter()
                        .Name("pagedserve_requests_finished_total")
                        .Help("Requests that left the server, by finish reason.")
@@ -240,74 +261,75 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
                        .Register(r);
   for (MetricsFinishReason reason : {MetricsFinishReason::kStop, MetricsFinishReason::kLength,
                                      MetricsFinishReason::kAbort, MetricsFinishReason::kError}) {
-    m->finished_[static_cast<int>(reason)] =
+    finished_[static_cast<int>(reason)] =
         &finished.Add({{"finish_reason", std::string(FinishReasonName(reason))}});
   }
+  rejected_ = &BuildCounter()
+                   .Name("pagedserve_metrics_rejected_observations_total")
+                   .Help(
+                       "Observations dropped because a value was negative, NaN or out of "
+                       "range, by Metrics method; nonzero means a caller bug.")
+                   .Labels(constant)
+                   .Register(r);
+}
 
+void Metrics::RegisterHistograms(const prometheus::Labels& constant, int tensor_parallel_size) {
+  prometheus::Registry& r = *registry_;
   auto histogram = [&r, &constant](const char* name, const char* help,
                                    const std::vector<double>& buckets) -> prometheus::Histogram* {
     return &BuildHistogram().Name(name).Help(help).Labels(constant).Register(r).Add({}, buckets);
   };
-  m->ttft_ =
-      histogram("pagedserve_time_to_first_token_seconds",
-                "Time from arrival to the first output token, per request.", LatencyBuckets());
-  m->itl_ = histogram("pagedserve_inter_token_latency_seconds",
-                      "Time between consecutive output tokens of a sequence.", InterTokenBuckets());
-  m->e2e_ = histogram("pagedserve_request_e2e_latency_seconds",
-                      "Time from arrival to the final message, per request.", RequestTimeBuckets());
-  m->queue_ =
+  ttft_ = histogram("pagedserve_time_to_first_token_seconds",
+                    "Time from arrival to the first output token, per request.", LatencyBuckets());
+  itl_ = histogram("pagedserve_inter_token_latency_seconds",
+                   "Time between consecutive output tokens of a sequence.", InterTokenBuckets());
+  e2e_ = histogram("pagedserve_request_e2e_latency_seconds",
+                   "Time from arrival to the final message, per request.", RequestTimeBuckets());
+  queue_ =
       histogram("pagedserve_request_queue_time_seconds",
                 "Time from arrival to first being scheduled, per request.", RequestTimeBuckets());
-  m->prefill_ = histogram("pagedserve_request_prefill_time_seconds",
-                          "Time from first scheduled to the first output token, per request.",
-                          RequestTimeBuckets());
-  m->decode_ =
+  prefill_ = histogram("pagedserve_request_prefill_time_seconds",
+                       "Time from first scheduled to the first output token, per request.",
+                       RequestTimeBuckets());
+  decode_ =
       histogram("pagedserve_request_decode_time_seconds",
                 "Time from the first to the last output token, per request.", RequestTimeBuckets());
-  m->prompt_len_ = histogram("pagedserve_request_prompt_tokens",
-                             "Prompt length in tokens, per finished request.", TokenCountBuckets());
-  m->generation_len_ =
+  prompt_len_ = histogram("pagedserve_request_prompt_tokens",
+                          "Prompt length in tokens, per finished request.", TokenCountBuckets());
+  generation_len_ =
       histogram("pagedserve_request_generation_tokens",
                 "Output tokens per finished request (all its sequences).", TokenCountBuckets());
-  m->step_tokens_ =
+  step_tokens_ =
       histogram("pagedserve_step_tokens",
                 "Tokens (prefill and decode) processed in one model step.", StepTokenBuckets());
-  m->rank_step_ = &BuildHistogram()
-                       .Name("pagedserve_rank_step_duration_seconds")
-                       .Help("Wall time of one model step on a worker, by tensor-parallel rank.")
-                       .Labels(constant)
-                       .Register(r);
-  m->rank_collective_ =
-      &BuildHistogram()
-           .Name("pagedserve_rank_collective_duration_seconds")
-           .Help("Time of one step spent in tensor-parallel collectives, by rank.")
-           .Labels(constant)
-           .Register(r);
-  for (int rank = 0; rank < info.tensor_parallel_size; ++rank) {
-    m->RankHistogram(m->rank_step_, rank);
-    m->RankHistogram(m->rank_collective_, rank);
+  rank_step_ = &BuildHistogram()
+                    .Name("pagedserve_rank_step_duration_seconds")
+                    .Help("Wall time of one model step on a worker, by tensor-parallel rank.")
+                    .Labels(constant)
+                    .Register(r);
+  rank_collective_ = &BuildHistogram()
+                          .Name("pagedserve_rank_collective_duration_seconds")
+                          .Help("Time of one step spent in tensor-parallel collectives, by rank.")
+                          .Labels(constant)
+                          .Register(r);
+  for (int rank = 0; rank < tensor_parallel_size; ++rank) {
+    RankHistogram(rank_step_, rank);
+    RankHistogram(rank_collective_, rank);
   }
-  m->rejected_ = &BuildCounter()
-                      .Name("pagedserve_metrics_rejected_observations_total")
-                      .Help(
-                          "Observations dropped because a value was negative, NaN or out of "
-                          "range, by Metrics method; nonzero means a caller bug.")
-                      .Labels(constant)
-                      .Register(r);
+}
 
-  if (port != 0) {
-    try {
-      m->exposer_ = std::make_unique<prometheus::Exposer>(options.listen_address);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("MetricsOptions.listen_address: cannot serve metrics on '",
-                       options.listen_address, "': ", e.what()));
-    }
-    m->exposer_->RegisterCollectable(m->registry_);
-    std::vector<int> ports = m->exposer_->GetListeningPorts();
-    m->listening_port_ = ports.empty() ? port : ports.front();
+absl::Status Metrics::StartExposer(const std::string& listen_address, int port) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(listen_address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("MetricsOptions.listen_address: cannot serve metrics on '", listen_address,
+                     "': ", e.what()));
   }
-  return m;
+  exposer_->RegisterCollectable(registry_);
+  std::vector<int> ports = exposer_->GetListeningPorts();
+  listening_port_ = ports.empty() ? port : ports.front();
+  return absl::OkStatus();
 }
 
 prometheus::Histogram& Metrics::RankHistogram(prometheus::Family<prometheus::Histogram>* family,

@@ -181,6 +181,19 @@ class Metrics {
 
  private:
   Metrics();
+  // The phases of Create, in order: register the gauges (build info, queues,
+  // KV usage), the counters, the histograms (one series per rank in
+  // [0, tensor_parallel_size) for the per-rank families), then start the
+  // exposer. `constant` = {model_name}, on every family; `info_labels`: the
+  // labels of pagedserve_build_info.
+  void RegisterGauges(const std::map<std::string, std::string>& constant,
+                      const std::map<std::string, std::string>& info_labels);
+  void RegisterCounters(const std::map<std::string, std::string>& constant);
+  void RegisterHistograms(const std::map<std::string, std::string>& constant,
+                          int tensor_parallel_size);
+  // Serves the registry on `listen_address` (whose port is `port`, non-zero);
+  // Unavailable when it cannot be bound.
+  absl::Status StartExposer(const std::string& listen_address, int port);
   void Reject(std::string_view method);
   prometheus::Histogram& RankHistogram(prometheus::Family<prometheus::Histogram>* family, int rank);
 

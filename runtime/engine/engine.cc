@@ -35,6 +35,18 @@ size_t StopPrefixHold(const std::string& text, size_t from, const std::vector<st
   return hold;
 }
 
+// Whether the plan gives the executor anything to do (sequences to run, blocks
+// to free, swap or copy); an empty plan is not sent.
+bool PlanHasWork(const StepPlan& plan) {
+  return !plan.seqs.empty() || !plan.finished.empty() || !plan.swap_out.empty() ||
+         !plan.swap_in.empty() || !plan.copy.empty();
+}
+
+// A fatal error of step `step_id`: the code of `s`, its message prefixed with the step.
+absl::Status StepError(uint64_t step_id, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat("step ", step_id, ": ", s.message()));
+}
+
 }  // namespace
 
 Engine::Engine(EngineOptions options, const Tokenizer* tokenizer,
@@ -249,7 +261,10 @@ void Engine::RecordSchedule(const StepPlan& plan) {
                      unscheduled_.end());
 }
 
-// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
+// One step, in phases: schedule -> report aborted requests -> execute the plan ->
+// let the scheduler process the result -> apply each request's new tokens to
+// its samples (text, stop strings, finished samples and requests) -> record
+// the step's metrics.
 absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
   if (!broken_.ok()) {
     return absl::FailedPreconditionError(
@@ -262,146 +277,164 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
     broken_ = plan.status();
     return plan.status();
   }
-
-  // Aborted requests: Schedule() released their blocks; report them now.
-  for (const std::string& id : aborted_) {
-    auto it = requests_.find(id);
-    if (it == requests_.end()) continue;
-    RequestState& r = *it->second;
-    EngineOutput& out = outputs.emplace_back();
-    out.request_id = id;
-    for (size_t i = 0; i < r.seqs.size(); ++i) {
-      if (r.seqs[i].finished) continue;
-      SequenceDelta& d = out.deltas.emplace_back();
-      d.index = static_cast<int32_t>(i);
-      FinishSeq(r, r.seqs[i], FinishReason::kAbort, &d);
-      d.finish_reason = FinishReason::kAbort;
-      r.seqs[i].finish_reason = FinishReason::kAbort;
-    }
-    Finalize(r, &out, FinishReason::kAbort);
-    requests_.erase(it);
-  }
-  aborted_.clear();
+  ReportAborted(&outputs);
   RecordSchedule(*plan);
 
-  engine_metrics::StepFigures fig;
-  StepResult result;
-  result.step_id = plan->step_id;
-  fig.executed = !plan->seqs.empty() || !plan->finished.empty() || !plan->swap_out.empty() ||
-                 !plan->swap_in.empty() || !plan->copy.empty();
-  if (fig.executed) {
-    absl::StatusOr<StepResult> r = executor_->Execute(*plan);
-    if (!r.ok()) {
-      broken_ = absl::Status(r.status().code(),
-                             absl::StrCat("step ", plan->step_id, ": ", r.status().message()));
-      return broken_;
-    }
-    result = *std::move(r);
-  }
-  absl::StatusOr<std::vector<RequestOutput>> processed = scheduler_->ProcessResult(result);
+  absl::StatusOr<StepResult> result = ExecutePlan(*plan);
+  if (!result.ok()) return result.status();
+  absl::StatusOr<std::vector<RequestOutput>> processed = scheduler_->ProcessResult(*result);
   if (!processed.ok()) {
-    broken_ = absl::Status(processed.status().code(), absl::StrCat("step ", plan->step_id, ": ",
-                                                                   processed.status().message()));
+    broken_ = StepError(plan->step_id, processed.status());
     return broken_;
   }
 
   const Clock::time_point now = Clock::now();
-  for (const RequestOutput& ro : *processed) {
-    auto it = requests_.find(ro.request_id);
+  for (const RequestOutput& ro : *processed) ApplyRequestOutput(ro, now, &outputs);
+  RecordStepMetrics(*plan, *result);
+  spare_plan_ = *std::move(plan);  // the next Schedule() reuses its memory
+  return outputs;
+}
+
+void Engine::ReportAborted(std::vector<EngineOutput>* outputs) {
+  // Schedule() released the blocks of the aborted requests; report them now.
+  for (const std::string& id : aborted_) {
+    auto it = requests_.find(id);
     if (it == requests_.end()) continue;
     RequestState& r = *it->second;
-    if (!r.has_token) {
-      r.has_token = true;
-      r.first_token = now;
-      r.cached_tokens = ro.num_cached_tokens;
-    }
-    r.last_token = now;
-    // Beam search reports nothing until the search ends (beams reorder).
-    if (ro.seqs.empty() && !ro.finished) continue;
-    EngineOutput& out = outputs.emplace_back();
-    out.request_id = ro.request_id;
-    absl::Status failure;
-    for (const SequenceOutput& so : ro.seqs) {
-      if (so.index < 0 || so.index >= static_cast<int32_t>(r.seqs.size())) {
-        failure = absl::InternalError(absl::StrCat("scheduler output for sample ", so.index,
-                                                   " of a request with n = ", r.seqs.size()));
-        break;
-      }
-      SeqState& s = r.seqs[so.index];
-      if (s.finished) continue;
-      SequenceDelta& d = out.deltas.emplace_back();
-      d.index = so.index;
-      d.cumulative_logprob = so.cumulative_logprob;
-      d.beam_score = so.beam_score;
-      for (size_t k = 0; k < so.new_tokens.size(); ++k) {
-        const SampledToken& t = so.new_tokens[k];
-        if (++s.num_tokens > 1)
-          engine_metrics::ObserveInterTokenLatency(metrics_, Seconds(now - s.last_token));
-        s.last_token = now;
-        d.token_ids.push_back(t.token_id);
-        if (r.params.logprobs >= 0) d.logprobs.push_back(t.logprob);
-        if (r.params.logprobs > 0) {
-          d.top_token_ids.push_back(t.top_token_ids);
-          d.top_logprobs.push_back(t.top_logprobs);
-        }
-        // The token that stopped the sequence (EOS, stop_token_ids) is not
-        // part of the text, as in vLLM; its id is reported.
-        const bool stop_token = so.finished && so.finish_reason == FinishReason::kStop &&
-                                k + 1 == so.new_tokens.size() && so.stop_token_id == t.token_id;
-        if (stop_token) continue;
-        absl::StatusOr<std::string> piece = s.detok.Add(t.token_id);
-        if (!piece.ok()) {
-          failure = absl::InternalError(
-              absl::StrCat("sample ", so.index, ": ", piece.status().message()));
-          break;
-        }
-        s.text += *piece;
-      }
-      if (!failure.ok()) break;
-      if (EmitText(r, s, /*final=*/false, &d)) {
-        s.finished = true;
-        s.finish_reason = FinishReason::kStop;
-        d.finished = true;
-        d.finish_reason = FinishReason::kStop;
-        if (!so.finished) {
-          if (absl::Status st =
-                  scheduler_->FinishSequence(ro.request_id, so.index, FinishReason::kStop);
-              !st.ok()) {
-            failure = st;
-            break;
-          }
-        }
-      } else if (so.finished) {
-        FinishSeq(r, s, so.finish_reason, &d);
-      }
-    }
-    if (!failure.ok()) {
-      // A bad token id from the model: fail this request alone.
-      out.error = failure;
-      for (size_t i = 0; i < r.seqs.size(); ++i) {
-        if (r.seqs[i].finished) continue;
-        r.seqs[i].finished = true;
-        r.seqs[i].finish_reason = FinishReason::kError;
-        SequenceDelta& d = out.deltas.emplace_back();
-        d.index = static_cast<int32_t>(i);
-        d.finished = true;
-        d.finish_reason = FinishReason::kError;
-      }
-      if (!ro.finished)
-        scheduler_->FinishRequest(ro.request_id, FinishReason::kAbort).IgnoreError();
-      Finalize(r, &out, FinishReason::kError);
-      requests_.erase(it);
-      continue;
-    }
-    bool all = true;
-    for (const SeqState& s : r.seqs) all = all && s.finished;
-    if (all) {
-      Finalize(r, &out, FinishReason::kNone);
-      requests_.erase(it);
-    }
+    EngineOutput& out = outputs->emplace_back();
+    out.request_id = id;
+    FinishOpenSamples(r, FinishReason::kAbort, /*flush_text=*/true, &out);
+    Finalize(r, &out, FinishReason::kAbort);
+    requests_.erase(it);
   }
+  aborted_.clear();
+}
 
-  // Metrics of the step.
+absl::StatusOr<StepResult> Engine::ExecutePlan(const StepPlan& plan) {
+  StepResult result;
+  result.step_id = plan.step_id;
+  if (!PlanHasWork(plan)) return result;
+  absl::StatusOr<StepResult> r = executor_->Execute(plan);
+  if (!r.ok()) {
+    broken_ = StepError(plan.step_id, r.status());
+    return broken_;
+  }
+  return r;
+}
+
+void Engine::ApplyRequestOutput(const RequestOutput& ro, Clock::time_point now,
+                                std::vector<EngineOutput>* outputs) {
+  auto it = requests_.find(ro.request_id);
+  if (it == requests_.end()) return;
+  RequestState& r = *it->second;
+  if (!r.has_token) {
+    r.has_token = true;
+    r.first_token = now;
+    r.cached_tokens = ro.num_cached_tokens;
+  }
+  r.last_token = now;
+  // Beam search reports nothing until the search ends (beams reorder).
+  if (ro.seqs.empty() && !ro.finished) return;
+  EngineOutput& out = outputs->emplace_back();
+  out.request_id = ro.request_id;
+  if (absl::Status failure = ApplySampleOutputs(ro, r, now, &out); !failure.ok()) {
+    // A bad token id from the model: fail this request alone.
+    out.error = failure;
+    FinishOpenSamples(r, FinishReason::kError, /*flush_text=*/false, &out);
+    if (!ro.finished) scheduler_->FinishRequest(ro.request_id, FinishReason::kAbort).IgnoreError();
+    Finalize(r, &out, FinishReason::kError);
+    requests_.erase(it);
+    return;
+  }
+  const bool all_finished =
+      std::all_of(r.seqs.begin(), r.seqs.end(), [](const SeqState& s) { return s.finished; });
+  if (all_finished) {
+    Finalize(r, &out, FinishReason::kNone);
+    requests_.erase(it);
+  }
+}
+
+absl::Status Engine::ApplySampleOutputs(const RequestOutput& ro, RequestState& r,
+                                        Clock::time_point now, EngineOutput* out) {
+  for (const SequenceOutput& so : ro.seqs) {
+    if (so.index < 0 || so.index >= static_cast<int32_t>(r.seqs.size())) {
+      return absl::InternalError(absl::StrCat("scheduler output for sample ", so.index,
+                                              " of a request with n = ", r.seqs.size()));
+    }
+    SeqState& s = r.seqs[so.index];
+    if (s.finished) continue;
+    SequenceDelta& d = out->deltas.emplace_back();
+    d.index = so.index;
+    d.cumulative_logprob = so.cumulative_logprob;
+    d.beam_score = so.beam_score;
+    if (absl::Status st = AppendTokens(r, s, so, now, &d); !st.ok()) return st;
+    if (absl::Status st = ApplyStopConditions(ro.request_id, r, s, so, &d); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::AppendTokens(const RequestState& r, SeqState& s, const SequenceOutput& so,
+                                  Clock::time_point now, SequenceDelta* d) {
+  for (size_t k = 0; k < so.new_tokens.size(); ++k) {
+    const SampledToken& t = so.new_tokens[k];
+    if (++s.num_tokens > 1)
+      engine_metrics::ObserveInterTokenLatency(metrics_, Seconds(now - s.last_token));
+    s.last_token = now;
+    d->token_ids.push_back(t.token_id);
+    if (r.params.logprobs >= 0) d->logprobs.push_back(t.logprob);
+    if (r.params.logprobs > 0) {
+      d->top_token_ids.push_back(t.top_token_ids);
+      d->top_logprobs.push_back(t.top_logprobs);
+    }
+    // The token that stopped the sequence (EOS, stop_token_ids) is not
+    // part of the text, as in vLLM; its id is reported.
+    const bool stop_token = so.finished && so.finish_reason == FinishReason::kStop &&
+                            k + 1 == so.new_tokens.size() && so.stop_token_id == t.token_id;
+    if (stop_token) continue;
+    absl::StatusOr<std::string> piece = s.detok.Add(t.token_id);
+    if (!piece.ok()) {
+      return absl::InternalError(absl::StrCat("sample ", so.index, ": ", piece.status().message()));
+    }
+    s.text += *piece;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::ApplyStopConditions(const std::string& request_id, RequestState& r,
+                                         SeqState& s, const SequenceOutput& so, SequenceDelta* d) {
+  if (EmitText(r, s, /*final=*/false, d)) {
+    // A stop string: the sample ends here even if the scheduler would go on.
+    s.finished = true;
+    s.finish_reason = FinishReason::kStop;
+    d->finished = true;
+    d->finish_reason = FinishReason::kStop;
+    if (!so.finished) return scheduler_->FinishSequence(request_id, so.index, FinishReason::kStop);
+  } else if (so.finished) {
+    FinishSeq(r, s, so.finish_reason, d);
+  }
+  return absl::OkStatus();
+}
+
+void Engine::FinishOpenSamples(RequestState& r, FinishReason reason, bool flush_text,
+                               EngineOutput* out) {
+  for (size_t i = 0; i < r.seqs.size(); ++i) {
+    SeqState& s = r.seqs[i];
+    if (s.finished) continue;
+    SequenceDelta& d = out->deltas.emplace_back();
+    d.index = static_cast<int32_t>(i);
+    // FinishSeq may end the sample with "stop" (the flushed text completes a
+    // stop string); `reason` overrides it below.
+    if (flush_text) FinishSeq(r, s, reason, &d);
+    s.finished = true;
+    s.finish_reason = reason;
+    d.finished = true;
+    d.finish_reason = reason;
+  }
+}
+
+void Engine::RecordStepMetrics(const StepPlan& plan, const StepResult& result) {
+  engine_metrics::StepFigures fig;
+  fig.executed = PlanHasWork(plan);
   const SchedulerStats st = scheduler_->stats();
   fig.running = st.num_running;
   fig.waiting = st.num_waiting;
@@ -413,16 +446,14 @@ absl::StatusOr<std::vector<EngineOutput>> Engine::Step() {
   fig.preemptions_swap = st.num_preemptions_swap - last_stats_.num_preemptions_swap;
   fig.preemptions_recompute = st.num_preemptions_recompute - last_stats_.num_preemptions_recompute;
   last_stats_ = st;
-  for (const SequenceStep& s : plan->seqs) {
+  for (const SequenceStep& s : plan.seqs) {
     if (s.is_prefill()) fig.prompt_tokens += static_cast<int64_t>(s.token_ids.size());
   }
   fig.generation_tokens = static_cast<int64_t>(result.tokens.size());
-  fig.step_tokens = plan->num_tokens();
-  spare_plan_ = *std::move(plan);
+  fig.step_tokens = plan.num_tokens();
   fig.forward_s = result.forward_seconds;
   fig.collective_s = result.collective_seconds;
   engine_metrics::RecordStep(metrics_, fig);
-  return outputs;
 }
 
 std::vector<EngineOutput> Engine::FailAll(const absl::Status& error) {
@@ -434,15 +465,7 @@ std::vector<EngineOutput> Engine::FailAll(const absl::Status& error) {
     EngineOutput& out = outputs.emplace_back();
     out.request_id = id;
     out.error = err;
-    for (size_t i = 0; i < r.seqs.size(); ++i) {
-      if (r.seqs[i].finished) continue;
-      r.seqs[i].finished = true;
-      r.seqs[i].finish_reason = FinishReason::kError;
-      SequenceDelta& d = out.deltas.emplace_back();
-      d.index = static_cast<int32_t>(i);
-      d.finished = true;
-      d.finish_reason = FinishReason::kError;
-    }
+    FinishOpenSamples(r, FinishReason::kError, /*flush_text=*/false, &out);
     Finalize(r, &out, FinishReason::kError);
     if (!r.aborted) scheduler_->Abort(id).IgnoreError();
   }

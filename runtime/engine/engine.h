@@ -184,10 +184,44 @@ class Engine {
   bool EmitText(RequestState& r, SeqState& s, bool final, SequenceDelta* d);
   // Marks a sequence finished: flushes its detokenizer and emits the rest.
   void FinishSeq(RequestState& r, SeqState& s, FinishReason reason, SequenceDelta* d);
+  // Finishes every sample of `r` not finished yet with `reason`, one delta each
+  // in `out` (finished, finish_reason = reason). `flush_text`: first flush the
+  // sample's detokenizer and emit its held-back text (FinishSeq), as an abort
+  // does; an error reports no more text.
+  void FinishOpenSamples(RequestState& r, FinishReason reason, bool flush_text, EngineOutput* out);
   // Builds the final output of a request and records its metrics (`reason`
   // kNone: "length" when every sample ran out of tokens, else "stop").
   void Finalize(RequestState& r, EngineOutput* out, FinishReason reason);
   void RecordSchedule(const StepPlan& plan);
+
+  // The phases of Step, in order.
+  // Final outputs ("abort") of the requests aborted since the last step.
+  void ReportAborted(std::vector<EngineOutput>* outputs);
+  // Runs the plan on the executor, or returns an empty result (no tokens) for
+  // a plan with nothing to do. An executor error stops the engine (broken_).
+  absl::StatusOr<StepResult> ExecutePlan(const StepPlan& plan);
+  // Applies the scheduler's output for one request: token times, the samples'
+  // new tokens and text; appends the request's EngineOutput (none while a beam
+  // search runs) and forgets the request once it finished or failed (a bad
+  // token id fails this request alone: "error" for its open samples).
+  void ApplyRequestOutput(const RequestOutput& ro, Clock::time_point now,
+                          std::vector<EngineOutput>* outputs);
+  // One delta per sample in `ro` not finished yet (AppendTokens, then
+  // ApplyStopConditions). Internal error: a sample index outside [0, n) or a
+  // token the detokenizer rejects.
+  absl::Status ApplySampleOutputs(const RequestOutput& ro, RequestState& r, Clock::time_point now,
+                                  EngineOutput* out);
+  // Appends a sample's new tokens (ids, logprobs, inter-token latency) to `d`
+  // and their text (less a stop token) to the sample's text.
+  absl::Status AppendTokens(const RequestState& r, SeqState& s, const SequenceOutput& so,
+                            Clock::time_point now, SequenceDelta* d);
+  // Emits the new text; a stop string in it finishes the sample with "stop"
+  // (and tells the scheduler, Scheduler::FinishSequence, if it would go on);
+  // else a sample the scheduler finished is finished with its reason.
+  absl::Status ApplyStopConditions(const std::string& request_id, RequestState& r, SeqState& s,
+                                   const SequenceOutput& so, SequenceDelta* d);
+  // Gauges and counters of the step (Metrics; no-op without).
+  void RecordStepMetrics(const StepPlan& plan, const StepResult& result);
 
   EngineOptions options_;
   const Tokenizer* tokenizer_;

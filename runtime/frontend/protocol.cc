@@ -179,7 +179,176 @@ Check ReadId(const json& obj, bool required, std::string& out) {
   return std::nullopt;
 }
 
-// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
+// A member of `obj`, or null when absent or JSON null (null = the default).
+const json* Member(const json& obj, const char* k) {
+  auto it = obj.find(k);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
+// "messages": a non-empty array of {role, content} objects, role one of
+// system, user, assistant, tool.
+Check ReadMessages(const json& m, std::vector<ChatMessage>& msgs) {
+  if (!m.is_array()) return WrongType("messages", "an array of {role, content} objects", m);
+  if (m.empty()) return Invalid("field 'messages' must be a non-empty array");
+  for (size_t i = 0; i < m.size(); ++i) {
+    const std::string name = absl::StrCat("messages[", i, "]");
+    const json& e = m[i];
+    if (!e.is_object()) return WrongType(name, "an object with 'role' and 'content'", e);
+    for (auto it = e.begin(); it != e.end(); ++it) {
+      if (it.key() != "role" && it.key() != "content") {
+        return Invalid(absl::StrCat("unknown field in ", name, " (expected 'role' and 'content')"));
+      }
+    }
+    ChatMessage cm;
+    if (!e.contains("role")) return Invalid(absl::StrCat("missing field '", name, ".role'"));
+    if (!e.contains("content")) return Invalid(absl::StrCat("missing field '", name, ".content'"));
+    if (Check c = ReadString(e["role"], name + ".role", cm.role)) return c;
+    if (Check c = ReadString(e["content"], name + ".content", cm.content)) return c;
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "tool") {
+      return Invalid(absl::StrCat("field '", name,
+                                  ".role' must be one of system, user, assistant, tool, got ",
+                                  Show(e["role"])));
+    }
+    msgs.push_back(std::move(cm));
+  }
+  return std::nullopt;
+}
+
+// The prompt: exactly one of "prompt" (non-empty text), "prompt_token_ids"
+// (non-empty, each in the vocabulary) or "messages".
+Check ReadPrompt(const json& obj, const ParseOptions& opt, GenerateRequest& req) {
+  const json* text = Member(obj, "prompt");
+  const json* ids = Member(obj, "prompt_token_ids");
+  const json* messages = Member(obj, "messages");
+  const int forms = (text != nullptr) + (ids != nullptr) + (messages != nullptr);
+  if (forms == 0) {
+    return Invalid("missing prompt: one of 'prompt', 'prompt_token_ids' or 'messages' is required");
+  }
+  if (forms > 1) {
+    return Invalid("only one of 'prompt', 'prompt_token_ids' or 'messages' may be given");
+  }
+  if (text != nullptr) {
+    std::string prompt;
+    if (Check c = ReadString(*text, "prompt", prompt)) return c;
+    if (prompt.empty()) return Invalid("field 'prompt' must be a non-empty string");
+    req.prompt = std::move(prompt);
+  } else if (ids != nullptr) {
+    std::vector<int32_t> prompt;
+    if (Check c = ReadTokenIds(*ids, "prompt_token_ids", opt.vocab_size, prompt)) return c;
+    if (prompt.empty()) return Invalid("field 'prompt_token_ids' must be a non-empty array");
+    req.prompt = std::move(prompt);
+  } else {
+    std::vector<ChatMessage> msgs;
+    if (Check c = ReadMessages(*messages, msgs)) return c;
+    req.prompt = std::move(msgs);
+  }
+  return std::nullopt;
+}
+
+// The numeric sampling fields n .. frequency_penalty and seed (types here,
+// ranges in SamplingParams::Validate).
+Check ReadSamplingNumbers(const json& obj, SamplingParams& sp) {
+  if (const json* j = Member(obj, "n"))
+    if (Check c = ReadInt(*j, "n", sp.n)) return c;
+  if (const json* j = Member(obj, "max_tokens"))
+    if (Check c = ReadInt(*j, "max_tokens", sp.max_tokens)) return c;
+  if (const json* j = Member(obj, "temperature"))
+    if (Check c = ReadFloat(*j, "temperature", sp.temperature)) return c;
+  if (const json* j = Member(obj, "top_p"))
+    if (Check c = ReadFloat(*j, "top_p", sp.top_p)) return c;
+  if (const json* j = Member(obj, "top_k"))
+    if (Check c = ReadInt(*j, "top_k", sp.top_k)) return c;
+  if (const json* j = Member(obj, "min_p"))
+    if (Check c = ReadFloat(*j, "min_p", sp.min_p)) return c;
+  if (const json* j = Member(obj, "repetition_penalty")) {
+    if (Check c = ReadFloat(*j, "repetition_penalty", sp.repetition_penalty)) return c;
+  }
+  if (const json* j = Member(obj, "presence_penalty")) {
+    if (Check c = ReadFloat(*j, "presence_penalty", sp.presence_penalty)) return c;
+  }
+  if (const json* j = Member(obj, "frequency_penalty")) {
+    if (Check c = ReadFloat(*j, "frequency_penalty", sp.frequency_penalty)) return c;
+  }
+  if (const json* j = Member(obj, "seed")) {
+    if (!j->is_number_integer()) return WrongType("seed", "an integer in [0, 2^64)", *j);
+    if (!j->is_number_unsigned() && j->get<int64_t>() < 0) {
+      return Invalid(absl::StrCat("field 'seed' must be an integer in [0, 2^64), got ", Show(*j)));
+    }
+    sp.seed = j->get<uint64_t>();
+  }
+  return std::nullopt;
+}
+
+// "stop": a string or an array of strings, at most opt.max_stop_strings of at
+// most opt.max_stop_string_bytes each.
+Check ReadStop(const json& j, const ParseOptions& opt, SamplingParams& sp) {
+  if (j.is_string()) {
+    sp.stop = {j.get<std::string>()};
+  } else if (j.is_array()) {
+    sp.stop.clear();
+    for (size_t i = 0; i < j.size(); ++i) {
+      std::string s;
+      if (Check c = ReadString(j[i], absl::StrCat("stop[", i, "]"), s)) return c;
+      sp.stop.push_back(std::move(s));
+    }
+  } else {
+    return WrongType("stop", "a string or an array of strings", j);
+  }
+  if (sp.stop.size() > opt.max_stop_strings) {
+    return Invalid(absl::StrCat("field 'stop' has ", sp.stop.size(), " strings, the limit is ",
+                                opt.max_stop_strings));
+  }
+  for (size_t i = 0; i < sp.stop.size(); ++i) {
+    if (sp.stop[i].size() > opt.max_stop_string_bytes) {
+      return Invalid(absl::StrCat("field 'stop[", i, "]' is longer than ",
+                                  opt.max_stop_string_bytes, " bytes"));
+    }
+  }
+  return std::nullopt;
+}
+
+// The stop conditions and output options: stop, stop_token_ids, ignore_eos, logprobs.
+Check ReadStopAndOutput(const json& obj, const ParseOptions& opt, SamplingParams& sp) {
+  if (const json* j = Member(obj, "stop"))
+    if (Check c = ReadStop(*j, opt, sp)) return c;
+  if (const json* j = Member(obj, "stop_token_ids")) {
+    if (Check c = ReadTokenIds(*j, "stop_token_ids", opt.vocab_size, sp.stop_token_ids)) return c;
+  }
+  if (const json* j = Member(obj, "ignore_eos"))
+    if (Check c = ReadBool(*j, "ignore_eos", sp.ignore_eos)) return c;
+  if (const json* j = Member(obj, "logprobs"))
+    if (Check c = ReadInt(*j, "logprobs", sp.logprobs)) return c;
+  return std::nullopt;
+}
+
+// use_beam_search, best_of, length_penalty, early_stopping (true, false or
+// "never"); a beam search without temperature gets 0, its only valid value.
+Check ReadBeamSearch(const json& obj, SamplingParams& sp) {
+  if (const json* j = Member(obj, "use_beam_search")) {
+    if (Check c = ReadBool(*j, "use_beam_search", sp.use_beam_search)) return c;
+  }
+  if (const json* j = Member(obj, "best_of"))
+    if (Check c = ReadInt(*j, "best_of", sp.best_of)) return c;
+  if (const json* j = Member(obj, "length_penalty")) {
+    if (Check c = ReadFloat(*j, "length_penalty", sp.length_penalty)) return c;
+  }
+  if (const json* j = Member(obj, "early_stopping")) {
+    if (j->is_boolean()) {
+      sp.early_stopping = j->get<bool>() ? EarlyStopping::kTrue : EarlyStopping::kFalse;
+    } else if (j->is_string() && j->get_ref<const std::string&>() == "never") {
+      sp.early_stopping = EarlyStopping::kNever;
+    } else {
+      return WrongType("early_stopping", "true, false or \"never\"", *j);
+    }
+  }
+  if (sp.use_beam_search && Member(obj, "temperature") == nullptr)
+    sp.temperature = 0.0f;  // its only valid value
+  return std::nullopt;
+}
+
+// A generate request's members, checked in this order (the first error wins):
+// unknown members, the prompt, sampling numbers, stop and output options,
+// beam search, stream, cache_salt, then SamplingParams::Validate.
 Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& req) {
   static const std::set<absl::string_view> kKnown = {"version",
                                                      "type",
@@ -208,146 +377,14 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
                                                      "length_penalty",
                                                      "early_stopping"};
   if (Check c = RejectUnknownFields(obj, kKnown, "generate")) return c;
-  // Prompt: exactly one form.
-  auto present = [&](const char* k) {
-    auto it = obj.find(k);
-    return it != obj.end() && !it->is_null();
-  };
-  const int forms = present("prompt") + present("prompt_token_ids") + present("messages");
-  if (forms == 0) {
-    return Invalid("missing prompt: one of 'prompt', 'prompt_token_ids' or 'messages' is required");
-  }
-  if (forms > 1) {
-    return Invalid("only one of 'prompt', 'prompt_token_ids' or 'messages' may be given");
-  }
-  if (present("prompt")) {
-    std::string text;
-    if (Check c = ReadString(obj["prompt"], "prompt", text)) return c;
-    if (text.empty()) return Invalid("field 'prompt' must be a non-empty string");
-    req.prompt = std::move(text);
-  } else if (present("prompt_token_ids")) {
-    std::vector<int32_t> ids;
-    if (Check c = ReadTokenIds(obj["prompt_token_ids"], "prompt_token_ids", opt.vocab_size, ids))
-      return c;
-    if (ids.empty()) return Invalid("field 'prompt_token_ids' must be a non-empty array");
-    req.prompt = std::move(ids);
-  } else {
-    const json& m = obj["messages"];
-    if (!m.is_array()) return WrongType("messages", "an array of {role, content} objects", m);
-    if (m.empty()) return Invalid("field 'messages' must be a non-empty array");
-    std::vector<ChatMessage> msgs;
-    for (size_t i = 0; i < m.size(); ++i) {
-      const std::string name = absl::StrCat("messages[", i, "]");
-      const json& e = m[i];
-      if (!e.is_object()) return WrongType(name, "an object with 'role' and 'content'", e);
-      for (auto it = e.begin(); it != e.end(); ++it) {
-        if (it.key() != "role" && it.key() != "content") {
-          return Invalid(
-              absl::StrCat("unknown field in ", name, " (expected 'role' and 'content')"));
-        }
-      }
-      ChatMessage cm;
-      if (!e.contains("role")) return Invalid(absl::StrCat("missing field '", name, ".role'"));
-      if (!e.contains("content"))
-        return Invalid(absl::StrCat("missing field '", name, ".content'"));
-      if (Check c = ReadString(e["role"], name + ".role", cm.role)) return c;
-      if (Check c = ReadString(e["content"], name + ".content", cm.content)) return c;
-      if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "tool") {
-        return Invalid(absl::StrCat("field '", name,
-                                    ".role' must be one of system, user, assistant, tool, got ",
-                                    Show(e["role"])));
-      }
-      msgs.push_back(std::move(cm));
-    }
-    req.prompt = std::move(msgs);
-  }
-  // Sampling fields; null = default.
+  if (Check c = ReadPrompt(obj, opt, req)) return c;
   SamplingParams& sp = req.sampling;
-  auto field = [&](const char* k) -> const json* {
-    auto it = obj.find(k);
-    return it == obj.end() || it->is_null() ? nullptr : &*it;
-  };
-  if (auto* j = field("n"))
-    if (Check c = ReadInt(*j, "n", sp.n)) return c;
-  if (auto* j = field("max_tokens"))
-    if (Check c = ReadInt(*j, "max_tokens", sp.max_tokens)) return c;
-  if (auto* j = field("temperature"))
-    if (Check c = ReadFloat(*j, "temperature", sp.temperature)) return c;
-  if (auto* j = field("top_p"))
-    if (Check c = ReadFloat(*j, "top_p", sp.top_p)) return c;
-  if (auto* j = field("top_k"))
-    if (Check c = ReadInt(*j, "top_k", sp.top_k)) return c;
-  if (auto* j = field("min_p"))
-    if (Check c = ReadFloat(*j, "min_p", sp.min_p)) return c;
-  if (auto* j = field("repetition_penalty")) {
-    if (Check c = ReadFloat(*j, "repetition_penalty", sp.repetition_penalty)) return c;
-  }
-  if (auto* j = field("presence_penalty")) {
-    if (Check c = ReadFloat(*j, "presence_penalty", sp.presence_penalty)) return c;
-  }
-  if (auto* j = field("frequency_penalty")) {
-    if (Check c = ReadFloat(*j, "frequency_penalty", sp.frequency_penalty)) return c;
-  }
-  if (auto* j = field("seed")) {
-    if (!j->is_number_integer()) return WrongType("seed", "an integer in [0, 2^64)", *j);
-    if (!j->is_number_unsigned() && j->get<int64_t>() < 0) {
-      return Invalid(absl::StrCat("field 'seed' must be an integer in [0, 2^64), got ", Show(*j)));
-    }
-    sp.seed = j->get<uint64_t>();
-  }
-  if (auto* j = field("stop")) {
-    if (j->is_string()) {
-      sp.stop = {j->get<std::string>()};
-    } else if (j->is_array()) {
-      sp.stop.clear();
-      for (size_t i = 0; i < j->size(); ++i) {
-        std::string s;
-        if (Check c = ReadString((*j)[i], absl::StrCat("stop[", i, "]"), s)) return c;
-        sp.stop.push_back(std::move(s));
-      }
-    } else {
-      return WrongType("stop", "a string or an array of strings", *j);
-    }
-    if (sp.stop.size() > opt.max_stop_strings) {
-      return Invalid(absl::StrCat("field 'stop' has ", sp.stop.size(), " strings, the limit is ",
-                                  opt.max_stop_strings));
-    }
-    for (size_t i = 0; i < sp.stop.size(); ++i) {
-      if (sp.stop[i].size() > opt.max_stop_string_bytes) {
-        return Invalid(absl::StrCat("field 'stop[", i, "]' is longer than ",
-                                    opt.max_stop_string_bytes, " bytes"));
-      }
-    }
-  }
-  if (auto* j = field("stop_token_ids")) {
-    if (Check c = ReadTokenIds(*j, "stop_token_ids", opt.vocab_size, sp.stop_token_ids)) return c;
-  }
-  if (auto* j = field("ignore_eos"))
-    if (Check c = ReadBool(*j, "ignore_eos", sp.ignore_eos)) return c;
-  if (auto* j = field("logprobs"))
-    if (Check c = ReadInt(*j, "logprobs", sp.logprobs)) return c;
-  if (auto* j = field("use_beam_search")) {
-    if (Check c = ReadBool(*j, "use_beam_search", sp.use_beam_search)) return c;
-  }
-  if (auto* j = field("best_of"))
-    if (Check c = ReadInt(*j, "best_of", sp.best_of)) return c;
-  if (auto* j = field("length_penalty")) {
-    if (Check c = ReadFloat(*j, "length_penalty", sp.length_penalty)) return c;
-  }
-  if (auto* j = field("early_stopping")) {
-    if (j->is_boolean()) {
-      sp.early_stopping = j->get<bool>() ? EarlyStopping::kTrue : EarlyStopping::kFalse;
-    } else if (j->is_string() && j->get_ref<const std::string&>() == "never") {
-      sp.early_stopping = EarlyStopping::kNever;
-    } else {
-      return WrongType("early_stopping", "true, false or \"never\"", *j);
-    }
-  }
-  if (sp.use_beam_search && field("temperature") == nullptr)
-    sp.temperature = 0.0f;  // its only valid value
-  if (auto* j = field("stream"))
+  if (Check c = ReadSamplingNumbers(obj, sp)) return c;
+  if (Check c = ReadStopAndOutput(obj, opt, sp)) return c;
+  if (Check c = ReadBeamSearch(obj, sp)) return c;
+  if (const json* j = Member(obj, "stream"))
     if (Check c = ReadBool(*j, "stream", req.stream)) return c;
-  if (auto* j = field("cache_salt")) {
+  if (const json* j = Member(obj, "cache_salt")) {
     if (!j->is_string()) return WrongType("cache_salt", "a string", *j);
     const std::string& salt = j->get_ref<const std::string&>();
     if (absl::Status s = ValidateCacheSalt(salt); !s.ok()) return Invalid(std::string(s.message()));

@@ -284,8 +284,21 @@ class GgufParser {
  public:
   explicit GgufParser(GgufFile* f) : f_(f), p_(f->data_), size_(f->size_) {}
 
-  // NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
+  // The file in the order it is laid out: header, metadata key/values (then
+  // general.alignment from them), tensor infos, then the tensor data placed
+  // after the infos at the alignment.
   absl::Status Run() {
+    uint64_t n_tensors = 0, n_kv = 0;
+    PS_RETURN_IF_ERROR(ReadHeader(&n_tensors, &n_kv));
+    PS_RETURN_IF_ERROR(ReadMetadata(n_kv));
+    PS_RETURN_IF_ERROR(ReadAlignment());
+    PS_RETURN_IF_ERROR(ReadTensorInfos(n_tensors));
+    return PlaceTensorData();
+  }
+
+ private:
+  // Magic, version (2 or 3) and the two counts, each bounded by the bytes left.
+  absl::Status ReadHeader(uint64_t* n_tensors, uint64_t* n_kv) {
     uint8_t magic[4];
     if (auto s = ReadBytes("magic", magic, 4); !s.ok()) return s;
     if (std::memcmp(magic, "GGUF", 4) != 0) {
@@ -299,22 +312,25 @@ class GgufParser {
                    absl::StrCat("unsupported GGUF version ", version, " (supported: 2, 3)"));
     }
     f_->version_ = version;
-    uint64_t n_tensors = 0, n_kv = 0;
-    if (auto s = ReadU64("tensor_count", &n_tensors); !s.ok()) return s;
-    if (auto s = ReadU64("metadata_kv_count", &n_kv); !s.ok()) return s;
+    if (auto s = ReadU64("tensor_count", n_tensors); !s.ok()) return s;
+    if (auto s = ReadU64("metadata_kv_count", n_kv); !s.ok()) return s;
     // Each key/value takes at least 8 (key length) + 4 (type) + 1 bytes; each
     // tensor info at least 8 + 4 + 8 + 4 + 8 bytes.
-    if (n_kv > Remaining() / 13) {
+    if (*n_kv > Remaining() / 13) {
       return Error(16, "metadata_kv_count",
-                   absl::StrCat("count ", n_kv, " cannot fit in the ", Remaining(),
+                   absl::StrCat("count ", *n_kv, " cannot fit in the ", Remaining(),
                                 " bytes left in the file"));
     }
-    if (n_tensors > Remaining() / 32) {
+    if (*n_tensors > Remaining() / 32) {
       return Error(8, "tensor_count",
-                   absl::StrCat("count ", n_tensors, " cannot fit in the ", Remaining(),
+                   absl::StrCat("count ", *n_tensors, " cannot fit in the ", Remaining(),
                                 " bytes left in the file"));
     }
+    return absl::OkStatus();
+  }
 
+  // `n_kv` key/value pairs; a key may appear once.
+  absl::Status ReadMetadata(uint64_t n_kv) {
     f_->metadata_.reserve(n_kv);
     for (uint64_t i = 0; i < n_kv; ++i) {
       uint64_t at = pos_;
@@ -331,17 +347,25 @@ class GgufParser {
       f_->metadata_index_.emplace(key, f_->metadata_.size());
       f_->metadata_.emplace_back(std::move(key), std::move(v));
     }
+    return absl::OkStatus();
+  }
 
-    if (const GgufValue* a = f_->Find("general.alignment")) {
-      auto al = a->AsUint();
-      if (!al.ok() || *al == 0 || (*al & (*al - 1)) != 0 || *al > (uint64_t{1} << 30)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            f_->path_, ": metadata 'general.alignment': must be an unsigned power of two, got ",
-            al.ok() ? absl::StrCat(*al) : std::string(al.status().message())));
-      }
-      f_->alignment_ = *al;
+  // general.alignment when present: an unsigned power of two up to 2^30.
+  absl::Status ReadAlignment() {
+    const GgufValue* a = f_->Find("general.alignment");
+    if (a == nullptr) return absl::OkStatus();
+    auto al = a->AsUint();
+    if (!al.ok() || *al == 0 || (*al & (*al - 1)) != 0 || *al > (uint64_t{1} << 30)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f_->path_, ": metadata 'general.alignment': must be an unsigned power of two, got ",
+          al.ok() ? absl::StrCat(*al) : std::string(al.status().message())));
     }
+    f_->alignment_ = *al;
+    return absl::OkStatus();
+  }
 
+  // `n_tensors` tensor infos; a name may appear once.
+  absl::Status ReadTensorInfos(uint64_t n_tensors) {
     f_->tensors_.reserve(n_tensors);
     for (uint64_t i = 0; i < n_tensors; ++i) {
       GgufTensorInfo t;
@@ -349,40 +373,8 @@ class GgufParser {
       if (auto s = ReadString(absl::StrCat("tensor info #", i, " name"), &t.name); !s.ok())
         return s;
       std::string field = absl::StrCat("tensor '", t.name, "'");
-      uint32_t n_dims = 0;
-      if (auto s = ReadU32(field + " n_dims", &n_dims); !s.ok()) return s;
-      if (n_dims == 0 || n_dims > kMaxDims) {
-        return Error(pos_ - 4, field + " n_dims",
-                     absl::StrCat("n_dims ", n_dims, " outside [1, ", kMaxDims, "]"));
-      }
-      t.dims.resize(n_dims);
-      uint64_t n_el = 1;
-      for (uint32_t d = 0; d < n_dims; ++d) {
-        if (auto s = ReadU64(absl::StrCat(field, " dim ", d), &t.dims[d]); !s.ok()) return s;
-        if (t.dims[d] == 0 || t.dims[d] > (uint64_t{1} << 40)) {
-          return Error(pos_ - 8, absl::StrCat(field, " dim ", d),
-                       absl::StrCat("dimension ", t.dims[d], " outside [1, 2^40]"));
-        }
-        if (n_el > (uint64_t{1} << 62) / t.dims[d]) {
-          return Error(pos_ - 8, absl::StrCat(field, " dim ", d), "element count overflows");
-        }
-        n_el *= t.dims[d];
-      }
-      t.num_elements = n_el;
-      uint32_t type = 0;
-      if (auto s = ReadU32(field + " type", &type); !s.ok()) return s;
-      t.type = static_cast<GgmlType>(type);
-      GgmlBlockInfo bi;
-      if (!GetGgmlBlockInfo(t.type, &bi)) {
-        return Error(pos_ - 4, field + " type", absl::StrCat("unknown ggml type ", type));
-      }
-      if (t.dims[0] % bi.block_elements != 0) {
-        return Error(pos_ - 4, field + " type",
-                     absl::StrCat("row length ", t.dims[0], " is not a multiple of the ",
-                                  GgmlTypeName(t.type), " block size ", bi.block_elements));
-      }
-      t.row_bytes = t.dims[0] / bi.block_elements * bi.block_bytes;
-      t.size_bytes = n_el / bi.block_elements * bi.block_bytes;
+      if (auto s = ReadDims(field, &t); !s.ok()) return s;
+      if (auto s = ReadTensorType(field, &t); !s.ok()) return s;
       if (auto s = ReadU64(field + " offset", &t.offset); !s.ok()) return s;
       if (f_->tensor_index_.contains(t.name)) {
         return Error(at, field, "duplicate tensor name");
@@ -390,7 +382,58 @@ class GgufParser {
       f_->tensor_index_.emplace(t.name, f_->tensors_.size());
       f_->tensors_.push_back(std::move(t));
     }
+    return absl::OkStatus();
+  }
 
+  // n_dims in [1, kMaxDims] and the dimensions, each in [1, 2^40], their
+  // product (t->num_elements) at most 2^62.
+  absl::Status ReadDims(const std::string& field, GgufTensorInfo* t) {
+    uint32_t n_dims = 0;
+    if (auto s = ReadU32(field + " n_dims", &n_dims); !s.ok()) return s;
+    if (n_dims == 0 || n_dims > kMaxDims) {
+      return Error(pos_ - 4, field + " n_dims",
+                   absl::StrCat("n_dims ", n_dims, " outside [1, ", kMaxDims, "]"));
+    }
+    t->dims.resize(n_dims);
+    uint64_t n_el = 1;
+    for (uint32_t d = 0; d < n_dims; ++d) {
+      if (auto s = ReadU64(absl::StrCat(field, " dim ", d), &t->dims[d]); !s.ok()) return s;
+      if (t->dims[d] == 0 || t->dims[d] > (uint64_t{1} << 40)) {
+        return Error(pos_ - 8, absl::StrCat(field, " dim ", d),
+                     absl::StrCat("dimension ", t->dims[d], " outside [1, 2^40]"));
+      }
+      if (n_el > (uint64_t{1} << 62) / t->dims[d]) {
+        return Error(pos_ - 8, absl::StrCat(field, " dim ", d), "element count overflows");
+      }
+      n_el *= t->dims[d];
+    }
+    t->num_elements = n_el;
+    return absl::OkStatus();
+  }
+
+  // The ggml type (known, rows a whole number of its blocks) and the sizes
+  // that follow from it (t->row_bytes, t->size_bytes).
+  absl::Status ReadTensorType(const std::string& field, GgufTensorInfo* t) {
+    uint32_t type = 0;
+    if (auto s = ReadU32(field + " type", &type); !s.ok()) return s;
+    t->type = static_cast<GgmlType>(type);
+    GgmlBlockInfo bi;
+    if (!GetGgmlBlockInfo(t->type, &bi)) {
+      return Error(pos_ - 4, field + " type", absl::StrCat("unknown ggml type ", type));
+    }
+    if (t->dims[0] % bi.block_elements != 0) {
+      return Error(pos_ - 4, field + " type",
+                   absl::StrCat("row length ", t->dims[0], " is not a multiple of the ",
+                                GgmlTypeName(t->type), " block size ", bi.block_elements));
+    }
+    t->row_bytes = t->dims[0] / bi.block_elements * bi.block_bytes;
+    t->size_bytes = t->num_elements / bi.block_elements * bi.block_bytes;
+    return absl::OkStatus();
+  }
+
+  // The data section starts after the infos at the alignment; every tensor's
+  // offset must be aligned and its data must lie inside the file.
+  absl::Status PlaceTensorData() {
     uint64_t al = f_->alignment_;
     uint64_t data_start = (pos_ + al - 1) / al * al;
     f_->data_offset_ = data_start;
@@ -411,7 +454,6 @@ class GgufParser {
     return absl::OkStatus();
   }
 
- private:
   uint64_t Remaining() const { return size_ - pos_; }
 
   absl::Status Error(uint64_t offset, absl::string_view field, absl::string_view what) const {

@@ -76,7 +76,8 @@ TEST(MpiCommunicator, WorkerSubgroupWithoutRankZero) {
   ASSERT_TRUE(comm->AllReduceSum(v.data(), v.size()).ok());
   const int w = WorldSize();
   EXPECT_EQ(v[0], static_cast<float>(w - 1));
-  EXPECT_EQ(v[1], static_cast<float>((w - 1) * w / 2));  // 1 + ... + (w-1)
+  const int sum = (w - 1) * w / 2;  // 1 + ... + (w-1)
+  EXPECT_EQ(v[1], static_cast<float>(sum));
   comm.reset();
   MPI_Comm_free(&sub);
 }

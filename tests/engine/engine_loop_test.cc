@@ -142,6 +142,7 @@ std::pair<std::string, FinishReason> Drain(RequestChannel& c) {
 TEST(EngineLoopTest, RequestsFromSeveralThreadsGetTheirOutputs) {
   Fixture f;
   std::vector<std::thread> clients;
+  clients.reserve(4);
   std::vector<std::string> texts(4);
   for (int i = 0; i < 4; ++i) {
     clients.emplace_back([&, i] {

@@ -29,7 +29,6 @@ class ScriptedExecutor : public Executor {
       : script_(std::move(script)),
         device_blocks_(device_blocks),
         cpu_blocks_(cpu_blocks),
-        block_size_(block_size),
         filler_(filler),
         mirror_(block_size, device_blocks) {}
 
@@ -96,7 +95,6 @@ class ScriptedExecutor : public Executor {
 
   Script script_;
   int64_t device_blocks_, cpu_blocks_;
-  int32_t block_size_;
   int32_t filler_;
   absl::flat_hash_map<SeqId, Seq> seqs_;
   StepPlanMirror mirror_;

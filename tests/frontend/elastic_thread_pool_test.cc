@@ -150,6 +150,7 @@ TEST(ElasticThreadPoolTest, ManyProducersLoseNothing) {
   ElasticThreadPool pool(8, 0, milliseconds(5));  // short idle: retire/spawn races
   std::atomic<int> ran{0};
   std::vector<std::thread> producers;
+  producers.reserve(4);
   for (int p = 0; p < 4; ++p) {
     producers.emplace_back([&] {
       for (int i = 0; i < 500; ++i) {

@@ -719,64 +719,57 @@ TEST_F(CudaKernelsTest, MisalignedCacheIsInvalidArgument) {
   EXPECT_EQ(PagedAttentionV1(p).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// fp8 caches through the public API on the device: reshape_and_cache writes
-// the CPU backend's bytes (fp8(x / scale), saturating), decode v1 / v2 and
-// prefill (the launchers fold k_scale into the softmax scale) match the
-// double reference on decode(fp8(x / scale)) * scale under the io dtype's
-// attention standard; negative controls: zeroed output and k_scale / v_scale
-// left at 1 on the device fail it.
-// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
-TEST_F(CudaKernelsTest, Fp8CacheMatchesReference) {
-  std::mt19937 rng(11);
-  struct Case {
-    DType cache, io;
-  };
-  for (const Case& cs :
-       {Case{DType::kFloat8E4M3, DType::kFloat32}, Case{DType::kFloat8E4M3, DType::kBFloat16},
-        Case{DType::kFloat8E5M2, DType::kFloat16}}) {
-    SCOPED_TRACE(std::string(DTypeName(cs.cache)) + " io " + DTypeName(cs.io));
-    const int heads = 4, kvh = 2, hs = 128, bs = 16;
-    const float ks = 0.043f, vs = 0.021f;
-    const std::vector<int32_t> lens = {1, 17, 600};
-    const int S = static_cast<int>(lens.size());
-    const int max_blocks = (600 + bs - 1) / bs + 1;
-    const KVCacheShape shape{static_cast<int64_t>(S) * max_blocks, kvh, hs, bs, cs.cache};
-    const size_t row = static_cast<size_t>(kvh) * hs;
-    int total = 0;
+// One case of Fp8CacheMatchesReference, a (cache dtype, io dtype) pair: three
+// sequences of 1, 17 and 600 tokens, K/V rounded to the io dtype, and as the
+// reference's K/V their round trip decode(fp8(x / scale)) * scale. The phases
+// run in order: WriteCache (the device cache, byte-compared with the CPU
+// backend's), CheckDecode (v1, v2), CheckPrefill.
+struct Fp8CacheCase {
+  Fp8CacheCase(DType cache_dtype, DType io_dtype, std::mt19937& rng)
+      : cache(cache_dtype),
+        io(io_dtype),
+        shape{static_cast<int64_t>(S) * max_blocks, kvh, hs, bs, cache_dtype} {
     for (int l : lens) total += l;
-    const std::vector<float> k = Quantize(RandomVector(total * row, rng), cs.io);
-    const std::vector<float> v = Quantize(RandomVector(total * row, rng), cs.io);
-    std::vector<int64_t> slots;
-    std::vector<int32_t> tables(static_cast<size_t>(S) * max_blocks);
+    k = Quantize(RandomVector(total * row, rng), io);
+    v = Quantize(RandomVector(total * row, rng), io);
+    tables.resize(static_cast<size_t>(S) * max_blocks);
     for (int s = 0; s < S; ++s) {
       for (int b = 0; b < max_blocks; ++b) tables[s * max_blocks + b] = s * max_blocks + b;
       for (int t = 0; t < lens[s]; ++t)
         slots.push_back(static_cast<int64_t>(s) * max_blocks * bs + t);
     }
-    auto round8 = [&](float x, float scale) {
-      return cs.cache == DType::kFloat8E4M3
-                 ? Fp8E4M3BitsToFloat(FloatToFp8E4M3Bits(x / scale)) * scale
-                 : Fp8E5M2BitsToFloat(FloatToFp8E5M2Bits(x / scale)) * scale;
-    };
-    std::vector<float> kr(k.size()), vr(v.size());
+    kr.resize(k.size());
+    vr.resize(v.size());
     for (size_t i = 0; i < k.size(); ++i) {
-      kr[i] = round8(k[i], ks);
-      vr[i] = round8(v[i], vs);
+      kr[i] = Round8(k[i], ks);
+      vr[i] = Round8(v[i], vs);
     }
+    dtables = Upload(tables);
+    dlens = Upload(lens);
+  }
+
+  float Round8(float x, float scale) const {
+    return cache == DType::kFloat8E4M3 ? Fp8E4M3BitsToFloat(FloatToFp8E4M3Bits(x / scale)) * scale
+                                       : Fp8E5M2BitsToFloat(FloatToFp8E5M2Bits(x / scale)) * scale;
+  }
+
+  // reshape_and_cache on the device writes the CPU backend's bytes
+  // (fp8(x / scale), saturating) into dk / dv.
+  void WriteCache() {
     const size_t cache_bytes = shape.num_blocks * shape.block_bytes();
-    std::vector<uint8_t> ek = Encode(k, cs.io), ev = Encode(v, cs.io);
+    std::vector<uint8_t> ek = Encode(k, io), ev = Encode(v, io);
     std::vector<uint8_t> hk(cache_bytes, 0x7F), hv(cache_bytes, 0x7F);
     ReshapeAndCacheParams rc;
     rc.key = ek.data();
     rc.value = ev.data();
     rc.slot_mapping = slots.data();
     rc.num_tokens = total;
-    rc.io_dtype = cs.io;
+    rc.io_dtype = io;
     rc.cache = {hk.data(), hv.data(), shape, Device::kCPU, ks, vs};
     ASSERT_TRUE(ReshapeAndCache(rc).ok());
     DeviceBuffer dk_in = Upload(ek), dv_in = Upload(ev), dslots = Upload(slots);
-    DeviceBuffer dk = Upload(std::vector<uint8_t>(cache_bytes, 0x7F));
-    DeviceBuffer dv = Upload(std::vector<uint8_t>(cache_bytes, 0x7F));
+    dk = Upload(std::vector<uint8_t>(cache_bytes, 0x7F));
+    dv = Upload(std::vector<uint8_t>(cache_bytes, 0x7F));
     rc.key = dk_in.get();
     rc.value = dv_in.get();
     rc.slot_mapping = static_cast<const int64_t*>(dslots.get());
@@ -786,14 +779,14 @@ TEST_F(CudaKernelsTest, Fp8CacheMatchesReference) {
     CUDA_OK(cudaDeviceSynchronize());
     ASSERT_EQ(Download(dk.get(), cache_bytes), hk) << "fp8 key bytes differ from the CPU backend";
     ASSERT_EQ(Download(dv.get(), cache_bytes), hv) << "fp8 value bytes differ from the CPU backend";
+  }
 
-    // Decode: one query per sequence.
-    const size_t per_seq = static_cast<size_t>(heads) * hs;
-    const std::vector<float> q = Quantize(RandomVector(S * per_seq, rng), cs.io);
-    DeviceBuffer dq = Upload(Encode(q, cs.io)), dout(S * per_seq * DTypeSize(cs.io));
-    DeviceBuffer dtables = Upload(tables), dlens = Upload(lens);
+  // Decode, one query per sequence, v1 and v2 against the reference; negative
+  // controls: k_scale / v_scale left at 1 and a zeroed output fail it.
+  void CheckDecode(std::mt19937& rng) {
+    const std::vector<float> q = Quantize(RandomVector(S * per_seq, rng), io);
+    DeviceBuffer dq = Upload(Encode(q, io)), dout(S * per_seq * DTypeSize(io));
     DeviceBuffer dws(PagedAttentionV2WorkspaceBytes(S, heads, hs, 600));
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
     auto decode = [&](bool v2, float k_s, float v_s) {
       PagedAttentionParams p;
       p.out = dout.get();
@@ -801,7 +794,7 @@ TEST_F(CudaKernelsTest, Fp8CacheMatchesReference) {
       p.num_seqs = S;
       p.num_heads = heads;
       p.cache = {dk.get(), dv.get(), shape, Device::kCUDA, k_s, v_s};
-      p.io_dtype = cs.io;
+      p.io_dtype = io;
       p.block_tables = static_cast<const int32_t*>(dtables.get());
       p.max_blocks_per_seq = max_blocks;
       p.seq_lens = static_cast<const int32_t*>(dlens.get());
@@ -813,7 +806,7 @@ TEST_F(CudaKernelsTest, Fp8CacheMatchesReference) {
       const absl::Status r = v2 ? PagedAttentionV2(p) : PagedAttentionV1(p);
       EXPECT_TRUE(r.ok()) << r;
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      return Decode(Download(dout.get(), S * per_seq * DTypeSize(cs.io)), cs.io);
+      return Decode(Download(dout.get(), S * per_seq * DTypeSize(io)), io);
     };
     size_t off = 0;
     std::vector<std::vector<double>> refs;
@@ -826,28 +819,30 @@ TEST_F(CudaKernelsTest, Fp8CacheMatchesReference) {
     for (bool v2 : {false, true}) {
       const std::vector<float> got = decode(v2, ks, vs);
       for (int s = 0; s < S; ++s)
-        EXPECT_TRUE(testing::AttentionOutputMatches(got.data() + s * per_seq, refs[s].data(),
-                                                    per_seq, cs.io))
+        EXPECT_TRUE(
+            testing::AttentionOutputMatches(got.data() + s * per_seq, refs[s].data(), per_seq, io))
             << (v2 ? "v2" : "v1") << " seq " << s;
       testing::AttentionControlScope control;
       const std::vector<float> no_k = decode(v2, 1.0f, vs), no_v = decode(v2, ks, 1.0f);
-      EXPECT_FALSE(testing::AttentionOutputMatches(no_k.data() + 2 * per_seq, refs[2].data(),
-                                                   per_seq, cs.io))
-          << "ignoring k_scale passes";
-      EXPECT_FALSE(testing::AttentionOutputMatches(no_v.data() + 2 * per_seq, refs[2].data(),
-                                                   per_seq, cs.io))
-          << "ignoring v_scale passes";
       EXPECT_FALSE(
-          testing::AttentionOutputMatches(std::vector<float>(per_seq, 0.0f), refs[2], cs.io));
+          testing::AttentionOutputMatches(no_k.data() + 2 * per_seq, refs[2].data(), per_seq, io))
+          << "ignoring k_scale passes";
+      EXPECT_FALSE(
+          testing::AttentionOutputMatches(no_v.data() + 2 * per_seq, refs[2].data(), per_seq, io))
+          << "ignoring v_scale passes";
+      EXPECT_FALSE(testing::AttentionOutputMatches(std::vector<float>(per_seq, 0.0f), refs[2], io));
     }
+  }
 
-    // Prefill: every sequence's whole context is its prompt.
+  // Prefill, every sequence's whole context its prompt: a sample of rows
+  // against the reference.
+  void CheckPrefill(std::mt19937& rng) {
     std::vector<int32_t> qsl = {0};
     for (int l : lens) qsl.push_back(qsl.back() + l);
     const std::vector<float> pq =
-        Quantize(RandomVector(static_cast<size_t>(total) * per_seq, rng), cs.io);
-    DeviceBuffer dpq = Upload(Encode(pq, cs.io)),
-                 dpout(static_cast<size_t>(total) * per_seq * DTypeSize(cs.io));
+        Quantize(RandomVector(static_cast<size_t>(total) * per_seq, rng), io);
+    DeviceBuffer dpq = Upload(Encode(pq, io)),
+                 dpout(static_cast<size_t>(total) * per_seq * DTypeSize(io));
     DeviceBuffer dqsl = Upload(qsl);
     PrefillAttentionParams pf;
     pf.out = dpout.get();
@@ -857,7 +852,7 @@ TEST_F(CudaKernelsTest, Fp8CacheMatchesReference) {
     pf.query_start_loc = static_cast<const int32_t*>(dqsl.get());
     pf.seq_lens = static_cast<const int32_t*>(dlens.get());
     pf.cache = {dk.get(), dv.get(), shape, Device::kCUDA, ks, vs};
-    pf.io_dtype = cs.io;
+    pf.io_dtype = io;
     pf.block_tables = static_cast<const int32_t*>(dtables.get());
     pf.max_blocks_per_seq = max_blocks;
     pf.max_query_len = 600;
@@ -866,26 +861,64 @@ TEST_F(CudaKernelsTest, Fp8CacheMatchesReference) {
     pf.host_query_start_loc = qsl.data();
     pf.host_seq_lens = lens.data();
     pf.host_block_tables = tables.data();
-    st = PrefillAttention(pf);
+    const absl::Status st = PrefillAttention(pf);
     ASSERT_TRUE(st.ok()) << st;
     CUDA_OK(cudaDeviceSynchronize());
-    const std::vector<float> pgot = Decode(
-        Download(dpout.get(), static_cast<size_t>(total) * per_seq * DTypeSize(cs.io)), cs.io);
+    const std::vector<float> pgot =
+        Decode(Download(dpout.get(), static_cast<size_t>(total) * per_seq * DTypeSize(io)), io);
     std::vector<double> ref(per_seq);
-    off = 0;
+    size_t off = 0;
     for (int s = 0; s < S; ++s) {
       const GatheredKV K{kr.data() + off, kvh, hs}, V{vr.data() + off, kvh, hs};
       for (int i = 0; i < lens[s]; i += std::max(1, lens[s] / 7)) {  // a sample of rows
-        const size_t r = static_cast<size_t>(qsl[s] + i);
+        const size_t r = static_cast<size_t>(qsl[s]) + i;
         for (int h = 0; h < heads; ++h)
           testing::ReferenceAttendOne(pq.data() + r * per_seq + static_cast<size_t>(h) * hs, h,
                                       heads, K, V, i + 1, i, scale, 0.0, ref.data() + h * hs);
         EXPECT_TRUE(
-            testing::AttentionOutputMatches(pgot.data() + r * per_seq, ref.data(), per_seq, cs.io))
+            testing::AttentionOutputMatches(pgot.data() + r * per_seq, ref.data(), per_seq, io))
             << "prefill seq " << s << " row " << i;
       }
       off += lens[s] * row;
     }
+  }
+
+  const DType cache, io;
+  static constexpr int heads = 4, kvh = 2, hs = 128, bs = 16;
+  static constexpr float ks = 0.043f, vs = 0.021f;
+  const std::vector<int32_t> lens = {1, 17, 600};
+  const int S = static_cast<int>(lens.size());
+  const int max_blocks = (600 + bs - 1) / bs + 1;
+  const KVCacheShape shape;
+  const size_t row = static_cast<size_t>(kvh) * hs;
+  const size_t per_seq = static_cast<size_t>(heads) * hs;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  int total = 0;
+  std::vector<float> k, v, kr, vr;
+  std::vector<int64_t> slots;
+  std::vector<int32_t> tables;
+  DeviceBuffer dk, dv, dtables, dlens;
+};
+
+// fp8 caches through the public API on the device: reshape_and_cache writes
+// the CPU backend's bytes (fp8(x / scale), saturating), decode v1 / v2 and
+// prefill (the launchers fold k_scale into the softmax scale) match the
+// double reference on decode(fp8(x / scale)) * scale under the io dtype's
+// attention standard; negative controls: zeroed output and k_scale / v_scale
+// left at 1 on the device fail it.
+TEST_F(CudaKernelsTest, Fp8CacheMatchesReference) {
+  std::mt19937 rng(11);
+  struct Case {
+    DType cache, io;
+  };
+  for (const Case& cs :
+       {Case{DType::kFloat8E4M3, DType::kFloat32}, Case{DType::kFloat8E4M3, DType::kBFloat16},
+        Case{DType::kFloat8E5M2, DType::kFloat16}}) {
+    SCOPED_TRACE(std::string(DTypeName(cs.cache)) + " io " + DTypeName(cs.io));
+    Fp8CacheCase c(cs.cache, cs.io, rng);
+    ASSERT_NO_FATAL_FAILURE(c.WriteCache());
+    ASSERT_NO_FATAL_FAILURE(c.CheckDecode(rng));
+    ASSERT_NO_FATAL_FAILURE(c.CheckPrefill(rng));
   }
 }
 
