@@ -52,7 +52,7 @@ std::vector<BeamChoice> BeamSearch::Step(std::span<const BeamInput> beams, int32
     return live;
   }
   // 1. The best 2k candidates over every live beam.
-  const size_t keep = static_cast<size_t>(2 * width_);
+  const size_t keep = 2 * static_cast<size_t>(width_);
   std::vector<Candidate> cands;
   for (size_t b = 0; b < beams.size(); ++b) {
     const SampledToken& t = *beams[b].sampled;

@@ -989,7 +989,17 @@ struct HttpServer::Impl {
     return httplib::Server::HandlerResponse::Unhandled;
   }
 
+  // Every handler: pre-routing checks, failures, generation, the read-only
+  // endpoints and the tokenizer endpoints.
   void Routes() {
+    RegisterHandlers();
+    RegisterGenerationRoutes();
+    RegisterInfoRoutes();
+    RegisterTokenizerRoutes();
+  }
+
+  // Pre-routing (body size, API key), uncaught exceptions and cpp-httplib's own errors.
+  void RegisterHandlers() {
     server->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       return PreRouting(req, res);
     });
@@ -1020,7 +1030,11 @@ struct HttpServer::Impl {
             res, MakeError(res.status, "invalid_request_error", absl::StrCat("HTTP ", res.status)));
       }
     });
-    // POST routes read their body themselves (ReadBody: the bound for chunked bodies).
+  }
+
+  // POST /v1/completions and /v1/chat/completions. POST routes read their body
+  // themselves (ReadBody: the bound for chunked bodies).
+  void RegisterGenerationRoutes() {
     using httplib::ContentReader;
     auto generation = [this](openai::Endpoint endpoint) {
       return [this, endpoint](const httplib::Request& req, httplib::Response& res,
@@ -1031,6 +1045,10 @@ struct HttpServer::Impl {
     };
     server->Post("/v1/completions", generation(openai::Endpoint::kCompletions));
     server->Post("/v1/chat/completions", generation(openai::Endpoint::kChat));
+  }
+
+  // GET /v1/models, /health, /version, /openapi.json, /metrics.
+  void RegisterInfoRoutes() {
     server->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       if (const HttpBackend* b = Backend(res)) {
         res.set_content(openai::ModelsResponse(Model(*b), UnixNow()), "application/json");
@@ -1063,6 +1081,11 @@ struct HttpServer::Impl {
       }
       res.set_content(b->metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
     });
+  }
+
+  // POST /tokenize and /detokenize.
+  void RegisterTokenizerRoutes() {
+    using httplib::ContentReader;
     server->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res,
                                      const ContentReader& reader) {
       std::string req_body;

@@ -20,6 +20,7 @@ TEST(BlockPoolTest, AllocateFreeAndCounts) {
   BlockPool pool(4, 16, /*enable_caching=*/false);
   EXPECT_EQ(pool.num_free(), 4);
   std::vector<int32_t> got;
+  got.reserve(4);
   for (int i = 0; i < 4; ++i) got.push_back(pool.Allocate());
   EXPECT_EQ(pool.Allocate(), -1);
   EXPECT_EQ(pool.num_in_use(), 4);

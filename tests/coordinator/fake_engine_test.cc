@@ -37,6 +37,7 @@ Workload MakeWorkload(uint64_t seed, int n, bool with_aborts, bool with_beams = 
   auto rand = [&](int lo, int hi) { return lo + static_cast<int>(rng() % (hi - lo + 1)); };
   Workload w;
   std::vector<int32_t> system_prompt;
+  system_prompt.reserve(21);
   for (int i = 0; i < 21; ++i) system_prompt.push_back(700 + i);
   int step = 0;
   for (int i = 0; i < n; ++i) {

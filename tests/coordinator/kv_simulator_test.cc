@@ -82,6 +82,7 @@ TEST(KvSimulatorTest, TraceFileAndParsers) {
 TEST(KvSimulatorTest, ExactSizeNaiveShowsExternalFragmentation) {
   // Short and long requests interleaved: exact-size regions leave holes.
   std::vector<SimRequest> w;
+  w.reserve(200);
   for (int i = 0; i < 200; ++i) w.push_back({0.0, i % 2 ? 40 : 300, i % 2 ? 200 : 20});
   SimConfig c;
   c.capacity_tokens = 4096;

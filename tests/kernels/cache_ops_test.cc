@@ -106,6 +106,7 @@ TEST(CopyBlocksTest, CopiesEveryLayerByteExact) {
     for (auto& l : layers) Randomize(l, rng);
     std::vector<HostPagedCache> before = layers;
     std::vector<KVCacheView> views;
+    views.reserve(layers.size());
     for (auto& l : layers) views.push_back(l.view());
     const std::vector<BlockCopy> pairs = {{0, 7}, {3, 9}, {3, 4}};
     ASSERT_TRUE(CopyBlocks(views, pairs).ok());

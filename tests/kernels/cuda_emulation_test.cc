@@ -248,6 +248,7 @@ void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_al
   };
   const std::vector<Seq> seqs = {{1, 8}, {0, 1}, {37, 20}, {0, 45}, {16, 16}, {5, 1}};
   std::vector<int> lens;
+  lens.reserve(seqs.size());
   for (const Seq& s : seqs) lens.push_back(s.cached + s.q_len);
   HostCase c{dt, heads, kv_heads, HS, block_size, lens};
   Build(c, rng);
@@ -455,6 +456,7 @@ void CheckPrefillFp8(DType cache_dt, DType io, int block_size, int heads, int kv
   };
   const std::vector<Seq> seqs = {{1, 8}, {0, 1}, {37, 20}, {0, 45}, {16, 16}, {5, 1}};
   std::vector<int> lens;
+  lens.reserve(seqs.size());
   for (const Seq& s : seqs) lens.push_back(s.cached + s.q_len);
   HostCase c{cache_dt, heads, kv_heads, HS, block_size, lens};
   BuildFp8<T, C>(c, io, ks, vs, rng);

@@ -245,6 +245,7 @@ void CheckGqa(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
                             std::to_string(kv_heads) + (use_alibi ? " alibi" : "");
   const size_t per_seq = static_cast<size_t>(heads) * HS;
   std::vector<std::vector<double>> refs;
+  refs.reserve(static_cast<size_t>(S));
   for (int s = 0; s < S; ++s)
     refs.push_back(testing::ReferenceDecode(c.q.data() + s * per_seq, heads, c.K(s), c.V(s),
                                             c.seq_lens[s], scale, alibi));

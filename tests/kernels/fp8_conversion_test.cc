@@ -13,6 +13,7 @@
 //     decoder that treats e4m3 like e5m2 disagrees on the codes.
 #include <cuda_fp8.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -38,7 +39,8 @@ uint8_t CudaEncode(float f, __nv_fp8_interpretation_t interp) {
 
 bool SameFloat(float a, float b) {
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
-  return std::memcmp(&a, &b, 4) == 0;  // distinguishes -0 from +0
+  // The same bit pattern (distinguishes -0 from +0), not float ==.
+  return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
 }
 
 // The sweep of test inputs for one format, built from its decoded values.

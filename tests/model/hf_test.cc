@@ -31,7 +31,7 @@ struct Tensor {
 // Tiny model: 2 layers, hidden 32, 8 query heads of 4, 2 KV heads, MLP 48, vocab 40.
 constexpr int kLayers = 2, kHidden = 32, kHeads = 8, kKv = 2, kHead = 4, kInter = 48, kVocab = 40;
 
-Tensor F32(std::mt19937& rng, std::vector<int64_t> shape) {
+Tensor F32(std::mt19937& rng, const std::vector<int64_t>& shape) {
   Tensor t{"F32", shape, {}, {}};
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -43,7 +43,7 @@ Tensor F32(std::mt19937& rng, std::vector<int64_t> shape) {
 }
 
 // BF16: fp32 values whose low 16 bits are zero are exact.
-Tensor Bf16(std::mt19937& rng, std::vector<int64_t> shape) {
+Tensor Bf16(std::mt19937& rng, const std::vector<int64_t>& shape) {
   Tensor t = F32(rng, shape);
   t.dtype = "BF16";
   std::vector<uint8_t> b;

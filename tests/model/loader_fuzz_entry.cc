@@ -201,7 +201,7 @@ std::string CheckGgufTensors(const GgufFile& f, const uint8_t* base, size_t size
       return absl::StrCat("gguf metadata '", key, "': Find does not return it");
     // Every typed getter either succeeds or names the file and the key.
     const std::string prefix = absl::StrCat(f.path(), ": metadata ");
-    for (absl::Status s :
+    for (const absl::Status& s :
          {f.GetString(key).status(), f.GetInt(key).status(), f.GetUint(key).status(),
           f.GetFloat(key).status(), f.GetBool(key).status(), f.GetStringArray(key).status(),
           f.GetFloatArray(key).status(), f.GetIntArray(key).status()}) {

@@ -5,7 +5,8 @@
 // as fp16 rounding of it for kFloat16 — at TP=1 and for each rank at TP=3
 // (permuted Q/K rows moved as quantized blocks, column slices of o/down
 // copied block-wise). Matrices used as stored are memory-mapped, not copied.
-#include <cstring>
+#include <bit>
+#include <cstdint>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/half.h"
@@ -26,7 +27,8 @@ void ExpectRowsEqual(const Matrix& got, const Matrix& want, Round round, const s
     ASSERT_TRUE(got.RowToFloat(r, row.data()).ok()) << what;
     for (int64_t c = 0; c < got.cols; ++c) {
       const float w = round(want.row(r)[c]);
-      ASSERT_EQ(std::memcmp(&row[c], &w, 4), 0)
+      // Bit for bit (-0 vs +0 and NaN payloads differ), not float ==.
+      ASSERT_EQ(std::bit_cast<uint32_t>(row[c]), std::bit_cast<uint32_t>(w))
           << what << " row " << r << " col " << c << ": " << row[c] << " vs " << w;
     }
   }

@@ -346,6 +346,7 @@ TEST(MetricsTest, ConcurrentUpdatesAreNotLost) {
   auto m = Metrics::Create(testing::TestOptions());
   ASSERT_TRUE(m.ok()) << m.status();
   std::vector<std::thread> threads;
+  threads.reserve(4);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 5000; ++i) {

@@ -131,7 +131,7 @@ class MultiHostTest : public ::testing::Test {
   }
 
   std::vector<std::string> Driver(const std::string& model, int tp,
-                                  std::vector<std::string> extra) {
+                                  const std::vector<std::string>& extra) {
     std::vector<std::string> cmd = {driver_, "--model", model, "--tp", std::to_string(tp)};
     cmd.insert(cmd.end(), extra.begin(), extra.end());
     return cmd;
@@ -147,8 +147,8 @@ class MultiHostTest : public ::testing::Test {
   }
 
   Result RunDriver(const std::vector<std::pair<int, int>>& slots, const std::string& model, int tp,
-                   std::vector<std::string> extra) {
-    Result r = RunChild(Mpirun(slots, Driver(model, tp, std::move(extra))), 300 * TimeScale());
+                   const std::vector<std::string>& extra) {
+    Result r = RunChild(Mpirun(slots, Driver(model, tp, extra)), 300 * TimeScale());
     EXPECT_EQ(r.exit_code, 0) << "TP " << tp << ":\n" << r.out;
     return r;
   }

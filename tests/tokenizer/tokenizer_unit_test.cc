@@ -41,6 +41,7 @@ void CheckIncremental(const Tokenizer& tok, const std::vector<int32_t>& interest
   for (int trial = 0; trial < 300; ++trial) {
     std::vector<int32_t> ids;
     int n = 1 + rng() % 40;
+    ids.reserve(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) {
       ids.push_back(rng() % 3 != 0 ? interesting[rng() % interesting.size()]
                                    : static_cast<int32_t>(rng() % tok.vocab_size()));
@@ -86,6 +87,7 @@ TEST(IncrementalDetokenizer, EmojiWaitsUntilComplete) {
   ASSERT_GT(ids.size(), 3u);  // the emoji takes more than one token
   IncrementalDetokenizer detok(*tok);
   std::vector<std::string> deltas;
+  deltas.reserve(ids.size());
   for (int32_t id : ids) deltas.push_back(*detok.Add(id));
   EXPECT_EQ(deltas.front(), "a");
   EXPECT_EQ(deltas.back(), "b");
@@ -256,7 +258,10 @@ TEST(HfLoader, MalformedTokenizerJsonNamesTheField) {
   }
   // Pre-tokenizer Sequences nest at most 8 deep (the parser recurses).
   std::string deep = R"({"type": "ByteLevel"})";
-  for (int i = 0; i < 12; ++i) deep = R"({"type": "Sequence", "pretokenizers": [)" + deep + "]}";
+  for (int i = 0; i < 12; ++i) {
+    deep.insert(0, R"({"type": "Sequence", "pretokenizers": [)");
+    deep += "]}";
+  }
   auto nested = TokenizerSpecFromHfJson(
       R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "pre_tokenizer": )" + deep + "}", "");
   ASSERT_FALSE(nested.ok());

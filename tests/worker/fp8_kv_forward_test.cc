@@ -155,6 +155,7 @@ std::vector<float> TeacherForced(Model& m, const std::vector<testing::ReferenceP
     t.insert(t.end(), cont[s].begin(),
              cont[s].end() - 1);  // the last token predicts nothing we check
     std::vector<int> r;
+    r.reserve(kGenerate);
     for (int i = 0; i < kGenerate; ++i)
       r.push_back(static_cast<int>(ps[s].prompt_ids.size()) - 1 + i);
     max_len = std::max<int>(max_len, t.size());

@@ -344,6 +344,7 @@ TEST_F(LlamaReferenceTest, BatchedLogitsMatchTransformers) {
   double worst = 0;
   for (size_t k = 0; k < 4; ++k) {
     std::vector<std::vector<int32_t>> contexts;
+    contexts.reserve(reference_.size());
     for (const ReferencePrompt& p : reference_) contexts.push_back(StepContext(p, k));
     FlatBatch fb(contexts, start, per_seq);
     std::vector<float> logits;
@@ -474,7 +475,7 @@ TEST_F(LlamaReferenceTest, PenalizedGreedyMatchesNumpyAfterForkAndRecompute) {
     const SeqId seq = base, child = base + 1, recomputed = base + 2;
     base += 10;
     // seq and child share blocks 0.., the recomputed sequence has its own.
-    auto step = [&](SeqId id, std::vector<int32_t> ids, int start, int first_block) {
+    auto step = [&](SeqId id, const std::vector<int32_t>& ids, int start, int first_block) {
       SequenceStep st = MakeStep(id, ids, start, first_block, 512);
       st.num_prompt_tokens = len;
       st.sampling = sp;
