@@ -187,68 +187,104 @@ struct Seq {
   bool send_full_row = true;  // the workers' mirror of its row is stale (start, swap-in)
 };
 
-// Runs the whole generation on rank 0. Returns the exit code.
-// NOLINTNEXTLINE(readability-function-size) issue 14: to be split into named phases
-int Coordinate(const DriverFlags& f, Executor& exec) {
-  const int bs = f.block_size;
-  std::vector<Seq> seqs(f.prompts.size());
-  int32_t next_block = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    seqs[i].tokens = f.prompts[i];
-    seqs[i].prompt_len = static_cast<int32_t>(f.prompts[i].size());
-    const int need = (seqs[i].prompt_len + f.max_tokens + bs - 1) / bs;
-    for (int b = 0; b < need; ++b) seqs[i].blocks.push_back(next_block++);
-  }
-  // Sequence 0 is swapped back in to a fresh range after --swap-at.
-  const int32_t swap_in_base = next_block;
-  const int64_t blocks_needed = next_block + (f.swap_at >= 0 ? seqs[0].blocks.size() : 0);
-  if (blocks_needed > exec.num_device_blocks() ||
-      (f.swap_at >= 0 && static_cast<int64_t>(seqs[0].blocks.size()) > exec.num_cpu_blocks())) {
-    std::fprintf(
-        stderr, "driver: need %lld device blocks (have %lld) and %zu swap blocks (have %lld)\n",
-        static_cast<long long>(blocks_needed), static_cast<long long>(exec.num_device_blocks()),
-        seqs[0].blocks.size(), static_cast<long long>(exec.num_cpu_blocks()));
-    return 2;
+// Runs the whole generation on rank 0 in named phases: allocate blocks, then per
+// step plan the swap, build the plan, execute it, apply its tokens and record
+// its figures; finally print the results.
+class Coordinator {
+ public:
+  Coordinator(const DriverFlags& f, Executor& exec) : f_(f), exec_(exec) {
+    greedy_.temperature = 0.0f;
+    greedy_.max_tokens = f.max_tokens;
+    greedy_.ignore_eos = true;
   }
 
-  SamplingParams greedy;
-  greedy.temperature = 0.0f;
-  greedy.max_tokens = f.max_tokens;
-  greedy.ignore_eos = true;
-
-  uint64_t step_id = 0;
-  int decode_step = 0;
-  double prefill_s = 0, decode_s = 0;
-  int64_t decode_tokens = 0;
-  size_t prefill_plan_bytes = 0, decode_plan_bytes = 0;
-  std::vector<SeqId> finished;
-  bool swapped_in_pending = false;
-  while (true) {
-    bool any = false;
-    for (const Seq& s : seqs) any |= static_cast<int>(s.generated.size()) < f.max_tokens;
-    if (!any) break;
-    StepPlan plan;
-    plan.step_id = step_id;
-    const bool prefill = step_id == 0;
-    if (!prefill && f.swap_at >= 0 && decode_step == f.swap_at && !seqs[0].swapped &&
-        !swapped_in_pending) {
-      for (size_t b = 0; b < seqs[0].blocks.size(); ++b)
-        plan.swap_out.push_back({seqs[0].blocks[b], static_cast<int32_t>(b)});
-      seqs[0].swapped = true;
-      std::printf("swap out: %zu blocks at decode step %d\n", plan.swap_out.size(), decode_step);
-    } else if (seqs[0].swapped) {
-      for (size_t b = 0; b < seqs[0].blocks.size(); ++b) {
-        plan.swap_in.push_back({static_cast<int32_t>(b), swap_in_base + static_cast<int32_t>(b)});
-        seqs[0].blocks[b] = swap_in_base + static_cast<int32_t>(b);
-      }
-      seqs[0].swapped = false;
-      seqs[0].send_full_row = true;  // its row moved to other device blocks
-      swapped_in_pending = true;
-      std::printf("swap in: %zu blocks at decode step %d\n", plan.swap_in.size(), decode_step);
+  // Returns the exit code.
+  int Run() {
+    if (!AllocateBlocks()) return 2;
+    while (AnyUnfinished()) {
+      StepPlan plan;
+      plan.step_id = step_id_;
+      const bool prefill = step_id_ == 0;
+      if (!prefill) PlanSwap(plan);
+      BuildPlan(prefill, plan);
+      std::printf("step %llu\n", static_cast<unsigned long long>(step_id_));
+      std::fflush(stdout);
+      if (f_.step_delay_ms > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(f_.step_delay_ms));
+      const auto t0 = std::chrono::steady_clock::now();
+      absl::StatusOr<StepResult> r = exec_.Execute(plan);
+      const double dt =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!ApplyTokens(plan, r)) return 1;
+      RecordStep(plan, prefill, dt);
+      ++step_id_;
     }
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      Seq& s = seqs[i];
-      if (s.swapped || static_cast<int>(s.generated.size()) >= f.max_tokens) continue;
+    PrintResults();
+    return 0;
+  }
+
+ private:
+  // Contiguous device blocks for every sequence's prompt and generated tokens
+  // (and, with --swap-at, a fresh range for sequence 0's swap-in). False, with
+  // a message, when the pools are too small.
+  bool AllocateBlocks() {
+    const int bs = f_.block_size;
+    seqs_.resize(f_.prompts.size());
+    int32_t next_block = 0;
+    for (size_t i = 0; i < seqs_.size(); ++i) {
+      seqs_[i].tokens = f_.prompts[i];
+      seqs_[i].prompt_len = static_cast<int32_t>(f_.prompts[i].size());
+      const int need = (seqs_[i].prompt_len + f_.max_tokens + bs - 1) / bs;
+      for (int b = 0; b < need; ++b) seqs_[i].blocks.push_back(next_block++);
+    }
+    // Sequence 0 is swapped back in to a fresh range after --swap-at.
+    swap_in_base_ = next_block;
+    const int64_t blocks_needed = next_block + (f_.swap_at >= 0 ? seqs_[0].blocks.size() : 0);
+    if (blocks_needed > exec_.num_device_blocks() ||
+        (f_.swap_at >= 0 &&
+         static_cast<int64_t>(seqs_[0].blocks.size()) > exec_.num_cpu_blocks())) {
+      std::fprintf(
+          stderr, "driver: need %lld device blocks (have %lld) and %zu swap blocks (have %lld)\n",
+          static_cast<long long>(blocks_needed), static_cast<long long>(exec_.num_device_blocks()),
+          seqs_[0].blocks.size(), static_cast<long long>(exec_.num_cpu_blocks()));
+      return false;
+    }
+    return true;
+  }
+
+  bool AnyUnfinished() const {
+    bool any = false;
+    for (const Seq& s : seqs_) any |= static_cast<int>(s.generated.size()) < f_.max_tokens;
+    return any;
+  }
+
+  // A decode step's swap of sequence 0: out to the CPU pool at --swap-at, back
+  // in to the fresh device range on the next step.
+  void PlanSwap(StepPlan& plan) {
+    Seq& s0 = seqs_[0];
+    if (f_.swap_at >= 0 && decode_step_ == f_.swap_at && !s0.swapped && !swapped_in_pending_) {
+      for (size_t b = 0; b < s0.blocks.size(); ++b)
+        plan.swap_out.push_back({s0.blocks[b], static_cast<int32_t>(b)});
+      s0.swapped = true;
+      std::printf("swap out: %zu blocks at decode step %d\n", plan.swap_out.size(), decode_step_);
+    } else if (s0.swapped) {
+      for (size_t b = 0; b < s0.blocks.size(); ++b) {
+        plan.swap_in.push_back({static_cast<int32_t>(b), swap_in_base_ + static_cast<int32_t>(b)});
+        s0.blocks[b] = swap_in_base_ + static_cast<int32_t>(b);
+      }
+      s0.swapped = false;
+      s0.send_full_row = true;  // its row moved to other device blocks
+      swapped_in_pending_ = true;
+      std::printf("swap in: %zu blocks at decode step %d\n", plan.swap_in.size(), decode_step_);
+    }
+  }
+
+  // The incremental entries of every running sequence, and the sequences that
+  // finished on the previous step.
+  void BuildPlan(bool prefill, StepPlan& plan) {
+    for (size_t i = 0; i < seqs_.size(); ++i) {
+      Seq& s = seqs_[i];
+      if (s.swapped || static_cast<int>(s.generated.size()) >= f_.max_tokens) continue;
       SequenceStep st;
       st.seq_id = i;
       st.start_pos = s.cached;
@@ -261,77 +297,95 @@ int Coordinate(const DriverFlags& f, Executor& exec) {
       } else {
         st.block_table_start = static_cast<int32_t>(s.blocks.size());
       }
-      st.sampling = greedy;  // sent only when the sequence starts
+      st.sampling = greedy_;  // sent only when the sequence starts
       st.num_prompt_tokens = s.prompt_len;
       st.new_state = prefill;
       plan.seqs.push_back(std::move(st));
     }
-    plan.finished = finished;
-    finished.clear();
-    std::printf("step %llu\n", static_cast<unsigned long long>(step_id));
-    std::fflush(stdout);
-    if (f.step_delay_ms > 0)
-      std::this_thread::sleep_for(std::chrono::milliseconds(f.step_delay_ms));
-    const auto t0 = std::chrono::steady_clock::now();
-    absl::StatusOr<StepResult> r = exec.Execute(plan);
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    plan.finished = finished_;
+    finished_.clear();
+  }
+
+  // Appends each sampled token to its sequence; false, with a message, when the
+  // step failed or its result does not match the plan.
+  bool ApplyTokens(const StepPlan& plan, const absl::StatusOr<StepResult>& r) {
     if (!r.ok()) {
       std::fprintf(stderr, "driver: step %llu failed: %s\n",
-                   static_cast<unsigned long long>(step_id), r.status().ToString().c_str());
-      return 1;
+                   static_cast<unsigned long long>(step_id_), r.status().ToString().c_str());
+      return false;
     }
     if (r->tokens.size() != plan.seqs.size()) {
       std::fprintf(stderr, "driver: step %llu: %zu tokens for %zu sequences\n",
-                   static_cast<unsigned long long>(step_id), r->tokens.size(), plan.seqs.size());
-      return 1;
+                   static_cast<unsigned long long>(step_id_), r->tokens.size(), plan.seqs.size());
+      return false;
     }
     for (const SampledToken& t : r->tokens) {
-      if (t.seq_id >= seqs.size()) {
+      if (t.seq_id >= seqs_.size()) {
         std::fprintf(stderr, "driver: step %llu: token for unknown sequence %llu\n",
-                     static_cast<unsigned long long>(step_id),
+                     static_cast<unsigned long long>(step_id_),
                      static_cast<unsigned long long>(t.seq_id));
-        return 1;
+        return false;
       }
-      Seq& s = seqs[t.seq_id];
+      Seq& s = seqs_[t.seq_id];
       s.cached = static_cast<int32_t>(s.tokens.size());
       s.tokens.push_back(t.token_id);
       s.generated.push_back(t.token_id);
-      if (static_cast<int>(s.generated.size()) >= f.max_tokens) finished.push_back(t.seq_id);
+      if (static_cast<int>(s.generated.size()) >= f_.max_tokens) finished_.push_back(t.seq_id);
     }
+    return true;
+  }
+
+  // The step's time and encoded plan size, as prefill or decode.
+  void RecordStep(const StepPlan& plan, bool prefill, double dt) {
     const size_t plan_bytes = EncodeStepPlan(plan).size();
     if (prefill) {
-      prefill_s += dt;
-      prefill_plan_bytes = plan_bytes;
+      prefill_s_ += dt;
+      prefill_plan_bytes_ = plan_bytes;
     } else {
-      decode_plan_bytes += plan_bytes;
-      decode_s += dt;
-      decode_tokens += static_cast<int64_t>(plan.seqs.size());
-      ++decode_step;
+      decode_plan_bytes_ += plan_bytes;
+      decode_s_ += dt;
+      decode_tokens_ += static_cast<int64_t>(plan.seqs.size());
+      ++decode_step_;
     }
-    ++step_id;
   }
-  for (size_t i = 0; i < seqs.size(); ++i)
-    std::printf("seq %zu: %s\n", i, absl::StrJoin(seqs[i].generated, " ").c_str());
-  std::printf("plan bytes prefill=%zu decode_mean=%.1f\n", prefill_plan_bytes,
-              decode_step > 0 ? static_cast<double>(decode_plan_bytes) / decode_step : 0.0);
-  if (auto st = GetMpiExecutorStats(exec); st.ok() && st->steps > 0) {
-    std::printf(
-        "stats steps=%lld prefill_s=%.6f decode_steps=%d decode_s=%.6f decode_tok_per_s=%.2f "
-        "send_ms_per_step=%.4f wait_ms_per_step=%.4f worker_forward_ms_per_step=%.4f "
-        "worker_collective_ms_per_step=%.4f\n",
-        static_cast<long long>(st->steps), prefill_s, decode_step, decode_s,
-        decode_s > 0 ? decode_tokens / decode_s : 0.0, 1e3 * st->send_seconds / st->steps,
-        1e3 * st->wait_seconds / st->steps, 1e3 * st->worker_forward_seconds / st->steps,
-        1e3 * st->worker_collective_seconds / st->steps);
-  } else {
-    std::printf(
-        "stats steps=%llu prefill_s=%.6f decode_steps=%d decode_s=%.6f decode_tok_per_s=%.2f\n",
-        static_cast<unsigned long long>(step_id), prefill_s, decode_step, decode_s,
-        decode_s > 0 ? decode_tokens / decode_s : 0.0);
+
+  // The "seq I: ...", "plan bytes ..." and "stats ..." lines.
+  void PrintResults() {
+    for (size_t i = 0; i < seqs_.size(); ++i)
+      std::printf("seq %zu: %s\n", i, absl::StrJoin(seqs_[i].generated, " ").c_str());
+    std::printf("plan bytes prefill=%zu decode_mean=%.1f\n", prefill_plan_bytes_,
+                decode_step_ > 0 ? static_cast<double>(decode_plan_bytes_) / decode_step_ : 0.0);
+    if (auto st = GetMpiExecutorStats(exec_); st.ok() && st->steps > 0) {
+      std::printf(
+          "stats steps=%lld prefill_s=%.6f decode_steps=%d decode_s=%.6f decode_tok_per_s=%.2f "
+          "send_ms_per_step=%.4f wait_ms_per_step=%.4f worker_forward_ms_per_step=%.4f "
+          "worker_collective_ms_per_step=%.4f\n",
+          static_cast<long long>(st->steps), prefill_s_, decode_step_, decode_s_,
+          decode_s_ > 0 ? decode_tokens_ / decode_s_ : 0.0, 1e3 * st->send_seconds / st->steps,
+          1e3 * st->wait_seconds / st->steps, 1e3 * st->worker_forward_seconds / st->steps,
+          1e3 * st->worker_collective_seconds / st->steps);
+    } else {
+      std::printf(
+          "stats steps=%llu prefill_s=%.6f decode_steps=%d decode_s=%.6f decode_tok_per_s=%.2f\n",
+          static_cast<unsigned long long>(step_id_), prefill_s_, decode_step_, decode_s_,
+          decode_s_ > 0 ? decode_tokens_ / decode_s_ : 0.0);
+    }
+    std::fflush(stdout);
   }
-  std::fflush(stdout);
-  return 0;
-}
+
+  const DriverFlags& f_;
+  Executor& exec_;
+  SamplingParams greedy_;
+  std::vector<Seq> seqs_;
+  int32_t swap_in_base_ = 0;
+  uint64_t step_id_ = 0;
+  int decode_step_ = 0;
+  double prefill_s_ = 0, decode_s_ = 0;
+  int64_t decode_tokens_ = 0;
+  size_t prefill_plan_bytes_ = 0, decode_plan_bytes_ = 0;
+  std::vector<SeqId> finished_;
+  bool swapped_in_pending_ = false;
+};
 
 int Main(int argc, char** argv) {
   absl::StatusOr<LaunchInfo> info = InitMpi(&argc, &argv);
@@ -375,7 +429,7 @@ int Main(int argc, char** argv) {
   }
   std::printf("coordinator pid %d\n", static_cast<int>(getpid()));
   std::fflush(stdout);
-  int rc = Coordinate(f, **exec);
+  int rc = Coordinator(f, **exec).Run();
   if (absl::Status s = (*exec)->Shutdown(); !s.ok()) {
     std::fprintf(stderr, "driver: shutdown failed: %s\n", s.ToString().c_str());
     if (rc == 0) rc = 1;
