@@ -121,23 +121,29 @@ void RunDecodeV1(const DecodeShape& d, int max_seq_len, void* out, const BlockPt
   }
 }
 
+// The decode shape of a paged-cache call (v1 and v2): the k scale folded into the
+// softmax scale, the v scale applied to the output, operands in the resolved io dtype.
+DecodeShape PagedDecodeShape(const PagedAttentionParams& p) {
+  const KVCacheShape& cs = p.cache.shape;
+  return DecodeShape{p.num_seqs,
+                     p.num_heads,
+                     cs.num_kv_heads,
+                     cs.head_size,
+                     cs.block_size,
+                     cs.dtype,
+                     p.query,
+                     p.seq_lens,
+                     p.scale * EffectiveKScale(p.cache),
+                     p.alibi_slopes,
+                     ResolveIoDType(p.io_dtype, cs.dtype),
+                     EffectiveVScale(p.cache)};
+}
+
 }  // namespace
 
 absl::Status PagedAttentionV1(const PagedAttentionParams& p) {
   const KVCacheShape& cs = p.cache.shape;
-  const DType io = ResolveIoDType(p.io_dtype, cs.dtype);
-  const DecodeShape d{p.num_seqs,
-                      p.num_heads,
-                      cs.num_kv_heads,
-                      cs.head_size,
-                      cs.block_size,
-                      cs.dtype,
-                      p.query,
-                      p.seq_lens,
-                      p.scale * EffectiveKScale(p.cache),
-                      p.alibi_slopes,
-                      io,
-                      EffectiveVScale(p.cache)};
+  const DecodeShape d = PagedDecodeShape(p);
   const int64_t head_elems = static_cast<int64_t>(cs.head_size) * cs.block_size;
   auto block_ptrs = [&](int s, int kvh, int b, const void** k, const void** v) {
     const int64_t phys = p.block_tables[static_cast<int64_t>(s) * p.max_blocks_per_seq + b];
@@ -151,19 +157,7 @@ absl::Status PagedAttentionV1(const PagedAttentionParams& p) {
 
 absl::Status PagedAttentionV2(const PagedAttentionParams& p) {
   const KVCacheShape& cs = p.cache.shape;
-  const DType io = ResolveIoDType(p.io_dtype, cs.dtype);
-  const DecodeShape d{p.num_seqs,
-                      p.num_heads,
-                      cs.num_kv_heads,
-                      cs.head_size,
-                      cs.block_size,
-                      cs.dtype,
-                      p.query,
-                      p.seq_lens,
-                      p.scale * EffectiveKScale(p.cache),
-                      p.alibi_slopes,
-                      io,
-                      EffectiveVScale(p.cache)};
+  const DecodeShape d = PagedDecodeShape(p);
   const int hs = cs.head_size;
   const int group = p.num_heads / cs.num_kv_heads;
   const int parts = NumPartitions(p.max_seq_len);
@@ -236,7 +230,7 @@ absl::Status PagedAttentionV2(const PagedAttentionParams& p) {
         for (int j = 0; j < hs; ++j) acc[j] += w * src[j];
       }
       // tmp_out is in stored-V units: v_scale is applied here, once.
-      StoreRow(io, acc.data(), EffectiveVScale(p.cache) / total, hs, ElemPtr(p.out, row * hs, io));
+      StoreRow(d.io, acc.data(), d.v_scale / total, hs, ElemPtr(p.out, row * hs, d.io));
     }
   }
   return absl::OkStatus();
