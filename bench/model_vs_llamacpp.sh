@@ -7,7 +7,13 @@
 #
 #   bench/model_vs_llamacpp.sh [--build-dir build-bench] [--gguf PATH] [--threads 2]
 #       [--batches 1,8,32] [--prompt-len 128] [--decode-steps 32] [--rounds 2]
-#       [--llamacpp-bin DIR] [--out-dir DIR] [-- extra bench_model flags]
+#       [--llamacpp-bin DIR] [--out-dir DIR] [--omp-wait-policy default|passive|active]
+#       [-- extra bench_model flags]
+#
+# Both sides use OpenMP (llama.cpp's default build has GGML_OPENMP) and get the
+# same OMP_WAIT_POLICY: "default" (the default) leaves it unset (libgomp spins
+# ~3 ms before sleeping, as a deployment runs), "passive" sleeps at once (for a
+# shared, oversubscribed machine, where spinning threads slow everything down).
 #
 # llama.cpp: bench/build-llamacpp builds it (default --llamacpp-bin is its output).
 #   llama-bench          pp<prompt-len> and tg<decode-steps> at batch 1 (its defaults
@@ -21,7 +27,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=build-bench gguf="" threads=2 batches=1,8,32 prompt_len=128 decode_steps=32 rounds=2
-llbin="" out="" extra=()
+llbin="" out="" extra=() wait_policy=default
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build=$2; shift 2 ;;
@@ -33,8 +39,9 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --llamacpp-bin) llbin=$2; shift 2 ;;
     --out-dir) out=$2; shift 2 ;;
+    --omp-wait-policy) wait_policy=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "model_vs_llamacpp: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
@@ -45,7 +52,12 @@ bin="$build/bench/bench_model"
 [ -n "$llbin" ] || llbin=$("$root/bench/build-llamacpp")
 [ -n "$out" ] || out=$(mktemp -d -t model_vs_llamacpp.XXXXXX)
 mkdir -p "$out"
-export OMP_WAIT_POLICY=PASSIVE
+unset OMP_WAIT_POLICY GOMP_SPINCOUNT
+case "$wait_policy" in
+  default) ;;
+  passive|active) export OMP_WAIT_POLICY=${wait_policy^^} ;;
+  *) echo "model_vs_llamacpp: --omp-wait-policy must be default, passive or active" >&2; exit 2 ;;
+esac
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 max_b=$(tr ',' '\n' <<<"$batches" | sort -n | tail -1)
 ctx=$(( max_b * (prompt_len + decode_steps) + 64 ))
@@ -65,9 +77,9 @@ for r in $(seq 1 "$rounds"); do
     > "$out/llama_batched_$r.jsonl" 2>&1  # result lines are the ones starting with {
 done
 
-python3 - "$out" "$rounds" "$threads" "$gguf" <<'PY'
+python3 - "$out" "$rounds" "$threads" "$gguf" "$wait_policy" <<'PY'
 import json, os, re, sys
-out, rounds, threads, gguf = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+out, rounds, threads, gguf, wait_policy = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 ours, theirs = {}, {}
 def add(d, k, v): d.setdefault(k, []).append(v)
 for r in range(1, rounds + 1):
@@ -85,7 +97,8 @@ for r in range(1, rounds + 1):
         add(theirs, ("decode", j["pl"]), j["speed_tg"])
 loads = [(open(f"{out}/load_ours_{r}").read().strip(), open(f"{out}/load_llama_{r}").read().strip())
          for r in range(1, rounds + 1)]
-print(f"model {os.path.basename(gguf)}, {threads} threads; best over {rounds} interleaved rounds")
+print(f"model {os.path.basename(gguf)}, {threads} threads, OMP_WAIT_POLICY {wait_policy}; "
+      f"best over {rounds} interleaved rounds")
 for i, (a, b) in enumerate(loads, 1):
     print(f"round {i}: load before pagedserve {a}; before llama.cpp {b}")
 rows = []

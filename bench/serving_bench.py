@@ -10,7 +10,8 @@ p99) per level in one table with ratios, and everything as JSON.
         [--poisson-rate 0.5] [--poisson-prompts 32] [--poisson-max-concurrency 64]
         [--input-len 128] [--output-len 64] [--range-ratio 0.0]
         [--dataset random|shared-prefix] [--prefix-len 256] [--seed 0]
-        [--repeats 2] [--threads 2] [--json-out FILE]
+        [--repeats 2] [--threads 2] [--omp-wait-policy default|passive|active]
+        [--json-out FILE]
         [--pagedserve-bin PATH] [--serve-arg=--max-num-batched-tokens=256 ...]
         [--llamacpp-server-bin PATH] [--llamacpp-arg=... ...]
         [--pagedserve-url http://HOST:PORT] [--llamacpp-url http://HOST:PORT]
@@ -24,6 +25,12 @@ running server instead and leaves it alone. Server output goes to --log-dir
   * pagedserve: `pagedserve serve --model GGUF --host 127.0.0.1 --port P
     --zmq-endpoint tcp://127.0.0.1:Q` with OMP_NUM_THREADS = OPENBLAS_NUM_THREADS
     = --threads (its engine defaults unless --serve-arg says otherwise).
+  * Both servers run OpenMP (llama.cpp's default build uses GGML_OPENMP), and
+    both get the same OMP_WAIT_POLICY: --omp-wait-policy default leaves it
+    unset (libgomp's default: a waiting thread spins ~3 ms, then sleeps; what
+    a deployment gets, and llama.cpp's own default), passive sets PASSIVE
+    (sleep at once: use it on a shared, oversubscribed machine, where spinning
+    threads slow every process down), active sets ACTIVE.
   * llama.cpp: `llama-server -m GGUF -t T -tb T --parallel S --cont-batching
     -c S*L --host 127.0.0.1 --port P` (default binary: bench/build-llamacpp's,
     ~/.cache/pagedserve/llamacpp/build/bin/llama-server), S = the largest level
@@ -40,7 +47,8 @@ JSON and the table). At 32 concurrent requests it should be near 32 on both.
 
 Runs. --repeats R runs each backend R times, interleaved (A B A B ...), each
 run a fresh server and the whole sweep; the 1/5/15-minute load average is
-recorded before each backend's run and before each level. The table pools the
+recorded before each backend's run and before each level, and each server's
+peak resident set (VmHWM of its process, "peak_rss_kb") when its run ends. The table pools the
 repeats: throughputs are the mean over the repeats (each repeat's value in the
 JSON), latency percentiles over all requests of all repeats.
 
@@ -398,6 +406,17 @@ class Server:
         except OSError:
             return ""
 
+    def peak_rss_kb(self) -> Optional[int]:
+        """The server process's peak resident set (VmHWM, kB) so far; None if gone."""
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1])
+        except OSError:
+            pass
+        return None
+
     def stop(self) -> None:
         if self in Server.live:
             Server.live.remove(self)
@@ -418,9 +437,13 @@ class Server:
             s.stop()
 
 
-def thread_env(threads: int) -> Dict[str, str]:
+def thread_env(threads: int, wait_policy: str) -> Dict[str, str]:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
+    env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    env.pop("OMP_WAIT_POLICY", None)
+    env.pop("GOMP_SPINCOUNT", None)
+    if wait_policy != "default":
+        env["OMP_WAIT_POLICY"] = wait_policy.upper()
     return env
 
 
@@ -442,7 +465,7 @@ def start_pagedserve(args, log_dir: str, tag: str):
     port = free_port()
     cmd = [args.pagedserve_bin, "serve", "--model", args.model, "--host", "127.0.0.1", "--port", str(port),
            "--zmq-endpoint", f"tcp://127.0.0.1:{free_port()}", "--disable-log-requests"] + args.serve_arg
-    return Server(f"pagedserve{tag}", cmd, thread_env(args.threads), log_dir), f"http://127.0.0.1:{port}"
+    return Server(f"pagedserve{tag}", cmd, thread_env(args.threads, args.omp_wait_policy), log_dir), f"http://127.0.0.1:{port}"
 
 
 def start_llamacpp(args, log_dir: str, tag: str):
@@ -450,7 +473,7 @@ def start_llamacpp(args, log_dir: str, tag: str):
     cmd = [args.llamacpp_server_bin, "-m", args.model, "-t", str(args.threads), "-tb", str(args.threads),
            "--host", "127.0.0.1", "--port", str(port), "--parallel", str(args.llamacpp_parallel),
            "--cont-batching", "-c", str(args.llamacpp_parallel * args.seq_len)] + args.llamacpp_arg
-    return Server(f"llamacpp{tag}", cmd, thread_env(args.threads), log_dir), f"http://127.0.0.1:{port}"
+    return Server(f"llamacpp{tag}", cmd, thread_env(args.threads, args.omp_wait_policy), log_dir), f"http://127.0.0.1:{port}"
 
 
 def check_llamacpp(backend: OpenAIBackend, args) -> Dict:
@@ -619,6 +642,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1, help="runs per backend, interleaved (A B A B ...)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of each server")
+    ap.add_argument("--omp-wait-policy", choices=["default", "passive", "active"], default="default",
+                    help="OMP_WAIT_POLICY of both servers (default: unset, libgomp's spin-then-sleep)")
     ap.add_argument("--json-out")
     ap.add_argument("--log-dir")
     ap.add_argument("--startup-timeout", type=float, default=180.0)
@@ -686,6 +711,7 @@ def main() -> int:
                               "prefix_len", "seed", "repeats", "seq_len")},
         "requests_per_level": {name: len(reqs) for name, reqs, _ in workloads},
         "model": os.path.basename(args.model), "threads_per_server": args.threads,
+        "omp_wait_policy": args.omp_wait_policy,
         "tokenizer": maker.source, "host": {"cpu_count": os.cpu_count(), "machine": platform.machine()},
         "runs": [],
     }
@@ -726,6 +752,7 @@ def main() -> int:
                         records.setdefault((level, name), []).extend(recs)
                 finally:
                     if server:
+                        run["peak_rss_kb"] = server.peak_rss_kb()
                         server.stop()
                 report["runs"].append(run)
     finally:
@@ -760,9 +787,11 @@ def main() -> int:
     w = report["workload"]
     print(f"\nworkload: input {w['input_len']} output {w['output_len']} tokens (range ratio {w['range_ratio']}), "
           f"dataset {w['dataset']}, levels {report['requests_per_level']} (requests), {args.repeats} run(s) "
-          f"per backend interleaved, {args.threads} threads per server, model {report['model']}")
+          f"per backend interleaved, {args.threads} threads per server (OMP_WAIT_POLICY "
+          f"{args.omp_wait_policy}), model {report['model']}")
     for r in report["runs"]:
         print(f"{r['backend']} run {r['repeat']}: load average before {r['load_average_before']}"
+              + (f"; peak RSS {r['peak_rss_kb'] / 1024:.0f} MiB" if r.get("peak_rss_kb") else "")
               + (f"; llama-server {r['llamacpp']}" if r.get("llamacpp") else ""))
     print_table(report, names)
     for level, g in goals.items():

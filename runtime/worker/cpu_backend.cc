@@ -1,8 +1,6 @@
 // CPU backend (contract in cpu_backend.h and model_backend.h).
 #include "runtime/worker/cpu_backend.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -93,11 +91,19 @@ absl::Status EmbeddingGather(const Matrix& table, const int32_t* ids, int64_t n,
 
 namespace {
 
+// The kernels' view of a matrix: its stored rows, or its fp32 values (the
+// float32 path) as an F32 weight.
 kernels::WeightView StoredView(const Matrix& w) {
   kernels::WeightView v;
-  v.type = static_cast<kernels::WeightType>(static_cast<uint32_t>(w.type));
   v.rows = w.rows;
   v.cols = w.cols;
+  if (w.is_fp32()) {
+    v.type = kernels::WeightType::kF32;
+    v.data = w.data.data();
+    v.row_stride_bytes = static_cast<uint64_t>(w.cols) * sizeof(float);
+    return v;
+  }
+  v.type = static_cast<kernels::WeightType>(static_cast<uint32_t>(w.type));
   v.data = w.bytes();
   v.row_stride_bytes = w.row_bytes;
   return v;
@@ -243,24 +249,12 @@ class CpuBackend final : public ModelBackend {
                                     out);
   }
 
-  // y[n, W.rows] = x[n, W.cols] W^T (+ bias): one OpenBLAS sgemm for fp32
-  // matrices, kernels::Linear over the stored format otherwise.
+  // y[n, W.rows] = x[n, W.cols] W^T (+ bias) by kernels::Linear over the stored
+  // format or the fp32 values (whose sgemm runs single-threaded OpenBLAS on each
+  // OpenMP thread's rows: no OpenBLAS worker threads beside OpenMP's).
   absl::Status Linear(const float* x, int64_t n, const BackendMatrix& handle,
                       const BackendVector& bias, float* y) override {
     const Matrix& w = M(handle);
-    if (w.is_fp32()) {
-      if (n == 0) return absl::OkStatus();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
-                  static_cast<int>(w.rows), static_cast<int>(w.cols), 1.0f, x,
-                  static_cast<int>(w.cols), w.data.data(), static_cast<int>(w.cols), 0.0f, y,
-                  static_cast<int>(w.rows));
-      if (bias.data != nullptr) {
-#pragma omp parallel for schedule(static)
-        for (int64_t t = 0; t < n; ++t)
-          for (int64_t j = 0; j < w.rows; ++j) y[t * w.rows + j] += bias.data[j];
-      }
-      return absl::OkStatus();
-    }
     kernels::LinearParams p;
     p.x = x;
     p.num_tokens = n;
@@ -272,13 +266,9 @@ class CpuBackend final : public ModelBackend {
     return kernels::Linear(p);
   }
 
-  // Stored-format weights: one kernels::LinearGroup (one parallel region, the
-  // activations quantized once); any fp32 matrix: Linear one by one (the
-  // --dtype float32 path, unchanged).
+  // One kernels::LinearGroup (one parallel region, the activations quantized
+  // once); bit-identical to Linear per member.
   absl::Status LinearGroup(const float* x, int64_t n, std::span<const LinearOut> outs) override {
-    bool stored = true;
-    for (const LinearOut& o : outs) stored &= !M(o.w).is_fp32();
-    if (!stored) return ModelBackend::LinearGroup(x, n, outs);
     std::array<kernels::LinearParams, 4> ps;
     if (outs.size() > ps.size()) return ModelBackend::LinearGroup(x, n, outs);
     for (size_t i = 0; i < outs.size(); ++i) {
