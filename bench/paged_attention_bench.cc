@@ -217,7 +217,8 @@ DType GqaDType(int64_t a) { return a == 3 ? DType::kBFloat16 : DType::kFloat16; 
 // Random 16-bit cache or query contents (fp16 or bf16 encodings of U(-1, 1)).
 void Fill16(std::vector<uint16_t>& buf, DType t, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (uint16_t& v : buf) v = t == DType::kBFloat16 ? FloatToBFloat16Bits(u(rng)) : FloatToHalfBits(u(rng));
+  for (uint16_t& v : buf)
+    v = t == DType::kBFloat16 ? FloatToBFloat16Bits(u(rng)) : FloatToHalfBits(u(rng));
 }
 
 // A paged cache of `seqs` sequences of `ctx` tokens each, block table shuffled.

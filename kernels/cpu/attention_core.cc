@@ -218,7 +218,8 @@ PS_AVX2_INLINE __m256 ExpNonPositive(__m256 x) {
   const __m256 x2 = _mm256_mul_ps(x, x);
   y = _mm256_fmadd_ps(y, x2, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
   // y * 2^fx, fx in [-126, 0].
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
   y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
   return _mm256_andnot_ps(tiny, y);
 }
