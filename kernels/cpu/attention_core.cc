@@ -443,17 +443,18 @@ bool CpuHasAvx2() {
 #endif
 
 template <typename T>
-AttendFn SelectForType(int block_size) {
+AttendFn SelectForType(int block_size, bool avx2) {
+  if (avx2) {
 #ifdef PAGEDSERVE_HAVE_AVX2_VARIANT
-  if (CpuHasAvx2()) {
+    if (!CpuHasAvx2()) return nullptr;
     switch (block_size) {
       case 8: return &AttendAvx2<T, 8>;
       case 16: return &AttendAvx2<T, 16>;
       case 32: return &AttendAvx2<T, 32>;
     }
+#endif
     return nullptr;
   }
-#endif
   switch (block_size) {
     case 8: return &AttendBaseline<T, 8>;
     case 16: return &AttendBaseline<T, 16>;
@@ -464,15 +465,22 @@ AttendFn SelectForType(int block_size) {
 
 }  // namespace
 
-AttendFn SelectAttend(DType dtype, int block_size) {
+AttendFn SelectAttendVariant(DType dtype, int block_size, bool avx2) {
   switch (dtype) {
-    case DType::kFloat32: return SelectForType<float>(block_size);
-    case DType::kFloat16: return SelectForType<Half>(block_size);
-    case DType::kBFloat16: return SelectForType<BFloat16>(block_size);
-    case DType::kFloat8E4M3: return SelectForType<Fp8E4M3>(block_size);
-    case DType::kFloat8E5M2: return SelectForType<Fp8E5M2>(block_size);
+    case DType::kFloat32: return SelectForType<float>(block_size, avx2);
+    case DType::kFloat16: return SelectForType<Half>(block_size, avx2);
+    case DType::kBFloat16: return SelectForType<BFloat16>(block_size, avx2);
+    case DType::kFloat8E4M3: return SelectForType<Fp8E4M3>(block_size, avx2);
+    case DType::kFloat8E5M2: return SelectForType<Fp8E5M2>(block_size, avx2);
   }
   return nullptr;
+}
+
+AttendFn SelectAttend(DType dtype, int block_size) {
+#ifdef PAGEDSERVE_HAVE_AVX2_VARIANT
+  if (CpuHasAvx2()) return SelectAttendVariant(dtype, block_size, true);
+#endif
+  return SelectAttendVariant(dtype, block_size, false);
 }
 
 const char* AttendIsaName() {

@@ -88,6 +88,12 @@ using AttendFn = void (*)(const AttendArgs&);
 // widest instruction set this CPU supports among those compiled in.
 AttendFn SelectAttend(DType dtype, int block_size);
 
+// One variant regardless of what SelectAttend would pick: the x86-64
+// baseline (avx2 = false) or the AVX2+FMA+F16C one (avx2 = true; null where
+// this build has no AVX2 variant or this CPU lacks AVX2, FMA or F16C). Null
+// for an unsupported dtype / block size. For tests that check every variant.
+AttendFn SelectAttendVariant(DType dtype, int block_size, bool avx2);
+
 // "avx2+fma+f16c" or "baseline": the variant SelectAttend picks on this CPU.
 const char* AttendIsaName();
 
