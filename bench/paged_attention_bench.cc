@@ -7,6 +7,13 @@
 // 2 = fp8 e4m3 cache with f16 queries/outputs, paged only); 8 KV heads, head
 // size 128, block size 16. Counter kv_bytes_per_second = K
 // and V bytes of all context tokens (each read once per step) / time.
+//
+// BM_GqaDecode / BM_GqaPrefill: the attention shape of SmolLM2-135M (9 query
+// heads over 3 KV heads, head size 64, block 16), f16 or bf16 cache.
+// GqaDecode arguments: batch, context, dtype (1 = f16, 3 = bf16); one decode
+// query per sequence (paged_attention_v1). GqaPrefill arguments: context
+// (seq_len), new tokens (q_len), dtype; one sequence, causal. Meant for one
+// thread (OMP_NUM_THREADS=1) and CPU time.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -23,6 +30,7 @@
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/half.h"
 #include "kernels/paged_attention.h"
+#include "kernels/prefill_attention.h"
 
 namespace pagedserve::kernels {
 namespace {
@@ -198,6 +206,115 @@ void Fp8DecodeArgs(benchmark::internal::Benchmark* b) {
   b->UseRealTime();
 }
 BENCHMARK(BM_PagedDecode)->Name("BM_PagedDecodeFp8VsF16")->Apply(Fp8DecodeArgs);
+
+// SmolLM2-135M attention shape (see the header comment).
+constexpr int kGqaHeads = 9;
+constexpr int kGqaKVHeads = 3;
+constexpr int kGqaHeadSize = 64;
+
+DType GqaDType(int64_t a) { return a == 3 ? DType::kBFloat16 : DType::kFloat16; }
+
+// Random 16-bit cache or query contents (fp16 or bf16 encodings of U(-1, 1)).
+void Fill16(std::vector<uint16_t>& buf, DType t, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (uint16_t& v : buf)
+    v = t == DType::kBFloat16 ? FloatToBFloat16Bits(u(rng)) : FloatToHalfBits(u(rng));
+}
+
+// A paged cache of `seqs` sequences of `ctx` tokens each, block table shuffled.
+struct GqaCache {
+  KVCacheShape shape;
+  std::vector<uint16_t> key, value;
+  std::vector<int32_t> tables;
+  int blocks_per_seq = 0;
+
+  GqaCache(int seqs, int ctx, DType t, std::mt19937& rng) {
+    blocks_per_seq = (ctx + kBlockSize - 1) / kBlockSize;
+    shape.num_blocks = static_cast<int64_t>(seqs) * blocks_per_seq;
+    shape.num_kv_heads = kGqaKVHeads;
+    shape.head_size = kGqaHeadSize;
+    shape.block_size = kBlockSize;
+    shape.dtype = t;
+    key.resize(shape.num_blocks * shape.block_elems());
+    value.resize(key.size());
+    Fill16(key, t, rng);
+    Fill16(value, t, rng);
+    tables.resize(shape.num_blocks);
+    std::iota(tables.begin(), tables.end(), 0);
+    std::shuffle(tables.begin(), tables.end(), rng);
+  }
+  KVCacheView view() { return {key.data(), value.data(), shape, Device::kCPU}; }
+};
+
+void BM_GqaDecode(benchmark::State& state) {
+  const int batch = static_cast<int>(state.range(0));
+  const int ctx = static_cast<int>(state.range(1));
+  const DType t = GqaDType(state.range(2));
+  std::mt19937 rng(1);
+  GqaCache c(batch, ctx, t, rng);
+  std::vector<int32_t> lens(batch, ctx);
+  std::vector<uint16_t> q(static_cast<size_t>(batch) * kGqaHeads * kGqaHeadSize), out(q.size());
+  Fill16(q, t, rng);
+  PagedAttentionParams p;
+  p.out = out.data();
+  p.query = q.data();
+  p.num_seqs = batch;
+  p.num_heads = kGqaHeads;
+  p.cache = c.view();
+  p.block_tables = c.tables.data();
+  p.max_blocks_per_seq = c.blocks_per_seq;
+  p.seq_lens = lens.data();
+  p.max_seq_len = ctx;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(kGqaHeadSize));
+  for (auto _ : state) {
+    if (!PagedAttentionV1(p).ok()) state.SkipWithError("paged_attention_v1 failed");
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["tokens"] = static_cast<double>(batch) * ctx;
+  state.SetLabel(cpu::AttendIsaName());
+}
+BENCHMARK(BM_GqaDecode)
+    ->ArgsProduct({{32}, {128, 512, 2048}, {1, 3}})
+    ->ArgNames({"batch", "ctx", "dtype"})
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_GqaPrefill(benchmark::State& state) {
+  const int ctx = static_cast<int>(state.range(0));
+  const int q_len = static_cast<int>(state.range(1));
+  const DType t = GqaDType(state.range(2));
+  std::mt19937 rng(1);
+  GqaCache c(1, ctx, t, rng);
+  const int32_t qsl[2] = {0, q_len};
+  const int32_t len = ctx;
+  std::vector<uint16_t> q(static_cast<size_t>(q_len) * kGqaHeads * kGqaHeadSize), out(q.size());
+  Fill16(q, t, rng);
+  PrefillAttentionParams p;
+  p.out = out.data();
+  p.query = q.data();
+  p.num_seqs = 1;
+  p.num_heads = kGqaHeads;
+  p.query_start_loc = qsl;
+  p.seq_lens = &len;
+  p.cache = c.view();
+  p.block_tables = c.tables.data();
+  p.max_blocks_per_seq = c.blocks_per_seq;
+  p.max_query_len = q_len;
+  p.max_seq_len = ctx;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(kGqaHeadSize));
+  for (auto _ : state) {
+    if (!PrefillAttention(p).ok()) state.SkipWithError("prefill attention failed");
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(cpu::AttendIsaName());
+}
+BENCHMARK(BM_GqaPrefill)
+    ->Args({512, 512, 1})
+    ->Args({1024, 256, 1})
+    ->Args({512, 512, 3})
+    ->ArgNames({"ctx", "q_len", "dtype"})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ContiguousDecode)->Apply(DecodeArgs);
 
 }  // namespace

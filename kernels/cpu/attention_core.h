@@ -9,15 +9,38 @@
 // log-sum-exp rescaling (Milakov & Gimelshein 2018, "Online normalizer
 // calculation for softmax"; vLLM paged_attention_v2's reduce).
 //
-// Vectorization: loops are written so that the compiler auto-vectorizes them
-// (no reductions in inner loops). The same template is compiled twice, once
-// for the x86-64 baseline and once with target("avx2,fma,f16c"), and the
-// variant is chosen at run time from the CPU's features (no -march=native).
-// The AVX2 variant converts fp16 K/V blocks with F16C (vcvtph2ps), the
-// baseline with integer bit operations; both conversions are exact. fp8 blocks
-// are decoded through the 256-entry tables of kernels/cpu/fp8.h (exact); the
-// per-layer scales are not applied here: callers fold k_scale into `scale`
-// and v_scale into the output normalization.
+// Variants, chosen at run time from the CPU's features (no -march=native):
+// - Generic template (every dtype; the x86-64 baseline variant, and the AVX2
+//   variant for fp32 and fp8 caches): loops written for auto-vectorization
+//   (no reductions in inner loops), compiled once for the baseline and once
+//   with target("avx2,fma,f16c"). K blocks are converted to fp32 in kbuf; V
+//   blocks are converted and transposed to [block_size, head_size] in vbuf.
+//   fp16 is converted with integer bit operations (exact); fp8 blocks are
+//   decoded through the 256-entry tables of kernels/cpu/fp8.h (exact).
+// - AVX2+FMA+F16C intrinsics path for 16-bit caches (fp16, bf16; x = 8),
+//   block sizes 8/16/32. fp16 -> fp32 with vcvtph2ps, bf16 -> fp32 by a
+//   16-bit left shift; both exact.
+//   Pass 1, per query and block, tokens in groups of 8: 8 accumulators (one
+//   per token, lanes = the 8 elements of a key chunk); per chunk one q vector
+//   and 8 FMAs with K[c][t][0:8] converted in registers straight from the
+//   cache block; a hadd/permute tree then reduces the 8 accumulators to one
+//   vector of 8 logits (scale and ALiBi applied in-vector).
+//   Softmax: vectorized max, and exp by the Cephes expf polynomial (relative
+//   error at most 1.2e-7 over [-87.3, 0], checked against double exp on every 7th
+//   float; arguments below -87.3 give exactly 0, NaN stays NaN).
+//   Pass 2 reads V in its cache layout [head_size, block_size]: acc[d] +=
+//   sum_t p[t] * V[d][t] is a dot product along t; 8 rows at a time,
+//   block_size / 8 FMAs per row, one reduction tree and one add into acc per
+//   8 rows and block. In a partial block (fewer visible tokens than
+//   block_size) p and V are masked so unused slots (NaN, inf) never reach
+//   the output; logits are stored with masked stores.
+//   The next block is prefetched (block tables scatter blocks over the pool).
+//   With 16 or more queries per call (prefill tiles) each block is converted
+//   to fp32 once (kbuf for K, vbuf for V, same layout) and read by every
+//   query; below that (decode: the GQA group) each query converts in
+//   registers, which measured faster (docs/benchmarks.md, "Kernels (CPU)").
+// The per-layer fp8 scales are not applied here: callers fold k_scale into
+// `scale` and v_scale into the output normalization.
 #ifndef PAGEDSERVE_KERNELS_CPU_ATTENTION_CORE_H_
 #define PAGEDSERVE_KERNELS_CPU_ATTENTION_CORE_H_
 
@@ -47,7 +70,8 @@ struct AttendArgs {
   const void* const* v_blocks = nullptr;
   int t_begin = 0;  // multiple of block_size
   int t_end = 0;
-  // Scratch: logits [M, t_end - t_begin]; kbuf, vbuf [block_size * head_size].
+  // Scratch: logits [M, t_end - t_begin]; kbuf, vbuf [block_size * head_size]
+  // (whatever the variant needs of them; contents undefined on return).
   float* logits = nullptr;
   float* kbuf = nullptr;
   float* vbuf = nullptr;
@@ -63,6 +87,12 @@ using AttendFn = void (*)(const AttendArgs&);
 // The variant for this dtype and block size (8, 16, 32), vectorized for the
 // widest instruction set this CPU supports among those compiled in.
 AttendFn SelectAttend(DType dtype, int block_size);
+
+// One variant regardless of what SelectAttend would pick: the x86-64
+// baseline (avx2 = false) or the AVX2+FMA+F16C one (avx2 = true; null where
+// this build has no AVX2 variant or this CPU lacks AVX2, FMA or F16C). Null
+// for an unsupported dtype / block size. For tests that check every variant.
+AttendFn SelectAttendVariant(DType dtype, int block_size, bool avx2);
 
 // "avx2+fma+f16c" or "baseline": the variant SelectAttend picks on this CPU.
 const char* AttendIsaName();
