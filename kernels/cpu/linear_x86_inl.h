@@ -22,7 +22,6 @@ namespace {
 using pagedserve::kernels::cpu::ActBlock256;
 using pagedserve::kernels::cpu::ActBlock32;
 using pagedserve::kernels::cpu::LoadU32;
-using pagedserve::kernels::cpu::ScaleMinK4;
 
 // Sum over groups of 4 bytes of w (unsigned) * x (signed): 8 x int32.
 inline __m256i DotU8I8(__m256i w, __m256i x) {
@@ -120,94 +119,6 @@ void DotQ8_0N(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* 
   for (int j = 0; j < N; ++j) out[j] = HSum(acc[j]);
 }
 
-// Q4_K (kFive = false) and Q5_K.
-template <int N, bool kFive>
-void DotQ45KN(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* out) {
-  constexpr int kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
-  const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-  __m256 acc[N];
-  float extra[N];
-  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps(), extra[j] = 0.0f;
-  for (int64_t i = 0; i < nb; ++i, w += kBytes) {
-    __m256i hbits = kFive ? Load256(w + 16) : _mm256_setzero_si256();
-    __m256i sumi[N];
-    int32_t summ[N];
-    for (int j = 0; j < N; ++j) sumi[j] = _mm256_setzero_si256(), summ[j] = 0;
-    for (int k = 0; k < 4; ++k) {
-      int sc0, mn0, sc1, mn1;
-      ScaleMinK4(2 * k, w + 4, &sc0, &mn0);
-      ScaleMinK4(2 * k + 1, w + 4, &sc1, &mn1);
-      const __m256i q = Load256(w + kQs + 32 * k);
-      __m256i lo = _mm256_and_si256(q, m4);
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      if constexpr (kFive) {
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hbits, one), 4));
-        hi = _mm256_or_si256(
-            hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 1), one), 4));
-        hbits = _mm256_srli_epi16(hbits, 2);
-      }
-      const __m256i s0 = _mm256_set1_epi16(static_cast<int16_t>(sc0));
-      const __m256i s1 = _mm256_set1_epi16(static_cast<int16_t>(sc1));
-      for (int j = 0; j < N; ++j) {
-        const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + j * xb)[i];
-        sumi[j] = _mm256_add_epi32(sumi[j], DotU8I8Scaled(lo, Load256(a.qs + 64 * k), s0));
-        sumi[j] = _mm256_add_epi32(sumi[j], DotU8I8Scaled(hi, Load256(a.qs + 64 * k + 32), s1));
-        const int16_t* bs = a.bsums + 4 * k;
-        summ[j] += mn0 * (bs[0] + bs[1]) + mn1 * (bs[2] + bs[3]);
-      }
-    }
-    const float d = F16(w), dmin = F16(w + 2);
-    for (int j = 0; j < N; ++j) {
-      const float dx = reinterpret_cast<const ActBlock256*>(x + j * xb)[i].d;
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[j]), _mm256_set1_ps(d * dx), acc[j]);
-      extra[j] -= dmin * dx * static_cast<float>(summ[j]);
-    }
-  }
-  for (int j = 0; j < N; ++j) out[j] = HSum(acc[j]) + extra[j];
-}
-
-template <int N>
-void DotQ6KN(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* out) {
-  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
-  __m256 acc[N];
-  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i, w += 210) {
-    const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
-    __m256i sumi[N];
-    int32_t off[N];
-    for (int j = 0; j < N; ++j) sumi[j] = _mm256_setzero_si256(), off[j] = 0;
-    for (int h = 0; h < 2; ++h) {
-      const __m256i ql0 = Load256(w + 64 * h), ql1 = Load256(w + 64 * h + 32);
-      const __m256i qh = Load256(w + 128 + 32 * h);
-      for (int k = 0; k < 4; ++k) {
-        const __m256i ql = (k & 1) ? ql1 : ql0;
-        const __m256i low =
-            k < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
-        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
-        const __m256i q = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
-        const int sub = 8 * h + 2 * k;
-        const __m256i scale =
-            _mm256_set_m128i(_mm_set1_epi16(sc[sub + 1]), _mm_set1_epi16(sc[sub]));
-        for (int j = 0; j < N; ++j) {
-          const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + j * xb)[i];
-          sumi[j] =
-              _mm256_add_epi32(sumi[j], DotU8I8Scaled(q, Load256(a.qs + 128 * h + 32 * k), scale));
-          off[j] += sc[sub] * a.bsums[sub] + sc[sub + 1] * a.bsums[sub + 1];
-        }
-      }
-    }
-    const float d = F16(w + 208);
-    for (int j = 0; j < N; ++j) {
-      const float dx = reinterpret_cast<const ActBlock256*>(x + j * xb)[i].d;
-      // The -32 offset of the codes: subtract 32 * sum(scale * bsum) once.
-      const __m256i s =
-          _mm256_sub_epi32(sumi[j], _mm256_set_epi32(0, 0, 0, 0, 0, 0, 0, 32 * off[j]));
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * dx), acc[j]);
-    }
-  }
-  for (int j = 0; j < N; ++j) out[j] = HSum(acc[j]);
-}
-
 // A QDotFn (linear_cpu.h) over a kernel template K<N>: n tokens in groups of 1..4.
 template <template <int> class K>
 void MultiToken(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, int n, float* out) {
@@ -249,22 +160,30 @@ struct KQ8_0 {
     DotQ8_0N<N>(w, x, xb, nb, o);
   }
 };
+// The K-quant row dots are the register-blocked tiles below with one row
+// (TileQ45K<1, N>, TileQ6K<1, N>): scales and mins unpacked in vectors, the
+// mins / -32 offsets by one pmaddwd with the activation sub-block sums, one
+// int32 -> fp32 conversion per super-block and token.
+template <int kR, int kT, bool kFive>
+void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out);
+template <int kR, int kT>
+void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out);
 template <int N>
 struct KQ4_K {
   static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
-    DotQ45KN<N, false>(w, x, xb, nb, o);
+    TileQ45K<1, N, false>(w, 0, x, xb, nb, o);
   }
 };
 template <int N>
 struct KQ5_K {
   static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
-    DotQ45KN<N, true>(w, x, xb, nb, o);
+    TileQ45K<1, N, true>(w, 0, x, xb, nb, o);
   }
 };
 template <int N>
 struct KQ6_K {
   static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
-    DotQ6KN<N>(w, x, xb, nb, o);
+    TileQ6K<1, N>(w, 0, x, xb, nb, o);
   }
 };
 
@@ -570,20 +489,28 @@ void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
     for (auto& s : row) s = _mm256_setzero_si256();
     PS_UNROLL
     for (int h = 0; h < 2; ++h) {
+      __m256i scales_h[kR];  // int16 scales 8h..8h+7 in both 128-bit lanes
+      PS_UNROLL
+      for (int r = 0; r < kR; ++r)
+        scales_h[r] = _mm256_permute2x128_si256(scales16[r], scales16[r], h ? 0x11 : 0x00);
       PS_UNROLL
       for (int k = 0; k < 4; ++k) {
-        const int sub = 8 * h + 2 * k;
+        // pshufb selectors of int16 scale 2k (low lane) and 2k + 1 (high lane)
+        // of the 8 scales of half h (in both lanes of scales_h)
+        const __m256i sel =
+            _mm256_setr_m128i(_mm_set1_epi16(static_cast<int16_t>(0x0100 + 0x0404 * k)),
+                              _mm_set1_epi16(static_cast<int16_t>(0x0302 + 0x0404 * k)));
         __m256i q[kR], scale[kR];
         PS_UNROLL
         for (int r = 0; r < kR; ++r) {
-          const int8_t* sc = reinterpret_cast<const int8_t*>(b[r] + 192);
           const __m256i ql = Load256(b[r] + 64 * h + 32 * (k & 1));
           const __m256i qh = Load256(b[r] + 128 + 32 * h);
           const __m256i low =
               k < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
           const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
           q[r] = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
-          scale[r] = _mm256_set_m128i(_mm_set1_epi16(sc[sub + 1]), _mm_set1_epi16(sc[sub]));
+          // scale of sub-block `sub` in the low 128-bit lane, of sub + 1 in the high one
+          scale[r] = _mm256_shuffle_epi8(scales_h[r], sel);
         }
         PS_UNROLL
         for (int t = 0; t < kT; ++t) {
