@@ -184,6 +184,11 @@ void MethodArgs(benchmark::internal::Benchmark* b) {
   for (int64_t f : {3, 8})
     for (int64_t t : {1, 2})
       for (int64_t m : {0, 2}) b->Args({f, 49152, 576, t, m});
+  // decode on Llama-3.2-1B's K-quant shapes (2.4-14 MB; issue 10)
+  for (int64_t f : {12, 14})
+    for (int64_t rows : {2048, 8192})
+      for (int64_t t : {1, 2})
+        for (int64_t m : {0, 2}) b->Args({f, rows, 2048, t, m});
 }
 // Llama-3.2-1B's shapes in its Q4_K_M file (issue 10): q/o 2048x2048 and
 // gate/up 8192x2048 in Q4_K, down 2048x8192 in Q4_K or Q6_K.
