@@ -9,7 +9,8 @@
 // codes are expanded to one unsigned byte per element (0..15, 0..31 or 0..63), the
 // 8-bit activations multiplied with them into int32 sums per 8 elements, and the
 // sums scaled in fp32 per block. The constant offsets (-8, -16, -32) and the mins
-// are applied through the activation block sums, in scalar fp32.
+// are applied through the activation block sums (in scalar fp32 in the legacy
+// row dots; in vectors in the tiles and the K-quant row dots, which are 1-row tiles).
 #ifndef PAGEDSERVE_KERNELS_CPU_LINEAR_X86_INL_H_
 #define PAGEDSERVE_KERNELS_CPU_LINEAR_X86_INL_H_
 
