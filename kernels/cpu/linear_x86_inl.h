@@ -399,7 +399,7 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* b[kR];
     __m256i sc256[kR], mins16[kR], hbits[kR];
-    float d[kR], dmin[kR];
+    __m256 dm[kR];  // d, d, -dmin, -dmin in each 128-bit lane
     PS_UNROLL
     for (int r = 0; r < kR; ++r) {
       b[r] = w + r * wb + i * kBytes;
@@ -426,8 +426,11 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
       const __m128i mins = _mm_srli_si128(bytes, 8);
       mins16[r] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins));
       hbits[r] = kFive ? Load256(b[r] + 16) : _mm256_setzero_si256();
-      d[r] = F16(b[r]);
-      dmin[r] = F16(b[r] + 2);
+      // d and dmin are adjacent fp16 fields: one F16C conversion for both
+      const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(b[r]))));
+      const __m128 dm4 = _mm_xor_ps(_mm_shuffle_ps(dd, dd, _MM_SHUFFLE(1, 1, 0, 0)),
+                                    _mm_setr_ps(0.0f, 0.0f, -0.0f, -0.0f));
+      dm[r] = _mm256_set_m128(dm4, dm4);
     }
     __m256i sumi[kR][kT];
     PS_UNROLL
@@ -468,10 +471,12 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
       PS_UNROLL
       for (int r = 0; r < kR; ++r) {
         const __m256i mins = _mm256_madd_epi16(bs, mins16[r]);  // sum_j min_j * bsum_j
-        acc[r][t] =
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_set1_ps(d[r] * a.d), acc[r][t]);
-        acc[r][t] =
-            _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(dmin[r] * a.d), acc[r][t]);
+        // Pairwise sums (exact in int32) of the scaled code sums (lanes 0, 1
+        // of each 128-bit half) and of the min sums (lanes 2, 3): one
+        // conversion and one FMA with d * dx, d * dx, -dmin * dx, -dmin * dx.
+        const __m256i both = _mm256_hadd_epi32(sumi[r][t], mins);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(both),
+                                    _mm256_mul_ps(dm[r], _mm256_set1_ps(a.d)), acc[r][t]);
       }
     }
   }
@@ -509,7 +514,8 @@ void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
       __m256i scales_h[kR];  // int16 scales 8h..8h+7 in both 128-bit lanes
       PS_UNROLL
       for (int r = 0; r < kR; ++r)
-        scales_h[r] = _mm256_permute2x128_si256(scales16[r], scales16[r], h ? 0x11 : 0x00);
+        scales_h[r] = h == 0 ? _mm256_permute2x128_si256(scales16[r], scales16[r], 0x00)
+                             : _mm256_permute2x128_si256(scales16[r], scales16[r], 0x11);
       PS_UNROLL
       for (int k = 0; k < 4; ++k) {
         // pshufb selectors of int16 scale 2k (low lane) and 2k + 1 (high lane)
