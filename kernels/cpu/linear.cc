@@ -173,8 +173,8 @@ constexpr int64_t kSgemmMinTokensQ4Avx2 = 128;
 // token count (1 row x up to 4 tokens per call): since the row dots unpack
 // scales and mins in vectors, they measured as fast as or faster than both
 // tiles (BM_LinearMethod, one thread; docs/benchmarks.md "K-quant row dots
-// (CPU, issue 10)"): 1536x1536 1-3 tokens 1.0-2.3x vs the 4x1 tiles, 4-128
-// tokens 1.0-1.3x vs the 2x4 tiles (whose 8 integer and 8 fp32 accumulators
+// (CPU, issue 10)"): 1536x1536 1-3 tokens 0.95-2.3x vs the 4x1 tiles, 4-128
+// tokens 1.0-1.5x vs the 2x4 tiles (whose 8 integer and 8 fp32 accumulators
 // spill from AVX2's 16 vector registers; the row dot's memory operands fold
 // into pmaddubsw). The AVX-512 path (32 vector registers; not measured here)
 // keeps the tiles.
