@@ -5,6 +5,8 @@
 //
 // BM_Linear/<format>/<rows>/<cols>/<tokens>: Linear as the forward pass calls it
 //   (method from ChooseMethod, ISA from ActiveLinearIsa / PAGEDSERVE_CPU_ISA).
+// BM_LinearKQuant1B/<format>/<rows>/<cols>/<tokens>: BM_Linear on the K-quant
+//   matrices of Llama-3.2-1B in Q4_K_M (issue 10).
 // BM_LinearMethod/<format>/<rows>/<cols>/<tokens>/<method 0 row_dot, 1 tile_sgemm,
 //   2 row_block>: one method forced, to place the crossovers in ChooseMethod.
 // BM_QuantizeActs/<isa 0 portable, 1 avx2, 2 avx512>/<block 32 or 256>/<n>: the
@@ -19,6 +21,7 @@
 
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "benchmark/benchmark.h"
@@ -181,6 +184,20 @@ void MethodArgs(benchmark::internal::Benchmark* b) {
   for (int64_t f : {3, 8})
     for (int64_t t : {1, 2})
       for (int64_t m : {0, 2}) b->Args({f, 49152, 576, t, m});
+  // decode on Llama-3.2-1B's K-quant shapes (2.4-14 MB; issue 10)
+  for (int64_t f : {12, 14})
+    for (int64_t rows : {2048, 8192})
+      for (int64_t t : {1, 2})
+        for (int64_t m : {0, 2}) b->Args({f, rows, 2048, t, m});
+}
+// Llama-3.2-1B's shapes in its Q4_K_M file (issue 10): q/o 2048x2048 and
+// gate/up 8192x2048 in Q4_K, down 2048x8192 in Q4_K or Q6_K.
+void KQuant1BArgs(benchmark::internal::Benchmark* b) {
+  for (const auto& [f, rows, cols] : {std::tuple<int64_t, int64_t, int64_t>{12, 2048, 2048},
+                                      {12, 8192, 2048},
+                                      {12, 2048, 8192},
+                                      {14, 2048, 8192}})
+    for (int64_t t : {1, 2, 8, 128}) b->Args({f, rows, cols, t});
 }
 void BlasArgs(benchmark::internal::Benchmark* b) {
   for (const auto& s : kShapes)
@@ -189,6 +206,11 @@ void BlasArgs(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_OpenBlasF32)->Apply(BlasArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Linear)->Apply(LinearArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Linear)
+    ->Name("BM_LinearKQuant1B")
+    ->Apply(KQuant1BArgs)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LinearMethod)->Apply(MethodArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_QuantizeActs)
     ->ArgsProduct({{0, 1, 2}, {32, 256}, {1536}})

@@ -24,7 +24,12 @@
 //    on larger weights, which stream faster one row at a time), use row dots
 //    (each weight row unpacked once for up to 4 tokens). On the AVX2 path,
 //    Q4_0/Q4_1 from 128 tokens use tiles of rows converted to fp32 + sgemm
-//    (measured faster there; fp32 activations, no activation quantization).
+//    (measured faster there; fp32 activations, no activation quantization),
+//    and Q4_K/Q5_K/Q6_K use the row dots at every token count (measured as
+//    fast as or faster than both tiles there; the K-quant row dots unpack the
+//    sub-block scales and mins in vectors, apply the mins and Q6_K's -32
+//    offset with one pmaddwd over the activation sub-block sums and convert
+//    the integer sums to fp32 once per super-block and token).
 //    The activation quantizer is vectorized on the x86
 //    paths and writes blocks bit-identical to the portable one.
 //    kernels/cpu/linear.cc chooses the method per shape in one place.

@@ -169,6 +169,18 @@ constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
 // row dots alone were already 1.4x faster than sgemm at 128-256 tokens (the
 // earlier measurement in docs/benchmarks.md), so it keeps the tiles.
 constexpr int64_t kSgemmMinTokensQ4Avx2 = 128;
+// The K-quants (Q4_K, Q5_K, Q6_K) on the AVX2 path use the row dots at every
+// token count (1 row x up to 4 tokens per call): since the row dots unpack
+// scales and mins in vectors, they measured as fast as or faster than both
+// tiles (BM_LinearMethod, one thread; docs/benchmarks.md "K-quant row dots
+// (CPU, issue 10)"): 1536x1536 1-3 tokens 0.95-2.3x vs the 4x1 tiles, 4-128
+// tokens 1.0-1.5x vs the 2x4 tiles (whose 8 integer and 8 fp32 accumulators
+// spill from AVX2's 16 vector registers; the row dot's memory operands fold
+// into pmaddubsw). The AVX-512 path (32 vector registers; not measured here)
+// keeps the tiles.
+bool KQuantRowDotsAvx2(WeightType type, CpuIsa isa) {
+  return isa == CpuIsa::kAvx2 && UsesActBlock256(type);
+}
 // Called before Linear validates the shape: any type, rows or cols is safe here.
 bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
   const int64_t be = BlockElems(type);
@@ -349,6 +361,7 @@ LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int
         (type == WeightType::kQ4_0 || type == WeightType::kQ4_1)) {
       return LinearMethod::kTileSgemm;
     }
+    if (KQuantRowDotsAvx2(type, isa)) return LinearMethod::kRowDot;
     return RowDotsFaster(type, num_tokens, rows, cols) ? LinearMethod::kRowDot
                                                        : LinearMethod::kRowBlock;
   }

@@ -242,6 +242,19 @@ TEST_P(LinearIsaTest, EveryFormatWithinBoundOnOddShapes) {
   }
 }
 
+// The K-quant kernels (issue 10: the row dots are 1-row tiles; AVX2 uses them
+// at every token count) on every token count from 1 to 9 and 37 (each group
+// size 1..4 of the row dots, whole and partial 2x4 tiles) and row counts that
+// are not multiples of the 2- and 4-row tiles.
+TEST_P(LinearIsaTest, KQuantsEveryTokenCount) {
+  std::mt19937 rng(15);
+  for (WeightType type : {WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K})
+    for (int64_t rows : {1, 5, 7})
+      for (int64_t tokens : {1, 2, 3, 4, 5, 6, 7, 8, 9, 37})
+        for (LinearMethod m : {LinearMethod::kRowDot, LinearMethod::kRowBlock})
+          CheckCase(rng, type, GetParam(), m, rows, 512, tokens, rows == 5);
+}
+
 // Large enough to be split over the OpenMP threads (OMP_NUM_THREADS=2 in ctest).
 TEST_P(LinearIsaTest, ThreadedShapes) {
   std::mt19937 rng(12);
