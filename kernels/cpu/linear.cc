@@ -169,6 +169,13 @@ constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
 // row dots alone were already 1.4x faster than sgemm at 128-256 tokens (the
 // earlier measurement in docs/benchmarks.md), so it keeps the tiles.
 constexpr int64_t kSgemmMinTokensQ4Avx2 = 128;
+// kRowBlock8 (8 rows in the vector lanes) on the AVX2 path, for the formats
+// with its tile (HasRowBlock8), from this many tokens up to the sgemm
+// crossover above (docs/benchmarks.md "Row-interleaved 8-row tiles (CPU,
+// issue 10)"). Not on the AVX-512 path: there vpdpbusd already fuses the
+// multiply and the widening of the 2x4 tiles, and the 8-row tiles were not
+// measured on such a CPU.
+constexpr int64_t kRow8MinTokensAvx2 = 8;
 // Called before Linear validates the shape: any type, rows or cols is safe here.
 bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
   const int64_t be = BlockElems(type);
@@ -290,6 +297,46 @@ void RowBlockRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq
   if (r < r1) RowDotRange(p, k, xq, r, r1);
 }
 
+// kRowBlock8: tiles of kRow8Rows rows x kRow8Tokens tokens; the tokens left
+// over (< kRow8Tokens) use the row dots for those rows, the rows left over
+// (< kRow8Rows) kRowBlock. Formats without the tile, or fewer than kRow8Tokens
+// tokens, use kRowBlock.
+void RowBlock8Range(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, int64_t r0,
+                    int64_t r1) {
+  const WeightType type = p.w.type;
+  const int64_t T = p.num_tokens;
+  const IsaKernels::QTileFn tile = Row8TileFor(k, type);
+  if (tile == nullptr || T < kRow8Tokens) {
+    RowBlockRange(p, k, xq, r0, r1);
+    return;
+  }
+  const IsaKernels::QDotFn qdot = QDotFor(k, type);
+  const int64_t nb = p.w.cols / BlockElems(type);
+  const size_t tok_bytes = static_cast<size_t>(nb) * sizeof(ActBlock32);
+  const int64_t t_full = T - T % kRow8Tokens;
+  float out[kRow8Rows * kRow8Tokens];
+  int64_t r = r0;
+  for (; r + kRow8Rows <= r1; r += kRow8Rows) {
+    for (int64_t t = 0; t < t_full; t += kRow8Tokens) {
+      tile(Row(p.w, r), p.w.row_stride_bytes, xq + t * tok_bytes, tok_bytes, nb, out);
+      for (int j = 0; j < kRow8Tokens; ++j) {
+        float* y = p.y + (t + j) * p.y_stride + r;
+        for (int i = 0; i < kRow8Rows; ++i)
+          y[i] = out[j * kRow8Rows + i] + (p.bias ? p.bias[r + i] : 0.0f);
+      }
+    }
+    for (int64_t t = t_full; t < T; t += kMaxTokens) {
+      const int n = static_cast<int>(std::min<int64_t>(kMaxTokens, T - t));
+      for (int i = 0; i < kRow8Rows; ++i) {
+        qdot(Row(p.w, r + i), xq + t * tok_bytes, tok_bytes, nb, n, out);
+        const float b = p.bias ? p.bias[r + i] : 0.0f;
+        for (int j = 0; j < n; ++j) p.y[(t + j) * p.y_stride + r + i] = out[j] + b;
+      }
+    }
+  }
+  if (r < r1) RowBlockRange(p, k, xq, r, r1);
+}
+
 void TileSgemmRange(const LinearParams& p, int64_t r0, int64_t r1) {
   static thread_local std::vector<float> tile;
   const int64_t cols = p.w.cols;
@@ -334,6 +381,7 @@ const char* LinearMethodName(LinearMethod m) {
     case LinearMethod::kRowDot: return "row_dot";
     case LinearMethod::kTileSgemm: return "tile_sgemm";
     case LinearMethod::kRowBlock: return "row_block";
+    case LinearMethod::kRowBlock8: return "row_block8";
   }
   return "?";
 }
@@ -348,6 +396,10 @@ LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int
     if (isa == CpuIsa::kAvx2 && num_tokens >= kSgemmMinTokensQ4Avx2 &&
         (type == WeightType::kQ4_0 || type == WeightType::kQ4_1)) {
       return LinearMethod::kTileSgemm;
+    }
+    if (isa == CpuIsa::kAvx2 && HasRowBlock8(type) && num_tokens >= kRow8MinTokensAvx2 &&
+        rows >= kRow8Rows) {
+      return LinearMethod::kRowBlock8;
     }
     return RowDotsFaster(type, num_tokens, rows, cols) ? LinearMethod::kRowDot
                                                        : LinearMethod::kRowBlock;
@@ -388,6 +440,15 @@ IsaKernels::QTileFn QTileFor(const IsaKernels& k, WeightType type, bool decode) 
     case WeightType::kQ4_K: return decode ? k.d4_k : k.t4_k;
     case WeightType::kQ5_K: return decode ? k.d5_k : k.t5_k;
     case WeightType::kQ6_K: return decode ? k.d6_k : k.t6_k;
+    default: return nullptr;
+  }
+}
+
+IsaKernels::QTileFn Row8TileFor(const IsaKernels& k, WeightType type) {
+  switch (type) {
+    case WeightType::kQ4_0: return k.t8r4_0;
+    case WeightType::kQ4_1: return k.t8r4_1;
+    case WeightType::kQ8_0: return k.t8r8_0;
     default: return nullptr;
   }
 }
@@ -465,6 +526,8 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
         RowDotRange(*m.p, k, acts, r0, r1);
       } else if (m.method == LinearMethod::kRowBlock) {
         RowBlockRange(*m.p, k, acts, r0, r1);
+      } else if (m.method == LinearMethod::kRowBlock8) {
+        RowBlock8Range(*m.p, k, acts, r0, r1);
       } else {
         TileSgemmRange(*m.p, r0, r1);
       }
@@ -473,7 +536,10 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
 }
 
 Member MakeMember(const LinearParams& p, LinearMethod method) {
-  // kRowBlock on a format without activation quantization is the row dots.
+  // kRowBlock8 on a format without its tile is kRowBlock; kRowBlock on a
+  // format without activation quantization is the row dots.
+  if (method == LinearMethod::kRowBlock8 && !HasRowBlock8(p.w.type))
+    method = LinearMethod::kRowBlock;
   if (method == LinearMethod::kRowBlock && !IsQuantized(p.w.type)) method = LinearMethod::kRowDot;
   return Member{&p, method, method != LinearMethod::kTileSgemm && IsQuantized(p.w.type),
                 UsesActBlock256(p.w.type)};

@@ -257,6 +257,35 @@ template <float (*kDot)(const uint8_t*, const void*, int64_t)>
 void QTileDecode(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
   QTile<kDot, kDecodeRows, 1>(w, wb, x, xb, nb, out);
 }
+// The kRowBlock8 tile (linear_cpu.h), scalar: the arithmetic of the AVX2
+// kernels (the same exact integer block sums; per block and token,
+// acc += float(sum) * (d * d_x), then for Q4_1 acc += m * (d_x * sum_x)), one
+// row at a time. kFormat: 0 = Q4_0, 1 = Q4_1, 8 = Q8_0.
+template <int kFormat>
+void Row8Tile(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  constexpr int kBytes = kFormat == 0 ? 18 : (kFormat == 1 ? 20 : 34);
+  for (int t = 0; t < kRow8Tokens; ++t) {
+    const ActBlock32* a = reinterpret_cast<const ActBlock32*>(x + t * xb);
+    for (int r = 0; r < kRow8Rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t* b = w + r * wb + i * kBytes;
+        const int8_t* q = a[i].qs;
+        int32_t s = 0;
+        if constexpr (kFormat == 8) {
+          for (int j = 0; j < 32; ++j) s += static_cast<int8_t>(b[2 + j]) * q[j];
+        } else {
+          const uint8_t* qs = b + (kFormat == 1 ? 4 : 2);
+          for (int j = 0; j < 16; ++j) s += (qs[j] & 15) * q[j] + (qs[j] >> 4) * q[j + 16];
+          if constexpr (kFormat == 0) s -= 8 * a[i].sum;
+        }
+        acc += static_cast<float>(s) * (LoadF16(b) * a[i].d);
+        if constexpr (kFormat == 1) acc += LoadF16(b + 2) * (a[i].d * static_cast<float>(a[i].sum));
+      }
+      out[t * kRow8Rows + r] = acc;
+    }
+  }
+}
 template <float (*kDot)(const uint8_t*, const float*, int64_t)>
 void FMulti(const uint8_t* w, const float* x, int64_t xs, int64_t n, int ntok, float* out) {
   for (int j = 0; j < ntok; ++j) out[j] = kDot(w, x + j * xs, n);
@@ -331,7 +360,10 @@ const IsaKernels& PortableKernels() {
                                QTileDecode<DotQ45K<true>>,
                                QTileDecode<DotQ6K>,
                                QuantizeActs32,
-                               QuantizeActs256};
+                               QuantizeActs256,
+                               Row8Tile<0>,
+                               Row8Tile<1>,
+                               Row8Tile<8>};
   return k;
 }
 
