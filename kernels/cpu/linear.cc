@@ -175,7 +175,7 @@ constexpr int64_t kSgemmMinTokensQ4Avx2 = 128;
 // issue 10)"). Not on the AVX-512 path: there vpdpbusd already fuses the
 // multiply and the widening of the 2x4 tiles, and the 8-row tiles were not
 // measured on such a CPU.
-constexpr int64_t kRow8MinTokensAvx2 = 8;
+constexpr int64_t kRow8MinTokensAvx2 = kRow8Tokens;
 // Called before Linear validates the shape: any type, rows or cols is safe here.
 bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
   const int64_t be = BlockElems(type);
@@ -298,9 +298,9 @@ void RowBlockRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq
 }
 
 // kRowBlock8: tiles of kRow8Rows rows x kRow8Tokens tokens; the tokens left
-// over (< kRow8Tokens) use the row dots for those rows, the rows left over
-// (< kRow8Rows) kRowBlock. Formats without the tile, or fewer than kRow8Tokens
-// tokens, use kRowBlock.
+// over (< kRow8Tokens) use kRowBlock on the same 8 rows right after their tiles
+// (while the rows are in L1), the rows left over (< kRow8Rows) kRowBlock.
+// Formats without the tile, or fewer than kRow8Tokens tokens, use kRowBlock.
 void RowBlock8Range(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, int64_t r0,
                     int64_t r1) {
   const WeightType type = p.w.type;
@@ -310,10 +310,15 @@ void RowBlock8Range(const LinearParams& p, const IsaKernels& k, const uint8_t* x
     RowBlockRange(p, k, xq, r0, r1);
     return;
   }
-  const IsaKernels::QDotFn qdot = QDotFor(k, type);
   const int64_t nb = p.w.cols / BlockElems(type);
   const size_t tok_bytes = static_cast<size_t>(nb) * sizeof(ActBlock32);
   const int64_t t_full = T - T % kRow8Tokens;
+  // The left-over tokens as a call of their own (x is not read: the
+  // activation blocks are already quantized).
+  LinearParams rest = p;
+  rest.x = p.x + t_full * p.x_stride;
+  rest.num_tokens = T - t_full;
+  rest.y = p.y + t_full * p.y_stride;
   float out[kRow8Rows * kRow8Tokens];
   int64_t r = r0;
   for (; r + kRow8Rows <= r1; r += kRow8Rows) {
@@ -325,14 +330,7 @@ void RowBlock8Range(const LinearParams& p, const IsaKernels& k, const uint8_t* x
           y[i] = out[j * kRow8Rows + i] + (p.bias ? p.bias[r + i] : 0.0f);
       }
     }
-    for (int64_t t = t_full; t < T; t += kMaxTokens) {
-      const int n = static_cast<int>(std::min<int64_t>(kMaxTokens, T - t));
-      for (int i = 0; i < kRow8Rows; ++i) {
-        qdot(Row(p.w, r + i), xq + t * tok_bytes, tok_bytes, nb, n, out);
-        const float b = p.bias ? p.bias[r + i] : 0.0f;
-        for (int j = 0; j < n; ++j) p.y[(t + j) * p.y_stride + r + i] = out[j] + b;
-      }
-    }
+    if (rest.num_tokens > 0) RowBlockRange(rest, k, xq + t_full * tok_bytes, r, r + kRow8Rows);
   }
   if (r < r1) RowBlockRange(p, k, xq, r, r1);
 }

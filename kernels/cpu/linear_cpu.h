@@ -77,7 +77,7 @@ inline constexpr int kDecodeRows = 4;
 // of the 8 rows come out in the 8 lanes (no horizontal sums), and the 8 rows'
 // scales are gathered once per block for all kRow8Tokens tokens.
 inline constexpr int kRow8Rows = 8;
-inline constexpr int kRow8Tokens = 4;
+inline constexpr int kRow8Tokens = 8;
 // True for the formats with kRowBlock8 kernels (IsaKernels::t8r*).
 inline bool HasRowBlock8(WeightType t) {
   return t == WeightType::kQ4_0 || t == WeightType::kQ4_1 || t == WeightType::kQ8_0;
