@@ -188,6 +188,10 @@ void MethodArgs(benchmark::internal::Benchmark* b) {
          {std::pair{1536, 576}, std::pair{576, 1536}, std::pair{576, 576}, std::pair{49152, 576}})
       for (int64_t t : {4, 8, 16, 32, 64})
         for (int64_t m : {2, 3}) b->Args({f, s.first, s.second, t, m});
+  // kRowBlock8 against the sgemm crossover of Q4_0/Q4_1 (and Q8_0's tiles)
+  for (int64_t f : {2, 3, 8})
+    for (int64_t t : {128, 256})
+      for (int64_t m : {1, 2, 3}) b->Args({f, 1536, 1536, t, m});
 }
 void BlasArgs(benchmark::internal::Benchmark* b) {
   for (const auto& s : kShapes)

@@ -162,19 +162,19 @@ constexpr int64_t kSgemmMinTokensHalf = 128;
 //  - Q4_1 at 3 tokens and Q8_0 at 2 (1536x1536: 10-20%).
 // Everywhere else the tiles measured 1.0-3x faster.
 constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
-// Q4_0 and Q4_1 on the AVX2 path (pmaddubsw + pmaddwd, no VNNI): from 128
-// tokens, tiles converted to fp32 + OpenBLAS sgemm measured 1.0-1.4x faster
-// than the row-block tiles at 1536x1536 (Q8_0 and the K-quants stay faster in
-// int8 up to 256 tokens, the most measured). On the AVX-512 VNNI path the int8
-// row dots alone were already 1.4x faster than sgemm at 128-256 tokens (the
-// earlier measurement in docs/benchmarks.md), so it keeps the tiles.
-constexpr int64_t kSgemmMinTokensQ4Avx2 = 128;
 // kRowBlock8 (8 rows in the vector lanes) on the AVX2 path, for the formats
-// with its tile (HasRowBlock8), from this many tokens up to the sgemm
-// crossover above (docs/benchmarks.md "Row-interleaved 8-row tiles (CPU,
-// issue 10)"). Not on the AVX-512 path: there vpdpbusd already fuses the
-// multiply and the widening of the 2x4 tiles, and the 8-row tiles were not
-// measured on such a CPU.
+// with its tile (HasRowBlock8: Q4_0, Q4_1, Q8_0), from one tile of tokens up
+// (docs/benchmarks.md "Row-interleaved 8-row tiles (CPU, issue 10)"): one
+// thread, against the 2x4 tiles 1.6-2.4x faster for Q4_0/Q4_1 and 1.1-1.5x
+// for Q8_0 at 8-64 tokens (SmolLM2 shapes; the 49152x576 Q8_0 LM head even at
+// 8-16 tokens, 1.2x at 32-64), and at 1536x1536 with 128 and 256 tokens
+// 1.6-2x faster than tiles converted to fp32 + OpenBLAS sgemm, which Q4_0/Q4_1
+// used from 128 tokens before (that sgemm had measured 1.0-1.4x faster than
+// the 2x4 tiles there; it is no longer chosen for any quantized format; 256
+// tokens is the most measured). Not on the AVX-512 path: there vpdpbusd
+// already fuses the multiply and the widening of the 2x4 tiles (whose int8
+// row dots were 1.4x faster than sgemm at 128-256 tokens), and the 8-row
+// tiles were not measured on such a CPU.
 constexpr int64_t kRow8MinTokensAvx2 = kRow8Tokens;
 // Called before Linear validates the shape: any type, rows or cols is safe here.
 bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
@@ -391,10 +391,6 @@ bool IsQuantized(WeightType t) {
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols,
                           CpuIsa isa) {
   if (IsQuantized(type)) {
-    if (isa == CpuIsa::kAvx2 && num_tokens >= kSgemmMinTokensQ4Avx2 &&
-        (type == WeightType::kQ4_0 || type == WeightType::kQ4_1)) {
-      return LinearMethod::kTileSgemm;
-    }
     if (isa == CpuIsa::kAvx2 && HasRowBlock8(type) && num_tokens >= kRow8MinTokensAvx2 &&
         rows >= kRow8Rows) {
       return LinearMethod::kRowBlock8;
