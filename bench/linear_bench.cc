@@ -183,7 +183,7 @@ void MethodArgs(benchmark::internal::Benchmark* b) {
     for (int64_t t : {1, 2})
       for (int64_t m : {0, 2}) b->Args({f, 49152, 576, t, m});
   // kRowBlock8 vs kRowBlock at SmolLM2-135M's shapes (batched decode)
-  for (int64_t f : {2, 3, 8})
+  for (int64_t f : {2, 3, 6, 7, 8})
     for (const auto& s :
          {std::pair{1536, 576}, std::pair{576, 1536}, std::pair{576, 576}, std::pair{49152, 576}})
       for (int64_t t : {4, 8, 16, 32, 64})

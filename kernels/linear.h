@@ -23,7 +23,7 @@
 //    they measured faster (kernels/cpu/linear.cc RowDotsFaster: below 4 tokens
 //    on larger weights, which stream faster one row at a time), use row dots
 //    (each weight row unpacked once for up to 4 tokens). On the AVX2 path,
-//    Q4_0, Q4_1 and Q8_0 from 8 tokens use row-interleaved tiles of 8 rows x
+//    Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 from 8 tokens use row-interleaved tiles of 8 rows x
 //    8 tokens instead (kernels/cpu/linear_cpu.h kRowBlock8; the idea of
 //    llama.cpp's repacked 8-row AVX2 GEMMs, written independently and done on
 //    the fly, without changing the stored weight layout): per weight block the

@@ -163,15 +163,14 @@ constexpr int64_t kSgemmMinTokensHalf = 128;
 // Everywhere else the tiles measured 1.0-3x faster.
 constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
 // kRowBlock8 (8 rows in the vector lanes) on the AVX2 path, for the formats
-// with its tile (HasRowBlock8: Q4_0, Q4_1, Q8_0), from one tile of tokens up
-// (docs/benchmarks.md "Row-interleaved 8-row tiles (CPU, issue 10)"): one
-// thread, against the 2x4 tiles 1.6-2.4x faster for Q4_0/Q4_1 and 1.1-1.5x
-// for Q8_0 at 8-64 tokens (SmolLM2 shapes; the 49152x576 Q8_0 LM head even at
-// 8-16 tokens, 1.2x at 32-64), and at 1536x1536 with 128 and 256 tokens
-// 1.6-2x faster than tiles converted to fp32 + OpenBLAS sgemm, which Q4_0/Q4_1
-// used from 128 tokens before (that sgemm had measured 1.0-1.4x faster than
-// the 2x4 tiles there; it is no longer chosen for any quantized format; 256
-// tokens is the most measured). Not on the AVX-512 path: there vpdpbusd
+// with its tile (HasRowBlock8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), from one tile of
+// tokens up (docs/benchmarks.md "Row-interleaved 8-row tiles (CPU, issue
+// 10)"): one thread, against the 2x4 tiles 1.6-2.4x faster for Q4_0/Q4_1,
+// 1.5-2.3x for Q5_0/Q5_1 and 1.1-1.5x for Q8_0 at 8-64 tokens (SmolLM2 shapes; the 49152x576 Q8_0
+// LM head even at 8-16 tokens, 1.2x at 32-64), and at 1536x1536 with 128 and 256 tokens 1.6-2x
+// faster than tiles converted to fp32 + OpenBLAS sgemm, which Q4_0/Q4_1 used from 128 tokens before
+// (that sgemm had measured 1.0-1.4x faster than the 2x4 tiles there; it is no longer chosen for any
+// quantized format; 256 tokens is the most measured). Not on the AVX-512 path: there vpdpbusd
 // already fuses the multiply and the widening of the 2x4 tiles (whose int8
 // row dots were 1.4x faster than sgemm at 128-256 tokens), and the 8-row
 // tiles were not measured on such a CPU.
@@ -442,6 +441,8 @@ IsaKernels::QTileFn Row8TileFor(const IsaKernels& k, WeightType type) {
   switch (type) {
     case WeightType::kQ4_0: return k.t8r4_0;
     case WeightType::kQ4_1: return k.t8r4_1;
+    case WeightType::kQ5_0: return k.t8r5_0;
+    case WeightType::kQ5_1: return k.t8r5_1;
     case WeightType::kQ8_0: return k.t8r8_0;
     default: return nullptr;
   }

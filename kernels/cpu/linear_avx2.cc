@@ -133,13 +133,17 @@ inline void Scales8(const uint8_t* b, size_t wb, __m256* d, __m256* m) {
   *m = _mm256_cvtph_ps(_mm256_extracti128_si256(ordered, 1));
 }
 
-// Q4_0 (kMin = false: codes - 8) and Q4_1 (kMin = true: d * q + m).
-// Bound of the int16 sums: each pmaddubsw lane is q0 x0 + q1 x1 with q <= 15 and
-// |x| <= 127, so |lane| <= 3810, and the sum of the 8 j's is <= 30480 < 2^15.
-template <bool kMin>
-void Row8Q4(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+// The legacy 4- and 5-bit formats (kernels/cpu/quant_blocks.h): kBytes per
+// block, the nibbles at kQs, the 5th bits (u32) at kQh (-1: none), kMin: an
+// fp16 min at offset 2 (d * q + m), else d * (q - kOffset).
+// Bound of the int16 sums: each pmaddubsw lane is q0 x0 + q1 x1 with |x| <= 127;
+// 4-bit codes (<= 15): |lane| <= 3810, and the sum of all 8 j's <= 30480;
+// 5-bit codes (<= 31): |lane| <= 7874, so 4 j's at a time (<= 31496) are
+// summed in int16 before each pmaddwd. Both < 2^15.
+template <int kBytes, int kQs, int kQh, bool kMin, int kOffset>
+void Row8Legacy(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
   constexpr int kT = pagedserve::kernels::cpu::kRow8Tokens;
-  constexpr int kBytes = kMin ? 20 : 18, kQs = kMin ? 4 : 2;
+  constexpr int kGroup = kQh >= 0 ? 4 : 8;
   const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   __m256 acc[kT];
   PS_UNROLL
@@ -156,28 +160,52 @@ void Row8Q4(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb
       t[c] = _mm256_and_si256(z[c], m4);
       t[c + 4] = _mm256_and_si256(_mm256_srli_epi16(z[c], 4), m4);
     }
+    if constexpr (kQh >= 0) {
+      // Lane i of qh: row i's 32 fifth bits (bit e is element e's). Elements
+      // [4j, 4j + 4) are bits 4 (j % 2) .. + 3 of byte j / 2: that byte goes to
+      // the 4 bytes of the lane (pshufb), byte k keeps bit 4 (j % 2) + k, and a
+      // set bit becomes 0x10.
+      const __m256i qh = _mm256_setr_epi32(
+          static_cast<int>(LoadU32(b + kQh)), static_cast<int>(LoadU32(b + wb + kQh)),
+          static_cast<int>(LoadU32(b + 2 * wb + kQh)), static_cast<int>(LoadU32(b + 3 * wb + kQh)),
+          static_cast<int>(LoadU32(b + 4 * wb + kQh)), static_cast<int>(LoadU32(b + 5 * wb + kQh)),
+          static_cast<int>(LoadU32(b + 6 * wb + kQh)), static_cast<int>(LoadU32(b + 7 * wb + kQh)));
+      const __m256i lane_base = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c, 0,
+                                                  0x04040404, 0x08080808, 0x0c0c0c0c);
+      PS_UNROLL
+      for (int j = 0; j < 8; ++j) {
+        const __m256i bytes = _mm256_shuffle_epi8(
+            qh, _mm256_add_epi8(lane_base, _mm256_set1_epi8(static_cast<char>(j / 2))));
+        const __m256i bit = _mm256_set1_epi32((j % 2) ? static_cast<int>(0x80402010u) : 0x08040201);
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+        t[j] = _mm256_or_si256(t[j], _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+      }
+    }
     __m256 d8, m8;
     Scales8(b, wb, &d8, &m8);
     PS_UNROLL
     for (int tok = 0; tok < kT; ++tok) {
       const ActBlock32& a = reinterpret_cast<const ActBlock32*>(x + tok * xb)[i];
-      __m256i s16 = _mm256_maddubs_epi16(
-          t[0],
-          _mm256_set1_epi32(static_cast<int>(LoadU32(reinterpret_cast<const uint8_t*>(a.qs)))));
+      const uint8_t* xq = reinterpret_cast<const uint8_t*>(a.qs);
+      __m256i s = _mm256_setzero_si256();
       PS_UNROLL
-      for (int j = 1; j < 8; ++j) {
-        const __m256i xj = _mm256_set1_epi32(
-            static_cast<int>(LoadU32(reinterpret_cast<const uint8_t*>(a.qs) + 4 * j)));
-        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(t[j], xj));
+      for (int g = 0; g < 8; g += kGroup) {
+        __m256i s16 =
+            _mm256_maddubs_epi16(t[g], _mm256_set1_epi32(static_cast<int>(LoadU32(xq + 4 * g))));
+        PS_UNROLL
+        for (int j = g + 1; j < g + kGroup; ++j) {
+          const __m256i xj = _mm256_set1_epi32(static_cast<int>(LoadU32(xq + 4 * j)));
+          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(t[j], xj));
+        }
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(s16, ones));
       }
-      __m256i s = _mm256_madd_epi16(s16, ones);
       const __m256 dx = _mm256_set1_ps(a.d);
       if constexpr (kMin) {
         acc[tok] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d8, dx), acc[tok]);
         acc[tok] = _mm256_fmadd_ps(m8, _mm256_set1_ps(a.d * static_cast<float>(a.sum)), acc[tok]);
       } else {
-        // (q - 8) . x = q . x - 8 * sum(x codes), exact in int32.
-        s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * a.sum));
+        // (q - kOffset) . x = q . x - kOffset * sum(x codes), exact in int32.
+        s = _mm256_sub_epi32(s, _mm256_set1_epi32(kOffset * a.sum));
         acc[tok] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d8, dx), acc[tok]);
       }
     }
@@ -238,10 +266,23 @@ void Row8Q8_0(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
 namespace pagedserve::kernels::cpu {
 
 const IsaKernels& Avx2Kernels() {
-  static const IsaKernels k = {
-      MultiToken<KQ4_0>, MultiToken<KQ4_1>, MultiToken<KQ5_0>, MultiToken<KQ5_1>, MultiToken<KQ8_0>,
-      MultiToken<KQ4_K>, MultiToken<KQ5_K>, MultiToken<KQ6_K>, FDot<F32Loader>,   FDot<F16Loader>,
-      FDot<BF16Loader>,  PS_X86_TILES,      Row8Q4<false>,     Row8Q4<true>,      Row8Q8_0};
+  static const IsaKernels k = {MultiToken<KQ4_0>,
+                               MultiToken<KQ4_1>,
+                               MultiToken<KQ5_0>,
+                               MultiToken<KQ5_1>,
+                               MultiToken<KQ8_0>,
+                               MultiToken<KQ4_K>,
+                               MultiToken<KQ5_K>,
+                               MultiToken<KQ6_K>,
+                               FDot<F32Loader>,
+                               FDot<F16Loader>,
+                               FDot<BF16Loader>,
+                               PS_X86_TILES,
+                               Row8Legacy<18, 2, -1, false, 8>,
+                               Row8Legacy<20, 4, -1, true, 0>,
+                               Row8Legacy<22, 6, 2, false, 16>,
+                               Row8Legacy<24, 8, 4, true, 0>,
+                               Row8Q8_0};
   return k;
 }
 

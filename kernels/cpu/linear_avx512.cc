@@ -103,7 +103,8 @@ const IsaKernels& Avx512Kernels() {
                                FDot<F16Loader>, FDot<BF16Loader>, PS_X86_TILES,
                                // kRowBlock8: the AVX2 kernels (not measured with VNNI;
                                // ChooseMethod uses the method on the AVX2 path only)
-                               Avx2Kernels().t8r4_0, Avx2Kernels().t8r4_1, Avx2Kernels().t8r8_0};
+                               Avx2Kernels().t8r4_0, Avx2Kernels().t8r4_1, Avx2Kernels().t8r5_0,
+                               Avx2Kernels().t8r5_1, Avx2Kernels().t8r8_0};
   return k;
 }
 

@@ -20,7 +20,7 @@ enum class LinearMethod : uint8_t {
   kTileSgemm,  // tiles of rows converted to fp32 (F32: used in place), OpenBLAS sgemm
   kRowBlock,   // quantized formats: register-blocked kBlockRows x kBlockTokens tiles
                // (IsaKernels::QTileFn); remainders use the row dots
-  kRowBlock8,  // Q4_0, Q4_1, Q8_0: kRow8Rows rows x kRow8Tokens tokens with the rows
+  kRowBlock8,  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: kRow8Rows rows x kRow8Tokens tokens with the rows
                // in the vector lanes (IsaKernels::t8r*); rows left over use kRowBlock,
                // tokens left over the row dots; other formats use kRowBlock
 };
@@ -80,7 +80,8 @@ inline constexpr int kRow8Rows = 8;
 inline constexpr int kRow8Tokens = 8;
 // True for the formats with kRowBlock8 kernels (IsaKernels::t8r*).
 inline bool HasRowBlock8(WeightType t) {
-  return t == WeightType::kQ4_0 || t == WeightType::kQ4_1 || t == WeightType::kQ8_0;
+  return t == WeightType::kQ4_0 || t == WeightType::kQ4_1 || t == WeightType::kQ5_0 ||
+         t == WeightType::kQ5_1 || t == WeightType::kQ8_0;
 }
 
 // The kernels of one instruction-set path.
@@ -95,7 +96,7 @@ inline bool HasRowBlock8(WeightType t) {
 //          row i with token j. d*: the same for kDecodeRows rows x 1 token
 //          (out[i]). Same arithmetic contract as QDotFn (integer block sums,
 //          fp32 scaling; the order of the fp32 sums differs).
-//  t8r*: the kRowBlock8 tile (Q4_0, Q4_1, Q8_0): kRow8Rows weight rows (row i
+//  t8r*: the kRowBlock8 tile (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): kRow8Rows weight rows (row i
 //          at w + i * w_row_bytes) times kRow8Tokens tokens (as QDotFn);
 //          out[j * kRow8Rows + i] = dot of row i with token j (token-major).
 //          Same arithmetic contract as QDotFn: the same integer block sums
@@ -118,7 +119,7 @@ struct IsaKernels {
   QTileFn d4_0, d4_1, d5_0, d5_1, d8_0, d4_k, d5_k, d6_k;
   Quant32Fn quant32;
   Quant256Fn quant256;
-  QTileFn t8r4_0, t8r4_1, t8r8_0;
+  QTileFn t8r4_0, t8r4_1, t8r5_0, t8r5_1, t8r8_0;
 };
 const IsaKernels& PortableKernels();
 #if defined(__x86_64__)

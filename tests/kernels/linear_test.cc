@@ -243,12 +243,13 @@ TEST_P(LinearIsaTest, EveryFormatWithinBoundOnOddShapes) {
 }
 
 // kRowBlock8 (8 rows x kRow8Tokens tokens, rows in the vector lanes) on its
-// formats: whole tiles, left-over rows (not a multiple of 8) and tokens (not a
-// multiple of kRow8Tokens), several blocks per row; also the formats without
-// the tile and fewer tokens than a tile (both fall back to kRowBlock).
+// formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): whole tiles, left-over rows (not a multiple of 8) and
+// tokens (not a multiple of kRow8Tokens), several blocks per row; also the formats without the tile
+// and fewer tokens than a tile (both fall back to kRowBlock).
 TEST_P(LinearIsaTest, RowBlock8WithinBoundOnOddShapes) {
   std::mt19937 rng(14);
-  for (WeightType type : {WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ8_0}) {
+  for (WeightType type : {WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0,
+                          WeightType::kQ5_1, WeightType::kQ8_0}) {
     for (int64_t cols : {32, 96, 576}) {
       for (int64_t rows : {8, 13, 45}) {
         for (int64_t tokens : {4, 8, 12, 15, 37}) {
@@ -259,7 +260,7 @@ TEST_P(LinearIsaTest, RowBlock8WithinBoundOnOddShapes) {
       }
     }
   }
-  for (WeightType type : {WeightType::kQ5_1, WeightType::kQ6_K, WeightType::kF16})
+  for (WeightType type : {WeightType::kQ4_K, WeightType::kQ6_K, WeightType::kF16})
     CheckCase(rng, type, GetParam(), LinearMethod::kRowBlock8, 24, 256, 9, true);
   CheckCase(rng, WeightType::kQ4_1, GetParam(), LinearMethod::kRowBlock8, 24, 64, 3, true);
 }
