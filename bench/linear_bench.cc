@@ -8,7 +8,7 @@
 // BM_LinearKQuant1B/<format>/<rows>/<cols>/<tokens>: BM_Linear on the K-quant
 //   matrices of Llama-3.2-1B in Q4_K_M (issue 10).
 // BM_LinearMethod/<format>/<rows>/<cols>/<tokens>/<method 0 row_dot, 1 tile_sgemm,
-//   2 row_block>: one method forced, to place the crossovers in ChooseMethod.
+//   2 row_block, 3 row_block8>: one method forced, to place the crossovers in ChooseMethod.
 // BM_QuantizeActs/<isa 0 portable, 1 avx2, 2 avx512>/<block 32 or 256>/<n>: the
 //   activation quantizer of one ISA path on n activations.
 // BM_OpenBlasF32/<rows>/<cols>/<tokens>: cblas_sgemm on fp32 weights,
@@ -107,7 +107,8 @@ void BM_LinearMethod(benchmark::State& state) {
   Setup s(static_cast<WeightType>(state.range(0)), state.range(1), state.range(2), state.range(3));
   const auto m = state.range(4) == 0   ? cpu::LinearMethod::kRowDot
                  : state.range(4) == 1 ? cpu::LinearMethod::kTileSgemm
-                                       : cpu::LinearMethod::kRowBlock;
+                 : state.range(4) == 2 ? cpu::LinearMethod::kRowBlock
+                                       : cpu::LinearMethod::kRowBlock8;
   for (auto _ : state) {
     if (!cpu::LinearWith(s.p, ActiveLinearIsa(), m).ok()) state.SkipWithError("Linear failed");
     benchmark::DoNotOptimize(s.y.data());
@@ -189,6 +190,16 @@ void MethodArgs(benchmark::internal::Benchmark* b) {
     for (int64_t rows : {2048, 8192})
       for (int64_t t : {1, 2})
         for (int64_t m : {0, 2}) b->Args({f, rows, 2048, t, m});
+  // kRowBlock8 vs kRowBlock at SmolLM2-135M's shapes (batched decode)
+  for (int64_t f : {2, 3, 6, 7, 8})
+    for (const auto& s :
+         {std::pair{1536, 576}, std::pair{576, 1536}, std::pair{576, 576}, std::pair{49152, 576}})
+      for (int64_t t : {4, 8, 16, 32, 64})
+        for (int64_t m : {2, 3}) b->Args({f, s.first, s.second, t, m});
+  // kRowBlock8 against the sgemm crossover of Q4_0/Q4_1 (and Q8_0's tiles)
+  for (int64_t f : {2, 3, 8})
+    for (int64_t t : {128, 256})
+      for (int64_t m : {1, 2, 3}) b->Args({f, 1536, 1536, t, m});
 }
 // Llama-3.2-1B's shapes in its Q4_K_M file (issue 10): q/o 2048x2048 and
 // gate/up 8192x2048 in Q4_K, down 2048x8192 in Q4_K or Q6_K.

@@ -23,18 +23,27 @@
 //    they measured faster (kernels/cpu/linear.cc RowDotsFaster: below 4 tokens
 //    on larger weights, which stream faster one row at a time), use row dots
 //    (each weight row unpacked once for up to 4 tokens). On the AVX2 path,
-//    Q4_0/Q4_1 from 128 tokens use tiles of rows converted to fp32 + sgemm
-//    (measured faster there; fp32 activations, no activation quantization),
-//    and Q4_K/Q5_K/Q6_K use the row dots at every token count (measured as
-//    fast as or faster than both tiles there; the K-quant row dots unpack the
-//    sub-block scales and mins in vectors, apply the mins and Q6_K's -32
-//    offset with one pmaddwd over the activation sub-block sums and convert
-//    the integer sums to fp32 once per super-block and token).
+//    Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 from 8 tokens use row-interleaved tiles of 8 rows x
+//    8 tokens instead (kernels/cpu/linear_cpu.h kRowBlock8; the idea of
+//    llama.cpp's repacked 8-row AVX2 GEMMs, written independently and done on
+//    the fly, without changing the stored weight layout): per weight block the
+//    8 rows' codes are transposed in registers so that each vector lane is one
+//    output row, each token's activation codes are broadcast, and the 8 rows'
+//    integer block sums come out in the 8 lanes without horizontal sums; the
+//    same activation blocks and exact integer block sums as the other
+//    methods, only the order of the fp32 sums differs (the bound below holds
+//    unchanged). Rows and tokens left over use the 2 x 4 tiles. Q4_K/Q5_K/Q6_K
+//    use the row dots at every token count (measured as fast as or faster than
+//    both tiles there; the K-quant row dots unpack the sub-block scales and
+//    mins in vectors, apply the mins and Q6_K's -32 offset with one pmaddwd
+//    over the activation sub-block sums and convert the integer sums to fp32
+//    once per super-block and token).
 //    The activation quantizer is vectorized on the x86
 //    paths and writes blocks bit-identical to the portable one.
 //    kernels/cpu/linear.cc chooses the method per shape in one place.
 // Accuracy: F32/F16/BF16 weights are exact up to fp32 rounding of the sums. For
-// the quantized formats with quantized activations (all but the sgemm case above),
+// the quantized formats (whose activations are quantized by every method that
+// ChooseMethod picks; LinearWith can force the fp32 sgemm method, kTileSgemm),
 // each activation x is replaced by d * round(x / d) with d =
 // max|x over its block| / 127, so |x - x'| <= d / 2 and
 //   |y - y_exact| <= sum_blocks (d_b / 2) * sum_{c in b} |W[r, c]| + fp32 rounding,

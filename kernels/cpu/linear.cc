@@ -162,13 +162,19 @@ constexpr int64_t kSgemmMinTokensHalf = 128;
 //  - Q4_1 at 3 tokens and Q8_0 at 2 (1536x1536: 10-20%).
 // Everywhere else the tiles measured 1.0-3x faster.
 constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
-// Q4_0 and Q4_1 on the AVX2 path (pmaddubsw + pmaddwd, no VNNI): from 128
-// tokens, tiles converted to fp32 + OpenBLAS sgemm measured 1.0-1.4x faster
-// than the row-block tiles at 1536x1536 (Q8_0 and the K-quants stay faster in
-// int8 up to 256 tokens, the most measured). On the AVX-512 VNNI path the int8
-// row dots alone were already 1.4x faster than sgemm at 128-256 tokens (the
-// earlier measurement in docs/benchmarks.md), so it keeps the tiles.
-constexpr int64_t kSgemmMinTokensQ4Avx2 = 128;
+// kRowBlock8 (8 rows in the vector lanes) on the AVX2 path, for the formats
+// with its tile (HasRowBlock8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), from one tile of
+// tokens up (docs/benchmarks.md "Row-interleaved 8-row tiles (CPU, issue
+// 10)"): one thread, against the 2x4 tiles 1.6-2.4x faster for Q4_0/Q4_1,
+// 1.5-2.3x for Q5_0/Q5_1 and 1.1-1.5x for Q8_0 at 8-64 tokens (SmolLM2 shapes; the 49152x576 Q8_0
+// LM head even at 8-16 tokens, 1.2x at 32-64), and at 1536x1536 with 128 and 256 tokens 1.6-2x
+// faster than tiles converted to fp32 + OpenBLAS sgemm, which Q4_0/Q4_1 used from 128 tokens before
+// (that sgemm had measured 1.0-1.4x faster than the 2x4 tiles there; it is no longer chosen for any
+// quantized format; 256 tokens is the most measured). Not on the AVX-512 path: there vpdpbusd
+// already fuses the multiply and the widening of the 2x4 tiles (whose int8
+// row dots were 1.4x faster than sgemm at 128-256 tokens), and the 8-row
+// tiles were not measured on such a CPU.
+constexpr int64_t kRow8MinTokensAvx2 = kRow8Tokens;
 // The K-quants (Q4_K, Q5_K, Q6_K) on the AVX2 path use the row dots at every
 // token count (1 row x up to 4 tokens per call): since the row dots unpack
 // scales and mins in vectors, they measured as fast as or faster than both
@@ -302,6 +308,44 @@ void RowBlockRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq
   if (r < r1) RowDotRange(p, k, xq, r, r1);
 }
 
+// kRowBlock8: tiles of kRow8Rows rows x kRow8Tokens tokens; the tokens left
+// over (< kRow8Tokens) use kRowBlock on the same 8 rows right after their tiles
+// (while the rows are in L1), the rows left over (< kRow8Rows) kRowBlock.
+// Formats without the tile, or fewer than kRow8Tokens tokens, use kRowBlock.
+void RowBlock8Range(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, int64_t r0,
+                    int64_t r1) {
+  const WeightType type = p.w.type;
+  const int64_t T = p.num_tokens;
+  const IsaKernels::QTileFn tile = Row8TileFor(k, type);
+  if (tile == nullptr || T < kRow8Tokens) {
+    RowBlockRange(p, k, xq, r0, r1);
+    return;
+  }
+  const int64_t nb = p.w.cols / BlockElems(type);
+  const size_t tok_bytes = static_cast<size_t>(nb) * sizeof(ActBlock32);
+  const int64_t t_full = T - T % kRow8Tokens;
+  // The left-over tokens as a call of their own (x is not read: the
+  // activation blocks are already quantized).
+  LinearParams rest = p;
+  rest.x = p.x + t_full * p.x_stride;
+  rest.num_tokens = T - t_full;
+  rest.y = p.y + t_full * p.y_stride;
+  float out[kRow8Rows * kRow8Tokens];
+  int64_t r = r0;
+  for (; r + kRow8Rows <= r1; r += kRow8Rows) {
+    for (int64_t t = 0; t < t_full; t += kRow8Tokens) {
+      tile(Row(p.w, r), p.w.row_stride_bytes, xq + t * tok_bytes, tok_bytes, nb, out);
+      for (int j = 0; j < kRow8Tokens; ++j) {
+        float* y = p.y + (t + j) * p.y_stride + r;
+        for (int i = 0; i < kRow8Rows; ++i)
+          y[i] = out[j * kRow8Rows + i] + (p.bias ? p.bias[r + i] : 0.0f);
+      }
+    }
+    if (rest.num_tokens > 0) RowBlockRange(rest, k, xq + t_full * tok_bytes, r, r + kRow8Rows);
+  }
+  if (r < r1) RowBlockRange(p, k, xq, r, r1);
+}
+
 void TileSgemmRange(const LinearParams& p, int64_t r0, int64_t r1) {
   static thread_local std::vector<float> tile;
   const int64_t cols = p.w.cols;
@@ -346,6 +390,7 @@ const char* LinearMethodName(LinearMethod m) {
     case LinearMethod::kRowDot: return "row_dot";
     case LinearMethod::kTileSgemm: return "tile_sgemm";
     case LinearMethod::kRowBlock: return "row_block";
+    case LinearMethod::kRowBlock8: return "row_block8";
   }
   return "?";
 }
@@ -357,9 +402,9 @@ bool IsQuantized(WeightType t) {
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols,
                           CpuIsa isa) {
   if (IsQuantized(type)) {
-    if (isa == CpuIsa::kAvx2 && num_tokens >= kSgemmMinTokensQ4Avx2 &&
-        (type == WeightType::kQ4_0 || type == WeightType::kQ4_1)) {
-      return LinearMethod::kTileSgemm;
+    if (isa == CpuIsa::kAvx2 && HasRowBlock8(type) && num_tokens >= kRow8MinTokensAvx2 &&
+        rows >= kRow8Rows) {
+      return LinearMethod::kRowBlock8;
     }
     if (KQuantRowDotsAvx2(type, isa)) return LinearMethod::kRowDot;
     return RowDotsFaster(type, num_tokens, rows, cols) ? LinearMethod::kRowDot
@@ -401,6 +446,17 @@ IsaKernels::QTileFn QTileFor(const IsaKernels& k, WeightType type, bool decode) 
     case WeightType::kQ4_K: return decode ? k.d4_k : k.t4_k;
     case WeightType::kQ5_K: return decode ? k.d5_k : k.t5_k;
     case WeightType::kQ6_K: return decode ? k.d6_k : k.t6_k;
+    default: return nullptr;
+  }
+}
+
+IsaKernels::QTileFn Row8TileFor(const IsaKernels& k, WeightType type) {
+  switch (type) {
+    case WeightType::kQ4_0: return k.t8r4_0;
+    case WeightType::kQ4_1: return k.t8r4_1;
+    case WeightType::kQ5_0: return k.t8r5_0;
+    case WeightType::kQ5_1: return k.t8r5_1;
+    case WeightType::kQ8_0: return k.t8r8_0;
     default: return nullptr;
   }
 }
@@ -478,6 +534,8 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
         RowDotRange(*m.p, k, acts, r0, r1);
       } else if (m.method == LinearMethod::kRowBlock) {
         RowBlockRange(*m.p, k, acts, r0, r1);
+      } else if (m.method == LinearMethod::kRowBlock8) {
+        RowBlock8Range(*m.p, k, acts, r0, r1);
       } else {
         TileSgemmRange(*m.p, r0, r1);
       }
@@ -486,7 +544,10 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
 }
 
 Member MakeMember(const LinearParams& p, LinearMethod method) {
-  // kRowBlock on a format without activation quantization is the row dots.
+  // kRowBlock8 on a format without its tile is kRowBlock; kRowBlock on a
+  // format without activation quantization is the row dots.
+  if (method == LinearMethod::kRowBlock8 && !HasRowBlock8(p.w.type))
+    method = LinearMethod::kRowBlock;
   if (method == LinearMethod::kRowBlock && !IsQuantized(p.w.type)) method = LinearMethod::kRowDot;
   return Member{&p, method, method != LinearMethod::kTileSgemm && IsQuantized(p.w.type),
                 UsesActBlock256(p.w.type)};

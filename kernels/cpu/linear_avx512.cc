@@ -100,7 +100,11 @@ const IsaKernels& Avx512Kernels() {
   static const IsaKernels k = {MultiToken<KQ4_0>, MultiToken<KQ4_1>, MultiToken<KQ5_0>,
                                MultiToken<KQ5_1>, MultiToken<KQ8_0>, MultiToken<KQ4_K>,
                                MultiToken<KQ5_K>, MultiToken<KQ6_K>, FDot<F32Loader>,
-                               FDot<F16Loader>,   FDot<BF16Loader>,  PS_X86_TILES};
+                               FDot<F16Loader>, FDot<BF16Loader>, PS_X86_TILES,
+                               // kRowBlock8: the AVX2 kernels (not measured with VNNI;
+                               // ChooseMethod uses the method on the AVX2 path only)
+                               Avx2Kernels().t8r4_0, Avx2Kernels().t8r4_1, Avx2Kernels().t8r5_0,
+                               Avx2Kernels().t8r5_1, Avx2Kernels().t8r8_0};
   return k;
 }
 

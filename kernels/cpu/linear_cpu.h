@@ -20,6 +20,9 @@ enum class LinearMethod : uint8_t {
   kTileSgemm,  // tiles of rows converted to fp32 (F32: used in place), OpenBLAS sgemm
   kRowBlock,   // quantized formats: register-blocked kBlockRows x kBlockTokens tiles
                // (IsaKernels::QTileFn); remainders use the row dots
+  kRowBlock8,  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: kRow8Rows rows x kRow8Tokens tokens with the rows
+               // in the vector lanes (IsaKernels::t8r*); rows left over use kRowBlock,
+               // tokens left over the row dots; other formats use kRowBlock
 };
 const char* LinearMethodName(LinearMethod m);
 
@@ -67,6 +70,19 @@ inline constexpr int kBlockTokens = 4;
 // Tile of kRowBlock for fewer than kBlockTokens tokens (decode): kDecodeRows
 // weight rows x 1 token, one call per token.
 inline constexpr int kDecodeRows = 4;
+// Tile of kRowBlock8: kRow8Rows weight rows x kRow8Tokens tokens. Per weight
+// block the 8 rows' codes are unpacked and transposed so that 32-bit lane i of
+// vector j holds row i's elements [4j, 4j + 4); each token's 4 activation codes
+// [4j, 4j + 4) are broadcast and multiplied with vector j, so the integer sums
+// of the 8 rows come out in the 8 lanes (no horizontal sums), and the 8 rows'
+// scales are gathered once per block for all kRow8Tokens tokens.
+inline constexpr int kRow8Rows = 8;
+inline constexpr int kRow8Tokens = 8;
+// True for the formats with kRowBlock8 kernels (IsaKernels::t8r*).
+inline bool HasRowBlock8(WeightType t) {
+  return t == WeightType::kQ4_0 || t == WeightType::kQ4_1 || t == WeightType::kQ5_0 ||
+         t == WeightType::kQ5_1 || t == WeightType::kQ8_0;
+}
 
 // The kernels of one instruction-set path.
 //  QDotFn: dot products of one quantized weight row (nb blocks at w) with
@@ -80,6 +96,12 @@ inline constexpr int kDecodeRows = 4;
 //          row i with token j. d*: the same for kDecodeRows rows x 1 token
 //          (out[i]). Same arithmetic contract as QDotFn (integer block sums,
 //          fp32 scaling; the order of the fp32 sums differs).
+//  t8r*: the kRowBlock8 tile (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): kRow8Rows weight rows (row i
+//          at w + i * w_row_bytes) times kRow8Tokens tokens (as QDotFn);
+//          out[j * kRow8Rows + i] = dot of row i with token j (token-major).
+//          Same arithmetic contract as QDotFn: the same integer block sums
+//          (exact), fp32 scaling per block; only the order of the fp32 sums
+//          differs. The AVX-512 table uses the AVX2 kernels.
 //  QuantFn: the activation quantizers (QuantizeActs32 / QuantizeActs256 above),
 //          vectorized on the x86 paths, bit-identical to the portable ones.
 struct IsaKernels {
@@ -97,6 +119,7 @@ struct IsaKernels {
   QTileFn d4_0, d4_1, d5_0, d5_1, d8_0, d4_k, d5_k, d6_k;
   Quant32Fn quant32;
   Quant256Fn quant256;
+  QTileFn t8r4_0, t8r4_1, t8r5_0, t8r5_1, t8r8_0;
 };
 const IsaKernels& PortableKernels();
 #if defined(__x86_64__)
@@ -109,6 +132,8 @@ IsaKernels::QDotFn QDotFor(const IsaKernels& k, WeightType type);
 IsaKernels::FDotFn FDotFor(const IsaKernels& k, WeightType type);
 // The kBlockRows x kBlockTokens tile (decode = false) or the kDecodeRows x 1 tile.
 IsaKernels::QTileFn QTileFor(const IsaKernels& k, WeightType type, bool decode = false);
+// The kRowBlock8 tile of `type`; nullptr for formats without one (HasRowBlock8).
+IsaKernels::QTileFn Row8TileFor(const IsaKernels& k, WeightType type);
 
 }  // namespace pagedserve::kernels::cpu
 

@@ -257,6 +257,44 @@ template <float (*kDot)(const uint8_t*, const void*, int64_t)>
 void QTileDecode(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
   QTile<kDot, kDecodeRows, 1>(w, wb, x, xb, nb, out);
 }
+// The kRowBlock8 tile (linear_cpu.h), scalar: the arithmetic of the AVX2
+// kernels (the same exact integer block sums; per block and token,
+// acc += float(sum) * (d * d_x), then for Q4_1/Q5_1 acc += m * (d_x * sum_x)),
+// one row at a time. The block layout as in DequantBlock.
+template <WeightType kType>
+void Row8Tile(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  constexpr bool kMin = kType == WeightType::kQ4_1 || kType == WeightType::kQ5_1;
+  constexpr bool kFive = kType == WeightType::kQ5_0 || kType == WeightType::kQ5_1;
+  constexpr int kOffset = kType == WeightType::kQ4_0 ? 8 : (kType == WeightType::kQ5_0 ? 16 : 0);
+  constexpr int kBytes = kType == WeightType::kQ8_0 ? 34 : 18 + (kMin ? 2 : 0) + (kFive ? 4 : 0);
+  constexpr int kQh = kMin ? 4 : 2, kQs = (kMin ? 4 : 2) + (kFive ? 4 : 0);
+  for (int t = 0; t < kRow8Tokens; ++t) {
+    const ActBlock32* a = reinterpret_cast<const ActBlock32*>(x + t * xb);
+    for (int r = 0; r < kRow8Rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t* b = w + r * wb + i * kBytes;
+        const int8_t* q = a[i].qs;
+        int32_t s = 0;
+        if constexpr (kType == WeightType::kQ8_0) {
+          for (int j = 0; j < 32; ++j) s += static_cast<int8_t>(b[2 + j]) * q[j];
+        } else {
+          const uint8_t* qs = b + kQs;
+          const uint32_t qh = kFive ? LoadU32(b + kQh) : 0;
+          for (int j = 0; j < 16; ++j) {
+            const int x0 = (qs[j] & 15) | static_cast<int>(((qh >> j) & 1) << 4);
+            const int x1 = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
+            s += x0 * q[j] + x1 * q[j + 16];
+          }
+          s -= kOffset * a[i].sum;
+        }
+        acc += static_cast<float>(s) * (LoadF16(b) * a[i].d);
+        if constexpr (kMin) acc += LoadF16(b + 2) * (a[i].d * static_cast<float>(a[i].sum));
+      }
+      out[t * kRow8Rows + r] = acc;
+    }
+  }
+}
 template <float (*kDot)(const uint8_t*, const float*, int64_t)>
 void FMulti(const uint8_t* w, const float* x, int64_t xs, int64_t n, int ntok, float* out) {
   for (int j = 0; j < ntok; ++j) out[j] = kDot(w, x + j * xs, n);
@@ -331,7 +369,12 @@ const IsaKernels& PortableKernels() {
                                QTileDecode<DotQ45K<true>>,
                                QTileDecode<DotQ6K>,
                                QuantizeActs32,
-                               QuantizeActs256};
+                               QuantizeActs256,
+                               Row8Tile<WeightType::kQ4_0>,
+                               Row8Tile<WeightType::kQ4_1>,
+                               Row8Tile<WeightType::kQ5_0>,
+                               Row8Tile<WeightType::kQ5_1>,
+                               Row8Tile<WeightType::kQ8_0>};
   return k;
 }
 

@@ -255,6 +255,29 @@ TEST_P(LinearIsaTest, KQuantsEveryTokenCount) {
           CheckCase(rng, type, GetParam(), m, rows, 512, tokens, rows == 5);
 }
 
+// kRowBlock8 (8 rows x kRow8Tokens tokens, rows in the vector lanes) on its
+// formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): whole tiles, left-over rows (not a multiple of 8) and
+// tokens (not a multiple of kRow8Tokens), several blocks per row; also the formats without the tile
+// and fewer tokens than a tile (both fall back to kRowBlock).
+TEST_P(LinearIsaTest, RowBlock8WithinBoundOnOddShapes) {
+  std::mt19937 rng(14);
+  for (WeightType type : {WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0,
+                          WeightType::kQ5_1, WeightType::kQ8_0}) {
+    for (int64_t cols : {32, 96, 576}) {
+      for (int64_t rows : {8, 13, 45}) {
+        for (int64_t tokens : {4, 8, 12, 15, 37}) {
+          if (kLight && cols == 576 && rows != 45) continue;
+          CheckCase(rng, type, GetParam(), LinearMethod::kRowBlock8, rows, cols, tokens,
+                    rows == 13);
+        }
+      }
+    }
+  }
+  for (WeightType type : {WeightType::kQ4_K, WeightType::kQ6_K, WeightType::kF16})
+    CheckCase(rng, type, GetParam(), LinearMethod::kRowBlock8, 24, 256, 9, true);
+  CheckCase(rng, WeightType::kQ4_1, GetParam(), LinearMethod::kRowBlock8, 24, 64, 3, true);
+}
+
 // Large enough to be split over the OpenMP threads (OMP_NUM_THREADS=2 in ctest).
 TEST_P(LinearIsaTest, ThreadedShapes) {
   std::mt19937 rng(12);
@@ -262,6 +285,7 @@ TEST_P(LinearIsaTest, ThreadedShapes) {
     const int64_t cols = BlockElems(type) == 256 ? 768 : 576;
     CheckCase(rng, type, GetParam(), LinearMethod::kRowDot, 130, cols, 3, true);
     CheckCase(rng, type, GetParam(), LinearMethod::kRowBlock, 130, cols, 11, true);
+    CheckCase(rng, type, GetParam(), LinearMethod::kRowBlock8, 130, cols, 11, true);
     CheckCase(rng, type, GetParam(), LinearMethod::kTileSgemm, 130, cols, 9, false);
   }
 }
@@ -271,9 +295,11 @@ TEST_P(LinearIsaTest, ThreadedShapes) {
 TEST_P(LinearIsaTest, BrokenWeightsExceedTheBound) {
   std::mt19937 rng(13);
   // kRowBlock with 8 tokens: whole kBlockRows x kBlockTokens tiles; with 1
-  // token: kDecodeRows x 1 tiles.
+  // token: kDecodeRows x 1 tiles. kRowBlock8 with 8 tokens: whole 8-row tiles
+  // for Q4_0/Q4_1/Q8_0 (kRowBlock for the others).
   for (auto [method, tokens] : {std::pair{LinearMethod::kRowDot, int64_t{3}},
                                 std::pair{LinearMethod::kRowBlock, int64_t{8}},
+                                std::pair{LinearMethod::kRowBlock8, int64_t{8}},
                                 std::pair{LinearMethod::kRowBlock, int64_t{1}}})
     for (WeightType type : kAllTypes) {
       if (!cpu::IsQuantized(type)) continue;
