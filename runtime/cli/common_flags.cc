@@ -50,10 +50,10 @@ PAGEDSERVE_FLAG("generate,serve", int64_t, max_num_blocks, 0,
 PAGEDSERVE_FLAG(
     "generate,serve", int32_t, max_model_len, 0,
     "prompt + output tokens per sequence (0 = min(the model's max_position_embeddings, 2048))");
-PAGEDSERVE_FLAG("generate,serve", int32_t, max_num_seqs, 256, "sequences per engine step");
+PAGEDSERVE_FLAG("generate,serve", int32_t, max_num_seqs, 128, "sequences per engine step");
 PAGEDSERVE_FLAG(
     "generate,serve", int32_t, max_num_batched_tokens, 0,
-    "tokens per engine step (prefill chunks + decodes); 0 = max(256, --max-num-seqs) with chunked "
+    "tokens per engine step (prefill chunks + decodes); 0 = max(128, --max-num-seqs) with chunked "
     "prefill (short steps keep decodes flowing while long prompts are prefilled; the trade-off "
     "is in docs/benchmarks.md, \"Step budget and inter-token latency\"), else --max-model-len");
 PAGEDSERVE_FLAG("generate,serve", bool, enable_chunked_prefill, true,
@@ -212,7 +212,7 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
   if (batched < 0) return BadFlag("max-num-batched-tokens", "must be >= 0 (0 = default)", batched);
   c.max_num_batched_tokens =
       batched > 0 ? batched
-                  : (c.enable_chunked_prefill ? std::max(256, c.max_num_seqs) : c.max_model_len);
+                  : (c.enable_chunked_prefill ? std::max(128, c.max_num_seqs) : c.max_model_len);
   c.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   absl::StatusOr<PreemptionMode> mode = ParsePreemptionMode(absl::GetFlag(FLAGS_preemption_mode));
   if (!mode.ok()) return mode.status();  // names --preemption-mode
