@@ -68,8 +68,16 @@ bool ReadIds(const json& v, const char* key, int32_t vocab, std::vector<int32_t>
              ApiError* err) {
   out->clear();
   for (const json& e : v) {
-    if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab) {
-      *err = BadRequest(absl::StrCat("'", key, "' must hold token ids in [0, ", vocab, ")"), key);
+    if (!e.is_number_integer()) {
+      *err = BadRequest(absl::StrCat("'", key, "' must hold integer token ids; element ",
+                                     out->size(), " is ", e.type_name()),
+                        key);
+      return false;
+    }
+    if (e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab) {
+      *err = BadRequest(absl::StrCat("'", key, "' must hold token ids in [0, ", vocab,
+                                     "); element ", out->size(), " is ", e.get<int64_t>()),
+                        key);
       return false;
     }
     out->push_back(static_cast<int32_t>(e.get<int64_t>()));
@@ -185,7 +193,12 @@ bool ReadMessages(const json& body, std::vector<ChatMessage>* out, ApiError* err
     return false;
   }
   for (const json& m : *it) {
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+    if (!m.is_object()) {
+      *err = BadRequest(absl::StrCat("each message must be an object; got ", m.type_name()),
+                        "messages");
+      return false;
+    }
+    if (!m.contains("role") || !m["role"].is_string()) {
       *err = BadRequest("each message needs a string 'role'", "messages");
       return false;
     }
@@ -202,11 +215,14 @@ bool ReadMessages(const json& body, std::vector<ChatMessage>* out, ApiError* err
       cm.content = content.get<std::string>();
     } else if (content.is_array()) {
       for (const json& part : content) {
-        if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
-            !part.contains("text") || !part["text"].is_string()) {
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text") {
           *err = BadRequest(
               "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
               "messages");
+          return false;
+        }
+        if (!part.contains("text") || !part["text"].is_string()) {
+          *err = BadRequest("a text content part needs a string 'text'", "messages");
           return false;
         }
         cm.content += part["text"].get<std::string>();

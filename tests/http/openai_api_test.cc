@@ -138,6 +138,11 @@ TEST(OpenAiApiTest, WrongTypesAndValuesName) {
   EXPECT_EQ(Refused(R"({"prompt": "x", "stream": "yes"})"),
             std::make_pair(400, std::string("stream")));
   EXPECT_EQ(Refused(R"({"prompt": "x", "echo": true})"), std::make_pair(400, std::string("echo")));
+  // Token-id prompts: the message says what is wrong with which element.
+  ParseOutcome nested = Completions(R"({"prompt": [[[1, 2]]]})");
+  EXPECT_EQ(nested.error.message, "'prompt' must hold integer token ids; element 0 is array");
+  ParseOutcome range = Completions(R"({"prompt": [1, 49152]})");
+  EXPECT_EQ(range.error.message, "'prompt' must hold token ids in [0, 49152); element 1 is 49152");
   // Ranges of SamplingParams::Validate: the message names the field.
   ParseOutcome o = Completions(R"({"prompt": "x", "top_p": 1.5})");
   ASSERT_FALSE(o.request.has_value());
@@ -241,6 +246,18 @@ TEST(OpenAiApiTest, ChatNeedsATemplateAndTextParts) {
       Endpoint::kChat, R"({"messages": [{"role": "user", "content": [{"type": 7, "text": "x"}]}]})",
       kModel, Tok(), &*tmpl);
   EXPECT_EQ(bad_type.error.status, 400);
+  EXPECT_NE(bad_type.error.message.find("only text content parts"), std::string::npos);
+  ParseOutcome no_text = ParseRequest(
+      Endpoint::kChat, R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})", kModel,
+      Tok(), &*tmpl);
+  EXPECT_EQ(no_text.error.message, "a text content part needs a string 'text'");
+  EXPECT_EQ(no_text.error.param, "messages");
+  ParseOutcome not_object =
+      ParseRequest(Endpoint::kChat, R"({"messages": ["hi"]})", kModel, Tok(), &*tmpl);
+  EXPECT_EQ(not_object.error.message, "each message must be an object; got string");
+  ParseOutcome no_role =
+      ParseRequest(Endpoint::kChat, R"({"messages": [{"content": "hi"}]})", kModel, Tok(), &*tmpl);
+  EXPECT_EQ(no_role.error.message, "each message needs a string 'role'");
   ParseOutcome top_without = ParseRequest(
       Endpoint::kChat, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})",
       kModel, Tok(), &*tmpl);
