@@ -26,8 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention_core.h"
-#include "kernels/cpu/fp8.h"
-#include "kernels/cpu/half.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace pagedserve::kernels::testing {
 namespace {
@@ -41,22 +40,8 @@ constexpr bool kLight = false;
 // Encodes v as dtype t into raw storage at element index i; returns the
 // decoded (exactly representable) value.
 float Store(DType t, std::vector<uint8_t>& buf, size_t i, float v) {
-  switch (t) {
-    case DType::kFloat32: std::memcpy(buf.data() + 4 * i, &v, 4); return v;
-    case DType::kFloat16: {
-      const uint16_t h = FloatToHalfBits(v);
-      std::memcpy(buf.data() + 2 * i, &h, 2);
-      return HalfBitsToFloat(h);
-    }
-    case DType::kBFloat16: {
-      const uint16_t h = FloatToBFloat16Bits(v);
-      std::memcpy(buf.data() + 2 * i, &h, 2);
-      return BFloat16BitsToFloat(h);
-    }
-    case DType::kFloat8E4M3: buf[i] = FloatToFp8E4M3Bits(v); return Fp8E4M3BitsToFloat(buf[i]);
-    case DType::kFloat8E5M2: buf[i] = FloatToFp8E5M2Bits(v); return Fp8E5M2BitsToFloat(buf[i]);
-  }
-  return 0.0f;
+  StoreElem(t, buf.data(), static_cast<int64_t>(i), v);
+  return LoadElem(t, buf.data(), static_cast<int64_t>(i));
 }
 
 struct CoreCase {
