@@ -67,11 +67,15 @@
 // the inner loop of every quantized format.
 //
 // Threads: Linear splits the output rows over the OpenMP thread pool (the one
-// pool of the forward pass; omp_get_max_threads() threads), one contiguous
-// slice of rows per thread. Called from inside an active OpenMP parallel region,
-// or for tiny calls (rows * cols * tokens < 32768), it runs on the calling
-// thread only. The first
-// call that uses OpenBLAS sets OpenBLAS to one thread (openblas_set_num_threads),
+// pool of the forward pass; omp_get_max_threads() threads) by a variant of
+// guided self-scheduling (Polychronopoulos & Kuck 1987, which claims
+// remaining / threads): the threads claim runs of 16-row units from a shared
+// atomic counter, each claim max(1, remaining / (2 * threads)) units, so that a thread slowed by
+// the machine (a stolen vCPU) does not hold the others at the barrier; the fp32/fp16/bf16 sgemm
+// method keeps one contiguous slice per thread (sgemm wants many rows). Each row is computed the
+// same way on any thread: results do not depend on the split. Called from inside an active OpenMP
+// parallel region, or for tiny calls (rows * cols * tokens < 32768), it runs on the calling thread
+// only. The first call that uses OpenBLAS sets OpenBLAS to one thread (openblas_set_num_threads),
 // so that its own workers never compete with OpenMP's: all parallelism comes
 // from OpenMP. Linear is safe to call concurrently from several threads as long
 // as their outputs y are distinct (scratch memory is per thread); the weight,
@@ -110,8 +114,8 @@ absl::Status Linear(const LinearParams& p);
 // 8-bit activation blocks quantized once per block size (32 or 256) instead
 // of once per quantized member. Meant for the projections that read the same
 // normalized hidden states (q/k/v, gate/up) in decode, where the per-call
-// fork/join costs as much as a small GEMV. Each thread takes the same share of
-// every member's rows (contiguous slices, multiples of 16 rows).
+// fork/join costs as much as a small GEMV. The members' rows are claimed as
+// in Linear, member after member, with no barrier between members.
 // Requirements: every member valid for Linear, and all members with the same
 // x, num_tokens, x_stride and w.cols (a shared input); no member's y may
 // overlap another member's y, x or bias. InvalidArgument naming the member

@@ -8,6 +8,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/vec_math_avx2.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -165,7 +166,6 @@ PS_ALWAYS_INLINE void AttendImpl(const AttendArgs& a) {
 #ifdef PAGEDSERVE_HAVE_AVX2_VARIANT
 // Explicit AVX2+FMA+F16C path for 16-bit caches (fp16, bf16: X = 8 elements
 // per key chunk). See attention_core.h for the contract and the scheme.
-#define PS_AVX2_INLINE inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
 // 8 consecutive elements to fp32 (all exact).
 PS_AVX2_INLINE __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -197,32 +197,6 @@ PS_AVX2_INLINE __m256 Sum8x8(const __m256 (&v)[8]) {
 // Lanes i < n all ones, the others zero (0 <= n <= 8).
 PS_AVX2_INLINE __m256i LaneMask(int n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-// exp(x) for x <= 0 (x - max of a softmax), 8 lanes: Cephes expf (range
-// reduction by ln 2 split in two constants, degree-5 polynomial; relative
-// error <= 1.2e-7 against double exp over [-87.3, 0]); x < -87.3 (including
-// -inf) gives exactly 0; NaN stays NaN.
-PS_AVX2_INLINE __m256 ExpNonPositive(__m256 x) {
-  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);  // NaN stays NaN
-  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-  fx = _mm256_floor_ps(fx);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  const __m256 x2 = _mm256_mul_ps(x, x);
-  y = _mm256_fmadd_ps(y, x2, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  // y * 2^fx, fx in [-126, 0].
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-  return _mm256_andnot_ps(tiny, y);
 }
 
 // Logits of one query for the first n tokens of one block: lg[t] = scale *
@@ -374,15 +348,14 @@ __attribute__((target("avx2,fma,f16c"))) void Attend16Avx2(const AttendArgs& a) 
     const __m256 vm = _mm256_set1_ps(mx);
     __m256 vsum = _mm256_setzero_ps();
     for (t = 0; t + 8 <= n; t += 8) {
-      const __m256 p = ExpNonPositive(_mm256_sub_ps(_mm256_loadu_ps(lg + t), vm));
+      const __m256 p = Exp8(_mm256_sub_ps(_mm256_loadu_ps(lg + t), vm));
       _mm256_storeu_ps(lg + t, p);
       vsum = _mm256_add_ps(vsum, p);
     }
     if (t < n) {
       const __m256i mask = LaneMask(n - t);
       const __m256 x = _mm256_maskload_ps(lg + t, mask);
-      const __m256 p =
-          _mm256_and_ps(ExpNonPositive(_mm256_sub_ps(x, vm)), _mm256_castsi256_ps(mask));
+      const __m256 p = _mm256_and_ps(Exp8(_mm256_sub_ps(x, vm)), _mm256_castsi256_ps(mask));
       _mm256_maskstore_ps(lg + t, mask, p);
       vsum = _mm256_add_ps(vsum, p);
     }

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <vector>
@@ -383,6 +384,28 @@ void ThreadRows(int64_t rows, int tid, int nt, int64_t* begin, int64_t* end) {
   *end = std::min(rows, units * (tid + 1) / nt * 16);
 }
 
+// Rows are handed out in units of kRowUnit (a 64-byte line of fp32 outputs, so
+// that no two threads write one cache line of y).
+constexpr int64_t kRowUnit = 16;
+
+// Guided self-scheduling of one member's row units: each claim takes
+// max(1, remaining / (2 * nt)) units from a shared counter, so that a thread
+// slowed by the machine (a stolen vCPU, a busy sibling) leaves its share to the
+// others instead of holding the team at the barrier. Every row is computed the
+// same way on any thread: the results do not depend on the split.
+bool ClaimRows(std::atomic<int64_t>& next, int64_t rows, int nt, int64_t* begin, int64_t* end) {
+  const int64_t units = (rows + kRowUnit - 1) / kRowUnit;
+  int64_t cur = next.load(std::memory_order_relaxed);
+  int64_t take;
+  do {
+    if (cur >= units) return false;
+    take = std::max<int64_t>(1, (units - cur) / (2 * nt));
+  } while (!next.compare_exchange_weak(cur, cur + take, std::memory_order_relaxed));
+  *begin = cur * kRowUnit;
+  *end = std::min(rows, (cur + take) * kRowUnit);
+  return true;
+}
+
 }  // namespace
 
 const char* LinearMethodName(LinearMethod m) {
@@ -515,6 +538,9 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
       if (rep[kind] != nullptr)
         for (int64_t t = 0; t < T; ++t) QuantizeToken(*rep[kind], k, nb[kind], t, xq[kind]);
   }
+  // The next row unit of each member (ClaimRows); no barrier between members.
+  std::unique_ptr<std::atomic<int64_t>[]> next_unit(new std::atomic<int64_t>[ms.size()]);
+  for (size_t i = 0; i < ms.size(); ++i) next_unit[i].store(0, std::memory_order_relaxed);
 #pragma omp parallel num_threads(threads)
   {
     if (any_quant && !quant_serial) {
@@ -525,19 +551,24 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
       }
     }
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-    for (const Member& m : ms) {
-      int64_t r0, r1;
-      ThreadRows(m.p->w.rows, tid, nt, &r0, &r1);
-      if (r0 >= r1) continue;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      const Member& m = ms[i];
       const uint8_t* acts = m.quant_acts ? xq[m.act256 ? 1 : 0] : nullptr;
-      if (m.method == LinearMethod::kRowDot) {
-        RowDotRange(*m.p, k, acts, r0, r1);
-      } else if (m.method == LinearMethod::kRowBlock) {
-        RowBlockRange(*m.p, k, acts, r0, r1);
-      } else if (m.method == LinearMethod::kRowBlock8) {
-        RowBlock8Range(*m.p, k, acts, r0, r1);
-      } else {
-        TileSgemmRange(*m.p, r0, r1);
+      int64_t r0, r1;
+      if (m.method == LinearMethod::kTileSgemm) {
+        // One sgemm per thread over a static share (sgemm wants many rows).
+        ThreadRows(m.p->w.rows, tid, nt, &r0, &r1);
+        if (r0 < r1) TileSgemmRange(*m.p, r0, r1);
+        continue;
+      }
+      while (ClaimRows(next_unit[i], m.p->w.rows, nt, &r0, &r1)) {
+        if (m.method == LinearMethod::kRowDot) {
+          RowDotRange(*m.p, k, acts, r0, r1);
+        } else if (m.method == LinearMethod::kRowBlock) {
+          RowBlockRange(*m.p, k, acts, r0, r1);
+        } else {
+          RowBlock8Range(*m.p, k, acts, r0, r1);
+        }
       }
     }
   }

@@ -185,7 +185,8 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
 }
 
 // Chat `messages` -> the template's messages. content: a string or an array of
-// {"type": "text", "text": ...} parts (concatenated).
+// {"type": "text", "text": ...} parts (concatenated); absent or null only for
+// an assistant message (an empty turn).
 bool ReadMessages(const json& body, std::vector<ChatMessage>* out, ApiError* err) {
   auto it = body.find("messages");
   if (it == body.end() || !it->is_array() || it->empty()) {
@@ -229,6 +230,13 @@ bool ReadMessages(const json& body, std::vector<ChatMessage>* out, ApiError* err
       }
     } else if (!content.is_null()) {
       *err = BadRequest("message 'content' must be a string or an array of text parts", "messages");
+      return false;
+    } else if (cm.role != "assistant") {
+      // As in OpenAI's API: only an assistant turn may leave content out (or null).
+      *err = BadRequest(absl::StrCat("a '", m["role"].get<std::string>(),
+                                     "' message needs 'content' (a string or an array of text "
+                                     "parts); only assistant messages may omit it"),
+                        "messages");
       return false;
     }
     out->push_back(std::move(cm));

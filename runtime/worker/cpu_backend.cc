@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/half.h"
+#include "kernels/cpu/vec_ops.h"
 #include "kernels/linear.h"
 #include "kernels/paged_attention.h"
 #include "kernels/prefill_attention.h"
@@ -68,10 +68,14 @@ void ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stri
 }
 
 void SiluMul(float* gate, const float* up, int64_t count) {
+  // Chunks of whole vectors (kernels::cpu::SiluAndMul), so that each element is
+  // computed the same way whatever the split.
+  constexpr int64_t kChunk = 4096;
+  const int64_t chunks = (count + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (count >= kMinParallelSiluElems)
-  for (int64_t i = 0; i < count; ++i) {
-    const float g = gate[i];
-    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kChunk;
+    kernels::cpu::SiluAndMul(gate + begin, up + begin, std::min(kChunk, count - begin));
   }
 }
 
@@ -121,18 +125,24 @@ absl::Status CheckStored(const Matrix& w, const std::string& what) {
   return absl::OkStatus();
 }
 
-// fp32 [n] <-> the KV cache's 16-bit element type (round to nearest even).
+// fp32 [n] <-> the KV cache's 16-bit element type (round to nearest even;
+// kernels/cpu/vec_ops.h), in chunks over the team above 16384 elements.
+constexpr int64_t kConvertChunk = 8192;
 void ToCacheType(const float* src, int64_t n, kernels::DType t, uint16_t* dst) {
-  const bool bf = t == kernels::DType::kBFloat16;
+  const int64_t chunks = (n + kConvertChunk - 1) / kConvertChunk;
 #pragma omp parallel for schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i)
-    dst[i] = bf ? kernels::FloatToBFloat16Bits(src[i]) : kernels::FloatToHalfBits(src[i]);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t b = c * kConvertChunk;
+    kernels::cpu::FloatsTo16(src + b, std::min(kConvertChunk, n - b), t, dst + b);
+  }
 }
 void FromCacheType(const uint16_t* src, int64_t n, kernels::DType t, float* dst) {
-  const bool bf = t == kernels::DType::kBFloat16;
+  const int64_t chunks = (n + kConvertChunk - 1) / kConvertChunk;
 #pragma omp parallel for schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i)
-    dst[i] = bf ? kernels::BFloat16BitsToFloat(src[i]) : kernels::HalfBitsToFloat(src[i]);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t b = c * kConvertChunk;
+    kernels::cpu::Floats16ToFloat(src + b, std::min(kConvertChunk, n - b), t, dst + b);
+  }
 }
 
 BackendMatrix Handle(const Matrix& m) { return BackendMatrix{&m, m.rows, m.cols}; }

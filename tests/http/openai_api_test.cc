@@ -252,6 +252,20 @@ TEST(OpenAiApiTest, ChatNeedsATemplateAndTextParts) {
       Tok(), &*tmpl);
   EXPECT_EQ(no_text.error.message, "a text content part needs a string 'text'");
   EXPECT_EQ(no_text.error.param, "messages");
+  for (const char* body :
+       {R"({"messages": [{"role": "user", "content": null}]})",
+        R"({"messages": [{"role": "system"}, {"role": "user", "content": "x"}]})"}) {
+    ParseOutcome no_content = ParseRequest(Endpoint::kChat, body, kModel, Tok(), &*tmpl);
+    EXPECT_EQ(no_content.error.status, 400) << body;
+    EXPECT_NE(no_content.error.message.find("message needs 'content'"), std::string::npos)
+        << no_content.error.message;
+  }
+  ParseOutcome assistant_null = ParseRequest(
+      Endpoint::kChat,
+      R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null},
+                       {"role": "user", "content": "again"}]})",
+      kModel, Tok(), &*tmpl);
+  EXPECT_TRUE(assistant_null.request.has_value()) << assistant_null.error.message;
   ParseOutcome not_object =
       ParseRequest(Endpoint::kChat, R"({"messages": ["hi"]})", kModel, Tok(), &*tmpl);
   EXPECT_EQ(not_object.error.message, "each message must be an object; got string");
