@@ -103,6 +103,16 @@ __attribute__((target("avx2,fma,f16c"))) void Floats16ToFloatAvx2(const uint16_t
   }
   Floats16ToFloatPortable(src + i, n - i, t, dst + i);
 }
+#else
+// No AVX2 variant on this architecture: Avx2VecOpsAvailable() is false and the
+// "AVX2" entry points are the portable loops.
+void SiluAndMulAvx2(float* gate, const float* up, int64_t n) { SiluAndMulPortable(gate, up, n); }
+void FloatsTo16Avx2(const float* src, int64_t n, DType t, uint16_t* dst) {
+  FloatsTo16Portable(src, n, t, dst);
+}
+void Floats16ToFloatAvx2(const uint16_t* src, int64_t n, DType t, float* dst) {
+  Floats16ToFloatPortable(src, n, t, dst);
+}
 #endif
 
 }  // namespace
@@ -117,27 +127,13 @@ bool Avx2VecOpsAvailable() {
 }
 
 void SiluAndMulVariant(float* gate, const float* up, int64_t n, bool avx2) {
-#ifdef PAGEDSERVE_HAVE_AVX2_VEC_OPS
-  if (avx2) return SiluAndMulAvx2(gate, up, n);
-#endif
-  (void)avx2;
-  SiluAndMulPortable(gate, up, n);
+  avx2 ? SiluAndMulAvx2(gate, up, n) : SiluAndMulPortable(gate, up, n);
 }
-
 void FloatsTo16Variant(const float* src, int64_t n, DType t, uint16_t* dst, bool avx2) {
-#ifdef PAGEDSERVE_HAVE_AVX2_VEC_OPS
-  if (avx2) return FloatsTo16Avx2(src, n, t, dst);
-#endif
-  (void)avx2;
-  FloatsTo16Portable(src, n, t, dst);
+  avx2 ? FloatsTo16Avx2(src, n, t, dst) : FloatsTo16Portable(src, n, t, dst);
 }
-
 void Floats16ToFloatVariant(const uint16_t* src, int64_t n, DType t, float* dst, bool avx2) {
-#ifdef PAGEDSERVE_HAVE_AVX2_VEC_OPS
-  if (avx2) return Floats16ToFloatAvx2(src, n, t, dst);
-#endif
-  (void)avx2;
-  Floats16ToFloatPortable(src, n, t, dst);
+  avx2 ? Floats16ToFloatAvx2(src, n, t, dst) : Floats16ToFloatPortable(src, n, t, dst);
 }
 
 void SiluAndMul(float* gate, const float* up, int64_t n) {

@@ -967,7 +967,22 @@ struct HttpServer::Impl {
       }
     }
     if (req.has_header("Content-Length")) {
+      // Content-Length = 1*DIGIT, once (RFC 9112 6.3): two of them (even
+      // equal ones: cpp-httplib reads by the first) or a sign, space or
+      // letter leave the body's end in doubt, another shape of smuggling.
       const std::string& v = req.get_header_value("Content-Length");
+      const bool digits = !v.empty() && std::all_of(v.begin(), v.end(),
+                                                    [](char ch) { return ch >= '0' && ch <= '9'; });
+      if (req.get_header_value_count("Content-Length") != 1 || !digits) {
+        CloseAfter(res);
+        SendError(res, MakeError(400, "invalid_request_error",
+                                 req.get_header_value_count("Content-Length") != 1
+                                     ? "more than one Content-Length header"
+                                     : absl::StrCat("Content-Length must be a decimal number of "
+                                                    "bytes; got '",
+                                                    v, "'")));
+        return httplib::Server::HandlerResponse::Handled;
+      }
       uint64_t len = 0;
       if (!absl::SimpleAtoi(v, &len) ||
           len > static_cast<uint64_t>(options.max_request_body_bytes)) {
@@ -978,6 +993,15 @@ struct HttpServer::Impl {
                                               options.max_request_body_bytes, ")")));
         return httplib::Server::HandlerResponse::Handled;
       }
+    }
+    if (!has_body && (req.method == "POST" || req.method == "PUT" || req.method == "PATCH")) {
+      // cpp-httplib 0.11 would read such a body until the client closes (the
+      // read timeout, 30 s); every POST route here takes a JSON body.
+      CloseAfter(res);
+      SendError(res, MakeError(411, "invalid_request_error",
+                               "a request body needs a Content-Length or "
+                               "Transfer-Encoding: chunked header"));
+      return httplib::Server::HandlerResponse::Handled;
     }
     if (Protected(req.path) && !Authorized(req)) {
       if (has_body) CloseAfter(res);  // the body stays unread

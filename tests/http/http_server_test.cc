@@ -24,6 +24,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -494,6 +495,42 @@ TEST(HttpServerTest, NothingAfterA413IsParsedAsARequest) {
   after_answer(chunked, 413);
   // Any answer given before the body was read (here 501, an unknown transfer coding).
   after_answer("POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501);
+  EXPECT_EQ(Request(s.port(), "GET", "/health").status, 200);  // still serving
+}
+
+// Content-Length framing that leaves the body's end in doubt is a 400 before
+// the body is read, and nothing after it is parsed as a request (found by a
+// break test: two Content-Length headers, 30 and 83, were served by the first,
+// and the rest of the "body" answered as a second request). A POST with no
+// length at all is a 411 at once (cpp-httplib 0.11 waited for the client to
+// close: a 408 at the read timeout).
+TEST(HttpServerTest, AmbiguousOrMissingContentLengthIsRefusedAtOnce) {
+  Server s;
+  const std::string body = R"({"prompt": "A"})";
+  const std::string smuggled = "GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const std::vector<std::tuple<std::string, std::string, int>> cases = {
+      {"two lengths",
+       absl::StrCat("Content-Length: ", body.size(),
+                    "\r\nContent-Length: ", body.size() + smuggled.size(), "\r\n"),
+       400},
+      {"two equal lengths",
+       absl::StrCat("Content-Length: ", body.size(), "\r\nContent-Length: ", body.size(), "\r\n"),
+       400},
+      {"signed length", absl::StrCat("Content-Length: +", body.size(), "\r\n"), 400},
+      {"not a number", "Content-Length: abc\r\n", 400},
+      {"no length", "", 411},
+  };
+  for (const auto& [name, headers, status] : cases) {
+    const int fd = Connect(s.port());
+    ASSERT_TRUE(SendAll(fd, absl::StrCat("POST /tokenize HTTP/1.1\r\nHost: x\r\n", headers, "\r\n",
+                                         body, smuggled)))
+        << name;
+    const std::string raw = Receive(fd);  // until the server closes
+    close(fd);
+    EXPECT_EQ(CountResponses(raw), 1) << name << ": " << raw;
+    EXPECT_EQ(Parse(raw).status, status) << name << ": " << raw;
+    EXPECT_TRUE(absl::StrContains(raw, "Connection: close")) << name << ": " << raw;
+  }
   EXPECT_EQ(Request(s.port(), "GET", "/health").status, 200);  // still serving
 }
 

@@ -148,8 +148,8 @@ std::vector<float> ConversionInputs() {
       bits.push_back(e + d);
       bits.push_back((e + d) | 0x80000000u);
     }
-  std::vector<float> f;
-  for (uint32_t u : bits) f.push_back(FromBits(u));
+  std::vector<float> f(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) f[i] = FromBits(bits[i]);
   return f;
 }
 
