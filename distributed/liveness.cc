@@ -235,7 +235,7 @@ void LivenessMonitor::Run() {
       if (open && now - c.last_rx > absl::ToChronoNanoseconds(timeout_)) {
         open = false;
         why = absl::StrCat("no heartbeat for ", absl::FormatDuration(timeout_),
-                           " (host or link down?)");
+                           " (host or link down, or the process stopped?)");
       }
       if (!open) {
         lose(c, why);
@@ -348,7 +348,7 @@ void LivenessBeacon::Run() {
     }
     if (why.empty() && now - last_rx > absl::ToChronoNanoseconds(timeout_))
       why = absl::StrCat("no heartbeat for ", absl::FormatDuration(timeout_),
-                         " (host or link down?)");
+                         " (host or link down, or the process stopped?)");
     if (!why.empty()) {
       if (stopping_.load()) return;
       std::fprintf(stderr, "pagedserve worker (pid %d): coordinator at %s lost: %s; exiting\n",

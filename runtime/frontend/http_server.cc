@@ -603,6 +603,7 @@ struct Job {
   std::shared_ptr<RequestChannel> channel = std::make_shared<RequestChannel>();
   std::vector<openai::ChoiceState> choices;  // prompt p, sample i -> p * n + i
   std::vector<bool> started;                 // chat: role chunk sent
+  std::vector<size_t> text_offsets;          // streaming: legacy logprobs offset per choice
   openai::UsageTotals usage;
   size_t finished_requests = 0;
   absl::Status error;
@@ -856,6 +857,7 @@ struct HttpServer::Impl {
     const int n = job->request.params.n;
     job->choices.resize(job->request.prompts.size() * n);
     job->started.assign(job->choices.size(), false);
+    job->text_offsets.assign(job->choices.size(), 0);
     for (size_t p = 0; p < job->request.prompts.size(); ++p) {
       EngineRequest er;
       er.request_id = absl::StrCat("http-", seq, "-", p);
@@ -918,8 +920,8 @@ struct HttpServer::Impl {
             for (auto& [c, d] : deltas) {
               const bool first = !job->started[c];
               job->started[c] = true;
-              if (!send(
-                      openai::StreamChunk(job->request, job->id, job->created, c, d, first, tok))) {
+              if (!send(openai::StreamChunk(job->request, job->id, job->created, c, d, first, tok,
+                                            &job->text_offsets[c]))) {
                 AbortAndLog(*job, *b);
                 return false;
               }

@@ -307,7 +307,10 @@ json Bytes(const std::string& s) {
 
 json LogprobValue(float lp) { return std::isfinite(lp) ? json(lp) : json(-9999.0); }
 
-json LogprobsJson(const ValidatedRequest& r, const ChoiceState& c, const Tokenizer& tok) {
+// `text_offset`: the legacy format's offset of c's first token (the bytes of
+// the choice's tokens before it); advanced past c's tokens.
+json LogprobsJson(const ValidatedRequest& r, const ChoiceState& c, const Tokenizer& tok,
+                  size_t* text_offset) {
   if (r.params.logprobs < 0) return nullptr;
   if (r.endpoint == Endpoint::kChat) {
     json content = json::array();
@@ -330,7 +333,7 @@ json LogprobsJson(const ValidatedRequest& r, const ChoiceState& c, const Tokeniz
     return {{"content", content}};
   }
   json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
-  size_t offset = 0;
+  size_t& offset = *text_offset;
   for (size_t i = 0; i < c.token_ids.size() && i < c.logprobs.size(); ++i) {
     const std::string t = TokenString(tok, c.token_ids[i]);
     tokens.push_back(t);
@@ -516,8 +519,9 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
   json cs = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const ChoiceState& c = choices[i];
+    size_t text_offset = 0;
     json choice = {{"index", i},
-                   {"logprobs", LogprobsJson(r, c, tok)},
+                   {"logprobs", LogprobsJson(r, c, tok, &text_offset)},
                    {"finish_reason", FinishJson(c.finish_reason)}};
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
@@ -535,10 +539,11 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
 }
 
 std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
-                        int index, const ChoiceState& d, bool first, const Tokenizer& tok) {
+                        int index, const ChoiceState& d, bool first, const Tokenizer& tok,
+                        size_t* text_offset) {
   const bool chat = r.endpoint == Endpoint::kChat;
   json choice = {{"index", index},
-                 {"logprobs", LogprobsJson(r, d, tok)},
+                 {"logprobs", LogprobsJson(r, d, tok, text_offset)},
                  {"finish_reason", FinishJson(d.finish_reason)}};
   if (chat) {
     json delta = json::object();

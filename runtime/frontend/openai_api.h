@@ -112,10 +112,13 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
                                const std::vector<ChoiceState>& choices, const UsageTotals& usage,
                                const Tokenizer& tokenizer);
 // One SSE chunk (the JSON only) for the new output `delta` of choice `index`.
-// Chat: `first` adds the assistant role to the delta.
+// Chat: `first` adds the assistant role to the delta. `text_offset` (per
+// choice, 0 before its first chunk): the completions logprobs' text_offset of
+// the delta's first token, advanced past the delta's tokens, so that a stream's
+// offsets count from the start of the completion as the whole response's do.
 std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
-                        int index, const ChoiceState& delta, bool first,
-                        const Tokenizer& tokenizer);
+                        int index, const ChoiceState& delta, bool first, const Tokenizer& tokenizer,
+                        size_t* text_offset);
 // The final usage chunk of stream_options.include_usage (empty choices).
 std::string UsageChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
                        const UsageTotals& usage);

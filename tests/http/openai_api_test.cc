@@ -298,11 +298,39 @@ TEST(OpenAiApiTest, ResponseFormats) {
   EXPECT_EQ(r["choices"][0]["logprobs"]["top_logprobs"][0][" Paris"], -0.5);
   EXPECT_EQ(r["usage"]["total_tokens"], 4);
   EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
-  const json chunk = json::parse(StreamChunk(*o.request, "cmpl-1", 7, 0, c, true, Tok()));
+  size_t offset = 0;
+  const json chunk = json::parse(StreamChunk(*o.request, "cmpl-1", 7, 0, c, true, Tok(), &offset));
   EXPECT_TRUE(chunk["usage"].is_null());  // include_usage: null on every chunk but the last
   const json last = json::parse(UsageChunk(*o.request, "cmpl-1", 7, u));
   EXPECT_TRUE(last["choices"].empty());
   EXPECT_EQ(last["usage"]["completion_tokens"], 1);
+}
+
+// A stream's legacy text_offset counts from the start of the completion, as the
+// whole response's does (found by a break test: every chunk said [0]).
+TEST(OpenAiApiTest, StreamedTextOffsetsMatchTheWholeResponse) {
+  ParseOutcome o = Completions(R"({"prompt": "x", "logprobs": 0})");
+  ASSERT_TRUE(o.request.has_value());
+  const std::vector<int32_t> ids = Tok().Encode(" Paris is big", {false, true});
+  ASSERT_GE(ids.size(), 3u);
+  ChoiceState whole;
+  whole.token_ids = ids;
+  whole.logprobs.assign(ids.size(), -1.0f);
+  const json r = json::parse(CompletionResponse(*o.request, "cmpl-1", 7, {whole}, {}, Tok()));
+  const json& want = r["choices"][0]["logprobs"]["text_offset"];
+  ASSERT_EQ(want.size(), ids.size());
+  EXPECT_GT(want.back().get<int>(), 0);
+  json streamed = json::array();
+  size_t offset = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ChoiceState d;
+    d.token_ids = {ids[i]};
+    d.logprobs = {-1.0f};
+    const json chunk =
+        json::parse(StreamChunk(*o.request, "cmpl-1", 7, 0, d, i == 0, Tok(), &offset));
+    for (const json& v : chunk["choices"][0]["logprobs"]["text_offset"]) streamed.push_back(v);
+  }
+  EXPECT_EQ(streamed, want);
 }
 
 // The one finish-reason -> error mapping: only kError is an error, a 500 of
