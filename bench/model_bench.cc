@@ -41,12 +41,14 @@
 // heads, 8 KV heads, head size 128, intermediate 14336, vocab 128256, RMSNorm
 // eps 1e-5, rope theta 500000, untied LM head) with N decoder layers (default
 // 4 on the CPU, 32 -- the real depth -- on CUDA; fp32 needs ~0.87 GB per layer
-// plus 4.2 GB for the embedding and the LM head). Weights are uniform random
+// plus 4.2 GB for the embedding and the LM head, bf16 half that). Weights are uniform random
 // values from the counter-based hash splitmix64 (as tests/fixtures/
 // make_random_llama.py), scaled so that activations stay O(1): a projection
 // with fan-in n has standard deviation 1/sqrt(n); fixed seed, so every run
-// builds the same model. --dtype float32/auto holds them as fp32 (the only
-// choice on CUDA), float16/bfloat16 as stored 16-bit rows (CPU: kernels::Linear).
+// builds the same model. --dtype float32 holds them as fp32, float16/bfloat16
+// as stored 16-bit rows (CPU: kernels::Linear; CUDA: cublasGemmEx on tensor
+// cores); auto is float32 on the CPU and bfloat16 on CUDA (the worker's rule),
+// and the KV cache follows the weights unless --kv_cache_dtype says otherwise.
 // The prompt is fixed token ids (no tokenizer). The model runs through the
 // public model API (LlamaModel::Create / CudaLlamaModel::Create over the
 // in-memory LlamaWeights) with the same plans as above, turned into
@@ -298,8 +300,9 @@ void SetupRandom() {
   Bench& b = bench();
   const bool cuda = c.device == kernels::Device::kCUDA;
   if (c.random_layers == 0) c.random_layers = cuda ? 32 : 4;
-  if (cuda && c.dtype != WeightDType::kAuto && c.dtype != WeightDType::kFloat32)
-    Die("the CUDA model holds fp32 weights: --dtype auto or float32 with --device=cuda");
+  // The Worker's rules: auto is bf16 on CUDA (fp32 on the CPU here), and the
+  // KV cache follows the weights.
+  if (cuda && c.dtype == WeightDType::kAuto) c.dtype = WeightDType::kBFloat16;
   const ModelConfig cfg = Llama3_8BShape(c.random_layers);
   // Fixed prompt ids spread over the vocabulary (no tokenizer).
   for (int i = 0; i < c.prompt_len; ++i)
@@ -311,6 +314,13 @@ void SetupRandom() {
   r->vocab = cfg.vocab_size;
   const auto t0 = std::chrono::steady_clock::now();
   LlamaWeights weights = RandomLlamaWeights(cfg, c.dtype);
+  // The Worker's auto KV type: fp32 for fp32 weights, bf16 for bf16, else fp16.
+  const WeightDType wd = weights.dtype;
+  auto AutoKv = [&] {
+    return c.kv_cache_dtype.value_or(wd == WeightDType::kFloat32    ? kernels::DType::kFloat32
+                                     : wd == WeightDType::kBFloat16 ? kernels::DType::kBFloat16
+                                                                    : kernels::DType::kFloat16);
+  };
   const auto t1 = std::chrono::steady_clock::now();
   std::fprintf(stderr,
                "bench_model: random Llama-3-8B-shaped weights, %d layers, %s, built in %.1f s\n",
@@ -324,12 +334,10 @@ void SetupRandom() {
   shape.block_size = kBlockSize;
   if (cuda) {
 #ifdef PAGEDSERVE_WITH_CUDA
-    if (c.kv_cache_dtype.value_or(kernels::DType::kFloat32) != kernels::DType::kFloat32)
-      Die("the CUDA model keeps an fp32 KV cache: --kv_cache_dtype auto or float32");
     auto m = CudaLlamaModel::Create(std::move(weights), b.comm.get(), 0);
     if (!m.ok()) Die(m.status().ToString());
     r->cuda = *std::move(m);
-    shape.dtype = kernels::DType::kFloat32;
+    shape.dtype = AutoKv();
     if (absl::Status s = r->cuda->AllocateCaches(shape, shape.num_blocks, 0); !s.ok())
       Die(s.ToString());
     std::fprintf(stderr, "bench_model: uploaded in %.1f s (%.2f GB of weights on CUDA device 0)\n",
@@ -339,11 +347,7 @@ void SetupRandom() {
     Die("--device=cuda: this build has no CUDA backend");
 #endif
   } else {
-    // The Worker's auto KV type: fp32 for fp32 weights, bf16 for bf16, else fp16.
-    shape.dtype = c.kv_cache_dtype.value_or(
-        weights.dtype == WeightDType::kFloat32    ? kernels::DType::kFloat32
-        : weights.dtype == WeightDType::kBFloat16 ? kernels::DType::kBFloat16
-                                                  : kernels::DType::kFloat16);
+    shape.dtype = AutoKv();
     auto m = LlamaModel::Create(std::move(weights), b.comm.get());
     if (!m.ok()) Die(m.status().ToString());
     r->cpu = *std::move(m);

@@ -28,6 +28,25 @@ class Communicator {
   // buffer is host memory for MPI, device memory for NCCL.
   virtual absl::Status AllReduceSum(float* data, size_t count) = 0;
 
+  // The same sum, ordered on `stream` (a cudaStream_t on this rank's device;
+  // ignored by host communicators). Device communicators (NCCL) enqueue the
+  // collective on that stream and return without waiting: the result is
+  // visible to work enqueued later on the stream, and an error of the
+  // collective itself (a peer that died or a broken link) surfaces through
+  // CheckAsyncError, not here. Host communicators run AllReduceSum.
+  virtual absl::Status AllReduceSumAsync(float* data, size_t count, void* stream) {
+    (void)stream;
+    return AllReduceSum(data, count);
+  }
+
+  // OK, or the asynchronous error a device communicator has recorded (NCCL:
+  // ncclCommGetAsyncError). After an error the communicator is aborted
+  // (ncclCommAbort, which also ends collectives stuck waiting for a dead
+  // peer) and every later call fails with the same error. Host
+  // communicators: always OK. Poll it while waiting for a stream that holds
+  // collectives. Not thread-safe with other calls on this communicator.
+  virtual absl::Status CheckAsyncError() { return absl::OkStatus(); }
+
   // Gathers `count` fp32 values from every rank: out[r * count + i] = in_r[i].
   // `out` holds size() * count values; `in` and `out` must not overlap.
   virtual absl::Status AllGather(const float* in, float* out, size_t count) = 0;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "distributed/communicator.h"
 #include "kernels/cuda/cuda_status.h"
+#include "runtime/common/status_macros.h"
 
 namespace pagedserve {
 namespace {
@@ -21,7 +22,7 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(ncclComm_t comm, cudaStream_t stream, int rank, int size)
       : comm_(comm), stream_(stream), rank_(rank), size_(size) {}
   ~NcclCommunicator() override {
-    ncclCommDestroy(comm_);
+    if (!aborted_) ncclCommDestroy(comm_);
     cudaStreamDestroy(stream_);
   }
   int rank() const override { return rank_; }
@@ -29,6 +30,7 @@ class NcclCommunicator final : public Communicator {
   const char* backend() const override { return "nccl"; }
 
   absl::Status AllReduceSum(float* data, size_t count) override {
+    PS_RETURN_IF_ERROR(error_);
     auto start = std::chrono::steady_clock::now();
     absl::Status s = NcclStatus(
         ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
@@ -38,7 +40,34 @@ class NcclCommunicator final : public Communicator {
     return s;
   }
 
+  // Only the enqueue is timed (collective_seconds): the collective itself
+  // overlaps with the stream's other work.
+  absl::Status AllReduceSumAsync(float* data, size_t count, void* stream) override {
+    PS_RETURN_IF_ERROR(error_);
+    auto start = std::chrono::steady_clock::now();
+    absl::Status s = NcclStatus(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_,
+                                              static_cast<cudaStream_t>(stream)),
+                                "ncclAllReduce");
+    collective_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return s;
+  }
+
+  absl::Status CheckAsyncError() override {
+    if (!error_.ok()) return error_;
+    ncclResult_t r = ncclSuccess;
+    absl::Status s = NcclStatus(ncclCommGetAsyncError(comm_, &r), "ncclCommGetAsyncError");
+    if (s.ok() && (r == ncclSuccess || r == ncclInProgress)) return absl::OkStatus();
+    if (s.ok()) s = NcclStatus(r, "NCCL communicator (asynchronous error)");
+    ncclCommAbort(comm_);
+    aborted_ = true;
+    error_ = absl::UnavailableError(absl::StrCat(
+        s.message(), "; the communicator was aborted (a peer rank died or its link failed?)"));
+    return error_;
+  }
+
   absl::Status AllGather(const float* in, float* out, size_t count) override {
+    PS_RETURN_IF_ERROR(error_);
     auto start = std::chrono::steady_clock::now();
     absl::Status s =
         NcclStatus(ncclAllGather(in, out, count, ncclFloat32, comm_, stream_), "ncclAllGather");
@@ -51,6 +80,8 @@ class NcclCommunicator final : public Communicator {
  private:
   ncclComm_t comm_;
   cudaStream_t stream_;
+  absl::Status error_;  // set once by CheckAsyncError
+  bool aborted_ = false;
   int rank_;
   int size_;
 };

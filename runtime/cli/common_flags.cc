@@ -35,16 +35,20 @@ PAGEDSERVE_FLAG("generate,serve", int32_t, block_size, 16,
 PAGEDSERVE_FLAG(
     "generate,serve", int64_t, kv_cache_memory, int64_t{1} << 30,
     "bytes of KV cache per worker rank (all layers, K and V); sets the number of device blocks");
+PAGEDSERVE_FLAG("generate,serve", double, gpu_memory_utilization, 0.9,
+                "CUDA workers: fraction of the device memory free after loading the weights that "
+                "the KV cache and one step's activations may take, in (0, 1]; sets the number of "
+                "device blocks (--kv-cache-memory is then unused)");
 PAGEDSERVE_FLAG("generate,serve", double, swap_space, 1.0,
                 "GiB of CPU swap space per worker rank for preempted sequences");
 PAGEDSERVE_FLAG("generate,serve", std::string, dtype, "auto",
-                "weight precision: auto (GGUF/safetensors matrices run in their stored formats, "
-                "quantized kernels), float32 (dequantize at load; the exact fp32 path), float16, "
-                "bfloat16");
+                "weight precision: auto (CPU: GGUF/safetensors matrices run in their stored "
+                "formats, quantized kernels; CUDA: bfloat16), float32 (dequantize at load; the "
+                "exact fp32 path), float16, bfloat16 (CUDA: tensor-core GEMMs)");
 PAGEDSERVE_FLAG("generate,serve", std::string, kv_cache_dtype, "auto",
                 "KV cache element type: auto (float32 with --dtype float32, bfloat16 with --dtype "
-                "bfloat16, else float16 on the CPU; float32 on CUDA), float32, float16, bfloat16, "
-                "fp8 (= fp8_e4m3, as vLLM), fp8_e4m3, fp8_e5m2 (CPU worker; per-layer scales 1.0)");
+                "bfloat16 and on CUDA with --dtype auto, else float16), float32, float16, "
+                "bfloat16, fp8 (= fp8_e4m3, as vLLM), fp8_e4m3, fp8_e5m2 (per-layer scales 1.0)");
 PAGEDSERVE_FLAG("generate,serve", int64_t, max_num_blocks, 0,
                 "cap on the device KV blocks per rank (0 = only --kv-cache-memory decides)");
 PAGEDSERVE_FLAG(
@@ -166,6 +170,10 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
   s.worker.kv_cache_memory = absl::GetFlag(FLAGS_kv_cache_memory);
   if (s.worker.kv_cache_memory <= 0)
     return BadFlag("kv-cache-memory", "must be > 0 bytes", s.worker.kv_cache_memory);
+  const double gmu = absl::GetFlag(FLAGS_gpu_memory_utilization);
+  if (!(gmu > 0.0 && gmu <= 1.0))
+    return BadFlag("gpu-memory-utilization", "must be in (0, 1]", gmu);
+  s.worker.gpu_memory_utilization = gmu;
   const double swap_gib = absl::GetFlag(FLAGS_swap_space);
   if (!(swap_gib >= 0 && swap_gib <= 1024))
     return BadFlag("swap-space", "must be in [0, 1024] GiB", swap_gib);

@@ -31,9 +31,14 @@ kernels::DType AutoKvDType(WeightDType dtype) {
 
 }  // namespace
 
+WeightDType ResolveWeightDType(const WorkerOptions& options) {
+  if (options.device == kernels::Device::kCUDA && options.dtype == WeightDType::kAuto)
+    return WeightDType::kBFloat16;
+  return options.dtype;
+}
+
 kernels::DType ResolveKvCacheDType(const WorkerOptions& options) {
-  if (options.device == kernels::Device::kCUDA) return kernels::DType::kFloat32;
-  return options.kv_cache_dtype.value_or(AutoKvDType(options.dtype));
+  return options.kv_cache_dtype.value_or(AutoKvDType(ResolveWeightDType(options)));
 }
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& options,
@@ -45,8 +50,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
 
   // The backend is the only thing the device changes.
   const bool cuda = options.device == kernels::Device::kCUDA;
-  WeightDType load_dtype = options.dtype;
-  kernels::DType kv_dtype = ResolveKvCacheDType(options);
+  const WeightDType load_dtype = ResolveWeightDType(options);
+  const kernels::DType kv_dtype = ResolveKvCacheDType(options);
   std::unique_ptr<ModelBackend> backend;
   if (!cuda) {
     backend = MakeCpuBackend(comm);
@@ -56,17 +61,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
         absl::StrCat("worker device kCUDA (CUDA device ", options.cuda_device,
                      ") requested, but pagedserve was built without CUDA"));
 #else
-    // The CUDA backend runs fp32 weights and an fp32 KV cache.
-    if (options.dtype != WeightDType::kAuto && options.dtype != WeightDType::kFloat32)
-      return absl::UnimplementedError(absl::StrCat("the CUDA worker runs fp32 weights: --dtype ",
-                                                   WeightDTypeName(options.dtype),
-                                                   " is not supported (auto or float32)"));
-    if (options.kv_cache_dtype.value_or(kernels::DType::kFloat32) != kernels::DType::kFloat32)
-      return absl::UnimplementedError(absl::StrCat(
-          "the CUDA worker keeps an fp32 KV cache: --kv-cache-dtype ",
-          kernels::DTypeName(*options.kv_cache_dtype), " is not supported (auto or float32)"));
-    load_dtype = WeightDType::kFloat32;
-    kv_dtype = kernels::DType::kFloat32;
+    // fp32, fp16 or bf16 weights (auto: bf16) and any KV cache dtype.
     PS_ASSIGN_OR_RETURN(backend, MakeCudaBackend(comm, options.cuda_device));
 #endif
   }

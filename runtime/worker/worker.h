@@ -28,24 +28,27 @@ struct WorkerOptions {
   int64_t kv_cache_memory = 1LL << 30;  // bytes for the KV pool (all layers, K and V)
   int64_t swap_space = 1LL << 30;       // bytes for the CPU swap pool
   int64_t max_num_blocks = 0;           // cap on the device pool (0 = only the budget)
-  // How the CPU worker holds the weights (--dtype; runtime/model/weights.h):
-  // kAuto runs GGUF/safetensors matrices in their stored formats
+  // How the weights are held (--dtype; runtime/model/weights.h). CPU
+  // worker: kAuto runs GGUF/safetensors matrices in their stored formats
   // (kernels::Linear), kFloat32 dequantizes them at load (OpenBLAS sgemm: the
-  // exact path the transformers-fp32 fixtures are checked with). The CUDA
-  // worker always dequantizes to fp32: kAuto and kFloat32 only.
+  // exact path the transformers-fp32 fixtures are checked with), kFloat16 /
+  // kBFloat16 convert them to 16-bit rows. CUDA worker: matrices are
+  // converted at load to kFloat32 (cuBLAS SGEMM), kFloat16 or kBFloat16
+  // (cublasGemmEx on tensor cores, fp32 accumulation); kAuto means
+  // kBFloat16 there (ResolveWeightDType).
   WeightDType dtype = WeightDType::kAuto;
-  // Element type of the KV and swap pools (--kv-cache-dtype); nullopt = auto:
-  // fp32 when dtype is kFloat32, bf16 when it is kBFloat16, fp16 otherwise on
-  // the CPU; fp32 on CUDA (the only type the CUDA worker supports; it rejects
-  // others, fp8 included, with Unimplemented). The block count follows:
+  // Element type of the KV and swap pools (--kv-cache-dtype); nullopt = auto,
+  // following the resolved weight dtype: fp32 for kFloat32, bf16 for
+  // kBFloat16, fp16 otherwise (so bf16 on CUDA by default). Both workers take
+  // fp32, fp16, bf16, fp8_e4m3 and fp8_e5m2 pools. The block count follows:
   // blocks = budget / bytes_per_block() of that type (1-byte elements for fp8).
-  // fp8 pools (CPU worker) use k_scale = v_scale = 1.0 in every layer: vLLM's
-  // default when a checkpoint carries no KV scales (kernels/types.h).
+  // fp8 pools use k_scale = v_scale = 1.0 in every layer: vLLM's default when
+  // a checkpoint carries no KV scales (kernels/types.h).
   std::optional<kernels::DType> kv_cache_dtype;
   // The backend of the forward pass (runtime/worker/model_backend.h), i.e.
   // where the weights and the KV pool live. kCPU: CpuBackend, host pools of
   // kv_cache_memory bytes. kCUDA: the CUDA backend on device `cuda_device`,
-  // fp32 weights and KV pool in device memory sized from
+  // weights and KV pool in device memory, the pool sized from
   // gpu_memory_utilization (ModelBackend::KvCacheBudgetBytes;
   // kv_cache_memory is then unused), the swap pool in pinned host memory;
   // needs a CUDA build, and a communicator that is a group of one or NCCL
@@ -55,11 +58,15 @@ struct WorkerOptions {
   double gpu_memory_utilization = 0.9;  // fraction of the free device memory after the weights
 };
 
+// The weight dtype Worker::Create loads for `options`: options.dtype, except
+// kAuto on CUDA, which is kBFloat16.
+WeightDType ResolveWeightDType(const WorkerOptions& options);
+
 // The KV pool's element type Worker::Create uses for `options`: the
-// kv_cache_dtype rule above (auto follows dtype; always fp32 on CUDA, whose
-// worker refuses any other explicit choice). Lets the coordinator name it
-// (the startup line) without a worker of its own: under mpirun the workers run
-// the same flags.
+// kv_cache_dtype rule above (auto follows ResolveWeightDType). Lets the
+// coordinator name it (the startup line) without a worker of its own: under
+// mpirun the workers run the same flags (and options.device is the
+// coordinator's guess of theirs).
 kernels::DType ResolveKvCacheDType(const WorkerOptions& options);
 
 class Worker {
@@ -69,7 +76,7 @@ class Worker {
   // block across all layers, K and V). Errors: model loading errors (naming the
   // file), InvalidArgument for a bad block size or a budget below one block;
   // with device kCUDA also FailedPrecondition in builds without CUDA,
-  // Unimplemented for a --dtype / --kv-cache-dtype the CUDA backend does not
+  // Unimplemented for a weight the CUDA backend does not
   // run, and the errors of MakeCudaBackend / LlamaModel::Create /
   // AllocateCaches. One path for both devices: only the backend differs.
   static absl::StatusOr<std::unique_ptr<Worker>> Create(const WorkerOptions& options,

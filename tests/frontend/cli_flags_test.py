@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """The `pagedserve` command line: help and per-sub-command flags.
 
-    cli_flags_test.py PAGEDSERVE SOURCE_DIR
+    cli_flags_test.py PAGEDSERVE SOURCE_DIR [MODEL]
 
 `--help`, `help`, `COMMAND --help`, `help COMMAND`, `--helpfull` print usage on
 stdout and exit 0; each command's usage lists exactly the flags its sources
 register for it (PAGEDSERVE_FLAG / PAGEDSERVE_REGISTER_FLAG in runtime/cli/);
 a flag of another command, an unknown flag or an unknown command exits 2 with a
 message naming it, before the command runs (a rejected flag is not ignored).
-No model or server is needed: the commands that would run fail fast or are `sim`.
+No server is needed: the commands that would run fail fast or are `sim`. With
+MODEL (a model file; the CTest registration passes the default model), flag
+values checked after the model is read (--gpu-memory-utilization, --dtype,
+--kv-cache-dtype) are refused with exit 2 and a message naming the flag.
 """
 
 import glob
@@ -49,6 +52,7 @@ def listed_flags(usage):
 
 def main():
     binary, source_dir = sys.argv[1:3]
+    model = sys.argv[3] if len(sys.argv) > 3 else ""
     failures = []
 
     def check(cond, what):
@@ -126,6 +130,18 @@ def main():
     for mode in ("auto", "always", "never"):
         rc, out, err = run(binary, ["generate", f"--log-color={mode}", "--model", "/nonexistent.gguf"])
         check(rc == 1 and "does not exist" in err, f"--log-color={mode} parses (rc={rc}, {err.strip()!r})")
+
+    # Values checked once the model is read: exit 2, the flag and the rule named.
+    if model:
+        for flag, value, rule in (("--gpu-memory-utilization", "0", "must be in (0, 1]"),
+                                  ("--gpu-memory-utilization", "1.5", "must be in (0, 1]"),
+                                  ("--gpu-memory-utilization", "nan", "must be in (0, 1]"),
+                                  ("--kv-cache-dtype", "fp9", "must be auto, float32"),
+                                  ("--dtype", "int4", "--dtype")):
+            rc, out, err = run(binary, ["generate", "--model", model, f"{flag}={value}", "--prompt=hi"])
+            check(rc == 2 and rule in err and (flag in err), f"{flag}={value}: exit 2, '{rule}' (rc={rc}, {err.strip()[-200:]!r})")
+    else:
+        print("note: no MODEL argument, flag values checked after the model is read are not tested")
 
     if failures:
         print(f"{len(failures)} check(s) failed")

@@ -1,14 +1,16 @@
 // Runs the CUDA backend's small model kernels (runtime/worker/cuda/
-// model_kernels.cuh: embedding gather, fused residual add + RMSNorm, RoPE,
-// SiLU-and-mul, bias add) on the CPU through tests/kernels/simt_emulator.h and
-// compares them with the CPU backend's operations (cpu_ops in
-// runtime/worker/cpu_backend.h, the arithmetic the transformers and llama.cpp
-// fixtures check), on odd shapes (rows not a multiple of the block, a grid
-// smaller than the work for the grid-stride loops). Needs the CUDA headers
-// only, no device. Each op has a negative control: a deliberately broken
-// variant of its body, run the same way, must fail the same check.
+// model_kernels.cuh: embedding gather from fp32 and 16-bit tables, fused
+// residual add + RMSNorm, RoPE, SiLU-and-mul, bias add, the fp32 <-> fp16 /
+// bf16 conversions of GEMM and attention operands) on the CPU through tests/kernels/simt_emulator.h
+// and compares them with the CPU backend's operations (cpu_ops in runtime/worker/cpu_backend.h, the
+// arithmetic the transformers and llama.cpp fixtures check), on odd shapes (rows not a multiple of
+// the block, a grid smaller than the work for the grid-stride loops). Needs the CUDA headers only,
+// no device. Each op has a negative control: a deliberately broken variant of its body, run the
+// same way, must fail the same check.
 //
-// Tolerances: gather, bias add, and the residual sums are bit-exact; RoPE and
+// Tolerances: gather, bias add, the conversions (against the CPU's
+// kernels/cpu/half.h converters; NaN inputs only need a NaN out, the
+// payloads differ) and the residual sums are bit-exact; RoPE and
 // SiLU-and-mul use the same fp32 operations as the CPU loop (tolerance
 // 2e-6 relative + 1e-7 for a contraction into FMA by either compiler);
 // RMSNorm sums squares in double in a different order (a block tree vs a
@@ -24,10 +26,12 @@ using namespace ::pagedserve::kernels::cuda;  // NOLINT
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/half.h"
 #include "runtime/model/weights.h"
 #include "runtime/worker/cpu_backend.h"
 #include "runtime/worker/cuda/model_kernels.cuh"
@@ -83,13 +87,160 @@ TEST(CudaModelEmulationTest, EmbeddingGatherMatchesCpu) {
   ASSERT_TRUE(cpu_ops::EmbeddingGather(table, ids.data(), n, want.data()).ok());
 
   std::vector<float> got(want.size(), NAN), broken(want.size(), NAN);
-  kc::EmuLaunch(dim3(n), dim3(kThreads), 0,
-                [&] { EmbeddingGatherBody(table.data.data(), ids.data(), hidden, got.data()); });
+  kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+    EmbeddingGatherBody<float>(table.data.data(), ids.data(), hidden, got.data());
+  });
   EXPECT_EQ(Mismatches(got, want, 0, 0), 0);
   kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
     BrokenEmbeddingGatherBody(table.data.data(), ids.data(), hidden, vocab, broken.data());
   });
   EXPECT_GT(Mismatches(broken, want, 0, 0), 0) << "negative control passed the check";
+}
+
+// A 16-bit table (F16 or BF16 stored rows) of the fp32 values `v`, as
+// LoadLlamaWeights holds it for --dtype float16 / bfloat16.
+Matrix Table16(const std::vector<float>& v, int rows, int cols, bool bf16) {
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.type = bf16 ? GgmlType::kBF16 : GgmlType::kF16;
+  m.row_bytes = static_cast<uint64_t>(cols) * 2;
+  m.owned.resize(v.size() * 2);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint16_t b = bf16 ? kernels::FloatToBFloat16Bits(v[i]) : kernels::FloatToHalfBits(v[i]);
+    std::memcpy(m.owned.data() + 2 * i, &b, 2);
+  }
+  return m;
+}
+
+template <typename T>
+void Gather16Case(bool bf16) {
+  SCOPED_TRACE(bf16 ? "bf16 table" : "fp16 table");
+  std::mt19937 rng(11);
+  const int vocab = 29, hidden = 270, n = 5;
+  const Matrix table =
+      Table16(Random(static_cast<size_t>(vocab) * hidden, rng), vocab, hidden, bf16);
+  const std::vector<int32_t> ids = {28, 0, 7, 7, 13};
+  std::vector<float> want(static_cast<size_t>(n) * hidden);
+  ASSERT_TRUE(cpu_ops::EmbeddingGather(table, ids.data(), n, want.data()).ok());
+  const T* t = reinterpret_cast<const T*>(table.owned.data());
+  std::vector<float> got(want.size(), NAN), broken(want.size(), NAN);
+  kc::EmuLaunch(dim3(n), dim3(kThreads), 0,
+                [&] { EmbeddingGatherBody<T>(t, ids.data(), hidden, got.data()); });
+  EXPECT_EQ(Mismatches(got, want, 0, 0), 0);
+  // Broken: the table read with the other 16-bit interpretation.
+  kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+    if constexpr (std::is_same_v<T, __half>) {
+      EmbeddingGatherBody<__nv_bfloat16>(reinterpret_cast<const __nv_bfloat16*>(t), ids.data(),
+                                         hidden, broken.data());
+    } else {
+      EmbeddingGatherBody<__half>(reinterpret_cast<const __half*>(t), ids.data(), hidden,
+                                  broken.data());
+    }
+  });
+  EXPECT_GT(Mismatches(broken, want, 0, 0), 0) << "negative control passed the check";
+}
+
+TEST(CudaModelEmulationTest, EmbeddingGatherFrom16BitTablesMatchesCpu) {
+  Gather16Case<__half>(false);
+  Gather16Case<__nv_bfloat16>(true);
+}
+
+// ---- fp32 <-> fp16 / bf16 conversions ----------------------------------------------
+
+// fp32 inputs: every 4099th bit pattern (both signs, every exponent: zeros,
+// subnormals, normals, inf, NaN), plus the rounding edges of both 16-bit
+// formats (values halfway between two representable neighbours, one ulp
+// either side, the overflow and underflow thresholds).
+std::vector<float> ConversionInputs() {
+  std::vector<float> v;
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 4099)
+    v.push_back(kernels::BitsToFloat(static_cast<uint32_t>(u)));
+  std::mt19937 rng(12);
+  for (int i = 0; i < 4096; ++i) {
+    const uint32_t hi = rng() & 0xffffu;
+    // bf16: the low 16 bits at 0x8000 (a tie) and its neighbours; fp16:
+    // the 13 dropped bits at 0x1000 and its neighbours.
+    for (uint32_t low : {0x7fffu, 0x8000u, 0x8001u})
+      v.push_back(kernels::BitsToFloat((hi << 16) | low));
+    const uint32_t h = (rng() & 0x3ffffu) << 13;
+    for (uint32_t low : {0x0fffu, 0x1000u, 0x1001u})
+      v.push_back(kernels::BitsToFloat(0x38000000u + (h & 0x0fffe000u) + low));
+  }
+  for (float f : {65504.0f, 65519.99f, 65520.0f, 0x1p-24f, 0x1p-25f, 0x1.000002p-25f, 0x1p-14f,
+                  3.3895314e38f, 3.4028235e38f})
+    for (float s : {1.0f, -1.0f}) v.push_back(s * f);
+  return v;
+}
+
+// Broken: truncation instead of round-to-nearest-even.
+template <typename To>
+void BrokenConvertBody(const float* in, int64_t count, To* out) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < count;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if constexpr (std::is_same_v<To, __half>) {
+      out[k] = __float2half_rz(in[k]);
+    } else {
+      out[k] = __float2bfloat16_rz(in[k]);
+    }
+  }
+}
+
+// Mismatches of 16-bit outputs against the CPU converter (NaN in, any NaN out).
+int Mismatches16(const std::vector<float>& in, const std::vector<uint16_t>& got, bool bf16) {
+  int bad = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const uint16_t g = got[i];
+    if (std::isnan(in[i])) {
+      const bool nan = bf16 ? std::isnan(kernels::BFloat16BitsToFloat(g))
+                            : std::isnan(kernels::HalfBitsToFloat(g));
+      bad += nan ? 0 : 1;
+      continue;
+    }
+    const uint16_t want =
+        bf16 ? kernels::FloatToBFloat16Bits(in[i]) : kernels::FloatToHalfBits(in[i]);
+    bad += g == want ? 0 : 1;
+  }
+  return bad;
+}
+
+template <typename To>
+void ConvertCase(bool bf16) {
+  SCOPED_TRACE(bf16 ? "bf16" : "fp16");
+  const std::vector<float> in = ConversionInputs();
+  const int64_t count = static_cast<int64_t>(in.size());
+  // 16-bit results as their bit patterns.
+  std::vector<uint16_t> got(in.size()), broken(in.size());
+  kc::EmuLaunch(dim3(7), dim3(kThreads), 0, [&] {
+    ConvertBody<float, To>(in.data(), count, reinterpret_cast<To*>(got.data()));
+  });
+  EXPECT_EQ(Mismatches16(in, got, bf16), 0);
+  kc::EmuLaunch(dim3(7), dim3(kThreads), 0, [&] {
+    BrokenConvertBody<To>(in.data(), count, reinterpret_cast<To*>(broken.data()));
+  });
+  EXPECT_GT(Mismatches16(in, broken, bf16), 0) << "negative control passed the check";
+
+  // Back to fp32: every 16-bit pattern, exact (NaN stays NaN).
+  std::vector<uint16_t> all(65536);
+  for (uint32_t b = 0; b < 65536; ++b) all[b] = static_cast<uint16_t>(b);
+  std::vector<float> back(65536, 0.0f);
+  kc::EmuLaunch(dim3(3), dim3(kThreads), 0, [&] {
+    ConvertBody<To, float>(reinterpret_cast<const To*>(all.data()), 65536, back.data());
+  });
+  int bad = 0;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float want = bf16 ? kernels::BFloat16BitsToFloat(static_cast<uint16_t>(b))
+                            : kernels::HalfBitsToFloat(static_cast<uint16_t>(b));
+    if (std::isnan(want) ? !std::isnan(back[b])
+                         : kernels::FloatBits(want) != kernels::FloatBits(back[b]))
+      ++bad;
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(CudaModelEmulationTest, ConversionsMatchCpuConverters) {
+  ConvertCase<__half>(false);
+  ConvertCase<__nv_bfloat16>(true);
 }
 
 // ---- Fused residual add + RMSNorm ----------------------------------------------

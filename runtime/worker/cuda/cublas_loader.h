@@ -26,6 +26,12 @@ struct CublasApi {
   cublasStatus_t (*sgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
                           const float*, const float*, int, const float*, int, const float*, float*,
                           int) = nullptr;
+  // cublasGemmEx: mixed precision (here bf16/fp16 A and B, fp32 C, fp32
+  // compute on tensor cores).
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                            cublasGemmAlgo_t) = nullptr;
 };
 
 // Loads libcublas.so.<major of the toolkit built against> once per process

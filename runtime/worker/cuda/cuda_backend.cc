@@ -15,6 +15,7 @@
 #include <deque>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -81,18 +82,65 @@ class PinnedBuffer {
   absl::Status Allocate(size_t bytes, absl::string_view what) {
     return CudaStatus(cudaHostAlloc(&ptr_, bytes, cudaHostAllocDefault), what);
   }
+  // Ensures at least `bytes` bytes (contents are not preserved on growth;
+  // the caller makes sure no copy still reads the old buffer).
+  absl::Status Reserve(size_t bytes, absl::string_view what) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    PS_RETURN_IF_ERROR(Allocate(bytes, what));
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
   void* get() const { return ptr_; }
 
  private:
   void* ptr_ = nullptr;
+  size_t bytes_ = 0;
 };
 
-// A weight matrix [rows, cols] row-major in device memory (BackendMatrix::handle).
+using cuda_model::Elem;
+
+// A weight matrix [rows, cols] row-major in device memory, fp32, fp16 or bf16
+// (BackendMatrix::handle).
 struct DeviceMatrix {
-  const float* data = nullptr;
+  const void* data = nullptr;
+  Elem type = Elem::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
 };
+
+cudaDataType CudaType(Elem e) {
+  switch (e) {
+    case Elem::kF16: return CUDA_R_16F;
+    case Elem::kBF16: return CUDA_R_16BF;
+    case Elem::kF32: break;
+  }
+  return CUDA_R_32F;
+}
+
+// The element type activations are converted to for attention over a cache
+// of element type `t`: the cache's own type for 16-bit caches; fp8 caches
+// take fp32 operands (converted in the kernels), as fp32 caches do.
+Elem AttentionIoElem(kernels::DType t) {
+  switch (t) {
+    case kernels::DType::kFloat16: return Elem::kF16;
+    case kernels::DType::kBFloat16: return Elem::kBF16;
+    default: return Elem::kF32;
+  }
+}
+
+bool CudaKvDType(kernels::DType t) {
+  switch (t) {
+    case kernels::DType::kFloat32:
+    case kernels::DType::kFloat16:
+    case kernels::DType::kBFloat16:
+    case kernels::DType::kFloat8E4M3:
+    case kernels::DType::kFloat8E5M2: return true;
+  }
+  return false;
+}
 
 constexpr size_t kAlign = 256;  // byte alignment of the packed step inputs
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -102,18 +150,22 @@ class CudaBackend final : public ModelBackend {
   CudaBackend(Communicator* comm, int device) : comm_(comm), device_(device) {}
 
   ~CudaBackend() override {
-    if (cublas_ != nullptr) {
-      cudaSetDevice(device_);
-      blas_->destroy(cublas_);
-    }
+    cudaSetDevice(device_);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (cublas_ != nullptr) blas_->destroy(cublas_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   absl::Status Init() {
     PS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    // A blocking stream: ordered with the legacy default stream, on which
+    // the worker's swap and copy-on-write block operations run.
+    PS_RETURN_IF_ERROR(CudaStatus(cudaStreamCreate(&stream_), "cudaStreamCreate"));
     PS_ASSIGN_OR_RETURN(blas_, LoadCublas());
     PS_RETURN_IF_ERROR(CublasStatus(blas_->create(&cublas_), "cublasCreate"));
-    PS_RETURN_IF_ERROR(CublasStatus(blas_->set_stream(cublas_, nullptr), "cublasSetStream"));
-    // Full fp32 SGEMM (no TF32 tensor-core rounding).
+    PS_RETURN_IF_ERROR(CublasStatus(blas_->set_stream(cublas_, stream_), "cublasSetStream"));
+    // Full fp32 SGEMM for fp32 weights (no TF32 rounding); GemmEx with
+    // 16-bit inputs uses tensor cores regardless.
     return CublasStatus(blas_->set_math_mode(cublas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   }
 
@@ -184,8 +236,9 @@ class CudaBackend final : public ModelBackend {
                               int64_t num_cpu_blocks) override {
     if (!device_views_.empty() || !cpu_views_.empty())
       return absl::FailedPreconditionError("CudaBackend::AllocateCaches called twice");
-    if (shape.dtype != kernels::DType::kFloat32)
-      return absl::InvalidArgumentError("CudaBackend: the KV cache must be fp32");
+    if (!CudaKvDType(shape.dtype))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CudaBackend: KV cache dtype ", kernels::DTypeName(shape.dtype), " is not supported"));
     PS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
     const int num_layers = config_.num_layers;
     if (num_device_blocks > 0) {
@@ -224,16 +277,25 @@ class CudaBackend final : public ModelBackend {
   std::span<const kernels::KVCacheView> cpu_cache() const override { return cpu_views_; }
 
   absl::Status CheckKvCache(const kernels::KVCacheView& view) const override {
-    if (view.device != kernels::Device::kCUDA || view.shape.dtype != kernels::DType::kFloat32)
-      return absl::InvalidArgumentError("must be an fp32 kCUDA view");
+    if (view.device != kernels::Device::kCUDA || !CudaKvDType(view.shape.dtype))
+      return absl::InvalidArgumentError(
+          "must be a kCUDA view of float32, float16, bfloat16, fp8_e4m3 or fp8_e5m2");
     return absl::OkStatus();
   }
 
-  // The plan's index arrays and rotary tables in one packed host buffer, one
-  // upload: int64 slot mapping first (8-byte aligned), then the int32 arrays
-  // and the fp32 tables, each section 256-byte aligned.
+  // The plan's index arrays and rotary tables in one packed pinned host
+  // buffer, one asynchronous upload: int64 slot mapping first (8-byte
+  // aligned), then the int32 arrays and the fp32 tables, each section
+  // 256-byte aligned. The previous step's LmHead waited for the stream, so
+  // no copy still reads the staging buffer.
   absl::Status BeginStep(const ForwardPlan& plan) override {
     PS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    if (step_pending_) {
+      // The previous step ended in an error before its LmHead: its work may
+      // still read the staging buffer.
+      PS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "abandoned step"));
+      step_pending_ = false;
+    }
     plan_ = &plan;
     const ForwardBatch& b = *plan.batch;
     const size_t n = static_cast<size_t>(plan.num_tokens);
@@ -258,16 +320,17 @@ class CudaBackend final : public ModelBackend {
       offsets[i] = total;
       total = AlignUp(total + sections[i].bytes, kAlign);
     }
-    host_inputs_.resize(std::max<size_t>(total, kAlign));
+    total = std::max<size_t>(total, kAlign);
+    PS_RETURN_IF_ERROR(host_inputs_.Reserve(total, "pinned step input allocation"));
+    char* staging = static_cast<char*>(host_inputs_.get());
     for (int i = 0; i < kInputCount; ++i)
       if (sections[i].bytes > 0)
-        std::memcpy(host_inputs_.data() + offsets[i], sections[i].src, sections[i].bytes);
-    PS_RETURN_IF_ERROR(inputs_.Reserve(host_inputs_.size(), "step input allocation"));
-    // From pageable memory: returns once the data is staged, so host_inputs_
-    // may be reused by the next step.
-    PS_RETURN_IF_ERROR(CudaStatus(
-        cudaMemcpyAsync(inputs_.get(), host_inputs_.data(), total, cudaMemcpyHostToDevice, nullptr),
-        "step input upload"));
+        std::memcpy(staging + offsets[i], sections[i].src, sections[i].bytes);
+    PS_RETURN_IF_ERROR(inputs_.Reserve(total, "step input allocation"));
+    PS_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(inputs_.get(), staging, total, cudaMemcpyHostToDevice, stream_),
+                   "step input upload"));
+    step_pending_ = true;
     for (int i = 0; i < kInputCount; ++i) d_in_[i] = static_cast<char*>(inputs_.get()) + offsets[i];
 
     const int heads = shard_.num_heads;
@@ -288,19 +351,42 @@ class CudaBackend final : public ModelBackend {
   }
 
   absl::Status EmbeddingGather(const BackendMatrix& table, float* out) override {
-    return CudaStatus(cuda_model::LaunchEmbeddingGather(M(table).data, In<int32_t>(kTokens),
-                                                        static_cast<int>(plan_->num_tokens),
-                                                        static_cast<int>(table.cols), out, nullptr),
-                      "embedding launch");
+    return CudaStatus(
+        cuda_model::LaunchEmbeddingGather(M(table).data, M(table).type, In<int32_t>(kTokens),
+                                          static_cast<int>(plan_->num_tokens),
+                                          static_cast<int>(table.cols), out, stream_),
+        "embedding launch");
   }
 
   absl::Status Linear(const float* x, int64_t n, const BackendMatrix& w, const BackendVector& bias,
                       float* y) override {
-    PS_RETURN_IF_ERROR(Gemm(x, n, M(w), y));
-    if (bias.data == nullptr || n == 0) return absl::OkStatus();
-    return CudaStatus(cuda_model::LaunchAddBias(y, bias.data, static_cast<int>(n),
-                                                static_cast<int>(w.rows), nullptr),
-                      "add_bias launch");
+    const LinearOut out{w, bias, y};
+    return LinearGroup(x, n, std::span<const LinearOut>(&out, 1));
+  }
+
+  // One conversion of x per weight element type in the group, then one GEMM
+  // (and bias add) per output.
+  absl::Status LinearGroup(const float* x, int64_t n, std::span<const LinearOut> outs) override {
+    if (n == 0 || outs.empty()) return absl::OkStatus();
+    const int64_t cols = outs[0].w.cols;
+    const void* converted[3] = {x, nullptr, nullptr};  // by Elem
+    for (const LinearOut& o : outs) {
+      const DeviceMatrix& w = M(o.w);
+      const int e = static_cast<int>(w.type);
+      if (converted[e] == nullptr) {
+        PS_ASSIGN_OR_RETURN(converted[e], ConvertActivations(x, n * cols, w.type, &gemm_input_,
+                                                             "GEMM input conversion"));
+        // One buffer for both 16-bit types: a conversion replaces the other.
+        if (w.type != Elem::kF32) converted[e == 1 ? 2 : 1] = nullptr;
+      }
+      PS_RETURN_IF_ERROR(Gemm(converted[e], n, w, o.y));
+      if (o.bias.data != nullptr)
+        PS_RETURN_IF_ERROR(
+            CudaStatus(cuda_model::LaunchAddBias(o.y, o.bias.data, static_cast<int>(n),
+                                                 static_cast<int>(w.rows), stream_),
+                       "add_bias launch"));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status AddRmsNorm(float* residual, const float* add, int64_t n, int dim,
@@ -308,7 +394,7 @@ class CudaBackend final : public ModelBackend {
                           float* out) override {
     return CudaStatus(cuda_model::LaunchAddRmsNorm(
                           residual, add, logits_rows ? In<int32_t>(kLogitsRows) : nullptr,
-                          weight.data, static_cast<int>(n), dim, eps, out, nullptr),
+                          weight.data, static_cast<int>(n), dim, eps, out, stream_),
                       "add_rms_norm launch");
   }
 
@@ -316,37 +402,59 @@ class CudaBackend final : public ModelBackend {
                          int64_t token_stride) override {
     return CudaStatus(
         cuda_model::LaunchApplyRope(x, static_cast<int>(n), heads, head_size, token_stride,
-                                    In<float>(kRopeCos), In<float>(kRopeSin), nullptr),
+                                    In<float>(kRopeCos), In<float>(kRopeSin), stream_),
         "rope launch");
   }
 
   absl::Status SiluMul(float* gate, const float* up, int64_t count) override {
-    return CudaStatus(cuda_model::LaunchSiluMul(gate, up, count, nullptr), "silu_mul launch");
+    return CudaStatus(cuda_model::LaunchSiluMul(gate, up, count, stream_), "silu_mul launch");
   }
 
-  // fp32 cache only (CheckKvCache): the operands go to the kernels as they are.
+  // fp32 and fp8 caches take the fp32 operands as they are (fp8: io_dtype
+  // fp32, converted inside the kernels); a 16-bit cache gets converted
+  // copies of q, k and v, and the output is converted back.
   absl::Status Attention(const kernels::KVCacheView& cache, int num_heads, float* q, float* k,
                          float* v, float* out) override {
     const ForwardPlan& plan = *plan_;
     const ForwardBatch& b = *plan.batch;
+    const int64_t n = plan.num_tokens;
     const int64_t q_dim = static_cast<int64_t>(num_heads) * cache.shape.head_size;
+    const int64_t kv_dim = static_cast<int64_t>(cache.shape.num_kv_heads) * cache.shape.head_size;
+    const Elem io = AttentionIoElem(cache.shape.dtype);
+    const std::optional<kernels::DType> io_dtype =
+        kernels::IsFp8(cache.shape.dtype) ? std::optional(kernels::DType::kFloat32) : std::nullopt;
+    const void* qa = q;
+    const void* ka = k;
+    const void* va = v;
+    void* oa = out;
+    if (io != Elem::kF32) {
+      PS_ASSIGN_OR_RETURN(qa, ConvertActivations(q, n * q_dim, io, &attn_q_, "query conversion"));
+      PS_ASSIGN_OR_RETURN(ka, ConvertActivations(k, n * kv_dim, io, &attn_k_, "key conversion"));
+      PS_ASSIGN_OR_RETURN(va, ConvertActivations(v, n * kv_dim, io, &attn_v_, "value conversion"));
+      PS_RETURN_IF_ERROR(attn_out_.Reserve(
+          std::max<size_t>(static_cast<size_t>(n * q_dim) * cuda_model::ElemBytes(io), 4),
+          "attention output allocation"));
+      oa = attn_out_.get();
+    }
     const int M = b.max_blocks_per_seq;
     kernels::ReshapeAndCacheParams rc;
-    rc.key = k;
-    rc.value = v;
+    rc.key = ka;
+    rc.value = va;
     rc.slot_mapping = In<int64_t>(kSlots);
-    rc.num_tokens = static_cast<int>(plan.num_tokens);
+    rc.num_tokens = static_cast<int>(n);
     rc.cache = cache;
-    rc.stream = nullptr;
+    rc.io_dtype = io_dtype;
+    rc.stream = stream_;
     PS_RETURN_IF_ERROR(kernels::ReshapeAndCache(rc));
 
     if (plan.num_decode > 0) {
       kernels::PagedAttentionParams pa;
-      pa.out = out;
-      pa.query = q;
+      pa.out = oa;
+      pa.query = qa;
       pa.num_seqs = plan.num_decode;
       pa.num_heads = num_heads;
       pa.cache = cache;
+      pa.io_dtype = io_dtype;
       pa.block_tables = In<int32_t>(kBlockTables);
       pa.max_blocks_per_seq = M;
       pa.seq_lens = In<int32_t>(kSeqLens);
@@ -355,20 +463,22 @@ class CudaBackend final : public ModelBackend {
       pa.host_block_tables = b.block_tables.data();
       pa.host_seq_lens = b.seq_lens.data();
       pa.workspace = workspace_.get();
-      pa.stream = nullptr;
+      pa.stream = stream_;
       PS_RETURN_IF_ERROR(kernels::PagedAttention(pa));
     }
     if (plan.num_prefill > 0) {
       const int64_t bt_off = static_cast<int64_t>(plan.num_decode) * M;
-      const int64_t row_off = static_cast<int64_t>(plan.prefill_row0) * q_dim;
+      const int64_t row_off =
+          static_cast<int64_t>(plan.prefill_row0) * q_dim * cuda_model::ElemBytes(io);
       kernels::PrefillAttentionParams pf;
-      pf.out = out + row_off;
-      pf.query = q + row_off;
+      pf.out = static_cast<char*>(oa) + row_off;
+      pf.query = static_cast<const char*>(qa) + row_off;
       pf.num_seqs = plan.num_prefill;
       pf.num_heads = num_heads;
       pf.query_start_loc = In<int32_t>(kPrefillQsl);
       pf.seq_lens = In<int32_t>(kSeqLens) + plan.num_decode;
       pf.cache = cache;
+      pf.io_dtype = io_dtype;
       pf.block_tables = In<int32_t>(kBlockTables) + bt_off;
       pf.max_blocks_per_seq = M;
       pf.max_query_len = plan.max_prefill_query_len;
@@ -377,33 +487,37 @@ class CudaBackend final : public ModelBackend {
       pf.host_query_start_loc = plan.prefill_query_start_loc.data();
       pf.host_seq_lens = b.seq_lens.data() + plan.num_decode;
       pf.host_block_tables = b.block_tables.data() + bt_off;
-      pf.stream = nullptr;
+      pf.stream = stream_;
       PS_RETURN_IF_ERROR(kernels::PrefillAttention(pf));
     }
-    return absl::OkStatus();
+    if (io == Elem::kF32) return absl::OkStatus();
+    return CudaStatus(cuda_model::LaunchConvert(oa, io, n * q_dim, out, Elem::kF32, stream_),
+                      "attention output conversion");
   }
 
+  // Enqueued on the compute stream (NCCL): no host synchronisation; a
+  // communicator error surfaces in WaitForStep.
   absl::Status AllReduceSum(float* data, int64_t count) override {
-    if (comm_->size() > 1)  // NCCL works on its own stream: our kernels must be done
-      PS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(nullptr), "sync before all-reduce"));
-    return comm_->AllReduceSum(data, static_cast<size_t>(count));
+    return comm_->AllReduceSumAsync(data, static_cast<size_t>(count), stream_);
   }
 
   absl::Status LmHead(const float* x, int64_t n, const BackendMatrix& w,
                       std::vector<float>* logits) override {
     host_logits_.resize(static_cast<size_t>(n) * w.rows);
+    const size_t bytes = host_logits_.size() * sizeof(float);
     if (n > 0) {
-      PS_RETURN_IF_ERROR(logits_.Reserve(host_logits_.size() * sizeof(float), "logits allocation"));
+      PS_RETURN_IF_ERROR(logits_.Reserve(bytes, "logits allocation"));
+      PS_RETURN_IF_ERROR(pinned_logits_.Reserve(bytes, "pinned logits allocation"));
       float* d_logits = static_cast<float*>(logits_.get());
-      PS_RETURN_IF_ERROR(Gemm(x, n, M(w), d_logits));
-      // Synchronous on the legacy default stream: waits for the whole step.
-      PS_RETURN_IF_ERROR(
-          CudaStatus(cudaMemcpy(host_logits_.data(), d_logits, host_logits_.size() * sizeof(float),
-                                cudaMemcpyDeviceToHost),
-                     "logits download"));
-    } else {
-      PS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(nullptr), "forward pass"));
+      PS_RETURN_IF_ERROR(Linear(x, n, w, BackendVector{}, d_logits));
+      // Into pinned memory: asynchronous, so that WaitForStep (not the copy)
+      // is where the host waits.
+      PS_RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpyAsync(pinned_logits_.get(), d_logits, bytes, cudaMemcpyDeviceToHost, stream_),
+          "logits download"));
     }
+    PS_RETURN_IF_ERROR(WaitForStep());
+    if (n > 0) std::memcpy(host_logits_.data(), pinned_logits_.get(), bytes);
     logits->swap(host_logits_);
     return absl::OkStatus();
   }
@@ -437,7 +551,10 @@ class CudaBackend final : public ModelBackend {
     const int64_t q_dim = static_cast<int64_t>(shard_.num_heads) * D;
     const int64_t kv_dim = static_cast<int64_t>(shard_.num_kv_heads) * D;
     const int64_t inter = shard_.intermediate_size;
-    const int64_t per_token = 3 * hidden + 2 * q_dim + 2 * kv_dim + 2 * inter + D;
+    // fp32 buffers, plus the 16-bit GEMM input (at most the intermediate
+    // width) and attention operands.
+    const int64_t per_token = 3 * hidden + 2 * q_dim + 2 * kv_dim + 2 * inter + D +
+                              (std::max(hidden, inter) + 2 * q_dim + 2 * kv_dim) / 2;
     return static_cast<int64_t>((n * per_token + r * (hidden + config_.vocab_size)) *
                                     sizeof(float) +
                                 (kInputCount + static_cast<int>(BufferId::kCount) + 1) * kAlign);
@@ -456,33 +573,101 @@ class CudaBackend final : public ModelBackend {
     return BackendVector{p, static_cast<int64_t>(v.size())};
   }
 
+  // fp32 matrices upload as they are; F16 / BF16 stored rows (LoadLlamaWeights
+  // with WeightDType kFloat16 / kBFloat16) upload as 16-bit.
   absl::StatusOr<BackendMatrix> UploadMatrix(const Matrix& m, const std::string& name) {
-    if (static_cast<int64_t>(m.data.size()) != m.rows * m.cols)
-      return absl::InvalidArgumentError(absl::StrCat("weight ", name, " has ", m.data.size(),
-                                                     " fp32 values for [", m.rows, ", ", m.cols,
-                                                     "] (the CUDA backend runs fp32 weights)"));
-    PS_ASSIGN_OR_RETURN(const BackendVector v, UploadVector(m.data, name));
-    matrices_.push_back(DeviceMatrix{v.data, m.rows, m.cols});
+    if (m.is_fp32()) {
+      if (static_cast<int64_t>(m.data.size()) != m.rows * m.cols)
+        return absl::InvalidArgumentError(absl::StrCat("weight ", name, " has ", m.data.size(),
+                                                       " fp32 values for [", m.rows, ", ", m.cols,
+                                                       "]"));
+      PS_ASSIGN_OR_RETURN(const BackendVector v, UploadVector(m.data, name));
+      matrices_.push_back(DeviceMatrix{v.data, Elem::kF32, m.rows, m.cols});
+      return BackendMatrix{&matrices_.back(), m.rows, m.cols};
+    }
+    if ((m.type != GgmlType::kF16 && m.type != GgmlType::kBF16) || m.bytes() == nullptr)
+      return absl::UnimplementedError(
+          absl::StrCat("weight ", name, " is held as ", GgmlTypeName(m.type),
+                       ": the CUDA backend runs float32, float16 or bfloat16 matrices (--dtype)"));
+    if (m.row_bytes != static_cast<uint64_t>(m.cols) * 2)
+      return absl::InvalidArgumentError(absl::StrCat("weight ", name, " has ", m.row_bytes,
+                                                     " bytes per row for ", m.cols, " columns"));
+    const size_t bytes = static_cast<size_t>(m.rows) * m.row_bytes;
+    DeviceBuffer buf;
+    PS_RETURN_IF_ERROR(buf.Reserve(std::max<size_t>(bytes, 4), absl::StrCat("upload of ", name)));
+    PS_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(buf.get(), m.bytes(), bytes, cudaMemcpyHostToDevice),
+                                  absl::StrCat("upload of ", name)));
+    weight_bytes_ += static_cast<int64_t>(bytes);
+    matrices_.push_back(DeviceMatrix{buf.get(), m.type == GgmlType::kF16 ? Elem::kF16 : Elem::kBF16,
+                                     m.rows, m.cols});
+    weights_.push_back(std::move(buf));
     return BackendMatrix{&matrices_.back(), m.rows, m.cols};
   }
 
-  // y[n, W.rows] = x[n, W.cols] W^T, row-major. In cuBLAS' column-major
-  // terms: Y^T (W.rows x n, ld W.rows) = op_T(W as cols x rows, ld cols) * X^T
-  // (cols x n, ld cols).
-  absl::Status Gemm(const float* x, int64_t n, const DeviceMatrix& w, float* y) {
+  // x (fp32, `count` values) in element type `type` on the stream: x itself
+  // for kF32, else a conversion into `buf` (grown as needed).
+  absl::StatusOr<const void*> ConvertActivations(const float* x, int64_t count, Elem type,
+                                                 DeviceBuffer* buf, absl::string_view what) {
+    if (type == Elem::kF32) return static_cast<const void*>(x);
+    PS_RETURN_IF_ERROR(
+        buf->Reserve(std::max<size_t>(static_cast<size_t>(count) * cuda_model::ElemBytes(type), 4),
+                     absl::StrCat(what, " allocation")));
+    PS_RETURN_IF_ERROR(CudaStatus(
+        cuda_model::LaunchConvert(x, Elem::kF32, count, buf->get(), type, stream_), what));
+    return static_cast<const void*>(buf->get());
+  }
+
+  // y[n, W.rows] (fp32) = x[n, W.cols] W^T, row-major, x already in W's
+  // element type. In cuBLAS' column-major terms: Y^T (W.rows x n, ld W.rows)
+  // = op_T(W as cols x rows, ld cols) * X^T (cols x n, ld cols). fp32: SGEMM;
+  // fp16/bf16: GemmEx with fp32 accumulation and output (tensor cores).
+  absl::Status Gemm(const void* x, int64_t n, const DeviceMatrix& w, float* y) {
     if (n == 0) return absl::OkStatus();
     const float alpha = 1.0f, beta = 0.0f;
-    return CublasStatus(blas_->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),
-                                     static_cast<int>(n), static_cast<int>(w.cols), &alpha, w.data,
-                                     static_cast<int>(w.cols), x, static_cast<int>(w.cols), &beta,
-                                     y, static_cast<int>(w.rows)),
-                        "cublasSgemm");
+    const int m = static_cast<int>(w.rows), nn = static_cast<int>(n), k = static_cast<int>(w.cols);
+    if (w.type == Elem::kF32)
+      return CublasStatus(blas_->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha,
+                                       static_cast<const float*>(w.data), k,
+                                       static_cast<const float*>(x), k, &beta, y, m),
+                          "cublasSgemm");
+    const cudaDataType t = CudaType(w.type);
+    return CublasStatus(
+        blas_->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, t, k, x, t, k,
+                       &beta, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
+  }
+
+  // Waits for the step's work on the stream. With a multi-rank NCCL group
+  // it polls the stream and the communicator's asynchronous error, so that
+  // a peer that died mid-collective makes this step fail (the communicator
+  // is aborted) instead of blocking forever.
+  absl::Status WaitForStep() {
+    if (comm_->size() <= 1) {
+      PS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "forward pass"));
+      step_pending_ = false;
+      return absl::OkStatus();
+    }
+    for (int spin = 0;; ++spin) {
+      const cudaError_t e = cudaStreamQuery(stream_);
+      if (e == cudaSuccess) {
+        step_pending_ = false;
+        return absl::OkStatus();
+      }
+      if (e != cudaErrorNotReady) return CudaStatus(e, "forward pass");
+      PS_RETURN_IF_ERROR(comm_->CheckAsyncError());
+      if (spin < 1000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
   }
 
   Communicator* comm_;
   int device_;
   ModelConfig config_;
   ShardLayout shard_;
+  cudaStream_t stream_ = nullptr;  // the compute stream (blocking, see Init)
   cublasHandle_t cublas_ = nullptr;
   const CublasApi* blas_ = nullptr;  // dlopen-ed cuBLAS (cublas_loader.h)
   int64_t weight_bytes_ = 0;
@@ -496,7 +681,10 @@ class CudaBackend final : public ModelBackend {
   std::array<const void*, kInputCount> d_in_{};
   std::array<DeviceBuffer, static_cast<size_t>(BufferId::kCount)> buffers_;
   DeviceBuffer inputs_, workspace_, logits_;
-  std::vector<char> host_inputs_;
+  // 16-bit copies of activations: the GEMM input, attention operands.
+  DeviceBuffer gemm_input_, attn_q_, attn_k_, attn_v_, attn_out_;
+  PinnedBuffer host_inputs_, pinned_logits_;
+  bool step_pending_ = false;  // BeginStep ran and WaitForStep has not succeeded since
   std::vector<float> host_logits_;
 };
 

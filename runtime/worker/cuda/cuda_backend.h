@@ -5,26 +5,34 @@
 // runtime/worker/llama_model.h drives both), so that a CUDA worker and a CPU
 // worker produce the same greedy tokens.
 //
-// Precision: weights, activations and the KV cache are fp32 on the device
-// (KVCacheView dtype kFloat32, device kCUDA; LoadWeights dequantizes nothing,
-// the weights must be loaded as fp32). This costs twice the memory of fp16
-// but keeps the CUDA worker within float rounding of the CPU reference.
-// Linear layers are cuBLAS SGEMM in CUBLAS_DEFAULT_MATH (no TF32); the
-// elementwise kernels (runtime/worker/cuda/model_kernels.cuh) sum RMSNorm
-// squares in double as on the CPU; rotary tables come from the plan (host,
-// angles in double). Attention and cache kernels are kernels/cuda's.
+// Precision: weights are held as LoadWeights receives them: fp32 matrices
+// run cuBLAS SGEMM in CUBLAS_DEFAULT_MATH (no TF32; the exact path the CPU
+// fp32 reference is compared with), fp16 / bf16 matrices (LoadLlamaWeights
+// with WeightDType kFloat16 / kBFloat16; the worker's default on CUDA) run
+// cublasGemmEx with 16-bit A and B, fp32 C and CUBLAS_COMPUTE_32F (tensor
+// cores, fp32 accumulation); the fp32 activations are converted to the
+// weight's type once per LinearGroup (round to nearest even). Activations
+// stay fp32 between operations; the elementwise kernels
+// (runtime/worker/cuda/model_kernels.cuh) sum RMSNorm squares in double as
+// on the CPU; rotary tables come from the plan (host, angles in double).
+// The KV cache may be fp32, fp16, bf16 (q/k/v converted to the cache type
+// before reshape_and_cache and attention, the output converted back) or
+// fp8_e4m3 / fp8_e5m2 (fp32 operands, converted in the kernels; per-layer
+// scales from the view). Attention and cache kernels are kernels/cuda's.
 //
 // Per step, BeginStep uploads the plan once (slot mapping, token ids,
 // seq_lens, block tables, prefill query_start_loc, logits rows and the
-// rotary tables in one packed copy) and sizes the paged_attention_v2
-// workspace; no operation uploads anything per layer.
+// rotary tables in one packed copy from a pinned staging buffer) and sizes
+// the paged_attention_v2 workspace; no operation uploads anything per layer.
 //
-// Streams: every kernel, GEMM and copy of this backend, and the worker's
-// swap/copy block operations, run on the legacy default stream of the chosen
-// device. NCCL collectives run on the communicator's own stream, so
-// AllReduceSum synchronizes the device before the all-reduce (only when the
-// group has more than one rank); the NCCL communicator synchronizes its
-// stream afterwards.
+// Streams: every kernel, GEMM, copy and NCCL all-reduce of this backend runs
+// on one compute stream, created blocking so that it is ordered with the
+// legacy default stream on which the worker's swap and copy-on-write block
+// operations run. AllReduceSum enqueues the collective without a host
+// synchronisation (Communicator::AllReduceSumAsync); the only host wait is
+// LmHead's, at the end of the step, which with a multi-rank group polls the
+// communicator's asynchronous error so that a dead peer fails the step
+// (the communicator is aborted) instead of hanging it.
 //
 // This header is plain C++ (no CUDA headers); the functions exist only in
 // builds with PAGEDSERVE_WITH_CUDA (runtime/worker/cuda/cuda_backend.cc).
@@ -53,8 +61,9 @@ struct CudaBackendLimits {
 
 #ifdef PAGEDSERVE_WITH_CUDA
 // Selects `cuda_device` (cudaSetDevice; the calling thread keeps it) and
-// creates the cuBLAS handle; weights are uploaded by LoadWeights (fp32
-// matrices only: InvalidArgument for a stored-format matrix). `comm` (not
+// creates the compute stream and the cuBLAS handle; weights are uploaded by
+// LoadWeights (fp32, F16 or BF16 matrices: Unimplemented for a quantized
+// stored format). `comm` (not
 // owned) must be a group of one or an NCCL communicator on the same device
 // (AllReduceSum on device buffers); it must outlive the backend.
 // Errors: InvalidArgument for a non-NCCL communicator with more than one
@@ -64,8 +73,9 @@ struct CudaBackendLimits {
 absl::StatusOr<std::unique_ptr<ModelBackend>> MakeCudaBackend(Communicator* comm, int cuda_device);
 
 // The forward pass over MakeCudaBackend(comm, cuda_device): a LlamaModel
-// whose weights (fp32, e.g. LoadLlamaWeights(..., WeightDType::kFloat32))
-// live on the device. Allocate its pools with LlamaModel::AllocateCaches.
+// whose weights (fp32, fp16 or bf16: LoadLlamaWeights(..., WeightDType::
+// kFloat32 / kFloat16 / kBFloat16)) live on the device. Allocate its pools with
+// LlamaModel::AllocateCaches.
 struct CudaLlamaModel {
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(LlamaWeights weights,
                                                             Communicator* comm, int cuda_device);

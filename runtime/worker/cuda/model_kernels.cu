@@ -1,4 +1,4 @@
-// The small fp32 kernels of the CUDA backend: __global__ wrappers of the
+// The small kernels of the CUDA backend: __global__ wrappers of the
 // bodies in model_kernels.cuh and their launchers (model_kernels.h).
 #include "runtime/worker/cuda/model_kernels.h"
 
@@ -15,10 +15,26 @@ unsigned int BlocksFor(int64_t count) {
   return static_cast<unsigned int>(blocks);
 }
 
-__global__ void EmbeddingGatherKernel(const float* __restrict__ table,
-                                      const int32_t* __restrict__ ids, int hidden,
-                                      float* __restrict__ out) {
-  EmbeddingGatherBody(table, ids, hidden, out);
+template <typename T>
+__global__ void EmbeddingGatherKernel(const T* __restrict__ table, const int32_t* __restrict__ ids,
+                                      int hidden, float* __restrict__ out) {
+  EmbeddingGatherBody<T>(table, ids, hidden, out);
+}
+
+template <typename From, typename To>
+__global__ void ConvertKernel(const From* __restrict__ in, int64_t count, To* __restrict__ out) {
+  ConvertBody<From, To>(in, count, out);
+}
+
+// Calls fn(T{}) with a value of the C++ type of `e`.
+template <typename Fn>
+cudaError_t WithElem(Elem e, Fn&& fn) {
+  switch (e) {
+    case Elem::kF32: return fn(float{});
+    case Elem::kF16: return fn(__half{});
+    case Elem::kBF16: return fn(__nv_bfloat16{});
+  }
+  return cudaErrorInvalidValue;
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -46,11 +62,30 @@ __global__ void SiluMulKernel(float* __restrict__ gate, const float* __restrict_
 
 }  // namespace
 
-cudaError_t LaunchEmbeddingGather(const float* table, const int32_t* ids, int n, int hidden,
-                                  float* out, cudaStream_t stream) {
+cudaError_t LaunchEmbeddingGather(const void* table, Elem table_type, const int32_t* ids, int n,
+                                  int hidden, float* out, cudaStream_t stream) {
   if (n <= 0 || hidden <= 0) return cudaSuccess;
-  EmbeddingGatherKernel<<<n, kThreads, 0, stream>>>(table, ids, hidden, out);
-  return cudaGetLastError();
+  return WithElem(table_type, [&](auto t) {
+    using T = decltype(t);
+    EmbeddingGatherKernel<T>
+        <<<n, kThreads, 0, stream>>>(static_cast<const T*>(table), ids, hidden, out);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t LaunchConvert(const void* in, Elem in_type, int64_t count, void* out, Elem out_type,
+                          cudaStream_t stream) {
+  if (in_type == out_type) return cudaErrorInvalidValue;
+  if (count <= 0) return cudaSuccess;
+  return WithElem(in_type, [&](auto from) {
+    return WithElem(out_type, [&](auto to) {
+      using From = decltype(from);
+      using To = decltype(to);
+      ConvertKernel<From, To><<<BlocksFor(count), kThreads, 0, stream>>>(
+          static_cast<const From*>(in), count, static_cast<To*>(out));
+      return cudaGetLastError();
+    });
+  });
 }
 
 cudaError_t LaunchAddRmsNorm(float* residual, const float* add, const int32_t* rows,

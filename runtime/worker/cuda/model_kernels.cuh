@@ -1,30 +1,51 @@
-// Internal: the bodies of the small fp32 kernels of the CUDA backend
+// Internal: the bodies of the small kernels of the CUDA backend
 // (runtime/worker/cuda/cuda_backend.h), as device functions so that
 // model_kernels.cu wraps them in __global__ kernels and
 // tests/worker/cuda_model_emulation_test.cc runs the same source on the CPU
 // through tests/kernels/simt_emulator.h, against the CPU backend's operations
 // (runtime/worker/cpu_backend.h, cpu_ops). Each body mirrors one cpu_ops
 // function with the same arithmetic where it matters (double sums in RMSNorm,
-// fp32 elsewhere). Every pointer is device memory; row-major layouts.
+// fp32 elsewhere). Activations are fp32; weights (the embedding table) and
+// the GEMM / attention operands may be fp16 or bf16, converted with the
+// round-to-nearest-even conversions of cuda_fp16.h / cuda_bf16.h (the CPU's
+// kernels/cpu/half.h converters give the same bits). Every pointer is device
+// memory; row-major layouts.
 #ifndef PAGEDSERVE_RUNTIME_WORKER_CUDA_MODEL_KERNELS_CUH_
 #define PAGEDSERVE_RUNTIME_WORKER_CUDA_MODEL_KERNELS_CUH_
 
 #include <cstdint>
+
+#include "kernels/cuda/dtype_utils.cuh"
 
 namespace pagedserve::cuda_model {
 
 // Threads per block of every launcher (model_kernels.cu).
 constexpr int kThreads = 256;
 
-// Grid (n): out[t, :] = table[ids[t], :], table [vocab, hidden]. ids are
-// checked on the host beforehand (0 <= id < vocab).
-__device__ __forceinline__ void EmbeddingGatherBody(const float* __restrict__ table,
+// Grid (n): out[t, :] = (float)table[ids[t], :], table [vocab, hidden] of
+// T in {float, __half, __nv_bfloat16}. ids are checked on the host
+// beforehand (0 <= id < vocab).
+template <typename T>
+__device__ __forceinline__ void EmbeddingGatherBody(const T* __restrict__ table,
                                                     const int32_t* __restrict__ ids, int hidden,
                                                     float* __restrict__ out) {
   const int t = blockIdx.x;
-  const float* src = table + static_cast<int64_t>(ids[t]) * hidden;
+  const T* src = table + static_cast<int64_t>(ids[t]) * hidden;
   float* dst = out + static_cast<int64_t>(t) * hidden;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = src[i];
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+    dst[i] = ::pagedserve::kernels::cuda::ToFloat(src[i]);
+}
+
+// Grid-stride: out[k] = To(in[k]) for k < count, From/To in {float, __half,
+// __nv_bfloat16}: fp32 -> 16-bit rounds to nearest even (NaN stays NaN, out
+// of range becomes inf), 16-bit -> fp32 is exact.
+template <typename From, typename To>
+__device__ __forceinline__ void ConvertBody(const From* __restrict__ in, int64_t count,
+                                            To* __restrict__ out) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < count;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[k] =
+        ::pagedserve::kernels::cuda::FromFloat<To>(::pagedserve::kernels::cuda::ToFloat(in[k]));
 }
 
 // Grid (n), block (kThreads): fused residual add + RMSNorm of one row

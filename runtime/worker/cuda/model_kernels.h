@@ -1,4 +1,4 @@
-// Internal: launchers of the small fp32 CUDA kernels of the CUDA backend
+// Internal: launchers of the small CUDA kernels of the CUDA backend
 // (runtime/worker/cuda/cuda_backend.cc); the kernel bodies and their exact
 // contracts are in model_kernels.cuh. Callable from host C++20 and from nvcc
 // (C++17); free of Abseil so that nvcc parses little. Every pointer is device
@@ -13,9 +13,21 @@
 
 namespace pagedserve::cuda_model {
 
-// out[t, :] = table[ids[t], :] for t < n; table [vocab, hidden].
-cudaError_t LaunchEmbeddingGather(const float* table, const int32_t* ids, int n, int hidden,
-                                  float* out, cudaStream_t stream);
+// Element type of a weight table or a converted buffer.
+enum class Elem : int { kF32, kF16, kBF16 };
+// Bytes of one element.
+inline int ElemBytes(Elem e) { return e == Elem::kF32 ? 4 : 2; }
+
+// out[t, :] = (float)table[ids[t], :] for t < n; table [vocab, hidden] of
+// element type `table_type`.
+cudaError_t LaunchEmbeddingGather(const void* table, Elem table_type, const int32_t* ids, int n,
+                                  int hidden, float* out, cudaStream_t stream);
+
+// out[k] = (out_type)in[k] for k < count (round to nearest even when
+// narrowing). in and out must not overlap. cudaErrorInvalidValue when
+// in_type == out_type.
+cudaError_t LaunchConvert(const void* in, Elem in_type, int64_t count, void* out, Elem out_type,
+                          cudaStream_t stream);
 
 // Fused residual add + RMSNorm of n rows (ModelBackend::AddRmsNorm): `add`
 // may be null (norm only); `rows` null = rows 0..n-1 with residual written
