@@ -52,8 +52,10 @@
 // The prompt is fixed token ids (no tokenizer). The model runs through the
 // public model API (LlamaModel::Create / CudaLlamaModel::Create over the
 // in-memory LlamaWeights) with the same plans as above, turned into
-// ForwardBatch rows, and greedy argmax over the returned logits instead of the
-// Worker's sampler (same cost class: one pass over the vocabulary per row).
+// ForwardBatch rows, and the greedy argmax of LlamaModel's greedy Forward
+// (ModelBackend::LmHeadGreedy: on the host for the CPU, on the device for
+// CUDA, as the Worker does for greedy requests) instead of the Worker's
+// sampler.
 // Extra counters: layers, and layer_tokens_per_s = tokens_per_s * layers (the
 // tokens/s of one decoder layer if the whole step were spent in the layers; it
 // includes the embedding, LM head and sampling, so it understates a layer's own
@@ -128,10 +130,15 @@ struct RandomModel {
   int num_layers = 0;
   int vocab = 0;
   std::vector<float> logits;
+  std::vector<int32_t> argmax;
+  std::vector<uint8_t> greedy;
 
+  // Every row greedy: the argmax is taken where the logits are
+  // (ModelBackend::LmHeadGreedy; CUDA: on the device, only ids come back).
   absl::Status Forward(const ForwardBatch& b) {
-    if (cuda) return cuda->Forward(b, cuda->device_cache(), &logits);
-    return cpu->Forward(b, cpu_cache, &logits);
+    greedy.assign(b.logits_rows.size(), 1);
+    if (cuda) return cuda->Forward(b, cuda->device_cache(), greedy, &argmax, &logits);
+    return cpu->Forward(b, cpu_cache, greedy, &argmax, &logits);
   }
 };
 
@@ -407,7 +414,7 @@ SequenceStep MakeStep(const Seq& s, std::vector<int32_t> tokens, bool sample) {
 }
 
 // --random-weights: the plan's rows as one ForwardBatch (every step of this
-// benchmark carries its sequence's full block table), then greedy argmax.
+// benchmark carries its sequence's full block table), every row greedy.
 void RunRandom(const StepPlan& plan, std::vector<Seq>& seqs) {
   RandomModel& m = *bench().random;
   std::vector<int32_t> ids, pos, qsl{0}, lens, bt, rows;
@@ -445,10 +452,8 @@ void RunRandom(const StepPlan& plan, std::vector<Seq>& seqs) {
   fb.logits_rows = rows;
   if (absl::Status s = m.Forward(fb); !s.ok()) Die(s.ToString());
   for (size_t r = 0; r < sampled.size(); ++r) {
-    const float* row = m.logits.data() + r * static_cast<size_t>(m.vocab);
-    const float* best = std::max_element(row, row + m.vocab);
-    if (!std::isfinite(*best)) Die("the random-weight model produced non-finite logits");
-    const int32_t token = static_cast<int32_t>(best - row);
+    const int32_t token = m.argmax[r];
+    if (token < 0) Die("the random-weight model produced non-finite logits");
     for (Seq& s : seqs)
       if (s.id == sampled[r]) s.last = token;
   }

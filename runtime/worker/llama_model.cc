@@ -134,6 +134,27 @@ void LlamaModel::BuildPlan(const ForwardBatch& b) {
 absl::Status LlamaModel::Forward(const ForwardBatch& b,
                                  std::span<const kernels::KVCacheView> kv_layers,
                                  std::vector<float>* logits) {
+  float* normed = nullptr;
+  PS_RETURN_IF_ERROR(RunLayers(b, kv_layers, &normed));
+  return backend_->LmHead(normed, static_cast<int64_t>(b.logits_rows.size()), w_.lm_head, logits);
+}
+
+absl::Status LlamaModel::Forward(const ForwardBatch& b,
+                                 std::span<const kernels::KVCacheView> kv_layers,
+                                 std::span<const uint8_t> greedy, std::vector<int32_t>* argmax,
+                                 std::vector<float>* logits) {
+  if (greedy.size() != b.logits_rows.size())
+    return absl::InvalidArgumentError(absl::StrCat("Forward: ", greedy.size(), " greedy flags for ",
+                                                   b.logits_rows.size(), " logits rows"));
+  float* normed = nullptr;
+  PS_RETURN_IF_ERROR(RunLayers(b, kv_layers, &normed));
+  return backend_->LmHeadGreedy(normed, static_cast<int64_t>(b.logits_rows.size()), w_.lm_head,
+                                greedy, argmax, logits);
+}
+
+absl::Status LlamaModel::RunLayers(const ForwardBatch& b,
+                                   std::span<const kernels::KVCacheView> kv_layers,
+                                   float** normed_out) {
   PS_RETURN_IF_ERROR(ValidateBatch(b, kv_layers));
   const ModelConfig& cfg = config_;
   const int64_t n = b.num_tokens();
@@ -194,7 +215,8 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
       PS_RETURN_IF_ERROR(be.AddRmsNorm(x, o, r, hidden, w_.final_norm, eps, true, normed));
     }
   }
-  return be.LmHead(normed, r, w_.lm_head, logits);
+  *normed_out = normed;
+  return absl::OkStatus();
 }
 
 }  // namespace pagedserve

@@ -73,8 +73,8 @@ class LlamaModel {
   std::span<const kernels::KVCacheView> cpu_cache() const { return backend_->cpu_cache(); }
 
   // Runs the batch, writes this step's K/V into `kv_layers` (num_layers views
-  // the backend accepts: CPU views of fp32, fp16, bf16 or fp8 (e4m3/e5m2) on the CPU backend,
-  // fp32 kCUDA views on the CUDA one) and fp32 logits [logits_rows.size(),
+  // the backend accepts: views of fp32, fp16, bf16 or fp8 (e4m3/e5m2), kCPU on
+  // the CPU backend, kCUDA on the CUDA one) and fp32 logits [logits_rows.size(),
   // vocab_size] row-major (host) into `logits`.
   // Errors: InvalidArgument for inconsistent batch spans, a token id outside
   // the vocabulary, a slot outside the pool or a cache view the backend does
@@ -83,12 +83,24 @@ class LlamaModel {
   absl::Status Forward(const ForwardBatch& batch, std::span<const kernels::KVCacheView> kv_layers,
                        std::vector<float>* logits);
 
+  // The same step, with the greedy rows reduced by the backend
+  // (ModelBackend::LmHeadGreedy): `greedy` has one entry per logits row;
+  // (*argmax)[r] is row r's greedy token or -1, and `logits` holds, compacted
+  // in row order, the rows whose argmax is -1. Errors as above, plus
+  // InvalidArgument when greedy.size() != logits_rows.size().
+  absl::Status Forward(const ForwardBatch& batch, std::span<const kernels::KVCacheView> kv_layers,
+                       std::span<const uint8_t> greedy, std::vector<int32_t>* argmax,
+                       std::vector<float>* logits);
+
  private:
   LlamaModel(const LlamaWeights& weights, std::unique_ptr<ModelBackend> backend);
 
   absl::Status ValidateBatch(const ForwardBatch& b,
                              std::span<const kernels::KVCacheView> kv_layers) const;
   void BuildPlan(const ForwardBatch& b);
+  // Everything up to the LM head; *normed = the final-norm rows.
+  absl::Status RunLayers(const ForwardBatch& b, std::span<const kernels::KVCacheView> kv_layers,
+                         float** normed);
 
   ModelConfig config_;
   ShardLayout shard_;

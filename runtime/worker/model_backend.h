@@ -249,7 +249,34 @@ class ModelBackend {
   // step. Ends the step. Nothing is written to `logits` on error.
   virtual absl::Status LmHead(const float* x, int64_t n, const BackendMatrix& w,
                               std::vector<float>* logits) = 0;
+
+  // LmHead for a step whose rows are partly greedy (`greedy` has n entries):
+  // for a row t with greedy[t] != 0, (*argmax)[t] = the id of its largest
+  // logit, ties to the lowest id (the sampler's greedy rule), or -1 when the
+  // row holds a NaN or +inf logit or only -inf ones (rows the sampler refuses,
+  // so that the caller can hand them to it for the error); (*argmax)[t] = -1
+  // for the other rows. `logits` (host) receives, compacted in row order
+  // ([count, w.rows]), the logits of every row whose (*argmax)[t] is -1, so
+  // greedy rows cost no download. Ends the step; nothing is written on error.
+  // This default runs LmHead and reduces on the host; a device backend
+  // reduces where the logits are (CUDA: one argmax kernel, and only the rows
+  // that need logits are copied back).
+  virtual absl::Status LmHeadGreedy(const float* x, int64_t n, const BackendMatrix& w,
+                                    std::span<const uint8_t> greedy, std::vector<int32_t>* argmax,
+                                    std::vector<float>* logits);
 };
+
+// The greedy reduction of one row of `vocab` logits (LmHeadGreedy's rule):
+// the index of the largest value, ties to the lowest index, or -1 when the row
+// holds a NaN or +inf or only -inf values (or vocab < 1).
+int32_t GreedyArgmax(const float* row, int64_t vocab);
+
+// Compacts `all` ([n, vocab], every row's logits) into LmHeadGreedy's outputs:
+// argmax[t] from GreedyArgmax for greedy rows (else -1), and the rows whose
+// argmax[t] is -1 into *logits, in row order.
+void SplitGreedyRows(const std::vector<float>& all, int64_t n, int64_t vocab,
+                     std::span<const uint8_t> greedy, std::vector<int32_t>* argmax,
+                     std::vector<float>* logits);
 
 }  // namespace pagedserve
 

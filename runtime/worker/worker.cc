@@ -20,6 +20,16 @@ std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
   return out;
 }
 
+// True when the sampler would return `num_samples` copies of the argmax of
+// the raw logits: valid greedy params without penalties, logprobs or beams
+// (whose scores need logprobs), and num_samples within the sampler's [1, 64]
+// (anything else goes to the sampler, which also reports the errors).
+bool PlainArgmax(const SamplingParams& p, int32_t num_samples) {
+  return p.greedy() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f && p.logprobs < 0 && !p.use_beam_search && num_samples >= 1 &&
+         num_samples <= 64 && p.Validate().ok();
+}
+
 // The KV cache element type of --kv-cache-dtype auto (see WorkerOptions).
 kernels::DType AutoKvDType(WeightDType dtype) {
   switch (dtype) {
@@ -176,12 +186,22 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
     batch.block_tables = block_tables;
     batch.max_blocks_per_seq = max_blocks;
     batch.logits_rows = logits_rows;
-    PS_RETURN_IF_ERROR(model_->Forward(batch, device_layers_, &logits_));
+    // Rows whose sampling is a plain argmax are reduced where the logits are
+    // (ModelBackend::LmHeadGreedy): greedy, no penalties, no logprobs.
+    std::vector<uint8_t> greedy(sampled_seq.size(), 0);
+    for (size_t r = 0; r < sampled_seq.size(); ++r)
+      greedy[r] = PlainArgmax(rows[sampled_seq[r]]->sampling, plan.seqs[sampled_seq[r]].num_samples)
+                      ? 1
+                      : 0;
+    std::vector<int32_t> argmax;
+    PS_RETURN_IF_ERROR(model_->Forward(batch, device_layers_, greedy, &argmax, &logits_));
 
     if (comm_->rank() == 0 && !sampled_seq.empty()) {
       std::vector<SamplerRow> sampler_rows;
       sampler_rows.reserve(sampled_seq.size());
-      for (int i : sampled_seq) {
+      for (size_t r = 0; r < sampled_seq.size(); ++r) {
+        if (argmax[r] >= 0) continue;
+        const int i = sampled_seq[r];
         const SequenceStep& s = plan.seqs[i];
         const StepPlanMirror::Sequence& st = *rows[i];
         SamplerRow row;
@@ -194,7 +214,26 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
         row.num_samples = s.num_samples;
         sampler_rows.push_back(row);
       }
-      PS_ASSIGN_OR_RETURN(result.tokens, sampler_->Sample(logits_, sampler_rows));
+      std::vector<SampledToken> sampled;
+      if (!sampler_rows.empty()) {
+        PS_ASSIGN_OR_RETURN(sampled, sampler_->Sample(logits_, sampler_rows));
+      }
+      // Merged in row order: a reduced row gives num_samples copies of its
+      // argmax (what the sampler returns for a greedy row).
+      size_t next = 0;
+      for (size_t r = 0; r < sampled_seq.size(); ++r) {
+        const SequenceStep& s = plan.seqs[sampled_seq[r]];
+        for (int j = 0; j < s.num_samples; ++j) {
+          if (argmax[r] >= 0) {
+            SampledToken t;
+            t.seq_id = s.seq_id;
+            t.token_id = argmax[r];
+            result.tokens.push_back(std::move(t));
+          } else {
+            result.tokens.push_back(std::move(sampled.at(next++)));
+          }
+        }
+      }
     }
   }
   result.forward_seconds =

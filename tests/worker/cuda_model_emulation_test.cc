@@ -1,7 +1,8 @@
 // Runs the CUDA backend's small model kernels (runtime/worker/cuda/
 // model_kernels.cuh: embedding gather from fp32 and 16-bit tables, fused
 // residual add + RMSNorm, RoPE, SiLU-and-mul, bias add, the fp32 <-> fp16 /
-// bf16 conversions of GEMM and attention operands) on the CPU through tests/kernels/simt_emulator.h
+// bf16 conversions of GEMM and attention operands, the greedy argmax of
+// logits rows) on the CPU through tests/kernels/simt_emulator.h
 // and compares them with the CPU backend's operations (cpu_ops in runtime/worker/cpu_backend.h, the
 // arithmetic the transformers and llama.cpp fixtures check), on odd shapes (rows not a multiple of
 // the block, a grid smaller than the work for the grid-stride loops). Needs the CUDA headers only,
@@ -10,7 +11,9 @@
 //
 // Tolerances: gather, bias add, the conversions (against the CPU's
 // kernels/cpu/half.h converters; NaN inputs only need a NaN out, the
-// payloads differ) and the residual sums are bit-exact; RoPE and
+// payloads differ), the argmax (against GreedyArgmax, the host rule the
+// sampler is checked with in greedy_rows_test.cc) and the residual sums are
+// exact; RoPE and
 // SiLU-and-mul use the same fp32 operations as the CPU loop (tolerance
 // 2e-6 relative + 1e-7 for a contraction into FMA by either compiler);
 // RMSNorm sums squares in double in a different order (a block tree vs a
@@ -35,6 +38,7 @@ using namespace ::pagedserve::kernels::cuda;  // NOLINT
 #include "runtime/model/weights.h"
 #include "runtime/worker/cpu_backend.h"
 #include "runtime/worker/cuda/model_kernels.cuh"
+#include "runtime/worker/model_backend.h"
 
 namespace pagedserve::cuda_model {
 namespace {
@@ -241,6 +245,83 @@ void ConvertCase(bool bf16) {
 TEST(CudaModelEmulationTest, ConversionsMatchCpuConverters) {
   ConvertCase<__half>(false);
   ConvertCase<__nv_bfloat16>(true);
+}
+
+// ---- Greedy argmax of logits rows -------------------------------------------------
+
+// Broken: ties go to the highest index.
+template <int NUM_THREADS>
+void BrokenGreedyArgmaxBody(const float* logits, int64_t vocab, int32_t* out) {
+  __shared__ float best_v[NUM_THREADS];
+  __shared__ int32_t best_i[NUM_THREADS];
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  float bv = -INFINITY;
+  int32_t bi = -1;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
+    if (row[i] >= bv && row[i] > -INFINITY) {
+      bv = row[i];
+      bi = static_cast<int32_t>(i);
+    }
+  best_v[threadIdx.x] = bv;
+  best_i[threadIdx.x] = bi;
+  __syncthreads();
+  for (int stride = NUM_THREADS / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride) {
+      const float ov = best_v[threadIdx.x + stride];
+      const int32_t oi = best_i[threadIdx.x + stride];
+      if (oi >= 0 && (best_i[threadIdx.x] < 0 || ov > best_v[threadIdx.x] ||
+                      (ov == best_v[threadIdx.x] && oi > best_i[threadIdx.x]))) {
+        best_v[threadIdx.x] = ov;
+        best_i[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = best_i[0];
+}
+
+TEST(CudaModelEmulationTest, GreedyArgmaxMatchesHostRule) {
+  std::mt19937 rng(13);
+  for (int64_t vocab : {int64_t{1}, int64_t{5}, int64_t{255}, int64_t{1000}, int64_t{49157}}) {
+    SCOPED_TRACE(testing::Message() << "vocab " << vocab);
+    std::uniform_int_distribution<int64_t> at(0, vocab - 1);
+    std::vector<float> logits;
+    int rows = 0;
+    auto add = [&](std::vector<float> row) {
+      logits.insert(logits.end(), row.begin(), row.end());
+      ++rows;
+    };
+    for (int r = 0; r < 12; ++r) {
+      std::vector<float> row = Random(vocab, rng, -30.0f, 30.0f);
+      if (r % 2 == 1)  // the maximum tied at several places, across threads
+        for (int k = 0; k < 3; ++k) row[at(rng)] = 40.0f;
+      if (r % 3 == 2)
+        for (int64_t k = 0; k < vocab / 2; ++k) row[at(rng)] = -INFINITY;
+      if (r % 4 == 3)
+        for (float& v : row) v = std::round(v / 16.0f);  // ties everywhere
+      add(row);
+    }
+    add(std::vector<float>(vocab, -INFINITY));  // refused: only -inf
+    add(std::vector<float>(vocab, -3.4028235e38f));
+    std::vector<float> nan_row(vocab, 0.0f), inf_row(vocab, 0.0f);
+    nan_row[at(rng)] = NAN;
+    inf_row[at(rng)] = INFINITY;
+    add(nan_row);
+    add(inf_row);
+    std::vector<int32_t> want(rows), got(rows, -7), broken(rows, -7);
+    for (int r = 0; r < rows; ++r) want[r] = GreedyArgmax(logits.data() + r * vocab, vocab);
+    kc::EmuLaunch(dim3(rows), dim3(kThreads), 0,
+                  [&] { GreedyArgmaxBody<kThreads>(logits.data(), vocab, got.data()); });
+    EXPECT_EQ(got, want);
+    kc::EmuLaunch(dim3(rows), dim3(64), 0,  // another block width
+                  [&] { GreedyArgmaxBody<64>(logits.data(), vocab, got.data()); });
+    EXPECT_EQ(got, want);
+    if (vocab >= 255) {
+      kc::EmuLaunch(dim3(rows), dim3(kThreads), 0,
+                    [&] { BrokenGreedyArgmaxBody<kThreads>(logits.data(), vocab, broken.data()); });
+      EXPECT_NE(broken, want) << "negative control passed the check";
+    }
+  }
 }
 
 // ---- Fused residual add + RMSNorm ----------------------------------------------

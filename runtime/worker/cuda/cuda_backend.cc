@@ -522,6 +522,68 @@ class CudaBackend final : public ModelBackend {
     return absl::OkStatus();
   }
 
+  // Greedy rows reduced on the device: one argmax kernel over the logits,
+  // n int32 ids back, and then only the rows that need logits (sampled rows,
+  // and greedy rows the sampler must refuse) copied into pinned memory.
+  absl::Status LmHeadGreedy(const float* x, int64_t n, const BackendMatrix& w,
+                            std::span<const uint8_t> greedy, std::vector<int32_t>* argmax,
+                            std::vector<float>* logits) override {
+    if (n == 0 || std::none_of(greedy.begin(), greedy.end(), [](uint8_t g) { return g != 0; }))
+      return ModelBackend::LmHeadGreedy(x, n, w, greedy, argmax, logits);
+    const size_t vocab = static_cast<size_t>(w.rows);
+    const size_t bytes = static_cast<size_t>(n) * vocab * sizeof(float);
+    PS_RETURN_IF_ERROR(logits_.Reserve(bytes, "logits allocation"));
+    PS_RETURN_IF_ERROR(
+        argmax_.Reserve(static_cast<size_t>(n) * sizeof(int32_t), "argmax allocation"));
+    PS_RETURN_IF_ERROR(pinned_argmax_.Reserve(static_cast<size_t>(n) * sizeof(int32_t),
+                                              "pinned argmax allocation"));
+    float* d_logits = static_cast<float*>(logits_.get());
+    PS_RETURN_IF_ERROR(Linear(x, n, w, BackendVector{}, d_logits));
+    PS_RETURN_IF_ERROR(
+        CudaStatus(cuda_model::LaunchGreedyArgmax(d_logits, static_cast<int>(n), w.rows,
+                                                  static_cast<int32_t*>(argmax_.get()), stream_),
+                   "greedy argmax launch"));
+    PS_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(pinned_argmax_.get(), argmax_.get(),
+                        static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+        "argmax download"));
+    PS_RETURN_IF_ERROR(WaitForStep());
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    const int32_t* got = static_cast<const int32_t*>(pinned_argmax_.get());
+    int64_t wanted = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      ids[t] = greedy[t] != 0 ? got[t] : -1;
+      if (ids[t] < 0) ++wanted;
+    }
+    std::vector<float> rows(static_cast<size_t>(wanted) * vocab);
+    if (wanted > 0) {
+      // Runs of consecutive rows, one copy each, into pinned memory.
+      PS_RETURN_IF_ERROR(
+          pinned_logits_.Reserve(rows.size() * sizeof(float), "pinned logits allocation"));
+      float* dst = static_cast<float*>(pinned_logits_.get());
+      for (int64_t t = 0; t < n;) {
+        if (ids[t] >= 0) {
+          ++t;
+          continue;
+        }
+        int64_t end = t;
+        while (end < n && ids[end] < 0) ++end;
+        const size_t count = static_cast<size_t>(end - t) * vocab;
+        PS_RETURN_IF_ERROR(
+            CudaStatus(cudaMemcpyAsync(dst, d_logits + static_cast<size_t>(t) * vocab,
+                                       count * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+                       "logits download"));
+        dst += count;
+        t = end;
+      }
+      PS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "logits download"));
+      std::memcpy(rows.data(), pinned_logits_.get(), rows.size() * sizeof(float));
+    }
+    argmax->swap(ids);
+    logits->swap(rows);
+    return absl::OkStatus();
+  }
+
  private:
   // Sections of the packed step inputs (BeginStep).
   enum Input {
@@ -683,7 +745,8 @@ class CudaBackend final : public ModelBackend {
   DeviceBuffer inputs_, workspace_, logits_;
   // 16-bit copies of activations: the GEMM input, attention operands.
   DeviceBuffer gemm_input_, attn_q_, attn_k_, attn_v_, attn_out_;
-  PinnedBuffer host_inputs_, pinned_logits_;
+  DeviceBuffer argmax_;
+  PinnedBuffer host_inputs_, pinned_logits_, pinned_argmax_;
   bool step_pending_ = false;  // BeginStep ran and WaitForStep has not succeeded since
   std::vector<float> host_logits_;
 };

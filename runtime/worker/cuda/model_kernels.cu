@@ -21,6 +21,11 @@ __global__ void EmbeddingGatherKernel(const T* __restrict__ table, const int32_t
   EmbeddingGatherBody<T>(table, ids, hidden, out);
 }
 
+__global__ void __launch_bounds__(kThreads)
+    GreedyArgmaxKernel(const float* __restrict__ logits, int64_t vocab, int32_t* __restrict__ out) {
+  GreedyArgmaxBody<kThreads>(logits, vocab, out);
+}
+
 template <typename From, typename To>
 __global__ void ConvertKernel(const From* __restrict__ in, int64_t count, To* __restrict__ out) {
   ConvertBody<From, To>(in, count, out);
@@ -113,6 +118,13 @@ cudaError_t LaunchAddBias(float* y, const float* bias, int n, int cols, cudaStre
 cudaError_t LaunchSiluMul(float* gate, const float* up, int64_t count, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
   SiluMulKernel<<<BlocksFor(count), kThreads, 0, stream>>>(gate, up, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGreedyArgmax(const float* logits, int n, int64_t vocab, int32_t* out,
+                               cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  GreedyArgmaxKernel<<<n, kThreads, 0, stream>>>(logits, vocab, out);
   return cudaGetLastError();
 }
 

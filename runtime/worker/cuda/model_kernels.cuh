@@ -125,6 +125,51 @@ __device__ __forceinline__ void SiluMulBody(float* __restrict__ gate, const floa
   }
 }
 
+// Grid (n), block (NUM_THREADS, a power of two): out[t] = the index of the
+// largest of logits[t, 0..vocab), ties to the lowest index, or -1 when the
+// row holds a NaN or +inf or only -inf values: the host's GreedyArgmax
+// (runtime/worker/model_backend.h), i.e. the sampler's greedy rule. Each
+// thread scans a strided slice in ascending order keeping its first maximum;
+// a block tree then keeps the larger value, the lower index on ties.
+template <int NUM_THREADS>
+__device__ __forceinline__ void GreedyArgmaxBody(const float* __restrict__ logits, int64_t vocab,
+                                                 int32_t* __restrict__ out) {
+  __shared__ float best_v[NUM_THREADS];
+  __shared__ int32_t best_i[NUM_THREADS];
+  __shared__ int32_t bad[NUM_THREADS];
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  float bv = -INFINITY;
+  int32_t bi = -1, b = 0;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = row[i];
+    if (v != v || v == INFINITY) {
+      b = 1;
+    } else if (v > bv) {
+      bv = v;
+      bi = static_cast<int32_t>(i);
+    }
+  }
+  best_v[threadIdx.x] = bv;
+  best_i[threadIdx.x] = bi;
+  bad[threadIdx.x] = b;
+  __syncthreads();
+  for (int stride = NUM_THREADS / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride) {
+      const float ov = best_v[threadIdx.x + stride];
+      const int32_t oi = best_i[threadIdx.x + stride];
+      const int32_t mi = best_i[threadIdx.x];
+      if (oi >= 0 &&
+          (mi < 0 || ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < mi))) {
+        best_v[threadIdx.x] = ov;
+        best_i[threadIdx.x] = oi;
+      }
+      bad[threadIdx.x] |= bad[threadIdx.x + stride];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = bad[0] != 0 ? -1 : best_i[0];
+}
+
 }  // namespace pagedserve::cuda_model
 
 #endif  // PAGEDSERVE_RUNTIME_WORKER_CUDA_MODEL_KERNELS_CUH_

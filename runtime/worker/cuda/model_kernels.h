@@ -46,6 +46,12 @@ cudaError_t LaunchAddBias(float* y, const float* bias, int n, int cols, cudaStre
 // gate[i] = silu(gate[i]) * up[i], i < count.
 cudaError_t LaunchSiluMul(float* gate, const float* up, int64_t count, cudaStream_t stream);
 
+// out[t] = the greedy token of logits row t < n ([n, vocab] fp32): the
+// largest logit's index, ties to the lowest, or -1 for a row with a NaN or
+// +inf or only -inf (GreedyArgmax in runtime/worker/model_backend.h).
+cudaError_t LaunchGreedyArgmax(const float* logits, int n, int64_t vocab, int32_t* out,
+                               cudaStream_t stream);
+
 }  // namespace pagedserve::cuda_model
 
 #endif  // PAGEDSERVE_RUNTIME_WORKER_CUDA_MODEL_KERNELS_H_

@@ -1,0 +1,47 @@
+// The host-side parts of the backend seam (model_backend.h): the greedy
+// reduction every backend shares the rule of.
+#include "runtime/worker/model_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace pagedserve {
+
+int32_t GreedyArgmax(const float* row, int64_t vocab) {
+  int64_t best = -1;
+  float best_v = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float v = row[i];
+    if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) return -1;
+    if (v > best_v) {
+      best_v = v;
+      best = i;
+    }
+  }
+  return static_cast<int32_t>(best);  // -1 when every value is -inf
+}
+
+void SplitGreedyRows(const std::vector<float>& all, int64_t n, int64_t vocab,
+                     std::span<const uint8_t> greedy, std::vector<int32_t>* argmax,
+                     std::vector<float>* logits) {
+  argmax->assign(static_cast<size_t>(n), -1);
+  logits->clear();
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = all.data() + t * vocab;
+    if (greedy[t] != 0) (*argmax)[t] = GreedyArgmax(row, vocab);
+    if ((*argmax)[t] < 0) logits->insert(logits->end(), row, row + vocab);
+  }
+}
+
+absl::Status ModelBackend::LmHeadGreedy(const float* x, int64_t n, const BackendMatrix& w,
+                                        std::span<const uint8_t> greedy,
+                                        std::vector<int32_t>* argmax, std::vector<float>* logits) {
+  std::vector<float> all;
+  absl::Status s = LmHead(x, n, w, &all);
+  if (!s.ok()) return s;
+  SplitGreedyRows(all, n, w.rows, greedy, argmax, logits);
+  return absl::OkStatus();
+}
+
+}  // namespace pagedserve
