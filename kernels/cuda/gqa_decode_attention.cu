@@ -1,11 +1,18 @@
 // Launchers of the GQA decode attention kernel
 // (kernels/cuda/gqa_decode_kernels.cuh): template dispatch on element type and
-// head size, the dynamic shared-memory opt-in, the occupancy query the split
-// planner needs, and the cross-split reduce (the v2 reduce kernel of
+// head size, the dynamic shared-memory opt-in and the occupancy query the
+// split planner needs (both cached per device, so that a launch makes no
+// attribute or occupancy call after the first), and the cross-split reduce (the v2 reduce kernel of
 // paged_attention_kernels.cuh, with the split size as its partition size).
 #include <cuda_runtime.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
 
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/gqa_decode_kernels.cuh"
@@ -20,12 +27,29 @@ auto GqaKernel() {
   return GqaDecodeKernel<T, T, HEAD_SIZE, kDecodeThreads>;
 }
 
-// Lets the kernel use `smem` bytes of dynamic shared memory (needed above 48 KiB).
-template <typename Kernel>
-cudaError_t AllowSharedBytes(Kernel kernel, size_t smem) {
+constexpr int kMaxDevices = 64;  // devices whose attribute settings are cached
+
+// Lets GqaKernel<T, HEAD_SIZE> use `smem` bytes of dynamic shared memory
+// (needed above 48 KiB). The attribute is set once per device and size: the
+// largest size allowed so far is cached per device (primary contexts; a
+// smaller request needs no call), so launches make no attribute call.
+template <typename T, int HEAD_SIZE>
+cudaError_t AllowSharedBytes(size_t smem) {
   if (smem <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(smem));
+  static std::array<std::atomic<size_t>, kMaxDevices> allowed{};
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const bool cached = device >= 0 && device < kMaxDevices;
+  if (cached && allowed[device].load(std::memory_order_relaxed) >= smem) return cudaSuccess;
+  cudaError_t e =
+      cudaFuncSetAttribute(GqaKernel<T, HEAD_SIZE>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
+  if (e == cudaSuccess && cached) {
+    size_t seen = allowed[device].load(std::memory_order_relaxed);
+    while (seen < smem && !allowed[device].compare_exchange_weak(seen, smem)) {
+    }
+  }
+  return e;
 }
 
 template <typename T, int HEAD_SIZE>
@@ -34,7 +58,7 @@ cudaError_t Launch(const DecodeArgs& a, const GqaSplitPlan& plan, float* max_log
   const int group_size = a.num_heads / a.cache.num_kv_heads;
   auto kernel = GqaKernel<T, HEAD_SIZE>();
   const size_t smem = GqaDecodeSharedBytes(HEAD_SIZE, group_size);
-  if (cudaError_t e = AllowSharedBytes(kernel, smem); e != cudaSuccess) return e;
+  if (cudaError_t e = AllowSharedBytes<T, HEAD_SIZE>(smem); e != cudaSuccess) return e;
   const dim3 grid(a.cache.num_kv_heads, a.num_seqs, plan.num_splits);
   kernel<<<grid, kDecodeThreads, smem, a.stream>>>(
       static_cast<T*>(a.out), max_logits, exp_sums, tmp_out, static_cast<const T*>(a.query),
@@ -71,12 +95,57 @@ cudaError_t LaunchGqaDecode(const DecodeArgs& a, const GqaSplitPlan& plan, float
   });
 }
 
+namespace {
+
+// GqaDecodeOccupancy's answers, per (device, element type, head size, group
+// size): they depend on nothing else, and the planner asks on every launch.
+struct OccupancyKey {
+  int device, elem, head_size, group_size;
+  bool operator<(const OccupancyKey& o) const {
+    return std::tie(device, elem, head_size, group_size) <
+           std::tie(o.device, o.elem, o.head_size, o.group_size);
+  }
+};
+std::mutex occupancy_mu;
+std::map<OccupancyKey, std::pair<int, int>>& OccupancyCache() {
+  static auto* cache = new std::map<OccupancyKey, std::pair<int, int>>();
+  return *cache;
+}
+
+cudaError_t QueryGqaDecodeOccupancy(int device, Elem elem, int head_size, int group_size,
+                                    int* num_sms, int* blocks_per_sm);
+
+}  // namespace
+
 cudaError_t GqaDecodeOccupancy(Elem elem, int head_size, int group_size, int* num_sms,
                                int* blocks_per_sm) {
   *num_sms = 0;
   *blocks_per_sm = 0;
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const OccupancyKey key{device, static_cast<int>(elem), head_size, group_size};
+  {
+    std::lock_guard<std::mutex> lock(occupancy_mu);
+    auto it = OccupancyCache().find(key);
+    if (it != OccupancyCache().end()) {
+      *num_sms = it->second.first;
+      *blocks_per_sm = it->second.second;
+      return cudaSuccess;
+    }
+  }
+  cudaError_t e =
+      QueryGqaDecodeOccupancy(device, elem, head_size, group_size, num_sms, blocks_per_sm);
+  if (e == cudaSuccess) {
+    std::lock_guard<std::mutex> lock(occupancy_mu);
+    OccupancyCache()[key] = {*num_sms, *blocks_per_sm};
+  }
+  return e;
+}
+
+namespace {
+
+cudaError_t QueryGqaDecodeOccupancy(int device, Elem elem, int head_size, int group_size,
+                                    int* num_sms, int* blocks_per_sm) {
   if (cudaError_t e = cudaDeviceGetAttribute(num_sms, cudaDevAttrMultiProcessorCount, device);
       e != cudaSuccess)
     return e;
@@ -89,11 +158,13 @@ cudaError_t GqaDecodeOccupancy(Elem elem, int head_size, int group_size, int* nu
   if (smem > static_cast<size_t>(optin)) return cudaSuccess;  // does not fit: 0 blocks
   return DispatchElemHead(elem, head_size, [&](auto t, auto hs) -> cudaError_t {
     using T = typename decltype(t)::type;
-    auto kernel = GqaKernel<T, decltype(hs)::value>();
-    if (cudaError_t e = AllowSharedBytes(kernel, smem); e != cudaSuccess) return e;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, kDecodeThreads,
-                                                         smem);
+    constexpr int kHeadSize = decltype(hs)::value;
+    if (cudaError_t e = AllowSharedBytes<T, kHeadSize>(smem); e != cudaSuccess) return e;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, GqaKernel<T, kHeadSize>(),
+                                                         kDecodeThreads, smem);
   });
 }
+
+}  // namespace
 
 }  // namespace pagedserve::kernels::cuda

@@ -93,7 +93,8 @@ cudaError_t LaunchGqaDecode(const DecodeArgs& a, const GqaSplitPlan& plan, float
 // how many blocks of the kernel (kDecodeThreads threads, GqaDecodeSharedBytes
 // of dynamic shared memory, opted in above 48 KiB) are resident per
 // multiprocessor (cudaOccupancyMaxActiveBlocksPerMultiprocessor; 0 when the
-// shared memory does not fit the device).
+// shared memory does not fit the device). Queried once per (device, element
+// type, head size, group size) and cached; thread-safe.
 cudaError_t GqaDecodeOccupancy(Elem elem, int head_size, int group_size, int* num_sms,
                                int* blocks_per_sm);
 

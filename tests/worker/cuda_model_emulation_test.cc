@@ -1,13 +1,13 @@
 // Runs the CUDA backend's small model kernels (runtime/worker/cuda/
 // model_kernels.cuh: embedding gather from fp32 and 16-bit tables, fused
 // residual add + RMSNorm, RoPE, SiLU-and-mul, bias add, the fp32 <-> fp16 /
-// bf16 conversions of GEMM and attention operands, the greedy argmax of
-// logits rows) on the CPU through tests/kernels/simt_emulator.h
-// and compares them with the CPU backend's operations (cpu_ops in runtime/worker/cpu_backend.h, the
-// arithmetic the transformers and llama.cpp fixtures check), on odd shapes (rows not a multiple of
-// the block, a grid smaller than the work for the grid-stride loops). Needs the CUDA headers only,
-// no device. Each op has a negative control: a deliberately broken variant of its body, run the
-// same way, must fail the same check.
+// bf16 conversions of GEMM and attention operands, the split of a fused
+// q/k/v or gate/up GEMM's output, the greedy argmax of logits rows) on the CPU through
+// tests/kernels/simt_emulator.h and compares them with the CPU backend's operations (cpu_ops in
+// runtime/worker/cpu_backend.h, the arithmetic the transformers and llama.cpp fixtures check), on
+// odd shapes (rows not a multiple of the block, a grid smaller than the work for the grid-stride
+// loops). Needs the CUDA headers only, no device. Each op has a negative control: a deliberately
+// broken variant of its body, run the same way, must fail the same check.
 //
 // Tolerances: gather, bias add, the conversions (against the CPU's
 // kernels/cpu/half.h converters; NaN inputs only need a NaN out, the
@@ -245,6 +245,70 @@ void ConvertCase(bool bf16) {
 TEST(CudaModelEmulationTest, ConversionsMatchCpuConverters) {
   ConvertCase<__half>(false);
   ConvertCase<__nv_bfloat16>(true);
+}
+
+// ---- The split of a fused GEMM's output ---------------------------------------------
+
+// Broken: the bias of output 0 is applied to every output.
+void BrokenSplitColumnsBody(const float* y, int64_t n, int total, const SplitArgs& a) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n * total;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = k / total;
+    const int c = static_cast<int>(k - t * total);
+    int i = 0;
+    while (i + 1 < a.num_outs && c >= a.outs[i + 1].col0) ++i;
+    const SplitOut& o = a.outs[i];
+    const int j = c - o.col0;
+    o.dst[t * o.width + j] = y[k] + a.outs[0].bias[j % a.outs[0].width];
+  }
+}
+
+TEST(CudaModelEmulationTest, SplitColumnsMatchesReference) {
+  std::mt19937 rng(14);
+  const int n = 7;
+  for (const std::vector<int>& widths :
+       {std::vector<int>{192, 64, 64}, std::vector<int>{300, 300}, std::vector<int>{5, 1, 9}}) {
+    int total = 0;
+    for (int w : widths) total += w;
+    SCOPED_TRACE(testing::Message() << widths.size() << " outputs, total " << total);
+    const std::vector<float> y = Random(static_cast<size_t>(n) * total, rng);
+    std::vector<std::vector<float>> bias, want, got;
+    SplitArgs a{};
+    a.num_outs = static_cast<int>(widths.size());
+    int col = 0;
+    for (size_t i = 0; i < widths.size(); ++i) {
+      const int w = widths[i];
+      bias.push_back(Random(w, rng));
+      want.emplace_back(static_cast<size_t>(n) * w);
+      got.emplace_back(static_cast<size_t>(n) * w, NAN);
+      for (int t = 0; t < n; ++t)
+        for (int j = 0; j < w; ++j)
+          want[i][static_cast<size_t>(t) * w + j] =
+              y[static_cast<size_t>(t) * total + col + j] + (i == 1 ? 0.0f : bias[i][j]);
+      col += w;
+    }
+    auto run = [&](bool broken) {
+      int c = 0;
+      for (size_t i = 0; i < widths.size(); ++i) {
+        for (float& v : got[i]) v = NAN;
+        // Output 1 without a bias (as k_proj without qkv_bias).
+        a.outs[i] = SplitOut{got[i].data(), i == 1 ? nullptr : bias[i].data(), c, widths[i]};
+        c += widths[i];
+      }
+      kc::EmuLaunch(dim3(2), dim3(kThreads), 0, [&] {
+        if (broken) {
+          BrokenSplitColumnsBody(y.data(), n, total, a);
+        } else {
+          SplitColumnsBody(y.data(), n, total, a);
+        }
+      });
+      int bad = 0;
+      for (size_t i = 0; i < widths.size(); ++i) bad += Mismatches(got[i], want[i], 0, 0);
+      return bad;
+    };
+    EXPECT_EQ(run(false), 0);
+    EXPECT_GT(run(true), 0) << "negative control passed the check";
+  }
 }
 
 // ---- Greedy argmax of logits rows -------------------------------------------------

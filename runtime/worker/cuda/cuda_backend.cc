@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -109,7 +110,16 @@ struct DeviceMatrix {
   Elem type = Elem::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
+  // Set when the matrix is rows [fused_row0, fused_row0 + rows) of a stacked
+  // upload (q/k/v, gate/up) that LinearGroup can run as one GEMM.
+  const DeviceMatrix* fused = nullptr;
+  int64_t fused_row0 = 0;
 };
+
+// Fused GEMMs run for at most this many tokens: they save launches and
+// small-GEMM inefficiency in decode-sized steps, and would need an
+// [n, stacked rows] fp32 scratch in large prefill steps.
+constexpr int64_t kFusedGemmMaxTokens = 256;
 
 cudaDataType CudaType(Elem e) {
   switch (e) {
@@ -191,9 +201,11 @@ class CudaBackend final : public ModelBackend {
       const std::string p = absl::StrCat("layers.", l, ".");
       PS_ASSIGN_OR_RETURN(d.input_layernorm,
                           UploadVector(src.input_layernorm, p + "input_layernorm"));
-      PS_ASSIGN_OR_RETURN(d.q_proj, UploadMatrix(src.q_proj, p + "q_proj"));
-      PS_ASSIGN_OR_RETURN(d.k_proj, UploadMatrix(src.k_proj, p + "k_proj"));
-      PS_ASSIGN_OR_RETURN(d.v_proj, UploadMatrix(src.v_proj, p + "v_proj"));
+      {
+        BackendMatrix* qkv[3] = {&d.q_proj, &d.k_proj, &d.v_proj};
+        PS_RETURN_IF_ERROR(UploadStacked({&src.q_proj, &src.k_proj, &src.v_proj},
+                                         {p + "q_proj", p + "k_proj", p + "v_proj"}, qkv));
+      }
       if (!src.q_bias.empty()) {
         PS_ASSIGN_OR_RETURN(d.q_bias, UploadVector(src.q_bias, p + "q_bias"));
       }
@@ -206,8 +218,11 @@ class CudaBackend final : public ModelBackend {
       PS_ASSIGN_OR_RETURN(d.o_proj, UploadMatrix(src.o_proj, p + "o_proj"));
       PS_ASSIGN_OR_RETURN(d.post_attention_layernorm, UploadVector(src.post_attention_layernorm,
                                                                    p + "post_attention_layernorm"));
-      PS_ASSIGN_OR_RETURN(d.gate_proj, UploadMatrix(src.gate_proj, p + "gate_proj"));
-      PS_ASSIGN_OR_RETURN(d.up_proj, UploadMatrix(src.up_proj, p + "up_proj"));
+      {
+        BackendMatrix* gate_up[2] = {&d.gate_proj, &d.up_proj};
+        PS_RETURN_IF_ERROR(UploadStacked({&src.gate_proj, &src.up_proj},
+                                         {p + "gate_proj", p + "up_proj"}, gate_up));
+      }
       PS_ASSIGN_OR_RETURN(d.down_proj, UploadMatrix(src.down_proj, p + "down_proj"));
     }
     PS_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "weight upload"));
@@ -331,15 +346,22 @@ class CudaBackend final : public ModelBackend {
         CudaStatus(cudaMemcpyAsync(inputs_.get(), staging, total, cudaMemcpyHostToDevice, stream_),
                    "step input upload"));
     step_pending_ = true;
+    step_validated_ = false;
     for (int i = 0; i < kInputCount; ++i) d_in_[i] = static_cast<char*>(inputs_.get()) + offsets[i];
 
+    // Decode scratch for whichever kernel the dispatcher picks: the v2
+    // partitions, or the GQA kernel's context splits at their finest (so it
+    // never allocates per launch).
     const int heads = shard_.num_heads;
-    if (plan.num_decode > 0 &&
-        !kernels::ShouldUsePagedAttentionV1(plan.num_decode, heads, plan.max_decode_len))
-      PS_RETURN_IF_ERROR(
-          workspace_.Reserve(kernels::PagedAttentionV2WorkspaceBytes(
-                                 plan.num_decode, heads, config_.head_size, plan.max_decode_len),
-                             "paged_attention_v2 workspace allocation"));
+    if (plan.num_decode > 0) {
+      size_t need = kernels::PagedAttentionGqaWorkspaceBytes(
+          plan.num_decode, heads, config_.head_size, plan.max_decode_len);
+      if (!kernels::ShouldUsePagedAttentionV1(plan.num_decode, heads, plan.max_decode_len))
+        need = std::max(need, kernels::PagedAttentionV2WorkspaceBytes(
+                                  plan.num_decode, heads, config_.head_size, plan.max_decode_len));
+      if (need > 0)
+        PS_RETURN_IF_ERROR(workspace_.Reserve(need, "decode attention workspace allocation"));
+    }
     return absl::OkStatus();
   }
 
@@ -369,6 +391,30 @@ class CudaBackend final : public ModelBackend {
   absl::Status LinearGroup(const float* x, int64_t n, std::span<const LinearOut> outs) override {
     if (n == 0 || outs.empty()) return absl::OkStatus();
     const int64_t cols = outs[0].w.cols;
+    if (const DeviceMatrix* parent = FusedParent(outs);
+        parent != nullptr && n <= kFusedGemmMaxTokens) {
+      // One GEMM over the stacked rows into [n, total], then one split (with
+      // the biases) into the outputs.
+      PS_ASSIGN_OR_RETURN(
+          const void* xin,
+          ConvertActivations(x, n * cols, parent->type, &gemm_input_, "GEMM input conversion"));
+      PS_RETURN_IF_ERROR(fused_out_.Reserve(static_cast<size_t>(n * parent->rows) * sizeof(float),
+                                            "fused GEMM output allocation"));
+      float* y = static_cast<float*>(fused_out_.get());
+      PS_RETURN_IF_ERROR(Gemm(xin, n, *parent, y));
+      float* dst[cuda_model::kMaxFusedOutputs] = {};
+      const float* bias[cuda_model::kMaxFusedOutputs] = {};
+      int width[cuda_model::kMaxFusedOutputs] = {};
+      for (size_t i = 0; i < outs.size(); ++i) {
+        dst[i] = outs[i].y;
+        bias[i] = outs[i].bias.data;
+        width[i] = static_cast<int>(outs[i].w.rows);
+      }
+      return CudaStatus(
+          cuda_model::LaunchSplitColumns(y, n, static_cast<int>(parent->rows),
+                                         static_cast<int>(outs.size()), dst, bias, width, stream_),
+          "fused GEMM split launch");
+    }
     const void* converted[3] = {x, nullptr, nullptr};  // by Elem
     for (const LinearOut& o : outs) {
       const DeviceMatrix& w = M(o.w);
@@ -421,6 +467,13 @@ class CudaBackend final : public ModelBackend {
     const int64_t q_dim = static_cast<int64_t>(num_heads) * cache.shape.head_size;
     const int64_t kv_dim = static_cast<int64_t>(cache.shape.num_kv_heads) * cache.shape.head_size;
     const Elem io = AttentionIoElem(cache.shape.dtype);
+    // The block tables, lengths and query offsets are the same for every
+    // layer of the step: the kernels' host-side checks run for the step's
+    // first Attention call, and again only for a layer whose pool is smaller
+    // than every one checked so far (block ids are checked against it).
+    const bool validate = !step_validated_ || cache.shape.num_blocks < validated_blocks_;
+    if (validate) validated_blocks_ = cache.shape.num_blocks;
+    step_validated_ = true;
     const std::optional<kernels::DType> io_dtype =
         kernels::IsFp8(cache.shape.dtype) ? std::optional(kernels::DType::kFloat32) : std::nullopt;
     const void* qa = q;
@@ -460,9 +513,12 @@ class CudaBackend final : public ModelBackend {
       pa.seq_lens = In<int32_t>(kSeqLens);
       pa.max_seq_len = plan.max_decode_len;
       pa.scale = plan.attention_scale;
-      pa.host_block_tables = b.block_tables.data();
-      pa.host_seq_lens = b.seq_lens.data();
+      if (validate) {
+        pa.host_block_tables = b.block_tables.data();
+        pa.host_seq_lens = b.seq_lens.data();
+      }
       pa.workspace = workspace_.get();
+      pa.workspace_bytes = workspace_.bytes();
       pa.stream = stream_;
       PS_RETURN_IF_ERROR(kernels::PagedAttention(pa));
     }
@@ -484,9 +540,11 @@ class CudaBackend final : public ModelBackend {
       pf.max_query_len = plan.max_prefill_query_len;
       pf.max_seq_len = plan.max_prefill_len;
       pf.scale = plan.attention_scale;
-      pf.host_query_start_loc = plan.prefill_query_start_loc.data();
-      pf.host_seq_lens = b.seq_lens.data() + plan.num_decode;
-      pf.host_block_tables = b.block_tables.data() + bt_off;
+      if (validate) {
+        pf.host_query_start_loc = plan.prefill_query_start_loc.data();
+        pf.host_seq_lens = b.seq_lens.data() + plan.num_decode;
+        pf.host_block_tables = b.block_tables.data() + bt_off;
+      }
       pf.stream = stream_;
       PS_RETURN_IF_ERROR(kernels::PrefillAttention(pf));
     }
@@ -617,7 +675,9 @@ class CudaBackend final : public ModelBackend {
     // width) and attention operands.
     const int64_t per_token = 3 * hidden + 2 * q_dim + 2 * kv_dim + 2 * inter + D +
                               (std::max(hidden, inter) + 2 * q_dim + 2 * kv_dim) / 2;
-    return static_cast<int64_t>((n * per_token + r * (hidden + config_.vocab_size)) *
+    // The fused q/k/v or gate/up GEMM output (kFusedGemmMaxTokens rows).
+    const int64_t fused = kFusedGemmMaxTokens * std::max(q_dim + 2 * kv_dim, 2 * inter);
+    return static_cast<int64_t>((n * per_token + r * (hidden + config_.vocab_size) + fused) *
                                     sizeof(float) +
                                 (kInputCount + static_cast<int>(BufferId::kCount) + 1) * kAlign);
   }
@@ -664,6 +724,78 @@ class CudaBackend final : public ModelBackend {
                                      m.rows, m.cols});
     weights_.push_back(std::move(buf));
     return BackendMatrix{&matrices_.back(), m.rows, m.cols};
+  }
+
+  // Matrices with the same columns and element type uploaded stacked by rows
+  // into one allocation, each handle a row range of it (DeviceMatrix::fused),
+  // so that LinearGroup can run them as one GEMM. Matrices that do not match
+  // (mixed forms) upload one by one.
+  absl::Status UploadStacked(std::initializer_list<const Matrix*> ms,
+                             std::initializer_list<std::string> names, BackendMatrix** out) {
+    const Matrix& first = **ms.begin();
+    bool same = true;
+    for (const Matrix* m : ms)
+      same = same && m->cols == first.cols && m->is_fp32() == first.is_fp32() &&
+             (m->is_fp32() || (m->type == first.type && m->bytes() != nullptr &&
+                               (m->type == GgmlType::kF16 || m->type == GgmlType::kBF16) &&
+                               m->row_bytes == static_cast<uint64_t>(m->cols) * 2));
+    if (!same) {
+      auto name = names.begin();
+      int i = 0;
+      for (const Matrix* m : ms) {
+        PS_ASSIGN_OR_RETURN(*out[i++], UploadMatrix(*m, *name++));
+      }
+      return absl::OkStatus();
+    }
+    const Elem type = first.is_fp32()                ? Elem::kF32
+                      : first.type == GgmlType::kF16 ? Elem::kF16
+                                                     : Elem::kBF16;
+    const size_t elem = static_cast<size_t>(cuda_model::ElemBytes(type));
+    int64_t rows = 0;
+    for (const Matrix* m : ms) rows += m->rows;
+    const std::string what = absl::StrCat("upload of ", *names.begin(), " (stacked)");
+    DeviceBuffer buf;
+    PS_RETURN_IF_ERROR(
+        buf.Reserve(std::max<size_t>(static_cast<size_t>(rows * first.cols) * elem, 4), what));
+    char* dst = static_cast<char*>(buf.get());
+    for (const Matrix* m : ms) {
+      const size_t bytes = static_cast<size_t>(m->rows * m->cols) * elem;
+      const void* src = m->is_fp32() ? static_cast<const void*>(m->data.data()) : m->bytes();
+      if (m->is_fp32() && static_cast<int64_t>(m->data.size()) != m->rows * m->cols)
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": ", m->data.size(), " fp32 values for [", m->rows, ", ", m->cols, "]"));
+      PS_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), what));
+      dst += bytes;
+    }
+    weight_bytes_ += static_cast<int64_t>(static_cast<size_t>(rows * first.cols) * elem);
+    matrices_.push_back(DeviceMatrix{buf.get(), type, rows, first.cols});
+    const DeviceMatrix* parent = &matrices_.back();
+    const char* base = static_cast<const char*>(buf.get());
+    int64_t row0 = 0;
+    int i = 0;
+    for (const Matrix* m : ms) {
+      matrices_.push_back(DeviceMatrix{base + static_cast<size_t>(row0 * first.cols) * elem, type,
+                                       m->rows, m->cols, parent, row0});
+      *out[i++] = BackendMatrix{&matrices_.back(), m->rows, m->cols};
+      row0 += m->rows;
+    }
+    weights_.push_back(std::move(buf));
+    return absl::OkStatus();
+  }
+
+  // The stacked matrix `outs` covers exactly, in order (rows of one
+  // UploadStacked call), or null.
+  static const DeviceMatrix* FusedParent(std::span<const LinearOut> outs) {
+    if (outs.size() < 2 || outs.size() > static_cast<size_t>(cuda_model::kMaxFusedOutputs))
+      return nullptr;
+    const DeviceMatrix* parent = M(outs[0].w).fused;
+    int64_t row = 0;
+    for (const LinearOut& o : outs) {
+      const DeviceMatrix& w = M(o.w);
+      if (parent == nullptr || w.fused != parent || w.fused_row0 != row) return nullptr;
+      row += w.rows;
+    }
+    return row == parent->rows ? parent : nullptr;
   }
 
   // x (fp32, `count` values) in element type `type` on the stream: x itself
@@ -744,10 +876,12 @@ class CudaBackend final : public ModelBackend {
   std::array<DeviceBuffer, static_cast<size_t>(BufferId::kCount)> buffers_;
   DeviceBuffer inputs_, workspace_, logits_;
   // 16-bit copies of activations: the GEMM input, attention operands.
-  DeviceBuffer gemm_input_, attn_q_, attn_k_, attn_v_, attn_out_;
+  DeviceBuffer gemm_input_, attn_q_, attn_k_, attn_v_, attn_out_, fused_out_;
   DeviceBuffer argmax_;
   PinnedBuffer host_inputs_, pinned_logits_, pinned_argmax_;
-  bool step_pending_ = false;  // BeginStep ran and WaitForStep has not succeeded since
+  bool step_pending_ = false;     // BeginStep ran and WaitForStep has not succeeded since
+  bool step_validated_ = false;   // this step's Attention has validated its index arrays
+  int64_t validated_blocks_ = 0;  // against a pool of this many blocks
   std::vector<float> host_logits_;
 };
 

@@ -11,7 +11,11 @@
 // with WeightDType kFloat16 / kBFloat16; the worker's default on CUDA) run
 // cublasGemmEx with 16-bit A and B, fp32 C and CUBLAS_COMPUTE_32F (tensor
 // cores, fp32 accumulation); the fp32 activations are converted to the
-// weight's type once per LinearGroup (round to nearest even). Activations
+// weight's type once per LinearGroup (round to nearest even). q/k/v and
+// gate/up are uploaded stacked by rows, and a LinearGroup over such a stack
+// runs as one GEMM plus one split kernel (which also adds the biases) when
+// the step has at most kFusedGemmMaxTokens (256) tokens; larger steps run a
+// GEMM per matrix over row ranges of the same allocation. Activations
 // stay fp32 between operations; the elementwise kernels
 // (runtime/worker/cuda/model_kernels.cuh) sum RMSNorm squares in double as
 // on the CPU; rotary tables come from the plan (host, angles in double).
@@ -23,7 +27,12 @@
 // Per step, BeginStep uploads the plan once (slot mapping, token ids,
 // seq_lens, block tables, prefill query_start_loc, logits rows and the
 // rotary tables in one packed copy from a pinned staging buffer) and sizes
-// the paged_attention_v2 workspace; no operation uploads anything per layer.
+// the decode workspace (v2 partitions or GQA context splits); no operation
+// uploads or allocates anything per layer. The attention kernels' host-side
+// checks of block tables, lengths and query offsets run once per step (the
+// first layer's call). Greedy rows are reduced on the device
+// (LmHeadGreedy: an argmax kernel; only ids and the rows that need logits
+// come back).
 //
 // Streams: every kernel, GEMM, copy and NCCL all-reduce of this backend runs
 // on one compute stream, created blocking so that it is ordered with the

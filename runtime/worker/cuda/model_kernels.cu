@@ -5,6 +5,7 @@
 #include "runtime/worker/cuda/model_kernels.cuh"
 
 namespace pagedserve::cuda_model {
+static_assert(kMaxFusedOutputs == kMaxSplitOuts);
 namespace {
 
 // Grid-stride element count -> number of blocks, capped so that the grid
@@ -24,6 +25,10 @@ __global__ void EmbeddingGatherKernel(const T* __restrict__ table, const int32_t
 __global__ void __launch_bounds__(kThreads)
     GreedyArgmaxKernel(const float* __restrict__ logits, int64_t vocab, int32_t* __restrict__ out) {
   GreedyArgmaxBody<kThreads>(logits, vocab, out);
+}
+
+__global__ void SplitColumnsKernel(const float* __restrict__ y, int64_t n, int total, SplitArgs a) {
+  SplitColumnsBody(y, n, total, a);
 }
 
 template <typename From, typename To>
@@ -118,6 +123,24 @@ cudaError_t LaunchAddBias(float* y, const float* bias, int n, int cols, cudaStre
 cudaError_t LaunchSiluMul(float* gate, const float* up, int64_t count, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
   SiluMulKernel<<<BlocksFor(count), kThreads, 0, stream>>>(gate, up, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSplitColumns(const float* y, int64_t n, int total, int num_outs,
+                               float* const* dst, const float* const* bias, const int* width,
+                               cudaStream_t stream) {
+  if (num_outs < 1 || num_outs > kMaxSplitOuts) return cudaErrorInvalidValue;
+  SplitArgs a{};
+  a.num_outs = num_outs;
+  int col = 0;
+  for (int i = 0; i < num_outs; ++i) {
+    if (width[i] < 1 || dst[i] == nullptr) return cudaErrorInvalidValue;
+    a.outs[i] = SplitOut{dst[i], bias[i], col, width[i]};
+    col += width[i];
+  }
+  if (col != total) return cudaErrorInvalidValue;
+  if (n <= 0) return cudaSuccess;
+  SplitColumnsKernel<<<BlocksFor(n * total), kThreads, 0, stream>>>(y, n, total, a);
   return cudaGetLastError();
 }
 

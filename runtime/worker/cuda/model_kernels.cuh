@@ -125,6 +125,37 @@ __device__ __forceinline__ void SiluMulBody(float* __restrict__ gate, const floa
   }
 }
 
+// One output of a fused GEMM's split: columns [col0, col0 + width) of each
+// row go to dst [n, width] (+ bias[width] when not null).
+struct SplitOut {
+  float* dst;
+  const float* bias;
+  int col0;
+  int width;
+};
+constexpr int kMaxSplitOuts = 3;  // q/k/v
+
+// Grid-stride over y [n, total] (the output of one GEMM over several
+// weights stacked by rows): y[t, c] (+ bias) goes to the output whose columns
+// hold c. The outputs cover [0, total) in order, without gaps.
+struct SplitArgs {
+  SplitOut outs[kMaxSplitOuts];
+  int num_outs;
+};
+__device__ __forceinline__ void SplitColumnsBody(const float* __restrict__ y, int64_t n, int total,
+                                                 const SplitArgs& a) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n * total;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = k / total;
+    const int c = static_cast<int>(k - t * total);
+    int i = 0;
+    while (i + 1 < a.num_outs && c >= a.outs[i + 1].col0) ++i;
+    const SplitOut& o = a.outs[i];
+    const int j = c - o.col0;
+    o.dst[t * o.width + j] = o.bias != nullptr ? y[k] + o.bias[j] : y[k];
+  }
+}
+
 // Grid (n), block (NUM_THREADS, a power of two): out[t] = the index of the
 // largest of logits[t, 0..vocab), ties to the lowest index, or -1 when the
 // row holds a NaN or +inf or only -inf values: the host's GreedyArgmax

@@ -46,6 +46,17 @@ cudaError_t LaunchAddBias(float* y, const float* bias, int n, int cols, cudaStre
 // gate[i] = silu(gate[i]) * up[i], i < count.
 cudaError_t LaunchSiluMul(float* gate, const float* up, int64_t count, cudaStream_t stream);
 
+// Most outputs one fused GEMM feeds (q/k/v); = kMaxSplitOuts of the kernel.
+constexpr int kMaxFusedOutputs = 3;
+
+// The split of a fused GEMM's output y [n, total]: out i receives columns
+// [col0[i], col0[i] + width[i]) of every row into dst[i] [n, width[i]]
+// (+ bias[i] when not null); 1 <= num_outs <= 3, the column ranges cover
+// [0, total) in order. cudaErrorInvalidValue otherwise.
+cudaError_t LaunchSplitColumns(const float* y, int64_t n, int total, int num_outs,
+                               float* const* dst, const float* const* bias, const int* width,
+                               cudaStream_t stream);
+
 // out[t] = the greedy token of logits row t < n ([n, vocab] fp32): the
 // largest logit's index, ties to the lowest, or -1 for a row with a NaN or
 // +inf or only -inf (GreedyArgmax in runtime/worker/model_backend.h).
