@@ -11,6 +11,24 @@
 
 namespace pagedserve::kernels::cuda {
 
+// vLLM's paged layout (kernels/types.h), in elements: key element (h, d) of
+// the token in `offset` of `block` at [block, h, d / x, offset, d % x], value
+// element at [block, h, d, offset]; x = 16 bytes / element size (16 for fp8).
+__device__ __forceinline__ int64_t KeyCacheOffset(int64_t block, int offset, int h, int d,
+                                                  int num_kv_heads, int head_size, int block_size,
+                                                  int x) {
+  const int64_t head_base =
+      (block * num_kv_heads + h) * static_cast<int64_t>(head_size) * block_size;
+  return head_base + static_cast<int64_t>(d / x) * block_size * x + offset * x + d % x;
+}
+__device__ __forceinline__ int64_t ValueCacheOffset(int64_t block, int offset, int h, int d,
+                                                    int num_kv_heads, int head_size,
+                                                    int block_size) {
+  const int64_t head_base =
+      (block * num_kv_heads + h) * static_cast<int64_t>(head_size) * block_size;
+  return head_base + static_cast<int64_t>(d) * block_size + offset;
+}
+
 // Grid (num_tokens); each thread block scatters one token's K and V of all KV
 // heads. Key element (h, d) goes to [block, h, d / x, offset, d % x], value
 // element to [block, h, d, offset]. Slots < 0 (padding) and slots at or beyond
@@ -28,14 +46,14 @@ __global__ void ReshapeAndCacheKernel(const U* __restrict__ key, const U* __rest
   const int64_t block = slot / block_size;
   const int offset = static_cast<int>(slot % block_size);
   const int n = num_kv_heads * head_size;
-  const int64_t block_base = block * n * block_size;
   const U* k_src = key + token * key_token_stride;
   const U* v_src = value + token * value_token_stride;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int h = i / head_size, d = i % head_size;
-    const int64_t head_base = block_base + static_cast<int64_t>(h) * head_size * block_size;
-    key_cache[head_base + (d / X) * block_size * X + offset * X + d % X] = k_src[i];
-    value_cache[head_base + static_cast<int64_t>(d) * block_size + offset] = v_src[i];
+    key_cache[KeyCacheOffset(block, offset, h, d, num_kv_heads, head_size, block_size, X)] =
+        k_src[i];
+    value_cache[ValueCacheOffset(block, offset, h, d, num_kv_heads, head_size, block_size)] =
+        v_src[i];
   }
 }
 
@@ -58,15 +76,13 @@ __global__ void ReshapeAndCacheFp8Kernel(const T* __restrict__ key, const T* __r
   const int64_t block = slot / block_size;
   const int offset = static_cast<int>(slot % block_size);
   const int n = num_kv_heads * head_size;
-  const int64_t block_base = block * n * block_size;
   const T* k_src = key + token * key_token_stride;
   const T* v_src = value + token * value_token_stride;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int h = i / head_size, d = i % head_size;
-    const int64_t head_base = block_base + static_cast<int64_t>(h) * head_size * block_size;
-    key_cache[head_base + (d / X) * block_size * X + offset * X + d % X] =
+    key_cache[KeyCacheOffset(block, offset, h, d, num_kv_heads, head_size, block_size, X)] =
         FloatToFp8<C>(ToFloat(k_src[i]) / k_scale);
-    value_cache[head_base + static_cast<int64_t>(d) * block_size + offset] =
+    value_cache[ValueCacheOffset(block, offset, h, d, num_kv_heads, head_size, block_size)] =
         FloatToFp8<C>(ToFloat(v_src[i]) / v_scale);
   }
 }

@@ -191,9 +191,7 @@ absl::Status LlamaModel::RunLayers(const ForwardBatch& b,
     const LinearOut qkv[3] = {
         {w.q_proj, w.q_bias, q}, {w.k_proj, w.k_bias, k}, {w.v_proj, w.v_bias, v}};
     PS_RETURN_IF_ERROR(be.LinearGroup(h, n, qkv));
-    PS_RETURN_IF_ERROR(be.ApplyRope(q, n, heads, D, q_dim));
-    PS_RETURN_IF_ERROR(be.ApplyRope(k, n, kv_heads, D, kv_dim));
-    PS_RETURN_IF_ERROR(be.Attention(kv_layers[l], heads, q, k, v, attn));
+    PS_RETURN_IF_ERROR(be.RopeAndAttention(kv_layers[l], n, heads, q, k, v, attn));
 
     // o_proj (row-parallel) + all-reduce, then residual add + norm.
     PS_RETURN_IF_ERROR(be.Linear(attn, n, w.o_proj, BackendVector{}, o));

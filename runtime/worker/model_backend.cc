@@ -34,6 +34,17 @@ void SplitGreedyRows(const std::vector<float>& all, int64_t n, int64_t vocab,
   }
 }
 
+absl::Status ModelBackend::RopeAndAttention(const kernels::KVCacheView& cache, int64_t n,
+                                            int num_heads, float* q, float* k, float* v,
+                                            float* out) {
+  const int D = cache.shape.head_size;
+  const int kv_heads = cache.shape.num_kv_heads;
+  absl::Status s = ApplyRope(q, n, num_heads, D, static_cast<int64_t>(num_heads) * D);
+  if (s.ok()) s = ApplyRope(k, n, kv_heads, D, static_cast<int64_t>(kv_heads) * D);
+  if (s.ok()) s = Attention(cache, num_heads, q, k, v, out);
+  return s;
+}
+
 absl::Status ModelBackend::LmHeadGreedy(const float* x, int64_t n, const BackendMatrix& w,
                                         std::span<const uint8_t> greedy,
                                         std::vector<int32_t>* argmax, std::vector<float>* logits) {

@@ -241,6 +241,17 @@ class ModelBackend {
   virtual absl::Status Attention(const kernels::KVCacheView& cache, int num_heads, float* q,
                                  float* k, float* v, float* out) = 0;
 
+  // One layer's RoPE and attention over the step's n tokens: ApplyRope on q
+  // (num_heads heads, token stride num_heads * head_size) and on k (the
+  // cache's KV heads, stride num_kv_heads * head_size), then Attention, with
+  // the same results. The
+  // forward pass calls this; a backend may fuse the rotation into the
+  // conversion of q and into the cache write of k (CUDA: two kernels instead
+  // of RoPE, conversions and reshape_and_cache). This default runs the three
+  // operations.
+  virtual absl::Status RopeAndAttention(const kernels::KVCacheView& cache, int64_t n,
+                                        int num_heads, float* q, float* k, float* v, float* out);
+
   // Sum over the tensor-parallel group, in place, on backend memory (the
   // output of a row-parallel layer). A no-op for a group of one.
   virtual absl::Status AllReduceSum(float* data, int64_t count) = 0;

@@ -2,7 +2,8 @@
 // model_kernels.cuh: embedding gather from fp32 and 16-bit tables, fused
 // residual add + RMSNorm, RoPE, SiLU-and-mul, bias add, the fp32 <-> fp16 /
 // bf16 conversions of GEMM and attention operands, the split of a fused
-// q/k/v or gate/up GEMM's output, the greedy argmax of logits rows) on the CPU through
+// q/k/v or gate/up GEMM's output, the greedy argmax of logits rows, RoPE fused
+// with the query conversion and with reshape_and_cache) on the CPU through
 // tests/kernels/simt_emulator.h and compares them with the CPU backend's operations (cpu_ops in
 // runtime/worker/cpu_backend.h, the arithmetic the transformers and llama.cpp fixtures check), on
 // odd shapes (rows not a multiple of the block, a grid smaller than the work for the grid-stride
@@ -35,6 +36,7 @@ using namespace ::pagedserve::kernels::cuda;  // NOLINT
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/half.h"
+#include "kernels/reshape_and_cache.h"
 #include "runtime/model/weights.h"
 #include "runtime/worker/cpu_backend.h"
 #include "runtime/worker/cuda/model_kernels.cuh"
@@ -245,6 +247,133 @@ void ConvertCase(bool bf16) {
 TEST(CudaModelEmulationTest, ConversionsMatchCpuConverters) {
   ConvertCase<__half>(false);
   ConvertCase<__nv_bfloat16>(true);
+}
+
+// ---- RoPE fused with the query conversion and with reshape_and_cache ----------------
+
+// Rotary tables [n, half] of random angles.
+void RopeTables(int n, int half, std::mt19937& rng, std::vector<float>* cos_t,
+                std::vector<float>* sin_t) {
+  cos_t->resize(static_cast<size_t>(n) * half);
+  sin_t->resize(cos_t->size());
+  for (size_t i = 0; i < cos_t->size(); ++i) {
+    const double angle = std::uniform_real_distribution<double>(-10, 10)(rng);
+    (*cos_t)[i] = static_cast<float>(std::cos(angle));
+    (*sin_t)[i] = static_cast<float>(std::sin(angle));
+  }
+}
+
+// The 16-bit patterns of x in `dt` (fp16 or bf16) by the CPU converters.
+std::vector<uint16_t> To16(const std::vector<float>& x, kernels::DType dt) {
+  std::vector<uint16_t> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    out[i] = dt == kernels::DType::kBFloat16 ? kernels::FloatToBFloat16Bits(x[i])
+                                             : kernels::FloatToHalfBits(x[i]);
+  return out;
+}
+
+template <typename T>
+void RopeConvertCase(kernels::DType dt) {
+  SCOPED_TRACE(kernels::DTypeName(dt));
+  std::mt19937 rng(15);
+  const int n = 5, heads = 6, D = 64, half = D / 2;
+  const int64_t stride = heads * D;
+  const std::vector<float> q = Random(static_cast<size_t>(n) * stride, rng);
+  std::vector<float> cos_t, sin_t, neg_sin;
+  RopeTables(n, half, rng, &cos_t, &sin_t);
+  for (float v : sin_t) neg_sin.push_back(-v);
+  std::vector<float> rotated = q;  // the reference: ApplyRope, then the CPU conversion
+  cpu_ops::ApplyRope(rotated.data(), n, heads, D, stride, cos_t.data(), sin_t.data());
+  auto run = [&](const std::vector<float>& sin_used) {
+    std::vector<T> out(q.size());
+    std::vector<float> in = q;  // in place for fp32
+    T* dst = std::is_same_v<T, float> ? reinterpret_cast<T*>(in.data()) : out.data();
+    kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+      RopeConvertBody<T>(in.data(), heads, D, stride, cos_t.data(), sin_used.data(), dst);
+    });
+    int bad = 0;
+    for (size_t i = 0; i < q.size(); ++i) {
+      if constexpr (std::is_same_v<T, float>) {
+        bad += kernels::FloatBits(dst[i]) == kernels::FloatBits(rotated[i]) ? 0 : 1;
+      } else {
+        uint16_t g;
+        std::memcpy(&g, reinterpret_cast<const char*>(dst) + 2 * i, 2);
+        bad += g == To16({rotated[i]}, dt)[0] ? 0 : 1;
+      }
+    }
+    return bad;
+  };
+  EXPECT_EQ(run(sin_t), 0);
+  EXPECT_GT(run(neg_sin), 0) << "negative control (rotation by -angle) passed the check";
+}
+
+TEST(CudaModelEmulationTest, RopeConvertMatchesCpuRopeAndConversion) {
+  RopeConvertCase<float>(kernels::DType::kFloat32);
+  RopeConvertCase<__half>(kernels::DType::kFloat16);
+  RopeConvertCase<__nv_bfloat16>(kernels::DType::kBFloat16);
+}
+
+template <typename C>
+void RopeCacheCase(kernels::DType dt) {
+  SCOPED_TRACE(kernels::DTypeName(dt));
+  std::mt19937 rng(16);
+  const int n = 6, kv_heads = 2, D = 64, half = D / 2, block_size = 16, num_blocks = 5;
+  const int64_t kv_dim = kv_heads * D;
+  const std::vector<float> k = Random(static_cast<size_t>(n) * kv_dim, rng, -3.0f, 3.0f);
+  const std::vector<float> v = Random(k.size(), rng, -3.0f, 3.0f);
+  std::vector<float> cos_t, sin_t, neg_sin;
+  RopeTables(n, half, rng, &cos_t, &sin_t);
+  for (float x : sin_t) neg_sin.push_back(-x);
+  // Slots in several blocks, one padding (-1) and one outside the pool (both skipped).
+  const std::vector<int64_t> slots = {17, 3, -1, 79, int64_t{num_blocks} * block_size, 40};
+  std::vector<int64_t> ref_slots = slots;
+  ref_slots[4] = -1;  // the CPU reshape_and_cache refuses it; skipping is the same
+  kernels::KVCacheShape shape{num_blocks, kv_heads, D, block_size, dt};
+  const size_t bytes = shape.block_bytes() * num_blocks;
+  const float scale = kernels::IsFp8(dt) ? 0.75f : 1.0f;
+
+  // The reference: ApplyRope on the keys, the CPU conversion for 16-bit
+  // caches, then the CPU reshape_and_cache (fp32 operands for fp32 / fp8).
+  std::vector<uint8_t> want_k(bytes, 0x5a), want_v(bytes, 0x5a);
+  std::vector<float> k_rot = k;
+  cpu_ops::ApplyRope(k_rot.data(), n, kv_heads, D, kv_dim, cos_t.data(), sin_t.data());
+  const bool is16 = dt == kernels::DType::kFloat16 || dt == kernels::DType::kBFloat16;
+  const std::vector<uint16_t> k16 = is16 ? To16(k_rot, dt) : std::vector<uint16_t>();
+  const std::vector<uint16_t> v16 = is16 ? To16(v, dt) : std::vector<uint16_t>();
+  kernels::ReshapeAndCacheParams rc;
+  rc.key = is16 ? static_cast<const void*>(k16.data()) : k_rot.data();
+  rc.value = is16 ? static_cast<const void*>(v16.data()) : v.data();
+  rc.slot_mapping = ref_slots.data();
+  rc.num_tokens = n;
+  rc.cache = kernels::KVCacheView{want_k.data(),         want_v.data(), shape,
+                                  kernels::Device::kCPU, scale,         scale};
+  if (kernels::IsFp8(dt)) rc.io_dtype = kernels::DType::kFloat32;
+  ASSERT_TRUE(kernels::ReshapeAndCache(rc).ok());
+
+  auto run = [&](const std::vector<float>& sin_used, bool swap_caches) {
+    std::vector<uint8_t> got_k(bytes, 0x5a), got_v(bytes, 0x5a);
+    C* kc_ptr = reinterpret_cast<C*>(swap_caches ? got_v.data() : got_k.data());
+    C* vc_ptr = reinterpret_cast<C*>(swap_caches ? got_k.data() : got_v.data());
+    kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+      RopeReshapeAndCacheBody<C>(k.data(), v.data(), kv_heads, D, cos_t.data(), sin_used.data(),
+                                 slots.data(), num_blocks, block_size, kc_ptr, vc_ptr, scale,
+                                 scale);
+    });
+    int bad = 0;
+    for (size_t i = 0; i < bytes; ++i) bad += (got_k[i] != want_k[i]) + (got_v[i] != want_v[i]);
+    return bad;
+  };
+  EXPECT_EQ(run(sin_t, false), 0);
+  EXPECT_GT(run(neg_sin, false), 0) << "negative control (rotation by -angle) passed the check";
+  EXPECT_GT(run(sin_t, true), 0) << "negative control (keys and values swapped) passed the check";
+}
+
+TEST(CudaModelEmulationTest, RopeReshapeAndCacheMatchesCpuRopeAndReshapeAndCache) {
+  RopeCacheCase<float>(kernels::DType::kFloat32);
+  RopeCacheCase<__half>(kernels::DType::kFloat16);
+  RopeCacheCase<__nv_bfloat16>(kernels::DType::kBFloat16);
+  RopeCacheCase<__nv_fp8_e4m3>(kernels::DType::kFloat8E4M3);
+  RopeCacheCase<__nv_fp8_e5m2>(kernels::DType::kFloat8E5M2);
 }
 
 // ---- The split of a fused GEMM's output ---------------------------------------------

@@ -141,6 +141,16 @@ Elem AttentionIoElem(kernels::DType t) {
   }
 }
 
+cuda_model::CacheType CacheTypeOf(kernels::DType t) {
+  switch (t) {
+    case kernels::DType::kFloat16: return cuda_model::CacheType::kF16;
+    case kernels::DType::kBFloat16: return cuda_model::CacheType::kBF16;
+    case kernels::DType::kFloat8E4M3: return cuda_model::CacheType::kFp8E4M3;
+    case kernels::DType::kFloat8E5M2: return cuda_model::CacheType::kFp8E5M2;
+    default: return cuda_model::CacheType::kF32;
+  }
+}
+
 bool CudaKvDType(kernels::DType t) {
   switch (t) {
     case kernels::DType::kFloat32:
@@ -461,96 +471,58 @@ class CudaBackend final : public ModelBackend {
   // copies of q, k and v, and the output is converted back.
   absl::Status Attention(const kernels::KVCacheView& cache, int num_heads, float* q, float* k,
                          float* v, float* out) override {
-    const ForwardPlan& plan = *plan_;
-    const ForwardBatch& b = *plan.batch;
-    const int64_t n = plan.num_tokens;
+    const int64_t n = plan_->num_tokens;
     const int64_t q_dim = static_cast<int64_t>(num_heads) * cache.shape.head_size;
     const int64_t kv_dim = static_cast<int64_t>(cache.shape.num_kv_heads) * cache.shape.head_size;
     const Elem io = AttentionIoElem(cache.shape.dtype);
-    // The block tables, lengths and query offsets are the same for every
-    // layer of the step: the kernels' host-side checks run for the step's
-    // first Attention call, and again only for a layer whose pool is smaller
-    // than every one checked so far (block ids are checked against it).
-    const bool validate = !step_validated_ || cache.shape.num_blocks < validated_blocks_;
-    if (validate) validated_blocks_ = cache.shape.num_blocks;
-    step_validated_ = true;
-    const std::optional<kernels::DType> io_dtype =
-        kernels::IsFp8(cache.shape.dtype) ? std::optional(kernels::DType::kFloat32) : std::nullopt;
     const void* qa = q;
     const void* ka = k;
     const void* va = v;
-    void* oa = out;
     if (io != Elem::kF32) {
       PS_ASSIGN_OR_RETURN(qa, ConvertActivations(q, n * q_dim, io, &attn_q_, "query conversion"));
       PS_ASSIGN_OR_RETURN(ka, ConvertActivations(k, n * kv_dim, io, &attn_k_, "key conversion"));
       PS_ASSIGN_OR_RETURN(va, ConvertActivations(v, n * kv_dim, io, &attn_v_, "value conversion"));
-      PS_RETURN_IF_ERROR(attn_out_.Reserve(
-          std::max<size_t>(static_cast<size_t>(n * q_dim) * cuda_model::ElemBytes(io), 4),
-          "attention output allocation"));
-      oa = attn_out_.get();
     }
-    const int M = b.max_blocks_per_seq;
     kernels::ReshapeAndCacheParams rc;
     rc.key = ka;
     rc.value = va;
     rc.slot_mapping = In<int64_t>(kSlots);
     rc.num_tokens = static_cast<int>(n);
     rc.cache = cache;
-    rc.io_dtype = io_dtype;
+    rc.io_dtype = AttentionIoDType(cache);
     rc.stream = stream_;
     PS_RETURN_IF_ERROR(kernels::ReshapeAndCache(rc));
+    return RunAttention(cache, num_heads, qa, out);
+  }
 
-    if (plan.num_decode > 0) {
-      kernels::PagedAttentionParams pa;
-      pa.out = oa;
-      pa.query = qa;
-      pa.num_seqs = plan.num_decode;
-      pa.num_heads = num_heads;
-      pa.cache = cache;
-      pa.io_dtype = io_dtype;
-      pa.block_tables = In<int32_t>(kBlockTables);
-      pa.max_blocks_per_seq = M;
-      pa.seq_lens = In<int32_t>(kSeqLens);
-      pa.max_seq_len = plan.max_decode_len;
-      pa.scale = plan.attention_scale;
-      if (validate) {
-        pa.host_block_tables = b.block_tables.data();
-        pa.host_seq_lens = b.seq_lens.data();
-      }
-      pa.workspace = workspace_.get();
-      pa.workspace_bytes = workspace_.bytes();
-      pa.stream = stream_;
-      PS_RETURN_IF_ERROR(kernels::PagedAttention(pa));
+  // Fused: one kernel rotates q and converts it to the attention operand
+  // type, one rotates k and writes k and v into the cache (in place of
+  // ApplyRope x 2, three conversions and reshape_and_cache).
+  absl::Status RopeAndAttention(const kernels::KVCacheView& cache, int64_t n, int num_heads,
+                                float* q, float* k, float* v, float* out) override {
+    const int D = cache.shape.head_size;
+    const int kv_heads = cache.shape.num_kv_heads;
+    const int64_t q_dim = static_cast<int64_t>(num_heads) * D;
+    const Elem io = AttentionIoElem(cache.shape.dtype);
+    void* qa = q;  // fp32: rotated in place
+    if (io != Elem::kF32) {
+      PS_RETURN_IF_ERROR(attn_q_.Reserve(
+          std::max<size_t>(static_cast<size_t>(n * q_dim) * cuda_model::ElemBytes(io), 4),
+          "query conversion allocation"));
+      qa = attn_q_.get();
     }
-    if (plan.num_prefill > 0) {
-      const int64_t bt_off = static_cast<int64_t>(plan.num_decode) * M;
-      const int64_t row_off =
-          static_cast<int64_t>(plan.prefill_row0) * q_dim * cuda_model::ElemBytes(io);
-      kernels::PrefillAttentionParams pf;
-      pf.out = static_cast<char*>(oa) + row_off;
-      pf.query = static_cast<const char*>(qa) + row_off;
-      pf.num_seqs = plan.num_prefill;
-      pf.num_heads = num_heads;
-      pf.query_start_loc = In<int32_t>(kPrefillQsl);
-      pf.seq_lens = In<int32_t>(kSeqLens) + plan.num_decode;
-      pf.cache = cache;
-      pf.io_dtype = io_dtype;
-      pf.block_tables = In<int32_t>(kBlockTables) + bt_off;
-      pf.max_blocks_per_seq = M;
-      pf.max_query_len = plan.max_prefill_query_len;
-      pf.max_seq_len = plan.max_prefill_len;
-      pf.scale = plan.attention_scale;
-      if (validate) {
-        pf.host_query_start_loc = plan.prefill_query_start_loc.data();
-        pf.host_seq_lens = b.seq_lens.data() + plan.num_decode;
-        pf.host_block_tables = b.block_tables.data() + bt_off;
-      }
-      pf.stream = stream_;
-      PS_RETURN_IF_ERROR(kernels::PrefillAttention(pf));
-    }
-    if (io == Elem::kF32) return absl::OkStatus();
-    return CudaStatus(cuda_model::LaunchConvert(oa, io, n * q_dim, out, Elem::kF32, stream_),
-                      "attention output conversion");
+    PS_RETURN_IF_ERROR(CudaStatus(
+        cuda_model::LaunchRopeConvert(q, static_cast<int>(n), num_heads, D, q_dim,
+                                      In<float>(kRopeCos), In<float>(kRopeSin), qa, io, stream_),
+        "rope + query conversion launch"));
+    PS_RETURN_IF_ERROR(
+        CudaStatus(cuda_model::LaunchRopeReshapeAndCache(
+                       k, v, static_cast<int>(n), kv_heads, D, In<float>(kRopeCos),
+                       In<float>(kRopeSin), In<int64_t>(kSlots), cache.shape.num_blocks,
+                       cache.shape.block_size, cache.key_cache, cache.value_cache,
+                       CacheTypeOf(cache.shape.dtype), cache.k_scale, cache.v_scale, stream_),
+                   "rope + reshape_and_cache launch"));
+    return RunAttention(cache, num_heads, qa, out);
   }
 
   // Enqueued on the compute stream (NCCL): no host synchronisation; a
@@ -724,6 +696,94 @@ class CudaBackend final : public ModelBackend {
                                      m.rows, m.cols});
     weights_.push_back(std::move(buf));
     return BackendMatrix{&matrices_.back(), m.rows, m.cols};
+  }
+
+  // The io_dtype of the kernel params for `cache`: fp32 for fp8 caches, unset
+  // (= the cache's type) otherwise.
+  static std::optional<kernels::DType> AttentionIoDType(const kernels::KVCacheView& cache) {
+    return kernels::IsFp8(cache.shape.dtype) ? std::optional(kernels::DType::kFloat32)
+                                             : std::nullopt;
+  }
+
+  // The attention kernels over `cache`, whose step's keys and values are
+  // written: decode attention for the plan's decode sequences, prefill
+  // attention for the rest, from the queries qa in the cache's operand type
+  // (AttentionIoElem), into out (fp32 [n, q_dim]; through a 16-bit buffer
+  // and one conversion for 16-bit caches).
+  absl::Status RunAttention(const kernels::KVCacheView& cache, int num_heads, const void* qa,
+                            float* out) {
+    const ForwardPlan& plan = *plan_;
+    const ForwardBatch& b = *plan.batch;
+    const int64_t n = plan.num_tokens;
+    const int64_t q_dim = static_cast<int64_t>(num_heads) * cache.shape.head_size;
+    const Elem io = AttentionIoElem(cache.shape.dtype);
+    const std::optional<kernels::DType> io_dtype = AttentionIoDType(cache);
+    // The block tables, lengths and query offsets are the same for every
+    // layer of the step: the kernels' host-side checks run for the step's
+    // first attention call, and again only for a layer whose pool is smaller
+    // than every one checked so far (block ids are checked against it).
+    const bool validate = !step_validated_ || cache.shape.num_blocks < validated_blocks_;
+    if (validate) validated_blocks_ = cache.shape.num_blocks;
+    step_validated_ = true;
+    void* oa = out;
+    if (io != Elem::kF32) {
+      PS_RETURN_IF_ERROR(attn_out_.Reserve(
+          std::max<size_t>(static_cast<size_t>(n * q_dim) * cuda_model::ElemBytes(io), 4),
+          "attention output allocation"));
+      oa = attn_out_.get();
+    }
+    const int M = b.max_blocks_per_seq;
+    if (plan.num_decode > 0) {
+      kernels::PagedAttentionParams pa;
+      pa.out = oa;
+      pa.query = qa;
+      pa.num_seqs = plan.num_decode;
+      pa.num_heads = num_heads;
+      pa.cache = cache;
+      pa.io_dtype = io_dtype;
+      pa.block_tables = In<int32_t>(kBlockTables);
+      pa.max_blocks_per_seq = M;
+      pa.seq_lens = In<int32_t>(kSeqLens);
+      pa.max_seq_len = plan.max_decode_len;
+      pa.scale = plan.attention_scale;
+      if (validate) {
+        pa.host_block_tables = b.block_tables.data();
+        pa.host_seq_lens = b.seq_lens.data();
+      }
+      pa.workspace = workspace_.get();
+      pa.workspace_bytes = workspace_.bytes();
+      pa.stream = stream_;
+      PS_RETURN_IF_ERROR(kernels::PagedAttention(pa));
+    }
+    if (plan.num_prefill > 0) {
+      const int64_t bt_off = static_cast<int64_t>(plan.num_decode) * M;
+      const int64_t row_off =
+          static_cast<int64_t>(plan.prefill_row0) * q_dim * cuda_model::ElemBytes(io);
+      kernels::PrefillAttentionParams pf;
+      pf.out = static_cast<char*>(oa) + row_off;
+      pf.query = static_cast<const char*>(qa) + row_off;
+      pf.num_seqs = plan.num_prefill;
+      pf.num_heads = num_heads;
+      pf.query_start_loc = In<int32_t>(kPrefillQsl);
+      pf.seq_lens = In<int32_t>(kSeqLens) + plan.num_decode;
+      pf.cache = cache;
+      pf.io_dtype = io_dtype;
+      pf.block_tables = In<int32_t>(kBlockTables) + bt_off;
+      pf.max_blocks_per_seq = M;
+      pf.max_query_len = plan.max_prefill_query_len;
+      pf.max_seq_len = plan.max_prefill_len;
+      pf.scale = plan.attention_scale;
+      if (validate) {
+        pf.host_query_start_loc = plan.prefill_query_start_loc.data();
+        pf.host_seq_lens = b.seq_lens.data() + plan.num_decode;
+        pf.host_block_tables = b.block_tables.data() + bt_off;
+      }
+      pf.stream = stream_;
+      PS_RETURN_IF_ERROR(kernels::PrefillAttention(pf));
+    }
+    if (io == Elem::kF32) return absl::OkStatus();
+    return CudaStatus(cuda_model::LaunchConvert(oa, io, n * q_dim, out, Elem::kF32, stream_),
+                      "attention output conversion");
   }
 
   // Matrices with the same columns and element type uploaded stacked by rows

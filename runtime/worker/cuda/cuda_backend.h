@@ -19,10 +19,13 @@
 // stay fp32 between operations; the elementwise kernels
 // (runtime/worker/cuda/model_kernels.cuh) sum RMSNorm squares in double as
 // on the CPU; rotary tables come from the plan (host, angles in double).
-// The KV cache may be fp32, fp16, bf16 (q/k/v converted to the cache type
-// before reshape_and_cache and attention, the output converted back) or
-// fp8_e4m3 / fp8_e5m2 (fp32 operands, converted in the kernels; per-layer
-// scales from the view). Attention and cache kernels are kernels/cuda's.
+// The KV cache may be fp32, fp16, bf16 (q converted to the cache type for
+// attention, the output converted back) or fp8_e4m3 / fp8_e5m2 (fp32
+// queries, converted in the kernels; per-layer scales from the view).
+// RopeAndAttention fuses RoPE into two kernels (model_kernels.cuh): one
+// rotates q and converts it to the attention operand type, one rotates k and
+// writes k and v into the cache (reshape_and_cache's layout and rounding).
+// Attention kernels are kernels/cuda's.
 //
 // Per step, BeginStep uploads the plan once (slot mapping, token ids,
 // seq_lens, block tables, prefill query_start_loc, logits rows and the

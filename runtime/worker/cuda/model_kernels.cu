@@ -27,6 +27,26 @@ __global__ void __launch_bounds__(kThreads)
   GreedyArgmaxBody<kThreads>(logits, vocab, out);
 }
 
+template <typename T>
+__global__ void RopeConvertKernel(const float* x, int heads, int head_size, int64_t token_stride,
+                                  const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                  T* out) {
+  RopeConvertBody<T>(x, heads, head_size, token_stride, cos_t, sin_t, out);
+}
+
+template <typename C>
+__global__ void RopeReshapeAndCacheKernel(const float* __restrict__ key,
+                                          const float* __restrict__ value, int num_kv_heads,
+                                          int head_size, const float* __restrict__ cos_t,
+                                          const float* __restrict__ sin_t,
+                                          const int64_t* __restrict__ slot_mapping,
+                                          int64_t num_blocks, int block_size,
+                                          C* __restrict__ key_cache, C* __restrict__ value_cache,
+                                          float k_scale, float v_scale) {
+  RopeReshapeAndCacheBody<C>(key, value, num_kv_heads, head_size, cos_t, sin_t, slot_mapping,
+                             num_blocks, block_size, key_cache, value_cache, k_scale, v_scale);
+}
+
 __global__ void SplitColumnsKernel(const float* __restrict__ y, int64_t n, int total, SplitArgs a) {
   SplitColumnsBody(y, n, total, a);
 }
@@ -124,6 +144,43 @@ cudaError_t LaunchSiluMul(float* gate, const float* up, int64_t count, cudaStrea
   if (count <= 0) return cudaSuccess;
   SiluMulKernel<<<BlocksFor(count), kThreads, 0, stream>>>(gate, up, count);
   return cudaGetLastError();
+}
+
+cudaError_t LaunchRopeConvert(const float* x, int n, int heads, int head_size, int64_t token_stride,
+                              const float* cos_t, const float* sin_t, void* out, Elem out_type,
+                              cudaStream_t stream) {
+  if (n <= 0 || heads <= 0 || head_size < 2) return cudaSuccess;
+  return WithElem(out_type, [&](auto t) {
+    using T = decltype(t);
+    RopeConvertKernel<T><<<n, kThreads, 0, stream>>>(x, heads, head_size, token_stride, cos_t,
+                                                     sin_t, static_cast<T*>(out));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t LaunchRopeReshapeAndCache(const float* key, const float* value, int n,
+                                      int num_kv_heads, int head_size, const float* cos_t,
+                                      const float* sin_t, const int64_t* slot_mapping,
+                                      int64_t num_blocks, int block_size, void* key_cache,
+                                      void* value_cache, CacheType type, float k_scale,
+                                      float v_scale, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (num_kv_heads <= 0 || head_size < 2 || block_size <= 0) return cudaErrorInvalidValue;
+  auto launch = [&](auto tag) {
+    using C = decltype(tag);
+    RopeReshapeAndCacheKernel<C><<<n, kThreads, 0, stream>>>(
+        key, value, num_kv_heads, head_size, cos_t, sin_t, slot_mapping, num_blocks, block_size,
+        static_cast<C*>(key_cache), static_cast<C*>(value_cache), k_scale, v_scale);
+    return cudaGetLastError();
+  };
+  switch (type) {
+    case CacheType::kF32: return launch(float{});
+    case CacheType::kF16: return launch(__half{});
+    case CacheType::kBF16: return launch(__nv_bfloat16{});
+    case CacheType::kFp8E4M3: return launch(__nv_fp8_e4m3{});
+    case CacheType::kFp8E5M2: return launch(__nv_fp8_e5m2{});
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchSplitColumns(const float* y, int64_t n, int total, int num_outs,

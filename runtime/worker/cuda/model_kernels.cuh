@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/cache_kernels.cuh"
 #include "kernels/cuda/dtype_utils.cuh"
 
 namespace pagedserve::cuda_model {
@@ -122,6 +123,98 @@ __device__ __forceinline__ void SiluMulBody(float* __restrict__ gate, const floa
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = gate[k];
     gate[k] = g / (1.0f + expf(-g)) * up[k];
+  }
+}
+
+// An fp32 value in the element type of a KV cache: RNE for 16-bit caches,
+// fp8(v / scale) saturating for fp8 ones (reshape_and_cache's rule).
+template <typename C>
+__device__ __forceinline__ C ToCacheElem(float v, float) {
+  return ::pagedserve::kernels::cuda::FromFloat<C>(v);
+}
+template <>
+__device__ __forceinline__ __nv_fp8_e4m3 ToCacheElem<__nv_fp8_e4m3>(float v, float scale) {
+  __nv_fp8_e4m3 r;
+  r.__x = ::pagedserve::kernels::cuda::FloatToFp8<__nv_fp8_e4m3>(v / scale);
+  return r;
+}
+template <>
+__device__ __forceinline__ __nv_fp8_e5m2 ToCacheElem<__nv_fp8_e5m2>(float v, float scale) {
+  __nv_fp8_e5m2 r;
+  r.__x = ::pagedserve::kernels::cuda::FloatToFp8<__nv_fp8_e5m2>(v / scale);
+  return r;
+}
+
+// Grid (n): the query side of RoPE fused with the conversion to the
+// attention's operand type T: out[t, h * D + i] for the pair (i, i + D/2) of
+// head h < heads is x[t * token_stride + ...] rotated by (cos_t, sin_t)[t, i]
+// (ApplyRopeBody's arithmetic) and converted to T. out [n, heads * D]; may
+// be x itself when T is float.
+template <typename T>
+__device__ __forceinline__ void RopeConvertBody(const float* x, int heads, int head_size,
+                                                int64_t token_stride,
+                                                const float* __restrict__ cos_t,
+                                                const float* __restrict__ sin_t, T* out) {
+  const int t = blockIdx.x;
+  const int half = head_size / 2;
+  const float* c = cos_t + static_cast<int64_t>(t) * half;
+  const float* s = sin_t + static_cast<int64_t>(t) * half;
+  const float* row = x + static_cast<int64_t>(t) * token_stride;
+  T* dst = out + static_cast<int64_t>(t) * heads * head_size;
+  for (int k = threadIdx.x; k < heads * half; k += blockDim.x) {
+    const int h = k / half;
+    const int i = k % half;
+    const float* v = row + static_cast<int64_t>(h) * head_size;
+    const float a = v[i], b = v[i + half];
+    const float ra = a * c[i] - b * s[i];
+    const float rb = b * c[i] + a * s[i];
+    dst[h * head_size + i] = ::pagedserve::kernels::cuda::FromFloat<T>(ra);
+    dst[h * head_size + i + half] = ::pagedserve::kernels::cuda::FromFloat<T>(rb);
+  }
+}
+
+// Grid (n): the key/value side, fused: token t's keys (fp32 [n, kv_heads *
+// D], RoPE applied here as in ApplyRopeBody) and values (fp32, as they are)
+// written into a paged cache of element type C (float, __half,
+// __nv_bfloat16, __nv_fp8_e4m3, __nv_fp8_e5m2) at slot_mapping[t], in
+// vLLM's layout (kernels/cuda/cache_kernels.cuh): what ApplyRope, the
+// conversion to C and reshape_and_cache do one after the other. Slots < 0 or
+// >= num_blocks * block_size are skipped (reshape_and_cache's rule).
+template <typename C>
+__device__ __forceinline__ void RopeReshapeAndCacheBody(
+    const float* __restrict__ key, const float* __restrict__ value, int num_kv_heads,
+    int head_size, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+    const int64_t* __restrict__ slot_mapping, int64_t num_blocks, int block_size,
+    C* __restrict__ key_cache, C* __restrict__ value_cache, float k_scale, float v_scale) {
+  namespace kc = ::pagedserve::kernels::cuda;
+  constexpr int X = kc::CacheElem<C>::kKeyVec;
+  const int t = blockIdx.x;
+  const int64_t slot = slot_mapping[t];
+  if (slot < 0 || slot >= num_blocks * block_size) return;
+  const int64_t block = slot / block_size;
+  const int offset = static_cast<int>(slot % block_size);
+  const int half = head_size / 2;
+  const int kv_dim = num_kv_heads * head_size;
+  const float* c = cos_t + static_cast<int64_t>(t) * half;
+  const float* s = sin_t + static_cast<int64_t>(t) * half;
+  const float* k = key + static_cast<int64_t>(t) * kv_dim;
+  const float* v = value + static_cast<int64_t>(t) * kv_dim;
+  for (int p = threadIdx.x; p < num_kv_heads * half; p += blockDim.x) {
+    const int h = p / half;
+    const int i = p % half;
+    const float a = k[h * head_size + i], b = k[h * head_size + i + half];
+    const float ra = a * c[i] - b * s[i];
+    const float rb = b * c[i] + a * s[i];
+    key_cache[kc::KeyCacheOffset(block, offset, h, i, num_kv_heads, head_size, block_size, X)] =
+        ToCacheElem<C>(ra, k_scale);
+    key_cache[kc::KeyCacheOffset(block, offset, h, i + half, num_kv_heads, head_size, block_size,
+                                 X)] = ToCacheElem<C>(rb, k_scale);
+  }
+  for (int e = threadIdx.x; e < kv_dim; e += blockDim.x) {
+    const int h = e / head_size;
+    const int d = e % head_size;
+    value_cache[kc::ValueCacheOffset(block, offset, h, d, num_kv_heads, head_size, block_size)] =
+        ToCacheElem<C>(v[e], v_scale);
   }
 }
 

@@ -46,6 +46,28 @@ cudaError_t LaunchAddBias(float* y, const float* bias, int n, int cols, cudaStre
 // gate[i] = silu(gate[i]) * up[i], i < count.
 cudaError_t LaunchSiluMul(float* gate, const float* up, int64_t count, cudaStream_t stream);
 
+// Element type of a paged KV cache.
+enum class CacheType : int { kF32, kF16, kBF16, kFp8E4M3, kFp8E5M2 };
+
+// RoPE (rotate_half) of the queries fused with their conversion to the
+// attention operand type: out [n, heads * head_size] of `out_type` =
+// rope(x[t * token_stride + ...]) with the tables [n, head_size / 2]. out may
+// be x when out_type is kF32 (in place).
+cudaError_t LaunchRopeConvert(const float* x, int n, int heads, int head_size, int64_t token_stride,
+                              const float* cos_t, const float* sin_t, void* out, Elem out_type,
+                              cudaStream_t stream);
+
+// RoPE of the keys fused with reshape_and_cache: keys (rotated here) and
+// values (fp32 [n, num_kv_heads * head_size]) written into the paged cache
+// (vLLM's layout, `type` elements; fp8 stores fp8(x / scale)) at
+// slot_mapping[t]; slots < 0 or >= num_blocks * block_size are skipped.
+cudaError_t LaunchRopeReshapeAndCache(const float* key, const float* value, int n,
+                                      int num_kv_heads, int head_size, const float* cos_t,
+                                      const float* sin_t, const int64_t* slot_mapping,
+                                      int64_t num_blocks, int block_size, void* key_cache,
+                                      void* value_cache, CacheType type, float k_scale,
+                                      float v_scale, cudaStream_t stream);
+
 // Most outputs one fused GEMM feeds (q/k/v); = kMaxSplitOuts of the kernel.
 constexpr int kMaxFusedOutputs = 3;
 
