@@ -147,7 +147,10 @@ absl::Status PagedAttentionV1(const PagedAttentionParams& p) {
 absl::Status PagedAttentionV2(const PagedAttentionParams& p) {
   if (auto s = CheckCache(p.cache); !s.ok()) return s;
   if (p.num_seqs == 0) return absl::OkStatus();
-  if (p.workspace == nullptr) return RunV2WithTemporaryWorkspace(p);
+  // No workspace, or one the caller says is too small for this shape: a
+  // stream-ordered temporary one (PagedAttentionParams::workspace_bytes).
+  if (p.workspace == nullptr || (p.workspace_bytes != 0 && p.workspace_bytes < WorkspaceBytes(p)))
+    return RunV2WithTemporaryWorkspace(p);
   if (auto s = CheckAligned(p.workspace, alignof(float), "workspace"); !s.ok()) return s;
   return RunV2(p, p.workspace);
 }

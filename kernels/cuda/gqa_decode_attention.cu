@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -36,19 +35,22 @@ constexpr int kMaxDevices = 64;  // devices whose attribute settings are cached
 template <typename T, int HEAD_SIZE>
 cudaError_t AllowSharedBytes(size_t smem) {
   if (smem <= 48 * 1024) return cudaSuccess;
-  static std::array<std::atomic<size_t>, kMaxDevices> allowed{};
+  static std::mutex mu;
+  static std::array<size_t, kMaxDevices> allowed{};
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  const bool cached = device >= 0 && device < kMaxDevices;
-  if (cached && allowed[device].load(std::memory_order_relaxed) >= smem) return cudaSuccess;
+  if (device < 0 || device >= kMaxDevices)
+    return cudaFuncSetAttribute(GqaKernel<T, HEAD_SIZE>(),
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(smem));
+  // Under the lock, so that the attribute only ever grows (a smaller size set
+  // after a larger one would make the larger launches fail).
+  std::lock_guard<std::mutex> lock(mu);
+  if (allowed[device] >= smem) return cudaSuccess;
   cudaError_t e =
       cudaFuncSetAttribute(GqaKernel<T, HEAD_SIZE>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem));
-  if (e == cudaSuccess && cached) {
-    size_t seen = allowed[device].load(std::memory_order_relaxed);
-    while (seen < smem && !allowed[device].compare_exchange_weak(seen, smem)) {
-    }
-  }
+  if (e == cudaSuccess) allowed[device] = smem;
   return e;
 }
 

@@ -48,6 +48,11 @@ absl::Status ModelBackend::RopeAndAttention(const kernels::KVCacheView& cache, i
 absl::Status ModelBackend::LmHeadGreedy(const float* x, int64_t n, const BackendMatrix& w,
                                         std::span<const uint8_t> greedy,
                                         std::vector<int32_t>* argmax, std::vector<float>* logits) {
+  if (std::none_of(greedy.begin(), greedy.end(), [](uint8_t g) { return g != 0; })) {
+    absl::Status s = LmHead(x, n, w, logits);  // every row's logits, as they are
+    if (s.ok()) argmax->assign(static_cast<size_t>(n), -1);
+    return s;
+  }
   std::vector<float> all;
   absl::Status s = LmHead(x, n, w, &all);
   if (!s.ok()) return s;

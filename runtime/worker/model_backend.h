@@ -193,10 +193,11 @@ class ModelBackend {
                               const BackendVector& bias, float* y) = 0;
 
   // Several Linear calls over the same input x[n, cols] (every outs[i].w has
-  // the same cols): outs[i].y = x outs[i].w^T (+ outs[i].bias), with results
-  // identical to calling Linear for each in order. A backend may run them as
-  // one launch (CPU: one parallel region and one activation quantization,
-  // kernels::LinearGroup). The outputs must not overlap x or one another.
+  // the same cols): outs[i].y = x outs[i].w^T (+ outs[i].bias), the values
+  // of calling Linear for each in order up to the GEMM's summation order
+  // (CPU: identical). A backend may run them as one launch (CPU: one parallel
+  // region and one activation quantization, kernels::LinearGroup; CUDA: one
+  // GEMM over rows stacked at load). The outputs must not overlap x or one another.
   // This default calls Linear for each.
   virtual absl::Status LinearGroup(const float* x, int64_t n, std::span<const LinearOut> outs) {
     for (const LinearOut& o : outs) {
@@ -249,8 +250,8 @@ class ModelBackend {
   // conversion of q and into the cache write of k (CUDA: two kernels instead
   // of RoPE, conversions and reshape_and_cache). This default runs the three
   // operations.
-  virtual absl::Status RopeAndAttention(const kernels::KVCacheView& cache, int64_t n,
-                                        int num_heads, float* q, float* k, float* v, float* out);
+  virtual absl::Status RopeAndAttention(const kernels::KVCacheView& cache, int64_t n, int num_heads,
+                                        float* q, float* k, float* v, float* out);
 
   // Sum over the tensor-parallel group, in place, on backend memory (the
   // output of a row-parallel layer). A no-op for a group of one.

@@ -76,7 +76,10 @@ class PinnedBuffer {
   PinnedBuffer() = default;
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(o.ptr_) { o.ptr_ = nullptr; }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
   ~PinnedBuffer() {
     if (ptr_ != nullptr) cudaFreeHost(ptr_);
   }
@@ -171,7 +174,9 @@ class CudaBackend final : public ModelBackend {
 
   ~CudaBackend() override {
     cudaSetDevice(device_);
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    // Not after an abandoned step of a multi-rank group: its collectives may
+    // wait for a peer that is gone (cudaStreamDestroy does not wait).
+    if (stream_ != nullptr && !(step_pending_ && comm_->size() > 1)) cudaStreamSynchronize(stream_);
     if (cublas_ != nullptr) blas_->destroy(cublas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -317,10 +322,10 @@ class CudaBackend final : public ModelBackend {
     PS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
     if (step_pending_) {
       // The previous step ended in an error before its LmHead: its work may
-      // still read the staging buffer.
-      PS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "abandoned step"));
-      step_pending_ = false;
+      // still read the staging buffer (and, with NCCL, wait for peers).
+      PS_RETURN_IF_ERROR(WaitForStep());
     }
+    PS_RETURN_IF_ERROR(ReserveStepScratch(plan));
     plan_ = &plan;
     const ForwardBatch& b = *plan.batch;
     const size_t n = static_cast<size_t>(plan.num_tokens);
@@ -359,19 +364,6 @@ class CudaBackend final : public ModelBackend {
     step_validated_ = false;
     for (int i = 0; i < kInputCount; ++i) d_in_[i] = static_cast<char*>(inputs_.get()) + offsets[i];
 
-    // Decode scratch for whichever kernel the dispatcher picks: the v2
-    // partitions, or the GQA kernel's context splits at their finest (so it
-    // never allocates per launch).
-    const int heads = shard_.num_heads;
-    if (plan.num_decode > 0) {
-      size_t need = kernels::PagedAttentionGqaWorkspaceBytes(
-          plan.num_decode, heads, config_.head_size, plan.max_decode_len);
-      if (!kernels::ShouldUsePagedAttentionV1(plan.num_decode, heads, plan.max_decode_len))
-        need = std::max(need, kernels::PagedAttentionV2WorkspaceBytes(
-                                  plan.num_decode, heads, config_.head_size, plan.max_decode_len));
-      if (need > 0)
-        PS_RETURN_IF_ERROR(workspace_.Reserve(need, "decode attention workspace allocation"));
-    }
     return absl::OkStatus();
   }
 
@@ -692,10 +684,72 @@ class CudaBackend final : public ModelBackend {
     PS_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(buf.get(), m.bytes(), bytes, cudaMemcpyHostToDevice),
                                   absl::StrCat("upload of ", name)));
     weight_bytes_ += static_cast<int64_t>(bytes);
+    has_16bit_weights_ = true;
     matrices_.push_back(DeviceMatrix{buf.get(), m.type == GgmlType::kF16 ? Elem::kF16 : Elem::kBF16,
                                      m.rows, m.cols});
     weights_.push_back(std::move(buf));
     return BackendMatrix{&matrices_.back(), m.rows, m.cols};
+  }
+
+  // Every per-step scratch buffer at this step's size, before the step's
+  // first collective is enqueued: growing one later (cudaFree and
+  // cudaFreeHost synchronize the device) would make the host wait for a
+  // queued all-reduce outside WaitForStep. Sized for the pool's cache type
+  // (device_views_); a step over other views may still grow the attention
+  // buffers in place.
+  absl::Status ReserveStepScratch(const ForwardPlan& plan) {
+    const int64_t n = plan.num_tokens;
+    const int64_t r = static_cast<int64_t>(plan.batch->logits_rows.size());
+    const int64_t D = config_.head_size, hidden = config_.hidden_size;
+    const int64_t q_dim = shard_.num_heads * D, kv_dim = shard_.num_kv_heads * D;
+    const int64_t inter = shard_.intermediate_size, vocab = config_.vocab_size;
+    auto bytes = [](int64_t elems, int64_t size) {
+      return std::max<size_t>(static_cast<size_t>(elems * size), 4);
+    };
+    if (has_16bit_weights_)
+      PS_RETURN_IF_ERROR(gemm_input_.Reserve(
+          bytes(std::max(n, r) * std::max({hidden, q_dim, inter}), 2), "GEMM input allocation"));
+    if (n > 0)
+      PS_RETURN_IF_ERROR(fused_out_.Reserve(
+          bytes(std::min(n, kFusedGemmMaxTokens) * std::max(q_dim + 2 * kv_dim, 2 * inter),
+                sizeof(float)),
+          "fused GEMM output allocation"));
+    if (!device_views_.empty() && AttentionIoElem(device_views_[0].shape.dtype) != Elem::kF32) {
+      PS_RETURN_IF_ERROR(attn_q_.Reserve(bytes(n * q_dim, 2), "query conversion allocation"));
+      PS_RETURN_IF_ERROR(attn_out_.Reserve(bytes(n * q_dim, 2), "attention output allocation"));
+    }
+    PS_RETURN_IF_ERROR(logits_.Reserve(bytes(r * vocab, sizeof(float)), "logits allocation"));
+    PS_RETURN_IF_ERROR(
+        pinned_logits_.Reserve(bytes(r * vocab, sizeof(float)), "pinned logits allocation"));
+    PS_RETURN_IF_ERROR(argmax_.Reserve(bytes(r, sizeof(int32_t)), "argmax allocation"));
+    PS_RETURN_IF_ERROR(
+        pinned_argmax_.Reserve(bytes(r, sizeof(int32_t)), "pinned argmax allocation"));
+    // Decode scratch for the kernel the dispatcher picks for the pool's
+    // cache: the v2 partitions, or the GQA kernel's context splits at their
+    // finest (so that neither allocates per launch).
+    if (plan.num_decode > 0) {
+      const int heads = shard_.num_heads;
+      size_t need = 0;
+      if (!kernels::ShouldUsePagedAttentionV1(plan.num_decode, heads, plan.max_decode_len))
+        need = kernels::PagedAttentionV2WorkspaceBytes(plan.num_decode, heads, config_.head_size,
+                                                       plan.max_decode_len);
+      if (!device_views_.empty()) {
+        kernels::PagedAttentionParams p;
+        p.cache = device_views_[0];
+        p.num_seqs = plan.num_decode;
+        p.num_heads = heads;
+        p.max_seq_len = plan.max_decode_len;
+        p.io_dtype = AttentionIoDType(device_views_[0]);
+        if (kernels::ChooseDecodeKernel(p, kernels::DecodeKernel::kAuto).kernel ==
+            kernels::DecodeKernel::kGqa)
+          need =
+              std::max(need, kernels::PagedAttentionGqaWorkspaceBytes(
+                                 plan.num_decode, heads, config_.head_size, plan.max_decode_len));
+      }
+      if (need > 0)
+        PS_RETURN_IF_ERROR(workspace_.Reserve(need, "decode attention workspace allocation"));
+    }
+    return absl::OkStatus();
   }
 
   // The io_dtype of the kernel params for `cache`: fp32 for fp8 caches, unset
@@ -811,6 +865,7 @@ class CudaBackend final : public ModelBackend {
                       : first.type == GgmlType::kF16 ? Elem::kF16
                                                      : Elem::kBF16;
     const size_t elem = static_cast<size_t>(cuda_model::ElemBytes(type));
+    if (type != Elem::kF32) has_16bit_weights_ = true;
     int64_t rows = 0;
     for (const Matrix* m : ms) rows += m->rows;
     const std::string what = absl::StrCat("upload of ", *names.begin(), " (stacked)");
@@ -909,10 +964,12 @@ class CudaBackend final : public ModelBackend {
       }
       if (e != cudaErrorNotReady) return CudaStatus(e, "forward pass");
       PS_RETURN_IF_ERROR(comm_->CheckAsyncError());
-      if (spin < 1000) {
+      // Spin (yielding) for the first few milliseconds, about a decode
+      // step, then poll every 20 us.
+      if (spin < 20000) {
         std::this_thread::yield();
       } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
     }
   }
@@ -939,9 +996,10 @@ class CudaBackend final : public ModelBackend {
   DeviceBuffer gemm_input_, attn_q_, attn_k_, attn_v_, attn_out_, fused_out_;
   DeviceBuffer argmax_;
   PinnedBuffer host_inputs_, pinned_logits_, pinned_argmax_;
-  bool step_pending_ = false;     // BeginStep ran and WaitForStep has not succeeded since
-  bool step_validated_ = false;   // this step's Attention has validated its index arrays
-  int64_t validated_blocks_ = 0;  // against a pool of this many blocks
+  bool has_16bit_weights_ = false;  // some matrix runs through GemmEx
+  bool step_pending_ = false;       // BeginStep ran and WaitForStep has not succeeded since
+  bool step_validated_ = false;     // this step's Attention has validated its index arrays
+  int64_t validated_blocks_ = 0;    // against a pool of this many blocks
   std::vector<float> host_logits_;
 };
 

@@ -35,14 +35,11 @@ __global__ void RopeConvertKernel(const float* x, int heads, int head_size, int6
 }
 
 template <typename C>
-__global__ void RopeReshapeAndCacheKernel(const float* __restrict__ key,
-                                          const float* __restrict__ value, int num_kv_heads,
-                                          int head_size, const float* __restrict__ cos_t,
-                                          const float* __restrict__ sin_t,
-                                          const int64_t* __restrict__ slot_mapping,
-                                          int64_t num_blocks, int block_size,
-                                          C* __restrict__ key_cache, C* __restrict__ value_cache,
-                                          float k_scale, float v_scale) {
+__global__ void RopeReshapeAndCacheKernel(
+    const float* __restrict__ key, const float* __restrict__ value, int num_kv_heads, int head_size,
+    const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+    const int64_t* __restrict__ slot_mapping, int64_t num_blocks, int block_size,
+    C* __restrict__ key_cache, C* __restrict__ value_cache, float k_scale, float v_scale) {
   RopeReshapeAndCacheBody<C>(key, value, num_kv_heads, head_size, cos_t, sin_t, slot_mapping,
                              num_blocks, block_size, key_cache, value_cache, k_scale, v_scale);
 }
@@ -158,12 +155,12 @@ cudaError_t LaunchRopeConvert(const float* x, int n, int heads, int head_size, i
   });
 }
 
-cudaError_t LaunchRopeReshapeAndCache(const float* key, const float* value, int n,
-                                      int num_kv_heads, int head_size, const float* cos_t,
-                                      const float* sin_t, const int64_t* slot_mapping,
-                                      int64_t num_blocks, int block_size, void* key_cache,
-                                      void* value_cache, CacheType type, float k_scale,
-                                      float v_scale, cudaStream_t stream) {
+cudaError_t LaunchRopeReshapeAndCache(const float* key, const float* value, int n, int num_kv_heads,
+                                      int head_size, const float* cos_t, const float* sin_t,
+                                      const int64_t* slot_mapping, int64_t num_blocks,
+                                      int block_size, void* key_cache, void* value_cache,
+                                      CacheType type, float k_scale, float v_scale,
+                                      cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (num_kv_heads <= 0 || head_size < 2 || block_size <= 0) return cudaErrorInvalidValue;
   auto launch = [&](auto tag) {

@@ -182,8 +182,8 @@ __device__ __forceinline__ void RopeConvertBody(const float* x, int heads, int h
 // >= num_blocks * block_size are skipped (reshape_and_cache's rule).
 template <typename C>
 __device__ __forceinline__ void RopeReshapeAndCacheBody(
-    const float* __restrict__ key, const float* __restrict__ value, int num_kv_heads,
-    int head_size, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+    const float* __restrict__ key, const float* __restrict__ value, int num_kv_heads, int head_size,
+    const float* __restrict__ cos_t, const float* __restrict__ sin_t,
     const int64_t* __restrict__ slot_mapping, int64_t num_blocks, int block_size,
     C* __restrict__ key_cache, C* __restrict__ value_cache, float k_scale, float v_scale) {
   namespace kc = ::pagedserve::kernels::cuda;

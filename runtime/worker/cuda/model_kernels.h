@@ -61,12 +61,12 @@ cudaError_t LaunchRopeConvert(const float* x, int n, int heads, int head_size, i
 // values (fp32 [n, num_kv_heads * head_size]) written into the paged cache
 // (vLLM's layout, `type` elements; fp8 stores fp8(x / scale)) at
 // slot_mapping[t]; slots < 0 or >= num_blocks * block_size are skipped.
-cudaError_t LaunchRopeReshapeAndCache(const float* key, const float* value, int n,
-                                      int num_kv_heads, int head_size, const float* cos_t,
-                                      const float* sin_t, const int64_t* slot_mapping,
-                                      int64_t num_blocks, int block_size, void* key_cache,
-                                      void* value_cache, CacheType type, float k_scale,
-                                      float v_scale, cudaStream_t stream);
+cudaError_t LaunchRopeReshapeAndCache(const float* key, const float* value, int n, int num_kv_heads,
+                                      int head_size, const float* cos_t, const float* sin_t,
+                                      const int64_t* slot_mapping, int64_t num_blocks,
+                                      int block_size, void* key_cache, void* value_cache,
+                                      CacheType type, float k_scale, float v_scale,
+                                      cudaStream_t stream);
 
 // Most outputs one fused GEMM feeds (q/k/v); = kMaxSplitOuts of the kernel.
 constexpr int kMaxFusedOutputs = 3;
