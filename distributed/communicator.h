@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 
 namespace pagedserve {
 
@@ -28,15 +29,24 @@ class Communicator {
   // buffer is host memory for MPI, device memory for NCCL.
   virtual absl::Status AllReduceSum(float* data, size_t count) = 0;
 
-  // The same sum, ordered on `stream` (a cudaStream_t on this rank's device;
-  // ignored by host communicators). Device communicators (NCCL) enqueue the
-  // collective on that stream and return without waiting: the result is
-  // visible to work enqueued later on the stream, and an error of the
-  // collective itself (a peer that died or a broken link) surfaces through
-  // CheckAsyncError, not here. Host communicators run AllReduceSum.
-  virtual absl::Status AllReduceSumAsync(float* data, size_t count, void* stream) {
+  // Element type of an asynchronous all-reduce's buffer.
+  enum class ReduceType { kFloat32, kFloat16, kBFloat16 };
+
+  // The same sum over `count` elements of `type`, ordered on `stream` (a
+  // cudaStream_t on this rank's device; ignored by host communicators).
+  // Device communicators (NCCL) enqueue the collective on that stream and
+  // return without waiting: the result is visible to work enqueued later on
+  // the stream, and an error of the collective itself (a peer that died or a
+  // broken link) surfaces through CheckAsyncError, not here. 16-bit sums are
+  // accumulated by NCCL in the element type. Host communicators run
+  // AllReduceSum for kFloat32; a group of one does nothing; other 16-bit
+  // calls are Unimplemented.
+  virtual absl::Status AllReduceSumAsync(void* data, size_t count, ReduceType type, void* stream) {
     (void)stream;
-    return AllReduceSum(data, count);
+    if (size() <= 1) return absl::OkStatus();
+    if (type == ReduceType::kFloat32) return AllReduceSum(static_cast<float*>(data), count);
+    return absl::UnimplementedError(absl::StrCat("16-bit all-reduce on the '", backend(),
+                                                 "' communicator (device communicators only)"));
   }
 
   // OK, or the asynchronous error a device communicator has recorded (NCCL:

@@ -42,12 +42,15 @@ class NcclCommunicator final : public Communicator {
 
   // Only the enqueue is timed (collective_seconds): the collective itself
   // overlaps with the stream's other work.
-  absl::Status AllReduceSumAsync(float* data, size_t count, void* stream) override {
+  absl::Status AllReduceSumAsync(void* data, size_t count, ReduceType type, void* stream) override {
     PS_RETURN_IF_ERROR(error_);
+    const ncclDataType_t t = type == ReduceType::kFloat16    ? ncclFloat16
+                             : type == ReduceType::kBFloat16 ? ncclBfloat16
+                                                             : ncclFloat32;
     auto start = std::chrono::steady_clock::now();
-    absl::Status s = NcclStatus(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_,
-                                              static_cast<cudaStream_t>(stream)),
-                                "ncclAllReduce");
+    absl::Status s = NcclStatus(
+        ncclAllReduce(data, data, count, t, ncclSum, comm_, static_cast<cudaStream_t>(stream)),
+        "ncclAllReduce");
     collective_seconds_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return s;

@@ -49,6 +49,27 @@ TEST(MpiCommunicator, AllReduceSum) {
   EXPECT_GT(comm->collective_seconds(), 0.0);
 }
 
+// The asynchronous form on a host communicator: fp32 is the same sum (the
+// stream is ignored); 16-bit payloads are for device communicators only.
+TEST(MpiCommunicator, AllReduceSumAsyncOnTheHost) {
+  auto comm = MakeMpiCommunicator(MPI_COMM_WORLD);
+  const int n = comm->size(), r = comm->rank();
+  std::vector<float> data = {static_cast<float>(r + 1), 0.5f};
+  ASSERT_TRUE(
+      comm->AllReduceSumAsync(data.data(), 2, Communicator::ReduceType::kFloat32, nullptr).ok());
+  EXPECT_EQ(data[0], static_cast<float>(n * (n + 1) / 2));
+  EXPECT_EQ(data[1], 0.5f * n);
+  EXPECT_TRUE(comm->CheckAsyncError().ok());
+  std::vector<uint16_t> half(2, 0);
+  const absl::Status s =
+      comm->AllReduceSumAsync(half.data(), 2, Communicator::ReduceType::kBFloat16, nullptr);
+  if (n > 1) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  } else {
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
 TEST(MpiCommunicator, AllGather) {
   auto comm = MakeMpiCommunicator(MPI_COMM_WORLD);
   const int n = comm->size(), r = comm->rank();
@@ -88,6 +109,10 @@ TEST(SingleRankCommunicator, NoOpsAndCopy) {
   EXPECT_EQ(comm->size(), 1);
   std::vector<float> v = {1.5f, -2.0f};
   ASSERT_TRUE(comm->AllReduceSum(v.data(), v.size()).ok());
+  EXPECT_EQ(v, (std::vector<float>{1.5f, -2.0f}));
+  // A group of one: every asynchronous form is a no-op.
+  for (auto t : {Communicator::ReduceType::kFloat32, Communicator::ReduceType::kBFloat16})
+    ASSERT_TRUE(comm->AllReduceSumAsync(v.data(), v.size(), t, nullptr).ok());
   EXPECT_EQ(v, (std::vector<float>{1.5f, -2.0f}));
   std::vector<float> out(2);
   ASSERT_TRUE(comm->AllGather(v.data(), out.data(), 2).ok());

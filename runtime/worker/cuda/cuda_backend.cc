@@ -518,9 +518,29 @@ class CudaBackend final : public ModelBackend {
   }
 
   // Enqueued on the compute stream (NCCL): no host synchronisation; a
-  // communicator error surfaces in WaitForStep.
+  // communicator error surfaces in WaitForStep. With 16-bit weights the
+  // payload is the weights' type, as vLLM all-reduces in the model dtype:
+  // half the bytes on the links, the partial sums rounded to 16 bits (one
+  // conversion each way on the stream).
   absl::Status AllReduceSum(float* data, int64_t count) override {
-    return comm_->AllReduceSumAsync(data, static_cast<size_t>(count), stream_);
+    if (comm_->size() <= 1 || count == 0) return absl::OkStatus();
+    if (weight_elem_ == Elem::kF32)
+      return comm_->AllReduceSumAsync(data, static_cast<size_t>(count),
+                                      Communicator::ReduceType::kFloat32, stream_);
+    PS_RETURN_IF_ERROR(allreduce_buf_.Reserve(
+        static_cast<size_t>(count) * cuda_model::ElemBytes(weight_elem_), "all-reduce allocation"));
+    PS_RETURN_IF_ERROR(
+        CudaStatus(cuda_model::LaunchConvert(data, Elem::kF32, count, allreduce_buf_.get(),
+                                             weight_elem_, stream_),
+                   "all-reduce payload conversion"));
+    PS_RETURN_IF_ERROR(comm_->AllReduceSumAsync(allreduce_buf_.get(), static_cast<size_t>(count),
+                                                weight_elem_ == Elem::kF16
+                                                    ? Communicator::ReduceType::kFloat16
+                                                    : Communicator::ReduceType::kBFloat16,
+                                                stream_));
+    return CudaStatus(cuda_model::LaunchConvert(allreduce_buf_.get(), weight_elem_, count, data,
+                                                Elem::kF32, stream_),
+                      "all-reduce result conversion");
   }
 
   absl::Status LmHead(const float* x, int64_t n, const BackendMatrix& w,
@@ -685,6 +705,7 @@ class CudaBackend final : public ModelBackend {
                                   absl::StrCat("upload of ", name)));
     weight_bytes_ += static_cast<int64_t>(bytes);
     has_16bit_weights_ = true;
+    weight_elem_ = m.type == GgmlType::kF16 ? Elem::kF16 : Elem::kBF16;
     matrices_.push_back(DeviceMatrix{buf.get(), m.type == GgmlType::kF16 ? Elem::kF16 : Elem::kBF16,
                                      m.rows, m.cols});
     weights_.push_back(std::move(buf));
@@ -718,6 +739,8 @@ class CudaBackend final : public ModelBackend {
       PS_RETURN_IF_ERROR(attn_q_.Reserve(bytes(n * q_dim, 2), "query conversion allocation"));
       PS_RETURN_IF_ERROR(attn_out_.Reserve(bytes(n * q_dim, 2), "attention output allocation"));
     }
+    if (comm_->size() > 1 && weight_elem_ != Elem::kF32)
+      PS_RETURN_IF_ERROR(allreduce_buf_.Reserve(bytes(n * hidden, 2), "all-reduce allocation"));
     PS_RETURN_IF_ERROR(logits_.Reserve(bytes(r * vocab, sizeof(float)), "logits allocation"));
     PS_RETURN_IF_ERROR(
         pinned_logits_.Reserve(bytes(r * vocab, sizeof(float)), "pinned logits allocation"));
@@ -865,7 +888,10 @@ class CudaBackend final : public ModelBackend {
                       : first.type == GgmlType::kF16 ? Elem::kF16
                                                      : Elem::kBF16;
     const size_t elem = static_cast<size_t>(cuda_model::ElemBytes(type));
-    if (type != Elem::kF32) has_16bit_weights_ = true;
+    if (type != Elem::kF32) {
+      has_16bit_weights_ = true;
+      weight_elem_ = type;
+    }
     int64_t rows = 0;
     for (const Matrix* m : ms) rows += m->rows;
     const std::string what = absl::StrCat("upload of ", *names.begin(), " (stacked)");
@@ -993,10 +1019,11 @@ class CudaBackend final : public ModelBackend {
   std::array<DeviceBuffer, static_cast<size_t>(BufferId::kCount)> buffers_;
   DeviceBuffer inputs_, workspace_, logits_;
   // 16-bit copies of activations: the GEMM input, attention operands.
-  DeviceBuffer gemm_input_, attn_q_, attn_k_, attn_v_, attn_out_, fused_out_;
+  DeviceBuffer gemm_input_, attn_q_, attn_k_, attn_v_, attn_out_, fused_out_, allreduce_buf_;
   DeviceBuffer argmax_;
   PinnedBuffer host_inputs_, pinned_logits_, pinned_argmax_;
   bool has_16bit_weights_ = false;  // some matrix runs through GemmEx
+  Elem weight_elem_ = Elem::kF32;   // the 16-bit weight type, if any (all-reduce payloads)
   bool step_pending_ = false;       // BeginStep ran and WaitForStep has not succeeded since
   bool step_validated_ = false;     // this step's Attention has validated its index arrays
   int64_t validated_blocks_ = 0;    // against a pool of this many blocks

@@ -41,7 +41,8 @@
 // on one compute stream, created blocking so that it is ordered with the
 // legacy default stream on which the worker's swap and copy-on-write block
 // operations run. AllReduceSum enqueues the collective without a host
-// synchronisation (Communicator::AllReduceSumAsync); the only host wait is
+// synchronisation (Communicator::AllReduceSumAsync), with bf16/fp16 payloads
+// when the weights are 16-bit (converted on the stream each way); the only host wait is
 // LmHead's, at the end of the step, which with a multi-rank group polls the
 // communicator's asynchronous error so that a dead peer fails the step
 // (the communicator is aborted) instead of hanging it.
