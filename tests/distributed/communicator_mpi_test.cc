@@ -57,7 +57,7 @@ TEST(MpiCommunicator, AllReduceSumAsyncOnTheHost) {
   std::vector<float> data = {static_cast<float>(r + 1), 0.5f};
   ASSERT_TRUE(
       comm->AllReduceSumAsync(data.data(), 2, Communicator::ReduceType::kFloat32, nullptr).ok());
-  EXPECT_EQ(data[0], static_cast<float>(n * (n + 1) / 2));
+  EXPECT_EQ(data[0], 0.5f * static_cast<float>(n * (n + 1)));
   EXPECT_EQ(data[1], 0.5f * n);
   EXPECT_TRUE(comm->CheckAsyncError().ok());
   std::vector<uint16_t> half(2, 0);
