@@ -36,9 +36,9 @@ PAGEDSERVE_FLAG(
     "generate,serve", int64_t, kv_cache_memory, int64_t{1} << 30,
     "bytes of KV cache per worker rank (all layers, K and V); sets the number of device blocks");
 PAGEDSERVE_FLAG("generate,serve", double, gpu_memory_utilization, 0.9,
-                "CUDA workers: fraction of the device memory free after loading the weights that "
-                "the KV cache and one step's activations may take, in (0, 1]; sets the number of "
-                "device blocks (--kv-cache-memory is then unused)");
+                "CUDA workers: fraction of the device's memory the worker may hold in all "
+                "(weights, activations and KV cache, as vLLM), in (0, 1]; the KV cache gets what "
+                "is left and sets the number of device blocks (--kv-cache-memory is then unused)");
 PAGEDSERVE_FLAG("generate,serve", double, swap_space, 1.0,
                 "GiB of CPU swap space per worker rank for preempted sequences");
 PAGEDSERVE_FLAG("generate,serve", std::string, dtype, "auto",

@@ -150,9 +150,11 @@ class ModelBackend {
   virtual int64_t weight_bytes() const = 0;
 
   // The KV-pool budget in bytes. CPU: `host_bytes` (--kv-cache-memory).
-  // CUDA: free device memory now (after the weights) times
-  // `gpu_memory_utilization`, minus a reserve for one step's activations and
-  // for runtime internals (vLLM-style); may be <= 0 (nothing fits).
+  // CUDA: vLLM's meaning of `gpu_memory_utilization`, the fraction of the
+  // device's total memory for weights, activations and KV together:
+  // total * utilization - what the device holds now (after the weights) - a
+  // reserve for one step's activations and for runtime internals
+  // (GpuKvBudgetBytes); may be <= 0 (nothing fits).
   // InvalidArgument unless 0 < gpu_memory_utilization <= 1 (CUDA).
   virtual absl::StatusOr<int64_t> KvCacheBudgetBytes(int64_t host_bytes,
                                                      double gpu_memory_utilization) const = 0;

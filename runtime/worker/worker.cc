@@ -106,9 +106,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
     if (cuda)
       return absl::InvalidArgumentError(absl::StrCat(
           "GPU KV cache budget of ", budget, " bytes on CUDA device ", options.cuda_device, " (",
-          options.gpu_memory_utilization, " of the free memory after ", be.weight_bytes(),
-          " bytes of weights, minus the activation reserve) ", "is below one block (",
-          w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
+          options.gpu_memory_utilization, " of the device's memory, minus what it holds after ",
+          be.weight_bytes(), " bytes of weights and the activation reserve) ",
+          "is below one block (", w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache budget of ", options.kv_cache_memory, " bytes is below one block (",
                      w->bytes_per_block_, " bytes across ", num_layers, " layers)"));

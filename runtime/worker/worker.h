@@ -55,7 +55,7 @@ struct WorkerOptions {
   // (runtime/worker/cuda/cuda_backend.h).
   kernels::Device device = kernels::Device::kCPU;
   int cuda_device = 0;
-  double gpu_memory_utilization = 0.9;  // fraction of the free device memory after the weights
+  double gpu_memory_utilization = 0.9;  // fraction of the device's memory in all (vLLM's meaning)
 };
 
 // The weight dtype Worker::Create loads for `options`: options.dtype, except

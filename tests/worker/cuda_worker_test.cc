@@ -25,6 +25,7 @@
 #include "kernels/cuda_device.h"
 #include "kernels/paged_attention.h"
 #include "runtime/model/weights.h"
+#include "runtime/worker/cuda/cuda_backend.h"
 #include "runtime/worker/cuda/llama_model_cuda.h"
 #include "runtime/worker/llama_model.h"
 #include "runtime/worker/worker.h"
@@ -86,6 +87,17 @@ TEST(CudaWorkerTest, DtypeResolution) {
   EXPECT_EQ(ResolveKvCacheDType(c), kernels::DType::kFloat16);
   c.dtype = WeightDType::kBFloat16;
   EXPECT_EQ(ResolveKvCacheDType(c), kernels::DType::kBFloat16);
+}
+
+// vLLM's --gpu-memory-utilization arithmetic (no device needed): a 100 GiB
+// device at 0.9 with 20 GiB in use (weights and context) leaves 70 GiB minus
+// the reserves; a device already fuller than the fraction leaves nothing.
+TEST(CudaWorkerTest, GpuMemoryUtilizationIsAFractionOfTheWholeDevice) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  EXPECT_EQ(GpuKvBudgetBytes(100 * kGiB, 80 * kGiB, 0.9, 0, 0), 70 * kGiB);
+  EXPECT_EQ(GpuKvBudgetBytes(100 * kGiB, 80 * kGiB, 0.9, 2 * kGiB, kGiB), 67 * kGiB);
+  EXPECT_EQ(GpuKvBudgetBytes(100 * kGiB, 80 * kGiB, 1.0, 0, 0), 80 * kGiB);  // all that is free
+  EXPECT_LE(GpuKvBudgetBytes(100 * kGiB, 5 * kGiB, 0.9, 0, 0), 0);           // 95 GiB in use > 90
 }
 
 #ifdef PAGEDSERVE_WITH_CUDA

@@ -254,12 +254,11 @@ class CudaBackend final : public ModelBackend {
     PS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
     size_t free_bytes = 0, total_bytes = 0;
     PS_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
-    const int64_t usable =
-        static_cast<int64_t>(static_cast<double>(free_bytes) * gpu_memory_utilization);
-    return usable -
-           ActivationBytes(CudaBackendLimits::kActivationReserveTokens,
-                           CudaBackendLimits::kActivationReserveLogitRows) -
-           CudaBackendLimits::kRuntimeReserveBytes;
+    return GpuKvBudgetBytes(static_cast<int64_t>(total_bytes), static_cast<int64_t>(free_bytes),
+                            gpu_memory_utilization,
+                            ActivationBytes(CudaBackendLimits::kActivationReserveTokens,
+                                            CudaBackendLimits::kActivationReserveLogitRows),
+                            CudaBackendLimits::kRuntimeReserveBytes);
   }
 
   absl::Status AllocateCaches(const kernels::KVCacheShape& shape, int64_t num_device_blocks,

@@ -72,6 +72,19 @@ struct CudaBackendLimits {
   static constexpr int64_t kRuntimeReserveBytes = int64_t{256} << 20;
 };
 
+// vLLM's --gpu-memory-utilization: the fraction of the device's total memory
+// the worker may hold in all (weights, activations, KV cache, runtime). The
+// KV budget in bytes = total_bytes * utilization - (total_bytes -
+// free_bytes) - activation_reserve - runtime_reserve, where total - free is
+// what the device holds when asked (after the weights are loaded: the
+// weights, this process's context, and anything other processes hold). May be
+// <= 0 (nothing fits). Plain arithmetic (every build; tested without a GPU).
+inline int64_t GpuKvBudgetBytes(int64_t total_bytes, int64_t free_bytes, double utilization,
+                                int64_t activation_reserve, int64_t runtime_reserve) {
+  const int64_t allowed = static_cast<int64_t>(static_cast<double>(total_bytes) * utilization);
+  return allowed - (total_bytes - free_bytes) - activation_reserve - runtime_reserve;
+}
+
 #ifdef PAGEDSERVE_WITH_CUDA
 // Selects `cuda_device` (cudaSetDevice; the calling thread keeps it) and
 // creates the compute stream and the cuBLAS handle; weights are uploaded by
