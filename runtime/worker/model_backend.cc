@@ -53,10 +53,9 @@ absl::Status ModelBackend::LmHeadGreedy(const float* x, int64_t n, const Backend
     if (s.ok()) argmax->assign(static_cast<size_t>(n), -1);
     return s;
   }
-  std::vector<float> all;
-  absl::Status s = LmHead(x, n, w, &all);
+  absl::Status s = LmHead(x, n, w, &lm_head_rows_);
   if (!s.ok()) return s;
-  SplitGreedyRows(all, n, w.rows, greedy, argmax, logits);
+  SplitGreedyRows(lm_head_rows_, n, w.rows, greedy, argmax, logits);
   return absl::OkStatus();
 }
 

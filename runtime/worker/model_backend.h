@@ -278,6 +278,8 @@ class ModelBackend {
   virtual absl::Status LmHeadGreedy(const float* x, int64_t n, const BackendMatrix& w,
                                     std::span<const uint8_t> greedy, std::vector<int32_t>* argmax,
                                     std::vector<float>* logits);
+ private:
+  std::vector<float> lm_head_rows_;  // the default LmHeadGreedy's full logits (reused)
 };
 
 // The greedy reduction of one row of `vocab` logits (LmHeadGreedy's rule):
