@@ -278,6 +278,7 @@ class ModelBackend {
   virtual absl::Status LmHeadGreedy(const float* x, int64_t n, const BackendMatrix& w,
                                     std::span<const uint8_t> greedy, std::vector<int32_t>* argmax,
                                     std::vector<float>* logits);
+
  private:
   std::vector<float> lm_head_rows_;  // the default LmHeadGreedy's full logits (reused)
 };
