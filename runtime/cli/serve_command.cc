@@ -477,7 +477,8 @@ class CoordinatorRank {
                  "KV cache dtype %s, max_model_len %d%s)\n",
                  setup_.worker.model_path.c_str(), server_->endpoint().c_str(), info_.world_size,
                  sc.num_device_blocks, sc.block_size,
-                 kernels::DTypeName(ResolveKvCacheDType(setup_.worker)), sc.max_model_len,
+                 kernels::DTypeName(ResolveKvCacheDType(setup_.worker, &setup_.model)),
+                 sc.max_model_len,
                  MetricsListeningPort(*metrics_) > 0
                      ? absl::StrCat(", metrics on port ", MetricsListeningPort(*metrics_)).c_str()
                      : "");

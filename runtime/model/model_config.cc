@@ -262,6 +262,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
   PS_RETURN_IF_ERROR(ReadNumber(j, source, "rope_theta", false, &c.rope_theta));
   PS_RETURN_IF_ERROR(
       ReadNumber(j, source, "max_position_embeddings", false, &c.max_position_embeddings));
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null() || !c.checkpoint_dtype.empty()) continue;
+    if (!it->is_string()) return FieldError(source, key, "must be a string");
+    c.checkpoint_dtype = it->get<std::string>();
+  }
   if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
     if (!it->is_boolean()) return FieldError(source, "tie_word_embeddings", "must be a boolean");
     c.tie_word_embeddings = it->get<bool>();

@@ -56,6 +56,10 @@ struct ModelConfig {
   int64_t max_position_embeddings = 2048;
   int32_t bos_token_id = -1;           // -1 when unknown
   std::vector<int32_t> eos_token_ids;  // may be empty
+  // The checkpoint's own precision: config.json "torch_dtype" (or "dtype",
+  // its newer name), e.g. "bfloat16", "float16", "float32"; empty for GGUF
+  // files and when absent. Picks the CUDA worker's --dtype auto.
+  std::string checkpoint_dtype;
 
   // Checks positivity and divisibility (num_heads % num_kv_heads, even
   // head_size, ...). InvalidArgument naming the field otherwise.
@@ -80,8 +84,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf);
 // head_dim (optional), vocab_size, rms_norm_eps, rope_theta (default 10000),
 // rope_scaling (null, or {"rope_type"|"type": "linear"|"llama3"|"default", ...}),
 // tie_word_embeddings (default false), max_position_embeddings, bos_token_id,
-// eos_token_id (int or list). Unknown architectures and rope types give
-// Unimplemented; missing or mistyped fields InvalidArgument naming the field.
+// eos_token_id (int or list), torch_dtype or dtype (optional string). Unknown architectures and
+// rope types give Unimplemented; missing or mistyped fields InvalidArgument naming the field.
 absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view json_text,
                                                   std::string_view source);
 

@@ -41,14 +41,15 @@ kernels::DType AutoKvDType(WeightDType dtype) {
 
 }  // namespace
 
-WeightDType ResolveWeightDType(const WorkerOptions& options) {
-  if (options.device == kernels::Device::kCUDA && options.dtype == WeightDType::kAuto)
-    return WeightDType::kBFloat16;
-  return options.dtype;
+WeightDType ResolveWeightDType(const WorkerOptions& options, const ModelConfig* model) {
+  if (options.device != kernels::Device::kCUDA || options.dtype != WeightDType::kAuto)
+    return options.dtype;
+  return model != nullptr && model->checkpoint_dtype == "float16" ? WeightDType::kFloat16
+                                                                  : WeightDType::kBFloat16;
 }
 
-kernels::DType ResolveKvCacheDType(const WorkerOptions& options) {
-  return options.kv_cache_dtype.value_or(AutoKvDType(ResolveWeightDType(options)));
+kernels::DType ResolveKvCacheDType(const WorkerOptions& options, const ModelConfig* model) {
+  return options.kv_cache_dtype.value_or(AutoKvDType(ResolveWeightDType(options, model)));
 }
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& options,
@@ -60,8 +61,12 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
 
   // The backend is the only thing the device changes.
   const bool cuda = options.device == kernels::Device::kCUDA;
-  const WeightDType load_dtype = ResolveWeightDType(options);
-  const kernels::DType kv_dtype = ResolveKvCacheDType(options);
+  ModelConfig checkpoint;  // only for the CUDA worker's --dtype auto
+  if (cuda && options.dtype == WeightDType::kAuto) {
+    PS_ASSIGN_OR_RETURN(checkpoint, LoadModelConfig(options.model_path));
+  }
+  const WeightDType load_dtype = ResolveWeightDType(options, &checkpoint);
+  const kernels::DType kv_dtype = ResolveKvCacheDType(options, &checkpoint);
   std::unique_ptr<ModelBackend> backend;
   if (!cuda) {
     backend = MakeCpuBackend(comm);

@@ -34,8 +34,9 @@ struct WorkerOptions {
   // exact path the transformers-fp32 fixtures are checked with), kFloat16 /
   // kBFloat16 convert them to 16-bit rows. CUDA worker: matrices are
   // converted at load to kFloat32 (cuBLAS SGEMM), kFloat16 or kBFloat16
-  // (cublasGemmEx on tensor cores, fp32 accumulation); kAuto means
-  // kBFloat16 there (ResolveWeightDType).
+  // (cublasGemmEx on tensor cores, fp32 accumulation); kAuto means the
+  // checkpoint's 16-bit type there (ResolveWeightDType: fp16 for fp16
+  // checkpoints, else bf16).
   WeightDType dtype = WeightDType::kAuto;
   // Element type of the KV and swap pools (--kv-cache-dtype); nullopt = auto,
   // following the resolved weight dtype: fp32 for kFloat32, bf16 for
@@ -59,15 +60,19 @@ struct WorkerOptions {
 };
 
 // The weight dtype Worker::Create loads for `options`: options.dtype, except
-// kAuto on CUDA, which is kBFloat16.
-WeightDType ResolveWeightDType(const WorkerOptions& options);
+// kAuto on CUDA, which is the checkpoint's precision when that is fp16
+// (`model`'s checkpoint_dtype "float16") and kBFloat16 otherwise (bf16
+// checkpoints, GGUF files, and fp32 checkpoints, whose range bf16 keeps).
+// `model` may be null (then as for a GGUF file).
+WeightDType ResolveWeightDType(const WorkerOptions& options, const ModelConfig* model = nullptr);
 
 // The KV pool's element type Worker::Create uses for `options`: the
 // kv_cache_dtype rule above (auto follows ResolveWeightDType). Lets the
 // coordinator name it (the startup line) without a worker of its own: under
 // mpirun the workers run the same flags (and options.device is the
 // coordinator's guess of theirs).
-kernels::DType ResolveKvCacheDType(const WorkerOptions& options);
+kernels::DType ResolveKvCacheDType(const WorkerOptions& options,
+                                   const ModelConfig* model = nullptr);
 
 class Worker {
  public:

@@ -183,6 +183,23 @@ TEST(HfConfigTest, ParsesLlamaConfig) {
   EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{2, 3}));
   EXPECT_EQ(c->max_position_embeddings, 256);
   EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_EQ(c->checkpoint_dtype, "");  // absent
+
+  // The checkpoint's precision: torch_dtype, or dtype (its newer name).
+  json fp16 = Config("LlamaForCausalLM", true);
+  fp16["torch_dtype"] = "float16";
+  auto h = ModelConfigFromHfJson(fp16.dump(), "config.json");
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->checkpoint_dtype, "float16");
+  json newer = Config("LlamaForCausalLM", true);
+  newer["dtype"] = "bfloat16";
+  auto b = ModelConfigFromHfJson(newer.dump(), "config.json");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->checkpoint_dtype, "bfloat16");
+  newer["torch_dtype"] = 16;
+  auto bad = ModelConfigFromHfJson(newer.dump(), "config.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("torch_dtype"), std::string::npos) << bad.status();
 
   auto q = ModelConfigFromHfJson(Config("Qwen2ForCausalLM", false).dump(), "config.json");
   ASSERT_TRUE(q.ok());

@@ -82,6 +82,20 @@ TEST(CudaWorkerTest, DtypeResolution) {
   EXPECT_EQ(ResolveKvCacheDType(o), kernels::DType::kFloat16);
   o.kv_cache_dtype = kernels::DType::kFloat8E5M2;
   EXPECT_EQ(ResolveKvCacheDType(o), kernels::DType::kFloat8E5M2);
+  // auto follows an fp16 checkpoint; bf16, fp32 and GGUF (no dtype) give bf16.
+  WorkerOptions a;
+  a.device = kernels::Device::kCUDA;
+  ModelConfig m;
+  m.checkpoint_dtype = "float16";
+  EXPECT_EQ(ResolveWeightDType(a, &m), WeightDType::kFloat16);
+  EXPECT_EQ(ResolveKvCacheDType(a, &m), kernels::DType::kFloat16);
+  for (const char* d : {"bfloat16", "float32", ""}) {
+    m.checkpoint_dtype = d;
+    EXPECT_EQ(ResolveWeightDType(a, &m), WeightDType::kBFloat16) << d;
+  }
+  m.checkpoint_dtype = "float16";
+  a.device = kernels::Device::kCPU;  // the CPU's auto is the stored formats
+  EXPECT_EQ(ResolveWeightDType(a, &m), WeightDType::kAuto);
   WorkerOptions c;  // CPU
   EXPECT_EQ(ResolveWeightDType(c), WeightDType::kAuto);
   EXPECT_EQ(ResolveKvCacheDType(c), kernels::DType::kFloat16);
