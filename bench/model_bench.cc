@@ -53,7 +53,7 @@
 // public model API (LlamaModel::Create / CudaLlamaModel::Create over the
 // in-memory LlamaWeights) with the same plans as above, turned into
 // ForwardBatch rows, and the greedy argmax of LlamaModel's greedy Forward
-// (ModelBackend::LmHeadGreedy: on the host for the CPU, on the device for
+// (ModelBackend::LmHeadSample: on the host for the CPU, on the device for
 // CUDA, as the Worker does for greedy requests) instead of the Worker's
 // sampler.
 // Extra counters: layers, and layer_tokens_per_s = tokens_per_s * layers (the
@@ -131,12 +131,14 @@ struct RandomModel {
   int vocab = 0;
   std::vector<float> logits;
   std::vector<int32_t> argmax;
-  std::vector<uint8_t> greedy;
+  std::vector<RowSampling> greedy;
 
   // Every row greedy: the argmax is taken where the logits are
-  // (ModelBackend::LmHeadGreedy; CUDA: on the device, only ids come back).
+  // (ModelBackend::LmHeadSample; CUDA: on the device, only ids come back).
   absl::Status Forward(const ForwardBatch& b) {
-    greedy.assign(b.logits_rows.size(), 1);
+    RowSampling g;
+    g.mode = RowSampling::Mode::kGreedy;
+    greedy.assign(b.logits_rows.size(), g);
     if (cuda) return cuda->Forward(b, cuda->device_cache(), greedy, &argmax, &logits);
     return cpu->Forward(b, cpu_cache, greedy, &argmax, &logits);
   }

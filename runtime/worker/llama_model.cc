@@ -141,15 +141,15 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
 
 absl::Status LlamaModel::Forward(const ForwardBatch& b,
                                  std::span<const kernels::KVCacheView> kv_layers,
-                                 std::span<const uint8_t> greedy, std::vector<int32_t>* argmax,
+                                 std::span<const RowSampling> rows, std::vector<int32_t>* tokens,
                                  std::vector<float>* logits) {
-  if (greedy.size() != b.logits_rows.size())
-    return absl::InvalidArgumentError(absl::StrCat("Forward: ", greedy.size(), " greedy flags for ",
+  if (rows.size() != b.logits_rows.size())
+    return absl::InvalidArgumentError(absl::StrCat("Forward: ", rows.size(), " row samplings for ",
                                                    b.logits_rows.size(), " logits rows"));
   float* normed = nullptr;
   PS_RETURN_IF_ERROR(RunLayers(b, kv_layers, &normed));
-  return backend_->LmHeadGreedy(normed, static_cast<int64_t>(b.logits_rows.size()), w_.lm_head,
-                                greedy, argmax, logits);
+  return backend_->LmHeadSample(normed, static_cast<int64_t>(b.logits_rows.size()), w_.lm_head,
+                                rows, tokens, logits);
 }
 
 absl::Status LlamaModel::RunLayers(const ForwardBatch& b,

@@ -83,13 +83,13 @@ class LlamaModel {
   absl::Status Forward(const ForwardBatch& batch, std::span<const kernels::KVCacheView> kv_layers,
                        std::vector<float>* logits);
 
-  // The same step, with the greedy rows reduced by the backend
-  // (ModelBackend::LmHeadGreedy): `greedy` has one entry per logits row;
-  // (*argmax)[r] is row r's greedy token or -1, and `logits` holds, compacted
-  // in row order, the rows whose argmax is -1. Errors as above, plus
-  // InvalidArgument when greedy.size() != logits_rows.size().
+  // The same step, with rows reduced to tokens by the backend
+  // (ModelBackend::LmHeadSample): `rows` has one entry per logits row;
+  // *tokens holds each row's draws (-1 for a row not reduced) and `logits`,
+  // compacted in row order, the rows not reduced. Errors as above, plus
+  // InvalidArgument when rows.size() != logits_rows.size().
   absl::Status Forward(const ForwardBatch& batch, std::span<const kernels::KVCacheView> kv_layers,
-                       std::span<const uint8_t> greedy, std::vector<int32_t>* argmax,
+                       std::span<const RowSampling> rows, std::vector<int32_t>* tokens,
                        std::vector<float>* logits);
 
  private:

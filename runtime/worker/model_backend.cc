@@ -1,5 +1,5 @@
 // The host-side parts of the backend seam (model_backend.h): the greedy
-// reduction every backend shares the rule of.
+// reduction every backend shares the rule of, and the default LmHeadSample.
 #include "runtime/worker/model_backend.h"
 
 #include <algorithm>
@@ -22,15 +22,17 @@ int32_t GreedyArgmax(const float* row, int64_t vocab) {
   return static_cast<int32_t>(best);  // -1 when every value is -inf
 }
 
-void SplitGreedyRows(const std::vector<float>& all, int64_t n, int64_t vocab,
-                     std::span<const uint8_t> greedy, std::vector<int32_t>* argmax,
-                     std::vector<float>* logits) {
-  argmax->assign(static_cast<size_t>(n), -1);
+void SplitSampledRows(const std::vector<float>& all, int64_t n, int64_t vocab,
+                      std::span<const RowSampling> rows, std::vector<int32_t>* tokens,
+                      std::vector<float>* logits) {
+  tokens->clear();
   logits->clear();
   for (int64_t t = 0; t < n; ++t) {
     const float* row = all.data() + t * vocab;
-    if (greedy[t] != 0) (*argmax)[t] = GreedyArgmax(row, vocab);
-    if ((*argmax)[t] < 0) logits->insert(logits->end(), row, row + vocab);
+    const int32_t token =
+        rows[t].mode == RowSampling::Mode::kGreedy ? GreedyArgmax(row, vocab) : -1;
+    tokens->insert(tokens->end(), static_cast<size_t>(rows[t].draws()), token);
+    if (token < 0) logits->insert(logits->end(), row, row + vocab);
   }
 }
 
@@ -45,17 +47,20 @@ absl::Status ModelBackend::RopeAndAttention(const kernels::KVCacheView& cache, i
   return s;
 }
 
-absl::Status ModelBackend::LmHeadGreedy(const float* x, int64_t n, const BackendMatrix& w,
-                                        std::span<const uint8_t> greedy,
-                                        std::vector<int32_t>* argmax, std::vector<float>* logits) {
-  if (std::none_of(greedy.begin(), greedy.end(), [](uint8_t g) { return g != 0; })) {
+absl::Status ModelBackend::LmHeadSample(const float* x, int64_t n, const BackendMatrix& w,
+                                        std::span<const RowSampling> rows,
+                                        std::vector<int32_t>* tokens, std::vector<float>* logits) {
+  if (std::none_of(rows.begin(), rows.end(),
+                   [](const RowSampling& r) { return r.mode == RowSampling::Mode::kGreedy; })) {
     absl::Status s = LmHead(x, n, w, logits);  // every row's logits, as they are
-    if (s.ok()) argmax->assign(static_cast<size_t>(n), -1);
+    if (!s.ok()) return s;
+    tokens->clear();
+    for (const RowSampling& r : rows) tokens->insert(tokens->end(), r.draws(), -1);
     return s;
   }
   absl::Status s = LmHead(x, n, w, &lm_head_rows_);
   if (!s.ok()) return s;
-  SplitGreedyRows(lm_head_rows_, n, w.rows, greedy, argmax, logits);
+  SplitSampledRows(lm_head_rows_, n, w.rows, rows, tokens, logits);
   return absl::OkStatus();
 }
 

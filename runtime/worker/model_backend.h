@@ -130,6 +130,30 @@ enum class BufferId {
   kCount
 };
 
+// How ModelBackend::LmHeadSample may reduce one logits row to tokens.
+struct RowSampling {
+  enum class Mode : uint8_t {
+    kLogits,  // return the row's logits (the host sampler takes it)
+    kGreedy,  // the argmax (a greedy row without penalties or logprobs)
+    kSample,  // the sampler's steps 3-7: a row without penalties or logprobs
+  };
+  Mode mode = Mode::kLogits;
+  // kSample: the row's SamplingParams (valid: temperature >= 1e-5, top_k -1
+  // or >= 1, top_p in (0, 1], min_p in [0, 1]).
+  float temperature = 1.0f;
+  int32_t top_k = -1;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  // kSample: one uniform in [0, 1) per draw (the sampler's: seeded rows use
+  // Sampler::SeededUniform), 1 to 64 of them. Not owned.
+  std::span<const double> uniforms;
+
+  // Entries the row takes in LmHeadSample's tokens.
+  int64_t draws() const {
+    return mode == Mode::kSample ? static_cast<int64_t>(uniforms.size()) : 1;
+  }
+};
+
 class ModelBackend {
  public:
   virtual ~ModelBackend() = default;
@@ -264,36 +288,42 @@ class ModelBackend {
   virtual absl::Status LmHead(const float* x, int64_t n, const BackendMatrix& w,
                               std::vector<float>* logits) = 0;
 
-  // LmHead for a step whose rows are partly greedy (`greedy` has n entries):
-  // for a row t with greedy[t] != 0, (*argmax)[t] = the id of its largest
-  // logit, ties to the lowest id (the sampler's greedy rule), or -1 when the
-  // row holds a NaN or +inf logit or only -inf ones (rows the sampler refuses,
-  // so that the caller can hand them to it for the error); (*argmax)[t] = -1
-  // for the other rows. `logits` (host) receives, compacted in row order
-  // ([count, w.rows]), the logits of every row whose (*argmax)[t] is -1, so
-  // greedy rows cost no download. Ends the step; nothing is written on error.
-  // This default runs LmHead and reduces on the host; a device backend
-  // reduces where the logits are (CUDA: one argmax kernel, and only the rows
-  // that need logits are copied back).
-  virtual absl::Status LmHeadGreedy(const float* x, int64_t n, const BackendMatrix& w,
-                                    std::span<const uint8_t> greedy, std::vector<int32_t>* argmax,
+  // LmHead for a step whose rows may be reduced to tokens where the logits
+  // are (`rows` has n entries, RowSampling). *tokens is resized to the sum
+  // of rows[t].draws(); row t's draws follow those of the rows before it:
+  //   kGreedy: its one entry is the id of its largest logit, ties to the
+  //            lowest id (GreedyArgmax, the sampler's greedy rule);
+  //   kSample: entry j is the token the host sampler draws with
+  //            uniforms[j] (runtime/sampling/sampler.h, steps 3-7), when the
+  //            backend samples where the logits are (CUDA); this default
+  //            leaves such rows to the host sampler;
+  //   kLogits: -1.
+  // A row not reduced (kLogits, a kSample row the backend leaves, or a row
+  // the sampler refuses: a NaN or +inf logit, or only -inf ones) has -1 in
+  // every entry, and its logits are in `logits` (host), compacted in row
+  // order ([count, w.rows]), so that reduced rows cost no download and the
+  // caller hands the others to the sampler (which reports the errors). Ends
+  // the step; nothing is written on error. This default runs LmHead and
+  // reduces the greedy rows on the host (SplitSampledRows).
+  virtual absl::Status LmHeadSample(const float* x, int64_t n, const BackendMatrix& w,
+                                    std::span<const RowSampling> rows, std::vector<int32_t>* tokens,
                                     std::vector<float>* logits);
 
  private:
-  std::vector<float> lm_head_rows_;  // the default LmHeadGreedy's full logits (reused)
+  std::vector<float> lm_head_rows_;  // the default LmHeadSample's full logits (reused)
 };
 
-// The greedy reduction of one row of `vocab` logits (LmHeadGreedy's rule):
+// The greedy reduction of one row of `vocab` logits (LmHeadSample's rule):
 // the index of the largest value, ties to the lowest index, or -1 when the row
 // holds a NaN or +inf or only -inf values (or vocab < 1).
 int32_t GreedyArgmax(const float* row, int64_t vocab);
 
-// Compacts `all` ([n, vocab], every row's logits) into LmHeadGreedy's outputs:
-// argmax[t] from GreedyArgmax for greedy rows (else -1), and the rows whose
-// argmax[t] is -1 into *logits, in row order.
-void SplitGreedyRows(const std::vector<float>& all, int64_t n, int64_t vocab,
-                     std::span<const uint8_t> greedy, std::vector<int32_t>* argmax,
-                     std::vector<float>* logits);
+// Compacts `all` ([n, vocab], every row's logits) into the default
+// LmHeadSample's outputs: the kGreedy rows reduced with GreedyArgmax, every
+// other row -1 in each of its draws and its logits in *logits, in row order.
+void SplitSampledRows(const std::vector<float>& all, int64_t n, int64_t vocab,
+                      std::span<const RowSampling> rows, std::vector<int32_t>* tokens,
+                      std::vector<float>* logits);
 
 }  // namespace pagedserve
 

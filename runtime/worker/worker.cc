@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cache_ops.h"
 #include "runtime/common/status_macros.h"
@@ -20,14 +21,17 @@ std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
   return out;
 }
 
-// True when the sampler would return `num_samples` copies of the argmax of
-// the raw logits: valid greedy params without penalties, logprobs or beams
-// (whose scores need logprobs), and num_samples within the sampler's [1, 64]
-// (anything else goes to the sampler, which also reports the errors).
-bool PlainArgmax(const SamplingParams& p, int32_t num_samples) {
-  return p.greedy() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f && p.logprobs < 0 && !p.use_beam_search && num_samples >= 1 &&
-         num_samples <= 64 && p.Validate().ok();
+// How the backend may reduce a sampled row (ModelBackend::LmHeadSample):
+// valid params without penalties, logprobs or beams (whose scores need
+// logprobs), and num_samples within the sampler's [1, 64], are a plain
+// argmax when greedy and the sampler's steps 3-7 otherwise; anything else
+// goes to the sampler as logits (which also reports the errors).
+RowSampling::Mode ReducibleMode(const SamplingParams& p, int32_t num_samples) {
+  const bool plain = p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+                     p.frequency_penalty == 0.0f && p.logprobs < 0 && !p.use_beam_search &&
+                     num_samples >= 1 && num_samples <= 64 && p.Validate().ok();
+  if (!plain) return RowSampling::Mode::kLogits;
+  return p.greedy() ? RowSampling::Mode::kGreedy : RowSampling::Mode::kSample;
 }
 
 // The KV cache element type of --kv-cache-dtype auto (see WorkerOptions).
@@ -191,60 +195,112 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
     batch.block_tables = block_tables;
     batch.max_blocks_per_seq = max_blocks;
     batch.logits_rows = logits_rows;
-    // Rows whose sampling is a plain argmax are reduced where the logits are
-    // (ModelBackend::LmHeadGreedy): greedy, no penalties, no logprobs.
-    std::vector<uint8_t> greedy(sampled_seq.size(), 0);
-    for (size_t r = 0; r < sampled_seq.size(); ++r)
-      greedy[r] = PlainArgmax(rows[sampled_seq[r]]->sampling, plan.seqs[sampled_seq[r]].num_samples)
-                      ? 1
-                      : 0;
-    std::vector<int32_t> argmax;
-    PS_RETURN_IF_ERROR(model_->Forward(batch, device_layers_, greedy, &argmax, &logits_));
-
+    std::vector<RowSampling> reduce;
+    std::vector<double> uniforms;
+    PlanRowSampling(plan, rows, sampled_seq, &reduce, &uniforms);
+    std::vector<int32_t> reduced;
+    PS_RETURN_IF_ERROR(model_->Forward(batch, device_layers_, reduce, &reduced, &logits_));
     if (comm_->rank() == 0 && !sampled_seq.empty()) {
-      std::vector<SamplerRow> sampler_rows;
-      sampler_rows.reserve(sampled_seq.size());
-      for (size_t r = 0; r < sampled_seq.size(); ++r) {
-        if (argmax[r] >= 0) continue;
-        const int i = sampled_seq[r];
-        const SequenceStep& s = plan.seqs[i];
-        const StepPlanMirror::Sequence& st = *rows[i];
-        SamplerRow row;
-        row.seq_id = s.seq_id;
-        row.params = &st.sampling;
-        row.token_history = st.history;
-        row.prompt_len = std::min<int32_t>(st.num_prompt_tokens, st.history.size());
-        row.position = s.context_len();
-        row.sample_index = st.sample_index;
-        row.num_samples = s.num_samples;
-        sampler_rows.push_back(row);
-      }
-      std::vector<SampledToken> sampled;
-      if (!sampler_rows.empty()) {
-        PS_ASSIGN_OR_RETURN(sampled, sampler_->Sample(logits_, sampler_rows));
-      }
-      // Merged in row order: a reduced row gives num_samples copies of its
-      // argmax (what the sampler returns for a greedy row).
-      size_t next = 0;
-      for (size_t r = 0; r < sampled_seq.size(); ++r) {
-        const SequenceStep& s = plan.seqs[sampled_seq[r]];
-        for (int j = 0; j < s.num_samples; ++j) {
-          if (argmax[r] >= 0) {
-            SampledToken t;
-            t.seq_id = s.seq_id;
-            t.token_id = argmax[r];
-            result.tokens.push_back(std::move(t));
-          } else {
-            result.tokens.push_back(std::move(sampled.at(next++)));
-          }
-        }
-      }
+      PS_RETURN_IF_ERROR(CollectTokens(plan, rows, sampled_seq, reduce, reduced, &result));
     }
   }
   result.forward_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.collective_seconds = comm_->collective_seconds() - collective_before;
   return result;
+}
+
+void Worker::PlanRowSampling(const StepPlan& plan,
+                             std::span<const StepPlanMirror::Sequence* const> rows,
+                             std::span<const int> sampled_seq, std::vector<RowSampling>* reduce,
+                             std::vector<double>* uniforms) {
+  // Rows without penalties or logprobs are reduced where the logits are
+  // (ModelBackend::LmHeadSample): greedy ones to their argmax, the others
+  // sampled with the sampler's own uniforms (seeded rows: the same stream
+  // as Sampler::Sample), so a backend that samples on the device returns
+  // the tokens the sampler would.
+  reduce->assign(sampled_seq.size(), RowSampling{});
+  std::vector<size_t> first_uniform(sampled_seq.size(), 0);
+  size_t num_uniforms = 0;
+  for (size_t r = 0; r < sampled_seq.size(); ++r) {
+    const SamplingParams& p = rows[sampled_seq[r]]->sampling;
+    (*reduce)[r].mode = ReducibleMode(p, plan.seqs[sampled_seq[r]].num_samples);
+    first_uniform[r] = num_uniforms;
+    if ((*reduce)[r].mode == RowSampling::Mode::kSample)
+      num_uniforms += static_cast<size_t>(plan.seqs[sampled_seq[r]].num_samples);
+  }
+  uniforms->assign(num_uniforms, 0.0);  // sized once: the rows' spans point into it
+  for (size_t r = 0; r < sampled_seq.size(); ++r) {
+    RowSampling& rs = (*reduce)[r];
+    if (rs.mode != RowSampling::Mode::kSample) continue;
+    const SequenceStep& s = plan.seqs[sampled_seq[r]];
+    const StepPlanMirror::Sequence& st = *rows[sampled_seq[r]];
+    const SamplingParams& p = st.sampling;
+    rs.temperature = p.temperature;
+    rs.top_k = p.top_k;
+    rs.top_p = p.top_p;
+    rs.min_p = p.min_p;
+    rs.uniforms = std::span<const double>(*uniforms).subspan(first_uniform[r], s.num_samples);
+    for (int32_t j = 0; j < s.num_samples; ++j) {
+      (*uniforms)[first_uniform[r] + j] =
+          p.seed.has_value()
+              ? Sampler::SeededUniform(*p.seed, int64_t{st.sample_index} + j, s.context_len())
+              : absl::Uniform<double>(absl::IntervalClosedOpen, unseeded_, 0.0, 1.0);
+    }
+  }
+}
+
+absl::Status Worker::CollectTokens(const StepPlan& plan,
+                                   std::span<const StepPlanMirror::Sequence* const> rows,
+                                   std::span<const int> sampled_seq,
+                                   std::span<const RowSampling> reduce,
+                                   std::span<const int32_t> reduced, StepResult* result) {
+  std::vector<size_t> first_draw(sampled_seq.size() + 1, 0);
+  for (size_t r = 0; r < sampled_seq.size(); ++r)
+    first_draw[r + 1] = first_draw[r] + static_cast<size_t>(reduce[r].draws());
+  if (reduced.size() != first_draw.back())
+    return absl::InternalError(absl::StrCat("LmHeadSample returned ", reduced.size(),
+                                            " tokens for ", first_draw.back(), " draws"));
+  std::vector<SamplerRow> sampler_rows;
+  sampler_rows.reserve(sampled_seq.size());
+  for (size_t r = 0; r < sampled_seq.size(); ++r) {
+    if (reduced[first_draw[r]] >= 0) continue;
+    const int i = sampled_seq[r];
+    const SequenceStep& s = plan.seqs[i];
+    const StepPlanMirror::Sequence& st = *rows[i];
+    SamplerRow row;
+    row.seq_id = s.seq_id;
+    row.params = &st.sampling;
+    row.token_history = st.history;
+    row.prompt_len = std::min<int32_t>(st.num_prompt_tokens, st.history.size());
+    row.position = s.context_len();
+    row.sample_index = st.sample_index;
+    row.num_samples = s.num_samples;
+    sampler_rows.push_back(row);
+  }
+  std::vector<SampledToken> sampled;
+  if (!sampler_rows.empty()) {
+    PS_ASSIGN_OR_RETURN(sampled, sampler_->Sample(logits_, sampler_rows));
+  }
+  // Merged in row order: a reduced greedy row gives num_samples copies of
+  // its argmax (what the sampler returns for a greedy row), a reduced
+  // sampled row its num_samples draws.
+  size_t next = 0;
+  for (size_t r = 0; r < sampled_seq.size(); ++r) {
+    const SequenceStep& s = plan.seqs[sampled_seq[r]];
+    const int32_t* draws = reduced.data() + first_draw[r];
+    for (int j = 0; j < s.num_samples; ++j) {
+      if (draws[0] >= 0) {
+        SampledToken t;
+        t.seq_id = s.seq_id;
+        t.token_id = reduce[r].mode == RowSampling::Mode::kSample ? draws[j] : draws[0];
+        result->tokens.push_back(std::move(t));
+      } else {
+        result->tokens.push_back(std::move(sampled.at(next++)));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pagedserve

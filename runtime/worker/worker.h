@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "distributed/communicator.h"
 #include "kernels/types.h"
@@ -112,11 +114,24 @@ class Worker {
  private:
   Worker() = default;
 
+  // The LmHeadSample mode of each logits row (sampled_seq[r] indexes
+  // plan.seqs and rows), with *uniforms holding the kSample rows' uniforms.
+  void PlanRowSampling(const StepPlan& plan, std::span<const StepPlanMirror::Sequence* const> rows,
+                       std::span<const int> sampled_seq, std::vector<RowSampling>* reduce,
+                       std::vector<double>* uniforms);
+  // Rank 0: the step's tokens in row order, from the rows the backend
+  // reduced (`reduced`, LmHeadSample's tokens) and the sampler for the rest.
+  absl::Status CollectTokens(const StepPlan& plan,
+                             std::span<const StepPlanMirror::Sequence* const> rows,
+                             std::span<const int> sampled_seq, std::span<const RowSampling> reduce,
+                             std::span<const int32_t> reduced, StepResult* result);
+
   std::unique_ptr<LlamaModel> model_;  // its backend owns the pools
   const ModelConfig* config_ = nullptr;
   kernels::Device device_ = kernels::Device::kCPU;
   Communicator* comm_ = nullptr;
   std::unique_ptr<Sampler> sampler_;
+  absl::BitGen unseeded_;  // uniforms of unseeded rows the backend samples
   int64_t num_device_blocks_ = 0;
   int64_t num_cpu_blocks_ = 0;
   int64_t bytes_per_block_ = 0;

@@ -13,7 +13,8 @@
 // dynamic shared memory is a buffer filled with NaN before every block, so that
 // reading a slot the kernel did not write shows up in the results.
 //
-// What it does not model: the device memory model beyond barriers, bank
+// Atomics are plain read-modify-writes (only barriers and shuffles switch
+// fibers). What it does not model: the device memory model beyond barriers, bank
 // conflicts, timing, register limits, alignment faults. Not for sanitizer
 // builds (stack switching).
 //
@@ -212,6 +213,31 @@ inline float __uint_as_float(unsigned u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+inline unsigned int __float_as_uint(float f) {
+  unsigned int u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+// Atomics: fibers switch only at barriers and shuffles, so a plain
+// read-modify-write is atomic here.
+template <typename T>
+inline T atomicAdd(T* p, T v) {
+  const T old = *p;
+  *p = old + v;
+  return old;
+}
+template <typename T>
+inline T atomicMax(T* p, T v) {
+  const T old = *p;
+  if (v > old) *p = v;
+  return old;
+}
+template <typename T>
+inline T atomicOr(T* p, T v) {
+  const T old = *p;
+  *p = old | v;
+  return old;
 }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }

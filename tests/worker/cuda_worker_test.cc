@@ -19,6 +19,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -361,11 +362,19 @@ TEST_F(CudaWorkerModelTest, Fp8KvLogitsMatchCpuModel) {
   CompareLogits(model_path_, prompts_, WeightDType::kBFloat16, kernels::DType::kFloat8E5M2);
 }
 
-// Greedy generation through Worker::Execute on both backends, with a swap out
-// / swap in of sequence 0 and a copy-on-write copy of sequence 1's blocks.
+// Generation through Worker::Execute on both backends, with a swap out /
+// swap in of sequence 0 and a copy-on-write copy of sequence 1's blocks;
+// sequence i samples with params[i % params.size()] (greedy by default).
 class GreedyRunner {
  public:
-  explicit GreedyRunner(Worker* w) : w_(w) {}
+  explicit GreedyRunner(Worker* w, std::vector<SamplingParams> params = {Greedy()})
+      : w_(w), params_(std::move(params)) {}
+
+  static SamplingParams Greedy() {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    return p;
+  }
 
   std::vector<std::vector<int32_t>> Run(const std::vector<testing::ReferencePrompt>& prompts,
                                         int steps) {
@@ -416,7 +425,7 @@ class GreedyRunner {
         const int ctx = start[i] + static_cast<int>(feed[i].size());
         s.block_table.assign(tables[i].begin(),
                              tables[i].begin() + (ctx + kBlockSize - 1) / kBlockSize);
-        s.sampling.temperature = 0.0f;
+        s.sampling = params_[static_cast<size_t>(i) % params_.size()];
         s.sampling.max_tokens = steps;
         plan.seqs.push_back(s);
       }
@@ -435,6 +444,7 @@ class GreedyRunner {
 
  private:
   Worker* w_;
+  std::vector<SamplingParams> params_;
 };
 
 TEST_F(CudaWorkerModelTest, GreedyTokensMatchCpuWorkerWithSwapAndCopy) {
@@ -467,6 +477,54 @@ TEST_F(CudaWorkerModelTest, GreedyTokensMatchCpuWorkerWithSwapAndCopy) {
   const int steps = 24;
   auto a = GreedyRunner(cpu->get()).Run(prompts, steps);
   auto g = GreedyRunner(gpu->get()).Run(prompts, steps);
+  ASSERT_EQ(a.size(), g.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_GE(a[i].size(), static_cast<size_t>(steps - 2)) << prompts[i].name;
+    EXPECT_EQ(a[i], g[i]) << prompts[i].name;
+  }
+}
+
+// Sampled rows: the CUDA worker samples rows without penalties or logprobs
+// on the device (LmHeadSample's sampling kernel) with the sampler's seeded
+// uniforms, so with fp32 weights (logits within ~1e-6 of the CPU's) the
+// seeded tokens are the CPU worker's, except where a uniform falls within
+// that distance of a boundary of the cumulative distribution (not seen with
+// these seeds). One batch mixes a greedy row, top-k + top-p, a penalized row
+// (host sampler) and min-p.
+TEST_F(CudaWorkerModelTest, SeededSampledTokensMatchCpuWorker) {
+  std::vector<testing::ReferencePrompt> prompts(
+      prompts_.begin(), prompts_.begin() + std::min<size_t>(4, prompts_.size()));
+  for (auto& p : prompts)
+    ASSERT_LE(p.prompt_ids.size(), 64u) << "prompt too long for the test pool";
+  std::vector<SamplingParams> params(4);
+  params[0].temperature = 0.0f;
+  params[1].temperature = 0.8f;
+  params[1].top_k = 40;
+  params[1].top_p = 0.9f;
+  params[2].temperature = 1.0f;
+  params[2].repetition_penalty = 1.3f;
+  params[3].temperature = 1.2f;
+  params[3].min_p = 0.05f;
+  for (size_t i = 0; i < params.size(); ++i) params[i].seed = 17 + i;
+  auto comm_cpu = MakeSingleRankCommunicator();
+  auto comm_gpu = MakeSingleRankCommunicator();
+  WorkerOptions o;
+  o.model_path = model_path_;
+  o.dtype = WeightDType::kFloat32;
+  o.block_size = kBlockSize;
+  o.kv_cache_memory = 64LL << 20;
+  o.max_num_blocks = 128;
+  o.swap_space = 16LL << 20;
+  auto cpu = Worker::Create(o, comm_cpu.get());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  o.device = kernels::Device::kCUDA;
+  o.cuda_device = 0;
+  o.gpu_memory_utilization = 0.5;
+  auto gpu = Worker::Create(o, comm_gpu.get());
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const int steps = 24;
+  auto a = GreedyRunner(cpu->get(), params).Run(prompts, steps);
+  auto g = GreedyRunner(gpu->get(), params).Run(prompts, steps);
   ASSERT_EQ(a.size(), g.size());
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_GE(a[i].size(), static_cast<size_t>(steps - 2)) << prompts[i].name;

@@ -1,5 +1,5 @@
 // The greedy reduction of logits rows (runtime/worker/model_backend.h:
-// GreedyArgmax, SplitGreedyRows, the default ModelBackend::LmHeadGreedy) against
+// GreedyArgmax, SplitSampledRows, the default ModelBackend::LmHeadSample) against
 // the sampler it stands in for (runtime/sampling/sampler.h): on rows with
 // ties, -inf entries and large vocabularies the argmax equals the sampler's
 // greedy token, and every row the sampler refuses (a NaN or +inf logit, only
@@ -114,11 +114,17 @@ TEST(GreedyRowsTest, SplitKeepsTheRowsThatNeedLogits) {
                                   -kInf, -kInf,
                                   -1,    -kInf,
                                   -2};
-  const std::vector<uint8_t> greedy = {1, 0, 1, 1};
-  std::vector<int32_t> argmax = {7, 7};
+  // Row 1 is a sampled row with three draws: the host split leaves it (and
+  // its three entries) to the sampler.
+  const std::vector<double> uniforms = {0.1, 0.5, 0.9};
+  std::vector<RowSampling> rows(4);
+  for (int t : {0, 2, 3}) rows[t].mode = RowSampling::Mode::kGreedy;
+  rows[1].mode = RowSampling::Mode::kSample;
+  rows[1].uniforms = uniforms;
+  std::vector<int32_t> tokens = {7, 7};
   std::vector<float> logits = {42.0f};
-  SplitGreedyRows(all, 4, vocab, greedy, &argmax, &logits);
-  EXPECT_EQ(argmax, (std::vector<int32_t>{1, -1, -1, 2}));
+  SplitSampledRows(all, 4, vocab, rows, &tokens, &logits);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{1, -1, -1, -1, -1, 2}));
   ASSERT_EQ(logits.size(), 2u * vocab);  // rows 1 and 2, in order
   EXPECT_EQ(logits[0], 9.0f);
   EXPECT_EQ(logits[4], 5.0f);

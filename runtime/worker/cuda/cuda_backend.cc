@@ -123,6 +123,9 @@ struct DeviceMatrix {
 // small-GEMM inefficiency in decode-sized steps, and would need an
 // [n, stacked rows] fp32 scratch in large prefill steps.
 constexpr int64_t kFusedGemmMaxTokens = 256;
+// Most draws of one row LmHeadSample samples on the device (the sampler's
+// largest num_samples, a request's n).
+constexpr int64_t kMaxDraws = 64;
 
 cudaDataType CudaType(Elem e) {
   switch (e) {
@@ -563,52 +566,108 @@ class CudaBackend final : public ModelBackend {
     return absl::OkStatus();
   }
 
-  // Greedy rows reduced on the device: one argmax kernel over the logits,
-  // n int32 ids back, and then only the rows that need logits (sampled rows,
-  // and greedy rows the sampler must refuse) copied into pinned memory.
-  absl::Status LmHeadGreedy(const float* x, int64_t n, const BackendMatrix& w,
-                            std::span<const uint8_t> greedy, std::vector<int32_t>* argmax,
+  // Rows reduced on the device: one argmax kernel over the logits for the
+  // greedy rows, one sampling kernel (cuda_model::LaunchSampleRows) for the
+  // sampled ones with their parameters and uniforms uploaded in one copy;
+  // then the ids (n argmax entries and the draws) come back in one copy, and
+  // only the rows that need logits (left to the host sampler, or refused)
+  // are copied back into pinned memory.
+  absl::Status LmHeadSample(const float* x, int64_t n, const BackendMatrix& w,
+                            std::span<const RowSampling> rows, std::vector<int32_t>* tokens,
                             std::vector<float>* logits) override {
-    if (n == 0 || std::none_of(greedy.begin(), greedy.end(), [](uint8_t g) { return g != 0; }))
-      return ModelBackend::LmHeadGreedy(x, n, w, greedy, argmax, logits);
+    using Mode = RowSampling::Mode;
+    const bool any_greedy = std::any_of(
+        rows.begin(), rows.end(), [](const RowSampling& r) { return r.mode == Mode::kGreedy; });
+    const bool any_sample = w.rows <= cuda_model::kMaxSampleVocab &&
+                            std::any_of(rows.begin(), rows.end(), [](const RowSampling& r) {
+                              return r.mode == Mode::kSample;
+                            });
+    if (n == 0 || (!any_greedy && !any_sample))
+      return ModelBackend::LmHeadSample(x, n, w, rows, tokens, logits);
     const size_t vocab = static_cast<size_t>(w.rows);
-    const size_t bytes = static_cast<size_t>(n) * vocab * sizeof(float);
-    PS_RETURN_IF_ERROR(logits_.Reserve(bytes, "logits allocation"));
-    PS_RETURN_IF_ERROR(
-        argmax_.Reserve(static_cast<size_t>(n) * sizeof(int32_t), "argmax allocation"));
-    PS_RETURN_IF_ERROR(pinned_argmax_.Reserve(static_cast<size_t>(n) * sizeof(int32_t),
-                                              "pinned argmax allocation"));
+    // Draws of the sampled rows, at most kMaxDraws each (ReserveStepScratch
+    // sized the buffers for that).
+    std::vector<cuda_model::SampleRowArgs> args(static_cast<size_t>(n));
+    int64_t num_draws = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const RowSampling& r = rows[t];
+      if (!any_sample || r.mode != Mode::kSample) continue;
+      if (r.uniforms.empty() || r.uniforms.size() > static_cast<size_t>(kMaxDraws))
+        return absl::InvalidArgumentError(absl::StrCat("LmHeadSample: row ", t, " has ",
+                                                       r.uniforms.size(), " uniforms, want 1 to ",
+                                                       kMaxDraws));
+      args[t].inv_temperature = 1.0f / r.temperature;
+      args[t].top_k = r.top_k;
+      args[t].top_p = r.top_p;
+      args[t].min_p = r.min_p;
+      args[t].num_draws = static_cast<int32_t>(r.uniforms.size());
+      args[t].first_draw = static_cast<int32_t>(num_draws);
+      num_draws += args[t].num_draws;
+    }
     float* d_logits = static_cast<float*>(logits_.get());
+    int32_t* d_ids = static_cast<int32_t*>(argmax_.get());  // [n argmax | num_draws draws]
     PS_RETURN_IF_ERROR(Linear(x, n, w, BackendVector{}, d_logits));
+    if (any_greedy)
+      PS_RETURN_IF_ERROR(CudaStatus(
+          cuda_model::LaunchGreedyArgmax(d_logits, static_cast<int>(n), w.rows, d_ids, stream_),
+          "greedy argmax launch"));
+    if (num_draws > 0) {
+      // [args | uniforms] staged in pinned memory, one upload.
+      const size_t args_bytes = args.size() * sizeof(cuda_model::SampleRowArgs);
+      const size_t uniform_offset = (args_bytes + 7) / 8 * 8;
+      char* staged = static_cast<char*>(pinned_sample_in_.get());
+      std::memcpy(staged, args.data(), args_bytes);
+      double* u = reinterpret_cast<double*>(staged + uniform_offset);
+      for (int64_t t = 0; t < n; ++t)
+        if (args[t].num_draws > 0)
+          std::copy(rows[t].uniforms.begin(), rows[t].uniforms.end(), u + args[t].first_draw);
+      const size_t in_bytes = uniform_offset + static_cast<size_t>(num_draws) * sizeof(double);
+      char* d_in = static_cast<char*>(sample_in_.get());
+      PS_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpyAsync(d_in, staged, in_bytes, cudaMemcpyHostToDevice, stream_),
+                     "sampling parameters upload"));
+      PS_RETURN_IF_ERROR(CudaStatus(
+          cuda_model::LaunchSampleRows(d_logits, static_cast<int>(n), w.rows,
+                                       reinterpret_cast<const cuda_model::SampleRowArgs*>(d_in),
+                                       reinterpret_cast<const double*>(d_in + uniform_offset),
+                                       d_ids + n, stream_),
+          "sampling launch"));
+    }
     PS_RETURN_IF_ERROR(
-        CudaStatus(cuda_model::LaunchGreedyArgmax(d_logits, static_cast<int>(n), w.rows,
-                                                  static_cast<int32_t*>(argmax_.get()), stream_),
-                   "greedy argmax launch"));
-    PS_RETURN_IF_ERROR(CudaStatus(
-        cudaMemcpyAsync(pinned_argmax_.get(), argmax_.get(),
-                        static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
-        "argmax download"));
+        CudaStatus(cudaMemcpyAsync(pinned_argmax_.get(), d_ids,
+                                   static_cast<size_t>(n + num_draws) * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, stream_),
+                   "token download"));
     PS_RETURN_IF_ERROR(WaitForStep());
-    std::vector<int32_t> ids(static_cast<size_t>(n));
     const int32_t* got = static_cast<const int32_t*>(pinned_argmax_.get());
+    std::vector<int32_t> out;
+    std::vector<uint8_t> reduced(static_cast<size_t>(n), 0);
     int64_t wanted = 0;
     for (int64_t t = 0; t < n; ++t) {
-      ids[t] = greedy[t] != 0 ? got[t] : -1;
-      if (ids[t] < 0) ++wanted;
+      const RowSampling& r = rows[t];
+      if (r.mode == Mode::kGreedy) {
+        out.push_back(got[t]);
+        reduced[t] = got[t] >= 0;
+      } else if (args[t].num_draws > 0) {
+        const int32_t* d = got + n + args[t].first_draw;
+        reduced[t] = d[0] >= 0;
+        for (int32_t j = 0; j < args[t].num_draws; ++j) out.push_back(reduced[t] ? d[j] : -1);
+      } else {
+        out.insert(out.end(), static_cast<size_t>(r.draws()), -1);
+      }
+      if (!reduced[t]) ++wanted;
     }
-    std::vector<float> rows(static_cast<size_t>(wanted) * vocab);
+    std::vector<float> kept(static_cast<size_t>(wanted) * vocab);
     if (wanted > 0) {
       // Runs of consecutive rows, one copy each, into pinned memory.
-      PS_RETURN_IF_ERROR(
-          pinned_logits_.Reserve(rows.size() * sizeof(float), "pinned logits allocation"));
       float* dst = static_cast<float*>(pinned_logits_.get());
       for (int64_t t = 0; t < n;) {
-        if (ids[t] >= 0) {
+        if (reduced[t]) {
           ++t;
           continue;
         }
         int64_t end = t;
-        while (end < n && ids[end] < 0) ++end;
+        while (end < n && !reduced[end]) ++end;
         const size_t count = static_cast<size_t>(end - t) * vocab;
         PS_RETURN_IF_ERROR(
             CudaStatus(cudaMemcpyAsync(dst, d_logits + static_cast<size_t>(t) * vocab,
@@ -618,10 +677,10 @@ class CudaBackend final : public ModelBackend {
         t = end;
       }
       PS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "logits download"));
-      std::memcpy(rows.data(), pinned_logits_.get(), rows.size() * sizeof(float));
+      std::memcpy(kept.data(), pinned_logits_.get(), kept.size() * sizeof(float));
     }
-    argmax->swap(ids);
-    logits->swap(rows);
+    tokens->swap(out);
+    logits->swap(kept);
     return absl::OkStatus();
   }
 
@@ -743,9 +802,18 @@ class CudaBackend final : public ModelBackend {
     PS_RETURN_IF_ERROR(logits_.Reserve(bytes(r * vocab, sizeof(float)), "logits allocation"));
     PS_RETURN_IF_ERROR(
         pinned_logits_.Reserve(bytes(r * vocab, sizeof(float)), "pinned logits allocation"));
-    PS_RETURN_IF_ERROR(argmax_.Reserve(bytes(r, sizeof(int32_t)), "argmax allocation"));
+    // LmHeadSample: r argmax ids and up to kMaxDraws draws per row; the
+    // sampling kernel's [args | uniforms] input.
+    const int64_t ids = r * (1 + kMaxDraws);
+    PS_RETURN_IF_ERROR(argmax_.Reserve(bytes(ids, sizeof(int32_t)), "sampled token allocation"));
     PS_RETURN_IF_ERROR(
-        pinned_argmax_.Reserve(bytes(r, sizeof(int32_t)), "pinned argmax allocation"));
+        pinned_argmax_.Reserve(bytes(ids, sizeof(int32_t)), "pinned sampled token allocation"));
+    const int64_t sample_in =
+        (r * static_cast<int64_t>(sizeof(cuda_model::SampleRowArgs)) + 7) / 8 * 8 +
+        r * kMaxDraws * static_cast<int64_t>(sizeof(double));
+    PS_RETURN_IF_ERROR(sample_in_.Reserve(bytes(sample_in, 1), "sampling input allocation"));
+    PS_RETURN_IF_ERROR(
+        pinned_sample_in_.Reserve(bytes(sample_in, 1), "pinned sampling input allocation"));
     // Decode scratch for the kernel the dispatcher picks for the pool's
     // cache: the v2 partitions, or the GQA kernel's context splits at their
     // finest (so that neither allocates per launch).
@@ -1019,8 +1087,8 @@ class CudaBackend final : public ModelBackend {
   DeviceBuffer inputs_, workspace_, logits_;
   // 16-bit copies of activations: the GEMM input, attention operands.
   DeviceBuffer gemm_input_, attn_q_, attn_k_, attn_v_, attn_out_, fused_out_, allreduce_buf_;
-  DeviceBuffer argmax_;
-  PinnedBuffer host_inputs_, pinned_logits_, pinned_argmax_;
+  DeviceBuffer argmax_, sample_in_;  // LmHeadSample's ids and sampling inputs
+  PinnedBuffer host_inputs_, pinned_logits_, pinned_argmax_, pinned_sample_in_;
   bool has_16bit_weights_ = false;  // some matrix runs through GemmEx
   Elem weight_elem_ = Elem::kF32;   // the 16-bit weight type, if any (all-reduce payloads)
   bool step_pending_ = false;       // BeginStep ran and WaitForStep has not succeeded since

@@ -3,6 +3,7 @@
 #include "runtime/worker/cuda/model_kernels.h"
 
 #include "runtime/worker/cuda/model_kernels.cuh"
+#include "runtime/worker/cuda/sampling_kernels.cuh"
 
 namespace pagedserve::cuda_model {
 static_assert(kMaxFusedOutputs == kMaxSplitOuts);
@@ -25,6 +26,17 @@ __global__ void EmbeddingGatherKernel(const T* __restrict__ table, const int32_t
 __global__ void __launch_bounds__(kThreads)
     GreedyArgmaxKernel(const float* __restrict__ logits, int64_t vocab, int32_t* __restrict__ out) {
   GreedyArgmaxBody<kThreads>(logits, vocab, out);
+}
+
+// Threads per block of the sampling kernel: a row's passes are bound by
+// its vocab / threads elements per thread and the 256-bucket scans.
+constexpr int kSampleThreads = 512;
+
+__global__ void __launch_bounds__(kSampleThreads)
+    SampleRowsKernel(const float* __restrict__ logits, int64_t vocab,
+                     const SampleRowArgs* __restrict__ args, const double* __restrict__ uniforms,
+                     int32_t* __restrict__ out) {
+  SampleRowsBody<kSampleThreads>(logits, vocab, args, uniforms, out);
 }
 
 template <typename T>
@@ -202,6 +214,14 @@ cudaError_t LaunchGreedyArgmax(const float* logits, int n, int64_t vocab, int32_
                                cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   GreedyArgmaxKernel<<<n, kThreads, 0, stream>>>(logits, vocab, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSampleRows(const float* logits, int n, int64_t vocab, const SampleRowArgs* args,
+                             const double* uniforms, int32_t* out, cudaStream_t stream) {
+  if (vocab < 1 || vocab > kMaxSampleVocab) return cudaErrorInvalidValue;
+  if (n <= 0) return cudaSuccess;
+  SampleRowsKernel<<<n, kSampleThreads, 0, stream>>>(logits, vocab, args, uniforms, out);
   return cudaGetLastError();
 }
 

@@ -85,6 +85,32 @@ cudaError_t LaunchSplitColumns(const float* y, int64_t n, int total, int num_out
 cudaError_t LaunchGreedyArgmax(const float* logits, int n, int64_t vocab, int32_t* out,
                                cudaStream_t stream);
 
+// One logits row of LaunchSampleRows: the sampler's steps 3-7 for params
+// without penalties (runtime/sampling/sampler.h).
+struct SampleRowArgs {
+  float inv_temperature = 1.0f;  // 1 / temperature (temperature >= 1e-5)
+  int32_t top_k = -1;            // <= 0 or >= vocab: off
+  float top_p = 1.0f;            // in (0, 1]; 1: off
+  float min_p = 0.0f;            // in [0, 1]; 0: off
+  int32_t num_draws = 0;         // draws of this row; 0: the row is skipped
+  int32_t first_draw = 0;        // its draws' index in uniforms / out
+};
+
+// Largest vocabulary LaunchSampleRows takes (its fixed-point mass sums stay
+// below 2^63).
+constexpr int64_t kMaxSampleVocab = int64_t{1} << 23;
+
+// Samples each logits row t < n ([n, vocab] fp32) with args[t] (device
+// memory, n entries): out[args[t].first_draw + j] = the token the host
+// sampler draws with uniforms[args[t].first_draw + j] for j <
+// args[t].num_draws, or -1 for every draw of a row the host sampler refuses
+// (a NaN or +inf logit, or only -inf ones). Rows with num_draws == 0 are
+// left alone. The kernel and how it agrees with the host sampler:
+// sampling_kernels.cuh. cudaErrorInvalidValue unless 1 <= vocab <=
+// kMaxSampleVocab.
+cudaError_t LaunchSampleRows(const float* logits, int n, int64_t vocab, const SampleRowArgs* args,
+                             const double* uniforms, int32_t* out, cudaStream_t stream);
+
 }  // namespace pagedserve::cuda_model
 
 #endif  // PAGEDSERVE_RUNTIME_WORKER_CUDA_MODEL_KERNELS_H_

@@ -1,0 +1,243 @@
+// Internal: the body of the CUDA backend's sampling kernel (steps 3-7 of the
+// sampler, runtime/sampling/sampler.h: temperature, top-k, top-p, min-p and
+// the inverse-CDF draw), as a device function so that model_kernels.cu wraps
+// it in a __global__ kernel and tests/worker/cuda_sampling_emulation_test.cc
+// runs the same source on the CPU through tests/kernels/simt_emulator.h
+// against the Sampler itself. Penalties and logprobs are not here: rows that
+// need them go to the host sampler (ModelBackend::LmHeadSample).
+//
+// One thread block per logits row. The sampler's filters are all prefixes of
+// one strict order of the tokens: processed logit s_i = (w_i - max) / T
+// descending, then token id ascending. That order is the order of the 64-bit
+// key (OrderedBits(s_i) << 32) | (0xFFFFFFFF - i), so every filter and the
+// draw is "the first key, in descending key order, at which a running sum of
+// per-token weights reaches a bound", found without sorting by a radix select
+// over the keys: eight passes over the row, each building a 256-bucket
+// histogram of weights in shared memory for the keys that share the digits
+// chosen so far (the approach of radix-select top-k in GPU samplers, e.g.
+// FlashInfer's and PyTorch's). Weights are 1 (top-k counts) or the token's
+// probability mass exp(s_i) in fixed point (kSampleMassOne units per 1.0), so
+// the sums are integers: exact, independent of the atomics' order, hence
+// deterministic, and the same at every level of the select.
+//
+// Agreement with the host sampler: the same float operations give s_i and
+// e_i = expf(s_i) (the device's expf is within 2 ulp of the host's); the
+// host sums e_i in double where this sums them in units of 2^-40, so the two
+// can disagree only when a uniform (or top_p's bound) lies within about
+// 1e-7 of a boundary of the cumulative distribution.
+#ifndef PAGEDSERVE_RUNTIME_WORKER_CUDA_SAMPLING_KERNELS_CUH_
+#define PAGEDSERVE_RUNTIME_WORKER_CUDA_SAMPLING_KERNELS_CUH_
+
+#include <cstdint>
+
+#include "runtime/worker/cuda/model_kernels.h"
+
+namespace pagedserve::cuda_model {
+
+// Fixed-point units of probability mass per 1.0 (2^40). A row's mass is at
+// most vocab units of 1.0, so vocab <= kMaxSampleVocab keeps sums < 2^63.
+constexpr double kSampleMassOne = 1099511627776.0;
+
+// A float's bits mapped so that unsigned comparison orders as the floats do
+// (for non-NaN values; -0 orders just below +0).
+__device__ __forceinline__ unsigned int OrderedBits(float f) {
+  const unsigned int u = __float_as_uint(f);
+  return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+}
+// The inverse of OrderedBits.
+__device__ __forceinline__ float FromOrderedBits(unsigned int b) {
+  return __uint_as_float((b & 0x80000000u) != 0 ? (b & 0x7FFFFFFFu) : ~b);
+}
+
+// The sampler's order as one key: larger s first, then the lower token id.
+// Never 0 (OrderedBits of a finite float is >= 0x00800000).
+__device__ __forceinline__ uint64_t SampleKey(float s, int64_t id) {
+  return (static_cast<uint64_t>(OrderedBits(s)) << 32) |
+         (0xFFFFFFFFull - static_cast<uint64_t>(id));
+}
+
+// The token id of a SampleKey.
+__device__ __forceinline__ int32_t SampleKeyId(uint64_t key) {
+  return static_cast<int32_t>(0xFFFFFFFFull - (key & 0xFFFFFFFFull));
+}
+
+// Shared state of one block's selects.
+struct SampleShared {
+  unsigned long long hist[256];
+  unsigned long long total;
+  int chosen;
+  unsigned int max_bits;  // OrderedBits of the row's largest finite logit
+  int bad;
+};
+
+// Block-wide: the first key k, in descending key order over the tokens i <
+// vocab with weight(i, &key) > 0, at which the sum of the weights of the keys
+// >= k reaches `need` (>= 1); 0 when the total weight is below `need`. Every
+// thread of the block must call it with the same arguments; returns the same
+// value in every thread. `weight` returns 0 for a token that does not take
+// part and sets *key otherwise.
+template <int NUM_THREADS, typename Weight>
+__device__ uint64_t SelectByWeight(int64_t vocab, const Weight& weight, unsigned long long need,
+                                   SampleShared& sh) {
+  uint64_t prefix = 0;
+  unsigned long long above = 0;  // weight of the keys ahead of the current prefix (thread 0)
+  for (int level = 7; level >= 0; --level) {
+    for (int d = threadIdx.x; d < 256; d += NUM_THREADS) sh.hist[d] = 0;
+    __syncthreads();
+    const int shift = 8 * level;
+    for (int64_t i = threadIdx.x; i < vocab; i += NUM_THREADS) {
+      uint64_t key = 0;
+      const unsigned long long w = weight(i, &key);
+      if (w == 0) continue;
+      if (level < 7 && (key >> (shift + 8)) != prefix) continue;
+      atomicAdd(&sh.hist[(key >> shift) & 0xFF], w);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int chosen = -1;
+      for (int d = 255; d >= 0; --d) {
+        if (above + sh.hist[d] >= need) {
+          chosen = d;
+          break;
+        }
+        above += sh.hist[d];
+      }
+      sh.chosen = chosen;
+    }
+    __syncthreads();
+    const int chosen = sh.chosen;
+    __syncthreads();  // everyone has read it before the next level overwrites it
+    if (chosen < 0) return 0;
+    prefix = (prefix << 8) | static_cast<uint64_t>(chosen);
+  }
+  return prefix;
+}
+
+// Block-wide sum of the weights (same calling rules as SelectByWeight).
+template <int NUM_THREADS, typename Weight>
+__device__ unsigned long long SumWeights(int64_t vocab, const Weight& weight, SampleShared& sh) {
+  if (threadIdx.x == 0) sh.total = 0;
+  __syncthreads();
+  unsigned long long sum = 0;
+  for (int64_t i = threadIdx.x; i < vocab; i += NUM_THREADS) {
+    uint64_t key = 0;
+    sum += weight(i, &key);
+  }
+  atomicAdd(&sh.total, sum);
+  __syncthreads();
+  const unsigned long long total = sh.total;
+  __syncthreads();
+  return total;
+}
+
+// Grid (n), block (NUM_THREADS): samples row blockIdx.x of logits [n, vocab]
+// (fp32) as the host sampler does for a row without penalties (steps 3-7 of
+// runtime/sampling/sampler.h) with args[blockIdx.x]: out[first_draw + j] =
+// the token drawn with uniforms[first_draw + j] (in [0, 1)) for j <
+// num_draws. A row with num_draws == 0 is skipped; a row the host sampler
+// refuses (a NaN or +inf logit, or only -inf ones) gets -1 in each of its
+// draws. 1 <= vocab <= kMaxSampleVocab.
+template <int NUM_THREADS>
+__device__ void SampleRowsBody(const float* __restrict__ logits, int64_t vocab,
+                               const SampleRowArgs* __restrict__ args,
+                               const double* __restrict__ uniforms, int32_t* __restrict__ out) {
+  __shared__ SampleShared sh;
+  const SampleRowArgs a = args[blockIdx.x];
+  if (a.num_draws <= 0) return;
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+
+  // Step 0: the row's maximum, and whether the sampler would refuse it.
+  if (threadIdx.x == 0) {
+    sh.max_bits = 0;  // below OrderedBits(-inf)
+    sh.bad = 0;
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+  int bad = 0;
+  for (int64_t i = threadIdx.x; i < vocab; i += NUM_THREADS) {
+    const float v = row[i];
+    if (v != v || v == INFINITY) {
+      bad = 1;
+    } else if (v > mx) {
+      mx = v;
+    }
+  }
+  atomicMax(&sh.max_bits, OrderedBits(mx));
+  if (bad != 0) atomicOr(&sh.bad, 1);
+  __syncthreads();
+  mx = FromOrderedBits(sh.max_bits);
+  const bool refused = sh.bad != 0 || mx == -INFINITY;
+  __syncthreads();
+  if (refused) {
+    for (int j = threadIdx.x; j < a.num_draws; j += NUM_THREADS) out[a.first_draw + j] = -1;
+    return;
+  }
+
+  const float inv_t = a.inv_temperature;
+  // The processed logit and mass of token i: false for a masked (-inf) token.
+  auto eval = [&](int64_t i, uint64_t* key, float* e) {
+    const float w = row[i];
+    if (w == -INFINITY) return false;
+    const float s = (w - mx) * inv_t;
+    *key = SampleKey(s, i);
+    *e = expf(s);
+    return true;
+  };
+  auto mass = [](float e) {
+    return static_cast<unsigned long long>(static_cast<double>(e) * kSampleMassOne + 0.5);
+  };
+
+  // Step 4, top-k: the k-th key among the finite tokens (0: every one kept).
+  uint64_t cut = 0;
+  const bool top_k = a.top_k > 0 && a.top_k < vocab;
+  if (top_k) {
+    cut = SelectByWeight<NUM_THREADS>(
+        vocab,
+        [&](int64_t i, uint64_t* key) -> unsigned long long {
+          float e;
+          return eval(i, key, &e) ? 1ull : 0ull;
+        },
+        static_cast<unsigned long long>(a.top_k), sh);
+  }
+  // Step 5, top-p over the top-k survivors: keep the tokens whose preceding
+  // mass is below top_p times the survivors' mass, i.e. up to the first key
+  // at which the running mass reaches that bound (always the first token).
+  if (a.top_p < 1.0f) {
+    auto in_k = [&](int64_t i, uint64_t* key) -> unsigned long long {
+      float e;
+      return eval(i, key, &e) && *key >= cut ? mass(e) : 0ull;
+    };
+    const unsigned long long z = SumWeights<NUM_THREADS>(vocab, in_k, sh);
+    const double bound = ceil(static_cast<double>(a.top_p) * static_cast<double>(z));
+    unsigned long long need = bound < 1.0 ? 1ull : static_cast<unsigned long long>(bound);
+    if (need > z) need = z;
+    const uint64_t p_cut = SelectByWeight<NUM_THREADS>(vocab, in_k, need, sh);
+    if (p_cut > cut) cut = p_cut;
+  }
+  // Step 6, min-p (p_i >= min_p * p_max, and p_max's e is 1), and the
+  // sampler's rule that tokens whose e underflowed to 0 never survive.
+  const float min_p = a.min_p;
+  // Step 7 walks the survivors in the sampler's order, which is the key order
+  // after top-k or top-p and token-id order otherwise (the host sorts only
+  // when a filter needs it).
+  const bool sorted = top_k || a.top_p < 1.0f;
+  auto survivor = [&](int64_t i, uint64_t* key) -> unsigned long long {
+    float e;
+    if (!eval(i, key, &e) || *key < cut || !(e > 0.0f) || !(e >= min_p)) return 0ull;
+    if (!sorted) *key = (1ull << 32) | (0xFFFFFFFFull - static_cast<uint64_t>(i));
+    return mass(e);
+  };
+  const unsigned long long total = SumWeights<NUM_THREADS>(vocab, survivor, sh);
+  // Step 7, inverse CDF: the first token whose running mass exceeds u * total.
+  for (int j = 0; j < a.num_draws; ++j) {
+    const double target = floor(uniforms[a.first_draw + j] * static_cast<double>(total));
+    unsigned long long need = static_cast<unsigned long long>(target) + 1;
+    if (need > total) need = total;
+    const uint64_t key = SelectByWeight<NUM_THREADS>(vocab, survivor, need, sh);
+    if (threadIdx.x == 0) out[a.first_draw + j] = key != 0 ? SampleKeyId(key) : -1;
+  }
+}
+
+}  // namespace pagedserve::cuda_model
+
+#endif  // PAGEDSERVE_RUNTIME_WORKER_CUDA_SAMPLING_KERNELS_CUH_

@@ -1,0 +1,239 @@
+// The CUDA backend's sampling kernel (runtime/worker/cuda/sampling_kernels.cuh:
+// temperature, top-k, top-p, min-p and the inverse-CDF draw on the device) run
+// on the CPU through tests/kernels/simt_emulator.h against the host sampler it
+// stands in for (runtime/sampling/sampler.h), on rows with ties everywhere,
+// -inf holes, probabilities that underflow to 0, a vocabulary of one, and the
+// rows the sampler refuses:
+//   - seeded draws: for the sampler's own uniforms (Sampler::SeededUniform of
+//     the row's seed, sample index and position) the kernel draws exactly the
+//     tokens Sampler::Sample returns;
+//   - the whole distribution: for a grid of uniforms over [0, 1) the kernel's
+//     token is the inverse CDF of Sampler::Process's distribution (its
+//     survivors with their probabilities, walked in the sampler's order:
+//     probability descending after top-k or top-p, token-id order
+//     otherwise), except within 1e-9 of a
+//     boundary of the cumulative sum, where the two sums' rounding may differ;
+//   - refused rows (a NaN or +inf logit, only -inf ones) give -1.
+// Negative controls: the same checks fail for a kernel given a temperature
+// 2% off or top_k off by one.
+#include "tests/kernels/simt_emulator.h"  // must precede the kernel header
+
+// The kernel bodies use threadIdx, __syncthreads, ... unqualified; in this
+// host build they come from the emulator's namespace.
+namespace pagedserve::cuda_model {
+using namespace ::pagedserve::kernels::cuda;  // NOLINT
+}  // namespace pagedserve::cuda_model
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/common/sampling_params.h"
+#include "runtime/sampling/sampler.h"
+#include "runtime/worker/cuda/model_kernels.h"
+#include "runtime/worker/cuda/sampling_kernels.cuh"
+
+namespace pagedserve::cuda_model {
+namespace {
+
+namespace kc = ::pagedserve::kernels::cuda;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Rows of `vocab` logits: random, with ties for the maximum, coarse values
+// (ties everywhere), -inf holes, a wide range (probabilities that underflow
+// at low temperature), and the three kinds the sampler refuses.
+std::vector<std::vector<float>> Rows(int vocab, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-8.0f, 8.0f);
+  std::uniform_int_distribution<int> at(0, vocab - 1);
+  std::vector<std::vector<float>> rows;
+  for (int r = 0; r < 8; ++r) {
+    std::vector<float> row(vocab);
+    for (float& v : row) v = u(rng);
+    if (r % 4 == 1)
+      for (int k = 0; k < 3; ++k) row[at(rng)] = 9.0f;  // a tied maximum
+    if (r % 4 == 2)
+      for (float& v : row) v = std::round(v);  // ties everywhere
+    if (r % 4 == 3)
+      for (int k = 0; k < vocab / 3; ++k) row[at(rng)] = -kInf;
+    if (r == 4)
+      for (float& v : row) v *= 30.0f;  // exp underflows for most tokens
+    rows.push_back(row);
+  }
+  rows.emplace_back(vocab, -kInf);  // refused: only -inf
+  std::vector<float> nan_row(vocab, 1.0f), inf_row(vocab, 1.0f);
+  nan_row[at(rng)] = std::nanf("");
+  inf_row[at(rng)] = kInf;
+  rows.push_back(nan_row);
+  rows.push_back(inf_row);
+  return rows;
+}
+
+struct Filters {
+  float temperature;
+  int top_k;
+  float top_p;
+  float min_p;
+};
+
+SampleRowArgs ArgsFor(const SamplingParams& p, int draws, int first) {
+  SampleRowArgs a;
+  a.inv_temperature = 1.0f / p.temperature;
+  a.top_k = p.top_k;
+  a.top_p = p.top_p;
+  a.min_p = p.min_p;
+  a.num_draws = draws;
+  a.first_draw = first;
+  return a;
+}
+
+// Runs the kernel body over `rows` (each with its args) through the emulator.
+template <int NUM_THREADS>
+std::vector<int32_t> RunKernel(const std::vector<std::vector<float>>& rows,
+                               const std::vector<SampleRowArgs>& args,
+                               const std::vector<double>& uniforms) {
+  const int64_t vocab = static_cast<int64_t>(rows[0].size());
+  std::vector<float> logits;
+  for (const auto& r : rows) logits.insert(logits.end(), r.begin(), r.end());
+  std::vector<int32_t> out(uniforms.size(), -7);
+  kc::EmuLaunch(dim3(static_cast<unsigned>(rows.size())), dim3(NUM_THREADS), 0, [&] {
+    SampleRowsBody<NUM_THREADS>(logits.data(), vocab, args.data(), uniforms.data(), out.data());
+  });
+  return out;
+}
+
+// One vocabulary and filter setting: the seeded draws and the distribution
+// grid of every row. Returns the number of disagreements (0 expected);
+// `perturb` applies to the kernel's args only (negative controls).
+template <int NUM_THREADS>
+int Disagreements(int vocab, const Filters& f, std::mt19937& rng,
+                  void (*perturb)(SampleRowArgs*) = nullptr) {
+  const std::vector<std::vector<float>> rows = Rows(vocab, rng);
+  Sampler sampler(vocab);
+  SamplingParams p;
+  p.temperature = f.temperature;
+  p.top_k = f.top_k;
+  p.top_p = f.top_p;
+  p.min_p = f.min_p;
+  const std::vector<int32_t> history = {0};
+  constexpr int kSeeded = 6, kGrid = 40;
+  std::vector<SampleRowArgs> args;
+  std::vector<double> uniforms;
+  std::vector<std::vector<int32_t>> want;          // per row: seeded tokens, then grid tokens
+  std::vector<std::vector<double>> near_boundary;  // per row: whether a grid u is within 1e-9
+  for (size_t r = 0; r < rows.size(); ++r) {
+    p.seed = 1000 + r;
+    SamplerRow sr;
+    sr.params = &p;
+    sr.token_history = history;
+    sr.prompt_len = 1;
+    sr.position = 40 + static_cast<int64_t>(r);
+    sr.sample_index = 3;
+    sr.num_samples = kSeeded;
+    args.push_back(ArgsFor(p, kSeeded + kGrid, static_cast<int>(uniforms.size())));
+    if (perturb != nullptr) perturb(&args.back());
+    for (int j = 0; j < kSeeded; ++j)
+      uniforms.push_back(Sampler::SeededUniform(*p.seed, sr.sample_index + j, sr.position));
+    for (int j = 0; j < kGrid; ++j) uniforms.push_back((j + 0.37) / kGrid);
+    std::vector<int32_t> w;
+    std::vector<double> near(kSeeded + kGrid, 0.0);
+    auto sampled = sampler.Sample(rows[r], std::span<const SamplerRow>(&sr, 1));
+    auto dist = sampler.Process(rows[r], sr);
+    EXPECT_EQ(sampled.ok(), dist.ok());
+    if (!sampled.ok()) {  // refused: -1 for every draw
+      want.emplace_back(kSeeded + kGrid, -1);
+      near_boundary.push_back(near);
+      continue;
+    }
+    for (const SampledToken& t : *sampled) w.push_back(t.token_id);
+    // The sampler draws in its survivors' order: Process's (probability
+    // descending) after top-k or top-p, token-id order otherwise.
+    if (!(f.top_k > 0 && f.top_k < vocab) && !(f.top_p < 1.0f)) {
+      std::vector<size_t> order(dist->token_ids.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(),
+                [&](size_t a, size_t b) { return dist->token_ids[a] < dist->token_ids[b]; });
+      ProcessedDistribution by_id;
+      for (size_t i : order) {
+        by_id.token_ids.push_back(dist->token_ids[i]);
+        by_id.probs.push_back(dist->probs[i]);
+      }
+      *dist = by_id;
+    }
+    for (int j = 0; j < kGrid; ++j) {
+      const double u = uniforms[args.back().first_draw + kSeeded + j];
+      double acc = 0.0;
+      int32_t token = dist->token_ids.back();
+      for (size_t i = 0; i < dist->token_ids.size(); ++i) {
+        const double next = acc + dist->probs[i];
+        if (std::abs(u - next) < 1e-9) near[kSeeded + j] = 1.0;
+        if (u < next) {
+          token = dist->token_ids[i];
+          break;
+        }
+        acc = next;
+      }
+      w.push_back(token);
+    }
+    want.push_back(w);
+    near_boundary.push_back(near);
+  }
+  const std::vector<int32_t> got = RunKernel<NUM_THREADS>(rows, args, uniforms);
+  int bad = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (int j = 0; j < kSeeded + kGrid; ++j) {
+      const int32_t g = got[args[r].first_draw + j];
+      if (g == want[r][j] || near_boundary[r][j] != 0.0) continue;
+      if (perturb == nullptr) {
+        ADD_FAILURE() << "row " << r << " draw " << j << " (u " << uniforms[args[r].first_draw + j]
+                      << "): kernel " << g << ", sampler " << want[r][j];
+      }
+      ++bad;
+    }
+  }
+  return bad;
+}
+
+const Filters kFilterCases[] = {
+    {1.0f, -1, 1.0f, 0.0f},     // plain softmax
+    {0.7f, 40, 1.0f, 0.0f},     // top-k
+    {1.3f, -1, 0.9f, 0.0f},     // top-p
+    {1.0f, 5, 0.5f, 0.0f},      // top-k then top-p
+    {0.8f, -1, 1.0f, 0.05f},    // min-p
+    {1.0f, 1, 1.0f, 0.0f},      // top-k 1 (the argmax)
+    {1.0f, -1, 1e-6f, 0.0f},    // a nucleus of one token
+    {0.05f, 100, 0.95f, 0.2f},  // everything, low temperature (underflow)
+};
+
+TEST(CudaSamplingEmulationTest, DrawsTheSamplersTokens) {
+  std::mt19937 rng(21);
+  for (int vocab : {1, 2, 7, 300, 2500}) {
+    for (const Filters& f : kFilterCases) {
+      SCOPED_TRACE(testing::Message() << "vocab " << vocab << " T " << f.temperature << " top_k "
+                                      << f.top_k << " top_p " << f.top_p << " min_p " << f.min_p);
+      EXPECT_EQ(Disagreements<64>(vocab, f, rng), 0);
+    }
+  }
+}
+
+TEST(CudaSamplingEmulationTest, LargeVocabularyAndLaunchWidth) {
+  std::mt19937 rng(5);
+  EXPECT_EQ(Disagreements<512>(49157, {0.9f, 50, 0.9f, 0.0f}, rng), 0);
+  EXPECT_EQ(Disagreements<512>(49157, {1.0f, -1, 0.95f, 0.01f}, rng), 0);
+}
+
+TEST(CudaSamplingEmulationTest, NegativeControlsFail) {
+  std::mt19937 rng(8);
+  const int off_t = Disagreements<64>(2500, {1.0f, -1, 1.0f, 0.0f}, rng,
+                                      [](SampleRowArgs* a) { a->inv_temperature *= 1.02f; });
+  EXPECT_GT(off_t, 0) << "a temperature 2% off passed the check";
+  const int off_k =
+      Disagreements<64>(300, {1.0f, 3, 1.0f, 0.0f}, rng, [](SampleRowArgs* a) { a->top_k += 1; });
+  EXPECT_GT(off_k, 0) << "top_k off by one passed the check";
+}
+
+}  // namespace
+}  // namespace pagedserve::cuda_model
