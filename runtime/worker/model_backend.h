@@ -135,17 +135,25 @@ struct RowSampling {
   enum class Mode : uint8_t {
     kLogits,  // return the row's logits (the host sampler takes it)
     kGreedy,  // the argmax (a greedy row without penalties or logprobs)
-    kSample,  // the sampler's steps 3-7: a row without penalties or logprobs
+    kSample,  // the sampler's steps 1-7: any row without logprobs or beams
   };
   Mode mode = Mode::kLogits;
-  // kSample: the row's SamplingParams (valid: temperature >= 1e-5, top_k -1
-  // or >= 1, top_p in (0, 1], min_p in [0, 1]).
+  // kSample: the row's SamplingParams (valid, SamplingParams::Validate;
+  // temperature < 1e-5 is greedy: every draw is the penalized argmax).
   float temperature = 1.0f;
   int32_t top_k = -1;
   float top_p = 1.0f;
   float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  // kSample: what the penalties read (SamplerRow's token_history and
+  // prompt_len). Not owned.
+  std::span<const int32_t> token_history;
+  int32_t prompt_len = 0;
   // kSample: one uniform in [0, 1) per draw (the sampler's: seeded rows use
-  // Sampler::SeededUniform), 1 to 64 of them. Not owned.
+  // Sampler::SeededUniform; unused by greedy rows), 1 to 64 of them. Not
+  // owned.
   std::span<const double> uniforms;
 
   // Entries the row takes in LmHeadSample's tokens.
@@ -294,7 +302,7 @@ class ModelBackend {
   //   kGreedy: its one entry is the id of its largest logit, ties to the
   //            lowest id (GreedyArgmax, the sampler's greedy rule);
   //   kSample: entry j is the token the host sampler draws with
-  //            uniforms[j] (runtime/sampling/sampler.h, steps 3-7), when the
+  //            uniforms[j] (runtime/sampling/sampler.h, steps 1-7), when the
   //            backend samples where the logits are (CUDA); this default
   //            leaves such rows to the host sampler;
   //   kLogits: -1.

@@ -22,16 +22,17 @@ std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
 }
 
 // How the backend may reduce a sampled row (ModelBackend::LmHeadSample):
-// valid params without penalties, logprobs or beams (whose scores need
-// logprobs), and num_samples within the sampler's [1, 64], are a plain
-// argmax when greedy and the sampler's steps 3-7 otherwise; anything else
+// valid params without logprobs or beams (whose scores need logprobs), and
+// num_samples within the sampler's [1, 64], are a plain argmax when greedy
+// without penalties and the sampler's steps 1-7 otherwise; anything else
 // goes to the sampler as logits (which also reports the errors).
 RowSampling::Mode ReducibleMode(const SamplingParams& p, int32_t num_samples) {
-  const bool plain = p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-                     p.frequency_penalty == 0.0f && p.logprobs < 0 && !p.use_beam_search &&
-                     num_samples >= 1 && num_samples <= 64 && p.Validate().ok();
-  if (!plain) return RowSampling::Mode::kLogits;
-  return p.greedy() ? RowSampling::Mode::kGreedy : RowSampling::Mode::kSample;
+  if (p.logprobs >= 0 || p.use_beam_search || num_samples < 1 || num_samples > 64 ||
+      !p.Validate().ok())
+    return RowSampling::Mode::kLogits;
+  const bool penalties =
+      p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  return p.greedy() && !penalties ? RowSampling::Mode::kGreedy : RowSampling::Mode::kSample;
 }
 
 // The KV cache element type of --kv-cache-dtype auto (see WorkerOptions).
@@ -214,9 +215,9 @@ void Worker::PlanRowSampling(const StepPlan& plan,
                              std::span<const StepPlanMirror::Sequence* const> rows,
                              std::span<const int> sampled_seq, std::vector<RowSampling>* reduce,
                              std::vector<double>* uniforms) {
-  // Rows without penalties or logprobs are reduced where the logits are
-  // (ModelBackend::LmHeadSample): greedy ones to their argmax, the others
-  // sampled with the sampler's own uniforms (seeded rows: the same stream
+  // Rows without logprobs or beams are reduced where the logits are
+  // (ModelBackend::LmHeadSample): greedy ones without penalties to their
+  // argmax, the others sampled with the sampler's own uniforms (seeded rows: the same stream
   // as Sampler::Sample), so a backend that samples on the device returns
   // the tokens the sampler would.
   reduce->assign(sampled_seq.size(), RowSampling{});
@@ -240,8 +241,13 @@ void Worker::PlanRowSampling(const StepPlan& plan,
     rs.top_k = p.top_k;
     rs.top_p = p.top_p;
     rs.min_p = p.min_p;
+    rs.repetition_penalty = p.repetition_penalty;
+    rs.frequency_penalty = p.frequency_penalty;
+    rs.presence_penalty = p.presence_penalty;
+    rs.token_history = st.history;
+    rs.prompt_len = std::min<int32_t>(st.num_prompt_tokens, st.history.size());
     rs.uniforms = std::span<const double>(*uniforms).subspan(first_uniform[r], s.num_samples);
-    for (int32_t j = 0; j < s.num_samples; ++j) {
+    for (int32_t j = 0; j < s.num_samples && !p.greedy(); ++j) {
       (*uniforms)[first_uniform[r] + j] =
           p.seed.has_value()
               ? Sampler::SeededUniform(*p.seed, int64_t{st.sample_index} + j, s.context_len())

@@ -214,6 +214,10 @@ inline float __uint_as_float(unsigned u) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+// Round-to-nearest float operations (never contracted into an FMA).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline unsigned int __float_as_uint(float f) {
   unsigned int u;
   std::memcpy(&u, &f, 4);

@@ -1,5 +1,7 @@
 // The CUDA backend's sampling kernel (runtime/worker/cuda/sampling_kernels.cuh:
-// temperature, top-k, top-p, min-p and the inverse-CDF draw on the device) run
+// repetition / frequency / presence penalties over the row's history (as
+// listed by sample_penalties.h), greedy, temperature, top-k, top-p, min-p
+// and the inverse-CDF draw on the device) run
 // on the CPU through tests/kernels/simt_emulator.h against the host sampler it
 // stands in for (runtime/sampling/sampler.h), on rows with ties everywhere,
 // -inf holes, probabilities that underflow to 0, a vocabulary of one, and the
@@ -15,7 +17,7 @@
 //     boundary of the cumulative sum, where the two sums' rounding may differ;
 //   - refused rows (a NaN or +inf logit, only -inf ones) give -1.
 // Negative controls: the same checks fail for a kernel given a temperature
-// 2% off or top_k off by one.
+// 2% off, top_k off by one, or a repetition penalty 10% off.
 #include "tests/kernels/simt_emulator.h"  // must precede the kernel header
 
 // The kernel bodies use threadIdx, __syncthreads, ... unqualified; in this
@@ -35,7 +37,9 @@ using namespace ::pagedserve::kernels::cuda;  // NOLINT
 #include "runtime/common/sampling_params.h"
 #include "runtime/sampling/sampler.h"
 #include "runtime/worker/cuda/model_kernels.h"
+#include "runtime/worker/cuda/sample_penalties.h"
 #include "runtime/worker/cuda/sampling_kernels.cuh"
+#include "runtime/worker/model_backend.h"
 
 namespace pagedserve::cuda_model {
 namespace {
@@ -77,11 +81,26 @@ struct Filters {
   int top_k;
   float top_p;
   float min_p;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
 };
 
-SampleRowArgs ArgsFor(const SamplingParams& p, int draws, int first) {
+// The kernel's args for params `p` over `history` (the CUDA backend's
+// rules: cuda_backend.cc's LmHeadSample and AppendSamplePenalties).
+SampleRowArgs ArgsFor(const SamplingParams& p, std::span<const int32_t> history, int prompt_len,
+                      int64_t vocab, int draws, int first, std::vector<SamplePenalty>* penalties) {
+  RowSampling r;
+  r.mode = RowSampling::Mode::kSample;
+  r.repetition_penalty = p.repetition_penalty;
+  r.frequency_penalty = p.frequency_penalty;
+  r.presence_penalty = p.presence_penalty;
+  r.token_history = history;
+  r.prompt_len = prompt_len;
   SampleRowArgs a;
-  a.inv_temperature = 1.0f / p.temperature;
+  EXPECT_TRUE(AppendSamplePenalties(r, vocab, &a, penalties));
+  a.greedy = p.greedy() ? 1 : 0;
+  a.inv_temperature = p.greedy() ? 1.0f : 1.0f / p.temperature;
   a.top_k = p.top_k;
   a.top_p = p.top_p;
   a.min_p = p.min_p;
@@ -94,13 +113,15 @@ SampleRowArgs ArgsFor(const SamplingParams& p, int draws, int first) {
 template <int NUM_THREADS>
 std::vector<int32_t> RunKernel(const std::vector<std::vector<float>>& rows,
                                const std::vector<SampleRowArgs>& args,
-                               const std::vector<double>& uniforms) {
+                               const std::vector<double>& uniforms,
+                               const std::vector<SamplePenalty>& penalties) {
   const int64_t vocab = static_cast<int64_t>(rows[0].size());
   std::vector<float> logits;
   for (const auto& r : rows) logits.insert(logits.end(), r.begin(), r.end());
   std::vector<int32_t> out(uniforms.size(), -7);
   kc::EmuLaunch(dim3(static_cast<unsigned>(rows.size())), dim3(NUM_THREADS), 0, [&] {
-    SampleRowsBody<NUM_THREADS>(logits.data(), vocab, args.data(), uniforms.data(), out.data());
+    SampleRowsBody<NUM_THREADS>(logits.data(), vocab, args.data(), uniforms.data(),
+                                penalties.data(), out.data());
   });
   return out;
 }
@@ -118,7 +139,15 @@ int Disagreements(int vocab, const Filters& f, std::mt19937& rng,
   p.top_k = f.top_k;
   p.top_p = f.top_p;
   p.min_p = f.min_p;
-  const std::vector<int32_t> history = {0};
+  p.repetition_penalty = f.repetition_penalty;
+  p.frequency_penalty = f.frequency_penalty;
+  p.presence_penalty = f.presence_penalty;
+  // A history with repeats: 12 prompt tokens, then 18 output tokens.
+  std::uniform_int_distribution<int> any(0, vocab - 1);
+  std::vector<int32_t> history(30);
+  for (int32_t& t : history) t = any(rng) % std::max(1, vocab / 2);
+  const int prompt_len = 12;
+  std::vector<SamplePenalty> penalties;
   constexpr int kSeeded = 6, kGrid = 40;
   std::vector<SampleRowArgs> args;
   std::vector<double> uniforms;
@@ -129,11 +158,12 @@ int Disagreements(int vocab, const Filters& f, std::mt19937& rng,
     SamplerRow sr;
     sr.params = &p;
     sr.token_history = history;
-    sr.prompt_len = 1;
+    sr.prompt_len = prompt_len;
     sr.position = 40 + static_cast<int64_t>(r);
     sr.sample_index = 3;
     sr.num_samples = kSeeded;
-    args.push_back(ArgsFor(p, kSeeded + kGrid, static_cast<int>(uniforms.size())));
+    args.push_back(ArgsFor(p, history, prompt_len, vocab, kSeeded + kGrid,
+                           static_cast<int>(uniforms.size()), &penalties));
     if (perturb != nullptr) perturb(&args.back());
     for (int j = 0; j < kSeeded; ++j)
       uniforms.push_back(Sampler::SeededUniform(*p.seed, sr.sample_index + j, sr.position));
@@ -181,7 +211,7 @@ int Disagreements(int vocab, const Filters& f, std::mt19937& rng,
     want.push_back(w);
     near_boundary.push_back(near);
   }
-  const std::vector<int32_t> got = RunKernel<NUM_THREADS>(rows, args, uniforms);
+  const std::vector<int32_t> got = RunKernel<NUM_THREADS>(rows, args, uniforms, penalties);
   int bad = 0;
   for (size_t r = 0; r < rows.size(); ++r) {
     for (int j = 0; j < kSeeded + kGrid; ++j) {
@@ -198,14 +228,17 @@ int Disagreements(int vocab, const Filters& f, std::mt19937& rng,
 }
 
 const Filters kFilterCases[] = {
-    {1.0f, -1, 1.0f, 0.0f},     // plain softmax
-    {0.7f, 40, 1.0f, 0.0f},     // top-k
-    {1.3f, -1, 0.9f, 0.0f},     // top-p
-    {1.0f, 5, 0.5f, 0.0f},      // top-k then top-p
-    {0.8f, -1, 1.0f, 0.05f},    // min-p
-    {1.0f, 1, 1.0f, 0.0f},      // top-k 1 (the argmax)
-    {1.0f, -1, 1e-6f, 0.0f},    // a nucleus of one token
-    {0.05f, 100, 0.95f, 0.2f},  // everything, low temperature (underflow)
+    {1.0f, -1, 1.0f, 0.0f},                     // plain softmax
+    {0.7f, 40, 1.0f, 0.0f},                     // top-k
+    {1.3f, -1, 0.9f, 0.0f},                     // top-p
+    {1.0f, 5, 0.5f, 0.0f},                      // top-k then top-p
+    {0.8f, -1, 1.0f, 0.05f},                    // min-p
+    {1.0f, 1, 1.0f, 0.0f},                      // top-k 1 (the argmax)
+    {1.0f, -1, 1e-6f, 0.0f},                    // a nucleus of one token
+    {0.05f, 100, 0.95f, 0.2f},                  // everything, low temperature (underflow)
+    {0.9f, 50, 0.9f, 0.0f, 1.3f, 0.4f, 0.3f},   // penalties (all three) and filters
+    {1.0f, -1, 1.0f, 0.0f, 0.7f, -0.5f, 0.0f},  // penalties that raise logits
+    {0.0f, -1, 1.0f, 0.0f, 1.5f, 0.2f, 0.1f},   // greedy with penalties
 };
 
 TEST(CudaSamplingEmulationTest, DrawsTheSamplersTokens) {
@@ -213,7 +246,9 @@ TEST(CudaSamplingEmulationTest, DrawsTheSamplersTokens) {
   for (int vocab : {1, 2, 7, 300, 2500}) {
     for (const Filters& f : kFilterCases) {
       SCOPED_TRACE(testing::Message() << "vocab " << vocab << " T " << f.temperature << " top_k "
-                                      << f.top_k << " top_p " << f.top_p << " min_p " << f.min_p);
+                                      << f.top_k << " top_p " << f.top_p << " min_p " << f.min_p
+                                      << " penalties " << f.repetition_penalty << "/"
+                                      << f.frequency_penalty << "/" << f.presence_penalty);
       EXPECT_EQ(Disagreements<64>(vocab, f, rng), 0);
     }
   }
@@ -233,6 +268,9 @@ TEST(CudaSamplingEmulationTest, NegativeControlsFail) {
   const int off_k =
       Disagreements<64>(300, {1.0f, 3, 1.0f, 0.0f}, rng, [](SampleRowArgs* a) { a->top_k += 1; });
   EXPECT_GT(off_k, 0) << "top_k off by one passed the check";
+  const int off_rep = Disagreements<64>(20, {1.0f, -1, 1.0f, 0.0f, 1.6f, 0.0f, 0.0f}, rng,
+                                        [](SampleRowArgs* a) { a->repetition_penalty *= 1.1f; });
+  EXPECT_GT(off_rep, 0) << "a repetition penalty 10% off passed the check";
 }
 
 }  // namespace

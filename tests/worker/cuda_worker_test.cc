@@ -484,13 +484,13 @@ TEST_F(CudaWorkerModelTest, GreedyTokensMatchCpuWorkerWithSwapAndCopy) {
   }
 }
 
-// Sampled rows: the CUDA worker samples rows without penalties or logprobs
-// on the device (LmHeadSample's sampling kernel) with the sampler's seeded
-// uniforms, so with fp32 weights (logits within ~1e-6 of the CPU's) the
-// seeded tokens are the CPU worker's, except where a uniform falls within
-// that distance of a boundary of the cumulative distribution (not seen with
-// these seeds). One batch mixes a greedy row, top-k + top-p, a penalized row
-// (host sampler) and min-p.
+// Sampled rows: the CUDA worker samples rows without logprobs on the device
+// (LmHeadSample's sampling kernel, penalties included) with the sampler's
+// seeded uniforms, so with fp32 weights (logits within ~1e-6 of the CPU's)
+// the seeded tokens are the CPU worker's, except where a uniform falls
+// within that distance of a boundary of the cumulative distribution. One
+// batch mixes a greedy row, top-k + top-p, penalties, and min-p with
+// logprobs (that row goes to the host sampler).
 TEST_F(CudaWorkerModelTest, SeededSampledTokensMatchCpuWorker) {
   std::vector<testing::ReferencePrompt> prompts(
       prompts_.begin(), prompts_.begin() + std::min<size_t>(4, prompts_.size()));
@@ -503,8 +503,10 @@ TEST_F(CudaWorkerModelTest, SeededSampledTokensMatchCpuWorker) {
   params[1].top_p = 0.9f;
   params[2].temperature = 1.0f;
   params[2].repetition_penalty = 1.3f;
+  params[2].frequency_penalty = 0.5f;
   params[3].temperature = 1.2f;
   params[3].min_p = 0.05f;
+  params[3].logprobs = 1;
   for (size_t i = 0; i < params.size(); ++i) params[i].seed = 17 + i;
   auto comm_cpu = MakeSingleRankCommunicator();
   auto comm_gpu = MakeSingleRankCommunicator();

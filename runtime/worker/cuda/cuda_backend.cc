@@ -28,6 +28,7 @@
 #include "runtime/common/status_macros.h"
 #include "runtime/worker/cuda/cublas_loader.h"
 #include "runtime/worker/cuda/model_kernels.h"
+#include "runtime/worker/cuda/sample_penalties.h"
 
 namespace pagedserve {
 namespace {
@@ -584,10 +585,10 @@ class CudaBackend final : public ModelBackend {
                             });
     if (n == 0 || (!any_greedy && !any_sample))
       return ModelBackend::LmHeadSample(x, n, w, rows, tokens, logits);
-    const size_t vocab = static_cast<size_t>(w.rows);
     // Draws of the sampled rows, at most kMaxDraws each (ReserveStepScratch
-    // sized the buffers for that).
+    // sized the id buffers for that, and the inputs short of penalties).
     std::vector<cuda_model::SampleRowArgs> args(static_cast<size_t>(n));
+    std::vector<cuda_model::SamplePenalty> penalties;
     int64_t num_draws = 0;
     for (int64_t t = 0; t < n; ++t) {
       const RowSampling& r = rows[t];
@@ -596,7 +597,11 @@ class CudaBackend final : public ModelBackend {
         return absl::InvalidArgumentError(absl::StrCat("LmHeadSample: row ", t, " has ",
                                                        r.uniforms.size(), " uniforms, want 1 to ",
                                                        kMaxDraws));
-      args[t].inv_temperature = 1.0f / r.temperature;
+      // A history the sampler would refuse stays with it (for the error).
+      if (!cuda_model::AppendSamplePenalties(r, w.rows, &args[t], &penalties)) continue;
+      const bool greedy = r.temperature < 1e-5f;
+      args[t].greedy = greedy ? 1 : 0;
+      args[t].inv_temperature = greedy ? 1.0f : 1.0f / r.temperature;
       args[t].top_k = r.top_k;
       args[t].top_p = r.top_p;
       args[t].min_p = r.min_p;
@@ -611,28 +616,9 @@ class CudaBackend final : public ModelBackend {
       PS_RETURN_IF_ERROR(CudaStatus(
           cuda_model::LaunchGreedyArgmax(d_logits, static_cast<int>(n), w.rows, d_ids, stream_),
           "greedy argmax launch"));
-    if (num_draws > 0) {
-      // [args | uniforms] staged in pinned memory, one upload.
-      const size_t args_bytes = args.size() * sizeof(cuda_model::SampleRowArgs);
-      const size_t uniform_offset = (args_bytes + 7) / 8 * 8;
-      char* staged = static_cast<char*>(pinned_sample_in_.get());
-      std::memcpy(staged, args.data(), args_bytes);
-      double* u = reinterpret_cast<double*>(staged + uniform_offset);
-      for (int64_t t = 0; t < n; ++t)
-        if (args[t].num_draws > 0)
-          std::copy(rows[t].uniforms.begin(), rows[t].uniforms.end(), u + args[t].first_draw);
-      const size_t in_bytes = uniform_offset + static_cast<size_t>(num_draws) * sizeof(double);
-      char* d_in = static_cast<char*>(sample_in_.get());
+    if (num_draws > 0)
       PS_RETURN_IF_ERROR(
-          CudaStatus(cudaMemcpyAsync(d_in, staged, in_bytes, cudaMemcpyHostToDevice, stream_),
-                     "sampling parameters upload"));
-      PS_RETURN_IF_ERROR(CudaStatus(
-          cuda_model::LaunchSampleRows(d_logits, static_cast<int>(n), w.rows,
-                                       reinterpret_cast<const cuda_model::SampleRowArgs*>(d_in),
-                                       reinterpret_cast<const double*>(d_in + uniform_offset),
-                                       d_ids + n, stream_),
-          "sampling launch"));
-    }
+          EnqueueSampling(rows, args, penalties, num_draws, d_logits, w.rows, d_ids + n));
     PS_RETURN_IF_ERROR(
         CudaStatus(cudaMemcpyAsync(pinned_argmax_.get(), d_ids,
                                    static_cast<size_t>(n + num_draws) * sizeof(int32_t),
@@ -657,30 +643,84 @@ class CudaBackend final : public ModelBackend {
       }
       if (!reduced[t]) ++wanted;
     }
-    std::vector<float> kept(static_cast<size_t>(wanted) * vocab);
-    if (wanted > 0) {
-      // Runs of consecutive rows, one copy each, into pinned memory.
-      float* dst = static_cast<float*>(pinned_logits_.get());
-      for (int64_t t = 0; t < n;) {
-        if (reduced[t]) {
-          ++t;
-          continue;
-        }
-        int64_t end = t;
-        while (end < n && !reduced[end]) ++end;
-        const size_t count = static_cast<size_t>(end - t) * vocab;
-        PS_RETURN_IF_ERROR(
-            CudaStatus(cudaMemcpyAsync(dst, d_logits + static_cast<size_t>(t) * vocab,
-                                       count * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-                       "logits download"));
-        dst += count;
-        t = end;
-      }
-      PS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "logits download"));
-      std::memcpy(kept.data(), pinned_logits_.get(), kept.size() * sizeof(float));
-    }
+    std::vector<float> kept;
+    PS_RETURN_IF_ERROR(DownloadRows(d_logits, n, w.rows, reduced, wanted, &kept));
     tokens->swap(out);
     logits->swap(kept);
+    return absl::OkStatus();
+  }
+
+  // LmHeadSample's sampling: [args | uniforms | penalties] staged in pinned
+  // memory, one upload, and the sampling kernel over the n = args.size()
+  // rows of d_logits ([n, vocab]), writing num_draws ids to d_out.
+  absl::Status EnqueueSampling(std::span<const RowSampling> rows,
+                               const std::vector<cuda_model::SampleRowArgs>& args,
+                               const std::vector<cuda_model::SamplePenalty>& penalties,
+                               int64_t num_draws, float* d_logits, int64_t vocab, int32_t* d_out) {
+    const int64_t n = static_cast<int64_t>(args.size());
+    // [args | uniforms | penalties] staged in pinned memory, one upload.
+    const size_t args_bytes = args.size() * sizeof(cuda_model::SampleRowArgs);
+    const size_t uniform_offset = (args_bytes + 7) / 8 * 8;
+    const size_t penalty_offset = uniform_offset + static_cast<size_t>(num_draws) * sizeof(double);
+    const size_t in_bytes = penalty_offset + penalties.size() * sizeof(cuda_model::SamplePenalty);
+    if (in_bytes > sample_in_.bytes()) {
+      // Long histories outgrow what ReserveStepScratch sized: wait for the
+      // queued work (polling the communicator) before the allocation
+      // synchronizes the device.
+      PS_RETURN_IF_ERROR(WaitForStep());
+      PS_RETURN_IF_ERROR(sample_in_.Reserve(in_bytes, "sampling input allocation"));
+      PS_RETURN_IF_ERROR(pinned_sample_in_.Reserve(in_bytes, "pinned sampling input allocation"));
+    }
+    char* staged = static_cast<char*>(pinned_sample_in_.get());
+    std::memcpy(staged, args.data(), args_bytes);
+    double* u = reinterpret_cast<double*>(staged + uniform_offset);
+    for (int64_t t = 0; t < n; ++t)
+      if (args[t].num_draws > 0)
+        std::copy(rows[t].uniforms.begin(), rows[t].uniforms.end(), u + args[t].first_draw);
+    if (!penalties.empty())
+      std::memcpy(staged + penalty_offset, penalties.data(),
+                  penalties.size() * sizeof(cuda_model::SamplePenalty));
+    char* d_in = static_cast<char*>(sample_in_.get());
+    PS_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(d_in, staged, in_bytes, cudaMemcpyHostToDevice, stream_),
+                   "sampling parameters upload"));
+    PS_RETURN_IF_ERROR(
+        CudaStatus(cuda_model::LaunchSampleRows(
+                       d_logits, static_cast<int>(n), vocab,
+                       reinterpret_cast<const cuda_model::SampleRowArgs*>(d_in),
+                       reinterpret_cast<const double*>(d_in + uniform_offset),
+                       reinterpret_cast<const cuda_model::SamplePenalty*>(d_in + penalty_offset),
+                       d_out, stream_),
+                   "sampling launch"));
+    return absl::OkStatus();
+  }
+
+  // LmHeadSample's download of the rows not reduced (reduced[t] == 0;
+  // `wanted` of them) of d_logits ([n, vocab]) into *kept, compacted in row
+  // order: runs of consecutive rows, one copy each, into pinned memory.
+  absl::Status DownloadRows(const float* d_logits, int64_t n, int64_t vocab,
+                            const std::vector<uint8_t>& reduced, int64_t wanted,
+                            std::vector<float>* kept) {
+    kept->assign(static_cast<size_t>(wanted * vocab), 0.0f);
+    if (wanted == 0) return absl::OkStatus();
+    float* dst = static_cast<float*>(pinned_logits_.get());
+    for (int64_t t = 0; t < n;) {
+      if (reduced[t]) {
+        ++t;
+        continue;
+      }
+      int64_t end = t;
+      while (end < n && !reduced[end]) ++end;
+      const size_t count = static_cast<size_t>((end - t) * vocab);
+      PS_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpyAsync(dst, d_logits + static_cast<size_t>(t * vocab),
+                                     count * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+                     "logits download"));
+      dst += count;
+      t = end;
+    }
+    PS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "logits download"));
+    std::memcpy(kept->data(), pinned_logits_.get(), kept->size() * sizeof(float));
     return absl::OkStatus();
   }
 

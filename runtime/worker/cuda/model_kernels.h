@@ -85,15 +85,32 @@ cudaError_t LaunchSplitColumns(const float* y, int64_t n, int total, int num_out
 cudaError_t LaunchGreedyArgmax(const float* logits, int n, int64_t vocab, int32_t* out,
                                cudaStream_t stream);
 
-// One logits row of LaunchSampleRows: the sampler's steps 3-7 for params
-// without penalties (runtime/sampling/sampler.h).
+// One token of a row's penalty list (LaunchSampleRows): a distinct token id
+// of the row's history and how often it occurs in the output part.
+struct SamplePenalty {
+  int32_t token_id = 0;
+  int32_t output_count = 0;
+};
+
+// One logits row of LaunchSampleRows: the sampler's steps 1-7 for params
+// without logprobs (runtime/sampling/sampler.h).
 struct SampleRowArgs {
-  float inv_temperature = 1.0f;  // 1 / temperature (temperature >= 1e-5)
+  float inv_temperature = 1.0f;  // 1 / temperature (temperature >= 1e-5; 1 when greedy)
   int32_t top_k = -1;            // <= 0 or >= vocab: off
   float top_p = 1.0f;            // in (0, 1]; 1: off
   float min_p = 0.0f;            // in [0, 1]; 0: off
-  int32_t num_draws = 0;         // draws of this row; 0: the row is skipped
-  int32_t first_draw = 0;        // its draws' index in uniforms / out
+  int32_t greedy = 0;            // 1: every draw is the argmax of the penalized row
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  // The row's penalties[penalty_begin, + penalty_count): the repetition
+  // penalty applies to each entry (the distinct ids of prompt + output;
+  // when it is 1 the list may hold the output's ids only), the additive ones
+  // to the entries with output_count > 0.
+  int32_t penalty_begin = 0;
+  int32_t penalty_count = 0;
+  int32_t num_draws = 0;   // draws of this row; 0: the row is skipped
+  int32_t first_draw = 0;  // its draws' index in uniforms / out
 };
 
 // Largest vocabulary LaunchSampleRows takes (its fixed-point mass sums stay
@@ -104,12 +121,14 @@ constexpr int64_t kMaxSampleVocab = int64_t{1} << 23;
 // memory, n entries): out[args[t].first_draw + j] = the token the host
 // sampler draws with uniforms[args[t].first_draw + j] for j <
 // args[t].num_draws, or -1 for every draw of a row the host sampler refuses
-// (a NaN or +inf logit, or only -inf ones). Rows with num_draws == 0 are
-// left alone. The kernel and how it agrees with the host sampler:
-// sampling_kernels.cuh. cudaErrorInvalidValue unless 1 <= vocab <=
-// kMaxSampleVocab.
-cudaError_t LaunchSampleRows(const float* logits, int n, int64_t vocab, const SampleRowArgs* args,
-                             const double* uniforms, int32_t* out, cudaStream_t stream);
+// (a NaN or +inf logit, or only -inf ones). A row with penalties has them
+// applied to its logits in place (the sampler's step 1); refused rows and
+// rows with num_draws == 0 are left alone. The kernel and how it agrees
+// with the host sampler: sampling_kernels.cuh. cudaErrorInvalidValue unless
+// 1 <= vocab <= kMaxSampleVocab.
+cudaError_t LaunchSampleRows(float* logits, int n, int64_t vocab, const SampleRowArgs* args,
+                             const double* uniforms, const SamplePenalty* penalties, int32_t* out,
+                             cudaStream_t stream);
 
 }  // namespace pagedserve::cuda_model
 

@@ -1,10 +1,11 @@
-// Internal: the body of the CUDA backend's sampling kernel (steps 3-7 of the
-// sampler, runtime/sampling/sampler.h: temperature, top-k, top-p, min-p and
-// the inverse-CDF draw), as a device function so that model_kernels.cu wraps
-// it in a __global__ kernel and tests/worker/cuda_sampling_emulation_test.cc
-// runs the same source on the CPU through tests/kernels/simt_emulator.h
-// against the Sampler itself. Penalties and logprobs are not here: rows that
-// need them go to the host sampler (ModelBackend::LmHeadSample).
+// Internal: the body of the CUDA backend's sampling kernel (steps 1-7 of the
+// sampler, runtime/sampling/sampler.h: penalties, greedy, temperature,
+// top-k, top-p, min-p and the inverse-CDF draw), as a device function so
+// that model_kernels.cu wraps it in a __global__ kernel and
+// tests/worker/cuda_sampling_emulation_test.cc runs the same source on the
+// CPU through tests/kernels/simt_emulator.h against the Sampler itself.
+// Logprobs are not here: rows that need them go to the host sampler
+// (ModelBackend::LmHeadSample).
 //
 // One thread block per logits row. The sampler's filters are all prefixes of
 // one strict order of the tokens: processed logit s_i = (w_i - max) / T
@@ -28,6 +29,7 @@
 #ifndef PAGEDSERVE_RUNTIME_WORKER_CUDA_SAMPLING_KERNELS_CUH_
 #define PAGEDSERVE_RUNTIME_WORKER_CUDA_SAMPLING_KERNELS_CUH_
 
+#include <cfloat>
 #include <cstdint>
 
 #include "runtime/worker/cuda/model_kernels.h"
@@ -130,47 +132,94 @@ __device__ unsigned long long SumWeights(int64_t vocab, const Weight& weight, Sa
   return total;
 }
 
-// Grid (n), block (NUM_THREADS): samples row blockIdx.x of logits [n, vocab]
-// (fp32) as the host sampler does for a row without penalties (steps 3-7 of
-// runtime/sampling/sampler.h) with args[blockIdx.x]: out[first_draw + j] =
-// the token drawn with uniforms[first_draw + j] (in [0, 1)) for j <
-// num_draws. A row with num_draws == 0 is skipped; a row the host sampler
-// refuses (a NaN or +inf logit, or only -inf ones) gets -1 in each of its
-// draws. 1 <= vocab <= kMaxSampleVocab.
+// Block-wide: the largest of row[0, vocab) that is not NaN or +inf (-inf
+// when there is none), and in *bad whether the row holds a NaN or +inf.
 template <int NUM_THREADS>
-__device__ void SampleRowsBody(const float* __restrict__ logits, int64_t vocab,
-                               const SampleRowArgs* __restrict__ args,
-                               const double* __restrict__ uniforms, int32_t* __restrict__ out) {
-  __shared__ SampleShared sh;
-  const SampleRowArgs a = args[blockIdx.x];
-  if (a.num_draws <= 0) return;
-  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-
-  // Step 0: the row's maximum, and whether the sampler would refuse it.
+__device__ float RowMax(const float* row, int64_t vocab, SampleShared& sh, bool* bad) {
   if (threadIdx.x == 0) {
     sh.max_bits = 0;  // below OrderedBits(-inf)
     sh.bad = 0;
   }
   __syncthreads();
   float mx = -INFINITY;
-  int bad = 0;
+  int b = 0;
   for (int64_t i = threadIdx.x; i < vocab; i += NUM_THREADS) {
     const float v = row[i];
     if (v != v || v == INFINITY) {
-      bad = 1;
+      b = 1;
     } else if (v > mx) {
       mx = v;
     }
   }
   atomicMax(&sh.max_bits, OrderedBits(mx));
-  if (bad != 0) atomicOr(&sh.bad, 1);
+  if (b != 0) atomicOr(&sh.bad, 1);
   __syncthreads();
   mx = FromOrderedBits(sh.max_bits);
-  const bool refused = sh.bad != 0 || mx == -INFINITY;
+  *bad = sh.bad != 0;
   __syncthreads();
-  if (refused) {
+  return mx;
+}
+
+// Block-wide, in place: the sampler's step 1 on `row` for the entries
+// penalties[0, count) (distinct ids): the repetition penalty (divide a
+// positive logit, multiply a negative one), then frequency * count +
+// presence subtracted for ids of the output, each result clamped to
+// +-FLT_MAX; -inf logits stay. Rounding as the host's float operations
+// (no contraction into FMA).
+template <int NUM_THREADS>
+__device__ void ApplyPenalties(float* row, const SampleRowArgs& a,
+                               const SamplePenalty* __restrict__ penalties) {
+  const bool additive = a.frequency_penalty != 0.0f || a.presence_penalty != 0.0f;
+  for (int k = threadIdx.x; k < a.penalty_count; k += NUM_THREADS) {
+    const SamplePenalty pen = penalties[a.penalty_begin + k];
+    float v = row[pen.token_id];
+    if (v == -INFINITY) continue;
+    if (a.repetition_penalty != 1.0f) {
+      v = v > 0.0f ? v / a.repetition_penalty : __fmul_rn(v, a.repetition_penalty);
+      v = fminf(fmaxf(v, -FLT_MAX), FLT_MAX);
+    }
+    if (additive && pen.output_count > 0) {
+      v = __fsub_rn(v,
+                    __fadd_rn(__fmul_rn(a.frequency_penalty, static_cast<float>(pen.output_count)),
+                              a.presence_penalty));
+      v = fminf(fmaxf(v, -FLT_MAX), FLT_MAX);
+    }
+    row[pen.token_id] = v;
+  }
+  __syncthreads();  // the writes are visible to the whole block
+}
+
+// Grid (n), block (NUM_THREADS): samples row blockIdx.x of logits [n, vocab]
+// (fp32) as the host sampler does for a row without logprobs (steps 1-7 of
+// runtime/sampling/sampler.h) with args[blockIdx.x]: the row's penalties
+// applied in place, then out[first_draw + j] = the token drawn with
+// uniforms[first_draw + j] (in [0, 1)) for j < num_draws, or the penalized
+// argmax for every draw of a greedy row. A row with num_draws == 0 is
+// skipped; a row the host sampler refuses (a NaN or +inf logit, or only
+// -inf ones, checked before the penalties) gets -1 in each of its draws
+// and is not modified. 1 <= vocab <= kMaxSampleVocab.
+template <int NUM_THREADS>
+__device__ void SampleRowsBody(float* __restrict__ logits, int64_t vocab,
+                               const SampleRowArgs* __restrict__ args,
+                               const double* __restrict__ uniforms,
+                               const SamplePenalty* __restrict__ penalties,
+                               int32_t* __restrict__ out) {
+  __shared__ SampleShared sh;
+  const SampleRowArgs a = args[blockIdx.x];
+  if (a.num_draws <= 0) return;
+  float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+
+  // The raw row's maximum, and whether the sampler would refuse it.
+  bool bad = false;
+  float mx = RowMax<NUM_THREADS>(row, vocab, sh, &bad);
+  if (bad || mx == -INFINITY) {
     for (int j = threadIdx.x; j < a.num_draws; j += NUM_THREADS) out[a.first_draw + j] = -1;
     return;
+  }
+  // Step 1 (penalties keep finite values finite and -inf as -inf).
+  if (a.penalty_count > 0) {
+    ApplyPenalties<NUM_THREADS>(row, a, penalties);
+    mx = RowMax<NUM_THREADS>(row, vocab, sh, &bad);
   }
 
   const float inv_t = a.inv_temperature;
@@ -187,6 +236,20 @@ __device__ void SampleRowsBody(const float* __restrict__ logits, int64_t vocab,
     return static_cast<unsigned long long>(static_cast<double>(e) * kSampleMassOne + 0.5);
   };
 
+  // Step 2, greedy: the first key with inv_t = 1 (s = 0 exactly at the
+  // maximum, < 0 elsewhere), i.e. the lowest id of the maximum.
+  if (a.greedy != 0) {
+    const uint64_t key = SelectByWeight<NUM_THREADS>(
+        vocab,
+        [&](int64_t i, uint64_t* k) -> unsigned long long {
+          float e;
+          return eval(i, k, &e) ? 1ull : 0ull;
+        },
+        1ull, sh);
+    for (int j = threadIdx.x; j < a.num_draws; j += NUM_THREADS)
+      out[a.first_draw + j] = key != 0 ? SampleKeyId(key) : -1;
+    return;
+  }
   // Step 4, top-k: the k-th key among the finite tokens (0: every one kept).
   uint64_t cut = 0;
   const bool top_k = a.top_k > 0 && a.top_k < vocab;
