@@ -169,11 +169,13 @@ void Filter(std::span<const float> w, const SamplingParams& p, std::vector<Cand>
         cands.end());
   };
   if (top_k_active && static_cast<size_t>(p.top_k) * 8 <= v) {
-    // Heap of the k best (front = worst kept), one pass over the raw values.
+    // Heap of the k best (front = worst kept), one pass. Ranked by the
+    // processed value s, as every other path: two logits that round to the
+    // same s tie, and the lower id wins.
     const size_t k = static_cast<size_t>(p.top_k);
     cands.reserve(k);
     for (size_t i = 0; i < v; ++i) {
-      const Cand c{w[i], static_cast<int32_t>(i), 0.0f};
+      const Cand c{(w[i] - max) * inv_t, static_cast<int32_t>(i), 0.0f};
       if (cands.size() < k) {
         if (w[i] == kNegInf) continue;
         cands.push_back(c);
@@ -185,7 +187,6 @@ void Filter(std::span<const float> w, const SamplingParams& p, std::vector<Cand>
       }
     }
     for (Cand& c : cands) {
-      c.s = (c.s - max) * inv_t;
       c.e = std::exp(c.s);
       z += c.e;
     }

@@ -65,6 +65,12 @@ std::vector<std::vector<float>> Rows(int vocab, std::mt19937& rng) {
       for (int k = 0; k < vocab / 3; ++k) row[at(rng)] = -kInf;
     if (r == 4)
       for (float& v : row) v *= 30.0f;  // exp underflows for most tokens
+    if (r == 5) {  // a maximum of zero, as -0 and +0 (equal: the lower id first)
+      for (float& v : row) v = -std::abs(v) - 0.5f;
+      row[at(rng)] = -0.0f;
+      row[at(rng)] = 0.0f;
+      row[at(rng)] = -0.0f;
+    }
     rows.push_back(row);
   }
   rows.emplace_back(vocab, -kInf);  // refused: only -inf

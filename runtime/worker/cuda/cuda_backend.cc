@@ -99,6 +99,7 @@ class PinnedBuffer {
     return absl::OkStatus();
   }
   void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
 
  private:
   void* ptr_ = nullptr;
@@ -663,13 +664,15 @@ class CudaBackend final : public ModelBackend {
     const size_t uniform_offset = (args_bytes + 7) / 8 * 8;
     const size_t penalty_offset = uniform_offset + static_cast<size_t>(num_draws) * sizeof(double);
     const size_t in_bytes = penalty_offset + penalties.size() * sizeof(cuda_model::SamplePenalty);
-    if (in_bytes > sample_in_.bytes()) {
+    if (in_bytes > sample_in_.bytes() || in_bytes > pinned_sample_in_.bytes()) {
       // Long histories outgrow what ReserveStepScratch sized: wait for the
       // queued work (polling the communicator) before the allocation
-      // synchronizes the device.
+      // synchronizes the device, and grow geometrically so that a history
+      // growing by a token a step does not reallocate every step.
       PS_RETURN_IF_ERROR(WaitForStep());
-      PS_RETURN_IF_ERROR(sample_in_.Reserve(in_bytes, "sampling input allocation"));
-      PS_RETURN_IF_ERROR(pinned_sample_in_.Reserve(in_bytes, "pinned sampling input allocation"));
+      const size_t grown = std::max(in_bytes, 2 * sample_in_.bytes());
+      PS_RETURN_IF_ERROR(sample_in_.Reserve(grown, "sampling input allocation"));
+      PS_RETURN_IF_ERROR(pinned_sample_in_.Reserve(grown, "pinned sampling input allocation"));
     }
     char* staged = static_cast<char*>(pinned_sample_in_.get());
     std::memcpy(staged, args.data(), args_bytes);

@@ -21,11 +21,15 @@
 // the sums are integers: exact, independent of the atomics' order, hence
 // deterministic, and the same at every level of the select.
 //
-// Agreement with the host sampler: the same float operations give s_i and
-// e_i = expf(s_i) (the device's expf is within 2 ulp of the host's); the
-// host sums e_i in double where this sums them in units of 2^-40, so the two
-// can disagree only when a uniform (or top_p's bound) lies within about
-// 1e-7 of a boundary of the cumulative distribution.
+// Agreement with the host sampler: the same float operations give the
+// penalized logits, s_i and e_i = expf(s_i) (the device's expf is within 2
+// ulp of the host's); the host sums e_i in double where this sums them in
+// units of 2^-40 (each token's mass rounded by at most half a unit, so a
+// running sum is off by at most vocab * 2^-41 of the maximum's mass: about
+// 6e-8 at a 128K vocabulary), and a token with e_i < 2^-41 weighs nothing
+// here. The two can therefore disagree only when a uniform (or top_p's
+// bound) lies within that distance of a boundary of the cumulative
+// distribution.
 #ifndef PAGEDSERVE_RUNTIME_WORKER_CUDA_SAMPLING_KERNELS_CUH_
 #define PAGEDSERVE_RUNTIME_WORKER_CUDA_SAMPLING_KERNELS_CUH_
 
@@ -227,7 +231,8 @@ __device__ void SampleRowsBody(float* __restrict__ logits, int64_t vocab,
   auto eval = [&](int64_t i, uint64_t* key, float* e) {
     const float w = row[i];
     if (w == -INFINITY) return false;
-    const float s = (w - mx) * inv_t;
+    float s = (w - mx) * inv_t;
+    if (s == 0.0f) s = 0.0f;  // -0 (e.g. w = -0 at a maximum of +0) ties with +0, as on the host
     *key = SampleKey(s, i);
     *e = expf(s);
     return true;
