@@ -92,26 +92,25 @@ struct Filters {
   float presence_penalty = 0.0f;
 };
 
-// The kernel's args for params `p` over `history` (the CUDA backend's
-// rules: cuda_backend.cc's LmHeadSample and AppendSamplePenalties).
+// The kernel's args for params `p` over `history`, by the CUDA backend's
+// rules (BuildSampleRowArgs, sample_penalties.h).
 SampleRowArgs ArgsFor(const SamplingParams& p, std::span<const int32_t> history, int prompt_len,
-                      int64_t vocab, int draws, int first, std::vector<SamplePenalty>* penalties) {
+                      int64_t vocab, std::span<const double> uniforms, int first,
+                      std::vector<SamplePenalty>* penalties) {
   RowSampling r;
   r.mode = RowSampling::Mode::kSample;
+  r.temperature = p.temperature;
+  r.top_k = p.top_k;
+  r.top_p = p.top_p;
+  r.min_p = p.min_p;
   r.repetition_penalty = p.repetition_penalty;
   r.frequency_penalty = p.frequency_penalty;
   r.presence_penalty = p.presence_penalty;
   r.token_history = history;
   r.prompt_len = prompt_len;
+  r.uniforms = uniforms;
   SampleRowArgs a;
-  EXPECT_TRUE(AppendSamplePenalties(r, vocab, &a, penalties));
-  a.greedy = p.greedy() ? 1 : 0;
-  a.inv_temperature = p.greedy() ? 1.0f : 1.0f / p.temperature;
-  a.top_k = p.top_k;
-  a.top_p = p.top_p;
-  a.min_p = p.min_p;
-  a.num_draws = draws;
-  a.first_draw = first;
+  EXPECT_TRUE(BuildSampleRowArgs(r, vocab, first, &a, penalties));
   return a;
 }
 
@@ -168,12 +167,15 @@ int Disagreements(int vocab, const Filters& f, std::mt19937& rng,
     sr.position = 40 + static_cast<int64_t>(r);
     sr.sample_index = 3;
     sr.num_samples = kSeeded;
-    args.push_back(ArgsFor(p, history, prompt_len, vocab, kSeeded + kGrid,
+    std::vector<double> row_uniforms;
+    row_uniforms.reserve(kSeeded + kGrid);
+    for (int j = 0; j < kSeeded; ++j)
+      row_uniforms.push_back(Sampler::SeededUniform(*p.seed, sr.sample_index + j, sr.position));
+    for (int j = 0; j < kGrid; ++j) row_uniforms.push_back((j + 0.37) / kGrid);
+    args.push_back(ArgsFor(p, history, prompt_len, vocab, row_uniforms,
                            static_cast<int>(uniforms.size()), &penalties));
     if (perturb != nullptr) perturb(&args.back());
-    for (int j = 0; j < kSeeded; ++j)
-      uniforms.push_back(Sampler::SeededUniform(*p.seed, sr.sample_index + j, sr.position));
-    for (int j = 0; j < kGrid; ++j) uniforms.push_back((j + 0.37) / kGrid);
+    uniforms.insert(uniforms.end(), row_uniforms.begin(), row_uniforms.end());
     std::vector<int32_t> w;
     std::vector<double> near(kSeeded + kGrid, 0.0);
     auto sampled = sampler.Sample(rows[r], std::span<const SamplerRow>(&sr, 1));

@@ -447,26 +447,41 @@ class GreedyRunner {
   std::vector<SamplingParams> params_;
 };
 
-TEST_F(CudaWorkerModelTest, GreedyTokensMatchCpuWorkerWithSwapAndCopy) {
-  std::vector<testing::ReferencePrompt> prompts(
-      prompts_.begin(), prompts_.begin() + std::min<size_t>(4, prompts_.size()));
-  for (auto& p : prompts)
-    ASSERT_LE(p.prompt_ids.size(), 64u) << "prompt too long for the test pool";
-  auto comm_cpu = MakeSingleRankCommunicator();
-  auto comm_gpu = MakeSingleRankCommunicator();
+// The first four reference prompts (the token tests' pool has 8 blocks per
+// sequence).
+std::vector<testing::ReferencePrompt> ShortPrompts(
+    const std::vector<testing::ReferencePrompt>& all) {
+  return {all.begin(), all.begin() + std::min<size_t>(4, all.size())};
+}
+
+// One side of the CPU / CUDA worker pair the token tests compare: fp32
+// weights (the CPU side must compute what the fp32 CUDA worker does), 128
+// device blocks, swap space; the CUDA side on device 0.
+WorkerOptions PairOptions(const std::string& model_path, bool cuda) {
   WorkerOptions o;
-  o.model_path = model_path_;
-  o.dtype = WeightDType::kFloat32;  // the CPU side must compute what the fp32 CUDA worker does
+  o.model_path = model_path;
+  o.dtype = WeightDType::kFloat32;
   o.block_size = kBlockSize;
   o.kv_cache_memory = 64LL << 20;
   o.max_num_blocks = 128;
   o.swap_space = 16LL << 20;
-  auto cpu = Worker::Create(o, comm_cpu.get());
+  if (cuda) {
+    o.device = kernels::Device::kCUDA;
+    o.cuda_device = 0;
+    o.gpu_memory_utilization = 0.5;
+  }
+  return o;
+}
+
+TEST_F(CudaWorkerModelTest, GreedyTokensMatchCpuWorkerWithSwapAndCopy) {
+  const std::vector<testing::ReferencePrompt> prompts = ShortPrompts(prompts_);
+  for (auto& p : prompts)
+    ASSERT_LE(p.prompt_ids.size(), 64u) << "prompt too long for the test pool";
+  auto comm_cpu = MakeSingleRankCommunicator();
+  auto comm_gpu = MakeSingleRankCommunicator();
+  auto cpu = Worker::Create(PairOptions(model_path_, false), comm_cpu.get());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  o.device = kernels::Device::kCUDA;
-  o.cuda_device = 0;
-  o.gpu_memory_utilization = 0.5;
-  auto gpu = Worker::Create(o, comm_gpu.get());
+  auto gpu = Worker::Create(PairOptions(model_path_, true), comm_gpu.get());
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   EXPECT_EQ((*gpu)->device(), kernels::Device::kCUDA);
   EXPECT_EQ((*gpu)->num_device_blocks(), 128);
@@ -492,8 +507,7 @@ TEST_F(CudaWorkerModelTest, GreedyTokensMatchCpuWorkerWithSwapAndCopy) {
 // batch mixes a greedy row, top-k + top-p, penalties, and min-p with
 // logprobs (that row goes to the host sampler).
 TEST_F(CudaWorkerModelTest, SeededSampledTokensMatchCpuWorker) {
-  std::vector<testing::ReferencePrompt> prompts(
-      prompts_.begin(), prompts_.begin() + std::min<size_t>(4, prompts_.size()));
+  const std::vector<testing::ReferencePrompt> prompts = ShortPrompts(prompts_);
   for (auto& p : prompts)
     ASSERT_LE(p.prompt_ids.size(), 64u) << "prompt too long for the test pool";
   std::vector<SamplingParams> params(4);
@@ -510,19 +524,9 @@ TEST_F(CudaWorkerModelTest, SeededSampledTokensMatchCpuWorker) {
   for (size_t i = 0; i < params.size(); ++i) params[i].seed = 17 + i;
   auto comm_cpu = MakeSingleRankCommunicator();
   auto comm_gpu = MakeSingleRankCommunicator();
-  WorkerOptions o;
-  o.model_path = model_path_;
-  o.dtype = WeightDType::kFloat32;
-  o.block_size = kBlockSize;
-  o.kv_cache_memory = 64LL << 20;
-  o.max_num_blocks = 128;
-  o.swap_space = 16LL << 20;
-  auto cpu = Worker::Create(o, comm_cpu.get());
+  auto cpu = Worker::Create(PairOptions(model_path_, false), comm_cpu.get());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  o.device = kernels::Device::kCUDA;
-  o.cuda_device = 0;
-  o.gpu_memory_utilization = 0.5;
-  auto gpu = Worker::Create(o, comm_gpu.get());
+  auto gpu = Worker::Create(PairOptions(model_path_, true), comm_gpu.get());
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   const int steps = 24;
   auto a = GreedyRunner(cpu->get(), params).Run(prompts, steps);

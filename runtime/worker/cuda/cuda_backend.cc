@@ -599,16 +599,9 @@ class CudaBackend final : public ModelBackend {
                                                        r.uniforms.size(), " uniforms, want 1 to ",
                                                        kMaxDraws));
       // A history the sampler would refuse stays with it (for the error).
-      if (!cuda_model::AppendSamplePenalties(r, w.rows, &args[t], &penalties)) continue;
-      const bool greedy = r.temperature < 1e-5f;
-      args[t].greedy = greedy ? 1 : 0;
-      args[t].inv_temperature = greedy ? 1.0f : 1.0f / r.temperature;
-      args[t].top_k = r.top_k;
-      args[t].top_p = r.top_p;
-      args[t].min_p = r.min_p;
-      args[t].num_draws = static_cast<int32_t>(r.uniforms.size());
-      args[t].first_draw = static_cast<int32_t>(num_draws);
-      num_draws += args[t].num_draws;
+      if (cuda_model::BuildSampleRowArgs(r, w.rows, static_cast<int32_t>(num_draws), &args[t],
+                                         &penalties))
+        num_draws += args[t].num_draws;
     }
     float* d_logits = static_cast<float*>(logits_.get());
     int32_t* d_ids = static_cast<int32_t*>(argmax_.get());  // [n argmax | num_draws draws]

@@ -1,8 +1,9 @@
-// Internal: the host side of the sampling kernel's penalties
-// (LaunchSampleRows in model_kernels.h): the per-row list of distinct token
-// ids with their output counts, built from a RowSampling's history. Used by
-// the CUDA backend (cuda_backend.cc) and the emulation test
-// (tests/worker/cuda_sampling_emulation_test.cc). Host C++20 only.
+// Internal: the host side of the sampling kernel's inputs (LaunchSampleRows
+// in model_kernels.h): a kSample RowSampling turned into the kernel's
+// SampleRowArgs and its penalty list (the distinct token ids of the history
+// with their output counts). Used by the CUDA backend (cuda_backend.cc) and
+// the emulation test (tests/worker/cuda_sampling_emulation_test.cc), so that
+// both run the same rules. Host C++20 only.
 #ifndef PAGEDSERVE_RUNTIME_WORKER_CUDA_SAMPLE_PENALTIES_H_
 #define PAGEDSERVE_RUNTIME_WORKER_CUDA_SAMPLE_PENALTIES_H_
 
@@ -54,6 +55,28 @@ inline bool AppendSamplePenalties(const RowSampling& r, int64_t vocab, SampleRow
     i = j;
   }
   args->penalty_count = static_cast<int32_t>(out->size()) - args->penalty_begin;
+  return true;
+}
+
+// The kernel's args for a kSample row `r` whose draws start at index
+// `first_draw` (r.uniforms.size() draws): greedy (temperature < 1e-5, the
+// sampler's rule) with inv_temperature 1, else 1 / temperature; the filters
+// as given; the penalties appended to *penalties (AppendSamplePenalties).
+// False, with nothing appended and *args untouched, when the host sampler
+// must take the row (AppendSamplePenalties refuses its history).
+inline bool BuildSampleRowArgs(const RowSampling& r, int64_t vocab, int32_t first_draw,
+                               SampleRowArgs* args, std::vector<SamplePenalty>* penalties) {
+  SampleRowArgs a;
+  if (!AppendSamplePenalties(r, vocab, &a, penalties)) return false;
+  const bool greedy = r.temperature < 1e-5f;
+  a.greedy = greedy ? 1 : 0;
+  a.inv_temperature = greedy ? 1.0f : 1.0f / r.temperature;
+  a.top_k = r.top_k;
+  a.top_p = r.top_p;
+  a.min_p = r.min_p;
+  a.num_draws = static_cast<int32_t>(r.uniforms.size());
+  a.first_draw = first_draw;
+  *args = a;
   return true;
 }
 
