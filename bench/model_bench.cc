@@ -130,7 +130,7 @@ struct RandomModel {
   int num_layers = 0;
   int vocab = 0;
   std::vector<float> logits;
-  std::vector<int32_t> argmax;
+  SampledRows argmax;
   std::vector<RowSampling> greedy;
 
   // Every row greedy: the argmax is taken where the logits are
@@ -454,7 +454,7 @@ void RunRandom(const StepPlan& plan, std::vector<Seq>& seqs) {
   fb.logits_rows = rows;
   if (absl::Status s = m.Forward(fb); !s.ok()) Die(s.ToString());
   for (size_t r = 0; r < sampled.size(); ++r) {
-    const int32_t token = m.argmax[r];
+    const int32_t token = m.argmax.tokens[r];
     if (token < 0) Die("the random-weight model produced non-finite logits");
     for (Seq& s : seqs)
       if (s.id == sampled[r]) s.last = token;

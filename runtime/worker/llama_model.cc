@@ -141,7 +141,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
 
 absl::Status LlamaModel::Forward(const ForwardBatch& b,
                                  std::span<const kernels::KVCacheView> kv_layers,
-                                 std::span<const RowSampling> rows, std::vector<int32_t>* tokens,
+                                 std::span<const RowSampling> rows, SampledRows* out,
                                  std::vector<float>* logits) {
   if (rows.size() != b.logits_rows.size())
     return absl::InvalidArgumentError(absl::StrCat("Forward: ", rows.size(), " row samplings for ",
@@ -149,7 +149,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
   float* normed = nullptr;
   PS_RETURN_IF_ERROR(RunLayers(b, kv_layers, &normed));
   return backend_->LmHeadSample(normed, static_cast<int64_t>(b.logits_rows.size()), w_.lm_head,
-                                rows, tokens, logits);
+                                rows, out, logits);
 }
 
 absl::Status LlamaModel::RunLayers(const ForwardBatch& b,

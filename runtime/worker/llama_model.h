@@ -85,11 +85,12 @@ class LlamaModel {
 
   // The same step, with rows reduced to tokens by the backend
   // (ModelBackend::LmHeadSample): `rows` has one entry per logits row;
-  // *tokens holds each row's draws (-1 for a row not reduced) and `logits`,
+  // *out holds each row's draws (-1 for a row not reduced) with their
+  // logprobs when asked (SampledRows), and `logits`,
   // compacted in row order, the rows not reduced. Errors as above, plus
   // InvalidArgument when rows.size() != logits_rows.size().
   absl::Status Forward(const ForwardBatch& batch, std::span<const kernels::KVCacheView> kv_layers,
-                       std::span<const RowSampling> rows, std::vector<int32_t>* tokens,
+                       std::span<const RowSampling> rows, SampledRows* out,
                        std::vector<float>* logits);
 
  private:

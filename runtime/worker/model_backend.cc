@@ -22,16 +22,32 @@ int32_t GreedyArgmax(const float* row, int64_t vocab) {
   return static_cast<int32_t>(best);  // -1 when every value is -inf
 }
 
+namespace {
+
+// *out for `rows` with every row left as logits: -1 tokens, no logprobs.
+void UnreducedRows(std::span<const RowSampling> rows, SampledRows* out) {
+  out->tokens.clear();
+  for (const RowSampling& r : rows) out->tokens.insert(out->tokens.end(), r.draws(), -1);
+  out->logprobs.assign(out->tokens.size(), 0.0f);
+  out->top_begin.assign(rows.size() + 1, 0);
+  out->top_ids.clear();
+  out->top_logprobs.clear();
+}
+
+}  // namespace
+
 void SplitSampledRows(const std::vector<float>& all, int64_t n, int64_t vocab,
-                      std::span<const RowSampling> rows, std::vector<int32_t>* tokens,
+                      std::span<const RowSampling> rows, SampledRows* out,
                       std::vector<float>* logits) {
-  tokens->clear();
+  UnreducedRows(rows.first(static_cast<size_t>(n)), out);
   logits->clear();
+  size_t draw = 0;
   for (int64_t t = 0; t < n; ++t) {
     const float* row = all.data() + t * vocab;
     const int32_t token =
         rows[t].mode == RowSampling::Mode::kGreedy ? GreedyArgmax(row, vocab) : -1;
-    tokens->insert(tokens->end(), static_cast<size_t>(rows[t].draws()), token);
+    std::fill_n(out->tokens.begin() + draw, rows[t].draws(), token);
+    draw += static_cast<size_t>(rows[t].draws());
     if (token < 0) logits->insert(logits->end(), row, row + vocab);
   }
 }
@@ -48,19 +64,18 @@ absl::Status ModelBackend::RopeAndAttention(const kernels::KVCacheView& cache, i
 }
 
 absl::Status ModelBackend::LmHeadSample(const float* x, int64_t n, const BackendMatrix& w,
-                                        std::span<const RowSampling> rows,
-                                        std::vector<int32_t>* tokens, std::vector<float>* logits) {
+                                        std::span<const RowSampling> rows, SampledRows* out,
+                                        std::vector<float>* logits) {
   if (std::none_of(rows.begin(), rows.end(),
                    [](const RowSampling& r) { return r.mode == RowSampling::Mode::kGreedy; })) {
     absl::Status s = LmHead(x, n, w, logits);  // every row's logits, as they are
     if (!s.ok()) return s;
-    tokens->clear();
-    for (const RowSampling& r : rows) tokens->insert(tokens->end(), r.draws(), -1);
+    UnreducedRows(rows, out);
     return s;
   }
   absl::Status s = LmHead(x, n, w, &lm_head_rows_);
   if (!s.ok()) return s;
-  SplitSampledRows(lm_head_rows_, n, w.rows, rows, tokens, logits);
+  SplitSampledRows(lm_head_rows_, n, w.rows, rows, out, logits);
   return absl::OkStatus();
 }
 

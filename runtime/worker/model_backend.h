@@ -135,7 +135,7 @@ struct RowSampling {
   enum class Mode : uint8_t {
     kLogits,  // return the row's logits (the host sampler takes it)
     kGreedy,  // the argmax (a greedy row without penalties or logprobs)
-    kSample,  // the sampler's steps 1-7: any row without logprobs or beams
+    kSample,  // the sampler's steps 1-7 (and its raw logprobs): any row without beams
   };
   Mode mode = Mode::kLogits;
   // kSample: the row's SamplingParams (valid, SamplingParams::Validate;
@@ -155,11 +155,32 @@ struct RowSampling {
   // Sampler::SeededUniform; unused by greedy rows), 1 to 64 of them. Not
   // owned.
   std::span<const double> uniforms;
+  // kSample: SamplingParams::logprobs (-1 none, 0 the drawn tokens' only,
+  // N in [1, 20] also the row's top N).
+  int32_t logprobs = -1;
 
   // Entries the row takes in LmHeadSample's tokens.
   int64_t draws() const {
     return mode == Mode::kSample ? static_cast<int64_t>(uniforms.size()) : 1;
   }
+};
+
+// What LmHeadSample returns besides the logits of the rows it left.
+struct SampledRows {
+  // One entry per draw, row t's RowSampling::draws() after those of the rows
+  // before it: the token, or -1 in every entry of a row not reduced.
+  std::vector<int32_t> tokens;
+  // Per draw (tokens.size() entries): the raw logprob of tokens[j] (the
+  // sampler's: log-softmax of the row's logits before penalties and
+  // filters) for a reduced row with logprobs >= 0; 0 elsewhere.
+  std::vector<float> logprobs;
+  // Row t's top list is entries [top_begin[t], top_begin[t + 1]) of top_ids
+  // / top_logprobs (n + 1 offsets): min(logprobs, vocab) of them, logprob
+  // descending, ties to the lower id, for a reduced row with logprobs >= 1;
+  // none elsewhere.
+  std::vector<int64_t> top_begin;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
 };
 
 class ModelBackend {
@@ -297,12 +318,13 @@ class ModelBackend {
                               std::vector<float>* logits) = 0;
 
   // LmHead for a step whose rows may be reduced to tokens where the logits
-  // are (`rows` has n entries, RowSampling). *tokens is resized to the sum
-  // of rows[t].draws(); row t's draws follow those of the rows before it:
+  // are (`rows` has n entries, RowSampling). out->tokens is resized to the
+  // sum of rows[t].draws(); row t's draws follow those of the rows before it:
   //   kGreedy: its one entry is the id of its largest logit, ties to the
   //            lowest id (GreedyArgmax, the sampler's greedy rule);
   //   kSample: entry j is the token the host sampler draws with
-  //            uniforms[j] (runtime/sampling/sampler.h, steps 1-7), when the
+  //            uniforms[j] (runtime/sampling/sampler.h, steps 1-7), with the
+  //            sampler's logprobs when the row asks (SampledRows), when the
   //            backend samples where the logits are (CUDA); this default
   //            leaves such rows to the host sampler;
   //   kLogits: -1.
@@ -314,7 +336,7 @@ class ModelBackend {
   // the step; nothing is written on error. This default runs LmHead and
   // reduces the greedy rows on the host (SplitSampledRows).
   virtual absl::Status LmHeadSample(const float* x, int64_t n, const BackendMatrix& w,
-                                    std::span<const RowSampling> rows, std::vector<int32_t>* tokens,
+                                    std::span<const RowSampling> rows, SampledRows* out,
                                     std::vector<float>* logits);
 
  private:
@@ -328,9 +350,10 @@ int32_t GreedyArgmax(const float* row, int64_t vocab);
 
 // Compacts `all` ([n, vocab], every row's logits) into the default
 // LmHeadSample's outputs: the kGreedy rows reduced with GreedyArgmax, every
-// other row -1 in each of its draws and its logits in *logits, in row order.
+// other row -1 in each of its draws and its logits in *logits, in row order
+// (no logprobs: out->logprobs all 0, no top lists).
 void SplitSampledRows(const std::vector<float>& all, int64_t n, int64_t vocab,
-                      std::span<const RowSampling> rows, std::vector<int32_t>* tokens,
+                      std::span<const RowSampling> rows, SampledRows* out,
                       std::vector<float>* logits);
 
 }  // namespace pagedserve

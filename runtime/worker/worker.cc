@@ -22,17 +22,18 @@ std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
 }
 
 // How the backend may reduce a sampled row (ModelBackend::LmHeadSample):
-// valid params without logprobs or beams (whose scores need logprobs), and
+// valid params without beams (whose scores need every logprob), and
 // num_samples within the sampler's [1, 64], are a plain argmax when greedy
-// without penalties and the sampler's steps 1-7 otherwise; anything else
-// goes to the sampler as logits (which also reports the errors).
+// without penalties or logprobs and the sampler's steps 1-7 (with its
+// logprobs) otherwise; anything else goes to the sampler as logits (which
+// also reports the errors).
 RowSampling::Mode ReducibleMode(const SamplingParams& p, int32_t num_samples) {
-  if (p.logprobs >= 0 || p.use_beam_search || num_samples < 1 || num_samples > 64 ||
-      !p.Validate().ok())
+  if (p.use_beam_search || num_samples < 1 || num_samples > 64 || !p.Validate().ok())
     return RowSampling::Mode::kLogits;
   const bool penalties =
       p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-  return p.greedy() && !penalties ? RowSampling::Mode::kGreedy : RowSampling::Mode::kSample;
+  return p.greedy() && !penalties && p.logprobs < 0 ? RowSampling::Mode::kGreedy
+                                                    : RowSampling::Mode::kSample;
 }
 
 // The KV cache element type of --kv-cache-dtype auto (see WorkerOptions).
@@ -199,7 +200,7 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
     std::vector<RowSampling> reduce;
     std::vector<double> uniforms;
     PlanRowSampling(plan, rows, sampled_seq, &reduce, &uniforms);
-    std::vector<int32_t> reduced;
+    SampledRows reduced;
     PS_RETURN_IF_ERROR(model_->Forward(batch, device_layers_, reduce, &reduced, &logits_));
     if (comm_->rank() == 0 && !sampled_seq.empty()) {
       PS_RETURN_IF_ERROR(CollectTokens(plan, rows, sampled_seq, reduce, reduced, &result));
@@ -215,11 +216,11 @@ void Worker::PlanRowSampling(const StepPlan& plan,
                              std::span<const StepPlanMirror::Sequence* const> rows,
                              std::span<const int> sampled_seq, std::vector<RowSampling>* reduce,
                              std::vector<double>* uniforms) {
-  // Rows without logprobs or beams are reduced where the logits are
-  // (ModelBackend::LmHeadSample): greedy ones without penalties to their
-  // argmax, the others sampled with the sampler's own uniforms (seeded rows: the same stream
-  // as Sampler::Sample), so a backend that samples on the device returns
-  // the tokens the sampler would.
+  // Rows without beams are reduced where the logits are
+  // (ModelBackend::LmHeadSample): greedy ones without penalties or logprobs
+  // to their argmax, the others sampled with the sampler's own uniforms (seeded rows: the same
+  // stream as Sampler::Sample), so a backend that samples on the device returns the tokens the
+  // sampler would.
   reduce->assign(sampled_seq.size(), RowSampling{});
   std::vector<size_t> first_uniform(sampled_seq.size(), 0);
   size_t num_uniforms = 0;
@@ -247,6 +248,7 @@ void Worker::PlanRowSampling(const StepPlan& plan,
     rs.token_history = st.history;
     rs.prompt_len = std::min<int32_t>(st.num_prompt_tokens, st.history.size());
     rs.uniforms = std::span<const double>(*uniforms).subspan(first_uniform[r], s.num_samples);
+    rs.logprobs = p.logprobs;
     for (int32_t j = 0; j < s.num_samples && !p.greedy(); ++j) {
       (*uniforms)[first_uniform[r] + j] =
           p.seed.has_value()
@@ -259,18 +261,22 @@ void Worker::PlanRowSampling(const StepPlan& plan,
 absl::Status Worker::CollectTokens(const StepPlan& plan,
                                    std::span<const StepPlanMirror::Sequence* const> rows,
                                    std::span<const int> sampled_seq,
-                                   std::span<const RowSampling> reduce,
-                                   std::span<const int32_t> reduced, StepResult* result) {
+                                   std::span<const RowSampling> reduce, const SampledRows& reduced,
+                                   StepResult* result) {
   std::vector<size_t> first_draw(sampled_seq.size() + 1, 0);
   for (size_t r = 0; r < sampled_seq.size(); ++r)
     first_draw[r + 1] = first_draw[r] + static_cast<size_t>(reduce[r].draws());
-  if (reduced.size() != first_draw.back())
-    return absl::InternalError(absl::StrCat("LmHeadSample returned ", reduced.size(),
-                                            " tokens for ", first_draw.back(), " draws"));
+  if (reduced.tokens.size() != first_draw.back() || reduced.logprobs.size() != first_draw.back() ||
+      reduced.top_begin.size() != sampled_seq.size() + 1 ||
+      reduced.top_ids.size() != static_cast<size_t>(reduced.top_begin.back()) ||
+      reduced.top_logprobs.size() != reduced.top_ids.size())
+    return absl::InternalError(absl::StrCat("LmHeadSample returned ", reduced.tokens.size(),
+                                            " tokens and ", reduced.top_ids.size(),
+                                            " top entries for ", first_draw.back(), " draws"));
   std::vector<SamplerRow> sampler_rows;
   sampler_rows.reserve(sampled_seq.size());
   for (size_t r = 0; r < sampled_seq.size(); ++r) {
-    if (reduced[first_draw[r]] >= 0) continue;
+    if (reduced.tokens[first_draw[r]] >= 0) continue;
     const int i = sampled_seq[r];
     const SequenceStep& s = plan.seqs[i];
     const StepPlanMirror::Sequence& st = *rows[i];
@@ -290,16 +296,27 @@ absl::Status Worker::CollectTokens(const StepPlan& plan,
   }
   // Merged in row order: a reduced greedy row gives num_samples copies of
   // its argmax (what the sampler returns for a greedy row), a reduced
-  // sampled row its num_samples draws.
+  // sampled row its num_samples draws, each with the row's logprobs when
+  // asked (as the sampler fills them).
   size_t next = 0;
   for (size_t r = 0; r < sampled_seq.size(); ++r) {
     const SequenceStep& s = plan.seqs[sampled_seq[r]];
-    const int32_t* draws = reduced.data() + first_draw[r];
+    const size_t first = first_draw[r];
+    const auto top = static_cast<size_t>(reduced.top_begin[r]);
+    const auto top_end = static_cast<size_t>(reduced.top_begin[r + 1]);
     for (int j = 0; j < s.num_samples; ++j) {
-      if (draws[0] >= 0) {
+      if (reduced.tokens[first] >= 0) {
+        const bool per_draw = reduce[r].mode == RowSampling::Mode::kSample;
+        const size_t d = first + (per_draw ? static_cast<size_t>(j) : 0);
         SampledToken t;
         t.seq_id = s.seq_id;
-        t.token_id = reduce[r].mode == RowSampling::Mode::kSample ? draws[j] : draws[0];
+        t.token_id = reduced.tokens[d];
+        if (reduce[r].logprobs >= 0) {
+          t.logprob = reduced.logprobs[d];
+          t.top_token_ids.assign(reduced.top_ids.begin() + top, reduced.top_ids.begin() + top_end);
+          t.top_logprobs.assign(reduced.top_logprobs.begin() + top,
+                                reduced.top_logprobs.begin() + top_end);
+        }
         result->tokens.push_back(std::move(t));
       } else {
         result->tokens.push_back(std::move(sampled.at(next++)));

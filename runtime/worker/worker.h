@@ -120,11 +120,12 @@ class Worker {
                        std::span<const int> sampled_seq, std::vector<RowSampling>* reduce,
                        std::vector<double>* uniforms);
   // Rank 0: the step's tokens in row order, from the rows the backend
-  // reduced (`reduced`, LmHeadSample's tokens) and the sampler for the rest.
+  // reduced (`reduced`, LmHeadSample's tokens and logprobs) and the
+  // sampler for the rest.
   absl::Status CollectTokens(const StepPlan& plan,
                              std::span<const StepPlanMirror::Sequence* const> rows,
                              std::span<const int> sampled_seq, std::span<const RowSampling> reduce,
-                             std::span<const int32_t> reduced, StepResult* result);
+                             const SampledRows& reduced, StepResult* result);
 
   std::unique_ptr<LlamaModel> model_;  // its backend owns the pools
   const ModelConfig* config_ = nullptr;

@@ -15,9 +15,15 @@
 //     probability descending after top-k or top-p, token-id order
 //     otherwise), except within 1e-9 of a
 //     boundary of the cumulative sum, where the two sums' rounding may differ;
-//   - refused rows (a NaN or +inf logit, only -inf ones) give -1.
+//   - refused rows (a NaN or +inf logit, only -inf ones) give -1;
+//   - logprobs: for rows asking 0, 1, 5 or 20 (and a vocabulary smaller than
+//     that), the drawn tokens' logprobs and the top-N lists equal
+//     Sampler::Sample's (ids exactly, values to one float ulp: the log-sum
+//     is summed in another order), penalized tokens included (their raw
+//     logit, not the penalized one).
 // Negative controls: the same checks fail for a kernel given a temperature
-// 2% off, top_k off by one, or a repetition penalty 10% off.
+// 2% off, top_k off by one, a repetition penalty 10% off, or one logit
+// 0.01 higher than the sampler's row (logprobs).
 #include "tests/kernels/simt_emulator.h"  // must precede the kernel header
 
 // The kernel bodies use threadIdx, __syncthreads, ... unqualified; in this
@@ -96,7 +102,7 @@ struct Filters {
 // rules (BuildSampleRowArgs, sample_penalties.h).
 SampleRowArgs ArgsFor(const SamplingParams& p, std::span<const int32_t> history, int prompt_len,
                       int64_t vocab, std::span<const double> uniforms, int first,
-                      std::vector<SamplePenalty>* penalties) {
+                      std::vector<SamplePenalty>* penalties, int first_top = 0) {
   RowSampling r;
   r.mode = RowSampling::Mode::kSample;
   r.temperature = p.temperature;
@@ -109,25 +115,46 @@ SampleRowArgs ArgsFor(const SamplingParams& p, std::span<const int32_t> history,
   r.token_history = history;
   r.prompt_len = prompt_len;
   r.uniforms = uniforms;
+  r.logprobs = p.logprobs;
   SampleRowArgs a;
-  EXPECT_TRUE(BuildSampleRowArgs(r, vocab, first, &a, penalties));
+  EXPECT_TRUE(BuildSampleRowArgs(r, vocab, first, first_top, &a, penalties));
   return a;
 }
 
+// What the kernel writes: per draw the token and its logprob, and the top
+// lists (by each row's top_begin).
+struct KernelOut {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+
 // Runs the kernel body over `rows` (each with its args) through the emulator.
 template <int NUM_THREADS>
-std::vector<int32_t> RunKernel(const std::vector<std::vector<float>>& rows,
-                               const std::vector<SampleRowArgs>& args,
-                               const std::vector<double>& uniforms,
-                               const std::vector<SamplePenalty>& penalties) {
+KernelOut RunKernel(const std::vector<std::vector<float>>& rows,
+                    const std::vector<SampleRowArgs>& args, const std::vector<double>& uniforms,
+                    const std::vector<SamplePenalty>& penalties, size_t num_top = 0) {
   const int64_t vocab = static_cast<int64_t>(rows[0].size());
   std::vector<float> logits;
   for (const auto& r : rows) logits.insert(logits.end(), r.begin(), r.end());
-  std::vector<int32_t> out(uniforms.size(), -7);
-  kc::EmuLaunch(dim3(static_cast<unsigned>(rows.size())), dim3(NUM_THREADS), 0, [&] {
-    SampleRowsBody<NUM_THREADS>(logits.data(), vocab, args.data(), uniforms.data(),
-                                penalties.data(), out.data());
-  });
+  KernelOut out;
+  out.tokens.assign(uniforms.size(), -7);
+  out.logprobs.assign(uniforms.size(), 7.0f);
+  out.top_ids.assign(num_top, -7);
+  out.top_logprobs.assign(num_top, 7.0f);
+  std::vector<float> penalty_raw(penalties.size(), 7.0f);
+  SampleBuffers b;
+  b.args = args.data();
+  b.uniforms = uniforms.data();
+  b.penalties = penalties.data();
+  b.penalty_raw = penalty_raw.data();
+  b.tokens = out.tokens.data();
+  b.logprobs = out.logprobs.data();
+  b.top_ids = out.top_ids.data();
+  b.top_logprobs = out.top_logprobs.data();
+  kc::EmuLaunch(dim3(static_cast<unsigned>(rows.size())), dim3(NUM_THREADS), 0,
+                [&] { SampleRowsBody<NUM_THREADS>(logits.data(), vocab, b); });
   return out;
 }
 
@@ -219,7 +246,7 @@ int Disagreements(int vocab, const Filters& f, std::mt19937& rng,
     want.push_back(w);
     near_boundary.push_back(near);
   }
-  const std::vector<int32_t> got = RunKernel<NUM_THREADS>(rows, args, uniforms, penalties);
+  const std::vector<int32_t> got = RunKernel<NUM_THREADS>(rows, args, uniforms, penalties).tokens;
   int bad = 0;
   for (size_t r = 0; r < rows.size(); ++r) {
     for (int j = 0; j < kSeeded + kGrid; ++j) {
@@ -249,6 +276,95 @@ const Filters kFilterCases[] = {
     {0.0f, -1, 1.0f, 0.0f, 1.5f, 0.2f, 0.1f},   // greedy with penalties
 };
 
+// Equal, or one float ulp apart (infinities must be equal).
+bool WithinUlp(float a, float b) { return a == b || std::nextafter(a, b) == b; }
+
+// Rows of `vocab` logits asking for `logprobs` (0: drawn tokens' only, N:
+// also the top N), `draws` seeded draws each, through the kernel and
+// Sampler::Sample: returns the number of disagreeing values (tokens, drawn
+// logprobs, top ids and top logprobs; 0 expected). `shift` (negative
+// control) raises the kernel's copy of one logit of every row by 0.01.
+template <int NUM_THREADS>
+int LogprobDisagreements(int vocab, const Filters& f, int logprobs, std::mt19937& rng,
+                         bool shift = false) {
+  const std::vector<std::vector<float>> rows = Rows(vocab, rng);
+  Sampler sampler(vocab);
+  SamplingParams p;
+  p.temperature = f.temperature;
+  p.top_k = f.top_k;
+  p.top_p = f.top_p;
+  p.min_p = f.min_p;
+  p.repetition_penalty = f.repetition_penalty;
+  p.frequency_penalty = f.frequency_penalty;
+  p.presence_penalty = f.presence_penalty;
+  p.logprobs = logprobs;
+  // A history whose tokens are likely draws: the penalized ids' logprobs
+  // must come from their raw logits.
+  std::uniform_int_distribution<int> any(0, vocab - 1);
+  std::vector<int32_t> history(24);
+  for (int32_t& t : history) t = any(rng);
+  constexpr int kDraws = 5;
+  std::vector<SamplePenalty> penalties;
+  std::vector<SampleRowArgs> args;
+  std::vector<double> uniforms;
+  std::vector<std::vector<SampledToken>> want;
+  int num_top = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    p.seed = 77 + r;
+    SamplerRow sr;
+    sr.params = &p;
+    sr.token_history = history;
+    sr.prompt_len = 8;
+    sr.position = 9 + static_cast<int64_t>(r);
+    sr.num_samples = kDraws;
+    std::vector<double> row_uniforms(kDraws);
+    for (int j = 0; j < kDraws; ++j)
+      row_uniforms[j] = Sampler::SeededUniform(*p.seed, j, sr.position);
+    args.push_back(ArgsFor(p, history, sr.prompt_len, vocab, row_uniforms,
+                           static_cast<int>(uniforms.size()), &penalties, num_top));
+    uniforms.insert(uniforms.end(), row_uniforms.begin(), row_uniforms.end());
+    num_top += std::min(std::max(logprobs, 0), vocab);
+    auto sampled = sampler.Sample(rows[r], std::span<const SamplerRow>(&sr, 1));
+    want.push_back(sampled.ok() ? *sampled : std::vector<SampledToken>{});
+  }
+  std::vector<std::vector<float>> kernel_rows = rows;
+  if (shift)
+    for (auto& row : kernel_rows) row[static_cast<size_t>(vocab) / 2] += 0.01f;
+  const KernelOut got =
+      RunKernel<NUM_THREADS>(kernel_rows, args, uniforms, penalties, static_cast<size_t>(num_top));
+  int bad = 0;
+  auto check = [&](bool ok, size_t r, const char* what, double g, double w) {
+    if (ok) return;
+    if (!shift)
+      ADD_FAILURE() << "row " << r << " " << what << ": kernel " << g << ", sampler " << w;
+    ++bad;
+  };
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const SampleRowArgs& a = args[r];
+    if (want[r].empty()) {  // refused
+      for (int j = 0; j < kDraws; ++j)
+        check(got.tokens[a.first_draw + j] == -1, r, "refused token", got.tokens[a.first_draw + j],
+              -1);
+      continue;
+    }
+    for (int j = 0; j < kDraws; ++j) {
+      const SampledToken& w = want[r][j];
+      check(got.tokens[a.first_draw + j] == w.token_id, r, "token", got.tokens[a.first_draw + j],
+            w.token_id);
+      check(WithinUlp(got.logprobs[a.first_draw + j], w.logprob), r, "logprob",
+            got.logprobs[a.first_draw + j], w.logprob);
+    }
+    const std::vector<int32_t>& top = want[r][0].top_token_ids;
+    for (size_t k = 0; k < top.size(); ++k) {
+      check(got.top_ids[a.top_begin + k] == top[k], r, "top id", got.top_ids[a.top_begin + k],
+            top[k]);
+      check(WithinUlp(got.top_logprobs[a.top_begin + k], want[r][0].top_logprobs[k]), r,
+            "top logprob", got.top_logprobs[a.top_begin + k], want[r][0].top_logprobs[k]);
+    }
+  }
+  return bad;
+}
+
 TEST(CudaSamplingEmulationTest, DrawsTheSamplersTokens) {
   std::mt19937 rng(21);
   for (int vocab : {1, 2, 7, 300, 2500}) {
@@ -268,6 +384,22 @@ TEST(CudaSamplingEmulationTest, LargeVocabularyAndLaunchWidth) {
   EXPECT_EQ(Disagreements<512>(49157, {1.0f, -1, 0.95f, 0.01f}, rng), 0);
 }
 
+TEST(CudaSamplingEmulationTest, LogprobsAreTheSamplers) {
+  std::mt19937 rng(33);
+  for (int vocab : {1, 7, 300, 2500}) {
+    for (int logprobs : {0, 1, 5, 20}) {
+      for (const Filters& f : kFilterCases) {
+        SCOPED_TRACE(testing::Message() << "vocab " << vocab << " logprobs " << logprobs << " T "
+                                        << f.temperature << " top_k " << f.top_k << " top_p "
+                                        << f.top_p << " penalties " << f.repetition_penalty << "/"
+                                        << f.frequency_penalty << "/" << f.presence_penalty);
+        EXPECT_EQ(LogprobDisagreements<64>(vocab, f, logprobs, rng), 0);
+      }
+    }
+  }
+  EXPECT_EQ(LogprobDisagreements<512>(49157, {0.9f, 50, 0.9f, 0.0f, 1.2f, 0.1f, 0.0f}, 20, rng), 0);
+}
+
 TEST(CudaSamplingEmulationTest, NegativeControlsFail) {
   std::mt19937 rng(8);
   const int off_t = Disagreements<64>(2500, {1.0f, -1, 1.0f, 0.0f}, rng,
@@ -279,6 +411,8 @@ TEST(CudaSamplingEmulationTest, NegativeControlsFail) {
   const int off_rep = Disagreements<64>(20, {1.0f, -1, 1.0f, 0.0f, 1.6f, 0.0f, 0.0f}, rng,
                                         [](SampleRowArgs* a) { a->repetition_penalty *= 1.1f; });
   EXPECT_GT(off_rep, 0) << "a repetition penalty 10% off passed the check";
+  const int shifted = LogprobDisagreements<64>(300, {1.0f, -1, 1.0f, 0.0f}, 5, rng, true);
+  EXPECT_GT(shifted, 0) << "a logit 0.01 off passed the logprobs check";
 }
 
 }  // namespace

@@ -437,14 +437,19 @@ class GreedyRunner {
         start[i] += static_cast<int>(feed[i].size());
         feed[i] = {t.token_id};
         out[i].push_back(t.token_id);
+        sampled_.push_back(t);
       }
     }
     return out;
   }
 
+  // Every SampledToken of the last Run, in the order the steps returned them.
+  const std::vector<SampledToken>& sampled() const { return sampled_; }
+
  private:
   Worker* w_;
   std::vector<SamplingParams> params_;
+  std::vector<SampledToken> sampled_;
 };
 
 // The first four reference prompts (the token tests' pool has 8 blocks per
@@ -499,13 +504,14 @@ TEST_F(CudaWorkerModelTest, GreedyTokensMatchCpuWorkerWithSwapAndCopy) {
   }
 }
 
-// Sampled rows: the CUDA worker samples rows without logprobs on the device
-// (LmHeadSample's sampling kernel, penalties included) with the sampler's
+// Sampled rows: the CUDA worker samples rows on the device (LmHeadSample's
+// sampling kernel, penalties and logprobs included) with the sampler's
 // seeded uniforms, so with fp32 weights (logits within ~1e-6 of the CPU's)
 // the seeded tokens are the CPU worker's, except where a uniform falls
-// within that distance of a boundary of the cumulative distribution. One
-// batch mixes a greedy row, top-k + top-p, penalties, and min-p with
-// logprobs (that row goes to the host sampler).
+// within that distance of a boundary of the cumulative distribution, and
+// the logprobs agree to 1e-3 with the same top ids. One batch mixes a
+// greedy row, top-k + top-p, penalties with logprobs 2, and min-p with
+// logprobs 5.
 TEST_F(CudaWorkerModelTest, SeededSampledTokensMatchCpuWorker) {
   const std::vector<testing::ReferencePrompt> prompts = ShortPrompts(prompts_);
   for (auto& p : prompts)
@@ -518,9 +524,10 @@ TEST_F(CudaWorkerModelTest, SeededSampledTokensMatchCpuWorker) {
   params[2].temperature = 1.0f;
   params[2].repetition_penalty = 1.3f;
   params[2].frequency_penalty = 0.5f;
+  params[2].logprobs = 2;
   params[3].temperature = 1.2f;
   params[3].min_p = 0.05f;
-  params[3].logprobs = 1;
+  params[3].logprobs = 5;
   for (size_t i = 0; i < params.size(); ++i) params[i].seed = 17 + i;
   auto comm_cpu = MakeSingleRankCommunicator();
   auto comm_gpu = MakeSingleRankCommunicator();
@@ -529,13 +536,28 @@ TEST_F(CudaWorkerModelTest, SeededSampledTokensMatchCpuWorker) {
   auto gpu = Worker::Create(PairOptions(model_path_, true), comm_gpu.get());
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   const int steps = 24;
-  auto a = GreedyRunner(cpu->get(), params).Run(prompts, steps);
-  auto g = GreedyRunner(gpu->get(), params).Run(prompts, steps);
+  GreedyRunner cpu_run(cpu->get(), params), gpu_run(gpu->get(), params);
+  auto a = cpu_run.Run(prompts, steps);
+  auto g = gpu_run.Run(prompts, steps);
   ASSERT_EQ(a.size(), g.size());
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_GE(a[i].size(), static_cast<size_t>(steps - 2)) << prompts[i].name;
     EXPECT_EQ(a[i], g[i]) << prompts[i].name;
   }
+  const std::vector<SampledToken>& at = cpu_run.sampled();
+  const std::vector<SampledToken>& gt = gpu_run.sampled();
+  ASSERT_EQ(at.size(), gt.size());
+  int with_top = 0;
+  for (size_t k = 0; k < at.size(); ++k) {
+    if (at[k].seq_id != gt[k].seq_id || at[k].token_id != gt[k].token_id) break;  // diverged
+    EXPECT_NEAR(at[k].logprob, gt[k].logprob, 1e-3) << "token " << k;
+    EXPECT_EQ(at[k].top_token_ids, gt[k].top_token_ids) << "token " << k;
+    ASSERT_EQ(at[k].top_logprobs.size(), gt[k].top_logprobs.size());
+    for (size_t j = 0; j < at[k].top_logprobs.size(); ++j)
+      EXPECT_NEAR(at[k].top_logprobs[j], gt[k].top_logprobs[j], 1e-3) << "token " << k;
+    with_top += !gt[k].top_token_ids.empty();
+  }
+  EXPECT_GT(with_top, 0) << "no logprobs rows were compared";
 }
 
 TEST_F(CudaWorkerModelTest, BadDeviceIndexIsAnError) {

@@ -121,10 +121,17 @@ TEST(GreedyRowsTest, SplitKeepsTheRowsThatNeedLogits) {
   for (int t : {0, 2, 3}) rows[t].mode = RowSampling::Mode::kGreedy;
   rows[1].mode = RowSampling::Mode::kSample;
   rows[1].uniforms = uniforms;
-  std::vector<int32_t> tokens = {7, 7};
+  rows[1].logprobs = 3;  // left to the sampler, which computes them
+  SampledRows out;
+  out.tokens = {7, 7};
+  out.top_ids = {4};
   std::vector<float> logits = {42.0f};
-  SplitSampledRows(all, 4, vocab, rows, &tokens, &logits);
-  EXPECT_EQ(tokens, (std::vector<int32_t>{1, -1, -1, -1, -1, 2}));
+  SplitSampledRows(all, 4, vocab, rows, &out, &logits);
+  EXPECT_EQ(out.tokens, (std::vector<int32_t>{1, -1, -1, -1, -1, 2}));
+  EXPECT_EQ(out.logprobs, std::vector<float>(6, 0.0f));
+  EXPECT_EQ(out.top_begin, std::vector<int64_t>(5, 0));
+  EXPECT_TRUE(out.top_ids.empty());
+  EXPECT_TRUE(out.top_logprobs.empty());
   ASSERT_EQ(logits.size(), 2u * vocab);  // rows 1 and 2, in order
   EXPECT_EQ(logits[0], 9.0f);
   EXPECT_EQ(logits[4], 5.0f);

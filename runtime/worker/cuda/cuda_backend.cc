@@ -125,9 +125,6 @@ struct DeviceMatrix {
 // small-GEMM inefficiency in decode-sized steps, and would need an
 // [n, stacked rows] fp32 scratch in large prefill steps.
 constexpr int64_t kFusedGemmMaxTokens = 256;
-// Most draws of one row LmHeadSample samples on the device (the sampler's
-// largest num_samples, a request's n).
-constexpr int64_t kMaxDraws = 64;
 
 cudaDataType CudaType(Elem e) {
   switch (e) {
@@ -571,11 +568,11 @@ class CudaBackend final : public ModelBackend {
   // Rows reduced on the device: one argmax kernel over the logits for the
   // greedy rows, one sampling kernel (cuda_model::LaunchSampleRows) for the
   // sampled ones with their parameters and uniforms uploaded in one copy;
-  // then the ids (n argmax entries and the draws) come back in one copy, and
-  // only the rows that need logits (left to the host sampler, or refused)
-  // are copied back into pinned memory.
+  // then the ids and logprobs come back in one copy, and only the rows that
+  // need logits (left to the host sampler, or refused) are copied back into
+  // pinned memory.
   absl::Status LmHeadSample(const float* x, int64_t n, const BackendMatrix& w,
-                            std::span<const RowSampling> rows, std::vector<int32_t>* tokens,
+                            std::span<const RowSampling> rows, SampledRows* out,
                             std::vector<float>* logits) override {
     using Mode = RowSampling::Mode;
     const bool any_greedy = std::any_of(
@@ -585,78 +582,128 @@ class CudaBackend final : public ModelBackend {
                               return r.mode == Mode::kSample;
                             });
     if (n == 0 || (!any_greedy && !any_sample))
-      return ModelBackend::LmHeadSample(x, n, w, rows, tokens, logits);
-    // Draws of the sampled rows, at most kMaxDraws each (ReserveStepScratch
-    // sized the id buffers for that, and the inputs short of penalties).
-    std::vector<cuda_model::SampleRowArgs> args(static_cast<size_t>(n));
-    std::vector<cuda_model::SamplePenalty> penalties;
-    int64_t num_draws = 0;
+      return ModelBackend::LmHeadSample(x, n, w, rows, out, logits);
+    // Draws of the sampled rows, at most kMaxSampleDraws each, and top
+    // lists of at most kMaxSampleTopLogprobs (ReserveStepScratch sized the
+    // output buffers for that, and the inputs short of penalties).
+    SampleLayout l;
+    l.args.resize(static_cast<size_t>(n));
     for (int64_t t = 0; t < n; ++t) {
       const RowSampling& r = rows[t];
       if (!any_sample || r.mode != Mode::kSample) continue;
-      if (r.uniforms.empty() || r.uniforms.size() > static_cast<size_t>(kMaxDraws))
+      if (r.uniforms.empty() || r.uniforms.size() > size_t{cuda_model::kMaxSampleDraws})
         return absl::InvalidArgumentError(absl::StrCat("LmHeadSample: row ", t, " has ",
                                                        r.uniforms.size(), " uniforms, want 1 to ",
-                                                       kMaxDraws));
+                                                       cuda_model::kMaxSampleDraws));
       // A history the sampler would refuse stays with it (for the error).
-      if (cuda_model::BuildSampleRowArgs(r, w.rows, static_cast<int32_t>(num_draws), &args[t],
-                                         &penalties))
-        num_draws += args[t].num_draws;
+      if (cuda_model::BuildSampleRowArgs(r, w.rows, static_cast<int32_t>(l.num_draws),
+                                         static_cast<int32_t>(l.num_top), &l.args[t],
+                                         &l.penalties)) {
+        l.num_draws += l.args[t].num_draws;
+        l.num_top += cuda_model::TopLogprobCount(r, w.rows);
+      }
     }
     float* d_logits = static_cast<float*>(logits_.get());
-    int32_t* d_ids = static_cast<int32_t*>(argmax_.get());  // [n argmax | num_draws draws]
+    // 4-byte words: [n argmax | draws | their logprobs | top ids | top logprobs].
+    int32_t* d_ids = static_cast<int32_t*>(argmax_.get());
     PS_RETURN_IF_ERROR(Linear(x, n, w, BackendVector{}, d_logits));
     if (any_greedy)
       PS_RETURN_IF_ERROR(CudaStatus(
           cuda_model::LaunchGreedyArgmax(d_logits, static_cast<int>(n), w.rows, d_ids, stream_),
           "greedy argmax launch"));
-    if (num_draws > 0)
-      PS_RETURN_IF_ERROR(
-          EnqueueSampling(rows, args, penalties, num_draws, d_logits, w.rows, d_ids + n));
-    PS_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpyAsync(pinned_argmax_.get(), d_ids,
-                                   static_cast<size_t>(n + num_draws) * sizeof(int32_t),
-                                   cudaMemcpyDeviceToHost, stream_),
-                   "token download"));
+    if (l.num_draws > 0) PS_RETURN_IF_ERROR(EnqueueSampling(rows, l, d_logits, w.rows, d_ids + n));
+    const int64_t words = n + 2 * l.num_draws + 2 * l.num_top;
+    PS_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(pinned_argmax_.get(), d_ids, static_cast<size_t>(words) * sizeof(int32_t),
+                        cudaMemcpyDeviceToHost, stream_),
+        "token download"));
     PS_RETURN_IF_ERROR(WaitForStep());
-    const int32_t* got = static_cast<const int32_t*>(pinned_argmax_.get());
-    std::vector<int32_t> out;
-    std::vector<uint8_t> reduced(static_cast<size_t>(n), 0);
-    int64_t wanted = 0;
-    for (int64_t t = 0; t < n; ++t) {
-      const RowSampling& r = rows[t];
-      if (r.mode == Mode::kGreedy) {
-        out.push_back(got[t]);
-        reduced[t] = got[t] >= 0;
-      } else if (args[t].num_draws > 0) {
-        const int32_t* d = got + n + args[t].first_draw;
-        reduced[t] = d[0] >= 0;
-        for (int32_t j = 0; j < args[t].num_draws; ++j) out.push_back(reduced[t] ? d[j] : -1);
-      } else {
-        out.insert(out.end(), static_cast<size_t>(r.draws()), -1);
-      }
-      if (!reduced[t]) ++wanted;
-    }
+    std::vector<uint8_t> reduced;
+    const int64_t wanted = UnpackSampled(rows, l, static_cast<const char*>(pinned_argmax_.get()), n,
+                                         w.rows, out, &reduced);
     std::vector<float> kept;
     PS_RETURN_IF_ERROR(DownloadRows(d_logits, n, w.rows, reduced, wanted, &kept));
-    tokens->swap(out);
     logits->swap(kept);
     return absl::OkStatus();
   }
 
-  // LmHeadSample's sampling: [args | uniforms | penalties] staged in pinned
-  // memory, one upload, and the sampling kernel over the n = args.size()
-  // rows of d_logits ([n, vocab]), writing num_draws ids to d_out.
-  absl::Status EnqueueSampling(std::span<const RowSampling> rows,
-                               const std::vector<cuda_model::SampleRowArgs>& args,
-                               const std::vector<cuda_model::SamplePenalty>& penalties,
-                               int64_t num_draws, float* d_logits, int64_t vocab, int32_t* d_out) {
-    const int64_t n = static_cast<int64_t>(args.size());
-    // [args | uniforms | penalties] staged in pinned memory, one upload.
-    const size_t args_bytes = args.size() * sizeof(cuda_model::SampleRowArgs);
+  // The sampling kernel's inputs for one LmHeadSample: per-row args (with
+  // draw and top-list offsets), the rows' penalty lists, and the totals.
+  struct SampleLayout {
+    std::vector<cuda_model::SampleRowArgs> args;
+    std::vector<cuda_model::SamplePenalty> penalties;
+    int64_t num_draws = 0;
+    int64_t num_top = 0;
+  };
+
+  // LmHeadSample's results from the downloaded words `got` (its layout) into
+  // *out; reduced[t] = whether row t was reduced. Returns the number of rows
+  // that were not (their logits are needed).
+  static int64_t UnpackSampled(std::span<const RowSampling> rows, const SampleLayout& l,
+                               const char* got, int64_t n, int64_t vocab, SampledRows* out,
+                               std::vector<uint8_t>* reduced) {
+    auto word = [&](int64_t i, auto* v) { std::memcpy(v, got + i * 4, 4); };
+    const int64_t draw0 = n, lp0 = n + l.num_draws, top0 = n + 2 * l.num_draws,
+                  top_lp0 = top0 + l.num_top;
+    SampledRows res;
+    res.top_begin.push_back(0);
+    reduced->assign(static_cast<size_t>(n), 0);
+    int64_t wanted = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const RowSampling& r = rows[t];
+      const cuda_model::SampleRowArgs& a = l.args[t];
+      if (r.mode == RowSampling::Mode::kGreedy) {
+        int32_t id = -1;
+        word(t, &id);
+        res.tokens.push_back(id);
+        res.logprobs.push_back(0.0f);
+        (*reduced)[t] = id >= 0;
+      } else if (a.num_draws > 0) {
+        int32_t first = -1;
+        word(draw0 + a.first_draw, &first);
+        (*reduced)[t] = first >= 0;
+        for (int32_t j = 0; j < a.num_draws; ++j) {
+          int32_t id = -1;
+          float lp = 0.0f;
+          word(draw0 + a.first_draw + j, &id);
+          if (a.logprobs >= 0) word(lp0 + a.first_draw + j, &lp);
+          res.tokens.push_back((*reduced)[t] ? id : -1);
+          res.logprobs.push_back((*reduced)[t] ? lp : 0.0f);
+        }
+        const int64_t top = (*reduced)[t] ? cuda_model::TopLogprobCount(r, vocab) : 0;
+        for (int64_t k = 0; k < top; ++k) {
+          int32_t id = -1;
+          float lp = 0.0f;
+          word(top0 + a.top_begin + k, &id);
+          word(top_lp0 + a.top_begin + k, &lp);
+          res.top_ids.push_back(id);
+          res.top_logprobs.push_back(lp);
+        }
+      } else {
+        res.tokens.insert(res.tokens.end(), static_cast<size_t>(r.draws()), -1);
+        res.logprobs.insert(res.logprobs.end(), static_cast<size_t>(r.draws()), 0.0f);
+      }
+      res.top_begin.push_back(static_cast<int64_t>(res.top_ids.size()));
+      if (!(*reduced)[t]) ++wanted;
+    }
+    *out = std::move(res);
+    return wanted;
+  }
+
+  // LmHeadSample's sampling: [args | uniforms | penalties | penalty scratch]
+  // staged in pinned memory, one upload, and the sampling kernel over the n
+  // = l.args.size() rows of d_logits ([n, vocab]), writing [draws | their
+  // logprobs | top ids | top logprobs] to d_out.
+  absl::Status EnqueueSampling(std::span<const RowSampling> rows, const SampleLayout& l,
+                               float* d_logits, int64_t vocab, int32_t* d_out) {
+    const int64_t n = static_cast<int64_t>(l.args.size());
+    const size_t args_bytes = l.args.size() * sizeof(cuda_model::SampleRowArgs);
     const size_t uniform_offset = (args_bytes + 7) / 8 * 8;
-    const size_t penalty_offset = uniform_offset + static_cast<size_t>(num_draws) * sizeof(double);
-    const size_t in_bytes = penalty_offset + penalties.size() * sizeof(cuda_model::SamplePenalty);
+    const size_t penalty_offset =
+        uniform_offset + static_cast<size_t>(l.num_draws) * sizeof(double);
+    const size_t raw_offset =
+        penalty_offset + l.penalties.size() * sizeof(cuda_model::SamplePenalty);
+    const size_t in_bytes = raw_offset + l.penalties.size() * sizeof(float);
     if (in_bytes > sample_in_.bytes() || in_bytes > pinned_sample_in_.bytes()) {
       // Long histories outgrow what ReserveStepScratch sized: wait for the
       // queued work (polling the communicator) before the allocation
@@ -668,27 +715,31 @@ class CudaBackend final : public ModelBackend {
       PS_RETURN_IF_ERROR(pinned_sample_in_.Reserve(grown, "pinned sampling input allocation"));
     }
     char* staged = static_cast<char*>(pinned_sample_in_.get());
-    std::memcpy(staged, args.data(), args_bytes);
+    std::memcpy(staged, l.args.data(), args_bytes);
     double* u = reinterpret_cast<double*>(staged + uniform_offset);
     for (int64_t t = 0; t < n; ++t)
-      if (args[t].num_draws > 0)
-        std::copy(rows[t].uniforms.begin(), rows[t].uniforms.end(), u + args[t].first_draw);
-    if (!penalties.empty())
-      std::memcpy(staged + penalty_offset, penalties.data(),
-                  penalties.size() * sizeof(cuda_model::SamplePenalty));
+      if (l.args[t].num_draws > 0)
+        std::copy(rows[t].uniforms.begin(), rows[t].uniforms.end(), u + l.args[t].first_draw);
+    if (!l.penalties.empty())
+      std::memcpy(staged + penalty_offset, l.penalties.data(),
+                  l.penalties.size() * sizeof(cuda_model::SamplePenalty));
     char* d_in = static_cast<char*>(sample_in_.get());
+    // The scratch is written by the kernel: only the inputs go up.
     PS_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpyAsync(d_in, staged, in_bytes, cudaMemcpyHostToDevice, stream_),
+        CudaStatus(cudaMemcpyAsync(d_in, staged, raw_offset, cudaMemcpyHostToDevice, stream_),
                    "sampling parameters upload"));
-    PS_RETURN_IF_ERROR(
-        CudaStatus(cuda_model::LaunchSampleRows(
-                       d_logits, static_cast<int>(n), vocab,
-                       reinterpret_cast<const cuda_model::SampleRowArgs*>(d_in),
-                       reinterpret_cast<const double*>(d_in + uniform_offset),
-                       reinterpret_cast<const cuda_model::SamplePenalty*>(d_in + penalty_offset),
-                       d_out, stream_),
-                   "sampling launch"));
-    return absl::OkStatus();
+    cuda_model::SampleBuffers b;
+    b.args = reinterpret_cast<const cuda_model::SampleRowArgs*>(d_in);
+    b.uniforms = reinterpret_cast<const double*>(d_in + uniform_offset);
+    b.penalties = reinterpret_cast<const cuda_model::SamplePenalty*>(d_in + penalty_offset);
+    b.penalty_raw = reinterpret_cast<float*>(d_in + raw_offset);
+    b.tokens = d_out;
+    b.logprobs = reinterpret_cast<float*>(d_out + l.num_draws);
+    b.top_ids = d_out + 2 * l.num_draws;
+    b.top_logprobs = reinterpret_cast<float*>(d_out + 2 * l.num_draws + l.num_top);
+    return CudaStatus(
+        cuda_model::LaunchSampleRows(d_logits, static_cast<int>(n), vocab, b, stream_),
+        "sampling launch");
   }
 
   // LmHeadSample's download of the rows not reduced (reduced[t] == 0;
@@ -838,15 +889,17 @@ class CudaBackend final : public ModelBackend {
     PS_RETURN_IF_ERROR(logits_.Reserve(bytes(r * vocab, sizeof(float)), "logits allocation"));
     PS_RETURN_IF_ERROR(
         pinned_logits_.Reserve(bytes(r * vocab, sizeof(float)), "pinned logits allocation"));
-    // LmHeadSample: r argmax ids and up to kMaxDraws draws per row; the
-    // sampling kernel's [args | uniforms] input.
-    const int64_t ids = r * (1 + kMaxDraws);
+    // LmHeadSample: r argmax ids and per row up to kMaxSampleDraws draws
+    // with their logprobs and a top list of kMaxSampleTopLogprobs (ids and
+    // logprobs); the sampling kernel's [args | uniforms] input.
+    const int64_t ids =
+        r * (1 + 2 * cuda_model::kMaxSampleDraws + 2 * cuda_model::kMaxSampleTopLogprobs);
     PS_RETURN_IF_ERROR(argmax_.Reserve(bytes(ids, sizeof(int32_t)), "sampled token allocation"));
     PS_RETURN_IF_ERROR(
         pinned_argmax_.Reserve(bytes(ids, sizeof(int32_t)), "pinned sampled token allocation"));
     const int64_t sample_in =
         (r * static_cast<int64_t>(sizeof(cuda_model::SampleRowArgs)) + 7) / 8 * 8 +
-        r * kMaxDraws * static_cast<int64_t>(sizeof(double));
+        r * cuda_model::kMaxSampleDraws * static_cast<int64_t>(sizeof(double));
     PS_RETURN_IF_ERROR(sample_in_.Reserve(bytes(sample_in, 1), "sampling input allocation"));
     PS_RETURN_IF_ERROR(
         pinned_sample_in_.Reserve(bytes(sample_in, 1), "pinned sampling input allocation"));

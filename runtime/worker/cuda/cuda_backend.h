@@ -33,10 +33,11 @@
 // the decode workspace (v2 partitions or GQA context splits); no operation
 // uploads or allocates anything per layer. The attention kernels' host-side
 // checks of block tables, lengths and query offsets run once per step (the
-// first layer's call). Rows without logprobs are reduced on
-// the device (LmHeadSample: an argmax kernel for greedy rows, a sampling
-// kernel with penalties, temperature, top-k, top-p and min-p for the
-// others; only ids and the rows that need logits come back).
+// first layer's call). Rows other than beam search are reduced on the
+// device (LmHeadSample: an argmax kernel for greedy rows, a sampling kernel
+// with penalties, temperature, top-k, top-p, min-p and logprobs for the
+// others; only ids, the logprobs asked for and the rows that need logits
+// come back).
 //
 // Streams: every kernel, GEMM, copy and NCCL all-reduce of this backend runs
 // on one compute stream, created blocking so that it is ordered with the

@@ -33,10 +33,8 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kSampleThreads = 512;
 
 __global__ void __launch_bounds__(kSampleThreads)
-    SampleRowsKernel(float* __restrict__ logits, int64_t vocab,
-                     const SampleRowArgs* __restrict__ args, const double* __restrict__ uniforms,
-                     const SamplePenalty* __restrict__ penalties, int32_t* __restrict__ out) {
-  SampleRowsBody<kSampleThreads>(logits, vocab, args, uniforms, penalties, out);
+    SampleRowsKernel(float* __restrict__ logits, int64_t vocab, const SampleBuffers b) {
+  SampleRowsBody<kSampleThreads>(logits, vocab, b);
 }
 
 template <typename T>
@@ -217,12 +215,11 @@ cudaError_t LaunchGreedyArgmax(const float* logits, int n, int64_t vocab, int32_
   return cudaGetLastError();
 }
 
-cudaError_t LaunchSampleRows(float* logits, int n, int64_t vocab, const SampleRowArgs* args,
-                             const double* uniforms, const SamplePenalty* penalties, int32_t* out,
+cudaError_t LaunchSampleRows(float* logits, int n, int64_t vocab, const SampleBuffers& b,
                              cudaStream_t stream) {
   if (vocab < 1 || vocab > kMaxSampleVocab) return cudaErrorInvalidValue;
   if (n <= 0) return cudaSuccess;
-  SampleRowsKernel<<<n, kSampleThreads, 0, stream>>>(logits, vocab, args, uniforms, penalties, out);
+  SampleRowsKernel<<<n, kSampleThreads, 0, stream>>>(logits, vocab, b);
   return cudaGetLastError();
 }
 

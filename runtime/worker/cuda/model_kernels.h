@@ -92,8 +92,8 @@ struct SamplePenalty {
   int32_t output_count = 0;
 };
 
-// One logits row of LaunchSampleRows: the sampler's steps 1-7 for params
-// without logprobs (runtime/sampling/sampler.h).
+// One logits row of LaunchSampleRows: the sampler's steps 1-7
+// (runtime/sampling/sampler.h), and its raw logprobs when asked.
 struct SampleRowArgs {
   float inv_temperature = 1.0f;  // 1 / temperature (temperature >= 1e-5; 1 when greedy)
   int32_t top_k = -1;            // <= 0 or >= vocab: off
@@ -110,24 +110,50 @@ struct SampleRowArgs {
   int32_t penalty_begin = 0;
   int32_t penalty_count = 0;
   int32_t num_draws = 0;   // draws of this row; 0: the row is skipped
-  int32_t first_draw = 0;  // its draws' index in uniforms / out
+  int32_t first_draw = 0;  // its draws' index in uniforms / tokens / logprobs
+  // SamplingParams::logprobs: -1 none; 0 the drawn tokens' only; N in
+  // [1, kMaxSampleTopLogprobs] also the row's top N (min(N, vocab) entries
+  // from top_begin in top_ids / top_logprobs).
+  int32_t logprobs = -1;
+  int32_t top_begin = 0;
 };
 
 // Largest vocabulary LaunchSampleRows takes (its fixed-point mass sums stay
 // below 2^63).
 constexpr int64_t kMaxSampleVocab = int64_t{1} << 23;
+// Most draws of one row (the sampler's largest num_samples, a request's n).
+constexpr int kMaxSampleDraws = 64;
+// Largest top-N of a row's logprobs (SamplingParams' limit, vLLM's default
+// max_logprobs of 20).
+constexpr int kMaxSampleTopLogprobs = 20;
 
-// Samples each logits row t < n ([n, vocab] fp32) with args[t] (device
-// memory, n entries): out[args[t].first_draw + j] = the token the host
-// sampler draws with uniforms[args[t].first_draw + j] for j <
-// args[t].num_draws, or -1 for every draw of a row the host sampler refuses
-// (a NaN or +inf logit, or only -inf ones). A row with penalties has them
-// applied to its logits in place (the sampler's step 1); refused rows and
-// rows with num_draws == 0 are left alone. The kernel and how it agrees
-// with the host sampler: sampling_kernels.cuh. cudaErrorInvalidValue unless
-// 1 <= vocab <= kMaxSampleVocab.
-cudaError_t LaunchSampleRows(float* logits, int n, int64_t vocab, const SampleRowArgs* args,
-                             const double* uniforms, const SamplePenalty* penalties, int32_t* out,
+// LaunchSampleRows' device buffers (none owned; device memory).
+struct SampleBuffers {
+  const SampleRowArgs* args = nullptr;  // [n]
+  const double* uniforms = nullptr;     // [draws] in [0, 1), by first_draw
+  const SamplePenalty* penalties = nullptr;
+  // Scratch, one per penalties entry: the raw logit of a penalized token of
+  // a row with logprobs (written and read by the kernel).
+  float* penalty_raw = nullptr;
+  int32_t* tokens = nullptr;   // [draws] out
+  float* logprobs = nullptr;   // [draws] out: written for rows with logprobs >= 0
+  int32_t* top_ids = nullptr;  // out, by top_begin (rows with logprobs >= 1)
+  float* top_logprobs = nullptr;
+};
+
+// Samples each logits row t < n ([n, vocab] fp32) with b.args[t]:
+// b.tokens[first_draw + j] = the token the host sampler draws with
+// b.uniforms[first_draw + j] for j < num_draws (<= kMaxSampleDraws), or -1 for every draw of a
+// row the host sampler refuses (a NaN or +inf logit, or only -inf ones). A
+// row with logprobs >= 0 also gets the sampler's raw logprobs (the
+// log-softmax of the row before penalties and filters) of its drawn tokens
+// in b.logprobs and of its top min(logprobs, vocab) tokens (logprob
+// descending, ties to the lower id) in b.top_ids / b.top_logprobs. A row
+// with penalties has them applied to its logits in place (the sampler's
+// step 1); refused rows and rows with num_draws == 0 are left alone. The
+// kernel and how it agrees with the host sampler: sampling_kernels.cuh.
+// cudaErrorInvalidValue unless 1 <= vocab <= kMaxSampleVocab.
+cudaError_t LaunchSampleRows(float* logits, int n, int64_t vocab, const SampleBuffers& b,
                              cudaStream_t stream);
 
 }  // namespace pagedserve::cuda_model

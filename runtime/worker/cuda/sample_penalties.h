@@ -58,14 +58,25 @@ inline bool AppendSamplePenalties(const RowSampling& r, int64_t vocab, SampleRow
   return true;
 }
 
+// Entries of the row's top logprobs list: min(r.logprobs, vocab), or 0.
+inline int32_t TopLogprobCount(const RowSampling& r, int64_t vocab) {
+  return r.logprobs >= 1 ? static_cast<int32_t>(std::min<int64_t>(r.logprobs, vocab)) : 0;
+}
+
 // The kernel's args for a kSample row `r` whose draws start at index
-// `first_draw` (r.uniforms.size() draws): greedy (temperature < 1e-5, the
-// sampler's rule) with inv_temperature 1, else 1 / temperature; the filters
-// as given; the penalties appended to *penalties (AppendSamplePenalties).
+// `first_draw` (r.uniforms.size() draws) and whose top logprobs list (if
+// any) at `first_top`: greedy (temperature < 1e-5, the sampler's rule) with
+// inv_temperature 1, else 1 / temperature; the filters and logprobs as
+// given; the penalties appended to *penalties (AppendSamplePenalties).
 // False, with nothing appended and *args untouched, when the host sampler
-// must take the row (AppendSamplePenalties refuses its history).
+// must take the row (AppendSamplePenalties refuses its history, more than
+// kMaxSampleDraws draws, or logprobs above kMaxSampleTopLogprobs).
 inline bool BuildSampleRowArgs(const RowSampling& r, int64_t vocab, int32_t first_draw,
-                               SampleRowArgs* args, std::vector<SamplePenalty>* penalties) {
+                               int32_t first_top, SampleRowArgs* args,
+                               std::vector<SamplePenalty>* penalties) {
+  if (r.uniforms.size() > static_cast<size_t>(kMaxSampleDraws) ||
+      r.logprobs > kMaxSampleTopLogprobs)
+    return false;
   SampleRowArgs a;
   if (!AppendSamplePenalties(r, vocab, &a, penalties)) return false;
   const bool greedy = r.temperature < 1e-5f;
@@ -76,6 +87,8 @@ inline bool BuildSampleRowArgs(const RowSampling& r, int64_t vocab, int32_t firs
   a.min_p = r.min_p;
   a.num_draws = static_cast<int32_t>(r.uniforms.size());
   a.first_draw = first_draw;
+  a.logprobs = r.logprobs < 0 ? -1 : r.logprobs;
+  a.top_begin = first_top;
   *args = a;
   return true;
 }

@@ -4,8 +4,9 @@
 // that model_kernels.cu wraps it in a __global__ kernel and
 // tests/worker/cuda_sampling_emulation_test.cc runs the same source on the
 // CPU through tests/kernels/simt_emulator.h against the Sampler itself.
-// Logprobs are not here: rows that need them go to the host sampler
-// (ModelBackend::LmHeadSample).
+// Rows that ask for logprobs also get the sampler's raw logprobs here (of
+// the drawn tokens and the row's top N), so that only ids and those values
+// come back to the host.
 //
 // One thread block per logits row. The sampler's filters are all prefixes of
 // one strict order of the tokens: processed logit s_i = (w_i - max) / T
@@ -29,7 +30,10 @@
 // 6e-8 at a 128K vocabulary), and a token with e_i < 2^-41 weighs nothing
 // here. The two can therefore disagree only when a uniform (or top_p's
 // bound) lies within that distance of a boundary of the cumulative
-// distribution.
+// distribution. Logprobs are computed as the sampler does (fp32 exp, fp64
+// sum and log) with the sum in a different order, so they agree with the
+// host's to about 1e-15 relative before the conversion to float; the top-N
+// list is a select over the raw logits' keys, identical to the host's.
 #ifndef PAGEDSERVE_RUNTIME_WORKER_CUDA_SAMPLING_KERNELS_CUH_
 #define PAGEDSERVE_RUNTIME_WORKER_CUDA_SAMPLING_KERNELS_CUH_
 
@@ -74,6 +78,11 @@ struct SampleShared {
   int chosen;
   unsigned int max_bits;  // OrderedBits of the row's largest finite logit
   int bad;
+  int32_t draws[kMaxSampleDraws];       // the row's drawn tokens
+  float draw_raw[kMaxSampleDraws];      // their raw logits (rows with logprobs)
+  uint64_t top[kMaxSampleTopLogprobs];  // the top-N keys of the raw row
+  int top_count;
+  double log_z;  // the raw row's log-softmax normalizer
 };
 
 // Block-wide: the first key k, in descending key order over the tokens i <
@@ -169,14 +178,16 @@ __device__ float RowMax(const float* row, int64_t vocab, SampleShared& sh, bool*
 // positive logit, multiply a negative one), then frequency * count +
 // presence subtracted for ids of the output, each result clamped to
 // +-FLT_MAX; -inf logits stay. Rounding as the host's float operations
-// (no contraction into FMA).
+// (no contraction into FMA). raw (when not null) gets each entry's logit
+// before the penalties, at the entry's index.
 template <int NUM_THREADS>
 __device__ void ApplyPenalties(float* row, const SampleRowArgs& a,
-                               const SamplePenalty* __restrict__ penalties) {
+                               const SamplePenalty* __restrict__ penalties, float* raw) {
   const bool additive = a.frequency_penalty != 0.0f || a.presence_penalty != 0.0f;
   for (int k = threadIdx.x; k < a.penalty_count; k += NUM_THREADS) {
     const SamplePenalty pen = penalties[a.penalty_begin + k];
     float v = row[pen.token_id];
+    if (raw != nullptr) raw[a.penalty_begin + k] = v;
     if (v == -INFINITY) continue;
     if (a.repetition_penalty != 1.0f) {
       v = v > 0.0f ? v / a.repetition_penalty : __fmul_rn(v, a.repetition_penalty);
@@ -193,39 +204,72 @@ __device__ void ApplyPenalties(float* row, const SampleRowArgs& a,
   __syncthreads();  // the writes are visible to the whole block
 }
 
-// Grid (n), block (NUM_THREADS): samples row blockIdx.x of logits [n, vocab]
-// (fp32) as the host sampler does for a row without logprobs (steps 1-7 of
-// runtime/sampling/sampler.h) with args[blockIdx.x]: the row's penalties
-// applied in place, then out[first_draw + j] = the token drawn with
-// uniforms[first_draw + j] (in [0, 1)) for j < num_draws, or the penalized
-// argmax for every draw of a greedy row. A row with num_draws == 0 is
-// skipped; a row the host sampler refuses (a NaN or +inf logit, or only
-// -inf ones, checked before the penalties) gets -1 in each of its draws
-// and is not modified. 1 <= vocab <= kMaxSampleVocab.
+// The raw key of token i: its logit (-0 as +0, which ties with it on the
+// host) descending, then id ascending. Weight 1 for every token.
+__device__ __forceinline__ unsigned long long RawKey(const float* row, int64_t i, uint64_t* key) {
+  float v = row[i];
+  if (v == 0.0f) v = 0.0f;
+  *key = SampleKey(v, i);
+  return 1ull;
+}
+
+// Block-wide, on the raw row (no NaN or +inf; mx its largest value): returns
+// the sampler's log-softmax normalizer log_z = mx + log(sum_i expf(row_i -
+// mx)), the sum in double, and when a.logprobs >= 1 writes the row's top
+// min(a.logprobs, vocab) tokens (logprob descending, ties to the lower id)
+// and their logprobs from b.top_ids / b.top_logprobs + a.top_begin.
 template <int NUM_THREADS>
-__device__ void SampleRowsBody(float* __restrict__ logits, int64_t vocab,
-                               const SampleRowArgs* __restrict__ args,
-                               const double* __restrict__ uniforms,
-                               const SamplePenalty* __restrict__ penalties,
-                               int32_t* __restrict__ out) {
-  __shared__ SampleShared sh;
-  const SampleRowArgs a = args[blockIdx.x];
-  if (a.num_draws <= 0) return;
-  float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-
-  // The raw row's maximum, and whether the sampler would refuse it.
-  bool bad = false;
-  float mx = RowMax<NUM_THREADS>(row, vocab, sh, &bad);
-  if (bad || mx == -INFINITY) {
-    for (int j = threadIdx.x; j < a.num_draws; j += NUM_THREADS) out[a.first_draw + j] = -1;
-    return;
+__device__ double RawLogprobs(const float* row, int64_t vocab, float mx, const SampleRowArgs& a,
+                              const SampleBuffers& b, SampleShared& sh) {
+  __shared__ double partial[NUM_THREADS];
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < vocab; i += NUM_THREADS)
+    sum += static_cast<double>(expf(row[i] - mx));
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double z = 0.0;
+    for (int t = 0; t < NUM_THREADS; ++t) z += partial[t];
+    sh.log_z = static_cast<double>(mx) + log(z);
+    sh.top_count = 0;
   }
-  // Step 1 (penalties keep finite values finite and -inf as -inf).
-  if (a.penalty_count > 0) {
-    ApplyPenalties<NUM_THREADS>(row, a, penalties);
-    mx = RowMax<NUM_THREADS>(row, vocab, sh, &bad);
+  __syncthreads();
+  const double log_z = sh.log_z;
+  const int top = a.logprobs < vocab ? a.logprobs : static_cast<int>(vocab);
+  if (top >= 1) {
+    auto raw_key = [&](int64_t i, uint64_t* key) { return RawKey(row, i, key); };
+    const uint64_t cut =
+        SelectByWeight<NUM_THREADS>(vocab, raw_key, static_cast<unsigned long long>(top), sh);
+    for (int64_t i = threadIdx.x; i < vocab; i += NUM_THREADS) {
+      uint64_t key = 0;
+      RawKey(row, i, &key);
+      if (key >= cut) sh.top[atomicAdd(&sh.top_count, 1)] = key;  // exactly `top` keys
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int k = 1; k < top; ++k)  // insertion sort, descending
+        for (int m = k; m > 0 && sh.top[m] > sh.top[m - 1]; --m) {
+          const uint64_t x = sh.top[m];
+          sh.top[m] = sh.top[m - 1];
+          sh.top[m - 1] = x;
+        }
+      for (int k = 0; k < top; ++k) {
+        const float v = FromOrderedBits(static_cast<unsigned int>(sh.top[k] >> 32));
+        b.top_ids[a.top_begin + k] = SampleKeyId(sh.top[k]);
+        b.top_logprobs[a.top_begin + k] = static_cast<float>(static_cast<double>(v) - log_z);
+      }
+    }
+    __syncthreads();
   }
+  return log_z;
+}
 
+// Block-wide: sh.draws[0, a.num_draws) for the penalized row (mx its
+// largest finite value): the argmax for every draw of a greedy row, else
+// the sampler's steps 3-7 with b.uniforms.
+template <int NUM_THREADS>
+__device__ void DrawTokens(const float* row, int64_t vocab, float mx, const SampleRowArgs& a,
+                           const double* __restrict__ uniforms, SampleShared& sh) {
   const float inv_t = a.inv_temperature;
   // The processed logit and mass of token i: false for a masked (-inf) token.
   auto eval = [&](int64_t i, uint64_t* key, float* e) {
@@ -240,33 +284,25 @@ __device__ void SampleRowsBody(float* __restrict__ logits, int64_t vocab,
   auto mass = [](float e) {
     return static_cast<unsigned long long>(static_cast<double>(e) * kSampleMassOne + 0.5);
   };
+  auto finite = [&](int64_t i, uint64_t* key) -> unsigned long long {
+    float e;
+    return eval(i, key, &e) ? 1ull : 0ull;
+  };
 
   // Step 2, greedy: the first key with inv_t = 1 (s = 0 exactly at the
   // maximum, < 0 elsewhere), i.e. the lowest id of the maximum.
   if (a.greedy != 0) {
-    const uint64_t key = SelectByWeight<NUM_THREADS>(
-        vocab,
-        [&](int64_t i, uint64_t* k) -> unsigned long long {
-          float e;
-          return eval(i, k, &e) ? 1ull : 0ull;
-        },
-        1ull, sh);
+    const uint64_t key = SelectByWeight<NUM_THREADS>(vocab, finite, 1ull, sh);
     for (int j = threadIdx.x; j < a.num_draws; j += NUM_THREADS)
-      out[a.first_draw + j] = key != 0 ? SampleKeyId(key) : -1;
+      sh.draws[j] = key != 0 ? SampleKeyId(key) : -1;
+    __syncthreads();
     return;
   }
   // Step 4, top-k: the k-th key among the finite tokens (0: every one kept).
   uint64_t cut = 0;
   const bool top_k = a.top_k > 0 && a.top_k < vocab;
-  if (top_k) {
-    cut = SelectByWeight<NUM_THREADS>(
-        vocab,
-        [&](int64_t i, uint64_t* key) -> unsigned long long {
-          float e;
-          return eval(i, key, &e) ? 1ull : 0ull;
-        },
-        static_cast<unsigned long long>(a.top_k), sh);
-  }
+  if (top_k)
+    cut = SelectByWeight<NUM_THREADS>(vocab, finite, static_cast<unsigned long long>(a.top_k), sh);
   // Step 5, top-p over the top-k survivors: keep the tokens whose preceding
   // mass is below top_p times the survivors' mass, i.e. up to the first key
   // at which the running mass reaches that bound (always the first token).
@@ -302,8 +338,67 @@ __device__ void SampleRowsBody(float* __restrict__ logits, int64_t vocab,
     unsigned long long need = static_cast<unsigned long long>(target) + 1;
     if (need > total) need = total;
     const uint64_t key = SelectByWeight<NUM_THREADS>(vocab, survivor, need, sh);
-    if (threadIdx.x == 0) out[a.first_draw + j] = key != 0 ? SampleKeyId(key) : -1;
+    if (threadIdx.x == 0) sh.draws[j] = key != 0 ? SampleKeyId(key) : -1;
   }
+  __syncthreads();
+}
+
+// Block-wide: b.logprobs[a.first_draw + j] = the raw logprob of sh.draws[j]:
+// its logit before the penalties (b.penalty_raw for a penalized token, the
+// row otherwise) minus log_z, as the sampler computes it.
+template <int NUM_THREADS>
+__device__ void DrawnLogprobs(const float* row, const SampleRowArgs& a, const SampleBuffers& b,
+                              double log_z, SampleShared& sh) {
+  for (int j = threadIdx.x; j < a.num_draws; j += NUM_THREADS)
+    sh.draw_raw[j] = sh.draws[j] >= 0 ? row[sh.draws[j]] : -INFINITY;
+  __syncthreads();
+  // Penalty entries hold distinct ids: at most one entry matches a draw.
+  for (int k = threadIdx.x; k < a.penalty_count; k += NUM_THREADS) {
+    const int32_t id = b.penalties[a.penalty_begin + k].token_id;
+    for (int j = 0; j < a.num_draws; ++j)
+      if (sh.draws[j] == id) sh.draw_raw[j] = b.penalty_raw[a.penalty_begin + k];
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < a.num_draws; j += NUM_THREADS)
+    b.logprobs[a.first_draw + j] = static_cast<float>(static_cast<double>(sh.draw_raw[j]) - log_z);
+}
+
+// Grid (n), block (NUM_THREADS): samples row blockIdx.x of logits [n, vocab]
+// (fp32) as the host sampler does (steps 1-7 of runtime/sampling/sampler.h)
+// with a = b.args[blockIdx.x]: the raw logprobs when a.logprobs >= 0
+// (RawLogprobs), the row's penalties applied in place, then
+// b.tokens[a.first_draw + j] = the token drawn with b.uniforms[a.first_draw
+// + j] (in [0, 1)) for j < a.num_draws (<= kMaxSampleDraws), or the
+// penalized argmax for every draw of a greedy row, and their logprobs when
+// asked. A row with num_draws == 0 is skipped; a row the host sampler
+// refuses (a NaN or +inf logit, or only -inf ones, checked before the
+// penalties) gets -1 in each of its draws and is not modified. 1 <= vocab
+// <= kMaxSampleVocab.
+template <int NUM_THREADS>
+__device__ void SampleRowsBody(float* __restrict__ logits, int64_t vocab, const SampleBuffers& b) {
+  __shared__ SampleShared sh;
+  const SampleRowArgs a = b.args[blockIdx.x];
+  if (a.num_draws <= 0) return;
+  float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+
+  // The raw row's maximum, and whether the sampler would refuse it.
+  bool bad = false;
+  float mx = RowMax<NUM_THREADS>(row, vocab, sh, &bad);
+  if (bad || mx == -INFINITY) {
+    for (int j = threadIdx.x; j < a.num_draws; j += NUM_THREADS) b.tokens[a.first_draw + j] = -1;
+    return;
+  }
+  const bool logprobs = a.logprobs >= 0;
+  const double log_z = logprobs ? RawLogprobs<NUM_THREADS>(row, vocab, mx, a, b, sh) : 0.0;
+  // Step 1 (penalties keep finite values finite and -inf as -inf).
+  if (a.penalty_count > 0) {
+    ApplyPenalties<NUM_THREADS>(row, a, b.penalties, logprobs ? b.penalty_raw : nullptr);
+    mx = RowMax<NUM_THREADS>(row, vocab, sh, &bad);
+  }
+  DrawTokens<NUM_THREADS>(row, vocab, mx, a, b.uniforms, sh);
+  for (int j = threadIdx.x; j < a.num_draws; j += NUM_THREADS)
+    b.tokens[a.first_draw + j] = sh.draws[j];
+  if (logprobs) DrawnLogprobs<NUM_THREADS>(row, a, b, log_z, sh);
 }
 
 }  // namespace pagedserve::cuda_model
