@@ -10,6 +10,9 @@
 //   gqa        the GQA decode kernel explicitly, with a workspace of
 //              PagedAttentionGqaWorkspaceBytes (so it splits as the occupancy
 //              planner wants),
+//   gqa_mma    its tensor-core variant (PagedAttentionGqaMma, taken by
+//              PagedAttention only on request), same workspace; -1 where the
+//              shape does not fit it,
 //   contiguous the same kernel with identity block tables (each sequence's
 //              blocks back to back), the contiguous-KV baseline of the math,
 // and reports KV bytes read per second (K and V of every context token once)
@@ -24,8 +27,9 @@
 // or prints "no usable CUDA device: REASON" and exits 3.
 //
 // The JSON holds the device, the copy bandwidth and one record per shape
-// (batch, context, heads, kv_heads, attention "MHA"/"GQA", dtype, the times
-// and pct_of_copy_bw of the paged run).
+// (batch, context, heads, kv_heads, attention "MHA"/"GQA", dtype, the times,
+// pct_of_copy_bw of the paged run and gqa_mma_pct_of_copy_bw of the
+// tensor-core run).
 //
 // Without a usable device it prints the reason, writes {"skipped": reason} to
 // the JSON path and exits 0.
@@ -112,15 +116,16 @@ struct Shape {
   pk::DType dtype;
 };
 
-enum class Variant { kAuto, kV1, kV2, kGqa };
+enum class Variant { kAuto, kV1, kV2, kGqa, kGqaMma };
 
 // Median time in ms of `iters` runs after warm-up.
 float TimeDecode(pk::PagedAttentionParams p, Variant v, int iters) {
   auto run = [&] {
-    absl::Status s = v == Variant::kAuto ? pk::PagedAttention(p)
-                     : v == Variant::kV1 ? pk::PagedAttentionV1(p)
-                     : v == Variant::kV2 ? pk::PagedAttentionV2(p)
-                                         : pk::PagedAttentionGqa(p);
+    absl::Status s = v == Variant::kAuto  ? pk::PagedAttention(p)
+                     : v == Variant::kV1  ? pk::PagedAttentionV1(p)
+                     : v == Variant::kV2  ? pk::PagedAttentionV2(p)
+                     : v == Variant::kGqa ? pk::PagedAttentionGqa(p)
+                                          : pk::PagedAttentionGqaMma(p);
     if (!s.ok()) {
       std::fprintf(stderr, "paged attention failed: %s\n", s.ToString().c_str());
       std::exit(1);
@@ -273,7 +278,7 @@ struct ShapeBuffers {
 
 // Median times (ms) of one shape and the bandwidth of the paged run.
 struct ShapeTimes {
-  float paged, v1, v2, gqa, contig;
+  float paged, v1, v2, gqa, gqa_mma, contig;
   double kv_bytes, kv_bps;
 };
 
@@ -285,6 +290,9 @@ ShapeTimes TimeShape(const Shape& s, const ShapeBuffers& b) {
   t.v1 = TimeDecode(p, Variant::kV1, iters);
   t.v2 = TimeDecode(p, Variant::kV2, iters);
   t.gqa = TimeDecode(p, Variant::kGqa, iters);
+  t.gqa_mma = pk::GqaMmaFits(s.dtype, kHeadSize, s.heads / s.kv_heads)
+                  ? TimeDecode(p, Variant::kGqaMma, iters)
+                  : -1.0f;
   p.block_tables = static_cast<const int32_t*>(b.bt_contig);
   p.host_block_tables = b.ident.data();
   t.contig = TimeDecode(p, Variant::kAuto, iters);
@@ -302,20 +310,23 @@ std::string Report(const Shape& s, const ShapeTimes& t, double copy_bw) {
   const char* attention = s.heads == s.kv_heads ? "MHA" : "GQA";
   const double bw = t.kv_bps;
   std::printf(
-      "%-5s %-6d %-7d %2d/%-4d %-8s | %-9.4f %-9.1f %-7.1f | %-9.4f %-9.4f %-9.4f %-9.4f | %.3f\n",
+      "%-5s %-6d %-7d %2d/%-4d %-8s | %-9.4f %-9.1f %-7.1f | %-9.4f %-9.4f %-9.4f %-9.4f %-9.4f | "
+      "%.3f\n",
       dtype, s.batch, s.context, s.heads, s.kv_heads, variant, t.paged, bw / 1e9,
-      100.0 * bw / copy_bw, t.v1, t.v2, t.gqa, t.contig, t.paged / t.contig);
+      100.0 * bw / copy_bw, t.v1, t.v2, t.gqa, t.gqa_mma, t.contig, t.paged / t.contig);
+  const double mma_pct = t.gqa_mma > 0 ? 100.0 * (t.kv_bytes / (t.gqa_mma * 1e-3)) / copy_bw : -1;
   char buf[768];
   std::snprintf(buf, sizeof(buf),
                 "    {\"batch\": %d, \"context\": %d, \"heads\": %d, \"kv_heads\": %d, "
                 "\"attention\": \"%s\", \"head_size\": %d, \"block_size\": %d, \"dtype\": \"%s\", "
                 "\"variant\": \"%s\", "
                 "\"paged_ms\": %.5f, \"v1_ms\": %.5f, \"v2_ms\": %.5f, \"gqa_ms\": %.5f, "
-                "\"contiguous_ms\": %.5f, "
-                "\"kv_bytes\": %.0f, \"kv_GBps\": %.2f, \"pct_of_copy_bw\": %.2f}",
+                "\"gqa_mma_ms\": %.5f, \"contiguous_ms\": %.5f, "
+                "\"kv_bytes\": %.0f, \"kv_GBps\": %.2f, \"pct_of_copy_bw\": %.2f, "
+                "\"gqa_mma_pct_of_copy_bw\": %.2f}",
                 s.batch, s.context, s.heads, s.kv_heads, attention, kHeadSize, kBlockSize, dtype,
-                variant, t.paged, t.v1, t.v2, t.gqa, t.contig, t.kv_bytes, bw / 1e9,
-                100.0 * bw / copy_bw);
+                variant, t.paged, t.v1, t.v2, t.gqa, t.gqa_mma, t.contig, t.kv_bytes, bw / 1e9,
+                100.0 * bw / copy_bw, mma_pct);
   return buf;
 }
 
@@ -343,9 +354,9 @@ int main(int argc, char** argv) {
   std::string json = "{\n  \"device\": \"" + std::string(prop.name) +
                      "\",\n  \"copy_bandwidth_GBps\": " + std::to_string(copy_bw / 1e9) +
                      ",\n  \"results\": [\n";
-  std::printf("%-5s %-6s %-7s %-7s %-8s | %-9s %-9s %-7s | %-9s %-9s %-9s %-9s | %s\n", "dtype",
-              "batch", "context", "heads", "variant", "paged ms", "KV GB/s", "% copy", "v1 ms",
-              "v2 ms", "gqa ms", "contig ms", "paged/contig");
+  std::printf("%-5s %-6s %-7s %-7s %-8s | %-9s %-9s %-7s | %-9s %-9s %-9s %-9s %-9s | %s\n",
+              "dtype", "batch", "context", "heads", "variant", "paged ms", "KV GB/s", "% copy",
+              "v1 ms", "v2 ms", "gqa ms", "mma ms", "contig ms", "paged/contig");
   bool first = true;
   for (const Shape& s : ListShapes(o.quick)) {
     const ShapeBuffers buffers(s, rng);

@@ -31,8 +31,9 @@ namespace cuda {
 absl::Status ReshapeAndCache(const ReshapeAndCacheParams& p);
 absl::Status PagedAttentionV1(const PagedAttentionParams& p);
 absl::Status PagedAttentionV2(const PagedAttentionParams& p);
-// Group size within GqaDecodeFits (checked by the caller).
-absl::Status PagedAttentionGqa(const PagedAttentionParams& p);
+// Group size within GqaDecodeFits (checked by the caller); tensor_cores:
+// the WMMA variant (GqaMmaFits, checked by the caller).
+absl::Status PagedAttentionGqa(const PagedAttentionParams& p, bool tensor_cores = false);
 absl::Status PrefillAttention(const PrefillAttentionParams& p);
 absl::Status CopyBlocks(std::span<const KVCacheView> layers, std::span<const BlockCopy> pairs,
                         void* stream);

@@ -215,14 +215,15 @@ const char* DecodeKernelName(DecodeKernel k) {
     case DecodeKernel::kV1: return "v1";
     case DecodeKernel::kV2: return "v2";
     case DecodeKernel::kGqa: return "gqa";
+    case DecodeKernel::kGqaMma: return "gqa_mma";
   }
   return "?";
 }
 
 bool ParseDecodeKernel(const char* name, DecodeKernel* k) {
   if (name == nullptr) return false;
-  for (DecodeKernel c :
-       {DecodeKernel::kAuto, DecodeKernel::kV1, DecodeKernel::kV2, DecodeKernel::kGqa}) {
+  for (DecodeKernel c : {DecodeKernel::kAuto, DecodeKernel::kV1, DecodeKernel::kV2,
+                         DecodeKernel::kGqa, DecodeKernel::kGqaMma}) {
     if (std::strcmp(name, DecodeKernelName(c)) == 0) {
       *k = c;
       return true;
@@ -245,6 +246,34 @@ size_t PagedAttentionGqaWorkspaceBytes(int num_seqs, int num_heads, int head_siz
   if (splits > cuda::kGqaMaxSplits) splits = cuda::kGqaMaxSplits;
   if (splits < 2) return 0;  // one split: no scratch
   return cuda::GqaWorkspaceBytes(num_seqs, num_heads, head_size, static_cast<int>(splits));
+}
+
+bool GqaMmaFits(DType dtype, int head_size, int group_size) {
+  return (dtype == DType::kFloat16 || dtype == DType::kBFloat16) &&
+         cuda::GqaMmaSupports(head_size, group_size) && cuda::GqaMmaBuiltFor(head_size) &&
+         cuda::GqaMmaSharedBytes(head_size) <= cuda::kGqaMaxSharedBytes;
+}
+
+absl::Status PagedAttentionGqaMma(const PagedAttentionParams& p) {
+  constexpr absl::string_view op = "paged_attention_gqa_mma";
+  if (absl::Status st = ValidateDecode(op, p); !st.ok()) return st;
+  if (p.num_seqs == 0) return absl::OkStatus();
+  const KVCacheShape& cs = p.cache.shape;
+  const int group = p.num_heads / cs.num_kv_heads;
+  if (ResolveIoDType(p.io_dtype, cs.dtype) != cs.dtype ||
+      !GqaMmaFits(cs.dtype, cs.head_size, group))
+    return Invalid(op, "the tensor-core GQA kernel takes fp16/bf16 caches with operands of the ",
+                   "same type, head sizes 64 or 128 and groups of at most ", cuda::kGqaMmaMaxGroup,
+                   " heads; got a ", DTypeName(cs.dtype), " cache, head_size ", cs.head_size,
+                   ", group ", group);
+  if (p.cache.device == Device::kCPU)
+    return absl::FailedPreconditionError(
+        "paged_attention_gqa_mma: the tensor-core GQA decode kernel is CUDA-only");
+#ifdef PAGEDSERVE_WITH_CUDA
+  return cuda::PagedAttentionGqa(p, /*tensor_cores=*/true);
+#else
+  return NoCuda();
+#endif
 }
 
 absl::Status PagedAttentionGqa(const PagedAttentionParams& p) {
@@ -286,6 +315,9 @@ DecodeKernelChoice ChooseDecodeKernelImpl(Device device, int num_seqs, int num_h
   auto why = [explain](const auto&... parts) {
     return explain ? absl::StrCat(parts...) : std::string();
   };
+  // Without the cache dtype a tensor-core request is answered as gqa (the
+  // per-call overload below decides it).
+  if (requested == DecodeKernel::kGqaMma) requested = DecodeKernel::kGqa;
   const bool v1 = ShouldUsePagedAttentionV1(num_seqs, num_heads, max_seq_len);
   const DecodeKernel v1v2 = v1 ? DecodeKernel::kV1 : DecodeKernel::kV2;
   const char* const heuristic =
@@ -328,8 +360,25 @@ DecodeKernelChoice ChooseDecodeKernelImpl(const PagedAttentionParams& p, DecodeK
                             DTypeName(ResolveIoDType(p.io_dtype, cache)),
                             " operands: only v1/v2 convert in registers; ", DecodeKernelName(k))};
   }
-  return ChooseDecodeKernelImpl(p.cache.device, p.num_seqs, p.num_heads, p.cache.shape.num_kv_heads,
-                                p.cache.shape.head_size, p.max_seq_len, requested, explain);
+  const int kv_heads = p.cache.shape.num_kv_heads;
+  const int group = kv_heads > 0 ? p.num_heads / kv_heads : 0;
+  std::string prefix;
+  if (requested == DecodeKernel::kGqaMma) {
+    if (p.cache.device == Device::kCUDA && GqaMmaFits(cache, p.cache.shape.head_size, group))
+      return {DecodeKernel::kGqaMma,
+              explain ? absl::StrCat("gqa_mma requested (tensor cores, group size ", group, ")")
+                      : std::string()};
+    if (explain)
+      prefix = absl::StrCat("gqa_mma request does not fit (", DeviceName(p.cache.device), ", ",
+                            DTypeName(cache), " cache, head_size ", p.cache.shape.head_size,
+                            ", group ", group, "); ");
+    requested = DecodeKernel::kAuto;
+  }
+  DecodeKernelChoice c =
+      ChooseDecodeKernelImpl(p.cache.device, p.num_seqs, p.num_heads, kv_heads,
+                             p.cache.shape.head_size, p.max_seq_len, requested, explain);
+  if (explain) c.reason = prefix + c.reason;
+  return c;
 }
 
 }  // namespace
@@ -351,10 +400,11 @@ absl::Status PagedAttention(const PagedAttentionParams& p) {
     static const char* const env = std::getenv("PAGEDSERVE_DECODE_KERNEL");
     if (env != nullptr && *env != '\0' && !ParseDecodeKernel(env, &requested))
       return Invalid("paged_attention", "PAGEDSERVE_DECODE_KERNEL=", env,
-                     " is not one of auto, v1, v2, gqa");
+                     " is not one of auto, v1, v2, gqa, gqa_mma");
   }
   switch (ChooseDecodeKernelImpl(p, requested, /*explain=*/false).kernel) {
     case DecodeKernel::kGqa: return PagedAttentionGqa(p);
+    case DecodeKernel::kGqaMma: return PagedAttentionGqaMma(p);
     case DecodeKernel::kV2: return PagedAttentionV2(p);
     default: return PagedAttentionV1(p);
   }

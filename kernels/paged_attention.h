@@ -6,7 +6,8 @@
 // not a number of GPUs), each writing its max logit, exp-sum and partial output,
 // and a reduce step combines them with the usual log-sum-exp rescaling. On
 // CUDA a third kernel, GQA decode, serves all query heads of a KV head from one
-// read of the K/V (PagedAttentionGqa); ChooseDecodeKernel picks among them.
+// read of the K/V (PagedAttentionGqa), with a tensor-core variant taken only
+// when asked (kGqaMma); ChooseDecodeKernel picks among them.
 #ifndef PAGEDSERVE_KERNELS_PAGED_ATTENTION_H_
 #define PAGEDSERVE_KERNELS_PAGED_ATTENTION_H_
 
@@ -22,9 +23,12 @@
 namespace pagedserve::kernels {
 
 // The decode attention kernels PagedAttention() chooses from (see
-// ChooseDecodeKernel). kAuto = let the dispatcher decide.
-enum class DecodeKernel : uint8_t { kAuto, kV1, kV2, kGqa };
-// "auto", "v1", "v2", "gqa".
+// ChooseDecodeKernel). kAuto = let the dispatcher decide. kGqaMma, the GQA
+// kernel with its dot products on tensor cores
+// (kernels/cuda/gqa_decode_mma_kernels.cuh), runs only when requested: no
+// device has run it yet, so kAuto never picks it.
+enum class DecodeKernel : uint8_t { kAuto, kV1, kV2, kGqa, kGqaMma };
+// "auto", "v1", "v2", "gqa", "gqa_mma".
 const char* DecodeKernelName(DecodeKernel k);
 // Parses a DecodeKernelName() string; false (and *k untouched) otherwise.
 bool ParseDecodeKernel(const char* name, DecodeKernel* k);
@@ -105,6 +109,20 @@ bool ShouldUsePagedAttentionV1(int num_seqs, int num_heads, int max_seq_len);
 // FailedPrecondition (the CPU backend has no separate GQA kernel).
 absl::Status PagedAttentionGqa(const PagedAttentionParams& p);
 
+// The same decode with the GQA kernel's two dot products (Q K^T and P V) on
+// tensor cores (WMMA m16n16k16, fp32 accumulation; P split into two 16-bit
+// parts so that the result meets v1's accuracy standard):
+// kernels/cuda/gqa_decode_mma_kernels.cuh. Takes fp16/bf16 caches with
+// operands of the same type, head sizes 64 and 128 (the instantiations the
+// build carries; the kernel itself takes any multiple of 16) and groups of at
+// most 16 heads (GqaMmaFits); InvalidArgument otherwise,
+// FailedPrecondition on kCPU. Verified through the CPU emulator only.
+absl::Status PagedAttentionGqaMma(const PagedAttentionParams& p);
+
+// Whether the tensor-core GQA kernel takes this cache element type, head
+// size and group size (within the dispatcher's shared-memory limit).
+bool GqaMmaFits(DType dtype, int head_size, int group_size);
+
 // Whether the GQA kernel's shared memory for this head size and group size
 // (num_heads / num_kv_heads) is within the limit the dispatcher allows.
 bool GqaDecodeFits(int head_size, int group_size);
@@ -123,6 +141,9 @@ struct DecodeKernelChoice {
 
 // THE decode-kernel choice (PagedAttention() follows it; tests assert on it):
 //  - `requested` v1 or v2: that kernel (comparison and fallback path).
+//  - `requested` gqa_mma: the tensor-core GQA kernel when the call fits it
+//    (kCUDA, GqaMmaFits; the device-level overload, which has no dtype,
+//    answers gqa instead); otherwise the rules below.
 //  - kCPU: v1/v2 by ShouldUsePagedAttentionV1 (the CPU v1/v2 already run one
 //    task per (sequence, KV head) for the whole group; a kGqa request too).
 //  - kCUDA, group size num_heads / num_kv_heads >= 2 and GqaDecodeFits (or
@@ -143,8 +164,8 @@ DecodeKernelChoice ChooseDecodeKernel(Device device, int num_seqs, int num_heads
 DecodeKernelChoice ChooseDecodeKernel(const PagedAttentionParams& p, DecodeKernel requested);
 
 // Runs the kernel ChooseDecodeKernel picks for p (p.kernel, else
-// PAGEDSERVE_DECODE_KERNEL, else kAuto). An unknown PAGEDSERVE_DECODE_KERNEL
-// value is InvalidArgument.
+// PAGEDSERVE_DECODE_KERNEL=auto|v1|v2|gqa|gqa_mma, else kAuto). An unknown
+// PAGEDSERVE_DECODE_KERNEL value is InvalidArgument.
 absl::Status PagedAttention(const PagedAttentionParams& p);
 
 }  // namespace pagedserve::kernels

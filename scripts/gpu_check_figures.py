@@ -44,7 +44,9 @@ def attention(path):
             if (r["heads"], r["kv_heads"], r["dtype"], r["batch"], r["context"]) == (
                     heads, kv_heads, dtype, batch, context):
                 return {"pct_of_copy_bw": r["pct_of_copy_bw"], "kv_GBps": r["kv_GBps"],
-                        "paged_ms": r["paged_ms"], "variant": r["variant"]}
+                        "paged_ms": r["paged_ms"], "variant": r["variant"],
+                        # the tensor-core GQA kernel (off by default), -1 if not run
+                        "gqa_mma_pct_of_copy_bw": r.get("gqa_mma_pct_of_copy_bw", -1)}
         return None
 
     # The headline shape, and the same shape as MHA.

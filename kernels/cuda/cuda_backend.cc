@@ -157,22 +157,22 @@ absl::Status PagedAttentionV2(const PagedAttentionParams& p) {
 
 // GQA decode: plan the context splits from the device's occupancy and the
 // workspace the caller gave (kernels/cuda/gqa_decode_plan.h), then launch.
-absl::Status PagedAttentionGqa(const PagedAttentionParams& p) {
+absl::Status PagedAttentionGqa(const PagedAttentionParams& p, bool tensor_cores) {
   if (auto s = CheckCache(p.cache); !s.ok()) return s;
   if (p.num_seqs == 0) return absl::OkStatus();
   const KVCacheShape& sh = p.cache.shape;
   const int group = p.num_heads / sh.num_kv_heads;
   int num_sms = 0, blocks_per_sm = 0;
-  if (auto s = CudaStatus(
-          GqaDecodeOccupancy(ToElem(sh.dtype), sh.head_size, group, &num_sms, &blocks_per_sm),
-          "paged_attention_gqa occupancy query");
+  if (auto s = CudaStatus(GqaDecodeOccupancy(ToElem(sh.dtype), sh.head_size, group, &num_sms,
+                                             &blocks_per_sm, tensor_cores),
+                          "paged_attention_gqa occupancy query");
       !s.ok())
     return s;
   if (blocks_per_sm < 1)
-    return absl::InvalidArgumentError(
-        absl::StrCat("paged_attention_gqa: group size ", group, " with head_size ", sh.head_size,
-                     " needs ", GqaDecodeSharedBytes(sh.head_size, group),
-                     " bytes of shared memory; the device fits none"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "paged_attention_gqa: group size ", group, " with head_size ", sh.head_size, " needs ",
+        tensor_cores ? GqaMmaSharedBytes(sh.head_size) : GqaDecodeSharedBytes(sh.head_size, group),
+        " bytes of shared memory; the device fits none"));
   // Splits the caller's workspace holds (PagedAttentionParams::workspace_bytes,
   // default the v2 size); without a workspace, a temporary one of the planned size.
   int max_splits = kGqaMaxSplits;
@@ -185,7 +185,7 @@ absl::Status PagedAttentionGqa(const PagedAttentionParams& p) {
       PlanGqaSplits(num_sms, blocks_per_sm, p.num_seqs, sh.num_kv_heads, p.max_seq_len, max_splits);
   const DecodeArgs a = MakeDecodeArgs(p);
   if (plan.num_splits == 1)
-    return CudaStatus(LaunchGqaDecode(a, plan, nullptr, nullptr, nullptr),
+    return CudaStatus(LaunchGqaDecode(a, plan, nullptr, nullptr, nullptr, tensor_cores),
                       "paged_attention_gqa launch");
   void* ws = p.workspace;
   cudaStream_t stream = AsStream(p.stream);
@@ -202,8 +202,9 @@ absl::Status PagedAttentionGqa(const PagedAttentionParams& p) {
   float* max_logits = static_cast<float*>(ws);
   float* exp_sums = max_logits + shp;
   float* tmp_out = exp_sums + shp;
-  absl::Status status = CudaStatus(LaunchGqaDecode(a, plan, max_logits, exp_sums, tmp_out),
-                                   "paged_attention_gqa launch");
+  absl::Status status =
+      CudaStatus(LaunchGqaDecode(a, plan, max_logits, exp_sums, tmp_out, tensor_cores),
+                 "paged_attention_gqa launch");
   if (p.workspace == nullptr) {
     absl::Status freed =
         CudaStatus(cudaFreeAsync(ws, stream), "paged_attention_gqa workspace free");

@@ -23,11 +23,12 @@
 #include <cstdint>
 #include <cstring>
 
-// Dynamic shared memory as `type* name` (16-byte aligned). A macro so that the
+// Dynamic shared memory as `type* name` (128-byte aligned: the tensor-core
+// kernels need 32-byte aligned tiles). A macro so that the
 // CPU emulation of the kernels (tests/kernels/simt_emulator.h) can supply it.
 #ifndef PAGEDSERVE_DYNAMIC_SHARED
-#define PAGEDSERVE_DYNAMIC_SHARED(type, name)                              \
-  extern __shared__ __align__(16) unsigned char pagedserve_dynamic_smem[]; \
+#define PAGEDSERVE_DYNAMIC_SHARED(type, name)                               \
+  extern __shared__ __align__(128) unsigned char pagedserve_dynamic_smem[]; \
   type* name = reinterpret_cast<type*>(pagedserve_dynamic_smem)
 #endif
 

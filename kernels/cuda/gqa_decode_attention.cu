@@ -1,5 +1,6 @@
 // Launchers of the GQA decode attention kernel
-// (kernels/cuda/gqa_decode_kernels.cuh): template dispatch on element type and
+// (kernels/cuda/gqa_decode_kernels.cuh) and its tensor-core variant
+// (gqa_decode_mma_kernels.cuh): template dispatch on element type and
 // head size, the dynamic shared-memory opt-in and the occupancy query the
 // split planner needs (both cached per device, so that a launch makes no
 // attribute or occupancy call after the first), and the cross-split reduce (the v2 reduce kernel of
@@ -11,28 +12,45 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/cuda/dispatch.cuh"
 #include "kernels/cuda/gqa_decode_kernels.cuh"
+#include "kernels/cuda/gqa_decode_mma_kernels.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/paged_attention_kernels.cuh"
 
 namespace pagedserve::kernels::cuda {
 namespace {
 
+// Whether the tensor-core variant is built for this element type and head size.
 template <typename T, int HEAD_SIZE>
+constexpr bool kHasMma = sizeof(T) == 2 && GqaMmaBuiltFor(HEAD_SIZE);
+
+// The kernel of a variant (MMA only where kHasMma; both have one signature).
+template <typename T, int HEAD_SIZE, bool MMA>
 auto GqaKernel() {
-  return GqaDecodeKernel<T, T, HEAD_SIZE, kDecodeThreads>;
+  if constexpr (MMA) {
+    return GqaDecodeMmaKernel<T, HEAD_SIZE, kDecodeThreads>;
+  } else {
+    return GqaDecodeKernel<T, T, HEAD_SIZE, kDecodeThreads>;
+  }
+}
+
+// Dynamic shared memory of a variant's block.
+template <bool MMA>
+size_t SharedBytes(int head_size, int group_size) {
+  return MMA ? GqaMmaSharedBytes(head_size) : GqaDecodeSharedBytes(head_size, group_size);
 }
 
 constexpr int kMaxDevices = 64;  // devices whose attribute settings are cached
 
-// Lets GqaKernel<T, HEAD_SIZE> use `smem` bytes of dynamic shared memory
+// Lets GqaKernel<T, HEAD_SIZE, MMA> use `smem` bytes of dynamic shared memory
 // (needed above 48 KiB). The attribute is set once per device and size: the
 // largest size allowed so far is cached per device (primary contexts; a
 // smaller request needs no call), so launches make no attribute call.
-template <typename T, int HEAD_SIZE>
+template <typename T, int HEAD_SIZE, bool MMA>
 cudaError_t AllowSharedBytes(size_t smem) {
   if (smem <= 48 * 1024) return cudaSuccess;
   static std::mutex mu;
@@ -40,7 +58,7 @@ cudaError_t AllowSharedBytes(size_t smem) {
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (device < 0 || device >= kMaxDevices)
-    return cudaFuncSetAttribute(GqaKernel<T, HEAD_SIZE>(),
+    return cudaFuncSetAttribute(GqaKernel<T, HEAD_SIZE, MMA>(),
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(smem));
   // Under the lock, so that the attribute only ever grows (a smaller size set
@@ -48,19 +66,20 @@ cudaError_t AllowSharedBytes(size_t smem) {
   std::lock_guard<std::mutex> lock(mu);
   if (allowed[device] >= smem) return cudaSuccess;
   cudaError_t e =
-      cudaFuncSetAttribute(GqaKernel<T, HEAD_SIZE>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
+      cudaFuncSetAttribute(GqaKernel<T, HEAD_SIZE, MMA>(),
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (e == cudaSuccess) allowed[device] = smem;
   return e;
 }
 
-template <typename T, int HEAD_SIZE>
+template <typename T, int HEAD_SIZE, bool MMA>
 cudaError_t Launch(const DecodeArgs& a, const GqaSplitPlan& plan, float* max_logits,
                    float* exp_sums, float* tmp_out) {
   const int group_size = a.num_heads / a.cache.num_kv_heads;
-  auto kernel = GqaKernel<T, HEAD_SIZE>();
-  const size_t smem = GqaDecodeSharedBytes(HEAD_SIZE, group_size);
-  if (cudaError_t e = AllowSharedBytes<T, HEAD_SIZE>(smem); e != cudaSuccess) return e;
+  if (MMA && !GqaMmaSupports(HEAD_SIZE, group_size)) return cudaErrorInvalidValue;
+  auto kernel = GqaKernel<T, HEAD_SIZE, MMA>();
+  const size_t smem = SharedBytes<MMA>(HEAD_SIZE, group_size);
+  if (cudaError_t e = AllowSharedBytes<T, HEAD_SIZE, MMA>(smem); e != cudaSuccess) return e;
   const dim3 grid(a.cache.num_kv_heads, a.num_seqs, plan.num_splits);
   kernel<<<grid, kDecodeThreads, smem, a.stream>>>(
       static_cast<T*>(a.out), max_logits, exp_sums, tmp_out, static_cast<const T*>(a.query),
@@ -86,14 +105,20 @@ bool ValidPlan(const GqaSplitPlan& plan) {
 }  // namespace
 
 cudaError_t LaunchGqaDecode(const DecodeArgs& a, const GqaSplitPlan& plan, float* max_logits,
-                            float* exp_sums, float* tmp_out) {
+                            float* exp_sums, float* tmp_out, bool tensor_cores) {
   if (!ValidPlan(plan) || a.cache.num_kv_heads <= 0 || a.num_heads % a.cache.num_kv_heads != 0)
     return cudaErrorInvalidValue;
   if (plan.num_splits > 1 && (max_logits == nullptr || exp_sums == nullptr || tmp_out == nullptr))
     return cudaErrorInvalidValue;
-  return DispatchElemHead(a.cache.elem, a.cache.head_size, [&](auto t, auto hs) {
+  return DispatchElemHead(a.cache.elem, a.cache.head_size, [&](auto t, auto hs) -> cudaError_t {
     using T = typename decltype(t)::type;
-    return Launch<T, decltype(hs)::value>(a, plan, max_logits, exp_sums, tmp_out);
+    constexpr int kHeadSize = decltype(hs)::value;
+    if (!tensor_cores) return Launch<T, kHeadSize, false>(a, plan, max_logits, exp_sums, tmp_out);
+    if constexpr (kHasMma<T, kHeadSize>) {
+      return Launch<T, kHeadSize, true>(a, plan, max_logits, exp_sums, tmp_out);
+    } else {
+      return cudaErrorInvalidValue;
+    }
   });
 }
 
@@ -103,9 +128,10 @@ namespace {
 // size): they depend on nothing else, and the planner asks on every launch.
 struct OccupancyKey {
   int device, elem, head_size, group_size;
+  bool tensor_cores;
   bool operator<(const OccupancyKey& o) const {
-    return std::tie(device, elem, head_size, group_size) <
-           std::tie(o.device, o.elem, o.head_size, o.group_size);
+    return std::tie(device, elem, head_size, group_size, tensor_cores) <
+           std::tie(o.device, o.elem, o.head_size, o.group_size, o.tensor_cores);
   }
 };
 std::mutex occupancy_mu;
@@ -115,17 +141,17 @@ std::map<OccupancyKey, std::pair<int, int>>& OccupancyCache() {
 }
 
 cudaError_t QueryGqaDecodeOccupancy(int device, Elem elem, int head_size, int group_size,
-                                    int* num_sms, int* blocks_per_sm);
+                                    bool tensor_cores, int* num_sms, int* blocks_per_sm);
 
 }  // namespace
 
 cudaError_t GqaDecodeOccupancy(Elem elem, int head_size, int group_size, int* num_sms,
-                               int* blocks_per_sm) {
+                               int* blocks_per_sm, bool tensor_cores) {
   *num_sms = 0;
   *blocks_per_sm = 0;
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  const OccupancyKey key{device, static_cast<int>(elem), head_size, group_size};
+  const OccupancyKey key{device, static_cast<int>(elem), head_size, group_size, tensor_cores};
   {
     std::lock_guard<std::mutex> lock(occupancy_mu);
     auto it = OccupancyCache().find(key);
@@ -135,8 +161,8 @@ cudaError_t GqaDecodeOccupancy(Elem elem, int head_size, int group_size, int* nu
       return cudaSuccess;
     }
   }
-  cudaError_t e =
-      QueryGqaDecodeOccupancy(device, elem, head_size, group_size, num_sms, blocks_per_sm);
+  cudaError_t e = QueryGqaDecodeOccupancy(device, elem, head_size, group_size, tensor_cores,
+                                          num_sms, blocks_per_sm);
   if (e == cudaSuccess) {
     std::lock_guard<std::mutex> lock(occupancy_mu);
     OccupancyCache()[key] = {*num_sms, *blocks_per_sm};
@@ -147,7 +173,7 @@ cudaError_t GqaDecodeOccupancy(Elem elem, int head_size, int group_size, int* nu
 namespace {
 
 cudaError_t QueryGqaDecodeOccupancy(int device, Elem elem, int head_size, int group_size,
-                                    int* num_sms, int* blocks_per_sm) {
+                                    bool tensor_cores, int* num_sms, int* blocks_per_sm) {
   if (cudaError_t e = cudaDeviceGetAttribute(num_sms, cudaDevAttrMultiProcessorCount, device);
       e != cudaSuccess)
     return e;
@@ -156,14 +182,24 @@ cudaError_t QueryGqaDecodeOccupancy(int device, Elem elem, int head_size, int gr
           cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
       e != cudaSuccess)
     return e;
-  const size_t smem = GqaDecodeSharedBytes(head_size, group_size);
+  const size_t smem = tensor_cores ? SharedBytes<true>(head_size, group_size)
+                                   : SharedBytes<false>(head_size, group_size);
   if (smem > static_cast<size_t>(optin)) return cudaSuccess;  // does not fit: 0 blocks
   return DispatchElemHead(elem, head_size, [&](auto t, auto hs) -> cudaError_t {
     using T = typename decltype(t)::type;
     constexpr int kHeadSize = decltype(hs)::value;
-    if (cudaError_t e = AllowSharedBytes<T, kHeadSize>(smem); e != cudaSuccess) return e;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, GqaKernel<T, kHeadSize>(),
-                                                         kDecodeThreads, smem);
+    auto query = [&](auto mma) -> cudaError_t {
+      constexpr bool kMma = decltype(mma)::value;
+      if (cudaError_t e = AllowSharedBytes<T, kHeadSize, kMma>(smem); e != cudaSuccess) return e;
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          blocks_per_sm, GqaKernel<T, kHeadSize, kMma>(), kDecodeThreads, smem);
+    };
+    if (!tensor_cores) return query(std::false_type{});
+    if constexpr (kHasMma<T, kHeadSize>) {
+      return query(std::true_type{});
+    } else {
+      return cudaErrorInvalidValue;
+    }
   });
 }
 

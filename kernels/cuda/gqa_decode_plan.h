@@ -61,6 +61,38 @@ constexpr size_t GqaDecodeSharedBytes(int head_size, int group_size) {
           static_cast<size_t>(group_size) * (2 * head_size + kGqaTileTokens + 3));
 }
 
+// The tensor-core variant (GqaDecodeMmaKernel, gqa_decode_mma_kernels.cuh):
+// the group's query heads are the 16 rows of one m16n16k16 MMA tile, so it
+// takes groups of at most kGqaMmaMaxGroup heads, head sizes that are a
+// multiple of 16, and fp16/bf16 caches with operands of the same type.
+inline constexpr int kGqaMmaRows = 16;
+inline constexpr int kGqaMmaMaxGroup = kGqaMmaRows;
+// 16-bit row stride of its K, V and query tiles (head_size + 8: rows stay
+// 16-byte aligned and tile starts 32-byte aligned, as WMMA loads need), of its
+// probability tile (32 + 8), and the fp32 stride of its accumulators.
+constexpr int GqaMmaKvStride(int head_size) { return head_size + 8; }
+inline constexpr int kGqaMmaPStride = kGqaTileTokens + 8;
+constexpr int GqaMmaAccStride(int head_size) { return head_size + 4; }
+constexpr bool GqaMmaSupports(int head_size, int group_size) {
+  return head_size % 16 == 0 && head_size >= 16 && group_size >= 1 && group_size <= kGqaMmaMaxGroup;
+}
+// Head sizes the CUDA build instantiates the tensor-core kernel for (the
+// common ones: Llama, Mistral, Qwen 128, SmolLM2 64). Each instantiation adds
+// its fatbin to every binary, and the GPU check's bundle has a size limit.
+constexpr bool GqaMmaBuiltFor(int head_size) { return head_size == 64 || head_size == 128; }
+// Dynamic shared memory of one tensor-core block, in bytes, in its layout
+// order (every piece a multiple of 32 bytes): 16-bit K and V tiles [32][head
+// + 8], 16-bit queries [16][head + 8], 16-bit probabilities as two tiles
+// (high and low parts) [16][40] each, fp32 logits [16][32], fp32
+// accumulators [16][head + 4], running max / sum / rescale factor [16] each.
+constexpr size_t GqaMmaSharedBytes(int head_size) {
+  return 2 * (2 * static_cast<size_t>(kGqaTileTokens) * GqaMmaKvStride(head_size) +
+              static_cast<size_t>(kGqaMmaRows) * GqaMmaKvStride(head_size) +
+              2 * static_cast<size_t>(kGqaMmaRows) * kGqaMmaPStride) +
+         4 * (static_cast<size_t>(kGqaMmaRows) * kGqaTileTokens +
+              static_cast<size_t>(kGqaMmaRows) * GqaMmaAccStride(head_size) + 3 * kGqaMmaRows);
+}
+
 struct GqaSplitPlan {
   int num_splits = 1;    // grid z; 1 = single pass, output written directly
   int split_tokens = 0;  // context tokens per split, a multiple of kGqaTileTokens; 0 iff 1 split

@@ -84,9 +84,11 @@ cudaError_t LaunchPagedAttentionV2(const DecodeArgs& a, float* max_logits, float
 // [num_seqs, num_heads, num_splits] and tmp_out [num_seqs, num_heads,
 // num_splits, head_size] (fp32) are written and the v2 reduce kernel merges
 // them into out. Fails with cudaErrorInvalidValue for an unsupported head size
-// or a plan that is not a valid PlanGqaSplits result.
+// or a plan that is not a valid PlanGqaSplits result. tensor_cores: the WMMA
+// variant (gqa_decode_mma_kernels.cuh; same arguments and outputs), which
+// also fails with cudaErrorInvalidValue outside GqaMmaSupports or for fp32.
 cudaError_t LaunchGqaDecode(const DecodeArgs& a, const GqaSplitPlan& plan, float* max_logits,
-                            float* exp_sums, float* tmp_out);
+                            float* exp_sums, float* tmp_out, bool tensor_cores = false);
 
 // The device facts PlanGqaSplits needs for the GQA kernel of this element type,
 // head size and group size on the current device: its multiprocessor count and
@@ -94,9 +96,10 @@ cudaError_t LaunchGqaDecode(const DecodeArgs& a, const GqaSplitPlan& plan, float
 // of dynamic shared memory, opted in above 48 KiB) are resident per
 // multiprocessor (cudaOccupancyMaxActiveBlocksPerMultiprocessor; 0 when the
 // shared memory does not fit the device). Queried once per (device, element
-// type, head size, group size) and cached; thread-safe.
+// type, head size, group size, variant) and cached; thread-safe.
+// tensor_cores: the WMMA variant (GqaMmaSharedBytes).
 cudaError_t GqaDecodeOccupancy(Elem elem, int head_size, int group_size, int* num_sms,
-                               int* blocks_per_sm);
+                               int* blocks_per_sm, bool tensor_cores = false);
 
 struct PrefillArgs {
   void* out = nullptr;          // [num_tokens, num_heads, head_size]

@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cuda/gqa_decode_kernels.cuh"
+#include "kernels/cuda/gqa_decode_mma_kernels.cuh"
 #include "kernels/cuda/gqa_decode_plan.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/paged_attention_kernels.cuh"
@@ -118,11 +119,14 @@ void Build(Case& c, std::mt19937& rng) {
   c.q = RandomRounded(static_cast<size_t>(c.num_seqs()) * c.num_heads * c.head_size, c.dtype, rng);
 }
 
+// Which GQA kernel EmuGqa runs: the fp32-FMA one or the tensor-core one.
+enum class Variant { kFma, kMma };
+
 // The emulated GQA kernel (+ the v2 reduce for several splits) on case c with
 // queries q; returns the output as floats. Scratch starts as NaN.
 template <typename T, int HS>
 std::vector<float> EmuGqa(const Case& c, const std::vector<float>& q, const float* alibi,
-                          float scale, const kc::GqaSplitPlan& plan) {
+                          float scale, const kc::GqaSplitPlan& plan, Variant v = Variant::kFma) {
   const int S = c.num_seqs(), H = c.num_heads, G = H / c.num_kv_heads;
   std::vector<int32_t> lens(c.seq_lens.begin(), c.seq_lens.end());
   const std::vector<uint8_t> eq = Encode(q, c.dtype);
@@ -130,17 +134,30 @@ std::vector<float> EmuGqa(const Case& c, const std::vector<float>& q, const floa
   const size_t rows = static_cast<size_t>(S) * H * plan.num_splits;
   std::vector<float> ml(rows, NAN), es(rows, NAN), tmp(rows * HS, NAN);
   const bool split = plan.num_splits > 1;
-  kc::EmuLaunch(dim3(c.num_kv_heads, S, plan.num_splits), dim3(kc::kDecodeThreads),
-                kc::GqaDecodeSharedBytes(HS, G), [&] {
-                  kc::GqaDecodeKernel<T, T, HS, kc::kDecodeThreads>(
-                      reinterpret_cast<T*>(out.data()), split ? ml.data() : nullptr,
-                      split ? es.data() : nullptr, split ? tmp.data() : nullptr,
-                      reinterpret_cast<const T*>(eq.data()),
-                      reinterpret_cast<const T*>(c.key_cache.data()),
-                      reinterpret_cast<const T*>(c.value_cache.data()), c.num_kv_heads, G,
-                      c.block_size, scale, c.block_tables.data(), c.max_blocks_per_seq, lens.data(),
-                      alibi, plan.split_tokens);
-                });
+  const dim3 grid(c.num_kv_heads, S, plan.num_splits);
+  if constexpr (sizeof(T) == 2) {
+    if (v == Variant::kMma) {
+      kc::EmuLaunch(grid, dim3(kc::kDecodeThreads), kc::GqaMmaSharedBytes(HS), [&] {
+        kc::GqaDecodeMmaKernel<T, HS, kc::kDecodeThreads>(
+            reinterpret_cast<T*>(out.data()), split ? ml.data() : nullptr,
+            split ? es.data() : nullptr, split ? tmp.data() : nullptr,
+            reinterpret_cast<const T*>(eq.data()), reinterpret_cast<const T*>(c.key_cache.data()),
+            reinterpret_cast<const T*>(c.value_cache.data()), c.num_kv_heads, G, c.block_size,
+            scale, c.block_tables.data(), c.max_blocks_per_seq, lens.data(), alibi,
+            plan.split_tokens);
+      });
+    }
+  }
+  if (v == Variant::kFma) {
+    kc::EmuLaunch(grid, dim3(kc::kDecodeThreads), kc::GqaDecodeSharedBytes(HS, G), [&] {
+      kc::GqaDecodeKernel<T, T, HS, kc::kDecodeThreads>(
+          reinterpret_cast<T*>(out.data()), split ? ml.data() : nullptr,
+          split ? es.data() : nullptr, split ? tmp.data() : nullptr,
+          reinterpret_cast<const T*>(eq.data()), reinterpret_cast<const T*>(c.key_cache.data()),
+          reinterpret_cast<const T*>(c.value_cache.data()), c.num_kv_heads, G, c.block_size, scale,
+          c.block_tables.data(), c.max_blocks_per_seq, lens.data(), alibi, plan.split_tokens);
+    });
+  }
   if (split) {
     kc::EmuLaunch(dim3(H, S), dim3(kc::kDecodeThreads), plan.num_splits * sizeof(float), [&] {
       kc::PagedAttentionReduceKernel<T, kc::kDecodeThreads>(
@@ -232,7 +249,8 @@ std::vector<float> DeinterleaveHeads(const std::vector<float>& y, int S, int H, 
 
 template <typename T, int HS>
 void CheckGqa(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
-              std::vector<int> lens, std::mt19937& rng, int* multi_split_runs) {
+              std::vector<int> lens, std::mt19937& rng, int* multi_split_runs,
+              Variant variant = Variant::kFma) {
   Case c{dt, heads, kv_heads, HS, block_size, std::move(lens)};
   Build(c, rng);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
@@ -242,7 +260,8 @@ void CheckGqa(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const std::string label = std::string(DTypeName(dt)) + " head " + std::to_string(HS) + " block " +
                             std::to_string(block_size) + " heads " + std::to_string(heads) + "/" +
-                            std::to_string(kv_heads) + (use_alibi ? " alibi" : "");
+                            std::to_string(kv_heads) + (use_alibi ? " alibi" : "") +
+                            (variant == Variant::kMma ? " (tensor cores)" : "");
   const size_t per_seq = static_cast<size_t>(heads) * HS;
   std::vector<std::vector<double>> refs;
   refs.reserve(static_cast<size_t>(S));
@@ -271,7 +290,7 @@ void CheckGqa(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
   std::printf("%s, max_len %d: %s\n", label.c_str(), c.max_len(), plan_names.c_str());
   for (const kc::GqaSplitPlan& plan : plans) {
     if (plan.num_splits > 1) ++*multi_split_runs;
-    const std::vector<float> got = EmuGqa<T, HS>(c, c.q, alibi, scale, plan);
+    const std::vector<float> got = EmuGqa<T, HS>(c, c.q, alibi, scale, plan, variant);
     for (int s = 0; s < S; ++s) {
       const std::string where = label + ", " + PlanName(plan) + ", seq " + std::to_string(s) +
                                 " (len " + std::to_string(c.seq_lens[s]) + ")";
@@ -295,15 +314,15 @@ void CheckGqa(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
     std::replace(row.begin(), row.end(), -1, c.poison_block);
     std::copy(row.begin(), row.end(),
               dropped.block_tables.begin() + control * c.max_blocks_per_seq);
-    const std::vector<float> dgot = EmuGqa<T, HS>(dropped, c.q, alibi, scale, plan);
+    const std::vector<float> dgot = EmuGqa<T, HS>(dropped, c.q, alibi, scale, plan, variant);
     testing::ExpectRejectsBrokenOutputs(
         refs[control], std::vector<float>(dgot.begin() + off, dgot.begin() + off + per_seq), dt);
     // Control 2: the wrong group mapping (only distinguishable with >= 2 KV
     // heads and >= 2 heads per group).
     if (kv_heads >= 2 && G >= 2) {
       const std::vector<float> wq = InterleaveHeads(c.q, S, heads, kv_heads, HS);
-      const std::vector<float> wgot =
-          DeinterleaveHeads(EmuGqa<T, HS>(c, wq, nullptr, scale, plan), S, heads, kv_heads, HS);
+      const std::vector<float> wgot = DeinterleaveHeads(
+          EmuGqa<T, HS>(c, wq, nullptr, scale, plan, variant), S, heads, kv_heads, HS);
       testing::AttentionControlScope scope;
       std::vector<double> ref_noalibi = testing::ReferenceDecode(
           c.q.data() + off, heads, c.K(control), c.V(control), c.seq_lens[control], scale, nullptr);
@@ -331,6 +350,25 @@ TEST(CudaGqaEmulationTest, DecodeMatchesReferenceAndCpuBackend) {
   CheckGqa<float, 96>(DType::kFloat32, 16, 16, 2, false, {1, 16, 17, 65, 600}, rng, &multi);
   CheckGqa<__half, 256>(DType::kFloat16, 32, 4, 1, false, {1, 32, 33, 160}, rng, &multi);
   EXPECT_GE(multi, 10) << "too few multi-split runs: the cross-split reduce is barely tested";
+}
+
+// The tensor-core variant (gqa_decode_mma_kernels.cuh) under the same
+// standard, controls and plans: fp16 and bf16, group sizes 1, 2, 4, 8 and 16
+// (its limit), head sizes 64, 80, 128 and 256, ALiBi.
+TEST(CudaGqaEmulationTest, TensorCoreDecodeMatchesReferenceAndCpuBackend) {
+  std::mt19937 rng(41);
+  int multi = 0;
+  const Variant mma = Variant::kMma;
+  CheckGqa<__half, 128>(DType::kFloat16, 16, 32, 8, false, {1, 16, 17, 31, 32, 33, 129, 700}, rng,
+                        &multi, mma);
+  CheckGqa<__nv_bfloat16, 128>(DType::kBFloat16, 16, 32, 8, false, {1, 33, 300, 1100}, rng, &multi,
+                               mma);
+  CheckGqa<__nv_bfloat16, 64>(DType::kBFloat16, 16, 32, 2, false, {1, 16, 17, 300, 600}, rng,
+                              &multi, mma);
+  CheckGqa<__nv_bfloat16, 128>(DType::kBFloat16, 8, 4, 4, false, {1, 8, 9, 200}, rng, &multi, mma);
+  CheckGqa<__half, 80>(DType::kFloat16, 8, 4, 2, true, {1, 8, 9, 150, 400}, rng, &multi, mma);
+  CheckGqa<__half, 256>(DType::kFloat16, 32, 4, 1, false, {1, 32, 33, 160}, rng, &multi, mma);
+  EXPECT_GE(multi, 6) << "too few multi-split runs: the cross-split reduce is barely tested";
 }
 
 // The kernel launched with a plan for the device the planner sees must cover

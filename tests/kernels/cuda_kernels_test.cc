@@ -224,6 +224,9 @@ struct DecodeResult {
   // The GQA decode kernel with the v2-sized workspace (splits bounded by it)
   // and with PagedAttentionGqaWorkspaceBytes (splits as the planner wants).
   std::vector<float> gqa, gqa_wide;
+  // The tensor-core GQA kernel (wide workspace), where it fits the case
+  // (GqaMmaFits); empty otherwise.
+  std::vector<float> gqa_mma;
 };
 
 // Runs v1, v2 and the GQA kernel over the case with query q [num_seqs, num_heads, head_size].
@@ -249,11 +252,11 @@ void RunDecode(const PagedCase& c, const std::vector<float>& q, float scale,
   DeviceBuffer dlens = Upload(lens);
   DeviceBuffer dalibi = alibi ? Upload(*alibi) : DeviceBuffer();
   const size_t out_bytes = static_cast<size_t>(S) * H * D * DTypeSize(c.dtype);
-  DeviceBuffer out1(out_bytes), out2(out_bytes), out3(out_bytes), out4(out_bytes);
+  DeviceBuffer out1(out_bytes), out2(out_bytes), out3(out_bytes), out4(out_bytes), out5(out_bytes);
   DeviceBuffer ws(PagedAttentionV2WorkspaceBytes(S, H, D, max_len));
   const size_t wide_bytes = PagedAttentionGqaWorkspaceBytes(S, H, D, max_len);
   DeviceBuffer wide(wide_bytes > 0 ? wide_bytes : 16);
-  for (DeviceBuffer* o : {&out1, &out2, &out3, &out4})
+  for (DeviceBuffer* o : {&out1, &out2, &out3, &out4, &out5})
     CUDA_OK(cudaMemset(o->get(), 0xFF, out_bytes));
 
   PagedAttentionParams p;
@@ -284,11 +287,18 @@ void RunDecode(const PagedCase& c, const std::vector<float>& q, float scale,
   p.workspace_bytes = wide_bytes > 0 ? wide_bytes : 16;
   absl::Status s4 = PagedAttentionGqa(p);
   ASSERT_TRUE(s4.ok()) << s4;
+  const bool mma = GqaMmaFits(c.dtype, D, H / c.view.shape.num_kv_heads);
+  if (mma) {
+    p.out = out5.get();
+    absl::Status s5 = PagedAttentionGqaMma(p);
+    ASSERT_TRUE(s5.ok()) << s5;
+  }
   CUDA_OK(cudaDeviceSynchronize());
   r->v1 = Decode(Download(out1.get(), out_bytes), c.dtype);
   r->v2 = Decode(Download(out2.get(), out_bytes), c.dtype);
   r->gqa = Decode(Download(out3.get(), out_bytes), c.dtype);
   r->gqa_wide = Decode(Download(out4.get(), out_bytes), c.dtype);
+  r->gqa_mma = mma ? Decode(Download(out5.get(), out_bytes), c.dtype) : std::vector<float>();
 }
 
 std::vector<float> AlibiSlopes(int num_heads) {
@@ -321,6 +331,10 @@ void CheckAgainstReference(const PagedCase& c, const std::vector<float>& q, floa
         << label << " gqa seq " << s << " (len " << c.seq_lens[s] << ")";
     ASSERT_TRUE(testing::AttentionOutputMatches(r.gqa_wide.data() + s * n, ref.data(), n, c.dtype))
         << label << " gqa (wide workspace) seq " << s << " (len " << c.seq_lens[s] << ")";
+    if (!r.gqa_mma.empty()) {
+      ASSERT_TRUE(testing::AttentionOutputMatches(r.gqa_mma.data() + s * n, ref.data(), n, c.dtype))
+          << label << " gqa_mma seq " << s << " (len " << c.seq_lens[s] << ")";
+    }
     if (c.seq_lens[s] >= 3 * c.block_size && (control < 0 || c.seq_lens[s] > c.seq_lens[control])) {
       control = s;
       control_ref = std::move(ref);
@@ -331,10 +345,12 @@ void CheckAgainstReference(const PagedCase& c, const std::vector<float>& q, floa
   RunDecode(c, q, scale, alibi, &dropped, {control, (c.seq_lens[control] - 1) / c.block_size - 1});
   if (::testing::Test::HasFatalFailure()) return;
   for (const std::vector<float>* out :
-       {&dropped.v1, &dropped.v2, &dropped.gqa, &dropped.gqa_wide}) {
-    SCOPED_TRACE(label + (out == &dropped.v1   ? " negative controls v1"
-                          : out == &dropped.v2 ? " negative controls v2"
-                                               : " negative controls gqa"));
+       {&dropped.v1, &dropped.v2, &dropped.gqa, &dropped.gqa_wide, &dropped.gqa_mma}) {
+    if (out->empty()) continue;  // no tensor-core run for this case
+    SCOPED_TRACE(label + (out == &dropped.v1        ? " negative controls v1"
+                          : out == &dropped.v2      ? " negative controls v2"
+                          : out == &dropped.gqa_mma ? " negative controls gqa_mma"
+                                                    : " negative controls gqa"));
     testing::ExpectRejectsBrokenOutputs(
         control_ref,
         std::vector<float>(out->begin() + control * n, out->begin() + (control + 1) * n), c.dtype);

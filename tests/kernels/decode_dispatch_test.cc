@@ -96,9 +96,49 @@ TEST(ChooseDecodeKernelTest, GroupsTooLargeForSharedMemoryFallBack) {
   EXPECT_NE(r.kernel, DecodeKernel::kGqa) << r.reason;
 }
 
+// The tensor-core GQA kernel: only on request, only where it fits (fp16/bf16
+// cache with same-type operands, head size a multiple of 16, group <= 16, on
+// CUDA); otherwise the request falls back to the rule and says why.
+TEST(ChooseDecodeKernelTest, TensorCoreGqaOnlyWhenRequestedAndFitting) {
+  PagedAttentionParams p;
+  p.num_seqs = 64;
+  p.num_heads = 32;
+  p.max_seq_len = 4096;
+  p.cache.device = Device::kCUDA;
+  p.cache.shape = KVCacheShape{64, 8, 128, 16, DType::kBFloat16};
+  EXPECT_EQ(ChooseDecodeKernel(p, DecodeKernel::kAuto).kernel, DecodeKernel::kGqa);
+  DecodeKernelChoice c = ChooseDecodeKernel(p, DecodeKernel::kGqaMma);
+  EXPECT_EQ(c.kernel, DecodeKernel::kGqaMma) << c.reason;
+  EXPECT_TRUE(Contains(c.reason, "tensor cores")) << c.reason;
+  p.cache.shape.dtype = DType::kFloat16;
+  EXPECT_EQ(ChooseDecodeKernel(p, DecodeKernel::kGqaMma).kernel, DecodeKernel::kGqaMma);
+  EXPECT_TRUE(GqaMmaFits(DType::kFloat16, 128, 16));
+  EXPECT_FALSE(GqaMmaFits(DType::kFloat16, 128, 17));  // more heads than MMA rows
+  EXPECT_FALSE(GqaMmaFits(DType::kFloat16, 120, 4));   // not a multiple of 16
+  EXPECT_TRUE(GqaMmaFits(DType::kBFloat16, 64, 3));
+  EXPECT_FALSE(GqaMmaFits(DType::kFloat16, 256, 4));  // not instantiated for the device
+  EXPECT_FALSE(GqaMmaFits(DType::kFloat32, 128, 4));  // 16-bit operands only
+  EXPECT_FALSE(GqaMmaFits(DType::kFloat8E4M3, 128, 4));
+  // Misfits fall back to the rule: fp32 cache -> gqa; group 32 -> gqa; CPU -> v1/v2.
+  p.cache.shape.dtype = DType::kFloat32;
+  c = ChooseDecodeKernel(p, DecodeKernel::kGqaMma);
+  EXPECT_EQ(c.kernel, DecodeKernel::kGqa) << c.reason;
+  EXPECT_TRUE(Contains(c.reason, "gqa_mma request does not fit")) << c.reason;
+  p.cache.shape = KVCacheShape{64, 1, 64, 16, DType::kFloat16};
+  c = ChooseDecodeKernel(p, DecodeKernel::kGqaMma);
+  EXPECT_EQ(c.kernel, DecodeKernel::kGqa) << c.reason;
+  p.cache.shape = KVCacheShape{64, 8, 128, 16, DType::kFloat16};
+  p.cache.device = Device::kCPU;
+  c = ChooseDecodeKernel(p, DecodeKernel::kGqaMma);
+  EXPECT_TRUE(c.kernel == DecodeKernel::kV1 || c.kernel == DecodeKernel::kV2) << c.reason;
+  // The device-level overload has no dtype: a gqa_mma request is answered as gqa.
+  EXPECT_EQ(ChooseDecodeKernel(Device::kCUDA, 4, 32, 8, 128, 1000, DecodeKernel::kGqaMma).kernel,
+            DecodeKernel::kGqa);
+}
+
 TEST(ChooseDecodeKernelTest, KernelNamesRoundTrip) {
-  for (DecodeKernel k :
-       {DecodeKernel::kAuto, DecodeKernel::kV1, DecodeKernel::kV2, DecodeKernel::kGqa}) {
+  for (DecodeKernel k : {DecodeKernel::kAuto, DecodeKernel::kV1, DecodeKernel::kV2,
+                         DecodeKernel::kGqa, DecodeKernel::kGqaMma}) {
     DecodeKernel parsed = DecodeKernel::kV1;
     EXPECT_TRUE(ParseDecodeKernel(DecodeKernelName(k), &parsed)) << DecodeKernelName(k);
     EXPECT_EQ(parsed, k);
@@ -130,6 +170,11 @@ TEST(GqaDecodeCpuTest, GqaEntryPointIsCudaOnlyAndAutoRunsOnCpu) {
   p.scale = 0.125f;
   const absl::Status gqa = PagedAttentionGqa(p);
   EXPECT_EQ(gqa.code(), absl::StatusCode::kFailedPrecondition) << gqa;
+  EXPECT_EQ(out[0], -7.0f) << "nothing written on error";
+  // The tensor-core entry point refuses an fp32 cache (InvalidArgument) before
+  // the device check.
+  const absl::Status mma = PagedAttentionGqaMma(p);
+  EXPECT_EQ(mma.code(), absl::StatusCode::kInvalidArgument) << mma;
   EXPECT_EQ(out[0], -7.0f) << "nothing written on error";
   p.kernel = DecodeKernel::kGqa;
   ASSERT_TRUE(PagedAttention(p).ok());

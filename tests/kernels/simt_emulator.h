@@ -39,6 +39,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #ifdef __CUDACC__
@@ -208,6 +209,11 @@ inline float __shfl_sync(unsigned, float v, int src_lane, int width = 32) {
   return v;
 }
 
+// Every lane of the warp must call it (as with a full mask on the device).
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  emu::CurrentBlock()->warp_barriers[threadIdx.x / 32].Wait();
+}
+
 inline float __expf(float x) { return std::exp(x); }
 inline float __uint_as_float(unsigned u) {
   float f;
@@ -267,6 +273,96 @@ inline void EmuLaunch(dim3 grid, dim3 block, size_t smem_bytes,
 }
 
 }  // namespace pagedserve::kernels::cuda
+
+// The WMMA API (mma.h) for m16n16k16 tiles, as the tensor-core kernels use
+// it: fill_fragment, load_matrix_sync, mma_sync, store_matrix_sync. On the
+// device a fragment's per-lane layout is unspecified, so code that only
+// passes fragments to these functions cannot depend on it; here every lane
+// holds the whole A / B tile (exact float copies of the 16-bit values), and
+// of an accumulator the elements e = lane + 32 * i of the row-major 16 x 16
+// tile (others NaN). mma_sync computes a lane's elements with fp32
+// accumulation in k order (the device's order and rounding within the tensor
+// core differ: tests compare with tolerances). Loads and stores are warp
+// collectives: every lane of the warp must call them, and they synchronize
+// the warp before and after (no lane stores a tile another lane has yet to
+// load).
+namespace nvcuda::wmma {
+
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static_assert(M == 16 && N == 16 && K == 16, "the emulator models m16n16k16 only");
+  float x[256];  // [row][col]: A [m][k], B [k][n], accumulator [m][n]
+};
+
+namespace emu {
+inline int Lane() { return static_cast<int>(::pagedserve::kernels::cuda::threadIdx.x % 32); }
+inline void WarpSync() { ::pagedserve::kernels::cuda::__syncwarp(); }
+inline float ToF(float v) { return v; }
+inline float ToF(__half v) { return __half2float(v); }
+inline float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename Layout>
+constexpr bool kRowMajor = std::is_same_v<Layout, row_major>;
+}  // namespace emu
+
+template <typename T, typename Layout>
+void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+  emu::WarpSync();
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c)
+      f.x[r * 16 + c] = emu::ToF(emu::kRowMajor<Layout> ? p[r * ldm + c] : p[c * ldm + r]);
+  emu::WarpSync();
+}
+template <typename T, typename Layout>
+void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+  emu::WarpSync();
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c)
+      f.x[r * 16 + c] = emu::ToF(emu::kRowMajor<Layout> ? p[r * ldm + c] : p[c * ldm + r]);
+  emu::WarpSync();
+}
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
+                             unsigned ldm, layout_t layout) {
+  emu::WarpSync();
+  std::fill(f.x, f.x + 256, std::numeric_limits<float>::quiet_NaN());
+  for (int e = emu::Lane(); e < 256; e += 32) {
+    const int r = e / 16, c = e % 16;
+    f.x[e] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
+  }
+  emu::WarpSync();
+}
+inline void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, float v) {
+  std::fill(f.x, f.x + 256, v);
+}
+template <typename T, typename LA, typename LB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
+              const fragment<matrix_a, 16, 16, 16, T, LA>& a,
+              const fragment<matrix_b, 16, 16, 16, T, LB>& b,
+              const fragment<accumulator, 16, 16, 16, float>& c) {
+  for (int e = emu::Lane(); e < 256; e += 32) {
+    const int r = e / 16, n = e % 16;
+    float sum = c.x[e];
+    for (int k = 0; k < 16; ++k) sum += a.x[r * 16 + k] * b.x[k * 16 + n];
+    d.x[e] = sum;
+  }
+}
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
+                              unsigned ldm, layout_t layout) {
+  emu::WarpSync();
+  for (int e = emu::Lane(); e < 256; e += 32) {
+    const int r = e / 16, c = e % 16;
+    (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[e];
+  }
+  emu::WarpSync();
+}
+
+}  // namespace nvcuda::wmma
 
 #undef __shared__
 #define __shared__ static

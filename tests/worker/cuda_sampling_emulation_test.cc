@@ -19,8 +19,9 @@
 //   - logprobs: for rows asking 0, 1, 5 or 20 (and a vocabulary smaller than
 //     that), the drawn tokens' logprobs and the top-N lists equal
 //     Sampler::Sample's (ids exactly, values to one float ulp: the log-sum
-//     is summed in another order), penalized tokens included (their raw
-//     logit, not the penalized one).
+//     is summed in another order; the emulator uses the host's expf, a
+//     device's may differ by 2 ulp, see sampling_kernels.cuh), penalized
+//     tokens included (their raw logit, not the penalized one).
 // Negative controls: the same checks fail for a kernel given a temperature
 // 2% off, top_k off by one, a repetition penalty 10% off, or one logit
 // 0.01 higher than the sampler's row (logprobs).

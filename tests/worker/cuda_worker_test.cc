@@ -551,10 +551,19 @@ TEST_F(CudaWorkerModelTest, SeededSampledTokensMatchCpuWorker) {
   for (size_t k = 0; k < at.size(); ++k) {
     if (at[k].seq_id != gt[k].seq_id || at[k].token_id != gt[k].token_id) break;  // diverged
     EXPECT_NEAR(at[k].logprob, gt[k].logprob, 1e-3) << "token " << k;
-    EXPECT_EQ(at[k].top_token_ids, gt[k].top_token_ids) << "token " << k;
-    ASSERT_EQ(at[k].top_logprobs.size(), gt[k].top_logprobs.size());
-    for (size_t j = 0; j < at[k].top_logprobs.size(); ++j)
-      EXPECT_NEAR(at[k].top_logprobs[j], gt[k].top_logprobs[j], 1e-3) << "token " << k;
+    const std::vector<float>& lp = at[k].top_logprobs;
+    ASSERT_EQ(lp.size(), gt[k].top_logprobs.size());
+    ASSERT_EQ(at[k].top_token_ids.size(), gt[k].top_token_ids.size());
+    for (size_t j = 0; j < lp.size(); ++j) {
+      EXPECT_NEAR(lp[j], gt[k].top_logprobs[j], 1e-3) << "token " << k;
+      // Ids agree unless a neighbour is a near tie (the two workers' logits
+      // differ by ~1e-6).
+      const bool near_tie = (j > 0 && std::abs(lp[j] - lp[j - 1]) < 1e-4f) ||
+                            (j + 1 < lp.size() && std::abs(lp[j] - lp[j + 1]) < 1e-4f);
+      if (!near_tie) {
+        EXPECT_EQ(at[k].top_token_ids[j], gt[k].top_token_ids[j]) << "token " << k << " top " << j;
+      }
+    }
     with_top += !gt[k].top_token_ids.empty();
   }
   EXPECT_GT(with_top, 0) << "no logprobs rows were compared";

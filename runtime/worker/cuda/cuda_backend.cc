@@ -619,10 +619,12 @@ class CudaBackend final : public ModelBackend {
         "token download"));
     PS_RETURN_IF_ERROR(WaitForStep());
     std::vector<uint8_t> reduced;
+    SampledRows sampled;
     const int64_t wanted = UnpackSampled(rows, l, static_cast<const char*>(pinned_argmax_.get()), n,
-                                         w.rows, out, &reduced);
+                                         w.rows, &sampled, &reduced);
     std::vector<float> kept;
     PS_RETURN_IF_ERROR(DownloadRows(d_logits, n, w.rows, reduced, wanted, &kept));
+    *out = std::move(sampled);  // nothing written on error
     logits->swap(kept);
     return absl::OkStatus();
   }

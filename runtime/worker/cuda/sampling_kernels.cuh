@@ -31,9 +31,11 @@
 // here. The two can therefore disagree only when a uniform (or top_p's
 // bound) lies within that distance of a boundary of the cumulative
 // distribution. Logprobs are computed as the sampler does (fp32 exp, fp64
-// sum and log) with the sum in a different order, so they agree with the
-// host's to about 1e-15 relative before the conversion to float; the top-N
-// list is a select over the raw logits' keys, identical to the host's.
+// sum and log, the sum in another order): with the host's expf (the
+// emulator) they agree to a float ulp; on a device, whose expf may differ by
+// 2 ulp, the normalizer and so every logprob may differ by about 2.4e-7
+// absolute. The top-N list is a select over the raw logits' keys, the
+// host's order exactly.
 #ifndef PAGEDSERVE_RUNTIME_WORKER_CUDA_SAMPLING_KERNELS_CUH_
 #define PAGEDSERVE_RUNTIME_WORKER_CUDA_SAMPLING_KERNELS_CUH_
 
@@ -254,8 +256,9 @@ __device__ double RawLogprobs(const float* row, int64_t vocab, float mx, const S
           sh.top[m - 1] = x;
         }
       for (int k = 0; k < top; ++k) {
-        const float v = FromOrderedBits(static_cast<unsigned int>(sh.top[k] >> 32));
-        b.top_ids[a.top_begin + k] = SampleKeyId(sh.top[k]);
+        const int32_t id = SampleKeyId(sh.top[k]);
+        const float v = row[id];  // the raw value itself (-0 stays -0, as on the host)
+        b.top_ids[a.top_begin + k] = id;
         b.top_logprobs[a.top_begin + k] = static_cast<float>(static_cast<double>(v) - log_z);
       }
     }
@@ -345,7 +348,7 @@ __device__ void DrawTokens(const float* row, int64_t vocab, float mx, const Samp
 
 // Block-wide: b.logprobs[a.first_draw + j] = the raw logprob of sh.draws[j]:
 // its logit before the penalties (b.penalty_raw for a penalized token, the
-// row otherwise) minus log_z, as the sampler computes it.
+// row otherwise) minus log_z, the sampler's formula.
 template <int NUM_THREADS>
 __device__ void DrawnLogprobs(const float* row, const SampleRowArgs& a, const SampleBuffers& b,
                               double log_z, SampleShared& sh) {
