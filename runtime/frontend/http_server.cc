@@ -877,11 +877,18 @@ struct HttpServer::Impl {
     job->fd = conn != nullptr ? conn->fd() : FindConnectionFd(req);
     if (job->request.stream) return Stream(job, b, res);
 
+    // The peer is looked at when no output came for disconnect_poll, and at
+    // least every disconnect_poll while outputs keep coming (steps shorter
+    // than the poll would otherwise never let it look, and a hung-up client's
+    // request would run to max_tokens).
+    absl::Time next_check = absl::Now() + options.disconnect_poll;
     while (!job->done()) {
       std::optional<EngineOutput> out = job->channel->WaitPop(options.disconnect_poll);
-      if (out.has_value()) {
-        Apply(*job, *out, nullptr);
-      } else if (PeerClosed(job->fd) || stopping.load()) {
+      if (out.has_value()) Apply(*job, *out, nullptr);
+      const absl::Time now = absl::Now();
+      if (job->done() || (out.has_value() && now < next_check)) continue;
+      next_check = now + options.disconnect_poll;
+      if (PeerClosed(job->fd) || stopping.load()) {
         AbortAndLog(*job, *b);
         SendError(res, MakeError(499, "client_closed_request", "the client closed the connection"));
         return;

@@ -16,8 +16,10 @@
 // /health, /version, /openapi.json and /metrics answers 503 (loading).
 //
 // Disconnects: a streaming request is aborted when a write to its client
-// fails; both streaming and non-streaming requests poll their connection
-// (POLLRDHUP) every `disconnect_poll` while waiting for output, so a client
+// fails; both poll their connection (POLLRDHUP) when no output came for
+// `disconnect_poll`, and a non-streaming request (which writes nothing until
+// the end) also at least every `disconnect_poll` while outputs keep coming,
+// so a client
 // that closes the connection has its request aborted, and its KV blocks freed,
 // by the engine's next step.
 //

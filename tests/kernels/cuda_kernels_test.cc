@@ -452,6 +452,11 @@ TEST_F(CudaKernelsTest, ZeroQueryGivesMeanOfValuesAndPaddingDoesNotLeak) {
       ASSERT_TRUE(
           testing::AttentionOutputMatches(r.gqa_wide.data() + o, mean.data(), mean.size(), dt))
           << DTypeName(dt) << " gqa (wide workspace) seq " << s;
+      if (!r.gqa_mma.empty()) {
+        ASSERT_TRUE(
+            testing::AttentionOutputMatches(r.gqa_mma.data() + o, mean.data(), mean.size(), dt))
+            << DTypeName(dt) << " gqa_mma seq " << s;
+      }
     }
   }
 }

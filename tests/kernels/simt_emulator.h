@@ -309,10 +309,27 @@ inline float ToF(__half v) { return __half2float(v); }
 inline float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <typename Layout>
 constexpr bool kRowMajor = std::is_same_v<Layout, row_major>;
+// The device's rules for a tile pointer and its leading dimension: ldm a
+// multiple of 16 bytes' worth of elements, and a pointer into shared memory
+// 256-bit aligned relative to the dynamic shared memory's start (the device
+// aligns that start to at least 128 bytes). Aborts with a message otherwise.
+template <typename T>
+void CheckTile(const T* p, unsigned ldm) {
+  const auto* block = ::pagedserve::kernels::cuda::emu::CurrentBlock();
+  const auto base = reinterpret_cast<uintptr_t>(block->smem.data());
+  const auto q = reinterpret_cast<uintptr_t>(p);
+  const bool shared = q >= base && q < base + block->smem.size() * sizeof(block->smem[0]);
+  if ((ldm * sizeof(T)) % 16 != 0 || (shared && (q - base) % 32 != 0)) {
+    std::fprintf(stderr, "wmma: ldm %u (%zu-byte elements) or shared offset %zu not allowed\n", ldm,
+                 sizeof(T), shared ? static_cast<size_t>(q - base) : size_t{0});
+    std::abort();
+  }
+}
 }  // namespace emu
 
 template <typename T, typename Layout>
 void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+  emu::CheckTile(p, ldm);
   emu::WarpSync();
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c)
@@ -321,6 +338,7 @@ void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, Layout>& f, const T* p, 
 }
 template <typename T, typename Layout>
 void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+  emu::CheckTile(p, ldm);
   emu::WarpSync();
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c)
@@ -329,6 +347,7 @@ void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, Layout>& f, const T* p, 
 }
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
                              unsigned ldm, layout_t layout) {
+  emu::CheckTile(p, ldm);
   emu::WarpSync();
   std::fill(f.x, f.x + 256, std::numeric_limits<float>::quiet_NaN());
   for (int e = emu::Lane(); e < 256; e += 32) {
@@ -354,6 +373,7 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
 }
 inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
                               unsigned ldm, layout_t layout) {
+  emu::CheckTile(p, ldm);
   emu::WarpSync();
   for (int e = emu::Lane(); e < 256; e += 32) {
     const int r = e / 16, c = e % 16;
