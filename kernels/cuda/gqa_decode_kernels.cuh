@@ -61,6 +61,61 @@ __device__ __forceinline__ void LoadKVChunk(const CacheT* p, float* f) {
   Unpack16(Load16(p), static_cast<const CacheT*>(nullptr), f);
 }
 
+// The context tokens [*start, *end) of context split `split` (the whole
+// context when split_tokens == 0); false when the split holds none.
+__device__ __forceinline__ bool GqaSplitRange(int seq_len, int split, int split_tokens, int* start,
+                                              int* end) {
+  *start = split_tokens > 0 ? split * split_tokens : 0;
+  *end = split_tokens > 0 ? min(*start + split_tokens, seq_len) : seq_len;
+  return *start < seq_len;
+}
+
+// One head's online-softmax step over a tile of kWarpSize logits, one lane
+// per token (the whole warp calls it; s = -inf past the context, and at
+// least one s is finite): returns p = exp(s - m_new); lane 0 sets *alpha =
+// exp(m_old - m_new) (0 on the first tile, m_old = -inf), *l = *l * alpha +
+// sum p and *m = m_new.
+__device__ __forceinline__ float GqaOnlineSoftmax(float s, int lane, float* m, float* l,
+                                                  float* alpha) {
+  const float m_old = *m;
+  const float m_new = fmaxf(m_old, WarpMax(s));
+  const float p = __expf(s - m_new);  // exp(-inf) = 0 past the context
+  const float p_sum = WarpSum(p);
+  if (lane == 0) {
+    const float a = __expf(m_old - m_new);
+    *alpha = a;
+    *l = *l * a + p_sum;
+    *m = m_new;
+  }
+  return p;
+}
+
+// Block-wide, at the end of a GQA block: the group's outputs acc[g][d] / l[g]
+// (acc rows acc_stride floats apart) into out (one split, split_tokens == 0)
+// or this split's partial state into tmp_out / max_logits / exp_sums (the v2
+// workspace layout). row0 = seq * num_heads + the group's first head.
+template <typename T, int HEAD_SIZE, int NUM_THREADS>
+__device__ void GqaWriteOutput(const float* acc, int acc_stride, const float* m, const float* l,
+                               int64_t row0, int group_size, int split, int num_splits,
+                               int split_tokens, T* out, float* max_logits, float* exp_sums,
+                               float* tmp_out) {
+  for (int i = threadIdx.x; i < group_size * HEAD_SIZE; i += NUM_THREADS) {
+    const int g = i / HEAD_SIZE, d = i % HEAD_SIZE;
+    const float v = acc[g * acc_stride + d] / l[g];  // l >= 1: the max term contributes exp(0)
+    if (split_tokens > 0) {
+      tmp_out[((row0 + g) * num_splits + split) * HEAD_SIZE + d] = v;
+    } else {
+      out[(row0 + g) * HEAD_SIZE + d] = FromFloat<T>(v);
+    }
+  }
+  if (split_tokens > 0) {
+    for (int g = threadIdx.x; g < group_size; g += NUM_THREADS) {
+      max_logits[(row0 + g) * num_splits + split] = m[g];
+      exp_sums[(row0 + g) * num_splits + split] = l[g];
+    }
+  }
+}
+
 // Grid (num_kv_heads, num_seqs, num_splits), NUM_THREADS threads (a multiple of
 // 32), dynamic shared memory GqaDecodeSharedBytes(HEAD_SIZE, group_size).
 // num_heads = num_kv_heads * group_size; query head h = kv_head * group_size + g
@@ -101,9 +156,9 @@ __global__ void __launch_bounds__(NUM_THREADS)
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
 
   const int seq_len = seq_lens[seq];
-  const int start_token = split_tokens > 0 ? split * split_tokens : 0;
-  if (start_token >= seq_len) return;  // whole block: this split is empty
-  const int end_token = split_tokens > 0 ? min(start_token + split_tokens, seq_len) : seq_len;
+  int start_token = 0, end_token = 0;
+  if (!GqaSplitRange(seq_len, split, split_tokens, &start_token, &end_token))
+    return;  // whole block: this split is empty
 
   const int kv_head_stride = HEAD_SIZE * block_size;
   const int64_t kv_block_stride = static_cast<int64_t>(num_kv_heads) * kv_head_stride;
@@ -208,21 +263,9 @@ __global__ void __launch_bounds__(NUM_THREADS)
 
     // ---- 3. Online softmax, one warp per head, one lane per token. The
     // tile's first token is in the context, so tile_max is finite.
-    for (int g = warp; g < group_size; g += NUM_WARPS) {  // warp-uniform
-      const float s = p_s[g * TILE + lane];
-      const float tile_max = WarpMax(s);
-      const float m_old = m_s[g];
-      const float m_new = fmaxf(m_old, tile_max);
-      const float p = __expf(s - m_new);  // exp(-inf) = 0 past the context
-      const float p_sum = WarpSum(p);
-      p_s[g * TILE + lane] = p;
-      if (lane == 0) {
-        const float alpha = __expf(m_old - m_new);  // 0 on the first tile (m_old = -inf)
-        alpha_s[g] = alpha;
-        l_s[g] = l_s[g] * alpha + p_sum;
-        m_s[g] = m_new;
-      }
-    }
+    for (int g = warp; g < group_size; g += NUM_WARPS)  // warp-uniform
+      p_s[g * TILE + lane] =
+          GqaOnlineSoftmax(p_s[g * TILE + lane], lane, &m_s[g], &l_s[g], &alpha_s[g]);
     __syncthreads();
 
     // ---- 4. Rescale and accumulate P V, one (head, dim) per thread.
@@ -238,23 +281,10 @@ __global__ void __launch_bounds__(NUM_THREADS)
   }
 
   // ---- Output (one split) or this split's partial state.
-  const int64_t sh0 = static_cast<int64_t>(seq) * num_heads +
-                      static_cast<int64_t>(kv_head) * group_size;  // (seq, first head)
-  for (int i = tid; i < group_elems; i += NUM_THREADS) {
-    const int g = i / HEAD_SIZE, d = i % HEAD_SIZE;
-    const float v = acc_s[i] / l_s[g];  // l >= 1: the max term contributes exp(0)
-    if (split_tokens > 0) {
-      tmp_out[((sh0 + g) * num_splits + split) * HEAD_SIZE + d] = v;
-    } else {
-      out[(sh0 + g) * HEAD_SIZE + d] = FromFloat<T>(v);
-    }
-  }
-  if (split_tokens > 0) {
-    for (int g = tid; g < group_size; g += NUM_THREADS) {
-      max_logits[(sh0 + g) * num_splits + split] = m_s[g];
-      exp_sums[(sh0 + g) * num_splits + split] = l_s[g];
-    }
-  }
+  GqaWriteOutput<T, HEAD_SIZE, NUM_THREADS>(
+      acc_s, HEAD_SIZE, m_s, l_s,
+      static_cast<int64_t>(seq) * num_heads + static_cast<int64_t>(kv_head) * group_size,
+      group_size, split, num_splits, split_tokens, out, max_logits, exp_sums, tmp_out);
 }
 
 }  // namespace pagedserve::kernels::cuda

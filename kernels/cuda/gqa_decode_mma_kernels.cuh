@@ -54,6 +54,7 @@
 #endif
 
 #include "kernels/cuda/dtype_utils.cuh"
+#include "kernels/cuda/gqa_decode_kernels.cuh"  // GqaSplitRange, GqaOnlineSoftmax, GqaWriteOutput
 #include "kernels/cuda/gqa_decode_plan.h"
 
 namespace pagedserve::kernels::cuda {
@@ -110,9 +111,9 @@ __global__ void __launch_bounds__(NUM_THREADS)
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
 
   const int seq_len = seq_lens[seq];
-  const int start_token = split_tokens > 0 ? split * split_tokens : 0;
-  if (start_token >= seq_len) return;  // whole block: this split is empty
-  const int end_token = split_tokens > 0 ? min(start_token + split_tokens, seq_len) : seq_len;
+  int start_token = 0, end_token = 0;
+  if (!GqaSplitRange(seq_len, split, split_tokens, &start_token, &end_token))
+    return;  // whole block: this split is empty
 
   const int kv_head_stride = HEAD_SIZE * block_size;
   const int64_t kv_block_stride = static_cast<int64_t>(num_kv_heads) * kv_head_stride;
@@ -207,20 +208,11 @@ __global__ void __launch_bounds__(NUM_THREADS)
         const float slope = alibi_slopes != nullptr ? alibi_slopes[head] : 0.0f;
         s = scale * s_s[g * TILE + lane] + slope * static_cast<float>(token - seq_len + 1);
       }
-      const float tile_max = WarpMax(s);  // finite: the tile's first token is in the context
-      const float m_old = m_s[g];
-      const float m_new = fmaxf(m_old, tile_max);
-      const float p = __expf(s - m_new);
-      const float p_sum = WarpSum(p);
+      // The tile's first token is in the context: one s is finite.
+      const float p = GqaOnlineSoftmax(s, lane, &m_s[g], &l_s[g], &alpha_s[g]);
       const T hi = FromFloat<T>(p);
       p_s[g * PS + lane] = hi;
       plo_s[g * PS + lane] = FromFloat<T>(p - ToFloat(hi));
-      if (lane == 0) {
-        const float alpha = __expf(m_old - m_new);  // 0 on the first tile
-        alpha_s[g] = alpha;
-        l_s[g] = l_s[g] * alpha + p_sum;
-        m_s[g] = m_new;
-      }
     }
     __syncthreads();
     for (int i = tid; i < group_size * HEAD_SIZE; i += NUM_THREADS) {
@@ -249,23 +241,10 @@ __global__ void __launch_bounds__(NUM_THREADS)
   }
 
   // ---- Output (one split) or this split's partial state.
-  const int64_t sh0 = static_cast<int64_t>(seq) * num_heads +
-                      static_cast<int64_t>(kv_head) * group_size;  // (seq, first head)
-  for (int i = tid; i < group_size * HEAD_SIZE; i += NUM_THREADS) {
-    const int g = i / HEAD_SIZE, d = i % HEAD_SIZE;
-    const float v = acc_s[g * AS + d] / l_s[g];  // l >= 1: the max term contributes exp(0)
-    if (split_tokens > 0) {
-      tmp_out[((sh0 + g) * num_splits + split) * HEAD_SIZE + d] = v;
-    } else {
-      out[(sh0 + g) * HEAD_SIZE + d] = FromFloat<T>(v);
-    }
-  }
-  if (split_tokens > 0) {
-    for (int g = tid; g < group_size; g += NUM_THREADS) {
-      max_logits[(sh0 + g) * num_splits + split] = m_s[g];
-      exp_sums[(sh0 + g) * num_splits + split] = l_s[g];
-    }
-  }
+  GqaWriteOutput<T, HEAD_SIZE, NUM_THREADS>(
+      acc_s, AS, m_s, l_s,
+      static_cast<int64_t>(seq) * num_heads + static_cast<int64_t>(kv_head) * group_size,
+      group_size, split, num_splits, split_tokens, out, max_logits, exp_sums, tmp_out);
 }
 
 }  // namespace pagedserve::kernels::cuda

@@ -327,17 +327,11 @@ void CheckTile(const T* p, unsigned ldm) {
 }
 }  // namespace emu
 
-template <typename T, typename Layout>
-void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
-  emu::CheckTile(p, ldm);
-  emu::WarpSync();
-  for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 16; ++c)
-      f.x[r * 16 + c] = emu::ToF(emu::kRowMajor<Layout> ? p[r * ldm + c] : p[c * ldm + r]);
-  emu::WarpSync();
-}
-template <typename T, typename Layout>
-void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+// An A or B operand tile ([m][k] / [k][n] as stored, by its layout).
+template <
+    typename Use, typename T, typename Layout,
+    typename = std::enable_if_t<std::is_same_v<Use, matrix_a> || std::is_same_v<Use, matrix_b>>>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
   emu::CheckTile(p, ldm);
   emu::WarpSync();
   for (int r = 0; r < 16; ++r)

@@ -99,6 +99,19 @@ struct Filters {
   float presence_penalty = 0.0f;
 };
 
+// The sampler's params for a filter setting (no seed, no logprobs).
+SamplingParams ParamsFor(const Filters& f) {
+  SamplingParams p;
+  p.temperature = f.temperature;
+  p.top_k = f.top_k;
+  p.top_p = f.top_p;
+  p.min_p = f.min_p;
+  p.repetition_penalty = f.repetition_penalty;
+  p.frequency_penalty = f.frequency_penalty;
+  p.presence_penalty = f.presence_penalty;
+  return p;
+}
+
 // The kernel's args for params `p` over `history`, by the CUDA backend's
 // rules (BuildSampleRowArgs, sample_penalties.h).
 SampleRowArgs ArgsFor(const SamplingParams& p, std::span<const int32_t> history, int prompt_len,
@@ -167,14 +180,7 @@ int Disagreements(int vocab, const Filters& f, std::mt19937& rng,
                   void (*perturb)(SampleRowArgs*) = nullptr) {
   const std::vector<std::vector<float>> rows = Rows(vocab, rng);
   Sampler sampler(vocab);
-  SamplingParams p;
-  p.temperature = f.temperature;
-  p.top_k = f.top_k;
-  p.top_p = f.top_p;
-  p.min_p = f.min_p;
-  p.repetition_penalty = f.repetition_penalty;
-  p.frequency_penalty = f.frequency_penalty;
-  p.presence_penalty = f.presence_penalty;
+  SamplingParams p = ParamsFor(f);
   // A history with repeats: 12 prompt tokens, then 18 output tokens.
   std::uniform_int_distribution<int> any(0, vocab - 1);
   std::vector<int32_t> history(30);
@@ -290,14 +296,7 @@ int LogprobDisagreements(int vocab, const Filters& f, int logprobs, std::mt19937
                          bool shift = false) {
   const std::vector<std::vector<float>> rows = Rows(vocab, rng);
   Sampler sampler(vocab);
-  SamplingParams p;
-  p.temperature = f.temperature;
-  p.top_k = f.top_k;
-  p.top_p = f.top_p;
-  p.min_p = f.min_p;
-  p.repetition_penalty = f.repetition_penalty;
-  p.frequency_penalty = f.frequency_penalty;
-  p.presence_penalty = f.presence_penalty;
+  SamplingParams p = ParamsFor(f);
   p.logprobs = logprobs;
   // A history whose tokens are likely draws: the penalized ids' logprobs
   // must come from their raw logits.
