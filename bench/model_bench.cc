@@ -36,7 +36,8 @@
 //
 // Random weights (issue 11; no model file, e.g. on the offline GPU machine
 // where the 92 MiB default model does not travel):
-//   bench_model --random-weights [--random-layers N] [--device=cpu|cuda] [...]
+//   bench_model --random-weights [--random-layers N] [--device=cpu|cuda]
+//               [--enforce-eager] [...]
 // builds, in memory, a model of Llama-3-8B's layer shape (hidden 4096, 32 query
 // heads, 8 KV heads, head size 128, intermediate 14336, vocab 128256, RMSNorm
 // eps 1e-5, rope theta 500000, untied LM head) with N decoder layers (default
@@ -113,6 +114,7 @@ struct Config {
   kernels::Device device = kernels::Device::kCPU;  // --device=cpu|cuda
   bool random_weights = false;                     // --random-weights
   int random_layers = 0;                           // --random-layers (0: 4 on CPU, 32 on CUDA)
+  bool enforce_eager = false;  // --enforce-eager: no CUDA graphs for decode steps
 };
 
 Config& config() {
@@ -346,6 +348,9 @@ void SetupRandom() {
     auto m = CudaLlamaModel::Create(std::move(weights), b.comm.get(), 0);
     if (!m.ok()) Die(m.status().ToString());
     r->cuda = *std::move(m);
+    DecodeGraphOptions graphs;
+    graphs.enforce_eager = c.enforce_eager;
+    r->cuda->set_graph_options(graphs);
     shape.dtype = AutoKv();
     if (absl::Status s = r->cuda->AllocateCaches(shape, shape.num_blocks, 0); !s.ok())
       Die(s.ToString());
@@ -585,6 +590,8 @@ int main(int argc, char** argv) {
       c.model = a.substr(8);
     } else if (a == "--random-weights") {
       c.random_weights = true;
+    } else if (a == "--enforce-eager") {
+      c.enforce_eager = true;
     } else if (a == "--random-layers" && i + 1 < argc) {
       if (!absl::SimpleAtoi(argv[++i], &c.random_layers) || c.random_layers < 1)
         Die(absl::StrCat("--random-layers wants a positive integer, got '", argv[i], "'"));

@@ -49,6 +49,11 @@ PAGEDSERVE_FLAG("generate,serve", std::string, kv_cache_dtype, "auto",
                 "KV cache element type: auto (float32 with --dtype float32, bfloat16 with --dtype "
                 "bfloat16 and on CUDA with --dtype auto, else float16), float32, float16, "
                 "bfloat16, fp8 (= fp8_e4m3, as vLLM), fp8_e4m3, fp8_e5m2 (per-layer scales 1.0)");
+PAGEDSERVE_FLAG("generate,serve", bool, enforce_eager, false,
+                "CUDA workers: run every step eagerly instead of replaying CUDA graphs captured "
+                "for decode steps (batch padded to 1, 2, 4, 8, 16, ... 256 sequences; as vLLM)");
+PAGEDSERVE_FLAG("generate,serve", int32_t, max_seq_len_to_capture, 8192,
+                "CUDA workers: decode steps whose longest sequence is longer run eagerly");
 PAGEDSERVE_FLAG("generate,serve", int64_t, max_num_blocks, 0,
                 "cap on the device KV blocks per rank (0 = only --kv-cache-memory decides)");
 PAGEDSERVE_FLAG(
@@ -197,6 +202,11 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
     return BadFlag("kv-cache-dtype",
                    "must be auto, float32, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2", kv);
   }
+  s.worker.graphs.enforce_eager = absl::GetFlag(FLAGS_enforce_eager);
+  s.worker.graphs.max_seq_len_to_capture = absl::GetFlag(FLAGS_max_seq_len_to_capture);
+  if (s.worker.graphs.max_seq_len_to_capture < 1)
+    return BadFlag("max-seq-len-to-capture", "must be >= 1",
+                   s.worker.graphs.max_seq_len_to_capture);
   s.worker.max_num_blocks = absl::GetFlag(FLAGS_max_num_blocks);
   if (s.worker.max_num_blocks < 0)
     return BadFlag("max-num-blocks", "must be >= 0", s.worker.max_num_blocks);

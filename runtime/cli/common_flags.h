@@ -13,6 +13,8 @@
 //   --dtype auto|float32|float16|bfloat16      weight precision (WorkerOptions::dtype)
 //   --kv-cache-dtype auto|float32|float16|bfloat16|fp8|fp8_e4m3|fp8_e5m2
 //                                                    KV pool element type
+//   --enforce-eager, --max-seq-len-to-capture N   CUDA graphs of decode steps
+//                                (WorkerOptions::graphs)
 //   --max-model-len N            prompt + output tokens per sequence
 //                                (0 = min(model max_position_embeddings, 2048))
 //   --max-num-seqs N, --max-num-batched-tokens N, --enable-chunked-prefill,
@@ -70,6 +72,8 @@ ABSL_DECLARE_FLAG(double, swap_space);
 ABSL_DECLARE_FLAG(int64_t, max_num_blocks);
 ABSL_DECLARE_FLAG(std::string, dtype);
 ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
+ABSL_DECLARE_FLAG(bool, enforce_eager);
+ABSL_DECLARE_FLAG(int32_t, max_seq_len_to_capture);
 ABSL_DECLARE_FLAG(int32_t, max_model_len);
 ABSL_DECLARE_FLAG(int32_t, max_num_seqs);
 ABSL_DECLARE_FLAG(int32_t, max_num_batched_tokens);

@@ -86,7 +86,7 @@ absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b,
   return absl::OkStatus();
 }
 
-void LlamaModel::BuildPlan(const ForwardBatch& b) {
+void LlamaModel::BuildPlan(const ForwardBatch& b, const std::optional<DecodeGraphKey>& graph) {
   ForwardPlan& p = plan_;
   p.batch = &b;
   p.num_tokens = b.num_tokens();
@@ -129,6 +129,15 @@ void LlamaModel::BuildPlan(const ForwardBatch& b) {
       p.rope_sin[t * half + i] = static_cast<float>(std::sin(angle));
     }
   p.attention_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_size));
+  p.graph = graph;
+  if (graph) {
+    // Padded sequences (seq_len 1) run decode attention like the real ones.
+    p.num_decode = p.num_seqs;
+    p.num_prefill = 0;
+    p.prefill_row0 = static_cast<int>(p.num_tokens);
+    p.prefill_query_start_loc.clear();
+    p.max_decode_len = graph->context;
+  }
 }
 
 absl::Status LlamaModel::Forward(const ForwardBatch& b,
@@ -156,31 +165,67 @@ absl::Status LlamaModel::RunLayers(const ForwardBatch& b,
                                    std::span<const kernels::KVCacheView> kv_layers,
                                    float** normed_out) {
   PS_RETURN_IF_ERROR(ValidateBatch(b, kv_layers));
+  ModelBackend& be = *backend_;
+  // A decode step the backend can replay from a capture runs padded to the
+  // captured shape (decode_graph.h); its first logits rows are the real ones.
+  std::optional<DecodeGraphKey> graph;
+  const ForwardBatch* run = &b;
+  if (be.SupportsBodyGraphs() && !kv_layers.empty()) {
+    const int block_size = kv_layers[0].shape.block_size;
+    graph = ChooseDecodeGraph(b, block_size, graph_options_);
+    if (graph) {
+      padded_.Pad(b, *graph, block_size);
+      run = &padded_.batch();
+    }
+  }
+  BuildPlan(*run, graph);
+  PS_RETURN_IF_ERROR(be.BeginStep(plan_));
+  const int64_t n = run->num_tokens();
+  const int64_t r = static_cast<int64_t>(run->logits_rows.size());
+  const int hidden = config_.hidden_size;
+  const int64_t q_dim = static_cast<int64_t>(shard_.num_heads) * config_.head_size;
+  const int64_t kv_dim = static_cast<int64_t>(shard_.num_kv_heads) * config_.head_size;
+  const int64_t inter = shard_.intermediate_size;
+  StepBuffers buf;
+  PS_ASSIGN_OR_RETURN(buf.x, be.Buffer(BufferId::kResidual, n * hidden));
+  PS_ASSIGN_OR_RETURN(buf.h, be.Buffer(BufferId::kNormed, n * hidden));
+  PS_ASSIGN_OR_RETURN(buf.q, be.Buffer(BufferId::kQuery, n * q_dim));
+  PS_ASSIGN_OR_RETURN(buf.k, be.Buffer(BufferId::kKey, n * kv_dim));
+  PS_ASSIGN_OR_RETURN(buf.v, be.Buffer(BufferId::kValue, n * kv_dim));
+  PS_ASSIGN_OR_RETURN(buf.attn, be.Buffer(BufferId::kAttention, n * q_dim));
+  PS_ASSIGN_OR_RETURN(buf.o, be.Buffer(BufferId::kProjection, n * hidden));
+  PS_ASSIGN_OR_RETURN(buf.gate, be.Buffer(BufferId::kGate, n * inter));
+  PS_ASSIGN_OR_RETURN(buf.up, be.Buffer(BufferId::kUp, n * inter));
+  PS_ASSIGN_OR_RETURN(buf.normed, be.Buffer(BufferId::kLogitsInput, r * hidden));
+
+  bool replayed = false;
+  if (graph) {
+    PS_ASSIGN_OR_RETURN(replayed, be.BeginBody(kv_layers));
+  }
+  if (!replayed) {
+    absl::Status body = RunBody(n, r, buf, kv_layers);
+    if (graph) {
+      // A capture that failed ran nothing: the body runs again, eagerly (an
+      // error of the body's own comes back the same way).
+      PS_ASSIGN_OR_RETURN(const bool ran, be.EndBody(body.ok()));
+      if (!ran) body = RunBody(n, r, buf, kv_layers);
+    }
+    PS_RETURN_IF_ERROR(body);
+  }
+  *normed_out = buf.normed;
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::RunBody(int64_t n, int64_t r, const StepBuffers& buf,
+                                 std::span<const kernels::KVCacheView> kv_layers) {
   const ModelConfig& cfg = config_;
-  const int64_t n = b.num_tokens();
-  const int64_t r = static_cast<int64_t>(b.logits_rows.size());
   const int hidden = cfg.hidden_size;
-  const int D = cfg.head_size;
   const int heads = shard_.num_heads;
-  const int kv_heads = shard_.num_kv_heads;
-  const int64_t q_dim = static_cast<int64_t>(heads) * D;
-  const int64_t kv_dim = static_cast<int64_t>(kv_heads) * D;
   const int64_t inter = shard_.intermediate_size;
   const double eps = cfg.rms_norm_eps;
   ModelBackend& be = *backend_;
-
-  BuildPlan(b);
-  PS_RETURN_IF_ERROR(be.BeginStep(plan_));
-  PS_ASSIGN_OR_RETURN(float* x, be.Buffer(BufferId::kResidual, n * hidden));
-  PS_ASSIGN_OR_RETURN(float* h, be.Buffer(BufferId::kNormed, n * hidden));
-  PS_ASSIGN_OR_RETURN(float* q, be.Buffer(BufferId::kQuery, n * q_dim));
-  PS_ASSIGN_OR_RETURN(float* k, be.Buffer(BufferId::kKey, n * kv_dim));
-  PS_ASSIGN_OR_RETURN(float* v, be.Buffer(BufferId::kValue, n * kv_dim));
-  PS_ASSIGN_OR_RETURN(float* attn, be.Buffer(BufferId::kAttention, n * q_dim));
-  PS_ASSIGN_OR_RETURN(float* o, be.Buffer(BufferId::kProjection, n * hidden));
-  PS_ASSIGN_OR_RETURN(float* gate, be.Buffer(BufferId::kGate, n * inter));
-  PS_ASSIGN_OR_RETURN(float* up, be.Buffer(BufferId::kUp, n * inter));
-  PS_ASSIGN_OR_RETURN(float* normed, be.Buffer(BufferId::kLogitsInput, r * hidden));
+  float *x = buf.x, *h = buf.h, *q = buf.q, *k = buf.k, *v = buf.v, *attn = buf.attn, *o = buf.o,
+        *gate = buf.gate, *up = buf.up;
 
   PS_RETURN_IF_ERROR(be.EmbeddingGather(w_.embed_tokens, x));
   PS_RETURN_IF_ERROR(
@@ -210,10 +255,9 @@ absl::Status LlamaModel::RunLayers(const ForwardBatch& b,
           be.AddRmsNorm(x, o, n, hidden, w_.layers[l + 1].input_layernorm, eps, false, h));
     } else {
       // The last residual add fused with the final norm, on the logits rows only.
-      PS_RETURN_IF_ERROR(be.AddRmsNorm(x, o, r, hidden, w_.final_norm, eps, true, normed));
+      PS_RETURN_IF_ERROR(be.AddRmsNorm(x, o, r, hidden, w_.final_norm, eps, true, buf.normed));
     }
   }
-  *normed_out = normed;
   return absl::OkStatus();
 }
 

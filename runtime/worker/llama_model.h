@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -38,6 +39,7 @@
 #include "kernels/types.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
+#include "runtime/worker/decode_graph.h"
 #include "runtime/worker/model_backend.h"
 
 namespace pagedserve {
@@ -72,6 +74,13 @@ class LlamaModel {
   std::span<const kernels::KVCacheView> device_cache() const { return backend_->device_cache(); }
   std::span<const kernels::KVCacheView> cpu_cache() const { return backend_->cpu_cache(); }
 
+  // Which decode steps run padded to a captured shape when the backend
+  // replays captured bodies (ModelBackend::SupportsBodyGraphs; CUDA graphs):
+  // runtime/worker/decode_graph.h. Default: DecodeGraphOptions{} (on, batches
+  // up to 256, contexts up to 8192). Not thread-safe; between steps.
+  void set_graph_options(const DecodeGraphOptions& options) { graph_options_ = options; }
+  const DecodeGraphOptions& graph_options() const { return graph_options_; }
+
   // Runs the batch, writes this step's K/V into `kv_layers` (num_layers views
   // the backend accepts: views of fp32, fp16, bf16 or fp8 (e4m3/e5m2), kCPU on
   // the CPU backend, kCUDA on the CUDA one) and fp32 logits [logits_rows.size(),
@@ -98,10 +107,20 @@ class LlamaModel {
 
   absl::Status ValidateBatch(const ForwardBatch& b,
                              std::span<const kernels::KVCacheView> kv_layers) const;
-  void BuildPlan(const ForwardBatch& b);
-  // Everything up to the LM head; *normed = the final-norm rows.
+  // The plan of `b`; with `graph`, of a batch padded to it (all decode).
+  void BuildPlan(const ForwardBatch& b, const std::optional<DecodeGraphKey>& graph);
+  // Everything up to the LM head; *normed = the final-norm rows, the
+  // caller's logits rows first (a padded step has more after them).
   absl::Status RunLayers(const ForwardBatch& b, std::span<const kernels::KVCacheView> kv_layers,
                          float** normed);
+  // The step's activation buffers (ModelBackend::Buffer).
+  struct StepBuffers {
+    float *x, *h, *q, *k, *v, *attn, *o, *gate, *up, *normed;
+  };
+  // The body (ModelBackend::BeginBody): embedding, the layers and the final
+  // norm of the r logits rows, over the plan's n tokens.
+  absl::Status RunBody(int64_t n, int64_t r, const StepBuffers& buf,
+                       std::span<const kernels::KVCacheView> kv_layers);
 
   ModelConfig config_;
   ShardLayout shard_;
@@ -109,6 +128,8 @@ class LlamaModel {
   BackendWeights w_;
   std::vector<double> inv_freq_;
   ForwardPlan plan_;  // this step's (reused: its vectors keep their capacity)
+  DecodeGraphOptions graph_options_;
+  PaddedDecodeBatch padded_;  // this step's batch padded to its graph key
 };
 
 }  // namespace pagedserve

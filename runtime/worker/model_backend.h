@@ -26,6 +26,7 @@
 #define PAGEDSERVE_RUNTIME_WORKER_MODEL_BACKEND_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -54,6 +55,14 @@ struct ForwardBatch {
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
 };
 
+// The padded shape of a decode step a backend may capture and replay
+// (ForwardPlan::graph; runtime/worker/decode_graph.h chooses it).
+struct DecodeGraphKey {
+  int batch = 0;    // sequences (= tokens = logits rows) after padding
+  int context = 0;  // the attention's max_seq_len; a multiple of the block size
+  bool operator==(const DecodeGraphKey&) const = default;
+};
+
 // The per-step metadata, computed once on the host by the forward pass
 // (LlamaModel) from a validated ForwardBatch and consumed by the backend
 // (BeginStep). Host memory; `batch` must outlive the step.
@@ -79,6 +88,11 @@ struct ForwardPlan {
   int rope_half = 0;
   std::vector<float> rope_cos, rope_sin;
   float attention_scale = 0.0f;  // 1 / sqrt(head_size)
+  // Set for a decode step padded to a captured shape (only when the backend
+  // SupportsBodyGraphs): the batch is padded to graph->batch sequences, all
+  // decode (num_decode == num_seqs, padded ones with seq_len 1), and
+  // max_decode_len == graph->context.
+  std::optional<DecodeGraphKey> graph;
 };
 
 // A weight as the backend holds it. `handle` is backend-private (CPU: the
@@ -307,6 +321,37 @@ class ModelBackend {
   // operations.
   virtual absl::Status RopeAndAttention(const kernels::KVCacheView& cache, int64_t n, int num_heads,
                                         float* q, float* k, float* v, float* out);
+
+  // ---- Captured decode steps (CUDA graphs) -----------------------------
+  // The body of a step is everything from EmbeddingGather to the final
+  // AddRmsNorm into the kLogitsInput buffer. A backend that returns true
+  // here gets decode steps padded to DecodeGraphKey shapes
+  // (runtime/worker/decode_graph.h; ForwardPlan::graph set), and for those
+  // the forward pass calls BeginBody after BeginStep and its Buffer calls,
+  // and EndBody after the body. Default: false (CPU).
+  virtual bool SupportsBodyGraphs() const { return false; }
+  // True when the backend has enqueued the whole body itself by replaying
+  // the graph it captured for plan.graph over the same buffers and the same
+  // cache views `kv_layers` (it still validates the step's block tables and
+  // lengths on the host); the forward pass then skips the body and goes on
+  // to the LM head. False when the forward pass must issue the body's
+  // operations; the backend may be recording them (capture) instead of
+  // running them, and then runs them at EndBody. Errors as the operations'.
+  virtual absl::StatusOr<bool> BeginBody(std::span<const kernels::KVCacheView> kv_layers) {
+    (void)kv_layers;
+    return false;
+  }
+  // Closes a body BeginBody returned false for; `body_ok` says whether every
+  // body operation succeeded. True when the body has run (eagerly, or a
+  // capturing backend ended the capture, kept the graph for the key and
+  // launched it). False when a capture failed, in an operation (!body_ok) or
+  // at its end, so that nothing of the body ran: the forward pass then issues
+  // the body again, eagerly (the backend does not capture that key again).
+  // Errors: a device error that leaves the backend unable to run the body.
+  virtual absl::StatusOr<bool> EndBody(bool body_ok) {
+    (void)body_ok;
+    return true;
+  }
 
   // Sum over the tensor-parallel group, in place, on backend memory (the
   // output of a row-parallel layer). A no-op for a group of one.

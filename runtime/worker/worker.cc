@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   const int num_layers = weights.config.num_layers;
   const int vocab = weights.config.vocab_size;
   PS_ASSIGN_OR_RETURN(w->model_, LlamaModel::Create(std::move(weights), comm, std::move(backend)));
+  w->model_->set_graph_options(options.graphs);
   w->config_ = &w->model_->config();
   w->sampler_ = std::make_unique<Sampler>(vocab);
 

@@ -59,6 +59,10 @@ struct WorkerOptions {
   kernels::Device device = kernels::Device::kCPU;
   int cuda_device = 0;
   double gpu_memory_utilization = 0.9;  // fraction of the device's memory in all (vLLM's meaning)
+  // Decode steps replayed from CUDA graphs (--enforce-eager,
+  // --max-seq-len-to-capture; runtime/worker/decode_graph.h). Only the CUDA
+  // backend captures; the CPU worker ignores this.
+  DecodeGraphOptions graphs;
 };
 
 // The weight dtype Worker::Create loads for `options`: options.dtype, except

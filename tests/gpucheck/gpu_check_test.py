@@ -39,7 +39,7 @@ import tempfile
 
 BINS = ["kernels_cuda_kernels_test", "cuda_worker_test", "paged_attention_cuda_bench",
         "bench_model", "pagedserve"]
-GPU_STEPS = ["kernel_tests", "cuda_worker", "attention_bench", "model_bench", "sdpa_baseline", "memcheck"]
+GPU_STEPS = ["kernel_tests", "cuda_worker", "attention_bench", "model_bench", "model_bench_eager", "sdpa_baseline", "memcheck"]
 PROVIDED = re.compile(r"^(linux-vdso\.so|ld-linux-x86-64\.so|libc\.so|libm\.so|libpthread\.so|"
                       r"libdl\.so|librt\.so|libresolv\.so|libutil\.so|libcuda\.so|libnvidia-|"
                       r"libnccl\.so|libcublas\.so|libcublasLt\.so)")

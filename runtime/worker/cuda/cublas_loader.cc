@@ -28,6 +28,7 @@ absl::StatusOr<const CublasApi*> Load() {
       !Resolve(lib, "cublasDestroy_v2", &api.destroy, &error) ||
       !Resolve(lib, "cublasSetStream_v2", &api.set_stream, &error) ||
       !Resolve(lib, "cublasSetMathMode", &api.set_math_mode, &error) ||
+      !Resolve(lib, "cublasSetWorkspace_v2", &api.set_workspace, &error) ||
       !Resolve(lib, "cublasSgemm_v2", &api.sgemm, &error) ||
       !Resolve(lib, "cublasGemmEx", &api.gemm_ex, &error))
     return absl::FailedPreconditionError(error);

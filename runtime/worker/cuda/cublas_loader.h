@@ -23,6 +23,9 @@ struct CublasApi {
   cublasStatus_t (*destroy)(cublasHandle_t) = nullptr;
   cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t) = nullptr;
   cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t) = nullptr;
+  // A user-owned workspace, so that GEMMs captured into CUDA graphs do not
+  // allocate one per capture.
+  cublasStatus_t (*set_workspace)(cublasHandle_t, void*, size_t) = nullptr;
   cublasStatus_t (*sgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
                           const float*, const float*, int, const float*, int, const float*, float*,
                           int) = nullptr;

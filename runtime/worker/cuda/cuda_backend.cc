@@ -168,6 +168,10 @@ bool CudaKvDType(kernels::DType t) {
 }
 
 constexpr size_t kAlign = 256;  // byte alignment of the packed step inputs
+// cuBLAS' workspace (its documentation recommends 32 MiB on Hopper).
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+// Graphs kept at most (batch x context buckets seen); further keys run eagerly.
+constexpr size_t kMaxGraphs = 96;
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 class CudaBackend final : public ModelBackend {
@@ -178,7 +182,9 @@ class CudaBackend final : public ModelBackend {
     cudaSetDevice(device_);
     // Not after an abandoned step of a multi-rank group: its collectives may
     // wait for a peer that is gone (cudaStreamDestroy does not wait).
+    if (capturing_) AbandonCapture();
     if (stream_ != nullptr && !(step_pending_ && comm_->size() > 1)) cudaStreamSynchronize(stream_);
+    for (CapturedBody& g : graphs_) cudaGraphExecDestroy(g.exec);
     if (cublas_ != nullptr) blas_->destroy(cublas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -191,6 +197,11 @@ class CudaBackend final : public ModelBackend {
     PS_ASSIGN_OR_RETURN(blas_, LoadCublas());
     PS_RETURN_IF_ERROR(CublasStatus(blas_->create(&cublas_), "cublasCreate"));
     PS_RETURN_IF_ERROR(CublasStatus(blas_->set_stream(cublas_, stream_), "cublasSetStream"));
+    // After cublasSetStream, which resets the workspace to cuBLAS' own.
+    PS_RETURN_IF_ERROR(cublas_workspace_.Reserve(kCublasWorkspaceBytes, "cuBLAS workspace"));
+    PS_RETURN_IF_ERROR(CublasStatus(
+        blas_->set_workspace(cublas_, cublas_workspace_.get(), cublas_workspace_.bytes()),
+        "cublasSetWorkspace"));
     // Full fp32 SGEMM for fp32 weights (no TF32 rounding); GemmEx with
     // 16-bit inputs uses tensor cores regardless.
     return CublasStatus(blas_->set_math_mode(cublas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
@@ -321,6 +332,9 @@ class CudaBackend final : public ModelBackend {
   // no copy still reads the staging buffer.
   absl::Status BeginStep(const ForwardPlan& plan) override {
     PS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    // A body that failed while it was being captured left the stream
+    // capturing: end that first (nothing of it ran).
+    if (capturing_) AbandonCapture();
     if (step_pending_) {
       // The previous step ended in an error before its LmHead: its work may
       // still read the staging buffer (and, with NCCL, wait for peers).
@@ -516,6 +530,70 @@ class CudaBackend final : public ModelBackend {
                        CacheTypeOf(cache.shape.dtype), cache.k_scale, cache.v_scale, stream_),
                    "rope + reshape_and_cache launch"));
     return RunAttention(cache, num_heads, qa, out);
+  }
+
+  bool SupportsBodyGraphs() const override { return true; }
+
+  // The first step of a key runs eagerly (lazy module loading, cuBLAS
+  // heuristics and kernel attributes settle outside a capture), the second
+  // is captured, later ones replay. A graph is kept with the addresses it
+  // was captured over (BodyAddresses); when a buffer has grown since, it is
+  // captured again.
+  absl::StatusOr<bool> BeginBody(std::span<const kernels::KVCacheView> kv_layers) override {
+    const DecodeGraphKey key = *plan_->graph;
+    std::vector<uintptr_t> addresses = BodyAddresses(kv_layers);
+    for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
+      if (!(it->key == key)) continue;
+      if (it->addresses == addresses) {
+        PS_RETURN_IF_ERROR(ValidateReplayedStep(kv_layers));
+        PS_RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(it->exec, stream_), "CUDA graph launch"));
+        return true;
+      }
+      cudaGraphExecDestroy(it->exec);
+      graphs_.erase(it);
+      break;
+    }
+    const auto seen = [&](const std::vector<DecodeGraphKey>& keys) {
+      return std::find(keys.begin(), keys.end(), key) != keys.end();
+    };
+    if (seen(uncapturable_) || graphs_.size() >= kMaxGraphs) return false;
+    if (!seen(warmed_up_)) {
+      warmed_up_.push_back(key);
+      return false;
+    }
+    // Marked until EndBody succeeds: a capture that fails is not retried.
+    uncapturable_.push_back(key);
+    PS_RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                                  "CUDA graph capture"));
+    capturing_ = true;
+    capture_key_ = key;
+    capture_addresses_ = std::move(addresses);
+    return false;
+  }
+
+  // A capture that failed (an operation failed, or ending or instantiating
+  // it did) leaves its key in uncapturable_ and the step to run eagerly.
+  absl::StatusOr<bool> EndBody(bool body_ok) override {
+    if (!capturing_) return true;
+    if (!body_ok) {
+      AbandonCapture();
+      return false;
+    }
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    if (e == cudaSuccess) e = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    uncapturable_.erase(std::find(uncapturable_.begin(), uncapturable_.end(), capture_key_));
+    graphs_.push_back(CapturedBody{capture_key_, std::move(capture_addresses_), exec});
+    // Capturing ran nothing: this step's body runs as the graph's first replay.
+    PS_RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(exec, stream_), "CUDA graph launch"));
+    return true;
   }
 
   // Enqueued on the compute stream (NCCL): no host synchronisation; a
@@ -968,28 +1046,8 @@ class CudaBackend final : public ModelBackend {
       oa = attn_out_.get();
     }
     const int M = b.max_blocks_per_seq;
-    if (plan.num_decode > 0) {
-      kernels::PagedAttentionParams pa;
-      pa.out = oa;
-      pa.query = qa;
-      pa.num_seqs = plan.num_decode;
-      pa.num_heads = num_heads;
-      pa.cache = cache;
-      pa.io_dtype = io_dtype;
-      pa.block_tables = In<int32_t>(kBlockTables);
-      pa.max_blocks_per_seq = M;
-      pa.seq_lens = In<int32_t>(kSeqLens);
-      pa.max_seq_len = plan.max_decode_len;
-      pa.scale = plan.attention_scale;
-      if (validate) {
-        pa.host_block_tables = b.block_tables.data();
-        pa.host_seq_lens = b.seq_lens.data();
-      }
-      pa.workspace = workspace_.get();
-      pa.workspace_bytes = workspace_.bytes();
-      pa.stream = stream_;
-      PS_RETURN_IF_ERROR(kernels::PagedAttention(pa));
-    }
+    if (plan.num_decode > 0)
+      PS_RETURN_IF_ERROR(kernels::PagedAttention(DecodeParams(cache, num_heads, qa, oa, validate)));
     if (plan.num_prefill > 0) {
       const int64_t bt_off = static_cast<int64_t>(plan.num_decode) * M;
       const int64_t row_off =
@@ -1019,6 +1077,81 @@ class CudaBackend final : public ModelBackend {
     if (io == Elem::kF32) return absl::OkStatus();
     return CudaStatus(cuda_model::LaunchConvert(oa, io, n * q_dim, out, Elem::kF32, stream_),
                       "attention output conversion");
+  }
+
+  // The decode attention of the plan's decode sequences over `cache`, from
+  // qa into oa; with `validate`, the host copies of the block tables and
+  // lengths for the kernels' checks.
+  kernels::PagedAttentionParams DecodeParams(const kernels::KVCacheView& cache, int num_heads,
+                                             const void* qa, void* oa, bool validate) const {
+    const ForwardPlan& plan = *plan_;
+    const ForwardBatch& b = *plan.batch;
+    kernels::PagedAttentionParams pa;
+    pa.out = oa;
+    pa.query = qa;
+    pa.num_seqs = plan.num_decode;
+    pa.num_heads = num_heads;
+    pa.cache = cache;
+    pa.io_dtype = AttentionIoDType(cache);
+    pa.block_tables = In<int32_t>(kBlockTables);
+    pa.max_blocks_per_seq = b.max_blocks_per_seq;
+    pa.seq_lens = In<int32_t>(kSeqLens);
+    pa.max_seq_len = plan.max_decode_len;
+    pa.scale = plan.attention_scale;
+    if (validate) {
+      pa.host_block_tables = b.block_tables.data();
+      pa.host_seq_lens = b.seq_lens.data();
+    }
+    pa.workspace = workspace_.get();
+    pa.workspace_bytes = workspace_.bytes();
+    pa.stream = stream_;
+    return pa;
+  }
+
+  // The host-side checks a replayed body skips (RunAttention's first-layer
+  // validation): the padded step's block tables and lengths against the
+  // smallest pool among the layers.
+  absl::Status ValidateReplayedStep(std::span<const kernels::KVCacheView> kv_layers) const {
+    if (kv_layers.empty()) return absl::OkStatus();
+    const kernels::KVCacheView* smallest = &kv_layers[0];
+    for (const kernels::KVCacheView& v : kv_layers)
+      if (v.shape.num_blocks < smallest->shape.num_blocks) smallest = &v;
+    // The operand pointers are only checked for being set.
+    return kernels::ValidatePagedAttention(
+        DecodeParams(*smallest, shard_.num_heads, inputs_.get(), inputs_.get(), true));
+  }
+
+  // Every address a captured body reads or writes besides the weights: the
+  // step inputs, the activation and scratch buffers (with their sizes, which
+  // bound the kernels' workspaces) and the cache views. A graph replays only
+  // over the same list.
+  std::vector<uintptr_t> BodyAddresses(std::span<const kernels::KVCacheView> kv_layers) const {
+    std::vector<uintptr_t> a;
+    auto add = [&](const void* p, size_t bytes) {
+      a.push_back(reinterpret_cast<uintptr_t>(p));
+      a.push_back(bytes);
+    };
+    for (const void* p : d_in_) add(p, 0);
+    for (const DeviceBuffer& b : buffers_) add(b.get(), b.bytes());
+    for (const DeviceBuffer* b : {&inputs_, &workspace_, &gemm_input_, &attn_q_, &attn_k_, &attn_v_,
+                                  &attn_out_, &fused_out_, &allreduce_buf_})
+      add(b->get(), b->bytes());
+    for (const kernels::KVCacheView& v : kv_layers) {
+      add(v.key_cache, static_cast<size_t>(v.shape.num_blocks));
+      add(v.value_cache, static_cast<size_t>(v.shape.dtype));
+    }
+    return a;
+  }
+
+  // Ends a capture whose body failed (EndBody, BeginStep after an abandoned
+  // step, the destructor): the partial graph is dropped and the key stays
+  // uncapturable.
+  void AbandonCapture() {
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();  // a capture error is sticky until read
+    capturing_ = false;
   }
 
   // Matrices with the same columns and element type uploaded stacked by rows
@@ -1180,6 +1313,19 @@ class CudaBackend final : public ModelBackend {
   DeviceBuffer gemm_input_, attn_q_, attn_k_, attn_v_, attn_out_, fused_out_, allreduce_buf_;
   DeviceBuffer argmax_, sample_in_;  // LmHeadSample's ids and sampling inputs
   PinnedBuffer host_inputs_, pinned_logits_, pinned_argmax_, pinned_sample_in_;
+  DeviceBuffer cublas_workspace_;
+  // CUDA graphs of decode bodies (BeginBody / EndBody), by padded shape.
+  struct CapturedBody {
+    DecodeGraphKey key;
+    std::vector<uintptr_t> addresses;  // BodyAddresses at capture
+    cudaGraphExec_t exec = nullptr;
+  };
+  std::vector<CapturedBody> graphs_;
+  std::vector<DecodeGraphKey> warmed_up_;     // keys whose first step ran eagerly
+  std::vector<DecodeGraphKey> uncapturable_;  // keys whose capture failed (or is under way)
+  bool capturing_ = false;
+  DecodeGraphKey capture_key_;
+  std::vector<uintptr_t> capture_addresses_;
   bool has_16bit_weights_ = false;  // some matrix runs through GemmEx
   Elem weight_elem_ = Elem::kF32;   // the 16-bit weight type, if any (all-reduce payloads)
   bool step_pending_ = false;       // BeginStep ran and WaitForStep has not succeeded since

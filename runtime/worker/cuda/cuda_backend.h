@@ -39,6 +39,15 @@
 // others; only ids, the logprobs asked for and the rows that need logits
 // come back).
 //
+// CUDA graphs: decode steps padded to a DecodeGraphKey (the forward pass
+// pads them; runtime/worker/decode_graph.h) have their body (embedding to
+// final norm) captured on the compute stream at the key's second step and
+// replayed from then on (ModelBackend::BeginBody / EndBody); the step-input
+// upload, the LM head and the sampling stay eager. A graph is replayed only
+// over the addresses it was captured with and captured again otherwise;
+// LlamaModel::set_graph_options (WorkerOptions::graphs, --enforce-eager)
+// turns it off.
+//
 // Streams: every kernel, GEMM, copy and NCCL all-reduce of this backend runs
 // on one compute stream, created blocking so that it is ordered with the
 // legacy default stream on which the worker's swap and copy-on-write block
