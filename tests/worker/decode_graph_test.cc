@@ -219,8 +219,11 @@ class CaptureBackend final : public ModelBackend {
     for (Graph& g : graphs_) {
       if (!(g.key == key)) continue;
       if (g.buffers != step_buffers_) break;
+      // The CPU operations validate as they run (the CUDA backend validates
+      // a replayed step's block tables and lengths before the launch).
       if (fault_ != Fault::kReplayRunsNothing) {
-        for (const auto& op : g.ops) EXPECT_TRUE(op().ok());
+        for (const auto& op : g.ops)
+          if (absl::Status st = op(); !st.ok()) return st;
       }
       ++replays;
       return true;
@@ -320,15 +323,15 @@ constexpr int kBlocksPerSeq = 24;  // 384 tokens
 constexpr int kSeqs = 6;
 
 // One model over its own pools.
-struct Run {
+struct ModelRun {
   std::unique_ptr<LlamaModel> model;
   std::vector<std::vector<float>> storage;
   std::vector<kernels::KVCacheView> views;
   CaptureBackend* capture = nullptr;  // when the backend is one
 };
 
-Run MakeRun(const std::string& path, bool graphs, Fault fault) {
-  Run r;
+ModelRun MakeRun(const std::string& path, bool graphs, Fault fault) {
+  ModelRun r;
   auto weights = LoadLlamaWeights(path, 0, 1, WeightDType::kFloat32);
   EXPECT_TRUE(weights.ok()) << weights.status();
   if (!weights.ok()) return r;
@@ -363,7 +366,10 @@ struct Part {
   int seq, start;
   std::vector<int32_t> tokens;
 };
-absl::Status Step(Run& r, const std::vector<Part>& parts, std::vector<float>* logits) {
+// `bad_block`: when set, the first block-table entry of the step (outside
+// the pool: the attention's validation must refuse it).
+absl::Status Step(ModelRun& r, const std::vector<Part>& parts, std::vector<float>* logits,
+                  bool bad_block = false) {
   Batch b;
   b.width = kBlocksPerSeq;
   b.qsl.push_back(0);
@@ -378,6 +384,7 @@ absl::Status Step(Run& r, const std::vector<Part>& parts, std::vector<float>* lo
     b.rows.push_back(b.qsl.back() - 1);
     for (int i = 0; i < kBlocksPerSeq; ++i) b.tables.push_back(p.seq * kBlocksPerSeq + i);
   }
+  if (bad_block) b.tables[0] = 1 << 20;
   return r.model->Forward(b.view(), r.views, logits);
 }
 
@@ -398,7 +405,7 @@ struct Schedule {
 // (bucket 8, context bucket 384 from step 20 on).
 Schedule RunSchedule(const std::string& path, bool graphs, Fault fault) {
   Schedule out;
-  Run r = MakeRun(path, graphs, fault);
+  ModelRun r = MakeRun(path, graphs, fault);
   if (r.model == nullptr) return out;
   const int vocab = r.model->config().vocab_size;
   std::vector<int> len(kSeqs);
@@ -497,6 +504,40 @@ TEST(DecodeGraphTest, BrokenReplaysAreCaught) {
     const Schedule broken = RunSchedule(path, true, f);
     EXPECT_GT(ScheduleDiff(broken, eager), 1e-3);
   }
+}
+
+// A step with a block id outside the pool fails with the attention's
+// InvalidArgument whether it runs eagerly, is captured or would replay, and
+// the steps after it are unaffected.
+TEST(DecodeGraphTest, BadBlockTablesFailTheStepInEveryMode) {
+  const char* path = TestModel();
+  ASSERT_NE(path, nullptr) << "PAGEDSERVE_TEST_MODEL is not set";
+  std::vector<std::vector<float>> good[2];
+  for (int graphs = 0; graphs < 2; ++graphs) {
+    ModelRun r = MakeRun(path, graphs == 1, Fault::kNone);
+    ASSERT_NE(r.model, nullptr);
+    std::vector<float> logits;
+    for (int s = 0; s < 2; ++s) ASSERT_TRUE(Step(r, {Part{s, 0, {5, 6, 7, 8}}}, &logits).ok());
+    int len = 4;
+    // Steps: warm-up, capture, replay, replay; the bad one at each position.
+    for (int step = 0; step < 8; ++step) {
+      const bool bad = step % 2 == 1;
+      std::vector<Part> parts = {Part{0, len, {9}}, Part{1, len, {10}}};
+      const absl::Status st = Step(r, parts, &logits, bad);
+      if (bad) {
+        EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+        continue;
+      }
+      ASSERT_TRUE(st.ok()) << st;
+      good[graphs].push_back(logits);
+      ++len;
+    }
+    if (r.capture != nullptr) {
+      EXPECT_GT(r.capture->replays, 0);
+    }
+  }
+  ASSERT_EQ(good[0].size(), good[1].size());
+  for (size_t i = 0; i < good[0].size(); ++i) EXPECT_EQ(MaxAbsDiff(good[0][i], good[1][i]), 0.0);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -45,17 +46,22 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr_(o.ptr_), bytes_(o.bytes_), before_free_(std::move(o.before_free_)) {
     o.ptr_ = nullptr;
     o.bytes_ = 0;
   }
   ~DeviceBuffer() {
     if (ptr_ != nullptr) cudaFree(ptr_);
   }
+  // Called before Reserve frees the allocation to grow it (the CUDA graphs
+  // captured over it are dropped first).
+  void set_before_free(std::function<void()> f) { before_free_ = std::move(f); }
   // Ensures at least `bytes` bytes (contents are not preserved on growth;
   // cudaFree waits for the device, so no kernel still uses the old buffer).
   absl::Status Reserve(size_t bytes, absl::string_view what) {
     if (bytes <= bytes_) return absl::OkStatus();
+    if (ptr_ != nullptr && before_free_) before_free_();
     if (ptr_ != nullptr) cudaFree(ptr_);
     ptr_ = nullptr;
     bytes_ = 0;
@@ -69,6 +75,7 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  std::function<void()> before_free_;
 };
 
 // Owning pinned host allocation (cudaHostAlloc).
@@ -176,7 +183,11 @@ size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 class CudaBackend final : public ModelBackend {
  public:
-  CudaBackend(Communicator* comm, int device) : comm_(comm), device_(device) {}
+  CudaBackend(Communicator* comm, int device) : comm_(comm), device_(device) {
+    // A buffer a graph was captured over is freed only after the graph
+    // (NCCL may have registered it for the captured collectives).
+    for (DeviceBuffer* b : StepBuffers()) b->set_before_free([this] { DropGraphs(); });
+  }
 
   ~CudaBackend() override {
     cudaSetDevice(device_);
@@ -184,7 +195,7 @@ class CudaBackend final : public ModelBackend {
     // wait for a peer that is gone (cudaStreamDestroy does not wait).
     if (capturing_) AbandonCapture();
     if (stream_ != nullptr && !(step_pending_ && comm_->size() > 1)) cudaStreamSynchronize(stream_);
-    for (CapturedBody& g : graphs_) cudaGraphExecDestroy(g.exec);
+    DropGraphs();
     if (cublas_ != nullptr) blas_->destroy(cublas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -541,11 +552,15 @@ class CudaBackend final : public ModelBackend {
   // captured again.
   absl::StatusOr<bool> BeginBody(std::span<const kernels::KVCacheView> kv_layers) override {
     const DecodeGraphKey key = *plan_->graph;
+    warming_up_.reset();
     std::vector<uintptr_t> addresses = BodyAddresses(kv_layers);
     for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
       if (!(it->key == key)) continue;
       if (it->addresses == addresses) {
         PS_RETURN_IF_ERROR(ValidateReplayedStep(kv_layers));
+        // The eager path stops at the communicator's error; a graph would
+        // launch the collectives of an aborted communicator.
+        if (comm_->size() > 1) PS_RETURN_IF_ERROR(CheckCommunicator());
         PS_RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(it->exec, stream_), "CUDA graph launch"));
         return true;
       }
@@ -558,7 +573,7 @@ class CudaBackend final : public ModelBackend {
     };
     if (seen(uncapturable_) || graphs_.size() >= kMaxGraphs) return false;
     if (!seen(warmed_up_)) {
-      warmed_up_.push_back(key);
+      warming_up_ = key;  // warmed up once its body succeeds (EndBody)
       return false;
     }
     // Marked until EndBody succeeds: a capture that fails is not retried.
@@ -571,13 +586,23 @@ class CudaBackend final : public ModelBackend {
     return false;
   }
 
-  // A capture that failed (an operation failed, or ending or instantiating
-  // it did) leaves its key in uncapturable_ and the step to run eagerly.
+  // A capture that failed (the capture was invalidated under an operation,
+  // or ending or instantiating it failed) leaves its key in uncapturable_
+  // and the step to run eagerly. An operation that failed for a reason of
+  // its own (a validation error) leaves the capture active: its error is the
+  // step's, and the key may be captured later.
   absl::StatusOr<bool> EndBody(bool body_ok) override {
+    if (warming_up_ && body_ok) warmed_up_.push_back(*warming_up_);
+    warming_up_.reset();
     if (!capturing_) return true;
     if (!body_ok) {
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      const bool invalidated = cudaStreamIsCapturing(stream_, &status) != cudaSuccess ||
+                               status != cudaStreamCaptureStatusActive;
       AbandonCapture();
-      return false;
+      if (invalidated) return false;
+      uncapturable_.erase(std::find(uncapturable_.begin(), uncapturable_.end(), capture_key_));
+      return true;
     }
     capturing_ = false;
     cudaGraph_t graph = nullptr;
@@ -1136,22 +1161,65 @@ class CudaBackend final : public ModelBackend {
     for (const DeviceBuffer* b : {&inputs_, &workspace_, &gemm_input_, &attn_q_, &attn_k_, &attn_v_,
                                   &attn_out_, &fused_out_, &allreduce_buf_})
       add(b->get(), b->bytes());
+    // The cache views, with what their kernels take as launch arguments
+    // (the fp8 scales by their bits).
     for (const kernels::KVCacheView& v : kv_layers) {
+      uint32_t k_scale = 0, v_scale = 0;
+      std::memcpy(&k_scale, &v.k_scale, sizeof(k_scale));
+      std::memcpy(&v_scale, &v.v_scale, sizeof(v_scale));
       add(v.key_cache, static_cast<size_t>(v.shape.num_blocks));
       add(v.value_cache, static_cast<size_t>(v.shape.dtype));
+      a.insert(a.end(), {static_cast<uintptr_t>(v.shape.num_kv_heads),
+                         static_cast<uintptr_t>(v.shape.head_size),
+                         static_cast<uintptr_t>(v.shape.block_size), k_scale, v_scale});
     }
     return a;
   }
 
   // Ends a capture whose body failed (EndBody, BeginStep after an abandoned
   // step, the destructor): the partial graph is dropped and the key stays
-  // uncapturable.
+  // uncapturable. Nothing of the body ran, so the step's host-side checks
+  // run again in an eager retry.
   void AbandonCapture() {
     cudaGraph_t graph = nullptr;
     cudaStreamEndCapture(stream_, &graph);
     if (graph != nullptr) cudaGraphDestroy(graph);
-    cudaGetLastError();  // a capture error is sticky until read
+    cudaGetLastError();  // clear the capture's error
     capturing_ = false;
+    step_validated_ = false;
+  }
+
+  // Destroys every graph (a buffer they name is about to be freed, or the
+  // backend is). After the communicator was aborted the graphs, whose
+  // collectives belong to it, are forgotten instead: NCCL's resources of a
+  // captured collective are released when its graph is destroyed, and the
+  // worker is on its way out.
+  void DropGraphs() {
+    if (!comm_failed_)
+      for (CapturedBody& g : graphs_) cudaGraphExecDestroy(g.exec);
+    graphs_.clear();
+  }
+
+  // The communicator's asynchronous error (multi-rank groups); on one, the
+  // graphs are forgotten (DropGraphs).
+  absl::Status CheckCommunicator() {
+    absl::Status s = comm_->CheckAsyncError();
+    if (!s.ok()) {
+      comm_failed_ = true;
+      DropGraphs();
+    }
+    return s;
+  }
+
+  // The step buffers a captured body may read or write (BodyAddresses lists
+  // their addresses; each drops the graphs before it grows).
+  std::vector<DeviceBuffer*> StepBuffers() {
+    std::vector<DeviceBuffer*> v;
+    for (DeviceBuffer& b : buffers_) v.push_back(&b);
+    for (DeviceBuffer* b : {&inputs_, &workspace_, &gemm_input_, &attn_q_, &attn_k_, &attn_v_,
+                            &attn_out_, &fused_out_, &allreduce_buf_})
+      v.push_back(b);
+    return v;
   }
 
   // Matrices with the same columns and element type uploaded stacked by rows
@@ -1280,7 +1348,7 @@ class CudaBackend final : public ModelBackend {
         return absl::OkStatus();
       }
       if (e != cudaErrorNotReady) return CudaStatus(e, "forward pass");
-      PS_RETURN_IF_ERROR(comm_->CheckAsyncError());
+      PS_RETURN_IF_ERROR(CheckCommunicator());
       // Spin (yielding) for the first few milliseconds, about a decode
       // step, then poll every 20 us.
       if (spin < 20000) {
@@ -1322,8 +1390,10 @@ class CudaBackend final : public ModelBackend {
   };
   std::vector<CapturedBody> graphs_;
   std::vector<DecodeGraphKey> warmed_up_;     // keys whose first step ran eagerly
+  std::optional<DecodeGraphKey> warming_up_;  // this step's key, running eagerly once
   std::vector<DecodeGraphKey> uncapturable_;  // keys whose capture failed (or is under way)
   bool capturing_ = false;
+  bool comm_failed_ = false;  // CheckCommunicator saw an error (the communicator is aborted)
   DecodeGraphKey capture_key_;
   std::vector<uintptr_t> capture_addresses_;
   bool has_16bit_weights_ = false;  // some matrix runs through GemmEx
