@@ -393,14 +393,22 @@ DecodeKernelChoice ChooseDecodeKernel(const PagedAttentionParams& p, DecodeKerne
   return ChooseDecodeKernelImpl(p, requested, /*explain=*/true);
 }
 
+absl::StatusOr<DecodeKernel> DecodeKernelFromEnvironment() {
+  // Read once: the comparison override for devices (v1/v2 stay reachable).
+  static const char* const env = std::getenv("PAGEDSERVE_DECODE_KERNEL");
+  DecodeKernel k = DecodeKernel::kAuto;
+  if (env != nullptr && *env != '\0' && !ParseDecodeKernel(env, &k))
+    return Invalid("paged_attention", "PAGEDSERVE_DECODE_KERNEL=", env,
+                   " is not one of auto, v1, v2, gqa, gqa_mma");
+  return k;
+}
+
 absl::Status PagedAttention(const PagedAttentionParams& p) {
   DecodeKernel requested = p.kernel;
   if (requested == DecodeKernel::kAuto) {
-    // Read once: the comparison override for devices (v1/v2 stay reachable).
-    static const char* const env = std::getenv("PAGEDSERVE_DECODE_KERNEL");
-    if (env != nullptr && *env != '\0' && !ParseDecodeKernel(env, &requested))
-      return Invalid("paged_attention", "PAGEDSERVE_DECODE_KERNEL=", env,
-                     " is not one of auto, v1, v2, gqa, gqa_mma");
+    absl::StatusOr<DecodeKernel> env = DecodeKernelFromEnvironment();
+    if (!env.ok()) return env.status();
+    requested = *env;
   }
   switch (ChooseDecodeKernelImpl(p, requested, /*explain=*/false).kernel) {
     case DecodeKernel::kGqa: return PagedAttentionGqa(p);

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/partition.h"  // kPartitionSize, NumPartitions
 #include "kernels/types.h"
 
@@ -162,6 +163,11 @@ DecodeKernelChoice ChooseDecodeKernel(Device device, int num_seqs, int num_heads
 // whatever was requested, because only they convert in registers; the GQA
 // kernel reads fp32/fp16/bf16 caches with operands of the same type.
 DecodeKernelChoice ChooseDecodeKernel(const PagedAttentionParams& p, DecodeKernel requested);
+
+// The kernel the environment variable PAGEDSERVE_DECODE_KERNEL names
+// (auto|v1|v2|gqa|gqa_mma; kAuto when unset or empty), read once per
+// process. InvalidArgument for another value. Thread-safe.
+absl::StatusOr<DecodeKernel> DecodeKernelFromEnvironment();
 
 // Runs the kernel ChooseDecodeKernel picks for p (p.kernel, else
 // PAGEDSERVE_DECODE_KERNEL=auto|v1|v2|gqa|gqa_mma, else kAuto). An unknown

@@ -11,7 +11,7 @@ message naming it, before the command runs (a rejected flag is not ignored).
 No server is needed: the commands that would run fail fast or are `sim`. With
 MODEL (a model file; the CTest registration passes the default model), flag
 values checked after the model is read (--gpu-memory-utilization, --dtype,
---kv-cache-dtype) are refused with exit 2 and a message naming the flag.
+--kv-cache-dtype, --max-seq-len-to-capture) are refused with exit 2 and a message naming the flag.
 """
 
 import glob
@@ -137,6 +137,7 @@ def main():
                                   ("--gpu-memory-utilization", "1.5", "must be in (0, 1]"),
                                   ("--gpu-memory-utilization", "nan", "must be in (0, 1]"),
                                   ("--kv-cache-dtype", "fp9", "must be auto, float32"),
+                                  ("--max-seq-len-to-capture", "0", "must be >= 1"),
                                   ("--dtype", "int4", "--dtype")):
             rc, out, err = run(binary, ["generate", "--model", model, f"{flag}={value}", "--prompt=hi"])
             check(rc == 2 and rule in err and (flag in err), f"{flag}={value}: exit 2, '{rule}' (rc={rc}, {err.strip()[-200:]!r})")

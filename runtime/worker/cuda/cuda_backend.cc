@@ -27,6 +27,7 @@
 #include "kernels/prefill_attention.h"
 #include "kernels/reshape_and_cache.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/worker/block_table_update.h"
 #include "runtime/worker/cuda/cublas_loader.h"
 #include "runtime/worker/cuda/model_kernels.h"
 #include "runtime/worker/cuda/sample_penalties.h"
@@ -179,6 +180,9 @@ constexpr size_t kAlign = 256;  // byte alignment of the packed step inputs
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 // Graphs kept at most (batch x context buckets seen); further keys run eagerly.
 constexpr size_t kMaxGraphs = 96;
+// Copies per step for the changed rows of the block table; more runs of
+// changed rows go up as one copy from the first to the last.
+constexpr int kMaxBlockTableCopies = 4;
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 class CudaBackend final : public ModelBackend {
@@ -363,7 +367,7 @@ class CudaBackend final : public ModelBackend {
         {b.slot_mapping.data(), n * sizeof(int64_t)},
         {b.token_ids.data(), n * sizeof(int32_t)},
         {b.seq_lens.data(), b.seq_lens.size() * sizeof(int32_t)},
-        {b.block_tables.data(), b.block_tables.size() * sizeof(int32_t)},
+        {nullptr, 0},  // block tables: UploadBlockTables
         {plan.prefill_query_start_loc.data(),
          plan.prefill_query_start_loc.size() * sizeof(int32_t)},
         {b.logits_rows.data(), b.logits_rows.size() * sizeof(int32_t)},
@@ -389,6 +393,8 @@ class CudaBackend final : public ModelBackend {
     step_pending_ = true;
     step_validated_ = false;
     for (int i = 0; i < kInputCount; ++i) d_in_[i] = static_cast<char*>(inputs_.get()) + offsets[i];
+    PS_RETURN_IF_ERROR(UploadBlockTables(b));
+    d_in_[kBlockTables] = block_tables_.get();
 
     return absl::OkStatus();
   }
@@ -1009,8 +1015,9 @@ class CudaBackend final : public ModelBackend {
     PS_RETURN_IF_ERROR(
         pinned_sample_in_.Reserve(bytes(sample_in, 1), "pinned sampling input allocation"));
     // Decode scratch for the kernel the dispatcher picks for the pool's
-    // cache: the v2 partitions, or the GQA kernel's context splits at their
-    // finest (so that neither allocates per launch).
+    // cache (PAGEDSERVE_DECODE_KERNEL included): the v2 partitions, or the
+    // GQA kernels' context splits at their finest (so that neither
+    // allocates per launch).
     if (plan.num_decode > 0) {
       const int heads = shard_.num_heads;
       size_t need = 0;
@@ -1024,8 +1031,15 @@ class CudaBackend final : public ModelBackend {
         p.num_heads = heads;
         p.max_seq_len = plan.max_decode_len;
         p.io_dtype = AttentionIoDType(device_views_[0]);
-        if (kernels::ChooseDecodeKernel(p, kernels::DecodeKernel::kAuto).kernel ==
-            kernels::DecodeKernel::kGqa)
+        // An invalid override fails the attention call itself.
+        const kernels::DecodeKernel k =
+            kernels::ChooseDecodeKernel(
+                p, kernels::DecodeKernelFromEnvironment().value_or(kernels::DecodeKernel::kAuto))
+                .kernel;
+        if (k == kernels::DecodeKernel::kV2)
+          need = kernels::PagedAttentionV2WorkspaceBytes(plan.num_decode, heads, config_.head_size,
+                                                         plan.max_decode_len);
+        if (k == kernels::DecodeKernel::kGqa || k == kernels::DecodeKernel::kGqaMma)
           need =
               std::max(need, kernels::PagedAttentionGqaWorkspaceBytes(
                                  plan.num_decode, heads, config_.head_size, plan.max_decode_len));
@@ -1150,17 +1164,14 @@ class CudaBackend final : public ModelBackend {
   // step inputs, the activation and scratch buffers (with their sizes, which
   // bound the kernels' workspaces) and the cache views. A graph replays only
   // over the same list.
-  std::vector<uintptr_t> BodyAddresses(std::span<const kernels::KVCacheView> kv_layers) const {
+  std::vector<uintptr_t> BodyAddresses(std::span<const kernels::KVCacheView> kv_layers) {
     std::vector<uintptr_t> a;
     auto add = [&](const void* p, size_t bytes) {
       a.push_back(reinterpret_cast<uintptr_t>(p));
       a.push_back(bytes);
     };
     for (const void* p : d_in_) add(p, 0);
-    for (const DeviceBuffer& b : buffers_) add(b.get(), b.bytes());
-    for (const DeviceBuffer* b : {&inputs_, &workspace_, &gemm_input_, &attn_q_, &attn_k_, &attn_v_,
-                                  &attn_out_, &fused_out_, &allreduce_buf_})
-      add(b->get(), b->bytes());
+    for (const DeviceBuffer* b : StepBuffers()) add(b->get(), b->bytes());
     // The cache views, with what their kernels take as launch arguments
     // (the fp8 scales by their bits).
     for (const kernels::KVCacheView& v : kv_layers) {
@@ -1174,6 +1185,47 @@ class CudaBackend final : public ModelBackend {
                          static_cast<uintptr_t>(v.shape.block_size), k_scale, v_scale});
     }
     return a;
+  }
+
+  // The step's block tables into block_tables_, which keeps the table of
+  // the previous step: only the rows that differ go up (ChangedRowRanges;
+  // in steady decoding, a sequence's row changes when it starts a block),
+  // each run of them from pinned staging in one asynchronous copy. A new
+  // width or more rows than the buffer holds uploads the whole table.
+  absl::Status UploadBlockTables(const ForwardBatch& b) {
+    const int rows = b.num_seqs(), width = b.max_blocks_per_seq;
+    const size_t bytes = b.block_tables.size() * sizeof(int32_t);
+    if (width != held_table_width_ || bytes > block_tables_.bytes()) {
+      held_table_.clear();
+      held_table_width_ = width;
+    }
+    if (rows == 0 || width < 1) return absl::OkStatus();
+    // Geometric growth, so that a batch growing by a sequence a step does
+    // not reallocate (and drop the graphs) every step.
+    if (bytes > block_tables_.bytes()) {
+      PS_RETURN_IF_ERROR(block_tables_.Reserve(std::max(bytes, 2 * block_tables_.bytes()),
+                                               "block table allocation"));
+      PS_RETURN_IF_ERROR(
+          pinned_tables_.Reserve(block_tables_.bytes(), "pinned block table allocation"));
+    }
+    const std::vector<RowRange> ranges =
+        ChangedRowRanges(held_table_, b.block_tables, rows, width, kMaxBlockTableCopies);
+    const size_t row_bytes = static_cast<size_t>(width) * sizeof(int32_t);
+    char* staged = static_cast<char*>(pinned_tables_.get());
+    char* device = static_cast<char*>(block_tables_.get());
+    for (const RowRange& r : ranges) {
+      const size_t offset = static_cast<size_t>(r.begin) * row_bytes;
+      const size_t count = static_cast<size_t>(r.end - r.begin) * row_bytes;
+      std::memcpy(staged + offset, b.block_tables.data() + static_cast<size_t>(r.begin) * width,
+                  count);
+      PS_RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpyAsync(device + offset, staged + offset, count, cudaMemcpyHostToDevice, stream_),
+          "block table upload"));
+    }
+    // What the device holds now: this step's rows, then any older ones.
+    if (held_table_.size() < b.block_tables.size()) held_table_.resize(b.block_tables.size());
+    std::copy(b.block_tables.begin(), b.block_tables.end(), held_table_.begin());
+    return absl::OkStatus();
   }
 
   // Ends a capture whose body failed (EndBody, BeginStep after an abandoned
@@ -1217,7 +1269,7 @@ class CudaBackend final : public ModelBackend {
     std::vector<DeviceBuffer*> v;
     for (DeviceBuffer& b : buffers_) v.push_back(&b);
     for (DeviceBuffer* b : {&inputs_, &workspace_, &gemm_input_, &attn_q_, &attn_k_, &attn_v_,
-                            &attn_out_, &fused_out_, &allreduce_buf_})
+                            &attn_out_, &fused_out_, &allreduce_buf_, &block_tables_})
       v.push_back(b);
     return v;
   }
@@ -1382,6 +1434,12 @@ class CudaBackend final : public ModelBackend {
   DeviceBuffer argmax_, sample_in_;  // LmHeadSample's ids and sampling inputs
   PinnedBuffer host_inputs_, pinned_logits_, pinned_argmax_, pinned_sample_in_;
   DeviceBuffer cublas_workspace_;
+  // The block tables the device holds (UploadBlockTables): the buffer, the
+  // host copy of its rows and their width, and the staging of changed rows.
+  DeviceBuffer block_tables_;
+  PinnedBuffer pinned_tables_;
+  std::vector<int32_t> held_table_;
+  int held_table_width_ = 0;
   // CUDA graphs of decode bodies (BeginBody / EndBody), by padded shape.
   struct CapturedBody {
     DecodeGraphKey key;

@@ -1,0 +1,29 @@
+#include "runtime/worker/block_table_update.h"
+
+#include <algorithm>
+#include <cstddef>
+
+namespace pagedserve {
+
+std::vector<RowRange> ChangedRowRanges(std::span<const int32_t> held, std::span<const int32_t> next,
+                                       int rows, int width, int max_ranges) {
+  const int held_rows = static_cast<int>(held.size() / static_cast<size_t>(width));
+  const size_t w = static_cast<size_t>(width);
+  std::vector<RowRange> ranges;
+  for (int r = 0; r < rows; ++r) {
+    const bool changed =
+        r >= held_rows ||
+        !std::equal(next.begin() + r * w, next.begin() + (r + 1) * w, held.begin() + r * w);
+    if (!changed) continue;
+    if (!ranges.empty() && ranges.back().end == r) {
+      ranges.back().end = r + 1;
+    } else {
+      ranges.push_back(RowRange{r, r + 1});
+    }
+  }
+  if (static_cast<int>(ranges.size()) > max_ranges)
+    ranges = {RowRange{ranges.front().begin, ranges.back().end}};
+  return ranges;
+}
+
+}  // namespace pagedserve

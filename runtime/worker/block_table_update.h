@@ -1,0 +1,34 @@
+// Which rows of a step's block table a backend that keeps the previous
+// step's table in device memory must upload (the CUDA backend: only the rows
+// that changed, instead of the whole [num_seqs, max_blocks_per_seq] table
+// every step). Plain host arithmetic, tested without a device.
+#ifndef PAGEDSERVE_RUNTIME_WORKER_BLOCK_TABLE_UPDATE_H_
+#define PAGEDSERVE_RUNTIME_WORKER_BLOCK_TABLE_UPDATE_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace pagedserve {
+
+// Rows [begin, end) of a block table.
+struct RowRange {
+  int begin = 0;
+  int end = 0;
+  bool operator==(const RowRange&) const = default;
+};
+
+// The rows of `next` ([rows, width] row-major) that differ from `held` (the
+// table the device holds: held.size() / width rows of the same width; rows
+// past it count as changed), as ascending, disjoint, non-adjacent ranges
+// (adjacent changed rows share a range). More than `max_ranges` ranges are
+// merged into the one range from the first changed row to the last (one copy
+// of some unchanged rows beats many small copies). Empty when nothing
+// changed. Requires width >= 1, next.size() == rows * width,
+// held.size() % width == 0, max_ranges >= 1.
+std::vector<RowRange> ChangedRowRanges(std::span<const int32_t> held, std::span<const int32_t> next,
+                                       int rows, int width, int max_ranges);
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_RUNTIME_WORKER_BLOCK_TABLE_UPDATE_H_
