@@ -34,7 +34,8 @@ absl::Status PagedAttentionV2(const PagedAttentionParams& p);
 // Group size within GqaDecodeFits (checked by the caller); tensor_cores:
 // the WMMA variant (GqaMmaFits, checked by the caller).
 absl::Status PagedAttentionGqa(const PagedAttentionParams& p, bool tensor_cores = false);
-absl::Status PrefillAttention(const PrefillAttentionParams& p);
+// tensor_cores: the WMMA variant (PrefillMmaFits, checked by the caller).
+absl::Status PrefillAttention(const PrefillAttentionParams& p, bool tensor_cores = false);
 absl::Status CopyBlocks(std::span<const KVCacheView> layers, std::span<const BlockCopy> pairs,
                         void* stream);
 // Any mix of kCPU / kCUDA views (cudaMemcpyAsync with the right kind).

@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "kernels/cache_ops.h"
 #include "kernels/cuda/gqa_decode_plan.h"  // pure C++: GQA shared memory and split bounds
+#include "kernels/cuda/prefill_attention_mma_plan.h"  // pure C++: PrefillMmaBuiltFor
 #include "kernels/paged_attention.h"
 #include "kernels/prefill_attention.h"
 #include "kernels/reshape_and_cache.h"
@@ -457,12 +458,48 @@ absl::Status ValidatePrefillAttention(const PrefillAttentionParams& p) {
                           [&](int s) { return seq_lens[s]; });
 }
 
+const char* PrefillKernelName(PrefillKernel k) {
+  switch (k) {
+    case PrefillKernel::kAuto: return "auto";
+    case PrefillKernel::kSimt: return "simt";
+    case PrefillKernel::kMma: return "mma";
+  }
+  return "?";
+}
+
+bool ParsePrefillKernel(const char* name, PrefillKernel* k) {
+  if (name == nullptr) return false;
+  for (PrefillKernel c : {PrefillKernel::kAuto, PrefillKernel::kSimt, PrefillKernel::kMma})
+    if (std::strcmp(name, PrefillKernelName(c)) == 0) {
+      *k = c;
+      return true;
+    }
+  return false;
+}
+
+bool PrefillMmaFits(DType cache_dtype, DType io_dtype, int head_size) {
+  return (cache_dtype == DType::kFloat16 || cache_dtype == DType::kBFloat16) &&
+         io_dtype == cache_dtype && cuda::PrefillMmaBuiltFor(head_size);
+}
+
 absl::Status PrefillAttention(const PrefillAttentionParams& p) {
   if (absl::Status st = ValidatePrefillAttention(p); !st.ok()) return st;
   if (p.num_seqs == 0) return absl::OkStatus();
   if (p.cache.device == Device::kCPU) return cpu::PrefillAttention(p);
 #ifdef PAGEDSERVE_WITH_CUDA
-  return cuda::PrefillAttention(p);
+  PrefillKernel k = p.kernel;
+  if (k == PrefillKernel::kAuto) {
+    // Read once: the comparison switch for devices.
+    static const char* const env = std::getenv("PAGEDSERVE_PREFILL_KERNEL");
+    if (env != nullptr && *env != '\0' && !ParsePrefillKernel(env, &k))
+      return Invalid("prefill_attention", "PAGEDSERVE_PREFILL_KERNEL=", env,
+                     " is not one of auto, simt, mma");
+  }
+  const bool mma =
+      k == PrefillKernel::kMma &&
+      PrefillMmaFits(p.cache.shape.dtype, ResolveIoDType(p.io_dtype, p.cache.shape.dtype),
+                     p.cache.shape.head_size);
+  return cuda::PrefillAttention(p, mma);
 #else
   return NoCuda();
 #endif

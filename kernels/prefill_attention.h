@@ -13,6 +13,22 @@
 
 namespace pagedserve::kernels {
 
+// The prefill attention kernels (kCUDA): kSimt, the fp32-FMA tiled kernel
+// (kernels/cuda/prefill_attention_kernels.cuh, every dtype and head size),
+// and kMma, its tensor-core variant (prefill_attention_mma_kernels.cuh:
+// FlashAttention-2 tiles on WMMA, fp16/bf16 caches with operands of the same
+// type, head sizes 64 and 128; PrefillMmaFits). kAuto = kSimt: no device has
+// run kMma yet, so it runs only when requested. The CPU backend has one
+// kernel and ignores the choice.
+enum class PrefillKernel : uint8_t { kAuto, kSimt, kMma };
+// "auto", "simt", "mma".
+const char* PrefillKernelName(PrefillKernel k);
+// Parses a PrefillKernelName() string; false (and *k untouched) otherwise.
+bool ParsePrefillKernel(const char* name, PrefillKernel* k);
+// Whether the tensor-core kernel takes a `cache_dtype` cache with operands of
+// `io_dtype` and this head size.
+bool PrefillMmaFits(DType cache_dtype, DType io_dtype, int head_size);
+
 struct PrefillAttentionParams {
   // Query tokens of all sequences back to back; sequence s owns rows
   // [query_start_loc[s], query_start_loc[s+1]). num_tokens = query_start_loc[num_seqs].
@@ -40,6 +56,10 @@ struct PrefillAttentionParams {
   const int32_t* host_seq_lens = nullptr;
   const int32_t* host_block_tables = nullptr;
   void* stream = nullptr;
+  // Which kernel runs on kCUDA: kAuto = the environment variable
+  // PAGEDSERVE_PREFILL_KERNEL (auto|simt|mma, read once) or else kSimt. A
+  // kMma request that does not fit (PrefillMmaFits) runs kSimt.
+  PrefillKernel kernel = PrefillKernel::kAuto;
 };
 
 // Checks shapes, io_dtype (ValidateIoDType), q_len(s) <= seq_lens[s], block ids and lengths (where
@@ -47,7 +67,8 @@ struct PrefillAttentionParams {
 absl::Status ValidatePrefillAttention(const PrefillAttentionParams& p);
 
 // Causal attention of every query row to its sequence's cached keys/values.
-// Validates first; nothing is written on error.
+// Validates first; nothing is written on error. An unknown
+// PAGEDSERVE_PREFILL_KERNEL value is InvalidArgument.
 absl::Status PrefillAttention(const PrefillAttentionParams& p);
 
 }  // namespace pagedserve::kernels

@@ -213,7 +213,7 @@ absl::Status PagedAttentionGqa(const PagedAttentionParams& p, bool tensor_cores)
   return status;
 }
 
-absl::Status PrefillAttention(const PrefillAttentionParams& p) {
+absl::Status PrefillAttention(const PrefillAttentionParams& p, bool tensor_cores) {
   if (auto s = CheckCache(p.cache); !s.ok()) return s;
   if (p.num_seqs == 0) return absl::OkStatus();
   PrefillArgs a;
@@ -234,6 +234,8 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
   a.scale = p.scale;
   a.alibi_slopes = p.alibi_slopes;
   a.stream = AsStream(p.stream);
+  if (tensor_cores)
+    return CudaStatus(LaunchPrefillAttentionMma(a), "prefill_attention (tensor cores) launch");
   return CudaStatus(LaunchPrefillAttention(a), "prefill_attention launch");
 }
 

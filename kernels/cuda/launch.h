@@ -123,6 +123,12 @@ struct PrefillArgs {
 // ceil(max_query_len / 8)), online softmax over tiles of 16 keys.
 cudaError_t LaunchPrefillAttention(const PrefillArgs& a);
 
+// The tensor-core variant (prefill_attention_mma_kernels.cuh): grid
+// (num_heads, num_seqs, ceil(max_query_len / 64)), WMMA over 32-key tiles.
+// io must equal the cache's element type, fp16 or bf16, and the head size be
+// 64 or 128 (PrefillMmaBuiltFor): cudaErrorInvalidValue otherwise.
+cudaError_t LaunchPrefillAttentionMma(const PrefillArgs& a);
+
 // reshape_and_cache: one thread block per token; negative slots (padding) and
 // slots >= num_slots (= num_blocks * block_size; out of the pool) are skipped.
 // key/value are of element type `io`; the cache of `elem` (= io unless fp8:

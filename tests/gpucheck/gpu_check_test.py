@@ -5,7 +5,7 @@
 
 1. --prepare with GPU_CHECK_BUILD_DIR=BUILD (no build: GPU_CHECK_NO_BUILD=1)
    into a temporary bundle folder: exit 0, the bundle path as the last line of
-   stdout, the layout (manifest.json + payload.tar.gz holding bin/ with the five
+   stdout, the layout (manifest.json + payload.tar.xz holding bin/ with the five
    binaries without debug info, lib/, fixtures/), the size limit, and that with
    only the bundle on
    LD_LIBRARY_PATH every library a binary loads is bundled or one the GPU
@@ -146,10 +146,10 @@ def main():
             return
         lines = p.stdout.strip().splitlines()
         check(lines and lines[-1] == bundle, f"last stdout line is the bundle path ({lines[-1:]})")
-        check(sorted(os.listdir(bundle)) == ["manifest.json", "payload.tar.gz"],
-              f"bundle holds manifest.json and payload.tar.gz: {sorted(os.listdir(bundle))}")
+        check(sorted(os.listdir(bundle)) == ["manifest.json", "payload.tar.xz"],
+              f"bundle holds manifest.json and payload.tar.xz: {sorted(os.listdir(bundle))}")
         payload = os.path.join(tmp, "payload")
-        with tarfile.open(os.path.join(bundle, "payload.tar.gz")) as t:
+        with tarfile.open(os.path.join(bundle, "payload.tar.xz")) as t:
             t.extractall(payload)
         for b in BINS:
             path = os.path.join(payload, "bin", b)
@@ -231,7 +231,7 @@ def main():
         stub_bundle = os.path.join(tmp, "stub-bundle")
         os.makedirs(stub_bundle)
         shutil.copy(os.path.join(bundle, "manifest.json"), stub_bundle)
-        with tarfile.open(os.path.join(stub_bundle, "payload.tar.gz"), "w:gz") as t:
+        with tarfile.open(os.path.join(stub_bundle, "payload.tar.xz"), "w:xz") as t:
             for n in sorted(os.listdir(stub_pay)):
                 t.add(os.path.join(stub_pay, n), arcname=n)
         stub_out = os.path.join(tmp, "stub-out")

@@ -25,6 +25,7 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/paged_attention_kernels.cuh"
 #include "kernels/cuda/prefill_attention_kernels.cuh"
+#include "kernels/cuda/prefill_attention_mma_kernels.cuh"
 #include "kernels/paged_attention.h"
 #include "kernels/prefill_attention.h"
 #include "kernels/reshape_and_cache.h"
@@ -240,13 +241,16 @@ TEST(CudaEmulationTest, DecodeKernelMatchesReference) {
   CheckDecode<__nv_bfloat16, 256>(DType::kBFloat16, 16, 2, 1, false, lens, rng);
 }
 
+// mma: the tensor-core kernel (prefill_attention_mma_kernels.cuh; fp16/bf16
+// only), over more rows than one of its 64-row blocks and 32-key tiles.
 template <typename T, int HS>
 void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
-                  std::mt19937& rng) {
+                  std::mt19937& rng, bool mma = false) {
   struct Seq {
     int cached, q_len;
   };
-  const std::vector<Seq> seqs = {{1, 8}, {0, 1}, {37, 20}, {0, 45}, {16, 16}, {5, 1}};
+  std::vector<Seq> seqs = {{1, 8}, {0, 1}, {37, 20}, {0, 45}, {16, 16}, {5, 1}};
+  if (mma) seqs.insert(seqs.end(), {{50, 70}, {0, 130}, {31, 64}, {97, 3}});
   std::vector<int> lens;
   lens.reserve(seqs.size());
   for (const Seq& s : seqs) lens.push_back(s.cached + s.q_len);
@@ -267,14 +271,30 @@ void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_al
   std::vector<int32_t> lens32(lens.begin(), lens.end());
   std::vector<uint8_t> out(static_cast<size_t>(T_) * heads * HS * DTypeSize(dt), 0xFF);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  kc::EmuLaunch(dim3(heads, S, (max_q + 7) / 8), dim3(128), 0, [&] {
-    kc::PrefillAttentionKernel<T, HS>(reinterpret_cast<T*>(out.data()),
-                                      reinterpret_cast<const T*>(eq.data()), qstride, qsl.data(),
-                                      lens32.data(), reinterpret_cast<const T*>(c.key_cache.data()),
-                                      reinterpret_cast<const T*>(c.value_cache.data()), kv_heads,
-                                      block_size, c.block_tables.data(), c.max_blocks_per_seq,
-                                      scale, use_alibi ? slopes.data() : nullptr, 1.0f);
-  });
+  if constexpr (sizeof(T) == 2) {
+    if (mma) {
+      kc::EmuLaunch(dim3(heads, S, (max_q + kc::kPrefillMmaRows - 1) / kc::kPrefillMmaRows),
+                    dim3(kc::kPrefillMmaThreads), kc::PrefillMmaSharedBytes(HS), [&] {
+                      kc::PrefillAttentionMmaKernel<T, HS>(
+                          reinterpret_cast<T*>(out.data()), reinterpret_cast<const T*>(eq.data()),
+                          qstride, qsl.data(), lens32.data(),
+                          reinterpret_cast<const T*>(c.key_cache.data()),
+                          reinterpret_cast<const T*>(c.value_cache.data()), kv_heads, block_size,
+                          c.block_tables.data(), c.max_blocks_per_seq, scale,
+                          use_alibi ? slopes.data() : nullptr);
+                    });
+    }
+  }
+  if (!mma) {
+    kc::EmuLaunch(dim3(heads, S, (max_q + 7) / 8), dim3(128), 0, [&] {
+      kc::PrefillAttentionKernel<T, HS>(
+          reinterpret_cast<T*>(out.data()), reinterpret_cast<const T*>(eq.data()), qstride,
+          qsl.data(), lens32.data(), reinterpret_cast<const T*>(c.key_cache.data()),
+          reinterpret_cast<const T*>(c.value_cache.data()), kv_heads, block_size,
+          c.block_tables.data(), c.max_blocks_per_seq, scale, use_alibi ? slopes.data() : nullptr,
+          1.0f);
+    });
+  }
   std::vector<float> got = Decode(out.data(), static_cast<size_t>(T_) * heads * HS, dt);
   // Each query row (all heads) under the attention standard.
   std::vector<double> ref(static_cast<size_t>(heads) * HS);
@@ -288,7 +308,8 @@ void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_al
       ASSERT_TRUE(testing::AttentionOutputMatches(
           got.data() + static_cast<size_t>(row) * ref.size(), ref.data(), ref.size(), dt))
           << DTypeName(dt) << " head " << HS << " block " << block_size
-          << (use_alibi ? " alibi" : "") << " seq " << s << " row " << i;
+          << (use_alibi ? " alibi" : "") << (mma ? " tensor cores" : "") << " seq " << s << " row "
+          << i;
     }
   }
   EXPECT_FALSE(testing::AttentionOutputMatches(std::vector<float>(ref.size(), 0.0f), ref, dt))
@@ -301,6 +322,16 @@ TEST(CudaEmulationTest, PrefillKernelMatchesReference) {
   CheckPrefill<__half, 80>(DType::kFloat16, 8, 2, 1, true, rng);
   CheckPrefill<__nv_bfloat16, 128>(DType::kBFloat16, 32, 2, 2, false, rng);
   CheckPrefill<float, 256>(DType::kFloat32, 8, 2, 1, true, rng);
+}
+
+// The tensor-core prefill kernel under the same standard: both 16-bit types,
+// both head sizes it is built for, GQA and MHA, ALiBi, block sizes 8-32.
+TEST(CudaEmulationTest, TensorCorePrefillKernelMatchesReference) {
+  std::mt19937 rng(23);
+  CheckPrefill<__half, 64>(DType::kFloat16, 16, 4, 2, false, rng, true);
+  CheckPrefill<__nv_bfloat16, 64>(DType::kBFloat16, 8, 3, 1, true, rng, true);
+  CheckPrefill<__half, 128>(DType::kFloat16, 32, 2, 2, true, rng, true);
+  CheckPrefill<__nv_bfloat16, 128>(DType::kBFloat16, 16, 4, 1, false, rng, true);
 }
 
 // ---------------------------------------------------------------------------

@@ -533,88 +533,96 @@ TEST_F(CudaKernelsTest, ReshapeAndCacheMatchesCpuBytes) {
   }
 }
 
-// Prefill: 14 query / 2 KV heads, head size 64, block 16; sequences with a
-// cached prefix (1 cached + 8 new), a fresh one-token prompt, a chunk in the
-// middle of a context, and a long prompt; every dtype, ALiBi on and off.
-TEST_F(CudaKernelsTest, PrefillMatchesReference) {
-  std::mt19937 rng(11);
-  struct Seq {
-    int cached, q_len;
-  };
-  const std::vector<Seq> seqs = {{1, 8}, {0, 1}, {37, 20}, {0, 600}, {100, 1}, {513, 77}};
-  for (DType dt : kDTypes) {
-    for (bool alibi : {false, true}) {
-      for (int hs : {64, 128}) {
-        PagedCase c;
-        c.dtype = dt;
-        c.num_heads = 14;
-        c.num_kv_heads = 2;
-        c.head_size = hs;
-        c.block_size = 16;
-        for (const Seq& s : seqs) c.seq_lens.push_back(s.cached + s.q_len);
-        BuildPagedCase(c, rng);
-        ASSERT_FALSE(HasFatalFailure());
-        const int H = c.num_heads, D = c.head_size, S = c.num_seqs();
-        std::vector<int32_t> qsl = {0};
-        int max_q = 0;
-        for (const Seq& s : seqs) {
-          qsl.push_back(qsl.back() + s.q_len);
-          max_q = std::max(max_q, s.q_len);
-        }
-        const int T = qsl.back();
-        // Query rows strided as in a fused QKV buffer: stride (H + 2*kvh) * D.
-        const int64_t qstride = static_cast<int64_t>(H + 2 * c.num_kv_heads) * D;
-        std::vector<float> q = Quantize(RandomVector(static_cast<size_t>(T) * qstride, rng), dt);
-        std::vector<float> slopes = AlibiSlopes(H);
-        std::vector<int32_t> lens(c.seq_lens.begin(), c.seq_lens.end());
-        DeviceBuffer dq = Upload(Encode(q, dt)), dqsl = Upload(qsl), dlens = Upload(lens);
-        DeviceBuffer dbt = Upload(c.block_tables), dslopes = Upload(slopes);
-        const size_t out_bytes = static_cast<size_t>(T) * H * D * DTypeSize(dt);
-        DeviceBuffer dout(out_bytes);
-        CUDA_OK(cudaMemset(dout.get(), 0xFF, out_bytes));
-        PrefillAttentionParams p;
-        p.out = dout.get();
-        p.query = dq.get();
-        p.query_token_stride = qstride;
-        p.num_seqs = S;
-        p.num_heads = H;
-        p.query_start_loc = static_cast<const int32_t*>(dqsl.get());
-        p.seq_lens = static_cast<const int32_t*>(dlens.get());
-        p.cache = c.view;
-        p.block_tables = static_cast<const int32_t*>(dbt.get());
-        p.max_blocks_per_seq = c.max_blocks_per_seq;
-        p.max_query_len = max_q;
-        p.max_seq_len = *std::max_element(lens.begin(), lens.end());
-        p.scale = 1.0f / std::sqrt(static_cast<float>(D));
-        p.alibi_slopes = alibi ? static_cast<const float*>(dslopes.get()) : nullptr;
-        p.host_query_start_loc = qsl.data();
-        p.host_seq_lens = lens.data();
-        p.host_block_tables = c.block_tables.data();
-        absl::Status st = PrefillAttention(p);
-        ASSERT_TRUE(st.ok()) << st;
-        CUDA_OK(cudaDeviceSynchronize());
-        std::vector<float> out = Decode(Download(dout.get(), out_bytes), dt);
-        // Each query row (all heads) under the attention standard.
-        std::vector<double> ref(static_cast<size_t>(H) * D);
-        for (int s = 0; s < S; ++s) {
-          for (int i = 0; i < seqs[s].q_len; ++i) {
-            const int row = qsl[s] + i;
-            const int qpos = seqs[s].cached + i;
-            for (int h = 0; h < H; ++h)
-              testing::ReferenceAttendOne(q.data() + row * qstride + static_cast<int64_t>(h) * D, h,
-                                          H, c.K(s), c.V(s), qpos + 1, qpos, p.scale,
-                                          alibi ? slopes[h] : 0.0, ref.data() + h * D);
-            ASSERT_TRUE(testing::AttentionOutputMatches(
-                out.data() + static_cast<size_t>(row) * ref.size(), ref.data(), ref.size(), dt))
-                << DTypeName(dt) << (alibi ? " alibi" : "") << " head_size " << hs << " seq " << s
-                << " row " << i;
-          }
-        }
-        EXPECT_FALSE(
-            testing::AttentionOutputMatches(std::vector<float>(ref.size(), 0.0f), ref, dt));
+// One PrefillMatchesReference case: the sequences `seqs` (cached prefix,
+// new tokens) in a `dt` cache of head size `hs`, both kernels where they fit.
+struct PrefillSeq {
+  int cached, q_len;
+};
+void CheckPrefillCase(DType dt, bool alibi, int hs, const std::vector<PrefillSeq>& seqs,
+                      std::mt19937& rng) {
+  using Seq = PrefillSeq;
+  PagedCase c;
+  c.dtype = dt;
+  c.num_heads = 14;
+  c.num_kv_heads = 2;
+  c.head_size = hs;
+  c.block_size = 16;
+  for (const Seq& s : seqs) c.seq_lens.push_back(s.cached + s.q_len);
+  BuildPagedCase(c, rng);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  const int H = c.num_heads, D = c.head_size, S = c.num_seqs();
+  std::vector<int32_t> qsl = {0};
+  int max_q = 0;
+  for (const Seq& s : seqs) {
+    qsl.push_back(qsl.back() + s.q_len);
+    max_q = std::max(max_q, s.q_len);
+  }
+  const int T = qsl.back();
+  // Query rows strided as in a fused QKV buffer: stride (H + 2*kvh) * D.
+  const int64_t qstride = static_cast<int64_t>(H + 2 * c.num_kv_heads) * D;
+  std::vector<float> q = Quantize(RandomVector(static_cast<size_t>(T) * qstride, rng), dt);
+  std::vector<float> slopes = AlibiSlopes(H);
+  std::vector<int32_t> lens(c.seq_lens.begin(), c.seq_lens.end());
+  DeviceBuffer dq = Upload(Encode(q, dt)), dqsl = Upload(qsl), dlens = Upload(lens);
+  DeviceBuffer dbt = Upload(c.block_tables), dslopes = Upload(slopes);
+  const size_t out_bytes = static_cast<size_t>(T) * H * D * DTypeSize(dt);
+  DeviceBuffer dout(out_bytes);
+  for (PrefillKernel kernel : {PrefillKernel::kSimt, PrefillKernel::kMma}) {
+    if (kernel == PrefillKernel::kMma && !PrefillMmaFits(dt, dt, hs)) continue;
+    CUDA_OK(cudaMemset(dout.get(), 0xFF, out_bytes));
+    PrefillAttentionParams p;
+    p.kernel = kernel;
+    p.out = dout.get();
+    p.query = dq.get();
+    p.query_token_stride = qstride;
+    p.num_seqs = S;
+    p.num_heads = H;
+    p.query_start_loc = static_cast<const int32_t*>(dqsl.get());
+    p.seq_lens = static_cast<const int32_t*>(dlens.get());
+    p.cache = c.view;
+    p.block_tables = static_cast<const int32_t*>(dbt.get());
+    p.max_blocks_per_seq = c.max_blocks_per_seq;
+    p.max_query_len = max_q;
+    p.max_seq_len = *std::max_element(lens.begin(), lens.end());
+    p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    p.alibi_slopes = alibi ? static_cast<const float*>(dslopes.get()) : nullptr;
+    p.host_query_start_loc = qsl.data();
+    p.host_seq_lens = lens.data();
+    p.host_block_tables = c.block_tables.data();
+    absl::Status st = PrefillAttention(p);
+    ASSERT_TRUE(st.ok()) << st;
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> out = Decode(Download(dout.get(), out_bytes), dt);
+    // Each query row (all heads) under the attention standard.
+    std::vector<double> ref(static_cast<size_t>(H) * D);
+    for (int s = 0; s < S; ++s) {
+      for (int i = 0; i < seqs[s].q_len; ++i) {
+        const int row = qsl[s] + i;
+        const int qpos = seqs[s].cached + i;
+        for (int h = 0; h < H; ++h)
+          testing::ReferenceAttendOne(q.data() + row * qstride + static_cast<int64_t>(h) * D, h, H,
+                                      c.K(s), c.V(s), qpos + 1, qpos, p.scale,
+                                      alibi ? slopes[h] : 0.0, ref.data() + h * D);
+        ASSERT_TRUE(testing::AttentionOutputMatches(
+            out.data() + static_cast<size_t>(row) * ref.size(), ref.data(), ref.size(), dt))
+            << DTypeName(dt) << (alibi ? " alibi" : "") << " head_size " << hs << " "
+            << PrefillKernelName(kernel) << " seq " << s << " row " << i;
       }
     }
+    EXPECT_FALSE(testing::AttentionOutputMatches(std::vector<float>(ref.size(), 0.0f), ref, dt));
   }
+}
+
+// Prefill: 14 query / 2 KV heads, head size 64, block 16; sequences with a
+// cached prefix (1 cached + 8 new), a fresh one-token prompt, a chunk in the
+// middle of a context, and a long prompt; every dtype, ALiBi on and off; the
+// SIMT kernel and, for fp16/bf16, the tensor-core one (PrefillKernel::kMma).
+TEST_F(CudaKernelsTest, PrefillMatchesReference) {
+  std::mt19937 rng(11);
+  const std::vector<PrefillSeq> seqs = {{1, 8}, {0, 1}, {37, 20}, {0, 600}, {100, 1}, {513, 77}};
+  for (DType dt : kDTypes)
+    for (bool alibi : {false, true})
+      for (int hs : {64, 128}) ASSERT_NO_FATAL_FAILURE(CheckPrefillCase(dt, alibi, hs, seqs, rng));
 }
 
 // copy_blocks over 3 layers: destination blocks become byte copies of their

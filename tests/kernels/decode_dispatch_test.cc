@@ -10,7 +10,9 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/gqa_decode_plan.h"
+#include "kernels/cuda/prefill_attention_mma_plan.h"
 #include "kernels/paged_attention.h"
+#include "kernels/prefill_attention.h"
 #include "kernels/types.h"
 
 namespace pagedserve::kernels {
@@ -148,6 +150,30 @@ TEST(ChooseDecodeKernelTest, KernelNamesRoundTrip) {
   EXPECT_FALSE(ParseDecodeKernel("", &k));
   EXPECT_FALSE(ParseDecodeKernel(nullptr, &k));
   EXPECT_EQ(k, DecodeKernel::kV2);
+}
+
+// The tensor-core prefill kernel: names, and which caches it takes (16-bit
+// with operands of the same type, the head sizes it is built for), and its
+// shared memory within what sm_80 / sm_90 allow a block (227 KiB).
+TEST(PrefillKernelTest, NamesAndFit) {
+  for (PrefillKernel k : {PrefillKernel::kAuto, PrefillKernel::kSimt, PrefillKernel::kMma}) {
+    PrefillKernel parsed = PrefillKernel::kAuto;
+    EXPECT_TRUE(ParsePrefillKernel(PrefillKernelName(k), &parsed));
+    EXPECT_EQ(parsed, k);
+  }
+  PrefillKernel k = PrefillKernel::kMma;
+  EXPECT_FALSE(ParsePrefillKernel("wmma", &k));
+  EXPECT_FALSE(ParsePrefillKernel(nullptr, &k));
+  EXPECT_EQ(k, PrefillKernel::kMma);
+  EXPECT_TRUE(PrefillMmaFits(DType::kFloat16, DType::kFloat16, 128));
+  EXPECT_TRUE(PrefillMmaFits(DType::kBFloat16, DType::kBFloat16, 64));
+  EXPECT_FALSE(PrefillMmaFits(DType::kFloat32, DType::kFloat32, 128));
+  EXPECT_FALSE(PrefillMmaFits(DType::kFloat8E4M3, DType::kFloat16, 128));
+  EXPECT_FALSE(PrefillMmaFits(DType::kFloat16, DType::kFloat32, 128));
+  EXPECT_FALSE(PrefillMmaFits(DType::kBFloat16, DType::kBFloat16, 80));
+  EXPECT_EQ(kc::PrefillMmaSharedBytes(128), 87808u);
+  EXPECT_EQ(kc::PrefillMmaSharedBytes(64), 55040u);
+  EXPECT_LE(kc::PrefillMmaSharedBytes(128), 227u * 1024);
 }
 
 TEST(GqaDecodeCpuTest, GqaEntryPointIsCudaOnlyAndAutoRunsOnCpu) {
