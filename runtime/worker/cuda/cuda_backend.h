@@ -31,9 +31,9 @@
 // seq_lens, prefill query_start_loc, logits rows and the rotary tables in
 // one packed copy from a pinned staging buffer; of the block tables, which
 // the device keeps from step to step, only the rows that changed:
-// runtime/worker/block_table_update.h) and sizes the decode workspace (v2 partitions or GQA context
-// splits); no operation uploads or allocates anything per layer. The attention kernels' host-side
-// checks of block tables, lengths and query offsets run once per step (the
+// runtime/worker/block_table_update.h) and sizes the decode workspace (v2
+// partitions or GQA context splits); no operation uploads or allocates
+// anything per layer. The attention kernels' host-side checks of block tables, lengths and query offsets run once per step (the
 // first layer's call). Rows other than beam search are reduced on the
 // device (LmHeadSample: an argmax kernel for greedy rows, a sampling kernel
 // with penalties, temperature, top-k, top-p, min-p and logprobs for the
