@@ -33,8 +33,9 @@
 // the device keeps from step to step, only the rows that changed:
 // runtime/worker/block_table_update.h) and sizes the decode workspace (v2
 // partitions or GQA context splits); no operation uploads or allocates
-// anything per layer. The attention kernels' host-side checks of block tables, lengths and query offsets run once per step (the
-// first layer's call). Rows other than beam search are reduced on the
+// anything per layer. The attention kernels' host-side checks of block
+// tables, lengths and query offsets run once per step (the first layer's
+// call). Rows other than beam search are reduced on the
 // device (LmHeadSample: an argmax kernel for greedy rows, a sampling kernel
 // with penalties, temperature, top-k, top-p, min-p and logprobs for the
 // others; only ids, the logprobs asked for and the rows that need logits
