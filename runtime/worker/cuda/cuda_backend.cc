@@ -1191,7 +1191,9 @@ class CudaBackend final : public ModelBackend {
   // the previous step: only the rows that differ go up (ChangedRowRanges;
   // in steady decoding, a sequence's row changes when it starts a block),
   // each run of them from pinned staging in one asynchronous copy. A new
-  // width or more rows than the buffer holds uploads the whole table.
+  // width or more rows than the buffer holds uploads the whole table: the
+  // width is fixed in graph-replayed decode steps (the context bucket's),
+  // while an eager step's is its longest sequence's block count.
   absl::Status UploadBlockTables(const ForwardBatch& b) {
     const int rows = b.num_seqs(), width = b.max_blocks_per_seq;
     const size_t bytes = b.block_tables.size() * sizeof(int32_t);
@@ -1202,12 +1204,13 @@ class CudaBackend final : public ModelBackend {
     if (rows == 0 || width < 1) return absl::OkStatus();
     // Geometric growth, so that a batch growing by a sequence a step does
     // not reallocate (and drop the graphs) every step.
-    if (bytes > block_tables_.bytes()) {
+    if (bytes > block_tables_.bytes())
       PS_RETURN_IF_ERROR(block_tables_.Reserve(std::max(bytes, 2 * block_tables_.bytes()),
                                                "block table allocation"));
+    // On its own condition: a failed pinned allocation is retried next step.
+    if (pinned_tables_.bytes() < block_tables_.bytes())
       PS_RETURN_IF_ERROR(
           pinned_tables_.Reserve(block_tables_.bytes(), "pinned block table allocation"));
-    }
     const std::vector<RowRange> ranges =
         ChangedRowRanges(held_table_, b.block_tables, rows, width, kMaxBlockTableCopies);
     const size_t row_bytes = static_cast<size_t>(width) * sizeof(int32_t);
@@ -1218,9 +1221,13 @@ class CudaBackend final : public ModelBackend {
       const size_t count = static_cast<size_t>(r.end - r.begin) * row_bytes;
       std::memcpy(staged + offset, b.block_tables.data() + static_cast<size_t>(r.begin) * width,
                   count);
-      PS_RETURN_IF_ERROR(CudaStatus(
+      const absl::Status s = CudaStatus(
           cudaMemcpyAsync(device + offset, staged + offset, count, cudaMemcpyHostToDevice, stream_),
-          "block table upload"));
+          "block table upload");
+      if (!s.ok()) {
+        held_table_.clear();  // some rows may have gone up: the next step uploads all
+        return s;
+      }
     }
     // What the device holds now: this step's rows, then any older ones.
     if (held_table_.size() < b.block_tables.size()) held_table_.resize(b.block_tables.size());
