@@ -1221,7 +1221,7 @@ class CudaBackend final : public ModelBackend {
       const size_t count = static_cast<size_t>(r.end - r.begin) * row_bytes;
       std::memcpy(staged + offset, b.block_tables.data() + static_cast<size_t>(r.begin) * width,
                   count);
-      const absl::Status s = CudaStatus(
+      absl::Status s = CudaStatus(
           cudaMemcpyAsync(device + offset, staged + offset, count, cudaMemcpyHostToDevice, stream_),
           "block table upload");
       if (!s.ok()) {
