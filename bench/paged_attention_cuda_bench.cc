@@ -20,6 +20,12 @@
 // cudaMemcpy device-to-device (bytes read + bytes written per second, i.e. the
 // DRAM traffic a copy sustains).
 //
+// Prefill attention (compute-bound): 4 prompts of 512 and 2048 new tokens
+// (--quick: 2048), 32q/8kv, head 128, fp16 and bf16, the SIMT kernel and the
+// tensor-core one (PrefillKernel::kSimt / kMma), reported as causal-attention
+// TFLOP/s (4 * head_size * heads * sum over rows of the keys each row sees)
+// and the mma/simt speed-up.
+//
 //   paged_attention_cuda_bench [--json PATH] [--quick]
 //   paged_attention_cuda_bench --probe
 //
@@ -29,7 +35,9 @@
 // The JSON holds the device, the copy bandwidth and one record per shape
 // (batch, context, heads, kv_heads, attention "MHA"/"GQA", dtype, the times,
 // pct_of_copy_bw of the paged run and gqa_mma_pct_of_copy_bw of the
-// tensor-core run).
+// tensor-core run), and "prefill": one record per prefill shape (batch,
+// prompt, heads, kv_heads, dtype, simt_ms, mma_ms, simt_tflops, mma_tflops,
+// mma_speedup).
 //
 // Without a usable device it prints the reason, writes {"skipped": reason} to
 // the JSON path and exits 0.
@@ -49,6 +57,7 @@
 #include "kernels/cpu/half.h"
 #include "kernels/cuda_device.h"
 #include "kernels/paged_attention.h"
+#include "kernels/prefill_attention.h"
 
 namespace pk = pagedserve::kernels;
 
@@ -330,6 +339,89 @@ std::string Report(const Shape& s, const ShapeTimes& t, double copy_bw) {
   return buf;
 }
 
+// Median time in ms of `iters` prefill runs after warm-up.
+float TimePrefill(const pk::PrefillAttentionParams& p, int iters) {
+  auto run = [&] {
+    const absl::Status s = pk::PrefillAttention(p);
+    if (!s.ok()) {
+      std::fprintf(stderr, "prefill attention failed: %s\n", s.ToString().c_str());
+      std::exit(1);
+    }
+  };
+  for (int i = 0; i < 2; ++i) run();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  std::vector<float> times;
+  for (int i = 0; i < iters; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0));
+    run();
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    times.push_back(ms);
+  }
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Prefill of `batch` fresh prompts of `prompt` tokens (32q/8kv, head 128)
+// with both kernels; prints a row and returns the JSON record.
+std::string PrefillShape(int batch, int prompt, pk::DType dtype, std::mt19937& rng) {
+  const Shape s{batch, prompt, 32, 8, dtype};
+  const ShapeBuffers b(s, rng);  // cache, block tables and lengths (= prompt)
+  const int64_t tokens = static_cast<int64_t>(batch) * prompt;
+  const size_t q_bytes = static_cast<size_t>(tokens) * s.heads * kHeadSize * 2;
+  void* q = DeviceAlloc(q_bytes);
+  void* out = DeviceAlloc(q_bytes);
+  FillRandom16(q, q_bytes, dtype, rng);
+  std::vector<int32_t> qsl(batch + 1);
+  for (int i = 0; i <= batch; ++i) qsl[i] = i * prompt;
+  void* dqsl = DeviceAlloc(qsl.size() * sizeof(int32_t));
+  CHECK_CUDA(cudaMemcpy(dqsl, qsl.data(), qsl.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  pk::PrefillAttentionParams p;
+  p.out = out;
+  p.query = q;
+  p.num_seqs = batch;
+  p.num_heads = s.heads;
+  p.query_start_loc = static_cast<const int32_t*>(dqsl);
+  p.seq_lens = static_cast<const int32_t*>(b.dlens);
+  p.cache = {b.kc, b.vc, b.cache_shape, pk::Device::kCUDA};
+  p.block_tables = static_cast<const int32_t*>(b.bt_paged);
+  p.max_blocks_per_seq = b.blocks_per_seq;
+  p.max_query_len = prompt;
+  p.max_seq_len = prompt;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadSize));
+  p.host_query_start_loc = qsl.data();
+  p.host_seq_lens = b.lens.data();
+  p.host_block_tables = b.perm.data();
+  const int iters = 10;
+  p.kernel = pk::PrefillKernel::kSimt;
+  const float simt = TimePrefill(p, iters);
+  p.kernel = pk::PrefillKernel::kMma;
+  const float mma = TimePrefill(p, iters);
+  for (void* ptr : {q, out, dqsl}) CHECK_CUDA(cudaFree(ptr));
+  // Row i of a prompt sees i + 1 keys: QK^T and PV, 2 flops per multiply-add.
+  const double flops = 4.0 * kHeadSize * s.heads * batch * (prompt * (prompt + 1.0) / 2.0);
+  const double simt_tf = flops / (simt * 1e-3) / 1e12, mma_tf = flops / (mma * 1e-3) / 1e12;
+  std::printf(
+      "prefill %-5s batch %d prompt %-5d 32/8 | simt %.4f ms (%.1f TFLOP/s) | mma %.4f ms "
+      "(%.1f TFLOP/s) | mma/simt speed-up %.2f\n",
+      pk::DTypeName(dtype), batch, prompt, simt, simt_tf, mma, mma_tf, simt / mma);
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "    {\"batch\": %d, \"prompt\": %d, \"heads\": %d, \"kv_heads\": %d, "
+                "\"head_size\": %d, \"dtype\": \"%s\", \"simt_ms\": %.5f, \"mma_ms\": %.5f, "
+                "\"simt_tflops\": %.2f, \"mma_tflops\": %.2f, \"mma_speedup\": %.3f}",
+                batch, prompt, s.heads, s.kv_heads, kHeadSize, pk::DTypeName(dtype), simt, mma,
+                simt_tf, mma_tf, simt / mma);
+  return buf;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -364,6 +456,13 @@ int main(int argc, char** argv) {
     json += (first ? "" : ",\n") + record;
     first = false;
   }
+  json += "\n  ],\n  \"prefill\": [\n";
+  first = true;
+  for (pk::DType dtype : {pk::DType::kFloat16, pk::DType::kBFloat16})
+    for (int prompt : o.quick ? std::vector<int>{2048} : std::vector<int>{512, 2048}) {
+      json += (first ? "" : ",\n") + PrefillShape(4, prompt, dtype, rng);
+      first = false;
+    }
   json += "\n  ]\n}\n";
   if (!o.json_path.empty()) std::ofstream(o.json_path) << json;
   return 0;

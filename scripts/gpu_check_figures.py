@@ -58,6 +58,11 @@ def attention(path):
             out[kind] = {"pct_of_copy_bw_min": round(min(pcts), 1),
                          "pct_of_copy_bw_median": round(statistics.median(pcts), 1),
                          "pct_of_copy_bw_max": round(max(pcts), 1)}
+    # Prefill attention: the tensor-core kernel (off by default) against the SIMT one.
+    prefill = d.get("prefill", [])
+    if prefill:
+        out["prefill"] = [{k: r[k] for k in ("dtype", "prompt", "simt_tflops", "mma_tflops", "mma_speedup")}
+                          for r in prefill]
     return out
 
 
