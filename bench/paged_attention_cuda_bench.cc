@@ -127,20 +127,10 @@ struct Shape {
 
 enum class Variant { kAuto, kV1, kV2, kGqa, kGqaMma };
 
-// Median time in ms of `iters` runs after warm-up.
-float TimeDecode(pk::PagedAttentionParams p, Variant v, int iters) {
-  auto run = [&] {
-    absl::Status s = v == Variant::kAuto  ? pk::PagedAttention(p)
-                     : v == Variant::kV1  ? pk::PagedAttentionV1(p)
-                     : v == Variant::kV2  ? pk::PagedAttentionV2(p)
-                     : v == Variant::kGqa ? pk::PagedAttentionGqa(p)
-                                          : pk::PagedAttentionGqaMma(p);
-    if (!s.ok()) {
-      std::fprintf(stderr, "paged attention failed: %s\n", s.ToString().c_str());
-      std::exit(1);
-    }
-  };
-  for (int i = 0; i < 3; ++i) run();
+// Median time in ms (CUDA events) of `iters` calls of run() after `warmup`.
+template <typename Fn>
+float MedianMs(Fn run, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) run();
   CHECK_CUDA(cudaDeviceSynchronize());
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
@@ -159,6 +149,22 @@ float TimeDecode(pk::PagedAttentionParams p, Variant v, int iters) {
   CHECK_CUDA(cudaEventDestroy(e1));
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
+}
+
+// Median time in ms of `iters` runs after warm-up.
+float TimeDecode(pk::PagedAttentionParams p, Variant v, int iters) {
+  auto run = [&] {
+    absl::Status s = v == Variant::kAuto  ? pk::PagedAttention(p)
+                     : v == Variant::kV1  ? pk::PagedAttentionV1(p)
+                     : v == Variant::kV2  ? pk::PagedAttentionV2(p)
+                     : v == Variant::kGqa ? pk::PagedAttentionGqa(p)
+                                          : pk::PagedAttentionGqaMma(p);
+    if (!s.ok()) {
+      std::fprintf(stderr, "paged attention failed: %s\n", s.ToString().c_str());
+      std::exit(1);
+    }
+  };
+  return MedianMs(run, 3, iters);
 }
 
 struct Options {
@@ -348,25 +354,7 @@ float TimePrefill(const pk::PrefillAttentionParams& p, int iters) {
       std::exit(1);
     }
   };
-  for (int i = 0; i < 2; ++i) run();
-  CHECK_CUDA(cudaDeviceSynchronize());
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
-  std::vector<float> times;
-  for (int i = 0; i < iters; ++i) {
-    CHECK_CUDA(cudaEventRecord(e0));
-    run();
-    CHECK_CUDA(cudaEventRecord(e1));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-    times.push_back(ms);
-  }
-  CHECK_CUDA(cudaEventDestroy(e0));
-  CHECK_CUDA(cudaEventDestroy(e1));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return MedianMs(run, 2, iters);
 }
 
 // Prefill of `batch` fresh prompts of `prompt` tokens (32q/8kv, head 128)

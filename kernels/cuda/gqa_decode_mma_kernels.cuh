@@ -76,6 +76,120 @@ __device__ __forceinline__ void Unpack16Raw(const uint4& r, T* out) {
   memcpy(static_cast<void*>(out), &r, sizeof(r));
 }
 
+// The dynamic shared memory of a tensor-core attention block with ROWS query
+// rows, placed in the order of MmaAttentionSharedBytes (gqa_decode_plan.h)
+// from the block's 128-byte aligned base. Shared by the decode and prefill
+// kernels.
+template <typename T, int HEAD_SIZE, int ROWS>
+struct MmaAttentionSmem {
+  static constexpr int TILE = kGqaTileTokens;
+  static constexpr int KVS = GqaMmaKvStride(HEAD_SIZE);
+  static constexpr int PS = kGqaMmaPStride;
+  static constexpr int AS = GqaMmaAccStride(HEAD_SIZE);
+  T* k;          // [TILE][KVS] keys of the tile
+  T* v;          // [TILE][KVS] values of the tile
+  T* q;          // [ROWS][KVS] queries
+  T* p_hi;       // [ROWS][PS] probabilities, 16-bit high part
+  T* p_lo;       // [ROWS][PS] and low part
+  float* s;      // [ROWS][TILE] logits
+  float* acc;    // [ROWS][AS] output accumulators
+  float* m;      // [ROWS] running max
+  float* l;      // [ROWS] running sum
+  float* alpha;  // [ROWS] this tile's rescale factor
+  __device__ explicit MmaAttentionSmem(T* base)
+      : k(base),
+        v(k + TILE * KVS),
+        q(v + TILE * KVS),
+        p_hi(q + ROWS * KVS),
+        p_lo(p_hi + ROWS * PS),
+        s(reinterpret_cast<float*>(p_lo + ROWS * PS)),
+        acc(s + ROWS * TILE),
+        m(acc + ROWS * AS),
+        l(m + ROWS),
+        alpha(l + ROWS) {}
+};
+
+// Block-wide: the keys and values of tokens [tile_start, tile_start + TILE)
+// of one KV head, 16-bit as stored, into k_s / v_s ([TILE][KVS],
+// token-major); tokens at or past `end` read nothing and hold 0 (0 * NaN of
+// an unwritten slot would be NaN in P V). k_head / v_head: the head's
+// elements in block 0 of the paged cache; kv_block_stride: elements per
+// cache block. Shared by the tensor-core decode and prefill kernels.
+template <typename T, int HEAD_SIZE, int NUM_THREADS, int TILE, int KVS>
+__device__ __forceinline__ void LoadKvTile16(T* k_s, T* v_s, const T* k_head, const T* v_head,
+                                             const int32_t* block_table, int block_size,
+                                             int64_t kv_block_stride, int tile_start, int end) {
+  constexpr int X = kVec16<T>;  // 8 elements per 16-byte vector
+  constexpr int NUM_CHUNKS = HEAD_SIZE / X;
+  constexpr int V_GROUPS = TILE / X;
+  const int tid = threadIdx.x;
+  for (int i = tid; i < NUM_CHUNKS * TILE; i += NUM_THREADS) {
+    const int c = i / TILE, t = i % TILE, token = tile_start + t;
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (token < end) {
+      const int64_t block = block_table[token / block_size];
+      raw = Load16(k_head + block * kv_block_stride +
+                   (static_cast<int64_t>(c) * block_size + token % block_size) * X);
+    }
+    Store16(k_s + t * KVS + c * X, raw);
+  }
+  for (int i = tid; i < HEAD_SIZE * V_GROUPS; i += NUM_THREADS) {
+    const int d = i / V_GROUPS, t0 = (i % V_GROUPS) * X, token0 = tile_start + t0;
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (token0 < end) {
+      const int64_t block = block_table[token0 / block_size];
+      raw = Load16(v_head + block * kv_block_stride + static_cast<int64_t>(d) * block_size +
+                   token0 % block_size);
+    }
+    T v[X];
+    Unpack16Raw(raw, v);
+#pragma unroll
+    for (int e = 0; e < X; ++e)
+      v_s[(t0 + e) * KVS + d] = token0 + e < end ? v[e] : FromFloat<T>(0.0f);
+  }
+}
+
+// Warp-wide: one 16x16 block of S = Q K^T in fp32 (tensor cores): s[16][16]
+// (row stride lds) = q[16][HEAD_SIZE] . k[16][HEAD_SIZE]^T, q and k 16-bit,
+// row stride KVS (k token-major, read as a col-major B).
+template <typename T, int HEAD_SIZE, int KVS>
+__device__ __forceinline__ void MmaScoreBlock(const T* q, const T* k, float* s, int lds) {
+  namespace wmma = ::nvcuda::wmma;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+  wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+  for (int kk = 0; kk < HEAD_SIZE; kk += 16) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
+    wmma::load_matrix_sync(a, q + kk, KVS);
+    wmma::load_matrix_sync(b, k + kk, KVS);  // K^T: K row-major
+    wmma::mma_sync(acc, a, b, acc);
+  }
+  wmma::store_matrix_sync(s, acc, lds, wmma::mem_row_major);
+}
+
+// Warp-wide: acc[16][16] (fp32, row stride las) += (p_hi + p_lo)[16][TILE]
+// (16-bit, row stride PS) . v[TILE][16] (16-bit, row stride KVS), the small
+// part first (see the P split above).
+template <typename T, int TILE, int PS, int KVS>
+__device__ __forceinline__ void MmaAccumulatePv(float* acc, int las, const T* p_hi, const T* p_lo,
+                                                const T* v) {
+  namespace wmma = ::nvcuda::wmma;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
+  wmma::load_matrix_sync(o, acc, las, wmma::mem_row_major);
+#pragma unroll
+  for (int kk = 0; kk < TILE; kk += 16) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a_hi, a_lo;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
+    wmma::load_matrix_sync(a_hi, p_hi + kk, PS);
+    wmma::load_matrix_sync(a_lo, p_lo + kk, PS);
+    wmma::load_matrix_sync(b, v + kk * KVS, KVS);
+    wmma::mma_sync(o, a_lo, b, o);
+    wmma::mma_sync(o, a_hi, b, o);
+  }
+  wmma::store_matrix_sync(acc, o, las, wmma::mem_row_major);
+}
+
 // Grid (num_kv_heads, num_seqs, num_splits), NUM_THREADS threads (whole
 // warps, at least 2), dynamic shared memory GqaMmaSharedBytes(HEAD_SIZE). T is
 // __half or __nv_bfloat16, for the queries, the cache and the output alike.
@@ -91,13 +205,10 @@ __global__ void __launch_bounds__(NUM_THREADS)
                        int block_size, float scale, const int32_t* __restrict__ block_tables,
                        int max_blocks_per_seq, const int32_t* __restrict__ seq_lens,
                        const float* __restrict__ alibi_slopes, int split_tokens) {
-  namespace wmma = ::nvcuda::wmma;
   constexpr int NUM_WARPS = NUM_THREADS / kWarpSize;
   constexpr int TILE = kGqaTileTokens;
   constexpr int M = kGqaMmaRows;
   constexpr int X = kVec16<T>;  // 8 elements per 16-byte vector
-  constexpr int NUM_CHUNKS = HEAD_SIZE / X;
-  constexpr int V_GROUPS = TILE / X;
   constexpr int KVS = GqaMmaKvStride(HEAD_SIZE);
   constexpr int PS = kGqaMmaPStride;
   constexpr int AS = GqaMmaAccStride(HEAD_SIZE);
@@ -123,16 +234,9 @@ __global__ void __launch_bounds__(NUM_THREADS)
 
   // Dynamic shared memory, in the order of GqaMmaSharedBytes.
   PAGEDSERVE_DYNAMIC_SHARED(T, smem);
-  T* k_s = smem;                                          // [TILE][KVS]
-  T* v_s = k_s + TILE * KVS;                              // [TILE][KVS]
-  T* q_s = v_s + TILE * KVS;                              // [M][KVS]
-  T* p_s = q_s + M * KVS;                                 // [M][PS] P_hi
-  T* plo_s = p_s + M * PS;                                // [M][PS] P_lo
-  float* s_s = reinterpret_cast<float*>(plo_s + M * PS);  // [M][TILE]
-  float* acc_s = s_s + M * TILE;                          // [M][AS]
-  float* m_s = acc_s + M * AS;                            // [M]
-  float* l_s = m_s + M;                                   // [M]
-  float* alpha_s = l_s + M;                               // [M]
+  const MmaAttentionSmem<T, HEAD_SIZE, M> sm(smem);
+  T *k_s = sm.k, *v_s = sm.v, *q_s = sm.q, *p_s = sm.p_hi, *plo_s = sm.p_lo;
+  float *s_s = sm.s, *acc_s = sm.acc, *m_s = sm.m, *l_s = sm.l, *alpha_s = sm.alpha;
 
   {
     const T* q_ptr =
@@ -152,46 +256,13 @@ __global__ void __launch_bounds__(NUM_THREADS)
 
   for (int tile_start = start_token; tile_start < end_token; tile_start += TILE) {
     // ---- 1. K and V of this tile, 16-bit, into shared memory.
-    for (int i = tid; i < NUM_CHUNKS * TILE; i += NUM_THREADS) {
-      const int c = i / TILE, t = i % TILE, token = tile_start + t;
-      uint4 raw = make_uint4(0, 0, 0, 0);
-      if (token < end_token) {
-        const int64_t block = block_table[token / block_size];
-        raw = Load16(k_head + block * kv_block_stride +
-                     (static_cast<int64_t>(c) * block_size + token % block_size) * X);
-      }
-      Store16(k_s + t * KVS + c * X, raw);
-    }
-    for (int i = tid; i < HEAD_SIZE * V_GROUPS; i += NUM_THREADS) {
-      const int d = i / V_GROUPS, t0 = (i % V_GROUPS) * X, token0 = tile_start + t0;
-      uint4 raw = make_uint4(0, 0, 0, 0);
-      if (token0 < end_token) {
-        const int64_t block = block_table[token0 / block_size];
-        raw = Load16(v_head + block * kv_block_stride + static_cast<int64_t>(d) * block_size +
-                     token0 % block_size);
-      }
-      T v[X];
-      Unpack16Raw(raw, v);
-#pragma unroll
-      for (int e = 0; e < X; ++e)  // 0 past the context: 0 * NaN would be NaN
-        v_s[(t0 + e) * KVS + d] = token0 + e < end_token ? v[e] : FromFloat<T>(0.0f);
-    }
+    LoadKvTile16<T, HEAD_SIZE, NUM_THREADS, TILE, KVS>(
+        k_s, v_s, k_head, v_head, block_table, block_size, kv_block_stride, tile_start, end_token);
     __syncthreads();
 
     // ---- 2. S = Q K^T, one 16-token block per warp.
-    if (warp < TILE / 16) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
-      wmma::fill_fragment(s, 0.0f);
-#pragma unroll
-      for (int kk = 0; kk < HEAD_SIZE; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
-        wmma::load_matrix_sync(a, q_s + kk, KVS);
-        wmma::load_matrix_sync(b, k_s + warp * 16 * KVS + kk, KVS);  // K^T: K row-major
-        wmma::mma_sync(s, a, b, s);
-      }
-      wmma::store_matrix_sync(s_s + warp * 16, s, TILE, wmma::mem_row_major);
-    }
+    if (warp < TILE / 16)
+      MmaScoreBlock<T, HEAD_SIZE, KVS>(q_s, k_s + warp * 16 * KVS, s_s + warp * 16, TILE);
     __syncthreads();
 
     // ---- 3. Online softmax, one warp per head, one lane per token; P as T.
@@ -222,21 +293,8 @@ __global__ void __launch_bounds__(NUM_THREADS)
     __syncthreads();
 
     // ---- 4. O += P V, one 16-column block of O per warp at a time.
-    for (int n0 = warp * 16; n0 < HEAD_SIZE; n0 += NUM_WARPS * 16) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
-      wmma::load_matrix_sync(o, acc_s + n0, AS, wmma::mem_row_major);
-#pragma unroll
-      for (int kk = 0; kk < TILE; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a_hi, a_lo;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
-        wmma::load_matrix_sync(a_hi, p_s + kk, PS);
-        wmma::load_matrix_sync(a_lo, plo_s + kk, PS);
-        wmma::load_matrix_sync(b, v_s + kk * KVS + n0, KVS);
-        wmma::mma_sync(o, a_lo, b, o);  // the small part first
-        wmma::mma_sync(o, a_hi, b, o);
-      }
-      wmma::store_matrix_sync(acc_s + n0, o, AS, wmma::mem_row_major);
-    }
+    for (int n0 = warp * 16; n0 < HEAD_SIZE; n0 += NUM_WARPS * 16)
+      MmaAccumulatePv<T, TILE, PS, KVS>(acc_s + n0, AS, p_s, plo_s, v_s + n0);
     __syncthreads();  // before the next tile overwrites k_s, v_s, p_s, s_s
   }
 

@@ -80,17 +80,25 @@ constexpr bool GqaMmaSupports(int head_size, int group_size) {
 // common ones: Llama, Mistral, Qwen 128, SmolLM2 64). Each instantiation adds
 // its fatbin to every binary, and the GPU check's bundle has a size limit.
 constexpr bool GqaMmaBuiltFor(int head_size) { return head_size == 64 || head_size == 128; }
-// Dynamic shared memory of one tensor-core block, in bytes, in its layout
-// order (every piece a multiple of 32 bytes): 16-bit K and V tiles [32][head
-// + 8], 16-bit queries [16][head + 8], 16-bit probabilities as two tiles
-// (high and low parts) [16][40] each, fp32 logits [16][32], fp32
-// accumulators [16][head + 4], running max / sum / rescale factor [16] each.
-constexpr size_t GqaMmaSharedBytes(int head_size) {
+// Dynamic shared memory of a tensor-core attention block with `rows` query
+// rows (the GQA decode kernel: 16; the prefill kernel,
+// prefill_attention_mma_kernels.cuh: 64), in bytes, in its layout order
+// (every piece a multiple of 32 bytes; MmaAttentionSmem places them): 16-bit
+// K and V tiles [32][head + 8], 16-bit queries [rows][head + 8], 16-bit
+// probabilities as two tiles (high and low parts) [rows][40] each, fp32
+// logits [rows][32], fp32 accumulators [rows][head + 4], running max / sum /
+// rescale factor [rows] each.
+constexpr size_t MmaAttentionSharedBytes(int head_size, int rows) {
   return 2 * (2 * static_cast<size_t>(kGqaTileTokens) * GqaMmaKvStride(head_size) +
-              static_cast<size_t>(kGqaMmaRows) * GqaMmaKvStride(head_size) +
-              2 * static_cast<size_t>(kGqaMmaRows) * kGqaMmaPStride) +
-         4 * (static_cast<size_t>(kGqaMmaRows) * kGqaTileTokens +
-              static_cast<size_t>(kGqaMmaRows) * GqaMmaAccStride(head_size) + 3 * kGqaMmaRows);
+              static_cast<size_t>(rows) * GqaMmaKvStride(head_size) +
+              2 * static_cast<size_t>(rows) * kGqaMmaPStride) +
+         4 * (static_cast<size_t>(rows) * kGqaTileTokens +
+              static_cast<size_t>(rows) * GqaMmaAccStride(head_size) +
+              3 * static_cast<size_t>(rows));
+}
+// The GQA decode kernel's block.
+constexpr size_t GqaMmaSharedBytes(int head_size) {
+  return MmaAttentionSharedBytes(head_size, kGqaMmaRows);
 }
 
 struct GqaSplitPlan {

@@ -59,16 +59,13 @@ __global__ void __launch_bounds__(kPrefillMmaThreads)
                               const T* __restrict__ v_cache, int num_kv_heads, int block_size,
                               const int32_t* __restrict__ block_tables, int max_blocks_per_seq,
                               float scale, const float* __restrict__ alibi_slopes) {
-  namespace wmma = ::nvcuda::wmma;
   constexpr int NUM_WARPS = kPrefillMmaThreads / kWarpSize;
   constexpr int ROWS = kPrefillMmaRows;
   constexpr int TILE = kPrefillMmaKeyTile;
   constexpr int X = kVec16<T>;  // 8 elements per 16-byte vector
-  constexpr int NUM_CHUNKS = HEAD_SIZE / X;
-  constexpr int V_GROUPS = TILE / X;
-  constexpr int KVS = PrefillMmaKvStride(HEAD_SIZE);
-  constexpr int PS = kPrefillMmaPStride;
-  constexpr int AS = PrefillMmaAccStride(HEAD_SIZE);
+  constexpr int KVS = GqaMmaKvStride(HEAD_SIZE);
+  constexpr int PS = kGqaMmaPStride;
+  constexpr int AS = GqaMmaAccStride(HEAD_SIZE);
   static_assert(TILE == kWarpSize, "the softmax step maps one lane to one token");
   static_assert(ROWS == 16 * NUM_WARPS, "16 query rows per warp");
   static_assert(HEAD_SIZE % 16 == 0 && X == 8, "16-bit operands, 16x16 tiles");
@@ -97,16 +94,9 @@ __global__ void __launch_bounds__(kPrefillMmaThreads)
 
   // Dynamic shared memory, in the order of PrefillMmaSharedBytes.
   PAGEDSERVE_DYNAMIC_SHARED(T, smem);
-  T* k_s = smem;                                             // [TILE][KVS]
-  T* v_s = k_s + TILE * KVS;                                 // [TILE][KVS]
-  T* q_s = v_s + TILE * KVS;                                 // [ROWS][KVS]
-  T* p_s = q_s + ROWS * KVS;                                 // [ROWS][PS] P_hi
-  T* plo_s = p_s + ROWS * PS;                                // [ROWS][PS] P_lo
-  float* s_s = reinterpret_cast<float*>(plo_s + ROWS * PS);  // [ROWS][TILE]
-  float* acc_s = s_s + ROWS * TILE;                          // [ROWS][AS]
-  float* m_s = acc_s + ROWS * AS;                            // [ROWS]
-  float* l_s = m_s + ROWS;                                   // [ROWS]
-  float* alpha_s = l_s + ROWS;                               // [ROWS]
+  const MmaAttentionSmem<T, HEAD_SIZE, ROWS> sm(smem);
+  T *k_s = sm.k, *v_s = sm.v, *q_s = sm.q, *p_s = sm.p_hi, *plo_s = sm.p_lo;
+  float *s_s = sm.s, *acc_s = sm.acc, *m_s = sm.m, *l_s = sm.l, *alpha_s = sm.alpha;
 
   // Query rows of the block (16-bit, unscaled: the scale applies to S);
   // rows past q_len are 0.
@@ -125,49 +115,17 @@ __global__ void __launch_bounds__(kPrefillMmaThreads)
   const int wr0 = 16 * warp;  // the warp's first row
   for (int tile_start = 0; tile_start < kv_end; tile_start += TILE) {
     __syncthreads();  // the previous tile is consumed (first pass: q_s is written)
-    // ---- 1. K and V of this tile, 16-bit, into shared memory.
-    for (int i = tid; i < NUM_CHUNKS * TILE; i += kPrefillMmaThreads) {
-      const int c = i / TILE, t = i % TILE, token = tile_start + t;
-      uint4 raw = make_uint4(0, 0, 0, 0);
-      if (token < kv_end) {
-        const int64_t block = block_table[token / block_size];
-        raw = Load16(k_head + block * kv_block_stride +
-                     (static_cast<int64_t>(c) * block_size + token % block_size) * X);
-      }
-      Store16(k_s + t * KVS + c * X, raw);
-    }
-    for (int i = tid; i < HEAD_SIZE * V_GROUPS; i += kPrefillMmaThreads) {
-      const int d = i / V_GROUPS, t0 = (i % V_GROUPS) * X, token0 = tile_start + t0;
-      uint4 raw = make_uint4(0, 0, 0, 0);
-      if (token0 < kv_end) {
-        const int64_t block = block_table[token0 / block_size];
-        raw = Load16(v_head + block * kv_block_stride + static_cast<int64_t>(d) * block_size +
-                     token0 % block_size);
-      }
-      T v[X];
-      Unpack16Raw(raw, v);
-#pragma unroll
-      for (int e = 0; e < X; ++e)  // 0 past the visible keys: 0 * NaN would be NaN
-        v_s[(t0 + e) * KVS + d] = token0 + e < kv_end ? v[e] : FromFloat<T>(0.0f);
-    }
+    // ---- 1. K and V of this tile, 16-bit, into shared memory (0 past kv_end).
+    LoadKvTile16<T, HEAD_SIZE, kPrefillMmaThreads, TILE, KVS>(
+        k_s, v_s, k_head, v_head, block_table, block_size, kv_block_stride, tile_start, kv_end);
     __syncthreads();
     if (tile_start > warp_last_key) continue;  // warp-uniform: no row of the warp sees the tile
 
       // ---- 2. S_w = Q_w K^T, two 16-token blocks.
 #pragma unroll
-    for (int nb = 0; nb < TILE / 16; ++nb) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
-      wmma::fill_fragment(s, 0.0f);
-#pragma unroll
-      for (int kk = 0; kk < HEAD_SIZE; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
-        wmma::load_matrix_sync(a, q_s + wr0 * KVS + kk, KVS);
-        wmma::load_matrix_sync(b, k_s + nb * 16 * KVS + kk, KVS);  // K^T: K row-major
-        wmma::mma_sync(s, a, b, s);
-      }
-      wmma::store_matrix_sync(s_s + wr0 * TILE + nb * 16, s, TILE, wmma::mem_row_major);
-    }
+    for (int nb = 0; nb < TILE / 16; ++nb)
+      MmaScoreBlock<T, HEAD_SIZE, KVS>(q_s + wr0 * KVS, k_s + nb * 16 * KVS,
+                                       s_s + wr0 * TILE + nb * 16, TILE);
     __syncwarp();
 
     // ---- 3. Online softmax, row by row (lane = token); P as T.
@@ -198,21 +156,9 @@ __global__ void __launch_bounds__(kPrefillMmaThreads)
     __syncwarp();
 
     // ---- 4. O_w += P_w V, one 16-column block at a time.
-    for (int n0 = 0; n0 < HEAD_SIZE; n0 += 16) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
-      wmma::load_matrix_sync(o, acc_s + wr0 * AS + n0, AS, wmma::mem_row_major);
-#pragma unroll
-      for (int kk = 0; kk < TILE; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a_hi, a_lo;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
-        wmma::load_matrix_sync(a_hi, p_s + wr0 * PS + kk, PS);
-        wmma::load_matrix_sync(a_lo, plo_s + wr0 * PS + kk, PS);
-        wmma::load_matrix_sync(b, v_s + kk * KVS + n0, KVS);
-        wmma::mma_sync(o, a_lo, b, o);  // the small part first
-        wmma::mma_sync(o, a_hi, b, o);
-      }
-      wmma::store_matrix_sync(acc_s + wr0 * AS + n0, o, AS, wmma::mem_row_major);
-    }
+    for (int n0 = 0; n0 < HEAD_SIZE; n0 += 16)
+      MmaAccumulatePv<T, TILE, PS, KVS>(acc_s + wr0 * AS + n0, AS, p_s + wr0 * PS, plo_s + wr0 * PS,
+                                        v_s + n0);
     __syncwarp();
   }
   __syncthreads();
