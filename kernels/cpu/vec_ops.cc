@@ -10,10 +10,10 @@
 namespace pagedserve::kernels::cpu {
 namespace {
 
-void SiluAndMulPortable(float* gate, const float* up, int64_t n) {
+void SiluAndMulPortable(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
-    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
   }
 }
 
@@ -36,22 +36,22 @@ void Floats16ToFloatPortable(const uint16_t* src, int64_t n, DType t, float* dst
 #if defined(__x86_64__) || defined(__i386__)
 #define PAGEDSERVE_HAVE_AVX2_VEC_OPS 1
 
-__attribute__((target("avx2,fma,f16c"))) void SiluAndMulAvx2(float* gate, const float* up,
-                                                             int64_t n) {
+__attribute__((target("avx2,fma,f16c"))) void SiluAndMulAvx2(const float* gate, const float* up,
+                                                             int64_t n, float* out) {
   const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 g = _mm256_loadu_ps(gate + i);
     const __m256 e = Exp8(_mm256_xor_ps(g, neg));  // exp(-g)
     const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
-    _mm256_storeu_ps(gate + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
   }
   if (i < n) {
     // The tail through a full vector, so that every element is computed the same way.
     float g[8] = {}, u[8] = {};
     for (int64_t j = i; j < n; ++j) g[j - i] = gate[j], u[j - i] = up[j];
-    SiluAndMulAvx2(g, u, 8);
-    for (int64_t j = i; j < n; ++j) gate[j] = g[j - i];
+    SiluAndMulAvx2(g, u, 8, g);
+    for (int64_t j = i; j < n; ++j) out[j] = g[j - i];
   }
 }
 
@@ -106,7 +106,9 @@ __attribute__((target("avx2,fma,f16c"))) void Floats16ToFloatAvx2(const uint16_t
 #else
 // No AVX2 variant on this architecture: Avx2VecOpsAvailable() is false and the
 // "AVX2" entry points are the portable loops.
-void SiluAndMulAvx2(float* gate, const float* up, int64_t n) { SiluAndMulPortable(gate, up, n); }
+void SiluAndMulAvx2(const float* gate, const float* up, int64_t n, float* out) {
+  SiluAndMulPortable(gate, up, n, out);
+}
 void FloatsTo16Avx2(const float* src, int64_t n, DType t, uint16_t* dst) {
   FloatsTo16Portable(src, n, t, dst);
 }
@@ -126,8 +128,8 @@ bool Avx2VecOpsAvailable() {
 #endif
 }
 
-void SiluAndMulVariant(float* gate, const float* up, int64_t n, bool avx2) {
-  avx2 ? SiluAndMulAvx2(gate, up, n) : SiluAndMulPortable(gate, up, n);
+void SiluAndMulVariant(const float* gate, const float* up, int64_t n, float* out, bool avx2) {
+  avx2 ? SiluAndMulAvx2(gate, up, n, out) : SiluAndMulPortable(gate, up, n, out);
 }
 void FloatsTo16Variant(const float* src, int64_t n, DType t, uint16_t* dst, bool avx2) {
   avx2 ? FloatsTo16Avx2(src, n, t, dst) : FloatsTo16Portable(src, n, t, dst);
@@ -136,8 +138,8 @@ void Floats16ToFloatVariant(const uint16_t* src, int64_t n, DType t, float* dst,
   avx2 ? Floats16ToFloatAvx2(src, n, t, dst) : Floats16ToFloatPortable(src, n, t, dst);
 }
 
-void SiluAndMul(float* gate, const float* up, int64_t n) {
-  SiluAndMulVariant(gate, up, n, Avx2VecOpsAvailable());
+void SiluAndMul(const float* gate, const float* up, int64_t n, float* out) {
+  SiluAndMulVariant(gate, up, n, out, Avx2VecOpsAvailable());
 }
 void FloatsTo16(const float* src, int64_t n, DType t, uint16_t* dst) {
   FloatsTo16Variant(src, n, t, dst, Avx2VecOpsAvailable());

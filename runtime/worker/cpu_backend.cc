@@ -67,7 +67,7 @@ void ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stri
   }
 }
 
-void SiluMul(float* gate, const float* up, int64_t count) {
+void SiluMul(const float* gate, const float* up, int64_t count, float* out) {
   // Chunks of whole vectors (kernels::cpu::SiluAndMul), so that each element is
   // computed the same way whatever the split.
   constexpr int64_t kChunk = 4096;
@@ -75,7 +75,8 @@ void SiluMul(float* gate, const float* up, int64_t count) {
 #pragma omp parallel for schedule(static) if (count >= kMinParallelSiluElems)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t begin = c * kChunk;
-    kernels::cpu::SiluAndMul(gate + begin, up + begin, std::min(kChunk, count - begin));
+    kernels::cpu::SiluAndMul(gate + begin, up + begin, std::min(kChunk, count - begin),
+                             out + begin);
   }
 }
 
@@ -249,9 +250,13 @@ class CpuBackend final : public ModelBackend {
   }
 
   absl::StatusOr<float*> Buffer(BufferId id, int64_t elems) override {
-    std::vector<float>& b = buffers_[static_cast<size_t>(id)];
-    if (static_cast<int64_t>(b.size()) < elems) b.resize(elems);
-    return b.data();
+    if (IsGemmInput(id)) return absl::InvalidArgumentError("Buffer: a GEMM-input buffer id");
+    return Grow(id, elems);
+  }
+  GemmInputType gemm_input_type() const override { return GemmInputType::kFloat32; }
+  absl::StatusOr<GemmInput> GemmInputBuffer(BufferId id, int64_t elems) override {
+    if (!IsGemmInput(id)) return absl::InvalidArgumentError("GemmInputBuffer: an fp32 buffer id");
+    return GemmInput{Grow(id, elems)};
   }
 
   absl::Status EmbeddingGather(const BackendMatrix& table, float* out) override {
@@ -262,11 +267,11 @@ class CpuBackend final : public ModelBackend {
   // y[n, W.rows] = x[n, W.cols] W^T (+ bias) by kernels::Linear over the stored
   // format or the fp32 values (whose sgemm runs single-threaded OpenBLAS on each
   // OpenMP thread's rows: no OpenBLAS worker threads beside OpenMP's).
-  absl::Status Linear(const float* x, int64_t n, const BackendMatrix& handle,
+  absl::Status Linear(GemmInput x, int64_t n, const BackendMatrix& handle,
                       const BackendVector& bias, float* y) override {
     const Matrix& w = M(handle);
     kernels::LinearParams p;
-    p.x = x;
+    p.x = F(x);
     p.num_tokens = n;
     p.x_stride = w.cols;
     p.w = StoredView(w);
@@ -278,13 +283,13 @@ class CpuBackend final : public ModelBackend {
 
   // One kernels::LinearGroup (one parallel region, the activations quantized
   // once); bit-identical to Linear per member.
-  absl::Status LinearGroup(const float* x, int64_t n, std::span<const LinearOut> outs) override {
+  absl::Status LinearGroup(GemmInput x, int64_t n, std::span<const LinearOut> outs) override {
     std::array<kernels::LinearParams, 4> ps;
     if (outs.size() > ps.size()) return ModelBackend::LinearGroup(x, n, outs);
     for (size_t i = 0; i < outs.size(); ++i) {
       const Matrix& w = M(outs[i].w);
       kernels::LinearParams& p = ps[i];
-      p.x = x;
+      p.x = F(x);
       p.num_tokens = n;
       p.x_stride = w.cols;
       p.w = StoredView(w);
@@ -297,9 +302,9 @@ class CpuBackend final : public ModelBackend {
 
   absl::Status AddRmsNorm(float* residual, const float* add, int64_t n, int dim,
                           const BackendVector& weight, double eps, bool logits_rows,
-                          float* out) override {
+                          GemmInput out) override {
     cpu_ops::AddRmsNorm(residual, add, logits_rows ? plan_->batch->logits_rows.data() : nullptr, n,
-                        dim, weight.data, eps, out);
+                        dim, weight.data, eps, F(out));
     return absl::OkStatus();
   }
 
@@ -310,13 +315,14 @@ class CpuBackend final : public ModelBackend {
     return absl::OkStatus();
   }
 
-  absl::Status SiluMul(float* gate, const float* up, int64_t count) override {
-    cpu_ops::SiluMul(gate, up, count);
+  absl::Status SiluMul(const float* gate, const float* up, int64_t count, GemmInput out) override {
+    cpu_ops::SiluMul(gate, up, count, F(out));
     return absl::OkStatus();
   }
 
   absl::Status Attention(const kernels::KVCacheView& cache, int num_heads, float* q, float* k,
-                         float* v, float* out) override {
+                         float* v, GemmInput out_buf) override {
+    float* out = F(out_buf);
     const ForwardPlan& plan = *plan_;
     const ForwardBatch& b = *plan.batch;
     const int64_t n = plan.num_tokens;
@@ -399,7 +405,7 @@ class CpuBackend final : public ModelBackend {
     return comm_->AllReduceSum(data, static_cast<size_t>(count));
   }
 
-  absl::Status LmHead(const float* x, int64_t n, const BackendMatrix& w,
+  absl::Status LmHead(GemmInput x, int64_t n, const BackendMatrix& w,
                       std::vector<float>* logits) override {
     logits->resize(static_cast<size_t>(n) * w.rows);
     return Linear(x, n, w, BackendVector{}, logits->data());
@@ -407,6 +413,12 @@ class CpuBackend final : public ModelBackend {
 
  private:
   static const Matrix& M(const BackendMatrix& h) { return *static_cast<const Matrix*>(h.handle); }
+  static float* F(GemmInput x) { return static_cast<float*>(x.data); }  // fp32 here
+  float* Grow(BufferId id, int64_t elems) {
+    std::vector<float>& b = buffers_[static_cast<size_t>(id)];
+    if (static_cast<int64_t>(b.size()) < elems) b.resize(elems);
+    return b.data();
+  }
 
   Communicator* comm_;
   LlamaWeights weights_;

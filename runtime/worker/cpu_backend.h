@@ -9,6 +9,9 @@
 // to the cache's element type around the kernels:: attention entry points
 // (round to nearest even). The TP all-reduce is the communicator's (MPI).
 //
+// GEMM inputs (GemmInputBuffer) are fp32 here: the stored-format kernels
+// quantize or convert activations themselves.
+//
 // The elementwise operations are also free functions (cpu_ops below) so that
 // the CUDA kernels' emulation test (tests/worker/cuda_model_emulation_test.cc)
 // checks the device kernels against exactly this arithmetic.
@@ -36,10 +39,11 @@ void AddRmsNorm(float* residual, const float* add, const int32_t* rows, int64_t 
 void ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stride,
                const float* cos_t, const float* sin_t);
 
-// gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i], i < count, by
+// out[i] = gate[i] / (1 + exp(-gate[i])) * up[i], i < count, by
 // kernels::cpu::SiluAndMul (fp32; on AVX2 an exp within 1.2e-7 relative), in
-// chunks over the OpenMP team from 16384 elements (the same values either way).
-void SiluMul(float* gate, const float* up, int64_t count);
+// chunks over the OpenMP team from 16384 elements (the same values either
+// way). out may be gate (in place).
+void SiluMul(const float* gate, const float* up, int64_t count, float* out);
 
 // out[t, :] = table[ids[t], :] as fp32 (a copy for fp32 tables, the row's
 // dequantization otherwise); ids must be in [0, table.rows). Errors of

@@ -143,7 +143,7 @@ void LlamaModel::BuildPlan(const ForwardBatch& b, const std::optional<DecodeGrap
 absl::Status LlamaModel::Forward(const ForwardBatch& b,
                                  std::span<const kernels::KVCacheView> kv_layers,
                                  std::vector<float>* logits) {
-  float* normed = nullptr;
+  GemmInput normed;
   PS_RETURN_IF_ERROR(RunLayers(b, kv_layers, &normed));
   return backend_->LmHead(normed, static_cast<int64_t>(b.logits_rows.size()), w_.lm_head, logits);
 }
@@ -155,7 +155,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
   if (rows.size() != b.logits_rows.size())
     return absl::InvalidArgumentError(absl::StrCat("Forward: ", rows.size(), " row samplings for ",
                                                    b.logits_rows.size(), " logits rows"));
-  float* normed = nullptr;
+  GemmInput normed;
   PS_RETURN_IF_ERROR(RunLayers(b, kv_layers, &normed));
   return backend_->LmHeadSample(normed, static_cast<int64_t>(b.logits_rows.size()), w_.lm_head,
                                 rows, out, logits);
@@ -163,7 +163,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
 
 absl::Status LlamaModel::RunLayers(const ForwardBatch& b,
                                    std::span<const kernels::KVCacheView> kv_layers,
-                                   float** normed_out) {
+                                   GemmInput* normed_out) {
   PS_RETURN_IF_ERROR(ValidateBatch(b, kv_layers));
   ModelBackend& be = *backend_;
   // A decode step the backend can replay from a capture runs padded to the
@@ -188,15 +188,16 @@ absl::Status LlamaModel::RunLayers(const ForwardBatch& b,
   const int64_t inter = shard_.intermediate_size;
   StepBuffers buf;
   PS_ASSIGN_OR_RETURN(buf.x, be.Buffer(BufferId::kResidual, n * hidden));
-  PS_ASSIGN_OR_RETURN(buf.h, be.Buffer(BufferId::kNormed, n * hidden));
+  PS_ASSIGN_OR_RETURN(buf.h, be.GemmInputBuffer(BufferId::kNormed, n * hidden));
   PS_ASSIGN_OR_RETURN(buf.q, be.Buffer(BufferId::kQuery, n * q_dim));
   PS_ASSIGN_OR_RETURN(buf.k, be.Buffer(BufferId::kKey, n * kv_dim));
   PS_ASSIGN_OR_RETURN(buf.v, be.Buffer(BufferId::kValue, n * kv_dim));
-  PS_ASSIGN_OR_RETURN(buf.attn, be.Buffer(BufferId::kAttention, n * q_dim));
+  PS_ASSIGN_OR_RETURN(buf.attn, be.GemmInputBuffer(BufferId::kAttention, n * q_dim));
   PS_ASSIGN_OR_RETURN(buf.o, be.Buffer(BufferId::kProjection, n * hidden));
   PS_ASSIGN_OR_RETURN(buf.gate, be.Buffer(BufferId::kGate, n * inter));
   PS_ASSIGN_OR_RETURN(buf.up, be.Buffer(BufferId::kUp, n * inter));
-  PS_ASSIGN_OR_RETURN(buf.normed, be.Buffer(BufferId::kLogitsInput, r * hidden));
+  PS_ASSIGN_OR_RETURN(buf.act, be.GemmInputBuffer(BufferId::kActivated, n * inter));
+  PS_ASSIGN_OR_RETURN(buf.normed, be.GemmInputBuffer(BufferId::kLogitsInput, r * hidden));
 
   bool replayed = false;
   if (graph) {
@@ -221,11 +222,10 @@ absl::Status LlamaModel::RunBody(int64_t n, int64_t r, const StepBuffers& buf,
   const ModelConfig& cfg = config_;
   const int hidden = cfg.hidden_size;
   const int heads = shard_.num_heads;
-  const int64_t inter = shard_.intermediate_size;
   const double eps = cfg.rms_norm_eps;
   ModelBackend& be = *backend_;
-  float *x = buf.x, *h = buf.h, *q = buf.q, *k = buf.k, *v = buf.v, *attn = buf.attn, *o = buf.o,
-        *gate = buf.gate, *up = buf.up;
+  float *x = buf.x, *q = buf.q, *k = buf.k, *v = buf.v, *o = buf.o, *gate = buf.gate, *up = buf.up;
+  const GemmInput h = buf.h, attn = buf.attn, act = buf.act;
 
   PS_RETURN_IF_ERROR(be.EmbeddingGather(w_.embed_tokens, x));
   PS_RETURN_IF_ERROR(
@@ -244,11 +244,8 @@ absl::Status LlamaModel::RunBody(int64_t n, int64_t r, const StepBuffers& buf,
     PS_RETURN_IF_ERROR(be.AddRmsNorm(x, o, n, hidden, w.post_attention_layernorm, eps, false, h));
 
     // SwiGLU MLP: down(silu(gate(h)) * up(h)), down row-parallel + all-reduce.
-    const LinearOut gate_up[2] = {{w.gate_proj, BackendVector{}, gate},
-                                  {w.up_proj, BackendVector{}, up}};
-    PS_RETURN_IF_ERROR(be.LinearGroup(h, n, gate_up));
-    PS_RETURN_IF_ERROR(be.SiluMul(gate, up, n * inter));
-    PS_RETURN_IF_ERROR(be.Linear(gate, n, w.down_proj, BackendVector{}, o));
+    PS_RETURN_IF_ERROR(be.GateUpSiluMul(h, n, w.gate_proj, w.up_proj, gate, up, act));
+    PS_RETURN_IF_ERROR(be.Linear(act, n, w.down_proj, BackendVector{}, o));
     PS_RETURN_IF_ERROR(be.AllReduceSum(o, n * hidden));
     if (l + 1 < cfg.num_layers) {
       PS_RETURN_IF_ERROR(

@@ -112,10 +112,11 @@ class LlamaModel {
   // Everything up to the LM head; *normed = the final-norm rows, the
   // caller's logits rows first (a padded step has more after them).
   absl::Status RunLayers(const ForwardBatch& b, std::span<const kernels::KVCacheView> kv_layers,
-                         float** normed);
+                         GemmInput* normed);
   // The step's activation buffers (ModelBackend::Buffer).
   struct StepBuffers {
-    float *x, *h, *q, *k, *v, *attn, *o, *gate, *up, *normed;
+    float *x, *q, *k, *v, *o, *gate, *up;  // fp32
+    GemmInput h, attn, act, normed;        // the GEMM inputs
   };
   // The body (ModelBackend::BeginBody): embedding, the layers and the final
   // norm of the r logits rows, over the plan's n tokens.

@@ -8,6 +8,20 @@
 
 namespace pagedserve {
 
+bool IsGemmInput(BufferId id) {
+  return id == BufferId::kNormed || id == BufferId::kAttention || id == BufferId::kActivated ||
+         id == BufferId::kLogitsInput;
+}
+
+const char* GemmInputTypeName(GemmInputType t) {
+  switch (t) {
+    case GemmInputType::kFloat16: return "float16";
+    case GemmInputType::kBFloat16: return "bfloat16";
+    case GemmInputType::kFloat32: break;
+  }
+  return "float32";
+}
+
 int32_t GreedyArgmax(const float* row, int64_t vocab) {
   int64_t best = -1;
   float best_v = -std::numeric_limits<float>::infinity();
@@ -54,7 +68,7 @@ void SplitSampledRows(const std::vector<float>& all, int64_t n, int64_t vocab,
 
 absl::Status ModelBackend::RopeAndAttention(const kernels::KVCacheView& cache, int64_t n,
                                             int num_heads, float* q, float* k, float* v,
-                                            float* out) {
+                                            GemmInput out) {
   const int D = cache.shape.head_size;
   const int kv_heads = cache.shape.num_kv_heads;
   absl::Status s = ApplyRope(q, n, num_heads, D, static_cast<int64_t>(num_heads) * D);
@@ -63,7 +77,16 @@ absl::Status ModelBackend::RopeAndAttention(const kernels::KVCacheView& cache, i
   return s;
 }
 
-absl::Status ModelBackend::LmHeadSample(const float* x, int64_t n, const BackendMatrix& w,
+absl::Status ModelBackend::GateUpSiluMul(GemmInput x, int64_t n, const BackendMatrix& gate_proj,
+                                         const BackendMatrix& up_proj, float* gate, float* up,
+                                         GemmInput out) {
+  const LinearOut outs[2] = {{gate_proj, BackendVector{}, gate}, {up_proj, BackendVector{}, up}};
+  absl::Status s = LinearGroup(x, n, outs);
+  if (s.ok()) s = SiluMul(gate, up, n * gate_proj.rows, out);
+  return s;
+}
+
+absl::Status ModelBackend::LmHeadSample(GemmInput x, int64_t n, const BackendMatrix& w,
                                         std::span<const RowSampling> rows, SampledRows* out,
                                         std::vector<float>* logits) {
   if (std::none_of(rows.begin(), rows.end(),

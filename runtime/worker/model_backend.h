@@ -11,9 +11,15 @@
 // step (BeginStep), never per layer.
 //
 // Conventions for every operation:
-//   - Pointers named x, y, out, residual, q, k, v, gate, up are activation
-//     buffers from Buffer() (backend memory: host for the CPU, device for
-//     CUDA); activations are fp32, row-major, one row per token.
+//   - Pointers named y, residual, add, q, k, v, gate, up, data are fp32
+//     activation buffers from Buffer() (backend memory: host for the CPU,
+//     device for CUDA), row-major, one row per token. The activations that
+//     feed a GEMM (the normed rows, the attention output, the SwiGLU product,
+//     the logits rows) are GemmInput buffers from GemmInputBuffer(), in the
+//     element type the backend chooses (gemm_input_type(): fp32 on the CPU,
+//     the weights' 16-bit type on CUDA, as vLLM runs activations in the model
+//     dtype), written by the operation before the GEMM in that type so that
+//     no conversion runs between them. The forward pass only hands them on.
 //   - Operations run in order on the backend's one stream; a pointer may be
 //     passed to the next operation at once. Results reach the host only
 //     through LmHead (which waits for the step).
@@ -96,7 +102,8 @@ struct ForwardPlan {
 };
 
 // A weight as the backend holds it. `handle` is backend-private (CPU: the
-// host Matrix in its stored format; CUDA: an fp32 device copy); rows/cols are
+// host Matrix in its stored format; CUDA: a device copy in fp32, fp16 or
+// bf16, --dtype); rows/cols are
 // the logical shape [out_features, in_features].
 struct BackendMatrix {
   const void* handle = nullptr;
@@ -129,19 +136,37 @@ struct BackendWeights {
 };
 
 // The activation buffers the forward pass asks for (one allocation each,
-// reused across steps: grown, never shrunk).
+// reused across steps: grown, never shrunk). fp32 ones come from Buffer(),
+// GEMM inputs (gemm_input_type() elements) from GemmInputBuffer().
 enum class BufferId {
-  kResidual,     // [n, hidden] the residual stream
-  kNormed,       // [n, hidden] RMSNorm output
-  kQuery,        // [n, q_dim]
-  kKey,          // [n, kv_dim]
-  kValue,        // [n, kv_dim]
-  kAttention,    // [n, q_dim] attention output
-  kProjection,   // [n, hidden] o_proj / down_proj output (all-reduced)
-  kGate,         // [n, intermediate]
-  kUp,           // [n, intermediate]
-  kLogitsInput,  // [logits_rows, hidden] final-norm output of the logits rows
+  kResidual,     // fp32 [n, hidden] the residual stream
+  kNormed,       // GEMM input [n, hidden] RMSNorm output
+  kQuery,        // fp32 [n, q_dim]
+  kKey,          // fp32 [n, kv_dim]
+  kValue,        // fp32 [n, kv_dim]
+  kAttention,    // GEMM input [n, q_dim] attention output
+  kProjection,   // fp32 [n, hidden] o_proj / down_proj output (all-reduced)
+  kGate,         // fp32 [n, intermediate]
+  kUp,           // fp32 [n, intermediate]
+  kActivated,    // GEMM input [n, intermediate] silu(gate) * up
+  kLogitsInput,  // GEMM input [logits_rows, hidden] final-norm output of the logits rows
   kCount
+};
+
+// True for the ids GemmInputBuffer() serves (kNormed, kAttention,
+// kActivated, kLogitsInput); Buffer() serves the others.
+bool IsGemmInput(BufferId id);
+
+// The element type of GEMM-input activations (ModelBackend::gemm_input_type).
+enum class GemmInputType : uint8_t { kFloat32, kFloat16, kBFloat16 };
+// "float32", "float16" or "bfloat16".
+const char* GemmInputTypeName(GemmInputType t);
+
+// A GEMM-input activation buffer from GemmInputBuffer(): row-major, one row
+// per token, elements of the backend's gemm_input_type(). A distinct type so
+// that an fp32 buffer cannot be passed where one is expected, or back.
+struct GemmInput {
+  void* data = nullptr;
 };
 
 // How ModelBackend::LmHeadSample may reduce one logits row to tokens.
@@ -249,16 +274,25 @@ class ModelBackend {
 
   // An fp32 activation buffer of at least `elems` elements for this step.
   // The pointer stays valid until the next Buffer call with the same id and a
-  // larger size; contents are not preserved on growth.
+  // larger size; contents are not preserved on growth. InvalidArgument for a
+  // GEMM-input id (IsGemmInput).
   virtual absl::StatusOr<float*> Buffer(BufferId id, int64_t elems) = 0;
+  // The element type of the GEMM-input buffers (fixed once LoadWeights has
+  // returned).
+  virtual GemmInputType gemm_input_type() const = 0;
+  // A GEMM-input buffer (IsGemmInput(id)) of at least `elems` elements of
+  // gemm_input_type(), with Buffer's lifetime rules. InvalidArgument for an
+  // fp32 id.
+  virtual absl::StatusOr<GemmInput> GemmInputBuffer(BufferId id, int64_t elems) = 0;
 
   // out[t, :] = table[token_ids[t], :] for the plan's tokens, converted to
   // fp32; out [num_tokens, table.cols].
   virtual absl::Status EmbeddingGather(const BackendMatrix& table, float* out) = 0;
 
-  // y[n, w.rows] = x[n, w.cols] w^T (+ bias[w.rows] when bias.data is set),
-  // over `w` in the form the backend holds it (stored format on the CPU).
-  virtual absl::Status Linear(const float* x, int64_t n, const BackendMatrix& w,
+  // y[n, w.rows] (fp32) = x[n, w.cols] w^T (+ bias[w.rows] when bias.data
+  // is set), over `w` in the form the backend holds it (stored format on the
+  // CPU); x a GEMM input.
+  virtual absl::Status Linear(GemmInput x, int64_t n, const BackendMatrix& w,
                               const BackendVector& bias, float* y) = 0;
 
   // Several Linear calls over the same input x[n, cols] (every outs[i].w has
@@ -268,7 +302,7 @@ class ModelBackend {
   // region and one activation quantization, kernels::LinearGroup; CUDA: one
   // GEMM over rows stacked at load). The outputs must not overlap x or one another.
   // This default calls Linear for each.
-  virtual absl::Status LinearGroup(const float* x, int64_t n, std::span<const LinearOut> outs) {
+  virtual absl::Status LinearGroup(GemmInput x, int64_t n, std::span<const LinearOut> outs) {
     for (const LinearOut& o : outs) {
       absl::Status s = Linear(x, n, o.w, o.bias, o.y);
       if (!s.ok()) return s;
@@ -276,9 +310,22 @@ class ModelBackend {
     return absl::OkStatus();
   }
 
+  // The SwiGLU activation of one MLP (Shazeer 2020): out[n, inter] (GEMM
+  // input) = silu(x gate_proj^T) * (x up_proj^T), x a GEMM input [n, cols];
+  // the values of LinearGroup into gate and up followed by SiluMul (up to
+  // the GEMM's summation order). gate and up are fp32 scratch [n, inter]
+  // that a backend may leave untouched (CUDA, up to 256 tokens: one GEMM
+  // over the stacked gate/up rows and one kernel reading its output, no
+  // split). This default runs LinearGroup and SiluMul.
+  virtual absl::Status GateUpSiluMul(GemmInput x, int64_t n, const BackendMatrix& gate_proj,
+                                     const BackendMatrix& up_proj, float* gate, float* up,
+                                     GemmInput out);
+
   // Fused residual add + RMSNorm (Zhang & Sennrich 2019), one row at a time:
   //   v   = residual[r] (+ add[r] when add is not null)   (fp32 add)
-  //   out[t] = v / sqrt(mean(v^2) + eps) * weight        (sum of squares in double)
+  //   out[t] = v / sqrt(mean(v^2) + eps) * weight        (sum of squares in double,
+  //                                                        the product in fp32, then
+  //                                                        rounded to the GEMM-input type)
   // With logits_rows false: r = t for t < n, and residual[r] = v is written
   // back (the residual stream update). With logits_rows true: r = the plan's
   // logits_rows[t] for t < n = logits_rows.size(), and residual is not written
@@ -286,7 +333,7 @@ class ModelBackend {
   // alias residual or add.
   virtual absl::Status AddRmsNorm(float* residual, const float* add, int64_t n, int dim,
                                   const BackendVector& weight, double eps, bool logits_rows,
-                                  float* out) = 0;
+                                  GemmInput out) = 0;
 
   // Rotary embedding in the rotate_half layout (Su et al. 2021; HF
   // LlamaRotaryEmbedding), in place: for token t, head h < heads and i <
@@ -295,13 +342,15 @@ class ModelBackend {
   virtual absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size,
                                  int64_t token_stride) = 0;
 
-  // gate[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i].
-  virtual absl::Status SiluMul(float* gate, const float* up, int64_t count) = 0;
+  // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i]
+  // in fp32, rounded to the GEMM-input type, for i < count.
+  virtual absl::Status SiluMul(const float* gate, const float* up, int64_t count,
+                               GemmInput out) = 0;
 
   // The attention of one layer over the paged cache `cache` (a view this
   // backend accepts, CheckKvCache): writes the step's keys and values
   // (fp32 [n, kv_dim]) into the cache at the plan's slot_mapping
-  // (reshape_and_cache), then computes out (fp32 [n, q_dim]) from the queries
+  // (reshape_and_cache), then computes out (GEMM input [n, q_dim]) from the queries
   // (fp32 [n, q_dim], RoPE applied) with decode attention for the plan's
   // decode sequences and prefill attention (causal) for the rest, scale
   // plan.attention_scale. This is the one place where queries, keys, values
@@ -309,7 +358,7 @@ class ModelBackend {
   // kernels take for this cache (e.g. fp16/bf16 on the CPU); softmax and
   // accumulation stay fp32 inside the kernels. q, k, v may be overwritten.
   virtual absl::Status Attention(const kernels::KVCacheView& cache, int num_heads, float* q,
-                                 float* k, float* v, float* out) = 0;
+                                 float* k, float* v, GemmInput out) = 0;
 
   // One layer's RoPE and attention over the step's n tokens: ApplyRope on q
   // (num_heads heads, token stride num_heads * head_size) and on k (the
@@ -320,7 +369,7 @@ class ModelBackend {
   // of RoPE, conversions and reshape_and_cache). This default runs the three
   // operations.
   virtual absl::Status RopeAndAttention(const kernels::KVCacheView& cache, int64_t n, int num_heads,
-                                        float* q, float* k, float* v, float* out);
+                                        float* q, float* k, float* v, GemmInput out);
 
   // ---- Captured decode steps (CUDA graphs) -----------------------------
   // The body of a step is everything from EmbeddingGather to the final
@@ -357,9 +406,10 @@ class ModelBackend {
   // output of a row-parallel layer). A no-op for a group of one.
   virtual absl::Status AllReduceSum(float* data, int64_t count) = 0;
 
-  // logits (host, resized to [n, w.rows]) = x[n, w.cols] w^T; waits for the
-  // step. Ends the step. Nothing is written to `logits` on error.
-  virtual absl::Status LmHead(const float* x, int64_t n, const BackendMatrix& w,
+  // logits (host, fp32, resized to [n, w.rows]) = x[n, w.cols] w^T (x a GEMM
+  // input); waits for the step. Ends the step. Nothing is written to
+  // `logits` on error.
+  virtual absl::Status LmHead(GemmInput x, int64_t n, const BackendMatrix& w,
                               std::vector<float>* logits) = 0;
 
   // LmHead for a step whose rows may be reduced to tokens where the logits
@@ -380,7 +430,7 @@ class ModelBackend {
   // caller hands the others to the sampler (which reports the errors). Ends
   // the step; nothing is written on error. This default runs LmHead and
   // reduces the greedy rows on the host (SplitSampledRows).
-  virtual absl::Status LmHeadSample(const float* x, int64_t n, const BackendMatrix& w,
+  virtual absl::Status LmHeadSample(GemmInput x, int64_t n, const BackendMatrix& w,
                                     std::span<const RowSampling> rows, SampledRows* out,
                                     std::vector<float>* logits);
 

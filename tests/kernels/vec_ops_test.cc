@@ -127,9 +127,14 @@ TEST(VecOpsTest, SiluAndMulMatchesDouble) {
         g0[0] = 0.0f, g0[1] = -0.0f, g0[2] = 100.0f, g0[3] = -100.0f, g0[4] = 1e-30f;
         g0[5] = -87.5f, g0[6] = 88.5f;
       }
+      // In place, and into a separate output (gate left alone).
       std::vector<float> got = g0;
-      SiluAndMulVariant(got.data(), up.data(), n, avx2);
+      SiluAndMulVariant(got.data(), up.data(), n, got.data(), avx2);
       EXPECT_EQ(SiluMismatches(got, g0, up, 1.0), 0);
+      std::vector<float> gate = g0, out(n, 9.0f);
+      SiluAndMulVariant(gate.data(), up.data(), n, out.data(), avx2);
+      EXPECT_EQ(out, got);
+      EXPECT_EQ(gate, g0) << "the gate was written";
       if (n >= 37) {
         EXPECT_GT(SiluMismatches(got, g0, up, -1.0), 0) << "negative control passed";
       }
@@ -217,7 +222,7 @@ TEST(VecOpsTest, EveryTailLength) {
       for (int64_t i = 0; i < n; ++i) EXPECT_EQ(back[i], HalfBitsToFloat(h[i]));
       EXPECT_EQ(back[n], 3.0f);
       std::vector<float> g(n + 1, 5.0f), up(n + 1, 1.0f);
-      SiluAndMulVariant(g.data(), up.data(), n, avx2);
+      SiluAndMulVariant(g.data(), up.data(), n, g.data(), avx2);
       EXPECT_EQ(g[n], 5.0f) << "wrote past n";
     }
   }

@@ -1,6 +1,7 @@
 // Runs the CUDA backend's small model kernels (runtime/worker/cuda/
 // model_kernels.cuh: embedding gather from fp32 and 16-bit tables, fused
-// residual add + RMSNorm, RoPE, SiLU-and-mul, bias add, the fp32 <-> fp16 /
+// residual add + RMSNorm and SiLU-and-mul with fp32 and 16-bit outputs,
+// RoPE, bias add, the fp32 <-> fp16 /
 // bf16 conversions of GEMM and attention operands, the split of a fused
 // q/k/v or gate/up GEMM's output, the greedy argmax of logits rows, RoPE fused
 // with the query conversion and with reshape_and_cache) on the CPU through
@@ -571,7 +572,8 @@ void RunAddRmsNorm(const NormCase& c, int n, int dim, std::mt19937& rng, int* ou
     if constexpr (kBroken) {
       BrokenAddRmsNormBody<NUM_THREADS>(got_x.data(), a, rows, weight.data(), dim, eps, got.data());
     } else {
-      AddRmsNormBody<NUM_THREADS>(got_x.data(), a, rows, weight.data(), dim, eps, got.data());
+      AddRmsNormBody<NUM_THREADS, float>(got_x.data(), a, rows, weight.data(), dim, eps,
+                                         got.data());
     }
   });
   *out_bad = Mismatches(got, want, kRel, kAbs);
@@ -670,12 +672,114 @@ TEST(CudaModelEmulationTest, SiluMulMatchesCpu) {
   const std::vector<float> gate0 = Random(count, rng, -8.0f, 8.0f);
   const std::vector<float> up = Random(count, rng);
   std::vector<float> want = gate0, got = gate0, broken = gate0;
-  cpu_ops::SiluMul(want.data(), up.data(), count);
-  kc::EmuLaunch(dim3(3), dim3(kThreads), 0, [&] { SiluMulBody(got.data(), up.data(), count); });
+  cpu_ops::SiluMul(want.data(), up.data(), count, want.data());
+  kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
+                [&] { SiluMulBody<float>(got.data(), up.data(), count, got.data()); });
   EXPECT_EQ(Mismatches(got, want, kRel, kAbs), 0);
   kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
                 [&] { BrokenSiluMulBody(broken.data(), up.data(), count); });
   EXPECT_GT(Mismatches(broken, want, kRel, kAbs), 0) << "negative control passed the check";
+}
+
+// ---- GEMM inputs in 16 bits -------------------------------------------------
+
+// The norm and SiLU-and-mul bodies with a 16-bit output (the GEMM-input
+// type of a 16-bit model) give exactly the fp32 variant's result rounded to
+// nearest even once (the CPU's converter), with the same residual
+// write-back; truncating instead must fail that check.
+template <typename T>
+void GemmInput16Case(kernels::DType dt) {
+  SCOPED_TRACE(kernels::DTypeName(dt));
+  std::mt19937 rng(21);
+  const int n = 5, dim = 1000;
+  const double eps = 1e-5;
+  const std::vector<float> x0 = Random(static_cast<size_t>(n) * dim, rng);
+  const std::vector<float> add = Random(x0.size(), rng);
+  const std::vector<float> weight = Random(dim, rng, 0.5f, 1.5f);
+  const std::vector<int32_t> gather = {4, 0, 4};
+  auto truncated = [&](const std::vector<float>& f) {
+    std::vector<uint16_t> t = To16(f, dt);
+    if (dt == kernels::DType::kBFloat16)
+      for (size_t i = 0; i < f.size(); ++i) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, &f[i], 4);
+        t[i] = static_cast<uint16_t>(bits >> 16);
+      }
+    return t;
+  };
+  int rounding_mattered = 0;
+  for (int mode = 0; mode < 3; ++mode) {  // norm only, add + write-back, gather with add
+    SCOPED_TRACE(testing::Message() << "norm mode " << mode);
+    const float* a = mode == 0 ? nullptr : add.data();
+    const int32_t* rows = mode == 2 ? gather.data() : nullptr;
+    const int out_rows = mode == 2 ? static_cast<int>(gather.size()) : n;
+    std::vector<float> x32 = x0, x16 = x0, out32(static_cast<size_t>(out_rows) * dim);
+    std::vector<T> out16(out32.size());
+    kc::EmuLaunch(dim3(out_rows), dim3(kThreads), 0, [&] {
+      AddRmsNormBody<kThreads, float>(x32.data(), a, rows, weight.data(), dim, eps, out32.data());
+    });
+    kc::EmuLaunch(dim3(out_rows), dim3(kThreads), 0, [&] {
+      AddRmsNormBody<kThreads, T>(x16.data(), a, rows, weight.data(), dim, eps, out16.data());
+    });
+    std::vector<uint16_t> got(out16.size());
+    std::memcpy(got.data(), out16.data(), got.size() * 2);
+    EXPECT_EQ(got, To16(out32, dt));
+    EXPECT_EQ(x16, x32);
+    rounding_mattered += got != truncated(out32);
+  }
+  const int64_t count = 3 * 1536 + 7;
+  const std::vector<float> gate = Random(count, rng, -8.0f, 8.0f), up = Random(count, rng);
+  std::vector<float> out32(count);
+  std::vector<T> out16(count);
+  kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
+                [&] { SiluMulBody<float>(gate.data(), up.data(), count, out32.data()); });
+  kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
+                [&] { SiluMulBody<T>(gate.data(), up.data(), count, out16.data()); });
+  std::vector<uint16_t> got(count);
+  std::memcpy(got.data(), out16.data(), got.size() * 2);
+  EXPECT_EQ(got, To16(out32, dt));
+  rounding_mattered += got != truncated(out32);
+  if (dt == kernels::DType::kBFloat16) {
+    EXPECT_EQ(rounding_mattered, 4) << "negative control (truncation) passed the check";
+  }
+}
+
+TEST(CudaModelEmulationTest, GemmInputsIn16BitsAreTheFp32ResultsRoundedOnce) {
+  GemmInput16Case<__half>(kernels::DType::kFloat16);
+  GemmInput16Case<__nv_bfloat16>(kernels::DType::kBFloat16);
+}
+
+// The SiLU-and-mul over a stacked gate/up GEMM output (no split) against
+// the split halves through SiluMulBody: the same bits, in fp32 and bf16.
+TEST(CudaModelEmulationTest, SiluMulStackedMatchesSplitSiluMul) {
+  std::mt19937 rng(22);
+  const int64_t n = 7;
+  const int inter = 333;  // rows not a multiple of the block; 3 blocks stride the rest
+  const std::vector<float> y = Random(static_cast<size_t>(n) * 2 * inter, rng, -8.0f, 8.0f);
+  std::vector<float> gate(static_cast<size_t>(n) * inter), up(gate.size()), want(gate.size());
+  for (int64_t t = 0; t < n; ++t)
+    for (int i = 0; i < inter; ++i) {
+      gate[t * inter + i] = y[t * 2 * inter + i];
+      up[t * inter + i] = y[t * 2 * inter + inter + i];
+    }
+  const int64_t count = n * inter;
+  kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
+                [&] { SiluMulBody<float>(gate.data(), up.data(), count, want.data()); });
+  std::vector<float> got(want.size(), NAN);
+  kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
+                [&] { SiluMulStackedBody<float>(y.data(), n, inter, got.data()); });
+  EXPECT_EQ(Mismatches(got, want, 0, 0), 0);
+  std::vector<__nv_bfloat16> got16(want.size());
+  kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
+                [&] { SiluMulStackedBody<__nv_bfloat16>(y.data(), n, inter, got16.data()); });
+  std::vector<uint16_t> bits(got16.size());
+  std::memcpy(bits.data(), got16.data(), bits.size() * 2);
+  EXPECT_EQ(bits, To16(want, kernels::DType::kBFloat16));
+  // Negative control: the halves swapped (silu(up) * gate).
+  std::vector<float> swapped(want.size());
+  kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
+                [&] { SiluMulBody<float>(up.data(), gate.data(), count, swapped.data()); });
+  EXPECT_GT(Mismatches(swapped, want, 0, 0), 0) << "negative control passed the check";
 }
 
 TEST(CudaModelEmulationTest, AddBiasMatchesReference) {

@@ -212,6 +212,12 @@ class CaptureBackend final : public ModelBackend {
     if (p.ok()) step_buffers_.push_back(*p);
     return p;
   }
+  GemmInputType gemm_input_type() const override { return inner_->gemm_input_type(); }
+  absl::StatusOr<GemmInput> GemmInputBuffer(BufferId id, int64_t elems) override {
+    absl::StatusOr<GemmInput> p = inner_->GemmInputBuffer(id, elems);
+    if (p.ok()) step_buffers_.push_back(p->data);
+    return p;
+  }
 
   bool SupportsBodyGraphs() const override { return true; }
   absl::StatusOr<bool> BeginBody(std::span<const kernels::KVCacheView>) override {
@@ -260,17 +266,17 @@ class CaptureBackend final : public ModelBackend {
   absl::Status EmbeddingGather(const BackendMatrix& t, float* out) override {
     return Run([=, this] { return inner_->EmbeddingGather(t, out); });
   }
-  absl::Status Linear(const float* x, int64_t n, const BackendMatrix& w, const BackendVector& bias,
+  absl::Status Linear(GemmInput x, int64_t n, const BackendMatrix& w, const BackendVector& bias,
                       float* y) override {
     return Run([=, this] { return inner_->Linear(x, n, w, bias, y); });
   }
-  absl::Status LinearGroup(const float* x, int64_t n, std::span<const LinearOut> outs) override {
+  absl::Status LinearGroup(GemmInput x, int64_t n, std::span<const LinearOut> outs) override {
     std::vector<LinearOut> o(outs.begin(), outs.end());
     return Run([=, this] { return inner_->LinearGroup(x, n, o); });
   }
   absl::Status AddRmsNorm(float* residual, const float* add, int64_t n, int dim,
                           const BackendVector& weight, double eps, bool logits_rows,
-                          float* out) override {
+                          GemmInput out) override {
     return Run([=, this] {
       return inner_->AddRmsNorm(residual, add, n, dim, weight, eps, logits_rows, out);
     });
@@ -278,21 +284,21 @@ class CaptureBackend final : public ModelBackend {
   absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t stride) override {
     return Run([=, this] { return inner_->ApplyRope(x, n, heads, head_size, stride); });
   }
-  absl::Status SiluMul(float* gate, const float* up, int64_t count) override {
-    return Run([=, this] { return inner_->SiluMul(gate, up, count); });
+  absl::Status SiluMul(const float* gate, const float* up, int64_t count, GemmInput out) override {
+    return Run([=, this] { return inner_->SiluMul(gate, up, count, out); });
   }
   absl::Status Attention(const kernels::KVCacheView& cache, int heads, float* q, float* k, float* v,
-                         float* out) override {
+                         GemmInput out) override {
     return Run([=, this] { return inner_->Attention(cache, heads, q, k, v, out); });
   }
   absl::Status RopeAndAttention(const kernels::KVCacheView& cache, int64_t n, int heads, float* q,
-                                float* k, float* v, float* out) override {
+                                float* k, float* v, GemmInput out) override {
     return Run([=, this] { return inner_->RopeAndAttention(cache, n, heads, q, k, v, out); });
   }
   absl::Status AllReduceSum(float* data, int64_t count) override {
     return Run([=, this] { return inner_->AllReduceSum(data, count); });
   }
-  absl::Status LmHead(const float* x, int64_t n, const BackendMatrix& w,
+  absl::Status LmHead(GemmInput x, int64_t n, const BackendMatrix& w,
                       std::vector<float>* logits) override {
     return inner_->LmHead(x, n, w, logits);
   }
@@ -300,7 +306,7 @@ class CaptureBackend final : public ModelBackend {
  private:
   struct Graph {
     DecodeGraphKey key;
-    std::vector<float*> buffers;
+    std::vector<void*> buffers;
     std::vector<std::function<absl::Status()>> ops;
   };
   absl::Status Run(std::function<absl::Status()> op) {
@@ -312,7 +318,7 @@ class CaptureBackend final : public ModelBackend {
   std::unique_ptr<ModelBackend> inner_;
   Fault fault_;
   const ForwardPlan* plan_ = nullptr;
-  std::vector<float*> step_buffers_;
+  std::vector<void*> step_buffers_;
   std::vector<Graph> graphs_;  // recording_ points at the last one while capturing
   std::vector<DecodeGraphKey> warm_, never_;
   Graph* recording_ = nullptr;

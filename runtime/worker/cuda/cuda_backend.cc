@@ -269,6 +269,9 @@ class CudaBackend final : public ModelBackend {
       PS_ASSIGN_OR_RETURN(d.down_proj, UploadMatrix(src.down_proj, p + "down_proj"));
     }
     PS_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "weight upload"));
+    gemm_elem_ = matrices_.front().type;
+    for (const DeviceMatrix& m : matrices_)
+      if (m.type != gemm_elem_) gemm_elem_ = Elem::kF32;
     return h;  // the host copy `w` is dropped here
   }
 
@@ -400,10 +403,27 @@ class CudaBackend final : public ModelBackend {
   }
 
   absl::StatusOr<float*> Buffer(BufferId id, int64_t elems) override {
-    DeviceBuffer& b = buffers_[static_cast<size_t>(id)];
-    PS_RETURN_IF_ERROR(b.Reserve(std::max<size_t>(static_cast<size_t>(elems) * sizeof(float), 4),
-                                 "activation buffer allocation"));
-    return static_cast<float*>(b.get());
+    if (IsGemmInput(id)) return absl::InvalidArgumentError("Buffer: a GEMM-input buffer id");
+    PS_ASSIGN_OR_RETURN(void* p, GrowBuffer(id, elems * static_cast<int64_t>(sizeof(float))));
+    return static_cast<float*>(p);
+  }
+
+  // The weights' 16-bit type when every matrix has it (GEMMs then read the
+  // activations as the producing kernels wrote them), else fp32 (inputs are
+  // converted for each 16-bit matrix).
+  GemmInputType gemm_input_type() const override {
+    switch (gemm_elem_) {
+      case Elem::kF16: return GemmInputType::kFloat16;
+      case Elem::kBF16: return GemmInputType::kBFloat16;
+      case Elem::kF32: break;
+    }
+    return GemmInputType::kFloat32;
+  }
+
+  absl::StatusOr<GemmInput> GemmInputBuffer(BufferId id, int64_t elems) override {
+    if (!IsGemmInput(id)) return absl::InvalidArgumentError("GemmInputBuffer: an fp32 buffer id");
+    PS_ASSIGN_OR_RETURN(void* p, GrowBuffer(id, elems * cuda_model::ElemBytes(gemm_elem_)));
+    return GemmInput{p};
   }
 
   absl::Status EmbeddingGather(const BackendMatrix& table, float* out) override {
@@ -414,24 +434,25 @@ class CudaBackend final : public ModelBackend {
         "embedding launch");
   }
 
-  absl::Status Linear(const float* x, int64_t n, const BackendMatrix& w, const BackendVector& bias,
+  absl::Status Linear(GemmInput x, int64_t n, const BackendMatrix& w, const BackendVector& bias,
                       float* y) override {
     const LinearOut out{w, bias, y};
     return LinearGroup(x, n, std::span<const LinearOut>(&out, 1));
   }
 
-  // One conversion of x per weight element type in the group, then one GEMM
-  // (and bias add) per output.
-  absl::Status LinearGroup(const float* x, int64_t n, std::span<const LinearOut> outs) override {
+  // One conversion of x per weight element type in the group that differs
+  // from the GEMM-input type (none unless the weights mix types), then one
+  // GEMM (and bias add) per output.
+  absl::Status LinearGroup(GemmInput x, int64_t n, std::span<const LinearOut> outs) override {
     if (n == 0 || outs.empty()) return absl::OkStatus();
     const int64_t cols = outs[0].w.cols;
     if (const DeviceMatrix* parent = FusedParent(outs);
         parent != nullptr && n <= kFusedGemmMaxTokens) {
       // One GEMM over the stacked rows into [n, total], then one split (with
       // the biases) into the outputs.
-      PS_ASSIGN_OR_RETURN(
-          const void* xin,
-          ConvertActivations(x, n * cols, parent->type, &gemm_input_, "GEMM input conversion"));
+      PS_ASSIGN_OR_RETURN(const void* xin,
+                          ConvertActivations(x.data, gemm_elem_, n * cols, parent->type,
+                                             &gemm_input_, "GEMM input conversion"));
       PS_RETURN_IF_ERROR(fused_out_.Reserve(static_cast<size_t>(n * parent->rows) * sizeof(float),
                                             "fused GEMM output allocation"));
       float* y = static_cast<float*>(fused_out_.get());
@@ -449,15 +470,18 @@ class CudaBackend final : public ModelBackend {
                                          static_cast<int>(outs.size()), dst, bias, width, stream_),
           "fused GEMM split launch");
     }
-    const void* converted[3] = {x, nullptr, nullptr};  // by Elem
+    const void* converted[3] = {};  // by Elem
+    converted[static_cast<int>(gemm_elem_)] = x.data;
     for (const LinearOut& o : outs) {
       const DeviceMatrix& w = M(o.w);
       const int e = static_cast<int>(w.type);
       if (converted[e] == nullptr) {
-        PS_ASSIGN_OR_RETURN(converted[e], ConvertActivations(x, n * cols, w.type, &gemm_input_,
-                                                             "GEMM input conversion"));
-        // One buffer for both 16-bit types: a conversion replaces the other.
-        if (w.type != Elem::kF32) converted[e == 1 ? 2 : 1] = nullptr;
+        PS_ASSIGN_OR_RETURN(converted[e],
+                            ConvertActivations(x.data, gemm_elem_, n * cols, w.type, &gemm_input_,
+                                               "GEMM input conversion"));
+        // One conversion buffer: a conversion replaces the one before.
+        for (int other = 0; other < 3; ++other)
+          if (other != e && other != static_cast<int>(gemm_elem_)) converted[other] = nullptr;
       }
       PS_RETURN_IF_ERROR(Gemm(converted[e], n, w, o.y));
       if (o.bias.data != nullptr)
@@ -469,13 +493,37 @@ class CudaBackend final : public ModelBackend {
     return absl::OkStatus();
   }
 
+  // Up to kFusedGemmMaxTokens: one GEMM over the stacked gate/up rows and
+  // one kernel that reads both halves of each row (no split, gate and up
+  // untouched); otherwise the default (LinearGroup, SiluMul).
+  absl::Status GateUpSiluMul(GemmInput x, int64_t n, const BackendMatrix& gate_proj,
+                             const BackendMatrix& up_proj, float* gate, float* up,
+                             GemmInput out) override {
+    const LinearOut outs[2] = {{gate_proj, BackendVector{}, gate}, {up_proj, BackendVector{}, up}};
+    const DeviceMatrix* parent = FusedParent(outs);
+    if (parent == nullptr || n > kFusedGemmMaxTokens || gate_proj.rows != up_proj.rows)
+      return ModelBackend::GateUpSiluMul(x, n, gate_proj, up_proj, gate, up, out);
+    if (n == 0) return absl::OkStatus();
+    PS_ASSIGN_OR_RETURN(const void* xin,
+                        ConvertActivations(x.data, gemm_elem_, n * gate_proj.cols, parent->type,
+                                           &gemm_input_, "GEMM input conversion"));
+    PS_RETURN_IF_ERROR(fused_out_.Reserve(static_cast<size_t>(n * parent->rows) * sizeof(float),
+                                          "fused GEMM output allocation"));
+    float* y = static_cast<float*>(fused_out_.get());
+    PS_RETURN_IF_ERROR(Gemm(xin, n, *parent, y));
+    return CudaStatus(cuda_model::LaunchSiluMulStacked(y, n, static_cast<int>(gate_proj.rows),
+                                                       out.data, gemm_elem_, stream_),
+                      "silu_mul (stacked) launch");
+  }
+
   absl::Status AddRmsNorm(float* residual, const float* add, int64_t n, int dim,
                           const BackendVector& weight, double eps, bool logits_rows,
-                          float* out) override {
-    return CudaStatus(cuda_model::LaunchAddRmsNorm(
-                          residual, add, logits_rows ? In<int32_t>(kLogitsRows) : nullptr,
-                          weight.data, static_cast<int>(n), dim, eps, out, stream_),
-                      "add_rms_norm launch");
+                          GemmInput out) override {
+    return CudaStatus(
+        cuda_model::LaunchAddRmsNorm(residual, add,
+                                     logits_rows ? In<int32_t>(kLogitsRows) : nullptr, weight.data,
+                                     static_cast<int>(n), dim, eps, out.data, gemm_elem_, stream_),
+        "add_rms_norm launch");
   }
 
   absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size,
@@ -486,15 +534,17 @@ class CudaBackend final : public ModelBackend {
         "rope launch");
   }
 
-  absl::Status SiluMul(float* gate, const float* up, int64_t count) override {
-    return CudaStatus(cuda_model::LaunchSiluMul(gate, up, count, stream_), "silu_mul launch");
+  absl::Status SiluMul(const float* gate, const float* up, int64_t count, GemmInput out) override {
+    return CudaStatus(cuda_model::LaunchSiluMul(gate, up, count, out.data, gemm_elem_, stream_),
+                      "silu_mul launch");
   }
 
   // fp32 and fp8 caches take the fp32 operands as they are (fp8: io_dtype
   // fp32, converted inside the kernels); a 16-bit cache gets converted
-  // copies of q, k and v, and the output is converted back.
+  // copies of q, k and v. The output is written in the GEMM-input type
+  // (RunAttention).
   absl::Status Attention(const kernels::KVCacheView& cache, int num_heads, float* q, float* k,
-                         float* v, float* out) override {
+                         float* v, GemmInput out) override {
     const int64_t n = plan_->num_tokens;
     const int64_t q_dim = static_cast<int64_t>(num_heads) * cache.shape.head_size;
     const int64_t kv_dim = static_cast<int64_t>(cache.shape.num_kv_heads) * cache.shape.head_size;
@@ -503,9 +553,12 @@ class CudaBackend final : public ModelBackend {
     const void* ka = k;
     const void* va = v;
     if (io != Elem::kF32) {
-      PS_ASSIGN_OR_RETURN(qa, ConvertActivations(q, n * q_dim, io, &attn_q_, "query conversion"));
-      PS_ASSIGN_OR_RETURN(ka, ConvertActivations(k, n * kv_dim, io, &attn_k_, "key conversion"));
-      PS_ASSIGN_OR_RETURN(va, ConvertActivations(v, n * kv_dim, io, &attn_v_, "value conversion"));
+      PS_ASSIGN_OR_RETURN(
+          qa, ConvertActivations(q, Elem::kF32, n * q_dim, io, &attn_q_, "query conversion"));
+      PS_ASSIGN_OR_RETURN(
+          ka, ConvertActivations(k, Elem::kF32, n * kv_dim, io, &attn_k_, "key conversion"));
+      PS_ASSIGN_OR_RETURN(
+          va, ConvertActivations(v, Elem::kF32, n * kv_dim, io, &attn_v_, "value conversion"));
     }
     kernels::ReshapeAndCacheParams rc;
     rc.key = ka;
@@ -523,7 +576,7 @@ class CudaBackend final : public ModelBackend {
   // type, one rotates k and writes k and v into the cache (in place of
   // ApplyRope x 2, three conversions and reshape_and_cache).
   absl::Status RopeAndAttention(const kernels::KVCacheView& cache, int64_t n, int num_heads,
-                                float* q, float* k, float* v, float* out) override {
+                                float* q, float* k, float* v, GemmInput out) override {
     const int D = cache.shape.head_size;
     const int kv_heads = cache.shape.num_kv_heads;
     const int64_t q_dim = static_cast<int64_t>(num_heads) * D;
@@ -653,7 +706,7 @@ class CudaBackend final : public ModelBackend {
                       "all-reduce result conversion");
   }
 
-  absl::Status LmHead(const float* x, int64_t n, const BackendMatrix& w,
+  absl::Status LmHead(GemmInput x, int64_t n, const BackendMatrix& w,
                       std::vector<float>* logits) override {
     host_logits_.resize(static_cast<size_t>(n) * w.rows);
     const size_t bytes = host_logits_.size() * sizeof(float);
@@ -680,7 +733,7 @@ class CudaBackend final : public ModelBackend {
   // then the ids and logprobs come back in one copy, and only the rows that
   // need logits (left to the host sampler, or refused) are copied back into
   // pinned memory.
-  absl::Status LmHeadSample(const float* x, int64_t n, const BackendMatrix& w,
+  absl::Status LmHeadSample(GemmInput x, int64_t n, const BackendMatrix& w,
                             std::span<const RowSampling> rows, SampledRows* out,
                             std::vector<float>* logits) override {
     using Mode = RowSampling::Mode;
@@ -983,7 +1036,7 @@ class CudaBackend final : public ModelBackend {
     auto bytes = [](int64_t elems, int64_t size) {
       return std::max<size_t>(static_cast<size_t>(elems * size), 4);
     };
-    if (has_16bit_weights_)
+    if (has_16bit_weights_ && gemm_elem_ == Elem::kF32)  // mixed types: conversions
       PS_RETURN_IF_ERROR(gemm_input_.Reserve(
           bytes(std::max(n, r) * std::max({hidden, q_dim, inter}), 2), "GEMM input allocation"));
     if (n > 0)
@@ -991,9 +1044,13 @@ class CudaBackend final : public ModelBackend {
           bytes(std::min(n, kFusedGemmMaxTokens) * std::max(q_dim + 2 * kv_dim, 2 * inter),
                 sizeof(float)),
           "fused GEMM output allocation"));
-    if (!device_views_.empty() && AttentionIoElem(device_views_[0].shape.dtype) != Elem::kF32) {
-      PS_RETURN_IF_ERROR(attn_q_.Reserve(bytes(n * q_dim, 2), "query conversion allocation"));
-      PS_RETURN_IF_ERROR(attn_out_.Reserve(bytes(n * q_dim, 2), "attention output allocation"));
+    if (!device_views_.empty()) {
+      const Elem io = AttentionIoElem(device_views_[0].shape.dtype);
+      if (io != Elem::kF32)
+        PS_RETURN_IF_ERROR(attn_q_.Reserve(bytes(n * q_dim, 2), "query conversion allocation"));
+      if (io != gemm_elem_)
+        PS_RETURN_IF_ERROR(attn_out_.Reserve(bytes(n * q_dim, cuda_model::ElemBytes(io)),
+                                             "attention output allocation"));
     }
     if (comm_->size() > 1 && weight_elem_ != Elem::kF32)
       PS_RETURN_IF_ERROR(allreduce_buf_.Reserve(bytes(n * hidden, 2), "all-reduce allocation"));
@@ -1062,8 +1119,11 @@ class CudaBackend final : public ModelBackend {
   // attention for the rest, from the queries qa in the cache's operand type
   // (AttentionIoElem), into out (fp32 [n, q_dim]; through a 16-bit buffer
   // and one conversion for 16-bit caches).
+  // The attention kernels write their output in the cache's operand type
+  // `io`: straight into `out` when that is the GEMM-input type (a 16-bit
+  // model with a cache of its dtype), else into attn_out_ and converted.
   absl::Status RunAttention(const kernels::KVCacheView& cache, int num_heads, const void* qa,
-                            float* out) {
+                            GemmInput out) {
     const ForwardPlan& plan = *plan_;
     const ForwardBatch& b = *plan.batch;
     const int64_t n = plan.num_tokens;
@@ -1077,8 +1137,8 @@ class CudaBackend final : public ModelBackend {
     const bool validate = !step_validated_ || cache.shape.num_blocks < validated_blocks_;
     if (validate) validated_blocks_ = cache.shape.num_blocks;
     step_validated_ = true;
-    void* oa = out;
-    if (io != Elem::kF32) {
+    void* oa = out.data;
+    if (io != gemm_elem_) {
       PS_RETURN_IF_ERROR(attn_out_.Reserve(
           std::max<size_t>(static_cast<size_t>(n * q_dim) * cuda_model::ElemBytes(io), 4),
           "attention output allocation"));
@@ -1113,8 +1173,8 @@ class CudaBackend final : public ModelBackend {
       pf.stream = stream_;
       PS_RETURN_IF_ERROR(kernels::PrefillAttention(pf));
     }
-    if (io == Elem::kF32) return absl::OkStatus();
-    return CudaStatus(cuda_model::LaunchConvert(oa, io, n * q_dim, out, Elem::kF32, stream_),
+    if (io == gemm_elem_) return absl::OkStatus();
+    return CudaStatus(cuda_model::LaunchConvert(oa, io, n * q_dim, out.data, gemm_elem_, stream_),
                       "attention output conversion");
   }
 
@@ -1357,17 +1417,26 @@ class CudaBackend final : public ModelBackend {
     return row == parent->rows ? parent : nullptr;
   }
 
-  // x (fp32, `count` values) in element type `type` on the stream: x itself
-  // for kF32, else a conversion into `buf` (grown as needed).
-  absl::StatusOr<const void*> ConvertActivations(const float* x, int64_t count, Elem type,
+  // x (`count` values of `from`) in element type `type` on the stream: x
+  // itself when the types agree, else a conversion into `buf` (grown as
+  // needed).
+  absl::StatusOr<const void*> ConvertActivations(const void* x, Elem from, int64_t count, Elem type,
                                                  DeviceBuffer* buf, absl::string_view what) {
-    if (type == Elem::kF32) return static_cast<const void*>(x);
+    if (type == from) return x;
     PS_RETURN_IF_ERROR(
         buf->Reserve(std::max<size_t>(static_cast<size_t>(count) * cuda_model::ElemBytes(type), 4),
                      absl::StrCat(what, " allocation")));
-    PS_RETURN_IF_ERROR(CudaStatus(
-        cuda_model::LaunchConvert(x, Elem::kF32, count, buf->get(), type, stream_), what));
+    PS_RETURN_IF_ERROR(
+        CudaStatus(cuda_model::LaunchConvert(x, from, count, buf->get(), type, stream_), what));
     return static_cast<const void*>(buf->get());
+  }
+
+  // Activation buffer `id` grown to `bytes` (at least 4).
+  absl::StatusOr<void*> GrowBuffer(BufferId id, int64_t bytes) {
+    DeviceBuffer& b = buffers_[static_cast<size_t>(id)];
+    PS_RETURN_IF_ERROR(
+        b.Reserve(std::max<size_t>(static_cast<size_t>(bytes), 4), "activation buffer allocation"));
+    return b.get();
   }
 
   // y[n, W.rows] (fp32) = x[n, W.cols] W^T, row-major, x already in W's
@@ -1463,6 +1532,7 @@ class CudaBackend final : public ModelBackend {
   std::vector<uintptr_t> capture_addresses_;
   bool has_16bit_weights_ = false;  // some matrix runs through GemmEx
   Elem weight_elem_ = Elem::kF32;   // the 16-bit weight type, if any (all-reduce payloads)
+  Elem gemm_elem_ = Elem::kF32;     // GEMM-input activations (gemm_input_type)
   bool step_pending_ = false;       // BeginStep ran and WaitForStep has not succeeded since
   bool step_validated_ = false;     // this step's Attention has validated its index arrays
   int64_t validated_blocks_ = 0;    // against a pool of this many blocks

@@ -74,11 +74,12 @@ cudaError_t WithElem(Elem e, Fn&& fn) {
   return cudaErrorInvalidValue;
 }
 
+template <typename OutT>
 __global__ void __launch_bounds__(kThreads)
     AddRmsNormKernel(float* residual, const float* __restrict__ add,
                      const int32_t* __restrict__ rows, const float* __restrict__ weight, int dim,
-                     double eps, float* __restrict__ out) {
-  AddRmsNormBody<kThreads>(residual, add, rows, weight, dim, eps, out);
+                     double eps, OutT* __restrict__ out) {
+  AddRmsNormBody<kThreads, OutT>(residual, add, rows, weight, dim, eps, out);
 }
 
 __global__ void ApplyRopeKernel(float* __restrict__ x, int heads, int head_size,
@@ -92,9 +93,16 @@ __global__ void AddBiasKernel(float* __restrict__ y, const float* __restrict__ b
   AddBiasBody(y, bias, total, cols);
 }
 
-__global__ void SiluMulKernel(float* __restrict__ gate, const float* __restrict__ up,
-                              int64_t count) {
-  SiluMulBody(gate, up, count);
+template <typename OutT>
+__global__ void SiluMulKernel(const float* gate, const float* __restrict__ up, int64_t count,
+                              OutT* out) {
+  SiluMulBody<OutT>(gate, up, count, out);
+}
+
+template <typename OutT>
+__global__ void SiluMulStackedKernel(const float* __restrict__ y, int64_t n, int inter,
+                                     OutT* __restrict__ out) {
+  SiluMulStackedBody<OutT>(y, n, inter, out);
 }
 
 }  // namespace
@@ -126,11 +134,15 @@ cudaError_t LaunchConvert(const void* in, Elem in_type, int64_t count, void* out
 }
 
 cudaError_t LaunchAddRmsNorm(float* residual, const float* add, const int32_t* rows,
-                             const float* weight, int n, int dim, double eps, float* out,
-                             cudaStream_t stream) {
+                             const float* weight, int n, int dim, double eps, void* out,
+                             Elem out_type, cudaStream_t stream) {
   if (n <= 0 || dim <= 0) return cudaSuccess;
-  AddRmsNormKernel<<<n, kThreads, 0, stream>>>(residual, add, rows, weight, dim, eps, out);
-  return cudaGetLastError();
+  return WithElem(out_type, [&](auto tag) {
+    using OutT = decltype(tag);
+    AddRmsNormKernel<OutT><<<n, kThreads, 0, stream>>>(residual, add, rows, weight, dim, eps,
+                                                       static_cast<OutT*>(out));
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t LaunchApplyRope(float* x, int n, int heads, int head_size, int64_t token_stride,
@@ -147,10 +159,26 @@ cudaError_t LaunchAddBias(float* y, const float* bias, int n, int cols, cudaStre
   return cudaGetLastError();
 }
 
-cudaError_t LaunchSiluMul(float* gate, const float* up, int64_t count, cudaStream_t stream) {
+cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, void* out,
+                          Elem out_type, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  SiluMulKernel<<<BlocksFor(count), kThreads, 0, stream>>>(gate, up, count);
-  return cudaGetLastError();
+  return WithElem(out_type, [&](auto tag) {
+    using OutT = decltype(tag);
+    SiluMulKernel<OutT>
+        <<<BlocksFor(count), kThreads, 0, stream>>>(gate, up, count, static_cast<OutT*>(out));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t LaunchSiluMulStacked(const float* y, int64_t n, int inter, void* out, Elem out_type,
+                                 cudaStream_t stream) {
+  if (n <= 0 || inter <= 0) return cudaSuccess;
+  return WithElem(out_type, [&](auto tag) {
+    using OutT = decltype(tag);
+    SiluMulStackedKernel<OutT>
+        <<<BlocksFor(n * inter), kThreads, 0, stream>>>(y, n, inter, static_cast<OutT*>(out));
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t LaunchRopeConvert(const float* x, int n, int heads, int head_size, int64_t token_stride,

@@ -5,8 +5,10 @@
 // through tests/kernels/simt_emulator.h, against the CPU backend's operations
 // (runtime/worker/cpu_backend.h, cpu_ops). Each body mirrors one cpu_ops
 // function with the same arithmetic where it matters (double sums in RMSNorm,
-// fp32 elsewhere). Activations are fp32; weights (the embedding table) and
-// the GEMM / attention operands may be fp16 or bf16, converted with the
+// fp32 elsewhere). Activations are fp32, except the GEMM inputs the norm and
+// SiLU-and-mul write, which may be fp16 or bf16 (rounded once, from the fp32
+// result); weights (the embedding table) and the attention operands may be
+// fp16 or bf16, converted with the
 // round-to-nearest-even conversions of cuda_fp16.h / cuda_bf16.h (the CPU's
 // kernels/cpu/half.h converters give the same bits). Every pointer is device
 // memory; row-major layouts.
@@ -51,29 +53,29 @@ __device__ __forceinline__ void ConvertBody(const From* __restrict__ in, int64_t
 
 // Grid (n), block (kThreads): fused residual add + RMSNorm of one row
 // (cpu_ops::AddRmsNorm): r = rows ? rows[t] : t; v = residual[r] (+ add[r]);
-// out[t] = v / sqrt(sum(v^2) / dim + eps) * weight, the sum of squares in
-// double (a tree over the block); residual[r] = v is written back only when
-// rows is null and add is not (otherwise v is staged in out[t]).
-template <int NUM_THREADS>
+// out[t] = OutT(v / sqrt(sum(v^2) / dim + eps) * weight), the sum of squares
+// in double (a tree over the block), the product in fp32 rounded to OutT
+// (float, __half or __nv_bfloat16: the GEMM-input type) once; residual[r] = v
+// is written back only when rows is null and add is not (a gather recomputes
+// v instead, the same fp32 add).
+template <int NUM_THREADS, typename OutT>
 __device__ __forceinline__ void AddRmsNormBody(float* residual, const float* __restrict__ add,
                                                const int32_t* __restrict__ rows,
                                                const float* __restrict__ weight, int dim,
-                                               double eps, float* __restrict__ out) {
+                                               double eps, OutT* __restrict__ out) {
   __shared__ double partial[NUM_THREADS];
   const int t = blockIdx.x;
   const int64_t r = rows != nullptr ? rows[t] : t;
-  float* o = out + static_cast<int64_t>(t) * dim;
-  const float* xr = residual + r * dim;
-  if (add != nullptr) {
-    const float* ar = add + r * dim;
-    float* dst = rows == nullptr ? residual + r * dim : o;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = xr[i] + ar[i];
-    xr = dst;  // each thread reads back only the elements it wrote
-  }
+  OutT* o = out + static_cast<int64_t>(t) * dim;
+  float* xr = residual + r * dim;
+  const float* ar = add != nullptr ? add + r * dim : nullptr;
+  const bool write_back = rows == nullptr && ar != nullptr;
   double ss = 0.0;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const double v = xr[i];
-    ss += v * v;
+    float v = xr[i];
+    if (ar != nullptr) v += ar[i];
+    if (write_back) xr[i] = v;  // each thread reads back only the elements it wrote
+    ss += static_cast<double>(v) * v;
   }
   partial[threadIdx.x] = ss;
   __syncthreads();
@@ -83,7 +85,10 @@ __device__ __forceinline__ void AddRmsNormBody(float* residual, const float* __r
     __syncthreads();
   }
   const float inv = static_cast<float>(1.0 / sqrt(partial[0] / dim + eps));
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * weight[i];
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = write_back || ar == nullptr ? xr[i] : xr[i] + ar[i];
+    o[i] = ::pagedserve::kernels::cuda::FromFloat<OutT>(v * inv * weight[i]);
+  }
 }
 
 // Grid (n): rotary embedding in the rotate_half layout (HF
@@ -116,13 +121,35 @@ __device__ __forceinline__ void AddBiasBody(float* __restrict__ y, const float* 
     y[k] += bias[k % cols];
 }
 
-// Grid-stride: gate[k] = gate[k] / (1 + exp(-gate[k])) * up[k], k < count.
-__device__ __forceinline__ void SiluMulBody(float* __restrict__ gate, const float* __restrict__ up,
-                                            int64_t count) {
+// Grid-stride: out[k] = OutT(gate[k] / (1 + exp(-gate[k])) * up[k]) for
+// k < count, in fp32 rounded once to OutT (float, __half or __nv_bfloat16).
+// out may be gate when OutT is float (in place).
+template <typename OutT>
+__device__ __forceinline__ void SiluMulBody(const float* gate, const float* __restrict__ up,
+                                            int64_t count, OutT* out) {
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < count;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = gate[k];
-    gate[k] = g / (1.0f + expf(-g)) * up[k];
+    out[k] = ::pagedserve::kernels::cuda::FromFloat<OutT>(g / (1.0f + expf(-g)) * up[k]);
+  }
+}
+
+// Grid-stride: SiluMulBody over the output of one GEMM over the stacked
+// gate/up rows, y [n, 2 * inter] (row t: gate columns [0, inter), up columns
+// [inter, 2 * inter)): out[t * inter + i] = OutT(silu(g) * u) with g = y[t,
+// i], u = y[t, inter + i], k = t * inter + i < n * inter; the same fp32
+// arithmetic as SiluMulBody after a split.
+template <typename OutT>
+__device__ __forceinline__ void SiluMulStackedBody(const float* __restrict__ y, int64_t n,
+                                                   int inter, OutT* __restrict__ out) {
+  const int64_t count = n * inter;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < count;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = k / inter;
+    const float* row = y + t * 2 * inter;
+    const int64_t i = k - t * inter;
+    const float g = row[i];
+    out[k] = ::pagedserve::kernels::cuda::FromFloat<OutT>(g / (1.0f + expf(-g)) * row[inter + i]);
   }
 }
 

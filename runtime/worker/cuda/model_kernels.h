@@ -31,10 +31,11 @@ cudaError_t LaunchConvert(const void* in, Elem in_type, int64_t count, void* out
 
 // Fused residual add + RMSNorm of n rows (ModelBackend::AddRmsNorm): `add`
 // may be null (norm only); `rows` null = rows 0..n-1 with residual written
-// back, else a gather of rows[t] without write-back. out [n, dim].
+// back, else a gather of rows[t] without write-back. out [n, dim] of
+// `out_type` (the fp32 result rounded to nearest even once).
 cudaError_t LaunchAddRmsNorm(float* residual, const float* add, const int32_t* rows,
-                             const float* weight, int n, int dim, double eps, float* out,
-                             cudaStream_t stream);
+                             const float* weight, int n, int dim, double eps, void* out,
+                             Elem out_type, cudaStream_t stream);
 
 // Rotary embedding of n tokens in place (rotate_half layout).
 cudaError_t LaunchApplyRope(float* x, int n, int heads, int head_size, int64_t token_stride,
@@ -43,8 +44,16 @@ cudaError_t LaunchApplyRope(float* x, int n, int heads, int head_size, int64_t t
 // y[t, j] += bias[j] for t < n, j < cols.
 cudaError_t LaunchAddBias(float* y, const float* bias, int n, int cols, cudaStream_t stream);
 
-// gate[i] = silu(gate[i]) * up[i], i < count.
-cudaError_t LaunchSiluMul(float* gate, const float* up, int64_t count, cudaStream_t stream);
+// out[i] = silu(gate[i]) * up[i] for i < count, fp32 rounded once to
+// `out_type`; out may be gate when out_type is kF32.
+cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, void* out,
+                          Elem out_type, cudaStream_t stream);
+
+// out[t, i] = silu(y[t, i]) * y[t, inter + i] for t < n, i < inter: SiluMul
+// over the output y [n, 2 * inter] (fp32) of one GEMM over stacked gate/up
+// rows, without splitting it; out [n, inter] of `out_type`.
+cudaError_t LaunchSiluMulStacked(const float* y, int64_t n, int inter, void* out, Elem out_type,
+                                 cudaStream_t stream);
 
 // Element type of a paged KV cache.
 enum class CacheType : int { kF32, kF16, kBF16, kFp8E4M3, kFp8E5M2 };
