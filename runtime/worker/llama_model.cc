@@ -59,10 +59,17 @@ absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b,
     return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: ", kv_layers.size(),
                                                    " KV cache layers for a model of ",
                                                    config_.num_layers));
-  for (size_t l = 0; l < kv_layers.size(); ++l)
+  for (size_t l = 0; l < kv_layers.size(); ++l) {
+    const kernels::KVCacheShape& shape = kv_layers[l].shape;
+    if (shape.num_kv_heads != shard_.num_kv_heads || shape.head_size != config_.head_size)
+      return absl::InvalidArgumentError(
+          absl::StrCat("ForwardBatch: KV cache layer ", l, " holds ", shape.num_kv_heads,
+                       " KV heads of ", shape.head_size, "; this rank's shard has ",
+                       shard_.num_kv_heads, " of ", config_.head_size));
     if (absl::Status s = backend_->CheckKvCache(kv_layers[l]); !s.ok())
       return absl::InvalidArgumentError(
           absl::StrCat("ForwardBatch: KV cache layer ", l, ": ", s.message()));
+  }
   const int vocab = config_.vocab_size;
   for (int t = 0; t < n; ++t)
     if (b.token_ids[t] < 0 || b.token_ids[t] >= vocab)
@@ -235,8 +242,7 @@ absl::Status LlamaModel::RunBody(int64_t n, int64_t r, const StepBuffers& buf,
     // q/k/v (and gate/up below) read the same normed rows: one backend launch.
     const LinearOut qkv[3] = {
         {w.q_proj, w.q_bias, q}, {w.k_proj, w.k_bias, k}, {w.v_proj, w.v_bias, v}};
-    PS_RETURN_IF_ERROR(be.LinearGroup(h, n, qkv));
-    PS_RETURN_IF_ERROR(be.RopeAndAttention(kv_layers[l], n, heads, q, k, v, attn));
+    PS_RETURN_IF_ERROR(be.QkvRopeAndAttention(h, n, qkv, kv_layers[l], heads, attn));
 
     // o_proj (row-parallel) + all-reduce, then residual add + norm.
     PS_RETURN_IF_ERROR(be.Linear(attn, n, w.o_proj, BackendVector{}, o));

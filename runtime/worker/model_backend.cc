@@ -77,6 +77,15 @@ absl::Status ModelBackend::RopeAndAttention(const kernels::KVCacheView& cache, i
   return s;
 }
 
+absl::Status ModelBackend::QkvRopeAndAttention(GemmInput x, int64_t n,
+                                               std::span<const LinearOut, 3> qkv,
+                                               const kernels::KVCacheView& cache, int num_heads,
+                                               GemmInput out) {
+  absl::Status s = LinearGroup(x, n, qkv);
+  if (s.ok()) s = RopeAndAttention(cache, n, num_heads, qkv[0].y, qkv[1].y, qkv[2].y, out);
+  return s;
+}
+
 absl::Status ModelBackend::GateUpSiluMul(GemmInput x, int64_t n, const BackendMatrix& gate_proj,
                                          const BackendMatrix& up_proj, float* gate, float* up,
                                          GemmInput out) {

@@ -299,8 +299,8 @@ class ModelBackend {
   // the same cols): outs[i].y = x outs[i].w^T (+ outs[i].bias), the values
   // of calling Linear for each in order up to the GEMM's summation order
   // (CPU: identical). A backend may run them as one launch (CPU: one parallel
-  // region and one activation quantization, kernels::LinearGroup; CUDA: one
-  // GEMM over rows stacked at load). The outputs must not overlap x or one another.
+  // region and one activation quantization, kernels::LinearGroup). The
+  // outputs must not overlap x or one another.
   // This default calls Linear for each.
   virtual absl::Status LinearGroup(GemmInput x, int64_t n, std::span<const LinearOut> outs) {
     for (const LinearOut& o : outs) {
@@ -370,6 +370,19 @@ class ModelBackend {
   // operations.
   virtual absl::Status RopeAndAttention(const kernels::KVCacheView& cache, int64_t n, int num_heads,
                                         float* q, float* k, float* v, GemmInput out);
+
+  // One layer's q/k/v projections, RoPE and attention: LinearGroup(x, n,
+  // qkv) (x a GEMM input; qkv[0..2] the q, k and v projections with their
+  // biases, their y fp32 scratch [n, q_dim], [n, kv_dim], [n, kv_dim]) then
+  // RopeAndAttention(cache, n, num_heads, q, k, v, out), with the same
+  // values. A backend may keep the projections in its own layout (CUDA, up
+  // to 256 tokens: the RoPE and cache-write kernels read the stacked q/k/v
+  // GEMM output and add the biases, no split), leaving the scratch unused or
+  // as scratch of its own. This default runs the two operations.
+  virtual absl::Status QkvRopeAndAttention(GemmInput x, int64_t n,
+                                           std::span<const LinearOut, 3> qkv,
+                                           const kernels::KVCacheView& cache, int num_heads,
+                                           GemmInput out);
 
   // ---- Captured decode steps (CUDA graphs) -----------------------------
   // The body of a step is everything from EmbeddingGather to the final

@@ -159,10 +159,12 @@ def main():
         check(any(n.startswith("libcudart.so") for n in libs), "lib/ holds libcudart")
         check(any(n.startswith("libabsl_") for n in libs), "lib/ holds the Abseil libraries")
         check(not any(PROVIDED.match(n) for n in libs), "lib/ holds no library the GPU machine provides")
-        check(os.path.isfile(os.path.join(payload, "fixtures", "make_random_llama.py")) and
-              os.path.isfile(os.path.join(payload, "fixtures", "random_llama", "reference.json")) and
-              os.path.isfile(os.path.join(payload, "fixtures", "smollm2-tokenizer", "tokenizer.json")),
-              "fixtures/ holds the random-model generator, its reference and tokenizer")
+        fx = os.path.join(payload, "fixtures")
+        check(all(os.path.isfile(os.path.join(fx, *f)) for f in [
+            ("make_random_llama.py",), ("random_llama", "reference.json"),
+            ("smollm2-tokenizer", "tokenizer.json"), ("make_random_variant.py",),
+            ("qwen2_bias", "reference.json"), ("spm-tiny-tokenizer", "tokenizer.json")]),
+              "fixtures/ holds the random-model generators, their references and tokenizers")
         with open(os.path.join(bundle, "manifest.json")) as f:
             manifest = json.load(f)
         size = sum(os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(bundle) for n in ns)

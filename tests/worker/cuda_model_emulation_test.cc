@@ -2,8 +2,8 @@
 // model_kernels.cuh: embedding gather from fp32 and 16-bit tables, fused
 // residual add + RMSNorm and SiLU-and-mul with fp32 and 16-bit outputs,
 // RoPE, bias add, the fp32 <-> fp16 /
-// bf16 conversions of GEMM and attention operands, the split of a fused
-// q/k/v or gate/up GEMM's output, the greedy argmax of logits rows, RoPE fused
+// bf16 conversions of GEMM and attention operands, SiLU-and-mul over a
+// stacked gate/up GEMM output, the greedy argmax of logits rows, RoPE fused
 // with the query conversion and with reshape_and_cache) on the CPU through
 // tests/kernels/simt_emulator.h and compares them with the CPU backend's operations (cpu_ops in
 // runtime/worker/cpu_backend.h, the arithmetic the transformers and llama.cpp fixtures check), on
@@ -273,24 +273,49 @@ std::vector<uint16_t> To16(const std::vector<float>& x, kernels::DType dt) {
   return out;
 }
 
+// The stacked layout of a fused q/k/v GEMM's output: rows of `total`
+// columns, a projection at column `col0`, its bias added by the kernel.
+struct Stacked {
+  std::vector<float> y;     // [n, total]
+  std::vector<float> bias;  // [width]
+  int64_t total = 0;
+};
+// A random stacked layout y [n, total] and bias [width] for a projection at
+// columns [col0, col0 + width), with *split [n, width] set to what the fused
+// GEMM's split gives for it: y[t, col0 + j] + bias[j] (an fp32 add).
+Stacked MakeStacked(std::vector<float>* split, int n, int64_t width, int64_t col0, int64_t total,
+                    std::mt19937& rng) {
+  Stacked st;
+  st.total = total;
+  st.y = Random(static_cast<size_t>(n) * total, rng, -3.0f, 3.0f);
+  st.bias = Random(width, rng, -1.0f, 1.0f);
+  for (int t = 0; t < n; ++t)
+    for (int64_t j = 0; j < width; ++j)
+      (*split)[t * width + j] = st.y[t * total + col0 + j] + st.bias[j];
+  return st;
+}
+
 template <typename T>
-void RopeConvertCase(kernels::DType dt) {
-  SCOPED_TRACE(kernels::DTypeName(dt));
+void RopeConvertCase(kernels::DType dt, bool stacked) {
+  SCOPED_TRACE(testing::Message() << kernels::DTypeName(dt) << (stacked ? ", stacked" : ""));
   std::mt19937 rng(15);
   const int n = 5, heads = 6, D = 64, half = D / 2;
   const int64_t stride = heads * D;
-  const std::vector<float> q = Random(static_cast<size_t>(n) * stride, rng);
+  std::vector<float> q = Random(static_cast<size_t>(n) * stride, rng);
+  // Stacked: q first in rows of q + 2 KV heads x 2 (k and v), as the fused GEMM writes them.
+  const Stacked st = stacked ? MakeStacked(&q, n, stride, 0, stride + 4 * D, rng) : Stacked{};
   std::vector<float> cos_t, sin_t, neg_sin;
   RopeTables(n, half, rng, &cos_t, &sin_t);
   for (float v : sin_t) neg_sin.push_back(-v);
-  std::vector<float> rotated = q;  // the reference: ApplyRope, then the CPU conversion
+  std::vector<float> rotated = q;  // the reference: (bias,) ApplyRope, then the CPU conversion
   cpu_ops::ApplyRope(rotated.data(), n, heads, D, stride, cos_t.data(), sin_t.data());
-  auto run = [&](const std::vector<float>& sin_used) {
+  auto run = [&](const std::vector<float>& sin_used, bool with_bias) {
     std::vector<T> out(q.size());
-    std::vector<float> in = q;  // in place for fp32
-    T* dst = std::is_same_v<T, float> ? reinterpret_cast<T*>(in.data()) : out.data();
+    std::vector<float> in = stacked ? st.y : q;  // in place for fp32 unless stacked
+    T* dst = std::is_same_v<T, float> && !stacked ? reinterpret_cast<T*>(in.data()) : out.data();
     kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
-      RopeConvertBody<T>(in.data(), heads, D, stride, cos_t.data(), sin_used.data(), dst);
+      RopeConvertBody<T>(in.data(), heads, D, stacked ? st.total : stride,
+                         with_bias ? st.bias.data() : nullptr, cos_t.data(), sin_used.data(), dst);
     });
     int bad = 0;
     for (size_t i = 0; i < q.size(); ++i) {
@@ -304,24 +329,41 @@ void RopeConvertCase(kernels::DType dt) {
     }
     return bad;
   };
-  EXPECT_EQ(run(sin_t), 0);
-  EXPECT_GT(run(neg_sin), 0) << "negative control (rotation by -angle) passed the check";
+  EXPECT_EQ(run(sin_t, stacked), 0);
+  EXPECT_GT(run(neg_sin, stacked), 0) << "negative control (rotation by -angle) passed the check";
+  if (stacked) {
+    EXPECT_GT(run(sin_t, false), 0) << "negative control (bias left out) passed the check";
+  }
 }
 
 TEST(CudaModelEmulationTest, RopeConvertMatchesCpuRopeAndConversion) {
-  RopeConvertCase<float>(kernels::DType::kFloat32);
-  RopeConvertCase<__half>(kernels::DType::kFloat16);
-  RopeConvertCase<__nv_bfloat16>(kernels::DType::kBFloat16);
+  for (bool stacked : {false, true}) {
+    RopeConvertCase<float>(kernels::DType::kFloat32, stacked);
+    RopeConvertCase<__half>(kernels::DType::kFloat16, stacked);
+    RopeConvertCase<__nv_bfloat16>(kernels::DType::kBFloat16, stacked);
+  }
 }
 
 template <typename C>
-void RopeCacheCase(kernels::DType dt) {
-  SCOPED_TRACE(kernels::DTypeName(dt));
+void RopeCacheCase(kernels::DType dt, bool stacked) {
+  SCOPED_TRACE(testing::Message() << kernels::DTypeName(dt) << (stacked ? ", stacked" : ""));
   std::mt19937 rng(16);
   const int n = 6, kv_heads = 2, D = 64, half = D / 2, block_size = 16, num_blocks = 5;
   const int64_t kv_dim = kv_heads * D;
-  const std::vector<float> k = Random(static_cast<size_t>(n) * kv_dim, rng, -3.0f, 3.0f);
-  const std::vector<float> v = Random(k.size(), rng, -3.0f, 3.0f);
+  std::vector<float> k = Random(static_cast<size_t>(n) * kv_dim, rng, -3.0f, 3.0f);
+  std::vector<float> v = Random(k.size(), rng, -3.0f, 3.0f);
+  // Stacked: rows of 3 query heads, then k, then v (one y for both: k's
+  // split is taken from columns [q_dim, q_dim + kv_dim), v's after it).
+  const int64_t q_dim = 3 * D, total = q_dim + 2 * kv_dim;
+  Stacked sk, sv;
+  if (stacked) {
+    sk = MakeStacked(&k, n, kv_dim, q_dim, total, rng);
+    sv = sk;
+    sv.bias = Random(kv_dim, rng, -1.0f, 1.0f);
+    for (int t = 0; t < n; ++t)
+      for (int64_t j = 0; j < kv_dim; ++j)
+        v[t * kv_dim + j] = sk.y[t * total + q_dim + kv_dim + j] + sv.bias[j];
+  }
   std::vector<float> cos_t, sin_t, neg_sin;
   RopeTables(n, half, rng, &cos_t, &sin_t);
   for (float x : sin_t) neg_sin.push_back(-x);
@@ -333,8 +375,9 @@ void RopeCacheCase(kernels::DType dt) {
   const size_t bytes = shape.block_bytes() * num_blocks;
   const float scale = kernels::IsFp8(dt) ? 0.75f : 1.0f;
 
-  // The reference: ApplyRope on the keys, the CPU conversion for 16-bit
-  // caches, then the CPU reshape_and_cache (fp32 operands for fp32 / fp8).
+  // The reference: (the split's bias add,) ApplyRope on the keys, the CPU
+  // conversion for 16-bit caches, then the CPU reshape_and_cache (fp32
+  // operands for fp32 / fp8).
   std::vector<uint8_t> want_k(bytes, 0x5a), want_v(bytes, 0x5a);
   std::vector<float> k_rot = k;
   cpu_ops::ApplyRope(k_rot.data(), n, kv_heads, D, kv_dim, cos_t.data(), sin_t.data());
@@ -351,93 +394,40 @@ void RopeCacheCase(kernels::DType dt) {
   if (kernels::IsFp8(dt)) rc.io_dtype = kernels::DType::kFloat32;
   ASSERT_TRUE(kernels::ReshapeAndCache(rc).ok());
 
-  auto run = [&](const std::vector<float>& sin_used, bool swap_caches) {
+  auto run = [&](const std::vector<float>& sin_used, bool swap_caches, bool with_bias) {
     std::vector<uint8_t> got_k(bytes, 0x5a), got_v(bytes, 0x5a);
     C* kc_ptr = reinterpret_cast<C*>(swap_caches ? got_v.data() : got_k.data());
     C* vc_ptr = reinterpret_cast<C*>(swap_caches ? got_k.data() : got_v.data());
+    const float* key = stacked ? sk.y.data() + q_dim : k.data();
+    const float* value = stacked ? sk.y.data() + q_dim + kv_dim : v.data();
+    const float* k_bias = with_bias ? sk.bias.data() : nullptr;
+    const float* v_bias = with_bias ? sv.bias.data() : nullptr;
     kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
-      RopeReshapeAndCacheBody<C>(k.data(), v.data(), kv_heads, D, cos_t.data(), sin_used.data(),
-                                 slots.data(), num_blocks, block_size, kc_ptr, vc_ptr, scale,
-                                 scale);
+      RopeReshapeAndCacheBody<C>(key, value, stacked ? total : kv_dim, k_bias, v_bias, kv_heads, D,
+                                 cos_t.data(), sin_used.data(), slots.data(), num_blocks,
+                                 block_size, kc_ptr, vc_ptr, scale, scale);
     });
     int bad = 0;
     for (size_t i = 0; i < bytes; ++i) bad += (got_k[i] != want_k[i]) + (got_v[i] != want_v[i]);
     return bad;
   };
-  EXPECT_EQ(run(sin_t, false), 0);
-  EXPECT_GT(run(neg_sin, false), 0) << "negative control (rotation by -angle) passed the check";
-  EXPECT_GT(run(sin_t, true), 0) << "negative control (keys and values swapped) passed the check";
-}
-
-TEST(CudaModelEmulationTest, RopeReshapeAndCacheMatchesCpuRopeAndReshapeAndCache) {
-  RopeCacheCase<float>(kernels::DType::kFloat32);
-  RopeCacheCase<__half>(kernels::DType::kFloat16);
-  RopeCacheCase<__nv_bfloat16>(kernels::DType::kBFloat16);
-  RopeCacheCase<__nv_fp8_e4m3>(kernels::DType::kFloat8E4M3);
-  RopeCacheCase<__nv_fp8_e5m2>(kernels::DType::kFloat8E5M2);
-}
-
-// ---- The split of a fused GEMM's output ---------------------------------------------
-
-// Broken: the bias of output 0 is applied to every output.
-void BrokenSplitColumnsBody(const float* y, int64_t n, int total, const SplitArgs& a) {
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n * total;
-       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = k / total;
-    const int c = static_cast<int>(k - t * total);
-    int i = 0;
-    while (i + 1 < a.num_outs && c >= a.outs[i + 1].col0) ++i;
-    const SplitOut& o = a.outs[i];
-    const int j = c - o.col0;
-    o.dst[t * o.width + j] = y[k] + a.outs[0].bias[j % a.outs[0].width];
+  EXPECT_EQ(run(sin_t, false, stacked), 0);
+  EXPECT_GT(run(neg_sin, false, stacked), 0)
+      << "negative control (rotation by -angle) passed the check";
+  EXPECT_GT(run(sin_t, true, stacked), 0)
+      << "negative control (keys and values swapped) passed the check";
+  if (stacked) {
+    EXPECT_GT(run(sin_t, false, false), 0) << "negative control (biases left out) passed the check";
   }
 }
 
-TEST(CudaModelEmulationTest, SplitColumnsMatchesReference) {
-  std::mt19937 rng(14);
-  const int n = 7;
-  for (const std::vector<int>& widths :
-       {std::vector<int>{192, 64, 64}, std::vector<int>{300, 300}, std::vector<int>{5, 1, 9}}) {
-    int total = 0;
-    for (int w : widths) total += w;
-    SCOPED_TRACE(testing::Message() << widths.size() << " outputs, total " << total);
-    const std::vector<float> y = Random(static_cast<size_t>(n) * total, rng);
-    std::vector<std::vector<float>> bias, want, got;
-    SplitArgs a{};
-    a.num_outs = static_cast<int>(widths.size());
-    int col = 0;
-    for (size_t i = 0; i < widths.size(); ++i) {
-      const int w = widths[i];
-      bias.push_back(Random(w, rng));
-      want.emplace_back(static_cast<size_t>(n) * w);
-      got.emplace_back(static_cast<size_t>(n) * w, NAN);
-      for (int t = 0; t < n; ++t)
-        for (int j = 0; j < w; ++j)
-          want[i][static_cast<size_t>(t) * w + j] =
-              y[static_cast<size_t>(t) * total + col + j] + (i == 1 ? 0.0f : bias[i][j]);
-      col += w;
-    }
-    auto run = [&](bool broken) {
-      int c = 0;
-      for (size_t i = 0; i < widths.size(); ++i) {
-        for (float& v : got[i]) v = NAN;
-        // Output 1 without a bias (as k_proj without qkv_bias).
-        a.outs[i] = SplitOut{got[i].data(), i == 1 ? nullptr : bias[i].data(), c, widths[i]};
-        c += widths[i];
-      }
-      kc::EmuLaunch(dim3(2), dim3(kThreads), 0, [&] {
-        if (broken) {
-          BrokenSplitColumnsBody(y.data(), n, total, a);
-        } else {
-          SplitColumnsBody(y.data(), n, total, a);
-        }
-      });
-      int bad = 0;
-      for (size_t i = 0; i < widths.size(); ++i) bad += Mismatches(got[i], want[i], 0, 0);
-      return bad;
-    };
-    EXPECT_EQ(run(false), 0);
-    EXPECT_GT(run(true), 0) << "negative control passed the check";
+TEST(CudaModelEmulationTest, RopeReshapeAndCacheMatchesCpuRopeAndReshapeAndCache) {
+  for (bool stacked : {false, true}) {
+    RopeCacheCase<float>(kernels::DType::kFloat32, stacked);
+    RopeCacheCase<__half>(kernels::DType::kFloat16, stacked);
+    RopeCacheCase<__nv_bfloat16>(kernels::DType::kBFloat16, stacked);
+    RopeCacheCase<__nv_fp8_e4m3>(kernels::DType::kFloat8E4M3, stacked);
+    RopeCacheCase<__nv_fp8_e5m2>(kernels::DType::kFloat8E5M2, stacked);
   }
 }
 

@@ -124,12 +124,13 @@ struct DeviceMatrix {
   int64_t rows = 0;
   int64_t cols = 0;
   // Set when the matrix is rows [fused_row0, fused_row0 + rows) of a stacked
-  // upload (q/k/v, gate/up) that LinearGroup can run as one GEMM.
+  // upload (q/k/v, gate/up) that runs as one GEMM (StackedGemm).
   const DeviceMatrix* fused = nullptr;
   int64_t fused_row0 = 0;
 };
 
-// Fused GEMMs run for at most this many tokens: they save launches and
+// GEMMs over stacked q/k/v or gate/up rows (read in place by the kernels
+// after them) run for at most this many tokens: they save launches and
 // small-GEMM inefficiency in decode-sized steps, and would need an
 // [n, stacked rows] fp32 scratch in large prefill steps.
 constexpr int64_t kFusedGemmMaxTokens = 256;
@@ -442,34 +443,12 @@ class CudaBackend final : public ModelBackend {
 
   // One conversion of x per weight element type in the group that differs
   // from the GEMM-input type (none unless the weights mix types), then one
-  // GEMM (and bias add) per output.
+  // GEMM (and bias add) per output. (Stacked q/k/v and gate/up run as one
+  // GEMM in QkvRopeAndAttention and GateUpSiluMul, whose consumers read the
+  // stacked rows.)
   absl::Status LinearGroup(GemmInput x, int64_t n, std::span<const LinearOut> outs) override {
     if (n == 0 || outs.empty()) return absl::OkStatus();
     const int64_t cols = outs[0].w.cols;
-    if (const DeviceMatrix* parent = FusedParent(outs);
-        parent != nullptr && n <= kFusedGemmMaxTokens) {
-      // One GEMM over the stacked rows into [n, total], then one split (with
-      // the biases) into the outputs.
-      PS_ASSIGN_OR_RETURN(const void* xin,
-                          ConvertActivations(x.data, gemm_elem_, n * cols, parent->type,
-                                             &gemm_input_, "GEMM input conversion"));
-      PS_RETURN_IF_ERROR(fused_out_.Reserve(static_cast<size_t>(n * parent->rows) * sizeof(float),
-                                            "fused GEMM output allocation"));
-      float* y = static_cast<float*>(fused_out_.get());
-      PS_RETURN_IF_ERROR(Gemm(xin, n, *parent, y));
-      float* dst[cuda_model::kMaxFusedOutputs] = {};
-      const float* bias[cuda_model::kMaxFusedOutputs] = {};
-      int width[cuda_model::kMaxFusedOutputs] = {};
-      for (size_t i = 0; i < outs.size(); ++i) {
-        dst[i] = outs[i].y;
-        bias[i] = outs[i].bias.data;
-        width[i] = static_cast<int>(outs[i].w.rows);
-      }
-      return CudaStatus(
-          cuda_model::LaunchSplitColumns(y, n, static_cast<int>(parent->rows),
-                                         static_cast<int>(outs.size()), dst, bias, width, stream_),
-          "fused GEMM split launch");
-    }
     const void* converted[3] = {};  // by Elem
     converted[static_cast<int>(gemm_elem_)] = x.data;
     for (const LinearOut& o : outs) {
@@ -504,13 +483,7 @@ class CudaBackend final : public ModelBackend {
     if (parent == nullptr || n > kFusedGemmMaxTokens || gate_proj.rows != up_proj.rows)
       return ModelBackend::GateUpSiluMul(x, n, gate_proj, up_proj, gate, up, out);
     if (n == 0) return absl::OkStatus();
-    PS_ASSIGN_OR_RETURN(const void* xin,
-                        ConvertActivations(x.data, gemm_elem_, n * gate_proj.cols, parent->type,
-                                           &gemm_input_, "GEMM input conversion"));
-    PS_RETURN_IF_ERROR(fused_out_.Reserve(static_cast<size_t>(n * parent->rows) * sizeof(float),
-                                          "fused GEMM output allocation"));
-    float* y = static_cast<float*>(fused_out_.get());
-    PS_RETURN_IF_ERROR(Gemm(xin, n, *parent, y));
+    PS_ASSIGN_OR_RETURN(float* y, StackedGemm(x, n, *parent));
     return CudaStatus(cuda_model::LaunchSiluMulStacked(y, n, static_cast<int>(gate_proj.rows),
                                                        out.data, gemm_elem_, stream_),
                       "silu_mul (stacked) launch");
@@ -577,29 +550,40 @@ class CudaBackend final : public ModelBackend {
   // ApplyRope x 2, three conversions and reshape_and_cache).
   absl::Status RopeAndAttention(const kernels::KVCacheView& cache, int64_t n, int num_heads,
                                 float* q, float* k, float* v, GemmInput out) override {
-    const int D = cache.shape.head_size;
-    const int kv_heads = cache.shape.num_kv_heads;
-    const int64_t q_dim = static_cast<int64_t>(num_heads) * D;
-    const Elem io = AttentionIoElem(cache.shape.dtype);
-    void* qa = q;  // fp32: rotated in place
-    if (io != Elem::kF32) {
-      PS_RETURN_IF_ERROR(attn_q_.Reserve(
-          std::max<size_t>(static_cast<size_t>(n * q_dim) * cuda_model::ElemBytes(io), 4),
-          "query conversion allocation"));
-      qa = attn_q_.get();
-    }
-    PS_RETURN_IF_ERROR(CudaStatus(
-        cuda_model::LaunchRopeConvert(q, static_cast<int>(n), num_heads, D, q_dim,
-                                      In<float>(kRopeCos), In<float>(kRopeSin), qa, io, stream_),
-        "rope + query conversion launch"));
-    PS_RETURN_IF_ERROR(
-        CudaStatus(cuda_model::LaunchRopeReshapeAndCache(
-                       k, v, static_cast<int>(n), kv_heads, D, In<float>(kRopeCos),
-                       In<float>(kRopeSin), In<int64_t>(kSlots), cache.shape.num_blocks,
-                       cache.shape.block_size, cache.key_cache, cache.value_cache,
-                       CacheTypeOf(cache.shape.dtype), cache.k_scale, cache.v_scale, stream_),
-                   "rope + reshape_and_cache launch"));
-    return RunAttention(cache, num_heads, qa, out);
+    const int64_t q_dim = static_cast<int64_t>(num_heads) * cache.shape.head_size;
+    const QkvRows rows{q, k, v, q_dim,
+                       static_cast<int64_t>(cache.shape.num_kv_heads) * cache.shape.head_size};
+    return RopeAttentionFrom(cache, n, num_heads, rows, q, out);
+  }
+
+  // Up to kFusedGemmMaxTokens with q/k/v stacked at load: one GEMM, then the
+  // RoPE and cache-write kernels read its rows and add the biases (no
+  // split; the q scratch receives the rotated fp32 queries of an fp32 or
+  // fp8 cache). Otherwise the default (LinearGroup, RopeAndAttention).
+  absl::Status QkvRopeAndAttention(GemmInput x, int64_t n, std::span<const LinearOut, 3> qkv,
+                                   const kernels::KVCacheView& cache, int num_heads,
+                                   GemmInput out) override {
+    const DeviceMatrix* parent = FusedParent(qkv);
+    if (parent == nullptr || n > kFusedGemmMaxTokens)
+      return ModelBackend::QkvRopeAndAttention(x, n, qkv, cache, num_heads, out);
+    const int64_t q_dim = static_cast<int64_t>(num_heads) * cache.shape.head_size;
+    const int64_t kv_dim = static_cast<int64_t>(cache.shape.num_kv_heads) * cache.shape.head_size;
+    if (qkv[0].w.rows != q_dim || qkv[1].w.rows != kv_dim || qkv[2].w.rows != kv_dim)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "QkvRopeAndAttention: projections of ", qkv[0].w.rows, ", ", qkv[1].w.rows, " and ",
+          qkv[2].w.rows, " rows for ", num_heads, " query heads and a cache of ",
+          cache.shape.num_kv_heads, " KV heads of ", cache.shape.head_size));
+    if (n == 0) return absl::OkStatus();
+    PS_ASSIGN_OR_RETURN(float* y, StackedGemm(x, n, *parent));
+    const QkvRows rows{y,
+                       y + q_dim,
+                       y + q_dim + kv_dim,
+                       parent->rows,
+                       parent->rows,
+                       qkv[0].bias.data,
+                       qkv[1].bias.data,
+                       qkv[2].bias.data};
+    return RopeAttentionFrom(cache, n, num_heads, rows, qkv[0].y, out);
   }
 
   bool SupportsBodyGraphs() const override { return true; }
@@ -964,9 +948,11 @@ class CudaBackend final : public ModelBackend {
     const int64_t q_dim = static_cast<int64_t>(shard_.num_heads) * D;
     const int64_t kv_dim = static_cast<int64_t>(shard_.num_kv_heads) * D;
     const int64_t inter = shard_.intermediate_size;
-    // fp32 buffers, plus the 16-bit GEMM input (at most the intermediate
-    // width) and attention operands.
-    const int64_t per_token = 3 * hidden + 2 * q_dim + 2 * kv_dim + 2 * inter + D +
+    // The activation buffers counted as fp32 (the GEMM inputs among them,
+    // the SwiGLU product included, are 16-bit for a 16-bit model), plus a
+    // 16-bit GEMM-input conversion (mixed weight types, at most the
+    // intermediate width) and the attention operands.
+    const int64_t per_token = 3 * hidden + 2 * q_dim + 2 * kv_dim + 3 * inter + D +
                               (std::max(hidden, inter) + 2 * q_dim + 2 * kv_dim) / 2;
     // The fused q/k/v or gate/up GEMM output (kFusedGemmMaxTokens rows).
     const int64_t fused = kFusedGemmMaxTokens * std::max(q_dim + 2 * kv_dim, 2 * inter);
@@ -1114,14 +1100,52 @@ class CudaBackend final : public ModelBackend {
                                              : std::nullopt;
   }
 
+  // Where RopeAttentionFrom reads token t's projections: q[t * q_stride],
+  // k / v[t * kv_stride], each + its bias when not null (fp32).
+  struct QkvRows {
+    const float *q, *k, *v;
+    int64_t q_stride, kv_stride;
+    const float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;
+  };
+
+  // RoPE of the queries into the attention operand type (attn_q_, or the
+  // fp32 `q_out` [n, q_dim] for an fp32 / fp8 cache), RoPE of the keys with
+  // the cache write of keys and values, then the attention into `out`.
+  absl::Status RopeAttentionFrom(const kernels::KVCacheView& cache, int64_t n, int num_heads,
+                                 const QkvRows& in, float* q_out, GemmInput out) {
+    const int D = cache.shape.head_size;
+    const int64_t q_dim = static_cast<int64_t>(num_heads) * D;
+    const Elem io = AttentionIoElem(cache.shape.dtype);
+    void* qa = q_out;
+    if (io != Elem::kF32) {
+      PS_RETURN_IF_ERROR(attn_q_.Reserve(
+          std::max<size_t>(static_cast<size_t>(n * q_dim) * cuda_model::ElemBytes(io), 4),
+          "query conversion allocation"));
+      qa = attn_q_.get();
+    }
+    PS_RETURN_IF_ERROR(
+        CudaStatus(cuda_model::LaunchRopeConvert(in.q, static_cast<int>(n), num_heads, D,
+                                                 in.q_stride, in.q_bias, In<float>(kRopeCos),
+                                                 In<float>(kRopeSin), qa, io, stream_),
+                   "rope + query conversion launch"));
+    PS_RETURN_IF_ERROR(
+        CudaStatus(cuda_model::LaunchRopeReshapeAndCache(
+                       in.k, in.v, in.kv_stride, in.k_bias, in.v_bias, static_cast<int>(n),
+                       cache.shape.num_kv_heads, D, In<float>(kRopeCos), In<float>(kRopeSin),
+                       In<int64_t>(kSlots), cache.shape.num_blocks, cache.shape.block_size,
+                       cache.key_cache, cache.value_cache, CacheTypeOf(cache.shape.dtype),
+                       cache.k_scale, cache.v_scale, stream_),
+                   "rope + reshape_and_cache launch"));
+    return RunAttention(cache, num_heads, qa, out);
+  }
+
   // The attention kernels over `cache`, whose step's keys and values are
   // written: decode attention for the plan's decode sequences, prefill
   // attention for the rest, from the queries qa in the cache's operand type
-  // (AttentionIoElem), into out (fp32 [n, q_dim]; through a 16-bit buffer
-  // and one conversion for 16-bit caches).
-  // The attention kernels write their output in the cache's operand type
-  // `io`: straight into `out` when that is the GEMM-input type (a 16-bit
-  // model with a cache of its dtype), else into attn_out_ and converted.
+  // (AttentionIoElem), into out (GEMM input [n, q_dim]). The kernels write
+  // their output in the operand type `io`: straight into `out` when that is
+  // the GEMM-input type (a 16-bit model with a cache of its dtype), else
+  // into attn_out_ and converted.
   absl::Status RunAttention(const kernels::KVCacheView& cache, int num_heads, const void* qa,
                             GemmInput out) {
     const ForwardPlan& plan = *plan_;
@@ -1343,7 +1367,7 @@ class CudaBackend final : public ModelBackend {
 
   // Matrices with the same columns and element type uploaded stacked by rows
   // into one allocation, each handle a row range of it (DeviceMatrix::fused),
-  // so that LinearGroup can run them as one GEMM. Matrices that do not match
+  // so that they run as one GEMM (StackedGemm). Matrices that do not match
   // (mixed forms) upload one by one.
   absl::Status UploadStacked(std::initializer_list<const Matrix*> ms,
                              std::initializer_list<std::string> names, BackendMatrix** out) {
@@ -1405,8 +1429,7 @@ class CudaBackend final : public ModelBackend {
   // The stacked matrix `outs` covers exactly, in order (rows of one
   // UploadStacked call), or null.
   static const DeviceMatrix* FusedParent(std::span<const LinearOut> outs) {
-    if (outs.size() < 2 || outs.size() > static_cast<size_t>(cuda_model::kMaxFusedOutputs))
-      return nullptr;
+    if (outs.size() < 2) return nullptr;
     const DeviceMatrix* parent = M(outs[0].w).fused;
     int64_t row = 0;
     for (const LinearOut& o : outs) {
@@ -1429,6 +1452,20 @@ class CudaBackend final : public ModelBackend {
     PS_RETURN_IF_ERROR(
         CudaStatus(cuda_model::LaunchConvert(x, from, count, buf->get(), type, stream_), what));
     return static_cast<const void*>(buf->get());
+  }
+
+  // fused_out_ [n, parent.rows] (fp32) = x parent^T: one GEMM over the rows
+  // stacked at load (UploadStacked), n <= kFusedGemmMaxTokens.
+  absl::StatusOr<float*> StackedGemm(GemmInput x, int64_t n, const DeviceMatrix& parent) {
+    PS_ASSIGN_OR_RETURN(const void* xin,
+                        ConvertActivations(x.data, gemm_elem_, n * parent.cols, parent.type,
+                                           &gemm_input_, "GEMM input conversion"));
+    PS_RETURN_IF_ERROR(fused_out_.Reserve(
+        std::max<size_t>(static_cast<size_t>(n * parent.rows) * sizeof(float), 4),
+        "fused GEMM output allocation"));
+    float* y = static_cast<float*>(fused_out_.get());
+    PS_RETURN_IF_ERROR(Gemm(xin, n, parent, y));
+    return y;
   }
 
   // Activation buffer `id` grown to `bytes` (at least 4).

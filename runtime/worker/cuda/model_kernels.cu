@@ -6,7 +6,6 @@
 #include "runtime/worker/cuda/sampling_kernels.cuh"
 
 namespace pagedserve::cuda_model {
-static_assert(kMaxFusedOutputs == kMaxSplitOuts);
 namespace {
 
 // Grid-stride element count -> number of blocks, capped so that the grid
@@ -39,23 +38,21 @@ __global__ void __launch_bounds__(kSampleThreads)
 
 template <typename T>
 __global__ void RopeConvertKernel(const float* x, int heads, int head_size, int64_t token_stride,
-                                  const float* __restrict__ cos_t, const float* __restrict__ sin_t,
-                                  T* out) {
-  RopeConvertBody<T>(x, heads, head_size, token_stride, cos_t, sin_t, out);
+                                  const float* __restrict__ bias, const float* __restrict__ cos_t,
+                                  const float* __restrict__ sin_t, T* out) {
+  RopeConvertBody<T>(x, heads, head_size, token_stride, bias, cos_t, sin_t, out);
 }
 
 template <typename C>
 __global__ void RopeReshapeAndCacheKernel(
-    const float* __restrict__ key, const float* __restrict__ value, int num_kv_heads, int head_size,
-    const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+    const float* __restrict__ key, const float* __restrict__ value, int64_t token_stride,
+    const float* __restrict__ k_bias, const float* __restrict__ v_bias, int num_kv_heads,
+    int head_size, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
     const int64_t* __restrict__ slot_mapping, int64_t num_blocks, int block_size,
     C* __restrict__ key_cache, C* __restrict__ value_cache, float k_scale, float v_scale) {
-  RopeReshapeAndCacheBody<C>(key, value, num_kv_heads, head_size, cos_t, sin_t, slot_mapping,
-                             num_blocks, block_size, key_cache, value_cache, k_scale, v_scale);
-}
-
-__global__ void SplitColumnsKernel(const float* __restrict__ y, int64_t n, int total, SplitArgs a) {
-  SplitColumnsBody(y, n, total, a);
+  RopeReshapeAndCacheBody<C>(key, value, token_stride, k_bias, v_bias, num_kv_heads, head_size,
+                             cos_t, sin_t, slot_mapping, num_blocks, block_size, key_cache,
+                             value_cache, k_scale, v_scale);
 }
 
 template <typename From, typename To>
@@ -182,30 +179,34 @@ cudaError_t LaunchSiluMulStacked(const float* y, int64_t n, int inter, void* out
 }
 
 cudaError_t LaunchRopeConvert(const float* x, int n, int heads, int head_size, int64_t token_stride,
-                              const float* cos_t, const float* sin_t, void* out, Elem out_type,
-                              cudaStream_t stream) {
+                              const float* bias, const float* cos_t, const float* sin_t, void* out,
+                              Elem out_type, cudaStream_t stream) {
   if (n <= 0 || heads <= 0 || head_size < 2) return cudaSuccess;
   return WithElem(out_type, [&](auto t) {
     using T = decltype(t);
-    RopeConvertKernel<T><<<n, kThreads, 0, stream>>>(x, heads, head_size, token_stride, cos_t,
+    RopeConvertKernel<T><<<n, kThreads, 0, stream>>>(x, heads, head_size, token_stride, bias, cos_t,
                                                      sin_t, static_cast<T*>(out));
     return cudaGetLastError();
   });
 }
 
-cudaError_t LaunchRopeReshapeAndCache(const float* key, const float* value, int n, int num_kv_heads,
-                                      int head_size, const float* cos_t, const float* sin_t,
-                                      const int64_t* slot_mapping, int64_t num_blocks,
-                                      int block_size, void* key_cache, void* value_cache,
-                                      CacheType type, float k_scale, float v_scale,
-                                      cudaStream_t stream) {
+cudaError_t LaunchRopeReshapeAndCache(const float* key, const float* value, int64_t token_stride,
+                                      const float* k_bias, const float* v_bias, int n,
+                                      int num_kv_heads, int head_size, const float* cos_t,
+                                      const float* sin_t, const int64_t* slot_mapping,
+                                      int64_t num_blocks, int block_size, void* key_cache,
+                                      void* value_cache, CacheType type, float k_scale,
+                                      float v_scale, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  if (num_kv_heads <= 0 || head_size < 2 || block_size <= 0) return cudaErrorInvalidValue;
+  if (num_kv_heads <= 0 || head_size < 2 || block_size <= 0 ||
+      token_stride < static_cast<int64_t>(num_kv_heads) * head_size)
+    return cudaErrorInvalidValue;
   auto launch = [&](auto tag) {
     using C = decltype(tag);
     RopeReshapeAndCacheKernel<C><<<n, kThreads, 0, stream>>>(
-        key, value, num_kv_heads, head_size, cos_t, sin_t, slot_mapping, num_blocks, block_size,
-        static_cast<C*>(key_cache), static_cast<C*>(value_cache), k_scale, v_scale);
+        key, value, token_stride, k_bias, v_bias, num_kv_heads, head_size, cos_t, sin_t,
+        slot_mapping, num_blocks, block_size, static_cast<C*>(key_cache),
+        static_cast<C*>(value_cache), k_scale, v_scale);
     return cudaGetLastError();
   };
   switch (type) {
@@ -216,24 +217,6 @@ cudaError_t LaunchRopeReshapeAndCache(const float* key, const float* value, int 
     case CacheType::kFp8E5M2: return launch(__nv_fp8_e5m2{});
   }
   return cudaErrorInvalidValue;
-}
-
-cudaError_t LaunchSplitColumns(const float* y, int64_t n, int total, int num_outs,
-                               float* const* dst, const float* const* bias, const int* width,
-                               cudaStream_t stream) {
-  if (num_outs < 1 || num_outs > kMaxSplitOuts) return cudaErrorInvalidValue;
-  SplitArgs a{};
-  a.num_outs = num_outs;
-  int col = 0;
-  for (int i = 0; i < num_outs; ++i) {
-    if (width[i] < 1 || dst[i] == nullptr) return cudaErrorInvalidValue;
-    a.outs[i] = SplitOut{dst[i], bias[i], col, width[i]};
-    col += width[i];
-  }
-  if (col != total) return cudaErrorInvalidValue;
-  if (n <= 0) return cudaSuccess;
-  SplitColumnsKernel<<<BlocksFor(n * total), kThreads, 0, stream>>>(y, n, total, a);
-  return cudaGetLastError();
 }
 
 cudaError_t LaunchGreedyArgmax(const float* logits, int n, int64_t vocab, int32_t* out,

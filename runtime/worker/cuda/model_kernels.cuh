@@ -174,12 +174,14 @@ __device__ __forceinline__ __nv_fp8_e5m2 ToCacheElem<__nv_fp8_e5m2>(float v, flo
 
 // Grid (n): the query side of RoPE fused with the conversion to the
 // attention's operand type T: out[t, h * D + i] for the pair (i, i + D/2) of
-// head h < heads is x[t * token_stride + ...] rotated by (cos_t, sin_t)[t, i]
-// (ApplyRopeBody's arithmetic) and converted to T. out [n, heads * D]; may
-// be x itself when T is float.
+// head h < heads is x[t * token_stride + ...] (+ bias[h * D + ...] when bias
+// is not null, an fp32 add first, as the split of a fused GEMM adds it)
+// rotated by (cos_t, sin_t)[t, i] (ApplyRopeBody's arithmetic) and converted
+// to T. out [n, heads * D]; may be x itself when T is float.
 template <typename T>
 __device__ __forceinline__ void RopeConvertBody(const float* x, int heads, int head_size,
                                                 int64_t token_stride,
+                                                const float* __restrict__ bias,
                                                 const float* __restrict__ cos_t,
                                                 const float* __restrict__ sin_t, T* out) {
   const int t = blockIdx.x;
@@ -192,7 +194,11 @@ __device__ __forceinline__ void RopeConvertBody(const float* x, int heads, int h
     const int h = k / half;
     const int i = k % half;
     const float* v = row + static_cast<int64_t>(h) * head_size;
-    const float a = v[i], b = v[i + half];
+    float a = v[i], b = v[i + half];
+    if (bias != nullptr) {
+      a += bias[h * head_size + i];
+      b += bias[h * head_size + i + half];
+    }
     const float ra = a * c[i] - b * s[i];
     const float rb = b * c[i] + a * s[i];
     dst[h * head_size + i] = ::pagedserve::kernels::cuda::FromFloat<T>(ra);
@@ -200,17 +206,20 @@ __device__ __forceinline__ void RopeConvertBody(const float* x, int heads, int h
   }
 }
 
-// Grid (n): the key/value side, fused: token t's keys (fp32 [n, kv_heads *
-// D], RoPE applied here as in ApplyRopeBody) and values (fp32, as they are)
-// written into a paged cache of element type C (float, __half,
-// __nv_bfloat16, __nv_fp8_e4m3, __nv_fp8_e5m2) at slot_mapping[t], in
-// vLLM's layout (kernels/cuda/cache_kernels.cuh): what ApplyRope, the
-// conversion to C and reshape_and_cache do one after the other. Slots < 0 or
-// >= num_blocks * block_size are skipped (reshape_and_cache's rule).
+// Grid (n): the key/value side, fused: token t's keys (fp32 rows
+// key[t * token_stride + ...] of kv_heads * D, + k_bias when not null, RoPE
+// applied here as in ApplyRopeBody) and values (value[t * token_stride +
+// ...], + v_bias when not null) written into a paged cache of element type C
+// (float, __half, __nv_bfloat16, __nv_fp8_e4m3, __nv_fp8_e5m2) at
+// slot_mapping[t], in vLLM's layout (kernels/cuda/cache_kernels.cuh): what a
+// fused GEMM's split (bias add), ApplyRope, the conversion to C and
+// reshape_and_cache do one after the other. Slots < 0 or >= num_blocks *
+// block_size are skipped (reshape_and_cache's rule).
 template <typename C>
 __device__ __forceinline__ void RopeReshapeAndCacheBody(
-    const float* __restrict__ key, const float* __restrict__ value, int num_kv_heads, int head_size,
-    const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+    const float* __restrict__ key, const float* __restrict__ value, int64_t token_stride,
+    const float* __restrict__ k_bias, const float* __restrict__ v_bias, int num_kv_heads,
+    int head_size, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
     const int64_t* __restrict__ slot_mapping, int64_t num_blocks, int block_size,
     C* __restrict__ key_cache, C* __restrict__ value_cache, float k_scale, float v_scale) {
   namespace kc = ::pagedserve::kernels::cuda;
@@ -224,12 +233,16 @@ __device__ __forceinline__ void RopeReshapeAndCacheBody(
   const int kv_dim = num_kv_heads * head_size;
   const float* c = cos_t + static_cast<int64_t>(t) * half;
   const float* s = sin_t + static_cast<int64_t>(t) * half;
-  const float* k = key + static_cast<int64_t>(t) * kv_dim;
-  const float* v = value + static_cast<int64_t>(t) * kv_dim;
+  const float* k = key + static_cast<int64_t>(t) * token_stride;
+  const float* v = value + static_cast<int64_t>(t) * token_stride;
   for (int p = threadIdx.x; p < num_kv_heads * half; p += blockDim.x) {
     const int h = p / half;
     const int i = p % half;
-    const float a = k[h * head_size + i], b = k[h * head_size + i + half];
+    float a = k[h * head_size + i], b = k[h * head_size + i + half];
+    if (k_bias != nullptr) {
+      a += k_bias[h * head_size + i];
+      b += k_bias[h * head_size + i + half];
+    }
     const float ra = a * c[i] - b * s[i];
     const float rb = b * c[i] + a * s[i];
     key_cache[kc::KeyCacheOffset(block, offset, h, i, num_kv_heads, head_size, block_size, X)] =
@@ -241,38 +254,7 @@ __device__ __forceinline__ void RopeReshapeAndCacheBody(
     const int h = e / head_size;
     const int d = e % head_size;
     value_cache[kc::ValueCacheOffset(block, offset, h, d, num_kv_heads, head_size, block_size)] =
-        ToCacheElem<C>(v[e], v_scale);
-  }
-}
-
-// One output of a fused GEMM's split: columns [col0, col0 + width) of each
-// row go to dst [n, width] (+ bias[width] when not null).
-struct SplitOut {
-  float* dst;
-  const float* bias;
-  int col0;
-  int width;
-};
-constexpr int kMaxSplitOuts = 3;  // q/k/v
-
-// Grid-stride over y [n, total] (the output of one GEMM over several
-// weights stacked by rows): y[t, c] (+ bias) goes to the output whose columns
-// hold c. The outputs cover [0, total) in order, without gaps.
-struct SplitArgs {
-  SplitOut outs[kMaxSplitOuts];
-  int num_outs;
-};
-__device__ __forceinline__ void SplitColumnsBody(const float* __restrict__ y, int64_t n, int total,
-                                                 const SplitArgs& a) {
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n * total;
-       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = k / total;
-    const int c = static_cast<int>(k - t * total);
-    int i = 0;
-    while (i + 1 < a.num_outs && c >= a.outs[i + 1].col0) ++i;
-    const SplitOut& o = a.outs[i];
-    const int j = c - o.col0;
-    o.dst[t * o.width + j] = o.bias != nullptr ? y[k] + o.bias[j] : y[k];
+        ToCacheElem<C>(v_bias != nullptr ? v[e] + v_bias[e] : v[e], v_scale);
   }
 }
 

@@ -60,33 +60,26 @@ enum class CacheType : int { kF32, kF16, kBF16, kFp8E4M3, kFp8E5M2 };
 
 // RoPE (rotate_half) of the queries fused with their conversion to the
 // attention operand type: out [n, heads * head_size] of `out_type` =
-// rope(x[t * token_stride + ...]) with the tables [n, head_size / 2]. out may
-// be x when out_type is kF32 (in place).
+// rope(x[t * token_stride + ...] (+ bias[heads * head_size] when not null))
+// with the tables [n, head_size / 2]. out may be x when out_type is kF32
+// (in place).
 cudaError_t LaunchRopeConvert(const float* x, int n, int heads, int head_size, int64_t token_stride,
-                              const float* cos_t, const float* sin_t, void* out, Elem out_type,
-                              cudaStream_t stream);
+                              const float* bias, const float* cos_t, const float* sin_t, void* out,
+                              Elem out_type, cudaStream_t stream);
 
 // RoPE of the keys fused with reshape_and_cache: keys (rotated here) and
-// values (fp32 [n, num_kv_heads * head_size]) written into the paged cache
+// values (fp32 rows key / value[t * token_stride + ...] of num_kv_heads *
+// head_size, + k_bias / v_bias when not null) written into the paged cache
 // (vLLM's layout, `type` elements; fp8 stores fp8(x / scale)) at
 // slot_mapping[t]; slots < 0 or >= num_blocks * block_size are skipped.
-cudaError_t LaunchRopeReshapeAndCache(const float* key, const float* value, int n, int num_kv_heads,
-                                      int head_size, const float* cos_t, const float* sin_t,
-                                      const int64_t* slot_mapping, int64_t num_blocks,
-                                      int block_size, void* key_cache, void* value_cache,
-                                      CacheType type, float k_scale, float v_scale,
-                                      cudaStream_t stream);
-
-// Most outputs one fused GEMM feeds (q/k/v); = kMaxSplitOuts of the kernel.
-constexpr int kMaxFusedOutputs = 3;
-
-// The split of a fused GEMM's output y [n, total]: out i receives columns
-// [col0[i], col0[i] + width[i]) of every row into dst[i] [n, width[i]]
-// (+ bias[i] when not null); 1 <= num_outs <= 3, the column ranges cover
-// [0, total) in order. cudaErrorInvalidValue otherwise.
-cudaError_t LaunchSplitColumns(const float* y, int64_t n, int total, int num_outs,
-                               float* const* dst, const float* const* bias, const int* width,
-                               cudaStream_t stream);
+// cudaErrorInvalidValue when token_stride < num_kv_heads * head_size.
+cudaError_t LaunchRopeReshapeAndCache(const float* key, const float* value, int64_t token_stride,
+                                      const float* k_bias, const float* v_bias, int n,
+                                      int num_kv_heads, int head_size, const float* cos_t,
+                                      const float* sin_t, const int64_t* slot_mapping,
+                                      int64_t num_blocks, int block_size, void* key_cache,
+                                      void* value_cache, CacheType type, float k_scale,
+                                      float v_scale, cudaStream_t stream);
 
 // out[t] = the greedy token of logits row t < n ([n, vocab] fp32): the
 // largest logit's index, ties to the lowest, or -1 for a row with a NaN or
