@@ -250,13 +250,16 @@ class CpuBackend final : public ModelBackend {
   }
 
   absl::StatusOr<float*> Buffer(BufferId id, int64_t elems) override {
-    if (IsGemmInput(id)) return absl::InvalidArgumentError("Buffer: a GEMM-input buffer id");
+    if (!IsFp32Buffer(id)) return absl::InvalidArgumentError("Buffer: not an fp32 buffer id");
     return Grow(id, elems);
   }
-  GemmInputType gemm_input_type() const override { return GemmInputType::kFloat32; }
+  ActivationType gemm_input_type() const override { return ActivationType::kFloat32; }
   absl::StatusOr<GemmInput> GemmInputBuffer(BufferId id, int64_t elems) override {
     if (!IsGemmInput(id)) return absl::InvalidArgumentError("GemmInputBuffer: an fp32 buffer id");
     return GemmInput{Grow(id, elems)};
+  }
+  absl::StatusOr<PartialSums> PartialSumBuffer(int64_t elems) override {
+    return PartialSums{Grow(BufferId::kProjection, elems)};
   }
 
   absl::Status EmbeddingGather(const BackendMatrix& table, float* out) override {
@@ -300,11 +303,12 @@ class CpuBackend final : public ModelBackend {
     return kernels::LinearGroup(std::span<const kernels::LinearParams>(ps.data(), outs.size()));
   }
 
-  absl::Status AddRmsNorm(float* residual, const float* add, int64_t n, int dim,
+  absl::Status AddRmsNorm(float* residual, PartialSums add, int64_t n, int dim,
                           const BackendVector& weight, double eps, bool logits_rows,
                           GemmInput out) override {
-    cpu_ops::AddRmsNorm(residual, add, logits_rows ? plan_->batch->logits_rows.data() : nullptr, n,
-                        dim, weight.data, eps, F(out));
+    cpu_ops::AddRmsNorm(residual, static_cast<const float*>(add.data),
+                        logits_rows ? plan_->batch->logits_rows.data() : nullptr, n, dim,
+                        weight.data, eps, F(out));
     return absl::OkStatus();
   }
 
@@ -401,8 +405,8 @@ class CpuBackend final : public ModelBackend {
     return absl::OkStatus();
   }
 
-  absl::Status AllReduceSum(float* data, int64_t count) override {
-    return comm_->AllReduceSum(data, static_cast<size_t>(count));
+  absl::Status AllReduceSum(PartialSums data, int64_t count) override {
+    return comm_->AllReduceSum(static_cast<float*>(data.data), static_cast<size_t>(count));
   }
 
   absl::Status LmHead(GemmInput x, int64_t n, const BackendMatrix& w,

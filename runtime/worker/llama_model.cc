@@ -200,7 +200,7 @@ absl::Status LlamaModel::RunLayers(const ForwardBatch& b,
   PS_ASSIGN_OR_RETURN(buf.k, be.Buffer(BufferId::kKey, n * kv_dim));
   PS_ASSIGN_OR_RETURN(buf.v, be.Buffer(BufferId::kValue, n * kv_dim));
   PS_ASSIGN_OR_RETURN(buf.attn, be.GemmInputBuffer(BufferId::kAttention, n * q_dim));
-  PS_ASSIGN_OR_RETURN(buf.o, be.Buffer(BufferId::kProjection, n * hidden));
+  PS_ASSIGN_OR_RETURN(buf.o, be.PartialSumBuffer(n * hidden));
   PS_ASSIGN_OR_RETURN(buf.gate, be.Buffer(BufferId::kGate, n * inter));
   PS_ASSIGN_OR_RETURN(buf.up, be.Buffer(BufferId::kUp, n * inter));
   PS_ASSIGN_OR_RETURN(buf.act, be.GemmInputBuffer(BufferId::kActivated, n * inter));
@@ -231,12 +231,13 @@ absl::Status LlamaModel::RunBody(int64_t n, int64_t r, const StepBuffers& buf,
   const int heads = shard_.num_heads;
   const double eps = cfg.rms_norm_eps;
   ModelBackend& be = *backend_;
-  float *x = buf.x, *q = buf.q, *k = buf.k, *v = buf.v, *o = buf.o, *gate = buf.gate, *up = buf.up;
+  float *x = buf.x, *q = buf.q, *k = buf.k, *v = buf.v, *gate = buf.gate, *up = buf.up;
   const GemmInput h = buf.h, attn = buf.attn, act = buf.act;
+  const PartialSums o = buf.o;
 
   PS_RETURN_IF_ERROR(be.EmbeddingGather(w_.embed_tokens, x));
   PS_RETURN_IF_ERROR(
-      be.AddRmsNorm(x, nullptr, n, hidden, w_.layers[0].input_layernorm, eps, false, h));
+      be.AddRmsNorm(x, PartialSums{}, n, hidden, w_.layers[0].input_layernorm, eps, false, h));
   for (int l = 0; l < cfg.num_layers; ++l) {
     const BackendLayer& w = w_.layers[l];
     // q/k/v (and gate/up below) read the same normed rows: one backend launch.
@@ -245,13 +246,13 @@ absl::Status LlamaModel::RunBody(int64_t n, int64_t r, const StepBuffers& buf,
     PS_RETURN_IF_ERROR(be.QkvRopeAndAttention(h, n, qkv, kv_layers[l], heads, attn));
 
     // o_proj (row-parallel) + all-reduce, then residual add + norm.
-    PS_RETURN_IF_ERROR(be.Linear(attn, n, w.o_proj, BackendVector{}, o));
+    PS_RETURN_IF_ERROR(be.RowParallelLinear(attn, n, w.o_proj, o));
     PS_RETURN_IF_ERROR(be.AllReduceSum(o, n * hidden));
     PS_RETURN_IF_ERROR(be.AddRmsNorm(x, o, n, hidden, w.post_attention_layernorm, eps, false, h));
 
     // SwiGLU MLP: down(silu(gate(h)) * up(h)), down row-parallel + all-reduce.
     PS_RETURN_IF_ERROR(be.GateUpSiluMul(h, n, w.gate_proj, w.up_proj, gate, up, act));
-    PS_RETURN_IF_ERROR(be.Linear(act, n, w.down_proj, BackendVector{}, o));
+    PS_RETURN_IF_ERROR(be.RowParallelLinear(act, n, w.down_proj, o));
     PS_RETURN_IF_ERROR(be.AllReduceSum(o, n * hidden));
     if (l + 1 < cfg.num_layers) {
       PS_RETURN_IF_ERROR(

@@ -115,8 +115,9 @@ class LlamaModel {
                          GemmInput* normed);
   // The step's activation buffers (ModelBackend::Buffer).
   struct StepBuffers {
-    float *x, *q, *k, *v, *o, *gate, *up;  // fp32
-    GemmInput h, attn, act, normed;        // the GEMM inputs
+    float *x, *q, *k, *v, *gate, *up;  // fp32
+    GemmInput h, attn, act, normed;    // the GEMM inputs
+    PartialSums o;                     // o_proj / down_proj output
   };
   // The body (ModelBackend::BeginBody): embedding, the layers and the final
   // norm of the r logits rows, over the plan's n tokens.

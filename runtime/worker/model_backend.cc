@@ -13,11 +13,15 @@ bool IsGemmInput(BufferId id) {
          id == BufferId::kLogitsInput;
 }
 
-const char* GemmInputTypeName(GemmInputType t) {
+bool IsFp32Buffer(BufferId id) {
+  return !IsGemmInput(id) && id != BufferId::kProjection && id != BufferId::kCount;
+}
+
+const char* ActivationTypeName(ActivationType t) {
   switch (t) {
-    case GemmInputType::kFloat16: return "float16";
-    case GemmInputType::kBFloat16: return "bfloat16";
-    case GemmInputType::kFloat32: break;
+    case ActivationType::kFloat16: return "float16";
+    case ActivationType::kBFloat16: return "bfloat16";
+    case ActivationType::kFloat32: break;
   }
   return "float32";
 }

@@ -11,7 +11,7 @@
 // step (BeginStep), never per layer.
 //
 // Conventions for every operation:
-//   - Pointers named y, residual, add, q, k, v, gate, up, data are fp32
+//   - Pointers named y, residual, q, k, v, gate, up are fp32
 //     activation buffers from Buffer() (backend memory: host for the CPU,
 //     device for CUDA), row-major, one row per token. The activations that
 //     feed a GEMM (the normed rows, the attention output, the SwiGLU product,
@@ -20,6 +20,11 @@
 //     the weights' 16-bit type on CUDA, as vLLM runs activations in the model
 //     dtype), written by the operation before the GEMM in that type so that
 //     no conversion runs between them. The forward pass only hands them on.
+//     Likewise the row-parallel outputs (o_proj, down_proj) that the
+//     tensor-parallel group sums are PartialSums, in partial_sum_type():
+//     fp32, except on CUDA with more than one rank and 16-bit weights, where
+//     the GEMM writes them in the weights' type, the all-reduce payload (as
+//     vLLM all-reduces in the model dtype), and the add + norm reads them so.
 //   - Operations run in order on the backend's one stream; a pointer may be
 //     passed to the next operation at once. Results reach the host only
 //     through LmHead (which waits for the step).
@@ -145,7 +150,7 @@ enum class BufferId {
   kKey,          // fp32 [n, kv_dim]
   kValue,        // fp32 [n, kv_dim]
   kAttention,    // GEMM input [n, q_dim] attention output
-  kProjection,   // fp32 [n, hidden] o_proj / down_proj output (all-reduced)
+  kProjection,   // partial sums [n, hidden] o_proj / down_proj output (all-reduced)
   kGate,         // fp32 [n, intermediate]
   kUp,           // fp32 [n, intermediate]
   kActivated,    // GEMM input [n, intermediate] silu(gate) * up
@@ -154,18 +159,29 @@ enum class BufferId {
 };
 
 // True for the ids GemmInputBuffer() serves (kNormed, kAttention,
-// kActivated, kLogitsInput); Buffer() serves the others.
+// kActivated, kLogitsInput).
 bool IsGemmInput(BufferId id);
+// True for the ids Buffer() serves: neither a GEMM input nor kProjection
+// (PartialSumBuffer()).
+bool IsFp32Buffer(BufferId id);
 
-// The element type of GEMM-input activations (ModelBackend::gemm_input_type).
-enum class GemmInputType : uint8_t { kFloat32, kFloat16, kBFloat16 };
+// The element type of GEMM-input activations and of partial sums
+// (ModelBackend::gemm_input_type, partial_sum_type).
+enum class ActivationType : uint8_t { kFloat32, kFloat16, kBFloat16 };
 // "float32", "float16" or "bfloat16".
-const char* GemmInputTypeName(GemmInputType t);
+const char* ActivationTypeName(ActivationType t);
 
 // A GEMM-input activation buffer from GemmInputBuffer(): row-major, one row
 // per token, elements of the backend's gemm_input_type(). A distinct type so
 // that an fp32 buffer cannot be passed where one is expected, or back.
 struct GemmInput {
+  void* data = nullptr;
+};
+
+// The kProjection buffer from PartialSumBuffer(): a row-parallel layer's
+// output [n, hidden], this rank's partial sums until AllReduceSum, in the
+// backend's partial_sum_type(). data is null for "none" (AddRmsNorm's add).
+struct PartialSums {
   void* data = nullptr;
 };
 
@@ -274,16 +290,22 @@ class ModelBackend {
 
   // An fp32 activation buffer of at least `elems` elements for this step.
   // The pointer stays valid until the next Buffer call with the same id and a
-  // larger size; contents are not preserved on growth. InvalidArgument for a
-  // GEMM-input id (IsGemmInput).
+  // larger size; contents are not preserved on growth. InvalidArgument
+  // unless IsFp32Buffer(id).
   virtual absl::StatusOr<float*> Buffer(BufferId id, int64_t elems) = 0;
   // The element type of the GEMM-input buffers (fixed once LoadWeights has
   // returned).
-  virtual GemmInputType gemm_input_type() const = 0;
+  virtual ActivationType gemm_input_type() const = 0;
   // A GEMM-input buffer (IsGemmInput(id)) of at least `elems` elements of
   // gemm_input_type(), with Buffer's lifetime rules. InvalidArgument for an
   // fp32 id.
   virtual absl::StatusOr<GemmInput> GemmInputBuffer(BufferId id, int64_t elems) = 0;
+  // The element type of partial sums (fixed once LoadWeights has returned).
+  // This default: fp32.
+  virtual ActivationType partial_sum_type() const { return ActivationType::kFloat32; }
+  // The kProjection buffer of at least `elems` elements of
+  // partial_sum_type(), with Buffer's lifetime rules.
+  virtual absl::StatusOr<PartialSums> PartialSumBuffer(int64_t elems) = 0;
 
   // out[t, :] = table[token_ids[t], :] for the plan's tokens, converted to
   // fp32; out [num_tokens, table.cols].
@@ -321,8 +343,18 @@ class ModelBackend {
                                      const BackendMatrix& up_proj, float* gate, float* up,
                                      GemmInput out);
 
+  // A row-parallel projection (o_proj, down_proj): y[n, w.rows] = x[n,
+  // w.cols] w^T, this rank's partial sums for AllReduceSum, the fp32 GEMM
+  // result in partial_sum_type() (rounded once). This default calls Linear
+  // (partial_sum_type() fp32).
+  virtual absl::Status RowParallelLinear(GemmInput x, int64_t n, const BackendMatrix& w,
+                                         PartialSums y) {
+    return Linear(x, n, w, BackendVector{}, static_cast<float*>(y.data));
+  }
+
   // Fused residual add + RMSNorm (Zhang & Sennrich 2019), one row at a time:
-  //   v   = residual[r] (+ add[r] when add is not null)   (fp32 add)
+  //   v   = residual[r] (+ add[r] when add.data is not null) (fp32 add of the
+  //                                                           all-reduced sums)
   //   out[t] = v / sqrt(mean(v^2) + eps) * weight        (sum of squares in double,
   //                                                        the product in fp32, then
   //                                                        rounded to the GEMM-input type)
@@ -331,7 +363,7 @@ class ModelBackend {
   // logits_rows[t] for t < n = logits_rows.size(), and residual is not written
   // (a gather of the rows whose logits are wanted). out [n, dim] must not
   // alias residual or add.
-  virtual absl::Status AddRmsNorm(float* residual, const float* add, int64_t n, int dim,
+  virtual absl::Status AddRmsNorm(float* residual, PartialSums add, int64_t n, int dim,
                                   const BackendVector& weight, double eps, bool logits_rows,
                                   GemmInput out) = 0;
 
@@ -416,8 +448,9 @@ class ModelBackend {
   }
 
   // Sum over the tensor-parallel group, in place, on backend memory (the
-  // output of a row-parallel layer). A no-op for a group of one.
-  virtual absl::Status AllReduceSum(float* data, int64_t count) = 0;
+  // output of a row-parallel layer, `count` elements of partial_sum_type()).
+  // A no-op for a group of one.
+  virtual absl::Status AllReduceSum(PartialSums data, int64_t count) = 0;
 
   // logits (host, fp32, resized to [n, w.rows]) = x[n, w.cols] w^T (x a GEMM
   // input); waits for the step. Ends the step. Nothing is written to

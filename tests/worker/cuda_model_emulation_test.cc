@@ -33,6 +33,7 @@ using namespace ::pagedserve::kernels::cuda;  // NOLINT
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -732,6 +733,48 @@ void GemmInput16Case(kernels::DType dt) {
   if (dt == kernels::DType::kBFloat16) {
     EXPECT_EQ(rounding_mattered, 4) << "negative control (truncation) passed the check";
   }
+}
+
+// The add + norm reading 16-bit partial sums (the all-reduce payload under
+// tensor parallelism) equals the fp32 body fed the same sums widened
+// exactly, residual write-back included; fed the unrounded fp32 sums
+// instead, the check fails (the 16-bit values are really read).
+template <typename T>
+void PartialSums16Case(kernels::DType dt) {
+  SCOPED_TRACE(kernels::DTypeName(dt));
+  std::mt19937 rng(23);
+  const int n = 4, dim = 1000;
+  const std::vector<float> x0 = Random(static_cast<size_t>(n) * dim, rng);
+  const std::vector<float> add = Random(x0.size(), rng);
+  const std::vector<float> weight = Random(dim, rng, 0.5f, 1.5f);
+  const std::vector<uint16_t> bits = To16(add, dt);
+  std::vector<T> add16(bits.size());
+  std::memcpy(static_cast<void*>(add16.data()), bits.data(), bits.size() * 2);
+  std::vector<float> widened(add.size());
+  for (size_t i = 0; i < add.size(); ++i)
+    widened[i] = dt == kernels::DType::kBFloat16 ? kernels::BFloat16BitsToFloat(bits[i])
+                                                 : kernels::HalfBitsToFloat(bits[i]);
+  auto run = [&](const auto* a, std::vector<float>* x, std::vector<float>* out) {
+    using AddT = std::remove_cv_t<std::remove_pointer_t<decltype(a)>>;
+    *x = x0;
+    out->assign(x0.size(), NAN);
+    kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+      AddRmsNormBody<kThreads, float, AddT>(x->data(), a, nullptr, weight.data(), dim, 1e-5,
+                                            out->data());
+    });
+  };
+  std::vector<float> got_x, got, want_x, want, raw_x, raw;
+  run(add16.data(), &got_x, &got);
+  run(widened.data(), &want_x, &want);
+  run(add.data(), &raw_x, &raw);
+  EXPECT_EQ(Mismatches(got, want, 0, 0), 0);
+  EXPECT_EQ(Mismatches(got_x, want_x, 0, 0), 0);
+  EXPECT_GT(Mismatches(got_x, raw_x, 0, 0), 0) << "negative control passed the check";
+}
+
+TEST(CudaModelEmulationTest, AddRmsNormReads16BitPartialSums) {
+  PartialSums16Case<__half>(kernels::DType::kFloat16);
+  PartialSums16Case<__nv_bfloat16>(kernels::DType::kBFloat16);
 }
 
 TEST(CudaModelEmulationTest, GemmInputsIn16BitsAreTheFp32ResultsRoundedOnce) {

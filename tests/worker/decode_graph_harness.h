@@ -99,9 +99,15 @@ class CaptureBackend final : public ModelBackend {
     if (p.ok()) step_buffers_.push_back(*p);
     return p;
   }
-  GemmInputType gemm_input_type() const override { return inner_->gemm_input_type(); }
+  ActivationType gemm_input_type() const override { return inner_->gemm_input_type(); }
   absl::StatusOr<GemmInput> GemmInputBuffer(BufferId id, int64_t elems) override {
     absl::StatusOr<GemmInput> p = inner_->GemmInputBuffer(id, elems);
+    if (p.ok()) step_buffers_.push_back(p->data);
+    return p;
+  }
+  ActivationType partial_sum_type() const override { return inner_->partial_sum_type(); }
+  absl::StatusOr<PartialSums> PartialSumBuffer(int64_t elems) override {
+    absl::StatusOr<PartialSums> p = inner_->PartialSumBuffer(elems);
     if (p.ok()) step_buffers_.push_back(p->data);
     return p;
   }
@@ -161,7 +167,11 @@ class CaptureBackend final : public ModelBackend {
     std::vector<LinearOut> o(outs.begin(), outs.end());
     return Run([=, this] { return inner_->LinearGroup(x, n, o); });
   }
-  absl::Status AddRmsNorm(float* residual, const float* add, int64_t n, int dim,
+  absl::Status RowParallelLinear(GemmInput x, int64_t n, const BackendMatrix& w,
+                                 PartialSums y) override {
+    return Run([=, this] { return inner_->RowParallelLinear(x, n, w, y); });
+  }
+  absl::Status AddRmsNorm(float* residual, PartialSums add, int64_t n, int dim,
                           const BackendVector& weight, double eps, bool logits_rows,
                           GemmInput out) override {
     return Run([=, this] {
@@ -182,7 +192,7 @@ class CaptureBackend final : public ModelBackend {
                                 float* k, float* v, GemmInput out) override {
     return Run([=, this] { return inner_->RopeAndAttention(cache, n, heads, q, k, v, out); });
   }
-  absl::Status AllReduceSum(float* data, int64_t count) override {
+  absl::Status AllReduceSum(PartialSums data, int64_t count) override {
     return Run([=, this] { return inner_->AllReduceSum(data, count); });
   }
   absl::Status LmHead(GemmInput x, int64_t n, const BackendMatrix& w,

@@ -12,7 +12,6 @@
 // negative controls stay in the single-rank decode_graph_test.
 #include <mpi.h>
 
-#include <cstdio>
 #include <vector>
 
 #include "distributed/communicator.h"
@@ -62,17 +61,3 @@ TEST(DecodeGraphTpTest, RanksWhoseCapturesDifferMatchTheEagerRun) {
 
 }  // namespace
 }  // namespace pagedserve
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  // Every rank prints its report; the exit code is the worst over ranks.
-  int rc = RUN_ALL_TESTS();
-  int worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (worst != 0 && rank == 0) std::fprintf(stderr, "a test failed on some rank\n");
-  MPI_Finalize();
-  return worst;
-}

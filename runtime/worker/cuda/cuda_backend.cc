@@ -273,6 +273,7 @@ class CudaBackend final : public ModelBackend {
     gemm_elem_ = matrices_.front().type;
     for (const DeviceMatrix& m : matrices_)
       if (m.type != gemm_elem_) gemm_elem_ = Elem::kF32;
+    sum_elem_ = comm_->size() > 1 ? gemm_elem_ : Elem::kF32;
     return h;  // the host copy `w` is dropped here
   }
 
@@ -404,7 +405,7 @@ class CudaBackend final : public ModelBackend {
   }
 
   absl::StatusOr<float*> Buffer(BufferId id, int64_t elems) override {
-    if (IsGemmInput(id)) return absl::InvalidArgumentError("Buffer: a GEMM-input buffer id");
+    if (!IsFp32Buffer(id)) return absl::InvalidArgumentError("Buffer: not an fp32 buffer id");
     PS_ASSIGN_OR_RETURN(void* p, GrowBuffer(id, elems * static_cast<int64_t>(sizeof(float))));
     return static_cast<float*>(p);
   }
@@ -412,19 +413,31 @@ class CudaBackend final : public ModelBackend {
   // The weights' 16-bit type when every matrix has it (GEMMs then read the
   // activations as the producing kernels wrote them), else fp32 (inputs are
   // converted for each 16-bit matrix).
-  GemmInputType gemm_input_type() const override {
-    switch (gemm_elem_) {
-      case Elem::kF16: return GemmInputType::kFloat16;
-      case Elem::kBF16: return GemmInputType::kBFloat16;
-      case Elem::kF32: break;
-    }
-    return GemmInputType::kFloat32;
-  }
+  ActivationType gemm_input_type() const override { return TypeOf(gemm_elem_); }
 
   absl::StatusOr<GemmInput> GemmInputBuffer(BufferId id, int64_t elems) override {
     if (!IsGemmInput(id)) return absl::InvalidArgumentError("GemmInputBuffer: an fp32 buffer id");
     PS_ASSIGN_OR_RETURN(void* p, GrowBuffer(id, elems * cuda_model::ElemBytes(gemm_elem_)));
     return GemmInput{p};
+  }
+
+  // The GEMM-input type under tensor parallelism (the all-reduce payload),
+  // fp32 on one rank (no rounding of the residual's updates).
+  ActivationType partial_sum_type() const override { return TypeOf(sum_elem_); }
+
+  absl::StatusOr<PartialSums> PartialSumBuffer(int64_t elems) override {
+    PS_ASSIGN_OR_RETURN(
+        void* p, GrowBuffer(BufferId::kProjection, elems * cuda_model::ElemBytes(sum_elem_)));
+    return PartialSums{p};
+  }
+
+  absl::Status RowParallelLinear(GemmInput x, int64_t n, const BackendMatrix& w,
+                                 PartialSums y) override {
+    if (n == 0) return absl::OkStatus();
+    const DeviceMatrix& m = M(w);
+    PS_ASSIGN_OR_RETURN(const void* xin, ConvertActivations(x.data, gemm_elem_, n * m.cols, m.type,
+                                                            &gemm_input_, "GEMM input conversion"));
+    return Gemm(xin, n, m, y.data, sum_elem_);
   }
 
   absl::Status EmbeddingGather(const BackendMatrix& table, float* out) override {
@@ -489,11 +502,11 @@ class CudaBackend final : public ModelBackend {
                       "silu_mul (stacked) launch");
   }
 
-  absl::Status AddRmsNorm(float* residual, const float* add, int64_t n, int dim,
+  absl::Status AddRmsNorm(float* residual, PartialSums add, int64_t n, int dim,
                           const BackendVector& weight, double eps, bool logits_rows,
                           GemmInput out) override {
     return CudaStatus(
-        cuda_model::LaunchAddRmsNorm(residual, add,
+        cuda_model::LaunchAddRmsNorm(residual, add.data, sum_elem_,
                                      logits_rows ? In<int32_t>(kLogitsRows) : nullptr, weight.data,
                                      static_cast<int>(n), dim, eps, out.data, gemm_elem_, stream_),
         "add_rms_norm launch");
@@ -665,29 +678,17 @@ class CudaBackend final : public ModelBackend {
   }
 
   // Enqueued on the compute stream (NCCL): no host synchronisation; a
-  // communicator error surfaces in WaitForStep. With 16-bit weights the
-  // payload is the weights' type, as vLLM all-reduces in the model dtype:
-  // half the bytes on the links, the partial sums rounded to 16 bits (one
-  // conversion each way on the stream).
-  absl::Status AllReduceSum(float* data, int64_t count) override {
+  // communicator error surfaces in WaitForStep. The payload is the partial
+  // sums in place, in partial_sum_type(): with 16-bit weights the weights'
+  // type (as vLLM all-reduces in the model dtype: half the bytes on the
+  // links), written so by the GEMM and read so by the add + norm.
+  absl::Status AllReduceSum(PartialSums data, int64_t count) override {
     if (comm_->size() <= 1 || count == 0) return absl::OkStatus();
-    if (weight_elem_ == Elem::kF32)
-      return comm_->AllReduceSumAsync(data, static_cast<size_t>(count),
-                                      Communicator::ReduceType::kFloat32, stream_);
-    PS_RETURN_IF_ERROR(allreduce_buf_.Reserve(
-        static_cast<size_t>(count) * cuda_model::ElemBytes(weight_elem_), "all-reduce allocation"));
-    PS_RETURN_IF_ERROR(
-        CudaStatus(cuda_model::LaunchConvert(data, Elem::kF32, count, allreduce_buf_.get(),
-                                             weight_elem_, stream_),
-                   "all-reduce payload conversion"));
-    PS_RETURN_IF_ERROR(comm_->AllReduceSumAsync(allreduce_buf_.get(), static_cast<size_t>(count),
-                                                weight_elem_ == Elem::kF16
-                                                    ? Communicator::ReduceType::kFloat16
-                                                    : Communicator::ReduceType::kBFloat16,
-                                                stream_));
-    return CudaStatus(cuda_model::LaunchConvert(allreduce_buf_.get(), weight_elem_, count, data,
-                                                Elem::kF32, stream_),
-                      "all-reduce result conversion");
+    const Communicator::ReduceType type =
+        sum_elem_ == Elem::kF16    ? Communicator::ReduceType::kFloat16
+        : sum_elem_ == Elem::kBF16 ? Communicator::ReduceType::kBFloat16
+                                   : Communicator::ReduceType::kFloat32;
+    return comm_->AllReduceSumAsync(data.data, static_cast<size_t>(count), type, stream_);
   }
 
   absl::Status LmHead(GemmInput x, int64_t n, const BackendMatrix& w,
@@ -1000,7 +1001,6 @@ class CudaBackend final : public ModelBackend {
                                   absl::StrCat("upload of ", name)));
     weight_bytes_ += static_cast<int64_t>(bytes);
     has_16bit_weights_ = true;
-    weight_elem_ = m.type == GgmlType::kF16 ? Elem::kF16 : Elem::kBF16;
     matrices_.push_back(DeviceMatrix{buf.get(), m.type == GgmlType::kF16 ? Elem::kF16 : Elem::kBF16,
                                      m.rows, m.cols});
     weights_.push_back(std::move(buf));
@@ -1038,8 +1038,6 @@ class CudaBackend final : public ModelBackend {
         PS_RETURN_IF_ERROR(attn_out_.Reserve(bytes(n * q_dim, cuda_model::ElemBytes(io)),
                                              "attention output allocation"));
     }
-    if (comm_->size() > 1 && weight_elem_ != Elem::kF32)
-      PS_RETURN_IF_ERROR(allreduce_buf_.Reserve(bytes(n * hidden, 2), "all-reduce allocation"));
     PS_RETURN_IF_ERROR(logits_.Reserve(bytes(r * vocab, sizeof(float)), "logits allocation"));
     PS_RETURN_IF_ERROR(
         pinned_logits_.Reserve(bytes(r * vocab, sizeof(float)), "pinned logits allocation"));
@@ -1360,7 +1358,7 @@ class CudaBackend final : public ModelBackend {
     std::vector<DeviceBuffer*> v;
     for (DeviceBuffer& b : buffers_) v.push_back(&b);
     for (DeviceBuffer* b : {&inputs_, &workspace_, &gemm_input_, &attn_q_, &attn_k_, &attn_v_,
-                            &attn_out_, &fused_out_, &allreduce_buf_, &block_tables_})
+                            &attn_out_, &fused_out_, &block_tables_})
       v.push_back(b);
     return v;
   }
@@ -1392,7 +1390,6 @@ class CudaBackend final : public ModelBackend {
     const size_t elem = static_cast<size_t>(cuda_model::ElemBytes(type));
     if (type != Elem::kF32) {
       has_16bit_weights_ = true;
-      weight_elem_ = type;
     }
     int64_t rows = 0;
     for (const Matrix* m : ms) rows += m->rows;
@@ -1468,6 +1465,15 @@ class CudaBackend final : public ModelBackend {
     return y;
   }
 
+  static ActivationType TypeOf(Elem e) {
+    switch (e) {
+      case Elem::kF16: return ActivationType::kFloat16;
+      case Elem::kBF16: return ActivationType::kBFloat16;
+      case Elem::kF32: break;
+    }
+    return ActivationType::kFloat32;
+  }
+
   // Activation buffer `id` grown to `bytes` (at least 4).
   absl::StatusOr<void*> GrowBuffer(BufferId id, int64_t bytes) {
     DeviceBuffer& b = buffers_[static_cast<size_t>(id)];
@@ -1476,23 +1482,28 @@ class CudaBackend final : public ModelBackend {
     return b.get();
   }
 
-  // y[n, W.rows] (fp32) = x[n, W.cols] W^T, row-major, x already in W's
-  // element type. In cuBLAS' column-major terms: Y^T (W.rows x n, ld W.rows)
-  // = op_T(W as cols x rows, ld cols) * X^T (cols x n, ld cols). fp32: SGEMM;
-  // fp16/bf16: GemmEx with fp32 accumulation and output (tensor cores).
-  absl::Status Gemm(const void* x, int64_t n, const DeviceMatrix& w, float* y) {
+  // y[n, W.rows] (of y_type) = x[n, W.cols] W^T, row-major, x already in
+  // W's element type. In cuBLAS' column-major terms: Y^T (W.rows x n, ld
+  // W.rows) = op_T(W as cols x rows, ld cols) * X^T (cols x n, ld cols).
+  // fp32: SGEMM (y_type fp32 only); fp16/bf16: GemmEx with fp32
+  // accumulation (tensor cores), the output fp32 or W's type (rounded once).
+  absl::Status Gemm(const void* x, int64_t n, const DeviceMatrix& w, void* y,
+                    Elem y_type = Elem::kF32) {
     if (n == 0) return absl::OkStatus();
     const float alpha = 1.0f, beta = 0.0f;
     const int m = static_cast<int>(w.rows), nn = static_cast<int>(n), k = static_cast<int>(w.cols);
+    if (y_type != Elem::kF32 && y_type != w.type)
+      return absl::InternalError("GEMM output type differs from the weights' 16-bit type");
     if (w.type == Elem::kF32)
-      return CublasStatus(blas_->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha,
-                                       static_cast<const float*>(w.data), k,
-                                       static_cast<const float*>(x), k, &beta, y, m),
-                          "cublasSgemm");
+      return CublasStatus(
+          blas_->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha,
+                       static_cast<const float*>(w.data), k, static_cast<const float*>(x), k, &beta,
+                       static_cast<float*>(y), m),
+          "cublasSgemm");
     const cudaDataType t = CudaType(w.type);
     return CublasStatus(
         blas_->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, t, k, x, t, k,
-                       &beta, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                       &beta, y, CudaType(y_type), m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx");
   }
 
@@ -1543,7 +1554,7 @@ class CudaBackend final : public ModelBackend {
   std::array<DeviceBuffer, static_cast<size_t>(BufferId::kCount)> buffers_;
   DeviceBuffer inputs_, workspace_, logits_;
   // 16-bit copies of activations: the GEMM input, attention operands.
-  DeviceBuffer gemm_input_, attn_q_, attn_k_, attn_v_, attn_out_, fused_out_, allreduce_buf_;
+  DeviceBuffer gemm_input_, attn_q_, attn_k_, attn_v_, attn_out_, fused_out_;
   DeviceBuffer argmax_, sample_in_;  // LmHeadSample's ids and sampling inputs
   PinnedBuffer host_inputs_, pinned_logits_, pinned_argmax_, pinned_sample_in_;
   DeviceBuffer cublas_workspace_;
@@ -1568,8 +1579,8 @@ class CudaBackend final : public ModelBackend {
   DecodeGraphKey capture_key_;
   std::vector<uintptr_t> capture_addresses_;
   bool has_16bit_weights_ = false;  // some matrix runs through GemmEx
-  Elem weight_elem_ = Elem::kF32;   // the 16-bit weight type, if any (all-reduce payloads)
   Elem gemm_elem_ = Elem::kF32;     // GEMM-input activations (gemm_input_type)
+  Elem sum_elem_ = Elem::kF32;      // partial sums (partial_sum_type)
   bool step_pending_ = false;       // BeginStep ran and WaitForStep has not succeeded since
   bool step_validated_ = false;     // this step's Attention has validated its index arrays
   int64_t validated_blocks_ = 0;    // against a pool of this many blocks

@@ -71,12 +71,12 @@ cudaError_t WithElem(Elem e, Fn&& fn) {
   return cudaErrorInvalidValue;
 }
 
-template <typename OutT>
+template <typename OutT, typename AddT>
 __global__ void __launch_bounds__(kThreads)
-    AddRmsNormKernel(float* residual, const float* __restrict__ add,
+    AddRmsNormKernel(float* residual, const AddT* __restrict__ add,
                      const int32_t* __restrict__ rows, const float* __restrict__ weight, int dim,
                      double eps, OutT* __restrict__ out) {
-  AddRmsNormBody<kThreads, OutT>(residual, add, rows, weight, dim, eps, out);
+  AddRmsNormBody<kThreads, OutT, AddT>(residual, add, rows, weight, dim, eps, out);
 }
 
 __global__ void ApplyRopeKernel(float* __restrict__ x, int heads, int head_size,
@@ -130,15 +130,18 @@ cudaError_t LaunchConvert(const void* in, Elem in_type, int64_t count, void* out
   });
 }
 
-cudaError_t LaunchAddRmsNorm(float* residual, const float* add, const int32_t* rows,
+cudaError_t LaunchAddRmsNorm(float* residual, const void* add, Elem add_type, const int32_t* rows,
                              const float* weight, int n, int dim, double eps, void* out,
                              Elem out_type, cudaStream_t stream) {
   if (n <= 0 || dim <= 0) return cudaSuccess;
-  return WithElem(out_type, [&](auto tag) {
-    using OutT = decltype(tag);
-    AddRmsNormKernel<OutT><<<n, kThreads, 0, stream>>>(residual, add, rows, weight, dim, eps,
-                                                       static_cast<OutT*>(out));
-    return cudaGetLastError();
+  return WithElem(out_type, [&](auto out_tag) {
+    return WithElem(add_type, [&](auto add_tag) {
+      using OutT = decltype(out_tag);
+      using AddT = decltype(add_tag);
+      AddRmsNormKernel<OutT, AddT><<<n, kThreads, 0, stream>>>(
+          residual, static_cast<const AddT*>(add), rows, weight, dim, eps, static_cast<OutT*>(out));
+      return cudaGetLastError();
+    });
   });
 }
 

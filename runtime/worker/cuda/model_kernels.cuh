@@ -52,14 +52,15 @@ __device__ __forceinline__ void ConvertBody(const From* __restrict__ in, int64_t
 }
 
 // Grid (n), block (kThreads): fused residual add + RMSNorm of one row
-// (cpu_ops::AddRmsNorm): r = rows ? rows[t] : t; v = residual[r] (+ add[r]);
+// (cpu_ops::AddRmsNorm): r = rows ? rows[t] : t; v = residual[r] (+ add[r],
+// AddT float, __half or __nv_bfloat16: the partial-sum type, widened exactly);
 // out[t] = OutT(v / sqrt(sum(v^2) / dim + eps) * weight), the sum of squares
 // in double (a tree over the block), the product in fp32 rounded to OutT
 // (float, __half or __nv_bfloat16: the GEMM-input type) once; residual[r] = v
 // is written back only when rows is null and add is not (a gather recomputes
 // v instead, the same fp32 add).
-template <int NUM_THREADS, typename OutT>
-__device__ __forceinline__ void AddRmsNormBody(float* residual, const float* __restrict__ add,
+template <int NUM_THREADS, typename OutT, typename AddT = float>
+__device__ __forceinline__ void AddRmsNormBody(float* residual, const AddT* __restrict__ add,
                                                const int32_t* __restrict__ rows,
                                                const float* __restrict__ weight, int dim,
                                                double eps, OutT* __restrict__ out) {
@@ -68,12 +69,12 @@ __device__ __forceinline__ void AddRmsNormBody(float* residual, const float* __r
   const int64_t r = rows != nullptr ? rows[t] : t;
   OutT* o = out + static_cast<int64_t>(t) * dim;
   float* xr = residual + r * dim;
-  const float* ar = add != nullptr ? add + r * dim : nullptr;
+  const AddT* ar = add != nullptr ? add + r * dim : nullptr;
   const bool write_back = rows == nullptr && ar != nullptr;
   double ss = 0.0;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
     float v = xr[i];
-    if (ar != nullptr) v += ar[i];
+    if (ar != nullptr) v += ::pagedserve::kernels::cuda::ToFloat(ar[i]);
     if (write_back) xr[i] = v;  // each thread reads back only the elements it wrote
     ss += static_cast<double>(v) * v;
   }
@@ -86,7 +87,8 @@ __device__ __forceinline__ void AddRmsNormBody(float* residual, const float* __r
   }
   const float inv = static_cast<float>(1.0 / sqrt(partial[0] / dim + eps));
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = write_back || ar == nullptr ? xr[i] : xr[i] + ar[i];
+    const float v =
+        write_back || ar == nullptr ? xr[i] : xr[i] + ::pagedserve::kernels::cuda::ToFloat(ar[i]);
     o[i] = ::pagedserve::kernels::cuda::FromFloat<OutT>(v * inv * weight[i]);
   }
 }

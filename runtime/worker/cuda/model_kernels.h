@@ -30,10 +30,11 @@ cudaError_t LaunchConvert(const void* in, Elem in_type, int64_t count, void* out
                           cudaStream_t stream);
 
 // Fused residual add + RMSNorm of n rows (ModelBackend::AddRmsNorm): `add`
-// may be null (norm only); `rows` null = rows 0..n-1 with residual written
-// back, else a gather of rows[t] without write-back. out [n, dim] of
-// `out_type` (the fp32 result rounded to nearest even once).
-cudaError_t LaunchAddRmsNorm(float* residual, const float* add, const int32_t* rows,
+// (of `add_type`, the partial sums) may be null (norm only); `rows` null =
+// rows 0..n-1 with residual written back, else a gather of rows[t] without
+// write-back. out [n, dim] of `out_type` (the fp32 result rounded to nearest
+// even once).
+cudaError_t LaunchAddRmsNorm(float* residual, const void* add, Elem add_type, const int32_t* rows,
                              const float* weight, int n, int dim, double eps, void* out,
                              Elem out_type, cudaStream_t stream);
 
