@@ -9,19 +9,24 @@
 // run cuBLAS SGEMM in CUBLAS_DEFAULT_MATH (no TF32; the exact path the CPU
 // fp32 reference is compared with), fp16 / bf16 matrices (LoadLlamaWeights
 // with WeightDType kFloat16 / kBFloat16; the worker's default on CUDA) run
-// cublasGemmEx with 16-bit A and B, fp32 C and CUBLAS_COMPUTE_32F (tensor
-// cores, fp32 accumulation); the fp32 activations are converted to the
-// weight's type once per LinearGroup (round to nearest even). q/k/v and
-// gate/up are uploaded stacked by rows, and a LinearGroup over such a stack
-// runs as one GEMM plus one split kernel (which also adds the biases) when
-// the step has at most kFusedGemmMaxTokens (256) tokens; larger steps run a
-// GEMM per matrix over row ranges of the same allocation. Activations
-// stay fp32 between operations; the elementwise kernels
+// cublasGemmEx with 16-bit A and B and CUBLAS_COMPUTE_32F (tensor cores,
+// fp32 accumulation). GEMM inputs (gemm_input_type) are in the weights'
+// 16-bit type when every matrix has it, written so by the norm, attention
+// and SiLU-and-mul kernels (each rounds its fp32 result once); GEMM outputs
+// are fp32, except the row-parallel partial sums under tensor parallelism
+// (partial_sum_type: the weights' type, the all-reduce payload). q/k/v and
+// gate/up are uploaded stacked by rows; up to kFusedGemmMaxTokens (256)
+// tokens each stack runs as one GEMM whose output the next kernels read in
+// place (QkvRopeAndAttention: RoPE and the cache write add the biases;
+// GateUpSiluMul: SiLU-and-mul reads both halves); larger steps run a GEMM
+// per matrix over row ranges of the same allocation. The residual stream
+// and q/k/v stay fp32; the elementwise kernels
 // (runtime/worker/cuda/model_kernels.cuh) sum RMSNorm squares in double as
 // on the CPU; rotary tables come from the plan (host, angles in double).
 // The KV cache may be fp32, fp16, bf16 (q converted to the cache type for
-// attention, the output converted back) or fp8_e4m3 / fp8_e5m2 (fp32
-// queries, converted in the kernels; per-layer scales from the view).
+// attention, the output written in it and converted only when the GEMM-input
+// type differs) or fp8_e4m3 / fp8_e5m2 (fp32 queries, converted in the
+// kernels; per-layer scales from the view).
 // RopeAndAttention fuses RoPE into two kernels (model_kernels.cuh): one
 // rotates q and converts it to the attention operand type, one rotates k and
 // writes k and v into the cache (reshape_and_cache's layout and rounding).
@@ -54,8 +59,8 @@
 // on one compute stream, created blocking so that it is ordered with the
 // legacy default stream on which the worker's swap and copy-on-write block
 // operations run. AllReduceSum enqueues the collective without a host
-// synchronisation (Communicator::AllReduceSumAsync), with bf16/fp16 payloads
-// when the weights are 16-bit (converted on the stream each way); the only host wait is
+// synchronisation (Communicator::AllReduceSumAsync), in place on the partial
+// sums (bf16/fp16 when the weights are 16-bit); the only host wait is
 // LmHead's, at the end of the step, which with a multi-rank group polls the
 // communicator's asynchronous error so that a dead peer fails the step
 // (the communicator is aborted) instead of hanging it.
