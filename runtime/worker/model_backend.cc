@@ -1,5 +1,7 @@
-// The host-side parts of the backend seam (model_backend.h): the greedy
-// reduction every backend shares the rule of, and the default LmHeadSample.
+// The host-side parts of the backend seam (model_backend.h): the buffer
+// classes, the greedy reduction every backend shares the rule of, and the
+// default composite operations (RopeAndAttention, QkvRopeAndAttention,
+// GateUpSiluMul, LmHeadSample).
 #include "runtime/worker/model_backend.h"
 
 #include <algorithm>
@@ -15,15 +17,6 @@ bool IsGemmInput(BufferId id) {
 
 bool IsFp32Buffer(BufferId id) {
   return !IsGemmInput(id) && id != BufferId::kProjection && id != BufferId::kCount;
-}
-
-const char* ActivationTypeName(ActivationType t) {
-  switch (t) {
-    case ActivationType::kFloat16: return "float16";
-    case ActivationType::kBFloat16: return "bfloat16";
-    case ActivationType::kFloat32: break;
-  }
-  return "float32";
 }
 
 int32_t GreedyArgmax(const float* row, int64_t vocab) {

@@ -168,8 +168,6 @@ bool IsFp32Buffer(BufferId id);
 // The element type of GEMM-input activations and of partial sums
 // (ModelBackend::gemm_input_type, partial_sum_type).
 enum class ActivationType : uint8_t { kFloat32, kFloat16, kBFloat16 };
-// "float32", "float16" or "bfloat16".
-const char* ActivationTypeName(ActivationType t);
 
 // A GEMM-input activation buffer from GemmInputBuffer(): row-major, one row
 // per token, elements of the backend's gemm_input_type(). A distinct type so
