@@ -698,12 +698,15 @@ class BusyAndShutdownTest(unittest.TestCase):
     """A second server: one running sequence, a waiting queue of one, short grace."""
 
     def test_busy_then_graceful_shutdown(self):
-        server = ServerProcess(["--max-num-seqs=1", "--max-queue-len=1", "--shutdown-grace=1"], metrics=False)
+        # r1 must still be running when the 1 s grace ends: 1500 tokens take
+        # several seconds even on an idle machine (230 could finish in time).
+        server = ServerProcess(["--max-num-seqs=1", "--max-queue-len=1", "--shutdown-grace=1",
+                                "--max-model-len=2048"], metrics=False)
         raw = Raw(server.endpoint)
         try:
-            raw.send(gen("r1", prompt="one", max_tokens=230, ignore_eos=True, stream=True))
+            raw.send(gen("r1", prompt="one", max_tokens=1500, ignore_eos=True, stream=True))
             self.assertEqual(raw.recv()["type"], "delta")  # r1 is running
-            raw.send(gen("r2", prompt="two", max_tokens=230, ignore_eos=True))  # waits
+            raw.send(gen("r2", prompt="two", max_tokens=1500, ignore_eos=True))  # waits
             raw.send(gen("r3", prompt="three", max_tokens=2))
             m = raw.recv()
             while m["type"] == "delta":
