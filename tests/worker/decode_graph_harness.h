@@ -21,27 +21,9 @@
 #include "runtime/worker/cpu_backend.h"
 #include "runtime/worker/decode_graph.h"
 #include "runtime/worker/llama_model.h"
+#include "tests/worker/batch_vectors.h"
 
 namespace pagedserve::testing {
-
-// A decode batch of `lens.size()` sequences, block table width `width`.
-struct Batch {
-  std::vector<int32_t> ids, pos, qsl, lens, tables, rows;
-  std::vector<int64_t> slots;
-  int width = 0;
-  ForwardBatch view() const {
-    ForwardBatch b;
-    b.token_ids = ids;
-    b.positions = pos;
-    b.slot_mapping = slots;
-    b.query_start_loc = qsl;
-    b.seq_lens = lens;
-    b.block_tables = tables;
-    b.max_blocks_per_seq = width;
-    b.logits_rows = rows;
-    return b;
-  }
-};
 
 // How CaptureBackend misbehaves, for the negative controls.
 enum class Fault {
@@ -278,9 +260,8 @@ struct Part {
 // the pool: the attention's validation must refuse it).
 inline absl::Status Step(ModelRun& r, const std::vector<Part>& parts, std::vector<float>* logits,
                          bool bad_block = false) {
-  Batch b;
+  BatchVectors b;
   b.width = kBlocksPerSeq;
-  b.qsl.push_back(0);
   for (const Part& p : parts) {
     for (size_t i = 0; i < p.tokens.size(); ++i) {
       b.ids.push_back(p.tokens[i]);

@@ -19,7 +19,7 @@
 namespace pagedserve {
 namespace {
 
-using testing::Batch;
+using testing::BatchVectors;
 using testing::Fault;
 using testing::MakeRun;
 using testing::MaxAbsDiff;
@@ -58,11 +58,11 @@ TEST(DecodeGraphTest, ContextBucketsGrowByHalfAtMostAndRoundToBlocks) {
   }
 }
 
-Batch DecodeBatch(const std::vector<int32_t>& lens, int width) {
-  Batch b;
+// A decode batch of `lens.size()` sequences, block table width `width`.
+BatchVectors DecodeBatch(const std::vector<int32_t>& lens, int width) {
+  BatchVectors b;
   b.width = width;
   b.lens = lens;
-  b.qsl.push_back(0);
   for (size_t s = 0; s < lens.size(); ++s) {
     b.ids.push_back(static_cast<int32_t>(100 + s));
     b.pos.push_back(lens[s] - 1);
@@ -76,7 +76,7 @@ Batch DecodeBatch(const std::vector<int32_t>& lens, int width) {
 
 TEST(DecodeGraphTest, ChoosesOnlyPureDecodeStepsWithinTheLimits) {
   const DecodeGraphOptions on;
-  Batch b = DecodeBatch({40, 300, 7}, 20);
+  BatchVectors b = DecodeBatch({40, 300, 7}, 20);
   auto key = ChooseDecodeGraph(b.view(), 16, on);
   ASSERT_TRUE(key.has_value());
   EXPECT_EQ(key->batch, 4);
@@ -92,15 +92,15 @@ TEST(DecodeGraphTest, ChoosesOnlyPureDecodeStepsWithinTheLimits) {
   small_batch.max_batch = 2;
   EXPECT_FALSE(ChooseDecodeGraph(b.view(), 16, small_batch).has_value());
 
-  Batch prompt = DecodeBatch({40, 1, 7}, 20);  // a one-token prompt is a prefill
+  BatchVectors prompt = DecodeBatch({40, 1, 7}, 20);  // a one-token prompt is a prefill
   EXPECT_FALSE(ChooseDecodeGraph(prompt.view(), 16, on).has_value());
-  Batch unsampled = DecodeBatch({40, 30, 7}, 20);
+  BatchVectors unsampled = DecodeBatch({40, 30, 7}, 20);
   unsampled.rows.pop_back();
   EXPECT_FALSE(ChooseDecodeGraph(unsampled.view(), 16, on).has_value());
-  Batch reordered = DecodeBatch({40, 30, 7}, 20);
+  BatchVectors reordered = DecodeBatch({40, 30, 7}, 20);
   std::swap(reordered.rows[0], reordered.rows[1]);
   EXPECT_FALSE(ChooseDecodeGraph(reordered.view(), 16, on).has_value());
-  Batch chunk = DecodeBatch({40, 30}, 20);  // a two-token chunk
+  BatchVectors chunk = DecodeBatch({40, 30}, 20);  // a two-token chunk
   chunk.ids.push_back(1);
   chunk.pos.push_back(30);
   chunk.slots.push_back(31);
@@ -110,7 +110,7 @@ TEST(DecodeGraphTest, ChoosesOnlyPureDecodeStepsWithinTheLimits) {
 }
 
 TEST(DecodeGraphTest, PaddingKeepsRealRowsAndAddsInertSequences) {
-  Batch b = DecodeBatch({40, 300, 7}, 30);
+  BatchVectors b = DecodeBatch({40, 300, 7}, 30);
   const DecodeGraphKey key{4, 384};
   PaddedDecodeBatch padded;
   padded.Pad(b.view(), key, 16);
@@ -135,7 +135,7 @@ TEST(DecodeGraphTest, PaddingKeepsRealRowsAndAddsInertSequences) {
   for (int s = 0; s < 4; ++s) EXPECT_EQ(p.logits_rows[s], s);
 
   // A narrower table than the bucket is zero-padded.
-  Batch narrow = DecodeBatch({40, 30}, 3);
+  BatchVectors narrow = DecodeBatch({40, 30}, 3);
   padded.Pad(narrow.view(), DecodeGraphKey{2, 256}, 16);
   ASSERT_EQ(padded.batch().max_blocks_per_seq, 16);
   EXPECT_EQ(padded.batch().block_tables[16 + 2], 103);

@@ -30,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "runtime/model/weights.h"
 #include "runtime/worker/llama_model.h"
+#include "tests/worker/batch_vectors.h"
 #include "tests/worker/reference_fixture.h"
 
 namespace pagedserve {
@@ -78,32 +79,23 @@ struct Pool {
 // the logits of `rows[s]` of its tokens (indices into tokens[s]).
 std::vector<float> Step(LlamaModel& m, Pool& pool, const std::vector<std::vector<int32_t>>& tokens,
                         const std::vector<int>& start, const std::vector<std::vector<int>>& rows) {
-  std::vector<int32_t> ids, pos, qsl = {0}, lens, tables, logit_rows;
-  std::vector<int64_t> slots;
+  testing::BatchVectors b;
+  b.width = pool.per_seq;
   for (size_t s = 0; s < tokens.size(); ++s) {
-    const int base = static_cast<int>(ids.size());
+    const int base = static_cast<int>(b.ids.size());
     for (size_t i = 0; i < tokens[s].size(); ++i) {
-      ids.push_back(tokens[s][i]);
-      pos.push_back(start[s] + static_cast<int>(i));
-      slots.push_back(static_cast<int64_t>(s) * pool.per_seq * kBlockSize + start[s] + i);
+      b.ids.push_back(tokens[s][i]);
+      b.pos.push_back(start[s] + static_cast<int>(i));
+      b.slots.push_back(static_cast<int64_t>(s) * pool.per_seq * kBlockSize + start[s] + i);
     }
-    for (int r : rows[s]) logit_rows.push_back(base + r);
-    qsl.push_back(static_cast<int32_t>(ids.size()));
-    lens.push_back(start[s] + static_cast<int>(tokens[s].size()));
-    for (int b = 0; b < pool.per_seq; ++b)
-      tables.push_back(static_cast<int32_t>(s) * pool.per_seq + b);
+    for (int r : rows[s]) b.rows.push_back(base + r);
+    b.qsl.push_back(static_cast<int32_t>(b.ids.size()));
+    b.lens.push_back(start[s] + static_cast<int>(tokens[s].size()));
+    for (int k = 0; k < pool.per_seq; ++k)
+      b.tables.push_back(static_cast<int32_t>(s) * pool.per_seq + k);
   }
-  ForwardBatch b;
-  b.token_ids = ids;
-  b.positions = pos;
-  b.slot_mapping = slots;
-  b.query_start_loc = qsl;
-  b.seq_lens = lens;
-  b.block_tables = tables;
-  b.max_blocks_per_seq = pool.per_seq;
-  b.logits_rows = logit_rows;
   std::vector<float> logits;
-  absl::Status st = m.Forward(b, pool.views, &logits);
+  absl::Status st = m.Forward(b.view(), pool.views, &logits);
   EXPECT_TRUE(st.ok()) << st;
   return logits;
 }

@@ -32,11 +32,13 @@
 #include "runtime/model/weights.h"
 #include "runtime/worker/llama_model.h"
 #include "runtime/worker/worker.h"
+#include "tests/worker/batch_vectors.h"
 #include "tests/worker/reference_fixture.h"
 
 namespace pagedserve {
 namespace {
 
+using testing::BatchVectors;
 using testing::LoadReference;
 using testing::ReferencePrompt;
 using testing::ReferenceStep;
@@ -214,13 +216,10 @@ std::vector<int32_t> StepContext(const ReferencePrompt& p, size_t k) {
 // A flattened batch: sequence i feeds `context[i]` from position `start[i]`,
 // its blocks the contiguous range i * blocks_per_seq.. in reverse order (so
 // no table is contiguous); logits of each sequence's last row.
-struct FlatBatch {
-  std::vector<int32_t> ids, pos, qsl{0}, lens, tables, rows;
-  std::vector<int64_t> slots;
-  int blocks_per_seq = 0;
+struct FlatBatch : BatchVectors {
   FlatBatch(const std::vector<std::vector<int32_t>>& context, const std::vector<int>& start,
-            int blocks_per_seq_)
-      : blocks_per_seq(blocks_per_seq_) {
+            int blocks_per_seq) {
+    width = blocks_per_seq;
     for (size_t i = 0; i < context.size(); ++i) {
       std::vector<int32_t> table(blocks_per_seq);
       std::iota(table.rbegin(), table.rend(), static_cast<int32_t>(i) * blocks_per_seq);
@@ -234,18 +233,6 @@ struct FlatBatch {
       lens.push_back(static_cast<int32_t>(context[i].size()));
       rows.push_back(qsl.back() - 1);
     }
-  }
-  ForwardBatch view() const {
-    ForwardBatch b;
-    b.token_ids = ids;
-    b.positions = pos;
-    b.slot_mapping = slots;
-    b.query_start_loc = qsl;
-    b.seq_lens = lens;
-    b.block_tables = tables;
-    b.max_blocks_per_seq = blocks_per_seq;
-    b.logits_rows = rows;
-    return b;
   }
 };
 

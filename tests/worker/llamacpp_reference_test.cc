@@ -44,6 +44,7 @@
 #include "gtest/gtest.h"
 #include "runtime/model/weights.h"
 #include "runtime/worker/llama_model.h"
+#include "tests/worker/batch_vectors.h"
 #include "tests/worker/reference_fixture.h"
 
 namespace pagedserve {
@@ -104,27 +105,20 @@ std::unique_ptr<ModelUnderTest> Make(const std::string& path, WeightDType dtype,
 // Feeds context[start, end) (positions start..end-1, blocks 0..) and returns the
 // logits of the last position.
 std::vector<float> Step(ModelUnderTest& m, const std::vector<int32_t>& context, int start) {
-  std::vector<int32_t> ids(context.begin() + start, context.end());
-  std::vector<int32_t> pos(ids.size());
-  std::vector<int64_t> slots(ids.size());
-  std::iota(pos.begin(), pos.end(), start);
-  for (size_t i = 0; i < ids.size(); ++i) slots[i] = pos[i];  // block b holds positions 16b..
-  std::vector<int32_t> table(kNumBlocks);
-  std::iota(table.begin(), table.end(), 0);
-  std::vector<int32_t> qsl = {0, static_cast<int32_t>(ids.size())};
-  std::vector<int32_t> lens = {static_cast<int32_t>(context.size())};
-  std::vector<int32_t> rows = {static_cast<int32_t>(ids.size()) - 1};
-  ForwardBatch b;
-  b.token_ids = ids;
-  b.positions = pos;
-  b.slot_mapping = slots;
-  b.query_start_loc = qsl;
-  b.seq_lens = lens;
-  b.block_tables = table;
-  b.max_blocks_per_seq = kNumBlocks;
-  b.logits_rows = rows;
+  testing::BatchVectors b;
+  b.ids.assign(context.begin() + start, context.end());
+  const int n = static_cast<int>(b.ids.size());
+  b.pos.resize(n);
+  std::iota(b.pos.begin(), b.pos.end(), start);
+  b.slots.assign(b.pos.begin(), b.pos.end());  // block k holds positions 16k..
+  b.width = kNumBlocks;
+  b.tables.resize(kNumBlocks);
+  std::iota(b.tables.begin(), b.tables.end(), 0);
+  b.qsl.push_back(n);
+  b.lens = {static_cast<int32_t>(context.size())};
+  b.rows = {n - 1};
   std::vector<float> logits;
-  absl::Status s = m.model->Forward(b, m.views, &logits);
+  absl::Status s = m.model->Forward(b.view(), m.views, &logits);
   EXPECT_TRUE(s.ok()) << s;
   return logits;
 }

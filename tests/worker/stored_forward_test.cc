@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "runtime/model/weights.h"
 #include "runtime/worker/llama_model.h"
+#include "tests/worker/batch_vectors.h"
 
 namespace pagedserve {
 namespace {
@@ -58,30 +59,21 @@ ScheduleLogits RunSchedule(const std::string& path, WeightDType dtype, kernels::
     int seq, start, n;
   };
   auto step = [&](const std::vector<Part>& parts, std::vector<float>* logits) {
-    std::vector<int32_t> ids, pos, qsl = {0}, lens, rows, tables;
-    std::vector<int64_t> slots;
+    testing::BatchVectors b;
+    b.width = kBlocksPerSeq;
     for (const Part& p : parts) {
       std::vector<int32_t> t = tokens(p.seq, p.n, p.start);
       for (int i = 0; i < p.n; ++i) {
-        ids.push_back(t[i]);
-        pos.push_back(p.start + i);
-        slots.push_back(static_cast<int64_t>(p.seq) * kBlocksPerSeq * kBlockSize + p.start + i);
+        b.ids.push_back(t[i]);
+        b.pos.push_back(p.start + i);
+        b.slots.push_back(static_cast<int64_t>(p.seq) * kBlocksPerSeq * kBlockSize + p.start + i);
       }
-      qsl.push_back(static_cast<int32_t>(ids.size()));
-      lens.push_back(p.start + p.n);
-      rows.push_back(qsl.back() - 1);
-      for (int b = 0; b < kBlocksPerSeq; ++b) tables.push_back(p.seq * kBlocksPerSeq + b);
+      b.qsl.push_back(static_cast<int32_t>(b.ids.size()));
+      b.lens.push_back(p.start + p.n);
+      b.rows.push_back(b.qsl.back() - 1);
+      for (int k = 0; k < kBlocksPerSeq; ++k) b.tables.push_back(p.seq * kBlocksPerSeq + k);
     }
-    ForwardBatch b;
-    b.token_ids = ids;
-    b.positions = pos;
-    b.slot_mapping = slots;
-    b.query_start_loc = qsl;
-    b.seq_lens = lens;
-    b.block_tables = tables;
-    b.max_blocks_per_seq = kBlocksPerSeq;
-    b.logits_rows = rows;
-    absl::Status s = (*model)->Forward(b, views, logits);
+    absl::Status s = (*model)->Forward(b.view(), views, logits);
     EXPECT_TRUE(s.ok()) << s;
   };
   step({{0, 0, 20}, {1, 0, 7}}, &out.step1);
