@@ -1,5 +1,6 @@
 // Internal device helpers shared by the CUDA kernels: element <-> fp32
-// conversion, 16-byte vector unpacking and warp/block reductions.
+// conversion, 16-byte vector unpacking, packed (vector) loads and stores,
+// and warp/block reductions.
 //
 // KV-cache element types (template parameter CACHE_T of the kernels): float,
 // __half, __nv_bfloat16, and the fp8 types __nv_fp8_e4m3 / __nv_fp8_e5m2 of
@@ -21,6 +22,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 // Dynamic shared memory as `type* name` (128-byte aligned: the tensor-core
@@ -123,6 +126,50 @@ __device__ __forceinline__ uint2 Load8(const T* p) {
   uint2 r;
   memcpy(&r, p, sizeof(r));
   return r;
+#endif
+}
+
+// N consecutive elements of T as one register group, aligned to its size:
+// the unit of the vectorized (packed) loads and stores of the elementwise
+// kernels (N * sizeof(T) bytes: 16 for 4 floats, 8 for 4 bf16 / fp16, 4 for
+// 4 fp8 codes; one vector instruction each on the device).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Packed {
+  T v[N];
+};
+
+#ifndef __CUDA_ARCH__
+// Host (CPU emulation): a packed access at p must be aligned to `bytes`; the
+// device would fault ("misaligned address"), the emulator aborts with a
+// message instead.
+inline void CheckPackedAlignment(const void* p, size_t bytes) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0) {
+    fprintf(stderr, "packed access of %zu bytes at misaligned address %p\n", bytes, p);
+    abort();
+  }
+}
+#endif
+
+// Loads / stores the N consecutive elements at p; p must be aligned to
+// N * sizeof(T) (the launchers check before choosing N > 1).
+template <int N, typename T>
+__device__ __forceinline__ Packed<T, N> LoadPacked(const T* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const Packed<T, N>*>(p);
+#else
+  CheckPackedAlignment(p, sizeof(Packed<T, N>));
+  Packed<T, N> r;
+  memcpy(static_cast<void*>(&r), p, sizeof(r));
+  return r;
+#endif
+}
+template <int N, typename T>
+__device__ __forceinline__ void StorePacked(T* p, const Packed<T, N>& v) {
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<Packed<T, N>*>(p) = v;
+#else
+  CheckPackedAlignment(p, sizeof(Packed<T, N>));
+  memcpy(static_cast<void*>(p), &v, sizeof(v));
 #endif
 }
 

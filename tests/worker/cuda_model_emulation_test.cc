@@ -21,6 +21,12 @@
 // RMSNorm sums squares in double in a different order (a block tree vs a
 // sequential loop), so its outputs agree within a few float ulps (2e-6
 // relative + 1e-7).
+//
+// Every body runs in its scalar (VEC = 1) and its packed (VEC = kPack,
+// vectorized loads and stores) variant against the same references, on
+// shapes that allow packs; the emulator aborts on a misaligned packed access
+// as the device would fault. PackWidth, the launchers' choice between the
+// two, has its own test.
 #include "tests/kernels/simt_emulator.h"  // must precede the kernel header
 
 // The kernel bodies use threadIdx, __syncthreads, ... unqualified; in this
@@ -72,6 +78,43 @@ int Mismatches(const std::vector<float>& got, const std::vector<float>& want, do
 constexpr double kRel = 2e-6;
 constexpr double kAbs = 1e-7;
 
+// Runs fn(std::integral_constant<int, VEC>{}) for the scalar (VEC = 1) and
+// the packed (VEC = kPack) variant of a body.
+template <typename Fn>
+void ForEachPack(Fn&& fn) {
+  {
+    SCOPED_TRACE("scalar (VEC = 1)");
+    fn(std::integral_constant<int, 1>{});
+  }
+  {
+    SCOPED_TRACE("packed (VEC = kPack)");
+    fn(std::integral_constant<int, kPack>{});
+  }
+}
+
+// ---- Packed access ------------------------------------------------------------
+
+TEST(CudaModelEmulationTest, PackWidthNeedsMultiplesOfThePackAndAlignedOperands) {
+  alignas(64) float f[64] = {};
+  alignas(64) __nv_bfloat16 h[64] = {};
+  alignas(64) __nv_fp8_e4m3 b[64] = {};
+  EXPECT_EQ(PackWidth({8, 64}, {Packable(f), Packable(h), Packable(b)}), kPack);
+  EXPECT_EQ(PackWidth({8, 6}, {Packable(f)}), 1) << "an extent not a multiple of the pack";
+  EXPECT_EQ(PackWidth({8}, {Packable(f + 4), Packable(h + 4), Packable(b + 4)}), kPack);
+  EXPECT_EQ(PackWidth({8}, {Packable(f + 2)}), 1) << "fp32 at 8 bytes, not 16";
+  EXPECT_EQ(PackWidth({8}, {Packable(h + 2)}), 1) << "bf16 at 4 bytes, not 8";
+  EXPECT_EQ(PackWidth({8}, {Packable(b + 2)}), 1) << "fp8 at 2 bytes, not 4";
+  EXPECT_EQ(PackWidth({8}, {Packable(f), Packable(static_cast<const float*>(nullptr))}), kPack)
+      << "an absent (null) operand does not count";
+}
+
+TEST(CudaModelEmulationTest, APackedAccessAtAMisalignedAddressAborts) {
+  alignas(16) float f[8] = {};
+  EXPECT_EQ(LoadPacked<kPack>(f + 4).v[0], 0.0f);
+  EXPECT_DEATH(LoadPacked<kPack>(f + 1), "misaligned");
+  EXPECT_DEATH(StorePacked<kPack>(f + 2, Packed<float, kPack>{}), "misaligned");
+}
+
 // ---- Embedding gather -------------------------------------------------------
 
 // Broken: reads the next row of the table.
@@ -94,11 +137,15 @@ TEST(CudaModelEmulationTest, EmbeddingGatherMatchesCpu) {
   std::vector<float> want(static_cast<size_t>(n) * hidden);
   ASSERT_TRUE(cpu_ops::EmbeddingGather(table, ids.data(), n, want.data()).ok());
 
-  std::vector<float> got(want.size(), NAN), broken(want.size(), NAN);
-  kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
-    EmbeddingGatherBody<float>(table.data.data(), ids.data(), hidden, got.data());
+  ForEachPack([&](auto vec) {
+    std::vector<float> got(want.size(), NAN);
+    kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+      EmbeddingGatherBody<float, decltype(vec)::value>(table.data.data(), ids.data(), hidden,
+                                                       got.data());
+    });
+    EXPECT_EQ(Mismatches(got, want, 0, 0), 0);
   });
-  EXPECT_EQ(Mismatches(got, want, 0, 0), 0);
+  std::vector<float> broken(want.size(), NAN);
   kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
     BrokenEmbeddingGatherBody(table.data.data(), ids.data(), hidden, vocab, broken.data());
   });
@@ -121,11 +168,11 @@ Matrix Table16(const std::vector<float>& v, int rows, int cols, bool bf16) {
   return m;
 }
 
-template <typename T>
+template <typename T, int VEC>
 void Gather16Case(bool bf16) {
   SCOPED_TRACE(bf16 ? "bf16 table" : "fp16 table");
   std::mt19937 rng(11);
-  const int vocab = 29, hidden = 270, n = 5;
+  const int vocab = 29, hidden = 268, n = 5;
   const Matrix table =
       Table16(Random(static_cast<size_t>(vocab) * hidden, rng), vocab, hidden, bf16);
   const std::vector<int32_t> ids = {28, 0, 7, 7, 13};
@@ -134,7 +181,7 @@ void Gather16Case(bool bf16) {
   const T* t = reinterpret_cast<const T*>(table.owned.data());
   std::vector<float> got(want.size(), NAN), broken(want.size(), NAN);
   kc::EmuLaunch(dim3(n), dim3(kThreads), 0,
-                [&] { EmbeddingGatherBody<T>(t, ids.data(), hidden, got.data()); });
+                [&] { EmbeddingGatherBody<T, VEC>(t, ids.data(), hidden, got.data()); });
   EXPECT_EQ(Mismatches(got, want, 0, 0), 0);
   // Broken: the table read with the other 16-bit interpretation.
   kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
@@ -150,8 +197,10 @@ void Gather16Case(bool bf16) {
 }
 
 TEST(CudaModelEmulationTest, EmbeddingGatherFrom16BitTablesMatchesCpu) {
-  Gather16Case<__half>(false);
-  Gather16Case<__nv_bfloat16>(true);
+  ForEachPack([](auto vec) {
+    Gather16Case<__half, decltype(vec)::value>(false);
+    Gather16Case<__nv_bfloat16, decltype(vec)::value>(true);
+  });
 }
 
 // ---- fp32 <-> fp16 / bf16 conversions ----------------------------------------------
@@ -212,15 +261,16 @@ int Mismatches16(const std::vector<float>& in, const std::vector<uint16_t>& got,
   return bad;
 }
 
-template <typename To>
+template <typename To, int VEC>
 void ConvertCase(bool bf16) {
   SCOPED_TRACE(bf16 ? "bf16" : "fp16");
-  const std::vector<float> in = ConversionInputs();
+  std::vector<float> in = ConversionInputs();
+  in.resize(in.size() - in.size() % VEC);
   const int64_t count = static_cast<int64_t>(in.size());
   // 16-bit results as their bit patterns.
   std::vector<uint16_t> got(in.size()), broken(in.size());
   kc::EmuLaunch(dim3(7), dim3(kThreads), 0, [&] {
-    ConvertBody<float, To>(in.data(), count, reinterpret_cast<To*>(got.data()));
+    ConvertBody<float, To, VEC>(in.data(), count, reinterpret_cast<To*>(got.data()));
   });
   EXPECT_EQ(Mismatches16(in, got, bf16), 0);
   kc::EmuLaunch(dim3(7), dim3(kThreads), 0, [&] {
@@ -233,7 +283,7 @@ void ConvertCase(bool bf16) {
   for (uint32_t b = 0; b < 65536; ++b) all[b] = static_cast<uint16_t>(b);
   std::vector<float> back(65536, 0.0f);
   kc::EmuLaunch(dim3(3), dim3(kThreads), 0, [&] {
-    ConvertBody<To, float>(reinterpret_cast<const To*>(all.data()), 65536, back.data());
+    ConvertBody<To, float, VEC>(reinterpret_cast<const To*>(all.data()), 65536, back.data());
   });
   int bad = 0;
   for (uint32_t b = 0; b < 65536; ++b) {
@@ -247,8 +297,10 @@ void ConvertCase(bool bf16) {
 }
 
 TEST(CudaModelEmulationTest, ConversionsMatchCpuConverters) {
-  ConvertCase<__half>(false);
-  ConvertCase<__nv_bfloat16>(true);
+  ForEachPack([](auto vec) {
+    ConvertCase<__half, decltype(vec)::value>(false);
+    ConvertCase<__nv_bfloat16, decltype(vec)::value>(true);
+  });
 }
 
 // ---- RoPE fused with the query conversion and with reshape_and_cache ----------------
@@ -296,7 +348,7 @@ Stacked MakeStacked(std::vector<float>* split, int n, int64_t width, int64_t col
   return st;
 }
 
-template <typename T>
+template <typename T, int VEC>
 void RopeConvertCase(kernels::DType dt, bool stacked) {
   SCOPED_TRACE(testing::Message() << kernels::DTypeName(dt) << (stacked ? ", stacked" : ""));
   std::mt19937 rng(15);
@@ -315,8 +367,9 @@ void RopeConvertCase(kernels::DType dt, bool stacked) {
     std::vector<float> in = stacked ? st.y : q;  // in place for fp32 unless stacked
     T* dst = std::is_same_v<T, float> && !stacked ? reinterpret_cast<T*>(in.data()) : out.data();
     kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
-      RopeConvertBody<T>(in.data(), heads, D, stacked ? st.total : stride,
-                         with_bias ? st.bias.data() : nullptr, cos_t.data(), sin_used.data(), dst);
+      RopeConvertBody<T, VEC>(in.data(), heads, D, stacked ? st.total : stride,
+                              with_bias ? st.bias.data() : nullptr, cos_t.data(), sin_used.data(),
+                              dst);
     });
     int bad = 0;
     for (size_t i = 0; i < q.size(); ++i) {
@@ -338,14 +391,17 @@ void RopeConvertCase(kernels::DType dt, bool stacked) {
 }
 
 TEST(CudaModelEmulationTest, RopeConvertMatchesCpuRopeAndConversion) {
-  for (bool stacked : {false, true}) {
-    RopeConvertCase<float>(kernels::DType::kFloat32, stacked);
-    RopeConvertCase<__half>(kernels::DType::kFloat16, stacked);
-    RopeConvertCase<__nv_bfloat16>(kernels::DType::kBFloat16, stacked);
-  }
+  ForEachPack([](auto vec) {
+    constexpr int V = decltype(vec)::value;
+    for (bool stacked : {false, true}) {
+      RopeConvertCase<float, V>(kernels::DType::kFloat32, stacked);
+      RopeConvertCase<__half, V>(kernels::DType::kFloat16, stacked);
+      RopeConvertCase<__nv_bfloat16, V>(kernels::DType::kBFloat16, stacked);
+    }
+  });
 }
 
-template <typename C>
+template <typename C, int VEC>
 void RopeCacheCase(kernels::DType dt, bool stacked) {
   SCOPED_TRACE(testing::Message() << kernels::DTypeName(dt) << (stacked ? ", stacked" : ""));
   std::mt19937 rng(16);
@@ -404,9 +460,9 @@ void RopeCacheCase(kernels::DType dt, bool stacked) {
     const float* k_bias = with_bias ? sk.bias.data() : nullptr;
     const float* v_bias = with_bias ? sv.bias.data() : nullptr;
     kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
-      RopeReshapeAndCacheBody<C>(key, value, stacked ? total : kv_dim, k_bias, v_bias, kv_heads, D,
-                                 cos_t.data(), sin_used.data(), slots.data(), num_blocks,
-                                 block_size, kc_ptr, vc_ptr, scale, scale);
+      RopeReshapeAndCacheBody<C, VEC>(key, value, stacked ? total : kv_dim, k_bias, v_bias,
+                                      kv_heads, D, cos_t.data(), sin_used.data(), slots.data(),
+                                      num_blocks, block_size, kc_ptr, vc_ptr, scale, scale);
     });
     int bad = 0;
     for (size_t i = 0; i < bytes; ++i) bad += (got_k[i] != want_k[i]) + (got_v[i] != want_v[i]);
@@ -423,13 +479,16 @@ void RopeCacheCase(kernels::DType dt, bool stacked) {
 }
 
 TEST(CudaModelEmulationTest, RopeReshapeAndCacheMatchesCpuRopeAndReshapeAndCache) {
-  for (bool stacked : {false, true}) {
-    RopeCacheCase<float>(kernels::DType::kFloat32, stacked);
-    RopeCacheCase<__half>(kernels::DType::kFloat16, stacked);
-    RopeCacheCase<__nv_bfloat16>(kernels::DType::kBFloat16, stacked);
-    RopeCacheCase<__nv_fp8_e4m3>(kernels::DType::kFloat8E4M3, stacked);
-    RopeCacheCase<__nv_fp8_e5m2>(kernels::DType::kFloat8E5M2, stacked);
-  }
+  ForEachPack([](auto vec) {
+    constexpr int V = decltype(vec)::value;
+    for (bool stacked : {false, true}) {
+      RopeCacheCase<float, V>(kernels::DType::kFloat32, stacked);
+      RopeCacheCase<__half, V>(kernels::DType::kFloat16, stacked);
+      RopeCacheCase<__nv_bfloat16, V>(kernels::DType::kBFloat16, stacked);
+      RopeCacheCase<__nv_fp8_e4m3, V>(kernels::DType::kFloat8E4M3, stacked);
+      RopeCacheCase<__nv_fp8_e5m2, V>(kernels::DType::kFloat8E5M2, stacked);
+    }
+  });
 }
 
 // ---- Greedy argmax of logits rows -------------------------------------------------
@@ -545,7 +604,7 @@ struct NormCase {
   std::vector<int32_t> rows;  // empty: all rows, written back
 };
 
-template <int NUM_THREADS, bool kBroken>
+template <int NUM_THREADS, bool kBroken, int VEC = 1>
 void RunAddRmsNorm(const NormCase& c, int n, int dim, std::mt19937& rng, int* out_bad,
                    int* residual_bad) {
   const double eps = 1e-5;
@@ -563,8 +622,8 @@ void RunAddRmsNorm(const NormCase& c, int n, int dim, std::mt19937& rng, int* ou
     if constexpr (kBroken) {
       BrokenAddRmsNormBody<NUM_THREADS>(got_x.data(), a, rows, weight.data(), dim, eps, got.data());
     } else {
-      AddRmsNormBody<NUM_THREADS, float>(got_x.data(), a, rows, weight.data(), dim, eps,
-                                         got.data());
+      AddRmsNormBody<NUM_THREADS, float, float, VEC>(got_x.data(), a, rows, weight.data(), dim, eps,
+                                                     got.data());
     }
   });
   *out_bad = Mismatches(got, want, kRel, kAbs);
@@ -579,15 +638,20 @@ TEST(CudaModelEmulationTest, AddRmsNormMatchesCpu) {
       {"residual add + norm of gathered rows (one twice)", true, {4, 0, 4, 2}},
   };
   for (const NormCase& c : cases) {
-    for (int dim : {96, 576, 1000}) {  // below, at a multiple of and above the block width
+    // Below, at a multiple of and above the block width (in elements; with
+    // packs, 2056 takes a thread two rounds).
+    for (int dim : {96, 576, 1000, 2056}) {
       SCOPED_TRACE(testing::Message() << c.what << ", dim " << dim);
       int out_bad = -1, res_bad = -1;
-      RunAddRmsNorm<kThreads, false>(c, 5, dim, rng, &out_bad, &res_bad);
-      EXPECT_EQ(out_bad, 0);
-      EXPECT_EQ(res_bad, 0);
-      RunAddRmsNorm<64, false>(c, 5, dim, rng, &out_bad, &res_bad);  // another block width
-      EXPECT_EQ(out_bad, 0);
-      EXPECT_EQ(res_bad, 0);
+      ForEachPack([&](auto vec) {
+        constexpr int V = decltype(vec)::value;
+        RunAddRmsNorm<kThreads, false, V>(c, 5, dim, rng, &out_bad, &res_bad);
+        EXPECT_EQ(out_bad, 0);
+        EXPECT_EQ(res_bad, 0);
+        RunAddRmsNorm<64, false, V>(c, 5, dim, rng, &out_bad, &res_bad);  // another block width
+        EXPECT_EQ(out_bad, 0);
+        EXPECT_EQ(res_bad, 0);
+      });
       if (dim > kThreads / 2) {
         RunAddRmsNorm<kThreads, true>(c, 5, dim, rng, &out_bad, &res_bad);
         EXPECT_GT(out_bad, 0) << "negative control passed the check";
@@ -632,12 +696,16 @@ TEST(CudaModelEmulationTest, ApplyRopeMatchesCpu) {
       cos_t[i] = static_cast<float>(std::cos(angle));
       sin_t[i] = static_cast<float>(std::sin(angle));
     }
-    std::vector<float> want = x0, got = x0, broken = x0;
+    std::vector<float> want = x0, broken = x0;
     cpu_ops::ApplyRope(want.data(), n, s.heads, s.head_size, s.stride, cos_t.data(), sin_t.data());
-    kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
-      ApplyRopeBody(got.data(), s.heads, s.head_size, s.stride, cos_t.data(), sin_t.data());
+    ForEachPack([&](auto vec) {
+      std::vector<float> got = x0;
+      kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+        ApplyRopeBody<decltype(vec)::value>(got.data(), s.heads, s.head_size, s.stride,
+                                            cos_t.data(), sin_t.data());
+      });
+      EXPECT_EQ(Mismatches(got, want, kRel, kAbs), 0);
     });
-    EXPECT_EQ(Mismatches(got, want, kRel, kAbs), 0);
     kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
       BrokenApplyRopeBody(broken.data(), s.heads, s.head_size, s.stride, cos_t.data(),
                           sin_t.data());
@@ -657,19 +725,37 @@ void BrokenSiluMulBody(float* gate, const float* up, int64_t count) {
   }
 }
 
+// Broken packing: the pack count rounded down once too often (the last pack
+// is never written).
+template <int VEC>
+void BrokenPackedSiluMulBody(float* gate, const float* up, int64_t count) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       k < (count - 1) / VEC; k += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    SiluMulPack<float, VEC>(gate + k * VEC, up + k * VEC, gate + k * VEC);
+}
+
 TEST(CudaModelEmulationTest, SiluMulMatchesCpu) {
-  std::mt19937 rng(4);
-  const int64_t count = 3 * 1536 + 7;  // several grid-stride rounds of 3 blocks
-  const std::vector<float> gate0 = Random(count, rng, -8.0f, 8.0f);
-  const std::vector<float> up = Random(count, rng);
-  std::vector<float> want = gate0, got = gate0, broken = gate0;
-  cpu_ops::SiluMul(want.data(), up.data(), count, want.data());
-  kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
-                [&] { SiluMulBody<float>(got.data(), up.data(), count, got.data()); });
-  EXPECT_EQ(Mismatches(got, want, kRel, kAbs), 0);
-  kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
-                [&] { BrokenSiluMulBody(broken.data(), up.data(), count); });
-  EXPECT_GT(Mismatches(broken, want, kRel, kAbs), 0) << "negative control passed the check";
+  ForEachPack([](auto vec) {
+    constexpr int V = decltype(vec)::value;
+    std::mt19937 rng(4);
+    // Several grid-stride rounds of 3 blocks; with packs, a multiple of the pack.
+    const int64_t count = V == 1 ? 3 * 1536 + 7 : 4 * 1536 + 8;
+    const std::vector<float> gate0 = Random(count, rng, -8.0f, 8.0f);
+    const std::vector<float> up = Random(count, rng);
+    std::vector<float> want = gate0, got = gate0, broken = gate0;
+    cpu_ops::SiluMul(want.data(), up.data(), count, want.data());
+    kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
+                  [&] { SiluMulBody<float, V>(got.data(), up.data(), count, got.data()); });
+    EXPECT_EQ(Mismatches(got, want, kRel, kAbs), 0);
+    kc::EmuLaunch(dim3(3), dim3(kThreads), 0, [&] {
+      if constexpr (V == 1) {
+        BrokenSiluMulBody(broken.data(), up.data(), count);
+      } else {
+        BrokenPackedSiluMulBody<V>(broken.data(), up.data(), count);
+      }
+    });
+    EXPECT_GT(Mismatches(broken, want, kRel, kAbs), 0) << "negative control passed the check";
+  });
 }
 
 // ---- GEMM inputs in 16 bits -------------------------------------------------
@@ -678,7 +764,7 @@ TEST(CudaModelEmulationTest, SiluMulMatchesCpu) {
 // type of a 16-bit model) give exactly the fp32 variant's result rounded to
 // nearest even once (the CPU's converter), with the same residual
 // write-back; truncating instead must fail that check.
-template <typename T>
+template <typename T, int VEC>
 void GemmInput16Case(kernels::DType dt) {
   SCOPED_TRACE(kernels::DTypeName(dt));
   std::mt19937 rng(21);
@@ -707,10 +793,12 @@ void GemmInput16Case(kernels::DType dt) {
     std::vector<float> x32 = x0, x16 = x0, out32(static_cast<size_t>(out_rows) * dim);
     std::vector<T> out16(out32.size());
     kc::EmuLaunch(dim3(out_rows), dim3(kThreads), 0, [&] {
-      AddRmsNormBody<kThreads, float>(x32.data(), a, rows, weight.data(), dim, eps, out32.data());
+      AddRmsNormBody<kThreads, float, float, VEC>(x32.data(), a, rows, weight.data(), dim, eps,
+                                                  out32.data());
     });
     kc::EmuLaunch(dim3(out_rows), dim3(kThreads), 0, [&] {
-      AddRmsNormBody<kThreads, T>(x16.data(), a, rows, weight.data(), dim, eps, out16.data());
+      AddRmsNormBody<kThreads, T, float, VEC>(x16.data(), a, rows, weight.data(), dim, eps,
+                                              out16.data());
     });
     std::vector<uint16_t> got(out16.size());
     std::memcpy(got.data(), out16.data(), got.size() * 2);
@@ -718,14 +806,14 @@ void GemmInput16Case(kernels::DType dt) {
     EXPECT_EQ(x16, x32);
     rounding_mattered += got != truncated(out32);
   }
-  const int64_t count = 3 * 1536 + 7;
+  const int64_t count = VEC == 1 ? 3 * 1536 + 7 : 4 * 1536 + 8;
   const std::vector<float> gate = Random(count, rng, -8.0f, 8.0f), up = Random(count, rng);
   std::vector<float> out32(count);
   std::vector<T> out16(count);
   kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
-                [&] { SiluMulBody<float>(gate.data(), up.data(), count, out32.data()); });
+                [&] { SiluMulBody<float, VEC>(gate.data(), up.data(), count, out32.data()); });
   kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
-                [&] { SiluMulBody<T>(gate.data(), up.data(), count, out16.data()); });
+                [&] { SiluMulBody<T, VEC>(gate.data(), up.data(), count, out16.data()); });
   std::vector<uint16_t> got(count);
   std::memcpy(got.data(), out16.data(), got.size() * 2);
   EXPECT_EQ(got, To16(out32, dt));
@@ -739,7 +827,7 @@ void GemmInput16Case(kernels::DType dt) {
 // tensor parallelism) equals the fp32 body fed the same sums widened
 // exactly, residual write-back included; fed the unrounded fp32 sums
 // instead, the check fails (the 16-bit values are really read).
-template <typename T>
+template <typename T, int VEC>
 void PartialSums16Case(kernels::DType dt) {
   SCOPED_TRACE(kernels::DTypeName(dt));
   std::mt19937 rng(23);
@@ -759,8 +847,8 @@ void PartialSums16Case(kernels::DType dt) {
     *x = x0;
     out->assign(x0.size(), NAN);
     kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
-      AddRmsNormBody<kThreads, float, AddT>(x->data(), a, nullptr, weight.data(), dim, 1e-5,
-                                            out->data());
+      AddRmsNormBody<kThreads, float, AddT, VEC>(x->data(), a, nullptr, weight.data(), dim, 1e-5,
+                                                 out->data());
     });
   };
   std::vector<float> got_x, got, want_x, want, raw_x, raw;
@@ -773,21 +861,28 @@ void PartialSums16Case(kernels::DType dt) {
 }
 
 TEST(CudaModelEmulationTest, AddRmsNormReads16BitPartialSums) {
-  PartialSums16Case<__half>(kernels::DType::kFloat16);
-  PartialSums16Case<__nv_bfloat16>(kernels::DType::kBFloat16);
+  ForEachPack([](auto vec) {
+    PartialSums16Case<__half, decltype(vec)::value>(kernels::DType::kFloat16);
+    PartialSums16Case<__nv_bfloat16, decltype(vec)::value>(kernels::DType::kBFloat16);
+  });
 }
 
 TEST(CudaModelEmulationTest, GemmInputsIn16BitsAreTheFp32ResultsRoundedOnce) {
-  GemmInput16Case<__half>(kernels::DType::kFloat16);
-  GemmInput16Case<__nv_bfloat16>(kernels::DType::kBFloat16);
+  ForEachPack([](auto vec) {
+    GemmInput16Case<__half, decltype(vec)::value>(kernels::DType::kFloat16);
+    GemmInput16Case<__nv_bfloat16, decltype(vec)::value>(kernels::DType::kBFloat16);
+  });
 }
 
 // The SiLU-and-mul over a stacked gate/up GEMM output (no split) against
 // the split halves through SiluMulBody: the same bits, in fp32 and bf16.
-TEST(CudaModelEmulationTest, SiluMulStackedMatchesSplitSiluMul) {
+template <int VEC>
+void SiluMulStackedCase() {
   std::mt19937 rng(22);
   const int64_t n = 7;
-  const int inter = 333;  // rows not a multiple of the block; 3 blocks stride the rest
+  // Rows not a multiple of the block; 3 blocks stride the rest. Packs need
+  // a multiple of the pack.
+  const int inter = VEC == 1 ? 333 : 332;
   const std::vector<float> y = Random(static_cast<size_t>(n) * 2 * inter, rng, -8.0f, 8.0f);
   std::vector<float> gate(static_cast<size_t>(n) * inter), up(gate.size()), want(gate.size());
   for (int64_t t = 0; t < n; ++t)
@@ -800,11 +895,11 @@ TEST(CudaModelEmulationTest, SiluMulStackedMatchesSplitSiluMul) {
                 [&] { SiluMulBody<float>(gate.data(), up.data(), count, want.data()); });
   std::vector<float> got(want.size(), NAN);
   kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
-                [&] { SiluMulStackedBody<float>(y.data(), n, inter, got.data()); });
+                [&] { SiluMulStackedBody<float, VEC>(y.data(), n, inter, got.data()); });
   EXPECT_EQ(Mismatches(got, want, 0, 0), 0);
   std::vector<__nv_bfloat16> got16(want.size());
   kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
-                [&] { SiluMulStackedBody<__nv_bfloat16>(y.data(), n, inter, got16.data()); });
+                [&] { SiluMulStackedBody<__nv_bfloat16, VEC>(y.data(), n, inter, got16.data()); });
   std::vector<uint16_t> bits(got16.size());
   std::memcpy(bits.data(), got16.data(), bits.size() * 2);
   EXPECT_EQ(bits, To16(want, kernels::DType::kBFloat16));
@@ -813,6 +908,10 @@ TEST(CudaModelEmulationTest, SiluMulStackedMatchesSplitSiluMul) {
   kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
                 [&] { SiluMulBody<float>(up.data(), gate.data(), count, swapped.data()); });
   EXPECT_GT(Mismatches(swapped, want, 0, 0), 0) << "negative control passed the check";
+}
+
+TEST(CudaModelEmulationTest, SiluMulStackedMatchesSplitSiluMul) {
+  ForEachPack([](auto vec) { SiluMulStackedCase<decltype(vec)::value>(); });
 }
 
 TEST(CudaModelEmulationTest, AddBiasMatchesReference) {

@@ -2,6 +2,8 @@
 // bodies in model_kernels.cuh and their launchers (model_kernels.h).
 #include "runtime/worker/cuda/model_kernels.h"
 
+#include <type_traits>
+
 #include "runtime/worker/cuda/model_kernels.cuh"
 #include "runtime/worker/cuda/sampling_kernels.cuh"
 
@@ -16,10 +18,18 @@ unsigned int BlocksFor(int64_t count) {
   return static_cast<unsigned int>(blocks);
 }
 
-template <typename T>
+// Calls fn(std::integral_constant<int, V>{}) with V = pack (kPack or 1):
+// the VEC of a body, from PackWidth.
+template <typename Fn>
+cudaError_t WithPack(int pack, Fn&& fn) {
+  if (pack == kPack) return fn(std::integral_constant<int, kPack>{});
+  return fn(std::integral_constant<int, 1>{});
+}
+
+template <typename T, int VEC>
 __global__ void EmbeddingGatherKernel(const T* __restrict__ table, const int32_t* __restrict__ ids,
                                       int hidden, float* __restrict__ out) {
-  EmbeddingGatherBody<T>(table, ids, hidden, out);
+  EmbeddingGatherBody<T, VEC>(table, ids, hidden, out);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -36,28 +46,28 @@ __global__ void __launch_bounds__(kSampleThreads)
   SampleRowsBody<kSampleThreads>(logits, vocab, b);
 }
 
-template <typename T>
+template <typename T, int VEC>
 __global__ void RopeConvertKernel(const float* x, int heads, int head_size, int64_t token_stride,
                                   const float* __restrict__ bias, const float* __restrict__ cos_t,
                                   const float* __restrict__ sin_t, T* out) {
-  RopeConvertBody<T>(x, heads, head_size, token_stride, bias, cos_t, sin_t, out);
+  RopeConvertBody<T, VEC>(x, heads, head_size, token_stride, bias, cos_t, sin_t, out);
 }
 
-template <typename C>
+template <typename C, int VEC>
 __global__ void RopeReshapeAndCacheKernel(
     const float* __restrict__ key, const float* __restrict__ value, int64_t token_stride,
     const float* __restrict__ k_bias, const float* __restrict__ v_bias, int num_kv_heads,
     int head_size, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
     const int64_t* __restrict__ slot_mapping, int64_t num_blocks, int block_size,
     C* __restrict__ key_cache, C* __restrict__ value_cache, float k_scale, float v_scale) {
-  RopeReshapeAndCacheBody<C>(key, value, token_stride, k_bias, v_bias, num_kv_heads, head_size,
-                             cos_t, sin_t, slot_mapping, num_blocks, block_size, key_cache,
-                             value_cache, k_scale, v_scale);
+  RopeReshapeAndCacheBody<C, VEC>(key, value, token_stride, k_bias, v_bias, num_kv_heads, head_size,
+                                  cos_t, sin_t, slot_mapping, num_blocks, block_size, key_cache,
+                                  value_cache, k_scale, v_scale);
 }
 
-template <typename From, typename To>
+template <typename From, typename To, int VEC>
 __global__ void ConvertKernel(const From* __restrict__ in, int64_t count, To* __restrict__ out) {
-  ConvertBody<From, To>(in, count, out);
+  ConvertBody<From, To, VEC>(in, count, out);
 }
 
 // Calls fn(T{}) with a value of the C++ type of `e`.
@@ -71,18 +81,19 @@ cudaError_t WithElem(Elem e, Fn&& fn) {
   return cudaErrorInvalidValue;
 }
 
-template <typename OutT, typename AddT>
+template <typename OutT, typename AddT, int VEC>
 __global__ void __launch_bounds__(kThreads)
     AddRmsNormKernel(float* residual, const AddT* __restrict__ add,
                      const int32_t* __restrict__ rows, const float* __restrict__ weight, int dim,
                      double eps, OutT* __restrict__ out) {
-  AddRmsNormBody<kThreads, OutT, AddT>(residual, add, rows, weight, dim, eps, out);
+  AddRmsNormBody<kThreads, OutT, AddT, VEC>(residual, add, rows, weight, dim, eps, out);
 }
 
+template <int VEC>
 __global__ void ApplyRopeKernel(float* __restrict__ x, int heads, int head_size,
                                 int64_t token_stride, const float* __restrict__ cos_t,
                                 const float* __restrict__ sin_t) {
-  ApplyRopeBody(x, heads, head_size, token_stride, cos_t, sin_t);
+  ApplyRopeBody<VEC>(x, heads, head_size, token_stride, cos_t, sin_t);
 }
 
 __global__ void AddBiasKernel(float* __restrict__ y, const float* __restrict__ bias, int64_t total,
@@ -90,16 +101,16 @@ __global__ void AddBiasKernel(float* __restrict__ y, const float* __restrict__ b
   AddBiasBody(y, bias, total, cols);
 }
 
-template <typename OutT>
+template <typename OutT, int VEC>
 __global__ void SiluMulKernel(const float* gate, const float* __restrict__ up, int64_t count,
                               OutT* out) {
-  SiluMulBody<OutT>(gate, up, count, out);
+  SiluMulBody<OutT, VEC>(gate, up, count, out);
 }
 
-template <typename OutT>
+template <typename OutT, int VEC>
 __global__ void SiluMulStackedKernel(const float* __restrict__ y, int64_t n, int inter,
                                      OutT* __restrict__ out) {
-  SiluMulStackedBody<OutT>(y, n, inter, out);
+  SiluMulStackedBody<OutT, VEC>(y, n, inter, out);
 }
 
 }  // namespace
@@ -109,9 +120,12 @@ cudaError_t LaunchEmbeddingGather(const void* table, Elem table_type, const int3
   if (n <= 0 || hidden <= 0) return cudaSuccess;
   return WithElem(table_type, [&](auto t) {
     using T = decltype(t);
-    EmbeddingGatherKernel<T>
-        <<<n, kThreads, 0, stream>>>(static_cast<const T*>(table), ids, hidden, out);
-    return cudaGetLastError();
+    const T* tab = static_cast<const T*>(table);
+    return WithPack(PackWidth({hidden}, {Packable(tab), Packable(out)}), [&](auto vec) {
+      EmbeddingGatherKernel<T, decltype(vec)::value>
+          <<<n, kThreads, 0, stream>>>(tab, ids, hidden, out);
+      return cudaGetLastError();
+    });
   });
 }
 
@@ -123,9 +137,13 @@ cudaError_t LaunchConvert(const void* in, Elem in_type, int64_t count, void* out
     return WithElem(out_type, [&](auto to) {
       using From = decltype(from);
       using To = decltype(to);
-      ConvertKernel<From, To><<<BlocksFor(count), kThreads, 0, stream>>>(
-          static_cast<const From*>(in), count, static_cast<To*>(out));
-      return cudaGetLastError();
+      const From* src = static_cast<const From*>(in);
+      To* dst = static_cast<To*>(out);
+      return WithPack(PackWidth({count}, {Packable(src), Packable(dst)}), [&](auto vec) {
+        ConvertKernel<From, To, decltype(vec)::value>
+            <<<BlocksFor(count / decltype(vec)::value), kThreads, 0, stream>>>(src, count, dst);
+        return cudaGetLastError();
+      });
     });
   });
 }
@@ -138,9 +156,15 @@ cudaError_t LaunchAddRmsNorm(float* residual, const void* add, Elem add_type, co
     return WithElem(add_type, [&](auto add_tag) {
       using OutT = decltype(out_tag);
       using AddT = decltype(add_tag);
-      AddRmsNormKernel<OutT, AddT><<<n, kThreads, 0, stream>>>(
-          residual, static_cast<const AddT*>(add), rows, weight, dim, eps, static_cast<OutT*>(out));
-      return cudaGetLastError();
+      const AddT* a = static_cast<const AddT*>(add);
+      OutT* o = static_cast<OutT*>(out);
+      const int pack =
+          PackWidth({dim}, {Packable(residual), Packable(a), Packable(weight), Packable(o)});
+      return WithPack(pack, [&](auto vec) {
+        AddRmsNormKernel<OutT, AddT, decltype(vec)::value>
+            <<<n, kThreads, 0, stream>>>(residual, a, rows, weight, dim, eps, o);
+        return cudaGetLastError();
+      });
     });
   });
 }
@@ -148,8 +172,13 @@ cudaError_t LaunchAddRmsNorm(float* residual, const void* add, Elem add_type, co
 cudaError_t LaunchApplyRope(float* x, int n, int heads, int head_size, int64_t token_stride,
                             const float* cos_t, const float* sin_t, cudaStream_t stream) {
   if (n <= 0 || heads <= 0 || head_size < 2) return cudaSuccess;
-  ApplyRopeKernel<<<n, kThreads, 0, stream>>>(x, heads, head_size, token_stride, cos_t, sin_t);
-  return cudaGetLastError();
+  const int pack =
+      PackWidth({head_size / 2, token_stride}, {Packable(x), Packable(cos_t), Packable(sin_t)});
+  return WithPack(pack, [&](auto vec) {
+    ApplyRopeKernel<decltype(vec)::value>
+        <<<n, kThreads, 0, stream>>>(x, heads, head_size, token_stride, cos_t, sin_t);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t LaunchAddBias(float* y, const float* bias, int n, int cols, cudaStream_t stream) {
@@ -164,9 +193,13 @@ cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, voi
   if (count <= 0) return cudaSuccess;
   return WithElem(out_type, [&](auto tag) {
     using OutT = decltype(tag);
-    SiluMulKernel<OutT>
-        <<<BlocksFor(count), kThreads, 0, stream>>>(gate, up, count, static_cast<OutT*>(out));
-    return cudaGetLastError();
+    OutT* o = static_cast<OutT*>(out);
+    const int pack = PackWidth({count}, {Packable(gate), Packable(up), Packable(o)});
+    return WithPack(pack, [&](auto vec) {
+      SiluMulKernel<OutT, decltype(vec)::value>
+          <<<BlocksFor(count / decltype(vec)::value), kThreads, 0, stream>>>(gate, up, count, o);
+      return cudaGetLastError();
+    });
   });
 }
 
@@ -175,9 +208,12 @@ cudaError_t LaunchSiluMulStacked(const float* y, int64_t n, int inter, void* out
   if (n <= 0 || inter <= 0) return cudaSuccess;
   return WithElem(out_type, [&](auto tag) {
     using OutT = decltype(tag);
-    SiluMulStackedKernel<OutT>
-        <<<BlocksFor(n * inter), kThreads, 0, stream>>>(y, n, inter, static_cast<OutT*>(out));
-    return cudaGetLastError();
+    OutT* o = static_cast<OutT*>(out);
+    return WithPack(PackWidth({inter}, {Packable(y), Packable(o)}), [&](auto vec) {
+      SiluMulStackedKernel<OutT, decltype(vec)::value>
+          <<<BlocksFor(n * inter / decltype(vec)::value), kThreads, 0, stream>>>(y, n, inter, o);
+      return cudaGetLastError();
+    });
   });
 }
 
@@ -187,9 +223,15 @@ cudaError_t LaunchRopeConvert(const float* x, int n, int heads, int head_size, i
   if (n <= 0 || heads <= 0 || head_size < 2) return cudaSuccess;
   return WithElem(out_type, [&](auto t) {
     using T = decltype(t);
-    RopeConvertKernel<T><<<n, kThreads, 0, stream>>>(x, heads, head_size, token_stride, bias, cos_t,
-                                                     sin_t, static_cast<T*>(out));
-    return cudaGetLastError();
+    T* o = static_cast<T*>(out);
+    const int pack =
+        PackWidth({head_size / 2, token_stride},
+                  {Packable(x), Packable(bias), Packable(cos_t), Packable(sin_t), Packable(o)});
+    return WithPack(pack, [&](auto vec) {
+      RopeConvertKernel<T, decltype(vec)::value>
+          <<<n, kThreads, 0, stream>>>(x, heads, head_size, token_stride, bias, cos_t, sin_t, o);
+      return cudaGetLastError();
+    });
   });
 }
 
@@ -206,11 +248,17 @@ cudaError_t LaunchRopeReshapeAndCache(const float* key, const float* value, int6
     return cudaErrorInvalidValue;
   auto launch = [&](auto tag) {
     using C = decltype(tag);
-    RopeReshapeAndCacheKernel<C><<<n, kThreads, 0, stream>>>(
-        key, value, token_stride, k_bias, v_bias, num_kv_heads, head_size, cos_t, sin_t,
-        slot_mapping, num_blocks, block_size, static_cast<C*>(key_cache),
-        static_cast<C*>(value_cache), k_scale, v_scale);
-    return cudaGetLastError();
+    C* kc = static_cast<C*>(key_cache);
+    C* vc = static_cast<C*>(value_cache);
+    const int pack = PackWidth({head_size / 2, token_stride},
+                               {Packable(key), Packable(value), Packable(k_bias), Packable(v_bias),
+                                Packable(cos_t), Packable(sin_t), Packable(kc)});
+    return WithPack(pack, [&](auto vec) {
+      RopeReshapeAndCacheKernel<C, decltype(vec)::value><<<n, kThreads, 0, stream>>>(
+          key, value, token_stride, k_bias, v_bias, num_kv_heads, head_size, cos_t, sin_t,
+          slot_mapping, num_blocks, block_size, kc, vc, k_scale, v_scale);
+      return cudaGetLastError();
+    });
   };
   switch (type) {
     case CacheType::kF32: return launch(float{});

@@ -12,10 +12,21 @@
 // round-to-nearest-even conversions of cuda_fp16.h / cuda_bf16.h (the CPU's
 // kernels/cpu/half.h converters give the same bits). Every pointer is device
 // memory; row-major layouts.
+//
+// Packed (vectorized) access: the elementwise bodies take a template
+// parameter VEC (1 or kPack) and move VEC consecutive elements per load and
+// store (kernels/cuda/dtype_utils.cuh Packed: 16 bytes of fp32, 8 of bf16 /
+// fp16). VEC > 1 needs the extents named at each body to be multiples of VEC
+// and its pointers aligned to VEC elements; the launchers (model_kernels.cu)
+// check with PackWidth and fall back to VEC = 1 otherwise. Each element's
+// arithmetic is the same for every VEC (bit-identical results), except the
+// RMSNorm sum of squares, whose per-thread order changes (a few float ulps,
+// as against the CPU).
 #ifndef PAGEDSERVE_RUNTIME_WORKER_CUDA_MODEL_KERNELS_CUH_
 #define PAGEDSERVE_RUNTIME_WORKER_CUDA_MODEL_KERNELS_CUH_
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/cuda/cache_kernels.cuh"
 #include "kernels/cuda/dtype_utils.cuh"
@@ -25,30 +36,69 @@ namespace pagedserve::cuda_model {
 // Threads per block of every launcher (model_kernels.cu).
 constexpr int kThreads = 256;
 
+// Elements per packed access when the launchers vectorize (16 bytes of fp32).
+constexpr int kPack = 4;
+
+// One pointer a kernel reads or writes in packs: its address and the size of
+// its elements in bytes.
+struct PackedOperand {
+  const void* p;
+  size_t elem_bytes;
+};
+template <typename T>
+PackedOperand Packable(const T* p) {
+  return {p, sizeof(T)};
+}
+
+// Host: the VEC a launcher uses: kPack when every extent (the row lengths,
+// strides and counts the body splits into packs) is a multiple of kPack and
+// every non-null operand is aligned to kPack of its elements; else 1 (the
+// scalar variant, valid for any shape and alignment).
+inline int PackWidth(std::initializer_list<int64_t> extents,
+                     std::initializer_list<PackedOperand> operands) {
+  for (int64_t e : extents)
+    if (e % kPack != 0) return 1;
+  for (const PackedOperand& o : operands)
+    if (o.p != nullptr && reinterpret_cast<uintptr_t>(o.p) % (kPack * o.elem_bytes) != 0) return 1;
+  return kPack;
+}
+
 // Grid (n): out[t, :] = (float)table[ids[t], :], table [vocab, hidden] of
 // T in {float, __half, __nv_bfloat16}. ids are checked on the host
-// beforehand (0 <= id < vocab).
-template <typename T>
+// beforehand (0 <= id < vocab). Packs: hidden.
+template <typename T, int VEC = 1>
 __device__ __forceinline__ void EmbeddingGatherBody(const T* __restrict__ table,
                                                     const int32_t* __restrict__ ids, int hidden,
                                                     float* __restrict__ out) {
+  namespace kc = ::pagedserve::kernels::cuda;
   const int t = blockIdx.x;
   const T* src = table + static_cast<int64_t>(ids[t]) * hidden;
   float* dst = out + static_cast<int64_t>(t) * hidden;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x)
-    dst[i] = ::pagedserve::kernels::cuda::ToFloat(src[i]);
+  for (int i = threadIdx.x * VEC; i < hidden; i += blockDim.x * VEC) {
+    const kc::Packed<T, VEC> s = kc::LoadPacked<VEC>(src + i);
+    kc::Packed<float, VEC> d;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) d.v[j] = kc::ToFloat(s.v[j]);
+    kc::StorePacked<VEC>(dst + i, d);
+  }
 }
 
 // Grid-stride: out[k] = To(in[k]) for k < count, From/To in {float, __half,
 // __nv_bfloat16}: fp32 -> 16-bit rounds to nearest even (NaN stays NaN, out
-// of range becomes inf), 16-bit -> fp32 is exact.
-template <typename From, typename To>
+// of range becomes inf), 16-bit -> fp32 is exact. Packs: count (the grid
+// strides over count / VEC packs).
+template <typename From, typename To, int VEC = 1>
 __device__ __forceinline__ void ConvertBody(const From* __restrict__ in, int64_t count,
                                             To* __restrict__ out) {
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < count;
-       k += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[k] =
-        ::pagedserve::kernels::cuda::FromFloat<To>(::pagedserve::kernels::cuda::ToFloat(in[k]));
+  namespace kc = ::pagedserve::kernels::cuda;
+  for (int64_t k = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * VEC; k < count;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x * VEC) {
+    const kc::Packed<From, VEC> a = kc::LoadPacked<VEC>(in + k);
+    kc::Packed<To, VEC> b;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) b.v[j] = kc::FromFloat<To>(kc::ToFloat(a.v[j]));
+    kc::StorePacked<VEC>(out + k, b);
+  }
 }
 
 // Grid (n), block (kThreads): fused residual add + RMSNorm of one row
@@ -58,12 +108,13 @@ __device__ __forceinline__ void ConvertBody(const From* __restrict__ in, int64_t
 // in double (a tree over the block), the product in fp32 rounded to OutT
 // (float, __half or __nv_bfloat16: the GEMM-input type) once; residual[r] = v
 // is written back only when rows is null and add is not (a gather recomputes
-// v instead, the same fp32 add).
-template <int NUM_THREADS, typename OutT, typename AddT = float>
+// v instead, the same fp32 add). Packs: dim.
+template <int NUM_THREADS, typename OutT, typename AddT = float, int VEC = 1>
 __device__ __forceinline__ void AddRmsNormBody(float* residual, const AddT* __restrict__ add,
                                                const int32_t* __restrict__ rows,
                                                const float* __restrict__ weight, int dim,
                                                double eps, OutT* __restrict__ out) {
+  namespace kc = ::pagedserve::kernels::cuda;
   __shared__ double partial[NUM_THREADS];
   const int t = blockIdx.x;
   const int64_t r = rows != nullptr ? rows[t] : t;
@@ -71,12 +122,23 @@ __device__ __forceinline__ void AddRmsNormBody(float* residual, const AddT* __re
   float* xr = residual + r * dim;
   const AddT* ar = add != nullptr ? add + r * dim : nullptr;
   const bool write_back = rows == nullptr && ar != nullptr;
+  // v = the residual's pack at i plus, when `plus_add`, the add's (widened).
+  auto load_sum = [&](int i, bool plus_add) {
+    kc::Packed<float, VEC> v = kc::LoadPacked<VEC>(xr + i);
+    if (plus_add) {
+      const kc::Packed<AddT, VEC> a = kc::LoadPacked<VEC>(ar + i);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v.v[j] += kc::ToFloat(a.v[j]);
+    }
+    return v;
+  };
   double ss = 0.0;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    float v = xr[i];
-    if (ar != nullptr) v += ::pagedserve::kernels::cuda::ToFloat(ar[i]);
-    if (write_back) xr[i] = v;  // each thread reads back only the elements it wrote
-    ss += static_cast<double>(v) * v;
+  for (int i = threadIdx.x * VEC; i < dim; i += blockDim.x * VEC) {
+    const kc::Packed<float, VEC> v = load_sum(i, ar != nullptr);
+    // Each thread reads back only the elements it wrote.
+    if (write_back) kc::StorePacked<VEC>(xr + i, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) ss += static_cast<double>(v.v[j]) * v.v[j];
   }
   partial[threadIdx.x] = ss;
   __syncthreads();
@@ -86,32 +148,67 @@ __device__ __forceinline__ void AddRmsNormBody(float* residual, const AddT* __re
     __syncthreads();
   }
   const float inv = static_cast<float>(1.0 / sqrt(partial[0] / dim + eps));
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v =
-        write_back || ar == nullptr ? xr[i] : xr[i] + ::pagedserve::kernels::cuda::ToFloat(ar[i]);
-    o[i] = ::pagedserve::kernels::cuda::FromFloat<OutT>(v * inv * weight[i]);
+  for (int i = threadIdx.x * VEC; i < dim; i += blockDim.x * VEC) {
+    const kc::Packed<float, VEC> v = load_sum(i, !write_back && ar != nullptr);
+    const kc::Packed<float, VEC> w = kc::LoadPacked<VEC>(weight + i);
+    kc::Packed<OutT, VEC> y;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) y.v[j] = kc::FromFloat<OutT>(v.v[j] * inv * w.v[j]);
+    kc::StorePacked<VEC>(o + i, y);
+  }
+}
+
+// Rotates the VEC pairs (a[j], b[j]) by the angles whose cosines and sines
+// are c[0..VEC) and s[0..VEC): a' = a c - b s, b' = b c + a s in fp32 (HF's
+// rotate_half arithmetic, as cpu_ops::ApplyRope). Optionally adds the bias
+// packs first (ba, bb; null: none), an fp32 add.
+template <int VEC>
+__device__ __forceinline__ void RotatePairs(::pagedserve::kernels::cuda::Packed<float, VEC>* a,
+                                            ::pagedserve::kernels::cuda::Packed<float, VEC>* b,
+                                            const float* ba, const float* bb, const float* c,
+                                            const float* s) {
+  namespace kc = ::pagedserve::kernels::cuda;
+  if (ba != nullptr) {
+    const kc::Packed<float, VEC> x = kc::LoadPacked<VEC>(ba), y = kc::LoadPacked<VEC>(bb);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      a->v[j] += x.v[j];
+      b->v[j] += y.v[j];
+    }
+  }
+  const kc::Packed<float, VEC> cv = kc::LoadPacked<VEC>(c), sv = kc::LoadPacked<VEC>(s);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float x = a->v[j], y = b->v[j];
+    a->v[j] = x * cv.v[j] - y * sv.v[j];
+    b->v[j] = y * cv.v[j] + x * sv.v[j];
   }
 }
 
 // Grid (n): rotary embedding in the rotate_half layout (HF
 // LlamaRotaryEmbedding) of token t: for head h < heads and i < head_size/2
 // the pair (i, i + half) of x[t * token_stride + h * head_size + ...] rotates
-// by (cos_t, sin_t)[t, i]; tables [n, head_size/2].
+// by (cos_t, sin_t)[t, i]; tables [n, head_size/2]. Packs: head_size / 2,
+// token_stride.
+template <int VEC = 1>
 __device__ __forceinline__ void ApplyRopeBody(float* __restrict__ x, int heads, int head_size,
                                               int64_t token_stride, const float* __restrict__ cos_t,
                                               const float* __restrict__ sin_t) {
+  namespace kc = ::pagedserve::kernels::cuda;
   const int t = blockIdx.x;
   const int half = head_size / 2;
+  const int packs = half / VEC;  // per head and half
   const float* c = cos_t + static_cast<int64_t>(t) * half;
   const float* s = sin_t + static_cast<int64_t>(t) * half;
   float* row = x + static_cast<int64_t>(t) * token_stride;
-  for (int k = threadIdx.x; k < heads * half; k += blockDim.x) {
-    const int h = k / half;
-    const int i = k % half;
+  for (int k = threadIdx.x; k < heads * packs; k += blockDim.x) {
+    const int h = k / packs;
+    const int i = (k % packs) * VEC;
     float* v = row + static_cast<int64_t>(h) * head_size;
-    const float a = v[i], b = v[i + half];
-    v[i] = a * c[i] - b * s[i];
-    v[i + half] = b * c[i] + a * s[i];
+    kc::Packed<float, VEC> a = kc::LoadPacked<VEC>(v + i), b = kc::LoadPacked<VEC>(v + i + half);
+    RotatePairs<VEC>(&a, &b, nullptr, nullptr, c + i, s + i);
+    kc::StorePacked<VEC>(v + i, a);
+    kc::StorePacked<VEC>(v + i + half, b);
   }
 }
 
@@ -123,35 +220,45 @@ __device__ __forceinline__ void AddBiasBody(float* __restrict__ y, const float* 
     y[k] += bias[k % cols];
 }
 
+// One pack of SiLU-and-mul: OutT(g / (1 + exp(-g)) * u) per element, in
+// fp32 rounded once to OutT.
+template <typename OutT, int VEC>
+__device__ __forceinline__ void SiluMulPack(const float* gate, const float* up, OutT* out) {
+  namespace kc = ::pagedserve::kernels::cuda;
+  const kc::Packed<float, VEC> g = kc::LoadPacked<VEC>(gate), u = kc::LoadPacked<VEC>(up);
+  kc::Packed<OutT, VEC> y;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j)
+    y.v[j] = kc::FromFloat<OutT>(g.v[j] / (1.0f + expf(-g.v[j])) * u.v[j]);
+  kc::StorePacked<VEC>(out, y);
+}
+
 // Grid-stride: out[k] = OutT(gate[k] / (1 + exp(-gate[k])) * up[k]) for
 // k < count, in fp32 rounded once to OutT (float, __half or __nv_bfloat16).
-// out may be gate when OutT is float (in place).
-template <typename OutT>
+// out may be gate when OutT is float (in place). Packs: count.
+template <typename OutT, int VEC = 1>
 __device__ __forceinline__ void SiluMulBody(const float* gate, const float* __restrict__ up,
                                             int64_t count, OutT* out) {
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < count;
-       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = gate[k];
-    out[k] = ::pagedserve::kernels::cuda::FromFloat<OutT>(g / (1.0f + expf(-g)) * up[k]);
-  }
+  for (int64_t k = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * VEC; k < count;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x * VEC)
+    SiluMulPack<OutT, VEC>(gate + k, up + k, out + k);
 }
 
 // Grid-stride: SiluMulBody over the output of one GEMM over the stacked
 // gate/up rows, y [n, 2 * inter] (row t: gate columns [0, inter), up columns
 // [inter, 2 * inter)): out[t * inter + i] = OutT(silu(g) * u) with g = y[t,
 // i], u = y[t, inter + i], k = t * inter + i < n * inter; the same fp32
-// arithmetic as SiluMulBody after a split.
-template <typename OutT>
+// arithmetic as SiluMulBody after a split. Packs: inter.
+template <typename OutT, int VEC = 1>
 __device__ __forceinline__ void SiluMulStackedBody(const float* __restrict__ y, int64_t n,
                                                    int inter, OutT* __restrict__ out) {
   const int64_t count = n * inter;
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < count;
-       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t k = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * VEC; k < count;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x * VEC) {
     const int64_t t = k / inter;
     const float* row = y + t * 2 * inter;
     const int64_t i = k - t * inter;
-    const float g = row[i];
-    out[k] = ::pagedserve::kernels::cuda::FromFloat<OutT>(g / (1.0f + expf(-g)) * row[inter + i]);
+    SiluMulPack<OutT, VEC>(row + i, row + inter + i, out + k);
   }
 }
 
@@ -179,32 +286,38 @@ __device__ __forceinline__ __nv_fp8_e5m2 ToCacheElem<__nv_fp8_e5m2>(float v, flo
 // head h < heads is x[t * token_stride + ...] (+ bias[h * D + ...] when bias
 // is not null, an fp32 add first, as the split of a fused GEMM adds it)
 // rotated by (cos_t, sin_t)[t, i] (ApplyRopeBody's arithmetic) and converted
-// to T. out [n, heads * D]; may be x itself when T is float.
-template <typename T>
+// to T. out [n, heads * D]; may be x itself when T is float. Packs:
+// head_size / 2, token_stride.
+template <typename T, int VEC = 1>
 __device__ __forceinline__ void RopeConvertBody(const float* x, int heads, int head_size,
                                                 int64_t token_stride,
                                                 const float* __restrict__ bias,
                                                 const float* __restrict__ cos_t,
                                                 const float* __restrict__ sin_t, T* out) {
+  namespace kc = ::pagedserve::kernels::cuda;
   const int t = blockIdx.x;
   const int half = head_size / 2;
+  const int packs = half / VEC;
   const float* c = cos_t + static_cast<int64_t>(t) * half;
   const float* s = sin_t + static_cast<int64_t>(t) * half;
   const float* row = x + static_cast<int64_t>(t) * token_stride;
   T* dst = out + static_cast<int64_t>(t) * heads * head_size;
-  for (int k = threadIdx.x; k < heads * half; k += blockDim.x) {
-    const int h = k / half;
-    const int i = k % half;
-    const float* v = row + static_cast<int64_t>(h) * head_size;
-    float a = v[i], b = v[i + half];
-    if (bias != nullptr) {
-      a += bias[h * head_size + i];
-      b += bias[h * head_size + i + half];
+  for (int k = threadIdx.x; k < heads * packs; k += blockDim.x) {
+    const int h = k / packs;
+    const int i = (k % packs) * VEC;
+    const int64_t e = static_cast<int64_t>(h) * head_size + i;
+    kc::Packed<float, VEC> a = kc::LoadPacked<VEC>(row + e),
+                           b = kc::LoadPacked<VEC>(row + e + half);
+    RotatePairs<VEC>(&a, &b, bias != nullptr ? bias + e : nullptr,
+                     bias != nullptr ? bias + e + half : nullptr, c + i, s + i);
+    kc::Packed<T, VEC> ra, rb;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      ra.v[j] = kc::FromFloat<T>(a.v[j]);
+      rb.v[j] = kc::FromFloat<T>(b.v[j]);
     }
-    const float ra = a * c[i] - b * s[i];
-    const float rb = b * c[i] + a * s[i];
-    dst[h * head_size + i] = ::pagedserve::kernels::cuda::FromFloat<T>(ra);
-    dst[h * head_size + i + half] = ::pagedserve::kernels::cuda::FromFloat<T>(rb);
+    kc::StorePacked<VEC>(dst + e, ra);
+    kc::StorePacked<VEC>(dst + e + half, rb);
   }
 }
 
@@ -216,8 +329,10 @@ __device__ __forceinline__ void RopeConvertBody(const float* x, int heads, int h
 // slot_mapping[t], in vLLM's layout (kernels/cuda/cache_kernels.cuh): what a
 // fused GEMM's split (bias add), ApplyRope, the conversion to C and
 // reshape_and_cache do one after the other. Slots < 0 or >= num_blocks *
-// block_size are skipped (reshape_and_cache's rule).
-template <typename C>
+// block_size are skipped (reshape_and_cache's rule). Packs: head_size / 2,
+// token_stride (a key pack lands in one x-group of the key layout; values are
+// read in packs and stored one by one, their layout strides by block_size).
+template <typename C, int VEC = 1>
 __device__ __forceinline__ void RopeReshapeAndCacheBody(
     const float* __restrict__ key, const float* __restrict__ value, int64_t token_stride,
     const float* __restrict__ k_bias, const float* __restrict__ v_bias, int num_kv_heads,
@@ -226,6 +341,7 @@ __device__ __forceinline__ void RopeReshapeAndCacheBody(
     C* __restrict__ key_cache, C* __restrict__ value_cache, float k_scale, float v_scale) {
   namespace kc = ::pagedserve::kernels::cuda;
   constexpr int X = kc::CacheElem<C>::kKeyVec;
+  static_assert(X % VEC == 0, "a key pack must not straddle two x-groups");
   const int t = blockIdx.x;
   const int64_t slot = slot_mapping[t];
   if (slot < 0 || slot >= num_blocks * block_size) return;
@@ -237,26 +353,40 @@ __device__ __forceinline__ void RopeReshapeAndCacheBody(
   const float* s = sin_t + static_cast<int64_t>(t) * half;
   const float* k = key + static_cast<int64_t>(t) * token_stride;
   const float* v = value + static_cast<int64_t>(t) * token_stride;
-  for (int p = threadIdx.x; p < num_kv_heads * half; p += blockDim.x) {
-    const int h = p / half;
-    const int i = p % half;
-    float a = k[h * head_size + i], b = k[h * head_size + i + half];
-    if (k_bias != nullptr) {
-      a += k_bias[h * head_size + i];
-      b += k_bias[h * head_size + i + half];
+  const int packs = half / VEC;
+  for (int p = threadIdx.x; p < num_kv_heads * packs; p += blockDim.x) {
+    const int h = p / packs;
+    const int i = (p % packs) * VEC;
+    const int e = h * head_size + i;
+    kc::Packed<float, VEC> a = kc::LoadPacked<VEC>(k + e), b = kc::LoadPacked<VEC>(k + e + half);
+    RotatePairs<VEC>(&a, &b, k_bias != nullptr ? k_bias + e : nullptr,
+                     k_bias != nullptr ? k_bias + e + half : nullptr, c + i, s + i);
+    kc::Packed<C, VEC> ca, cb;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      ca.v[j] = ToCacheElem<C>(a.v[j], k_scale);
+      cb.v[j] = ToCacheElem<C>(b.v[j], k_scale);
     }
-    const float ra = a * c[i] - b * s[i];
-    const float rb = b * c[i] + a * s[i];
-    key_cache[kc::KeyCacheOffset(block, offset, h, i, num_kv_heads, head_size, block_size, X)] =
-        ToCacheElem<C>(ra, k_scale);
-    key_cache[kc::KeyCacheOffset(block, offset, h, i + half, num_kv_heads, head_size, block_size,
-                                 X)] = ToCacheElem<C>(rb, k_scale);
+    kc::StorePacked<VEC>(
+        key_cache + kc::KeyCacheOffset(block, offset, h, i, num_kv_heads, head_size, block_size, X),
+        ca);
+    kc::StorePacked<VEC>(key_cache + kc::KeyCacheOffset(block, offset, h, i + half, num_kv_heads,
+                                                        head_size, block_size, X),
+                         cb);
   }
-  for (int e = threadIdx.x; e < kv_dim; e += blockDim.x) {
+  for (int e = threadIdx.x * VEC; e < kv_dim; e += blockDim.x * VEC) {
     const int h = e / head_size;
     const int d = e % head_size;
-    value_cache[kc::ValueCacheOffset(block, offset, h, d, num_kv_heads, head_size, block_size)] =
-        ToCacheElem<C>(v_bias != nullptr ? v[e] + v_bias[e] : v[e], v_scale);
+    kc::Packed<float, VEC> x = kc::LoadPacked<VEC>(v + e);
+    if (v_bias != nullptr) {
+      const kc::Packed<float, VEC> bv = kc::LoadPacked<VEC>(v_bias + e);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) x.v[j] += bv.v[j];
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      value_cache[kc::ValueCacheOffset(block, offset, h, d + j, num_kv_heads, head_size,
+                                       block_size)] = ToCacheElem<C>(x.v[j], v_scale);
   }
 }
 
