@@ -538,6 +538,11 @@ void Report(benchmark::State& state, double tokens_per_iter, const std::vector<d
   state.counters["tokens_per_s_best"] = best;
   state.counters["layers"] = NumLayers();
   state.counters["layer_tokens_per_s"] = tps * NumLayers();
+  // Device memory of the CUDA graphs captured so far (all batch sizes run
+  // until now; 0 on the CPU or with --enforce-eager).
+  const Bench& b = bench();
+  if (b.random && b.random->cuda)
+    state.counters["graph_mib"] = b.random->cuda->backend().graph_bytes() / 1048576.0;
 }
 
 void BM_Prefill(benchmark::State& state, int batch) {

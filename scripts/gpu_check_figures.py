@@ -85,6 +85,8 @@ def model(path):
             # tokens/s x layers: one layer's rate if the whole step were layers.
             "layer_tokens_per_s": round(b.get("layer_tokens_per_s", 0), 1),
         }
+        if "graph_mib" in b:  # CUDA graphs held after this batch's run (cumulative)
+            out["decode"][f"batch_{batch}"]["graph_mib"] = round(b["graph_mib"], 1)
     return out
 
 

@@ -58,6 +58,9 @@ struct ForwardBatch {
   std::span<const int32_t> query_start_loc;  // [num_seqs + 1]
   std::span<const int32_t> seq_lens;         // [num_seqs], context incl. this step's tokens
   std::span<const int32_t> block_tables;     // [num_seqs * max_blocks_per_seq], -padded with 0
+  // The row stride of block_tables: at least every sequence's block count
+  // (the worker rounds it up to a multiple of 16, so that it changes
+  // rarely; a device backend re-uploads the whole table when it changes).
   int max_blocks_per_seq = 0;
   // Token rows whose logits are wanted (e.g. each sampled sequence's last row).
   std::span<const int32_t> logits_rows;
@@ -422,6 +425,11 @@ class ModelBackend {
   // the forward pass calls BeginBody after BeginStep and its Buffer calls,
   // and EndBody after the body. Default: false (CPU).
   virtual bool SupportsBodyGraphs() const { return false; }
+  // Device memory the captured graphs hold now, in bytes: for each, the drop
+  // of the device's free memory over its capture and instantiation
+  // (device-wide, so another process allocating in that window counts too).
+  // 0 without graphs. Not thread-safe (the step's thread).
+  virtual int64_t graph_bytes() const { return 0; }
   // True when the backend has enqueued the whole body itself by replaying
   // the graph it captured for plan.graph over the same buffers and the same
   // cache views `kv_layers` (it still validates the step's block tables and

@@ -14,6 +14,9 @@
 namespace pagedserve {
 namespace {
 
+// Block-table widths (entries per row) are multiples of this (Step).
+constexpr int kBlockTableWidthQuantum = 16;
+
 std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
   std::vector<kernels::BlockCopy> out;
   out.reserve(pairs.size());
@@ -170,6 +173,12 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
       rows[i] = mirror_->Find(plan.seqs[i].seq_id);
       max_blocks = std::max(max_blocks, static_cast<int>(rows[i]->block_table.size()));
     }
+    // The table's width (its row stride) rounded up, so that it changes once
+    // per kBlockTableWidthQuantum blocks of the longest sequence rather than
+    // at each of its blocks: a device backend keeps its copy of the table
+    // and uploads only the rows that changed while the width stays.
+    max_blocks = (max_blocks + kBlockTableWidthQuantum - 1) / kBlockTableWidthQuantum *
+                 kBlockTableWidthQuantum;
     std::vector<int32_t> block_tables(static_cast<size_t>(num_seqs) * max_blocks, 0);
     for (int i = 0; i < num_seqs; ++i) {
       const SequenceStep& s = plan.seqs[i];

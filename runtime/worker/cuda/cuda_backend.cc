@@ -31,6 +31,7 @@
 #include "runtime/worker/cuda/cublas_loader.h"
 #include "runtime/worker/cuda/model_kernels.h"
 #include "runtime/worker/cuda/sample_penalties.h"
+#include "spdlog/spdlog.h"
 
 namespace pagedserve {
 namespace {
@@ -621,6 +622,7 @@ class CudaBackend final : public ModelBackend {
         return true;
       }
       cudaGraphExecDestroy(it->exec);
+      graph_bytes_ -= it->bytes;
       graphs_.erase(it);
       break;
     }
@@ -634,6 +636,7 @@ class CudaBackend final : public ModelBackend {
     }
     // Marked until EndBody succeeds: a capture that fails is not retried.
     uncapturable_.push_back(key);
+    capture_free_before_ = FreeDeviceBytes();
     PS_RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
                                   "CUDA graph capture"));
     capturing_ = true;
@@ -671,7 +674,17 @@ class CudaBackend final : public ModelBackend {
       return false;
     }
     uncapturable_.erase(std::find(uncapturable_.begin(), uncapturable_.end(), capture_key_));
-    graphs_.push_back(CapturedBody{capture_key_, std::move(capture_addresses_), exec});
+    const size_t free_after = FreeDeviceBytes();
+    const int64_t bytes = capture_free_before_ > free_after
+                              ? static_cast<int64_t>(capture_free_before_ - free_after)
+                              : 0;
+    graphs_.push_back(CapturedBody{capture_key_, std::move(capture_addresses_), exec, bytes});
+    graph_bytes_ += bytes;
+    spdlog::info(
+        "CUDA graph captured for decode batch {} (context bucket {}): {:.1f} MiB of device "
+        "memory; {} graphs hold {:.1f} MiB",
+        capture_key_.batch, capture_key_.context, bytes / 1048576.0, graphs_.size(),
+        graph_bytes_ / 1048576.0);
     // Capturing ran nothing: this step's body runs as the graph's first replay.
     PS_RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(exec, stream_), "CUDA graph launch"));
     return true;
@@ -1339,6 +1352,19 @@ class CudaBackend final : public ModelBackend {
     if (!comm_failed_)
       for (CapturedBody& g : graphs_) cudaGraphExecDestroy(g.exec);
     graphs_.clear();
+    graph_bytes_ = 0;
+  }
+
+  int64_t graph_bytes() const override { return graph_bytes_; }
+
+  // The device's free memory in bytes (cudaMemGetInfo), 0 when it fails.
+  static size_t FreeDeviceBytes() {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return free;
   }
 
   // The communicator's asynchronous error (multi-rank groups); on one, the
@@ -1569,8 +1595,11 @@ class CudaBackend final : public ModelBackend {
     DecodeGraphKey key;
     std::vector<uintptr_t> addresses;  // BodyAddresses at capture
     cudaGraphExec_t exec = nullptr;
+    int64_t bytes = 0;  // device memory it took (graph_bytes)
   };
   std::vector<CapturedBody> graphs_;
+  int64_t graph_bytes_ = 0;                   // sum of graphs_' bytes
+  size_t capture_free_before_ = 0;            // FreeDeviceBytes when the capture began
   std::vector<DecodeGraphKey> warmed_up_;     // keys whose first step ran eagerly
   std::optional<DecodeGraphKey> warming_up_;  // this step's key, running eagerly once
   std::vector<DecodeGraphKey> uncapturable_;  // keys whose capture failed (or is under way)

@@ -53,7 +53,8 @@
 // upload, the LM head and the sampling stay eager. A graph is replayed only
 // over the addresses it was captured with and captured again otherwise;
 // LlamaModel::set_graph_options (WorkerOptions::graphs, --enforce-eager)
-// turns it off.
+// turns it off. Each capture logs the device memory it took (graph_bytes:
+// the total, which the KV budget's kRuntimeReserveBytes must cover).
 //
 // Streams: every kernel, GEMM, copy and NCCL all-reduce of this backend runs
 // on one compute stream, created blocking so that it is ordered with the
