@@ -1,7 +1,9 @@
 #include "runtime/cli/flag_registry.h"
 
 #include <map>
+#include <optional>
 #include <set>
+#include <string>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
@@ -96,7 +98,7 @@ absl::Status CheckRegistry() {
 
 absl::StatusOr<ScannedCommandLine> ScanCommandLine(const std::vector<std::string>& argv) {
   ScannedCommandLine out;
-  std::string unknown;
+  std::string unknown, bad_value;  // the first of each
   for (size_t i = 1; i < argv.size(); ++i) {
     absl::string_view a = argv[i];
     if (a == "--") {
@@ -122,12 +124,27 @@ absl::StatusOr<ScannedCommandLine> ScanCommandLine(const std::vector<std::string
       continue;
     }
     // "--flag value": the value is the next argument (booleans take none).
-    if (eq == absl::string_view::npos && !negated && !flag->IsOfType<bool>()) ++i;
+    std::optional<std::string> value;
+    if (eq != absl::string_view::npos) {
+      value = std::string(a.substr(eq + 1));
+    } else if (!negated && !flag->IsOfType<bool>()) {
+      if (++i < argv.size()) value = argv[i];
+      if (!value && bad_value.empty()) bad_value = absl::StrCat("missing value for ", Dashed(name));
+    }
+    // What absl's parser would refuse (and exit 1 for), refused here first.
+    std::string error;
+    if (negated && value && bad_value.empty()) {
+      bad_value = absl::StrCat("the negation of ", Dashed(flag->Name()), " takes no value");
+    } else if (value && !flag->ParseFrom(*value, &error) && bad_value.empty()) {
+      bad_value =
+          absl::StrCat("invalid value '", *value, "' for ", Dashed(flag->Name()), ": ", error);
+    }
     out.flags.emplace_back(flag->Name());
   }
   if (!out.positional.empty()) out.subcommand = out.positional.front();
-  if (!unknown.empty() && !out.help && !out.helpfull) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown flag ", unknown));
+  if (!out.help && !out.helpfull) {
+    if (!unknown.empty()) return absl::InvalidArgumentError(absl::StrCat("unknown flag ", unknown));
+    if (!bad_value.empty()) return absl::InvalidArgumentError(bad_value);
   }
   return out;
 }

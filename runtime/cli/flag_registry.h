@@ -52,7 +52,11 @@ struct ScannedCommandLine {
 // NormalizeFlagNames in main.cc) the way absl parses it: "-x" and "--x",
 // "--x=v", "--x v" for non-boolean flags, "--nox" / "--no_x" for booleans,
 // nothing after a bare "--" (all positional). InvalidArgument "unknown flag --x"
-// for a flag absl does not define, unless help was asked for.
+// for a flag absl does not define, and "invalid value 'v' for --x: ..." (or
+// "missing value for --x") for a value absl's parser would refuse, unless
+// help was asked for; absl's ParseCommandLine exits 1 on those, the binary
+// wants 2. Checking a value sets the flag to it (ParseFrom), as parsing the
+// same argv afterwards does; not thread-safe (flags are global).
 absl::StatusOr<ScannedCommandLine> ScanCommandLine(const std::vector<std::string>& argv);
 
 // InvalidArgument when a registered flag in `line` does not apply to

@@ -6,8 +6,9 @@
 `--help`, `help`, `COMMAND --help`, `help COMMAND`, `--helpfull` print usage on
 stdout and exit 0; each command's usage lists exactly the flags its sources
 register for it (PAGEDSERVE_FLAG / PAGEDSERVE_REGISTER_FLAG in runtime/cli/);
-a flag of another command, an unknown flag or an unknown command exits 2 with a
-message naming it, before the command runs (a rejected flag is not ignored).
+a flag of another command, an unknown flag, a value absl's parser refuses or an
+unknown command exits 2 with a message naming it, before the command runs (a
+rejected flag is not ignored).
 No server is needed: the commands that would run fail fast or are `sim`. With
 MODEL (a model file; the CTest registration passes the default model), flag
 values checked after the model is read (--gpu-memory-utilization, --dtype,
@@ -105,6 +106,14 @@ def main():
               f"{args}: exit 2 naming {flag} (rc={rc}, stderr={err.strip()!r})")
 
     for args, what in ((["sim", "--bogus-flag"], "unknown flag --bogus-flag"),
+                       # Values absl's parser refuses: exit 2 too, the flag named.
+                       (["sim", "--sim-num-requests=abc"], "invalid value 'abc' for --sim-num-requests"),
+                       (["sim", "--sim-num-requests", "1.5"], "invalid value '1.5' for --sim-num-requests"),
+                       (["sim", "--sim-num-requests"], "missing value for --sim-num-requests"),
+                       (["generate", "--enable-prefix-caching=maybe"],
+                        "invalid value 'maybe' for --enable-prefix-caching"),
+                       (["generate", "--no-enable-prefix-caching=true"],
+                        "the negation of --enable-prefix-caching takes no value"),
                        (["frob"], "unknown command 'frob'"),
                        (["frob", "--help"], "unknown command 'frob'")):
         rc, out, err = run(binary, args)
