@@ -87,6 +87,11 @@ absl::Status Scheduler::CheckAdmissible(int64_t prompt_len, const SamplingParams
         absl::StrCat(what, " (", seqs, ") exceeds --max-num-seqs (", config_.max_num_seqs, ")"));
   }
   const int64_t total = std::min<int64_t>(prompt_len + p.max_tokens, m);
+  // Every sequence counted with its own copy of the prompt, although forked
+  // siblings share the prompt's full blocks: a group preempted by recompute
+  // (also swap's fallback) prefills each sequence again on its own, and
+  // without the prefix cache nothing shares them then. A group that fits
+  // only through sharing could never be resumed.
   const int64_t needed = static_cast<int64_t>(seqs) * bm_->BlocksForTokens(total);
   const int64_t limit = static_cast<int64_t>(config_.num_device_blocks) - bm_->watermark_blocks();
   if (needed > limit) {

@@ -8,6 +8,8 @@
 //   - greedy tokens through Worker::Execute are identical, including a swap
 //     out to the pinned host pool and a swap in to other device blocks, and a
 //     copy-on-write block copy;
+//   - the backend's add + norm, RoPE and SiLU-and-mul launchers, packed
+//     (aligned) and scalar (misaligned), equal the CPU operations;
 //   - without a device, a kCUDA worker fails with a status (never a crash);
 //     the dtype rules (auto = bf16 on CUDA) hold without a device too.
 // The CPU model is itself checked against transformers in
@@ -26,12 +28,19 @@
 #include "kernels/cuda_device.h"
 #include "kernels/paged_attention.h"
 #include "runtime/model/weights.h"
+#include "runtime/worker/cpu_backend.h"
 #include "runtime/worker/cuda/cuda_backend.h"
 #include "runtime/worker/cuda/llama_model_cuda.h"
 #include "runtime/worker/llama_model.h"
 #include "runtime/worker/worker.h"
 #include "tests/worker/batch_vectors.h"
 #include "tests/worker/reference_fixture.h"
+
+#ifdef PAGEDSERVE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "runtime/worker/cuda/model_kernels.h"
+#endif
 
 namespace pagedserve {
 namespace {
@@ -600,6 +609,119 @@ TEST_F(CudaWorkerModelTest, SeededSampledTokensMatchCpuWorker) {
     with_top += !gt[k].top_token_ids.empty();
   }
   EXPECT_GT(with_top, 0) << "no logprobs rows were compared";
+}
+
+// ---- The backend's elementwise kernels through their launchers ----------------
+
+// A device buffer of n elements of T plus slack for an offset (freed on
+// destruction).
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t n) {
+    if (cudaMalloc(&p_, (n + 8) * sizeof(T)) != cudaSuccess) p_ = nullptr;
+  }
+  ~DeviceArray() { cudaFree(p_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  bool ok() const { return p_ != nullptr; }
+  // The buffer from element `offset` on: offset 1 misaligns every packed
+  // access, so the launchers take their scalar variant.
+  T* at(size_t offset) { return static_cast<T*>(p_) + offset; }
+  void Upload(const std::vector<T>& v, size_t offset) {
+    ASSERT_EQ(cudaMemcpy(at(offset), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  std::vector<T> Download(size_t count, size_t offset) {
+    std::vector<T> v(count);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(v.data(), at(offset), count * sizeof(T), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return v;
+  }
+
+ private:
+  void* p_ = nullptr;
+};
+
+std::vector<float> RandomFloats(size_t n, std::mt19937& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// Elements where got and want differ by more than rel * |want| + abs.
+int Mismatches(const std::vector<float>& got, const std::vector<float>& want, double rel,
+               double abs) {
+  if (got.size() != want.size()) return static_cast<int>(std::max(got.size(), want.size()));
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::abs(static_cast<double>(got[i]) - want[i]) <=
+          rel * std::abs(static_cast<double>(want[i])) + abs))
+      ++bad;
+  return bad;
+}
+
+// The add + norm, RoPE and SiLU-and-mul launchers on the device, at aligned
+// addresses (the packed, vectorized variant) and one element off (the scalar
+// one), against the CPU operations (cpu_ops): what the SIMT emulation test
+// checks of the kernel bodies, here with the device's compiler, alignment
+// rules and fp32 units. Tolerances as the emulation test's (the same fp32
+// operations; the norm's double sum in another order).
+TEST(CudaModelKernelsTest, PackedAndScalarLaunchesMatchCpuOperations) {
+  std::string reason;
+  if (!DeviceOrSkipReason(&reason)) GTEST_SKIP() << reason;
+  namespace cm = cuda_model;
+  constexpr double kRel = 2e-6, kAbs = 1e-7;
+  std::mt19937 rng(41);
+  const int n = 5, dim = 2048, heads = 4, head_size = 128;
+  const int64_t count = static_cast<int64_t>(n) * dim;
+  const std::vector<float> x0 = RandomFloats(count, rng, -2.0f, 2.0f);
+  const std::vector<float> add = RandomFloats(count, rng, -2.0f, 2.0f);
+  const std::vector<float> weight = RandomFloats(dim, rng, 0.5f, 1.5f);
+  const std::vector<float> up = RandomFloats(count, rng, -2.0f, 2.0f);
+  const int half = head_size / 2;
+  std::vector<float> cos_t(static_cast<size_t>(n) * half), sin_t(cos_t.size());
+  for (size_t i = 0; i < cos_t.size(); ++i) {
+    const double angle = std::uniform_real_distribution<double>(-10, 10)(rng);
+    cos_t[i] = static_cast<float>(std::cos(angle));
+    sin_t[i] = static_cast<float>(std::sin(angle));
+  }
+  // References.
+  std::vector<float> want_x = x0, want_norm(count), want_silu(count), want_rope = x0;
+  cpu_ops::AddRmsNorm(want_x.data(), add.data(), nullptr, n, dim, weight.data(), 1e-5,
+                      want_norm.data());
+  cpu_ops::SiluMul(x0.data(), up.data(), count, want_silu.data());
+  cpu_ops::ApplyRope(want_rope.data(), n, heads, head_size, dim, cos_t.data(), sin_t.data());
+
+  for (size_t offset : {size_t{0}, size_t{1}}) {
+    SCOPED_TRACE(offset == 0 ? "aligned (packed)" : "one element off (scalar)");
+    DeviceArray<float> x(count), a(count), w(dim), out(count), u(count), c(cos_t.size()),
+        sn(sin_t.size());
+    ASSERT_TRUE(x.ok() && a.ok() && w.ok() && out.ok() && u.ok() && c.ok() && sn.ok());
+    x.Upload(x0, offset);
+    a.Upload(add, offset);
+    w.Upload(weight, offset);
+    u.Upload(up, offset);
+    c.Upload(cos_t, offset);
+    sn.Upload(sin_t, offset);
+    ASSERT_EQ(
+        cm::LaunchAddRmsNorm(x.at(offset), a.at(offset), cm::Elem::kF32, nullptr, w.at(offset), n,
+                             dim, 1e-5, out.at(offset), cm::Elem::kF32, nullptr),
+        cudaSuccess);
+    EXPECT_EQ(Mismatches(out.Download(count, offset), want_norm, kRel, kAbs), 0);
+    EXPECT_EQ(Mismatches(x.Download(count, offset), want_x, 0, 0), 0);  // written back
+    x.Upload(x0, offset);
+    ASSERT_EQ(cm::LaunchSiluMul(x.at(offset), u.at(offset), count, out.at(offset), cm::Elem::kF32,
+                                nullptr),
+              cudaSuccess);
+    EXPECT_EQ(Mismatches(out.Download(count, offset), want_silu, kRel, kAbs), 0);
+    ASSERT_EQ(cm::LaunchApplyRope(x.at(offset), n, heads, head_size, dim, c.at(offset),
+                                  sn.at(offset), nullptr),
+              cudaSuccess);
+    EXPECT_EQ(Mismatches(x.Download(count, offset), want_rope, kRel, kAbs), 0);
+  }
 }
 
 TEST_F(CudaWorkerModelTest, BadDeviceIndexIsAnError) {

@@ -3,7 +3,11 @@
 // contracts are in model_kernels.cuh. Callable from host C++20 and from nvcc
 // (C++17); free of Abseil so that nvcc parses little. Every pointer is device
 // memory; every launcher enqueues on `stream` and returns the launch error
-// (cudaSuccess when there is nothing to do, e.g. n == 0).
+// (cudaSuccess when there is nothing to do, e.g. n == 0). Any shape and
+// alignment is valid; the elementwise launchers vectorize (4 elements per
+// access) when the row lengths are multiples of 4 and the pointers aligned
+// to 4 elements (PackWidth in model_kernels.cuh), else run the scalar
+// variant, with the same results.
 #ifndef PAGEDSERVE_RUNTIME_WORKER_CUDA_MODEL_KERNELS_H_
 #define PAGEDSERVE_RUNTIME_WORKER_CUDA_MODEL_KERNELS_H_
 
