@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "runtime/launch/worker_device.h"
 
 namespace pagedserve {
 namespace {
@@ -45,6 +46,7 @@ std::unique_ptr<Executor> MakeLocalExecutor(std::unique_ptr<Worker> worker,
 }
 
 absl::StatusOr<std::unique_ptr<Executor>> CreateLocalExecutor(const WorkerOptions& options) {
+  if (options.device == kernels::Device::kCPU) launch_internal::WarnOfCudaOnlyFlags(options);
   std::unique_ptr<Communicator> comm = MakeSingleRankCommunicator();
   absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Create(options, comm.get());
   if (!worker.ok()) return worker.status();

@@ -1,13 +1,17 @@
 #include "runtime/launch/worker_device.h"
 
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #ifdef PAGEDSERVE_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kernels/cuda_device.h"
+#include "runtime/launch/process_state.h"
 
 namespace pagedserve::launch_internal {
 
@@ -58,6 +62,19 @@ absl::StatusOr<int> LocalCudaDevice(MPI_Comm tp_comm) {
   MPI_Comm_rank(node, &local_rank);
   MPI_Comm_free(&node);
   return local_rank % count;
+}
+
+void WarnOfCudaOnlyFlags(const WorkerOptions& o) {
+  const WorkerOptions defaults;
+  std::vector<std::string> set;
+  if (o.gpu_memory_utilization != defaults.gpu_memory_utilization)
+    set.push_back("--gpu-memory-utilization");
+  if (o.graphs.enforce_eager != defaults.graphs.enforce_eager) set.push_back("--enforce-eager");
+  if (o.graphs.max_seq_len_to_capture != defaults.graphs.max_seq_len_to_capture)
+    set.push_back("--max-seq-len-to-capture");
+  if (set.empty()) return;
+  Log().warn("{} only appl{} to CUDA workers: no effect on the CPU", absl::StrJoin(set, ", "),
+             set.size() == 1 ? "ies" : "y");
 }
 
 }  // namespace pagedserve::launch_internal

@@ -29,6 +29,12 @@ absl::StatusOr<kernels::Device> ChooseWorkerDevice(const WorkerOptions& options,
 // reports that the build has no CUDA).
 absl::StatusOr<int> LocalCudaDevice(MPI_Comm tp_comm);
 
+// A CPU worker ignores the flags only CUDA workers read: logs a warning
+// naming those that differ from their defaults in `o` (--gpu-memory-
+// utilization, --enforce-eager, --max-seq-len-to-capture), nothing when none
+// does. Call once per TP group.
+void WarnOfCudaOnlyFlags(const WorkerOptions& o);
+
 }  // namespace pagedserve::launch_internal
 
 #endif  // PAGEDSERVE_RUNTIME_LAUNCH_WORKER_DEVICE_H_

@@ -26,6 +26,7 @@ using launch_internal::kAbortStepId;
 using launch_internal::LocalCudaDevice;
 using launch_internal::Log;
 using launch_internal::State;
+using launch_internal::WarnOfCudaOnlyFlags;
 using launch_internal::Watchdog;
 
 // The TP group: every world rank but the coordinator, in world-rank order.
@@ -86,6 +87,7 @@ class WorkerRank {
       // Host memory: MPI collectives.
       comm_ = MakeMpiCommunicator(tp_comm);
       Log().info("worker rank {}: CPU ({}), MPI collectives", info_.world_rank, why);
+      if (comm_->rank() == 0) WarnOfCudaOnlyFlags(o);
     }
     PS_ASSIGN_OR_RETURN(worker_, Worker::Create(o, comm_.get()));
     return absl::OkStatus();

@@ -150,6 +150,16 @@ def main():
                                   ("--dtype", "int4", "--dtype")):
             rc, out, err = run(binary, ["generate", "--model", model, f"{flag}={value}", "--prompt=hi"])
             check(rc == 2 and rule in err and (flag in err), f"{flag}={value}: exit 2, '{rule}' (rc={rc}, {err.strip()[-200:]!r})")
+        # CUDA-only flags on a CPU worker: accepted, with a warning naming them.
+        with tempfile.TemporaryDirectory() as cwd:
+            p = subprocess.run([binary, "generate", "--model", model, "--prompt=hi", "--max-tokens=1",
+                                "--enforce-eager", "--gpu-memory-utilization=0.5"],
+                               capture_output=True, timeout=120, cwd=cwd,
+                               env=dict(os.environ, PAGEDSERVE_WORKER_DEVICE="cpu"))
+        both = p.stdout.decode("utf-8") + p.stderr.decode("utf-8")
+        check(p.returncode == 0 and
+              "--gpu-memory-utilization, --enforce-eager only apply to CUDA workers" in both,
+              f"CUDA-only flags on the CPU: run, with a warning (rc={p.returncode}, {both[-300:]!r})")
     else:
         print("note: no MODEL argument, flag values checked after the model is read are not tested")
 
