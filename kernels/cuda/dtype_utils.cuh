@@ -105,30 +105,6 @@ __device__ __forceinline__ void Unpack16(const uint4& r, const __nv_bfloat16*, f
   }
 }
 
-// One 16-byte load; p must be 16-byte aligned.
-template <typename T>
-__device__ __forceinline__ uint4 Load16(const T* p) {
-#ifdef __CUDA_ARCH__
-  return *reinterpret_cast<const uint4*>(p);
-#else
-  uint4 r;  // host (CPU emulation): no type punning through uint4 lvalues
-  memcpy(&r, p, sizeof(r));
-  return r;
-#endif
-}
-
-// One 8-byte load; p must be 8-byte aligned.
-template <typename T>
-__device__ __forceinline__ uint2 Load8(const T* p) {
-#ifdef __CUDA_ARCH__
-  return *reinterpret_cast<const uint2*>(p);
-#else
-  uint2 r;
-  memcpy(&r, p, sizeof(r));
-  return r;
-#endif
-}
-
 // N consecutive elements of T as one register group, aligned to its size:
 // the unit of the vectorized (packed) loads and stores of the elementwise
 // kernels (N * sizeof(T) bytes: 16 for 4 floats, 8 for 4 bf16 / fp16, 4 for
@@ -139,9 +115,9 @@ struct alignas(sizeof(T) * N) Packed {
 };
 
 #ifndef __CUDA_ARCH__
-// Host (CPU emulation): a packed access at p must be aligned to `bytes`; the
-// device would fault ("misaligned address"), the emulator aborts with a
-// message instead.
+// Host (CPU emulation): a packed or vector access (LoadPacked, StorePacked,
+// Load16, Load8) at p must be aligned to `bytes`; the device would fault
+// ("misaligned address"), the emulator aborts with a message instead.
 inline void CheckPackedAlignment(const void* p, size_t bytes) {
   if (reinterpret_cast<uintptr_t>(p) % bytes != 0) {
     fprintf(stderr, "packed access of %zu bytes at misaligned address %p\n", bytes, p);
@@ -170,6 +146,32 @@ __device__ __forceinline__ void StorePacked(T* p, const Packed<T, N>& v) {
 #else
   CheckPackedAlignment(p, sizeof(Packed<T, N>));
   memcpy(static_cast<void*>(p), &v, sizeof(v));
+#endif
+}
+
+// One 16-byte load; p must be 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ uint4 Load16(const T* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint4*>(p);
+#else
+  CheckPackedAlignment(p, sizeof(uint4));
+  uint4 r;  // host (CPU emulation): no type punning through uint4 lvalues
+  memcpy(&r, p, sizeof(r));
+  return r;
+#endif
+}
+
+// One 8-byte load; p must be 8-byte aligned.
+template <typename T>
+__device__ __forceinline__ uint2 Load8(const T* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint2*>(p);
+#else
+  CheckPackedAlignment(p, sizeof(uint2));
+  uint2 r;
+  memcpy(&r, p, sizeof(r));
+  return r;
 #endif
 }
 

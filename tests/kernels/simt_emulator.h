@@ -14,9 +14,11 @@
 // reading a slot the kernel did not write shows up in the results.
 //
 // Atomics are plain read-modify-writes (only barriers and shuffles switch
-// fibers). What it does not model: the device memory model beyond barriers, bank
-// conflicts, timing, register limits, alignment faults. Not for sanitizer
-// builds (stack switching).
+// fibers). Misaligned vector accesses through kernels/cuda/dtype_utils.cuh
+// (Load16, Load8, LoadPacked, StorePacked) abort, as the device would fault;
+// other reinterpret_casts are not checked. What it does not model: the device
+// memory model beyond barriers, bank conflicts, timing, register limits. Not
+// for sanitizer builds (stack switching).
 //
 // Include this header INSTEAD of a CUDA compiler: it includes the CUDA headers
 // for the types (uint4, __half, ...) and must come before the kernel headers.

@@ -25,8 +25,8 @@
 // Every body runs in its scalar (VEC = 1) and its packed (VEC = kPack,
 // vectorized loads and stores) variant against the same references, on
 // shapes that allow packs; the emulator aborts on a misaligned packed access
-// as the device would fault. PackWidth, the launchers' choice between the
-// two, has its own test.
+// as the device would fault (also the attention kernels' Load16 / Load8).
+// PackWidth, the launchers' choice between the two, has its own test.
 #include "tests/kernels/simt_emulator.h"  // must precede the kernel header
 
 // The kernel bodies use threadIdx, __syncthreads, ... unqualified; in this
@@ -113,6 +113,10 @@ TEST(CudaModelEmulationTest, APackedAccessAtAMisalignedAddressAborts) {
   EXPECT_EQ(LoadPacked<kPack>(f + 4).v[0], 0.0f);
   EXPECT_DEATH(LoadPacked<kPack>(f + 1), "misaligned");
   EXPECT_DEATH(StorePacked<kPack>(f + 2, Packed<float, kPack>{}), "misaligned");
+  // The attention kernels' 16- and 8-byte vector loads are checked the same way.
+  EXPECT_DEATH(Load16(f + 2), "misaligned");
+  EXPECT_DEATH(Load8(f + 1), "misaligned");
+  EXPECT_EQ(Load8(f + 2).x, 0u);
 }
 
 // ---- Embedding gather -------------------------------------------------------
