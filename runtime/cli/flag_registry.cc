@@ -131,13 +131,19 @@ absl::StatusOr<ScannedCommandLine> ScanCommandLine(const std::vector<std::string
       if (++i < argv.size()) value = argv[i];
       if (!value && bad_value.empty()) bad_value = absl::StrCat("missing value for ", Dashed(name));
     }
-    // What absl's parser would refuse (and exit 1 for), refused here first.
-    std::string error;
-    if (negated && value && bad_value.empty()) {
-      bad_value = absl::StrCat("the negation of ", Dashed(flag->Name()), " takes no value");
-    } else if (value && !flag->ParseFrom(*value, &error) && bad_value.empty()) {
-      bad_value =
-          absl::StrCat("invalid value '", *value, "' for ", Dashed(flag->Name()), ": ", error);
+    // What absl's parser would refuse (and exit 1 for), refused here first;
+    // not its own directives (--flagfile, --fromenv, ...), which it reads
+    // itself (errors inside a flag file still exit 1, from absl).
+    const bool directive =
+        name == "flagfile" || name == "fromenv" || name == "tryfromenv" || name == "undefok";
+    if (!directive && value && bad_value.empty()) {
+      std::string error;
+      if (negated) {
+        bad_value = absl::StrCat("the negation of ", Dashed(flag->Name()), " takes no value");
+      } else if (!flag->ParseFrom(*value, &error)) {
+        bad_value =
+            absl::StrCat("invalid value '", *value, "' for ", Dashed(flag->Name()), ": ", error);
+      }
     }
     out.flags.emplace_back(flag->Name());
   }

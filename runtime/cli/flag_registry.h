@@ -55,8 +55,10 @@ struct ScannedCommandLine {
 // for a flag absl does not define, and "invalid value 'v' for --x: ..." (or
 // "missing value for --x") for a value absl's parser would refuse, unless
 // help was asked for; absl's ParseCommandLine exits 1 on those, the binary
-// wants 2. Checking a value sets the flag to it (ParseFrom), as parsing the
-// same argv afterwards does; not thread-safe (flags are global).
+// wants 2. absl's directives (--flagfile, --fromenv, --tryfromenv,
+// --undefok) are left to absl. Checking a value sets the flag to it
+// (ParseFrom), as parsing the same argv afterwards does; not thread-safe
+// (flags are global).
 absl::StatusOr<ScannedCommandLine> ScanCommandLine(const std::vector<std::string>& argv);
 
 // InvalidArgument when a registered flag in `line` does not apply to

@@ -119,6 +119,13 @@ def main():
         rc, out, err = run(binary, args)
         check(rc == 2 and what in err, f"{args}: exit 2, '{what}' (rc={rc}, stderr={err.strip()[:200]!r})")
 
+    # absl's --flagfile still works (its directives are left to absl).
+    with tempfile.NamedTemporaryFile("w", suffix=".flags") as ff:
+        ff.write("--sim_num_requests=3\n")
+        ff.flush()
+        rc, out, err = run(binary, ["sim", f"--flagfile={ff.name}"])
+        check(rc == 0, f"--flagfile with a valid flag runs (rc={rc}, {err.strip()[-200:]!r})")
+
     # Accepted forms: the command runs. A non-boolean flag's separate value is
     # not taken for the command (`--sim-seed 3 sim`); dashed negation works.
     rc, out, err = run(binary, ["--sim-seed", "3", "sim", "--sim-num-requests", "5"])
