@@ -14,7 +14,7 @@
 namespace pagedserve {
 namespace {
 
-// Block-table widths (entries per row) are multiples of this (Step).
+// Block-table widths (entries per row) are multiples of this (Execute).
 constexpr int kBlockTableWidthQuantum = 16;
 
 std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
