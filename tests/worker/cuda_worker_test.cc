@@ -671,7 +671,7 @@ int Mismatches(const std::vector<float>& got, const std::vector<float>& want, do
 // operations; the norm's double sum in another order).
 TEST(CudaModelKernelsTest, PackedAndScalarLaunchesMatchCpuOperations) {
   std::string reason;
-  if (!DeviceOrSkipReason(&reason)) GTEST_SKIP() << reason;
+  if (!DeviceOrSkipReason(&reason)) GTEST_SKIP() << "no usable CUDA device: " << reason;
   namespace cm = cuda_model;
   constexpr double kRel = 2e-6, kAbs = 1e-7;
   std::mt19937 rng(41);
