@@ -49,6 +49,7 @@ using namespace ::pagedserve::kernels::cuda;  // NOLINT
 #include "runtime/worker/cpu_backend.h"
 #include "runtime/worker/cuda/model_kernels.cuh"
 #include "runtime/worker/model_backend.h"
+#include "tests/worker/mismatches.h"
 
 namespace pagedserve::cuda_model {
 namespace {
@@ -62,18 +63,7 @@ std::vector<float> Random(size_t n, std::mt19937& rng, float lo = -2.0f, float h
   return v;
 }
 
-// Number of elements where got and want differ by more than rel * |want| + abs
-// (rel = abs = 0: bit-exact).
-int Mismatches(const std::vector<float>& got, const std::vector<float>& want, double rel,
-               double abs) {
-  if (got.size() != want.size()) return static_cast<int>(std::max(got.size(), want.size()));
-  int bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
-    if (!(d <= rel * std::abs(static_cast<double>(want[i])) + abs)) ++bad;
-  }
-  return bad;
-}
+using ::pagedserve::testing::Mismatches;
 
 constexpr double kRel = 2e-6;
 constexpr double kAbs = 1e-7;
@@ -354,7 +344,7 @@ Stacked MakeStacked(std::vector<float>* split, int n, int64_t width, int64_t col
 
 template <typename T, int VEC>
 void RopeConvertCase(kernels::DType dt, bool stacked) {
-  SCOPED_TRACE(testing::Message() << kernels::DTypeName(dt) << (stacked ? ", stacked" : ""));
+  SCOPED_TRACE(::testing::Message() << kernels::DTypeName(dt) << (stacked ? ", stacked" : ""));
   std::mt19937 rng(15);
   const int n = 5, heads = 6, D = 64, half = D / 2;
   const int64_t stride = heads * D;
@@ -407,7 +397,7 @@ TEST(CudaModelEmulationTest, RopeConvertMatchesCpuRopeAndConversion) {
 
 template <typename C, int VEC>
 void RopeCacheCase(kernels::DType dt, bool stacked) {
-  SCOPED_TRACE(testing::Message() << kernels::DTypeName(dt) << (stacked ? ", stacked" : ""));
+  SCOPED_TRACE(::testing::Message() << kernels::DTypeName(dt) << (stacked ? ", stacked" : ""));
   std::mt19937 rng(16);
   const int n = 6, kv_heads = 2, D = 64, half = D / 2, block_size = 16, num_blocks = 5;
   const int64_t kv_dim = kv_heads * D;
@@ -531,7 +521,7 @@ void BrokenGreedyArgmaxBody(const float* logits, int64_t vocab, int32_t* out) {
 TEST(CudaModelEmulationTest, GreedyArgmaxMatchesHostRule) {
   std::mt19937 rng(13);
   for (int64_t vocab : {int64_t{1}, int64_t{5}, int64_t{255}, int64_t{1000}, int64_t{49157}}) {
-    SCOPED_TRACE(testing::Message() << "vocab " << vocab);
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
     std::uniform_int_distribution<int64_t> at(0, vocab - 1);
     std::vector<float> logits;
     int rows = 0;
@@ -645,7 +635,7 @@ TEST(CudaModelEmulationTest, AddRmsNormMatchesCpu) {
     // Below, at a multiple of and above the block width (in elements; with
     // packs, 2056 takes a thread two rounds).
     for (int dim : {96, 576, 1000, 2056}) {
-      SCOPED_TRACE(testing::Message() << c.what << ", dim " << dim);
+      SCOPED_TRACE(::testing::Message() << c.what << ", dim " << dim);
       int out_bad = -1, res_bad = -1;
       ForEachPack([&](auto vec) {
         constexpr int V = decltype(vec)::value;
@@ -691,7 +681,7 @@ TEST(CudaModelEmulationTest, ApplyRopeMatchesCpu) {
     int64_t stride;
   };
   for (const Shape& s : {Shape{7, 64, 7 * 64}, Shape{3, 128, 3 * 128 + 32}}) {
-    SCOPED_TRACE(testing::Message() << s.heads << " heads of " << s.head_size);
+    SCOPED_TRACE(::testing::Message() << s.heads << " heads of " << s.head_size);
     const int n = 5, half = s.head_size / 2;
     const std::vector<float> x0 = Random(static_cast<size_t>(n) * s.stride, rng);
     std::vector<float> cos_t(static_cast<size_t>(n) * half), sin_t(cos_t.size());
@@ -790,7 +780,7 @@ void GemmInput16Case(kernels::DType dt) {
   };
   int rounding_mattered = 0;
   for (int mode = 0; mode < 3; ++mode) {  // norm only, add + write-back, gather with add
-    SCOPED_TRACE(testing::Message() << "norm mode " << mode);
+    SCOPED_TRACE(::testing::Message() << "norm mode " << mode);
     const float* a = mode == 0 ? nullptr : add.data();
     const int32_t* rows = mode == 2 ? gather.data() : nullptr;
     const int out_rows = mode == 2 ? static_cast<int>(gather.size()) : n;

@@ -34,6 +34,7 @@
 #include "runtime/worker/llama_model.h"
 #include "runtime/worker/worker.h"
 #include "tests/worker/batch_vectors.h"
+#include "tests/worker/mismatches.h"
 #include "tests/worker/reference_fixture.h"
 
 #ifdef PAGEDSERVE_WITH_CUDA
@@ -651,17 +652,7 @@ std::vector<float> RandomFloats(size_t n, std::mt19937& rng, float lo, float hi)
   return v;
 }
 
-// Elements where got and want differ by more than rel * |want| + abs.
-int Mismatches(const std::vector<float>& got, const std::vector<float>& want, double rel,
-               double abs) {
-  if (got.size() != want.size()) return static_cast<int>(std::max(got.size(), want.size()));
-  int bad = 0;
-  for (size_t i = 0; i < got.size(); ++i)
-    if (!(std::abs(static_cast<double>(got[i]) - want[i]) <=
-          rel * std::abs(static_cast<double>(want[i])) + abs))
-      ++bad;
-  return bad;
-}
+using ::pagedserve::testing::Mismatches;
 
 // The add + norm, RoPE and SiLU-and-mul launchers on the device, at aligned
 // addresses (the packed, vectorized variant) and one element off (the scalar
