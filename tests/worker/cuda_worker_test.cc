@@ -354,10 +354,10 @@ TEST_F(CudaWorkerModelTest, Bf16AndFp16LogitsMatchCpuModel) {
 
 // Q/K/V biases (Qwen2) on the tiny random qwen2_bias model
 // (tests/fixtures/make_random_variant.py; PAGEDSERVE_QWEN2_BIAS_MODEL and
-// PAGEDSERVE_QWEN2_BIAS_REFERENCE): up to 256 tokens the CUDA backend adds
-// them in the RoPE and cache-write kernels reading the stacked q/k/v GEMM
-// output, above it after separate GEMMs; both against the CPU model, in
-// fp32 and bf16.
+// PAGEDSERVE_QWEN2_BIAS_REFERENCE): the CUDA backend adds them in the RoPE
+// and cache-write kernels, which read the stacked q/k/v GEMM output up to
+// 256 tokens and the outputs of separate GEMMs above; both against the CPU
+// model, in fp32 and bf16.
 TEST_F(CudaWorkerModelTest, BiasedQkvLogitsMatchCpuModel) {
   // Set by CTest and scripts/gpu-check; missing is a setup error, not a skip.
   const std::string model = Env("PAGEDSERVE_QWEN2_BIAS_MODEL");

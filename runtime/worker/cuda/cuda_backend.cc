@@ -571,15 +571,14 @@ class CudaBackend final : public ModelBackend {
   }
 
   // Up to kFusedGemmMaxTokens with q/k/v stacked at load: one GEMM, then the
-  // RoPE and cache-write kernels read its rows and add the biases (no
-  // split; the q scratch receives the rotated fp32 queries of an fp32 or
-  // fp8 cache). Otherwise the default (LinearGroup, RopeAndAttention).
+  // RoPE and cache-write kernels read its rows (no split; the q scratch
+  // receives the rotated fp32 queries of an fp32 or fp8 cache). Otherwise
+  // a GEMM per projection into its own output. Either way the RoPE and
+  // cache-write kernels add the biases as they read q, k and v: no bias
+  // kernel and no extra pass over q/k/v (the job of a GEMM bias epilogue).
   absl::Status QkvRopeAndAttention(GemmInput x, int64_t n, std::span<const LinearOut, 3> qkv,
                                    const kernels::KVCacheView& cache, int num_heads,
                                    GemmInput out) override {
-    const DeviceMatrix* parent = FusedParent(qkv);
-    if (parent == nullptr || n > kFusedGemmMaxTokens)
-      return ModelBackend::QkvRopeAndAttention(x, n, qkv, cache, num_heads, out);
     const int64_t q_dim = static_cast<int64_t>(num_heads) * cache.shape.head_size;
     const int64_t kv_dim = static_cast<int64_t>(cache.shape.num_kv_heads) * cache.shape.head_size;
     if (qkv[0].w.rows != q_dim || qkv[1].w.rows != kv_dim || qkv[2].w.rows != kv_dim)
@@ -588,6 +587,16 @@ class CudaBackend final : public ModelBackend {
           qkv[2].w.rows, " rows for ", num_heads, " query heads and a cache of ",
           cache.shape.num_kv_heads, " KV heads of ", cache.shape.head_size));
     if (n == 0) return absl::OkStatus();
+    const DeviceMatrix* parent = FusedParent(qkv);
+    if (parent == nullptr || n > kFusedGemmMaxTokens) {
+      const LinearOut unbiased[3] = {{qkv[0].w, BackendVector{}, qkv[0].y},
+                                     {qkv[1].w, BackendVector{}, qkv[1].y},
+                                     {qkv[2].w, BackendVector{}, qkv[2].y}};
+      PS_RETURN_IF_ERROR(LinearGroup(x, n, unbiased));
+      const QkvRows rows{qkv[0].y, qkv[1].y,         qkv[2].y,         q_dim,
+                         kv_dim,   qkv[0].bias.data, qkv[1].bias.data, qkv[2].bias.data};
+      return RopeAttentionFrom(cache, n, num_heads, rows, qkv[0].y, out);
+    }
     PS_ASSIGN_OR_RETURN(float* y, StackedGemm(x, n, *parent));
     const QkvRows rows{y,
                        y + q_dim,

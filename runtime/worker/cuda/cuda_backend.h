@@ -17,9 +17,10 @@
 // (partial_sum_type: the weights' type, the all-reduce payload). q/k/v and
 // gate/up are uploaded stacked by rows; up to kFusedGemmMaxTokens (256)
 // tokens each stack runs as one GEMM whose output the next kernels read in
-// place (QkvRopeAndAttention: RoPE and the cache write add the biases;
-// GateUpSiluMul: SiLU-and-mul reads both halves); larger steps run a GEMM
-// per matrix over row ranges of the same allocation. The residual stream
+// place (QkvRopeAndAttention; GateUpSiluMul: SiLU-and-mul reads both
+// halves); larger steps run a GEMM per matrix over row ranges of the same
+// allocation. Q/K/V biases are added by the RoPE and cache-write kernels as
+// they read q, k and v, at any step size (no bias kernel). The residual stream
 // and q/k/v stay fp32; the elementwise kernels
 // (runtime/worker/cuda/model_kernels.cuh) sum RMSNorm squares in double as
 // on the CPU; rotary tables come from the plan (host, angles in double).
