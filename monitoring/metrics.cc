@@ -254,6 +254,13 @@ void Metrics::RegisterCounters(const prometheus::Labels& constant) {
   handshake_auth_ = &handshakes.Add({{"reason", "auth"}});
   handshake_protocol_ = &handshakes.Add({{"reason", "protocol"}});
   handshake_other_ = &handshakes.Add({{"reason", "other"}});
+  http_responses_ = &BuildCounter()
+                         .Name("pagedserve_http_responses_total")
+                         .Help(
+                             "HTTP responses of the OpenAI-compatible API, every route and "
+                             "error included, by status code.")
+                         .Labels(constant)
+                         .Register(r);
   auto& finished = BuildCounter()
                        .Name("pagedserve_requests_finished_total")
                        .Help("Requests that left the server, by finish reason.")
@@ -384,6 +391,12 @@ void Metrics::AddFailedHandshake(std::string_view reason) {
   if (reason == "protocol") return handshake_protocol_->Increment();
   if (reason == "other") return handshake_other_->Increment();
   Reject("AddFailedHandshake");
+}
+
+void Metrics::AddHttpResponse(int status) {
+  if (status < 100 || status > 599) return Reject("AddHttpResponse");
+  // Family::Add returns the one series of these labels (prometheus-cpp locks).
+  http_responses_->Add({{"status", std::to_string(status)}}).Increment();
 }
 
 void Metrics::RequestFinished(const FinishedRequest& q) {

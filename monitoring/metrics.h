@@ -154,6 +154,9 @@ class Metrics {
   // "protocol" (wrong server key, mechanism mismatch, malformed greeting) or
   // "other"; any other string is rejected.
   void AddFailedHandshake(std::string_view reason);
+  // One HTTP response written by the OpenAI front end (every route, errors
+  // included), by its status code; a code outside 100..599 is rejected.
+  void AddHttpResponse(int status);
 
   // --- per request / per token / per step histograms ---
   void RequestFinished(const FinishedRequest& request);
@@ -228,6 +231,7 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* rank_step_ = nullptr;
   prometheus::Family<prometheus::Histogram>* rank_collective_ = nullptr;
   prometheus::Family<prometheus::Counter>* rejected_ = nullptr;
+  prometheus::Family<prometheus::Counter>* http_responses_ = nullptr;
 };
 
 }  // namespace pagedserve

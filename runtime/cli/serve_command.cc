@@ -45,6 +45,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -65,6 +66,7 @@
 #include "runtime/launch/worker_rank.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/worker/worker.h"
+#include "spdlog/spdlog.h"
 
 PAGEDSERVE_FLAG("serve,client", std::string, zmq_endpoint, "tcp://127.0.0.1:5555",
                 "ZeroMQ endpoint: serve binds a ROUTER socket there, client connects to it "
@@ -93,8 +95,10 @@ PAGEDSERVE_FLAG("serve", std::string, host, "127.0.0.1",
 PAGEDSERVE_FLAG("serve", int32_t, port, 8000,
                 "serve: port of the HTTP API; 0 picks a free port; -1 = no HTTP API");
 PAGEDSERVE_FLAG("serve", std::string, api_key, "",
-                "serve: require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
-                "(default: the environment variable PAGEDSERVE_API_KEY; empty = no key)");
+                "serve: require 'Authorization: Bearer KEY' on the HTTP API's /v1/*, /tokenize "
+                "and /detokenize (default: the environment variable PAGEDSERVE_API_KEY; empty = "
+                "no key). HTTP only: the ZeroMQ front end is protected by CurveZMQ "
+                "(--zmq-curve-secret-key-file, --zmq-curve-authorized-clients), never by this key");
 PAGEDSERVE_FLAG("serve", std::string, served_model_name, "",
                 "serve: the model name of the HTTP API (/v1/models, 'model' field) and of the "
                 "metrics' model_name label; default the model file's name");
@@ -216,6 +220,19 @@ absl::StatusOr<HttpServerOptions> HttpOptionsFromFlags(const std::string& model_
   return h;
 }
 
+// A ZeroMQ endpoint that only this host can reach: tcp on a 127.x.y.z or ::1
+// address or "localhost", or a transport that is not a network (ipc, inproc).
+bool IsLoopbackEndpoint(std::string_view endpoint) {
+  if (!endpoint.starts_with("tcp://")) return true;
+  std::string_view host = endpoint.substr(6);
+  if (host.starts_with("[")) {
+    host = host.substr(1, host.find(']') == std::string_view::npos ? 0 : host.find(']') - 1);
+    return host == "::1";
+  }
+  host = host.substr(0, host.rfind(':'));
+  return host.starts_with("127.") || host == "localhost";
+}
+
 absl::StatusOr<ServeOptions> ServeOptionsFromFlags(const std::string& model_path) {
   ServeOptions so;
   ServerOptions& o = so.zmq;
@@ -256,6 +273,15 @@ absl::StatusOr<ServeOptions> ServeOptionsFromFlags(const std::string& model_path
   }
   PS_ASSIGN_OR_RETURN(so.http, HttpOptionsFromFlags(model_path));
   so.http_enabled = so.http.port >= 0;
+  if (so.http_enabled && !so.http.api_key.empty() && !o.curve.enabled() &&
+      !IsLoopbackEndpoint(o.endpoint)) {
+    spdlog::warn(
+        "--api-key protects the HTTP API only: the ZeroMQ front end on {} listens beyond "
+        "loopback without CurveZMQ, so any host that reaches it is served without a key "
+        "(add --zmq-curve-secret-key-file and --zmq-curve-authorized-clients, or bind ZeroMQ to "
+        "127.0.0.1)",
+        o.endpoint);
+  }
   return so;
 }
 
@@ -335,6 +361,9 @@ class CoordinatorRank {
     if (!options_.http_enabled) return 0;
     HttpServerOptions ho = options_.http;
     ho.num_threads = HttpThreadCount(setup_, options_);
+    if (metrics_ != nullptr) {
+      ho.on_response = [m = metrics_.get()](int status) { RecordHttpResponse(*m, status); };
+    }
     absl::StatusOr<std::unique_ptr<HttpServer>> h = HttpServer::Create(ho);
     if (!h.ok()) {
       PrintError(h.status());

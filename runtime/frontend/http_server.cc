@@ -57,6 +57,21 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b, size_t* bytes_co
   return diff == 0;
 }
 
+std::string_view BearerToken(std::string_view authorization) {
+  // RFC 9110 11.1: the scheme is case-insensitive ("bearer", "BEARER"), then one
+  // or more spaces, then the credentials.
+  constexpr std::string_view kScheme = "bearer";
+  if (authorization.size() <= kScheme.size() ||
+      !absl::EqualsIgnoreCase(absl::string_view(authorization.data(), kScheme.size()),
+                              absl::string_view(kScheme.data(), kScheme.size())) ||
+      authorization[kScheme.size()] != ' ') {
+    return {};
+  }
+  authorization.remove_prefix(kScheme.size());
+  while (!authorization.empty() && authorization.front() == ' ') authorization.remove_prefix(1);
+  return authorization;
+}
+
 namespace {
 
 using openai::ApiError;
@@ -653,15 +668,7 @@ struct HttpServer::Impl {
 
   bool Authorized(const httplib::Request& req) const {
     if (options.api_key.empty()) return true;
-    const std::string header = req.get_header_value("Authorization");
-    constexpr std::string_view kBearer = "Bearer ";
-    std::string_view token = header;
-    if (token.substr(0, kBearer.size()) == kBearer) {
-      token.remove_prefix(kBearer.size());
-    } else {
-      token = std::string_view();
-    }
-    return ConstantTimeEquals(token, options.api_key);
+    return ConstantTimeEquals(BearerToken(req.get_header_value("Authorization")), options.api_key);
   }
 
   static bool Protected(const std::string& path) {
@@ -1268,6 +1275,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(const HttpServerO
   split(options.write_timeout, [&](time_t sec, time_t usec) { s.set_write_timeout(sec, usec); });
   s.set_keep_alive_timeout(std::max<time_t>(1, absl::ToInt64Seconds(options.keep_alive_timeout)));
   impl->Routes();
+  if (options.on_response) {
+    // cpp-httplib calls its logger once per response written, errors included.
+    s.set_logger(
+        [on_response = options.on_response](const httplib::Request&, const httplib::Response& res) {
+          on_response(res.status);
+        });
+  }
   // cpp-httplib 0.11 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed
   // in Debian's compiled library): a burst of connections then waits for SYN
   // retransmits (1 s, 3 s, 7 s, ...) before the accept loop even sees it. The

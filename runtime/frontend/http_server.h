@@ -78,6 +78,10 @@ struct HttpServerOptions {
   std::string ssl_ca_certs;  // --ssl-ca-certs
   int ssl_cert_reqs = 0;     // --ssl-cert-reqs
   std::string version = "0.1.0";
+  // Called once per response written, with its status code, on the
+  // connection's thread (so it must be thread-safe): the serve command counts
+  // them in pagedserve_http_responses_total. Empty: not called.
+  std::function<void(int status)> on_response;
 };
 
 // What the routes need once the model is loaded. Not owned; must outlive the
@@ -121,6 +125,12 @@ class HttpServer {
 // number of byte positions the loop visited: always max(|a|, |b|) (tests check
 // that no input makes it stop early).
 bool ConstantTimeEquals(std::string_view a, std::string_view b, size_t* bytes_compared = nullptr);
+
+// The credentials of an "Authorization: Bearer <token>" header value: the
+// scheme matched case-insensitively (RFC 9110 11.1: "bearer", "BEARER"), one or
+// more spaces, then the rest; empty for another scheme or no credentials. A view
+// into `authorization`.
+std::string_view BearerToken(std::string_view authorization);
 
 }  // namespace pagedserve
 

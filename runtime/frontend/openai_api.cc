@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/cache_salt.h"
+#include "runtime/common/json_limits.h"
 
 namespace pagedserve::openai {
 namespace {
@@ -15,6 +16,34 @@ namespace {
 using json = nlohmann::json;
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// A request body as one JSON object, after the limits every front end applies
+// before parsing (runtime/common/json_limits.h). A syntax error says why and
+// where (nlohmann's line, column and last bytes read, and the byte offset).
+bool ParseBody(std::string_view text, json* out, ApiError* err) {
+  if (absl::Status s = CheckJsonText(text); !s.ok()) {
+    *err = BadRequest(absl::StrCat("the request body is refused: ", s.message()));
+    return false;
+  }
+  try {
+    *out = json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    if (const size_t pos = what.find("] ");
+        what.rfind("[json.exception", 0) == 0 && pos != std::string::npos) {
+      what = what.substr(pos + 2);
+    }
+    *err = BadRequest(
+        absl::StrCat("the request body is not valid JSON: ", what, " (byte ", e.byte, ")"));
+    return false;
+  }
+  if (!out->is_object()) {
+    *err = BadRequest(
+        absl::StrCat("the request body must be one JSON object, got ", out->type_name()));
+    return false;
+  }
+  return true;
+}
 
 // Field readers: absent or null leaves *out unchanged; a wrong type is an error.
 bool ReadInt(const json& body, const char* key, int64_t lo, int64_t hi, int64_t* out,
@@ -211,7 +240,10 @@ bool ReadMessages(const json& body, std::vector<ChatMessage>* out, ApiError* err
       return false;
     }
     if (cm.role == "developer") cm.role = "system";
-    const json content = m.contains("content") ? m["content"] : json();
+    // A reference: a copy of client JSON would recurse once per nesting level.
+    static const json kNoContent;
+    const auto content_it = m.find("content");
+    const json& content = content_it != m.end() ? *content_it : kNoContent;
     if (content.is_string()) {
       cm.content = content.get<std::string>();
     } else if (content.is_array()) {
@@ -412,11 +444,8 @@ namespace {
 ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const ServedModel& model,
                                  const Tokenizer& tok, const ChatTemplate* chat_template) {
   ParseOutcome out;
-  json body = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object()) {
-    out.error = BadRequest("the request body must be one JSON object");
-    return out;
-  }
+  json body;
+  if (!ParseBody(text, &body, &out.error)) return out;
   ValidatedRequest r;
   r.endpoint = endpoint;
   r.model = model.name;
@@ -443,6 +472,11 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
       return out;
     }
     if (!ReadBool(*it, "include_usage", &r.include_usage, &out.error)) return out;
+    // As vLLM: stream options without a stream are a client's mistake, not a no-op.
+    if (!r.stream) {
+      out.error = BadRequest("'stream_options' needs 'stream': true", "stream_options");
+      return out;
+    }
   }
   if (auto it = body.find("cache_salt"); it != body.end() && !it->is_null()) {
     if (!it->is_string()) {
@@ -582,11 +616,8 @@ std::string ModelsResponse(const ServedModel& model, int64_t created) {
 
 std::string TokenizeResponse(std::string_view text, const ServedModel& model, const Tokenizer& tok,
                              const ChatTemplate* chat_template, ApiError* err) {
-  json body = json::parse(text.begin(), text.end(), nullptr, false);
-  if (body.is_discarded() || !body.is_object()) {
-    *err = BadRequest("the request body must be one JSON object");
-    return "";
-  }
+  json body;
+  if (!ParseBody(text, &body, err)) return "";
   bool add_special = true;
   if (!ReadBool(body, "add_special_tokens", &add_special, err)) return "";
   std::vector<int32_t> ids;
@@ -619,9 +650,9 @@ std::string TokenizeResponse(std::string_view text, const ServedModel& model, co
 }
 
 std::string DetokenizeResponse(std::string_view text, const Tokenizer& tok, ApiError* err) {
-  json body = json::parse(text.begin(), text.end(), nullptr, false);
-  if (body.is_discarded() || !body.is_object() || !body.contains("tokens") ||
-      !body["tokens"].is_array()) {
+  json body;
+  if (!ParseBody(text, &body, err)) return "";
+  if (!body.contains("tokens") || !body["tokens"].is_array()) {
     *err = BadRequest("'tokens' (an array of token ids) is required", "tokens");
     return "";
   }

@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/cache_salt.h"
+#include "runtime/common/json_limits.h"
 
 namespace pagedserve::protocol {
 
@@ -121,34 +122,6 @@ Check ReadTokenIds(const json& j, absl::string_view field, int32_t vocab_size,
     out.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
   return std::nullopt;
-}
-
-// Nesting depth of a JSON text, without parsing it (strings skipped). The parser
-// itself recurses only through nlohmann's iterative SAX driver, but the resulting
-// value's destruction and our walk would recurse; a bound keeps both shallow.
-bool TooDeep(absl::string_view s, int max_depth) {
-  int depth = 0;
-  bool in_string = false, escape = false;
-  for (char c : s) {
-    if (in_string) {
-      if (escape) {
-        escape = false;
-      } else if (c == '\\') {
-        escape = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > max_depth) return true;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return false;
 }
 
 Check RejectUnknownFields(const json& obj, const std::set<absl::string_view>& known,
@@ -413,9 +386,12 @@ ParseResult ParseRequestImpl(absl::string_view message, const ParseOptions& opt)
                      absl::StrCat("message is ", message.size(), " bytes, the limit is ",
                                   opt.max_message_bytes)});
   }
-  if (TooDeep(message, opt.max_json_depth)) {
-    return Fail("", {ErrorCode::kInvalidJson,
-                     absl::StrCat("message nests deeper than ", opt.max_json_depth, " levels")});
+  // The limits every front end applies before parsing (json_limits.h).
+  JsonLimits limits;
+  limits.max_depth = opt.max_json_depth;
+  if (absl::Status s = CheckJsonText(std::string_view(message.data(), message.size()), limits);
+      !s.ok()) {
+    return Fail("", {ErrorCode::kInvalidJson, absl::StrCat("message: ", s.message())});
   }
   json obj;
   try {

@@ -30,6 +30,8 @@ void RecordFailedHandshake(Metrics& metrics, std::string_view reason) {
   metrics.AddFailedHandshake(reason);
 }
 
+void RecordHttpResponse(Metrics& metrics, int status) { metrics.AddHttpResponse(status); }
+
 std::string SerializeServeMetrics(const Metrics& metrics) { return metrics.Serialize(); }
 
 }  // namespace pagedserve

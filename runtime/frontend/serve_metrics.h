@@ -35,6 +35,8 @@ absl::StatusOr<std::shared_ptr<Metrics>> CreateServeMetrics(const ServeMetricsOp
 // Metrics::AddFailedHandshake (for translation units that must not include
 // monitoring/metrics.h): reason "auth", "protocol" or "other".
 void RecordFailedHandshake(Metrics& metrics, std::string_view reason);
+// Metrics::AddHttpResponse: one HTTP response with this status code.
+void RecordHttpResponse(Metrics& metrics, int status);
 
 // The port the exposer listens on (0 when none).
 int MetricsListeningPort(const Metrics& metrics);

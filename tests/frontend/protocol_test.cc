@@ -151,7 +151,8 @@ TEST(ProtocolTest, SizeDepthAndVocabularyLimits) {
   ExpectError(R"({"version":1,"type":"health"})", ErrorCode::kMessageTooLarge,
               "message is 29 bytes, the limit is 20", "", small);
   std::string deep = std::string(100, '[') + std::string(100, ']');
-  ExpectError(deep, ErrorCode::kInvalidJson, "message nests deeper than 32 levels");
+  ExpectError(deep, ErrorCode::kInvalidJson,
+              "message: JSON nests deeper than 32 levels (at byte 32)");
   ParseOptions vocab;
   vocab.vocab_size = 100;
   ExpectError(R"({"version":1,"type":"generate","id":"v","prompt_token_ids":[5,100]})",

@@ -20,11 +20,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -115,11 +117,15 @@ struct Server {
   std::unique_ptr<HttpServer> http;
   std::atomic<bool> stop{false}, abort_now{false};
   std::thread engine_thread;
+  std::mutex status_mu;
+  std::map<int, int> statuses;  // HttpServerOptions::on_response: responses by status code
 
   // `read_timeout`: --http-timeout (the deadline for reading one request).
   // attach = false: the HTTP server runs without its backend, as `pagedserve
   // serve` before the model is loaded and every worker rank answered (Attach()).
-  explicit Server(absl::Duration read_timeout = absl::Seconds(5), bool attach = true) {
+  // `max_body`: --max-request-body-bytes.
+  explicit Server(absl::Duration read_timeout = absl::Seconds(5), bool attach = true,
+                  size_t max_body = kMaxBody) {
     // Prompt "A" continues " one two three", then " x" for ever (no EOS).
     auto inner = std::make_unique<ScriptedExecutor>(
         ScriptedExecutor::Script{{Id("A"), {{Id(" one"), Id(" two"), Id(" three")}}}}, 64, 0, 16,
@@ -140,10 +146,14 @@ struct Server {
     HttpServerOptions ho;
     ho.port = 0;
     ho.served_model_name = "scripted";
-    ho.max_request_body_bytes = kMaxBody;
+    ho.max_request_body_bytes = max_body;
     ho.read_timeout = read_timeout;
     ho.num_threads = 16;
     ho.log_requests = false;
+    ho.on_response = [this](int status) {
+      std::lock_guard<std::mutex> lock(status_mu);
+      ++statuses[status];
+    };
     auto h = HttpServer::Create(ho);
     EXPECT_TRUE(h.ok()) << h.status();
     http = *std::move(h);
@@ -164,6 +174,21 @@ struct Server {
     engine_thread.join();
   }
   int port() const { return http->port(); }
+
+  // Waits (bounded: the callback runs after the response is written, so it may
+  // come after the client read it) until on_response counted `n` responses of
+  // `status`; the count then.
+  int WaitStatusCount(int status, int n) {
+    for (int i = 0; i < 3000; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(status_mu);
+        if (statuses[status] >= n) return statuses[status];
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::lock_guard<std::mutex> lock(status_mu);
+    return statuses[status];
+  }
 
   // Waits (bounded) until no request is in flight and no KV block is used.
   bool WaitIdle() {
@@ -289,6 +314,39 @@ TEST(HttpServerTest, CompletesARequest) {
   json j = json::parse(r.body);
   EXPECT_EQ(j["choices"][0]["text"], " one two three");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+}
+
+// One crafted request used to end the process: a chat message whose content
+// nests 200,000 levels deep (400 KB, under the 1 MiB body limit) overflowed the
+// handler thread's stack in a recursive JSON copy (SIGSEGV: HTTP, ZeroMQ and
+// metrics gone). Now every route that parses JSON refuses it before parsing
+// (json_limits.h) with a 400 that says why, and the server keeps serving.
+TEST(HttpServerTest, DeeplyNestedBodiesAre400AndTheServerKeepsServing) {
+  Server s(absl::Seconds(5), /*attach=*/true, /*max_body=*/1 << 20);
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  const std::pair<std::string, std::string> attacks[] = {
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": )" + deep + "}]}"},
+      {"/v1/completions", R"({"prompt": )" + deep + "}"},
+      {"/tokenize", R"({"messages": [{"role": "user", "content": )" + deep + "}]}"},
+      {"/detokenize", R"({"tokens": )" + deep + "}"},
+  };
+  for (const auto& [path, body] : attacks) {
+    Response r = Request(s.port(), "POST", path, body);
+    ASSERT_EQ(r.status, 400) << path << ": " << r.head;
+    const json e = ErrorOf(r);
+    EXPECT_NE(e.value("message", "").find("JSON nests deeper than 32 levels"), std::string::npos)
+        << path << ": " << r.body;
+  }
+  Response ok = Request(s.port(), "POST", "/v1/completions", R"({"prompt": "A", "max_tokens": 3})");
+  ASSERT_EQ(ok.status, 200) << ok.head << ok.body;
+  EXPECT_EQ(json::parse(ok.body)["choices"][0]["text"], " one two three");
+  EXPECT_TRUE(s.WaitIdle());
+  // Every response was counted once, by status (pagedserve_http_responses_total).
+  EXPECT_EQ(s.WaitStatusCount(400, 4), 4);
+  EXPECT_EQ(s.WaitStatusCount(200, 1), 1);
+  Response missing = Request(s.port(), "GET", "/no/such/route");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(s.WaitStatusCount(404, 1), 1);
 }
 
 // The startup and readiness probes (GET /health): 503 while `pagedserve serve`

@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +17,7 @@
 #include "runtime/frontend/http_server.h"
 #include "runtime/tokenizer/loaders.h"
 #include "tests/common/fixture_tokenizer.h"
+#include "tests/http/openai_fuzz_entry.h"
 
 namespace pagedserve::openai {
 namespace {
@@ -278,10 +282,60 @@ TEST(OpenAiApiTest, ChatNeedsATemplateAndTextParts) {
   EXPECT_EQ(top_without.error.param, "top_logprobs");
 }
 
+// A body nested 200,000 levels deep (400 KB) once overflowed a handler
+// thread's stack through a recursive copy of the message content: the limits
+// of json_limits.h refuse it before parsing, on every route that parses JSON.
+TEST(OpenAiApiTest, DeepNestingIsRefusedBeforeParsing) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  auto tmpl = ChatTemplate::Create(Tok().spec().chat_template, Tok().BosText(), Tok().EosText());
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  const std::string chat = R"({"messages": [{"role": "user", "content": )" + deep + "}]}";
+  ParseOutcome o = ParseRequest(Endpoint::kChat, chat, kModel, Tok(), &*tmpl);
+  ASSERT_FALSE(o.request.has_value());
+  EXPECT_EQ(o.error.status, 400);
+  EXPECT_EQ(o.error.message,
+            "the request body is refused: JSON nests deeper than 32 levels (at byte 71)");
+  ParseOutcome prompt = Completions(R"({"prompt": )" + deep + "}");
+  ASSERT_FALSE(prompt.request.has_value());
+  EXPECT_NE(prompt.error.message.find("nests deeper than 32 levels"), std::string::npos);
+  ApiError err;
+  EXPECT_EQ(TokenizeResponse(chat, kModel, Tok(), &*tmpl, &err), "");
+  EXPECT_NE(err.message.find("nests deeper than 32 levels"), std::string::npos) << err.message;
+  err = ApiError{};
+  EXPECT_EQ(DetokenizeResponse(R"({"tokens": )" + deep + "}", Tok(), &err), "");
+  EXPECT_NE(err.message.find("nests deeper than 32 levels"), std::string::npos) << err.message;
+  // 32 levels are still a request (here a wrong one: the message names the content).
+  const std::string deep32 = R"({"messages": [{"role": "user", "content": )" +
+                             std::string(29, '[') + std::string(29, ']') + "}]}";
+  ParseOutcome at_limit = ParseRequest(Endpoint::kChat, deep32, kModel, Tok(), &*tmpl);
+  EXPECT_NE(at_limit.error.message.find("content"), std::string::npos) << at_limit.error.message;
+}
+
+TEST(OpenAiApiTest, SyntaxErrorsSayWhyAndWhere) {
+  ParseOutcome o = Completions(R"({"prompt": tru})");
+  ASSERT_FALSE(o.request.has_value());
+  EXPECT_EQ(o.error.status, 400);
+  EXPECT_NE(o.error.message.find("the request body is not valid JSON"), std::string::npos)
+      << o.error.message;
+  EXPECT_NE(o.error.message.find("line 1, column 15"), std::string::npos) << o.error.message;
+  EXPECT_NE(o.error.message.find("(byte 15)"), std::string::npos) << o.error.message;
+  ParseOutcome array = Completions("[1]");
+  EXPECT_EQ(array.error.message, "the request body must be one JSON object, got array");
+}
+
+TEST(OpenAiApiTest, StreamOptionsNeedAStream) {
+  EXPECT_EQ(Refused(R"({"prompt": "x", "stream_options": {"include_usage": true}})"),
+            std::make_pair(400, std::string("stream_options")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "stream": false, "stream_options": {}})"),
+            std::make_pair(400, std::string("stream_options")));
+  EXPECT_TRUE(
+      Completions(R"({"prompt": "x", "stream": true, "stream_options": {}})").request.has_value());
+}
+
 TEST(OpenAiApiTest, ResponseFormats) {
-  ParseOutcome o =
-      Completions(R"({"prompt": "x", "logprobs": 1, "stream_options": {"include_usage": true}})");
-  ASSERT_TRUE(o.request.has_value());
+  ParseOutcome o = Completions(R"({"prompt": "x", "logprobs": 1, "stream": true,
+                      "stream_options": {"include_usage": true}})");
+  ASSERT_TRUE(o.request.has_value()) << o.error.message;
   ChoiceState c;
   c.text = " Paris";
   c.token_ids = {Tok().Encode(" Paris", {false, true})[0]};
@@ -349,6 +403,37 @@ TEST(OpenAiApiTest, FinishErrorMapsOnlyEngineFailures) {
        {FinishReason::kNone, FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort}) {
     EXPECT_FALSE(FinishError(r, absl::InternalError("x")).has_value()) << FinishReasonName(r);
   }
+}
+
+// Replays the committed seed corpus (tests/http/corpus) through the fuzz entry
+// point, so that the invariants fuzz_openai checks run on every build (with or
+// without clang), every prefix of each seed too.
+TEST(OpenAiFuzzCorpusTest, SeedCorpusHoldsTheInvariants) {
+  const char* root = std::getenv("PAGEDSERVE_SOURCE_DIR");
+  ASSERT_NE(root, nullptr) << "PAGEDSERVE_SOURCE_DIR is set by ctest";
+  int files = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::filesystem::path(root) / "tests/http/corpus")) {
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+    EXPECT_EQ(OpenAiFuzzOneInput(data, bytes.size()), "") << entry.path();
+    for (size_t n = 0; n < bytes.size(); n += 7) {
+      EXPECT_EQ(OpenAiFuzzOneInput(data, n), "") << entry.path() << " prefix " << n;
+    }
+    ++files;
+  }
+  EXPECT_GE(files, 10);
+}
+
+TEST(BearerTokenTest, TheSchemeIsCaseInsensitive) {
+  EXPECT_EQ(BearerToken("Bearer k-1"), "k-1");
+  EXPECT_EQ(BearerToken("bearer k-1"), "k-1");
+  EXPECT_EQ(BearerToken("BEARER   k-1"), "k-1");
+  EXPECT_EQ(BearerToken("Basic k-1"), "");
+  EXPECT_EQ(BearerToken("Bearerk-1"), "");
+  EXPECT_EQ(BearerToken("Bearer"), "");
+  EXPECT_EQ(BearerToken(""), "");
 }
 
 TEST(ConstantTimeEqualsTest, ComparesWholeStrings) {

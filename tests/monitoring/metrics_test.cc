@@ -223,6 +223,28 @@ TEST(MetricsTest, FailedHandshakesAreCountedByReason) {
             1);
 }
 
+TEST(MetricsTest, HttpResponsesAreCountedByStatusCode) {
+  auto m = Metrics::Create(testing::TestOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  Metrics& x = **m;
+  const char* h = "pagedserve_http_responses_total";
+  x.AddHttpResponse(200);
+  x.AddHttpResponse(200);
+  x.AddHttpResponse(400);
+  x.AddHttpResponse(503);
+  x.AddHttpResponse(99);   // not a status code: rejected, no series
+  x.AddHttpResponse(600);  // neither
+  auto s = Samples(x);
+  EXPECT_EQ(Value(s, h, {{"status", "200"}}), 2);
+  EXPECT_EQ(Value(s, h, {{"status", "400"}}), 1);
+  EXPECT_EQ(Value(s, h, {{"status", "503"}}), 1);
+  EXPECT_TRUE(Find(s, h, {{"status", "99"}}).empty());
+  EXPECT_TRUE(Find(s, h, {{"status", "600"}}).empty());
+  EXPECT_EQ(
+      Value(s, "pagedserve_metrics_rejected_observations_total", {{"method", "AddHttpResponse"}}),
+      2);
+}
+
 TEST(MetricsTest, BadValuesAreRejectedAndCounted) {
   auto m = Metrics::Create(testing::TestOptions());
   ASSERT_TRUE(m.ok()) << m.status();
