@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "runtime/chat/call_args.h"
@@ -110,16 +111,25 @@ absl::StatusOr<Value> CaseFilter(Interpreter& in, const Value& v, const CallArgs
   return Text(in, Fn(SoftStr(v)), v.is_markup());
 }
 
-// jinja2's title: words start after -, whitespace, (, {, [ or <.
+// jinja2's title: each word (split after runs of -, whitespace, (, {, [ or <)
+// gets its first character upper-cased and the rest lower-cased.
 std::string JinjaTitle(std::string_view s) {
+  const std::u32string u = DecodeUtf8(s);
+  auto separator = [](char32_t c) {
+    return c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || IsPySpace(c);
+  };
   std::string out;
-  bool start = true;
-  for (char32_t c : DecodeUtf8(s)) {
-    const bool separator = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || IsPySpace(c);
-    std::string one;
-    AppendUtf8(c, &one);
-    out += separator ? one : start ? PyUpper(one) : PyLower(one);
-    start = separator;
+  for (size_t i = 0; i < u.size();) {
+    size_t j = i;
+    const bool sep = separator(u[i]);
+    while (j < u.size() && separator(u[j]) == sep) ++j;
+    const std::u32string_view run = std::u32string_view(u).substr(i, j - i);
+    if (sep) {
+      out += EncodeUtf8(run);
+    } else {
+      out += PyUpper(EncodeUtf8(run.substr(0, 1))) + PyLower(EncodeUtf8(run.substr(1)));
+    }
+    i = j;
   }
   return out;
 }
@@ -239,8 +249,6 @@ absl::StatusOr<Value> String(Interpreter&, const Value& v, const CallArgs& args)
 }
 
 absl::StatusOr<Value> Format(Interpreter& in, const Value& v, const CallArgs& args) {
-  if (v.is_markup())
-    return absl::UnimplementedError("format: formatting a |safe string is not supported");
   Value operands;
   if (!args.keywords.empty()) {
     Dict d;
@@ -249,8 +257,9 @@ absl::StatusOr<Value> Format(Interpreter& in, const Value& v, const CallArgs& ar
   } else {
     operands = Value::Tuple(args.positional);
   }
-  PS_ASSIGN_OR_RETURN(std::string text, PercentFormat(SoftStr(v), operands));
-  return Text(in, std::move(text));
+  PS_ASSIGN_OR_RETURN(std::string text, v.is_markup() ? MarkupPercentFormat(v.str(), operands)
+                                                      : PercentFormat(SoftStr(v), operands));
+  return Text(in, std::move(text), v.is_markup());
 }
 
 absl::StatusOr<Value> ToJsonFilter(Interpreter& in, const Value& v, const CallArgs& args) {
@@ -623,6 +632,7 @@ absl::StatusOr<Value> Attr(Interpreter&, const Value& v, const CallArgs& args) {
   PS_ASSIGN_OR_RETURN(std::string name, StringArg("attr", "name", a[0]));
   if (v.is_undefined()) return UndefinedError(v);
   // Only real attributes (methods, a namespace's attributes), never dict keys.
+  if (v.is_number()) return GetAttribute(v, name);
   if (std::optional<Value> method = LookupMethod(v, name)) return *method;
   if (v.is_namespace()) {
     if (const Value* attr = v.namespace_attrs().Find(name)) return *attr;
@@ -717,6 +727,49 @@ absl::StatusOr<Value> RejectAttr(Interpreter& in, const Value& v, const CallArgs
   return SelectOrReject(in, v, a, false, true);
 }
 
+absl::StatusOr<Value> Batch(Interpreter& in, const Value& v, const CallArgs& args) {
+  PS_ASSIGN_OR_RETURN(
+      auto a,
+      BindArgs("batch", args, {{"linecount", std::nullopt}, {"fill_with", Value(nullptr)}}));
+  PS_ASSIGN_OR_RETURN(int64_t n, IntArg("batch", "linecount", a[0]));
+  if (n < 1) return ArgumentError("batch: linecount must be at least 1");
+  PS_ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
+  PS_RETURN_IF_ERROR(in.CountIterations(static_cast<int64_t>(items.size()) + n));
+  std::vector<Value> batches, current;
+  for (Value& item : items) {
+    current.push_back(std::move(item));
+    if (static_cast<int64_t>(current.size()) == n)
+      batches.push_back(Value::List(std::exchange(current, {})));
+  }
+  if (!current.empty()) {
+    if (!a[1].is_none()) current.resize(n, a[1]);
+    batches.push_back(Value::List(std::move(current)));
+  }
+  return Generator(std::move(batches));
+}
+
+absl::StatusOr<Value> SliceFilter(Interpreter& in, const Value& v, const CallArgs& args) {
+  PS_ASSIGN_OR_RETURN(
+      auto a, BindArgs("slice", args, {{"slices", std::nullopt}, {"fill_with", Value(nullptr)}}));
+  PS_ASSIGN_OR_RETURN(int64_t slices, IntArg("slice", "slices", a[0]));
+  if (slices < 1) return ArgumentError("slice: slices must be at least 1");
+  PS_ASSIGN_OR_RETURN(std::vector<Value> seq, Iterate(v));
+  PS_RETURN_IF_ERROR(in.CountIterations(static_cast<int64_t>(seq.size()) + slices));
+  const auto length = static_cast<int64_t>(seq.size());
+  const int64_t per_slice = length / slices, with_extra = length % slices;
+  std::vector<Value> out;
+  int64_t offset = 0;
+  for (int64_t i = 0; i < slices; ++i) {
+    const int64_t start = offset + i * per_slice;
+    if (i < with_extra) ++offset;
+    const int64_t end = offset + (i + 1) * per_slice;
+    std::vector<Value> part(seq.begin() + start, seq.begin() + end);
+    if (!a[1].is_none() && i >= with_extra) part.push_back(a[1]);
+    out.push_back(Value::List(std::move(part)));
+  }
+  return Generator(std::move(out));
+}
+
 absl::StatusOr<Value> NotImplemented(Interpreter&, const Value&, const CallArgs&) {
   return absl::UnimplementedError("this filter is not supported");
 }
@@ -724,7 +777,7 @@ absl::StatusOr<Value> NotImplemented(Interpreter&, const Value&, const CallArgs&
 constexpr Filter kFilters[] = {
     {"abs", Abs},
     {"attr", Attr},
-    {"batch", NotImplemented},
+    {"batch", Batch},
     {"capitalize", CaseFilter<PyCapitalize>},
     {"center", Center},
     {"count", LengthFilter},
@@ -760,7 +813,7 @@ constexpr Filter kFilters[] = {
     {"safe", Safe},
     {"select", Select},
     {"selectattr", SelectAttr},
-    {"slice", NotImplemented},
+    {"slice", SliceFilter},
     {"sort", Sort},
     {"string", String},
     {"striptags", NotImplemented},

@@ -5,9 +5,9 @@
 // too (runtime/chat/value.h SeqKind::kGenerator), so that `|length` of one
 // fails and `if` of one is true, as in jinja2.
 //
-// Known but not implemented (calling one is Unimplemented naming it): batch,
-// filesizeformat, groupby, pprint, random, slice, striptags, urlencode,
-// urlize, wordwrap, xmlattr.
+// Known but not implemented (calling one is Unimplemented naming it):
+// filesizeformat, groupby, pprint, random, striptags, urlencode, urlize,
+// wordwrap, xmlattr.
 #ifndef PAGEDSERVE_RUNTIME_CHAT_FILTERS_H_
 #define PAGEDSERVE_RUNTIME_CHAT_FILTERS_H_
 

@@ -161,6 +161,18 @@ absl::StatusOr<Value> StrReplace(Interpreter& in, const Value& self, const CallA
   return Value(PyReplace(self.str(), old_text, new_text, count));
 }
 
+// Markup.replace: the plain-string arguments are HTML-escaped first.
+absl::StatusOr<Value> MarkupReplace(Interpreter& in, const Value& self, const CallArgs& args) {
+  CallArgs escaped = args;
+  for (Value& v : escaped.positional) {
+    if (v.is_string() && !v.is_markup()) v = Value(HtmlEscape(v.str()));
+  }
+  for (auto& [key, v] : escaped.keywords) {
+    if (v.is_string() && !v.is_markup()) v = Value(HtmlEscape(v.str()));
+  }
+  return StrReplace(in, self, escaped);
+}
+
 absl::StatusOr<Value> StrFormatMethod(Interpreter& in, const Value& self, const CallArgs& args) {
   PS_ASSIGN_OR_RETURN(std::string text, StrFormat(self.str(), args));
   return Text(in, std::move(text));
@@ -357,8 +369,8 @@ constexpr Method kStrMethods[] = {
 };
 // Methods of markupsafe's Markup that HTML-escape their arguments: not implemented
 // on safe strings (|safe), so that none renders differently from jinja2.
-constexpr std::string_view kMarkupEscaping[] = {
-    "replace", "format", "join", "center", "ljust", "rjust", "zfill", "partition", "rpartition"};
+constexpr std::string_view kMarkupEscaping[] = {"format", "join",  "center",    "ljust",
+                                                "rjust",  "zfill", "partition", "rpartition"};
 // Methods of Python's str that are not implemented (calling one is Unimplemented).
 constexpr std::string_view kStrMissing[] = {"encode",       "expandtabs",  "format_map",
                                             "isidentifier", "isprintable", "istitle",
@@ -462,6 +474,9 @@ std::optional<Value> LookupMethod(const Value& obj, std::string_view name) {
     case Value::Kind::kString:
       if (obj.is_markup() && Listed(kMarkupEscaping, name))
         return Missing("markupsafe.Markup (a |safe string)", name);
+      if (obj.is_markup() && name == "replace") {
+        return Value::Function(std::make_shared<BoundMethod>(obj, "replace", MarkupReplace));
+      }
       if (auto m = Bind(obj, kStrMethods, name)) return m;
       if (Listed(kStrMissing, name)) return Missing("str", name);
       return std::nullopt;

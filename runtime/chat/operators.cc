@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "runtime/chat/interpreter.h"
@@ -271,9 +272,10 @@ absl::StatusOr<Value> BinaryOperation(BinaryOp op, const Value& a, const Value& 
     case BinaryOp::kMul: return Multiply(a, b, interpreter);
     case BinaryOp::kMod:
       if (a.is_string()) {
-        PS_ASSIGN_OR_RETURN(std::string text, PercentFormat(a.str(), b));
+        PS_ASSIGN_OR_RETURN(std::string text, a.is_markup() ? MarkupPercentFormat(a.str(), b)
+                                                            : PercentFormat(a.str(), b));
         PS_RETURN_IF_ERROR(interpreter.ChargeBytes(text.size()));
-        return Value(std::move(text));
+        return a.is_markup() ? Value::Markup(std::move(text)) : Value(std::move(text));
       }
       return Divide(op, a, b);
     case BinaryOp::kDiv:
@@ -383,6 +385,17 @@ absl::StatusOr<int64_t> Length(const Value& v) {
   return TypeError(Cat("object of type '", v.TypeName(), "' has no len()"));
 }
 
+// real / imag / numerator / denominator of a number.
+static std::optional<Value> NumberAttribute(const Value& obj, std::string_view name) {
+  if (!obj.is_number()) return std::nullopt;
+  if (name == "real") return obj.is_float() ? Value(obj.as_double()) : Value(obj.as_int());
+  if (name == "imag") return obj.is_float() ? Value(0.0) : Value(0);
+  if (obj.is_float()) return std::nullopt;
+  if (name == "numerator") return Value(obj.as_int());
+  if (name == "denominator") return Value(1);
+  return std::nullopt;
+}
+
 absl::StatusOr<Value> GetAttribute(const Value& obj, std::string_view name) {
   if (obj.is_undefined()) return UndefinedError(obj);
   if (name.size() >= 2 && name.substr(0, 2) == "__") {
@@ -390,6 +403,7 @@ absl::StatusOr<Value> GetAttribute(const Value& obj, std::string_view name) {
         Cat("access to attribute '", name, "' of '", obj.TypeName(), "' object is unsafe."));
   }
   if (std::optional<Value> method = LookupMethod(obj, name)) return *method;
+  if (std::optional<Value> attribute = NumberAttribute(obj, name)) return *attribute;
   if (obj.is_dict()) {
     if (const Value* v = obj.dict().Find(name)) return *v;
   } else if (obj.is_namespace()) {

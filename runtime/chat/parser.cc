@@ -431,6 +431,9 @@ class Parser {
     while (!IsOp(")")) {
       if (!def->params.empty()) PS_RETURN_IF_ERROR(ExpectOp(","));
       PS_ASSIGN_OR_RETURN(std::string name, ExpectName());
+      if (std::find(def->params.begin(), def->params.end(), name) != def->params.end()) {
+        return Error(Cat("duplicate argument '", name, "' in macro definition"));
+      }
       if (SkipOp("=")) {
         PS_ASSIGN_OR_RETURN(ExprPtr value, ParseExpression(true));
         def->defaults.push_back(std::move(value));
@@ -514,12 +517,11 @@ class Parser {
 
   absl::StatusOr<Target> ToTarget(const Expr& e, int line) const {
     Target t;
+    if (e.kind == Expr::Kind::kConst) {
+      return absl::InvalidArgumentError(Cat("line ", line, ": can't assign to 'const'"));
+    }
     if (e.kind == Expr::Kind::kName) {
       t.name = static_cast<const NameExpr&>(e).name;
-      if (t.name == "true" || t.name == "false" || t.name == "none" || t.name == "True" ||
-          t.name == "False" || t.name == "None") {
-        return absl::InvalidArgumentError(Cat("line ", line, ": can't assign to '", t.name, "'"));
-      }
       return t;
     }
     if (e.kind == Expr::Kind::kGetAttr) {  // ns.attr, only made by ParsePrimary(with_namespace)

@@ -160,7 +160,7 @@ class JsonWriter {
       case '\f': out_.append("\\f"); return;
       default: break;
     }
-    if (c < 0x20 || (options_.ensure_ascii && c > 0x7E && c != 0x7F)) {
+    if (c < 0x20 || (options_.ensure_ascii && c > 0x7E)) {
       WriteUnicodeEscape(c);
     } else {
       AppendUtf8(c, &out_);
@@ -376,9 +376,23 @@ struct FormatSpec {
   char sign = '-';
   bool zero = false;
   int width = -1;
+  char grouping = 0;  // ',' or '_'
   int precision = -1;
   char type = 0;
 };
+
+// "1234567.5" -> "1,234,567.5".
+std::string Group(const std::string& body, char separator) {
+  const size_t begin = !body.empty() && (body[0] == '-' || body[0] == '+') ? 1 : 0;
+  size_t end = begin;
+  while (end < body.size() && body[end] >= '0' && body[end] <= '9') ++end;
+  std::string out = body.substr(0, begin);
+  for (size_t i = begin; i < end; ++i) {
+    if (i > begin && (end - i) % 3 == 0) out.push_back(separator);
+    out.push_back(body[i]);
+  }
+  return out + body.substr(end);
+}
 
 absl::StatusOr<FormatSpec> ParseFormatSpec(std::string_view s) {
   FormatSpec spec;
@@ -404,6 +418,7 @@ absl::StatusOr<FormatSpec> ParseFormatSpec(std::string_view s) {
       *out = std::min(*out * 10 + (s[i++] - '0'), 100000);
   };
   number(&spec.width);
+  if (i < s.size() && (s[i] == ',' || s[i] == '_')) spec.grouping = s[i++];
   if (i < s.size() && s[i] == '.') {
     ++i;
     spec.precision = 0;
@@ -433,8 +448,7 @@ absl::StatusOr<std::string> FormatBody(const FormatSpec& spec, const Value& v) {
       return Cat(v.as_int());
     default: break;
   }
-  if ((spec.type == 'f' || spec.type == 'F' || spec.type == 'e' || spec.type == '%' ||
-       (spec.type == 0 && v.is_float())) &&
+  if ((spec.type == 'f' || spec.type == 'F' || spec.type == 'e' || spec.type == '%') &&
       v.is_number()) {
     char buf[512];
     const int precision = spec.precision < 0 ? 6 : std::min(spec.precision, 300);
@@ -450,6 +464,12 @@ absl::StatusOr<std::string> FormatBody(const FormatSpec& spec, const Value& v) {
 absl::StatusOr<std::string> ApplyFormatSpec(std::string_view spec_text, const Value& v) {
   PS_ASSIGN_OR_RETURN(FormatSpec spec, ParseFormatSpec(spec_text));
   PS_ASSIGN_OR_RETURN(std::string body, FormatBody(spec, v));
+  if (spec.grouping != 0) {
+    if (!v.is_number() || spec.type == 'e') {
+      return absl::InvalidArgumentError("str.format: cannot specify ',' with this format");
+    }
+    body = Group(body, spec.grouping);
+  }
   if (v.is_number() && spec.sign == '+' && !body.empty() && body[0] != '-') body = "+" + body;
   if (v.is_number() && spec.sign == ' ' && !body.empty() && body[0] != '-') body = " " + body;
   const size_t len = CodePointCount(body);
@@ -659,6 +679,30 @@ absl::StatusOr<std::string> PercentFormat(std::string_view format, const Value& 
         "'%' formatting: not all arguments converted during string formatting");
   }
   return out;
+}
+
+namespace {
+
+// markupsafe's _MarkupEscapeHelper: strings (and other objects' str()) escaped, numbers kept.
+Value EscapeArgument(const Value& v) {
+  if (v.is_number() || v.is_none() || v.is_markup()) return v;
+  return Value(HtmlEscape(v.is_string() ? v.str() : PyStr(v)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> MarkupPercentFormat(std::string_view format, const Value& args) {
+  if (args.is_tuple()) {
+    std::vector<Value> items;
+    for (const Value& item : args.items()) items.push_back(EscapeArgument(item));
+    return PercentFormat(format, Value::Tuple(std::move(items)));
+  }
+  if (args.is_dict()) {
+    Dict escaped;
+    for (const auto& [key, value] : args.dict().entries()) escaped.Set(key, EscapeArgument(value));
+    return PercentFormat(format, Value::FromDict(std::move(escaped)));
+  }
+  return PercentFormat(format, EscapeArgument(args));
 }
 
 absl::StatusOr<std::string> StrFormat(std::string_view format, const CallArgs& args) {

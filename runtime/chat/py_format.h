@@ -38,6 +38,8 @@ absl::StatusOr<std::string> ToJson(const Value& v, const JsonOptions& options);
 
 // format % args (args: a tuple, a dict for %(name)s, or one value).
 absl::StatusOr<std::string> PercentFormat(std::string_view format, const Value& args);
+// Markup % args (markupsafe): the arguments are HTML-escaped first; the result is safe.
+absl::StatusOr<std::string> MarkupPercentFormat(std::string_view format, const Value& args);
 // format.format(*positional, **keywords).
 absl::StatusOr<std::string> StrFormat(std::string_view format, const CallArgs& args);
 

@@ -61,20 +61,71 @@ char32_t MapCase(char32_t c, bool upper) {
                                      : towlower_l(static_cast<wint_t>(c), loc));
 }
 
+// Unicode's unconditional full case mappings (SpecialCasing.txt) that Python applies.
+const char* SpecialUpper(char32_t c) {
+  switch (c) {
+    case 0xDF: return "SS";
+    case 0x149: return "\u02BCN";
+    case 0xFB00: return "FF";
+    case 0xFB01: return "FI";
+    case 0xFB02: return "FL";
+    case 0xFB03: return "FFI";
+    case 0xFB04: return "FFL";
+    case 0xFB05:
+    case 0xFB06: return "ST";
+    default: return nullptr;
+  }
+}
+
+const char* SpecialTitle(char32_t c) {
+  switch (c) {
+    case 0xDF: return "Ss";
+    case 0x149: return "\u02BCN";
+    case 0xFB00: return "Ff";
+    case 0xFB01: return "Fi";
+    case 0xFB02: return "Fl";
+    case 0xFB03: return "Ffi";
+    case 0xFB04: return "Ffl";
+    case 0xFB05:
+    case 0xFB06: return "St";
+    default: return nullptr;
+  }
+}
+
 void AppendUpper(char32_t c, std::string* out) {
-  if (c == 0xDF) {  // ß -> SS (Unicode full case mapping, as Python)
-    out->append("SS");
+  if (const char* special = SpecialUpper(c)) {
+    out->append(special);
     return;
   }
   AppendUtf8(MapCase(c, true), out);
 }
 
-template <typename Fn>
-std::string MapCodePoints(std::string_view s, Fn fn) {
-  std::string out;
-  out.reserve(s.size());
-  for (char32_t c : DecodeUtf8(s)) fn(c, &out);
-  return out;
+// Title case: the upper case, except for the Latin digraphs (DŽ Dž dž -> Dž ...).
+void AppendTitle(char32_t c, std::string* out) {
+  if (const char* special = SpecialTitle(c)) {
+    out->append(special);
+  } else if (c >= 0x1C4 && c <= 0x1CC) {
+    AppendUtf8(0x1C5 + 3 * ((c - 0x1C4) / 3), out);
+  } else if (c >= 0x1F1 && c <= 0x1F3) {
+    AppendUtf8(0x1F2, out);
+  } else {
+    AppendUtf8(MapCase(c, true), out);
+  }
+}
+
+// The lower case of s[i]: İ becomes i + combining dot, and a capital sigma
+// ending a word becomes a final sigma (Python's Final_Sigma rule).
+void AppendLower(const std::u32string& s, size_t i, std::string* out) {
+  const char32_t c = s[i];
+  if (c == 0x130) {
+    out->append("i\u0307");
+  } else if (c == 0x3A3) {
+    const bool after_cased = i > 0 && IsCased(s[i - 1]);
+    const bool before_cased = i + 1 < s.size() && IsCased(s[i + 1]);
+    AppendUtf8(after_cased && !before_cased ? 0x3C2 : 0x3C3, out);
+  } else {
+    AppendUtf8(MapCase(c, false), out);
+  }
 }
 
 bool InChars(char32_t c, const std::u32string& chars) {
@@ -218,9 +269,11 @@ bool IsWordChar(char32_t c) {
   return IsAlphaChar(c) || IsDigitChar(c);
 }
 
-bool IsCased(char32_t c) { return MapCase(c, true) != c || MapCase(c, false) != c || c == 0xDF; }
+bool IsCased(char32_t c) {
+  return MapCase(c, true) != c || MapCase(c, false) != c || SpecialUpper(c) != nullptr;
+}
 bool IsUpperChar(char32_t c) { return MapCase(c, false) != c; }
-bool IsLowerChar(char32_t c) { return MapCase(c, true) != c || c == 0xDF; }
+bool IsLowerChar(char32_t c) { return MapCase(c, true) != c || SpecialUpper(c) != nullptr; }
 
 bool IsAlphaChar(char32_t c) {
   if (c < 0x80) return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
@@ -231,45 +284,57 @@ bool IsAlphaChar(char32_t c) {
 bool IsDigitChar(char32_t c) { return c >= '0' && c <= '9'; }
 
 std::string PyUpper(std::string_view s) {
-  return MapCodePoints(s, [](char32_t c, std::string* out) { AppendUpper(c, out); });
+  std::string out;
+  for (char32_t c : DecodeUtf8(s)) AppendUpper(c, &out);
+  return out;
 }
 
 std::string PyLower(std::string_view s) {
-  return MapCodePoints(s, [](char32_t c, std::string* out) { AppendUtf8(MapCase(c, false), out); });
+  const std::u32string u = DecodeUtf8(s);
+  std::string out;
+  for (size_t i = 0; i < u.size(); ++i) AppendLower(u, i, &out);
+  return out;
 }
 
 std::string PySwapcase(std::string_view s) {
-  return MapCodePoints(s, [](char32_t c, std::string* out) {
-    if (IsUpperChar(c)) {
-      AppendUtf8(MapCase(c, false), out);
+  const std::u32string u = DecodeUtf8(s);
+  std::string out;
+  for (size_t i = 0; i < u.size(); ++i) {
+    if (IsUpperChar(u[i])) {
+      AppendLower(u, i, &out);
     } else {
-      AppendUpper(c, out);
+      AppendUpper(u[i], &out);
     }
-  });
+  }
+  return out;
 }
 
 std::string PyTitle(std::string_view s) {
+  const std::u32string u = DecodeUtf8(s);
+  std::string out;
   bool previous_cased = false;
-  return MapCodePoints(s, [&](char32_t c, std::string* out) {
+  for (size_t i = 0; i < u.size(); ++i) {
     if (previous_cased) {
-      AppendUtf8(MapCase(c, false), out);
+      AppendLower(u, i, &out);
     } else {
-      AppendUpper(c, out);
+      AppendTitle(u[i], &out);
     }
-    previous_cased = IsCased(c);
-  });
+    previous_cased = IsCased(u[i]);
+  }
+  return out;
 }
 
 std::string PyCapitalize(std::string_view s) {
-  bool first = true;
-  return MapCodePoints(s, [&](char32_t c, std::string* out) {
-    if (first) {
-      AppendUpper(c, out);
+  const std::u32string u = DecodeUtf8(s);
+  std::string out;
+  for (size_t i = 0; i < u.size(); ++i) {
+    if (i == 0) {
+      AppendTitle(u[i], &out);
     } else {
-      AppendUtf8(MapCase(c, false), out);
+      AppendLower(u, i, &out);
     }
-    first = false;
-  });
+  }
+  return out;
 }
 
 std::string PyStrip(std::string_view s, const std::optional<std::string>& chars, bool left,
