@@ -190,6 +190,7 @@ absl::StatusOr<bool> Interpreter::ApplyTest(std::string_view name, const Value& 
 absl::StatusOr<Value> Interpreter::CallMacro(const MacroDef& def,
                                              const std::shared_ptr<Scope>& closure, CallArgs args,
                                              const Value& caller) {
+  PS_RETURN_IF_ERROR(CountIterations(1));  // a call repeats work as a loop iteration does
   if (call_depth_ >= limits_.max_call_depth) {
     return absl::ResourceExhaustedError(
         Cat("macro calls nest deeper than ", limits_.max_call_depth, " levels (max_call_depth)"));
@@ -693,6 +694,11 @@ absl::StatusOr<Value> Interpreter::EvalCompare(const CompareExpr& e) {
   PS_ASSIGN_OR_RETURN(Value left, Eval(*e.first));
   for (const auto& [op, expr] : e.rest) {
     PS_ASSIGN_OR_RETURN(Value right, Eval(*expr));
+    if (op == CompareOp::kIn || op == CompareOp::kNotIn) {  // a scan: counted as work
+      if (right.is_list())
+        PS_RETURN_IF_ERROR(CountIterations(static_cast<int64_t>(right.items().size())));
+      if (right.is_string()) PS_RETURN_IF_ERROR(ChargeBytes(right.str().size()));
+    }
     PS_ASSIGN_OR_RETURN(bool holds, CompareValues(op, left, right));
     if (!holds) return Value(false);
     left = std::move(right);

@@ -36,7 +36,8 @@ struct RenderLimits {
   // Bytes of all the text the render creates, output and intermediate strings
   // together: bounds its time and memory.
   size_t max_work_bytes = size_t{256} << 20;
-  // Iterations of all loops together (and items of lists built by range()).
+  // Iterations of all loops together, macro calls and the items of lists that
+  // filters and range() build counted as iterations too.
   int64_t max_loop_iterations = 1'000'000;
   // Macro calls nested inside one another.
   int max_call_depth = 64;

@@ -56,7 +56,7 @@ Value Value::Undefined(std::string hint) {
 
 Value Value::Markup(std::string s) {
   Value v;
-  v.rep_ = StringRep{std::move(s), true};
+  v.rep_ = StringRep{std::make_shared<const std::string>(std::move(s)), true};
   return v;
 }
 
@@ -220,15 +220,28 @@ bool IsHashable(const Value& v) {
   }
 }
 
-const Value* Dict::Find(const Value& key) const {
-  if (key.is_string()) return Find(std::string_view(key.str()));
-  for (const auto& entry : entries_) {
-    if (Equals(entry.first, key)) return &entry.second;
+std::optional<size_t> Dict::FindIndex(const Value& key) const {
+  if (key.is_string() && !string_index_.empty()) {
+    const auto it = string_index_.find(absl::string_view(key.str()));
+    if (it == string_index_.end()) return std::nullopt;
+    return it->second;
   }
-  return nullptr;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (Equals(entries_[i].first, key)) return i;
+  }
+  return std::nullopt;
+}
+
+const Value* Dict::Find(const Value& key) const {
+  const std::optional<size_t> i = FindIndex(key);
+  return i ? &entries_[*i].second : nullptr;
 }
 
 const Value* Dict::Find(std::string_view key) const {
+  if (!string_index_.empty()) {
+    const auto it = string_index_.find(absl::string_view(key.data(), key.size()));
+    return it == string_index_.end() ? nullptr : &entries_[it->second].second;
+  }
   for (const auto& entry : entries_) {
     if (entry.first.is_string() && entry.first.str() == key) return &entry.second;
   }
@@ -238,13 +251,18 @@ const Value* Dict::Find(std::string_view key) const {
 void Dict::Set(Value key, Value value) {
   child_depth_ = std::max({child_depth_, key.depth(), value.depth()});
   has_namespace_ = has_namespace_ || key.has_namespace() || value.has_namespace();
-  for (auto& entry : entries_) {
-    if (Equals(entry.first, key)) {
-      entry.second = std::move(value);
-      return;
-    }
+  if (const std::optional<size_t> i = FindIndex(key)) {
+    entries_[*i].second = std::move(value);
+    return;
   }
   entries_.emplace_back(std::move(key), std::move(value));
+  if (entries_.size() == kIndexFrom) {
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      if (entries_[i].first.is_string()) string_index_.emplace(entries_[i].first.str(), i);
+    }
+  } else if (entries_.size() > kIndexFrom && entries_.back().first.is_string()) {
+    string_index_.emplace(entries_.back().first.str(), entries_.size() - 1);
+  }
 }
 
 }  // namespace pagedserve::chat

@@ -3,7 +3,7 @@
 // str, list, tuple, dict (insertion order, as Python's), namespace and
 // callables (macros, globals, bound methods, loop.cycle).
 //
-// Strings are UTF-8 bytes; the operations that Python defines on code points
+// Strings are UTF-8 bytes, shared between copies; the operations that Python defines on code points
 // (len, indexing, slicing, iteration) decode them (runtime/chat/py_text.h).
 // Lists, tuples and dicts are immutable once built (the sandbox forbids
 // append/update/pop), so copies share them; a namespace is the one mutable
@@ -14,12 +14,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 
 namespace pagedserve::chat {
@@ -68,9 +70,10 @@ class Value {
   Value(int i) : rep_(int64_t{i}) {}
   Value(int64_t i) : rep_(i) {}
   Value(double d) : rep_(d) {}
-  Value(std::string s) : rep_(StringRep{std::move(s), false}) {}
-  Value(std::string_view s) : rep_(StringRep{std::string(s), false}) {}
-  Value(const char* s) : rep_(StringRep{std::string(s), false}) {}
+  Value(std::string s)
+      : rep_(StringRep{std::make_shared<const std::string>(std::move(s)), false}) {}
+  Value(std::string_view s) : Value(std::string(s)) {}
+  Value(const char* s) : Value(std::string(s)) {}
 
   // `hint` is the message of the error raised when the value is used in a way
   // jinja2's Undefined refuses (arithmetic, attribute access, calls ...).
@@ -116,7 +119,7 @@ class Value {
   int64_t as_int() const;
   // The value of any number as a double.
   double as_double() const;
-  const std::string& str() const { return std::get<StringRep>(rep_).text; }
+  const std::string& str() const { return *std::get<StringRep>(rep_).text; }
   const std::vector<Value>& items() const { return list_data().items; }
   const Dict& dict() const { return *std::get<std::shared_ptr<const Dict>>(rep_); }
   // A namespace's attributes; mutable through any copy of the value.
@@ -141,8 +144,9 @@ class Value {
   struct UndefinedRep {
     std::shared_ptr<const std::string> hint;
   };
+  // Shared: copying a value (every variable read) never copies its text.
   struct StringRep {
-    std::string text;
+    std::shared_ptr<const std::string> text;
     bool markup;
   };
   using Rep = std::variant<UndefinedRep, std::nullptr_t, bool, int64_t, double, StringRep,
@@ -154,8 +158,8 @@ class Value {
 };
 
 // An insertion-ordered map with Python key semantics (1, 1.0 and True are one
-// key). Lookups are linear: the dicts of chat templates (messages, tool
-// schemas) hold a handful of keys.
+// key). String keys are hashed once a dict holds more than a few; other keys
+// are looked up linearly (templates rarely use them).
 class Dict {
  public:
   using Entry = std::pair<Value, Value>;
@@ -175,7 +179,11 @@ class Dict {
   bool has_namespace() const { return has_namespace_; }
 
  private:
+  static constexpr size_t kIndexFrom = 16;  // entries before string keys get hashed
+  std::optional<size_t> FindIndex(const Value& key) const;
+
   std::vector<Entry> entries_;
+  absl::flat_hash_map<std::string, size_t> string_index_;  // built at kIndexFrom entries
   uint32_t child_depth_ = 0;
   bool has_namespace_ = false;
 };

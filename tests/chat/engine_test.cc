@@ -469,6 +469,14 @@ TEST(Sandbox, LoopIterationsAreBounded) {
           .ok());
 }
 
+TEST(Sandbox, MacroCallsCountAsIterations) {
+  RenderLimits limits;
+  limits.max_loop_iterations = 1000;
+  ExpectError(
+      "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(20) }}",
+      absl::StatusCode::kResourceExhausted, "max_loop_iterations", limits);
+}
+
 TEST(Sandbox, MacroRecursionIsBounded) {
   ExpectError("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
               absl::StatusCode::kResourceExhausted, "max_call_depth");
