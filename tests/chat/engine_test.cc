@@ -560,6 +560,7 @@ TEST(Sandbox, OneTemplateRendersOnManyThreadsAtOnce) {
   ASSERT_TRUE(t.ok());
   const std::string expected = "<BE BRIEF.><HI><HELLO>3system,user,assistantx&lt;";
   std::vector<std::thread> threads;
+  threads.reserve(4);
   std::atomic<int> wrong{0};
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&] {
