@@ -27,14 +27,18 @@ bool ParseBody(std::string_view text, json* out, ApiError* err) {
   }
   try {
     *out = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error (syntax, with its byte) or out_of_range (a number beyond
+    // double, e.g. 1e309): every exception of the parser is a client error.
     std::string what = e.what();
     if (const size_t pos = what.find("] ");
         what.rfind("[json.exception", 0) == 0 && pos != std::string::npos) {
       what = what.substr(pos + 2);
     }
-    *err = BadRequest(
-        absl::StrCat("the request body is not valid JSON: ", what, " (byte ", e.byte, ")"));
+    const auto* syntax = dynamic_cast<const json::parse_error*>(&e);
+    *err = BadRequest(absl::StrCat(
+        "the request body is not valid JSON: ", what,
+        syntax != nullptr ? absl::StrCat(" (byte ", syntax->byte, ")") : std::string()));
     return false;
   }
   if (!out->is_object()) {

@@ -319,6 +319,17 @@ TEST(OpenAiApiTest, SyntaxErrorsSayWhyAndWhere) {
       << o.error.message;
   EXPECT_NE(o.error.message.find("line 1, column 15"), std::string::npos) << o.error.message;
   EXPECT_NE(o.error.message.find("(byte 15)"), std::string::npos) << o.error.message;
+  // A number beyond double is the parser's out_of_range, not a syntax error: a
+  // 400 all the same (found by fuzz_openai: it used to escape as an exception).
+  ParseOutcome overflow = Completions(R"({"prompt": "x", "temperature": 1e309})");
+  ASSERT_FALSE(overflow.request.has_value());
+  EXPECT_EQ(overflow.error.status, 400);
+  EXPECT_NE(overflow.error.message.find("number overflow parsing '1e309'"), std::string::npos)
+      << overflow.error.message;
+  ApiError err;
+  err.status = 0;
+  EXPECT_EQ(DetokenizeResponse(R"({"tokens": [1e309]})", Tok(), &err), "");
+  EXPECT_EQ(err.status, 400);
   ParseOutcome array = Completions("[1]");
   EXPECT_EQ(array.error.message, "the request body must be one JSON object, got array");
 }
