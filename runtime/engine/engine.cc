@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/common/cache_salt.h"
+#include "runtime/common/field_error.h"
 #include "runtime/engine/engine_metrics.h"
 
 namespace pagedserve {
@@ -84,21 +85,21 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options,
 absl::Status Engine::CheckRequest(const std::vector<int32_t>& prompt_token_ids,
                                   const SamplingParams& params) const {
   if (absl::Status s = params.Validate(); !s.ok()) return s;
-  if (prompt_token_ids.empty())
-    return absl::InvalidArgumentError("prompt_token_ids must not be empty");
+  if (prompt_token_ids.empty()) return FieldError("prompt", "prompt_token_ids must not be empty");
   const int32_t vocab = tokenizer_->vocab_size();
   for (size_t i = 0; i < prompt_token_ids.size(); ++i) {
     if (prompt_token_ids[i] < 0 || prompt_token_ids[i] >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt_token_ids[", i, "] = ", prompt_token_ids[i],
-                       " is outside the vocabulary [0, ", vocab, ")"));
+      return FieldError("prompt", absl::StrCat("prompt_token_ids[", i, "] = ", prompt_token_ids[i],
+                                               " is outside the vocabulary [0, ", vocab, ")"));
     }
   }
   const int64_t max_len = scheduler_->config().max_model_len;
   if (static_cast<int64_t>(prompt_token_ids.size()) >= max_len) {
-    return absl::OutOfRangeError(
+    return FieldError(
+        "prompt",
         absl::StrCat("prompt has ", prompt_token_ids.size(), " tokens but max_model_len is ",
-                     max_len, ": at most ", max_len - 1, " prompt tokens are allowed"));
+                     max_len, ": at most ", max_len - 1, " prompt tokens are allowed"),
+        absl::StatusCode::kOutOfRange);
   }
   return scheduler_->CheckAdmissible(static_cast<int64_t>(prompt_token_ids.size()), params);
 }
@@ -106,7 +107,8 @@ absl::Status Engine::CheckRequest(const std::vector<int32_t>& prompt_token_ids,
 absl::Status Engine::CheckCacheSalt(std::string_view cache_salt) const {
   if (cache_salt.empty()) {
     if (options_.require_cache_salt) {
-      return absl::InvalidArgumentError(
+      return FieldError(
+          "cache_salt",
           "cache_salt is required: this server runs with --require-cache-salt (one salt per tenant)");
     }
     return absl::OkStatus();

@@ -97,6 +97,28 @@ struct EngineSnapshot {
   bool failed = false;    // the engine hit a fatal error
 };
 
+// What a refusal of EngineLoop::Submit means for the client: the one mapping
+// from a status to an error kind, which every front end then spells its own
+// way (HTTP: 400 / 429 / 503 / 500; protocol v1: its error codes).
+//   kInvalidRequest  InvalidArgument: a field is wrong (FieldOf names it), or
+//                    the request can never fit the KV cache
+//   kPromptTooLong   OutOfRange: the prompt is max_model_len tokens or more
+//   kDuplicateId     AlreadyExists: the request id is in flight
+//   kBusy            ResourceExhausted: the waiting queue is full; retry later
+//   kUnavailable     Unavailable (draining, shutting down) or FailedPrecondition
+//                    (the engine failed): this server admits nothing more, so
+//                    another replica should take the request
+//   kInternal        anything else
+enum class SubmitErrorKind {
+  kInvalidRequest,
+  kPromptTooLong,
+  kDuplicateId,
+  kBusy,
+  kUnavailable,
+  kInternal
+};
+SubmitErrorKind SubmitErrorKindOf(const absl::Status& status);
+
 // Thread safety: every public method may be called from any thread, except
 // Run (one thread, the one allowed to call the executor).
 class EngineLoop {

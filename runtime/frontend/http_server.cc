@@ -550,19 +550,6 @@ ApiError MakeError(int status, std::string type, std::string message, std::strin
   return e;
 }
 
-ApiError FromStatus(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange: return openai::BadRequest(std::string(s.message()));
-    case absl::StatusCode::kResourceExhausted:
-      return MakeError(429, "rate_limit_exceeded", std::string(s.message()), "rate_limit_exceeded");
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kFailedPrecondition:
-      return MakeError(503, "service_unavailable", std::string(s.message()));
-    default: return MakeError(500, "server_error", std::string(s.message()));
-  }
-}
-
 // The connected socket of `req` (the handler runs on its connection's thread
 // and cpp-httplib closes the socket only after the handler and its content
 // provider returned, so the descriptor is stable meanwhile). -1 when not found.
@@ -874,9 +861,7 @@ struct HttpServer::Impl {
       const std::string eid = er.request_id;
       if (absl::Status s = b->loop->Submit(std::move(er), job->channel); !s.ok()) {
         AbortJob(*job, *b);
-        ApiError e = FromStatus(s);
-        if (e.status == 400) e.param = openai::ParamOf(std::string(s.message()), endpoint);
-        return SendError(res, e);
+        return SendError(res, openai::SubmitError(s, job->request));
       }
       job->engine_ids.push_back(eid);
     }

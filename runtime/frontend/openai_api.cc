@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/cache_salt.h"
+#include "runtime/common/field_error.h"
 #include "runtime/common/json_limits.h"
+#include "runtime/engine/engine_loop.h"
 
 namespace pagedserve::openai {
 namespace {
@@ -211,7 +213,7 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
     if (t == body.end() || t->is_null()) p->temperature = 0.0f;
   }
   if (absl::Status s = p->Validate(); !s.ok()) {
-    *err = BadRequest(std::string(s.message()), ParamOf(std::string(s.message()), endpoint));
+    *err = BadRequest(std::string(s.message()), ParamOf(s, endpoint));
     return false;
   }
   return true;
@@ -397,25 +399,45 @@ json FinishJson(FinishReason reason) {
 
 }  // namespace
 
-std::string ParamOf(std::string_view message, Endpoint endpoint) {
-  // Admission errors (Scheduler::CheckAdmissible) that name no field first.
-  if (message.substr(0, 14) == "the beam width") return "best_of";
-  if (message.substr(0, 14) == "request needs ")
-    return "max_tokens";  // "... lower max_tokens or n"
-  size_t n = 0;
-  while (n < message.size() && ((message[n] >= 'a' && message[n] <= 'z') || message[n] == '_')) ++n;
-  const std::string_view field = message.substr(0, n);
-  if (field == "logprobs" && endpoint == Endpoint::kChat) return "top_logprobs";
-  if ((field == "prompt" || field == "prompt_token_ids") && endpoint == Endpoint::kChat)
-    return "messages";
-  if (field == "prompt_token_ids") return "prompt";
-  for (const char* known :
-       {"prompt", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-        "presence_penalty", "frequency_penalty", "logprobs", "stop", "stop_token_ids", "seed",
-        "best_of", "length_penalty", "early_stopping", "use_beam_search", "cache_salt"}) {
-    if (field == known) return std::string(field);
+std::string ParamOf(const absl::Status& status, Endpoint endpoint) {
+  const std::string field = FieldOf(status);
+  if (endpoint == Endpoint::kChat) {
+    if (field == "logprobs") return "top_logprobs";
+    if (field == "prompt") return "messages";
   }
-  return "";
+  return field;
+}
+
+ApiError SubmitError(const absl::Status& status, const ValidatedRequest& request) {
+  ApiError e;
+  e.message = std::string(status.message());
+  switch (SubmitErrorKindOf(status)) {
+    case SubmitErrorKind::kInvalidRequest:
+    case SubmitErrorKind::kPromptTooLong:
+      e.param = ParamOf(status, request.endpoint);
+      if (e.param == "max_tokens" && !request.max_tokens_given && request.params.n > 1) {
+        e.param = "n";
+        absl::StrAppend(&e.message,
+                        " (max_tokens was not given, so each of the n = ", request.params.n,
+                        " samples may use the rest of the context: lower n or set "
+                        "max_tokens)");
+      }
+      return e;
+    case SubmitErrorKind::kBusy:
+      e.status = 429;
+      e.type = "rate_limit_exceeded";
+      e.code = "rate_limit_exceeded";
+      return e;
+    case SubmitErrorKind::kUnavailable:
+      e.status = 503;
+      e.type = "service_unavailable";
+      return e;
+    case SubmitErrorKind::kDuplicateId:
+    case SubmitErrorKind::kInternal: break;
+  }
+  e.status = 500;
+  e.type = "server_error";
+  return e;
 }
 
 ApiError BadRequest(std::string message, std::string param) {
@@ -533,6 +555,9 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
         static_cast<int>(std::max<int64_t>(1, model.max_model_len - static_cast<int64_t>(longest)));
   }
   if (!ReadSampling(body, endpoint, tok.vocab_size(), &r.params, &out.error)) return out;
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (auto it = body.find(key); it != body.end() && !it->is_null()) r.max_tokens_given = true;
+  }
   out.request = std::move(r);
   return out;
 }

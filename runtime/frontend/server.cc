@@ -347,16 +347,16 @@ struct Server::Impl {
   }
 
   static ErrorCode CodeOf(const absl::Status& s) {
-    switch (s.code()) {
-      case absl::StatusCode::kInvalidArgument: return ErrorCode::kInvalidRequest;
-      case absl::StatusCode::kOutOfRange: return ErrorCode::kPromptTooLong;
-      case absl::StatusCode::kAlreadyExists: return ErrorCode::kDuplicateId;
-      case absl::StatusCode::kResourceExhausted: return ErrorCode::kBusy;
-      // Draining / shutting down (EngineLoop::Submit) or a lost worker rank:
-      // not "busy" (retrying here will not help), another replica should take it.
-      case absl::StatusCode::kUnavailable: return ErrorCode::kUnavailable;
-      default: return ErrorCode::kInternal;
+    switch (SubmitErrorKindOf(s)) {
+      case SubmitErrorKind::kInvalidRequest: return ErrorCode::kInvalidRequest;
+      case SubmitErrorKind::kPromptTooLong: return ErrorCode::kPromptTooLong;
+      case SubmitErrorKind::kDuplicateId: return ErrorCode::kDuplicateId;
+      case SubmitErrorKind::kBusy: return ErrorCode::kBusy;
+      // Not "busy" (retrying here will not help): another replica should take it.
+      case SubmitErrorKind::kUnavailable: return ErrorCode::kUnavailable;
+      case SubmitErrorKind::kInternal: break;
     }
+    return ErrorCode::kInternal;
   }
 
   void HandleGenerate(const std::string& identity, int fd, protocol::GenerateRequest& g) {

@@ -1,6 +1,7 @@
 // Scheduler scenarios. Every step runs through the FakeEngine, which checks
 // that each sequence's KV context (through its block table) equals its history.
 #include "runtime/coordinator/scheduler.h"
+#include "runtime/common/field_error.h"
 
 #include <map>
 #include <set>
@@ -126,7 +127,18 @@ TEST(SchedulerTest, RequestLargerThanPoolIsRejectedAndTheNextRuns) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("KV blocks"), std::string::npos) << s;
   EXPECT_EQ(d.sched->CheckAdmissible(30, huge.params).message(), s.message());  // same bound
-  EXPECT_EQ(d.sched->AddRequest(Req("long", 64, 1)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FieldOf(s), "max_tokens");  // typed (field_error.h): the front ends read the field
+  const absl::Status long_prompt = d.sched->AddRequest(Req("long", 64, 1));
+  EXPECT_EQ(long_prompt.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FieldOf(long_prompt), "prompt");
+  Request wide = Req("wide", 5, 1);
+  wide.params.n = c.max_num_seqs + 1;
+  EXPECT_EQ(FieldOf(d.sched->CheckAdmissible(5, wide.params)), "n") << c.max_num_seqs;
+  wide.params.n = 1;
+  wide.params.use_beam_search = true;
+  wide.params.temperature = 0;
+  wide.params.best_of = c.max_num_seqs + 1;
+  EXPECT_EQ(FieldOf(d.sched->CheckAdmissible(5, wide.params)), "best_of");
   EXPECT_TRUE(d.sched->AddRequest(Req("next", 5, 3)).ok());
   ASSERT_TRUE(d.RunToCompletion());
   EXPECT_EQ(d.tokens["next"][0].size(), 3u);

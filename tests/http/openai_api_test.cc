@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/field_error.h"
 #include "runtime/frontend/http_server.h"
 #include "runtime/tokenizer/loaders.h"
 #include "tests/common/fixture_tokenizer.h"
@@ -179,20 +180,45 @@ TEST(OpenAiApiTest, CrossFieldErrorsNameTheirField) {
             std::make_pair(400, std::string("stop")));
   EXPECT_EQ(Refused(R"({"prompt": "x", "use_beam_search": true, "logprobs": 2})"),
             std::make_pair(400, std::string("logprobs")));
-  // Admission messages (Scheduler::CheckAdmissible, Engine::CheckRequest).
-  EXPECT_EQ(ParamOf("prompt has 300 tokens but max_model_len is 256: at most 255 prompt tokens "
-                    "are allowed",
-                    Endpoint::kCompletions),
+  // Admission errors (Scheduler::CheckAdmissible, Engine::CheckRequest) carry
+  // their field as a payload (field_error.h); the endpoint names it its way.
+  EXPECT_EQ(ParamOf(FieldError("prompt", "prompt has 300 tokens"), Endpoint::kCompletions),
             "prompt");
-  EXPECT_EQ(ParamOf("prompt has 300 tokens but max_model_len is 256", Endpoint::kChat), "messages");
-  EXPECT_EQ(ParamOf("n (300) exceeds --max-num-seqs (256)", Endpoint::kChat), "n");
-  EXPECT_EQ(ParamOf("the beam width (8) exceeds --max-num-seqs (4)", Endpoint::kCompletions),
+  EXPECT_EQ(ParamOf(FieldError("prompt", "prompt has 300 tokens"), Endpoint::kChat), "messages");
+  EXPECT_EQ(ParamOf(FieldError("logprobs", "logprobs must be -1 or 0"), Endpoint::kChat),
+            "top_logprobs");
+  EXPECT_EQ(ParamOf(FieldError("best_of", "the beam width (8) exceeds"), Endpoint::kChat),
             "best_of");
-  EXPECT_EQ(ParamOf("request needs 99 KV blocks (n 2 x 300 tokens ...); lower max_tokens or n",
-                    Endpoint::kCompletions),
-            "max_tokens");
-  EXPECT_EQ(ParamOf("logprobs must be -1 or 0", Endpoint::kChat), "top_logprobs");
-  EXPECT_EQ(ParamOf("the engine is shutting down", Endpoint::kCompletions), "");
+  EXPECT_EQ(ParamOf(absl::UnavailableError("the engine is shutting down"), Endpoint::kCompletions),
+            "");
+}
+
+// One mapping from a Submit refusal to the HTTP error (SubmitErrorKindOf).
+TEST(OpenAiApiTest, SubmitErrorsMapByKind) {
+  ValidatedRequest r;
+  r.endpoint = Endpoint::kChat;
+  r.params.n = 23;
+  const absl::Status kv = FieldError("max_tokens", "request needs 3000 KV blocks");
+  ApiError e = SubmitError(kv, r);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "n");  // the client sent no max_tokens: n is what it chose
+  EXPECT_NE(e.message.find("max_tokens was not given"), std::string::npos) << e.message;
+  r.max_tokens_given = true;
+  EXPECT_EQ(SubmitError(kv, r).param, "max_tokens");
+  EXPECT_EQ(SubmitError(FieldError("prompt", "too long", absl::StatusCode::kOutOfRange), r).param,
+            "messages");
+  EXPECT_EQ(SubmitError(absl::ResourceExhaustedError("queue full"), r).status, 429);
+  EXPECT_EQ(SubmitError(absl::UnavailableError("draining"), r).status, 503);
+  EXPECT_EQ(SubmitError(absl::FailedPreconditionError("engine failed"), r).status, 503);
+  EXPECT_EQ(SubmitError(absl::InternalError("?"), r).status, 500);
+}
+
+// max_tokens_given tells a default from the client's value.
+TEST(OpenAiApiTest, MaxTokensGivenIsRecorded) {
+  EXPECT_FALSE(Completions(R"({"prompt": "x"})").request->max_tokens_given);
+  EXPECT_TRUE(Completions(R"({"prompt": "x", "max_tokens": 3})").request->max_tokens_given);
+  EXPECT_TRUE(
+      Completions(R"({"prompt": "x", "max_completion_tokens": 3})").request->max_tokens_given);
 }
 
 TEST(OpenAiApiTest, CacheSaltIsValidatedAtTheEdge) {

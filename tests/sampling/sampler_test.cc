@@ -1,6 +1,7 @@
 // Sampler tests against a naive double-precision reference written from the
 // published definitions (HF transformers' logits warpers, OpenAI's penalty formula).
 #include "runtime/sampling/sampler.h"
+#include "runtime/common/field_error.h"
 
 #include <gtest/gtest.h>
 
@@ -440,6 +441,10 @@ void ExpectInvalid(const SamplingParams& p, const std::string& needle) {
   absl::Status s = p.Validate();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << needle;
   EXPECT_NE(s.message().find(needle), std::string::npos) << "got: " << s.message();
+  // Typed: the status names its field (field_error.h), which the message names too.
+  const std::string field = FieldOf(s);
+  EXPECT_FALSE(field.empty()) << s;
+  EXPECT_EQ(s.message().rfind(field, 0), 0u) << "field '" << field << "': " << s.message();
 }
 
 TEST(SamplingParamsTest, ValidationNamesFieldAndValue) {
