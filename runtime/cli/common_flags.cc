@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/frontend/chat_messages.h"
 #include "runtime/model/weights.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/loaders.h"
@@ -338,13 +339,7 @@ absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer,
     return absl::Status(tmpl.status().code(), absl::StrCat("--chat: ", tmpl.status().message()));
   }
   const ChatMessage message{"user", text};
-  absl::StatusOr<std::string> rendered =
-      tmpl->Render({&message, 1}, /*add_generation_prompt=*/true);
-  if (!rendered.ok()) return rendered.status();
-  EncodeOptions o;
-  o.add_special_tokens = false;
-  o.parse_special = true;
-  return tokenizer.Encode(*rendered, o);
+  return EncodeChat(&*tmpl, tokenizer, {&message, 1});
 }
 
 absl::StatusOr<bool> UseLogColor(const std::string& mode, bool is_terminal, const char* no_color,

@@ -45,9 +45,17 @@ absl::Status SamplingParams::Validate() const {
   if (logprobs < -1 || logprobs > kMaxLogprobs) {
     return Bad("logprobs", absl::StrCat("in [-1, ", kMaxLogprobs, "]"), logprobs);
   }
+  if (stop.size() > kMaxStopStrings) {
+    return FieldError(
+        "stop", absl::StrCat("stop has ", stop.size(), " strings, the limit is ", kMaxStopStrings));
+  }
   for (size_t i = 0; i < stop.size(); ++i) {
     if (stop[i].empty()) {
       return FieldError("stop", absl::StrCat("stop[", i, "] must be a non-empty string"));
+    }
+    if (stop[i].size() > kMaxStopStringBytes) {
+      return FieldError(
+          "stop", absl::StrCat("stop[", i, "] is longer than ", kMaxStopStringBytes, " bytes"));
     }
   }
   for (size_t i = 0; i < stop_token_ids.size(); ++i) {

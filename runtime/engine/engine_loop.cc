@@ -46,18 +46,6 @@ EngineLoop::EngineLoop(Engine* engine, EngineLoopOptions options)
 // `channel` is a sink, moved into channels_ below (clang-tidy 14 does not count
 // the std::move as a use).
 // NOLINTNEXTLINE(performance-unnecessary-value-param)
-SubmitErrorKind SubmitErrorKindOf(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument: return SubmitErrorKind::kInvalidRequest;
-    case absl::StatusCode::kOutOfRange: return SubmitErrorKind::kPromptTooLong;
-    case absl::StatusCode::kAlreadyExists: return SubmitErrorKind::kDuplicateId;
-    case absl::StatusCode::kResourceExhausted: return SubmitErrorKind::kBusy;
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kFailedPrecondition: return SubmitErrorKind::kUnavailable;
-    default: return SubmitErrorKind::kInternal;
-  }
-}
-
 absl::Status EngineLoop::Submit(EngineRequest request, std::shared_ptr<RequestChannel> channel) {
   // Thread-safe: reads only what is fixed at Engine::Create.
   if (absl::Status s = engine_->CheckRequest(request.prompt_token_ids, request.params); !s.ok())

@@ -117,7 +117,17 @@ enum class SubmitErrorKind {
   kUnavailable,
   kInternal
 };
-SubmitErrorKind SubmitErrorKindOf(const absl::Status& status);
+inline SubmitErrorKind SubmitErrorKindOf(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument: return SubmitErrorKind::kInvalidRequest;
+    case absl::StatusCode::kOutOfRange: return SubmitErrorKind::kPromptTooLong;
+    case absl::StatusCode::kAlreadyExists: return SubmitErrorKind::kDuplicateId;
+    case absl::StatusCode::kResourceExhausted: return SubmitErrorKind::kBusy;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kFailedPrecondition: return SubmitErrorKind::kUnavailable;
+    default: return SubmitErrorKind::kInternal;
+  }
+}
 
 // Thread safety: every public method may be called from any thread, except
 // Run (one thread, the one allowed to call the executor).

@@ -704,9 +704,7 @@ struct HttpServer::Impl {
       if (!out.error.ok() && job.error.ok()) job.error = out.error;
       for (int i = 0; i < n; ++i) {
         openai::ChoiceState& acc = job.choices[p * n + i];
-        if (acc.finish_reason == FinishReason::kNone) {
-          acc.finish_reason = out.error.ok() ? FinishReason::kAbort : FinishReason::kError;
-        }
+        acc.finish_reason = EndedWithRequest(acc.finish_reason, !out.error.ok());
       }
     }
   }

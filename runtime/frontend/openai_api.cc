@@ -11,6 +11,8 @@
 #include "runtime/common/field_error.h"
 #include "runtime/common/json_limits.h"
 #include "runtime/engine/engine_loop.h"
+#include "runtime/frontend/chat_messages.h"
+#include "runtime/frontend/request_fields.h"
 
 namespace pagedserve::openai {
 namespace {
@@ -142,11 +144,14 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
   if (!ReadInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &v, err)) return false;
   p->top_k = v == 0 ? -1 : static_cast<int>(v);  // 0 and -1 both mean off, as in vLLM
   v = -1;
-  if (!ReadInt(body, "seed", std::numeric_limits<int64_t>::min(),
-               std::numeric_limits<int64_t>::max(), &v, err)) {
-    return false;
+  if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
+    absl::StatusOr<std::optional<uint64_t>> seed = SeedFromJson(*it);
+    if (!seed.ok()) {
+      *err = BadRequest(std::string(seed.status().message()), "seed");
+      return false;
+    }
+    p->seed = *seed;
   }
-  if (body.contains("seed") && !body["seed"].is_null()) p->seed = static_cast<uint64_t>(v);
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {
       p->stop = {it->get<std::string>()};
@@ -222,62 +227,15 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
 // Chat `messages` -> the template's messages. content: a string or an array of
 // {"type": "text", "text": ...} parts (concatenated); absent or null only for
 // an assistant message (an empty turn).
+// "messages": the rules every front end shares (chat_messages.h); other keys
+// of a message are ignored, as the OpenAI API does.
 bool ReadMessages(const json& body, std::vector<ChatMessage>* out, ApiError* err) {
+  static const json kMissing;
   auto it = body.find("messages");
-  if (it == body.end() || !it->is_array() || it->empty()) {
-    *err = BadRequest("'messages' must be a non-empty array", "messages");
+  if (absl::Status s = ReadChatMessages(it == body.end() ? kMissing : *it, /*strict=*/false, out);
+      !s.ok()) {
+    *err = BadRequest(std::string(s.message()), "messages");
     return false;
-  }
-  for (const json& m : *it) {
-    if (!m.is_object()) {
-      *err = BadRequest(absl::StrCat("each message must be an object; got ", m.type_name()),
-                        "messages");
-      return false;
-    }
-    if (!m.contains("role") || !m["role"].is_string()) {
-      *err = BadRequest("each message needs a string 'role'", "messages");
-      return false;
-    }
-    ChatMessage cm;
-    cm.role = m["role"].get<std::string>();
-    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" &&
-        cm.role != "developer") {
-      *err = BadRequest(absl::StrCat("unsupported message role '", cm.role, "'"), "messages");
-      return false;
-    }
-    if (cm.role == "developer") cm.role = "system";
-    // A reference: a copy of client JSON would recurse once per nesting level.
-    static const json kNoContent;
-    const auto content_it = m.find("content");
-    const json& content = content_it != m.end() ? *content_it : kNoContent;
-    if (content.is_string()) {
-      cm.content = content.get<std::string>();
-    } else if (content.is_array()) {
-      for (const json& part : content) {
-        if (!part.is_object() || !part.contains("type") || part["type"] != "text") {
-          *err = BadRequest(
-              "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
-              "messages");
-          return false;
-        }
-        if (!part.contains("text") || !part["text"].is_string()) {
-          *err = BadRequest("a text content part needs a string 'text'", "messages");
-          return false;
-        }
-        cm.content += part["text"].get<std::string>();
-      }
-    } else if (!content.is_null()) {
-      *err = BadRequest("message 'content' must be a string or an array of text parts", "messages");
-      return false;
-    } else if (cm.role != "assistant") {
-      // As in OpenAI's API: only an assistant turn may leave content out (or null).
-      *err = BadRequest(absl::StrCat("a '", m["role"].get<std::string>(),
-                                     "' message needs 'content' (a string or an array of text "
-                                     "parts); only assistant messages may omit it"),
-                        "messages");
-      return false;
-    }
-    out->push_back(std::move(cm));
   }
   return true;
 }
@@ -525,19 +483,12 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
   if (endpoint == Endpoint::kChat) {
     std::vector<ChatMessage> messages;
     if (!ReadMessages(body, &messages, &out.error)) return out;
-    if (chat_template == nullptr) {
-      out.error = BadRequest("this model has no chat template; use /v1/completions", "messages");
+    absl::StatusOr<std::vector<int32_t>> ids = EncodeChat(chat_template, tok, messages);
+    if (!ids.ok()) {
+      out.error = BadRequest(std::string(ids.status().message()), "messages");
       return out;
     }
-    absl::StatusOr<std::string> rendered =
-        chat_template->Render(messages, /*add_generation_prompt=*/true);
-    if (!rendered.ok()) {
-      out.error = BadRequest(absl::StrCat("messages: ", rendered.status().message()), "messages");
-      return out;
-    }
-    EncodeOptions eo;
-    eo.add_special_tokens = false;  // the template holds them (as HF apply_chat_template)
-    r.prompts.push_back(tok.Encode(*rendered, eo));
+    r.prompts.push_back(*std::move(ids));
   } else if (!ReadPrompts(body, tok, &r.prompts, &out.error)) {
     return out;
   }
@@ -653,18 +604,12 @@ std::string TokenizeResponse(std::string_view text, const ServedModel& model, co
   if (body.contains("messages")) {
     std::vector<ChatMessage> messages;
     if (!ReadMessages(body, &messages, err)) return "";
-    if (chat_template == nullptr) {
-      *err = BadRequest("this model has no chat template", "messages");
+    absl::StatusOr<std::vector<int32_t>> encoded = EncodeChat(chat_template, tok, messages);
+    if (!encoded.ok()) {
+      *err = BadRequest(std::string(encoded.status().message()), "messages");
       return "";
     }
-    absl::StatusOr<std::string> rendered = chat_template->Render(messages, true);
-    if (!rendered.ok()) {
-      *err = BadRequest(std::string(rendered.status().message()), "messages");
-      return "";
-    }
-    EncodeOptions eo;
-    eo.add_special_tokens = false;
-    ids = tok.Encode(*rendered, eo);
+    ids = *std::move(encoded);
   } else {
     auto it = body.find("prompt");
     if (it == body.end() || !it->is_string()) {

@@ -493,6 +493,16 @@ TEST(SamplingParamsTest, ValidationNamesFieldAndValue) {
   p = {};
   p.stop = {"ok", ""};
   ExpectInvalid(p, "stop[1] must be a non-empty string");
+  // The bounds every front end shares (stop matching runs per output token).
+  p = {};
+  p.stop = std::vector<std::string>(SamplingParams::kMaxStopStrings + 1, "x");
+  ExpectInvalid(p, "stop has 17 strings, the limit is 16");
+  p.stop.resize(SamplingParams::kMaxStopStrings);
+  EXPECT_TRUE(p.Validate().ok());
+  p.stop = {std::string(SamplingParams::kMaxStopStringBytes + 1, 'x')};
+  ExpectInvalid(p, "stop[0] is longer than 256 bytes");
+  p.stop[0].pop_back();
+  EXPECT_TRUE(p.Validate().ok());
   p = {};
   p.stop_token_ids = {-4};
   ExpectInvalid(p, "stop_token_ids[0] must be >= 0, got -4");
