@@ -73,8 +73,8 @@ absl::Status ReadChatMessages(const json& messages, bool strict, std::vector<Cha
     const json& m = messages[i];
     const std::string name = absl::StrCat("messages[", i, "]");
     if (!m.is_object()) {
-      return Bad(absl::StrCat("field '", name, "' must be an object with 'role' and 'content', got ",
-                              KindOf(m)));
+      return Bad(absl::StrCat("field '", name,
+                              "' must be an object with 'role' and 'content', got ", KindOf(m)));
     }
     if (strict) {
       for (auto it = m.begin(); it != m.end(); ++it) {

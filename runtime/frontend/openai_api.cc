@@ -143,7 +143,6 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
   v = p->top_k;
   if (!ReadInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &v, err)) return false;
   p->top_k = v == 0 ? -1 : static_cast<int>(v);  // 0 and -1 both mean off, as in vLLM
-  v = -1;
   if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
     absl::StatusOr<std::optional<uint64_t>> seed = SeedFromJson(*it);
     if (!seed.ok()) {
@@ -224,9 +223,6 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
   return true;
 }
 
-// Chat `messages` -> the template's messages. content: a string or an array of
-// {"type": "text", "text": ...} parts (concatenated); absent or null only for
-// an assistant message (an empty turn).
 // "messages": the rules every front end shares (chat_messages.h); other keys
 // of a message are ignored, as the OpenAI API does.
 bool ReadMessages(const json& body, std::vector<ChatMessage>* out, ApiError* err) {
