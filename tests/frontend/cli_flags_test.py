@@ -12,7 +12,11 @@ rejected flag is not ignored).
 No server is needed: the commands that would run fail fast or are `sim`. With
 MODEL (a model file; the CTest registration passes the default model), flag
 values checked after the model is read (--gpu-memory-utilization, --dtype,
---kv-cache-dtype, --max-seq-len-to-capture) are refused with exit 2 and a message naming the flag.
+--kv-cache-dtype, --max-seq-len-to-capture, serve's --seed and
+--log-stats-interval) are refused with exit 2 and a message naming the flag.
+`--version` / `version` print the project's version; `--log-level` takes
+debug, info, warning or error; `serve MODEL` takes the model as its argument
+(a different --model beside it is an error); prefix caching is on by default.
 """
 
 import glob
@@ -147,8 +151,47 @@ def main():
         rc, out, err = run(binary, ["generate", f"--log-color={mode}", "--model", "/nonexistent.gguf"])
         check(rc == 1 and "does not exist" in err, f"--log-color={mode} parses (rc={rc}, {err.strip()!r})")
 
+    # --log-level: spdlog's levels by their usual names; another value exits 2 naming them.
+    rc, out, err = run(binary, ["generate", "--log-level=verbose", "--model", "/nonexistent.gguf"])
+    check(rc == 2 and "--log-level must be debug, info, warning or error, got 'verbose'" in err,
+          f"--log-level=verbose: exit 2 naming the values (rc={rc}, {err.strip()!r})")
+    for level in ("debug", "info", "warning", "error", "WARNING"):
+        rc, out, err = run(binary, ["serve", f"--log-level={level}", "/nonexistent.gguf"])
+        check(rc == 1 and "does not exist" in err, f"--log-level={level} parses (rc={rc}, {err.strip()!r})")
+
+    # --version / version: the project's version alone on stdout, exit 0.
+    with open(os.path.join(source_dir, "CMakeLists.txt"), encoding="utf-8") as f:
+        version = re.search(r"project\(pagedserve VERSION ([0-9.]+)", f.read()).group(1)
+    for args in (["--version"], ["version"], ["serve", "--version"]):
+        rc, out, err = run(binary, args)
+        check(rc == 0 and out == version + "\n" and err == "",
+              f"{args}: prints {version}, exit 0 (rc={rc}, out={out!r}, err={err.strip()!r})")
+
+    # Prefix caching is on by default (as vLLM V1): the usage says so.
+    rc, out, err = run(binary, ["serve", "--help"])
+    check("--enable-prefix-caching (default true)" in out, "serve --help: prefix caching on by default")
+
+    # `serve MODEL` as `vllm serve MODEL`: the argument is --model; both given
+    # and different, or two arguments, exit 2 naming them.
+    rc, out, err = run(binary, ["serve", "/nonexistent-positional.gguf", "--port=-1"])
+    check(rc == 1 and "--model: '/nonexistent-positional.gguf' does not exist" in err,
+          f"serve MODEL: the argument is the model (rc={rc}, {err.strip()!r})")
+    rc, out, err = run(binary, ["serve", "/same.gguf", "--model=/same.gguf"])
+    check(rc == 1 and "'/same.gguf' does not exist" in err,
+          f"serve MODEL --model MODEL (the same): accepted (rc={rc}, {err.strip()!r})")
+    rc, out, err = run(binary, ["serve", "/a.gguf", "--model", "/b.gguf"])
+    check(rc == 2 and "the model is given twice" in err and "'/a.gguf'" in err and "'/b.gguf'" in err,
+          f"serve A --model B: exit 2 naming both (rc={rc}, {err.strip()!r})")
+    rc, out, err = run(binary, ["serve", "/a.gguf", "/b.gguf"])
+    check(rc == 2 and "unexpected argument '/b.gguf'" in err,
+          f"serve A B: exit 2 naming the extra argument (rc={rc}, {err.strip()!r})")
+
     # Values checked once the model is read: exit 2, the flag and the rule named.
     if model:
+        for flags, rule in ((["--seed=-2"], "--seed must be >= 0 (or -1 for none), got -2"),
+                            (["--log-stats-interval=0"], "--log-stats-interval must be in (0, 86400]")):
+            rc, out, err = run(binary, ["serve", model, "--port=-1"] + flags)
+            check(rc == 2 and rule in err, f"serve {flags}: exit 2, '{rule}' (rc={rc}, {err.strip()[-200:]!r})")
         for flag, value, rule in (("--gpu-memory-utilization", "0", "must be in (0, 1]"),
                                   ("--gpu-memory-utilization", "1.5", "must be in (0, 1]"),
                                   ("--gpu-memory-utilization", "nan", "must be in (0, 1]"),
