@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "runtime/cli/json_log_format.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/weights.h"
 #include "runtime/tokenizer/chat_template.h"
@@ -29,6 +30,9 @@ PAGEDSERVE_FLAG(
 PAGEDSERVE_FLAG("generate,serve", std::string, log_level, "info",
                 "lowest level of the log lines written: debug, info, warning or error "
                 "(spdlog levels; debug adds the stats line while the server is idle)");
+PAGEDSERVE_FLAG("generate,serve", std::string, log_format, "text",
+                "log line format: text (\"[time] [level] message\") or json (one object per "
+                "line: time in UTC, level, message; no colour)");
 PAGEDSERVE_FLAG("generate,serve", std::string, model, "",
                 "model: a .gguf file or a Hugging Face directory (config.json, *.safetensors, "
                 "tokenizer.json); serve also takes it as its argument: `pagedserve serve MODEL`");
@@ -402,14 +406,21 @@ absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& name)
 absl::Status ConfigureLogging() {
   PS_ASSIGN_OR_RETURN(const spdlog::level::level_enum level,
                       ParseLogLevel(absl::GetFlag(FLAGS_log_level)));
+  const std::string format = absl::GetFlag(FLAGS_log_format);
+  if (format != "text" && format != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-format must be text or json, got '", format, "'"));
+  }
+  const bool json = format == "json";
   const std::string mode = absl::GetFlag(FLAGS_log_color);
   const bool under_mpirun =
       std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
   const char* no_color = std::getenv("NO_COLOR");
-  PS_ASSIGN_OR_RETURN(const bool out_color,
+  PS_ASSIGN_OR_RETURN(bool out_color,
                       UseLogColor(mode, isatty(STDOUT_FILENO) == 1, no_color, under_mpirun));
-  PS_ASSIGN_OR_RETURN(const bool err_color,
+  PS_ASSIGN_OR_RETURN(bool err_color,
                       UseLogColor(mode, isatty(STDERR_FILENO) == 1, no_color, under_mpirun));
+  if (json) out_color = err_color = false;  // escape codes are not JSON
   // spdlog's own `automatic` would colour any terminal whose TERM looks like
   // a colour one, NO_COLOR or not: the decision is made here instead.
   using spdlog::color_mode;
@@ -421,6 +432,7 @@ absl::Status ConfigureLogging() {
   spdlog::drop("launch");
   spdlog::stderr_color_mt("launch", err_color ? color_mode::always : color_mode::never);
   spdlog::set_level(level);  // every registered logger, and those created later
+  if (json) spdlog::set_formatter(MakeJsonLogFormatter());
   return absl::OkStatus();
 }
 

@@ -34,6 +34,7 @@
 // Logging:
 //   --log-color auto|always|never   ANSI colours in log lines (ConfigureLogging)
 //   --log-level debug|info|warning|error   lowest spdlog level written (ConfigureLogging)
+//   --log-format text|json       one JSON object per log line (json_log_format.h)
 //
 // Adding a flag: one line at namespace scope in the .cc of the sub-command that
 // reads it (or here, in common_flags.cc, when several do), naming the
@@ -89,6 +90,7 @@ ABSL_DECLARE_FLAG(double, worker_step_timeout);
 
 ABSL_DECLARE_FLAG(std::string, log_color);
 ABSL_DECLARE_FLAG(std::string, log_level);
+ABSL_DECLARE_FLAG(std::string, log_format);
 
 ABSL_DECLARE_FLAG(int32_t, max_tokens);
 ABSL_DECLARE_FLAG(double, temperature);
@@ -173,9 +175,11 @@ absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& name)
 // Applies --log-color (UseLogColor with this process's stdout / stderr,
 // NO_COLOR and OMPI_COMM_WORLD_SIZE / PMIX_RANK) to spdlog's default logger
 // (stdout) and to the "launch" logger (stderr, runtime/launch/process_state.cc),
-// and --log-level to every spdlog logger (lines written with fprintf - usage
-// errors, the serving banner - are not levelled). Call once after the flags are
-// parsed, before anything logs. Errors: UseLogColor's, ParseLogLevel's.
+// and --log-level and --log-format (json: MakeJsonLogFormatter, colour off) to
+// every spdlog logger (lines written with fprintf - usage errors, the serving
+// banner on stderr - are neither levelled nor formatted). Call once after the
+// flags are parsed, before anything logs. Errors: UseLogColor's,
+// ParseLogLevel's, InvalidArgument naming --log-format for another format.
 absl::Status ConfigureLogging();
 
 // --seed as an optional seed: nullopt for -1, InvalidArgument naming the flag

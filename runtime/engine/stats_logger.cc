@@ -13,17 +13,16 @@ double Percent(double fraction) { return 100.0 * fraction; }
 
 }  // namespace
 
-std::string FormatStatsLine(const EngineSnapshot& prev, const EngineSnapshot& cur,
-                            double seconds) {
+std::string FormatStatsLine(const EngineSnapshot& prev, const EngineSnapshot& cur, double seconds) {
   const double prompt_tps =
       static_cast<double>(cur.tokens.prompt_tokens - prev.tokens.prompt_tokens) / seconds;
   const double generation_tps =
       static_cast<double>(cur.tokens.generation_tokens - prev.tokens.generation_tokens) / seconds;
   const SchedulerStats& s = cur.scheduler;
   const double hit_rate =
-      s.prefix_cache_queries > 0 ? static_cast<double>(s.prefix_cache_hits) /
-                                       static_cast<double>(s.prefix_cache_queries)
-                                 : 0.0;
+      s.prefix_cache_queries > 0
+          ? static_cast<double>(s.prefix_cache_hits) / static_cast<double>(s.prefix_cache_queries)
+          : 0.0;
   return absl::StrFormat(
       "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
       "Running: %d reqs, Waiting: %d reqs, Swapped: %d reqs, Device KV cache usage: %.1f%%, "

@@ -15,7 +15,7 @@ values checked after the model is read (--gpu-memory-utilization, --dtype,
 --kv-cache-dtype, --max-seq-len-to-capture, serve's --seed and
 --log-stats-interval) are refused with exit 2 and a message naming the flag.
 `--version` / `version` print the project's version; `--log-level` takes
-debug, info, warning or error; `serve MODEL` takes the model as its argument
+debug, info, warning or error, `--log-format` text or json; `serve MODEL` takes the model as its argument
 (a different --model beside it is an error); prefix caching is on by default.
 """
 
@@ -158,6 +158,13 @@ def main():
     for level in ("debug", "info", "warning", "error", "WARNING"):
         rc, out, err = run(binary, ["serve", f"--log-level={level}", "/nonexistent.gguf"])
         check(rc == 1 and "does not exist" in err, f"--log-level={level} parses (rc={rc}, {err.strip()!r})")
+
+    rc, out, err = run(binary, ["serve", "--log-format=xml", "/nonexistent.gguf"])
+    check(rc == 2 and "--log-format must be text or json, got 'xml'" in err,
+          f"--log-format=xml: exit 2 naming the formats (rc={rc}, {err.strip()!r})")
+    for fmt in ("text", "json"):
+        rc, out, err = run(binary, ["generate", f"--log-format={fmt}", "--model", "/nonexistent.gguf"])
+        check(rc == 1 and "does not exist" in err, f"--log-format={fmt} parses (rc={rc}, {err.strip()!r})")
 
     # --version / version: the project's version alone on stdout, exit 0.
     with open(os.path.join(source_dir, "CMakeLists.txt"), encoding="utf-8") as f:

@@ -704,8 +704,8 @@ def wait_for_logs(server, predicate, what, timeout=REPLY_TIMEOUT):
 
 class OperateTest(unittest.TestCase):
     """What a vLLM user expects of the server's defaults, flags and logs:
-    `serve MODEL`, --seed, --log-level, the periodic stats line and
-    --disable-log-stats."""
+    `serve MODEL`, --seed, --log-level, the periodic stats line,
+    --disable-log-stats and --log-format json."""
 
     # Long enough to fill whole KV blocks, so that the prefix cache (on by
     # default) hits on the second request.
@@ -782,6 +782,34 @@ class OperateTest(unittest.TestCase):
         prompt_tokens = final["usage"]["prompt_tokens"]
         expected_hit = 100.0 * final["usage"]["cached_prompt_tokens"] / (2 * prompt_tokens)
         self.assertAlmostEqual(lines[-1][8], expected_hit, delta=0.06)
+
+    def test_log_format_json(self):
+        server = ServerProcess(["--log-format=json", "--log-stats-interval=0.1", "--log-color=always",
+                                "--log-request-content"], metrics=False)
+        try:
+            raw = Raw(server.endpoint)
+            raw.send(gen("json-log", prompt='A "quoted"\tprompt\\', max_tokens=8, temperature=0))
+            _, final = collect(raw, "json-log")
+            raw.close()
+            self.assertEqual(final["type"], "final", final)
+        finally:
+            self.assertEqual(server.stop(), 0, server.logs())
+        objects = []
+        for line in server.logs().splitlines():
+            if line.startswith("pagedserve serve: "):
+                continue  # the ready and stop lines on stderr are not log lines
+            obj = json.loads(line)  # every other line is one JSON object
+            self.assertEqual(sorted(obj), ["level", "message", "time"], line)
+            self.assertRegex(obj["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+            objects.append(obj)
+        messages = [o["message"] for o in objects]
+        self.assertTrue(any('json-log" prompt_tokens=' in m for m in messages), messages)  # quotes escaped
+        # The request log C-escapes the prompt; the JSON layer escapes that
+        # again and json.loads gives the request log's text back exactly.
+        self.assertTrue(any('prompt="A \\"quoted\\"\\tprompt\\\\"' in m for m in messages), messages)
+        self.assertTrue(any(STATS_LINE.search("[info] " + m) for m in messages), messages)
+        self.assertEqual({o["level"] for o in objects}, {"info"})
+        self.assertNotIn("\x1b[", server.logs(), "no colour codes in JSON, even with --log-color=always")
 
     def test_disable_log_stats_and_log_level(self):
         for flags, request_logged in ((["--disable-log-stats"], True), (["--log-level=warning"], False)):
