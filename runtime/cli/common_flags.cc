@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "runtime/cli/json_log_format.h"
+#include "runtime/cli/load_progress.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/weights.h"
 #include "runtime/tokenizer/chat_template.h"
@@ -223,6 +224,7 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
   if (s.worker.graphs.max_seq_len_to_capture < 1)
     return BadFlag("max-seq-len-to-capture", "must be >= 1",
                    s.worker.graphs.max_seq_len_to_capture);
+  s.worker.load_progress = MakeLoadProgress();
   s.worker.max_num_blocks = absl::GetFlag(FLAGS_max_num_blocks);
   if (s.worker.max_num_blocks < 0)
     return BadFlag("max-num-blocks", "must be >= 0", s.worker.max_num_blocks);
@@ -403,6 +405,12 @@ absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& name)
       absl::StrCat("--log-level must be debug, info, warning or error, got '", name, "'"));
 }
 
+bool StartedByMpirun() {
+  static const bool started =
+      std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+  return started;
+}
+
 absl::Status ConfigureLogging() {
   PS_ASSIGN_OR_RETURN(const spdlog::level::level_enum level,
                       ParseLogLevel(absl::GetFlag(FLAGS_log_level)));
@@ -413,8 +421,7 @@ absl::Status ConfigureLogging() {
   }
   const bool json = format == "json";
   const std::string mode = absl::GetFlag(FLAGS_log_color);
-  const bool under_mpirun =
-      std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+  const bool under_mpirun = StartedByMpirun();
   const char* no_color = std::getenv("NO_COLOR");
   PS_ASSIGN_OR_RETURN(bool out_color,
                       UseLogColor(mode, isatty(STDOUT_FILENO) == 1, no_color, under_mpirun));

@@ -168,12 +168,18 @@ absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer,
 absl::StatusOr<bool> UseLogColor(const std::string& mode, bool is_terminal, const char* no_color,
                                  bool under_mpirun);
 
+// Whether mpirun started this process (OMPI_COMM_WORLD_SIZE or PMIX_RANK in
+// the environment). The first call's answer is kept: a singleton MPI_Init (a
+// command run without mpirun) sets those variables itself. ConfigureLogging
+// makes the first call, before any command initializes MPI.
+bool StartedByMpirun();
+
 // The spdlog level of a --log-level value: debug, info, warning, error (any
 // case). InvalidArgument naming the flag and the four values otherwise.
 absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& name);
 
 // Applies --log-color (UseLogColor with this process's stdout / stderr,
-// NO_COLOR and OMPI_COMM_WORLD_SIZE / PMIX_RANK) to spdlog's default logger
+// NO_COLOR and StartedByMpirun) to spdlog's default logger
 // (stdout) and to the "launch" logger (stderr, runtime/launch/process_state.cc),
 // and --log-level and --log-format (json: MakeJsonLogFormatter, colour off) to
 // every spdlog logger (lines written with fprintf - usage errors, the serving
