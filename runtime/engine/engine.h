@@ -58,9 +58,10 @@ struct EngineOptions {
   std::optional<uint64_t> default_seed;
 };
 
-// The seed of the `ordinal`-th request (0-based, in AddRequest order) that
-// came without one, under EngineOptions::default_seed `engine_seed`:
-// SplitMix64-mixed, so neighbouring ordinals give unrelated streams.
+// The seed given to a request without one under EngineOptions::default_seed
+// `engine_seed`, where `ordinal` is the number of requests (seeded or not)
+// AddRequest accepted before it: SplitMix64-mixed, so neighbouring ordinals
+// give unrelated streams.
 uint64_t DefaultRequestSeed(uint64_t engine_seed, uint64_t ordinal);
 
 // Token counts since the engine was created (every step, with or without
