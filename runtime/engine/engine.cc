@@ -116,6 +116,17 @@ absl::Status Engine::CheckCacheSalt(std::string_view cache_salt) const {
   return ValidateCacheSalt(cache_salt);
 }
 
+uint64_t DefaultRequestSeed(uint64_t engine_seed, uint64_t ordinal) {
+  // SplitMix64's finalizer over the seed, then over the ordinal mixed in.
+  auto mix = [](uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  return mix(mix(engine_seed) ^ ordinal);
+}
+
 absl::Status Engine::AddRequest(EngineRequest request) {
   if (request.request_id.empty()) return absl::InvalidArgumentError("request_id must not be empty");
   if (requests_.contains(request.request_id)) {
@@ -129,6 +140,10 @@ absl::Status Engine::AddRequest(EngineRequest request) {
   if (absl::Status s = CheckRequest(request.prompt_token_ids, request.params); !s.ok()) return s;
   if (absl::Status s = CheckCacheSalt(request.cache_salt); !s.ok()) return s;
 
+  const uint64_t ordinal = requests_accepted_;
+  if (!request.params.seed && options_.default_seed) {
+    request.params.seed = DefaultRequestSeed(*options_.default_seed, ordinal);
+  }
   auto r = std::make_unique<RequestState>();
   r->request_id = request.request_id;
   r->params = request.params;
@@ -146,6 +161,7 @@ absl::Status Engine::AddRequest(EngineRequest request) {
   sr.cache_extra_keys = CacheSaltKeys(request.cache_salt);
   if (absl::Status s = scheduler_->AddRequest(std::move(sr)); !s.ok()) return s;
 
+  requests_accepted_ = ordinal + 1;
   unscheduled_.push_back(r->request_id);
   requests_.emplace(r->request_id, std::move(r));
   return absl::OkStatus();
@@ -452,6 +468,8 @@ void Engine::RecordStepMetrics(const StepPlan& plan, const StepResult& result) {
     if (s.is_prefill()) fig.prompt_tokens += static_cast<int64_t>(s.token_ids.size());
   }
   fig.generation_tokens = static_cast<int64_t>(result.tokens.size());
+  token_counters_.prompt_tokens += fig.prompt_tokens;
+  token_counters_.generation_tokens += fig.generation_tokens;
   fig.step_tokens = plan.num_tokens();
   fig.forward_s = result.forward_seconds;
   fig.collective_s = result.collective_seconds;

@@ -86,6 +86,7 @@ struct EngineLoopOptions {
 // are fixed at construction.
 struct EngineSnapshot {
   SchedulerStats scheduler;
+  EngineTokenCounters tokens;   // prompt / generation tokens since start
   int64_t queued_adds = 0;      // Submit()ted, not yet applied by Run
   int64_t in_flight = 0;        // submitted requests whose final output is not out yet
   int64_t kv_blocks_total = 0;  // device KV blocks (minimum over ranks)
@@ -191,6 +192,7 @@ class EngineLoop {
   int64_t queued_adds_ = 0;        // guarded by mu_
   absl::flat_hash_map<std::string, std::shared_ptr<RequestChannel>> channels_;  // guarded by mu_
   SchedulerStats stats_;                                                        // guarded by mu_
+  EngineTokenCounters tokens_;                                                  // guarded by mu_
   bool draining_ = false;                                                       // guarded by mu_
   // Run's `stop` (set by a signal handler): Submit and healthy() read it too,
   // so that a request submitted after the signal but before Run looked at it

@@ -469,6 +469,37 @@ TEST(HfWeightsTest, StoredFormatsStayAsStored) {
   }
 }
 
+// LoadProgressFn: a first report of 0 bytes, one after the embeddings and
+// each layer, never decreasing, then total / total; the total is the bytes of
+// every tensor in the checkpoint (also its shards). Sharded loads count whole
+// tensors, so every rank sees the same figures.
+TEST(HfWeightsTest, ProgressReportsBytesOfTensorsRead) {
+  for (bool sharded : {false, true}) {
+    TensorMap m = MakeModel(false, false, 7);
+    uint64_t file_bytes = 0;
+    for (const auto& [name, t] : m) file_bytes += t.bytes.size();
+    std::string dir = WriteModel(m, Config("LlamaForCausalLM", false), sharded);
+    for (int rank : {0, 1}) {
+      std::vector<std::pair<uint64_t, uint64_t>> calls;
+      auto w = LoadLlamaWeights(
+          dir, rank, 2, WeightDType::kFloat32,
+          [&](uint64_t loaded, uint64_t total) { calls.emplace_back(loaded, total); });
+      ASSERT_TRUE(w.ok()) << w.status();
+      ASSERT_EQ(calls.size(), size_t{kLayers} + 3) << "start, embeddings, each layer, end";
+      EXPECT_EQ(calls.front().first, 0u);
+      for (size_t i = 0; i < calls.size(); ++i) {
+        EXPECT_EQ(calls[i].second, file_bytes) << i;
+        if (i > 0 && i + 1 < calls.size()) {
+          EXPECT_GT(calls[i].first, calls[i - 1].first) << i;  // every step reads tensors
+        }
+      }
+      // Every tensor of this model is read: the last layer's report is the total.
+      EXPECT_EQ(calls[calls.size() - 2].first, file_bytes);
+      EXPECT_EQ(calls.back().first, file_bytes);
+    }
+  }
+}
+
 TEST(HfWeightsTest, MissingAndMisshapenTensorsNamed) {
   TensorMap m = MakeModel(false, true, 3);
   m.erase("model.layers.1.mlp.up_proj.weight");

@@ -318,7 +318,10 @@ class ServerTestCase(unittest.TestCase):
 class WorkloadTest(ServerTestCase):
     # Pool large enough that nothing is preempted: every prompt token is
     # prefilled exactly once.
-    SERVER_FLAGS = ("--max-model-len=256", "--kv-cache-memory=33554432", "--swap-space=0.0625")
+    # Prefix caching off (it is on by default): every prompt token is prefilled
+    # and counted once, and nothing is looked up.
+    SERVER_FLAGS = ("--max-model-len=256", "--kv-cache-memory=33554432", "--swap-space=0.0625",
+                    "--no-enable-prefix-caching")
     MAX_TOKENS = 8
 
     @classmethod
