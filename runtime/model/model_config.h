@@ -30,6 +30,14 @@ std::string ModelArchName(ModelArch arch);
 //   kLlama3: Llama 3.1 frequency-dependent scaling with factor,
 //            low_freq_factor, high_freq_factor and
 //            original_max_position_embeddings (RopeInverseFrequencies below).
+// and, independently of the type, llama.cpp's per-frequency factors (GGUF
+// tensor "rope_freqs.weight", head_size / 2 floats): inv_freq[i] is divided by
+// freq_factors[i] after the type's scaling, as ggml's rope does
+// (ggml-cpu ops.cpp ggml_rope_cache_init: theta_extrap = theta_base / ff[i];
+// then freq_scale multiplies). llama.cpp's convert_hf_to_gguf.py writes them
+// for rope_type llama3 (factor 1 for high, `factor` for low frequencies,
+// 1 / ((1 - smooth) / factor + smooth) in between), so that a Llama 3.x GGUF
+// has the rotary frequencies of its Hugging Face llama3 rope_scaling.
 struct RopeScaling {
   enum class Type { kNone, kLinear, kLlama3 };
   Type type = Type::kNone;
@@ -37,6 +45,7 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  std::vector<float> freq_factors;  // empty, or head_size / 2 positive divisors
 };
 
 struct ModelConfig {
@@ -74,8 +83,10 @@ struct ModelConfig {
 // .vocab_size (else the length of tokenizer.ggml.tokens, else token_embd rows),
 // .rope.scaling.{type,factor,original_context_length}; tokenizer.ggml.
 // bos_token_id / eos_token_id. tie_word_embeddings = no "output.weight" tensor.
-// GGUF files carrying a "rope_freqs.weight" tensor (llama3 scaling baked in as
-// per-frequency factors) are rejected with Unimplemented.
+// A "rope_freqs.weight" tensor (F32, head_size / 2 elements: llama.cpp's
+// per-frequency factors, written for llama3 rope scaling) fills
+// rope_scaling.freq_factors; another type or size, or a factor that is not
+// finite and positive, is InvalidArgument naming the tensor.
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf);
 
 // From the text of a Hugging Face config.json; `source` names it in errors.

@@ -283,7 +283,7 @@ TEST(HfConfigTest, RopeInverseFrequencies) {
   for (size_t i = 0; i < base.size(); ++i) EXPECT_DOUBLE_EQ(lin[i], base[i] / 4);
   // Llama 3.1: wavelengths below 8192/4 keep their frequency, above 8192/1 are
   // divided by 8, in between are blended (monotone, strictly between).
-  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 8192};
+  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 8192, {}};
   std::vector<double> l3 = RopeInverseFrequencies(c);
   int high = 0, low = 0, mid = 0;
   for (size_t i = 0; i < base.size(); ++i) {

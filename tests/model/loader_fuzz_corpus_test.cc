@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -96,11 +97,15 @@ TEST(LoaderFuzzCorpusTest, SeedsAreValidFiles) {
     std::string s = ReadAll(dir / f);
     return std::vector<uint8_t>(s.begin(), s.end());
   };
-  for (const char* f : {"gguf/seed-llama-gpt2.gguf", "gguf/seed-qwen2-spm-v2.gguf"}) {
+  for (const char* f : {"gguf/seed-llama-gpt2.gguf", "gguf/seed-llama3-rope-freqs.gguf",
+                        "gguf/seed-qwen2-spm-v2.gguf"}) {
     auto g = GgufFile::FromBytes(f, bytes(f));
     ASSERT_TRUE(g.ok()) << g.status();
     auto config = ModelConfigFromGguf(**g);
     EXPECT_TRUE(config.ok()) << config.status();
+    if (config.ok() && std::string_view(f) == "gguf/seed-llama3-rope-freqs.gguf") {
+      EXPECT_EQ(config->rope_scaling.freq_factors.size(), 8u);  // Llama 3's rope_freqs.weight
+    }
     auto spec = TokenizerSpecFromGguf(**g);
     ASSERT_TRUE(spec.ok()) << spec.status();
     auto tok = Tokenizer::Create(std::move(*spec));

@@ -165,6 +165,11 @@ def gguf_seeds():
         mat("blk.0.ffn_down.weight", 32, 32, "Q4_0"),
     ]
     write("gguf", "seed-llama-gpt2.gguf", gguf(llama_kvs() + gpt2_tokenizer_kvs(), tensors))
+    # The same as a Llama 3.x file: llama.cpp's per-frequency RoPE factors
+    # (rope_freqs.weight, head_size / 2 floats) as convert_hf_to_gguf.py writes them.
+    freqs = ("rope_freqs.weight", [8], "F32", struct.pack("<8f", 1, 1, 1.5, 2.5, 4, 8, 8, 8))
+    write("gguf", "seed-llama3-rope-freqs.gguf",
+          gguf(llama_kvs() + gpt2_tokenizer_kvs(), [freqs] + tensors))
     # Qwen2 with linear rope scaling, a SentencePiece vocabulary, alignment 64, v2.
     kvs = llama_kvs("qwen2") + [
         ("qwen2.rope.scaling.type", STR, "linear"),

@@ -11,7 +11,10 @@
 // Qwen2's Q/K/V biases; rope_linear and rope_llama3: rope_scaling) run the same
 // checks, plus the FeatureControl* tests: the rotary frequencies equal the ones
 // transformers built, and the model with the feature removed (biases zeroed,
-// rope_scaling replaced) fails the logit bound by orders of magnitude.
+// rope_scaling replaced) fails the logit bound by orders of magnitude. So does
+// rope_llama3 converted to GGUF by llama.cpp's convert_hf_to_gguf.py
+// (tests/fixtures/make_converted_gguf.py: rope_freqs.weight instead of
+// rope_scaling; controls: the factors ignored, or multiplying).
 //
 // Model under test: PAGEDSERVE_TEST_MODEL (a .gguf or HF directory) with its
 // fixture PAGEDSERVE_TEST_REFERENCE (relative to the source dir). These are
@@ -104,6 +107,10 @@ class LlamaReferenceTest : public ::testing::Test {
 std::string LlamaReferenceTest::model_path_;
 std::string LlamaReferenceTest::model_name_;
 std::vector<ReferencePrompt> LlamaReferenceTest::reference_;
+
+bool IsGguf(const std::string& path) {
+  return path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0;
+}
 
 // A step plan that runs `tokens` for sequence `id` whose blocks are the
 // contiguous range starting at `first_block` (the test does its own placement).
@@ -536,8 +543,17 @@ TEST_F(LlamaReferenceTest, FeatureControlConfigMatchesTransformers) {
     return;
   }
   ASSERT_TRUE(model_name_ == "rope_linear" || model_name_ == "rope_llama3") << model_name_;
-  EXPECT_EQ(c.rope_scaling.type,
-            model_name_ == "rope_linear" ? RopeScaling::Type::kLinear : RopeScaling::Type::kLlama3);
+  if (IsGguf(model_path_)) {
+    // llama.cpp's converter turns llama3 scaling into rope_freqs.weight and
+    // writes no rope.scaling.type.
+    ASSERT_EQ(model_name_, "rope_llama3");
+    EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kNone);
+    EXPECT_EQ(c.rope_scaling.freq_factors.size(), static_cast<size_t>(c.head_size / 2));
+  } else {
+    EXPECT_EQ(c.rope_scaling.type, model_name_ == "rope_linear" ? RopeScaling::Type::kLinear
+                                                                : RopeScaling::Type::kLlama3);
+    EXPECT_TRUE(c.rope_scaling.freq_factors.empty());
+  }
   const auto want = info.at("transformers_rope").at("inv_freq").get<std::vector<double>>();
   EXPECT_EQ(info.at("transformers_rope").at("attention_scaling").get<double>(), 1.0);
   const std::vector<double> got = RopeInverseFrequencies(c);
@@ -577,6 +593,12 @@ TEST_F(LlamaReferenceTest, FeatureControlWithoutTheFeatureFailsTheBound) {
     broken.push_back({"K bias zeroed", [](LlamaWeights* w) {
                         for (LayerWeights& l : w->layers)
                           std::fill(l.k_bias.begin(), l.k_bias.end(), 0.0f);
+                      }});
+  } else if (model_name_ == "rope_llama3" && IsGguf(model_path_)) {
+    broken.push_back({"rope_freqs.weight ignored",
+                      [](LlamaWeights* w) { w->config.rope_scaling.freq_factors.clear(); }});
+    broken.push_back({"rope_freqs.weight multiplying instead of dividing", [](LlamaWeights* w) {
+                        for (float& f : w->config.rope_scaling.freq_factors) f = 1.0f / f;
                       }});
   } else if (model_name_ == "rope_linear" || model_name_ == "rope_llama3") {
     broken.push_back(
