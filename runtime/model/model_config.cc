@@ -19,6 +19,7 @@ std::string ModelArchName(ModelArch arch) {
     case ModelArch::kLlama: return "llama";
     case ModelArch::kMistral: return "mistral";
     case ModelArch::kQwen2: return "qwen2";
+    case ModelArch::kQwen3: return "qwen3";
   }
   return "unknown";
 }
@@ -136,9 +137,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   } else if (*arch_name == "qwen2") {
     c.arch = ModelArch::kQwen2;
     c.qkv_bias = true;
+  } else if (*arch_name == "qwen3") {
+    c.arch = ModelArch::kQwen3;
+    c.qk_norm = true;
   } else {
     return absl::UnimplementedError(absl::StrCat(g.path(), ": general.architecture '", *arch_name,
-                                                 "' is not supported (llama, qwen2)"));
+                                                 "' is not supported (llama, qwen2, qwen3)"));
   }
   const std::string p = *arch_name + ".";
   PS_RETURN_IF_ERROR(GetIntField(g, p + "block_count", &c.num_layers));
@@ -276,13 +280,20 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
   } else if (arch == "Qwen2ForCausalLM") {
     c.arch = ModelArch::kQwen2;
     c.qkv_bias = true;
+  } else if (arch == "Qwen3ForCausalLM") {
+    c.arch = ModelArch::kQwen3;
+    c.qk_norm = true;
   } else {
-    return absl::UnimplementedError(absl::StrCat(
-        source, ": architecture '", arch,
-        "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"));
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": architecture '", arch,
+                     "' is not supported (LlamaForCausalLM, MistralForCausalLM, "
+                     "Qwen2ForCausalLM, Qwen3ForCausalLM)"));
   }
-  if (c.arch == ModelArch::kLlama && j.contains("attention_bias") &&
-      j["attention_bias"].is_boolean() && j["attention_bias"].get<bool>()) {
+  // attention_bias (Llama, Qwen3; default false): biases on q/k/v (and o_proj,
+  // which no supported checkpoint sets).
+  if ((c.arch == ModelArch::kLlama || c.arch == ModelArch::kQwen3) &&
+      j.contains("attention_bias") && j["attention_bias"].is_boolean() &&
+      j["attention_bias"].get<bool>()) {
     c.qkv_bias = true;
   }
   PS_RETURN_IF_ERROR(ReadNumber(j, source, "num_hidden_layers", true, &c.num_layers));

@@ -1,11 +1,13 @@
 // The architecture description of a Llama-family decoder-only model, read
-// from GGUF metadata (llama.* / qwen2.* keys) or a Hugging Face config.json.
+// from GGUF metadata (llama.* / qwen2.* / qwen3.* keys) or a Hugging Face
+// config.json.
 //
 // Field names follow Hugging Face's LlamaConfig. Supported: LlamaForCausalLM,
-// MistralForCausalLM, Qwen2ForCausalLM (bias on Q/K/V) and GGUF
-// general.architecture "llama" (which llama.cpp also uses for Mistral) and
-// "qwen2". All of them: RMSNorm, rotary embeddings (HF rotate_half layout after
-// loading, see weights.h), grouped-query attention, SwiGLU MLP.
+// MistralForCausalLM, Qwen2ForCausalLM (bias on Q/K/V), Qwen3ForCausalLM
+// (per-head RMSNorm of q and k before RoPE, no bias, explicit head_dim) and
+// GGUF general.architecture "llama" (which llama.cpp also uses for Mistral),
+// "qwen2" and "qwen3". All of them: RMSNorm, rotary embeddings (HF rotate_half
+// layout after loading, see weights.h), grouped-query attention, SwiGLU MLP.
 #ifndef PAGEDSERVE_RUNTIME_MODEL_MODEL_CONFIG_H_
 #define PAGEDSERVE_RUNTIME_MODEL_MODEL_CONFIG_H_
 
@@ -20,8 +22,8 @@ namespace pagedserve {
 
 class GgufFile;
 
-enum class ModelArch { kLlama, kMistral, kQwen2 };
-// "llama", "mistral", "qwen2".
+enum class ModelArch { kLlama, kMistral, kQwen2, kQwen3 };
+// "llama", "mistral", "qwen2", "qwen3".
 std::string ModelArchName(ModelArch arch);
 
 // rope_scaling of Hugging Face (transformers' modeling_rope_utils):
@@ -62,6 +64,9 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;  // LM head = token embedding matrix
   bool qkv_bias = false;             // true for Qwen2
+  // Qwen3: q and k RMSNorm-ed per head (weights q_norm / k_norm of head_size,
+  // eps rms_norm_eps) after the projections, before RoPE.
+  bool qk_norm = false;
   int64_t max_position_embeddings = 2048;
   int32_t bos_token_id = -1;           // -1 when unknown
   std::vector<int32_t> eos_token_ids;  // may be empty
@@ -75,7 +80,7 @@ struct ModelConfig {
   absl::Status Validate() const;
 };
 
-// From GGUF metadata: general.architecture ("llama" or "qwen2") and the keys
+// From GGUF metadata: general.architecture ("llama", "qwen2" or "qwen3") and the keys
 // {arch}.block_count, .embedding_length, .feed_forward_length,
 // .attention.head_count, .attention.head_count_kv (default head_count),
 // .attention.layer_norm_rms_epsilon, .rope.freq_base (default 10000),

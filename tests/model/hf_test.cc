@@ -208,6 +208,19 @@ TEST(HfConfigTest, ParsesLlamaConfig) {
   auto mi = ModelConfigFromHfJson(Config("MistralForCausalLM", false).dump(), "config.json");
   ASSERT_TRUE(mi.ok());
   EXPECT_EQ(mi->arch, ModelArch::kMistral);
+  EXPECT_FALSE(mi->qk_norm);
+  // Qwen3: q/k norms, no bias unless attention_bias says so.
+  json q3 = Config("Qwen3ForCausalLM", false);
+  auto qwen3 = ModelConfigFromHfJson(q3.dump(), "config.json");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_EQ(qwen3->arch, ModelArch::kQwen3);
+  EXPECT_TRUE(qwen3->qk_norm);
+  EXPECT_FALSE(qwen3->qkv_bias);
+  q3["attention_bias"] = true;
+  auto biased = ModelConfigFromHfJson(q3.dump(), "config.json");
+  ASSERT_TRUE(biased.ok()) << biased.status();
+  EXPECT_TRUE(biased->qkv_bias);
+  EXPECT_FALSE(q->qk_norm);
 }
 
 TEST(HfConfigTest, RopeScaling) {
