@@ -143,6 +143,8 @@ class GgufSource : public TensorSource {
                                              {".self_attn.k_proj.", ".attn_k."},
                                              {".self_attn.v_proj.", ".attn_v."},
                                              {".self_attn.o_proj.", ".attn_output."},
+                                             {".self_attn.q_norm.", ".attn_q_norm."},
+                                             {".self_attn.k_norm.", ".attn_k_norm."},
                                              {".input_layernorm.", ".attn_norm."},
                                              {".post_attention_layernorm.", ".ffn_norm."},
                                              {".mlp.gate_proj.", ".ffn_gate."},
@@ -413,6 +415,10 @@ class Loader {
       PS_ASSIGN_OR_RETURN(L->k_bias, Vector(p + "self_attn.k_proj.bias", kn, k0, k1));
       Unpermute(L->k_bias.data(), s_.num_kv_heads, sizeof(float));
       PS_ASSIGN_OR_RETURN(L->v_bias, Vector(p + "self_attn.v_proj.bias", kn, k0, k1));
+    }
+    if (c_.qk_norm) {
+      PS_ASSIGN_OR_RETURN(L->q_norm, Vector(p + "self_attn.q_norm.weight", d, 0, d));
+      PS_ASSIGN_OR_RETURN(L->k_norm, Vector(p + "self_attn.k_norm.weight", d, 0, d));
     }
     PS_ASSIGN_OR_RETURN(L->o_proj, Cols(p + "self_attn.o_proj.weight", h, qn, q0, q1));
     PS_ASSIGN_OR_RETURN(L->post_attention_layernorm,

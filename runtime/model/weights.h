@@ -116,6 +116,7 @@ struct LayerWeights {
   Matrix k_proj;                                // [KVl*D, h]
   Matrix v_proj;                                // [KVl*D, h]
   std::vector<float> q_bias, k_bias, v_bias;    // [Hl*D], [KVl*D], [KVl*D]; empty unless qkv_bias
+  std::vector<float> q_norm, k_norm;            // [D] each (replicated); empty unless qk_norm
   Matrix o_proj;                                // [h, Hl*D]  (row-parallel)
   std::vector<float> post_attention_layernorm;  // [h]  RMSNorm before the MLP
   Matrix gate_proj;                             // [Il, h]

@@ -163,7 +163,8 @@ def main():
         check(all(os.path.isfile(os.path.join(fx, *f)) for f in [
             ("make_random_llama.py",), ("random_llama", "reference.json"),
             ("smollm2-tokenizer", "tokenizer.json"), ("make_random_variant.py",),
-            ("qwen2_bias", "reference.json"), ("spm-tiny-tokenizer", "tokenizer.json")]),
+            ("qwen2_bias", "reference.json"), ("qwen3_qk_norm", "reference.json"),
+            ("spm-tiny-tokenizer", "tokenizer.json")]),
               "fixtures/ holds the random-model generators, their references and tokenizers")
         with open(os.path.join(bundle, "manifest.json")) as f:
             manifest = json.load(f)

@@ -208,6 +208,19 @@ TEST(HfConfigTest, ParsesLlamaConfig) {
   auto mi = ModelConfigFromHfJson(Config("MistralForCausalLM", false).dump(), "config.json");
   ASSERT_TRUE(mi.ok());
   EXPECT_EQ(mi->arch, ModelArch::kMistral);
+  EXPECT_FALSE(mi->qk_norm);
+  // Qwen3: q/k norms, no bias unless attention_bias says so.
+  json q3 = Config("Qwen3ForCausalLM", false);
+  auto qwen3 = ModelConfigFromHfJson(q3.dump(), "config.json");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_EQ(qwen3->arch, ModelArch::kQwen3);
+  EXPECT_TRUE(qwen3->qk_norm);
+  EXPECT_FALSE(qwen3->qkv_bias);
+  q3["attention_bias"] = true;
+  auto biased = ModelConfigFromHfJson(q3.dump(), "config.json");
+  ASSERT_TRUE(biased.ok()) << biased.status();
+  EXPECT_TRUE(biased->qkv_bias);
+  EXPECT_FALSE(q->qk_norm);
 }
 
 TEST(HfConfigTest, RopeScaling) {
@@ -283,7 +296,7 @@ TEST(HfConfigTest, RopeInverseFrequencies) {
   for (size_t i = 0; i < base.size(); ++i) EXPECT_DOUBLE_EQ(lin[i], base[i] / 4);
   // Llama 3.1: wavelengths below 8192/4 keep their frequency, above 8192/1 are
   // divided by 8, in between are blended (monotone, strictly between).
-  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 8192};
+  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 8192, {}};
   std::vector<double> l3 = RopeInverseFrequencies(c);
   int high = 0, low = 0, mid = 0;
   for (size_t i = 0; i < base.size(); ++i) {
