@@ -242,11 +242,11 @@ double MeanRowStd(const std::vector<float>& ref, int vocab) {
 // 3.59. Measured (deterministic on one host; an earlier build on another
 // host measured top-1 within 3 rows, RMS within 8%, max |diff| within 36%):
 //
-//   cache      top-1            RMS diff (/ std)   max |diff| (/ std)   greedy: identical, mean
-//   prefix f16        0.950 (304/320)  0.249 (0.069)      1.60 (0.45)          0 / 10, 6.9 tokens
-//   fp8_e4m3   0.922 (295/320)  0.453 (0.126)      4.77 (1.33)          1 / 10, 10.9 tokens
-//   fp8_e5m2   0.869 (278/320)  1.08  (0.300)      18.4 (5.12)          0 / 10, 5.3 tokens
-//   controls against the e4m3 bounds:
+//   cache     top-1          RMS diff (/std)  max |diff| (/std)  greedy: same, prefix
+//   f16       0.950 304/320  0.249 (0.069)    1.60 (0.45)        0 / 10, 6.9 tokens
+//   fp8_e4m3  0.922 295/320  0.453 (0.126)    4.77 (1.33)        1 / 10, 10.9 tokens
+//   fp8_e5m2  0.869 278/320  1.08  (0.300)    18.4 (5.12)        0 / 10, 5.3 tokens
+//   controls against the e4m3 bounds (top-1, RMS (/std), max |diff|):
 //   k_scale 1e4            0.044  11.7 (3.27)  46.6
 //   written 1, read 2      0.509  5.26 (1.46)  37.4
 //   written 1, read 1.25   0.825  1.76 (0.49)  21.1
