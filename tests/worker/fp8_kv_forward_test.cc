@@ -236,30 +236,34 @@ double MeanRowStd(const std::vector<float>& ref, int vocab) {
 }
 
 // Bounds per cache dtype against the fp32 cache, from the figures the test
-// prints (RelWithDebInfo, x86-64 AVX2, 10 prompts, 320 teacher-forced rows;
-// also in docs/serving.md "fp8 KV cache"). The spread the logit differences
-// are judged against: the fp32 cache's logits have a mean per-row std of
-// 3.59. Measured (deterministic on one host; an earlier build on another
-// host measured top-1 within 3 rows, RMS within 8%, max |diff| within 36%):
+// prints (RelWithDebInfo, x86-64, 10 prompts, 320 teacher-forced rows; also
+// in docs/serving.md "fp8 KV cache"), measured on Linear's avx512 path (the
+// default on an AVX-512 host) and its avx2 path (PAGEDSERVE_CPU_ISA=avx2: an
+// AVX2-only host), each deterministic. The spread the logit differences are
+// judged against: the fp32 cache's logits have a mean per-row std of 3.59
+// (avx512) / 3.57 (avx2).
 //
-//   cache     top-1          RMS diff (/std)  max |diff| (/std)  greedy: same, prefix
-//   f16       0.950 304/320  0.249 (0.069)    1.60 (0.45)        0 / 10, 6.9 tokens
-//   fp8_e4m3  0.922 295/320  0.453 (0.126)    4.77 (1.33)        1 / 10, 10.9 tokens
-//   fp8_e5m2  0.869 278/320  1.08  (0.300)    18.4 (5.12)        0 / 10, 5.3 tokens
-//   controls against the e4m3 bounds (top-1, RMS (/std), max |diff|):
-//   k_scale 1e4            0.044  11.7 (3.27)  46.6
-//   written 1, read 2      0.509  5.26 (1.46)  37.4
-//   written 1, read 1.25   0.825  1.76 (0.49)  21.1
+//   avx512 / avx2  top-1          RMS diff / std  max |diff|   greedy mean prefix
+//   f16            0.950 / 0.966  0.069 / 0.070   1.60 / 2.89  6.9 / 12.6 tokens
+//   fp8_e4m3       0.922 / 0.931  0.126 / 0.140   4.77 / 6.33  10.9 / 9.1 tokens
+//   fp8_e5m2       0.869 / 0.888  0.300 / 0.297   18.4 / 18.6  5.3 / 8.0 tokens
+//   controls against the e4m3 bounds:
+//   k_scale 1e4            0.044 / 0.050  3.27 / 3.16  46.6 / 42.8
+//   written 1, read 2      0.509 / 0.522  1.46 / 1.38  37.4 / 35.5
+//   written 1, read 1.25   0.825 / 0.809  0.49 / 0.48  21.1 / 21.5
 //
+// Identical 32-token greedy answers: 0-1 of 10 prompts for every cache.
 // This small model's greedy continuations are often near-ties (the
 // transformers fixture: 17% of greedy steps have a top-1 margin < 0.25), so
-// even the fp16 cache flips 5% of the rows, and one flipped greedy token
-// changes the rest of a continuation: identical 32-token answers do not hold
-// for any 16- or 8-bit cache (asserted instead: the mean identical prefix, and
-// the teacher-forced top-1 rate, which does not compound). Margins: top-1
-// 6-7 rows below the measurement; RMS diff / std 1.5x (the spread bound);
-// max |diff| 1.5x (the single worst logit of 320 x 49,152: an outlier guard);
-// mean identical prefix 0.5x (a chaotic figure: one near-tie moves it).
+// even the fp16 cache flips 3-5% of the rows, and one flipped greedy token
+// changes the rest of a continuation: identical answers do not hold for any
+// 16- or 8-bit cache (asserted instead: the mean identical prefix, and the
+// teacher-forced top-1 rate, which does not compound). Margins, from the
+// worse of the two paths: top-1 6-7 rows below; RMS diff / std 1.5x (the
+// spread bound: it moved by at most 11% between the paths); max |diff| 1.5x
+// (the single worst logit of 320 x 49,152, an outlier guard: it moved by
+// 80% between the paths); mean identical prefix 0.5x (a chaotic figure: one
+// near-tie moves it).
 struct Bound {
   kernels::DType dt;
   double min_top1;
@@ -268,9 +272,9 @@ struct Bound {
   double min_prefix;  // greedy: mean identical prefix, tokens of kGenerate
 };
 constexpr Bound kBounds[] = {
-    {kernels::DType::kFloat16, 0.93, 0.105, 2.4, 3.4},
-    {kernels::DType::kFloat8E4M3, 0.90, 0.19, 7.2, 5.4},
-    {kernels::DType::kFloat8E5M2, 0.85, 0.45, 27.6, 2.6},
+    {kernels::DType::kFloat16, 0.93, 0.105, 4.3, 3.4},
+    {kernels::DType::kFloat8E4M3, 0.90, 0.21, 9.5, 4.5},
+    {kernels::DType::kFloat8E5M2, 0.85, 0.45, 28.0, 2.6},
 };
 
 // Which bounds an agreement breaks (empty: none).
@@ -320,15 +324,16 @@ TEST(Fp8KvForwardTest, GreedyTop1AgreesWithFloat32Cache) {
   std::printf("fp32 cache: logits' mean per-row std %.3f\n", std);
   ASSERT_GT(std, 0.0);
   // The fp32 cache's teacher-forced argmax reproduces its own greedy tokens
-  // (the same cache, prefill instead of decode steps: 318 / 320 measured,
-  // the other two rows near-ties).
+  // (the same cache, prefill instead of decode steps: 318 / 320 measured on
+  // the avx512 path, 316 / 320 on avx2, the others near-ties; bound: twice
+  // the worse disagreement).
   int self = 0;
   for (size_t s = 0; s < prompts.size(); ++s)
     for (int i = 0; i < kGenerate; ++i)
       self += Argmax(ref.data() + (s * kGenerate + i) * vocab, vocab) == greedy32[s][i];
   std::printf("fp32 cache: teacher-forced argmax equals its greedy token in %d / %zu rows\n", self,
               prompts.size() * kGenerate);
-  EXPECT_GE(self, static_cast<int>(prompts.size() * kGenerate) - 5);
+  EXPECT_GE(self, static_cast<int>(prompts.size() * kGenerate) - 8);
 
   for (const Bound& b : kBounds) {
     SCOPED_TRACE(kernels::DTypeName(b.dt));
