@@ -846,6 +846,17 @@ struct HttpServer::Impl {
     const uint64_t seq = next_id.fetch_add(1);
     job->id = absl::StrCat(endpoint == openai::Endpoint::kChat ? "chatcmpl-" : "cmpl-",
                            absl::Hex(id_salt ^ (seq * 0x9E3779B97F4A7C15ull), absl::kZeroPad16));
+    // Each prompt is one request in the waiting queue: more prompts than the
+    // queue holds could never be admitted together (400, not a 429 "retry").
+    if (const int64_t queue = b->loop->Snapshot().max_queue_len;
+        static_cast<int64_t>(job->request.prompts.size()) > queue) {
+      return SendError(
+          res, openai::BadRequest(absl::StrCat(job->request.prompts.size(),
+                                               " prompts in one request, but the waiting queue "
+                                               "holds at most ",
+                                               queue, " requests (--max-queue-len)"),
+                                  "prompt"));
+    }
     const int n = job->request.params.n;
     job->choices.resize(job->request.prompts.size() * n);
     job->started.assign(job->choices.size(), false);
