@@ -18,8 +18,8 @@
 #include <initializer_list>
 #include <map>
 #include <regex>
-#include <sstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -120,8 +120,8 @@ std::string SelectorPart(const Query& q) {
 
 // Everything a dashboard query of `queries` would miss in `exposition`, one
 // line per problem; empty when every query finds its series.
-std::vector<std::string> Problems(const std::vector<Query>& queries,
-                                  const std::string& exposition, const std::string& model_name) {
+std::vector<std::string> Problems(const std::vector<Query>& queries, const std::string& exposition,
+                                  const std::string& model_name) {
   std::vector<std::string> problems;
   auto samples = testing::ParseExposition(exposition);
   if (!samples) return {"the exposition does not parse"};
@@ -140,16 +140,16 @@ std::vector<std::string> Problems(const std::vector<Query>& queries,
       if (selected.empty()) {
         std::string m;
         for (const auto& x : sel.matchers) m += " " + x.label + x.op + "\"" + x.value + "\"";
-        problems.push_back(where + "no series " + (sel.name.empty() ? "{}" : sel.name) +
-                           " with" + (m.empty() ? " any labels" : m));
+        problems.push_back(where + "no series " + (sel.name.empty() ? "{}" : sel.name) + " with" +
+                           (m.empty() ? " any labels" : m));
         all_found = false;
         continue;
       }
       // A counter or histogram the dashboard plots has seen the workload.
       const std::string& n = sel.name;
       auto ends = [&n](const std::string& suffix) {
-        return n.size() > suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(),
-                                                     suffix) == 0;
+        return n.size() > suffix.size() &&
+               n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
       };
       if (ends("_total") || ends("_sum") || ends("_count") || ends("_bucket")) {
         double total = 0;
@@ -253,8 +253,7 @@ TEST_F(VllmDashboardTest, AnotherModelNameFindsNothing) {
   std::vector<std::string> problems = Problems(queries_, exposition_, "some-other-model");
   // One per selector (the 3 "Average" queries have two) and the model_name
   // variable's label_values.
-  EXPECT_EQ(problems.size(), queries_.size() + 3)
-      << ::testing::PrintToString(problems);
+  EXPECT_EQ(problems.size(), queries_.size() + 3) << ::testing::PrintToString(problems);
 }
 
 TEST_F(VllmDashboardTest, NegativeControlDroppedFamilyIsNamed) {
@@ -289,7 +288,8 @@ TEST_F(VllmDashboardTest, NegativeControlLabelsAndEmptyFamilies) {
   ASSERT_TRUE(idle.ok());
   problems = Problems(queries_, (*idle)->Serialize(), model_name_);
   bool zero = false;
-  for (const std::string& p : problems) zero |= p.find("is 0 after the workload") != std::string::npos;
+  for (const std::string& p : problems)
+    zero |= p.find("is 0 after the workload") != std::string::npos;
   EXPECT_TRUE(zero) << ::testing::PrintToString(problems);
 }
 
@@ -365,7 +365,8 @@ TEST(VllmNamesTest, BucketsAreVllms) {
   ASSERT_TRUE(samples.has_value());
   auto bounds = [&](const std::string& family) {
     std::vector<std::string> les;
-    for (const Sample& s : testing::Find(*samples, family + "_bucket")) les.push_back(s.labels.at("le"));
+    for (const Sample& s : testing::Find(*samples, family + "_bucket"))
+      les.push_back(s.labels.at("le"));
     return ::testing::PrintToString(les);
   };
   // vllm/v1/metrics/loggers.py at 005a810bc40faa25b8870fbc8559c3462581eee3.
