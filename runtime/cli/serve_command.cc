@@ -364,6 +364,7 @@ class CoordinatorRank {
     mo.model_name = options_.http.served_model_name;  // also without an HTTP API
     mo.tensor_parallel_size = setup_.tensor_parallel_size;
     mo.block_size = setup_.worker.block_size;
+    mo.max_model_len = setup_.scheduler.max_model_len;
 #ifdef PAGEDSERVE_WITH_CUDA
     mo.backend = "cuda";
 #else

@@ -236,7 +236,11 @@ void Engine::Finalize(RequestState& r, EngineOutput* out, FinishReason metrics_r
   out->usage.prompt_tokens = r.prompt_len;
   out->usage.cached_prompt_tokens = r.cached_tokens;
   out->usage.completion_tokens = 0;
-  for (const SeqState& s : r.seqs) out->usage.completion_tokens += s.num_tokens;
+  int64_t longest = 0;
+  for (const SeqState& s : r.seqs) {
+    out->usage.completion_tokens += s.num_tokens;
+    longest = std::max<int64_t>(longest, s.num_tokens);
+  }
 
   FinishReason reason = metrics_reason;
   if (reason == FinishReason::kNone) {
@@ -259,6 +263,7 @@ void Engine::Finalize(RequestState& r, EngineOutput* out, FinishReason metrics_r
   }
   f.prompt_len = r.prompt_len;
   f.generation_len = out->usage.completion_tokens;
+  f.max_generation_len = longest;
   engine_metrics::RecordFinished(metrics_, f);
 }
 
