@@ -3,9 +3,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <sstream>
@@ -148,6 +151,9 @@ PAGEDSERVE_FLAG("generate,client", std::string, prompt, "",
                 "prompt text (read from stdin when absent)");
 PAGEDSERVE_FLAG("generate,client", bool, chat, false,
                 "send the prompt as one user message through the model's chat template");
+PAGEDSERVE_FLAG("generate,serve", std::string, chat_template, "",
+                "chat template instead of the model's: a file, or the Jinja template itself "
+                "(as vLLM's --chat-template)");
 
 namespace {
 void OnStopFlag() {
@@ -367,11 +373,123 @@ absl::StatusOr<std::string> ReadPromptFromFlags() {
   return text;
 }
 
+namespace {
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+void AppendCodePoint(uint32_t c, std::string* out) {
+  if (c < 0x80) {
+    out->push_back(static_cast<char>(c));
+  } else if (c < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else if (c < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  }
+}
+
+// The character a one-letter escape stands for (\n, \t ...), or 0.
+char SimpleEscape(char c) {
+  switch (c) {
+    case 'n': return '\n';
+    case 't': return '\t';
+    case 'r': return '\r';
+    case 'a': return '\a';
+    case 'b': return '\b';
+    case 'f': return '\f';
+    case 'v': return '\v';
+    case '\\':
+    case '\'':
+    case '"': return c;
+    default: return 0;
+  }
+}
+
+// \xNN, \uNNNN or \UNNNNNNNN at s[i] (the letter): the code point, or -1.
+int64_t HexEscape(const std::string& s, size_t i) {
+  const size_t digits = s[i] == 'x' ? 2 : s[i] == 'u' ? 4 : s[i] == 'U' ? 8 : 0;
+  if (digits == 0 || i + digits >= s.size()) return -1;
+  int64_t value = 0;
+  for (size_t k = 1; k <= digits; ++k) {
+    const int d = HexDigit(s[i + k]);
+    if (d < 0) return -1;
+    value = value * 16 + d;
+  }
+  return value <= 0x10FFFF ? value : -1;
+}
+
+// Python's unicode_escape decoding (as vLLM applies it to a template given on
+// the command line), leaving non-ASCII text as it is.
+std::string ResolveEscapes(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 >= s.size()) {
+      out.push_back(s[i]);
+      continue;
+    }
+    ++i;
+    if (const int64_t cp = HexEscape(s, i); cp >= 0) {
+      AppendCodePoint(static_cast<uint32_t>(cp), &out);
+      i += s[i] == 'x' ? 2 : s[i] == 'u' ? 4 : 8;
+    } else if (const char c = SimpleEscape(s[i]); c != 0) {
+      out.push_back(c);
+    } else {
+      out.push_back('\\');
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ChatTemplateSource(const std::string& arg) {
+  std::ifstream in(arg, std::ios::binary);
+  if (in) {
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    if (!in.bad()) return ss.str();
+  }
+  if (arg.find_first_of("{}\n") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--chat-template: '", arg,
+                     "' looks like a file path, but it could not be read: ", std::strerror(errno)));
+  }
+  return ResolveEscapes(arg);
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplateFromFlags(const Tokenizer& tokenizer) {
+  const std::string arg = absl::GetFlag(FLAGS_chat_template);
+  if (arg.empty()) {
+    return ChatTemplate::Create(tokenizer.spec().chat_template, tokenizer.BosText(),
+                                tokenizer.EosText());
+  }
+  PS_ASSIGN_OR_RETURN(std::string source, ChatTemplateSource(arg));
+  absl::StatusOr<ChatTemplate> tmpl =
+      ChatTemplate::Create(source, tokenizer.BosText(), tokenizer.EosText());
+  if (!tmpl.ok()) {
+    return absl::Status(tmpl.status().code(),
+                        absl::StrCat("--chat-template: ", tmpl.status().message()));
+  }
+  return tmpl;
+}
+
 absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer,
                                                     const std::string& text, bool chat) {
   if (!chat) return tokenizer.Encode(text);
-  absl::StatusOr<ChatTemplate> tmpl = ChatTemplate::Create(
-      tokenizer.spec().chat_template, tokenizer.BosText(), tokenizer.EosText());
+  absl::StatusOr<ChatTemplate> tmpl = ChatTemplateFromFlags(tokenizer);
   if (!tmpl.ok()) {
     return absl::Status(tmpl.status().code(), absl::StrCat("--chat: ", tmpl.status().message()));
   }

@@ -31,6 +31,10 @@
 // Prompt:
 //   --prompt TEXT (stdin when absent), --chat (as one user message through the
 //   model's chat template)
+// Chat template (generate, serve):
+//   --chat-template FILE|TEMPLATE  instead of the model's (vLLM's flag): a file,
+//                                or the template itself when it holds '{', '}' or
+//                                a newline (backslash escapes resolved)
 // Logging:
 //   --log-color auto|always|never   ANSI colours in log lines (ConfigureLogging)
 //   --log-level debug|info|warning|error   lowest spdlog level written (ConfigureLogging)
@@ -65,6 +69,7 @@
 #include "runtime/common/sampling_params.h"
 #include "runtime/coordinator/scheduler.h"
 #include "runtime/model/model_config.h"
+#include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/tokenizer.h"
 #include "runtime/worker/worker.h"
 #include "spdlog/common.h"
@@ -109,6 +114,7 @@ ABSL_DECLARE_FLAG(double, frequency_penalty);
 
 ABSL_DECLARE_FLAG(std::string, prompt);
 ABSL_DECLARE_FLAG(bool, chat);
+ABSL_DECLARE_FLAG(std::string, chat_template);
 
 namespace pagedserve::cli {
 
@@ -151,8 +157,20 @@ absl::StatusOr<SamplingParams> SamplingParamsFromFlags();
 // InvalidArgument when it is empty.
 absl::StatusOr<std::string> ReadPromptFromFlags();
 
+// The text of a --chat-template argument, as vLLM's load_chat_template: the
+// file it names; else, when it holds a Jinja character ('{', '}' or a
+// newline), the argument itself with backslash escapes (\n, \t, \\, \', \",
+// \xNN, \uNNNN) resolved; else InvalidArgument ("looks like a file path, but
+// it could not be read: ...").
+absl::StatusOr<std::string> ChatTemplateSource(const std::string& arg);
+
+// The chat template to run: --chat-template when given (its errors name the
+// flag), else the one the tokenizer's model ships (FailedPrecondition when it
+// has none), with the tokenizer's BOS and EOS texts.
+absl::StatusOr<ChatTemplate> ChatTemplateFromFlags(const Tokenizer& tokenizer);
+
 // Prompt text -> token ids: with `chat` the text becomes one user message
-// rendered through the tokenizer's chat template (generation prompt added,
+// rendered through the chat template (ChatTemplateFromFlags; generation prompt added,
 // special tokens parsed, no extra BOS: the template has its own), otherwise
 // Encode with the tokenizer's default special tokens.
 absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer,

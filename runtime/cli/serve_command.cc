@@ -347,10 +347,12 @@ class CoordinatorRank {
       return 1;
     }
     tokenizer_ = *std::move(tokenizer);
-    absl::StatusOr<ChatTemplate> ct = ChatTemplate::Create(
-        tokenizer_->spec().chat_template, tokenizer_->BosText(), tokenizer_->EosText());
+    absl::StatusOr<ChatTemplate> ct = ChatTemplateFromFlags(*tokenizer_);
     if (ct.ok()) {
       chat_template_ = *std::move(ct);
+    } else if (!absl::GetFlag(FLAGS_chat_template).empty()) {
+      PrintError(ct.status());  // the template asked for must work
+      return 1;
     } else {
       std::fprintf(stderr,
                    "pagedserve serve: no chat template (%s): 'messages' requests will be refused\n",

@@ -277,26 +277,51 @@ TEST(HfLoader, MalformedTokenizerJsonNamesTheField) {
             std::string::npos);
 }
 
-TEST(ChatTemplate, UnknownAndMissingTemplatesFailClearly) {
-  auto unknown = ChatTemplate::Create("{% for m in messages %}{{ m.content }}{% endfor %}", "", "");
-  ASSERT_FALSE(unknown.ok());
-  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(std::string(unknown.status().message()).find("not recognised"), std::string::npos);
+// Any template runs (runtime/chat), not only the four families once recognised
+// by their markers; a template jinja2 would refuse, or a missing one, fails clearly.
+TEST(ChatTemplate, AnyTemplateRendersAndBrokenOrMissingOnesFailClearly) {
+  auto other = ChatTemplate::Create("{% for m in messages %}{{ m.content }}{% endfor %}", "", "");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->family(), ChatTemplateFamily::kOther);
+  std::vector<ChatMessage> messages = {{"user", "hi"}, {"assistant", "yo"}};
+  EXPECT_EQ(*other->Render(messages, true), "hiyo");
+  auto broken = ChatTemplate::Create("{% for m in messages %}{{ m.content }}", "", "");
+  ASSERT_FALSE(broken.ok());
+  EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(broken.status().message())
+                .find("chat template: line 1: unexpected end of template"),
+            std::string::npos)
+      << broken.status();
+  auto refused = ChatTemplate::Create(
+      "{{ raise_exception('only one message') if messages|length > 1 }}", "", "");
+  ASSERT_TRUE(refused.ok());
+  auto text = refused->Render(messages, true);
+  ASSERT_FALSE(text.ok());
+  EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(text.status().message(), "chat template: line 1: only one message");
   auto empty = ChatTemplate::Create("", "", "");
   ASSERT_FALSE(empty.ok());
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// The template runs as written: this one has no generation prompt, so none is
+// added (as transformers; the family-based renderer once added ChatML's).
 TEST(ChatTemplate, ChatMlWithoutDefaultSystemPrompt) {
-  auto tmpl = ChatTemplate::Create(
+  const std::string source =
       "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-      "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}",
-      "", "");
+      "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}";
+  auto tmpl = ChatTemplate::Create(source, "", "");
   ASSERT_TRUE(tmpl.ok());
+  EXPECT_EQ(tmpl->family(), ChatTemplateFamily::kChatMl);
   EXPECT_EQ(tmpl->default_system_prompt(), "");
   std::vector<ChatMessage> messages = {{"user", "hi"}};
-  EXPECT_EQ(*tmpl->Render(messages, true),
+  EXPECT_EQ(*tmpl->Render(messages, true), "<|im_start|>user\nhi<|im_end|>\n");
+  auto with_prompt = ChatTemplate::Create(
+      source + "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}", "", "");
+  ASSERT_TRUE(with_prompt.ok());
+  EXPECT_EQ(*with_prompt->Render(messages, true),
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(*with_prompt->Render(messages, false), "<|im_start|>user\nhi<|im_end|>\n");
 }
 
 }  // namespace
