@@ -25,6 +25,9 @@ c. GPU_CHECK_QUICK=1 with a working stand-in device: exactly the quick steps,
 d. the deadline: a hanging kernel test under a 24 s limit times out within
    it, and every later step is "not_run" with a "deadline" reason (not
    failed, not ok); the whole run ends within the limit plus a few seconds.
+e. memcheck (a stand-in compute-sanitizer on PATH): one small kernel test
+   under it (--gtest_filter), ok with its ERROR SUMMARY; "unsupported", not
+   failed, when the sanitizer refuses the device.
 Standard library only; prints "N passed, N failed". About 40 s.
 """
 
@@ -95,6 +98,19 @@ case "$*" in
 esac
 '''
 
+# compute-sanitizer: STANDIN_SANITIZER=unsupported refuses the device;
+# otherwise it runs its target (after the options) and prints an ERROR SUMMARY.
+SANITIZER = r'''#!/usr/bin/env bash
+echo "compute-sanitizer $*" >>"${STANDIN_CALLS:-/dev/null}"
+if [ "${STANDIN_SANITIZER:-}" = unsupported ]; then
+  echo "========= Error: Device not supported (stand-in)"; exit 1
+fi
+while [ $# -gt 0 ] && [ "$1" != env ]; do shift; done
+"$@"; rc=$?
+echo "========= ERROR SUMMARY: 0 errors"
+exit $rc
+'''
+
 passed = 0
 failed = 0
 
@@ -135,6 +151,7 @@ def make_bundle(tmp):
     fakebin = os.path.join(tmp, "fakebin")
     os.makedirs(fakebin)
     write_exec(os.path.join(fakebin, "nvidia-smi"), NVIDIA_SMI)
+    write_exec(os.path.join(fakebin, "compute-sanitizer"), SANITIZER)
     return bundle, fakebin
 
 
@@ -312,6 +329,22 @@ def case_deadline(r):
     check(rc == 1, f"(d) exit 1 (the timed-out step failed; got {rc})")
 
 
+def case_memcheck(r):
+    steps = {"GPU_CHECK_STEPS": "libraries,device,memcheck"}
+    rc, s, _, callfile, _ = r.run(steps)
+    st = s["steps"]
+    check(rc == 0 and st["memcheck"]["status"] == "ok" and st["memcheck"]["figures"].get("errors") == 0,
+          f"(e) memcheck with a stand-in sanitizer: ok, 0 errors ({rc}, {st['memcheck']})")
+    cl = [c for c in calls(callfile) if c.startswith("kernels_cuda_kernels_test")]
+    check(len(cl) == 1 and "--gtest_filter=CudaKernelsTest.ZeroQueryGivesMeanOfValuesAndPaddingDoesNotLeak" in cl[0],
+          f"(e) memcheck runs one small kernel test: {cl}")
+    rc, s, _, _, _ = r.run({**steps, "STANDIN_SANITIZER": "unsupported"})
+    st = s["steps"]
+    check(st["memcheck"]["status"] == "unsupported" and "Device not supported" in st["memcheck"]["reason"],
+          f"(e) a sanitizer that refuses the device: unsupported ({st['memcheck']})")
+    check(rc == 0 and s["ok"] is True, f"(e) unsupported is not a failure (rc {rc}, ok {s['ok']})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--source-dir", required=True)
@@ -326,6 +359,7 @@ def main():
             case_killed(r, signal.SIGTERM)
             case_quick(r)
             case_deadline(r)
+            case_memcheck(r)
         finally:
             kill_leftovers(tmp)
 
