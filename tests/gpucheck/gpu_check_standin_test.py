@@ -28,6 +28,8 @@ d. the deadline: a hanging kernel test under a 24 s limit times out within
 e. memcheck (a stand-in compute-sanitizer on PATH): one small kernel test
    under it (--gtest_filter), ok with its ERROR SUMMARY; "unsupported", not
    failed, when the sanitizer refuses the device.
+f. an attention benchmark cut off by the deadline after writing one shape
+   (its JSON "partial") fails with the figures of that shape kept.
 Standard library only; prints "N passed, N failed". About 40 s.
 """
 
@@ -71,6 +73,8 @@ case "$name" in
       if [ "$rc" = 0 ]; then echo "NVIDIA H200 (stand-in), sm_90"; exit 0; fi
       echo "no usable CUDA device: cudaGetDeviceCount: unknown error (stand-in)"; exit "$rc"
     fi
+    # As the real one: the JSON rewritten after each shape ("partial" until the end).
+    [ "${1:-}" = --json ] && echo '{"device": "stand-in", "copy_bandwidth_GBps": 4000.0, "results": [{"heads": 32, "kv_heads": 8, "dtype": "bf16", "batch": 8, "context": 1024, "attention": "GQA", "pct_of_copy_bw": 50.0, "kv_GBps": 2000.0, "paged_ms": 0.1, "variant": "gqa"}], "prefill": [], "partial": true}' >"$2"
     hang attention
     [ "${1:-}" = --json ] && echo '{"device": "stand-in", "copy_bandwidth_GBps": 4000.0, "results": [], "prefill": []}' >"$2"
     ;;
@@ -329,6 +333,16 @@ def case_deadline(r):
     check(rc == 1, f"(d) exit 1 (the timed-out step failed; got {rc})")
 
 
+def case_partial(r):
+    rc, s, _, _, _ = r.run({"GPU_CHECK_STEPS": "libraries,device,attention_bench", "STANDIN_HANG": "attention",
+                            "GPU_CHECK_TIME_LIMIT": "14", "GPU_CHECK_RESERVE_SECONDS": "2",
+                            "GPU_CHECK_MIN_STEP_SECONDS": "3"})
+    a = s["steps"]["attention_bench"]
+    check(a["status"] == "failed" and "timed out" in a["reason"] and a["figures"].get("partial") is True
+          and a["figures"].get("shapes") == 1,
+          f"(f) an attention benchmark cut off keeps the shapes it finished: {a}")
+
+
 def case_memcheck(r):
     steps = {"GPU_CHECK_STEPS": "libraries,device,memcheck"}
     rc, s, _, callfile, _ = r.run(steps)
@@ -360,6 +374,7 @@ def main():
             case_quick(r)
             case_deadline(r)
             case_memcheck(r)
+            case_partial(r)
         finally:
             kill_leftovers(tmp)
 
