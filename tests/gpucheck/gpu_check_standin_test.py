@@ -65,7 +65,9 @@ for a in "$@"; do
     --benchmark_out=*) out=${a#--benchmark_out=} ;;
   esac
 done
-hang() { case ",${STANDIN_HANG:-}," in *",$1,"*) exec sleep 3600 ;; esac; }
+hang() {  # the pid goes to STANDIN_PIDS: the test ends it if a killed run leaves it
+  case ",${STANDIN_HANG:-}," in *",$1,"*) echo $$ >>"${STANDIN_PIDS:-/dev/null}"; exec sleep 3600 ;; esac
+}
 case "$name" in
   paged_attention_cuda_bench)
     if [ "${1:-}" = --probe ]; then
@@ -161,8 +163,20 @@ def make_bundle(tmp):
 
 def kill_leftovers(marker):
     """SIGKILL, by pid, every process this test started that still runs (a
-    killed run's `timeout` children live in their own process groups): those
-    whose command line names the test's temporary folder."""
+    killed run's `timeout` children live in their own process groups): the
+    hanging stand-ins (their pids in STANDIN_PIDS) and those whose command
+    line names the test's temporary folder."""
+    pids = os.path.join(marker, "standin-pids.txt")
+    if os.path.exists(pids):
+        with open(pids) as f:
+            for pid in f.read().split():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as c:
+                        is_standin = c.read().startswith(b"sleep\x003600")
+                    if is_standin:
+                        os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
@@ -193,7 +207,8 @@ class Runner:
         env.pop("GPU_CHECK_TIME_LIMIT", None)
         env.update({"GPU_CHECK_BUNDLE": self.bundle, "OUT": out, "TMPDIR": work,
                     "PATH": self.fakebin + os.pathsep + env.get("PATH", ""),
-                    "STANDIN_CALLS": os.path.join(self.tmp, f"calls{self.n}.txt")})
+                    "STANDIN_CALLS": os.path.join(self.tmp, f"calls{self.n}.txt"),
+                    "STANDIN_PIDS": os.path.join(self.tmp, "standin-pids.txt")})
         env.update(extra)
         return env, out
 
