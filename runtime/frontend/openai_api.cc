@@ -354,7 +354,7 @@ json FinishJson(FinishReason reason) {
 }  // namespace
 
 std::string ParamOf(const absl::Status& status, Endpoint endpoint) {
-  const std::string field = FieldOf(status);
+  std::string field = FieldOf(status);
   if (endpoint == Endpoint::kChat) {
     if (field == "logprobs") return "top_logprobs";
     if (field == "prompt") return "messages";

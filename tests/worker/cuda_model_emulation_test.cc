@@ -665,8 +665,11 @@ TEST(CudaModelEmulationTest, AddRmsNormMatchesCpu) {
 TEST(CudaModelEmulationTest, HeadRmsNormMatchesCpu) {
   std::mt19937 rng(12);
   const double eps = 1e-6;
-  for (auto [n, heads, head_size] :
+  for (const auto& shape :
        {std::tuple{3, 4, 128}, std::tuple{5, 2, 64}, std::tuple{1, 7, 96}, std::tuple{2, 3, 256}}) {
+    // Plain variables, not structured bindings: the lambdas below capture them
+    // (clang 14, which scripts/lint runs, cannot capture a binding).
+    const int n = std::get<0>(shape), heads = std::get<1>(shape), head_size = std::get<2>(shape);
     SCOPED_TRACE(::testing::Message() << n << " tokens, " << heads << " heads of " << head_size);
     // Heads of different scales, so that one norm over the row differs from per-head ones.
     std::vector<float> x0 = Random(static_cast<size_t>(n) * heads * head_size, rng);
