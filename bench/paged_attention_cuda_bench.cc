@@ -37,7 +37,8 @@
 // pct_of_copy_bw of the paged run and gqa_mma_pct_of_copy_bw of the
 // tensor-core run), and "prefill": one record per prefill shape (batch,
 // prompt, heads, kv_heads, dtype, simt_ms, mma_ms, simt_tflops, mma_tflops,
-// mma_speedup).
+// mma_speedup). It is rewritten (PATH.tmp, renamed) after every shape, with
+// "partial": true until the last one: a run cut off keeps what it measured.
 //
 // Without a usable device it prints the reason, writes {"skipped": reason} to
 // the JSON path and exits 0.
@@ -437,12 +438,25 @@ int main(int argc, char** argv) {
   std::printf("%-5s %-6s %-7s %-7s %-8s | %-9s %-9s %-7s | %-9s %-9s %-9s %-9s %-9s | %s\n",
               "dtype", "batch", "context", "heads", "variant", "paged ms", "KV GB/s", "% copy",
               "v1 ms", "v2 ms", "gqa ms", "mma ms", "contig ms", "paged/contig");
+  // The JSON so far, closed by `tail`, written to PATH.tmp and renamed after
+  // every shape: a run cut off (scripts/gpu-check's deadline) or crashing in a
+  // later shape keeps the shapes it finished ("partial": true until the end).
+  const auto flush = [&](const char* tail) {
+    if (o.json_path.empty()) return;
+    const std::string tmp = o.json_path + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << json << tail;
+    }
+    std::rename(tmp.c_str(), o.json_path.c_str());
+  };
   bool first = true;
   for (const Shape& s : ListShapes(o.quick)) {
     const ShapeBuffers buffers(s, rng);
     const std::string record = Report(s, TimeShape(s, buffers), copy_bw);
     json += (first ? "" : ",\n") + record;
     first = false;
+    flush("\n  ],\n  \"prefill\": [],\n  \"partial\": true\n}\n");
   }
   json += "\n  ],\n  \"prefill\": [\n";
   first = true;
@@ -450,8 +464,9 @@ int main(int argc, char** argv) {
     for (int prompt : o.quick ? std::vector<int>{2048} : std::vector<int>{512, 2048}) {
       json += (first ? "" : ",\n") + PrefillShape(4, prompt, dtype, rng);
       first = false;
+      flush("\n  ],\n  \"partial\": true\n}\n");
     }
   json += "\n  ]\n}\n";
-  if (!o.json_path.empty()) std::ofstream(o.json_path) << json;
+  flush("");
   return 0;
 }

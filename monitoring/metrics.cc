@@ -143,6 +143,41 @@ const std::vector<double>& Metrics::RankStepBuckets() {
   return *b;
 }
 
+// vLLM's buckets, as in vllm/v1/metrics/loggers.py at vllm-project/vllm
+// 005a810bc40faa25b8870fbc8559c3462581eee3 (facts, listed in docs/metrics.md).
+const std::vector<double>& Metrics::VllmTtftBuckets() {
+  static const auto* b = new std::vector<double>{
+      0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+      1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+  return *b;
+}
+const std::vector<double>& Metrics::VllmTpotBuckets() {
+  static const auto* b =
+      new std::vector<double>{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                              0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+  return *b;
+}
+const std::vector<double>& Metrics::VllmRequestLatencyBuckets() {
+  static const auto* b = new std::vector<double>{0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                                 5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
+                                                 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+  return *b;
+}
+const std::vector<double>& Metrics::VllmPrefillPerTokenBuckets() {
+  static const auto* b =
+      new std::vector<double>{0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0};
+  return *b;
+}
+std::vector<double> Metrics::Vllm125Buckets(int64_t max_value) {
+  std::vector<double> b;
+  for (int64_t scale = 1; scale <= max_value && scale <= (int64_t{1} << 52); scale *= 10) {
+    for (int64_t m : {1, 2, 5}) {
+      if (m * scale <= max_value) b.push_back(static_cast<double>(m * scale));
+    }
+  }
+  return b;
+}
+
 Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {}
 
 Metrics::~Metrics() {
@@ -166,6 +201,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
   m->RegisterGauges(constant, *info_labels);
   m->RegisterCounters(constant);
   m->RegisterHistograms(constant, options.build_info.tensor_parallel_size);
+  m->RegisterVllm(options.model_name,
+                  options.max_model_len > 0 ? options.max_model_len : int64_t{100000});
   if (port != 0) {
     if (absl::Status s = m->StartExposer(options.listen_address, port); !s.ok()) return s;
   }
@@ -325,6 +362,100 @@ void Metrics::RegisterHistograms(const prometheus::Labels& constant, int tensor_
   }
 }
 
+void Metrics::RegisterVllm(const std::string& model_name, int64_t max_model_len) {
+  prometheus::Registry& r = *registry_;
+  // vLLM V1 labels every series with the served model and the engine index
+  // (one engine here: "0").
+  const prometheus::Labels labels = {{"model_name", model_name}, {"engine", "0"}};
+  auto gauge = [&](const char* name, const char* help) {
+    return &BuildGauge().Name(name).Help(help).Register(r).Add(labels);
+  };
+  auto counter = [&](const char* name, const char* help) {
+    return &BuildCounter().Name(name).Help(help).Register(r).Add(labels);
+  };
+  auto histogram = [&](const char* name, const char* help, const std::vector<double>& buckets) {
+    return &BuildHistogram().Name(name).Help(help).Register(r).Add(labels, buckets);
+  };
+  Vllm& v = vllm_;
+  v.running =
+      gauge("vllm:num_requests_running",
+            "Number of requests in model execution batches (= pagedserve_requests_running).");
+  v.waiting = gauge("vllm:num_requests_waiting",
+                    "Number of requests waiting to be processed (= pagedserve_requests_waiting).");
+  v.swapped = gauge("vllm:num_requests_swapped",
+                    "Number of requests swapped to CPU (= pagedserve_requests_swapped).");
+  v.gpu_cache = gauge("vllm:gpu_cache_usage_perc",
+                      "Device KV-cache usage, 1 means 100 percent (= "
+                      "pagedserve_kv_cache_usage_ratio{pool=\"device\"}).");
+  v.kv_cache = gauge("vllm:kv_cache_usage_perc",
+                     "KV-cache usage, 1 means 100 percent (= "
+                     "pagedserve_kv_cache_usage_ratio{pool=\"device\"}).");
+  v.cpu_cache = gauge("vllm:cpu_cache_usage_perc",
+                      "CPU swap KV-cache usage, 1 means 100 percent (= "
+                      "pagedserve_kv_cache_usage_ratio{pool=\"cpu\"}).");
+  v.prefix_hit_rate = gauge("vllm:gpu_prefix_cache_hit_rate",
+                            "Prefix cache hit rate (0-1) since start: hit tokens / queried tokens "
+                            "(vLLM V0's gauge; 0 before the first query).");
+  v.gpu_prefix_queries = counter("vllm:gpu_prefix_cache_queries_total",
+                                 "Prefix cache queries, in queried tokens (vLLM's older name).");
+  v.gpu_prefix_hits = counter("vllm:gpu_prefix_cache_hits_total",
+                              "Prefix cache hits, in cached tokens (vLLM's older name).");
+  v.prefix_queries =
+      counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in queried tokens.");
+  v.prefix_hits = counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in cached tokens.");
+  v.preemptions = counter("vllm:num_preemptions_total",
+                          "Cumulative number of preemptions (swap and recompute).");
+  v.prompt_tokens = counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.");
+  v.generation_tokens =
+      counter("vllm:generation_tokens_total", "Number of generation tokens processed.");
+  auto& success = BuildCounter()
+                      .Name("vllm:request_success_total")
+                      .Help("Count of finished requests, by finished_reason.")
+                      .Register(r);
+  for (MetricsFinishReason reason : {MetricsFinishReason::kStop, MetricsFinishReason::kLength,
+                                     MetricsFinishReason::kAbort, MetricsFinishReason::kError}) {
+    prometheus::Labels l = labels;
+    l["finished_reason"] = std::string(FinishReasonName(reason));
+    v.success[static_cast<int>(reason)] = &success.Add(l);
+  }
+  const std::vector<double> lengths = Vllm125Buckets(max_model_len);
+  v.prompt_len = histogram("vllm:request_prompt_tokens",
+                           "Number of prefill tokens processed, per request.", lengths);
+  v.generation_len = histogram("vllm:request_generation_tokens",
+                               "Number of generation tokens processed, per request.", lengths);
+  v.max_generation_len =
+      histogram("vllm:request_max_num_generation_tokens",
+                "Generation tokens of the longest sequence of a request.", lengths);
+  v.iteration_tokens =
+      histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine step.",
+                StepTokenBuckets());  // the same as vLLM's
+  v.ttft = histogram("vllm:time_to_first_token_seconds",
+                     "Histogram of time to first token in seconds.", VllmTtftBuckets());
+  v.tpot = histogram("vllm:time_per_output_token_seconds",
+                     "Histogram of time per output token (between two tokens) in seconds.",
+                     VllmTpotBuckets());
+  v.itl = histogram("vllm:inter_token_latency_seconds",
+                    "Histogram of inter-token latency in seconds.", VllmTpotBuckets());
+  v.prefill_per_token = histogram("vllm:time_per_prefill_token_request_seconds",
+                                  "Prefill time per prompt token of a request, in seconds.",
+                                  VllmPrefillPerTokenBuckets());
+  v.e2e = histogram("vllm:e2e_request_latency_seconds",
+                    "Histogram of e2e request latency in seconds.", VllmRequestLatencyBuckets());
+  v.queue = histogram("vllm:request_queue_time_seconds",
+                      "Histogram of time spent in WAITING phase for request.",
+                      VllmRequestLatencyBuckets());
+  v.inference = histogram("vllm:request_inference_time_seconds",
+                          "Histogram of time spent in RUNNING phase (prefill + decode) for "
+                          "request.",
+                          VllmRequestLatencyBuckets());
+  v.prefill = histogram("vllm:request_prefill_time_seconds",
+                        "Histogram of time spent in PREFILL phase for request.",
+                        VllmRequestLatencyBuckets());
+  v.decode = histogram("vllm:request_decode_time_seconds",
+                       "Histogram of time spent in DECODE phase for request.",
+                       VllmRequestLatencyBuckets());
+}
+
 absl::Status Metrics::StartExposer(const std::string& listen_address, int port) {
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(listen_address);
@@ -354,6 +485,9 @@ void Metrics::SetRequests(int64_t running, int64_t waiting, int64_t swapped) {
   running_->Set(static_cast<double>(running));
   waiting_->Set(static_cast<double>(waiting));
   swapped_->Set(static_cast<double>(swapped));
+  vllm_.running->Set(static_cast<double>(running));
+  vllm_.waiting->Set(static_cast<double>(waiting));
+  vllm_.swapped->Set(static_cast<double>(swapped));
 }
 
 void Metrics::SetKvUsage(double device_fraction, double cpu_fraction) {
@@ -362,6 +496,9 @@ void Metrics::SetKvUsage(double device_fraction, double cpu_fraction) {
   }
   kv_device_->Set(device_fraction);
   kv_cpu_->Set(cpu_fraction);
+  vllm_.gpu_cache->Set(device_fraction);
+  vllm_.kv_cache->Set(device_fraction);
+  vllm_.cpu_cache->Set(cpu_fraction);
 }
 
 void Metrics::AddPrefixCache(int64_t query_tokens, int64_t hit_tokens) {
@@ -370,20 +507,31 @@ void Metrics::AddPrefixCache(int64_t query_tokens, int64_t hit_tokens) {
   }
   prefix_queries_->Increment(static_cast<double>(query_tokens));
   prefix_hits_->Increment(static_cast<double>(hit_tokens));
+  for (prometheus::Counter* c : {vllm_.prefix_queries, vllm_.gpu_prefix_queries}) {
+    c->Increment(static_cast<double>(query_tokens));
+  }
+  for (prometheus::Counter* c : {vllm_.prefix_hits, vllm_.gpu_prefix_hits}) {
+    c->Increment(static_cast<double>(hit_tokens));
+  }
+  const double queried = prefix_queries_->Value();
+  if (queried > 0) vllm_.prefix_hit_rate->Set(prefix_hits_->Value() / queried);
 }
 
 void Metrics::AddPreemption(MetricsPreemptionMode mode) {
   (mode == MetricsPreemptionMode::kSwap ? preempt_swap_ : preempt_recompute_)->Increment();
+  vllm_.preemptions->Increment();
 }
 
 void Metrics::AddPromptTokens(int64_t n) {
   if (n < 0) return Reject("AddPromptTokens");
   prompt_tokens_->Increment(static_cast<double>(n));
+  vllm_.prompt_tokens->Increment(static_cast<double>(n));
 }
 
 void Metrics::AddGenerationTokens(int64_t n) {
   if (n < 0) return Reject("AddGenerationTokens");
   generation_tokens_->Increment(static_cast<double>(n));
+  vllm_.generation_tokens->Increment(static_cast<double>(n));
 }
 
 void Metrics::AddFailedHandshake(std::string_view reason) {
@@ -407,7 +555,8 @@ void Metrics::RequestFinished(const FinishedRequest& q) {
                              : q.prefill_s < 0 && q.decode_s < 0;
   if (reason < 0 || reason > 3 || !Valid(q.e2e_s) || std::isnan(q.queue_s) ||
       std::isinf(q.queue_s) || !consistent || std::isnan(q.ttft_s) || q.prompt_len < 0 ||
-      q.generation_len < 0 || (!produced && q.generation_len > 0)) {
+      q.generation_len < 0 || (!produced && q.generation_len > 0) ||
+      q.max_generation_len > q.generation_len) {
     return Reject("RequestFinished");
   }
   finished_[reason]->Increment();
@@ -420,16 +569,34 @@ void Metrics::RequestFinished(const FinishedRequest& q) {
     prefill_->Observe(q.prefill_s);
     decode_->Observe(q.decode_s);
   }
+  Vllm& v = vllm_;
+  v.success[reason]->Increment();
+  v.e2e->Observe(q.e2e_s);
+  if (q.queue_s >= 0) v.queue->Observe(q.queue_s);
+  v.prompt_len->Observe(static_cast<double>(q.prompt_len));
+  v.generation_len->Observe(static_cast<double>(q.generation_len));
+  v.max_generation_len->Observe(
+      static_cast<double>(q.max_generation_len >= 0 ? q.max_generation_len : q.generation_len));
+  if (produced) {
+    v.ttft->Observe(q.ttft_s);
+    v.prefill->Observe(q.prefill_s);
+    v.decode->Observe(q.decode_s);
+    v.inference->Observe(q.prefill_s + q.decode_s);
+    if (q.prompt_len > 0) v.prefill_per_token->Observe(q.prefill_s / q.prompt_len);
+  }
 }
 
 void Metrics::ObserveInterTokenLatency(double seconds) {
   if (!Valid(seconds)) return Reject("ObserveInterTokenLatency");
   itl_->Observe(seconds);
+  vllm_.tpot->Observe(seconds);
+  vllm_.itl->Observe(seconds);
 }
 
 void Metrics::ObserveStepTokens(int64_t n) {
   if (n < 0) return Reject("ObserveStepTokens");
   step_tokens_->Observe(static_cast<double>(n));
+  vllm_.iteration_tokens->Observe(static_cast<double>(n));
 }
 
 void Metrics::ObserveRankStep(int rank, double step_s, double collective_s) {

@@ -7,8 +7,15 @@
 // figures (step time, time in collectives) travel back with the step results and
 // the coordinator records them with ObserveRankStep().
 //
-// Naming follows the Prometheus conventions (https://prometheus.io/docs/practices/naming/):
-// one prefix `pagedserve_`, counters end in `_total`, durations are in seconds
+// Every family that vLLM also exports is exported a second time under vLLM's
+// name, type, labels and buckets (`vllm:*`, labels model_name and engine="0"),
+// from the same calls: a vLLM dashboard, alert or autoscaler finds its series
+// unchanged. docs/metrics.md ("vLLM names") lists them and says why both
+// namespaces are always on.
+//
+// Naming of the pagedserve_* series follows the Prometheus conventions
+// (https://prometheus.io/docs/practices/naming/): one prefix `pagedserve_`, counters end in
+// `_total`, durations are in seconds
 // (`_seconds`), ratios are 0..1 (`_ratio`), token counts are plain numbers.
 // `promtool check metrics` reports nothing on Serialize()'s output (tested).
 // Every metric, its type, labels and meaning is listed in docs/metrics.md.
@@ -91,6 +98,9 @@ struct MetricsOptions {
   // Must not be empty (InvalidArgument).
   std::string model_name;
   BuildInfo build_info;
+  // --max-model-len: the largest bucket of the vllm:request_*_tokens histograms,
+  // whose buckets are vLLM's 1, 2, 5, 10, 20, 50, ... up to it. 0 means 100000.
+  int64_t max_model_len = 0;
 };
 
 // Per-request figures, recorded once when the request leaves the server.
@@ -115,6 +125,9 @@ struct FinishedRequest {
   double decode_s = -1;
   int64_t prompt_len = 0;
   int64_t generation_len = 0;
+  // Output tokens of the request's longest sequence (vLLM's
+  // request_max_num_generation_tokens); < 0 means generation_len (n = 1).
+  int64_t max_generation_len = -1;
 };
 
 class Metrics {
@@ -181,6 +194,13 @@ class Metrics {
   static const std::vector<double>& TokenCountBuckets();   // prompt / generation length
   static const std::vector<double>& StepTokenBuckets();    // tokens per step
   static const std::vector<double>& RankStepBuckets();     // per-rank step and collectives
+  // vLLM's buckets for its vllm:* histograms (vllm/v1/metrics/loggers.py).
+  static const std::vector<double>& VllmTtftBuckets();
+  static const std::vector<double>& VllmTpotBuckets();
+  static const std::vector<double>& VllmRequestLatencyBuckets();  // e2e, queue, prefill, ...
+  static const std::vector<double>& VllmPrefillPerTokenBuckets();
+  // 1, 2, 5, 10, 20, 50, ... <= max_value (vLLM's build_1_2_5_buckets).
+  static std::vector<double> Vllm125Buckets(int64_t max_value);
 
  private:
   Metrics();
@@ -194,6 +214,8 @@ class Metrics {
   void RegisterCounters(const std::map<std::string, std::string>& constant);
   void RegisterHistograms(const std::map<std::string, std::string>& constant,
                           int tensor_parallel_size);
+  // The vllm:* families; labels {model_name, engine="0"}.
+  void RegisterVllm(const std::string& model_name, int64_t max_model_len);
   // Serves the registry on `listen_address` (whose port is `port`, non-zero);
   // Unavailable when it cannot be bound.
   absl::Status StartExposer(const std::string& listen_address, int port);
@@ -232,6 +254,23 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* rank_collective_ = nullptr;
   prometheus::Family<prometheus::Counter>* rejected_ = nullptr;
   prometheus::Family<prometheus::Counter>* http_responses_ = nullptr;
+
+  // The same figures under vLLM's names (RegisterVllm).
+  struct Vllm {
+    prometheus::Gauge *running = nullptr, *waiting = nullptr, *swapped = nullptr;
+    prometheus::Gauge *gpu_cache = nullptr, *kv_cache = nullptr, *cpu_cache = nullptr;
+    prometheus::Gauge* prefix_hit_rate = nullptr;
+    prometheus::Counter *gpu_prefix_queries = nullptr, *gpu_prefix_hits = nullptr;
+    prometheus::Counter *prefix_queries = nullptr, *prefix_hits = nullptr;
+    prometheus::Counter* preemptions = nullptr;
+    prometheus::Counter *prompt_tokens = nullptr, *generation_tokens = nullptr;
+    prometheus::Counter* success[4] = {};
+    prometheus::Histogram *ttft = nullptr, *tpot = nullptr, *itl = nullptr;
+    prometheus::Histogram *e2e = nullptr, *queue = nullptr, *inference = nullptr;
+    prometheus::Histogram *prefill = nullptr, *decode = nullptr, *prefill_per_token = nullptr;
+    prometheus::Histogram *prompt_len = nullptr, *generation_len = nullptr;
+    prometheus::Histogram *max_generation_len = nullptr, *iteration_tokens = nullptr;
+  } vllm_;
 };
 
 }  // namespace pagedserve

@@ -38,6 +38,8 @@ def attention(path):
     rows = d.get("results", [])
     out = {"device": d.get("device"), "copy_bandwidth_GBps": round(d.get("copy_bandwidth_GBps", 0), 1),
            "shapes": len(rows)}
+    if d.get("partial"):
+        out["partial"] = True  # the run was cut off: the shapes it finished
 
     def pick(heads, kv_heads, dtype, batch, context):
         for r in rows:

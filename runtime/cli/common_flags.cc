@@ -14,10 +14,14 @@
 #include <sstream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "runtime/cli/json_log_format.h"
+#include "runtime/cli/load_progress.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/frontend/chat_messages.h"
 #include "runtime/model/weights.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/loaders.h"
@@ -28,9 +32,15 @@ PAGEDSERVE_FLAG(
     "generate,serve", std::string, log_color, "auto",
     "ANSI colours in log lines: auto (only when the output is a terminal, NO_COLOR is "
     "unset and not under mpirun, whose ranks write to a pseudo-terminal), always, never");
+PAGEDSERVE_FLAG("generate,serve", std::string, log_level, "info",
+                "lowest level of the log lines written: debug, info, warning or error "
+                "(spdlog levels; debug adds the stats line while the server is idle)");
+PAGEDSERVE_FLAG("generate,serve", std::string, log_format, "text",
+                "log line format: text (\"[time] [level] message\") or json (one object per "
+                "line: time in UTC, level, message; no colour)");
 PAGEDSERVE_FLAG("generate,serve", std::string, model, "",
                 "model: a .gguf file or a Hugging Face directory (config.json, *.safetensors, "
-                "tokenizer.json)");
+                "tokenizer.json); serve also takes it as its argument: `pagedserve serve MODEL`");
 PAGEDSERVE_FLAG("generate,serve", int32_t, tensor_parallel_size, 1,
                 "worker ranks sharding the model's heads; run under `mpirun -np 1+N` when N > 1");
 PAGEDSERVE_FLAG("generate,serve", int32_t, block_size, 16,
@@ -72,8 +82,9 @@ PAGEDSERVE_FLAG(
     "is in docs/benchmarks.md, \"Step budget and inter-token latency\"), else --max-model-len");
 PAGEDSERVE_FLAG("generate,serve", bool, enable_chunked_prefill, true,
                 "split long prompts into chunks that share steps with decodes");
-PAGEDSERVE_FLAG("generate,serve", bool, enable_prefix_caching, false,
-                "reuse the KV blocks of identical prompt prefixes");
+PAGEDSERVE_FLAG("generate,serve", bool, enable_prefix_caching, true,
+                "reuse the KV blocks of identical prompt prefixes (on by default, as in vLLM's V1 "
+                "engine; --no-enable-prefix-caching turns it off)");
 PAGEDSERVE_FLAG("generate,serve", std::string, preemption_mode, "recompute",
                 "what happens to a preempted sequence's KV blocks: swap (to CPU) or recompute");
 PAGEDSERVE_FLAG("generate,serve", double, worker_startup_timeout, 600,
@@ -92,8 +103,13 @@ PAGEDSERVE_FLAG("generate,client", int32_t, top_k, -1,
                 "sample among the k most likely tokens; -1 = off");
 PAGEDSERVE_FLAG("generate,client", double, min_p, 0.0,
                 "drop tokens less likely than min_p times the most likely one, in [0, 1]");
-PAGEDSERVE_FLAG("generate,client", int64_t, seed, -1,
-                "per-request random seed (reproducible sampling); -1 = none");
+PAGEDSERVE_FLAG(
+    "generate,client,serve", int64_t, seed, -1,
+    "generate, client: the request's random seed (reproducible sampling); serve: the engine-wide "
+    "default seed (as vLLM's --seed): a request that gives no seed samples with one derived from "
+    "this seed and its arrival order, so the same requests sent in the same order give the same "
+    "text on every run (a request's own seed still wins); -1 = none (unseeded requests are not "
+    "reproducible)");
 PAGEDSERVE_FLAG("generate,client", int32_t, n, 1, "samples per prompt");
 
 namespace {
@@ -215,6 +231,7 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
   if (s.worker.graphs.max_seq_len_to_capture < 1)
     return BadFlag("max-seq-len-to-capture", "must be >= 1",
                    s.worker.graphs.max_seq_len_to_capture);
+  s.worker.load_progress = MakeLoadProgress();
   s.worker.max_num_blocks = absl::GetFlag(FLAGS_max_num_blocks);
   if (s.worker.max_num_blocks < 0)
     return BadFlag("max-num-blocks", "must be >= 0", s.worker.max_num_blocks);
@@ -288,9 +305,7 @@ absl::StatusOr<SamplingParams> SamplingParamsFromFlags() {
   p.repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty));
   p.presence_penalty = static_cast<float>(absl::GetFlag(FLAGS_presence_penalty));
   p.frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty));
-  const int64_t seed = absl::GetFlag(FLAGS_seed);
-  if (seed < -1) return BadFlag("seed", "must be >= 0 (or -1 for none)", seed);
-  if (seed >= 0) p.seed = static_cast<uint64_t>(seed);
+  PS_ASSIGN_OR_RETURN(p.seed, SeedFromFlags());
   p.stop = StopAccumulator();
   if (p.stop.empty()) p.stop = absl::GetFlag(FLAGS_stop);  // set programmatically (SetFlag)
   for (const std::string& t : absl::GetFlag(FLAGS_stop_token_ids)) {
@@ -321,6 +336,29 @@ absl::StatusOr<SamplingParams> SamplingParamsFromFlags() {
     return absl::InvalidArgumentError(msg);
   }
   return p;
+}
+
+absl::StatusOr<std::optional<uint64_t>> SeedFromFlags() {
+  const int64_t seed = absl::GetFlag(FLAGS_seed);
+  if (seed < -1) return BadFlag("seed", "must be >= 0 (or -1 for none)", seed);
+  if (seed < 0) return std::optional<uint64_t>();
+  return std::optional<uint64_t>(static_cast<uint64_t>(seed));
+}
+
+absl::Status ApplyModelArgument(const std::vector<std::string>& args) {
+  if (args.size() > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", args[2], "' (one model path at most)"));
+  }
+  if (args.size() < 2) return absl::OkStatus();
+  const std::string flag = absl::GetFlag(FLAGS_model);
+  if (!flag.empty() && flag != args[1]) {
+    return absl::InvalidArgumentError(absl::StrCat("the model is given twice: as the argument '",
+                                                   args[1], "' and as --model '", flag,
+                                                   "'; give one"));
+  }
+  absl::SetFlag(&FLAGS_model, args[1]);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ReadPromptFromFlags() {
@@ -456,13 +494,7 @@ absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer,
     return absl::Status(tmpl.status().code(), absl::StrCat("--chat: ", tmpl.status().message()));
   }
   const ChatMessage message{"user", text};
-  absl::StatusOr<std::string> rendered =
-      tmpl->Render({&message, 1}, /*add_generation_prompt=*/true);
-  if (!rendered.ok()) return rendered.status();
-  EncodeOptions o;
-  o.add_special_tokens = false;
-  o.parse_special = true;
-  return tokenizer.Encode(*rendered, o);
+  return EncodeChat(&*tmpl, tokenizer, {&message, 1});
 }
 
 absl::StatusOr<bool> UseLogColor(const std::string& mode, bool is_terminal, const char* no_color,
@@ -476,15 +508,39 @@ absl::StatusOr<bool> UseLogColor(const std::string& mode, bool is_terminal, cons
   return is_terminal && (no_color == nullptr || no_color[0] == '\0') && !under_mpirun;
 }
 
-absl::Status ConfigureLogColor() {
-  const std::string mode = absl::GetFlag(FLAGS_log_color);
-  const bool under_mpirun =
+absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  if (lower == "debug") return spdlog::level::debug;
+  if (lower == "info") return spdlog::level::info;
+  if (lower == "warning") return spdlog::level::warn;
+  if (lower == "error") return spdlog::level::err;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--log-level must be debug, info, warning or error, got '", name, "'"));
+}
+
+bool StartedByMpirun() {
+  static const bool started =
       std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+  return started;
+}
+
+absl::Status ConfigureLogging() {
+  PS_ASSIGN_OR_RETURN(const spdlog::level::level_enum level,
+                      ParseLogLevel(absl::GetFlag(FLAGS_log_level)));
+  const std::string format = absl::GetFlag(FLAGS_log_format);
+  if (format != "text" && format != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-format must be text or json, got '", format, "'"));
+  }
+  const bool json = format == "json";
+  const std::string mode = absl::GetFlag(FLAGS_log_color);
+  const bool under_mpirun = StartedByMpirun();
   const char* no_color = std::getenv("NO_COLOR");
-  PS_ASSIGN_OR_RETURN(const bool out_color,
+  PS_ASSIGN_OR_RETURN(bool out_color,
                       UseLogColor(mode, isatty(STDOUT_FILENO) == 1, no_color, under_mpirun));
-  PS_ASSIGN_OR_RETURN(const bool err_color,
+  PS_ASSIGN_OR_RETURN(bool err_color,
                       UseLogColor(mode, isatty(STDERR_FILENO) == 1, no_color, under_mpirun));
+  if (json) out_color = err_color = false;  // escape codes are not JSON
   // spdlog's own `automatic` would colour any terminal whose TERM looks like
   // a colour one, NO_COLOR or not: the decision is made here instead.
   using spdlog::color_mode;
@@ -495,6 +551,8 @@ absl::Status ConfigureLogColor() {
   spdlog::set_default_logger(stdout_logger);
   spdlog::drop("launch");
   spdlog::stderr_color_mt("launch", err_color ? color_mode::always : color_mode::never);
+  spdlog::set_level(level);  // every registered logger, and those created later
+  if (json) spdlog::set_formatter(MakeJsonLogFormatter());
   return absl::OkStatus();
 }
 

@@ -4,7 +4,8 @@
 // model's tokenizer. Names follow vLLM's command line.
 //
 // Model and engine:
-//   --model PATH                 .gguf file or Hugging Face directory (required)
+//   --model PATH                 .gguf file or Hugging Face directory (required; serve
+//                                also takes it as its argument, ApplyModelArgument)
 //   --tensor-parallel-size N     worker ranks (mpirun -np 1+N); 1 without mpirun
 //   --block-size N               tokens per KV block (8, 16, 32)
 //   --kv-cache-memory BYTES      KV pool per worker rank, all layers, K and V
@@ -18,10 +19,11 @@
 //   --max-model-len N            prompt + output tokens per sequence
 //                                (0 = min(model max_position_embeddings, 2048))
 //   --max-num-seqs N, --max-num-batched-tokens N, --enable-chunked-prefill,
-//   --enable-prefix-caching, --preemption-mode swap|recompute
+//   --[no-]enable-prefix-caching (on by default), --preemption-mode swap|recompute
 //   --worker-startup-timeout S, --worker-step-timeout S   (mpirun only)
 // Sampling:
-//   --max-tokens, --temperature, --top-p, --top-k, --min-p, --seed (-1 = none),
+//   --max-tokens, --temperature, --top-p, --top-k, --min-p,
+//   --seed (-1 = none; serve: the engine-wide default seed, EngineOptions::default_seed),
 //   --n, --stop (comma separated, and repeatable: every occurrence adds),
 //   --stop-token-ids, --ignore-eos, --logprobs,
 //   --repetition-penalty, --presence-penalty, --frequency-penalty,
@@ -34,7 +36,9 @@
 //                                or the template itself when it holds '{', '}' or
 //                                a newline (backslash escapes resolved)
 // Logging:
-//   --log-color auto|always|never   ANSI colours in log lines (ConfigureLogColor)
+//   --log-color auto|always|never   ANSI colours in log lines (ConfigureLogging)
+//   --log-level debug|info|warning|error   lowest spdlog level written (ConfigureLogging)
+//   --log-format text|json       one JSON object per log line (json_log_format.h)
 //
 // Adding a flag: one line at namespace scope in the .cc of the sub-command that
 // reads it (or here, in common_flags.cc, when several do), naming the
@@ -68,6 +72,7 @@
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/tokenizer.h"
 #include "runtime/worker/worker.h"
+#include "spdlog/common.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int32_t, tensor_parallel_size);
@@ -89,6 +94,8 @@ ABSL_DECLARE_FLAG(double, worker_startup_timeout);
 ABSL_DECLARE_FLAG(double, worker_step_timeout);
 
 ABSL_DECLARE_FLAG(std::string, log_color);
+ABSL_DECLARE_FLAG(std::string, log_level);
+ABSL_DECLARE_FLAG(std::string, log_format);
 
 ABSL_DECLARE_FLAG(int32_t, max_tokens);
 ABSL_DECLARE_FLAG(double, temperature);
@@ -179,11 +186,35 @@ absl::StatusOr<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer,
 absl::StatusOr<bool> UseLogColor(const std::string& mode, bool is_terminal, const char* no_color,
                                  bool under_mpirun);
 
+// Whether mpirun started this process (OMPI_COMM_WORLD_SIZE or PMIX_RANK in
+// the environment). The first call's answer is kept: a singleton MPI_Init (a
+// command run without mpirun) sets those variables itself. ConfigureLogging
+// makes the first call, before any command initializes MPI.
+bool StartedByMpirun();
+
+// The spdlog level of a --log-level value: debug, info, warning, error (any
+// case). InvalidArgument naming the flag and the four values otherwise.
+absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& name);
+
 // Applies --log-color (UseLogColor with this process's stdout / stderr,
-// NO_COLOR and OMPI_COMM_WORLD_SIZE / PMIX_RANK) to spdlog's default logger
-// (stdout) and to the "launch" logger (stderr, runtime/launch/process_state.cc). Call
-// once after the flags are parsed, before anything logs. Errors: UseLogColor's.
-absl::Status ConfigureLogColor();
+// NO_COLOR and StartedByMpirun) to spdlog's default logger
+// (stdout) and to the "launch" logger (stderr, runtime/launch/process_state.cc),
+// and --log-level and --log-format (json: MakeJsonLogFormatter, colour off) to
+// every spdlog logger (lines written with fprintf - usage errors, the serving
+// banner on stderr - are neither levelled nor formatted). Call once after the
+// flags are parsed, before anything logs. Errors: UseLogColor's,
+// ParseLogLevel's, InvalidArgument naming --log-format for another format.
+absl::Status ConfigureLogging();
+
+// --seed as an optional seed: nullopt for -1, InvalidArgument naming the flag
+// below -1.
+absl::StatusOr<std::optional<uint64_t>> SeedFromFlags();
+
+// `pagedserve serve MODEL` (as `vllm serve MODEL`): `args` are the command's
+// positional arguments (args[0] the command); a model argument sets --model.
+// InvalidArgument for more than one argument, or for a model argument and a
+// different --model (the message names both).
+absl::Status ApplyModelArgument(const std::vector<std::string>& args);
 
 }  // namespace pagedserve::cli
 

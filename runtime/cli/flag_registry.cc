@@ -117,6 +117,10 @@ absl::StatusOr<ScannedCommandLine> ScanCommandLine(const std::vector<std::string
       (name == "helpfull" ? out.helpfull : out.help) = true;
       continue;
     }
+    if (name == "version") {
+      out.version = true;
+      continue;
+    }
     bool negated = false;
     absl::CommandLineFlag* flag = FindFlag(name, &negated);
     if (flag == nullptr) {

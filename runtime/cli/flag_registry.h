@@ -46,12 +46,14 @@ struct ScannedCommandLine {
   std::vector<std::string> flags;       // registered or absl flags given, in order
   bool help = false;                    // --help, -h, --helpshort
   bool helpfull = false;                // --helpfull
+  bool version = false;                 // --version
 };
 
 // Scans argv (argv[0] is the program; flag names already underscored, see
 // NormalizeFlagNames in main.cc) the way absl parses it: "-x" and "--x",
 // "--x=v", "--x v" for non-boolean flags, "--nox" / "--no_x" for booleans,
-// nothing after a bare "--" (all positional). InvalidArgument "unknown flag --x"
+// nothing after a bare "--" (all positional); --help / --helpfull / --version
+// set their fields. InvalidArgument "unknown flag --x"
 // for a flag absl does not define, and "invalid value 'v' for --x: ..." (or
 // "missing value for --x") for a value absl's parser would refuse, unless
 // help was asked for; absl's ParseCommandLine exits 1 on those, the binary

@@ -5,6 +5,7 @@
 //   pagedserve serve [flags]      serve over ZeroMQ and HTTP (docs/serving.md)
 //   pagedserve client [flags]     send a prompt / health / stats to a server
 //   pagedserve keygen NAME        CurveZMQ key pair NAME.key / NAME.key_secret
+//   pagedserve version            the version (also `pagedserve --version`)
 //
 // Flags may be spelled with dashes (--max-model-len) or underscores
 // (--max_model_len): absl flags are named with underscores, so a dashed flag
@@ -13,6 +14,8 @@
 // common_flags.h); another sub-command's flag or an unknown flag is an error.
 //
 // `pagedserve --help` / `pagedserve help` list the commands,
+// `pagedserve --version` (after any command, too) / `pagedserve version` print
+// the version (the project's, CMakeLists.txt),
 // `pagedserve COMMAND --help` / `pagedserve help COMMAND` a command's flags,
 // `pagedserve --helpfull` every command's flags; all exit 0.
 //
@@ -40,6 +43,13 @@ struct Command {
   const char* summary;
 };
 
+// `pagedserve --version` / `pagedserve version`: the version alone on stdout
+// (as `vllm --version`), exit 0.
+int PrintVersion(const pagedserve::cli::Args& /*args*/) {
+  std::fprintf(stdout, "%s\n", PAGEDSERVE_VERSION);
+  return 0;
+}
+
 const std::map<std::string, Command>& Commands() {
   static const auto* commands = new std::map<std::string, Command>{
       {"sim", {pagedserve::cli::SimCommand, "KV memory simulator: naive vs paged allocation"}},
@@ -52,6 +62,7 @@ const std::map<std::string, Command>& Commands() {
        {pagedserve::cli::ClientCommand, "send a prompt, --health or --stats to a server"}},
       {"keygen",
        {pagedserve::cli::KeygenCommand, "write a CurveZMQ key pair: NAME.key, NAME.key_secret"}},
+      {"version", {PrintVersion, "print the version (as `pagedserve --version`)"}},
   };
   return *commands;
 }
@@ -133,6 +144,7 @@ int main(int argc, char** argv) {
   if (line.ok() && (line->help || line->helpfull || line->subcommand == "help")) {
     return PrintHelp(*line);
   }
+  if (line.ok() && line->version) return PrintVersion({});
   if (line.ok() && line->subcommand.empty()) {
     std::fprintf(stderr, "%s\n", Usage().c_str());
     return 2;
@@ -156,7 +168,7 @@ int main(int argc, char** argv) {
   std::vector<char*> positional =
       absl::ParseCommandLine(static_cast<int>(normalized.size()), normalized_argv.data());
   pagedserve::cli::Args args(positional.begin() + 1, positional.end());
-  if (absl::Status s = pagedserve::cli::ConfigureLogColor(); !s.ok()) {
+  if (absl::Status s = pagedserve::cli::ConfigureLogging(); !s.ok()) {
     std::fprintf(stderr, "pagedserve %s: %s\n", line->subcommand.c_str(),
                  std::string(s.message()).c_str());
     return 2;

@@ -2,12 +2,13 @@
 // the OpenAI-compatible HTTP API (docs/http.md), metrics over HTTP
 // (docs/metrics.md), serving guide in docs/serving.md.
 //
-//   pagedserve serve --model PATH [--zmq-endpoint tcp://127.0.0.1:5555]
+//   pagedserve serve MODEL | --model MODEL [--zmq-endpoint tcp://127.0.0.1:5555]
 //                    [--host 127.0.0.1 --port 8000 --api-key KEY --served-model-name NAME]
 //                    [--metrics-host 127.0.0.1 --metrics-port 9400] [--max-queue-len 256]
 //                    [--zmq-curve-secret-key-file server.key_secret
 //                     [--zmq-curve-authorized-clients DIR]] [--require-cache-salt]
 //                    [--log-request-content | --disable-log-requests]
+//                    [--log-stats-interval 10 | --disable-log-stats] [--seed S]
 //                    [engine flags, see common_flags.h]
 //   mpirun -np 1+TP pagedserve serve --model PATH --tensor-parallel-size TP ...
 //
@@ -57,6 +58,7 @@
 #include "runtime/engine/engine.h"
 #include "runtime/engine/engine_loop.h"
 #include "runtime/engine/executor.h"
+#include "runtime/engine/stats_logger.h"
 #include "runtime/frontend/http_server.h"
 #include "runtime/frontend/serve_metrics.h"
 #include "runtime/frontend/server.h"
@@ -133,6 +135,14 @@ PAGEDSERVE_FLAG("serve,client", std::string, zmq_curve_secret_key_file, "",
 PAGEDSERVE_FLAG("serve", std::string, zmq_curve_authorized_clients, "",
                 "serve: with --zmq-curve-secret-key-file, serve only clients whose public "
                 "certificate (*.key) is in this folder; others are refused during the handshake");
+PAGEDSERVE_FLAG("serve", bool, disable_log_stats, false,
+                "serve: no periodic stats line (throughputs, requests, KV cache usage, "
+                "prefix-cache hit rate; see --log-stats-interval)");
+PAGEDSERVE_FLAG("serve", double, log_stats_interval, 10,
+                "serve: seconds between two stats lines (prompt and generation throughput over "
+                "the interval, running / waiting / swapped requests, device KV cache and CPU swap "
+                "usage, prefix-cache hit rate); written while the server is busy and once when it "
+                "turns idle (idle lines at debug level)");
 PAGEDSERVE_FLAG("serve", bool, require_cache_salt, false,
                 "serve: refuse requests without a cache_salt (multi-tenant prefix-cache "
                 "isolation)");
@@ -166,6 +176,9 @@ struct ServeOptions {
   EngineLoopOptions loop;
   HttpServerOptions http;
   bool http_enabled = true;
+  std::optional<uint64_t> default_seed;  // --seed
+  // --log-stats-interval; none with --disable-log-stats.
+  std::optional<absl::Duration> log_stats_interval;
 };
 
 // Blocks SIGTERM / SIGINT in the calling thread while alive, so that threads
@@ -271,6 +284,15 @@ absl::StatusOr<ServeOptions> ServeOptionsFromFlags(const std::string& model_path
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics-port must be in [0, 65535], got ", port));
   }
+  PS_ASSIGN_OR_RETURN(so.default_seed, SeedFromFlags());
+  const double stats_interval = absl::GetFlag(FLAGS_log_stats_interval);
+  if (!(stats_interval > 0 && stats_interval <= 86400)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-stats-interval must be in (0, 86400] seconds, got ", stats_interval));
+  }
+  if (!absl::GetFlag(FLAGS_disable_log_stats)) {
+    so.log_stats_interval = absl::Seconds(stats_interval);
+  }
   PS_ASSIGN_OR_RETURN(so.http, HttpOptionsFromFlags(model_path));
   so.http_enabled = so.http.port >= 0;
   if (so.http_enabled && !so.http.api_key.empty() && !o.curve.enabled() &&
@@ -344,6 +366,7 @@ class CoordinatorRank {
     mo.model_name = options_.http.served_model_name;  // also without an HTTP API
     mo.tensor_parallel_size = setup_.tensor_parallel_size;
     mo.block_size = setup_.worker.block_size;
+    mo.max_model_len = setup_.scheduler.max_model_len;
 #ifdef PAGEDSERVE_WITH_CUDA
     mo.backend = "cuda";
 #else
@@ -399,6 +422,7 @@ class CoordinatorRank {
     EngineOptions options;
     options.scheduler = setup_.scheduler;
     options.require_cache_salt = absl::GetFlag(FLAGS_require_cache_salt);
+    options.default_seed = options_.default_seed;
     absl::StatusOr<std::unique_ptr<Engine>> engine =
         Engine::Create(options, tokenizer_.get(), *std::move(executor),
                        EosTokenIds(setup_.model, *tokenizer_), metrics_.get());
@@ -428,6 +452,11 @@ class CoordinatorRank {
     }
     AttachHttpBackend();
     PrintServing();
+    std::unique_ptr<StatsLogger> stats_logger;  // stopped before the front ends
+    if (options_.log_stats_interval) {
+      StopSignalsBlocked blocked;
+      stats_logger = std::make_unique<StatsLogger>(loop_.get(), *options_.log_stats_interval);
+    }
     // The front ends stop once: after Run, or from the loss watcher below.
     std::once_flag front_ends_stopped;
     auto stop_front_ends = [&] {
@@ -444,6 +473,7 @@ class CoordinatorRank {
       watcher = std::thread([&] { WatchForLostWorkers(watch_stop, stop_front_ends); });
     }
     absl::Status s = loop_->Run(g_stop, g_abort_now);
+    stats_logger.reset();
     watch_stop.store(true);
     if (watcher.joinable()) watcher.join();
     // Every request has had its final output: let the front ends send them and stop.
@@ -593,11 +623,11 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup,
 }  // namespace
 
 int ServeCommand(const Args& args) {
-  if (args.size() > 1) {
-    std::fprintf(stderr, "pagedserve serve: unexpected argument '%s'\n", args[1].c_str());
+  if (absl::Status s = ApplyModelArgument(args); !s.ok()) {
+    PrintError(s);
     return 2;
   }
-  std::vector<std::string> storage(args.begin(), args.end());
+  std::vector<std::string> storage(args.begin(), args.begin() + 1);
   std::vector<char*> argv_vec;
   argv_vec.reserve(storage.size() + 1);
   for (std::string& a : storage) argv_vec.push_back(a.data());

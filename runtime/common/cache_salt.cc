@@ -3,21 +3,23 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/common/field_error.h"
 
 namespace pagedserve {
 
 absl::Status ValidateCacheSalt(std::string_view salt) {
-  if (salt.empty()) return absl::InvalidArgumentError("cache_salt must be a non-empty string");
+  if (salt.empty()) return FieldError("cache_salt", "cache_salt must be a non-empty string");
   if (salt.size() > kMaxCacheSaltBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cache_salt is ", salt.size(), " bytes; at most ", kMaxCacheSaltBytes, " are allowed"));
+    return FieldError("cache_salt", absl::StrCat("cache_salt is ", salt.size(), " bytes; at most ",
+                                                 kMaxCacheSaltBytes, " are allowed"));
   }
   for (size_t i = 0; i < salt.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(salt[i]);
     if (c < 0x21 || c > 0x7E) {
       char hex[8];
       std::snprintf(hex, sizeof(hex), "0x%02X", c);
-      return absl::InvalidArgumentError(
+      return FieldError(
+          "cache_salt",
           absl::StrCat("cache_salt byte ", i, " is ", hex,
                        "; only visible ASCII characters (0x21..0x7E, e.g. base64url) are allowed"));
     }

@@ -28,6 +28,16 @@ inline std::string_view FinishReasonName(FinishReason r) {
   return "";
 }
 
+// The one rule for a sequence whose reason the engine did not report before
+// its request's final output (the sequence ended with the request): kError
+// when the request failed (`request_failed`: the final output carries an
+// error), else kAbort (an abort by the client or a disconnect, the shutdown).
+// A reported reason stands. Every front end applies it.
+inline FinishReason EndedWithRequest(FinishReason reported, bool request_failed) {
+  if (reported != FinishReason::kNone) return reported;
+  return request_failed ? FinishReason::kError : FinishReason::kAbort;
+}
+
 }  // namespace pagedserve
 
 #endif  // PAGEDSERVE_RUNTIME_COMMON_FINISH_REASON_H_

@@ -25,10 +25,9 @@ absl::Status CheckJsonText(std::string_view text, const JsonLimits& limits) {
       } else if (c == '"') {
         in_string = false;
       } else if (i - string_start > limits.max_string_bytes) {
-        return absl::InvalidArgumentError(absl::StrCat("a JSON string is longer than ",
-                                                       limits.max_string_bytes,
-                                                       " bytes (string at byte ", string_start,
-                                                       ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("a JSON string is longer than ", limits.max_string_bytes,
+                         " bytes (string at byte ", string_start, ")"));
       }
       continue;
     }

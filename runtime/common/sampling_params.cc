@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "runtime/common/field_error.h"
 
 namespace pagedserve {
 
@@ -17,7 +18,7 @@ constexpr float kMaxPenalty = 2.0f;
 constexpr int kMaxBeamWidth = kMaxLogprobs / 2;
 
 absl::Status Bad(absl::string_view field, const std::string& range, auto value) {
-  return absl::InvalidArgumentError(absl::StrCat(field, " must be ", range, ", got ", value));
+  return FieldError(field, absl::StrCat(field, " must be ", range, ", got ", value));
 }
 
 }  // namespace
@@ -44,15 +45,23 @@ absl::Status SamplingParams::Validate() const {
   if (logprobs < -1 || logprobs > kMaxLogprobs) {
     return Bad("logprobs", absl::StrCat("in [-1, ", kMaxLogprobs, "]"), logprobs);
   }
+  if (stop.size() > kMaxStopStrings) {
+    return FieldError(
+        "stop", absl::StrCat("stop has ", stop.size(), " strings, the limit is ", kMaxStopStrings));
+  }
   for (size_t i = 0; i < stop.size(); ++i) {
     if (stop[i].empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("stop[", i, "] must be a non-empty string"));
+      return FieldError("stop", absl::StrCat("stop[", i, "] must be a non-empty string"));
+    }
+    if (stop[i].size() > kMaxStopStringBytes) {
+      return FieldError(
+          "stop", absl::StrCat("stop[", i, "] is longer than ", kMaxStopStringBytes, " bytes"));
     }
   }
   for (size_t i = 0; i < stop_token_ids.size(); ++i) {
     if (stop_token_ids[i] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("stop_token_ids[", i, "] must be >= 0, got ", stop_token_ids[i]));
+      return FieldError("stop_token_ids", absl::StrCat("stop_token_ids[", i, "] must be >= 0, got ",
+                                                       stop_token_ids[i]));
     }
   }
   return ValidateBeamSearch();
@@ -63,39 +72,49 @@ absl::Status SamplingParams::ValidateBeamSearch() const {
     return Bad("length_penalty", "a finite number", length_penalty);
   if (!use_beam_search) {
     if (best_of != 0 && best_of != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("best_of (", best_of, ") different from n (", n,
-                       ") requires use_beam_search: best-of-n sampling is not supported"));
+      return FieldError("best_of",
+                        absl::StrCat("best_of (", best_of, ") different from n (", n,
+                                     ") requires use_beam_search: best-of-n sampling is not "
+                                     "supported"));
     }
     if (length_penalty != 1.0f) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "length_penalty must be 1 when use_beam_search is false, got ", length_penalty));
+      return FieldError("length_penalty",
+                        absl::StrCat("length_penalty must be 1 when use_beam_search is false, got ",
+                                     length_penalty));
     }
     if (early_stopping != EarlyStopping::kFalse) {
-      return absl::InvalidArgumentError(
-          "early_stopping must be false when use_beam_search is false");
+      return FieldError("early_stopping",
+                        "early_stopping must be false when use_beam_search is false");
     }
     return absl::OkStatus();
   }
-  auto bad = [](auto&&... parts) {
-    return absl::InvalidArgumentError(absl::StrCat(parts..., " with use_beam_search"));
+  // `field`: the field the rule is about (the first one the message names).
+  auto bad = [](absl::string_view field, auto&&... parts) {
+    return FieldError(field, absl::StrCat(parts..., " with use_beam_search"));
   };
-  if (best_of < 0) return bad("best_of must be >= 1 (or 0 for n), got ", best_of);
-  if (best_of != 0 && best_of < n) return bad("n (", n, ") must be <= best_of (", best_of, ")");
+  if (best_of < 0) return bad("best_of", "best_of must be >= 1 (or 0 for n), got ", best_of);
+  if (best_of != 0 && best_of < n)
+    return bad("n", "n (", n, ") must be <= best_of (", best_of, ")");
   if (beam_width() > kMaxBeamWidth) {
-    return bad("best_of (the beam width, n when unset) must be <= ", kMaxBeamWidth, ", got ",
-               beam_width());
+    return bad("best_of", "best_of (the beam width, n when unset) must be <= ", kMaxBeamWidth,
+               ", got ", beam_width());
   }
-  if (!greedy()) return bad("temperature must be 0, got ", temperature);
-  if (top_p != 1.0f) return bad("top_p must be 1, got ", top_p);
-  if (top_k != -1) return bad("top_k must be -1, got ", top_k);
-  if (min_p != 0.0f) return bad("min_p must be 0, got ", min_p);
+  if (!greedy()) return bad("temperature", "temperature must be 0, got ", temperature);
+  if (top_p != 1.0f) return bad("top_p", "top_p must be 1, got ", top_p);
+  if (top_k != -1) return bad("top_k", "top_k must be -1, got ", top_k);
+  if (min_p != 0.0f) return bad("min_p", "min_p must be 0, got ", min_p);
   if (repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f) {
-    return bad("repetition_penalty, presence_penalty and frequency_penalty are not supported");
+    const char* field = repetition_penalty != 1.0f ? "repetition_penalty"
+                        : presence_penalty != 0.0f ? "presence_penalty"
+                                                   : "frequency_penalty";
+    return bad(field,
+               "repetition_penalty, presence_penalty and frequency_penalty are not supported");
   }
-  if (!stop.empty()) return bad("stop strings are not supported (stop_token_ids are)");
-  if (logprobs > 0)
-    return bad("logprobs must be -1 or 0 (top alternatives are not returned), got ", logprobs);
+  if (!stop.empty()) return bad("stop", "stop strings are not supported (stop_token_ids are)");
+  if (logprobs > 0) {
+    return bad("logprobs", "logprobs must be -1 or 0 (top alternatives are not returned), got ",
+               logprobs);
+  }
   return absl::OkStatus();
 }
 

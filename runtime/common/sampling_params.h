@@ -59,12 +59,17 @@ struct SamplingParams {
   // search, else n.
   int max_seqs() const { return use_beam_search ? beam_width() : n; }
 
-  // Checks every field against the ranges above (also: stop strings non-empty,
+  // Checks every field against the ranges above (also: at most kMaxStopStrings
+  // stop strings, each non-empty and at most kMaxStopStringBytes bytes (stop
+  // matching runs per output token: the bound is a bound on its cost);
   // stop_token_ids >= 0, NaN rejected everywhere; the beam-search rules above,
   // and without use_beam_search: best_of 0 or n, length_penalty 1,
   // early_stopping false, as vLLM v0). Returns InvalidArgument whose
-  // message names the field and the bad value, e.g. "top_p must be in (0, 1], got 1.5".
+  // message names the field and the bad value, e.g. "top_p must be in (0, 1], got 1.5",
+  // and whose FieldOf payload is the field (runtime/common/field_error.h).
   absl::Status Validate() const;
+  static constexpr size_t kMaxStopStrings = 16;
+  static constexpr size_t kMaxStopStringBytes = 256;
 
  private:
   absl::Status ValidateBeamSearch() const;

@@ -34,10 +34,26 @@ struct MdCtxFree {
 
 }  // namespace
 
+std::array<uint8_t, 32> Sha256Digest(absl::Span<const uint8_t> data) {
+  thread_local std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  std::array<uint8_t, 32> out{};
+  // These fail only on allocation failure inside OpenSSL; a zero digest would
+  // then merely make every hit go through verification and miss.
+  if (ctx == nullptr || Sha256() == nullptr ||
+      EVP_DigestInit_ex2(ctx.get(), Sha256(), nullptr) != 1 ||
+      EVP_DigestUpdate(ctx.get(), data.data(), data.size()) != 1 ||
+      EVP_DigestFinal_ex(ctx.get(), digest, &len) != 1 || len != out.size()) {
+    return out;
+  }
+  std::memcpy(out.data(), digest, out.size());
+  return out;
+}
+
 BlockHash Sha256BlockHash(const BlockHash& parent, absl::Span<const int32_t> token_ids,
                           absl::Span<const int64_t> extra_keys) {
   thread_local std::vector<unsigned char> buf;
-  thread_local std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
   buf.resize(32 + 4 * token_ids.size() + 8 * extra_keys.size());
   unsigned char* p = buf.data();
   p = PutU64(p, parent.hi);
@@ -46,16 +62,7 @@ BlockHash Sha256BlockHash(const BlockHash& parent, absl::Span<const int32_t> tok
   for (int32_t t : token_ids) p = PutU32(p, static_cast<uint32_t>(t));
   p = PutU64(p, extra_keys.size());
   for (int64_t k : extra_keys) p = PutU64(p, static_cast<uint64_t>(k));
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  // These fail only on allocation failure inside OpenSSL; a zero digest would
-  // then merely make every hit go through verification and miss.
-  if (ctx == nullptr || Sha256() == nullptr ||
-      EVP_DigestInit_ex2(ctx.get(), Sha256(), nullptr) != 1 ||
-      EVP_DigestUpdate(ctx.get(), buf.data(), buf.size()) != 1 ||
-      EVP_DigestFinal_ex(ctx.get(), digest, &len) != 1 || len < 16) {
-    std::memset(digest, 0, sizeof(digest));
-  }
+  const std::array<uint8_t, 32> digest = Sha256Digest(buf);
   BlockHash h;
   for (int i = 0; i < 8; ++i) {
     h.hi = (h.hi << 8) | digest[i];

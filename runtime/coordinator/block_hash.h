@@ -14,6 +14,7 @@
 #ifndef PAGEDSERVE_RUNTIME_COORDINATOR_BLOCK_HASH_H_
 #define PAGEDSERVE_RUNTIME_COORDINATOR_BLOCK_HASH_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <utility>
@@ -40,6 +41,10 @@ inline constexpr BlockHash kRootBlockHash{};
 using BlockHashFn =
     std::function<BlockHash(const BlockHash& parent, absl::Span<const int32_t> token_ids,
                             absl::Span<const int64_t> extra_keys)>;
+
+// SHA-256 (FIPS 180-4) of `data`: the primitive under Sha256BlockHash (OpenSSL
+// EVP). All zero only if OpenSSL fails to allocate.
+std::array<uint8_t, 32> Sha256Digest(absl::Span<const uint8_t> data);
 
 // SHA-256 based default (see the file comment).
 BlockHash Sha256BlockHash(const BlockHash& parent, absl::Span<const int32_t> token_ids,

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/common/field_error.h"
 
 namespace pagedserve {
 
@@ -70,21 +71,23 @@ Scheduler::Scheduler(const SchedulerConfig& config, std::vector<int32_t> eos_tok
 
 absl::Status Scheduler::CheckAdmissible(int64_t prompt_len, const SamplingParams& p) const {
   const int64_t m = config_.max_model_len;
-  if (prompt_len < 1) return absl::InvalidArgumentError("prompt must have at least one token");
+  if (prompt_len < 1) return FieldError("prompt", "prompt must have at least one token");
   if (prompt_len >= m) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt has ", prompt_len,
-                                                   " tokens but max_model_len is ", m, ": at most ",
-                                                   m - 1, " prompt tokens are allowed"));
+    return FieldError("prompt",
+                      absl::StrCat("prompt has ", prompt_len, " tokens but max_model_len is ", m,
+                                   ": at most ", m - 1, " prompt tokens are allowed"));
   }
   if (p.n < 1 || p.max_tokens < 1) {
-    return absl::InvalidArgumentError(
+    return FieldError(
+        p.n < 1 ? "n" : "max_tokens",
         absl::StrCat("n and max_tokens must be >= 1, got n=", p.n, " max_tokens=", p.max_tokens));
   }
   const int32_t seqs = p.max_seqs();
   const char* what = p.use_beam_search ? "the beam width" : "n";
+  const char* field = p.use_beam_search ? "best_of" : "n";
   if (seqs > config_.max_num_seqs) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " (", seqs, ") exceeds --max-num-seqs (", config_.max_num_seqs, ")"));
+    return FieldError(field, absl::StrCat(what, " (", seqs, ") exceeds --max-num-seqs (",
+                                          config_.max_num_seqs, ")"));
   }
   const int64_t total = std::min<int64_t>(prompt_len + p.max_tokens, m);
   // Every sequence counted with its own copy of the prompt, although forked
@@ -95,7 +98,8 @@ absl::Status Scheduler::CheckAdmissible(int64_t prompt_len, const SamplingParams
   const int64_t needed = static_cast<int64_t>(seqs) * bm_->BlocksForTokens(total);
   const int64_t limit = static_cast<int64_t>(config_.num_device_blocks) - bm_->watermark_blocks();
   if (needed > limit) {
-    return absl::InvalidArgumentError(
+    return FieldError(
+        "max_tokens",
         absl::StrCat("request needs ", needed, " KV blocks (", what, " ", seqs, " x ", total,
                      " tokens: prompt ", prompt_len, " + max_tokens ", p.max_tokens,
                      ", capped at max_model_len ", m, ", in blocks of ", config_.block_size,

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/common/cache_salt.h"
+#include "runtime/common/field_error.h"
 #include "runtime/engine/engine_metrics.h"
 
 namespace pagedserve {
@@ -84,21 +85,21 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options,
 absl::Status Engine::CheckRequest(const std::vector<int32_t>& prompt_token_ids,
                                   const SamplingParams& params) const {
   if (absl::Status s = params.Validate(); !s.ok()) return s;
-  if (prompt_token_ids.empty())
-    return absl::InvalidArgumentError("prompt_token_ids must not be empty");
+  if (prompt_token_ids.empty()) return FieldError("prompt", "prompt_token_ids must not be empty");
   const int32_t vocab = tokenizer_->vocab_size();
   for (size_t i = 0; i < prompt_token_ids.size(); ++i) {
     if (prompt_token_ids[i] < 0 || prompt_token_ids[i] >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt_token_ids[", i, "] = ", prompt_token_ids[i],
-                       " is outside the vocabulary [0, ", vocab, ")"));
+      return FieldError("prompt", absl::StrCat("prompt_token_ids[", i, "] = ", prompt_token_ids[i],
+                                               " is outside the vocabulary [0, ", vocab, ")"));
     }
   }
   const int64_t max_len = scheduler_->config().max_model_len;
   if (static_cast<int64_t>(prompt_token_ids.size()) >= max_len) {
-    return absl::OutOfRangeError(
+    return FieldError(
+        "prompt",
         absl::StrCat("prompt has ", prompt_token_ids.size(), " tokens but max_model_len is ",
-                     max_len, ": at most ", max_len - 1, " prompt tokens are allowed"));
+                     max_len, ": at most ", max_len - 1, " prompt tokens are allowed"),
+        absl::StatusCode::kOutOfRange);
   }
   return scheduler_->CheckAdmissible(static_cast<int64_t>(prompt_token_ids.size()), params);
 }
@@ -106,12 +107,24 @@ absl::Status Engine::CheckRequest(const std::vector<int32_t>& prompt_token_ids,
 absl::Status Engine::CheckCacheSalt(std::string_view cache_salt) const {
   if (cache_salt.empty()) {
     if (options_.require_cache_salt) {
-      return absl::InvalidArgumentError(
+      return FieldError(
+          "cache_salt",
           "cache_salt is required: this server runs with --require-cache-salt (one salt per tenant)");
     }
     return absl::OkStatus();
   }
   return ValidateCacheSalt(cache_salt);
+}
+
+uint64_t DefaultRequestSeed(uint64_t engine_seed, uint64_t ordinal) {
+  // SplitMix64's finalizer over the seed, then over the ordinal mixed in.
+  auto mix = [](uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  return mix(mix(engine_seed) ^ ordinal);
 }
 
 absl::Status Engine::AddRequest(EngineRequest request) {
@@ -127,6 +140,10 @@ absl::Status Engine::AddRequest(EngineRequest request) {
   if (absl::Status s = CheckRequest(request.prompt_token_ids, request.params); !s.ok()) return s;
   if (absl::Status s = CheckCacheSalt(request.cache_salt); !s.ok()) return s;
 
+  const uint64_t ordinal = requests_accepted_;
+  if (!request.params.seed && options_.default_seed) {
+    request.params.seed = DefaultRequestSeed(*options_.default_seed, ordinal);
+  }
   auto r = std::make_unique<RequestState>();
   r->request_id = request.request_id;
   r->params = request.params;
@@ -144,6 +161,7 @@ absl::Status Engine::AddRequest(EngineRequest request) {
   sr.cache_extra_keys = CacheSaltKeys(request.cache_salt);
   if (absl::Status s = scheduler_->AddRequest(std::move(sr)); !s.ok()) return s;
 
+  requests_accepted_ = ordinal + 1;
   unscheduled_.push_back(r->request_id);
   requests_.emplace(r->request_id, std::move(r));
   return absl::OkStatus();
@@ -218,7 +236,11 @@ void Engine::Finalize(RequestState& r, EngineOutput* out, FinishReason metrics_r
   out->usage.prompt_tokens = r.prompt_len;
   out->usage.cached_prompt_tokens = r.cached_tokens;
   out->usage.completion_tokens = 0;
-  for (const SeqState& s : r.seqs) out->usage.completion_tokens += s.num_tokens;
+  int64_t longest = 0;
+  for (const SeqState& s : r.seqs) {
+    out->usage.completion_tokens += s.num_tokens;
+    longest = std::max<int64_t>(longest, s.num_tokens);
+  }
 
   FinishReason reason = metrics_reason;
   if (reason == FinishReason::kNone) {
@@ -241,6 +263,7 @@ void Engine::Finalize(RequestState& r, EngineOutput* out, FinishReason metrics_r
   }
   f.prompt_len = r.prompt_len;
   f.generation_len = out->usage.completion_tokens;
+  f.max_generation_len = longest;
   engine_metrics::RecordFinished(metrics_, f);
 }
 
@@ -450,6 +473,8 @@ void Engine::RecordStepMetrics(const StepPlan& plan, const StepResult& result) {
     if (s.is_prefill()) fig.prompt_tokens += static_cast<int64_t>(s.token_ids.size());
   }
   fig.generation_tokens = static_cast<int64_t>(result.tokens.size());
+  token_counters_.prompt_tokens += fig.prompt_tokens;
+  token_counters_.generation_tokens += fig.generation_tokens;
   fig.step_tokens = plan.num_tokens();
   fig.forward_s = result.forward_seconds;
   fig.collective_s = result.collective_seconds;

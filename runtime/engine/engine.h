@@ -50,6 +50,25 @@ struct EngineOptions {
   // deployments, where an unsalted request would share the prefix cache with
   // every other unsalted one). Checked by CheckCacheSalt / AddRequest.
   bool require_cache_salt = false;
+  // --seed (as vLLM's engine-wide seed): a request without SamplingParams::seed
+  // gets one derived from this seed and the number of requests AddRequest
+  // accepted before it (DefaultRequestSeed), so the same requests in the same
+  // order sample the same text on every run. None: unseeded requests draw
+  // nondeterministic uniforms.
+  std::optional<uint64_t> default_seed;
+};
+
+// The seed given to a request without one under EngineOptions::default_seed
+// `engine_seed`, where `ordinal` is the number of requests (seeded or not)
+// AddRequest accepted before it: SplitMix64-mixed, so neighbouring ordinals
+// give unrelated streams.
+uint64_t DefaultRequestSeed(uint64_t engine_seed, uint64_t ordinal);
+
+// Token counts since the engine was created (every step, with or without
+// Metrics): the stats log line's throughputs are their differences.
+struct EngineTokenCounters {
+  int64_t prompt_tokens = 0;      // prompt tokens prefilled (cached ones excluded)
+  int64_t generation_tokens = 0;  // tokens sampled
 };
 
 struct EngineRequest {
@@ -144,6 +163,7 @@ class Engine {
   std::vector<EngineOutput> FailAll(const absl::Status& error);
 
   SchedulerStats stats() const;
+  EngineTokenCounters token_counters() const { return token_counters_; }
   const SchedulerConfig& scheduler_config() const;
   Executor& executor();
   const Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -235,6 +255,8 @@ class Engine {
   std::vector<std::string> aborted_;      // aborted, final output pending
   absl::Status broken_;                   // the fatal error that stopped the engine
   SchedulerStats last_stats_;
+  EngineTokenCounters token_counters_;
+  uint64_t requests_accepted_ = 0;  // AddRequest successes, for DefaultRequestSeed
 };
 
 }  // namespace pagedserve

@@ -93,6 +93,7 @@ EngineSnapshot EngineLoop::Snapshot() const {
   EngineSnapshot s;
   std::lock_guard<std::mutex> lock(mu_);
   s.scheduler = stats_;
+  s.tokens = tokens_;
   s.queued_adds = queued_adds_;
   s.in_flight = static_cast<int64_t>(channels_.size());
   s.kv_blocks_total = config_.num_device_blocks;
@@ -169,8 +170,10 @@ int64_t EngineLoop::FailAll(const absl::Status& error) {
 
 void EngineLoop::Publish() {
   const SchedulerStats s = engine_->stats();
+  const EngineTokenCounters t = engine_->token_counters();
   std::lock_guard<std::mutex> lock(mu_);
   stats_ = s;
+  tokens_ = t;
 }
 
 void EngineLoop::AbortAll() {

@@ -86,6 +86,7 @@ struct EngineLoopOptions {
 // are fixed at construction.
 struct EngineSnapshot {
   SchedulerStats scheduler;
+  EngineTokenCounters tokens;   // prompt / generation tokens since start
   int64_t queued_adds = 0;      // Submit()ted, not yet applied by Run
   int64_t in_flight = 0;        // submitted requests whose final output is not out yet
   int64_t kv_blocks_total = 0;  // device KV blocks (minimum over ranks)
@@ -96,6 +97,38 @@ struct EngineSnapshot {
   bool draining = false;  // stop was requested
   bool failed = false;    // the engine hit a fatal error
 };
+
+// What a refusal of EngineLoop::Submit means for the client: the one mapping
+// from a status to an error kind, which every front end then spells its own
+// way (HTTP: 400 / 429 / 503 / 500; protocol v1: its error codes).
+//   kInvalidRequest  InvalidArgument: a field is wrong (FieldOf names it), or
+//                    the request can never fit the KV cache
+//   kPromptTooLong   OutOfRange: the prompt is max_model_len tokens or more
+//   kDuplicateId     AlreadyExists: the request id is in flight
+//   kBusy            ResourceExhausted: the waiting queue is full; retry later
+//   kUnavailable     Unavailable (draining, shutting down) or FailedPrecondition
+//                    (the engine failed): this server admits nothing more, so
+//                    another replica should take the request
+//   kInternal        anything else
+enum class SubmitErrorKind {
+  kInvalidRequest,
+  kPromptTooLong,
+  kDuplicateId,
+  kBusy,
+  kUnavailable,
+  kInternal
+};
+inline SubmitErrorKind SubmitErrorKindOf(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument: return SubmitErrorKind::kInvalidRequest;
+    case absl::StatusCode::kOutOfRange: return SubmitErrorKind::kPromptTooLong;
+    case absl::StatusCode::kAlreadyExists: return SubmitErrorKind::kDuplicateId;
+    case absl::StatusCode::kResourceExhausted: return SubmitErrorKind::kBusy;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kFailedPrecondition: return SubmitErrorKind::kUnavailable;
+    default: return SubmitErrorKind::kInternal;
+  }
+}
 
 // Thread safety: every public method may be called from any thread, except
 // Run (one thread, the one allowed to call the executor).
@@ -159,6 +192,7 @@ class EngineLoop {
   int64_t queued_adds_ = 0;        // guarded by mu_
   absl::flat_hash_map<std::string, std::shared_ptr<RequestChannel>> channels_;  // guarded by mu_
   SchedulerStats stats_;                                                        // guarded by mu_
+  EngineTokenCounters tokens_;                                                  // guarded by mu_
   bool draining_ = false;                                                       // guarded by mu_
   // Run's `stop` (set by a signal handler): Submit and healthy() read it too,
   // so that a request submitted after the signal but before Run looked at it

@@ -43,6 +43,7 @@ void RecordFinished(Metrics* m, const RequestFigures& r) {
   f.decode_s = r.decode_s;
   f.prompt_len = r.prompt_len;
   f.generation_len = r.generation_len;
+  f.max_generation_len = r.max_generation_len;
   m->RequestFinished(f);
 }
 

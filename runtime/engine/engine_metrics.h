@@ -38,6 +38,7 @@ struct RequestFigures {
   std::string_view reason;
   double ttft_s = -1, e2e_s = -1, queue_s = -1, prefill_s = -1, decode_s = -1;
   int64_t prompt_len = 0, generation_len = 0;
+  int64_t max_generation_len = -1;  // the longest sequence's output tokens
 };
 void RecordFinished(Metrics* m, const RequestFigures& r);
 

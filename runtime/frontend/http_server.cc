@@ -550,19 +550,6 @@ ApiError MakeError(int status, std::string type, std::string message, std::strin
   return e;
 }
 
-ApiError FromStatus(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange: return openai::BadRequest(std::string(s.message()));
-    case absl::StatusCode::kResourceExhausted:
-      return MakeError(429, "rate_limit_exceeded", std::string(s.message()), "rate_limit_exceeded");
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kFailedPrecondition:
-      return MakeError(503, "service_unavailable", std::string(s.message()));
-    default: return MakeError(500, "server_error", std::string(s.message()));
-  }
-}
-
 // The connected socket of `req` (the handler runs on its connection's thread
 // and cpp-httplib closes the socket only after the handler and its content
 // provider returned, so the descriptor is stable meanwhile). -1 when not found.
@@ -717,9 +704,7 @@ struct HttpServer::Impl {
       if (!out.error.ok() && job.error.ok()) job.error = out.error;
       for (int i = 0; i < n; ++i) {
         openai::ChoiceState& acc = job.choices[p * n + i];
-        if (acc.finish_reason == FinishReason::kNone) {
-          acc.finish_reason = out.error.ok() ? FinishReason::kAbort : FinishReason::kError;
-        }
+        acc.finish_reason = EndedWithRequest(acc.finish_reason, !out.error.ok());
       }
     }
   }
@@ -861,6 +846,17 @@ struct HttpServer::Impl {
     const uint64_t seq = next_id.fetch_add(1);
     job->id = absl::StrCat(endpoint == openai::Endpoint::kChat ? "chatcmpl-" : "cmpl-",
                            absl::Hex(id_salt ^ (seq * 0x9E3779B97F4A7C15ull), absl::kZeroPad16));
+    // Each prompt is one request in the waiting queue: more prompts than the
+    // queue holds could never be admitted together (400, not a 429 "retry").
+    if (const int64_t queue = b->loop->Snapshot().max_queue_len;
+        static_cast<int64_t>(job->request.prompts.size()) > queue) {
+      return SendError(
+          res, openai::BadRequest(absl::StrCat(job->request.prompts.size(),
+                                               " prompts in one request, but the waiting queue "
+                                               "holds at most ",
+                                               queue, " requests (--max-queue-len)"),
+                                  "prompt"));
+    }
     const int n = job->request.params.n;
     job->choices.resize(job->request.prompts.size() * n);
     job->started.assign(job->choices.size(), false);
@@ -874,9 +870,7 @@ struct HttpServer::Impl {
       const std::string eid = er.request_id;
       if (absl::Status s = b->loop->Submit(std::move(er), job->channel); !s.ok()) {
         AbortJob(*job, *b);
-        ApiError e = FromStatus(s);
-        if (e.status == 400) e.param = openai::ParamOf(std::string(s.message()), endpoint);
-        return SendError(res, e);
+        return SendError(res, openai::SubmitError(s, job->request));
       }
       job->engine_ids.push_back(eid);
     }

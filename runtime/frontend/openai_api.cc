@@ -8,7 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/cache_salt.h"
+#include "runtime/common/field_error.h"
 #include "runtime/common/json_limits.h"
+#include "runtime/engine/engine_loop.h"
+#include "runtime/frontend/chat_messages.h"
+#include "runtime/frontend/request_fields.h"
 
 namespace pagedserve::openai {
 namespace {
@@ -27,14 +31,18 @@ bool ParseBody(std::string_view text, json* out, ApiError* err) {
   }
   try {
     *out = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error (syntax, with its byte) or out_of_range (a number beyond
+    // double, e.g. 1e309): every exception of the parser is a client error.
     std::string what = e.what();
     if (const size_t pos = what.find("] ");
         what.rfind("[json.exception", 0) == 0 && pos != std::string::npos) {
       what = what.substr(pos + 2);
     }
-    *err = BadRequest(
-        absl::StrCat("the request body is not valid JSON: ", what, " (byte ", e.byte, ")"));
+    const auto* syntax = dynamic_cast<const json::parse_error*>(&e);
+    *err = BadRequest(absl::StrCat(
+        "the request body is not valid JSON: ", what,
+        syntax != nullptr ? absl::StrCat(" (byte ", syntax->byte, ")") : std::string()));
     return false;
   }
   if (!out->is_object()) {
@@ -135,12 +143,14 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
   v = p->top_k;
   if (!ReadInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &v, err)) return false;
   p->top_k = v == 0 ? -1 : static_cast<int>(v);  // 0 and -1 both mean off, as in vLLM
-  v = -1;
-  if (!ReadInt(body, "seed", std::numeric_limits<int64_t>::min(),
-               std::numeric_limits<int64_t>::max(), &v, err)) {
-    return false;
+  if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
+    absl::StatusOr<std::optional<uint64_t>> seed = SeedFromJson(*it);
+    if (!seed.ok()) {
+      *err = BadRequest(std::string(seed.status().message()), "seed");
+      return false;
+    }
+    p->seed = *seed;
   }
-  if (body.contains("seed") && !body["seed"].is_null()) p->seed = static_cast<uint64_t>(v);
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {
       p->stop = {it->get<std::string>()};
@@ -207,71 +217,21 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
     if (t == body.end() || t->is_null()) p->temperature = 0.0f;
   }
   if (absl::Status s = p->Validate(); !s.ok()) {
-    *err = BadRequest(std::string(s.message()), ParamOf(std::string(s.message()), endpoint));
+    *err = BadRequest(std::string(s.message()), ParamOf(s, endpoint));
     return false;
   }
   return true;
 }
 
-// Chat `messages` -> the template's messages. content: a string or an array of
-// {"type": "text", "text": ...} parts (concatenated); absent or null only for
-// an assistant message (an empty turn).
+// "messages": the rules every front end shares (chat_messages.h); other keys
+// of a message are ignored, as the OpenAI API does.
 bool ReadMessages(const json& body, std::vector<ChatMessage>* out, ApiError* err) {
+  static const json kMissing;
   auto it = body.find("messages");
-  if (it == body.end() || !it->is_array() || it->empty()) {
-    *err = BadRequest("'messages' must be a non-empty array", "messages");
+  if (absl::Status s = ReadChatMessages(it == body.end() ? kMissing : *it, /*strict=*/false, out);
+      !s.ok()) {
+    *err = BadRequest(std::string(s.message()), "messages");
     return false;
-  }
-  for (const json& m : *it) {
-    if (!m.is_object()) {
-      *err = BadRequest(absl::StrCat("each message must be an object; got ", m.type_name()),
-                        "messages");
-      return false;
-    }
-    if (!m.contains("role") || !m["role"].is_string()) {
-      *err = BadRequest("each message needs a string 'role'", "messages");
-      return false;
-    }
-    ChatMessage cm;
-    cm.role = m["role"].get<std::string>();
-    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" &&
-        cm.role != "developer") {
-      *err = BadRequest(absl::StrCat("unsupported message role '", cm.role, "'"), "messages");
-      return false;
-    }
-    if (cm.role == "developer") cm.role = "system";
-    // A reference: a copy of client JSON would recurse once per nesting level.
-    static const json kNoContent;
-    const auto content_it = m.find("content");
-    const json& content = content_it != m.end() ? *content_it : kNoContent;
-    if (content.is_string()) {
-      cm.content = content.get<std::string>();
-    } else if (content.is_array()) {
-      for (const json& part : content) {
-        if (!part.is_object() || !part.contains("type") || part["type"] != "text") {
-          *err = BadRequest(
-              "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
-              "messages");
-          return false;
-        }
-        if (!part.contains("text") || !part["text"].is_string()) {
-          *err = BadRequest("a text content part needs a string 'text'", "messages");
-          return false;
-        }
-        cm.content += part["text"].get<std::string>();
-      }
-    } else if (!content.is_null()) {
-      *err = BadRequest("message 'content' must be a string or an array of text parts", "messages");
-      return false;
-    } else if (cm.role != "assistant") {
-      // As in OpenAI's API: only an assistant turn may leave content out (or null).
-      *err = BadRequest(absl::StrCat("a '", m["role"].get<std::string>(),
-                                     "' message needs 'content' (a string or an array of text "
-                                     "parts); only assistant messages may omit it"),
-                        "messages");
-      return false;
-    }
-    out->push_back(std::move(cm));
   }
   return true;
 }
@@ -393,25 +353,45 @@ json FinishJson(FinishReason reason) {
 
 }  // namespace
 
-std::string ParamOf(std::string_view message, Endpoint endpoint) {
-  // Admission errors (Scheduler::CheckAdmissible) that name no field first.
-  if (message.substr(0, 14) == "the beam width") return "best_of";
-  if (message.substr(0, 14) == "request needs ")
-    return "max_tokens";  // "... lower max_tokens or n"
-  size_t n = 0;
-  while (n < message.size() && ((message[n] >= 'a' && message[n] <= 'z') || message[n] == '_')) ++n;
-  const std::string_view field = message.substr(0, n);
-  if (field == "logprobs" && endpoint == Endpoint::kChat) return "top_logprobs";
-  if ((field == "prompt" || field == "prompt_token_ids") && endpoint == Endpoint::kChat)
-    return "messages";
-  if (field == "prompt_token_ids") return "prompt";
-  for (const char* known :
-       {"prompt", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-        "presence_penalty", "frequency_penalty", "logprobs", "stop", "stop_token_ids", "seed",
-        "best_of", "length_penalty", "early_stopping", "use_beam_search", "cache_salt"}) {
-    if (field == known) return std::string(field);
+std::string ParamOf(const absl::Status& status, Endpoint endpoint) {
+  std::string field = FieldOf(status);
+  if (endpoint == Endpoint::kChat) {
+    if (field == "logprobs") return "top_logprobs";
+    if (field == "prompt") return "messages";
   }
-  return "";
+  return field;
+}
+
+ApiError SubmitError(const absl::Status& status, const ValidatedRequest& request) {
+  ApiError e;
+  e.message = std::string(status.message());
+  switch (SubmitErrorKindOf(status)) {
+    case SubmitErrorKind::kInvalidRequest:
+    case SubmitErrorKind::kPromptTooLong:
+      e.param = ParamOf(status, request.endpoint);
+      if (e.param == "max_tokens" && !request.max_tokens_given && request.params.n > 1) {
+        e.param = "n";
+        absl::StrAppend(&e.message,
+                        " (max_tokens was not given, so each of the n = ", request.params.n,
+                        " samples may use the rest of the context: lower n or set "
+                        "max_tokens)");
+      }
+      return e;
+    case SubmitErrorKind::kBusy:
+      e.status = 429;
+      e.type = "rate_limit_exceeded";
+      e.code = "rate_limit_exceeded";
+      return e;
+    case SubmitErrorKind::kUnavailable:
+      e.status = 503;
+      e.type = "service_unavailable";
+      return e;
+    case SubmitErrorKind::kDuplicateId:
+    case SubmitErrorKind::kInternal: break;
+  }
+  e.status = 500;
+  e.type = "server_error";
+  return e;
 }
 
 ApiError BadRequest(std::string message, std::string param) {
@@ -499,19 +479,12 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
   if (endpoint == Endpoint::kChat) {
     std::vector<ChatMessage> messages;
     if (!ReadMessages(body, &messages, &out.error)) return out;
-    if (chat_template == nullptr) {
-      out.error = BadRequest("this model has no chat template; use /v1/completions", "messages");
+    absl::StatusOr<std::vector<int32_t>> ids = EncodeChat(chat_template, tok, messages);
+    if (!ids.ok()) {
+      out.error = BadRequest(std::string(ids.status().message()), "messages");
       return out;
     }
-    absl::StatusOr<std::string> rendered =
-        chat_template->Render(messages, /*add_generation_prompt=*/true);
-    if (!rendered.ok()) {
-      out.error = BadRequest(absl::StrCat("messages: ", rendered.status().message()), "messages");
-      return out;
-    }
-    EncodeOptions eo;
-    eo.add_special_tokens = false;  // the template holds them (as HF apply_chat_template)
-    r.prompts.push_back(tok.Encode(*rendered, eo));
+    r.prompts.push_back(*std::move(ids));
   } else if (!ReadPrompts(body, tok, &r.prompts, &out.error)) {
     return out;
   }
@@ -529,6 +502,9 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
         static_cast<int>(std::max<int64_t>(1, model.max_model_len - static_cast<int64_t>(longest)));
   }
   if (!ReadSampling(body, endpoint, tok.vocab_size(), &r.params, &out.error)) return out;
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (auto it = body.find(key); it != body.end() && !it->is_null()) r.max_tokens_given = true;
+  }
   out.request = std::move(r);
   return out;
 }
@@ -624,18 +600,12 @@ std::string TokenizeResponse(std::string_view text, const ServedModel& model, co
   if (body.contains("messages")) {
     std::vector<ChatMessage> messages;
     if (!ReadMessages(body, &messages, err)) return "";
-    if (chat_template == nullptr) {
-      *err = BadRequest("this model has no chat template", "messages");
+    absl::StatusOr<std::vector<int32_t>> encoded = EncodeChat(chat_template, tok, messages);
+    if (!encoded.ok()) {
+      *err = BadRequest(std::string(encoded.status().message()), "messages");
       return "";
     }
-    absl::StatusOr<std::string> rendered = chat_template->Render(messages, true);
-    if (!rendered.ok()) {
-      *err = BadRequest(std::string(rendered.status().message()), "messages");
-      return "";
-    }
-    EncodeOptions eo;
-    eo.add_special_tokens = false;
-    ids = tok.Encode(*rendered, eo);
+    ids = *std::move(encoded);
   } else {
     auto it = body.find("prompt");
     if (it == body.end() || !it->is_string()) {

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "runtime/common/sampling_params.h"
 #include "runtime/engine/engine.h"
 #include "runtime/tokenizer/chat_template.h"
@@ -50,14 +51,11 @@ std::optional<ApiError> FinishError(FinishReason reason, const absl::Status& err
 
 enum class Endpoint { kCompletions, kChat };
 
-// The request field an InvalidArgument from validation or admission is about
-// (SamplingParams::Validate, Engine::CheckRequest / Scheduler::CheckAdmissible,
-// whose messages start with the field they name; a cross-field rule with the
-// first of its fields, e.g. "best_of (3) different from n (1) ..." -> "best_of",
-// "prompt has 300 tokens but max_model_len is 256 ..." -> "prompt", or
-// "messages" on the chat endpoint), as the error object's "param". "" (null)
-// when the message names no field of the endpoint's request.
-std::string ParamOf(std::string_view message, Endpoint endpoint);
+// The request field a status from validation or admission names (its
+// FieldOf payload: runtime/common/field_error.h), as this endpoint calls it:
+// on the chat endpoint "prompt" is "messages" and "logprobs" is
+// "top_logprobs". "" (null) when the status names no field.
+std::string ParamOf(const absl::Status& status, Endpoint endpoint);
 
 // A request validated at the edge: every prompt tokenized, sampling parameters
 // checked by SamplingParams::Validate. The admission bound (KV blocks,
@@ -73,7 +71,18 @@ struct ValidatedRequest {
   // field: empty = none; else 1..256 visible ASCII bytes (ValidateCacheSalt).
   // Goes to every EngineRequest of the request.
   std::string cache_salt;
+  // max_tokens (or max_completion_tokens) was in the request; otherwise it is
+  // the endpoint's default (16; chat: the rest of the context).
+  bool max_tokens_given = false;
 };
+
+// The error for a refusal of EngineLoop::Submit (SubmitErrorKindOf): 400
+// naming the field for an invalid request or a prompt too long, 429 busy, 503
+// unavailable, 500 otherwise. A chat request refused at KV admission whose
+// max_tokens the client left out names `n`: each of its n samples may use the
+// rest of the context, so n is what the client chose (vLLM admits such a
+// request and preempts; this scheduler admits only what can always finish).
+ApiError SubmitError(const absl::Status& status, const ValidatedRequest& request);
 
 struct ServedModel {
   std::string name;  // --served-model-name

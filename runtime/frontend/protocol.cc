@@ -12,6 +12,8 @@
 #include "nlohmann/json.hpp"
 #include "runtime/common/cache_salt.h"
 #include "runtime/common/json_limits.h"
+#include "runtime/frontend/chat_messages.h"
+#include "runtime/frontend/request_fields.h"
 
 namespace pagedserve::protocol {
 
@@ -158,32 +160,15 @@ const json* Member(const json& obj, const char* k) {
   return it == obj.end() || it->is_null() ? nullptr : &*it;
 }
 
-// "messages": a non-empty array of {role, content} objects, role one of
-// system, user, assistant, tool.
+// "messages": the rules every front end shares (chat_messages.h), strict: a
+// message has only 'role' and 'content'.
 Check ReadMessages(const json& m, std::vector<ChatMessage>& msgs) {
-  if (!m.is_array()) return WrongType("messages", "an array of {role, content} objects", m);
-  if (m.empty()) return Invalid("field 'messages' must be a non-empty array");
-  for (size_t i = 0; i < m.size(); ++i) {
-    const std::string name = absl::StrCat("messages[", i, "]");
-    const json& e = m[i];
-    if (!e.is_object()) return WrongType(name, "an object with 'role' and 'content'", e);
-    for (auto it = e.begin(); it != e.end(); ++it) {
-      if (it.key() != "role" && it.key() != "content") {
-        return Invalid(absl::StrCat("unknown field in ", name, " (expected 'role' and 'content')"));
-      }
-    }
-    ChatMessage cm;
-    if (!e.contains("role")) return Invalid(absl::StrCat("missing field '", name, ".role'"));
-    if (!e.contains("content")) return Invalid(absl::StrCat("missing field '", name, ".content'"));
-    if (Check c = ReadString(e["role"], name + ".role", cm.role)) return c;
-    if (Check c = ReadString(e["content"], name + ".content", cm.content)) return c;
-    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "tool") {
-      return Invalid(absl::StrCat("field '", name,
-                                  ".role' must be one of system, user, assistant, tool, got ",
-                                  Show(e["role"])));
-    }
-    msgs.push_back(std::move(cm));
+  std::vector<pagedserve::ChatMessage> read;
+  if (absl::Status s = ReadChatMessages(m, /*strict=*/true, &read); !s.ok()) {
+    return Invalid(std::string(s.message()));
   }
+  msgs.reserve(read.size());
+  for (auto& r : read) msgs.push_back(ChatMessage{std::move(r.role), std::move(r.content)});
   return std::nullopt;
 }
 
@@ -243,18 +228,15 @@ Check ReadSamplingNumbers(const json& obj, SamplingParams& sp) {
     if (Check c = ReadFloat(*j, "frequency_penalty", sp.frequency_penalty)) return c;
   }
   if (const json* j = Member(obj, "seed")) {
-    if (!j->is_number_integer()) return WrongType("seed", "an integer in [0, 2^64)", *j);
-    if (!j->is_number_unsigned() && j->get<int64_t>() < 0) {
-      return Invalid(absl::StrCat("field 'seed' must be an integer in [0, 2^64), got ", Show(*j)));
-    }
-    sp.seed = j->get<uint64_t>();
+    absl::StatusOr<std::optional<uint64_t>> seed = SeedFromJson(*j);
+    if (!seed.ok()) return Invalid(std::string(seed.status().message()));
+    sp.seed = *seed;
   }
   return std::nullopt;
 }
 
-// "stop": a string or an array of strings, at most opt.max_stop_strings of at
-// most opt.max_stop_string_bytes each.
-Check ReadStop(const json& j, const ParseOptions& opt, SamplingParams& sp) {
+// "stop": a string or an array of strings.
+Check ReadStop(const json& j, SamplingParams& sp) {
   if (j.is_string()) {
     sp.stop = {j.get<std::string>()};
   } else if (j.is_array()) {
@@ -267,23 +249,13 @@ Check ReadStop(const json& j, const ParseOptions& opt, SamplingParams& sp) {
   } else {
     return WrongType("stop", "a string or an array of strings", j);
   }
-  if (sp.stop.size() > opt.max_stop_strings) {
-    return Invalid(absl::StrCat("field 'stop' has ", sp.stop.size(), " strings, the limit is ",
-                                opt.max_stop_strings));
-  }
-  for (size_t i = 0; i < sp.stop.size(); ++i) {
-    if (sp.stop[i].size() > opt.max_stop_string_bytes) {
-      return Invalid(absl::StrCat("field 'stop[", i, "]' is longer than ",
-                                  opt.max_stop_string_bytes, " bytes"));
-    }
-  }
-  return std::nullopt;
+  return std::nullopt;  // count and length: SamplingParams::Validate, as on every front end
 }
 
 // The stop conditions and output options: stop, stop_token_ids, ignore_eos, logprobs.
 Check ReadStopAndOutput(const json& obj, const ParseOptions& opt, SamplingParams& sp) {
   if (const json* j = Member(obj, "stop"))
-    if (Check c = ReadStop(*j, opt, sp)) return c;
+    if (Check c = ReadStop(*j, sp)) return c;
   if (const json* j = Member(obj, "stop_token_ids")) {
     if (Check c = ReadTokenIds(*j, "stop_token_ids", opt.vocab_size, sp.stop_token_ids)) return c;
   }

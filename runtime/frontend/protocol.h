@@ -195,8 +195,6 @@ struct ParseOptions {
   size_t max_message_bytes = 1 << 20;  // larger messages: message_too_large, not parsed
   int max_json_depth = 32;             // deeper nesting: invalid_json (bounded recursion)
   int32_t vocab_size = 0;              // > 0: prompt_token_ids / stop_token_ids must be < it
-  size_t max_stop_strings = 16;
-  size_t max_stop_string_bytes = 256;
 };
 
 struct ParseResult {

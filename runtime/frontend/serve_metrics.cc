@@ -19,6 +19,7 @@ absl::StatusOr<std::shared_ptr<Metrics>> CreateServeMetrics(const ServeMetricsOp
   mo.build_info.block_size = options.block_size;
   mo.build_info.backend = options.backend;
   mo.build_info.extra_labels = options.extra_labels;
+  mo.max_model_len = options.max_model_len;
   absl::StatusOr<std::unique_ptr<Metrics>> m = Metrics::Create(mo);
   if (!m.ok()) return m.status();
   return std::shared_ptr<Metrics>(*std::move(m));

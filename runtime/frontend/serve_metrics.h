@@ -27,6 +27,7 @@ struct ServeMetricsOptions {
   int block_size = 16;
   std::string backend;  // "cpu" or "cuda"
   std::map<std::string, std::string> extra_labels;
+  int64_t max_model_len = 0;  // --max-model-len: top of the vllm:request_*_tokens buckets
 };
 
 // Metrics::Create with listen address "host:port" (its errors: InvalidArgument

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/engine/engine_loop.h"
+#include "runtime/frontend/chat_messages.h"
 #include "runtime/frontend/curve_auth.h"
 #include "runtime/frontend/protocol.h"
 #include "runtime/frontend/request_log.h"
@@ -325,38 +326,29 @@ struct Server::Impl {
     }
     if (const auto* ids = std::get_if<std::vector<int32_t>>(&g.prompt)) return *ids;
     const auto& messages = std::get<std::vector<protocol::ChatMessage>>(g.prompt);
-    if (!chat_template.has_value()) {
-      SendError(identity, g.id, ErrorCode::kInvalidRequest,
-                "'messages' needs a chat template, and this model has none; send 'prompt' instead");
-      return std::nullopt;
-    }
     std::vector<ChatMessage> chat;
     chat.reserve(messages.size());
     for (const auto& m : messages) chat.push_back(ChatMessage{m.role, m.content});
-    absl::StatusOr<std::string> rendered =
-        chat_template->Render(chat, /*add_generation_prompt=*/true);
-    if (!rendered.ok()) {
-      SendError(identity, g.id, ErrorCode::kInvalidRequest,
-                absl::StrCat("messages: ", rendered.status().message()));
+    absl::StatusOr<std::vector<int32_t>> ids =
+        EncodeChat(chat_template ? &*chat_template : nullptr, tok, chat);
+    if (!ids.ok()) {
+      SendError(identity, g.id, ErrorCode::kInvalidRequest, std::string(ids.status().message()));
       return std::nullopt;
     }
-    // The template already holds the special tokens (as HF apply_chat_template).
-    EncodeOptions eo;
-    eo.add_special_tokens = false;
-    return tok.Encode(*rendered, eo);
+    return *std::move(ids);
   }
 
   static ErrorCode CodeOf(const absl::Status& s) {
-    switch (s.code()) {
-      case absl::StatusCode::kInvalidArgument: return ErrorCode::kInvalidRequest;
-      case absl::StatusCode::kOutOfRange: return ErrorCode::kPromptTooLong;
-      case absl::StatusCode::kAlreadyExists: return ErrorCode::kDuplicateId;
-      case absl::StatusCode::kResourceExhausted: return ErrorCode::kBusy;
-      // Draining / shutting down (EngineLoop::Submit) or a lost worker rank:
-      // not "busy" (retrying here will not help), another replica should take it.
-      case absl::StatusCode::kUnavailable: return ErrorCode::kUnavailable;
-      default: return ErrorCode::kInternal;
+    switch (SubmitErrorKindOf(s)) {
+      case SubmitErrorKind::kInvalidRequest: return ErrorCode::kInvalidRequest;
+      case SubmitErrorKind::kPromptTooLong: return ErrorCode::kPromptTooLong;
+      case SubmitErrorKind::kDuplicateId: return ErrorCode::kDuplicateId;
+      case SubmitErrorKind::kBusy: return ErrorCode::kBusy;
+      // Not "busy" (retrying here will not help): another replica should take it.
+      case SubmitErrorKind::kUnavailable: return ErrorCode::kUnavailable;
+      case SubmitErrorKind::kInternal: break;
     }
+    return ErrorCode::kInternal;
   }
 
   void HandleGenerate(const std::string& identity, int fd, protocol::GenerateRequest& g) {
@@ -496,12 +488,10 @@ struct Server::Impl {
       }
 
       // Final message. Sequences without a reported reason ended with the request.
-      const protocol::FinishReason fallback =
-          !out.error.ok()
-              ? protocol::FinishReason::kError
-              : (f.orphaned ? protocol::FinishReason::kAbort : protocol::FinishReason::kStop);
       for (size_t i = 0; i < f.outputs.size(); ++i) {
-        if (!f.finished[i]) f.outputs[i].finish_reason = fallback;
+        if (!f.finished[i]) {
+          f.outputs[i].finish_reason = EndedWithRequest(FinishReason::kNone, !out.error.ok());
+        }
       }
       if (options.log_requests) LogFinished(out, f);
       if (!f.orphaned) {

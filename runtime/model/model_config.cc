@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -18,6 +19,7 @@ std::string ModelArchName(ModelArch arch) {
     case ModelArch::kLlama: return "llama";
     case ModelArch::kMistral: return "mistral";
     case ModelArch::kQwen2: return "qwen2";
+    case ModelArch::kQwen3: return "qwen3";
   }
   return "unknown";
 }
@@ -68,6 +70,19 @@ absl::Status ModelConfig::Validate() const {
         "model config: llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor and "
         "original_max_position_embeddings > 0");
   }
+  if (!rope_scaling.freq_factors.empty()) {
+    if (rope_scaling.freq_factors.size() != static_cast<size_t>(head_size / 2)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config: ", rope_scaling.freq_factors.size(),
+          " rope frequency factors for head_size ", head_size, " (need head_size / 2)"));
+    }
+    for (float f : rope_scaling.freq_factors) {
+      if (!std::isfinite(f) || !(f > 0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model config: rope frequency factor ", f, " is not positive"));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -88,6 +103,29 @@ absl::Status GetIntField(const GgufFile& g, const std::string& key, int* out) {
   return absl::OkStatus();
 }
 
+// llama.cpp's rope_freqs.weight: F32 [head_size / 2], every factor finite
+// and positive (the rotary frequencies are divided by them).
+absl::StatusOr<std::vector<float>> ReadRopeFreqFactors(const GgufFile& g, const GgufTensorInfo& t,
+                                                       int head_size) {
+  const uint64_t half = head_size > 0 ? static_cast<uint64_t>(head_size / 2) : 0;
+  if (t.type != GgmlType::kF32 || t.dims.size() != 1 || t.dims[0] != half) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(g.path(), ": tensor 'rope_freqs.weight' must be F32 of head_size / 2 = ", half,
+                     " elements (got ", GgmlTypeName(t.type), " of ", t.num_elements, ")"));
+  }
+  std::span<const uint8_t> bytes = g.TensorData(t);
+  std::vector<float> factors(half);
+  std::memcpy(factors.data(), bytes.data(), half * sizeof(float));
+  for (size_t i = 0; i < factors.size(); ++i) {
+    if (!std::isfinite(factors[i]) || !(factors[i] > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(g.path(),
+                                                     ": tensor 'rope_freqs.weight': factor ", i,
+                                                     " is ", factors[i], ", not positive"));
+    }
+  }
+  return factors;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
@@ -99,9 +137,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   } else if (*arch_name == "qwen2") {
     c.arch = ModelArch::kQwen2;
     c.qkv_bias = true;
+  } else if (*arch_name == "qwen3") {
+    c.arch = ModelArch::kQwen3;
+    c.qk_norm = true;
   } else {
     return absl::UnimplementedError(absl::StrCat(g.path(), ": general.architecture '", *arch_name,
-                                                 "' is not supported (llama, qwen2)"));
+                                                 "' is not supported (llama, qwen2, qwen3)"));
   }
   const std::string p = *arch_name + ".";
   PS_RETURN_IF_ERROR(GetIntField(g, p + "block_count", &c.num_layers));
@@ -151,9 +192,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
       PS_ASSIGN_OR_RETURN(c.rope_scaling.factor, g.GetFloat(p + "rope.scaling.factor"));
     }
   }
-  if (g.FindTensor("rope_freqs.weight") != nullptr) {
-    return absl::UnimplementedError(absl::StrCat(
-        g.path(), ": tensor 'rope_freqs.weight' (per-frequency rope factors) is not supported"));
+  if (const GgufTensorInfo* t = g.FindTensor("rope_freqs.weight"); t != nullptr) {
+    PS_ASSIGN_OR_RETURN(c.rope_scaling.freq_factors, ReadRopeFreqFactors(g, *t, c.head_size));
   }
   c.tie_word_embeddings = g.FindTensor("output.weight") == nullptr;
   // Token ids must fit int32 (a plain cast would wrap them silently).
@@ -240,13 +280,20 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
   } else if (arch == "Qwen2ForCausalLM") {
     c.arch = ModelArch::kQwen2;
     c.qkv_bias = true;
+  } else if (arch == "Qwen3ForCausalLM") {
+    c.arch = ModelArch::kQwen3;
+    c.qk_norm = true;
   } else {
-    return absl::UnimplementedError(absl::StrCat(
-        source, ": architecture '", arch,
-        "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"));
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": architecture '", arch,
+                     "' is not supported (LlamaForCausalLM, MistralForCausalLM, "
+                     "Qwen2ForCausalLM, Qwen3ForCausalLM)"));
   }
-  if (c.arch == ModelArch::kLlama && j.contains("attention_bias") &&
-      j["attention_bias"].is_boolean() && j["attention_bias"].get<bool>()) {
+  // attention_bias (Llama, Qwen3; default false): biases on q/k/v (and o_proj,
+  // which no supported checkpoint sets).
+  if ((c.arch == ModelArch::kLlama || c.arch == ModelArch::kQwen3) &&
+      j.contains("attention_bias") && j["attention_bias"].is_boolean() &&
+      j["attention_bias"].get<bool>()) {
     c.qkv_bias = true;
   }
   PS_RETURN_IF_ERROR(ReadNumber(j, source, "num_hidden_layers", true, &c.num_layers));
@@ -362,6 +409,9 @@ std::vector<double> RopeInverseFrequencies(const ModelConfig& c) {
         f = (1.0 - smooth) * f / rs.factor + smooth * f;
       }  // high frequencies unchanged
     }
+  }
+  if (rs.freq_factors.size() == inv.size()) {
+    for (size_t i = 0; i < inv.size(); ++i) inv[i] /= rs.freq_factors[i];
   }
   return inv;
 }

@@ -1,11 +1,13 @@
 // The architecture description of a Llama-family decoder-only model, read
-// from GGUF metadata (llama.* / qwen2.* keys) or a Hugging Face config.json.
+// from GGUF metadata (llama.* / qwen2.* / qwen3.* keys) or a Hugging Face
+// config.json.
 //
 // Field names follow Hugging Face's LlamaConfig. Supported: LlamaForCausalLM,
-// MistralForCausalLM, Qwen2ForCausalLM (bias on Q/K/V) and GGUF
-// general.architecture "llama" (which llama.cpp also uses for Mistral) and
-// "qwen2". All of them: RMSNorm, rotary embeddings (HF rotate_half layout after
-// loading, see weights.h), grouped-query attention, SwiGLU MLP.
+// MistralForCausalLM, Qwen2ForCausalLM (bias on Q/K/V), Qwen3ForCausalLM
+// (per-head RMSNorm of q and k before RoPE, no bias, explicit head_dim) and
+// GGUF general.architecture "llama" (which llama.cpp also uses for Mistral),
+// "qwen2" and "qwen3". All of them: RMSNorm, rotary embeddings (HF rotate_half
+// layout after loading, see weights.h), grouped-query attention, SwiGLU MLP.
 #ifndef PAGEDSERVE_RUNTIME_MODEL_MODEL_CONFIG_H_
 #define PAGEDSERVE_RUNTIME_MODEL_MODEL_CONFIG_H_
 
@@ -20,8 +22,8 @@ namespace pagedserve {
 
 class GgufFile;
 
-enum class ModelArch { kLlama, kMistral, kQwen2 };
-// "llama", "mistral", "qwen2".
+enum class ModelArch { kLlama, kMistral, kQwen2, kQwen3 };
+// "llama", "mistral", "qwen2", "qwen3".
 std::string ModelArchName(ModelArch arch);
 
 // rope_scaling of Hugging Face (transformers' modeling_rope_utils):
@@ -30,6 +32,14 @@ std::string ModelArchName(ModelArch arch);
 //   kLlama3: Llama 3.1 frequency-dependent scaling with factor,
 //            low_freq_factor, high_freq_factor and
 //            original_max_position_embeddings (RopeInverseFrequencies below).
+// and, independently of the type, llama.cpp's per-frequency factors (GGUF
+// tensor "rope_freqs.weight", head_size / 2 floats): inv_freq[i] is divided by
+// freq_factors[i] after the type's scaling, as ggml's rope does
+// (ggml-cpu ops.cpp ggml_rope_cache_init: theta_extrap = theta_base / ff[i];
+// then freq_scale multiplies). llama.cpp's convert_hf_to_gguf.py writes them
+// for rope_type llama3 (factor 1 for high, `factor` for low frequencies,
+// 1 / ((1 - smooth) / factor + smooth) in between), so that a Llama 3.x GGUF
+// has the rotary frequencies of its Hugging Face llama3 rope_scaling.
 struct RopeScaling {
   enum class Type { kNone, kLinear, kLlama3 };
   Type type = Type::kNone;
@@ -37,6 +47,7 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  std::vector<float> freq_factors;  // empty, or head_size / 2 positive divisors
 };
 
 struct ModelConfig {
@@ -53,6 +64,9 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;  // LM head = token embedding matrix
   bool qkv_bias = false;             // true for Qwen2
+  // Qwen3: q and k RMSNorm-ed per head (weights q_norm / k_norm of head_size,
+  // eps rms_norm_eps) after the projections, before RoPE.
+  bool qk_norm = false;
   int64_t max_position_embeddings = 2048;
   int32_t bos_token_id = -1;           // -1 when unknown
   std::vector<int32_t> eos_token_ids;  // may be empty
@@ -66,7 +80,7 @@ struct ModelConfig {
   absl::Status Validate() const;
 };
 
-// From GGUF metadata: general.architecture ("llama" or "qwen2") and the keys
+// From GGUF metadata: general.architecture ("llama", "qwen2" or "qwen3") and the keys
 // {arch}.block_count, .embedding_length, .feed_forward_length,
 // .attention.head_count, .attention.head_count_kv (default head_count),
 // .attention.layer_norm_rms_epsilon, .rope.freq_base (default 10000),
@@ -74,8 +88,10 @@ struct ModelConfig {
 // .vocab_size (else the length of tokenizer.ggml.tokens, else token_embd rows),
 // .rope.scaling.{type,factor,original_context_length}; tokenizer.ggml.
 // bos_token_id / eos_token_id. tie_word_embeddings = no "output.weight" tensor.
-// GGUF files carrying a "rope_freqs.weight" tensor (llama3 scaling baked in as
-// per-frequency factors) are rejected with Unimplemented.
+// A "rope_freqs.weight" tensor (F32, head_size / 2 elements: llama.cpp's
+// per-frequency factors, written for llama3 rope scaling) fills
+// rope_scaling.freq_factors; another type or size, or a factor that is not
+// finite and positive, is InvalidArgument naming the tensor.
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf);
 
 // From the text of a Hugging Face config.json; `source` names it in errors.

@@ -228,4 +228,12 @@ bool SafetensorsCheckpoint::Contains(std::string_view name) const {
   return owner_.contains(absl::string_view(name.data(), name.size()));
 }
 
+uint64_t SafetensorsCheckpoint::tensor_bytes() const {
+  uint64_t total = 0;
+  for (const auto& f : files_) {
+    for (const SafetensorsTensorInfo& t : f->tensors()) total += t.size_bytes;
+  }
+  return total;
+}
+
 }  // namespace pagedserve

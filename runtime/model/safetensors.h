@@ -85,6 +85,9 @@ class SafetensorsCheckpoint {
       std::string_view name) const;
   bool Contains(std::string_view name) const;
   const std::string& dir() const { return dir_; }
+  // Bytes of tensor data in all of the checkpoint's files (the sum of every
+  // tensor's size_bytes), e.g. the total of a load progress report.
+  uint64_t tensor_bytes() const;
 
  private:
   std::string dir_;

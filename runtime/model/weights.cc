@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -123,6 +124,9 @@ class TensorSource {
   virtual absl::StatusOr<Stored> StoredRows(const std::string& name) const = 0;
   // True when Q/K rows are stored in llama.cpp's permuted order.
   virtual bool qk_permuted() const { return false; }
+  // Stored bytes of tensor `name` (0 when absent), and of all tensors.
+  virtual uint64_t TensorBytes(const std::string& name) const = 0;
+  virtual uint64_t TotalBytes() const = 0;
 };
 
 class GgufSource : public TensorSource {
@@ -139,6 +143,8 @@ class GgufSource : public TensorSource {
                                              {".self_attn.k_proj.", ".attn_k."},
                                              {".self_attn.v_proj.", ".attn_v."},
                                              {".self_attn.o_proj.", ".attn_output."},
+                                             {".self_attn.q_norm.", ".attn_q_norm."},
+                                             {".self_attn.k_norm.", ".attn_k_norm."},
                                              {".input_layernorm.", ".attn_norm."},
                                              {".post_attention_layernorm.", ".ffn_norm."},
                                              {".mlp.gate_proj.", ".ffn_gate."},
@@ -187,6 +193,15 @@ class GgufSource : public TensorSource {
     return st;
   }
   bool qk_permuted() const override { return permuted_; }
+  uint64_t TensorBytes(const std::string& name) const override {
+    const GgufTensorInfo* t = f_->FindTensor(GgufName(name));
+    return t == nullptr ? 0 : t->size_bytes;
+  }
+  uint64_t TotalBytes() const override {
+    uint64_t total = 0;
+    for (const GgufTensorInfo& t : f_->tensors()) total += t.size_bytes;
+    return total;
+  }
   const GgufFile& file() const { return *f_; }
 
  private:
@@ -243,6 +258,11 @@ class SafetensorsSource : public TensorSource {
     st.row_bytes = info.shape.size() == 2 ? info.shape[1] * st.block.block_bytes : 0;
     return st;
   }
+  uint64_t TensorBytes(const std::string& name) const override {
+    auto t = ck_->Find(name);
+    return t.ok() ? t->second->size_bytes : 0;
+  }
+  uint64_t TotalBytes() const override { return ck_->tensor_bytes(); }
 
  private:
   std::unique_ptr<SafetensorsCheckpoint> ck_;
@@ -274,7 +294,11 @@ class Loader {
   // Whether some matrix points into the source's mapping.
   bool uses_mapping() const { return uses_mapping_; }
 
+  // Stored bytes of the distinct tensors read so far (CheckShape sees each).
+  uint64_t bytes_read() const { return bytes_read_; }
+
   absl::Status CheckShape(const std::string& name, const std::vector<int64_t>& want) {
+    if (counted_.insert(name).second) bytes_read_ += src_.TensorBytes(name);
     auto shape = src_.Shape(name);
     if (!shape.ok()) return shape.status();
     if (*shape != want) {
@@ -392,6 +416,10 @@ class Loader {
       Unpermute(L->k_bias.data(), s_.num_kv_heads, sizeof(float));
       PS_ASSIGN_OR_RETURN(L->v_bias, Vector(p + "self_attn.v_proj.bias", kn, k0, k1));
     }
+    if (c_.qk_norm) {
+      PS_ASSIGN_OR_RETURN(L->q_norm, Vector(p + "self_attn.q_norm.weight", d, 0, d));
+      PS_ASSIGN_OR_RETURN(L->k_norm, Vector(p + "self_attn.k_norm.weight", d, 0, d));
+    }
     PS_ASSIGN_OR_RETURN(L->o_proj, Cols(p + "self_attn.o_proj.weight", h, qn, q0, q1));
     PS_ASSIGN_OR_RETURN(L->post_attention_layernorm,
                         Vector(p + "post_attention_layernorm.weight", h, 0, h));
@@ -449,6 +477,8 @@ class Loader {
   const ShardLayout& s_;
   WeightDType dtype_;
   bool uses_mapping_ = false;
+  absl::flat_hash_set<std::string> counted_;
+  uint64_t bytes_read_ = 0;
 };
 
 absl::StatusOr<std::unique_ptr<TensorSource>> OpenSource(const std::string& path,
@@ -480,7 +510,7 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path) {
 }
 
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_rank, int tp_size,
-                                              WeightDType dtype) {
+                                              WeightDType dtype, const LoadProgressFn& progress) {
   LlamaWeights w;
   w.dtype = dtype;
   auto src = OpenSource(path, &w.config);
@@ -496,6 +526,11 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_ra
   w.shard = *shard;
   const ModelConfig& c = w.config;
   Loader loader(**src, c, w.shard, dtype);
+  const uint64_t total = (*src)->TotalBytes();
+  auto report = [&](uint64_t loaded) {
+    if (progress) progress(std::min(loaded, total), total);
+  };
+  report(0);
   auto embed =
       loader.Rows("model.embed_tokens.weight", c.vocab_size, c.hidden_size, 0, c.vocab_size);
   if (!embed.ok()) return named(embed.status());
@@ -508,6 +543,7 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_ra
     if (!head.ok()) return named(head.status());
     w.lm_head = std::move(*head);
   }
+  report(loader.bytes_read());
   // Grown layer by layer: num_layers comes from the file and is only known to
   // be right once every layer's tensors are there (a block_count of 2^31 - 1
   // must fail on the first missing tensor, not allocate 2^31 layers first).
@@ -517,8 +553,10 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_ra
       return absl::Status(s.code(), absl::StrCat(path, ": layer ", i, ": ", s.message()));
     }
     w.layers.push_back(std::move(layer));
+    report(loader.bytes_read());
   }
   if (loader.uses_mapping()) w.mapping = std::shared_ptr<const TensorSource>(std::move(*src));
+  report(total);
   return w;
 }
 

@@ -33,6 +33,7 @@
 #define PAGEDSERVE_RUNTIME_MODEL_WEIGHTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -115,6 +116,7 @@ struct LayerWeights {
   Matrix k_proj;                                // [KVl*D, h]
   Matrix v_proj;                                // [KVl*D, h]
   std::vector<float> q_bias, k_bias, v_bias;    // [Hl*D], [KVl*D], [KVl*D]; empty unless qkv_bias
+  std::vector<float> q_norm, k_norm;            // [D] each (replicated); empty unless qk_norm
   Matrix o_proj;                                // [h, Hl*D]  (row-parallel)
   std::vector<float> post_attention_layernorm;  // [h]  RMSNorm before the MLP
   Matrix gate_proj;                             // [Il, h]
@@ -158,9 +160,19 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
 // 256 for K-quants; a slice that does not is dequantized to fp32 instead), and
 // rows whose mapped address is not aligned to their element size (F32/F16/BF16
 // in a safetensors file whose header length is not a multiple of 4).
+//
+// Progress: `progress` (may be empty) is called on the calling thread after the
+// embeddings and head, and after each layer, with the stored bytes of the
+// tensors read so far (whole tensors, also when this rank reads a shard of
+// one) and the total bytes of tensor data in the file(s); a last call reports
+// total / total (tensors the model does not use, e.g. GGUF rope_freqs, count
+// as loaded then). Not called when loading fails. Memory-mapped stored-format
+// tensors count when their view is made: the pages are read by the first use.
+using LoadProgressFn = std::function<void(uint64_t loaded_bytes, uint64_t total_bytes)>;
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_rank = 0,
                                               int tp_size = 1,
-                                              WeightDType dtype = WeightDType::kFloat32);
+                                              WeightDType dtype = WeightDType::kFloat32,
+                                              const LoadProgressFn& progress = {});
 
 }  // namespace pagedserve
 

@@ -49,6 +49,17 @@ void AddRmsNorm(float* residual, const float* add, const int32_t* rows, int64_t 
   }
 }
 
+void HeadRmsNorm(float* x, int64_t rows, int dim, const float* weight, double eps) {
+#pragma omp parallel for schedule(static) if (rows * dim >= kMinParallelElems)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * dim;
+    double ss = 0.0;
+    for (int i = 0; i < dim; ++i) ss += static_cast<double>(v[i]) * v[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / dim + eps));
+    for (int i = 0; i < dim; ++i) v[i] = v[i] * inv * weight[i];
+  }
+}
+
 void ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stride,
                const float* cos_t, const float* sin_t) {
   const int half = head_size / 2;
@@ -191,6 +202,8 @@ class CpuBackend final : public ModelBackend {
       b.q_bias = Handle(L.q_bias);
       b.k_bias = Handle(L.k_bias);
       b.v_bias = Handle(L.v_bias);
+      b.q_norm = Handle(L.q_norm);
+      b.k_norm = Handle(L.k_norm);
       h.layers.push_back(b);
     }
     return h;
@@ -309,6 +322,15 @@ class CpuBackend final : public ModelBackend {
     cpu_ops::AddRmsNorm(residual, static_cast<const float*>(add.data),
                         logits_rows ? plan_->batch->logits_rows.data() : nullptr, n, dim,
                         weight.data, eps, F(out));
+    return absl::OkStatus();
+  }
+
+  absl::Status HeadRmsNorm(float* x, int64_t n, int heads, int head_size,
+                           const BackendVector& weight, double eps) override {
+    if (weight.size != head_size)
+      return absl::InvalidArgumentError(absl::StrCat("HeadRmsNorm: weight of ", weight.size,
+                                                     " values for head_size ", head_size));
+    cpu_ops::HeadRmsNorm(x, n * heads, head_size, weight.data, eps);
     return absl::OkStatus();
   }
 

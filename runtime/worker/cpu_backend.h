@@ -35,6 +35,11 @@ namespace cpu_ops {
 void AddRmsNorm(float* residual, const float* add, const int32_t* rows, int64_t n, int dim,
                 const float* weight, double eps, float* out);
 
+// ModelBackend::HeadRmsNorm on a host array: each of the `rows` runs of dim
+// values of x (x [rows, dim]) becomes v / sqrt(sum(v^2)/dim + eps) * weight,
+// in place, with AddRmsNorm's arithmetic.
+void HeadRmsNorm(float* x, int64_t rows, int dim, const float* weight, double eps);
+
 // ModelBackend::ApplyRope on host arrays; cos_t/sin_t are [n, head_size/2].
 void ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stride,
                const float* cos_t, const float* sin_t);

@@ -11,7 +11,8 @@
 // split, prefill query_start_loc, max lengths, rotary tables), hand it to the
 // backend (BeginStep), then run the layer loop:
 //   h = norm(x)                                  (AddRmsNorm, no add)
-//   per layer: q,k,v = h W_qkv (+b); RoPE(q, k); attn = Attention(q, k, v)
+//   per layer: q,k,v = h W_qkv (+b); (Qwen3: q, k = per-head RMSNorm(q, k));
+//              RoPE(q, k); attn = Attention(q, k, v)
 //              o = attn W_o; all-reduce(o); h = norm(x += o)
 //              o = silu(h W_gate) * (h W_up) W_down; all-reduce(o)
 //              h = norm_next(x += o)  (the last layer: final norm of the

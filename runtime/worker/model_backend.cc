@@ -1,12 +1,14 @@
 // The host-side parts of the backend seam (model_backend.h): the buffer
 // classes, the greedy reduction every backend shares the rule of, and the
-// default composite operations (RopeAndAttention, QkvRopeAndAttention,
+// default operations (HeadRmsNorm) and composite ones (RopeAndAttention, QkvRopeAndAttention,
 // GateUpSiluMul, LmHeadSample).
 #include "runtime/worker/model_backend.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "absl/strings/str_cat.h"
 
 namespace pagedserve {
 
@@ -61,6 +63,13 @@ void SplitSampledRows(const std::vector<float>& all, int64_t n, int64_t vocab,
     draw += static_cast<size_t>(rows[t].draws());
     if (token < 0) logits->insert(logits->end(), row, row + vocab);
   }
+}
+
+absl::Status ModelBackend::HeadRmsNorm(float* x, int64_t n, int heads, int head_size,
+                                       const BackendVector& weight, double eps) {
+  (void)x, (void)n, (void)heads, (void)head_size, (void)weight, (void)eps;
+  return absl::UnimplementedError(
+      absl::StrCat("the ", name(), " backend has no per-head q/k RMSNorm (Qwen3)"));
 }
 
 absl::Status ModelBackend::RopeAndAttention(const kernels::KVCacheView& cache, int64_t n,

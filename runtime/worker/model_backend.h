@@ -128,6 +128,7 @@ struct BackendLayer {
   BackendVector input_layernorm, post_attention_layernorm;
   BackendMatrix q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
   BackendVector q_bias, k_bias, v_bias;
+  BackendVector q_norm, k_norm;  // [head_size] each; null unless the config has qk_norm
 };
 // One output of ModelBackend::LinearGroup: y = x w^T (+ bias).
 struct LinearOut {
@@ -367,6 +368,17 @@ class ModelBackend {
   virtual absl::Status AddRmsNorm(float* residual, PartialSums add, int64_t n, int dim,
                                   const BackendVector& weight, double eps, bool logits_rows,
                                   GemmInput out) = 0;
+
+  // Per-head RMSNorm in place (Qwen3's q_norm / k_norm, HF Qwen3RMSNorm over
+  // the head dimension): for t < n and h < heads, the head_size values v of
+  // x[t * heads * head_size + h * head_size ...] become
+  //   v / sqrt(mean(v^2) + eps) * weight       (weight [head_size]; AddRmsNorm's
+  //                                             arithmetic: squares summed in
+  //                                             double, the product in fp32)
+  // x is an fp32 buffer (kQuery or kKey). This default: Unimplemented (a
+  // backend without the operation cannot run a model with q/k norms).
+  virtual absl::Status HeadRmsNorm(float* x, int64_t n, int heads, int head_size,
+                                   const BackendVector& weight, double eps);
 
   // Rotary embedding in the rotate_half layout (Su et al. 2021; HF
   // LlamaRotaryEmbedding), in place: for token t, head h < heads and i <

@@ -90,8 +90,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
 #endif
   }
 
-  PS_ASSIGN_OR_RETURN(LlamaWeights weights,
-                      LoadLlamaWeights(options.model_path, comm->rank(), comm->size(), load_dtype));
+  PS_ASSIGN_OR_RETURN(
+      LlamaWeights weights,
+      LoadLlamaWeights(options.model_path, comm->rank(), comm->size(), load_dtype,
+                       comm->rank() == 0 ? options.load_progress : LoadProgressFn()));
   auto w = std::unique_ptr<Worker>(new Worker());
   w->comm_ = comm;
   w->device_ = options.device;

@@ -19,6 +19,7 @@
 #include "kernels/types.h"
 #include "runtime/common/step_plan.h"
 #include "runtime/common/step_plan_mirror.h"
+#include "runtime/model/weights.h"
 #include "runtime/sampling/sampler.h"
 #include "runtime/worker/llama_model.h"
 
@@ -63,6 +64,10 @@ struct WorkerOptions {
   // --max-seq-len-to-capture; runtime/worker/decode_graph.h). Only the CUDA
   // backend captures; the CPU worker ignores this.
   DecodeGraphOptions graphs;
+  // Weight-load progress (LoadLlamaWeights), called on the loading thread by
+  // the worker of tensor-parallel rank 0 only (one report per model, not one
+  // per shard). Empty: none.
+  LoadProgressFn load_progress;
 };
 
 // The weight dtype Worker::Create loads for `options`: options.dtype, except

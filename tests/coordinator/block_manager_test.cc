@@ -1,6 +1,9 @@
 // Unit tests of BlockPool and BlockManager, plus a seeded randomized sequence
 // of allocate / append / fork / free / swap operations checking the invariants.
+#include <algorithm>
+#include <array>
 #include <random>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "runtime/common/cache_salt.h"
@@ -57,6 +60,72 @@ TEST(BlockPoolTest, CachedBlocksAreEvictedLeastRecentlyReleasedFirst) {
   EXPECT_EQ(pool.Allocate(), c);
   EXPECT_EQ(pool.Allocate(), -1);
   EXPECT_EQ(pool.num_evictions(), 2);
+  EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
+}
+
+// LRU over many blocks: 32 cached blocks released in a known order (a stride
+// permutation), some revived by a hit and released again (they move to the
+// most recently used end), one revived and kept. Allocate must then evict in
+// exactly the LRU order, each eviction dropping the block from the hash table,
+// and never the block still referenced.
+TEST(BlockPoolTest, EvictionFollowsTheExactLruOrderOverManyBlocks) {
+  constexpr int32_t kBlocks = 32;
+  BlockPool pool(kBlocks, 2, /*enable_caching=*/true);
+  std::vector<std::vector<int32_t>> tokens(kBlocks);
+  auto hash_of = [](int32_t b) { return BlockHash{static_cast<uint64_t>(b) + 1, 77}; };
+  for (int32_t i = 0; i < kBlocks; ++i) {
+    const int32_t b = pool.Allocate();
+    ASSERT_EQ(b, i) << "a fresh pool hands out every block once";
+  }
+  for (int32_t b = 0; b < kBlocks; ++b) {
+    tokens[b] = {2 * b, 2 * b + 1};
+    ASSERT_TRUE(pool.Register(b, hash_of(b), -1, 0, tokens[b], {}));
+  }
+  // Release order: b = 7 * i mod 32, i = 0..31 (a permutation: gcd(7, 32) = 1).
+  std::vector<int32_t> lru;  // the model: front = evicted first
+  for (int32_t i = 0; i < kBlocks; ++i) {
+    const int32_t b = (7 * i) % kBlocks;
+    pool.DecRef(b);
+    lru.push_back(b);
+  }
+  const std::vector<int32_t> release_order = lru;
+  ASSERT_EQ(pool.num_evictable(), kBlocks);
+  ASSERT_EQ(pool.num_free(), 0);
+  // Hits: revive and release again, in this order (the first three released
+  // blocks, backwards, and two from the middle) -> most recently used end.
+  for (int32_t b : {14, 7, 0, 21, 9}) {
+    ASSERT_EQ(pool.Lookup(hash_of(b), -1, 0, tokens[b], {}), b);
+    pool.IncRef(b);
+    pool.DecRef(b);
+    lru.erase(std::find(lru.begin(), lru.end(), b));
+    lru.push_back(b);
+  }
+  // A hit that keeps its reference: never evicted.
+  const int32_t kept = 28;
+  ASSERT_EQ(pool.Lookup(hash_of(kept), -1, 0, tokens[kept], {}), kept);
+  pool.IncRef(kept);
+  lru.erase(std::find(lru.begin(), lru.end(), kept));
+  ASSERT_EQ(pool.num_evictable(), kBlocks - 1);
+  // The expected order is neither the release order nor the block-id order,
+  // so a FIFO-by-release or lowest-id eviction would fail below.
+  ASSERT_NE(lru, std::vector<int32_t>(release_order.begin(), release_order.end() - 1));
+  std::vector<int32_t> by_id = lru;
+  std::sort(by_id.begin(), by_id.end());
+  ASSERT_NE(lru, by_id);
+
+  std::vector<int32_t> evicted;
+  for (int32_t i = 0; i < kBlocks - 1; ++i) {
+    const int32_t b = pool.Allocate();
+    evicted.push_back(b);
+    EXPECT_EQ(pool.num_evictions(), i + 1);
+    if (b >= 0) {
+      EXPECT_EQ(pool.Lookup(hash_of(b), -1, 0, tokens[b], {}), -1)
+          << "evicted block " << b << " still in the hash table";
+    }
+  }
+  EXPECT_EQ(evicted, lru);
+  EXPECT_EQ(pool.Allocate(), -1) << "the referenced block must not be evicted";
+  EXPECT_EQ(pool.Lookup(hash_of(kept), -1, 0, tokens[kept], {}), kept);
   EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants();
 }
 
@@ -204,6 +273,43 @@ TEST(BlockManagerTest, PrefixMatchStopsBeforeTheLastToken) {
   EXPECT_TRUE(bm.CheckInvariants().ok());
 }
 
+// The block manager's view of the same rule: six one-block prompts, freed in
+// the order 3, 0, 5, 1, 4, 2, then prompt 5 hit again (revived and freed).
+// A new 8-token sequence needs two blocks from a pool with none free: it
+// must take exactly the blocks of prompts 3 and 0 (least recently freed),
+// whose prefixes then miss, while the others still hit.
+TEST(BlockManagerTest, NewAllocationsEvictTheLeastRecentlyFreedPrefixes) {
+  BlockManager bm(Opts(6, 0, 4, /*caching=*/true));
+  std::vector<BlockPair> copies;
+  std::vector<Sequence> seqs;
+  seqs.reserve(6);
+  for (SeqId i = 0; i < 6; ++i) {
+    seqs.push_back(MakeSeq(i, Iota(4, 100 * (i + 1))));
+    Feed(bm, seqs.back(), 4, &copies);
+    ASSERT_EQ(seqs.back().block_table.size(), 1u);
+  }
+  std::vector<int32_t> block_of;
+  block_of.reserve(seqs.size());
+  for (const Sequence& s : seqs) block_of.push_back(s.block_table[0]);
+  for (int i : {3, 0, 5, 1, 4, 2}) bm.Free(seqs[i]);
+  ASSERT_EQ(bm.device().num_evictable(), 6);
+  {
+    Sequence again = MakeSeq(10, Iota(5, 500));  // prompt 5 plus one token
+    ASSERT_EQ(bm.MatchPrefix(again), 4);
+    bm.Free(again);
+  }
+  Sequence fresh = MakeSeq(20, Iota(8, 9000));
+  Feed(bm, fresh, 8, &copies);
+  EXPECT_EQ(fresh.block_table, (std::vector<int32_t>{block_of[3], block_of[0]}));
+  EXPECT_EQ(bm.device().num_evictions(), 2);
+  for (int i = 0; i < 6; ++i) {
+    Sequence probe = MakeSeq(30 + i, Iota(5, 100 * (i + 1)));
+    EXPECT_EQ(bm.MatchPrefix(probe), (i == 3 || i == 0) ? 0 : 4) << "prompt " << i;
+    bm.Free(probe);
+  }
+  EXPECT_TRUE(bm.CheckInvariants().ok()) << bm.CheckInvariants();
+}
+
 TEST(BlockManagerTest, NotComputedBlocksAreNeverCached) {
   BlockManager bm(Opts(16, 0, 4, true));
   Sequence a = MakeSeq(1, Iota(12));
@@ -306,6 +412,71 @@ TEST(BlockHashTest, Sha256ChainIsDeterministicAndSensitive) {
   EXPECT_FALSE(h1 == Sha256BlockHash(kRootBlockHash, t2, {}));
   std::vector<int64_t> k{0};
   EXPECT_FALSE(h1 == Sha256BlockHash(kRootBlockHash, t, k));
+}
+
+std::string Hex(const std::array<uint8_t, 32>& d) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : d) {
+    s.push_back(kDigits[b >> 4]);
+    s.push_back(kDigits[b & 15]);
+  }
+  return s;
+}
+
+std::array<uint8_t, 32> DigestOf(const std::string& s) {
+  return Sha256Digest(
+      absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size()));
+}
+
+// The primitive against the FIPS 180-4 example vectors (NIST CSRC "Examples
+// with intermediate values", SHA-256): one block, empty, two blocks, and the
+// million-'a' message.
+TEST(BlockHashTest, Sha256MatchesTheFips180KnownAnswers) {
+  EXPECT_EQ(Hex(DigestOf("abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Hex(DigestOf("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(Hex(DigestOf("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(Hex(DigestOf(std::string(1000000, 'a'))),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  // Negative control: one bit off in the message is another digest.
+  EXPECT_NE(Hex(DigestOf("abb")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+// A chained block hash computed by hand from the documented serialization
+// (block_hash.h: parent.hi | parent.lo | num_tokens | tokens | num_extra_keys |
+// extra keys, little-endian, u64 / u32 / u64 / u64) and an independent SHA-256
+// (Python's hashlib.sha256 of the same bytes; first 16 digest bytes, big-endian
+// into hi and lo).
+TEST(BlockHashTest, ChainedBlockHashMatchesAHandComputedVector) {
+  // Block 1: root parent, tokens {1, 2, 3}, no extra keys. 44 bytes:
+  const std::vector<uint8_t> first = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                      0, 0, 0, 0,                          // parent hi, lo
+                                      3, 0, 0, 0, 0, 0, 0, 0,              // 3 tokens
+                                      1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0,  // 1, 2, 3
+                                      0, 0, 0, 0, 0, 0, 0, 0};             // 0 extra keys
+  // hashlib.sha256(first).hexdigest() =
+  // 7644b37e14fd6c9b2b21c943b086698727504c6825a7fc4401563f3ba7b9538c
+  EXPECT_EQ(Hex(Sha256Digest(first)),
+            "7644b37e14fd6c9b2b21c943b086698727504c6825a7fc4401563f3ba7b9538c");
+  const std::vector<int32_t> t1 = {1, 2, 3};
+  const BlockHash h1 = Sha256BlockHash(kRootBlockHash, t1, {});
+  EXPECT_EQ(h1, (BlockHash{0x7644b37e14fd6c9bull, 0x2b21c943b0866987ull}));
+  // Block 2: parent h1, tokens {4, 5, 6, -1}, extra key -2 (two's complement,
+  // fixed width). hashlib over the 60 bytes
+  // 9b6cfd147eb34476 876986b043c9212b 0400000000000000 04000000 05000000 06000000
+  // ffffffff 0100000000000000 feffffffffffffff
+  // = badd215e3b19becff4b6644e79efa5c9fd3098fbcc8769f88a6cbf58106d6d79
+  const std::vector<int32_t> t2 = {4, 5, 6, -1};
+  const std::vector<int64_t> k2 = {-2};
+  EXPECT_EQ(Sha256BlockHash(h1, t2, k2), (BlockHash{0xbadd215e3b19becfull, 0xf4b6644e79efa5c9ull}));
+  // Negative control: the same fields big-endian are not what the vector pins.
+  std::vector<uint8_t> big_endian = first;
+  std::reverse(big_endian.begin() + 16, big_endian.begin() + 24);
+  EXPECT_NE(Hex(Sha256Digest(big_endian)),
+            "7644b37e14fd6c9b2b21c943b086698727504c6825a7fc4401563f3ba7b9538c");
 }
 
 // Thousands of random operations; invariants after each; all blocks return.

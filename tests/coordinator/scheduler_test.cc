@@ -1,6 +1,7 @@
 // Scheduler scenarios. Every step runs through the FakeEngine, which checks
 // that each sequence's KV context (through its block table) equals its history.
 #include "runtime/coordinator/scheduler.h"
+#include "runtime/common/field_error.h"
 
 #include <map>
 #include <set>
@@ -126,7 +127,18 @@ TEST(SchedulerTest, RequestLargerThanPoolIsRejectedAndTheNextRuns) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("KV blocks"), std::string::npos) << s;
   EXPECT_EQ(d.sched->CheckAdmissible(30, huge.params).message(), s.message());  // same bound
-  EXPECT_EQ(d.sched->AddRequest(Req("long", 64, 1)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FieldOf(s), "max_tokens");  // typed (field_error.h): the front ends read the field
+  const absl::Status long_prompt = d.sched->AddRequest(Req("long", 64, 1));
+  EXPECT_EQ(long_prompt.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FieldOf(long_prompt), "prompt");
+  Request wide = Req("wide", 5, 1);
+  wide.params.n = c.max_num_seqs + 1;
+  EXPECT_EQ(FieldOf(d.sched->CheckAdmissible(5, wide.params)), "n") << c.max_num_seqs;
+  wide.params.n = 1;
+  wide.params.use_beam_search = true;
+  wide.params.temperature = 0;
+  wide.params.best_of = c.max_num_seqs + 1;
+  EXPECT_EQ(FieldOf(d.sched->CheckAdmissible(5, wide.params)), "best_of");
   EXPECT_TRUE(d.sched->AddRequest(Req("next", 5, 3)).ok());
   ASSERT_TRUE(d.RunToCompletion());
   EXPECT_EQ(d.tokens["next"][0].size(), 3u);
@@ -494,6 +506,84 @@ TEST(SchedulerTest, PriorityOrdersAdmission) {
   ASSERT_TRUE(d.Step());
   EXPECT_EQ(d.plans[0].seqs[0].token_ids[0], 20);
   ASSERT_TRUE(d.RunToCompletion());
+}
+
+// The preemption victim under priority scheduling: "low" (priority 5) arrives
+// first, "mid" (1) second, "high" (0) last. All three are admitted (2 prompt
+// blocks each of 16) and grow by decoding until the pool is full: the victim
+// must be "low", the lowest priority, although it is the oldest request;
+// with priorities off the same workload preempts "high", the newest (the
+// negative control: the check tells the two policies apart). Under swap the
+// victim's blocks are exactly what goes to the CPU pool; under recompute its
+// sequence ids are exactly the plan's finished list.
+std::string FirstPreemptionVictim(bool priority, PreemptionMode mode) {
+  SchedulerConfig c = Config(16, 16);
+  c.enable_priority = priority;
+  c.preemption_mode = mode;
+  c.max_model_len = 48;
+  Driver d(c);
+  const std::vector<std::pair<std::string, int32_t>> reqs = {{"low", 5}, {"mid", 1}, {"high", 0}};
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Request r = Req(reqs[i].first, 8, 30, 100 * static_cast<int32_t>(i + 1));
+    r.priority = reqs[i].second;
+    r.arrival_time = 1.0 + static_cast<double>(i);
+    EXPECT_TRUE(d.sched->AddRequest(r).ok());
+  }
+  if (!d.Step()) return "";  // admits all three: 3 x 2 blocks of 16
+  std::string victim;
+  for (int step = 1; step < 200 && d.sched->HasUnfinishedRequests() && victim.empty(); ++step) {
+    std::map<std::string, std::vector<int32_t>> tables;
+    std::map<std::string, SeqId> ids;
+    for (const auto& [name, prio] : reqs) {
+      const SequenceGroup* g = d.sched->FindRequest(name);
+      EXPECT_NE(g, nullptr) << name << " finished before any preemption";
+      if (g == nullptr) return "";
+      EXPECT_EQ(g->status, SequenceStatus::kRunning) << name << " at step " << step;
+      tables[name] = g->seqs[0]->block_table;
+      ids[name] = g->seqs[0]->id;
+    }
+    const SchedulerStats before = d.sched->stats();
+    if (!d.Step()) return "";
+    const SchedulerStats after = d.sched->stats();
+    if (after.num_preemptions_swap + after.num_preemptions_recompute ==
+        before.num_preemptions_swap + before.num_preemptions_recompute) {
+      continue;
+    }
+    EXPECT_EQ(after.num_preemptions_swap + after.num_preemptions_recompute,
+              before.num_preemptions_swap + before.num_preemptions_recompute + 1)
+        << "one victim frees enough for one decode step";
+    const StepPlan& plan = d.plans.back();
+    for (const auto& [name, prio] : reqs) {
+      const SequenceStatus st = d.sched->FindRequest(name)->status;
+      if (st == SequenceStatus::kRunning) continue;
+      EXPECT_TRUE(victim.empty()) << "second victim " << name;
+      victim = name;
+      if (mode == PreemptionMode::kSwap) {
+        EXPECT_EQ(st, SequenceStatus::kSwapped);
+        std::vector<int32_t> swapped;
+        for (const BlockPair& p : plan.swap_out) swapped.push_back(p.src);
+        std::sort(swapped.begin(), swapped.end());
+        std::sort(tables[name].begin(), tables[name].end());
+        EXPECT_EQ(swapped, tables[name]) << "the victim's blocks, and only them, swapped out";
+      } else {
+        EXPECT_EQ(st, SequenceStatus::kWaiting);
+        EXPECT_EQ(plan.finished, std::vector<SeqId>{ids[name]})
+            << "the victim's sequence, and only it, released";
+      }
+    }
+  }
+  EXPECT_TRUE(d.RunToCompletion());
+  for (const auto& [name, prio] : reqs) EXPECT_EQ(d.tokens[name][0].size(), 30u) << name;
+  return victim;
+}
+
+TEST(SchedulerTest, PreemptionVictimIsTheLowestPriorityRequest) {
+  for (PreemptionMode mode : {PreemptionMode::kSwap, PreemptionMode::kRecompute}) {
+    SCOPED_TRACE(mode == PreemptionMode::kSwap ? "swap" : "recompute");
+    EXPECT_EQ(FirstPreemptionVictim(/*priority=*/true, mode), "low");
+    // Negative control: arrival order alone picks the newest request.
+    EXPECT_EQ(FirstPreemptionVictim(/*priority=*/false, mode), "high");
+  }
 }
 
 TEST(SchedulerTest, BadResultsAreRejectedWithoutChangingState) {

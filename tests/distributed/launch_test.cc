@@ -5,7 +5,8 @@
 //    on the random-weight model, and TP = 1 vs TP = 3 on SmolLM2 when present;
 //  - Qwen2's Q/K/V biases split across ranks: the qwen2_bias feature model at
 //    TP = 2 (and 4: each rank one query head, KV heads replicated) gives the
-//    transformers reference's greedy tokens (tests/fixtures/qwen2_bias);
+//    transformers reference's greedy tokens (tests/fixtures/qwen2_bias); so
+//    does Qwen3's per-head q/k RMSNorm (qwen3_qk_norm);
 //  - a swap-out / swap-in of a sequence mid-generation under TP = 2 changes
 //    no token;
 //  - a wrong rank count, a TP size that does not divide the query heads and a
@@ -17,8 +18,9 @@
 //
 // Environment (set by tests/distributed/CMakeLists.txt): PAGEDSERVE_TP_DRIVER,
 // PAGEDSERVE_MPIEXEC, PAGEDSERVE_TEST_MODEL (random model dir),
-// PAGEDSERVE_SMOLLM2 (optional GGUF path), PAGEDSERVE_QWEN2_BIAS_MODEL (the
-// make_random_variant.py qwen2_bias dir), PAGEDSERVE_SOURCE_DIR.
+// PAGEDSERVE_SMOLLM2 (optional GGUF path), PAGEDSERVE_QWEN2_BIAS_MODEL and
+// PAGEDSERVE_QWEN3_MODEL (the make_random_variant.py qwen2_bias and
+// qwen3_qk_norm dirs), PAGEDSERVE_SOURCE_DIR.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -110,6 +112,9 @@ class LaunchTest : public ::testing::Test {
     return t;
   }
 
+  void ExpectTransformersGreedyAtTp(const std::string& model, const std::string& name,
+                                    const std::string& arch);
+
   std::string driver_, mpiexec_, model_;
 };
 
@@ -147,20 +152,15 @@ TEST_F(LaunchTest, SmolLM2GreedyTokensIdenticalForTp1AndTp3) {
   EXPECT_EQ(tp1, tp3);
 }
 
-// Qwen2's Q/K/V biases are column-parallel like their projections: each rank
-// must add the slice of its own heads. The qwen2_bias model (4 query heads,
-// 2 KV heads, biases of std 0.5) at TP = 2 and TP = 4 must give the greedy
-// tokens of transformers (tests/fixtures/qwen2_bias/reference.json), with the
-// near-tie rule of llama_reference_test.cc: at the first token that differs,
-// the reference's own top-1 margin must be below 1e-3 (the smallest margin of
-// these 16 steps is 4e-3). Checked to fail when every rank adds rank 0's
-// query-bias slice (a TP = 1 run cannot see that).
-TEST_F(LaunchTest, Qwen2BiasSplitAcrossRanksMatchesTransformers) {
-  const std::string model = Env("PAGEDSERVE_QWEN2_BIAS_MODEL");
-  ASSERT_FALSE(model.empty()) << "set PAGEDSERVE_QWEN2_BIAS_MODEL";
+// The feature model `model` (tests/fixtures/<name>/reference.json, HF
+// architecture `arch`) at TP = 2 and TP = 4 gives the greedy tokens of
+// transformers, with the near-tie rule of llama_reference_test.cc: at the first
+// token that differs, the reference's own top-1 margin must be below 1e-3.
+void LaunchTest::ExpectTransformersGreedyAtTp(const std::string& model, const std::string& name,
+                                              const std::string& arch) {
   const nlohmann::json ref = pagedserve::testing::ReadJson(
-      pagedserve::testing::SourceDir() + "/tests/fixtures/qwen2_bias/reference.json");
-  ASSERT_TRUE(ref.at("model").at("config").at("architectures").at(0) == "Qwen2ForCausalLM");
+      pagedserve::testing::SourceDir() + "/tests/fixtures/" + name + "/reference.json");
+  ASSERT_TRUE(ref.at("model").at("config").at("architectures").at(0) == arch);
   constexpr size_t kTokens = 16;
   std::vector<std::string> prompts;
   std::vector<std::vector<int32_t>> want;
@@ -195,6 +195,27 @@ TEST_F(LaunchTest, Qwen2BiasSplitAcrossRanksMatchesTransformers) {
       }
     }
   }
+}
+
+// Qwen2's Q/K/V biases are column-parallel like their projections: each rank
+// must add the slice of its own heads. The qwen2_bias model (4 query heads,
+// 2 KV heads, biases of std 0.5; the smallest margin of these 16 steps is
+// 4e-3). Checked to fail when every rank adds rank 0's query-bias slice (a
+// TP = 1 run cannot see that).
+TEST_F(LaunchTest, Qwen2BiasSplitAcrossRanksMatchesTransformers) {
+  const std::string model = Env("PAGEDSERVE_QWEN2_BIAS_MODEL");
+  ASSERT_FALSE(model.empty()) << "set PAGEDSERVE_QWEN2_BIAS_MODEL";
+  ExpectTransformersGreedyAtTp(model, "qwen2_bias", "Qwen2ForCausalLM");
+}
+
+// Qwen3's q/k norms are per head and replicated: every rank norms its own
+// query heads and its KV heads (at TP = 4 the 2 KV heads are replicated) with
+// the same weights. The qwen3_qk_norm model (4 query heads of 128, 2 KV
+// heads; the smallest margin of these 16 steps is 2.9e-3).
+TEST_F(LaunchTest, Qwen3QkNormAcrossRanksMatchesTransformers) {
+  const std::string model = Env("PAGEDSERVE_QWEN3_MODEL");
+  ASSERT_FALSE(model.empty()) << "set PAGEDSERVE_QWEN3_MODEL";
+  ExpectTransformersGreedyAtTp(model, "qwen3_qk_norm", "Qwen3ForCausalLM");
 }
 
 TEST_F(LaunchTest, WrongRankCountFailsOnEveryRank) {

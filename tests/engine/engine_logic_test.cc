@@ -160,6 +160,32 @@ TEST(EngineLogicTest, StopStringSpanningTokensIsHeldBackAndCut) {
   ExpectAllFreed(*e);
 }
 
+// The stats line's throughputs come from these counters: prompt tokens
+// prefilled (a prefix-cache hit is not computed, so not counted) and tokens
+// sampled, over every step.
+TEST(EngineLogicTest, TokenCountersCountPrefilledAndSampledTokens) {
+  EngineSetup setup;
+  setup.prefix_caching = true;
+  auto e = MakeEngine({}, setup);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<int32_t> words = Ids(" one two three four five six seven eight nine");
+    prompt.insert(prompt.end(), words.begin(), words.end());
+  }
+  ASSERT_GE(prompt.size(), 33u);  // at least two full blocks of 16 to hit
+  EXPECT_EQ(e->token_counters().prompt_tokens, 0);
+  ASSERT_TRUE(e->AddRequest(Req("first", prompt, 5)).ok());
+  const Collected first = RunAll(*e)["first"];
+  ASSERT_TRUE(e->AddRequest(Req("second", prompt, 7)).ok());
+  const Collected second = RunAll(*e)["second"];
+  ASSERT_TRUE(first.finished && second.finished);
+  EXPECT_GE(second.usage.cached_prompt_tokens, 32);
+  const EngineTokenCounters c = e->token_counters();
+  EXPECT_EQ(c.prompt_tokens,
+            2 * static_cast<int64_t>(prompt.size()) - second.usage.cached_prompt_tokens);
+  EXPECT_EQ(c.generation_tokens, 5 + 7);
+}
+
 TEST(EngineLogicTest, HeldBackTextIsFlushedWhenTheStopStringNeverCompletes) {
   const std::vector<int32_t> out = Ids(" this is a test");
   auto e = MakeEngine({{Key("A"), {out}}});

@@ -57,20 +57,21 @@ TEST(ProtocolTest, BadInputsFromTheIssue) {
               "field 'stop' must be a string or an array of strings, got integer 5", "r7");
   ExpectError(Gen(R"(,"stop":["a",3])"), ErrorCode::kInvalidRequest,
               "field 'stop[1]' must be a string", "r7");
-  ExpectError(Gen(R"(,"seed":-1)"), ErrorCode::kInvalidRequest,
-              "field 'seed' must be an integer in [0, 2^64)", "r7");
+  ExpectError(Gen(R"(,"seed":1.5)"), ErrorCode::kInvalidRequest,
+              "field 'seed' must be an integer in [-2^63, 2^64) (-1: none), got 1.5", "r7");
   ExpectError(Gen(R"(,"n":true)"), ErrorCode::kInvalidRequest,
               "field 'n' must be an integer, got boolean", "r7");
   ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt":5})", ErrorCode::kInvalidRequest,
               "field 'prompt' must be a string, got integer 5", "r7");
   ExpectError(R"({"version":1,"type":"generate","id":"r7","messages":"hi"})",
-              ErrorCode::kInvalidRequest, "field 'messages' must be an array", "r7");
+              ErrorCode::kInvalidRequest, "field 'messages' must be a non-empty array", "r7");
   ExpectError(R"({"version":1,"type":"generate","id":"r7","messages":[{"role":"user"}]})",
-              ErrorCode::kInvalidRequest, "missing field 'messages[0].content'", "r7");
+              ErrorCode::kInvalidRequest,
+              "field 'messages[0].content' is required for a 'user' message", "r7");
   ExpectError(
       R"({"version":1,"type":"generate","id":"r7","messages":[{"role":"robot","content":"x"}]})",
-      ErrorCode::kInvalidRequest, "'messages[0].role' must be one of system, user, assistant, tool",
-      "r7");
+      ErrorCode::kInvalidRequest,
+      "'messages[0].role' must be one of system, developer, user, assistant, tool", "r7");
   ExpectError(R"({"version":1,"type":"generate","id":"r7","prompt_token_ids":[1,"2"]})",
               ErrorCode::kInvalidRequest, "field 'prompt_token_ids[1]' must be an integer token id",
               "r7");

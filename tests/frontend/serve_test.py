@@ -54,14 +54,16 @@ def free_port():
 class ServerProcess:
     """A `pagedserve serve` process (optionally under mpirun) on free ports."""
 
-    def __init__(self, extra=(), mpirun=False, metrics=True, tty=False, env_extra=None):
-        """tty: stdout and stderr on a pseudo-terminal (logs() reads it)."""
+    def __init__(self, extra=(), mpirun=False, metrics=True, tty=False, env_extra=None, model_argument=False):
+        """tty: stdout and stderr on a pseudo-terminal (logs() reads it);
+        model_argument: `serve MODEL` instead of `serve --model=MODEL`."""
         self.port = free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.metrics_port = free_port() if metrics else 0
         self.pid_file = tempfile.NamedTemporaryFile(prefix="pagedserve-test-", suffix=".pid", delete=False).name
         os.unlink(self.pid_file)
-        cmd = [ARGS.pagedserve, "serve", f"--model={ARGS.model}", f"--zmq-endpoint={self.endpoint}",
+        model = ARGS.model if model_argument else f"--model={ARGS.model}"
+        cmd = [ARGS.pagedserve, "serve", model, f"--zmq-endpoint={self.endpoint}",
                f"--max-model-len={MAX_MODEL_LEN}", "--kv-cache-memory=67108864", "--swap-space=0.0625",
                f"--metrics-port={self.metrics_port}", f"--pid-file={self.pid_file}", "--port=0"] + list(extra)
         # A colour terminal type, as on a developer's machine: a rank whose
@@ -675,6 +677,159 @@ class LogOutputTest(unittest.TestCase):
             self.assertIn("\x1b[", self.request_logged(server))
         finally:
             server.stop()
+
+
+STATS_LINE = re.compile(
+    r"\[(info|debug)\] Avg prompt throughput: ([0-9.]+) tokens/s, Avg generation throughput: ([0-9.]+) tokens/s, "
+    r"Running: (\d+) reqs, Waiting: (\d+) reqs, Swapped: (\d+) reqs, Device KV cache usage: ([0-9.]+)%, "
+    r"CPU swap usage: ([0-9.]+)%, Prefix cache hit rate: ([0-9.]+)%")
+
+
+def stats_lines(logs):
+    """[(level, prompt_tps, generation_tps, running, waiting, swapped, kv%, swap%, hit%)]."""
+    return [(m.group(1),) + tuple(float(g) for g in m.groups()[1:]) for m in STATS_LINE.finditer(logs)]
+
+
+def wait_for_logs(server, predicate, what, timeout=REPLY_TIMEOUT):
+    """The server's logs once predicate(logs) holds; fails at the deadline."""
+    deadline = time.monotonic() + timeout
+    logs = server.logs()
+    while not predicate(logs):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not in the logs within {timeout} s:\n{logs[-3000:]}")
+        time.sleep(0.05)
+        logs = server.logs()
+    return logs
+
+
+class OperateTest(unittest.TestCase):
+    """What a vLLM user expects of the server's defaults, flags and logs:
+    `serve MODEL`, --seed, --log-level, the periodic stats line,
+    --disable-log-stats and --log-format json."""
+
+    # Long enough to fill whole KV blocks, so that the prefix cache (on by
+    # default) hits on the second request.
+    PROMPT = "The quick brown fox jumps over the lazy dog. " * 6
+
+    def sampled_texts(self, server, count=2):
+        """Token ids of `count` identical unseeded temperature-1 requests, one after the other."""
+        raw = Raw(server.endpoint)
+        try:
+            texts = []
+            for i in range(count):
+                raw.send(gen(f"seed-{i}", prompt="Once upon a time", max_tokens=16, temperature=1.0,
+                             ignore_eos=True))
+                _, final = collect(raw, f"seed-{i}")
+                self.assertEqual(final["type"], "final", final)
+                self.assertEqual(len(final["outputs"][0]["token_ids"]), 16, final)
+                texts.append(final["outputs"][0]["token_ids"])
+            return texts
+        finally:
+            raw.close()
+
+    def test_seed_makes_unseeded_sampling_reproducible_across_runs(self):
+        runs = []
+        for seed, model_argument in ((1234, True), (1234, False), (4321, False)):
+            server = ServerProcess([f"--seed={seed}"], metrics=False, model_argument=model_argument)
+            try:
+                runs.append(self.sampled_texts(server))
+            finally:
+                self.assertEqual(server.stop(), 0, server.logs())
+        self.assertEqual(runs[0], runs[1], "the same --seed and requests: the same tokens on every run")
+        self.assertNotEqual(runs[0][0], runs[0][1], "two requests of one run get different streams")
+        self.assertNotEqual(runs[0], runs[2], "another --seed, other tokens")
+
+    def test_stats_line_while_serving(self):
+        server = ServerProcess(["--log-stats-interval=0.2", "--log-level=debug"], metrics=False,
+                               model_argument=True)
+        try:
+            # Idle: the line is written at debug level only.
+            wait_for_logs(server, lambda logs: any(line[0] == "debug" for line in stats_lines(logs)),
+                          "an idle stats line at debug level")
+            raw = Raw(server.endpoint)
+            try:
+                for rid in ("stats-1", "stats-2"):  # the second hits the first's cached prefix
+                    raw.send(gen(rid, prompt=self.PROMPT, max_tokens=48, temperature=0, ignore_eos=True))
+                    _, final = collect(raw, rid)
+                    self.assertEqual(final["type"], "final", final)
+            finally:
+                raw.close()
+            self.assertGreater(final["usage"]["cached_prompt_tokens"], 0)
+            busy_seen = len(stats_lines(server.logs()))
+            # After the work: one info line with the drop to zero, then debug lines.
+            logs = wait_for_logs(server, lambda logs: [line[0] for line in stats_lines(logs)[busy_seen:]].count("debug") >= 1,
+                                 "an idle stats line after the requests")
+        finally:
+            self.assertEqual(server.stop(), 0, server.logs())
+        lines = stats_lines(logs)
+        busy = [line for line in lines if line[1] > 0 or line[2] > 0 or line[3] + line[4] + line[5] > 0]
+        self.assertTrue(busy, logs[-3000:])
+        self.assertTrue(all(line[0] == "info" for line in busy), busy)
+        self.assertTrue(any(line[1] > 0 for line in busy), "prompt throughput while prefilling")
+        self.assertTrue(any(line[2] > 0 for line in busy), "generation throughput while decoding")
+        for level, prompt_tps, gen_tps, running, waiting, swapped, kv, swap, hit in lines:
+            self.assertLessEqual(running + waiting + swapped, 2)
+            self.assertTrue(0 <= kv <= 100 and 0 <= swap <= 100 and 0 <= hit <= 100)
+            self.assertLess(gen_tps, 1e6)
+        # Tokens over the busy intervals add up to what was computed, within
+        # the rounding of the figures (0.1 tokens/s over intervals of ~0.2 s).
+        last_busy = lines.index(busy[-1])
+        idle_after = lines[last_busy + 1]
+        self.assertEqual((idle_after[0], idle_after[1], idle_after[2], idle_after[3]), ("info", 0.0, 0.0, 0.0),
+                         "the first idle line after work is at info level, with zeros")
+        self.assertTrue(all(line[0] == "debug" for line in lines[last_busy + 2:]), lines[last_busy:])
+        # Hit rate over all lookups: the second request's cached tokens of the two prompts.
+        prompt_tokens = final["usage"]["prompt_tokens"]
+        expected_hit = 100.0 * final["usage"]["cached_prompt_tokens"] / (2 * prompt_tokens)
+        self.assertAlmostEqual(lines[-1][8], expected_hit, delta=0.06)
+
+    def test_log_format_json(self):
+        server = ServerProcess(["--log-format=json", "--log-stats-interval=0.1", "--log-color=always",
+                                "--log-request-content"], metrics=False)
+        try:
+            raw = Raw(server.endpoint)
+            raw.send(gen("json-log", prompt='A "quoted"\tprompt\\', max_tokens=8, temperature=0))
+            _, final = collect(raw, "json-log")
+            raw.close()
+            self.assertEqual(final["type"], "final", final)
+        finally:
+            self.assertEqual(server.stop(), 0, server.logs())
+        objects = []
+        for line in server.logs().splitlines():
+            if line.startswith("pagedserve serve: "):
+                continue  # the ready and stop lines on stderr are not log lines
+            obj = json.loads(line)  # every other line is one JSON object
+            self.assertEqual(sorted(obj), ["level", "message", "time"], line)
+            self.assertRegex(obj["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+            objects.append(obj)
+        messages = [o["message"] for o in objects]
+        self.assertTrue(any('json-log" prompt_tokens=' in m for m in messages), messages)  # quotes escaped
+        # The request log C-escapes the prompt; the JSON layer escapes that
+        # again and json.loads gives the request log's text back exactly.
+        self.assertTrue(any('prompt="A \\"quoted\\"\\tprompt\\\\"' in m for m in messages), messages)
+        self.assertTrue(any(STATS_LINE.search("[info] " + m) for m in messages), messages)
+        self.assertEqual({o["level"] for o in objects}, {"info"})
+        self.assertNotIn("\x1b[", server.logs(), "no colour codes in JSON, even with --log-color=always")
+
+    def test_disable_log_stats_and_log_level(self):
+        for flags, request_logged in ((["--disable-log-stats"], True), (["--log-level=warning"], False)):
+            server = ServerProcess(["--log-stats-interval=0.05"] + flags, metrics=False)
+            try:
+                raw = Raw(server.endpoint)
+                started = time.monotonic()
+                raw.send(gen("quiet", prompt=self.PROMPT, max_tokens=32, temperature=0, ignore_eos=True))
+                _, final = collect(raw, "quiet")
+                elapsed = time.monotonic() - started
+                raw.close()
+                self.assertEqual(final["type"], "final", final)
+            finally:
+                self.assertEqual(server.stop(), 0, server.logs())
+            logs = server.logs()
+            # The request ran over several intervals: without the flags there would be lines.
+            self.assertGreater(elapsed, 0.1, flags)
+            self.assertEqual(stats_lines(logs), [], flags)
+            self.assertEqual('quiet" prompt_tokens=' in logs, request_logged, flags)
+            self.assertIn("pagedserve serve: serving", logs)  # the banner is not a levelled log line
 
 
 class ServeFlagsTest(unittest.TestCase):

@@ -11,8 +11,12 @@
    LD_LIBRARY_PATH every library a binary loads is bundled or one the GPU
    machine provides (C library family, driver, NCCL, cuBLAS).
 2. --run on that bundle with CUDA_VISIBLE_DEVICES="" (no device visible, on any
-   machine): exit 0, summary.json with every GPU step skipped for "no usable
-   CUDA device", the library and pagedserve steps ok, and the log tarball.
+   machine without nvidia-smi listing a GPU): exit 4, summary.json ok false
+   with the reason "no GPU: nothing measured", every GPU step skipped for "no
+   GPU: no usable CUDA device", the library and pagedserve steps ok, and the
+   log tarball. (tests/gpucheck/gpu_check_standin_test.py covers the rest of
+   --run with stand-in devices: a probe failure with a listed GPU, a run
+   killed midway, quick mode, the deadline.)
    Where root, unshare and chroot are available (CI), the same binaries are
    also started in a root holding only the C library family, NCCL and the
    payload: they must load there.
@@ -39,7 +43,9 @@ import tempfile
 
 BINS = ["kernels_cuda_kernels_test", "cuda_worker_test", "paged_attention_cuda_bench",
         "bench_model", "pagedserve"]
-GPU_STEPS = ["kernel_tests", "cuda_worker", "attention_bench", "model_bench", "model_bench_eager", "sdpa_baseline", "memcheck"]
+GPU_STEPS = ["attention_bench", "model_bench_b1", "model_bench_b64", "cuda_worker", "kernel_tests",
+             "model_bench_b32", "model_bench_b256", "model_bench_eager_b1", "model_bench_eager_b32",
+             "sdpa_baseline", "memcheck"]
 PROVIDED = re.compile(r"^(linux-vdso\.so|ld-linux-x86-64\.so|libc\.so|libm\.so|libpthread\.so|"
                       r"libdl\.so|librt\.so|libresolv\.so|libutil\.so|libcuda\.so|libnvidia-|"
                       r"libnccl\.so|libcublas\.so|libcublasLt\.so)")
@@ -163,7 +169,8 @@ def main():
         check(all(os.path.isfile(os.path.join(fx, *f)) for f in [
             ("make_random_llama.py",), ("random_llama", "reference.json"),
             ("smollm2-tokenizer", "tokenizer.json"), ("make_random_variant.py",),
-            ("qwen2_bias", "reference.json"), ("spm-tiny-tokenizer", "tokenizer.json")]),
+            ("qwen2_bias", "reference.json"), ("qwen3_qk_norm", "reference.json"),
+            ("spm-tiny-tokenizer", "tokenizer.json")]),
               "fixtures/ holds the random-model generators, their references and tokenizers")
         with open(os.path.join(bundle, "manifest.json")) as f:
             manifest = json.load(f)
@@ -195,17 +202,18 @@ def main():
         r = run([script, "--run"], {"GPU_CHECK_BUNDLE": bundle, "OUT": out, "CUDA_VISIBLE_DEVICES": ""},
                 tmp)
         print(r.stderr[-3000:])
-        check(r.returncode == 0, f"--run exits 0 without a GPU (got {r.returncode})")
+        check(r.returncode == 4, f"--run exits 4 without a GPU (got {r.returncode})")
         with open(os.path.join(out, "summary.json")) as f:
             summary = json.load(f)
         steps = summary["steps"]
-        check(summary["ok"] is True, "summary ok")
+        check(summary["ok"] is False and summary["reason"] == "no GPU: nothing measured",
+              f"summary not ok without a GPU: {summary['reason']!r}")
         check(steps["libraries"]["status"] == "ok", f"libraries ok ({steps['libraries']})")
         check(steps["device"]["status"] == "skipped" and
-              steps["device"]["reason"].startswith("no usable CUDA device"),
+              steps["device"]["reason"].startswith("no GPU: no usable CUDA device"),
               f"device skipped: {steps['device']['reason']}")
         for s in GPU_STEPS:
-            check(steps[s]["status"] == "skipped" and steps[s]["reason"].startswith("no usable CUDA device"),
+            check(steps[s]["status"] == "skipped" and steps[s]["reason"].startswith("no GPU: no usable CUDA device"),
                   f"{s} skipped: {steps[s]['reason']}")
         check(steps["pagedserve"]["status"] == "ok", f"pagedserve loads ({steps['pagedserve']})")
         check(summary["bundle"]["binaries"] == manifest["binaries"], "summary carries the manifest")
@@ -238,7 +246,7 @@ def main():
                 t.add(os.path.join(stub_pay, n), arcname=n)
         stub_out = os.path.join(tmp, "stub-out")
         r = run([script, "--run"], {"GPU_CHECK_BUNDLE": stub_bundle, "OUT": stub_out, "CUDA_VISIBLE_DEVICES": "",
-                                    "GPU_CHECK_QUICK": "1", "GPU_CHECK_MODEL_LAYERS": "1"}, tmp, timeout=600)
+                                    "GPU_CHECK_MODEL_LAYERS": "1"}, tmp, timeout=600)
         print(r.stderr[-3000:])
         check(r.returncode == 1, f"--run exits 1 when device steps skip or print nothing (got {r.returncode})")
         with open(os.path.join(stub_out, "summary.json")) as f:

@@ -324,6 +324,7 @@ def main():
     ap.add_argument("--pagedserve", required=True)
     ap.add_argument("--model", required=True)
     ARGS, rest = ap.parse_known_args()
+    http_test.require_model("http_security_test", ARGS.model)
     http_test.ARGS = ARGS
     if shutil.which("openssl") is None:
         sys.exit("http_security_test: the openssl command line is missing (apt-get install openssl)")

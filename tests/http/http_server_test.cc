@@ -125,7 +125,7 @@ struct Server {
   // serve` before the model is loaded and every worker rank answered (Attach()).
   // `max_body`: --max-request-body-bytes.
   explicit Server(absl::Duration read_timeout = absl::Seconds(5), bool attach = true,
-                  size_t max_body = kMaxBody) {
+                  size_t max_body = kMaxBody, int64_t max_queue_len = 256) {
     // Prompt "A" continues " one two three", then " x" for ever (no EOS).
     auto inner = std::make_unique<ScriptedExecutor>(
         ScriptedExecutor::Script{{Id("A"), {{Id(" one"), Id(" two"), Id(" three")}}}}, 64, 0, 16,
@@ -141,6 +141,7 @@ struct Server {
     engine = *std::move(e);
     EngineLoopOptions lo;
     lo.idle_wait = absl::Milliseconds(5);
+    lo.max_queue_len = max_queue_len;
     loop = std::make_unique<EngineLoop>(engine.get(), lo);
     engine_thread = std::thread([this] { loop->Run(stop, abort_now).IgnoreError(); });
     HttpServerOptions ho;
@@ -347,6 +348,23 @@ TEST(HttpServerTest, DeeplyNestedBodiesAre400AndTheServerKeepsServing) {
   Response missing = Request(s.port(), "GET", "/no/such/route");
   EXPECT_EQ(missing.status, 404);
   EXPECT_EQ(s.WaitStatusCount(404, 1), 1);
+}
+
+// A request whose prompts outnumber the waiting queue (--max-queue-len) can
+// never be admitted: 400 naming the prompt, not 429 "retry later" (each prompt
+// is one engine request); one that fits is served.
+TEST(HttpServerTest, MorePromptsThanTheQueueHoldsIs400) {
+  Server s(absl::Seconds(5), /*attach=*/true, kMaxBody, /*max_queue_len=*/2);
+  Response r = Request(s.port(), "POST", "/v1/completions",
+                       R"({"prompt": ["A", "A", "A"], "max_tokens": 1})");
+  ASSERT_EQ(r.status, 400) << r.head << r.body;
+  EXPECT_EQ(ErrorOf(r)["param"], "prompt");
+  EXPECT_NE(ErrorOf(r).value("message", "").find("--max-queue-len"), std::string::npos) << r.body;
+  Response ok =
+      Request(s.port(), "POST", "/v1/completions", R"({"prompt": ["A", "A"], "max_tokens": 1})");
+  ASSERT_EQ(ok.status, 200) << ok.head << ok.body;
+  EXPECT_EQ(json::parse(ok.body)["choices"].size(), 2u);
+  EXPECT_TRUE(s.WaitIdle());
 }
 
 // The startup and readiness probes (GET /health): 503 while `pagedserve serve`

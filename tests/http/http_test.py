@@ -340,6 +340,32 @@ class CurlTest(unittest.TestCase):
         status, body = http("POST", u + "/v1/completions", {"prompt": "x", "max_tokens": 1, "frobnicate": 3,
                                                             "user": "someone"})
         self.assertEqual(status, 200, body)
+        # A chat request whose n samples could each use the rest of the context (no
+        # max_tokens) and that the KV cache could never hold: refused naming n.
+        status, body = http("POST", u + "/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "hi"}], "n": 32})
+        self.assertEqual((status, body["error"]["param"]), (400, "n"), body)
+        self.assertIn("max_tokens was not given", body["error"]["message"])
+        status, body = http("POST", u + "/v1/completions",
+                            {"prompt": "x", "stream_options": {"include_usage": True}})
+        self.assertEqual((status, body["error"]["param"]), (400, "stream_options"), body)
+        status, body = http("POST", u + "/v1/completions", b'{"prompt": "x", "n": tru}')
+        self.assertEqual(status, 400)
+        self.assertIn("line 1, column", body["error"]["message"])
+        # A body nested 200,000 levels deep (400 KB) once ended the process (a
+        # recursive JSON copy overflowed the handler's stack): 400, still serving.
+        before = metric(u, "pagedserve_http_responses_total", 'status="400"')
+        deep = b'{"messages": [{"role": "user", "content": ' + b"[" * 200000 + b"]" * 200000 + b"}]}"
+        status, body = http("POST", u + "/v1/chat/completions", deep)
+        self.assertEqual(status, 400)
+        self.assertIn("JSON nests deeper than 32 levels", body["error"]["message"])
+        status, body = http("POST", u + "/v1/completions", {"prompt": "x", "max_tokens": 1})
+        self.assertEqual(status, 200, body)
+        # Every response is counted by status (the callback runs after the write).
+        deadline = time.time() + 10
+        while metric(u, "pagedserve_http_responses_total", 'status="400"') < before + 1:
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.05)
 
 
 class AbortAndLatencyTest(unittest.TestCase):
@@ -494,6 +520,8 @@ class SecondServerTest(unittest.TestCase):
         status, body = http("GET", u + "/v1/models", headers={"Authorization": "Bearer wrong"})
         self.assertEqual((status, body["error"]["code"]), (401, "invalid_api_key"))
         self.assertEqual(http("GET", u + "/v1/models", headers={"Authorization": "Bearer s3cret"})[0], 200)
+        # The scheme is case-insensitive (RFC 9110 11.1).
+        self.assertEqual(http("GET", u + "/v1/models", headers={"Authorization": "bearer s3cret"})[0], 200)
         self.assertEqual(http("GET", u + "/v1/models", headers={"Authorization": "Bearer s3cret2"})[0], 401)
         # /tokenize and /detokenize are guarded like /v1/ (they reveal the vocabulary
         # and cost CPU): no key, a wrong key and a longer key are refused with
@@ -514,12 +542,21 @@ class SecondServerTest(unittest.TestCase):
         self.assertEqual(len(r.choices), 1)
 
 
+def require_model(test, path):
+    """Fails the test, naming the file, when the model is missing: these tests are
+    registered whether or not it existed at configure time (tests/http/CMakeLists.txt)."""
+    if not os.path.exists(path):
+        sys.exit(f"{test}: FAILED: the model {path} does not exist (scripts/fetch-model prints "
+                 "where it puts it; configure with -DPAGEDSERVE_MODEL=PATH)")
+
+
 def main():
     global ARGS, SERVER
     parser = argparse.ArgumentParser()
     parser.add_argument("--pagedserve", required=True)
     parser.add_argument("--model", required=True)
     ARGS, rest = parser.parse_known_args()
+    require_model("http_test", ARGS.model)
     SERVER = ServerProcess()
     try:
         prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)

@@ -14,7 +14,9 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/field_error.h"
 #include "runtime/frontend/http_server.h"
+#include "runtime/frontend/protocol.h"
 #include "runtime/tokenizer/loaders.h"
 #include "tests/common/fixture_tokenizer.h"
 #include "tests/http/openai_fuzz_entry.h"
@@ -179,20 +181,45 @@ TEST(OpenAiApiTest, CrossFieldErrorsNameTheirField) {
             std::make_pair(400, std::string("stop")));
   EXPECT_EQ(Refused(R"({"prompt": "x", "use_beam_search": true, "logprobs": 2})"),
             std::make_pair(400, std::string("logprobs")));
-  // Admission messages (Scheduler::CheckAdmissible, Engine::CheckRequest).
-  EXPECT_EQ(ParamOf("prompt has 300 tokens but max_model_len is 256: at most 255 prompt tokens "
-                    "are allowed",
-                    Endpoint::kCompletions),
+  // Admission errors (Scheduler::CheckAdmissible, Engine::CheckRequest) carry
+  // their field as a payload (field_error.h); the endpoint names it its way.
+  EXPECT_EQ(ParamOf(FieldError("prompt", "prompt has 300 tokens"), Endpoint::kCompletions),
             "prompt");
-  EXPECT_EQ(ParamOf("prompt has 300 tokens but max_model_len is 256", Endpoint::kChat), "messages");
-  EXPECT_EQ(ParamOf("n (300) exceeds --max-num-seqs (256)", Endpoint::kChat), "n");
-  EXPECT_EQ(ParamOf("the beam width (8) exceeds --max-num-seqs (4)", Endpoint::kCompletions),
+  EXPECT_EQ(ParamOf(FieldError("prompt", "prompt has 300 tokens"), Endpoint::kChat), "messages");
+  EXPECT_EQ(ParamOf(FieldError("logprobs", "logprobs must be -1 or 0"), Endpoint::kChat),
+            "top_logprobs");
+  EXPECT_EQ(ParamOf(FieldError("best_of", "the beam width (8) exceeds"), Endpoint::kChat),
             "best_of");
-  EXPECT_EQ(ParamOf("request needs 99 KV blocks (n 2 x 300 tokens ...); lower max_tokens or n",
-                    Endpoint::kCompletions),
-            "max_tokens");
-  EXPECT_EQ(ParamOf("logprobs must be -1 or 0", Endpoint::kChat), "top_logprobs");
-  EXPECT_EQ(ParamOf("the engine is shutting down", Endpoint::kCompletions), "");
+  EXPECT_EQ(ParamOf(absl::UnavailableError("the engine is shutting down"), Endpoint::kCompletions),
+            "");
+}
+
+// One mapping from a Submit refusal to the HTTP error (SubmitErrorKindOf).
+TEST(OpenAiApiTest, SubmitErrorsMapByKind) {
+  ValidatedRequest r;
+  r.endpoint = Endpoint::kChat;
+  r.params.n = 23;
+  const absl::Status kv = FieldError("max_tokens", "request needs 3000 KV blocks");
+  ApiError e = SubmitError(kv, r);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "n");  // the client sent no max_tokens: n is what it chose
+  EXPECT_NE(e.message.find("max_tokens was not given"), std::string::npos) << e.message;
+  r.max_tokens_given = true;
+  EXPECT_EQ(SubmitError(kv, r).param, "max_tokens");
+  EXPECT_EQ(SubmitError(FieldError("prompt", "too long", absl::StatusCode::kOutOfRange), r).param,
+            "messages");
+  EXPECT_EQ(SubmitError(absl::ResourceExhaustedError("queue full"), r).status, 429);
+  EXPECT_EQ(SubmitError(absl::UnavailableError("draining"), r).status, 503);
+  EXPECT_EQ(SubmitError(absl::FailedPreconditionError("engine failed"), r).status, 503);
+  EXPECT_EQ(SubmitError(absl::InternalError("?"), r).status, 500);
+}
+
+// max_tokens_given tells a default from the client's value.
+TEST(OpenAiApiTest, MaxTokensGivenIsRecorded) {
+  EXPECT_FALSE(Completions(R"({"prompt": "x"})").request->max_tokens_given);
+  EXPECT_TRUE(Completions(R"({"prompt": "x", "max_tokens": 3})").request->max_tokens_given);
+  EXPECT_TRUE(
+      Completions(R"({"prompt": "x", "max_completion_tokens": 3})").request->max_tokens_given);
 }
 
 TEST(OpenAiApiTest, CacheSaltIsValidatedAtTheEdge) {
@@ -250,18 +277,20 @@ TEST(OpenAiApiTest, ChatNeedsATemplateAndTextParts) {
       Endpoint::kChat, R"({"messages": [{"role": "user", "content": [{"type": 7, "text": "x"}]}]})",
       kModel, Tok(), &*tmpl);
   EXPECT_EQ(bad_type.error.status, 400);
-  EXPECT_NE(bad_type.error.message.find("only text content parts"), std::string::npos);
+  EXPECT_NE(bad_type.error.message.find("only text content is supported"), std::string::npos)
+      << bad_type.error.message;
   ParseOutcome no_text = ParseRequest(
       Endpoint::kChat, R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})", kModel,
       Tok(), &*tmpl);
-  EXPECT_EQ(no_text.error.message, "a text content part needs a string 'text'");
+  EXPECT_EQ(no_text.error.message, "field 'messages[0].content[0].text' must be a string");
   EXPECT_EQ(no_text.error.param, "messages");
   for (const char* body :
        {R"({"messages": [{"role": "user", "content": null}]})",
         R"({"messages": [{"role": "system"}, {"role": "user", "content": "x"}]})"}) {
     ParseOutcome no_content = ParseRequest(Endpoint::kChat, body, kModel, Tok(), &*tmpl);
     EXPECT_EQ(no_content.error.status, 400) << body;
-    EXPECT_NE(no_content.error.message.find("message needs 'content'"), std::string::npos)
+    EXPECT_NE(no_content.error.message.find("only assistant messages may omit it"),
+              std::string::npos)
         << no_content.error.message;
   }
   ParseOutcome assistant_null = ParseRequest(
@@ -272,10 +301,11 @@ TEST(OpenAiApiTest, ChatNeedsATemplateAndTextParts) {
   EXPECT_TRUE(assistant_null.request.has_value()) << assistant_null.error.message;
   ParseOutcome not_object =
       ParseRequest(Endpoint::kChat, R"({"messages": ["hi"]})", kModel, Tok(), &*tmpl);
-  EXPECT_EQ(not_object.error.message, "each message must be an object; got string");
+  EXPECT_EQ(not_object.error.message,
+            "field 'messages[0]' must be an object with 'role' and 'content', got string");
   ParseOutcome no_role =
       ParseRequest(Endpoint::kChat, R"({"messages": [{"content": "hi"}]})", kModel, Tok(), &*tmpl);
-  EXPECT_EQ(no_role.error.message, "each message needs a string 'role'");
+  EXPECT_EQ(no_role.error.message, "field 'messages[0].role' must be a string");
   ParseOutcome top_without = ParseRequest(
       Endpoint::kChat, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})",
       kModel, Tok(), &*tmpl);
@@ -319,6 +349,17 @@ TEST(OpenAiApiTest, SyntaxErrorsSayWhyAndWhere) {
       << o.error.message;
   EXPECT_NE(o.error.message.find("line 1, column 15"), std::string::npos) << o.error.message;
   EXPECT_NE(o.error.message.find("(byte 15)"), std::string::npos) << o.error.message;
+  // A number beyond double is the parser's out_of_range, not a syntax error: a
+  // 400 all the same (found by fuzz_openai: it used to escape as an exception).
+  ParseOutcome overflow = Completions(R"({"prompt": "x", "temperature": 1e309})");
+  ASSERT_FALSE(overflow.request.has_value());
+  EXPECT_EQ(overflow.error.status, 400);
+  EXPECT_NE(overflow.error.message.find("number overflow parsing '1e309'"), std::string::npos)
+      << overflow.error.message;
+  ApiError err;
+  err.status = 0;
+  EXPECT_EQ(DetokenizeResponse(R"({"tokens": [1e309]})", Tok(), &err), "");
+  EXPECT_EQ(err.status, 400);
   ParseOutcome array = Completions("[1]");
   EXPECT_EQ(array.error.message, "the request body must be one JSON object, got array");
 }
@@ -424,6 +465,61 @@ TEST(OpenAiFuzzCorpusTest, SeedCorpusHoldsTheInvariants) {
     ++files;
   }
   EXPECT_GE(files, 10);
+}
+
+// The drift table of issue 31, closed: what one front end accepts the other
+// accepts (chat messages, seed, stop limits), since both read these fields
+// through the same rules (chat_messages.h, request_fields.h,
+// SamplingParams::Validate). Each row goes through the OpenAI chat endpoint
+// and protocol v1 and must get the same verdict.
+TEST(FrontEndAgreementTest, HttpAndZeroMqAcceptAndRefuseAlike) {
+  auto tmpl = ChatTemplate::Create(Tok().spec().chat_template, Tok().BosText(), Tok().EosText());
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  const std::string user = R"([{"role": "user", "content": "hi"}])";
+  auto stop_of = [](size_t bytes) { return R"(, "stop": ")" + std::string(bytes, 'x') + R"(")"; };
+  const std::string seventeen_stops =
+      R"(, "stop": ["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"])";
+  const std::vector<std::pair<std::string, bool>> rows = {
+      {R"("messages": [{"role": "developer", "content": "Be brief."},
+                       {"role": "user", "content": "hi"}])",
+       true},
+      {R"("messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}])",
+       true},
+      {R"("messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                     {"type": "text", "text": "b"}]}])",
+       true},
+      {R"("messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null},
+                       {"role": "user", "content": "again"}])",
+       true},
+      {R"("messages": [{"role": "wizard", "content": "x"}])", false},
+      {R"("messages": [{"role": "user", "content": [{"type": "image_url"}]}])", false},
+      {R"("messages": [{"role": "user"}])", false},
+      {R"("messages": [])", false},
+      {R"("messages": )" + user + R"(, "seed": -1)", true},
+      {R"("messages": )" + user + R"(, "seed": -7)", true},
+      {R"("messages": )" + user + R"(, "seed": 18446744073709551615)", true},
+      {R"("messages": )" + user + R"(, "seed": 1.5)", false},
+      {R"("messages": )" + user + stop_of(257), false},
+      {R"("messages": )" + user + stop_of(256), true},
+      {R"("messages": )" + user + seventeen_stops, false},
+  };
+  for (const auto& [fields, ok] : rows) {
+    ParseOutcome http = ParseRequest(Endpoint::kChat, "{" + fields + "}", kModel, Tok(), &*tmpl);
+    protocol::ParseResult zmq =
+        protocol::ParseRequest(R"({"version": 1, "type": "generate", "id": "a", )" + fields + "}");
+    EXPECT_EQ(http.request.has_value(), ok) << fields << "\nHTTP: " << http.error.message;
+    EXPECT_EQ(zmq.ok(), ok) << fields << "\nZeroMQ: " << zmq.error.message;
+  }
+  // -1 is no seed on both; other negatives wrap (OpenAI takes any integer).
+  ParseOutcome none = ParseRequest(Endpoint::kChat, R"({"messages": )" + user + R"(, "seed": -1})",
+                                   kModel, Tok(), &*tmpl);
+  ASSERT_TRUE(none.request.has_value());
+  EXPECT_FALSE(none.request->params.seed.has_value());
+  protocol::ParseResult wrapped = protocol::ParseRequest(
+      R"({"version": 1, "type": "generate", "id": "a", "prompt": "x", "seed": -7})");
+  ASSERT_TRUE(wrapped.ok()) << wrapped.error.message;
+  EXPECT_EQ(std::get<protocol::GenerateRequest>(*wrapped.request).sampling.seed,
+            std::optional<uint64_t>(static_cast<uint64_t>(-7)));
 }
 
 TEST(BearerTokenTest, TheSchemeIsCaseInsensitive) {

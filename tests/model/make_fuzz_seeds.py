@@ -165,6 +165,19 @@ def gguf_seeds():
         mat("blk.0.ffn_down.weight", 32, 32, "Q4_0"),
     ]
     write("gguf", "seed-llama-gpt2.gguf", gguf(llama_kvs() + gpt2_tokenizer_kvs(), tensors))
+    # The same as a Llama 3.x file: llama.cpp's per-frequency RoPE factors
+    # (rope_freqs.weight, head_size / 2 floats) as convert_hf_to_gguf.py writes them.
+    freqs = ("rope_freqs.weight", [8], "F32", struct.pack("<8f", 1, 1, 1.5, 2.5, 4, 8, 8, 8))
+    write("gguf", "seed-llama3-rope-freqs.gguf",
+          gguf(llama_kvs() + gpt2_tokenizer_kvs(), [freqs] + tensors))
+    # The same as a Qwen3 file: per-head q/k RMSNorm weights (head_size 16 each),
+    # head size given by key_length.
+    half = struct.pack("<16f", *[0.5 + i / 16 for i in range(16)])
+    qk_norms = [("blk.0.attn_q_norm.weight", [16], "F32", half),
+                ("blk.0.attn_k_norm.weight", [16], "F32", half)]
+    write("gguf", "seed-qwen3-qk-norm.gguf",
+          gguf(llama_kvs("qwen3") + [("qwen3.attention.key_length", U32, 16)] +
+               gpt2_tokenizer_kvs(), tensors + qk_norms))
     # Qwen2 with linear rope scaling, a SentencePiece vocabulary, alignment 64, v2.
     kvs = llama_kvs("qwen2") + [
         ("qwen2.rope.scaling.type", STR, "linear"),
@@ -240,6 +253,9 @@ def config_seeds():
     qwen = dict(base, architectures=["Qwen2ForCausalLM"], rope_scaling=None, eos_token_id=2,
                 head_dim=16, attention_bias=True)
     write("hf_config", "seed-qwen2.json", json.dumps(qwen).encode())
+    qwen3 = dict(base, architectures=["Qwen3ForCausalLM"], rope_scaling=None, eos_token_id=2,
+                 head_dim=32, attention_bias=False)
+    write("hf_config", "seed-qwen3.json", json.dumps(qwen3).encode())
     mistral = dict(base, architectures=["MistralForCausalLM"],
                    rope_scaling={"type": "linear", "factor": 2.0}, tie_word_embeddings=False)
     del mistral["num_key_value_heads"]

@@ -13,7 +13,10 @@
 #include <fcntl.h>
 #include <chrono>
 #include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "gtest/gtest.h"
 #include "monitoring/metrics.h"
@@ -209,6 +212,39 @@ TEST_F(PrometheusServerTest, EveryDashboardExpressionEvaluates) {
     }
   }
   EXPECT_GE(checked, 20);
+}
+
+TEST_F(PrometheusServerTest, EveryVllmDashboardQueryEvaluates) {
+  // vLLM's example dashboard's queries (tests/monitoring/vllm_dashboard_queries.txt,
+  // also checked lexically by vllm_dashboard_test) on the real PromQL engine.
+  ASSERT_TRUE(WaitForValue("count_over_time(up{job=\"pagedserve\"}[1m]) >= bool 3", 1)) << Log();
+  const std::string model = testing::TestOptions().model_name;
+  std::istringstream in(
+      testing::ReadFile(testing::SourceDir() + "/tests/monitoring/vllm_dashboard_queries.txt"));
+  int checked = 0;
+  for (std::string expr; std::getline(in, expr);) {
+    if (expr.empty() || expr[0] == '#') continue;
+    if (expr.rfind("variable: ", 0) == 0) {  // label_values({__name__=~"vllm:.*"},model_name)
+      auto r =
+          testing::HttpGet(prometheus_port_, "/api/v1/label/model_name/values?match[]=" +
+                                                 testing::UrlEncode("{__name__=~\"vllm:.*\"}"));
+      EXPECT_EQ(r.status, 200) << r.body;
+      EXPECT_NE(r.body.find("\"" + model + "\""), std::string::npos) << r.body;
+      ++checked;
+      continue;
+    }
+    for (auto [var, value] :
+         {std::pair<std::string, std::string>{"$__rate_interval", "1m"}, {"$model_name", model}}) {
+      for (size_t at; (at = expr.find(var)) != std::string::npos;)
+        expr.replace(at, var.size(), value);
+    }
+    std::string error;
+    json result = Query(expr, &error);
+    EXPECT_TRUE(result.is_array()) << expr << "\n" << error;
+    EXPECT_FALSE(result.is_array() && result.empty()) << "no series for " << expr;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 28);
 }
 
 }  // namespace

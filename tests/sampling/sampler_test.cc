@@ -1,12 +1,14 @@
 // Sampler tests against a naive double-precision reference written from the
 // published definitions (HF transformers' logits warpers, OpenAI's penalty formula).
 #include "runtime/sampling/sampler.h"
+#include "runtime/common/field_error.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -264,15 +266,65 @@ TEST(SamplerTest, PenaltiesFollowTheFormula) {
   EXPECT_EQ(greedy->token_ids, std::vector<int32_t>{3});
 }
 
+// Penalties at the edge of float range: results are clamped to +-FLT_MAX
+// (sampler.cc ApplyPenalties), so the distribution stays finite and the token
+// is the one the clamped formula names.
 TEST(SamplerTest, HugePenaltiesStayFinite) {
-  const std::vector<float> logits = {3e38f, -3e38f, 1.0f};
-  const std::vector<int32_t> history = {0, 1, 2};
-  SamplingParams p;
-  p.repetition_penalty = 1e-30f;  // divides positives -> would overflow
+  constexpr float kMax = std::numeric_limits<float>::max();
   Sampler sampler(3);
-  auto got = sampler.Sample(logits, std::vector<SamplerRow>{MakeRow(&p, history, 3)});
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_GE((*got)[0].token_id, 0);
+  SamplingParams p;
+  p.logprobs = 2;
+  {
+    // Repetition penalty 1e-30 divides the positives: 3e38 -> +inf -> FLT_MAX,
+    // 1 -> 1e30; -3e38 * 1e-30 = -3e8. Token 0 keeps the whole mass.
+    const std::vector<float> logits = {3e38f, -3e38f, 1.0f};
+    const std::vector<int32_t> history = {0, 1, 2};
+    p.repetition_penalty = 1e-30f;
+    auto dist = sampler.Process(logits, MakeRow(&p, history, 3));
+    ASSERT_TRUE(dist.ok()) << dist.status();
+    ASSERT_FALSE(dist->token_ids.empty());
+    EXPECT_EQ(dist->token_ids[0], 0);
+    EXPECT_EQ(dist->probs[0], 1.0);
+    for (double q : dist->probs) EXPECT_TRUE(std::isfinite(q) && q >= 0.0 && q <= 1.0) << q;
+    auto got = sampler.Sample(logits, std::vector<SamplerRow>{MakeRow(&p, history, 3)});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ((*got)[0].token_id, 0);
+    // Logprobs are of the raw logits: token 0 holds all the mass, log 1 = 0.
+    EXPECT_EQ((*got)[0].logprob, 0.0f);
+    ASSERT_EQ((*got)[0].top_token_ids, (std::vector<int32_t>{0, 2}));
+    EXPECT_EQ((*got)[0].top_logprobs[0], 0.0f);
+    EXPECT_TRUE(std::isfinite((*got)[0].top_logprobs[1]));  // 1 - 3e38
+    EXPECT_LE((*got)[0].top_logprobs[1], -kMax / 2);
+  }
+  {
+    // Repetition penalty 1e30 over tokens 0 and 1: 3e38 / 1e30 = 3e8 and
+    // -3e38 * 1e30 = -inf -> -FLT_MAX; token 2 (5e8, not in the history) wins.
+    const std::vector<float> logits = {3e38f, -3e38f, 5e8f};
+    const std::vector<int32_t> history = {0, 1};
+    p.repetition_penalty = 1e30f;
+    for (float temperature : {0.0f, 1.0f}) {
+      p.temperature = temperature;
+      auto dist = sampler.Process(logits, MakeRow(&p, history, 2));
+      ASSERT_TRUE(dist.ok()) << dist.status();
+      ASSERT_FALSE(dist->token_ids.empty());
+      EXPECT_EQ(dist->token_ids[0], 2) << "T=" << temperature;
+      EXPECT_EQ(dist->probs[0], 1.0);
+      for (double q : dist->probs) EXPECT_TRUE(std::isfinite(q)) << q;
+      auto got = sampler.Sample(logits, std::vector<SamplerRow>{MakeRow(&p, history, 2)});
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ((*got)[0].token_id, 2) << "T=" << temperature;
+      // Raw logprob of token 2: 5e8 - 3e38, finite.
+      EXPECT_TRUE(std::isfinite((*got)[0].logprob)) << (*got)[0].logprob;
+      EXPECT_LT((*got)[0].logprob, -1e38f);
+      // Negative control: without the penalty the same row picks token 0, so the
+      // assertion above is decided by the (clamped) penalty.
+      SamplingParams off = p;
+      off.repetition_penalty = 1.0f;
+      auto plain = sampler.Sample(logits, std::vector<SamplerRow>{MakeRow(&off, history, 2)});
+      ASSERT_TRUE(plain.ok()) << plain.status();
+      EXPECT_EQ((*plain)[0].token_id, 0);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -440,6 +492,10 @@ void ExpectInvalid(const SamplingParams& p, const std::string& needle) {
   absl::Status s = p.Validate();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << needle;
   EXPECT_NE(s.message().find(needle), std::string::npos) << "got: " << s.message();
+  // Typed: the status names its field (field_error.h), which the message names too.
+  const std::string field = FieldOf(s);
+  EXPECT_FALSE(field.empty()) << s;
+  EXPECT_EQ(s.message().rfind(field, 0), 0u) << "field '" << field << "': " << s.message();
 }
 
 TEST(SamplingParamsTest, ValidationNamesFieldAndValue) {
@@ -488,6 +544,16 @@ TEST(SamplingParamsTest, ValidationNamesFieldAndValue) {
   p = {};
   p.stop = {"ok", ""};
   ExpectInvalid(p, "stop[1] must be a non-empty string");
+  // The bounds every front end shares (stop matching runs per output token).
+  p = {};
+  p.stop = std::vector<std::string>(SamplingParams::kMaxStopStrings + 1, "x");
+  ExpectInvalid(p, "stop has 17 strings, the limit is 16");
+  p.stop.resize(SamplingParams::kMaxStopStrings);
+  EXPECT_TRUE(p.Validate().ok());
+  p.stop = {std::string(SamplingParams::kMaxStopStringBytes + 1, 'x')};
+  ExpectInvalid(p, "stop[0] is longer than 256 bytes");
+  p.stop[0].pop_back();
+  EXPECT_TRUE(p.Validate().ok());
   p = {};
   p.stop_token_ids = {-4};
   ExpectInvalid(p, "stop_token_ids[0] must be >= 0, got -4");

@@ -1,6 +1,7 @@
 // Runs the CUDA backend's small model kernels (runtime/worker/cuda/
 // model_kernels.cuh: embedding gather from fp32 and 16-bit tables, fused
-// residual add + RMSNorm and SiLU-and-mul with fp32 and 16-bit outputs,
+// residual add + RMSNorm (also as the per-head q/k norm of Qwen3) and
+// SiLU-and-mul with fp32 and 16-bit outputs,
 // RoPE, bias add, the fp32 <-> fp16 /
 // bf16 conversions of GEMM and attention operands, SiLU-and-mul over a
 // stacked gate/up GEMM output, the greedy argmax of logits rows, RoPE fused
@@ -39,6 +40,7 @@ using namespace ::pagedserve::kernels::cuda;  // NOLINT
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -650,6 +652,53 @@ TEST(CudaModelEmulationTest, AddRmsNormMatchesCpu) {
         RunAddRmsNorm<kThreads, true>(c, 5, dim, rng, &out_bad, &res_bad);
         EXPECT_GT(out_bad, 0) << "negative control passed the check";
       }
+    }
+  }
+}
+
+// ---- Per-head q/k RMSNorm (Qwen3) --------------------------------------------
+
+// The CUDA backend's HeadRmsNorm runs the add + norm body over the n * heads
+// rows of head_size (no add, no write-back) into fp32 scratch and copies it
+// back: the same values as cpu_ops::HeadRmsNorm in place. Broken: the body over
+// whole token rows (one norm across all heads, as a plain RMSNorm would).
+TEST(CudaModelEmulationTest, HeadRmsNormMatchesCpu) {
+  std::mt19937 rng(12);
+  const double eps = 1e-6;
+  for (const auto& shape :
+       {std::tuple{3, 4, 128}, std::tuple{5, 2, 64}, std::tuple{1, 7, 96}, std::tuple{2, 3, 256}}) {
+    // Plain variables, not structured bindings: the lambdas below capture them
+    // (clang 14, which scripts/lint runs, cannot capture a binding).
+    const int n = std::get<0>(shape), heads = std::get<1>(shape), head_size = std::get<2>(shape);
+    SCOPED_TRACE(::testing::Message() << n << " tokens, " << heads << " heads of " << head_size);
+    // Heads of different scales, so that one norm over the row differs from per-head ones.
+    std::vector<float> x0 = Random(static_cast<size_t>(n) * heads * head_size, rng);
+    for (size_t i = 0; i < x0.size(); ++i) x0[i] *= 1.0f + static_cast<float>((i / head_size) % 3);
+    const std::vector<float> weight = Random(head_size, rng, 0.5f, 1.5f);
+    std::vector<float> want = x0;
+    cpu_ops::HeadRmsNorm(want.data(), static_cast<int64_t>(n) * heads, head_size, weight.data(),
+                         eps);
+    ForEachPack([&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      std::vector<float> x = x0, got(x0.size(), NAN);
+      kc::EmuLaunch(dim3(n * heads), dim3(kThreads), 0, [&] {
+        AddRmsNormBody<kThreads, float, float, V>(x.data(), static_cast<const float*>(nullptr),
+                                                  nullptr, weight.data(), head_size, eps,
+                                                  got.data());
+      });
+      EXPECT_EQ(Mismatches(got, want, kRel, kAbs), 0);
+      EXPECT_EQ(Mismatches(x, x0, 0, 0), 0) << "the input was written";
+    });
+    if (heads > 1) {
+      std::vector<float> row_weight(static_cast<size_t>(heads) * head_size);
+      for (size_t i = 0; i < row_weight.size(); ++i) row_weight[i] = weight[i % head_size];
+      std::vector<float> x = x0, broken(x0.size(), NAN);
+      kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+        AddRmsNormBody<kThreads, float, float, 1>(x.data(), static_cast<const float*>(nullptr),
+                                                  nullptr, row_weight.data(), heads * head_size,
+                                                  eps, broken.data());
+      });
+      EXPECT_GT(Mismatches(broken, want, kRel, kAbs), 0) << "negative control passed the check";
     }
   }
 }

@@ -370,6 +370,22 @@ TEST_F(CudaWorkerModelTest, BiasedQkvLogitsMatchCpuModel) {
   CompareLogits(model, prompts, WeightDType::kBFloat16, kernels::DType::kBFloat16);
 }
 
+// Qwen3's per-head q/k RMSNorm (HeadRmsNorm: the add + norm kernel over head
+// rows, then the separate RoPE and cache-write path) on the tiny random
+// qwen3_qk_norm model (head_dim 128; PAGEDSERVE_QWEN3_MODEL and
+// PAGEDSERVE_QWEN3_REFERENCE) against the CPU model, in fp32 and bf16.
+TEST_F(CudaWorkerModelTest, QkNormLogitsMatchCpuModel) {
+  // Set by CTest; missing is a setup error, not a skip.
+  const std::string model = Env("PAGEDSERVE_QWEN3_MODEL");
+  const std::string reference = Env("PAGEDSERVE_QWEN3_REFERENCE");
+  ASSERT_FALSE(model.empty()) << "PAGEDSERVE_QWEN3_MODEL is not set";
+  ASSERT_FALSE(reference.empty()) << "PAGEDSERVE_QWEN3_REFERENCE is not set";
+  const auto prompts = testing::LoadReference(reference);
+  ASSERT_FALSE(prompts.empty());
+  CompareLogits(model, prompts, WeightDType::kFloat32, kernels::DType::kFloat32);
+  CompareLogits(model, prompts, WeightDType::kBFloat16, kernels::DType::kBFloat16);
+}
+
 // fp8 KV caches (scales 1.0) under fp32 and bf16 weights.
 TEST_F(CudaWorkerModelTest, Fp8KvLogitsMatchCpuModel) {
   CompareLogits(model_path_, prompts_, WeightDType::kFloat32, kernels::DType::kFloat8E4M3);

@@ -8,10 +8,15 @@
 // against numpy, also for a forked sibling and a recomputed sequence.
 //
 // The tiny feature models of tests/fixtures/make_random_variant.py (qwen2_bias:
-// Qwen2's Q/K/V biases; rope_linear and rope_llama3: rope_scaling) run the same
-// checks, plus the FeatureControl* tests: the rotary frequencies equal the ones
-// transformers built, and the model with the feature removed (biases zeroed,
-// rope_scaling replaced) fails the logit bound by orders of magnitude.
+// Qwen2's Q/K/V biases; rope_linear and rope_llama3: rope_scaling;
+// qwen3_qk_norm: Qwen3's per-head q/k RMSNorm, head_dim 128 != hidden / heads)
+// run the same checks, plus the FeatureControl* tests: the config and weights
+// are what transformers built (rotary frequencies, biases, q/k norms), and the
+// model with the feature removed (biases zeroed, rope_scaling replaced, q/k
+// norms dropped or unweighted) fails the logit bound by orders of magnitude. So does
+// rope_llama3 converted to GGUF by llama.cpp's convert_hf_to_gguf.py
+// (tests/fixtures/make_converted_gguf.py: rope_freqs.weight instead of
+// rope_scaling; controls: the factors ignored, or multiplying).
 //
 // Model under test: PAGEDSERVE_TEST_MODEL (a .gguf or HF directory) with its
 // fixture PAGEDSERVE_TEST_REFERENCE (relative to the source dir). These are
@@ -62,11 +67,13 @@ std::string Env(const char* name) {
 //
 // The feature models (2 layers, hidden 256, vocab 600, logits ~2, prompts of
 // 5..1016 tokens; every step's full vector is committed), measured the same
-// way: 3.5e-6 (qwen2_bias), 3.4e-6 (rope_linear), 3.7e-6 (rope_llama3), alone
-// and batched. Bound 1e-4 for all three, ~30x the noise; their smallest greedy
-// margins are 3.0e-3, 1.3e-3 and 4.0e-3. With the feature removed the same
-// comparison is off by 0.02 (K bias alone) to 2.2 (see
-// FeatureControlWithoutTheFeatureFailsTheBound).
+// way: 3.5e-6 (qwen2_bias), 3.4e-6 (rope_linear), 3.7e-6 (rope_llama3), 5.4e-6
+// (qwen3_qk_norm), alone and batched; from llama.cpp's GGUF conversions 3.2e-6
+// (rope_llama3) and 5.4e-6 (qwen3_qk_norm). Bound 1e-4 for all, ~20x the
+// noise; their smallest greedy margins are 3.0e-3, 1.3e-3, 4.0e-3 and 2.9e-3.
+// With the feature removed the same comparison is off by 0.02 (K bias alone)
+// to 2.2 (see FeatureControlWithoutTheFeatureFailsTheBound; rope_freqs.weight
+// ignored: 0.55, q/k norms dropped: 1.7, k norm weight ignored: 0.70).
 struct LogitBounds {
   double abs;        // |logit - reference| (top-64, full vectors)
   double logsumexp;  // |logsumexp - reference| and mean / std of the vector
@@ -74,7 +81,8 @@ struct LogitBounds {
 LogitBounds BoundsFor(const std::string& model_name) {
   if (model_name == "random_llama") return {1e-4, 1e-4};
   if (model_name == "SmolLM2-135M-Instruct") return {5e-4, 5e-4};
-  if (model_name == "qwen2_bias" || model_name == "rope_linear" || model_name == "rope_llama3")
+  if (model_name == "qwen2_bias" || model_name == "rope_linear" || model_name == "rope_llama3" ||
+      model_name == "qwen3_qk_norm")
     return {1e-4, 1e-4};
   ADD_FAILURE() << "no logit bounds measured for model " << model_name;
   return {0.0, 0.0};
@@ -104,6 +112,10 @@ class LlamaReferenceTest : public ::testing::Test {
 std::string LlamaReferenceTest::model_path_;
 std::string LlamaReferenceTest::model_name_;
 std::vector<ReferencePrompt> LlamaReferenceTest::reference_;
+
+bool IsGguf(const std::string& path) {
+  return path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0;
+}
 
 // A step plan that runs `tokens` for sequence `id` whose blocks are the
 // contiguous range starting at `first_block` (the test does its own placement).
@@ -535,9 +547,36 @@ TEST_F(LlamaReferenceTest, FeatureControlConfigMatchesTransformers) {
     }
     return;
   }
+  if (model_name_ == "qwen3_qk_norm") {
+    const nlohmann::json& tq = info.at("transformers_qk_norm");
+    EXPECT_EQ(c.arch, ModelArch::kQwen3);
+    EXPECT_TRUE(c.qk_norm);
+    EXPECT_FALSE(c.qkv_bias);
+    EXPECT_EQ(c.head_size, tq.at("head_dim").get<int>());  // explicit: not hidden / heads
+    EXPECT_NE(c.head_size, c.hidden_size / c.num_heads);
+    // (a GGUF holds eps as float32)
+    EXPECT_FLOAT_EQ(static_cast<float>(c.rms_norm_eps), tq.at("eps").get<float>());
+    EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kNone);
+    ASSERT_EQ(weights->layers.size(), 2u);
+    for (const LayerWeights& l : weights->layers) {
+      EXPECT_EQ(l.q_norm.size(), static_cast<size_t>(c.head_size));
+      EXPECT_EQ(l.k_norm.size(), static_cast<size_t>(c.head_size));
+      EXPECT_TRUE(l.q_bias.empty());
+    }
+    return;
+  }
   ASSERT_TRUE(model_name_ == "rope_linear" || model_name_ == "rope_llama3") << model_name_;
-  EXPECT_EQ(c.rope_scaling.type,
-            model_name_ == "rope_linear" ? RopeScaling::Type::kLinear : RopeScaling::Type::kLlama3);
+  if (IsGguf(model_path_)) {
+    // llama.cpp's converter turns llama3 scaling into rope_freqs.weight and
+    // writes no rope.scaling.type.
+    ASSERT_EQ(model_name_, "rope_llama3");
+    EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kNone);
+    EXPECT_EQ(c.rope_scaling.freq_factors.size(), static_cast<size_t>(c.head_size / 2));
+  } else {
+    EXPECT_EQ(c.rope_scaling.type, model_name_ == "rope_linear" ? RopeScaling::Type::kLinear
+                                                                : RopeScaling::Type::kLlama3);
+    EXPECT_TRUE(c.rope_scaling.freq_factors.empty());
+  }
   const auto want = info.at("transformers_rope").at("inv_freq").get<std::vector<double>>();
   EXPECT_EQ(info.at("transformers_rope").at("attention_scaling").get<double>(), 1.0);
   const std::vector<double> got = RopeInverseFrequencies(c);
@@ -577,6 +616,23 @@ TEST_F(LlamaReferenceTest, FeatureControlWithoutTheFeatureFailsTheBound) {
     broken.push_back({"K bias zeroed", [](LlamaWeights* w) {
                         for (LayerWeights& l : w->layers)
                           std::fill(l.k_bias.begin(), l.k_bias.end(), 0.0f);
+                      }});
+  } else if (model_name_ == "qwen3_qk_norm") {
+    broken.push_back({"q/k norms dropped", [](LlamaWeights* w) { w->config.qk_norm = false; }});
+    broken.push_back({"q/k norm weights ignored (all 1)", [](LlamaWeights* w) {
+                        for (LayerWeights& l : w->layers)
+                          for (auto* n : {&l.q_norm, &l.k_norm})
+                            std::fill(n->begin(), n->end(), 1.0f);
+                      }});
+    broken.push_back({"k norm weight ignored (all 1)", [](LlamaWeights* w) {
+                        for (LayerWeights& l : w->layers)
+                          std::fill(l.k_norm.begin(), l.k_norm.end(), 1.0f);
+                      }});
+  } else if (model_name_ == "rope_llama3" && IsGguf(model_path_)) {
+    broken.push_back({"rope_freqs.weight ignored",
+                      [](LlamaWeights* w) { w->config.rope_scaling.freq_factors.clear(); }});
+    broken.push_back({"rope_freqs.weight multiplying instead of dividing", [](LlamaWeights* w) {
+                        for (float& f : w->config.rope_scaling.freq_factors) f = 1.0f / f;
                       }});
   } else if (model_name_ == "rope_linear" || model_name_ == "rope_llama3") {
     broken.push_back(

@@ -260,6 +260,10 @@ class CudaBackend final : public ModelBackend {
       if (!src.v_bias.empty()) {
         PS_ASSIGN_OR_RETURN(d.v_bias, UploadVector(src.v_bias, p + "v_bias"));
       }
+      if (!src.q_norm.empty()) {
+        PS_ASSIGN_OR_RETURN(d.q_norm, UploadVector(src.q_norm, p + "q_norm"));
+        PS_ASSIGN_OR_RETURN(d.k_norm, UploadVector(src.k_norm, p + "k_norm"));
+      }
       PS_ASSIGN_OR_RETURN(d.o_proj, UploadMatrix(src.o_proj, p + "o_proj"));
       PS_ASSIGN_OR_RETURN(d.post_attention_layernorm, UploadVector(src.post_attention_layernorm,
                                                                    p + "post_attention_layernorm"));
@@ -511,6 +515,29 @@ class CudaBackend final : public ModelBackend {
                                      logits_rows ? In<int32_t>(kLogitsRows) : nullptr, weight.data,
                                      static_cast<int>(n), dim, eps, out.data, gemm_elem_, stream_),
         "add_rms_norm launch");
+  }
+
+  // The fused add + norm kernel over the n * heads rows of head_size (no
+  // add, no write-back) into fp32 scratch (reserved at BeginStep), copied
+  // back over x.
+  absl::Status HeadRmsNorm(float* x, int64_t n, int heads, int head_size,
+                           const BackendVector& weight, double eps) override {
+    if (weight.size != head_size)
+      return absl::InvalidArgumentError(absl::StrCat("HeadRmsNorm: weight of ", weight.size,
+                                                     " values for head_size ", head_size));
+    const int64_t rows = n * heads;
+    const size_t bytes = static_cast<size_t>(rows * head_size) * sizeof(float);
+    if (rows <= 0) return absl::OkStatus();
+    if (head_norm_.bytes() < bytes)
+      return absl::InternalError("HeadRmsNorm: q/k norm scratch not reserved for this step");
+    PS_RETURN_IF_ERROR(
+        CudaStatus(cuda_model::LaunchAddRmsNorm(x, nullptr, Elem::kF32, nullptr, weight.data,
+                                                static_cast<int>(rows), head_size, eps,
+                                                head_norm_.get(), Elem::kF32, stream_),
+                   "q/k norm launch"));
+    return CudaStatus(
+        cudaMemcpyAsync(x, head_norm_.get(), bytes, cudaMemcpyDeviceToDevice, stream_),
+        "q/k norm copy");
   }
 
   absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size,
@@ -1060,6 +1087,9 @@ class CudaBackend final : public ModelBackend {
         PS_RETURN_IF_ERROR(attn_out_.Reserve(bytes(n * q_dim, cuda_model::ElemBytes(io)),
                                              "attention output allocation"));
     }
+    if (config_.qk_norm && n > 0)
+      PS_RETURN_IF_ERROR(head_norm_.Reserve(bytes(n * std::max(q_dim, kv_dim), sizeof(float)),
+                                            "q/k norm scratch allocation"));
     PS_RETURN_IF_ERROR(logits_.Reserve(bytes(r * vocab, sizeof(float)), "logits allocation"));
     PS_RETURN_IF_ERROR(
         pinned_logits_.Reserve(bytes(r * vocab, sizeof(float)), "pinned logits allocation"));
@@ -1393,7 +1423,7 @@ class CudaBackend final : public ModelBackend {
     std::vector<DeviceBuffer*> v;
     for (DeviceBuffer& b : buffers_) v.push_back(&b);
     for (DeviceBuffer* b : {&inputs_, &workspace_, &gemm_input_, &attn_q_, &attn_k_, &attn_v_,
-                            &attn_out_, &fused_out_, &block_tables_})
+                            &attn_out_, &fused_out_, &head_norm_, &block_tables_})
       v.push_back(b);
     return v;
   }
@@ -1590,6 +1620,7 @@ class CudaBackend final : public ModelBackend {
   DeviceBuffer inputs_, workspace_, logits_;
   // 16-bit copies of activations: the GEMM input, attention operands.
   DeviceBuffer gemm_input_, attn_q_, attn_k_, attn_v_, attn_out_, fused_out_;
+  DeviceBuffer head_norm_;           // HeadRmsNorm's fp32 output before the copy back
   DeviceBuffer argmax_, sample_in_;  // LmHeadSample's ids and sampling inputs
   PinnedBuffer host_inputs_, pinned_logits_, pinned_argmax_, pinned_sample_in_;
   DeviceBuffer cublas_workspace_;

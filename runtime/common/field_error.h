@@ -1,0 +1,34 @@
+// Errors about one field of a request, typed: an absl::Status whose payload
+// names the field, so that every front end reports it (OpenAI's error `param`,
+// the request log) without parsing message text.
+//
+// Field names are the engine's: those of SamplingParams (n, max_tokens,
+// temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty,
+// frequency_penalty, logprobs, stop, stop_token_ids, best_of, length_penalty,
+// early_stopping, use_beam_search), "prompt" (the prompt's token ids, length
+// and admission) and "cache_salt". A front end maps them to its own names
+// (e.g. the OpenAI chat endpoint reports "prompt" as "messages").
+#ifndef PAGEDSERVE_RUNTIME_COMMON_FIELD_ERROR_H_
+#define PAGEDSERVE_RUNTIME_COMMON_FIELD_ERROR_H_
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace pagedserve {
+
+// The payload's type URL (absl::Status::SetPayload); its value is the field name.
+inline constexpr std::string_view kFieldPayloadUrl = "type.pagedserve.dev/field";
+
+// An InvalidArgument (or `code`) status with `message`, naming `field`.
+absl::Status FieldError(absl::string_view field, absl::string_view message,
+                        absl::StatusCode code = absl::StatusCode::kInvalidArgument);
+
+// The field a status names; "" when it names none (also for OK).
+std::string FieldOf(const absl::Status& status);
+
+}  // namespace pagedserve
+
+#endif  // PAGEDSERVE_RUNTIME_COMMON_FIELD_ERROR_H_
