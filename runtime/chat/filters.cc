@@ -27,8 +27,8 @@ struct Filter {
   FilterFn fn;
 };
 
-absl::Status ArgumentError(std::string message) {
-  return absl::InvalidArgumentError(std::move(message));
+absl::Status ArgumentError(const std::string& message) {
+  return absl::InvalidArgumentError(message);
 }
 
 absl::StatusOr<Value> Text(Interpreter& in, std::string s, bool markup = false) {

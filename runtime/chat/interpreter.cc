@@ -174,7 +174,7 @@ absl::StatusOr<Value> Interpreter::CallValue(const Value& callee, CallArgs args)
 }
 
 absl::StatusOr<Value> Interpreter::ApplyFilter(std::string_view name, const Value& operand,
-                                               CallArgs args) {
+                                               const CallArgs& args) {
   if (!IsKnownFilter(name)) return absl::InvalidArgumentError(Cat("No filter named '", name, "'."));
   PS_ASSIGN_OR_RETURN(Value result, ApplyBuiltinFilter(*this, name, operand, args));
   PS_RETURN_IF_ERROR(CheckDepth(result));
@@ -182,7 +182,7 @@ absl::StatusOr<Value> Interpreter::ApplyFilter(std::string_view name, const Valu
 }
 
 absl::StatusOr<bool> Interpreter::ApplyTest(std::string_view name, const Value& operand,
-                                            CallArgs args) {
+                                            const CallArgs& args) {
   if (!IsKnownTest(name)) return absl::InvalidArgumentError(Cat("No test named '", name, "'."));
   return ApplyBuiltinTest(*this, name, operand, args);
 }
@@ -648,13 +648,13 @@ absl::StatusOr<Value> Interpreter::EvalFilter(const FilterExpr& e, const Value* 
     PS_ASSIGN_OR_RETURN(operand, Eval(*e.operand));
   }
   PS_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e.args));
-  return ApplyFilter(e.name, operand, std::move(args));
+  return ApplyFilter(e.name, operand, args);
 }
 
 absl::StatusOr<Value> Interpreter::EvalTest(const FilterExpr& e) {
   PS_ASSIGN_OR_RETURN(Value operand, Eval(*e.operand));
   PS_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e.args));
-  PS_ASSIGN_OR_RETURN(bool result, ApplyTest(e.name, operand, std::move(args)));
+  PS_ASSIGN_OR_RETURN(bool result, ApplyTest(e.name, operand, args));
   return Value(result);
 }
 

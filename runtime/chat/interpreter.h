@@ -65,8 +65,9 @@ class Interpreter {
   // ---- services for filters, tests, methods and globals
 
   absl::StatusOr<Value> CallValue(const Value& callee, CallArgs args);
-  absl::StatusOr<Value> ApplyFilter(std::string_view name, const Value& operand, CallArgs args);
-  absl::StatusOr<bool> ApplyTest(std::string_view name, const Value& operand, CallArgs args);
+  absl::StatusOr<Value> ApplyFilter(std::string_view name, const Value& operand,
+                                    const CallArgs& args);
+  absl::StatusOr<bool> ApplyTest(std::string_view name, const Value& operand, const CallArgs& args);
   // Counts `n` loop iterations (or list items built) against max_loop_iterations.
   absl::Status CountIterations(int64_t n);
   // Counts a string of `bytes` being built: refused past max_output_bytes for

@@ -15,9 +15,7 @@
 namespace pagedserve::chat {
 namespace {
 
-absl::Status TypeError(std::string message) {
-  return absl::InvalidArgumentError(std::move(message));
-}
+absl::Status TypeError(const std::string& message) { return absl::InvalidArgumentError(message); }
 
 absl::Status Unsupported(std::string_view op, const Value& a, const Value& b) {
   return TypeError(Cat("unsupported operand type(s) for ", op, ": '", a.TypeName(), "' and '",

@@ -405,7 +405,7 @@ class Parser {
     const int saved_loop_depth = loop_depth_;
     loop_depth_ = 0;
     names_used_.emplace_back();
-    const absl::Status status = ParseStatements(end, true, body);
+    absl::Status status = ParseStatements(end, true, body);
     loop_depth_ = saved_loop_depth;
     const std::set<std::string> used = std::move(names_used_.back());
     names_used_.pop_back();

@@ -153,7 +153,7 @@ PAGEDSERVE_FLAG("generate,client", bool, chat, false,
                 "send the prompt as one user message through the model's chat template");
 PAGEDSERVE_FLAG("generate,serve", std::string, chat_template, "",
                 "chat template instead of the model's: a file, or the Jinja template itself "
-                "(as vLLM's --chat-template)");
+                "(as vLLM's flag of this name)");
 
 namespace {
 void OnStopFlag() {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "runtime/chat/json_value.h"
@@ -158,6 +159,16 @@ class ConformanceTest : public ::testing::Test {
       ADD_FAILURE() << what << ": jinja2 fails (" << error << ") but we render";
       return false;
     }
+    // Failing for the template's reason (an error of the template or of the
+    // conversation; a recursion without end reaches our call depth limit), not
+    // because a construct is unsupported.
+    const bool recursion = error.rfind("RecursionError", 0) == 0 &&
+                           got.status().code() == absl::StatusCode::kResourceExhausted;
+    if (got.status().code() != absl::StatusCode::kInvalidArgument && !recursion) {
+      ADD_FAILURE() << what << ": jinja2 fails (" << error
+                    << "), we fail otherwise: " << got.status();
+      return false;
+    }
     if (c.value("raised", false) && got.status().message().find(error) == std::string::npos) {
       ADD_FAILURE() << what << ": raise_exception(" << error << ") expected, got " << got.status();
       return false;
@@ -174,7 +185,7 @@ TEST_F(ConformanceTest, EveryTemplateRendersAsJinja2) {
   int identical = 0, renders = 0, errors = 0;
   const int total = static_cast<int>(fixture_["templates"].size());
   for (const auto& [name, entry] : fixture_["templates"].items()) {
-    const std::string path = dir + "/" + name;
+    const std::string path = absl::StrCat(dir, "/", name);
     const std::string source = ReadFile(path);
     ASSERT_EQ(Fnv1a64(source), entry["fnv1a64"].get<std::string>())
         << path

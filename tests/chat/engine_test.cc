@@ -4,7 +4,9 @@
 // The expected outputs of the tables are Python jinja2 3.1.6's, rendered in
 // Hugging Face's environment (tests/chat/make_fixtures.py make_environment)
 // with the variables of Variables() below and the fixed clock of FixedClock().
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -547,6 +549,30 @@ TEST(Sandbox, ATemplateRendersTheSameTwiceAndFromCopies) {
   const Template copy = *t;
   EXPECT_EQ(*t->Render(Variables()), "3");
   EXPECT_EQ(*copy.Render(Variables()), "3");
+}
+
+// The server renders one Template from many HTTP threads at once.
+TEST(Sandbox, OneTemplateRendersOnManyThreadsAtOnce) {
+  absl::StatusOr<Template> t = Template::Parse(
+      "{% set ns = namespace(n=0) %}{% macro m(x) %}<{{ x|upper }}>{% endmacro %}"
+      "{% for msg in messages %}{% set ns.n = ns.n + 1 %}{{ m(msg.content) }}{% endfor %}"
+      "{{ ns.n }}{{ messages|map(attribute='role')|join(',') }}{{ 'x'|safe + '<' }}");
+  ASSERT_TRUE(t.ok());
+  const std::string expected = "<BE BRIEF.><HI><HELLO>3system,user,assistantx&lt;";
+  std::vector<std::thread> threads;
+  threads.reserve(4);
+  std::atomic<int> wrong{0};
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&] {
+      const Dict vars = Variables();
+      for (int k = 0; k < 200; ++k) {
+        absl::StatusOr<std::string> out = t->Render(vars);
+        if (!out.ok() || *out != expected) ++wrong;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
 }
 
 TEST(Clock, StrftimeNowReadsTheClock) {
