@@ -81,7 +81,7 @@ bool ReadFloat(const json& body, const char* key, float* out, ApiError* err) {
     return false;
   }
   const double v = it->get<double>();
-  if (!std::isfinite(v) || std::fabs(v) > 1e6) {
+  if (!std::isfinite(v) || std::fabs(v) > kMaxSamplingMagnitude) {
     *err = BadRequest(absl::StrCat("'", key, "' must be a finite number of magnitude <= 1e6"), key);
     return false;
   }

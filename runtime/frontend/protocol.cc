@@ -92,7 +92,9 @@ Check ReadInt(const json& j, absl::string_view field, int& out) {
 Check ReadFloat(const json& j, absl::string_view field, float& out) {
   if (!j.is_number()) return WrongType(field, "a number", j);
   const double v = j.get<double>();
-  if (!std::isfinite(v) || std::abs(v) > std::numeric_limits<float>::max()) {
+  // The magnitude bound the HTTP API applies too (openai_api.cc ReadFloat): no
+  // sampling number is meaningful beyond it, and both front ends agree.
+  if (!std::isfinite(v) || std::abs(v) > kMaxSamplingMagnitude) {
     return Invalid(absl::StrCat("field '", field, "' is out of range, got ", Show(j)));
   }
   out = static_cast<float>(v);

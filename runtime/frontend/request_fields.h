@@ -13,6 +13,12 @@
 
 namespace pagedserve {
 
+// The largest magnitude any floating-point sampling field may have on either
+// front end (temperature, top_p, min_p, penalties, length_penalty); their own
+// ranges are SamplingParams::Validate's. Beyond it a value is refused as out of
+// range before it is rounded to float.
+inline constexpr double kMaxSamplingMagnitude = 1e6;
+
 // "seed": any JSON integer in [-2^63, 2^64). -1 means no seed (vLLM's
 // convention: sampling is then not reproducible), giving nullopt; another
 // negative value is taken modulo 2^64 (OpenAI accepts any integer). Errors:

@@ -502,6 +502,9 @@ TEST(FrontEndAgreementTest, HttpAndZeroMqAcceptAndRefuseAlike) {
       {R"("messages": )" + user + stop_of(257), false},
       {R"("messages": )" + user + stop_of(256), true},
       {R"("messages": )" + user + seventeen_stops, false},
+      {R"("messages": )" + user + R"(, "temperature": 1000001)", false},
+      {R"("messages": )" + user + R"(, "repetition_penalty": 1000001)", false},
+      {R"("messages": )" + user + R"(, "temperature": 1000000)", true},
   };
   for (const auto& [fields, ok] : rows) {
     ParseOutcome http = ParseRequest(Endpoint::kChat, "{" + fields + "}", kModel, Tok(), &*tmpl);
