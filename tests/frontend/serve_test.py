@@ -792,6 +792,12 @@ class OperateTest(unittest.TestCase):
             _, final = collect(raw, "json-log")
             raw.close()
             self.assertEqual(final["type"], "final", final)
+            # A fast machine finishes the request inside one interval: the
+            # stats line for it comes at the next tick, so wait for it before
+            # stopping (the stop would otherwise race the tick).
+            wait_for_logs(server, lambda logs: any(STATS_LINE.search("[info] " + json.loads(line)["message"])
+                                                   for line in logs.split("\n")[:-1] if line.startswith("{")),
+                          "an info stats line in JSON")
         finally:
             self.assertEqual(server.stop(), 0, server.logs())
         objects = []
@@ -817,7 +823,7 @@ class OperateTest(unittest.TestCase):
             try:
                 raw = Raw(server.endpoint)
                 started = time.monotonic()
-                raw.send(gen("quiet", prompt=self.PROMPT, max_tokens=32, temperature=0, ignore_eos=True))
+                raw.send(gen("quiet", prompt=self.PROMPT, max_tokens=128, temperature=0, ignore_eos=True))
                 _, final = collect(raw, "quiet")
                 elapsed = time.monotonic() - started
                 raw.close()
