@@ -132,7 +132,15 @@ class Connection final : public httplib::Stream {
   ssize_t read(char* ptr, size_t size) override {
     if (failed_) return -1;
     if (buffered() == 0 && !Fill()) return -1;
-    const size_t n = std::min(size, buffered());
+    size_t n = std::min(size, buffered());
+    if (in_head_) {
+      if (head_bytes_ >= kMaxRequestHeadBytes) {
+        failed_ = head_too_large_ = true;
+        return -1;
+      }
+      n = std::min(n, kMaxRequestHeadBytes - head_bytes_);
+      head_bytes_ += n;
+    }
     const char* data = buf_.data() + begin_;
     if (chunked_ && !CheckChunked(data, n)) {
       failed_ = malformed_ = true;
@@ -197,11 +205,14 @@ class Connection final : public httplib::Stream {
   // A new request starts: its deadline is `read_timeout` from now.
   void BeginRequest() {
     deadline_ = absl::Now() + read_timeout_;
-    failed_ = malformed_ = deadline_exceeded_ = close_ = chunked_ = false;
+    failed_ = malformed_ = deadline_exceeded_ = close_ = chunked_ = head_too_large_ = false;
     body_remaining_ = 0;
+    in_head_ = true;
+    head_bytes_ = 0;
   }
   // The headers are read and the body (if any) comes next: its framing.
   void BeginBody(const httplib::Request& req) {
+    in_head_ = false;
     if (req.has_header("Transfer-Encoding")) {
       chunked_ = true;
       chunk_state_ = ChunkState::kSizeFirst;
@@ -220,6 +231,10 @@ class Connection final : public httplib::Stream {
   bool close_requested() const { return close_ || failed_; }
   bool deadline_exceeded() const { return deadline_exceeded_; }
   bool malformed_body() const { return malformed_; }
+  // The request line and headers of the current request went past
+  // kMaxRequestHeadBytes: the read failed there (cpp-httplib answers 400, the
+  // error handler makes it 431).
+  bool head_too_large() const { return head_too_large_; }
   int fd() const { return fd_; }
 
  private:
@@ -419,6 +434,8 @@ class Connection final : public httplib::Stream {
   size_t begin_ = 0, end_ = 0;
   absl::Time deadline_ = absl::InfiniteFuture();
   bool failed_ = false, malformed_ = false, deadline_exceeded_ = false, close_ = false;
+  bool in_head_ = false, head_too_large_ = false;
+  size_t head_bytes_ = 0;  // request line and headers read so far
   uint64_t body_remaining_ = 0;
   bool chunked_ = false;
   ChunkState chunk_state_ = ChunkState::kDone;
@@ -653,8 +670,12 @@ struct HttpServer::Impl {
     return m;
   }
 
+  // One "Authorization: Bearer KEY" header with the key. More than one is
+  // refused even when one of them holds the key: the request is ambiguous
+  // (a proxy and the server could read different ones).
   bool Authorized(const httplib::Request& req) const {
     if (options.api_key.empty()) return true;
+    if (req.get_header_value_count("Authorization") != 1) return false;
     return ConstantTimeEquals(BearerToken(req.get_header_value("Authorization")), options.api_key);
   }
 
@@ -1051,6 +1072,14 @@ struct HttpServer::Impl {
         });
     server->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
+      const Connection* conn = CurrentConnection();
+      if (res.status == 400 && conn != nullptr && conn->head_too_large()) {
+        CloseAfter(res);  // the rest of the headers stays unread
+        SendError(res, MakeError(431, "invalid_request_error",
+                                 absl::StrCat("the request line and headers are too large (over ",
+                                              kMaxRequestHeadBytes, " bytes)")));
+        return;
+      }
       // cpp-httplib's own errors: a request it could not parse (400), a body over the
       // limit (413), a request line too long (414): what follows cannot be trusted.
       if (res.status == 400 || res.status == 413 || res.status == 414) CloseAfter(res);

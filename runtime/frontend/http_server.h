@@ -47,6 +47,13 @@ namespace pagedserve {
 
 class EngineLoop;
 
+// The request line and headers of one request together: beyond this many
+// bytes the server answers 431 (RFC 6585 5) and closes the connection. Each
+// line is also bounded (8 KiB, cpp-httplib: 414 for a longer request line).
+// 64 KiB is above what browsers and SDKs send (nginx's default allows 33 KiB)
+// and bounds what a connection can make the server hold before any route runs.
+inline constexpr size_t kMaxRequestHeadBytes = 64 << 10;
+
 struct HttpServerOptions {
   std::string host = "127.0.0.1";                    // --host
   int port = 8000;                                   // --port; 0 picks a free port (see port())

@@ -24,6 +24,7 @@ import threading
 import time
 import unittest
 import urllib.error
+import urllib.parse
 import urllib.request
 
 try:
@@ -523,6 +524,19 @@ class SecondServerTest(unittest.TestCase):
         # The scheme is case-insensitive (RFC 9110 11.1).
         self.assertEqual(http("GET", u + "/v1/models", headers={"Authorization": "bearer s3cret"})[0], 200)
         self.assertEqual(http("GET", u + "/v1/models", headers={"Authorization": "Bearer s3cret2"})[0], 401)
+        # Two Authorization headers are refused even when one holds the key
+        # (ambiguous: a proxy in front could have checked the other one).
+        for pair in (("Bearer s3cret", "Bearer wrong"), ("Bearer wrong", "Bearer s3cret"),
+                     ("Bearer s3cret", "Bearer s3cret")):
+            conn = httpclient.HTTPConnection(urllib.parse.urlsplit(u).netloc, timeout=60)
+            conn.putrequest("GET", "/v1/models")
+            for value in pair:
+                conn.putheader("Authorization", value)
+            conn.endheaders()
+            reply = conn.getresponse()
+            self.assertEqual((reply.status, json.loads(reply.read())["error"]["code"]), (401, "invalid_api_key"),
+                             pair)
+            conn.close()
         # /tokenize and /detokenize are guarded like /v1/ (they reveal the vocabulary
         # and cost CPU): no key, a wrong key and a longer key are refused with
         # invalid_api_key, the right key is served.
