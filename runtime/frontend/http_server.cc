@@ -18,6 +18,7 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -30,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "httplib.h"
 #include "openssl/err.h"
 #include "openssl/ssl.h"
@@ -648,6 +650,9 @@ struct Job {
 struct HttpServer::Impl {
   HttpServerOptions options;
   std::unique_ptr<httplib::Server> server;  // an httplib::SSLServer with TLS
+  // Each route's path -> the methods it takes (the Allow header of a 405).
+  // Filled by Get/Post below while routes are registered, read-only after.
+  std::map<std::string, std::string> allowed_methods;
   int port = 0;
   std::thread thread;
   std::atomic<const HttpBackend*> backend{nullptr};
@@ -984,6 +989,17 @@ struct HttpServer::Impl {
     // ReadBody; ConnectionLoop ends the connection after such a response).
     if (Connection* c = CurrentConnection()) c->BeginBody(req);
     const bool has_body = req.has_header("Transfer-Encoding") || req.has_header("Content-Length");
+    if (const auto route = allowed_methods.find(req.path);
+        route != allowed_methods.end() && !MethodAllowed(req.method, route->second)) {
+      // A route that exists, under another method: 405 with Allow (RFC 9110
+      // 15.5.6), before any rule about bodies (a GET route takes none).
+      if (has_body) CloseAfter(res);  // the body stays unread
+      res.set_header("Allow", route->second);
+      SendError(res, MakeError(405, "invalid_request_error",
+                               absl::StrCat("method ", req.method, " is not allowed on ", req.path,
+                                            " (allowed: ", route->second, ")")));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (req.has_header("Transfer-Encoding")) {
       const bool chunked =
           req.get_header_value_count("Transfer-Encoding") == 1 &&
@@ -1042,6 +1058,27 @@ struct HttpServer::Impl {
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
+  }
+
+  // Whether `method` is one of `allowed` ("GET, HEAD").
+  static bool MethodAllowed(std::string_view method, std::string_view allowed) {
+    for (absl::string_view m :
+         absl::StrSplit(absl::string_view(allowed.data(), allowed.size()), ", ")) {
+      if (m == absl::string_view(method.data(), method.size())) return true;
+    }
+    return false;
+  }
+
+  // A route, recorded for 405 answers (cpp-httplib also serves HEAD on GET routes).
+  template <typename Handler>
+  void Get(const std::string& path, Handler&& handler) {
+    allowed_methods[path] = "GET, HEAD";
+    server->Get(path, std::forward<Handler>(handler));
+  }
+  template <typename Handler>
+  void Post(const std::string& path, Handler&& handler) {
+    allowed_methods[path] = "POST";
+    server->Post(path, std::forward<Handler>(handler));
   }
 
   // Every handler: pre-routing checks, failures, generation, the read-only
@@ -1106,18 +1143,18 @@ struct HttpServer::Impl {
         if (ReadBody(req, res, reader, &body)) HandleGeneration(endpoint, req, body, res);
       };
     };
-    server->Post("/v1/completions", generation(openai::Endpoint::kCompletions));
-    server->Post("/v1/chat/completions", generation(openai::Endpoint::kChat));
+    Post("/v1/completions", generation(openai::Endpoint::kCompletions));
+    Post("/v1/chat/completions", generation(openai::Endpoint::kChat));
   }
 
   // GET /v1/models, /health, /version, /openapi.json, /metrics.
   void RegisterInfoRoutes() {
-    server->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       if (const HttpBackend* b = Backend(res)) {
         res.set_content(openai::ModelsResponse(Model(*b), UnixNow()), "application/json");
       }
     });
-    server->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       const HttpBackend* b = backend.load(std::memory_order_acquire);
       const bool ok = b != nullptr && b->loop->healthy();
       res.status = ok ? 200 : 503;
@@ -1126,16 +1163,16 @@ struct HttpServer::Impl {
              : (b == nullptr ? "{\"status\":\"loading\"}" : "{\"status\":\"unhealthy\"}"),
           "application/json");
     });
-    server->Get("/version", [this](const httplib::Request&, httplib::Response& res) {
+    Get("/version", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(absl::StrCat("{\"version\":\"", options.version, "\"}"), "application/json");
     });
-    server->Get("/openapi.json", [this](const httplib::Request&, httplib::Response& res) {
+    Get("/openapi.json", [this](const httplib::Request&, httplib::Response& res) {
       const HttpBackend* b = backend.load(std::memory_order_acquire);
       res.set_content(
           openai::OpenApiDocument(options.version, b ? b->loop->tokenizer().vocab_size() : 1 << 20),
           "application/json");
     });
-    server->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       const HttpBackend* b = backend.load(std::memory_order_acquire);
       if (b == nullptr || !b->metrics_text) {
         res.status = 503;
@@ -1149,32 +1186,32 @@ struct HttpServer::Impl {
   // POST /tokenize and /detokenize.
   void RegisterTokenizerRoutes() {
     using httplib::ContentReader;
-    server->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res,
-                                     const ContentReader& reader) {
-      std::string req_body;
-      if (!ReadBody(req, res, reader, &req_body)) return;
-      const HttpBackend* b = Backend(res);
-      if (b == nullptr) return;
-      ApiError err;
-      err.status = 0;
-      std::string body =
-          openai::TokenizeResponse(req_body, Model(*b), b->loop->tokenizer(),
-                                   b->chat_template ? &*b->chat_template : nullptr, &err);
-      if (err.status != 0) return SendError(res, err);
-      res.set_content(body, "application/json");
-    });
-    server->Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res,
-                                       const ContentReader& reader) {
-      std::string req_body;
-      if (!ReadBody(req, res, reader, &req_body)) return;
-      const HttpBackend* b = Backend(res);
-      if (b == nullptr) return;
-      ApiError err;
-      err.status = 0;
-      std::string body = openai::DetokenizeResponse(req_body, b->loop->tokenizer(), &err);
-      if (err.status != 0) return SendError(res, err);
-      res.set_content(body, "application/json");
-    });
+    Post("/tokenize",
+         [this](const httplib::Request& req, httplib::Response& res, const ContentReader& reader) {
+           std::string req_body;
+           if (!ReadBody(req, res, reader, &req_body)) return;
+           const HttpBackend* b = Backend(res);
+           if (b == nullptr) return;
+           ApiError err;
+           err.status = 0;
+           std::string body =
+               openai::TokenizeResponse(req_body, Model(*b), b->loop->tokenizer(),
+                                        b->chat_template ? &*b->chat_template : nullptr, &err);
+           if (err.status != 0) return SendError(res, err);
+           res.set_content(body, "application/json");
+         });
+    Post("/detokenize",
+         [this](const httplib::Request& req, httplib::Response& res, const ContentReader& reader) {
+           std::string req_body;
+           if (!ReadBody(req, res, reader, &req_body)) return;
+           const HttpBackend* b = Backend(res);
+           if (b == nullptr) return;
+           ApiError err;
+           err.status = 0;
+           std::string body = openai::DetokenizeResponse(req_body, b->loop->tokenizer(), &err);
+           if (err.status != 0) return SendError(res, err);
+           res.set_content(body, "application/json");
+         });
   }
 };
 

@@ -610,6 +610,27 @@ TEST(HttpServerTest, AmbiguousOrMissingContentLengthIsRefusedAtOnce) {
   EXPECT_EQ(Request(s.port(), "GET", "/health").status, 200);  // still serving
 }
 
+// A route under a method it does not take is a 405 naming the methods it
+// does (Allow, RFC 9110 15.5.6); a path that is no route stays a 404.
+TEST(HttpServerTest, WrongMethodIs405WithAllow) {
+  Server s;
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"GET", "/v1/completions", "POST"}, {"PUT", "/v1/chat/completions", "POST"},
+      {"DELETE", "/health", "GET, HEAD"}, {"PATCH", "/metrics", "GET, HEAD"},
+      {"GET", "/tokenize", "POST"},
+  };
+  for (const auto& [method, path, allow] : cases) {
+    const Response r = Request(s.port(), method, path);
+    EXPECT_EQ(r.status, 405) << method << " " << path << ": " << r.head << r.body;
+    EXPECT_TRUE(absl::StrContains(r.head, absl::StrCat("Allow: ", allow, "\r\n")))
+        << method << " " << path << ": " << r.head;
+    EXPECT_TRUE(absl::StrContains(ErrorOf(r)["message"].get<std::string>(), method)) << r.body;
+  }
+  EXPECT_EQ(Request(s.port(), "GET", "/v1/nothing").status, 404);
+  EXPECT_EQ(Request(s.port(), "DELETE", "/v1/nothing").status, 404);
+  EXPECT_EQ(Request(s.port(), "GET", "/health").status, 200);
+}
+
 // The request line and headers together are bounded (kMaxRequestHeadBytes):
 // a flood of headers is a 431 once the bound is passed, with the connection
 // closed, and the server keeps serving (found by a break test: 200 MB of
