@@ -259,20 +259,23 @@ bool ReadPrompts(const json& body, const Tokenizer& tok, std::vector<std::vector
     out->emplace_back();
     return ReadIds(*it, "prompt", tok.vocab_size(), &out->back(), err);
   }
+  if (it->size() > 64) {  // before any encoding
+    *err = BadRequest("at most 64 prompts per request", "prompt");
+    return false;
+  }
+  // A list holds prompts of one form: all strings or all arrays of ids (the
+  // OpenAI schema's string[] | int[][], never a mix).
+  const bool strings = (*it)[0].is_string();
   for (const json& e : *it) {
-    if (e.is_string()) {
+    if (strings && e.is_string()) {
       out->push_back(tok.Encode(e.get<std::string>()));
-    } else if (e.is_array() && !e.empty()) {
+    } else if (!strings && e.is_array() && !e.empty()) {
       out->emplace_back();
       if (!ReadIds(e, "prompt", tok.vocab_size(), &out->back(), err)) return false;
     } else {
       *err = BadRequest(kMsg, "prompt");
       return false;
     }
-  }
-  if (out->size() > 64) {
-    *err = BadRequest("at most 64 prompts per request", "prompt");
-    return false;
   }
   return true;
 }

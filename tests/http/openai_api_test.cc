@@ -127,6 +127,9 @@ TEST(OpenAiApiTest, WrongTypesAndValuesName) {
   EXPECT_EQ(Refused(R"({"prompt": ""})"), std::make_pair(400, std::string("prompt")));
   EXPECT_EQ(Refused(R"({"prompt": [true]})"), std::make_pair(400, std::string("prompt")));
   EXPECT_EQ(Refused(R"({"prompt": [49152]})"), std::make_pair(400, std::string("prompt")));
+  // A list of prompts is all strings or all id arrays (OpenAI: string[] | int[][]).
+  EXPECT_EQ(Refused(R"({"prompt": ["a", [1, 2]]})"), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(Refused(R"({"prompt": [[1, 2], "a"]})"), std::make_pair(400, std::string("prompt")));
   EXPECT_EQ(Refused(R"({"prompt": "x", "max_tokens": "8"})"),
             std::make_pair(400, std::string("max_tokens")));
   EXPECT_EQ(Refused(R"({"prompt": "x", "max_tokens": 0})"),
