@@ -111,7 +111,11 @@ struct TokenizerSpec {
 // (same as gpt2), "smollm" (and the other names that split digits one by one
 // before the GPT-2 regex: "starcoder", "refact", "command-r", "codeshell",
 // "exaone", "minerva"), "llama3"/"llama-bpe"/"dbrx"/"smaug-bpe", "qwen2"
-// (also "deepseek-r1-qwen"). NotFound for another name.
+// (also "deepseek-r1-qwen"), "qwen35", "mpt"/"olmo" (GPT-2's), "falcon",
+// "deepseek-coder", "deepseek-llm". The expressions are those of each model's
+// Hugging Face tokenizer.json as llama.cpp lists them (src/llama-vocab.cpp);
+// tests/tokenizer/llamacpp_vocab_test.cc checks them on llama.cpp's corpus.
+// NotFound for another name.
 absl::StatusOr<std::vector<std::string>> PreTokenizerRegexes(std::string_view pre_name);
 
 struct EncodeOptions {

@@ -5,7 +5,10 @@
 # sha256 and prints the directory. Does nothing (but print it) when the
 # templates are already there. tests/chat/make_fixtures.py renders them with
 # Python jinja2; chat_conformance_test renders them with runtime/chat and checks
-# each file's sha256 against tests/fixtures/chat_templates.json.
+# each file's sha256 against tests/fixtures/chat_templates.json. The same
+# package's tokenizer corpus (vendor/llama.cpp/models/ggml-vocab-*.gguf with the
+# .inp/.out test files) goes to the vocab/ subfolder, for
+# tests/tokenizer/llamacpp_vocab_test.cc.
 #
 #   tests/chat/fetch_templates.sh    prints e.g. ~/.cache/pagedserve/templates/llama-cpp-python-0.3.36
 #   PAGEDSERVE_TEMPLATES_DIR=DIR tests/chat/fetch_templates.sh   use DIR instead of the cache
@@ -16,8 +19,9 @@ version=0.3.36
 sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 dir=${PAGEDSERVE_TEMPLATES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pagedserve/templates/$package-$version}
 stamp="$dir/.complete"
+vocab_stamp="$dir/vocab/.complete"
 
-if [ -f "$stamp" ]; then echo "$dir"; exit 0; fi
+if [ -f "$stamp" ] && [ -f "$vocab_stamp" ]; then echo "$dir"; exit 0; fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -28,10 +32,13 @@ if ! echo "$sha256  $tarball" | sha256sum --check --status; then
   echo "fetch_templates: sha256 mismatch for $tarball (expected $sha256)" >&2
   exit 1
 fi
-mkdir -p "$tmp/x" "$dir"
-tar -xzf "$tarball" -C "$tmp/x" --wildcards "*/vendor/llama.cpp/models/templates/*.jinja"
+mkdir -p "$tmp/x" "$dir/vocab"
+tar -xzf "$tarball" -C "$tmp/x" --wildcards "*/vendor/llama.cpp/models/templates/*.jinja" \
+  "*/vendor/llama.cpp/models/ggml-vocab-*"
 cp "$tmp"/x/*/vendor/llama.cpp/models/templates/*.jinja "$dir/"
+cp "$tmp"/x/*/vendor/llama.cpp/models/ggml-vocab-* "$dir/vocab/"
 count=$(ls "$dir"/*.jinja | wc -l)
-echo "fetch_templates: $count templates in $dir" >&2
-touch "$stamp"
+vocabs=$(ls "$dir"/vocab/*.gguf | wc -l)
+echo "fetch_templates: $count templates in $dir, $vocabs tokenizer vocabularies in $dir/vocab" >&2
+touch "$stamp" "$vocab_stamp"
 echo "$dir"
