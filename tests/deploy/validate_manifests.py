@@ -7,10 +7,12 @@
 2. Built-in kinds: kubernetes-validate (PyPI; ships the Kubernetes OpenAPI
    schemas), strict mode (unknown fields are errors), for each version given.
 3. Custom resources: JSON schemas in tests/deploy/schemas, every error reported.
-   ServiceMonitor: upstream's (prometheus-operator v0.80.1), extracted from a
-   pinned PyPI package by tests/deploy/extract_schemas.py. LeaderWorkerSet: no
-   registry package ships its CRD; a hand-written subset whose $comment names
-   the upstream file and revision it follows. The pod templates inside a
+   ServiceMonitor and ScaledObject: upstream's (prometheus-operator v0.80.1,
+   KEDA v2.16.1), extracted from pinned PyPI packages by
+   tests/deploy/extract_schemas.py. LeaderWorkerSet, PrometheusRule and
+   InferencePool (Gateway API Inference Extension): no registry package ships
+   their CRDs; hand-written subsets whose $comment names the upstream file and
+   revision they follow. The pod templates inside a
    LeaderWorkerSet are validated as core/v1 Pods with kubernetes-validate.
 4. Cross-object checks that no schema sees: Service selectors select a pod
    template, named target ports and probe ports exist, the ServiceMonitor
