@@ -71,7 +71,7 @@ size_t DecodeSteps(Scheduler& s, int steps) {
 // sequence (token 7 + salt), ProcessResult(), the outputs destroyed. As the
 // engine does, the plan goes back into `spare`, whose memory the next
 // Schedule reuses. Not inlined, so that a profiler can count exactly this
-// (valgrind --toggle-collect, see docs/benchmarks.md). Returns the tokens fed.
+// (valgrind --toggle-collect, see docs/benchmarks-history.md). Returns the tokens fed.
 [[gnu::noinline]] int64_t OneStep(Scheduler& s, StepPlan& spare, StepResult& res, int32_t salt) {
   auto plan = s.Schedule(std::move(spare));
   res.step_id = plan->step_id;

@@ -3,7 +3,8 @@
 // step plans (the coordinator's job done by hand, so that only the forward pass
 // and greedy sampling are timed). The llama.cpp side of the comparison is
 // bench/llamacpp_baseline.py; bench/model_side_by_side.sh runs both and prints
-// one table. Results: docs/benchmarks.md, "Model (CPU): pagedserve vs llama.cpp".
+// one table. Results: docs/benchmarks.md, "Model (CPU): pagedserve vs llama.cpp"
+// (the dated runs: docs/benchmarks-history.md).
 //
 //   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 build-bench/bench/bench_model --model=PATH
 //   [--prompt_len=128] [--decode_steps=32]

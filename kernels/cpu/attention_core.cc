@@ -290,7 +290,7 @@ PS_AVX2_INLINE void Prefetch(const void* p, int bytes) {
 
 // Queries per call from which a block is converted to fp32 once (kbuf / vbuf)
 // and then read by every query, instead of each query converting in registers.
-// Measured on SmolLM2-135M's shape (docs/benchmarks.md): decode with M = 3 is
+// Measured on SmolLM2-135M's shape (docs/benchmarks-history.md): decode with M = 3 is
 // 20-40% faster converting in registers; prefill tiles (M = 63) 5-10% faster
 // with the converted block.
 constexpr int kConvertMinQueries = 16;

@@ -38,7 +38,7 @@
 //   With 16 or more queries per call (prefill tiles) each block is converted
 //   to fp32 once (kbuf for K, vbuf for V, same layout) and read by every
 //   query; below that (decode: the GQA group) each query converts in
-//   registers, which measured faster (docs/benchmarks.md, "Kernels (CPU)").
+//   registers, which measured faster (docs/benchmarks-history.md, "Kernels (CPU)").
 // The per-layer fp8 scales are not applied here: callers fold k_scale into
 // `scale` and v_scale into the output normalization.
 #ifndef PAGEDSERVE_KERNELS_CPU_ATTENTION_CORE_H_

@@ -141,7 +141,7 @@ namespace {
 
 // Tokens from which the tile-sgemm method is used; the one place a method is
 // chosen. Measured with bench/linear_bench.cc BM_LinearMethod (1536x1536, one
-// thread, CPU time, docs/benchmarks.md "Linear kernels (CPU)"): for F32 sgemm
+// thread, CPU time, docs/benchmarks-history.md "Linear kernels (CPU)"): for F32 sgemm
 // overtakes fp32 dot products between 16 and 32 tokens; for F16/BF16 the two
 // are even at 128 tokens (the tile conversion is paid per call) and sgemm is
 // ahead at 256; for the quantized formats the 8-bit dot products were faster than
@@ -152,7 +152,7 @@ constexpr int64_t kSgemmMinTokensF32 = 24;
 constexpr int64_t kSgemmMinTokensHalf = 128;
 // The quantized formats use the register-blocked tiles (kRowBlock: 2 rows x 4
 // tokens from 4 tokens, 4 rows x 1 token below) except where the row dots
-// measured faster (BM_LinearMethod, one thread; docs/benchmarks.md
+// measured faster (BM_LinearMethod, one thread; docs/benchmarks-history.md
 // "Register-blocked quantized kernels (CPU, issue 10)"):
 //  - below 4 tokens on a weight larger than kDecodeTileMaxBytes: at 4096x4096
 //    (9-14 MB) the 4-row tiles were 1.3-1.6x slower for Q4_1 and Q6_K than
@@ -165,7 +165,7 @@ constexpr int64_t kSgemmMinTokensHalf = 128;
 constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
 // kRowBlock8 (8 rows in the vector lanes) on the AVX2 path, for the formats
 // with its tile (HasRowBlock8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), from one tile of
-// tokens up (docs/benchmarks.md "Row-interleaved 8-row tiles (CPU, issue
+// tokens up (docs/benchmarks-history.md "Row-interleaved 8-row tiles (CPU, issue
 // 10)"): one thread, against the 2x4 tiles 1.6-2.4x faster for Q4_0/Q4_1,
 // 1.5-2.3x for Q5_0/Q5_1 and 1.1-1.5x for Q8_0 at 8-64 tokens (SmolLM2 shapes; the 49152x576 Q8_0
 // LM head even at 8-16 tokens, 1.2x at 32-64), and at 1536x1536 with 128 and 256 tokens 1.6-2x
@@ -179,7 +179,7 @@ constexpr int64_t kRow8MinTokensAvx2 = kRow8Tokens;
 // The K-quants (Q4_K, Q5_K, Q6_K) on the AVX2 path use the row dots at every
 // token count (1 row x up to 4 tokens per call): since the row dots unpack
 // scales and mins in vectors, they measured as fast as or faster than both
-// tiles (BM_LinearMethod, one thread; docs/benchmarks.md "K-quant row dots
+// tiles (BM_LinearMethod, one thread; docs/benchmarks-history.md "K-quant row dots
 // (CPU, issue 10)"): 1536x1536 1-3 tokens 0.95-2.3x vs the 4x1 tiles, 4-128
 // tokens 1.0-1.5x vs the 2x4 tiles (whose 8 integer and 8 fp32 accumulators
 // spill from AVX2's 16 vector registers; the row dot's memory operands fold

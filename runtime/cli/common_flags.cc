@@ -79,7 +79,8 @@ PAGEDSERVE_FLAG(
     "generate,serve", int32_t, max_num_batched_tokens, 0,
     "tokens per engine step (prefill chunks + decodes); 0 = max(128, --max-num-seqs) with chunked "
     "prefill (short steps keep decodes flowing while long prompts are prefilled; the trade-off "
-    "is in docs/benchmarks.md, \"Step budget and inter-token latency\"), else --max-model-len");
+    "is in docs/benchmarks-history.md, \"Step budget and inter-token latency\"), else "
+    "--max-model-len");
 PAGEDSERVE_FLAG("generate,serve", bool, enable_chunked_prefill, true,
                 "split long prompts into chunks that share steps with decodes");
 PAGEDSERVE_FLAG("generate,serve", bool, enable_prefix_caching, true,

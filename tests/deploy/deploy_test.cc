@@ -1,8 +1,9 @@
 // Deployment checks (CTest label `deploy`), all offline:
 //  - every kustomize overlay under deploy/k8s/overlays renders and validates
 //    (tests/deploy/validate_manifests.py: kubernetes-validate for built-in kinds,
-//    CRD schema subsets for LeaderWorkerSet / ServiceMonitor, cross-object checks),
-//    and the broken overlays in tests/deploy/broken are rejected for the right reason;
+//    CRD schemas for LeaderWorkerSet / ServiceMonitor / ScaledObject / InferencePool,
+//    cross-object checks, metric names against a real Metrics endpoint), and the
+//    broken overlays in tests/deploy/broken are rejected for the right reason;
 //  - the Dockerfile lints clean with hadolint and has the promised shape;
 //  - the image's entry point (deploy/docker/entrypoint.sh) passes shellcheck and
 //    builds the right mpirun command lines (with stand-ins for mpirun and ssh),
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -47,37 +49,71 @@ std::vector<std::string> Subdirs(const std::string& dir) {
 
 bool Has(const std::string& tool) { return RunCommand("command -v " + tool).exit_code == 0; }
 
+// A real Metrics endpoint (the families a coordinator exports) for the checks
+// of metric names in the autoscaler's queries and the endpoint picker's flags.
+class MetricsEndpoint {
+ public:
+  MetricsEndpoint() {
+    const int port = testing::FreePort();
+    MetricsOptions o;
+    o.listen_address = "127.0.0.1:" + std::to_string(port);
+    o.model_name = "m";
+    auto m = Metrics::Create(o);
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (m.ok()) metrics_ = *std::move(m);
+    url_ = "http://127.0.0.1:" + std::to_string(port) + "/metrics";
+  }
+  // validate_manifests.py DIR --metrics-url URL
+  testing::CommandResult Validate(const std::string& dir) const {
+    return RunCommand("python3 '" + SourceDir() + "/tests/deploy/validate_manifests.py' '" + dir +
+                      "' --metrics-url " + url_);
+  }
+
+ private:
+  std::unique_ptr<Metrics> metrics_;
+  std::string url_;
+};
+
 TEST(KustomizeTest, EveryOverlayRendersAndValidates) {
   ASSERT_TRUE(Has("kubectl") || Has("kustomize"))
       << "kubectl or kustomize needed (scripts/install-deps)";
   auto overlays = Subdirs(SourceDir() + "/deploy/k8s/overlays");
   ASSERT_EQ(overlays, (std::vector<std::string>{"multi-node", "multi-node-tls", "single-node",
-                                                "single-node-tls"}));
+                                                "single-node-autoscaled", "single-node-tls"}));
   const std::map<std::string, std::string> workload = {
       {"single-node", "Deployment/pagedserve"},
       {"single-node-tls", "Deployment/pagedserve"},
+      {"single-node-autoscaled", "Deployment/pagedserve"},
       {"multi-node", "LeaderWorkerSet/pagedserve"},
       {"multi-node-tls", "LeaderWorkerSet/pagedserve"}};
+  const MetricsEndpoint metrics;
+  std::map<std::string, std::string> output;
   for (const auto& o : overlays) {
-    auto r = RunCommand("python3 '" + SourceDir() + "/tests/deploy/validate_manifests.py' '" +
-                        SourceDir() + "/deploy/k8s/overlays/" + o + "'");
+    auto r = metrics.Validate(SourceDir() + "/deploy/k8s/overlays/" + o);
+    output[o] = r.output;
     EXPECT_EQ(r.exit_code, 0) << o << ":\n" << r.output;
     EXPECT_NE(r.output.find(", 0 errors"), std::string::npos) << r.output;
     for (const std::string& obj :
          {workload.at(o), std::string("Service/pagedserve-api"),
           std::string("ServiceMonitor/pagedserve"), std::string("PrometheusRule/pagedserve"),
-          std::string("NetworkPolicy/pagedserve"),
+          std::string("NetworkPolicy/pagedserve"), std::string("PodDisruptionBudget/pagedserve"),
           std::string("ConfigMap/pagedserve-grafana-dashboard")}) {
       EXPECT_NE(r.output.find("validated " + obj + "\n"), std::string::npos) << o << ": " << obj;
     }
     // No client-facing Service takes the name of the LWS controller's headless Service.
     EXPECT_EQ(r.output.find("validated Service/pagedserve\n"), std::string::npos) << o;
   }
+  // Queue-depth autoscaling and inference routing.
+  for (const std::string obj : {"ScaledObject/pagedserve", "InferencePool/pagedserve",
+                                "Deployment/pagedserve-epp", "Service/pagedserve-epp"}) {
+    EXPECT_NE(output["single-node-autoscaled"].find("validated " + obj + "\n"), std::string::npos)
+        << obj << "\n"
+        << output["single-node-autoscaled"];
+  }
   // The worker host name the leader's entry point resolves is published.
-  auto r = RunCommand("python3 '" + SourceDir() + "/tests/deploy/validate_manifests.py' '" +
-                      SourceDir() + "/deploy/k8s/overlays/multi-node'");
-  EXPECT_NE(r.output.find("resolves pagedserve-0-1.pagedserve.default\n"), std::string::npos)
-      << r.output;
+  EXPECT_NE(output["multi-node"].find("resolves pagedserve-0-1.pagedserve.default\n"),
+            std::string::npos)
+      << output["multi-node"];
 }
 
 TEST(KustomizeTest, PrometheusRuleIsGeneratedFromTheAlertRules) {
@@ -117,10 +153,24 @@ TEST(KustomizeTest, BrokenOverlaysAreRejected) {
       {"alert-job",
        {"rule PagedserveDown selects job=\"pagedserve\", but the ServiceMonitors "
         "produce ['pagedserve-api']"}},
+      {"pdb-blocks-drain", {"minAvailable 1 with 1 replica(s): no pod may ever be evicted"}},
+      // The upstream ScaledObject schema (extract_schemas.py, KEDA v2.16.1) at work.
+      {"autoscaling",
+       {"ScaledObject/pagedserve: CRD schema: Additional properties are not allowed ('maxReplicas'",
+        "which sets spec.replicas", "minReplicaCount is 0",
+        "scaleDown stabilizationWindowSeconds 60 is shorter than the 600 s",
+        "reads vllm:num_requests_queued, which /metrics does not export",
+        "trigger 0 selects job=\"pagedserve-api\""}},
+      {"inference-pool",
+       {"CRD schema: 'port' is a required property at /spec/endpointPickerRef",
+        "target port 5555 is not the http container port [8000]",
+        "reads vllm:kv_cache_usage_percent, which /metrics does not export",
+        "(--lora-info-metric) reads vllm:lora_requests_info, which /metrics does not export",
+        "reach ['http', 'zmq'] (only ['gateway'] may)"}},
   };
+  const MetricsEndpoint metrics;
   for (const auto& [dir, messages] : cases) {
-    auto r = RunCommand("python3 '" + SourceDir() + "/tests/deploy/validate_manifests.py' '" +
-                        SourceDir() + "/tests/deploy/broken/" + dir + "'");
+    auto r = metrics.Validate(SourceDir() + "/tests/deploy/broken/" + dir);
     EXPECT_EQ(r.exit_code, 1) << dir << ":\n" << r.output;
     for (const auto& m : messages)
       EXPECT_NE(r.output.find(m), std::string::npos) << dir << ": " << m << "\n" << r.output;

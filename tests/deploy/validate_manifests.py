@@ -7,10 +7,12 @@
 2. Built-in kinds: kubernetes-validate (PyPI; ships the Kubernetes OpenAPI
    schemas), strict mode (unknown fields are errors), for each version given.
 3. Custom resources: JSON schemas in tests/deploy/schemas, every error reported.
-   ServiceMonitor: upstream's (prometheus-operator v0.80.1), extracted from a
-   pinned PyPI package by tests/deploy/extract_schemas.py. LeaderWorkerSet: no
-   registry package ships its CRD; a hand-written subset whose $comment names
-   the upstream file and revision it follows. The pod templates inside a
+   ServiceMonitor and ScaledObject: upstream's (prometheus-operator v0.80.1,
+   KEDA v2.16.1), extracted from pinned PyPI packages by
+   tests/deploy/extract_schemas.py. LeaderWorkerSet, PrometheusRule and
+   InferencePool (Gateway API Inference Extension): no registry package ships
+   their CRDs; hand-written subsets whose $comment names the upstream file and
+   revision they follow. The pod templates inside a
    LeaderWorkerSet are validated as core/v1 Pods with kubernetes-validate.
 4. Cross-object checks that no schema sees: Service selectors select a pod
    template, named target ports and probe ports exist, the ServiceMonitor
@@ -40,6 +42,27 @@
    directories deploy/docker/entrypoint.sh reads, and both CurveZMQ Secrets
    are mounted.
 
+9. Disruption budget: a PodDisruptionBudget selects pods, and its
+   minAvailable (when an integer) is below the workload's smallest replica
+   count (a budget no eviction can meet blocks node drains for good).
+10. Autoscaling (KEDA ScaledObject, schema from extract_schemas.py): it scales
+   a rendered Deployment that sets no spec.replicas (kubectl apply would reset
+   the autoscaler's count), never to zero (a model takes minutes to load), its
+   scale-down stabilization window is at least the scaled pods' startup budget
+   (startupProbe period x failureThreshold), and every metric its Prometheus
+   queries name is exported and every job="..." is a job a ServiceMonitor
+   produces.
+11. Inference routing (InferencePool, a hand-written subset of the Gateway API
+   Inference Extension CRD): the pool selects the pods that serve HTTP, its
+   target port is their `http` container port, endpointPickerRef names a
+   rendered Service and port whose pods run the endpoint picker for this pool
+   (--pool-name), and every metric name the picker's flags read
+   (--total-queued-requests-metric, --kv-cache-usage-percentage-metric,
+   --lora-info-metric, whose defaults apply when a flag is absent) is exported
+   or turned off with "".
+   Metric names (10, 11) are checked against the families a live /metrics
+   serves: --metrics-url (deploy_test passes a real Metrics endpoint).
+
 Prints one line per object and exits 1 on the first class of error found
 (all errors are printed).
 """
@@ -51,6 +74,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
 
 import jsonschema
 import kubernetes_validate
@@ -373,6 +397,8 @@ METRICS_PORTS = {"metrics"}
 GATEWAY = {"app.kubernetes.io/part-of": "pagedserve", "app.kubernetes.io/component": "gateway"}
 PROMETHEUS = {"app.kubernetes.io/name": "prometheus"}
 SELF = {"app.kubernetes.io/name": "pagedserve"}
+# The Inference Extension's endpoint picker scrapes GET /metrics on the API port.
+ENDPOINT_PICKER = {"app.kubernetes.io/part-of": "pagedserve", "app.kubernetes.io/component": "endpoint-picker"}
 
 
 def peer_kind(peer):
@@ -386,6 +412,8 @@ def peer_kind(peer):
         return "gateway"
     if "namespaceSelector" not in peer and all(labels.get(k) == v for k, v in SELF.items()):
         return "self"
+    if "namespaceSelector" not in peer and all(labels.get(k) == v for k, v in ENDPOINT_PICKER.items()):
+        return "endpoint-picker"
     if all(labels.get(k) == v for k, v in PROMETHEUS.items()):
         return "prometheus"
     return None
@@ -404,6 +432,8 @@ def check_network_policy_peers(label, pol):
             allowed = {"self"}
         elif ports & REQUEST_PORTS and ports & METRICS_PORTS:
             allowed = set()
+        elif ports == {"http"}:
+            allowed = {"gateway", "endpoint-picker"}
         elif ports & REQUEST_PORTS:
             allowed = {"gateway"}
         elif ports & METRICS_PORTS:
@@ -416,10 +446,190 @@ def check_network_policy_peers(label, pol):
                              f"{sorted(map(str, ports)) or 'every port'} (only {sorted(allowed) or 'nobody'} may)")
 
 
+def exported_families(url):
+    """Metric family names a live Prometheus text endpoint serves (# TYPE lines)."""
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+
+
+def histogram_series(family):
+    return [family + suffix for suffix in ("_bucket", "_sum", "_count")]
+
+
+class MetricNames:
+    """The exported families, fetched once when a check needs them."""
+
+    def __init__(self, url):
+        self.url = url
+        self.names = None
+
+    def check(self, label, name, where):
+        if not self.url:
+            error(label, f"{where} reads {name}: run with --metrics-url to check that it is exported")
+            return
+        if self.names is None:
+            families = exported_families(self.url)
+            self.names = set(families)
+            for f in families:
+                self.names.update(histogram_series(f))
+        if name not in self.names:
+            error(label, f"{where} reads {name}, which /metrics does not export")
+
+
+# A PromQL metric name: a word with ':' allowed, not a function (followed by '(')
+# or a keyword, not a label name or value inside {...}.
+PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool",
+                   "and", "or", "unless"}
+
+
+def promql_metrics(query):
+    """Metric names in a PromQL query: words outside {...} and [...], not followed
+    by '(' (functions, aggregations), not keywords, not inside by/without/on/ignoring (...)."""
+    stripped = re.sub(r'\{[^}]*\}|\[[^\]]*\]', " ", query)
+    stripped = re.sub(r'\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)', " ", stripped)
+    names = []
+    for m in re.finditer(r'[a-zA-Z_:][a-zA-Z0-9_:]*', stripped):
+        if stripped[m.end():].lstrip().startswith("(") or m.group(0) in PROMQL_KEYWORDS:
+            continue
+        names.append(m.group(0))
+    return names
+
+
+def workloads(objs):
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs
+            if o["kind"] in ("Deployment", "StatefulSet", "LeaderWorkerSet")}
+
+
+def startup_budget(template):
+    """Seconds a pod may take before its startup probe gives up (the model load)."""
+    budget = 0
+    for c in template.get("spec", {}).get("containers", []):
+        p = c.get("startupProbe")
+        if p:
+            budget = max(budget, p.get("initialDelaySeconds", 0)
+                         + p.get("periodSeconds", 10) * p.get("failureThreshold", 3))
+    return budget
+
+
+def check_scaled_objects(objs, metrics):
+    loads = workloads(objs)
+    jobs = jobs_of(objs)
+    for so in (o for o in objs if o["kind"] == "ScaledObject"):
+        label = name_of(so)
+        spec = so["spec"]
+        ref = spec.get("scaleTargetRef", {})
+        target = loads.get((ref.get("kind", "Deployment"), ref.get("name")))
+        if target is None:
+            error(label, f"scaleTargetRef {ref.get('kind', 'Deployment')}/{ref.get('name')} is not a rendered workload")
+        elif "replicas" in target["spec"]:
+            error(label, f"scales {name_of(target)}, which sets spec.replicas: every kubectl apply would "
+                         "reset the autoscaler's replica count")
+        if spec.get("minReplicaCount", 0) < 1:
+            error(label, "minReplicaCount is 0: the first request after idling would wait for a model load")
+        down = (spec.get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("behavior", {})
+                .get("scaleDown", {}))
+        if target is not None:
+            need = startup_budget(target["spec"]["template"])
+            window = down.get("stabilizationWindowSeconds", 300)
+            if window < need:
+                error(label, f"scaleDown stabilizationWindowSeconds {window} is shorter than the {need} s "
+                             f"a new pod of {name_of(target)} may take to load (startupProbe)")
+        for i, trig in enumerate(spec.get("triggers", [])):
+            if trig.get("type") != "prometheus":
+                continue
+            query = trig.get("metadata", {}).get("query", "")
+            names = promql_metrics(query)
+            if not names:
+                error(label, f"trigger {i}: no metric in query {query!r}")
+            for name in names:
+                metrics.check(label, name, f"trigger {i}")
+            for job in re.findall(r'job\s*=\s*"([^"]*)"', query):
+                if job not in jobs:
+                    error(label, f"trigger {i} selects job=\"{job}\", but the ServiceMonitors produce {sorted(jobs)}")
+
+
+# The endpoint picker's metric flags and their defaults (Gateway API Inference
+# Extension, cmd/epp/runner/options.go at commit 9cdc2980a8ad6bc0269e77fec8cfe45d3defc92b).
+EPP_METRIC_FLAGS = {"--total-queued-requests-metric": "vllm:num_requests_waiting",
+                    "--kv-cache-usage-percentage-metric": "vllm:kv_cache_usage_perc",
+                    "--lora-info-metric": "vllm:lora_requests_info"}
+
+
+def flag_values(args):
+    out = {}
+    for i, a in enumerate(args):
+        if a.startswith("--") and "=" in a:
+            k, v = a.split("=", 1)
+            out[k] = v
+        elif a.startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out[a] = args[i + 1]
+    return out
+
+
+def check_inference_pools(objs, templates, metrics):
+    services = [o for o in objs if o["kind"] == "Service"]
+    for pool in (o for o in objs if o["kind"] == "InferencePool"):
+        label = name_of(pool)
+        spec = pool["spec"]
+        match = spec.get("selector", {}).get("matchLabels", {})
+        chosen = [(l, t) for l, t in templates if selects(match, t.get("metadata", {}).get("labels", {}))]
+        if not chosen:
+            error(label, f"selector {match} selects no pod template")
+        port = spec.get("targetPorts", [{}])[0].get("number")
+        for l, t in chosen:
+            http = [p.get("containerPort") for c in t["spec"]["containers"] for p in c.get("ports", [])
+                    if p.get("name") == "http"]
+            if http != [port]:
+                error(label, f"target port {port} is not the http container port {http} of {l}")
+        ref = spec.get("endpointPickerRef", {})
+        svc = next((s for s in services if s["metadata"]["name"] == ref.get("name")), None)
+        if ref.get("kind", "Service") != "Service" or svc is None:
+            error(label, f"endpointPickerRef names no rendered Service: {ref.get('name')}")
+            continue
+        sport = next((p for p in svc["spec"].get("ports", []) if p.get("port") == ref.get("port", {}).get("number")), None)
+        if sport is None:
+            error(label, f"endpointPickerRef port {ref.get('port', {}).get('number')} is not a port of {name_of(svc)}")
+        pickers = [(l, t) for l, t in templates if selects(svc["spec"].get("selector", {}),
+                                                             t.get("metadata", {}).get("labels", {}))]
+        if not pickers:
+            error(label, f"{name_of(svc)} selects no pod: no endpoint picker")
+        for l, t in pickers:
+            for c in t["spec"]["containers"]:
+                flags = flag_values(c.get("args", []))
+                if flags.get("--pool-name") != pool["metadata"]["name"]:
+                    error(label, f"the endpoint picker {l} serves pool {flags.get('--pool-name')}, not this one")
+                for flag, default in EPP_METRIC_FLAGS.items():
+                    spec_str = flags.get(flag, default)
+                    if spec_str == "":
+                        continue  # turned off
+                    metrics.check(label, spec_str.split("{")[0].strip(), f"endpoint picker {l} ({flag})")
+
+
+def check_disruption_budgets(objs, templates):
+    loads = workloads(objs)
+    scaled = {(o["spec"]["scaleTargetRef"].get("kind", "Deployment"), o["spec"]["scaleTargetRef"].get("name")):
+              o["spec"].get("minReplicaCount", 0) for o in objs if o["kind"] == "ScaledObject"}
+    for pdb in (o for o in objs if o["kind"] == "PodDisruptionBudget"):
+        label = name_of(pdb)
+        match = pdb["spec"].get("selector", {}).get("matchLabels", {})
+        chosen = [w for w in loads.values()
+                  for _, t in pod_templates(w) if selects(match, t.get("metadata", {}).get("labels", {}))]
+        if not chosen:
+            error(label, f"selector {match} selects no pod template")
+        least = min((scaled.get((w["kind"], w["metadata"]["name"]), w["spec"].get("replicas", 1))
+                     for w in chosen), default=1)
+        floor = pdb["spec"].get("minAvailable")
+        if isinstance(floor, int) and floor >= least:
+            error(label, f"minAvailable {floor} with {least} replica(s): no pod may ever be evicted, "
+                         "node drains block for good")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("overlay")
     ap.add_argument("--kubernetes-version", action="append", dest="versions")
+    ap.add_argument("--metrics-url", help="a pagedserve /metrics endpoint: the metric names it exports")
     args = ap.parse_args()
     versions = args.versions or ["1.30.0", "1.37.0"]
 
@@ -505,6 +715,10 @@ def main():
         check_network_policy_peers(label, pol)
     check_lws_dns(objs)
     check_alert_rules(objs)
+    metrics = MetricNames(args.metrics_url)
+    check_disruption_budgets(objs, templates)
+    check_scaled_objects(objs, metrics)
+    check_inference_pools(objs, templates, metrics)
     dashboards = [o for o in objs if o["kind"] == "ConfigMap"
                   and o["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
     if len(dashboards) != 1:

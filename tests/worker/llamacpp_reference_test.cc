@@ -30,7 +30,7 @@
 // are about 3x the measured figures: a wrong scale, block layout, permutation or
 // KV conversion moves the KL by orders of magnitude (one wrong layer gives KL > 1).
 // Greedy continuations (32 tokens, common prefix with llama.cpp's) are printed
-// and recorded in docs/benchmarks.md; they are not asserted: after the first
+// and recorded in docs/benchmarks-history.md; they are not asserted: after the first
 // near tie two correct implementations part ways.
 #include <algorithm>
 #include <cmath>
