@@ -425,7 +425,13 @@ class AbortAndLatencyTest(unittest.TestCase):
 
         reader = threading.Thread(target=read_first_event)
         reader.start()
-        time.sleep(0.5)  # the engine takes the request before its next step: now prefilling
+        # Wait for the engine to take the request (running, or its blocks held):
+        # from then on it is prefilling.
+        deadline = time.time() + 60
+        while (metric(SERVER.url, "pagedserve_requests_running") < 1
+               and metric(SERVER.url, "pagedserve_kv_cache_usage_ratio", 'pool="device"') == 0):
+            self.assertLess(time.time(), deadline, "the request never started")
+            time.sleep(0.01)
         latencies = []
         for path in ["/health", "/v1/models", "/metrics", "/health", "/version"]:
             s = time.monotonic()
