@@ -525,6 +525,10 @@ void Metrics::AddPreemption(MetricsPreemptionMode mode) {
 void Metrics::AddPromptTokens(int64_t n) {
   if (n < 0) return Reject("AddPromptTokens");
   prompt_tokens_->Increment(static_cast<double>(n));
+}
+
+void Metrics::AddRequestPromptTokens(int64_t n) {
+  if (n < 0) return Reject("AddRequestPromptTokens");
   vllm_.prompt_tokens->Increment(static_cast<double>(n));
 }
 

@@ -159,8 +159,13 @@ class Metrics {
   // One sequence group preempted.
   void AddPreemption(MetricsPreemptionMode mode);
   // Prompt tokens prefilled (including recomputed ones after a recompute
-  // preemption) and output tokens generated, per step.
+  // preemption) and output tokens generated, per step:
+  // pagedserve_prompt_tokens_total counts the computed tokens.
   void AddPromptTokens(int64_t n);
+  // vLLM's vllm:prompt_tokens_total instead counts each request's whole prompt
+  // once, when its first output token comes (prefix-cache hits included,
+  // recomputation not; vLLM V1 IterationStats.update_from_output).
+  void AddRequestPromptTokens(int64_t n);
   void AddGenerationTokens(int64_t n);
   // One ZeroMQ connection whose handshake failed (a CurveZMQ server refusing a
   // client): `reason` "auth" (the ZAP handler refused the client's key),

@@ -513,7 +513,7 @@ absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& name)
   const std::string lower = absl::AsciiStrToLower(name);
   if (lower == "debug") return spdlog::level::debug;
   if (lower == "info") return spdlog::level::info;
-  if (lower == "warning") return spdlog::level::warn;
+  if (lower == "warning" || lower == "warn") return spdlog::level::warn;
   if (lower == "error") return spdlog::level::err;
   return absl::InvalidArgumentError(
       absl::StrCat("--log-level must be debug, info, warning or error, got '", name, "'"));

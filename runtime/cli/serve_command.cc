@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/cli/commands.h"
 #include "runtime/cli/common_flags.h"
@@ -142,7 +143,7 @@ PAGEDSERVE_FLAG("serve", double, log_stats_interval, 10,
                 "serve: seconds between two stats lines (prompt and generation throughput over "
                 "the interval, running / waiting / swapped requests, device KV cache and CPU swap "
                 "usage, prefix-cache hit rate); written while the server is busy and once when it "
-                "turns idle (idle lines at debug level)");
+                "turns idle (idle lines at debug level); 0.01 to 86400");
 PAGEDSERVE_FLAG("serve", bool, require_cache_salt, false,
                 "serve: refuse requests without a cache_salt (multi-tenant prefix-cache "
                 "isolation)");
@@ -280,15 +281,24 @@ absl::StatusOr<ServeOptions> ServeOptionsFromFlags(const std::string& model_path
   o.log_requests = !absl::GetFlag(FLAGS_disable_log_requests);
   o.log_request_content = absl::GetFlag(FLAGS_log_request_content);
   const int32_t port = absl::GetFlag(FLAGS_metrics_port);
+  if (port > 0 && absl::StrContains(absl::GetFlag(FLAGS_metrics_host), ':')) {
+    // prometheus-cpp's civetweb (Debian's) is built without IPv6: it failed
+    // with "null context when constructing CivetServer".
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics-host must be an IPv4 address or host name (the metrics server has no IPv6), "
+        "got '",
+        absl::GetFlag(FLAGS_metrics_host), "'; /metrics on the HTTP API takes IPv6"));
+  }
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics-port must be in [0, 65535], got ", port));
   }
   PS_ASSIGN_OR_RETURN(so.default_seed, SeedFromFlags());
   const double stats_interval = absl::GetFlag(FLAGS_log_stats_interval);
-  if (!(stats_interval > 0 && stats_interval <= 86400)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--log-stats-interval must be in (0, 86400] seconds, got ", stats_interval));
+  // At least 10 ms: a smaller interval only floods the log (1e-9 wrote 9 MB in 5 s).
+  if (!(stats_interval >= 0.01 && stats_interval <= 86400)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--log-stats-interval must be in [0.01, 86400] seconds, got ", stats_interval));
   }
   if (!absl::GetFlag(FLAGS_disable_log_stats)) {
     so.log_stats_interval = absl::Seconds(stats_interval);

@@ -354,6 +354,7 @@ void Engine::ApplyRequestOutput(const RequestOutput& ro, Clock::time_point now,
     r.has_token = true;
     r.first_token = now;
     r.cached_tokens = ro.num_cached_tokens;
+    first_token_prompt_tokens_ += r.prompt_len;
   }
   r.last_token = now;
   // Beam search reports nothing until the search ends (beams reorder).
@@ -473,6 +474,7 @@ void Engine::RecordStepMetrics(const StepPlan& plan, const StepResult& result) {
     if (s.is_prefill()) fig.prompt_tokens += static_cast<int64_t>(s.token_ids.size());
   }
   fig.generation_tokens = static_cast<int64_t>(result.tokens.size());
+  fig.first_token_prompt_tokens = std::exchange(first_token_prompt_tokens_, 0);
   token_counters_.prompt_tokens += fig.prompt_tokens;
   token_counters_.generation_tokens += fig.generation_tokens;
   fig.step_tokens = plan.num_tokens();

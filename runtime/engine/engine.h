@@ -256,6 +256,9 @@ class Engine {
   absl::Status broken_;                   // the fatal error that stopped the engine
   SchedulerStats last_stats_;
   EngineTokenCounters token_counters_;
+  // Prompt lengths of the requests whose first token came in this step
+  // (vllm:prompt_tokens_total); taken by RecordStepMetrics.
+  int64_t first_token_prompt_tokens_ = 0;
   uint64_t requests_accepted_ = 0;  // AddRequest successes, for DefaultRequestSeed
 };
 

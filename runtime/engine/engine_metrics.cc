@@ -13,6 +13,7 @@ void RecordStep(Metrics* m, const StepFigures& f) {
   for (int64_t i = 0; i < f.preemptions_recompute; ++i)
     m->AddPreemption(MetricsPreemptionMode::kRecompute);
   if (f.prompt_tokens > 0) m->AddPromptTokens(f.prompt_tokens);
+  if (f.first_token_prompt_tokens > 0) m->AddRequestPromptTokens(f.first_token_prompt_tokens);
   if (f.generation_tokens > 0) m->AddGenerationTokens(f.generation_tokens);
   if (f.executed) {
     m->ObserveStepTokens(f.step_tokens);

@@ -23,10 +23,11 @@ struct StepFigures {
   double device_kv_usage = 0, cpu_kv_usage = 0;
   int64_t prefix_queries = 0, prefix_hits = 0;              // increments, tokens
   int64_t preemptions_swap = 0, preemptions_recompute = 0;  // increments
-  int64_t prompt_tokens = 0;      // prefilled this step (including recomputation)
-  int64_t generation_tokens = 0;  // sampled this step
-  int64_t step_tokens = 0;        // fed to the model this step
-  bool executed = false;          // a forward pass ran (rank figures valid)
+  int64_t prompt_tokens = 0;              // prefilled this step (including recomputation)
+  int64_t first_token_prompt_tokens = 0;  // prompt lengths of requests whose first token came
+  int64_t generation_tokens = 0;          // sampled this step
+  int64_t step_tokens = 0;                // fed to the model this step
+  bool executed = false;                  // a forward pass ran (rank figures valid)
   double forward_s = 0, collective_s = 0;
 };
 void RecordStep(Metrics* m, const StepFigures& f);

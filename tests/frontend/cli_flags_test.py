@@ -254,7 +254,8 @@ def main():
     # Values checked once the model is read: exit 2, the flag and the rule named.
     if model:
         for flags, rule in ((["--seed=-2"], "--seed must be >= 0 (or -1 for none), got -2"),
-                            (["--log-stats-interval=0"], "--log-stats-interval must be in (0, 86400]")):
+                            (["--log-stats-interval=0"], "--log-stats-interval must be in [0.01, 86400]"),
+                            (["--log-stats-interval=1e-9"], "--log-stats-interval must be in [0.01, 86400]")):
             rc, out, err = run(binary, ["serve", model, "--port=-1"] + flags)
             check(rc == 2 and rule in err, f"serve {flags}: exit 2, '{rule}' (rc={rc}, {err.strip()[-200:]!r})")
         for flag, value, rule in (("--gpu-memory-utilization", "0", "must be in (0, 1]"),

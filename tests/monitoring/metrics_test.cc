@@ -97,7 +97,8 @@ TEST(MetricsTest, KnownWorkloadGivesExactValues) {
   EXPECT_EQ(Value(s, "pagedserve_prefix_cache_hits_tokens_total"), 32);
   EXPECT_EQ(Value(s, "pagedserve_preemptions_total", {{"mode", "swap"}}), 2);
   EXPECT_EQ(Value(s, "pagedserve_preemptions_total", {{"mode", "recompute"}}), 1);
-  EXPECT_EQ(Value(s, "pagedserve_prompt_tokens_total"), w.prompt_tokens());
+  EXPECT_EQ(Value(s, "pagedserve_prompt_tokens_total"),
+            w.prompt_tokens() - testing::Workload::kCachedPromptTokens);
   // Generation tokens equal the sum of the requests' completion tokens.
   EXPECT_EQ(Value(s, "pagedserve_generation_tokens_total"), w.generation_tokens());
   EXPECT_EQ(Value(s, "pagedserve_requests_finished_total", {{"finish_reason", "stop"}}), 2);

@@ -182,7 +182,7 @@ TEST_F(PrometheusServerTest, ScrapesTheExposerAndAnswersPromql) {
       alerting += r.value("type", "") == "alerting";
     }
   }
-  EXPECT_EQ(alerting, 7) << rules.body;
+  EXPECT_EQ(alerting, 8) << rules.body;
 }
 
 TEST_F(PrometheusServerTest, EveryDashboardExpressionEvaluates) {

@@ -311,7 +311,6 @@ TEST(VllmNamesTest, TwinsCarryTheSameFigures) {
       {"vllm:num_requests_running", "pagedserve_requests_running"},
       {"vllm:num_requests_waiting", "pagedserve_requests_waiting"},
       {"vllm:num_requests_swapped", "pagedserve_requests_swapped"},
-      {"vllm:prompt_tokens_total", "pagedserve_prompt_tokens_total"},
       {"vllm:generation_tokens_total", "pagedserve_generation_tokens_total"},
       {"vllm:prefix_cache_queries_total", "pagedserve_prefix_cache_queries_tokens_total"},
       {"vllm:gpu_prefix_cache_queries_total", "pagedserve_prefix_cache_queries_tokens_total"},
@@ -330,6 +329,11 @@ TEST(VllmNamesTest, TwinsCarryTheSameFigures) {
       {"vllm:iteration_tokens_total_sum", "pagedserve_step_tokens_sum"},
   };
   for (const auto& [vllm, ours] : same) EXPECT_DOUBLE_EQ(value(vllm), value(ours)) << vllm;
+  // vLLM counts whole prompts (cache hits included), pagedserve_* computed tokens.
+  const testing::Workload w;
+  EXPECT_EQ(value("vllm:prompt_tokens_total"), w.prompt_tokens());
+  EXPECT_EQ(value("pagedserve_prompt_tokens_total"),
+            w.prompt_tokens() - testing::Workload::kCachedPromptTokens);
   EXPECT_EQ(value("vllm:gpu_cache_usage_perc"), 0.25);
   EXPECT_EQ(value("vllm:kv_cache_usage_perc"), 0.25);
   EXPECT_EQ(value("vllm:cpu_cache_usage_perc"), 0.5);

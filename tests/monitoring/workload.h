@@ -29,6 +29,7 @@ struct Workload {
   std::vector<RankStep> rank_steps = {
       {0, 0.02, 0.005}, {1, 0.03, 0.01}, {1, 0.2, 0.1}, {0, 0.0004, 0.0001}};
 
+  static constexpr int64_t kCachedPromptTokens = 32;
   int64_t prompt_tokens() const {
     int64_t n = 0;
     for (const auto& r : requests) n += r.prompt_len;
@@ -49,7 +50,10 @@ struct Workload {
     m.AddPreemption(MetricsPreemptionMode::kSwap);
     m.AddPreemption(MetricsPreemptionMode::kSwap);
     m.AddPreemption(MetricsPreemptionMode::kRecompute);
-    m.AddPromptTokens(prompt_tokens());
+    // 32 prompt tokens came from the prefix cache (AddPrefixCache above): not
+    // computed, yet part of the requests' prompts (vLLM's count).
+    m.AddPromptTokens(prompt_tokens() - kCachedPromptTokens);
+    m.AddRequestPromptTokens(prompt_tokens());
     for (const auto& r : requests) {
       for (int64_t i = 0; i < r.generation_len; ++i) m.AddGenerationTokens(1);
     }

@@ -445,19 +445,26 @@ def main():
                                                             args.sample_interval), daemon=True)
     sampler_thread.start()
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.concurrency)
-    kill_at = started + total / 2 if args.kill_worker else None
+    kill_pending = args.kill_worker
     try:
         while True:
-            left = total - (time.monotonic() - started)
-            if left <= 0:
-                break
-            load_phase(server, load, min(warmup, left), pool, killing)
+            # Every life gets a warm-up and some load, a life after a restart
+            # at least 20 s of each even when the run's time is up.
+            floor = 20.0 if life > 1 else 0.0
+            left = max(total - (time.monotonic() - started), floor)
+            load_phase(server, load, max(min(warmup, left), floor), pool, killing)
             base = idle_point(server, failures, f"life {life} after warm-up")
             idle.append(base)
-            left = total - (time.monotonic() - started)
-            _, killed = load_phase(server, load, max(left, 0), pool, killing, kill_at)
+            left = max(total - (time.monotonic() - started), floor)
+            # The kill comes half-way through the first life's load after its
+            # warm-up (at least 20 s of load, so that requests are in flight).
+            kill_at = None
+            if kill_pending:
+                left = max(left, 40.0)
+                kill_at = time.monotonic() + left / 2
+            _, killed = load_phase(server, load, left, pool, killing, kill_at)
             if killed:
-                kill_at = None
+                kill_pending = False
                 killed_at = time.monotonic()
                 killing.set()
                 victims = server.worker_pids()
