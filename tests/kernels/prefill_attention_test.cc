@@ -42,6 +42,40 @@ struct PrefillCase {
   int window = 0;  // sliding window (0 = none)
 };
 
+// Blocks wholly before every query row's window are never read: NaN there.
+void PoisonBeforeWindows(const PrefillCase& c, PagedBatch& b) {
+  for (size_t s = 0; c.window > 0 && s < c.seqs.size(); ++s)
+    PoisonBlocksBefore(b, static_cast<int>(s),
+                       WindowFirstKey(c.seqs[s].seq_len - c.seqs[s].q_len, c.window));
+}
+
+// Negative control of a windowed case: the same call without the window
+// misses the reference of the longest sequence's last row (it attends to
+// tokens before the window, NaN there).
+void ExpectFailsWithoutWindow(const PrefillCase& c, const PagedBatch& b, const HostTensor& q,
+                              const std::vector<int32_t>& qsl, int64_t qstride,
+                              PrefillAttentionParams p) {
+  const int hs = c.head_size, H = c.heads;
+  size_t longest = 0;
+  for (size_t s = 1; s < c.seqs.size(); ++s)
+    if (c.seqs[s].seq_len > c.seqs[longest].seq_len) longest = s;
+  const int pos = c.seqs[longest].seq_len - 1;
+  const int64_t row = qsl[longest + 1] - 1;
+  std::vector<double> ref(static_cast<size_t>(H) * hs);
+  for (int h = 0; h < H; ++h)
+    ReferenceAttendRange(q.f.data() + row * qstride + static_cast<int64_t>(h) * hs, h, H,
+                         b.gathered_k(static_cast<int>(longest)),
+                         b.gathered_v(static_cast<int>(longest)), WindowFirstKey(pos, c.window),
+                         pos + 1, pos, p.scale, 0.0, ref.data() + static_cast<size_t>(h) * hs);
+  HostTensor plain(c.dtype, static_cast<size_t>(qsl.back()) * H * hs);
+  p.out = plain.data();
+  p.sliding_window = 0;
+  ASSERT_TRUE(PrefillAttention(p).ok());
+  std::vector<float> got(ref.size());
+  for (size_t k = 0; k < got.size(); ++k) got[k] = plain.Get(static_cast<size_t>(row) * H * hs + k);
+  EXPECT_FALSE(AttentionOutputMatches(got, ref, c.dtype)) << "no window passes";
+}
+
 void RunPrefillCase(const PrefillCase& c) {
   SCOPED_TRACE(absl::StrCat(DTypeName(c.dtype), " block ", c.block_size, " alibi ", c.alibi,
                             " seqs ", c.seqs.size()));
@@ -71,10 +105,7 @@ void RunPrefillCase(const PrefillCase& c) {
       std::copy_n(nk.f.begin() + t * row, row, b.k[s].begin() + pos * row);
       std::copy_n(nv.f.begin() + t * row, row, b.v[s].begin() + pos * row);
     }
-  // Blocks wholly before every query row's window are never read: NaN there.
-  for (size_t s = 0; c.window > 0 && s < c.seqs.size(); ++s)
-    PoisonBlocksBefore(b, static_cast<int>(s),
-                       WindowFirstKey(c.seqs[s].seq_len - c.seqs[s].q_len, c.window));
+  PoisonBeforeWindows(c, b);
   ReshapeAndCacheParams rp;
   rp.key = nk.data();
   rp.value = nv.data();
@@ -138,27 +169,7 @@ void RunPrefillCase(const PrefillCase& c) {
       }
     }
 
-  if (c.window > 0) {
-    // Negative control: the same call without the window misses the last row
-    // of the longest sequence (it attends to tokens before the window).
-    size_t longest = 0;
-    for (size_t s = 1; s < c.seqs.size(); ++s)
-      if (c.seqs[s].seq_len > c.seqs[longest].seq_len) longest = s;
-    const int pos = c.seqs[longest].seq_len - 1;
-    for (int h = 0; h < H; ++h)
-      ReferenceAttendRange(
-          q.f.data() + (qsl[longest + 1] - 1) * qstride + static_cast<int64_t>(h) * hs, h, H,
-          b.gathered_k(longest), b.gathered_v(longest), WindowFirstKey(pos, c.window), pos + 1, pos,
-          p.scale, 0.0, ref.data() + static_cast<size_t>(h) * hs);
-    HostTensor plain(c.dtype, out.size());
-    p.out = plain.data();
-    p.sliding_window = 0;
-    ASSERT_TRUE(PrefillAttention(p).ok());
-    const size_t last_row = static_cast<size_t>(qsl[longest + 1] - 1);
-    for (size_t k = 0; k < got.size(); ++k) got[k] = plain.Get(last_row * H * hs + k);
-    EXPECT_FALSE(AttentionOutputMatches(got, ref, c.dtype)) << "no window passes";
-    return;
-  }
+  if (c.window > 0) return ExpectFailsWithoutWindow(c, b, q, qsl, qstride, p);
   // Negative controls: a zeroed row, and the same kernel with one block of the
   // control sequence's context dropped (its last row then attends to every
   // token but that block's), must both fail the standard.

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/half.h"
 #include "nlohmann/json.hpp"
+#include "runtime/model/generation_config.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/weights.h"
@@ -297,6 +298,33 @@ TEST(HfConfigTest, GenerationConfigEosTokens) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(st.message().find("g.json"), std::string::npos) << st;
   }
+}
+
+// generation_config.json's sampling defaults (vLLM's --generation-config
+// auto): the five fields it takes, absent / null ones unset, mistyped named.
+TEST(HfConfigTest, GenerationDefaults) {
+  auto d = GenerationDefaultsFromJson(
+      R"({"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05,
+          "min_p": null, "do_sample": true, "eos_token_id": [1, 2]})",
+      "g.json");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_DOUBLE_EQ(*d->temperature, 0.7);
+  EXPECT_DOUBLE_EQ(*d->top_p, 0.8);
+  EXPECT_EQ(*d->top_k, 20);
+  EXPECT_DOUBLE_EQ(*d->repetition_penalty, 1.05);
+  EXPECT_FALSE(d->min_p.has_value());
+  auto none = GenerationDefaultsFromJson(R"({"bos_token_id": 1})", "g.json");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  for (const char* bad :
+       {R"({"temperature": "hot"})", R"({"top_k": 0.5})", R"({"top_k": 99999999999})", "[]", "{"}) {
+    auto s = GenerationDefaultsFromJson(bad, "g.json");
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.status().message().find("g.json"), std::string::npos) << s.status();
+  }
+  auto gguf = LoadGenerationDefaults("/nonexistent/model.gguf");
+  ASSERT_TRUE(gguf.ok());
+  EXPECT_TRUE(gguf->empty());
 }
 
 TEST(HfConfigTest, RopeScaling) {
