@@ -91,6 +91,8 @@ absl::Status CheckAttentionCommon(absl::string_view op, const Params& p) {
   if (p.max_blocks_per_seq <= 0)
     return Invalid(op, "max_blocks_per_seq must be > 0, got ", p.max_blocks_per_seq);
   if (!std::isfinite(p.scale)) return Invalid(op, "scale must be finite, got ", p.scale);
+  if (p.sliding_window < 0)
+    return Invalid(op, "sliding_window must be >= 0 (0 = none), got ", p.sliding_window);
   return absl::OkStatus();
 }
 
@@ -258,6 +260,8 @@ bool GqaMmaFits(DType dtype, int head_size, int group_size) {
 absl::Status PagedAttentionGqaMma(const PagedAttentionParams& p) {
   constexpr absl::string_view op = "paged_attention_gqa_mma";
   if (absl::Status st = ValidateDecode(op, p); !st.ok()) return st;
+  if (p.sliding_window > 0)
+    return Invalid(op, "takes no sliding window (v1/v2 do); got sliding_window ", p.sliding_window);
   if (p.num_seqs == 0) return absl::OkStatus();
   const KVCacheShape& cs = p.cache.shape;
   const int group = p.num_heads / cs.num_kv_heads;
@@ -280,6 +284,8 @@ absl::Status PagedAttentionGqaMma(const PagedAttentionParams& p) {
 absl::Status PagedAttentionGqa(const PagedAttentionParams& p) {
   constexpr absl::string_view op = "paged_attention_gqa";
   if (absl::Status st = ValidateDecode(op, p); !st.ok()) return st;
+  if (p.sliding_window > 0)
+    return Invalid(op, "takes no sliding window (v1/v2 do); got sliding_window ", p.sliding_window);
   if (p.num_seqs == 0) return absl::OkStatus();
   if (IsFp8(p.cache.shape.dtype) ||
       ResolveIoDType(p.io_dtype, p.cache.shape.dtype) != p.cache.shape.dtype)
@@ -351,12 +357,16 @@ DecodeKernelChoice ChooseDecodeKernelImpl(Device device, int num_seqs, int num_h
 DecodeKernelChoice ChooseDecodeKernelImpl(const PagedAttentionParams& p, DecodeKernel requested,
                                           bool explain) {
   const DType cache = p.cache.shape.dtype;
-  if (IsFp8(cache) || ResolveIoDType(p.io_dtype, cache) != cache) {
+  const bool converts = IsFp8(cache) || ResolveIoDType(p.io_dtype, cache) != cache;
+  if (converts || p.sliding_window > 0) {
     const bool v1 = ShouldUsePagedAttentionV1(p.num_seqs, p.num_heads, p.max_seq_len);
     const DecodeKernel k = requested == DecodeKernel::kV1 || requested == DecodeKernel::kV2
                                ? requested
                                : (v1 ? DecodeKernel::kV1 : DecodeKernel::kV2);
     if (!explain) return {k, std::string()};
+    if (!converts)
+      return {k, absl::StrCat("sliding window of ", p.sliding_window,
+                              " tokens: only v1/v2 take a window; ", DecodeKernelName(k))};
     return {k, absl::StrCat(DTypeName(cache), " cache with ",
                             DTypeName(ResolveIoDType(p.io_dtype, cache)),
                             " operands: only v1/v2 convert in registers; ", DecodeKernelName(k))};
@@ -496,7 +506,7 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
                      " is not one of auto, simt, mma");
   }
   const bool mma =
-      k == PrefillKernel::kMma &&
+      k == PrefillKernel::kMma && p.sliding_window == 0 &&
       PrefillMmaFits(p.cache.shape.dtype, ResolveIoDType(p.io_dtype, p.cache.shape.dtype),
                      p.cache.shape.head_size);
   return cuda::PrefillAttention(p, mma);

@@ -58,6 +58,14 @@ struct PagedAttentionParams {
   int max_seq_len = 0;                  // >= every seq_lens[s]; sizes the v2 partitions
   float scale = 1.0f;                   // softmax scale, usually 1/sqrt(head_size)
   const float* alibi_slopes = nullptr;  // [num_heads] fp32 or null (no ALiBi)
+  // Sliding-window attention (Mistral's sliding_window, Gemma's local layers;
+  // Beltagy et al. 2020, "Longformer"): > 0 limits the query at position p
+  // (= seq_len - 1) to the keys at positions (p - sliding_window, p], i.e. the
+  // last sliding_window tokens, itself included -- Hugging Face's
+  // sliding-window causal mask. 0 = the whole context. Blocks wholly before
+  // the window are not read (nor need they hold anything finite); on kCUDA a
+  // windowed call runs v1/v2 (ChooseDecodeKernel), not the GQA kernels.
+  int sliding_window = 0;
   // Host-readable copies used only for validation on kCUDA (optional there; on
   // CPU the device arrays are host-readable and are checked directly).
   const int32_t* host_block_tables = nullptr;
@@ -161,7 +169,8 @@ DecodeKernelChoice ChooseDecodeKernel(Device device, int num_seqs, int num_heads
 // The rule above for one concrete call (what PagedAttention() runs): an fp8
 // cache, or operands in another type than the cache (io_dtype), stays on v1/v2
 // whatever was requested, because only they convert in registers; the GQA
-// kernel reads fp32/fp16/bf16 caches with operands of the same type.
+// kernel reads fp32/fp16/bf16 caches with operands of the same type. A
+// sliding window (sliding_window > 0) also stays on v1/v2: only they take it.
 DecodeKernelChoice ChooseDecodeKernel(const PagedAttentionParams& p, DecodeKernel requested);
 
 // The kernel the environment variable PAGEDSERVE_DECODE_KERNEL names

@@ -51,14 +51,19 @@ struct PrefillAttentionParams {
   int max_query_len = 0;  // >= every q_len(s)
   int max_seq_len = 0;    // >= every seq_lens[s]
   float scale = 1.0f;
-  const float* alibi_slopes = nullptr;            // [num_heads] or null
+  const float* alibi_slopes = nullptr;  // [num_heads] or null
+  // Sliding-window attention (as PagedAttentionParams::sliding_window): > 0
+  // limits query row i at position pos to the keys at (pos - sliding_window,
+  // pos]; 0 = causal over the whole context. Keys wholly before every row's
+  // window are not read. On kCUDA a windowed call runs kSimt.
+  int sliding_window = 0;
   const int32_t* host_query_start_loc = nullptr;  // validation copies for kCUDA
   const int32_t* host_seq_lens = nullptr;
   const int32_t* host_block_tables = nullptr;
   void* stream = nullptr;
   // Which kernel runs on kCUDA: kAuto = the environment variable
   // PAGEDSERVE_PREFILL_KERNEL (auto|simt|mma, read once) or else kSimt. A
-  // kMma request that does not fit (PrefillMmaFits) runs kSimt.
+  // kMma request that does not fit (PrefillMmaFits), or a windowed call, runs kSimt.
   PrefillKernel kernel = PrefillKernel::kAuto;
 };
 

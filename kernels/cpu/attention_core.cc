@@ -101,6 +101,7 @@ PS_ALWAYS_INLINE void AttendImpl(const AttendArgs& a) {
         for (int j = 0; j < X; ++j) s += acc[t * X + j];
         s *= a.scale;
         if (a.slopes != nullptr) s += a.slopes[m] * static_cast<float>(b0 + t - a.qpos[m]);
+        if (a.first != nullptr && b0 + t < a.first[m]) s = ninf;  // before the window
         lg[t] = s;
         mx = s > mx ? s : mx;
       }
@@ -115,10 +116,15 @@ PS_ALWAYS_INLINE void AttendImpl(const AttendArgs& a) {
     float* lg = a.logits + static_cast<int64_t>(m) * L;
     const float mx = a.out_max[m];
     float sum = 0.0f;
-    for (int t = 0; t < n; ++t) {
-      const float p = std::exp(lg[t] - mx);
-      lg[t] = p;
-      sum += p;
+    if (mx == ninf) {
+      // Every visible token lies before the window: no weight at all.
+      for (int t = 0; t < n; ++t) lg[t] = 0.0f;
+    } else {
+      for (int t = 0; t < n; ++t) {
+        const float p = std::exp(lg[t] - mx);
+        lg[t] = p;
+        sum += p;
+      }
     }
     a.out_sum[m] = n > 0 ? sum : 0.0f;
     float* acc = a.out_acc + static_cast<int64_t>(m) * hs;
@@ -304,6 +310,7 @@ __attribute__((target("avx2,fma,f16c"))) void Attend16Avx2(const AttendArgs& a) 
   const int L = a.t_end - a.t_begin;
   const int nblk = (L + BS - 1) / BS;
   const bool convert = M >= kConvertMinQueries;
+  const float ninf = -std::numeric_limits<float>::infinity();
   auto visible = [&](int m, int b0) {  // tokens of the block starting at b0 query m sees
     const int e = a.limit[m] < a.t_end ? a.limit[m] : a.t_end;
     return e <= b0 ? 0 : (e - b0 < BS ? e - b0 : BS);
@@ -327,11 +334,12 @@ __attribute__((target("avx2,fma,f16c"))) void Attend16Avx2(const AttendArgs& a) 
       } else {
         BlockLogits<T, BS>(K, qr, chunks, n, a.scale, slope, pos0, lg);
       }
+      if (a.first != nullptr)  // tokens before the window weigh nothing
+        for (int t = 0; t < n && b0 + t < a.first[m]; ++t) lg[t] = ninf;
     }
   }
 
   // Max, softmax numerators and exp-sums.
-  const float ninf = -std::numeric_limits<float>::infinity();
   for (int m = 0; m < M; ++m) {
     const int e = a.limit[m] < a.t_end ? a.limit[m] : a.t_end;
     const int n = e - a.t_begin > 0 ? e - a.t_begin : 0;
@@ -345,6 +353,14 @@ __attribute__((target("avx2,fma,f16c"))) void Attend16Avx2(const AttendArgs& a) 
     for (float v : lanes) mx = v > mx ? v : mx;
     for (; t < n; ++t) mx = lg[t] > mx ? lg[t] : mx;
     a.out_max[m] = mx;
+    if (mx == ninf) {
+      // Every visible token lies before the window: no weight at all.
+      for (t = 0; t < n; ++t) lg[t] = 0.0f;
+      a.out_sum[m] = 0.0f;
+      float* acc = a.out_acc + static_cast<int64_t>(m) * hs;
+      for (int d = 0; d < hs; ++d) acc[d] = 0.0f;
+      continue;
+    }
     const __m256 vm = _mm256_set1_ps(mx);
     __m256 vsum = _mm256_setzero_ps();
     for (t = 0; t + 8 <= n; t += 8) {

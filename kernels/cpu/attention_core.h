@@ -58,8 +58,13 @@ struct AttendArgs {
   int num_queries = 0;  // M
   // Query m, replicated for the key layout: qrep[(m * (head_size / x) + c) *
   // kQrepWidth + i] = q_m[c * x + i % x]. Built by BuildQrep.
-  const float* qrep = nullptr;    // [M, head_size / x, kQrepWidth]
-  const int* limit = nullptr;     // [M] query m sees tokens [0, limit[m]) (causal / seq_len)
+  const float* qrep = nullptr;  // [M, head_size / x, kQrepWidth]
+  const int* limit = nullptr;   // [M] query m sees tokens [0, limit[m]) (causal / seq_len)
+  // [M] or null: query m sees no token before first[m] (sliding window), so
+  // it sees [first[m], limit[m]). Its logits there count as -inf (weight 0);
+  // the callers start t_begin at the block holding first[m], so the masked
+  // tokens are real cached ones of that block.
+  const int* first = nullptr;
   const int* qpos = nullptr;      // [M] query position; used only with slopes
   const float* slopes = nullptr;  // [M] ALiBi slope per query or null
   float scale = 1.0f;

@@ -27,13 +27,14 @@ struct DecodeShape {
   const float* slopes;  // [num_heads] or null
   DType io;             // query / output element type
   float v_scale;        // effective v_scale, applied with the normalization
+  int window;           // sliding window (tokens), 0 = none
 };
 
 // Per-thread buffers, sized for one task of `group` queries over at most
 // `max_tokens` tokens.
 struct Scratch {
   std::vector<float> q, qrep, logits, kbuf, vbuf, m, l, acc, slopes;
-  std::vector<int> limit, qpos;
+  std::vector<int> limit, qpos, first;
   std::vector<const void*> kp, vp;
 
   Scratch(int group, int head_size, int block_size, int max_tokens) {
@@ -49,6 +50,7 @@ struct Scratch {
     slopes.resize(group);
     limit.resize(group);
     qpos.resize(group);
+    first.resize(group);
     kp.resize(max_blocks);
     vp.resize(max_blocks);
   }
@@ -57,6 +59,8 @@ struct Scratch {
 // Attention of the group of query heads of (s, kvh) over tokens
 // [t_begin, t_end) of sequence s; results in sc.m / sc.l / sc.acc.
 // block_ptrs(s, kvh, logical_block, &k, &v) gives the block addresses.
+// With a sliding window, the blocks wholly before it are skipped; a range
+// wholly before it gives m = -inf, l = 0, acc = 0.
 template <typename BlockPtrs>
 void DecodeTask(const DecodeShape& d, AttendFn fn, Scratch& sc, int s, int kvh, int t_begin,
                 int t_end, const BlockPtrs& block_ptrs) {
@@ -64,6 +68,14 @@ void DecodeTask(const DecodeShape& d, AttendFn fn, Scratch& sc, int s, int kvh, 
   const int hs = d.head_size;
   const int x = static_cast<int>(16 / DTypeSize(d.dtype));
   const int seq_len = d.seq_lens[s];
+  const int win_first = d.window > 0 ? std::max(0, seq_len - d.window) : 0;
+  if (win_first >= t_end) {
+    std::fill_n(sc.m.begin(), group, -std::numeric_limits<float>::infinity());
+    std::fill_n(sc.l.begin(), group, 0.0f);
+    std::fill_n(sc.acc.begin(), static_cast<size_t>(group) * hs, 0.0f);
+    return;
+  }
+  t_begin = std::max(t_begin, win_first / d.block_size * d.block_size);
   for (int g = 0; g < group; ++g) {
     const int h = kvh * group + g;
     LoadRow(d.io, ElemPtr(d.query, (static_cast<int64_t>(s) * d.num_heads + h) * hs, d.io), hs,
@@ -71,6 +83,7 @@ void DecodeTask(const DecodeShape& d, AttendFn fn, Scratch& sc, int s, int kvh, 
     BuildQrep(sc.q.data(), hs, x, sc.qrep.data() + static_cast<size_t>(g) * (hs / x) * kQrepWidth);
     sc.limit[g] = seq_len;
     sc.qpos[g] = seq_len - 1;
+    sc.first[g] = win_first;
     if (d.slopes != nullptr) sc.slopes[g] = d.slopes[h];
   }
   const int first = t_begin / d.block_size;
@@ -81,6 +94,7 @@ void DecodeTask(const DecodeShape& d, AttendFn fn, Scratch& sc, int s, int kvh, 
   a.num_queries = group;
   a.qrep = sc.qrep.data();
   a.limit = sc.limit.data();
+  a.first = win_first > 0 ? sc.first.data() : nullptr;
   a.qpos = sc.qpos.data();
   a.slopes = d.slopes != nullptr ? sc.slopes.data() : nullptr;
   a.scale = d.scale;
@@ -136,7 +150,8 @@ DecodeShape PagedDecodeShape(const PagedAttentionParams& p) {
                      p.scale * EffectiveKScale(p.cache),
                      p.alibi_slopes,
                      ResolveIoDType(p.io_dtype, cs.dtype),
-                     EffectiveVScale(p.cache)};
+                     EffectiveVScale(p.cache),
+                     p.sliding_window};
 }
 
 }  // namespace
@@ -205,7 +220,8 @@ absl::Status PagedAttentionV2(const PagedAttentionParams& p) {
         max_logits[row * parts + part] = sc.m[g];
         exp_sums[row * parts + part] = sc.l[g];
         float* dst = tmp_out + (row * parts + part) * hs;
-        const float inv = 1.0f / sc.l[g];
+        // A partition wholly before the window (l = 0) gets weight 0 in the reduce.
+        const float inv = sc.l[g] > 0.0f ? 1.0f / sc.l[g] : 0.0f;
         const float* src = sc.acc.data() + static_cast<size_t>(g) * hs;
         for (int i = 0; i < hs; ++i) dst[i] = src[i] * inv;
       }
@@ -252,7 +268,8 @@ absl::Status ContiguousDecodeAttention(const ContiguousDecodeParams& p) {
       return absl::InvalidArgumentError(absl::StrCat(
           "contiguous attention: seq_lens[", s, "]=", p.seq_lens[s], " outside [1, capacity]"));
   const DecodeShape d{p.num_seqs, p.num_heads, p.num_kv_heads, p.head_size, p.block_size, p.dtype,
-                      p.query,    p.seq_lens,  p.scale,        nullptr,     p.dtype,      1.0f};
+                      p.query,    p.seq_lens,  p.scale,        nullptr,     p.dtype,      1.0f,
+                      0};
   const int64_t head_elems = static_cast<int64_t>(p.head_size) * p.block_size;
   const int64_t seq_head_elems = static_cast<int64_t>(p.head_size) * p.capacity;
   auto block_ptrs = [&](int s, int kvh, int b, const void** k, const void** v) {

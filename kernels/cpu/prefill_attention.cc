@@ -54,7 +54,7 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
     std::vector<float> kbuf(static_cast<size_t>(bs) * hs), vbuf(static_cast<size_t>(bs) * hs);
     std::vector<float> cm(maxq), cl(maxq), cacc(static_cast<size_t>(maxq) * hs);
     std::vector<float> m(maxq), l(maxq), acc(static_cast<size_t>(maxq) * hs), slopes(maxq);
-    std::vector<int> limit(maxq), qpos(maxq);
+    std::vector<int> limit(maxq), qpos(maxq), first(maxq);
     std::vector<const void*> kp(kPartitionSize / 8), vp(kPartitionSize / 8);
 
 #pragma omp for schedule(dynamic, 1)
@@ -77,6 +77,7 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
           BuildQrep(q.data(), hs, x, qrep.data() + static_cast<size_t>(qi) * (hs / x) * kQrepWidth);
           limit[qi] = pos + 1;
           qpos[qi] = pos;
+          first[qi] = p.sliding_window > 0 ? std::max(0, pos + 1 - p.sliding_window) : 0;
           if (p.alibi_slopes != nullptr) slopes[qi] = p.alibi_slopes[h];
           m[qi] = -std::numeric_limits<float>::infinity();
           l[qi] = 0.0f;
@@ -85,7 +86,9 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
       std::fill(acc.begin(), acc.begin() + static_cast<size_t>(nq) * hs, 0.0f);
       const int ctx_end = seq_len - q_len + r0 + rows;  // last row's limit
       const int32_t* bt = p.block_tables + static_cast<int64_t>(s) * p.max_blocks_per_seq;
-      for (int c0 = 0; c0 < ctx_end; c0 += kPartitionSize) {
+      // The tile's first row has the earliest window: start at its block.
+      const int ctx_begin = first[0] / bs * bs;
+      for (int c0 = ctx_begin; c0 < ctx_end; c0 += kPartitionSize) {
         const int c1 = std::min(ctx_end, c0 + kPartitionSize);
         for (int b = c0 / bs, i = 0; b * bs < c1; ++b, ++i) {
           const int64_t off = (static_cast<int64_t>(bt[b]) * kvh_count + kvh) * head_elems;
@@ -97,6 +100,7 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
         a.num_queries = nq;
         a.qrep = qrep.data();
         a.limit = limit.data();
+        a.first = p.sliding_window > 0 ? first.data() : nullptr;
         a.qpos = qpos.data();
         a.slopes = p.alibi_slopes != nullptr ? slopes.data() : nullptr;
         a.scale = kscale;

@@ -76,6 +76,7 @@ DecodeArgs MakeDecodeArgs(const PagedAttentionParams& p) {
   a.max_seq_len = p.max_seq_len;
   a.scale = p.scale;
   a.alibi_slopes = p.alibi_slopes;
+  a.sliding_window = p.sliding_window;
   a.stream = AsStream(p.stream);
   return a;
 }
@@ -233,6 +234,7 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p, bool tensor_cores
   a.max_query_len = p.max_query_len;
   a.scale = p.scale;
   a.alibi_slopes = p.alibi_slopes;
+  a.sliding_window = p.sliding_window;
   a.stream = AsStream(p.stream);
   if (tensor_cores)
     return CudaStatus(LaunchPrefillAttentionMma(a), "prefill_attention (tensor cores) launch");

@@ -52,6 +52,7 @@ struct DecodeArgs {
   int max_seq_len = 0;
   float scale = 1.0f;
   const float* alibi_slopes = nullptr;  // [num_heads] device, or null
+  int sliding_window = 0;               // PagedAttentionParams::sliding_window
   cudaStream_t stream = nullptr;
 };
 
@@ -116,6 +117,7 @@ struct PrefillArgs {
   int max_query_len = 0;
   float scale = 1.0f;
   const float* alibi_slopes = nullptr;
+  int sliding_window = 0;  // PrefillAttentionParams::sliding_window (kSimt only)
   cudaStream_t stream = nullptr;
 };
 

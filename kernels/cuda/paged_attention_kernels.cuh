@@ -40,7 +40,9 @@ constexpr int kTokensPerStep = kWarpSize / kThreadGroupSize;  // 8
 
 // Grid (num_heads, num_seqs, num_partitions). partition_size == 0 is v1 (one
 // partition = the whole context; writes `out`), otherwise v2 (writes
-// max_logits, exp_sums and tmp_out for partition blockIdx.z).
+// max_logits, exp_sums and tmp_out for partition blockIdx.z). sliding_window
+// > 0 limits the query to the last sliding_window tokens (v2: a partition
+// wholly before them writes max -inf, exp-sum 0, zeros).
 // Dynamic shared memory: fp32 logits of round_up(tokens of the partition, 8).
 template <typename T, int HEAD_SIZE, int NUM_THREADS, typename CACHE_T = T>
 __global__ void __launch_bounds__(NUM_THREADS)
@@ -55,7 +57,8 @@ __global__ void __launch_bounds__(NUM_THREADS)
                          const int32_t* __restrict__ block_tables, int max_blocks_per_seq,
                          const int32_t* __restrict__ seq_lens,
                          const float* __restrict__ alibi_slopes, int partition_size,
-                         float v_scale) {  // fp8 caches only; ignored otherwise
+                         float v_scale,         // fp8 caches only; ignored otherwise
+                         int sliding_window) {  // > 0: keys (seq_len - 1 - window, seq_len - 1]
   constexpr int NUM_WARPS = NUM_THREADS / kWarpSize;
   constexpr int X = CacheElem<CACHE_T>::kKeyVec;  // elements per 16-byte vector
   constexpr int NUM_CHUNKS = HEAD_SIZE / X;       // 16-byte chunks per key vector
@@ -70,9 +73,24 @@ __global__ void __launch_bounds__(NUM_THREADS)
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
 
   const int seq_len = seq_lens[seq];
-  const int start_token = partition_size > 0 ? partition * partition_size : 0;
+  int start_token = partition_size > 0 ? partition * partition_size : 0;
   if (start_token >= seq_len) return;  // whole block: this partition is empty
   const int end_token = partition_size > 0 ? min(start_token + partition_size, seq_len) : seq_len;
+  // Sliding window: keys [win_first, seq_len). A v2 partition wholly before it
+  // weighs nothing in the reduce; otherwise the blocks before it are skipped
+  // (start_token stays block-aligned, so the logits' float4 reads stay aligned).
+  const int win_first = sliding_window > 0 ? max(0, seq_len - sliding_window) : 0;
+  if (win_first >= end_token) {  // v2 only: v1's range ends at seq_len > win_first
+    const int64_t sh = static_cast<int64_t>(seq) * gridDim.x + head;
+    for (int d = tid; d < HEAD_SIZE; d += NUM_THREADS)
+      tmp_out[(sh * num_partitions + partition) * HEAD_SIZE + d] = 0.0f;
+    if (tid == 0) {
+      max_logits[sh * num_partitions + partition] = -INFINITY;
+      exp_sums[sh * num_partitions + partition] = 0.0f;
+    }
+    return;
+  }
+  start_token = max(start_token, win_first / block_size * block_size);
   const int num_tokens = end_token - start_token;
   // partition_size is a multiple of every block size, so partitions hold whole blocks.
   const int start_block = start_token / block_size;
@@ -140,8 +158,9 @@ __global__ void __launch_bounds__(NUM_THREADS)
         const bool valid = token < end_token;
         const float qk = scale * dot + alibi_slope * static_cast<float>(token - seq_len + 1);
         // Slots past the context hold garbage: store 0 so no NaN can leak.
-        logits[token - start_token] = valid ? qk : 0.0f;
-        if (valid) qk_max = fmaxf(qk_max, qk);
+        // Tokens before the window: -inf, weight exp(-inf) = 0.
+        logits[token - start_token] = !valid ? 0.0f : (token < win_first ? -INFINITY : qk);
+        if (valid && token >= win_first) qk_max = fmaxf(qk_max, qk);
       }
     }
   }

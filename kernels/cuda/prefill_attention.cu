@@ -26,7 +26,8 @@ cudaError_t LaunchPrefillAttention(const PrefillArgs& a) {
         static_cast<T*>(a.out), static_cast<const T*>(a.query), a.query_token_stride,
         a.query_start_loc, a.seq_lens, static_cast<const C*>(a.cache.key_cache),
         static_cast<const C*>(a.cache.value_cache), a.cache.num_kv_heads, a.cache.block_size,
-        a.block_tables, a.max_blocks_per_seq, scale, a.alibi_slopes, a.cache.v_scale);
+        a.block_tables, a.max_blocks_per_seq, scale, a.alibi_slopes, a.cache.v_scale,
+        a.sliding_window);
     return cudaGetLastError();
   });
 }

@@ -39,7 +39,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
                            int num_kv_heads, int block_size,
                            const int32_t* __restrict__ block_tables, int max_blocks_per_seq,
                            float scale, const float* __restrict__ alibi_slopes,
-                           float v_scale) {  // fp8 caches only; ignored otherwise
+                           float v_scale,         // fp8 caches only; ignored otherwise
+                           int sliding_window) {  // > 0: row at pos sees (pos - window, pos]
   constexpr int X = CacheElem<CACHE_T>::kKeyVec;
   constexpr int VX = CacheElem<CACHE_T>::kValueVec;  // tokens per V vector
   constexpr int NUM_CHUNKS = HEAD_SIZE / X;          // 16-byte key chunks per token
@@ -92,7 +93,10 @@ __global__ void __launch_bounds__(kPrefillThreads)
 #pragma unroll
   for (int j = 0; j < DIMS_PER_LANE; ++j) o[j] = 0.0f;
 
-  for (int kt0 = 0; kt0 < kv_end; kt0 += kKeyTile) {
+  // Sliding window: the tile's first row sees keys from kv_first on; key tiles
+  // wholly before it are skipped.
+  const int kv_first = sliding_window > 0 ? max(0, ctx0 + row0 + 1 - sliding_window) : 0;
+  for (int kt0 = kv_first / kKeyTile * kKeyTile; kt0 < kv_end; kt0 += kKeyTile) {
     __syncthreads();  // the previous tile is consumed (first pass: q_smem is written)
     // Gather K: consecutive threads read consecutive tokens of one 16-byte chunk.
     for (int i = tid; i < kKeyTile * NUM_CHUNKS; i += kPrefillThreads) {
@@ -141,7 +145,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
 #pragma unroll 16
     for (int d = 0; d < HEAD_SIZE; ++d) s = fmaf(q_smem[r][d], k_smem[kl * K_STRIDE + d], s);
     const int k_pos = kt0 + kl;
-    const bool valid = row_valid && k_pos <= q_pos;  // causal; q_pos < seq_len
+    const bool valid = row_valid && k_pos <= q_pos &&  // causal; q_pos < seq_len
+                       (sliding_window <= 0 || k_pos > q_pos - sliding_window);
     s += alibi_slope * static_cast<float>(k_pos - q_pos);
     float tile_max = valid ? s : -INFINITY;
 #pragma unroll
@@ -168,7 +173,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
   }
 
   if (row_valid) {
-    float inv_l = 1.0f / l;  // l >= 1: key 0 is always visible
+    float inv_l = 1.0f / l;  // l >= 1: the row's own key is always visible
     if constexpr (kIsFp8<CACHE_T>) inv_l *= v_scale;
     T* out_row = out + (static_cast<int64_t>(q_begin + row0 + r) * num_heads + head) * HEAD_SIZE;
 #pragma unroll

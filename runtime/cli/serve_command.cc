@@ -67,6 +67,7 @@
 #include "runtime/launch/mpi_executor.h"
 #include "runtime/launch/mpi_process.h"
 #include "runtime/launch/worker_rank.h"
+#include "runtime/model/generation_config.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/worker/worker.h"
 #include "spdlog/spdlog.h"
@@ -105,6 +106,11 @@ PAGEDSERVE_FLAG("serve", std::string, api_key, "",
 PAGEDSERVE_FLAG("serve", std::string, served_model_name, "",
                 "serve: the model name of the HTTP API (/v1/models, 'model' field) and of the "
                 "metrics' model_name label; default the model file's name");
+PAGEDSERVE_FLAG("serve", std::string, generation_config, "auto",
+                "serve: sampling defaults (temperature, top_p, top_k, min_p, repetition_penalty) "
+                "for HTTP requests that leave them out, as vLLM's --generation-config: 'auto' = "
+                "the model folder's generation_config.json, 'vllm' = none (the OpenAI defaults), "
+                "or a folder holding a generation_config.json");
 PAGEDSERVE_FLAG("serve", bool, disable_log_requests, false,
                 "serve: no request log line per finished request (both the ZeroMQ and the "
                 "HTTP front end)");
@@ -200,8 +206,43 @@ class StopSignalsBlocked {
   sigset_t old_;
 };
 
+// --generation-config: the sampling defaults of the OpenAI API (vLLM's
+// auto / vllm / folder); one line on stderr names what a model file set.
+absl::StatusOr<openai::SamplingDefaults> SamplingDefaultsFromFlags(const std::string& model_path) {
+  const std::string flag = absl::GetFlag(FLAGS_generation_config);
+  if (flag == "vllm") return openai::SamplingDefaults{};
+  std::error_code ec;
+  if (flag != "auto" && !std::filesystem::is_directory(flag, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--generation-config must be auto, vllm or a folder holding generation_config.json, got '",
+        flag, "'"));
+  }
+  absl::StatusOr<GenerationDefaults> g = LoadGenerationDefaults(flag == "auto" ? model_path : flag);
+  if (!g.ok()) return g.status();
+  openai::SamplingDefaults d;
+  std::string applied;
+  auto note = [&](const char* name, auto v) { absl::StrAppend(&applied, " ", name, " ", v); };
+  if (g->temperature) note("temperature", *(d.temperature = static_cast<float>(*g->temperature)));
+  if (g->top_p) note("top_p", *(d.top_p = static_cast<float>(*g->top_p)));
+  if (g->top_k) note("top_k", *(d.top_k = *g->top_k));
+  if (g->min_p) note("min_p", *(d.min_p = static_cast<float>(*g->min_p)));
+  if (g->repetition_penalty)
+    note("repetition_penalty",
+         *(d.repetition_penalty = static_cast<float>(*g->repetition_penalty)));
+  if (!applied.empty()) {
+    std::fprintf(stderr,
+                 "pagedserve serve: default sampling parameters from the model's "
+                 "generation_config.json (--generation-config vllm turns them off):%s\n",
+                 applied.c_str());
+  }
+  return d;
+}
+
 absl::StatusOr<HttpServerOptions> HttpOptionsFromFlags(const std::string& model_path) {
   HttpServerOptions h;
+  absl::StatusOr<openai::SamplingDefaults> defaults = SamplingDefaultsFromFlags(model_path);
+  if (!defaults.ok()) return defaults.status();
+  h.sampling_defaults = *defaults;
   h.host = absl::GetFlag(FLAGS_host);
   h.port = absl::GetFlag(FLAGS_port);
   if (h.port < -1 || h.port > 65535) {

@@ -672,6 +672,7 @@ struct HttpServer::Impl {
     m.name = options.served_model_name;
     m.max_model_len = b.loop->engine().scheduler_config().max_model_len;
     m.vocab_size = b.loop->tokenizer().vocab_size();
+    m.defaults = options.sampling_defaults;
     return m;
   }
 

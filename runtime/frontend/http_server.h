@@ -41,6 +41,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "runtime/frontend/openai_api.h"
 #include "runtime/tokenizer/chat_template.h"
 
 namespace pagedserve {
@@ -59,6 +60,7 @@ struct HttpServerOptions {
   int port = 8000;                                   // --port; 0 picks a free port (see port())
   std::string api_key;                               // --api-key / PAGEDSERVE_API_KEY; empty = open
   std::string served_model_name;                     // --served-model-name
+  openai::SamplingDefaults sampling_defaults;        // --generation-config
   size_t max_request_body_bytes = 1 << 20;           // --max-request-body-bytes: 413 beyond
   absl::Duration read_timeout = absl::Seconds(30);   // request line, headers and body
   absl::Duration write_timeout = absl::Seconds(30);  // a client that stops reading

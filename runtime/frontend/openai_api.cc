@@ -504,6 +504,18 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
     r.params.max_tokens =
         static_cast<int>(std::max<int64_t>(1, model.max_model_len - static_cast<int64_t>(longest)));
   }
+  // The model's sampling defaults fill the fields the request leaves out;
+  // not for beam search, which samples nothing (vLLM's beam search takes no
+  // generation-config values either).
+  const auto beam = body.find("use_beam_search");
+  if (beam == body.end() || !beam->is_boolean() || !beam->get<bool>()) {
+    const SamplingDefaults& d = model.defaults;
+    if (d.temperature) r.params.temperature = *d.temperature;
+    if (d.top_p) r.params.top_p = *d.top_p;
+    if (d.min_p) r.params.min_p = *d.min_p;
+    if (d.repetition_penalty) r.params.repetition_penalty = *d.repetition_penalty;
+    if (d.top_k) r.params.top_k = *d.top_k;
+  }
   if (!ReadSampling(body, endpoint, tok.vocab_size(), &r.params, &out.error)) return out;
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     if (auto it = body.find(key); it != body.end() && !it->is_null()) r.max_tokens_given = true;

@@ -84,10 +84,20 @@ struct ValidatedRequest {
 // request and preempts; this scheduler admits only what can always finish).
 ApiError SubmitError(const absl::Status& status, const ValidatedRequest& request);
 
+// Sampling values a request gets for the fields it leaves out: the model's
+// generation_config.json (--generation-config auto, as vLLM); unset fields
+// keep SamplingParams' (OpenAI's / vLLM's) defaults. A beam search request
+// takes none of them (it samples nothing; its temperature stays 0).
+struct SamplingDefaults {
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int32_t> top_k;
+};
+
 struct ServedModel {
   std::string name;  // --served-model-name
   int64_t max_model_len = 0;
   int32_t vocab_size = 0;
+  SamplingDefaults defaults;
 };
 
 // Parses a request body. `chat_template` may be null (then `messages` is a 400).

@@ -1,5 +1,6 @@
 #include "runtime/model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -70,6 +71,15 @@ absl::Status ModelConfig::Validate() const {
         "model config: llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor and "
         "original_max_position_embeddings > 0");
   }
+  if (sliding_window < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: sliding_window must be >= 0 (0 = none), got ", sliding_window));
+  }
+  if (!sliding_layers.empty() && sliding_layers.size() != static_cast<size_t>(num_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: ", sliding_layers.size(),
+                                                   " sliding-window layer flags for ", num_layers,
+                                                   " layers"));
+  }
   if (!rope_scaling.freq_factors.empty()) {
     if (rope_scaling.freq_factors.size() != static_cast<size_t>(head_size / 2)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -124,6 +134,40 @@ absl::StatusOr<std::vector<float>> ReadRopeFreqFactors(const GgufFile& g, const 
     }
   }
   return factors;
+}
+
+// {arch}.attention.sliding_window and its per-layer pattern (model_config.h).
+absl::Status ReadGgufSlidingWindow(const GgufFile& g, const std::string& p, ModelConfig* c) {
+  const std::string key = p + "attention.sliding_window";
+  if (!g.Find(key)) return absl::OkStatus();
+  auto w = g.GetInt(key);
+  if (!w.ok()) return w.status();
+  if (*w < 0 || *w > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(g.path(), ": metadata '", key, "': value ", *w, " out of range"));
+  }
+  c->sliding_window = static_cast<int>(*w);
+  const std::string pkey = p + "attention.sliding_window_pattern";
+  const GgufValue* pattern = g.Find(pkey);
+  if (c->sliding_window == 0 || pattern == nullptr) return absl::OkStatus();
+  if (!pattern->is_array() || pattern->array_type() != GgufValueType::kBool) {
+    return absl::UnimplementedError(absl::StrCat(
+        g.path(), ": metadata '", pkey,
+        "' is not a bool array (one flag per layer); the integer form's layer pattern depends on "
+        "the architecture and is not supported for '",
+        p.substr(0, p.size() - 1), "'"));
+  }
+  if (pattern->array_size() != static_cast<size_t>(c->num_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat(g.path(), ": metadata '", pkey, "' has ",
+                                                   pattern->array_size(), " flags for ",
+                                                   c->num_layers, " layers"));
+  }
+  for (size_t l = 0; l < pattern->array_size(); ++l) {
+    PS_ASSIGN_OR_RETURN(const GgufValue flag, pattern->At(l));
+    PS_ASSIGN_OR_RETURN(const bool windowed, flag.AsBool());
+    c->sliding_layers.push_back(windowed);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -192,12 +236,16 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
       PS_ASSIGN_OR_RETURN(c.rope_scaling.factor, g.GetFloat(p + "rope.scaling.factor"));
     }
   }
+  PS_RETURN_IF_ERROR(ReadGgufSlidingWindow(g, p, &c));
   if (const GgufTensorInfo* t = g.FindTensor("rope_freqs.weight"); t != nullptr) {
     PS_ASSIGN_OR_RETURN(c.rope_scaling.freq_factors, ReadRopeFreqFactors(g, *t, c.head_size));
   }
   c.tie_word_embeddings = g.FindTensor("output.weight") == nullptr;
   // Token ids must fit int32 (a plain cast would wrap them silently).
-  for (const char* key : {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"}) {
+  // Every end-of-generation id the file declares: eos, and (llama.cpp's
+  // "end of turn" / "end of message") eot and eom, e.g. Llama 3's <|eot_id|>.
+  for (const char* key : {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                          "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
     if (!g.Find(key)) continue;
     auto v = g.GetInt(key);
     if (!v.ok()) return v.status();
@@ -207,7 +255,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
     }
     if (key == std::string_view("tokenizer.ggml.bos_token_id")) {
       c.bos_token_id = static_cast<int32_t>(*v);
-    } else {
+    } else if (*v >= 0 && std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(),
+                                    static_cast<int32_t>(*v)) == c.eos_token_ids.end()) {
       c.eos_token_ids.push_back(static_cast<int32_t>(*v));
     }
   }
@@ -254,6 +303,53 @@ absl::Status ReadNumber(const json& j, absl::string_view source, const char* fie
   } else {
     if (!it->is_number()) return FieldError(source, name, "must be a number");
     *out = it->get<T>();
+  }
+  return absl::OkStatus();
+}
+
+bool HfFlag(const json& j, const char* field) {
+  auto it = j.find(field);
+  return it != j.end() && it->is_boolean() && it->get<bool>();
+}
+
+// The sliding window of a config.json as transformers builds its attention
+// masks (model_config.h, ModelConfigFromHfJson). Reads num_layers from *c.
+absl::Status ReadHfSlidingWindow(const json& j, absl::string_view source, ModelConfig* c) {
+  int window = 0;
+  PS_RETURN_IF_ERROR(ReadNumber(j, source, "sliding_window", false, &window));
+  if (window < 0) return FieldError(source, "sliding_window", "must be >= 0 or null");
+  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() != static_cast<size_t>(c->num_layers)) {
+      return FieldError(source, "layer_types",
+                        absl::StrCat("must be a list of ", c->num_layers, " layer types"));
+    }
+    bool any = false;
+    for (const json& t : *it) {
+      const std::string type = t.is_string() ? t.get<std::string>() : t.dump();
+      if (type != "full_attention" && type != "sliding_attention") {
+        return absl::UnimplementedError(
+            absl::StrCat(source, ": layer_types entry '", type,
+                         "' is not supported (full_attention, sliding_attention)"));
+      }
+      c->sliding_layers.push_back(type == "sliding_attention");
+      any = any || c->sliding_layers.back();
+    }
+    if (any && window == 0) {
+      return FieldError(source, "sliding_window",
+                        "missing, but layer_types has sliding_attention layers");
+    }
+    c->sliding_window = any ? window : 0;
+    if (!any) c->sliding_layers.clear();
+    return absl::OkStatus();
+  }
+  if (c->arch == ModelArch::kMistral) {
+    c->sliding_window = window;
+  } else if ((c->arch == ModelArch::kQwen2 || c->arch == ModelArch::kQwen3) &&
+             HfFlag(j, "use_sliding_window") && window > 0) {
+    int first = c->num_layers;  // transformers' default max_window_layers is model-specific
+    PS_RETURN_IF_ERROR(ReadNumber(j, source, "max_window_layers", true, &first));
+    c->sliding_window = window;
+    for (int l = 0; l < c->num_layers; ++l) c->sliding_layers.push_back(l >= first);
   }
   return absl::OkStatus();
 }
@@ -370,10 +466,36 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
                                                    "' is not supported (linear, llama3)"));
     }
   }
+  PS_RETURN_IF_ERROR(ReadHfSlidingWindow(j, source, &c));
   if (auto v = c.Validate(); !v.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", v.message()));
   }
   return c;
+}
+
+absl::Status AddGenerationConfigEos(std::string_view json_text, std::string_view source_sv,
+                                    ModelConfig* c) {
+  absl::string_view source(source_sv.data(), source_sv.size());
+  json j = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a valid JSON object"));
+  }
+  auto it = j.find("eos_token_id");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  std::vector<json> ids;
+  if (it->is_array()) {
+    ids.assign(it->begin(), it->end());
+  } else {
+    ids.push_back(*it);
+  }
+  for (const json& e : ids) {
+    int32_t id = 0;
+    PS_RETURN_IF_ERROR(ReadNumber(json{{"eos_token_id", e}}, source, "eos_token_id", true, &id));
+    if (id < 0) return FieldError(source, "eos_token_id", absl::StrCat("id ", id, " is negative"));
+    if (std::find(c->eos_token_ids.begin(), c->eos_token_ids.end(), id) == c->eos_token_ids.end())
+      c->eos_token_ids.push_back(id);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& dir) {
@@ -382,7 +504,17 @@ absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& dir) {
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   std::stringstream ss;
   ss << in.rdbuf();
-  return ModelConfigFromHfJson(ss.str(), path);
+  PS_ASSIGN_OR_RETURN(ModelConfig c, ModelConfigFromHfJson(ss.str(), path));
+  // generation_config.json may list more end tokens (Llama 3.x: <|eot_id|>,
+  // <|eom_id|>), as vLLM and transformers' generate() stop on.
+  const std::string gen_path = dir + "/generation_config.json";
+  std::ifstream gen(gen_path, std::ios::binary);
+  if (gen) {
+    std::stringstream gs;
+    gs << gen.rdbuf();
+    PS_RETURN_IF_ERROR(AddGenerationConfigEos(gs.str(), gen_path, &c));
+  }
+  return c;
 }
 
 std::vector<double> RopeInverseFrequencies(const ModelConfig& c) {

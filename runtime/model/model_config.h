@@ -67,6 +67,19 @@ struct ModelConfig {
   // Qwen3: q and k RMSNorm-ed per head (weights q_norm / k_norm of head_size,
   // eps rms_norm_eps) after the projections, before RoPE.
   bool qk_norm = false;
+  // Sliding-window attention (Mistral, Qwen2/3 with use_sliding_window, and
+  // any config with layer_types): a query at position p of a windowed layer
+  // attends to the keys at (p - sliding_window, p], as Hugging Face's
+  // sliding-window causal mask. 0 = none. sliding_layers[l] says whether
+  // layer l is windowed; empty = every layer (when sliding_window > 0).
+  int sliding_window = 0;
+  std::vector<bool> sliding_layers;
+  // The window of layer l (0 = the whole causal context).
+  int LayerSlidingWindow(int layer) const {
+    if (sliding_window <= 0) return 0;
+    if (sliding_layers.empty()) return sliding_window;
+    return sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
+  }
   int64_t max_position_embeddings = 2048;
   int32_t bos_token_id = -1;           // -1 when unknown
   std::vector<int32_t> eos_token_ids;  // may be empty
@@ -76,7 +89,8 @@ struct ModelConfig {
   std::string checkpoint_dtype;
 
   // Checks positivity and divisibility (num_heads % num_kv_heads, even
-  // head_size, ...). InvalidArgument naming the field otherwise.
+  // head_size, ...), sliding_window >= 0 and sliding_layers of num_layers
+  // entries (or empty). InvalidArgument naming the field otherwise.
   absl::Status Validate() const;
 };
 
@@ -86,8 +100,13 @@ struct ModelConfig {
 // .attention.layer_norm_rms_epsilon, .rope.freq_base (default 10000),
 // .context_length, .rope.dimension_count (head size, default hidden/heads),
 // .vocab_size (else the length of tokenizer.ggml.tokens, else token_embd rows),
-// .rope.scaling.{type,factor,original_context_length}; tokenizer.ggml.
-// bos_token_id / eos_token_id. tie_word_embeddings = no "output.weight" tensor.
+// .rope.scaling.{type,factor,original_context_length},
+// .attention.sliding_window (0 or absent = none) with
+// .attention.sliding_window_pattern as a bool array of block_count entries
+// (true = windowed; absent = every layer; llama.cpp's integer form, whose
+// meaning depends on the architecture, is Unimplemented); tokenizer.ggml.
+// bos_token_id / eos_token_id, and eot_token_id / eom_token_id also into
+// eos_token_ids (each id once). tie_word_embeddings = no "output.weight" tensor.
 // A "rope_freqs.weight" tensor (F32, head_size / 2 elements: llama.cpp's
 // per-frequency factors, written for llama3 rope scaling) fills
 // rope_scaling.freq_factors; another type or size, or a factor that is not
@@ -100,12 +119,24 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf);
 // head_dim (optional), vocab_size, rms_norm_eps, rope_theta (default 10000),
 // rope_scaling (null, or {"rope_type"|"type": "linear"|"llama3"|"default", ...}),
 // tie_word_embeddings (default false), max_position_embeddings, bos_token_id,
-// eos_token_id (int or list), torch_dtype or dtype (optional string). Unknown architectures and
-// rope types give Unimplemented; missing or mistyped fields InvalidArgument naming the field.
+// eos_token_id (int or list), torch_dtype or dtype (optional string), and
+// the sliding window as transformers builds its masks: layer_types (a list of
+// "full_attention" / "sliding_attention", one per layer) with sliding_window
+// when present; else Mistral: sliding_window (int or null) on every layer;
+// Qwen2/Qwen3: sliding_window on the layers >= max_window_layers when
+// use_sliding_window is true. Unknown architectures, rope types and layer
+// types give Unimplemented; missing or mistyped fields InvalidArgument naming the field.
 absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view json_text,
                                                   std::string_view source);
 
-// Reads <dir>/config.json.
+// Adds the eos_token_id (int or list of ints) of a generation_config.json
+// text to c->eos_token_ids (each id once); `source` names it in errors.
+// InvalidArgument for malformed JSON or a mistyped / negative id.
+absl::Status AddGenerationConfigEos(std::string_view json_text, std::string_view source,
+                                    ModelConfig* c);
+
+// Reads <dir>/config.json, and the eos_token_id of <dir>/generation_config.json
+// when that file exists (AddGenerationConfigEos).
 absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& dir);
 
 // The head_size / 2 rotary inverse frequencies (radians per position) of the

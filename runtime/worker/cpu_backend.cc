@@ -346,8 +346,8 @@ class CpuBackend final : public ModelBackend {
     return absl::OkStatus();
   }
 
-  absl::Status Attention(const kernels::KVCacheView& cache, int num_heads, float* q, float* k,
-                         float* v, GemmInput out_buf) override {
+  absl::Status Attention(const kernels::KVCacheView& cache, const LayerAttention& layer,
+                         int num_heads, float* q, float* k, float* v, GemmInput out_buf) override {
     float* out = F(out_buf);
     const ForwardPlan& plan = *plan_;
     const ForwardBatch& b = *plan.batch;
@@ -402,6 +402,7 @@ class CpuBackend final : public ModelBackend {
       pa.seq_lens = b.seq_lens.data();
       pa.max_seq_len = plan.max_decode_len;
       pa.scale = plan.attention_scale;
+      pa.sliding_window = layer.sliding_window;
       PS_RETURN_IF_ERROR(kernels::PagedAttention(pa));
     }
     if (plan.num_prefill > 0) {
@@ -421,6 +422,7 @@ class CpuBackend final : public ModelBackend {
       pf.max_query_len = plan.max_prefill_query_len;
       pf.max_seq_len = plan.max_prefill_len;
       pf.scale = plan.attention_scale;
+      pf.sliding_window = layer.sliding_window;
       PS_RETURN_IF_ERROR(kernels::PrefillAttention(pf));
     }
     if (convert) FromCacheType(out16_.data(), n * q_dim, dt, out);

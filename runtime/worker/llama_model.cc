@@ -243,14 +243,15 @@ absl::Status LlamaModel::RunBody(int64_t n, int64_t r, const StepBuffers& buf,
     // q/k/v (and gate/up below) read the same normed rows: one backend launch.
     const LinearOut qkv[3] = {
         {w.q_proj, w.q_bias, q}, {w.k_proj, w.k_bias, k}, {w.v_proj, w.v_bias, v}};
+    const LayerAttention layer{cfg.LayerSlidingWindow(l)};
     if (cfg.qk_norm) {
       // Qwen3: q and k RMSNorm-ed per head between the projections and RoPE.
       PS_RETURN_IF_ERROR(be.LinearGroup(h, n, qkv));
       PS_RETURN_IF_ERROR(be.HeadRmsNorm(q, n, heads, cfg.head_size, w.q_norm, eps));
       PS_RETURN_IF_ERROR(be.HeadRmsNorm(k, n, shard_.num_kv_heads, cfg.head_size, w.k_norm, eps));
-      PS_RETURN_IF_ERROR(be.RopeAndAttention(kv_layers[l], n, heads, q, k, v, attn));
+      PS_RETURN_IF_ERROR(be.RopeAndAttention(kv_layers[l], layer, n, heads, q, k, v, attn));
     } else {
-      PS_RETURN_IF_ERROR(be.QkvRopeAndAttention(h, n, qkv, kv_layers[l], heads, attn));
+      PS_RETURN_IF_ERROR(be.QkvRopeAndAttention(h, n, qkv, kv_layers[l], layer, heads, attn));
     }
 
     // o_proj (row-parallel) + all-reduce, then residual add + norm.

@@ -12,7 +12,8 @@
 // backend (BeginStep), then run the layer loop:
 //   h = norm(x)                                  (AddRmsNorm, no add)
 //   per layer: q,k,v = h W_qkv (+b); (Qwen3: q, k = per-head RMSNorm(q, k));
-//              RoPE(q, k); attn = Attention(q, k, v)
+//              RoPE(q, k); attn = Attention(q, k, v) (within the layer's
+//              sliding window, ModelConfig::LayerSlidingWindow)
 //              o = attn W_o; all-reduce(o); h = norm(x += o)
 //              o = silu(h W_gate) * (h W_up) W_down; all-reduce(o)
 //              h = norm_next(x += o)  (the last layer: final norm of the

@@ -72,23 +72,24 @@ absl::Status ModelBackend::HeadRmsNorm(float* x, int64_t n, int heads, int head_
       absl::StrCat("the ", name(), " backend has no per-head q/k RMSNorm (Qwen3)"));
 }
 
-absl::Status ModelBackend::RopeAndAttention(const kernels::KVCacheView& cache, int64_t n,
-                                            int num_heads, float* q, float* k, float* v,
-                                            GemmInput out) {
+absl::Status ModelBackend::RopeAndAttention(const kernels::KVCacheView& cache,
+                                            const LayerAttention& layer, int64_t n, int num_heads,
+                                            float* q, float* k, float* v, GemmInput out) {
   const int D = cache.shape.head_size;
   const int kv_heads = cache.shape.num_kv_heads;
   absl::Status s = ApplyRope(q, n, num_heads, D, static_cast<int64_t>(num_heads) * D);
   if (s.ok()) s = ApplyRope(k, n, kv_heads, D, static_cast<int64_t>(kv_heads) * D);
-  if (s.ok()) s = Attention(cache, num_heads, q, k, v, out);
+  if (s.ok()) s = Attention(cache, layer, num_heads, q, k, v, out);
   return s;
 }
 
 absl::Status ModelBackend::QkvRopeAndAttention(GemmInput x, int64_t n,
                                                std::span<const LinearOut, 3> qkv,
-                                               const kernels::KVCacheView& cache, int num_heads,
+                                               const kernels::KVCacheView& cache,
+                                               const LayerAttention& layer, int num_heads,
                                                GemmInput out) {
   absl::Status s = LinearGroup(x, n, qkv);
-  if (s.ok()) s = RopeAndAttention(cache, n, num_heads, qkv[0].y, qkv[1].y, qkv[2].y, out);
+  if (s.ok()) s = RopeAndAttention(cache, layer, n, num_heads, qkv[0].y, qkv[1].y, qkv[2].y, out);
   return s;
 }
 

@@ -124,6 +124,13 @@ struct BackendVector {
   const float* data = nullptr;
   int64_t size = 0;
 };
+// What one layer's attention needs beyond the plan (the layer loop passes its
+// layer's): the sliding window (ModelConfig::LayerSlidingWindow) -- the
+// kernels' sliding_window, 0 = the whole causal context.
+struct LayerAttention {
+  int sliding_window = 0;
+};
+
 struct BackendLayer {
   BackendVector input_layernorm, post_attention_layernorm;
   BackendMatrix q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
@@ -398,12 +405,12 @@ class ModelBackend {
   // (reshape_and_cache), then computes out (GEMM input [n, q_dim]) from the queries
   // (fp32 [n, q_dim], RoPE applied) with decode attention for the plan's
   // decode sequences and prefill attention (causal) for the rest, scale
-  // plan.attention_scale. This is the one place where queries, keys, values
-  // and the output are converted to and from the element type the attention
+  // plan.attention_scale, limited to layer.sliding_window when > 0. This is the one place where
+  // queries, keys, values and the output are converted to and from the element type the attention
   // kernels take for this cache (e.g. fp16/bf16 on the CPU); softmax and
   // accumulation stay fp32 inside the kernels. q, k, v may be overwritten.
-  virtual absl::Status Attention(const kernels::KVCacheView& cache, int num_heads, float* q,
-                                 float* k, float* v, GemmInput out) = 0;
+  virtual absl::Status Attention(const kernels::KVCacheView& cache, const LayerAttention& layer,
+                                 int num_heads, float* q, float* k, float* v, GemmInput out) = 0;
 
   // One layer's RoPE and attention over the step's n tokens: ApplyRope on q
   // (num_heads heads, token stride num_heads * head_size) and on k (the
@@ -413,7 +420,8 @@ class ModelBackend {
   // conversion of q and into the cache write of k (CUDA: two kernels instead
   // of RoPE, conversions and reshape_and_cache). This default runs the three
   // operations.
-  virtual absl::Status RopeAndAttention(const kernels::KVCacheView& cache, int64_t n, int num_heads,
+  virtual absl::Status RopeAndAttention(const kernels::KVCacheView& cache,
+                                        const LayerAttention& layer, int64_t n, int num_heads,
                                         float* q, float* k, float* v, GemmInput out);
 
   // One layer's q/k/v projections, RoPE and attention: LinearGroup(x, n,
@@ -426,7 +434,8 @@ class ModelBackend {
   // as scratch of its own. This default runs the two operations.
   virtual absl::Status QkvRopeAndAttention(GemmInput x, int64_t n,
                                            std::span<const LinearOut, 3> qkv,
-                                           const kernels::KVCacheView& cache, int num_heads,
+                                           const kernels::KVCacheView& cache,
+                                           const LayerAttention& layer, int num_heads,
                                            GemmInput out);
 
   // ---- Captured decode steps (CUDA graphs) -----------------------------

@@ -28,7 +28,7 @@ using json = nlohmann::json;
 
 const Tokenizer& Tok() { return testing::FixtureTokenizer(); }
 
-const ServedModel kModel{"smol", 128, 49152};
+const ServedModel kModel{"smol", 128, 49152, {}};
 
 ParseOutcome Completions(const std::string& body) {
   return ParseRequest(Endpoint::kCompletions, body, kModel, Tok(), nullptr);
@@ -89,6 +89,41 @@ TEST(OpenAiApiTest, SamplingFieldsAreMapped) {
 }
 
 // vLLM's beam-search extra body fields.
+// The model's generation_config.json defaults (--generation-config auto)
+// fill what a request leaves out, never what it sets; a beam search takes
+// none of them.
+TEST(OpenAiApiTest, ModelSamplingDefaultsFillOmittedFields) {
+  ServedModel m = kModel;
+  m.defaults.temperature = 0.7f;
+  m.defaults.top_p = 0.8f;
+  m.defaults.top_k = 20;
+  m.defaults.repetition_penalty = 1.05f;
+  ParseOutcome o = ParseRequest(Endpoint::kCompletions, R"({"prompt": "hi"})", m, Tok(), nullptr);
+  ASSERT_TRUE(o.request.has_value()) << o.error.message;
+  EXPECT_FLOAT_EQ(o.request->params.temperature, 0.7f);
+  EXPECT_FLOAT_EQ(o.request->params.top_p, 0.8f);
+  EXPECT_EQ(o.request->params.top_k, 20);
+  EXPECT_FLOAT_EQ(o.request->params.repetition_penalty, 1.05f);
+  EXPECT_FLOAT_EQ(o.request->params.min_p, SamplingParams{}.min_p);  // unset: SamplingParams'
+  o = ParseRequest(Endpoint::kCompletions, R"({"prompt": "hi", "temperature": 0, "top_k": -1})", m,
+                   Tok(), nullptr);
+  ASSERT_TRUE(o.request.has_value()) << o.error.message;
+  EXPECT_FLOAT_EQ(o.request->params.temperature, 0.0f);
+  EXPECT_EQ(o.request->params.top_k, -1);
+  EXPECT_FLOAT_EQ(o.request->params.top_p, 0.8f);
+  o = ParseRequest(Endpoint::kCompletions, R"({"prompt": "hi", "use_beam_search": true,
+                   "best_of": 2, "n": 2})",
+                   m, Tok(), nullptr);
+  ASSERT_TRUE(o.request.has_value()) << o.error.message;
+  EXPECT_FLOAT_EQ(o.request->params.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(o.request->params.top_p, 1.0f);
+  EXPECT_EQ(o.request->params.top_k, -1);
+  // Without defaults: SamplingParams' own.
+  o = Completions(R"({"prompt": "hi"})");
+  ASSERT_TRUE(o.request.has_value());
+  EXPECT_FLOAT_EQ(o.request->params.temperature, SamplingParams{}.temperature);
+}
+
 TEST(OpenAiApiTest, BeamSearchFields) {
   ParseOutcome o = Completions(
       R"({"prompt": "x", "n": 2, "use_beam_search": true, "best_of": 3, "length_penalty": 0.7,

@@ -74,7 +74,7 @@ std::string OpenAiFuzzOneInput(const uint8_t* data, size_t size) {
   const Fixture& f = LoadFixture();
   const Tokenizer& tok = *f.tokenizer;
   const ChatTemplate* tmpl = f.chat_template ? &*f.chat_template : nullptr;
-  const ServedModel model{"smol", 2048, tok.vocab_size()};
+  const ServedModel model{"smol", 2048, tok.vocab_size(), {}};
   const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
   switch (data[0] % 4) {
     case 0:

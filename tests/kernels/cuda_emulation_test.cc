@@ -147,11 +147,22 @@ void Build(HostCase& c, std::mt19937& rng) {
       << "emulated reshape_and_cache value bytes differ from the CPU backend";
 }
 
+// Overwrites the blocks of sequence s that lie wholly before token `first`
+// with NaN bytes, so that a kernel reading them fails its check.
+void PoisonBeforeWindow(HostCase& c, int s, int first) {
+  const size_t bb = c.shape.block_bytes();
+  for (int b = 0; (b + 1) * c.block_size <= first; ++b) {
+    const size_t phys = c.block_tables[static_cast<size_t>(s) * c.max_blocks_per_seq + b];
+    std::fill_n(c.key_cache.begin() + phys * bb, bb, 0xFF);
+    std::fill_n(c.value_cache.begin() + phys * bb, bb, 0xFF);
+  }
+}
+
 // C: the cache element type (T, or an fp8 tag type); `scale` already holds
 // k_scale for fp8 (as the launcher folds it), v_scale is applied by the kernel.
 template <typename T, int HS, typename C = T>
 void EmuDecode(const HostCase& c, const std::vector<uint8_t>& q, const float* alibi, float scale,
-               bool v2, std::vector<uint8_t>& out, float v_scale = 1.0f) {
+               bool v2, std::vector<uint8_t>& out, float v_scale = 1.0f, int window = 0) {
   const int S = c.num_seqs(), H = c.num_heads;
   const int max_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
   std::vector<int32_t> lens(c.seq_lens.begin(), c.seq_lens.end());
@@ -165,7 +176,7 @@ void EmuDecode(const HostCase& c, const std::vector<uint8_t>& q, const float* al
         reinterpret_cast<T*>(out.data()), ml.data(), es.data(), tmp.data(),
         reinterpret_cast<const T*>(q.data()), reinterpret_cast<const C*>(c.key_cache.data()),
         reinterpret_cast<const C*>(c.value_cache.data()), c.num_kv_heads, c.block_size, scale,
-        c.block_tables.data(), c.max_blocks_per_seq, lens.data(), alibi, psize, v_scale);
+        c.block_tables.data(), c.max_blocks_per_seq, lens.data(), alibi, psize, v_scale, window);
   });
   if (!v2) return;
   kc::EmuLaunch(dim3(H, S), dim3(kc::kDecodeThreads), P * sizeof(float), [&] {
@@ -241,11 +252,59 @@ TEST(CudaEmulationTest, DecodeKernelMatchesReference) {
   CheckDecode<__nv_bfloat16, 256>(DType::kBFloat16, 16, 2, 1, false, lens, rng);
 }
 
+// Sliding window (v1 and v2): each sequence's blocks wholly before its window
+// hold NaN (never read), lengths around the window edge, a v2 partition wholly
+// before the window (1100 tokens, window 40). Negative control: the same
+// kernel without the window, on the unpoisoned cache, misses the reference.
+template <typename T, int HS>
+void CheckWindowDecode(DType dt, int block_size, int heads, int kv_heads, int window,
+                       std::vector<int> lens, std::mt19937& rng) {
+  HostCase c{dt, heads, kv_heads, HS, block_size, std::move(lens)};
+  Build(c, rng);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  const HostCase clean = c;
+  for (int s = 0; s < c.num_seqs(); ++s)
+    PoisonBeforeWindow(c, s, testing::WindowFirstKey(c.seq_lens[s] - 1, window));
+  const int S = c.num_seqs();
+  std::vector<float> q = Quantize(RandomVector(static_cast<size_t>(S) * heads * HS, rng), dt);
+  std::vector<uint8_t> eq = Encode(q, dt);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const size_t per_seq = static_cast<size_t>(heads) * HS;
+  for (bool v2 : {false, true}) {
+    std::vector<uint8_t> out(S * per_seq * DTypeSize(dt), 0xFF), plain(out.size(), 0xFF);
+    EmuDecode<T, HS>(c, eq, nullptr, scale, v2, out, 1.0f, window);
+    EmuDecode<T, HS>(clean, eq, nullptr, scale, v2, plain, 1.0f, 0);
+    const std::vector<float> got = Decode(out.data(), S * per_seq, dt);
+    const std::vector<float> no_window = Decode(plain.data(), S * per_seq, dt);
+    for (int s = 0; s < S; ++s) {
+      const std::vector<double> ref = testing::ReferenceDecode(
+          q.data() + s * per_seq, heads, c.K(s), c.V(s), c.seq_lens[s], scale, nullptr, window);
+      EXPECT_TRUE(
+          testing::AttentionOutputMatches(got.data() + s * per_seq, ref.data(), per_seq, dt))
+          << DTypeName(dt) << " window " << window << (v2 ? " v2" : " v1") << " seq " << s
+          << " (len " << c.seq_lens[s] << ")";
+      if (c.seq_lens[s] > window + 4) {
+        EXPECT_FALSE(testing::AttentionOutputMatches(no_window.data() + s * per_seq, ref.data(),
+                                                     per_seq, dt))
+            << "the kernel without its window passes, seq " << s;
+      }
+    }
+  }
+}
+
+TEST(CudaEmulationTest, SlidingWindowDecodeMatchesReference) {
+  std::mt19937 rng(24);
+  const std::vector<int> lens = {1, 39, 40, 41, 57, 600, 1100};
+  CheckWindowDecode<float, 64>(DType::kFloat32, 16, 4, 2, 40, lens, rng);
+  CheckWindowDecode<__half, 128>(DType::kFloat16, 8, 2, 1, 40, lens, rng);
+  CheckWindowDecode<__nv_bfloat16, 80>(DType::kBFloat16, 32, 2, 2, 700, lens, rng);
+}
+
 // mma: the tensor-core kernel (prefill_attention_mma_kernels.cuh; fp16/bf16
 // only), over more rows than one of its 64-row blocks and 32-key tiles.
 template <typename T, int HS>
 void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
-                  std::mt19937& rng, bool mma = false) {
+                  std::mt19937& rng, bool mma = false, int window = 0) {
   struct Seq {
     int cached, q_len;
   };
@@ -257,6 +316,9 @@ void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_al
   HostCase c{dt, heads, kv_heads, HS, block_size, lens};
   Build(c, rng);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  // Blocks wholly before every row's window must not be read: NaN there.
+  for (int s = 0; window > 0 && s < c.num_seqs(); ++s)
+    PoisonBeforeWindow(c, s, testing::WindowFirstKey(seqs[s].cached, window));
   std::vector<int32_t> qsl = {0};
   int max_q = 0;
   for (const Seq& s : seqs) {
@@ -292,7 +354,7 @@ void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_al
           qsl.data(), lens32.data(), reinterpret_cast<const T*>(c.key_cache.data()),
           reinterpret_cast<const T*>(c.value_cache.data()), kv_heads, block_size,
           c.block_tables.data(), c.max_blocks_per_seq, scale, use_alibi ? slopes.data() : nullptr,
-          1.0f);
+          1.0f, window);
     });
   }
   std::vector<float> got = Decode(out.data(), static_cast<size_t>(T_) * heads * HS, dt);
@@ -302,14 +364,15 @@ void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_al
     for (int i = 0; i < seqs[s].q_len; ++i) {
       const int row = qsl[s] + i, qpos = seqs[s].cached + i;
       for (int h = 0; h < heads; ++h)
-        testing::ReferenceAttendOne(q.data() + row * qstride + static_cast<int64_t>(h) * HS, h,
-                                    heads, c.K(s), c.V(s), qpos + 1, qpos, scale,
-                                    use_alibi ? slopes[h] : 0.0, ref.data() + h * HS);
+        testing::ReferenceAttendRange(q.data() + row * qstride + static_cast<int64_t>(h) * HS, h,
+                                      heads, c.K(s), c.V(s), testing::WindowFirstKey(qpos, window),
+                                      qpos + 1, qpos, scale, use_alibi ? slopes[h] : 0.0,
+                                      ref.data() + h * HS);
       ASSERT_TRUE(testing::AttentionOutputMatches(
           got.data() + static_cast<size_t>(row) * ref.size(), ref.data(), ref.size(), dt))
           << DTypeName(dt) << " head " << HS << " block " << block_size
-          << (use_alibi ? " alibi" : "") << (mma ? " tensor cores" : "") << " seq " << s << " row "
-          << i;
+          << (use_alibi ? " alibi" : "") << (mma ? " tensor cores" : "") << " window " << window
+          << " seq " << s << " row " << i;
     }
   }
   EXPECT_FALSE(testing::AttentionOutputMatches(std::vector<float>(ref.size(), 0.0f), ref, dt))
@@ -322,6 +385,14 @@ TEST(CudaEmulationTest, PrefillKernelMatchesReference) {
   CheckPrefill<__half, 80>(DType::kFloat16, 8, 2, 1, true, rng);
   CheckPrefill<__nv_bfloat16, 128>(DType::kBFloat16, 32, 2, 2, false, rng);
   CheckPrefill<float, 256>(DType::kFloat32, 8, 2, 1, true, rng);
+}
+
+// Sliding window: rows near and past the window edge, tiles that start past
+// it; blocks wholly before every row's window hold NaN.
+TEST(CudaEmulationTest, SlidingWindowPrefillMatchesReference) {
+  std::mt19937 rng(25);
+  CheckPrefill<float, 64>(DType::kFloat32, 16, 4, 2, false, rng, false, 9);
+  CheckPrefill<__half, 80>(DType::kFloat16, 8, 2, 1, false, rng, false, 17);
 }
 
 // The tensor-core prefill kernel under the same standard: both 16-bit types,
@@ -513,7 +584,7 @@ void CheckPrefillFp8(DType cache_dt, DType io, int block_size, int heads, int kv
           qsl.data(), lens32.data(), reinterpret_cast<const C*>(c.key_cache.data()),
           reinterpret_cast<const C*>(c.value_cache.data()), kv_heads, block_size,
           c.block_tables.data(), c.max_blocks_per_seq, scale * k_s,
-          use_alibi ? slopes.data() : nullptr, v_s);
+          use_alibi ? slopes.data() : nullptr, v_s, 0);
     });
     return Decode(out.data(), static_cast<size_t>(T_) * heads * HS, io);
   };
@@ -523,9 +594,9 @@ void CheckPrefillFp8(DType cache_dt, DType io, int block_size, int heads, int kv
     for (int i = 0; i < seqs[s].q_len; ++i) {
       const int row = qsl[s] + i, qpos = seqs[s].cached + i;
       for (int h = 0; h < heads; ++h)
-        testing::ReferenceAttendOne(q.data() + row * qstride + static_cast<int64_t>(h) * HS, h,
-                                    heads, c.K(s), c.V(s), qpos + 1, qpos, scale,
-                                    use_alibi ? slopes[h] : 0.0, ref.data() + h * HS);
+        testing::ReferenceAttendRange(q.data() + row * qstride + static_cast<int64_t>(h) * HS, h,
+                                      heads, c.K(s), c.V(s), 0, qpos + 1, qpos, scale,
+                                      use_alibi ? slopes[h] : 0.0, ref.data() + h * HS);
       ASSERT_TRUE(testing::AttentionOutputMatches(
           got.data() + static_cast<size_t>(row) * ref.size(), ref.data(), ref.size(), io))
           << DTypeName(cache_dt) << " io " << DTypeName(io) << " head " << HS << " block "

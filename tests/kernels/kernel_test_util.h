@@ -200,6 +200,22 @@ inline PagedBatch MakePagedBatch(std::mt19937& rng, const std::vector<int32_t>& 
   return b;
 }
 
+// Sets every element of sequence s's blocks that lie wholly before token
+// `first` to NaN: a sliding-window kernel must not read them.
+inline void PoisonBlocksBefore(PagedBatch& b, int s, int first) {
+  const KVCacheShape& sh = b.cache.shape();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int blk = 0; (blk + 1) * sh.block_size <= first; ++blk) {
+    const int32_t phys = b.block_tables[static_cast<size_t>(s) * b.max_blocks_per_seq + blk];
+    for (int h = 0; h < sh.num_kv_heads; ++h)
+      for (int d = 0; d < sh.head_size; ++d)
+        for (int off = 0; off < sh.block_size; ++off) {
+          b.cache.SetKey(phys, h, d, off, nan);
+          b.cache.SetValue(phys, h, d, off, nan);
+        }
+  }
+}
+
 // Random values rounded to dtype: `bytes` holds them in dtype, `f` as floats.
 struct HostTensor {
   DType dtype = DType::kFloat32;

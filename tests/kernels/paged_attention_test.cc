@@ -196,6 +196,60 @@ TEST(PagedAttentionTest, LongContextsAcrossPartitions) {
     }
 }
 
+// Sliding window (kernels/paged_attention.h): v1 and v2 against the windowed
+// reference, lengths around the window edge and across partitions (1100
+// tokens with a window of 40: two v2 partitions wholly before it), every
+// dtype (the AVX2 16-bit path and the generic one), blocks wholly before each
+// window set to NaN (never read). Negative control: the same call without
+// the window fails (it reads the NaN blocks or weighs tokens it must not).
+TEST(PagedAttentionTest, SlidingWindow) {
+  int i = 0;
+  for (DType dt : kDTypes)
+    for (int window : {40, 700}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dt), " window ", window));
+      std::mt19937 rng(300 + i++);
+      const int heads = 4, kv_heads = 2, hs = 64, bs = 16;
+      PagedBatch b = MakePagedBatch(rng, {1, 39, 40, 41, 57, 600, 1100}, kv_heads, hs, bs, dt);
+      for (int s = 0; s < b.num_seqs; ++s)
+        PoisonBlocksBefore(b, s, WindowFirstKey(b.seq_lens[s] - 1, window));
+      const size_t per_seq = static_cast<size_t>(heads) * hs;
+      HostTensor q = RandomTensor(rng, dt, b.num_seqs * per_seq, 2.0f);
+      HostTensor o1(dt, q.size()), o2(dt, q.size()), plain(dt, q.size());
+      PagedAttentionParams p = MakeParams(b, q, heads, nullptr, o1.data());
+      p.sliding_window = window;
+      ASSERT_TRUE(PagedAttentionV1(p).ok());
+      p.out = o2.data();
+      ASSERT_TRUE(PagedAttentionV2(p).ok());
+      p.out = plain.data();
+      p.sliding_window = 0;
+      ASSERT_TRUE(PagedAttentionV2(p).ok());
+      for (int s = 0; s < b.num_seqs; ++s) {
+        const std::vector<double> ref =
+            ReferenceDecode(q.f.data() + s * per_seq, heads, b.gathered_k(s), b.gathered_v(s),
+                            b.seq_lens[s], p.scale, nullptr, window);
+        EXPECT_TRUE(AttentionOutputMatches(ToFloats(o1, s * per_seq, per_seq), ref, dt))
+            << "v1 seq " << s << " (len " << b.seq_lens[s] << ")";
+        EXPECT_TRUE(AttentionOutputMatches(ToFloats(o2, s * per_seq, per_seq), ref, dt))
+            << "v2 seq " << s << " (len " << b.seq_lens[s] << ")";
+        if (b.seq_lens[s] > window + 4) {
+          EXPECT_FALSE(AttentionOutputMatches(ToFloats(plain, s * per_seq, per_seq), ref, dt))
+              << "no window passes, seq " << s;
+        }
+      }
+    }
+}
+
+TEST(PagedAttentionTest, NegativeSlidingWindowIsRejected) {
+  std::mt19937 rng(9);
+  PagedBatch b = MakePagedBatch(rng, {5}, 1, 64, 16, DType::kFloat32);
+  HostTensor q = RandomTensor(rng, DType::kFloat32, 64, 1.0f), out(DType::kFloat32, 64);
+  PagedAttentionParams p = MakeParams(b, q, 1, nullptr, out.data());
+  p.sliding_window = -1;
+  const absl::Status st = PagedAttention(p);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("sliding_window"), std::string::npos) << st;
+}
+
 // Peaky softmax (large queries) so that errors in the max/rescaling logic show.
 TEST(PagedAttentionTest, PeakySoftmax) {
   for (DType dt : kDTypes)

@@ -39,7 +39,42 @@ struct PrefillCase {
   int query_stride_pad = 0;  // extra elements between query tokens (fused QKV)
   int check_every = 1;       // compare every n-th query row with the reference
   uint32_t seed = 1;
+  int window = 0;  // sliding window (0 = none)
 };
+
+// Blocks wholly before every query row's window are never read: NaN there.
+void PoisonBeforeWindows(const PrefillCase& c, PagedBatch& b) {
+  for (size_t s = 0; c.window > 0 && s < c.seqs.size(); ++s)
+    PoisonBlocksBefore(b, static_cast<int>(s),
+                       WindowFirstKey(c.seqs[s].seq_len - c.seqs[s].q_len, c.window));
+}
+
+// Negative control of a windowed case: the same call without the window
+// misses the reference of the longest sequence's last row (it attends to
+// tokens before the window, NaN there).
+void ExpectFailsWithoutWindow(const PrefillCase& c, const PagedBatch& b, const HostTensor& q,
+                              const std::vector<int32_t>& qsl, int64_t qstride,
+                              PrefillAttentionParams p) {
+  const int hs = c.head_size, H = c.heads;
+  size_t longest = 0;
+  for (size_t s = 1; s < c.seqs.size(); ++s)
+    if (c.seqs[s].seq_len > c.seqs[longest].seq_len) longest = s;
+  const int pos = c.seqs[longest].seq_len - 1;
+  const int64_t row = qsl[longest + 1] - 1;
+  std::vector<double> ref(static_cast<size_t>(H) * hs);
+  for (int h = 0; h < H; ++h)
+    ReferenceAttendRange(q.f.data() + row * qstride + static_cast<int64_t>(h) * hs, h, H,
+                         b.gathered_k(static_cast<int>(longest)),
+                         b.gathered_v(static_cast<int>(longest)), WindowFirstKey(pos, c.window),
+                         pos + 1, pos, p.scale, 0.0, ref.data() + static_cast<size_t>(h) * hs);
+  HostTensor plain(c.dtype, static_cast<size_t>(qsl.back()) * H * hs);
+  p.out = plain.data();
+  p.sliding_window = 0;
+  ASSERT_TRUE(PrefillAttention(p).ok());
+  std::vector<float> got(ref.size());
+  for (size_t k = 0; k < got.size(); ++k) got[k] = plain.Get(static_cast<size_t>(row) * H * hs + k);
+  EXPECT_FALSE(AttentionOutputMatches(got, ref, c.dtype)) << "no window passes";
+}
 
 void RunPrefillCase(const PrefillCase& c) {
   SCOPED_TRACE(absl::StrCat(DTypeName(c.dtype), " block ", c.block_size, " alibi ", c.alibi,
@@ -70,6 +105,7 @@ void RunPrefillCase(const PrefillCase& c) {
       std::copy_n(nk.f.begin() + t * row, row, b.k[s].begin() + pos * row);
       std::copy_n(nv.f.begin() + t * row, row, b.v[s].begin() + pos * row);
     }
+  PoisonBeforeWindows(c, b);
   ReshapeAndCacheParams rp;
   rp.key = nk.data();
   rp.value = nv.data();
@@ -100,6 +136,7 @@ void RunPrefillCase(const PrefillCase& c) {
   }
   p.scale = 1.0f / std::sqrt(static_cast<float>(hs));
   p.alibi_slopes = c.alibi ? slopes.data() : nullptr;
+  p.sliding_window = c.window;
   ASSERT_TRUE(PrefillAttention(p).ok());
 
   // Each checked query row (all heads) under the attention standard.
@@ -114,9 +151,10 @@ void RunPrefillCase(const PrefillCase& c) {
       if (i % c.check_every != 0 && !last) continue;
       const int pos = c.seqs[s].seq_len - c.seqs[s].q_len + i;
       for (int h = 0; h < H; ++h)
-        ReferenceAttendOne(q.f.data() + t * qstride + static_cast<int64_t>(h) * hs, h, H,
-                           b.gathered_k(s), b.gathered_v(s), pos + 1, pos, p.scale,
-                           c.alibi ? slopes[h] : 0.0, ref.data() + static_cast<size_t>(h) * hs);
+        ReferenceAttendRange(q.f.data() + t * qstride + static_cast<int64_t>(h) * hs, h, H,
+                             b.gathered_k(s), b.gathered_v(s), WindowFirstKey(pos, c.window),
+                             pos + 1, pos, p.scale, c.alibi ? slopes[h] : 0.0,
+                             ref.data() + static_cast<size_t>(h) * hs);
       for (size_t k = 0; k < got.size(); ++k) got[k] = out.Get(static_cast<size_t>(t) * H * hs + k);
       ASSERT_TRUE(AttentionOutputMatches(got, ref, c.dtype))
           << "seq " << s << " (len " << c.seqs[s].seq_len << ", q_len " << c.seqs[s].q_len
@@ -131,6 +169,7 @@ void RunPrefillCase(const PrefillCase& c) {
       }
     }
 
+  if (c.window > 0) return ExpectFailsWithoutWindow(c, b, q, qsl, qstride, p);
   // Negative controls: a zeroed row, and the same kernel with one block of the
   // control sequence's context dropped (its last row then attends to every
   // token but that block's), must both fail the standard.
@@ -194,6 +233,25 @@ TEST(PrefillAttentionTest, KVLengthsFromOneUpward) {
 
 // A long prompt that crosses the 512-token chunks, and a prompt whose 900-token
 // prefix is already cached; GQA 8/1 with head size 128 too.
+// Sliding window: whole prompts longer than the window, a chunk after a
+// cached prefix longer than the window (tiles that start past it), windows
+// shorter than a block and spanning partitions; every dtype.
+TEST(PrefillAttentionTest, SlidingWindow) {
+  uint32_t seed = 500;
+  for (DType dt : kDTypes)
+    for (int window : {5, 40, 600}) {
+      PrefillCase c;
+      c.heads = 4;
+      c.kv_heads = 2;
+      c.dtype = dt;
+      c.window = window;
+      c.seqs = {{1, 1}, {70, 70}, {200, 37}, {1300, 100}, {45, 1}};
+      c.check_every = 3;
+      c.seed = seed++;
+      RunPrefillCase(c);
+    }
+}
+
 TEST(PrefillAttentionTest, LongPrompt) {
   for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
     PrefillCase c;

@@ -379,6 +379,85 @@ TEST(GgufMalformedTest, ModelConfigRopeFreqFactors) {
   }
 }
 
+// A two-layer llama config with {arch}.attention.sliding_window = `window`
+// and, unless `pattern` is 0, a sliding_window_pattern: 1 = the bool array
+// {false, true}, 2 = llama.cpp's integer form (2), 3 = a bool array of 3.
+std::vector<uint8_t> WithSlidingWindow(uint32_t window, int pattern) {
+  Builder b;
+  b.Raw("GGUF", 4).U32(3).U64(0).U64(pattern == 0 ? 8 : 9);
+  b.Str("general.architecture").U32(8).Str("llama");
+  b.Str("llama.block_count").U32(4).U32(2);
+  b.Str("llama.embedding_length").U32(4).U32(8);
+  b.Str("llama.feed_forward_length").U32(4).U32(16);
+  b.Str("llama.attention.head_count").U32(4).U32(2);
+  b.Str("llama.attention.layer_norm_rms_epsilon").U32(6);
+  float eps = 1e-5f;
+  b.Raw(&eps, 4);
+  b.Str("llama.vocab_size").U32(4).U32(10);
+  b.Str("llama.attention.sliding_window").U32(4).U32(window);
+  if (pattern == 1 || pattern == 3) {
+    b.Str("llama.attention.sliding_window_pattern").U32(9).U32(7).U64(pattern == 1 ? 2 : 3);
+    const uint8_t flags[3] = {0, 1, 1};
+    b.Raw(flags, pattern == 1 ? 2 : 3);
+  } else if (pattern == 2) {
+    b.Str("llama.attention.sliding_window_pattern").U32(4).U32(2);
+  }
+  b.PadTo(32);
+  return b.bytes;
+}
+
+// The sliding window of a GGUF: every layer without a pattern, the layers a
+// bool array marks with one; 0 = none; the integer pattern (its layer order is
+// per architecture in llama.cpp) and an array of the wrong length are errors.
+TEST(GgufMalformedTest, ModelConfigSlidingWindow) {
+  auto config = [](uint32_t window, int pattern) {
+    auto f = GgufFile::FromBytes("bad.gguf", WithSlidingWindow(window, pattern));
+    EXPECT_TRUE(f.ok()) << f.status();
+    return ModelConfigFromGguf(**f);
+  };
+  auto all = config(4096, 0);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->LayerSlidingWindow(0), 4096);
+  EXPECT_EQ(all->LayerSlidingWindow(1), 4096);
+  auto none = config(0, 0);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->LayerSlidingWindow(0), 0);
+  auto mixed = config(512, 1);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_EQ(mixed->LayerSlidingWindow(0), 0);
+  EXPECT_EQ(mixed->LayerSlidingWindow(1), 512);
+  auto integer = config(512, 2);
+  EXPECT_EQ(integer.status().code(), absl::StatusCode::kUnimplemented);
+  ExpectError(integer.status(), "llama.attention.sliding_window_pattern");
+  auto wrong = config(512, 3);
+  ExpectError(wrong.status(), "3 flags for 2 layers");
+}
+
+// Every end-of-generation id a GGUF declares ends generation: eos, eot
+// (Llama 3's <|eot_id|>) and eom, each once.
+TEST(GgufMalformedTest, ModelConfigEndOfGenerationIds) {
+  Builder b;
+  b.Raw("GGUF", 4).U32(3).U64(0).U64(10);
+  b.Str("general.architecture").U32(8).Str("llama");
+  b.Str("llama.block_count").U32(4).U32(1);
+  b.Str("llama.embedding_length").U32(4).U32(8);
+  b.Str("llama.feed_forward_length").U32(4).U32(16);
+  b.Str("llama.attention.head_count").U32(4).U32(2);
+  b.Str("llama.attention.layer_norm_rms_epsilon").U32(6);
+  float eps = 1e-5f;
+  b.Raw(&eps, 4);
+  b.Str("llama.vocab_size").U32(4).U32(10);
+  b.Str("tokenizer.ggml.eos_token_id").U32(4).U32(9);
+  b.Str("tokenizer.ggml.eot_token_id").U32(4).U32(8);
+  b.Str("tokenizer.ggml.eom_token_id").U32(4).U32(9);
+  b.PadTo(32);
+  auto f = GgufFile::FromBytes("eog.gguf", b.bytes);
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto c = ModelConfigFromGguf(**f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{9, 8}));
+}
+
 // A quantized tensor of every ggml block type: whole, it parses and (where
 // supported) dequantizes; one byte short, the error names the file, the tensor
 // and the field (its data offset) and says the data runs past the end; a row

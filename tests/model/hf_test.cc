@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/half.h"
 #include "nlohmann/json.hpp"
+#include "runtime/model/generation_config.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/weights.h"
@@ -221,6 +222,109 @@ TEST(HfConfigTest, ParsesLlamaConfig) {
   ASSERT_TRUE(biased.ok()) << biased.status();
   EXPECT_TRUE(biased->qkv_bias);
   EXPECT_FALSE(q->qk_norm);
+}
+
+// Sliding windows as transformers builds its masks: Mistral on every layer,
+// Qwen2/3 from max_window_layers on when use_sliding_window, layer_types when
+// given; null or absent = none; bad values named.
+TEST(HfConfigTest, SlidingWindow) {
+  auto parse = [](const json& j) { return ModelConfigFromHfJson(j.dump(), "config.json"); };
+  json m = Config("MistralForCausalLM", false);
+  m["sliding_window"] = 4096;
+  auto mistral = parse(m);
+  ASSERT_TRUE(mistral.ok()) << mistral.status();
+  EXPECT_EQ(mistral->sliding_window, 4096);
+  for (int l = 0; l < mistral->num_layers; ++l) EXPECT_EQ(mistral->LayerSlidingWindow(l), 4096);
+  m["sliding_window"] = nullptr;
+  auto unwindowed = parse(m);
+  ASSERT_TRUE(unwindowed.ok()) << unwindowed.status();
+  EXPECT_EQ(unwindowed->LayerSlidingWindow(0), 0);
+
+  json q = Config("Qwen2ForCausalLM", false);
+  q["num_hidden_layers"] = 4;
+  q["sliding_window"] = 32768;
+  q["max_window_layers"] = 2;
+  auto off = parse(q);  // use_sliding_window absent: Qwen2's default false
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->LayerSlidingWindow(3), 0);
+  q["use_sliding_window"] = true;
+  auto on = parse(q);
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->LayerSlidingWindow(0), 0);
+  EXPECT_EQ(on->LayerSlidingWindow(1), 0);
+  EXPECT_EQ(on->LayerSlidingWindow(2), 32768);
+  EXPECT_EQ(on->LayerSlidingWindow(3), 32768);
+
+  q["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention", "full_attention"};
+  auto typed = parse(q);
+  ASSERT_TRUE(typed.ok()) << typed.status();
+  EXPECT_EQ(typed->LayerSlidingWindow(0), 32768);
+  EXPECT_EQ(typed->LayerSlidingWindow(1), 0);
+  EXPECT_EQ(typed->LayerSlidingWindow(2), 32768);
+
+  q["layer_types"] = {"sliding_attention", "chunked_attention", "full_attention", "full_attention"};
+  auto chunked = parse(q);
+  EXPECT_EQ(chunked.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(chunked.status().message().find("chunked_attention"), std::string::npos)
+      << chunked.status();
+  q["layer_types"] = {"full_attention"};
+  EXPECT_EQ(parse(q).status().code(), absl::StatusCode::kInvalidArgument);
+  q["layer_types"] = {"sliding_attention", "full_attention", "full_attention", "full_attention"};
+  q["sliding_window"] = nullptr;
+  auto no_window = parse(q);
+  EXPECT_EQ(no_window.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(no_window.status().message().find("sliding_window"), std::string::npos)
+      << no_window.status();
+  m["sliding_window"] = -1;
+  EXPECT_EQ(parse(m).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// generation_config.json's end tokens join config.json's (Llama 3.x lists
+// <|end_of_text|>, <|eom_id|>, <|eot_id|> there), each once; bad ids named.
+TEST(HfConfigTest, GenerationConfigEosTokens) {
+  auto c = ModelConfigFromHfJson(Config("LlamaForCausalLM", false).dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  c->eos_token_ids = {2};
+  ASSERT_TRUE(
+      AddGenerationConfigEos(R"({"eos_token_id": [2, 128008, 128009]})", "g.json", &*c).ok());
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{2, 128008, 128009}));
+  ASSERT_TRUE(
+      AddGenerationConfigEos(R"({"eos_token_id": 7, "temperature": 0.6})", "g.json", &*c).ok());
+  EXPECT_EQ(c->eos_token_ids.back(), 7);
+  ASSERT_TRUE(AddGenerationConfigEos(R"({"do_sample": false})", "g.json", &*c).ok());
+  EXPECT_EQ(c->eos_token_ids.size(), 4u);
+  for (const char* bad : {R"({"eos_token_id": "x"})", R"({"eos_token_id": [-1]})", "[1]", "{"}) {
+    const absl::Status st = AddGenerationConfigEos(bad, "g.json", &*c);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("g.json"), std::string::npos) << st;
+  }
+}
+
+// generation_config.json's sampling defaults (vLLM's --generation-config
+// auto): the five fields it takes, absent / null ones unset, mistyped named.
+TEST(HfConfigTest, GenerationDefaults) {
+  auto d = GenerationDefaultsFromJson(
+      R"({"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05,
+          "min_p": null, "do_sample": true, "eos_token_id": [1, 2]})",
+      "g.json");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_DOUBLE_EQ(*d->temperature, 0.7);
+  EXPECT_DOUBLE_EQ(*d->top_p, 0.8);
+  EXPECT_EQ(*d->top_k, 20);
+  EXPECT_DOUBLE_EQ(*d->repetition_penalty, 1.05);
+  EXPECT_FALSE(d->min_p.has_value());
+  auto none = GenerationDefaultsFromJson(R"({"bos_token_id": 1})", "g.json");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  for (const char* bad :
+       {R"({"temperature": "hot"})", R"({"top_k": 0.5})", R"({"top_k": 99999999999})", "[]", "{"}) {
+    auto s = GenerationDefaultsFromJson(bad, "g.json");
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.status().message().find("g.json"), std::string::npos) << s.status();
+  }
+  auto gguf = LoadGenerationDefaults("/nonexistent/model.gguf");
+  ASSERT_TRUE(gguf.ok());
+  EXPECT_TRUE(gguf->empty());
 }
 
 TEST(HfConfigTest, RopeScaling) {

@@ -137,12 +137,16 @@ TEST(LoaderFuzzCorpusTest, SeedsAreValidFiles) {
     auto st = SafetensorsFile::FromBytes(f, bytes(f));
     EXPECT_TRUE(st.ok()) << st.status();
   }
-  for (const char* f : {"hf_config/seed-llama3.json", "hf_config/seed-qwen2.json",
-                        "hf_config/seed-qwen3.json", "hf_config/seed-mistral-linear.json"}) {
+  for (const char* f :
+       {"hf_config/seed-llama3.json", "hf_config/seed-qwen2.json", "hf_config/seed-qwen3.json",
+        "hf_config/seed-mistral-linear.json", "hf_config/seed-qwen2-window.json"}) {
     auto c = ModelConfigFromHfJson(ReadAll(dir / f), f);
     EXPECT_TRUE(c.ok()) << c.status();
     if (c.ok()) {
       EXPECT_EQ(c->qk_norm, std::string_view(f) == "hf_config/seed-qwen3.json") << f;
+      const bool window = std::string_view(f) == "hf_config/seed-qwen2-window.json";
+      EXPECT_EQ(c->LayerSlidingWindow(1), window ? 32 : 0) << f;
+      EXPECT_EQ(c->LayerSlidingWindow(0), 0) << f;
     }
   }
   for (const char* f : {"hf_tokenizer/seed-bytelevel.json", "hf_tokenizer/seed-spm.json",

@@ -260,6 +260,9 @@ def config_seeds():
                    rope_scaling={"type": "linear", "factor": 2.0}, tie_word_embeddings=False)
     del mistral["num_key_value_heads"]
     write("hf_config", "seed-mistral-linear.json", json.dumps(mistral).encode())
+    window = dict(qwen, use_sliding_window=True, sliding_window=32, max_window_layers=1,
+                  layer_types=["full_attention", "sliding_attention"])
+    write("hf_config", "seed-qwen2-window.json", json.dumps(window).encode())
 
 
 def tokenizer_seeds():

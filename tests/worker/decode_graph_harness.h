@@ -166,13 +166,15 @@ class CaptureBackend final : public ModelBackend {
   absl::Status SiluMul(const float* gate, const float* up, int64_t count, GemmInput out) override {
     return Run([=, this] { return inner_->SiluMul(gate, up, count, out); });
   }
-  absl::Status Attention(const kernels::KVCacheView& cache, int heads, float* q, float* k, float* v,
-                         GemmInput out) override {
-    return Run([=, this] { return inner_->Attention(cache, heads, q, k, v, out); });
+  absl::Status Attention(const kernels::KVCacheView& cache, const LayerAttention& layer, int heads,
+                         float* q, float* k, float* v, GemmInput out) override {
+    return Run([=, this] { return inner_->Attention(cache, layer, heads, q, k, v, out); });
   }
-  absl::Status RopeAndAttention(const kernels::KVCacheView& cache, int64_t n, int heads, float* q,
-                                float* k, float* v, GemmInput out) override {
-    return Run([=, this] { return inner_->RopeAndAttention(cache, n, heads, q, k, v, out); });
+  absl::Status RopeAndAttention(const kernels::KVCacheView& cache, const LayerAttention& layer,
+                                int64_t n, int heads, float* q, float* k, float* v,
+                                GemmInput out) override {
+    return Run(
+        [=, this] { return inner_->RopeAndAttention(cache, layer, n, heads, q, k, v, out); });
   }
   absl::Status AllReduceSum(PartialSums data, int64_t count) override {
     return Run([=, this] { return inner_->AllReduceSum(data, count); });

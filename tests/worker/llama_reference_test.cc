@@ -74,6 +74,10 @@ std::string Env(const char* name) {
 // With the feature removed the same comparison is off by 0.02 (K bias alone)
 // to 2.2 (see FeatureControlWithoutTheFeatureFailsTheBound; rope_freqs.weight
 // ignored: 0.55, q/k norms dropped: 1.7, k norm weight ignored: 0.70).
+// Sliding windows: 6.5e-6 (mistral_sliding_window, window 24 on both layers)
+// and 2.9e-6 (qwen2_sliding_window, window 20 on layer 1 only); without the
+// window 4.1 / 1.0, with a window one token wider 0.62 / 0.11, with the
+// window on every layer (qwen2) 3.2.
 struct LogitBounds {
   double abs;        // |logit - reference| (top-64, full vectors)
   double logsumexp;  // |logsumexp - reference| and mean / std of the vector
@@ -82,7 +86,8 @@ LogitBounds BoundsFor(const std::string& model_name) {
   if (model_name == "random_llama") return {1e-4, 1e-4};
   if (model_name == "SmolLM2-135M-Instruct") return {5e-4, 5e-4};
   if (model_name == "qwen2_bias" || model_name == "rope_linear" || model_name == "rope_llama3" ||
-      model_name == "qwen3_qk_norm")
+      model_name == "qwen3_qk_norm" || model_name == "mistral_sliding_window" ||
+      model_name == "qwen2_sliding_window")
     return {1e-4, 1e-4};
   ADD_FAILURE() << "no logit bounds measured for model " << model_name;
   return {0.0, 0.0};
@@ -547,6 +552,18 @@ TEST_F(LlamaReferenceTest, FeatureControlConfigMatchesTransformers) {
     }
     return;
   }
+  if (model_name_ == "mistral_sliding_window" || model_name_ == "qwen2_sliding_window") {
+    const nlohmann::json& tw = info.at("transformers_sliding_window");
+    EXPECT_EQ(c.arch,
+              model_name_ == "mistral_sliding_window" ? ModelArch::kMistral : ModelArch::kQwen2);
+    EXPECT_EQ(c.sliding_window, tw.at("sliding_window").get<int>());
+    const auto types = tw.at("layer_types").get<std::vector<std::string>>();
+    ASSERT_EQ(types.size(), static_cast<size_t>(c.num_layers));
+    for (int l = 0; l < c.num_layers; ++l)
+      EXPECT_EQ(c.LayerSlidingWindow(l), types[l] == "sliding_attention" ? c.sliding_window : 0)
+          << "layer " << l;
+    return;
+  }
   if (model_name_ == "qwen3_qk_norm") {
     const nlohmann::json& tq = info.at("transformers_qk_norm");
     EXPECT_EQ(c.arch, ModelArch::kQwen3);
@@ -628,6 +645,17 @@ TEST_F(LlamaReferenceTest, FeatureControlWithoutTheFeatureFailsTheBound) {
                         for (LayerWeights& l : w->layers)
                           std::fill(l.k_norm.begin(), l.k_norm.end(), 1.0f);
                       }});
+  } else if (model_name_ == "mistral_sliding_window" || model_name_ == "qwen2_sliding_window") {
+    broken.push_back({"sliding window ignored", [](LlamaWeights* w) {
+                        w->config.sliding_window = 0;
+                        w->config.sliding_layers.clear();
+                      }});
+    broken.push_back(
+        {"window one token wider", [](LlamaWeights* w) { w->config.sliding_window += 1; }});
+    if (model_name_ == "qwen2_sliding_window") {
+      broken.push_back(
+          {"window on every layer", [](LlamaWeights* w) { w->config.sliding_layers.clear(); }});
+    }
   } else if (model_name_ == "rope_llama3" && IsGguf(model_path_)) {
     broken.push_back({"rope_freqs.weight ignored",
                       [](LlamaWeights* w) { w->config.rope_scaling.freq_factors.clear(); }});

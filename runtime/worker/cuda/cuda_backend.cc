@@ -557,8 +557,8 @@ class CudaBackend final : public ModelBackend {
   // fp32, converted inside the kernels); a 16-bit cache gets converted
   // copies of q, k and v. The output is written in the GEMM-input type
   // (RunAttention).
-  absl::Status Attention(const kernels::KVCacheView& cache, int num_heads, float* q, float* k,
-                         float* v, GemmInput out) override {
+  absl::Status Attention(const kernels::KVCacheView& cache, const LayerAttention& layer,
+                         int num_heads, float* q, float* k, float* v, GemmInput out) override {
     const int64_t n = plan_->num_tokens;
     const int64_t q_dim = static_cast<int64_t>(num_heads) * cache.shape.head_size;
     const int64_t kv_dim = static_cast<int64_t>(cache.shape.num_kv_heads) * cache.shape.head_size;
@@ -583,18 +583,19 @@ class CudaBackend final : public ModelBackend {
     rc.io_dtype = AttentionIoDType(cache);
     rc.stream = stream_;
     PS_RETURN_IF_ERROR(kernels::ReshapeAndCache(rc));
-    return RunAttention(cache, num_heads, qa, out);
+    return RunAttention(cache, layer, num_heads, qa, out);
   }
 
   // Fused: one kernel rotates q and converts it to the attention operand
   // type, one rotates k and writes k and v into the cache (in place of
   // ApplyRope x 2, three conversions and reshape_and_cache).
-  absl::Status RopeAndAttention(const kernels::KVCacheView& cache, int64_t n, int num_heads,
-                                float* q, float* k, float* v, GemmInput out) override {
+  absl::Status RopeAndAttention(const kernels::KVCacheView& cache, const LayerAttention& layer,
+                                int64_t n, int num_heads, float* q, float* k, float* v,
+                                GemmInput out) override {
     const int64_t q_dim = static_cast<int64_t>(num_heads) * cache.shape.head_size;
     const QkvRows rows{q, k, v, q_dim,
                        static_cast<int64_t>(cache.shape.num_kv_heads) * cache.shape.head_size};
-    return RopeAttentionFrom(cache, n, num_heads, rows, q, out);
+    return RopeAttentionFrom(cache, layer, n, num_heads, rows, q, out);
   }
 
   // Up to kFusedGemmMaxTokens with q/k/v stacked at load: one GEMM, then the
@@ -604,8 +605,8 @@ class CudaBackend final : public ModelBackend {
   // cache-write kernels add the biases as they read q, k and v: no bias
   // kernel and no extra pass over q/k/v (the job of a GEMM bias epilogue).
   absl::Status QkvRopeAndAttention(GemmInput x, int64_t n, std::span<const LinearOut, 3> qkv,
-                                   const kernels::KVCacheView& cache, int num_heads,
-                                   GemmInput out) override {
+                                   const kernels::KVCacheView& cache, const LayerAttention& layer,
+                                   int num_heads, GemmInput out) override {
     const int64_t q_dim = static_cast<int64_t>(num_heads) * cache.shape.head_size;
     const int64_t kv_dim = static_cast<int64_t>(cache.shape.num_kv_heads) * cache.shape.head_size;
     if (qkv[0].w.rows != q_dim || qkv[1].w.rows != kv_dim || qkv[2].w.rows != kv_dim)
@@ -622,7 +623,7 @@ class CudaBackend final : public ModelBackend {
       PS_RETURN_IF_ERROR(LinearGroup(x, n, unbiased));
       const QkvRows rows{qkv[0].y, qkv[1].y,         qkv[2].y,         q_dim,
                          kv_dim,   qkv[0].bias.data, qkv[1].bias.data, qkv[2].bias.data};
-      return RopeAttentionFrom(cache, n, num_heads, rows, qkv[0].y, out);
+      return RopeAttentionFrom(cache, layer, n, num_heads, rows, qkv[0].y, out);
     }
     PS_ASSIGN_OR_RETURN(float* y, StackedGemm(x, n, *parent));
     const QkvRows rows{y,
@@ -633,7 +634,7 @@ class CudaBackend final : public ModelBackend {
                        qkv[0].bias.data,
                        qkv[1].bias.data,
                        qkv[2].bias.data};
-    return RopeAttentionFrom(cache, n, num_heads, rows, qkv[0].y, out);
+    return RopeAttentionFrom(cache, layer, n, num_heads, rows, qkv[0].y, out);
   }
 
   bool SupportsBodyGraphs() const override { return true; }
@@ -1161,8 +1162,9 @@ class CudaBackend final : public ModelBackend {
   // RoPE of the queries into the attention operand type (attn_q_, or the
   // fp32 `q_out` [n, q_dim] for an fp32 / fp8 cache), RoPE of the keys with
   // the cache write of keys and values, then the attention into `out`.
-  absl::Status RopeAttentionFrom(const kernels::KVCacheView& cache, int64_t n, int num_heads,
-                                 const QkvRows& in, float* q_out, GemmInput out) {
+  absl::Status RopeAttentionFrom(const kernels::KVCacheView& cache, const LayerAttention& layer,
+                                 int64_t n, int num_heads, const QkvRows& in, float* q_out,
+                                 GemmInput out) {
     const int D = cache.shape.head_size;
     const int64_t q_dim = static_cast<int64_t>(num_heads) * D;
     const Elem io = AttentionIoElem(cache.shape.dtype);
@@ -1186,7 +1188,7 @@ class CudaBackend final : public ModelBackend {
                        cache.key_cache, cache.value_cache, CacheTypeOf(cache.shape.dtype),
                        cache.k_scale, cache.v_scale, stream_),
                    "rope + reshape_and_cache launch"));
-    return RunAttention(cache, num_heads, qa, out);
+    return RunAttention(cache, layer, num_heads, qa, out);
   }
 
   // The attention kernels over `cache`, whose step's keys and values are
@@ -1196,8 +1198,8 @@ class CudaBackend final : public ModelBackend {
   // their output in the operand type `io`: straight into `out` when that is
   // the GEMM-input type (a 16-bit model with a cache of its dtype), else
   // into attn_out_ and converted.
-  absl::Status RunAttention(const kernels::KVCacheView& cache, int num_heads, const void* qa,
-                            GemmInput out) {
+  absl::Status RunAttention(const kernels::KVCacheView& cache, const LayerAttention& layer,
+                            int num_heads, const void* qa, GemmInput out) {
     const ForwardPlan& plan = *plan_;
     const ForwardBatch& b = *plan.batch;
     const int64_t n = plan.num_tokens;
@@ -1220,7 +1222,8 @@ class CudaBackend final : public ModelBackend {
     }
     const int M = b.max_blocks_per_seq;
     if (plan.num_decode > 0)
-      PS_RETURN_IF_ERROR(kernels::PagedAttention(DecodeParams(cache, num_heads, qa, oa, validate)));
+      PS_RETURN_IF_ERROR(
+          kernels::PagedAttention(DecodeParams(cache, layer, num_heads, qa, oa, validate)));
     if (plan.num_prefill > 0) {
       const int64_t bt_off = static_cast<int64_t>(plan.num_decode) * M;
       const int64_t row_off =
@@ -1239,6 +1242,7 @@ class CudaBackend final : public ModelBackend {
       pf.max_query_len = plan.max_prefill_query_len;
       pf.max_seq_len = plan.max_prefill_len;
       pf.scale = plan.attention_scale;
+      pf.sliding_window = layer.sliding_window;
       if (validate) {
         pf.host_query_start_loc = plan.prefill_query_start_loc.data();
         pf.host_seq_lens = b.seq_lens.data() + plan.num_decode;
@@ -1255,7 +1259,8 @@ class CudaBackend final : public ModelBackend {
   // The decode attention of the plan's decode sequences over `cache`, from
   // qa into oa; with `validate`, the host copies of the block tables and
   // lengths for the kernels' checks.
-  kernels::PagedAttentionParams DecodeParams(const kernels::KVCacheView& cache, int num_heads,
+  kernels::PagedAttentionParams DecodeParams(const kernels::KVCacheView& cache,
+                                             const LayerAttention& layer, int num_heads,
                                              const void* qa, void* oa, bool validate) const {
     const ForwardPlan& plan = *plan_;
     const ForwardBatch& b = *plan.batch;
@@ -1271,6 +1276,7 @@ class CudaBackend final : public ModelBackend {
     pa.seq_lens = In<int32_t>(kSeqLens);
     pa.max_seq_len = plan.max_decode_len;
     pa.scale = plan.attention_scale;
+    pa.sliding_window = layer.sliding_window;
     if (validate) {
       pa.host_block_tables = b.block_tables.data();
       pa.host_seq_lens = b.seq_lens.data();
@@ -1290,8 +1296,8 @@ class CudaBackend final : public ModelBackend {
     for (const kernels::KVCacheView& v : kv_layers)
       if (v.shape.num_blocks < smallest->shape.num_blocks) smallest = &v;
     // The operand pointers are only checked for being set.
-    return kernels::ValidatePagedAttention(
-        DecodeParams(*smallest, shard_.num_heads, inputs_.get(), inputs_.get(), true));
+    return kernels::ValidatePagedAttention(DecodeParams(
+        *smallest, LayerAttention{}, shard_.num_heads, inputs_.get(), inputs_.get(), true));
   }
 
   // Every address a captured body reads or writes besides the weights: the

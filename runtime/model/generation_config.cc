@@ -1,0 +1,66 @@
+#include "runtime/model/generation_config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
+namespace pagedserve {
+
+absl::StatusOr<GenerationDefaults> GenerationDefaultsFromJson(std::string_view json_text,
+                                                              std::string_view source_sv) {
+  using nlohmann::json;
+  // Debian's absl::string_view is not std::string_view.
+  const absl::string_view source(source_sv.data(), source_sv.size());
+  const json j =
+      json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a valid JSON object"));
+  }
+  auto field_error = [&](const char* field, const char* what) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": field '", field, "': ", what));
+  };
+  GenerationDefaults d;
+  const std::pair<const char*, std::optional<double>*> reals[] = {
+      {"temperature", &d.temperature},
+      {"top_p", &d.top_p},
+      {"min_p", &d.min_p},
+      {"repetition_penalty", &d.repetition_penalty}};
+  for (const auto& [field, out] : reals) {
+    auto it = j.find(field);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_number()) return field_error(field, "must be a number");
+    *out = it->get<double>();
+  }
+  if (auto it = j.find("top_k"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer()) return field_error("top_k", "must be an integer");
+    const bool fits = it->is_number_unsigned()
+                          ? it->get<uint64_t>() <= std::numeric_limits<int32_t>::max()
+                          : it->get<int64_t>() >= std::numeric_limits<int32_t>::min() &&
+                                it->get<int64_t>() <= std::numeric_limits<int32_t>::max();
+    if (!fits) return field_error("top_k", "out of range");
+    d.top_k = static_cast<int32_t>(it->get<int64_t>());
+  }
+  return d;
+}
+
+absl::StatusOr<GenerationDefaults> LoadGenerationDefaults(const std::string& dir) {
+  const std::string path = dir + "/generation_config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec) || !std::filesystem::exists(path, ec)) {
+    return GenerationDefaults{};
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return GenerationDefaultsFromJson(ss.str(), path);
+}
+
+}  // namespace pagedserve
