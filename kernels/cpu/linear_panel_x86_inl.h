@@ -4,10 +4,11 @@
 // and linear_avx512.cc (PS_LINEAR_VNNI 1) after linear_x86_inl.h, under their
 // `#pragma GCC target`; everything here has internal linkage.
 //
-// Repack: each weight row's super-block is unpacked to one unsigned byte per
-// code with 256-bit vector ops (the bit layouts of quant_blocks.h), and its
-// 4-byte groups are written to their row's lane of the panel; the 6-bit (or
-// int8) scales and mins go to int16 pairs. Kernel: per super-block and token,
+// Repack: the code bytes of 8 rows' super-blocks are transposed 4 bytes at a
+// time (8 x 8 dword transposes, so that each lane holds one row) and unpacked
+// to one unsigned byte per code in the transposed domain (the bit layouts of
+// quant_blocks.h); the 6-bit (or int8) scales and mins go to int16 pairs per
+// row and are transposed the same way. Kernel: per super-block and token,
 // the integer sums of each scale group are formed for the 16 rows at once
 // (rows in the lanes), multiplied by the group's scales and summed exactly in
 // int32; the mins / -32 offsets are one int16 pair multiply-add per 32
@@ -48,63 +49,142 @@ inline uint32_t Pair16(int lo, int hi) {
          (static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16);
 }
 
-// The 256 codes of one super-block in element order, one byte each.
+// The rows' scales before the transposition into the panel: scale pairs per
+// 16 elements and min pairs per 32 (PanelBlock's contract).
+struct PanelRowTmp {
+  alignas(32) uint32_t scales[kPanelRows][16];
+  alignas(32) uint32_t mins[kPanelRows][8];
+};
+
+// The scales and mins of super-block b of row i into tmp, d and dmin into pb.
 template <PanelFmt kF>
-inline void UnpackCodes(const uint8_t* b, uint8_t* codes) {
-  const __m256i m4 = _mm256_set1_epi8(0x0f);
+inline void UnpackRowScales(const uint8_t* b, int i, PanelRowTmp* tmp, PanelBlock* pb) {
   if constexpr (kF == PanelFmt::kQ6K) {
-    const __m256i m2 = _mm256_set1_epi8(0x03);
-    for (int h = 0; h < 2; ++h) {
-      const __m256i qh = Load256(b + 128 + 32 * h);
-      for (int k = 0; k < 4; ++k) {
-        const __m256i ql = Load256(b + 64 * h + 32 * (k & 1));
-        const __m256i low =
-            k < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
-        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 128 * h + 32 * k),
-                            _mm256_or_si256(low, _mm256_slli_epi16(high, 4)));
-      }
-    }
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    const __m128i lo = _mm_cvtepi8_epi16(sc), hi = _mm_cvtepi8_epi16(_mm_srli_si128(sc, 8));
+    auto* out = reinterpret_cast<__m128i*>(tmp->scales[i]);
+    _mm_store_si128(out + 0, _mm_unpacklo_epi16(lo, lo));  // (s, s) for groups 0..3
+    _mm_store_si128(out + 1, _mm_unpackhi_epi16(lo, lo));
+    _mm_store_si128(out + 2, _mm_unpacklo_epi16(hi, hi));
+    _mm_store_si128(out + 3, _mm_unpackhi_epi16(hi, hi));
+    // (32 s_2k, 32 s_2k+1): the int16 scales as they lie, times 32
+    auto* mins = reinterpret_cast<__m128i*>(tmp->mins[i]);
+    _mm_store_si128(mins + 0, _mm_slli_epi16(lo, 5));
+    _mm_store_si128(mins + 1, _mm_slli_epi16(hi, 5));
+    pb->d[i] = pb->dmin[i] = F16(b + 208);
   } else {
-    constexpr int kQs = kF == PanelFmt::kQ5K ? 48 : 16;
-    const __m256i one = _mm256_set1_epi8(1);
-    const __m256i hb = kF == PanelFmt::kQ5K ? Load256(b + 16) : _mm256_setzero_si256();
-    for (int k = 0; k < 4; ++k) {
-      const __m256i v = Load256(b + kQs + 32 * k);
-      __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-      if constexpr (kF == PanelFmt::kQ5K) {
-        // bit j of qh[l] is bit 4 of element l of sub-block j
-        lo = _mm256_or_si256(
-            lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * k), one), 4));
-        hi = _mm256_or_si256(
-            hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * k + 1), one), 4));
-      }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * k), lo);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * k + 32), hi);
-    }
+    // the eight 6-bit scales and mins (ScaleMinK4) as scale bytes 0..7
+    // (u[0], u[1]) and min bytes 0..7 (u[2], u[3]), as in TileQ45K
+    uint32_t u[4];
+    std::memcpy(u, b + 4, 12);
+    constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+    u[3] = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);
+    const uint32_t mins_lo = u[1] & k6;
+    u[1] = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);
+    u[2] = mins_lo;
+    u[0] &= k6;
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+    const __m128i sc = _mm_cvtepu8_epi16(bytes), mn = _mm_cvtepu8_epi16(_mm_srli_si128(bytes, 8));
+    const __m128i p0 = _mm_unpacklo_epi16(sc, sc), p1 = _mm_unpackhi_epi16(sc, sc);
+    auto* out = reinterpret_cast<__m128i*>(tmp->scales[i]);  // sub-block j -> groups 2j, 2j+1
+    _mm_store_si128(out + 0, _mm_unpacklo_epi32(p0, p0));
+    _mm_store_si128(out + 1, _mm_unpackhi_epi32(p0, p0));
+    _mm_store_si128(out + 2, _mm_unpacklo_epi32(p1, p1));
+    _mm_store_si128(out + 3, _mm_unpackhi_epi32(p1, p1));
+    auto* mins = reinterpret_cast<__m128i*>(tmp->mins[i]);
+    _mm_store_si128(mins + 0, _mm_unpacklo_epi16(mn, mn));
+    _mm_store_si128(mins + 1, _mm_unpackhi_epi16(mn, mn));
+    pb->d[i] = F16(b);
+    pb->dmin[i] = F16(b + 2);
   }
 }
 
-// Row i of the panel, super-block at b, into pb (PanelBlock's field contract).
+// The 8 x 8 dwords of rows r[0..8) at byte offset off, transposed: t[q] holds
+// dword q (bytes off + 4q .. off + 4q + 4) of the 8 rows in its 8 lanes.
+inline void Transpose8x8(const uint8_t* const (&r)[8], size_t off, __m256i (&t)[8]) {
+  __m256 a[8], c[8];
+  for (int i = 0; i < 8; ++i) a[i] = _mm256_castsi256_ps(Load256(r[i] + off));
+  for (int i = 0; i < 8; i += 2) {
+    c[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+    c[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    a[i] = _mm256_shuffle_ps(c[i], c[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    a[i + 1] = _mm256_shuffle_ps(c[i], c[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    a[i + 2] = _mm256_shuffle_ps(c[i + 1], c[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    a[i + 3] = _mm256_shuffle_ps(c[i + 1], c[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm256_castps_si256(_mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
+    t[i + 4] = _mm256_castps_si256(_mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
+  }
+}
+
+// Dwords [0, n) of 8 rows of `dwords`-dword arrays at src, transposed into dst
+// (dst row q at dst + q * 64 bytes, 8 lanes = 32 bytes).
+inline void TransposeDwords(const uint32_t* src, int dwords, int n, uint32_t* dst) {
+  const uint8_t* r[8];
+  for (int i = 0; i < 8; ++i) r[i] = reinterpret_cast<const uint8_t*>(src + i * dwords);
+  for (int q0 = 0; q0 < n; q0 += 8) {
+    __m256i t[8];
+    Transpose8x8(r, 4 * q0, t);
+    for (int q = 0; q < 8; ++q)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (q0 + q) * kPanelRows), t[q]);
+  }
+}
+
+inline void StoreCodes(PanelBlock* p, int c, int rb, __m256i v) {
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->codes[c][8 * rb]), v);
+}
+
+// The codes of 8 rows' super-blocks (r[i]: row 8 rb + i) into p, one byte
+// each: the raw code bytes are transposed 4 bytes at a time (so that each lane
+// holds one row) and unpacked in the transposed domain.
 template <PanelFmt kF>
-inline void RepackRow(const uint8_t* b, int i, PanelBlock* pb) {
-  alignas(32) uint8_t codes[256];
-  UnpackCodes<kF>(b, codes);
-  for (int c = 0; c < 64; ++c) std::memcpy(pb->codes[c][i], codes + 4 * c, 4);
+inline void RepackCodes8(const uint8_t* const (&r)[8], int rb, PanelBlock* p) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  __m256i t[8];
   if constexpr (kF == PanelFmt::kQ6K) {
-    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-    for (int g = 0; g < 16; ++g) pb->scales[g][i] = Pair16(sc[g], sc[g]);
-    for (int k = 0; k < 8; ++k) pb->mins[k][i] = Pair16(32 * sc[2 * k], 32 * sc[2 * k + 1]);
-    pb->d[i] = pb->dmin[i] = F16(b + 208);
-  } else {
-    for (int j = 0; j < 8; ++j) {
-      int sc, mn;
-      ScaleMinK4(j, b + 4, &sc, &mn);
-      pb->scales[2 * j][i] = pb->scales[2 * j + 1][i] = Pair16(sc, sc);
-      pb->mins[j][i] = Pair16(mn, mn);
+    // element 128h + 32k + l: low 4 bits in ql[64h + 32(k & 1) + l] (high
+    // nibble for k >= 2), high 2 bits in bits 2k of qh[32h + l]
+    const __m256i m2 = _mm256_set1_epi8(0x03);
+    for (int h = 0; h < 2; ++h) {
+      __m256i th[8];
+      Transpose8x8(r, 128 + 32 * h, th);
+      for (int kk = 0; kk < 2; ++kk) {
+        Transpose8x8(r, 64 * h + 32 * kk, t);
+        for (int q = 0; q < 8; ++q) {
+          for (int k = kk; k < 4; k += 2) {
+            const __m256i low = k < 2 ? _mm256_and_si256(t[q], m4)
+                                      : _mm256_and_si256(_mm256_srli_epi16(t[q], 4), m4);
+            const __m256i high = _mm256_and_si256(_mm256_srli_epi16(th[q], 2 * k), m2);
+            StoreCodes(p, 32 * h + 8 * k + q, rb, _mm256_or_si256(low, _mm256_slli_epi16(high, 4)));
+          }
+        }
+      }
     }
-    pb->d[i] = F16(b);
-    pb->dmin[i] = F16(b + 2);
+  } else {
+    // sub-block 2k: low nibbles of qs[32k..32k+32), 2k+1: high nibbles; Q5_K:
+    // bit j of qh[l] is bit 4 of element l of sub-block j
+    constexpr int kQs = kF == PanelFmt::kQ5K ? 48 : 16;
+    const __m256i one = _mm256_set1_epi8(1);
+    __m256i th[8];
+    if constexpr (kF == PanelFmt::kQ5K) Transpose8x8(r, 16, th);
+    for (int k = 0; k < 4; ++k) {
+      Transpose8x8(r, kQs + 32 * k, t);
+      for (int q = 0; q < 8; ++q) {
+        __m256i lo = _mm256_and_si256(t[q], m4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(t[q], 4), m4);
+        if constexpr (kF == PanelFmt::kQ5K) {
+          lo = _mm256_or_si256(
+              lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(th[q], 2 * k), one), 4));
+          hi = _mm256_or_si256(
+              hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(th[q], 2 * k + 1), one), 4));
+        }
+        StoreCodes(p, 16 * k + q, rb, lo);
+        StoreCodes(p, 16 * k + 8 + q, rb, hi);
+      }
+    }
   }
 }
 
@@ -112,10 +192,23 @@ inline void RepackRow(const uint8_t* b, int i, PanelBlock* pb) {
 // pb[0, nb); rows nrows..kPanelRows-1 are zero.
 template <PanelFmt kF>
 void RepackPanel(const uint8_t* w, size_t wb, int nrows, int64_t nb, PanelBlock* pb) {
-  if (nrows < kPanelRows) std::memset(static_cast<void*>(pb), 0, sizeof(PanelBlock) * nb);
-  for (int i = 0; i < nrows; ++i) {
-    const uint8_t* row = w + i * wb;
-    for (int64_t b = 0; b < nb; ++b) RepackRow<kF>(row + b * PanelBlockBytes(kF), i, pb + b);
+  alignas(32) static const uint8_t kZeroBlock[PanelBlockBytes(kF)] = {};
+  PanelRowTmp tmp;
+  if (nrows < kPanelRows) std::memset(static_cast<void*>(&tmp), 0, sizeof(tmp));
+  for (int64_t b = 0; b < nb; ++b) {
+    PanelBlock* p = pb + b;
+    for (int i = nrows; i < kPanelRows; ++i) p->d[i] = p->dmin[i] = 0.0f;
+    for (int rb = 0; rb < 2; ++rb) {
+      const uint8_t* r[8];
+      for (int i = 0; i < 8; ++i) {
+        const int row = 8 * rb + i;
+        r[i] = row < nrows ? w + row * wb + b * PanelBlockBytes(kF) : kZeroBlock;
+        if (row < nrows) UnpackRowScales<kF>(r[i], row, &tmp, p);
+      }
+      RepackCodes8<kF>(r, rb, p);
+      TransposeDwords(tmp.scales[8 * rb], 16, 16, &p->scales[0][8 * rb]);
+      TransposeDwords(tmp.mins[8 * rb], 8, 8, &p->mins[0][8 * rb]);
+    }
   }
 }
 
