@@ -103,17 +103,21 @@ inline void UnpackRowScales(const uint8_t* b, int i, PanelRowTmp* tmp, PanelBloc
 // dword q (bytes off + 4q .. off + 4q + 4) of the 8 rows in its 8 lanes.
 inline void Transpose8x8(const uint8_t* const (&r)[8], size_t off, __m256i (&t)[8]) {
   __m256 a[8], c[8];
+  PS_UNROLL
   for (int i = 0; i < 8; ++i) a[i] = _mm256_castsi256_ps(Load256(r[i] + off));
+  PS_UNROLL
   for (int i = 0; i < 8; i += 2) {
     c[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
     c[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
   }
+  PS_UNROLL
   for (int i = 0; i < 8; i += 4) {
     a[i] = _mm256_shuffle_ps(c[i], c[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
     a[i + 1] = _mm256_shuffle_ps(c[i], c[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
     a[i + 2] = _mm256_shuffle_ps(c[i + 1], c[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
     a[i + 3] = _mm256_shuffle_ps(c[i + 1], c[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
   }
+  PS_UNROLL
   for (int i = 0; i < 4; ++i) {
     t[i] = _mm256_castps_si256(_mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
     t[i + 4] = _mm256_castps_si256(_mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
@@ -124,10 +128,13 @@ inline void Transpose8x8(const uint8_t* const (&r)[8], size_t off, __m256i (&t)[
 // (dst row q at dst + q * 64 bytes, 8 lanes = 32 bytes).
 inline void TransposeDwords(const uint32_t* src, int dwords, int n, uint32_t* dst) {
   const uint8_t* r[8];
+  PS_UNROLL
   for (int i = 0; i < 8; ++i) r[i] = reinterpret_cast<const uint8_t*>(src + i * dwords);
+  PS_UNROLL
   for (int q0 = 0; q0 < n; q0 += 8) {
     __m256i t[8];
     Transpose8x8(r, 4 * q0, t);
+    PS_UNROLL
     for (int q = 0; q < 8; ++q)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (q0 + q) * kPanelRows), t[q]);
   }
@@ -148,12 +155,16 @@ inline void RepackCodes8(const uint8_t* const (&r)[8], int rb, PanelBlock* p) {
     // element 128h + 32k + l: low 4 bits in ql[64h + 32(k & 1) + l] (high
     // nibble for k >= 2), high 2 bits in bits 2k of qh[32h + l]
     const __m256i m2 = _mm256_set1_epi8(0x03);
+    PS_UNROLL
     for (int h = 0; h < 2; ++h) {
       __m256i th[8];
       Transpose8x8(r, 128 + 32 * h, th);
+      PS_UNROLL
       for (int kk = 0; kk < 2; ++kk) {
         Transpose8x8(r, 64 * h + 32 * kk, t);
+        PS_UNROLL
         for (int q = 0; q < 8; ++q) {
+          PS_UNROLL
           for (int k = kk; k < 4; k += 2) {
             const __m256i low = k < 2 ? _mm256_and_si256(t[q], m4)
                                       : _mm256_and_si256(_mm256_srli_epi16(t[q], 4), m4);
@@ -170,8 +181,10 @@ inline void RepackCodes8(const uint8_t* const (&r)[8], int rb, PanelBlock* p) {
     const __m256i one = _mm256_set1_epi8(1);
     __m256i th[8];
     if constexpr (kF == PanelFmt::kQ5K) Transpose8x8(r, 16, th);
+    PS_UNROLL
     for (int k = 0; k < 4; ++k) {
       Transpose8x8(r, kQs + 32 * k, t);
+      PS_UNROLL
       for (int q = 0; q < 8; ++q) {
         __m256i lo = _mm256_and_si256(t[q], m4);
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(t[q], 4), m4);
@@ -190,6 +203,9 @@ inline void RepackCodes8(const uint8_t* const (&r)[8], int rb, PanelBlock* p) {
 
 // Rows [0, nrows) of the weight (row i at w + i * wb), nb super-blocks, into
 // pb[0, nb); rows nrows..kPanelRows-1 are zero.
+// Distance of the software prefetch of the repack (about 3-5 super-blocks).
+constexpr int kPrefetchPanelBytes = 640;
+
 template <PanelFmt kF>
 void RepackPanel(const uint8_t* w, size_t wb, int nrows, int64_t nb, PanelBlock* pb) {
   alignas(32) static const uint8_t kZeroBlock[PanelBlockBytes(kF)] = {};
@@ -203,7 +219,12 @@ void RepackPanel(const uint8_t* w, size_t wb, int nrows, int64_t nb, PanelBlock*
       for (int i = 0; i < 8; ++i) {
         const int row = 8 * rb + i;
         r[i] = row < nrows ? w + row * wb + b * PanelBlockBytes(kF) : kZeroBlock;
-        if (row < nrows) UnpackRowScales<kF>(r[i], row, &tmp, p);
+        if (row >= nrows) continue;
+        // 16 rows are read side by side, too many short streams for the
+        // hardware prefetcher: fetch each row kPrefetchPanelBytes ahead
+        for (int l = 0; l < PanelBlockBytes(kF); l += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(r[i]) + kPrefetchPanelBytes + l, _MM_HINT_T0);
+        UnpackRowScales<kF>(r[i], row, &tmp, p);
       }
       RepackCodes8<kF>(r, rb, p);
       TransposeDwords(tmp.scales[8 * rb], 16, 16, &p->scales[0][8 * rb]);
