@@ -199,9 +199,15 @@ bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t co
   return (type == WeightType::kQ4_1 && num_tokens == 3) ||
          (type == WeightType::kQ8_0 && num_tokens == 2);
 }
-// kPanel16 (the K-quants' many-token GEMM) from this many tokens on.
-// TODO measured below.
-int64_t PanelMinTokens(CpuIsa isa) { return isa == CpuIsa::kAvx512 ? 8 : 8; }
+// kPanel16 (the K-quants' many-token GEMM) from this many tokens on, on both
+// x86 paths and for Q4_K, Q5_K and Q6_K alike. Measured with
+// bench/linear_bench.cc BM_LinearPanel1B (one thread, Llama-3.2-1B shapes
+// 2048x2048 and 2048x8192; docs/benchmarks.md "K-quant GEMM (CPU, issue 34)"):
+// the per-call repack costs about as much as 2-4 tokens of the row dots, so
+// at 4 tokens the panels were even to 1.14x slower, at 8 tokens 1.4-1.6x
+// faster than the row dots on AVX-512 and 1.04-1.2x on AVX2, at 16-32
+// tokens 2-2.2x (AVX-512) and 1.2-1.5x (AVX2).
+constexpr int64_t kPanelMinTokens = 8;
 // Rows converted to fp32 per sgemm call of the tile method (F16/BF16).
 constexpr int64_t kTileRows = 64;
 // Tokens quantized by the calling thread before the parallel region.
@@ -451,7 +457,7 @@ bool IsQuantized(WeightType t) {
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols,
                           CpuIsa isa) {
   if (IsQuantized(type)) {
-    if (isa != CpuIsa::kPortable && HasPanel16(type) && num_tokens >= PanelMinTokens(isa))
+    if (isa != CpuIsa::kPortable && HasPanel16(type) && num_tokens >= kPanelMinTokens)
       return LinearMethod::kPanel16;
     if (isa == CpuIsa::kAvx2 && HasRowBlock8(type) && num_tokens >= kRow8MinTokensAvx2 &&
         rows >= kRow8Rows) {

@@ -236,6 +236,15 @@ void RepackPanel(const uint8_t* w, size_t wb, int nrows, int64_t nb, PanelBlock*
 // out[16 * j + i] (token j, row i) -> y[j * ys + i] (+ bias[i]) for i < nrows.
 inline void StorePanelOut(const float* out, int ntok, int nrows, float* y, int64_t ys,
                           const float* bias) {
+  if (nrows == kPanelRows) {
+    const __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+    const __m256 b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+    for (int j = 0; j < ntok; ++j) {
+      _mm256_storeu_ps(y + j * ys, _mm256_add_ps(_mm256_loadu_ps(out + 16 * j), b0));
+      _mm256_storeu_ps(y + j * ys + 8, _mm256_add_ps(_mm256_loadu_ps(out + 16 * j + 8), b1));
+    }
+    return;
+  }
   for (int j = 0; j < ntok; ++j)
     for (int i = 0; i < nrows; ++i) y[j * ys + i] = out[16 * j + i] + (bias ? bias[i] : 0.0f);
 }
