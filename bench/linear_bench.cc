@@ -8,7 +8,8 @@
 // BM_LinearKQuant1B/<format>/<rows>/<cols>/<tokens>: BM_Linear on the K-quant
 //   matrices of Llama-3.2-1B in Q4_K_M (issue 10).
 // BM_LinearMethod/<format>/<rows>/<cols>/<tokens>/<method 0 row_dot, 1 tile_sgemm,
-//   2 row_block, 3 row_block8, 4 panel16>: one method forced, to place the crossovers in ChooseMethod.
+//   2 row_block, 3 row_block8, 4 panel16>: one method forced, to place the crossovers in
+//   ChooseMethod.
 // BM_LinearPanel1B/<format>/<rows>/<cols>/<tokens>/<method>: BM_LinearMethod
 //   on Llama-3.2-1B's K-quant shapes, kPanel16 against the other methods (issue 34).
 // BM_QuantizeActs/<isa 0 portable, 1 avx2, 2 avx512>/<block 32 or 256>/<n>: the

@@ -176,8 +176,8 @@ constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
 // row dots were 1.4x faster than sgemm at 128-256 tokens), and the 8-row
 // tiles were not measured on such a CPU.
 constexpr int64_t kRow8MinTokensAvx2 = kRow8Tokens;
-// The K-quants (Q4_K, Q5_K, Q6_K) on the AVX2 path use the row dots at every
-// token count (1 row x up to 4 tokens per call): since the row dots unpack
+// The K-quants (Q4_K, Q5_K, Q6_K) on the AVX2 path use the row dots below
+// kPanelMinTokens (1 row x up to 4 tokens per call): since the row dots unpack
 // scales and mins in vectors, they measured as fast as or faster than both
 // tiles (BM_LinearMethod, one thread; docs/benchmarks-history.md "K-quant row dots
 // (CPU, issue 10)"): 1536x1536 1-3 tokens 0.95-2.3x vs the 4x1 tiles, 4-128

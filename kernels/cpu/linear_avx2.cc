@@ -11,8 +11,8 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #define PS_LINEAR_VNNI 0
-#include "kernels/cpu/linear_x86_inl.h"
 #include "kernels/cpu/linear_panel_x86_inl.h"
+#include "kernels/cpu/linear_x86_inl.h"
 
 namespace {
 

@@ -29,6 +29,9 @@
 #error "define PS_LINEAR_VNNI before including linear_panel_x86_inl.h"
 #endif
 
+// F16, Load256, LoadU32, PS_UNROLL and ActBlock256 (include-guarded).
+#include "kernels/cpu/linear_x86_inl.h"
+
 namespace {
 
 using pagedserve::kernels::cpu::kPanelRows;
@@ -344,8 +347,7 @@ constexpr int PanelChunksInt16(PanelFmt f) {
 
 // Rows 8h..8h+7 of the panel times kT tokens: out[16 * t + 8h + i].
 template <PanelFmt kF, int kT>
-void PanelHalfY(const PanelBlock* pb, int64_t nb, int h, const uint8_t* x, size_t xb,
-                float* out) {
+void PanelHalfY(const PanelBlock* pb, int64_t nb, int h, const uint8_t* x, size_t xb, float* out) {
   constexpr int kGroup = PanelGroup(kF), kChunks = kGroup / 4, kRun = PanelChunksInt16(kF);
   __m256 acc[kT];
   PS_UNROLL
@@ -368,8 +370,8 @@ void PanelHalfY(const PanelBlock* pb, int64_t nb, int h, const uint8_t* x, size_
           const __m256i wv = Load256(p.codes[c][8 * h]);
           PS_UNROLL
           for (int t = 0; t < kT; ++t) {
-            const __m256i xv = _mm256_set1_epi32(static_cast<int>(
-                LoadU32(reinterpret_cast<const uint8_t*>(a[t]->qs) + 4 * c)));
+            const __m256i xv = _mm256_set1_epi32(
+                static_cast<int>(LoadU32(reinterpret_cast<const uint8_t*>(a[t]->qs) + 4 * c)));
             const __m256i prod = _mm256_maddubs_epi16(wv, xv);
             sum16[t] = c == c0 ? prod : _mm256_add_epi16(sum16[t], prod);
           }
