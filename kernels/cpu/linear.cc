@@ -202,7 +202,7 @@ bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t co
 // kPanel16 (the K-quants' many-token GEMM) from this many tokens on, on both
 // x86 paths and for Q4_K, Q5_K and Q6_K alike. Measured with
 // bench/linear_bench.cc BM_LinearPanel1B (one thread, Llama-3.2-1B shapes
-// 2048x2048 and 2048x8192; docs/benchmarks.md "K-quant GEMM (CPU, issue 34)"):
+// 2048x2048 and 2048x8192; docs/benchmarks.md "K-quant GEMM at the 1B shape (CPU, issue 34)"):
 // the per-call repack costs about as much as 2-4 tokens of the row dots, so
 // at 4 tokens the panels were even to 1.14x slower, at 8 tokens 1.4-1.6x
 // faster than the row dots on AVX-512 and 1.04-1.2x on AVX2, at 16-32
