@@ -8,7 +8,10 @@
 // BM_LinearKQuant1B/<format>/<rows>/<cols>/<tokens>: BM_Linear on the K-quant
 //   matrices of Llama-3.2-1B in Q4_K_M (issue 10).
 // BM_LinearMethod/<format>/<rows>/<cols>/<tokens>/<method 0 row_dot, 1 tile_sgemm,
-//   2 row_block, 3 row_block8>: one method forced, to place the crossovers in ChooseMethod.
+//   2 row_block, 3 row_block8, 4 panel16>: one method forced, to place the crossovers in
+//   ChooseMethod.
+// BM_LinearPanel1B/<format>/<rows>/<cols>/<tokens>/<method>: BM_LinearMethod
+//   on Llama-3.2-1B's K-quant shapes, kPanel16 against the other methods (issue 34).
 // BM_QuantizeActs/<isa 0 portable, 1 avx2, 2 avx512>/<block 32 or 256>/<n>: the
 //   activation quantizer of one ISA path on n activations.
 // BM_OpenBlasF32/<rows>/<cols>/<tokens>: cblas_sgemm on fp32 weights,
@@ -108,7 +111,8 @@ void BM_LinearMethod(benchmark::State& state) {
   const auto m = state.range(4) == 0   ? cpu::LinearMethod::kRowDot
                  : state.range(4) == 1 ? cpu::LinearMethod::kTileSgemm
                  : state.range(4) == 2 ? cpu::LinearMethod::kRowBlock
-                                       : cpu::LinearMethod::kRowBlock8;
+                 : state.range(4) == 3 ? cpu::LinearMethod::kRowBlock8
+                                       : cpu::LinearMethod::kPanel16;
   for (auto _ : state) {
     if (!cpu::LinearWith(s.p, ActiveLinearIsa(), m).ok()) state.SkipWithError("Linear failed");
     benchmark::DoNotOptimize(s.y.data());
@@ -203,6 +207,16 @@ void MethodArgs(benchmark::internal::Benchmark* b) {
 }
 // Llama-3.2-1B's shapes in its Q4_K_M file (issue 10): q/o 2048x2048 and
 // gate/up 8192x2048 in Q4_K, down 2048x8192 in Q4_K or Q6_K.
+// kPanel16 vs the row dots / row-block tiles on Llama-3.2-1B's K-quant shapes
+// (issue 34: the crossover per format, ISA and token count).
+void PanelArgs(benchmark::internal::Benchmark* b) {
+  for (const auto& [f, rows, cols] : {std::tuple<int64_t, int64_t, int64_t>{12, 2048, 2048},
+                                      {12, 2048, 8192},
+                                      {14, 2048, 8192},
+                                      {13, 2048, 2048}})
+    for (int64_t t : {2, 4, 8, 16, 32})
+      for (int64_t m : {0, 2, 4}) b->Args({f, rows, cols, t, m});
+}
 void KQuant1BArgs(benchmark::internal::Benchmark* b) {
   for (const auto& [f, rows, cols] : {std::tuple<int64_t, int64_t, int64_t>{12, 2048, 2048},
                                       {12, 8192, 2048},
@@ -223,6 +237,11 @@ BENCHMARK(BM_Linear)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LinearMethod)->Apply(MethodArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LinearMethod)
+    ->Name("BM_LinearPanel1B")
+    ->Apply(PanelArgs)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_QuantizeActs)
     ->ArgsProduct({{0, 1, 2}, {32, 256}, {1536}})
     ->Unit(benchmark::kMicrosecond);

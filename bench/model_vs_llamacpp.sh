@@ -8,7 +8,11 @@
 #   bench/model_vs_llamacpp.sh [--build-dir build-bench] [--gguf PATH] [--threads 2]
 #       [--batches 1,8,32] [--prompt-len 128] [--decode-steps 32] [--rounds 2]
 #       [--llamacpp-bin DIR] [--out-dir DIR] [--omp-wait-policy default|passive|active]
-#       [-- extra bench_model flags]
+#       [--llamacpp-no-repack] [-- extra bench_model flags]
+#
+# --llamacpp-no-repack runs llama.cpp without its repacked / AMX weight buffers
+# (llama-bench --repack 0, llama-batched-bench --no-repack): on a CPU that exposes
+# AMX, llama.cpp's AMX path crashed on a Q4_K_M file (issue 34, 2026-12-05).
 #
 # Both sides use OpenMP (llama.cpp's default build has GGML_OPENMP) and get the
 # same OMP_WAIT_POLICY: "default" (the default) leaves it unset (libgomp spins
@@ -27,7 +31,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=build-bench gguf="" threads=2 batches=1,8,32 prompt_len=128 decode_steps=32 rounds=2
-llbin="" out="" extra=() wait_policy=default
+llbin="" out="" extra=() wait_policy=default bench_flags=() batched_flags=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build=$2; shift 2 ;;
@@ -40,8 +44,9 @@ while [ $# -gt 0 ]; do
     --llamacpp-bin) llbin=$2; shift 2 ;;
     --out-dir) out=$2; shift 2 ;;
     --omp-wait-policy) wait_policy=$2; shift 2 ;;
+    --llamacpp-no-repack) bench_flags=(--repack 0); batched_flags=(--no-repack); shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "model_vs_llamacpp: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
@@ -71,9 +76,11 @@ for r in $(seq 1 "$rounds"); do
   echo "round $r: llama.cpp, load $(load)" >&2
   load > "$out/load_llama_$r"
   "$llbin/llama-bench" -m "$gguf" -t "$threads" -p "$prompt_len" -n "$decode_steps" -r 3 -o json \
+    "${bench_flags[@]}" \
     > "$out/llama_bench_$r.json" 2>"$out/llama_bench_$r.log"
   "$llbin/llama-batched-bench" -m "$gguf" -t "$threads" -c "$ctx" -b 512 -ub 512 \
     -npp "$prompt_len" -ntg "$decode_steps" -npl "$batches" --output-format jsonl \
+    "${batched_flags[@]}" \
     > "$out/llama_batched_$r.jsonl" 2>&1  # result lines are the ones starting with {
 done
 

@@ -33,11 +33,20 @@
 //    same activation blocks and exact integer block sums as the other
 //    methods, only the order of the fp32 sums differs (the bound below holds
 //    unchanged). Rows and tokens left over use the 2 x 4 tiles. Q4_K/Q5_K/Q6_K
-//    use the row dots at every token count (measured as fast as or faster than
+//    below 8 tokens use the row dots on AVX2 (measured as fast as or faster than
 //    both tiles there; the K-quant row dots unpack the sub-block scales and
 //    mins in vectors, apply the mins and Q6_K's -32 offset with one pmaddwd
 //    over the activation sub-block sums and convert the integer sums to fp32
-//    once per super-block and token).
+//    once per super-block and token). From 8 tokens, on both x86 paths, the
+//    K-quants use a GEMM over 16-row panels (kernels/cpu/linear_cpu.h
+//    kPanel16, PanelBlock; the idea of llama.cpp's repacked x86 GEMMs,
+//    written independently): each thread repacks 16 weight rows at a time,
+//    on the fly, into per-thread scratch with the rows in the vector lanes
+//    and the codes one byte each, then multiplies the panel with every token
+//    (AVX-512: one vpdpbusd per 4 codes x 16 rows with a broadcast of the
+//    token's 4 codes, sub-block scales by vpmulld and the mins by vpdpwssd
+//    in registers; AVX2: pmaddubsw/pmaddwd on 8 rows at a time). The stored
+//    weight is not copied: one copy of the weights stays in memory.
 //    The activation quantizer is vectorized on the x86
 //    paths and writes blocks bit-identical to the portable one.
 //    kernels/cpu/linear.cc chooses the method per shape in one place.

@@ -176,8 +176,8 @@ constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
 // row dots were 1.4x faster than sgemm at 128-256 tokens), and the 8-row
 // tiles were not measured on such a CPU.
 constexpr int64_t kRow8MinTokensAvx2 = kRow8Tokens;
-// The K-quants (Q4_K, Q5_K, Q6_K) on the AVX2 path use the row dots at every
-// token count (1 row x up to 4 tokens per call): since the row dots unpack
+// The K-quants (Q4_K, Q5_K, Q6_K) on the AVX2 path use the row dots below
+// kPanelMinTokens (1 row x up to 4 tokens per call): since the row dots unpack
 // scales and mins in vectors, they measured as fast as or faster than both
 // tiles (BM_LinearMethod, one thread; docs/benchmarks-history.md "K-quant row dots
 // (CPU, issue 10)"): 1536x1536 1-3 tokens 0.95-2.3x vs the 4x1 tiles, 4-128
@@ -199,6 +199,15 @@ bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t co
   return (type == WeightType::kQ4_1 && num_tokens == 3) ||
          (type == WeightType::kQ8_0 && num_tokens == 2);
 }
+// kPanel16 (the K-quants' many-token GEMM) from this many tokens on, on both
+// x86 paths and for Q4_K, Q5_K and Q6_K alike. Measured with
+// bench/linear_bench.cc BM_LinearPanel1B (one thread, Llama-3.2-1B shapes
+// 2048x2048 and 2048x8192; docs/benchmarks.md "K-quant GEMM at the 1B shape (CPU, issue 34)"):
+// the per-call repack costs about as much as 2-4 tokens of the row dots, so
+// at 4 tokens the panels were even to 1.14x slower, at 8 tokens 1.4-1.6x
+// faster than the row dots on AVX-512 and 1.04-1.2x on AVX2, at 16-32
+// tokens 2-2.2x (AVX-512) and 1.2-1.5x (AVX2).
+constexpr int64_t kPanelMinTokens = 8;
 // Rows converted to fp32 per sgemm call of the tile method (F16/BF16).
 constexpr int64_t kTileRows = 64;
 // Tokens quantized by the calling thread before the parallel region.
@@ -347,6 +356,27 @@ void RowBlock8Range(const LinearParams& p, const IsaKernels& k, const uint8_t* x
   if (r < r1) RowBlockRange(p, k, xq, r, r1);
 }
 
+// kPanel16: panels of kPanelRows rows (r0 is a multiple of kPanelRows: the
+// row units of ClaimRows are), each repacked into this thread's scratch and
+// multiplied with every token; formats or paths without the kernel use kRowBlock.
+void PanelRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, int64_t r0,
+                int64_t r1) {
+  const IsaKernels::PanelFn fn = PanelFor(k, p.w.type);
+  if (fn == nullptr) {
+    RowBlockRange(p, k, xq, r0, r1);
+    return;
+  }
+  static thread_local std::vector<PanelBlock> scratch;
+  const int64_t nb = p.w.cols / BlockElems(p.w.type);
+  PanelBlock* pb = Scratch(scratch, static_cast<size_t>(nb));
+  const size_t tok_bytes = static_cast<size_t>(nb) * sizeof(ActBlock256);
+  for (int64_t r = r0; r < r1; r += kPanelRows) {
+    const int n = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - r));
+    fn(Row(p.w, r), p.w.row_stride_bytes, n, nb, xq, tok_bytes, p.num_tokens, pb, p.y + r,
+       p.y_stride, p.bias != nullptr ? p.bias + r : nullptr);
+  }
+}
+
 void TileSgemmRange(const LinearParams& p, int64_t r0, int64_t r1) {
   static thread_local std::vector<float> tile;
   const int64_t cols = p.w.cols;
@@ -387,6 +417,7 @@ void ThreadRows(int64_t rows, int tid, int nt, int64_t* begin, int64_t* end) {
 // Rows are handed out in units of kRowUnit (a 64-byte line of fp32 outputs, so
 // that no two threads write one cache line of y).
 constexpr int64_t kRowUnit = 16;
+static_assert(kRowUnit % kPanelRows == 0, "kPanel16 needs claims that start at panel boundaries");
 
 // Guided self-scheduling of one member's row units: each claim takes
 // max(1, remaining / (2 * nt)) units from a shared counter, so that a thread
@@ -414,6 +445,7 @@ const char* LinearMethodName(LinearMethod m) {
     case LinearMethod::kTileSgemm: return "tile_sgemm";
     case LinearMethod::kRowBlock: return "row_block";
     case LinearMethod::kRowBlock8: return "row_block8";
+    case LinearMethod::kPanel16: return "panel16";
   }
   return "?";
 }
@@ -425,6 +457,8 @@ bool IsQuantized(WeightType t) {
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols,
                           CpuIsa isa) {
   if (IsQuantized(type)) {
+    if (isa != CpuIsa::kPortable && HasPanel16(type) && num_tokens >= kPanelMinTokens)
+      return LinearMethod::kPanel16;
     if (isa == CpuIsa::kAvx2 && HasRowBlock8(type) && num_tokens >= kRow8MinTokensAvx2 &&
         rows >= kRow8Rows) {
       return LinearMethod::kRowBlock8;
@@ -480,6 +514,15 @@ IsaKernels::QTileFn Row8TileFor(const IsaKernels& k, WeightType type) {
     case WeightType::kQ5_0: return k.t8r5_0;
     case WeightType::kQ5_1: return k.t8r5_1;
     case WeightType::kQ8_0: return k.t8r8_0;
+    default: return nullptr;
+  }
+}
+
+IsaKernels::PanelFn PanelFor(const IsaKernels& k, WeightType type) {
+  switch (type) {
+    case WeightType::kQ4_K: return k.p4_k;
+    case WeightType::kQ5_K: return k.p5_k;
+    case WeightType::kQ6_K: return k.p6_k;
     default: return nullptr;
   }
 }
@@ -566,6 +609,8 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
           RowDotRange(*m.p, k, acts, r0, r1);
         } else if (m.method == LinearMethod::kRowBlock) {
           RowBlockRange(*m.p, k, acts, r0, r1);
+        } else if (m.method == LinearMethod::kPanel16) {
+          PanelRange(*m.p, k, acts, r0, r1);
         } else {
           RowBlock8Range(*m.p, k, acts, r0, r1);
         }
@@ -579,6 +624,7 @@ Member MakeMember(const LinearParams& p, LinearMethod method) {
   // format without activation quantization is the row dots.
   if (method == LinearMethod::kRowBlock8 && !HasRowBlock8(p.w.type))
     method = LinearMethod::kRowBlock;
+  if (method == LinearMethod::kPanel16 && !HasPanel16(p.w.type)) method = LinearMethod::kRowBlock;
   if (method == LinearMethod::kRowBlock && !IsQuantized(p.w.type)) method = LinearMethod::kRowDot;
   return Member{&p, method, method != LinearMethod::kTileSgemm && IsQuantized(p.w.type),
                 UsesActBlock256(p.w.type)};

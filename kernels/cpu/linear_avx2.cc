@@ -2,6 +2,7 @@
 // kernels/cpu/linear.cc; see kernels/linear.h for why intrinsics, not Highway.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -10,6 +11,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #define PS_LINEAR_VNNI 0
+#include "kernels/cpu/linear_panel_x86_inl.h"
 #include "kernels/cpu/linear_x86_inl.h"
 
 namespace {
@@ -282,7 +284,8 @@ const IsaKernels& Avx2Kernels() {
                                Row8Legacy<20, 4, -1, true, 0>,
                                Row8Legacy<22, 6, 2, false, 16>,
                                Row8Legacy<24, 8, 4, true, 0>,
-                               Row8Q8_0};
+                               Row8Q8_0,
+                               PS_X86_PANELS};
   return k;
 }
 

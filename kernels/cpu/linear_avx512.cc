@@ -2,6 +2,7 @@
 // time by kernels/cpu/linear.cc; see kernels/linear.h for why intrinsics, not Highway.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -15,6 +16,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 #define PS_LINEAR_VNNI 1
+#include "kernels/cpu/linear_panel_x86_inl.h"
 #include "kernels/cpu/linear_x86_inl.h"
 
 namespace {
@@ -104,7 +106,7 @@ const IsaKernels& Avx512Kernels() {
                                // kRowBlock8: the AVX2 kernels (not measured with VNNI;
                                // ChooseMethod uses the method on the AVX2 path only)
                                Avx2Kernels().t8r4_0, Avx2Kernels().t8r4_1, Avx2Kernels().t8r5_0,
-                               Avx2Kernels().t8r5_1, Avx2Kernels().t8r8_0};
+                               Avx2Kernels().t8r5_1, Avx2Kernels().t8r8_0, PS_X86_PANELS};
   return k;
 }
 

@@ -23,6 +23,10 @@ enum class LinearMethod : uint8_t {
   kRowBlock8,  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: kRow8Rows rows x kRow8Tokens tokens with the rows
                // in the vector lanes (IsaKernels::t8r*); rows left over use kRowBlock,
                // tokens left over the row dots; other formats use kRowBlock
+  kPanel16,    // Q4_K, Q5_K, Q6_K on the x86 paths: panels of kPanelRows weight rows repacked
+               // into a PanelBlock layout (rows in the vector lanes), then a register-tiled
+               // GEMM over all tokens (IsaKernels::p*); other formats and the portable path
+               // use kRowBlock
 };
 const char* LinearMethodName(LinearMethod m);
 
@@ -84,6 +88,44 @@ inline bool HasRowBlock8(WeightType t) {
          t == WeightType::kQ5_1 || t == WeightType::kQ8_0;
 }
 
+// kPanel16 (the many-token GEMM of the K-quants). A thread repacks kPanelRows
+// consecutive weight rows at a time, on the fly, into per-thread scratch (the
+// stored weight is never copied as a whole: one copy of the weights stays in
+// memory, the mmap'd file), then multiplies the repacked panel with every
+// token. The layout puts the panel's rows in the vector lanes, so one
+// broadcast of 4 activation codes feeds 16 rows (AVX-512: one vpdpbusd; AVX2:
+// pmaddubsw on 8 rows, twice), no horizontal sums are needed and each
+// token's 16 outputs are one contiguous store; the sub-block scales and the
+// mins / -32 offsets are applied in registers with integer multiplies, and the
+// super-block scales in fp32 once per super-block and token. The idea of
+// llama.cpp's repacked x86 GEMMs (block_q4_Kx8 and friends, ggml-cpu/repack.cpp),
+// written independently, with the codes unpacked to one byte each and the
+// rows 16 wide; repacked per call instead of at load.
+inline constexpr int kPanelRows = 16;
+// One 256-element super-block of a panel of kPanelRows rows (rows past the
+// weight's last row are zero). For Q4_K / Q5_K / Q6_K row i, super-block b:
+//   codes[c][i][0..4): codes of elements 4c..4c+3, unsigned (Q4_K 0..15, Q5_K
+//                      0..31, Q6_K 0..63, i.e. before Q6_K's -32 offset);
+//   scales[g][i]: the scale s of elements 16g..16g+15 as the int16 pair (s, s)
+//                 (Q4_K/Q5_K: the 6-bit scale of sub-block g / 2; Q6_K: the int8 scale g);
+//   mins[k][i]: int16 pair (lo, hi) multiplied with the activation sums of
+//               elements 32k..32k+15 (lo) and 32k+16..32k+31 (hi): Q4_K/Q5_K
+//               (m_k, m_k) with m_k the 6-bit min of sub-block k; Q6_K
+//               (32 s_2k, 32 s_2k+1), the -32 offset;
+//   d[i], dmin[i]: fp32 super-block scales (Q6_K: dmin = d), so that
+//     row . x = sum_b dx_b * (d * sum_g s_g * (codes_g . xq_g) - dmin * sum_k mins_k . bsums_k)
+//   with xq, dx, bsums the token's ActBlock256 blocks.
+struct alignas(64) PanelBlock {
+  uint8_t codes[64][kPanelRows][4];
+  uint32_t scales[16][kPanelRows];
+  uint32_t mins[8][kPanelRows];
+  float d[kPanelRows];
+  float dmin[kPanelRows];
+};
+static_assert(sizeof(PanelBlock) == 5760);
+// True for the formats with kPanel16 kernels.
+inline bool HasPanel16(WeightType t) { return UsesActBlock256(t); }
+
 // The kernels of one instruction-set path.
 //  QDotFn: dot products of one quantized weight row (nb blocks at w) with
 //          ntok (1..kMaxTokens) tokens of activation blocks (ActBlock32 or
@@ -102,6 +144,13 @@ inline bool HasRowBlock8(WeightType t) {
 //          Same arithmetic contract as QDotFn: the same integer block sums
 //          (exact), fp32 scaling per block; only the order of the fp32 sums
 //          differs. The AVX-512 table uses the AVX2 kernels.
+//  PanelFn: p*: kPanel16 (Q4_K, Q5_K, Q6_K): repacks weight rows [0, nrows)
+//          (nrows <= kPanelRows; row i at w + i * w_row_bytes, nb super-blocks)
+//          into scratch[0, nb) and multiplies them with ntok tokens (as QDotFn):
+//          y[j * y_stride + i] = dot of row i with token j (+ bias[i] when bias
+//          is non-null), for i < nrows and j < ntok; nothing else of y is
+//          written. Same arithmetic contract as QDotFn (exact integer sums per
+//          super-block, fp32 scaling). nullptr in the portable table.
 //  QuantFn: the activation quantizers (QuantizeActs32 / QuantizeActs256 above),
 //          vectorized on the x86 paths, bit-identical to the portable ones.
 struct IsaKernels {
@@ -113,6 +162,9 @@ struct IsaKernels {
                            size_t x_token_bytes, int64_t nb, float* out);
   using Quant32Fn = void (*)(const float* x, int64_t n, ActBlock32* out);
   using Quant256Fn = void (*)(const float* x, int64_t n, ActBlock256* out);
+  using PanelFn = void (*)(const uint8_t* w, size_t w_row_bytes, int nrows, int64_t nb,
+                           const uint8_t* x, size_t x_token_bytes, int64_t ntok,
+                           PanelBlock* scratch, float* y, int64_t y_stride, const float* bias);
   QDotFn q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k;
   FDotFn f32, f16, bf16;
   QTileFn t4_0, t4_1, t5_0, t5_1, t8_0, t4_k, t5_k, t6_k;
@@ -120,6 +172,7 @@ struct IsaKernels {
   Quant32Fn quant32;
   Quant256Fn quant256;
   QTileFn t8r4_0, t8r4_1, t8r5_0, t8r5_1, t8r8_0;
+  PanelFn p4_k, p5_k, p6_k;
 };
 const IsaKernels& PortableKernels();
 #if defined(__x86_64__)
@@ -134,6 +187,8 @@ IsaKernels::FDotFn FDotFor(const IsaKernels& k, WeightType type);
 IsaKernels::QTileFn QTileFor(const IsaKernels& k, WeightType type, bool decode = false);
 // The kRowBlock8 tile of `type`; nullptr for formats without one (HasRowBlock8).
 IsaKernels::QTileFn Row8TileFor(const IsaKernels& k, WeightType type);
+// The kPanel16 kernel of `type`; nullptr for formats or paths without one.
+IsaKernels::PanelFn PanelFor(const IsaKernels& k, WeightType type);
 
 }  // namespace pagedserve::kernels::cpu
 

@@ -374,7 +374,10 @@ const IsaKernels& PortableKernels() {
                                Row8Tile<WeightType::kQ4_1>,
                                Row8Tile<WeightType::kQ5_0>,
                                Row8Tile<WeightType::kQ5_1>,
-                               Row8Tile<WeightType::kQ8_0>};
+                               Row8Tile<WeightType::kQ8_0>,
+                               nullptr,
+                               nullptr,
+                               nullptr};
   return k;
 }
 

@@ -329,6 +329,26 @@ TEST_P(LinearIsaTest, RowBlock8WithinBoundOnOddShapes) {
   CheckCase(rng, WeightType::kQ4_1, GetParam(), LinearMethod::kRowBlock8, 24, 64, 3, true);
 }
 
+// kPanel16 (the K-quants' many-token GEMM, 16-row panels repacked on the fly):
+// whole and partial panels (rows 1..45, not multiples of 16), whole and
+// partial token tiles (8 on AVX-512, 4 on AVX2), one and several super-blocks
+// per row, with and without bias. On the portable path the method falls back
+// to kRowBlock (checked too).
+TEST_P(LinearIsaTest, KQuantPanelsWithinBoundOnOddShapes) {
+  if (absent()) return;  // said so in SetUp
+  std::mt19937 rng(16);
+  for (WeightType type : {WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K})
+    for (int64_t cols : {256, 768})
+      for (int64_t rows : {1, 9, 16, 45})
+        for (int64_t tokens : {1, 3, 8, 13, 37}) {
+          if (kLight && cols == 768 && rows != 45) continue;
+          CheckCase(rng, type, GetParam(), LinearMethod::kPanel16, rows, cols, tokens, rows == 9);
+        }
+  // formats without panels fall back to kRowBlock
+  CheckCase(rng, WeightType::kQ4_0, GetParam(), LinearMethod::kPanel16, 24, 64, 9, true);
+  CheckCase(rng, WeightType::kF16, GetParam(), LinearMethod::kPanel16, 24, 64, 9, true);
+}
+
 // Large enough to be split over the OpenMP threads (OMP_NUM_THREADS=2 in ctest).
 TEST_P(LinearIsaTest, ThreadedShapes) {
   if (absent()) return;  // said so in SetUp
@@ -338,6 +358,7 @@ TEST_P(LinearIsaTest, ThreadedShapes) {
     CheckCase(rng, type, GetParam(), LinearMethod::kRowDot, 130, cols, 3, true);
     CheckCase(rng, type, GetParam(), LinearMethod::kRowBlock, 130, cols, 11, true);
     CheckCase(rng, type, GetParam(), LinearMethod::kRowBlock8, 130, cols, 11, true);
+    CheckCase(rng, type, GetParam(), LinearMethod::kPanel16, 130, cols, 11, true);
     CheckCase(rng, type, GetParam(), LinearMethod::kTileSgemm, 130, cols, 9, false);
   }
 }
@@ -353,6 +374,7 @@ TEST_P(LinearIsaTest, BrokenWeightsExceedTheBound) {
   for (auto [method, tokens] : {std::pair{LinearMethod::kRowDot, int64_t{3}},
                                 std::pair{LinearMethod::kRowBlock, int64_t{8}},
                                 std::pair{LinearMethod::kRowBlock8, int64_t{8}},
+                                std::pair{LinearMethod::kPanel16, int64_t{9}},
                                 std::pair{LinearMethod::kRowBlock, int64_t{1}}})
     for (WeightType type : kAllTypes) {
       if (!cpu::IsQuantized(type)) continue;

@@ -1,0 +1,434 @@
+// kPanel16, the many-token GEMM of the K-quants (Q4_K, Q5_K, Q6_K) on the x86
+// paths of the CPU Linear (layout and contract: PanelBlock and IsaKernels::PanelFn
+// in kernels/cpu/linear_cpu.h). Included by linear_avx2.cc (PS_LINEAR_VNNI 0)
+// and linear_avx512.cc (PS_LINEAR_VNNI 1) after linear_x86_inl.h, under their
+// `#pragma GCC target`; everything here has internal linkage.
+//
+// Repack: the code bytes of 8 rows' super-blocks are transposed 4 bytes at a
+// time (8 x 8 dword transposes, so that each lane holds one row) and unpacked
+// to one unsigned byte per code in the transposed domain (the bit layouts of
+// quant_blocks.h); the 6-bit (or int8) scales and mins go to int16 pairs per
+// row and are transposed the same way. Kernel: per super-block and token,
+// the integer sums of each scale group are formed for the 16 rows at once
+// (rows in the lanes), multiplied by the group's scales and summed exactly in
+// int32; the mins / -32 offsets are one int16 pair multiply-add per 32
+// elements with the token's activation sums; one int32 -> fp32 conversion and
+// FMA per super-block and token.
+//  - AVX-512 (AVX512-VNNI): 16 rows in one zmm; vpdpbusd of the 16 rows' 4
+//    codes with a broadcast of the token's 4 codes (one instruction per 64
+//    multiply-adds), the group's int32 sums times the scales by vpmulld, the
+//    mins by vpdpwssd; kPanelTokensZ tokens per pass over the panel.
+//  - AVX2: 8 rows per ymm (the panel's two halves one after the other);
+//    pmaddubsw into int16 over as many 4-code chunks as cannot overflow
+//    (2 * 127 * code max per chunk: Q4_K 8 chunks, Q5_K 4, Q6_K 2), then
+//    pmaddwd with the scale pair; kPanelTokensY tokens per pass.
+#ifndef PAGEDSERVE_KERNELS_CPU_LINEAR_PANEL_X86_INL_H_
+#define PAGEDSERVE_KERNELS_CPU_LINEAR_PANEL_X86_INL_H_
+
+#if !defined(PS_LINEAR_VNNI)
+#error "define PS_LINEAR_VNNI before including linear_panel_x86_inl.h"
+#endif
+
+// F16, Load256, LoadU32, PS_UNROLL and ActBlock256 (include-guarded).
+#include "kernels/cpu/linear_x86_inl.h"
+
+namespace {
+
+using pagedserve::kernels::cpu::kPanelRows;
+using pagedserve::kernels::cpu::PanelBlock;
+using pagedserve::kernels::cpu::ScaleMinK4;
+
+// The formats of kPanel16.
+enum class PanelFmt { kQ4K, kQ5K, kQ6K };
+
+constexpr int PanelBlockBytes(PanelFmt f) {
+  return f == PanelFmt::kQ4K ? 144 : f == PanelFmt::kQ5K ? 176 : 210;
+}
+// Elements per scale group: the kernels multiply by the scale once per group.
+constexpr int PanelGroup(PanelFmt f) { return f == PanelFmt::kQ6K ? 16 : 32; }
+
+inline uint32_t Pair16(int lo, int hi) {
+  return static_cast<uint32_t>(static_cast<uint16_t>(lo)) |
+         (static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16);
+}
+
+// The rows' scales before the transposition into the panel: scale pairs per
+// 16 elements and min pairs per 32 (PanelBlock's contract).
+struct PanelRowTmp {
+  alignas(32) uint32_t scales[kPanelRows][16];
+  alignas(32) uint32_t mins[kPanelRows][8];
+};
+
+// The scales and mins of super-block b of row i into tmp, d and dmin into pb.
+template <PanelFmt kF>
+inline void UnpackRowScales(const uint8_t* b, int i, PanelRowTmp* tmp, PanelBlock* pb) {
+  if constexpr (kF == PanelFmt::kQ6K) {
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    const __m128i lo = _mm_cvtepi8_epi16(sc), hi = _mm_cvtepi8_epi16(_mm_srli_si128(sc, 8));
+    auto* out = reinterpret_cast<__m128i*>(tmp->scales[i]);
+    _mm_store_si128(out + 0, _mm_unpacklo_epi16(lo, lo));  // (s, s) for groups 0..3
+    _mm_store_si128(out + 1, _mm_unpackhi_epi16(lo, lo));
+    _mm_store_si128(out + 2, _mm_unpacklo_epi16(hi, hi));
+    _mm_store_si128(out + 3, _mm_unpackhi_epi16(hi, hi));
+    // (32 s_2k, 32 s_2k+1): the int16 scales as they lie, times 32
+    auto* mins = reinterpret_cast<__m128i*>(tmp->mins[i]);
+    _mm_store_si128(mins + 0, _mm_slli_epi16(lo, 5));
+    _mm_store_si128(mins + 1, _mm_slli_epi16(hi, 5));
+    pb->d[i] = pb->dmin[i] = F16(b + 208);
+  } else {
+    // the eight 6-bit scales and mins (ScaleMinK4) as scale bytes 0..7
+    // (u[0], u[1]) and min bytes 0..7 (u[2], u[3]), as in TileQ45K
+    uint32_t u[4];
+    std::memcpy(u, b + 4, 12);
+    constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+    u[3] = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);
+    const uint32_t mins_lo = u[1] & k6;
+    u[1] = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);
+    u[2] = mins_lo;
+    u[0] &= k6;
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+    const __m128i sc = _mm_cvtepu8_epi16(bytes), mn = _mm_cvtepu8_epi16(_mm_srli_si128(bytes, 8));
+    const __m128i p0 = _mm_unpacklo_epi16(sc, sc), p1 = _mm_unpackhi_epi16(sc, sc);
+    auto* out = reinterpret_cast<__m128i*>(tmp->scales[i]);  // sub-block j -> groups 2j, 2j+1
+    _mm_store_si128(out + 0, _mm_unpacklo_epi32(p0, p0));
+    _mm_store_si128(out + 1, _mm_unpackhi_epi32(p0, p0));
+    _mm_store_si128(out + 2, _mm_unpacklo_epi32(p1, p1));
+    _mm_store_si128(out + 3, _mm_unpackhi_epi32(p1, p1));
+    auto* mins = reinterpret_cast<__m128i*>(tmp->mins[i]);
+    _mm_store_si128(mins + 0, _mm_unpacklo_epi16(mn, mn));
+    _mm_store_si128(mins + 1, _mm_unpackhi_epi16(mn, mn));
+    pb->d[i] = F16(b);
+    pb->dmin[i] = F16(b + 2);
+  }
+}
+
+// The 8 x 8 dwords of rows r[0..8) at byte offset off, transposed: t[q] holds
+// dword q (bytes off + 4q .. off + 4q + 4) of the 8 rows in its 8 lanes.
+inline void Transpose8x8(const uint8_t* const (&r)[8], size_t off, __m256i (&t)[8]) {
+  __m256 a[8], c[8];
+  PS_UNROLL
+  for (int i = 0; i < 8; ++i) a[i] = _mm256_castsi256_ps(Load256(r[i] + off));
+  PS_UNROLL
+  for (int i = 0; i < 8; i += 2) {
+    c[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+    c[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+  }
+  PS_UNROLL
+  for (int i = 0; i < 8; i += 4) {
+    a[i] = _mm256_shuffle_ps(c[i], c[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    a[i + 1] = _mm256_shuffle_ps(c[i], c[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    a[i + 2] = _mm256_shuffle_ps(c[i + 1], c[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    a[i + 3] = _mm256_shuffle_ps(c[i + 1], c[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  PS_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm256_castps_si256(_mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
+    t[i + 4] = _mm256_castps_si256(_mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
+  }
+}
+
+// Dwords [0, n) of 8 rows of `dwords`-dword arrays at src, transposed into dst
+// (dst row q at dst + q * 64 bytes, 8 lanes = 32 bytes).
+inline void TransposeDwords(const uint32_t* src, int dwords, int n, uint32_t* dst) {
+  const uint8_t* r[8];
+  PS_UNROLL
+  for (int i = 0; i < 8; ++i) r[i] = reinterpret_cast<const uint8_t*>(src + i * dwords);
+  PS_UNROLL
+  for (int q0 = 0; q0 < n; q0 += 8) {
+    __m256i t[8];
+    Transpose8x8(r, 4 * q0, t);
+    PS_UNROLL
+    for (int q = 0; q < 8; ++q)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (q0 + q) * kPanelRows), t[q]);
+  }
+}
+
+inline void StoreCodes(PanelBlock* p, int c, int rb, __m256i v) {
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p->codes[c][8 * rb]), v);
+}
+
+// The codes of 8 rows' super-blocks (r[i]: row 8 rb + i) into p, one byte
+// each: the raw code bytes are transposed 4 bytes at a time (so that each lane
+// holds one row) and unpacked in the transposed domain.
+template <PanelFmt kF>
+inline void RepackCodes8(const uint8_t* const (&r)[8], int rb, PanelBlock* p) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  __m256i t[8];
+  if constexpr (kF == PanelFmt::kQ6K) {
+    // element 128h + 32k + l: low 4 bits in ql[64h + 32(k & 1) + l] (high
+    // nibble for k >= 2), high 2 bits in bits 2k of qh[32h + l]
+    const __m256i m2 = _mm256_set1_epi8(0x03);
+    PS_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      __m256i th[8];
+      Transpose8x8(r, 128 + 32 * h, th);
+      PS_UNROLL
+      for (int kk = 0; kk < 2; ++kk) {
+        Transpose8x8(r, 64 * h + 32 * kk, t);
+        PS_UNROLL
+        for (int q = 0; q < 8; ++q) {
+          PS_UNROLL
+          for (int k = kk; k < 4; k += 2) {
+            const __m256i low = k < 2 ? _mm256_and_si256(t[q], m4)
+                                      : _mm256_and_si256(_mm256_srli_epi16(t[q], 4), m4);
+            const __m256i high = _mm256_and_si256(_mm256_srli_epi16(th[q], 2 * k), m2);
+            StoreCodes(p, 32 * h + 8 * k + q, rb, _mm256_or_si256(low, _mm256_slli_epi16(high, 4)));
+          }
+        }
+      }
+    }
+  } else {
+    // sub-block 2k: low nibbles of qs[32k..32k+32), 2k+1: high nibbles; Q5_K:
+    // bit j of qh[l] is bit 4 of element l of sub-block j
+    constexpr int kQs = kF == PanelFmt::kQ5K ? 48 : 16;
+    const __m256i one = _mm256_set1_epi8(1);
+    __m256i th[8];
+    if constexpr (kF == PanelFmt::kQ5K) Transpose8x8(r, 16, th);
+    PS_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      Transpose8x8(r, kQs + 32 * k, t);
+      PS_UNROLL
+      for (int q = 0; q < 8; ++q) {
+        __m256i lo = _mm256_and_si256(t[q], m4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(t[q], 4), m4);
+        if constexpr (kF == PanelFmt::kQ5K) {
+          lo = _mm256_or_si256(
+              lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(th[q], 2 * k), one), 4));
+          hi = _mm256_or_si256(
+              hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(th[q], 2 * k + 1), one), 4));
+        }
+        StoreCodes(p, 16 * k + q, rb, lo);
+        StoreCodes(p, 16 * k + 8 + q, rb, hi);
+      }
+    }
+  }
+}
+
+// Rows [0, nrows) of the weight (row i at w + i * wb), nb super-blocks, into
+// pb[0, nb); rows nrows..kPanelRows-1 are zero.
+// Distance of the software prefetch of the repack (about 3-5 super-blocks).
+constexpr int kPrefetchPanelBytes = 640;
+
+template <PanelFmt kF>
+void RepackPanel(const uint8_t* w, size_t wb, int nrows, int64_t nb, PanelBlock* pb) {
+  alignas(32) static const uint8_t kZeroBlock[PanelBlockBytes(kF)] = {};
+  PanelRowTmp tmp;
+  if (nrows < kPanelRows) std::memset(static_cast<void*>(&tmp), 0, sizeof(tmp));
+  for (int64_t b = 0; b < nb; ++b) {
+    PanelBlock* p = pb + b;
+    for (int i = nrows; i < kPanelRows; ++i) p->d[i] = p->dmin[i] = 0.0f;
+    for (int rb = 0; rb < 2; ++rb) {
+      const uint8_t* r[8];
+      for (int i = 0; i < 8; ++i) {
+        const int row = 8 * rb + i;
+        r[i] = row < nrows ? w + row * wb + b * PanelBlockBytes(kF) : kZeroBlock;
+        if (row >= nrows) continue;
+        // 16 rows are read side by side, too many short streams for the
+        // hardware prefetcher: fetch each row kPrefetchPanelBytes ahead
+        for (int l = 0; l < PanelBlockBytes(kF); l += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(r[i]) + kPrefetchPanelBytes + l, _MM_HINT_T0);
+        UnpackRowScales<kF>(r[i], row, &tmp, p);
+      }
+      RepackCodes8<kF>(r, rb, p);
+      TransposeDwords(tmp.scales[8 * rb], 16, 16, &p->scales[0][8 * rb]);
+      TransposeDwords(tmp.mins[8 * rb], 8, 8, &p->mins[0][8 * rb]);
+    }
+  }
+}
+
+// out[16 * j + i] (token j, row i) -> y[j * ys + i] (+ bias[i]) for i < nrows.
+inline void StorePanelOut(const float* out, int ntok, int nrows, float* y, int64_t ys,
+                          const float* bias) {
+  if (nrows == kPanelRows) {
+    const __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+    const __m256 b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+    for (int j = 0; j < ntok; ++j) {
+      _mm256_storeu_ps(y + j * ys, _mm256_add_ps(_mm256_loadu_ps(out + 16 * j), b0));
+      _mm256_storeu_ps(y + j * ys + 8, _mm256_add_ps(_mm256_loadu_ps(out + 16 * j + 8), b1));
+    }
+    return;
+  }
+  for (int j = 0; j < ntok; ++j)
+    for (int i = 0; i < nrows; ++i) y[j * ys + i] = out[16 * j + i] + (bias ? bias[i] : 0.0f);
+}
+
+#if PS_LINEAR_VNNI
+
+// Tokens per pass over the panel: 3 zmm accumulators per token (group sums,
+// super-block sums, fp32 results) of AVX-512's 32 vector registers.
+constexpr int kPanelTokensZ = 8;
+
+template <PanelFmt kF, int kT>
+void PanelTileZ(const PanelBlock* pb, int64_t nb, const uint8_t* x, size_t xb, float* out) {
+  constexpr int kGroup = PanelGroup(kF), kChunks = kGroup / 4;
+  __m512 acc[kT];
+  PS_UNROLL
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const PanelBlock& p = pb[b];
+    const ActBlock256* a[kT];
+    PS_UNROLL
+    for (int t = 0; t < kT; ++t) a[t] = reinterpret_cast<const ActBlock256*>(x + t * xb) + b;
+    __m512i s[kT];
+    PS_UNROLL
+    for (auto& v : s) v = _mm512_setzero_si512();
+    for (int g = 0; g < 256 / kGroup; ++g) {
+      __m512i sum[kT];
+      PS_UNROLL
+      for (auto& v : sum) v = _mm512_setzero_si512();
+      PS_UNROLL
+      for (int c = g * kChunks; c < (g + 1) * kChunks; ++c) {
+        const __m512i wv = _mm512_load_si512(p.codes[c]);
+        PS_UNROLL
+        for (int t = 0; t < kT; ++t)
+          sum[t] = _mm512_dpbusd_epi32(sum[t], wv,
+                                       _mm512_set1_epi32(static_cast<int>(LoadU32(
+                                           reinterpret_cast<const uint8_t*>(a[t]->qs) + 4 * c))));
+      }
+      // (s, s) int16 pairs -> s as int32 (arithmetic shift)
+      const __m512i sc = _mm512_srai_epi32(_mm512_load_si512(p.scales[g * kGroup / 16]), 16);
+      PS_UNROLL
+      for (int t = 0; t < kT; ++t) s[t] = _mm512_add_epi32(s[t], _mm512_mullo_epi32(sum[t], sc));
+    }
+    const __m512 d = _mm512_load_ps(p.d), dmin = _mm512_load_ps(p.dmin);
+    PS_UNROLL
+    for (int t = 0; t < kT; ++t) {
+      __m512i m = _mm512_setzero_si512();
+      PS_UNROLL
+      for (int k = 0; k < 8; ++k)
+        m = _mm512_dpwssd_epi32(m, _mm512_load_si512(p.mins[k]),
+                                _mm512_set1_epi32(static_cast<int>(LoadU32(
+                                    reinterpret_cast<const uint8_t*>(a[t]->bsums + 2 * k)))));
+      const __m512 v =
+          _mm512_fmsub_ps(d, _mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m)));
+      acc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(a[t]->d), acc[t]);
+    }
+  }
+  PS_UNROLL
+  for (int t = 0; t < kT; ++t) _mm512_storeu_ps(out + 16 * t, acc[t]);
+}
+
+template <PanelFmt kF>
+void PanelRunZ(const PanelBlock* pb, int64_t nb, const uint8_t* x, size_t xb, int n, float* out) {
+  switch (n) {
+    case 1: PanelTileZ<kF, 1>(pb, nb, x, xb, out); return;
+    case 2: PanelTileZ<kF, 2>(pb, nb, x, xb, out); return;
+    case 3: PanelTileZ<kF, 3>(pb, nb, x, xb, out); return;
+    case 4: PanelTileZ<kF, 4>(pb, nb, x, xb, out); return;
+    case 5: PanelTileZ<kF, 5>(pb, nb, x, xb, out); return;
+    case 6: PanelTileZ<kF, 6>(pb, nb, x, xb, out); return;
+    case 7: PanelTileZ<kF, 7>(pb, nb, x, xb, out); return;
+    default: PanelTileZ<kF, 8>(pb, nb, x, xb, out); return;
+  }
+}
+
+template <PanelFmt kF>
+void PanelGemm(const uint8_t* w, size_t wb, int nrows, int64_t nb, const uint8_t* x, size_t xb,
+               int64_t ntok, PanelBlock* pb, float* y, int64_t ys, const float* bias) {
+  RepackPanel<kF>(w, wb, nrows, nb, pb);
+  alignas(64) float out[16 * kPanelTokensZ];
+  for (int64_t t = 0; t < ntok; t += kPanelTokensZ) {
+    const int n = static_cast<int>(std::min<int64_t>(kPanelTokensZ, ntok - t));
+    PanelRunZ<kF>(pb, nb, x + t * xb, xb, n, out);
+    StorePanelOut(out, n, nrows, y + t * ys, ys, bias);
+  }
+}
+
+#else  // AVX2
+
+// Tokens per pass over a half panel (8 rows): 3 ymm per token of AVX2's 16.
+constexpr int kPanelTokensY = 4;
+
+// 4-code chunks summed in int16 before pmaddwd: each pmaddubsw lane is at most
+// 2 * 127 * (largest code), and the sum must stay below 2^15.
+constexpr int PanelChunksInt16(PanelFmt f) {
+  return f == PanelFmt::kQ4K ? 8 : f == PanelFmt::kQ5K ? 4 : 2;
+}
+
+// Rows 8h..8h+7 of the panel times kT tokens: out[16 * t + 8h + i].
+template <PanelFmt kF, int kT>
+void PanelHalfY(const PanelBlock* pb, int64_t nb, int h, const uint8_t* x, size_t xb, float* out) {
+  constexpr int kGroup = PanelGroup(kF), kChunks = kGroup / 4, kRun = PanelChunksInt16(kF);
+  __m256 acc[kT];
+  PS_UNROLL
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const PanelBlock& p = pb[b];
+    const ActBlock256* a[kT];
+    PS_UNROLL
+    for (int t = 0; t < kT; ++t) a[t] = reinterpret_cast<const ActBlock256*>(x + t * xb) + b;
+    __m256i s[kT];
+    PS_UNROLL
+    for (auto& v : s) v = _mm256_setzero_si256();
+    for (int g = 0; g < 256 / kGroup; ++g) {
+      const __m256i sc = Load256(&p.scales[g * kGroup / 16][8 * h]);
+      PS_UNROLL
+      for (int c0 = g * kChunks; c0 < (g + 1) * kChunks; c0 += kRun) {
+        __m256i sum16[kT];
+        PS_UNROLL
+        for (int c = c0; c < c0 + kRun; ++c) {
+          const __m256i wv = Load256(p.codes[c][8 * h]);
+          PS_UNROLL
+          for (int t = 0; t < kT; ++t) {
+            const __m256i xv = _mm256_set1_epi32(
+                static_cast<int>(LoadU32(reinterpret_cast<const uint8_t*>(a[t]->qs) + 4 * c)));
+            const __m256i prod = _mm256_maddubs_epi16(wv, xv);
+            sum16[t] = c == c0 ? prod : _mm256_add_epi16(sum16[t], prod);
+          }
+        }
+        PS_UNROLL
+        for (int t = 0; t < kT; ++t) s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(sum16[t], sc));
+      }
+    }
+    const __m256 d = _mm256_loadu_ps(p.d + 8 * h), dmin = _mm256_loadu_ps(p.dmin + 8 * h);
+    PS_UNROLL
+    for (int t = 0; t < kT; ++t) {
+      __m256i m = _mm256_setzero_si256();
+      PS_UNROLL
+      for (int k = 0; k < 8; ++k)
+        m = _mm256_add_epi32(
+            m, _mm256_madd_epi16(Load256(&p.mins[k][8 * h]),
+                                 _mm256_set1_epi32(static_cast<int>(LoadU32(
+                                     reinterpret_cast<const uint8_t*>(a[t]->bsums + 2 * k))))));
+      const __m256 v =
+          _mm256_fmsub_ps(d, _mm256_cvtepi32_ps(s[t]), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m)));
+      acc[t] = _mm256_fmadd_ps(v, _mm256_set1_ps(a[t]->d), acc[t]);
+    }
+  }
+  PS_UNROLL
+  for (int t = 0; t < kT; ++t) _mm256_storeu_ps(out + 16 * t + 8 * h, acc[t]);
+}
+
+template <PanelFmt kF>
+void PanelRunY(const PanelBlock* pb, int64_t nb, int h, const uint8_t* x, size_t xb, int n,
+               float* out) {
+  switch (n) {
+    case 1: PanelHalfY<kF, 1>(pb, nb, h, x, xb, out); return;
+    case 2: PanelHalfY<kF, 2>(pb, nb, h, x, xb, out); return;
+    case 3: PanelHalfY<kF, 3>(pb, nb, h, x, xb, out); return;
+    default: PanelHalfY<kF, 4>(pb, nb, h, x, xb, out); return;
+  }
+}
+
+template <PanelFmt kF>
+void PanelGemm(const uint8_t* w, size_t wb, int nrows, int64_t nb, const uint8_t* x, size_t xb,
+               int64_t ntok, PanelBlock* pb, float* y, int64_t ys, const float* bias) {
+  RepackPanel<kF>(w, wb, nrows, nb, pb);
+  alignas(32) float out[16 * kPanelTokensY];
+  for (int64_t t = 0; t < ntok; t += kPanelTokensY) {
+    const int n = static_cast<int>(std::min<int64_t>(kPanelTokensY, ntok - t));
+    PanelRunY<kF>(pb, nb, 0, x + t * xb, xb, n, out);
+    if (nrows > 8) PanelRunY<kF>(pb, nb, 1, x + t * xb, xb, n, out);
+    StorePanelOut(out, n, nrows, y + t * ys, ys, bias);
+  }
+}
+
+#endif  // PS_LINEAR_VNNI
+
+// The PanelFn of Q4_K, Q5_K, Q6_K (argument order of IsaKernels).
+#define PS_X86_PANELS \
+  PanelGemm<PanelFmt::kQ4K>, PanelGemm<PanelFmt::kQ5K>, PanelGemm<PanelFmt::kQ6K>
+
+}  // namespace
+
+#endif  // PAGEDSERVE_KERNELS_CPU_LINEAR_PANEL_X86_INL_H_
