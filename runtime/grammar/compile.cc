@@ -32,9 +32,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileWholeRegex(const std::stri
   return b.Build(rule);
 }
 
-}  // namespace
-
-absl::StatusOr<std::shared_ptr<const Grammar>> CompileConstraint(const StructuredOutput& c) {
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileKind(const StructuredOutput& c) {
   if (c.spec.size() > StructuredOutput::kMaxSpecBytes) {
     return absl::InvalidArgumentError("constraint too large: over 256 KiB of text");
   }
@@ -46,6 +44,16 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileConstraint(const Structure
     case StructuredOutput::Kind::kNone: break;
   }
   return absl::InvalidArgumentError("no constraint to compile");
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileConstraint(const StructuredOutput& c) {
+  absl::StatusOr<std::shared_ptr<const Grammar>> g = CompileKind(c);
+  if (g.ok() && (*g)->initial().dead()) {
+    return absl::InvalidArgumentError("the constraint matches no output at all");
+  }
+  return g;
 }
 
 }  // namespace pagedserve::grammar

@@ -8,7 +8,8 @@
 //   kChoice      spec is a JSON array of strings (at least one); the output is
 //                exactly one of them
 //
-// Errors: InvalidArgument whose message names what is wrong (the unsupported
+// Errors: InvalidArgument whose message names what is wrong (a constraint that
+// matches no output at all, the unsupported
 // keyword, the regex construct, "constraint too large: ..."); the caller adds
 // the request field's name (runtime/common/field_error.h).
 #ifndef PAGEDSERVE_RUNTIME_GRAMMAR_COMPILE_H_

@@ -183,7 +183,8 @@ void Grammar::Expand(std::vector<int32_t>& stack, std::vector<std::vector<int32_
     const int32_t top = stack.back();
     const Element& e = elements_[top];
     if (e.kind == Element::kBytes) {
-      out.push_back(stack);
+      // An empty class (e.g. JSON Schema `false`) matches nothing: drop the stack.
+      if (byte_sets_[e.value].any()) out.push_back(stack);
       return;
     }
     if (e.kind == Element::kEnd) {

@@ -74,7 +74,8 @@ int32_t CompiledConstraint::InternLocked(GrammarState state) {
   if (auto it = ids_.find(state.stacks); it != ids_.end()) return it->second;
   const auto id = static_cast<int32_t>(entries_.size());
   ids_.emplace(state.stacks, id);
-  entries_.push_back({std::move(state), nullptr, nullptr});
+  const ByteSet allowed = grammar_->Allowed(state);
+  entries_.push_back({std::move(state), allowed, nullptr, nullptr});
   return id;
 }
 
@@ -97,7 +98,7 @@ void CompiledConstraint::WalkLocked(int32_t node, int32_t state, TokenMask& mask
     const int32_t id = t.tokens[i];
     mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
   }
-  const ByteSet allowed = grammar_->Allowed(entries_[state].state);
+  const ByteSet allowed = entries_[state].allowed;
   for (uint32_t e = t.edge_begin[node]; e < t.edge_begin[node + 1]; ++e) {
     if (!allowed.test(t.edge_byte[e])) continue;
     const int32_t next = NextLocked(state, t.edge_byte[e]);

@@ -102,6 +102,7 @@ class CompiledConstraint {
  private:
   struct Entry {
     GrammarState state;
+    ByteSet allowed;                                 // Grammar::Allowed(state)
     std::unique_ptr<std::array<int32_t, 256>> next;  // -2 unknown, -1 dead
     std::shared_ptr<const TokenMask> mask;
   };
