@@ -50,8 +50,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Check(gr.Accepting(s), "a live state with no allowed byte accepts");
       break;
     }
-    int b = data[1 + i % (size > 1 ? size - 1 : 1)] % 256;
-    if (size <= 1 || !allowed.test(b)) {
+    int b = size > 1 ? data[1 + i % (size - 1)] : 0;
+    if (!allowed.test(b)) {
       b = 0;
       while (!allowed.test(b)) ++b;
     }
