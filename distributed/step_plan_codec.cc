@@ -8,7 +8,8 @@
 namespace pagedserve {
 namespace {
 
-constexpr char kPlanMagic[4] = {'P', 'S', 'P', '2'};  // 2: incremental sequence entries
+constexpr char kPlanMagic[4] = {'P', 'S', 'P',
+                                '3'};  // 2: incremental entries; 3: structured output
 constexpr char kResultMagic[4] = {'P', 'S', 'R', '1'};
 
 void PutSampling(wire::Writer& w, const SamplingParams& s) {
@@ -61,6 +62,24 @@ absl::Status GetSampling(wire::Reader& r, SamplingParams* s) {
   return absl::OkStatus();
 }
 
+// Structured output: kind byte, spec string (kept apart from PutSampling's
+// fields so that either can grow alone).
+void PutStructuredOutput(wire::Writer& w, const StructuredOutput& so) {
+  w.Put<uint8_t>(static_cast<uint8_t>(so.kind));
+  w.PutString(so.spec);
+}
+
+absl::Status GetStructuredOutput(wire::Reader& r, StructuredOutput* so) {
+  uint8_t kind = 0;
+  PS_RETURN_IF_ERROR(r.Get(&kind, "sampling.structured_output.kind"));
+  if (kind > static_cast<uint8_t>(StructuredOutput::Kind::kChoice)) {
+    return absl::DataLossError(
+        absl::StrCat("step plan: unknown structured output kind ", int{kind}));
+  }
+  so->kind = static_cast<StructuredOutput::Kind>(kind);
+  return r.GetString(&so->spec, "sampling.structured_output.spec");
+}
+
 absl::Status CheckMagic(wire::Reader& r, const char (&magic)[4], const char* what) {
   char m[4];
   for (char& c : m) PS_RETURN_IF_ERROR(r.Get(&c, what));
@@ -85,6 +104,7 @@ void PutSequenceStep(wire::Writer& w, const SequenceStep& s) {
   if (!s.starts()) return;  // the per-sequence constants travel once
   w.Put<int32_t>(s.sample_index);
   PutSampling(w, s.sampling);
+  PutStructuredOutput(w, s.sampling.structured_output);
   w.Put<int32_t>(s.num_prompt_tokens);
   w.PutVector(s.cached_prefix_token_ids);
 }
@@ -111,6 +131,7 @@ absl::Status GetSequenceStep(wire::Reader& r, SequenceStep* s) {
   if (!s->starts()) return absl::OkStatus();
   PS_RETURN_IF_ERROR(r.Get(&s->sample_index, "sample_index"));
   PS_RETURN_IF_ERROR(GetSampling(r, &s->sampling));
+  PS_RETURN_IF_ERROR(GetStructuredOutput(r, &s->sampling.structured_output));
   PS_RETURN_IF_ERROR(r.Get(&s->num_prompt_tokens, "num_prompt_tokens"));
   return r.GetVector(&s->cached_prefix_token_ids, "cached_prefix_token_ids");
 }

@@ -1,14 +1,13 @@
 // Serialization of StepPlan and StepResult (runtime/common/step_plan.h) for the
 // coordinator -> worker broadcast and the TP-rank-0 -> coordinator reply.
-// Format: a 4-byte magic ("PSP2" / "PSR1") then the fields (see wire.h for the
+// Format: a 4-byte magic ("PSP3" / "PSR1") then the fields (see wire.h for the
 // encoding). A plan's sequence entry is incremental (step_plan.h): seq_id, a
 // flags byte (sample, new_state, fork), fork_from when forked, token_ids,
 // start_pos, block_table_start, block_table, num_samples, and only for a
-// starting sequence (new_state or fork) sample_index, sampling,
-// num_prompt_tokens and cached_prefix_token_ids. A decode of a continuing
-// sequence whose block table did not change is 41 bytes. Decoding rejects a
-// wrong magic, unknown flags, truncated data and trailing bytes with DataLoss
-// naming the field.
+// starting sequence (new_state or fork) sample_index, sampling (with its
+// structured output: kind byte and spec), num_prompt_tokens and cached_prefix_token_ids. A decode
+// of a continuing sequence whose block table did not change is 41 bytes. Decoding rejects a wrong
+// magic, unknown flags, truncated data and trailing bytes with DataLoss naming the field.
 #ifndef PAGEDSERVE_DISTRIBUTED_STEP_PLAN_CODEC_H_
 #define PAGEDSERVE_DISTRIBUTED_STEP_PLAN_CODEC_H_
 

@@ -193,6 +193,9 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
     return BadFlag("tensor-parallel-size", "must be >= 1", s.tensor_parallel_size);
 
   s.worker.model_path = path;
+  s.worker.constraint_vocabulary = [path, model = s.model]() {
+    return ConstraintVocabularyOf(path, model);
+  };
   s.worker.block_size = absl::GetFlag(FLAGS_block_size);
   if (s.worker.block_size != 8 && s.worker.block_size != 16 && s.worker.block_size != 32) {
     return BadFlag("block-size", "must be 8, 16 or 32", s.worker.block_size);
@@ -278,6 +281,25 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& mode
   }
   if (std::filesystem::is_directory(model_path, ec)) return LoadHfTokenizer(model_path);
   return LoadGgufTokenizer(model_path);
+}
+
+absl::StatusOr<std::shared_ptr<const grammar::TokenVocabulary>> ConstraintVocabularyOf(
+    const std::string& model_path, const ModelConfig& model) {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(model_path));
+  // Each token's bytes as the detokenizer emits them after earlier output
+  // (special tokens skipped: they carry no text a constraint could match).
+  DecodeOptions options;
+  options.skip_special_tokens = true;
+  options.strip_leading_space = false;
+  std::vector<std::string> bytes(static_cast<size_t>(tokenizer->vocab_size()));
+  for (int32_t id = 0; id < tokenizer->vocab_size(); ++id) {
+    bytes[id] = tokenizer->TokenBytes(id, /*first=*/false, options);
+  }
+  std::vector<int32_t> ends;
+  for (int32_t id : EosTokenIds(model, *tokenizer)) {
+    if (id >= 0 && id < tokenizer->vocab_size()) ends.push_back(id);
+  }
+  return grammar::TokenVocabulary::Create(std::move(bytes), std::move(ends));
 }
 
 std::string DefaultServedModelName(const std::string& model_path) {

@@ -68,6 +68,7 @@
 #include "runtime/cli/flag_registry.h"
 #include "runtime/common/sampling_params.h"
 #include "runtime/coordinator/scheduler.h"
+#include "runtime/grammar/token_mask.h"
 #include "runtime/model/model_config.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -137,6 +138,12 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags();
 // The tokenizer of a model path: GGUF file -> LoadGgufTokenizer, directory ->
 // LoadHfTokenizer. NotFound when the path does not exist.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_path);
+
+// The vocabulary of structured output (runtime/grammar/token_mask.h): every
+// token's bytes (Tokenizer::TokenBytes, special tokens empty) and the end ids
+// (EosTokenIds). WorkerOptions::constraint_vocabulary calls it on first use.
+absl::StatusOr<std::shared_ptr<const grammar::TokenVocabulary>> ConstraintVocabularyOf(
+    const std::string& model_path, const ModelConfig& model);
 
 // The name a server reports for a model path (vLLM's --served-model-name
 // default is the path; ours is its last component): "/m/SmolLM2.Q4_1.gguf" ->

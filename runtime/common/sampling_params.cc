@@ -64,6 +64,17 @@ absl::Status SamplingParams::Validate() const {
                                                        stop_token_ids[i]));
     }
   }
+  if (structured_output.active()) {
+    if (use_beam_search) {
+      return FieldError("structured_output", "structured output is not supported with beam search");
+    }
+    if (structured_output.spec.size() > StructuredOutput::kMaxSpecBytes) {
+      return FieldError(
+          "structured_output",
+          absl::StrCat("structured output constraint of ", structured_output.spec.size(),
+                       " bytes is over the limit of ", StructuredOutput::kMaxSpecBytes));
+    }
+  }
   return ValidateBeamSearch();
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "runtime/common/structured_output.h"
 
 namespace pagedserve {
 
@@ -49,6 +50,13 @@ struct SamplingParams {
   float length_penalty = 1.0f;  // exponent of the length in the score; finite
   EarlyStopping early_stopping = EarlyStopping::kFalse;
 
+  // Structured output (constrained decoding, runtime/grammar/): the sampler
+  // allows only tokens that keep the output a prefix of the constraint's
+  // language, and the end token only where the output is complete. Not with
+  // beam search (Validate). The front end checks that it compiles
+  // (runtime/grammar/compile.h) at admission.
+  StructuredOutput structured_output;
+
   bool operator==(const SamplingParams&) const = default;
 
   // True when sampling reduces to argmax.
@@ -64,7 +72,8 @@ struct SamplingParams {
   // matching runs per output token: the bound is a bound on its cost);
   // stop_token_ids >= 0, NaN rejected everywhere; the beam-search rules above,
   // and without use_beam_search: best_of 0 or n, length_penalty 1,
-  // early_stopping false, as vLLM v0). Returns InvalidArgument whose
+  // early_stopping false, as vLLM v0; structured_output: not with beam search,
+  // spec at most StructuredOutput::kMaxSpecBytes). Returns InvalidArgument whose
   // message names the field and the bad value, e.g. "top_p must be in (0, 1], got 1.5",
   // and whose FieldOf payload is the field (runtime/common/field_error.h).
   absl::Status Validate() const;

@@ -85,6 +85,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options,
 absl::Status Engine::CheckRequest(const std::vector<int32_t>& prompt_token_ids,
                                   const SamplingParams& params) const {
   if (absl::Status s = params.Validate(); !s.ok()) return s;
+  if (params.structured_output.active()) {
+    // Compiled here once (cached) so that a constraint the grammar engine
+    // refuses is a 400 naming it, never an unconstrained answer.
+    auto compiled =
+        constraint_cache_.GetOrCreate(params.structured_output, grammar::CompileConstraint);
+    if (!compiled.ok()) return FieldError("structured_output", compiled.status().message());
+  }
   if (prompt_token_ids.empty()) return FieldError("prompt", "prompt_token_ids must not be empty");
   const int32_t vocab = tokenizer_->vocab_size();
   for (size_t i = 0; i < prompt_token_ids.size(); ++i) {

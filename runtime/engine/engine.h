@@ -36,6 +36,7 @@
 #include "runtime/common/sampling_params.h"
 #include "runtime/coordinator/scheduler.h"
 #include "runtime/engine/executor.h"
+#include "runtime/grammar/compile.h"
 #include "runtime/tokenizer/detokenizer.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -174,6 +175,8 @@ class Engine {
 
  private:
   using Clock = std::chrono::steady_clock;
+  // Structured-output constraints checked at admission (thread-safe).
+  mutable grammar::ConstraintCache<const grammar::Grammar> constraint_cache_{64};
   // One sample of a request: incremental detokenization and stop strings.
   struct SeqState {
     explicit SeqState(const Tokenizer& t, DecodeOptions o) : detok(t, o) {}

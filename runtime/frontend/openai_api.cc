@@ -151,6 +151,13 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
     }
     p->seed = *seed;
   }
+  // Structured output: response_format / guided_* / structured_outputs.
+  if (absl::StatusOr<StructuredOutputField> so = StructuredOutputFromJson(body); !so.ok()) {
+    *err = BadRequest(std::string(so.status().message()), FieldOf(so.status()));
+    return false;
+  } else {
+    p->structured_output = so->constraint;
+  }
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {
       p->stop = {it->get<std::string>()};

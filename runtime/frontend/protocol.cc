@@ -322,13 +322,24 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
                                                      "use_beam_search",
                                                      "best_of",
                                                      "length_penalty",
-                                                     "early_stopping"};
+                                                     "early_stopping",
+                                                     "response_format",
+                                                     "structured_outputs",
+                                                     "guided_json",
+                                                     "guided_regex",
+                                                     "guided_choice",
+                                                     "guided_grammar"};
   if (Check c = RejectUnknownFields(obj, kKnown, "generate")) return c;
   if (Check c = ReadPrompt(obj, opt, req)) return c;
   SamplingParams& sp = req.sampling;
   if (Check c = ReadSamplingNumbers(obj, sp)) return c;
   if (Check c = ReadStopAndOutput(obj, opt, sp)) return c;
   if (Check c = ReadBeamSearch(obj, sp)) return c;
+  if (absl::StatusOr<StructuredOutputField> so = StructuredOutputFromJson(obj); !so.ok()) {
+    return Invalid(std::string(so.status().message()));
+  } else {
+    sp.structured_output = so->constraint;
+  }
   if (const json* j = Member(obj, "stream"))
     if (Check c = ReadBool(*j, "stream", req.stream)) return c;
   if (const json* j = Member(obj, "cache_salt")) {
@@ -484,6 +495,13 @@ json ToJson(const GenerateRequest& r) {
   j["stop_token_ids"] = s.stop_token_ids;
   j["ignore_eos"] = s.ignore_eos;
   j["logprobs"] = s.logprobs;
+  if (s.structured_output.active()) {
+    const StructuredOutput& so = s.structured_output;
+    json value = so.kind == StructuredOutput::Kind::kRegex        ? json(so.spec)
+                 : so.kind == StructuredOutput::Kind::kJsonObject ? json(true)
+                                                                  : json::parse(so.spec);
+    j["structured_outputs"] = {{StructuredOutputKindName(so.kind), std::move(value)}};
+  }
   if (s.use_beam_search) {
     j["use_beam_search"] = true;
     j["best_of"] = s.beam_width();

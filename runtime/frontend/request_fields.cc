@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/field_error.h"
 
@@ -19,6 +20,137 @@ absl::StatusOr<std::optional<uint64_t>> SeedFromJson(const nlohmann::json& seed)
   const int64_t v = seed.get<int64_t>();
   if (v == -1) return std::optional<uint64_t>();
   return std::optional<uint64_t>(static_cast<uint64_t>(v));
+}
+
+namespace {
+
+using json = nlohmann::json;
+using Kind = StructuredOutput::Kind;
+
+absl::Status Bad(const std::string& field, const std::string& what) {
+  return FieldError(field, "field '" + field + "' " + what);
+}
+
+// A JSON Schema given as an object / boolean, or as its JSON text.
+absl::StatusOr<std::string> SchemaText(const json& v, const std::string& field) {
+  if (v.is_object() || v.is_boolean()) return v.dump();
+  if (v.is_string()) {
+    json parsed = json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded() || !(parsed.is_object() || parsed.is_boolean())) {
+      return Bad(field, "must be a JSON Schema (an object, or its JSON text)");
+    }
+    return parsed.dump();
+  }
+  return Bad(field, "must be a JSON Schema (an object, or its JSON text)");
+}
+
+absl::StatusOr<std::string> ChoiceText(const json& v, const std::string& field) {
+  if (!v.is_array() || v.empty()) return Bad(field, "must be a non-empty array of strings");
+  for (const json& c : v) {
+    if (!c.is_string()) return Bad(field, "must be a non-empty array of strings");
+  }
+  return v.dump();
+}
+
+absl::StatusOr<StructuredOutput> FromResponseFormat(const json& rf) {
+  const std::string field = "response_format";
+  if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string()) {
+    return Bad(field, "must be an object with a string 'type'");
+  }
+  const std::string type = rf["type"].get<std::string>();
+  if (type == "text") return StructuredOutput{};
+  if (type == "json_object") return StructuredOutput{Kind::kJsonObject, ""};
+  if (type != "json_schema") {
+    return Bad(field, "type must be 'text', 'json_object' or 'json_schema', got '" + type + "'");
+  }
+  auto js = rf.find("json_schema");
+  if (js == rf.end() || !js->is_object()) {
+    return Bad(field, "with type 'json_schema' needs an object 'json_schema'");
+  }
+  auto schema = js->find("schema");
+  if (schema == js->end()) return Bad(field, "json_schema.schema is required");
+  absl::StatusOr<std::string> text = SchemaText(*schema, field);
+  if (!text.ok()) return text.status();
+  return StructuredOutput{Kind::kJsonSchema, *text};
+}
+
+absl::StatusOr<StructuredOutput> FromStructuredOutputs(const json& so) {
+  const std::string field = "structured_outputs";
+  if (!so.is_object()) return Bad(field, "must be an object");
+  StructuredOutput out;
+  int count = 0;
+  for (const auto& [key, v] : so.items()) {
+    if (v.is_null()) continue;
+    const std::string sub = absl::StrCat(field, ".", key);
+    if (key == "json") {
+      absl::StatusOr<std::string> t = SchemaText(v, sub);
+      if (!t.ok()) return t.status();
+      out = {Kind::kJsonSchema, *t};
+    } else if (key == "regex") {
+      if (!v.is_string()) return Bad(sub, "must be a string");
+      out = {Kind::kRegex, v.get<std::string>()};
+    } else if (key == "choice") {
+      absl::StatusOr<std::string> t = ChoiceText(v, sub);
+      if (!t.ok()) return t.status();
+      out = {Kind::kChoice, *t};
+    } else if (key == "json_object") {
+      if (!v.is_boolean()) return Bad(sub, "must be a boolean");
+      if (!v.get<bool>()) continue;
+      out = {Kind::kJsonObject, ""};
+    } else if (key == "grammar" || key == "structural_tag") {
+      return Bad(sub, "is not supported (JSON Schema, regex, choice and json_object are)");
+    } else if (key == "disable_fallback" || key == "disable_any_whitespace" ||
+               key == "disable_additional_properties" || key == "whitespace_pattern") {
+      continue;  // options of vLLM's backends; ours has one fixed policy (compact JSON)
+    } else {
+      return Bad(sub, "is not a known structured output kind");
+    }
+    ++count;
+  }
+  if (count > 1) return Bad(field, "must set exactly one of json, regex, choice, json_object");
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<StructuredOutputField> StructuredOutputFromJson(const nlohmann::json& body) {
+  StructuredOutputField result;
+  if (!body.is_object()) return result;
+  for (const char* key : {"response_format", "structured_outputs", "guided_json", "guided_regex",
+                          "guided_choice", "guided_grammar"}) {
+    auto it = body.find(key);
+    if (it == body.end() || it->is_null()) continue;
+    const std::string field = key;
+    absl::StatusOr<StructuredOutput> so;
+    if (field == "response_format") {
+      so = FromResponseFormat(*it);
+    } else if (field == "structured_outputs") {
+      so = FromStructuredOutputs(*it);
+    } else if (field == "guided_json") {
+      absl::StatusOr<std::string> t = SchemaText(*it, field);
+      so = t.ok() ? absl::StatusOr<StructuredOutput>(StructuredOutput{Kind::kJsonSchema, *t})
+                  : absl::StatusOr<StructuredOutput>(t.status());
+    } else if (field == "guided_regex") {
+      so = it->is_string() ? absl::StatusOr<StructuredOutput>(
+                                 StructuredOutput{Kind::kRegex, it->get<std::string>()})
+                           : absl::StatusOr<StructuredOutput>(Bad(field, "must be a string"));
+    } else if (field == "guided_choice") {
+      absl::StatusOr<std::string> t = ChoiceText(*it, field);
+      so = t.ok() ? absl::StatusOr<StructuredOutput>(StructuredOutput{Kind::kChoice, *t})
+                  : absl::StatusOr<StructuredOutput>(t.status());
+    } else {
+      so = Bad(field, "is not supported (JSON Schema, regex, choice and json_object are)");
+    }
+    if (!so.ok()) return so.status();
+    if (!so->active()) continue;
+    if (result.constraint.active()) {
+      return Bad(field,
+                 "cannot be combined with '" + result.field + "': one constraint per request");
+    }
+    result.constraint = *std::move(so);
+    result.field = field;
+  }
+  return result;
 }
 
 }  // namespace pagedserve

@@ -7,6 +7,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+
+#include "runtime/common/structured_output.h"
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json_fwd.hpp"
@@ -25,6 +28,27 @@ inline constexpr double kMaxSamplingMagnitude = 1e6;
 // InvalidArgument naming the field "seed" (field_error.h) for a non-integer
 // or an integer out of that range.
 absl::StatusOr<std::optional<uint64_t>> SeedFromJson(const nlohmann::json& seed);
+
+// Structured output (constrained decoding) from a request body, the same on
+// both front ends:
+//   response_format  {"type": "text"} (none), {"type": "json_object"},
+//                    {"type": "json_schema", "json_schema": {"name", "schema",
+//                    "strict"}} (OpenAI; schema required, an object or boolean);
+//   guided_json (a schema object or its JSON text), guided_regex (string),
+//   guided_choice (array of strings), guided_grammar (vLLM, legacy names);
+//   structured_outputs {"json" | "regex" | "choice" | "grammar" | "json_object"}
+//                    (vLLM's current name).
+// At most one of them may constrain a request. `grammar` (EBNF/GBNF) is
+// refused as not supported yet. `field` is the member the constraint came
+// from (for error reports). Errors: InvalidArgument naming the field
+// (field_error.h) for a wrong type, a missing schema, two constraints, or an
+// unsupported kind. Whether the constraint compiles is checked at admission
+// (Engine::CheckRequest, field "structured_output").
+struct StructuredOutputField {
+  StructuredOutput constraint;
+  std::string field;  // "" when the request has none
+};
+absl::StatusOr<StructuredOutputField> StructuredOutputFromJson(const nlohmann::json& body);
 
 }  // namespace pagedserve
 

@@ -79,6 +79,17 @@ absl::Status CheckRow(std::span<const float> logits_row, const SamplerRow& row, 
     }
   }
   if (!any_finite) return absl::InvalidArgumentError(absl::StrCat(where(), "every logit is -inf"));
+  if (!row.allowed_tokens.empty()) {
+    bool allowed_finite = false;
+    for (size_t i = 0; i < logits_row.size() && !allowed_finite; ++i) {
+      allowed_finite = (i >> 6) < row.allowed_tokens.size() &&
+                       ((row.allowed_tokens[i >> 6] >> (i & 63)) & 1) && logits_row[i] > kNegInf;
+    }
+    if (!allowed_finite) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where(), "no token allowed by the structured-output mask has a finite logit"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -86,8 +97,8 @@ absl::Status CheckRow(std::span<const float> logits_row, const SamplerRow& row, 
 // Finite inputs stay finite: results are clamped to +-FLT_MAX (a huge penalty can
 // otherwise overflow), so at least one finite logit always remains.
 // Returns `in` itself when no penalty applies (no copy).
-std::span<const float> ApplyPenalties(std::span<const float> in, const SamplerRow& row,
-                                      std::vector<float>& out) {
+std::span<const float> ApplyPenaltiesOnly(std::span<const float> in, const SamplerRow& row,
+                                          std::vector<float>& out) {
   const SamplingParams& p = *row.params;
   const bool repetition = p.repetition_penalty != 1.0f && !row.token_history.empty();
   const bool additive = (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) &&
@@ -318,6 +329,21 @@ uint64_t Sampler::StreamKey(uint64_t seed, int64_t sample_index, int64_t positio
 double Sampler::SeededUniform(uint64_t seed, int64_t sample_index, int64_t position) {
   std::mt19937_64 gen(StreamKey(seed, sample_index, position));
   return static_cast<double>(gen() >> 11) * 0x1.0p-53;
+}
+
+// Steps 1 and 1b: the penalized row, then the structured-output mask (tokens
+// not in row.allowed_tokens set to -inf). Returns `in` itself when neither applies.
+std::span<const float> ApplyPenalties(std::span<const float> in, const SamplerRow& row,
+                                      std::vector<float>& out) {
+  const std::span<const float> w = ApplyPenaltiesOnly(in, row, out);
+  if (row.allowed_tokens.empty()) return w;
+  if (w.data() != out.data()) out.assign(in.begin(), in.end());
+  const size_t words = row.allowed_tokens.size();
+  for (size_t i = 0; i < out.size(); ++i) {
+    const bool allowed = (i >> 6) < words && ((row.allowed_tokens[i >> 6] >> (i & 63)) & 1);
+    if (!allowed) out[i] = kNegInf;
+  }
+  return out;
 }
 
 absl::StatusOr<ProcessedDistribution> Sampler::Process(std::span<const float> logits_row,

@@ -10,6 +10,10 @@
 //                  then OpenAI's frequency / presence penalties over the output
 //                  tokens only: logit -= frequency_penalty * count
 //                                      + presence_penalty * (count > 0).
+//   1b. mask       structured output (SamplerRow::allowed_tokens): every token
+//                  the constraint does not allow gets -inf, so neither greedy nor
+//                  sampling can pick it (XGrammar / vLLM apply the bitmask at the
+//                  same place: after the logits processors, before sampling).
 //   2. greedy      temperature < 1e-5 (SamplingParams::greedy()): argmax of the
 //                  penalized logits, ties to the lowest token id; steps 3-6 skipped.
 //   3. temperature s_i = (logit_i - max_j logit_j) / temperature, so s_i <= 0 and
@@ -41,7 +45,8 @@
 // Errors (InvalidArgument): logits shape does not match rows x vocab_size, invalid
 // SamplingParams (SamplingParams::Validate), num_samples outside [1, 64] (n's range),
 // a token id in the history outside [0, vocab_size), prompt_len outside
-// [0, history length], a NaN or +inf logit, or a row whose logits are all -inf. No partial result
+// [0, history length], a NaN or +inf logit, a row whose logits are all -inf, or
+// a row whose allowed_tokens leave no finite logit. No partial result
 // on error.
 //
 // Thread safety: a Sampler is not thread-safe (it owns the unseeded generator and
@@ -77,6 +82,10 @@ struct SamplerRow {
   int64_t position = 0;
   int32_t sample_index = 0;  // draw j uses sample_index + j
   int32_t num_samples = 1;   // SequenceStep::num_samples
+  // Structured output: empty = every token allowed; else bit (i & 63) of word
+  // i / 64 set = token i allowed (runtime/grammar/token_mask.h); tokens past
+  // the span are not allowed. Not owned. Logprobs stay raw (unmasked).
+  std::span<const uint64_t> allowed_tokens;
 };
 
 // The distribution a row is drawn from after steps 1-6: surviving token ids and

@@ -31,7 +31,9 @@ std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
 // logprobs) otherwise; anything else goes to the sampler as logits (which
 // also reports the errors).
 RowSampling::Mode ReducibleMode(const SamplingParams& p, int32_t num_samples) {
-  if (p.use_beam_search || num_samples < 1 || num_samples > 64 || !p.Validate().ok())
+  // Structured output masks the logits on the host (Sampler, allowed_tokens).
+  if (p.use_beam_search || num_samples < 1 || num_samples > 64 || !p.Validate().ok() ||
+      p.structured_output.active())
     return RowSampling::Mode::kLogits;
   const bool penalties =
       p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
@@ -105,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   w->model_->set_graph_options(options.graphs);
   w->config_ = &w->model_->config();
   w->sampler_ = std::make_unique<Sampler>(vocab);
+  w->constraints_ = std::make_unique<ConstraintRows>(options.constraint_vocabulary);
 
   kernels::KVCacheShape shape;
   shape.num_kv_heads = shard.num_kv_heads;
@@ -162,6 +165,7 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
   }
   // The plan's deltas bring the mirrored block tables and histories up to date.
   PS_RETURN_IF_ERROR(mirror_->Apply(plan));
+  constraints_->Drop(plan.finished);
 
   if (!plan.seqs.empty()) {
     // Flatten the batch.
@@ -287,6 +291,7 @@ absl::Status Worker::CollectTokens(const StepPlan& plan,
                                             " top entries for ", first_draw.back(), " draws"));
   std::vector<SamplerRow> sampler_rows;
   sampler_rows.reserve(sampled_seq.size());
+  std::vector<std::shared_ptr<const grammar::TokenMask>> masks;  // alive while sampling
   for (size_t r = 0; r < sampled_seq.size(); ++r) {
     if (reduced.tokens[first_draw[r]] >= 0) continue;
     const int i = sampled_seq[r];
@@ -300,6 +305,10 @@ absl::Status Worker::CollectTokens(const StepPlan& plan,
     row.position = s.context_len();
     row.sample_index = st.sample_index;
     row.num_samples = s.num_samples;
+    if (st.sampling.structured_output.active()) {
+      PS_ASSIGN_OR_RETURN(masks.emplace_back(), constraints_->Mask(s.seq_id, st));
+      row.allowed_tokens = *masks.back();
+    }
     sampler_rows.push_back(row);
   }
   std::vector<SampledToken> sampled;

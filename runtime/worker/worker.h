@@ -21,6 +21,7 @@
 #include "runtime/common/step_plan_mirror.h"
 #include "runtime/model/weights.h"
 #include "runtime/sampling/sampler.h"
+#include "runtime/worker/constraint_rows.h"
 #include "runtime/worker/llama_model.h"
 
 namespace pagedserve {
@@ -64,6 +65,10 @@ struct WorkerOptions {
   // --max-seq-len-to-capture; runtime/worker/decode_graph.h). Only the CUDA
   // backend captures; the CPU worker ignores this.
   DecodeGraphOptions graphs;
+  // Structured output: the model's token bytes and end ids, loaded by the
+  // sampling worker the first time a sequence has a constraint
+  // (runtime/worker/constraint_rows.h). Empty: constrained sequences fail.
+  ConstraintVocabularyLoader constraint_vocabulary;
   // Weight-load progress (LoadLlamaWeights), called on the loading thread by
   // the worker of tensor-parallel rank 0 only (one report per model, not one
   // per shard). Empty: none.
@@ -141,7 +146,8 @@ class Worker {
   kernels::Device device_ = kernels::Device::kCPU;
   Communicator* comm_ = nullptr;
   std::unique_ptr<Sampler> sampler_;
-  absl::BitGen unseeded_;  // uniforms of unseeded rows the backend samples
+  std::unique_ptr<ConstraintRows> constraints_;  // structured output (rank 0 samples)
+  absl::BitGen unseeded_;                        // uniforms of unseeded rows the backend samples
   int64_t num_device_blocks_ = 0;
   int64_t num_cpu_blocks_ = 0;
   int64_t bytes_per_block_ = 0;

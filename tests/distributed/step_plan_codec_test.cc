@@ -28,6 +28,8 @@ SamplingParams FullSampling(int salt) {
   s.stop_token_ids = {2, 49152 + salt};
   s.ignore_eos = true;
   s.logprobs = 5;
+  s.structured_output = {StructuredOutput::Kind::kJsonSchema,
+                         std::string("{\"type\":\"string\"}\0", 18) + std::to_string(salt)};
   return s;
 }
 
@@ -97,6 +99,7 @@ void ExpectSamplingEq(const SamplingParams& a, const SamplingParams& b) {
   EXPECT_EQ(a.stop_token_ids, b.stop_token_ids);
   EXPECT_EQ(a.ignore_eos, b.ignore_eos);
   EXPECT_EQ(a.logprobs, b.logprobs);
+  EXPECT_EQ(a.structured_output, b.structured_output);
 }
 
 void ExpectPlanEq(const StepPlan& a, const StepPlan& b) {
@@ -254,7 +257,7 @@ TEST(StepPlanCodec, TrailingBytesAndBadMagic) {
 TEST(StepPlanCodec, HugeLengthPrefixIsRejectedWithoutAllocating) {
   // magic + step_id + seqs.size = 2^63: must fail on the count check, not
   // try to allocate.
-  std::string bytes = "PSP2";
+  std::string bytes = "PSP3";
   uint64_t step = 1, n = uint64_t{1} << 63;
   bytes.append(reinterpret_cast<const char*>(&step), 8);
   bytes.append(reinterpret_cast<const char*>(&n), 8);

@@ -410,6 +410,44 @@ TEST(ProtocolTest, BeamSearchFieldsParseValidateAndRoundTrip) {
   EXPECT_TRUE(*fb == Reply{f}) << wire;
 }
 
+// Structured output: the same fields as the HTTP API (request_fields.h), carried
+// in SamplingParams and written back as structured_outputs by ToJson.
+TEST(ProtocolTest, StructuredOutputFieldsParseAndRoundTrip) {
+  struct Case {
+    std::string extra;
+    StructuredOutput::Kind kind;
+    std::string spec;
+  };
+  for (
+      const Case& c : std::vector<Case>{
+          {R"(,"guided_regex":"a+b")", StructuredOutput::Kind::kRegex, "a+b"},
+          {R"(,"guided_choice":["x","y"])", StructuredOutput::Kind::kChoice, R"(["x","y"])"},
+          {R"(,"guided_json":{"type":"integer"})", StructuredOutput::Kind::kJsonSchema,
+           R"({"type":"integer"})"},
+          {R"(,"structured_outputs":{"json_object":true})", StructuredOutput::Kind::kJsonObject,
+           ""},
+          {R"(,"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"string"}}})",
+           StructuredOutput::Kind::kJsonSchema, R"({"type":"string"})"},
+          {R"(,"response_format":{"type":"text"})", StructuredOutput::Kind::kNone, ""}}) {
+    ParseResult r = ParseRequest(Gen(c.extra));
+    ASSERT_TRUE(r.ok()) << c.extra << ": " << r.error.message;
+    const GenerateRequest& g = std::get<GenerateRequest>(*r.request);
+    EXPECT_EQ(g.sampling.structured_output.kind, c.kind) << c.extra;
+    EXPECT_EQ(g.sampling.structured_output.spec, c.spec) << c.extra;
+    ParseResult back = ParseRequest(SerializeRequest(Request{g}));
+    ASSERT_TRUE(back.ok()) << back.error.message;
+    EXPECT_EQ(std::get<GenerateRequest>(*back.request).sampling.structured_output,
+              g.sampling.structured_output);
+  }
+  ExpectError(Gen(R"(,"guided_regex":"a","guided_choice":["a"])"), ErrorCode::kInvalidRequest,
+              "one constraint", "r7");
+  ExpectError(Gen(R"(,"guided_grammar":"root ::= x")"), ErrorCode::kInvalidRequest,
+              "guided_grammar", "r7");
+  ExpectError(Gen(R"(,"guided_choice":[])"), ErrorCode::kInvalidRequest, "guided_choice", "r7");
+  ExpectError(Gen(R"(,"response_format":{"type":"json_schema","json_schema":{}})"),
+              ErrorCode::kInvalidRequest, "schema", "r7");
+}
+
 TEST(ProtocolTest, RepliesRoundTripThroughParseReply) {
   FinalReply f;
   f.id = "x";

@@ -608,3 +608,52 @@ TEST(SamplerTest, BadInputIsAnErrorNotACrash) {
 
 }  // namespace
 }  // namespace pagedserve
+
+namespace pagedserve {
+namespace {
+
+// Structured output: tokens outside SamplerRow::allowed_tokens are never picked
+// (greedy or sampled), the distribution is renormalized over the allowed ones,
+// and logprobs stay those of the raw logits.
+TEST(SamplerTest, AllowedTokensMaskRestrictsGreedyAndSampling) {
+  const std::vector<float> logits = {2.0f, -1.0f, 0.5f, 3.0f, -2.0f, 0.0f};
+  const std::vector<uint64_t> allowed = {(1u << 1) | (1u << 2) | (1u << 5)};
+  SamplingParams p;
+  p.logprobs = 1;
+  Sampler sampler(6);
+  SamplerRow row;
+  row.params = &p;
+  row.allowed_tokens = allowed;
+  auto dist = sampler.Process(logits, row);
+  ASSERT_TRUE(dist.ok()) << dist.status();
+  ASSERT_EQ(dist->token_ids, (std::vector<int32_t>{2, 5, 1}));
+  const double z = std::exp(0.5) + std::exp(0.0) + std::exp(-1.0);
+  EXPECT_NEAR(dist->probs[0], std::exp(0.5) / z, 1e-6);  // float exp
+  row.num_samples = 64;
+  auto drawn = sampler.Sample(logits, std::span<const SamplerRow>(&row, 1));
+  ASSERT_TRUE(drawn.ok()) << drawn.status();
+  double raw_z = 0;
+  for (float l : logits) raw_z += std::exp(static_cast<double>(l));
+  for (const SampledToken& t : *drawn) {
+    EXPECT_TRUE(t.token_id == 1 || t.token_id == 2 || t.token_id == 5) << t.token_id;
+    EXPECT_NEAR(t.logprob, logits[t.token_id] - std::log(raw_z), 1e-5);  // raw, unmasked
+    EXPECT_EQ(t.top_token_ids, std::vector<int32_t>{3});                 // raw top-1
+  }
+  p.temperature = 0.0f;
+  row.num_samples = 1;
+  auto greedy = sampler.Sample(logits, std::span<const SamplerRow>(&row, 1));
+  ASSERT_TRUE(greedy.ok());
+  EXPECT_EQ((*greedy)[0].token_id, 2);
+  // Negative control: without the mask greedy takes token 3.
+  row.allowed_tokens = {};
+  greedy = sampler.Sample(logits, std::span<const SamplerRow>(&row, 1));
+  EXPECT_EQ((*greedy)[0].token_id, 3);
+  // A mask that leaves no finite logit is an error, not a silent pick.
+  const std::vector<float> masked_out = {0.0f, -INFINITY, 0.0f, 0.0f, 0.0f, 0.0f};
+  const std::vector<uint64_t> only1 = {1u << 1};
+  row.allowed_tokens = only1;
+  EXPECT_FALSE(sampler.Sample(masked_out, std::span<const SamplerRow>(&row, 1)).ok());
+}
+
+}  // namespace
+}  // namespace pagedserve

@@ -1,0 +1,145 @@
+// A context-free grammar over BYTES and the pushdown automaton that recognizes
+// it, the common target of every constraint compiler (JSON Schema, regular
+// expressions, choice lists; runtime/grammar/compile.h).
+//
+// Representation (llama.cpp's grammar-sampling design, llama-grammar.cpp, moved
+// from code points to bytes): a grammar is a list of rules; a rule is a list of
+// alternatives; an alternative is a sequence of elements, each either a byte
+// class (a set of byte values matched by one input byte) or a reference to a
+// rule. All alternatives are stored in one flat element array, each terminated
+// by an END element, so a position in the grammar is one int32 index.
+//
+// The automaton: a parse stack is a vector of positions (back() = the element to
+// match next; the entries below it are the return positions of the enclosing
+// rules). A state is the SET of stacks that are live after the input so far
+// (the grammar may be ambiguous or need lookahead, so the automaton runs all
+// derivations at once, as llama.cpp does). Every stack in a state has a byte
+// class on top, or is empty (the whole start rule matched: the input so far is
+// a complete sentence, "accepting"). Advancing by one byte keeps the stacks
+// whose top class holds the byte, steps past it and expands rule references and
+// finished alternatives until a byte class (or nothing) is on top again.
+// A reference in tail position does not grow the stack (tail calls), so
+// right-recursive repetition (x* as R ::= x R | "") runs in constant stack
+// depth. Left recursion is rejected at Build() time; stacks deeper than
+// kMaxStackDepth are dropped (the grammar then refuses deeper nesting, e.g.
+// JSON nested more than ~1000 levels).
+//
+// Size bound: Build() fails with InvalidArgument once the grammar holds more
+// than kMaxElements elements ("constraint too large: ..."), so that a schema or
+// regex that would expand (e.g. "a{1000}{1000}") is refused at compile time.
+//
+// Thread safety: a Grammar is immutable after Build() and may be shared across
+// threads. GrammarState is a value type.
+#ifndef PAGEDSERVE_RUNTIME_GRAMMAR_GRAMMAR_H_
+#define PAGEDSERVE_RUNTIME_GRAMMAR_GRAMMAR_H_
+
+#include <array>
+#include <bitset>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pagedserve::grammar {
+
+// A set of byte values.
+using ByteSet = std::bitset<256>;
+
+// One element of an alternative.
+struct Element {
+  enum Kind : uint8_t { kBytes, kRule, kEnd };
+  Kind kind = kEnd;
+  int32_t value = 0;  // kBytes: index into Grammar::byte_sets(); kRule: rule id
+};
+
+// A parse state: a sorted set of stacks, flattened as [len, pos...]* so that it
+// hashes and compares as one vector. Empty vector = dead (no stack survives).
+struct GrammarState {
+  std::vector<int32_t> stacks;
+  bool operator==(const GrammarState&) const = default;
+  bool dead() const { return stacks.empty(); }
+};
+
+class Grammar;
+
+// Builds a Grammar. Rule ids are dense from 0; the start rule is chosen at Build().
+class GrammarBuilder {
+ public:
+  // An alternative under construction.
+  using Seq = std::vector<Element>;
+
+  int32_t NewRule();
+  // Appends alternative `seq` to `rule`.
+  void AddAlt(int32_t rule, const Seq& seq);
+
+  // Element constructors.
+  Element Bytes(const ByteSet& set);
+  Element Byte(uint8_t b);
+  static Element Ref(int32_t rule) { return {Element::kRule, rule}; }
+  // Appends the bytes of `text` to `seq`.
+  void AppendLiteral(Seq& seq, std::string_view text);
+
+  // Rules built from sequences (each returns a new rule id):
+  int32_t Alternatives(const std::vector<Seq>& alts);
+  int32_t Star(const Seq& body);  // body*
+  int32_t Optional(const Seq& body) { return Alternatives({body, {}}); }
+  // body{min,max}; max < 0 = unbounded. Expands into copies of body (the size
+  // bound applies).
+  int32_t Repeat(const Seq& body, int min, int max);
+
+  // Elements counted so far (the size bound is checked as the builder grows, so
+  // compilers can stop early: see over_limit()).
+  size_t num_elements() const { return num_elements_; }
+  bool over_limit() const;
+
+  // Validates (every referenced rule has an alternative, no left recursion, the
+  // size bound) and freezes.
+  absl::StatusOr<std::shared_ptr<const Grammar>> Build(int32_t start_rule);
+
+ private:
+  std::vector<std::vector<Seq>> rules_;
+  std::vector<ByteSet> byte_sets_;
+  size_t num_elements_ = 0;
+};
+
+class Grammar {
+ public:
+  static constexpr size_t kMaxElements = 1 << 20;
+  static constexpr size_t kMaxStackDepth = 1024;
+
+  // The state before any input.
+  const GrammarState& initial() const { return initial_; }
+  // The state after one more byte (dead() when the byte is not allowed).
+  GrammarState Advance(const GrammarState& state, uint8_t byte) const;
+  // The state after `bytes` (dead() on the first byte not allowed).
+  GrammarState AdvanceAll(const GrammarState& state, std::string_view bytes) const;
+  // True when the input so far is a complete sentence.
+  bool Accepting(const GrammarState& state) const;
+  // The bytes allowed next: union of the top byte classes.
+  ByteSet Allowed(const GrammarState& state) const;
+  // Whole-input match (tests, admission checks).
+  bool Matches(std::string_view bytes) const { return Accepting(AdvanceAll(initial_, bytes)); }
+
+  size_t num_elements() const { return elements_.size(); }
+  size_t num_rules() const { return rule_alts_.size(); }
+
+ private:
+  friend class GrammarBuilder;
+  Grammar() = default;
+  // Expands `stack` until a byte class or nothing is on top; inserts results.
+  void Expand(std::vector<int32_t>& stack, std::vector<std::vector<int32_t>>& out,
+              std::vector<std::vector<int32_t>>& seen) const;
+  GrammarState Canonical(std::vector<std::vector<int32_t>>& stacks) const;
+
+  std::vector<Element> elements_;
+  std::vector<ByteSet> byte_sets_;
+  std::vector<std::vector<int32_t>> rule_alts_;  // start positions per rule
+  GrammarState initial_;
+};
+
+}  // namespace pagedserve::grammar
+
+#endif  // PAGEDSERVE_RUNTIME_GRAMMAR_GRAMMAR_H_
