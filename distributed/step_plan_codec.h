@@ -1,6 +1,6 @@
 // Serialization of StepPlan and StepResult (runtime/common/step_plan.h) for the
 // coordinator -> worker broadcast and the TP-rank-0 -> coordinator reply.
-// Format: a 4-byte magic ("PSP2" / "PSR1") then the fields (see wire.h for the
+// Format: a 4-byte magic ("PSP3" / "PSR1") then the fields (see wire.h for the
 // encoding). A plan's sequence entry is incremental (step_plan.h): seq_id, a
 // flags byte (sample, new_state, fork), fork_from when forked, token_ids,
 // start_pos, block_table_start, block_table, num_samples, and only for a

@@ -1,5 +1,6 @@
 // The only translation unit that includes httplib.h (compile time).
 #include "runtime/frontend/http_server.h"
+#include "nlohmann/json.hpp"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -854,6 +855,19 @@ struct HttpServer::Impl {
     return true;
   }
 
+  // One warning line per request naming the fields it ignored (vLLM's
+  // behaviour), quoted as JSON strings, at most 8, each cut at 64 bytes.
+  static void LogIgnoredFields(const std::vector<std::string>& fields) {
+    std::string names;
+    for (size_t i = 0; i < fields.size() && i < 8; ++i) {
+      const nlohmann::json name = fields[i].substr(0, 64);
+      absl::StrAppend(&names, i > 0 ? ", " : "",
+                      name.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace));
+    }
+    if (fields.size() > 8) absl::StrAppend(&names, " and ", fields.size() - 8, " more");
+    spdlog::warn("http: the request's fields {} are not known and were ignored", names);
+  }
+
   void HandleGeneration(openai::Endpoint endpoint, const httplib::Request& req,
                         const std::string& body, httplib::Response& res) {
     const HttpBackend* b = Backend(res);
@@ -862,6 +876,7 @@ struct HttpServer::Impl {
     openai::ParseOutcome parsed =
         openai::ParseRequest(endpoint, body, Model(*b), b->loop->tokenizer(), tmpl);
     if (!parsed.request.has_value()) return SendError(res, parsed.error);
+    if (!parsed.ignored_fields.empty()) LogIgnoredFields(parsed.ignored_fields);
     auto job = std::make_shared<Job>();
     job->request = *std::move(parsed.request);
     if (options.log_requests && options.log_request_content) {

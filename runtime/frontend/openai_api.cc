@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -216,6 +218,10 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
     auto t = body.find("temperature");
     if (t == body.end() || t->is_null()) p->temperature = 0.0f;
   }
+  if (absl::Status s = ReadLogitProcessorFields(body, vocab, p); !s.ok()) {
+    *err = BadRequest(std::string(s.message()), FieldOf(s));
+    return false;
+  }
   if (absl::Status s = p->Validate(); !s.ok()) {
     *err = BadRequest(std::string(s.message()), ParamOf(s, endpoint));
     return false;
@@ -237,8 +243,36 @@ bool ReadMessages(const json& body, std::vector<ChatMessage>* out, ApiError* err
 }
 
 // Completions `prompt`: a string, a list of strings, a list of ids, a list of lists of ids.
+bool ReadPromptIds(const json& body, const Tokenizer& tok, std::vector<std::vector<int32_t>>* out,
+                   ApiError* err);
+
+// `texts` (nullable): per prompt, its text (the string, or the token ids
+// decoded), for `echo`.
 bool ReadPrompts(const json& body, const Tokenizer& tok, std::vector<std::vector<int32_t>>* out,
-                 ApiError* err) {
+                 std::vector<std::string>* texts, ApiError* err) {
+  if (!ReadPromptIds(body, tok, out, err)) return false;
+  if (texts == nullptr) return true;
+  const json& prompt = body["prompt"];
+  for (size_t i = 0; i < out->size(); ++i) {
+    const json& e = prompt.is_array() && !prompt[0].is_number_integer() ? prompt[i] : prompt;
+    if (e.is_string()) {
+      texts->push_back(e.get<std::string>());
+      continue;
+    }
+    absl::StatusOr<std::string> decoded = tok.Decode((*out)[i]);
+    if (!decoded.ok()) {
+      *err = BadRequest(
+          absl::StrCat("'echo': prompt ", i, " does not decode: ", decoded.status().message()),
+          "prompt");
+      return false;
+    }
+    texts->push_back(*std::move(decoded));
+  }
+  return true;
+}
+
+bool ReadPromptIds(const json& body, const Tokenizer& tok, std::vector<std::vector<int32_t>>* out,
+                   ApiError* err) {
   auto it = body.find("prompt");
   const char* kMsg =
       "'prompt' must be a string, an array of strings, an array of token ids "
@@ -421,6 +455,74 @@ std::string ErrorBody(const ApiError& e) {
 
 namespace {
 
+// Every field this API knows, on both endpoints: OpenAI's and vLLM's extra
+// parameters. Others are ignored and named in ParseOutcome::ignored_fields.
+constexpr std::string_view kKnownFields[] = {
+    // OpenAI, both endpoints
+    "model", "stream", "stream_options", "n", "max_tokens", "temperature", "top_p", "seed", "stop",
+    "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "metadata", "store",
+    "service_tier",
+    // OpenAI completions
+    "prompt", "echo", "suffix", "best_of",
+    // OpenAI chat
+    "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
+    "parallel_tool_calls", "functions", "function_call", "modalities", "audio", "prediction",
+    "reasoning_effort", "web_search_options",
+    // vLLM extra parameters
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "use_beam_search",
+    "length_penalty", "early_stopping", "min_tokens", "bad_words", "skip_special_tokens",
+    "include_stop_str_in_output", "spaces_between_special_tokens", "prompt_logprobs", "cache_salt",
+    "allowed_token_ids", "truncate_prompt_tokens", "logits_processors", "add_special_tokens",
+    "add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs",
+    "documents", "return_tokens_as_token_ids", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar", "guided_decoding_backend", "structured_outputs", "priority", "request_id"};
+
+std::span<const std::string_view> KnownFields(Endpoint) { return kKnownFields; }
+
+// Known fields this server does not implement: a 400 naming the field when
+// one holds anything but null or the value that means "off".
+struct NotImplemented {
+  std::string_view field;
+  const char* off;  // JSON text of the value accepted as a no-op; nullptr: none
+};
+constexpr NotImplemented kNotImplemented[] = {
+    {"prompt_logprobs", nullptr},
+    {"suffix", "\"\""},
+    {"functions", "[]"},
+    {"function_call", "\"none\""},
+    {"response_format", R"({"type":"text"})"},
+    {"guided_json", nullptr},
+    {"guided_regex", nullptr},
+    {"guided_choice", nullptr},
+    {"guided_grammar", nullptr},
+    {"structured_outputs", nullptr},
+    {"allowed_token_ids", nullptr},
+    {"truncate_prompt_tokens", nullptr},
+    {"logits_processors", nullptr},
+    {"chat_template", nullptr},
+    {"chat_template_kwargs", "{}"},
+    {"documents", nullptr},
+    {"add_generation_prompt", "true"},
+    {"continue_final_message", "false"},
+    {"return_tokens_as_token_ids", "false"},
+    {"spaces_between_special_tokens", "true"},
+    {"modalities", R"(["text"])"},
+    {"audio", nullptr},
+    {"prediction", nullptr},
+};
+
+bool CheckNotImplemented(const json& body, ApiError* err) {
+  for (const NotImplemented& f : kNotImplemented) {
+    const std::string field(f.field);
+    auto it = body.find(field);
+    if (it == body.end() || it->is_null()) continue;
+    if (f.off != nullptr && *it == json::parse(f.off)) continue;
+    *err = BadRequest(absl::StrCat("'", field, "' is not supported by this server"), field);
+    return false;
+  }
+  return true;
+}
+
 ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const ServedModel& model,
                                  const Tokenizer& tok, const ChatTemplate* chat_template) {
   ParseOutcome out;
@@ -472,10 +574,12 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
   }
   bool echo = false;
   if (!ReadBool(body, "echo", &echo, &out.error)) return out;
-  if (echo) {
-    out.error = BadRequest("'echo' is not supported", "echo");
+  if (echo && endpoint == Endpoint::kChat) {
+    out.error = BadRequest("'echo' is supported on /v1/completions only", "echo");
     return out;
   }
+  if (!CheckNotImplemented(body, &out.error)) return out;
+  out.ignored_fields = UnknownFields(body, KnownFields(endpoint));
   if (endpoint == Endpoint::kChat) {
     std::vector<ChatMessage> messages;
     if (!ReadMessages(body, &messages, &out.error)) return out;
@@ -485,7 +589,7 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
       return out;
     }
     r.prompts.push_back(*std::move(ids));
-  } else if (!ReadPrompts(body, tok, &r.prompts, &out.error)) {
+  } else if (!ReadPrompts(body, tok, &r.prompts, echo ? &r.echo_texts : nullptr, &out.error)) {
     return out;
   }
   size_t longest = 0;
@@ -502,6 +606,11 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
         static_cast<int>(std::max<int64_t>(1, model.max_model_len - static_cast<int64_t>(longest)));
   }
   if (!ReadSampling(body, endpoint, tok.vocab_size(), &r.params, &out.error)) return out;
+  if (echo && r.params.logprobs >= 0) {
+    out.error = BadRequest(
+        "'echo' with 'logprobs' is not supported: the prompt's logprobs are not computed", "echo");
+    return out;
+  }
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     if (auto it = body.find(key); it != body.end() && !it->is_null()) r.max_tokens_given = true;
   }
@@ -536,7 +645,10 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
-      choice["text"] = c.text;
+      choice["text"] =
+          r.echo_texts.empty()
+              ? c.text
+              : absl::StrCat(r.echo_texts[i / r.params.n % r.echo_texts.size()], c.text);
     }
     cs.push_back(std::move(choice));
   }
@@ -560,6 +672,8 @@ std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_
     if (first) delta["role"] = "assistant";
     if (!d.text.empty() || first) delta["content"] = d.text;
     choice["delta"] = std::move(delta);
+  } else if (first && !r.echo_texts.empty()) {
+    choice["text"] = absl::StrCat(r.echo_texts[index / r.params.n % r.echo_texts.size()], d.text);
   } else {
     choice["text"] = d.text;
   }

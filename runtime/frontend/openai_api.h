@@ -6,8 +6,9 @@
 // Follows the OpenAI API reference (completions: legacy text format with
 // `logprobs` = N; chat: `logprobs` bool + `top_logprobs` N) and vLLM's
 // extensions (top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids).
-// Unknown fields are ignored, as the OpenAI API does; a known field of the
-// wrong type or out of range is a 400 naming the field. All functions are
+// Unknown fields are ignored (ParseOutcome::ignored_fields), as the OpenAI API
+// and vLLM do; a known field of the wrong type or out of range, or one this
+// server does not implement, is a 400 naming the field. All functions are
 // thread-safe (no shared state); the Tokenizer and ChatTemplate are immutable.
 #ifndef PAGEDSERVE_RUNTIME_FRONTEND_OPENAI_API_H_
 #define PAGEDSERVE_RUNTIME_FRONTEND_OPENAI_API_H_
@@ -74,6 +75,10 @@ struct ValidatedRequest {
   // max_tokens (or max_completion_tokens) was in the request; otherwise it is
   // the endpoint's default (16; chat: the rest of the context).
   bool max_tokens_given = false;
+  // Completions `echo`: per prompt, its text (the string given, or its token
+  // ids decoded), put before each of its choices' text (the first chunk of a
+  // stream). Empty without echo. Choice c belongs to prompt c / n.
+  std::vector<std::string> echo_texts;
 };
 
 // The error for a refusal of EngineLoop::Submit (SubmitErrorKindOf): 400
@@ -93,9 +98,14 @@ struct ServedModel {
 // Parses a request body. `chat_template` may be null (then `messages` is a 400).
 // Errors: 400 (bad JSON, missing / mistyped / out-of-range field, empty
 // prompt), 404 (model is not the served one).
+// A known field that is not implemented (prompt_logprobs, suffix, guided_*,
+// ...) with anything but null or its "off" value is a 400 naming it; a field
+// this API does not know is ignored and named in ignored_fields (the server
+// logs one warning line naming them, as vLLM does).
 struct ParseOutcome {
   std::optional<ValidatedRequest> request;
   ApiError error;
+  std::vector<std::string> ignored_fields;  // unknown top-level fields, sorted
 };
 ParseOutcome ParseRequest(Endpoint endpoint, std::string_view body, const ServedModel& model,
                           const Tokenizer& tokenizer, const ChatTemplate* chat_template);

@@ -322,13 +322,26 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
                                                      "use_beam_search",
                                                      "best_of",
                                                      "length_penalty",
-                                                     "early_stopping"};
+                                                     "early_stopping",
+                                                     "logit_bias",
+                                                     "min_tokens",
+                                                     "bad_words",
+                                                     "skip_special_tokens",
+                                                     "include_stop_str_in_output",
+                                                     "prompt_logprobs"};
   if (Check c = RejectUnknownFields(obj, kKnown, "generate")) return c;
   if (Check c = ReadPrompt(obj, opt, req)) return c;
   SamplingParams& sp = req.sampling;
   if (Check c = ReadSamplingNumbers(obj, sp)) return c;
   if (Check c = ReadStopAndOutput(obj, opt, sp)) return c;
   if (Check c = ReadBeamSearch(obj, sp)) return c;
+  // The logit processors and output options: the rules of request_fields.h,
+  // shared with the HTTP API.
+  if (absl::Status s = ReadLogitProcessorFields(obj, opt.vocab_size, &sp); !s.ok())
+    return Invalid(std::string(s.message()));
+  if (Member(obj, "prompt_logprobs") != nullptr) {
+    return Invalid("field 'prompt_logprobs' is not supported by this server");
+  }
   if (const json* j = Member(obj, "stream"))
     if (Check c = ReadBool(*j, "stream", req.stream)) return c;
   if (const json* j = Member(obj, "cache_salt")) {
@@ -494,6 +507,15 @@ json ToJson(const GenerateRequest& r) {
       j["early_stopping"] = s.early_stopping == EarlyStopping::kTrue;
     }
   }
+  if (!s.logit_bias.empty()) {
+    json bias = json::object();
+    for (const auto& [id, b] : s.logit_bias) bias[std::to_string(id)] = WireFloat(b);
+    j["logit_bias"] = std::move(bias);
+  }
+  if (s.min_tokens > 0) j["min_tokens"] = s.min_tokens;
+  if (!s.bad_words.empty()) j["bad_words"] = s.bad_words;
+  if (s.skip_special_tokens.has_value()) j["skip_special_tokens"] = *s.skip_special_tokens;
+  if (s.include_stop_str_in_output) j["include_stop_str_in_output"] = true;
   j["stream"] = r.stream;
   if (!r.cache_salt.empty()) j["cache_salt"] = r.cache_salt;
   return j;

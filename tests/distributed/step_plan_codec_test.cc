@@ -28,6 +28,10 @@ SamplingParams FullSampling(int salt) {
   s.stop_token_ids = {2, 49152 + salt};
   s.ignore_eos = true;
   s.logprobs = 5;
+  s.logit_bias = {{7, -100.0f}, {11 + salt, 2.5f}};
+  s.min_tokens = 4;
+  s.min_tokens_end_ids = {2, 3};
+  s.bad_words_token_ids = {{5}, {6, 8 + salt, 9}};
   return s;
 }
 
@@ -97,6 +101,10 @@ void ExpectSamplingEq(const SamplingParams& a, const SamplingParams& b) {
   EXPECT_EQ(a.stop_token_ids, b.stop_token_ids);
   EXPECT_EQ(a.ignore_eos, b.ignore_eos);
   EXPECT_EQ(a.logprobs, b.logprobs);
+  EXPECT_EQ(a.logit_bias, b.logit_bias);
+  EXPECT_EQ(a.min_tokens, b.min_tokens);
+  EXPECT_EQ(a.min_tokens_end_ids, b.min_tokens_end_ids);
+  EXPECT_EQ(a.bad_words_token_ids, b.bad_words_token_ids);
 }
 
 void ExpectPlanEq(const StepPlan& a, const StepPlan& b) {
@@ -254,7 +262,7 @@ TEST(StepPlanCodec, TrailingBytesAndBadMagic) {
 TEST(StepPlanCodec, HugeLengthPrefixIsRejectedWithoutAllocating) {
   // magic + step_id + seqs.size = 2^63: must fail on the count check, not
   // try to allocate.
-  std::string bytes = "PSP2";
+  std::string bytes = "PSP3";
   uint64_t step = 1, n = uint64_t{1} << 63;
   bytes.append(reinterpret_cast<const char*>(&step), 8);
   bytes.append(reinterpret_cast<const char*>(&n), 8);

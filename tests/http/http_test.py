@@ -278,6 +278,64 @@ class OpenAiClientTest(unittest.TestCase):
                                       extra_body={"use_beam_search": True})
         self.assertIn("temperature must be 0", str(e.exception))
 
+    def test_logit_processors_and_output_options(self):
+        """Issue 32: logit_bias, min_tokens, bad_words, include_stop_str_in_output, echo,
+        skip_special_tokens, each against the same greedy request without it."""
+        kw = dict(model=self.m, prompt="1, 2, 3, 4,", max_tokens=8, temperature=0)
+        base = self.c.completions.create(**kw, logprobs=0, extra_body={"ignore_eos": True}).choices[0]
+        first = self.tokenize(base.logprobs.tokens[0], add_special_tokens=False)
+        self.assertEqual(len(first), 1, base.logprobs.tokens)
+        # logit_bias -100 on the greedy first token: another token comes first.
+        r = self.c.completions.create(**kw, logprobs=0, logit_bias={str(first[0]): -100},
+                                      extra_body={"ignore_eos": True}).choices[0]
+        self.assertNotEqual(r.logprobs.tokens[0], base.logprobs.tokens[0])
+        # +100 on a token the model would not choose makes it every token.
+        forced = self.tokenize(" banana", add_special_tokens=False)[0]
+        r = self.c.completions.create(**kw, logit_bias={str(forced): 100}).choices[0]
+        self.assertEqual(r.text, " banana" * 8)
+        # bad_words: the greedy continuation's first word never appears.
+        word = base.text.split()[0]
+        r = self.c.completions.create(**kw, extra_body={"bad_words": [word], "ignore_eos": True}).choices[0]
+        self.assertNotEqual(r.text.split()[0] if r.text.split() else "", word)
+        self.assertNotEqual(r.text, base.text)
+        # include_stop_str_in_output keeps the stop string; min_tokens past it ignores it.
+        stop = base.text[3:6]
+        cut = base.text.index(stop)
+        r = self.c.completions.create(**kw, stop=[stop], extra_body={"include_stop_str_in_output": True})
+        self.assertEqual(r.choices[0].text, base.text[:cut + len(stop)])
+        r = self.c.completions.create(**kw, stop=[stop], extra_body={"min_tokens": 8, "ignore_eos": True})
+        self.assertEqual(r.choices[0].text, base.text)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        # min_tokens masks EOS: a chat that ends early runs to min_tokens.
+        msgs = [{"role": "user", "content": "Say OK."}]
+        short = self.c.chat.completions.create(model=self.m, messages=msgs, max_tokens=64, temperature=0)
+        self.assertEqual(short.choices[0].finish_reason, "stop")
+        n = short.usage.completion_tokens + 5
+        longer = self.c.chat.completions.create(model=self.m, messages=msgs, max_tokens=64, temperature=0,
+                                                extra_body={"min_tokens": n})
+        self.assertGreaterEqual(longer.usage.completion_tokens, n)
+        # echo: the prompt first, streamed and not.
+        r = self.c.completions.create(**kw, echo=True, extra_body={"ignore_eos": True})
+        self.assertEqual(r.choices[0].text, kw["prompt"] + base.text)
+        chunks = list(self.c.completions.create(**kw, echo=True, stream=True,
+                                                extra_body={"ignore_eos": True}))
+        self.assertEqual("".join(c.choices[0].text for c in chunks if c.choices), kw["prompt"] + base.text)
+        # skip_special_tokens false: the chat template's end token shows in the text.
+        ids = self.tokenize("<|im_end|>", add_special_tokens=False)
+        self.assertEqual(len(ids), 1)
+        r = self.c.completions.create(model=self.m, prompt="Hi", max_tokens=2, temperature=0,
+                                      logit_bias={str(ids[0]): 100},
+                                      extra_body={"skip_special_tokens": False, "ignore_eos": True})
+        self.assertIn("<|im_end|>", r.choices[0].text)
+        # Known, not implemented: a 400 naming the field.
+        for field, value in [("prompt_logprobs", 1), ("suffix", "x")]:
+            status, body = http("POST", SERVER.url + "/v1/completions",
+                                {"model": self.m, "prompt": "x", field: value})
+            self.assertEqual((status, body["error"]["param"]), (400, field), body)
+        status, body = http("POST", SERVER.url + "/v1/completions",
+                            {"model": self.m, "prompt": "x", "echo": True, "logprobs": 1})
+        self.assertEqual((status, body["error"]["param"]), (400, "echo"), body)
+
     def test_errors_through_the_sdk(self):
         with self.assertRaises(openai.NotFoundError):
             self.c.completions.create(model="no-such-model", prompt="x", max_tokens=1)
