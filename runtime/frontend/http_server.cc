@@ -626,6 +626,7 @@ struct Job {
   std::vector<openai::ChoiceState> choices;  // prompt p, sample i -> p * n + i
   std::vector<bool> started;                 // chat: role chunk sent
   std::vector<size_t> text_offsets;          // streaming: legacy logprobs offset per choice
+  std::vector<openai::ToolStreamState> tool_streams;  // streaming with tool-call parsing
   openai::UsageTotals usage;
   size_t finished_requests = 0;
   absl::Status error;
@@ -673,6 +674,11 @@ struct HttpServer::Impl {
     m.name = options.served_model_name;
     m.max_model_len = b.loop->engine().scheduler_config().max_model_len;
     m.vocab_size = b.loop->tokenizer().vocab_size();
+    if (b.tool_call_parser.has_value()) {
+      m.tool_call_format = *b.tool_call_parser;
+    } else if (b.chat_template.has_value()) {
+      m.tool_call_format = ToolCallFormatOfTemplate(b.chat_template->source());
+    }
     return m;
   }
 
@@ -902,6 +908,7 @@ struct HttpServer::Impl {
     job->choices.resize(job->request.prompts.size() * n);
     job->started.assign(job->choices.size(), false);
     job->text_offsets.assign(job->choices.size(), 0);
+    job->tool_streams.assign(job->choices.size(), {});
     for (size_t p = 0; p < job->request.prompts.size(); ++p) {
       EngineRequest er;
       er.request_id = absl::StrCat("http-", seq, "-", p);
@@ -967,6 +974,17 @@ struct HttpServer::Impl {
             std::vector<std::pair<int, openai::ChoiceState>> deltas;
             Apply(*job, *out, &deltas);
             for (auto& [c, d] : deltas) {
+              if (job->request.parse_tool_calls) {
+                for (const std::string& chunk : openai::ToolStreamChunks(
+                         job->request, job->id, job->created, c, job->choices[c].text,
+                         d.finish_reason, &job->tool_streams[c])) {
+                  if (!send(chunk)) {
+                    AbortAndLog(*job, *b);
+                    return false;
+                  }
+                }
+                continue;
+              }
               const bool first = !job->started[c];
               job->started[c] = true;
               if (!send(openai::StreamChunk(job->request, job->id, job->created, c, d, first, tok,

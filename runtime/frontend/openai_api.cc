@@ -380,6 +380,78 @@ json LogprobsJson(const ValidatedRequest& r, const ChoiceState& c, const Tokeniz
           {"text_offset", offsets}};
 }
 
+json ToolCallsJson(const std::vector<ToolCall>& calls) {
+  json out = json::array();
+  for (const ToolCall& c : calls) {
+    out.push_back({{"id", c.id},
+                   {"type", "function"},
+                   {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  }
+  return out;
+}
+
+// `tools` (each {"type": "function", "function": {"name", "description",
+// "parameters"}}), `tool_choice` and `parallel_tool_calls` of a chat request.
+// `text`: the body, parsed again keeping key order for the template.
+bool ReadTools(const json& body, std::string_view text, const ServedModel& model,
+               ValidatedRequest* r, ApiError* err) {
+  auto tools = body.find("tools");
+  const bool have = tools != body.end() && !tools->is_null();
+  if (have) {
+    if (!tools->is_array() || tools->size() > 128) {
+      *err = BadRequest("'tools' must be an array of at most 128 function tools", "tools");
+      return false;
+    }
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      const json* fn = t.is_object() && t.contains("function") ? &t["function"] : nullptr;
+      const bool ok = fn != nullptr && t.value("type", std::string("function")) == "function" &&
+                      fn->is_object() && fn->contains("name") && (*fn)["name"].is_string() &&
+                      !(*fn)["name"].get_ref<const std::string&>().empty() &&
+                      (!fn->contains("parameters") || (*fn)["parameters"].is_object() ||
+                       (*fn)["parameters"].is_null());
+      if (!ok) {
+        *err = BadRequest(absl::StrCat("'tools[", i,
+                                       "]' must be {\"type\": \"function\", \"function\": "
+                                       "{\"name\": non-empty string, \"parameters\": object}}"),
+                          "tools");
+        return false;
+      }
+    }
+    if (!tools->empty()) {
+      r->tools_json = nlohmann::ordered_json::parse(text.begin(), text.end())["tools"].dump(
+          -1, ' ', false, json::error_handler_t::replace);
+    }
+  }
+  std::string choice = r->tools_json.empty() ? "none" : "auto";
+  if (auto tc = body.find("tool_choice"); tc != body.end() && !tc->is_null()) {
+    const bool named = tc->is_object() && tc->value("type", std::string()) == "function";
+    if (!named && !(tc->is_string() && (*tc == "none" || *tc == "auto" || *tc == "required"))) {
+      *err = BadRequest(
+          "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+          "\"function\": {\"name\": ...}}",
+          "tool_choice");
+      return false;
+    }
+    if (named || *tc == "required") {
+      *err = BadRequest(
+          "'tool_choice' \"required\" or a named function needs constrained decoding, which this "
+          "server does not have yet; use \"auto\" or \"none\"",
+          "tool_choice");
+      return false;
+    }
+    choice = tc->get<std::string>();
+    if (choice == "auto" && r->tools_json.empty()) {
+      *err = BadRequest("'tool_choice' \"auto\" needs 'tools'", "tool_choice");
+      return false;
+    }
+  }
+  if (!ReadBool(body, "parallel_tool_calls", &r->parallel_tool_calls, err)) return false;
+  r->parse_tool_calls = choice == "auto";
+  r->tool_call_format = model.tool_call_format;
+  return true;
+}
+
 json FinishJson(FinishReason reason) {
   return reason == FinishReason::kNone ? json(nullptr)
                                        : json(std::string(FinishReasonName(reason)));
@@ -583,7 +655,9 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
   if (endpoint == Endpoint::kChat) {
     std::vector<ChatMessage> messages;
     if (!ReadMessages(body, &messages, &out.error)) return out;
-    absl::StatusOr<std::vector<int32_t>> ids = EncodeChat(chat_template, tok, messages);
+    if (!ReadTools(body, text, model, &r, &out.error)) return out;
+    absl::StatusOr<std::vector<int32_t>> ids =
+        EncodeChat(chat_template, tok, messages, r.tools_json);
     if (!ids.ok()) {
       out.error = BadRequest(std::string(ids.status().message()), "messages");
       return out;
@@ -606,6 +680,16 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
         static_cast<int>(std::max<int64_t>(1, model.max_model_len - static_cast<int64_t>(longest)));
   }
   if (!ReadSampling(body, endpoint, tok.vocab_size(), &r.params, &out.error)) return out;
+  if (r.parse_tool_calls) {
+    if (r.stream && r.params.logprobs >= 0) {
+      out.error =
+          BadRequest("'logprobs' is not supported in a stream parsed for tool calls", "logprobs");
+      return out;
+    }
+    // Mistral's [TOOL_CALLS] is a special token: keep it in the text (vLLM).
+    if (r.tool_call_format == ToolCallFormat::kMistral && !r.params.skip_special_tokens)
+      r.params.skip_special_tokens = false;
+  }
   if (echo && r.params.logprobs >= 0) {
     out.error = BadRequest(
         "'echo' with 'logprobs' is not supported: the prompt's logprobs are not computed", "echo");
@@ -643,7 +727,17 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
                    {"logprobs", LogprobsJson(r, c, tok, &text_offset)},
                    {"finish_reason", FinishJson(c.finish_reason)}};
     if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      json message = {{"role", "assistant"}, {"content", c.text}};
+      if (r.parse_tool_calls) {
+        ParsedToolCalls parsed = ParseToolCalls(r.tool_call_format, c.text);
+        if (!r.parallel_tool_calls && parsed.calls.size() > 1) parsed.calls.resize(1);
+        if (!parsed.calls.empty()) {
+          message["content"] = parsed.content.empty() ? json(nullptr) : json(parsed.content);
+          message["tool_calls"] = ToolCallsJson(parsed.calls);
+          choice["finish_reason"] = "tool_calls";
+        }
+      }
+      choice["message"] = std::move(message);
     } else {
       choice["text"] =
           r.echo_texts.empty()
@@ -684,6 +778,65 @@ std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_
                 {"choices", json::array({choice})}};
   if (r.include_usage) chunk["usage"] = nullptr;
   return Dump(chunk);
+}
+
+std::vector<std::string> ToolStreamChunks(const ValidatedRequest& r, const std::string& id,
+                                          int64_t created, int index, const std::string& text,
+                                          FinishReason finish, ToolStreamState* st) {
+  std::vector<std::string> out;
+  auto chunk = [&](json delta, json finish_reason) {
+    if (!st->role_sent) {
+      delta["role"] = "assistant";
+      st->role_sent = true;
+    }
+    json choice = {{"index", index},
+                   {"logprobs", nullptr},
+                   {"delta", std::move(delta)},
+                   {"finish_reason", std::move(finish_reason)}};
+    json c = {{"id", id},
+              {"object", "chat.completion.chunk"},
+              {"created", created},
+              {"model", r.model},
+              {"choices", json::array({std::move(choice)})}};
+    if (r.include_usage) c["usage"] = nullptr;
+    out.push_back(Dump(c));
+  };
+  if (finish == FinishReason::kNone) {
+    const size_t certain = ToolCallFreeContentPrefix(r.tool_call_format, text);
+    if (certain > st->sent) {
+      chunk({{"content", text.substr(st->sent, certain - st->sent)}}, nullptr);
+      st->sent = certain;
+    } else if (!st->role_sent) {
+      chunk({{"content", ""}}, nullptr);
+    }
+    return out;
+  }
+  ParsedToolCalls parsed = ParseToolCalls(r.tool_call_format, text);
+  if (!r.parallel_tool_calls && parsed.calls.size() > 1) parsed.calls.resize(1);
+  if (parsed.calls.empty()) {
+    json delta = json::object();
+    if (text.size() > st->sent) delta["content"] = text.substr(st->sent);
+    chunk(std::move(delta), FinishJson(finish));
+  } else {
+    if (parsed.content.size() > st->sent) {
+      chunk({{"content", parsed.content.substr(st->sent)}}, nullptr);
+    }
+    for (size_t i = 0; i < parsed.calls.size(); ++i) {
+      const ToolCall& call = parsed.calls[i];
+      chunk(
+          {{"tool_calls", json::array({{{"index", i},
+                                        {"id", call.id},
+                                        {"type", "function"},
+                                        {"function", {{"name", call.name}, {"arguments", ""}}}}})}},
+          nullptr);
+      chunk({{"tool_calls",
+              json::array({{{"index", i}, {"function", {{"arguments", call.arguments}}}}})}},
+            nullptr);
+    }
+    chunk(json::object(), "tool_calls");
+  }
+  st->sent = text.size();
+  return out;
 }
 
 std::string UsageChunk(const ValidatedRequest& r, const std::string& id, int64_t created,

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "runtime/common/sampling_params.h"
 #include "runtime/engine/engine.h"
+#include "runtime/frontend/tool_calls.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -79,6 +80,14 @@ struct ValidatedRequest {
   // ids decoded), put before each of its choices' text (the first chunk of a
   // stream). Empty without echo. Choice c belongs to prompt c / n.
   std::vector<std::string> echo_texts;
+  // Chat tool calling: `tools` as JSON text in the client's key order ("" for
+  // none; the chat template renders it), and whether the output is parsed
+  // into tool_calls (tools given and tool_choice "auto", its default then),
+  // in which format (ServedModel::tool_call_format).
+  std::string tools_json;
+  bool parse_tool_calls = false;
+  ToolCallFormat tool_call_format = ToolCallFormat::kHermes;
+  bool parallel_tool_calls = true;  // false: only the first call is returned
 };
 
 // The error for a refusal of EngineLoop::Submit (SubmitErrorKindOf): 400
@@ -93,6 +102,8 @@ struct ServedModel {
   std::string name;  // --served-model-name
   int64_t max_model_len = 0;
   int32_t vocab_size = 0;
+  // --tool-call-parser, or the format the chat template's markers imply.
+  ToolCallFormat tool_call_format = ToolCallFormat::kHermes;
 };
 
 // Parses a request body. `chat_template` may be null (then `messages` is a 400).
@@ -138,6 +149,22 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
 std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
                         int index, const ChoiceState& delta, bool first, const Tokenizer& tokenizer,
                         size_t* text_offset);
+// Streaming a chat choice whose output is parsed for tool calls
+// (ValidatedRequest::parse_tool_calls): given the choice's whole text so far
+// and its finish reason (kNone while running), the chunks to send now.
+// Content that cannot be part of a call goes out as it comes
+// (ToolCallFreeContentPrefix); the rest is held back and, when the choice
+// finishes, parsed: each call as OpenAI streams it (a delta with index, id,
+// type and the name with empty arguments, then one with the arguments), then
+// finish_reason "tool_calls"; or, when it holds no call, as content. No
+// logprobs in these chunks (ParseRequest refuses logprobs with them).
+struct ToolStreamState {
+  size_t sent = 0;         // bytes of the text sent as content
+  bool role_sent = false;  // the first chunk carries the assistant role
+};
+std::vector<std::string> ToolStreamChunks(const ValidatedRequest& r, const std::string& id,
+                                          int64_t created, int index, const std::string& text,
+                                          FinishReason finish, ToolStreamState* state);
 // The final usage chunk of stream_options.include_usage (empty choices).
 std::string UsageChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
                        const UsageTotals& usage);

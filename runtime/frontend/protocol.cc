@@ -170,7 +170,10 @@ Check ReadMessages(const json& m, std::vector<ChatMessage>& msgs) {
     return Invalid(std::string(s.message()));
   }
   msgs.reserve(read.size());
-  for (auto& r : read) msgs.push_back(ChatMessage{std::move(r.role), std::move(r.content)});
+  for (auto& r : read) {
+    msgs.push_back(ChatMessage{std::move(r.role), std::move(r.content), std::move(r.tool_calls),
+                               std::move(r.tool_call_id), std::move(r.name)});
+  }
   return std::nullopt;
 }
 
@@ -478,7 +481,20 @@ json ToJson(const GenerateRequest& r) {
   } else {
     json m = json::array();
     for (const ChatMessage& c : std::get<std::vector<ChatMessage>>(r.prompt)) {
-      m.push_back({{"role", c.role}, {"content", c.content}});
+      json message = {{"role", c.role}, {"content", c.content}};
+      if (!c.tool_calls.empty()) {
+        // The template's form holds the arguments as an object; the wire's
+        // (OpenAI's) as JSON text.
+        json calls = json::parse(c.tool_calls);
+        for (json& call : calls) {
+          json& args = call["function"]["arguments"];
+          args = args.dump();
+        }
+        message["tool_calls"] = std::move(calls);
+      }
+      if (!c.tool_call_id.empty()) message["tool_call_id"] = c.tool_call_id;
+      if (!c.name.empty()) message["name"] = c.name;
+      m.push_back(std::move(message));
     }
     j["messages"] = std::move(m);
   }

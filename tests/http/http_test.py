@@ -336,6 +336,39 @@ class OpenAiClientTest(unittest.TestCase):
                             {"model": self.m, "prompt": "x", "echo": True, "logprobs": 1})
         self.assertEqual((status, body["error"]["param"]), (400, "echo"), body)
 
+    def test_tools_through_the_sdk(self):
+        """Issue 32: tools / tool_choice / tool history through the official client, streamed
+        and not (the SmolLM2 template renders no tools; what is parsed is the model's text)."""
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}}]
+        msgs = [{"role": "user", "content": "What is the weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_abc", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_abc", "content": "21 C, clear"}]
+        kw = dict(model=self.m, messages=msgs, tools=tools, max_tokens=12, temperature=0)
+        r = self.c.chat.completions.create(tool_choice="auto", **kw)
+        choice = r.choices[0]
+        self.assertIn(choice.finish_reason, ("stop", "length", "tool_calls"))
+        for call in choice.message.tool_calls or []:
+            self.assertTrue(call.id.startswith("call_"))
+            json.loads(call.function.arguments)
+        text = "".join(c.choices[0].delta.content or "" for c in
+                       self.c.chat.completions.create(tool_choice="auto", stream=True, **kw) if c.choices)
+        if not choice.message.tool_calls:
+            self.assertEqual(text, choice.message.content)
+        none = self.c.chat.completions.create(tool_choice="none", **kw).choices[0]
+        self.assertIsNone(none.message.tool_calls)
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.c.chat.completions.create(tool_choice="required", **kw)
+        self.assertIn("tool_choice", str(e.exception))
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.c.chat.completions.create(
+                tool_choice={"type": "function", "function": {"name": "get_weather"}}, **kw)
+        self.assertIn("tool_choice", str(e.exception))
+
     def test_errors_through_the_sdk(self):
         with self.assertRaises(openai.NotFoundError):
             self.c.completions.create(model="no-such-model", prompt="x", max_tokens=1)

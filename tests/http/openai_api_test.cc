@@ -499,6 +499,111 @@ TEST(OpenAiApiTest, EchoPutsThePromptFirst) {
   EXPECT_EQ(chat.error.param, "echo");
 }
 
+// Tool calling (issue 32): tools rendered by the template, tool_choice
+// none/auto accepted, required/named refused naming tool_choice, the output
+// parsed into tool_calls whole and streamed.
+TEST(OpenAiApiTest, ToolCalling) {
+  // A Hermes-style template: tools, calls and tool turns all show in the prompt.
+  auto tmpl = ChatTemplate::Create(
+      "{% if tools %}TOOLS{{ tools | tojson }}\n{% endif %}{% for m in messages %}{{ m.role }}:"
+      "{{ m.content }}{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }}"
+      "{{ c.function.arguments | tojson }}</tool_call>{% endfor %}{% if m.tool_call_id %}"
+      "[{{ m.tool_call_id }}]{% endif %}\n{% endfor %}",
+      "", "");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  const std::string body = R"({"messages": [{"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+       "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"C\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "21"}],
+      "tools": [{"type": "function", "function": {"name": "get_weather", "parameters":
+       {"type": "object", "properties": {"city": {"type": "string"}}}}}]})";
+  ParseOutcome o = ParseRequest(Endpoint::kChat, body, kModel, Tok(), &*tmpl);
+  ASSERT_TRUE(o.request.has_value()) << o.error.message;
+  EXPECT_TRUE(o.request->parse_tool_calls);
+  EXPECT_EQ(
+      o.request->tools_json,
+      R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}])");
+  absl::StatusOr<std::string> prompt = Tok().Decode(o.request->prompts[0]);
+  ASSERT_TRUE(prompt.ok());
+  EXPECT_NE(prompt->find(R"(TOOLS[{"type": "function", "function": {"name": "get_weather")"),
+            std::string::npos)
+      << *prompt;  // the client's key order, as json.dumps writes it
+  EXPECT_NE(prompt->find(R"(<tool_call>get_weather{"city": "Paris", "unit": "C"}</tool_call>)"),
+            std::string::npos)
+      << *prompt;
+  EXPECT_NE(prompt->find("tool:21[call_1]"), std::string::npos) << *prompt;
+
+  auto chat = [&](const std::string& extra) {
+    return ParseRequest(Endpoint::kChat,
+                        R"({"messages": [{"role": "user", "content": "hi"}], )" + extra + "}",
+                        kModel, Tok(), &*tmpl);
+  };
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f"}}])";
+  EXPECT_FALSE(chat(tools + R"(, "tool_choice": "none")").request->parse_tool_calls);
+  EXPECT_TRUE(chat(tools + R"(, "tool_choice": "auto")").request->parse_tool_calls);
+  for (const std::string& bad :
+       {tools + R"(, "tool_choice": "required")",
+        tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})",
+        tools + R"(, "tool_choice": "sometimes")", std::string(R"("tool_choice": "auto")")}) {
+    ParseOutcome r = chat(bad);
+    EXPECT_FALSE(r.request.has_value()) << bad;
+    EXPECT_EQ(r.error.param, "tool_choice") << bad;
+  }
+  EXPECT_EQ(chat(R"("tools": [{"type": "function", "function": {}}])").error.param, "tools");
+  EXPECT_EQ(chat(R"("tools": {})").error.param, "tools");
+  EXPECT_EQ(ParseRequest(Endpoint::kChat,
+                         R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})",
+                         kModel, Tok(), &*tmpl)
+                .error.param,
+            "messages");  // tool_calls on a user turn
+
+  // Non-streamed: the calls, content null, finish_reason tool_calls.
+  ParseOutcome auto_req = chat(tools);
+  ASSERT_TRUE(auto_req.request.has_value());
+  ChoiceState c;
+  c.text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"b\": 1, \"a\": 2}}\n</tool_call>";
+  c.finish_reason = FinishReason::kStop;
+  json r = json::parse(CompletionResponse(*auto_req.request, "chatcmpl-1", 7, {c}, {}, Tok()));
+  const json& msg = r["choices"][0]["message"];
+  EXPECT_TRUE(msg["content"].is_null());
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["arguments"], R"({"b":1,"a":2})");
+  EXPECT_EQ(msg["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
+  // Malformed: plain content, the engine's finish reason.
+  c.text = "<tool_call>{oops</tool_call>";
+  r = json::parse(CompletionResponse(*auto_req.request, "chatcmpl-1", 7, {c}, {}, Tok()));
+  EXPECT_EQ(r["choices"][0]["message"]["content"], c.text);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+
+  // Streamed: content before the call as it comes, then name and argument deltas.
+  ToolStreamState st;
+  std::vector<json> chunks;
+  auto feed = [&](const std::string& text, FinishReason f) {
+    for (const std::string& s : ToolStreamChunks(*auto_req.request, "x", 7, 0, text, f, &st))
+      chunks.push_back(json::parse(s));
+  };
+  const std::string out =
+      "Sure.<tool_call>{\"name\": \"f\", \"arguments\": {\"q\": \"a\"}}</tool_call>";
+  feed("Sure.<tool", FinishReason::kNone);
+  feed(out.substr(0, 30), FinishReason::kNone);
+  feed(out, FinishReason::kStop);
+  ASSERT_EQ(chunks.size(), 4u);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["content"], "Sure.");
+  const json& named = chunks[1]["choices"][0]["delta"]["tool_calls"][0];
+  EXPECT_EQ(named["index"], 0);
+  EXPECT_EQ(named["function"]["name"], "f");
+  EXPECT_EQ(named["function"]["arguments"], "");
+  EXPECT_EQ(named["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(chunks[2]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"],
+            R"({"q":"a"})");
+  EXPECT_EQ(chunks[3]["choices"][0]["finish_reason"], "tool_calls");
+  // Logprobs are refused in such a stream.
+  EXPECT_EQ(chat(tools + R"(, "stream": true, "logprobs": true)").error.param, "logprobs");
+}
+
 // The one finish-reason -> error mapping: only kError is an error, a 500 of
 // type server_error carrying the engine's message; the rest answer normally.
 TEST(OpenAiApiTest, FinishErrorMapsOnlyEngineFailures) {
@@ -576,6 +681,17 @@ TEST(FrontEndAgreementTest, HttpAndZeroMqAcceptAndRefuseAlike) {
       {R"("messages": )" + user + R"(, "temperature": 1000001)", false},
       {R"("messages": )" + user + R"(, "repetition_penalty": 1000001)", false},
       {R"("messages": )" + user + R"(, "temperature": 1000000)", true},
+      // Issue 32: tool history (chat_messages.h), the same on both.
+      {R"("messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null,
+          "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f",
+          "arguments": "{\"a\": 1}"}}]}, {"role": "tool", "tool_call_id": "c1", "content": "2"}])",
+       true},
+      {R"("messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null,
+          "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f",
+          "arguments": "not json"}}]}])",
+       false},
+      {R"("messages": [{"role": "user", "content": "hi", "tool_calls": []}])", false},
+      {R"("messages": [{"role": "tool", "tool_call_id": 5, "content": "2"}])", false},
       // Issue 32: the logit processors and output options (request_fields.h).
       {R"("messages": )" + user + R"(, "logit_bias": {"5": -100, "9": 3})", true},
       {R"("messages": )" + user + R"(, "logit_bias": {"5": 101})", false},
