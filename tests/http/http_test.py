@@ -335,6 +335,11 @@ class OpenAiClientTest(unittest.TestCase):
         status, body = http("POST", SERVER.url + "/v1/completions",
                             {"model": self.m, "prompt": "x", "echo": True, "logprobs": 1})
         self.assertEqual((status, body["error"]["param"]), (400, "echo"), body)
+        # An unknown field is ignored, and one warning line names it (vLLM's behaviour).
+        status, body = http("POST", SERVER.url + "/v1/completions",
+                            {"model": self.m, "prompt": "x", "max_tokens": 1, "zeta_unknown_field": 1})
+        self.assertEqual(status, 200, body)
+        self.assertRegex(SERVER.logs(), r"warn.*\"zeta_unknown_field\"")
 
     def test_tools_through_the_sdk(self):
         """Issue 32: tools / tool_choice / tool history through the official client, streamed
