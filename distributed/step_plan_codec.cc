@@ -8,8 +8,9 @@
 namespace pagedserve {
 namespace {
 
-constexpr char kPlanMagic[4] = {'P', 'S', 'P',
-                                '3'};  // 2: incremental entries; 3: structured output
+// 2: incremental sequence entries; 3: structured output, logit_bias,
+// min_tokens, bad words.
+constexpr char kPlanMagic[4] = {'P', 'S', 'P', '3'};
 constexpr char kResultMagic[4] = {'P', 'S', 'R', '1'};
 
 void PutSampling(wire::Writer& w, const SamplingParams& s) {
@@ -29,6 +30,19 @@ void PutSampling(wire::Writer& w, const SamplingParams& s) {
   w.PutVector(s.stop_token_ids);
   w.Put<uint8_t>(s.ignore_eos);
   w.Put<int32_t>(s.logprobs);
+  // The logit processors (the sampler's; the output options stay on the coordinator).
+  std::vector<int32_t> bias_ids;
+  std::vector<float> biases;
+  for (const auto& [id, bias] : s.logit_bias) {
+    bias_ids.push_back(id);
+    biases.push_back(bias);
+  }
+  w.PutVector(bias_ids);
+  w.PutVector(biases);
+  w.Put<int32_t>(s.min_tokens);
+  w.PutVector(s.min_tokens_end_ids);
+  w.Put<uint64_t>(s.bad_words_token_ids.size());
+  for (const auto& word : s.bad_words_token_ids) w.PutVector(word);
 }
 
 absl::Status GetSampling(wire::Reader& r, SamplingParams* s) {
@@ -59,6 +73,22 @@ absl::Status GetSampling(wire::Reader& r, SamplingParams* s) {
   PS_RETURN_IF_ERROR(r.Get(&ignore_eos, "sampling.ignore_eos"));
   s->ignore_eos = ignore_eos != 0;
   PS_RETURN_IF_ERROR(r.Get(&s->logprobs, "sampling.logprobs"));
+  std::vector<int32_t> bias_ids;
+  std::vector<float> biases;
+  PS_RETURN_IF_ERROR(r.GetVector(&bias_ids, "sampling.logit_bias"));
+  PS_RETURN_IF_ERROR(r.GetVector(&biases, "sampling.logit_bias"));
+  if (bias_ids.size() != biases.size())
+    return absl::DataLossError("sampling.logit_bias: ids and biases differ in count");
+  s->logit_bias.clear();
+  for (size_t i = 0; i < bias_ids.size(); ++i) s->logit_bias.emplace_back(bias_ids[i], biases[i]);
+  PS_RETURN_IF_ERROR(r.Get(&s->min_tokens, "sampling.min_tokens"));
+  PS_RETURN_IF_ERROR(r.GetVector(&s->min_tokens_end_ids, "sampling.min_tokens_end_ids"));
+  uint64_t num_bad = 0;
+  PS_RETURN_IF_ERROR(r.Get(&num_bad, "sampling.bad_words.size"));
+  PS_RETURN_IF_ERROR(r.CheckCount(num_bad, sizeof(uint64_t), "sampling.bad_words"));
+  s->bad_words_token_ids.resize(num_bad);
+  for (auto& word : s->bad_words_token_ids)
+    PS_RETURN_IF_ERROR(r.GetVector(&word, "sampling.bad_words"));
   return absl::OkStatus();
 }
 

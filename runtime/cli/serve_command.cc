@@ -103,6 +103,10 @@ PAGEDSERVE_FLAG("serve", std::string, api_key, "",
                 "and /detokenize (default: the environment variable PAGEDSERVE_API_KEY; empty = "
                 "no key). HTTP only: the ZeroMQ front end is protected by CurveZMQ "
                 "(--zmq-curve-secret-key-file, --zmq-curve-authorized-clients), never by this key");
+PAGEDSERVE_FLAG("serve", std::string, tool_call_parser, "",
+                "how chat outputs are parsed into OpenAI tool_calls when a request gives tools: "
+                "hermes, llama3_json or mistral (vLLM's names); empty: chosen from the chat "
+                "template's markers");
 PAGEDSERVE_FLAG("serve", std::string, served_model_name, "",
                 "serve: the model name of the HTTP API (/v1/models, 'model' field) and of the "
                 "metrics' model_name label; default the model file's name");
@@ -398,6 +402,14 @@ class CoordinatorRank {
       return 1;
     }
     tokenizer_ = *std::move(tokenizer);
+    if (const std::string name = absl::GetFlag(FLAGS_tool_call_parser); !name.empty()) {
+      absl::StatusOr<ToolCallFormat> format = ToolCallFormatFromName(name);
+      if (!format.ok()) {
+        PrintError(format.status());
+        return 1;
+      }
+      tool_call_parser_ = *format;
+    }
     absl::StatusOr<ChatTemplate> ct = ChatTemplateFromFlags(*tokenizer_);
     if (ct.ok()) {
       chat_template_ = *std::move(ct);
@@ -578,6 +590,7 @@ class CoordinatorRank {
     auto backend = std::make_unique<HttpBackend>();
     backend->loop = loop_.get();
     backend->chat_template = chat_template_;
+    backend->tool_call_parser = tool_call_parser_;
     backend->metrics_text = [m = metrics_.get()] { return SerializeServeMetrics(*m); };
     http_->Attach(std::move(backend));
   }
@@ -649,6 +662,7 @@ class CoordinatorRank {
   const ServeOptions& options_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::optional<ChatTemplate> chat_template_;
+  std::optional<ToolCallFormat> tool_call_parser_;
   std::shared_ptr<Metrics> metrics_;
   std::unique_ptr<HttpServer> http_;
   Executor* exec_ = nullptr;  // owned by engine_

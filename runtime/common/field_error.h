@@ -5,7 +5,8 @@
 // Field names are the engine's: those of SamplingParams (n, max_tokens,
 // temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty,
 // frequency_penalty, logprobs, stop, stop_token_ids, best_of, length_penalty,
-// early_stopping, use_beam_search), "prompt" (the prompt's token ids, length
+// early_stopping, use_beam_search, logit_bias, min_tokens, bad_words,
+// skip_special_tokens, include_stop_str_in_output), "prompt" (the prompt's token ids, length
 // and admission) and "cache_salt". A front end maps them to its own names
 // (e.g. the OpenAI chat endpoint reports "prompt" as "messages").
 #ifndef PAGEDSERVE_RUNTIME_COMMON_FIELD_ERROR_H_

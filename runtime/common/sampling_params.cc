@@ -75,7 +75,72 @@ absl::Status SamplingParams::Validate() const {
                        " bytes is over the limit of ", StructuredOutput::kMaxSpecBytes));
     }
   }
+  if (absl::Status s = ValidateLogitProcessors(); !s.ok()) return s;
   return ValidateBeamSearch();
+}
+
+absl::Status SamplingParams::ValidateLogitProcessors() const {
+  if (logit_bias.size() > kMaxLogitBias) {
+    return FieldError("logit_bias", absl::StrCat("logit_bias has ", logit_bias.size(),
+                                                 " entries, the limit is ", kMaxLogitBias));
+  }
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const auto& [id, bias] = logit_bias[i];
+    if (id < 0) return FieldError("logit_bias", absl::StrCat("logit_bias token id ", id, " < 0"));
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return FieldError("logit_bias", absl::StrCat("logit_bias of token ", id,
+                                                   " must be in [-100, 100], got ", bias));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (logit_bias[j].first == id) {
+        return FieldError("logit_bias", absl::StrCat("logit_bias names token ", id, " twice"));
+      }
+    }
+  }
+  if (min_tokens < 0 || min_tokens > max_tokens) {
+    return FieldError(
+        "min_tokens",
+        absl::StrCat("min_tokens must be in [0, max_tokens = ", max_tokens, "], got ", min_tokens));
+  }
+  if (bad_words.size() > kMaxBadWords) {
+    return FieldError("bad_words", absl::StrCat("bad_words has ", bad_words.size(),
+                                                " words, the limit is ", kMaxBadWords));
+  }
+  for (size_t i = 0; i < bad_words.size(); ++i) {
+    if (bad_words[i].empty() || bad_words[i].size() > kMaxBadWordBytes) {
+      return FieldError("bad_words",
+                        absl::StrCat("bad_words[", i, "] must be 1 to ", kMaxBadWordBytes,
+                                     " bytes, got ", bad_words[i].size()));
+    }
+  }
+  if (bad_words_token_ids.size() > 2 * kMaxBadWords) {
+    return FieldError("bad_words",
+                      absl::StrCat("bad_words makes ", bad_words_token_ids.size(),
+                                   " token sequences, the limit is ", 2 * kMaxBadWords));
+  }
+  for (size_t i = 0; i < bad_words_token_ids.size(); ++i) {
+    const std::vector<int32_t>& w = bad_words_token_ids[i];
+    if (w.empty() || w.size() > kMaxBadWordTokens) {
+      return FieldError("bad_words", absl::StrCat("bad_words[", i, "] must be 1 to ",
+                                                  kMaxBadWordTokens, " tokens, got ", w.size()));
+    }
+    for (int32_t t : w) {
+      if (t < 0) return FieldError("bad_words", absl::StrCat("bad_words[", i, "] holds id ", t));
+    }
+  }
+  for (int32_t t : min_tokens_end_ids) {
+    if (t < 0) return FieldError("min_tokens", absl::StrCat("min_tokens end id ", t, " < 0"));
+  }
+  if (use_beam_search) {
+    const char* field = !logit_bias.empty()                                  ? "logit_bias"
+                        : min_tokens > 0                                     ? "min_tokens"
+                        : !bad_words.empty() || !bad_words_token_ids.empty() ? "bad_words"
+                                                                             : nullptr;
+    if (field != nullptr) {
+      return FieldError(field, absl::StrCat(field, " is not supported with use_beam_search"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SamplingParams::ValidateBeamSearch() const {

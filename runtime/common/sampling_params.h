@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -57,6 +58,37 @@ struct SamplingParams {
   // (runtime/grammar/compile.h) at admission.
   StructuredOutput structured_output;
 
+  // --- Logit processors and output options (issue 32; vLLM's SamplingParams
+  // names). The sampler applies the first three (order: runtime/sampling/sampler.h);
+  // none of them may be combined with use_beam_search. ---
+  // OpenAI `logit_bias`: (token id, bias) pairs, ids unique and >= 0 (the
+  // front end checks them against the vocabulary), bias in [-100, 100]; the
+  // bias is added to the token's logit before anything else. At most
+  // kMaxLogitBias entries.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // End tokens (EOS unless ignore_eos, and stop_token_ids) are masked until
+  // the sample has min_tokens output tokens; stop strings do not end it
+  // earlier either (vLLM). [0, max_tokens].
+  int min_tokens = 0;
+  // vLLM `bad_words`: at most kMaxBadWords non-empty strings of at most
+  // kMaxBadWordBytes bytes. The engine tokenizes them into
+  // bad_words_token_ids (Engine::AddRequest, BadWordTokenIds); the sampler
+  // reads only those.
+  std::vector<std::string> bad_words;
+  // The bad words as token sequences:
+  // the last token of a sequence is masked when the output tokens so far end
+  // with the ones before it (a one-token word is always masked). At most
+  // 2 * kMaxBadWords sequences, each of 1 to kMaxBadWordTokens ids >= 0.
+  std::vector<std::vector<int32_t>> bad_words_token_ids;
+  // Detokenization drops special tokens (none: the engine's default, true).
+  std::optional<bool> skip_special_tokens;
+  // The stop string that ended a sample is kept in its text.
+  bool include_stop_str_in_output = false;
+  // Not a client field: the end tokens min_tokens masks, filled by the
+  // scheduler (EOS unless ignore_eos, plus stop_token_ids) in the parameters
+  // it sends to workers, which do not know the EOS ids.
+  std::vector<int32_t> min_tokens_end_ids;
+
   bool operator==(const SamplingParams&) const = default;
 
   // True when sampling reduces to argmax.
@@ -79,9 +111,14 @@ struct SamplingParams {
   absl::Status Validate() const;
   static constexpr size_t kMaxStopStrings = 16;
   static constexpr size_t kMaxStopStringBytes = 256;
+  static constexpr size_t kMaxLogitBias = 1024;
+  static constexpr size_t kMaxBadWords = 64;
+  static constexpr size_t kMaxBadWordBytes = 256;
+  static constexpr size_t kMaxBadWordTokens = 64;
 
  private:
   absl::Status ValidateBeamSearch() const;
+  absl::Status ValidateLogitProcessors() const;
 };
 
 // "false" / "true" / "never", and back (the protocol's spelling).

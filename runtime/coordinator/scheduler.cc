@@ -130,6 +130,14 @@ absl::Status Scheduler::AddRequest(Request r) {
   g->request_id = r.request_id;
   g->params = std::move(r.params);
   g->step_params = g->params;
+  if (g->params.min_tokens > 0) {
+    // Workers mask the end tokens until min_tokens; they know no EOS ids.
+    std::vector<int32_t>& end = g->step_params.min_tokens_end_ids;
+    if (!g->params.ignore_eos) end.assign(eos_.begin(), eos_.end());
+    end.insert(end.end(), g->params.stop_token_ids.begin(), g->params.stop_token_ids.end());
+    std::sort(end.begin(), end.end());
+    end.erase(std::unique(end.begin(), end.end()), end.end());
+  }
   if (g->params.use_beam_search) {
     SamplingParams& w = g->step_params;
     w.n = 1;

@@ -123,6 +123,22 @@ absl::Status Engine::CheckCacheSalt(std::string_view cache_salt) const {
   return ValidateCacheSalt(cache_salt);
 }
 
+std::vector<std::vector<int32_t>> BadWordTokenIds(std::string_view word, const Tokenizer& tok) {
+  std::vector<std::vector<int32_t>> out;
+  const size_t first = word.find_first_not_of(' ');
+  if (first == std::string_view::npos) return out;
+  const std::string text(word.substr(first));
+  EncodeOptions eo;
+  eo.add_special_tokens = false;
+  std::vector<int32_t> plain = tok.Encode(text, eo);
+  if (plain.empty()) return out;
+  std::vector<int32_t> spaced = tok.Encode(" " + text, eo);
+  const bool add_spaced = spaced.size() == plain.size() && spaced.front() != plain.front();
+  out.push_back(std::move(plain));
+  if (add_spaced) out.push_back(std::move(spaced));
+  return out;
+}
+
 uint64_t DefaultRequestSeed(uint64_t engine_seed, uint64_t ordinal) {
   // SplitMix64's finalizer over the seed, then over the ordinal mixed in.
   auto mix = [](uint64_t z) {
@@ -147,6 +163,12 @@ absl::Status Engine::AddRequest(EngineRequest request) {
   if (absl::Status s = CheckRequest(request.prompt_token_ids, request.params); !s.ok()) return s;
   if (absl::Status s = CheckCacheSalt(request.cache_salt); !s.ok()) return s;
 
+  request.params.bad_words_token_ids.clear();
+  for (const std::string& word : request.params.bad_words) {
+    for (std::vector<int32_t>& ids : BadWordTokenIds(word, *tokenizer_))
+      request.params.bad_words_token_ids.push_back(std::move(ids));
+  }
+
   const uint64_t ordinal = requests_accepted_;
   if (!request.params.seed && options_.default_seed) {
     request.params.seed = DefaultRequestSeed(*options_.default_seed, ordinal);
@@ -157,7 +179,10 @@ absl::Status Engine::AddRequest(EngineRequest request) {
   r->prompt_len = static_cast<int32_t>(request.prompt_token_ids.size());
   r->arrival = Clock::now();
   r->seqs.reserve(request.params.n);
-  for (int i = 0; i < request.params.n; ++i) r->seqs.emplace_back(*tokenizer_, decode_options_);
+  DecodeOptions decode = decode_options_;
+  if (request.params.skip_special_tokens.has_value())
+    decode.skip_special_tokens = *request.params.skip_special_tokens;
+  for (int i = 0; i < request.params.n; ++i) r->seqs.emplace_back(*tokenizer_, decode);
 
   Request sr;
   sr.request_id = request.request_id;
@@ -203,18 +228,25 @@ const SchedulerConfig& Engine::scheduler_config() const { return scheduler_->con
 Executor& Engine::executor() { return *executor_; }
 
 bool Engine::EmitText(RequestState& r, SeqState& s, bool final, SequenceDelta* d) {
-  const std::vector<std::string>& stops = r.params.stop;
+  // Before min_tokens output tokens no stop string ends the sample, and the
+  // text is released as it comes (vLLM: such a stop string is never matched).
+  static const std::vector<std::string> kNoStops;
+  const std::vector<std::string>& stops =
+      s.num_tokens < r.params.min_tokens ? kNoStops : r.params.stop;
   bool found = false;
   if (!stops.empty()) {
     // Text before `sent` cannot hold the start of a stop string: such a
     // start would have been held back.
-    size_t best = std::string::npos;
+    size_t best = std::string::npos, best_len = 0;
     for (const std::string& stop : stops) {
       const size_t pos = s.text.find(stop, s.sent);
-      if (pos < best) best = pos;
+      if (pos < best) {
+        best = pos;
+        best_len = stop.size();
+      }
     }
     if (best != std::string::npos) {
-      s.text.resize(best);
+      s.text.resize(r.params.include_stop_str_in_output ? best + best_len : best);
       found = true;
     }
   }

@@ -65,6 +65,14 @@ struct EngineOptions {
 // give unrelated streams.
 uint64_t DefaultRequestSeed(uint64_t engine_seed, uint64_t ordinal);
 
+// One of SamplingParams::bad_words as vLLM's SamplingParams.update_from_tokenizer
+// tokenizes it: the word without leading spaces, encoded without special
+// tokens; then " " + that text, kept when it encodes to as many tokens as the
+// first and starts with another token (the form the word takes inside a
+// text). A word of spaces only gives nothing. AddRequest fills
+// SamplingParams::bad_words_token_ids with these.
+std::vector<std::vector<int32_t>> BadWordTokenIds(std::string_view word, const Tokenizer& tok);
+
 // Token counts since the engine was created (every step, with or without
 // Metrics): the stats log line's throughputs are their differences.
 struct EngineTokenCounters {

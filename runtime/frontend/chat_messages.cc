@@ -5,11 +5,15 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/field_error.h"
+#include "runtime/common/json_limits.h"
 
 namespace pagedserve {
 namespace {
 
 using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+constexpr size_t kMaxToolCallsPerMessage = 64;
 
 absl::Status Bad(const std::string& message) { return FieldError("messages", message); }
 
@@ -63,6 +67,78 @@ absl::Status ReadContent(const json* content, const std::string& name, const std
   return absl::OkStatus();
 }
 
+absl::Status ReadString(const json& m, const char* key, const std::string& name, std::string* out) {
+  const auto it = m.find(key);
+  if (it == m.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_string()) return Bad(absl::StrCat("field '", name, ".", key, "' must be a string"));
+  *out = it->get<std::string>();
+  return absl::OkStatus();
+}
+
+// One OpenAI tool call {"id", "type": "function", "function": {"name",
+// "arguments": JSON text}} as the template sees it (arguments parsed).
+absl::Status ReadToolCall(const json& call, const std::string& name, ordered_json* out) {
+  if (!call.is_object()) return Bad(absl::StrCat("field '", name, "' must be an object"));
+  std::string id, type = "function", fn_name;
+  if (absl::Status s = ReadString(call, "id", name, &id); !s.ok()) return s;
+  if (absl::Status s = ReadString(call, "type", name, &type); !s.ok()) return s;
+  if (type != "function") {
+    return Bad(absl::StrCat("field '", name, ".type' must be \"function\""));
+  }
+  const auto fn = call.find("function");
+  if (fn == call.end() || !fn->is_object()) {
+    return Bad(absl::StrCat("field '", name, ".function' must be an object"));
+  }
+  const std::string fn_path = name + ".function";
+  if (absl::Status s = ReadString(*fn, "name", fn_path, &fn_name); !s.ok()) return s;
+  if (fn_name.empty()) return Bad(absl::StrCat("field '", fn_path, ".name' is required"));
+  ordered_json arguments = ordered_json::object();
+  if (const auto a = fn->find("arguments"); a != fn->end() && !a->is_null()) {
+    if (!a->is_string()) {
+      return Bad(absl::StrCat("field '", fn_path, ".arguments' must be a string of JSON"));
+    }
+    const std::string& text = a->get_ref<const std::string&>();
+    bool ok = CheckJsonText(text).ok();
+    if (ok) {
+      try {
+        arguments = ordered_json::parse(text);
+      } catch (const ordered_json::exception&) {
+        ok = false;
+      }
+    }
+    if (!ok || !arguments.is_object()) {
+      return Bad(absl::StrCat("field '", fn_path, ".arguments' must be a JSON object as text"));
+    }
+  }
+  *out = {{"id", id}, {"type", type}, {"function", {{"name", fn_name}, {"arguments", arguments}}}};
+  return absl::OkStatus();
+}
+
+// tool_calls (assistant), tool_call_id and name.
+absl::Status ReadToolFields(const json& m, const std::string& name, ChatMessage* cm) {
+  if (absl::Status s = ReadString(m, "tool_call_id", name, &cm->tool_call_id); !s.ok()) return s;
+  if (absl::Status s = ReadString(m, "name", name, &cm->name); !s.ok()) return s;
+  const auto calls = m.find("tool_calls");
+  if (calls == m.end() || calls->is_null()) return absl::OkStatus();
+  if (cm->role != "assistant") {
+    return Bad(absl::StrCat("field '", name, ".tool_calls' is allowed on assistant messages only"));
+  }
+  if (!calls->is_array() || calls->size() > kMaxToolCallsPerMessage) {
+    return Bad(absl::StrCat("field '", name, ".tool_calls' must be an array of at most ",
+                            kMaxToolCallsPerMessage, " calls"));
+  }
+  ordered_json list = ordered_json::array();
+  for (size_t k = 0; k < calls->size(); ++k) {
+    ordered_json call;
+    const std::string path = absl::StrCat(name, ".tool_calls[", k, "]");
+    if (absl::Status s = ReadToolCall((*calls)[k], path, &call); !s.ok()) return s;
+    list.push_back(std::move(call));
+  }
+  if (!list.empty())
+    cm->tool_calls = list.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ReadChatMessages(const json& messages, bool strict, std::vector<ChatMessage>* out) {
@@ -78,8 +154,12 @@ absl::Status ReadChatMessages(const json& messages, bool strict, std::vector<Cha
     }
     if (strict) {
       for (auto it = m.begin(); it != m.end(); ++it) {
-        if (it.key() != "role" && it.key() != "content") {
-          return Bad(absl::StrCat("unknown field in ", name, " (expected 'role' and 'content')"));
+        const std::string& k = it.key();
+        if (k != "role" && k != "content" && k != "tool_calls" && k != "tool_call_id" &&
+            k != "name") {
+          return Bad(absl::StrCat("unknown field in ", name,
+                                  " (expected 'role', 'content', 'tool_calls', 'tool_call_id', "
+                                  "'name')"));
         }
       }
     }
@@ -99,6 +179,7 @@ absl::Status ReadChatMessages(const json& messages, bool strict, std::vector<Cha
     const auto content_it = m.find("content");
     const json* content = content_it == m.end() ? nullptr : &*content_it;
     if (absl::Status s = ReadContent(content, name, cm.role, &cm.content); !s.ok()) return s;
+    if (absl::Status s = ReadToolFields(m, name, &cm); !s.ok()) return s;
     out->push_back(std::move(cm));
   }
   return absl::OkStatus();
@@ -106,13 +187,14 @@ absl::Status ReadChatMessages(const json& messages, bool strict, std::vector<Cha
 
 absl::StatusOr<std::vector<int32_t>> EncodeChat(const ChatTemplate* chat_template,
                                                 const Tokenizer& tokenizer,
-                                                std::span<const ChatMessage> messages) {
+                                                std::span<const ChatMessage> messages,
+                                                std::string_view tools_json) {
   if (chat_template == nullptr) {
     return FieldError("messages",
                       "this model has no chat template: send a prompt (text or token ids) instead");
   }
   absl::StatusOr<std::string> rendered =
-      chat_template->Render(messages, /*add_generation_prompt=*/true);
+      chat_template->Render(messages, /*add_generation_prompt=*/true, tools_json);
   if (!rendered.ok()) {
     return FieldError("messages", absl::StrCat("messages: ", rendered.status().message()));
   }

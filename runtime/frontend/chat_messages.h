@@ -9,14 +9,18 @@
 //   content  a string; or an array of text parts {"type": "text", "text": s}
 //            (concatenated, as vLLM does for text-only models); or null /
 //            absent for an assistant turn only.
-// Other keys of a message (name, tool_call_id, tool_calls, ...) are ignored
-// by the OpenAI API and refused by protocol v1, whose requests are strict
-// (`strict`).
+//   tool_calls    assistant only: OpenAI's calls, each {"id", "type":
+//                 "function", "function": {"name", "arguments": a JSON object
+//                 as text}}, at most 64 (ChatMessage::tool_calls);
+//   tool_call_id, name   strings (a tool turn's call id and function name).
+// Other keys of a message are ignored by the OpenAI API and refused by
+// protocol v1, whose requests are strict (`strict`).
 #ifndef PAGEDSERVE_RUNTIME_FRONTEND_CHAT_MESSAGES_H_
 #define PAGEDSERVE_RUNTIME_FRONTEND_CHAT_MESSAGES_H_
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -35,7 +39,8 @@ namespace pagedserve {
 absl::Status ReadChatMessages(const nlohmann::json& messages, bool strict,
                               std::vector<ChatMessage>* out);
 
-// Renders `messages` through the model's chat template with the generation
+// Renders `messages` (and `tools_json`, the OpenAI `tools` array as JSON text,
+// "" for none: ChatTemplate::Render) through the model's chat template with the generation
 // prompt and encodes the text without adding special tokens (the template
 // holds them, as Hugging Face's apply_chat_template does; special-token text
 // in the template is parsed as special). Errors: InvalidArgument naming
@@ -43,7 +48,8 @@ absl::Status ReadChatMessages(const nlohmann::json& messages, bool strict,
 // when `chat_template` is null (the model ships none). Thread-safe.
 absl::StatusOr<std::vector<int32_t>> EncodeChat(const ChatTemplate* chat_template,
                                                 const Tokenizer& tokenizer,
-                                                std::span<const ChatMessage> messages);
+                                                std::span<const ChatMessage> messages,
+                                                std::string_view tools_json = {});
 
 }  // namespace pagedserve
 

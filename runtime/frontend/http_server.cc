@@ -1,5 +1,6 @@
 // The only translation unit that includes httplib.h (compile time).
 #include "runtime/frontend/http_server.h"
+#include "nlohmann/json.hpp"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -625,6 +626,7 @@ struct Job {
   std::vector<openai::ChoiceState> choices;  // prompt p, sample i -> p * n + i
   std::vector<bool> started;                 // chat: role chunk sent
   std::vector<size_t> text_offsets;          // streaming: legacy logprobs offset per choice
+  std::vector<openai::ToolStreamState> tool_streams;  // streaming with tool-call parsing
   openai::UsageTotals usage;
   size_t finished_requests = 0;
   absl::Status error;
@@ -673,6 +675,11 @@ struct HttpServer::Impl {
     m.max_model_len = b.loop->engine().scheduler_config().max_model_len;
     m.vocab_size = b.loop->tokenizer().vocab_size();
     m.defaults = options.sampling_defaults;
+    if (b.tool_call_parser.has_value()) {
+      m.tool_call_format = *b.tool_call_parser;
+    } else if (b.chat_template.has_value()) {
+      m.tool_call_format = ToolCallFormatOfTemplate(b.chat_template->source());
+    }
     return m;
   }
 
@@ -855,6 +862,19 @@ struct HttpServer::Impl {
     return true;
   }
 
+  // One warning line per request naming the fields it ignored (vLLM's
+  // behaviour), quoted as JSON strings, at most 8, each cut at 64 bytes.
+  static void LogIgnoredFields(const std::vector<std::string>& fields) {
+    std::string names;
+    for (size_t i = 0; i < fields.size() && i < 8; ++i) {
+      const nlohmann::json name = fields[i].substr(0, 64);
+      absl::StrAppend(&names, i > 0 ? ", " : "",
+                      name.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace));
+    }
+    if (fields.size() > 8) absl::StrAppend(&names, " and ", fields.size() - 8, " more");
+    spdlog::warn("http: the request's fields {} are not known and were ignored", names);
+  }
+
   void HandleGeneration(openai::Endpoint endpoint, const httplib::Request& req,
                         const std::string& body, httplib::Response& res) {
     const HttpBackend* b = Backend(res);
@@ -863,6 +883,7 @@ struct HttpServer::Impl {
     openai::ParseOutcome parsed =
         openai::ParseRequest(endpoint, body, Model(*b), b->loop->tokenizer(), tmpl);
     if (!parsed.request.has_value()) return SendError(res, parsed.error);
+    if (!parsed.ignored_fields.empty()) LogIgnoredFields(parsed.ignored_fields);
     auto job = std::make_shared<Job>();
     job->request = *std::move(parsed.request);
     if (options.log_requests && options.log_request_content) {
@@ -888,6 +909,7 @@ struct HttpServer::Impl {
     job->choices.resize(job->request.prompts.size() * n);
     job->started.assign(job->choices.size(), false);
     job->text_offsets.assign(job->choices.size(), 0);
+    job->tool_streams.assign(job->choices.size(), {});
     for (size_t p = 0; p < job->request.prompts.size(); ++p) {
       EngineRequest er;
       er.request_id = absl::StrCat("http-", seq, "-", p);
@@ -953,6 +975,17 @@ struct HttpServer::Impl {
             std::vector<std::pair<int, openai::ChoiceState>> deltas;
             Apply(*job, *out, &deltas);
             for (auto& [c, d] : deltas) {
+              if (job->request.parse_tool_calls) {
+                for (const std::string& chunk : openai::ToolStreamChunks(
+                         job->request, job->id, job->created, c, job->choices[c].text,
+                         d.finish_reason, &job->tool_streams[c])) {
+                  if (!send(chunk)) {
+                    AbortAndLog(*job, *b);
+                    return false;
+                  }
+                }
+                continue;
+              }
               const bool first = !job->started[c];
               job->started[c] = true;
               if (!send(openai::StreamChunk(job->request, job->id, job->created, c, d, first, tok,

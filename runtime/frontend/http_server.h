@@ -42,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "runtime/frontend/openai_api.h"
+#include "runtime/frontend/tool_calls.h"
 #include "runtime/tokenizer/chat_template.h"
 
 namespace pagedserve {
@@ -98,6 +99,8 @@ struct HttpServerOptions {
 struct HttpBackend {
   EngineLoop* loop = nullptr;
   std::optional<ChatTemplate> chat_template;
+  // --tool-call-parser; none: chosen from the chat template's markers.
+  std::optional<ToolCallFormat> tool_call_parser;
   std::function<std::string()> metrics_text;  // Prometheus text; empty: /metrics 404
 };
 

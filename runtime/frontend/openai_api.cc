@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -223,6 +225,10 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
     auto t = body.find("temperature");
     if (t == body.end() || t->is_null()) p->temperature = 0.0f;
   }
+  if (absl::Status s = ReadLogitProcessorFields(body, vocab, p); !s.ok()) {
+    *err = BadRequest(std::string(s.message()), FieldOf(s));
+    return false;
+  }
   if (absl::Status s = p->Validate(); !s.ok()) {
     *err = BadRequest(std::string(s.message()), ParamOf(s, endpoint));
     return false;
@@ -244,8 +250,36 @@ bool ReadMessages(const json& body, std::vector<ChatMessage>* out, ApiError* err
 }
 
 // Completions `prompt`: a string, a list of strings, a list of ids, a list of lists of ids.
+bool ReadPromptIds(const json& body, const Tokenizer& tok, std::vector<std::vector<int32_t>>* out,
+                   ApiError* err);
+
+// `texts` (nullable): per prompt, its text (the string, or the token ids
+// decoded), for `echo`.
 bool ReadPrompts(const json& body, const Tokenizer& tok, std::vector<std::vector<int32_t>>* out,
-                 ApiError* err) {
+                 std::vector<std::string>* texts, ApiError* err) {
+  if (!ReadPromptIds(body, tok, out, err)) return false;
+  if (texts == nullptr) return true;
+  const json& prompt = body["prompt"];
+  for (size_t i = 0; i < out->size(); ++i) {
+    const json& e = prompt.is_array() && !prompt[0].is_number_integer() ? prompt[i] : prompt;
+    if (e.is_string()) {
+      texts->push_back(e.get<std::string>());
+      continue;
+    }
+    absl::StatusOr<std::string> decoded = tok.Decode((*out)[i]);
+    if (!decoded.ok()) {
+      *err = BadRequest(
+          absl::StrCat("'echo': prompt ", i, " does not decode: ", decoded.status().message()),
+          "prompt");
+      return false;
+    }
+    texts->push_back(*std::move(decoded));
+  }
+  return true;
+}
+
+bool ReadPromptIds(const json& body, const Tokenizer& tok, std::vector<std::vector<int32_t>>* out,
+                   ApiError* err) {
   auto it = body.find("prompt");
   const char* kMsg =
       "'prompt' must be a string, an array of strings, an array of token ids "
@@ -356,6 +390,78 @@ json LogprobsJson(const ValidatedRequest& r, const ChoiceState& c, const Tokeniz
           {"text_offset", offsets}};
 }
 
+json ToolCallsJson(const std::vector<ToolCall>& calls) {
+  json out = json::array();
+  for (const ToolCall& c : calls) {
+    out.push_back({{"id", c.id},
+                   {"type", "function"},
+                   {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  }
+  return out;
+}
+
+// `tools` (each {"type": "function", "function": {"name", "description",
+// "parameters"}}), `tool_choice` and `parallel_tool_calls` of a chat request.
+// `text`: the body, parsed again keeping key order for the template.
+bool ReadTools(const json& body, std::string_view text, const ServedModel& model,
+               ValidatedRequest* r, ApiError* err) {
+  auto tools = body.find("tools");
+  const bool have = tools != body.end() && !tools->is_null();
+  if (have) {
+    if (!tools->is_array() || tools->size() > 128) {
+      *err = BadRequest("'tools' must be an array of at most 128 function tools", "tools");
+      return false;
+    }
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      const json* fn = t.is_object() && t.contains("function") ? &t["function"] : nullptr;
+      const bool ok = fn != nullptr && t.value("type", std::string("function")) == "function" &&
+                      fn->is_object() && fn->contains("name") && (*fn)["name"].is_string() &&
+                      !(*fn)["name"].get_ref<const std::string&>().empty() &&
+                      (!fn->contains("parameters") || (*fn)["parameters"].is_object() ||
+                       (*fn)["parameters"].is_null());
+      if (!ok) {
+        *err = BadRequest(absl::StrCat("'tools[", i,
+                                       "]' must be {\"type\": \"function\", \"function\": "
+                                       "{\"name\": non-empty string, \"parameters\": object}}"),
+                          "tools");
+        return false;
+      }
+    }
+    if (!tools->empty()) {
+      r->tools_json = nlohmann::ordered_json::parse(text.begin(), text.end())["tools"].dump(
+          -1, ' ', false, json::error_handler_t::replace);
+    }
+  }
+  std::string choice = r->tools_json.empty() ? "none" : "auto";
+  if (auto tc = body.find("tool_choice"); tc != body.end() && !tc->is_null()) {
+    const bool named = tc->is_object() && tc->value("type", std::string()) == "function";
+    if (!named && !(tc->is_string() && (*tc == "none" || *tc == "auto" || *tc == "required"))) {
+      *err = BadRequest(
+          "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+          "\"function\": {\"name\": ...}}",
+          "tool_choice");
+      return false;
+    }
+    if (named || *tc == "required") {
+      *err = BadRequest(
+          "'tool_choice' \"required\" or a named function needs constrained decoding, which this "
+          "server does not have yet; use \"auto\" or \"none\"",
+          "tool_choice");
+      return false;
+    }
+    choice = tc->get<std::string>();
+    if (choice == "auto" && r->tools_json.empty()) {
+      *err = BadRequest("'tool_choice' \"auto\" needs 'tools'", "tool_choice");
+      return false;
+    }
+  }
+  if (!ReadBool(body, "parallel_tool_calls", &r->parallel_tool_calls, err)) return false;
+  r->parse_tool_calls = choice == "auto";
+  r->tool_call_format = model.tool_call_format;
+  return true;
+}
+
 json FinishJson(FinishReason reason) {
   return reason == FinishReason::kNone ? json(nullptr)
                                        : json(std::string(FinishReasonName(reason)));
@@ -431,6 +537,68 @@ std::string ErrorBody(const ApiError& e) {
 
 namespace {
 
+// Every field this API knows, on both endpoints: OpenAI's and vLLM's extra
+// parameters. Others are ignored and named in ParseOutcome::ignored_fields.
+constexpr std::string_view kKnownFields[] = {
+    // OpenAI, both endpoints
+    "model", "stream", "stream_options", "n", "max_tokens", "temperature", "top_p", "seed", "stop",
+    "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "metadata", "store",
+    "service_tier",
+    // OpenAI completions
+    "prompt", "echo", "suffix", "best_of",
+    // OpenAI chat
+    "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
+    "parallel_tool_calls", "functions", "function_call", "modalities", "audio", "prediction",
+    "reasoning_effort", "web_search_options",
+    // vLLM extra parameters
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "use_beam_search",
+    "length_penalty", "early_stopping", "min_tokens", "bad_words", "skip_special_tokens",
+    "include_stop_str_in_output", "spaces_between_special_tokens", "prompt_logprobs", "cache_salt",
+    "allowed_token_ids", "truncate_prompt_tokens", "logits_processors", "add_special_tokens",
+    "add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs",
+    "documents", "return_tokens_as_token_ids", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar", "guided_decoding_backend", "structured_outputs", "priority", "request_id"};
+
+std::span<const std::string_view> KnownFields(Endpoint) { return kKnownFields; }
+
+// Known fields this server does not implement: a 400 naming the field when
+// one holds anything but null or the value that means "off".
+struct NotImplemented {
+  std::string_view field;
+  const char* off;  // JSON text of the value accepted as a no-op; nullptr: none
+};
+constexpr NotImplemented kNotImplemented[] = {
+    {"prompt_logprobs", nullptr},
+    {"suffix", "\"\""},
+    {"functions", "[]"},
+    {"function_call", "\"none\""},
+    {"allowed_token_ids", nullptr},
+    {"truncate_prompt_tokens", nullptr},
+    {"logits_processors", nullptr},
+    {"chat_template", nullptr},
+    {"chat_template_kwargs", "{}"},
+    {"documents", nullptr},
+    {"add_generation_prompt", "true"},
+    {"continue_final_message", "false"},
+    {"return_tokens_as_token_ids", "false"},
+    {"spaces_between_special_tokens", "true"},
+    {"modalities", R"(["text"])"},
+    {"audio", nullptr},
+    {"prediction", nullptr},
+};
+
+bool CheckNotImplemented(const json& body, ApiError* err) {
+  for (const NotImplemented& f : kNotImplemented) {
+    const std::string field(f.field);
+    auto it = body.find(field);
+    if (it == body.end() || it->is_null()) continue;
+    if (f.off != nullptr && *it == json::parse(f.off)) continue;
+    *err = BadRequest(absl::StrCat("'", field, "' is not supported by this server"), field);
+    return false;
+  }
+  return true;
+}
+
 ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const ServedModel& model,
                                  const Tokenizer& tok, const ChatTemplate* chat_template) {
   ParseOutcome out;
@@ -482,20 +650,24 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
   }
   bool echo = false;
   if (!ReadBool(body, "echo", &echo, &out.error)) return out;
-  if (echo) {
-    out.error = BadRequest("'echo' is not supported", "echo");
+  if (echo && endpoint == Endpoint::kChat) {
+    out.error = BadRequest("'echo' is supported on /v1/completions only", "echo");
     return out;
   }
+  if (!CheckNotImplemented(body, &out.error)) return out;
+  out.ignored_fields = UnknownFields(body, KnownFields(endpoint));
   if (endpoint == Endpoint::kChat) {
     std::vector<ChatMessage> messages;
     if (!ReadMessages(body, &messages, &out.error)) return out;
-    absl::StatusOr<std::vector<int32_t>> ids = EncodeChat(chat_template, tok, messages);
+    if (!ReadTools(body, text, model, &r, &out.error)) return out;
+    absl::StatusOr<std::vector<int32_t>> ids =
+        EncodeChat(chat_template, tok, messages, r.tools_json);
     if (!ids.ok()) {
       out.error = BadRequest(std::string(ids.status().message()), "messages");
       return out;
     }
     r.prompts.push_back(*std::move(ids));
-  } else if (!ReadPrompts(body, tok, &r.prompts, &out.error)) {
+  } else if (!ReadPrompts(body, tok, &r.prompts, echo ? &r.echo_texts : nullptr, &out.error)) {
     return out;
   }
   size_t longest = 0;
@@ -524,6 +696,21 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
     if (d.top_k) r.params.top_k = *d.top_k;
   }
   if (!ReadSampling(body, endpoint, tok.vocab_size(), &r.params, &out.error)) return out;
+  if (r.parse_tool_calls) {
+    if (r.stream && r.params.logprobs >= 0) {
+      out.error =
+          BadRequest("'logprobs' is not supported in a stream parsed for tool calls", "logprobs");
+      return out;
+    }
+    // Mistral's [TOOL_CALLS] is a special token: keep it in the text (vLLM).
+    if (r.tool_call_format == ToolCallFormat::kMistral && !r.params.skip_special_tokens)
+      r.params.skip_special_tokens = false;
+  }
+  if (echo && r.params.logprobs >= 0) {
+    out.error = BadRequest(
+        "'echo' with 'logprobs' is not supported: the prompt's logprobs are not computed", "echo");
+    return out;
+  }
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     if (auto it = body.find(key); it != body.end() && !it->is_null()) r.max_tokens_given = true;
   }
@@ -556,9 +743,22 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
                    {"logprobs", LogprobsJson(r, c, tok, &text_offset)},
                    {"finish_reason", FinishJson(c.finish_reason)}};
     if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      json message = {{"role", "assistant"}, {"content", c.text}};
+      if (r.parse_tool_calls) {
+        ParsedToolCalls parsed = ParseToolCalls(r.tool_call_format, c.text);
+        if (!r.parallel_tool_calls && parsed.calls.size() > 1) parsed.calls.resize(1);
+        if (!parsed.calls.empty()) {
+          message["content"] = parsed.content.empty() ? json(nullptr) : json(parsed.content);
+          message["tool_calls"] = ToolCallsJson(parsed.calls);
+          choice["finish_reason"] = "tool_calls";
+        }
+      }
+      choice["message"] = std::move(message);
     } else {
-      choice["text"] = c.text;
+      choice["text"] =
+          r.echo_texts.empty()
+              ? c.text
+              : absl::StrCat(r.echo_texts[i / r.params.n % r.echo_texts.size()], c.text);
     }
     cs.push_back(std::move(choice));
   }
@@ -582,6 +782,8 @@ std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_
     if (first) delta["role"] = "assistant";
     if (!d.text.empty() || first) delta["content"] = d.text;
     choice["delta"] = std::move(delta);
+  } else if (first && !r.echo_texts.empty()) {
+    choice["text"] = absl::StrCat(r.echo_texts[index / r.params.n % r.echo_texts.size()], d.text);
   } else {
     choice["text"] = d.text;
   }
@@ -592,6 +794,65 @@ std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_
                 {"choices", json::array({choice})}};
   if (r.include_usage) chunk["usage"] = nullptr;
   return Dump(chunk);
+}
+
+std::vector<std::string> ToolStreamChunks(const ValidatedRequest& r, const std::string& id,
+                                          int64_t created, int index, const std::string& text,
+                                          FinishReason finish, ToolStreamState* st) {
+  std::vector<std::string> out;
+  auto chunk = [&](json delta, json finish_reason) {
+    if (!st->role_sent) {
+      delta["role"] = "assistant";
+      st->role_sent = true;
+    }
+    json choice = {{"index", index},
+                   {"logprobs", nullptr},
+                   {"delta", std::move(delta)},
+                   {"finish_reason", std::move(finish_reason)}};
+    json c = {{"id", id},
+              {"object", "chat.completion.chunk"},
+              {"created", created},
+              {"model", r.model},
+              {"choices", json::array({std::move(choice)})}};
+    if (r.include_usage) c["usage"] = nullptr;
+    out.push_back(Dump(c));
+  };
+  if (finish == FinishReason::kNone) {
+    const size_t certain = ToolCallFreeContentPrefix(r.tool_call_format, text);
+    if (certain > st->sent) {
+      chunk({{"content", text.substr(st->sent, certain - st->sent)}}, nullptr);
+      st->sent = certain;
+    } else if (!st->role_sent) {
+      chunk({{"content", ""}}, nullptr);
+    }
+    return out;
+  }
+  ParsedToolCalls parsed = ParseToolCalls(r.tool_call_format, text);
+  if (!r.parallel_tool_calls && parsed.calls.size() > 1) parsed.calls.resize(1);
+  if (parsed.calls.empty()) {
+    json delta = json::object();
+    if (text.size() > st->sent) delta["content"] = text.substr(st->sent);
+    chunk(std::move(delta), FinishJson(finish));
+  } else {
+    if (parsed.content.size() > st->sent) {
+      chunk({{"content", parsed.content.substr(st->sent)}}, nullptr);
+    }
+    for (size_t i = 0; i < parsed.calls.size(); ++i) {
+      const ToolCall& call = parsed.calls[i];
+      chunk(
+          {{"tool_calls", json::array({{{"index", i},
+                                        {"id", call.id},
+                                        {"type", "function"},
+                                        {"function", {{"name", call.name}, {"arguments", ""}}}}})}},
+          nullptr);
+      chunk({{"tool_calls",
+              json::array({{{"index", i}, {"function", {{"arguments", call.arguments}}}}})}},
+            nullptr);
+    }
+    chunk(json::object(), "tool_calls");
+  }
+  st->sent = text.size();
+  return out;
 }
 
 std::string UsageChunk(const ValidatedRequest& r, const std::string& id, int64_t created,

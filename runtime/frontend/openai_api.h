@@ -6,8 +6,9 @@
 // Follows the OpenAI API reference (completions: legacy text format with
 // `logprobs` = N; chat: `logprobs` bool + `top_logprobs` N) and vLLM's
 // extensions (top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids).
-// Unknown fields are ignored, as the OpenAI API does; a known field of the
-// wrong type or out of range is a 400 naming the field. All functions are
+// Unknown fields are ignored (ParseOutcome::ignored_fields), as the OpenAI API
+// and vLLM do; a known field of the wrong type or out of range, or one this
+// server does not implement, is a 400 naming the field. All functions are
 // thread-safe (no shared state); the Tokenizer and ChatTemplate are immutable.
 #ifndef PAGEDSERVE_RUNTIME_FRONTEND_OPENAI_API_H_
 #define PAGEDSERVE_RUNTIME_FRONTEND_OPENAI_API_H_
@@ -21,6 +22,7 @@
 #include "absl/status/status.h"
 #include "runtime/common/sampling_params.h"
 #include "runtime/engine/engine.h"
+#include "runtime/frontend/tool_calls.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -74,6 +76,18 @@ struct ValidatedRequest {
   // max_tokens (or max_completion_tokens) was in the request; otherwise it is
   // the endpoint's default (16; chat: the rest of the context).
   bool max_tokens_given = false;
+  // Completions `echo`: per prompt, its text (the string given, or its token
+  // ids decoded), put before each of its choices' text (the first chunk of a
+  // stream). Empty without echo. Choice c belongs to prompt c / n.
+  std::vector<std::string> echo_texts;
+  // Chat tool calling: `tools` as JSON text in the client's key order ("" for
+  // none; the chat template renders it), and whether the output is parsed
+  // into tool_calls (tools given and tool_choice "auto", its default then),
+  // in which format (ServedModel::tool_call_format).
+  std::string tools_json;
+  bool parse_tool_calls = false;
+  ToolCallFormat tool_call_format = ToolCallFormat::kHermes;
+  bool parallel_tool_calls = true;  // false: only the first call is returned
 };
 
 // The error for a refusal of EngineLoop::Submit (SubmitErrorKindOf): 400
@@ -98,14 +112,21 @@ struct ServedModel {
   int64_t max_model_len = 0;
   int32_t vocab_size = 0;
   SamplingDefaults defaults;
+  // --tool-call-parser, or the format the chat template's markers imply.
+  ToolCallFormat tool_call_format = ToolCallFormat::kHermes;
 };
 
 // Parses a request body. `chat_template` may be null (then `messages` is a 400).
 // Errors: 400 (bad JSON, missing / mistyped / out-of-range field, empty
 // prompt), 404 (model is not the served one).
+// A known field that is not implemented (prompt_logprobs, suffix, guided_*,
+// ...) with anything but null or its "off" value is a 400 naming it; a field
+// this API does not know is ignored and named in ignored_fields (the server
+// logs one warning line naming them, as vLLM does).
 struct ParseOutcome {
   std::optional<ValidatedRequest> request;
   ApiError error;
+  std::vector<std::string> ignored_fields;  // unknown top-level fields, sorted
 };
 ParseOutcome ParseRequest(Endpoint endpoint, std::string_view body, const ServedModel& model,
                           const Tokenizer& tokenizer, const ChatTemplate* chat_template);
@@ -138,6 +159,22 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
 std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
                         int index, const ChoiceState& delta, bool first, const Tokenizer& tokenizer,
                         size_t* text_offset);
+// Streaming a chat choice whose output is parsed for tool calls
+// (ValidatedRequest::parse_tool_calls): given the choice's whole text so far
+// and its finish reason (kNone while running), the chunks to send now.
+// Content that cannot be part of a call goes out as it comes
+// (ToolCallFreeContentPrefix); the rest is held back and, when the choice
+// finishes, parsed: each call as OpenAI streams it (a delta with index, id,
+// type and the name with empty arguments, then one with the arguments), then
+// finish_reason "tool_calls"; or, when it holds no call, as content. No
+// logprobs in these chunks (ParseRequest refuses logprobs with them).
+struct ToolStreamState {
+  size_t sent = 0;         // bytes of the text sent as content
+  bool role_sent = false;  // the first chunk carries the assistant role
+};
+std::vector<std::string> ToolStreamChunks(const ValidatedRequest& r, const std::string& id,
+                                          int64_t created, int index, const std::string& text,
+                                          FinishReason finish, ToolStreamState* state);
 // The final usage chunk of stream_options.include_usage (empty choices).
 std::string UsageChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
                        const UsageTotals& usage);

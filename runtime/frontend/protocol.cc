@@ -170,7 +170,10 @@ Check ReadMessages(const json& m, std::vector<ChatMessage>& msgs) {
     return Invalid(std::string(s.message()));
   }
   msgs.reserve(read.size());
-  for (auto& r : read) msgs.push_back(ChatMessage{std::move(r.role), std::move(r.content)});
+  for (auto& r : read) {
+    msgs.push_back(ChatMessage{std::move(r.role), std::move(r.content), std::move(r.tool_calls),
+                               std::move(r.tool_call_id), std::move(r.name)});
+  }
   return std::nullopt;
 }
 
@@ -328,7 +331,13 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
                                                      "guided_json",
                                                      "guided_regex",
                                                      "guided_choice",
-                                                     "guided_grammar"};
+                                                     "guided_grammar",
+                                                     "logit_bias",
+                                                     "min_tokens",
+                                                     "bad_words",
+                                                     "skip_special_tokens",
+                                                     "include_stop_str_in_output",
+                                                     "prompt_logprobs"};
   if (Check c = RejectUnknownFields(obj, kKnown, "generate")) return c;
   if (Check c = ReadPrompt(obj, opt, req)) return c;
   SamplingParams& sp = req.sampling;
@@ -339,6 +348,13 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
     return Invalid(std::string(so.status().message()));
   } else {
     sp.structured_output = so->constraint;
+  }
+  // The logit processors and output options: the rules of request_fields.h,
+  // shared with the HTTP API.
+  if (absl::Status s = ReadLogitProcessorFields(obj, opt.vocab_size, &sp); !s.ok())
+    return Invalid(std::string(s.message()));
+  if (Member(obj, "prompt_logprobs") != nullptr) {
+    return Invalid("field 'prompt_logprobs' is not supported by this server");
   }
   if (const json* j = Member(obj, "stream"))
     if (Check c = ReadBool(*j, "stream", req.stream)) return c;
@@ -476,7 +492,20 @@ json ToJson(const GenerateRequest& r) {
   } else {
     json m = json::array();
     for (const ChatMessage& c : std::get<std::vector<ChatMessage>>(r.prompt)) {
-      m.push_back({{"role", c.role}, {"content", c.content}});
+      json message = {{"role", c.role}, {"content", c.content}};
+      if (!c.tool_calls.empty()) {
+        // The template's form holds the arguments as an object; the wire's
+        // (OpenAI's) as JSON text.
+        json calls = json::parse(c.tool_calls);
+        for (json& call : calls) {
+          json& args = call["function"]["arguments"];
+          args = args.dump();
+        }
+        message["tool_calls"] = std::move(calls);
+      }
+      if (!c.tool_call_id.empty()) message["tool_call_id"] = c.tool_call_id;
+      if (!c.name.empty()) message["name"] = c.name;
+      m.push_back(std::move(message));
     }
     j["messages"] = std::move(m);
   }
@@ -512,6 +541,15 @@ json ToJson(const GenerateRequest& r) {
       j["early_stopping"] = s.early_stopping == EarlyStopping::kTrue;
     }
   }
+  if (!s.logit_bias.empty()) {
+    json bias = json::object();
+    for (const auto& [id, b] : s.logit_bias) bias[std::to_string(id)] = WireFloat(b);
+    j["logit_bias"] = std::move(bias);
+  }
+  if (s.min_tokens > 0) j["min_tokens"] = s.min_tokens;
+  if (!s.bad_words.empty()) j["bad_words"] = s.bad_words;
+  if (s.skip_special_tokens.has_value()) j["skip_special_tokens"] = *s.skip_special_tokens;
+  if (s.include_stop_str_in_output) j["include_stop_str_in_output"] = true;
   j["stream"] = r.stream;
   if (!r.cache_salt.empty()) j["cache_salt"] = r.cache_salt;
   return j;

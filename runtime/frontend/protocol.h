@@ -50,6 +50,11 @@ std::string_view ErrorCodeName(ErrorCode code);
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant" or "tool"
   std::string content;
+  // Tool calling in history, as pagedserve::ChatMessage holds them
+  // (runtime/tokenizer/chat_template.h): tool_calls as JSON text ("" none).
+  std::string tool_calls = {};
+  std::string tool_call_id = {};
+  std::string name = {};
   bool operator==(const ChatMessage&) const = default;
 };
 

@@ -1,5 +1,8 @@
 #include "runtime/frontend/request_fields.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -111,6 +114,76 @@ absl::StatusOr<StructuredOutput> FromStructuredOutputs(const json& so) {
   return out;
 }
 
+const json* Member(const json& body, const char* key) {
+  auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+absl::Status ReadOptionalBool(const json& body, const char* key, bool* out) {
+  const json* j = Member(body, key);
+  if (j == nullptr) return absl::OkStatus();
+  if (!j->is_boolean()) return FieldError(key, absl::StrCat("'", key, "' must be a boolean"));
+  *out = j->get<bool>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadLogitBias(const json& j, int32_t vocab, SamplingParams* p) {
+  if (!j.is_object()) {
+    return FieldError("logit_bias",
+                      "'logit_bias' must be an object mapping token ids (strings) to numbers");
+  }
+  if (j.size() > SamplingParams::kMaxLogitBias) {
+    return FieldError("logit_bias",
+                      absl::StrCat("'logit_bias' has ", j.size(), " entries, the limit is ",
+                                   SamplingParams::kMaxLogitBias));
+  }
+  p->logit_bias.clear();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    char* end = nullptr;
+    errno = 0;
+    const long long id = key.empty() || key.size() > 10 ? -1 : std::strtoll(key.c_str(), &end, 10);
+    if (id < 0 || id >= vocab || errno != 0 || end != key.c_str() + key.size()) {
+      std::string shown = key.size() > 20 ? key.substr(0, 17) + "..." : key;
+      return FieldError("logit_bias", absl::StrCat("'logit_bias' keys must be token ids in [0, ",
+                                                   vocab, "), got \"", shown, "\""));
+    }
+    if (!it->is_number()) {
+      return FieldError("logit_bias", absl::StrCat("'logit_bias' of token ", id,
+                                                   " must be a number, got ", it->type_name()));
+    }
+    const double bias = it->get<double>();
+    if (!(bias >= -100.0 && bias <= 100.0)) {
+      return FieldError("logit_bias", absl::StrCat("'logit_bias' of token ", id,
+                                                   " must be in [-100, 100], got ", bias));
+    }
+    p->logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+  }
+  // "1" and "01" name the same token.
+  std::vector<std::pair<int32_t, float>> sorted = p->logit_bias;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i].first == sorted[i - 1].first) {
+      return FieldError("logit_bias",
+                        absl::StrCat("'logit_bias' names token ", sorted[i].first, " twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadBadWords(const json& j, SamplingParams* p) {
+  if (!j.is_array()) return FieldError("bad_words", "'bad_words' must be an array of strings");
+  p->bad_words.clear();
+  for (size_t i = 0; i < j.size(); ++i) {
+    if (!j[i].is_string()) {
+      return FieldError(
+          "bad_words", absl::StrCat("bad_words[", i, "] must be a string, got ", j[i].type_name()));
+    }
+    p->bad_words.push_back(j[i].get<std::string>());
+  }
+  return absl::OkStatus();  // count and lengths: SamplingParams::Validate
+}
+
 }  // namespace
 
 absl::StatusOr<StructuredOutputField> StructuredOutputFromJson(const nlohmann::json& body) {
@@ -151,6 +224,37 @@ absl::StatusOr<StructuredOutputField> StructuredOutputFromJson(const nlohmann::j
     result.field = field;
   }
   return result;
+}
+absl::Status ReadLogitProcessorFields(const json& body, int32_t vocab_size, SamplingParams* p) {
+  if (const json* j = Member(body, "logit_bias")) {
+    const int32_t vocab = vocab_size > 0 ? vocab_size : INT32_MAX;
+    if (absl::Status s = ReadLogitBias(*j, vocab, p); !s.ok()) return s;
+  }
+  if (const json* j = Member(body, "min_tokens")) {
+    if (!j->is_number_integer() || (j->is_number_unsigned() && j->get<uint64_t>() > INT32_MAX) ||
+        j->get<int64_t>() < 0 || j->get<int64_t>() > INT32_MAX) {
+      return FieldError("min_tokens", "'min_tokens' must be an integer in [0, 2^31)");
+    }
+    p->min_tokens = static_cast<int>(j->get<int64_t>());
+  }
+  if (const json* j = Member(body, "bad_words")) {
+    if (absl::Status s = ReadBadWords(*j, p); !s.ok()) return s;
+  }
+  if (Member(body, "skip_special_tokens") != nullptr) {
+    bool skip = true;
+    if (absl::Status s = ReadOptionalBool(body, "skip_special_tokens", &skip); !s.ok()) return s;
+    p->skip_special_tokens = skip;
+  }
+  return ReadOptionalBool(body, "include_stop_str_in_output", &p->include_stop_str_in_output);
+}
+
+std::vector<std::string> UnknownFields(const json& body, std::span<const std::string_view> known) {
+  std::vector<std::string> out;
+  if (!body.is_object()) return out;
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (std::find(known.begin(), known.end(), it.key()) == known.end()) out.push_back(it.key());
+  }
+  return out;
 }
 
 }  // namespace pagedserve

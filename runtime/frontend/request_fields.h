@@ -10,9 +10,14 @@
 #include <string>
 
 #include "runtime/common/structured_output.h"
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json_fwd.hpp"
+#include "runtime/common/sampling_params.h"
 
 namespace pagedserve {
 
@@ -49,6 +54,28 @@ struct StructuredOutputField {
   std::string field;  // "" when the request has none
 };
 absl::StatusOr<StructuredOutputField> StructuredOutputFromJson(const nlohmann::json& body);
+
+// The logit processors and output options of issue 32, the same on every
+// front end (an absent or null field leaves *p unchanged):
+//   logit_bias                  object: token id as a decimal string -> number,
+//                               ids in [0, vocab_size), at most
+//                               SamplingParams::kMaxLogitBias entries (OpenAI);
+//   min_tokens                  integer >= 0;
+//   bad_words                   array of strings (SamplingParams::bad_words;
+//                               the engine tokenizes them);
+//   skip_special_tokens         boolean;
+//   include_stop_str_in_output  boolean.
+// vocab_size <= 0: token ids have no upper bound.
+// Ranges that need other fields (min_tokens <= max_tokens, the beam-search
+// rules) are SamplingParams::Validate's. Errors: InvalidArgument naming the
+// field (field_error.h).
+absl::Status ReadLogitProcessorFields(const nlohmann::json& body, int32_t vocab_size,
+                                      SamplingParams* p);
+
+// The body's keys that `known` does not hold, sorted (for one
+// warning log line naming them, as vLLM logs ignored fields).
+std::vector<std::string> UnknownFields(const nlohmann::json& body,
+                                       std::span<const std::string_view> known);
 
 }  // namespace pagedserve
 

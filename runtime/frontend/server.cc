@@ -328,7 +328,8 @@ struct Server::Impl {
     const auto& messages = std::get<std::vector<protocol::ChatMessage>>(g.prompt);
     std::vector<ChatMessage> chat;
     chat.reserve(messages.size());
-    for (const auto& m : messages) chat.push_back(ChatMessage{m.role, m.content});
+    for (const auto& m : messages)
+      chat.push_back(ChatMessage{m.role, m.content, m.tool_calls, m.tool_call_id, m.name});
     absl::StatusOr<std::vector<int32_t>> ids =
         EncodeChat(chat_template ? &*chat_template : nullptr, tok, chat);
     if (!ids.ok()) {

@@ -93,18 +93,58 @@ absl::Status CheckRow(std::span<const float> logits_row, const SamplerRow& row, 
   return absl::OkStatus();
 }
 
-// Step 1: the penalized row.
+// Output tokens the row has so far.
+std::span<const int32_t> OutputTokens(const SamplerRow& row) {
+  return row.token_history.subspan(row.prompt_len);
+}
+
+bool MinTokensActive(const SamplerRow& row) {
+  const SamplingParams& p = *row.params;
+  return p.min_tokens > 0 && !p.min_tokens_end_ids.empty() &&
+         OutputTokens(row).size() < static_cast<size_t>(p.min_tokens);
+}
+
+// Steps 0a-0c on `out` (a copy of the raw row): logit_bias added, then the
+// min_tokens end ids and the completed bad words set to -inf. Ids outside
+// the vocabulary are skipped (no such token can be sampled).
+void ApplyBiasAndMasks(const SamplerRow& row, std::vector<float>& out) {
+  const SamplingParams& p = *row.params;
+  const auto v = static_cast<int32_t>(out.size());
+  constexpr float kMax = std::numeric_limits<float>::max();
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id >= v || out[id] == kNegInf) continue;
+    out[id] = std::clamp(out[id] + bias, -kMax, kMax);
+  }
+  if (MinTokensActive(row)) {
+    for (int32_t id : p.min_tokens_end_ids) {
+      if (id < v) out[id] = kNegInf;
+    }
+  }
+  const auto output = OutputTokens(row);
+  for (const std::vector<int32_t>& word : p.bad_words_token_ids) {
+    const size_t prefix = word.size() - 1;
+    if (word.back() >= v || prefix > output.size()) continue;
+    if (std::equal(word.begin(), word.end() - 1, output.end() - prefix)) out[word.back()] = kNegInf;
+  }
+}
+
+// Step 1: the biased, masked and penalized row.
 // Finite inputs stay finite: results are clamped to +-FLT_MAX (a huge penalty can
-// otherwise overflow), so at least one finite logit always remains.
-// Returns `in` itself when no penalty applies (no copy).
+// otherwise overflow); only the masks (logit processors here, the structured
+// output mask in ApplyPenalties) make a finite logit -inf (the caller checks
+// that one finite logit remains). Returns `in` itself when nothing applies (no
+// copy).
 std::span<const float> ApplyPenaltiesOnly(std::span<const float> in, const SamplerRow& row,
                                           std::vector<float>& out) {
   const SamplingParams& p = *row.params;
   const bool repetition = p.repetition_penalty != 1.0f && !row.token_history.empty();
   const bool additive = (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) &&
                         static_cast<size_t>(row.prompt_len) < row.token_history.size();
-  if (!repetition && !additive) return in;
+  const bool processors =
+      !p.logit_bias.empty() || MinTokensActive(row) || !p.bad_words_token_ids.empty();
+  if (!repetition && !additive && !processors) return in;
   out.assign(in.begin(), in.end());
+  if (processors) ApplyBiasAndMasks(row, out);
   constexpr float kMax = std::numeric_limits<float>::max();
   auto clamp = [](float& v) {
     if (v > kMax) v = kMax;
@@ -138,6 +178,16 @@ std::span<const float> ApplyPenaltiesOnly(std::span<const float> in, const Sampl
     }
   }
   return out;
+}
+
+bool AllMasked(std::span<const float> w) {
+  return std::all_of(w.begin(), w.end(), [](float x) { return x == kNegInf; });
+}
+
+absl::Status AllMaskedError(const SamplerRow& row) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("sampler row of seq ", row.seq_id,
+                   ": min_tokens and bad_words mask every token the model allows"));
 }
 
 int32_t ArgMax(std::span<const float> v) {
@@ -355,6 +405,7 @@ absl::StatusOr<ProcessedDistribution> Sampler::Process(std::span<const float> lo
   if (absl::Status s = CheckRow(logits_row, row, vocab_size_, 0); !s.ok()) return s;
   std::vector<float> buf;
   const std::span<const float> w = ApplyPenalties(logits_row, row, buf);
+  if (w.data() != logits_row.data() && AllMasked(w)) return AllMaskedError(row);
   ProcessedDistribution out;
   if (row.params->greedy()) {
     out.token_ids = {ArgMax(w)};
@@ -405,6 +456,7 @@ absl::StatusOr<std::vector<SampledToken>> Sampler::Sample(std::span<const float>
 
   std::vector<SampledToken> out(first_out.back());
   const int64_t num_rows = static_cast<int64_t>(rows.size());
+  std::vector<uint8_t> all_masked(rows.size(), 0);
 #pragma omp parallel for schedule(dynamic, 1) if (num_rows > 1)
   for (int64_t r = 0; r < num_rows; ++r) {
     const SamplerRow& row = rows[r];
@@ -412,6 +464,10 @@ absl::StatusOr<std::vector<SampledToken>> Sampler::Sample(std::span<const float>
     const auto raw = logits.subspan(static_cast<size_t>(r) * v, v);
     std::vector<float> buf;
     const std::span<const float> w = ApplyPenalties(raw, row, buf);
+    if (w.data() != raw.data() && AllMasked(w)) {
+      all_masked[r] = 1;
+      continue;
+    }
     std::vector<Cand> cands;
     int32_t greedy_token = -1;
     if (p.greedy()) {
@@ -432,6 +488,9 @@ absl::StatusOr<std::vector<SampledToken>> Sampler::Sample(std::span<const float>
         t.top_logprobs = lp.top_logprobs;
       }
     }
+  }
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (all_masked[r] != 0) return AllMaskedError(rows[r]);
   }
   return out;
 }

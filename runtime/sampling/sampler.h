@@ -3,6 +3,16 @@
 //
 // Per row the logits are processed in the order of Hugging Face transformers'
 // generate() and vLLM:
+//   0a. logit_bias  OpenAI's: bias added to the raw logit of each listed token
+//                   (before everything else; the sum is clamped to +-FLT_MAX).
+//   0b. min_tokens  while the row has fewer than min_tokens output tokens, the
+//                   end tokens (SamplingParams::min_tokens_end_ids) are set to
+//                   -inf (vLLM's MinTokensLogitsProcessor).
+//   0c. bad_words   each banned sequence's last token is set to -inf when the
+//                   output tokens end with the sequence's other tokens (a
+//                   one-token word always; vLLM's bad-words processor, which
+//                   also looks at output tokens only).
+//                   Ids outside [0, vocab_size) in 0a-0c are skipped.
 //   1. penalties   repetition penalty (CTRL, Keskar et al. 2019, as in HF's
 //                  RepetitionPenaltyLogitsProcessor): every token id that occurs in
 //                  the prompt or the output so far has its logit divided by the
@@ -46,8 +56,8 @@
 // SamplingParams (SamplingParams::Validate), num_samples outside [1, 64] (n's range),
 // a token id in the history outside [0, vocab_size), prompt_len outside
 // [0, history length], a NaN or +inf logit, a row whose logits are all -inf, or
-// a row whose allowed_tokens leave no finite logit. No partial result
-// on error.
+// a row whose allowed_tokens leave no finite logit, or one that is all -inf
+// after the masks of 0b-0c and 1b. No partial result on error.
 //
 // Thread safety: a Sampler is not thread-safe (it owns the unseeded generator and
 // scratch buffers); rows of one call are processed in parallel with OpenMP.

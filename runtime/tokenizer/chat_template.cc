@@ -2,6 +2,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "runtime/chat/json_value.h"
 
 namespace pagedserve {
 namespace {
@@ -50,6 +52,16 @@ std::string DefaultSystemPrompt(std::string_view source) {
   return "";
 }
 
+// JSON text -> a template value, objects in their key order (json_value.h).
+absl::StatusOr<chat::Value> OrderedJsonValue(std::string_view text, std::string_view what) {
+  try {
+    return chat::FromJson(nlohmann::ordered_json::parse(text.begin(), text.end()));
+  } catch (const nlohmann::ordered_json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chat template: ", std::string(what), ": ", e.what()));
+  }
+}
+
 absl::Status Prefixed(const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("chat template: ", status.message()));
 }
@@ -68,22 +80,37 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Create(std::string_view source, std::
   if (t.family_ == ChatTemplateFamily::kChatMl) t.default_system_ = DefaultSystemPrompt(source);
   t.bos_ = std::move(bos_token);
   t.eos_ = std::move(eos_token);
+  t.source_ = std::string(source);
   return t;
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(std::span<const ChatMessage> messages,
-                                                 bool add_generation_prompt) const {
+                                                 bool add_generation_prompt,
+                                                 std::string_view tools_json) const {
   std::vector<chat::Value> list;
   list.reserve(messages.size());
   for (const ChatMessage& m : messages) {
     chat::Dict message;
     message.Set("role", chat::Value(m.role));
     message.Set("content", chat::Value(m.content));
+    if (!m.tool_calls.empty()) {
+      absl::StatusOr<chat::Value> calls = OrderedJsonValue(m.tool_calls, "tool_calls");
+      if (!calls.ok()) return calls.status();
+      message.Set("tool_calls", *std::move(calls));
+    }
+    if (!m.tool_call_id.empty()) message.Set("tool_call_id", chat::Value(m.tool_call_id));
+    if (!m.name.empty()) message.Set("name", chat::Value(m.name));
     list.push_back(chat::Value::FromDict(std::move(message)));
   }
   chat::Dict vars;
   vars.Set("messages", chat::Value::List(std::move(list)));
-  vars.Set("tools", chat::Value(nullptr));
+  if (tools_json.empty()) {
+    vars.Set("tools", chat::Value(nullptr));
+  } else {
+    absl::StatusOr<chat::Value> tools = OrderedJsonValue(tools_json, "tools");
+    if (!tools.ok()) return tools.status();
+    vars.Set("tools", *std::move(tools));
+  }
   vars.Set("documents", chat::Value(nullptr));
   vars.Set("add_generation_prompt", chat::Value(add_generation_prompt));
   vars.Set("bos_token", chat::Value(bos_));

@@ -5,7 +5,9 @@
 // for byte (tests/chat: llama.cpp's corpus of real templates).
 //
 // The template sees what transformers passes it: `messages` (a list of
-// {"role", "content"} dicts), `tools` and `documents` (None),
+// {"role", "content"} dicts, with "tool_calls", "tool_call_id" and "name"
+// where the message has them), `tools` (the request's list, JSON objects
+// in the client's key order, or None) and `documents` (None),
 // `add_generation_prompt`, `bos_token` and `eos_token`; strftime_now reads the
 // local time. family() and default_system_prompt() describe the template
 // (from marker strings) and do not change how it renders.
@@ -24,6 +26,15 @@ namespace pagedserve {
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant", "tool" ...
   std::string content;
+  // Tool calling (OpenAI's message fields, as Hugging Face templates read
+  // them). tool_calls: an assistant turn's calls as JSON text, an array of
+  // {"id", "type": "function", "function": {"name", "arguments": {...}}} with
+  // the arguments as an object (the front end parses OpenAI's string, as vLLM
+  // does), keys in the client's order; "" for none. tool_call_id and name: a
+  // tool turn's call id and function name; "" for none.
+  std::string tool_calls = {};
+  std::string tool_call_id = {};
+  std::string name = {};
 };
 
 // The family a template's markers suggest: "<|im_start|>" ChatML (SmolLM2,
@@ -48,8 +59,14 @@ class ChatTemplate {
   // refuses the conversation (raise_exception, e.g. roles that do not
   // alternate) or fails on it; ResourceExhausted when it crosses the engine's
   // limits. Thread-safe.
+  // tools_json: the OpenAI `tools` array as JSON text ("" = None). A
+  // ChatMessage::tool_calls or tools_json that is not valid JSON is
+  // InvalidArgument.
   absl::StatusOr<std::string> Render(std::span<const ChatMessage> messages,
-                                     bool add_generation_prompt) const;
+                                     bool add_generation_prompt,
+                                     std::string_view tools_json = {}) const;
+  // The template's text (the tool-call format is chosen from its markers).
+  const std::string& source() const { return source_; }
 
  private:
   explicit ChatTemplate(chat::Template engine) : engine_(std::move(engine)) {}
@@ -58,6 +75,7 @@ class ChatTemplate {
   std::string default_system_;
   std::string bos_;
   std::string eos_;
+  std::string source_;
 };
 
 }  // namespace pagedserve

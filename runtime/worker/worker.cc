@@ -28,12 +28,16 @@ std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
 // valid params without beams (whose scores need every logprob), and
 // num_samples within the sampler's [1, 64], are a plain argmax when greedy
 // without penalties or logprobs and the sampler's steps 1-7 (with its
-// logprobs) otherwise; anything else goes to the sampler as logits (which
+// logprobs) otherwise; rows with logit_bias, min_tokens or bad_words and
+// anything else go to the sampler as logits (which
 // also reports the errors).
 RowSampling::Mode ReducibleMode(const SamplingParams& p, int32_t num_samples) {
   // Structured output masks the logits on the host (Sampler, allowed_tokens).
   if (p.use_beam_search || num_samples < 1 || num_samples > 64 || !p.Validate().ok() ||
       p.structured_output.active())
+    return RowSampling::Mode::kLogits;
+  // The sampler's steps 1a-1c (logit_bias, min_tokens, bad_words) run on the host.
+  if (!p.logit_bias.empty() || p.min_tokens > 0 || !p.bad_words_token_ids.empty())
     return RowSampling::Mode::kLogits;
   const bool penalties =
       p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;

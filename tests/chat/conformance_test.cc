@@ -18,6 +18,8 @@
 #include "nlohmann/json.hpp"
 #include "runtime/chat/json_value.h"
 #include "runtime/chat/template.h"
+#include "runtime/frontend/chat_messages.h"
+#include "runtime/tokenizer/chat_template.h"
 
 namespace pagedserve::chat {
 namespace {
@@ -198,6 +200,58 @@ TEST_F(ConformanceTest, EveryTemplateRendersAsJinja2) {
             << errors << " jinja2 errors matched)\n";
   RecordProperty("identical_templates", identical);
   EXPECT_EQ(identical, total);
+}
+
+// Issue 32: the OpenAI request path for tools (ReadChatMessages -> ChatMessage
+// with tool_calls / tool_call_id / name, `tools` as ordered JSON text ->
+// ChatTemplate::Render) gives what transformers' apply_chat_template gives
+// for the fixture's tool conversations, on every template that does not read
+// the clock. The OpenAI form carries a call's arguments as a JSON string; the
+// front end parses it back into the object the templates expect (as vLLM).
+TEST_F(ConformanceTest, OpenAiToolRequestsRenderAsTransformers) {
+  const std::string dir = TemplatesDir();
+  int compared = 0, with_tools = 0;
+  for (const auto& [name, entry] : fixture_["templates"].items()) {
+    if (entry.contains("error")) continue;
+    const std::string source = ReadFile(absl::StrCat(dir, "/", name));
+    ASSERT_EQ(Fnv1a64(source), entry["fnv1a64"].get<std::string>()) << name;
+    if (source.find("strftime_now") != std::string::npos) continue;
+    absl::StatusOr<ChatTemplate> tmpl = ChatTemplate::Create(
+        source, fixture_["bos_token"].get<std::string>(), fixture_["eos_token"].get<std::string>());
+    ASSERT_TRUE(tmpl.ok()) << name << ": " << tmpl.status();
+    std::vector<std::string> outputs;
+    bool uses_tools = false;
+    for (const Json& c : entry["cases"]) {
+      outputs.push_back(ExpectedOutput(c, outputs));
+      const Json& conversation = fixture_["conversations"][c["conversation"].get<int>()];
+      const std::string conv = conversation["name"].get<std::string>();
+      if ((conv != "tools" && conv != "tool_call") || !c.contains("output")) continue;
+      Json openai_messages = conversation["messages"];
+      for (Json& m : openai_messages) {
+        if (!m.contains("tool_calls")) continue;
+        for (Json& call : m["tool_calls"]) {
+          call["function"]["arguments"] = call["function"]["arguments"].dump();
+        }
+      }
+      std::vector<pagedserve::ChatMessage> messages;
+      absl::Status read = ReadChatMessages(nlohmann::json::parse(openai_messages.dump()),
+                                           /*strict=*/false, &messages);
+      ASSERT_TRUE(read.ok()) << read;
+      absl::StatusOr<std::string> got = tmpl->Render(
+          messages, c["add_generation_prompt"].get<bool>(), conversation["tools"].dump());
+      ASSERT_TRUE(got.ok()) << name << " " << conv << ": " << got.status();
+      EXPECT_EQ(*got, outputs.back())
+          << name << " " << conv << ": " << Difference(outputs.back(), *got);
+      ++compared;
+      // A template that renders the tools differs from its render without them.
+      uses_tools |= source.find("tools") != std::string::npos;
+    }
+    with_tools += uses_tools;
+  }
+  std::cout << "chat tools: " << compared << " renders through the OpenAI path compared, "
+            << with_tools << " templates read tools\n";
+  EXPECT_GT(compared, 100);
+  EXPECT_GT(with_tools, 15);
 }
 
 }  // namespace

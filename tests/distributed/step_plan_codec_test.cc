@@ -30,6 +30,10 @@ SamplingParams FullSampling(int salt) {
   s.logprobs = 5;
   s.structured_output = {StructuredOutput::Kind::kJsonSchema,
                          std::string("{\"type\":\"string\"}\0", 18) + std::to_string(salt)};
+  s.logit_bias = {{7, -100.0f}, {11 + salt, 2.5f}};
+  s.min_tokens = 4;
+  s.min_tokens_end_ids = {2, 3};
+  s.bad_words_token_ids = {{5}, {6, 8 + salt, 9}};
   return s;
 }
 
@@ -100,6 +104,10 @@ void ExpectSamplingEq(const SamplingParams& a, const SamplingParams& b) {
   EXPECT_EQ(a.ignore_eos, b.ignore_eos);
   EXPECT_EQ(a.logprobs, b.logprobs);
   EXPECT_EQ(a.structured_output, b.structured_output);
+  EXPECT_EQ(a.logit_bias, b.logit_bias);
+  EXPECT_EQ(a.min_tokens, b.min_tokens);
+  EXPECT_EQ(a.min_tokens_end_ids, b.min_tokens_end_ids);
+  EXPECT_EQ(a.bad_words_token_ids, b.bad_words_token_ids);
 }
 
 void ExpectPlanEq(const StepPlan& a, const StepPlan& b) {

@@ -262,6 +262,79 @@ TEST(EngineLogicTest, EosAndStopTokenIdsEndWithoutTheirText) {
   ExpectAllFreed(*e);
 }
 
+// Issue 32's output options: include_stop_str_in_output keeps the stop
+// string; before min_tokens outputs no stop string ends a sample (vLLM);
+// skip_special_tokens per request.
+TEST(EngineLogicTest, StopStringOptionsAndMinTokens) {
+  const std::vector<int32_t> out = Ids(" a b c d e");
+  ASSERT_EQ(out.size(), 5u);
+  std::vector<int32_t> special = Ids(" x");
+  special.push_back(Tok().bos_id() >= 0 ? Tok().bos_id() : 0);  // "<|im_start|>"-like
+  special.push_back(Ids(" y")[0]);
+  auto e = MakeEngine({{Key("A"), {out}}, {Key("B"), {special}}});
+  EngineRequest keep = Req("keep", Ids("A"), 5, {" c"});
+  keep.params.include_stop_str_in_output = true;
+  ASSERT_TRUE(e->AddRequest(keep).ok());
+  ASSERT_TRUE(e->AddRequest(Req("cut", Ids("A 1"), 5, {" b"})).ok());  // negative control
+  EngineRequest late = Req("late", Ids("A 2"), 5, {" b"});
+  late.params.min_tokens = 3;  // " b" is output 2: not matched, ever
+  ASSERT_TRUE(e->AddRequest(late).ok());
+  EngineRequest late_d = Req("late_d", Ids("A 3"), 5, {" b", " d"});
+  late_d.params.min_tokens = 3;  // " d" is output 4: matched
+  ASSERT_TRUE(e->AddRequest(late_d).ok());
+  EngineRequest raw = Req("raw", Ids("B"), 3);
+  raw.params.skip_special_tokens = false;
+  ASSERT_TRUE(e->AddRequest(raw).ok());
+  ASSERT_TRUE(e->AddRequest(Req("skip", Ids("B 1"), 3)).ok());
+  auto all = RunAll(*e);
+  EXPECT_EQ(all["keep"].text[0], " a b c");
+  EXPECT_EQ(all["keep"].reason[0], "stop");
+  EXPECT_EQ(all["cut"].text[0], " a");
+  EXPECT_EQ(all["late"].text[0], " a b c d e");
+  EXPECT_EQ(all["late"].reason[0], "length");
+  EXPECT_EQ(all["late_d"].text[0], " a b c");
+  EXPECT_EQ(all["late_d"].reason[0], "stop");
+  const std::string special_text = Tok().TokenBytes(special[1], false, DecodeOptions{false});
+  ASSERT_FALSE(special_text.empty());
+  EXPECT_NE(all["raw"].text[0].find(special_text), std::string::npos) << all["raw"].text[0];
+  EXPECT_EQ(all["skip"].text[0].find(special_text), std::string::npos) << all["skip"].text[0];
+  ExpectAllFreed(*e);
+}
+
+// The scheduler hands min_tokens' end ids (EOS unless ignore_eos, and
+// stop_token_ids) to the workers; bad words are tokenized the way vLLM does.
+TEST(EngineLogicTest, MinTokensEndIdsAndBadWordTokens) {
+  SchedulerConfig c;
+  c.block_size = 16;
+  c.num_device_blocks = 8;
+  c.max_model_len = 64;
+  auto sched = Scheduler::Create(c, {2, 0});
+  ASSERT_TRUE(sched.ok());
+  Request r;
+  r.request_id = "m";
+  r.prompt_token_ids = {5, 6};
+  r.params.min_tokens = 3;
+  r.params.stop_token_ids = {9, 2};
+  ASSERT_TRUE((*sched)->AddRequest(r).ok());
+  r.request_id = "i";
+  r.params.ignore_eos = true;
+  ASSERT_TRUE((*sched)->AddRequest(r).ok());
+  EXPECT_EQ((*sched)->FindRequest("m")->step_params.min_tokens_end_ids,
+            (std::vector<int32_t>{0, 2, 9}));
+  EXPECT_EQ((*sched)->FindRequest("i")->step_params.min_tokens_end_ids,
+            (std::vector<int32_t>{2, 9}));
+  EXPECT_TRUE((*sched)->FindRequest("m")->params.min_tokens_end_ids.empty());
+
+  // " hello" differs from "hello" in its first token: both forms are banned.
+  const auto words = BadWordTokenIds("  hello", Tok());
+  EncodeOptions eo;
+  eo.add_special_tokens = false;
+  ASSERT_EQ(words.size(), 2u);
+  EXPECT_EQ(words[0], Tok().Encode("hello", eo));
+  EXPECT_EQ(words[1], Tok().Encode(" hello", eo));
+  EXPECT_TRUE(BadWordTokenIds("   ", Tok()).empty());
+}
+
 TEST(EngineLogicTest, Utf8NeverBrokenAndStopInsideEmoji) {
   const std::vector<int32_t> out = Ids(" ok 🙂👍🏽 done ünïcödé");
   auto e = MakeEngine({{Key("A"), {out}}, {Key("B"), {out}}});

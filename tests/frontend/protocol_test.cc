@@ -254,6 +254,22 @@ TEST(ProtocolTest, ValidRequestsRoundTrip) {
   // Floats travel in their shortest form.
   EXPECT_NE(SerializeRequest(g).find("\"temperature\":0.7,"), std::string::npos)
       << SerializeRequest(g);
+  // Issue 32: the logit processors, output options and tool history travel too.
+  g.sampling.logit_bias = {{11, 2.5f}, {7, -100.0f}};  // the wire's (string) key order
+  g.sampling.min_tokens = 3;
+  g.sampling.bad_words = {"foo", " bar baz"};
+  g.sampling.skip_special_tokens = false;
+  g.sampling.include_stop_str_in_output = true;
+  g.prompt = std::vector<ChatMessage>{
+      {"user", "weather?"},
+      {"assistant", "",
+       R"([{"id":"c1","type":"function","function":{"name":"f","arguments":{"a":1}}}])"},
+      {"tool", "21", "", "c1", "f"}};
+  {
+    ParseResult back = ParseRequest(SerializeRequest(g));
+    ASSERT_TRUE(back.ok()) << back.error.message << "\n" << SerializeRequest(g);
+    EXPECT_TRUE(*back.request == Request{g}) << SerializeRequest(g);
+  }
   g.prompt = std::string("plain text");
   EXPECT_TRUE(*ParseRequest(SerializeRequest(g)).request == Request{g});
   g.prompt = std::vector<int32_t>{5, 6, 7};

@@ -337,6 +337,31 @@ class ProtocolTest(unittest.TestCase):
         # A sequence ended by a stop string frees its blocks without another request.
         self.assertEqual(wait_drained(), (0, 0, 0))
 
+    def test_logit_processors_and_output_options(self):
+        """Issue 32's fields over protocol v1: the same effects as on the HTTP API."""
+        base = dict(prompt="1, 2, 3, 4,", max_tokens=6, temperature=0, ignore_eos=True)
+        _, ref = self.generate("lp0", **base)
+        out = ref["outputs"][0]
+        first = out["token_ids"][0]
+        _, f = self.generate("lp1", logit_bias={str(first): -100}, **base)
+        self.assertEqual(f["type"], "final", f)
+        self.assertNotEqual(f["outputs"][0]["token_ids"][0], first)
+        _, f = self.generate("lp2", logit_bias={"7": 100}, **base)
+        self.assertEqual(f["outputs"][0]["token_ids"], [7] * 6)
+        stop = out["text"][2:5]
+        cut = out["text"].index(stop)
+        _, f = self.generate("lp3", stop=[stop], include_stop_str_in_output=True, **base)
+        self.assertEqual(f["outputs"][0]["text"], out["text"][:cut + len(stop)])
+        _, f = self.generate("lp4", stop=[stop], min_tokens=6, **base)
+        self.assertEqual(f["outputs"][0]["text"], out["text"])
+        word = out["text"].split()[0]
+        _, f = self.generate("lp5", bad_words=[word], **base)
+        self.assertNotEqual(f["outputs"][0]["text"], out["text"])
+        for rid, fields in (("lp6", {"logit_bias": {"1": 101}}), ("lp7", {"min_tokens": 7}),
+                            ("lp8", {"bad_words": [""]}), ("lp9", {"prompt_logprobs": 1})):
+            _, err = self.generate(rid, **base, **fields)
+            self.assertEqual((err["type"], err["code"]), ("error", "invalid_request"), err)
+
     def test_abort(self):
         self.raw.send(gen("ab", prompt="Count to a thousand", max_tokens=200, ignore_eos=True, stream=True))
         first = self.raw.recv()

@@ -278,6 +278,102 @@ class OpenAiClientTest(unittest.TestCase):
                                       extra_body={"use_beam_search": True})
         self.assertIn("temperature must be 0", str(e.exception))
 
+    def test_logit_processors_and_output_options(self):
+        """Issue 32: logit_bias, min_tokens, bad_words, include_stop_str_in_output, echo,
+        skip_special_tokens, each against the same greedy request without it."""
+        kw = dict(model=self.m, prompt="1, 2, 3, 4,", max_tokens=8, temperature=0)
+        base = self.c.completions.create(**kw, logprobs=0, extra_body={"ignore_eos": True}).choices[0]
+        first = self.tokenize(base.logprobs.tokens[0], add_special_tokens=False)
+        self.assertEqual(len(first), 1, base.logprobs.tokens)
+        # logit_bias -100 on the greedy first token: another token comes first.
+        r = self.c.completions.create(**kw, logprobs=0, logit_bias={str(first[0]): -100},
+                                      extra_body={"ignore_eos": True}).choices[0]
+        self.assertNotEqual(r.logprobs.tokens[0], base.logprobs.tokens[0])
+        # +100 on a token the model would not choose makes it every token.
+        forced = self.tokenize(" banana", add_special_tokens=False)[0]
+        r = self.c.completions.create(**kw, logit_bias={str(forced): 100}).choices[0]
+        self.assertEqual(r.text, " banana" * 8)
+        # bad_words: the greedy continuation's first word never appears.
+        word = base.text.split()[0]
+        r = self.c.completions.create(**kw, extra_body={"bad_words": [word], "ignore_eos": True}).choices[0]
+        self.assertNotEqual(r.text.split()[0] if r.text.split() else "", word)
+        self.assertNotEqual(r.text, base.text)
+        # include_stop_str_in_output keeps the stop string; min_tokens past it ignores it.
+        stop = base.text[3:6]
+        cut = base.text.index(stop)
+        r = self.c.completions.create(**kw, stop=[stop], extra_body={"include_stop_str_in_output": True})
+        self.assertEqual(r.choices[0].text, base.text[:cut + len(stop)])
+        r = self.c.completions.create(**kw, stop=[stop], extra_body={"min_tokens": 8, "ignore_eos": True})
+        self.assertEqual(r.choices[0].text, base.text)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        # min_tokens masks EOS: a chat that ends early runs to min_tokens.
+        msgs = [{"role": "user", "content": "Say OK."}]
+        short = self.c.chat.completions.create(model=self.m, messages=msgs, max_tokens=64, temperature=0)
+        self.assertEqual(short.choices[0].finish_reason, "stop")
+        n = short.usage.completion_tokens + 5
+        longer = self.c.chat.completions.create(model=self.m, messages=msgs, max_tokens=64, temperature=0,
+                                                extra_body={"min_tokens": n})
+        self.assertGreaterEqual(longer.usage.completion_tokens, n)
+        # echo: the prompt first, streamed and not.
+        r = self.c.completions.create(**kw, echo=True, extra_body={"ignore_eos": True})
+        self.assertEqual(r.choices[0].text, kw["prompt"] + base.text)
+        chunks = list(self.c.completions.create(**kw, echo=True, stream=True,
+                                                extra_body={"ignore_eos": True}))
+        self.assertEqual("".join(c.choices[0].text for c in chunks if c.choices), kw["prompt"] + base.text)
+        # skip_special_tokens false: the chat template's end token shows in the text.
+        ids = self.tokenize("<|im_end|>", add_special_tokens=False)
+        self.assertEqual(len(ids), 1)
+        r = self.c.completions.create(model=self.m, prompt="Hi", max_tokens=2, temperature=0,
+                                      logit_bias={str(ids[0]): 100},
+                                      extra_body={"skip_special_tokens": False, "ignore_eos": True})
+        self.assertIn("<|im_end|>", r.choices[0].text)
+        # Known, not implemented: a 400 naming the field.
+        for field, value in [("prompt_logprobs", 1), ("suffix", "x")]:
+            status, body = http("POST", SERVER.url + "/v1/completions",
+                                {"model": self.m, "prompt": "x", field: value})
+            self.assertEqual((status, body["error"]["param"]), (400, field), body)
+        status, body = http("POST", SERVER.url + "/v1/completions",
+                            {"model": self.m, "prompt": "x", "echo": True, "logprobs": 1})
+        self.assertEqual((status, body["error"]["param"]), (400, "echo"), body)
+        # An unknown field is ignored, and one warning line names it (vLLM's behaviour).
+        status, body = http("POST", SERVER.url + "/v1/completions",
+                            {"model": self.m, "prompt": "x", "max_tokens": 1, "zeta_unknown_field": 1})
+        self.assertEqual(status, 200, body)
+        self.assertRegex(SERVER.logs(), r"warn.*\"zeta_unknown_field\"")
+
+    def test_tools_through_the_sdk(self):
+        """Issue 32: tools / tool_choice / tool history through the official client, streamed
+        and not (the SmolLM2 template renders no tools; what is parsed is the model's text)."""
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}}]
+        msgs = [{"role": "user", "content": "What is the weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_abc", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_abc", "content": "21 C, clear"}]
+        kw = dict(model=self.m, messages=msgs, tools=tools, max_tokens=12, temperature=0)
+        r = self.c.chat.completions.create(tool_choice="auto", **kw)
+        choice = r.choices[0]
+        self.assertIn(choice.finish_reason, ("stop", "length", "tool_calls"))
+        for call in choice.message.tool_calls or []:
+            self.assertTrue(call.id.startswith("call_"))
+            json.loads(call.function.arguments)
+        text = "".join(c.choices[0].delta.content or "" for c in
+                       self.c.chat.completions.create(tool_choice="auto", stream=True, **kw) if c.choices)
+        if not choice.message.tool_calls:
+            self.assertEqual(text, choice.message.content)
+        none = self.c.chat.completions.create(tool_choice="none", **kw).choices[0]
+        self.assertIsNone(none.message.tool_calls)
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.c.chat.completions.create(tool_choice="required", **kw)
+        self.assertIn("tool_choice", str(e.exception))
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.c.chat.completions.create(
+                tool_choice={"type": "function", "function": {"name": "get_weather"}}, **kw)
+        self.assertIn("tool_choice", str(e.exception))
+
     def test_errors_through_the_sdk(self):
         with self.assertRaises(openai.NotFoundError):
             self.c.completions.create(model="no-such-model", prompt="x", max_tokens=1)

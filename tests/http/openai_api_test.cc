@@ -181,7 +181,8 @@ TEST(OpenAiApiTest, WrongTypesAndValuesName) {
             std::make_pair(400, std::string("seed")));
   EXPECT_EQ(Refused(R"({"prompt": "x", "stream": "yes"})"),
             std::make_pair(400, std::string("stream")));
-  EXPECT_EQ(Refused(R"({"prompt": "x", "echo": true})"), std::make_pair(400, std::string("echo")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "echo": true, "logprobs": 1})"),
+            std::make_pair(400, std::string("echo")));
   // Token-id prompts: the message says what is wrong with which element.
   ParseOutcome nested = Completions(R"({"prompt": [[[1, 2]]]})");
   EXPECT_EQ(nested.error.message, "'prompt' must hold integer token ids; element 0 is array");
@@ -466,6 +467,181 @@ TEST(OpenAiApiTest, StreamedTextOffsetsMatchTheWholeResponse) {
   EXPECT_EQ(streamed, want);
 }
 
+// Issue 32's request fields: parsed into SamplingParams, refused naming the field.
+TEST(OpenAiApiTest, LogitProcessorAndOutputFields) {
+  ParseOutcome o = Completions(R"({"prompt": "x", "max_tokens": 9, "logit_bias": {"7": -100,
+      "49151": 2.5}, "min_tokens": 3, "bad_words": ["foo", " bar baz"],
+      "skip_special_tokens": false, "include_stop_str_in_output": true})");
+  ASSERT_TRUE(o.request.has_value()) << o.error.message;
+  const SamplingParams& p = o.request->params;
+  std::vector<std::pair<int32_t, float>> bias = p.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<int32_t, float>>{{7, -100.0f}, {49151, 2.5f}}));
+  EXPECT_EQ(p.min_tokens, 3);
+  EXPECT_EQ(p.bad_words, (std::vector<std::string>{"foo", " bar baz"}));
+  EXPECT_EQ(p.skip_special_tokens, std::optional<bool>(false));
+  EXPECT_TRUE(p.include_stop_str_in_output);
+  EXPECT_FALSE(Completions(R"({"prompt": "x"})").request->params.skip_special_tokens.has_value());
+  const std::pair<std::string, std::string> refused[] = {
+      {R"("logit_bias": {"49152": 1})", "logit_bias"},
+      {R"("logit_bias": {"x": 1})", "logit_bias"},
+      {R"("logit_bias": {"-1": 1})", "logit_bias"},
+      {R"("logit_bias": {"1": 100.5})", "logit_bias"},
+      {R"("logit_bias": {"1": "a"})", "logit_bias"},
+      {R"("logit_bias": {"1": 1, "01": 2})", "logit_bias"},
+      {R"("logit_bias": [1])", "logit_bias"},
+      {R"("min_tokens": -1)", "min_tokens"},
+      {R"("min_tokens": 17)", "min_tokens"},  // > max_tokens (16)
+      {R"("min_tokens": 1.5)", "min_tokens"},
+      {R"("bad_words": "foo")", "bad_words"},
+      {R"("bad_words": [""])", "bad_words"},
+      {R"("bad_words": [1])", "bad_words"},
+      {R"("skip_special_tokens": 1)", "skip_special_tokens"},
+      {R"("include_stop_str_in_output": "yes")", "include_stop_str_in_output"},
+      {R"("prompt_logprobs": 1)", "prompt_logprobs"},
+      {R"("suffix": "end")", "suffix"},
+      {R"("guided_regex": "a+")", "guided_regex"},
+      {R"("use_beam_search": true, "min_tokens": 2)", "min_tokens"},
+  };
+  for (const auto& [fields, param] : refused) {
+    EXPECT_EQ(Refused(R"({"prompt": "x", )" + fields + "}"), std::make_pair(400, param)) << fields;
+  }
+  // Their "off" values are accepted; unknown fields are ignored and named.
+  ParseOutcome off = Completions(
+      R"({"prompt": "x", "prompt_logprobs": null, "suffix": "", "zeta": 1, "alpha": {}})");
+  ASSERT_TRUE(off.request.has_value()) << off.error.message;
+  EXPECT_EQ(off.ignored_fields, (std::vector<std::string>{"alpha", "zeta"}));
+  EXPECT_TRUE(Completions(R"({"prompt": "x", "user": "u"})").ignored_fields.empty());
+}
+
+// Completions echo: the prompt's text before the choice's (the first chunk of
+// a stream); the string as given, or token ids decoded.
+TEST(OpenAiApiTest, EchoPutsThePromptFirst) {
+  const std::vector<int32_t> ids = Tok().Encode("Hi there", {false, true});
+  json body = {{"prompt", json::array({"The sky", ids})}, {"echo", true}, {"n", 2}};
+  ParseOutcome o = Completions(body.dump());
+  ASSERT_TRUE(o.request.has_value()) << o.error.message;
+  EXPECT_EQ(o.request->echo_texts, (std::vector<std::string>{"The sky", "Hi there"}));
+  std::vector<ChoiceState> cs(4);
+  for (ChoiceState& c : cs) c.text = " is";
+  const json r = json::parse(CompletionResponse(*o.request, "cmpl-1", 7, cs, {}, Tok()));
+  EXPECT_EQ(r["choices"][1]["text"], "The sky is");
+  EXPECT_EQ(r["choices"][2]["text"], "Hi there is");
+  size_t offset = 0;
+  json first = json::parse(StreamChunk(*o.request, "c", 7, 3, cs[3], true, Tok(), &offset));
+  EXPECT_EQ(first["choices"][0]["text"], "Hi there is");
+  json later = json::parse(StreamChunk(*o.request, "c", 7, 3, cs[3], false, Tok(), &offset));
+  EXPECT_EQ(later["choices"][0]["text"], " is");
+  ParseOutcome chat =
+      ParseRequest(Endpoint::kChat, R"({"messages": [], "echo": true})", kModel, Tok(), nullptr);
+  EXPECT_EQ(chat.error.param, "echo");
+}
+
+// Tool calling (issue 32): tools rendered by the template, tool_choice
+// none/auto accepted, required/named refused naming tool_choice, the output
+// parsed into tool_calls whole and streamed.
+TEST(OpenAiApiTest, ToolCalling) {
+  // A Hermes-style template: tools, calls and tool turns all show in the prompt.
+  auto tmpl = ChatTemplate::Create(
+      "{% if tools %}TOOLS{{ tools | tojson }}\n{% endif %}{% for m in messages %}{{ m.role }}:"
+      "{{ m.content }}{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }}"
+      "{{ c.function.arguments | tojson }}</tool_call>{% endfor %}{% if m.tool_call_id %}"
+      "[{{ m.tool_call_id }}]{% endif %}\n{% endfor %}",
+      "", "");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  const std::string body = R"({"messages": [{"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+       "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"C\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "21"}],
+      "tools": [{"type": "function", "function": {"name": "get_weather", "parameters":
+       {"type": "object", "properties": {"city": {"type": "string"}}}}}]})";
+  ParseOutcome o = ParseRequest(Endpoint::kChat, body, kModel, Tok(), &*tmpl);
+  ASSERT_TRUE(o.request.has_value()) << o.error.message;
+  EXPECT_TRUE(o.request->parse_tool_calls);
+  EXPECT_EQ(
+      o.request->tools_json,
+      R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}])");
+  absl::StatusOr<std::string> prompt = Tok().Decode(o.request->prompts[0]);
+  ASSERT_TRUE(prompt.ok());
+  EXPECT_NE(prompt->find(R"(TOOLS[{"type": "function", "function": {"name": "get_weather")"),
+            std::string::npos)
+      << *prompt;  // the client's key order, as json.dumps writes it
+  EXPECT_NE(prompt->find(R"(<tool_call>get_weather{"city": "Paris", "unit": "C"}</tool_call>)"),
+            std::string::npos)
+      << *prompt;
+  EXPECT_NE(prompt->find("tool:21[call_1]"), std::string::npos) << *prompt;
+
+  auto chat = [&](const std::string& extra) {
+    return ParseRequest(Endpoint::kChat,
+                        R"({"messages": [{"role": "user", "content": "hi"}], )" + extra + "}",
+                        kModel, Tok(), &*tmpl);
+  };
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f"}}])";
+  EXPECT_FALSE(chat(tools + R"(, "tool_choice": "none")").request->parse_tool_calls);
+  EXPECT_TRUE(chat(tools + R"(, "tool_choice": "auto")").request->parse_tool_calls);
+  for (const std::string& bad :
+       {tools + R"(, "tool_choice": "required")",
+        tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})",
+        tools + R"(, "tool_choice": "sometimes")", std::string(R"("tool_choice": "auto")")}) {
+    ParseOutcome r = chat(bad);
+    EXPECT_FALSE(r.request.has_value()) << bad;
+    EXPECT_EQ(r.error.param, "tool_choice") << bad;
+  }
+  EXPECT_EQ(chat(R"("tools": [{"type": "function", "function": {}}])").error.param, "tools");
+  EXPECT_EQ(chat(R"("tools": {})").error.param, "tools");
+  EXPECT_EQ(ParseRequest(Endpoint::kChat,
+                         R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})",
+                         kModel, Tok(), &*tmpl)
+                .error.param,
+            "messages");  // tool_calls on a user turn
+
+  // Non-streamed: the calls, content null, finish_reason tool_calls.
+  ParseOutcome auto_req = chat(tools);
+  ASSERT_TRUE(auto_req.request.has_value());
+  ChoiceState c;
+  c.text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"b\": 1, \"a\": 2}}\n</tool_call>";
+  c.finish_reason = FinishReason::kStop;
+  json r = json::parse(CompletionResponse(*auto_req.request, "chatcmpl-1", 7, {c}, {}, Tok()));
+  const json& msg = r["choices"][0]["message"];
+  EXPECT_TRUE(msg["content"].is_null());
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["arguments"], R"({"b":1,"a":2})");
+  EXPECT_EQ(msg["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
+  // Malformed: plain content, the engine's finish reason.
+  c.text = "<tool_call>{oops</tool_call>";
+  r = json::parse(CompletionResponse(*auto_req.request, "chatcmpl-1", 7, {c}, {}, Tok()));
+  EXPECT_EQ(r["choices"][0]["message"]["content"], c.text);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+
+  // Streamed: content before the call as it comes, then name and argument deltas.
+  ToolStreamState st;
+  std::vector<json> chunks;
+  auto feed = [&](const std::string& text, FinishReason f) {
+    for (const std::string& s : ToolStreamChunks(*auto_req.request, "x", 7, 0, text, f, &st))
+      chunks.push_back(json::parse(s));
+  };
+  const std::string out =
+      "Sure.<tool_call>{\"name\": \"f\", \"arguments\": {\"q\": \"a\"}}</tool_call>";
+  feed("Sure.<tool", FinishReason::kNone);
+  feed(out.substr(0, 30), FinishReason::kNone);
+  feed(out, FinishReason::kStop);
+  ASSERT_EQ(chunks.size(), 4u);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["content"], "Sure.");
+  const json& named = chunks[1]["choices"][0]["delta"]["tool_calls"][0];
+  EXPECT_EQ(named["index"], 0);
+  EXPECT_EQ(named["function"]["name"], "f");
+  EXPECT_EQ(named["function"]["arguments"], "");
+  EXPECT_EQ(named["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(chunks[2]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"],
+            R"({"q":"a"})");
+  EXPECT_EQ(chunks[3]["choices"][0]["finish_reason"], "tool_calls");
+  // Logprobs are refused in such a stream.
+  EXPECT_EQ(chat(tools + R"(, "stream": true, "logprobs": true)").error.param, "logprobs");
+}
+
 // The one finish-reason -> error mapping: only kError is an error, a 500 of
 // type server_error carrying the engine's message; the rest answer normally.
 TEST(OpenAiApiTest, FinishErrorMapsOnlyEngineFailures) {
@@ -543,13 +719,52 @@ TEST(FrontEndAgreementTest, HttpAndZeroMqAcceptAndRefuseAlike) {
       {R"("messages": )" + user + R"(, "temperature": 1000001)", false},
       {R"("messages": )" + user + R"(, "repetition_penalty": 1000001)", false},
       {R"("messages": )" + user + R"(, "temperature": 1000000)", true},
+      // Issue 32: tool history (chat_messages.h), the same on both.
+      {R"("messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null,
+          "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f",
+          "arguments": "{\"a\": 1}"}}]}, {"role": "tool", "tool_call_id": "c1", "content": "2"}])",
+       true},
+      {R"("messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null,
+          "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f",
+          "arguments": "not json"}}]}])",
+       false},
+      {R"("messages": [{"role": "user", "content": "hi", "tool_calls": []}])", false},
+      {R"("messages": [{"role": "tool", "tool_call_id": 5, "content": "2"}])", false},
+      // Issue 32: the logit processors and output options (request_fields.h).
+      {R"("messages": )" + user + R"(, "logit_bias": {"5": -100, "9": 3})", true},
+      {R"("messages": )" + user + R"(, "logit_bias": {"5": 101})", false},
+      {R"("messages": )" + user + R"(, "logit_bias": {"49152": 1})", false},
+      {R"("messages": )" + user + R"(, "logit_bias": {"five": 1})", false},
+      {R"("messages": )" + user + R"(, "max_tokens": 4, "min_tokens": 4)", true},
+      {R"("messages": )" + user + R"(, "max_tokens": 4, "min_tokens": 5)", false},
+      {R"("messages": )" + user + R"(, "min_tokens": -2)", false},
+      {R"("messages": )" + user + R"(, "bad_words": ["a b", "c"])", true},
+      {R"("messages": )" + user + R"(, "bad_words": [""])", false},
+      {R"("messages": )" + user + R"(, "bad_words": "a")", false},
+      {R"("messages": )" + user + R"(, "skip_special_tokens": false)", true},
+      {R"("messages": )" + user + R"(, "skip_special_tokens": "no")", false},
+      {R"("messages": )" + user + R"(, "include_stop_str_in_output": true)", true},
+      {R"("messages": )" + user + R"(, "include_stop_str_in_output": 0)", false},
+      {R"("messages": )" + user + R"(, "prompt_logprobs": 2)", false},
+      {R"("messages": )" + user + R"(, "use_beam_search": true, "logit_bias": {"1": 1})", false},
   };
+  protocol::ParseOptions zmq_options;
+  zmq_options.vocab_size = Tok().vocab_size();
   for (const auto& [fields, ok] : rows) {
     ParseOutcome http = ParseRequest(Endpoint::kChat, "{" + fields + "}", kModel, Tok(), &*tmpl);
-    protocol::ParseResult zmq =
-        protocol::ParseRequest(R"({"version": 1, "type": "generate", "id": "a", )" + fields + "}");
+    protocol::ParseResult zmq = protocol::ParseRequest(
+        R"({"version": 1, "type": "generate", "id": "a", )" + fields + "}", zmq_options);
     EXPECT_EQ(http.request.has_value(), ok) << fields << "\nHTTP: " << http.error.message;
     EXPECT_EQ(zmq.ok(), ok) << fields << "\nZeroMQ: " << zmq.error.message;
+    // Accepted on both: the same SamplingParams fields.
+    if (!http.request.has_value() || !zmq.ok()) continue;
+    const SamplingParams& h = http.request->params;
+    const SamplingParams& z = std::get<protocol::GenerateRequest>(*zmq.request).sampling;
+    EXPECT_EQ(h.logit_bias, z.logit_bias) << fields;
+    EXPECT_EQ(h.min_tokens, z.min_tokens) << fields;
+    EXPECT_EQ(h.bad_words, z.bad_words) << fields;
+    EXPECT_EQ(h.skip_special_tokens, z.skip_special_tokens) << fields;
+    EXPECT_EQ(h.include_stop_str_in_output, z.include_stop_str_in_output) << fields;
   }
   // -1 is no seed on both; other negatives wrap (OpenAI takes any integer).
   ParseOutcome none = ParseRequest(Endpoint::kChat, R"({"messages": )" + user + R"(, "seed": -1})",

@@ -32,9 +32,25 @@ std::vector<double> RefPenalize(const std::vector<float>& logits,
                                 const std::vector<int32_t>& history, int prompt_len,
                                 const SamplingParams& p) {
   std::vector<double> w(logits.begin(), logits.end());
+  // Issue 32's logit processors, written from their definitions (OpenAI's
+  // logit_bias, vLLM's min_tokens and bad_words), before the penalties.
+  const double inf = std::numeric_limits<double>::infinity();
+  for (auto [t, b] : p.logit_bias) w[t] += b;
+  const size_t out_len = history.size() - prompt_len;
+  if (out_len < static_cast<size_t>(p.min_tokens)) {
+    for (int32_t t : p.min_tokens_end_ids) w[t] = -inf;
+  }
+  for (const std::vector<int32_t>& word : p.bad_words_token_ids) {
+    const size_t k = word.size() - 1;
+    bool match = k <= out_len;
+    for (size_t i = 0; match && i < k; ++i) match = history[history.size() - k + i] == word[i];
+    if (match) w[word.back()] = -inf;
+  }
   std::set<int32_t> seen(history.begin(), history.end());
-  for (int32_t t : seen)
+  for (int32_t t : seen) {
+    if (w[t] == -inf) continue;
     w[t] = w[t] > 0 ? w[t] / p.repetition_penalty : w[t] * p.repetition_penalty;
+  }
   std::map<int32_t, int> counts;
   for (size_t i = prompt_len; i < history.size(); ++i) counts[history[i]]++;
   for (auto [t, c] : counts) w[t] -= p.frequency_penalty * c + p.presence_penalty;
@@ -153,6 +169,109 @@ TEST(SamplerTest, FiltersMatchNaiveReference) {
   }
   EXPECT_GT(checked, 550);
   EXPECT_GT(nontrivial, 300);
+}
+
+// Issue 32: logit_bias, min_tokens and bad_words against the reference, with
+// every filter and the penalties on top.
+TEST(SamplerTest, LogitProcessorsMatchNaiveReference) {
+  std::mt19937_64 rng(4321);
+  const int kVocab = 64;
+  Sampler sampler(kVocab);
+  int checked = 0, masked_rows = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    SamplingParams p;
+    p.temperature = std::vector<float>{0.0f, 0.5f, 1.0f, 1.5f}[trial % 4];
+    p.top_k = std::vector<int>{-1, 5, 20}[(trial / 4) % 3];
+    p.top_p = std::vector<float>{1.0f, 0.8f}[(trial / 12) % 2];
+    if (trial % 3 == 0) {
+      p.repetition_penalty = 1.2f;
+      p.frequency_penalty = 0.4f;
+    }
+    std::uniform_int_distribution<int> id(0, kVocab - 1);
+    std::uniform_real_distribution<double> bias(-100.0, 100.0);
+    std::set<int32_t> biased;
+    for (int i = 0; i < 6; ++i) biased.insert(id(rng));
+    for (int32_t t : biased)
+      p.logit_bias.emplace_back(t, static_cast<float>(trial % 2 ? bias(rng) / 20 : bias(rng)));
+    p.max_tokens = 50;
+    p.min_tokens = (trial / 2) % 8;
+    p.min_tokens_end_ids = {static_cast<int32_t>(id(rng)), 63};
+    // History: prompt {1, 2, 3} then 5 outputs ending in 7, 9.
+    std::vector<int32_t> history = {1, 2, 3, 4, 8, 11, 7, 9};
+    p.bad_words_token_ids = {{static_cast<int32_t>(id(rng))},
+                             {7, 9, 12},  // completed: 12 masked
+                             {8, 9, 13},  // prefix differs: 13 allowed
+                             {9, 14}};    // completed: 14 masked
+    std::vector<float> logits = RandomLogits(rng, kVocab, 2.0);
+    logits[12] = logits[13] = logits[14] = 6.0f;  // the masks decide
+    RefResult ref = Reference(logits, history, 3, p);
+    if (ref.ambiguous) continue;
+    auto got = sampler.Process(logits, MakeRow(&p, history, 3));
+    ASSERT_TRUE(got.ok()) << got.status();
+    // A bias of -100 leaves fp32 denormals the reference drops (< 1e-30).
+    while (!got->probs.empty() && got->probs.back() < 1e-30) {
+      got->probs.pop_back();
+      got->token_ids.pop_back();
+    }
+    ASSERT_EQ(got->token_ids, ref.ids) << "trial " << trial;
+    for (size_t i = 0; i < ref.probs.size(); ++i)
+      EXPECT_NEAR(got->probs[i], ref.probs[i], 2e-5) << "trial " << trial << " rank " << i;
+    for (int32_t t : got->token_ids) {
+      EXPECT_NE(t, 12);
+      EXPECT_NE(t, 14);
+    }
+    masked_rows += p.min_tokens > 5;
+    ++checked;
+  }
+  EXPECT_GT(checked, 350);
+  EXPECT_GT(masked_rows, 50);
+}
+
+TEST(SamplerTest, LogitBiasDecidesTheGreedyTokenInSample) {
+  Sampler sampler(8);
+  std::vector<float> logits = {0, 1, 2, 3, 4, 5, 6, 7};
+  SamplingParams p;
+  p.temperature = 0.0f;
+  auto plain = sampler.Sample(logits, std::vector<SamplerRow>{MakeRow(&p)});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)[0].token_id, 7);  // negative control
+  p.logit_bias = {{7, -100.0f}, {2, 5.5f}};
+  p.logprobs = 0;
+  auto biased = sampler.Sample(logits, std::vector<SamplerRow>{MakeRow(&p)});
+  ASSERT_TRUE(biased.ok()) << biased.status();
+  EXPECT_EQ((*biased)[0].token_id, 2);  // 2 + 5.5 > 6
+  // Logprobs stay the raw model's.
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  EXPECT_NEAR((*biased)[0].logprob, 2.0 - std::log(z), 1e-5);
+}
+
+TEST(SamplerTest, MinTokensMasksEndTokensUntilReached) {
+  Sampler sampler(4);
+  std::vector<float> logits = {0, 0, 9, 0};  // 2 is the end token
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = 8;
+  p.min_tokens = 2;
+  p.min_tokens_end_ids = {2};
+  std::vector<int32_t> one_out = {1, 3};  // prompt {1}, one output
+  auto got = sampler.Process(logits, MakeRow(&p, one_out, 1));
+  ASSERT_TRUE(got.ok());
+  EXPECT_NE(got->token_ids[0], 2);
+  std::vector<int32_t> two_out = {1, 3, 3};  // min_tokens reached: allowed again
+  got = sampler.Process(logits, MakeRow(&p, two_out, 1));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->token_ids[0], 2);
+}
+
+TEST(SamplerTest, RowWithEveryTokenMaskedIsAnError) {
+  Sampler sampler(2);
+  std::vector<float> logits = {1, 2};
+  SamplingParams p;
+  p.bad_words_token_ids = {{0}, {1}};
+  auto got = sampler.Sample(logits, std::vector<SamplerRow>{MakeRow(&p)});
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("mask every token"), std::string::npos) << got.status();
 }
 
 TEST(SamplerTest, TopKOnLargeVocabularyIsTheKLargest) {
