@@ -195,6 +195,14 @@ const SchedulerConfig& Engine::scheduler_config() const { return scheduler_->con
 
 Executor& Engine::executor() { return *executor_; }
 
+bool Engine::HasStopString(const std::vector<std::string>& stops, const std::string& text,
+                           size_t from) {
+  for (const std::string& stop : stops) {
+    if (text.find(stop, from) != std::string::npos) return true;
+  }
+  return false;
+}
+
 bool Engine::EmitText(RequestState& r, SeqState& s, bool final, SequenceDelta* d) {
   const std::vector<std::string>& stops = r.params.stop;
   bool found = false;
@@ -419,6 +427,11 @@ absl::Status Engine::AppendTokens(const RequestState& r, SeqState& s, const Sequ
       return absl::InternalError(absl::StrCat("sample ", so.index, ": ", piece.status().message()));
     }
     s.text += *piece;
+    // Several tokens in one step (speculative decoding): a stop string
+    // completed by this token ends the sample here, as it would have one
+    // token per step; the tokens after it are dropped (the scheduler's copy
+    // ends with the sequence, ApplyStopConditions).
+    if (k + 1 < so.new_tokens.size() && HasStopString(r.params.stop, s.text, s.sent)) break;
   }
   return absl::OkStatus();
 }
@@ -468,11 +481,24 @@ void Engine::RecordStepMetrics(const StepPlan& plan, const StepResult& result) {
   fig.prefix_hits = st.prefix_cache_hits - last_stats_.prefix_cache_hits;
   fig.preemptions_swap = st.num_preemptions_swap - last_stats_.num_preemptions_swap;
   fig.preemptions_recompute = st.num_preemptions_recompute - last_stats_.num_preemptions_recompute;
+  fig.spec_drafts = st.spec_num_drafts - last_stats_.spec_num_drafts;
+  fig.spec_draft_tokens = st.spec_draft_tokens - last_stats_.spec_draft_tokens;
+  fig.spec_accepted_tokens = st.spec_accepted_tokens - last_stats_.spec_accepted_tokens;
+  fig.spec_emitted_tokens = st.spec_emitted_tokens - last_stats_.spec_emitted_tokens;
+  fig.spec_accepted_per_pos.resize(st.spec_accepted_per_pos.size());
+  for (size_t j = 0; j < st.spec_accepted_per_pos.size(); ++j) {
+    fig.spec_accepted_per_pos[j] =
+        st.spec_accepted_per_pos[j] -
+        (j < last_stats_.spec_accepted_per_pos.size() ? last_stats_.spec_accepted_per_pos[j] : 0);
+  }
   last_stats_ = st;
   for (const SequenceStep& s : plan.seqs) {
     if (s.is_prefill()) fig.prompt_tokens += static_cast<int64_t>(s.token_ids.size());
   }
-  fig.generation_tokens = static_cast<int64_t>(result.tokens.size());
+  // A verification entry returns d + 1 samples and emits the accepted ones
+  // and the next (stop conditions aside, as for plain decodes).
+  fig.generation_tokens =
+      static_cast<int64_t>(result.tokens.size()) - fig.spec_draft_tokens + fig.spec_accepted_tokens;
   token_counters_.prompt_tokens += fig.prompt_tokens;
   token_counters_.generation_tokens += fig.generation_tokens;
   fig.step_tokens = plan.num_tokens();
