@@ -493,7 +493,9 @@ void Engine::RecordStepMetrics(const StepPlan& plan, const StepResult& result) {
   }
   last_stats_ = st;
   for (const SequenceStep& s : plan.seqs) {
-    if (s.is_prefill()) fig.prompt_tokens += static_cast<int64_t>(s.token_ids.size());
+    // A verification (draft tokens) is a decode, not a prompt chunk.
+    if (s.is_prefill() && s.num_draft_tokens == 0)
+      fig.prompt_tokens += static_cast<int64_t>(s.token_ids.size());
   }
   // A verification entry returns d + 1 samples and emits the accepted ones
   // and the next (stop conditions aside, as for plain decodes).
