@@ -119,13 +119,14 @@ absl::Status CheckMagic(wire::Reader& r, const char (&magic)[4], const char* wha
 }
 
 // SequenceStep flags.
-constexpr uint8_t kSample = 1, kNewState = 2, kFork = 4, kKnownFlags = 7;
+constexpr uint8_t kSample = 1, kNewState = 2, kFork = 4, kDraft = 8, kKnownFlags = 15;
 
 void PutSequenceStep(wire::Writer& w, const SequenceStep& s) {
   w.Put<uint64_t>(s.seq_id);
   w.Put<uint8_t>((s.sample ? kSample : 0) | (s.new_state ? kNewState : 0) |
-                 (s.fork_from != kNoSeq ? kFork : 0));
+                 (s.fork_from != kNoSeq ? kFork : 0) | (s.num_draft_tokens != 0 ? kDraft : 0));
   if (s.fork_from != kNoSeq) w.Put<uint64_t>(s.fork_from);
+  if (s.num_draft_tokens != 0) w.Put<int32_t>(s.num_draft_tokens);
   w.PutVector(s.token_ids);
   w.Put<int32_t>(s.start_pos);
   w.Put<int32_t>(s.block_table_start);
@@ -152,6 +153,12 @@ absl::Status GetSequenceStep(wire::Reader& r, SequenceStep* s) {
   if (flags & kFork) {
     PS_RETURN_IF_ERROR(r.Get(&s->fork_from, "fork_from"));
     if (s->fork_from == kNoSeq) return absl::DataLossError("step plan: fork flag without a parent");
+  }
+  s->num_draft_tokens = 0;
+  if (flags & kDraft) {
+    PS_RETURN_IF_ERROR(r.Get(&s->num_draft_tokens, "num_draft_tokens"));
+    if (s->num_draft_tokens < 1)
+      return absl::DataLossError("step plan: draft flag with no draft tokens");
   }
   PS_RETURN_IF_ERROR(r.GetVector(&s->token_ids, "token_ids"));
   PS_RETURN_IF_ERROR(r.Get(&s->start_pos, "start_pos"));

@@ -280,6 +280,26 @@ void Metrics::RegisterCounters(const prometheus::Labels& constant) {
                             .Labels(constant)
                             .Register(r)
                             .Add({});
+  auto spec = [&](const char* name, const char* help) {
+    return &BuildCounter().Name(name).Help(help).Labels(constant).Register(r).Add({});
+  };
+  spec_drafts_ = spec("pagedserve_spec_decode_drafts_total",
+                      "Speculative decoding: verification entries (a sequence verifying >= 1 "
+                      "draft token in a step).");
+  spec_draft_tokens_ = spec("pagedserve_spec_decode_draft_tokens_total",
+                            "Speculative decoding: draft tokens proposed.");
+  spec_accepted_ = spec("pagedserve_spec_decode_accepted_tokens_total",
+                        "Speculative decoding: draft tokens accepted by the target model.");
+  spec_emitted_ = spec("pagedserve_spec_decode_emitted_tokens_total",
+                       "Speculative decoding: tokens emitted by verification entries (accepted "
+                       "drafts + the target's next token, less stop-condition cuts).");
+  spec_per_pos_ = &BuildCounter()
+                       .Name("pagedserve_spec_decode_accepted_tokens_per_pos_total")
+                       .Help(
+                           "Speculative decoding: accepted draft tokens by position in the draft "
+                           "(0 = first).")
+                       .Labels(constant)
+                       .Register(r);
   auto& handshakes = BuildCounter()
                          .Name("pagedserve_zmq_handshakes_failed_total")
                          .Help(
@@ -408,6 +428,16 @@ void Metrics::RegisterVllm(const std::string& model_name, int64_t max_model_len)
   v.prompt_tokens = counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.");
   v.generation_tokens =
       counter("vllm:generation_tokens_total", "Number of generation tokens processed.");
+  v.spec_drafts = counter("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.");
+  v.spec_draft_tokens =
+      counter("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.");
+  v.spec_accepted =
+      counter("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.");
+  v.spec_per_pos = &BuildCounter()
+                        .Name("vllm:spec_decode_num_accepted_tokens_per_pos_total")
+                        .Help("Accepted tokens per draft position.")
+                        .Register(r);
+  v.labels = labels;
   auto& success = BuildCounter()
                       .Name("vllm:request_success_total")
                       .Help("Count of finished requests, by finished_reason.")
@@ -536,6 +566,30 @@ void Metrics::AddGenerationTokens(int64_t n) {
   if (n < 0) return Reject("AddGenerationTokens");
   generation_tokens_->Increment(static_cast<double>(n));
   vllm_.generation_tokens->Increment(static_cast<double>(n));
+}
+
+void Metrics::AddSpecDecode(int64_t drafts, int64_t draft_tokens, int64_t accepted, int64_t emitted,
+                            const std::vector<int64_t>& accepted_per_pos) {
+  if (drafts < 0 || draft_tokens < 0 || accepted < 0 || emitted < 0) return Reject("AddSpecDecode");
+  spec_drafts_->Increment(static_cast<double>(drafts));
+  spec_draft_tokens_->Increment(static_cast<double>(draft_tokens));
+  spec_accepted_->Increment(static_cast<double>(accepted));
+  spec_emitted_->Increment(static_cast<double>(emitted));
+  if (vllm_.spec_drafts != nullptr) {
+    vllm_.spec_drafts->Increment(static_cast<double>(drafts));
+    vllm_.spec_draft_tokens->Increment(static_cast<double>(draft_tokens));
+    vllm_.spec_accepted->Increment(static_cast<double>(accepted));
+  }
+  for (size_t j = 0; j < accepted_per_pos.size(); ++j) {
+    if (accepted_per_pos[j] <= 0) continue;
+    const std::string pos = std::to_string(j);
+    spec_per_pos_->Add({{"position", pos}}).Increment(static_cast<double>(accepted_per_pos[j]));
+    if (vllm_.spec_per_pos != nullptr) {
+      std::map<std::string, std::string> l = vllm_.labels;
+      l["position"] = pos;
+      vllm_.spec_per_pos->Add(l).Increment(static_cast<double>(accepted_per_pos[j]));
+    }
+  }
 }
 
 void Metrics::AddFailedHandshake(std::string_view reason) {

@@ -167,6 +167,13 @@ class Metrics {
   // recomputation not; vLLM V1 IterationStats.update_from_output).
   void AddRequestPromptTokens(int64_t n);
   void AddGenerationTokens(int64_t n);
+  // Speculative decoding, per step (vLLM's spec-decode counters):
+  // verification entries (a sequence verifying >= 1 draft token),
+  // draft tokens proposed, accepted, tokens emitted by verification entries,
+  // and accepted drafts by position (accepted_per_pos[j]: draft token j + 1
+  // accepted; series labelled position="j"). Negative values are rejected.
+  void AddSpecDecode(int64_t drafts, int64_t draft_tokens, int64_t accepted, int64_t emitted,
+                     const std::vector<int64_t>& accepted_per_pos);
   // One ZeroMQ connection whose handshake failed (a CurveZMQ server refusing a
   // client): `reason` "auth" (the ZAP handler refused the client's key),
   // "protocol" (wrong server key, mechanism mismatch, malformed greeting) or
@@ -242,6 +249,9 @@ class Metrics {
   prometheus::Counter* preempt_recompute_ = nullptr;
   prometheus::Counter* prompt_tokens_ = nullptr;
   prometheus::Counter* generation_tokens_ = nullptr;
+  prometheus::Counter *spec_drafts_ = nullptr, *spec_draft_tokens_ = nullptr;
+  prometheus::Counter *spec_accepted_ = nullptr, *spec_emitted_ = nullptr;
+  prometheus::Family<prometheus::Counter>* spec_per_pos_ = nullptr;
   prometheus::Counter* finished_[4] = {};
   prometheus::Counter* handshake_auth_ = nullptr;
   prometheus::Counter* handshake_protocol_ = nullptr;
@@ -269,6 +279,10 @@ class Metrics {
     prometheus::Counter *prefix_queries = nullptr, *prefix_hits = nullptr;
     prometheus::Counter* preemptions = nullptr;
     prometheus::Counter *prompt_tokens = nullptr, *generation_tokens = nullptr;
+    prometheus::Counter *spec_drafts = nullptr, *spec_draft_tokens = nullptr;
+    prometheus::Counter* spec_accepted = nullptr;
+    prometheus::Family<prometheus::Counter>* spec_per_pos = nullptr;
+    std::map<std::string, std::string> labels;  // vLLM's series labels
     prometheus::Counter* success[4] = {};
     prometheus::Histogram *ttft = nullptr, *tpot = nullptr, *itl = nullptr;
     prometheus::Histogram *e2e = nullptr, *queue = nullptr, *inference = nullptr;

@@ -21,6 +21,7 @@
 #include "runtime/cli/json_log_format.h"
 #include "runtime/cli/load_progress.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/coordinator/speculative.h"
 #include "runtime/frontend/chat_messages.h"
 #include "runtime/model/weights.h"
 #include "runtime/tokenizer/chat_template.h"
@@ -88,6 +89,11 @@ PAGEDSERVE_FLAG("generate,serve", bool, enable_prefix_caching, true,
                 "engine; --no-enable-prefix-caching turns it off)");
 PAGEDSERVE_FLAG("generate,serve", std::string, preemption_mode, "recompute",
                 "what happens to a preempted sequence's KV blocks: swap (to CPU) or recompute");
+PAGEDSERVE_FLAG("generate,serve", std::string, speculative_config, "",
+                "speculative decoding, as vLLM's JSON: '{\"method\": \"ngram\", "
+                "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": "
+                "2}' (optional \"disable_by_batch_size\"); empty = off. Exact: the output "
+                "distribution is the model's (docs/coordinator.md, \"Speculative decoding\")");
 PAGEDSERVE_FLAG("generate,serve", double, worker_startup_timeout, 600,
                 "seconds to wait for the worker ranks to load the model (mpirun)");
 PAGEDSERVE_FLAG("generate,serve", double, worker_step_timeout, 120,
@@ -264,6 +270,10 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
   absl::StatusOr<PreemptionMode> mode = ParsePreemptionMode(absl::GetFlag(FLAGS_preemption_mode));
   if (!mode.ok()) return mode.status();  // names --preemption-mode
   c.preemption_mode = *mode;
+  absl::StatusOr<SpeculativeConfig> spec =
+      ParseSpeculativeConfig(absl::GetFlag(FLAGS_speculative_config));
+  if (!spec.ok()) return spec.status();  // names --speculative-config and the key
+  c.speculative = *std::move(spec);
 
   const double startup = absl::GetFlag(FLAGS_worker_startup_timeout);
   const double step = absl::GetFlag(FLAGS_worker_step_timeout);

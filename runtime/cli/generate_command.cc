@@ -144,6 +144,16 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
                  "cached_prompt_tokens=%d time=%.2fs (%.1f tokens/s)\n",
                  absl::StrJoin(reasons, ",").c_str(), usage.prompt_tokens, usage.completion_tokens,
                  usage.cached_prompt_tokens, secs, secs > 0 ? usage.completion_tokens / secs : 0.0);
+    const SchedulerStats st = (*engine)->stats();
+    if (st.spec_num_drafts > 0) {
+      std::fprintf(stderr,
+                   "pagedserve generate: speculative steps=%lld verifications=%lld "
+                   "draft_tokens=%lld accepted=%lld emitted=%lld\n",
+                   static_cast<long long>(st.num_steps), static_cast<long long>(st.spec_num_drafts),
+                   static_cast<long long>(st.spec_draft_tokens),
+                   static_cast<long long>(st.spec_accepted_tokens),
+                   static_cast<long long>(st.spec_emitted_tokens));
+    }
   }
   if (!executor_failed) {
     if (absl::Status s = exec->Shutdown(); !s.ok()) {

@@ -54,6 +54,14 @@ struct SequenceStep {
   // Samples to draw: n on the final prefill step of an n > 1 group's parent
   // (siblings are forked afterwards), else 1.
   int32_t num_samples = 1;
+  // Speculative decoding (runtime/coordinator/speculative.h): the last
+  // num_draft_tokens fed tokens are draft tokens, unverified. The worker
+  // samples the target at each of the last num_draft_tokens + 1 fed tokens
+  // (token i's sample is for position start_pos + token_ids.size() - d + i,
+  // drawn from the history up to that position, with that position's seeded
+  // uniform) and returns num_draft_tokens + 1 SampledTokens for the sequence,
+  // in position order. Requires sample and num_samples == 1; 0 otherwise.
+  int32_t num_draft_tokens = 0;
   // True on the first step of a sequence and on its first step after a
   // recompute preemption: workers (re)start its per-sequence state here
   // instead of continuing an old one. False on a forked sibling (fork_from).
@@ -76,6 +84,8 @@ struct SequenceStep {
 
   bool starts() const { return new_state || fork_from != kNoSeq; }
   int32_t context_len() const { return start_pos + static_cast<int32_t>(token_ids.size()); }
+  // SampledTokens this entry returns (0 when it does not sample).
+  int32_t num_results() const { return sample ? num_samples + num_draft_tokens : 0; }
   bool is_prefill() const { return token_ids.size() > 1 || start_pos == 0; }
 };
 
@@ -114,7 +124,8 @@ struct SampledToken {
 };
 
 // What TP rank 0 returns to the coordinator for a plan. For a sequence with
-// num_samples = n there are n entries with the same seq_id, in sample order.
+// num_samples = n there are n entries with the same seq_id, in sample order;
+// for one with num_draft_tokens = d, d + 1 entries in position order.
 struct StepResult {
   uint64_t step_id = 0;
   std::vector<SampledToken> tokens;

@@ -133,6 +133,18 @@ bool BlockManager::CopyOnWrite(Sequence& seq, int32_t index, std::vector<BlockPa
   return true;
 }
 
+void BlockManager::TrimToComputed(Sequence& seq) {
+  if (seq.blocks_on_cpu) return;
+  const auto keep = static_cast<size_t>(BlocksForTokens(seq.num_computed_tokens));
+  if (seq.block_table.size() <= keep) return;
+  while (seq.block_table.size() > keep) {
+    device_.DecRef(seq.block_table.back());
+    seq.block_table.pop_back();
+  }
+  seq.num_synced_blocks = std::min(seq.num_synced_blocks, static_cast<int32_t>(keep));
+  if (seq.block_table.empty()) holders_.erase(&seq);
+}
+
 void BlockManager::Fork(const Sequence& parent, Sequence& child) {
   child.block_table = parent.block_table;
   child.blocks_on_cpu = parent.blocks_on_cpu;

@@ -96,6 +96,22 @@ class BlockManager {
   // Releases every block of seq (device or CPU) and clears its table.
   void Free(Sequence& seq);
 
+  // Speculative decoding rollback (runtime/coordinator/speculative.h). A
+  // verification step writes K/V for draft tokens at slots past the tokens
+  // that end up accepted. The rule:
+  //   - num_computed_tokens counts verified tokens only (the fed token and
+  //     the accepted drafts), so MarkComputed never offers the prefix cache
+  //     a block holding an unverified token;
+  //   - slots of rejected tokens inside a block that also holds verified
+  //     tokens stay allocated and are simply overwritten by later steps
+  //     (attention never reads past a sequence's length);
+  //   - blocks holding only rejected tokens go back to the pool here.
+  // Makes seq's device block table exactly BlocksForTokens(num_computed_tokens)
+  // long, returning the trailing blocks' references, and lowers
+  // num_synced_blocks so the workers' mirror drops them too. Call after the
+  // step's result was applied.
+  void TrimToComputed(Sequence& seq);
+
   // Offers seq's full blocks whose K/V are computed (num_computed_tokens) to
   // the prefix cache. Call only after the step that computed them returned.
   // Inline: called for every sequence of every step, and a block fills only

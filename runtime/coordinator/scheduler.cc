@@ -24,6 +24,7 @@ absl::Status SchedulerConfig::Validate() const {
   if (max_model_len < 2) return bad("--max-model-len must be >= 2, got ", max_model_len);
   if (!(watermark >= 0.0 && watermark < 1.0))
     return bad("watermark must be in [0, 1), got ", watermark);
+  if (absl::Status s = speculative.Validate(); !s.ok()) return s;
   if (max_num_batched_tokens < max_num_seqs) {
     return bad("--max-num-batched-tokens (", max_num_batched_tokens,
                ") must be >= --max-num-seqs (", max_num_seqs,
@@ -67,6 +68,9 @@ Scheduler::Scheduler(const SchedulerConfig& config, std::vector<int32_t> eos_tok
   o.watermark = config.watermark;
   o.hash_fn = config.hash_fn;
   bm_ = std::make_unique<BlockManager>(o);
+  proposer_ = MakeProposer(config.speculative);
+  if (proposer_ != nullptr)
+    counters_.spec_accepted_per_pos.assign(config.speculative.num_speculative_tokens, 0);
 }
 
 absl::Status Scheduler::CheckAdmissible(int64_t prompt_len, const SamplingParams& p) const {
@@ -268,6 +272,7 @@ void Scheduler::PlanTokens(SequenceGroup* g, int32_t avail, GroupPlan* gp) {
   gp->seqs.clear();
   gp->ks.clear();
   gp->prefix_hits.clear();
+  gp->drafts.clear();
   gp->incomplete = false;
   for (auto& sp : g->seqs) {
     Sequence* s = sp.get();
@@ -292,6 +297,7 @@ void Scheduler::PlanTokens(SequenceGroup* g, int32_t avail, GroupPlan* gp) {
     gp->seqs.push_back(s);
     gp->ks.push_back(k);
     gp->prefix_hits.push_back(hit);
+    gp->drafts.push_back(0);
   }
   AlignBeams(g, gp);
 }
@@ -331,33 +337,74 @@ int32_t Scheduler::Commit(SequenceGroup* g, const GroupPlan& gp, StepPlan* plan)
     tokens += k;
     if (k <= 0 || !bm_->AppendSlots(*s, k, &plan->copy)) continue;
     int32_t samples = 0;
-    if (s->num_computed_tokens + k == s->len()) {
+    if (s->num_computed_tokens + k - gp.drafts[i] == s->len()) {
       samples =
           (!g->forked && !g->params.use_beam_search && g->params.n > 1 && s == g->seqs[0].get())
               ? g->params.n
               : 1;
     }
-    scheduled_.push_back({s, g, k, samples, ordinal});
+    scheduled_.push_back({s, g, k, samples, ordinal, gp.drafts[i]});
   }
   if (g->num_cached_tokens < 0 && !config_.enable_prefix_caching) g->num_cached_tokens = 0;
   return tokens;
 }
 
-bool Scheduler::CommitLoneDecode(SequenceGroup* g, StepPlan* plan) {
-  if (g->seqs.size() != 1) return false;
+int32_t Scheduler::CommitLoneDecode(SequenceGroup* g, int32_t spare, StepPlan* plan) {
+  if (g->seqs.size() != 1) return 0;
   Sequence* s = g->seqs[0].get();
   // A decode (one uncomputed token) on a table that covers the computed
   // tokens: PlanTokens would give it k = 1, with no prefix-cache lookup.
-  if (s->finished() || s->num_uncomputed() != 1 || s->block_table.empty()) return false;
+  if (s->finished() || s->num_uncomputed() != 1 || s->block_table.empty()) return 0;
+  // Drafts only where their blocks are free (never a preemption for them).
+  int32_t d = MaySpeculate(g) ? ProposeDraft(g, s, spare) : 0;
+  if (d > 0 && !bm_->AppendSlots(*s, 1 + d, &plan->copy)) d = 0;
   // Fails, changing nothing, exactly when NumBlocksToAppend({s}, {1}) exceeds
   // the available blocks: then the general path preempts.
-  if (!bm_->AppendSlots(*s, 1, &plan->copy)) return false;
+  if (d == 0 && !bm_->AppendSlots(*s, 1, &plan->copy)) return 0;
   s->status = SequenceStatus::kRunning;
   const int32_t samples =
       (!g->forked && !g->params.use_beam_search && g->params.n > 1) ? g->params.n : 1;
-  scheduled_.push_back({s, g, 1, samples, num_step_groups_++});
+  scheduled_.push_back({s, g, 1 + d, samples, num_step_groups_++, d});
   if (g->num_cached_tokens < 0 && !config_.enable_prefix_caching) g->num_cached_tokens = 0;
-  return true;
+  return 1 + d;
+}
+
+bool Scheduler::MaySpeculate(const SequenceGroup* g) const {
+  return spec_step_ && !g->params.use_beam_search && (g->forked || g->params.n == 1);
+}
+
+int32_t Scheduler::ProposeDraft(const SequenceGroup* g, Sequence* s, int32_t spare) {
+  if (s->spec_k == 0) s->spec_k = config_.speculative.num_speculative_tokens;
+  // Room for the d + 1 tokens a fully accepted run emits.
+  const int64_t room = std::min<int64_t>(g->params.max_tokens - s->num_output_tokens(),
+                                         config_.max_model_len - s->len()) -
+                       1;
+  const auto limit = static_cast<int32_t>(std::min<int64_t>({s->spec_k, spare, room}));
+  if (limit < 1) {
+    s->draft.clear();
+    return 0;
+  }
+  proposer_->Propose(s->tokens, limit, &s->draft);
+  return static_cast<int32_t>(s->draft.size());
+}
+
+void Scheduler::AddDrafts(const SequenceGroup* g, int32_t spare, GroupPlan* gp) {
+  if (!MaySpeculate(g)) return;
+  bool any = false;
+  for (size_t i = 0; i < gp->seqs.size(); ++i) {
+    Sequence* s = gp->seqs[i];
+    if (gp->ks[i] != 1 || s->num_uncomputed() != 1) continue;
+    const int32_t d = ProposeDraft(g, s, spare);
+    gp->drafts[i] = d;
+    gp->ks[i] += d;
+    spare -= d;
+    any = any || d > 0;
+  }
+  if (!any || bm_->NumBlocksToAppend(gp->seqs, gp->ks) <= bm_->device().num_available()) return;
+  for (size_t i = 0; i < gp->seqs.size(); ++i) {
+    gp->ks[i] -= gp->drafts[i];
+    gp->drafts[i] = 0;
+  }
 }
 
 void Scheduler::Preempt(SequenceGroup* g, StepPlan* plan) {
@@ -426,12 +473,14 @@ bool Scheduler::ScheduleRunning(StepPlan* plan, int32_t* budget) {
     decode_counts_.push_back(DecodeCount(g));
     reserved += decode_counts_.back();
   }
+  const int32_t disable_at = config_.speculative.disable_by_batch_size;
+  spec_step_ = proposer_ != nullptr && (disable_at <= 0 || RunningSeqs() < disable_at);
   bool stopped = false;
   for (size_t i = 0; i < running_.size(); ++i) {
     SequenceGroup* g = running_[i];
     reserved -= decode_counts_[i];
-    if (CommitLoneDecode(g, plan)) {
-      *budget -= 1;
+    if (const int32_t taken = CommitLoneDecode(g, *budget - reserved - 1, plan); taken > 0) {
+      *budget -= taken;
       continue;
     }
     PlanTokens(g, *budget - reserved - decode_counts_[i], &group_plan_);
@@ -447,6 +496,9 @@ bool Scheduler::ScheduleRunning(StepPlan* plan, int32_t* budget) {
       reserved -= victim_decodes;
       stopped = true;
     }
+    int32_t planned = 0;
+    for (int32_t k : group_plan_.ks) planned += k;
+    AddDrafts(g, *budget - reserved - planned, &group_plan_);
     *budget -= Commit(g, group_plan_, plan);
   }
   return stopped;
@@ -534,9 +586,14 @@ void Scheduler::FillSequenceStep(const Scheduled& e, SequenceStep& st) {
   st.fork_from = s->fork_from;
   st.new_state = s->new_state;
   st.start_pos = s->num_computed_tokens;
+  st.num_draft_tokens = e.num_samples > 0 ? e.num_draft : 0;
   if (e.num_tokens == 1) {  // a decode: no call into memmove for one token
     st.token_ids.clear();
     st.token_ids.push_back(s->tokens[st.start_pos]);
+  } else if (e.num_draft > 0) {  // a verification: the last token, then the draft
+    st.token_ids.clear();
+    st.token_ids.push_back(s->tokens[st.start_pos]);
+    st.token_ids.insert(st.token_ids.end(), s->draft.begin(), s->draft.end());
   } else {
     st.token_ids.assign(s->tokens.begin() + st.start_pos,
                         s->tokens.begin() + st.start_pos + e.num_tokens);
@@ -612,12 +669,12 @@ absl::Status Scheduler::IndexResult(const StepResult& result) {
   for (size_t i = 0; i < scheduled_.size() && ix.in_order; ++i) {
     const Scheduled& e = scheduled_[i];
     if (e.num_samples == 0) continue;
-    for (int32_t k = 0; k < e.num_samples && ix.in_order; ++k) {
+    for (int32_t k = 0; k < e.num_results() && ix.in_order; ++k) {
       ix.in_order =
           expected + k < result.tokens.size() && result.tokens[expected + k].seq_id == e.seq->id;
     }
     ix.first[i] = static_cast<int32_t>(expected);
-    expected += e.num_samples;
+    expected += e.num_results();
   }
   if (!ix.in_order || expected != result.tokens.size()) {
     // Gather by sequence: by_seq[id] = indices in sample order.
@@ -628,12 +685,12 @@ absl::Status Scheduler::IndexResult(const StepResult& result) {
     expected = 0;
     for (const Scheduled& e : scheduled_) {
       if (e.num_samples == 0) continue;
-      expected += e.num_samples;
+      expected += e.num_results();
       auto it = ix.by_seq.find(e.seq->id);
       const size_t got = it == ix.by_seq.end() ? 0 : it->second.size();
-      if (got != static_cast<size_t>(e.num_samples)) {
+      if (got != static_cast<size_t>(e.num_results())) {
         return absl::InvalidArgumentError(absl::StrCat("step ", step_id_, ": sequence ", e.seq->id,
-                                                       " expects ", e.num_samples,
+                                                       " expects ", e.num_results(),
                                                        " sampled tokens, got ", got));
       }
     }
@@ -668,8 +725,20 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
     const Scheduled& e = scheduled_[i];
     Sequence* s = e.seq;
     SequenceGroup* g = e.group;
-    s->num_computed_tokens += e.num_tokens;
-    bm_->MarkComputed(*s);
+    if (e.num_draft > 0) {
+      // Only the fed token and the accepted drafts are verified K/V
+      // (SettleVerified once they are in s->tokens).
+      const bool live = g->pending_finish == FinishReason::kNone;
+      const int32_t accepted = live ? VerifyDraft(result, i, s) : 0;
+      s->num_computed_tokens += 1 + accepted;
+      if (!live) {
+        SettleVerified(s);
+        continue;
+      }
+    } else {
+      s->num_computed_tokens += e.num_tokens;
+      bm_->MarkComputed(*s);
+    }
     if (e.num_samples == 0 || g->pending_finish != FinishReason::kNone) continue;
     // A group whose siblings are split between decodes and prefills shows up
     // twice in scheduled_; it gets one output.
@@ -689,7 +758,10 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
       continue;
     }
     bool finished;
-    if (e.num_samples > 1) {
+    if (e.num_draft > 0) {
+      finished = EmitRun(g, s, result, i, &out);
+      SettleVerified(s);
+    } else if (e.num_samples > 1) {
       const size_t first_child = ForkSiblings(g, *s, e.num_samples - 1);
       finished = Emit(g, s, TokenOf(result, i, 0), &out);
       for (int32_t k = 1; k < e.num_samples; ++k) {
@@ -833,6 +905,51 @@ size_t Scheduler::ForkSiblings(SequenceGroup* g, const Sequence& parent, int32_t
   }
   g->forked = true;
   return first;
+}
+
+int32_t Scheduler::VerifyDraft(const StepResult& result, size_t i, Sequence* s) {
+  const auto d = static_cast<int32_t>(s->draft.size());
+  int32_t a = 0;
+  while (a < d && TokenOf(result, i, a).token_id == s->draft[a]) ++a;
+  ++counters_.spec_num_drafts;
+  counters_.spec_draft_tokens += d;
+  counters_.spec_accepted_tokens += a;
+  for (int32_t j = 0; j < a && j < static_cast<int32_t>(counters_.spec_accepted_per_pos.size());
+       ++j) {
+    ++counters_.spec_accepted_per_pos[j];
+  }
+  const int32_t k_max = config_.speculative.num_speculative_tokens;
+  s->spec_k = a == d ? std::min(k_max, s->spec_k + 1) : std::max(1, a + 1);
+  return a;
+}
+
+void Scheduler::SettleVerified(Sequence* s) {
+  bm_->TrimToComputed(*s);
+  bm_->MarkComputed(*s);
+}
+
+bool Scheduler::EmitRun(SequenceGroup* g, Sequence* s, const StepResult& result, size_t i,
+                        RequestOutput* out) {
+  // The tokens fed this step are the first num_computed_tokens - len + 1 of
+  // the run (accepted drafts); the target's next sample follows them.
+  const int32_t accepted = s->num_computed_tokens - s->len();
+  SequenceOutput& so = out->seqs.emplace_back();
+  so.index = s->sample_index;
+  for (int32_t j = 0; j <= accepted && !s->finished(); ++j) {
+    const SampledToken& t = TokenOf(result, i, j);
+    s->tokens.push_back(t.token_id);
+    so.new_tokens.push_back(t);
+    CheckStop(s, g->params);
+  }
+  const auto emitted = static_cast<int64_t>(so.new_tokens.size());
+  counters_.spec_emitted_tokens += emitted;
+  // A run cut by a stop condition verified only the tokens before its last.
+  s->num_computed_tokens = std::min(s->num_computed_tokens, s->len() - 1);
+  so.finished = s->finished();
+  so.finish_reason = s->finish_reason;
+  so.stop_token_id = s->stop_token_id;
+  so.num_output_tokens = s->num_output_tokens();
+  return so.finished;
 }
 
 bool Scheduler::Emit(SequenceGroup* g, Sequence* s, const SampledToken& t, RequestOutput* out) {

@@ -57,6 +57,26 @@
 // while the search runs; the final output carries the n best hypotheses
 // (index = rank) with every token, cumulative_logprob and beam_score.
 //
+// Speculative decoding (SchedulerConfig::speculative; runtime/coordinator/
+// speculative.h says why it is exact): in ScheduleRunning, after a running
+// group's tokens are planned and any preemption is done, every sequence of it
+// in decode (not beam search, not an n > 1 parent before its fork) asks the
+// proposer for up to min(spec_k, tokens the budget has left after the
+// reserved decodes, max_tokens and max_model_len room - 1) draft tokens; the
+// drafts are kept only when the device pool has their blocks without
+// preempting anything (else the group decodes one token). The step feeds
+// [last token, drafts] (the budget counts every one) and ProcessResult keeps
+// the longest prefix of the draft equal to the target's samples plus the
+// target's next sample; EOS, stop tokens, max_tokens and max_model_len cut
+// the run where they fire. Then the sequence's blocks past its verified
+// tokens are freed (BlockManager::TrimToComputed).
+// Per-sequence k (spec_k): starts at num_speculative_tokens; after a
+// verification step with draft length d and a accepted, k = min(k_max, k+1)
+// when a == d, else max(1, a + 1). Back-off under load: no sequence drafts in
+// a step whose running sequences (as max_num_seqs counts them) number at
+// least disable_by_batch_size (when > 0). Swapped-in and newly admitted
+// groups draft from their next step on. Beam search never speculates.
+//
 // Not thread-safe: one engine thread owns the scheduler.
 #ifndef PAGEDSERVE_RUNTIME_COORDINATOR_SCHEDULER_H_
 #define PAGEDSERVE_RUNTIME_COORDINATOR_SCHEDULER_H_
@@ -80,6 +100,7 @@
 #include "runtime/common/step_plan.h"
 #include "runtime/coordinator/block_manager.h"
 #include "runtime/coordinator/sequence.h"
+#include "runtime/coordinator/speculative.h"
 
 namespace pagedserve {
 
@@ -101,6 +122,9 @@ struct SchedulerConfig {
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;
   double watermark = 0.01;  // fraction of device blocks kept free at admission
   BlockHashFn hash_fn;      // prefix-cache hash; empty = SHA-256
+  // Speculative decoding (--speculative-config; see "Speculative decoding"
+  // above). Off by default.
+  SpeculativeConfig speculative;
 
   // The startup check: InvalidArgument naming the flag when a setting is out
   // of range or when some admissible request could never be scheduled
@@ -158,6 +182,17 @@ struct SchedulerStats {
   int64_t num_steps = 0;
   int32_t last_step_tokens = 0;
   int32_t last_step_seqs = 0;
+  // Speculative decoding (vLLM's spec-decode counters): verification
+  // entries (a sequence with >= 1 draft token in a step), draft tokens
+  // proposed, draft tokens accepted, tokens emitted by those entries
+  // (accepted + the target's next token, less any cut by a stop condition),
+  // and accepted drafts by position (index j: the draft's (j+1)-th token was
+  // accepted; num_speculative_tokens entries).
+  int64_t spec_num_drafts = 0;
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  int64_t spec_emitted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_pos;
 };
 
 class Scheduler {
@@ -230,6 +265,9 @@ class Scheduler {
     int32_t num_tokens;
     int32_t num_samples;    // 0: no sampling this step
     int32_t group_ordinal;  // 0.. per group committed this step (its output slot)
+    int32_t num_draft = 0;  // draft tokens among num_tokens (seq->draft)
+    // SampledTokens this entry expects in the result.
+    int32_t num_results() const { return num_samples == 0 ? 0 : num_samples + num_draft; }
   };
   // The tokens each unfinished sequence of one group feeds this step
   // (PlanTokens -> Commit). Reused across groups and steps.
@@ -237,6 +275,7 @@ class Scheduler {
     std::vector<Sequence*> seqs;
     std::vector<int32_t> ks;           // tokens fed, per sequence
     std::vector<int32_t> prefix_hits;  // prefix-cache hit in tokens, -1 when not looked up
+    std::vector<int32_t> drafts;       // draft tokens among ks, per sequence
     bool incomplete = false;           // some prompt chunk got less than it needs
   };
   // Where scheduled_[i]'s k-th sampled token is in a StepResult.
@@ -276,7 +315,18 @@ class Scheduler {
   // in decode: PlanTokens + Commit for it when its slot fits in the device
   // pool (then true, one token taken). False, changing nothing, otherwise:
   // the general path plans the group (and preempts when the pool is full).
-  bool CommitLoneDecode(SequenceGroup* g, StepPlan* plan);
+  // `spare`: budget tokens it may use for draft tokens. Returns the tokens
+  // taken (1 + drafts) or 0 when it did not commit.
+  int32_t CommitLoneDecode(SequenceGroup* g, int32_t spare, StepPlan* plan);
+  // Speculative decoding: whether g's decoding sequences may draft now, and
+  // s's draft (into s->draft) of at most `spare` tokens; returns its length.
+  bool MaySpeculate(const SequenceGroup* g) const;
+  int32_t ProposeDraft(const SequenceGroup* g, Sequence* s, int32_t spare);
+  // Adds drafts to the decoding sequences of a planned group within `spare`
+  // budget tokens, dropping them all when the device pool lacks their blocks.
+  void AddDrafts(const SequenceGroup* g, int32_t spare, GroupPlan* gp);
+  // After a verification step: the accepted length (stats, spec_k) of s.
+  int32_t VerifyDraft(const StepResult& result, size_t i, Sequence* s);
   void Preempt(SequenceGroup* g, StepPlan* plan);
   void InsertRunning(SequenceGroup* g);
   int32_t DecodeCount(const SequenceGroup* g) const;
@@ -292,6 +342,15 @@ class Scheduler {
   size_t ForkSiblings(SequenceGroup* g, const Sequence& parent, int32_t count);
   // Appends t to s, checks its stop conditions, adds its output; true when s finished.
   bool Emit(SequenceGroup* g, Sequence* s, const SampledToken& t, RequestOutput* out);
+  // Emit for a verification step: the target's tokens 0..accepted of
+  // scheduled_[i] in one output, cut at the first stop condition;
+  // num_computed_tokens already counts the accepted drafts (len + accepted);
+  // a run cut early lowers it to the tokens fed before the cut.
+  bool EmitRun(SequenceGroup* g, Sequence* s, const StepResult& result, size_t i,
+               RequestOutput* out);
+  // After a verification step's tokens are in s->tokens: blocks past the
+  // verified tokens freed, full verified blocks offered to the prefix cache.
+  void SettleVerified(Sequence* s);
   // One beam-search step of g from its beams' sampled tokens (beam_step_ of
   // this group): extends, forks and drops beams; on the last step marks every
   // beam finished and writes the n results into *out.
@@ -322,6 +381,8 @@ class Scheduler {
   // Beam search: this step's sampled (beam, token) pairs, by output slot.
   std::vector<std::vector<std::pair<Sequence*, const SampledToken*>>> beam_samples_;
   int32_t num_pending_finishes_ = 0;
+  std::unique_ptr<Proposer> proposer_;  // null: speculation off
+  bool spec_step_ = false;              // this step may draft (the batch-size back-off)
   bool in_flight_ = false;
   uint64_t step_id_ = 0;
   uint64_t next_seq_id_ = 0;

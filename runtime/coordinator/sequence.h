@@ -71,6 +71,13 @@ struct Sequence {
   int32_t num_synced_blocks = 0;
   SeqId fork_from = kNoSeq;  // workers start it as a copy of this sibling
 
+  // Speculative decoding: the draft tokens fed after tokens.back() in the
+  // step in flight (unverified, never part of `tokens`), and the number of
+  // draft tokens the next step may propose (adapted to the acceptance; 0
+  // until the first speculative step sets it).
+  std::vector<int32_t> draft;
+  int32_t spec_k = 0;
+
   // Prefix caching: hashes of the first full blocks of `tokens`, and the
   // request's extra keys.
   std::vector<BlockHash> block_hashes;

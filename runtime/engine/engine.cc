@@ -227,6 +227,14 @@ const SchedulerConfig& Engine::scheduler_config() const { return scheduler_->con
 
 Executor& Engine::executor() { return *executor_; }
 
+bool Engine::HasStopString(const std::vector<std::string>& stops, const std::string& text,
+                           size_t from) {
+  for (const std::string& stop : stops) {
+    if (text.find(stop, from) != std::string::npos) return true;
+  }
+  return false;
+}
+
 bool Engine::EmitText(RequestState& r, SeqState& s, bool final, SequenceDelta* d) {
   // Before min_tokens output tokens no stop string ends the sample, and the
   // text is released as it comes (vLLM: such a stop string is never matched).
@@ -459,6 +467,11 @@ absl::Status Engine::AppendTokens(const RequestState& r, SeqState& s, const Sequ
       return absl::InternalError(absl::StrCat("sample ", so.index, ": ", piece.status().message()));
     }
     s.text += *piece;
+    // Several tokens in one step (speculative decoding): a stop string
+    // completed by this token ends the sample here, as it would have one
+    // token per step; the tokens after it are dropped (the scheduler's copy
+    // ends with the sequence, ApplyStopConditions).
+    if (k + 1 < so.new_tokens.size() && HasStopString(r.params.stop, s.text, s.sent)) break;
   }
   return absl::OkStatus();
 }
@@ -508,11 +521,26 @@ void Engine::RecordStepMetrics(const StepPlan& plan, const StepResult& result) {
   fig.prefix_hits = st.prefix_cache_hits - last_stats_.prefix_cache_hits;
   fig.preemptions_swap = st.num_preemptions_swap - last_stats_.num_preemptions_swap;
   fig.preemptions_recompute = st.num_preemptions_recompute - last_stats_.num_preemptions_recompute;
+  fig.spec_drafts = st.spec_num_drafts - last_stats_.spec_num_drafts;
+  fig.spec_draft_tokens = st.spec_draft_tokens - last_stats_.spec_draft_tokens;
+  fig.spec_accepted_tokens = st.spec_accepted_tokens - last_stats_.spec_accepted_tokens;
+  fig.spec_emitted_tokens = st.spec_emitted_tokens - last_stats_.spec_emitted_tokens;
+  fig.spec_accepted_per_pos.resize(st.spec_accepted_per_pos.size());
+  for (size_t j = 0; j < st.spec_accepted_per_pos.size(); ++j) {
+    fig.spec_accepted_per_pos[j] =
+        st.spec_accepted_per_pos[j] -
+        (j < last_stats_.spec_accepted_per_pos.size() ? last_stats_.spec_accepted_per_pos[j] : 0);
+  }
   last_stats_ = st;
   for (const SequenceStep& s : plan.seqs) {
-    if (s.is_prefill()) fig.prompt_tokens += static_cast<int64_t>(s.token_ids.size());
+    // A verification (draft tokens) is a decode, not a prompt chunk.
+    if (s.is_prefill() && s.num_draft_tokens == 0)
+      fig.prompt_tokens += static_cast<int64_t>(s.token_ids.size());
   }
-  fig.generation_tokens = static_cast<int64_t>(result.tokens.size());
+  // A verification entry returns d + 1 samples and emits the accepted ones
+  // and the next (stop conditions aside, as for plain decodes).
+  fig.generation_tokens =
+      static_cast<int64_t>(result.tokens.size()) - fig.spec_draft_tokens + fig.spec_accepted_tokens;
   fig.first_token_prompt_tokens = std::exchange(first_token_prompt_tokens_, 0);
   token_counters_.prompt_tokens += fig.prompt_tokens;
   token_counters_.generation_tokens += fig.generation_tokens;

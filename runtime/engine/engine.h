@@ -213,6 +213,9 @@ class Engine {
   // still become a stop string. Returns true when a stop string was found (the
   // text is truncated before it).
   bool EmitText(RequestState& r, SeqState& s, bool final, SequenceDelta* d);
+  // True when text[from..] holds one of `stops`.
+  static bool HasStopString(const std::vector<std::string>& stops, const std::string& text,
+                            size_t from);
   // Marks a sequence finished: flushes its detokenizer and emits the rest.
   void FinishSeq(RequestState& r, SeqState& s, FinishReason reason, SequenceDelta* d);
   // Finishes every sample of `r` not finished yet with `reason`, one delta each

@@ -15,6 +15,10 @@ void RecordStep(Metrics* m, const StepFigures& f) {
   if (f.prompt_tokens > 0) m->AddPromptTokens(f.prompt_tokens);
   if (f.first_token_prompt_tokens > 0) m->AddRequestPromptTokens(f.first_token_prompt_tokens);
   if (f.generation_tokens > 0) m->AddGenerationTokens(f.generation_tokens);
+  if (f.spec_drafts > 0) {
+    m->AddSpecDecode(f.spec_drafts, f.spec_draft_tokens, f.spec_accepted_tokens,
+                     f.spec_emitted_tokens, f.spec_accepted_per_pos);
+  }
   if (f.executed) {
     m->ObserveStepTokens(f.step_tokens);
     m->ObserveRankStep(0, f.forward_s, f.collective_s);

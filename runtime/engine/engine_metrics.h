@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace pagedserve {
 
@@ -28,6 +29,9 @@ struct StepFigures {
   int64_t generation_tokens = 0;          // sampled this step
   int64_t step_tokens = 0;                // fed to the model this step
   bool executed = false;                  // a forward pass ran (rank figures valid)
+  // Speculative decoding increments (SchedulerStats' spec_* counters).
+  int64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_emitted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_pos;
   double forward_s = 0, collective_s = 0;
 };
 void RecordStep(Metrics* m, const StepFigures& f);

@@ -177,6 +177,7 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
     std::vector<int32_t> token_ids, positions, qsl(num_seqs + 1, 0), seq_lens(num_seqs),
         logits_rows;
     std::vector<int> sampled_seq;  // index into plan.seqs per logits row
+    std::vector<int> row_back;     // per logits row: fed tokens after its token (drafts)
     std::vector<const StepPlanMirror::Sequence*> rows(num_seqs);
     int max_blocks = 1;
     for (int i = 0; i < num_seqs; ++i) {
@@ -201,8 +202,19 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
       std::copy(rows[i]->block_table.begin(), rows[i]->block_table.end(),
                 block_tables.begin() + static_cast<size_t>(i) * max_blocks);
       if (s.sample && !s.token_ids.empty()) {
-        logits_rows.push_back(qsl[i + 1] - 1);
-        sampled_seq.push_back(i);
+        const int d = s.num_draft_tokens;
+        if (d < 0 || d >= static_cast<int>(s.token_ids.size()) || (d > 0 && s.num_samples != 1))
+          return absl::InvalidArgumentError(
+              absl::StrCat("step ", plan.step_id, ": sequence ", s.seq_id, " has ", d,
+                           " draft tokens among ", s.token_ids.size(), " fed with num_samples ",
+                           s.num_samples, " (drafts need num_samples 1 and one verified token)"));
+        // Speculative verification: the target samples after each draft
+        // token too, in position order (step_plan.h).
+        for (int back = d; back >= 0; --back) {
+          logits_rows.push_back(qsl[i + 1] - 1 - back);
+          sampled_seq.push_back(i);
+          row_back.push_back(back);
+        }
       }
     }
     std::vector<int64_t> slot_mapping;
@@ -219,11 +231,12 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
     batch.logits_rows = logits_rows;
     std::vector<RowSampling> reduce;
     std::vector<double> uniforms;
-    PlanRowSampling(plan, rows, sampled_seq, &reduce, &uniforms);
+    PlanRowSampling(plan, rows, sampled_seq, row_back, &reduce, &uniforms);
     SampledRows reduced;
     PS_RETURN_IF_ERROR(model_->Forward(batch, device_layers_, reduce, &reduced, &logits_));
     if (comm_->rank() == 0 && !sampled_seq.empty()) {
-      PS_RETURN_IF_ERROR(CollectTokens(plan, rows, sampled_seq, reduce, reduced, &result));
+      PS_RETURN_IF_ERROR(
+          CollectTokens(plan, rows, sampled_seq, row_back, reduce, reduced, &result));
     }
   }
   result.forward_seconds =
@@ -234,8 +247,8 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
 
 void Worker::PlanRowSampling(const StepPlan& plan,
                              std::span<const StepPlanMirror::Sequence* const> rows,
-                             std::span<const int> sampled_seq, std::vector<RowSampling>* reduce,
-                             std::vector<double>* uniforms) {
+                             std::span<const int> sampled_seq, std::span<const int> row_back,
+                             std::vector<RowSampling>* reduce, std::vector<double>* uniforms) {
   // Rows without beams are reduced where the logits are
   // (ModelBackend::LmHeadSample): greedy ones without penalties or logprobs
   // to their argmax, the others sampled with the sampler's own uniforms (seeded rows: the same
@@ -265,14 +278,15 @@ void Worker::PlanRowSampling(const StepPlan& plan,
     rs.repetition_penalty = p.repetition_penalty;
     rs.frequency_penalty = p.frequency_penalty;
     rs.presence_penalty = p.presence_penalty;
-    rs.token_history = st.history;
-    rs.prompt_len = std::min<int32_t>(st.num_prompt_tokens, st.history.size());
+    const int32_t position = s.context_len() - row_back[r];
+    rs.token_history = std::span<const int32_t>(st.history).first(position);
+    rs.prompt_len = std::min<int32_t>(st.num_prompt_tokens, position);
     rs.uniforms = std::span<const double>(*uniforms).subspan(first_uniform[r], s.num_samples);
     rs.logprobs = p.logprobs;
     for (int32_t j = 0; j < s.num_samples && !p.greedy(); ++j) {
       (*uniforms)[first_uniform[r] + j] =
           p.seed.has_value()
-              ? Sampler::SeededUniform(*p.seed, int64_t{st.sample_index} + j, s.context_len())
+              ? Sampler::SeededUniform(*p.seed, int64_t{st.sample_index} + j, position)
               : absl::Uniform<double>(absl::IntervalClosedOpen, unseeded_, 0.0, 1.0);
     }
   }
@@ -280,7 +294,7 @@ void Worker::PlanRowSampling(const StepPlan& plan,
 
 absl::Status Worker::CollectTokens(const StepPlan& plan,
                                    std::span<const StepPlanMirror::Sequence* const> rows,
-                                   std::span<const int> sampled_seq,
+                                   std::span<const int> sampled_seq, std::span<const int> row_back,
                                    std::span<const RowSampling> reduce, const SampledRows& reduced,
                                    StepResult* result) {
   std::vector<size_t> first_draw(sampled_seq.size() + 1, 0);
@@ -304,9 +318,10 @@ absl::Status Worker::CollectTokens(const StepPlan& plan,
     SamplerRow row;
     row.seq_id = s.seq_id;
     row.params = &st.sampling;
-    row.token_history = st.history;
-    row.prompt_len = std::min<int32_t>(st.num_prompt_tokens, st.history.size());
-    row.position = s.context_len();
+    const int32_t position = s.context_len() - row_back[r];
+    row.token_history = std::span<const int32_t>(st.history).first(position);
+    row.prompt_len = std::min<int32_t>(st.num_prompt_tokens, position);
+    row.position = position;
     row.sample_index = st.sample_index;
     row.num_samples = s.num_samples;
     if (st.sampling.structured_output.active()) {

@@ -129,17 +129,20 @@ class Worker {
   Worker() = default;
 
   // The LmHeadSample mode of each logits row (sampled_seq[r] indexes
-  // plan.seqs and rows), with *uniforms holding the kSample rows' uniforms.
+  // plan.seqs and rows; row_back[r] counts the fed tokens after the row's
+  // token, > 0 for a speculative sequence's rows before its last), with
+  // *uniforms holding the kSample rows' uniforms.
   void PlanRowSampling(const StepPlan& plan, std::span<const StepPlanMirror::Sequence* const> rows,
-                       std::span<const int> sampled_seq, std::vector<RowSampling>* reduce,
-                       std::vector<double>* uniforms);
+                       std::span<const int> sampled_seq, std::span<const int> row_back,
+                       std::vector<RowSampling>* reduce, std::vector<double>* uniforms);
   // Rank 0: the step's tokens in row order, from the rows the backend
   // reduced (`reduced`, LmHeadSample's tokens and logprobs) and the
   // sampler for the rest.
   absl::Status CollectTokens(const StepPlan& plan,
                              std::span<const StepPlanMirror::Sequence* const> rows,
-                             std::span<const int> sampled_seq, std::span<const RowSampling> reduce,
-                             const SampledRows& reduced, StepResult* result);
+                             std::span<const int> sampled_seq, std::span<const int> row_back,
+                             std::span<const RowSampling> reduce, const SampledRows& reduced,
+                             StepResult* result);
 
   std::unique_ptr<LlamaModel> model_;  // its backend owns the pools
   const ModelConfig* config_ = nullptr;

@@ -16,6 +16,7 @@
 #define PAGEDSERVE_TESTS_COORDINATOR_FAKE_ENGINE_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -63,13 +64,18 @@ class FakeEngine {
       } else if (m != nullptr) {
         have = m->history.size();
       }
-      if (have != static_cast<size_t>(s.start_pos)) {
+      // ... except after a verification step, which rewinds over the
+      // rejected part of its draft (at most the draft).
+      auto drafted = last_draft_.find(s.seq_id);
+      const size_t rewind = !s.starts() && drafted != last_draft_.end() ? drafted->second : 0;
+      if (have < static_cast<size_t>(s.start_pos) || have > s.start_pos + rewind) {
         return absl::InternalError(absl::StrCat("step ", plan.step_id, " seq ", s.seq_id,
                                                 ": worker history ", have, " tokens but start_pos ",
                                                 s.start_pos));
       }
     }
     PS_CHECK_OK(mirror_.Apply(plan));
+    for (const SequenceStep& s : plan.seqs) last_draft_[s.seq_id] = s.num_draft_tokens;
     std::vector<int64_t> slots;
     mirror_.AppendSlotMapping(plan, &slots);
     size_t t = 0;
@@ -94,15 +100,26 @@ class FakeEngine {
                          ": KV context differs from the sequence's history"));
       }
       if (!s.sample) continue;
-      for (int32_t k = 0; k < s.num_samples; ++k) {
-        SampledToken tok;
-        tok.seq_id = s.seq_id;
-        tok.token_id = NextToken(ctx, m.sample_index + k);
-        if (m.sampling.logprobs > 0) {
-          TopLogprobs(ctx, m.sampling.logprobs, &tok);
-          tok.token_id = tok.top_token_ids[0];
+      // Speculative verification: a sample after each of the last
+      // num_draft_tokens + 1 fed tokens, from the context up to it.
+      if (s.num_draft_tokens < 0 ||
+          s.num_draft_tokens >= static_cast<int32_t>(s.token_ids.size()) ||
+          (s.num_draft_tokens > 0 && s.num_samples != 1)) {
+        return absl::InternalError(absl::StrCat("step ", plan.step_id, " seq ", s.seq_id, ": ",
+                                                s.num_draft_tokens, " draft tokens"));
+      }
+      for (int32_t back = s.num_draft_tokens; back >= 0; --back) {
+        const std::vector<int32_t> pre(ctx.begin(), ctx.end() - back);
+        for (int32_t k = 0; k < s.num_samples; ++k) {
+          SampledToken tok;
+          tok.seq_id = s.seq_id;
+          tok.token_id = NextToken(pre, m.sample_index + k);
+          if (m.sampling.logprobs > 0) {
+            TopLogprobs(pre, m.sampling.logprobs, &tok);
+            tok.token_id = tok.top_token_ids[0];
+          }
+          result->tokens.push_back(tok);
         }
-        result->tokens.push_back(tok);
       }
     }
     return absl::OkStatus();
@@ -164,6 +181,7 @@ class FakeEngine {
   int32_t bs_, vocab_, eos_;
   std::vector<int32_t> dev_, cpu_;
   StepPlanMirror mirror_;
+  std::map<SeqId, int32_t> last_draft_;  // draft tokens of each sequence's last step
 };
 
 #undef PS_CHECK_OK

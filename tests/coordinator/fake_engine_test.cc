@@ -91,6 +91,9 @@ struct RunOptions {
   // Negative control: record the workload's aborts and stops as made, but do
   // not call the scheduler (a scheduler whose Abort does nothing).
   bool drop_finishes = false;
+  // The fake model's vocabulary: a small one makes n-gram drafts match often
+  // (speculative decoding tests).
+  int32_t vocab = 64;
 };
 
 struct RunResult {
@@ -187,7 +190,7 @@ RunResult RunWorkload(const SchedulerConfig& c, const Workload& w, int32_t eos,
   EXPECT_TRUE(sched_or.ok()) << sched_or.status();
   if (!sched_or.ok()) return rr;
   Scheduler& sched = **sched_or;
-  FakeEngine engine(c.num_device_blocks, c.num_cpu_blocks, c.block_size, 64, eos);
+  FakeEngine engine(c.num_device_blocks, c.num_cpu_blocks, c.block_size, opt.vocab, eos);
   size_t next = 0;
   for (int step = 0; step < 20000; ++step) {
     while (next < w.items.size() && w.items[next].step <= step) {
@@ -310,6 +313,53 @@ TEST_P(RandomWorkloadTest, KvContentsMatchHistoriesAndOutputsMatchUnpreemptedRun
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomWorkloadTest,
                          ::testing::Combine(::testing::Values(11u, 12u, 13u),
+                                            ::testing::Values(PreemptionMode::kRecompute,
+                                                              PreemptionMode::kSwap),
+                                            ::testing::Bool()));
+
+// Speculative decoding (n-gram drafts) on the fake model: with random
+// acceptance patterns (a 2-token vocabulary: drafts often match, often not),
+// preemption by swap and recompute, n > 1 siblings sharing blocks (copy on
+// write), prefix caching and every k from 1 to 8, the fake worker reads every
+// sequence's K/V through its mirrored block table after each step (a rolled
+// back block that was not dropped, or a stale slot, changes the context), the
+// block manager's invariants hold after every step (no block beyond the
+// verified tokens), and the outputs equal a run without speculation and
+// without preemption token for token.
+class SpecWorkloadTest
+    : public ::testing::TestWithParam<std::tuple<uint64_t, PreemptionMode, bool /*caching*/>> {};
+
+TEST_P(SpecWorkloadTest, SameTokensAsWithoutSpeculationUnderPreemption) {
+  const auto [seed, mode, caching] = GetParam();
+  const Workload w = MakeWorkload(seed, 40, /*with_aborts=*/false);
+  RunOptions opt;
+  opt.vocab = 2;
+  const RunResult ref = RunWorkload(Base(4000, 0), w, /*eos=*/5, opt);
+  ASSERT_EQ(ref.stats.num_preemptions_recompute + ref.stats.num_preemptions_swap, 0);
+  for (int32_t k = 1; k <= 8; ++k) {
+    SCOPED_TRACE(::testing::Message() << "k = " << k);
+    SchedulerConfig tight = Base(76, seed % 2 ? 40 : 12);
+    tight.preemption_mode = mode;
+    tight.enable_prefix_caching = caching;
+    tight.speculative.method = "ngram";
+    tight.speculative.num_speculative_tokens = k;
+    tight.speculative.prompt_lookup_min = 1 + static_cast<int32_t>(seed % 2);
+    tight.speculative.prompt_lookup_max = 3;
+    const RunResult got = RunWorkload(tight, w, 5, opt);
+    EXPECT_EQ(got.outputs, ref.outputs);
+    EXPECT_GT(got.stats.num_preemptions_recompute + got.stats.num_preemptions_swap, 0);
+    // Both acceptance and rejection happened, runs of two accepted too.
+    EXPECT_GT(got.stats.spec_accepted_tokens, 0);
+    EXPECT_GT(got.stats.spec_draft_tokens, got.stats.spec_accepted_tokens);
+    ASSERT_EQ(got.stats.spec_accepted_per_pos.size(), static_cast<size_t>(k));
+    EXPECT_GT(got.stats.spec_accepted_per_pos[std::min(k, 2) - 1], 0);
+    EXPECT_LE(got.stats.spec_emitted_tokens,
+              got.stats.spec_accepted_tokens + got.stats.spec_num_drafts);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, SpecWorkloadTest,
+                         ::testing::Combine(::testing::Values(21u, 22u),
                                             ::testing::Values(PreemptionMode::kRecompute,
                                                               PreemptionMode::kSwap),
                                             ::testing::Bool()));

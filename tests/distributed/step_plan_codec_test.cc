@@ -50,6 +50,10 @@ StepPlan FullPlan() {
     s.block_table = {7 * i, 7 * i + 1, 7 * i + 2};
     s.sample = i != 2;
     s.num_samples = i + 1;
+    if (i == 0) {  // a verification: 2 of its 3 fed tokens are drafts
+      s.num_samples = 1;
+      s.num_draft_tokens = 2;
+    }
     s.sample_index = i;
     s.sampling = FullSampling(i);
     s.num_prompt_tokens = 4 + i;
@@ -125,6 +129,7 @@ void ExpectPlanEq(const StepPlan& a, const StepPlan& b) {
     EXPECT_EQ(x.block_table, y.block_table);
     EXPECT_EQ(x.sample, y.sample);
     EXPECT_EQ(x.num_samples, y.num_samples);
+    EXPECT_EQ(x.num_draft_tokens, y.num_draft_tokens);
     EXPECT_EQ(x.sample_index, y.sample_index);
     ExpectSamplingEq(x.sampling, y.sampling);
     EXPECT_EQ(x.num_prompt_tokens, y.num_prompt_tokens);

@@ -105,6 +105,7 @@ class EngineModelTest : public ::testing::Test {
     int32_t max_model_len = 512;
     bool prefix_caching = false;
     PreemptionMode mode = PreemptionMode::kRecompute;
+    SpeculativeConfig spec;  // off unless set
   };
   static std::unique_ptr<Engine> MakeEngine(const Config& c,
                                             std::unique_ptr<Executor> exec = nullptr) {
@@ -115,6 +116,7 @@ class EngineModelTest : public ::testing::Test {
     o.scheduler.max_model_len = c.max_model_len;
     o.scheduler.enable_prefix_caching = c.prefix_caching;
     o.scheduler.preemption_mode = c.mode;
+    o.scheduler.speculative = c.spec;
     auto e = Engine::Create(o, tokenizer_, std::move(exec), {tokenizer_->eos_id()});
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? std::move(*e) : nullptr;
@@ -579,7 +581,70 @@ TEST_F(EngineModelTest, BeamSearchNegativeControlGreedyDiffers) {
 }
 
 class EnginePreemptionTest : public EngineModelTest,
-                             public ::testing::WithParamInterface<PreemptionMode> {};
+                             public ::testing::WithParamInterface<PreemptionMode> {
+ protected:
+  // The body of PenaltiesAndSeedsMatchNumpyWithAndWithoutPreemption, with spec_.
+  void CheckPenaltiesAndSeeds();
+  SpeculativeConfig spec_;  // the speculative variants below set it
+};
+
+SpeculativeConfig Ngram(int32_t k, int32_t min_n = 1, int32_t max_n = 3) {
+  SpeculativeConfig c;
+  c.method = "ngram";
+  c.num_speculative_tokens = k;
+  c.prompt_lookup_min = min_n;
+  c.prompt_lookup_max = max_n;
+  return c;
+}
+
+// Speculative decoding (n-gram drafts), greedy: a batch of reference prompts
+// gives token for token what the same batch gives without speculation, and
+// the transformers reference (near-tie rule), with k_max = 2 and 8 (the
+// per-sequence k adapts within 1..k_max; runs of 3 accepted tokens occur);
+// drafts were
+// both accepted and rejected (the random model repeats itself, so prompt
+// lookup finds matches), and every block is freed. Then batch 1.
+TEST_F(EngineModelTest, SpeculativeGreedyEqualsPlainGreedyForEveryK) {
+  const std::vector<std::string> names = {"story", "numbers", "code", "one_token", "chat_system"};
+  constexpr int kTokens = 24;
+  auto run = [&](const Config& c, const std::vector<std::string>& batch, SchedulerStats* st) {
+    auto e = MakeEngine(c);
+    for (const std::string& n : batch)
+      EXPECT_TRUE(e->AddRequest(Greedy(n, Ref(n).prompt_ids, kTokens)).ok());
+    auto all = RunAll(*e);
+    *st = e->stats();
+    ExpectAllFreed(*e);
+    return all;
+  };
+  SchedulerStats plain_stats;
+  const auto plain = run(Config{}, names, &plain_stats);
+  for (int32_t k : {2, 8}) {
+    Config c;
+    c.spec = Ngram(k);
+    SchedulerStats st;
+    const auto got = run(c, names, &st);
+    for (const std::string& n : names) {
+      EXPECT_EQ(got.at(n).tokens[0], plain.at(n).tokens[0]) << n << ", k = " << k;
+      ExpectSameGreedy(Ref(n), got.at(n).tokens[0]);
+      EXPECT_EQ(got.at(n).text[0], Decode(got.at(n).tokens[0])) << n;
+      EXPECT_EQ(got.at(n).usage.completion_tokens, kTokens) << n;
+    }
+    EXPECT_GT(st.spec_accepted_tokens, 0) << "k = " << k;
+    EXPECT_GT(st.spec_draft_tokens, st.spec_accepted_tokens) << "k = " << k;
+    ASSERT_EQ(st.spec_accepted_per_pos.size(), static_cast<size_t>(k));
+    for (int32_t j = 0; j < std::min(k, 3); ++j)
+      EXPECT_GT(st.spec_accepted_per_pos[j], 0) << "k = " << k << ", position " << j;
+    // Fewer forward passes than tokens: the point of it.
+    EXPECT_LT(st.num_steps, plain_stats.num_steps) << "k = " << k;
+  }
+  // Batch 1.
+  Config c;
+  c.spec = Ngram(5, 2, 4);
+  SchedulerStats st;
+  const auto got = run(c, {"story"}, &st);
+  EXPECT_EQ(got.at("story").tokens[0], plain.at("story").tokens[0]) << "story alone";
+  EXPECT_GT(st.spec_accepted_tokens, 0);
+}
 
 TEST_P(EnginePreemptionTest, PreemptedRequestsGiveTheSameGreedyTokens) {
   Config c;
@@ -621,6 +686,10 @@ TEST_P(EnginePreemptionTest, PreemptedRequestsGiveTheSameGreedyTokens) {
 // reference's margins (>= 1e-3 logits greedy, >= 2e-4 of the mass from a CDF
 // boundary sampled) are far above the ~1e-5 logit noise against transformers.
 TEST_P(EnginePreemptionTest, PenaltiesAndSeedsMatchNumpyWithAndWithoutPreemption) {
+  CheckPenaltiesAndSeeds();
+}
+
+void EnginePreemptionTest::CheckPenaltiesAndSeeds() {
   const nlohmann::json fixture = testing::ReadJson(
       testing::SourceDir() + "/tests/fixtures/random_llama/sampling_engine_reference.json");
   const nlohmann::json& refs = fixture.at("requests");
@@ -647,7 +716,8 @@ TEST_P(EnginePreemptionTest, PenaltiesAndSeedsMatchNumpyWithAndWithoutPreemption
     }
     return rs;
   };
-  auto run = [&](const Config& c, SchedulerStats* st) {
+  auto run = [&](Config c, SchedulerStats* st) {
+    c.spec = spec_;
     auto e = MakeEngine(c);
     for (const EngineRequest& r : requests()) EXPECT_TRUE(e->AddRequest(r).ok());
     auto all = RunAll(*e);
@@ -693,6 +763,40 @@ TEST_P(EnginePreemptionTest, PenaltiesAndSeedsMatchNumpyWithAndWithoutPreemption
   // would not see a lost history otherwise).
   EXPECT_EQ(sampled, 2);
   EXPECT_GT(differs_from_plain_greedy, 0);
+}
+
+// The same with speculative decoding (k = 4 with swap preemption; k = 6 and
+// lookups of 1..2 tokens with recompute): penalties read the history up to each verified position
+// and seeded rows draw the uniform keyed by (seed, sample index, position), so the
+// accepted-or-replaced tokens equal the numpy reference exactly (the verification samples the
+// target at every draft position: a draft token is kept iff it is what the target drew,
+// speculative.h).
+TEST_P(EnginePreemptionTest, SpeculativePenaltiesAndSeedsMatchNumpy) {
+  spec_ = GetParam() == PreemptionMode::kSwap ? Ngram(4) : Ngram(6, 1, 2);
+  CheckPenaltiesAndSeeds();
+}
+
+// Greedy tokens with speculation under a pool that forces preemption.
+TEST_P(EnginePreemptionTest, SpeculativePreemptedRequestsGiveTheSameGreedyTokens) {
+  Config c;
+  c.device_blocks = 8;
+  c.cpu_blocks = 16;
+  c.max_model_len = 64;
+  c.mode = GetParam();
+  c.spec = Ngram(6);
+  auto e = MakeEngine(c);
+  const std::vector<std::string> names = {"plain_english", "story", "code", "numbers"};
+  for (const std::string& n : names)
+    ASSERT_TRUE(e->AddRequest(Greedy(n, Ref(n).prompt_ids, 16)).ok());
+  auto all = RunAll(*e);
+  const SchedulerStats st = e->stats();
+  EXPECT_GT(st.num_preemptions_swap + st.num_preemptions_recompute, 0);
+  EXPECT_GT(st.spec_accepted_tokens, 0);
+  for (const std::string& n : names) {
+    EXPECT_EQ(all[n].tokens[0].size(), 16u) << n;
+    ExpectSameGreedy(Ref(n), all[n].tokens[0]);
+  }
+  ExpectAllFreed(*e);
 }
 
 // Beam search under preemption: the beams of a request are swapped or

@@ -57,6 +57,9 @@ struct Workload {
     for (const auto& r : requests) {
       for (int64_t i = 0; i < r.generation_len; ++i) m.AddGenerationTokens(1);
     }
+    // Speculative decoding: 4 verifications, 12 drafts, 7 accepted (4 at
+    // position 0, 2 at 1, 1 at 2), 11 emitted.
+    m.AddSpecDecode(4, 12, 7, 11, {4, 2, 1});
     for (double s : itl) m.ObserveInterTokenLatency(s);
     for (int64_t n : step_tokens) m.ObserveStepTokens(n);
     for (const auto& s : rank_steps) m.ObserveRankStep(s.rank, s.step_s, s.collective_s);
