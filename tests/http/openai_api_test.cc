@@ -500,7 +500,7 @@ TEST(OpenAiApiTest, LogitProcessorAndOutputFields) {
       {R"("include_stop_str_in_output": "yes")", "include_stop_str_in_output"},
       {R"("prompt_logprobs": 1)", "prompt_logprobs"},
       {R"("suffix": "end")", "suffix"},
-      {R"("guided_regex": "a+")", "guided_regex"},
+      {R"("guided_grammar": "root ::= \"a\"")", "guided_grammar"},
       {R"("use_beam_search": true, "min_tokens": 2)", "min_tokens"},
   };
   for (const auto& [fields, param] : refused) {
@@ -518,7 +518,12 @@ TEST(OpenAiApiTest, LogitProcessorAndOutputFields) {
 // a stream); the string as given, or token ids decoded.
 TEST(OpenAiApiTest, EchoPutsThePromptFirst) {
   const std::vector<int32_t> ids = Tok().Encode("Hi there", {false, true});
-  json body = {{"prompt", json::array({"The sky", ids})}, {"echo", true}, {"n", 2}};
+  // Token ids are decoded (a list holds one prompt form: strings or id arrays).
+  json ids_body = {{"prompt", json::array({ids})}, {"echo", true}};
+  ParseOutcome from_ids = Completions(ids_body.dump());
+  ASSERT_TRUE(from_ids.request.has_value()) << from_ids.error.message;
+  EXPECT_EQ(from_ids.request->echo_texts, (std::vector<std::string>{"Hi there"}));
+  json body = {{"prompt", json::array({"The sky", "Hi there"})}, {"echo", true}, {"n", 2}};
   ParseOutcome o = Completions(body.dump());
   ASSERT_TRUE(o.request.has_value()) << o.error.message;
   EXPECT_EQ(o.request->echo_texts, (std::vector<std::string>{"The sky", "Hi there"}));
