@@ -9,11 +9,11 @@
 #include <optional>
 #include <string>
 
-#include "runtime/common/structured_output.h"
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+#include "runtime/common/structured_output.h"
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json_fwd.hpp"
