@@ -119,7 +119,7 @@ struct ServedModel {
 // Parses a request body. `chat_template` may be null (then `messages` is a 400).
 // Errors: 400 (bad JSON, missing / mistyped / out-of-range field, empty
 // prompt), 404 (model is not the served one).
-// A known field that is not implemented (prompt_logprobs, suffix, guided_*,
+// A known field that is not implemented (prompt_logprobs, suffix, functions,
 // ...) with anything but null or its "off" value is a 400 naming it; a field
 // this API does not know is ignored and named in ignored_fields (the server
 // logs one warning line naming them, as vLLM does).
