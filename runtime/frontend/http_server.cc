@@ -953,6 +953,20 @@ struct HttpServer::Impl {
                     "application/json");
   }
 
+  // The SSE events (their data) of one choice's news: tool-call chunks when
+  // the request parses tool calls, else one chunk (the role with the first).
+  static std::vector<std::string> DeltaEvents(Job& job, int c, const openai::ChoiceState& d,
+                                              const Tokenizer& tok) {
+    if (job.request.parse_tool_calls) {
+      return openai::ToolStreamChunks(job.request, job.id, job.created, c, job.choices[c].text,
+                                      d.finish_reason, &job.tool_streams[c]);
+    }
+    const bool first = !job.started[c];
+    job.started[c] = true;
+    return {openai::StreamChunk(job.request, job.id, job.created, c, d, first, tok,
+                                &job.text_offsets[c])};
+  }
+
   void Stream(const std::shared_ptr<Job>& job, const HttpBackend* b, httplib::Response& res) {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
@@ -974,24 +988,12 @@ struct HttpServer::Impl {
             }
             std::vector<std::pair<int, openai::ChoiceState>> deltas;
             Apply(*job, *out, &deltas);
-            for (auto& [c, d] : deltas) {
-              if (job->request.parse_tool_calls) {
-                for (const std::string& chunk : openai::ToolStreamChunks(
-                         job->request, job->id, job->created, c, job->choices[c].text,
-                         d.finish_reason, &job->tool_streams[c])) {
-                  if (!send(chunk)) {
-                    AbortAndLog(*job, *b);
-                    return false;
-                  }
+            for (const auto& [c, d] : deltas) {
+              for (const std::string& event : DeltaEvents(*job, c, d, tok)) {
+                if (!send(event)) {
+                  AbortAndLog(*job, *b);
+                  return false;
                 }
-                continue;
-              }
-              const bool first = !job->started[c];
-              job->started[c] = true;
-              if (!send(openai::StreamChunk(job->request, job->id, job->created, c, d, first, tok,
-                                            &job->text_offsets[c]))) {
-                AbortAndLog(*job, *b);
-                return false;
               }
             }
           }
