@@ -18,7 +18,7 @@
 //   openblas_set_num_threads(omp_get_max_threads()) during the run.
 // Counter weight_GBps = bytes of the stored weight / time (decode is bound by it).
 // Format ids: the WeightType values (0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1,
-// 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K, 30 BF16).
+// 8 Q8_0, 10 Q2_K, 11 Q3_K, 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS, 30 BF16).
 #include <cblas.h>
 #include <omp.h>
 
@@ -64,6 +64,11 @@ std::vector<uint8_t> RandomWeightBytes(WeightType type, int64_t rows, int64_t co
   for (size_t off = 0; off < w.size(); off += bb) {
     if (type == WeightType::kQ6_K) {
       put(&w[off + 208], 0.001f);
+    } else if (type == WeightType::kQ3_K) {
+      put(&w[off + 108], 0.001f);
+    } else if (type == WeightType::kQ2_K) {
+      put(&w[off + 80], 0.01f);
+      put(&w[off + 82], 0.001f);
     } else {
       put(&w[off], 0.01f);
       put(&w[off + 2], 0.001f);
@@ -216,6 +221,16 @@ void PanelArgs(benchmark::internal::Benchmark* b) {
                                       {13, 2048, 2048}})
     for (int64_t t : {2, 4, 8, 16, 32})
       for (int64_t m : {0, 2, 4}) b->Args({f, rows, cols, t, m});
+  // Q4_0 and Q8_0 panels (PanelBlock32) against the 2x4 tiles and the 8-row
+  // interleaved tiles; Q3_K against its row dots and tiles.
+  for (const auto& [f, rows, cols] : {std::tuple<int64_t, int64_t, int64_t>{2, 2048, 8192},
+                                      {8, 2048, 8192},
+                                      {2, 2048, 2048},
+                                      {8, 2048, 2048}})
+    for (int64_t t : {4, 8, 16, 32, 128})
+      for (int64_t m : {2, 3, 4}) b->Args({f, rows, cols, t, m});
+  for (int64_t t : {4, 8, 16, 32})
+    for (int64_t m : {0, 2, 4}) b->Args({11, 2048, 8192, t, m});
 }
 void KQuant1BArgs(benchmark::internal::Benchmark* b) {
   for (const auto& [f, rows, cols] : {std::tuple<int64_t, int64_t, int64_t>{12, 2048, 2048},

@@ -3,7 +3,7 @@
 shapes larger than the default SmolLM2-135M (issue 10: "a random-weight Llama
 of about 1B parameters ... quantized to Q4_K_M with llama.cpp's llama-quantize").
 
-    python3 bench/make_random_gguf.py OUT.gguf [--shape 1b|3b|135m] [--seed 0]
+    python3 bench/make_random_gguf.py OUT.gguf [--shape 1b|3b|135m|qwen3moe-2l] [--seed 0]
         [--tokenizer-from SOURCE.gguf]
 
 Then quantize it with the baseline build (bench/build-llamacpp):
@@ -15,6 +15,11 @@ tokenizer source, embeddings tied as in Llama-3.2-1B):
   135m: SmolLM2-135M's own shape (576, 30, 9, 3, 1536)
   1b:   Llama-3.2-1B's shape with a 49152 vocabulary (2048, 16, 32, 8, 8192), ~1.07e9
   3b:   Llama-3.2-3B's shape with a 49152 vocabulary (3072, 28, 24, 8, 8192), ~3.0e9
+  qwen3moe-2l: 2 of Qwen3-30B-A3B's 48 layers (GGUF arch qwen3moe: hidden 2048,
+        32 heads and 4 KV heads of 128 with q/k norms, 128 experts of width 768,
+        top-8), a 49152 vocabulary, untied LM head; ~1.4e9 parameters of which
+        ~0.35e9 active per token (the per-layer work of the 30B model; the
+        whole model does not fit this machine's time budget to generate)
 
 The tokenizer (vocabulary, merges, token types, special ids, pre-tokenizer)
 is copied from --tokenizer-from (default: the model scripts/fetch-model
@@ -39,6 +44,8 @@ SHAPES = {
     "135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, ffn=1536, rope_base=100000.0),
     "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, rope_base=500000.0),
     "3b": dict(hidden=3072, layers=28, heads=24, kv_heads=8, ffn=8192, rope_base=500000.0),
+    "qwen3moe-2l": dict(hidden=2048, layers=2, heads=32, kv_heads=4, ffn=6144, rope_base=1e6,
+                        head_dim=128, experts=128, experts_used=8, expert_ffn=768),
 }
 TOKENIZER_KEYS = [
     "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
@@ -99,8 +106,9 @@ def main():
         source = subprocess.check_output([os.path.join(root, "scripts", "fetch-model")],
                                          text=True).strip()
     s = SHAPES[args.shape]
-    head_dim = s["hidden"] // s["heads"]
-    writer = GGUFWriter(args.out, "llama")
+    head_dim = s.get("head_dim", s["hidden"] // s["heads"])
+    moe = "experts" in s
+    writer = GGUFWriter(args.out, "qwen3moe" if moe else "llama")
     writer.add_name(f"random-llama-{args.shape}")
     writer.add_file_type(1)  # LLAMA_FTYPE_MOSTLY_F16
     vocab = copy_tokenizer(writer, source)
@@ -111,6 +119,12 @@ def main():
     writer.add_head_count(s["heads"])
     writer.add_head_count_kv(s["kv_heads"])
     writer.add_rope_dimension_count(head_dim)
+    if moe:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_expert_count(s["experts"])
+        writer.add_expert_used_count(s["experts_used"])
+        writer.add_expert_feed_forward_length(s["expert_ffn"])
     writer.add_rope_freq_base(s["rope_base"])
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
@@ -121,17 +135,30 @@ def main():
         return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
 
     ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
-    h, kv = s["hidden"], s["kv_heads"] * head_dim
+    def experts(rows, cols):  # numpy (E, rows, cols) = GGUF ne (cols, rows, E)
+        return np.stack([dense(rows, cols) for _ in range(s["experts"])])
+
+    h, kv, q = s["hidden"], s["kv_heads"] * head_dim, s["heads"] * head_dim
     writer.add_tensor("token_embd.weight", dense(vocab, h))
     writer.add_tensor("output_norm.weight", ones(h))
+    if moe:
+        writer.add_tensor("output.weight", dense(vocab, h))
     for i in range(s["layers"]):
         p = f"blk.{i}."
         writer.add_tensor(p + "attn_norm.weight", ones(h))
-        writer.add_tensor(p + "attn_q.weight", dense(h, h))
+        writer.add_tensor(p + "attn_q.weight", dense(q, h))
         writer.add_tensor(p + "attn_k.weight", dense(kv, h))
         writer.add_tensor(p + "attn_v.weight", dense(kv, h))
-        writer.add_tensor(p + "attn_output.weight", dense(h, h))
+        writer.add_tensor(p + "attn_output.weight", dense(h, q))
         writer.add_tensor(p + "ffn_norm.weight", ones(h))
+        if moe:
+            writer.add_tensor(p + "attn_q_norm.weight", ones(head_dim))
+            writer.add_tensor(p + "attn_k_norm.weight", ones(head_dim))
+            writer.add_tensor(p + "ffn_gate_inp.weight", dense(s["experts"], h).astype(np.float32))
+            writer.add_tensor(p + "ffn_gate_exps.weight", experts(s["expert_ffn"], h))
+            writer.add_tensor(p + "ffn_up_exps.weight", experts(s["expert_ffn"], h))
+            writer.add_tensor(p + "ffn_down_exps.weight", experts(h, s["expert_ffn"]))
+            continue
         writer.add_tensor(p + "ffn_gate.weight", dense(s["ffn"], h))
         writer.add_tensor(p + "ffn_up.weight", dense(s["ffn"], h))
         writer.add_tensor(p + "ffn_down.weight", dense(h, s["ffn"]))

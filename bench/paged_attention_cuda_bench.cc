@@ -26,8 +26,16 @@
 // TFLOP/s (4 * head_size * heads * sum over rows of the keys each row sees)
 // and the mma/simt speed-up.
 //
-//   paged_attention_cuda_bench [--json PATH] [--quick]
+//   paged_attention_cuda_bench [--json PATH] [--quick] [--exclude V1,V2,...]
 //   paged_attention_cuda_bench --probe
+//
+// Variants (--exclude names): paged, v1, v2, gqa, gqa_mma, contiguous,
+// prefill_simt, prefill_mma. Each is isolated: one the library refuses (a
+// non-OK status) is recorded in its record's "errors" with time -1 and the
+// others run; an excluded one is -1 without an error. Before each variant
+// the JSON is rewritten with "running": "VARIANT SHAPE", so a run that dies
+// inside one (a device fault) names it, and scripts/gpu-check runs the
+// benchmark again with that variant excluded.
 //
 // --probe (scripts/gpu-check): prints one line naming the device and exits 0,
 // or prints "no usable CUDA device: REASON" and exits 3.
@@ -38,7 +46,8 @@
 // tensor-core run), and "prefill": one record per prefill shape (batch,
 // prompt, heads, kv_heads, dtype, simt_ms, mma_ms, simt_tflops, mma_tflops,
 // mma_speedup). It is rewritten (PATH.tmp, renamed) after every shape, with
-// "partial": true until the last one: a run cut off keeps what it measured.
+// "partial": true until the last one (and "running" while a variant runs): a
+// run cut off keeps what it measured.
 //
 // Without a usable device it prints the reason, writes {"skipped": reason} to
 // the JSON path and exits 0.
@@ -50,6 +59,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -128,6 +138,41 @@ struct Shape {
 
 enum class Variant { kAuto, kV1, kV2, kGqa, kGqaMma };
 
+// JSON string literal of s.
+std::string JsonString(const std::string& s) {
+  std::string r = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      r += '\\';
+      r += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      r += ' ';
+    } else {
+      r += c;
+    }
+  }
+  return r + "\"";
+}
+
+// The variants a run skips (--exclude), the one running now and the errors
+// of the current record; flush() rewrites the JSON (with "running").
+struct RunState {
+  std::vector<std::string> excluded;
+  std::string running;
+  std::vector<std::string> errors;
+  std::function<void()> flush;
+  bool Excluded(const std::string& v) const {
+    return std::find(excluded.begin(), excluded.end(), v) != excluded.end();
+  }
+  // "errors": [...] of the current record, then cleared.
+  std::string TakeErrors() {
+    std::string r = "[";
+    for (size_t i = 0; i < errors.size(); ++i) r += (i ? ", " : "") + JsonString(errors[i]);
+    errors.clear();
+    return r + "]";
+  }
+};
+
 // Median time in ms (CUDA events) of `iters` calls of run() after `warmup`.
 template <typename Fn>
 float MedianMs(Fn run, int warmup, int iters) {
@@ -152,25 +197,56 @@ float MedianMs(Fn run, int warmup, int iters) {
   return times[times.size() / 2];
 }
 
-// Median time in ms of `iters` runs after warm-up.
-float TimeDecode(pk::PagedAttentionParams p, Variant v, int iters) {
-  auto run = [&] {
-    absl::Status s = v == Variant::kAuto  ? pk::PagedAttention(p)
-                     : v == Variant::kV1  ? pk::PagedAttentionV1(p)
-                     : v == Variant::kV2  ? pk::PagedAttentionV2(p)
-                     : v == Variant::kGqa ? pk::PagedAttentionGqa(p)
-                                          : pk::PagedAttentionGqaMma(p);
-    if (!s.ok()) {
-      std::fprintf(stderr, "paged attention failed: %s\n", s.ToString().c_str());
-      std::exit(1);
-    }
-  };
-  return MedianMs(run, 3, iters);
+// Variant `name` at `where` timed by MedianMs over `call` (returning an
+// absl::Status): -1 when excluded, or when the first call is refused (the
+// status goes to st.errors). The JSON names the variant while it runs.
+template <typename Call>
+float TimeVariant(RunState& st, const std::string& name, const std::string& where, Call call,
+                  int warmup, int iters) {
+  if (st.Excluded(name)) return -1.0f;
+  st.running = name + " " + where;
+  st.flush();
+  float ms = -1.0f;
+  const absl::Status first = call();
+  if (!first.ok()) {
+    std::fprintf(stderr, "%s %s refused: %s\n", name.c_str(), where.c_str(),
+                 first.ToString().c_str());
+    st.errors.push_back(name + ": " + first.ToString());
+  } else {
+    ms = MedianMs(
+        [&] {
+          const absl::Status s = call();
+          if (!s.ok()) {  // accepted once, refused now: nothing to isolate
+            std::fprintf(stderr, "%s %s failed: %s\n", name.c_str(), where.c_str(),
+                         s.ToString().c_str());
+            std::exit(1);
+          }
+        },
+        warmup, iters);
+  }
+  st.running.clear();
+  return ms;
+}
+
+// Median time in ms of `iters` decode runs of variant v after warm-up.
+float TimeDecode(RunState& st, const std::string& name, const std::string& where,
+                 const pk::PagedAttentionParams& p, Variant v, int iters) {
+  return TimeVariant(
+      st, name, where,
+      [&] {
+        return v == Variant::kAuto  ? pk::PagedAttention(p)
+               : v == Variant::kV1  ? pk::PagedAttentionV1(p)
+               : v == Variant::kV2  ? pk::PagedAttentionV2(p)
+               : v == Variant::kGqa ? pk::PagedAttentionGqa(p)
+                                    : pk::PagedAttentionGqaMma(p);
+      },
+      3, iters);
 }
 
 struct Options {
   std::string json_path;
   bool quick = false, probe = false;
+  std::vector<std::string> exclude;
 };
 
 // False (after printing the usage) on an unknown argument.
@@ -182,8 +258,16 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       o->quick = true;
     } else if (std::strcmp(argv[i], "--probe") == 0) {
       o->probe = true;
+    } else if (std::strcmp(argv[i], "--exclude") == 0 && i + 1 < argc) {
+      std::string list = argv[++i];
+      for (size_t b = 0, e; b <= list.size(); b = e + 1) {
+        e = list.find(',', b);
+        if (e == std::string::npos) e = list.size();
+        if (e > b) o->exclude.push_back(list.substr(b, e - b));
+      }
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] | --probe\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--exclude V,...] | --probe\n",
+                   argv[0]);
       return false;
     }
   }
@@ -298,38 +382,46 @@ struct ShapeTimes {
   double kv_bytes, kv_bps;
 };
 
-ShapeTimes TimeShape(const Shape& s, const ShapeBuffers& b) {
+std::string ShapeName(const Shape& s) {
+  return std::string(pk::DTypeName(s.dtype)) + " batch " + std::to_string(s.batch) + " context " +
+         std::to_string(s.context) + " " + std::to_string(s.heads) + "/" +
+         std::to_string(s.kv_heads);
+}
+
+ShapeTimes TimeShape(const Shape& s, const ShapeBuffers& b, RunState& st) {
   const int iters = 20;
+  const std::string where = ShapeName(s);
   pk::PagedAttentionParams p = b.Params(s);
   ShapeTimes t{};
-  t.paged = TimeDecode(p, Variant::kAuto, iters);
-  t.v1 = TimeDecode(p, Variant::kV1, iters);
-  t.v2 = TimeDecode(p, Variant::kV2, iters);
-  t.gqa = TimeDecode(p, Variant::kGqa, iters);
+  t.paged = TimeDecode(st, "paged", where, p, Variant::kAuto, iters);
+  t.v1 = TimeDecode(st, "v1", where, p, Variant::kV1, iters);
+  t.v2 = TimeDecode(st, "v2", where, p, Variant::kV2, iters);
+  t.gqa = TimeDecode(st, "gqa", where, p, Variant::kGqa, iters);
   t.gqa_mma = pk::GqaMmaFits(s.dtype, kHeadSize, s.heads / s.kv_heads)
-                  ? TimeDecode(p, Variant::kGqaMma, iters)
+                  ? TimeDecode(st, "gqa_mma", where, p, Variant::kGqaMma, iters)
                   : -1.0f;
   p.block_tables = static_cast<const int32_t*>(b.bt_contig);
   p.host_block_tables = b.ident.data();
-  t.contig = TimeDecode(p, Variant::kAuto, iters);
+  t.contig = TimeDecode(st, "contiguous", where, p, Variant::kAuto, iters);
   t.kv_bytes = 2.0 * static_cast<double>(s.batch) * s.context * s.kv_heads * kHeadSize * 2;
-  t.kv_bps = t.kv_bytes / (t.paged * 1e-3);
+  t.kv_bps = t.paged > 0 ? t.kv_bytes / (t.paged * 1e-3) : 0.0;  // 0: paged did not run
   return t;
 }
 
 // One table row on stdout; returns the shape's JSON record.
-std::string Report(const Shape& s, const ShapeTimes& t, double copy_bw) {
+std::string Report(const Shape& s, const ShapeTimes& t, double copy_bw, RunState& st) {
   const char* variant = pk::DecodeKernelName(
       pk::ChooseDecodeKernel(pk::Device::kCUDA, s.batch, s.heads, s.kv_heads, kHeadSize, s.context)
           .kernel);
   const char* dtype = pk::DTypeName(s.dtype);
   const char* attention = s.heads == s.kv_heads ? "MHA" : "GQA";
   const double bw = t.kv_bps;
+  const double pct = t.paged > 0 ? 100.0 * bw / copy_bw : -1;  // -1: paged did not run
   std::printf(
       "%-5s %-6d %-7d %2d/%-4d %-8s | %-9.4f %-9.1f %-7.1f | %-9.4f %-9.4f %-9.4f %-9.4f %-9.4f | "
       "%.3f\n",
-      dtype, s.batch, s.context, s.heads, s.kv_heads, variant, t.paged, bw / 1e9,
-      100.0 * bw / copy_bw, t.v1, t.v2, t.gqa, t.gqa_mma, t.contig, t.paged / t.contig);
+      dtype, s.batch, s.context, s.heads, s.kv_heads, variant, t.paged, bw / 1e9, pct, t.v1, t.v2,
+      t.gqa, t.gqa_mma, t.contig, t.paged > 0 && t.contig > 0 ? t.paged / t.contig : -1.0f);
   const double mma_pct = t.gqa_mma > 0 ? 100.0 * (t.kv_bytes / (t.gqa_mma * 1e-3)) / copy_bw : -1;
   char buf[768];
   std::snprintf(buf, sizeof(buf),
@@ -339,28 +431,23 @@ std::string Report(const Shape& s, const ShapeTimes& t, double copy_bw) {
                 "\"paged_ms\": %.5f, \"v1_ms\": %.5f, \"v2_ms\": %.5f, \"gqa_ms\": %.5f, "
                 "\"gqa_mma_ms\": %.5f, \"contiguous_ms\": %.5f, "
                 "\"kv_bytes\": %.0f, \"kv_GBps\": %.2f, \"pct_of_copy_bw\": %.2f, "
-                "\"gqa_mma_pct_of_copy_bw\": %.2f}",
+                "\"gqa_mma_pct_of_copy_bw\": %.2f",
                 s.batch, s.context, s.heads, s.kv_heads, attention, kHeadSize, kBlockSize, dtype,
-                variant, t.paged, t.v1, t.v2, t.gqa, t.gqa_mma, t.contig, t.kv_bytes, bw / 1e9,
-                100.0 * bw / copy_bw, mma_pct);
-  return buf;
+                variant, t.paged, t.v1, t.v2, t.gqa, t.gqa_mma, t.contig, t.kv_bytes, bw / 1e9, pct,
+                mma_pct);
+  return buf + (", \"errors\": " + st.TakeErrors() + "}");
 }
 
-// Median time in ms of `iters` prefill runs after warm-up.
-float TimePrefill(const pk::PrefillAttentionParams& p, int iters) {
-  auto run = [&] {
-    const absl::Status s = pk::PrefillAttention(p);
-    if (!s.ok()) {
-      std::fprintf(stderr, "prefill attention failed: %s\n", s.ToString().c_str());
-      std::exit(1);
-    }
-  };
-  return MedianMs(run, 2, iters);
+// Median time in ms of `iters` prefill runs after warm-up (-1: see TimeVariant).
+float TimePrefill(RunState& st, const std::string& name, const std::string& where,
+                  const pk::PrefillAttentionParams& p, int iters) {
+  return TimeVariant(
+      st, name, where, [&] { return pk::PrefillAttention(p); }, 2, iters);
 }
 
 // Prefill of `batch` fresh prompts of `prompt` tokens (32q/8kv, head 128)
 // with both kernels; prints a row and returns the JSON record.
-std::string PrefillShape(int batch, int prompt, pk::DType dtype, std::mt19937& rng) {
+std::string PrefillShape(int batch, int prompt, pk::DType dtype, std::mt19937& rng, RunState& st) {
   const Shape s{batch, prompt, 32, 8, dtype};
   const ShapeBuffers b(s, rng);  // cache, block tables and lengths (= prompt)
   const int64_t tokens = static_cast<int64_t>(batch) * prompt;
@@ -390,25 +477,30 @@ std::string PrefillShape(int batch, int prompt, pk::DType dtype, std::mt19937& r
   p.host_block_tables = b.perm.data();
   const int iters = 10;
   p.kernel = pk::PrefillKernel::kSimt;
-  const float simt = TimePrefill(p, iters);
+  const std::string where = std::string(pk::DTypeName(dtype)) + " batch " + std::to_string(batch) +
+                            " prompt " + std::to_string(prompt) + " 32/8";
+  const float simt = TimePrefill(st, "prefill_simt", where, p, iters);
   p.kernel = pk::PrefillKernel::kMma;
-  const float mma = TimePrefill(p, iters);
+  const float mma = TimePrefill(st, "prefill_mma", where, p, iters);
   for (void* ptr : {q, out, dqsl}) CHECK_CUDA(cudaFree(ptr));
   // Row i of a prompt sees i + 1 keys: QK^T and PV, 2 flops per multiply-add.
   const double flops = 4.0 * kHeadSize * s.heads * batch * (prompt * (prompt + 1.0) / 2.0);
-  const double simt_tf = flops / (simt * 1e-3) / 1e12, mma_tf = flops / (mma * 1e-3) / 1e12;
+  // -1 for a variant that did not run.
+  const auto tflops = [&](float ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : -1.0; };
+  const double simt_tf = tflops(simt), mma_tf = tflops(mma);
+  const double speedup = simt > 0 && mma > 0 ? simt / mma : -1.0;
   std::printf(
       "prefill %-5s batch %d prompt %-5d 32/8 | simt %.4f ms (%.1f TFLOP/s) | mma %.4f ms "
       "(%.1f TFLOP/s) | mma/simt speed-up %.2f\n",
-      pk::DTypeName(dtype), batch, prompt, simt, simt_tf, mma, mma_tf, simt / mma);
+      pk::DTypeName(dtype), batch, prompt, simt, simt_tf, mma, mma_tf, speedup);
   char buf[512];
   std::snprintf(buf, sizeof(buf),
                 "    {\"batch\": %d, \"prompt\": %d, \"heads\": %d, \"kv_heads\": %d, "
                 "\"head_size\": %d, \"dtype\": \"%s\", \"simt_ms\": %.5f, \"mma_ms\": %.5f, "
-                "\"simt_tflops\": %.2f, \"mma_tflops\": %.2f, \"mma_speedup\": %.3f}",
+                "\"simt_tflops\": %.2f, \"mma_tflops\": %.2f, \"mma_speedup\": %.3f",
                 batch, prompt, s.heads, s.kv_heads, kHeadSize, pk::DTypeName(dtype), simt, mma,
-                simt_tf, mma_tf, simt / mma);
-  return buf;
+                simt_tf, mma_tf, speedup);
+  return buf + (", \"errors\": " + st.TakeErrors() + "}");
 }
 
 }  // namespace
@@ -421,7 +513,7 @@ int main(int argc, char** argv) {
   if (!pk::CudaDeviceAvailable(&reason)) {
     std::printf("paged_attention_cuda_bench: skipped (%s)\n", reason.c_str());
     if (!o.json_path.empty()) {
-      std::ofstream(o.json_path) << "{\"skipped\": \"" << reason << "\"}\n";
+      std::ofstream(o.json_path) << "{\"skipped\": " << JsonString(reason) << "}\n";
     }
     return 0;
   }
@@ -438,35 +530,49 @@ int main(int argc, char** argv) {
   std::printf("%-5s %-6s %-7s %-7s %-8s | %-9s %-9s %-7s | %-9s %-9s %-9s %-9s %-9s | %s\n",
               "dtype", "batch", "context", "heads", "variant", "paged ms", "KV GB/s", "% copy",
               "v1 ms", "v2 ms", "gqa ms", "mma ms", "contig ms", "paged/contig");
-  // The JSON so far, closed by `tail`, written to PATH.tmp and renamed after
-  // every shape: a run cut off (scripts/gpu-check's deadline) or crashing in a
-  // later shape keeps the shapes it finished ("partial": true until the end).
-  const auto flush = [&](const char* tail) {
+  // The JSON so far, closed by `tail` (and "running" while a variant runs),
+  // written to PATH.tmp and renamed before every variant and after every
+  // shape: a run cut off (scripts/gpu-check's deadline) or dying in a later
+  // variant keeps the shapes it finished ("partial": true until the end).
+  std::string tail = "\n  ],\n  \"prefill\": [],\n  \"partial\": true\n}\n";
+  RunState st;
+  st.excluded = o.exclude;
+  st.flush = [&] {
     if (o.json_path.empty()) return;
     const std::string tmp = o.json_path + ".tmp";
     {
       std::ofstream f(tmp);
-      f << json << tail;
+      f << json;
+      if (!st.running.empty()) {
+        // "running" goes before the closing of the open list: after it.
+        const size_t close = tail.find(']');
+        f << tail.substr(0, close + 1) << ",\n  \"running\": " << JsonString(st.running)
+          << tail.substr(close + 1);
+      } else {
+        f << tail;
+      }
     }
     std::rename(tmp.c_str(), o.json_path.c_str());
   };
   bool first = true;
   for (const Shape& s : ListShapes(o.quick)) {
     const ShapeBuffers buffers(s, rng);
-    const std::string record = Report(s, TimeShape(s, buffers), copy_bw);
-    json += (first ? "" : ",\n") + record;
+    const ShapeTimes times = TimeShape(s, buffers, st);
+    json += (first ? "" : ",\n") + Report(s, times, copy_bw, st);
     first = false;
-    flush("\n  ],\n  \"prefill\": [],\n  \"partial\": true\n}\n");
+    st.flush();
   }
   json += "\n  ],\n  \"prefill\": [\n";
+  tail = "\n  ],\n  \"partial\": true\n}\n";
   first = true;
   for (pk::DType dtype : {pk::DType::kFloat16, pk::DType::kBFloat16})
     for (int prompt : o.quick ? std::vector<int>{2048} : std::vector<int>{512, 2048}) {
-      json += (first ? "" : ",\n") + PrefillShape(4, prompt, dtype, rng);
+      json += (first ? "" : ",\n") + PrefillShape(4, prompt, dtype, rng, st);
       first = false;
-      flush("\n  ],\n  \"partial\": true\n}\n");
+      st.flush();
     }
   json += "\n  ]\n}\n";
-  flush("");
+  tail.clear();
+  st.flush();
   return 0;
 }

@@ -102,7 +102,7 @@ void PutStructuredOutput(wire::Writer& w, const StructuredOutput& so) {
 absl::Status GetStructuredOutput(wire::Reader& r, StructuredOutput* so) {
   uint8_t kind = 0;
   PS_RETURN_IF_ERROR(r.Get(&kind, "sampling.structured_output.kind"));
-  if (kind > static_cast<uint8_t>(StructuredOutput::Kind::kChoice)) {
+  if (kind > static_cast<uint8_t>(StructuredOutput::Kind::kToolCalls)) {
     return absl::DataLossError(
         absl::StrCat("step plan: unknown structured output kind ", int{kind}));
   }

@@ -93,6 +93,11 @@ absl::Status CheckAttentionCommon(absl::string_view op, const Params& p) {
   if (!std::isfinite(p.scale)) return Invalid(op, "scale must be finite, got ", p.scale);
   if (p.sliding_window < 0)
     return Invalid(op, "sliding_window must be >= 0 (0 = none), got ", p.sliding_window);
+  if (!(p.logit_softcap >= 0) || !std::isfinite(p.logit_softcap))
+    return Invalid(op, "logit_softcap must be finite and >= 0 (0 = none), got ", p.logit_softcap);
+  if (p.logit_softcap > 0 && p.cache.device != Device::kCPU)
+    return absl::UnimplementedError(
+        absl::StrCat(op, ": logit_softcap (Gemma 2's attention soft-capping) runs on kCPU only"));
   return absl::OkStatus();
 }
 

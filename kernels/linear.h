@@ -8,7 +8,8 @@
 //  - F16 / BF16: fewer than 128 tokens: converted to fp32 in registers (F16C; BF16
 //    by a 16-bit shift, which is exact) and fp32 FMA dot products; more: tiles of
 //    rows converted to fp32 and multiplied with sgemm.
-//  - Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: the activations are quantized
+//  - Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS:
+//    the activations are quantized
 //    on the fly to 8 bits per element with one fp32 scale per block of the weight's
 //    format (32 elements, like ggml's Q8_0/Q8_1, for the legacy formats; 256 with
 //    per-16 sums, like ggml's Q8_K, for the K-quants), the weight's integer codes
@@ -47,6 +48,14 @@
 //    token's 4 codes, sub-block scales by vpmulld and the mins by vpdpwssd
 //    in registers; AVX2: pmaddubsw/pmaddwd on 8 rows at a time). The stored
 //    weight is not copied: one copy of the weights stays in memory.
+//    Q2_K and Q3_K take the K-quant paths above (row dots, tiles and
+//    kPanel16, their 16-element scale groups handled as Q6_K's); IQ4_NL
+//    and IQ4_XS (ggml's 16-entry non-linear codebook, looked up with one
+//    pshufb per 32 codes, |w| times x with w's sign in pmaddubsw) use the
+//    row dots (1 row x up to 4 tokens) at every token count. On the AVX-512
+//    path Q4_0 and Q8_0 from 8 tokens also use 16-row panels (PanelBlock32:
+//    one vpdpbusd per 4 codes x 16 rows; issue 34); on AVX2 they keep the
+//    8-row tiles, measured faster there.
 //    The activation quantizer is vectorized on the x86
 //    paths and writes blocks bit-identical to the portable one.
 //    kernels/cpu/linear.cc chooses the method per shape in one place.

@@ -66,6 +66,11 @@ struct PagedAttentionParams {
   // the window are not read (nor need they hold anything finite); on kCUDA a
   // windowed call runs v1/v2 (ChooseDecodeKernel), not the GQA kernels.
   int sliding_window = 0;
+  // Soft-capping of the scores (Gemma 2's attn_logit_softcapping): > 0
+  // replaces each scaled score s by logit_softcap * tanh(s / logit_softcap)
+  // before the window mask and the softmax (HF eager_attention_forward). 0 =
+  // none. kCPU only (kCUDA: Unimplemented).
+  float logit_softcap = 0.0f;
   // Host-readable copies used only for validation on kCUDA (optional there; on
   // CPU the device arrays are host-readable and are checked directly).
   const int32_t* host_block_tables = nullptr;

@@ -57,6 +57,11 @@ struct PrefillAttentionParams {
   // pos]; 0 = causal over the whole context. Keys wholly before every row's
   // window are not read. On kCUDA a windowed call runs kSimt.
   int sliding_window = 0;
+  // Soft-capping of the scores (Gemma 2's attn_logit_softcapping): > 0
+  // replaces each scaled score s by logit_softcap * tanh(s / logit_softcap)
+  // before the window mask and the softmax (HF eager_attention_forward). 0 =
+  // none. kCPU only (kCUDA: Unimplemented).
+  float logit_softcap = 0.0f;
   const int32_t* host_query_start_loc = nullptr;  // validation copies for kCUDA
   const int32_t* host_seq_lens = nullptr;
   const int32_t* host_block_tables = nullptr;

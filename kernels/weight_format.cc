@@ -14,9 +14,13 @@ bool IsWeightType(uint32_t id) {
     case 6:
     case 7:
     case 8:
+    case 10:
+    case 11:
     case 12:
     case 13:
     case 14:
+    case 20:
+    case 23:
     case 30: return true;
     default: return false;
   }
@@ -31,9 +35,13 @@ const char* WeightTypeName(WeightType type) {
     case WeightType::kQ5_0: return "Q5_0";
     case WeightType::kQ5_1: return "Q5_1";
     case WeightType::kQ8_0: return "Q8_0";
+    case WeightType::kQ2_K: return "Q2_K";
+    case WeightType::kQ3_K: return "Q3_K";
     case WeightType::kQ4_K: return "Q4_K";
     case WeightType::kQ5_K: return "Q5_K";
     case WeightType::kQ6_K: return "Q6_K";
+    case WeightType::kIQ4_NL: return "IQ4_NL";
+    case WeightType::kIQ4_XS: return "IQ4_XS";
     case WeightType::kBF16: return "BF16";
   }
   return "?";
@@ -48,10 +56,14 @@ int64_t BlockElems(WeightType type) {
     case WeightType::kQ4_1:
     case WeightType::kQ5_0:
     case WeightType::kQ5_1:
-    case WeightType::kQ8_0: return 32;
+    case WeightType::kQ8_0:
+    case WeightType::kIQ4_NL: return 32;
+    case WeightType::kQ2_K:
+    case WeightType::kQ3_K:
     case WeightType::kQ4_K:
     case WeightType::kQ5_K:
-    case WeightType::kQ6_K: return 256;
+    case WeightType::kQ6_K:
+    case WeightType::kIQ4_XS: return 256;
   }
   return 0;
 }
@@ -66,9 +78,13 @@ size_t BlockBytes(WeightType type) {
     case WeightType::kQ5_0: return 22;
     case WeightType::kQ5_1: return 24;
     case WeightType::kQ8_0: return 34;
+    case WeightType::kQ2_K: return 84;
+    case WeightType::kQ3_K: return 110;
     case WeightType::kQ4_K: return 144;
     case WeightType::kQ5_K: return 176;
     case WeightType::kQ6_K: return 210;
+    case WeightType::kIQ4_NL: return 18;
+    case WeightType::kIQ4_XS: return 136;
   }
   return 0;
 }

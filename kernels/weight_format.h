@@ -5,8 +5,10 @@
 // bytes a GGUF file holds for that row (little-endian; ggml-common.h / gguf-py
 // GGML_QUANT_SIZES): F32, F16 and BF16 are plain element arrays; the legacy
 // formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 are 32-element blocks with an fp16 scale
-// (and an fp16 min for the _1 variants); the K-quants Q4_K, Q5_K, Q6_K are
-// 256-element super-blocks. Block byte layouts are spelled out in
+// (and an fp16 min for the _1 variants); the K-quants Q2_K, Q3_K, Q4_K, Q5_K,
+// Q6_K are 256-element super-blocks; IQ4_NL (32-element blocks) and IQ4_XS
+// (256-element super-blocks) hold 4-bit indices into ggml's 16-entry
+// non-linear codebook (kvalues_iq4nl). Block byte layouts are spelled out in
 // kernels/cpu/quant_blocks.h.
 #ifndef PAGEDSERVE_KERNELS_WEIGHT_FORMAT_H_
 #define PAGEDSERVE_KERNELS_WEIGHT_FORMAT_H_
@@ -29,24 +31,30 @@ enum class WeightType : uint8_t {
   kQ5_0 = 6,
   kQ5_1 = 7,
   kQ8_0 = 8,
+  kQ2_K = 10,
+  kQ3_K = 11,
   kQ4_K = 12,
   kQ5_K = 13,
   kQ6_K = 14,
+  kIQ4_NL = 20,
+  kIQ4_XS = 23,
   kBF16 = 30,
 };
 
 // True when `ggml_type_id` is one of the WeightType values above.
 bool IsWeightType(uint32_t ggml_type_id);
 
-// "F32", "F16", "BF16", "Q4_0", ..., "Q6_K" (ggml's names); "?" for other values.
+// "F32", "F16", "BF16", "Q4_0", ..., "Q6_K", "IQ4_NL", "IQ4_XS" (ggml's names);
+// "?" for other values.
 const char* WeightTypeName(WeightType type);
 
-// Elements per block: 1 for F32/F16/BF16, 32 for Q4_0..Q8_0, 256 for the K-quants;
-// 0 for a value that is not a WeightType.
+// Elements per block: 1 for F32/F16/BF16, 32 for Q4_0..Q8_0 and IQ4_NL, 256 for
+// the K-quants and IQ4_XS; 0 for a value that is not a WeightType.
 int64_t BlockElems(WeightType type);
 
 // Bytes per block (ggml's type_size): 4, 2, 2, 18 (Q4_0), 20 (Q4_1), 22 (Q5_0),
-// 24 (Q5_1), 34 (Q8_0), 144 (Q4_K), 176 (Q5_K), 210 (Q6_K); 0 for a non-WeightType.
+// 24 (Q5_1), 34 (Q8_0), 84 (Q2_K), 110 (Q3_K), 144 (Q4_K), 176 (Q5_K), 210 (Q6_K),
+// 18 (IQ4_NL), 136 (IQ4_XS); 0 for a non-WeightType.
 size_t BlockBytes(WeightType type);
 
 // Bytes of one row of `cols` elements. InvalidArgument when cols is negative or

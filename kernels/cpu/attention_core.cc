@@ -101,6 +101,7 @@ PS_ALWAYS_INLINE void AttendImpl(const AttendArgs& a) {
         for (int j = 0; j < X; ++j) s += acc[t * X + j];
         s *= a.scale;
         if (a.slopes != nullptr) s += a.slopes[m] * static_cast<float>(b0 + t - a.qpos[m]);
+        if (a.softcap > 0) s = a.softcap * std::tanh(s / a.softcap);
         if (a.first != nullptr && b0 + t < a.first[m]) s = ninf;  // before the window
         lg[t] = s;
         mx = s > mx ? s : mx;
@@ -334,6 +335,8 @@ __attribute__((target("avx2,fma,f16c"))) void Attend16Avx2(const AttendArgs& a) 
       } else {
         BlockLogits<T, BS>(K, qr, chunks, n, a.scale, slope, pos0, lg);
       }
+      if (a.softcap > 0)  // Gemma 2's soft cap, in scalar code (tanh)
+        for (int t = 0; t < n; ++t) lg[t] = a.softcap * std::tanh(lg[t] / a.softcap);
       if (a.first != nullptr)  // tokens before the window weigh nothing
         for (int t = 0; t < n && b0 + t < a.first[m]; ++t) lg[t] = ninf;
     }

@@ -68,6 +68,9 @@ struct AttendArgs {
   const int* qpos = nullptr;      // [M] query position; used only with slopes
   const float* slopes = nullptr;  // [M] ALiBi slope per query or null
   float scale = 1.0f;
+  // > 0: each scaled logit s becomes softcap * tanh(s / softcap) (Gemma 2's
+  // attention soft-capping) before the window mask; 0 = none.
+  float softcap = 0.0f;
   // Block i covers tokens [t_begin + i * block_size, ...): pointers to this KV
   // head's part of the block, key [head_size/x, block_size, x] and value
   // [head_size, block_size], elements of the cache dtype (fp8: raw codes).

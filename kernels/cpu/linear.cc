@@ -207,6 +207,14 @@ bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t co
 // at 4 tokens the panels were even to 1.14x slower, at 8 tokens 1.4-1.6x
 // faster than the row dots on AVX-512 and 1.04-1.2x on AVX2, at 16-32
 // tokens 2-2.2x (AVX-512) and 1.2-1.5x (AVX2).
+// Q4_0 and Q8_0 (PanelBlock32, issue 34) measured the same way at 2048x8192
+// (docs/benchmarks.md "Q8_0 / Q4_0 / Q3_K at the 1B shape"): on AVX-512 the
+// panels were 1.3-2.3x faster than the 2x4 tiles at 4 tokens and 1.8-5x at
+// 8-128 (the AVX-512 path had no 8-row tiles), so they take the same
+// crossover; on AVX2 the 8-row interleaved tiles (kRowBlock8) stayed 1.0-2.4x
+// faster than the panels at 8-128 tokens (the panel's gather repack and
+// Q8_0's per-chunk widening cost more than they save there), so Q4_0/Q8_0 keep
+// kRowBlock8 on AVX2.
 constexpr int64_t kPanelMinTokens = 8;
 // Rows converted to fp32 per sgemm call of the tile method (F16/BF16).
 constexpr int64_t kTileRows = 64;
@@ -368,8 +376,9 @@ void PanelRange(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, i
   }
   static thread_local std::vector<PanelBlock> scratch;
   const int64_t nb = p.w.cols / BlockElems(p.w.type);
-  PanelBlock* pb = Scratch(scratch, static_cast<size_t>(nb));
-  const size_t tok_bytes = static_cast<size_t>(nb) * sizeof(ActBlock256);
+  PanelBlock* pb = Scratch(scratch, PanelScratchBlocks(p.w.type, nb));
+  const size_t tok_bytes = static_cast<size_t>(nb) *
+                           (UsesActBlock256(p.w.type) ? sizeof(ActBlock256) : sizeof(ActBlock32));
   for (int64_t r = r0; r < r1; r += kPanelRows) {
     const int n = static_cast<int>(std::min<int64_t>(kPanelRows, r1 - r));
     fn(Row(p.w, r), p.w.row_stride_bytes, n, nb, xq, tok_bytes, p.num_tokens, pb, p.y + r,
@@ -457,13 +466,14 @@ bool IsQuantized(WeightType t) {
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols,
                           CpuIsa isa) {
   if (IsQuantized(type)) {
-    if (isa != CpuIsa::kPortable && HasPanel16(type) && num_tokens >= kPanelMinTokens)
+    if (isa != CpuIsa::kPortable && HasPanel16(type) && num_tokens >= kPanelMinTokens &&
+        (isa == CpuIsa::kAvx512 || !HasRowBlock8(type)))
       return LinearMethod::kPanel16;
     if (isa == CpuIsa::kAvx2 && HasRowBlock8(type) && num_tokens >= kRow8MinTokensAvx2 &&
         rows >= kRow8Rows) {
       return LinearMethod::kRowBlock8;
     }
-    if (KQuantRowDotsAvx2(type, isa)) return LinearMethod::kRowDot;
+    if (KQuantRowDotsAvx2(type, isa) || !HasRowBlockTiles(type)) return LinearMethod::kRowDot;
     return RowDotsFaster(type, num_tokens, rows, cols) ? LinearMethod::kRowDot
                                                        : LinearMethod::kRowBlock;
   }
@@ -489,6 +499,10 @@ IsaKernels::QDotFn QDotFor(const IsaKernels& k, WeightType type) {
     case WeightType::kQ4_K: return k.q4_k;
     case WeightType::kQ5_K: return k.q5_k;
     case WeightType::kQ6_K: return k.q6_k;
+    case WeightType::kQ2_K: return k.q2_k;
+    case WeightType::kQ3_K: return k.q3_k;
+    case WeightType::kIQ4_NL: return k.iq4_nl;
+    case WeightType::kIQ4_XS: return k.iq4_xs;
     default: return nullptr;
   }
 }
@@ -503,6 +517,8 @@ IsaKernels::QTileFn QTileFor(const IsaKernels& k, WeightType type, bool decode) 
     case WeightType::kQ4_K: return decode ? k.d4_k : k.t4_k;
     case WeightType::kQ5_K: return decode ? k.d5_k : k.t5_k;
     case WeightType::kQ6_K: return decode ? k.d6_k : k.t6_k;
+    case WeightType::kQ2_K: return decode ? k.d2_k : k.t2_k;
+    case WeightType::kQ3_K: return decode ? k.d3_k : k.t3_k;
     default: return nullptr;
   }
 }
@@ -523,6 +539,10 @@ IsaKernels::PanelFn PanelFor(const IsaKernels& k, WeightType type) {
     case WeightType::kQ4_K: return k.p4_k;
     case WeightType::kQ5_K: return k.p5_k;
     case WeightType::kQ6_K: return k.p6_k;
+    case WeightType::kQ2_K: return k.p2_k;
+    case WeightType::kQ3_K: return k.p3_k;
+    case WeightType::kQ4_0: return k.p4_0;
+    case WeightType::kQ8_0: return k.p8_0;
     default: return nullptr;
   }
 }
@@ -625,7 +645,8 @@ Member MakeMember(const LinearParams& p, LinearMethod method) {
   if (method == LinearMethod::kRowBlock8 && !HasRowBlock8(p.w.type))
     method = LinearMethod::kRowBlock;
   if (method == LinearMethod::kPanel16 && !HasPanel16(p.w.type)) method = LinearMethod::kRowBlock;
-  if (method == LinearMethod::kRowBlock && !IsQuantized(p.w.type)) method = LinearMethod::kRowDot;
+  if (method == LinearMethod::kRowBlock && (!IsQuantized(p.w.type) || !HasRowBlockTiles(p.w.type)))
+    method = LinearMethod::kRowDot;
   return Member{&p, method, method != LinearMethod::kTileSgemm && IsQuantized(p.w.type),
                 UsesActBlock256(p.w.type)};
 }

@@ -285,7 +285,10 @@ const IsaKernels& Avx2Kernels() {
                                Row8Legacy<22, 6, 2, false, 16>,
                                Row8Legacy<24, 8, 4, true, 0>,
                                Row8Q8_0,
-                               PS_X86_PANELS};
+                               PS_X86_PANELS,
+                               PS_X86_NEW_DOTS_AND_TILES,
+                               PS_X86_PANELS_Q23,
+                               PS_X86_PANELS_32};
   return k;
 }
 

@@ -23,7 +23,7 @@ enum class LinearMethod : uint8_t {
   kRowBlock8,  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: kRow8Rows rows x kRow8Tokens tokens with the rows
                // in the vector lanes (IsaKernels::t8r*); rows left over use kRowBlock,
                // tokens left over the row dots; other formats use kRowBlock
-  kPanel16,    // Q4_K, Q5_K, Q6_K on the x86 paths: panels of kPanelRows weight rows repacked
+  kPanel16,    // Q2_K .. Q6_K on the x86 paths: panels of kPanelRows weight rows repacked
                // into a PanelBlock layout (rows in the vector lanes), then a register-tiled
                // GEMM over all tokens (IsaKernels::p*); other formats and the portable path
                // use kRowBlock
@@ -42,11 +42,18 @@ absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method);
 // LinearGroup (kernels/linear.h) on a given ISA path (methods from ChooseMethod).
 absl::Status LinearGroupWith(std::span<const LinearParams> ps, CpuIsa isa);
 
-// True for the formats whose activations are quantized (Q4_0 .. Q6_K).
+// True for the formats whose activations are quantized (every one but F32, F16, BF16).
 bool IsQuantized(WeightType type);
 // Activation block used with `type`: 32 (ActBlock32) or 256 (ActBlock256).
 inline bool UsesActBlock256(WeightType t) {
-  return t == WeightType::kQ4_K || t == WeightType::kQ5_K || t == WeightType::kQ6_K;
+  return t == WeightType::kQ2_K || t == WeightType::kQ3_K || t == WeightType::kQ4_K ||
+         t == WeightType::kQ5_K || t == WeightType::kQ6_K || t == WeightType::kIQ4_XS;
+}
+// True for the formats with register-blocked tiles (IsaKernels::t*, d*): every
+// quantized format except IQ4_NL and IQ4_XS, which use the row dots (1 row x up
+// to kMaxTokens tokens) wherever kRowBlock would be used.
+inline bool HasRowBlockTiles(WeightType t) {
+  return t != WeightType::kIQ4_NL && t != WeightType::kIQ4_XS;
 }
 
 // Quantizes n activations (n a multiple of 32 / 256) into n/32 or n/256 blocks.
@@ -88,7 +95,7 @@ inline bool HasRowBlock8(WeightType t) {
          t == WeightType::kQ5_1 || t == WeightType::kQ8_0;
 }
 
-// kPanel16 (the many-token GEMM of the K-quants). A thread repacks kPanelRows
+// kPanel16 (the many-token GEMM of the K-quants Q2_K .. Q6_K). A thread repacks kPanelRows
 // consecutive weight rows at a time, on the fly, into per-thread scratch (the
 // stored weight is never copied as a whole: one copy of the weights stays in
 // memory, the mmap'd file), then multiplies the repacked panel with every
@@ -103,16 +110,19 @@ inline bool HasRowBlock8(WeightType t) {
 // rows 16 wide; repacked per call instead of at load.
 inline constexpr int kPanelRows = 16;
 // One 256-element super-block of a panel of kPanelRows rows (rows past the
-// weight's last row are zero). For Q4_K / Q5_K / Q6_K row i, super-block b:
-//   codes[c][i][0..4): codes of elements 4c..4c+3, unsigned (Q4_K 0..15, Q5_K
-//                      0..31, Q6_K 0..63, i.e. before Q6_K's -32 offset);
+// weight's last row are zero). For Q2_K .. Q6_K row i, super-block b:
+//   codes[c][i][0..4): codes of elements 4c..4c+3, unsigned (Q2_K 0..3, Q3_K
+//                      0..7, Q4_K 0..15, Q5_K 0..31, Q6_K 0..63, i.e. before
+//                      Q3_K's -4 and Q6_K's -32 offset);
 //   scales[g][i]: the scale s of elements 16g..16g+15 as the int16 pair (s, s)
-//                 (Q4_K/Q5_K: the 6-bit scale of sub-block g / 2; Q6_K: the int8 scale g);
+//                 (Q4_K/Q5_K: the 6-bit scale of sub-block g / 2; Q6_K: the int8
+//                 scale g; Q2_K: the 4-bit scale g; Q3_K: the 6-bit scale g - 32);
 //   mins[k][i]: int16 pair (lo, hi) multiplied with the activation sums of
 //               elements 32k..32k+15 (lo) and 32k+16..32k+31 (hi): Q4_K/Q5_K
-//               (m_k, m_k) with m_k the 6-bit min of sub-block k; Q6_K
-//               (32 s_2k, 32 s_2k+1), the -32 offset;
-//   d[i], dmin[i]: fp32 super-block scales (Q6_K: dmin = d), so that
+//               (m_k, m_k) with m_k the 6-bit min of sub-block k; Q2_K (m_2k,
+//               m_2k+1), the 4-bit mins; Q6_K (32 s_2k, 32 s_2k+1) and Q3_K
+//               (4 s_2k, 4 s_2k+1), the offsets;
+//   d[i], dmin[i]: fp32 super-block scales (Q3_K, Q6_K: dmin = d), so that
 //     row . x = sum_b dx_b * (d * sum_g s_g * (codes_g . xq_g) - dmin * sum_k mins_k . bsums_k)
 //   with xq, dx, bsums the token's ActBlock256 blocks.
 struct alignas(64) PanelBlock {
@@ -123,8 +133,32 @@ struct alignas(64) PanelBlock {
   float dmin[kPanelRows];
 };
 static_assert(sizeof(PanelBlock) == 5760);
-// True for the formats with kPanel16 kernels.
-inline bool HasPanel16(WeightType t) { return UsesActBlock256(t); }
+// One 32-element block of a panel of Q4_0 or Q8_0 rows (issue 34; rows past
+// the weight's last row are zero). codes[c][i][0..4): elements 4c..4c+3 of row
+// i as bytes: Q4_0 the codes 0..15 (value d (q - 8)); Q8_0 on the AVX-512 path
+// the int8 code + 128 (vpdpbusd's unsigned operand), on the AVX2 path the int8
+// code itself (pmaddubsw takes |w| and x with w's sign); d[i]: fp32 block
+// scale. row . x = sum_b dx_b d_b (codes_b . xq_b - off sum_b) with off = 8
+// (Q4_0), 128 (Q8_0 on AVX-512) or 0. The PanelFn of these formats uses its
+// PanelBlock scratch as PanelBlock32 storage (PanelScratchBlocks).
+struct alignas(64) PanelBlock32 {
+  uint8_t codes[8][kPanelRows][4];
+  float d[kPanelRows];
+};
+static_assert(sizeof(PanelBlock32) == 576);
+// True for the formats with kPanel16 kernels (the K-quants Q2_K .. Q6_K, and
+// Q4_0 and Q8_0 over PanelBlock32).
+inline bool HasPanel16(WeightType t) {
+  return (UsesActBlock256(t) && t != WeightType::kIQ4_XS) || t == WeightType::kQ4_0 ||
+         t == WeightType::kQ8_0;
+}
+// PanelBlock elements of scratch that a panel of `nb` blocks of `t` needs.
+inline size_t PanelScratchBlocks(WeightType t, int64_t nb) {
+  if (t == WeightType::kQ4_0 || t == WeightType::kQ8_0)
+    return (static_cast<size_t>(nb) * sizeof(PanelBlock32) + sizeof(PanelBlock) - 1) /
+           sizeof(PanelBlock);
+  return static_cast<size_t>(nb);
+}
 
 // The kernels of one instruction-set path.
 //  QDotFn: dot products of one quantized weight row (nb blocks at w) with
@@ -144,7 +178,8 @@ inline bool HasPanel16(WeightType t) { return UsesActBlock256(t); }
 //          Same arithmetic contract as QDotFn: the same integer block sums
 //          (exact), fp32 scaling per block; only the order of the fp32 sums
 //          differs. The AVX-512 table uses the AVX2 kernels.
-//  PanelFn: p*: kPanel16 (Q4_K, Q5_K, Q6_K): repacks weight rows [0, nrows)
+//  PanelFn: p*: kPanel16 (Q2_K .. Q6_K; Q4_0 and Q8_0 over PanelBlock32,
+//          nb 32-element blocks): repacks weight rows [0, nrows)
 //          (nrows <= kPanelRows; row i at w + i * w_row_bytes, nb super-blocks)
 //          into scratch[0, nb) and multiplies them with ntok tokens (as QDotFn):
 //          y[j * y_stride + i] = dot of row i with token j (+ bias[i] when bias
@@ -173,6 +208,12 @@ struct IsaKernels {
   Quant256Fn quant256;
   QTileFn t8r4_0, t8r4_1, t8r5_0, t8r5_1, t8r8_0;
   PanelFn p4_k, p5_k, p6_k;
+  // Q2_K, Q3_K (row dots, tiles, panels; portable: no panels) and IQ4_NL,
+  // IQ4_XS (row dots only: HasRowBlockTiles, HasPanel16).
+  QDotFn q2_k, q3_k, iq4_nl, iq4_xs;
+  QTileFn t2_k, t3_k, d2_k, d3_k;
+  PanelFn p2_k, p3_k;
+  PanelFn p4_0, p8_0;  // issue 34; nullptr in the portable table
 };
 const IsaKernels& PortableKernels();
 #if defined(__x86_64__)

@@ -1,4 +1,4 @@
-// kPanel16, the many-token GEMM of the K-quants (Q4_K, Q5_K, Q6_K) on the x86
+// kPanel16, the many-token GEMM of the K-quants (Q2_K .. Q6_K) on the x86
 // paths of the CPU Linear (layout and contract: PanelBlock and IsaKernels::PanelFn
 // in kernels/cpu/linear_cpu.h). Included by linear_avx2.cc (PS_LINEAR_VNNI 0)
 // and linear_avx512.cc (PS_LINEAR_VNNI 1) after linear_x86_inl.h, under their
@@ -20,7 +20,8 @@
 //    mins by vpdpwssd; kPanelTokensZ tokens per pass over the panel.
 //  - AVX2: 8 rows per ymm (the panel's two halves one after the other);
 //    pmaddubsw into int16 over as many 4-code chunks as cannot overflow
-//    (2 * 127 * code max per chunk: Q4_K 8 chunks, Q5_K 4, Q6_K 2), then
+//    (2 * 127 * code max per chunk: Q4_K 8 chunks, Q5_K 4, Q6_K 2, Q2_K/Q3_K
+//    4, a whole 16-element group), then
 //    pmaddwd with the scale pair; kPanelTokensY tokens per pass.
 #ifndef PAGEDSERVE_KERNELS_CPU_LINEAR_PANEL_X86_INL_H_
 #define PAGEDSERVE_KERNELS_CPU_LINEAR_PANEL_X86_INL_H_
@@ -39,13 +40,19 @@ using pagedserve::kernels::cpu::PanelBlock;
 using pagedserve::kernels::cpu::ScaleMinK4;
 
 // The formats of kPanel16.
-enum class PanelFmt { kQ4K, kQ5K, kQ6K };
+enum class PanelFmt { kQ2K, kQ3K, kQ4K, kQ5K, kQ6K };
 
 constexpr int PanelBlockBytes(PanelFmt f) {
-  return f == PanelFmt::kQ4K ? 144 : f == PanelFmt::kQ5K ? 176 : 210;
+  return f == PanelFmt::kQ2K   ? 84
+         : f == PanelFmt::kQ3K ? 110
+         : f == PanelFmt::kQ4K ? 144
+         : f == PanelFmt::kQ5K ? 176
+                               : 210;
 }
 // Elements per scale group: the kernels multiply by the scale once per group.
-constexpr int PanelGroup(PanelFmt f) { return f == PanelFmt::kQ6K ? 16 : 32; }
+constexpr int PanelGroup(PanelFmt f) {
+  return f == PanelFmt::kQ4K || f == PanelFmt::kQ5K ? 32 : 16;
+}
 
 inline uint32_t Pair16(int lo, int hi) {
   return static_cast<uint32_t>(static_cast<uint16_t>(lo)) |
@@ -62,19 +69,42 @@ struct PanelRowTmp {
 // The scales and mins of super-block b of row i into tmp, d and dmin into pb.
 template <PanelFmt kF>
 inline void UnpackRowScales(const uint8_t* b, int i, PanelRowTmp* tmp, PanelBlock* pb) {
-  if constexpr (kF == PanelFmt::kQ6K) {
-    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
-    const __m128i lo = _mm_cvtepi8_epi16(sc), hi = _mm_cvtepi8_epi16(_mm_srli_si128(sc, 8));
+  if constexpr (PanelGroup(kF) == 16) {
+    __m128i lo, hi, mlo, mhi;
+    if constexpr (kF == PanelFmt::kQ2K) {
+      // low nibbles: the scales; high nibbles: the mins (as they lie)
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+      const __m128i m4 = _mm_set1_epi8(0x0f);
+      const __m128i sc = _mm_and_si128(raw, m4), mn = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
+      lo = _mm_cvtepu8_epi16(sc);
+      hi = _mm_cvtepu8_epi16(_mm_srli_si128(sc, 8));
+      mlo = _mm_cvtepu8_epi16(mn);
+      mhi = _mm_cvtepu8_epi16(_mm_srli_si128(mn, 8));
+      pb->d[i] = F16(b + 80);
+      pb->dmin[i] = F16(b + 82);
+    } else {
+      alignas(16) int8_t q3[16];
+      if constexpr (kF == PanelFmt::kQ3K) pagedserve::kernels::cpu::ScalesQ3K(b + 96, q3);
+      const __m128i sc = kF == PanelFmt::kQ3K
+                             ? _mm_load_si128(reinterpret_cast<const __m128i*>(q3))
+                             : _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+      lo = _mm_cvtepi8_epi16(sc);
+      hi = _mm_cvtepi8_epi16(_mm_srli_si128(sc, 8));
+      // (32 s_2k, 32 s_2k+1) / (4 s_2k, 4 s_2k+1): the int16 scales as they lie, times
+      // the offset
+      constexpr int kShift = kF == PanelFmt::kQ3K ? 2 : 5;
+      mlo = _mm_slli_epi16(lo, kShift);
+      mhi = _mm_slli_epi16(hi, kShift);
+      pb->d[i] = pb->dmin[i] = F16(b + (kF == PanelFmt::kQ3K ? 108 : 208));
+    }
     auto* out = reinterpret_cast<__m128i*>(tmp->scales[i]);
     _mm_store_si128(out + 0, _mm_unpacklo_epi16(lo, lo));  // (s, s) for groups 0..3
     _mm_store_si128(out + 1, _mm_unpackhi_epi16(lo, lo));
     _mm_store_si128(out + 2, _mm_unpacklo_epi16(hi, hi));
     _mm_store_si128(out + 3, _mm_unpackhi_epi16(hi, hi));
-    // (32 s_2k, 32 s_2k+1): the int16 scales as they lie, times 32
     auto* mins = reinterpret_cast<__m128i*>(tmp->mins[i]);
-    _mm_store_si128(mins + 0, _mm_slli_epi16(lo, 5));
-    _mm_store_si128(mins + 1, _mm_slli_epi16(hi, 5));
-    pb->d[i] = pb->dmin[i] = F16(b + 208);
+    _mm_store_si128(mins + 0, mlo);
+    _mm_store_si128(mins + 1, mhi);
   } else {
     // the eight 6-bit scales and mins (ScaleMinK4) as scale bytes 0..7
     // (u[0], u[1]) and min bytes 0..7 (u[2], u[3]), as in TileQ45K
@@ -177,6 +207,30 @@ inline void RepackCodes8(const uint8_t* const (&r)[8], int rb, PanelBlock* p) {
         }
       }
     }
+  } else if constexpr (kF == PanelFmt::kQ2K || kF == PanelFmt::kQ3K) {
+    // element 128h + 32k + l: bits 2k of qs[32h + l] (Q3_K: | bit 4h + k of
+    // hmask[l] << 2)
+    constexpr int kQs = kF == PanelFmt::kQ3K ? 32 : 16;
+    const __m256i m2 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
+    __m256i thm[8];
+    if constexpr (kF == PanelFmt::kQ3K) Transpose8x8(r, 0, thm);
+    PS_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      Transpose8x8(r, kQs + 32 * h, t);
+      PS_UNROLL
+      for (int q = 0; q < 8; ++q) {
+        PS_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          __m256i v = _mm256_and_si256(_mm256_srli_epi16(t[q], 2 * k), m2);
+          if constexpr (kF == PanelFmt::kQ3K) {
+            v = _mm256_or_si256(
+                v,
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(thm[q], 4 * h + k), one), 2));
+          }
+          StoreCodes(p, 32 * h + 8 * k + q, rb, v);
+        }
+      }
+    }
   } else {
     // sub-block 2k: low nibbles of qs[32k..32k+32), 2k+1: high nibbles; Q5_K:
     // bit j of qh[l] is bit 4 of element l of sub-block j
@@ -250,6 +304,67 @@ inline void StorePanelOut(const float* out, int ntok, int nrows, float* y, int64
   }
   for (int j = 0; j < ntok; ++j)
     for (int i = 0; i < nrows; ++i) y[j * ys + i] = out[16 * j + i] + (bias ? bias[i] : 0.0f);
+}
+
+// ---- Q4_0 and Q8_0 panels (PanelBlock32, issue 34) ----
+//
+// Repack: per 32-element block, each 4-byte chunk of the 8 rows of a half
+// panel is one masked dword gather (rows past the weight's end read nothing
+// and stay zero, with d = 0); Q4_0's nibbles are split in the transposed
+// domain (low nibbles: elements 0..15, high: 16..31), Q8_0's bytes are used as
+// they are (AVX2) or offset by 128 (AVX-512, vpdpbusd's unsigned operand).
+
+using pagedserve::kernels::cpu::PanelBlock32;
+
+enum class Panel32Fmt { kQ4_0, kQ8_0 };
+constexpr int Panel32BlockBytes(Panel32Fmt f) { return f == Panel32Fmt::kQ4_0 ? 18 : 34; }
+
+template <Panel32Fmt kF>
+void RepackPanel32(const uint8_t* w, size_t wb, int nrows, int64_t nb, PanelBlock32* pb) {
+  constexpr int kBytes = Panel32BlockBytes(kF);
+  const __m256i m4 = _mm256_set1_epi8(0x0f), lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  // The gather's int32 offsets reach 7 rows down (wb * 7 + 34 bytes).
+  const bool gather_ok = wb <= static_cast<size_t>(INT32_MAX / 8);
+  const int s = gather_ok ? static_cast<int>(wb) : 0;
+  const __m256i vindex = _mm256_setr_epi32(0, s, 2 * s, 3 * s, 4 * s, 5 * s, 6 * s, 7 * s);
+  for (int rb = 0; rb < 2; ++rb) {
+    const int valid = std::clamp(nrows - 8 * rb, 0, 8);
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), lanes);
+    const uint8_t* base = w + static_cast<size_t>(8 * rb) * wb;
+    for (int64_t b = 0; b < nb; ++b) {
+      PanelBlock32& p = pb[b];
+      const uint8_t* blk = base + b * kBytes;
+      for (int i = 0; i < 8; ++i) p.d[8 * rb + i] = i < valid ? F16(blk + i * wb) : 0.0f;
+      auto gather = [&](int off) {
+        if (valid == 0) return _mm256_setzero_si256();
+        if (!gather_ok) {  // row offsets past int32: one load per row
+          alignas(32) uint32_t d[8] = {};
+          for (int i = 0; i < valid; ++i) d[i] = LoadU32(blk + i * wb + off);
+          return _mm256_load_si256(reinterpret_cast<const __m256i*>(d));
+        }
+        return _mm256_mask_i32gather_epi32(
+            _mm256_setzero_si256(), reinterpret_cast<const int*>(blk + off), vindex, mask, 1);
+      };
+      auto store = [&](int c, __m256i v) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(p.codes[c][8 * rb]), v);
+      };
+      if constexpr (kF == Panel32Fmt::kQ4_0) {
+        PS_UNROLL
+        for (int q = 0; q < 4; ++q) {
+          const __m256i t = gather(2 + 4 * q);
+          store(q, _mm256_and_si256(t, m4));
+          store(4 + q, _mm256_and_si256(_mm256_srli_epi16(t, 4), m4));
+        }
+      } else {
+        PS_UNROLL
+        for (int c = 0; c < 8; ++c) {
+          const __m256i t = gather(2 + 4 * c);
+          store(c, PS_LINEAR_VNNI ? _mm256_xor_si256(t, _mm256_set1_epi8(static_cast<char>(0x80)))
+                                  : t);
+        }
+      }
+    }
+  }
 }
 
 #if PS_LINEAR_VNNI
@@ -334,6 +449,66 @@ void PanelGemm(const uint8_t* w, size_t wb, int nrows, int64_t nb, const uint8_t
   }
 }
 
+// Q4_0 / Q8_0 panels: 8 vpdpbusd per block and token (16 rows x 32 codes),
+// the offset (8 or 128) through the activation block sum, one int32 -> fp32
+// conversion and FMA per block and token.
+template <Panel32Fmt kF, int kT>
+void Panel32TileZ(const PanelBlock32* pb, int64_t nb, const uint8_t* x, size_t xb, float* out) {
+  constexpr int kOff = kF == Panel32Fmt::kQ4_0 ? 8 : 128;
+  __m512 acc[kT];
+  PS_UNROLL
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const PanelBlock32& p = pb[b];
+    const ActBlock32* a[kT];
+    PS_UNROLL
+    for (int t = 0; t < kT; ++t) a[t] = reinterpret_cast<const ActBlock32*>(x + t * xb) + b;
+    __m512i s[kT];
+    PS_UNROLL
+    for (auto& v : s) v = _mm512_setzero_si512();
+    PS_UNROLL
+    for (int c = 0; c < 8; ++c) {
+      const __m512i wv = _mm512_load_si512(p.codes[c]);
+      PS_UNROLL
+      for (int t = 0; t < kT; ++t)
+        s[t] = _mm512_dpbusd_epi32(s[t], wv,
+                                   _mm512_set1_epi32(static_cast<int>(LoadU32(
+                                       reinterpret_cast<const uint8_t*>(a[t]->qs) + 4 * c))));
+    }
+    const __m512 d = _mm512_load_ps(p.d);
+    PS_UNROLL
+    for (int t = 0; t < kT; ++t) {
+      const __m512i st = _mm512_sub_epi32(s[t], _mm512_set1_epi32(kOff * a[t]->sum));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(d, _mm512_set1_ps(a[t]->d)),
+                               acc[t]);
+    }
+  }
+  PS_UNROLL
+  for (int t = 0; t < kT; ++t) _mm512_storeu_ps(out + 16 * t, acc[t]);
+}
+
+template <Panel32Fmt kF>
+void Panel32Gemm(const uint8_t* w, size_t wb, int nrows, int64_t nb, const uint8_t* x, size_t xb,
+                 int64_t ntok, PanelBlock* scratch, float* y, int64_t ys, const float* bias) {
+  auto* pb = reinterpret_cast<PanelBlock32*>(scratch);
+  RepackPanel32<kF>(w, wb, nrows, nb, pb);
+  alignas(64) float out[16 * kPanelTokensZ];
+  for (int64_t t = 0; t < ntok; t += kPanelTokensZ) {
+    const int n = static_cast<int>(std::min<int64_t>(kPanelTokensZ, ntok - t));
+    switch (n) {
+      case 1: Panel32TileZ<kF, 1>(pb, nb, x + t * xb, xb, out); break;
+      case 2: Panel32TileZ<kF, 2>(pb, nb, x + t * xb, xb, out); break;
+      case 3: Panel32TileZ<kF, 3>(pb, nb, x + t * xb, xb, out); break;
+      case 4: Panel32TileZ<kF, 4>(pb, nb, x + t * xb, xb, out); break;
+      case 5: Panel32TileZ<kF, 5>(pb, nb, x + t * xb, xb, out); break;
+      case 6: Panel32TileZ<kF, 6>(pb, nb, x + t * xb, xb, out); break;
+      case 7: Panel32TileZ<kF, 7>(pb, nb, x + t * xb, xb, out); break;
+      default: Panel32TileZ<kF, 8>(pb, nb, x + t * xb, xb, out); break;
+    }
+    StorePanelOut(out, n, nrows, y + t * ys, ys, bias);
+  }
+}
+
 #else  // AVX2
 
 // Tokens per pass over a half panel (8 rows): 3 ymm per token of AVX2's 16.
@@ -342,7 +517,8 @@ constexpr int kPanelTokensY = 4;
 // 4-code chunks summed in int16 before pmaddwd: each pmaddubsw lane is at most
 // 2 * 127 * (largest code), and the sum must stay below 2^15.
 constexpr int PanelChunksInt16(PanelFmt f) {
-  return f == PanelFmt::kQ4K ? 8 : f == PanelFmt::kQ5K ? 4 : 2;
+  // Q2_K/Q3_K: every 4 chunks of a 16-element group (2 * 127 * 7 * 4 < 2^15)
+  return f == PanelFmt::kQ4K ? 8 : f == PanelFmt::kQ6K ? 2 : 4;
 }
 
 // Rows 8h..8h+7 of the panel times kT tokens: out[16 * t + 8h + i].
@@ -423,11 +599,91 @@ void PanelGemm(const uint8_t* w, size_t wb, int nrows, int64_t nb, const uint8_t
   }
 }
 
+// Q4_0 / Q8_0 panels, rows 8h..8h+7: Q4_0 sums the 8 chunks' pmaddubsw in
+// int16 (8 * 2 * 15 * 127 < 2^15) and widens once; Q8_0 takes |w| and x with
+// w's sign (each lane <= 2 * 128 * 127) and widens every chunk.
+template <Panel32Fmt kF, int kT>
+void Panel32HalfY(const PanelBlock32* pb, int64_t nb, int h, const uint8_t* x, size_t xb,
+                  float* out) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[kT];
+  PS_UNROLL
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const PanelBlock32& p = pb[b];
+    const ActBlock32* a[kT];
+    PS_UNROLL
+    for (int t = 0; t < kT; ++t) a[t] = reinterpret_cast<const ActBlock32*>(x + t * xb) + b;
+    __m256i s[kT];
+    if constexpr (kF == Panel32Fmt::kQ4_0) {
+      __m256i s16[kT];
+      PS_UNROLL
+      for (int c = 0; c < 8; ++c) {
+        const __m256i wv = Load256(p.codes[c][8 * h]);
+        PS_UNROLL
+        for (int t = 0; t < kT; ++t) {
+          const __m256i prod = _mm256_maddubs_epi16(
+              wv, _mm256_set1_epi32(static_cast<int>(
+                      LoadU32(reinterpret_cast<const uint8_t*>(a[t]->qs) + 4 * c))));
+          s16[t] = c == 0 ? prod : _mm256_add_epi16(s16[t], prod);
+        }
+      }
+      PS_UNROLL
+      for (int t = 0; t < kT; ++t)
+        s[t] = _mm256_sub_epi32(_mm256_madd_epi16(s16[t], ones), _mm256_set1_epi32(8 * a[t]->sum));
+    } else {
+      PS_UNROLL
+      for (auto& v : s) v = _mm256_setzero_si256();
+      PS_UNROLL
+      for (int c = 0; c < 8; ++c) {
+        const __m256i wv = Load256(p.codes[c][8 * h]);
+        const __m256i aw = _mm256_sign_epi8(wv, wv);
+        PS_UNROLL
+        for (int t = 0; t < kT; ++t) {
+          const __m256i xv = _mm256_set1_epi32(
+              static_cast<int>(LoadU32(reinterpret_cast<const uint8_t*>(a[t]->qs) + 4 * c)));
+          s[t] = _mm256_add_epi32(
+              s[t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones));
+        }
+      }
+    }
+    const __m256 d = _mm256_loadu_ps(p.d + 8 * h);
+    PS_UNROLL
+    for (int t = 0; t < kT; ++t)
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_mul_ps(d, _mm256_set1_ps(a[t]->d)),
+                               acc[t]);
+  }
+  PS_UNROLL
+  for (int t = 0; t < kT; ++t) _mm256_storeu_ps(out + 16 * t + 8 * h, acc[t]);
+}
+
+template <Panel32Fmt kF>
+void Panel32Gemm(const uint8_t* w, size_t wb, int nrows, int64_t nb, const uint8_t* x, size_t xb,
+                 int64_t ntok, PanelBlock* scratch, float* y, int64_t ys, const float* bias) {
+  auto* pb = reinterpret_cast<PanelBlock32*>(scratch);
+  RepackPanel32<kF>(w, wb, nrows, nb, pb);
+  alignas(32) float out[16 * kPanelTokensY];
+  for (int64_t t = 0; t < ntok; t += kPanelTokensY) {
+    const int n = static_cast<int>(std::min<int64_t>(kPanelTokensY, ntok - t));
+    for (int h = 0; h < (nrows > 8 ? 2 : 1); ++h) {
+      switch (n) {
+        case 1: Panel32HalfY<kF, 1>(pb, nb, h, x + t * xb, xb, out); break;
+        case 2: Panel32HalfY<kF, 2>(pb, nb, h, x + t * xb, xb, out); break;
+        case 3: Panel32HalfY<kF, 3>(pb, nb, h, x + t * xb, xb, out); break;
+        default: Panel32HalfY<kF, 4>(pb, nb, h, x + t * xb, xb, out); break;
+      }
+    }
+    StorePanelOut(out, n, nrows, y + t * ys, ys, bias);
+  }
+}
+
 #endif  // PS_LINEAR_VNNI
 
-// The PanelFn of Q4_K, Q5_K, Q6_K (argument order of IsaKernels).
+// The PanelFn of Q4_K, Q5_K, Q6_K and of Q2_K, Q3_K (argument order of IsaKernels).
 #define PS_X86_PANELS \
   PanelGemm<PanelFmt::kQ4K>, PanelGemm<PanelFmt::kQ5K>, PanelGemm<PanelFmt::kQ6K>
+#define PS_X86_PANELS_Q23 PanelGemm<PanelFmt::kQ2K>, PanelGemm<PanelFmt::kQ3K>
+#define PS_X86_PANELS_32 Panel32Gemm<Panel32Fmt::kQ4_0>, Panel32Gemm<Panel32Fmt::kQ8_0>
 
 }  // namespace
 

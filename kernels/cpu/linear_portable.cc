@@ -80,6 +80,48 @@ void DequantBlock(WeightType type, const uint8_t* b, float* y) {
       }
       return;
     }
+    case WeightType::kQ2_K: {
+      const float d = LoadF16(b + 80), dmin = LoadF16(b + 82);
+      for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, k = (e % 128) / 32, l = e % 32, g = e / 16;
+        const float dl = d * static_cast<float>(b[g] & 15);
+        const float ml = dmin * static_cast<float>(b[g] >> 4);
+        y[e] = dl * static_cast<float>((b[16 + 32 * h + l] >> (2 * k)) & 3) - ml;
+      }
+      return;
+    }
+    case WeightType::kQ3_K: {
+      int8_t sc[16];
+      ScalesQ3K(b + 96, sc);
+      const float d = LoadF16(b + 108);
+      for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+        const int q = ((b[32 + 32 * h + l] >> (2 * k)) & 3) | (((b[l] >> (4 * h + k)) & 1) << 2);
+        const int g = e / 16;
+        y[e] = (d * static_cast<float>(sc[g])) * static_cast<float>(q - 4);
+      }
+      return;
+    }
+    case WeightType::kIQ4_NL: {
+      const float d = LoadF16(b);
+      for (int j = 0; j < 16; ++j) {
+        y[j] = d * static_cast<float>(kIq4nlValues[b[2 + j] & 15]);
+        y[j + 16] = d * static_cast<float>(kIq4nlValues[b[2 + j] >> 4]);
+      }
+      return;
+    }
+    case WeightType::kIQ4_XS: {
+      const float d = LoadF16(b);
+      for (int j = 0; j < 8; ++j) {
+        const float dl = d * static_cast<float>(ScaleIq4Xs(b, j));
+        const uint8_t* qs = b + 8 + 16 * j;
+        for (int l = 0; l < 16; ++l) {
+          y[32 * j + l] = dl * static_cast<float>(kIq4nlValues[qs[l] & 15]);
+          y[32 * j + l + 16] = dl * static_cast<float>(kIq4nlValues[qs[l] >> 4]);
+        }
+      }
+      return;
+    }
     case WeightType::kQ6_K: {
       const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
       const float d = LoadF16(b + 208);
@@ -211,6 +253,73 @@ float DotQ6K(const uint8_t* w, const void* xv, int64_t nb) {
       }
     }
     acc += LoadF16(w + 208) * x[i].d * static_cast<float>(sumi);
+  }
+  return acc;
+}
+
+// Q2_K and Q3_K (layouts in quant_blocks.h): per 16-element group g the
+// integer dot of the unsigned codes with the activation codes, times the
+// group's scale; Q2_K's mins and Q3_K's -4 offset through the activation sums.
+template <bool kThree>
+float DotQ23K(const uint8_t* w, const void* xv, int64_t nb) {
+  const ActBlock256* x = static_cast<const ActBlock256*>(xv);
+  constexpr int kBytes = kThree ? 110 : 84, kQs = kThree ? 32 : 16;
+  float acc = 0.0f;
+  for (int64_t i = 0; i < nb; ++i, w += kBytes) {
+    const int8_t* q = x[i].qs;
+    const int16_t* bs = x[i].bsums;
+    int8_t sc3[16];
+    if constexpr (kThree) ScalesQ3K(w + 96, sc3);
+    int32_t sumi = 0, summ = 0;
+    for (int g = 0; g < 16; ++g) {
+      int32_t dot = 0;
+      for (int e = 16 * g; e < 16 * g + 16; ++e) {
+        const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+        int v = (w[kQs + 32 * h + l] >> (2 * k)) & 3;
+        if constexpr (kThree) v |= ((w[l] >> (4 * h + k)) & 1) << 2;
+        dot += v * q[e];
+      }
+      if constexpr (kThree) {
+        sumi += sc3[g] * (dot - 4 * bs[g]);
+      } else {
+        sumi += (w[g] & 15) * dot;
+        summ += (w[g] >> 4) * bs[g];
+      }
+    }
+    const float d = LoadF16(w + (kThree ? 108 : 80)), dmin = kThree ? 0.0f : LoadF16(w + 82);
+    acc += x[i].d * (d * static_cast<float>(sumi) - dmin * static_cast<float>(summ));
+  }
+  return acc;
+}
+
+float DotIq4Nl(const uint8_t* w, const void* xv, int64_t nb) {
+  const ActBlock32* x = static_cast<const ActBlock32*>(xv);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < nb; ++i, w += 18) {
+    const int8_t* q = x[i].qs;
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j)
+      s += kIq4nlValues[w[2 + j] & 15] * q[j] + kIq4nlValues[w[2 + j] >> 4] * q[j + 16];
+    acc += LoadF16(w) * x[i].d * static_cast<float>(s);
+  }
+  return acc;
+}
+
+float DotIq4Xs(const uint8_t* w, const void* xv, int64_t nb) {
+  const ActBlock256* x = static_cast<const ActBlock256*>(xv);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < nb; ++i, w += 136) {
+    const int8_t* q = x[i].qs;
+    int32_t sumi = 0;
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* qs = w + 8 + 16 * j;
+      int32_t dot = 0;
+      for (int l = 0; l < 16; ++l)
+        dot += kIq4nlValues[qs[l] & 15] * q[32 * j + l] +
+               kIq4nlValues[qs[l] >> 4] * q[32 * j + l + 16];
+      sumi += ScaleIq4Xs(w, j) * dot;
+    }
+    acc += LoadF16(w) * x[i].d * static_cast<float>(sumi);
   }
   return acc;
 }
@@ -375,6 +484,18 @@ const IsaKernels& PortableKernels() {
                                Row8Tile<WeightType::kQ5_0>,
                                Row8Tile<WeightType::kQ5_1>,
                                Row8Tile<WeightType::kQ8_0>,
+                               nullptr,
+                               nullptr,
+                               nullptr,
+                               QMulti<DotQ23K<false>>,
+                               QMulti<DotQ23K<true>>,
+                               QMulti<DotIq4Nl>,
+                               QMulti<DotIq4Xs>,
+                               QTile<DotQ23K<false>>,
+                               QTile<DotQ23K<true>>,
+                               QTileDecode<DotQ23K<false>>,
+                               QTileDecode<DotQ23K<true>>,
+                               nullptr,
                                nullptr,
                                nullptr,
                                nullptr};

@@ -170,14 +170,86 @@ struct KQ8_0 {
     DotQ8_0N<N>(w, x, xb, nb, o);
   }
 };
+// IQ4_NL / IQ4_XS: the 4-bit indices become the codebook's signed values by one
+// pshufb from the 16-entry table (kIq4nlValues) in both 128-bit lanes; signed
+// codes, so |w| (<= 127) times x with w's sign (as Q8_0), each pmaddubsw lane
+// <= 2 * 127 * 127 < 2^15.
+inline __m256i Iq4Values(const uint8_t* nibbles16) {
+  const __m256i table = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(pagedserve::kernels::cpu::kIq4nlValues)));
+  return _mm256_shuffle_epi8(table, Nibbles32(nibbles16));
+}
+
+template <int N>
+void DotIq4NlN(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  __m256 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i, w += 18) {
+    _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchLegacyBytes, _MM_HINT_T0);
+    const __m256i q = Iq4Values(w + 2);
+    const __m256i aq = _mm256_sign_epi8(q, q);
+    const float dw = F16(w);
+    for (int j = 0; j < N; ++j) {
+      const ActBlock32& a = reinterpret_cast<const ActBlock32*>(x + j * xb)[i];
+      const __m256i s = DotU8I8(aq, _mm256_sign_epi8(Load256(a.qs), q));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * a.d), acc[j]);
+    }
+  }
+  for (int j = 0; j < N; ++j) out[j] = HSum(acc[j]);
+}
+
+// IQ4_XS: per 32-element sub-block the int16 pair sums times the sub-block's
+// scale (pmaddwd), exact int32 per super-block, one fp32 FMA per super-block.
+template <int N>
+void DotIq4XsN(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  __m256 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i, w += 136) {
+    for (int l = 0; l < 136; l += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchLegacyBytes + l, _MM_HINT_T0);
+    __m256i sumi[N];
+    for (int j = 0; j < N; ++j) sumi[j] = _mm256_setzero_si256();
+    for (int sb = 0; sb < 8; ++sb) {
+      const __m256i q = Iq4Values(w + 8 + 16 * sb);
+      const __m256i aq = _mm256_sign_epi8(q, q);
+      const __m256i scale =
+          _mm256_set1_epi16(static_cast<int16_t>(pagedserve::kernels::cpu::ScaleIq4Xs(w, sb)));
+      for (int j = 0; j < N; ++j) {
+        const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + j * xb)[i];
+        const __m256i xs = _mm256_sign_epi8(Load256(a.qs + 32 * sb), q);
+        sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, xs), scale));
+      }
+    }
+    const float dw = F16(w);
+    for (int j = 0; j < N; ++j) {
+      const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + j * xb)[i];
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[j]), _mm256_set1_ps(dw * a.d), acc[j]);
+    }
+  }
+  for (int j = 0; j < N; ++j) out[j] = HSum(acc[j]);
+}
+
+template <int N>
+struct KIQ4_NL {
+  static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
+    DotIq4NlN<N>(w, x, xb, nb, o);
+  }
+};
+template <int N>
+struct KIQ4_XS {
+  static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
+    DotIq4XsN<N>(w, x, xb, nb, o);
+  }
+};
+
 // The K-quant row dots are the register-blocked tiles below with one row
-// (TileQ45K<1, N>, TileQ6K<1, N>): scales and mins unpacked in vectors, the
+// (TileQ45K<1, N>, TileK16<1, N, bits>): scales and mins unpacked in vectors, the
 // mins / -32 offsets by one pmaddwd with the activation sub-block sums, one
 // int32 -> fp32 conversion per super-block and token.
 template <int kR, int kT, bool kFive>
 void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out);
-template <int kR, int kT>
-void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out);
+template <int kR, int kT, int kBits>
+void TileK16(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out);
 template <int N>
 struct KQ4_K {
   static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
@@ -193,7 +265,19 @@ struct KQ5_K {
 template <int N>
 struct KQ6_K {
   static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
-    TileQ6K<1, N>(w, 0, x, xb, nb, o);
+    TileK16<1, N, 6>(w, 0, x, xb, nb, o);
+  }
+};
+template <int N>
+struct KQ2_K {
+  static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
+    TileK16<1, N, 2>(w, 0, x, xb, nb, o);
+  }
+};
+template <int N>
+struct KQ3_K {
+  static void Run(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* o) {
+    TileK16<1, N, 3>(w, 0, x, xb, nb, o);
   }
 };
 
@@ -494,27 +578,81 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
   StoreTile(acc, out);
 }
 
-template <int kR, int kT>
-void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
-  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+// The K-quants with a scale per 16 elements: Q6_K (kBits 6), Q3_K (3), Q2_K
+// (2); layouts in quant_blocks.h. Element 128h + 32k + l of all three takes its
+// low bits from byte 32h + l (+ 32 (k & 1) for Q6_K's nibbles) of its code
+// array and its scale from group 8h + 2k + l / 16, so one 32-byte vector of
+// codes per (h, k) is one scale pair, as in the Q6_K loop this was first.
+// Codes are unsigned (Q6_K 0..63, Q3_K 0..7, Q2_K 0..3); the offsets (Q6_K -32,
+// Q3_K -4) and Q2_K's mins go through the activation group sums in int32.
+template <int kBits>
+struct K16Fmt {
+  static constexpr int kBytes = kBits == 6 ? 210 : (kBits == 3 ? 110 : 84);
+  static constexpr int kD = kBits == 6 ? 208 : (kBits == 3 ? 108 : 80);
+  static constexpr int kQs = kBits == 3 ? 32 : 16;   // Q2_K/Q3_K low 2 bits
+  static constexpr int kShift = kBits == 6 ? 5 : 2;  // offset 32 or 4 (Q2_K: mins)
+};
+
+// The 16 scales of a super-block as int16 (Q2_K also its 16 mins in *mins).
+template <int kBits>
+inline __m256i K16Scales(const uint8_t* b, __m256i* mins) {
+  if constexpr (kBits == 6) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+  } else if constexpr (kBits == 3) {
+    alignas(16) int8_t sc[16];
+    pagedserve::kernels::cpu::ScalesQ3K(b + 96, sc);
+    return _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(sc)));
+  } else {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    *mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+    return _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+  }
+}
+
+// The 32 codes of elements 128h + 32k .. + 32 of super-block b, one byte each.
+template <int kBits>
+inline __m256i K16Codes(const uint8_t* b, int h, int k) {
+  const __m256i m2 = _mm256_set1_epi8(0x03);
+  if constexpr (kBits == 6) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i ql = Load256(b + 64 * h + 32 * (k & 1));
+    const __m256i qh = Load256(b + 128 + 32 * h);
+    const __m256i low =
+        k < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
+    return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+  } else {
+    const __m256i low =
+        _mm256_and_si256(_mm256_srli_epi16(Load256(b + K16Fmt<kBits>::kQs + 32 * h), 2 * k), m2);
+    if constexpr (kBits == 2) return low;
+    const __m256i hm =
+        _mm256_and_si256(_mm256_srli_epi16(Load256(b), 4 * h + k), _mm256_set1_epi8(1));
+    return _mm256_or_si256(low, _mm256_slli_epi16(hm, 2));
+  }
+}
+
+template <int kR, int kT, int kBits>
+void TileK16(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  using F = K16Fmt<kBits>;
   __m256 acc[kR][kT];
   PS_UNROLL
   for (auto& row : acc) PS_UNROLL
   for (auto& a : row) a = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* b[kR];
-    __m256i scales16[kR];
-    float d[kR];
+    __m256i scales16[kR], mins16[kR] = {};
+    float d[kR], dmin[kR];
     PS_UNROLL
     for (int r = 0; r < kR; ++r) {
-      b[r] = w + r * wb + i * 210;
+      b[r] = w + r * wb + i * F::kBytes;
       if constexpr (kR == 1) {
-        for (int l = 0; l < 210; l += 64)
+        for (int l = 0; l < F::kBytes; l += 64)
           _mm_prefetch(reinterpret_cast<const char*>(b[r]) + kPrefetchKBytes + l, _MM_HINT_T0);
       }
-      scales16[r] =
-          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[r] + 192)));
-      d[r] = F16(b[r] + 208);
+      scales16[r] = K16Scales<kBits>(b[r], &mins16[r]);
+      d[r] = F16(b[r] + F::kD);
+      dmin[r] = kBits == 2 ? F16(b[r] + 82) : 0.0f;
     }
     __m256i sumi[kR][kT];
     PS_UNROLL
@@ -537,12 +675,7 @@ void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
         __m256i q[kR], scale[kR];
         PS_UNROLL
         for (int r = 0; r < kR; ++r) {
-          const __m256i ql = Load256(b[r] + 64 * h + 32 * (k & 1));
-          const __m256i qh = Load256(b[r] + 128 + 32 * h);
-          const __m256i low =
-              k < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
-          const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
-          q[r] = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+          q[r] = K16Codes<kBits>(b[r], h, k);
           // scale of sub-block `sub` in the low 128-bit lane, of sub + 1 in the high one
           scale[r] = _mm256_shuffle_epi8(scales_h[r], sel);
         }
@@ -562,10 +695,19 @@ void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
       const __m256i bs = Load256(a.bsums);
       PS_UNROLL
       for (int r = 0; r < kR; ++r) {
-        // The -32 offset of the codes: 32 * sum_j scale_j * bsum_j.
-        const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(bs, scales16[r]), 5);
-        const __m256i s = _mm256_sub_epi32(sumi[r][t], off);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d[r] * a.d), acc[r][t]);
+        if constexpr (kBits == 2) {
+          // the mins: dmin * sum_g min_g * bsum_g, in fp32 beside d * sumi
+          const __m256i m = _mm256_madd_epi16(bs, mins16[r]);
+          const __m256 v =
+              _mm256_fmsub_ps(_mm256_set1_ps(d[r]), _mm256_cvtepi32_ps(sumi[r][t]),
+                              _mm256_mul_ps(_mm256_set1_ps(dmin[r]), _mm256_cvtepi32_ps(m)));
+          acc[r][t] = _mm256_fmadd_ps(v, _mm256_set1_ps(a.d), acc[r][t]);
+        } else {
+          // The offset of the codes (32 or 4): offset * sum_j scale_j * bsum_j.
+          const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(bs, scales16[r]), F::kShift);
+          const __m256i s = _mm256_sub_epi32(sumi[r][t], off);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d[r] * a.d), acc[r][t]);
+        }
       }
     }
   }
@@ -576,10 +718,18 @@ void TileQ6K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
 #define PS_X86_TILE_SET(R, T)                                                               \
   TileLegacy<R, T, 18, 2, -1, -1, 8>, TileLegacy<R, T, 20, 4, -1, 2, 0>,                    \
       TileLegacy<R, T, 22, 6, 2, -1, 16>, TileLegacy<R, T, 24, 8, 4, 2, 0>, TileQ8_0<R, T>, \
-      TileQ45K<R, T, false>, TileQ45K<R, T, true>, TileQ6K<R, T>
+      TileQ45K<R, T, false>, TileQ45K<R, T, true>, TileK16<R, T, 6>
 #define PS_X86_TILES                                                                             \
   PS_X86_TILE_SET(pagedserve::kernels::cpu::kBlockRows, pagedserve::kernels::cpu::kBlockTokens), \
       PS_X86_TILE_SET(pagedserve::kernels::cpu::kDecodeRows, 1), QuantActs32X86, QuantActs256X86
+// The QDotFn of Q2_K, Q3_K, IQ4_NL, IQ4_XS and the tiles of Q2_K and Q3_K
+// (argument order of IsaKernels' second part).
+#define PS_X86_NEW_DOTS_AND_TILES                                                               \
+  MultiToken<KQ2_K>, MultiToken<KQ3_K>, MultiToken<KIQ4_NL>, MultiToken<KIQ4_XS>,               \
+      TileK16<pagedserve::kernels::cpu::kBlockRows, pagedserve::kernels::cpu::kBlockTokens, 2>, \
+      TileK16<pagedserve::kernels::cpu::kBlockRows, pagedserve::kernels::cpu::kBlockTokens, 3>, \
+      TileK16<pagedserve::kernels::cpu::kDecodeRows, 1, 2>,                                     \
+      TileK16<pagedserve::kernels::cpu::kDecodeRows, 1, 3>
 
 }  // namespace
 

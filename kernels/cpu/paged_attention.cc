@@ -23,11 +23,12 @@ struct DecodeShape {
   DType dtype;  // cache element type
   const void* query;
   const int32_t* seq_lens;
-  float scale;          // softmax scale times the effective k_scale
-  const float* slopes;  // [num_heads] or null
-  DType io;             // query / output element type
-  float v_scale;        // effective v_scale, applied with the normalization
-  int window;           // sliding window (tokens), 0 = none
+  float scale;           // softmax scale times the effective k_scale
+  const float* slopes;   // [num_heads] or null
+  DType io;              // query / output element type
+  float v_scale;         // effective v_scale, applied with the normalization
+  int window;            // sliding window (tokens), 0 = none
+  float softcap = 0.0f;  // score soft cap, 0 = none
 };
 
 // Per-thread buffers, sized for one task of `group` queries over at most
@@ -98,6 +99,7 @@ void DecodeTask(const DecodeShape& d, AttendFn fn, Scratch& sc, int s, int kvh, 
   a.qpos = sc.qpos.data();
   a.slopes = d.slopes != nullptr ? sc.slopes.data() : nullptr;
   a.scale = d.scale;
+  a.softcap = d.softcap;
   a.k_blocks = sc.kp.data();
   a.v_blocks = sc.vp.data();
   a.t_begin = t_begin;
@@ -151,7 +153,8 @@ DecodeShape PagedDecodeShape(const PagedAttentionParams& p) {
                      p.alibi_slopes,
                      ResolveIoDType(p.io_dtype, cs.dtype),
                      EffectiveVScale(p.cache),
-                     p.sliding_window};
+                     p.sliding_window,
+                     p.logit_softcap};
 }
 
 }  // namespace

@@ -104,6 +104,7 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
         a.qpos = qpos.data();
         a.slopes = p.alibi_slopes != nullptr ? slopes.data() : nullptr;
         a.scale = kscale;
+        a.softcap = p.logit_softcap;
         a.k_blocks = kp.data();
         a.v_blocks = vp.data();
         a.t_begin = c0;

@@ -21,6 +21,20 @@
 //        128h + 32k + l (h < 2, k < 4, l < 32) has low 4 bits in ql[64h + l +
 //        32 (k & 1)] (low nibble for k < 2, high for k >= 2), high 2 bits in
 //        bits 2k..2k+1 of qh[32h + l]; value = d * scales[e / 16] * (q - 32).
+//   Q2_K (84 B, 256 el.): scales[16]@0 (low nibble: scale, high nibble: min of
+//        elements 16g..16g+15), qs[64]@16, d@80, dmin@82; element 128h + 32k +
+//        l (h < 2, k < 4, l < 32) is bits 2k..2k+1 of qs[32h + l];
+//        value = d * scale_{e/16} * q - dmin * min_{e/16}.
+//   Q3_K (110 B, 256 el.): hmask[32]@0, qs[64]@32, scales[12]@96 (sixteen
+//        6-bit scales, ScalesQ3K), d@108; element 128h + 32k + l has low 2 bits
+//        in bits 2k..2k+1 of qs[32h + l] and high bit in bit 4h + k of
+//        hmask[l]; q = low | high << 2 (0..7); value = d * s_{e/16} * (q - 4).
+//   IQ4_NL (18 B, 32 el.): d@0, qs[16]@2 (nibbles as Q4_0);
+//        value = d * kIq4nlValues[nibble].
+//   IQ4_XS (136 B, 256 el.): d@0, scales_h(u16)@2, scales_l[4]@4, qs[128]@8;
+//        sub-block j (32 el.) has nibbles qs[16j..16j+16) as Q4_0 and the
+//        6-bit scale ls_j = (nibble j of scales_l, low first) | (bits 2j..2j+1
+//        of scales_h) << 4; value = d * (ls_j - 32) * kIq4nlValues[nibble].
 #ifndef PAGEDSERVE_KERNELS_CPU_QUANT_BLOCKS_H_
 #define PAGEDSERVE_KERNELS_CPU_QUANT_BLOCKS_H_
 
@@ -52,6 +66,28 @@ inline void ScaleMinK4(int j, const uint8_t* q, int* sc, int* mn) {
     *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
     *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
   }
+}
+
+// The sixteen 6-bit scales of Q3_K minus 32 (-32..31): scale j has low 4 bits
+// in nibble j % 8 of bytes 0..7 (low nibbles for j < 8, high for j >= 8) and
+// high 2 bits in bits 2 (j / 4) of byte 8 + j % 4.
+inline void ScalesQ3K(const uint8_t* q, int8_t out[16]) {
+  for (int j = 0; j < 16; ++j) {
+    const int low = j < 8 ? (q[j] & 15) : (q[j - 8] >> 4);
+    const int high = (q[8 + j % 4] >> (2 * (j / 4))) & 3;
+    out[j] = static_cast<int8_t>((low | (high << 4)) - 32);
+  }
+}
+
+// The 16-entry non-linear codebook of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl).
+inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
+// The 6-bit scale of sub-block j (0..7) of an IQ4_XS super-block at b, minus 32.
+inline int ScaleIq4Xs(const uint8_t* b, int j) {
+  const int lo = (b[4 + j / 2] >> (4 * (j % 2))) & 15;
+  const int hi = (LoadU16(b + 2) >> (2 * j)) & 3;
+  return (lo | (hi << 4)) - 32;
 }
 
 // Activations of one 32-element block quantized to 8 bits: x ~= d * qs[i],

@@ -172,7 +172,9 @@ absl::Status PagedAttentionGqa(const PagedAttentionParams& p, bool tensor_cores)
   if (blocks_per_sm < 1)
     return absl::InvalidArgumentError(absl::StrCat(
         "paged_attention_gqa: group size ", group, " with head_size ", sh.head_size, " needs ",
-        tensor_cores ? GqaMmaSharedBytes(sh.head_size) : GqaDecodeSharedBytes(sh.head_size, group),
+        tensor_cores
+            ? GqaMmaSharedBytes(sh.head_size)
+            : GqaDecodeSharedBytes(sh.head_size, group, static_cast<int>(DTypeSize(sh.dtype))),
         " bytes of shared memory; the device fits none"));
   // Splits the caller's workspace holds (PagedAttentionParams::workspace_bytes,
   // default the v2 size); without a workspace, a temporary one of the planned size.

@@ -105,6 +105,21 @@ __device__ __forceinline__ void Unpack16(const uint4& r, const __nv_bfloat16*, f
   }
 }
 
+// Memory-access profiling marks, read by the SIMT emulator's profiler
+// (tests/kernels/simt_emulator.h: sectors per warp global load, shared-memory
+// bank conflicts): PAGEDSERVE_GLOBAL_READ(p, bytes) marks one thread's read
+// of `bytes` at p in global memory, PAGEDSERVE_SHARED(p) one thread's access
+// of *p in shared memory; each is an expression yielding p. Kernels mark the
+// paged-KV loads and their hot shared-memory accesses at the very instruction
+// (the emulator groups the threads of a warp by mark and occurrence). Here,
+// on the device and in every build without the emulator, they are p itself.
+#ifndef PAGEDSERVE_GLOBAL_READ
+#define PAGEDSERVE_GLOBAL_READ(p, bytes) (p)
+#endif
+#ifndef PAGEDSERVE_SHARED
+#define PAGEDSERVE_SHARED(p) (p)
+#endif
+
 // N consecutive elements of T as one register group, aligned to its size:
 // the unit of the vectorized (packed) loads and stores of the elementwise
 // kernels (N * sizeof(T) bytes: 16 for 4 floats, 8 for 4 bf16 / fp16, 4 for
@@ -159,6 +174,17 @@ __device__ __forceinline__ uint4 Load16(const T* p) {
   uint4 r;  // host (CPU emulation): no type punning through uint4 lvalues
   memcpy(&r, p, sizeof(r));
   return r;
+#endif
+}
+
+// One 16-byte store; p must be 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ void Store16(T* p, const uint4& v) {
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<uint4*>(p) = v;
+#else
+  CheckPackedAlignment(p, sizeof(uint4));
+  memcpy(static_cast<void*>(p), &v, sizeof(v));  // host (CPU emulation): no type punning
 #endif
 }
 

@@ -38,10 +38,11 @@ auto GqaKernel() {
   }
 }
 
-// Dynamic shared memory of a variant's block.
-template <bool MMA>
+// Dynamic shared memory of a variant's block for element type T.
+template <typename T, bool MMA>
 size_t SharedBytes(int head_size, int group_size) {
-  return MMA ? GqaMmaSharedBytes(head_size) : GqaDecodeSharedBytes(head_size, group_size);
+  return MMA ? GqaMmaSharedBytes(head_size)
+             : GqaDecodeSharedBytes(head_size, group_size, static_cast<int>(sizeof(T)));
 }
 
 constexpr int kMaxDevices = 64;  // devices whose attribute settings are cached
@@ -78,7 +79,7 @@ cudaError_t Launch(const DecodeArgs& a, const GqaSplitPlan& plan, float* max_log
   const int group_size = a.num_heads / a.cache.num_kv_heads;
   if (MMA && !GqaMmaSupports(HEAD_SIZE, group_size)) return cudaErrorInvalidValue;
   auto kernel = GqaKernel<T, HEAD_SIZE, MMA>();
-  const size_t smem = SharedBytes<MMA>(HEAD_SIZE, group_size);
+  const size_t smem = SharedBytes<T, MMA>(HEAD_SIZE, group_size);
   if (cudaError_t e = AllowSharedBytes<T, HEAD_SIZE, MMA>(smem); e != cudaSuccess) return e;
   const dim3 grid(a.cache.num_kv_heads, a.num_seqs, plan.num_splits);
   kernel<<<grid, kDecodeThreads, smem, a.stream>>>(
@@ -182,14 +183,13 @@ cudaError_t QueryGqaDecodeOccupancy(int device, Elem elem, int head_size, int gr
           cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
       e != cudaSuccess)
     return e;
-  const size_t smem = tensor_cores ? SharedBytes<true>(head_size, group_size)
-                                   : SharedBytes<false>(head_size, group_size);
-  if (smem > static_cast<size_t>(optin)) return cudaSuccess;  // does not fit: 0 blocks
   return DispatchElemHead(elem, head_size, [&](auto t, auto hs) -> cudaError_t {
     using T = typename decltype(t)::type;
     constexpr int kHeadSize = decltype(hs)::value;
     auto query = [&](auto mma) -> cudaError_t {
       constexpr bool kMma = decltype(mma)::value;
+      const size_t smem = SharedBytes<T, kMma>(head_size, group_size);
+      if (smem > static_cast<size_t>(optin)) return cudaSuccess;  // does not fit: 0 blocks
       if (cudaError_t e = AllowSharedBytes<T, kHeadSize, kMma>(smem); e != cudaSuccess) return e;
       return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
           blocks_per_sm, GqaKernel<T, kHeadSize, kMma>(), kDecodeThreads, smem);

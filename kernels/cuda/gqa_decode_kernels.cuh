@@ -7,17 +7,21 @@
 // same K/V bytes are streamed group_size times. Here one thread block serves a
 // whole group: grid (num_kv_heads, num_seqs, num_splits), and every K/V tile of
 // kGqaTileTokens (32) context tokens is read from the paged cache once,
-// converted to fp32 into shared memory, and used by all group_size query heads
-// of that KV head. This is FlashInfer's decode approach (Ye et al., FlashInfer,
+// kept in shared memory as stored, and used by all group_size query heads of
+// that KV head. This is FlashInfer's decode approach (Ye et al., FlashInfer,
 // 2025; flashinfer/include/flashinfer/attention/decode.cuh,
 // BatchDecodeWithPagedKVCacheKernel: the query heads of one KV head share a
 // thread block and its shared-memory K/V tiles), written here for vLLM's
 // [head_size/x, block_size, x] key and [head_size, block_size] value blocks.
 //
 // Per block, for each tile of its context split:
-//   1. K tile -> smem k_s[32][head_size + 4] (fp32), V tile -> smem
-//      v_s[32][head_size] (fp32, transposed to token-major); slots past the
-//      context are never read and hold 0 (garbage or NaN there cannot leak).
+//   1. K tile -> smem k_s[32][head_size + 16 bytes], V tile -> smem
+//      v_s[head_size][32] (the cache's value layout, its 16-byte slots
+//      permuted per row by GqaVSlot), both as stored (16-bit for fp16/bf16
+//      caches: half the shared memory and stores of fp32, no conversion on
+//      the way in), one 16-byte load and store per item, conflict-free;
+//      slots past the context are never read and hold 0 (garbage or NaN
+//      there cannot leak).
 //   2. logits s[g][t] = scale * q_g . k_t (+ ALiBi slope_h * (t - seq_len + 1)),
 //      one (head, token) pair per thread; tokens past the context get -inf.
 //   3. online softmax (Milakov & Gimelshein 2018; FlashAttention): warp w
@@ -32,10 +36,10 @@
 // and the v2 reduce kernel (PagedAttentionReduceKernel, partition_size =
 // split_tokens) merges them by log-sum-exp rescaling.
 //
-// fp32 softmax and accumulation throughout; elements are converted to fp32 at
-// the single K/V load helper LoadKVChunk (the place a quantized cache type
-// would add its conversion and scale). Compile-time parameters: element types
-// and HEAD_SIZE; group size, block size, ALiBi and the split size are runtime.
+// fp32 softmax and accumulation throughout; K and V elements are converted to
+// fp32 when read from shared memory, by the single helper KVChunkToFloat (the
+// place a quantized cache type would add its conversion and scale). Compile-time parameters:
+// element types and HEAD_SIZE; group size, block size, ALiBi and the split size are runtime.
 //
 // Status: verified on the CPU only, by running this very source through
 // tests/kernels/simt_emulator.h (tests/kernels/cuda_gqa_emulation_test.cc)
@@ -53,12 +57,37 @@
 
 namespace pagedserve::kernels::cuda {
 
-// The one K/V load of the GQA kernel: 16 bytes of the cache at p (16-byte
-// aligned) as kVec16<CacheT> fp32 values. A quantized cache element type adds
-// its overload (and scale) here.
+// The one K/V conversion of the GQA kernel: 16 bytes of the cache as stored
+// (kept so in shared memory) to kVec16<CacheT> fp32 values. A quantized cache
+// element type adds its overload (and scale) here.
 template <typename CacheT>
-__device__ __forceinline__ void LoadKVChunk(const CacheT* p, float* f) {
-  Unpack16(Load16(p), static_cast<const CacheT*>(nullptr), f);
+__device__ __forceinline__ void KVChunkToFloat(const uint4& raw, float* f) {
+  Unpack16(raw, static_cast<const CacheT*>(nullptr), f);
+}
+
+// raw (kVec16<CacheT> elements) with the elements from `valid` on set to +0.
+template <typename CacheT>
+__device__ __forceinline__ uint4 ZeroElementsFrom(uint4 raw, int valid) {
+  constexpr int kBits = 8 * static_cast<int>(sizeof(CacheT));  // 16 or 32
+  constexpr uint32_t kMask = kBits == 32 ? 0xffffffffu : (1u << kBits) - 1u;
+  uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int e = 0; e < kVec16<CacheT>; ++e)
+    if (e >= valid) w[e * kBits / 32] &= ~(kMask << (e * kBits % 32));  // little-endian
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The V tile v_s[head_size][kGqaTileTokens] keeps the cache's value layout
+// (each dimension's tokens contiguous, R = 32 tokens / 16-byte vector slots
+// per row: 4 for 16-bit, 8 for fp32), with the slots of row d permuted: vector
+// j sits in slot j ^ ((d / (8 / R)) % R). The load's 16-byte stores (threads:
+// d = i / R, j = i % R) and the P V loop's 16-byte reads (threads: consecutive
+// d, one j) then both hit 8 different 16-byte bank groups in every 8-thread
+// phase: no bank conflict either way, no padding.
+template <int R>
+__device__ __forceinline__ int GqaVSlot(int d, int j) {
+  static_assert(R == 4 || R == 8, "16-byte slots per 32-token row");
+  return j ^ ((d / (8 / R)) % R);
 }
 
 // The context tokens [*start, *end) of context split `split` (the whole
@@ -145,7 +174,7 @@ __global__ void __launch_bounds__(NUM_THREADS)
   constexpr int NUM_CHUNKS = HEAD_SIZE / X;  // 16-byte chunks per key vector
   constexpr int V_VEC = X;                   // tokens per 16-byte value vector
   constexpr int V_GROUPS = TILE / V_VEC;     // value vectors per dim per tile
-  constexpr int KS = GqaKRowStride(HEAD_SIZE);
+  constexpr int KS = GqaKRowStride(HEAD_SIZE, static_cast<int>(sizeof(CacheT)));
   static_assert(TILE == kWarpSize, "the softmax step maps one lane to one token");
   static_assert(HEAD_SIZE % X == 0 && HEAD_SIZE % 4 == 0 && TILE % V_VEC == 0, "shapes");
   static_assert(NUM_THREADS % kWarpSize == 0, "whole warps");
@@ -168,12 +197,11 @@ __global__ void __launch_bounds__(NUM_THREADS)
   const int group_elems = group_size * HEAD_SIZE;
 
   // Dynamic shared memory, in the order of GqaDecodeSharedBytes (every piece a
-  // multiple of 16 bytes except the last three).
-  PAGEDSERVE_DYNAMIC_SHARED(float, smem);
-  float* k_s = smem;                     // [TILE][KS]
-  float* v_s = k_s + TILE * KS;          // [TILE][HEAD_SIZE]
-  float* q_s = v_s + TILE * HEAD_SIZE;   // [group][HEAD_SIZE]
-  float* acc_s = q_s + group_elems;      // [group][HEAD_SIZE]
+  // multiple of 16 bytes except the last three). K and V as stored (CacheT).
+  PAGEDSERVE_DYNAMIC_SHARED(CacheT, k_s);  // [TILE][KS]
+  CacheT* v_s = k_s + TILE * KS;           // [HEAD_SIZE][TILE], slots by GqaVSlot
+  float* q_s = reinterpret_cast<float*>(v_s + HEAD_SIZE * TILE);  // [group][HEAD_SIZE]
+  float* acc_s = q_s + group_elems;                               // [group][HEAD_SIZE]
   float* p_s = acc_s + group_elems;      // [group][TILE] logits, then probabilities
   float* m_s = p_s + group_size * TILE;  // [group] running max
   float* l_s = m_s + group_size;         // [group] running exp-sum
@@ -196,60 +224,64 @@ __global__ void __launch_bounds__(NUM_THREADS)
   __syncthreads();
 
   for (int tile_start = start_token; tile_start < end_token; tile_start += TILE) {
-    // ---- 1. K and V of this tile into shared memory, once for the group.
-    // K: item (chunk c, token t), t fastest, so consecutive threads read
-    // consecutive 16-byte token chunks of [D/x, BS, x].
+    // ---- 1. K and V of this tile into shared memory as stored, once for the
+    // group, one 16-byte load and store per item. K: item (chunk c, token t),
+    // t fastest, so consecutive threads read consecutive 16-byte token chunks
+    // of [D/x, BS, x] and store them to rows KS elements (16 bytes more than
+    // a key) apart: conflict-free. Tokens past the context hold 0.
     for (int i = tid; i < NUM_CHUNKS * TILE; i += NUM_THREADS) {
       const int c = i / TILE, t = i % TILE, token = tile_start + t;
-      float kf[X];
+      uint4 raw = make_uint4(0, 0, 0, 0);
       if (token < end_token) {
         const int64_t block = block_table[token / block_size];
-        LoadKVChunk(k_head + block * kv_block_stride +
-                        (static_cast<int64_t>(c) * block_size + token % block_size) * X,
-                    kf);
-      } else {
-#pragma unroll
-        for (int e = 0; e < X; ++e) kf[e] = 0.0f;
+        raw = Load16(PAGEDSERVE_GLOBAL_READ(
+            k_head + block * kv_block_stride +
+                (static_cast<int64_t>(c) * block_size + token % block_size) * X,
+            16));
       }
-      float* dst = k_s + t * KS + c * X;
-#pragma unroll
-      for (int e = 0; e < X; ++e) dst[e] = kf[e];
+      Store16(PAGEDSERVE_SHARED(reinterpret_cast<uint4*>(k_s + t * KS + c * X)), raw);
     }
     // V: item (dim d, vector j of V_VEC tokens). V_VEC divides the block size
     // and tile_start, so one vector lies in one block.
     for (int i = tid; i < HEAD_SIZE * V_GROUPS; i += NUM_THREADS) {
-      const int d = i / V_GROUPS, t0 = (i % V_GROUPS) * V_VEC, token0 = tile_start + t0;
-      float vf[V_VEC];
+      const int d = i / V_GROUPS, j = i % V_GROUPS, token0 = tile_start + j * V_VEC;
+      uint4 raw = make_uint4(0, 0, 0, 0);
       if (token0 < end_token) {
         const int64_t block = block_table[token0 / block_size];
-        LoadKVChunk(v_head + block * kv_block_stride + static_cast<int64_t>(d) * block_size +
-                        token0 % block_size,
-                    vf);
-#pragma unroll
-        for (int e = 0; e < V_VEC; ++e)
-          if (token0 + e >= end_token) vf[e] = 0.0f;  // 0 * NaN would be NaN
-      } else {
-#pragma unroll
-        for (int e = 0; e < V_VEC; ++e) vf[e] = 0.0f;
+        raw = Load16(PAGEDSERVE_GLOBAL_READ(v_head + block * kv_block_stride +
+                                                static_cast<int64_t>(d) * block_size +
+                                                token0 % block_size,
+                                            16));
+        if (token0 + V_VEC > end_token)  // 0 * NaN would be NaN
+          raw = ZeroElementsFrom<CacheT>(raw, end_token - token0);
       }
-#pragma unroll
-      for (int e = 0; e < V_VEC; ++e) v_s[(t0 + e) * HEAD_SIZE + d] = vf[e];
+      Store16(PAGEDSERVE_SHARED(
+                  reinterpret_cast<uint4*>(v_s + d * TILE + GqaVSlot<V_GROUPS>(d, j) * V_VEC)),
+              raw);
     }
     __syncthreads();
 
-    // ---- 2. Logits of every (head, token) pair of the tile.
+    // ---- 2. Logits of every (head, token) pair of the tile: key row t read
+    // as 16-byte chunks (rows 16 bytes apart in bank terms: conflict-free),
+    // the query as float4 (one head per warp: broadcast).
     for (int i = tid; i < group_size * TILE; i += NUM_THREADS) {
       const int g = i / TILE, t = i % TILE, token = tile_start + t;
       const float4* qv = reinterpret_cast<const float4*>(q_s + g * HEAD_SIZE);
-      const float4* kv = reinterpret_cast<const float4*>(k_s + t * KS);
+      const CacheT* krow = k_s + t * KS;
       float dot = 0.0f;
-#pragma unroll 8
-      for (int j = 0; j < HEAD_SIZE / 4; ++j) {
-        const float4 a = qv[j], b = kv[j];
-        dot = fmaf(a.x, b.x, dot);
-        dot = fmaf(a.y, b.y, dot);
-        dot = fmaf(a.z, b.z, dot);
-        dot = fmaf(a.w, b.w, dot);
+#pragma unroll 4
+      for (int c = 0; c < NUM_CHUNKS; ++c) {
+        float kf[X];
+        KVChunkToFloat<CacheT>(
+            Load16(PAGEDSERVE_SHARED(reinterpret_cast<const uint4*>(krow + c * X))), kf);
+#pragma unroll
+        for (int v = 0; v < X / 4; ++v) {
+          const float4 a = *PAGEDSERVE_SHARED(qv + c * (X / 4) + v);
+          dot = fmaf(a.x, kf[4 * v + 0], dot);
+          dot = fmaf(a.y, kf[4 * v + 1], dot);
+          dot = fmaf(a.z, kf[4 * v + 2], dot);
+          dot = fmaf(a.w, kf[4 * v + 3], dot);
+        }
       }
       float s = -INFINITY;
       if (token < end_token) {
@@ -268,13 +300,29 @@ __global__ void __launch_bounds__(NUM_THREADS)
           GqaOnlineSoftmax(p_s[g * TILE + lane], lane, &m_s[g], &l_s[g], &alpha_s[g]);
     __syncthreads();
 
-    // ---- 4. Rescale and accumulate P V, one (head, dim) per thread.
+    // ---- 4. Rescale and accumulate P V, one (head, dim) per thread: value
+    // row d as 16-byte vectors (conflict-free by GqaVSlot), P as float4
+    // (broadcast), tokens in order.
     for (int i = tid; i < group_elems; i += NUM_THREADS) {
       const int g = i / HEAD_SIZE, d = i % HEAD_SIZE;
-      const float* p = p_s + g * TILE;
+      const float4* p4 = reinterpret_cast<const float4*>(p_s + g * TILE);
+      const CacheT* vrow = v_s + d * TILE;
       float a = acc_s[i] * alpha_s[g];
-#pragma unroll 8
-      for (int t = 0; t < TILE; ++t) a = fmaf(p[t], v_s[t * HEAD_SIZE + d], a);
+#pragma unroll
+      for (int j = 0; j < V_GROUPS; ++j) {
+        float vf[V_VEC];
+        KVChunkToFloat<CacheT>(Load16(PAGEDSERVE_SHARED(reinterpret_cast<const uint4*>(
+                                   vrow + GqaVSlot<V_GROUPS>(d, j) * V_VEC))),
+                               vf);
+#pragma unroll
+        for (int e = 0; e < V_VEC / 4; ++e) {
+          const float4 pv = *PAGEDSERVE_SHARED(p4 + j * (V_VEC / 4) + e);
+          a = fmaf(pv.x, vf[4 * e + 0], a);
+          a = fmaf(pv.y, vf[4 * e + 1], a);
+          a = fmaf(pv.z, vf[4 * e + 2], a);
+          a = fmaf(pv.w, vf[4 * e + 3], a);
+        }
+      }
       acc_s[i] = a;
     }
     __syncthreads();  // before the next tile overwrites k_s, v_s, p_s

@@ -59,16 +59,6 @@
 
 namespace pagedserve::kernels::cuda {
 
-// One 16-byte store; p must be 16-byte aligned.
-template <typename T>
-__device__ __forceinline__ void Store16(T* p, const uint4& v) {
-#ifdef __CUDA_ARCH__
-  *reinterpret_cast<uint4*>(p) = v;
-#else
-  memcpy(static_cast<void*>(p), &v, sizeof(v));  // host (CPU emulation): no type punning
-#endif
-}
-
 // The eight 16-bit elements of a 16-byte vector, as they are.
 template <typename T>
 __device__ __forceinline__ void Unpack16Raw(const uint4& r, T* out) {
@@ -128,24 +118,28 @@ __device__ __forceinline__ void LoadKvTile16(T* k_s, T* v_s, const T* k_head, co
     uint4 raw = make_uint4(0, 0, 0, 0);
     if (token < end) {
       const int64_t block = block_table[token / block_size];
-      raw = Load16(k_head + block * kv_block_stride +
-                   (static_cast<int64_t>(c) * block_size + token % block_size) * X);
+      raw = Load16(PAGEDSERVE_GLOBAL_READ(
+          k_head + block * kv_block_stride +
+              (static_cast<int64_t>(c) * block_size + token % block_size) * X,
+          16));
     }
-    Store16(k_s + t * KVS + c * X, raw);
+    Store16(PAGEDSERVE_SHARED(reinterpret_cast<uint4*>(k_s + t * KVS + c * X)), raw);
   }
   for (int i = tid; i < HEAD_SIZE * V_GROUPS; i += NUM_THREADS) {
     const int d = i / V_GROUPS, t0 = (i % V_GROUPS) * X, token0 = tile_start + t0;
     uint4 raw = make_uint4(0, 0, 0, 0);
     if (token0 < end) {
       const int64_t block = block_table[token0 / block_size];
-      raw = Load16(v_head + block * kv_block_stride + static_cast<int64_t>(d) * block_size +
-                   token0 % block_size);
+      raw = Load16(PAGEDSERVE_GLOBAL_READ(v_head + block * kv_block_stride +
+                                              static_cast<int64_t>(d) * block_size +
+                                              token0 % block_size,
+                                          16));
     }
     T v[X];
     Unpack16Raw(raw, v);
 #pragma unroll
     for (int e = 0; e < X; ++e)
-      v_s[(t0 + e) * KVS + d] = token0 + e < end ? v[e] : FromFloat<T>(0.0f);
+      *PAGEDSERVE_SHARED(&v_s[(t0 + e) * KVS + d]) = token0 + e < end ? v[e] : FromFloat<T>(0.0f);
   }
 }
 

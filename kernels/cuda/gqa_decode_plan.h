@@ -47,18 +47,22 @@ inline constexpr int kGqaMaxSplits = 64;
 // KiB, sm_90: 227 KiB) and of the consumer parts sm_86/89 (99 KiB).
 inline constexpr size_t kGqaMaxSharedBytes = 96 * 1024;
 
-// fp32 row stride of the K tile in shared memory: head_size + 4 keeps rows
-// 16-byte aligned and shifts consecutive rows by 4 banks.
-constexpr int GqaKRowStride(int head_size) { return head_size + 4; }
+// Row stride, in cache elements, of the K tile in shared memory (kept as
+// stored, elem_bytes per element): head_size + one 16-byte vector keeps rows
+// 16-byte aligned and shifts consecutive rows by 4 banks, so 16-byte stores or
+// reads of one chunk of 8 consecutive rows hit 8 different bank groups.
+constexpr int GqaKRowStride(int head_size, int elem_bytes) { return head_size + 16 / elem_bytes; }
 
-// Dynamic shared memory of one GQA decode block, in bytes: fp32 K tile
-// [32][head_size + 4], V tile [32][head_size], queries and accumulators
+// Dynamic shared memory of one GQA decode block, in bytes, for a cache of
+// elem_bytes per element (4: fp32, 2: fp16/bf16; the default 4 is the
+// largest, so it bounds every dtype): K tile [32][head_size + 16 bytes] and V
+// tile [head_size][32] as stored; fp32 queries and accumulators
 // [group][head_size] each, logits [group][32], running max / sum / rescale
 // factor [group] each.
-constexpr size_t GqaDecodeSharedBytes(int head_size, int group_size) {
-  return sizeof(float) *
-         (static_cast<size_t>(kGqaTileTokens) * (GqaKRowStride(head_size) + head_size) +
-          static_cast<size_t>(group_size) * (2 * head_size + kGqaTileTokens + 3));
+constexpr size_t GqaDecodeSharedBytes(int head_size, int group_size, int elem_bytes = 4) {
+  return static_cast<size_t>(elem_bytes) * kGqaTileTokens *
+             (GqaKRowStride(head_size, elem_bytes) + head_size) +
+         sizeof(float) * static_cast<size_t>(group_size) * (2 * head_size + kGqaTileTokens + 3);
 }
 
 // The tensor-core variant (GqaDecodeMmaKernel, gqa_decode_mma_kernels.cuh):

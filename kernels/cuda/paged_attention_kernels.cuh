@@ -131,7 +131,8 @@ __global__ void __launch_bounds__(NUM_THREADS)
       for (int j = 0; j < CHUNKS_PER_THREAD; ++j) {
         const int c = group_lane + j * kThreadGroupSize;
         if (NUM_CHUNKS % kThreadGroupSize == 0 || c < NUM_CHUNKS)
-          k_vecs[j] = Load16(k_block + (static_cast<int64_t>(c) * block_size + offset) * X);
+          k_vecs[j] = Load16(PAGEDSERVE_GLOBAL_READ(
+              k_block + (static_cast<int64_t>(c) * block_size + offset) * X, 16));
       }
       float dot = 0.0f;
 #pragma unroll
@@ -143,7 +144,7 @@ __global__ void __launch_bounds__(NUM_THREADS)
           const float4* qc = q_vecs + c * (X / 4);
 #pragma unroll
           for (int v = 0; v < X / 4; ++v) {
-            const float4 qv = qc[v];
+            const float4 qv = *PAGEDSERVE_SHARED(qc + v);
             dot = fmaf(qv.x, kf[4 * v + 0], dot);
             dot = fmaf(qv.y, kf[4 * v + 1], dot);
             dot = fmaf(qv.z, kf[4 * v + 2], dot);
@@ -159,7 +160,8 @@ __global__ void __launch_bounds__(NUM_THREADS)
         const float qk = scale * dot + alibi_slope * static_cast<float>(token - seq_len + 1);
         // Slots past the context hold garbage: store 0 so no NaN can leak.
         // Tokens before the window: -inf, weight exp(-inf) = 0.
-        logits[token - start_token] = !valid ? 0.0f : (token < win_first ? -INFINITY : qk);
+        *PAGEDSERVE_SHARED(&logits[token - start_token]) =
+            !valid ? 0.0f : (token < win_first ? -INFINITY : qk);
         if (valid && token >= win_first) qk_max = fmaxf(qk_max, qk);
       }
     }
@@ -191,13 +193,14 @@ __global__ void __launch_bounds__(NUM_THREADS)
       for (int i = 0; i < ROWS_PER_THREAD; ++i) {
         const int d = lane + i * kWarpSize;
         if (HEAD_SIZE % kWarpSize == 0 || d < HEAD_SIZE)
-          v_vecs[i] = LoadValueVec(v_block + static_cast<int64_t>(d) * block_size + step);
+          v_vecs[i] = LoadValueVec(PAGEDSERVE_GLOBAL_READ(
+              v_block + static_cast<int64_t>(d) * block_size + step, sizeof(ValueVec)));
       }
       float logits_vec[V_VEC];
       const float4* lg = reinterpret_cast<const float4*>(logits + (token0 - start_token));
 #pragma unroll
       for (int v = 0; v < V_VEC / 4; ++v) {
-        const float4 t = lg[v];
+        const float4 t = *PAGEDSERVE_SHARED(lg + v);
         logits_vec[4 * v] = t.x;
         logits_vec[4 * v + 1] = t.y;
         logits_vec[4 * v + 2] = t.z;

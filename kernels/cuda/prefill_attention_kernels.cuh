@@ -106,15 +106,16 @@ __global__ void __launch_bounds__(kPrefillThreads)
       if (pos < kv_end) {
         const int64_t pb = block_table[pos / block_size];
         const int off = pos % block_size;
-        Unpack16(Load16(k_head + pb * kv_block_stride +
-                        (static_cast<int64_t>(c) * block_size + off) * X),
+        Unpack16(Load16(PAGEDSERVE_GLOBAL_READ(k_head + pb * kv_block_stride +
+                                                   (static_cast<int64_t>(c) * block_size + off) * X,
+                                               16)),
                  static_cast<const CACHE_T*>(nullptr), f);
       } else {
 #pragma unroll
         for (int e = 0; e < X; ++e) f[e] = 0.0f;
       }
 #pragma unroll
-      for (int e = 0; e < X; ++e) k_smem[tok * K_STRIDE + c * X + e] = f[e];
+      for (int e = 0; e < X; ++e) *PAGEDSERVE_SHARED(&k_smem[tok * K_STRIDE + c * X + e]) = f[e];
     }
     // Gather V: one vector = VX consecutive tokens of head dim d (VX divides
     // 8 and every block size, so a vector never straddles blocks).
@@ -125,9 +126,11 @@ __global__ void __launch_bounds__(kPrefillThreads)
       if (pos0 < kv_end) {
         const int64_t pb = block_table[pos0 / block_size];
         const int off = pos0 % block_size;
-        UnpackValueVec<CACHE_T>(LoadValueVec(v_head + pb * kv_block_stride +
-                                             static_cast<int64_t>(d) * block_size + off),
-                                f);
+        UnpackValueVec<CACHE_T>(
+            LoadValueVec(PAGEDSERVE_GLOBAL_READ(
+                v_head + pb * kv_block_stride + static_cast<int64_t>(d) * block_size + off,
+                sizeof(typename CacheElem<CACHE_T>::ValueVec))),
+            f);
 #pragma unroll
         for (int e = 0; e < VX; ++e)
           if (pos0 + e >= kv_end) f[e] = 0.0f;  // garbage past the visible keys
@@ -136,14 +139,16 @@ __global__ void __launch_bounds__(kPrefillThreads)
         for (int e = 0; e < VX; ++e) f[e] = 0.0f;
       }
 #pragma unroll
-      for (int e = 0; e < VX; ++e) v_smem[vv * VX + e][d] = f[e];
+      for (int e = 0; e < VX; ++e) *PAGEDSERVE_SHARED(&v_smem[vv * VX + e][d]) = f[e];
     }
     __syncthreads();
 
     // Score of (row r, key kt0 + kl).
     float s = 0.0f;
 #pragma unroll 16
-    for (int d = 0; d < HEAD_SIZE; ++d) s = fmaf(q_smem[r][d], k_smem[kl * K_STRIDE + d], s);
+    for (int d = 0; d < HEAD_SIZE; ++d)
+      s = fmaf(*PAGEDSERVE_SHARED(&q_smem[r][d]), *PAGEDSERVE_SHARED(&k_smem[kl * K_STRIDE + d]),
+               s);
     const int k_pos = kt0 + kl;
     const bool valid = row_valid && k_pos <= q_pos &&  // causal; q_pos < seq_len
                        (sliding_window <= 0 || k_pos > q_pos - sliding_window);
@@ -168,7 +173,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
       const float pk = __shfl_sync(kFullMask, p, half_base + k);
 #pragma unroll
       for (int j = 0; j < DIMS_PER_LANE; ++j)
-        o[j] = fmaf(pk, v_smem[k][kl + j * kLanesPerRow], o[j]);
+        o[j] = fmaf(pk, *PAGEDSERVE_SHARED(&v_smem[k][kl + j * kLanesPerRow]), o[j]);
     }
   }
 

@@ -41,7 +41,7 @@
 
 #include "kernels/cuda/dtype_utils.cuh"
 #include "kernels/cuda/gqa_decode_kernels.cuh"      // GqaOnlineSoftmax
-#include "kernels/cuda/gqa_decode_mma_kernels.cuh"  // Store16, Unpack16Raw
+#include "kernels/cuda/gqa_decode_mma_kernels.cuh"  // LoadKvTile16, MmaAttentionSmem
 #include "kernels/cuda/prefill_attention_mma_plan.h"
 
 namespace pagedserve::kernels::cuda {

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <limits>
 #include <sstream>
 
 #include "absl/flags/flag.h"
@@ -74,7 +75,8 @@ PAGEDSERVE_FLAG("generate,serve", int64_t, max_num_blocks, 0,
                 "cap on the device KV blocks per rank (0 = only --kv-cache-memory decides)");
 PAGEDSERVE_FLAG(
     "generate,serve", int32_t, max_model_len, 0,
-    "prompt + output tokens per sequence (0 = min(the model's max_position_embeddings, 2048))");
+    "prompt + output tokens per sequence (0 = the model's context, lowered to the longest "
+    "sequence the KV cache holds when it holds less, as vLLM does)");
 PAGEDSERVE_FLAG("generate,serve", int32_t, max_num_seqs, 128, "sequences per engine step");
 PAGEDSERVE_FLAG(
     "generate,serve", int32_t, max_num_batched_tokens, 0,
@@ -256,9 +258,18 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
                                 s.model.max_position_embeddings),
                    len);
   }
+  // 0: the model's context; the engine lowers it to what the KV pool holds
+  // (EngineOptions::fit_max_model_len), once the workers have sized the pool.
   c.max_model_len =
       len > 0 ? len
-              : static_cast<int32_t>(std::min<int64_t>(s.model.max_position_embeddings, 2048));
+              : static_cast<int32_t>(std::min<int64_t>(s.model.max_position_embeddings,
+                                                       std::numeric_limits<int32_t>::max()));
+  s.fit_max_model_len = len == 0;
+  // Blocks out of the window are freed only when no layer attends further back.
+  c.sliding_window = s.model.sliding_window;
+  for (int l = 0; l < s.model.num_layers; ++l) {
+    if (s.model.LayerSlidingWindow(l) != s.model.sliding_window) c.sliding_window = 0;
+  }
   c.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   c.enable_chunked_prefill = absl::GetFlag(FLAGS_enable_chunked_prefill);
   const int32_t batched = absl::GetFlag(FLAGS_max_num_batched_tokens);
@@ -310,6 +321,19 @@ absl::StatusOr<std::shared_ptr<const grammar::TokenVocabulary>> ConstraintVocabu
     if (id >= 0 && id < tokenizer->vocab_size()) ends.push_back(id);
   }
   return grammar::TokenVocabulary::Create(std::move(bytes), std::move(ends));
+}
+
+std::string MaxModelLenNote(const ModelSetup& setup, const SchedulerConfig& engine_config) {
+  if (!setup.fit_max_model_len) return "";
+  const int32_t model_len = setup.scheduler.max_model_len;
+  if (engine_config.max_model_len >= model_len) {
+    return absl::StrCat("max_model_len ", engine_config.max_model_len, ": the model's context");
+  }
+  return absl::StrCat("max_model_len ", engine_config.max_model_len,
+                      ": the longest sequence the KV cache holds (",
+                      engine_config.num_device_blocks, " blocks of ", engine_config.block_size,
+                      " tokens); the model's context is ", model_len,
+                      " (more --kv-cache-memory / --gpu-memory-utilization raises it)");
 }
 
 std::string DefaultServedModelName(const std::string& model_path) {

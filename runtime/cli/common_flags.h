@@ -125,6 +125,9 @@ struct ModelSetup {
   ModelConfig model;          // the model's config.json / GGUF metadata
   WorkerOptions worker;       // for Worker::Create / RunWorkerRank
   SchedulerConfig scheduler;  // block counts left 0: the engine takes them from the executor
+  // --max-model-len 0: scheduler.max_model_len is the model's context, for the
+  // engine to lower to the KV pool (EngineOptions::fit_max_model_len).
+  bool fit_max_model_len = false;
   int32_t tensor_parallel_size = 1;
   absl::Duration worker_startup_timeout;
   absl::Duration worker_step_timeout;
@@ -134,6 +137,11 @@ struct ModelSetup {
 // (InvalidArgument) name the flag, e.g. "--block-size must be 8, 16 or 32, got 7";
 // a missing or unreadable model gives the loader's error.
 absl::StatusOr<ModelSetup> ModelSetupFromFlags();
+
+// The line the commands log once the engine exists when --max-model-len was
+// left at 0: the max_model_len chosen and why (the model's context, or the
+// longest sequence `engine_config`'s KV pool holds). Empty when the flag was set.
+std::string MaxModelLenNote(const ModelSetup& setup, const SchedulerConfig& engine_config);
 
 // The tokenizer of a model path: GGUF file -> LoadGgufTokenizer, directory ->
 // LoadHfTokenizer. NotFound when the path does not exist.

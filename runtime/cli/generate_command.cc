@@ -82,6 +82,7 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
   }
   EngineOptions options;
   options.scheduler = setup.scheduler;
+  options.fit_max_model_len = setup.fit_max_model_len;
   Executor* exec = executor->get();
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
       options, tokenizer->get(), *std::move(executor), EosTokenIds(setup.model, **tokenizer));
@@ -89,6 +90,11 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
     // The engine was not built: the executor went with the failed Create.
     PrintError(engine.status());
     return ExitCodeFor(engine.status());
+  }
+  // Quiet unless the KV pool lowered the model's context (serve always logs it).
+  if (const SchedulerConfig& sc = (*engine)->scheduler_config();
+      setup.fit_max_model_len && sc.max_model_len < setup.scheduler.max_model_len) {
+    std::fprintf(stderr, "pagedserve generate: %s\n", MaxModelLenNote(setup, sc).c_str());
   }
   int rc = 0;
   const auto start = std::chrono::steady_clock::now();

@@ -127,6 +127,9 @@ PAGEDSERVE_FLAG("serve", double, http_timeout, 30,
                 "serve: seconds a client has to send a whole HTTP request (request line, "
                 "headers and body: a deadline, 408 after it) and a response write may wait for "
                 "a client that stops reading; idle keep-alive connections close after 5 s");
+PAGEDSERVE_FLAG("serve", int32_t, http_io_threads, 2,
+                "serve: threads that run every HTTP connection (Boost.Asio; 1..64): idle "
+                "keep-alive and slow clients cost memory, not threads");
 PAGEDSERVE_FLAG("serve", std::string, ssl_certfile, "",
                 "serve: HTTPS on the HTTP API with this PEM certificate (chain); needs "
                 "--ssl-keyfile");
@@ -276,6 +279,11 @@ absl::StatusOr<HttpServerOptions> HttpOptionsFromFlags(const std::string& model_
         absl::StrCat("--http-timeout must be in (0, 3600], got ", timeout));
   }
   h.read_timeout = h.write_timeout = absl::Seconds(timeout);
+  h.io_threads = absl::GetFlag(FLAGS_http_io_threads);
+  if (h.io_threads < 1 || h.io_threads > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http-io-threads must be in [1, 64], got ", h.io_threads));
+  }
   return h;
 }
 
@@ -362,23 +370,18 @@ absl::StatusOr<ServeOptions> ServeOptionsFromFlags(const std::string& model_path
   return so;
 }
 
-// Threads for the HTTP API: one per open connection, created on demand, as
-// many as the process may hold sockets (RLIMIT_NOFILE, less a reserve for
-// files, ZeroMQ and MPI), at most 4096; at least enough for every running and
-// queued request. The soft descriptor limit is first raised towards the hard
-// one (as Go's runtime does), so a default of 1024 does not cap the server.
-int HttpThreadCount(const ModelSetup& setup, const ServeOptions& serve_options) {
-  int64_t fd_room = 4096;
-  if (rlimit nofile{}; getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
-    if (nofile.rlim_cur < nofile.rlim_max) {
-      nofile.rlim_cur = std::min<rlim_t>(nofile.rlim_max, 65536);
-      if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) getrlimit(RLIMIT_NOFILE, &nofile);
+// The HTTP API holds one descriptor per connection (no thread: --http-io-threads
+// serve them all): the soft descriptor limit is raised towards the hard one (as
+// Go's runtime does, at most 65,536), so a default of 1024 does not cap the
+// connections.
+void RaiseDescriptorLimit() {
+  if (rlimit nofile{}; getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY &&
+                       nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = std::min<rlim_t>(nofile.rlim_max, 65536);
+    if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
+      spdlog::warn("cannot raise the descriptor limit: {}", std::strerror(errno));
     }
-    fd_room = static_cast<int64_t>(nofile.rlim_cur) - 128;
   }
-  return static_cast<int>(
-      std::max<int64_t>(std::min<int64_t>(fd_room, 4096),
-                        setup.scheduler.max_num_seqs + serve_options.loop.max_queue_len + 32));
 }
 
 // Rank 0 (or the only process), in the order RunCoordinator calls its phases:
@@ -448,7 +451,7 @@ class CoordinatorRank {
   int StartHttp() {
     if (!options_.http_enabled) return 0;
     HttpServerOptions ho = options_.http;
-    ho.num_threads = HttpThreadCount(setup_, options_);
+    RaiseDescriptorLimit();
     if (metrics_ != nullptr) {
       ho.on_response = [m = metrics_.get()](int status) { RecordHttpResponse(*m, status); };
     }
@@ -486,6 +489,7 @@ class CoordinatorRank {
     options.scheduler = setup_.scheduler;
     options.require_cache_salt = absl::GetFlag(FLAGS_require_cache_salt);
     options.default_seed = options_.default_seed;
+    options.fit_max_model_len = setup_.fit_max_model_len;
     absl::StatusOr<std::unique_ptr<Engine>> engine =
         Engine::Create(options, tokenizer_.get(), *std::move(executor),
                        EosTokenIds(setup_.model, *tokenizer_), metrics_.get());
@@ -495,6 +499,9 @@ class CoordinatorRank {
       return engine.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
     }
     engine_ = *std::move(engine);
+    if (std::string note = MaxModelLenNote(setup_, engine_->scheduler_config()); !note.empty()) {
+      std::fprintf(stderr, "pagedserve serve: %s\n", note.c_str());
+    }
     loop_ = std::make_unique<EngineLoop>(engine_.get(), options_.loop);
     return 0;
   }
@@ -575,6 +582,7 @@ class CoordinatorRank {
   absl::Status CreateZmqServer() {
     StopSignalsBlocked blocked;  // the CURVE authenticator's ZAP thread is started here
     ServerOptions zo = options_.zmq;
+    zo.tool_call_parser = tool_call_parser_;
     if (metrics_ != nullptr) {
       zo.on_handshake_failed = [m = metrics_.get()](std::string_view reason) {
         RecordFailedHandshake(*m, reason);
@@ -706,9 +714,8 @@ int ServeCommand(const Args& args) {
   }
   if (info->coordinator()) {
     InstallSignals(OnStopSignal);
-    // A write to an HTTP client that hung up must fail with EPIPE (and abort
-    // its request), not kill the server: cpp-httplib 0.11 sends without
-    // MSG_NOSIGNAL.
+    // A write to a client that hung up must fail with EPIPE (and abort its
+    // request), not kill the server, whatever library writes it.
     signal(SIGPIPE, SIG_IGN);
   } else {
     // Workers stop when the coordinator shuts them down.

@@ -15,6 +15,12 @@ namespace pagedserve {
 using SeqId = uint64_t;
 inline constexpr SeqId kNoSeq = ~SeqId{0};
 
+// A block-table entry whose block went back to the pool because it lies
+// wholly before the sliding window of every layer (SchedulerConfig::
+// sliding_window): attention never reads it again and nothing writes it.
+// Such entries form a prefix of the table; a worker never dereferences them.
+inline constexpr int32_t kDroppedBlock = -1;
+
 // A (source, destination) physical block pair.
 struct BlockPair {
   int32_t src = 0;
@@ -46,6 +52,7 @@ struct SequenceStep {
   // unchanged row of L entries has start L and no entries; a decode that
   // opens a new block sends one entry, a copy-on-write of the last block sends
   // the last entry again. The resulting row covers start_pos + token_ids.size().
+  // Leading entries may be kDroppedBlock (sliding window).
   int32_t block_table_start = 0;
   std::vector<int32_t> block_table;
   // Draw samples from the logits of the last token of this step. False for a

@@ -69,6 +69,7 @@ absl::Status StepPlanMirror::ApplyOne(uint64_t step_id, const SequenceStep& s,
                m->block_table.size(), " entries");
   }
   for (int32_t b : s.block_table) {
+    if (b == kDroppedBlock) continue;  // out of the sliding window: never read
     if (b < 0 || (num_device_blocks_ > 0 && b >= num_device_blocks_)) {
       return bad("names block ", b, " outside the device pool of ", num_device_blocks_);
     }
@@ -78,6 +79,11 @@ absl::Status StepPlanMirror::ApplyOne(uint64_t step_id, const SequenceStep& s,
   if (static_cast<int64_t>(m->block_table.size()) * block_size_ < s.context_len()) {
     return bad("has ", m->block_table.size(), " blocks of ", block_size_,
                " tokens for a context of ", s.context_len());
+  }
+  for (int64_t i = s.start_pos / block_size_; i * block_size_ < s.context_len(); ++i) {
+    if (m->block_table[i] == kDroppedBlock) {
+      return bad("writes tokens into block-table entry ", i, ", a dropped block");
+    }
   }
   return absl::OkStatus();
 }

@@ -44,8 +44,9 @@ class StepPlanMirror {
   // state from before the plan), then drops plan.finished. InvalidArgument,
   // naming the step and the sequence, for a fork from an unknown sequence, a
   // continuing sequence the mirror does not hold, a start_pos beyond its
-  // history, a block_table_start beyond its row, a block id out of range or a
-  // row that does not cover the context. After an error the state of the
+  // history, a block_table_start beyond its row, a block id out of range
+  // (kDroppedBlock is allowed, except for a block the step writes) or a row
+  // that does not cover the context. After an error the state of the
   // plan's sequences is unspecified (the coordinator fails them); other
   // sequences are untouched.
   absl::Status Apply(const StepPlan& plan);

@@ -9,6 +9,7 @@ const char* StructuredOutputKindName(StructuredOutput::Kind kind) {
     case StructuredOutput::Kind::kJsonObject: return "json_object";
     case StructuredOutput::Kind::kRegex: return "regex";
     case StructuredOutput::Kind::kChoice: return "choice";
+    case StructuredOutput::Kind::kToolCalls: return "tool_calls";
   }
   return "none";
 }
@@ -16,7 +17,7 @@ const char* StructuredOutputKindName(StructuredOutput::Kind kind) {
 std::optional<StructuredOutput::Kind> StructuredOutputKindFromName(std::string_view name) {
   for (auto k : {StructuredOutput::Kind::kNone, StructuredOutput::Kind::kJsonSchema,
                  StructuredOutput::Kind::kJsonObject, StructuredOutput::Kind::kRegex,
-                 StructuredOutput::Kind::kChoice}) {
+                 StructuredOutput::Kind::kChoice, StructuredOutput::Kind::kToolCalls}) {
     if (name == StructuredOutputKindName(k)) return k;
   }
   return std::nullopt;

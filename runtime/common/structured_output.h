@@ -20,6 +20,9 @@ struct StructuredOutput {
     kJsonObject,  // any JSON object; spec empty
     kRegex,       // spec: a regular expression the whole output must match
     kChoice,      // spec: a JSON array of strings; the output is one of them
+    kToolCalls,   // spec: tools and format (runtime/grammar/tool_call_grammar.h);
+                  // set by the front ends from tool_choice, never a request's
+                  // structured_outputs key
   };
   Kind kind = Kind::kNone;
   std::string spec;
@@ -32,7 +35,8 @@ struct StructuredOutput {
 };
 
 // "none", "json", "json_object", "regex", "choice" (the protocol's spelling,
-// vLLM's structured_outputs keys), and back (nullopt for an unknown name).
+// vLLM's structured_outputs keys), "tool_calls", and back (nullopt for an
+// unknown name).
 const char* StructuredOutputKindName(StructuredOutput::Kind kind);
 std::optional<StructuredOutput::Kind> StructuredOutputKindFromName(std::string_view name);
 

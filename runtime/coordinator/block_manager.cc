@@ -16,6 +16,7 @@ namespace {
 void MoveBlockTable(Sequence& seq, BlockPool& from, BlockPool& to,
                     absl::flat_hash_map<int32_t, int32_t>& moved, std::vector<BlockPair>* pairs) {
   for (int32_t& b : seq.block_table) {
+    if (b == kDroppedBlock) continue;  // out of the sliding window: nothing to move
     auto [it, inserted] = moved.try_emplace(b, -1);
     if (inserted) {
       it->second = to.Allocate();
@@ -35,6 +36,7 @@ BlockManager::BlockManager(const Options& o)
     : block_size_(std::max(o.block_size, 1)),
       watermark_blocks_(static_cast<int32_t>(
           std::floor(std::max(o.watermark, 0.0) * std::max(o.num_device_blocks, 0)))),
+      sliding_window_(std::max(o.sliding_window, 0)),
       device_(o.num_device_blocks, std::max(o.block_size, 1), o.enable_prefix_caching),
       cpu_(o.num_cpu_blocks, std::max(o.block_size, 1), /*enable_caching=*/false),
       hash_fn_(o.hash_fn ? o.hash_fn : BlockHashFn(Sha256BlockHash)) {}
@@ -150,8 +152,11 @@ void BlockManager::Fork(const Sequence& parent, Sequence& child) {
   child.blocks_on_cpu = parent.blocks_on_cpu;
   child.block_hashes = parent.block_hashes;
   child.num_registered_blocks = parent.num_registered_blocks;
+  child.num_dropped_blocks = parent.num_dropped_blocks;
   BlockPool& pool = parent.blocks_on_cpu ? cpu_ : device_;
-  for (int32_t b : child.block_table) pool.IncRef(b);
+  for (int32_t b : child.block_table) {
+    if (b != kDroppedBlock) pool.IncRef(b);
+  }
   child.num_synced_blocks = 0;
   if (!child.block_table.empty()) holders_.insert(&child);
 }
@@ -160,10 +165,13 @@ void BlockManager::Free(Sequence& seq) {
   BlockPool& pool = seq.blocks_on_cpu ? cpu_ : device_;
   // Reverse order: the tail of a chain becomes least recently used first, so
   // eviction takes a prefix's last blocks before its first ones.
-  for (auto it = seq.block_table.rbegin(); it != seq.block_table.rend(); ++it) pool.DecRef(*it);
+  for (auto it = seq.block_table.rbegin(); it != seq.block_table.rend(); ++it) {
+    if (*it != kDroppedBlock) pool.DecRef(*it);
+  }
   seq.block_table.clear();
   seq.blocks_on_cpu = false;
   seq.num_registered_blocks = 0;
+  seq.num_dropped_blocks = 0;
   seq.num_synced_blocks = 0;
   holders_.erase(&seq);
 }
@@ -172,8 +180,11 @@ void BlockManager::RegisterFullBlocks(Sequence& seq, int32_t full) {
   EnsureHashes(seq, full);
   for (int32_t i = seq.num_registered_blocks; i < full; ++i) {
     const int32_t b = seq.block_table[i];
-    if (device_.is_cached(b)) continue;
     const int32_t parent = i == 0 ? -1 : seq.block_table[i - 1];
+    // A block already dropped out of the sliding window, or whose parent was,
+    // is not registered (a child is reachable only through its parent).
+    if (b == kDroppedBlock || (i > 0 && parent == kDroppedBlock)) break;
+    if (device_.is_cached(b)) continue;
     // A child is reachable only through a cached parent.
     if (parent >= 0 && !device_.is_cached(parent)) break;
     device_.Register(
@@ -184,9 +195,21 @@ void BlockManager::RegisterFullBlocks(Sequence& seq, int32_t full) {
   seq.num_registered_blocks = full;
 }
 
+void BlockManager::DropBlocksOutsideWindow(Sequence& seq) {
+  const int64_t window_start = static_cast<int64_t>(seq.num_computed_tokens) - sliding_window_ + 1;
+  const auto drop = static_cast<int32_t>(
+      std::min<int64_t>(window_start / block_size_, static_cast<int64_t>(seq.block_table.size())));
+  for (int32_t i = seq.num_dropped_blocks; i < drop; ++i) {
+    device_.DecRef(seq.block_table[i]);
+    seq.block_table[i] = kDroppedBlock;
+  }
+  seq.num_dropped_blocks = std::max(seq.num_dropped_blocks, drop);
+}
+
 int32_t BlockManager::NumDistinctBlocks(absl::Span<Sequence* const> seqs) const {
   absl::flat_hash_set<int32_t> seen;
   for (const Sequence* s : seqs) seen.insert(s->block_table.begin(), s->block_table.end());
+  seen.erase(kDroppedBlock);
   return static_cast<int32_t>(seen.size());
 }
 
@@ -231,7 +254,20 @@ absl::Status BlockManager::CheckInvariants() const {
   std::vector<int32_t> dev_refs(device_.num_blocks(), 0), cpu_refs(cpu_.num_blocks(), 0);
   for (const Sequence* s : holders_) {
     auto& refs = s->blocks_on_cpu ? cpu_refs : dev_refs;
-    for (int32_t b : s->block_table) {
+    for (size_t i = 0; i < s->block_table.size(); ++i) {
+      const int32_t b = s->block_table[i];
+      if (b == kDroppedBlock) {
+        if (i >= static_cast<size_t>(s->num_dropped_blocks) || sliding_window_ == 0) {
+          return absl::InternalError(
+              absl::StrCat("sequence ", s->id, " has a dropped block at entry ", i,
+                           " outside its dropped prefix of ", s->num_dropped_blocks));
+        }
+        continue;
+      }
+      if (i < static_cast<size_t>(s->num_dropped_blocks)) {
+        return absl::InternalError(
+            absl::StrCat("sequence ", s->id, " keeps block ", b, " inside its dropped prefix"));
+      }
       if (b < 0 || b >= static_cast<int32_t>(refs.size())) {
         return absl::InternalError(
             absl::StrCat("sequence ", s->id, " names block ", b, " outside its pool"));

@@ -38,6 +38,13 @@ class BlockManager {
     // default 0.01), so that admission does not cause immediate preemption.
     double watermark = 0.01;
     BlockHashFn hash_fn;  // empty: Sha256BlockHash
+    // > 0 when every layer of the model attends only to the last
+    // `sliding_window` positions (keys (p - window, p] for a query at p):
+    // MarkComputed then returns the blocks wholly before the window of the
+    // sequence's next query to the pool (vLLM's sliding-window KV manager), so
+    // a long sequence holds about window / block_size blocks. 0: every block
+    // is kept (full attention, or some layers global).
+    int32_t sliding_window = 0;
   };
 
   explicit BlockManager(const Options& options);
@@ -113,15 +120,27 @@ class BlockManager {
   void TrimToComputed(Sequence& seq);
 
   // Offers seq's full blocks whose K/V are computed (num_computed_tokens) to
-  // the prefix cache. Call only after the step that computed them returned.
-  // Inline: called for every sequence of every step, and a block fills only
-  // once every block_size decode steps.
+  // the prefix cache, then, with a sliding window, drops the blocks wholly
+  // before the window of the next query (position num_computed_tokens, whose
+  // window starts at num_computed_tokens - sliding_window + 1): their entries
+  // become kDroppedBlock (the table keeps its length, so block indices and the
+  // workers' mirror stay valid) and their references go back to the pool, to
+  // the prefix cache's evictable blocks when cached. Call only after the step
+  // that computed them returned. Inline: called for every sequence of every
+  // step, and a block fills only once every block_size decode steps.
   void MarkComputed(Sequence& seq) {
-    if (!device_.caching() || seq.blocks_on_cpu) return;
-    const int32_t full = std::min<int32_t>(seq.num_computed_tokens / block_size_,
-                                           static_cast<int32_t>(seq.block_table.size()));
-    if (full > seq.num_registered_blocks) RegisterFullBlocks(seq, full);
+    if (seq.blocks_on_cpu) return;
+    if (device_.caching()) {
+      const int32_t full = std::min<int32_t>(seq.num_computed_tokens / block_size_,
+                                             static_cast<int32_t>(seq.block_table.size()));
+      if (full > seq.num_registered_blocks) RegisterFullBlocks(seq, full);
+    }
+    if (sliding_window_ > 0 && seq.num_computed_tokens - sliding_window_ + 1 >=
+                                   (seq.num_dropped_blocks + 1) * block_size_) {
+      DropBlocksOutsideWindow(seq);
+    }
   }
+  int32_t sliding_window() const { return sliding_window_; }
 
   // Distinct blocks held by the sequences together (shared blocks once).
   int32_t NumDistinctBlocks(absl::Span<Sequence* const> seqs) const;
@@ -153,9 +172,12 @@ class BlockManager {
   void EnsureHashes(Sequence& seq, int32_t num_full_blocks);
   // MarkComputed's work once seq's first `full` blocks are full and computed.
   void RegisterFullBlocks(Sequence& seq, int32_t full);
+  // MarkComputed's work once at least one more block left the window.
+  void DropBlocksOutsideWindow(Sequence& seq);
 
   const int32_t block_size_;
   const int32_t watermark_blocks_;
+  const int32_t sliding_window_;
   BlockPool device_;
   BlockPool cpu_;
   BlockHashFn hash_fn_;

@@ -1,6 +1,7 @@
 #include "runtime/coordinator/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,7 @@ absl::Status SchedulerConfig::Validate() const {
   if (num_cpu_blocks < 0) return bad("num_cpu_blocks must be >= 0, got ", num_cpu_blocks);
   if (max_num_seqs < 1) return bad("--max-num-seqs must be >= 1, got ", max_num_seqs);
   if (max_model_len < 2) return bad("--max-model-len must be >= 2, got ", max_model_len);
+  if (sliding_window < 0) return bad("sliding_window must be >= 0, got ", sliding_window);
   if (!(watermark >= 0.0 && watermark < 1.0))
     return bad("watermark must be in [0, 1), got ", watermark);
   if (absl::Status s = speculative.Validate(); !s.ok()) return s;
@@ -36,7 +38,7 @@ absl::Status SchedulerConfig::Validate() const {
                ") with chunked prefill disabled: a long prompt could never be scheduled; raise "
                "--max-num-batched-tokens or enable chunked prefill");
   }
-  const int64_t per_seq = (static_cast<int64_t>(max_model_len) + block_size - 1) / block_size;
+  const int64_t per_seq = MaxBlocksPerSequence(max_model_len);
   const int64_t watermark_blocks = static_cast<int64_t>(watermark * num_device_blocks);
   if (num_device_blocks - watermark_blocks < per_seq) {
     return bad("the KV cache holds ", num_device_blocks, " blocks of ", block_size, " tokens (",
@@ -45,6 +47,23 @@ absl::Status SchedulerConfig::Validate() const {
                ") sequence needs; lower --max-model-len or give the cache more memory");
   }
   return absl::OkStatus();
+}
+
+int64_t SchedulerConfig::LongestSequenceInPool() const {
+  const int64_t watermark_blocks = static_cast<int64_t>(watermark * num_device_blocks);
+  const int64_t available = static_cast<int64_t>(num_device_blocks) - watermark_blocks;
+  constexpr int64_t kUnbounded = std::numeric_limits<int32_t>::max();
+  if (sliding_window > 0 && enable_chunked_prefill && MaxBlocksPerSequence(kUnbounded) <= available)
+    return kUnbounded;
+  return available * block_size;
+}
+
+int64_t SchedulerConfig::MaxBlocksPerSequence(int64_t num_tokens) const {
+  const int64_t bs = std::max(block_size, 1);
+  const int64_t full = (num_tokens + bs - 1) / bs;
+  if (sliding_window <= 0 || !enable_chunked_prefill) return full;
+  const int64_t windowed = (sliding_window - 1 + int64_t{max_num_batched_tokens} + bs - 1) / bs + 1;
+  return std::min(full, windowed);
 }
 
 bool Scheduler::KeyLess::operator()(const SequenceGroup* a, const SequenceGroup* b) const {
@@ -67,6 +86,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, std::vector<int32_t> eos_tok
   o.enable_prefix_caching = config.enable_prefix_caching;
   o.watermark = config.watermark;
   o.hash_fn = config.hash_fn;
+  o.sliding_window = config.sliding_window;
   bm_ = std::make_unique<BlockManager>(o);
   proposer_ = MakeProposer(config.speculative);
   if (proposer_ != nullptr)
@@ -99,7 +119,7 @@ absl::Status Scheduler::CheckAdmissible(int64_t prompt_len, const SamplingParams
   // (also swap's fallback) prefills each sequence again on its own, and
   // without the prefix cache nothing shares them then. A group that fits
   // only through sharing could never be resumed.
-  const int64_t needed = static_cast<int64_t>(seqs) * bm_->BlocksForTokens(total);
+  const int64_t needed = static_cast<int64_t>(seqs) * config_.MaxBlocksPerSequence(total);
   const int64_t limit = static_cast<int64_t>(config_.num_device_blocks) - bm_->watermark_blocks();
   if (needed > limit) {
     return FieldError(

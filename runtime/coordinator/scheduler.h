@@ -125,6 +125,11 @@ struct SchedulerConfig {
   // Speculative decoding (--speculative-config; see "Speculative decoding"
   // above). Off by default.
   SpeculativeConfig speculative;
+  // > 0 when every layer of the model attends to the last sliding_window
+  // positions only (ModelConfig): the block manager frees the blocks that fall
+  // wholly out of the window (BlockManager::Options::sliding_window), and with
+  // chunked prefill a sequence never holds more than MaxBlocksPerSequence.
+  int32_t sliding_window = 0;
 
   // The startup check: InvalidArgument naming the flag when a setting is out
   // of range or when some admissible request could never be scheduled
@@ -132,6 +137,24 @@ struct SchedulerConfig {
   // pool, less watermark, smaller than one max_model_len sequence;
   // max_num_batched_tokens < max_num_seqs).
   absl::Status Validate() const;
+
+  // The longest sequence, in tokens, whose blocks fit in the device pool less
+  // the watermark: (num_device_blocks - floor(watermark * num_device_blocks)) *
+  // block_size; 0 or less when the pool is empty. Validate() refuses a
+  // max_model_len above it; vLLM's default max_model_len is the model's context
+  // lowered to it (EngineOptions::fit_max_model_len).
+  // With chunked prefill and a sliding window the pool holds sequences of
+  // any length once it holds the window's blocks: then
+  // std::numeric_limits<int32_t>::max().
+  int64_t LongestSequenceInPool() const;
+
+  // The most device blocks one sequence of `num_tokens` tokens holds at once:
+  // ceil(num_tokens / block_size); with a sliding window and chunked prefill
+  // at most ceil((sliding_window - 1 + max_num_batched_tokens) / block_size)
+  // + 1 (the window before a step's first token, the step's tokens, and one
+  // block of misalignment), since the blocks before the window are freed
+  // after every step. Admission and Validate() count with it.
+  int64_t MaxBlocksPerSequence(int64_t num_tokens) const;
 };
 
 // What a client sends, in token ids (the front end tokenizes).

@@ -60,6 +60,9 @@ struct Sequence {
   // while status == kSwapped.
   std::vector<int32_t> block_table;
   int32_t num_registered_blocks = 0;  // leading full blocks already offered to the cache
+  // Leading entries that are kDroppedBlock: their blocks fell wholly out of
+  // the sliding window and went back to the pool (BlockManager::MarkComputed).
+  int32_t num_dropped_blocks = 0;
   bool blocks_on_cpu = false;
 
   // What the workers' mirror of the sequence (runtime/common/step_plan_mirror.h)

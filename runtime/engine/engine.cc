@@ -75,6 +75,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options,
   SchedulerConfig config = options.scheduler;
   config.num_device_blocks = ClampBlocks(executor->num_device_blocks());
   config.num_cpu_blocks = ClampBlocks(executor->num_cpu_blocks());
+  if (options.fit_max_model_len) {
+    // vLLM's default: the model's context, or the longest sequence the pool
+    // holds when that is shorter (a pool under 2 tokens stays an error).
+    const int64_t fit = config.LongestSequenceInPool();
+    if (fit >= 2 && fit < config.max_model_len) config.max_model_len = static_cast<int32_t>(fit);
+  }
   absl::StatusOr<std::unique_ptr<Scheduler>> scheduler =
       Scheduler::Create(config, std::move(eos_token_ids));
   if (!scheduler.ok()) return scheduler.status();

@@ -57,6 +57,12 @@ struct EngineOptions {
   // order sample the same text on every run. None: unseeded requests draw
   // nondeterministic uniforms.
   std::optional<uint64_t> default_seed;
+  // --max-model-len left at 0 (vLLM's default): scheduler.max_model_len holds
+  // the model's context, and Create lowers it to the longest sequence the KV
+  // pool holds (SchedulerConfig::LongestSequenceInPool) when the pool is
+  // smaller; max_model_len_source() says which. False: a pool smaller than one
+  // max_model_len sequence is an InvalidArgument from Create.
+  bool fit_max_model_len = false;
 };
 
 // The seed given to a request without one under EngineOptions::default_seed

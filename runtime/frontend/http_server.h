@@ -1,34 +1,45 @@
 // The HTTP front end of the coordinator: the OpenAI-compatible API
-// (openai_api.h, docs/http.md) on cpp-httplib, beside the ZeroMQ server.
+// (openai_api.h, docs/http.md) on Boost.Beast over Boost.Asio (HTTP/1.1),
+// beside the ZeroMQ server.
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions (JSON or
 // Server-Sent Events), GET /v1/models, GET /health, GET /version,
 // POST /tokenize, POST /detokenize, GET /metrics, GET /openapi.json.
 //
-// Threads: cpp-httplib accepts on the thread started by Start() and runs each
-// connection on a thread of an elastic pool (up to `num_threads`, created on
-// demand, so idle keep-alive or slow clients do not queue others); no handler ever touches
-// the Engine: generation goes through EngineLoop::Submit / Abort and the
-// request's RequestChannel, health / models / metrics read
-// EngineLoop::Snapshot() or the metrics registry, so they never wait for an
-// engine step. The backend (engine loop, chat template, metrics) is published
-// once by Attach() through an atomic pointer; before that every route except
-// /health, /version, /openapi.json and /metrics answers 503 (loading).
+// Threads: a fixed pool of `io_threads` threads runs one asio::io_context;
+// every connection is an asynchronous state machine on a strand of it (read
+// a request with beast::http::request_parser, run the route, write the
+// response, wait for the next request), so connections cost memory, not
+// threads, and no thread ever blocks on a client or on the engine. No route
+// touches the Engine: generation goes through EngineLoop::Submit / Abort and
+// the request's RequestChannel, whose on_push callback (engine thread) posts
+// to the connection's strand, which then pops the outputs; health / models /
+// metrics read EngineLoop::Snapshot() or the metrics registry, so they never
+// wait for an engine step. The backend (engine loop, chat template, metrics)
+// is published once by Attach() through an atomic pointer; before that every
+// route except /health, /version, /openapi.json and /metrics answers 503
+// (loading).
 //
-// Disconnects: a streaming request is aborted when a write to its client
-// fails; both poll their connection (POLLRDHUP) when no output came for
-// `disconnect_poll`, and a non-streaming request (which writes nothing until
-// the end) also at least every `disconnect_poll` while outputs keep coming,
-// so a client
-// that closes the connection has its request aborted, and its KV blocks freed,
-// by the engine's next step.
+// Deadlines: a request (request line, headers, body) must arrive whole within
+// `read_timeout` from its first byte (408 after it), each response write
+// within `write_timeout`, and an idle keep-alive connection sends the first
+// byte of its next request within `keep_alive_timeout` (closed otherwise).
+//
+// Disconnects: while a generation runs, the connection waits for its socket
+// to turn readable; a peer that closed (POLLRDHUP / HUP / ERR) or a failed
+// write aborts the request, whose KV blocks the engine frees in its next step.
+// SSE backpressure: the next chunk is written when the previous write has
+// completed; events produced meanwhile are coalesced into one pending buffer,
+// and a client more than kMaxPendingStreamBytes behind has its request
+// aborted and its connection closed.
 //
 // Security: with a non-empty api_key every /v1/* route and /tokenize,
 // /detokenize need "Authorization: Bearer <key>" (401 otherwise), compared in
 // constant time; /health, /version, /metrics and /openapi.json stay open.
-// With ssl_certfile / ssl_keyfile the server speaks only HTTPS (cpp-httplib's
-// SSLServer on OpenSSL), with ssl_ca_certs / ssl_cert_reqs it also checks
-// client certificates (mutual TLS); docs/security.md.
+// With ssl_certfile / ssl_keyfile the server speaks only HTTPS (asio::ssl on
+// OpenSSL, the same state machine over an ssl::stream), with ssl_ca_certs /
+// ssl_cert_reqs it also checks client certificates (mutual TLS);
+// docs/security.md.
 #ifndef PAGEDSERVE_RUNTIME_FRONTEND_HTTP_SERVER_H_
 #define PAGEDSERVE_RUNTIME_FRONTEND_HTTP_SERVER_H_
 
@@ -50,11 +61,18 @@ namespace pagedserve {
 class EngineLoop;
 
 // The request line and headers of one request together: beyond this many
-// bytes the server answers 431 (RFC 6585 5) and closes the connection. Each
-// line is also bounded (8 KiB, cpp-httplib: 414 for a longer request line).
-// 64 KiB is above what browsers and SDKs send (nginx's default allows 33 KiB)
-// and bounds what a connection can make the server hold before any route runs.
+// bytes the server answers 431 (RFC 6585 5) and closes the connection
+// (Beast's request_parser header_limit). 64 KiB is above what browsers and SDKs send (nginx's
+// default allows 33 KiB) and bounds what a connection can make the server hold before any route
+// runs.
 inline constexpr size_t kMaxRequestHeadBytes = 64 << 10;
+
+// A streaming (SSE) response whose client reads slower than the engine
+// produces: events wait in one pending buffer while the previous write is in
+// flight; beyond this many pending bytes the request is aborted and the
+// connection closed (a slow reader cannot grow the server's memory). 1 MiB is
+// thousands of ordinary token events (a few hundred with top-20 logprobs).
+inline constexpr size_t kMaxPendingStreamBytes = 1 << 20;
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";                    // --host
@@ -66,11 +84,10 @@ struct HttpServerOptions {
   absl::Duration read_timeout = absl::Seconds(30);   // request line, headers and body
   absl::Duration write_timeout = absl::Seconds(30);  // a client that stops reading
   absl::Duration keep_alive_timeout = absl::Seconds(5);  // idle keep-alive connections
-  absl::Duration disconnect_poll = absl::Milliseconds(20);
-  // Connections served at once: one thread each, created on demand (idle or
-  // slow clients cost a sleeping thread, never a place in front of /health;
-  // runtime/frontend/elastic_thread_pool.h); connections beyond wait in FIFO.
-  int num_threads = 512;
+  // --http-io-threads: the threads that run every connection (1..64). They
+  // never block on a client or the engine; a route's own work (parsing,
+  // chat template, tokenizing) runs on them.
+  int io_threads = 2;
   bool log_requests = true;          // --disable-log-requests: false (request_log.h)
   bool log_request_content = false;  // --log-request-content: prompt and text too
   // TLS (HTTPS) with these PEM files (certificate chain, private key); both or
@@ -88,8 +105,9 @@ struct HttpServerOptions {
   std::string ssl_ca_certs;  // --ssl-ca-certs
   int ssl_cert_reqs = 0;     // --ssl-cert-reqs
   std::string version = "0.1.0";
-  // Called once per response written, with its status code, on the
-  // connection's thread (so it must be thread-safe): the serve command counts
+  // Called once per response written, with its status code, on an I/O
+  // thread (so it must be thread-safe; 499 for a non-streaming request whose
+  // client went away before its answer): the serve command counts
   // them in pagedserve_http_responses_total. Empty: not called.
   std::function<void(int status)> on_response;
 };
@@ -105,7 +123,7 @@ struct HttpBackend {
 };
 
 // Thread safety: Create, Start, Attach and Stop are called by one owner thread;
-// the handlers run on cpp-httplib's threads and share only the atomically
+// the connections run on the I/O threads and share only the atomically
 // published backend and the counter of request ids (atomic).
 class HttpServer {
  public:
@@ -117,12 +135,14 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   int port() const;
-  // Starts serving on a thread of its own (503 on model routes until Attach).
+  // Starts the I/O threads (503 on model routes until Attach).
   void Start();
   // Publishes the backend: from now on the API routes serve. Call once.
   void Attach(std::unique_ptr<HttpBackend> backend);
-  // Stops accepting, ends the connections and joins the threads. Requests
-  // still waiting for output are aborted through the loop. Idempotent.
+  // Stops accepting, lets responses whose final output already came finish
+  // (at most a second), ends the connections and joins the threads. Requests
+  // still waiting for output are aborted through the loop (which must still
+  // exist). Idempotent.
   void Stop();
 
  private:

@@ -124,8 +124,9 @@ bool ReadIds(const json& v, const char* key, int32_t vocab, std::vector<int32_t>
   return true;
 }
 
-bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingParams* p,
-                  ApiError* err) {
+// `text`: the body's JSON text (a JSON Schema keeps its key order).
+bool ReadSampling(const json& body, std::string_view text, Endpoint endpoint, int32_t vocab,
+                  SamplingParams* p, ApiError* err) {
   int64_t v = p->n;
   if (!ReadInt(body, "n", 1, 64, &v, err)) return false;
   p->n = static_cast<int>(v);
@@ -154,7 +155,7 @@ bool ReadSampling(const json& body, Endpoint endpoint, int32_t vocab, SamplingPa
     p->seed = *seed;
   }
   // Structured output: response_format / guided_* / structured_outputs.
-  if (absl::StatusOr<StructuredOutputField> so = StructuredOutputFromJson(body); !so.ok()) {
+  if (absl::StatusOr<StructuredOutputField> so = StructuredOutputFromJson(body, text); !so.ok()) {
     *err = BadRequest(std::string(so.status().message()), FieldOf(so.status()));
     return false;
   } else {
@@ -400,65 +401,51 @@ json ToolCallsJson(const std::vector<ToolCall>& calls) {
   return out;
 }
 
-// `tools` (each {"type": "function", "function": {"name", "description",
-// "parameters"}}), `tool_choice` and `parallel_tool_calls` of a chat request.
-// `text`: the body, parsed again keeping key order for the template.
+// `tools`, `tool_choice` and `parallel_tool_calls` of a chat request
+// (ToolFieldsFromJson). tool_choice "required" or a named function:
+// *tool_constraint gets the constraint that makes the output such calls.
 bool ReadTools(const json& body, std::string_view text, const ServedModel& model,
-               ValidatedRequest* r, ApiError* err) {
-  auto tools = body.find("tools");
-  const bool have = tools != body.end() && !tools->is_null();
-  if (have) {
-    if (!tools->is_array() || tools->size() > 128) {
-      *err = BadRequest("'tools' must be an array of at most 128 function tools", "tools");
-      return false;
-    }
-    for (size_t i = 0; i < tools->size(); ++i) {
-      const json& t = (*tools)[i];
-      const json* fn = t.is_object() && t.contains("function") ? &t["function"] : nullptr;
-      const bool ok = fn != nullptr && t.value("type", std::string("function")) == "function" &&
-                      fn->is_object() && fn->contains("name") && (*fn)["name"].is_string() &&
-                      !(*fn)["name"].get_ref<const std::string&>().empty() &&
-                      (!fn->contains("parameters") || (*fn)["parameters"].is_object() ||
-                       (*fn)["parameters"].is_null());
-      if (!ok) {
-        *err = BadRequest(absl::StrCat("'tools[", i,
-                                       "]' must be {\"type\": \"function\", \"function\": "
-                                       "{\"name\": non-empty string, \"parameters\": object}}"),
-                          "tools");
-        return false;
-      }
-    }
-    if (!tools->empty()) {
-      r->tools_json = nlohmann::ordered_json::parse(text.begin(), text.end())["tools"].dump(
-          -1, ' ', false, json::error_handler_t::replace);
-    }
+               ValidatedRequest* r, StructuredOutput* tool_constraint, ApiError* err) {
+  absl::StatusOr<ToolFields> t = ToolFieldsFromJson(body, text);
+  absl::StatusOr<StructuredOutput> c =
+      t.ok() ? ToolFieldsConstraint(*t, model.tool_call_format) : t.status();
+  if (!c.ok()) {
+    *err = BadRequest(std::string(c.status().message()), FieldOf(c.status()));
+    return false;
   }
-  std::string choice = r->tools_json.empty() ? "none" : "auto";
-  if (auto tc = body.find("tool_choice"); tc != body.end() && !tc->is_null()) {
-    const bool named = tc->is_object() && tc->value("type", std::string()) == "function";
-    if (!named && !(tc->is_string() && (*tc == "none" || *tc == "auto" || *tc == "required"))) {
-      *err = BadRequest(
-          "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
-          "\"function\": {\"name\": ...}}",
-          "tool_choice");
-      return false;
-    }
-    if (named || *tc == "required") {
-      *err = BadRequest(
-          "'tool_choice' \"required\" or a named function needs constrained decoding, which this "
-          "server does not have yet; use \"auto\" or \"none\"",
-          "tool_choice");
-      return false;
-    }
-    choice = tc->get<std::string>();
-    if (choice == "auto" && r->tools_json.empty()) {
-      *err = BadRequest("'tool_choice' \"auto\" needs 'tools'", "tool_choice");
-      return false;
-    }
-  }
-  if (!ReadBool(body, "parallel_tool_calls", &r->parallel_tool_calls, err)) return false;
-  r->parse_tool_calls = choice == "auto";
+  r->tools_json = t->tools_json;
+  r->parallel_tool_calls = t->parallel_tool_calls;
+  r->parse_tool_calls = t->parse_tool_calls();
   r->tool_call_format = model.tool_call_format;
+  *tool_constraint = *std::move(c);
+  return true;
+}
+
+// The rules that tie the tool fields to the sampling fields, once both are
+// read: tool_choice "required" / named sets the constraint (no other one
+// allowed), and a stream parsed for tool calls takes no logprobs.
+bool FinishToolFields(StructuredOutput tool_constraint, ValidatedRequest* r, ApiError* err) {
+  if (tool_constraint.active()) {
+    if (r->params.structured_output.active()) {
+      *err = BadRequest(
+          "'tool_choice' \"required\" or a named function constrains the output to tool calls; "
+          "it cannot be combined with another constraint (response_format, guided_*, "
+          "structured_outputs)",
+          "tool_choice");
+      return false;
+    }
+    r->params.structured_output = std::move(tool_constraint);
+  }
+  if (r->parse_tool_calls) {
+    if (r->stream && r->params.logprobs >= 0) {
+      *err =
+          BadRequest("'logprobs' is not supported in a stream parsed for tool calls", "logprobs");
+      return false;
+    }
+    // Mistral's [TOOL_CALLS] is a special token: keep it in the text (vLLM).
+    if (r->tool_call_format == ToolCallFormat::kMistral && !r->params.skip_special_tokens)
+      r->params.skip_special_tokens = false;
+  }
   return true;
 }
 
@@ -655,11 +642,12 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
     return out;
   }
   if (!CheckNotImplemented(body, &out.error)) return out;
+  StructuredOutput tool_constraint;  // tool_choice "required" / a named function
   out.ignored_fields = UnknownFields(body, KnownFields(endpoint));
   if (endpoint == Endpoint::kChat) {
     std::vector<ChatMessage> messages;
     if (!ReadMessages(body, &messages, &out.error)) return out;
-    if (!ReadTools(body, text, model, &r, &out.error)) return out;
+    if (!ReadTools(body, text, model, &r, &tool_constraint, &out.error)) return out;
     absl::StatusOr<std::vector<int32_t>> ids =
         EncodeChat(chat_template, tok, messages, r.tools_json);
     if (!ids.ok()) {
@@ -695,17 +683,8 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
     if (d.repetition_penalty) r.params.repetition_penalty = *d.repetition_penalty;
     if (d.top_k) r.params.top_k = *d.top_k;
   }
-  if (!ReadSampling(body, endpoint, tok.vocab_size(), &r.params, &out.error)) return out;
-  if (r.parse_tool_calls) {
-    if (r.stream && r.params.logprobs >= 0) {
-      out.error =
-          BadRequest("'logprobs' is not supported in a stream parsed for tool calls", "logprobs");
-      return out;
-    }
-    // Mistral's [TOOL_CALLS] is a special token: keep it in the text (vLLM).
-    if (r.tool_call_format == ToolCallFormat::kMistral && !r.params.skip_special_tokens)
-      r.params.skip_special_tokens = false;
-  }
+  if (!ReadSampling(body, text, endpoint, tok.vocab_size(), &r.params, &out.error)) return out;
+  if (!FinishToolFields(std::move(tool_constraint), &r, &out.error)) return out;
   if (echo && r.params.logprobs >= 0) {
     out.error = BadRequest(
         "'echo' with 'logprobs' is not supported: the prompt's logprobs are not computed", "echo");

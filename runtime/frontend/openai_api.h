@@ -1,7 +1,7 @@
 // The OpenAI-compatible HTTP API (docs/http.md): request bodies of
 // /v1/completions and /v1/chat/completions validated into one type, and the
 // response / stream-chunk bodies. Pure functions over JSON text, no sockets:
-// http_server.cc joins them with cpp-httplib and the EngineLoop.
+// http_server.cc joins them with the transport (Boost.Beast) and the EngineLoop.
 //
 // Follows the OpenAI API reference (completions: legacy text format with
 // `logprobs` = N; chat: `logprobs` bool + `top_logprobs` N) and vLLM's

@@ -273,6 +273,23 @@ Check ReadStopAndOutput(const json& obj, const ParseOptions& opt, SamplingParams
 
 // use_beam_search, best_of, length_penalty, early_stopping (true, false or
 // "never"); a beam search without temperature gets 0, its only valid value.
+// tools / tool_choice / parallel_tool_calls (request_fields.h's rules): only
+// with `messages`; "required" / named exclude another constraint.
+Check ReadTools(const json& obj, std::string_view text, GenerateRequest& req) {
+  absl::StatusOr<ToolFields> t = ToolFieldsFromJson(obj, text);
+  if (!t.ok()) return Invalid(std::string(t.status().message()));
+  const bool chat = std::holds_alternative<std::vector<ChatMessage>>(req.prompt);
+  if (!t->tools_json.empty() && !chat) return Invalid("field 'tools' needs a 'messages' prompt");
+  if ((t->choice == "required" || t->choice == "function") &&
+      req.sampling.structured_output.active()) {
+    return Invalid(
+        "field 'tool_choice' \"required\" or a named function constrains the output to tool "
+        "calls; it cannot be combined with another constraint");
+  }
+  req.tools = *std::move(t);
+  return std::nullopt;
+}
+
 Check ReadBeamSearch(const json& obj, SamplingParams& sp) {
   if (const json* j = Member(obj, "use_beam_search")) {
     if (Check c = ReadBool(*j, "use_beam_search", sp.use_beam_search)) return c;
@@ -299,7 +316,9 @@ Check ReadBeamSearch(const json& obj, SamplingParams& sp) {
 // A generate request's members, checked in this order (the first error wins):
 // unknown members, the prompt, sampling numbers, stop and output options,
 // beam search, stream, cache_salt, then SamplingParams::Validate.
-Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& req) {
+// `text`: the message's JSON text (a JSON Schema keeps its key order).
+Check ParseGenerate(const json& obj, std::string_view text, const ParseOptions& opt,
+                    GenerateRequest& req) {
   static const std::set<absl::string_view> kKnown = {"version",
                                                      "type",
                                                      "id",
@@ -337,18 +356,22 @@ Check ParseGenerate(const json& obj, const ParseOptions& opt, GenerateRequest& r
                                                      "bad_words",
                                                      "skip_special_tokens",
                                                      "include_stop_str_in_output",
-                                                     "prompt_logprobs"};
+                                                     "prompt_logprobs",
+                                                     "tools",
+                                                     "tool_choice",
+                                                     "parallel_tool_calls"};
   if (Check c = RejectUnknownFields(obj, kKnown, "generate")) return c;
   if (Check c = ReadPrompt(obj, opt, req)) return c;
   SamplingParams& sp = req.sampling;
   if (Check c = ReadSamplingNumbers(obj, sp)) return c;
   if (Check c = ReadStopAndOutput(obj, opt, sp)) return c;
   if (Check c = ReadBeamSearch(obj, sp)) return c;
-  if (absl::StatusOr<StructuredOutputField> so = StructuredOutputFromJson(obj); !so.ok()) {
+  if (absl::StatusOr<StructuredOutputField> so = StructuredOutputFromJson(obj, text); !so.ok()) {
     return Invalid(std::string(so.status().message()));
   } else {
     sp.structured_output = so->constraint;
   }
+  if (Check c = ReadTools(obj, text, req)) return c;
   // The logit processors and output options: the rules of request_fields.h,
   // shared with the HTTP API.
   if (absl::Status s = ReadLogitProcessorFields(obj, opt.vocab_size, &sp); !s.ok())
@@ -433,7 +456,8 @@ ParseResult ParseRequestImpl(absl::string_view message, const ParseOptions& opt)
   if (type == "generate") {
     GenerateRequest req;
     if (Check c = ReadId(obj, /*required=*/true, req.id)) return Fail(id, *c);
-    if (Check c = ParseGenerate(obj, opt, req)) return Fail(id, *c);
+    if (Check c = ParseGenerate(obj, std::string_view(message.data(), message.size()), opt, req))
+      return Fail(id, *c);
     r.request = std::move(req);
   } else if (type == "abort") {
     AbortRequest req;
@@ -524,9 +548,21 @@ json ToJson(const GenerateRequest& r) {
   j["stop_token_ids"] = s.stop_token_ids;
   j["ignore_eos"] = s.ignore_eos;
   j["logprobs"] = s.logprobs;
-  if (s.structured_output.active()) {
+  if (!r.tools.tools_json.empty()) {
+    j["tools"] = json::parse(r.tools.tools_json);
+    j["tool_choice"] = r.tools.choice == "function"
+                           ? json{{"type", "function"}, {"function", {{"name", r.tools.function}}}}
+                           : json(r.tools.choice);
+    j["parallel_tool_calls"] = r.tools.parallel_tool_calls;
+  }
+  // A tool-call constraint is the server's (from tool_choice), never a field.
+  if (s.structured_output.active() &&
+      s.structured_output.kind != StructuredOutput::Kind::kToolCalls) {
     const StructuredOutput& so = s.structured_output;
+    // A schema goes as its JSON text (accepted there too), so that its key
+    // order survives `json`'s sorted objects.
     json value = so.kind == StructuredOutput::Kind::kRegex        ? json(so.spec)
+                 : so.kind == StructuredOutput::Kind::kJsonSchema ? json(so.spec)
                  : so.kind == StructuredOutput::Kind::kJsonObject ? json(true)
                                                                   : json::parse(so.spec);
     j["structured_outputs"] = {{StructuredOutputKindName(so.kind), std::move(value)}};
@@ -590,6 +626,16 @@ struct ReplyToJson {
       if (f.stop_string) o["stop_string"] = *f.stop_string;
       if (f.stop_token_id) o["stop_token_id"] = *f.stop_token_id;
       if (f.cumulative_logprob) o["cumulative_logprob"] = *f.cumulative_logprob;
+      if (!f.tool_calls.empty()) {
+        json calls = json::array();
+        for (const ToolCall& c : f.tool_calls) {
+          calls.push_back({{"id", c.id},
+                           {"type", "function"},
+                           {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+        }
+        o["tool_calls"] = std::move(calls);
+        o["content"] = f.content ? json(*f.content) : json(nullptr);
+      }
       if (!r.streamed) {
         o["text"] = f.text;
         o["token_ids"] = f.token_ids;
@@ -650,6 +696,26 @@ absl::StatusOr<FinishReason> ParseFinish(const std::string& s) {
     if (s == FinishReasonName(f)) return f;
   }
   return Bad(absl::StrCat("reply: unknown finish_reason '", s, "'"));
+}
+
+// A final output's "tool_calls" / "content" (absent: none).
+absl::Status ParseToolCallsOf(const json& o, SequenceFinal* f) {
+  auto it = o.find("tool_calls");
+  if (it == o.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_array()) return Bad("reply: 'tool_calls' must be an array");
+  for (const json& c : *it) {
+    const json* fn = c.is_object() && c.contains("function") ? &c["function"] : nullptr;
+    if (fn == nullptr || !fn->is_object())
+      return Bad("reply: 'tool_calls' entries need 'function'");
+    ToolCall call;
+    if (auto s = Get(c, "id", call.id); !s.ok()) return s;
+    if (auto s = Get(*fn, "name", call.name); !s.ok()) return s;
+    if (auto s = Get(*fn, "arguments", call.arguments); !s.ok()) return s;
+    f->tool_calls.push_back(std::move(call));
+  }
+  if (auto c = o.find("content"); c != o.end() && c->is_string())
+    f->content = c->get<std::string>();
+  return absl::OkStatus();
 }
 
 absl::Status ParseLogprobs(const json& o, std::vector<TokenLogprob>& out) {
@@ -764,6 +830,7 @@ absl::StatusOr<Reply> ParseReplyImpl(absl::string_view message) {
         if (auto s = Get(o, "cumulative_logprob", cl); !s.ok()) return s;
         f.cumulative_logprob = cl;
       }
+      if (auto s = ParseToolCallsOf(o, &f); !s.ok()) return s;
       if (auto s = Get(o, "text", f.text, !r.streamed); !s.ok()) return s;
       if (auto s = Get(o, "token_ids", f.token_ids, !r.streamed); !s.ok()) return s;
       if (auto s = ParseLogprobs(o, f.logprobs); !s.ok()) return s;

@@ -22,6 +22,8 @@
 #include "absl/status/statusor.h"
 #include "runtime/common/finish_reason.h"
 #include "runtime/common/sampling_params.h"
+#include "runtime/frontend/request_fields.h"
+#include "runtime/frontend/tool_calls.h"
 
 namespace pagedserve::protocol {
 
@@ -70,6 +72,12 @@ struct GenerateRequest {
   // Prefix-cache isolation (runtime/common/cache_salt.h): empty = none; else
   // 1..256 visible ASCII bytes (ValidateCacheSalt). Goes to EngineRequest.
   std::string cache_salt;
+  // Chat tool calling (`messages` prompts only): `tools`, `tool_choice`,
+  // `parallel_tool_calls` by the rules the HTTP API shares
+  // (request_fields.h). The server renders the tools through the chat
+  // template, constrains "required" / named choices to calls of the tools
+  // (its tool-call format) and parses each output into tool calls.
+  ToolFields tools;
   bool operator==(const GenerateRequest&) const = default;
 };
 
@@ -154,6 +162,12 @@ struct SequenceFinal {
   // Beam search (use_beam_search): the beam's sum of raw token logprobs
   // ("cumulative_logprob" in the final message, also when streamed).
   std::optional<double> cumulative_logprob;
+  // A request with tools (tool_choice not "none") whose output parsed into
+  // calls: the calls (parallel_tool_calls false: the first only) and the text
+  // before them; empty / nullopt otherwise (also when streamed: the deltas
+  // carried the raw text).
+  std::vector<ToolCall> tool_calls = {};
+  std::optional<std::string> content = {};
   bool operator==(const SequenceFinal&) const = default;
 };
 

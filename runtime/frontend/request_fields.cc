@@ -35,10 +35,11 @@ absl::Status Bad(const std::string& field, const std::string& what) {
 }
 
 // A JSON Schema given as an object / boolean, or as its JSON text.
-absl::StatusOr<std::string> SchemaText(const json& v, const std::string& field) {
+template <typename J>
+absl::StatusOr<std::string> SchemaText(const J& v, const std::string& field) {
   if (v.is_object() || v.is_boolean()) return v.dump();
   if (v.is_string()) {
-    json parsed = json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    J parsed = J::parse(v.template get<std::string>(), nullptr, /*allow_exceptions=*/false);
     if (parsed.is_discarded() || !(parsed.is_object() || parsed.is_boolean())) {
       return Bad(field, "must be a JSON Schema (an object, or its JSON text)");
     }
@@ -47,20 +48,22 @@ absl::StatusOr<std::string> SchemaText(const json& v, const std::string& field) 
   return Bad(field, "must be a JSON Schema (an object, or its JSON text)");
 }
 
-absl::StatusOr<std::string> ChoiceText(const json& v, const std::string& field) {
+template <typename J>
+absl::StatusOr<std::string> ChoiceText(const J& v, const std::string& field) {
   if (!v.is_array() || v.empty()) return Bad(field, "must be a non-empty array of strings");
-  for (const json& c : v) {
+  for (const J& c : v) {
     if (!c.is_string()) return Bad(field, "must be a non-empty array of strings");
   }
   return v.dump();
 }
 
-absl::StatusOr<StructuredOutput> FromResponseFormat(const json& rf) {
+template <typename J>
+absl::StatusOr<StructuredOutput> FromResponseFormat(const J& rf) {
   const std::string field = "response_format";
   if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string()) {
     return Bad(field, "must be an object with a string 'type'");
   }
-  const std::string type = rf["type"].get<std::string>();
+  const std::string type = rf["type"].template get<std::string>();
   if (type == "text") return StructuredOutput{};
   if (type == "json_object") return StructuredOutput{Kind::kJsonObject, ""};
   if (type != "json_schema") {
@@ -77,7 +80,8 @@ absl::StatusOr<StructuredOutput> FromResponseFormat(const json& rf) {
   return StructuredOutput{Kind::kJsonSchema, *text};
 }
 
-absl::StatusOr<StructuredOutput> FromStructuredOutputs(const json& so) {
+template <typename J>
+absl::StatusOr<StructuredOutput> FromStructuredOutputs(const J& so) {
   const std::string field = "structured_outputs";
   if (!so.is_object()) return Bad(field, "must be an object");
   StructuredOutput out;
@@ -91,14 +95,14 @@ absl::StatusOr<StructuredOutput> FromStructuredOutputs(const json& so) {
       out = {Kind::kJsonSchema, *t};
     } else if (key == "regex") {
       if (!v.is_string()) return Bad(sub, "must be a string");
-      out = {Kind::kRegex, v.get<std::string>()};
+      out = {Kind::kRegex, v.template get<std::string>()};
     } else if (key == "choice") {
       absl::StatusOr<std::string> t = ChoiceText(v, sub);
       if (!t.ok()) return t.status();
       out = {Kind::kChoice, *t};
     } else if (key == "json_object") {
       if (!v.is_boolean()) return Bad(sub, "must be a boolean");
-      if (!v.get<bool>()) continue;
+      if (!v.template get<bool>()) continue;
       out = {Kind::kJsonObject, ""};
     } else if (key == "grammar" || key == "structural_tag") {
       return Bad(sub, "is not supported (JSON Schema, regex, choice and json_object are)");
@@ -123,7 +127,7 @@ absl::Status ReadOptionalBool(const json& body, const char* key, bool* out) {
   const json* j = Member(body, key);
   if (j == nullptr) return absl::OkStatus();
   if (!j->is_boolean()) return FieldError(key, absl::StrCat("'", key, "' must be a boolean"));
-  *out = j->get<bool>();
+  *out = j->template get<bool>();
   return absl::OkStatus();
 }
 
@@ -152,7 +156,7 @@ absl::Status ReadLogitBias(const json& j, int32_t vocab, SamplingParams* p) {
       return FieldError("logit_bias", absl::StrCat("'logit_bias' of token ", id,
                                                    " must be a number, got ", it->type_name()));
     }
-    const double bias = it->get<double>();
+    const double bias = it->template get<double>();
     if (!(bias >= -100.0 && bias <= 100.0)) {
       return FieldError("logit_bias", absl::StrCat("'logit_bias' of token ", id,
                                                    " must be in [-100, 100], got ", bias));
@@ -184,9 +188,8 @@ absl::Status ReadBadWords(const json& j, SamplingParams* p) {
   return absl::OkStatus();  // count and lengths: SamplingParams::Validate
 }
 
-}  // namespace
-
-absl::StatusOr<StructuredOutputField> StructuredOutputFromJson(const nlohmann::json& body) {
+template <typename J>
+absl::StatusOr<StructuredOutputField> StructuredOutputFromJsonT(const J& body) {
   StructuredOutputField result;
   if (!body.is_object()) return result;
   for (const char* key : {"response_format", "structured_outputs", "guided_json", "guided_regex",
@@ -205,7 +208,7 @@ absl::StatusOr<StructuredOutputField> StructuredOutputFromJson(const nlohmann::j
                   : absl::StatusOr<StructuredOutput>(t.status());
     } else if (field == "guided_regex") {
       so = it->is_string() ? absl::StatusOr<StructuredOutput>(
-                                 StructuredOutput{Kind::kRegex, it->get<std::string>()})
+                                 StructuredOutput{Kind::kRegex, it->template get<std::string>()})
                            : absl::StatusOr<StructuredOutput>(Bad(field, "must be a string"));
     } else if (field == "guided_choice") {
       absl::StatusOr<std::string> t = ChoiceText(*it, field);
@@ -225,6 +228,21 @@ absl::StatusOr<StructuredOutputField> StructuredOutputFromJson(const nlohmann::j
   }
   return result;
 }
+
+}  // namespace
+
+absl::StatusOr<StructuredOutputField> StructuredOutputFromJson(const nlohmann::json& body,
+                                                               std::string_view body_text) {
+  absl::StatusOr<StructuredOutputField> r = StructuredOutputFromJsonT(body);
+  if (!r.ok() || body_text.empty() || r->constraint.kind != Kind::kJsonSchema) return r;
+  // The schema's members in the client's order (`body` has them sorted):
+  // object members are generated in the order of `properties`.
+  const nlohmann::ordered_json ordered =
+      nlohmann::ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (ordered.is_discarded()) return r;
+  return StructuredOutputFromJsonT(ordered);
+}
+
 absl::Status ReadLogitProcessorFields(const json& body, int32_t vocab_size, SamplingParams* p) {
   if (const json* j = Member(body, "logit_bias")) {
     const int32_t vocab = vocab_size > 0 ? vocab_size : INT32_MAX;
@@ -246,6 +264,89 @@ absl::Status ReadLogitProcessorFields(const json& body, int32_t vocab_size, Samp
     p->skip_special_tokens = skip;
   }
   return ReadOptionalBool(body, "include_stop_str_in_output", &p->include_stop_str_in_output);
+}
+
+namespace {
+
+absl::Status CheckTools(const json& tools) {
+  if (!tools.is_array() || tools.size() > 128) {
+    return FieldError("tools", "'tools' must be an array of at most 128 function tools");
+  }
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const json& t = tools[i];
+    const json* fn = t.is_object() && t.contains("function") ? &t["function"] : nullptr;
+    const bool ok = fn != nullptr && t.value("type", std::string("function")) == "function" &&
+                    fn->is_object() && fn->contains("name") && (*fn)["name"].is_string() &&
+                    !(*fn)["name"].get_ref<const std::string&>().empty() &&
+                    (!fn->contains("parameters") || (*fn)["parameters"].is_object() ||
+                     (*fn)["parameters"].is_null());
+    if (!ok) {
+      return FieldError("tools",
+                        absl::StrCat("'tools[", i,
+                                     "]' must be {\"type\": \"function\", \"function\": "
+                                     "{\"name\": non-empty string, \"parameters\": object}}"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadToolChoice(const json& tc, ToolFields* t) {
+  const bool named = tc.is_object() && tc.value("type", std::string()) == "function";
+  if (!named && !(tc.is_string() && (tc == "none" || tc == "auto" || tc == "required"))) {
+    return FieldError("tool_choice",
+                      "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
+                      "\"function\", \"function\": {\"name\": ...}}");
+  }
+  if (!named) {
+    t->choice = tc.get<std::string>();
+    return absl::OkStatus();
+  }
+  const json* fn = tc.contains("function") ? &tc["function"] : nullptr;
+  if (fn == nullptr || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) {
+    return FieldError(
+        "tool_choice",
+        "'tool_choice' of type \"function\" needs {\"function\": {\"name\": string}}");
+  }
+  t->function = (*fn)["name"].get<std::string>();
+  t->choice = "function";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ToolFields> ToolFieldsFromJson(const json& body, std::string_view body_text) {
+  ToolFields t;
+  if (const json* tools = Member(body, "tools")) {
+    if (absl::Status s = CheckTools(*tools); !s.ok()) return s;
+    if (!tools->empty()) {
+      const nlohmann::ordered_json ordered =
+          nlohmann::ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+      const nlohmann::ordered_json& source = ordered.is_object() && ordered.contains("tools")
+                                                 ? ordered["tools"]
+                                                 : nlohmann::ordered_json(*tools);
+      t.tools_json = source.dump(-1, ' ', false, json::error_handler_t::replace);
+    }
+  }
+  t.choice = t.tools_json.empty() ? "none" : "auto";
+  if (const json* tc = Member(body, "tool_choice")) {
+    if (absl::Status s = ReadToolChoice(*tc, &t); !s.ok()) return s;
+    if (t.choice != "none" && t.tools_json.empty()) {
+      return FieldError("tool_choice",
+                        absl::StrCat("'tool_choice' \"", t.choice, "\" needs 'tools'"));
+    }
+  }
+  if (absl::Status s = ReadOptionalBool(body, "parallel_tool_calls", &t.parallel_tool_calls);
+      !s.ok())
+    return s;
+  return t;
+}
+
+absl::StatusOr<StructuredOutput> ToolFieldsConstraint(const ToolFields& t, ToolCallFormat format) {
+  if (t.choice != "required" && t.choice != "function") return StructuredOutput{};
+  absl::StatusOr<StructuredOutput> c =
+      ToolChoiceConstraint(format, t.tools_json, t.function, t.parallel_tool_calls);
+  if (!c.ok()) return FieldError("tool_choice", c.status().message());
+  return c;
 }
 
 std::vector<std::string> UnknownFields(const json& body, std::span<const std::string_view> known) {

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json_fwd.hpp"
 #include "runtime/common/sampling_params.h"
+#include "runtime/frontend/tool_calls.h"
 
 namespace pagedserve {
 
@@ -53,7 +54,12 @@ struct StructuredOutputField {
   StructuredOutput constraint;
   std::string field;  // "" when the request has none
 };
-absl::StatusOr<StructuredOutputField> StructuredOutputFromJson(const nlohmann::json& body);
+// `body_text`: the body's JSON text ("" = none); given, a JSON Schema keeps the
+// client's key order (object members are generated in the order of
+// `properties`, as XGrammar and OpenAI's strict mode do); without it, the
+// members of `body` come sorted by name.
+absl::StatusOr<StructuredOutputField> StructuredOutputFromJson(const nlohmann::json& body,
+                                                               std::string_view body_text = {});
 
 // The logit processors and output options of issue 32, the same on every
 // front end (an absent or null field leaves *p unchanged):
@@ -71,6 +77,31 @@ absl::StatusOr<StructuredOutputField> StructuredOutputFromJson(const nlohmann::j
 // field (field_error.h).
 absl::Status ReadLogitProcessorFields(const nlohmann::json& body, int32_t vocab_size,
                                       SamplingParams* p);
+
+// Chat tool calling, the same on both front ends: `tools` (at most 128
+// {"type": "function", "function": {"name": non-empty, "description",
+// "parameters": object or null}}), `tool_choice` ("none", "auto", "required"
+// or {"type": "function", "function": {"name"}}; default "auto" with tools,
+// "none" without) and `parallel_tool_calls` (boolean). `body_text`: the body's
+// JSON text, so that tools_json keeps the client's key order (the chat
+// template renders it). Errors: InvalidArgument naming the field
+// (field_error.h): a malformed tool, an unknown tool_choice, a choice other
+// than "none" without tools.
+struct ToolFields {
+  std::string tools_json;       // the tools array as JSON text; "" = none
+  std::string choice = "none";  // "none", "auto", "required" or "function"
+  std::string function;         // choice "function": the function's name
+  bool parallel_tool_calls = true;
+  // The output is parsed into tool calls (every choice but "none").
+  bool parse_tool_calls() const { return choice != "none"; }
+  bool operator==(const ToolFields&) const = default;
+};
+absl::StatusOr<ToolFields> ToolFieldsFromJson(const nlohmann::json& body,
+                                              std::string_view body_text);
+// The constraint of choice "required" / "function" (ToolChoiceConstraint in
+// tool_calls.h) in `format`; none (kNone) for "none" / "auto". Errors:
+// InvalidArgument naming "tool_choice" for a function that is not a tool.
+absl::StatusOr<StructuredOutput> ToolFieldsConstraint(const ToolFields& t, ToolCallFormat format);
 
 // The body's keys that `known` does not hold, sorted (for one
 // warning log line naming them, as vLLM logs ignored fields).

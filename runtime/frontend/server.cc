@@ -19,7 +19,9 @@
 #include "runtime/frontend/chat_messages.h"
 #include "runtime/frontend/curve_auth.h"
 #include "runtime/frontend/protocol.h"
+#include "runtime/frontend/request_fields.h"
 #include "runtime/frontend/request_log.h"
+#include "runtime/frontend/tool_calls.h"
 #include "spdlog/spdlog.h"
 #include "zmq.hpp"
 
@@ -58,6 +60,9 @@ struct Server::Impl {
     absl::Time first_output = absl::InfinitePast();
     std::optional<std::string> logged_prompt;
     std::vector<std::string> logged_text;  // streamed text, by index
+    // Tool calling: the request's fields, and (streamed) each output's text.
+    ToolFields tools;
+    std::vector<std::string> tool_text;
   };
   // A connection with requests in flight.
   struct Peer {
@@ -331,7 +336,7 @@ struct Server::Impl {
     for (const auto& m : messages)
       chat.push_back(ChatMessage{m.role, m.content, m.tool_calls, m.tool_call_id, m.name});
     absl::StatusOr<std::vector<int32_t>> ids =
-        EncodeChat(chat_template ? &*chat_template : nullptr, tok, chat);
+        EncodeChat(chat_template ? &*chat_template : nullptr, tok, chat, g.tools.tools_json);
     if (!ids.ok()) {
       SendError(identity, g.id, ErrorCode::kInvalidRequest, std::string(ids.status().message()));
       return std::nullopt;
@@ -370,6 +375,14 @@ struct Server::Impl {
     er.prompt_token_ids = *std::move(ids);
     er.params = g.sampling;
     er.cache_salt = g.cache_salt;
+    if (g.tools.parse_tool_calls()) {
+      absl::StatusOr<StructuredOutput> c = ToolFieldsConstraint(g.tools, ToolFormat());
+      if (!c.ok()) {
+        SendError(identity, g.id, ErrorCode::kInvalidRequest, std::string(c.status().message()));
+        return;
+      }
+      if (c->active()) er.params.structured_output = *std::move(c);
+    }
     const int n = g.sampling.n;
     auto channel = std::make_shared<RequestChannel>([this, eid] { Notify(eid); });
     // The one admission check (Engine::CheckRequest, queue bound, shutdown).
@@ -386,6 +399,8 @@ struct Server::Impl {
     f.finished.assign(n, false);
     for (int i = 0; i < n; ++i) f.outputs[i].index = i;
     f.admitted = absl::Now();
+    f.tools = g.tools;
+    if (f.stream && f.tools.parse_tool_calls()) f.tool_text.resize(n);
     if (options.log_request_content) {
       f.logged_prompt = DescribePrompt(g.prompt);
       f.logged_text.resize(n);
@@ -461,6 +476,7 @@ struct Server::Impl {
           protocol::SequenceDelta sd;
           sd.index = d.index;
           if (options.log_request_content) f.logged_text[d.index] += d.text;
+          if (!f.tool_text.empty()) f.tool_text[d.index] += d.text;
           sd.text = std::move(d.text);
           sd.token_ids = std::move(d.token_ids);
           AppendLogprobs(d, &sd.logprobs);
@@ -494,6 +510,7 @@ struct Server::Impl {
           f.outputs[i].finish_reason = EndedWithRequest(FinishReason::kNone, !out.error.ok());
         }
       }
+      if (f.tools.parse_tool_calls()) ParseToolCallsOfOutputs(f);
       if (options.log_requests) LogFinished(out, f);
       if (!f.orphaned) {
         protocol::FinalReply final_reply;
@@ -508,6 +525,24 @@ struct Server::Impl {
       }
       ++counters.requests_finished;
       ForgetRequest(it);
+    }
+  }
+
+  ToolCallFormat ToolFormat() const {
+    if (options.tool_call_parser.has_value()) return *options.tool_call_parser;
+    return chat_template ? ToolCallFormatOfTemplate(chat_template->source())
+                         : ToolCallFormat::kHermes;
+  }
+
+  // Each output's text parsed into tool calls (SequenceFinal::tool_calls).
+  void ParseToolCallsOfOutputs(InFlight& f) const {
+    for (size_t i = 0; i < f.outputs.size(); ++i) {
+      protocol::SequenceFinal& o = f.outputs[i];
+      ParsedToolCalls parsed = ParseToolCalls(ToolFormat(), f.stream ? f.tool_text[i] : o.text);
+      if (parsed.calls.empty()) continue;
+      if (!f.tools.parallel_tool_calls) parsed.calls.resize(1);
+      o.tool_calls = std::move(parsed.calls);
+      if (!parsed.content.empty()) o.content = std::move(parsed.content);
     }
   }
 

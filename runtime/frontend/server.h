@@ -80,6 +80,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "runtime/frontend/curve_keys.h"
+#include "runtime/frontend/tool_calls.h"
 #include "runtime/tokenizer/chat_template.h"
 
 namespace pagedserve {
@@ -91,6 +92,9 @@ struct ServerOptions {
   // "ipc:///tmp/pagedserve.sock"; "tcp://127.0.0.1:*" picks a free port (see
   // Server::endpoint()).
   std::string endpoint = "tcp://127.0.0.1:5555";
+  // --tool-call-parser; unset: the format the chat template's markers imply
+  // (ToolCallFormatOfTemplate), as on the HTTP API.
+  std::optional<ToolCallFormat> tool_call_parser;
   size_t max_message_bytes = 1 << 20;  // larger frames: message_too_large
   int idle_poll_ms = 50;               // poll timeout (how often `stop` is looked at)
   int max_messages_per_step = 4096;    // messages handled between two output deliveries

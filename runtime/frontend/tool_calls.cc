@@ -245,4 +245,36 @@ size_t ToolCallFreeContentPrefix(ToolCallFormat format, std::string_view text) {
   return text.size() - PartialMarker(text, marker);
 }
 
+absl::StatusOr<StructuredOutput> ToolChoiceConstraint(ToolCallFormat format,
+                                                      std::string_view tools_json,
+                                                      std::string_view function, bool parallel) {
+  const ordered_json tools = ordered_json::parse(tools_json, nullptr, /*allow_exceptions=*/false);
+  ordered_json spec_tools = ordered_json::array();
+  if (tools.is_array()) {
+    for (const ordered_json& t : tools) {
+      auto fn_it = t.is_object() ? t.find("function") : t.end();
+      if (fn_it == t.end() || !fn_it->is_object()) continue;
+      const ordered_json& fn = *fn_it;
+      auto name_it = fn.find("name");
+      if (name_it == fn.end() || !name_it->is_string()) continue;
+      const std::string& name = name_it->get_ref<const std::string&>();
+      if (!function.empty() && name != function) continue;
+      spec_tools.push_back(
+          {{"name", name}, {"parameters", fn.value("parameters", ordered_json())}});
+      if (!function.empty()) break;
+    }
+  }
+  if (spec_tools.empty()) {
+    return absl::InvalidArgumentError(
+        function.empty() ? std::string("'tool_choice' \"required\" needs 'tools'")
+                         : absl::StrCat("'tool_choice' names the function '", std::string(function),
+                                        "', which is not one of 'tools'"));
+  }
+  const ordered_json spec = {{"format", ToolCallFormatName(format)},
+                             {"tools", std::move(spec_tools)},
+                             {"parallel", function.empty() && parallel}};
+  return StructuredOutput{StructuredOutput::Kind::kToolCalls,
+                          spec.dump(-1, ' ', false, ordered_json::error_handler_t::replace)};
+}
+
 }  // namespace pagedserve

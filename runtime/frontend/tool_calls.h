@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/common/structured_output.h"
 
 namespace pagedserve {
 
@@ -41,6 +42,7 @@ struct ToolCall {
   std::string id;         // "call_" + 24 random lowercase hex digits
   std::string name;       // the function's name
   std::string arguments;  // a JSON object as text, keys in the model's order
+  bool operator==(const ToolCall&) const = default;
 };
 
 struct ParsedToolCalls {
@@ -56,6 +58,19 @@ ParsedToolCalls ParseToolCalls(ToolCallFormat format, std::string_view text);
 // start of a tool call. A stream sends that prefix as content deltas and
 // parses the rest with ParseToolCalls once the output is complete.
 size_t ToolCallFreeContentPrefix(ToolCallFormat format, std::string_view text);
+
+// The constraint of tool_choice "required" (`function` empty) or of a named
+// function (`function` = its name): StructuredOutput::Kind::kToolCalls
+// (runtime/grammar/tool_call_grammar.h) over the tools' names and
+// `parameters`, in `format`. "required": one or more calls with `parallel`,
+// else exactly one; a named function: exactly one call to it. `tools_json`:
+// the request's `tools` array as JSON text, each entry already checked to be
+// {"type": "function", "function": {"name", "parameters"?}}. Errors:
+// InvalidArgument when `function` is not one of the tools. Whether each
+// schema compiles is checked where every constraint is (at admission).
+absl::StatusOr<StructuredOutput> ToolChoiceConstraint(ToolCallFormat format,
+                                                      std::string_view tools_json,
+                                                      std::string_view function, bool parallel);
 
 }  // namespace pagedserve
 

@@ -3,6 +3,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/grammar/json_schema.h"
 #include "runtime/grammar/regex.h"
+#include "runtime/grammar/tool_call_grammar.h"
 
 namespace pagedserve::grammar {
 namespace {
@@ -41,6 +42,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileKind(const StructuredOutpu
     case StructuredOutput::Kind::kJsonObject: return CompileJsonObject();
     case StructuredOutput::Kind::kRegex: return CompileWholeRegex(c.spec);
     case StructuredOutput::Kind::kChoice: return CompileChoice(c.spec);
+    case StructuredOutput::Kind::kToolCalls: return CompileToolCalls(c.spec);
     case StructuredOutput::Kind::kNone: break;
   }
   return absl::InvalidArgumentError("no constraint to compile");

@@ -74,7 +74,7 @@ std::string NonNegativeRange(int64_t lo, int64_t hi) {
 
 class SchemaCompiler {
  public:
-  explicit SchemaCompiler(const json& root) : root_(root) {}
+  SchemaCompiler(const json& root, GrammarBuilder& b) : root_(root), b_(b) {}
 
   absl::StatusOr<int32_t> Compile(const json& s, const std::string& path) {
     if (b_.over_limit()) return TooLarge();
@@ -209,7 +209,7 @@ class SchemaCompiler {
                                       int64_t dflt);
 
   const json& root_;
-  GrammarBuilder b_;
+  GrammarBuilder& b_;
   std::map<std::string, int32_t> refs_;
   int any_value_ = -1, string_ = -1, string_char_ = -1, integer_ = -1, number_ = -1;
   int depth_ = 0;
@@ -607,20 +607,26 @@ absl::StatusOr<int32_t> SchemaCompiler::CompileArray(const json& s, const std::s
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(std::string_view schema_json) {
+absl::StatusOr<int32_t> AddJsonSchemaRules(GrammarBuilder& b, std::string_view schema_json) {
   json root = json::parse(schema_json, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return absl::InvalidArgumentError("the JSON schema is not valid JSON");
-  SchemaCompiler c(root);
-  auto rule = c.Compile(root, "");
+  SchemaCompiler c(root, b);
+  return c.Compile(root, "");
+}
+
+absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(std::string_view schema_json) {
+  GrammarBuilder b;
+  auto rule = AddJsonSchemaRules(b, schema_json);
   if (!rule.ok()) return rule.status();
-  return c.builder().Build(*rule);
+  return b.Build(*rule);
 }
 
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonObject() {
   json root = json::object();
-  SchemaCompiler c(root);
+  GrammarBuilder b;
+  SchemaCompiler c(root, b);
   const int32_t obj = c.AnyObjectOf(c.AnyValue());
-  return c.builder().Build(obj);
+  return b.Build(obj);
 }
 
 }  // namespace pagedserve::grammar

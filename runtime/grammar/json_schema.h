@@ -48,6 +48,12 @@ namespace pagedserve::grammar {
 // unsupported keyword, bad keyword value, too large).
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(std::string_view schema_json);
 
+// Adds the rules of the schema to `b` (so that several schemas share one
+// grammar, as the tool-call grammar does) and returns the rule matching the
+// schema's instances. Same errors as CompileJsonSchema; `b` may then hold
+// unused rules (discard it).
+absl::StatusOr<int32_t> AddJsonSchemaRules(GrammarBuilder& b, std::string_view schema_json);
+
 // Any JSON object (OpenAI's response_format {"type": "json_object"}): compact.
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileJsonObject();
 

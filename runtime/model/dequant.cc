@@ -11,85 +11,6 @@ namespace pagedserve {
 
 namespace {
 
-uint16_t LoadU16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-float LoadHalf(const uint8_t* p) { return Fp16ToFp32(LoadU16(p)); }
-
-// K-quants: 256-element super-blocks.
-// Q2_K: scales[16] (low nibble scale, high nibble min, per 16 elements),
-// qs[64] (2-bit), d, dmin.
-void DequantQ2_K(const uint8_t* b, float* y) {
-  const uint8_t* scales = b;
-  const uint8_t* q = b + 16;
-  float d = LoadHalf(b + 80), dmin = LoadHalf(b + 82);
-  int is = 0;
-  for (int n = 0; n < 256; n += 128) {
-    int shift = 0;
-    for (int j = 0; j < 4; ++j) {
-      for (int half = 0; half < 2; ++half) {
-        uint8_t sc = scales[is++];
-        float dl = d * static_cast<float>(sc & 0x0f);
-        float ml = dmin * static_cast<float>(sc >> 4);
-        for (int l = 0; l < 16; ++l) {
-          *y++ = dl * static_cast<float>((q[l + 16 * half] >> shift) & 3) - ml;
-        }
-      }
-      shift += 2;
-    }
-    q += 32;
-  }
-}
-
-// Q3_K: hmask[32] (third bit), qs[64] (low 2 bits), 12 bytes of packed 6-bit
-// scales (16 of them, offset by 32), d.
-void DequantQ3_K(const uint8_t* b, float* y) {
-  const uint8_t* hm = b;
-  const uint8_t* q = b + 32;
-  const uint8_t* packed = b + 96;
-  float d = LoadHalf(b + 108);
-  int8_t scales[16];
-  for (int i = 0; i < 16; ++i) {
-    // Low 4 bits: nibble i%8 of bytes 0..7 (low nibbles for i<8, high for i>=8);
-    // high 2 bits: bits 2*(i/4)..+1 ... of bytes 8..11, byte 8 + i%4.
-    int low = (i < 8) ? (packed[i] & 0x0f) : (packed[i - 8] >> 4);
-    int high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
-    scales[i] = static_cast<int8_t>((low | (high << 4)) - 32);
-  }
-  int is = 0;
-  uint8_t m = 1;
-  for (int n = 0; n < 256; n += 128) {
-    int shift = 0;
-    for (int j = 0; j < 4; ++j) {
-      for (int half = 0; half < 2; ++half) {
-        float dl = d * static_cast<float>(scales[is++]);
-        for (int l = 0; l < 16; ++l) {
-          int idx = l + 16 * half;
-          int v = ((q[idx] >> shift) & 3) - ((hm[idx] & m) ? 0 : 4);
-          *y++ = dl * static_cast<float>(v);
-        }
-      }
-      shift += 2;
-      m <<= 1;
-    }
-    q += 32;
-  }
-}
-
-using BlockFn = void (*)(const uint8_t*, float*);
-
-// Formats dequantized here; the others (the formats Linear runs) by
-// kernels::DequantizeRowToFloat, so that their block layouts live in one place.
-BlockFn BlockFunction(GgmlType type) {
-  switch (type) {
-    case GgmlType::kQ2_K: return DequantQ2_K;
-    case GgmlType::kQ3_K: return DequantQ3_K;
-    default: return nullptr;
-  }
-}
-
 // kernels::WeightType repeats ggml's ids for the formats the kernels run (the
 // kernels layer cannot see this one); the casts here rely on the two agreeing.
 #define PS_SAME_ID(name)                                 \
@@ -106,6 +27,10 @@ PS_SAME_ID(kQ8_0);
 PS_SAME_ID(kQ4_K);
 PS_SAME_ID(kQ5_K);
 PS_SAME_ID(kQ6_K);
+PS_SAME_ID(kQ2_K);
+PS_SAME_ID(kQ3_K);
+PS_SAME_ID(kIQ4_NL);
+PS_SAME_ID(kIQ4_XS);
 #undef PS_SAME_ID
 
 bool IsKernelFormat(GgmlType type) { return kernels::IsWeightType(static_cast<uint32_t>(type)); }
@@ -132,7 +57,7 @@ float Bf16ToFp32(uint16_t b) {
   return f;
 }
 
-bool CanDequantize(GgmlType type) { return IsKernelFormat(type) || BlockFunction(type) != nullptr; }
+bool CanDequantize(GgmlType type) { return IsKernelFormat(type); }
 
 absl::Status DequantizeRow(GgmlType type, std::span<const uint8_t> src, float* dst, size_t n) {
   if (!CanDequantize(type)) {
@@ -154,15 +79,8 @@ absl::Status DequantizeRow(GgmlType type, std::span<const uint8_t> src, float* d
   }
   const uint8_t* p = src.data();
   if (n == 0) return absl::OkStatus();
-  if (IsKernelFormat(type)) {
-    return kernels::DequantizeRowToFloat(static_cast<kernels::WeightType>(type), p,
-                                         static_cast<int64_t>(n), dst);
-  }
-  BlockFn fn = BlockFunction(type);
-  for (size_t i = 0; i < blocks; ++i) {
-    fn(p + i * bi.block_bytes, dst + i * bi.block_elements);
-  }
-  return absl::OkStatus();
+  return kernels::DequantizeRowToFloat(static_cast<kernels::WeightType>(type), p,
+                                       static_cast<int64_t>(n), dst);
 }
 
 absl::Status DequantizeRows(const GgufTensorInfo& info, std::span<const uint8_t> data,

@@ -1,13 +1,13 @@
 // Conversion of ggml tensor data (GGUF) and safetensors dtypes to fp32.
 //
 // Block formats are those of ggml (ggml-common.h / ggml-quants.c): legacy
-// 32-element blocks Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and 256-element K-quant
-// super-blocks Q2_K..Q6_K, all with fp16 scales. Results match gguf-py's
-// gguf.quants.dequantize (checked by tests/model/dequant_test.cc against
-// fixtures from tests/model/make_dequant_fixtures.py) to within fp32 rounding.
-// The formats the Linear kernels run (kernels/weight_format.h: F32, F16, BF16,
-// Q4_0..Q8_0, Q4_K, Q5_K, Q6_K) are converted by kernels::DequantizeRowToFloat,
-// where their block layouts are defined; Q2_K and Q3_K here.
+// 32-element blocks Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, 256-element K-quant
+// super-blocks Q2_K..Q6_K, IQ4_NL (32) and IQ4_XS (256), all with fp16 scales.
+// Results match gguf-py's gguf.quants.dequantize (checked by
+// tests/model/dequant_test.cc against fixtures from
+// tests/model/make_dequant_fixtures.py) to within fp32 rounding. Every format
+// here is one the Linear kernels run (kernels/weight_format.h), converted by
+// kernels::DequantizeRowToFloat, where the block layouts are defined.
 #ifndef PAGEDSERVE_RUNTIME_MODEL_DEQUANT_H_
 #define PAGEDSERVE_RUNTIME_MODEL_DEQUANT_H_
 
@@ -26,7 +26,7 @@ float Fp16ToFp32(uint16_t h);
 float Bf16ToFp32(uint16_t b);
 
 // True for the types DequantizeRow accepts: F32, F16, BF16, Q4_0, Q4_1, Q5_0,
-// Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+// Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS.
 bool CanDequantize(GgmlType type);
 
 // Converts `n` consecutive elements stored as `type` in `src` to fp32 in

@@ -94,6 +94,18 @@ std::string GgmlTypeName(GgmlType type) {
     case GgmlType::kQ5_K: return "Q5_K";
     case GgmlType::kQ6_K: return "Q6_K";
     case GgmlType::kQ8_K: return "Q8_K";
+    case GgmlType::kIQ2_XXS: return "IQ2_XXS";
+    case GgmlType::kIQ2_XS: return "IQ2_XS";
+    case GgmlType::kIQ3_XXS: return "IQ3_XXS";
+    case GgmlType::kIQ1_S: return "IQ1_S";
+    case GgmlType::kIQ4_NL: return "IQ4_NL";
+    case GgmlType::kIQ3_S: return "IQ3_S";
+    case GgmlType::kIQ2_S: return "IQ2_S";
+    case GgmlType::kIQ4_XS: return "IQ4_XS";
+    case GgmlType::kIQ1_M: return "IQ1_M";
+    case GgmlType::kTQ1_0: return "TQ1_0";
+    case GgmlType::kTQ2_0: return "TQ2_0";
+    case GgmlType::kMXFP4: return "MXFP4";
     case GgmlType::kI8: return "I8";
     case GgmlType::kI16: return "I16";
     case GgmlType::kI32: return "I32";
@@ -127,6 +139,20 @@ bool GetGgmlBlockInfo(GgmlType type, GgmlBlockInfo* info) {
     case GgmlType::kQ5_K: *info = {256, 2 + 2 + 12 + 32 + 128}; return true;
     case GgmlType::kQ6_K: *info = {256, 128 + 64 + 16 + 2}; return true;
     case GgmlType::kQ8_K: *info = {256, 4 + 256 + 32}; return true;
+    // IQ, TQ and MXFP4 types (gguf-py GGML_QUANT_SIZES): known, so a file
+    // holding them opens and the loader can name the tensor it refuses.
+    case GgmlType::kIQ2_XXS: *info = {256, 66}; return true;
+    case GgmlType::kIQ2_XS: *info = {256, 74}; return true;
+    case GgmlType::kIQ3_XXS: *info = {256, 98}; return true;
+    case GgmlType::kIQ1_S: *info = {256, 50}; return true;
+    case GgmlType::kIQ4_NL: *info = {32, 18}; return true;
+    case GgmlType::kIQ3_S: *info = {256, 110}; return true;
+    case GgmlType::kIQ2_S: *info = {256, 82}; return true;
+    case GgmlType::kIQ4_XS: *info = {256, 136}; return true;
+    case GgmlType::kIQ1_M: *info = {256, 56}; return true;
+    case GgmlType::kTQ1_0: *info = {256, 54}; return true;
+    case GgmlType::kTQ2_0: *info = {256, 66}; return true;
+    case GgmlType::kMXFP4: *info = {32, 17}; return true;
   }
   return false;
 }

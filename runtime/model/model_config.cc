@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/half.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/gguf.h"
@@ -21,8 +22,18 @@ std::string ModelArchName(ModelArch arch) {
     case ModelArch::kMistral: return "mistral";
     case ModelArch::kQwen2: return "qwen2";
     case ModelArch::kQwen3: return "qwen3";
+    case ModelArch::kGemma2: return "gemma2";
+    case ModelArch::kGemma3: return "gemma3";
+    case ModelArch::kPhi3: return "phi3";
+    case ModelArch::kMixtral: return "mixtral";
+    case ModelArch::kQwen3Moe: return "qwen3_moe";
   }
   return "unknown";
+}
+
+float ModelConfig::AttentionScale() const {
+  const double scalar = query_pre_attn_scalar > 0 ? query_pre_attn_scalar : head_size;
+  return static_cast<float>(1.0 / std::sqrt(scalar));
 }
 
 absl::Status ModelConfig::Validate() const {
@@ -71,6 +82,17 @@ absl::Status ModelConfig::Validate() const {
         "model config: llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor and "
         "original_max_position_embeddings > 0");
   }
+  for (auto [name, v] :
+       {std::pair<const char*, double>{"attn_logit_softcapping", attn_logit_softcapping},
+        {"final_logit_softcapping", final_logit_softcapping},
+        {"query_pre_attn_scalar", query_pre_attn_scalar},
+        {"rope_local_theta", rope_local_theta},
+        {"embedding_scale", embedding_scale}}) {
+    if (!(v >= 0) || !std::isfinite(v)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: ", name, " must be >= 0 (0 = none), got ", v));
+    }
+  }
   if (sliding_window < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: sliding_window must be >= 0 (0 = none), got ", sliding_window));
@@ -79,6 +101,16 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("model config: ", sliding_layers.size(),
                                                    " sliding-window layer flags for ", num_layers,
                                                    " layers"));
+  }
+  if (moe.enabled() &&
+      (moe.top_k < 1 || moe.top_k > moe.num_experts || moe.expert_intermediate_size <= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: a mixture of ", moe.num_experts, " experts needs 1 <= top_k (", moe.top_k,
+        ") <= num_experts and a positive expert width (", moe.expert_intermediate_size, ")"));
+  }
+  if (moe.num_experts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: num_experts must be >= 0, got ", moe.num_experts));
   }
   if (!rope_scaling.freq_factors.empty()) {
     if (rope_scaling.freq_factors.size() != static_cast<size_t>(head_size / 2)) {
@@ -136,8 +168,19 @@ absl::StatusOr<std::vector<float>> ReadRopeFreqFactors(const GgufFile& g, const 
   return factors;
 }
 
+// llama.cpp's integer window pattern (llama_hparams::set_swa_pattern, not
+// dense-first): layer l is windowed when n == 0 or l % n < n - 1.
+void SetSlidingPattern(int64_t n, ModelConfig* c) {
+  c->sliding_layers.clear();
+  for (int l = 0; l < c->num_layers; ++l) c->sliding_layers.push_back(n == 0 || l % n < n - 1);
+}
+
 // {arch}.attention.sliding_window and its per-layer pattern (model_config.h).
-absl::Status ReadGgufSlidingWindow(const GgufFile& g, const std::string& p, ModelConfig* c) {
+// default_pattern > 0: the architecture's integer pattern (gemma2 2, gemma3
+// 6), used when the file has none and taking an integer pattern; 0: a
+// missing pattern means every layer and an integer one is Unimplemented.
+absl::Status ReadGgufSlidingWindow(const GgufFile& g, const std::string& p, int default_pattern,
+                                   ModelConfig* c) {
   const std::string key = p + "attention.sliding_window";
   if (!g.Find(key)) return absl::OkStatus();
   auto w = g.GetInt(key);
@@ -149,7 +192,20 @@ absl::Status ReadGgufSlidingWindow(const GgufFile& g, const std::string& p, Mode
   c->sliding_window = static_cast<int>(*w);
   const std::string pkey = p + "attention.sliding_window_pattern";
   const GgufValue* pattern = g.Find(pkey);
-  if (c->sliding_window == 0 || pattern == nullptr) return absl::OkStatus();
+  if (c->sliding_window == 0) return absl::OkStatus();
+  if (default_pattern > 0 && (pattern == nullptr || !pattern->is_array())) {
+    int64_t n = default_pattern;
+    if (pattern != nullptr) {
+      PS_ASSIGN_OR_RETURN(n, g.GetInt(pkey));
+    }
+    if (n < 0 || n > INT32_MAX) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(g.path(), ": metadata '", pkey, "': value ", n, " out of range"));
+    }
+    SetSlidingPattern(n, c);
+    return absl::OkStatus();
+  }
+  if (pattern == nullptr) return absl::OkStatus();
   if (!pattern->is_array() || pattern->array_type() != GgufValueType::kBool) {
     return absl::UnimplementedError(absl::StrCat(
         g.path(), ": metadata '", pkey,
@@ -170,6 +226,112 @@ absl::Status ReadGgufSlidingWindow(const GgufFile& g, const std::string& p, Mode
   return absl::OkStatus();
 }
 
+// Adds the id of the token whose text is `text` (if the vocabulary has one)
+// to the end ids: llama.cpp finds end-of-turn tokens by their text
+// (llama-vocab.cpp's end-of-generation list) where its converter writes no
+// eot id (Gemma's <end_of_turn>, Phi-3's <|end|>).
+absl::Status AddEndTokenByText(const GgufFile& g, std::string_view text, ModelConfig* c) {
+  const GgufValue* toks = g.Find("tokenizer.ggml.tokens");
+  if (toks == nullptr || !toks->is_array() || toks->array_type() != GgufValueType::kString)
+    return absl::OkStatus();
+  for (size_t i = 0; i < toks->array_size() && i <= static_cast<size_t>(INT32_MAX); ++i) {
+    PS_ASSIGN_OR_RETURN(const GgufValue tok, toks->At(i));
+    PS_ASSIGN_OR_RETURN(const std::string_view t, tok.AsString());
+    if (t != text) continue;
+    const auto id = static_cast<int32_t>(i);
+    if (std::find(c->eos_token_ids.begin(), c->eos_token_ids.end(), id) == c->eos_token_ids.end())
+      c->eos_token_ids.push_back(id);
+    break;
+  }
+  return absl::OkStatus();
+}
+
+// phi3 (llama.cpp's converter): the head size is embedding_length /
+// head_count, and rope.dimension_count below it is partial rotary (Phi-4-mini),
+// not supported; LongRoPE factor tensors (Phi-3 128K, Phi-3.5) neither.
+absl::Status ReadGgufPhi3(const GgufFile& g, const std::string& p, ModelConfig* c) {
+  const int head = c->num_heads > 0 ? c->hidden_size / c->num_heads : 0;
+  if (c->head_size != head) {
+    return absl::UnimplementedError(absl::StrCat(g.path(), ": '", p, "rope.dimension_count' ",
+                                                 c->head_size, " is below the head size ", head,
+                                                 ": partial rotary embeddings (Phi-4-mini) "
+                                                 "are not supported"));
+  }
+  for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+    if (g.FindTensor(t) != nullptr) {
+      return absl::UnimplementedError(absl::StrCat(
+          g.path(), ": tensor '", t, "': LongRoPE (Phi-3 128K / Phi-3.5) is not supported"));
+    }
+  }
+  return AddEndTokenByText(g, "<|end|>", c);
+}
+
+// gemma2 / gemma3 keys as llama.cpp's loader reads them (model_config.h).
+// Runs after the common keys (num_layers, head sizes) are read.
+absl::Status ReadGgufGemma(const GgufFile& g, const std::string& p, ModelConfig* c) {
+  c->post_norms = true;
+  c->mlp_activation = MlpActivation::kGeluTanh;
+  c->embedding_scale = std::sqrt(static_cast<float>(c->hidden_size));
+  for (auto [key, out] :
+       {std::pair<std::string, double*>{p + "attn_logit_softcapping", &c->attn_logit_softcapping},
+        {p + "final_logit_softcapping", &c->final_logit_softcapping}}) {
+    if (g.Find(key)) {
+      PS_ASSIGN_OR_RETURN(*out, g.GetFloat(key));
+    }
+  }
+  // llama.cpp: LLM_TYPE_27B (46 gemma2 / 62 gemma3 layers) scales by
+  // n_embd / n_head (an integer division there too), every other size by
+  // the head size.
+  const int layers_27b = c->arch == ModelArch::kGemma2 ? 46 : 62;
+  const int embd_per_head = c->num_heads > 0 ? c->hidden_size / c->num_heads : 0;
+  c->query_pre_attn_scalar =
+      c->num_layers == layers_27b && embd_per_head > 0 ? embd_per_head : c->head_size;
+  // The end of a chat turn (an HF folder lists it in generation_config.json).
+  PS_RETURN_IF_ERROR(AddEndTokenByText(g, "<end_of_turn>", c));
+  const bool gemma2 = c->arch == ModelArch::kGemma2;
+  if (gemma2 && !g.Find(p + "attention.sliding_window")) c->sliding_window = 4096;
+  if (gemma2 && c->sliding_window > 0 && c->sliding_layers.empty()) SetSlidingPattern(2, c);
+  if (!gemma2 && c->sliding_window > 0) {
+    c->rope_local_theta = 10000.0;
+    if (g.Find(p + "rope.freq_base_swa")) {
+      PS_ASSIGN_OR_RETURN(c->rope_local_theta, g.GetFloat(p + "rope.freq_base_swa"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// {arch}.expert_* (model_config.h): the mixture of experts, or none.
+absl::Status ReadGgufMoe(const GgufFile& g, const std::string& p, ModelConfig* c) {
+  bool shared = g.FindTensor("blk.0.ffn_gate_inp_shexp.weight") != nullptr ||
+                g.FindTensor("blk.0.ffn_up_shexp.weight") != nullptr;
+  if (g.Find(p + "expert_shared_count")) {
+    auto n = g.GetInt(p + "expert_shared_count");
+    shared = shared || !n.ok() || *n > 0;
+  }
+  if (shared) {
+    return absl::UnimplementedError(
+        absl::StrCat(g.path(),
+                     ": shared experts (ffn_*_shexp, Qwen2-MoE / DeepSeek style) are not "
+                     "supported; only routed experts (Mixtral, Qwen3-MoE)"));
+  }
+  if (!g.Find(p + "expert_count")) return absl::OkStatus();
+  auto count = g.GetInt(p + "expert_count");
+  if (!count.ok()) return count.status();
+  if (*count == 0) return absl::OkStatus();
+  PS_RETURN_IF_ERROR(GetIntField(g, p + "expert_count", &c->moe.num_experts));
+  PS_RETURN_IF_ERROR(GetIntField(g, p + "expert_used_count", &c->moe.top_k));
+  c->moe.expert_intermediate_size = c->intermediate_size;
+  if (g.Find(p + "expert_feed_forward_length")) {
+    PS_RETURN_IF_ERROR(
+        GetIntField(g, p + "expert_feed_forward_length", &c->moe.expert_intermediate_size));
+  }
+  c->moe.norm_topk_prob = true;
+  if (const GgufValue* v = g.Find(p + "expert_weights_norm"); v != nullptr) {
+    PS_ASSIGN_OR_RETURN(c->moe.norm_topk_prob, v->AsBool());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
@@ -184,10 +346,28 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   } else if (*arch_name == "qwen3") {
     c.arch = ModelArch::kQwen3;
     c.qk_norm = true;
+  } else if (*arch_name == "gemma2") {
+    c.arch = ModelArch::kGemma2;
+  } else if (*arch_name == "gemma3") {
+    c.arch = ModelArch::kGemma3;
+    c.qk_norm = true;
+  } else if (*arch_name == "phi3") {
+    c.arch = ModelArch::kPhi3;
+    c.fused_projections = true;
+  } else if (*arch_name == "qwen3moe") {
+    c.arch = ModelArch::kQwen3Moe;
+    c.qk_norm = true;
+  } else if (*arch_name == "qwen2moe") {
+    return absl::UnimplementedError(
+        absl::StrCat(g.path(),
+                     ": general.architecture 'qwen2moe' is not supported: its shared "
+                     "experts (shared_expert + shared_expert_gate) are not implemented"));
   } else {
-    return absl::UnimplementedError(absl::StrCat(g.path(), ": general.architecture '", *arch_name,
-                                                 "' is not supported (llama, qwen2, qwen3)"));
+    return absl::UnimplementedError(
+        absl::StrCat(g.path(), ": general.architecture '", *arch_name,
+                     "' is not supported (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3)"));
   }
+  const bool gemma = c.arch == ModelArch::kGemma2 || c.arch == ModelArch::kGemma3;
   const std::string p = *arch_name + ".";
   PS_RETURN_IF_ERROR(GetIntField(g, p + "block_count", &c.num_layers));
   PS_RETURN_IF_ERROR(GetIntField(g, p + "embedding_length", &c.hidden_size));
@@ -236,7 +416,16 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
       PS_ASSIGN_OR_RETURN(c.rope_scaling.factor, g.GetFloat(p + "rope.scaling.factor"));
     }
   }
-  PS_RETURN_IF_ERROR(ReadGgufSlidingWindow(g, p, &c));
+  const int default_pattern =
+      c.arch == ModelArch::kGemma2 ? 2 : (c.arch == ModelArch::kGemma3 ? 6 : 0);
+  PS_RETURN_IF_ERROR(ReadGgufSlidingWindow(g, p, default_pattern, &c));
+  if (gemma) PS_RETURN_IF_ERROR(ReadGgufGemma(g, p, &c));
+  if (c.arch == ModelArch::kPhi3) PS_RETURN_IF_ERROR(ReadGgufPhi3(g, p, &c));
+  PS_RETURN_IF_ERROR(ReadGgufMoe(g, p, &c));
+  if (c.arch == ModelArch::kQwen3Moe && !c.moe.enabled()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(g.path(), ": a qwen3moe file needs qwen3moe.expert_count > 0"));
+  }
   if (const GgufTensorInfo* t = g.FindTensor("rope_freqs.weight"); t != nullptr) {
     PS_ASSIGN_OR_RETURN(c.rope_scaling.freq_factors, ReadRopeFreqFactors(g, *t, c.head_size));
   }
@@ -312,10 +501,124 @@ bool HfFlag(const json& j, const char* field) {
   return it != j.end() && it->is_boolean() && it->get<bool>();
 }
 
+// rope_scaling (or one entry of transformers 5's rope_parameters) into *rs;
+// `field` names it in errors.
+absl::Status ReadHfRopeScaling(const json& rs, absl::string_view source, absl::string_view field,
+                               RopeScaling* out) {
+  if (!rs.is_object()) return FieldError(source, field, "must be an object or null");
+  std::string type;
+  if (rs.contains("rope_type") && rs["rope_type"].is_string()) {
+    type = rs["rope_type"].get<std::string>();
+  } else if (rs.contains("type") && rs["type"].is_string()) {
+    type = rs["type"].get<std::string>();
+  } else {
+    return FieldError(source, absl::StrCat(field, ".rope_type"), "missing");
+  }
+  const std::string prefix = absl::StrCat(field, ".");
+  if (type == "linear") {
+    out->type = RopeScaling::Type::kLinear;
+    PS_RETURN_IF_ERROR(ReadNumber(rs, source, "factor", true, &out->factor, prefix));
+  } else if (type == "llama3") {
+    out->type = RopeScaling::Type::kLlama3;
+    PS_RETURN_IF_ERROR(ReadNumber(rs, source, "factor", true, &out->factor, prefix));
+    PS_RETURN_IF_ERROR(
+        ReadNumber(rs, source, "low_freq_factor", true, &out->low_freq_factor, prefix));
+    PS_RETURN_IF_ERROR(
+        ReadNumber(rs, source, "high_freq_factor", true, &out->high_freq_factor, prefix));
+    PS_RETURN_IF_ERROR(ReadNumber(rs, source, "original_max_position_embeddings", true,
+                                  &out->original_max_position_embeddings, prefix));
+  } else if (type != "default") {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": ", field, " type '", type, "' is not supported (linear, llama3)"));
+  }
+  return absl::OkStatus();
+}
+
+// transformers 5's rope_parameters: {rope_type, rope_theta, ...} or, for
+// models with local layers (Gemma 3), {"full_attention": {...},
+// "sliding_attention": {...}}; overrides rope_theta / rope_scaling /
+// rope_local_base_freq.
+absl::Status ReadHfRopeParameters(const json& j, absl::string_view source, ModelConfig* c) {
+  auto it = j.find("rope_parameters");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) return FieldError(source, "rope_parameters", "must be an object or null");
+  const json* global = &*it;
+  if (auto f = it->find("full_attention"); f != it->end()) global = &*f;
+  PS_RETURN_IF_ERROR(ReadHfRopeScaling(*global, source, "rope_parameters", &c->rope_scaling));
+  PS_RETURN_IF_ERROR(
+      ReadNumber(*global, source, "rope_theta", false, &c->rope_theta, "rope_parameters."));
+  if (auto l = it->find("sliding_attention"); l != it->end()) {
+    RopeScaling local;
+    PS_RETURN_IF_ERROR(ReadHfRopeScaling(*l, source, "rope_parameters.sliding_attention", &local));
+    if (local.type != RopeScaling::Type::kNone) {
+      return absl::UnimplementedError(absl::StrCat(
+          source, ": rope_parameters.sliding_attention: scaled local RoPE is not supported"));
+    }
+    PS_RETURN_IF_ERROR(ReadNumber(*l, source, "rope_theta", false, &c->rope_local_theta,
+                                  "rope_parameters.sliding_attention."));
+  }
+  return absl::OkStatus();
+}
+
+// partial_rotary_factor (Phi-4-mini; also inside transformers 5's
+// rope_parameters) below 1 rotates part of each head: not supported.
+absl::Status CheckFullRotary(const json& j, absl::string_view source) {
+  for (const json* o : {&j, j.contains("rope_parameters") ? &j["rope_parameters"] : nullptr}) {
+    if (o == nullptr || !o->is_object()) continue;
+    double f = 1.0;
+    PS_RETURN_IF_ERROR(ReadNumber(*o, source, "partial_rotary_factor", false, &f));
+    if (f != 1.0) {
+      return absl::UnimplementedError(absl::StrCat(
+          source, ": partial_rotary_factor ", f, " (partial rotary embeddings) is not supported"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Gemma 2 / 3 fields (model_config.h). Runs after the common fields.
+absl::Status ReadHfGemma(const json& j, absl::string_view source, ModelConfig* c) {
+  c->norm_weight_plus_one = true;
+  c->post_norms = true;
+  std::string act = "gelu_pytorch_tanh";
+  for (const char* key : {"hidden_activation", "hidden_act"}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_string()) return FieldError(source, key, "must be a string");
+    act = it->get<std::string>();
+    break;
+  }
+  if (act != "gelu_pytorch_tanh") {
+    return absl::UnimplementedError(absl::StrCat(source, ": hidden_activation '", act,
+                                                 "' is not supported (gelu_pytorch_tanh)"));
+  }
+  c->mlp_activation = MlpActivation::kGeluTanh;
+  c->query_pre_attn_scalar = 256;
+  PS_RETURN_IF_ERROR(
+      ReadNumber(j, source, "query_pre_attn_scalar", false, &c->query_pre_attn_scalar));
+  PS_RETURN_IF_ERROR(
+      ReadNumber(j, source, "attn_logit_softcapping", false, &c->attn_logit_softcapping));
+  PS_RETURN_IF_ERROR(
+      ReadNumber(j, source, "final_logit_softcapping", false, &c->final_logit_softcapping));
+  if (c->arch == ModelArch::kGemma3) {
+    c->rope_local_theta = 10000.0;
+    PS_RETURN_IF_ERROR(ReadNumber(j, source, "rope_local_base_freq", false, &c->rope_local_theta));
+  }
+  // HF's normalizer: sqrt(hidden_size) as a tensor of the model's dtype.
+  float scale = std::sqrt(static_cast<float>(c->hidden_size));
+  if (c->checkpoint_dtype == "bfloat16") {
+    scale = kernels::BFloat16BitsToFloat(kernels::FloatToBFloat16Bits(scale));
+  } else if (c->checkpoint_dtype == "float16") {
+    scale = kernels::HalfBitsToFloat(kernels::FloatToHalfBits(scale));
+  }
+  c->embedding_scale = scale;
+  return absl::OkStatus();
+}
+
 // The sliding window of a config.json as transformers builds its attention
 // masks (model_config.h, ModelConfigFromHfJson). Reads num_layers from *c.
 absl::Status ReadHfSlidingWindow(const json& j, absl::string_view source, ModelConfig* c) {
-  int window = 0;
+  const bool gemma = c->arch == ModelArch::kGemma2 || c->arch == ModelArch::kGemma3;
+  int window = gemma ? 4096 : 0;  // Gemma2Config / Gemma3TextConfig default
   PS_RETURN_IF_ERROR(ReadNumber(j, source, "sliding_window", false, &window));
   if (window < 0) return FieldError(source, "sliding_window", "must be >= 0 or null");
   if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
@@ -342,9 +645,21 @@ absl::Status ReadHfSlidingWindow(const json& j, absl::string_view source, ModelC
     if (!any) c->sliding_layers.clear();
     return absl::OkStatus();
   }
-  if (c->arch == ModelArch::kMistral) {
+  if (gemma && window > 0) {
+    // Gemma 2: even layers windowed; Gemma 3: all but every
+    // sliding_window_pattern-th ((l + 1) % pattern != 0).
+    int pattern = c->arch == ModelArch::kGemma2 ? 2 : 6;
+    if (c->arch == ModelArch::kGemma3) {
+      PS_RETURN_IF_ERROR(ReadNumber(j, source, "sliding_window_pattern", false, &pattern));
+      if (pattern <= 0) return FieldError(source, "sliding_window_pattern", "must be positive");
+    }
     c->sliding_window = window;
-  } else if ((c->arch == ModelArch::kQwen2 || c->arch == ModelArch::kQwen3) &&
+    for (int l = 0; l < c->num_layers; ++l) c->sliding_layers.push_back((l + 1) % pattern != 0);
+  } else if (c->arch == ModelArch::kMistral || c->arch == ModelArch::kPhi3 ||
+             c->arch == ModelArch::kMixtral) {
+    c->sliding_window = window;
+  } else if ((c->arch == ModelArch::kQwen2 || c->arch == ModelArch::kQwen3 ||
+              c->arch == ModelArch::kQwen3Moe) &&
              HfFlag(j, "use_sliding_window") && window > 0) {
     int first = c->num_layers;  // transformers' default max_window_layers is model-specific
     PS_RETURN_IF_ERROR(ReadNumber(j, source, "max_window_layers", true, &first));
@@ -354,16 +669,59 @@ absl::Status ReadHfSlidingWindow(const json& j, absl::string_view source, ModelC
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
-                                                  std::string_view source_sv) {
-  absl::string_view source(source_sv.data(), source_sv.size());
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": not a valid JSON object"));
+// A quantized Hugging Face checkpoint (AWQ, GPTQ, FP8, bitsandbytes,
+// compressed-tensors ...: transformers' quantization_config) stores packed
+// integer or fp8 tensors with their own scales, which the loader does not read;
+// refused here, naming the method, instead of failing later on a tensor dtype.
+absl::Status RefuseHfQuantization(const json& j, absl::string_view source) {
+  auto it = j.find("quantization_config");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  std::string method = "unknown";
+  if (it->is_object()) {
+    auto m = it->find("quant_method");
+    if (m != it->end()) {
+      method = m->is_string() ? m->get<std::string>() : m->dump();
+    } else if (it->contains("load_in_4bit") || it->contains("load_in_8bit")) {
+      method = "bitsandbytes";
+    }
   }
-  ModelConfig c;
+  return absl::UnimplementedError(absl::StrCat(
+      source, ": quantization_config.quant_method '", method,
+      "' is not supported: pagedserve runs unquantized F32/F16/BF16 safetensors checkpoints and "
+      "GGUF files (Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS); use the unquantized checkpoint "
+      "or a GGUF conversion of it"));
+}
+
+// The experts of MixtralForCausalLM / Qwen3MoeForCausalLM (model_config.h).
+absl::Status ReadHfMoe(const json& j, absl::string_view source, ModelConfig* c) {
+  MoeConfig& m = c->moe;
+  if (c->arch == ModelArch::kMixtral) {
+    PS_RETURN_IF_ERROR(ReadNumber(j, source, "num_local_experts", true, &m.num_experts));
+    m.expert_intermediate_size = c->intermediate_size;
+    m.norm_topk_prob = true;
+  } else {
+    const char* experts = j.contains("num_experts") ? "num_experts" : "num_local_experts";
+    PS_RETURN_IF_ERROR(ReadNumber(j, source, experts, true, &m.num_experts));
+    PS_RETURN_IF_ERROR(
+        ReadNumber(j, source, "moe_intermediate_size", true, &m.expert_intermediate_size));
+    m.norm_topk_prob = HfFlag(j, "norm_topk_prob");
+    int step = 1;
+    PS_RETURN_IF_ERROR(ReadNumber(j, source, "decoder_sparse_step", false, &step));
+    auto dense = j.find("mlp_only_layers");
+    if (step != 1 || (dense != j.end() && dense->is_array() && !dense->empty())) {
+      return absl::UnimplementedError(
+          absl::StrCat(source, ": dense MLP layers among the expert layers (decoder_sparse_step ",
+                       step, ", mlp_only_layers) are not supported"));
+    }
+  }
+  PS_RETURN_IF_ERROR(ReadNumber(j, source, "num_experts_per_tok", true, &m.top_k));
+  if (m.num_experts <= 0) return FieldError(source, "num_experts", "must be positive");
+  return absl::OkStatus();
+}
+
+// architectures[0] into c->arch (and the flags the architecture implies).
+absl::Status ReadHfArchitecture(const json& j, absl::string_view source, ModelConfig* c_ptr) {
+  ModelConfig& c = *c_ptr;
   auto archs = j.find("architectures");
   if (archs == j.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
     return FieldError(source, "architectures", "must be a non-empty list of strings");
@@ -379,15 +737,53 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
   } else if (arch == "Qwen3ForCausalLM") {
     c.arch = ModelArch::kQwen3;
     c.qk_norm = true;
+  } else if (arch == "Gemma2ForCausalLM") {
+    c.arch = ModelArch::kGemma2;
+  } else if (arch == "Gemma3ForCausalLM") {
+    c.arch = ModelArch::kGemma3;
+    c.qk_norm = true;
+    c.rope_theta = 1000000.0;  // Gemma3TextConfig's default global base
+  } else if (arch == "Phi3ForCausalLM") {
+    c.arch = ModelArch::kPhi3;
+    c.fused_projections = true;
+  } else if (arch == "MixtralForCausalLM") {
+    c.arch = ModelArch::kMixtral;
+  } else if (arch == "Qwen3MoeForCausalLM") {
+    c.arch = ModelArch::kQwen3Moe;
+    c.qk_norm = true;
+  } else if (arch == "Qwen2MoeForCausalLM") {
+    return absl::UnimplementedError(
+        absl::StrCat(source,
+                     ": architecture 'Qwen2MoeForCausalLM' is not supported: its shared "
+                     "experts (shared_expert + shared_expert_gate) are not implemented"));
   } else {
     return absl::UnimplementedError(
         absl::StrCat(source, ": architecture '", arch,
-                     "' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                     "Qwen2ForCausalLM, Qwen3ForCausalLM)"));
+                     "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                     "Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, "
+                     "MixtralForCausalLM, Qwen3MoeForCausalLM)"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
+                                                  std::string_view source_sv) {
+  absl::string_view source(source_sv.data(), source_sv.size());
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a valid JSON object"));
+  }
+  ModelConfig c;
+  PS_RETURN_IF_ERROR(RefuseHfQuantization(j, source));
+  PS_RETURN_IF_ERROR(ReadHfArchitecture(j, source, &c));
+  const bool gemma = c.arch == ModelArch::kGemma2 || c.arch == ModelArch::kGemma3;
+  c.tie_word_embeddings = gemma;  // the Gemma configs' default
   // attention_bias (Llama, Qwen3; default false): biases on q/k/v (and o_proj,
   // which no supported checkpoint sets).
-  if ((c.arch == ModelArch::kLlama || c.arch == ModelArch::kQwen3) &&
+  if ((c.arch == ModelArch::kLlama || c.arch == ModelArch::kQwen3 ||
+       c.arch == ModelArch::kQwen3Moe) &&
       j.contains("attention_bias") && j["attention_bias"].is_boolean() &&
       j["attention_bias"].get<bool>()) {
     c.qkv_bias = true;
@@ -438,35 +834,15 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
     }
   }
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-    if (!it->is_object()) return FieldError(source, "rope_scaling", "must be an object or null");
-    const json& rs = *it;
-    std::string type;
-    if (rs.contains("rope_type") && rs["rope_type"].is_string()) {
-      type = rs["rope_type"].get<std::string>();
-    } else if (rs.contains("type") && rs["type"].is_string()) {
-      type = rs["type"].get<std::string>();
-    } else {
-      return FieldError(source, "rope_scaling.rope_type", "missing");
-    }
-    constexpr absl::string_view kRs = "rope_scaling.";
-    if (type == "linear") {
-      c.rope_scaling.type = RopeScaling::Type::kLinear;
-      PS_RETURN_IF_ERROR(ReadNumber(rs, source, "factor", true, &c.rope_scaling.factor, kRs));
-    } else if (type == "llama3") {
-      c.rope_scaling.type = RopeScaling::Type::kLlama3;
-      PS_RETURN_IF_ERROR(ReadNumber(rs, source, "factor", true, &c.rope_scaling.factor, kRs));
-      PS_RETURN_IF_ERROR(
-          ReadNumber(rs, source, "low_freq_factor", true, &c.rope_scaling.low_freq_factor, kRs));
-      PS_RETURN_IF_ERROR(
-          ReadNumber(rs, source, "high_freq_factor", true, &c.rope_scaling.high_freq_factor, kRs));
-      PS_RETURN_IF_ERROR(ReadNumber(rs, source, "original_max_position_embeddings", true,
-                                    &c.rope_scaling.original_max_position_embeddings, kRs));
-    } else if (type != "default") {
-      return absl::UnimplementedError(absl::StrCat(source, ": rope_scaling type '", type,
-                                                   "' is not supported (linear, llama3)"));
-    }
+    PS_RETURN_IF_ERROR(ReadHfRopeScaling(*it, source, "rope_scaling", &c.rope_scaling));
   }
   PS_RETURN_IF_ERROR(ReadHfSlidingWindow(j, source, &c));
+  if (gemma) PS_RETURN_IF_ERROR(ReadHfGemma(j, source, &c));
+  if (c.arch == ModelArch::kMixtral || c.arch == ModelArch::kQwen3Moe) {
+    PS_RETURN_IF_ERROR(ReadHfMoe(j, source, &c));
+  }
+  PS_RETURN_IF_ERROR(ReadHfRopeParameters(j, source, &c));  // last: it overrides
+  PS_RETURN_IF_ERROR(CheckFullRotary(j, source));
   if (auto v = c.Validate(); !v.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", v.message()));
   }
@@ -546,6 +922,14 @@ std::vector<double> RopeInverseFrequencies(const ModelConfig& c) {
     for (size_t i = 0; i < inv.size(); ++i) inv[i] /= rs.freq_factors[i];
   }
   return inv;
+}
+
+std::vector<double> RopeLocalInverseFrequencies(const ModelConfig& c) {
+  if (!(c.rope_local_theta > 0)) return {};
+  ModelConfig local;
+  local.head_size = c.head_size;
+  local.rope_theta = c.rope_local_theta;  // rope_scaling kNone, no frequency factors
+  return RopeInverseFrequencies(local);
 }
 
 }  // namespace pagedserve

@@ -4,10 +4,16 @@
 //
 // Field names follow Hugging Face's LlamaConfig. Supported: LlamaForCausalLM,
 // MistralForCausalLM, Qwen2ForCausalLM (bias on Q/K/V), Qwen3ForCausalLM
-// (per-head RMSNorm of q and k before RoPE, no bias, explicit head_dim) and
-// GGUF general.architecture "llama" (which llama.cpp also uses for Mistral),
-// "qwen2" and "qwen3". All of them: RMSNorm, rotary embeddings (HF rotate_half
-// layout after loading, see weights.h), grouped-query attention, SwiGLU MLP.
+// (per-head RMSNorm of q and k before RoPE, no bias, explicit head_dim),
+// Gemma2ForCausalLM and Gemma3ForCausalLM (model_type gemma3_text; the
+// Gemma fields below), Phi3ForCausalLM (fused projections, full rotary, no
+// LongRoPE yet), the mixture-of-experts MixtralForCausalLM (Mistral
+// attention) and Qwen3MoeForCausalLM (Qwen3 attention), and GGUF
+// general.architecture "llama" (which llama.cpp also uses for Mistral and
+// Mixtral), "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3" and "phi3". All
+// of them: RMSNorm, rotary embeddings (HF rotate_half layout after loading,
+// see weights.h), grouped-query attention, a gated MLP (SwiGLU; Gemma:
+// GeGLU) -- dense, or a mixture of SwiGLU experts (MoeConfig).
 #ifndef PAGEDSERVE_RUNTIME_MODEL_MODEL_CONFIG_H_
 #define PAGEDSERVE_RUNTIME_MODEL_MODEL_CONFIG_H_
 
@@ -22,8 +28,18 @@ namespace pagedserve {
 
 class GgufFile;
 
-enum class ModelArch { kLlama, kMistral, kQwen2, kQwen3 };
-// "llama", "mistral", "qwen2", "qwen3".
+enum class ModelArch {
+  kLlama,
+  kMistral,
+  kQwen2,
+  kQwen3,
+  kGemma2,
+  kGemma3,
+  kPhi3,
+  kMixtral,
+  kQwen3Moe
+};
+// "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "mixtral", "qwen3_moe".
 std::string ModelArchName(ModelArch arch);
 
 // rope_scaling of Hugging Face (transformers' modeling_rope_utils):
@@ -50,6 +66,30 @@ struct RopeScaling {
   std::vector<float> freq_factors;  // empty, or head_size / 2 positive divisors
 };
 
+// The gated MLP's activation: down(act(x gate^T) * (x up^T)).
+//   kSilu:     SwiGLU (Llama, Qwen, Mistral; HF hidden_act "silu")
+//   kGeluTanh: GeGLU with the tanh approximation of GELU (Gemma; HF
+//              "gelu_pytorch_tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+enum class MlpActivation { kSilu, kGeluTanh };
+
+// A sparse mixture-of-experts MLP (Shazeer et al. 2017; Mixtral, Jiang et al.
+// 2024; Qwen3-MoE) in place of the dense one, on every layer:
+//   router logits  l = x W_router^T               (W_router [num_experts, hidden])
+//   p = softmax(l) over all experts; the top_k experts by p (ties to the lower
+//   index, as torch.topk on these values); their weights p_e, divided by their
+//   sum when norm_topk_prob (Mixtral always: equal to a softmax over the top-k
+//   logits; Qwen3-MoE: config norm_topk_prob);
+//   out = sum over the chosen e of weight_e * down_e(silu(gate_e x) * up_e x),
+// each expert a SwiGLU MLP of width expert_intermediate_size. Shared experts
+// (Qwen2-MoE) are not supported: refused at load.
+struct MoeConfig {
+  int num_experts = 0;               // 0 = a dense MLP
+  int top_k = 0;                     // num_experts_per_tok / {arch}.expert_used_count
+  int expert_intermediate_size = 0;  // Mixtral: intermediate_size; Qwen3-MoE: moe_intermediate_size
+  bool norm_topk_prob = true;
+  bool enabled() const { return num_experts > 0; }
+};
+
 struct ModelConfig {
   ModelArch arch = ModelArch::kLlama;
   int num_layers = 0;         // num_hidden_layers / {arch}.block_count
@@ -64,6 +104,10 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;  // LM head = token embedding matrix
   bool qkv_bias = false;             // true for Qwen2
+  // Phi-3: q, k and v stored stacked in one qkv_proj (GGUF attn_qkv) and
+  // gate and up in one gate_up_proj (GGUF ffn_up, gate first); the loader
+  // splits them into the usual matrices (rows, per tensor-parallel shard).
+  bool fused_projections = false;
   // Qwen3: q and k RMSNorm-ed per head (weights q_norm / k_norm of head_size,
   // eps rms_norm_eps) after the projections, before RoPE.
   bool qk_norm = false;
@@ -80,6 +124,44 @@ struct ModelConfig {
     if (sliding_layers.empty()) return sliding_window;
     return sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
   }
+  // Gemma 2 / 3 (Gemma Team 2024, "Gemma 2: Improving Open Language Models at
+  // a Practical Size"; 2025, "Gemma 3 Technical Report"; HF modeling_gemma2 /
+  // modeling_gemma3):
+  // RMSNorm scales by (1 + w) with w as Hugging Face stores it: the loader
+  // adds 1 to every norm weight (fp32, exactly HF's (1.0 + w.float())) when
+  // this is set (HF folders); llama.cpp's converter writes 1 + w into the
+  // GGUF already, so GGUF configs leave it false.
+  bool norm_weight_plus_one = false;
+  // Sandwich norms: the attention output and the MLP output are RMSNorm-ed
+  // (HF post_attention_layernorm / post_feedforward_layernorm, GGUF
+  // post_attention_norm / post_ffw_norm) before their residual adds; the MLP
+  // input norm is then HF pre_feedforward_layernorm (GGUF ffn_norm).
+  bool post_norms = false;
+  MlpActivation mlp_activation = MlpActivation::kSilu;
+  // > 0: the token embeddings are multiplied by this before the first layer
+  // (Gemma: sqrt(hidden_size) rounded to the checkpoint dtype, as HF's
+  // normalizer; GGUF: the fp32 sqrtf(n_embd) of llama.cpp). 0 = none.
+  float embedding_scale = 0.0f;
+  // > 0: tanh soft-capping, s -> cap * tanh(s / cap), of the attention scores
+  // (after the scale, before the mask and softmax) and of the final logits.
+  double attn_logit_softcapping = 0.0;
+  double final_logit_softcapping = 0.0;
+  // > 0: the attention scale is query_pre_attn_scalar^-1/2 instead of
+  // head_size^-1/2 (Gemma). 0 = head_size.
+  double query_pre_attn_scalar = 0.0;
+  // > 0: the sliding-window layers rotate with this RoPE base and no rope
+  // scaling (Gemma 3's rope_local_base_freq; HF rope_parameters
+  // "sliding_attention"), the others with rope_theta and rope_scaling.
+  double rope_local_theta = 0.0;
+  // Whether layer l uses the local RoPE (rope_local_theta) tables.
+  bool LayerLocalRope(int layer) const {
+    return rope_local_theta > 0 && LayerSlidingWindow(layer) > 0;
+  }
+  // The softmax scale of the attention scores.
+  float AttentionScale() const;
+
+  // Mixture of experts (num_experts 0 = dense MLP of intermediate_size).
+  MoeConfig moe;
   int64_t max_position_embeddings = 2048;
   int32_t bos_token_id = -1;           // -1 when unknown
   std::vector<int32_t> eos_token_ids;  // may be empty
@@ -90,17 +172,27 @@ struct ModelConfig {
 
   // Checks positivity and divisibility (num_heads % num_kv_heads, even
   // head_size, ...), sliding_window >= 0 and sliding_layers of num_layers
-  // entries (or empty). InvalidArgument naming the field otherwise.
+  // entries (or empty), and for a MoE 1 <= top_k <= num_experts and a
+  // positive expert width. InvalidArgument naming the field otherwise.
   absl::Status Validate() const;
 };
 
-// From GGUF metadata: general.architecture ("llama", "qwen2" or "qwen3") and the keys
+// From GGUF metadata: general.architecture ("llama", "qwen2", "qwen3" or
+// "qwen3moe"; "qwen2moe" is Unimplemented naming its shared experts) and the keys
 // {arch}.block_count, .embedding_length, .feed_forward_length,
 // .attention.head_count, .attention.head_count_kv (default head_count),
 // .attention.layer_norm_rms_epsilon, .rope.freq_base (default 10000),
 // .context_length, .rope.dimension_count (head size, default hidden/heads),
 // .vocab_size (else the length of tokenizer.ggml.tokens, else token_embd rows),
 // .rope.scaling.{type,factor,original_context_length},
+// gemma2 / gemma3 (as llama.cpp's loader reads them): .attn_logit_softcapping,
+// .final_logit_softcapping, .rope.freq_base_swa (gemma3's local base,
+// default 10000), the window pattern from the integer or bool
+// .attention.sliding_window_pattern (default 2 for gemma2, 6 for gemma3:
+// layer l is windowed when l % n < n - 1), gemma2's window defaulting to
+// 4096, embeddings scaled by sqrtf(embedding_length), and the attention scale
+// 1/sqrt(head_size) except llama.cpp's 27B rule (46 gemma2 / 62 gemma3
+// layers: 1/sqrt(embedding_length / head_count));
 // .attention.sliding_window (0 or absent = none) with
 // .attention.sliding_window_pattern as a bool array of block_count entries
 // (true = windowed; absent = every layer; llama.cpp's integer form, whose
@@ -111,6 +203,11 @@ struct ModelConfig {
 // per-frequency factors, written for llama3 rope scaling) fills
 // rope_scaling.freq_factors; another type or size, or a factor that is not
 // finite and positive, is InvalidArgument naming the tensor.
+// Mixture of experts: {arch}.expert_count > 0 with .expert_used_count (top_k)
+// and .expert_feed_forward_length (default feed_forward_length, as llama.cpp's
+// converter writes Mixtral); norm_topk_prob from .expert_weights_norm, else
+// true (llama.cpp renormalises for llama and qwen3moe). A file with shared
+// experts (.expert_shared_count > 0 or ffn_*_shexp tensors) is Unimplemented.
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf);
 
 // From the text of a Hugging Face config.json; `source` names it in errors.
@@ -124,7 +221,20 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf);
 // "full_attention" / "sliding_attention", one per layer) with sliding_window
 // when present; else Mistral: sliding_window (int or null) on every layer;
 // Qwen2/Qwen3: sliding_window on the layers >= max_window_layers when
-// use_sliding_window is true. Unknown architectures, rope types and layer
+// use_sliding_window is true; Gemma2/Gemma3 (model_config.h's Gemma fields):
+// hidden_activation (or hidden_act; gelu_pytorch_tanh), query_pre_attn_scalar
+// (default 256), attn_logit_softcapping / final_logit_softcapping (number or
+// null), tie_word_embeddings (default true), sliding_window (default 4096) on
+// every other layer (Gemma 2: even layers) or all but every
+// sliding_window_pattern-th (Gemma 3, default 6) unless layer_types says,
+// rope_local_base_freq (Gemma 3, default 10000; rope_theta default 1e6).
+// Mixtral (as Mistral): num_local_experts,
+// num_experts_per_tok, experts of intermediate_size, renormalised top-k.
+// Qwen3-MoE (as Qwen3): num_experts (or num_local_experts),
+// num_experts_per_tok, moe_intermediate_size, norm_topk_prob (default false,
+// transformers'); decoder_sparse_step other than 1 or a non-empty
+// mlp_only_layers (dense layers among the sparse ones) are Unimplemented,
+// as is Qwen2MoeForCausalLM (shared experts). Unknown architectures, rope types and layer
 // types give Unimplemented; missing or mistyped fields InvalidArgument naming the field.
 absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view json_text,
                                                   std::string_view source);
@@ -142,8 +252,12 @@ absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& dir);
 // The head_size / 2 rotary inverse frequencies (radians per position) of the
 // config, with its rope scaling applied exactly as Hugging Face computes them
 // (double precision). Dimension pair i rotates (x[i], x[i + head_size/2]) in
-// the rotate_half layout.
+// the rotate_half layout. These are the global layers' (every layer's unless
+// rope_local_theta > 0).
 std::vector<double> RopeInverseFrequencies(const ModelConfig& config);
+// The local layers' (LayerLocalRope): base rope_local_theta, unscaled. Empty
+// when rope_local_theta is 0.
+std::vector<double> RopeLocalInverseFrequencies(const ModelConfig& config);
 
 }  // namespace pagedserve
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "kernels/cpu/half.h"
+#include "kernels/weight_format.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/dequant.h"
 #include "runtime/model/gguf.h"
@@ -75,6 +76,11 @@ absl::StatusOr<ShardLayout> ComputeShardLayout(const ModelConfig& c, int tp_rank
                                                    " and num_kv_heads ", c.num_kv_heads,
                                                    " must divide one another"));
   }
+  if (c.moe.enabled() && c.moe.expert_intermediate_size % tp_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor parallel size ", tp_size, " does not divide the experts' intermediate size ",
+        c.moe.expert_intermediate_size));
+  }
   ShardLayout s;
   s.tp_rank = tp_rank;
   s.tp_size = tp_size;
@@ -89,6 +95,10 @@ absl::StatusOr<ShardLayout> ComputeShardLayout(const ModelConfig& c, int tp_rank
   }
   s.intermediate_size = c.intermediate_size / tp_size;
   s.first_intermediate = tp_rank * s.intermediate_size;
+  if (c.moe.enabled()) {
+    s.expert_intermediate_size = c.moe.expert_intermediate_size / tp_size;
+    s.first_expert_intermediate = tp_rank * s.expert_intermediate_size;
+  }
   return s;
 }
 
@@ -129,47 +139,95 @@ class TensorSource {
   virtual uint64_t TotalBytes() const = 0;
 };
 
+// An HF per-expert tensor name (Mixtral block_sparse_moe.experts.E.w1/w3/w2,
+// Qwen3-MoE mlp.experts.E.gate_proj/up_proj/down_proj) as the GGUF 3-D tensor
+// that holds every expert of the layer (blk.N.ffn_{gate,up,down}_exps) and
+// the expert's index in it; nullopt for any other name.
+struct GgufExpertName {
+  std::string tensor;
+  uint64_t expert = 0;
+};
+std::optional<GgufExpertName> GgufExpert(const std::string& hf) {
+  constexpr std::string_view kLayers = "model.layers.";
+  constexpr std::string_view kExperts = ".experts.";
+  const size_t at = hf.find(kExperts);
+  if (hf.rfind(kLayers, 0) != 0 || at == std::string::npos) return std::nullopt;
+  const size_t layer_end = hf.find('.', kLayers.size());
+  const std::string layer = hf.substr(kLayers.size(), layer_end - kLayers.size());
+  const std::string rest = hf.substr(at + kExperts.size());  // "E.kind.weight"
+  const size_t dot = rest.find('.');
+  if (dot == std::string::npos || dot == 0 || dot > 9) return std::nullopt;
+  uint64_t e = 0;
+  for (size_t i = 0; i < dot; ++i) {
+    if (rest[i] < '0' || rest[i] > '9') return std::nullopt;
+    e = e * 10 + static_cast<uint64_t>(rest[i] - '0');
+  }
+  const std::string kind = rest.substr(dot + 1);
+  const char* gguf = nullptr;
+  if (kind == "gate_proj.weight" || kind == "w1.weight") gguf = "ffn_gate_exps";
+  if (kind == "up_proj.weight" || kind == "w3.weight") gguf = "ffn_up_exps";
+  if (kind == "down_proj.weight" || kind == "w2.weight") gguf = "ffn_down_exps";
+  if (gguf == nullptr) return std::nullopt;
+  return GgufExpertName{absl::StrCat("blk.", layer, ".", gguf, ".weight"), e};
+}
+
 class GgufSource : public TensorSource {
  public:
-  GgufSource(std::unique_ptr<GgufFile> f, bool permuted) : f_(std::move(f)), permuted_(permuted) {}
+  // post_norms: Gemma's names (HF post_attention_layernorm is the norm
+  // after attention, GGUF post_attention_norm; pre_feedforward_layernorm is
+  // GGUF ffn_norm).
+  GgufSource(std::unique_ptr<GgufFile> f, bool permuted, bool post_norms)
+      : f_(std::move(f)), permuted_(permuted), post_norms_(post_norms) {}
 
-  // HF -> GGUF tensor names (llama.cpp's tensor name map).
-  static std::string GgufName(const std::string& hf) {
+  // HF -> GGUF tensor names (llama.cpp's tensor name map); experts: GgufExpert.
+  std::string GgufName(const std::string& hf) const {
     if (hf == "model.embed_tokens.weight") return "token_embd.weight";
     if (hf == "model.norm.weight") return "output_norm.weight";
     if (hf == "lm_head.weight") return "output.weight";
+    if (post_norms_) {
+      const std::string n =
+          absl::StrReplaceAll(hf, {{".post_attention_layernorm.", ".post_attention_norm."},
+                                   {".pre_feedforward_layernorm.", ".ffn_norm."},
+                                   {".post_feedforward_layernorm.", ".post_ffw_norm."}});
+      if (n != hf) return GgufName(n);
+    }
+    if (auto e = GgufExpert(hf)) return e->tensor;
     std::string n = absl::StrReplaceAll(hf, {{"model.layers.", "blk."},
                                              {".self_attn.q_proj.", ".attn_q."},
                                              {".self_attn.k_proj.", ".attn_k."},
                                              {".self_attn.v_proj.", ".attn_v."},
                                              {".self_attn.o_proj.", ".attn_output."},
+                                             {".self_attn.qkv_proj.", ".attn_qkv."},
+                                             {".mlp.gate_up_proj.", ".ffn_up."},
                                              {".self_attn.q_norm.", ".attn_q_norm."},
                                              {".self_attn.k_norm.", ".attn_k_norm."},
                                              {".input_layernorm.", ".attn_norm."},
                                              {".post_attention_layernorm.", ".ffn_norm."},
                                              {".mlp.gate_proj.", ".ffn_gate."},
                                              {".mlp.up_proj.", ".ffn_up."},
-                                             {".mlp.down_proj.", ".ffn_down."}});
+                                             {".mlp.down_proj.", ".ffn_down."},
+                                             {".mlp.gate.", ".ffn_gate_inp."},
+                                             {".block_sparse_moe.gate.", ".ffn_gate_inp."}});
     return n;
   }
 
-  bool Has(const std::string& name) const override {
-    return f_->FindTensor(GgufName(name)) != nullptr;
-  }
+  bool Has(const std::string& name) const override { return Info(name).ok(); }
   absl::StatusOr<std::vector<int64_t>> Shape(const std::string& name) const override {
     auto info = Info(name);
     if (!info.ok()) return info.status();
-    std::vector<int64_t> s;
-    for (auto it = (*info)->dims.rbegin(); it != (*info)->dims.rend(); ++it) {
-      s.push_back(static_cast<int64_t>(*it));
+    const std::vector<uint64_t>& dims = info->t->dims;
+    if (info->expert.has_value()) {  // one expert's [out, in] of ne [in, out, E]
+      return std::vector<int64_t>{static_cast<int64_t>(dims[1]), static_cast<int64_t>(dims[0])};
     }
+    std::vector<int64_t> s;
+    for (auto it = dims.rbegin(); it != dims.rend(); ++it) s.push_back(static_cast<int64_t>(*it));
     return s;
   }
   absl::Status ReadRows(const std::string& name, int64_t r0, int64_t r1,
                         float* dst) const override {
     auto info = Info(name);
     if (!info.ok()) return info.status();
-    const GgufTensorInfo& t = **info;
+    const GgufTensorInfo& t = *info->t;
     auto data = f_->TensorData(t);
     absl::Status s;
     if (t.dims.size() == 1) {
@@ -177,7 +235,8 @@ class GgufSource : public TensorSource {
       s = DequantizeRows(t, data, 0, 1, all.data());
       if (s.ok()) std::copy(all.begin() + r0, all.begin() + r1, dst);
     } else {
-      s = DequantizeRows(t, data, r0, r1, dst);
+      const int64_t skip = ExpertRow0(*info);
+      s = DequantizeRows(t, data, skip + r0, skip + r1, dst);
     }
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(f_->path(), ": ", s.message()));
     return absl::OkStatus();
@@ -186,16 +245,17 @@ class GgufSource : public TensorSource {
     auto info = Info(name);
     if (!info.ok()) return info.status();
     Stored st;
-    st.type = (*info)->type;
-    st.data = f_->TensorData(**info).data();
-    st.row_bytes = (*info)->row_bytes;
+    st.type = info->t->type;
+    st.row_bytes = info->t->row_bytes;
+    st.data = f_->TensorData(*info->t).data() + ExpertRow0(*info) * st.row_bytes;
     GetGgmlBlockInfo(st.type, &st.block);  // known: validated at Open
     return st;
   }
   bool qk_permuted() const override { return permuted_; }
   uint64_t TensorBytes(const std::string& name) const override {
-    const GgufTensorInfo* t = f_->FindTensor(GgufName(name));
-    return t == nullptr ? 0 : t->size_bytes;
+    auto info = Info(name);
+    if (!info.ok()) return 0;
+    return info->expert.has_value() ? info->t->size_bytes / info->t->dims[2] : info->t->size_bytes;
   }
   uint64_t TotalBytes() const override {
     uint64_t total = 0;
@@ -205,21 +265,39 @@ class GgufSource : public TensorSource {
   const GgufFile& file() const { return *f_; }
 
  private:
-  absl::StatusOr<const GgufTensorInfo*> Info(const std::string& name) const {
+  struct Found {
+    const GgufTensorInfo* t = nullptr;
+    std::optional<uint64_t> expert;  // an expert's slice of a 3-D tensor
+  };
+  absl::StatusOr<Found> Info(const std::string& name) const {
+    const std::optional<GgufExpertName> expert = GgufExpert(name);
     std::string g = GgufName(name);
     const GgufTensorInfo* t = f_->FindTensor(g);
     if (t == nullptr) {
       return absl::NotFoundError(absl::StrCat(f_->path(), ": tensor '", g, "' not found"));
     }
     if (!CanDequantize(t->type)) {
-      return absl::UnimplementedError(absl::StrCat(f_->path(), ": tensor '", g, "' has type ",
-                                                   GgmlTypeName(t->type),
-                                                   ", which cannot be dequantized"));
+      return absl::UnimplementedError(absl::StrCat(
+          f_->path(), ": tensor '", g, "' has type ", GgmlTypeName(t->type),
+          ", which pagedserve does not run (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, "
+          "Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS); llama-quantize can convert the "
+          "file to one of them"));
     }
-    return t;
+    if (!expert.has_value()) return Found{t, std::nullopt};
+    if (t->dims.size() != 3 || expert->expert >= t->dims[2]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f_->path(), ": tensor '", g, "' has ", t->dims.size(), " dimensions; expert ",
+          expert->expert, " needs a 3-D [in, out, experts] tensor with more experts"));
+    }
+    return Found{t, expert->expert};
+  }
+  // The first ggml row of the expert's slice (0 for a whole tensor).
+  static int64_t ExpertRow0(const Found& f) {
+    return f.expert.has_value() ? static_cast<int64_t>(*f.expert * f.t->dims[1]) : 0;
   }
   std::unique_ptr<GgufFile> f_;
   bool permuted_;
+  bool post_norms_;
 };
 
 class SafetensorsSource : public TensorSource {
@@ -268,23 +346,9 @@ class SafetensorsSource : public TensorSource {
   std::unique_ptr<SafetensorsCheckpoint> ck_;
 };
 
-// Types the CPU linear kernels (kernels/weight_format.h) run in place.
-bool KeepsStored(GgmlType t) {
-  switch (t) {
-    case GgmlType::kF32:
-    case GgmlType::kF16:
-    case GgmlType::kBF16:
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1:
-    case GgmlType::kQ5_0:
-    case GgmlType::kQ5_1:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K: return true;
-    default: return false;
-  }
-}
+// Types the CPU linear kernels (kernels/weight_format.h) run in place: every
+// type the loader reads (CanDequantize) is one of them.
+bool KeepsStored(GgmlType t) { return kernels::IsWeightType(static_cast<uint32_t>(t)); }
 
 class Loader {
  public:
@@ -396,6 +460,16 @@ class Loader {
     }
   }
 
+  // An RMSNorm weight of n values; with config.norm_weight_plus_one (Gemma
+  // from HF) the stored w becomes 1 + w (fp32, as HF's (1.0 + w.float())).
+  absl::StatusOr<std::vector<float>> Norm(const std::string& name, int64_t n) {
+    PS_ASSIGN_OR_RETURN(std::vector<float> w, Vector(name, n, 0, n));
+    if (c_.norm_weight_plus_one) {
+      for (float& x : w) x = 1.0f + x;
+    }
+    return w;
+  }
+
   absl::Status Layer(int i, LayerWeights* L) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     const int64_t h = c_.hidden_size, d = c_.head_size;
@@ -403,12 +477,20 @@ class Loader {
     const int64_t k0 = s_.first_kv_head * d, k1 = (s_.first_kv_head + s_.num_kv_heads) * d;
     const int64_t i0 = s_.first_intermediate, i1 = i0 + s_.intermediate_size;
     const int64_t qn = int64_t{c_.num_heads} * d, kn = int64_t{c_.num_kv_heads} * d;
-    PS_ASSIGN_OR_RETURN(L->input_layernorm, Vector(p + "input_layernorm.weight", h, 0, h));
-    PS_ASSIGN_OR_RETURN(L->q_proj,
-                        Rows(p + "self_attn.q_proj.weight", qn, h, q0, q1, s_.num_heads));
-    PS_ASSIGN_OR_RETURN(L->k_proj,
-                        Rows(p + "self_attn.k_proj.weight", kn, h, k0, k1, s_.num_kv_heads));
-    PS_ASSIGN_OR_RETURN(L->v_proj, Rows(p + "self_attn.v_proj.weight", kn, h, k0, k1));
+    PS_ASSIGN_OR_RETURN(L->input_layernorm, Norm(p + "input_layernorm.weight", h));
+    if (c_.fused_projections) {  // Phi-3: rows [q | k | v] of one qkv_proj
+      const std::string qkv = p + "self_attn.qkv_proj.weight";
+      const int64_t rows = qn + 2 * kn;
+      PS_ASSIGN_OR_RETURN(L->q_proj, Rows(qkv, rows, h, q0, q1, s_.num_heads));
+      PS_ASSIGN_OR_RETURN(L->k_proj, Rows(qkv, rows, h, qn + k0, qn + k1, s_.num_kv_heads));
+      PS_ASSIGN_OR_RETURN(L->v_proj, Rows(qkv, rows, h, qn + kn + k0, qn + kn + k1));
+    } else {
+      PS_ASSIGN_OR_RETURN(L->q_proj,
+                          Rows(p + "self_attn.q_proj.weight", qn, h, q0, q1, s_.num_heads));
+      PS_ASSIGN_OR_RETURN(L->k_proj,
+                          Rows(p + "self_attn.k_proj.weight", kn, h, k0, k1, s_.num_kv_heads));
+      PS_ASSIGN_OR_RETURN(L->v_proj, Rows(p + "self_attn.v_proj.weight", kn, h, k0, k1));
+    }
     if (c_.qkv_bias) {
       PS_ASSIGN_OR_RETURN(L->q_bias, Vector(p + "self_attn.q_proj.bias", qn, q0, q1));
       Unpermute(L->q_bias.data(), s_.num_heads, sizeof(float));
@@ -417,16 +499,55 @@ class Loader {
       PS_ASSIGN_OR_RETURN(L->v_bias, Vector(p + "self_attn.v_proj.bias", kn, k0, k1));
     }
     if (c_.qk_norm) {
-      PS_ASSIGN_OR_RETURN(L->q_norm, Vector(p + "self_attn.q_norm.weight", d, 0, d));
-      PS_ASSIGN_OR_RETURN(L->k_norm, Vector(p + "self_attn.k_norm.weight", d, 0, d));
+      PS_ASSIGN_OR_RETURN(L->q_norm, Norm(p + "self_attn.q_norm.weight", d));
+      PS_ASSIGN_OR_RETURN(L->k_norm, Norm(p + "self_attn.k_norm.weight", d));
     }
     PS_ASSIGN_OR_RETURN(L->o_proj, Cols(p + "self_attn.o_proj.weight", h, qn, q0, q1));
-    PS_ASSIGN_OR_RETURN(L->post_attention_layernorm,
-                        Vector(p + "post_attention_layernorm.weight", h, 0, h));
+    if (c_.post_norms) {  // Gemma: norms after attention and MLP, pre_feedforward before it
+      PS_ASSIGN_OR_RETURN(L->attn_post_norm, Norm(p + "post_attention_layernorm.weight", h));
+      PS_ASSIGN_OR_RETURN(L->post_attention_layernorm,
+                          Norm(p + "pre_feedforward_layernorm.weight", h));
+      PS_ASSIGN_OR_RETURN(L->mlp_post_norm, Norm(p + "post_feedforward_layernorm.weight", h));
+    } else {
+      PS_ASSIGN_OR_RETURN(L->post_attention_layernorm,
+                          Norm(p + "post_attention_layernorm.weight", h));
+    }
+    if (c_.moe.enabled()) return Experts(p, L);
     const int64_t in = c_.intermediate_size;
-    PS_ASSIGN_OR_RETURN(L->gate_proj, Rows(p + "mlp.gate_proj.weight", in, h, i0, i1));
-    PS_ASSIGN_OR_RETURN(L->up_proj, Rows(p + "mlp.up_proj.weight", in, h, i0, i1));
+    if (c_.fused_projections) {  // Phi-3: rows [gate | up] of one gate_up_proj
+      const std::string gu = p + "mlp.gate_up_proj.weight";
+      PS_ASSIGN_OR_RETURN(L->gate_proj, Rows(gu, 2 * in, h, i0, i1));
+      PS_ASSIGN_OR_RETURN(L->up_proj, Rows(gu, 2 * in, h, in + i0, in + i1));
+    } else {
+      PS_ASSIGN_OR_RETURN(L->gate_proj, Rows(p + "mlp.gate_proj.weight", in, h, i0, i1));
+      PS_ASSIGN_OR_RETURN(L->up_proj, Rows(p + "mlp.up_proj.weight", in, h, i0, i1));
+    }
     PS_ASSIGN_OR_RETURN(L->down_proj, Cols(p + "mlp.down_proj.weight", h, in, i0, i1));
+    return absl::OkStatus();
+  }
+
+  // The router and every expert's shard (weights.h) of the layer whose
+  // tensor names start with `p`, in Mixtral's names for a Mixtral config
+  // and Qwen3-MoE's otherwise (a GGUF source maps both to its own).
+  absl::Status Experts(const std::string& p, LayerWeights* L) {
+    const bool mixtral = c_.arch == ModelArch::kMixtral;
+    const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+    const int64_t h = c_.hidden_size, e_count = c_.moe.num_experts;
+    const int64_t ie = c_.moe.expert_intermediate_size;
+    const int64_t i0 = s_.first_expert_intermediate, i1 = i0 + s_.expert_intermediate_size;
+    PS_ASSIGN_OR_RETURN(L->router, Rows(moe + "gate.weight", e_count, h, 0, e_count));
+    for (int64_t e = 0; e < e_count; ++e) {
+      const std::string x = absl::StrCat(moe, "experts.", e, ".");
+      PS_ASSIGN_OR_RETURN(Matrix gate,
+                          Rows(x + (mixtral ? "w1" : "gate_proj") + ".weight", ie, h, i0, i1));
+      PS_ASSIGN_OR_RETURN(Matrix up,
+                          Rows(x + (mixtral ? "w3" : "up_proj") + ".weight", ie, h, i0, i1));
+      PS_ASSIGN_OR_RETURN(Matrix down,
+                          Cols(x + (mixtral ? "w2" : "down_proj") + ".weight", h, ie, i0, i1));
+      L->expert_gate.push_back(std::move(gate));
+      L->expert_up.push_back(std::move(up));
+      L->expert_down.push_back(std::move(down));
+    }
     return absl::OkStatus();
   }
 
@@ -497,7 +618,7 @@ absl::StatusOr<std::unique_ptr<TensorSource>> OpenSource(const std::string& path
   if (!c.ok()) return c.status();
   *config = *c;
   bool permuted = c->arch == ModelArch::kLlama;
-  return std::unique_ptr<TensorSource>(new GgufSource(std::move(*g), permuted));
+  return std::unique_ptr<TensorSource>(new GgufSource(std::move(*g), permuted, c->post_norms));
 }
 
 }  // namespace
@@ -535,7 +656,7 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_ra
       loader.Rows("model.embed_tokens.weight", c.vocab_size, c.hidden_size, 0, c.vocab_size);
   if (!embed.ok()) return named(embed.status());
   w.embed_tokens = std::move(*embed);
-  auto norm = loader.Vector("model.norm.weight", c.hidden_size, 0, c.hidden_size);
+  auto norm = loader.Norm("model.norm.weight", c.hidden_size);
   if (!norm.ok()) return named(norm.status());
   w.final_norm = std::move(*norm);
   if (!c.tie_word_embeddings) {

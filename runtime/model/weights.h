@@ -25,6 +25,13 @@
 //   row-parallel (input columns split): o_proj (columns of the local query
 //                   heads), down_proj (columns of the local intermediate slice);
 //                   the partial outputs of all ranks must be summed (all-reduce)
+//   mixture of experts: every expert sharded as the dense MLP is, over its own
+//                   width: rank r holds rows [r*Ie/T, (r+1)*Ie/T) of each
+//                   expert's gate/up and those columns of its down (Ie =
+//                   expert_intermediate_size, Ie % T == 0), so that every rank
+//                   runs every expert on its slice and one all-reduce sums
+//                   the weighted expert outputs; the router is replicated
+//                   (every rank routes the same tokens the same way).
 //   replicated: embed_tokens, lm_head, all RMSNorm weights. The embedding and the
 //   LM head are replicated (not vocab-parallel) so that every rank can embed
 //   tokens and rank 0 can sample without an extra gather; they are small next to
@@ -47,9 +54,11 @@ namespace pagedserve {
 
 // Precision the weight matrices are held in (--dtype).
 //   kAuto:     each matrix in its stored format (GGUF F32/F16/BF16/Q4_0/Q4_1/
-//              Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K; safetensors F32/F16/BF16),
-//              memory-mapped where the rows are used as stored; other GGUF
-//              types (Q2_K, Q3_K) are dequantized to fp32 at load.
+//              Q5_0/Q5_1/Q8_0/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS;
+//              safetensors F32/F16/BF16), memory-mapped where the rows are
+//              used as stored. Other GGUF types (the other IQ types, TQ1_0,
+//              TQ2_0, MXFP4, ...) are refused at load with an error naming the
+//              tensor and its type; nothing is expanded to fp32 silently.
 //   kFloat32:  every matrix dequantized to fp32 at load (Matrix::data).
 //   kFloat16 / kBFloat16: every matrix converted to fp16 / bf16 at load (round
 //              to nearest even); a stored matrix already in that type is mapped.
@@ -102,26 +111,42 @@ struct ShardLayout {
   int first_kv_head = 0;      // global index of local KV head 0
   int intermediate_size = 0;  // local MLP width
   int first_intermediate = 0;
+  int expert_intermediate_size = 0;  // local width of each expert (MoE; else 0)
+  int first_expert_intermediate = 0;
 };
 
-// InvalidArgument (naming the counts) when tp_size does not divide the heads
-// or the MLP as required above, or tp_rank is outside [0, tp_size).
+// InvalidArgument (naming the counts) when tp_size does not divide the heads,
+// the MLP or the experts' width as required above, or tp_rank is outside [0, tp_size).
 absl::StatusOr<ShardLayout> ComputeShardLayout(const ModelConfig& config, int tp_rank, int tp_size);
 
 // One decoder layer's local shard. D = head_size, h = hidden_size,
 // Hl/KVl/Il = local query heads / KV heads / intermediate (ShardLayout).
 struct LayerWeights {
-  std::vector<float> input_layernorm;           // [h]  RMSNorm before attention
-  Matrix q_proj;                                // [Hl*D, h]
-  Matrix k_proj;                                // [KVl*D, h]
-  Matrix v_proj;                                // [KVl*D, h]
-  std::vector<float> q_bias, k_bias, v_bias;    // [Hl*D], [KVl*D], [KVl*D]; empty unless qkv_bias
-  std::vector<float> q_norm, k_norm;            // [D] each (replicated); empty unless qk_norm
-  Matrix o_proj;                                // [h, Hl*D]  (row-parallel)
-  std::vector<float> post_attention_layernorm;  // [h]  RMSNorm before the MLP
-  Matrix gate_proj;                             // [Il, h]
-  Matrix up_proj;                               // [Il, h]
-  Matrix down_proj;                             // [h, Il]   (row-parallel)
+  std::vector<float> input_layernorm;         // [h]  RMSNorm before attention
+  Matrix q_proj;                              // [Hl*D, h]
+  Matrix k_proj;                              // [KVl*D, h]
+  Matrix v_proj;                              // [KVl*D, h]
+  std::vector<float> q_bias, k_bias, v_bias;  // [Hl*D], [KVl*D], [KVl*D]; empty unless qkv_bias
+  std::vector<float> q_norm, k_norm;          // [D] each (replicated); empty unless qk_norm
+  Matrix o_proj;                              // [h, Hl*D]  (row-parallel)
+  // [h]  RMSNorm before the MLP (HF Llama post_attention_layernorm; Gemma:
+  // pre_feedforward_layernorm)
+  std::vector<float> post_attention_layernorm;
+  // [h] each; empty unless config.post_norms (Gemma): the RMSNorm of the
+  // attention output (HF post_attention_layernorm) and of the MLP output
+  // (post_feedforward_layernorm) before their residual adds. Every norm
+  // weight holds the factor applied ((1 + w) already for Gemma).
+  std::vector<float> attn_post_norm, mlp_post_norm;
+  Matrix gate_proj;  // [Il, h]   (dense MLP; empty for a MoE)
+  Matrix up_proj;    // [Il, h]
+  Matrix down_proj;  // [h, Il]   (row-parallel)
+  // Mixture of experts (config.moe.enabled(); else empty). E = num_experts,
+  // Iel = the local expert width (ShardLayout::expert_intermediate_size).
+  // From a GGUF file each expert's matrix is its slice of the 3-D
+  // ffn_{gate,up,down}_exps tensor (the same stored format and mapping).
+  Matrix router;                               // [E, h] replicated
+  std::vector<Matrix> expert_gate, expert_up;  // E x [Iel, h]
+  std::vector<Matrix> expert_down;             // E x [h, Iel] (row-parallel)
 };
 
 struct LlamaWeights {
@@ -146,7 +171,11 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
 
 // Loads the weights of rank tp_rank of tp_size from a .gguf file (any type
 // dequant.h accepts) or a Hugging Face directory (safetensors F32/F16/BF16,
-// single or sharded), holding the matrices as `dtype` says. Only the rank's
+// single or sharded), holding the matrices as `dtype` says. Experts: HF
+// per-expert tensors (Mixtral block_sparse_moe.{gate, experts.E.w1/w3/w2},
+// Qwen3-MoE mlp.{gate, experts.E.gate_proj/up_proj/down_proj}); GGUF
+// ffn_gate_inp and the 3-D ffn_gate_exps / ffn_up_exps / ffn_down_exps
+// (ggml ne [in, out, E]). Only the rank's
 // rows/columns are read. Errors name the file and tensor (missing tensor, wrong
 // shape, unsupported type).
 //

@@ -1,6 +1,8 @@
 // CPU backend (contract in cpu_backend.h and model_backend.h).
 #include "runtime/worker/cpu_backend.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -57,6 +59,29 @@ void HeadRmsNorm(float* x, int64_t rows, int dim, const float* weight, double ep
     for (int i = 0; i < dim; ++i) ss += static_cast<double>(v[i]) * v[i];
     const float inv = static_cast<float>(1.0 / std::sqrt(ss / dim + eps));
     for (int i = 0; i < dim; ++i) v[i] = v[i] * inv * weight[i];
+  }
+}
+
+void AddPostRmsNorm(float* residual, const float* add, int64_t n, int dim, const float* weight,
+                    double eps) {
+#pragma omp parallel for schedule(static) if (n * dim >= kMinParallelElems)
+  for (int64_t t = 0; t < n; ++t) {
+    const float* a = add + t * dim;
+    float* r = residual + t * dim;
+    double ss = 0.0;
+    for (int i = 0; i < dim; ++i) ss += static_cast<double>(a[i]) * a[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / dim + eps));
+    for (int i = 0; i < dim; ++i) r[i] += a[i] * inv * weight[i];
+  }
+}
+
+void GeluTanhMul(const float* gate, const float* up, int64_t count, float* out) {
+  const float k0 = 0.7978845608028654f;  // sqrt(2 / pi)
+  const float k1 = 0.044715f;
+#pragma omp parallel for schedule(static) if (count >= kMinParallelSiluElems)
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + std::tanh(k0 * (g + k1 * g * g * g))) * up[i];
   }
 }
 
@@ -162,9 +187,15 @@ BackendVector Handle(const std::vector<float>& v) {
   return BackendVector{v.empty() ? nullptr : v.data(), static_cast<int64_t>(v.size())};
 }
 
+// One thread's buffers for an expert of MoeMlp: its tokens' rows, gate, up.
+struct ExpertScratch {
+  std::vector<float> x, gate, up;
+};
+
 class CpuBackend final : public ModelBackend {
  public:
-  explicit CpuBackend(Communicator* comm) : comm_(comm) {}
+  CpuBackend(Communicator* comm, MoeRoutingObserver observer)
+      : comm_(comm), moe_observer_(std::move(observer)) {}
 
   kernels::Device device() const override { return kernels::Device::kCPU; }
   const char* name() const override { return "cpu"; }
@@ -182,6 +213,13 @@ class CpuBackend final : public ModelBackend {
       PS_RETURN_IF_ERROR(CheckStored(L.gate_proj, p + "gate_proj"));
       PS_RETURN_IF_ERROR(CheckStored(L.up_proj, p + "up_proj"));
       PS_RETURN_IF_ERROR(CheckStored(L.down_proj, p + "down_proj"));
+      PS_RETURN_IF_ERROR(CheckStored(L.router, p + "router"));
+      for (size_t e = 0; e < L.expert_gate.size(); ++e) {
+        const std::string x = absl::StrCat(p, "expert ", e, " ");
+        PS_RETURN_IF_ERROR(CheckStored(L.expert_gate[e], x + "gate"));
+        PS_RETURN_IF_ERROR(CheckStored(L.expert_up[e], x + "up"));
+        PS_RETURN_IF_ERROR(CheckStored(L.expert_down[e], x + "down"));
+      }
     }
     weights_ = std::move(weights);
     BackendWeights h;
@@ -204,6 +242,16 @@ class CpuBackend final : public ModelBackend {
       b.v_bias = Handle(L.v_bias);
       b.q_norm = Handle(L.q_norm);
       b.k_norm = Handle(L.k_norm);
+      b.attn_post_norm = Handle(L.attn_post_norm);
+      b.mlp_post_norm = Handle(L.mlp_post_norm);
+      if (!L.expert_gate.empty()) {
+        b.experts.router = Handle(L.router);
+        for (size_t e = 0; e < L.expert_gate.size(); ++e) {
+          b.experts.gate.push_back(Handle(L.expert_gate[e]));
+          b.experts.up.push_back(Handle(L.expert_up[e]));
+          b.experts.down.push_back(Handle(L.expert_down[e]));
+        }
+      }
       h.layers.push_back(b);
     }
     return h;
@@ -212,10 +260,13 @@ class CpuBackend final : public ModelBackend {
   int64_t weight_bytes() const override {
     int64_t bytes =
         static_cast<int64_t>(weights_.embed_tokens.size_bytes() + weights_.lm_head.size_bytes());
-    for (const LayerWeights& L : weights_.layers)
-      for (const Matrix* m :
-           {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj})
+    for (const LayerWeights& L : weights_.layers) {
+      for (const Matrix* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj,
+                              &L.down_proj, &L.router})
         bytes += static_cast<int64_t>(m->size_bytes());
+      for (const auto* experts : {&L.expert_gate, &L.expert_up, &L.expert_down})
+        for (const Matrix& m : *experts) bytes += static_cast<int64_t>(m.size_bytes());
+    }
     return bytes;
   }
 
@@ -334,10 +385,36 @@ class CpuBackend final : public ModelBackend {
     return absl::OkStatus();
   }
 
-  absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size,
-                         int64_t token_stride) override {
-    cpu_ops::ApplyRope(x, n, heads, head_size, token_stride, plan_->rope_cos.data(),
-                       plan_->rope_sin.data());
+  absl::Status AddPostRmsNorm(float* residual, PartialSums add, int64_t n, int dim,
+                              const BackendVector& weight, double eps) override {
+    if (weight.size != dim)
+      return absl::InvalidArgumentError(
+          absl::StrCat("AddPostRmsNorm: weight of ", weight.size, " values for dim ", dim));
+    cpu_ops::AddPostRmsNorm(residual, static_cast<const float*>(add.data), n, dim, weight.data,
+                            eps);
+    return absl::OkStatus();
+  }
+
+  absl::Status Scale(float* x, int64_t count, float factor) override {
+    for (int64_t i = 0; i < count; ++i) x[i] *= factor;
+    return absl::OkStatus();
+  }
+
+  absl::Status GeluTanhMul(const float* gate, const float* up, int64_t count,
+                           GemmInput out) override {
+    cpu_ops::GeluTanhMul(gate, up, count, F(out));
+    return absl::OkStatus();
+  }
+
+  absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stride,
+                         bool local) override {
+    const std::vector<float>& c = local ? plan_->rope_cos_local : plan_->rope_cos;
+    const std::vector<float>& s = local ? plan_->rope_sin_local : plan_->rope_sin;
+    if (c.size() < static_cast<size_t>(n) * (head_size / 2))
+      return absl::InvalidArgumentError(absl::StrCat("ApplyRope: the plan has no ",
+                                                     local ? "local " : "", "rotary tables for ", n,
+                                                     " tokens of head size ", head_size));
+    cpu_ops::ApplyRope(x, n, heads, head_size, token_stride, c.data(), s.data());
     return absl::OkStatus();
   }
 
@@ -403,6 +480,7 @@ class CpuBackend final : public ModelBackend {
       pa.max_seq_len = plan.max_decode_len;
       pa.scale = plan.attention_scale;
       pa.sliding_window = layer.sliding_window;
+      pa.logit_softcap = layer.logit_softcap;
       PS_RETURN_IF_ERROR(kernels::PagedAttention(pa));
     }
     if (plan.num_prefill > 0) {
@@ -423,9 +501,31 @@ class CpuBackend final : public ModelBackend {
       pf.max_seq_len = plan.max_prefill_len;
       pf.scale = plan.attention_scale;
       pf.sliding_window = layer.sliding_window;
+      pf.logit_softcap = layer.logit_softcap;
       PS_RETURN_IF_ERROR(kernels::PrefillAttention(pf));
     }
     if (convert) FromCacheType(out16_.data(), n * q_dim, dt, out);
+    return absl::OkStatus();
+  }
+
+  absl::Status MoeMlp(GemmInput x, int64_t n, const MoeConfig& moe, const BackendExperts& w,
+                      PartialSums y_sums) override {
+    if (w.empty() || static_cast<int>(w.gate.size()) != moe.num_experts ||
+        w.router.rows != moe.num_experts)
+      return absl::InvalidArgumentError(absl::StrCat("MoeMlp: ", w.gate.size(), " experts and a ",
+                                                     w.router.rows, "-row router for a config of ",
+                                                     moe.num_experts));
+    router_logits_.resize(static_cast<size_t>(n) * moe.num_experts);
+    PS_RETURN_IF_ERROR(Linear(x, n, w.router, BackendVector{}, router_logits_.data()));
+    PS_RETURN_IF_ERROR(RouteTokens(router_logits_.data(), n, moe, &routing_));
+    if (moe_observer_) moe_observer_(routing_);
+    const int64_t hidden = w.router.cols;
+    active_experts_.clear();
+    for (int e = 0; e < moe.num_experts; ++e)
+      if (routing_.offsets[e + 1] > routing_.offsets[e]) active_experts_.push_back(e);
+    pair_out_.resize(routing_.tokens.size() * static_cast<size_t>(hidden));
+    PS_RETURN_IF_ERROR(RunExperts(F(x), hidden, w));
+    SumExperts(n, hidden, static_cast<float*>(y_sums.data));
     return absl::OkStatus();
   }
 
@@ -441,6 +541,79 @@ class CpuBackend final : public ModelBackend {
 
  private:
   static const Matrix& M(const BackendMatrix& h) { return *static_cast<const Matrix*>(h.handle); }
+
+  // The experts of MoeMlp that routing_ gave tokens (active_experts_), each
+  // writing its tokens' down-projected rows into pair_out_ at their grouped
+  // positions. With at least two experts per thread the experts are split
+  // over the OpenMP team, each run whole by one thread (kernels::Linear is
+  // single-threaded inside a parallel region): one fork/join per layer
+  // instead of three per expert, and each expert's weights read by one core.
+  // Fewer experts (decode of a top-2 model on many cores) run one after
+  // another, each with the whole team inside its kernels.
+  absl::Status RunExperts(const float* x, int64_t hidden, const BackendExperts& w) {
+    const int count = static_cast<int>(active_experts_.size());
+    const int threads = omp_get_max_threads();
+    if (count < 2 * threads) {
+      expert_scratch_.resize(1);
+      for (int e : active_experts_)
+        PS_RETURN_IF_ERROR(RunExpert(x, hidden, w, e, &expert_scratch_[0]));
+      return absl::OkStatus();
+    }
+    expert_scratch_.resize(static_cast<size_t>(threads));
+    std::vector<absl::Status> status(static_cast<size_t>(count));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int i = 0; i < count; ++i) {
+      status[i] =
+          RunExpert(x, hidden, w, active_experts_[i], &expert_scratch_[omp_get_thread_num()]);
+    }
+    for (const absl::Status& st : status) PS_RETURN_IF_ERROR(st);
+    return absl::OkStatus();
+  }
+
+  // Expert e over its tokens: gather their rows of x [n, hidden], gate/up (one
+  // LinearGroup), SiluMul, down into pair_out_ rows [offsets[e], offsets[e+1]).
+  absl::Status RunExpert(const float* x, int64_t hidden, const BackendExperts& w, int e,
+                         ExpertScratch* s) {
+    const int64_t begin = routing_.offsets[e], m = routing_.offsets[e + 1] - begin;
+    const int64_t inter = w.gate[e].rows;
+    s->x.resize(static_cast<size_t>(m) * hidden);
+    s->gate.resize(static_cast<size_t>(m) * inter);
+    s->up.resize(static_cast<size_t>(m) * inter);
+    for (int64_t j = 0; j < m; ++j)
+      std::copy_n(x + routing_.tokens[begin + j] * hidden, hidden, s->x.data() + j * hidden);
+    const LinearOut gate_up[2] = {{w.gate[e], BackendVector{}, s->gate.data()},
+                                  {w.up[e], BackendVector{}, s->up.data()}};
+    PS_RETURN_IF_ERROR(LinearGroup(GemmInput{s->x.data()}, m, gate_up));
+    cpu_ops::SiluMul(s->gate.data(), s->up.data(), m * inter, s->gate.data());
+    return Linear(GemmInput{s->gate.data()}, m, w.down[e], BackendVector{},
+                  pair_out_.data() + begin * hidden);
+  }
+
+  // y[t] = sum over t's experts in ascending expert order (transformers'
+  // index_add_ order) of weight * the expert's row; the same sums whatever
+  // the thread split.
+  void SumExperts(int64_t n, int64_t hidden, float* y) {
+    // Each token's grouped positions, in expert order (the grouping is by
+    // expert, so a scan over it visits them in that order).
+    const int k = routing_.top_k;
+    token_pairs_.resize(routing_.tokens.size());
+    token_fill_.assign(static_cast<size_t>(n), 0);
+    for (size_t i = 0; i < routing_.tokens.size(); ++i) {
+      const int32_t t = routing_.tokens[i];
+      token_pairs_[static_cast<size_t>(t) * k + token_fill_[t]++] = static_cast<int64_t>(i);
+    }
+#pragma omp parallel for schedule(static) if (n * hidden * k >= (1 << 16))
+    for (int64_t t = 0; t < n; ++t) {
+      float* dst = y + t * hidden;
+      std::fill_n(dst, hidden, 0.0f);
+      for (int j = 0; j < k; ++j) {
+        const int64_t i = token_pairs_[t * k + j];
+        const float wt = routing_.token_weights[i];
+        const float* src = pair_out_.data() + i * hidden;
+        for (int64_t c = 0; c < hidden; ++c) dst[c] += wt * src[c];
+      }
+    }
+  }
   static float* F(GemmInput x) { return static_cast<float*>(x.data); }  // fp32 here
   float* Grow(BufferId id, int64_t elems) {
     std::vector<float>& b = buffers_[static_cast<size_t>(id)];
@@ -449,6 +622,16 @@ class CpuBackend final : public ModelBackend {
   }
 
   Communicator* comm_;
+  MoeRoutingObserver moe_observer_;
+  // MoeMlp's state (reused across layers and steps): router logits, the
+  // routing, the experts with tokens, every (token, expert) pair's output
+  // row in grouped order, each token's pairs, and per-thread expert scratch.
+  std::vector<float> router_logits_, pair_out_;
+  MoeRouting routing_;
+  std::vector<int> active_experts_;
+  std::vector<int64_t> token_pairs_;
+  std::vector<int> token_fill_;
+  std::vector<ExpertScratch> expert_scratch_;
   LlamaWeights weights_;
   const ForwardPlan* plan_ = nullptr;
   std::array<std::vector<float>, static_cast<size_t>(BufferId::kCount)> buffers_;
@@ -459,8 +642,8 @@ class CpuBackend final : public ModelBackend {
 
 }  // namespace
 
-std::unique_ptr<ModelBackend> MakeCpuBackend(Communicator* comm) {
-  return std::make_unique<CpuBackend>(comm);
+std::unique_ptr<ModelBackend> MakeCpuBackend(Communicator* comm, MoeRoutingObserver observer) {
+  return std::make_unique<CpuBackend>(comm, std::move(observer));
 }
 
 }  // namespace pagedserve

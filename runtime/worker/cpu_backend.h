@@ -19,10 +19,12 @@
 #define PAGEDSERVE_RUNTIME_WORKER_CPU_BACKEND_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "distributed/communicator.h"
 #include "runtime/worker/model_backend.h"
+#include "runtime/worker/moe_routing.h"
 
 namespace pagedserve {
 
@@ -39,6 +41,14 @@ void AddRmsNorm(float* residual, const float* add, const int32_t* rows, int64_t 
 // values of x (x [rows, dim]) becomes v / sqrt(sum(v^2)/dim + eps) * weight,
 // in place, with AddRmsNorm's arithmetic.
 void HeadRmsNorm(float* x, int64_t rows, int dim, const float* weight, double eps);
+
+// ModelBackend::AddPostRmsNorm on host arrays: residual[t] += add[t] / sqrt(
+// sum(add[t]^2)/dim + eps) * weight for t < n (sum in double, in index order).
+void AddPostRmsNorm(float* residual, const float* add, int64_t n, int dim, const float* weight,
+                    double eps);
+
+// ModelBackend::GeluTanhMul on host arrays (fp32, std::tanh); out may be gate.
+void GeluTanhMul(const float* gate, const float* up, int64_t count, float* out);
 
 // ModelBackend::ApplyRope on host arrays; cos_t/sin_t are [n, head_size/2].
 void ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stride,
@@ -57,8 +67,17 @@ absl::Status EmbeddingGather(const Matrix& table, const int32_t* ids, int64_t n,
 
 }  // namespace cpu_ops
 
+// Called by MoeMlp with each mixture-of-experts layer's routing, in layer
+// order within a step, on the forward pass's thread (tests compare the experts
+// chosen with transformers'). The routing is valid during the call only.
+using MoeRoutingObserver = std::function<void(const MoeRouting&)>;
+
 // `comm` (not owned) spans the TP group and must outlive the backend.
-std::unique_ptr<ModelBackend> MakeCpuBackend(Communicator* comm);
+// MoeMlp (CPU): router logits by Linear, RouteTokens, then per expert with
+// tokens: its rows of x gathered, one LinearGroup through gate and up,
+// SiluMul, one Linear through down, and the weighted rows added into y in
+// expert order (transformers' index_add_ order). `observer` may be empty.
+std::unique_ptr<ModelBackend> MakeCpuBackend(Communicator* comm, MoeRoutingObserver observer = {});
 
 }  // namespace pagedserve
 

@@ -27,6 +27,13 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
         " but the communicator is rank ", comm->rank(), "/", comm->size()));
   if (static_cast<int>(weights.layers.size()) != weights.config.num_layers)
     return absl::InvalidArgumentError("LlamaModel: layer count does not match the config");
+  if (weights.config.moe.enabled())
+    for (const LayerWeights& L : weights.layers)
+      if (static_cast<int>(L.expert_gate.size()) != weights.config.moe.num_experts ||
+          L.router.rows != weights.config.moe.num_experts)
+        return absl::InvalidArgumentError(
+            "LlamaModel: a mixture-of-experts layer does not hold num_experts experts and router "
+            "rows");
   if (!kernels::IsSupportedHeadSize(weights.config.head_size))
     return absl::UnimplementedError(absl::StrCat("LlamaModel: head size ", weights.config.head_size,
                                                  " is not supported by the attention kernels"));
@@ -39,7 +46,8 @@ LlamaModel::LlamaModel(const LlamaWeights& weights, std::unique_ptr<ModelBackend
     : config_(weights.config),
       shard_(weights.shard),
       backend_(std::move(backend)),
-      inv_freq_(RopeInverseFrequencies(weights.config)) {}
+      inv_freq_(RopeInverseFrequencies(weights.config)),
+      inv_freq_local_(RopeLocalInverseFrequencies(weights.config)) {}
 
 absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b,
                                        std::span<const kernels::KVCacheView> kv_layers) const {
@@ -124,18 +132,25 @@ void LlamaModel::BuildPlan(const ForwardBatch& b, const std::optional<DecodeGrap
     }
   }
 
-  // Rotary tables for this batch's positions (angles in double).
+  // Rotary tables for this batch's positions (angles in double): the global
+  // ones, and the local layers' when the config has them.
   const int half = config_.head_size / 2;
   p.rope_half = half;
-  p.rope_cos.resize(static_cast<size_t>(p.num_tokens) * half);
-  p.rope_sin.resize(static_cast<size_t>(p.num_tokens) * half);
-  for (int64_t t = 0; t < p.num_tokens; ++t)
-    for (int i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(b.positions[t]) * inv_freq_[i];
-      p.rope_cos[t * half + i] = static_cast<float>(std::cos(angle));
-      p.rope_sin[t * half + i] = static_cast<float>(std::sin(angle));
-    }
-  p.attention_scale = 1.0f / std::sqrt(static_cast<float>(config_.head_size));
+  auto tables = [&](const std::vector<double>& inv, std::vector<float>* cos_t,
+                    std::vector<float>* sin_t) {
+    cos_t->resize(inv.empty() ? 0 : static_cast<size_t>(p.num_tokens) * half);
+    sin_t->resize(cos_t->size());
+    if (inv.empty()) return;
+    for (int64_t t = 0; t < p.num_tokens; ++t)
+      for (int i = 0; i < half; ++i) {
+        const double angle = static_cast<double>(b.positions[t]) * inv[i];
+        (*cos_t)[t * half + i] = static_cast<float>(std::cos(angle));
+        (*sin_t)[t * half + i] = static_cast<float>(std::sin(angle));
+      }
+  };
+  tables(inv_freq_, &p.rope_cos, &p.rope_sin);
+  tables(inv_freq_local_, &p.rope_cos_local, &p.rope_sin_local);
+  p.attention_scale = config_.AttentionScale();
   p.graph = graph;
   if (graph) {
     // Padded sequences (seq_len 1) run decode attention like the real ones.
@@ -152,7 +167,16 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
                                  std::vector<float>* logits) {
   GemmInput normed;
   PS_RETURN_IF_ERROR(RunLayers(b, kv_layers, &normed));
-  return backend_->LmHead(normed, static_cast<int64_t>(b.logits_rows.size()), w_.lm_head, logits);
+  PS_RETURN_IF_ERROR(
+      backend_->LmHead(normed, static_cast<int64_t>(b.logits_rows.size()), w_.lm_head, logits));
+  SoftcapLogits(logits);
+  return absl::OkStatus();
+}
+
+void LlamaModel::SoftcapLogits(std::vector<float>* logits) const {
+  const double cap = config_.final_logit_softcapping;
+  if (!(cap > 0)) return;
+  for (float& x : *logits) x = static_cast<float>(cap * std::tanh(x / cap));
 }
 
 absl::Status LlamaModel::Forward(const ForwardBatch& b,
@@ -164,8 +188,17 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
                                                    b.logits_rows.size(), " logits rows"));
   GemmInput normed;
   PS_RETURN_IF_ERROR(RunLayers(b, kv_layers, &normed));
-  return backend_->LmHeadSample(normed, static_cast<int64_t>(b.logits_rows.size()), w_.lm_head,
-                                rows, out, logits);
+  const int64_t n = static_cast<int64_t>(b.logits_rows.size());
+  if (config_.final_logit_softcapping > 0) {
+    // The soft cap runs on the host logits: every row comes back (the
+    // backend reduces none where the logits are), the greedy rows are
+    // reduced here as the default LmHeadSample does.
+    PS_RETURN_IF_ERROR(backend_->LmHead(normed, n, w_.lm_head, &capped_));
+    SoftcapLogits(&capped_);
+    SplitSampledRows(capped_, n, config_.vocab_size, rows, out, logits);
+    return absl::OkStatus();
+  }
+  return backend_->LmHeadSample(normed, n, w_.lm_head, rows, out, logits);
 }
 
 absl::Status LlamaModel::RunLayers(const ForwardBatch& b,
@@ -192,7 +225,8 @@ absl::Status LlamaModel::RunLayers(const ForwardBatch& b,
   const int hidden = config_.hidden_size;
   const int64_t q_dim = static_cast<int64_t>(shard_.num_heads) * config_.head_size;
   const int64_t kv_dim = static_cast<int64_t>(shard_.num_kv_heads) * config_.head_size;
-  const int64_t inter = shard_.intermediate_size;
+  // A MoE layer's expert activations are the backend's own (MoeMlp).
+  const int64_t inter = config_.moe.enabled() ? 1 : shard_.intermediate_size;
   StepBuffers buf;
   PS_ASSIGN_OR_RETURN(buf.x, be.Buffer(BufferId::kResidual, n * hidden));
   PS_ASSIGN_OR_RETURN(buf.h, be.GemmInputBuffer(BufferId::kNormed, n * hidden));
@@ -236,6 +270,7 @@ absl::Status LlamaModel::RunBody(int64_t n, int64_t r, const StepBuffers& buf,
   const PartialSums o = buf.o;
 
   PS_RETURN_IF_ERROR(be.EmbeddingGather(w_.embed_tokens, x));
+  if (cfg.embedding_scale > 0) PS_RETURN_IF_ERROR(be.Scale(x, n * hidden, cfg.embedding_scale));
   PS_RETURN_IF_ERROR(
       be.AddRmsNorm(x, PartialSums{}, n, hidden, w_.layers[0].input_layernorm, eps, false, h));
   for (int l = 0; l < cfg.num_layers; ++l) {
@@ -243,9 +278,11 @@ absl::Status LlamaModel::RunBody(int64_t n, int64_t r, const StepBuffers& buf,
     // q/k/v (and gate/up below) read the same normed rows: one backend launch.
     const LinearOut qkv[3] = {
         {w.q_proj, w.q_bias, q}, {w.k_proj, w.k_bias, k}, {w.v_proj, w.v_bias, v}};
-    const LayerAttention layer{cfg.LayerSlidingWindow(l)};
+    const LayerAttention layer{cfg.LayerSlidingWindow(l),
+                               static_cast<float>(cfg.attn_logit_softcapping),
+                               cfg.LayerLocalRope(l)};
     if (cfg.qk_norm) {
-      // Qwen3: q and k RMSNorm-ed per head between the projections and RoPE.
+      // Qwen3, Gemma 3: q and k RMSNorm-ed per head between the projections and RoPE.
       PS_RETURN_IF_ERROR(be.LinearGroup(h, n, qkv));
       PS_RETURN_IF_ERROR(be.HeadRmsNorm(q, n, heads, cfg.head_size, w.q_norm, eps));
       PS_RETURN_IF_ERROR(be.HeadRmsNorm(k, n, shard_.num_kv_heads, cfg.head_size, w.k_norm, eps));
@@ -254,24 +291,53 @@ absl::Status LlamaModel::RunBody(int64_t n, int64_t r, const StepBuffers& buf,
       PS_RETURN_IF_ERROR(be.QkvRopeAndAttention(h, n, qkv, kv_layers[l], layer, heads, attn));
     }
 
-    // o_proj (row-parallel) + all-reduce, then residual add + norm.
+    // o_proj (row-parallel) + all-reduce, then residual add + norm (Gemma:
+    // the output normed before the add).
     PS_RETURN_IF_ERROR(be.RowParallelLinear(attn, n, w.o_proj, o));
     PS_RETURN_IF_ERROR(be.AllReduceSum(o, n * hidden));
-    PS_RETURN_IF_ERROR(be.AddRmsNorm(x, o, n, hidden, w.post_attention_layernorm, eps, false, h));
+    PS_RETURN_IF_ERROR(
+        AddResidualAndNorm(x, o, n, w.attn_post_norm, w.post_attention_layernorm, h));
 
-    // SwiGLU MLP: down(silu(gate(h)) * up(h)), down row-parallel + all-reduce.
-    PS_RETURN_IF_ERROR(be.GateUpSiluMul(h, n, w.gate_proj, w.up_proj, gate, up, act));
-    PS_RETURN_IF_ERROR(be.RowParallelLinear(act, n, w.down_proj, o));
+    // Gated MLP: down(act(gate(h)) * up(h)), down row-parallel + all-reduce;
+    // or a mixture of SwiGLU experts (each rank its slice of every expert).
+    if (cfg.moe.enabled()) {
+      PS_RETURN_IF_ERROR(be.MoeMlp(h, n, cfg.moe, w.experts, o));
+    } else {
+      if (cfg.mlp_activation == MlpActivation::kGeluTanh) {
+        const LinearOut gu[2] = {{w.gate_proj, BackendVector{}, gate},
+                                 {w.up_proj, BackendVector{}, up}};
+        PS_RETURN_IF_ERROR(be.LinearGroup(h, n, gu));
+        PS_RETURN_IF_ERROR(be.GeluTanhMul(gate, up, n * w.gate_proj.rows, act));
+      } else {
+        PS_RETURN_IF_ERROR(be.GateUpSiluMul(h, n, w.gate_proj, w.up_proj, gate, up, act));
+      }
+      PS_RETURN_IF_ERROR(be.RowParallelLinear(act, n, w.down_proj, o));
+    }
     PS_RETURN_IF_ERROR(be.AllReduceSum(o, n * hidden));
     if (l + 1 < cfg.num_layers) {
       PS_RETURN_IF_ERROR(
-          be.AddRmsNorm(x, o, n, hidden, w_.layers[l + 1].input_layernorm, eps, false, h));
+          AddResidualAndNorm(x, o, n, w.mlp_post_norm, w_.layers[l + 1].input_layernorm, h));
+    } else if (cfg.post_norms) {
+      PS_RETURN_IF_ERROR(be.AddPostRmsNorm(x, o, n, hidden, w.mlp_post_norm, eps));
+      PS_RETURN_IF_ERROR(
+          be.AddRmsNorm(x, PartialSums{}, r, hidden, w_.final_norm, eps, true, buf.normed));
     } else {
       // The last residual add fused with the final norm, on the logits rows only.
       PS_RETURN_IF_ERROR(be.AddRmsNorm(x, o, r, hidden, w_.final_norm, eps, true, buf.normed));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status LlamaModel::AddResidualAndNorm(float* x, PartialSums o, int64_t n,
+                                            const BackendVector& post_norm,
+                                            const BackendVector& next_norm, GemmInput h) {
+  ModelBackend& be = *backend_;
+  const int hidden = config_.hidden_size;
+  const double eps = config_.rms_norm_eps;
+  if (!config_.post_norms) return be.AddRmsNorm(x, o, n, hidden, next_norm, eps, false, h);
+  PS_RETURN_IF_ERROR(be.AddPostRmsNorm(x, o, n, hidden, post_norm, eps));
+  return be.AddRmsNorm(x, PartialSums{}, n, hidden, next_norm, eps, false, h);
 }
 
 }  // namespace pagedserve

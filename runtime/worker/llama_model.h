@@ -11,19 +11,28 @@
 // split, prefill query_start_loc, max lengths, rotary tables), hand it to the
 // backend (BeginStep), then run the layer loop:
 //   h = norm(x)                                  (AddRmsNorm, no add)
-//   per layer: q,k,v = h W_qkv (+b); (Qwen3: q, k = per-head RMSNorm(q, k));
-//              RoPE(q, k); attn = Attention(q, k, v) (within the layer's
-//              sliding window, ModelConfig::LayerSlidingWindow)
-//              o = attn W_o; all-reduce(o); h = norm(x += o)
-//              o = silu(h W_gate) * (h W_up) W_down; all-reduce(o)
-//              h = norm_next(x += o)  (the last layer: final norm of the
-//              logits rows only, gathered)
-//   logits = h W_lm_head
+//   (Gemma: x = embedding * embedding_scale)
+//   per layer: q,k,v = h W_qkv (+b); (Qwen3, Gemma 3: q, k = per-head
+//              RMSNorm(q, k)); RoPE(q, k) (Gemma 3's local layers: their own
+//              tables); attn = Attention(q, k, v) (within the layer's
+//              sliding window, ModelConfig::LayerSlidingWindow; Gemma 2:
+//              scores soft-capped)
+//              o = attn W_o; all-reduce(o); h = norm(x += o) (Gemma:
+//              x += post_norm(o))
+//              o = act(h W_gate) * (h W_up) W_down (SiLU; Gemma: tanh GELU),
+//                  or for a mixture of experts (ModelConfig::moe) the routed
+//                  experts' weighted sum (ModelBackend::MoeMlp); all-reduce(o)
+//              h = norm_next(x += o)  (Gemma: x += post_norm(o); the last
+//              layer: final norm of the logits rows only, gathered)
+//   logits = h W_lm_head (Gemma 2: soft-capped on the host)
 //
 // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): Q/K/V, gate and up are
 // column-parallel (this rank holds num_heads/tp query heads, its KV heads and
 // intermediate_size/tp MLP columns); o_proj and down_proj are row-parallel and
-// followed by an all-reduce (sum) over the TP communicator. The token embedding
+// followed by an all-reduce (sum) over the TP communicator. Experts are
+// sharded as the dense MLP: each rank holds a slice of every expert's width
+// (weights.h), routes every token itself (replicated router) and the one
+// all-reduce after MoeMlp sums the slices. The token embedding
 // and the LM head are replicated on every rank, so every rank computes the full
 // logits; only TP rank 0 samples.
 #ifndef PAGEDSERVE_RUNTIME_WORKER_LLAMA_MODEL_H_
@@ -125,13 +134,23 @@ class LlamaModel {
   // norm of the r logits rows, over the plan's n tokens.
   absl::Status RunBody(int64_t n, int64_t r, const StepBuffers& buf,
                        std::span<const kernels::KVCacheView> kv_layers);
+  // x += o, then h = RMSNorm(x) * next_norm; with config.post_norms (Gemma)
+  // o is RMSNorm-ed by post_norm before the add (AddPostRmsNorm).
+  absl::Status AddResidualAndNorm(float* x, PartialSums o, int64_t n,
+                                  const BackendVector& post_norm, const BackendVector& next_norm,
+                                  GemmInput h);
+  // config.final_logit_softcapping > 0: each logit x becomes cap * tanh(x /
+  // cap) (in double, rounded to fp32), on the host.
+  void SoftcapLogits(std::vector<float>* logits) const;
 
   ModelConfig config_;
   ShardLayout shard_;
   std::unique_ptr<ModelBackend> backend_;
   BackendWeights w_;
   std::vector<double> inv_freq_;
-  ForwardPlan plan_;  // this step's (reused: its vectors keep their capacity)
+  std::vector<double> inv_freq_local_;  // empty unless config.rope_local_theta > 0
+  std::vector<float> capped_;           // the soft-capped logits of a sampled step (reused)
+  ForwardPlan plan_;                    // this step's (reused: its vectors keep their capacity)
   DecodeGraphOptions graph_options_;
   PaddedDecodeBatch padded_;  // this step's batch padded to its graph key
 };

@@ -72,13 +72,42 @@ absl::Status ModelBackend::HeadRmsNorm(float* x, int64_t n, int heads, int head_
       absl::StrCat("the ", name(), " backend has no per-head q/k RMSNorm (Qwen3)"));
 }
 
+absl::Status ModelBackend::AddPostRmsNorm(float* residual, PartialSums add, int64_t n, int dim,
+                                          const BackendVector& weight, double eps) {
+  (void)residual, (void)add, (void)n, (void)dim, (void)weight, (void)eps;
+  return absl::UnimplementedError(absl::StrCat(
+      "the ", name(), " backend has no norms after attention and MLP (Gemma's post-norms)"));
+}
+
+absl::Status ModelBackend::Scale(float* x, int64_t count, float factor) {
+  (void)x, (void)count, (void)factor;
+  return absl::UnimplementedError(
+      absl::StrCat("the ", name(), " backend has no activation scaling (Gemma's embedding scale)"));
+}
+
+absl::Status ModelBackend::GeluTanhMul(const float* gate, const float* up, int64_t count,
+                                       GemmInput out) {
+  (void)gate, (void)up, (void)count, (void)out;
+  return absl::UnimplementedError(
+      absl::StrCat("the ", name(), " backend has no GeGLU (tanh GELU) activation (Gemma)"));
+}
+
+absl::Status ModelBackend::MoeMlp(GemmInput x, int64_t n, const MoeConfig& moe,
+                                  const BackendExperts& w, PartialSums y) {
+  (void)x, (void)n, (void)moe, (void)w, (void)y;
+  return absl::UnimplementedError(
+      absl::StrCat("the ", name(), " backend does not run mixture-of-experts layers"));
+}
+
 absl::Status ModelBackend::RopeAndAttention(const kernels::KVCacheView& cache,
                                             const LayerAttention& layer, int64_t n, int num_heads,
                                             float* q, float* k, float* v, GemmInput out) {
   const int D = cache.shape.head_size;
   const int kv_heads = cache.shape.num_kv_heads;
-  absl::Status s = ApplyRope(q, n, num_heads, D, static_cast<int64_t>(num_heads) * D);
-  if (s.ok()) s = ApplyRope(k, n, kv_heads, D, static_cast<int64_t>(kv_heads) * D);
+  absl::Status s =
+      ApplyRope(q, n, num_heads, D, static_cast<int64_t>(num_heads) * D, layer.local_rope);
+  if (s.ok())
+    s = ApplyRope(k, n, kv_heads, D, static_cast<int64_t>(kv_heads) * D, layer.local_rope);
   if (s.ok()) s = Attention(cache, layer, num_heads, q, k, v, out);
   return s;
 }

@@ -101,7 +101,11 @@ struct ForwardPlan {
   // inv_freq[i]), angle in double (RopeInverseFrequencies).
   int rope_half = 0;
   std::vector<float> rope_cos, rope_sin;
-  float attention_scale = 0.0f;  // 1 / sqrt(head_size)
+  // The same for the local layers (LayerAttention::local_rope; Gemma 3's
+  // rope_local_theta, RopeLocalInverseFrequencies); empty when the config
+  // has no local RoPE.
+  std::vector<float> rope_cos_local, rope_sin_local;
+  float attention_scale = 0.0f;  // ModelConfig::AttentionScale (1 / sqrt(head_size))
   // Set for a decode step padded to a captured shape (only when the backend
   // SupportsBodyGraphs): the batch is padded to graph->batch sequences, all
   // decode (num_decode == num_seqs, padded ones with seq_len 1), and
@@ -126,9 +130,23 @@ struct BackendVector {
 };
 // What one layer's attention needs beyond the plan (the layer loop passes its
 // layer's): the sliding window (ModelConfig::LayerSlidingWindow) -- the
-// kernels' sliding_window, 0 = the whole causal context.
+// kernels' sliding_window, 0 = the whole causal context; the scores'
+// soft cap (ModelConfig::attn_logit_softcapping, the kernels'
+// logit_softcap, 0 = none); whether RoPE uses the plan's local tables
+// (ModelConfig::LayerLocalRope).
 struct LayerAttention {
   int sliding_window = 0;
+  float logit_softcap = 0.0f;
+  bool local_rope = false;
+};
+
+// One layer's experts (LayerWeights::router / expert_*): the replicated
+// router [num_experts, hidden] and per expert this rank's slice of its gate
+// and up [Iel, hidden] and down [hidden, Iel]. Empty for a dense layer.
+struct BackendExperts {
+  BackendMatrix router;
+  std::vector<BackendMatrix> gate, up, down;
+  bool empty() const { return gate.empty(); }
 };
 
 struct BackendLayer {
@@ -136,6 +154,10 @@ struct BackendLayer {
   BackendMatrix q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
   BackendVector q_bias, k_bias, v_bias;
   BackendVector q_norm, k_norm;  // [head_size] each; null unless the config has qk_norm
+  // [hidden] each; null unless the config has post_norms (Gemma): the norms
+  // of the attention and MLP outputs (LayerWeights::attn_post_norm, ...).
+  BackendVector attn_post_norm, mlp_post_norm;
+  BackendExperts experts;  // a MoE layer's (then gate/up/down_proj are empty)
 };
 // One output of ModelBackend::LinearGroup: y = x w^T (+ bias).
 struct LinearOut {
@@ -352,6 +374,20 @@ class ModelBackend {
                                      const BackendMatrix& up_proj, float* gate, float* up,
                                      GemmInput out);
 
+  // The mixture-of-experts MLP of one layer (ModelConfig::moe): router
+  // logits = x w.router^T (fp32), routed as RouteTokens does
+  // (runtime/worker/moe_routing.h: softmax, top_k, norm_topk_prob), then
+  //   y[t] = sum over t's chosen experts e, in expert order, of
+  //          weight(t, e) * (silu(x[t] gate_e^T) * (x[t] up_e^T)) down_e^T
+  // x a GEMM input [n, hidden]; y [n, hidden] this rank's partial sums (its
+  // slice of every expert's width) in partial_sum_type(), for AllReduceSum.
+  // Tokens are grouped by expert: each expert's weights are read once per
+  // call, by one GEMM over its tokens, never per token. Experts no token
+  // chose cost nothing. This default: Unimplemented (a backend without the
+  // operation cannot run a mixture-of-experts model).
+  virtual absl::Status MoeMlp(GemmInput x, int64_t n, const MoeConfig& moe, const BackendExperts& w,
+                              PartialSums y);
+
   // A row-parallel projection (o_proj, down_proj): y[n, w.rows] = x[n,
   // w.cols] w^T, this rank's partial sums for AllReduceSum, the fp32 GEMM
   // result in partial_sum_type() (rounded once). This default calls Linear
@@ -387,12 +423,35 @@ class ModelBackend {
   virtual absl::Status HeadRmsNorm(float* x, int64_t n, int heads, int head_size,
                                    const BackendVector& weight, double eps);
 
+  // Residual add of a normed output (Gemma's post-attention and
+  // post-feedforward norms, "sandwich" norms): for t < n,
+  //   residual[t] += add[t] / sqrt(mean(add[t]^2) + eps) * weight
+  // (AddRmsNorm's arithmetic: squares summed in double, the product in
+  // fp32; the sum in fp32). add is the all-reduced output of a row-parallel
+  // layer [n, dim]. This default: Unimplemented.
+  virtual absl::Status AddPostRmsNorm(float* residual, PartialSums add, int64_t n, int dim,
+                                      const BackendVector& weight, double eps);
+
+  // x[i] *= factor in fp32, i < count, on an fp32 buffer (Gemma's embedding
+  // scale). This default: Unimplemented.
+  virtual absl::Status Scale(float* x, int64_t count, float factor);
+
+  // The GeGLU activation (Shazeer 2020) with GELU's tanh approximation
+  // (Hendrycks & Gimpel 2016; PyTorch gelu(approximate="tanh")):
+  //   out[i] = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * up[i],
+  //   g = gate[i], in fp32, rounded to the GEMM-input type, for i < count.
+  // This default: Unimplemented.
+  virtual absl::Status GeluTanhMul(const float* gate, const float* up, int64_t count,
+                                   GemmInput out);
+
   // Rotary embedding in the rotate_half layout (Su et al. 2021; HF
   // LlamaRotaryEmbedding), in place: for token t, head h < heads and i <
   // head_size/2 the pair (i, i + head_size/2) of x[t * token_stride + h *
-  // head_size + ...] rotates by the plan's (rope_cos, rope_sin)[t, i].
+  // head_size + ...] rotates by the plan's (rope_cos, rope_sin)[t, i], or
+  // with `local` by (rope_cos_local, rope_sin_local) (InvalidArgument when the
+  // plan has none).
   virtual absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size,
-                                 int64_t token_stride) = 0;
+                                 int64_t token_stride, bool local) = 0;
 
   // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i]
   // in fp32, rounded to the GEMM-input type, for i < count.
@@ -405,7 +464,8 @@ class ModelBackend {
   // (reshape_and_cache), then computes out (GEMM input [n, q_dim]) from the queries
   // (fp32 [n, q_dim], RoPE applied) with decode attention for the plan's
   // decode sequences and prefill attention (causal) for the rest, scale
-  // plan.attention_scale, limited to layer.sliding_window when > 0. This is the one place where
+  // plan.attention_scale, scores soft-capped by layer.logit_softcap when > 0,
+  // limited to layer.sliding_window when > 0. This is the one place where
   // queries, keys, values and the output are converted to and from the element type the attention
   // kernels take for this cache (e.g. fp16/bf16 on the CPU); softmax and
   // accumulation stay fp32 inside the kernels. q, k, v may be overwritten.
@@ -414,7 +474,8 @@ class ModelBackend {
 
   // One layer's RoPE and attention over the step's n tokens: ApplyRope on q
   // (num_heads heads, token stride num_heads * head_size) and on k (the
-  // cache's KV heads, stride num_kv_heads * head_size), then Attention, with
+  // cache's KV heads, stride num_kv_heads * head_size; both with
+  // layer.local_rope), then Attention, with
   // the same results. The
   // forward pass calls this; a backend may fuse the rotation into the
   // conversion of q and into the cache write of k (CUDA: two kernels instead

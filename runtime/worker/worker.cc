@@ -199,8 +199,11 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
       }
       qsl[i + 1] = static_cast<int32_t>(token_ids.size());
       seq_lens[i] = s.context_len();
-      std::copy(rows[i]->block_table.begin(), rows[i]->block_table.end(),
-                block_tables.begin() + static_cast<size_t>(i) * max_blocks);
+      // Entries dropped out of the sliding window become block 0, like the
+      // padding: the kernels never read them (they start at the window).
+      std::replace_copy(rows[i]->block_table.begin(), rows[i]->block_table.end(),
+                        block_tables.begin() + static_cast<size_t>(i) * max_blocks, kDroppedBlock,
+                        0);
       if (s.sample && !s.token_ids.empty()) {
         const int d = s.num_draft_tokens;
         if (d < 0 || d >= static_cast<int>(s.token_ids.size()) || (d > 0 && s.num_samples != 1))

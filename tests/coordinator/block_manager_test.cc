@@ -479,13 +479,100 @@ TEST(BlockHashTest, ChainedBlockHashMatchesAHandComputedVector) {
             "7644b37e14fd6c9b2b21c943b086698727504c6825a7fc4401563f3ba7b9538c");
 }
 
+int32_t LiveBlocks(const Sequence& s) {
+  return static_cast<int32_t>(
+      std::count_if(s.block_table.begin(), s.block_table.end(), [](int32_t b) { return b >= 0; }));
+}
+
+// Sliding window (vLLM's sliding-window KV manager): after each step the
+// blocks wholly before the next query's window go back to the pool, so a
+// sequence fed one token at a time holds ceil(window / block_size) + 1 blocks
+// at most, however long it grows; the dropped entries stay in the table as
+// kDroppedBlock, and fork, swap and free skip them.
+TEST(BlockManagerTest, SlidingWindowFreesTheBlocksBeforeTheWindow) {
+  constexpr int32_t kWindow = 10, kBs = 4;
+  BlockManager::Options o = Opts(32, 32, kBs, /*caching=*/true);
+  o.sliding_window = kWindow;
+  BlockManager bm(o);
+  Sequence s = MakeSeq(1, Iota(3));
+  std::vector<BlockPair> copies;
+  Feed(bm, s, 3, &copies);
+  int32_t peak = 0;
+  for (int32_t t = 3; t < 200; ++t) {
+    s.tokens.push_back(t);
+    Feed(bm, s, 1, &copies);
+    // The next query (position t + 1) reads keys (t + 1 - kWindow, t + 1].
+    const int32_t first_needed_block = std::max(0, t + 1 - kWindow + 1) / kBs;
+    ASSERT_EQ(s.num_dropped_blocks, first_needed_block) << "t " << t;
+    for (int32_t i = 0; i < s.num_dropped_blocks; ++i) ASSERT_EQ(s.block_table[i], kDroppedBlock);
+    for (size_t i = s.num_dropped_blocks; i < s.block_table.size(); ++i)
+      ASSERT_GE(s.block_table[i], 0);
+    peak = std::max(peak, LiveBlocks(s));
+    ASSERT_EQ(bm.device().num_in_use(), LiveBlocks(s));
+    ASSERT_TRUE(bm.CheckInvariants().ok()) << bm.CheckInvariants();
+  }
+  EXPECT_EQ(s.block_table.size(), 50u);  // 200 tokens: the table keeps its length
+  EXPECT_LE(peak, (kWindow + kBs - 1) / kBs + 1);
+  // Dropped full blocks stay cached until a new block evicts them.
+  EXPECT_EQ(bm.device().num_evictable(), 32 - LiveBlocks(s));
+  // Fork and swap with dropped entries.
+  Sequence child = MakeSeq(2, s.tokens);
+  child.num_computed_tokens = s.num_computed_tokens;
+  bm.Fork(s, child);
+  EXPECT_EQ(child.num_dropped_blocks, s.num_dropped_blocks);
+  std::vector<Sequence*> group{&s, &child};
+  EXPECT_EQ(bm.NumDistinctBlocks(group), LiveBlocks(s));
+  std::vector<BlockPair> out, in;
+  ASSERT_TRUE(bm.SwapOut(group, &out));
+  EXPECT_EQ(static_cast<int32_t>(out.size()), LiveBlocks(s));
+  EXPECT_EQ(bm.device().num_in_use(), 0);
+  ASSERT_TRUE(bm.CheckInvariants().ok()) << bm.CheckInvariants();
+  ASSERT_TRUE(bm.SwapIn(group, 0, &in));
+  EXPECT_EQ(in.size(), out.size());
+  EXPECT_EQ(s.block_table, child.block_table);
+  EXPECT_EQ(s.block_table[0], kDroppedBlock);
+  ASSERT_TRUE(bm.CheckInvariants().ok()) << bm.CheckInvariants();
+  bm.Free(s);
+  bm.Free(child);
+  EXPECT_EQ(bm.device().num_in_use(), 0);
+  EXPECT_EQ(bm.cpu().num_in_use(), 0);
+  EXPECT_TRUE(bm.CheckInvariants().ok());
+  // Without the window nothing is dropped (the control).
+  BlockManager full(Opts(64, 0, kBs));
+  Sequence f = MakeSeq(3, Iota(200));
+  Feed(full, f, 200, &copies);
+  EXPECT_EQ(LiveBlocks(f), 50);
+}
+
+// A chunk fed at once: the window is measured from the chunk's end, and the
+// chunk's own blocks are all held while it runs (MaxBlocksPerSequence).
+TEST(BlockManagerTest, SlidingWindowAfterAChunkKeepsTheLastWindow) {
+  BlockManager::Options o = Opts(64, 0, 4);
+  o.sliding_window = 6;
+  BlockManager bm(o);
+  Sequence s = MakeSeq(1, Iota(40));
+  std::vector<BlockPair> copies;
+  ASSERT_TRUE(bm.AppendSlots(s, 40, &copies));
+  EXPECT_EQ(bm.device().num_in_use(), 10);
+  s.num_computed_tokens = 40;
+  bm.MarkComputed(s);
+  // Next query at 40 reads (34, 40]: positions 35.. live in blocks 8 and 9.
+  EXPECT_EQ(s.num_dropped_blocks, 8);
+  EXPECT_EQ(bm.device().num_in_use(), 2);
+  bm.Free(s);
+  EXPECT_EQ(bm.device().num_in_use(), 0);
+}
+
 // Thousands of random operations; invariants after each; all blocks return.
-class RandomOpsTest : public ::testing::TestWithParam<std::tuple<uint64_t, bool>> {};
+class RandomOpsTest
+    : public ::testing::TestWithParam<std::tuple<uint64_t, bool, int32_t /*sliding window*/>> {};
 
 TEST_P(RandomOpsTest, InvariantsHoldAndEveryBlockReturns) {
-  const auto [seed, caching] = GetParam();
+  const auto [seed, caching, window] = GetParam();
   std::mt19937_64 rng(seed);
-  BlockManager bm(Opts(64, 32, 4, caching));
+  BlockManager::Options options = Opts(64, 32, 4, caching);
+  options.sliding_window = window;
+  BlockManager bm(options);
   std::vector<std::unique_ptr<Sequence>> live;
   SeqId next_id = 0;
   std::vector<BlockPair> ops;
@@ -554,7 +641,8 @@ TEST_P(RandomOpsTest, InvariantsHoldAndEveryBlockReturns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomOpsTest,
-                         ::testing::Combine(::testing::Values(1u, 2u, 3u), ::testing::Bool()));
+                         ::testing::Combine(::testing::Values(1u, 2u, 3u), ::testing::Bool(),
+                                            ::testing::Values(0, 3, 9)));
 
 }  // namespace
 }  // namespace pagedserve

@@ -3,6 +3,7 @@
 #include "runtime/coordinator/scheduler.h"
 #include "runtime/common/field_error.h"
 
+#include <limits>
 #include <map>
 #include <set>
 
@@ -113,6 +114,33 @@ TEST(SchedulerConfigTest, StartupCheckRefusesUnschedulableSettings) {
   EXPECT_FALSE(c.Validate().ok());
   EXPECT_FALSE(Scheduler::Create(c, {}).ok());
   EXPECT_FALSE(ParsePreemptionMode("swapp").ok());
+}
+
+// With a sliding window and chunked prefill a sequence holds at most
+// ceil((window - 1 + step tokens) / block_size) + 1 blocks, whatever its
+// length: the startup check, admission and the pool's longest sequence count
+// with that bound; without chunked prefill (a prompt fed whole) they do not.
+TEST(SchedulerConfigTest, SlidingWindowBoundsTheBlocksOfASequence) {
+  SchedulerConfig c = Config(12);  // 48 tokens
+  c.max_model_len = 1000;
+  c.max_num_batched_tokens = 16;
+  EXPECT_FALSE(c.Validate().ok());  // 250 blocks for one sequence
+  EXPECT_EQ(c.LongestSequenceInPool(), 48);
+  c.sliding_window = 10;  // (9 + 16) / 4 -> 7, + 1 = 8 blocks <= 12
+  EXPECT_EQ(c.MaxBlocksPerSequence(1000), 8);
+  EXPECT_EQ(c.MaxBlocksPerSequence(12), 3);  // short: its own blocks
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate();
+  EXPECT_EQ(c.LongestSequenceInPool(), std::numeric_limits<int32_t>::max());
+  Driver d(c);
+  Request r = Req("long", 500, 400);
+  r.params.n = 1;
+  EXPECT_TRUE(d.sched->CheckAdmissible(500, r.params).ok());
+  r.params.n = 2;  // 2 x 8 blocks > 12
+  EXPECT_FALSE(d.sched->CheckAdmissible(500, r.params).ok());
+  c.enable_chunked_prefill = false;
+  c.max_num_batched_tokens = 1000;
+  EXPECT_EQ(c.MaxBlocksPerSequence(1000), 250);
+  EXPECT_FALSE(c.Validate().ok());
 }
 
 TEST(SchedulerTest, RequestLargerThanPoolIsRejectedAndTheNextRuns) {

@@ -89,6 +89,27 @@ TEST(StepPlanMirrorTest, ForkCopiesTheParentAsItWasBeforeThePlan) {
   EXPECT_EQ(m.Find(2)->sampling.temperature, 0.7f);
 }
 
+// Entries dropped out of the sliding window (kDroppedBlock) arrive when a
+// row is sent in full again (after swap in); they are kept but never written.
+TEST(StepPlanMirrorTest, DroppedBlocksAreAcceptedButNeverWritten) {
+  StepPlanMirror m(kBs, 100);
+  SequenceStep resumed = Start(1, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {kDroppedBlock, 5, 6});
+  resumed.token_ids = {9};  // positions 0..7 cached, 8 fed into block 2
+  resumed.start_pos = 8;
+  resumed.cached_prefix_token_ids = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_TRUE(ApplyOne(m, 1, {resumed}).ok());
+  std::vector<int64_t> slots;
+  StepPlan p;
+  p.seqs = {resumed};
+  m.AppendSlotMapping(p, &slots);
+  EXPECT_EQ(slots, (std::vector<int64_t>{6 * kBs}));
+  SequenceStep bad = Start(2, {1, 2, 3}, {kDroppedBlock});
+  absl::Status st = ApplyOne(m, 2, {bad});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("dropped block"), std::string::npos) << st;
+  EXPECT_EQ(ApplyOne(m, 3, {Start(3, {1}, {-2})}).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(StepPlanMirrorTest, MalformedDeltasAreInvalidArgument) {
   StepPlanMirror m(kBs, 10);
   ASSERT_TRUE(ApplyOne(m, 1, {Start(1, {1, 2, 3, 4}, {0})}).ok());

@@ -2,7 +2,8 @@
 """Tensor parallel compared step by step (issue 36: "TP compared by tokens only").
 
 A real `pagedserve serve` in-process (TP = 1, no mpirun) and under mpirun at
-TP = 2 (random-weight Llama: 8 heads, 2 KV heads) and TP = 3 (SmolLM2: 9
+TP = 2 (random-weight Llama: 8 heads, 2 KV heads; the qwen3_moe fixture: 8
+experts of width 128 sharded 64 + 64) and TP = 3 (SmolLM2: 9
 heads, 3 KV heads) answer the same greedy requests with logprobs = 5 over
 ZeroMQ, at --dtype float32 (the exact path: tensor parallelism changes only the
 order of fp32 sums, in the row-parallel all-reduce and the sharded GEMMs). On
@@ -11,14 +12,14 @@ every generated step:
   * the sampled token's logprob and the logprob of every top-5 token both runs
     list agree within BOUND.
 BOUND = 2e-4 nats, 20x the largest difference measured (2026-12-05: 2.0e-6 on
-the random Llama at TP = 2, 9.6e-6 on SmolLM2 at TP = 3); logprobs are log-softmax of the raw logits, so a
+the random Llama at TP = 2, 9.6e-6 on SmolLM2 at TP = 3, 1.0e-6 on qwen3_moe at TP = 2); logprobs are log-softmax of the raw logits, so a
 logit error e moves them by at most 2e.
 Negative control: the in-process run at --dtype auto (weights used in their
 stored Q4_1 form, activations quantized to 8 bits for the dot products) differs
 from the float32 run by more than BOUND on SmolLM2: the comparison sees a change
 of that size (measured: 0.13).
 
-    tp_logprobs_test.py --pagedserve BIN --random-model DIR --smollm2 GGUF
+    tp_logprobs_test.py --pagedserve BIN --random-model DIR --smollm2 GGUF [--moe-model DIR]
 """
 
 import argparse
@@ -120,6 +121,13 @@ class TpLogprobsTest(unittest.TestCase):
     def test_random_llama_tp2(self):
         self.check(ARGS.random_model, 2)
 
+    def test_qwen3_moe_tp2(self):
+        # Each rank holds half of every expert's width (64 of 128) and routes
+        # every token itself; the one all-reduce after the experts sums the halves.
+        if not ARGS.moe_model:
+            self.skipTest("no --moe-model")
+        self.check(ARGS.moe_model, 2)
+
     def test_smollm2_tp3_and_the_control(self):
         reference = self.check(ARGS.smollm2, 3)
         quantized = run_server(ARGS.smollm2, 0, "auto")
@@ -137,5 +145,6 @@ if __name__ == "__main__":
     ap.add_argument("--mpiexec", default="mpirun")
     ap.add_argument("--random-model", required=True)
     ap.add_argument("--smollm2", required=True)
+    ap.add_argument("--moe-model", default="", help="the qwen3_moe fixture folder (8 experts, top-2)")
     ARGS, rest = ap.parse_known_args()
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)

@@ -410,6 +410,40 @@ TEST(EngineLogicTest, InvalidRequestsAreRejectedWithClearErrorsAndTheNextRuns) {
   EXPECT_EQ(all["ok"].reason[0], "length");
 }
 
+// vLLM's default max_model_len: the model's context, lowered to the longest
+// sequence the pool holds (less the watermark) when the pool is smaller.
+TEST(EngineLogicTest, FitMaxModelLenLowersTheModelsContextToThePool) {
+  auto make = [](int64_t blocks, int32_t model_len, bool fit) {
+    auto exec =
+        std::make_unique<ScriptedExecutor>(ScriptedExecutor::Script{}, blocks, 0, 16, Ids(" x")[0]);
+    EngineOptions o;
+    o.scheduler.block_size = 16;
+    o.scheduler.max_model_len = model_len;
+    o.scheduler.max_num_batched_tokens = 512;
+    o.scheduler.watermark = 0.01;
+    o.fit_max_model_len = fit;
+    return Engine::Create(o, &Tok(), std::move(exec), {Tok().eos_id()});
+  };
+  // 200 blocks, 2 kept free by the watermark: 198 * 16 = 3168 tokens.
+  auto lowered = make(200, 8192, true);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  EXPECT_EQ((*lowered)->scheduler_config().max_model_len, 3168);
+  std::vector<int32_t> prompt(3168, Key("A"));
+  EXPECT_EQ((*lowered)->AddRequest(Req("too-long", prompt, 1)).code(),
+            absl::StatusCode::kOutOfRange);
+  prompt.resize(3167);
+  EXPECT_TRUE((*lowered)->AddRequest(Req("fits", prompt, 1)).ok());
+  // A pool that holds the whole context keeps it.
+  auto kept = make(1024, 8192, true);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ((*kept)->scheduler_config().max_model_len, 8192);
+  // Without fitting (an explicit --max-model-len) the same pool is a startup error.
+  auto refused = make(200, 8192, false);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("--max-model-len"), std::string::npos)
+      << refused.status();
+}
+
 TEST(EngineLogicTest, ExecutorFailureFailsEveryRequestAndStopsTheEngine) {
   ScriptedExecutor* exec = nullptr;
   auto e = MakeEngine({}, EngineSetup{}, &exec);

@@ -23,6 +23,7 @@
 #include "runtime/engine/engine.h"
 #include "runtime/engine/executor.h"
 #include "runtime/launch/local_executor.h"
+#include "runtime/model/weights.h"
 #include "runtime/tokenizer/loaders.h"
 #include "runtime/worker/worker.h"
 #include "tests/worker/reference_fixture.h"
@@ -106,6 +107,9 @@ class EngineModelTest : public ::testing::Test {
     bool prefix_caching = false;
     PreemptionMode mode = PreemptionMode::kRecompute;
     SpeculativeConfig spec;  // off unless set
+    int32_t sliding_window = 0;
+    int32_t max_num_batched_tokens = 2048;
+    int32_t max_num_seqs = 256;
   };
   static std::unique_ptr<Engine> MakeEngine(const Config& c,
                                             std::unique_ptr<Executor> exec = nullptr) {
@@ -117,6 +121,9 @@ class EngineModelTest : public ::testing::Test {
     o.scheduler.enable_prefix_caching = c.prefix_caching;
     o.scheduler.preemption_mode = c.mode;
     o.scheduler.speculative = c.spec;
+    o.scheduler.sliding_window = c.sliding_window;
+    o.scheduler.max_num_batched_tokens = c.max_num_batched_tokens;
+    o.scheduler.max_num_seqs = c.max_num_seqs;
     auto e = Engine::Create(o, tokenizer_, std::move(exec), {tokenizer_->eos_id()});
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? std::move(*e) : nullptr;
@@ -234,6 +241,79 @@ TEST_F(EngineModelTest, GreedyBatchMatchesTransformersThroughTheLocalExecutor) {
     EXPECT_EQ(c.text[0], Decode(c.tokens[0])) << n;
     EXPECT_EQ(c.usage.prompt_tokens, static_cast<int32_t>(Ref(n).prompt_ids.size()));
     EXPECT_EQ(c.usage.completion_tokens, 16);
+  }
+  ExpectAllFreed(*e);
+}
+
+// A model whose every layer has a sliding window (the mistral_sliding_window
+// fixture; its own CTest entry): with chunked prefill the block manager frees
+// the blocks that leave the window, so the 1016-token prompt (64 blocks)
+// runs in a pool of 8 blocks, its greedy tokens still those of transformers
+// (a worker that read a freed, reused block would see other tokens' K/V).
+// Then all prompts together, one of them forked (n = 2), in a pool that holds
+// far fewer blocks than their full contexts, every block back at the end.
+TEST_F(EngineModelTest, SlidingWindowHoldsTheWindowsBlocksAndMatchesTransformers) {
+  auto model = LoadModelConfig(model_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_GT(model->sliding_window, 0) << "run on a model with a sliding window on every layer";
+  for (int l = 0; l < model->num_layers; ++l)
+    ASSERT_EQ(model->LayerSlidingWindow(l), model->sliding_window) << "layer " << l;
+  Config c;
+  c.sliding_window = model->sliding_window;
+  c.max_num_batched_tokens = 64;
+  c.max_num_seqs = 16;
+  c.max_model_len = 1100;
+  c.device_blocks = 8;  // (24 - 1 + 64) / 16 + 1 = 7 blocks at most per sequence
+  const ReferencePrompt& longest = Ref("long");
+  ASSERT_GT(longest.prompt_ids.size(), 60u * kBlockSize);
+  {
+    auto e = MakeEngine(c);
+    ASSERT_NE(e, nullptr);
+    const int n = static_cast<int>(longest.greedy_ids.size());
+    ASSERT_TRUE(e->AddRequest(Greedy("long", longest.prompt_ids, n)).ok());
+    std::map<std::string, Collected> all;
+    double peak = 0;
+    for (int i = 0; i < 1000 && e->HasUnfinishedRequests(); ++i) {
+      auto outs = e->Step();
+      ASSERT_TRUE(outs.ok()) << outs.status();
+      Collect(*outs, &all);
+      ASSERT_TRUE(e->scheduler().CheckInvariants().ok()) << e->scheduler().CheckInvariants();
+      peak = std::max(peak, e->stats().device_kv_usage);
+    }
+    ASSERT_TRUE(all["long"].finished);
+    EXPECT_EQ(all["long"].tokens[0].size(), static_cast<size_t>(n));
+    ExpectSameGreedy(longest, all["long"].tokens[0]);
+    EXPECT_LE(peak * c.device_blocks, 7.0);
+    ExpectAllFreed(*e);
+  }
+  // Control: without freeing, the same pool cannot hold one such sequence.
+  Config full = c;
+  full.sliding_window = 0;
+  EngineOptions o;
+  o.scheduler.block_size = kBlockSize;
+  o.scheduler.max_model_len = full.max_model_len;
+  o.scheduler.max_num_batched_tokens = full.max_num_batched_tokens;
+  o.scheduler.max_num_seqs = full.max_num_seqs;
+  auto refused = Engine::Create(
+      o, tokenizer_, std::make_unique<SharedWorkerExecutor>(worker_, full.device_blocks, 0),
+      {tokenizer_->eos_id()});
+  EXPECT_NE(refused.status().message().find("the KV cache holds 8 blocks"), std::string::npos)
+      << refused.status();
+  // Every prompt at once, one with n = 2 (forked siblings share the window's
+  // blocks), preempted by recompute when the 24-block pool runs short.
+  c.device_blocks = 24;
+  auto e = MakeEngine(c);
+  ASSERT_NE(e, nullptr);
+  for (const ReferencePrompt& p : *reference_) {
+    EngineRequest r = Greedy(p.name, p.prompt_ids, static_cast<int>(p.greedy_ids.size()));
+    if (p.name == "code") r.params.n = 2;
+    ASSERT_TRUE(e->AddRequest(r).ok()) << p.name;
+  }
+  auto all = RunAll(*e);
+  for (const ReferencePrompt& p : *reference_) {
+    const Collected& got = all[p.name];
+    ASSERT_TRUE(got.finished) << p.name;
+    for (const auto& tokens : got.tokens) ExpectSameGreedy(p, tokens);
   }
   ExpectAllFreed(*e);
 }

@@ -440,6 +440,10 @@ TEST(ProtocolTest, StructuredOutputFieldsParseAndRoundTrip) {
           {R"(,"guided_choice":["x","y"])", StructuredOutput::Kind::kChoice, R"(["x","y"])"},
           {R"(,"guided_json":{"type":"integer"})", StructuredOutput::Kind::kJsonSchema,
            R"({"type":"integer"})"},
+          // Members in the client's order (generated in that order), not sorted.
+          {R"(,"guided_json":{"type":"object","properties":{"z":{},"a":{}}})",
+           StructuredOutput::Kind::kJsonSchema,
+           R"({"type":"object","properties":{"z":{},"a":{}}})"},
           {R"(,"structured_outputs":{"json_object":true})", StructuredOutput::Kind::kJsonObject,
            ""},
           {R"(,"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"string"}}})",
@@ -462,6 +466,52 @@ TEST(ProtocolTest, StructuredOutputFieldsParseAndRoundTrip) {
   ExpectError(Gen(R"(,"guided_choice":[])"), ErrorCode::kInvalidRequest, "guided_choice", "r7");
   ExpectError(Gen(R"(,"response_format":{"type":"json_schema","json_schema":{}})"),
               ErrorCode::kInvalidRequest, "schema", "r7");
+}
+
+// Tool calling over ZeroMQ (request_fields.h's rules, as on HTTP): tools with
+// messages only, tool_choice forms, a round trip through SerializeRequest;
+// final replies carry the parsed calls.
+TEST(ProtocolTest, ToolFieldsParseAndRoundTrip) {
+  const std::string chat =
+      R"({"version":1,"type":"generate","id":"t1","messages":[{"role":"user","content":"hi"}],)"
+      R"("tools":[{"type":"function","function":{"name":"get_time","parameters":{"type":"object",)"
+      R"("properties":{"tz":{"type":"string"},"a":{}}}}}])";
+  for (const std::string& choice :
+       {std::string(R"("required")"), std::string(R"("auto")"),
+        std::string(R"({"type":"function","function":{"name":"get_time"}})")}) {
+    ParseResult r =
+        ParseRequest(chat + R"(,"tool_choice":)" + choice + R"(,"parallel_tool_calls":false})");
+    ASSERT_TRUE(r.ok()) << choice << ": " << r.error.message;
+    const GenerateRequest& g = std::get<GenerateRequest>(*r.request);
+    EXPECT_TRUE(g.tools.parse_tool_calls());
+    EXPECT_FALSE(g.tools.parallel_tool_calls);
+    // The client's key order ("tz" before "a") for the chat template.
+    EXPECT_NE(g.tools.tools_json.find(R"("tz":{"type":"string"},"a":{})"), std::string::npos)
+        << g.tools.tools_json;
+    ParseResult back = ParseRequest(SerializeRequest(Request{g}));
+    ASSERT_TRUE(back.ok()) << back.error.message;
+    const ToolFields& t = std::get<GenerateRequest>(*back.request).tools;
+    EXPECT_EQ(t.choice, g.tools.choice);
+    EXPECT_EQ(t.function, g.tools.function);
+    EXPECT_EQ(t.parallel_tool_calls, g.tools.parallel_tool_calls);
+  }
+  ExpectError(Gen(R"(,"tools":[{"type":"function","function":{"name":"f"}}])"),
+              ErrorCode::kInvalidRequest, "'messages'", "r7");
+  ExpectError(chat + R"(,"tool_choice":"sometimes"})", ErrorCode::kInvalidRequest, "tool_choice",
+              "t1");
+  ExpectError(chat + R"(,"tool_choice":"required","guided_regex":"x"})", ErrorCode::kInvalidRequest,
+              "another constraint", "t1");
+  ExpectError(chat + R"(,"tools":{}})", ErrorCode::kInvalidRequest, "tools", "t1");
+
+  FinalReply f;
+  f.id = "t1";
+  f.outputs.resize(1);
+  f.outputs[0].text = "<tool_call>x</tool_call>";
+  f.outputs[0].tool_calls = {{"call_1", "get_time", R"({"tz":"UTC"})"}};
+  f.outputs[0].content = "Sure.";
+  absl::StatusOr<Reply> back = ParseReply(SerializeReply(Reply{f}));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(std::get<FinalReply>(*back), f);
 }
 
 TEST(ProtocolTest, RepliesRoundTripThroughParseReply) {

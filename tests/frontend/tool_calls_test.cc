@@ -7,9 +7,12 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "runtime/grammar/compile.h"
+#include "runtime/grammar/json_schema.h"
 
 namespace pagedserve {
 namespace {
@@ -124,6 +127,151 @@ TEST(ToolCallsTest, FormatNamesAndTemplates) {
   EXPECT_EQ(ToolCallFormatOfTemplate("{{ '[TOOL_CALLS]' }}"), ToolCallFormat::kMistral);
   EXPECT_EQ(ToolCallFormatOfTemplate("<|start_header_id|>ipython<|end_header_id|>"),
             ToolCallFormat::kLlama3Json);
+}
+
+// tool_choice "required" / a named function: the grammar of the calls.
+constexpr char kTools[] = R"([
+  {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12},
+                   "unit": {"enum": ["celsius", "fahrenheit"]},
+                   "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+    "required": ["city", "days"], "additionalProperties": false}}},
+  {"type": "function", "function": {"name": "get_time", "parameters": {
+    "properties": {"tz": {"type": "string", "pattern": "^[A-Z][a-z]+/[A-Z][a-z]+$"}},
+    "required": ["tz"]}}},
+  {"type": "function", "function": {"name": "ping"}}])";
+
+std::shared_ptr<const grammar::Grammar> ToolGrammar(ToolCallFormat f, const std::string& fn,
+                                                    bool parallel) {
+  absl::StatusOr<StructuredOutput> c = ToolChoiceConstraint(f, kTools, fn, parallel);
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return nullptr;
+  EXPECT_EQ(c->kind, StructuredOutput::Kind::kToolCalls);
+  auto g = grammar::CompileConstraint(*c);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *g : nullptr;
+}
+
+TEST(ToolChoiceGrammar, SentencesOfEachFormat) {
+  const std::string w = R"({"name": "get_weather", "arguments": {"city":"Paris","days":3}})";
+  const std::string t = R"({"name": "get_time", "arguments": {"tz":"Europe/Paris"}})";
+  auto hermes = ToolGrammar(ToolCallFormat::kHermes, "", true);
+  EXPECT_TRUE(hermes->Matches("<tool_call>\n" + w + "\n</tool_call>"));
+  EXPECT_TRUE(hermes->Matches("<tool_call>\n" + w + "\n</tool_call>\n<tool_call>\n" + t +
+                              "\n</tool_call>"));
+  EXPECT_TRUE(
+      hermes->Matches("<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>"));
+  EXPECT_FALSE(hermes->Matches(""));                                            // at least one call
+  EXPECT_FALSE(hermes->Matches("Sure. <tool_call>\n" + w + "\n</tool_call>"));  // no prose
+  EXPECT_FALSE(hermes->Matches(  // days out of [1, 14]
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\",\"days\":15}}"
+      "\n</tool_call>"));
+  EXPECT_FALSE(hermes->Matches(  // a function that is not a tool
+      "<tool_call>\n{\"name\": \"rm\", \"arguments\": {}}\n</tool_call>"));
+  auto single = ToolGrammar(ToolCallFormat::kHermes, "", false);
+  EXPECT_TRUE(single->Matches("<tool_call>\n" + w + "\n</tool_call>"));
+  EXPECT_FALSE(single->Matches("<tool_call>\n" + w + "\n</tool_call>\n<tool_call>\n" + t +
+                               "\n</tool_call>"));
+  auto named = ToolGrammar(ToolCallFormat::kHermes, "get_time", true);
+  EXPECT_TRUE(named->Matches("<tool_call>\n" + t + "\n</tool_call>"));
+  EXPECT_FALSE(named->Matches("<tool_call>\n" + w + "\n</tool_call>"));
+  EXPECT_FALSE(named->Matches("<tool_call>\n" + t + "\n</tool_call>\n<tool_call>\n" + t +
+                              "\n</tool_call>"));  // named: exactly one call
+  auto llama = ToolGrammar(ToolCallFormat::kLlama3Json, "", true);
+  EXPECT_TRUE(llama->Matches(
+      R"({"name": "get_time", "parameters": {"tz":"Asia/Tokyo"}}; {"name": "ping", "parameters": {}})"));
+  EXPECT_FALSE(llama->Matches(R"({"name": "get_time", "arguments": {"tz":"Asia/Tokyo"}})"));
+  auto mistral = ToolGrammar(ToolCallFormat::kMistral, "", true);
+  EXPECT_TRUE(mistral->Matches("[TOOL_CALLS][" + w + ", " + t + "]"));
+  EXPECT_FALSE(mistral->Matches("[TOOL_CALLS][]"));
+}
+
+TEST(ToolChoiceGrammar, BadChoicesAreErrors) {
+  EXPECT_FALSE(ToolChoiceConstraint(ToolCallFormat::kHermes, kTools, "rm", true).ok());
+  EXPECT_FALSE(ToolChoiceConstraint(ToolCallFormat::kHermes, "[]", "", true).ok());
+  // Arguments that are not an object would not parse as a call: refused.
+  auto c = ToolChoiceConstraint(
+      ToolCallFormat::kHermes,
+      R"([{"type":"function","function":{"name":"f","parameters":{"type":"string"}}}])", "", true);
+  ASSERT_TRUE(c.ok());
+  auto g = grammar::CompileConstraint(*c);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("tools[0] 'f'"), std::string::npos) << g.status();
+  c = ToolChoiceConstraint(
+      ToolCallFormat::kHermes,
+      R"([{"type":"function","function":{"name":"f","parameters":{"type":"object","not":{}}}}])",
+      "", true);
+  ASSERT_TRUE(c.ok());
+  g = grammar::CompileConstraint(*c);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("'not'"), std::string::npos) << g.status();
+}
+
+// A random sentence of the grammar: random allowed bytes (printable ASCII
+// preferred), closing bytes preferred once the text is long.
+std::string RandomSentence(const grammar::Grammar& g, std::mt19937& rng) {
+  grammar::GrammarState s = g.initial();
+  std::string out;
+  while (out.size() < 4000) {
+    const grammar::ByteSet allowed = g.Allowed(s);
+    if (allowed.none() || (g.Accepting(s) && rng() % 4 == 0)) break;
+    std::vector<int> choices;
+    if (out.size() > 200) {
+      for (int b : {'"', '}', ']', '\n', '<', ',', '/'}) {
+        if (allowed.test(b)) choices.push_back(b);
+      }
+    }
+    for (int b = 0x20; choices.empty() && b < 0x7f; ++b) {
+      if (allowed.test(b)) choices.push_back(b);
+    }
+    for (int b = 0; choices.empty() && b < 256; ++b) {
+      if (allowed.test(b)) choices.push_back(b);
+    }
+    const int b = choices[rng() % choices.size()];
+    out.push_back(static_cast<char>(b));
+    s = g.Advance(s, static_cast<uint8_t>(b));
+  }
+  EXPECT_TRUE(g.Accepting(s)) << out;
+  return out;
+}
+
+TEST(ToolChoiceGrammar, EverySentenceParsesIntoCallsOfTheTools) {
+  const ordered_json tools = ordered_json::parse(kTools);
+  std::mt19937 rng(32);
+  for (ToolCallFormat f :
+       {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral}) {
+    for (bool parallel : {true, false}) {
+      auto g = ToolGrammar(f, "", parallel);
+      ASSERT_NE(g, nullptr);
+      size_t several = 0;
+      for (int i = 0; i < 100; ++i) {
+        const std::string text = RandomSentence(*g, rng);
+        const ParsedToolCalls parsed = ParseToolCalls(f, text);
+        ASSERT_FALSE(parsed.calls.empty()) << ToolCallFormatName(f) << ": " << text;
+        EXPECT_EQ(parsed.content, "") << text;
+        if (!parallel) {
+          EXPECT_EQ(parsed.calls.size(), 1u) << text;
+        }
+        several += parsed.calls.size() > 1;
+        for (const ToolCall& call : parsed.calls) {
+          // The arguments are an instance of the tool's own schema.
+          const ordered_json* params = nullptr;
+          for (const ordered_json& t : tools) {
+            if (t["function"]["name"] == call.name) params = &t["function"];
+          }
+          ASSERT_NE(params, nullptr) << call.name;
+          ordered_json schema = params->value("parameters", ordered_json::object());
+          if (!schema.contains("type")) schema["type"] = "object";
+          auto sg = grammar::CompileJsonSchema(schema.dump());
+          ASSERT_TRUE(sg.ok());
+          EXPECT_TRUE((*sg)->Matches(call.arguments)) << call.name << " " << call.arguments;
+        }
+      }
+      if (parallel) {
+        EXPECT_GT(several, 0u) << ToolCallFormatName(f);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -28,8 +28,14 @@ d. the deadline: a hanging kernel test under a 24 s limit times out within
 e. memcheck (a stand-in compute-sanitizer on PATH): one small kernel test
    under it (--gtest_filter), ok with its ERROR SUMMARY; "unsupported", not
    failed, when the sanitizer refuses the device.
+   A memcheck that runs out of its time is "timeout", not failed, and the
+   run goes on.
 f. an attention benchmark cut off by the deadline after writing one shape
    (its JSON "partial") fails with the figures of that shape kept.
+g. an attention benchmark that dies inside one variant (its JSON naming it in
+   "running") is run again with --exclude that variant: the step fails
+   naming it, keeps the second run's figures, the first run's JSON is in the
+   logs, and the later steps run.
 Standard library only; prints "N passed, N failed". About 40 s.
 """
 
@@ -46,14 +52,17 @@ import time
 BINS = ["kernels_cuda_kernels_test", "cuda_worker_test", "paged_attention_cuda_bench",
         "bench_model", "pagedserve"]
 QUICK = ["libraries", "device", "attention_bench", "model_bench_b1", "model_bench_b64", "cuda_worker",
-         "pagedserve"]
-FULL = ["libraries", "device", "attention_bench", "model_bench_b1", "model_bench_b64", "cuda_worker",
-        "kernel_tests", "model_bench_b32", "model_bench_b256", "model_bench_eager_b1",
-        "model_bench_eager_b32", "sdpa_baseline", "memcheck", "pagedserve"]
+         "pagedserve", "memcheck"]
+FULL = ["libraries", "device", "memcheck", "attention_bench", "model_bench_b1", "model_bench_b64",
+        "cuda_worker", "kernel_tests", "model_bench_b32", "model_bench_b256", "model_bench_eager_b1",
+        "model_bench_eager_b32", "sdpa_baseline", "pagedserve"]
 
 # One stand-in for every bundled binary, by the name it is called under.
 # STANDIN_PROBE_RC: the probe's exit status (0: a device; 3: none usable).
-# STANDIN_HANG: calls that never end (attention, kernels, worker, model).
+# STANDIN_HANG: calls that never end (attention, kernels, memcheck: the kernel
+# test with a --gtest_filter, worker, model).
+# STANDIN_CRASH_VARIANT: the attention benchmark dies (exit 134) inside this
+# variant, naming it in its JSON's "running", unless run with --exclude it.
 # STANDIN_CALLS: a file each call appends its name and arguments to.
 STANDIN = r'''#!/usr/bin/env bash
 name=$(basename "$0")
@@ -76,12 +85,22 @@ case "$name" in
       echo "no usable CUDA device: cudaGetDeviceCount: unknown error (stand-in)"; exit "$rc"
     fi
     # As the real one: the JSON rewritten after each shape ("partial" until the end).
-    [ "${1:-}" = --json ] && echo '{"device": "stand-in", "copy_bandwidth_GBps": 4000.0, "results": [{"heads": 32, "kv_heads": 8, "dtype": "bf16", "batch": 8, "context": 1024, "attention": "GQA", "pct_of_copy_bw": 50.0, "kv_GBps": 2000.0, "paged_ms": 0.1, "variant": "gqa"}], "prefill": [], "partial": true}' >"$2"
+    row='{"heads": 32, "kv_heads": 8, "dtype": "bf16", "batch": 8, "context": 1024, "attention": "GQA", "pct_of_copy_bw": 50.0, "kv_GBps": 2000.0, "paged_ms": 0.1, "variant": "gqa", "errors": []}'
+    [ "${1:-}" = --json ] && echo '{"device": "stand-in", "copy_bandwidth_GBps": 4000.0, "results": ['"$row"'], "prefill": [], "partial": true}' >"$2"
+    crash=${STANDIN_CRASH_VARIANT:-}
+    if [ -n "$crash" ] && [[ " $* " != *" --exclude "*"$crash"* ]]; then
+      printf '{\n  "device": "stand-in",\n  "copy_bandwidth_GBps": 4000.0,\n  "results": [\n    %s\n  ],\n  "running": "%s bf16 batch 8 context 4096 32/8",\n  "prefill": [],\n  "partial": true\n}\n' \
+        "$row" "$crash" >"$2"
+      echo "stand-in: fault in $crash" >&2
+      exit 134
+    fi
     hang attention
-    [ "${1:-}" = --json ] && echo '{"device": "stand-in", "copy_bandwidth_GBps": 4000.0, "results": [], "prefill": []}' >"$2"
+    [ "${1:-}" = --json ] && echo '{"device": "stand-in", "copy_bandwidth_GBps": 4000.0, "results": ['"$row"'], "prefill": []}' >"$2"
     ;;
   kernels_cuda_kernels_test|cuda_worker_test)
-    [ "$name" = kernels_cuda_kernels_test ] && hang kernels
+    if [ "$name" = kernels_cuda_kernels_test ]; then
+      case "$*" in *--gtest_filter=*) hang memcheck ;; *) hang kernels ;; esac
+    fi
     [ "$name" = cuda_worker_test ] && hang worker
     echo '<testsuites tests="2" failures="0" errors="0" disabled="0" time="0.1"><testsuite name="S"><testcase name="a" result="completed"/><testcase name="b" result="completed"/></testsuite></testsuites>' >"$out"
     ;;
@@ -318,8 +337,9 @@ def case_quick(r):
     check(sorted(s["not_selected"]) == sorted(set(FULL) - set(QUICK)),
           f"(c) the long steps are listed as not selected: {s['not_selected']}")
     cl = calls(callfile)
-    check(not any(c.startswith("kernels_cuda_kernels_test") for c in cl) and
+    check(not any(c.startswith("kernels_cuda_kernels_test") and "--gtest_filter=" not in c for c in cl) and
           not any("--enforce-eager" in c for c in cl), f"(c) no long step was called: {cl}")
+    check(st["memcheck"]["status"] == "ok", f"(c) memcheck last, in the time left: {st['memcheck']}")
     models = [c for c in cl if c.startswith("bench_model")]
     check(len(models) == 2 and "--batches=1 " in models[0] and "--batches=64 " in models[1],
           f"(c) bench_model once per batch size, 1 then 64: {models}")
@@ -374,6 +394,36 @@ def case_memcheck(r):
     check(rc == 0 and s["ok"] is True, f"(e) unsupported is not a failure (rc {rc}, ok {s['ok']})")
 
 
+def case_memcheck_timeout(r):
+    rc, s, _, _, secs = r.run({"GPU_CHECK_STEPS": "libraries,device,memcheck,pagedserve", "STANDIN_HANG": "memcheck",
+                               "GPU_CHECK_MEMCHECK_SECONDS": "3"})
+    st = s["steps"]
+    check(st["memcheck"]["status"] == "timeout" and "timed out after 3s" in st["memcheck"]["reason"],
+          f"(e) a memcheck out of time is 'timeout': {st['memcheck']}")
+    check(st["pagedserve"]["status"] == "ok" and rc == 0 and s["ok"] is True and secs < 20,
+          f"(e) a memcheck timeout fails nothing and the run goes on (rc {rc}, {secs:.1f} s)")
+
+
+def case_variant_crash(r):
+    rc, s, out, callfile, _ = r.run({"GPU_CHECK_STEPS": "libraries,device,attention_bench,model_bench_b1",
+                                     "STANDIN_CRASH_VARIANT": "gqa_mma"})
+    st = s["steps"]
+    a = st["attention_bench"]
+    check(a["status"] == "failed" and "gqa_mma died in gqa_mma bf16 batch 8 context 4096" in a["reason"]
+          and "--exclude gqa_mma" in a["reason"],
+          f"(g) a variant dying fails the step, naming it: {a}")
+    check(a["figures"].get("shapes") == 1 and not a["figures"].get("partial"),
+          f"(g) the figures of the run without it are kept: {a['figures']}")
+    bench = [c for c in calls(callfile) if c.startswith("paged_attention_cuda_bench --json")]
+    check(len(bench) == 2 and "--exclude" not in bench[0] and bench[1].endswith("--exclude gqa_mma"),
+          f"(g) the benchmark ran again without the variant: {bench}")
+    check(st["model_bench_b1"]["status"] == "ok" and rc == 1,
+          f"(g) the later steps still ran (rc {rc}): {st['model_bench_b1']}")
+    with tarfile.open(os.path.join(out, "gpu-check-logs.tar.gz")) as t:
+        names = t.getnames()
+    check("logs/attention-run1.json" in names, f"(g) the first run's JSON is in the logs: {names}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--source-dir", required=True)
@@ -389,7 +439,9 @@ def main():
             case_quick(r)
             case_deadline(r)
             case_memcheck(r)
+            case_memcheck_timeout(r)
             case_partial(r)
+            case_variant_crash(r)
         finally:
             kill_leftovers(tmp)
 

@@ -1,6 +1,6 @@
 // libFuzzer target for the constraint compilers (runtime/grammar/compile.h):
-// the first byte picks the kind (JSON Schema, regex, choice, json_object), the
-// rest is the constraint's text. Invariants: compiling never crashes or hangs;
+// the first byte picks the kind (JSON Schema, regex, choice, json_object,
+// tool calls), the rest is the constraint's text. Invariants: compiling never crashes or hangs;
 // a refusal is InvalidArgument; a compiled grammar stays within
 // Grammar::kMaxElements; the automaton then runs on bytes of the input (a walk
 // that follows Allowed(), and whole-input matching) without crashing, and a
@@ -31,8 +31,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   static const StructuredOutput::Kind kKinds[] = {
       StructuredOutput::Kind::kJsonSchema, StructuredOutput::Kind::kRegex,
-      StructuredOutput::Kind::kChoice, StructuredOutput::Kind::kJsonObject};
-  StructuredOutput c{kKinds[data[0] % 4],
+      StructuredOutput::Kind::kChoice, StructuredOutput::Kind::kJsonObject,
+      StructuredOutput::Kind::kToolCalls};
+  StructuredOutput c{kKinds[data[0] % 5],
                      std::string(reinterpret_cast<const char*>(data + 1), size - 1)};
   auto compiled = g::CompileConstraint(c);
   if (!compiled.ok()) {

@@ -366,12 +366,15 @@ class OpenAiClientTest(unittest.TestCase):
             self.assertEqual(text, choice.message.content)
         none = self.c.chat.completions.create(tool_choice="none", **kw).choices[0]
         self.assertIsNone(none.message.tool_calls)
-        with self.assertRaises(openai.BadRequestError) as e:
-            self.c.chat.completions.create(tool_choice="required", **kw)
-        self.assertIn("tool_choice", str(e.exception))
+        # required / named are constrained (structured_output_test.py); a name that is not a
+        # tool, or a second constraint, is a 400 naming tool_choice.
         with self.assertRaises(openai.BadRequestError) as e:
             self.c.chat.completions.create(
-                tool_choice={"type": "function", "function": {"name": "get_weather"}}, **kw)
+                tool_choice={"type": "function", "function": {"name": "get_time"}}, **kw)
+        self.assertIn("tool_choice", str(e.exception))
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.c.chat.completions.create(tool_choice="required", response_format={"type": "json_object"},
+                                           **kw)
         self.assertIn("tool_choice", str(e.exception))
 
     def test_errors_through_the_sdk(self):

@@ -438,6 +438,13 @@ TEST(OpenAiApiTest, ResponseFormats) {
   const json last = json::parse(UsageChunk(*o.request, "cmpl-1", 7, u));
   EXPECT_TRUE(last["choices"].empty());
   EXPECT_EQ(last["usage"]["completion_tokens"], 1);
+  // A schema keeps the client's member order (members are generated in the
+  // order of `properties`, as XGrammar and OpenAI's strict mode do).
+  o = Completions(R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema":
+      {"name": "n", "schema": {"type": "object", "properties": {"z": {}, "a": {}}}}}})");
+  ASSERT_TRUE(o.request.has_value()) << o.error.message;
+  EXPECT_EQ(o.request->params.structured_output.spec,
+            R"({"type":"object","properties":{"z":{},"a":{}}})");
 }
 
 // A stream's legacy text_offset counts from the start of the completion, as the
@@ -543,8 +550,9 @@ TEST(OpenAiApiTest, EchoPutsThePromptFirst) {
 }
 
 // Tool calling (issue 32): tools rendered by the template, tool_choice
-// none/auto accepted, required/named refused naming tool_choice, the output
-// parsed into tool_calls whole and streamed.
+// none/auto accepted, required/named constrained to the tools' calls (bad
+// ones refused naming tool_choice), the output parsed into tool_calls whole
+// and streamed.
 TEST(OpenAiApiTest, ToolCalling) {
   // A Hermes-style template: tools, calls and tool turns all show in the prompt.
   auto tmpl = ChatTemplate::Create(
@@ -584,10 +592,23 @@ TEST(OpenAiApiTest, ToolCalling) {
   const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f"}}])";
   EXPECT_FALSE(chat(tools + R"(, "tool_choice": "none")").request->parse_tool_calls);
   EXPECT_TRUE(chat(tools + R"(, "tool_choice": "auto")").request->parse_tool_calls);
+  // required / named: parsed, and constrained to calls of the tools.
+  for (const std::string& choice :
+       {std::string(R"("required")"),
+        std::string(R"({"type": "function", "function": {"name": "f"}})")}) {
+    ParseOutcome r = chat(tools + R"(, "tool_choice": )" + choice);
+    ASSERT_TRUE(r.request.has_value()) << choice << ": " << r.error.message;
+    EXPECT_TRUE(r.request->parse_tool_calls);
+    EXPECT_EQ(r.request->params.structured_output.kind, StructuredOutput::Kind::kToolCalls);
+    EXPECT_NE(r.request->params.structured_output.spec.find(R"("name":"f")"), std::string::npos)
+        << r.request->params.structured_output.spec;
+  }
   for (const std::string& bad :
-       {tools + R"(, "tool_choice": "required")",
-        tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})",
-        tools + R"(, "tool_choice": "sometimes")", std::string(R"("tool_choice": "auto")")}) {
+       {tools + R"(, "tool_choice": {"type": "function", "function": {"name": "g"}})",
+        tools + R"(, "tool_choice": {"type": "function"})",
+        tools + R"(, "tool_choice": "required", "response_format": {"type": "json_object"})",
+        std::string(R"("tool_choice": "required")"), tools + R"(, "tool_choice": "sometimes")",
+        std::string(R"("tool_choice": "auto")")}) {
     ParseOutcome r = chat(bad);
     EXPECT_FALSE(r.request.has_value()) << bad;
     EXPECT_EQ(r.error.param, "tool_choice") << bad;

@@ -2,8 +2,8 @@
 // body bytes -> limits (json_limits.h) -> JSON -> validated request -> chat
 // template render -> tokens, for every route that takes a JSON body. Shared by
 // the libFuzzer target (fuzz_openai.cc) and the GTest that replays the seed
-// corpus (corpus/). The HTTP framing itself is cpp-httplib's (a compiled
-// library, not instrumented here); http_server_test covers its edge cases.
+// corpus (corpus/). The HTTP framing before it is Boost.Beast's request_parser
+// (runtime/frontend/http_server.cc); http_server_test covers its edge cases.
 #ifndef PAGEDSERVE_TESTS_HTTP_OPENAI_FUZZ_ENTRY_H_
 #define PAGEDSERVE_TESTS_HTTP_OPENAI_FUZZ_ENTRY_H_
 

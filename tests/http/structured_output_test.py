@@ -10,6 +10,13 @@ same requests without the constraint do not all validate / match (so the checks
 can fail). Unsupported constraints are 400s naming the field, never an
 unconstrained answer; the server keeps serving after them.
 
+Tool calling with tool_choice "required" or a named function (docs/http.md): the
+official `openai` client parses every streamed and non-streamed answer into
+tool_calls of the given tools, whose arguments validate with `jsonschema` against
+that tool's parameters, at temperature 1.0 on a model that never learnt the format
+(SmolLM2); parallel_tool_calls false gives exactly one call. Control: the same
+request with tool_choice "auto" does not give calls every time.
+
   structured_output_test.py --pagedserve BUILD/runtime/cli/pagedserve --model MODEL.gguf
 """
 import argparse
@@ -23,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import http_test  # noqa: E402  (exits 77 when the openai package is missing)
 from http_test import ServerProcess, http  # noqa: E402
+import openai  # noqa: E402  (http_test exits 77 without it)
 
 try:
     import jsonschema  # noqa: E402
@@ -48,6 +56,23 @@ PERSON = {
 }
 REGEX = r"\d{3}-[a-z]{2,4}(!|\?)"
 N = 6
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "minLength": 1, "maxLength": 16},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer", "minimum": 1, "exclusiveMaximum": 15}},
+            "required": ["city", "days"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "Time in a time zone",
+        "parameters": {"type": "object", "properties": {
+            "tz": {"type": "string", "pattern": "^[A-Z][a-z]{1,12}/[A-Z][a-z]{1,12}$"}},
+            "required": ["tz"], "additionalProperties": False}}},
+]
+TOOL_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+TOOL_MESSAGES = [{"role": "user", "content": "What is the weather in Paris for the next 3 days?"}]
 
 
 def setUpModule():
@@ -151,6 +176,95 @@ class StructuredOutputTest(unittest.TestCase):
         self.assertIn("beam search", r["error"]["message"])
         status, r = completion({"guided_regex": "ok"}, n=1, max_tokens=4)
         self.assertEqual((status, r["choices"][0]["text"]), (200, "ok"), r)
+
+
+class ToolChoiceTest(unittest.TestCase):
+    """tool_choice "required" / named: the output is calls of the tools, whatever the model wants."""
+
+    def create(self, **kw):
+        args = dict(model=SERVER.model, messages=TOOL_MESSAGES, tools=TOOLS, temperature=1.0,
+                    max_tokens=120, seed=5)
+        args.update(kw)
+        return SERVER.client().with_options(timeout=600).chat.completions.create(**args)
+
+    def check_calls(self, calls, names=None):
+        self.assertTrue(calls)
+        for call in calls:
+            self.assertEqual(call.type, "function")
+            self.assertTrue(call.id.startswith("call_"), call.id)
+            self.assertIn(call.function.name, names or TOOL_SCHEMAS)
+            args = json.loads(call.function.arguments)
+            jsonschema.validate(args, TOOL_SCHEMAS[call.function.name])
+
+    def test_required_non_streamed_and_its_control(self):
+        # One call per answer (parallel_tool_calls false): the grammar ends the output after it.
+        r = self.create(tool_choice="required", n=12, parallel_tool_calls=False)
+        self.assertEqual(len(r.choices), 12)
+        names = set()
+        for c in r.choices:
+            self.assertEqual(c.finish_reason, "tool_calls", c.message)
+            self.assertIsNone(c.message.content)
+            self.check_calls(c.message.tool_calls)
+            self.assertEqual(len(c.message.tool_calls), 1)
+            names.add(c.message.tool_calls[0].function.name)
+        print(f"required, one call: functions chosen {sorted(names)}")
+        # parallel_tool_calls true: one or more calls. A model that never learnt the format (as
+        # SmolLM2) may chain calls until max_tokens; such an answer is cut ("length") and comes
+        # back as text, which is the start of a sentence of the grammar.
+        r = self.create(tool_choice="required", n=3, max_tokens=80)
+        for c in r.choices:
+            if c.finish_reason == "tool_calls":
+                self.check_calls(c.message.tool_calls)
+            else:
+                self.assertEqual(c.finish_reason, "length")
+                self.assertTrue(c.message.content.startswith('<tool_call>\n{"name": "'), c.message.content)
+        control = self.create(tool_choice="auto", n=4, max_tokens=40)
+        self.assertFalse(all(c.message.tool_calls for c in control.choices),
+                         "tool_choice auto gave calls every time: the test cannot fail")
+
+    def test_named_function_streamed_and_not(self):
+        named = {"type": "function", "function": {"name": "get_time"}}
+        r = self.create(tool_choice=named, n=8, seed=9)
+        for c in r.choices:
+            self.assertEqual(c.finish_reason, "tool_calls")
+            self.assertEqual(len(c.message.tool_calls), 1)
+            self.check_calls(c.message.tool_calls, names=["get_time"])
+        for tool_choice, n in ((named, 3), ("required", 4)):
+            stream = self.create(tool_choice=tool_choice, n=n, stream=True, seed=13,
+                                 parallel_tool_calls=False)
+            calls, finish = {}, {}
+            for chunk in stream:
+                for c in chunk.choices:
+                    self.assertFalse(c.delta.content, c.delta)  # nothing but calls
+                    for d in c.delta.tool_calls or []:
+                        call = calls.setdefault((c.index, d.index), {"id": None, "name": "", "args": ""})
+                        if d.id:
+                            call["id"] = d.id
+                        if d.function and d.function.name:
+                            call["name"] += d.function.name
+                        if d.function and d.function.arguments:
+                            call["args"] += d.function.arguments
+                    if c.finish_reason:
+                        finish[c.index] = c.finish_reason
+            self.assertEqual(finish, {i: "tool_calls" for i in range(n)})
+            for (index, _), call in calls.items():
+                self.assertTrue(call["id"].startswith("call_"))
+                if tool_choice == named:
+                    self.assertEqual(call["name"], "get_time")
+                jsonschema.validate(json.loads(call["args"]), TOOL_SCHEMAS[call["name"]])
+            self.assertEqual({i for i, _ in calls}, set(range(n)))
+
+    def test_bad_tool_choices_are_400s(self):
+        cases = [
+            (dict(tool_choice={"type": "function", "function": {"name": "nope"}}), "nope"),
+            (dict(tool_choice="required", response_format={"type": "json_object"}), "tool_choice"),
+            (dict(tool_choice="required", tools=[{"type": "function", "function": {
+                "name": "f", "parameters": {"type": "object", "properties": {"a": {"not": {}}}}}}]), "'not'"),
+        ]
+        for kw, word in cases:
+            with self.assertRaises(openai.BadRequestError) as e:
+                self.create(max_tokens=4, **kw)
+            self.assertIn(word, str(e.exception))
 
 
 def main():

@@ -26,6 +26,15 @@ pagedserve_add_test(kernels_cuda_gqa_emulation_test
   LABELS kernels
   TIMEOUT 600)
 
+# The emulator as a memory profiler: coalescing, global bytes per useful KV
+# byte and shared-memory bank conflicts of every attention kernel, against
+# limits from today's measurement (docs/attention_kernels.md). A few seconds.
+pagedserve_add_test(kernels_cuda_profile_test
+  SOURCES cuda_profile_test.cc
+  LIBS pagedserve_kernels CUDA::cudart
+  LABELS kernels
+  TIMEOUT 300)
+
 # fp8 KV-cache conversions (kernels/cpu/fp8.h) against cuda_fp8.h's
 # host-callable conversions: needs the CUDA headers only.
 pagedserve_add_test(kernels_fp8_conversion_test
@@ -36,6 +45,6 @@ pagedserve_add_test(kernels_fp8_conversion_test
 
 # The emulation tests compile CUDA kernel source with the host compiler, which does
 # not know nvcc's `#pragma unroll` (GCC spells it `#pragma GCC unroll`).
-foreach(t kernels_cuda_emulation_test kernels_cuda_gqa_emulation_test)
+foreach(t kernels_cuda_emulation_test kernels_cuda_gqa_emulation_test kernels_cuda_profile_test)
   target_compile_options(${t} PRIVATE -Wno-unknown-pragmas)
 endforeach()

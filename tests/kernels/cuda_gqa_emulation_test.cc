@@ -149,7 +149,7 @@ std::vector<float> EmuGqa(const Case& c, const std::vector<float>& q, const floa
     }
   }
   if (v == Variant::kFma) {
-    kc::EmuLaunch(grid, dim3(kc::kDecodeThreads), kc::GqaDecodeSharedBytes(HS, G), [&] {
+    kc::EmuLaunch(grid, dim3(kc::kDecodeThreads), kc::GqaDecodeSharedBytes(HS, G, sizeof(T)), [&] {
       kc::GqaDecodeKernel<T, T, HS, kc::kDecodeThreads>(
           reinterpret_cast<T*>(out.data()), split ? ml.data() : nullptr,
           split ? es.data() : nullptr, split ? tmp.data() : nullptr,

@@ -298,10 +298,14 @@ TEST(PlanGqaSplitsTest, DegenerateDeviceFactsCountAsOne) {
 }
 
 TEST(GqaSharedBytesTest, MatchesTheKernelLayout) {
-  // K tile 32 x (128 + 4), V tile 32 x 128, group 4: q and acc 4 x 128 each,
-  // logits 4 x 32, m / l / alpha 4 each; fp32.
+  // An fp32 cache (the default): K tile 32 x (128 + 4), V tile 128 x 32, group
+  // 4: q and acc 4 x 128 each, logits 4 x 32, m / l / alpha 4 each; fp32.
   EXPECT_EQ(kc::GqaDecodeSharedBytes(128, 4),
             4u * (32 * 132 + 32 * 128 + 2 * 4 * 128 + 4 * 32 + 3 * 4));
+  // A 16-bit cache: K tile 32 x (128 + 8) and V tile 128 x 32 as stored; the
+  // rest fp32 as above.
+  EXPECT_EQ(kc::GqaDecodeSharedBytes(128, 4, 2),
+            2u * (32 * 136 + 128 * 32) + 4u * (2 * 4 * 128 + 4 * 32 + 3 * 4));
 }
 
 }  // namespace

@@ -49,10 +49,15 @@ constexpr bool kLight = true;
 constexpr bool kLight = false;
 #endif
 
-constexpr WeightType kAllTypes[] = {WeightType::kF32,  WeightType::kF16,  WeightType::kBF16,
-                                    WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0,
-                                    WeightType::kQ5_1, WeightType::kQ8_0, WeightType::kQ4_K,
-                                    WeightType::kQ5_K, WeightType::kQ6_K};
+constexpr WeightType kAllTypes[] = {WeightType::kF32,  WeightType::kF16,    WeightType::kBF16,
+                                    WeightType::kQ4_0, WeightType::kQ4_1,   WeightType::kQ5_0,
+                                    WeightType::kQ5_1, WeightType::kQ8_0,   WeightType::kQ2_K,
+                                    WeightType::kQ3_K, WeightType::kQ4_K,   WeightType::kQ5_K,
+                                    WeightType::kQ6_K, WeightType::kIQ4_NL, WeightType::kIQ4_XS};
+// The K-quants (kPanel16 formats) and IQ4_XS: the ActBlock256 formats.
+constexpr WeightType kSuperBlockTypes[] = {WeightType::kQ2_K, WeightType::kQ3_K,
+                                           WeightType::kQ4_K, WeightType::kQ5_K,
+                                           WeightType::kQ6_K, WeightType::kIQ4_XS};
 constexpr CpuIsa kAllIsas[] = {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512};
 
 void PutHalf(uint8_t* p, float v) {
@@ -109,6 +114,13 @@ Weight RandomWeight(std::mt19937& rng, WeightType type, int64_t rows, int64_t co
           PutHalf(b + 2, 0.1f * d());
           break;
         case WeightType::kQ6_K: PutHalf(b + 208, 0.1f * d()); break;
+        case WeightType::kQ2_K:
+          PutHalf(b + 80, 0.1f * d());
+          PutHalf(b + 82, 0.1f * d());
+          break;
+        case WeightType::kQ3_K: PutHalf(b + 108, 0.1f * d()); break;
+        case WeightType::kIQ4_NL: PutHalf(b, 0.1f * d()); break;
+        case WeightType::kIQ4_XS: PutHalf(b, 0.01f * d()); break;
         default: PutHalf(b, d()); break;
       }
     }
@@ -298,7 +310,7 @@ TEST_P(LinearIsaTest, EveryFormatWithinBoundOnOddShapes) {
 TEST_P(LinearIsaTest, KQuantsEveryTokenCount) {
   if (absent()) return;  // said so in SetUp
   std::mt19937 rng(15);
-  for (WeightType type : {WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K})
+  for (WeightType type : kSuperBlockTypes)
     for (int64_t rows : {1, 5, 7})
       for (int64_t tokens : {1, 2, 3, 4, 5, 6, 7, 8, 9, 37})
         for (LinearMethod m : {LinearMethod::kRowDot, LinearMethod::kRowBlock})
@@ -337,16 +349,27 @@ TEST_P(LinearIsaTest, RowBlock8WithinBoundOnOddShapes) {
 TEST_P(LinearIsaTest, KQuantPanelsWithinBoundOnOddShapes) {
   if (absent()) return;  // said so in SetUp
   std::mt19937 rng(16);
-  for (WeightType type : {WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K})
+  for (WeightType type : {WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K,
+                          WeightType::kQ5_K, WeightType::kQ6_K})
     for (int64_t cols : {256, 768})
       for (int64_t rows : {1, 9, 16, 45})
         for (int64_t tokens : {1, 3, 8, 13, 37}) {
           if (kLight && cols == 768 && rows != 45) continue;
           CheckCase(rng, type, GetParam(), LinearMethod::kPanel16, rows, cols, tokens, rows == 9);
         }
+  // Q4_0 and Q8_0 (PanelBlock32, issue 34): one and several 32-element blocks
+  for (WeightType type : {WeightType::kQ4_0, WeightType::kQ8_0})
+    for (int64_t cols : {32, 96, 576})
+      for (int64_t rows : {1, 9, 16, 45})
+        for (int64_t tokens : {1, 3, 8, 13, 37}) {
+          if (kLight && cols == 576 && rows != 45) continue;
+          CheckCase(rng, type, GetParam(), LinearMethod::kPanel16, rows, cols, tokens, rows == 9);
+        }
   // formats without panels fall back to kRowBlock
-  CheckCase(rng, WeightType::kQ4_0, GetParam(), LinearMethod::kPanel16, 24, 64, 9, true);
+  CheckCase(rng, WeightType::kQ5_0, GetParam(), LinearMethod::kPanel16, 24, 64, 9, true);
   CheckCase(rng, WeightType::kF16, GetParam(), LinearMethod::kPanel16, 24, 64, 9, true);
+  CheckCase(rng, WeightType::kIQ4_XS, GetParam(), LinearMethod::kPanel16, 24, 512, 9, true);
+  CheckCase(rng, WeightType::kIQ4_NL, GetParam(), LinearMethod::kPanel16, 24, 64, 9, true);
 }
 
 // Large enough to be split over the OpenMP threads (OMP_NUM_THREADS=2 in ctest).
@@ -401,7 +424,10 @@ TEST_P(LinearIsaTest, BrokenWeightsExceedTheBound) {
 
       // Zeroed scale of the first block of every row.
       Weight broken = w;
-      const size_t d_offset = type == WeightType::kQ6_K ? 208 : 0;
+      const size_t d_offset = type == WeightType::kQ6_K   ? 208
+                              : type == WeightType::kQ3_K ? 108
+                              : type == WeightType::kQ2_K ? 80
+                                                          : 0;
       for (int64_t r = 0; r < rows; ++r) PutHalf(&broken.bytes[r * broken.stride + d_offset], 0.0f);
       p = LinearParams{x.data(), tokens, cols, broken.view(), nullptr, y.data(), rows};
       ASSERT_TRUE(cpu::LinearWith(p, GetParam(), method).ok());
@@ -633,7 +659,7 @@ TEST(LinearTest, DequantizeRowToFloatValidates) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(DequantizeRowToFloat(WeightType::kQ4_0, nullptr, 32, out.data()).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(DequantizeRowToFloat(static_cast<WeightType>(10), row.data(), 256, out.data()).code(),
+  EXPECT_EQ(DequantizeRowToFloat(static_cast<WeightType>(16), row.data(), 256, out.data()).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -678,10 +704,11 @@ TEST(WeightFormatTest, BlockGeometryMatchesGgml) {
     EXPECT_EQ(WeightTypeName(type), GgmlTypeName(static_cast<GgmlType>(type)));
     EXPECT_TRUE(IsWeightType(static_cast<uint32_t>(type)));
   }
-  EXPECT_FALSE(IsWeightType(10));  // Q2_K: not a Linear format
+  EXPECT_FALSE(IsWeightType(16));  // IQ2_XXS: not a Linear format
+  EXPECT_FALSE(IsWeightType(39));  // MXFP4
   EXPECT_EQ(*RowBytes(WeightType::kQ4_K, 512), 288u);
   EXPECT_EQ(RowBytes(WeightType::kQ4_0, 48).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(RowBytes(static_cast<WeightType>(10), 256).status().code(),
+  EXPECT_EQ(RowBytes(static_cast<WeightType>(16), 256).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -740,7 +767,7 @@ TEST_F(LinearValidationTest, RejectsBadParams) {
   p.w.row_stride_bytes = 67;
   ExpectRejected(p, "w.row_stride_bytes");
   p = p_;
-  p.w.type = static_cast<WeightType>(10);
+  p.w.type = static_cast<WeightType>(16);
   ExpectRejected(p, "w.type");
   p = p_;
   p.y = x_.data() + 8;

@@ -39,7 +39,8 @@ struct PrefillCase {
   int query_stride_pad = 0;  // extra elements between query tokens (fused QKV)
   int check_every = 1;       // compare every n-th query row with the reference
   uint32_t seed = 1;
-  int window = 0;  // sliding window (0 = none)
+  int window = 0;        // sliding window (0 = none)
+  float softcap = 0.0f;  // score soft cap (0 = none)
 };
 
 // Blocks wholly before every query row's window are never read: NaN there.
@@ -49,9 +50,10 @@ void PoisonBeforeWindows(const PrefillCase& c, PagedBatch& b) {
                        WindowFirstKey(c.seqs[s].seq_len - c.seqs[s].q_len, c.window));
 }
 
-// Negative control of a windowed case: the same call without the window
-// misses the reference of the longest sequence's last row (it attends to
-// tokens before the window, NaN there).
+// Negative control of a windowed or soft-capped case: the same call without
+// the window and the soft cap misses the reference of the longest sequence's
+// last row (it attends to tokens before the window, NaN there; or weighs the
+// scores uncapped).
 void ExpectFailsWithoutWindow(const PrefillCase& c, const PagedBatch& b, const HostTensor& q,
                               const std::vector<int32_t>& qsl, int64_t qstride,
                               PrefillAttentionParams p) {
@@ -66,10 +68,12 @@ void ExpectFailsWithoutWindow(const PrefillCase& c, const PagedBatch& b, const H
     ReferenceAttendRange(q.f.data() + row * qstride + static_cast<int64_t>(h) * hs, h, H,
                          b.gathered_k(static_cast<int>(longest)),
                          b.gathered_v(static_cast<int>(longest)), WindowFirstKey(pos, c.window),
-                         pos + 1, pos, p.scale, 0.0, ref.data() + static_cast<size_t>(h) * hs);
+                         pos + 1, pos, p.scale, 0.0, ref.data() + static_cast<size_t>(h) * hs,
+                         c.softcap);
   HostTensor plain(c.dtype, static_cast<size_t>(qsl.back()) * H * hs);
   p.out = plain.data();
   p.sliding_window = 0;
+  p.logit_softcap = 0.0f;
   ASSERT_TRUE(PrefillAttention(p).ok());
   std::vector<float> got(ref.size());
   for (size_t k = 0; k < got.size(); ++k) got[k] = plain.Get(static_cast<size_t>(row) * H * hs + k);
@@ -137,6 +141,7 @@ void RunPrefillCase(const PrefillCase& c) {
   p.scale = 1.0f / std::sqrt(static_cast<float>(hs));
   p.alibi_slopes = c.alibi ? slopes.data() : nullptr;
   p.sliding_window = c.window;
+  p.logit_softcap = c.softcap;
   ASSERT_TRUE(PrefillAttention(p).ok());
 
   // Each checked query row (all heads) under the attention standard.
@@ -154,7 +159,7 @@ void RunPrefillCase(const PrefillCase& c) {
         ReferenceAttendRange(q.f.data() + t * qstride + static_cast<int64_t>(h) * hs, h, H,
                              b.gathered_k(s), b.gathered_v(s), WindowFirstKey(pos, c.window),
                              pos + 1, pos, p.scale, c.alibi ? slopes[h] : 0.0,
-                             ref.data() + static_cast<size_t>(h) * hs);
+                             ref.data() + static_cast<size_t>(h) * hs, c.softcap);
       for (size_t k = 0; k < got.size(); ++k) got[k] = out.Get(static_cast<size_t>(t) * H * hs + k);
       ASSERT_TRUE(AttentionOutputMatches(got, ref, c.dtype))
           << "seq " << s << " (len " << c.seqs[s].seq_len << ", q_len " << c.seqs[s].q_len
@@ -169,7 +174,7 @@ void RunPrefillCase(const PrefillCase& c) {
       }
     }
 
-  if (c.window > 0) return ExpectFailsWithoutWindow(c, b, q, qsl, qstride, p);
+  if (c.window > 0 || c.softcap > 0) return ExpectFailsWithoutWindow(c, b, q, qsl, qstride, p);
   // Negative controls: a zeroed row, and the same kernel with one block of the
   // control sequence's context dropped (its last row then attends to every
   // token but that block's), must both fail the standard.
@@ -246,6 +251,26 @@ TEST(PrefillAttentionTest, SlidingWindow) {
       c.dtype = dt;
       c.window = window;
       c.seqs = {{1, 1}, {70, 70}, {200, 37}, {1300, 100}, {45, 1}};
+      c.check_every = 3;
+      c.seed = seed++;
+      RunPrefillCase(c);
+    }
+}
+
+// Gemma 2's attention soft-capping, alone and with a window (its local
+// layers), every dtype (fp16 / bf16 caches take the AVX2 intrinsics path on
+// x86): queries of scale 2 give scores well past the cap of 1.5.
+TEST(PrefillAttentionTest, LogitSoftcap) {
+  uint32_t seed = 900;
+  for (DType dt : kDTypes)
+    for (int window : {0, 40}) {
+      PrefillCase c;
+      c.heads = 4;
+      c.kv_heads = 2;
+      c.dtype = dt;
+      c.window = window;
+      c.softcap = 1.5f;
+      c.seqs = {{1, 1}, {70, 70}, {200, 37}, {45, 1}};
       c.check_every = 3;
       c.seed = seed++;
       RunPrefillCase(c);

@@ -1,8 +1,10 @@
 // Naive double-precision attention on gathered (contiguous, unpaged) K/V: the
 // correctness reference of the kernel tests (CPU and CUDA). Header-only.
 //
-//   out = sum_j softmax_j(scale * q . k_j + slope * (j - qpos)) v_j
+//   out = sum_j softmax_j(cap(scale * q . k_j + slope * (j - qpos))) v_j
 //
+// where cap(s) = softcap * tanh(s / softcap) when softcap > 0 (Gemma 2's
+// attention soft-capping), else s.
 // over keys j in [0, n_keys) (or [first_key, n_keys): a sliding window). ALiBi follows vLLM's
 // convention (bias slope * (key position - query position), i.e. slope * (j - seq_len + 1) for
 // decode, where the query sits at position seq_len - 1).
@@ -34,7 +36,8 @@ struct GatheredKV {
 // Keys [first_key, n_keys) only (a sliding window); see ReferenceAttendOne.
 inline void ReferenceAttendRange(const float* q, int head, int num_heads, const GatheredKV& k,
                                  const GatheredKV& v, int first_key, int n_keys, int qpos,
-                                 double scale, double alibi_slope, double* out) {
+                                 double scale, double alibi_slope, double* out,
+                                 double softcap = 0.0) {
   const int hs = k.head_size;
   const int kvh = head / (num_heads / k.num_kv_heads);
   std::vector<double> logits(n_keys, 0.0);
@@ -44,6 +47,7 @@ inline void ReferenceAttendRange(const float* q, int head, int num_heads, const 
     double dot = 0.0;
     for (int d = 0; d < hs; ++d) dot += static_cast<double>(q[d]) * kj[d];
     logits[j] = scale * dot + alibi_slope * (j - qpos);
+    if (softcap > 0) logits[j] = softcap * std::tanh(logits[j] / softcap);
     mx = std::max(mx, logits[j]);
   }
   double sum = 0.0;
@@ -76,14 +80,15 @@ inline int WindowFirstKey(int qpos, int window) {
 // [num_heads, head_size].
 inline std::vector<double> ReferenceDecode(const float* q, int num_heads, const GatheredKV& k,
                                            const GatheredKV& v, int seq_len, double scale,
-                                           const float* alibi_slopes, int window = 0) {
+                                           const float* alibi_slopes, int window = 0,
+                                           double softcap = 0.0) {
   const int hs = k.head_size;
   std::vector<double> out(static_cast<size_t>(num_heads) * hs);
   for (int h = 0; h < num_heads; ++h)
     ReferenceAttendRange(q + static_cast<int64_t>(h) * hs, h, num_heads, k, v,
                          WindowFirstKey(seq_len - 1, window), seq_len, seq_len - 1, scale,
                          alibi_slopes ? alibi_slopes[h] : 0.0,
-                         out.data() + static_cast<size_t>(h) * hs);
+                         out.data() + static_cast<size_t>(h) * hs, softcap);
   return out;
 }
 

@@ -17,8 +17,24 @@
 // fibers). Misaligned vector accesses through kernels/cuda/dtype_utils.cuh
 // (Load16, Load8, LoadPacked, StorePacked) abort, as the device would fault;
 // other reinterpret_casts are not checked. What it does not model: the device
-// memory model beyond barriers, bank conflicts, timing, register limits. Not
-// for sanitizer builds (stack switching).
+// memory model beyond barriers, timing, register limits, caches. Not for
+// sanitizer builds (stack switching).
+//
+// Profiler (emu::ProfileBegin / emu::ProfileEnd): the memory accesses a kernel
+// marks (PAGEDSERVE_GLOBAL_READ, PAGEDSERVE_SHARED of
+// kernels/cuda/dtype_utils.cuh) are grouped into warp instructions: the n-th
+// access of mark m by each thread of warp w in a block is one instruction
+// (the device's SIMT model with reconvergence; a thread that skips a marked
+// access in a divergent branch is an inactive lane). Per instruction, as the
+// CUDA C++ Programming Guide and Nsight Compute count them:
+//   global  sectors: the distinct 32-byte sectors its threads touch; useful
+//           sectors: ceil(distinct bytes asked for / 32) (coalescing: 1.0 is
+//           ideal; 32 threads reading 4 bytes each 32 bytes apart are 8.0).
+//   shared  per phase (32 threads for accesses of up to 4 bytes, 16 for 8,
+//           8 for 16: one 128-byte wavefront each), the most distinct 4-byte
+//           words that fall into one of the 32 banks; the same word read by
+//           several threads is one (broadcast). ways = the largest of these,
+//           wavefronts = their sum (ideal: one per phase).
 //
 // Include this header INSTEAD of a CUDA compiler: it includes the CUDA headers
 // for the types (uint4, __half, ...) and must come before the kernel headers.
@@ -40,8 +56,13 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
+#include <string>
+#include <tuple>
 #include <type_traits>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #ifdef __CUDACC__
@@ -176,6 +197,240 @@ inline void RunBlock(int threads, const std::function<void()>& body) {
   }
 }
 
+// ---- Profiler: marked global reads and shared accesses, grouped into warp
+// instructions (see the top of this file).
+enum class Space : uint8_t { kGlobal, kShared };
+
+// Counters of one marked access (a site) or of all sites of one space.
+struct AccessCounters {
+  uint64_t instructions = 0;      // warp instructions
+  uint64_t accesses = 0;          // thread accesses (active lanes)
+  uint64_t bytes = 0;             // distinct bytes asked for, summed over instructions
+  uint64_t sectors = 0;           // global: 32-byte sectors touched
+  uint64_t block_sectors = 0;     // global: distinct sectors per thread block, summed
+  uint64_t useful_sectors = 0;    // global: ceil(distinct bytes / 32) per instruction
+  uint64_t wavefronts = 0;        // shared: sum over phases of the busiest bank's words
+  uint64_t ideal_wavefronts = 0;  // shared: phases with an active lane
+  int max_ways = 0;               // shared: busiest bank of any phase (1: conflict-free)
+  void Add(const AccessCounters& o) {
+    instructions += o.instructions;
+    accesses += o.accesses;
+    bytes += o.bytes;
+    sectors += o.sectors;
+    block_sectors += o.block_sectors;
+    useful_sectors += o.useful_sectors;
+    wavefronts += o.wavefronts;
+    ideal_wavefronts += o.ideal_wavefronts;
+    max_ways = std::max(max_ways, o.max_ways);
+  }
+  // Global: sectors per useful sector (1.0: fully coalesced).
+  double SectorRatio() const {
+    return useful_sectors ? static_cast<double>(sectors) / static_cast<double>(useful_sectors) : 0;
+  }
+  // Shared: wavefronts per ideal wavefront (1.0: no bank conflict).
+  double WavefrontRatio() const {
+    return ideal_wavefronts
+               ? static_cast<double>(wavefronts) / static_cast<double>(ideal_wavefronts)
+               : 0;
+  }
+};
+
+// A marked access in the kernel source: file, line and the expansion's
+// __COUNTER__ (two marks on one line are two sites).
+struct Site {
+  const char* file;
+  int line;
+  int counter;
+  Space space;
+  int nth_on_line = 0;  // 0: the line's first mark that ProfileEnd reports, 1: second, ...
+  // "file.cuh:LINE", then "b", "c", ... for a line's later marks.
+  std::string Name() const {
+    const char* slash = std::strrchr(file, '/');
+    std::string n = std::string(slash ? slash + 1 : file) + ":" + std::to_string(line);
+    if (nth_on_line > 0) n += static_cast<char>('a' + nth_on_line);
+    return n;
+  }
+};
+
+// What ProfileEnd returns: per site (ordered by file and line) and per space.
+struct Profile {
+  std::vector<std::pair<Site, AccessCounters>> sites;
+  AccessCounters global, shared;
+};
+
+struct Profiler {
+  struct Access {
+    uint16_t lane;
+    uint16_t bytes;
+    uintptr_t addr;
+  };
+  bool on = false;
+  std::vector<Site> sites;
+  std::map<std::tuple<const char*, int, int>, int> site_ids;
+  std::vector<AccessCounters> counters;  // by site id
+  // This block's accesses by (site id, warp, occurrence), and each thread's
+  // occurrence count per site.
+  std::unordered_map<uint64_t, std::vector<Access>> pending;
+  std::vector<std::vector<uint32_t>> occurrence;  // [thread][site id]
+};
+
+inline Profiler& Prof() {
+  static Profiler p;
+  return p;
+}
+
+inline int SiteId(Space space, const char* file, int line, int counter) {
+  Profiler& p = Prof();
+  const auto key = std::make_tuple(file, line, counter);
+  auto it = p.site_ids.find(key);
+  if (it != p.site_ids.end()) return it->second;
+  const int id = static_cast<int>(p.sites.size());
+  if (id >= (1 << 16)) {
+    std::fprintf(stderr, "simt_emulator: more than 65536 profiled sites\n");
+    std::abort();
+  }
+  p.sites.push_back({file, line, counter, space, 0});
+  p.counters.emplace_back();
+  p.site_ids.emplace(key, id);
+  return id;
+}
+
+// Records one thread's access of `bytes` at p for the current block (a no-op
+// unless profiling); returns p.
+template <typename P>
+P* MarkAccess(P* p, size_t bytes, Space space, const char* file, int line, int counter) {
+  Profiler& prof = Prof();
+  if (!prof.on) return p;
+  const int id = SiteId(space, file, line, counter);
+  const unsigned tid = ::pagedserve::kernels::cuda::threadIdx.x;
+  if (prof.occurrence.size() <= tid) prof.occurrence.resize(tid + 1);
+  std::vector<uint32_t>& occ = prof.occurrence[tid];
+  if (occ.size() <= static_cast<size_t>(id)) occ.resize(id + 1, 0);
+  const uint64_t key =
+      (static_cast<uint64_t>(id) << 48) | (static_cast<uint64_t>(tid / 32) << 32) | occ[id]++;
+  prof.pending[key].push_back({static_cast<uint16_t>(tid % 32), static_cast<uint16_t>(bytes),
+                               reinterpret_cast<uintptr_t>(p)});
+  return p;
+}
+
+// The bytes an instruction's threads ask for, each byte once.
+inline uint64_t DistinctBytes(const std::vector<Profiler::Access>& acc) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;  // [begin, end)
+  ranges.reserve(acc.size());
+  for (const auto& a : acc) ranges.emplace_back(a.addr, a.addr + a.bytes);
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t bytes = 0;
+  uintptr_t covered = 0;
+  for (const auto& [b, e] : ranges) {
+    const uintptr_t from = std::max(b, covered);
+    if (e > from) bytes += e - from;
+    covered = std::max(covered, e);
+  }
+  return bytes;
+}
+
+// Sorts and deduplicates v.
+inline void SortUnique(std::vector<uintptr_t>& v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+}
+
+// One global warp instruction: the sectors it touches (also appended to
+// *block_sectors), the bytes it asks for.
+inline void CountGlobal(const std::vector<Profiler::Access>& acc, AccessCounters* c,
+                        std::vector<uintptr_t>* block_sectors) {
+  std::vector<uintptr_t> sectors;
+  for (const auto& a : acc)
+    for (uintptr_t s = a.addr / 32; s <= (a.addr + a.bytes - 1) / 32; ++s) sectors.push_back(s);
+  SortUnique(sectors);
+  block_sectors->insert(block_sectors->end(), sectors.begin(), sectors.end());
+  const uint64_t bytes = DistinctBytes(acc);
+  c->bytes += bytes;
+  c->sectors += sectors.size();
+  c->useful_sectors += (bytes + 31) / 32;
+}
+
+// One shared warp instruction: per phase, the busiest bank's distinct words.
+inline void CountShared(const std::vector<Profiler::Access>& acc, AccessCounters* c) {
+  const int width = acc.front().bytes;
+  const int lanes_per_phase = width <= 4 ? 32 : 128 / width;
+  std::vector<std::vector<uintptr_t>> words(32 / lanes_per_phase);  // per phase
+  for (const auto& a : acc)
+    for (uintptr_t w = a.addr / 4; w <= (a.addr + a.bytes - 1) / 4; ++w)
+      words[a.lane / lanes_per_phase].push_back(w);
+  c->bytes += DistinctBytes(acc);
+  for (auto& w : words) {
+    if (w.empty()) continue;
+    SortUnique(w);
+    int per_bank[32] = {};
+    for (uintptr_t x : w) ++per_bank[x % 32];
+    const int ways = *std::max_element(per_bank, per_bank + 32);
+    c->wavefronts += ways;
+    c->ideal_wavefronts += 1;
+    c->max_ways = std::max(c->max_ways, ways);
+  }
+}
+
+// At the end of every block (EmuLaunch): the block's instructions into the
+// per-site counters. block_sectors counts a sector once per block and site
+// (a block reading one sector again, e.g. the other half of a 32-byte row,
+// is taken to hit in its SM's L1; every other block reads it again).
+inline void FlushBlockProfile() {
+  Profiler& p = Prof();
+  if (!p.on) return;
+  std::map<uint64_t, std::vector<uintptr_t>> block_sectors;  // by site id
+  for (auto& [key, acc] : p.pending) {
+    AccessCounters& c = p.counters[key >> 48];
+    c.instructions += 1;
+    c.accesses += acc.size();
+    if (p.sites[key >> 48].space == Space::kGlobal) {
+      CountGlobal(acc, &c, &block_sectors[key >> 48]);
+    } else {
+      CountShared(acc, &c);
+    }
+  }
+  for (auto& [id, sectors] : block_sectors) {
+    SortUnique(sectors);
+    p.counters[id].block_sectors += sectors.size();
+  }
+  p.pending.clear();
+  for (auto& o : p.occurrence) std::fill(o.begin(), o.end(), 0u);
+}
+
+// Starts counting the marked accesses of the launches that follow.
+inline void ProfileBegin() {
+  Profiler& p = Prof();
+  p.on = true;
+  p.pending.clear();
+  p.occurrence.clear();
+  for (auto& c : p.counters) c = AccessCounters{};
+}
+
+// Stops counting; the counters since ProfileBegin (sites that saw no access
+// are left out).
+inline Profile ProfileEnd() {
+  Profiler& p = Prof();
+  FlushBlockProfile();
+  p.on = false;
+  Profile r;
+  for (size_t i = 0; i < p.sites.size(); ++i) {
+    if (p.counters[i].instructions == 0) continue;
+    r.sites.emplace_back(p.sites[i], p.counters[i]);
+    (p.sites[i].space == Space::kGlobal ? r.global : r.shared).Add(p.counters[i]);
+  }
+  std::sort(r.sites.begin(), r.sites.end(), [](const auto& a, const auto& b) {
+    const int f = std::strcmp(a.first.file, b.first.file);
+    if (f != 0) return f < 0;
+    return std::tie(a.first.line, a.first.counter) < std::tie(b.first.line, b.first.counter);
+  });
+  for (size_t i = 1; i < r.sites.size(); ++i) {
+    const Site& prev = r.sites[i - 1].first;
+    Site& cur = r.sites[i].first;
+    if (std::strcmp(prev.file, cur.file) == 0 && prev.line == cur.line)
+      cur.nth_on_line = prev.nth_on_line + 1;
+  }
+  return r;
+}
 }  // namespace emu
 
 inline void __syncthreads() { emu::CurrentBlock()->block_barrier.Wait(); }
@@ -268,6 +523,7 @@ inline void EmuLaunch(dim3 grid, dim3 block, size_t smem_bytes,
         emu::CurrentBlock() = &b;
         blockIdx = uint3{x, y, z};
         emu::RunBlock(threads, kernel);
+        emu::FlushBlockProfile();
         emu::CurrentBlock() = nullptr;
       }
     }
@@ -385,6 +641,15 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, 
 #ifndef __launch_bounds__
 #define __launch_bounds__(...)
 #endif
+// The profiler's marks (the kernels' own definitions are p itself).
+#define PAGEDSERVE_GLOBAL_READ(p, bytes)                                                         \
+  ::pagedserve::kernels::cuda::emu::MarkAccess((p), (bytes),                                     \
+                                               ::pagedserve::kernels::cuda::emu::Space::kGlobal, \
+                                               __FILE__, __LINE__, __COUNTER__)
+#define PAGEDSERVE_SHARED(p)                                                                     \
+  ::pagedserve::kernels::cuda::emu::MarkAccess((p), sizeof(*(p)),                                \
+                                               ::pagedserve::kernels::cuda::emu::Space::kShared, \
+                                               __FILE__, __LINE__, __COUNTER__)
 #define PAGEDSERVE_DYNAMIC_SHARED(type, name) \
   type* name =                                \
       reinterpret_cast<type*>(::pagedserve::kernels::cuda::emu::CurrentBlock()->smem.data())

@@ -57,7 +57,8 @@ TEST_P(DequantTest, MatchesGgufPy) {
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, DequantTest,
                          ::testing::Values("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                                           "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"),
+                                           "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+                                           "IQ4_XS"),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(DequantSmolTest, FirstRowsMatchGgufPy) {

@@ -458,6 +458,108 @@ TEST(GgufMalformedTest, ModelConfigEndOfGenerationIds) {
   EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{9, 8}));
 }
 
+// A gemma2 / gemma3 header as llama.cpp's converter writes it: `layers`
+// blocks of head size 4 on hidden 8 (2 heads), a sliding_window unless
+// window < 0, an integer sliding_window_pattern unless pattern < 0, eos id 1
+// and the tokens <pad>, <eos>, <end_of_turn>.
+std::vector<uint8_t> GemmaHeader(const std::string& arch, uint32_t layers, int window,
+                                 int pattern) {
+  Builder b;
+  b.Raw("GGUF", 4).U32(3).U64(0).U64(9 + (window >= 0) + (pattern >= 0));
+  b.Str("general.architecture").U32(8).Str(arch);
+  b.Str(arch + ".block_count").U32(4).U32(layers);
+  b.Str(arch + ".embedding_length").U32(4).U32(8);
+  b.Str(arch + ".feed_forward_length").U32(4).U32(16);
+  b.Str(arch + ".attention.head_count").U32(4).U32(2);
+  b.Str(arch + ".attention.key_length").U32(4).U32(64);
+  b.Str(arch + ".attention.layer_norm_rms_epsilon").U32(6);
+  float eps = 1e-6f;
+  b.Raw(&eps, 4);
+  if (window >= 0) b.Str(arch + ".attention.sliding_window").U32(4).U32(window);
+  if (pattern >= 0) b.Str(arch + ".attention.sliding_window_pattern").U32(4).U32(pattern);
+  b.Str("tokenizer.ggml.eos_token_id").U32(4).U32(1);
+  b.Str("tokenizer.ggml.tokens").U32(9).U32(8).U64(3);
+  b.Str("<pad>").Str("<eos>").Str("<end_of_turn>");
+  b.PadTo(32);
+  return b.bytes;
+}
+
+// Gemma from GGUF (model_config.h): llama.cpp's window patterns (gemma2
+// even layers, window 4096 when absent; gemma3 all but every 6th, or the
+// integer pattern), gemma3's local RoPE base, the Gemma operations, norms
+// stored as 1 + w already, and <end_of_turn> found by its text as an end id.
+TEST(GgufMalformedTest, ModelConfigGemma) {
+  auto config = [](const std::string& arch, uint32_t layers, int window, int pattern) {
+    auto f = GgufFile::FromBytes("gemma.gguf", GemmaHeader(arch, layers, window, pattern));
+    EXPECT_TRUE(f.ok()) << f.status();
+    return ModelConfigFromGguf(**f);
+  };
+  auto g3 = config("gemma3", 6, 16, -1);
+  ASSERT_TRUE(g3.ok()) << g3.status();
+  EXPECT_EQ(g3->arch, ModelArch::kGemma3);
+  for (int l = 0; l < 6; ++l) {
+    EXPECT_EQ(g3->LayerSlidingWindow(l), l == 5 ? 0 : 16) << l;
+    EXPECT_EQ(g3->LayerLocalRope(l), l != 5) << l;
+  }
+  EXPECT_EQ(g3->rope_local_theta, 10000.0);
+  EXPECT_TRUE(g3->qk_norm && g3->post_norms && !g3->norm_weight_plus_one);
+  EXPECT_EQ(g3->mlp_activation, MlpActivation::kGeluTanh);
+  EXPECT_FLOAT_EQ(g3->embedding_scale, std::sqrt(8.0f));
+  EXPECT_FLOAT_EQ(g3->AttentionScale(), 1.0f / 8.0f);  // key_length 64
+  EXPECT_EQ(g3->eos_token_ids, (std::vector<int32_t>{2, 1}));
+  auto every_other = config("gemma3", 6, 16, 2);
+  ASSERT_TRUE(every_other.ok()) << every_other.status();
+  for (int l = 0; l < 6; ++l) EXPECT_EQ(every_other->LayerSlidingWindow(l), l % 2 ? 0 : 16) << l;
+  auto no_window = config("gemma3", 6, -1, -1);
+  ASSERT_TRUE(no_window.ok()) << no_window.status();
+  EXPECT_EQ(no_window->LayerSlidingWindow(0), 0);
+  EXPECT_EQ(no_window->rope_local_theta, 0.0);
+  auto g2 = config("gemma2", 2, -1, -1);
+  ASSERT_TRUE(g2.ok()) << g2.status();
+  EXPECT_EQ(g2->arch, ModelArch::kGemma2);
+  EXPECT_FALSE(g2->qk_norm);
+  EXPECT_EQ(g2->LayerSlidingWindow(0), 4096);
+  EXPECT_EQ(g2->LayerSlidingWindow(1), 0);
+  EXPECT_EQ(g2->rope_local_theta, 0.0);
+}
+
+// phi3 (llama.cpp's converter): fused projections, <|end|> found by its text
+// as an end id, and rope.dimension_count below the head size (Phi-4-mini's
+// partial rotary) refused by name.
+TEST(GgufMalformedTest, ModelConfigPhi3) {
+  auto header = [](uint32_t rope_dims) {
+    Builder b;
+    b.Raw("GGUF", 4).U32(3).U64(0).U64(9);
+    b.Str("general.architecture").U32(8).Str("phi3");
+    b.Str("phi3.block_count").U32(4).U32(2);
+    b.Str("phi3.embedding_length").U32(4).U32(128);
+    b.Str("phi3.feed_forward_length").U32(4).U32(256);
+    b.Str("phi3.attention.head_count").U32(4).U32(2);
+    b.Str("phi3.rope.dimension_count").U32(4).U32(rope_dims);
+    b.Str("phi3.attention.layer_norm_rms_epsilon").U32(6);
+    float eps = 1e-5f;
+    b.Raw(&eps, 4);
+    b.Str("tokenizer.ggml.eos_token_id").U32(4).U32(1);
+    b.Str("tokenizer.ggml.tokens").U32(9).U32(8).U64(3);
+    b.Str("<unk>").Str("</s>").Str("<|end|>");
+    b.PadTo(32);
+    return b.bytes;
+  };
+  auto f = GgufFile::FromBytes("phi3.gguf", header(64));
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto c = ModelConfigFromGguf(**f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->arch, ModelArch::kPhi3);
+  EXPECT_TRUE(c->fused_projections);
+  EXPECT_EQ(c->head_size, 64);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{2, 1}));
+  auto partial = GgufFile::FromBytes("bad.gguf", header(48));
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  auto refused = ModelConfigFromGguf(**partial);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+  ExpectError(refused.status(), "partial rotary");
+}
+
 // A quantized tensor of every ggml block type: whole, it parses and (where
 // supported) dequantizes; one byte short, the error names the file, the tensor
 // and the field (its data offset) and says the data runs past the end; a row

@@ -224,6 +224,137 @@ TEST(HfConfigTest, ParsesLlamaConfig) {
   EXPECT_FALSE(q->qk_norm);
 }
 
+// Gemma 2 / 3 configs as the Hub ships them (model_config.h): defaults of
+// Gemma2Config / Gemma3TextConfig when fields are absent, the window
+// pattern, rope_local_base_freq, HF's normalizer rounded to the dtype,
+// transformers 5's rope_parameters, and a GELU other than the tanh one refused.
+TEST(HfConfigTest, Gemma) {
+  auto parse = [](const json& j) { return ModelConfigFromHfJson(j.dump(), "config.json"); };
+  json g2 = Config("Gemma2ForCausalLM", true);
+  g2.erase("tie_word_embeddings");
+  g2["num_hidden_layers"] = 4;
+  g2["hidden_size"] = 3072;
+  g2["head_dim"] = 64;
+  g2["torch_dtype"] = "bfloat16";
+  g2["attn_logit_softcapping"] = 50.0;
+  g2["final_logit_softcapping"] = 30.0;
+  g2["hidden_activation"] = "gelu_pytorch_tanh";
+  auto gemma2 = parse(g2);
+  ASSERT_TRUE(gemma2.ok()) << gemma2.status();
+  EXPECT_EQ(gemma2->arch, ModelArch::kGemma2);
+  EXPECT_TRUE(gemma2->tie_word_embeddings);  // the Gemma default
+  EXPECT_TRUE(gemma2->norm_weight_plus_one && gemma2->post_norms && !gemma2->qk_norm);
+  EXPECT_EQ(gemma2->mlp_activation, MlpActivation::kGeluTanh);
+  EXPECT_EQ(gemma2->attn_logit_softcapping, 50.0);
+  EXPECT_EQ(gemma2->final_logit_softcapping, 30.0);
+  EXPECT_FLOAT_EQ(gemma2->AttentionScale(), 1.0f / 16.0f);  // query_pre_attn_scalar 256
+  EXPECT_EQ(gemma2->embedding_scale, 55.5f);                // sqrt(3072) = 55.43 in bfloat16
+  for (int l = 0; l < 4; ++l) EXPECT_EQ(gemma2->LayerSlidingWindow(l), l % 2 ? 0 : 4096) << l;
+  EXPECT_EQ(gemma2->rope_local_theta, 0.0);
+  g2["torch_dtype"] = "float32";
+  EXPECT_EQ(parse(g2)->embedding_scale, std::sqrt(3072.0f));
+
+  json g3 = Config("Gemma3ForCausalLM", true);
+  g3.erase("rope_theta");
+  g3["num_hidden_layers"] = 8;
+  g3["head_dim"] = 64;
+  g3["query_pre_attn_scalar"] = 64;
+  g3["sliding_window"] = 512;
+  g3["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  auto gemma3 = parse(g3);
+  ASSERT_TRUE(gemma3.ok()) << gemma3.status();
+  EXPECT_EQ(gemma3->arch, ModelArch::kGemma3);
+  EXPECT_TRUE(gemma3->qk_norm);
+  EXPECT_EQ(gemma3->rope_theta, 1e6);
+  EXPECT_EQ(gemma3->rope_local_theta, 10000.0);
+  EXPECT_EQ(gemma3->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(gemma3->attn_logit_softcapping, 0.0);
+  for (int l = 0; l < 8; ++l) {
+    EXPECT_EQ(gemma3->LayerSlidingWindow(l), l == 5 ? 0 : 512) << l;
+    EXPECT_EQ(gemma3->LayerLocalRope(l), l != 5) << l;
+  }
+  // Local layers: base 10000, unscaled; global: 1e6 and the linear factor.
+  EXPECT_DOUBLE_EQ(RopeLocalInverseFrequencies(*gemma3)[1], std::pow(10000.0, -2.0 / 64));
+  EXPECT_DOUBLE_EQ(RopeInverseFrequencies(*gemma3)[1], std::pow(1e6, -2.0 / 64) / 8);
+  g3["sliding_window_pattern"] = 2;
+  g3["rope_local_base_freq"] = 20000.0;
+  auto pattern2 = parse(g3);
+  ASSERT_TRUE(pattern2.ok()) << pattern2.status();
+  for (int l = 0; l < 8; ++l) EXPECT_EQ(pattern2->LayerSlidingWindow(l), l % 2 ? 0 : 512) << l;
+  EXPECT_EQ(pattern2->rope_local_theta, 20000.0);
+  // transformers 5 writes rope_parameters per attention type.
+  json v5 = g3;
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = {
+      {"full_attention", {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 5e5}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 30000.0}}}};
+  auto tf5 = parse(v5);
+  ASSERT_TRUE(tf5.ok()) << tf5.status();
+  EXPECT_EQ(tf5->rope_theta, 5e5);
+  EXPECT_EQ(tf5->rope_scaling.factor, 4.0);
+  EXPECT_EQ(tf5->rope_local_theta, 30000.0);
+  g3["hidden_activation"] = "gelu";
+  auto exact_gelu = parse(g3);
+  EXPECT_EQ(exact_gelu.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(exact_gelu.status().message().find("hidden_activation 'gelu'"), std::string::npos)
+      << exact_gelu.status();
+}
+
+// Mixtures of experts: Mixtral (experts of intermediate_size, always
+// renormalised) and Qwen3-MoE (moe_intermediate_size, norm_topk_prob);
+// shared experts and dense layers among the sparse ones are refused naming
+// the feature; the TP split needs the expert width divisible.
+TEST(HfConfigTest, MixtureOfExperts) {
+  auto parse = [](const json& j) { return ModelConfigFromHfJson(j.dump(), "config.json"); };
+  json mx = Config("MixtralForCausalLM", false);
+  mx["num_local_experts"] = 8;
+  mx["num_experts_per_tok"] = 2;
+  auto mixtral = parse(mx);
+  ASSERT_TRUE(mixtral.ok()) << mixtral.status();
+  EXPECT_EQ(mixtral->arch, ModelArch::kMixtral);
+  EXPECT_EQ(mixtral->moe.num_experts, 8);
+  EXPECT_EQ(mixtral->moe.top_k, 2);
+  EXPECT_EQ(mixtral->moe.expert_intermediate_size, kInter);
+  EXPECT_TRUE(mixtral->moe.norm_topk_prob);
+  EXPECT_FALSE(mixtral->qk_norm);
+  mx["num_experts_per_tok"] = 9;  // more than there are experts
+  EXPECT_FALSE(parse(mx).ok());
+  mx.erase("num_local_experts");
+  auto missing = parse(mx);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("num_local_experts"), std::string::npos);
+
+  json qm = Config("Qwen3MoeForCausalLM", false);
+  qm["num_experts"] = 4;
+  qm["num_experts_per_tok"] = 2;
+  qm["moe_intermediate_size"] = 16;
+  auto qwen = parse(qm);
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_EQ(qwen->arch, ModelArch::kQwen3Moe);
+  EXPECT_TRUE(qwen->qk_norm);
+  EXPECT_EQ(qwen->moe.expert_intermediate_size, 16);
+  EXPECT_FALSE(qwen->moe.norm_topk_prob);  // transformers' default
+  qm["norm_topk_prob"] = true;
+  EXPECT_TRUE(parse(qm)->moe.norm_topk_prob);
+  EXPECT_TRUE(ComputeShardLayout(*parse(qm), 1, 2).ok());
+  EXPECT_EQ(ComputeShardLayout(*parse(qm), 1, 2)->first_expert_intermediate, 8);
+  qm["moe_intermediate_size"] = 15;
+  auto odd = ComputeShardLayout(*parse(qm), 0, 2);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("experts' intermediate size"), std::string::npos);
+  qm["moe_intermediate_size"] = 16;
+  qm["mlp_only_layers"] = {0};
+  auto dense = parse(qm);
+  ASSERT_FALSE(dense.ok());
+  EXPECT_EQ(dense.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(dense.status().message().find("mlp_only_layers"), std::string::npos);
+
+  auto shared = parse(Config("Qwen2MoeForCausalLM", false));
+  ASSERT_FALSE(shared.ok());
+  EXPECT_EQ(shared.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(shared.status().message().find("shared experts"), std::string::npos);
+}
+
 // Sliding windows as transformers builds its masks: Mistral on every layer,
 // Qwen2/3 from max_window_layers on when use_sliding_window, layer_types when
 // given; null or absent = none; bad values named.
@@ -425,6 +556,33 @@ TEST(HfConfigTest, RopeInverseFrequencies) {
   EXPECT_GT(mid, 0);
 }
 
+// A quantized checkpoint (transformers' quantization_config) is refused at the
+// config, naming the method, whatever else the config holds.
+TEST(HfConfigTest, QuantizationConfigRefusedNamingTheMethod) {
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128}}, "'awq'"},
+      {{{"quant_method", "gptq"}, {"bits", 4}, {"desc_act", false}}, "'gptq'"},
+      {{{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}}, "'fp8'"},
+      {{{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}}, "'bitsandbytes'"},
+      {{{"load_in_8bit", true}}, "'bitsandbytes'"},
+      {{{"quant_method", "compressed-tensors"}}, "'compressed-tensors'"},
+      {{{"bits", 4}}, "'unknown'"}};
+  for (const auto& [qc, name] : cases) {
+    json c = Config("LlamaForCausalLM", true);
+    c["quantization_config"] = qc;
+    auto r = ModelConfigFromHfJson(c.dump(), "dir/config.json");
+    ASSERT_FALSE(r.ok()) << qc.dump();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
+    EXPECT_NE(
+        r.status().message().find("dir/config.json: quantization_config.quant_method " + name),
+        std::string::npos)
+        << r.status();
+  }
+  json plain = Config("LlamaForCausalLM", true);
+  plain["quantization_config"] = nullptr;  // explicitly none
+  EXPECT_TRUE(ModelConfigFromHfJson(plain.dump(), "config.json").ok());
+}
+
 TEST(HfConfigTest, Errors) {
   json j = Config("GPT2LMHeadModel", true);
   EXPECT_EQ(ModelConfigFromHfJson(j.dump(), "c.json").status().code(),
@@ -471,6 +629,68 @@ TEST(HfWeightsTest, SingleAndShardedLoadExactly) {
       EXPECT_TRUE(L.q_bias.empty());
     }
   }
+}
+
+// Phi-3's fused qkv_proj ([q | k | v] rows) and gate_up_proj ([gate | up])
+// load, whole and per tensor-parallel shard, as the separate matrices they
+// stack; Phi-3's partial rotary and LongRoPE configs are refused by name.
+TEST(HfWeightsTest, FusedProjectionsSplitLikeSeparateOnes) {
+  TensorMap m = MakeModel(/*qkv_bias=*/false, /*tied=*/false, 13);
+  auto stack = [](std::initializer_list<const Tensor*> parts) {
+    Tensor t{"F32", {0, kHidden}, {}, {}};
+    for (const Tensor* p : parts) {
+      t.shape[0] += p->shape[0];
+      t.values.insert(t.values.end(), p->values.begin(), p->values.end());
+      t.bytes.insert(t.bytes.end(), p->bytes.begin(), p->bytes.end());
+    }
+    return t;
+  };
+  TensorMap fused = m;
+  for (int l = 0; l < kLayers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    fused[p + "self_attn.qkv_proj.weight"] =
+        stack({&m[p + "self_attn.q_proj.weight"], &m[p + "self_attn.k_proj.weight"],
+               &m[p + "self_attn.v_proj.weight"]});
+    fused[p + "mlp.gate_up_proj.weight"] =
+        stack({&m[p + "mlp.gate_proj.weight"], &m[p + "mlp.up_proj.weight"]});
+    for (const char* n : {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                          "self_attn.v_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight"})
+      fused.erase(p + n);
+  }
+  const std::string plain_dir = WriteModel(m, Config("MistralForCausalLM", false), false);
+  const std::string fused_dir = WriteModel(fused, Config("Phi3ForCausalLM", false), false);
+  for (int tp : {1, 2}) {
+    for (int r = 0; r < tp; ++r) {
+      SCOPED_TRACE("tp " + std::to_string(tp) + " rank " + std::to_string(r));
+      auto want = LoadLlamaWeights(plain_dir, r, tp);
+      auto got = LoadLlamaWeights(fused_dir, r, tp);
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->config.arch, ModelArch::kPhi3);
+      EXPECT_TRUE(got->config.fused_projections);
+      for (int l = 0; l < kLayers; ++l) {
+        const LayerWeights& a = want->layers[l];
+        const LayerWeights& b = got->layers[l];
+        EXPECT_EQ(b.q_proj.data, a.q_proj.data) << "q, layer " << l;
+        EXPECT_EQ(b.k_proj.data, a.k_proj.data) << "k, layer " << l;
+        EXPECT_EQ(b.v_proj.data, a.v_proj.data) << "v, layer " << l;
+        EXPECT_EQ(b.gate_proj.data, a.gate_proj.data) << "gate, layer " << l;
+        EXPECT_EQ(b.up_proj.data, a.up_proj.data) << "up, layer " << l;
+        EXPECT_EQ(b.down_proj.data, a.down_proj.data) << "down, layer " << l;
+      }
+    }
+  }
+  json partial = Config("Phi3ForCausalLM", false);
+  partial["partial_rotary_factor"] = 0.75;
+  auto s = ModelConfigFromHfJson(partial.dump(), "config.json").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("partial_rotary_factor"), std::string::npos) << s;
+  json longrope = Config("Phi3ForCausalLM", false);
+  longrope["rope_scaling"] = {
+      {"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {2.0}}};
+  s = ModelConfigFromHfJson(longrope.dump(), "config.json").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("longrope"), std::string::npos) << s;
 }
 
 TEST(HfWeightsTest, TensorParallelShardsConcatenateToFull) {

@@ -98,7 +98,8 @@ TEST(LoaderFuzzCorpusTest, SeedsAreValidFiles) {
     return std::vector<uint8_t>(s.begin(), s.end());
   };
   for (const char* f : {"gguf/seed-llama-gpt2.gguf", "gguf/seed-llama3-rope-freqs.gguf",
-                        "gguf/seed-qwen3-qk-norm.gguf", "gguf/seed-qwen2-spm-v2.gguf"}) {
+                        "gguf/seed-qwen3-qk-norm.gguf", "gguf/seed-qwen2-spm-v2.gguf",
+                        "gguf/seed-qwen3moe-experts.gguf"}) {
     auto g = GgufFile::FromBytes(f, bytes(f));
     ASSERT_TRUE(g.ok()) << g.status();
     auto config = ModelConfigFromGguf(**g);
@@ -115,8 +116,11 @@ TEST(LoaderFuzzCorpusTest, SeedsAreValidFiles) {
     auto tok = Tokenizer::Create(std::move(*spec));
     EXPECT_TRUE(tok.ok()) << f << ": " << tok.status();
   }
-  // The llama and qwen3 seeds are whole models: the weights load, also sharded.
-  for (const char* f : {"gguf/seed-llama-gpt2.gguf", "gguf/seed-qwen3-qk-norm.gguf"}) {
+  // The llama, qwen3 and qwen3moe seeds are whole models: the weights load,
+  // also sharded (the experts' down slices of 16 columns are not whole Q4_0
+  // blocks there: dequantized to fp32).
+  for (const char* f : {"gguf/seed-llama-gpt2.gguf", "gguf/seed-qwen3-qk-norm.gguf",
+                        "gguf/seed-qwen3moe-experts.gguf"}) {
     const std::string path = (dir / f).string();
     for (auto [rank, size, dtype] :
          {std::tuple{0, 1, WeightDType::kFloat32}, std::tuple{1, 2, WeightDType::kAuto}}) {
@@ -125,6 +129,12 @@ TEST(LoaderFuzzCorpusTest, SeedsAreValidFiles) {
       EXPECT_EQ(w->layers.size(), 1u);
       EXPECT_EQ(w->embed_tokens.rows, 12);
       EXPECT_EQ(w->layers[0].q_norm.size(), w->config.qk_norm ? 16u : 0u);
+      if (w->config.moe.enabled()) {
+        ASSERT_EQ(w->layers[0].expert_down.size(), 4u) << f;
+        EXPECT_EQ(w->layers[0].expert_gate[3].rows, 32 / size) << f;
+        EXPECT_EQ(w->layers[0].expert_down[3].cols, 32 / size) << f;
+        EXPECT_EQ(w->layers[0].router.rows, 4) << f;
+      }
     }
   }
   auto all = GgufFile::FromBytes("all", bytes("gguf/seed-all-types.gguf"));
@@ -139,14 +149,25 @@ TEST(LoaderFuzzCorpusTest, SeedsAreValidFiles) {
   }
   for (const char* f :
        {"hf_config/seed-llama3.json", "hf_config/seed-qwen2.json", "hf_config/seed-qwen3.json",
-        "hf_config/seed-mistral-linear.json", "hf_config/seed-qwen2-window.json"}) {
+        "hf_config/seed-mistral-linear.json", "hf_config/seed-qwen2-window.json",
+        "hf_config/seed-gemma2.json", "hf_config/seed-gemma3.json", "hf_config/seed-mixtral.json",
+        "hf_config/seed-qwen3-moe.json"}) {
     auto c = ModelConfigFromHfJson(ReadAll(dir / f), f);
     EXPECT_TRUE(c.ok()) << c.status();
     if (c.ok()) {
-      EXPECT_EQ(c->qk_norm, std::string_view(f) == "hf_config/seed-qwen3.json") << f;
-      const bool window = std::string_view(f) == "hf_config/seed-qwen2-window.json";
+      const std::string_view name(f);
+      EXPECT_EQ(c->qk_norm, name == "hf_config/seed-qwen3.json" ||
+                                name == "hf_config/seed-gemma3.json" ||
+                                name == "hf_config/seed-qwen3-moe.json")
+          << f;
+      EXPECT_EQ(c->moe.num_experts,
+                name.ends_with("moe.json") || name.ends_with("mixtral.json") ? 4 : 0)
+          << f;
+      const bool window = name == "hf_config/seed-qwen2-window.json";
+      const bool gemma = name.starts_with("hf_config/seed-gemma");
+      EXPECT_EQ(c->post_norms, gemma) << f;
       EXPECT_EQ(c->LayerSlidingWindow(1), window ? 32 : 0) << f;
-      EXPECT_EQ(c->LayerSlidingWindow(0), 0) << f;
+      EXPECT_EQ(c->LayerSlidingWindow(0), gemma ? 16 : 0) << f;  // Gemma: even layers windowed
     }
   }
   for (const char* f : {"hf_tokenizer/seed-bytelevel.json", "hf_tokenizer/seed-spm.json",

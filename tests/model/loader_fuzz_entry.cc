@@ -124,9 +124,17 @@ std::string CheckWeights(const std::string& path, const ModelConfig& c) {
     std::vector<const Matrix*> matrices = {&w->embed_tokens};
     if (!c.tie_word_embeddings) matrices.push_back(&w->lm_head);
     for (const LayerWeights& l : w->layers) {
-      for (const Matrix* m :
-           {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
-        matrices.push_back(m);
+      for (const Matrix* m : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj}) matrices.push_back(m);
+      if (c.moe.enabled()) {  // the router and every expert instead of the dense MLP
+        if (l.expert_gate.size() != static_cast<size_t>(c.moe.num_experts) ||
+            l.expert_up.size() != l.expert_gate.size() ||
+            l.expert_down.size() != l.expert_gate.size() || !l.gate_proj.empty())
+          return what + ": expert count";
+        matrices.push_back(&l.router);
+        for (const auto* experts : {&l.expert_gate, &l.expert_up, &l.expert_down})
+          for (const Matrix& m : *experts) matrices.push_back(&m);
+      } else {
+        for (const Matrix* m : {&l.gate_proj, &l.up_proj, &l.down_proj}) matrices.push_back(m);
       }
     }
     if (w->embed_tokens.rows != c.vocab_size || w->embed_tokens.cols != c.hidden_size) {

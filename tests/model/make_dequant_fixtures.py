@@ -7,7 +7,8 @@ files, transformers' GGUF reader (pip install transformers; torch not needed).
 The fixture is itself a GGUF file written by gguf-py's GGUFWriter:
   synth.<TYPE>            a 4 x 512 tensor of ggml type TYPE: for Q4_0..Q8_0
                           gguf.quants.quantize of random floats, for K-quants
-                          random bytes with sane fp16 scales, for F32/F16/BF16
+                          and IQ4_NL/IQ4_XS random bytes with sane fp16
+                          scales, for F32/F16/BF16
                           random floats;
   synth.<TYPE>.expected   F32, gguf.quants.dequantize of it;
   smol.<tensor>.rows      F32, the first rows of SmolLM2 tensors as gguf-py
@@ -43,6 +44,8 @@ K_SCALE_FIELDS = {
     T.Q4_K: [0, 2],     # d, dmin first
     T.Q5_K: [0, 2],
     T.Q6_K: [208],      # d after ql[128], qh[64], scales[16]
+    T.IQ4_NL: [0],      # d first, then 16 bytes of codebook indices
+    T.IQ4_XS: [0],      # d first, then scales_h, scales_l[4], qs[128]
 }
 
 
@@ -85,7 +88,7 @@ def main():
     w.add_array("fixture.arr_nested", [[1, 2], [3]])
 
     types = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
-             T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+             T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
     for qt in types:
         x = rng.standard_normal((ROWS, COLS)).astype(np.float32)
         if qt in K_SCALE_FIELDS:

@@ -165,6 +165,7 @@ def gguf_seeds():
         mat("blk.0.ffn_down.weight", 32, 32, "Q4_0"),
     ]
     write("gguf", "seed-llama-gpt2.gguf", gguf(llama_kvs() + gpt2_tokenizer_kvs(), tensors))
+    tensors_llama = list(tensors)
     # The same as a Llama 3.x file: llama.cpp's per-frequency RoPE factors
     # (rope_freqs.weight, head_size / 2 floats) as convert_hf_to_gguf.py writes them.
     freqs = ("rope_freqs.weight", [8], "F32", struct.pack("<8f", 1, 1, 1.5, 2.5, 4, 8, 8, 8))
@@ -203,6 +204,25 @@ def gguf_seeds():
         else:
             body += gval(t, v)
     write("gguf", "seed-value-types.gguf", body)
+    # A Qwen3-MoE file: q/k norms, a router (ffn_gate_inp, F32 [4, 32]) and 4
+    # experts of width 32 in 3-D tensors (ggml ne [in, out, experts]), each in
+    # its own type, as llama.cpp's converter lays them out.
+    dense = [t for t in tensors_llama if not t[0].startswith("blk.0.ffn_")
+             or t[0] == "blk.0.ffn_norm.weight"]
+    def experts(name, tname):
+        be = GGML[tname][1]
+        return (name, [32, 32, 4], tname, block_bytes(rng, tname, 32 * 32 * 4 // be))
+    router = ("blk.0.ffn_gate_inp.weight", [32, 4], "F32",
+              struct.pack("<128f", *[((i * 37) % 17 - 8) / 16 for i in range(128)]))
+    moe = [router, experts("blk.0.ffn_gate_exps.weight", "Q8_0"),
+           experts("blk.0.ffn_up_exps.weight", "F16"),
+           experts("blk.0.ffn_down_exps.weight", "Q4_0")]
+    write("gguf", "seed-qwen3moe-experts.gguf",
+          gguf(llama_kvs("qwen3moe") + [("qwen3moe.attention.key_length", U32, 16),
+                                        ("qwen3moe.expert_count", U32, 4),
+                                        ("qwen3moe.expert_used_count", U32, 2),
+                                        ("qwen3moe.expert_feed_forward_length", U32, 32)] +
+               gpt2_tokenizer_kvs(), dense + qk_norms + moe))
 
 
 def safetensors(tensors, metadata=None):
@@ -263,6 +283,24 @@ def config_seeds():
     window = dict(qwen, use_sliding_window=True, sliding_window=32, max_window_layers=1,
                   layer_types=["full_attention", "sliding_attention"])
     write("hf_config", "seed-qwen2-window.json", json.dumps(window).encode())
+    gemma2 = dict(base, architectures=["Gemma2ForCausalLM"], head_dim=32,
+                  hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=32,
+                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0, sliding_window=16)
+    del gemma2["tie_word_embeddings"]
+    write("hf_config", "seed-gemma2.json", json.dumps(gemma2).encode())
+    gemma3 = dict(base, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+                  head_dim=32, query_pre_attn_scalar=32, sliding_window=16,
+                  sliding_window_pattern=2, rope_local_base_freq=10000.0,
+                  rope_scaling={"rope_type": "linear", "factor": 8.0},
+                  final_logit_softcapping=None, attn_logit_softcapping=None)
+    write("hf_config", "seed-gemma3.json", json.dumps(gemma3).encode())
+    mixtral = dict(base, architectures=["MixtralForCausalLM"], rope_scaling=None,
+                   num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
+    write("hf_config", "seed-mixtral.json", json.dumps(mixtral).encode())
+    qwen3_moe = dict(qwen3, architectures=["Qwen3MoeForCausalLM"], num_experts=4,
+                     num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                     decoder_sparse_step=1, mlp_only_layers=[])
+    write("hf_config", "seed-qwen3-moe.json", json.dumps(qwen3_moe).encode())
 
 
 def tokenizer_seeds():

@@ -7,6 +7,11 @@
 // copied block-wise). Matrices used as stored are memory-mapped, not copied.
 #include <bit>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <utility>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/half.h"
@@ -132,6 +137,65 @@ TEST_F(StoredWeightsTest, Float16ConvertsEveryMatrix) {
   EXPECT_EQ(h->layers[0].q_proj.type, GgmlType::kF16);
   EXPECT_EQ(h->embed_tokens.type, GgmlType::kF16);
   ExpectSameModel(*h, *f32, ViaHalf);
+}
+
+// A copy of the default model whose tensor `tensor` can be given another
+// type id in its GGUF tensor info (SetType; the type must take fewer bytes per
+// row than Q4_1, the data stays in place). Written once (the disk is slow),
+// patched in place, removed at the end.
+class PatchedModel {
+ public:
+  PatchedModel(const std::string& path, const std::string& tensor)
+      : path_(::pagedserve::testing::MakeTempDir() + "/patched.gguf") {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    std::string bytes(static_cast<size_t>(in.tellg()), '\0');
+    in.seekg(0);
+    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    // A tensor info: u64 name length, name, u32 n_dims, u64 dims[n_dims], u32 type.
+    const uint64_t len = tensor.size();
+    std::string key(reinterpret_cast<const char*>(&len), 8);
+    key += tensor;
+    const size_t at = bytes.find(key);
+    EXPECT_NE(at, std::string::npos) << tensor;
+    uint32_t n_dims = 0;
+    if (at != std::string::npos) std::memcpy(&n_dims, &bytes[at + key.size()], 4);
+    type_at_ = at + key.size() + 4 + 8 * n_dims;
+    std::ofstream(path_, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  ~PatchedModel() { std::remove(path_.c_str()); }
+  const std::string& SetType(uint32_t type) {
+    std::fstream f(path_, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(static_cast<std::streamoff>(type_at_));
+    f.write(reinterpret_cast<const char*>(&type), 4);
+    return path_;
+  }
+
+ private:
+  std::string path_;
+  size_t type_at_ = 0;
+};
+
+// Types the kernels do not run (other IQ types, ternary, MXFP4) are refused at
+// load with an error naming the tensor and its type (in --dtype float32 too):
+// never expanded to fp32 silently.
+TEST_F(StoredWeightsTest, UnsupportedTypesRefusedNamingTensorAndType) {
+  PatchedModel patched(path_, "blk.0.ffn_down.weight");
+  for (const auto& [id, name] : {std::pair{16u, "IQ2_XXS"}, std::pair{19u, "IQ1_S"},
+                                 std::pair{35u, "TQ2_0"}, std::pair{39u, "MXFP4"}}) {
+    for (WeightDType d : {WeightDType::kAuto, WeightDType::kFloat32}) {
+      if (d == WeightDType::kFloat32 && id != 16) continue;  // (fp32 loads are slow)
+      auto w = LoadLlamaWeights(patched.SetType(id), 0, 1, d);
+      ASSERT_FALSE(w.ok()) << name;
+      EXPECT_EQ(w.status().code(), absl::StatusCode::kUnimplemented) << w.status();
+      EXPECT_NE(
+          w.status().message().find(std::string("tensor 'blk.0.ffn_down.weight' has type ") + name),
+          std::string::npos)
+          << w.status();
+    }
+  }
+  // The patch itself is harmless: the Q4_1 id written back loads.
+  EXPECT_TRUE(LoadLlamaWeights(patched.SetType(3), 0, 1, WeightDType::kAuto).ok());
 }
 
 TEST(WeightDTypeTest, ParsesItsNames) {

@@ -160,8 +160,9 @@ class CaptureBackend final : public ModelBackend {
       return inner_->AddRmsNorm(residual, add, n, dim, weight, eps, logits_rows, out);
     });
   }
-  absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t stride) override {
-    return Run([=, this] { return inner_->ApplyRope(x, n, heads, head_size, stride); });
+  absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t stride,
+                         bool local) override {
+    return Run([=, this] { return inner_->ApplyRope(x, n, heads, head_size, stride, local); });
   }
   absl::Status SiluMul(const float* gate, const float* up, int64_t count, GemmInput out) override {
     return Run([=, this] { return inner_->SiluMul(gate, up, count, out); });

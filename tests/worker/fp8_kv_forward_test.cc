@@ -36,12 +36,12 @@
 #include "runtime/model/weights.h"
 #include "runtime/worker/llama_model.h"
 #include "tests/worker/batch_vectors.h"
+#include "tests/worker/paged_run.h"
 #include "tests/worker/reference_fixture.h"
 
 namespace pagedserve {
 namespace {
 
-constexpr int kBlockSize = 16;
 constexpr int kGenerate = 32;
 
 struct Model {
@@ -61,82 +61,16 @@ Model Load(const std::string& path) {
   return m;
 }
 
-// One paged pool (all layers) big enough for every sequence: sequence s owns
-// blocks [s * per_seq, (s + 1) * per_seq).
-struct Pool {
-  kernels::KVCacheShape shape;
-  std::vector<std::vector<uint8_t>> storage;
-  std::vector<kernels::KVCacheView> views;
-  int per_seq = 0;
-  Pool(const ModelConfig& c, kernels::DType dt, int num_seqs, int max_len, float k_scale) {
-    per_seq = (max_len + kBlockSize - 1) / kBlockSize;
-    shape = {static_cast<int64_t>(num_seqs) * per_seq, c.num_kv_heads, c.head_size, kBlockSize, dt};
-    for (int l = 0; l < c.num_layers; ++l) {
-      storage.emplace_back(shape.block_bytes() * shape.num_blocks);
-      storage.emplace_back(shape.block_bytes() * shape.num_blocks);
-      views.push_back({storage[storage.size() - 2].data(), storage.back().data(), shape,
-                       kernels::Device::kCPU, k_scale, 1.0f});
-    }
-  }
-};
-
-// A step: sequence s contributes tokens[s] at positions start[s].. and wants
-// the logits of `rows[s]` of its tokens (indices into tokens[s]).
-std::vector<float> Step(LlamaModel& m, Pool& pool, const std::vector<std::vector<int32_t>>& tokens,
-                        const std::vector<int>& start, const std::vector<std::vector<int>>& rows) {
-  testing::BatchVectors b;
-  b.width = pool.per_seq;
-  for (size_t s = 0; s < tokens.size(); ++s) {
-    if (tokens[s].empty()) continue;  // not in this step
-    const int base = static_cast<int>(b.ids.size());
-    for (size_t i = 0; i < tokens[s].size(); ++i) {
-      b.ids.push_back(tokens[s][i]);
-      b.pos.push_back(start[s] + static_cast<int>(i));
-      b.slots.push_back(static_cast<int64_t>(s) * pool.per_seq * kBlockSize + start[s] + i);
-    }
-    for (int r : rows[s]) b.rows.push_back(base + r);
-    b.qsl.push_back(static_cast<int32_t>(b.ids.size()));
-    b.lens.push_back(start[s] + static_cast<int>(tokens[s].size()));
-    for (int k = 0; k < pool.per_seq; ++k)
-      b.tables.push_back(static_cast<int32_t>(s) * pool.per_seq + k);
-  }
-  std::vector<float> logits;
-  absl::Status st = m.Forward(b.view(), pool.views, &logits);
-  EXPECT_TRUE(st.ok()) << st;
-  return logits;
-}
-
-int Argmax(const float* row, int n) {
-  return static_cast<int>(std::max_element(row, row + n) - row);
-}
+using testing::Argmax;
+using testing::Pool;
+using testing::Step;
 
 // Greedy continuation of every prompt (kGenerate tokens).
 std::vector<std::vector<int32_t>> Greedy(Model& m, const std::vector<testing::ReferencePrompt>& ps,
                                          kernels::DType dt) {
-  const int vocab = m.model->config().vocab_size;
-  int max_len = 0;
-  for (const auto& p : ps) max_len = std::max<int>(max_len, p.prompt_ids.size() + kGenerate);
-  Pool pool(m.model->config(), dt, static_cast<int>(ps.size()), max_len, 1.0f);
-  std::vector<std::vector<int32_t>> out(ps.size());
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<int> start(ps.size(), 0);
-  std::vector<std::vector<int>> rows;
-  for (const auto& p : ps) {
-    tokens.push_back(p.prompt_ids);
-    rows.push_back({static_cast<int>(p.prompt_ids.size()) - 1});
-  }
-  for (int step = 0; step < kGenerate; ++step) {
-    const std::vector<float> logits = Step(*m.model, pool, tokens, start, rows);
-    if (logits.size() != ps.size() * vocab) return out;
-    for (size_t s = 0; s < ps.size(); ++s) {
-      const int32_t next = Argmax(logits.data() + s * vocab, vocab);
-      out[s].push_back(next);
-      start[s] += static_cast<int>(tokens[s].size());
-      tokens[s] = {next};
-      rows[s] = {0};
-    }
-  }
-  return out;
+  std::vector<std::vector<int32_t>> prompts(ps.size());
+  for (size_t s = 0; s < ps.size(); ++s) prompts[s] = ps[s].prompt_ids;
+  return testing::Greedy(*m.model, prompts, kGenerate, dt);
 }
 
 // Logits of the kGenerate rows predicting each continuation token, with the

@@ -228,6 +228,19 @@ class CudaBackend final : public ModelBackend {
   const char* name() const override { return "cuda"; }
 
   absl::StatusOr<BackendWeights> LoadWeights(LlamaWeights w) override {
+    // Gemma 2/3's operations (post-norms, GeGLU, embedding scale, soft
+    // caps, local RoPE) run on the CPU backend only so far.
+    const ModelConfig& mc = w.config;
+    if (mc.post_norms || mc.mlp_activation != MlpActivation::kSilu || mc.embedding_scale > 0 ||
+        mc.attn_logit_softcapping > 0 || mc.final_logit_softcapping > 0 || mc.rope_local_theta > 0)
+      return absl::UnimplementedError(
+          absl::StrCat("the CUDA backend does not run ", ModelArchName(mc.arch),
+                       " yet (post-norms, GeGLU, embedding scale, logit soft-capping, local "
+                       "RoPE): use the CPU worker"));
+    if (w.config.moe.enabled())
+      return absl::UnimplementedError(
+          "the CUDA backend does not run mixture-of-experts models yet (MoeMlp is CPU-only); "
+          "set PAGEDSERVE_WORKER_DEVICE=cpu to run it on the CPU worker");
     config_ = w.config;
     shard_ = w.shard;
     PS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
@@ -540,8 +553,9 @@ class CudaBackend final : public ModelBackend {
         "q/k norm copy");
   }
 
-  absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size,
-                         int64_t token_stride) override {
+  absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stride,
+                         bool local) override {
+    if (local) return absl::UnimplementedError("CUDA backend: no local RoPE tables (Gemma 3)");
     return CudaStatus(
         cuda_model::LaunchApplyRope(x, static_cast<int>(n), heads, head_size, token_stride,
                                     In<float>(kRopeCos), In<float>(kRopeSin), stream_),
