@@ -12,6 +12,8 @@
 //   ChooseMethod.
 // BM_LinearPanel1B/<format>/<rows>/<cols>/<tokens>/<method>: BM_LinearMethod
 //   on Llama-3.2-1B's K-quant shapes, kPanel16 against the other methods (issue 34).
+// BM_LinearVerify135M/<format>/<rows>/<cols>/<tokens>/<method>: BM_LinearMethod on
+//   SmolLM2-135M's shapes at speculative verification's 2..9 tokens (issue 33).
 // BM_QuantizeActs/<isa 0 portable, 1 avx2, 2 avx512>/<block 32 or 256>/<n>: the
 //   activation quantizer of one ISA path on n activations.
 // BM_OpenBlasF32/<rows>/<cols>/<tokens>: cblas_sgemm on fp32 weights,
@@ -232,6 +234,16 @@ void PanelArgs(benchmark::internal::Benchmark* b) {
   for (int64_t t : {4, 8, 16, 32})
     for (int64_t m : {0, 2, 4}) b->Args({11, 2048, 8192, t, m});
 }
+// Speculative verification (issue 33) at SmolLM2-135M's shapes: 2..9 tokens
+// (k + 1 for k = 1..8), kPanel16 against the row dots and the 2x4 tiles, for
+// the formats of its files (Q4_0, Q4_1, Q8_0: the Q8_0 49152x576 LM head).
+void VerifyArgs(benchmark::internal::Benchmark* b) {
+  for (int64_t f : {2, 3, 8})
+    for (const auto& s : {std::pair{576, 576}, std::pair{1536, 576}, std::pair{576, 1536},
+                          std::pair{49152, 576}})
+      for (int64_t t : {1, 2, 3, 4, 5, 6, 9})
+        for (int64_t m : {0, 2, 4}) b->Args({f, s.first, s.second, t, m});
+}
 void KQuant1BArgs(benchmark::internal::Benchmark* b) {
   for (const auto& [f, rows, cols] : {std::tuple<int64_t, int64_t, int64_t>{12, 2048, 2048},
                                       {12, 8192, 2048},
@@ -255,6 +267,11 @@ BENCHMARK(BM_LinearMethod)->Apply(MethodArgs)->UseRealTime()->Unit(benchmark::kM
 BENCHMARK(BM_LinearMethod)
     ->Name("BM_LinearPanel1B")
     ->Apply(PanelArgs)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LinearMethod)
+    ->Name("BM_LinearVerify135M")
+    ->Apply(VerifyArgs)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_QuantizeActs)

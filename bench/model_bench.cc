@@ -10,7 +10,7 @@
 //   [--prompt_len=128] [--decode_steps=32]
 //       [--batches=1,8,32] [--repeats=3] [--max_batched_tokens=512]
 //       [--dtype=auto|float32|float16|bfloat16] [--kv_cache_dtype=auto|float32|float16|bfloat16]
-//       [benchmark flags]
+//       [--verify_tokens=K] [benchmark flags]
 // --dtype float32 (with --kv_cache_dtype auto, i.e. fp32) is the dequantize-at-load
 // OpenBLAS path; the default auto runs the GGUF's stored formats with an fp16 cache.
 //
@@ -26,6 +26,10 @@
 //    the next position. Timed: those Executes. tokens/s = B * decode_steps / time.
 //    llama.cpp's decode figure feeds fixed ids and does not time sampling; ours
 //    includes the greedy argmax over the vocabulary (small next to the LM head).
+//  * verify/batch:B   (--verify_tokens=K) as decode, but each step is a
+//    speculative verification: K + 1 tokens per sequence, all K + 1 sampled
+//    (see BM_Verify). steps_per_s of verify against decode is what one
+//    verification step costs in decode steps.
 //  * each benchmark runs --repeats iterations on a fresh KV state (the finished
 //    plan drops the sequences; their blocks are reused); counters: tokens_per_s
 //    (over all iterations) and tokens_per_s_best (best iteration).
@@ -116,6 +120,7 @@ struct Config {
   bool random_weights = false;                     // --random-weights
   int random_layers = 0;                           // --random-layers (0: 4 on CPU, 32 on CUDA)
   bool enforce_eager = false;  // --enforce-eager: no CUDA graphs for decode steps
+  int verify_tokens = 0;       // --verify_tokens=K: also time speculative verification steps
 };
 
 Config& config() {
@@ -168,7 +173,7 @@ Bench& bench() {
 
 int BlocksPerSeq() {
   const Config& c = config();
-  return (c.prompt_len + c.decode_steps + kBlockSize - 1) / kBlockSize;
+  return (c.prompt_len + c.decode_steps * (c.verify_tokens + 1) + kBlockSize - 1) / kBlockSize;
 }
 
 void SetupFromFile() {
@@ -444,8 +449,10 @@ void RunRandom(const StepPlan& plan, std::vector<Seq>& seqs) {
     std::copy(st.block_table.begin(), st.block_table.end(), row.begin());
     bt.insert(bt.end(), row.begin(), row.end());
     if (st.sample) {
-      rows.push_back(qsl.back() - 1);
-      sampled.push_back(st.seq_id);
+      for (int back = st.num_draft_tokens; back >= 0; --back) {
+        rows.push_back(qsl.back() - 1 - back);
+        sampled.push_back(st.seq_id);
+      }
     }
   }
   if (ids.empty()) return;  // a plan that only finishes sequences
@@ -518,6 +525,26 @@ void DecodeStep(std::vector<Seq>& seqs) {
   for (Seq& s : seqs) ++s.pos;
 }
 
+// A speculative verification step (runtime/coordinator/speculative.h): every
+// sequence feeds its last token and K draft tokens (prompt tokens: the ids do
+// not change the cost) and is sampled at all K + 1 positions; every draft
+// counts as accepted, so the next step starts K + 1 positions on.
+void VerifyStep(std::vector<Seq>& seqs) {
+  const int k = config().verify_tokens;
+  const std::vector<int32_t>& prompt = bench().prompt;
+  StepPlan plan;
+  for (const Seq& s : seqs) {
+    std::vector<int32_t> tokens{s.last};
+    for (int j = 0; j < k; ++j) tokens.push_back(prompt[(s.pos + j) % prompt.size()]);
+    SequenceStep st = MakeStep(s, std::move(tokens), true);
+    st.num_draft_tokens = k;
+    st.sampling.max_tokens = config().decode_steps * (k + 1) + 1;
+    plan.seqs.push_back(std::move(st));
+  }
+  Run(plan, seqs);
+  for (Seq& s : seqs) s.pos += k + 1;
+}
+
 void Finish(std::vector<Seq>& seqs) {
   StepPlan plan;
   for (const Seq& s : seqs) plan.finished.push_back(s.id);
@@ -539,6 +566,10 @@ void Report(benchmark::State& state, double tokens_per_iter, const std::vector<d
   state.counters["tokens_per_s_best"] = best;
   state.counters["layers"] = NumLayers();
   state.counters["layer_tokens_per_s"] = tps * NumLayers();
+  double total_secs = 0;
+  for (double x : secs) total_secs += x;
+  state.counters["steps_per_s"] =
+      config().decode_steps * static_cast<double>(secs.size()) / total_secs;
   // Device memory of the CUDA graphs captured so far (all batch sizes run
   // until now; 0 on the CPU or with --enforce-eager).
   const Bench& b = bench();
@@ -573,6 +604,27 @@ void BM_Decode(benchmark::State& state, int batch) {
     secs.push_back(Seconds(t0, t1));
   }
   Report(state, static_cast<double>(batch) * config().decode_steps, secs);
+}
+
+// verify/batch:B (--verify_tokens=K): --decode_steps verification steps of
+// K + 1 tokens per sequence after an untimed prefill. tokens_per_s counts
+// every fed token (B * (K + 1) per step), so the cost of one verification
+// step against one decode step is decode's steps/s over verify's:
+// steps_per_s is reported for both.
+void BM_Verify(benchmark::State& state, int batch) {
+  std::vector<double> secs;
+  for (auto _ : state) {
+    std::vector<Seq> seqs = NewSeqs(batch);
+    Prefill(seqs);
+    auto t0 = std::chrono::steady_clock::now();
+    for (int g = 0; g < config().decode_steps; ++g) VerifyStep(seqs);
+    auto t1 = std::chrono::steady_clock::now();
+    Finish(seqs);
+    state.SetIterationTime(Seconds(t0, t1));
+    secs.push_back(Seconds(t0, t1));
+  }
+  Report(state, static_cast<double>(batch) * config().decode_steps * (config().verify_tokens + 1),
+         secs);
 }
 
 bool ParseInt(const std::string& arg, const char* name, int* out) {
@@ -639,6 +691,7 @@ int main(int argc, char** argv) {
     } else if (!ParseInt(a, "prompt_len", &c.prompt_len) &&
                !ParseInt(a, "decode_steps", &c.decode_steps) &&
                !ParseInt(a, "repeats", &c.repeats) &&
+               !ParseInt(a, "verify_tokens", &c.verify_tokens) &&
                !ParseInt(a, "max_batched_tokens", &c.max_batched_tokens)) {
       Die(absl::StrCat("unknown argument '", a, "'"));
     }
@@ -679,6 +732,11 @@ int main(int argc, char** argv) {
         ->Iterations(c.repeats)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
+    if (c.verify_tokens > 0)
+      benchmark::RegisterBenchmark(absl::StrCat("verify/batch:", b).c_str(), BM_Verify, b)
+          ->Iterations(c.repeats)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

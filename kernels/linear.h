@@ -52,10 +52,11 @@
 //    kPanel16, their 16-element scale groups handled as Q6_K's); IQ4_NL
 //    and IQ4_XS (ggml's 16-entry non-linear codebook, looked up with one
 //    pshufb per 32 codes, |w| times x with w's sign in pmaddubsw) use the
-//    row dots (1 row x up to 4 tokens) at every token count. On the AVX-512
-//    path Q4_0 and Q8_0 from 8 tokens also use 16-row panels (PanelBlock32:
-//    one vpdpbusd per 4 codes x 16 rows; issue 34); on AVX2 they keep the
-//    8-row tiles, measured faster there.
+//    row dots (1 row x up to 4 tokens) at every token count. Q4_0, Q4_1
+//    and Q8_0 use 16-row panels too (PanelBlock32: one vpdpbusd per 4 codes
+//    x 16 rows on AVX-512, pmaddubsw on AVX2; issues 34 and 33) from 2 tokens
+//    (Q8_0: 3), the sizes of speculative verification; on AVX2 only below
+//    8 tokens, where the 8-row tiles take over (measured faster there).
 //    The activation quantizer is vectorized on the x86
 //    paths and writes blocks bit-identical to the portable one.
 //    kernels/cpu/linear.cc chooses the method per shape in one place.

@@ -216,6 +216,26 @@ bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t co
 // Q8_0's per-chunk widening cost more than they save there), so Q4_0/Q8_0 keep
 // kRowBlock8 on AVX2.
 constexpr int64_t kPanelMinTokens = 8;
+// The 32-element-block panels (Q4_0, Q4_1, Q8_0) from 2 tokens (Q4_0, Q4_1)
+// or 3 (Q8_0) on, on both x86 paths (on AVX2 up to the 8-row tiles'
+// kRow8MinTokensAvx2): the sizes of speculative verification (k + 1 tokens,
+// issue 33). Measured with BM_LinearVerify135M (SmolLM2-135M's shapes
+// 576x576, 1536x576, 576x1536 and the 49152x576 LM head, one thread, real
+// time, after the repack's prefetch; docs/benchmarks.md "Speculative
+// decoding"): Q4_0/Q4_1 panels 1.1-1.8x faster than the 2x4 tiles at 2
+// tokens and 1.5-3.5x at 3-9 tokens, on both paths; Q8_0 panels slower at 2
+// tokens (0.7-1.2x the row dots), 1.1-2.4x faster from 3 (AVX-512) and
+// 1.0-1.3x (AVX2); at 1 token the 4x1 decode tiles and the Q8_0 row dots stay
+// (the panels were even there except on the Q8_0 LM head, 1.2-1.5x slower).
+// The AVX2 figures are the AVX2 kernels on the AVX-512 machine
+// (PAGEDSERVE_CPU_ISA=avx2), not an AVX2-only CPU.
+bool IsPanel32(WeightType t) {
+  return t == WeightType::kQ4_0 || t == WeightType::kQ4_1 || t == WeightType::kQ8_0;
+}
+int64_t PanelMinTokens(WeightType t) {
+  if (!IsPanel32(t)) return kPanelMinTokens;
+  return t == WeightType::kQ8_0 ? 3 : 2;
+}
 // Rows converted to fp32 per sgemm call of the tile method (F16/BF16).
 constexpr int64_t kTileRows = 64;
 // Tokens quantized by the calling thread before the parallel region.
@@ -466,13 +486,12 @@ bool IsQuantized(WeightType t) {
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols,
                           CpuIsa isa) {
   if (IsQuantized(type)) {
-    if (isa != CpuIsa::kPortable && HasPanel16(type) && num_tokens >= kPanelMinTokens &&
-        (isa == CpuIsa::kAvx512 || !HasRowBlock8(type)))
-      return LinearMethod::kPanel16;
     if (isa == CpuIsa::kAvx2 && HasRowBlock8(type) && num_tokens >= kRow8MinTokensAvx2 &&
         rows >= kRow8Rows) {
       return LinearMethod::kRowBlock8;
     }
+    if (isa != CpuIsa::kPortable && HasPanel16(type) && num_tokens >= PanelMinTokens(type))
+      return LinearMethod::kPanel16;
     if (KQuantRowDotsAvx2(type, isa) || !HasRowBlockTiles(type)) return LinearMethod::kRowDot;
     return RowDotsFaster(type, num_tokens, rows, cols) ? LinearMethod::kRowDot
                                                        : LinearMethod::kRowBlock;
@@ -542,6 +561,7 @@ IsaKernels::PanelFn PanelFor(const IsaKernels& k, WeightType type) {
     case WeightType::kQ2_K: return k.p2_k;
     case WeightType::kQ3_K: return k.p3_k;
     case WeightType::kQ4_0: return k.p4_0;
+    case WeightType::kQ4_1: return k.p4_1;
     case WeightType::kQ8_0: return k.p8_0;
     default: return nullptr;
   }

@@ -109,7 +109,8 @@ const IsaKernels& Avx512Kernels() {
                                Avx2Kernels().t8r5_1, Avx2Kernels().t8r8_0, PS_X86_PANELS,
                                // Q2_K, Q3_K, IQ4_NL, IQ4_XS: the row dots and tiles use
                                // pmaddubsw + pmaddwd (the scale multiply), as on AVX2
-                               PS_X86_NEW_DOTS_AND_TILES, PS_X86_PANELS_Q23, PS_X86_PANELS_32};
+                               PS_X86_NEW_DOTS_AND_TILES, PS_X86_PANELS_Q23, PS_X86_PANELS_32,
+                               PS_X86_PANEL_Q4_1};
   return k;
 }
 

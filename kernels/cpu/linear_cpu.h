@@ -133,28 +133,32 @@ struct alignas(64) PanelBlock {
   float dmin[kPanelRows];
 };
 static_assert(sizeof(PanelBlock) == 5760);
-// One 32-element block of a panel of Q4_0 or Q8_0 rows (issue 34; rows past
-// the weight's last row are zero). codes[c][i][0..4): elements 4c..4c+3 of row
-// i as bytes: Q4_0 the codes 0..15 (value d (q - 8)); Q8_0 on the AVX-512 path
-// the int8 code + 128 (vpdpbusd's unsigned operand), on the AVX2 path the int8
-// code itself (pmaddubsw takes |w| and x with w's sign); d[i]: fp32 block
-// scale. row . x = sum_b dx_b d_b (codes_b . xq_b - off sum_b) with off = 8
-// (Q4_0), 128 (Q8_0 on AVX-512) or 0. The PanelFn of these formats uses its
-// PanelBlock scratch as PanelBlock32 storage (PanelScratchBlocks).
+// One 32-element block of a panel of Q4_0, Q4_1 or Q8_0 rows (issue 34; Q4_1
+// issue 33; rows past the weight's last row are zero). codes[c][i][0..4):
+// elements 4c..4c+3 of row i as bytes: Q4_0 and Q4_1 the codes 0..15 (value
+// d (q - 8), resp. d q + m); Q8_0 on the AVX-512 path the int8 code + 128
+// (vpdpbusd's unsigned operand), on the AVX2 path the int8 code itself
+// (pmaddubsw takes |w| and x with w's sign); d[i]: fp32 block scale; m[i]:
+// Q4_1's fp32 block minimum (unused by the others).
+// row . x = sum_b dx_b (d_b (codes_b . xq_b - off sum_b) + m_b sum_b) with
+// off = 8 (Q4_0), 128 (Q8_0 on AVX-512) or 0 (Q4_1, Q8_0 on AVX2) and m_b = 0
+// except for Q4_1. The PanelFn of these formats uses its PanelBlock scratch
+// as PanelBlock32 storage (PanelScratchBlocks).
 struct alignas(64) PanelBlock32 {
   uint8_t codes[8][kPanelRows][4];
   float d[kPanelRows];
+  float m[kPanelRows];
 };
-static_assert(sizeof(PanelBlock32) == 576);
+static_assert(sizeof(PanelBlock32) == 640);
 // True for the formats with kPanel16 kernels (the K-quants Q2_K .. Q6_K, and
-// Q4_0 and Q8_0 over PanelBlock32).
+// Q4_0, Q4_1 and Q8_0 over PanelBlock32).
 inline bool HasPanel16(WeightType t) {
   return (UsesActBlock256(t) && t != WeightType::kIQ4_XS) || t == WeightType::kQ4_0 ||
-         t == WeightType::kQ8_0;
+         t == WeightType::kQ4_1 || t == WeightType::kQ8_0;
 }
 // PanelBlock elements of scratch that a panel of `nb` blocks of `t` needs.
 inline size_t PanelScratchBlocks(WeightType t, int64_t nb) {
-  if (t == WeightType::kQ4_0 || t == WeightType::kQ8_0)
+  if (t == WeightType::kQ4_0 || t == WeightType::kQ4_1 || t == WeightType::kQ8_0)
     return (static_cast<size_t>(nb) * sizeof(PanelBlock32) + sizeof(PanelBlock) - 1) /
            sizeof(PanelBlock);
   return static_cast<size_t>(nb);
@@ -178,7 +182,7 @@ inline size_t PanelScratchBlocks(WeightType t, int64_t nb) {
 //          Same arithmetic contract as QDotFn: the same integer block sums
 //          (exact), fp32 scaling per block; only the order of the fp32 sums
 //          differs. The AVX-512 table uses the AVX2 kernels.
-//  PanelFn: p*: kPanel16 (Q2_K .. Q6_K; Q4_0 and Q8_0 over PanelBlock32,
+//  PanelFn: p*: kPanel16 (Q2_K .. Q6_K; Q4_0, Q4_1 and Q8_0 over PanelBlock32,
 //          nb 32-element blocks): repacks weight rows [0, nrows)
 //          (nrows <= kPanelRows; row i at w + i * w_row_bytes, nb super-blocks)
 //          into scratch[0, nb) and multiplies them with ntok tokens (as QDotFn):
@@ -214,6 +218,7 @@ struct IsaKernels {
   QTileFn t2_k, t3_k, d2_k, d3_k;
   PanelFn p2_k, p3_k;
   PanelFn p4_0, p8_0;  // issue 34; nullptr in the portable table
+  PanelFn p4_1;        // issue 33; nullptr in the portable table
 };
 const IsaKernels& PortableKernels();
 #if defined(__x86_64__)

@@ -306,35 +306,50 @@ inline void StorePanelOut(const float* out, int ntok, int nrows, float* y, int64
     for (int i = 0; i < nrows; ++i) y[j * ys + i] = out[16 * j + i] + (bias ? bias[i] : 0.0f);
 }
 
-// ---- Q4_0 and Q8_0 panels (PanelBlock32, issue 34) ----
+// ---- Q4_0, Q4_1 and Q8_0 panels (PanelBlock32, issues 34 and 33) ----
 //
 // Repack: per 32-element block, each 4-byte chunk of the 8 rows of a half
 // panel is one masked dword gather (rows past the weight's end read nothing
-// and stay zero, with d = 0); Q4_0's nibbles are split in the transposed
-// domain (low nibbles: elements 0..15, high: 16..31), Q8_0's bytes are used as
-// they are (AVX2) or offset by 128 (AVX-512, vpdpbusd's unsigned operand).
+// and stay zero, with d = m = 0); Q4_0's and Q4_1's nibbles are split in the
+// transposed domain (low nibbles: elements 0..15, high: 16..31), Q8_0's bytes
+// are used as they are (AVX2) or offset by 128 (AVX-512, vpdpbusd's unsigned
+// operand).
 
 using pagedserve::kernels::cpu::PanelBlock32;
 
-enum class Panel32Fmt { kQ4_0, kQ8_0 };
-constexpr int Panel32BlockBytes(Panel32Fmt f) { return f == Panel32Fmt::kQ4_0 ? 18 : 34; }
+enum class Panel32Fmt { kQ4_0, kQ4_1, kQ8_0 };
+constexpr int Panel32BlockBytes(Panel32Fmt f) {
+  return f == Panel32Fmt::kQ4_0 ? 18 : f == Panel32Fmt::kQ4_1 ? 20 : 34;
+}
+// Byte offset of the codes in a block (after d, and Q4_1's m).
+constexpr int Panel32CodesOffset(Panel32Fmt f) { return f == Panel32Fmt::kQ4_1 ? 4 : 2; }
 
 template <Panel32Fmt kF>
 void RepackPanel32(const uint8_t* w, size_t wb, int nrows, int64_t nb, PanelBlock32* pb) {
-  constexpr int kBytes = Panel32BlockBytes(kF);
+  constexpr int kBytes = Panel32BlockBytes(kF), kCodes = Panel32CodesOffset(kF);
   const __m256i m4 = _mm256_set1_epi8(0x0f), lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   // The gather's int32 offsets reach 7 rows down (wb * 7 + 34 bytes).
   const bool gather_ok = wb <= static_cast<size_t>(INT32_MAX / 8);
   const int s = gather_ok ? static_cast<int>(wb) : 0;
   const __m256i vindex = _mm256_setr_epi32(0, s, 2 * s, 3 * s, 4 * s, 5 * s, 6 * s, 7 * s);
+  // The 8 rows of a half panel are one contiguous run of 8 * wb bytes: while
+  // repacking one, prefetch the next (the other half, then the next panel's
+  // first half, which the caller repacks next) spread over the blocks, so the
+  // gathers find the weights in cache (the panel streams them from DRAM once
+  // per call, as the decode tiles do with kPrefetchLegacyBytes).
+  const size_t half_bytes = 8 * wb;
   for (int rb = 0; rb < 2; ++rb) {
     const int valid = std::clamp(nrows - 8 * rb, 0, 8);
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), lanes);
     const uint8_t* base = w + static_cast<size_t>(8 * rb) * wb;
+    const char* next = reinterpret_cast<const char*>(base + half_bytes);
+    size_t prefetched = 0;
     for (int64_t b = 0; b < nb; ++b) {
       PanelBlock32& p = pb[b];
       const uint8_t* blk = base + b * kBytes;
-      for (int i = 0; i < 8; ++i) p.d[8 * rb + i] = i < valid ? F16(blk + i * wb) : 0.0f;
+      for (const size_t end = half_bytes * static_cast<size_t>(b + 1) / static_cast<size_t>(nb);
+           prefetched < end; prefetched += 64)
+        _mm_prefetch(next + prefetched, _MM_HINT_T0);
       auto gather = [&](int off) {
         if (valid == 0) return _mm256_setzero_si256();
         if (!gather_ok) {  // row offsets past int32: one load per row
@@ -348,17 +363,31 @@ void RepackPanel32(const uint8_t* w, size_t wb, int nrows, int64_t nb, PanelBloc
       auto store = [&](int c, __m256i v) {
         _mm256_store_si256(reinterpret_cast<__m256i*>(p.codes[c][8 * rb]), v);
       };
-      if constexpr (kF == Panel32Fmt::kQ4_0) {
+      // d (and Q4_1's m) of the 8 rows: the dword at the block's start holds d
+      // in its low half and m (or two codes) in its high half; masked rows
+      // gather 0, i.e. d = m = 0.
+      const __m256i dm = gather(0);
+      const __m256i lo_halves = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1,
+                                                 -1, -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1,
+                                                 -1, -1, -1, -1);
+      auto halves = [](__m256i v) {  // the low qword of each lane -> 8 packed halves
+        return _mm256_castsi256_si128(_mm256_permute4x64_epi64(v, 0x08));
+      };
+      _mm256_storeu_ps(p.d + 8 * rb, _mm256_cvtph_ps(halves(_mm256_shuffle_epi8(dm, lo_halves))));
+      if constexpr (kF == Panel32Fmt::kQ4_1)
+        _mm256_storeu_ps(p.m + 8 * rb, _mm256_cvtph_ps(halves(_mm256_shuffle_epi8(
+                                           _mm256_srli_epi32(dm, 16), lo_halves))));
+      if constexpr (kF != Panel32Fmt::kQ8_0) {
         PS_UNROLL
         for (int q = 0; q < 4; ++q) {
-          const __m256i t = gather(2 + 4 * q);
+          const __m256i t = gather(kCodes + 4 * q);
           store(q, _mm256_and_si256(t, m4));
           store(4 + q, _mm256_and_si256(_mm256_srli_epi16(t, 4), m4));
         }
       } else {
         PS_UNROLL
         for (int c = 0; c < 8; ++c) {
-          const __m256i t = gather(2 + 4 * c);
+          const __m256i t = gather(kCodes + 4 * c);
           store(c, PS_LINEAR_VNNI ? _mm256_xor_si256(t, _mm256_set1_epi8(static_cast<char>(0x80)))
                                   : t);
         }
@@ -449,12 +478,13 @@ void PanelGemm(const uint8_t* w, size_t wb, int nrows, int64_t nb, const uint8_t
   }
 }
 
-// Q4_0 / Q8_0 panels: 8 vpdpbusd per block and token (16 rows x 32 codes),
-// the offset (8 or 128) through the activation block sum, one int32 -> fp32
-// conversion and FMA per block and token.
+// Q4_0 / Q4_1 / Q8_0 panels: 8 vpdpbusd per block and token (16 rows x 32
+// codes), the offset (8 or 128) through the activation block sum, one int32 ->
+// fp32 conversion and FMA per block and token (Q4_1: one more FMA, m times
+// the activation block's sum).
 template <Panel32Fmt kF, int kT>
 void Panel32TileZ(const PanelBlock32* pb, int64_t nb, const uint8_t* x, size_t xb, float* out) {
-  constexpr int kOff = kF == Panel32Fmt::kQ4_0 ? 8 : 128;
+  constexpr int kOff = kF == Panel32Fmt::kQ4_0 ? 8 : kF == Panel32Fmt::kQ4_1 ? 0 : 128;
   __m512 acc[kT];
   PS_UNROLL
   for (auto& a : acc) a = _mm512_setzero_ps();
@@ -478,9 +508,13 @@ void Panel32TileZ(const PanelBlock32* pb, int64_t nb, const uint8_t* x, size_t x
     const __m512 d = _mm512_load_ps(p.d);
     PS_UNROLL
     for (int t = 0; t < kT; ++t) {
-      const __m512i st = _mm512_sub_epi32(s[t], _mm512_set1_epi32(kOff * a[t]->sum));
+      const __m512i st =
+          kOff == 0 ? s[t] : _mm512_sub_epi32(s[t], _mm512_set1_epi32(kOff * a[t]->sum));
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(d, _mm512_set1_ps(a[t]->d)),
                                acc[t]);
+      if constexpr (kF == Panel32Fmt::kQ4_1)
+        acc[t] = _mm512_fmadd_ps(_mm512_load_ps(p.m),
+                                 _mm512_set1_ps(a[t]->d * static_cast<float>(a[t]->sum)), acc[t]);
     }
   }
   PS_UNROLL
@@ -599,8 +633,9 @@ void PanelGemm(const uint8_t* w, size_t wb, int nrows, int64_t nb, const uint8_t
   }
 }
 
-// Q4_0 / Q8_0 panels, rows 8h..8h+7: Q4_0 sums the 8 chunks' pmaddubsw in
-// int16 (8 * 2 * 15 * 127 < 2^15) and widens once; Q8_0 takes |w| and x with
+// Q4_0 / Q4_1 / Q8_0 panels, rows 8h..8h+7: Q4_0 and Q4_1 sum the 8 chunks'
+// pmaddubsw in int16 (8 * 2 * 15 * 127 < 2^15) and widen once (Q4_1 adds m
+// times the activation block's sum after scaling); Q8_0 takes |w| and x with
 // w's sign (each lane <= 2 * 128 * 127) and widens every chunk.
 template <Panel32Fmt kF, int kT>
 void Panel32HalfY(const PanelBlock32* pb, int64_t nb, int h, const uint8_t* x, size_t xb,
@@ -615,7 +650,7 @@ void Panel32HalfY(const PanelBlock32* pb, int64_t nb, int h, const uint8_t* x, s
     PS_UNROLL
     for (int t = 0; t < kT; ++t) a[t] = reinterpret_cast<const ActBlock32*>(x + t * xb) + b;
     __m256i s[kT];
-    if constexpr (kF == Panel32Fmt::kQ4_0) {
+    if constexpr (kF != Panel32Fmt::kQ8_0) {
       __m256i s16[kT];
       PS_UNROLL
       for (int c = 0; c < 8; ++c) {
@@ -628,9 +663,11 @@ void Panel32HalfY(const PanelBlock32* pb, int64_t nb, int h, const uint8_t* x, s
           s16[t] = c == 0 ? prod : _mm256_add_epi16(s16[t], prod);
         }
       }
+      constexpr int kOff = kF == Panel32Fmt::kQ4_0 ? 8 : 0;
       PS_UNROLL
       for (int t = 0; t < kT; ++t)
-        s[t] = _mm256_sub_epi32(_mm256_madd_epi16(s16[t], ones), _mm256_set1_epi32(8 * a[t]->sum));
+        s[t] = _mm256_sub_epi32(_mm256_madd_epi16(s16[t], ones),
+                                _mm256_set1_epi32(kOff * a[t]->sum));
     } else {
       PS_UNROLL
       for (auto& v : s) v = _mm256_setzero_si256();
@@ -649,9 +686,13 @@ void Panel32HalfY(const PanelBlock32* pb, int64_t nb, int h, const uint8_t* x, s
     }
     const __m256 d = _mm256_loadu_ps(p.d + 8 * h);
     PS_UNROLL
-    for (int t = 0; t < kT; ++t)
+    for (int t = 0; t < kT; ++t) {
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_mul_ps(d, _mm256_set1_ps(a[t]->d)),
                                acc[t]);
+      if constexpr (kF == Panel32Fmt::kQ4_1)
+        acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(p.m + 8 * h),
+                                 _mm256_set1_ps(a[t]->d * static_cast<float>(a[t]->sum)), acc[t]);
+    }
   }
   PS_UNROLL
   for (int t = 0; t < kT; ++t) _mm256_storeu_ps(out + 16 * t + 8 * h, acc[t]);
@@ -684,6 +725,7 @@ void Panel32Gemm(const uint8_t* w, size_t wb, int nrows, int64_t nb, const uint8
   PanelGemm<PanelFmt::kQ4K>, PanelGemm<PanelFmt::kQ5K>, PanelGemm<PanelFmt::kQ6K>
 #define PS_X86_PANELS_Q23 PanelGemm<PanelFmt::kQ2K>, PanelGemm<PanelFmt::kQ3K>
 #define PS_X86_PANELS_32 Panel32Gemm<Panel32Fmt::kQ4_0>, Panel32Gemm<Panel32Fmt::kQ8_0>
+#define PS_X86_PANEL_Q4_1 Panel32Gemm<Panel32Fmt::kQ4_1>
 
 }  // namespace
 

@@ -498,6 +498,7 @@ const IsaKernels& PortableKernels() {
                                nullptr,
                                nullptr,
                                nullptr,
+                               nullptr,
                                nullptr};
   return k;
 }

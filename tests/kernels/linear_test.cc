@@ -357,8 +357,9 @@ TEST_P(LinearIsaTest, KQuantPanelsWithinBoundOnOddShapes) {
           if (kLight && cols == 768 && rows != 45) continue;
           CheckCase(rng, type, GetParam(), LinearMethod::kPanel16, rows, cols, tokens, rows == 9);
         }
-  // Q4_0 and Q8_0 (PanelBlock32, issue 34): one and several 32-element blocks
-  for (WeightType type : {WeightType::kQ4_0, WeightType::kQ8_0})
+  // Q4_0, Q4_1 and Q8_0 (PanelBlock32, issues 34 and 33): one and several
+  // 32-element blocks
+  for (WeightType type : {WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ8_0})
     for (int64_t cols : {32, 96, 576})
       for (int64_t rows : {1, 9, 16, 45})
         for (int64_t tokens : {1, 3, 8, 13, 37}) {
