@@ -239,8 +239,8 @@ void PanelArgs(benchmark::internal::Benchmark* b) {
 // the formats of its files (Q4_0, Q4_1, Q8_0: the Q8_0 49152x576 LM head).
 void VerifyArgs(benchmark::internal::Benchmark* b) {
   for (int64_t f : {2, 3, 8})
-    for (const auto& s : {std::pair{576, 576}, std::pair{1536, 576}, std::pair{576, 1536},
-                          std::pair{49152, 576}})
+    for (const auto& s :
+         {std::pair{576, 576}, std::pair{1536, 576}, std::pair{576, 1536}, std::pair{49152, 576}})
       for (int64_t t : {1, 2, 3, 4, 5, 6, 9})
         for (int64_t m : {0, 2, 4}) b->Args({f, s.first, s.second, t, m});
 }

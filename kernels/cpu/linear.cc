@@ -222,11 +222,11 @@ constexpr int64_t kPanelMinTokens = 8;
 // issue 33). Measured with BM_LinearVerify135M (SmolLM2-135M's shapes
 // 576x576, 1536x576, 576x1536 and the 49152x576 LM head, one thread, real
 // time, after the repack's prefetch; docs/benchmarks.md "Speculative
-// decoding"): Q4_0/Q4_1 panels 1.1-1.8x faster than the 2x4 tiles at 2
-// tokens and 1.5-3.5x at 3-9 tokens, on both paths; Q8_0 panels slower at 2
-// tokens (0.7-1.2x the row dots), 1.1-2.4x faster from 3 (AVX-512) and
-// 1.0-1.3x (AVX2); at 1 token the 4x1 decode tiles and the Q8_0 row dots stay
-// (the panels were even there except on the Q8_0 LM head, 1.2-1.5x slower).
+// decoding"): on AVX-512 Q4_0/Q4_1 panels 1.2-1.9x faster than the 2x4
+// tiles at 2 tokens and 2.3-5.7x at 3-9 tokens (AVX2 kernels 1.5-2.5x from 2);
+// Q8_0 panels 0.7-1.2x the best other method at 2 tokens, 1.7-2.5x faster
+// from 3 on AVX-512 and 1.1-1.2x on AVX2; at 1 token the 4x1 decode tiles and
+// the Q8_0 row dots stay (Q4_0/Q4_1 panels even there, Q8_0's 1.2-2x slower).
 // The AVX2 figures are the AVX2 kernels on the AVX-512 machine
 // (PAGEDSERVE_CPU_ISA=avx2), not an AVX2-only CPU.
 bool IsPanel32(WeightType t) {

@@ -367,16 +367,17 @@ void RepackPanel32(const uint8_t* w, size_t wb, int nrows, int64_t nb, PanelBloc
       // in its low half and m (or two codes) in its high half; masked rows
       // gather 0, i.e. d = m = 0.
       const __m256i dm = gather(0);
-      const __m256i lo_halves = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1,
-                                                 -1, -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1,
-                                                 -1, -1, -1, -1);
+      const __m256i lo_halves =
+          _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8,
+                           9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
       auto halves = [](__m256i v) {  // the low qword of each lane -> 8 packed halves
         return _mm256_castsi256_si128(_mm256_permute4x64_epi64(v, 0x08));
       };
       _mm256_storeu_ps(p.d + 8 * rb, _mm256_cvtph_ps(halves(_mm256_shuffle_epi8(dm, lo_halves))));
       if constexpr (kF == Panel32Fmt::kQ4_1)
-        _mm256_storeu_ps(p.m + 8 * rb, _mm256_cvtph_ps(halves(_mm256_shuffle_epi8(
-                                           _mm256_srli_epi32(dm, 16), lo_halves))));
+        _mm256_storeu_ps(
+            p.m + 8 * rb,
+            _mm256_cvtph_ps(halves(_mm256_shuffle_epi8(_mm256_srli_epi32(dm, 16), lo_halves))));
       if constexpr (kF != Panel32Fmt::kQ8_0) {
         PS_UNROLL
         for (int q = 0; q < 4; ++q) {
@@ -666,8 +667,8 @@ void Panel32HalfY(const PanelBlock32* pb, int64_t nb, int h, const uint8_t* x, s
       constexpr int kOff = kF == Panel32Fmt::kQ4_0 ? 8 : 0;
       PS_UNROLL
       for (int t = 0; t < kT; ++t)
-        s[t] = _mm256_sub_epi32(_mm256_madd_epi16(s16[t], ones),
-                                _mm256_set1_epi32(kOff * a[t]->sum));
+        s[t] =
+            _mm256_sub_epi32(_mm256_madd_epi16(s16[t], ones), _mm256_set1_epi32(kOff * a[t]->sum));
     } else {
       PS_UNROLL
       for (auto& v : s) v = _mm256_setzero_si256();
