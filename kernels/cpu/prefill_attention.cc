@@ -22,6 +22,25 @@ namespace pagedserve::kernels::cpu {
 namespace {
 // Queries (rows x group heads) per task, at most; bounds the logits scratch.
 constexpr int kMaxTileQueries = 64;
+// Query rows per task tile: kMaxTileQueries / group, unless few, short
+// queries (a speculative verification's k + 1 rows, a small chunk) would make
+// fewer than two tasks per thread; then the rows are split finer (K/V of a
+// tile's context is read once per tile, so finer tiles cost more reads, but
+// of a short context).
+int RowsPerTile(const PrefillAttentionParams& p, int group, int kvh_count) {
+  const int rows_per_tile = std::max(1, kMaxTileQueries / group);
+  int64_t max_q_len = 0, full_tiles = 0;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int q_len = p.query_start_loc[s + 1] - p.query_start_loc[s];
+    max_q_len = std::max<int64_t>(max_q_len, q_len);
+    full_tiles += (q_len + rows_per_tile - 1) / rows_per_tile;
+  }
+  const int64_t want = 2 * static_cast<int64_t>(omp_get_max_threads());
+  if (full_tiles * kvh_count >= want || max_q_len <= 1) return rows_per_tile;
+  const int64_t tiles_per_seq = (want + kvh_count * p.num_seqs - 1) / (kvh_count * p.num_seqs);
+  return static_cast<int>(
+      std::clamp<int64_t>((max_q_len + tiles_per_seq - 1) / tiles_per_seq, 1, rows_per_tile));
+}
 }  // namespace
 
 absl::Status PrefillAttention(const PrefillAttentionParams& p) {
@@ -31,25 +50,7 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
   const int kvh_count = cs.num_kv_heads;
   const int group = p.num_heads / kvh_count;
   const int x = cs.x();
-  // Few, short queries (a speculative verification's k + 1 rows, a small
-  // chunk) would make fewer tasks than threads: then the rows are split finer
-  // so that every thread gets at least two tasks (K/V of a tile's context is
-  // read once per tile, so finer tiles cost more reads, but of a short context).
-  int rows_per_tile = std::max(1, kMaxTileQueries / group);
-  {
-    int64_t max_q_len = 0, full_tiles = 0;
-    for (int s = 0; s < p.num_seqs; ++s) {
-      const int q_len = p.query_start_loc[s + 1] - p.query_start_loc[s];
-      max_q_len = std::max<int64_t>(max_q_len, q_len);
-      full_tiles += (q_len + rows_per_tile - 1) / rows_per_tile;
-    }
-    const int64_t want = 2 * static_cast<int64_t>(omp_get_max_threads());
-    if (full_tiles * kvh_count < want && max_q_len > 1) {
-      const int64_t tiles_per_seq = (want + kvh_count * p.num_seqs - 1) / (kvh_count * p.num_seqs);
-      rows_per_tile = static_cast<int>(
-          std::clamp<int64_t>((max_q_len + tiles_per_seq - 1) / tiles_per_seq, 1, rows_per_tile));
-    }
-  }
+  const int rows_per_tile = RowsPerTile(p, group, kvh_count);
   const int64_t q_stride =
       p.query_token_stride != 0 ? p.query_token_stride : static_cast<int64_t>(p.num_heads) * hs;
   const AttendFn fn = SelectAttend(cs.dtype, bs);
