@@ -555,7 +555,9 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
   return std::chrono::duration<double>(b - a).count();
 }
 
-void Report(benchmark::State& state, double tokens_per_iter, const std::vector<double>& secs) {
+// steps_per_iter > 0: also steps_per_s (timed steps per second).
+void Report(benchmark::State& state, double tokens_per_iter, const std::vector<double>& secs,
+            int steps_per_iter = 0) {
   double total = 0, best = 0;
   for (double s : secs) {
     total += s;
@@ -566,10 +568,8 @@ void Report(benchmark::State& state, double tokens_per_iter, const std::vector<d
   state.counters["tokens_per_s_best"] = best;
   state.counters["layers"] = NumLayers();
   state.counters["layer_tokens_per_s"] = tps * NumLayers();
-  double total_secs = 0;
-  for (double x : secs) total_secs += x;
-  state.counters["steps_per_s"] =
-      config().decode_steps * static_cast<double>(secs.size()) / total_secs;
+  if (steps_per_iter > 0)
+    state.counters["steps_per_s"] = steps_per_iter * static_cast<double>(secs.size()) / total;
   // Device memory of the CUDA graphs captured so far (all batch sizes run
   // until now; 0 on the CPU or with --enforce-eager).
   const Bench& b = bench();
@@ -591,20 +591,26 @@ void BM_Prefill(benchmark::State& state, int batch) {
   Report(state, static_cast<double>(batch) * config().prompt_len, secs);
 }
 
-void BM_Decode(benchmark::State& state, int batch) {
+// --decode_steps timed steps of `step` after an untimed prefill; each step
+// feeds tokens_per_seq tokens per sequence.
+void TimeSteps(benchmark::State& state, int batch, void (*step)(std::vector<Seq>&),
+               int tokens_per_seq) {
   std::vector<double> secs;
   for (auto _ : state) {
     std::vector<Seq> seqs = NewSeqs(batch);
     Prefill(seqs);
     auto t0 = std::chrono::steady_clock::now();
-    for (int g = 0; g < config().decode_steps; ++g) DecodeStep(seqs);
+    for (int g = 0; g < config().decode_steps; ++g) step(seqs);
     auto t1 = std::chrono::steady_clock::now();
     Finish(seqs);
     state.SetIterationTime(Seconds(t0, t1));
     secs.push_back(Seconds(t0, t1));
   }
-  Report(state, static_cast<double>(batch) * config().decode_steps, secs);
+  Report(state, static_cast<double>(batch) * config().decode_steps * tokens_per_seq, secs,
+         config().decode_steps);
 }
+
+void BM_Decode(benchmark::State& state, int batch) { TimeSteps(state, batch, DecodeStep, 1); }
 
 // verify/batch:B (--verify_tokens=K): --decode_steps verification steps of
 // K + 1 tokens per sequence after an untimed prefill. tokens_per_s counts
@@ -612,19 +618,7 @@ void BM_Decode(benchmark::State& state, int batch) {
 // step against one decode step is decode's steps/s over verify's:
 // steps_per_s is reported for both.
 void BM_Verify(benchmark::State& state, int batch) {
-  std::vector<double> secs;
-  for (auto _ : state) {
-    std::vector<Seq> seqs = NewSeqs(batch);
-    Prefill(seqs);
-    auto t0 = std::chrono::steady_clock::now();
-    for (int g = 0; g < config().decode_steps; ++g) VerifyStep(seqs);
-    auto t1 = std::chrono::steady_clock::now();
-    Finish(seqs);
-    state.SetIterationTime(Seconds(t0, t1));
-    secs.push_back(Seconds(t0, t1));
-  }
-  Report(state, static_cast<double>(batch) * config().decode_steps * (config().verify_tokens + 1),
-         secs);
+  TimeSteps(state, batch, VerifyStep, config().verify_tokens + 1);
 }
 
 bool ParseInt(const std::string& arg, const char* name, int* out) {
