@@ -13,7 +13,6 @@
 // engine), 2 bad flags or arguments.
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -25,6 +24,7 @@
 #include "runtime/cli/common_flags.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/executor.h"
+#include "runtime/engine/output_accumulator.h"
 #include "runtime/launch/local_executor.h"
 #include "runtime/launch/mpi_executor.h"
 #include "runtime/launch/mpi_process.h"
@@ -97,7 +97,7 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
     std::fprintf(stderr, "pagedserve generate: %s\n", MaxModelLenNote(setup, sc).c_str());
   }
   int rc = 0;
-  const auto start = std::chrono::steady_clock::now();
+  OutputAccumulator output({"generate-0"}, params->n);
   EngineRequest request;
   request.request_id = "generate-0";
   request.prompt_token_ids = *std::move(ids);
@@ -108,8 +108,6 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
     rc = ExitCodeFor(s);
   }
 
-  std::vector<std::string> texts(n), reasons(n);
-  Usage usage;
   while (rc == 0 && (*engine)->HasUnfinishedRequests()) {
     absl::StatusOr<std::vector<EngineOutput>> outs = (*engine)->Step();
     if (!outs.ok()) {
@@ -120,31 +118,35 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
       break;
     }
     for (const EngineOutput& out : *outs) {
-      for (const SequenceDelta& d : out.deltas) {
+      std::vector<CompletionNews> news;
+      output.Apply(out, &news);
+      for (const CompletionNews& item : news) {
         if (n == 1) {
-          std::fwrite(d.text.data(), 1, d.text.size(), stdout);
+          std::fwrite(item.delta.text.data(), 1, item.delta.text.size(), stdout);
           std::fflush(stdout);
         }
-        texts[d.index] += d.text;
-        if (d.finished) reasons[d.index] = std::string(FinishReasonName(d.finish_reason));
       }
       if (!out.error.ok()) {
         PrintError(out.error);
         rc = 1;
       }
-      if (out.finished) usage = out.usage;
     }
   }
   if (n > 1) {
-    for (int i = 0; i < n; ++i)
-      std::printf("%s[sample %d]\n%s\n", i ? "\n" : "", i, texts[i].c_str());
+    for (int i = 0; i < n; ++i) {
+      std::printf("%s[sample %d]\n%s\n", i ? "\n" : "", i, output.completions()[i].text.c_str());
+    }
   } else if (isatty(fileno(stdout))) {
     std::printf("\n");
   }
   std::fflush(stdout);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double secs = output.elapsed_s();
   if (rc == 0) {
+    std::vector<std::string> reasons;
+    for (const CompletionOutput& c : output.completions()) {
+      reasons.emplace_back(FinishReasonName(c.finish_reason));
+    }
+    const Usage& usage = output.usage();
     std::fprintf(stderr,
                  "pagedserve generate: finish_reason=%s prompt_tokens=%d completion_tokens=%d "
                  "cached_prompt_tokens=%d time=%.2fs (%.1f tokens/s)\n",

@@ -45,6 +45,7 @@
 #include "openssl/err.h"
 #include "openssl/ssl.h"
 #include "runtime/engine/engine_loop.h"
+#include "runtime/engine/output_accumulator.h"
 #include "runtime/frontend/openai_api.h"
 #include "runtime/frontend/request_log.h"
 #include "spdlog/spdlog.h"
@@ -161,26 +162,22 @@ struct Job {
   openai::ValidatedRequest request;
   std::string id;  // cmpl-... / chatcmpl-...
   int64_t created = 0;
-  std::vector<std::string> engine_ids;  // one per prompt
+  std::optional<OutputAccumulator> output;  // set by NewJob: the engine ids, completions, usage
   std::shared_ptr<RequestChannel> channel;
-  std::vector<openai::ChoiceState> choices;  // prompt p, sample i -> p * n + i
-  std::vector<bool> started;                 // chat: role chunk sent
-  std::vector<size_t> text_offsets;          // streaming: legacy logprobs offset per choice
+  std::vector<bool> started;         // chat: role chunk sent
+  std::vector<size_t> text_offsets;  // streaming: legacy logprobs offset per choice
   std::vector<openai::ToolStreamState> tool_streams;  // streaming with tool-call parsing
-  openai::UsageTotals usage;
-  size_t finished_requests = 0;
-  absl::Status error;
-  std::chrono::steady_clock::time_point start, first_token;
-  bool has_token = false;
-  bool aborted = false;                      // the client went away (or the server stops)
+  bool aborted = false;                               // the client went away (or the server stops)
   std::optional<std::string> logged_prompt;  // --log-request-content: the prompts as decoded
 
-  bool done() const { return finished_requests == engine_ids.size(); }
+  bool done() const { return output->done(); }
   // The error the request ended with (openai::FinishError of its choices'
   // finish reasons), nullopt when it completed.
   std::optional<ApiError> Error() const {
-    for (const openai::ChoiceState& c : choices) {
-      if (std::optional<ApiError> e = openai::FinishError(c.finish_reason, error)) return e;
+    for (const CompletionOutput& c : output->completions()) {
+      if (std::optional<ApiError> e = openai::FinishError(c.finish_reason, output->error())) {
+        return e;
+      }
     }
     return std::nullopt;
   }
@@ -247,9 +244,6 @@ class HttpCore {
                           std::function<void()> on_push);
   // Streaming: applies `out` to the job and appends its SSE events to `sse`.
   void AppendEvents(Job& job, EngineOutput& out, std::string* sse) const;
-  // Applies `out` to the job (no events).
-  void Apply(Job& job, EngineOutput& out,
-             std::vector<std::pair<int, openai::ChoiceState>>* deltas) const;
   // Streaming, the job done: the error event, usage chunk and [DONE].
   void AppendFinalEvents(const Job& job, std::string* sse) const;
   // Not streaming, the job done: the response.
@@ -280,7 +274,7 @@ class HttpCore {
   static std::string DescribePrompts(const openai::ValidatedRequest& request,
                                      const Tokenizer& tokenizer);
   static void LogIgnoredFields(const std::vector<std::string>& fields);
-  static std::vector<std::string> DeltaEvents(Job& job, int c, const openai::ChoiceState& d,
+  static std::vector<std::string> DeltaEvents(Job& job, int c, const CompletionOutput& d,
                                               const Tokenizer& tok);
   std::optional<Reply> CheckFraming(const HttpRequest& req) const;
   std::shared_ptr<Job> NewJob(openai::Endpoint endpoint, openai::ValidatedRequest request,
@@ -428,79 +422,17 @@ std::optional<Reply> HttpCore::PreRoute(const HttpRequest& req) const {
   return std::nullopt;
 }
 
-// Applies one engine output to the job; fills `deltas` (streaming) with the
-// per-choice news.
-void HttpCore::Apply(Job& job, EngineOutput& out,
-                     std::vector<std::pair<int, openai::ChoiceState>>* deltas) const {
-  size_t p = 0;
-  while (p < job.engine_ids.size() && job.engine_ids[p] != out.request_id) ++p;
-  if (p == job.engine_ids.size()) return;
-  const int n = job.request.params.n;
-  for (SequenceDelta& d : out.deltas) {
-    if (d.index < 0 || d.index >= n) continue;
-    const int c = static_cast<int>(p) * n + d.index;
-    openai::ChoiceState& acc = job.choices[c];
-    openai::ChoiceState news;
-    news.text = d.text;
-    news.token_ids = d.token_ids;
-    news.logprobs = d.logprobs;
-    news.top_token_ids = d.top_token_ids;
-    news.top_logprobs = d.top_logprobs;
-    if (d.finished) news.finish_reason = d.finish_reason;
-    if (!d.token_ids.empty() && !job.has_token) {
-      job.has_token = true;
-      job.first_token = std::chrono::steady_clock::now();
-    }
-    acc.text += d.text;
-    acc.token_ids.insert(acc.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
-    acc.logprobs.insert(acc.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
-    acc.top_token_ids.insert(acc.top_token_ids.end(), d.top_token_ids.begin(),
-                             d.top_token_ids.end());
-    acc.top_logprobs.insert(acc.top_logprobs.end(), d.top_logprobs.begin(), d.top_logprobs.end());
-    if (d.finished) acc.finish_reason = d.finish_reason;
-    if (deltas != nullptr && (!news.text.empty() || !news.token_ids.empty() || d.finished)) {
-      deltas->emplace_back(c, std::move(news));
-    }
-  }
-  if (out.finished) {
-    ++job.finished_requests;
-    job.usage.prompt_tokens += out.usage.prompt_tokens;
-    job.usage.completion_tokens += out.usage.completion_tokens;
-    job.usage.cached_tokens += out.usage.cached_prompt_tokens;
-    if (!out.error.ok() && job.error.ok()) job.error = out.error;
-    for (int i = 0; i < n; ++i) {
-      openai::ChoiceState& acc = job.choices[p * n + i];
-      acc.finish_reason = EndedWithRequest(acc.finish_reason, !out.error.ok());
-    }
-  }
-}
-
 void HttpCore::AbortJob(Job& job) {
   if (job.aborted) return;
   job.aborted = true;
-  for (const std::string& id : job.engine_ids) job.backend->loop->Abort(id);
+  for (const std::string& id : job.output->engine_ids()) job.backend->loop->Abort(id);
 }
 
 // The request log line (request_log.h), front end "http"; the request id is
 // the response's id. Completion text only with log_request_content.
 void HttpCore::LogDone(const Job& job) const {
   if (!options_.log_requests) return;
-  using std::chrono::duration;
-  RequestLogRecord r;
-  r.front_end = "http";
-  r.request_id = job.id;
-  r.prompt_tokens = job.usage.prompt_tokens;
-  r.completion_tokens = job.usage.completion_tokens;
-  r.cached_prompt_tokens = job.usage.cached_tokens;
-  r.e2e_s = duration<double>(std::chrono::steady_clock::now() - job.start).count();
-  if (job.has_token) r.first_output_s = duration<double>(job.first_token - job.start).count();
-  for (const auto& c : job.choices) {
-    r.finish_reasons.push_back(std::string(FinishReasonName(c.finish_reason)));
-    if (job.logged_prompt.has_value()) r.completions.push_back(c.text);
-  }
-  r.client_disconnected = job.aborted;
-  r.prompt = job.logged_prompt;
-  LogRequest(r);
+  LogRequest(LogRecordOf("http", job.id, *job.output, job.aborted, job.logged_prompt));
 }
 
 // What --log-request-content logs as the prompt: each prompt decoded (chat:
@@ -539,19 +471,19 @@ std::shared_ptr<Job> HttpCore::NewJob(openai::Endpoint endpoint, openai::Validat
   if (options_.log_requests && options_.log_request_content) {
     job->logged_prompt = DescribePrompts(job->request, b.loop->tokenizer());
   }
-  job->start = std::chrono::steady_clock::now();
   job->created = UnixNow();
   const uint64_t seq = next_id_.fetch_add(1);
   job->id = absl::StrCat(endpoint == openai::Endpoint::kChat ? "chatcmpl-" : "cmpl-",
                          absl::Hex(id_salt_ ^ (seq * 0x9E3779B97F4A7C15ull), absl::kZeroPad16));
-  const size_t choices = job->request.prompts.size() * job->request.params.n;
-  job->choices.resize(choices);
+  std::vector<std::string> engine_ids;
+  for (size_t p = 0; p < job->request.prompts.size(); ++p) {
+    engine_ids.push_back(absl::StrCat("http-", seq, "-", p));
+  }
+  job->output.emplace(std::move(engine_ids), job->request.params.n);
+  const size_t choices = job->output->completions().size();
   job->started.assign(choices, false);
   job->text_offsets.assign(choices, 0);
   job->tool_streams.assign(choices, {});
-  for (size_t p = 0; p < job->request.prompts.size(); ++p) {
-    job->engine_ids.push_back(absl::StrCat("http-", seq, "-", p));
-  }
   return job;
 }
 
@@ -581,14 +513,14 @@ HttpCore::Started HttpCore::StartGeneration(openai::Endpoint endpoint, const std
   }
   std::shared_ptr<Job> job = NewJob(endpoint, *std::move(parsed.request), *b);
   job->channel = std::make_shared<RequestChannel>(std::move(on_push));
-  for (size_t p = 0; p < job->engine_ids.size(); ++p) {
+  for (size_t p = 0; p < job->output->engine_ids().size(); ++p) {
     EngineRequest er;
-    er.request_id = job->engine_ids[p];
+    er.request_id = job->output->engine_ids()[p];
     er.prompt_token_ids = job->request.prompts[p];
     er.params = job->request.params;
     er.cache_salt = job->request.cache_salt;
     if (absl::Status s = b->loop->Submit(std::move(er), job->channel); !s.ok()) {
-      job->engine_ids.resize(p);  // the ones submitted
+      job->output->KeepSubmitted(p);
       AbortJob(*job);
       started.reply = ErrorReply(openai::SubmitError(s, job->request));
       return started;
@@ -600,11 +532,12 @@ HttpCore::Started HttpCore::StartGeneration(openai::Endpoint endpoint, const std
 
 // The SSE events (their data) of one choice's news: tool-call chunks when the
 // request parses tool calls, else one chunk (the role with the first).
-std::vector<std::string> HttpCore::DeltaEvents(Job& job, int c, const openai::ChoiceState& d,
+std::vector<std::string> HttpCore::DeltaEvents(Job& job, int c, const CompletionOutput& d,
                                                const Tokenizer& tok) {
   if (job.request.parse_tool_calls) {
-    return openai::ToolStreamChunks(job.request, job.id, job.created, c, job.choices[c].text,
-                                    d.finish_reason, &job.tool_streams[c]);
+    return openai::ToolStreamChunks(job.request, job.id, job.created, c,
+                                    job.output->completions()[c].text, d.finish_reason,
+                                    &job.tool_streams[c]);
   }
   const bool first = !job.started[c];
   job.started[c] = true;
@@ -613,11 +546,11 @@ std::vector<std::string> HttpCore::DeltaEvents(Job& job, int c, const openai::Ch
 }
 
 void HttpCore::AppendEvents(Job& job, EngineOutput& out, std::string* sse) const {
-  std::vector<std::pair<int, openai::ChoiceState>> deltas;
-  Apply(job, out, &deltas);
+  std::vector<CompletionNews> news;
+  job.output->Apply(out, &news);
   const Tokenizer& tok = job.backend->loop->tokenizer();
-  for (const auto& delta : deltas) {
-    for (const std::string& event : DeltaEvents(job, delta.first, delta.second, tok)) {
+  for (const CompletionNews& item : news) {
+    for (const std::string& event : DeltaEvents(job, item.choice, item.delta, tok)) {
       absl::StrAppend(sse, "data: ", event, "\n\n");
     }
   }
@@ -630,8 +563,9 @@ void HttpCore::AppendFinalEvents(const Job& job, std::string* sse) const {
     absl::StrAppend(sse, "data: ", openai::ErrorBody(*e), "\n\n");
   }
   if (job.request.include_usage) {
-    absl::StrAppend(sse, "data: ", openai::UsageChunk(job.request, job.id, job.created, job.usage),
-                    "\n\n");
+    absl::StrAppend(
+        sse, "data: ", openai::UsageChunk(job.request, job.id, job.created, job.output->usage()),
+        "\n\n");
   }
   absl::StrAppend(sse, "data: [DONE]\n\n");
 }
@@ -641,8 +575,8 @@ Reply HttpCore::FinalReply(const Job& job) const {
   // a 200 whose choices say finish_reason "error" without a message.
   if (std::optional<ApiError> e = job.Error()) return ErrorReply(*e);
   Reply r;
-  r.body = openai::CompletionResponse(job.request, job.id, job.created, job.choices, job.usage,
-                                      job.backend->loop->tokenizer());
+  r.body = openai::CompletionResponse(job.request, job.id, job.created, job.output->completions(),
+                                      job.output->usage(), job.backend->loop->tokenizer());
   return r;
 }
 
@@ -1059,7 +993,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
       if (stream && !job.aborted) {
         core_.AppendEvents(job, *out, &pending_);
       } else {
-        core_.Apply(job, *out, nullptr);
+        job.output->Apply(*out);
       }
     }
     const bool overflow = stream && pending_.size() > kMaxPendingStreamBytes;

@@ -322,11 +322,11 @@ bool ReadPromptIds(const json& body, const Tokenizer& tok, std::vector<std::vect
   return true;
 }
 
-json UsageJson(const UsageTotals& u) {
+json UsageJson(const Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
           {"total_tokens", u.prompt_tokens + u.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}}};
 }
 
 std::string TokenString(const Tokenizer& tok, int32_t id) {
@@ -346,7 +346,7 @@ json LogprobValue(float lp) { return std::isfinite(lp) ? json(lp) : json(-9999.0
 
 // `text_offset`: the legacy format's offset of c's first token (the bytes of
 // the choice's tokens before it); advanced past c's tokens.
-json LogprobsJson(const ValidatedRequest& r, const ChoiceState& c, const Tokenizer& tok,
+json LogprobsJson(const ValidatedRequest& r, const CompletionOutput& c, const Tokenizer& tok,
                   size_t* text_offset) {
   if (r.params.logprobs < 0) return nullptr;
   if (r.endpoint == Endpoint::kChat) {
@@ -711,12 +711,12 @@ ParseOutcome ParseRequest(Endpoint endpoint, std::string_view text, const Served
 }
 
 std::string CompletionResponse(const ValidatedRequest& r, const std::string& id, int64_t created,
-                               const std::vector<ChoiceState>& choices, const UsageTotals& usage,
+                               const std::vector<CompletionOutput>& choices, const Usage& usage,
                                const Tokenizer& tok) {
   const bool chat = r.endpoint == Endpoint::kChat;
   json cs = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
-    const ChoiceState& c = choices[i];
+    const CompletionOutput& c = choices[i];
     size_t text_offset = 0;
     json choice = {{"index", i},
                    {"logprobs", LogprobsJson(r, c, tok, &text_offset)},
@@ -750,7 +750,7 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
 }
 
 std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
-                        int index, const ChoiceState& d, bool first, const Tokenizer& tok,
+                        int index, const CompletionOutput& d, bool first, const Tokenizer& tok,
                         size_t* text_offset) {
   const bool chat = r.endpoint == Endpoint::kChat;
   json choice = {{"index", index},
@@ -835,7 +835,7 @@ std::vector<std::string> ToolStreamChunks(const ValidatedRequest& r, const std::
 }
 
 std::string UsageChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
-                       const UsageTotals& usage) {
+                       const Usage& usage) {
   const bool chat = r.endpoint == Endpoint::kChat;
   return Dump({{"id", id},
                {"object", chat ? "chat.completion.chunk" : "text_completion"},

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "runtime/common/sampling_params.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/output_accumulator.h"
 #include "runtime/frontend/tool_calls.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -131,25 +132,9 @@ struct ParseOutcome {
 ParseOutcome ParseRequest(Endpoint endpoint, std::string_view body, const ServedModel& model,
                           const Tokenizer& tokenizer, const ChatTemplate* chat_template);
 
-// Accumulated output of one choice (one sample of one prompt).
-struct ChoiceState {
-  std::string text;
-  std::vector<int32_t> token_ids;
-  std::vector<float> logprobs;
-  std::vector<std::vector<int32_t>> top_token_ids;
-  std::vector<std::vector<float>> top_logprobs;
-  FinishReason finish_reason = FinishReason::kNone;  // kNone while running
-};
-
-struct UsageTotals {
-  int64_t prompt_tokens = 0;
-  int64_t completion_tokens = 0;
-  int64_t cached_tokens = 0;
-};
-
 // Response builders. `id` is "cmpl-..." / "chatcmpl-...", `created` Unix seconds.
 std::string CompletionResponse(const ValidatedRequest& r, const std::string& id, int64_t created,
-                               const std::vector<ChoiceState>& choices, const UsageTotals& usage,
+                               const std::vector<CompletionOutput>& choices, const Usage& usage,
                                const Tokenizer& tokenizer);
 // One SSE chunk (the JSON only) for the new output `delta` of choice `index`.
 // Chat: `first` adds the assistant role to the delta. `text_offset` (per
@@ -157,8 +142,8 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
 // the delta's first token, advanced past the delta's tokens, so that a stream's
 // offsets count from the start of the completion as the whole response's do.
 std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
-                        int index, const ChoiceState& delta, bool first, const Tokenizer& tokenizer,
-                        size_t* text_offset);
+                        int index, const CompletionOutput& delta, bool first,
+                        const Tokenizer& tokenizer, size_t* text_offset);
 // Streaming a chat choice whose output is parsed for tool calls
 // (ValidatedRequest::parse_tool_calls): given the choice's whole text so far
 // and its finish reason (kNone while running), the chunks to send now.
@@ -177,7 +162,7 @@ std::vector<std::string> ToolStreamChunks(const ValidatedRequest& r, const std::
                                           FinishReason finish, ToolStreamState* state);
 // The final usage chunk of stream_options.include_usage (empty choices).
 std::string UsageChunk(const ValidatedRequest& r, const std::string& id, int64_t created,
-                       const UsageTotals& usage);
+                       const Usage& usage);
 
 // GET /v1/models, /tokenize, /detokenize bodies.
 std::string ModelsResponse(const ServedModel& model, int64_t created);

@@ -1,5 +1,6 @@
 #include "runtime/frontend/request_log.h"
 
+#include <utility>
 #include <variant>
 
 #include "absl/strings/escaping.h"
@@ -9,6 +10,26 @@
 #include "spdlog/spdlog.h"
 
 namespace pagedserve {
+
+RequestLogRecord LogRecordOf(std::string front_end, std::string request_id,
+                             const OutputAccumulator& output, bool client_disconnected,
+                             std::optional<std::string> prompt) {
+  RequestLogRecord r;
+  r.front_end = std::move(front_end);
+  r.request_id = std::move(request_id);
+  r.prompt_tokens = output.usage().prompt_tokens;
+  r.completion_tokens = output.usage().completion_tokens;
+  r.cached_prompt_tokens = output.usage().cached_prompt_tokens;
+  r.first_output_s = output.first_token_s();
+  r.e2e_s = output.elapsed_s();
+  r.client_disconnected = client_disconnected;
+  for (const CompletionOutput& c : output.completions()) {
+    r.finish_reasons.emplace_back(FinishReasonName(c.finish_reason));
+    if (prompt.has_value()) r.completions.push_back(c.text);
+  }
+  r.prompt = std::move(prompt);
+  return r;
+}
 
 std::string FormatRequestLog(const RequestLogRecord& r) {
   std::string line = absl::StrFormat(

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/engine/output_accumulator.h"
 #include "runtime/frontend/protocol.h"
 
 namespace pagedserve {
@@ -35,6 +36,14 @@ struct RequestLogRecord {
   std::optional<std::string> prompt;     // DescribePrompt()
   std::vector<std::string> completions;  // by sample index
 };
+
+// The record of a finished client request (every front end builds it here):
+// usage, one finish reason per completion (OutputAccumulator's order) and the
+// timings from `output` (first_output_s: its first token); the completions'
+// text only when `prompt` is set (--log-request-content).
+RequestLogRecord LogRecordOf(std::string front_end, std::string request_id,
+                             const OutputAccumulator& output, bool client_disconnected,
+                             std::optional<std::string> prompt);
 
 // The line (without the logger's prefix), for tests and for LogRequest.
 std::string FormatRequestLog(const RequestLogRecord& record);

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/engine/engine_loop.h"
+#include "runtime/engine/output_accumulator.h"
 #include "runtime/frontend/chat_messages.h"
 #include "runtime/frontend/curve_auth.h"
 #include "runtime/frontend/protocol.h"
@@ -33,15 +34,18 @@ namespace {
 
 using protocol::ErrorCode;
 
-void AppendLogprobs(const SequenceDelta& d, std::vector<protocol::TokenLogprob>* out) {
-  for (size_t i = 0; i < d.logprobs.size() && i < d.token_ids.size(); ++i) {
+// The protocol's per-token logprobs of a completion (or of its news).
+std::vector<protocol::TokenLogprob> TokenLogprobs(const CompletionOutput& c) {
+  std::vector<protocol::TokenLogprob> out;
+  for (size_t i = 0; i < c.logprobs.size() && i < c.token_ids.size(); ++i) {
     protocol::TokenLogprob lp;
-    lp.token_id = d.token_ids[i];
-    lp.logprob = d.logprobs[i];
-    if (i < d.top_token_ids.size()) lp.top_token_ids = d.top_token_ids[i];
-    if (i < d.top_logprobs.size()) lp.top_logprobs = d.top_logprobs[i];
-    out->push_back(std::move(lp));
+    lp.token_id = c.token_ids[i];
+    lp.logprob = c.logprobs[i];
+    if (i < c.top_token_ids.size()) lp.top_token_ids = c.top_token_ids[i];
+    if (i < c.top_logprobs.size()) lp.top_logprobs = c.top_logprobs[i];
+    out.push_back(std::move(lp));
   }
+  return out;
 }
 
 }  // namespace
@@ -49,20 +53,14 @@ void AppendLogprobs(const SequenceDelta& d, std::vector<protocol::TokenLogprob>*
 struct Server::Impl {
   // One generate request in flight.
   struct InFlight {
+    InFlight(const std::string& engine_id, int32_t n) : output({engine_id}, n) {}
     std::string identity;   // ROUTER routing id of the client's connection
     std::string client_id;  // the client's request id
     bool stream = false;
-    bool orphaned = false;                         // the client went away: replies are dropped
-    std::vector<protocol::SequenceFinal> outputs;  // by index; text/ids for non-streamed
-    std::vector<bool> finished;
-    // Request log (request_log.h): timings always; content only when enabled.
-    absl::Time admitted;
-    absl::Time first_output = absl::InfinitePast();
-    std::optional<std::string> logged_prompt;
-    std::vector<std::string> logged_text;  // streamed text, by index
-    // Tool calling: the request's fields, and (streamed) each output's text.
-    ToolFields tools;
-    std::vector<std::string> tool_text;
+    bool orphaned = false;                     // the client went away: replies are dropped
+    OutputAccumulator output;                  // the n completions, usage, timings
+    std::optional<std::string> logged_prompt;  // --log-request-content
+    ToolFields tools;                          // tool calling: the request's fields
   };
   // A connection with requests in flight.
   struct Peer {
@@ -391,20 +389,12 @@ struct Server::Impl {
       return;
     }
     channels.emplace(eid, std::move(channel));
-    InFlight f;
+    InFlight f(eid, n);
     f.identity = identity;
     f.client_id = g.id;
     f.stream = g.stream;
-    f.outputs.resize(n);
-    f.finished.assign(n, false);
-    for (int i = 0; i < n; ++i) f.outputs[i].index = i;
-    f.admitted = absl::Now();
     f.tools = g.tools;
-    if (f.stream && f.tools.parse_tool_calls()) f.tool_text.resize(n);
-    if (options.log_request_content) {
-      f.logged_prompt = DescribePrompt(g.prompt);
-      f.logged_text.resize(n);
-    }
+    if (options.log_request_content) f.logged_prompt = DescribePrompt(g.prompt);
     inflight.emplace(eid, std::move(f));
     Peer& peer = peers[identity];
     peer.fd = fd;
@@ -461,111 +451,87 @@ struct Server::Impl {
         continue;
       }
       InFlight& f = it->second;
-      protocol::DeltaReply delta;
-      delta.id = f.client_id;
-      for (SequenceDelta& d : out.deltas) {
-        if (d.index < 0 || d.index >= static_cast<int32_t>(f.outputs.size())) continue;
-        protocol::SequenceFinal& acc = f.outputs[d.index];
-        if (d.finished) {
-          acc.finish_reason = d.finish_reason;
-          f.finished[d.index] = true;
-        }
-        if (d.cumulative_logprob) acc.cumulative_logprob = *d.cumulative_logprob;
-        if (f.stream) {
-          if (d.text.empty() && d.token_ids.empty() && !d.finished) continue;
-          protocol::SequenceDelta sd;
-          sd.index = d.index;
-          if (options.log_request_content) f.logged_text[d.index] += d.text;
-          if (!f.tool_text.empty()) f.tool_text[d.index] += d.text;
-          sd.text = std::move(d.text);
-          sd.token_ids = std::move(d.token_ids);
-          AppendLogprobs(d, &sd.logprobs);
-          if (d.finished) sd.finish_reason = acc.finish_reason;
-          delta.outputs.push_back(std::move(sd));
-        } else {
-          acc.text += d.text;
-          AppendLogprobs(d, &acc.logprobs);
-          acc.token_ids.insert(acc.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
-        }
-      }
-      if (!f.orphaned && !delta.outputs.empty()) {
-        if (f.first_output == absl::InfinitePast()) f.first_output = absl::Now();
-        SendReply(f.identity, delta);
-      }
+      std::vector<CompletionNews> news;
+      f.output.Apply(out, f.stream ? &news : nullptr);
+      if (!f.orphaned && !news.empty()) SendReply(f.identity, DeltaOf(f.client_id, news));
       if (!out.finished) continue;
-      if (!out.error.ok() && out.deltas.empty() && f.first_output == absl::InfinitePast() &&
-          std::none_of(f.finished.begin(), f.finished.end(), [](bool b) { return b; })) {
+      if (!f.output.error().ok() && !f.output.produced_output()) {
         // Refused by the engine before it ran: an error reply, as at admission.
         // (A request that already streamed gets the final reply below, with
         // finish_reason error: EngineLoop::FailAll sends no deltas.)
-        if (!f.orphaned)
-          SendError(f.identity, f.client_id, CodeOf(out.error), std::string(out.error.message()));
+        if (!f.orphaned) {
+          SendError(f.identity, f.client_id, CodeOf(f.output.error()),
+                    std::string(f.output.error().message()));
+        }
         ForgetRequest(it);
         continue;
       }
-
-      // Final message. Sequences without a reported reason ended with the request.
-      for (size_t i = 0; i < f.outputs.size(); ++i) {
-        if (!f.finished[i]) {
-          f.outputs[i].finish_reason = EndedWithRequest(FinishReason::kNone, !out.error.ok());
-        }
+      if (options.log_requests) {
+        LogRequest(LogRecordOf("zmq", out.request_id, f.output, f.orphaned, f.logged_prompt));
       }
-      if (f.tools.parse_tool_calls()) ParseToolCallsOfOutputs(f);
-      if (options.log_requests) LogFinished(out, f);
-      if (!f.orphaned) {
-        protocol::FinalReply final_reply;
-        final_reply.id = f.client_id;
-        final_reply.streamed = f.stream;
-        final_reply.outputs = std::move(f.outputs);
-        final_reply.usage.prompt_tokens = out.usage.prompt_tokens;
-        final_reply.usage.completion_tokens = out.usage.completion_tokens;
-        final_reply.usage.cached_prompt_tokens = out.usage.cached_prompt_tokens;
-        if (!out.error.ok()) final_reply.error_message = std::string(out.error.message());
-        SendReply(f.identity, final_reply);
-      }
+      if (!f.orphaned) SendReply(f.identity, FinalReplyOf(f));
       ++counters.requests_finished;
       ForgetRequest(it);
     }
+  }
+
+  static protocol::DeltaReply DeltaOf(const std::string& client_id,
+                                      std::vector<CompletionNews>& news) {
+    protocol::DeltaReply delta;
+    delta.id = client_id;
+    for (CompletionNews& item : news) {
+      protocol::SequenceDelta sd;
+      sd.index = item.choice;
+      sd.logprobs = TokenLogprobs(item.delta);
+      sd.text = std::move(item.delta.text);
+      sd.token_ids = std::move(item.delta.token_ids);
+      if (item.delta.finish_reason != FinishReason::kNone) {
+        sd.finish_reason = item.delta.finish_reason;
+      }
+      delta.outputs.push_back(std::move(sd));
+    }
+    return delta;
+  }
+
+  // The final message: per sequence its finish reason (and, not streamed, its
+  // text, ids and logprobs; with tools, its parsed calls), usage, the error.
+  protocol::FinalReply FinalReplyOf(const InFlight& f) const {
+    protocol::FinalReply reply;
+    reply.id = f.client_id;
+    reply.streamed = f.stream;
+    const std::vector<CompletionOutput>& completions = f.output.completions();
+    for (size_t i = 0; i < completions.size(); ++i) {
+      const CompletionOutput& c = completions[i];
+      protocol::SequenceFinal o;
+      o.index = static_cast<int32_t>(i);
+      o.finish_reason = c.finish_reason;
+      o.cumulative_logprob = c.cumulative_logprob;
+      if (!f.stream) {
+        o.text = c.text;
+        o.token_ids = c.token_ids;
+        o.logprobs = TokenLogprobs(c);
+      }
+      if (f.tools.parse_tool_calls()) {
+        ParsedToolCalls parsed = ParseToolCalls(ToolFormat(), c.text);
+        if (!parsed.calls.empty()) {
+          if (!f.tools.parallel_tool_calls) parsed.calls.resize(1);
+          o.tool_calls = std::move(parsed.calls);
+          if (!parsed.content.empty()) o.content = std::move(parsed.content);
+        }
+      }
+      reply.outputs.push_back(std::move(o));
+    }
+    reply.usage.prompt_tokens = f.output.usage().prompt_tokens;
+    reply.usage.completion_tokens = f.output.usage().completion_tokens;
+    reply.usage.cached_prompt_tokens = f.output.usage().cached_prompt_tokens;
+    if (!f.output.error().ok()) reply.error_message = std::string(f.output.error().message());
+    return reply;
   }
 
   ToolCallFormat ToolFormat() const {
     if (options.tool_call_parser.has_value()) return *options.tool_call_parser;
     return chat_template ? ToolCallFormatOfTemplate(chat_template->source())
                          : ToolCallFormat::kHermes;
-  }
-
-  // Each output's text parsed into tool calls (SequenceFinal::tool_calls).
-  void ParseToolCallsOfOutputs(InFlight& f) const {
-    for (size_t i = 0; i < f.outputs.size(); ++i) {
-      protocol::SequenceFinal& o = f.outputs[i];
-      ParsedToolCalls parsed = ParseToolCalls(ToolFormat(), f.stream ? f.tool_text[i] : o.text);
-      if (parsed.calls.empty()) continue;
-      if (!f.tools.parallel_tool_calls) parsed.calls.resize(1);
-      o.tool_calls = std::move(parsed.calls);
-      if (!parsed.content.empty()) o.content = std::move(parsed.content);
-    }
-  }
-
-  void LogFinished(const EngineOutput& out, const InFlight& f) const {
-    RequestLogRecord r;
-    r.front_end = "zmq";
-    r.request_id = out.request_id;
-    r.prompt_tokens = out.usage.prompt_tokens;
-    r.completion_tokens = out.usage.completion_tokens;
-    r.cached_prompt_tokens = out.usage.cached_prompt_tokens;
-    const absl::Time now = absl::Now();
-    r.e2e_s = absl::ToDoubleSeconds(now - f.admitted);
-    if (f.first_output != absl::InfinitePast())
-      r.first_output_s = absl::ToDoubleSeconds(f.first_output - f.admitted);
-    for (size_t i = 0; i < f.outputs.size(); ++i) {
-      r.finish_reasons.push_back(
-          std::string(protocol::FinishReasonName(f.outputs[i].finish_reason)));
-      if (f.logged_prompt.has_value())
-        r.completions.push_back(f.stream ? f.logged_text[i] : f.outputs[i].text);
-    }
-    r.client_disconnected = f.orphaned;
-    r.prompt = f.logged_prompt;
-    LogRequest(r);
   }
 
   void ForgetRequest(absl::flat_hash_map<std::string, InFlight>::iterator it) {

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace pagedserve {
 namespace {
@@ -51,6 +53,42 @@ TEST(RequestLogTest, ContentOnlyWhenGivenAndAlwaysOneLine) {
   EXPECT_NE(line.find("prompt=\"line one\\nline \\\"two\\\"\""), std::string::npos) << line;
   EXPECT_NE(line.find("completion[0]=\"a\\rb\" completion[1]=\"\\377\""), std::string::npos)
       << line;
+}
+
+// The record every front end builds from its OutputAccumulator: usage, one
+// finish reason per completion, and the text only when the prompt is logged.
+TEST(RequestLogTest, RecordOfAnAccumulatedRequest) {
+  OutputAccumulator output({"p0"}, 2);
+  EngineOutput out;
+  out.request_id = "p0";
+  SequenceDelta d;
+  d.index = 1;
+  d.text = "hi";
+  d.token_ids = {4};
+  d.finished = true;
+  d.finish_reason = FinishReason::kLength;
+  out.deltas = {d};
+  out.finished = true;
+  out.usage = {6, 1, 2};
+  ASSERT_TRUE(output.Apply(out));
+
+  RequestLogRecord r = LogRecordOf("http", "cmpl-1", output, true, std::nullopt);
+  EXPECT_EQ(r.front_end, "http");
+  EXPECT_EQ(r.request_id, "cmpl-1");
+  EXPECT_EQ(r.prompt_tokens, 6);
+  EXPECT_EQ(r.completion_tokens, 1);
+  EXPECT_EQ(r.cached_prompt_tokens, 2);
+  // Sample 0 reported nothing and the request ended without error: an abort.
+  EXPECT_EQ(r.finish_reasons, (std::vector<std::string>{"abort", "length"}));
+  EXPECT_GE(r.first_output_s, 0);
+  EXPECT_GE(r.e2e_s, r.first_output_s);
+  EXPECT_TRUE(r.client_disconnected);
+  EXPECT_FALSE(r.prompt.has_value());
+  EXPECT_TRUE(r.completions.empty());
+
+  r = LogRecordOf("zmq", "x/1", output, false, "the prompt");
+  EXPECT_EQ(r.prompt, "the prompt");
+  EXPECT_EQ(r.completions, (std::vector<std::string>{"", "hi"}));
 }
 
 TEST(RequestLogTest, DescribesEveryPromptForm) {

@@ -416,14 +416,14 @@ TEST(OpenAiApiTest, ResponseFormats) {
   ParseOutcome o = Completions(R"({"prompt": "x", "logprobs": 1, "stream": true,
                       "stream_options": {"include_usage": true}})");
   ASSERT_TRUE(o.request.has_value()) << o.error.message;
-  ChoiceState c;
+  CompletionOutput c;
   c.text = " Paris";
   c.token_ids = {Tok().Encode(" Paris", {false, true})[0]};
   c.logprobs = {-0.5f};
   c.top_token_ids = {{c.token_ids[0]}};
   c.top_logprobs = {{-0.5f}};
   c.finish_reason = FinishReason::kLength;
-  UsageTotals u{3, 1, 2};
+  Usage u{3, 1, 2};
   const json r = json::parse(CompletionResponse(*o.request, "cmpl-1", 7, {c}, u, Tok()));
   EXPECT_EQ(r["object"], "text_completion");
   EXPECT_EQ(r["choices"][0]["text"], " Paris");
@@ -454,7 +454,7 @@ TEST(OpenAiApiTest, StreamedTextOffsetsMatchTheWholeResponse) {
   ASSERT_TRUE(o.request.has_value());
   const std::vector<int32_t> ids = Tok().Encode(" Paris is big", {false, true});
   ASSERT_GE(ids.size(), 3u);
-  ChoiceState whole;
+  CompletionOutput whole;
   whole.token_ids = ids;
   whole.logprobs.assign(ids.size(), -1.0f);
   const json r = json::parse(CompletionResponse(*o.request, "cmpl-1", 7, {whole}, {}, Tok()));
@@ -464,7 +464,7 @@ TEST(OpenAiApiTest, StreamedTextOffsetsMatchTheWholeResponse) {
   json streamed = json::array();
   size_t offset = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    ChoiceState d;
+    CompletionOutput d;
     d.token_ids = {ids[i]};
     d.logprobs = {-1.0f};
     const json chunk =
@@ -534,8 +534,8 @@ TEST(OpenAiApiTest, EchoPutsThePromptFirst) {
   ParseOutcome o = Completions(body.dump());
   ASSERT_TRUE(o.request.has_value()) << o.error.message;
   EXPECT_EQ(o.request->echo_texts, (std::vector<std::string>{"The sky", "Hi there"}));
-  std::vector<ChoiceState> cs(4);
-  for (ChoiceState& c : cs) c.text = " is";
+  std::vector<CompletionOutput> cs(4);
+  for (CompletionOutput& c : cs) c.text = " is";
   const json r = json::parse(CompletionResponse(*o.request, "cmpl-1", 7, cs, {}, Tok()));
   EXPECT_EQ(r["choices"][1]["text"], "The sky is");
   EXPECT_EQ(r["choices"][2]["text"], "Hi there is");
@@ -624,7 +624,7 @@ TEST(OpenAiApiTest, ToolCalling) {
   // Non-streamed: the calls, content null, finish_reason tool_calls.
   ParseOutcome auto_req = chat(tools);
   ASSERT_TRUE(auto_req.request.has_value());
-  ChoiceState c;
+  CompletionOutput c;
   c.text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"b\": 1, \"a\": 2}}\n</tool_call>";
   c.finish_reason = FinishReason::kStop;
   json r = json::parse(CompletionResponse(*auto_req.request, "chatcmpl-1", 7, {c}, {}, Tok()));
