@@ -56,41 +56,6 @@ bool ParseBody(std::string_view text, json* out, ApiError* err) {
 }
 
 // Field readers: absent or null leaves *out unchanged; a wrong type is an error.
-bool ReadInt(const json& body, const char* key, int64_t lo, int64_t hi, int64_t* out,
-             ApiError* err) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return true;
-  if (!it->is_number_integer()) {
-    *err = BadRequest(absl::StrCat("'", key, "' must be an integer"), key);
-    return false;
-  }
-  const bool too_big = it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi);
-  const int64_t v = too_big ? hi : it->get<int64_t>();
-  if (too_big || v < lo || v > hi) {
-    *err = BadRequest(absl::StrCat("'", key, "' must be in [", lo, ", ", hi, "], got ", it->dump()),
-                      key);
-    return false;
-  }
-  *out = v;
-  return true;
-}
-
-bool ReadFloat(const json& body, const char* key, float* out, ApiError* err) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return true;
-  if (!it->is_number()) {
-    *err = BadRequest(absl::StrCat("'", key, "' must be a number"), key);
-    return false;
-  }
-  const double v = it->get<double>();
-  if (!std::isfinite(v) || std::fabs(v) > kMaxSamplingMagnitude) {
-    *err = BadRequest(absl::StrCat("'", key, "' must be a finite number of magnitude <= 1e6"), key);
-    return false;
-  }
-  *out = static_cast<float>(v);
-  return true;
-}
-
 bool ReadBool(const json& body, const char* key, bool* out, ApiError* err) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return true;
@@ -124,107 +89,58 @@ bool ReadIds(const json& v, const char* key, int32_t vocab, std::vector<int32_t>
   return true;
 }
 
-// `text`: the body's JSON text (a JSON Schema keeps its key order).
+// `text`: the body's JSON text (a JSON Schema keeps its key order). n,
+// max_tokens / max_completion_tokens and logprobs are this API's fields; the
+// rest are read as on every front end (request_fields.h ReadSamplingFields).
 bool ReadSampling(const json& body, std::string_view text, Endpoint endpoint, int32_t vocab,
                   SamplingParams* p, ApiError* err) {
-  int64_t v = p->n;
-  if (!ReadInt(body, "n", 1, 64, &v, err)) return false;
-  p->n = static_cast<int>(v);
-  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
-    v = -1;
-    if (!ReadInt(body, key, 1, std::numeric_limits<int32_t>::max(), &v, err)) return false;
-    if (v > 0) p->max_tokens = static_cast<int>(v);
-  }
-  if (!ReadFloat(body, "temperature", &p->temperature, err) ||
-      !ReadFloat(body, "top_p", &p->top_p, err) || !ReadFloat(body, "min_p", &p->min_p, err) ||
-      !ReadFloat(body, "presence_penalty", &p->presence_penalty, err) ||
-      !ReadFloat(body, "frequency_penalty", &p->frequency_penalty, err) ||
-      !ReadFloat(body, "repetition_penalty", &p->repetition_penalty, err) ||
-      !ReadBool(body, "ignore_eos", &p->ignore_eos, err)) {
+  const auto failed = [&](const absl::Status& s) {
+    *err = BadRequest(std::string(s.message()), ParamOf(s, endpoint));
     return false;
+  };
+  const auto member = [&](const char* key) -> const json* {
+    auto it = body.find(key);
+    return it == body.end() || it->is_null() ? nullptr : &*it;
+  };
+  if (const json* j = member("n")) {
+    if (absl::Status s = IntFromJson(*j, "n", &p->n); !s.ok()) return failed(s);
   }
-  v = p->top_k;
-  if (!ReadInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(), &v, err)) return false;
-  p->top_k = v == 0 ? -1 : static_cast<int>(v);  // 0 and -1 both mean off, as in vLLM
-  if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
-    absl::StatusOr<std::optional<uint64_t>> seed = SeedFromJson(*it);
-    if (!seed.ok()) {
-      *err = BadRequest(std::string(seed.status().message()), "seed");
-      return false;
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (const json* j = member(key)) {
+      if (absl::Status s = IntFromJson(*j, key, &p->max_tokens); !s.ok()) return failed(s);
     }
-    p->seed = *seed;
   }
+  if (absl::Status s = ReadSamplingFields(body, vocab, p); !s.ok()) return failed(s);
   // Structured output: response_format / guided_* / structured_outputs.
   if (absl::StatusOr<StructuredOutputField> so = StructuredOutputFromJson(body, text); !so.ok()) {
-    *err = BadRequest(std::string(so.status().message()), FieldOf(so.status()));
-    return false;
+    return failed(so.status());
   } else {
     p->structured_output = so->constraint;
   }
-  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
-    if (it->is_string()) {
-      p->stop = {it->get<std::string>()};
-    } else if (it->is_array()) {
-      for (const json& s : *it) {
-        if (!s.is_string()) {
-          *err = BadRequest("'stop' must be a string or an array of strings", "stop");
-          return false;
-        }
-        p->stop.push_back(s.get<std::string>());
-      }
-    } else {
-      *err = BadRequest("'stop' must be a string or an array of strings", "stop");
-      return false;
-    }
-    if (p->stop.size() > 16) {
-      *err = BadRequest("'stop' holds at most 16 strings", "stop");
-      return false;
-    }
-  }
-  if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
-    if (!it->is_array() || !ReadIds(*it, "stop_token_ids", vocab, &p->stop_token_ids, err)) {
-      if (!it->is_array())
-        *err = BadRequest("'stop_token_ids' must be an array of integers", "stop_token_ids");
-      return false;
-    }
-  }
   // logprobs: completions N (0..20); chat bool + top_logprobs N.
+  const auto top_n = [&](const char* key, int* out) {
+    const json* j = member(key);
+    if (j == nullptr) return absl::OkStatus();
+    if (absl::Status s = IntFromJson(*j, key, out); !s.ok()) return s;
+    if (*out < 0 || *out > 20) {
+      return FieldError(key, absl::StrCat("'", key, "' must be in [0, 20], got ", *out));
+    }
+    return absl::OkStatus();
+  };
   if (endpoint == Endpoint::kCompletions) {
-    v = -1;
-    if (!ReadInt(body, "logprobs", 0, 20, &v, err)) return false;
-    p->logprobs = static_cast<int>(v);
+    if (absl::Status s = top_n("logprobs", &p->logprobs); !s.ok()) return failed(s);
   } else {
     bool want = false;
-    if (!ReadBool(body, "logprobs", &want, err)) return false;
-    v = 0;
-    if (!ReadInt(body, "top_logprobs", 0, 20, &v, err)) return false;
-    if (v > 0 && !want) {
+    if (const json* j = member("logprobs")) {
+      if (absl::Status s = BoolFromJson(*j, "logprobs", &want); !s.ok()) return failed(s);
+    }
+    int n = 0;
+    if (absl::Status s = top_n("top_logprobs", &n); !s.ok()) return failed(s);
+    if (n > 0 && !want) {
       *err = BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs");
       return false;
     }
-    p->logprobs = want ? static_cast<int>(v) : -1;
-  }
-  // Beam search (vLLM's extra body fields): use_beam_search, best_of,
-  // length_penalty, early_stopping (true, false or "never"). An absent
-  // temperature means 0 with beam search (its only valid value).
-  if (!ReadBool(body, "use_beam_search", &p->use_beam_search, err)) return false;
-  v = 0;
-  if (!ReadInt(body, "best_of", 1, 64, &v, err)) return false;
-  p->best_of = static_cast<int>(v);
-  if (!ReadFloat(body, "length_penalty", &p->length_penalty, err)) return false;
-  if (auto it = body.find("early_stopping"); it != body.end() && !it->is_null()) {
-    if (it->is_boolean()) {
-      p->early_stopping = it->get<bool>() ? EarlyStopping::kTrue : EarlyStopping::kFalse;
-    } else if (it->is_string() && it->get_ref<const std::string&>() == "never") {
-      p->early_stopping = EarlyStopping::kNever;
-    } else {
-      *err = BadRequest("'early_stopping' must be true, false or \"never\"", "early_stopping");
-      return false;
-    }
-  }
-  if (p->use_beam_search) {
-    auto t = body.find("temperature");
-    if (t == body.end() || t->is_null()) p->temperature = 0.0f;
+    p->logprobs = want ? n : -1;
   }
   if (absl::Status s = ReadLogitProcessorFields(body, vocab, p); !s.ok()) {
     *err = BadRequest(std::string(s.message()), FieldOf(s));

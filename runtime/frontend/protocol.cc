@@ -32,28 +32,14 @@ Failure Invalid(std::string message) { return {ErrorCode::kInvalidRequest, std::
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// "integer", "number", "string", ... as a reader of the message would say it.
-std::string KindOf(const json& j) {
-  if (j.is_number_integer()) return "integer";
-  if (j.is_number_float()) return "number";
-  return j.type_name();
+// A shared reader's error (request_fields.h) as a parse failure.
+Check Checked(const absl::Status& s) {
+  if (s.ok()) return std::nullopt;
+  return Invalid(std::string(s.message()));
 }
-
-// Cuts s to at most n bytes without splitting a UTF-8 sequence.
-std::string Truncate(std::string s, size_t n) {
-  if (s.size() <= n) return s;
-  size_t cut = n - 3;
-  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
-  return s.substr(0, cut) + "...";
-}
-
-// A short rendering of a bad value for messages.
-std::string Show(const json& j) { return Truncate(Dump(j), 40); }
 
 Failure WrongType(absl::string_view field, absl::string_view expected, const json& got) {
-  return Invalid(
-      absl::StrCat("field '", field, "' must be ", expected, ", got ", KindOf(got),
-                   got.is_primitive() && !got.is_null() ? absl::StrCat(" ", Show(got)) : ""));
+  return Invalid(std::string(WrongTypeError(field, expected, got).message()));
 }
 
 // Floats go on the wire in their shortest round-trip form (0.7, not 0.699999988).
@@ -66,73 +52,27 @@ double WireFloat(float f) {
 }
 
 Check ReadString(const json& j, absl::string_view field, std::string& out) {
-  if (!j.is_string()) return WrongType(field, "a string", j);
-  out = j.get<std::string>();
-  return std::nullopt;
+  return Checked(StringFromJson(j, field, &out));
 }
 
 Check ReadInt(const json& j, absl::string_view field, int& out) {
-  if (!j.is_number_integer()) return WrongType(field, "an integer", j);
-  if (j.is_number_unsigned()) {
-    const uint64_t v = j.get<uint64_t>();
-    if (v > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
-      return Invalid(absl::StrCat("field '", field, "' is out of range, got ", v));
-    }
-    out = static_cast<int>(v);
-    return std::nullopt;
-  }
-  const int64_t v = j.get<int64_t>();
-  if (v > std::numeric_limits<int>::max() || v < std::numeric_limits<int>::min()) {
-    return Invalid(absl::StrCat("field '", field, "' is out of range, got ", v));
-  }
-  out = static_cast<int>(v);
-  return std::nullopt;
-}
-
-Check ReadFloat(const json& j, absl::string_view field, float& out) {
-  if (!j.is_number()) return WrongType(field, "a number", j);
-  const double v = j.get<double>();
-  // The magnitude bound the HTTP API applies too (openai_api.cc ReadFloat): no
-  // sampling number is meaningful beyond it, and both front ends agree.
-  if (!std::isfinite(v) || std::abs(v) > kMaxSamplingMagnitude) {
-    return Invalid(absl::StrCat("field '", field, "' is out of range, got ", Show(j)));
-  }
-  out = static_cast<float>(v);
-  return std::nullopt;
+  return Checked(IntFromJson(j, field, &out));
 }
 
 Check ReadBool(const json& j, absl::string_view field, bool& out) {
-  if (!j.is_boolean()) return WrongType(field, "true or false", j);
-  out = j.get<bool>();
-  return std::nullopt;
+  return Checked(BoolFromJson(j, field, &out));
 }
 
 Check ReadTokenIds(const json& j, absl::string_view field, int32_t vocab_size,
                    std::vector<int32_t>& out) {
-  if (!j.is_array()) return WrongType(field, "an array of token ids", j);
-  out.clear();
-  out.reserve(j.size());
-  for (size_t i = 0; i < j.size(); ++i) {
-    const json& t = j[i];
-    const std::string name = absl::StrCat(field, "[", i, "]");
-    if (!t.is_number_integer()) return WrongType(name, "an integer token id", t);
-    const bool negative = !t.is_number_unsigned() && t.get<int64_t>() < 0;
-    const int64_t limit = vocab_size > 0 ? vocab_size : std::numeric_limits<int32_t>::max();
-    if (negative || (t.is_number_unsigned() ? t.get<uint64_t>() >= static_cast<uint64_t>(limit)
-                                            : t.get<int64_t>() >= limit)) {
-      return Invalid(
-          absl::StrCat("field '", name, "' must be a token id in [0, ", limit, "), got ", Show(t)));
-    }
-    out.push_back(static_cast<int32_t>(t.get<int64_t>()));
-  }
-  return std::nullopt;
+  return Checked(TokenIdsFromJson(j, field, vocab_size, &out));
 }
 
 Check RejectUnknownFields(const json& obj, const std::set<absl::string_view>& known,
                           absl::string_view type) {
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     if (!known.count(it.key())) {
-      const std::string key = Truncate(it.key(), 64);
+      const std::string key = TruncateUtf8(it.key(), 64);
       return Invalid(absl::StrCat("unknown field ", Dump(json(key)), " in ", type, " request"));
     }
   }
@@ -208,71 +148,18 @@ Check ReadPrompt(const json& obj, const ParseOptions& opt, GenerateRequest& req)
   return std::nullopt;
 }
 
-// The numeric sampling fields n .. frequency_penalty and seed (types here,
-// ranges in SamplingParams::Validate).
-Check ReadSamplingNumbers(const json& obj, SamplingParams& sp) {
+// The sampling fields: n, max_tokens and logprobs (this protocol's), then
+// those every front end reads alike (request_fields.h ReadSamplingFields).
+Check ReadSampling(const json& obj, const ParseOptions& opt, SamplingParams& sp) {
   if (const json* j = Member(obj, "n"))
     if (Check c = ReadInt(*j, "n", sp.n)) return c;
   if (const json* j = Member(obj, "max_tokens"))
     if (Check c = ReadInt(*j, "max_tokens", sp.max_tokens)) return c;
-  if (const json* j = Member(obj, "temperature"))
-    if (Check c = ReadFloat(*j, "temperature", sp.temperature)) return c;
-  if (const json* j = Member(obj, "top_p"))
-    if (Check c = ReadFloat(*j, "top_p", sp.top_p)) return c;
-  if (const json* j = Member(obj, "top_k"))
-    if (Check c = ReadInt(*j, "top_k", sp.top_k)) return c;
-  if (const json* j = Member(obj, "min_p"))
-    if (Check c = ReadFloat(*j, "min_p", sp.min_p)) return c;
-  if (const json* j = Member(obj, "repetition_penalty")) {
-    if (Check c = ReadFloat(*j, "repetition_penalty", sp.repetition_penalty)) return c;
-  }
-  if (const json* j = Member(obj, "presence_penalty")) {
-    if (Check c = ReadFloat(*j, "presence_penalty", sp.presence_penalty)) return c;
-  }
-  if (const json* j = Member(obj, "frequency_penalty")) {
-    if (Check c = ReadFloat(*j, "frequency_penalty", sp.frequency_penalty)) return c;
-  }
-  if (const json* j = Member(obj, "seed")) {
-    absl::StatusOr<std::optional<uint64_t>> seed = SeedFromJson(*j);
-    if (!seed.ok()) return Invalid(std::string(seed.status().message()));
-    sp.seed = *seed;
-  }
-  return std::nullopt;
-}
-
-// "stop": a string or an array of strings.
-Check ReadStop(const json& j, SamplingParams& sp) {
-  if (j.is_string()) {
-    sp.stop = {j.get<std::string>()};
-  } else if (j.is_array()) {
-    sp.stop.clear();
-    for (size_t i = 0; i < j.size(); ++i) {
-      std::string s;
-      if (Check c = ReadString(j[i], absl::StrCat("stop[", i, "]"), s)) return c;
-      sp.stop.push_back(std::move(s));
-    }
-  } else {
-    return WrongType("stop", "a string or an array of strings", j);
-  }
-  return std::nullopt;  // count and length: SamplingParams::Validate, as on every front end
-}
-
-// The stop conditions and output options: stop, stop_token_ids, ignore_eos, logprobs.
-Check ReadStopAndOutput(const json& obj, const ParseOptions& opt, SamplingParams& sp) {
-  if (const json* j = Member(obj, "stop"))
-    if (Check c = ReadStop(*j, sp)) return c;
-  if (const json* j = Member(obj, "stop_token_ids")) {
-    if (Check c = ReadTokenIds(*j, "stop_token_ids", opt.vocab_size, sp.stop_token_ids)) return c;
-  }
-  if (const json* j = Member(obj, "ignore_eos"))
-    if (Check c = ReadBool(*j, "ignore_eos", sp.ignore_eos)) return c;
   if (const json* j = Member(obj, "logprobs"))
     if (Check c = ReadInt(*j, "logprobs", sp.logprobs)) return c;
-  return std::nullopt;
+  return Checked(ReadSamplingFields(obj, opt.vocab_size, &sp));
 }
 
-// use_beam_search, best_of, length_penalty, early_stopping (true, false or
-// "never"); a beam search without temperature gets 0, its only valid value.
 // tools / tool_choice / parallel_tool_calls (request_fields.h's rules): only
 // with `messages`; "required" / named exclude another constraint.
 Check ReadTools(const json& obj, std::string_view text, GenerateRequest& req) {
@@ -287,29 +174,6 @@ Check ReadTools(const json& obj, std::string_view text, GenerateRequest& req) {
         "calls; it cannot be combined with another constraint");
   }
   req.tools = *std::move(t);
-  return std::nullopt;
-}
-
-Check ReadBeamSearch(const json& obj, SamplingParams& sp) {
-  if (const json* j = Member(obj, "use_beam_search")) {
-    if (Check c = ReadBool(*j, "use_beam_search", sp.use_beam_search)) return c;
-  }
-  if (const json* j = Member(obj, "best_of"))
-    if (Check c = ReadInt(*j, "best_of", sp.best_of)) return c;
-  if (const json* j = Member(obj, "length_penalty")) {
-    if (Check c = ReadFloat(*j, "length_penalty", sp.length_penalty)) return c;
-  }
-  if (const json* j = Member(obj, "early_stopping")) {
-    if (j->is_boolean()) {
-      sp.early_stopping = j->get<bool>() ? EarlyStopping::kTrue : EarlyStopping::kFalse;
-    } else if (j->is_string() && j->get_ref<const std::string&>() == "never") {
-      sp.early_stopping = EarlyStopping::kNever;
-    } else {
-      return WrongType("early_stopping", "true, false or \"never\"", *j);
-    }
-  }
-  if (sp.use_beam_search && Member(obj, "temperature") == nullptr)
-    sp.temperature = 0.0f;  // its only valid value
   return std::nullopt;
 }
 
@@ -363,9 +227,7 @@ Check ParseGenerate(const json& obj, std::string_view text, const ParseOptions& 
   if (Check c = RejectUnknownFields(obj, kKnown, "generate")) return c;
   if (Check c = ReadPrompt(obj, opt, req)) return c;
   SamplingParams& sp = req.sampling;
-  if (Check c = ReadSamplingNumbers(obj, sp)) return c;
-  if (Check c = ReadStopAndOutput(obj, opt, sp)) return c;
-  if (Check c = ReadBeamSearch(obj, sp)) return c;
+  if (Check c = ReadSampling(obj, opt, sp)) return c;
   if (absl::StatusOr<StructuredOutputField> so = StructuredOutputFromJson(obj, text); !so.ok()) {
     return Invalid(std::string(so.status().message()));
   } else {
@@ -429,7 +291,8 @@ ParseResult ParseRequestImpl(absl::string_view message, const ParseOptions& opt)
     return Fail("", {ErrorCode::kInvalidJson, absl::StrCat("message is not valid JSON: ", what)});
   }
   if (!obj.is_object()) {
-    return Fail("", Invalid(absl::StrCat("message must be a JSON object, got ", KindOf(obj))));
+    return Fail("",
+                Invalid(absl::StrCat("message must be a JSON object, got ", JsonKindName(obj))));
   }
   // The id first, so that every later error can echo it.
   std::string id;
@@ -445,7 +308,7 @@ ParseResult ParseRequestImpl(absl::string_view message, const ParseOptions& opt)
   }
   if (!v->is_number_integer() || v->get<int64_t>() != kVersion) {
     return Fail(id, {ErrorCode::kUnsupportedVersion,
-                     absl::StrCat("unsupported protocol version ", Show(*v),
+                     absl::StrCat("unsupported protocol version ", ShowJson(*v),
                                   " (this server speaks version ", kVersion, ")")});
   }
   auto t = obj.find("type");
@@ -475,7 +338,7 @@ ParseResult ParseRequestImpl(absl::string_view message, const ParseOptions& opt)
     }
   } else {
     return Fail(id, {ErrorCode::kUnknownType,
-                     absl::StrCat("unknown message type ", Show(*t),
+                     absl::StrCat("unknown message type ", ShowJson(*t),
                                   " (expected generate, abort, health or stats)")});
   }
   return r;
@@ -685,7 +548,8 @@ absl::Status Get(const json& obj, const char* key, T& out, bool required = true)
   try {
     out = it->get<T>();
   } catch (const json::exception&) {
-    return Bad(absl::StrCat("reply: field '", key, "' has the wrong type (", KindOf(*it), ")"));
+    return Bad(
+        absl::StrCat("reply: field '", key, "' has the wrong type (", JsonKindName(*it), ")"));
   }
   return absl::OkStatus();
 }

@@ -2,22 +2,191 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/field_error.h"
 
 namespace pagedserve {
+namespace {
+
+using json = nlohmann::json;
+
+absl::Status OutOfRange(absl::string_view field, const json& v) {
+  return FieldError(field, absl::StrCat("field '", field, "' is out of range, got ", ShowJson(v)));
+}
+
+const json* Member(const json& body, const char* key) {
+  auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+}  // namespace
+
+std::string TruncateUtf8(std::string s, size_t n) {
+  if (s.size() <= n) return s;
+  size_t cut = n - 3;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return s.substr(0, cut) + "...";
+}
+
+std::string ShowJson(const json& v) {
+  return TruncateUtf8(v.dump(-1, ' ', false, json::error_handler_t::replace), 40);
+}
+
+std::string JsonKindName(const json& v) {
+  if (v.is_number_integer()) return "integer";
+  if (v.is_number_float()) return "number";
+  return v.type_name();
+}
+
+absl::Status WrongTypeError(absl::string_view field, absl::string_view expected, const json& got) {
+  return FieldError(
+      field,
+      absl::StrCat("field '", field, "' must be ", expected, ", got ", JsonKindName(got),
+                   got.is_primitive() && !got.is_null() ? absl::StrCat(" ", ShowJson(got)) : ""));
+}
+
+absl::Status IntFromJson(const json& v, absl::string_view field, int* out) {
+  if (!v.is_number_integer()) return WrongTypeError(field, "an integer", v);
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
+      return OutOfRange(field, v);
+    }
+    *out = static_cast<int>(v.get<uint64_t>());
+    return absl::OkStatus();
+  }
+  const int64_t x = v.get<int64_t>();
+  if (x > std::numeric_limits<int>::max() || x < std::numeric_limits<int>::min()) {
+    return OutOfRange(field, v);
+  }
+  *out = static_cast<int>(x);
+  return absl::OkStatus();
+}
+
+absl::Status NumberFromJson(const json& v, absl::string_view field, float* out) {
+  if (!v.is_number()) return WrongTypeError(field, "a number", v);
+  const double x = v.get<double>();
+  // No sampling number is meaningful beyond kMaxSamplingMagnitude; past it the
+  // value is refused before it is rounded to float.
+  if (!std::isfinite(x) || std::abs(x) > kMaxSamplingMagnitude) return OutOfRange(field, v);
+  *out = static_cast<float>(x);
+  return absl::OkStatus();
+}
+
+absl::Status BoolFromJson(const json& v, absl::string_view field, bool* out) {
+  if (!v.is_boolean()) return WrongTypeError(field, "true or false", v);
+  *out = v.get<bool>();
+  return absl::OkStatus();
+}
+
+absl::Status StringFromJson(const json& v, absl::string_view field, std::string* out) {
+  if (!v.is_string()) return WrongTypeError(field, "a string", v);
+  *out = v.get<std::string>();
+  return absl::OkStatus();
+}
+
+absl::Status TokenIdsFromJson(const json& v, absl::string_view field, int32_t vocab_size,
+                              std::vector<int32_t>* out) {
+  if (!v.is_array()) return WrongTypeError(field, "an array of token ids", v);
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  const int64_t limit = vocab_size > 0 ? vocab_size : std::numeric_limits<int32_t>::max();
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& t = v[i];
+    const std::string name = absl::StrCat(field, "[", i, "]");
+    if (!t.is_number_integer()) return WrongTypeError(name, "an integer token id", t);
+    const bool negative = !t.is_number_unsigned() && t.get<int64_t>() < 0;
+    if (negative || (t.is_number_unsigned() ? t.get<uint64_t>() >= static_cast<uint64_t>(limit)
+                                            : t.get<int64_t>() >= limit)) {
+      return FieldError(name, absl::StrCat("field '", name, "' must be a token id in [0, ", limit,
+                                           "), got ", ShowJson(t)));
+    }
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  *out = std::move(ids);
+  return absl::OkStatus();
+}
+
+absl::Status ReadSamplingFields(const json& body, int32_t vocab_size, SamplingParams* p) {
+  struct NumberField {
+    const char* name;
+    float* value;
+  };
+  for (const NumberField& f :
+       {NumberField{"temperature", &p->temperature}, NumberField{"top_p", &p->top_p},
+        NumberField{"min_p", &p->min_p}, NumberField{"repetition_penalty", &p->repetition_penalty},
+        NumberField{"presence_penalty", &p->presence_penalty},
+        NumberField{"frequency_penalty", &p->frequency_penalty},
+        NumberField{"length_penalty", &p->length_penalty}}) {
+    if (const json* j = Member(body, f.name)) {
+      if (absl::Status s = NumberFromJson(*j, f.name, f.value); !s.ok()) return s;
+    }
+  }
+  if (const json* j = Member(body, "top_k")) {
+    if (absl::Status s = IntFromJson(*j, "top_k", &p->top_k); !s.ok()) return s;
+    if (p->top_k == 0) p->top_k = -1;  // 0 and -1 both mean off, as in vLLM
+  }
+  if (const json* j = Member(body, "best_of")) {
+    if (absl::Status s = IntFromJson(*j, "best_of", &p->best_of); !s.ok()) return s;
+  }
+  if (const json* j = Member(body, "seed")) {
+    absl::StatusOr<std::optional<uint64_t>> seed = SeedFromJson(*j);
+    if (!seed.ok()) return seed.status();
+    p->seed = *seed;
+  }
+  if (const json* j = Member(body, "stop")) {
+    if (j->is_string()) {
+      p->stop = {j->get<std::string>()};
+    } else if (j->is_array()) {
+      std::vector<std::string> stop(j->size());
+      for (size_t i = 0; i < j->size(); ++i) {
+        if (!(*j)[i].is_string())
+          return WrongTypeError(absl::StrCat("stop[", i, "]"), "a string", (*j)[i]);
+        stop[i] = (*j)[i].get<std::string>();
+      }
+      p->stop = std::move(stop);  // count and length: SamplingParams::Validate
+    } else {
+      return WrongTypeError("stop", "a string or an array of strings", *j);
+    }
+  }
+  if (const json* j = Member(body, "stop_token_ids")) {
+    if (absl::Status s = TokenIdsFromJson(*j, "stop_token_ids", vocab_size, &p->stop_token_ids);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (const json* j = Member(body, "ignore_eos")) {
+    if (absl::Status s = BoolFromJson(*j, "ignore_eos", &p->ignore_eos); !s.ok()) return s;
+  }
+  if (const json* j = Member(body, "use_beam_search")) {
+    if (absl::Status s = BoolFromJson(*j, "use_beam_search", &p->use_beam_search); !s.ok()) {
+      return s;
+    }
+  }
+  if (const json* j = Member(body, "early_stopping")) {
+    if (j->is_boolean()) {
+      p->early_stopping = j->get<bool>() ? EarlyStopping::kTrue : EarlyStopping::kFalse;
+    } else if (j->is_string() && j->get_ref<const std::string&>() == "never") {
+      p->early_stopping = EarlyStopping::kNever;
+    } else {
+      return WrongTypeError("early_stopping", "true, false or \"never\"", *j);
+    }
+  }
+  if (p->use_beam_search && Member(body, "temperature") == nullptr) p->temperature = 0.0f;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::optional<uint64_t>> SeedFromJson(const nlohmann::json& seed) {
   // nlohmann keeps integers beyond both 64-bit ranges as floating point.
   if (!seed.is_number_integer()) {
-    std::string shown = seed.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
-    return FieldError("seed",
-                      "field 'seed' must be an integer in [-2^63, 2^64) (-1: none), got " + shown);
+    return FieldError("seed", "field 'seed' must be an integer in [-2^63, 2^64) (-1: none), got " +
+                                  ShowJson(seed));
   }
   if (seed.is_number_unsigned()) return std::optional<uint64_t>(seed.get<uint64_t>());
   const int64_t v = seed.get<int64_t>();
@@ -27,7 +196,6 @@ absl::StatusOr<std::optional<uint64_t>> SeedFromJson(const nlohmann::json& seed)
 
 namespace {
 
-using json = nlohmann::json;
 using Kind = StructuredOutput::Kind;
 
 absl::Status Bad(const std::string& field, const std::string& what) {
@@ -116,11 +284,6 @@ absl::StatusOr<StructuredOutput> FromStructuredOutputs(const J& so) {
   }
   if (count > 1) return Bad(field, "must set exactly one of json, regex, choice, json_object");
   return out;
-}
-
-const json* Member(const json& body, const char* key) {
-  auto it = body.find(key);
-  return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
 absl::Status ReadOptionalBool(const json& body, const char* key, bool* out) {

@@ -7,17 +7,16 @@
 
 #include <cstdint>
 #include <optional>
-#include <string>
-
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
-#include "runtime/common/structured_output.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json_fwd.hpp"
 #include "runtime/common/sampling_params.h"
+#include "runtime/common/structured_output.h"
 #include "runtime/frontend/tool_calls.h"
 
 namespace pagedserve {
@@ -34,6 +33,53 @@ inline constexpr double kMaxSamplingMagnitude = 1e6;
 // InvalidArgument naming the field "seed" (field_error.h) for a non-integer
 // or an integer out of that range.
 absl::StatusOr<std::optional<uint64_t>> SeedFromJson(const nlohmann::json& seed);
+
+// Typed readers of one JSON value of a request, the same on every front end.
+// `field` names the value in the error (e.g. "top_k", "stop[2]"). Errors:
+// InvalidArgument naming `field` (field_error.h): "field 'F' must be <what>,
+// got <JSON kind> <the value, cut at 40 bytes>", or "field 'F' is out of
+// range, got V" for a number beyond the type's range.
+//   IntFromJson      a JSON integer within int32;
+//   NumberFromJson   any JSON number, finite, of magnitude <= kMaxSamplingMagnitude;
+//   BoolFromJson     true or false;
+//   StringFromJson   a string;
+//   TokenIdsFromJson an array of integers in [0, vocab_size) (vocab_size <= 0:
+//                    [0, 2^31 - 1)); the element is named "F[i]".
+absl::Status IntFromJson(const nlohmann::json& v, absl::string_view field, int* out);
+absl::Status NumberFromJson(const nlohmann::json& v, absl::string_view field, float* out);
+absl::Status BoolFromJson(const nlohmann::json& v, absl::string_view field, bool* out);
+absl::Status StringFromJson(const nlohmann::json& v, absl::string_view field, std::string* out);
+absl::Status TokenIdsFromJson(const nlohmann::json& v, absl::string_view field, int32_t vocab_size,
+                              std::vector<int32_t>* out);
+// s cut to at most n (>= 4) bytes without splitting a UTF-8 sequence, "..." marking a cut.
+std::string TruncateUtf8(std::string s, size_t n);
+// A JSON value as error messages quote it: compact, cut at 40 bytes without
+// splitting a UTF-8 sequence (invalid UTF-8 replaced).
+std::string ShowJson(const nlohmann::json& v);
+// Its kind as a reader would say it: "integer", "number", "string", "array", ...
+std::string JsonKindName(const nlohmann::json& v);
+// The error of a value of the wrong type: "field 'F' must be <expected>, got
+// <kind> [<value>]", naming `field`.
+absl::Status WrongTypeError(absl::string_view field, absl::string_view expected,
+                            const nlohmann::json& got);
+
+// The sampling fields that every front end names and reads alike (types
+// here; ranges and their messages in SamplingParams::Validate). An absent or
+// null member leaves *p unchanged:
+//   temperature, top_p, min_p, repetition_penalty, presence_penalty,
+//   frequency_penalty, length_penalty   numbers (NumberFromJson);
+//   top_k                               integer; 0 means off, as -1 (vLLM's rule);
+//   best_of                             integer;
+//   seed                                SeedFromJson;
+//   stop                                a string or an array of strings;
+//   stop_token_ids                      TokenIdsFromJson with vocab_size;
+//   ignore_eos, use_beam_search         booleans;
+//   early_stopping                      true, false or "never";
+// and with use_beam_search and no temperature, temperature 0 (its only valid
+// value). Front-end-specific fields (n, max_tokens and its aliases,
+// logprobs) are read by each front end with the readers above. Errors: those
+// of the readers, naming the field.
+absl::Status ReadSamplingFields(const nlohmann::json& body, int32_t vocab_size, SamplingParams* p);
 
 // Structured output (constrained decoding) from a request body, the same on
 // both front ends:

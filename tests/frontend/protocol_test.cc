@@ -106,8 +106,8 @@ TEST(ProtocolTest, BadInputsFromTheIssue) {
               "max_tokens must be >= 1, got -1", "r7");
   ExpectError(Gen(R"(,"top_k":0.5)"), ErrorCode::kInvalidRequest,
               "field 'top_k' must be an integer, got number 0.5", "r7");
-  ExpectError(Gen(R"(,"top_k":0)"), ErrorCode::kInvalidRequest,
-              "top_k must be -1 (disabled) or >= 1, got 0", "r7");
+  ExpectError(Gen(R"(,"top_k":-2)"), ErrorCode::kInvalidRequest,
+              "top_k must be -1 (disabled) or >= 1, got -2", "r7");
   ExpectError(Gen(R"(,"top_p":0)"), ErrorCode::kInvalidRequest, "top_p must be in (0, 1], got 0",
               "r7");
   ExpectError(Gen(R"(,"top_p":1.5)"), ErrorCode::kInvalidRequest,
@@ -172,6 +172,14 @@ TEST(ProtocolTest, BracketsInsideStringsDoNotCountAsNesting) {
   ASSERT_TRUE(r.ok()) << r.error.message;
   EXPECT_EQ(std::get<std::string>(std::get<GenerateRequest>(*r.request).prompt),
             std::string(200, '[') + "\"]]");
+}
+
+// top_k 0 means off, as -1 (vLLM's rule; the HTTP API reads it the same way,
+// request_fields.h ReadSamplingFields).
+TEST(ProtocolTest, TopKZeroMeansOff) {
+  ParseResult r = ParseRequest(Gen(R"(,"top_k":0)"));
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  EXPECT_EQ(std::get<GenerateRequest>(*r.request).sampling.top_k, -1);
 }
 
 TEST(ProtocolTest, ParsesEveryFieldOfAGenerateRequest) {

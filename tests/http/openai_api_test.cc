@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/field_error.h"
@@ -60,6 +61,28 @@ TEST(OpenAiApiTest, EveryPromptForm) {
   ParseOutcome nested = Completions(R"({"prompt": [[1, 2], [3]]})");
   ASSERT_TRUE(nested.request.has_value());
   EXPECT_EQ(nested.request->prompts, (std::vector<std::vector<int32_t>>{{1, 2}, {3}}));
+}
+
+// The sampling fields both front ends read alike (request_fields.h
+// ReadSamplingFields): the same value is refused with the same message, and
+// the HTTP error names the field.
+TEST(OpenAiApiTest, SharedSamplingFieldsFailAsOnZeroMq) {
+  for (const char* field :
+       {R"("temperature": "hot")", R"("top_k": 0.5)", R"("top_p": 1e300)", R"("seed": 1.5)",
+        R"("stop": 5)", R"("stop": ["a", 3])", R"("stop_token_ids": [1, -3])", R"("ignore_eos": 1)",
+        R"("early_stopping": "sometimes")", R"("best_of": true)", R"("top_k": -2)", R"("n": 65)"}) {
+    SCOPED_TRACE(field);
+    ParseOutcome http = Completions(absl::StrCat(R"({"prompt": "x", )", field, "}"));
+    ASSERT_FALSE(http.request.has_value());
+    protocol::ParseOptions opt;
+    opt.vocab_size = 49152;
+    protocol::ParseResult zmq = protocol::ParseRequest(
+        absl::StrCat(R"({"version":1,"type":"generate","id":"a","prompt":"x",)", field, "}"), opt);
+    ASSERT_FALSE(zmq.ok());
+    EXPECT_EQ(http.error.message, zmq.error.message);
+    EXPECT_EQ(http.error.status, 400);
+    EXPECT_FALSE(http.error.param.empty());
+  }
 }
 
 TEST(OpenAiApiTest, SamplingFieldsAreMapped) {
