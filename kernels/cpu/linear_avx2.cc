@@ -8,8 +8,13 @@
 
 #include "kernels/cpu/linear_cpu.h"
 
+// The ISA applies to the functions below only (see linear_avx512.cc).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #define PS_LINEAR_VNNI 0
 #include "kernels/cpu/linear_panel_x86_inl.h"
 #include "kernels/cpu/linear_x86_inl.h"
@@ -263,7 +268,11 @@ void Row8Q8_0(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
 
 }  // namespace
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace pagedserve::kernels::cpu {
 

@@ -8,6 +8,14 @@
 
 #include "kernels/cpu/linear_cpu.h"
 
+// The ISA applies to the functions below only (never to the standard library
+// code included above, whose inline functions other files share): GCC's
+// target pragma, or clang's attribute region (the sanitizer builds use clang).
+#if defined(__clang__)
+#pragma clang attribute push(                                                      \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), \
+    apply_to = function)
+#else
 #pragma GCC push_options
 // GCC 12's avx512fintrin.h trips -Wuninitialized on its own _mm512_undefined_*
 // (GCC bug 105593); the intrinsics are correct.
@@ -15,6 +23,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#endif
 #define PS_LINEAR_VNNI 1
 #include "kernels/cpu/linear_panel_x86_inl.h"
 #include "kernels/cpu/linear_x86_inl.h"
@@ -93,8 +102,12 @@ void FDot(const uint8_t* w, const float* x, int64_t xs, int64_t n, int ntok, flo
 
 }  // namespace
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
+#endif
 
 namespace pagedserve::kernels::cpu {
 

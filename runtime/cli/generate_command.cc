@@ -45,6 +45,41 @@ int ExitCodeFor(const absl::Status& s) {
              : 1;
 }
 
+// stdout: the samples (n > 1; n = 1 streamed already); stderr, when the request
+// succeeded: the usage line and, with speculative decoding, its counters.
+void PrintOutput(const OutputAccumulator& output, int n, bool succeeded, const Engine& engine) {
+  if (n > 1) {
+    for (int i = 0; i < n; ++i) {
+      std::printf("%s[sample %d]\n%s\n", i ? "\n" : "", i, output.completions()[i].text.c_str());
+    }
+  } else if (isatty(fileno(stdout))) {
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+  if (!succeeded) return;
+  const double secs = output.elapsed_s();
+  std::vector<std::string> reasons;
+  for (const CompletionOutput& c : output.completions()) {
+    reasons.emplace_back(FinishReasonName(c.finish_reason));
+  }
+  const Usage& usage = output.usage();
+  std::fprintf(stderr,
+               "pagedserve generate: finish_reason=%s prompt_tokens=%d completion_tokens=%d "
+               "cached_prompt_tokens=%d time=%.2fs (%.1f tokens/s)\n",
+               absl::StrJoin(reasons, ",").c_str(), usage.prompt_tokens, usage.completion_tokens,
+               usage.cached_prompt_tokens, secs, secs > 0 ? usage.completion_tokens / secs : 0.0);
+  const SchedulerStats st = engine.stats();
+  if (st.spec_num_drafts > 0) {
+    std::fprintf(stderr,
+                 "pagedserve generate: speculative steps=%lld verifications=%lld "
+                 "draft_tokens=%lld accepted=%lld emitted=%lld\n",
+                 static_cast<long long>(st.num_steps), static_cast<long long>(st.spec_num_drafts),
+                 static_cast<long long>(st.spec_draft_tokens),
+                 static_cast<long long>(st.spec_accepted_tokens),
+                 static_cast<long long>(st.spec_emitted_tokens));
+  }
+}
+
 // Rank 0 (or the only process): tokenizer, engine, the one request.
 // *workers_stopped: the worker ranks ended cleanly (always true without mpirun).
 int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* workers_stopped) {
@@ -132,37 +167,7 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
       }
     }
   }
-  if (n > 1) {
-    for (int i = 0; i < n; ++i) {
-      std::printf("%s[sample %d]\n%s\n", i ? "\n" : "", i, output.completions()[i].text.c_str());
-    }
-  } else if (isatty(fileno(stdout))) {
-    std::printf("\n");
-  }
-  std::fflush(stdout);
-  const double secs = output.elapsed_s();
-  if (rc == 0) {
-    std::vector<std::string> reasons;
-    for (const CompletionOutput& c : output.completions()) {
-      reasons.emplace_back(FinishReasonName(c.finish_reason));
-    }
-    const Usage& usage = output.usage();
-    std::fprintf(stderr,
-                 "pagedserve generate: finish_reason=%s prompt_tokens=%d completion_tokens=%d "
-                 "cached_prompt_tokens=%d time=%.2fs (%.1f tokens/s)\n",
-                 absl::StrJoin(reasons, ",").c_str(), usage.prompt_tokens, usage.completion_tokens,
-                 usage.cached_prompt_tokens, secs, secs > 0 ? usage.completion_tokens / secs : 0.0);
-    const SchedulerStats st = (*engine)->stats();
-    if (st.spec_num_drafts > 0) {
-      std::fprintf(stderr,
-                   "pagedserve generate: speculative steps=%lld verifications=%lld "
-                   "draft_tokens=%lld accepted=%lld emitted=%lld\n",
-                   static_cast<long long>(st.num_steps), static_cast<long long>(st.spec_num_drafts),
-                   static_cast<long long>(st.spec_draft_tokens),
-                   static_cast<long long>(st.spec_accepted_tokens),
-                   static_cast<long long>(st.spec_emitted_tokens));
-    }
-  }
+  PrintOutput(output, n, rc == 0, **engine);
   if (!executor_failed) {
     if (absl::Status s = exec->Shutdown(); !s.ok()) {
       PrintError(s);

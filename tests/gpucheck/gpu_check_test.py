@@ -267,7 +267,8 @@ def main():
 
         # --- 3. broken inputs
         small = run([script, "--prepare"], {**base_env, "GPU_CHECK_BUNDLE": os.path.join(tmp, "b2"),
-                                            "GPU_CHECK_MAX_BYTES": "100000"}, args.source_dir)
+                                            "GPU_CHECK_MAX_BYTES": "100000",
+                                            "GPU_CHECK_XZ_LEVEL": "0"}, args.source_dir)
         check(small.returncode == 1 and "over the limit" in small.stderr,
               f"a bundle over GPU_CHECK_MAX_BYTES fails --prepare ({small.returncode})")
         fake = os.path.join(tmp, "build-sm80")

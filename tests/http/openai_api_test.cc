@@ -619,7 +619,7 @@ TEST(OpenAiApiTest, ToolCalling) {
   for (const std::string& choice :
        {std::string(R"("required")"),
         std::string(R"({"type": "function", "function": {"name": "f"}})")}) {
-    ParseOutcome r = chat(tools + R"(, "tool_choice": )" + choice);
+    ParseOutcome r = chat(absl::StrCat(tools, R"(, "tool_choice": )", choice));
     ASSERT_TRUE(r.request.has_value()) << choice << ": " << r.error.message;
     EXPECT_TRUE(r.request->parse_tool_calls);
     EXPECT_EQ(r.request->params.structured_output.kind, StructuredOutput::Kind::kToolCalls);
