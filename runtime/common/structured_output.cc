@@ -9,6 +9,7 @@ const char* StructuredOutputKindName(StructuredOutput::Kind kind) {
     case StructuredOutput::Kind::kJsonObject: return "json_object";
     case StructuredOutput::Kind::kRegex: return "regex";
     case StructuredOutput::Kind::kChoice: return "choice";
+    case StructuredOutput::Kind::kGrammar: return "grammar";
     case StructuredOutput::Kind::kToolCalls: return "tool_calls";
   }
   return "none";
@@ -17,7 +18,8 @@ const char* StructuredOutputKindName(StructuredOutput::Kind kind) {
 std::optional<StructuredOutput::Kind> StructuredOutputKindFromName(std::string_view name) {
   for (auto k : {StructuredOutput::Kind::kNone, StructuredOutput::Kind::kJsonSchema,
                  StructuredOutput::Kind::kJsonObject, StructuredOutput::Kind::kRegex,
-                 StructuredOutput::Kind::kChoice, StructuredOutput::Kind::kToolCalls}) {
+                 StructuredOutput::Kind::kChoice, StructuredOutput::Kind::kGrammar,
+                 StructuredOutput::Kind::kToolCalls}) {
     if (name == StructuredOutputKindName(k)) return k;
   }
   return std::nullopt;

@@ -20,6 +20,7 @@ struct StructuredOutput {
     kJsonObject,  // any JSON object; spec empty
     kRegex,       // spec: a regular expression the whole output must match
     kChoice,      // spec: a JSON array of strings; the output is one of them
+    kGrammar,     // spec: a GBNF grammar (llama.cpp's format; runtime/grammar/gbnf.h)
     kToolCalls,   // spec: tools and format (runtime/grammar/tool_call_grammar.h);
                   // set by the front ends from tool_choice, never a request's
                   // structured_outputs key

@@ -272,8 +272,11 @@ absl::StatusOr<StructuredOutput> FromStructuredOutputs(const J& so) {
       if (!v.is_boolean()) return Bad(sub, "must be a boolean");
       if (!v.template get<bool>()) continue;
       out = {Kind::kJsonObject, ""};
-    } else if (key == "grammar" || key == "structural_tag") {
-      return Bad(sub, "is not supported (JSON Schema, regex, choice and json_object are)");
+    } else if (key == "grammar") {
+      if (!v.is_string()) return Bad(sub, "must be a string (a GBNF grammar)");
+      out = {Kind::kGrammar, v.template get<std::string>()};
+    } else if (key == "structural_tag") {
+      return Bad(sub, "is not supported (JSON Schema, regex, choice, grammar and json_object are)");
     } else if (key == "disable_fallback" || key == "disable_any_whitespace" ||
                key == "disable_additional_properties" || key == "whitespace_pattern") {
       continue;  // options of vLLM's backends; ours has one fixed policy (compact JSON)
@@ -282,7 +285,8 @@ absl::StatusOr<StructuredOutput> FromStructuredOutputs(const J& so) {
     }
     ++count;
   }
-  if (count > 1) return Bad(field, "must set exactly one of json, regex, choice, json_object");
+  if (count > 1)
+    return Bad(field, "must set exactly one of json, regex, choice, grammar, json_object");
   return out;
 }
 
@@ -377,8 +381,11 @@ absl::StatusOr<StructuredOutputField> StructuredOutputFromJsonT(const J& body) {
       absl::StatusOr<std::string> t = ChoiceText(*it, field);
       so = t.ok() ? absl::StatusOr<StructuredOutput>(StructuredOutput{Kind::kChoice, *t})
                   : absl::StatusOr<StructuredOutput>(t.status());
-    } else {
-      so = Bad(field, "is not supported (JSON Schema, regex, choice and json_object are)");
+    } else {  // guided_grammar
+      so = it->is_string()
+               ? absl::StatusOr<StructuredOutput>(
+                     StructuredOutput{Kind::kGrammar, it->template get<std::string>()})
+               : absl::StatusOr<StructuredOutput>(Bad(field, "must be a string (a GBNF grammar)"));
     }
     if (!so.ok()) return so.status();
     if (!so->active()) continue;

@@ -90,8 +90,9 @@ absl::Status ReadSamplingFields(const nlohmann::json& body, int32_t vocab_size, 
 //   guided_choice (array of strings), guided_grammar (vLLM, legacy names);
 //   structured_outputs {"json" | "regex" | "choice" | "grammar" | "json_object"}
 //                    (vLLM's current name).
-// At most one of them may constrain a request. `grammar` (EBNF/GBNF) is
-// refused as not supported yet. `field` is the member the constraint came
+// At most one of them may constrain a request. `grammar` / `guided_grammar`
+// is a GBNF grammar (llama.cpp's format, runtime/grammar/gbnf.h);
+// `structural_tag` is refused as not supported. `field` is the member the constraint came
 // from (for error reports). Errors: InvalidArgument naming the field
 // (field_error.h) for a wrong type, a missing schema, two constraints, or an
 // unsupported kind. Whether the constraint compiles is checked at admission

@@ -1,6 +1,7 @@
 #include "runtime/grammar/compile.h"
 
 #include "nlohmann/json.hpp"
+#include "runtime/grammar/gbnf.h"
 #include "runtime/grammar/json_schema.h"
 #include "runtime/grammar/regex.h"
 #include "runtime/grammar/tool_call_grammar.h"
@@ -42,6 +43,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileKind(const StructuredOutpu
     case StructuredOutput::Kind::kJsonObject: return CompileJsonObject();
     case StructuredOutput::Kind::kRegex: return CompileWholeRegex(c.spec);
     case StructuredOutput::Kind::kChoice: return CompileChoice(c.spec);
+    case StructuredOutput::Kind::kGrammar: return CompileGbnf(c.spec);
     case StructuredOutput::Kind::kToolCalls: return CompileToolCalls(c.spec);
     case StructuredOutput::Kind::kNone: break;
   }

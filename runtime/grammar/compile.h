@@ -7,6 +7,7 @@
 //   kRegex       runtime/grammar/regex.h, whole-output match (re.fullmatch), raw UTF-8
 //   kChoice      spec is a JSON array of strings (at least one); the output is
 //                exactly one of them
+//   kGrammar     runtime/grammar/gbnf.h (llama.cpp's GBNF), start rule `root`
 //   kToolCalls   runtime/grammar/tool_call_grammar.h (tool_choice required / named)
 //
 // Errors: InvalidArgument whose message names what is wrong (a constraint that

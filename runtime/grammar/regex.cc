@@ -13,26 +13,6 @@ constexpr uint32_t kMaxCp = 0x10FFFF;
 
 int Utf8Len(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
 
-std::string EncodeUtf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (cp >> 18));
-    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
-
 // UTF-8 byte-range sequences for [lo, hi] (Russ Cox's utf8 range splitting, as
 // in Go's regexp/syntax and Rust's utf8-ranges).
 void Utf8Ranges(uint32_t lo, uint32_t hi,
@@ -84,6 +64,57 @@ std::string JsonEscape(uint32_t cp) {
 }
 
 }  // namespace
+
+std::string EncodeUtf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (cp >> 18));
+    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+std::optional<uint32_t> DecodeUtf8(std::string_view s, size_t* pos) {
+  if (*pos >= s.size()) return std::nullopt;
+  const auto c0 = static_cast<uint8_t>(s[*pos]);
+  const int n = c0 < 0x80 ? 1 : (c0 >> 5) == 6 ? 2 : (c0 >> 4) == 14 ? 3 : (c0 >> 3) == 30 ? 4 : 0;
+  if (n == 0 || *pos + n > s.size()) return std::nullopt;
+  uint32_t cp = n == 1 ? c0 : c0 & (0x7F >> n);
+  for (int i = 1; i < n; ++i) {
+    const auto cc = static_cast<uint8_t>(s[*pos + i]);
+    if ((cc & 0xC0) != 0x80) return std::nullopt;
+    cp = (cp << 6) | (cc & 0x3F);
+  }
+  *pos += n;
+  return cp;
+}
+
+std::optional<uint32_t> ParseHex(std::string_view s, size_t* pos, int digits) {
+  if (*pos + digits > s.size()) return std::nullopt;
+  uint32_t v = 0;
+  for (int i = 0; i < digits; ++i) {
+    const char h = s[*pos + i];
+    const int d = h >= '0' && h <= '9'   ? h - '0'
+                  : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                  : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                         : -1;
+    if (d < 0) return std::nullopt;
+    v = v * 16 + d;
+  }
+  *pos += digits;
+  return v;
+}
 
 CodepointSet Normalize(CodepointSet set) {
   std::sort(set.begin(), set.end());
@@ -268,38 +299,17 @@ class RegexParser {
 
   // Next UTF-8 code point of the pattern.
   absl::StatusOr<uint32_t> NextCodepoint() {
-    const auto c0 = static_cast<uint8_t>(p_[pos_]);
-    const int n = c0 < 0x80         ? 1
-                  : (c0 >> 5) == 6  ? 2
-                  : (c0 >> 4) == 14 ? 3
-                  : (c0 >> 3) == 30 ? 4
-                                    : 0;
-    if (n == 0 || pos_ + n > p_.size()) return Error("invalid UTF-8 in the pattern");
-    uint32_t cp = n == 1 ? c0 : c0 & (0x7F >> n);
-    for (int i = 1; i < n; ++i) {
-      const auto cc = static_cast<uint8_t>(p_[pos_ + i]);
-      if ((cc & 0xC0) != 0x80) return Error("invalid UTF-8 in the pattern");
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    pos_ += n;
-    return cp;
+    std::optional<uint32_t> cp = DecodeUtf8(p_, &pos_);
+    if (!cp) return Error("invalid UTF-8 in the pattern");
+    return *cp;
   }
 
   absl::StatusOr<uint32_t> Hex(int digits) {
     if (pos_ + digits > p_.size()) return Error("truncated hex escape");
-    uint32_t v = 0;
-    for (int i = 0; i < digits; ++i) {
-      const char h = p_[pos_ + i];
-      int d = h >= '0' && h <= '9'   ? h - '0'
-              : h >= 'a' && h <= 'f' ? h - 'a' + 10
-              : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                     : -1;
-      if (d < 0) return Error("bad hex escape");
-      v = v * 16 + d;
-    }
-    pos_ += digits;
-    if (v >= 0xD800 && v <= 0xDFFF) return Error("surrogate code point in \\u escape");
-    return v;
+    std::optional<uint32_t> v = ParseHex(p_, &pos_, digits);
+    if (!v) return Error("bad hex escape");
+    if (*v >= 0xD800 && *v <= 0xDFFF) return Error("surrogate code point in \\u escape");
+    return *v;
   }
 
   // After a backslash: a class (\d ...) or one code point.

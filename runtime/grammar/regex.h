@@ -22,6 +22,8 @@
 #define PAGEDSERVE_RUNTIME_GRAMMAR_REGEX_H_
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -32,6 +34,15 @@
 namespace pagedserve::grammar {
 
 enum class CharEncoding { kRaw, kJson };
+
+// The UTF-8 encoding of Unicode scalar value `cp`.
+std::string EncodeUtf8(uint32_t cp);
+// The code point at s[*pos], *pos moved past it; nullopt (and *pos unchanged)
+// for invalid or truncated UTF-8.
+std::optional<uint32_t> DecodeUtf8(std::string_view s, size_t* pos);
+// `digits` hex digits at s[*pos], *pos moved past them; nullopt (unchanged)
+// when fewer remain or one is not a hex digit.
+std::optional<uint32_t> ParseHex(std::string_view s, size_t* pos, int digits);
 
 // A set of Unicode scalar values as sorted, disjoint, non-adjacent closed ranges.
 using CodepointSet = std::vector<std::pair<uint32_t, uint32_t>>;

@@ -8,7 +8,9 @@
 # each file's sha256 against tests/fixtures/chat_templates.json. The same
 # package's tokenizer corpus (vendor/llama.cpp/models/ggml-vocab-*.gguf with the
 # .inp/.out test files) goes to the vocab/ subfolder, for
-# tests/tokenizer/llamacpp_vocab_test.cc.
+# tests/tokenizer/llamacpp_vocab_test.cc, and its GBNF grammars
+# (vendor/llama.cpp/grammars/*.gbnf) to the grammars/ subfolder, for
+# tests/grammar/gbnf_test.cc.
 #
 #   tests/chat/fetch_templates.sh    prints e.g. ~/.cache/pagedserve/templates/llama-cpp-python-0.3.36
 #   PAGEDSERVE_TEMPLATES_DIR=DIR tests/chat/fetch_templates.sh   use DIR instead of the cache
@@ -20,8 +22,9 @@ sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 dir=${PAGEDSERVE_TEMPLATES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pagedserve/templates/$package-$version}
 stamp="$dir/.complete"
 vocab_stamp="$dir/vocab/.complete"
+grammar_stamp="$dir/grammars/.complete"
 
-if [ -f "$stamp" ] && [ -f "$vocab_stamp" ]; then echo "$dir"; exit 0; fi
+if [ -f "$stamp" ] && [ -f "$vocab_stamp" ] && [ -f "$grammar_stamp" ]; then echo "$dir"; exit 0; fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -32,13 +35,16 @@ if ! echo "$sha256  $tarball" | sha256sum --check --status; then
   echo "fetch_templates: sha256 mismatch for $tarball (expected $sha256)" >&2
   exit 1
 fi
-mkdir -p "$tmp/x" "$dir/vocab"
+mkdir -p "$tmp/x" "$dir/vocab" "$dir/grammars"
 tar -xzf "$tarball" -C "$tmp/x" --wildcards "*/vendor/llama.cpp/models/templates/*.jinja" \
-  "*/vendor/llama.cpp/models/ggml-vocab-*"
+  "*/vendor/llama.cpp/models/ggml-vocab-*" "*/vendor/llama.cpp/grammars/*.gbnf"
 cp "$tmp"/x/*/vendor/llama.cpp/models/templates/*.jinja "$dir/"
 cp "$tmp"/x/*/vendor/llama.cpp/models/ggml-vocab-* "$dir/vocab/"
+cp "$tmp"/x/*/vendor/llama.cpp/grammars/*.gbnf "$dir/grammars/"
 count=$(ls "$dir"/*.jinja | wc -l)
 vocabs=$(ls "$dir"/vocab/*.gguf | wc -l)
-echo "fetch_templates: $count templates in $dir, $vocabs tokenizer vocabularies in $dir/vocab" >&2
-touch "$stamp" "$vocab_stamp"
+grammars=$(ls "$dir"/grammars/*.gbnf | wc -l)
+echo "fetch_templates: $count templates in $dir, $vocabs tokenizer vocabularies in $dir/vocab," \
+  "$grammars grammars in $dir/grammars" >&2
+touch "$stamp" "$vocab_stamp" "$grammar_stamp"
 echo "$dir"

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tests/frontend/protocol_fuzz_entry.h"
 
@@ -469,8 +470,18 @@ TEST(ProtocolTest, StructuredOutputFieldsParseAndRoundTrip) {
   }
   ExpectError(Gen(R"(,"guided_regex":"a","guided_choice":["a"])"), ErrorCode::kInvalidRequest,
               "one constraint", "r7");
-  ExpectError(Gen(R"(,"guided_grammar":"root ::= x")"), ErrorCode::kInvalidRequest,
-              "guided_grammar", "r7");
+  ExpectError(Gen(R"(,"guided_grammar":5)"), ErrorCode::kInvalidRequest,
+              "field 'guided_grammar' must be a string (a GBNF grammar)", "r7");
+  ExpectError(Gen(R"(,"structured_outputs":{"structural_tag":"{}"})"), ErrorCode::kInvalidRequest,
+              "structural_tag' is not supported", "r7");
+  {
+    // A GBNF grammar is parsed here and compiled at admission (Engine::CheckRequest).
+    ParseResult r = ParseRequest(Gen(R"(,"guided_grammar":"root ::= \"yes\" | \"no\"")"));
+    ASSERT_TRUE(r.ok()) << r.error.message;
+    const StructuredOutput& c = std::get<GenerateRequest>(*r.request).sampling.structured_output;
+    EXPECT_EQ(c.kind, StructuredOutput::Kind::kGrammar);
+    EXPECT_EQ(c.spec, R"(root ::= "yes" | "no")");
+  }
   ExpectError(Gen(R"(,"guided_choice":[])"), ErrorCode::kInvalidRequest, "guided_choice", "r7");
   ExpectError(Gen(R"(,"response_format":{"type":"json_schema","json_schema":{}})"),
               ErrorCode::kInvalidRequest, "schema", "r7");
@@ -487,8 +498,8 @@ TEST(ProtocolTest, ToolFieldsParseAndRoundTrip) {
   for (const std::string& choice :
        {std::string(R"("required")"), std::string(R"("auto")"),
         std::string(R"({"type":"function","function":{"name":"get_time"}})")}) {
-    ParseResult r =
-        ParseRequest(chat + R"(,"tool_choice":)" + choice + R"(,"parallel_tool_calls":false})");
+    ParseResult r = ParseRequest(
+        absl::StrCat(chat, R"(,"tool_choice":)", choice, R"(,"parallel_tool_calls":false})"));
     ASSERT_TRUE(r.ok()) << choice << ": " << r.error.message;
     const GenerateRequest& g = std::get<GenerateRequest>(*r.request);
     EXPECT_TRUE(g.tools.parse_tool_calls());

@@ -31,9 +31,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   static const StructuredOutput::Kind kKinds[] = {
       StructuredOutput::Kind::kJsonSchema, StructuredOutput::Kind::kRegex,
-      StructuredOutput::Kind::kChoice, StructuredOutput::Kind::kJsonObject,
-      StructuredOutput::Kind::kToolCalls};
-  StructuredOutput c{kKinds[data[0] % 5],
+      StructuredOutput::Kind::kChoice,     StructuredOutput::Kind::kJsonObject,
+      StructuredOutput::Kind::kToolCalls,  StructuredOutput::Kind::kGrammar};
+  StructuredOutput c{kKinds[data[0] % 6],
                      std::string(reinterpret_cast<const char*>(data + 1), size - 1)};
   auto compiled = g::CompileConstraint(c);
   if (!compiled.ok()) {

@@ -530,7 +530,8 @@ TEST(OpenAiApiTest, LogitProcessorAndOutputFields) {
       {R"("include_stop_str_in_output": "yes")", "include_stop_str_in_output"},
       {R"("prompt_logprobs": 1)", "prompt_logprobs"},
       {R"("suffix": "end")", "suffix"},
-      {R"("guided_grammar": "root ::= \"a\"")", "guided_grammar"},
+      {R"("guided_grammar": 5)", "guided_grammar"},
+      {R"("structured_outputs": {"structural_tag": "{}"})", "structured_outputs.structural_tag"},
       {R"("use_beam_search": true, "min_tokens": 2)", "min_tokens"},
   };
   for (const auto& [fields, param] : refused) {

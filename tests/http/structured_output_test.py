@@ -160,7 +160,7 @@ class StructuredOutputTest(unittest.TestCase):
                 "name": "x", "schema": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}},
              "'not'"),
             ({"guided_regex": "(a)\\1"}, "escape"),
-            ({"guided_grammar": "root ::= \"a\""}, "guided_grammar"),
+            ({"guided_grammar": "root ::= x"}, "undefined rule 'x'"),
             ({"guided_regex": "a", "guided_choice": ["a"]}, "one constraint"),
             ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "schema"),
             ({"guided_json": {"type": "string", "maxLength": 100000000}}, "too large"),
@@ -176,6 +176,17 @@ class StructuredOutputTest(unittest.TestCase):
         self.assertIn("beam search", r["error"]["message"])
         status, r = completion({"guided_regex": "ok"}, n=1, max_tokens=4)
         self.assertEqual((status, r["choices"][0]["text"]), (200, "ok"), r)
+
+    def test_gbnf_grammar_constrains_the_output(self):
+        # llama.cpp's GBNF (guided_grammar, structured_outputs.grammar): every
+        # sample is a sentence of the grammar.
+        grammar = 'root ::= answer "."\nanswer ::= "yes" | "no" | "maybe " [0-9]'
+        for extra in ({"guided_grammar": grammar}, {"structured_outputs": {"grammar": grammar}}):
+            status, r = completion({**extra, "seed": 5}, n=3, max_tokens=8)
+            self.assertEqual(status, 200, r)
+            for c in r["choices"]:
+                self.assertEqual(c["finish_reason"], "stop", c)
+                self.assertRegex(c["text"], r"^(yes|no|maybe [0-9])\.$", c)
 
 
 class ToolChoiceTest(unittest.TestCase):
