@@ -217,7 +217,7 @@ std::string RandomSentence(const grammar::Grammar& g, std::mt19937& rng) {
     if (allowed.none() || (g.Accepting(s) && rng() % 4 == 0)) break;
     std::vector<int> choices;
     if (out.size() > 200) {
-      for (int b : {'"', '}', ']', '\n', '<', ',', '/'}) {
+      for (const unsigned char b : {'"', '}', ']', '\n', '<', ',', '/'}) {
         if (allowed.test(b)) choices.push_back(b);
       }
     }
