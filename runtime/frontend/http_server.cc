@@ -996,11 +996,12 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
         job.output->Apply(*out);
       }
     }
-    const bool overflow = stream && pending_.size() > kMaxPendingStreamBytes;
+    const size_t max_pending = core_.options().max_pending_stream_bytes;
+    const bool overflow = stream && pending_.size() > max_pending;
     if (!job.aborted && (peer_gone_ || overflow || core_.stopping())) {
       if (overflow) {
         spdlog::warn("http: {} aborted: its client is over {} bytes of events behind", job.id,
-                     kMaxPendingStreamBytes);
+                     max_pending);
       }
       HttpCore::AbortJob(job);
       pending_.clear();

@@ -30,7 +30,7 @@
 // write aborts the request, whose KV blocks the engine frees in its next step.
 // SSE backpressure: the next chunk is written when the previous write has
 // completed; events produced meanwhile are coalesced into one pending buffer,
-// and a client more than kMaxPendingStreamBytes behind has its request
+// and a client more than max_pending_stream_bytes behind has its request
 // aborted and its connection closed.
 //
 // Security: with a non-empty api_key every /v1/* route and /tokenize,
@@ -84,6 +84,9 @@ struct HttpServerOptions {
   absl::Duration read_timeout = absl::Seconds(30);   // request line, headers and body
   absl::Duration write_timeout = absl::Seconds(30);  // a client that stops reading
   absl::Duration keep_alive_timeout = absl::Seconds(5);  // idle keep-alive connections
+  // SSE backpressure bound per stream (see kMaxPendingStreamBytes): the events
+  // that may wait behind a write in flight before the request is aborted.
+  size_t max_pending_stream_bytes = kMaxPendingStreamBytes;
   // --http-io-threads: the threads that run every connection (1..64). They
   // never block on a client or the engine; a route's own work (parsing,
   // chat template, tokenizing) runs on them.

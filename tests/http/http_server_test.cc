@@ -20,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -85,6 +86,12 @@ class GatedExecutor : public Executor {
     open_ = true;
     cv_.notify_all();
   }
+  // Held: lets steps up to `free_steps` run.
+  void Allow(int free_steps) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_steps_ = free_steps;
+    cv_.notify_all();
+  }
   void FailAt(int step) {
     std::lock_guard<std::mutex> lock(mu_);
     fail_at_ = step;
@@ -121,35 +128,48 @@ struct Server {
   std::mutex status_mu;
   std::map<int, int> statuses;  // HttpServerOptions::on_response: responses by status code
 
-  // `read_timeout`: --http-timeout (the deadline for reading one request).
-  // attach = false: the HTTP server runs without its backend, as `pagedserve
-  // serve` before the model is loaded and every worker rank answered (Attach()).
-  // `max_body`: --max-request-body-bytes.
+  // What a test may change; the rest is fixed above.
+  struct Config {
+    absl::Duration read_timeout = absl::Seconds(5);  // --http-timeout: reading one request
+    // false: the HTTP server runs without its backend, as `pagedserve serve`
+    // before the model is loaded and every worker rank answered (Attach()).
+    bool attach = true;
+    size_t max_body = kMaxBody;  // --max-request-body-bytes
+    int64_t max_queue_len = 256;
+    size_t max_pending_stream_bytes = kMaxPendingStreamBytes;
+    int32_t max_model_len = 256;
+    int64_t device_blocks = 64;  // of 16 tokens
+  };
+
   explicit Server(absl::Duration read_timeout = absl::Seconds(5), bool attach = true,
-                  size_t max_body = kMaxBody, int64_t max_queue_len = 256) {
+                  size_t max_body = kMaxBody, int64_t max_queue_len = 256)
+      : Server(Config{read_timeout, attach, max_body, max_queue_len}) {}
+
+  explicit Server(const Config& c) {
     // Prompt "A" continues " one two three", then " x" for ever (no EOS).
     auto inner = std::make_unique<ScriptedExecutor>(
-        ScriptedExecutor::Script{{Id("A"), {{Id(" one"), Id(" two"), Id(" three")}}}}, 64, 0, 16,
-        Id(" x"));
+        ScriptedExecutor::Script{{Id("A"), {{Id(" one"), Id(" two"), Id(" three")}}}},
+        c.device_blocks, 0, 16, Id(" x"));
     auto gated = std::make_unique<GatedExecutor>(std::move(inner));
     exec = gated.get();
     EngineOptions o;
     o.scheduler.block_size = 16;
-    o.scheduler.max_model_len = 256;
+    o.scheduler.max_model_len = c.max_model_len;
     o.scheduler.max_num_batched_tokens = 512;
     auto e = Engine::Create(o, &Tok(), std::move(gated), {Tok().eos_id()});
     EXPECT_TRUE(e.ok()) << e.status();
     engine = *std::move(e);
     EngineLoopOptions lo;
     lo.idle_wait = absl::Milliseconds(5);
-    lo.max_queue_len = max_queue_len;
+    lo.max_queue_len = c.max_queue_len;
     loop = std::make_unique<EngineLoop>(engine.get(), lo);
     engine_thread = std::thread([this] { loop->Run(stop, abort_now).IgnoreError(); });
     HttpServerOptions ho;
     ho.port = 0;
     ho.served_model_name = "scripted";
-    ho.max_request_body_bytes = max_body;
-    ho.read_timeout = read_timeout;
+    ho.max_request_body_bytes = c.max_body;
+    ho.max_pending_stream_bytes = c.max_pending_stream_bytes;
+    ho.read_timeout = c.read_timeout;
     ho.io_threads = 2;
     ho.log_requests = false;
     ho.on_response = [this](int status) {
@@ -160,7 +180,7 @@ struct Server {
     EXPECT_TRUE(h.ok()) << h.status();
     http = *std::move(h);
     http->Start();
-    if (attach) Attach();
+    if (c.attach) Attach();
   }
   void Attach() {
     auto backend = std::make_unique<HttpBackend>();
@@ -796,6 +816,135 @@ TEST(HttpServerTest, CaCertsWithoutClientCertificateChecksIsAnError) {
 // event (the request is aborted, its blocks come back), and health / models /
 // metrics answered while a step is held at the gate (order, not time: the
 // step cannot finish before they answer).
+// SSE backpressure: a client that stops reading while its stream is produced
+// has its request aborted once more than max_pending_stream_bytes of events
+// wait behind the write in flight, so the server holds a bounded amount for it
+// (not the whole stream); its KV blocks are freed and the server keeps
+// serving. The control: a stream of the same shape read as it comes completes.
+TEST(HttpServerTest, AStreamWhoseClientStopsReadingIsAbortedNotBuffered) {
+  Server::Config c;
+  c.max_pending_stream_bytes = 64 << 10;
+  c.max_model_len = 12288;
+  c.device_blocks = 8 * 12288 / 16 + 16;
+  Server s(c);
+  // The slow stream (8 x 12,000 events, ~16 MB) is several times what the
+  // socket buffers of both ends can hold (tcp_wmem's maximum: 4 MiB by default).
+  constexpr int kN = 8, kControlTokens = 200, kSlowTokens = 12000;
+  auto body = [](int max_tokens) {
+    return absl::StrCat(R"({"prompt": "A", "stream": true, "n": )", kN,
+                        R"(, "max_tokens": )", max_tokens, "}");
+  };
+  // The control: 8 x 200 events (~270 KB, four times the bound) read as they
+  // come, the engine paced 10 steps at a time behind the reader (an engine
+  // stand-in that produces a whole stream at once would be over the bound
+  // before the first write).
+  {
+    s.exec->Hold(0);
+    const int fd = Connect(s.port());
+    const std::string b = body(kControlTokens);
+    ASSERT_TRUE(SendAll(fd, absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                         "Content-Type: application/json\r\nContent-Length: ",
+                                         b.size(), "\r\nConnection: close\r\n\r\n", b)));
+    std::atomic<int> seen{0};
+    std::string raw;
+    std::thread reader([&] {
+      char buf[4096];
+      size_t scan = 0;
+      for (;;) {
+        const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0) break;
+        raw.append(buf, static_cast<size_t>(n));
+        int found = 0;
+        for (size_t p = raw.find("data: ", scan); p != std::string::npos;
+             p = raw.find("data: ", p + 6)) {
+          ++found;
+          scan = p + 6;
+        }
+        seen += found;
+      }
+    });
+    for (int step = 10; step <= kControlTokens; step += 10) {
+      s.exec->Allow(step);
+      bool caught_up = false;  // every event of `step` steps read (bounded wait)
+      for (int i = 0; i < 6000 && !caught_up; ++i) {
+        caught_up = seen.load() >= kN * step;
+        if (!caught_up) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      ASSERT_TRUE(caught_up) << "step " << step << ": " << seen.load() << " events read";
+    }
+    s.exec->Open();
+    reader.join();
+    close(fd);
+    const Response control = Parse(raw);
+    ASSERT_EQ(control.status, 200) << control.head;
+    const std::vector<std::string> events = Events(control.body);
+    ASSERT_FALSE(events.empty()) << control.head;
+    EXPECT_EQ(events.back(), "[DONE]");
+    EXPECT_EQ(static_cast<int>(events.size()), kN * kControlTokens + 1)
+        << "an event per choice and step (the last with its finish reason), [DONE]";
+  }
+  const int64_t before = s.loop->Snapshot().tokens.generation_tokens;
+  ASSERT_EQ(before, kN * kControlTokens);
+
+  // The slow reader: a small receive window, and nothing read until the
+  // server has ended the response (on_response counts it). The engine runs
+  // 10 steps at a time, as a model would, until the request is gone.
+  s.exec->Hold(0);
+  const int held_at = s.exec->entered();
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  const int rcvbuf = 4096;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+  timeval tv{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(s.port()));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string slow = body(kSlowTokens);
+  ASSERT_TRUE(SendAll(fd, absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                       "Content-Type: application/json\r\nContent-Length: ",
+                                       slow.size(), "\r\n\r\n", slow)));
+  ASSERT_TRUE(s.exec->WaitEntered(held_at + 1));
+  for (int step = 10; step <= kSlowTokens; step += 10) {
+    s.exec->Allow(held_at + step);
+    bool moved = false;  // the engine is at its next step, or has no request left
+    for (int i = 0; i < 60000 && !moved; ++i) {
+      moved = s.exec->entered() > held_at + step || s.loop->Snapshot().in_flight == 0;
+      if (!moved) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(moved) << "the engine stalled at step " << step;
+    if (s.loop->Snapshot().in_flight == 0) break;
+  }
+  s.exec->Open();
+  ASSERT_EQ(s.WaitStatusCount(200, 2), 2) << "the slow stream never ended";
+  ASSERT_TRUE(s.WaitIdle()) << "the aborted stream left requests or KV blocks";
+  const std::string received = Receive(fd);  // until the server's close
+  close(fd);
+  const int64_t generated = s.loop->Snapshot().tokens.generation_tokens - before;
+  EXPECT_FALSE(absl::StrContains(received, "[DONE]")) << received.size() << " bytes received";
+  EXPECT_LT(generated, kN * kSlowTokens) << "the engine produced the whole stream";
+  // What the client got is what the socket buffers held (the server's send
+  // buffer at most tcp_wmem's maximum, its own receive buffer) plus the chunk
+  // in flight and the pending events, each at most the bound.
+  size_t wmem_max = 4 << 20;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/tcp_wmem", "r")) {
+    unsigned long lo = 0, mid = 0, hi = 0;  // NOLINT(google-runtime-int): fscanf's type
+    if (std::fscanf(f, "%lu %lu %lu", &lo, &mid, &hi) == 3) wmem_max = hi;
+    std::fclose(f);
+  }
+  const size_t bound = wmem_max + 2 * c.max_pending_stream_bytes + (256 << 10);
+  EXPECT_LT(received.size(), bound);
+  ASSERT_LT(bound, static_cast<size_t>(kN) * kSlowTokens * 130) << "the stream must be larger";
+  std::printf("slow reader: %zu bytes received, %lld of %d tokens generated before the abort\n",
+              received.size(), static_cast<long long>(generated), kN * kSlowTokens);
+
+  Response after = Request(s.port(), "POST", "/v1/completions",
+                           R"({"prompt": "A", "max_tokens": 3})");
+  EXPECT_EQ(after.status, 200) << after.body;
+}
+
 TEST(HttpServerTest, ConcurrentClientsStreamingAbortAndHealthDuringAStep) {
   Server s;
   s.exec->Hold(0);
