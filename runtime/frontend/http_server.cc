@@ -989,14 +989,18 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     if (job_ == nullptr) return;
     Job& job = *job_;
     const bool stream = job.request.stream;
-    while (std::optional<EngineOutput> out = job.channel->TryPop()) {
+    const size_t max_pending = core_.options().max_pending_stream_bytes;
+    // Pops what arrived; a stream stops at the bound (an engine faster than
+    // this thread would otherwise keep the loop going and the buffer growing).
+    while (!(stream && pending_.size() > max_pending)) {
+      std::optional<EngineOutput> out = job.channel->TryPop();
+      if (!out) break;
       if (stream && !job.aborted) {
         core_.AppendEvents(job, *out, &pending_);
       } else {
         job.output->Apply(*out);
       }
     }
-    const size_t max_pending = core_.options().max_pending_stream_bytes;
     const bool overflow = stream && pending_.size() > max_pending;
     if (!job.aborted && (peer_gone_ || overflow || core_.stopping())) {
       if (overflow) {
@@ -1005,6 +1009,9 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
       }
       HttpCore::AbortJob(job);
       pending_.clear();
+    }
+    if (job.aborted) {  // what the loop left (its final output may be among it)
+      while (std::optional<EngineOutput> out = job.channel->TryPop()) job.output->Apply(*out);
     }
     if (!job.done()) return Flush();
     if (job.aborted) return FinishAborted();
@@ -1039,9 +1046,9 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     if (!writing_) {
       beast::error_code ignored;
       Socket().cancel(ignored);  // the peer watch (nothing else is pending)
-    }
-    stream_serializer_.reset();
-    stream_head_.reset();
+      stream_serializer_.reset();
+      stream_head_.reset();
+    }  // else a write in flight may be the head's, which reads both until its handler runs
     pending_.clear();
     final_ = head_written_ = peer_gone_ = false;
     keep_.reset();  // last: callers hold their own reference

@@ -831,8 +831,8 @@ TEST(HttpServerTest, AStreamWhoseClientStopsReadingIsAbortedNotBuffered) {
   // socket buffers of both ends can hold (tcp_wmem's maximum: 4 MiB by default).
   constexpr int kN = 8, kControlTokens = 200, kSlowTokens = 12000;
   auto body = [](int max_tokens) {
-    return absl::StrCat(R"({"prompt": "A", "stream": true, "n": )", kN,
-                        R"(, "max_tokens": )", max_tokens, "}");
+    return absl::StrCat(R"({"prompt": "A", "stream": true, "n": )", kN, R"(, "max_tokens": )",
+                        max_tokens, "}");
   };
   // The control: 8 x 200 events (~270 KB, four times the bound) read as they
   // come, the engine paced 10 steps at a time behind the reader (an engine
@@ -940,9 +940,67 @@ TEST(HttpServerTest, AStreamWhoseClientStopsReadingIsAbortedNotBuffered) {
   std::printf("slow reader: %zu bytes received, %lld of %d tokens generated before the abort\n",
               received.size(), static_cast<long long>(generated), kN * kSlowTokens);
 
-  Response after = Request(s.port(), "POST", "/v1/completions",
-                           R"({"prompt": "A", "max_tokens": 3})");
+  Response after =
+      Request(s.port(), "POST", "/v1/completions", R"({"prompt": "A", "max_tokens": 3})");
   EXPECT_EQ(after.status, 200) << after.body;
+}
+
+// Stop() while streams start, run and stall: it returns (a bounded wait) and
+// every connection ends. Found by bench/http_frontend_bench.cc: a stream
+// whose job ended (aborted by Stop) while its response head was still being
+// written destroyed the head's serializer under the write; the write's
+// handler then read freed memory (spinning an I/O thread for ever, so Stop
+// never returned; ASan: heap-use-after-free).
+TEST(HttpServerTest, StopWithStreamsInFlightReturnsAndEndsEveryConnection) {
+  Server s;
+  std::atomic<bool> quit{false};
+  std::atomic<int> completed{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 24; ++i) {
+    clients.emplace_back([&, i] {
+      const bool reader = i % 4 != 0;  // every fourth client never reads
+      const int fd = Connect(s.port());
+      if (!reader) {
+        const int rcvbuf = 4096;
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+      }
+      const std::string body = R"({"prompt": "A", "max_tokens": 200, "stream": true})";
+      const std::string req = absl::StrCat(
+          "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          "Content-Length: ",
+          body.size(), "\r\n\r\n", body);
+      while (!quit.load()) {
+        if (!SendAll(fd, req)) break;
+        if (!reader) {
+          while (!quit.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          break;
+        }
+        // One whole response (its last chunk), then the next request.
+        const std::string r = Receive(fd, "data: [DONE]\n\n\r\n0\r\n\r\n");
+        if (!absl::StrContains(r, "0\r\n\r\n")) break;
+        ++completed;
+      }
+      close(fd);
+    });
+  }
+  for (int i = 0; i < 6000 && completed.load() < 100; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(completed.load(), 100) << "the streams never got going";
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    s.http->Stop();
+    stopped = true;
+  });
+  for (int i = 0; i < 6000 && !stopped.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const bool returned = stopped.load();
+  EXPECT_TRUE(returned) << "HttpServer::Stop did not return within 60 s";
+  quit = true;
+  for (auto& t : clients) t.join();
+  if (!returned) std::abort();  // a hung I/O thread: the stopper cannot be joined
+  stopper.join();
 }
 
 TEST(HttpServerTest, ConcurrentClientsStreamingAbortAndHealthDuringAStep) {
