@@ -72,6 +72,7 @@ ABSL_FLAG(int, think_ms, 0,
 ABSL_FLAG(double, seconds, 10, "throughput mode: how long the streams run");
 ABSL_FLAG(int, idle, 9000, "connections mode: idle keep-alive connections");
 ABSL_FLAG(int, ttft_samples, 50, "connections mode: probe requests per stage");
+ABSL_FLAG(int, rounds, 1, "connections mode: rounds, each with fresh connections");
 ABSL_FLAG(int, probe_gap_ms, 50, "connections mode: pause between two probe requests");
 ABSL_FLAG(int, max_num_seqs, 1024, "the stand-in engine's --max-num-seqs");
 ABSL_FLAG(int, port, 0,
@@ -249,6 +250,12 @@ class Client {
                                           max_tokens, "}"))) {
     epoll_ = epoll_create1(0);
   }
+  ~Client() {
+    for (const std::unique_ptr<Conn>& c : conns_) close(c->fd);
+    close(epoll_);
+  }
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
 
   // Opens `n` idle connections, `wave` at a time, each answered once.
   void OpenIdle(int n, int wave = 500) {
@@ -259,8 +266,16 @@ class Client {
       while (idle_answered_ < target) Poll(100);
     }
   }
+  // Opens `n` stream connections; with a think time each sends its first
+  // request after a pause drawn like the later ones (no synchronised burst).
   void OpenStreams(int n) {
-    for (int i = 0; i < n; ++i) Add(kStream);
+    for (int i = 0; i < n; ++i) {
+      Add(kStream);
+      if (think_.count() > 0) {
+        conns_.back()->out.clear();
+        Pause(conns_.back().get());
+      }
+    }
   }
   // Runs the loop until `until` (the streams keep going).
   void RunUntil(Clock::time_point until) {
@@ -365,12 +380,15 @@ class Client {
         c->out = stream_request_;
         Send(c);
       } else {
-        std::exponential_distribution<double> pause(1.0 / static_cast<double>(think_.count()));
-        waiting_.emplace(Clock::now() + std::chrono::microseconds(static_cast<int64_t>(
-                                            1000.0 * pause(rng_))),
-                         c);
+        Pause(c);
       }
     }
+  }
+
+  void Pause(Conn* c) {
+    std::exponential_distribution<double> pause(1.0 / static_cast<double>(think_.count()));
+    waiting_.emplace(
+        Clock::now() + std::chrono::microseconds(static_cast<int64_t>(1000.0 * pause(rng_))), c);
   }
 
   const int port_;
@@ -457,32 +475,9 @@ void PrintStage(const char* stage, const ServerStats& s, const Percentiles& t) {
   std::fflush(stdout);
 }
 
-int Main(pid_t server, int port) {
-  PinTo(absl::GetFlag(FLAGS_client_cpu));
-  const std::string mode = absl::GetFlag(FLAGS_mode);
+// One round of the connections mode on `client` (fresh): 0 when no error.
+int ConnectionsRound(pid_t server, int port, Client& client) {
   const int streams = absl::GetFlag(FLAGS_streams);
-  Client client(port, absl::GetFlag(FLAGS_max_tokens), absl::GetFlag(FLAGS_think_ms));
-  if (mode == "throughput") {
-    client.OpenStreams(streams);
-    client.RunUntil(Clock::now() + std::chrono::seconds(1));  // warm-up
-    const ServerStats s0 = StatsOf(server);
-    const int64_t tok0 = client.tokens();
-    const auto t0 = Clock::now();
-    client.RunUntil(t0 + std::chrono::duration_cast<Clock::duration>(
-                             std::chrono::duration<double>(absl::GetFlag(FLAGS_seconds))));
-    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    const ServerStats s1 = StatsOf(server);
-    const double tps = static_cast<double>(client.tokens() - tok0) / secs;
-    std::printf(
-        "{\"mode\": \"throughput\", \"streams\": %d, \"max_tokens\": %d, \"seconds\": %.2f, "
-        "\"streamed_tokens_per_s\": %.0f, \"server_cpu_per_s\": %.3f, \"server_threads\": %d, "
-        "\"completed\": %lld, \"errors\": %lld}\n",
-        streams, absl::GetFlag(FLAGS_max_tokens), secs, tps, (s1.cpu_s - s0.cpu_s) / secs,
-        s1.threads, static_cast<long long>(client.completed()),
-        static_cast<long long>(client.errors()));
-    return client.errors() == 0 ? 0 : 1;
-  }
-  if (mode != "connections") Die("--mode: throughput or connections");
   const int samples = absl::GetFlag(FLAGS_ttft_samples);
   const int idle = absl::GetFlag(FLAGS_idle);
   (void)Probe(port, 5);  // warm-up
@@ -515,6 +510,45 @@ int Main(pid_t server, int port) {
       static_cast<double>(client.tokens() - tok0) / secs,
       static_cast<long long>(client.completed()), static_cast<long long>(client.errors()));
   return client.errors() == 0 ? 0 : 1;
+}
+
+
+int Main(pid_t server, int port) {
+  PinTo(absl::GetFlag(FLAGS_client_cpu));
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  const int streams = absl::GetFlag(FLAGS_streams);
+  Client client(port, absl::GetFlag(FLAGS_max_tokens), absl::GetFlag(FLAGS_think_ms));
+  if (mode == "throughput") {
+    client.OpenStreams(streams);
+    client.RunUntil(Clock::now() + std::chrono::seconds(1));  // warm-up
+    const ServerStats s0 = StatsOf(server);
+    const int64_t tok0 = client.tokens();
+    const auto t0 = Clock::now();
+    client.RunUntil(t0 + std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double>(absl::GetFlag(FLAGS_seconds))));
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    const ServerStats s1 = StatsOf(server);
+    const double tps = static_cast<double>(client.tokens() - tok0) / secs;
+    std::printf(
+        "{\"mode\": \"throughput\", \"streams\": %d, \"max_tokens\": %d, \"seconds\": %.2f, "
+        "\"streamed_tokens_per_s\": %.0f, \"server_cpu_per_s\": %.3f, \"server_threads\": %d, "
+        "\"completed\": %lld, \"errors\": %lld}\n",
+        streams, absl::GetFlag(FLAGS_max_tokens), secs, tps, (s1.cpu_s - s0.cpu_s) / secs,
+        s1.threads, static_cast<long long>(client.completed()),
+        static_cast<long long>(client.errors()));
+    return client.errors() == 0 ? 0 : 1;
+  }
+  if (mode != "connections") Die("--mode: throughput or connections");
+  int errors = 0;
+  for (int round = 1; round <= absl::GetFlag(FLAGS_rounds); ++round) {
+    std::printf("{\"round\": %d, \"server_rss_kb\": %.0f}\n", round, StatsOf(server).rss_kb);
+    Client c(port, absl::GetFlag(FLAGS_max_tokens), absl::GetFlag(FLAGS_think_ms));
+    errors += ConnectionsRound(server, port, c);
+  }
+  // The server's RSS once the last round's connections are gone.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  std::printf("{\"after_last_round_server_rss_kb\": %.0f}\n", StatsOf(server).rss_kb);
+  return errors == 0 ? 0 : 1;
 }
 
 }  // namespace

@@ -126,7 +126,10 @@ PAGEDSERVE_FLAG("serve", int64_t, max_request_body_bytes, 1 << 20,
 PAGEDSERVE_FLAG("serve", double, http_timeout, 30,
                 "serve: seconds a client has to send a whole HTTP request (request line, "
                 "headers and body: a deadline, 408 after it) and a response write may wait for "
-                "a client that stops reading; idle keep-alive connections close after 5 s");
+                "a client that stops reading");
+PAGEDSERVE_FLAG("serve", double, http_keep_alive_timeout, 5,
+                "serve: seconds an idle HTTP keep-alive connection may wait before its next "
+                "request (closed after; uvicorn's --timeout-keep-alive, also 5 s there)");
 PAGEDSERVE_FLAG("serve", int32_t, http_io_threads, 2,
                 "serve: threads that run every HTTP connection (Boost.Asio; 1..64): idle "
                 "keep-alive and slow clients cost memory, not threads");
@@ -279,6 +282,12 @@ absl::StatusOr<HttpServerOptions> HttpOptionsFromFlags(const std::string& model_
         absl::StrCat("--http-timeout must be in (0, 3600], got ", timeout));
   }
   h.read_timeout = h.write_timeout = absl::Seconds(timeout);
+  const double keep_alive = absl::GetFlag(FLAGS_http_keep_alive_timeout);
+  if (!(keep_alive > 0 && keep_alive <= 86400)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http-keep-alive-timeout must be in (0, 86400], got ", keep_alive));
+  }
+  h.keep_alive_timeout = absl::Seconds(keep_alive);
   h.io_threads = absl::GetFlag(FLAGS_http_io_threads);
   if (h.io_threads < 1 || h.io_threads > 64) {
     return absl::InvalidArgumentError(

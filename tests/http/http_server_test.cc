@@ -139,6 +139,7 @@ struct Server {
     size_t max_pending_stream_bytes = kMaxPendingStreamBytes;
     int32_t max_model_len = 256;
     int64_t device_blocks = 64;  // of 16 tokens
+    absl::Duration keep_alive_timeout = absl::Seconds(5);  // --http-keep-alive-timeout
   };
 
   explicit Server(absl::Duration read_timeout = absl::Seconds(5), bool attach = true,
@@ -170,6 +171,7 @@ struct Server {
     ho.max_request_body_bytes = c.max_body;
     ho.max_pending_stream_bytes = c.max_pending_stream_bytes;
     ho.read_timeout = c.read_timeout;
+    ho.keep_alive_timeout = c.keep_alive_timeout;
     ho.io_threads = 2;
     ho.log_requests = false;
     ho.on_response = [this](int status) {
@@ -1001,6 +1003,28 @@ TEST(HttpServerTest, StopWithStreamsInFlightReturnsAndEndsEveryConnection) {
   for (auto& t : clients) t.join();
   if (!returned) std::abort();  // a hung I/O thread: the stopper cannot be joined
   stopper.join();
+}
+
+// --http-keep-alive-timeout: a connection idle between requests for longer is
+// closed by the server; a request sent within it is answered on the same
+// connection.
+TEST(HttpServerTest, IdleKeepAliveConnectionsCloseAfterTheKeepAliveTimeout) {
+  Server::Config c;
+  c.keep_alive_timeout = absl::Milliseconds(300);
+  Server s(c);
+  const int fd = Connect(s.port());
+  const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) {  // back to back: well within the timeout
+    ASSERT_TRUE(SendAll(fd, health));
+    EXPECT_EQ(Parse(Receive(fd, "\"status\"")).status, 200) << "request " << i;
+  }
+  char byte = 0;
+  EXPECT_EQ(recv(fd, &byte, 1, 0), 0) << "the idle connection was not closed (30 s)";
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(waited, 0.3) << "closed before the keep-alive timeout";
+  close(fd);
 }
 
 TEST(HttpServerTest, ConcurrentClientsStreamingAbortAndHealthDuringAStep) {
