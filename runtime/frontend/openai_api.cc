@@ -712,6 +712,26 @@ std::vector<std::string> ToolStreamChunks(const ValidatedRequest& r, const std::
     if (r.include_usage) c["usage"] = nullptr;
     out.push_back(Dump(c));
   };
+  // Call i's header (once), then its arguments from what was sent to `args`.
+  auto send_call = [&](size_t i, const std::string& id, const std::string& name,
+                       const std::string& args) {
+    if (i >= st->call_ids.size()) {
+      st->call_ids.push_back(id);
+      st->args_sent.push_back(0);
+      chunk({{"tool_calls", json::array({{{"index", i},
+                                          {"id", id},
+                                          {"type", "function"},
+                                          {"function", {{"name", name}, {"arguments", ""}}}}})}},
+            nullptr);
+    }
+    if (args.size() > st->args_sent[i]) {
+      chunk({{"tool_calls", json::array({{{"index", i},
+                                          {"function", {{"arguments", args.substr(
+                                                                          st->args_sent[i])}}}}})}},
+            nullptr);
+      st->args_sent[i] = args.size();
+    }
+  };
   if (finish == FinishReason::kNone) {
     const size_t certain = ToolCallFreeContentPrefix(r.tool_call_format, text);
     if (certain > st->sent) {
@@ -719,6 +739,13 @@ std::vector<std::string> ToolStreamChunks(const ValidatedRequest& r, const std::
       st->sent = certain;
     } else if (!st->role_sent) {
       chunk({{"content", ""}}, nullptr);
+    }
+    std::vector<PartialToolCall> calls =
+        StreamableToolCalls(r.tool_call_format, std::string_view(text).substr(st->sent));
+    if (!r.parallel_tool_calls && calls.size() > 1) calls.resize(1);
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const std::string id = i < st->call_ids.size() ? st->call_ids[i] : NewToolCallId();
+      send_call(i, id, calls[i].name, calls[i].arguments_prefix);
     }
     return out;
   }
@@ -734,15 +761,7 @@ std::vector<std::string> ToolStreamChunks(const ValidatedRequest& r, const std::
     }
     for (size_t i = 0; i < parsed.calls.size(); ++i) {
       const ToolCall& call = parsed.calls[i];
-      chunk(
-          {{"tool_calls", json::array({{{"index", i},
-                                        {"id", call.id},
-                                        {"type", "function"},
-                                        {"function", {{"name", call.name}, {"arguments", ""}}}}})}},
-          nullptr);
-      chunk({{"tool_calls",
-              json::array({{{"index", i}, {"function", {{"arguments", call.arguments}}}}})}},
-            nullptr);
+      send_call(i, i < st->call_ids.size() ? st->call_ids[i] : call.id, call.name, call.arguments);
     }
     chunk(json::object(), "tool_calls");
   }

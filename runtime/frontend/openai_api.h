@@ -148,14 +148,20 @@ std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_
 // (ValidatedRequest::parse_tool_calls): given the choice's whole text so far
 // and its finish reason (kNone while running), the chunks to send now.
 // Content that cannot be part of a call goes out as it comes
-// (ToolCallFreeContentPrefix); the rest is held back and, when the choice
-// finishes, parsed: each call as OpenAI streams it (a delta with index, id,
-// type and the name with empty arguments, then one with the arguments), then
-// finish_reason "tool_calls"; or, when it holds no call, as content. No
-// logprobs in these chunks (ParseRequest refuses logprobs with them).
+// (ToolCallFreeContentPrefix). Calls go out as OpenAI streams them, while
+// they are generated: a delta with index, id, type and the name with empty
+// arguments once the name is complete, then argument deltas as the text fixes
+// them (StreamableToolCalls: they add up to the final `arguments`). When the
+// choice finishes the whole text is parsed (ParseToolCalls): what was not sent
+// yet goes out, then finish_reason "tool_calls"; or, when it holds no call, the
+// held-back text as content (a call header already sent stays sent: only an
+// output that starts a call in a supported format and then breaks it does
+// that). No logprobs in these chunks (ParseRequest refuses logprobs with them).
 struct ToolStreamState {
   size_t sent = 0;         // bytes of the text sent as content
   bool role_sent = false;  // the first chunk carries the assistant role
+  std::vector<std::string> call_ids;  // per call whose header was sent, its id
+  std::vector<size_t> args_sent;      // per such call, bytes of its arguments sent
 };
 std::vector<std::string> ToolStreamChunks(const ValidatedRequest& r, const std::string& id,
                                           int64_t created, int index, const std::string& text,

@@ -18,15 +18,6 @@ constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
 constexpr std::string_view kMistralArgs = "[ARGS]";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 
-std::string NewCallId() {
-  thread_local std::mt19937_64 gen(std::random_device{}());
-  const uint64_t hi = gen(), lo = gen();
-  std::string id =
-      absl::StrCat("call_", absl::Hex(hi, absl::kZeroPad16), absl::Hex(lo, absl::kZeroPad16));
-  id.resize(5 + 24);
-  return id;
-}
-
 size_t SkipSpace(std::string_view s, size_t pos) {
   while (pos < s.size() && (s[pos] == ' ' || s[pos] == '\n' || s[pos] == '\t' || s[pos] == '\r'))
     ++pos;
@@ -87,7 +78,7 @@ std::optional<ToolCall> CallOf(const ordered_json& j) {
   } else {
     return std::nullopt;
   }
-  call.id = NewCallId();
+  call.id = NewToolCallId();
   return call;
 }
 
@@ -186,7 +177,228 @@ size_t PartialMarker(std::string_view text, std::string_view marker) {
   return 0;
 }
 
+// ---- streaming: partial calls ----
+
+// The end of the JSON string token that starts at s[pos] (a quote), one past
+// its closing quote; npos when it does not close yet.
+size_t StringEnd(std::string_view s, size_t pos) {
+  for (size_t i = pos + 1; i < s.size(); ++i) {
+    if (s[i] == '\\') {
+      ++i;
+    } else if (s[i] == '"') {
+      return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+// The compact dump of one complete JSON token (string, number, literal) as it
+// appears inside the final dump; nullopt when it is not valid JSON.
+std::optional<std::string> DumpToken(std::string_view token) {
+  std::optional<ordered_json> j = ParseJson(token);
+  if (!j.has_value() || j->is_object() || j->is_array()) return std::nullopt;
+  return j->dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+// The dump of an unfinished string token s[pos..] without its closing quote:
+// the raw text cut before an unfinished escape, an unpaired \uD800-\uDBFF
+// escape or an unfinished UTF-8 sequence (the string may end differently only
+// after that point).
+std::optional<std::string> DumpOpenString(std::string_view s, size_t pos) {
+  size_t cut = pos + 1;  // raw text [pos, cut) is safe
+  for (size_t i = pos + 1; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t len = 1;
+    if (c == '\\') {
+      if (i + 1 >= s.size()) break;
+      len = s[i + 1] == 'u' ? 6 : 2;
+      if (i + len > s.size()) break;
+      if (len == 6) {
+        const std::string_view hex = s.substr(i + 2, 4);
+        const bool high = (hex[0] == 'd' || hex[0] == 'D') &&
+                          std::string_view("89abAB").find(hex[1]) != std::string_view::npos;
+        if (high) {  // a pair: \uD8xx\uDCxx
+          if (i + 12 > s.size()) break;
+          len = 12;
+        }
+      }
+    } else if (c >= 0x80) {
+      len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+      if (i + len > s.size()) break;
+    }
+    i += len;
+    cut = i;
+  }
+  std::optional<std::string> d = DumpToken(std::string(s.substr(pos, cut - pos)) + "\"");
+  if (!d.has_value()) return std::nullopt;
+  d->pop_back();  // the closing quote
+  return d;
+}
+
+// The fixed prefix of the dump of the JSON object that starts at s[pos] (see
+// PartialToolCall); *complete when the object closed.
+std::string ObjectDumpPrefix(std::string_view s, size_t pos, bool* complete) {
+  std::string out;
+  int depth = 0;
+  *complete = false;
+  for (size_t i = pos; i < s.size();) {
+    const char c = s[i];
+    if (c == ' ' || c == '\n' || c == '\t' || c == '\r') {
+      ++i;
+    } else if (c == '{' || c == '[') {
+      out += c;
+      ++depth;
+      ++i;
+    } else if (c == '}' || c == ']') {
+      out += c;
+      ++i;
+      if (--depth == 0) {
+        *complete = true;
+        return out;
+      }
+    } else if (c == ':' || c == ',') {
+      out += c;
+      ++i;
+    } else if (c == '"') {
+      const size_t end = StringEnd(s, i);
+      std::optional<std::string> d =
+          end == std::string_view::npos ? DumpOpenString(s, i) : DumpToken(s.substr(i, end - i));
+      if (!d.has_value()) return out;
+      out += *d;
+      if (end == std::string_view::npos) return out;
+      i = end;
+    } else {
+      // A number or literal: fixed once a delimiter follows it.
+      size_t end = i;
+      while (end < s.size() && std::string_view(" \n\t\r,:]}").find(s[end]) == std::string_view::npos)
+        ++end;
+      if (end == s.size()) return out;
+      std::optional<std::string> d = DumpToken(s.substr(i, end - i));
+      if (!d.has_value()) return out;
+      out += *d;
+      i = end;
+    }
+    if (depth == 0) return out;  // not an object
+  }
+  return out;
+}
+
+// The JSON string token at s[*pos] decoded, *pos past it; nullopt when it is
+// not complete yet or not a string.
+std::optional<std::string> ReadString(std::string_view s, size_t* pos) {
+  if (*pos >= s.size() || s[*pos] != '"') return std::nullopt;
+  const size_t end = StringEnd(s, *pos);
+  if (end == std::string_view::npos) return std::nullopt;
+  std::optional<ordered_json> j = ParseJson(s.substr(*pos, end - *pos));
+  if (!j.has_value() || !j->is_string()) return std::nullopt;
+  *pos = end;
+  return j->get<std::string>();
+}
+
+// A call object at s[*pos] written {"name": N, "arguments"|"parameters": {...}}.
+// nullopt until its name is complete (or when it is written otherwise); *end:
+// one past the object once its arguments and the object closed, else npos.
+std::optional<PartialToolCall> PartialCallObject(std::string_view s, size_t pos, size_t* end) {
+  *end = std::string_view::npos;
+  if (pos >= s.size() || s[pos] != '{') return std::nullopt;
+  pos = SkipSpace(s, pos + 1);
+  std::optional<std::string> key = ReadString(s, &pos);
+  if (!key.has_value() || *key != "name") return std::nullopt;
+  pos = SkipSpace(s, pos);
+  if (pos >= s.size() || s[pos] != ':') return std::nullopt;
+  pos = SkipSpace(s, pos + 1);
+  std::optional<std::string> name = ReadString(s, &pos);
+  if (!name.has_value() || name->empty()) return std::nullopt;
+  PartialToolCall call;
+  call.name = *std::move(name);
+  pos = SkipSpace(s, pos);
+  if (pos >= s.size() || s[pos] != ',') return call;
+  pos = SkipSpace(s, pos + 1);
+  key = ReadString(s, &pos);
+  if (!key.has_value() || (*key != "arguments" && *key != "parameters")) return call;
+  pos = SkipSpace(s, pos);
+  if (pos >= s.size() || s[pos] != ':') return call;
+  pos = SkipSpace(s, pos + 1);
+  if (pos >= s.size() || s[pos] != '{') return call;
+  call.arguments_prefix = ObjectDumpPrefix(s, pos, &call.arguments_complete);
+  if (call.arguments_complete) {
+    const size_t close = SkipSpace(s, JsonValueEnd(s, pos));
+    if (close < s.size() && s[close] == '}') *end = close + 1;
+  }
+  return call;
+}
+
+// Calls one after another from s[pos]: call objects separated by `separator`
+// (and white space), as long as each can be streamed.
+void PartialCallList(std::string_view s, size_t pos, char separator,
+                     std::vector<PartialToolCall>* out) {
+  while (true) {
+    size_t end = 0;
+    std::optional<PartialToolCall> c = PartialCallObject(s, pos, &end);
+    if (!c.has_value()) return;
+    out->push_back(*std::move(c));
+    if (end == std::string_view::npos) return;
+    pos = SkipSpace(s, end);
+    if (pos >= s.size() || s[pos] != separator) return;
+    pos = SkipSpace(s, pos + 1);
+  }
+}
+
 }  // namespace
+
+std::string NewToolCallId() {
+  thread_local std::mt19937_64 gen(std::random_device{}());
+  const uint64_t hi = gen(), lo = gen();
+  std::string id =
+      absl::StrCat("call_", absl::Hex(hi, absl::kZeroPad16), absl::Hex(lo, absl::kZeroPad16));
+  id.resize(5 + 24);
+  return id;
+}
+
+std::vector<PartialToolCall> StreamableToolCalls(ToolCallFormat format, std::string_view text) {
+  std::vector<PartialToolCall> out;
+  if (format == ToolCallFormat::kLlama3Json) {
+    size_t pos = SkipSpace(text, 0);
+    if (text.substr(pos, kPythonTag.size()) == kPythonTag)
+      pos = SkipSpace(text, pos + kPythonTag.size());
+    PartialCallList(text, pos, ';', &out);
+  } else if (format == ToolCallFormat::kHermes) {
+    for (size_t at = text.find(kHermesOpen); at != std::string_view::npos;) {
+      size_t end = 0;
+      std::optional<PartialToolCall> c =
+          PartialCallObject(text, SkipSpace(text, at + kHermesOpen.size()), &end);
+      if (!c.has_value()) break;
+      out.push_back(*std::move(c));
+      if (end == std::string_view::npos) break;
+      size_t pos = SkipSpace(text, end);
+      if (text.substr(pos, kHermesClose.size()) != kHermesClose) break;
+      pos = SkipSpace(text, pos + kHermesClose.size());
+      at = text.substr(pos, kHermesOpen.size()) == kHermesOpen ? pos : std::string_view::npos;
+    }
+  } else {
+    for (size_t pos = text.find(kMistralMarker); pos != std::string_view::npos;) {
+      pos = SkipSpace(text, pos + kMistralMarker.size());
+      if (pos >= text.size()) break;
+      if (text[pos] == '[') {  // an array of call objects
+        PartialCallList(text, SkipSpace(text, pos + 1), ',', &out);
+        break;
+      }
+      const size_t args = text.find(kMistralArgs, pos);  // v11: NAME[ARGS]{...}
+      if (args == std::string_view::npos || args == pos) break;
+      PartialToolCall c;
+      c.name = std::string(text.substr(pos, args - pos));
+      pos = SkipSpace(text, args + kMistralArgs.size());
+      if (pos < text.size() && text[pos] == '{')
+        c.arguments_prefix = ObjectDumpPrefix(text, pos, &c.arguments_complete);
+      const bool complete = c.arguments_complete;
+      out.push_back(std::move(c));
+      if (!complete) break;
+      pos = SkipSpace(text, JsonValueEnd(text, pos));
+      if (text.substr(pos, kMistralMarker.size()) != kMistralMarker) break;
+    }
+  }
+  return out;
+}
 
 absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name) {
   if (name == "hermes") return ToolCallFormat::kHermes;

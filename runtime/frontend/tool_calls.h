@@ -45,6 +45,9 @@ struct ToolCall {
   bool operator==(const ToolCall&) const = default;
 };
 
+// A fresh call id: "call_" + 24 random lowercase hex digits. Thread-safe.
+std::string NewToolCallId();
+
 struct ParsedToolCalls {
   std::string content;  // the text that is not a call ("" when only calls)
   std::vector<ToolCall> calls;
@@ -58,6 +61,28 @@ ParsedToolCalls ParseToolCalls(ToolCallFormat format, std::string_view text);
 // start of a tool call. A stream sends that prefix as content deltas and
 // parses the rest with ParseToolCalls once the output is complete.
 size_t ToolCallFreeContentPrefix(ToolCallFormat format, std::string_view text);
+
+// Streaming: a call of the output so far that can be sent already. `name` is
+// complete; `arguments_prefix` is the longest prefix of the call's final
+// `arguments` (ToolCall::arguments: the compact dump ParseToolCalls gives)
+// that the text so far fixes: whole tokens re-serialized as that dump writes
+// them, and the complete code points of a string still being written. Growing
+// text only extends it, so the deltas of successive prefixes add up to the
+// final arguments (exception: an object with a duplicate key, whose final dump
+// keeps only the last value). `arguments_complete`: the arguments value ended.
+struct PartialToolCall {
+  std::string name;
+  std::string arguments_prefix;
+  bool arguments_complete = false;
+};
+
+// The calls of `text` (a partial output) that can be sent, in order, up to the
+// first that cannot: a call qualifies once its "name" (written before its
+// arguments, as every supported format's models write it; Mistral v11: the
+// name before [ARGS]) is complete. A call whose arguments are not an object
+// (e.g. null) gets its name only; ParseToolCalls on the whole output decides
+// the rest.
+std::vector<PartialToolCall> StreamableToolCalls(ToolCallFormat format, std::string_view text);
 
 // The constraint of tool_choice "required" (`function` empty) or of a named
 // function (`function` = its name): StructuredOutput::Kind::kToolCalls

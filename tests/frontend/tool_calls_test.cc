@@ -118,6 +118,79 @@ TEST(ToolCallsTest, StreamingHoldsBackWhatMayBecomeACall) {
   EXPECT_EQ(ToolCallFreeContentPrefix(ToolCallFormat::kLlama3Json, "Sure {"), 6u);
 }
 
+// Streaming calls: for every prefix of outputs of each format (cut at every
+// byte), the calls StreamableToolCalls gives have the final names and
+// arguments that are prefixes of the final `arguments`, each extending the
+// last; on the whole output they are the final calls, complete. Strings with
+// escapes, surrogate pairs and raw UTF-8, numbers that re-serialize (1.50,
+// 1e2), nesting and white space are in them.
+TEST(ToolCallsTest, StreamedArgumentsAddUpToTheFinalArguments) {
+  const std::string args1 =
+      R"({"city": "Par\"is \u00e9 \ud83d\ude00 é😀", "n": 1.50, "big": 1e2, "ok": true,)"
+      R"( "tags": [ "a" , {"deep": [null, -0, 3]} ], "empty": {}, "s": "x\\y\n"})";
+  const std::string args2 = R"({"q":"second"})";
+  const std::pair<ToolCallFormat, std::string> outputs[] = {
+      {ToolCallFormat::kHermes, "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", "
+                                "\"arguments\": " + args1 + "}\n</tool_call>\n<tool_call>"
+                                "{\"name\": \"search\", \"arguments\": " + args2 + "}</tool_call>"},
+      {ToolCallFormat::kLlama3Json, "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": " +
+                                        args1 + "}; {\"name\": \"search\", \"parameters\": " +
+                                        args2 + "}"},
+      {ToolCallFormat::kMistral, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": " + args1 +
+                                     "}, {\"name\": \"search\", \"arguments\": " + args2 + "}]"},
+      {ToolCallFormat::kMistral,
+       "[TOOL_CALLS]get_weather[ARGS]" + args1 + "[TOOL_CALLS]search[ARGS]" + args2},
+  };
+  for (const auto& [format, out] : outputs) {
+    SCOPED_TRACE(out);
+    const ParsedToolCalls final_calls = ParseToolCalls(format, out);
+    ASSERT_EQ(final_calls.calls.size(), 2u);
+    const size_t start = ToolCallFreeContentPrefix(format, out);
+    std::vector<std::string> last(2);
+    std::vector<int> growths(2, 0);  // how many cuts extended each call's prefix
+    size_t max_seen = 0;
+    for (size_t cut = start; cut <= out.size(); ++cut) {
+      const std::vector<PartialToolCall> calls =
+          StreamableToolCalls(format, std::string_view(out).substr(start, cut - start));
+      ASSERT_LE(calls.size(), 2u);
+      ASSERT_GE(calls.size(), max_seen) << "a call disappeared at byte " << cut;
+      max_seen = calls.size();
+      for (size_t i = 0; i < calls.size(); ++i) {
+        const ToolCall& want = final_calls.calls[i];
+        EXPECT_EQ(calls[i].name, want.name) << "byte " << cut;
+        ASSERT_EQ(want.arguments.rfind(calls[i].arguments_prefix, 0), 0u)
+            << "byte " << cut << ": '" << calls[i].arguments_prefix << "' is not a prefix of '"
+            << want.arguments << "'";
+        ASSERT_EQ(calls[i].arguments_prefix.rfind(last[i], 0), 0u)
+            << "byte " << cut << ": the prefix shrank";
+        growths[i] += calls[i].arguments_prefix.size() > last[i].size();
+        last[i] = calls[i].arguments_prefix;
+      }
+    }
+    const std::vector<PartialToolCall> whole =
+        StreamableToolCalls(format, std::string_view(out).substr(start));
+    ASSERT_EQ(whole.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(whole[i].arguments_prefix, final_calls.calls[i].arguments);
+      EXPECT_TRUE(whole[i].arguments_complete);
+    }
+    // Streamed as written, not at the end: call 0 grew at most of its bytes.
+    EXPECT_GE(growths[0], 60) << "call 0's arguments grew in " << growths[0] << " steps";
+    EXPECT_GE(growths[1], 5);
+  }
+  // Only a name written first is streamed; an incomplete name is not.
+  EXPECT_TRUE(StreamableToolCalls(ToolCallFormat::kHermes,
+                                  R"(<tool_call>{"arguments": {"a": 1}, "name": "f"})")
+                  .empty());
+  EXPECT_TRUE(StreamableToolCalls(ToolCallFormat::kHermes, R"(<tool_call>{"name": "get_wea)")
+                  .empty());
+  const std::vector<PartialToolCall> named =
+      StreamableToolCalls(ToolCallFormat::kHermes, R"(<tool_call>{"name": "f", "argu)");
+  ASSERT_EQ(named.size(), 1u);
+  EXPECT_EQ(named[0].name, "f");
+  EXPECT_EQ(named[0].arguments_prefix, "");
+}
+
 TEST(ToolCallsTest, FormatNamesAndTemplates) {
   EXPECT_EQ(*ToolCallFormatFromName("hermes"), ToolCallFormat::kHermes);
   EXPECT_EQ(*ToolCallFormatFromName("llama3_json"), ToolCallFormat::kLlama3Json);

@@ -675,9 +675,14 @@ TEST(OpenAiApiTest, ToolCalling) {
   const std::string out =
       "Sure.<tool_call>{\"name\": \"f\", \"arguments\": {\"q\": \"a\"}}</tool_call>";
   feed("Sure.<tool", FinishReason::kNone);
-  feed(out.substr(0, 30), FinishReason::kNone);
+  feed(out.substr(0, 30), FinishReason::kNone);  // the name is complete: the header goes out
+  ASSERT_EQ(chunks.size(), 2u);
+  feed(out.substr(0, 51), FinishReason::kNone);  // ... {"q": "a   (an open string)
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[2]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"],
+            R"({"q":"a)");
   feed(out, FinishReason::kStop);
-  ASSERT_EQ(chunks.size(), 4u);
+  ASSERT_EQ(chunks.size(), 5u);
   EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
   EXPECT_EQ(chunks[0]["choices"][0]["delta"]["content"], "Sure.");
   const json& named = chunks[1]["choices"][0]["delta"]["tool_calls"][0];
@@ -685,9 +690,10 @@ TEST(OpenAiApiTest, ToolCalling) {
   EXPECT_EQ(named["function"]["name"], "f");
   EXPECT_EQ(named["function"]["arguments"], "");
   EXPECT_EQ(named["id"].get<std::string>().rfind("call_", 0), 0u);
-  EXPECT_EQ(chunks[2]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"],
-            R"({"q":"a"})");
-  EXPECT_EQ(chunks[3]["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(chunks[3]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"], R"("})");
+  EXPECT_FALSE(chunks[3]["choices"][0]["delta"]["tool_calls"][0].contains("id"))
+      << "the header is sent once";
+  EXPECT_EQ(chunks[4]["choices"][0]["finish_reason"], "tool_calls");
   // Logprobs are refused in such a stream.
   EXPECT_EQ(chat(tools + R"(, "stream": true, "logprobs": true)").error.param, "logprobs");
 }
