@@ -248,13 +248,15 @@ class ToolChoiceTest(unittest.TestCase):
                 for c in chunk.choices:
                     self.assertFalse(c.delta.content, c.delta)  # nothing but calls
                     for d in c.delta.tool_calls or []:
-                        call = calls.setdefault((c.index, d.index), {"id": None, "name": "", "args": ""})
+                        call = calls.setdefault((c.index, d.index),
+                                                {"id": None, "name": "", "args": "", "deltas": 0})
                         if d.id:
                             call["id"] = d.id
                         if d.function and d.function.name:
                             call["name"] += d.function.name
                         if d.function and d.function.arguments:
                             call["args"] += d.function.arguments
+                            call["deltas"] += 1
                     if c.finish_reason:
                         finish[c.index] = c.finish_reason
             self.assertEqual(finish, {i: "tool_calls" for i in range(n)})
@@ -264,6 +266,8 @@ class ToolChoiceTest(unittest.TestCase):
                     self.assertEqual(call["name"], "get_time")
                 jsonschema.validate(json.loads(call["args"]), TOOL_SCHEMAS[call["name"]])
             self.assertEqual({i for i, _ in calls}, set(range(n)))
+            # Arguments stream as they are generated, not in one delta at the end.
+            self.assertGreater(max(call["deltas"] for call in calls.values()), 3, calls)
 
     def test_bad_tool_choices_are_400s(self):
         cases = [
