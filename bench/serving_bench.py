@@ -260,12 +260,13 @@ class Record:
 class OpenAIBackend:
     """An OpenAI-compatible server at `url` (pagedserve or llama-server)."""
 
-    def __init__(self, name: str, url: str, timeout: float):
+    def __init__(self, name: str, url: str, timeout: float, extra_body: Optional[dict] = None):
         u = urllib.parse.urlparse(url)
         self.name = name
         self.url = url
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
         self.timeout = timeout
+        self.extra_body = extra_body or {}
 
     def get(self, path: str, timeout: float = 2.0) -> Tuple[int, bytes]:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
@@ -300,7 +301,8 @@ class OpenAIBackend:
 
     def send(self, req: Request, rec: Record) -> None:
         body = json.dumps({"prompt": req.prompt, "max_tokens": req.output_len, "temperature": 0.0,
-                           "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+                           "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+                           **self.extra_body})
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         try:
             rec.send = time.perf_counter()
@@ -644,6 +646,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of each server")
     ap.add_argument("--omp-wait-policy", choices=["default", "passive", "active"], default="default",
                     help="OMP_WAIT_POLICY of both servers (default: unset, libgomp's spin-then-sleep)")
+    ap.add_argument("--extra-body", help="JSON object merged into every request (e.g. a response_format "
+                    "whose language is longer than --output-len, so that every request still ends by length)")
     ap.add_argument("--json-out")
     ap.add_argument("--log-dir")
     ap.add_argument("--startup-timeout", type=float, default=180.0)
@@ -725,7 +729,8 @@ def main() -> int:
                 url = args.pagedserve_url if name == "pagedserve" else args.llamacpp_url
                 if not url:
                     server, url = (start_pagedserve if name == "pagedserve" else start_llamacpp)(args, log_dir, tag)
-                backend = OpenAIBackend(name, url, args.request_timeout)
+                backend = OpenAIBackend(name, url, args.request_timeout,
+                                        json.loads(args.extra_body) if args.extra_body else None)
                 run.update(url=url, command=server and " ".join(server.proc.args))
                 try:
                     if server:

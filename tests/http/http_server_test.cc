@@ -958,6 +958,7 @@ TEST(HttpServerTest, StopWithStreamsInFlightReturnsAndEndsEveryConnection) {
   std::atomic<bool> quit{false};
   std::atomic<int> completed{0};
   std::vector<std::thread> clients;
+  clients.reserve(24);
   for (int i = 0; i < 24; ++i) {
     clients.emplace_back([&, i] {
       const bool reader = i % 4 != 0;  // every fourth client never reads
