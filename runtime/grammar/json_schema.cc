@@ -1,5 +1,6 @@
 #include "runtime/grammar/json_schema.h"
 
+#include <charconv>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -29,7 +30,7 @@ const std::set<std::string>& TypeKeywords(const std::string& type) {
   static const auto* m = new std::map<std::string, std::set<std::string>>{
       {"string", {"minLength", "maxLength", "pattern", "format"}},
       {"integer", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}},
-      {"number", {}},
+      {"number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}},
       {"object", {"properties", "required", "additionalProperties"}},
       {"array", {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"}},
       {"boolean", {}},
@@ -70,6 +71,193 @@ std::string NonNegativeRange(int64_t lo, int64_t hi) {
   }
   if (hi < 0) parts.push_back("[1-9][0-9]{19,}");
   return absl::StrCat("(?:", absl::StrJoin(parts, "|"), ")");
+}
+
+// Bounds on `number` (exact). A bound is an exact decimal; a number x written
+// -?I(.F)? is compared with it digit by digit: on its integer part I first
+// (NonNegativeRange for the parts strictly between the bounds'), then, where I
+// equals a bound's integer part, on the fraction F. Under bounds no exponent
+// is generated (a documented subset of the valid instances).
+
+// sign * int_part.frac: int_part without leading zeros ("0" for zero), frac
+// without trailing zeros; zero is never negative.
+struct Decimal {
+  bool neg = false;
+  std::string int_part = "0";
+  std::string frac;
+  bool zero() const { return int_part == "0" && frac.empty(); }
+};
+
+// Text "-?D(.D)?([eE][+-]?D)?" (a JSON number) as a Decimal.
+Decimal ParseDecimal(const std::string& text) {
+  Decimal d;
+  size_t i = 0;
+  d.neg = i < text.size() && text[i] == '-';
+  if (d.neg) ++i;
+  std::string digits;
+  int64_t point = -1;
+  for (; i < text.size() && text[i] != 'e' && text[i] != 'E'; ++i) {
+    if (text[i] == '.') {
+      point = static_cast<int64_t>(digits.size());
+    } else {
+      digits += text[i];
+    }
+  }
+  if (point < 0) point = static_cast<int64_t>(digits.size());
+  if (i < text.size()) point += std::stoll(text.substr(i + 1));  // stoll reads "+17", "-07"
+  if (point <= 0) {
+    digits.insert(0, static_cast<size_t>(-point), '0');
+    point = 0;
+  } else if (point > static_cast<int64_t>(digits.size())) {
+    digits.append(static_cast<size_t>(point) - digits.size(), '0');
+  }
+  d.int_part = digits.substr(0, static_cast<size_t>(point));
+  d.frac = digits.substr(static_cast<size_t>(point));
+  d.int_part.erase(0, std::min(d.int_part.find_first_not_of('0'), d.int_part.size()));
+  if (d.int_part.empty()) d.int_part = "0";
+  d.frac.erase(std::min(d.frac.find_last_not_of('0') + 1, d.frac.size()));
+  if (d.zero()) d.neg = false;
+  return d;
+}
+
+// -1, 0, 1 as a <, ==, > b.
+int Compare(const Decimal& a, const Decimal& b) {
+  if (a.neg != b.neg) return a.neg ? -1 : 1;
+  int mag = 0;
+  if (a.int_part.size() != b.int_part.size()) {
+    mag = a.int_part.size() < b.int_part.size() ? -1 : 1;
+  } else if (a.int_part != b.int_part) {
+    mag = a.int_part < b.int_part ? -1 : 1;
+  } else if (a.frac != b.frac) {
+    mag = a.frac < b.frac ? -1 : 1;  // no trailing zeros: string order is numeric order
+  }
+  return a.neg ? -mag : mag;
+}
+
+struct NumBound {
+  Decimal value;
+  bool strict = false;
+};
+
+// A bound on the fraction digits F (value 0.F): digits without trailing zeros.
+struct FracBound {
+  std::string digits;
+  bool strict = false;
+  bool operator==(const FracBound& o) const { return digits == o.digits && strict == o.strict; }
+};
+
+// Digit strings F with lo <= 0.F <= hi (each side optional, < where strict):
+// `ne` the regex of the non-empty ones (nullopt: none), `eps` whether F = "" is in.
+struct FracLang {
+  std::optional<std::string> ne;
+  bool eps = false;
+};
+
+std::string Optional(const FracLang& l) { return l.eps ? absl::StrCat("(?:", *l.ne, ")?") : *l.ne; }
+
+FracLang FracRange(std::optional<FracBound> lo, const std::optional<FracBound>& hi) {
+  if (lo && lo->digits.empty() && !lo->strict) lo.reset();  // >= 0: no constraint
+  // Base cases, where a bound is 0 (an empty digit string).
+  if (hi && hi->digits.empty()) {
+    if (hi->strict || lo) return {};  // < 0, or <= 0 and > 0
+    return {"0+", true};
+  }
+  if (!lo && !hi) return {"[0-9]+", true};
+  if (lo && lo->digits.empty() && !hi) return {"[0-9]*[1-9][0-9]*", false};
+  // The first digit d decides each side: past the bound's digit the side holds
+  // whatever follows, on it the rest is compared with the bound's rest, short of
+  // it (beyond it for hi) nothing follows.
+  struct Next {
+    bool fail = false;
+    std::optional<FracBound> lo, hi;
+    bool operator==(const Next& o) const { return fail == o.fail && lo == o.lo && hi == o.hi; }
+  };
+  auto next = [&](int d) {
+    Next n;
+    if (lo) {
+      const int a = lo->digits.empty() ? 0 : lo->digits[0] - '0';
+      if (d < a) n.fail = true;
+      if (d == a) n.lo = FracBound{lo->digits.empty() ? "" : lo->digits.substr(1), lo->strict};
+    }
+    if (hi) {
+      const int b = hi->digits[0] - '0';
+      if (d > b) n.fail = true;
+      if (d == b) n.hi = FracBound{hi->digits.substr(1), hi->strict};
+    }
+    return n;
+  };
+  std::vector<std::string> alts;
+  for (int d = 0; d <= 9;) {
+    const Next n = next(d);
+    int e = d;
+    while (e < 9 && next(e + 1) == n) ++e;
+    if (!n.fail) {
+      const FracLang rest = FracRange(n.lo, n.hi);
+      const std::string cls =
+          d == e ? std::string(1, static_cast<char>('0' + d)) : absl::StrCat("[", d, "-", e, "]");
+      if (rest.ne) alts.push_back(cls + Optional(rest));
+      if (!rest.ne && rest.eps) alts.push_back(cls);
+    }
+    d = e + 1;
+  }
+  FracLang out;
+  out.eps = !lo;  // 0 >= lo fails for any lo left; 0 <= hi holds (hi > 0 here)
+  if (!alts.empty()) out.ne = absl::StrCat("(?:", absl::StrJoin(alts, "|"), ")");
+  return out;
+}
+
+// The regex of the part after the integer digits: "" and/or "." F.
+std::optional<std::string> FracSuffix(const FracLang& l) {
+  if (!l.ne) return l.eps ? std::optional<std::string>("") : std::nullopt;
+  const std::string dotted = absl::StrCat("\\.", *l.ne);
+  return l.eps ? absl::StrCat("(?:", dotted, ")?") : dotted;
+}
+
+// Regexes of the magnitudes I(.F)? (no sign) m with lo <= m (<= hi); lo >= 0.
+void MagnitudeRange(const NumBound& lo, const std::optional<NumBound>& hi,
+                    std::vector<std::string>& parts) {
+  const int64_t li = std::stoll(lo.value.int_part);
+  const int64_t hi_i = hi ? std::stoll(hi->value.int_part) : -1;
+  const FracBound lof{lo.value.frac, lo.strict};
+  std::optional<FracBound> hif;
+  if (hi) hif = FracBound{hi->value.frac, hi->strict};
+  auto add = [&](const std::string& int_part, const FracLang& l) {
+    if (auto suffix = FracSuffix(l)) parts.push_back(int_part + *suffix);
+  };
+  if (hi && li > hi_i) return;
+  if (hi && li == hi_i) {
+    add(lo.value.int_part, FracRange(lof, hif));
+    return;
+  }
+  add(lo.value.int_part, FracRange(lof, std::nullopt));
+  if (!hi || hi_i - 1 >= li + 1) {
+    parts.push_back(NonNegativeRange(li + 1, hi ? hi_i - 1 : -1) + "(?:\\.[0-9]+)?");
+  }
+  if (hi) add(hi->value.int_part, FracRange(std::nullopt, hif));
+}
+
+// The regex of the numbers x, written -?I(.F)?, with lo <= x <= hi (< where strict).
+std::string NumberRangeRegex(const std::optional<NumBound>& lo, const std::optional<NumBound>& hi) {
+  auto abs_of = [](const NumBound& b) {
+    NumBound a = b;
+    a.value.neg = false;
+    return a;
+  };
+  std::vector<std::string> parts;
+  // x = m >= 0, written without a sign.
+  if (!hi || !hi->value.neg) {
+    MagnitudeRange(lo && !lo->value.neg ? *lo : NumBound{}, hi, parts);
+  }
+  // x = -m, written with "-" (m = 0 included: "-0" is 0): -hi <= m <= -lo.
+  if (!lo || lo->value.neg || lo->value.zero()) {
+    std::vector<std::string> neg;
+    const bool hi_le0 = hi && (hi->value.neg || hi->value.zero());
+    std::optional<NumBound> m_hi;
+    if (lo) m_hi = abs_of(*lo);
+    MagnitudeRange(hi_le0 ? abs_of(*hi) : NumBound{}, m_hi, neg);
+    if (!neg.empty()) parts.push_back(absl::StrCat("-(?:", absl::StrJoin(neg, "|"), ")"));
+  }
+  return absl::StrJoin(parts, "|");
 }
 
 class SchemaCompiler {
@@ -201,6 +389,7 @@ class SchemaCompiler {
                                       const std::string& path);
   absl::StatusOr<int32_t> CompileString(const json& s, const std::string& path);
   absl::StatusOr<int32_t> CompileInteger(const json& s, const std::string& path);
+  absl::StatusOr<int32_t> CompileNumber(const json& s, const std::string& path);
   absl::StatusOr<int32_t> CompileObject(const json& s, const std::string& path);
   absl::StatusOr<int32_t> CompileArray(const json& s, const std::string& path);
   absl::StatusOr<int32_t> CompileBranches(const json& list, const std::string& key,
@@ -410,15 +599,7 @@ absl::StatusOr<int32_t> SchemaCompiler::CompileType(const std::string& t, const 
     b_.AppendLiteral(c, "false");
     return b_.Alternatives({a, c});
   }
-  if (t == "number") {
-    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
-      if (s.contains(k)) {
-        return Error(path, absl::StrCat("unsupported JSON Schema keyword '", k,
-                                        "' on type number (bounds are supported on integer)"));
-      }
-    }
-    return Number();
-  }
+  if (t == "number") return CompileNumber(s, path);
   if (t == "integer") return CompileInteger(s, path);
   if (t == "string") return CompileString(s, path);
   if (t == "object") return CompileObject(s, path);
@@ -513,6 +694,45 @@ absl::StatusOr<int32_t> SchemaCompiler::CompileInteger(const json& s, const std:
   }
   auto seq = CompileRegex(b_, absl::StrJoin(parts, "|"), CharEncoding::kRaw, /*search=*/false);
   if (!seq.ok()) return seq.status();
+  return b_.Alternatives({*seq});
+}
+
+absl::StatusOr<int32_t> SchemaCompiler::CompileNumber(const json& s, const std::string& path) {
+  constexpr double kLimit = 1e18;
+  constexpr size_t kMaxFractionDigits = 30;
+  std::optional<NumBound> lo, hi;
+  for (const char* k : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
+    if (!s.contains(k)) continue;
+    const json& v = s[k];
+    if (!v.is_number()) return Error(path, absl::StrCat("'", k, "' must be a number"));
+    if (std::fabs(v.get<double>()) > kLimit)
+      return Error(path, absl::StrCat("'", k, "' beyond +-1e18 is not supported"));
+    // Integers exactly as written; a decimal as the shortest text that reads back
+    // as the same double (what was written, up to 15 significant digits).
+    std::string text = v.dump();
+    if (v.is_number_float()) {
+      char buf[64];
+      const auto r =
+          std::to_chars(buf, buf + sizeof buf, v.get<double>(), std::chars_format::scientific);
+      text.assign(buf, r.ptr);
+    }
+    const NumBound b{ParseDecimal(text), std::string(k).rfind("exclusive", 0) == 0};
+    if (b.value.frac.size() > kMaxFractionDigits) {
+      return Error(path, absl::StrCat("'", k, "' with more than ", kMaxFractionDigits,
+                                      " fraction digits is not supported"));
+    }
+    // Two lower (upper) bounds: the tighter one; at a tie the exclusive one.
+    const bool lower = std::string(k).find("inimum") != std::string::npos;
+    std::optional<NumBound>& slot = lower ? lo : hi;
+    const int c = slot ? Compare(b.value, slot->value) : 0;
+    if (!slot || (lower ? c > 0 : c < 0) || (c == 0 && b.strict)) slot = b;
+  }
+  if (!lo && !hi) return Number();
+  const std::string regex = NumberRangeRegex(lo, hi);
+  if (regex.empty()) return b_.Alternatives({Seq{b_.Bytes(ByteSet())}});  // no number
+  auto seq = CompileRegex(b_, regex, CharEncoding::kRaw, /*search=*/false);
+  if (!seq.ok()) return seq.status();
+  if (b_.over_limit()) return TooLarge();
   return b_.Alternatives({*seq});
 }
 

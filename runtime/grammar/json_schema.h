@@ -19,6 +19,12 @@
 //   date, time, date-time, uuid, email, ipv4;
 //   integer: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numeric
 //   bounds within +-1e18);
+//   number: the same bounds, exact (decimal comparison, no rounding), within
+//   +-1e18 and with at most 30 fraction digits; a bounded number is written
+//   without an exponent (-?int(.frac)?: a subset of the valid instances). A
+//   decimal bound is read as a double (as JSON parsers do) and taken as the
+//   shortest decimal that reads back as it: the bound as written up to 15
+//   significant digits;
 //   object: properties, required, additionalProperties (false, true or a
 //   schema). With `properties` given, only those properties are produced
 //   (additional ones are not generated even when allowed: the language is a
@@ -29,7 +35,7 @@
 // Annotations are ignored: $schema, $id, $comment, $defs, definitions, title,
 // description, default, examples, deprecated, readOnly, writeOnly.
 // Anything else (not, if/then/else, patternProperties, uniqueItems true,
-// multipleOf, bounds on `number`, minProperties, ...) is InvalidArgument whose
+// multipleOf, minProperties, ...) is InvalidArgument whose
 // message names the keyword and where it is ("unsupported JSON Schema keyword
 // 'not' at #/properties/a"), never an unconstrained answer. So are schemas
 // whose grammar exceeds Grammar::kMaxElements.

@@ -1,6 +1,10 @@
 // Unit tests of the grammar engine: automaton, regex and JSON Schema compilers,
 // token masks. Regex verdicts were checked against Python re.fullmatch / re.search
 // by hand (the cases are small enough to read).
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -123,6 +127,166 @@ TEST(JsonSchema, ArraysEnumsRefsAndBounds) {
   EXPECT_FALSE((*any_obj)->Matches(R"([1])"));
 }
 
+// Bounds on `number`, checked against exact arithmetic: every decimal written
+// with up to 2 integer digits and up to 3 fraction digits (both signs, trailing
+// zeros, -0) is compared with the bounds as integers scaled by 10^4 (the bounds
+// below have at most 4 fraction digits), independently of the engine's regexes.
+int64_t Scaled(const std::string& dec) {  // "-12.375" -> -123750
+  const bool neg = !dec.empty() && dec[0] == '-';
+  const std::string mag = neg ? dec.substr(1) : dec;
+  const size_t dot = mag.find('.');
+  std::string frac = dot == std::string::npos ? "" : mag.substr(dot + 1);
+  frac.resize(4, '0');
+  const int64_t v = std::stoll(mag.substr(0, dot)) * 10000 + std::stoll(frac);
+  return neg ? -v : v;
+}
+
+struct NumberBoundsCase {
+  std::string schema;
+  std::optional<std::string> lo, hi;  // exact decimal bounds (reference)
+  bool lo_strict = false, hi_strict = false;
+  bool Valid(int64_t v) const {
+    if (lo && (lo_strict ? v <= Scaled(*lo) : v < Scaled(*lo))) return false;
+    if (hi && (hi_strict ? v >= Scaled(*hi) : v > Scaled(*hi))) return false;
+    return true;
+  }
+};
+
+// Calls visit(text, accepted) for every candidate: "-"?, 0..99, then nothing or
+// "." and 1 to 3 digits. The automaton advances once per node of the candidates'
+// trie (shared prefixes), not once per byte of each candidate.
+void WalkFraction(const Grammar& g, const GrammarState& s, std::string& text, int depth,
+                  const std::function<void(const std::string&, bool)>& visit) {
+  for (char d = '0'; d <= '9'; ++d) {
+    text.push_back(d);
+    const GrammarState t = g.Advance(s, static_cast<uint8_t>(d));
+    visit(text, g.Accepting(t));
+    if (depth < 3) WalkFraction(g, t, text, depth + 1, visit);
+    text.pop_back();
+  }
+}
+
+int ForEachCandidate(const Grammar& g, const std::function<void(const std::string&, bool)>& visit) {
+  int n = 0;
+  auto counted = [&](const std::string& x, bool accepted) {
+    ++n;
+    visit(x, accepted);
+  };
+  for (std::string sign : {"", "-"}) {
+    for (int ip = 0; ip < 100; ++ip) {
+      std::string text = sign + std::to_string(ip);
+      const GrammarState s = g.AdvanceAll(g.initial(), text);
+      counted(text, g.Accepting(s));
+      text += '.';
+      WalkFraction(g, g.Advance(s, '.'), text, 1, counted);
+    }
+  }
+  return n;
+}
+
+TEST(JsonSchema, NumberBoundsAreExact) {
+  const std::vector<NumberBoundsCase> cases = {
+      {R"({"type":"number","minimum":1.1})", "1.1", {}},
+      {R"({"type":"number","exclusiveMinimum":1.5})", "1.5", {}, true},
+      {R"({"type":"number","maximum":3.0})", {}, "3"},
+      {R"({"type":"number","exclusiveMaximum":0})", {}, "0", false, true},
+      {R"({"type":"number","maximum":0})", {}, "0"},
+      {R"({"type":"number","exclusiveMinimum":0})", "0", {}, true},
+      {R"({"type":"number","minimum":-2,"maximum":2.5})", "-2", "2.5"},
+      {R"({"type":"number","exclusiveMinimum":-2.0001,"exclusiveMaximum":-1.1})", "-2.0001", "-1.1",
+       true, true},
+      {R"({"type":"number","minimum":-12.25,"exclusiveMaximum":13.375})", "-12.25", "13.375", false,
+       true},
+      {R"({"type":"number","exclusiveMinimum":-0.5,"maximum":0.05})", "-0.5", "0.05", true},
+      {R"({"type":"number","minimum":2.0005,"maximum":20.0105})", "2.0005", "20.0105"},
+      {R"({"type":"number","minimum":-20.0105,"maximum":-2.0005})", "-20.0105", "-2.0005"},
+      {R"({"type":"number","minimum":7.5,"maximum":7.5})", "7.5", "7.5"},  // lo == hi
+      {R"({"type":"number","minimum":-7,"maximum":-7.0})", "-7", "-7"},
+      {R"({"type":"number","minimum":0,"maximum":0})", "0", "0"},
+      {R"({"type":"number","minimum":3,"maximum":2.999})", "3", "2.999"},  // empty
+      {R"({"type":"number","exclusiveMinimum":1,"exclusiveMaximum":1})", "1", "1", true, true},
+      {R"({"type":"number","minimum":1,"exclusiveMinimum":1})", "1", {}, true},  // tighter wins
+      {R"({"type":"number","exclusiveMaximum":5,"maximum":4.5})", {}, "4.5"},
+      {R"({"type":"number","minimum":1e-3,"maximum":5e1})", "0.001", "50"},  // exponents
+      {R"({"type":["number","integer"],"maximum":-10.5})", {}, "-10.5"},
+      {R"({"minimum":-3.5,"exclusiveMaximum":98.25})", "-3.5", "98.25", false, true},
+      {R"({"type":"number","minimum":-99.999,"maximum":99.999})", "-99.999", "99.999"},
+  };
+  for (const auto& c : cases) {
+    auto g = Schema(c.schema);
+    ASSERT_NE(g, nullptr) << c.schema;
+    int accepted = 0, wrong = 0, seen = 0;
+    const int n = ForEachCandidate(*g, [&](const std::string& x, bool got) {
+      if (++seen % 101 == 0) {
+        EXPECT_EQ(g->Matches(x), got) << x;  // the walk is Matches
+      }
+      accepted += got;
+      if (got != c.Valid(Scaled(x)) && ++wrong <= 5) {
+        ADD_FAILURE() << c.schema << ": '" << x << "' " << (got ? "accepted" : "refused");
+      }
+    });
+    EXPECT_EQ(n, 2 * 100 * 1111);
+    EXPECT_EQ(wrong, 0) << c.schema;
+    // Not JSON numbers, or exponents (not generated under bounds): always refused.
+    for (std::string x :
+         {"01", "-01", "1.", ".5", "+1", "--1", "1.5.0", "1e0", "0E1", "-0e-0", "1.5e+0", ""}) {
+      EXPECT_FALSE(g->Matches(x)) << c.schema << ": " << x;
+    }
+    const bool no_type = c.schema.find("\"type\"") == std::string::npos;
+    EXPECT_EQ(g->Matches(R"("x")"), no_type) << c.schema;
+    EXPECT_EQ(g->Matches("null"), no_type) << c.schema;
+    std::cout << c.schema << ": " << accepted << " of " << n << " accepted\n";
+  }
+}
+
+TEST(JsonSchema, NumberBoundsNegativeControl) {
+  // x > 1.5: the boundary and its spellings are refused, the next decimals
+  // accepted; an off-by-one (>= instead of >) in the reference would disagree
+  // with the engine on exactly the spellings of 1.5.
+  auto g = Schema(R"({"type":"number","exclusiveMinimum":1.5})");
+  ASSERT_NE(g, nullptr);
+  for (std::string x : {"1.5", "1.50", "1.500", "1.4999", "1", "-2", "0"})
+    EXPECT_FALSE(g->Matches(x)) << x;
+  for (std::string x : {"1.51", "1.5001", "1.6", "2", "2.0", "100.25"})
+    EXPECT_TRUE(g->Matches(x)) << x;
+  const NumberBoundsCase off_by_one{"", "1.5", {}, false};
+  int disagree = 0;
+  ForEachCandidate(*g, [&](const std::string& x, bool accepted) {
+    disagree += accepted != off_by_one.Valid(Scaled(x));
+  });
+  EXPECT_EQ(disagree, 3);  // 1.5, 1.50, 1.500
+  // x < 0: no spelling of zero.
+  auto neg = Schema(R"({"type":"number","exclusiveMaximum":0})");
+  ASSERT_NE(neg, nullptr);
+  for (std::string x : {"0", "-0", "0.0", "-0.0", "-0.000", "0.001"})
+    EXPECT_FALSE(neg->Matches(x)) << x;
+  for (std::string x : {"-0.001", "-1", "-1000000", "-0.5"}) EXPECT_TRUE(neg->Matches(x)) << x;
+  // Large and long bounds, beyond the enumeration above.
+  auto big = Schema(
+      R"({"type":"number","minimum":-1e18,"exclusiveMaximum":0.000000000000000000000000000003})");
+  ASSERT_NE(big, nullptr);
+  for (std::string x : {"-1000000000000000000", "-999999999999999999.99", "0",
+                        "0.000000000000000000000000000002999", "-0.0"})
+    EXPECT_TRUE(big->Matches(x)) << x;
+  for (std::string x :
+       {"-1000000000000000000.01", "-10000000000000000000", "0.000000000000000000000000000003",
+        "0.0000000000000000000000000000030", "1"})
+    EXPECT_FALSE(big->Matches(x)) << x;
+  // Both bounds with 30 fraction digits on the same integer part (the deepest
+  // regex): -1.23e-28 < x <= -1.22e-28. (Bounds are read as doubles: at most 17
+  // significant digits reach the engine.)
+  auto deep = Schema(R"({"type":"number","exclusiveMinimum":-1.23e-28,"maximum":-1.22e-28})");
+  ASSERT_NE(deep, nullptr);
+  for (std::string x :
+       {"-0.000000000000000000000000000122", "-0.0000000000000000000000000001220",
+        "-0.0000000000000000000000000001225", "-0.00000000000000000000000000012299999"})
+    EXPECT_TRUE(deep->Matches(x)) << x;
+  for (std::string x : {"-0.000000000000000000000000000123", "-0.0000000000000000000000000001230",
+                        "-0.0000000000000000000000000001219", "0.000000000000000000000000000122",
+                        "-0.00000000000000000000000000012", "-0.00000000000000000000000000013"})
+    EXPECT_FALSE(deep->Matches(x)) << x;
+}
+
 TEST(JsonSchema, UnsupportedKeywordsNameThemselves) {
   struct Case {
     std::string schema, word;
@@ -130,7 +294,11 @@ TEST(JsonSchema, UnsupportedKeywordsNameThemselves) {
   for (const auto& c : std::vector<Case>{
            {R"({"type":"object","properties":{"a":{"not":{"type":"string"}}}})", "'not'"},
            {R"({"type":"array","uniqueItems":true})", "uniqueItems"},
-           {R"({"type":"number","minimum":0.5})", "minimum"},
+           {R"({"type":"number","multipleOf":0.5})", "multipleOf"},
+           {R"({"type":"number","minimum":1e19})", "minimum"},
+           {R"({"type":"number","exclusiveMaximum":-2e18})", "exclusiveMaximum"},
+           {R"({"type":"number","maximum":1e-31})", "maximum"},
+           {R"({"type":"number","minimum":"1"})", "minimum"},
            {R"({"type":"string","format":"hostname"})", "hostname"},
            {R"({"$ref":"http://example.com/s.json"})", "$ref"},
            {R"({"allOf":[{"type":"string"},{"maxLength":2}]})", "allOf"},

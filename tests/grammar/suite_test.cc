@@ -103,8 +103,9 @@ TEST(JsonSchemaTestSuite, VerdictsMatch) {
         const std::string text = t["data"].dump();
         const bool valid = t["valid"].get<bool>();
         const bool accepted = (*g)->Matches(text);
-        const std::string where =
-            file + ": " + desc + ": " + t["description"].get<std::string>() + ": " + text;
+        std::string where = file;
+        where.append(": ").append(desc).append(": ");
+        where.append(t["description"].get<std::string>()).append(": ").append(text);
         if (accepted && !valid && file == "oneOf" &&
             MatchesSeveralBranches(group["schema"], text)) {
           ++exempt;  // oneOf compiles as anyOf (documented)
