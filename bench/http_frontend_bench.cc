@@ -164,8 +164,8 @@ class StandInExecutor : public Executor {
   (*http)->Start();
   auto backend = std::make_unique<HttpBackend>();
   backend->loop = &loop;
-  absl::StatusOr<ChatTemplate> ct = ChatTemplate::Create((*tok)->spec().chat_template,
-                                                         (*tok)->BosText(), (*tok)->EosText());
+  absl::StatusOr<ChatTemplate> ct =
+      ChatTemplate::Create((*tok)->spec().chat_template, (*tok)->BosText(), (*tok)->EosText());
   if (!ct.ok()) Die(ct.status().ToString());
   backend->chat_template = *std::move(ct);
   (*http)->Attach(std::move(backend));
@@ -225,8 +225,7 @@ int ConnectTo(int port, bool nonblocking) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
-      errno != EINPROGRESS) {
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 && errno != EINPROGRESS) {
     Die(absl::StrCat("connect: ", std::strerror(errno)));
   }
   return fd;
@@ -234,8 +233,8 @@ int ConnectTo(int port, bool nonblocking) {
 
 std::string Post(const std::string& path, const std::string& body) {
   return absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n",
-                      "Content-Type: application/json\r\nContent-Length: ", body.size(),
-                      "\r\n\r\n", body);
+                      "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n",
+                      body);
 }
 
 // The client's connections on one epoll loop: idle ones (a GET /health, then
@@ -245,9 +244,9 @@ class Client {
   Client(int port, int max_tokens, int think_ms)
       : port_(port),
         think_(std::chrono::milliseconds(think_ms)),
-        stream_request_(Post("/v1/completions",
-                             absl::StrCat(R"({"prompt": "A", "stream": true, "max_tokens": )",
-                                          max_tokens, "}"))) {
+        stream_request_(Post(
+            "/v1/completions",
+            absl::StrCat(R"({"prompt": "A", "stream": true, "max_tokens": )", max_tokens, "}"))) {
     epoll_ = epoll_create1(0);
   }
   ~Client() {
@@ -447,7 +446,8 @@ Percentiles Probe(int port, int samples) {
   std::vector<double> v;
   Percentiles r;
   for (int i = 0; i < samples; ++i) {
-    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(absl::GetFlag(FLAGS_probe_gap_ms)));
+    if (i > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(absl::GetFlag(FLAGS_probe_gap_ms)));
     const double ms = ProbeTtftMs(port);
     if (ms < 0) {
       ++r.failed;
@@ -512,7 +512,6 @@ int ConnectionsRound(pid_t server, int port, Client& client) {
   return client.errors() == 0 ? 0 : 1;
 }
 
-
 int Main(pid_t server, int port) {
   PinTo(absl::GetFlag(FLAGS_client_cpu));
   const std::string mode = absl::GetFlag(FLAGS_mode);
@@ -574,7 +573,8 @@ int main(int argc, char** argv) {
   }
   close(fds[1]);
   int port = 0;
-  if (read(fds[0], &port, sizeof(port)) != sizeof(port)) pagedserve::Die("the server did not start");
+  if (read(fds[0], &port, sizeof(port)) != sizeof(port))
+    pagedserve::Die("the server did not start");
   const int rc = pagedserve::Main(child, port);
   kill(child, SIGTERM);
   waitpid(child, nullptr, 0);

@@ -725,9 +725,9 @@ std::vector<std::string> ToolStreamChunks(const ValidatedRequest& r, const std::
             nullptr);
     }
     if (args.size() > st->args_sent[i]) {
-      chunk({{"tool_calls", json::array({{{"index", i},
-                                          {"function", {{"arguments", args.substr(
-                                                                          st->args_sent[i])}}}}})}},
+      chunk({{"tool_calls",
+              json::array(
+                  {{{"index", i}, {"function", {{"arguments", args.substr(st->args_sent[i])}}}}})}},
             nullptr);
       st->args_sent[i] = args.size();
     }

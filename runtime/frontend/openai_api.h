@@ -158,8 +158,8 @@ std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_
 // output that starts a call in a supported format and then breaks it does
 // that). No logprobs in these chunks (ParseRequest refuses logprobs with them).
 struct ToolStreamState {
-  size_t sent = 0;         // bytes of the text sent as content
-  bool role_sent = false;  // the first chunk carries the assistant role
+  size_t sent = 0;                    // bytes of the text sent as content
+  bool role_sent = false;             // the first chunk carries the assistant role
   std::vector<std::string> call_ids;  // per call whose header was sent, its id
   std::vector<size_t> args_sent;      // per such call, bytes of its arguments sent
 };

@@ -270,7 +270,8 @@ std::string ObjectDumpPrefix(std::string_view s, size_t pos, bool* complete) {
     } else {
       // A number or literal: fixed once a delimiter follows it.
       size_t end = i;
-      while (end < s.size() && std::string_view(" \n\t\r,:]}").find(s[end]) == std::string_view::npos)
+      while (end < s.size() &&
+             std::string_view(" \n\t\r,:]}").find(s[end]) == std::string_view::npos)
         ++end;
       if (end == s.size()) return out;
       std::optional<std::string> d = DumpToken(s.substr(i, end - i));

@@ -130,14 +130,19 @@ TEST(ToolCallsTest, StreamedArgumentsAddUpToTheFinalArguments) {
       R"( "tags": [ "a" , {"deep": [null, -0, 3]} ], "empty": {}, "s": "x\\y\n"})";
   const std::string args2 = R"({"q":"second"})";
   const std::pair<ToolCallFormat, std::string> outputs[] = {
-      {ToolCallFormat::kHermes, "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", "
-                                "\"arguments\": " + args1 + "}\n</tool_call>\n<tool_call>"
-                                "{\"name\": \"search\", \"arguments\": " + args2 + "}</tool_call>"},
-      {ToolCallFormat::kLlama3Json, "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": " +
-                                        args1 + "}; {\"name\": \"search\", \"parameters\": " +
-                                        args2 + "}"},
-      {ToolCallFormat::kMistral, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": " + args1 +
-                                     "}, {\"name\": \"search\", \"arguments\": " + args2 + "}]"},
+      {ToolCallFormat::kHermes,
+       "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", "
+       "\"arguments\": " +
+           args1 +
+           "}\n</tool_call>\n<tool_call>"
+           "{\"name\": \"search\", \"arguments\": " +
+           args2 + "}</tool_call>"},
+      {ToolCallFormat::kLlama3Json,
+       "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": " + args1 +
+           "}; {\"name\": \"search\", \"parameters\": " + args2 + "}"},
+      {ToolCallFormat::kMistral,
+       "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": " + args1 +
+           "}, {\"name\": \"search\", \"arguments\": " + args2 + "}]"},
       {ToolCallFormat::kMistral,
        "[TOOL_CALLS]get_weather[ARGS]" + args1 + "[TOOL_CALLS]search[ARGS]" + args2},
   };
@@ -182,8 +187,8 @@ TEST(ToolCallsTest, StreamedArgumentsAddUpToTheFinalArguments) {
   EXPECT_TRUE(StreamableToolCalls(ToolCallFormat::kHermes,
                                   R"(<tool_call>{"arguments": {"a": 1}, "name": "f"})")
                   .empty());
-  EXPECT_TRUE(StreamableToolCalls(ToolCallFormat::kHermes, R"(<tool_call>{"name": "get_wea)")
-                  .empty());
+  EXPECT_TRUE(
+      StreamableToolCalls(ToolCallFormat::kHermes, R"(<tool_call>{"name": "get_wea)").empty());
   const std::vector<PartialToolCall> named =
       StreamableToolCalls(ToolCallFormat::kHermes, R"(<tool_call>{"name": "f", "argu)");
   ASSERT_EQ(named.size(), 1u);

@@ -138,7 +138,7 @@ struct Server {
     int64_t max_queue_len = 256;
     size_t max_pending_stream_bytes = kMaxPendingStreamBytes;
     int32_t max_model_len = 256;
-    int64_t device_blocks = 64;  // of 16 tokens
+    int64_t device_blocks = 64;                            // of 16 tokens
     absl::Duration keep_alive_timeout = absl::Seconds(5);  // --http-keep-alive-timeout
   };
 
