@@ -749,10 +749,28 @@ absl::StatusOr<int32_t> SchemaCompiler::CompileObject(const json& s, const std::
     }
   }
   // Required names missing from `properties` take the additionalProperties schema.
+  // A member whose schema is `false` may not appear: left out (the object is
+  // unsatisfiable when it is required).
   std::vector<std::pair<std::string, json>> members;
-  for (const auto& [k, v] : props.items()) members.emplace_back(k, v);
+  bool left_out = false;
+  auto add_member = [&](const std::string& name, const json& sub) {
+    if (sub.is_boolean() && !sub.get<bool>()) {
+      left_out = true;
+      return !required.count(name);
+    }
+    members.emplace_back(name, sub);
+    return true;
+  };
+  for (const auto& [k, v] : props.items()) {
+    if (!add_member(k, v)) return b_.Alternatives({Seq{b_.Bytes(ByteSet())}});
+  }
   for (const std::string& r : required) {
-    if (!props.contains(r)) members.emplace_back(r, additional);
+    if (!props.contains(r) && !add_member(r, additional)) {
+      return b_.Alternatives({Seq{b_.Bytes(ByteSet())}});
+    }
+  }
+  if (members.empty() && left_out) {  // not any names: they could be the left-out ones
+    return b_.Alternatives({Seq{b_.Byte('{'), b_.Byte('}')}});
   }
   if (members.empty()) {
     if (additional.is_boolean() && !additional.get<bool>()) {

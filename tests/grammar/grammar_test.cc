@@ -95,6 +95,27 @@ TEST(JsonSchema, ObjectWithRequiredAndOptional) {
   }
 }
 
+// A property whose schema is `false` may not appear, not even as a prefix the
+// automaton would then be stuck in (found by bench/structured_output_validity.py:
+// `{"foo":true,"bar"` ended the output, since nothing could follow); required,
+// it makes the object unsatisfiable.
+TEST(JsonSchema, PropertiesWithFalseSchemasNeverAppear) {
+  auto g = Schema(R"({"properties":{"foo":true,"bar":false}})");
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(g->Matches(R"({"foo":1})"));
+  EXPECT_TRUE(g->Matches(R"({})"));
+  EXPECT_TRUE(g->AdvanceAll(g->initial(), R"({"bar")").dead());
+  EXPECT_TRUE(g->AdvanceAll(g->initial(), R"({"foo":true,"bar")").dead());
+  auto only = Schema(R"({"type":"object","properties":{"bar":false}})");
+  ASSERT_NE(only, nullptr);
+  EXPECT_TRUE(only->Matches("{}"));
+  EXPECT_TRUE(only->AdvanceAll(only->initial(), R"({")").dead());
+  auto none = Schema(R"({"type":"object","properties":{"bar":false},"required":["bar"]})");
+  ASSERT_NE(none, nullptr);
+  EXPECT_FALSE(none->Matches("{}"));
+  EXPECT_TRUE(none->AdvanceAll(none->initial(), "{").dead());
+}
+
 TEST(JsonSchema, ArraysEnumsRefsAndBounds) {
   auto arr = Schema(R"({"type":"array","items":{"enum":["x",1,null]},"minItems":1,"maxItems":3})");
   EXPECT_TRUE(arr->Matches(R"(["x"])"));
