@@ -989,29 +989,26 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     if (job_ == nullptr) return;
     Job& job = *job_;
     const bool stream = job.request.stream;
+    // Pops what arrived. A stream is checked against the bound after each
+    // output (an engine faster than this thread must not outrun the check);
+    // once aborted, the rest only completes the job (its final output included).
     const size_t max_pending = core_.options().max_pending_stream_bytes;
-    // Pops what arrived; a stream stops at the bound (an engine faster than
-    // this thread would otherwise keep the loop going and the buffer growing).
-    while (!(stream && pending_.size() > max_pending)) {
-      std::optional<EngineOutput> out = job.channel->TryPop();
-      if (!out) break;
-      if (stream && !job.aborted) {
-        core_.AppendEvents(job, *out, &pending_);
-      } else {
+    while (std::optional<EngineOutput> out = job.channel->TryPop()) {
+      if (!stream || job.aborted) {
         job.output->Apply(*out);
+        continue;
       }
-    }
-    const bool overflow = stream && pending_.size() > max_pending;
-    if (!job.aborted && (peer_gone_ || overflow || core_.stopping())) {
-      if (overflow) {
+      core_.AppendEvents(job, *out, &pending_);
+      if (pending_.size() > max_pending) {
         spdlog::warn("http: {} aborted: its client is over {} bytes of events behind", job.id,
                      max_pending);
+        HttpCore::AbortJob(job);
+        pending_.clear();
       }
+    }
+    if (!job.aborted && (peer_gone_ || core_.stopping())) {
       HttpCore::AbortJob(job);
       pending_.clear();
-    }
-    if (job.aborted) {  // what the loop left (its final output may be among it)
-      while (std::optional<EngineOutput> out = job.channel->TryPop()) job.output->Apply(*out);
     }
     if (!job.done()) return Flush();
     if (job.aborted) return FinishAborted();
