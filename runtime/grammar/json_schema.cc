@@ -21,8 +21,8 @@ using Seq = GrammarBuilder::Seq;
 
 const std::set<std::string>& Annotations() {
   static const auto* s = new std::set<std::string>{
-      "$schema",     "$id",     "$comment", "$defs",      "definitions", "title",
-      "description", "default", "examples", "deprecated", "readOnly",    "writeOnly"};
+      "$schema", "$id",      "$comment",   "$defs",    "definitions", "title",        "description",
+      "default", "examples", "deprecated", "readOnly", "writeOnly",   "discriminator"};
   return *s;
 }
 
@@ -397,6 +397,20 @@ class SchemaCompiler {
   absl::StatusOr<int64_t> NonNegative(const json& s, const char* key, const std::string& path,
                                       int64_t dflt);
 
+  // The schema a "#..." reference points to; nullptr when it does not resolve.
+  const json* ResolveRef(const std::string& ref) const;
+  // `s` with $ref and one-element allOf followed; nullptr when a reference does
+  // not resolve or the chain is longer than 32.
+  const json* Deref(const json& s) const;
+  // The JSON types ("number" standing for integer too) some instance valid
+  // under `s` may have: an over-approximation.
+  std::set<std::string> BaseTypes(const json& s, int depth) const;
+  // True only when no JSON value is valid under both `a` and `b` (a sound,
+  // incomplete proof; `budget` bounds the work, false once spent).
+  bool Disjoint(const json& a, const json& b, int depth, int& budget) const;
+  bool DisjointAs(const std::string& type, const json& a, const json& b, int depth,
+                  int& budget) const;
+
   const json& root_;
   GrammarBuilder& b_;
   std::map<std::string, int32_t> refs_;
@@ -506,6 +520,22 @@ absl::StatusOr<int32_t> SchemaCompiler::CompileBranches(const json& list, const 
                                                         const std::string& path) {
   if (!list.is_array() || list.empty())
     return Error(path, absl::StrCat("'", key, "' must be a non-empty array"));
+  if (key == "oneOf") {
+    // oneOf is compiled as the union of its branches, which is exact only when
+    // no instance is valid under two of them: that must be proved, or refused.
+    int budget = 100000;
+    for (size_t i = 0; i < list.size(); ++i) {
+      for (size_t j = i + 1; j < list.size(); ++j) {
+        if (Disjoint(list[i], list[j], 0, budget)) continue;
+        return Error(path,
+                     absl::StrCat("unsupported 'oneOf': branches ", i, " and ", j,
+                                  " may both match one instance (oneOf is supported where its "
+                                  "branches are provably exclusive: different types, different "
+                                  "const/enum values, or a required property or array item whose "
+                                  "schemas are exclusive; use anyOf to allow overlaps)"));
+      }
+    }
+  }
   std::vector<Seq> alts;
   for (size_t i = 0; i < list.size(); ++i) {
     auto r = Compile(list[i], absl::StrCat(path, "/", key, "/", i));
@@ -522,11 +552,22 @@ absl::StatusOr<int32_t> SchemaCompiler::CompileRef(const std::string& ref,
                  absl::StrCat("unsupported '$ref' \"", ref, "\" (only local references \"#...\")"));
   }
   if (auto it = refs_.find(ref); it != refs_.end()) return it->second;
-  std::string pointer = ref.substr(1);
-  // Percent-decoding of the fragment.
-  std::string decoded;
+  const json* target = ResolveRef(ref);
+  if (target == nullptr) return Error(path, absl::StrCat("'$ref' \"", ref, "\" does not resolve"));
+  const int32_t rule = b_.NewRule();
+  refs_[ref] = rule;
+  auto r = Compile(*target, ref);
+  if (!r.ok()) return r.status();
+  b_.AddAlt(rule, {Ref(*r)});
+  return rule;
+}
+
+const json* SchemaCompiler::ResolveRef(const std::string& ref) const {
+  if (ref.empty() || ref[0] != '#') return nullptr;
+  const std::string pointer = ref.substr(1);
+  std::string decoded;  // percent-decoding of the fragment
   for (size_t i = 0; i < pointer.size(); ++i) {
-    if (pointer[i] == '%' && i + 2 < pointer.size() + 0 &&
+    if (pointer[i] == '%' && i + 2 < pointer.size() &&
         std::isxdigit(static_cast<unsigned char>(pointer[i + 1])) &&
         std::isxdigit(static_cast<unsigned char>(pointer[i + 2]))) {
       decoded += static_cast<char>(std::stoi(pointer.substr(i + 1, 2), nullptr, 16));
@@ -535,18 +576,175 @@ absl::StatusOr<int32_t> SchemaCompiler::CompileRef(const std::string& ref,
       decoded += pointer[i];
     }
   }
-  const json* target = nullptr;
   try {
-    target = &root_.at(json::json_pointer(decoded));
+    return &root_.at(json::json_pointer(decoded));
   } catch (const json::exception&) {
-    return Error(path, absl::StrCat("'$ref' \"", ref, "\" does not resolve"));
+    return nullptr;
   }
-  const int32_t rule = b_.NewRule();
-  refs_[ref] = rule;
-  auto r = Compile(*target, ref);
-  if (!r.ok()) return r.status();
-  b_.AddAlt(rule, {Ref(*r)});
-  return rule;
+}
+
+const json* SchemaCompiler::Deref(const json& s) const {
+  const json* p = &s;
+  for (int hops = 0; hops < 32; ++hops) {
+    if (p->is_object() && p->contains("$ref") && (*p)["$ref"].is_string()) {
+      p = ResolveRef((*p)["$ref"].get<std::string>());
+      if (p == nullptr) return nullptr;
+    } else if (p->is_object() && p->contains("allOf") && (*p)["allOf"].is_array() &&
+               (*p)["allOf"].size() == 1) {
+      p = &(*p)["allOf"][0];
+    } else {
+      return p;
+    }
+  }
+  return nullptr;
+}
+
+// The base type of a JSON value ("number" for integers too).
+std::string BaseTypeOf(const json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "boolean";
+  if (v.is_string()) return "string";
+  if (v.is_object()) return "object";
+  if (v.is_array()) return "array";
+  return "number";
+}
+
+// The values `s` lists in enum/const (with their `type` applied as
+// CompileLiterals does) of base type `type`; nullopt when `s` lists none.
+std::optional<std::vector<json>> Literals(const json& s, const std::string& type) {
+  if (!s.is_object() || !(s.contains("enum") || s.contains("const"))) return std::nullopt;
+  const json values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
+  if (!values.is_array()) return std::nullopt;
+  std::vector<json> out;
+  for (const json& v : values) {
+    if (BaseTypeOf(v) == type) out.push_back(v);
+  }
+  return out;
+}
+
+// JSON Schema equality: numbers by value, object members in any order.
+bool JsonEqual(const json& a, const json& b) {
+  return nlohmann::json::parse(a.dump()) == nlohmann::json::parse(b.dump());
+}
+
+// The schema of member `name` of an object valid under `s` (an object schema).
+const json& MemberSchema(const json& s, const std::string& name) {
+  static const json* const kTrue = new json(true);
+  if (!s.is_object()) return *kTrue;
+  if (s.contains("properties") && s["properties"].is_object() && s["properties"].contains(name))
+    return s["properties"][name];
+  if (s.contains("additionalProperties")) return s["additionalProperties"];
+  return *kTrue;
+}
+
+// The schema of element `i` of an array valid under `s` (an array schema).
+const json& ItemSchema(const json& s, size_t i) {
+  static const json* const kTrue = new json(true);
+  if (!s.is_object()) return *kTrue;
+  if (s.contains("prefixItems") && s["prefixItems"].is_array() && i < s["prefixItems"].size())
+    return s["prefixItems"][i];
+  if (s.contains("items")) return s["items"];
+  return *kTrue;
+}
+
+int64_t Count(const json& s, const char* key, int64_t dflt) {
+  if (!s.is_object() || !s.contains(key) || !s[key].is_number_unsigned()) return dflt;
+  return static_cast<int64_t>(std::min<uint64_t>(s[key].get<uint64_t>(), 1u << 30));
+}
+
+std::set<std::string> SchemaCompiler::BaseTypes(const json& schema, int depth) const {
+  const std::set<std::string> all(std::begin(kAllTypes), std::end(kAllTypes));
+  const json* s = Deref(schema);
+  if (s == nullptr || depth > 32) return all;
+  if (s->is_boolean()) return s->get<bool>() ? all : std::set<std::string>{};
+  if (!s->is_object()) return all;
+  for (const char* key : {"anyOf", "oneOf"}) {
+    if (!s->contains(key) || !(*s)[key].is_array()) continue;
+    std::set<std::string> out;
+    for (const json& branch : (*s)[key]) out.merge(BaseTypes(branch, depth + 1));
+    return out;
+  }
+  std::set<std::string> declared = all;
+  if (s->contains("type")) {
+    declared.clear();
+    const json& t = (*s)["type"];
+    for (const json& x : t.is_array() ? t : json::array({t})) {
+      if (!x.is_string()) return all;
+      declared.insert(x.get<std::string>() == "integer" ? "number" : x.get<std::string>());
+    }
+  }
+  if (!s->contains("enum") && !s->contains("const")) return declared;
+  std::set<std::string> listed;
+  for (const char* t : kAllTypes) {
+    const auto values = Literals(*s, t);
+    if (!values || (declared.count(t) && !values->empty())) listed.insert(t);
+  }
+  return listed;
+}
+
+bool SchemaCompiler::Disjoint(const json& a_in, const json& b_in, int depth, int& budget) const {
+  if (--budget < 0 || depth > 32) return false;
+  const json* a = Deref(a_in);
+  const json* b = Deref(b_in);
+  if (a == nullptr || b == nullptr) return false;
+  for (const json* s : {a, b}) {
+    if (s->is_boolean() && !s->get<bool>()) return true;
+  }
+  // A union is exclusive of b when each of its branches is.
+  for (auto [x, y] : {std::pair{a, b}, std::pair{b, a}}) {
+    for (const char* key : {"anyOf", "oneOf"}) {
+      if (!x->is_object() || !x->contains(key) || !(*x)[key].is_array()) continue;
+      for (const json& branch : (*x)[key]) {
+        if (!Disjoint(branch, *y, depth + 1, budget)) return false;
+      }
+      return true;
+    }
+  }
+  const std::set<std::string> ta = BaseTypes(*a, depth), tb = BaseTypes(*b, depth);
+  for (const std::string& t : ta) {
+    if (tb.count(t) && !DisjointAs(t, *a, *b, depth, budget)) return false;
+  }
+  return true;
+}
+
+bool SchemaCompiler::DisjointAs(const std::string& type, const json& a, const json& b, int depth,
+                                int& budget) const {
+  const auto la = Literals(a, type), lb = Literals(b, type);
+  if (la && lb) {
+    for (const json& x : *la) {
+      for (const json& y : *lb) {
+        if (JsonEqual(x, y)) return false;
+      }
+    }
+    return true;
+  }
+  if (la || lb) return false;  // a listed value may be valid under the other: not checked
+  if (type == "object") {
+    // A member required by either must be valid under both member schemas.
+    for (const json* s : {&a, &b}) {
+      if (!s->is_object() || !s->contains("required") || !(*s)["required"].is_array()) continue;
+      for (const json& name : (*s)["required"]) {
+        if (!name.is_string()) continue;
+        const std::string n = name.get<std::string>();
+        if (Disjoint(MemberSchema(a, n), MemberSchema(b, n), depth + 1, budget)) return true;
+      }
+    }
+    return false;
+  }
+  if (type == "array") {
+    const int64_t min_a = Count(a, "minItems", 0), max_a = Count(a, "maxItems", -1);
+    const int64_t min_b = Count(b, "minItems", 0), max_b = Count(b, "maxItems", -1);
+    if ((max_a >= 0 && max_a < min_b) || (max_b >= 0 && max_b < min_a)) return true;
+    // Elements every instance of both has.
+    for (int64_t i = 0; i < std::min<int64_t>(std::max(min_a, min_b), 64); ++i) {
+      if (Disjoint(ItemSchema(a, static_cast<size_t>(i)), ItemSchema(b, static_cast<size_t>(i)),
+                   depth + 1, budget)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  return false;
 }
 
 absl::StatusOr<int32_t> SchemaCompiler::CompileLiterals(const json& values, const json& s,

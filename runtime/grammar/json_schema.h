@@ -10,9 +10,15 @@
 // strict mode emit them); properties not in `required` may be omitted.
 //
 // Keywords:
-//   type (string or list), enum, const, anyOf, oneOf (as anyOf: the union of
-//   the branches; branches that overlap are not excluded), allOf with one
-//   element, $ref to "#" or a JSON pointer inside the document ($defs,
+//   type (string or list), enum, const, anyOf, oneOf (the union of the
+//   branches, exact because it compiles only when no instance can be valid under
+//   two branches: proved, soundly and incompletely, by different types,
+//   different const/enum values (numbers by value, members in any order), a
+//   member one branch requires whose schemas are exclusive (a missing schema
+//   taken from additionalProperties), an array element both require whose
+//   schemas are exclusive, disjoint minItems..maxItems, or a union of exclusive
+//   branches; otherwise InvalidArgument "unsupported 'oneOf': branches i and
+//   j ..."), allOf with one element, $ref to "#" or a JSON pointer inside the document ($defs,
 //   definitions, recursion allowed);
 //   string: minLength, maxLength (code points), pattern (ECMA-262 search
 //   semantics: unanchored unless ^/$; runtime/grammar/regex.h), format
@@ -33,7 +39,8 @@
 //   array: items (schema or false), prefixItems, minItems, maxItems,
 //   uniqueItems false.
 // Annotations are ignored: $schema, $id, $comment, $defs, definitions, title,
-// description, default, examples, deprecated, readOnly, writeOnly.
+// description, default, examples, deprecated, readOnly, writeOnly, and
+// OpenAPI's discriminator (pydantic writes it beside oneOf).
 // Anything else (not, if/then/else, patternProperties, uniqueItems true,
 // multipleOf, minProperties, ...) is InvalidArgument whose
 // message names the keyword and where it is ("unsupported JSON Schema keyword

@@ -308,6 +308,54 @@ TEST(JsonSchema, NumberBoundsNegativeControl) {
     EXPECT_FALSE(deep->Matches(x)) << x;
 }
 
+TEST(JsonSchema, OneOfCompilesOnlyWhenItsBranchesAreProvablyExclusive) {
+  // A pydantic discriminated union: the branches differ in a required const.
+  auto pets = Schema(R"({"oneOf":[{"$ref":"#/$defs/Cat"},{"$ref":"#/$defs/Dog"}],
+      "discriminator":{"propertyName":"pet_type"},"$defs":{
+      "Cat":{"type":"object","title":"Cat","properties":{"pet_type":{"const":"cat","type":"string"},
+             "meows":{"type":"integer"}},"required":["pet_type","meows"]},
+      "Dog":{"type":"object","properties":{"pet_type":{"const":"dog","type":"string"},
+             "barks":{"type":"number"}},"required":["pet_type","barks"]}}})");
+  ASSERT_NE(pets, nullptr);
+  EXPECT_TRUE(pets->Matches(R"({"pet_type":"cat","meows":3})"));
+  EXPECT_TRUE(pets->Matches(R"({"pet_type":"dog","barks":1.5})"));
+  EXPECT_FALSE(pets->Matches(R"({"pet_type":"cat","barks":1.5})"));
+  // Exclusive by: types; a member one branch requires and the other forbids;
+  // a required array element; array lengths; literal values; a union of
+  // exclusive branches; false.
+  for (const char* ok :
+       {R"({"oneOf":[{"type":"string"},{"type":["integer","null"]}]})",
+        R"({"oneOf":[{"type":"object","properties":{"a":{"type":"string"}},"required":["a"]},
+                        {"type":"object","properties":{"b":{}},"additionalProperties":false}]})",
+        R"({"oneOf":[{"type":"array","prefixItems":[{"const":1}],"minItems":1},
+                        {"type":"array","prefixItems":[{"type":"string"}],"minItems":2}]})",
+        R"({"oneOf":[{"type":"array","maxItems":1},{"type":"array","minItems":2}]})",
+        R"({"oneOf":[{"enum":[1,"x",[1]]},{"enum":[2,"y",[2],null]},{"type":"boolean"}]})",
+        R"({"oneOf":[{"anyOf":[{"type":"string"},{"type":"null"}]},{"type":"number"}]})",
+        R"({"oneOf":[true,false]})"}) {
+    EXPECT_TRUE(CompileJsonSchema(ok).ok()) << ok << ": " << CompileJsonSchema(ok).status();
+  }
+  // Overlapping (or not provably exclusive) branches are refused, naming them.
+  for (
+      const char* overlap :
+      {R"({"oneOf":[{"type":"integer"},{"type":"number"}]})",
+       R"({"oneOf":[{"type":"string"},{"type":"string","maxLength":3}]})",
+       R"({"oneOf":[{"type":"object","required":["a"]},{"type":"object","required":["b"]}]})",
+       R"({"oneOf":[{"type":"array","prefixItems":[{"const":1}]},
+                        {"type":"array","prefixItems":[{"const":2}]}]})",
+       R"({"oneOf":[{"enum":[1,"x"]},{"enum":[1.0]}]})",
+       R"({"oneOf":[{"const":{"a":1,"b":2}},{"const":{"b":2,"a":1}}]})",
+       R"({"oneOf":[{"type":"null"},true]})", R"({"oneOf":[true,true]})",
+       R"({"oneOf":[{"type":"string"},{"type":"null"},{"anyOf":[{"type":"integer"},{"type":"string"}]}]})",
+       R"({"$defs":{"a":{"oneOf":[{"$ref":"#/$defs/a"},{"$ref":"#/$defs/a"}]}},"$ref":"#/$defs/a"})"}) {
+    auto g = CompileJsonSchema(overlap);
+    ASSERT_FALSE(g.ok()) << overlap;
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(g.status().message().find("unsupported 'oneOf': branches"), std::string::npos)
+        << overlap << ": " << g.status();
+  }
+}
+
 TEST(JsonSchema, UnsupportedKeywordsNameThemselves) {
   struct Case {
     std::string schema, word;
