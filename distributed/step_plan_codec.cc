@@ -9,9 +9,9 @@ namespace pagedserve {
 namespace {
 
 // 2: incremental sequence entries; 3: structured output, logit_bias,
-// min_tokens, bad words.
-constexpr char kPlanMagic[4] = {'P', 'S', 'P', '3'};
-constexpr char kResultMagic[4] = {'P', 'S', 'R', '1'};
+// min_tokens, bad words; 4: prompt logprobs. Result 2: prompt logprobs.
+constexpr char kPlanMagic[4] = {'P', 'S', 'P', '4'};
+constexpr char kResultMagic[4] = {'P', 'S', 'R', '2'};
 
 void PutSampling(wire::Writer& w, const SamplingParams& s) {
   w.Put<int32_t>(s.n);
@@ -30,6 +30,7 @@ void PutSampling(wire::Writer& w, const SamplingParams& s) {
   w.PutVector(s.stop_token_ids);
   w.Put<uint8_t>(s.ignore_eos);
   w.Put<int32_t>(s.logprobs);
+  w.Put<int32_t>(s.prompt_logprobs);
   // The logit processors (the sampler's; the output options stay on the coordinator).
   std::vector<int32_t> bias_ids;
   std::vector<float> biases;
@@ -73,6 +74,7 @@ absl::Status GetSampling(wire::Reader& r, SamplingParams* s) {
   PS_RETURN_IF_ERROR(r.Get(&ignore_eos, "sampling.ignore_eos"));
   s->ignore_eos = ignore_eos != 0;
   PS_RETURN_IF_ERROR(r.Get(&s->logprobs, "sampling.logprobs"));
+  PS_RETURN_IF_ERROR(r.Get(&s->prompt_logprobs, "sampling.prompt_logprobs"));
   std::vector<int32_t> bias_ids;
   std::vector<float> biases;
   PS_RETURN_IF_ERROR(r.GetVector(&bias_ids, "sampling.logit_bias"));
@@ -119,14 +121,17 @@ absl::Status CheckMagic(wire::Reader& r, const char (&magic)[4], const char* wha
 }
 
 // SequenceStep flags.
-constexpr uint8_t kSample = 1, kNewState = 2, kFork = 4, kDraft = 8, kKnownFlags = 15;
+constexpr uint8_t kSample = 1, kNewState = 2, kFork = 4, kDraft = 8, kPromptLogprobs = 16,
+                  kKnownFlags = 31;
 
 void PutSequenceStep(wire::Writer& w, const SequenceStep& s) {
   w.Put<uint64_t>(s.seq_id);
   w.Put<uint8_t>((s.sample ? kSample : 0) | (s.new_state ? kNewState : 0) |
-                 (s.fork_from != kNoSeq ? kFork : 0) | (s.num_draft_tokens != 0 ? kDraft : 0));
+                 (s.fork_from != kNoSeq ? kFork : 0) | (s.num_draft_tokens != 0 ? kDraft : 0) |
+                 (s.prompt_logprobs ? kPromptLogprobs : 0));
   if (s.fork_from != kNoSeq) w.Put<uint64_t>(s.fork_from);
   if (s.num_draft_tokens != 0) w.Put<int32_t>(s.num_draft_tokens);
+  if (s.prompt_logprobs) w.Put<int32_t>(s.next_prompt_token);
   w.PutVector(s.token_ids);
   w.Put<int32_t>(s.start_pos);
   w.Put<int32_t>(s.block_table_start);
@@ -160,6 +165,9 @@ absl::Status GetSequenceStep(wire::Reader& r, SequenceStep* s) {
     if (s->num_draft_tokens < 1)
       return absl::DataLossError("step plan: draft flag with no draft tokens");
   }
+  s->prompt_logprobs = flags & kPromptLogprobs;
+  s->next_prompt_token = -1;
+  if (s->prompt_logprobs) PS_RETURN_IF_ERROR(r.Get(&s->next_prompt_token, "next_prompt_token"));
   PS_RETURN_IF_ERROR(r.GetVector(&s->token_ids, "token_ids"));
   PS_RETURN_IF_ERROR(r.Get(&s->start_pos, "start_pos"));
   PS_RETURN_IF_ERROR(r.Get(&s->block_table_start, "block_table_start"));
@@ -222,6 +230,16 @@ std::string EncodeStepResult(const StepResult& res) {
     w.PutVector(t.top_token_ids);
     w.PutVector(t.top_logprobs);
   }
+  w.Put<uint64_t>(res.prompt_logprobs.size());
+  for (const PromptLogprob& p : res.prompt_logprobs) {
+    w.Put<uint64_t>(p.seq_id);
+    w.Put<int32_t>(p.position);
+    w.Put<int32_t>(p.token_id);
+    w.Put<float>(p.logprob);
+    w.Put<int32_t>(p.rank);
+    w.PutVector(p.top_token_ids);
+    w.PutVector(p.top_logprobs);
+  }
   w.Put<double>(res.forward_seconds);
   w.Put<double>(res.collective_seconds);
   return std::move(w.buffer());
@@ -242,6 +260,18 @@ absl::StatusOr<StepResult> DecodeStepResult(std::string_view bytes) {
     PS_RETURN_IF_ERROR(r.Get(&t.logprob, "logprob"));
     PS_RETURN_IF_ERROR(r.GetVector(&t.top_token_ids, "top_token_ids"));
     PS_RETURN_IF_ERROR(r.GetVector(&t.top_logprobs, "top_logprobs"));
+  }
+  PS_RETURN_IF_ERROR(r.Get(&n, "prompt_logprobs.size"));
+  PS_RETURN_IF_ERROR(r.CheckCount(n, 36, "prompt_logprobs"));
+  res.prompt_logprobs.resize(n);
+  for (PromptLogprob& p : res.prompt_logprobs) {
+    PS_RETURN_IF_ERROR(r.Get(&p.seq_id, "prompt_logprobs.seq_id"));
+    PS_RETURN_IF_ERROR(r.Get(&p.position, "prompt_logprobs.position"));
+    PS_RETURN_IF_ERROR(r.Get(&p.token_id, "prompt_logprobs.token_id"));
+    PS_RETURN_IF_ERROR(r.Get(&p.logprob, "prompt_logprobs.logprob"));
+    PS_RETURN_IF_ERROR(r.Get(&p.rank, "prompt_logprobs.rank"));
+    PS_RETURN_IF_ERROR(r.GetVector(&p.top_token_ids, "prompt_logprobs.top_token_ids"));
+    PS_RETURN_IF_ERROR(r.GetVector(&p.top_logprobs, "prompt_logprobs.top_logprobs"));
   }
   PS_RETURN_IF_ERROR(r.Get(&res.forward_seconds, "forward_seconds"));
   PS_RETURN_IF_ERROR(r.Get(&res.collective_seconds, "collective_seconds"));

@@ -1,9 +1,10 @@
 // Serialization of StepPlan and StepResult (runtime/common/step_plan.h) for the
 // coordinator -> worker broadcast and the TP-rank-0 -> coordinator reply.
-// Format: a 4-byte magic ("PSP3" / "PSR1") then the fields (see wire.h for the
+// Format: a 4-byte magic ("PSP4" / "PSR2") then the fields (see wire.h for the
 // encoding). A plan's sequence entry is incremental (step_plan.h): seq_id, a
-// flags byte (sample, new_state, fork, draft), fork_from when forked,
-// num_draft_tokens when it has draft tokens, token_ids,
+// flags byte (sample, new_state, fork, draft, prompt logprobs), fork_from when forked,
+// num_draft_tokens when it has draft tokens, next_prompt_token with prompt
+// logprobs, token_ids,
 // start_pos, block_table_start, block_table, num_samples, and only for a
 // starting sequence (new_state or fork) sample_index, sampling (with its
 // structured output: kind byte and spec), num_prompt_tokens and cached_prefix_token_ids. A decode

@@ -45,6 +45,9 @@ absl::Status SamplingParams::Validate() const {
   if (logprobs < -1 || logprobs > kMaxLogprobs) {
     return Bad("logprobs", absl::StrCat("in [-1, ", kMaxLogprobs, "]"), logprobs);
   }
+  if (prompt_logprobs < -1 || prompt_logprobs > kMaxLogprobs) {
+    return Bad("prompt_logprobs", absl::StrCat("in [-1, ", kMaxLogprobs, "]"), prompt_logprobs);
+  }
   if (stop.size() > kMaxStopStrings) {
     return FieldError(
         "stop", absl::StrCat("stop has ", stop.size(), " strings, the limit is ", kMaxStopStrings));
@@ -190,6 +193,9 @@ absl::Status SamplingParams::ValidateBeamSearch() const {
   if (logprobs > 0) {
     return bad("logprobs", "logprobs must be -1 or 0 (top alternatives are not returned), got ",
                logprobs);
+  }
+  if (prompt_logprobs >= 0) {
+    return bad("prompt_logprobs", "prompt_logprobs is not supported, got ", prompt_logprobs);
   }
   return absl::OkStatus();
 }

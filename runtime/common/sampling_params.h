@@ -39,6 +39,12 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int logprobs = -1;  // -1: none; 0: sampled token only; N: also top N (<= 20)
+  // vLLM `prompt_logprobs`: -1 none; N in [0, 20]: for every prompt token
+  // after the first, its raw logprob given the tokens before it, its rank,
+  // and the top N of that position (RequestOutput::prompt_logprobs). The
+  // request then skips the prefix cache's lookup (cached tokens have no
+  // logits; vLLM V1 does the same). Not with beam search.
+  int prompt_logprobs = -1;
 
   // Beam search (vLLM v0 BeamSearchSampler / Hugging Face BeamSearchScorer;
   // the scheduler runs it, runtime/coordinator/beam_search.h). The request

@@ -69,6 +69,14 @@ struct SequenceStep {
   // uniform) and returns num_draft_tokens + 1 SampledTokens for the sequence,
   // in position order. Requires sample and num_samples == 1; 0 otherwise.
   int32_t num_draft_tokens = 0;
+  // Prompt logprobs (SamplingParams::prompt_logprobs >= 0): the worker
+  // scores, at each fed position p with p + 1 < num_prompt_tokens, the prompt
+  // token at p + 1 (PromptLogprob, in StepResult::prompt_logprobs): a fed
+  // token, or next_prompt_token for the last fed position when the prompt
+  // goes on after this chunk (-1 otherwise). Only on prefill entries without
+  // draft tokens.
+  bool prompt_logprobs = false;
+  int32_t next_prompt_token = -1;
   // True on the first step of a sequence and on its first step after a
   // recompute preemption: workers (re)start its per-sequence state here
   // instead of continuing an old one. False on a forked sibling (fork_from).
@@ -130,6 +138,22 @@ struct SampledToken {
   std::vector<float> top_logprobs;
 };
 
+// One prompt token scored (SequenceStep::prompt_logprobs): the raw
+// log-softmax of the logits at position - 1 (before any logit processor,
+// as SampledToken::logprob), the token's rank there (1 + the number of
+// tokens with a larger logit), and the top SamplingParams::prompt_logprobs
+// tokens of that position (logprob descending, ties to the lower id).
+struct PromptLogprob {
+  SeqId seq_id = 0;
+  int32_t position = 0;  // of the scored prompt token, >= 1
+  int32_t token_id = 0;
+  float logprob = 0.0f;
+  int32_t rank = 0;
+  std::vector<int32_t> top_token_ids;
+  std::vector<float> top_logprobs;
+  bool operator==(const PromptLogprob&) const = default;
+};
+
 // What TP rank 0 returns to the coordinator for a plan. For a sequence with
 // num_samples = n there are n entries with the same seq_id, in sample order;
 // for one with num_draft_tokens = d, d + 1 entries in position order.
@@ -138,6 +162,8 @@ struct StepResult {
   std::vector<SampledToken> tokens;
   double forward_seconds = 0.0;  // per-rank figures for metrics
   double collective_seconds = 0.0;
+  // The prompt tokens scored this step, per sequence in position order.
+  std::vector<PromptLogprob> prompt_logprobs;
 };
 
 }  // namespace pagedserve

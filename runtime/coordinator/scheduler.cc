@@ -298,8 +298,11 @@ void Scheduler::PlanTokens(SequenceGroup* g, int32_t avail, GroupPlan* gp) {
     Sequence* s = sp.get();
     if (s->finished()) continue;
     int32_t hit = -1;
+    // A request that wants prompt logprobs prefills every prompt token (a
+    // cached block has no logits).
+    const bool scores_prompt = g->params.prompt_logprobs >= 0 && !g->prompt_logprobs_done;
     if (config_.enable_prefix_caching && s->block_table.empty() && s->num_computed_tokens == 0 &&
-        !s->blocks_on_cpu) {
+        !s->blocks_on_cpu && !scores_prompt) {
       hit = bm_->MatchPrefix(*s);
     }
     const int32_t need = s->num_uncomputed();
@@ -620,6 +623,14 @@ void Scheduler::FillSequenceStep(const Scheduled& e, SequenceStep& st) {
   }
   st.sample = e.num_samples > 0;
   st.num_samples = std::max(e.num_samples, 1);
+  // Prompt logprobs: the parent's prefill chunks that score a prompt token.
+  const SequenceGroup& g = *e.group;
+  st.prompt_logprobs = g.params.prompt_logprobs >= 0 && !g.prompt_logprobs_done &&
+                       s == g.seqs[0].get() && e.num_draft == 0 &&
+                       st.start_pos + 1 < s->num_prompt_tokens;
+  st.next_prompt_token = st.prompt_logprobs && st.context_len() < s->num_prompt_tokens
+                             ? s->tokens[st.context_len()]
+                             : -1;
   if (st.starts()) {  // everything in full
     st.sample_index = s->sample_index;
     st.sampling = e.group->step_params;
@@ -726,7 +737,23 @@ absl::Status Scheduler::IndexResult(const StepResult& result) {
                                                      t.token_id, " for sequence ", t.seq_id));
     }
   }
+  for (const PromptLogprob& p : result.prompt_logprobs) {
+    if (PromptGroup(p.seq_id) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", step_id_, ": prompt logprobs for sequence ", p.seq_id,
+                       ", which does not score its prompt this step"));
+    }
+  }
   return absl::OkStatus();
+}
+
+SequenceGroup* Scheduler::PromptGroup(SeqId seq_id) const {
+  for (const Scheduled& e : scheduled_) {
+    if (e.seq->id == seq_id && e.group->params.prompt_logprobs >= 0 &&
+        !e.group->prompt_logprobs_done)
+      return e.group;
+  }
+  return nullptr;
 }
 
 const SampledToken& Scheduler::TokenOf(const StepResult& result, size_t i, int32_t k) const {
@@ -741,6 +768,11 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
   output_groups_.clear();
   finishing_outputs_.clear();
   for (auto& v : beam_samples_) v.clear();
+  for (const PromptLogprob& p : result.prompt_logprobs) {
+    SequenceGroup* g = PromptGroup(p.seq_id);  // IndexResult checked it
+    if (p.position == static_cast<int32_t>(g->prompt_logprobs.size()) + 1)
+      g->prompt_logprobs.push_back(p);  // else scored before a recompute preemption
+  }
   for (size_t i = 0; i < scheduled_.size(); ++i) {
     const Scheduled& e = scheduled_[i];
     Sequence* s = e.seq;
@@ -772,6 +804,11 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
       o.num_cached_tokens = std::max(g->num_cached_tokens, 0);
     }
     RequestOutput& out = (*outputs)[slot];
+    if (g->params.prompt_logprobs >= 0 && !g->prompt_logprobs_done) {
+      out.prompt_logprobs = std::move(g->prompt_logprobs);
+      g->prompt_logprobs.clear();
+      g->prompt_logprobs_done = true;
+    }
     if (g->beam != nullptr) {
       if (beam_samples_.size() <= static_cast<size_t>(slot)) beam_samples_.resize(slot + 1);
       beam_samples_[slot].emplace_back(s, &TokenOf(result, i, 0));

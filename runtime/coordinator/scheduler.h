@@ -187,6 +187,10 @@ struct RequestOutput {
   bool finished = false;                        // every sequence finished
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_tokens = 0;  // prompt tokens served by the prefix cache (first step)
+  // SamplingParams::prompt_logprobs >= 0: on the request's first output (its
+  // first sampled token), the prompt tokens at positions 1 .. num_prompt_tokens
+  // - 1 scored (PromptLogprob), in position order. Empty otherwise.
+  std::vector<PromptLogprob> prompt_logprobs;
 };
 
 struct SchedulerStats {
@@ -359,6 +363,9 @@ class Scheduler {
   // the tokens (forking siblings after an n > 1 prefill), release finished.
   absl::Status IndexResult(const StepResult& result);
   const SampledToken& TokenOf(const StepResult& result, size_t i, int32_t k) const;
+  // The group of a sequence scheduled this step that scores its prompt
+  // (prompt logprobs not yet delivered); nullptr otherwise.
+  SequenceGroup* PromptGroup(SeqId seq_id) const;
   void ApplyTokens(const StepResult& result, std::vector<RequestOutput>* outputs);
   // Forks `count` siblings of parent (sample indices 1..count) sharing its
   // blocks; returns the index in g->seqs of the first.

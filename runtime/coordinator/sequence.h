@@ -107,6 +107,12 @@ struct SequenceGroup {
   FinishReason pending_finish = FinishReason::kNone;  // Abort/FinishRequest, applied next step
   int32_t num_cached_tokens = -1;  // prefix-cache hit of the first admission; -1 until known
   bool forked = false;             // siblings exist (n > 1 after the first sample)
+  // params.prompt_logprobs >= 0: the prompt tokens scored so far (positions
+  // 1, 2, ... in order; a chunk re-fed after a recompute preemption scores
+  // again and is not appended twice), handed to the request's first output
+  // (prompt_logprobs_done then).
+  std::vector<PromptLogprob> prompt_logprobs;
+  bool prompt_logprobs_done = false;
   SamplingParams params;
   double arrival_time = 0.0;
   int32_t priority = 0;        // lower value = more important (vLLM convention)

@@ -414,6 +414,7 @@ void Engine::ApplyRequestOutput(const RequestOutput& ro, Clock::time_point now,
   if (ro.seqs.empty() && !ro.finished) return;
   EngineOutput& out = outputs->emplace_back();
   out.request_id = ro.request_id;
+  out.prompt_logprobs = ro.prompt_logprobs;
   if (absl::Status failure = ApplySampleOutputs(ro, r, now, &out); !failure.ok()) {
     // A bad token id from the model: fail this request alone.
     out.error = failure;

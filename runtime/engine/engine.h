@@ -129,7 +129,11 @@ struct EngineOutput {
   std::vector<SequenceDelta> deltas;  // only sequences with news
   bool finished = false;              // every sequence finished
   Usage usage;                        // meaningful when finished
-  absl::Status error;                 // non-OK when the request failed
+  // SamplingParams::prompt_logprobs >= 0: in the request's first output, the
+  // prompt tokens at positions 1 .. prompt_len - 1 scored (PromptLogprob),
+  // in position order (the first prompt token has none). Empty otherwise.
+  std::vector<PromptLogprob> prompt_logprobs;
+  absl::Status error;  // non-OK when the request failed
 };
 
 class Engine {

@@ -16,6 +16,7 @@ OutputAccumulator::OutputAccumulator(std::vector<std::string> engine_ids, int32_
     : engine_ids_(std::move(engine_ids)),
       n_(n),
       completions_(engine_ids_.size() * static_cast<size_t>(n)),
+      prompt_logprobs_(engine_ids_.size()),
       start_(std::chrono::steady_clock::now()) {}
 
 void OutputAccumulator::KeepSubmitted(size_t count) {
@@ -26,6 +27,7 @@ bool OutputAccumulator::Apply(const EngineOutput& out, std::vector<CompletionNew
   size_t p = 0;
   while (p < engine_ids_.size() && engine_ids_[p] != out.request_id) ++p;
   if (p == engine_ids_.size()) return false;
+  if (!out.prompt_logprobs.empty()) prompt_logprobs_[p] = out.prompt_logprobs;
   for (const SequenceDelta& d : out.deltas) {
     if (d.index < 0 || d.index >= n_) continue;
     const int32_t choice = static_cast<int32_t>(p) * n_ + d.index;

@@ -71,6 +71,9 @@ class OutputAccumulator {
   int32_t n() const { return n_; }
   // p * n + i -> completion; finish reasons are final once done().
   const std::vector<CompletionOutput>& completions() const { return completions_; }
+  // Prompt p's scored prompt tokens (EngineOutput::prompt_logprobs), empty
+  // until they arrive or when not asked for.
+  const std::vector<PromptLogprob>& prompt_logprobs(size_t p) const { return prompt_logprobs_[p]; }
   // Summed over the engine requests that finished.
   const Usage& usage() const { return usage_; }
   // The first error an engine request ended with (OK when none).
@@ -89,6 +92,7 @@ class OutputAccumulator {
   std::vector<std::string> engine_ids_;
   int32_t n_;
   std::vector<CompletionOutput> completions_;
+  std::vector<std::vector<PromptLogprob>> prompt_logprobs_;  // per prompt
   Usage usage_;
   absl::Status error_;
   size_t finished_ = 0;

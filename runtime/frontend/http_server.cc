@@ -575,8 +575,14 @@ Reply HttpCore::FinalReply(const Job& job) const {
   // a 200 whose choices say finish_reason "error" without a message.
   if (std::optional<ApiError> e = job.Error()) return ErrorReply(*e);
   Reply r;
+  std::vector<std::vector<PromptLogprob>> prompt_logprobs;
+  if (job.request.params.prompt_logprobs >= 0) {
+    for (size_t p = 0; p < job.output->engine_ids().size(); ++p)
+      prompt_logprobs.push_back(job.output->prompt_logprobs(p));
+  }
   r.body = openai::CompletionResponse(job.request, job.id, job.created, job.output->completions(),
-                                      job.output->usage(), job.backend->loop->tokenizer());
+                                      job.output->usage(), job.backend->loop->tokenizer(),
+                                      prompt_logprobs);
   return r;
 }
 

@@ -142,6 +142,8 @@ bool ReadSampling(const json& body, std::string_view text, Endpoint endpoint, in
     }
     p->logprobs = want ? n : -1;
   }
+  // vLLM's prompt_logprobs: N in [0, 20] (both endpoints).
+  if (absl::Status s = top_n("prompt_logprobs", &p->prompt_logprobs); !s.ok()) return failed(s);
   if (absl::Status s = ReadLogitProcessorFields(body, vocab, p); !s.ok()) {
     *err = BadRequest(std::string(s.message()), FieldOf(s));
     return false;
@@ -305,6 +307,36 @@ json LogprobsJson(const ValidatedRequest& r, const CompletionOutput& c, const To
           {"token_logprobs", lps},
           {"top_logprobs", tops},
           {"text_offset", offsets}};
+}
+
+// vLLM's prompt_logprobs: per prompt token, null for the first, else
+// {"<id>": {"logprob", "rank", "decoded_token"}} for the prompt token and its
+// position's top N.
+json PromptLogprobsJson(const std::vector<int32_t>& prompt, const std::vector<PromptLogprob>& lps,
+                        const Tokenizer& tok) {
+  json out = json::array();
+  out.push_back(nullptr);
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    const PromptLogprob* lp = i - 1 < lps.size() && lps[i - 1].position == static_cast<int32_t>(i)
+                                  ? &lps[i - 1]
+                                  : nullptr;
+    if (lp == nullptr) {  // not scored (cannot happen unless the request failed)
+      out.push_back(nullptr);
+      continue;
+    }
+    json entry = json::object();
+    for (size_t k = 0; k < lp->top_token_ids.size() && k < lp->top_logprobs.size(); ++k) {
+      const int32_t id = lp->top_token_ids[k];
+      entry[std::to_string(id)] = {{"logprob", LogprobValue(lp->top_logprobs[k])},
+                                   {"rank", k + 1},
+                                   {"decoded_token", TokenString(tok, id)}};
+    }
+    entry[std::to_string(lp->token_id)] = {{"logprob", LogprobValue(lp->logprob)},
+                                           {"rank", lp->rank},
+                                           {"decoded_token", TokenString(tok, lp->token_id)}};
+    out.push_back(std::move(entry));
+  }
+  return out;
 }
 
 json ToolCallsJson(const std::vector<ToolCall>& calls) {
@@ -471,7 +503,6 @@ struct NotImplemented {
   const char* off;  // JSON text of the value accepted as a no-op; nullptr: none
 };
 constexpr NotImplemented kNotImplemented[] = {
-    {"prompt_logprobs", nullptr},
     {"suffix", "\"\""},
     {"functions", "[]"},
     {"function_call", "\"none\""},
@@ -601,6 +632,11 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
   }
   if (!ReadSampling(body, text, endpoint, tok.vocab_size(), &r.params, &out.error)) return out;
   if (!FinishToolFields(std::move(tool_constraint), &r, &out.error)) return out;
+  if (r.stream && r.params.prompt_logprobs >= 0) {  // vLLM's rule
+    out.error =
+        BadRequest("'prompt_logprobs' is not available when 'stream' is true", "prompt_logprobs");
+    return out;
+  }
   if (echo && r.params.logprobs >= 0) {
     out.error = BadRequest(
         "'echo' with 'logprobs' is not supported: the prompt's logprobs are not computed", "echo");
@@ -628,8 +664,18 @@ ParseOutcome ParseRequest(Endpoint endpoint, std::string_view text, const Served
 
 std::string CompletionResponse(const ValidatedRequest& r, const std::string& id, int64_t created,
                                const std::vector<CompletionOutput>& choices, const Usage& usage,
-                               const Tokenizer& tok) {
+                               const Tokenizer& tok,
+                               const std::vector<std::vector<PromptLogprob>>& prompt_logprobs) {
   const bool chat = r.endpoint == Endpoint::kChat;
+  // Per prompt (choice i belongs to prompt i / n).
+  std::vector<json> prompt_lps;
+  if (r.params.prompt_logprobs >= 0) {
+    for (size_t p = 0; p < r.prompts.size(); ++p) {
+      static const std::vector<PromptLogprob> kNone;
+      prompt_lps.push_back(PromptLogprobsJson(
+          r.prompts[p], p < prompt_logprobs.size() ? prompt_logprobs[p] : kNone, tok));
+    }
+  }
   json cs = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const CompletionOutput& c = choices[i];
@@ -654,15 +700,16 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
           r.echo_texts.empty()
               ? c.text
               : absl::StrCat(r.echo_texts[i / r.params.n % r.echo_texts.size()], c.text);
+      if (!prompt_lps.empty())
+        choice["prompt_logprobs"] = prompt_lps[i / r.params.n % prompt_lps.size()];
     }
     cs.push_back(std::move(choice));
   }
-  return Dump({{"id", id},
-               {"object", chat ? "chat.completion" : "text_completion"},
-               {"created", created},
-               {"model", r.model},
-               {"choices", cs},
-               {"usage", UsageJson(usage)}});
+  json body = {{"id", id},           {"object", chat ? "chat.completion" : "text_completion"},
+               {"created", created}, {"model", r.model},
+               {"choices", cs},      {"usage", UsageJson(usage)}};
+  if (chat && !prompt_lps.empty()) body["prompt_logprobs"] = prompt_lps[0];  // vLLM: top level
+  return Dump(body);
 }
 
 std::string StreamChunk(const ValidatedRequest& r, const std::string& id, int64_t created,

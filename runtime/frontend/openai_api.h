@@ -120,7 +120,7 @@ struct ServedModel {
 // Parses a request body. `chat_template` may be null (then `messages` is a 400).
 // Errors: 400 (bad JSON, missing / mistyped / out-of-range field, empty
 // prompt), 404 (model is not the served one).
-// A known field that is not implemented (prompt_logprobs, suffix, functions,
+// A known field that is not implemented (suffix, functions,
 // ...) with anything but null or its "off" value is a 400 naming it; a field
 // this API does not know is ignored and named in ignored_fields (the server
 // logs one warning line naming them, as vLLM does).
@@ -133,9 +133,16 @@ ParseOutcome ParseRequest(Endpoint endpoint, std::string_view body, const Served
                           const Tokenizer& tokenizer, const ChatTemplate* chat_template);
 
 // Response builders. `id` is "cmpl-..." / "chatcmpl-...", `created` Unix seconds.
+// With params.prompt_logprobs >= 0, `prompt_logprobs` holds per prompt its
+// scored tokens (OutputAccumulator::prompt_logprobs): vLLM's
+// `prompt_logprobs` (a list per prompt token: null for the first, then
+// {"<token id>": {"logprob", "rank", "decoded_token"}} for the prompt token
+// and its position's top N) on each completions choice, and at the top level
+// of a chat response.
 std::string CompletionResponse(const ValidatedRequest& r, const std::string& id, int64_t created,
                                const std::vector<CompletionOutput>& choices, const Usage& usage,
-                               const Tokenizer& tokenizer);
+                               const Tokenizer& tokenizer,
+                               const std::vector<std::vector<PromptLogprob>>& prompt_logprobs = {});
 // One SSE chunk (the JSON only) for the new output `delta` of choice `index`.
 // Chat: `first` adds the assistant role to the delta. `text_offset` (per
 // choice, 0 before its first chunk): the completions logprobs' text_offset of

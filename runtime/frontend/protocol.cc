@@ -157,6 +157,8 @@ Check ReadSampling(const json& obj, const ParseOptions& opt, SamplingParams& sp)
     if (Check c = ReadInt(*j, "max_tokens", sp.max_tokens)) return c;
   if (const json* j = Member(obj, "logprobs"))
     if (Check c = ReadInt(*j, "logprobs", sp.logprobs)) return c;
+  if (const json* j = Member(obj, "prompt_logprobs"))
+    if (Check c = ReadInt(*j, "prompt_logprobs", sp.prompt_logprobs)) return c;
   return Checked(ReadSamplingFields(obj, opt.vocab_size, &sp));
 }
 
@@ -238,11 +240,10 @@ Check ParseGenerate(const json& obj, std::string_view text, const ParseOptions& 
   // shared with the HTTP API.
   if (absl::Status s = ReadLogitProcessorFields(obj, opt.vocab_size, &sp); !s.ok())
     return Invalid(std::string(s.message()));
-  if (Member(obj, "prompt_logprobs") != nullptr) {
-    return Invalid("field 'prompt_logprobs' is not supported by this server");
-  }
   if (const json* j = Member(obj, "stream"))
     if (Check c = ReadBool(*j, "stream", req.stream)) return c;
+  if (req.stream && sp.prompt_logprobs >= 0)
+    return Invalid("'prompt_logprobs' is not available when 'stream' is true");
   if (const json* j = Member(obj, "cache_salt")) {
     if (!j->is_string()) return WrongType("cache_salt", "a string", *j);
     const std::string& salt = j->get_ref<const std::string&>();
@@ -411,6 +412,7 @@ json ToJson(const GenerateRequest& r) {
   j["stop_token_ids"] = s.stop_token_ids;
   j["ignore_eos"] = s.ignore_eos;
   j["logprobs"] = s.logprobs;
+  if (s.prompt_logprobs >= 0) j["prompt_logprobs"] = s.prompt_logprobs;
   if (!r.tools.tools_json.empty()) {
     j["tools"] = json::parse(r.tools.tools_json);
     j["tool_choice"] = r.tools.choice == "function"
@@ -507,6 +509,20 @@ struct ReplyToJson {
       outs.push_back(std::move(o));
     }
     j["outputs"] = std::move(outs);
+    if (!r.prompt_logprobs.empty()) {
+      json lps = json::array();
+      for (const PromptTokenLogprob& p : r.prompt_logprobs) {
+        json top = json::array();
+        for (size_t i = 0; i < p.top_token_ids.size() && i < p.top_logprobs.size(); ++i)
+          top.push_back(
+              {{"token_id", p.top_token_ids[i]}, {"logprob", WireFloat(p.top_logprobs[i])}});
+        lps.push_back({{"token_id", p.token_id},
+                       {"logprob", WireFloat(p.logprob)},
+                       {"rank", p.rank},
+                       {"top", std::move(top)}});
+      }
+      j["prompt_logprobs"] = std::move(lps);
+    }
     j["usage"] = {{"prompt_tokens", r.usage.prompt_tokens},
                   {"completion_tokens", r.usage.completion_tokens},
                   {"cached_prompt_tokens", r.usage.cached_prompt_tokens}};
@@ -582,12 +598,13 @@ absl::Status ParseToolCallsOf(const json& o, SequenceFinal* f) {
   return absl::OkStatus();
 }
 
-absl::Status ParseLogprobs(const json& o, std::vector<TokenLogprob>& out) {
-  auto it = o.find("logprobs");
+absl::Status ParseLogprobs(const json& o, std::vector<TokenLogprob>& out,
+                           const char* key = "logprobs") {
+  auto it = o.find(key);
   if (it == o.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_array()) return Bad("reply: 'logprobs' must be an array");
+  if (!it->is_array()) return Bad(absl::StrCat("reply: '", key, "' must be an array"));
   for (const json& e : *it) {
-    if (!e.is_object()) return Bad("reply: 'logprobs' entries must be objects");
+    if (!e.is_object()) return Bad(absl::StrCat("reply: '", key, "' entries must be objects"));
     TokenLogprob lp;
     double v = 0;
     if (auto s = Get(e, "token_id", lp.token_id); !s.ok()) return s;
@@ -610,6 +627,19 @@ absl::Status ParseLogprobs(const json& o, std::vector<TokenLogprob>& out) {
       }
     }
     out.push_back(std::move(lp));
+  }
+  return absl::OkStatus();
+}
+
+// prompt_logprobs: entries shaped as the tokens' logprobs, plus a rank.
+absl::Status ParsePromptLogprobs(const json& j, std::vector<PromptTokenLogprob>* out) {
+  std::vector<TokenLogprob> scored;
+  if (auto s = ParseLogprobs(j, scored, "prompt_logprobs"); !s.ok()) return s;
+  for (size_t i = 0; i < scored.size(); ++i) {
+    PromptTokenLogprob p{scored[i].token_id, scored[i].logprob, 0, scored[i].top_token_ids,
+                         scored[i].top_logprobs};
+    if (auto s = Get(j["prompt_logprobs"][i], "rank", p.rank); !s.ok()) return s;
+    out->push_back(std::move(p));
   }
   return absl::OkStatus();
 }
@@ -700,6 +730,7 @@ absl::StatusOr<Reply> ParseReplyImpl(absl::string_view message) {
       if (auto s = ParseLogprobs(o, f.logprobs); !s.ok()) return s;
       r.outputs.push_back(std::move(f));
     }
+    if (auto s = ParsePromptLogprobs(j, &r.prompt_logprobs); !s.ok()) return s;
     auto u = j.find("usage");
     if (u == j.end() || !u->is_object()) return Bad("reply: missing object 'usage'");
     if (auto s = Get(*u, "prompt_tokens", r.usage.prompt_tokens); !s.ok()) return s;

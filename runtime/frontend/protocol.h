@@ -171,10 +171,24 @@ struct SequenceFinal {
   bool operator==(const SequenceFinal&) const = default;
 };
 
+// One prompt token scored (prompt_logprobs): its raw logprob given the
+// tokens before it, its rank there (1 = the most likely), the top N.
+struct PromptTokenLogprob {
+  int32_t token_id = 0;
+  float logprob = 0.0f;
+  int32_t rank = 0;
+  std::vector<int32_t> top_token_ids;  // best first
+  std::vector<float> top_logprobs;
+  bool operator==(const PromptTokenLogprob&) const = default;
+};
+
 struct FinalReply {
   std::string id;
   bool streamed = false;               // true: omit text/token_ids/logprobs of the outputs
   std::vector<SequenceFinal> outputs;  // all n, by index
+  // A request with prompt_logprobs: entry i scores prompt token i + 1 (the
+  // first prompt token has none). Empty otherwise.
+  std::vector<PromptTokenLogprob> prompt_logprobs;
   Usage usage;
   std::string error_message;  // set when some output finished with "error"
   bool operator==(const FinalReply&) const = default;

@@ -521,6 +521,10 @@ struct Server::Impl {
       }
       reply.outputs.push_back(std::move(o));
     }
+    for (const PromptLogprob& p : f.output.prompt_logprobs(0)) {
+      reply.prompt_logprobs.push_back(
+          {p.token_id, p.logprob, p.rank, p.top_token_ids, p.top_logprobs});
+    }
     reply.usage.prompt_tokens = f.output.usage().prompt_tokens;
     reply.usage.completion_tokens = f.output.usage().completion_tokens;
     reply.usage.cached_prompt_tokens = f.output.usage().cached_prompt_tokens;

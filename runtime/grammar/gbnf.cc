@@ -211,6 +211,11 @@ class GbnfParser {
         }
         if (Peek() != '}') return Error("expecting '}'");
         ++pos_;
+        // Rules defined further down count as not nullable here.
+        if (std::max(**lo, hi) > GrammarBuilder::kMaxNullableRepeat && b_.Nullable(term)) {
+          return Error(absl::StrCat("a repetition count over ", GrammarBuilder::kMaxNullableRepeat,
+                                    " of a term that can match the empty string"));
+        }
         term = Seq{GrammarBuilder::Ref(b_.Repeat(term, **lo, hi))};
       } else {
         return term;

@@ -53,6 +53,50 @@ int32_t GrammarBuilder::Star(const Seq& body) {
   return r;
 }
 
+bool GrammarBuilder::Nullable(const Seq& seq) const {
+  // The rules reachable from seq, then a fixpoint: a rule is nullable when
+  // some alternative is all references to nullable rules.
+  std::vector<int32_t> reach, todo;
+  std::vector<bool> seen(rules_.size(), false), nullable(rules_.size(), false);
+  auto visit = [&](const Seq& s) {
+    for (const Element& e : s) {
+      if (e.kind == Element::kRule && e.value >= 0 &&
+          static_cast<size_t>(e.value) < rules_.size() && !seen[e.value]) {
+        seen[e.value] = true;
+        reach.push_back(e.value);
+        todo.push_back(e.value);
+      }
+    }
+  };
+  visit(seq);
+  while (!todo.empty()) {
+    const int32_t r = todo.back();
+    todo.pop_back();
+    for (const Seq& alt : rules_[r]) visit(alt);
+  }
+  auto all_nullable = [&](const Seq& s) {
+    for (const Element& e : s) {
+      if (e.kind != Element::kRule || e.value < 0 ||
+          static_cast<size_t>(e.value) >= rules_.size() || !nullable[e.value])
+        return false;
+    }
+    return true;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (int32_t r : reach) {
+      if (nullable[r]) continue;
+      for (const Seq& alt : rules_[r]) {
+        if (all_nullable(alt)) {
+          nullable[r] = changed = true;
+          break;
+        }
+      }
+    }
+  }
+  return all_nullable(seq);
+}
+
 int32_t GrammarBuilder::Repeat(const Seq& body, int min, int max) {
   Seq seq;
   for (int i = 0; i < min; ++i) {

@@ -90,6 +90,15 @@ class GrammarBuilder {
   // bound applies).
   int32_t Repeat(const Seq& body, int min, int max);
 
+  // True when `seq` can match the empty input (over the rules built so far).
+  // Cost: the rules reachable from seq.
+  bool Nullable(const Seq& seq) const;
+  // A counted repetition x{m,n} with max(m, n) above this, of an x that can
+  // match the empty input, is refused by the compilers: every count of
+  // empty copies is a live derivation, so each byte costs the square of the
+  // count (found by fuzz_grammar: "(|ab){1000}" took minutes per output).
+  static constexpr int kMaxNullableRepeat = 16;
+
   // Elements counted so far (the size bound is checked as the builder grows, so
   // compilers can stop early: see over_limit()).
   size_t num_elements() const { return num_elements_; }

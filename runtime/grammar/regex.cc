@@ -294,6 +294,11 @@ class RegexParser {
       return Error(absl::StrCat("unsupported quantifier '", std::string(1, Peek()),
                                 "' after a quantifier at offset ", pos_));
     }
+    if (std::max(min, max) > GrammarBuilder::kMaxNullableRepeat && b_.Nullable(atom)) {
+      return Error(
+          absl::StrCat("unsupported: a repetition count over ", GrammarBuilder::kMaxNullableRepeat,
+                       " of a pattern that can match the empty string (at offset ", pos_, ")"));
+    }
     return GrammarBuilder::Seq{GrammarBuilder::Ref(b_.Repeat(atom, min, max))};
   }
 

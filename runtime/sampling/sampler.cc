@@ -367,6 +367,19 @@ RawLogprobs ComputeRawLogprobs(std::span<const float> raw, int n) {
 
 }  // namespace
 
+PromptLogprob Sampler::ScoreToken(std::span<const float> row, int32_t token, int top_n) {
+  const RawLogprobs lp = ComputeRawLogprobs(row, top_n);
+  PromptLogprob out;
+  out.token_id = token;
+  const float x = row[static_cast<size_t>(token)];
+  out.logprob = static_cast<float>(static_cast<double>(x) - lp.log_z);
+  out.rank = 1 + static_cast<int32_t>(
+                     std::count_if(row.begin(), row.end(), [x](float v) { return v > x; }));
+  out.top_token_ids = lp.top_ids;
+  out.top_logprobs = lp.top_logprobs;
+  return out;
+}
+
 Sampler::Sampler(int32_t vocab_size) : vocab_size_(std::max<int32_t>(vocab_size, 1)) {}
 
 uint64_t Sampler::StreamKey(uint64_t seed, int64_t sample_index, int64_t position) {

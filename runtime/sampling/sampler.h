@@ -124,6 +124,14 @@ class Sampler {
   absl::StatusOr<ProcessedDistribution> Process(std::span<const float> logits_row,
                                                 const SamplerRow& row) const;
 
+  // Scores `token` in one raw logits row (prompt logprobs, SequenceStep::
+  // prompt_logprobs): its log-softmax (fp32 exp, fp64 sum, as the sampled
+  // tokens' logprobs), rank (1 + the number of ids whose logit is larger) and
+  // the top `top_n` (clamped to the row; logprob descending, ties to the
+  // lower id). seq_id and position are left 0. Requires 0 <= token <
+  // row.size() and a non-empty row (the worker checks).
+  static PromptLogprob ScoreToken(std::span<const float> row, int32_t token, int top_n);
+
   // The 64-bit key of the seeded stream for (seed, sample_index, position): three
   // rounds of SplitMix64 (Steele et al. 2014, the finalizer of java.util.SplittableRandom).
   static uint64_t StreamKey(uint64_t seed, int64_t sample_index, int64_t position);

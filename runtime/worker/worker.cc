@@ -220,6 +220,15 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
         }
       }
     }
+    // Prompt logprobs: a logits row per scored prompt token, after the
+    // sampling rows (left as logits by LmHeadSample: RowSampling kLogits).
+    std::vector<PromptRow> prompt_rows;
+    for (int i = 0; i < num_seqs; ++i) {
+      if (plan.seqs[i].prompt_logprobs)
+        PS_RETURN_IF_ERROR(PlanPromptRows(plan, i, *rows[i], qsl[i], &prompt_rows));
+    }
+    const size_t num_sampling_rows = logits_rows.size();
+    for (const PromptRow& p : prompt_rows) logits_rows.push_back(p.row);
     std::vector<int64_t> slot_mapping;
     slot_mapping.reserve(token_ids.size());
     mirror_->AppendSlotMapping(plan, &slot_mapping);
@@ -235,11 +244,16 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
     std::vector<RowSampling> reduce;
     std::vector<double> uniforms;
     PlanRowSampling(plan, rows, sampled_seq, row_back, &reduce, &uniforms);
+    reduce.resize(logits_rows.size());  // the prompt rows: kLogits
     SampledRows reduced;
     PS_RETURN_IF_ERROR(model_->Forward(batch, device_layers_, reduce, &reduced, &logits_));
     if (comm_->rank() == 0 && !sampled_seq.empty()) {
       PS_RETURN_IF_ERROR(
           CollectTokens(plan, rows, sampled_seq, row_back, reduce, reduced, &result));
+    }
+    if (comm_->rank() == 0 && !prompt_rows.empty()) {
+      PS_RETURN_IF_ERROR(CollectPromptLogprobs(plan, rows, prompt_rows, num_sampling_rows, reduce,
+                                               reduced, &result));
     }
   }
   result.forward_seconds =
@@ -300,11 +314,12 @@ absl::Status Worker::CollectTokens(const StepPlan& plan,
                                    std::span<const int> sampled_seq, std::span<const int> row_back,
                                    std::span<const RowSampling> reduce, const SampledRows& reduced,
                                    StepResult* result) {
-  std::vector<size_t> first_draw(sampled_seq.size() + 1, 0);
-  for (size_t r = 0; r < sampled_seq.size(); ++r)
+  // Rows past sampled_seq.size() are prompt rows (kLogits, one draw each).
+  std::vector<size_t> first_draw(reduce.size() + 1, 0);
+  for (size_t r = 0; r < reduce.size(); ++r)
     first_draw[r + 1] = first_draw[r] + static_cast<size_t>(reduce[r].draws());
   if (reduced.tokens.size() != first_draw.back() || reduced.logprobs.size() != first_draw.back() ||
-      reduced.top_begin.size() != sampled_seq.size() + 1 ||
+      reduced.top_begin.size() != reduce.size() + 1 ||
       reduced.top_ids.size() != static_cast<size_t>(reduced.top_begin.back()) ||
       reduced.top_logprobs.size() != reduced.top_ids.size())
     return absl::InternalError(absl::StrCat("LmHeadSample returned ", reduced.tokens.size(),
@@ -335,7 +350,14 @@ absl::Status Worker::CollectTokens(const StepPlan& plan,
   }
   std::vector<SampledToken> sampled;
   if (!sampler_rows.empty()) {
-    PS_ASSIGN_OR_RETURN(sampled, sampler_->Sample(logits_, sampler_rows));
+    const size_t v = static_cast<size_t>(sampler_->vocab_size());
+    if (logits_.size() < sampler_rows.size() * v)
+      return absl::InternalError(absl::StrCat("LmHeadSample left ", logits_.size() / v,
+                                              " logits rows for ", sampler_rows.size(),
+                                              " rows to sample"));
+    PS_ASSIGN_OR_RETURN(
+        sampled, sampler_->Sample(std::span<const float>(logits_).first(sampler_rows.size() * v),
+                                  sampler_rows));
   }
   // Merged in row order: a reduced greedy row gives num_samples copies of
   // its argmax (what the sampler returns for a greedy row), a reduced
@@ -365,6 +387,57 @@ absl::Status Worker::CollectTokens(const StepPlan& plan,
         result->tokens.push_back(std::move(sampled.at(next++)));
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::PlanPromptRows(const StepPlan& plan, int i, const StepPlanMirror::Sequence& st,
+                                    int32_t first_row, std::vector<PromptRow>* out) const {
+  const SequenceStep& s = plan.seqs[i];
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", plan.step_id, ": sequence ", s.seq_id, " prompt logprobs: ", why));
+  };
+  if (s.num_draft_tokens != 0) return bad("an entry with draft tokens");
+  if (st.sampling.prompt_logprobs < 0) return bad("its sampling parameters do not ask for them");
+  const auto n = static_cast<int32_t>(s.token_ids.size());
+  for (int32_t j = 0; j < n; ++j) {
+    const int32_t position = s.start_pos + j + 1;  // of the scored token
+    if (position >= st.num_prompt_tokens) break;
+    const int32_t token = j + 1 < n ? s.token_ids[j + 1] : s.next_prompt_token;
+    if (token < 0 || token >= sampler_->vocab_size())
+      return bad(absl::StrCat("prompt token ", token, " at position ", position,
+                              " outside the vocabulary (next_prompt_token missing?)"));
+    out->push_back({first_row + j, i, position, token});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::CollectPromptLogprobs(const StepPlan& plan,
+                                           std::span<const StepPlanMirror::Sequence* const> rows,
+                                           std::span<const PromptRow> prompt_rows,
+                                           size_t num_sampling_rows,
+                                           std::span<const RowSampling> reduce,
+                                           const SampledRows& reduced, StepResult* result) const {
+  // The unreduced sampling rows come first in logits_ (compacted in row order).
+  size_t first = 0, draw = 0;
+  for (size_t r = 0; r < num_sampling_rows; ++r) {
+    if (draw < reduced.tokens.size() && reduced.tokens[draw] < 0) ++first;
+    draw += static_cast<size_t>(reduce[r].draws());
+  }
+  const size_t v = static_cast<size_t>(sampler_->vocab_size());
+  if (logits_.size() < (first + prompt_rows.size()) * v)
+    return absl::InternalError(absl::StrCat("LmHeadSample left ", logits_.size() / v,
+                                            " logits rows, ", first + prompt_rows.size(),
+                                            " expected"));
+  result->prompt_logprobs.reserve(result->prompt_logprobs.size() + prompt_rows.size());
+  for (size_t k = 0; k < prompt_rows.size(); ++k) {
+    const PromptRow& p = prompt_rows[k];
+    const std::span<const float> row = std::span<const float>(logits_).subspan((first + k) * v, v);
+    PromptLogprob lp = Sampler::ScoreToken(row, p.token, rows[p.seq]->sampling.prompt_logprobs);
+    lp.seq_id = plan.seqs[p.seq].seq_id;
+    lp.position = p.position;
+    result->prompt_logprobs.push_back(std::move(lp));
   }
   return absl::OkStatus();
 }

@@ -144,6 +144,30 @@ class Worker {
                              std::span<const RowSampling> reduce, const SampledRows& reduced,
                              StepResult* result);
 
+  // A prompt token scored this step (SequenceStep::prompt_logprobs): the
+  // logits row of the position before it, its sequence (index into
+  // plan.seqs), position and id.
+  struct PromptRow {
+    int32_t row = 0;
+    int seq = 0;
+    int32_t position = 0;
+    int32_t token = 0;
+  };
+  // Appends sequence i's prompt rows (its chunk starts at batch row
+  // `first_row`). InvalidArgument for an entry that cannot score its prompt
+  // (draft tokens, no prompt_logprobs in its parameters, a missing or
+  // out-of-vocabulary next prompt token).
+  absl::Status PlanPromptRows(const StepPlan& plan, int i, const StepPlanMirror::Sequence& st,
+                              int32_t first_row, std::vector<PromptRow>* out) const;
+  // Rank 0: the prompt rows' PromptLogprobs, from the logits LmHeadSample
+  // left (after the unreduced sampling rows among the first
+  // num_sampling_rows of `reduce`).
+  absl::Status CollectPromptLogprobs(const StepPlan& plan,
+                                     std::span<const StepPlanMirror::Sequence* const> rows,
+                                     std::span<const PromptRow> prompt_rows,
+                                     size_t num_sampling_rows, std::span<const RowSampling> reduce,
+                                     const SampledRows& reduced, StepResult* result) const;
+
   std::unique_ptr<LlamaModel> model_;  // its backend owns the pools
   const ModelConfig* config_ = nullptr;
   kernels::Device device_ = kernels::Device::kCPU;

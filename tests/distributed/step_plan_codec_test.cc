@@ -28,6 +28,7 @@ SamplingParams FullSampling(int salt) {
   s.stop_token_ids = {2, 49152 + salt};
   s.ignore_eos = true;
   s.logprobs = 5;
+  s.prompt_logprobs = 3 + salt;
   s.structured_output = {StructuredOutput::Kind::kJsonSchema,
                          std::string("{\"type\":\"string\"}\0", 18) + std::to_string(salt)};
   s.logit_bias = {{7, -100.0f}, {11 + salt, 2.5f}};
@@ -53,6 +54,10 @@ StepPlan FullPlan() {
     if (i == 0) {  // a verification: 2 of its 3 fed tokens are drafts
       s.num_samples = 1;
       s.num_draft_tokens = 2;
+    }
+    if (i == 2) {  // a prefill chunk scoring its prompt tokens
+      s.prompt_logprobs = true;
+      s.next_prompt_token = 77;
     }
     s.sample_index = i;
     s.sampling = FullSampling(i);
@@ -86,6 +91,16 @@ StepResult FullResult() {
     t.top_token_ids = {1, 2, i};
     t.top_logprobs = {-0.1f, -0.2f, -0.3f};
     r.tokens.push_back(t);
+    PromptLogprob p;
+    p.seq_id = 600 + i;
+    p.position = 3 + i;
+    p.token_id = 42 + i;
+    p.logprob = -1.5f * (i + 1);
+    p.rank = 7 + i;
+    p.top_token_ids = {4, 5, i};
+    p.top_logprobs = {-0.5f, -0.75f, -1.0f};
+    if (i == 1) p.top_token_ids.clear(), p.top_logprobs.clear();  // prompt_logprobs 0
+    r.prompt_logprobs.push_back(p);
   }
   r.forward_seconds = 0.0123;
   r.collective_seconds = 0.00456;
@@ -107,6 +122,7 @@ void ExpectSamplingEq(const SamplingParams& a, const SamplingParams& b) {
   EXPECT_EQ(a.stop_token_ids, b.stop_token_ids);
   EXPECT_EQ(a.ignore_eos, b.ignore_eos);
   EXPECT_EQ(a.logprobs, b.logprobs);
+  EXPECT_EQ(a.prompt_logprobs, b.prompt_logprobs);
   EXPECT_EQ(a.structured_output, b.structured_output);
   EXPECT_EQ(a.logit_bias, b.logit_bias);
   EXPECT_EQ(a.min_tokens, b.min_tokens);
@@ -130,6 +146,8 @@ void ExpectPlanEq(const StepPlan& a, const StepPlan& b) {
     EXPECT_EQ(x.sample, y.sample);
     EXPECT_EQ(x.num_samples, y.num_samples);
     EXPECT_EQ(x.num_draft_tokens, y.num_draft_tokens);
+    EXPECT_EQ(x.prompt_logprobs, y.prompt_logprobs);
+    EXPECT_EQ(x.next_prompt_token, y.next_prompt_token);
     EXPECT_EQ(x.sample_index, y.sample_index);
     ExpectSamplingEq(x.sampling, y.sampling);
     EXPECT_EQ(x.num_prompt_tokens, y.num_prompt_tokens);
@@ -221,6 +239,7 @@ TEST(StepResultCodec, RoundTripEveryField) {
     EXPECT_EQ(back->tokens[i].top_token_ids, r.tokens[i].top_token_ids);
     EXPECT_EQ(back->tokens[i].top_logprobs, r.tokens[i].top_logprobs);
   }
+  EXPECT_EQ(back->prompt_logprobs, r.prompt_logprobs);
   EXPECT_EQ(back->forward_seconds, r.forward_seconds);
   EXPECT_EQ(back->collective_seconds, r.collective_seconds);
 }
@@ -270,7 +289,7 @@ TEST(StepPlanCodec, TrailingBytesAndBadMagic) {
 TEST(StepPlanCodec, HugeLengthPrefixIsRejectedWithoutAllocating) {
   // magic + step_id + seqs.size = 2^63: must fail on the count check, not
   // try to allocate.
-  std::string bytes = "PSP3";
+  std::string bytes = "PSP4";
   uint64_t step = 1, n = uint64_t{1} << 63;
   bytes.append(reinterpret_cast<const char*>(&step), 8);
   bytes.append(reinterpret_cast<const char*>(&n), 8);

@@ -347,6 +347,100 @@ TEST_F(EngineModelTest, SeededParallelSamplingIsReproducibleAndBatchIndependent)
   EXPECT_EQ(a.usage.completion_tokens, 16);
 }
 
+// vLLM's prompt_logprobs against transformers: the prompt is a reference
+// prompt followed by the first 3 tokens of its greedy continuation, so that
+// the last 3 scored positions are the reference's steps 0..2 (logprob =
+// logit - logsumexp of the full vector, the top 5 the reference's top
+// logits). Every position is scored once, in order, with its own token;
+// through whole prefills, 7-token chunks (the chunk's last position scores
+// the next chunk's first token), with the prefix cache warm (a request that
+// scores its prompt never reads it) and with a batch neighbour sampling.
+TEST_F(EngineModelTest, PromptLogprobsMatchTransformers) {
+  constexpr int kTop = 5;
+  constexpr double kTol = 5e-4;  // 1e-4 on logits and on logsumexp, each side
+  struct Setup {
+    const char* name;
+    int32_t max_num_batched_tokens;
+    bool prefix_caching;
+  };
+  for (const Setup& setup :
+       {Setup{"whole prefill", 2048, false}, Setup{"7-token chunks", 7, true}}) {
+    SCOPED_TRACE(setup.name);
+    Config c;
+    c.max_num_batched_tokens = setup.max_num_batched_tokens;
+    c.max_num_seqs = 4;
+    c.prefix_caching = setup.prefix_caching;
+    auto e = MakeEngine(c);
+    ASSERT_NE(e, nullptr);
+    int checked = 0;
+    for (const ReferencePrompt& p : *reference_) {
+      if (p.steps.size() < 3 || p.greedy_ids.size() < 3 || p.prompt_ids.size() > 300) continue;
+      std::vector<int32_t> prompt = p.prompt_ids;
+      prompt.insert(prompt.end(), p.greedy_ids.begin(), p.greedy_ids.begin() + 3);
+      if (setup.prefix_caching) {  // warm the cache with the same prompt
+        ASSERT_TRUE(e->AddRequest(Greedy("warm-" + p.name, prompt, 1)).ok());
+        RunAll(*e);
+      }
+      EngineRequest r = Greedy(p.name, prompt, 2);
+      r.params.prompt_logprobs = kTop;
+      ASSERT_TRUE(e->AddRequest(r).ok());
+      ASSERT_TRUE(e->AddRequest(Greedy("neighbour-" + p.name, p.prompt_ids, 4)).ok());
+      std::vector<PromptLogprob> got;
+      int outputs_with_them = 0;
+      for (int i = 0; i < 1000 && e->HasUnfinishedRequests(); ++i) {
+        auto outs = e->Step();
+        ASSERT_TRUE(outs.ok()) << outs.status();
+        for (const EngineOutput& o : *outs) {
+          ASSERT_TRUE(o.error.ok()) << o.error;
+          if (o.prompt_logprobs.empty()) continue;
+          EXPECT_EQ(o.request_id, p.name);
+          got = o.prompt_logprobs;
+          ++outputs_with_them;
+        }
+      }
+      ASSERT_EQ(outputs_with_them, 1) << p.name;
+      ASSERT_EQ(got.size(), prompt.size() - 1) << p.name;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const PromptLogprob& lp = got[i];
+        EXPECT_EQ(lp.position, static_cast<int32_t>(i + 1));
+        EXPECT_EQ(lp.token_id, prompt[i + 1]);
+        EXPECT_LE(lp.logprob, 0.0f);
+        EXPECT_GE(lp.rank, 1);
+        ASSERT_EQ(lp.top_token_ids.size(), static_cast<size_t>(kTop));
+        EXPECT_TRUE(std::is_sorted(lp.top_logprobs.rbegin(), lp.top_logprobs.rend()));
+        // The token's own logprob is consistent with its rank in the top list.
+        if (lp.rank <= kTop) {
+          EXPECT_NEAR(lp.top_logprobs[lp.rank - 1], lp.logprob, 1e-6);
+        } else {
+          EXPECT_LT(lp.logprob, lp.top_logprobs.back());
+        }
+      }
+      for (int k = 0; k < 3; ++k) {
+        const testing::ReferenceStep& ref = p.steps[k];
+        const PromptLogprob& lp = got[p.prompt_ids.size() + k - 1];
+        ASSERT_EQ(ref.context_length, static_cast<int>(p.prompt_ids.size()) + k);
+        EXPECT_EQ(lp.token_id, p.greedy_ids[k]);
+        EXPECT_NEAR(lp.logprob, ref.top_logits[0] - ref.logsumexp, kTol) << p.name << " step " << k;
+        if (ref.top1_margin > 1e-3) {
+          EXPECT_EQ(lp.rank, 1) << p.name << " step " << k;
+        }
+        for (int j = 0; j < kTop; ++j) {
+          const bool clear = ref.top_logits[j] - ref.top_logits[j + 1] > 1e-3 &&
+                             (j == 0 || ref.top_logits[j - 1] - ref.top_logits[j] > 1e-3);
+          if (clear) {
+            EXPECT_EQ(lp.top_token_ids[j], ref.top_ids[j]) << p.name << " step " << k;
+          }
+          EXPECT_NEAR(lp.top_logprobs[j], ref.top_logits[j] - ref.logsumexp, kTol)
+              << p.name << " step " << k << " top " << j;
+        }
+        ++checked;
+      }
+      ExpectAllFreed(*e);
+    }
+    EXPECT_GE(checked, 6);
+  }
+}
+
 TEST_F(EngineModelTest, StopStringAcrossTokensEndsRightBeforeIt) {
   const ReferencePrompt& p = Ref("plain_english");
   const std::string t2 = Decode({p.greedy_ids[2]}), t3 = Decode({p.greedy_ids[3]});

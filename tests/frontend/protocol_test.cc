@@ -435,6 +435,36 @@ TEST(ProtocolTest, BeamSearchFieldsParseValidateAndRoundTrip) {
   EXPECT_TRUE(*fb == Reply{f}) << wire;
 }
 
+// prompt_logprobs: parsed into SamplingParams, refused with stream (vLLM's
+// rule) or out of range, and carried by the final message (rank included).
+TEST(ProtocolTest, PromptLogprobsParseAndRoundTrip) {
+  ParseResult r = ParseRequest(
+      R"({"version": 1, "type": "generate", "id": "p", "prompt": "x", "prompt_logprobs": 3})");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  const GenerateRequest& g = std::get<GenerateRequest>(*r.request);
+  EXPECT_EQ(g.sampling.prompt_logprobs, 3);
+  ParseResult back = ParseRequest(SerializeRequest(g));
+  ASSERT_TRUE(back.ok()) << back.error.message;
+  EXPECT_EQ(std::get<GenerateRequest>(*back.request).sampling.prompt_logprobs, 3);
+  for (const char* bad : {R"("prompt_logprobs": 2, "stream": true)", R"("prompt_logprobs": 21)",
+                          R"("prompt_logprobs": "2")"}) {
+    ParseResult e = ParseRequest(
+        absl::StrCat(R"({"version": 1, "type": "generate", "id": "p", "prompt": "x", )", bad, "}"));
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_NE(e.error.message.find("prompt_logprobs"), std::string::npos) << e.error.message;
+  }
+  FinalReply f;
+  f.id = "p";
+  f.outputs = {SequenceFinal{
+      0, FinishReason::kLength, std::nullopt, std::nullopt, "a", {1}, {}, std::nullopt}};
+  f.prompt_logprobs = {{7, -1.5f, 3, {2, 9, 7}, {-0.5f, -1.25f, -1.5f}}, {8, -0.25f, 1, {}, {}}};
+  const std::string wire = SerializeReply(f);
+  EXPECT_EQ(json::parse(wire)["prompt_logprobs"][0]["rank"], 3) << wire;
+  auto fb = ParseReply(wire);
+  ASSERT_TRUE(fb.ok()) << fb.status();
+  EXPECT_TRUE(*fb == Reply{f}) << wire;
+}
+
 // Structured output: the same fields as the HTTP API (request_fields.h), carried
 // in SamplingParams and written back as structured_outputs by ToJson.
 TEST(ProtocolTest, StructuredOutputFieldsParseAndRoundTrip) {

@@ -337,6 +337,19 @@ class ProtocolTest(unittest.TestCase):
         # A sequence ended by a stop string frees its blocks without another request.
         self.assertEqual(wait_drained(), (0, 0, 0))
 
+    def test_prompt_logprobs(self):
+        ids = [504, 3458, 314, 1345]
+        _, f = self.generate("pl", prompt_token_ids=ids, max_tokens=1, temperature=0, prompt_logprobs=2)
+        self.assertEqual(f["type"], "final", f)
+        lps = f["prompt_logprobs"]
+        self.assertEqual([e["token_id"] for e in lps], ids[1:])
+        for e in lps:
+            self.assertLessEqual(e["logprob"], 0)
+            self.assertGreaterEqual(e["rank"], 1)
+            self.assertEqual(len(e["top"]), 2)
+            if e["rank"] == 1:
+                self.assertEqual(e["top"][0]["token_id"], e["token_id"])
+
     def test_logit_processors_and_output_options(self):
         """Issue 32's fields over protocol v1: the same effects as on the HTTP API."""
         base = dict(prompt="1, 2, 3, 4,", max_tokens=6, temperature=0, ignore_eos=True)
@@ -358,7 +371,7 @@ class ProtocolTest(unittest.TestCase):
         _, f = self.generate("lp5", bad_words=[word], **base)
         self.assertNotEqual(f["outputs"][0]["text"], out["text"])
         for rid, fields in (("lp6", {"logit_bias": {"1": 101}}), ("lp7", {"min_tokens": 7}),
-                            ("lp8", {"bad_words": [""]}), ("lp9", {"prompt_logprobs": 1})):
+                            ("lp8", {"bad_words": [""]}), ("lp9", {"prompt_logprobs": 1, "stream": True})):
             _, err = self.generate(rid, **base, **fields)
             self.assertEqual((err["type"], err["code"]), ("error", "invalid_request"), err)
 

@@ -62,6 +62,24 @@ TEST(Regex, FullMatchVerdicts) {
   }
 }
 
+// fuzz_grammar's timeout (2026-12-06): a counted repetition of a pattern
+// that can match nothing made every byte cost the square of the count.
+TEST(Regex, LongCountedRepetitionsOfNullablePatternsAreRefused) {
+  for (const char* re :
+       {R"(a(|"maxItems"doo+\fin){1000}?\.)", "x(b?){17}", "(a*|b){0,40}", "((c)?){20,}"}) {
+    auto g = CompileConstraint({StructuredOutput::Kind::kRegex, re});
+    ASSERT_FALSE(g.ok()) << re;
+    EXPECT_NE(g.status().message().find("empty string"), std::string::npos) << g.status();
+  }
+  for (const char* re : {"(b?){16}", "(ab|c){1000}", "(a?b){100}"}) {
+    auto g = CompileConstraint({StructuredOutput::Kind::kRegex, re});
+    EXPECT_TRUE(g.ok()) << re << ": " << g.status();
+  }
+  auto gbnf = CompileConstraint({StructuredOutput::Kind::kGrammar, "root ::= (\"a\"?){100}"});
+  ASSERT_FALSE(gbnf.ok());
+  EXPECT_NE(gbnf.status().message().find("empty string"), std::string::npos) << gbnf.status();
+}
+
 TEST(Regex, UnsupportedConstructsAreErrors) {
   for (std::string re : {"(a)\\1", "(?=a)b", "a\\bb", "a++", "(?i)a", "[[:alpha:]]", "a^b", "(a",
                          "a)", "*a", "[z-a]", "\\"}) {

@@ -252,6 +252,43 @@ class OpenAiClientTest(unittest.TestCase):
             self.assertEqual(len(e.top_logprobs), 3)
             self.assertAlmostEqual(e.top_logprobs[0].logprob, e.logprob, places=4)
 
+    def test_prompt_logprobs(self):
+        """vLLM's prompt_logprobs: the token each step generates, fed back as
+        the prompt's last token, is scored with the logprob generation gave it."""
+        r = self.c.completions.create(model=self.m, prompt="The capital of France is", max_tokens=1,
+                                      temperature=0, logprobs=1)
+        status, tok = http("POST", SERVER.url + "/tokenize", {"model": self.m, "prompt": "The capital of France is"})
+        self.assertEqual(status, 200, tok)
+        ids = tok["tokens"]
+        status, nxt = http("POST", SERVER.url + "/tokenize",
+                           {"model": self.m, "prompt": r.choices[0].text, "add_special_tokens": False})
+        self.assertEqual(status, 200, nxt)
+        prompt = ids + nxt["tokens"][:1]
+        p = self.c.completions.create(model=self.m, prompt=prompt, max_tokens=1, temperature=0, n=2,
+                                      extra_body={"prompt_logprobs": 3})
+        for choice in p.choices:
+            lps = choice.model_extra["prompt_logprobs"]
+            self.assertEqual(len(lps), len(prompt))
+            self.assertIsNone(lps[0])
+            for i, entry in enumerate(lps[1:], start=1):
+                self.assertIn(str(prompt[i]), entry)
+                self.assertIn(len(entry), (3, 4))  # the top 3, plus the token when outside them
+                mine = entry[str(prompt[i])]
+                self.assertLessEqual(mine["logprob"], 0)
+                ranks = sorted(e["rank"] for e in entry.values())
+                self.assertEqual(ranks[:3], [1, 2, 3])
+            last = lps[-1][str(prompt[-1])]
+            self.assertEqual(last["rank"], 1)  # greedy picked it
+            self.assertAlmostEqual(last["logprob"], r.choices[0].logprobs.token_logprobs[0], places=2)
+        c = self.c.chat.completions.create(model=self.m, messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=1, extra_body={"prompt_logprobs": 0})
+        lps = c.model_extra["prompt_logprobs"]
+        self.assertEqual(len(lps), c.usage.prompt_tokens)
+        self.assertTrue(all(len(e) == 1 for e in lps[1:]))
+        status, body = http("POST", SERVER.url + "/v1/completions",
+                            {"model": self.m, "prompt": "x", "prompt_logprobs": 1, "stream": True})
+        self.assertEqual((status, body["error"]["param"]), (400, "prompt_logprobs"), body)
+
     def test_beam_search_extra_body(self):
         # vLLM's extra body fields; n = 2 of 3 beams, best first, all of
         # length 6 (ignore_eos), so the first has the higher cumulative logprob.
@@ -328,7 +365,7 @@ class OpenAiClientTest(unittest.TestCase):
                                       extra_body={"skip_special_tokens": False, "ignore_eos": True})
         self.assertIn("<|im_end|>", r.choices[0].text)
         # Known, not implemented: a 400 naming the field.
-        for field, value in [("prompt_logprobs", 1), ("suffix", "x")]:
+        for field, value in [("suffix", "x")]:
             status, body = http("POST", SERVER.url + "/v1/completions",
                                 {"model": self.m, "prompt": "x", field: value})
             self.assertEqual((status, body["error"]["param"]), (400, field), body)

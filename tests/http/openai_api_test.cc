@@ -435,6 +435,44 @@ TEST(OpenAiApiTest, StreamOptionsNeedAStream) {
       Completions(R"({"prompt": "x", "stream": true, "stream_options": {}})").request.has_value());
 }
 
+// vLLM's prompt_logprobs shape: per choice of a completion, a list with
+// null for the first prompt token, then per token a map from token id to
+// {logprob, rank, decoded_token} holding the prompt token and the top N.
+TEST(OpenAiApiTest, PromptLogprobsResponse) {
+  ParseOutcome o = Completions(R"({"prompt": [11, 22, 33], "prompt_logprobs": 1, "n": 2})");
+  ASSERT_TRUE(o.request.has_value()) << o.error.message;
+  EXPECT_EQ(o.request->params.prompt_logprobs, 1);
+  std::vector<PromptLogprob> lps(2);
+  lps[0] = {0, 1, 22, -2.5f, 4, {44}, {-0.25f}};  // not the top token
+  lps[1] = {0, 2, 33, -0.125f, 1, {33}, {-0.125f}};
+  CompletionOutput c;
+  c.text = "x";
+  c.finish_reason = FinishReason::kLength;
+  const json r = json::parse(CompletionResponse(*o.request, "cmpl-1", 7, {c, c}, {}, Tok(), {lps}));
+  for (int i = 0; i < 2; ++i) {
+    const json& p = r["choices"][i]["prompt_logprobs"];
+    ASSERT_EQ(p.size(), 3u) << r.dump();
+    EXPECT_TRUE(p[0].is_null());
+    EXPECT_EQ(p[1].size(), 2u);
+    EXPECT_EQ(p[1]["22"]["logprob"], -2.5);
+    EXPECT_EQ(p[1]["22"]["rank"], 4);
+    DecodeOptions raw;
+    raw.skip_special_tokens = false;
+    raw.strip_leading_space = false;
+    EXPECT_EQ(p[1]["22"]["decoded_token"], Tok().TokenBytes(22, /*first=*/false, raw));
+    EXPECT_EQ(p[1]["44"]["rank"], 1);
+    EXPECT_EQ(p[2].size(), 1u);
+    EXPECT_EQ(p[2]["33"]["logprob"], -0.125);
+  }
+  EXPECT_FALSE(r.contains("prompt_logprobs"));  // top level on chat only
+  // Not asked for: no field.
+  o = Completions(R"({"prompt": [11, 22, 33]})");
+  ASSERT_TRUE(o.request.has_value());
+  EXPECT_FALSE(
+      json::parse(CompletionResponse(*o.request, "cmpl-1", 7, {c}, {}, Tok()))["choices"][0]
+          .contains("prompt_logprobs"));
+}
+
 TEST(OpenAiApiTest, ResponseFormats) {
   ParseOutcome o = Completions(R"({"prompt": "x", "logprobs": 1, "stream": true,
                       "stream_options": {"include_usage": true}})");
@@ -528,7 +566,9 @@ TEST(OpenAiApiTest, LogitProcessorAndOutputFields) {
       {R"("bad_words": [1])", "bad_words"},
       {R"("skip_special_tokens": 1)", "skip_special_tokens"},
       {R"("include_stop_str_in_output": "yes")", "include_stop_str_in_output"},
-      {R"("prompt_logprobs": 1)", "prompt_logprobs"},
+      {R"("prompt_logprobs": 21)", "prompt_logprobs"},
+      {R"("prompt_logprobs": 1, "stream": true)", "prompt_logprobs"},
+      {R"("prompt_logprobs": true)", "prompt_logprobs"},
       {R"("suffix": "end")", "suffix"},
       {R"("guided_grammar": 5)", "guided_grammar"},
       {R"("structured_outputs": {"structural_tag": "{}"})", "structured_outputs.structural_tag"},
@@ -801,7 +841,9 @@ TEST(FrontEndAgreementTest, HttpAndZeroMqAcceptAndRefuseAlike) {
       {R"("messages": )" + user + R"(, "skip_special_tokens": "no")", false},
       {R"("messages": )" + user + R"(, "include_stop_str_in_output": true)", true},
       {R"("messages": )" + user + R"(, "include_stop_str_in_output": 0)", false},
-      {R"("messages": )" + user + R"(, "prompt_logprobs": 2)", false},
+      {R"("messages": )" + user + R"(, "prompt_logprobs": 2)", true},
+      {R"("messages": )" + user + R"(, "prompt_logprobs": -2)", false},
+      {R"("messages": )" + user + R"(, "prompt_logprobs": 2, "stream": true)", false},
       {R"("messages": )" + user + R"(, "use_beam_search": true, "logit_bias": {"1": 1})", false},
   };
   protocol::ParseOptions zmq_options;

@@ -135,6 +135,40 @@ SamplerRow MakeRow(const SamplingParams* p, std::span<const int32_t> history = {
 // ---------------------------------------------------------------------------
 // Filters: the set of tokens that can be sampled, and their probabilities.
 // ---------------------------------------------------------------------------
+// Prompt logprobs (Sampler::ScoreToken) against a double-precision naive
+// log-softmax: the token's logprob, its rank (ties not counted as larger),
+// the top N ordered with ties to the lower id; a token outside the top N.
+TEST(SamplerTest, ScoreTokenMatchesNaiveLogSoftmax) {
+  std::mt19937 gen(7);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<float> row(1000);
+    for (float& x : row) x = dist(gen);
+    row[17] = row[3];  // a tie
+    double z = 0;
+    for (float x : row) z += std::exp(static_cast<double>(x));
+    const double log_z = std::log(z);
+    std::vector<int32_t> order(row.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    for (int32_t token : {order[0], order[4], order[999], int32_t{3}, int32_t{17}}) {
+      const PromptLogprob lp = Sampler::ScoreToken(row, token, 5);
+      EXPECT_EQ(lp.token_id, token);
+      EXPECT_NEAR(lp.logprob, static_cast<double>(row[token]) - log_z, 1e-4);
+      int32_t larger = 0;
+      for (float x : row) larger += x > row[token];
+      EXPECT_EQ(lp.rank, larger + 1);
+      ASSERT_EQ(lp.top_token_ids.size(), 5u);
+      for (int j = 0; j < 5; ++j) {
+        EXPECT_EQ(lp.top_token_ids[j], order[j]);
+        EXPECT_NEAR(lp.top_logprobs[j], static_cast<double>(row[order[j]]) - log_z, 1e-4);
+      }
+    }
+    EXPECT_TRUE(Sampler::ScoreToken(row, order[0], 0).top_token_ids.empty());
+  }
+}
+
 TEST(SamplerTest, FiltersMatchNaiveReference) {
   std::mt19937_64 rng(1234);
   const int kVocab = 64;
