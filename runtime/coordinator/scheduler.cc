@@ -737,7 +737,11 @@ absl::Status Scheduler::IndexResult(const StepResult& result) {
                                                      t.token_id, " for sequence ", t.seq_id));
     }
   }
+  // Entries come grouped by sequence: look each sequence up once.
+  SeqId last = kNoSeq;
   for (const PromptLogprob& p : result.prompt_logprobs) {
+    if (p.seq_id == last) continue;
+    last = p.seq_id;
     if (PromptGroup(p.seq_id) == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("step ", step_id_, ": prompt logprobs for sequence ", p.seq_id,
@@ -768,8 +772,11 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
   output_groups_.clear();
   finishing_outputs_.clear();
   for (auto& v : beam_samples_) v.clear();
-  for (const PromptLogprob& p : result.prompt_logprobs) {
-    SequenceGroup* g = PromptGroup(p.seq_id);  // IndexResult checked it
+  SequenceGroup* g = nullptr;
+  for (size_t k = 0; k < result.prompt_logprobs.size(); ++k) {
+    const PromptLogprob& p = result.prompt_logprobs[k];
+    if (k == 0 || p.seq_id != result.prompt_logprobs[k - 1].seq_id)
+      g = PromptGroup(p.seq_id);  // IndexResult checked it
     if (p.position == static_cast<int32_t>(g->prompt_logprobs.size()) + 1)
       g->prompt_logprobs.push_back(p);  // else scored before a recompute preemption
   }

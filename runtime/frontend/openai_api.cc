@@ -262,10 +262,18 @@ json Bytes(const std::string& s) {
 
 json LogprobValue(float lp) { return std::isfinite(lp) ? json(lp) : json(-9999.0); }
 
+// An echoed prompt in the legacy logprobs format (vLLM's echo + logprobs):
+// its tokens, null for the first, then each one's logprob and (logprobs N >=
+// 1) its position's top N with the token itself.
+struct EchoedPrompt {
+  const std::vector<int32_t>* ids = nullptr;
+  const std::vector<PromptLogprob>* logprobs = nullptr;
+};
+
 // `text_offset`: the legacy format's offset of c's first token (the bytes of
 // the choice's tokens before it); advanced past c's tokens.
 json LogprobsJson(const ValidatedRequest& r, const CompletionOutput& c, const Tokenizer& tok,
-                  size_t* text_offset) {
+                  size_t* text_offset, const EchoedPrompt& echo = {}) {
   if (r.params.logprobs < 0) return nullptr;
   if (r.endpoint == Endpoint::kChat) {
     json content = json::array();
@@ -289,6 +297,29 @@ json LogprobsJson(const ValidatedRequest& r, const CompletionOutput& c, const To
   }
   json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
   size_t& offset = *text_offset;
+  for (size_t i = 0; echo.ids != nullptr && i < echo.ids->size(); ++i) {
+    const std::string t = TokenString(tok, (*echo.ids)[i]);
+    tokens.push_back(t);
+    offsets.push_back(offset);
+    offset += t.size();
+    const PromptLogprob* lp = nullptr;
+    if (i > 0 && i - 1 < echo.logprobs->size() &&
+        (*echo.logprobs)[i - 1].position == static_cast<int32_t>(i))
+      lp = &(*echo.logprobs)[i - 1];
+    lps.push_back(lp != nullptr ? LogprobValue(lp->logprob) : json(nullptr));
+    if (lp == nullptr || r.params.logprobs == 0) {
+      tops.push_back(nullptr);
+      continue;
+    }
+    json top = json::object();
+    for (size_t k = 0; k < lp->top_token_ids.size() && k < lp->top_logprobs.size() &&
+                       k < static_cast<size_t>(r.params.logprobs);
+         ++k) {
+      top[TokenString(tok, lp->top_token_ids[k])] = LogprobValue(lp->top_logprobs[k]);
+    }
+    top[t] = LogprobValue(lp->logprob);
+    tops.push_back(std::move(top));
+  }
   for (size_t i = 0; i < c.token_ids.size() && i < c.logprobs.size(); ++i) {
     const std::string t = TokenString(tok, c.token_ids[i]);
     tokens.push_back(t);
@@ -638,9 +669,13 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
     return out;
   }
   if (echo && r.params.logprobs >= 0) {
-    out.error = BadRequest(
-        "'echo' with 'logprobs' is not supported: the prompt's logprobs are not computed", "echo");
-    return out;
+    // vLLM: the echoed prompt's tokens get their logprobs too (prompt logprobs).
+    if (r.stream) {
+      out.error =
+          BadRequest("'echo' with 'logprobs' is not available when 'stream' is true", "echo");
+      return out;
+    }
+    r.params.prompt_logprobs = std::max(r.params.prompt_logprobs, r.params.logprobs);
   }
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     if (auto it = body.find(key); it != body.end() && !it->is_null()) r.max_tokens_given = true;
@@ -680,8 +715,14 @@ std::string CompletionResponse(const ValidatedRequest& r, const std::string& id,
   for (size_t i = 0; i < choices.size(); ++i) {
     const CompletionOutput& c = choices[i];
     size_t text_offset = 0;
+    EchoedPrompt echo;
+    if (!chat && !r.echo_texts.empty() && r.params.logprobs >= 0 && !r.prompts.empty()) {
+      static const std::vector<PromptLogprob> kNone;
+      const size_t p = i / r.params.n % r.prompts.size();
+      echo = {&r.prompts[p], p < prompt_logprobs.size() ? &prompt_logprobs[p] : &kNone};
+    }
     json choice = {{"index", i},
-                   {"logprobs", LogprobsJson(r, c, tok, &text_offset)},
+                   {"logprobs", LogprobsJson(r, c, tok, &text_offset, echo)},
                    {"finish_reason", FinishJson(c.finish_reason)}};
     if (chat) {
       json message = {{"role", "assistant"}, {"content", c.text}};

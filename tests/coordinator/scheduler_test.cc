@@ -353,6 +353,74 @@ TEST(SchedulerTest, SharedSystemPromptHitsThePrefixCache) {
 
 // Plans are incremental: the first step carries everything, later decodes only
 // the fed token and the block-table entry of a block they open.
+// Prompt logprobs: the parent's prefill chunks are flagged with the prompt
+// token after each chunk; the request skips the prefix cache; the scored
+// entries reach its first output once, in position order (a position scored
+// again, as after a recompute preemption, is not appended twice); an entry
+// for a sequence that does not score its prompt is refused.
+TEST(SchedulerTest, PromptLogprobsFlagChunksAndReachTheFirstOutputOnce) {
+  SchedulerConfig c = Config(64);
+  c.enable_prefix_caching = true;
+  c.max_num_batched_tokens = 8;
+  Driver d(c);
+  ASSERT_TRUE(d.sched->AddRequest(Req("warm", 20, 1, 100)).ok());
+  ASSERT_TRUE(d.RunToCompletion());
+  Request r = Req("p", 20, 2, 100);  // the same prompt: cached, but must not be read
+  r.params.prompt_logprobs = 2;
+  r.params.n = 2;
+  ASSERT_TRUE(d.sched->AddRequest(r).ok());
+  std::vector<PromptLogprob> got;
+  int outputs_with_them = 0;
+  for (int step = 0; step < 50 && d.sched->HasUnfinishedRequests(); ++step) {
+    auto plan = d.sched->Schedule();
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    StepResult result;
+    ASSERT_TRUE(d.engine.Run(*plan, &result).ok());
+    for (const SequenceStep& st : plan->seqs) {
+      const bool prefill = st.start_pos + static_cast<int32_t>(st.token_ids.size()) <= 20;
+      EXPECT_EQ(st.prompt_logprobs, prefill) << "step " << step;
+      if (!st.prompt_logprobs) continue;
+      if (step == 0) {
+        EXPECT_EQ(st.start_pos, 0);  // no prefix-cache hit
+      }
+      const int32_t end = st.context_len();
+      EXPECT_EQ(st.next_prompt_token, end < 20 ? 100 + end : -1);
+      for (int32_t pos = st.start_pos + 1; pos <= end && pos < 20; ++pos) {
+        PromptLogprob lp;
+        lp.seq_id = st.seq_id;
+        lp.position = pos;
+        lp.token_id = 100 + pos;
+        result.prompt_logprobs.push_back(lp);
+        if (pos == 9) result.prompt_logprobs.push_back(result.prompt_logprobs[0]);  // again
+      }
+    }
+    auto outs = d.sched->ProcessResult(result);
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    for (const RequestOutput& o : *outs) {
+      if (o.prompt_logprobs.empty()) continue;
+      got = o.prompt_logprobs;
+      ++outputs_with_them;
+    }
+  }
+  EXPECT_FALSE(d.sched->HasUnfinishedRequests());
+  EXPECT_EQ(outputs_with_them, 1);
+  ASSERT_EQ(got.size(), 19u);
+  for (int32_t i = 0; i < 19; ++i) EXPECT_EQ(got[i].position, i + 1);
+  // A result scoring a sequence the plan did not flag: refused, state kept.
+  ASSERT_TRUE(d.sched->AddRequest(Req("q", 4, 2)).ok());
+  auto plan = d.sched->Schedule();
+  ASSERT_TRUE(plan.ok());
+  StepResult result;
+  ASSERT_TRUE(d.engine.Run(*plan, &result).ok());
+  result.prompt_logprobs.push_back(PromptLogprob{plan->seqs[0].seq_id, 1, 2, -1.0f, 1, {}, {}});
+  auto bad = d.sched->ProcessResult(result);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("prompt logprobs"), std::string::npos) << bad.status();
+  result.prompt_logprobs.clear();
+  ASSERT_TRUE(d.sched->ProcessResult(result).ok());
+  ASSERT_TRUE(d.RunToCompletion());
+}
+
 TEST(SchedulerTest, DecodePlansCarryOnlyWhatChanged) {
   Driver d(Config(64));
   Request r = Req("inc", 6, 12);

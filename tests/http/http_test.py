@@ -370,8 +370,20 @@ class OpenAiClientTest(unittest.TestCase):
                                 {"model": self.m, "prompt": "x", field: value})
             self.assertEqual((status, body["error"]["param"]), (400, field), body)
         status, body = http("POST", SERVER.url + "/v1/completions",
-                            {"model": self.m, "prompt": "x", "echo": True, "logprobs": 1})
+                            {"model": self.m, "prompt": "x", "echo": True, "logprobs": 1, "stream": True})
         self.assertEqual((status, body["error"]["param"]), (400, "echo"), body)
+        # echo + logprobs as lm-evaluation-harness asks for a loglikelihood: the
+        # prompt's tokens first (null first), then the generated one.
+        e = self.c.completions.create(model=self.m, prompt="The capital of France is", echo=True,
+                                      logprobs=1, max_tokens=1, temperature=0)
+        lp = e.choices[0].logprobs
+        self.assertEqual(len(lp.tokens), e.usage.prompt_tokens + 1)
+        self.assertEqual("".join(lp.tokens), e.choices[0].text)
+        self.assertIsNone(lp.token_logprobs[0])
+        self.assertTrue(all(x <= 0 for x in lp.token_logprobs[1:]))
+        self.assertEqual(lp.text_offset[0], 0)
+        for tok, top in zip(lp.tokens[1:], lp.top_logprobs[1:]):
+            self.assertIn(tok, top)
         # An unknown field is ignored, and one warning line names it (vLLM's behaviour).
         status, body = http("POST", SERVER.url + "/v1/completions",
                             {"model": self.m, "prompt": "x", "max_tokens": 1, "zeta_unknown_field": 1})

@@ -204,8 +204,12 @@ TEST(OpenAiApiTest, WrongTypesAndValuesName) {
             std::make_pair(400, std::string("seed")));
   EXPECT_EQ(Refused(R"({"prompt": "x", "stream": "yes"})"),
             std::make_pair(400, std::string("stream")));
-  EXPECT_EQ(Refused(R"({"prompt": "x", "echo": true, "logprobs": 1})"),
+  EXPECT_EQ(Refused(R"({"prompt": "x", "echo": true, "logprobs": 1, "stream": true})"),
             std::make_pair(400, std::string("echo")));
+  // echo + logprobs (not streamed) scores the prompt: prompt logprobs.
+  EXPECT_EQ(Completions(R"({"prompt": "x", "echo": true, "logprobs": 2})")
+                .request->params.prompt_logprobs,
+            2);
   // Token-id prompts: the message says what is wrong with which element.
   ParseOutcome nested = Completions(R"({"prompt": [[[1, 2]]]})");
   EXPECT_EQ(nested.error.message, "'prompt' must hold integer token ids; element 0 is array");
@@ -465,6 +469,30 @@ TEST(OpenAiApiTest, PromptLogprobsResponse) {
     EXPECT_EQ(p[2]["33"]["logprob"], -0.125);
   }
   EXPECT_FALSE(r.contains("prompt_logprobs"));  // top level on chat only
+  // echo + logprobs: the legacy logprobs start with the prompt's tokens (null
+  // first), each position's top N plus the token itself, offsets from 0.
+  o = Completions(R"({"prompt": [11, 22, 33], "echo": true, "logprobs": 1})");
+  ASSERT_TRUE(o.request.has_value()) << o.error.message;
+  c.token_ids = {44};
+  c.logprobs = {-0.5f};
+  c.top_token_ids = {{44}};
+  c.top_logprobs = {{-0.5f}};
+  const json e = json::parse(CompletionResponse(*o.request, "cmpl-1", 7, {c}, {}, Tok(), {lps}));
+  const json& l = e["choices"][0]["logprobs"];
+  DecodeOptions raw;
+  raw.skip_special_tokens = false;
+  raw.strip_leading_space = false;
+  std::vector<std::string> t;
+  for (int32_t id : {11, 22, 33, 44}) t.push_back(Tok().TokenBytes(id, /*first=*/false, raw));
+  EXPECT_EQ(l["tokens"], json(t)) << e.dump();
+  EXPECT_EQ(l["token_logprobs"], json::parse("[null, -2.5, -0.125, -0.5]"));
+  EXPECT_TRUE(l["top_logprobs"][0].is_null());
+  EXPECT_EQ(l["top_logprobs"][1].size(), 2u);  // the top 1 (44) and the token (22)
+  EXPECT_EQ(l["top_logprobs"][1][t[1]], -2.5);
+  EXPECT_EQ(l["top_logprobs"][1][t[3]], -0.25);
+  EXPECT_EQ(l["top_logprobs"][2].size(), 1u);
+  EXPECT_EQ(l["text_offset"][0], 0);
+  EXPECT_EQ(l["text_offset"][3], t[0].size() + t[1].size() + t[2].size());
   // Not asked for: no field.
   o = Completions(R"({"prompt": [11, 22, 33]})");
   ASSERT_TRUE(o.request.has_value());
