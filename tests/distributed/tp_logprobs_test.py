@@ -7,7 +7,7 @@ experts of width 128 sharded 64 + 64) and TP = 3 (SmolLM2: 9
 heads, 3 KV heads) answer the same greedy requests with logprobs = 5 over
 ZeroMQ, at --dtype float32 (the exact path: tensor parallelism changes only the
 order of fp32 sums, in the row-parallel all-reduce and the sharded GEMMs). On
-every generated step:
+every generated step, and on every prompt token scored (prompt_logprobs = 5):
   * the tokens are identical,
   * the sampled token's logprob and the logprob of every top-5 token both runs
     list agree within BOUND.
@@ -81,6 +81,13 @@ def run_server(model, tp, dtype):
                 o = f.outputs[0]
                 steps = [(lp.logprob, {t["token_id"]: t["logprob"] for t in lp.top}) for lp in o.logprobs]
                 out.append((o.token_ids, steps))
+                # The prompt scored (prompt_logprobs: rank 0's rows of the
+                # prefill, gathered like the sampled ones), compared the same way.
+                f = c.generate(prompt, max_tokens=1, temperature=0, prompt_logprobs=5)
+                assert len(f.prompt_logprobs) >= 4, f
+                out.append(([lp.token_id for lp in f.prompt_logprobs],
+                            [(lp.logprob, {t["token_id"]: t["logprob"] for t in lp.top})
+                             for lp in f.prompt_logprobs]))
             return out
     finally:
         if proc.poll() is None:

@@ -111,6 +111,10 @@ class Final:
     usage: Dict[str, int]
     streamed: bool = False
     error: Optional[str] = None
+    # prompt_logprobs: entry i scores prompt token i + 1 (token_id, logprob,
+    # top; the rank in prompt_ranks[i]).
+    prompt_logprobs: List[TokenLogprob] = field(default_factory=list)
+    prompt_ranks: List[int] = field(default_factory=list)
 
 
 def _logprobs(items: Optional[list]) -> List[TokenLogprob]:
@@ -125,7 +129,8 @@ def _final(msg: dict) -> Final:
         for o in msg["outputs"]
     ]
     return Final(msg.get("id", ""), sorted(outputs, key=lambda o: o.index), msg["usage"],
-                 msg.get("stream", False), msg.get("error"))
+                 msg.get("stream", False), msg.get("error"), _logprobs(msg.get("prompt_logprobs")),
+                 [e["rank"] for e in msg.get("prompt_logprobs") or []])
 
 
 class Stream:
