@@ -211,14 +211,15 @@ absl::StatusOr<std::shared_ptr<const Grammar>> GrammarBuilder::Build(int32_t sta
   g->elements_.push_back({Element::kRule, start_rule});
   g->elements_.push_back({Element::kEnd, 0});
   std::vector<int32_t> stack{static_cast<int32_t>(g->elements_.size() - 2)};
-  std::vector<std::vector<int32_t>> out, seen;
+  std::vector<std::vector<int32_t>> out;
+  absl::flat_hash_set<std::vector<int32_t>> seen;
   g->Expand(stack, out, seen);
   g->initial_ = g->Canonical(out);
   return std::shared_ptr<const Grammar>(std::move(g));
 }
 
 void Grammar::Expand(std::vector<int32_t>& stack, std::vector<std::vector<int32_t>>& out,
-                     std::vector<std::vector<int32_t>>& seen) const {
+                     absl::flat_hash_set<std::vector<int32_t>>& seen) const {
   while (true) {
     if (stack.empty()) {
       out.push_back(stack);
@@ -237,8 +238,7 @@ void Grammar::Expand(std::vector<int32_t>& stack, std::vector<std::vector<int32_
     }
     // A rule reference: replace it by each alternative (keeping the return
     // position unless the reference is in tail position).
-    if (std::find(seen.begin(), seen.end(), stack) != seen.end()) return;
-    seen.push_back(stack);
+    if (!seen.insert(stack).second) return;
     stack.pop_back();
     if (elements_[top + 1].kind != Element::kEnd) stack.push_back(top + 1);
     if (stack.size() >= kMaxStackDepth) return;
@@ -263,7 +263,8 @@ GrammarState Grammar::Canonical(std::vector<std::vector<int32_t>>& stacks) const
 }
 
 GrammarState Grammar::Advance(const GrammarState& state, uint8_t byte) const {
-  std::vector<std::vector<int32_t>> out, seen;
+  std::vector<std::vector<int32_t>> out;
+  absl::flat_hash_set<std::vector<int32_t>> seen;
   const auto& f = state.stacks;
   for (size_t i = 0; i < f.size(); i += f[i] + 1) {
     const int32_t len = f[i];
@@ -272,7 +273,6 @@ GrammarState Grammar::Advance(const GrammarState& state, uint8_t byte) const {
     if (top.kind != Element::kBytes || !byte_sets_[top.value].test(byte)) continue;
     std::vector<int32_t> s(f.begin() + i + 1, f.begin() + i + 1 + len);
     s.back() += 1;
-    seen.clear();
     Expand(s, out, seen);
   }
   return Canonical(out);

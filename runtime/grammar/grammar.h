@@ -41,6 +41,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 
 namespace pagedserve::grammar {
@@ -139,8 +140,12 @@ class Grammar {
   friend class GrammarBuilder;
   Grammar() = default;
   // Expands `stack` until a byte class or nothing is on top; inserts results.
+  // `seen`: the stacks with a rule reference on top already expanded in this
+  // step (their results are in `out` already; shared by every stack of one
+  // Advance, so that ambiguous grammars do not expand the same stack once per
+  // live stack: fuzz_grammar's second timeout, 2026-12-06).
   void Expand(std::vector<int32_t>& stack, std::vector<std::vector<int32_t>>& out,
-              std::vector<std::vector<int32_t>>& seen) const;
+              absl::flat_hash_set<std::vector<int32_t>>& seen) const;
   GrammarState Canonical(std::vector<std::vector<int32_t>>& stacks) const;
 
   std::vector<Element> elements_;
