@@ -183,8 +183,16 @@ class GbnfParser {
   // * + ? {m} {m,} {m,n} after a term (at most one, as in llama.cpp's parser
   // where a second one applies to the repeated term).
   absl::StatusOr<Seq> ParsePostfix(Seq term) {
-    while (!AtEnd()) {
+    for (bool first = true; !AtEnd(); first = false) {
       const char c = Peek();
+      // A quantifier over a term that can already match nothing adds only
+      // ambiguity (x** is x*), and stacked ones multiply it: refused.
+      if (!first && (c == '*' || c == '+' || c == '?' || c == '{') && b_.Nullable(term)) {
+        return Error(
+            absl::StrCat("a quantifier after a quantifier, on a term that can match the empty "
+                         "string ('",
+                         std::string(1, c), "')"));
+      }
       if (c == '*') {
         ++pos_;
         term = Seq{GrammarBuilder::Ref(b_.Star(term))};

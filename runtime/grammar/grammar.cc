@@ -218,36 +218,45 @@ absl::StatusOr<std::shared_ptr<const Grammar>> GrammarBuilder::Build(int32_t sta
   return std::shared_ptr<const Grammar>(std::move(g));
 }
 
-void Grammar::Expand(std::vector<int32_t>& stack, std::vector<std::vector<int32_t>>& out,
+void Grammar::Expand(std::vector<int32_t>& first, std::vector<std::vector<int32_t>>& out,
                      absl::flat_hash_set<std::vector<int32_t>>& seen) const {
-  while (true) {
-    if (stack.empty()) {
-      out.push_back(stack);
-      return;
-    }
-    const int32_t top = stack.back();
-    const Element& e = elements_[top];
-    if (e.kind == Element::kBytes) {
-      // An empty class (e.g. JSON Schema `false`) matches nothing: drop the stack.
-      if (byte_sets_[e.value].any()) out.push_back(stack);
-      return;
-    }
-    if (e.kind == Element::kEnd) {
+  // A work list, not recursion: a chain of rule references (stacked
+  // repetitions of a nullable term) can be longer than the thread's stack
+  // (fuzz_grammar, 2026-12-06). The result does not depend on the order.
+  std::vector<std::vector<int32_t>> work;
+  work.push_back(std::move(first));
+  while (!work.empty()) {
+    std::vector<int32_t> stack = std::move(work.back());
+    work.pop_back();
+    while (true) {
+      if (stack.empty()) {
+        out.push_back(stack);
+        break;
+      }
+      const int32_t top = stack.back();
+      const Element& e = elements_[top];
+      if (e.kind == Element::kBytes) {
+        // An empty class (e.g. JSON Schema `false`) matches nothing: drop the stack.
+        if (byte_sets_[e.value].any()) out.push_back(stack);
+        break;
+      }
+      if (e.kind == Element::kEnd) {
+        stack.pop_back();
+        continue;
+      }
+      // A rule reference: replace it by each alternative (keeping the return
+      // position unless the reference is in tail position).
+      if (!seen.insert(stack).second) break;
       stack.pop_back();
-      continue;
+      if (elements_[top + 1].kind != Element::kEnd) stack.push_back(top + 1);
+      if (stack.size() >= kMaxStackDepth) break;
+      for (int32_t start : rule_alts_[e.value]) {
+        std::vector<int32_t> s = stack;
+        s.push_back(start);
+        work.push_back(std::move(s));
+      }
+      break;
     }
-    // A rule reference: replace it by each alternative (keeping the return
-    // position unless the reference is in tail position).
-    if (!seen.insert(stack).second) return;
-    stack.pop_back();
-    if (elements_[top + 1].kind != Element::kEnd) stack.push_back(top + 1);
-    if (stack.size() >= kMaxStackDepth) return;
-    for (int32_t start : rule_alts_[e.value]) {
-      std::vector<int32_t> s = stack;
-      s.push_back(start);
-      Expand(s, out, seen);
-    }
-    return;
   }
 }
 

@@ -78,6 +78,34 @@ TEST(Regex, LongCountedRepetitionsOfNullablePatternsAreRefused) {
   auto gbnf = CompileConstraint({StructuredOutput::Kind::kGrammar, "root ::= (\"a\"?){100}"});
   ASSERT_FALSE(gbnf.ok());
   EXPECT_NE(gbnf.status().message().find("empty string"), std::string::npos) << gbnf.status();
+  // fuzz_grammar's crash (2026-12-06): ~200 stacked quantifiers made
+  // Grammar::Expand recurse past the stack; they are refused once the term
+  // can match nothing, and Expand no longer recurses.
+  const std::string stacked = "root ::= \"ab\"" + std::string(20, '+') + std::string(120, '*');
+  auto s = CompileConstraint({StructuredOutput::Kind::kGrammar, stacked});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("quantifier after a quantifier"), std::string::npos)
+      << s.status();
+  for (const char* ok : {"root ::= \"a\"+?", "root ::= (\"a\"+)*"}) {
+    auto g = CompileConstraint({StructuredOutput::Kind::kGrammar, ok});
+    EXPECT_TRUE(g.ok()) << ok << ": " << g.status();
+  }
+}
+
+// Expansion through a chain of 100,000 rule references (R_i ::= R_{i+1}):
+// the recursive Expand took one C++ frame per reference and overflowed the
+// stack on such chains; the work list does not.
+TEST(Grammar, LongReferenceChainsExpandWithoutRecursion) {
+  GrammarBuilder b;
+  constexpr int kChain = 100000;
+  std::vector<int32_t> rules(kChain);
+  for (int32_t& r : rules) r = b.NewRule();
+  for (int i = 0; i + 1 < kChain; ++i) b.AddAlt(rules[i], {GrammarBuilder::Ref(rules[i + 1])});
+  b.AddAlt(rules.back(), {b.Byte('x')});
+  auto g = b.Build(rules[0]);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE((*g)->Matches("x"));
+  EXPECT_FALSE((*g)->Matches("y"));
 }
 
 TEST(Regex, UnsupportedConstructsAreErrors) {
