@@ -185,25 +185,16 @@ class GbnfParser {
   absl::StatusOr<Seq> ParsePostfix(Seq term) {
     for (bool first = true; !AtEnd(); first = false) {
       const char c = Peek();
-      // A quantifier over a term that can already match nothing adds only
-      // ambiguity (x** is x*), and stacked ones multiply it: refused.
-      if (!first && (c == '*' || c == '+' || c == '?' || c == '{') && b_.Nullable(term)) {
+      // * + ? after * + ? fold into one (GrammarBuilder::Repeat); a counted
+      // repetition of a repeated term that can match nothing only adds
+      // ambiguity, which nesting multiplies: refused.
+      if (!first && c == '{' && b_.Nullable(term)) {
         return Error(
-            absl::StrCat("a quantifier after a quantifier, on a term that can match the empty "
-                         "string ('",
-                         std::string(1, c), "')"));
+            "a counted repetition after a quantifier, on a term that can match the empty string");
       }
-      if (c == '*') {
+      if (c == '*' || c == '+' || c == '?') {
         ++pos_;
-        term = Seq{GrammarBuilder::Ref(b_.Star(term))};
-      } else if (c == '+') {
-        ++pos_;
-        Seq plus = term;
-        plus.push_back(GrammarBuilder::Ref(b_.Star(term)));
-        term = std::move(plus);
-      } else if (c == '?') {
-        ++pos_;
-        term = Seq{GrammarBuilder::Ref(b_.Optional(term))};
+        term = Seq{GrammarBuilder::Ref(b_.Repeat(term, c == '+' ? 1 : 0, c == '?' ? 1 : -1))};
       } else if (c == '{') {
         ++pos_;
         absl::StatusOr<std::optional<int>> lo = ParseCount();

@@ -9,6 +9,7 @@ namespace pagedserve::grammar {
 
 int32_t GrammarBuilder::NewRule() {
   rules_.emplace_back();
+  repetition_of_.emplace_back();
   return static_cast<int32_t>(rules_.size() - 1);
 }
 
@@ -98,6 +99,19 @@ bool GrammarBuilder::Nullable(const Seq& seq) const {
 }
 
 int32_t GrammarBuilder::Repeat(const Seq& body, int min, int max) {
+  // A * + ? of a term that is itself a * + ? of x is one of x*, x+, x?
+  // (same language). Building it as written nests one repetition inside
+  // another, and every level doubles the stacks a byte can leave live
+  // (fuzz_grammar: "((a+)+)+..." 20 deep took minutes per byte).
+  const bool plain = (min == 0 || min == 1) && (max < 0 || (min == 0 && max == 1));
+  if (plain && body.size() == 1 && body[0].kind == Element::kRule &&
+      repetition_of_[body[0].value].min >= 0) {
+    const int32_t inner = body[0].value;
+    const Repetition& r = repetition_of_[inner];
+    if (r.min == min && r.max == max) return inner;  // x** x++ x??
+    if (r.min == 0 && r.max < 0) return inner;       // (x*)+ (x*)?
+    return Repeat(Seq(r.body), 0, -1);               // (x+)* (x+)? (x?)* (x?)+
+  }
   Seq seq;
   for (int i = 0; i < min; ++i) {
     if (num_elements_ + seq.size() + body.size() > Grammar::kMaxElements) {
@@ -118,7 +132,9 @@ int32_t GrammarBuilder::Repeat(const Seq& body, int min, int max) {
     }
     seq.push_back(Ref(tail));
   }
-  return Alternatives({seq});
+  const int32_t rule = Alternatives({seq});
+  if (plain) repetition_of_[rule] = {min, max, body};
+  return rule;
 }
 
 namespace {
@@ -225,7 +241,7 @@ void Grammar::Expand(std::vector<int32_t>& first, std::vector<std::vector<int32_
   // (fuzz_grammar, 2026-12-06). The result does not depend on the order.
   std::vector<std::vector<int32_t>> work;
   work.push_back(std::move(first));
-  while (!work.empty()) {
+  while (!work.empty() && out.size() < kMaxLiveStacks && seen.size() < kMaxExpansions) {
     std::vector<int32_t> stack = std::move(work.back());
     work.pop_back();
     while (true) {
@@ -283,6 +299,7 @@ GrammarState Grammar::Advance(const GrammarState& state, uint8_t byte) const {
     std::vector<int32_t> s(f.begin() + i + 1, f.begin() + i + 1 + len);
     s.back() += 1;
     Expand(s, out, seen);
+    if (out.size() >= kMaxLiveStacks || seen.size() >= kMaxExpansions) break;
   }
   return Canonical(out);
 }

@@ -88,7 +88,10 @@ class GrammarBuilder {
   int32_t Star(const Seq& body);  // body*
   int32_t Optional(const Seq& body) { return Alternatives({body, {}}); }
   // body{min,max}; max < 0 = unbounded. Expands into copies of body (the size
-  // bound applies).
+  // bound applies). A * + ? ({0,}, {1,}, {0,1}) of a body that is one
+  // reference to a rule Repeat built as a * + ? is folded into one repetition
+  // (x** = x*, (x+)? = x*, ...): the same language without the nesting, whose
+  // ambiguity multiplies the automaton's live stacks per level.
   int32_t Repeat(const Seq& body, int min, int max);
 
   // True when `seq` can match the empty input (over the rules built so far).
@@ -110,7 +113,16 @@ class GrammarBuilder {
   absl::StatusOr<std::shared_ptr<const Grammar>> Build(int32_t start_rule);
 
  private:
+  // For a rule Repeat built as body* / body+ / body? (min 0 or 1, max -1 or
+  // 1): that repetition; min = -1 for every other rule.
+  struct Repetition {
+    int min = -1;
+    int max = -1;
+    Seq body;
+  };
+
   std::vector<std::vector<Seq>> rules_;
+  std::vector<Repetition> repetition_of_;
   std::vector<ByteSet> byte_sets_;
   size_t num_elements_ = 0;
 };
@@ -119,6 +131,15 @@ class Grammar {
  public:
   static constexpr size_t kMaxElements = 1 << 20;
   static constexpr size_t kMaxStackDepth = 1024;
+  // Work bounds of one Advance (and of the initial state): at most
+  // kMaxLiveStacks stacks are kept and kMaxExpansions rule references
+  // expanded; derivations past them are dropped. A grammar ambiguous enough to
+  // reach them (nesting the compilers could not fold, e.g. rule chains
+  // a ::= b+, b ::= c+, ...) then accepts a subset of its language: what it
+  // lets through stays valid, but it may end early. Grammars compiled from
+  // JSON Schema, choices and tool sets stay far below (tens of stacks).
+  static constexpr size_t kMaxLiveStacks = 1024;
+  static constexpr size_t kMaxExpansions = size_t{1} << 20;
 
   // The state before any input.
   const GrammarState& initial() const { return initial_; }
