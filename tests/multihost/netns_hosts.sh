@@ -12,6 +12,12 @@
 #                                    as ssh would) on HOST (an address of a host), in
 #                                    its namespace under its own host name (UTS namespace)
 #   netns_hosts.sh on PREFIX I CMD.. run CMD (argv) on host I, like `agent`
+#   netns_hosts.sh impair PREFIX ARGS..  forward between the hosts through
+#                                    impair_switch.py (ARGS: its --delay-ms, --jitter-ms,
+#                                    --loss, --cut pI,..; port pI is host I's link)
+#                                    instead of the bridge; prints the switch's stats
+#                                    file. Replaces an impairment already in place.
+#   netns_hosts.sh unimpair PREFIX   the bridge again (stops the switch)
 #   netns_hosts.sh reap              delete the namespaces of runs whose owner pid is gone
 #   netns_hosts.sh check             exit 0 when namespaces can be made here, else print why
 #   netns_hosts.sh run N CMD..       the test harness: `check` (exit 77 with the reason when
@@ -68,6 +74,53 @@ up() {
   # The bridge runs no STP, so its ports forward at once: no wait needed.
 }
 
+# The user-space switch (impair_switch.py: netem's delay, jitter and loss, and
+# partitions, for kernels without sch_netem) reads and writes whole frames, so
+# both ends of every link get their offloads off (segmentation, receive
+# coalescing and checksums done in software).
+impair_pid() { echo "${TMPDIR:-/tmp}/$1-impair.pid"; }
+impair_stats() { echo "${TMPDIR:-/tmp}/$1-impair.json"; }
+
+unimpair() {
+  local prefix=$1 pidf ns i
+  pidf=$(impair_pid "$prefix")
+  if [[ -f "$pidf" ]]; then
+    kill "$(cat "$pidf")" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do kill -0 "$(cat "$pidf")" 2>/dev/null || break; sleep 0.1; done
+    rm -f "$pidf"
+  fi
+  for ns in $(ns_list "$prefix" | grep -E -- '-h[0-9]+$'); do
+    ip -n "$prefix-sw" link set "p${ns##*-h}" master br0
+  done
+}
+
+impair() {
+  local prefix=$1 ports="" ns i stats
+  shift
+  command -v ethtool >/dev/null || die "impair needs ethtool (scripts/install-deps)"
+  unimpair "$prefix"
+  for ns in $(ns_list "$prefix" | grep -E -- '-h[0-9]+$'); do
+    i=${ns##*-h}
+    ip netns exec "$ns" ethtool -K eth0 tso off gso off gro off tx off rx off >/dev/null 2>&1 || true
+    ip netns exec "$prefix-sw" ethtool -K "p$i" tso off gso off gro off tx off rx off \
+      >/dev/null 2>&1 || true
+    ip -n "$prefix-sw" link set "p$i" nomaster
+    ports+="${ports:+,}p$i"
+  done
+  stats=$(impair_stats "$prefix")
+  rm -f "$stats"
+  ip netns exec "$prefix-sw" python3 "$(dirname "$(readlink -f "$0")")/impair_switch.py" \
+    --ports "$ports" --stats "$stats" "$@" </dev/null >/dev/null 2>"$stats.log" &
+  echo $! >"$(impair_pid "$prefix")"
+  # Ready once it has written its first counters (its sockets are bound by then).
+  for ((i = 0; i < 100; i++)); do
+    [[ -s "$stats" ]] && { echo "$stats"; return; }
+    kill -0 "$!" 2>/dev/null || die "impair_switch.py exited: $(cat "$stats.log")"
+    sleep 0.1
+  done
+  die "impair_switch.py did not start within 10 s"
+}
+
 host_ns() {  # namespace and index of an address (or host name) of a live run
   local host=$1 ns idx
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^psmh[0-9]+-h[0-9]+$'); do
@@ -81,7 +134,9 @@ host_ns() {  # namespace and index of an address (or host name) of a live run
 
 case "${1:-}" in
   up) [[ $# -eq 3 ]] || die "usage: up PREFIX N"; up "$2" "$3" ;;
-  down) [[ $# -eq 2 ]] || die "usage: down PREFIX"; down "$2" ;;
+  down) [[ $# -eq 2 ]] || die "usage: down PREFIX"; down "$2"; rm -f "$(impair_pid "$2")" "$(impair_stats "$2")"* ;;
+  impair) [[ $# -ge 2 ]] || die "usage: impair PREFIX ARGS..."; impair "${@:2}" ;;
+  unimpair) [[ $# -eq 2 ]] || die "usage: unimpair PREFIX"; unimpair "$2" ;;
   addr) [[ $# -eq 3 ]] || die "usage: addr PREFIX I"; addr_of "$2" "$3" ;;
   agent)
     # OpenMPI calls the agent as `agent [-x] HOST COMMAND...` (like ssh), with
@@ -111,6 +166,7 @@ case "${1:-}" in
     [[ "$(id -u)" -eq 0 ]] || { echo "needs root (network namespaces)"; exit 1; }
     command -v ip >/dev/null || { echo "needs iproute2 (ip)"; exit 1; }
     command -v unshare >/dev/null || { echo "needs unshare (util-linux)"; exit 1; }
+    command -v ethtool >/dev/null || { echo "needs ethtool (scripts/install-deps)"; exit 1; }
     probe="psmh$$-probe"
     if ! err=$(ip netns add "$probe" 2>&1); then echo "ip netns add fails: $err"; exit 1; fi
     ok=1
@@ -135,5 +191,5 @@ case "${1:-}" in
     "$@" || rc=$?
     exit "$rc"
     ;;
-  *) sed -n '2,26p' "$0"; exit 2 ;;
+  *) sed -n '2,32p' "$0"; exit 2 ;;
 esac
