@@ -86,6 +86,10 @@ PAGEDSERVE_FLAG(
     "--max-model-len");
 PAGEDSERVE_FLAG("generate,serve", bool, enable_chunked_prefill, true,
                 "split long prompts into chunks that share steps with decodes");
+PAGEDSERVE_FLAG("generate,serve", bool, prefill_first, false,
+                "a step with requests waiting runs only their prefills (running decodes wait a "
+                "step, as in vLLM V0 without chunked prefill and SGLang): lower TTFT for arrivals "
+                "while others generate, higher TPOT for those (docs/coordinator.md)");
 PAGEDSERVE_FLAG("generate,serve", bool, enable_prefix_caching, true,
                 "reuse the KV blocks of identical prompt prefixes (on by default, as in vLLM's V1 "
                 "engine; --no-enable-prefix-caching turns it off)");
@@ -278,6 +282,7 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
       batched > 0 ? batched
                   : (c.enable_chunked_prefill ? std::max(128, c.max_num_seqs) : c.max_model_len);
   c.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  c.prefill_first = absl::GetFlag(FLAGS_prefill_first);
   absl::StatusOr<PreemptionMode> mode = ParsePreemptionMode(absl::GetFlag(FLAGS_preemption_mode));
   if (!mode.ok()) return mode.status();  // names --preemption-mode
   c.preemption_mode = *mode;

@@ -479,6 +479,14 @@ absl::StatusOr<StepPlan> Scheduler::Schedule(StepPlan recycled) {
   num_step_groups_ = 0;
 
   int32_t budget = config_.max_num_batched_tokens;
+  if (config_.prefill_first && swapped_.empty() && !waiting_.empty()) {
+    int32_t running_seqs = RunningSeqs();
+    AdmitWaiting(&plan, &budget, &running_seqs);
+    if (!scheduled_.empty()) {
+      BuildPlan(&plan);
+      return plan;
+    }
+  }
   if (!ScheduleRunning(&plan, &budget)) {
     int32_t running_seqs = RunningSeqs();
     if (ScheduleSwapped(&plan, &budget, &running_seqs)) AdmitWaiting(&plan, &budget, &running_seqs);

@@ -119,6 +119,13 @@ struct SchedulerConfig {
   bool enable_chunked_prefill = true;
   bool enable_prefix_caching = false;
   bool enable_priority = false;  // order by (priority, arrival) instead of arrival
+  // A step with requests waiting admits them alone: their prefills (chunks)
+  // and no decode of the running requests, which wait one step (vLLM V0's
+  // order without chunked prefill; SGLang's prefill batches). Lower TTFT for
+  // requests arriving while others generate, at a higher TPOT for those. When
+  // no waiting request can be admitted (no blocks, --max-num-seqs, requests
+  // swapped out first) the step is the usual decode-first one. Off by default.
+  bool prefill_first = false;
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;
   double watermark = 0.01;  // fraction of device blocks kept free at admission
   BlockHashFn hash_fn;      // prefix-cache hash; empty = SHA-256

@@ -272,6 +272,48 @@ TEST(SchedulerTest, ChunkedPrefillPutsDecodesFirstAndRespectsTheBudget) {
   EXPECT_EQ(d.tokens["b"][0].size(), 2u);
 }
 
+// prefill_first: a waiting request's prefill runs alone while a request
+// decodes; the decode resumes the step after; with nothing admissible the
+// step is the usual decode step, never an empty one.
+TEST(SchedulerTest, PrefillFirstRunsArrivalsAloneAndFallsBackToDecodes) {
+  for (bool prefill_first : {false, true}) {
+    SchedulerConfig c = Config(8);  // 32 tokens
+    c.max_model_len = 32;
+    c.max_num_batched_tokens = 16;
+    c.max_num_seqs = 2;
+    c.prefill_first = prefill_first;
+    Driver d(c);
+    ASSERT_TRUE(d.sched->AddRequest(Req("a", 3, 12)).ok());
+    ASSERT_TRUE(d.Step());  // a prefilled
+    ASSERT_TRUE(d.sched->AddRequest(Req("b", 6, 6)).ok());
+    ASSERT_TRUE(d.Step());
+    const StepPlan& p = d.plans.back();
+    if (prefill_first) {
+      ASSERT_EQ(p.seqs.size(), 1u);
+      EXPECT_TRUE(p.seqs[0].is_prefill());
+      EXPECT_EQ(p.seqs[0].token_ids.size(), 6u);
+      ASSERT_TRUE(d.Step());  // a's decode and b's first decode together
+      EXPECT_EQ(d.plans.back().seqs.size(), 2u);
+      EXPECT_FALSE(d.plans.back().seqs[0].is_prefill());
+      EXPECT_FALSE(d.plans.back().seqs[1].is_prefill());
+    } else {
+      ASSERT_EQ(p.seqs.size(), 2u);  // a's decode first, then b's prefill
+      EXPECT_FALSE(p.seqs[0].is_prefill());
+      EXPECT_TRUE(p.seqs[1].is_prefill());
+    }
+    // A request that cannot be admitted now (a and b fill --max-num-seqs)
+    // leaves the step to the running decodes.
+    ASSERT_TRUE(d.sched->AddRequest(Req("c", 26, 2)).ok());
+    ASSERT_TRUE(d.Step());
+    EXPECT_FALSE(d.plans.back().seqs.empty());
+    for (const SequenceStep& st : d.plans.back().seqs) EXPECT_FALSE(st.is_prefill());
+    ASSERT_TRUE(d.RunToCompletion());
+    EXPECT_EQ(d.tokens["a"][0].size(), 12u);
+    EXPECT_EQ(d.tokens["b"][0].size(), 6u);
+    EXPECT_EQ(d.tokens["c"][0].size(), 2u);
+  }
+}
+
 TEST(SchedulerTest, NoChunkingAdmitsWholePromptsOnly) {
   SchedulerConfig c = Config(64);
   c.enable_chunked_prefill = false;

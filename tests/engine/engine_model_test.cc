@@ -110,6 +110,7 @@ class EngineModelTest : public ::testing::Test {
     int32_t sliding_window = 0;
     int32_t max_num_batched_tokens = 2048;
     int32_t max_num_seqs = 256;
+    bool prefill_first = false;
   };
   static std::unique_ptr<Engine> MakeEngine(const Config& c,
                                             std::unique_ptr<Executor> exec = nullptr) {
@@ -124,6 +125,7 @@ class EngineModelTest : public ::testing::Test {
     o.scheduler.sliding_window = c.sliding_window;
     o.scheduler.max_num_batched_tokens = c.max_num_batched_tokens;
     o.scheduler.max_num_seqs = c.max_num_seqs;
+    o.scheduler.prefill_first = c.prefill_first;
     auto e = Engine::Create(o, tokenizer_, std::move(exec), {tokenizer_->eos_id()});
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? std::move(*e) : nullptr;
@@ -242,6 +244,49 @@ TEST_F(EngineModelTest, GreedyBatchMatchesTransformersThroughTheLocalExecutor) {
     EXPECT_EQ(c.usage.prompt_tokens, static_cast<int32_t>(Ref(n).prompt_ids.size()));
     EXPECT_EQ(c.usage.completion_tokens, 16);
   }
+  ExpectAllFreed(*e);
+}
+
+// --prefill-first with arrivals while others decode, prompts in 32-token
+// chunks: every arrival's prefill steps run without decodes, and every
+// request still gets transformers' greedy tokens.
+TEST_F(EngineModelTest, PrefillFirstWithStaggeredArrivalsMatchesTransformers) {
+  Config c;
+  c.prefill_first = true;
+  c.max_num_batched_tokens = 32;
+  c.max_num_seqs = 8;
+  auto e = MakeEngine(c);
+  ASSERT_NE(e, nullptr);
+  const std::vector<std::string> names = {"plain_english", "code", "chat_single"};
+  std::map<std::string, Collected> all;
+  size_t next = 0;
+  int arrivals_alone = 0;  // steps of an arrival's first chunk in which no earlier request advanced
+  for (int step = 0; step < 500 && (next < names.size() || e->HasUnfinishedRequests()); ++step) {
+    std::map<std::string, size_t> earlier;  // unfinished requests' token counts before the step
+    const bool arrival = next < names.size() && step % 3 == 0;
+    if (arrival) {
+      for (size_t i = 0; i < next; ++i) {
+        if (!all[names[i]].finished) earlier[names[i]] = all[names[i]].tokens[0].size();
+      }
+      ASSERT_TRUE(e->AddRequest(Greedy(names[next], Ref(names[next]).prompt_ids, 12)).ok());
+      ++next;
+    }
+    auto outs = e->Step();
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    Collect(*outs, &all);
+    if (!arrival || earlier.empty()) continue;
+    bool none_advanced = true;
+    for (const auto& [id, n] : earlier) none_advanced &= all[id].tokens[0].size() == n;
+    arrivals_alone += none_advanced;
+  }
+  for (const std::string& n : names) {
+    ASSERT_TRUE(all[n].finished) << n;
+    ASSERT_EQ(all[n].tokens[0].size(), 12u) << n;
+    ExpectSameGreedy(Ref(n), all[n].tokens[0]);
+  }
+  // The two later arrivals came while earlier requests were decoding; their
+  // first steps ran without those decodes (without prefill_first: 0).
+  EXPECT_EQ(arrivals_alone, 2);
   ExpectAllFreed(*e);
 }
 
