@@ -238,7 +238,8 @@ void Grammar::Expand(std::vector<int32_t>& first, std::vector<std::vector<int32_
                      absl::flat_hash_set<std::vector<int32_t>>& seen) const {
   // A work list, not recursion: a chain of rule references (stacked
   // repetitions of a nullable term) can be longer than the thread's stack
-  // (fuzz_grammar, 2026-12-06). The result does not depend on the order.
+  // (fuzz_grammar, 2026-12-06). The result does not depend on the order,
+  // unless the work bounds (kMaxLiveStacks, kMaxExpansions) cut it short.
   std::vector<std::vector<int32_t>> work;
   work.push_back(std::move(first));
   while (!work.empty() && out.size() < kMaxLiveStacks && seen.size() < kMaxExpansions) {

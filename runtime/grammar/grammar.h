@@ -135,9 +135,11 @@ class Grammar {
   // kMaxLiveStacks stacks are kept and kMaxExpansions rule references
   // expanded; derivations past them are dropped. A grammar ambiguous enough to
   // reach them (nesting the compilers could not fold, e.g. rule chains
-  // a ::= b+, b ::= c+, ...) then accepts a subset of its language: what it
-  // lets through stays valid, but it may end early. Grammars compiled from
-  // JSON Schema, choices and tool sets stay far below (tens of stacks).
+  // a ::= b+, b ::= c+, ..., or nullable parts doubled by nested {2}) then
+  // accepts a subset of its language, and a byte Allowed() offered can leave
+  // the state dead when every derivation was dropped (docs/fuzzing.md, "Open:
+  // ambiguity and nullable nesting"). Grammars compiled from JSON Schema,
+  // choices and tool sets stay far below (tens of stacks).
   static constexpr size_t kMaxLiveStacks = 1024;
   static constexpr size_t kMaxExpansions = size_t{1} << 20;
 

@@ -16,8 +16,11 @@ The ports' offloads must be off (netns_hosts.sh does it with ethtool): a frame r
 here must be a whole MTU-sized frame with its checksums filled in.
 
 Every second and on SIGTERM / SIGINT it writes its counters as one JSON line to
---stats: {"received", "sent", "dropped", "cut"} (frames), so that a test can check
-that the impairment really applied. Exits 0 on SIGTERM / SIGINT.
+--stats, so that a test can check that the impairment really applied (frames):
+received; sent; dropped (by --loss); cut_from (frames a cut port sent, none
+forwarded); cut_to (copies not sent to a cut port); send_errors (a copy the
+kernel refused, e.g. a port gone down); oversize (frames longer than an Ethernet
+frame: offloads were not off). Exits 0 on SIGTERM / SIGINT.
 """
 import argparse
 import heapq
@@ -32,6 +35,7 @@ import time
 
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4  # linux/if_packet.h: a frame this socket's port sent
+MAX_FRAME = 1514  # Ethernet header + a 1500-byte MTU
 
 
 def main():
@@ -58,7 +62,8 @@ def main():
         s.bind((p, 0))
         s.setblocking(False)
         socks[s.fileno()] = (p, s)
-    counters = {"received": 0, "sent": 0, "dropped": 0, "cut": 0}
+    counters = {"received": 0, "sent": 0, "dropped": 0, "cut_from": 0, "cut_to": 0,
+                "send_errors": 0, "oversize": 0}
     queue = []  # (send time, sequence number, socket, frame)
     seq = 0
     stop = False
@@ -90,8 +95,8 @@ def main():
             try:
                 out.send(frame)
                 counters["sent"] += 1
-            except OSError:  # the port went down: the frame is lost, as on a wire
-                counters["dropped"] += 1
+            except OSError:  # e.g. the port went down: the frame is lost, as on a wire
+                counters["send_errors"] += 1
         if now >= next_stats:
             write_stats()
             next_stats = now + 1.0
@@ -113,11 +118,16 @@ def main():
                 if addr[2] == PACKET_OUTGOING:
                     continue
                 counters["received"] += 1
+                if len(frame) > MAX_FRAME:
+                    counters["oversize"] += 1
+                if src in cut:
+                    counters["cut_from"] += 1
+                    continue
                 for _, (dst, out) in socks.items():
                     if dst == src:
                         continue
-                    if src in cut or dst in cut:
-                        counters["cut"] += 1
+                    if dst in cut:
+                        counters["cut_to"] += 1
                         continue
                     if args.loss > 0 and rng.random() < args.loss:
                         counters["dropped"] += 1

@@ -78,46 +78,65 @@ up() {
 # partitions, for kernels without sch_netem) reads and writes whole frames, so
 # both ends of every link get their offloads off (segmentation, receive
 # coalescing and checksums done in software).
-impair_pid() { echo "${TMPDIR:-/tmp}/$1-impair.pid"; }
 impair_stats() { echo "${TMPDIR:-/tmp}/$1-impair.json"; }
 
-unimpair() {
-  local prefix=$1 pidf ns i
-  pidf=$(impair_pid "$prefix")
-  if [[ -f "$pidf" ]]; then
-    kill "$(cat "$pidf")" 2>/dev/null || true
-    for ((i = 0; i < 50; i++)); do kill -0 "$(cat "$pidf")" 2>/dev/null || break; sleep 0.1; done
-    rm -f "$pidf"
-  fi
-  for ns in $(ns_list "$prefix" | grep -E -- '-h[0-9]+$'); do
-    ip -n "$prefix-sw" link set "p${ns##*-h}" master br0
+host_ports() {  # the switch-side port of every host of PREFIX: p0 p1 ...
+  local ns
+  for ns in $(ns_list "$1" | grep -E -- '-h[0-9]+$'); do echo "p${ns##*-h}"; done
+}
+
+stop_switch() {  # the impair switch is the only process in the switch namespace
+  local prefix=$1 pids i
+  pids=$(ip netns pids "$prefix-sw" 2>/dev/null || true)
+  [[ -z "$pids" ]] && return 0
+  # shellcheck disable=SC2086  # one pid per word
+  kill $pids 2>/dev/null || true
+  for ((i = 0; i < 30; i++)); do
+    [[ -z "$(ip netns pids "$prefix-sw" 2>/dev/null)" ]] && return 0
+    sleep 0.1
   done
+  # shellcheck disable=SC2086
+  kill -9 $pids 2>/dev/null || true
+}
+
+unimpair() {
+  local prefix=$1 p
+  stop_switch "$prefix"
+  for p in $(host_ports "$prefix"); do ip -n "$prefix-sw" link set "$p" master br0; done
 }
 
 impair() {
-  local prefix=$1 ports="" ns i stats
+  local prefix=$1 ports="" ns i p stats pid
   shift
   command -v ethtool >/dev/null || die "impair needs ethtool (scripts/install-deps)"
   unimpair "$prefix"
   for ns in $(ns_list "$prefix" | grep -E -- '-h[0-9]+$'); do
     i=${ns##*-h}
-    ip netns exec "$ns" ethtool -K eth0 tso off gso off gro off tx off rx off >/dev/null 2>&1 || true
-    ip netns exec "$prefix-sw" ethtool -K "p$i" tso off gso off gro off tx off rx off \
-      >/dev/null 2>&1 || true
-    ip -n "$prefix-sw" link set "p$i" nomaster
+    ip netns exec "$ns" ethtool -K eth0 tso off gso off gro off tx off rx off >/dev/null ||
+      die "ethtool could not turn $ns eth0's offloads off"
+    ip netns exec "$prefix-sw" ethtool -K "p$i" tso off gso off gro off tx off rx off >/dev/null ||
+      die "ethtool could not turn p$i's offloads off"
     ports+="${ports:+,}p$i"
   done
   stats=$(impair_stats "$prefix")
   rm -f "$stats"
+  # Started while the bridge still forwards (frames are duplicated for a
+  # moment, which TCP ignores), so that the hosts are never cut off while it
+  # starts; the ports leave the bridge once its sockets are bound.
   ip netns exec "$prefix-sw" python3 "$(dirname "$(readlink -f "$0")")/impair_switch.py" \
     --ports "$ports" --stats "$stats" "$@" </dev/null >/dev/null 2>"$stats.log" &
-  echo $! >"$(impair_pid "$prefix")"
-  # Ready once it has written its first counters (its sockets are bound by then).
+  pid=$!
   for ((i = 0; i < 100; i++)); do
-    [[ -s "$stats" ]] && { echo "$stats"; return; }
-    kill -0 "$!" 2>/dev/null || die "impair_switch.py exited: $(cat "$stats.log")"
+    if [[ -s "$stats" ]]; then
+      for p in ${ports//,/ }; do echo "link set $p nomaster"; done | ip -n "$prefix-sw" -batch - ||
+        { unimpair "$prefix"; die "could not take the ports off the bridge"; }
+      echo "$stats"
+      return
+    fi
+    kill -0 "$pid" 2>/dev/null || die "impair_switch.py exited: $(cat "$stats.log")"
     sleep 0.1
   done
+  stop_switch "$prefix"
   die "impair_switch.py did not start within 10 s"
 }
 
@@ -134,7 +153,7 @@ host_ns() {  # namespace and index of an address (or host name) of a live run
 
 case "${1:-}" in
   up) [[ $# -eq 3 ]] || die "usage: up PREFIX N"; up "$2" "$3" ;;
-  down) [[ $# -eq 2 ]] || die "usage: down PREFIX"; down "$2"; rm -f "$(impair_pid "$2")" "$(impair_stats "$2")"* ;;
+  down) [[ $# -eq 2 ]] || die "usage: down PREFIX"; down "$2"; rm -f "$(impair_stats "$2")"* ;;
   impair) [[ $# -ge 2 ]] || die "usage: impair PREFIX ARGS..."; impair "${@:2}" ;;
   unimpair) [[ $# -eq 2 ]] || die "usage: unimpair PREFIX"; unimpair "$2" ;;
   addr) [[ $# -eq 3 ]] || die "usage: addr PREFIX I"; addr_of "$2" "$3" ;;
