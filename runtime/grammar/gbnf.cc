@@ -117,7 +117,15 @@ class GbnfParser {
       return Error(absl::StrCat("rule '", name, "' is defined twice"));
     }
     rule.defined = true;
-    for (const Seq& alt : *alts) b_.AddAlt(rule.id, alt);
+    // With an empty alternative the rule is built as a group (x|y|...)?, so
+    // that repetitions of it fold (GrammarBuilder::Group).
+    const bool has_empty =
+        std::any_of(alts->begin(), alts->end(), [](const Seq& a) { return a.empty(); });
+    if (has_empty) {
+      b_.AddAlt(rule.id, b_.Group(*alts));
+    } else {
+      for (const Seq& alt : *alts) b_.AddAlt(rule.id, alt);
+    }
     if (!AtEnd() && Peek() != '\n' && Peek() != '\r')
       return Error("expecting a newline or the end");
     if (b_.over_limit()) return Error("grammar too large");
@@ -169,8 +177,7 @@ class GbnfParser {
       if (!alts.ok()) return alts.status();
       if (Peek() != ')') return Error("expecting ')'");
       ++pos_;
-      if (alts->size() == 1) return std::move((*alts)[0]);
-      return Seq{GrammarBuilder::Ref(b_.Alternatives(*alts))};
+      return b_.Group(*alts);
     }
     if (IsWordChar(c)) {
       const size_t at = pos_;

@@ -1,6 +1,8 @@
 #include "runtime/grammar/grammar.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +45,19 @@ int32_t GrammarBuilder::Alternatives(const std::vector<Seq>& alts) {
   const int32_t r = NewRule();
   for (const Seq& a : alts) AddAlt(r, a);
   return r;
+}
+
+GrammarBuilder::Seq GrammarBuilder::Group(const std::vector<Seq>& alts) {
+  std::vector<Seq> nonempty;
+  for (const Seq& a : alts) {
+    if (!a.empty()) nonempty.push_back(a);
+  }
+  if (nonempty.size() == alts.size()) {
+    return alts.size() == 1 ? alts[0] : Seq{Ref(Alternatives(alts))};
+  }
+  if (nonempty.empty()) return {};
+  Seq body = nonempty.size() == 1 ? nonempty[0] : Seq{Ref(Alternatives(nonempty))};
+  return {Ref(Repeat(body, 0, 1))};
 }
 
 int32_t GrammarBuilder::Star(const Seq& body) {
@@ -98,28 +113,59 @@ bool GrammarBuilder::Nullable(const Seq& seq) const {
   return all_nullable(seq);
 }
 
+namespace {
+
+// x{a,b}{c,d} (b, d < 0 = unbounded) as one x{lo,hi}, when the counts it
+// allows, the union over k in [c, d] of [k*a, k*b], are an interval: with one
+// count (c == d), with a == 0, or when each [k*a, k*b] reaches the next
+// ((k+1)*a <= k*b + 1, tightest at k = c). (x{3}){1,2} = x{3}|x{6} is not.
+struct Counts {
+  int64_t lo, hi;
+};
+std::optional<Counts> FoldCounts(int64_t a, int64_t b, int64_t c, int64_t d) {
+  const bool interval =
+      c == d || a == 0 || (b < 0 ? (c >= 1 || a <= 1) : (a <= b && a - 1 <= c * (b - a)));
+  if (!interval) return std::nullopt;
+  return Counts{c * a, (b < 0 || d < 0) ? -1 : d * b};
+}
+
+}  // namespace
+
 int32_t GrammarBuilder::Repeat(const Seq& body, int min, int max) {
-  // A * + ? of a term that is itself a * + ? of x is one of x*, x+, x?
-  // (same language). Building it as written nests one repetition inside
-  // another, and every level doubles the stacks a byte can leave live
+  // A repetition of a term that is itself one repetition of x is one
+  // repetition of x when the counts allow (FoldCounts: x** = x*, (x+)? = x*,
+  // (x?){2} = x{0,2}, ...). Building it as written nests one repetition
+  // inside another, and every level doubles the stacks a byte can leave live
   // (fuzz_grammar: "((a+)+)+..." 20 deep took minutes per byte).
-  const bool plain = (min == 0 || min == 1) && (max < 0 || (min == 0 && max == 1));
-  if (plain && body.size() == 1 && body[0].kind == Element::kRule &&
+  if (body.size() == 1 && body[0].kind == Element::kRule &&
       repetition_of_[body[0].value].min >= 0) {
     const int32_t inner = body[0].value;
-    const Repetition& r = repetition_of_[inner];
-    if (r.min == min && r.max == max) return inner;  // x** x++ x??
-    if (r.min == 0 && r.max < 0) return inner;       // (x*)+ (x*)?
-    return Repeat(Seq(r.body), 0, -1);               // (x+)* (x+)? (x?)* (x?)+
+    const Repetition r = repetition_of_[inner];
+    // Only a variable count is ambiguous; an exact one nested stays linear in
+    // size where folded it would multiply ((x{2}){2}... 20 deep = x{2^20}).
+    std::optional<Counts> c;
+    if (r.min != r.max) c = FoldCounts(r.min, r.max, min, max);
+    if (c) {
+      if (c->lo == r.min && c->hi == r.max) return inner;
+      if (c->lo > static_cast<int64_t>(Grammar::kMaxElements) ||
+          c->hi > static_cast<int64_t>(Grammar::kMaxElements)) {
+        num_elements_ = Grammar::kMaxElements + 1;  // too large: Build() refuses
+        return NewRule();
+      }
+      return Repeat(r.body, static_cast<int>(c->lo), static_cast<int>(c->hi));
+    }
+  }
+  // The elements this adds: min copies of body, then (max - min) optional
+  // rules of body + a reference (two alternatives, each with its END) or one
+  // star rule. Refused before anything is copied when over the bound.
+  const auto n = static_cast<int64_t>(body.size());
+  const int64_t adds = int64_t{min} * n + (max < 0 ? n + 4 : (int64_t{max} - min) * (n + 3)) + 2;
+  if (static_cast<int64_t>(num_elements_) + adds > static_cast<int64_t>(Grammar::kMaxElements)) {
+    num_elements_ = Grammar::kMaxElements + 1;
+    return NewRule();
   }
   Seq seq;
-  for (int i = 0; i < min; ++i) {
-    if (num_elements_ + seq.size() + body.size() > Grammar::kMaxElements) {
-      num_elements_ = Grammar::kMaxElements + 1;  // refuse before copying
-      return NewRule();
-    }
-    seq.insert(seq.end(), body.begin(), body.end());
-  }
+  for (int i = 0; i < min; ++i) seq.insert(seq.end(), body.begin(), body.end());
   if (max < 0) {
     seq.push_back(Ref(Star(body)));
   } else if (max > min) {
@@ -133,8 +179,33 @@ int32_t GrammarBuilder::Repeat(const Seq& body, int min, int max) {
     seq.push_back(Ref(tail));
   }
   const int32_t rule = Alternatives({seq});
-  if (plain) repetition_of_[rule] = {min, max, body};
+  repetition_of_[rule] = {min, max, body};
   return rule;
+}
+
+int32_t GrammarBuilder::Resolve(int32_t rule) const {
+  for (int steps = 0; steps < 64 && repetition_of_[rule].min < 0 && rules_[rule].size() == 1 &&
+                      rules_[rule][0].size() == 1 && rules_[rule][0][0].kind == Element::kRule &&
+                      rules_[rule][0][0].value != rule;
+       ++steps) {
+    rule = rules_[rule][0][0].value;
+  }
+  return rule;
+}
+
+void GrammarBuilder::FoldThroughNamedRules() {
+  const size_t n = rules_.size();  // rules Repeat adds here are folded already
+  for (size_t r = 0; r < n && !over_limit(); ++r) {
+    const Repetition rep = repetition_of_[r];
+    if (rep.min < 0 || rep.body.size() != 1 || rep.body[0].kind != Element::kRule) continue;
+    const int32_t target = Resolve(rep.body[0].value);
+    if (target == rep.body[0].value || repetition_of_[target].min < 0) continue;
+    const int32_t folded = Repeat({Ref(target)}, rep.min, rep.max);
+    if (folded == static_cast<int32_t>(r)) continue;
+    rules_[r] = {{Ref(folded)}};
+    num_elements_ += 2;
+    repetition_of_[r] = repetition_of_[folded];
+  }
 }
 
 namespace {
@@ -199,6 +270,102 @@ absl::Status CheckLeftRecursion(const std::vector<std::vector<GrammarBuilder::Se
 
 }  // namespace
 
+namespace {
+
+// Per rule: whether it derives the empty input (nullable), derives anything at
+// all (productive), and derives some non-empty input. Fixpoints over the rules.
+struct RuleFacts {
+  std::vector<uint8_t> nullable, productive, nonempty;
+};
+
+// Linear in the grammar's size (a work list over the references to each rule,
+// not repeated passes: a chain of 100,000 rules would take 100,000 passes).
+RuleFacts ComputeRuleFacts(const std::vector<std::vector<GrammarBuilder::Seq>>& rules,
+                           const std::vector<ByteSet>& byte_sets) {
+  const size_t n = rules.size();
+  std::vector<const GrammarBuilder::Seq*> alts;
+  std::vector<int32_t> alt_rule;
+  std::vector<std::vector<int32_t>> uses(n);  // per rule: the alternatives referencing it
+  for (size_t r = 0; r < n; ++r) {
+    for (const auto& alt : rules[r]) {
+      const auto a = static_cast<int32_t>(alts.size());
+      alts.push_back(&alt);
+      alt_rule.push_back(static_cast<int32_t>(r));
+      for (const Element& e : alt) {
+        if (e.kind == Element::kRule) uses[e.value].push_back(a);
+      }
+    }
+  }
+  // "All elements have the property": a count of the references still
+  // unknown per alternative; an alternative with a byte class that lacks the
+  // property never gets it.
+  auto all_of = [&](auto&& byte_ok) {
+    std::vector<uint8_t> flag(n, 0);
+    std::vector<int64_t> pending(alts.size(), 0);
+    std::vector<int32_t> todo;
+    auto mark = [&](int32_t r) {
+      if (!flag[r]) {
+        flag[r] = 1;
+        todo.push_back(r);
+      }
+    };
+    for (size_t a = 0; a < alts.size(); ++a) {
+      for (const Element& e : *alts[a]) {
+        if (e.kind == Element::kRule) {
+          ++pending[a];
+        } else if (!byte_ok(e)) {
+          pending[a] = INT64_MIN / 2;  // never
+        }
+      }
+      if (pending[a] == 0) mark(alt_rule[a]);
+    }
+    while (!todo.empty()) {
+      const int32_t r = todo.back();
+      todo.pop_back();
+      for (int32_t a : uses[r]) {
+        if (--pending[a] == 0) mark(alt_rule[a]);
+      }
+    }
+    return flag;
+  };
+  RuleFacts f;
+  f.nullable = all_of([](const Element&) { return false; });
+  f.productive = all_of([&](const Element& e) { return byte_sets[e.value].any(); });
+  // Non-empty: a productive alternative with a byte class or a reference to a
+  // non-empty rule.
+  std::vector<uint8_t> alt_productive(alts.size());
+  for (size_t a = 0; a < alts.size(); ++a) {
+    alt_productive[a] = std::all_of(alts[a]->begin(), alts[a]->end(), [&](const Element& e) {
+      return e.kind == Element::kBytes ? byte_sets[e.value].any() : f.productive[e.value] != 0;
+    });
+  }
+  f.nonempty.assign(n, 0);
+  std::vector<int32_t> todo;
+  for (size_t a = 0; a < alts.size(); ++a) {
+    const bool has_byte = std::any_of(alts[a]->begin(), alts[a]->end(),
+                                      [](const Element& e) { return e.kind == Element::kBytes; });
+    const int32_t r = alt_rule[a];
+    if (has_byte && !f.nonempty[r] && alt_productive[a]) {
+      f.nonempty[r] = 1;
+      todo.push_back(r);
+    }
+  }
+  while (!todo.empty()) {
+    const int32_t r = todo.back();
+    todo.pop_back();
+    for (int32_t a : uses[r]) {
+      const int32_t user = alt_rule[a];
+      if (!f.nonempty[user] && alt_productive[a]) {
+        f.nonempty[user] = 1;
+        todo.push_back(user);
+      }
+    }
+  }
+  return f;
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const Grammar>> GrammarBuilder::Build(int32_t start_rule) {
   if (over_limit()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -212,37 +379,52 @@ absl::StatusOr<std::shared_ptr<const Grammar>> GrammarBuilder::Build(int32_t sta
       return absl::InvalidArgumentError(absl::StrCat("grammar: rule ", r, " has no alternative"));
     }
   }
+  FoldThroughNamedRules();
+  if (over_limit()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "constraint too large: its automaton would exceed ", Grammar::kMaxElements, " elements"));
+  }
   if (absl::Status s = CheckLeftRecursion(rules_); !s.ok()) return s;
+  RuleFacts facts = ComputeRuleFacts(rules_, byte_sets_);
   auto g = std::shared_ptr<Grammar>(new Grammar());
   g->byte_sets_ = byte_sets_;
   g->rule_alts_.resize(rules_.size());
   for (size_t r = 0; r < rules_.size(); ++r) {
     for (const Seq& alt : rules_[r]) {
-      g->rule_alts_[r].push_back(static_cast<int32_t>(g->elements_.size()));
+      // An alternative that derives nothing (an empty byte class, e.g. JSON
+      // Schema `false`, or a rule that derives nothing) is never entered, so
+      // that every stack the automaton keeps can be completed.
+      const bool productive = std::all_of(alt.begin(), alt.end(), [&](const Element& e) {
+        return e.kind == Element::kBytes ? byte_sets_[e.value].any()
+                                         : facts.productive[e.value] != 0;
+      });
+      if (productive) g->rule_alts_[r].push_back(static_cast<int32_t>(g->elements_.size()));
       g->elements_.insert(g->elements_.end(), alt.begin(), alt.end());
       g->elements_.push_back({Element::kEnd, 0});
     }
   }
+  g->nullable_ = std::move(facts.nullable);
+  g->nonempty_ = std::move(facts.nonempty);
   // The start: a stack holding a reference to the start rule, expanded.
   g->elements_.push_back({Element::kRule, start_rule});
   g->elements_.push_back({Element::kEnd, 0});
-  std::vector<int32_t> stack{static_cast<int32_t>(g->elements_.size() - 2)};
   std::vector<std::vector<int32_t>> out;
-  absl::flat_hash_set<std::vector<int32_t>> seen;
-  g->Expand(stack, out, seen);
+  Grammar::ExpandBudget budget;
+  g->Expand({static_cast<int32_t>(g->elements_.size() - 2)}, out, budget);
   g->initial_ = g->Canonical(out);
   return std::shared_ptr<const Grammar>(std::move(g));
 }
 
-void Grammar::Expand(std::vector<int32_t>& first, std::vector<std::vector<int32_t>>& out,
-                     absl::flat_hash_set<std::vector<int32_t>>& seen) const {
-  // A work list, not recursion: a chain of rule references (stacked
-  // repetitions of a nullable term) can be longer than the thread's stack
-  // (fuzz_grammar, 2026-12-06). The result does not depend on the order,
-  // unless the work bounds (kMaxLiveStacks, kMaxExpansions) cut it short.
+void Grammar::Expand(std::vector<int32_t> first, std::vector<std::vector<int32_t>>& out,
+                     ExpandBudget& budget) const {
+  // A work list, not recursion: a chain of rule references can be longer than
+  // the thread's stack (fuzz_grammar, 2026-12-06). The result does not depend
+  // on the order unless the budget cuts it short; depth first, every path
+  // reaches a byte class (or the empty stack) within the grammar's nesting, so
+  // a cut keeps the stacks found so far and loses only the rest.
   std::vector<std::vector<int32_t>> work;
   work.push_back(std::move(first));
-  while (!work.empty() && out.size() < kMaxLiveStacks && seen.size() < kMaxExpansions) {
+  while (!work.empty() && !budget.Spent(out.size())) {
     std::vector<int32_t> stack = std::move(work.back());
     work.pop_back();
     while (true) {
@@ -250,31 +432,57 @@ void Grammar::Expand(std::vector<int32_t>& first, std::vector<std::vector<int32_
         out.push_back(stack);
         break;
       }
-      const int32_t top = stack.back();
-      const Element& e = elements_[top];
+      const bool fresh = (stack.back() & kFresh) != 0;
+      const int32_t pos = stack.back() & ~kFresh;
+      const Element& e = elements_[pos];
       if (e.kind == Element::kBytes) {
-        // An empty class (e.g. JSON Schema `false`) matches nothing: drop the stack.
-        if (byte_sets_[e.value].any()) out.push_back(stack);
+        stack.back() = pos;
+        out.push_back(stack);
         break;
       }
       if (e.kind == Element::kEnd) {
+        // A fresh frame at its end derived the empty input: that derivation
+        // was taken by stepping over the reference, not here.
+        if (fresh) break;
         stack.pop_back();
         continue;
       }
-      // A rule reference: replace it by each alternative (keeping the return
-      // position unless the reference is in tail position).
-      if (!seen.insert(stack).second) break;
-      stack.pop_back();
-      if (elements_[top + 1].kind != Element::kEnd) stack.push_back(top + 1);
-      if (stack.size() >= kMaxStackDepth) break;
-      for (int32_t start : rule_alts_[e.value]) {
-        std::vector<int32_t> s = stack;
-        s.push_back(start);
-        work.push_back(std::move(s));
+      // A rule reference. Aycock and Horspool's treatment of nullable rules
+      // ("Practical Earley Parsing", 2002), on stacks: the empty derivation is
+      // a step over the reference; the rule is entered (its alternatives
+      // pushed fresh) only for its non-empty derivations. Entering a nullable
+      // rule for the empty input as well would make every way of deriving it
+      // a separate stack (rules that only derive it, nested, are exponential).
+      if (!budget.Insert(stack)) break;
+      const int32_t rule = e.value;
+      if (nonempty_[rule]) {
+        // After the rule the frame has consumed input, so the return
+        // position is not fresh; in tail position there is none.
+        std::vector<int32_t> base(stack.begin(), stack.end() - 1);
+        if (elements_[pos + 1].kind != Element::kEnd) base.push_back(pos + 1);
+        if (base.size() < kMaxStackDepth) {
+          for (int32_t start : rule_alts_[rule]) {
+            std::vector<int32_t> s = base;
+            s.push_back(start | kFresh);
+            work.push_back(std::move(s));
+          }
+        }
       }
-      break;
+      if (!nullable_[rule]) break;
+      stack.back() = (pos + 1) | (fresh ? kFresh : 0);
     }
   }
+}
+
+bool Grammar::ExpandBudget::Insert(const std::vector<int32_t>& stack) {
+  if (!seen.insert(stack).second) return false;
+  seen_ints += stack.size();
+  return true;
+}
+
+bool Grammar::ExpandBudget::Spent(size_t live_stacks) const {
+  return live_stacks >= kMaxLiveStacks || seen.size() >= kMaxExpansions ||
+         seen_ints >= kMaxExpandedInts;
 }
 
 GrammarState Grammar::Canonical(std::vector<std::vector<int32_t>>& stacks) const {
@@ -290,17 +498,16 @@ GrammarState Grammar::Canonical(std::vector<std::vector<int32_t>>& stacks) const
 
 GrammarState Grammar::Advance(const GrammarState& state, uint8_t byte) const {
   std::vector<std::vector<int32_t>> out;
-  absl::flat_hash_set<std::vector<int32_t>> seen;
+  ExpandBudget budget;
   const auto& f = state.stacks;
-  for (size_t i = 0; i < f.size(); i += f[i] + 1) {
+  for (size_t i = 0; i < f.size() && !budget.Spent(out.size()); i += f[i] + 1) {
     const int32_t len = f[i];
     if (len == 0) continue;
     const Element& top = elements_[f[i + len]];
     if (top.kind != Element::kBytes || !byte_sets_[top.value].test(byte)) continue;
     std::vector<int32_t> s(f.begin() + i + 1, f.begin() + i + 1 + len);
     s.back() += 1;
-    Expand(s, out, seen);
-    if (out.size() >= kMaxLiveStacks || seen.size() >= kMaxExpansions) break;
+    Expand(std::move(s), out, budget);
   }
   return Canonical(out);
 }

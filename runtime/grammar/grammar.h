@@ -17,7 +17,10 @@
 // class on top, or is empty (the whole start rule matched: the input so far is
 // a complete sentence, "accepting"). Advancing by one byte keeps the stacks
 // whose top class holds the byte, steps past it and expands rule references and
-// finished alternatives until a byte class (or nothing) is on top again.
+// finished alternatives until a byte class (or nothing) is on top again. A
+// reference to a rule that can derive the empty input is also stepped over,
+// and the rule is entered only for its non-empty derivations (Aycock and
+// Horspool), so the ways of deriving the empty input never multiply stacks.
 // A reference in tail position does not grow the stack (tail calls), so
 // right-recursive repetition (x* as R ::= x R | "") runs in constant stack
 // depth. Left recursion is rejected at Build() time; stacks deeper than
@@ -85,13 +88,20 @@ class GrammarBuilder {
 
   // Rules built from sequences (each returns a new rule id):
   int32_t Alternatives(const std::vector<Seq>& alts);
+  // A parenthesized group (x|y|...) as one term. With an empty alternative it
+  // is built as (x|y|...)?, the same language, so that Repeat can fold a
+  // * + ? around it: ((a|)+|)+ is a*, where built as written every nesting
+  // level doubled the live stacks.
+  Seq Group(const std::vector<Seq>& alts);
   int32_t Star(const Seq& body);  // body*
   int32_t Optional(const Seq& body) { return Alternatives({body, {}}); }
   // body{min,max}; max < 0 = unbounded. Expands into copies of body (the size
-  // bound applies). A * + ? ({0,}, {1,}, {0,1}) of a body that is one
-  // reference to a rule Repeat built as a * + ? is folded into one repetition
-  // (x** = x*, (x+)? = x*, ...): the same language without the nesting, whose
-  // ambiguity multiplies the automaton's live stacks per level.
+  // bound applies). A repetition of a body that is one reference to a rule
+  // Repeat built with a variable count is folded into one repetition when the
+  // counts allow (x** = x*, (x+)? = x*, (x?){2} = x{0,2},
+  // (x{2,3}){1,2} = x{2,6}; not (x{3}){1,2}): the same language without the
+  // nesting, whose ambiguity multiplies the automaton's live stacks per level. Build() folds again
+  // through named rules (r ::= s+ where s ::= t+ was defined later).
   int32_t Repeat(const Seq& body, int min, int max);
 
   // True when `seq` can match the empty input (over the rules built so far).
@@ -113,13 +123,18 @@ class GrammarBuilder {
   absl::StatusOr<std::shared_ptr<const Grammar>> Build(int32_t start_rule);
 
  private:
-  // For a rule Repeat built as body* / body+ / body? (min 0 or 1, max -1 or
-  // 1): that repetition; min = -1 for every other rule.
+  // For a rule Repeat built: body{min,max}; min = -1 for every other rule.
   struct Repetition {
     int min = -1;
     int max = -1;
     Seq body;
   };
+
+  // `rule` through rules that are one reference to another rule (at most 64).
+  int32_t Resolve(int32_t rule) const;
+  // Folds each repetition whose body resolves to a repetition (Repeat's rule)
+  // through named rules, which were not defined yet when it was built.
+  void FoldThroughNamedRules();
 
   std::vector<std::vector<Seq>> rules_;
   std::vector<Repetition> repetition_of_;
@@ -132,16 +147,21 @@ class Grammar {
   static constexpr size_t kMaxElements = 1 << 20;
   static constexpr size_t kMaxStackDepth = 1024;
   // Work bounds of one Advance (and of the initial state): at most
-  // kMaxLiveStacks stacks are kept and kMaxExpansions rule references
-  // expanded; derivations past them are dropped. A grammar ambiguous enough to
-  // reach them (nesting the compilers could not fold, e.g. rule chains
-  // a ::= b+, b ::= c+, ..., or nullable parts doubled by nested {2}) then
-  // accepts a subset of its language, and a byte Allowed() offered can leave
-  // the state dead when every derivation was dropped (docs/fuzzing.md, "Open:
-  // ambiguity and nullable nesting"). Grammars compiled from JSON Schema,
-  // choices and tool sets stay far below (tens of stacks).
+  // kMaxLiveStacks stacks are kept, kMaxExpansions rule references expanded
+  // and kMaxExpandedInts stack entries remembered as expanded; past them the
+  // remaining derivations are dropped. Expansion is depth first and every
+  // derivation it follows reaches a byte class within the grammar's nesting
+  // (empty derivations are stepped over, unproductive alternatives never
+  // entered), so a cut state still holds every stack found before it: what
+  // the automaton then allows is a subset of the language, never outside it,
+  // and a byte Allowed() offers keeps the state alive. Only grammars
+  // ambiguous in their non-empty derivations reach the bounds (nested
+  // repetitions the compilers could not fold, e.g. rule chains a ::= b+,
+  // b ::= c+, ...; docs/structured-output.md); grammars compiled from JSON
+  // Schema, choices and tool sets stay at tens of stacks.
   static constexpr size_t kMaxLiveStacks = 1024;
-  static constexpr size_t kMaxExpansions = size_t{1} << 20;
+  static constexpr size_t kMaxExpansions = size_t{1} << 18;
+  static constexpr size_t kMaxExpandedInts = size_t{1} << 22;
 
   // The state before any input.
   const GrammarState& initial() const { return initial_; }
@@ -162,18 +182,33 @@ class Grammar {
  private:
   friend class GrammarBuilder;
   Grammar() = default;
-  // Expands `stack` until a byte class or nothing is on top; inserts results.
-  // `seen`: the stacks with a rule reference on top already expanded in this
-  // step (their results are in `out` already; shared by every stack of one
-  // Advance, so that ambiguous grammars do not expand the same stack once per
-  // live stack: fuzz_grammar's second timeout, 2026-12-06).
-  void Expand(std::vector<int32_t>& stack, std::vector<std::vector<int32_t>>& out,
-              absl::flat_hash_set<std::vector<int32_t>>& seen) const;
+  // The expansions of one Advance: the stacks with a rule reference on top
+  // already expanded (their results are in the output already; shared by
+  // every stack of the step, so that ambiguous grammars do not expand the same
+  // stack once per live stack: fuzz_grammar's second timeout, 2026-12-06).
+  struct ExpandBudget {
+    absl::flat_hash_set<std::vector<int32_t>> seen;
+    size_t seen_ints = 0;
+    // False when `stack` was expanded already in this step.
+    bool Insert(const std::vector<int32_t>& stack);
+    // True when the work bounds are reached with `live_stacks` in the output.
+    bool Spent(size_t live_stacks) const;
+  };
+  // A stack entry with this bit set is a "fresh" frame: the rule's alternative
+  // has consumed no input yet, so reaching its end would be an empty
+  // derivation (already taken by stepping over the reference). Only inside
+  // Expand; states never hold it.
+  static constexpr int32_t kFresh = int32_t{1} << 30;
+  // Expands `stack` until a byte class or nothing is on top; appends results.
+  void Expand(std::vector<int32_t> stack, std::vector<std::vector<int32_t>>& out,
+              ExpandBudget& budget) const;
   GrammarState Canonical(std::vector<std::vector<int32_t>>& stacks) const;
 
   std::vector<Element> elements_;
   std::vector<ByteSet> byte_sets_;
-  std::vector<std::vector<int32_t>> rule_alts_;  // start positions per rule
+  std::vector<std::vector<int32_t>> rule_alts_;  // start positions of productive alternatives
+  std::vector<uint8_t> nullable_;                // per rule: derives the empty input
+  std::vector<uint8_t> nonempty_;                // per rule: derives some non-empty input
   GrammarState initial_;
 };
 

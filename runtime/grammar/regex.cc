@@ -230,8 +230,7 @@ class RegexParser {
       if (AtEnd() || Peek() != '|') break;
       ++pos_;
     }
-    if (branches.size() == 1) return branches[0];
-    return GrammarBuilder::Seq{GrammarBuilder::Ref(b_.Alternatives(branches))};
+    return b_.Group(branches);
   }
 
   absl::StatusOr<GrammarBuilder::Seq> ParseConcat() {
