@@ -15,15 +15,15 @@ absl::StatusOr<std::shared_ptr<const Grammar>> CompileChoice(const std::string& 
     return absl::InvalidArgumentError("choice: must be a non-empty array of strings");
   }
   GrammarBuilder b;
-  const int32_t rule = b.NewRule();
+  std::vector<GrammarBuilder::Seq> alts;
   for (const auto& item : list) {
     if (!item.is_string())
       return absl::InvalidArgumentError("choice: every entry must be a string");
     GrammarBuilder::Seq s;
     b.AppendLiteral(s, item.get<std::string>());
-    b.AddAlt(rule, s);
+    alts.push_back(std::move(s));
   }
-  return b.Build(rule);
+  return b.Build(b.Alternatives(alts));
 }
 
 absl::StatusOr<std::shared_ptr<const Grammar>> CompileWholeRegex(const std::string& spec) {

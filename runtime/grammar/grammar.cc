@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 
 namespace pagedserve::grammar {
@@ -16,6 +18,7 @@ int32_t GrammarBuilder::NewRule() {
 }
 
 void GrammarBuilder::AddAlt(int32_t rule, const Seq& seq) {
+  if (static_cast<size_t>(rule) < memo_epoch_) nullable_memo_.clear();
   num_elements_ += seq.size() + 1;
   if (over_limit()) return;  // Build() reports it; stop growing memory
   rules_[rule].push_back(seq);
@@ -42,8 +45,65 @@ void GrammarBuilder::AppendLiteral(Seq& seq, std::string_view text) {
 }
 
 int32_t GrammarBuilder::Alternatives(const std::vector<Seq>& alts) {
+  const bool literals = alts.size() > 1 && std::all_of(alts.begin(), alts.end(), [](const Seq& a) {
+                          return std::all_of(a.begin(), a.end(), [](const Element& e) {
+                            return e.kind == Element::kBytes;
+                          });
+                        });
+  if (literals) return LiteralTrie(alts);
   const int32_t r = NewRule();
   for (const Seq& a : alts) AddAlt(r, a);
+  return r;
+}
+
+int32_t GrammarBuilder::LiteralTrie(const std::vector<Seq>& alts) {
+  struct Node {
+    std::vector<std::pair<int32_t, int32_t>> children;  // (byte set index, node)
+    bool end = false;                                   // an alternative ends here
+  };
+  std::vector<Node> nodes(1);
+  for (const Seq& a : alts) {
+    int32_t n = 0;
+    for (const Element& e : a) {
+      auto& ch = nodes[n].children;
+      auto it =
+          std::find_if(ch.begin(), ch.end(), [&](const auto& c) { return c.first == e.value; });
+      if (it != ch.end()) {
+        n = it->second;
+        continue;
+      }
+      const auto child = static_cast<int32_t>(nodes.size());
+      nodes[n].children.emplace_back(e.value, child);
+      nodes.emplace_back();
+      n = child;
+    }
+    nodes[n].end = true;
+  }
+  // The language from node n as a sequence: a chain of single children is
+  // spelled out; a branching node becomes a rule of its branches. Recursion
+  // depth = branching nodes on one path (at most ~sqrt(2 * total bytes)).
+  std::function<Seq(int32_t)> emit = [&](int32_t n) {
+    Seq seq;
+    while (nodes[n].children.size() == 1 && !nodes[n].end) {
+      seq.push_back({Element::kBytes, nodes[n].children[0].first});
+      n = nodes[n].children[0].second;
+    }
+    if (nodes[n].children.empty()) return seq;
+    const int32_t rule = NewRule();
+    for (const auto& [set, child] : nodes[n].children) {
+      Seq branch{{Element::kBytes, set}};
+      const Seq rest = emit(child);
+      branch.insert(branch.end(), rest.begin(), rest.end());
+      AddAlt(rule, branch);
+    }
+    if (nodes[n].end) AddAlt(rule, {});
+    seq.push_back(Ref(rule));
+    return seq;
+  };
+  const Seq whole = emit(0);
+  if (whole.size() == 1 && whole[0].kind == Element::kRule) return whole[0].value;
+  const int32_t r = NewRule();
+  AddAlt(r, whole);
   return r;
 }
 
@@ -70,15 +130,22 @@ int32_t GrammarBuilder::Star(const Seq& body) {
 }
 
 bool GrammarBuilder::Nullable(const Seq& seq) const {
-  // The rules reachable from seq, then a fixpoint: a rule is nullable when
-  // some alternative is all references to nullable rules.
+  // The rules reachable from seq, then a work list (linear in their size): a
+  // rule is nullable once one alternative has all its references nullable
+  // (an alternative with a byte class never is).
+  // Results are remembered (nullable_memo_) until a rule that existed at the
+  // last query gets an alternative (AddAlt: a named rule defined after its
+  // use), so a grammar of many counted repetitions of one long chain costs
+  // the chain once, not once per repetition.
   std::vector<int32_t> reach, todo;
-  std::vector<bool> seen(rules_.size(), false), nullable(rules_.size(), false);
+  absl::flat_hash_map<int32_t, int32_t> index;  // rule -> position in reach
+  auto valid = [&](const Element& e) {
+    return e.kind == Element::kRule && e.value >= 0 && static_cast<size_t>(e.value) < rules_.size();
+  };
   auto visit = [&](const Seq& s) {
     for (const Element& e : s) {
-      if (e.kind == Element::kRule && e.value >= 0 &&
-          static_cast<size_t>(e.value) < rules_.size() && !seen[e.value]) {
-        seen[e.value] = true;
+      if (valid(e) && !nullable_memo_.contains(e.value) &&
+          index.emplace(e.value, static_cast<int32_t>(reach.size())).second) {
         reach.push_back(e.value);
         todo.push_back(e.value);
       }
@@ -90,27 +157,45 @@ bool GrammarBuilder::Nullable(const Seq& seq) const {
     todo.pop_back();
     for (const Seq& alt : rules_[r]) visit(alt);
   }
-  auto all_nullable = [&](const Seq& s) {
-    for (const Element& e : s) {
-      if (e.kind != Element::kRule || e.value < 0 ||
-          static_cast<size_t>(e.value) >= rules_.size() || !nullable[e.value])
-        return false;
-    }
-    return true;
-  };
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (int32_t r : reach) {
-      if (nullable[r]) continue;
-      for (const Seq& alt : rules_[r]) {
-        if (all_nullable(alt)) {
-          nullable[r] = changed = true;
+  std::vector<uint8_t> nullable(reach.size(), 0);
+  std::vector<int64_t> pending;    // per reachable alternative
+  std::vector<int32_t> alt_owner;  // its rule's position in reach
+  std::vector<std::vector<int32_t>> uses(reach.size());
+  std::vector<int32_t> ready;
+  for (size_t i = 0; i < reach.size(); ++i) {
+    for (const Seq& alt : rules_[reach[i]]) {
+      const auto a = static_cast<int32_t>(pending.size());
+      int64_t count = 0;
+      for (const Element& e : alt) {
+        const auto memo = valid(e) ? nullable_memo_.find(e.value) : nullable_memo_.end();
+        if (!valid(e) || (memo != nullable_memo_.end() && !memo->second)) {
+          count = -1;  // a byte class or a rule known not nullable
           break;
         }
+        if (memo == nullable_memo_.end()) ++count;
       }
+      pending.push_back(count);
+      alt_owner.push_back(static_cast<int32_t>(i));
+      if (count < 0) continue;
+      for (const Element& e : alt) {
+        if (!nullable_memo_.contains(e.value)) uses[index[e.value]].push_back(a);
+      }
+      if (count == 0) ready.push_back(static_cast<int32_t>(i));
     }
   }
-  return all_nullable(seq);
+  while (!ready.empty()) {
+    const int32_t i = ready.back();
+    ready.pop_back();
+    if (nullable[i]) continue;
+    nullable[i] = 1;
+    for (int32_t a : uses[i]) {
+      if (--pending[a] == 0) ready.push_back(alt_owner[a]);
+    }
+  }
+  for (size_t i = 0; i < reach.size(); ++i) nullable_memo_[reach[i]] = nullable[i] != 0;
+  memo_epoch_ = rules_.size();
+  return std::all_of(seq.begin(), seq.end(),
+                     [&](const Element& e) { return valid(e) && nullable_memo_[e.value]; });
 }
 
 namespace {
@@ -123,6 +208,7 @@ struct Counts {
   int64_t lo, hi;
 };
 std::optional<Counts> FoldCounts(int64_t a, int64_t b, int64_t c, int64_t d) {
+  if (d == 0 || b == 0) return Counts{0, 0};  // no copy, or copies of nothing
   const bool interval =
       c == d || a == 0 || (b < 0 ? (c >= 1 || a <= 1) : (a <= b && a - 1 <= c * (b - a)));
   if (!interval) return std::nullopt;
@@ -210,58 +296,72 @@ void GrammarBuilder::FoldThroughNamedRules() {
 
 namespace {
 
-// Left recursion: a rule that reaches itself through references each preceded
-// only by nullable elements and not in tail position.
-absl::Status CheckLeftRecursion(const std::vector<std::vector<GrammarBuilder::Seq>>& rules) {
+// Left recursion: a rule that reaches itself through references each
+// preceded only by nullable elements, where at least one of them is not in
+// tail position (such a cycle grows the stack without consuming input). A
+// cycle of tail references only (S ::= X S with X nullable, what Star builds
+// of a nullable body) keeps the stack as it is and is expanded once per step.
+// Checked on the strongly connected components of the left-corner graph
+// (Tarjan's algorithm, iterative): a non-tail edge inside one is a cycle.
+absl::Status CheckLeftRecursion(const std::vector<std::vector<GrammarBuilder::Seq>>& rules,
+                                const std::vector<uint8_t>& nullable) {
   const size_t n = rules.size();
-  std::vector<char> nullable(n, 0);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < n; ++r) {
-      if (nullable[r]) continue;
-      for (const auto& alt : rules[r]) {
-        bool all = std::all_of(alt.begin(), alt.end(), [&](const Element& e) {
-          return e.kind == Element::kRule && nullable[e.value];
-        });
-        if (all) {
-          nullable[r] = 1;
-          changed = true;
-          break;
-        }
-      }
-    }
-  }
-  std::vector<std::vector<int32_t>> left(n);
+  struct Edge {
+    int32_t to;
+    bool tail;
+  };
+  std::vector<std::vector<Edge>> left(n);
   for (size_t r = 0; r < n; ++r) {
     for (const auto& alt : rules[r]) {
       for (size_t i = 0; i < alt.size(); ++i) {
         if (alt[i].kind != Element::kRule) break;
-        if (i + 1 < alt.size()) left[r].push_back(alt[i].value);
+        left[r].push_back({alt[i].value, i + 1 == alt.size()});
         if (!nullable[alt[i].value]) break;
       }
     }
   }
-  // Iterative DFS for a cycle (0 new, 1 on the path, 2 done).
-  std::vector<char> color(n, 0);
+  std::vector<int32_t> index(n, -1), low(n, 0), component(n, -1), stack;
+  std::vector<char> on_stack(n, 0);
+  int32_t next_index = 0;
   for (size_t root = 0; root < n; ++root) {
-    if (color[root]) continue;
+    if (index[root] >= 0) continue;
     std::vector<std::pair<int32_t, size_t>> path{{static_cast<int32_t>(root), 0}};
-    color[root] = 1;
+    index[root] = low[root] = next_index++;
+    stack.push_back(static_cast<int32_t>(root));
+    on_stack[root] = 1;
     while (!path.empty()) {
       auto& [r, next] = path.back();
       if (next < left[r].size()) {
-        const int32_t c = left[r][next++];
-        if (color[c] == 1) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("grammar is left-recursive (rule ", c, ")"));
-        }
-        if (color[c] == 0) {
-          color[c] = 1;
+        const int32_t c = left[r][next++].to;
+        if (index[c] < 0) {
+          index[c] = low[c] = next_index++;
+          stack.push_back(c);
+          on_stack[c] = 1;
           path.emplace_back(c, 0);
+        } else if (on_stack[c]) {
+          low[r] = std::min(low[r], index[c]);
         }
-      } else {
-        color[r] = 2;
-        path.pop_back();
+        continue;
+      }
+      const int32_t done = r;
+      if (low[done] == index[done]) {
+        int32_t v;
+        do {
+          v = stack.back();
+          stack.pop_back();
+          on_stack[v] = 0;
+          component[v] = done;
+        } while (v != done);
+      }
+      path.pop_back();
+      if (!path.empty()) low[path.back().first] = std::min(low[path.back().first], low[done]);
+    }
+  }
+  for (size_t r = 0; r < n; ++r) {
+    for (const Edge& e : left[r]) {
+      if (!e.tail && component[e.to] == component[r]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("grammar is left-recursive (rule ", e.to, ")"));
       }
     }
   }
@@ -384,8 +484,8 @@ absl::StatusOr<std::shared_ptr<const Grammar>> GrammarBuilder::Build(int32_t sta
     return absl::InvalidArgumentError(absl::StrCat(
         "constraint too large: its automaton would exceed ", Grammar::kMaxElements, " elements"));
   }
-  if (absl::Status s = CheckLeftRecursion(rules_); !s.ok()) return s;
   RuleFacts facts = ComputeRuleFacts(rules_, byte_sets_);
+  if (absl::Status s = CheckLeftRecursion(rules_, facts.nullable); !s.ok()) return s;
   auto g = std::shared_ptr<Grammar>(new Grammar());
   g->byte_sets_ = byte_sets_;
   g->rule_alts_.resize(rules_.size());
@@ -411,6 +511,13 @@ absl::StatusOr<std::shared_ptr<const Grammar>> GrammarBuilder::Build(int32_t sta
   std::vector<std::vector<int32_t>> out;
   Grammar::ExpandBudget budget;
   g->Expand({static_cast<int32_t>(g->elements_.size() - 2)}, out, budget);
+  if (budget.cut) {
+    // E.g. an enum or choice of more than kMaxLiveStacks entries: refused
+    // rather than losing some of them.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "constraint too large: its first byte alone has more than ", Grammar::kMaxLiveStacks,
+        " live alternatives (or exceeds the automaton's work bounds)"));
+  }
   g->initial_ = g->Canonical(out);
   return std::shared_ptr<const Grammar>(std::move(g));
 }
@@ -460,8 +567,14 @@ void Grammar::Expand(std::vector<int32_t> first, std::vector<std::vector<int32_t
         // position is not fresh; in tail position there is none.
         std::vector<int32_t> base(stack.begin(), stack.end() - 1);
         if (elements_[pos + 1].kind != Element::kEnd) base.push_back(pos + 1);
-        if (base.size() < kMaxStackDepth) {
+        if (base.size() >= kMaxStackDepth) {
+          budget.cut = true;
+        } else {
           for (int32_t start : rule_alts_[rule]) {
+            // Every pushed copy counts (a rule of 100,000 alternatives entered
+            // at depth 1,000 would copy 10^8 entries).
+            budget.seen_ints += base.size() + 1;
+            if (budget.seen_ints >= kMaxExpandedInts) break;
             std::vector<int32_t> s = base;
             s.push_back(start | kFresh);
             work.push_back(std::move(s));
@@ -480,9 +593,11 @@ bool Grammar::ExpandBudget::Insert(const std::vector<int32_t>& stack) {
   return true;
 }
 
-bool Grammar::ExpandBudget::Spent(size_t live_stacks) const {
-  return live_stacks >= kMaxLiveStacks || seen.size() >= kMaxExpansions ||
-         seen_ints >= kMaxExpandedInts;
+bool Grammar::ExpandBudget::Spent(size_t live_stacks) {
+  const bool spent = live_stacks >= kMaxLiveStacks || seen.size() >= kMaxExpansions ||
+                     seen_ints >= kMaxExpandedInts;
+  cut = cut || spent;
+  return spent;
 }
 
 GrammarState Grammar::Canonical(std::vector<std::vector<int32_t>>& stacks) const {
@@ -496,7 +611,7 @@ GrammarState Grammar::Canonical(std::vector<std::vector<int32_t>>& stacks) const
   return st;
 }
 
-GrammarState Grammar::Advance(const GrammarState& state, uint8_t byte) const {
+GrammarState Grammar::Advance(const GrammarState& state, uint8_t byte, bool* cut) const {
   std::vector<std::vector<int32_t>> out;
   ExpandBudget budget;
   const auto& f = state.stacks;
@@ -509,6 +624,7 @@ GrammarState Grammar::Advance(const GrammarState& state, uint8_t byte) const {
     s.back() += 1;
     Expand(std::move(s), out, budget);
   }
+  if (cut != nullptr) *cut = budget.cut;
   return Canonical(out);
 }
 

@@ -44,6 +44,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 
@@ -87,6 +88,10 @@ class GrammarBuilder {
   void AppendLiteral(Seq& seq, std::string_view text);
 
   // Rules built from sequences (each returns a new rule id):
+  // Alternatives that are all byte sequences (literals: choices, enums,
+  // keyword lists) are built as a trie, shared prefixes once, so that a
+  // state holds one stack per distinct next byte class, not one per
+  // alternative (an enum of 2,000 strings would otherwise hold 2,000).
   int32_t Alternatives(const std::vector<Seq>& alts);
   // A parenthesized group (x|y|...) as one term. With an empty alternative it
   // is built as (x|y|...)?, the same language, so that Repeat can fold a
@@ -105,7 +110,8 @@ class GrammarBuilder {
   int32_t Repeat(const Seq& body, int min, int max);
 
   // True when `seq` can match the empty input (over the rules built so far).
-  // Cost: the rules reachable from seq.
+  // Cost: the rules reachable from seq not already known (results are
+  // remembered until a rule defined earlier gets an alternative).
   bool Nullable(const Seq& seq) const;
   // A counted repetition x{m,n} with max(m, n) above this, of an x that can
   // match the empty input, is refused by the compilers: every count of
@@ -130,6 +136,8 @@ class GrammarBuilder {
     Seq body;
   };
 
+  // Alternatives() of literals: the trie of `alts` as rules.
+  int32_t LiteralTrie(const std::vector<Seq>& alts);
   // `rule` through rules that are one reference to another rule (at most 64).
   int32_t Resolve(int32_t rule) const;
   // Folds each repetition whose body resolves to a repetition (Repeat's rule)
@@ -138,6 +146,8 @@ class GrammarBuilder {
 
   std::vector<std::vector<Seq>> rules_;
   std::vector<Repetition> repetition_of_;
+  mutable absl::flat_hash_map<int32_t, bool> nullable_memo_;  // Nullable()'s results
+  mutable size_t memo_epoch_ = 0;  // rules_.size() at the last Nullable()
   std::vector<ByteSet> byte_sets_;
   size_t num_elements_ = 0;
 };
@@ -148,17 +158,20 @@ class Grammar {
   static constexpr size_t kMaxStackDepth = 1024;
   // Work bounds of one Advance (and of the initial state): at most
   // kMaxLiveStacks stacks are kept, kMaxExpansions rule references expanded
-  // and kMaxExpandedInts stack entries remembered as expanded; past them the
-  // remaining derivations are dropped. Expansion is depth first and every
-  // derivation it follows reaches a byte class within the grammar's nesting
-  // (empty derivations are stepped over, unproductive alternatives never
-  // entered), so a cut state still holds every stack found before it: what
-  // the automaton then allows is a subset of the language, never outside it,
-  // and a byte Allowed() offers keeps the state alive. Only grammars
-  // ambiguous in their non-empty derivations reach the bounds (nested
-  // repetitions the compilers could not fold, e.g. rule chains a ::= b+,
-  // b ::= c+, ...; docs/structured-output.md); grammars compiled from JSON
-  // Schema, choices and tool sets stay at tens of stacks.
+  // and kMaxExpandedInts stack entries remembered or copied; past them, and
+  // past kMaxStackDepth, the remaining derivations are dropped ("cut";
+  // Advance reports it). Expansion is depth first and empty derivations are
+  // stepped over, so a cut state holds the stacks found before it: what the
+  // automaton then allows is a subset of the language, never outside it. A
+  // byte Allowed() offers is refused by Advance only in a step with a cut
+  // (every continuation of that byte dropped, e.g. nesting past the depth
+  // bound). Build() refuses a grammar whose initial state is cut (e.g. an
+  // alternation of more than kMaxLiveStacks patterns that are not literals;
+  // literal alternatives share a trie). Past that, only grammars
+  // ambiguous in their non-empty derivations reach the work bounds (nested
+  // repetitions the compilers could not fold, e.g. x+ written by hand as
+  // h ::= x x* and nested; docs/structured-output.md); grammars compiled from
+  // JSON Schema and tool sets stay at tens of stacks.
   static constexpr size_t kMaxLiveStacks = 1024;
   static constexpr size_t kMaxExpansions = size_t{1} << 18;
   static constexpr size_t kMaxExpandedInts = size_t{1} << 22;
@@ -166,7 +179,9 @@ class Grammar {
   // The state before any input.
   const GrammarState& initial() const { return initial_; }
   // The state after one more byte (dead() when the byte is not allowed).
-  GrammarState Advance(const GrammarState& state, uint8_t byte) const;
+  // `cut` (optional) is set when a bound dropped derivations in this step
+  // (kMaxLiveStacks, kMaxExpansions, kMaxExpandedInts, kMaxStackDepth).
+  GrammarState Advance(const GrammarState& state, uint8_t byte, bool* cut = nullptr) const;
   // The state after `bytes` (dead() on the first byte not allowed).
   GrammarState AdvanceAll(const GrammarState& state, std::string_view bytes) const;
   // True when the input so far is a complete sentence.
@@ -188,11 +203,13 @@ class Grammar {
   // stack once per live stack: fuzz_grammar's second timeout, 2026-12-06).
   struct ExpandBudget {
     absl::flat_hash_set<std::vector<int32_t>> seen;
-    size_t seen_ints = 0;
+    size_t seen_ints = 0;  // entries of the remembered and the pushed stacks
+    bool cut = false;      // a bound (work or depth) dropped a derivation
     // False when `stack` was expanded already in this step.
     bool Insert(const std::vector<int32_t>& stack);
-    // True when the work bounds are reached with `live_stacks` in the output.
-    bool Spent(size_t live_stacks) const;
+    // True (and `cut` set) when the work bounds are reached with
+    // `live_stacks` in the output.
+    bool Spent(size_t live_stacks);
   };
   // A stack entry with this bit set is a "fresh" frame: the rule's alternative
   // has consumed no input yet, so reaching its end would be an empty

@@ -107,6 +107,24 @@ TEST(GbnfTest, ErrorsNameTheProblemAndWhere) {
   EXPECT_NE(ErrorOf(R"(root ::= "a" ))").find("expecting a newline or the end"), std::string::npos);
   EXPECT_NE(ErrorOf(R"(root ::= ("a")").find("expecting ')'"), std::string::npos);
   EXPECT_NE(ErrorOf("root ::= root \"a\" | \"b\"").find("left-recursive"), std::string::npos);
+  // Through a reference in tail position (b ::= root adds no stack frame, but
+  // root ::= b "x" does): the cycle still grows the stack without input. Found
+  // by review: before the check saw tail edges it compiled, and a walk reached
+  // the depth bound and died on an allowed byte. The second one is the
+  // reviewer's reproducer (the left recursion appears once repetitions fold).
+  EXPECT_NE(ErrorOf("root ::= b \"x\" | \"y\"\nb ::= root").find("left-recursive"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("ba ::= r4{2,4}\nroot ::= r4\n"
+                    "r4 ::= \"a\"? (\"\" \"b\"?+)+ | | r4{1,3} (\"ba\" \"a\"++ ba*+ | r4*) r4*")
+                .find("left-recursive"),
+            std::string::npos);
+  // A cycle of tail references only keeps the stack as it is: accepted
+  // (s ::= x s with x nullable is what x* builds).
+  auto tail_only = CompileConstraint(
+      {StructuredOutput::Kind::kGrammar, "root ::= s\ns ::= x s | \"\"\nx ::= \"a\" | \"\""});
+  ASSERT_TRUE(tail_only.ok()) << tail_only.status();
+  EXPECT_TRUE((*tail_only)->Matches("aaa"));
+  EXPECT_TRUE((*tail_only)->Matches(""));
   // Nesting and size are bounded: no stack overflow, no unbounded expansion.
   EXPECT_NE(ErrorOf("root ::= " + std::string(5000, '(') + "\"a\"" + std::string(5000, ')'))
                 .find("nested too deep"),

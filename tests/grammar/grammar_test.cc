@@ -207,6 +207,72 @@ TEST(Grammar, EmptyDerivationsAreSteppedOverNotEntered) {
   }
 }
 
+// Review findings on the folds and bounds (2026-12-06): a {0} count around
+// an unbounded repetition folded to the repetition itself; an enum of more
+// alternatives than kMaxLiveStacks silently lost some (now: literal
+// alternatives share a trie; other alternations that wide are refused at
+// compile time); the depth bound is reported as a cut.
+TEST(Grammar, ZeroCountsLargeEnumsAndCuts) {
+  for (const char* re : {"(a+){0}", "(a*){0}", "([ab]{3,}){0,0}", "((a|b)+){0}c?"}) {
+    auto g = Regex(re);
+    ASSERT_NE(g, nullptr);
+    EXPECT_TRUE(g->Matches("")) << re;
+    EXPECT_FALSE(g->Matches("a")) << re;
+    EXPECT_FALSE(g->Matches("aaab")) << re;
+  }
+  auto zero = CompileConstraint({StructuredOutput::Kind::kGrammar, "root ::= r{0}\nr ::= [ab]+"});
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_TRUE((*zero)->Matches(""));
+  EXPECT_FALSE((*zero)->Matches("ab"));
+
+  std::string schema = R"({"enum":[)";
+  for (int i = 0; i < 2000; ++i) absl::StrAppend(&schema, i ? "," : "", "\"w", 100000 + i, "\"");
+  schema += "]}";
+  auto g = Schema(schema);
+  ASSERT_NE(g, nullptr);
+  for (int i = 0; i < 2000; ++i) {
+    ASSERT_TRUE(g->Matches(absl::StrCat("\"w", 100000 + i, "\""))) << i;
+  }
+  EXPECT_FALSE(g->Matches("\"w102000\""));
+  // A choice of 20,000 strings (a trie: one stack per distinct next byte).
+  std::string choices = "[";
+  for (int i = 0; i < 20000; ++i) absl::StrAppend(&choices, i ? "," : "", "\"c", i, "\"");
+  choices += "]";
+  auto many = CompileConstraint({StructuredOutput::Kind::kChoice, choices});
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_LE(LiveStacks((*many)->initial()), 2u);
+  for (int i = 0; i < 20000; i += 7) EXPECT_TRUE((*many)->Matches(absl::StrCat("c", i))) << i;
+  EXPECT_TRUE((*many)->Matches("c19999"));
+  EXPECT_FALSE((*many)->Matches("c20000"));
+  EXPECT_FALSE((*many)->Matches("c"));
+  // More than kMaxLiveStacks alternatives that are not literals: refused
+  // at compile time, not cut.
+  std::string wide = "root ::= ";
+  for (size_t i = 0; i <= Grammar::kMaxLiveStacks; ++i)
+    absl::StrAppend(&wide, i ? " | " : "", "\"w", i, "\" r");
+  wide += "\nr ::= \"z\"+";
+  auto refused = CompileConstraint({StructuredOutput::Kind::kGrammar, wide});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("constraint too large"), std::string::npos)
+      << refused.status();
+
+  // Nesting past kMaxStackDepth: the byte that would need it is dropped and
+  // Advance says so.
+  auto nest =
+      CompileConstraint({StructuredOutput::Kind::kGrammar, "root ::= \"(\" root \")\" | \"x\""});
+  ASSERT_TRUE(nest.ok()) << nest.status();
+  GrammarState st = (*nest)->initial();
+  bool cut = false;
+  size_t opened = 0;
+  while (!cut && opened < 2 * Grammar::kMaxStackDepth) {
+    st = (*nest)->Advance(st, '(', &cut);
+    ++opened;
+  }
+  EXPECT_TRUE(cut);
+  EXPECT_GE(opened, Grammar::kMaxStackDepth - 2);
+  EXPECT_LE(opened, Grammar::kMaxStackDepth + 2);
+}
+
 // Alternatives that derive nothing (an empty byte class, a rule of only
 // such alternatives) are never entered: every kept stack can be completed.
 TEST(Grammar, UnproductiveAlternativesAreNeverEntered) {
