@@ -4,7 +4,10 @@ shapes larger than the default SmolLM2-135M (issue 10: "a random-weight Llama
 of about 1B parameters ... quantized to Q4_K_M with llama.cpp's llama-quantize").
 
     python3 bench/make_random_gguf.py OUT.gguf [--shape 1b|3b|135m|qwen3moe-2l] [--seed 0]
-        [--tokenizer-from SOURCE.gguf]
+        [--tokenizer-from SOURCE.gguf] [--context-length 8192] [--sliding-window N]
+
+--sliding-window N writes {arch}.attention.sliding_window = N (every layer
+attends to the last N positions, as Mistral v0.1; bench/sliding_window_bench.py).
 
 Then quantize it with the baseline build (bench/build-llamacpp):
 
@@ -99,6 +102,8 @@ def main():
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1b")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer-from", default=None)
+    ap.add_argument("--context-length", type=int, default=8192)
+    ap.add_argument("--sliding-window", type=int, default=0)
     args = ap.parse_args()
     source = args.tokenizer_from
     if source is None:
@@ -112,7 +117,9 @@ def main():
     writer.add_name(f"random-llama-{args.shape}")
     writer.add_file_type(1)  # LLAMA_FTYPE_MOSTLY_F16
     vocab = copy_tokenizer(writer, source)
-    writer.add_context_length(8192)
+    writer.add_context_length(args.context_length)
+    if args.sliding_window > 0:
+        writer.add_sliding_window(args.sliding_window)
     writer.add_embedding_length(s["hidden"])
     writer.add_block_count(s["layers"])
     writer.add_feed_forward_length(s["ffn"])
