@@ -218,12 +218,19 @@ std::optional<Counts> FoldCounts(int64_t a, int64_t b, int64_t c, int64_t d) {
 }  // namespace
 
 int32_t GrammarBuilder::Repeat(const Seq& body, int min, int max) {
+  return RepeatFolding(body, min, max, /*depth=*/0);
+}
+
+int32_t GrammarBuilder::RepeatFolding(const Seq& body, int min, int max, int depth) {
   // A repetition of a term that is itself one repetition of x is one
   // repetition of x when the counts allow (FoldCounts: x** = x*, (x+)? = x*,
   // (x?){2} = x{0,2}, ...). Building it as written nests one repetition
   // inside another, and every level doubles the stacks a byte can leave live
   // (fuzz_grammar: "((a+)+)+..." 20 deep took minutes per byte).
-  if (body.size() == 1 && body[0].kind == Element::kRule &&
+  // depth: folds in a row. Records that refer back to their own rule (a
+  // named rule inside its own repetition, r1 ::= r1{3}?, after
+  // FoldThroughNamedRules) would fold forever; 64 in a row stops that.
+  if (depth < 64 && body.size() == 1 && body[0].kind == Element::kRule &&
       repetition_of_[body[0].value].min >= 0) {
     const int32_t inner = body[0].value;
     const Repetition r = repetition_of_[inner];
@@ -238,7 +245,7 @@ int32_t GrammarBuilder::Repeat(const Seq& body, int min, int max) {
         num_elements_ = Grammar::kMaxElements + 1;  // too large: Build() refuses
         return NewRule();
       }
-      return Repeat(r.body, static_cast<int>(c->lo), static_cast<int>(c->hi));
+      return RepeatFolding(r.body, static_cast<int>(c->lo), static_cast<int>(c->hi), depth + 1);
     }
   }
   // The elements this adds: min copies of body, then (max - min) optional
@@ -279,6 +286,18 @@ int32_t GrammarBuilder::Resolve(int32_t rule) const {
   return rule;
 }
 
+bool GrammarBuilder::ReferencesReach(int32_t from, int32_t to) const {
+  for (int steps = 0; steps < 64; ++steps) {
+    if (from == to) return true;
+    if (rules_[from].size() != 1 || rules_[from][0].size() != 1 ||
+        rules_[from][0][0].kind != Element::kRule) {
+      return false;
+    }
+    from = rules_[from][0][0].value;
+  }
+  return true;  // a chain this long: assume it does
+}
+
 void GrammarBuilder::FoldThroughNamedRules() {
   const size_t n = rules_.size();  // rules Repeat adds here are folded already
   for (size_t r = 0; r < n && !over_limit(); ++r) {
@@ -287,7 +306,12 @@ void GrammarBuilder::FoldThroughNamedRules() {
     const int32_t target = Resolve(rep.body[0].value);
     if (target == rep.body[0].value || repetition_of_[target].min < 0) continue;
     const int32_t folded = Repeat({Ref(target)}, rep.min, rep.max);
-    if (folded == static_cast<int32_t>(r)) continue;
+    // An existing rule whose references lead back to r: making r a reference
+    // to it would close a cycle of references with no alternative left
+    // (x ::= y?, y ::= x*: both folded into each other derived nothing).
+    if (folded == static_cast<int32_t>(r) || ReferencesReach(folded, static_cast<int32_t>(r))) {
+      continue;
+    }
     rules_[r] = {{Ref(folded)}};
     num_elements_ += 2;
     repetition_of_[r] = repetition_of_[folded];
@@ -574,7 +598,10 @@ void Grammar::Expand(std::vector<int32_t> first, std::vector<std::vector<int32_t
             // Every pushed copy counts (a rule of 100,000 alternatives entered
             // at depth 1,000 would copy 10^8 entries).
             budget.seen_ints += base.size() + 1;
-            if (budget.seen_ints >= kMaxExpandedInts) break;
+            if (budget.seen_ints >= kMaxExpandedInts) {
+              budget.cut = true;
+              break;
+            }
             std::vector<int32_t> s = base;
             s.push_back(start | kFresh);
             work.push_back(std::move(s));

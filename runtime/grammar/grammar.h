@@ -136,6 +136,11 @@ class GrammarBuilder {
     Seq body;
   };
 
+  // Repeat() after `depth` folds in a row (at most 64 are taken).
+  int32_t RepeatFolding(const Seq& body, int min, int max, int depth);
+  // True when following rules that are one reference from `from` reaches
+  // `to` (or the chain is longer than 64).
+  bool ReferencesReach(int32_t from, int32_t to) const;
   // Alternatives() of literals: the trie of `alts` as rules.
   int32_t LiteralTrie(const std::vector<Seq>& alts);
   // `rule` through rules that are one reference to another rule (at most 64).

@@ -118,6 +118,14 @@ TEST(GbnfTest, ErrorsNameTheProblemAndWhere) {
                     "r4 ::= \"a\"? (\"\" \"b\"?+)+ | | r4{1,3} (\"ba\" \"a\"++ ba*+ | r4*) r4*")
                 .find("left-recursive"),
             std::string::npos);
+  // Second review: a named rule inside its own repetition folded forever
+  // (stack overflow: a crash of the server from one request); rules folded
+  // into each other (x ::= y?, y ::= x*) derived nothing. Both grammars are
+  // left-recursive (r1 => r1 r1 r1, x => x x*).
+  EXPECT_NE(ErrorOf("root ::= \"\"\nr1 ::= r1{3}?\nr2 ::= r1+").find("left-recursive"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("root ::= \"a\" x\nx ::= y?\ny ::= x*").find("left-recursive"),
+            std::string::npos);
   // A cycle of tail references only keeps the stack as it is: accepted
   // (s ::= x s with x nullable is what x* builds).
   auto tail_only = CompileConstraint(
