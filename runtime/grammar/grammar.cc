@@ -586,31 +586,34 @@ void Grammar::Expand(std::vector<int32_t> first, std::vector<std::vector<int32_t
       // a separate stack (rules that only derive it, nested, are exponential).
       if (!budget.Insert(stack)) break;
       const int32_t rule = e.value;
-      if (nonempty_[rule]) {
-        // After the rule the frame has consumed input, so the return
-        // position is not fresh; in tail position there is none.
-        std::vector<int32_t> base(stack.begin(), stack.end() - 1);
-        if (elements_[pos + 1].kind != Element::kEnd) base.push_back(pos + 1);
-        if (base.size() >= kMaxStackDepth) {
-          budget.cut = true;
-        } else {
-          for (int32_t start : rule_alts_[rule]) {
-            // Every pushed copy counts (a rule of 100,000 alternatives entered
-            // at depth 1,000 would copy 10^8 entries).
-            budget.seen_ints += base.size() + 1;
-            if (budget.seen_ints >= kMaxExpandedInts) {
-              budget.cut = true;
-              break;
-            }
-            std::vector<int32_t> s = base;
-            s.push_back(start | kFresh);
-            work.push_back(std::move(s));
-          }
-        }
-      }
+      if (nonempty_[rule]) EnterRule(stack, pos, rule, work, budget);
       if (!nullable_[rule]) break;
       stack.back() = (pos + 1) | (fresh ? kFresh : 0);
     }
+  }
+}
+
+void Grammar::EnterRule(const std::vector<int32_t>& stack, int32_t pos, int32_t rule,
+                        std::vector<std::vector<int32_t>>& work, ExpandBudget& budget) const {
+  // After the rule the frame has consumed input, so the return position is
+  // not fresh; in tail position there is none.
+  std::vector<int32_t> base(stack.begin(), stack.end() - 1);
+  if (elements_[pos + 1].kind != Element::kEnd) base.push_back(pos + 1);
+  if (base.size() >= kMaxStackDepth) {
+    budget.cut = true;
+    return;
+  }
+  for (int32_t start : rule_alts_[rule]) {
+    // Every pushed copy counts (a rule of 100,000 alternatives entered at
+    // depth 1,000 would copy 10^8 entries).
+    budget.seen_ints += base.size() + 1;
+    if (budget.seen_ints >= kMaxExpandedInts) {
+      budget.cut = true;
+      return;
+    }
+    std::vector<int32_t> s = base;
+    s.push_back(start | kFresh);
+    work.push_back(std::move(s));
   }
 }
 

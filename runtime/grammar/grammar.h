@@ -221,6 +221,10 @@ class Grammar {
   // derivation (already taken by stepping over the reference). Only inside
   // Expand; states never hold it.
   static constexpr int32_t kFresh = int32_t{1} << 30;
+  // Pushes onto `work` the alternatives of `rule`, referenced at `pos` on top
+  // of `stack`, each as a fresh frame (Expand's non-empty derivations).
+  void EnterRule(const std::vector<int32_t>& stack, int32_t pos, int32_t rule,
+                 std::vector<std::vector<int32_t>>& work, ExpandBudget& budget) const;
   // Expands `stack` until a byte class or nothing is on top; appends results.
   void Expand(std::vector<int32_t> stack, std::vector<std::vector<int32_t>>& out,
               ExpandBudget& budget) const;
