@@ -286,16 +286,25 @@ int32_t GrammarBuilder::Resolve(int32_t rule) const {
   return rule;
 }
 
-bool GrammarBuilder::ReferencesReach(int32_t from, int32_t to) const {
-  for (int steps = 0; steps < 64; ++steps) {
-    if (from == to) return true;
-    if (rules_[from].size() != 1 || rules_[from][0].size() != 1 ||
-        rules_[from][0][0].kind != Element::kRule) {
+bool GrammarBuilder::ReferencesReach(int32_t from, int32_t to) {
+  std::vector<int32_t> path;
+  absl::flat_hash_set<int32_t> seen;
+  auto one_reference = [&](int32_t r) {
+    return rules_[r].size() == 1 && rules_[r][0].size() == 1 &&
+           rules_[r][0][0].kind == Element::kRule;
+  };
+  while (from != to) {
+    if (!seen.insert(from).second) return true;  // a cycle of references
+    if (!one_reference(from)) {
+      // `from` ends the chain: point every rule on the way at it (the same
+      // language), so that later walks along a long chain are short.
+      for (int32_t r : path) rules_[r][0][0].value = from;
       return false;
     }
+    path.push_back(from);
     from = rules_[from][0][0].value;
   }
-  return true;  // a chain this long: assume it does
+  return true;
 }
 
 void GrammarBuilder::FoldThroughNamedRules() {

@@ -139,8 +139,9 @@ class GrammarBuilder {
   // Repeat() after `depth` folds in a row (at most 64 are taken).
   int32_t RepeatFolding(const Seq& body, int min, int max, int depth);
   // True when following rules that are one reference from `from` reaches
-  // `to` (or the chain is longer than 64).
-  bool ReferencesReach(int32_t from, int32_t to) const;
+  // `to` (or a cycle). Shortens the chain it walked (each rule on it then
+  // refers to the chain's end).
+  bool ReferencesReach(int32_t from, int32_t to);
   // Alternatives() of literals: the trie of `alts` as rules.
   int32_t LiteralTrie(const std::vector<Seq>& alts);
   // `rule` through rules that are one reference to another rule (at most 64).

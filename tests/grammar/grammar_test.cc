@@ -140,7 +140,12 @@ TEST(Grammar, StackedAndNestedQuantifiersFoldIntoOneRepetition) {
     by_hand += absl::StrCat("h", i, " ::= ", next, " ", next, "*\n");
   }
   by_hand += "h20 ::= \"ab\"\n";
-  for (const auto& [text, folded] : {std::pair{chain, true}, std::pair{by_hand, false}}) {
+  // A chain of 1,000 named repetitions defined in reverse order (review:
+  // folding stopped past 64 rules, and the stacks grew to the bound).
+  std::string long_chain = "root ::= a0\na1000 ::= \"ab\"\n";
+  for (int i = 999; i >= 0; --i) absl::StrAppend(&long_chain, "a", i, " ::= a", i + 1, "+\n");
+  for (const auto& [text, folded] :
+       {std::pair{chain, true}, std::pair{long_chain, true}, std::pair{by_hand, false}}) {
     auto g = CompileConstraint({StructuredOutput::Kind::kGrammar, text});
     ASSERT_TRUE(g.ok()) << g.status();
     GrammarState st = (*g)->initial();
