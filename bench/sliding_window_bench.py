@@ -52,7 +52,7 @@ class UsageSampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
-        pattern = re.compile(rb'^pagedserve_kv_cache_usage_ratio\{pool="device"\} ([0-9.e+-]+)$', re.M)
+        pattern = re.compile(rb"^pagedserve_kv_cache_usage_ratio\{[^}]*pool=\"device\"[^}]*\} ([0-9.e+-]+)$", re.M)
         while not self._stop.is_set():
             try:
                 status, body = self.backend.get("/metrics")
