@@ -34,22 +34,20 @@ import random
 import re
 import sys
 import tempfile
-import threading
 import time
 from typing import Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serving_bench import (OpenAIBackend, Record, Request, Server, default_pagedserve_bin,  # noqa: E402
-                           free_port, thread_env)
+from serving_bench import (OpenAIBackend, Record, Request, RunningSampler, Server,  # noqa: E402
+                           default_pagedserve_bin, free_port, thread_env)
 
 
-class UsageSampler:
+class UsageSampler(RunningSampler):
     """Polls the device KV cache usage ratio; max_ratio = the largest seen."""
 
     def __init__(self, backend: OpenAIBackend, interval: float = 0.05):
-        self.backend, self.interval, self.max_ratio = backend, interval, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
+        super().__init__(backend, interval)
+        self.max_ratio = 0.0
 
     def _loop(self) -> None:
         pattern = re.compile(rb"^pagedserve_kv_cache_usage_ratio\{[^}]*pool=\"device\"[^}]*\} ([0-9.e+-]+)$", re.M)
@@ -62,14 +60,6 @@ class UsageSampler:
             except OSError:
                 pass
             self._stop.wait(self.interval)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
 
 def pool_blocks(server: Server, timeout: float = 30.0) -> int:

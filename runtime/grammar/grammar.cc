@@ -435,11 +435,11 @@ RuleFacts ComputeRuleFacts(const std::vector<std::vector<GrammarBuilder::Seq>>& 
   auto all_of = [&](auto&& byte_ok) {
     std::vector<uint8_t> flag(n, 0);
     std::vector<int64_t> pending(alts.size(), 0);
-    std::vector<int32_t> todo;
+    std::vector<int32_t> ready;
     auto mark = [&](int32_t r) {
       if (!flag[r]) {
         flag[r] = 1;
-        todo.push_back(r);
+        ready.push_back(r);
       }
     };
     for (size_t a = 0; a < alts.size(); ++a) {
@@ -452,9 +452,9 @@ RuleFacts ComputeRuleFacts(const std::vector<std::vector<GrammarBuilder::Seq>>& 
       }
       if (pending[a] == 0) mark(alt_rule[a]);
     }
-    while (!todo.empty()) {
-      const int32_t r = todo.back();
-      todo.pop_back();
+    while (!ready.empty()) {
+      const int32_t r = ready.back();
+      ready.pop_back();
       for (int32_t a : uses[r]) {
         if (--pending[a] == 0) mark(alt_rule[a]);
       }
@@ -473,24 +473,24 @@ RuleFacts ComputeRuleFacts(const std::vector<std::vector<GrammarBuilder::Seq>>& 
     });
   }
   f.nonempty.assign(n, 0);
-  std::vector<int32_t> todo;
+  std::vector<int32_t> ready;
   for (size_t a = 0; a < alts.size(); ++a) {
     const bool has_byte = std::any_of(alts[a]->begin(), alts[a]->end(),
                                       [](const Element& e) { return e.kind == Element::kBytes; });
     const int32_t r = alt_rule[a];
     if (has_byte && !f.nonempty[r] && alt_productive[a]) {
       f.nonempty[r] = 1;
-      todo.push_back(r);
+      ready.push_back(r);
     }
   }
-  while (!todo.empty()) {
-    const int32_t r = todo.back();
-    todo.pop_back();
+  while (!ready.empty()) {
+    const int32_t r = ready.back();
+    ready.pop_back();
     for (int32_t a : uses[r]) {
       const int32_t user = alt_rule[a];
       if (!f.nonempty[user] && alt_productive[a]) {
         f.nonempty[user] = 1;
-        todo.push_back(user);
+        ready.push_back(user);
       }
     }
   }
