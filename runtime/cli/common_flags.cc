@@ -269,6 +269,7 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
               : static_cast<int32_t>(std::min<int64_t>(s.model.max_position_embeddings,
                                                        std::numeric_limits<int32_t>::max()));
   s.fit_max_model_len = len == 0;
+  s.worker.max_model_len = c.max_model_len;  // LongRoPE's factor set, before the fit
   // Blocks out of the window are freed only when no layer attends further back.
   c.sliding_window = s.model.sliding_window;
   for (int l = 0; l < s.model.num_layers; ++l) {

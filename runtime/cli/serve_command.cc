@@ -614,13 +614,22 @@ class CoordinatorRank {
 
   void PrintServing() {
     const SchedulerConfig& sc = engine_->scheduler_config();
+    // Which LongRoPE factor set the workers chose (SelectLongRopeFactors).
+    std::string rope;
+    if (const RopeScaling& rs = setup_.model.rope_scaling;
+        rs.type == RopeScaling::Type::kLongRope) {
+      const bool use_long = setup_.worker.max_model_len > rs.original_max_position_embeddings;
+      rope = absl::StrCat(", LongRoPE ", use_long ? "long" : "short", " factors: max_model_len ",
+                          setup_.worker.max_model_len,
+                          use_long ? " > " : " <= ", rs.original_max_position_embeddings);
+    }
     std::fprintf(stderr,
                  "pagedserve serve: serving %s on %s (ranks %d, KV blocks %d x %d tokens, "
-                 "KV cache dtype %s, max_model_len %d%s)\n",
+                 "KV cache dtype %s, max_model_len %d%s%s)\n",
                  setup_.worker.model_path.c_str(), server_->endpoint().c_str(), info_.world_size,
                  sc.num_device_blocks, sc.block_size,
                  kernels::DTypeName(ResolveKvCacheDType(setup_.worker, &setup_.model)),
-                 sc.max_model_len,
+                 sc.max_model_len, rope.c_str(),
                  MetricsListeningPort(*metrics_) > 0
                      ? absl::StrCat(", metrics on port ", MetricsListeningPort(*metrics_)).c_str()
                      : "");

@@ -27,9 +27,49 @@ std::string ModelArchName(ModelArch arch) {
     case ModelArch::kPhi3: return "phi3";
     case ModelArch::kMixtral: return "mixtral";
     case ModelArch::kQwen3Moe: return "qwen3_moe";
+    case ModelArch::kQwen2Moe: return "qwen2_moe";
   }
   return "unknown";
 }
+
+namespace {
+
+// kLongRope's fields (model_config.h): RotaryDim() / 2 finite positive
+// factors in each set, a finite positive attention factor and original
+// context.
+absl::Status ValidateLongRope(const RopeScaling& rs, int rotary_dim) {
+  if (rs.type != RopeScaling::Type::kLongRope) {
+    if (!rs.short_factor.empty() || !rs.long_factor.empty() || rs.attention_factor != 1.0) {
+      return absl::InvalidArgumentError(
+          "model config: LongRoPE factors or an attention factor without rope type longrope");
+    }
+    return absl::OkStatus();
+  }
+  const size_t half = static_cast<size_t>(rotary_dim / 2);
+  for (const auto* set : {&rs.short_factor, &rs.long_factor}) {
+    const char* name = set == &rs.short_factor ? "short_factor" : "long_factor";
+    if (set->size() != half) {
+      return absl::InvalidArgumentError(absl::StrCat("model config: longrope ", name, " has ",
+                                                     set->size(), " entries for rotary_dim ",
+                                                     rotary_dim, " (need rotary_dim / 2)"));
+    }
+    for (size_t i = 0; i < set->size(); ++i) {
+      if (!std::isfinite((*set)[i]) || !((*set)[i] > 0)) {
+        return absl::InvalidArgumentError(absl::StrCat("model config: longrope ", name, "[", i,
+                                                       "] is ", (*set)[i], ", not positive"));
+      }
+    }
+  }
+  if (!std::isfinite(rs.attention_factor) || !(rs.attention_factor > 0) ||
+      rs.original_max_position_embeddings <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: longrope needs a positive attention factor (got ", rs.attention_factor,
+        ") and original_max_position_embeddings (got ", rs.original_max_position_embeddings, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 float ModelConfig::AttentionScale() const {
   const double scalar = query_pre_attn_scalar > 0 ? query_pre_attn_scalar : head_size;
@@ -63,6 +103,12 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: head_size ", head_size, " must be even for rotary"));
   }
+  if (rotary_dim < 0 || rotary_dim > head_size || rotary_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: rotary_dim ", rotary_dim,
+                                                   " must be even and in [0, head_size ", head_size,
+                                                   "] (0 = head_size)"));
+  }
+  if (auto s = ValidateLongRope(rope_scaling, RotaryDim()); !s.ok()) return s;
   if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps)) {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: rms_norm_eps must be positive, got ", rms_norm_eps));
@@ -108,15 +154,21 @@ absl::Status ModelConfig::Validate() const {
         "model config: a mixture of ", moe.num_experts, " experts needs 1 <= top_k (", moe.top_k,
         ") <= num_experts and a positive expert width (", moe.expert_intermediate_size, ")"));
   }
+  if (moe.shared_expert_intermediate_size < 0 ||
+      (moe.shared_expert_intermediate_size > 0 && !moe.enabled())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: a shared expert (width ", moe.shared_expert_intermediate_size,
+                     ") needs a mixture of experts and a positive width"));
+  }
   if (moe.num_experts < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: num_experts must be >= 0, got ", moe.num_experts));
   }
   if (!rope_scaling.freq_factors.empty()) {
-    if (rope_scaling.freq_factors.size() != static_cast<size_t>(head_size / 2)) {
+    if (rope_scaling.freq_factors.size() != static_cast<size_t>(RotaryDim() / 2)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model config: ", rope_scaling.freq_factors.size(),
-          " rope frequency factors for head_size ", head_size, " (need head_size / 2)"));
+          " rope frequency factors for rotary_dim ", RotaryDim(), " (need rotary_dim / 2)"));
     }
     for (float f : rope_scaling.freq_factors) {
       if (!std::isfinite(f) || !(f > 0)) {
@@ -145,14 +197,15 @@ absl::Status GetIntField(const GgufFile& g, const std::string& key, int* out) {
   return absl::OkStatus();
 }
 
-// llama.cpp's rope_freqs.weight: F32 [head_size / 2], every factor finite
-// and positive (the rotary frequencies are divided by them).
-absl::StatusOr<std::vector<float>> ReadRopeFreqFactors(const GgufFile& g, const GgufTensorInfo& t,
-                                                       int head_size) {
-  const uint64_t half = head_size > 0 ? static_cast<uint64_t>(head_size / 2) : 0;
+// A per-frequency factor tensor (llama.cpp's rope_freqs.weight,
+// rope_factors_long / _short.weight): F32 [rotary_dim / 2], every factor
+// finite and positive (the rotary frequencies are divided by them).
+absl::StatusOr<std::vector<float>> ReadRopeFactorTensor(const GgufFile& g, const GgufTensorInfo& t,
+                                                        int rotary_dim) {
+  const uint64_t half = rotary_dim > 0 ? static_cast<uint64_t>(rotary_dim / 2) : 0;
   if (t.type != GgmlType::kF32 || t.dims.size() != 1 || t.dims[0] != half) {
     return absl::InvalidArgumentError(
-        absl::StrCat(g.path(), ": tensor 'rope_freqs.weight' must be F32 of head_size / 2 = ", half,
+        absl::StrCat(g.path(), ": tensor '", t.name, "' must be F32 of rotary_dim / 2 = ", half,
                      " elements (got ", GgmlTypeName(t.type), " of ", t.num_elements, ")"));
   }
   std::span<const uint8_t> bytes = g.TensorData(t);
@@ -160,9 +213,8 @@ absl::StatusOr<std::vector<float>> ReadRopeFreqFactors(const GgufFile& g, const 
   std::memcpy(factors.data(), bytes.data(), half * sizeof(float));
   for (size_t i = 0; i < factors.size(); ++i) {
     if (!std::isfinite(factors[i]) || !(factors[i] > 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(g.path(),
-                                                     ": tensor 'rope_freqs.weight': factor ", i,
-                                                     " is ", factors[i], ", not positive"));
+      return absl::InvalidArgumentError(absl::StrCat(g.path(), ": tensor '", t.name, "': factor ",
+                                                     i, " is ", factors[i], ", not positive"));
     }
   }
   return factors;
@@ -246,22 +298,51 @@ absl::Status AddEndTokenByText(const GgufFile& g, std::string_view text, ModelCo
   return absl::OkStatus();
 }
 
-// phi3 (llama.cpp's converter): the head size is embedding_length /
-// head_count, and rope.dimension_count below it is partial rotary (Phi-4-mini),
-// not supported; LongRoPE factor tensors (Phi-3 128K, Phi-3.5) neither.
-absl::Status ReadGgufPhi3(const GgufFile& g, const std::string& p, ModelConfig* c) {
-  const int head = c->num_heads > 0 ? c->hidden_size / c->num_heads : 0;
-  if (c->head_size != head) {
-    return absl::UnimplementedError(absl::StrCat(g.path(), ": '", p, "rope.dimension_count' ",
-                                                 c->head_size, " is below the head size ", head,
-                                                 ": partial rotary embeddings (Phi-4-mini) "
-                                                 "are not supported"));
+// As llama.cpp: the head size is attention.key_length (default
+// embedding_length / head_count), the rotated part rope.dimension_count
+// (default the head size); phi3 alone rotates part of a head. Needs c->arch,
+// num_heads and hidden_size.
+absl::Status ReadGgufHeadSize(const GgufFile& g, const std::string& p, ModelConfig* c) {
+  c->head_size = c->num_heads > 0 ? c->hidden_size / c->num_heads : 0;
+  if (g.Find(p + "attention.key_length")) {
+    PS_RETURN_IF_ERROR(GetIntField(g, p + "attention.key_length", &c->head_size));
   }
-  for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
-    if (g.FindTensor(t) != nullptr) {
-      return absl::UnimplementedError(absl::StrCat(
-          g.path(), ": tensor '", t, "': LongRoPE (Phi-3 128K / Phi-3.5) is not supported"));
+  if (!g.Find(p + "rope.dimension_count")) return absl::OkStatus();
+  PS_RETURN_IF_ERROR(GetIntField(g, p + "rope.dimension_count", &c->rotary_dim));
+  if (c->rotary_dim == c->head_size) c->rotary_dim = 0;
+  if (c->rotary_dim != 0 && c->arch != ModelArch::kPhi3) {
+    return absl::UnimplementedError(absl::StrCat(
+        g.path(), ": '", p, "rope.dimension_count' ", c->rotary_dim, " differs from the head size ",
+        c->head_size, ": partial rotary embeddings are supported for phi3 only"));
+  }
+  return absl::OkStatus();
+}
+
+// phi3 (llama.cpp's converter, conversion/phi.py): LongRoPE as the tensors
+// rope_factors_long / rope_factors_short (F32, rotary_dim / 2 each, both or
+// neither) with rope.scaling.original_context_length and
+// rope.scaling.attn_factor (default 1, as llama.cpp); partial rotary as
+// rope.dimension_count (read with the common keys).
+absl::Status ReadGgufPhi3(const GgufFile& g, const std::string& p, ModelConfig* c) {
+  const GgufTensorInfo* lt = g.FindTensor("rope_factors_long.weight");
+  const GgufTensorInfo* st = g.FindTensor("rope_factors_short.weight");
+  if ((lt == nullptr) != (st == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        g.path(), ": LongRoPE needs both rope_factors_long.weight and rope_factors_short.weight"));
+  }
+  if (lt != nullptr) {
+    RopeScaling& rs = c->rope_scaling;
+    rs.type = RopeScaling::Type::kLongRope;
+    for (auto [t, out] : {std::pair{lt, &rs.long_factor}, std::pair{st, &rs.short_factor}}) {
+      PS_ASSIGN_OR_RETURN(std::vector<float> f, ReadRopeFactorTensor(g, *t, c->RotaryDim()));
+      out->assign(f.begin(), f.end());
     }
+    PS_ASSIGN_OR_RETURN(rs.original_max_position_embeddings,
+                        g.GetInt(p + "rope.scaling.original_context_length"));
+    if (g.Find(p + "rope.scaling.attn_factor")) {
+      PS_ASSIGN_OR_RETURN(rs.attention_factor, g.GetFloat(p + "rope.scaling.attn_factor"));
+    }
+    SelectLongRopeFactors(c->max_position_embeddings, c);
   }
   return AddEndTokenByText(g, "<|end|>", c);
 }
@@ -308,11 +389,19 @@ absl::Status ReadGgufMoe(const GgufFile& g, const std::string& p, ModelConfig* c
     auto n = g.GetInt(p + "expert_shared_count");
     shared = shared || !n.ok() || *n > 0;
   }
-  if (shared) {
+  if (shared && c->arch != ModelArch::kQwen2Moe) {
     return absl::UnimplementedError(
         absl::StrCat(g.path(),
-                     ": shared experts (ffn_*_shexp, Qwen2-MoE / DeepSeek style) are not "
-                     "supported; only routed experts (Mixtral, Qwen3-MoE)"));
+                     ": shared experts (ffn_*_shexp) are supported for qwen2moe only (DeepSeek "
+                     "style shared experts without a gate are not)"));
+  }
+  if (c->arch == ModelArch::kQwen2Moe) {
+    if (g.FindTensor("blk.0.ffn_gate_inp_shexp.weight") == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(g.path(), ": a qwen2moe file needs blk.N.ffn_gate_inp_shexp.weight"));
+    }
+    PS_RETURN_IF_ERROR(GetIntField(g, p + "expert_shared_feed_forward_length",
+                                   &c->moe.shared_expert_intermediate_size));
   }
   if (!g.Find(p + "expert_count")) return absl::OkStatus();
   auto count = g.GetInt(p + "expert_count");
@@ -325,7 +414,9 @@ absl::Status ReadGgufMoe(const GgufFile& g, const std::string& p, ModelConfig* c
     PS_RETURN_IF_ERROR(
         GetIntField(g, p + "expert_feed_forward_length", &c->moe.expert_intermediate_size));
   }
-  c->moe.norm_topk_prob = true;
+  // llama.cpp renormalises the top-k weights for llama and qwen3moe, not for
+  // qwen2moe (transformers' Qwen2-MoE default norm_topk_prob false).
+  c->moe.norm_topk_prob = c->arch != ModelArch::kQwen2Moe;
   if (const GgufValue* v = g.Find(p + "expert_weights_norm"); v != nullptr) {
     PS_ASSIGN_OR_RETURN(c->moe.norm_topk_prob, v->AsBool());
   }
@@ -358,14 +449,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
     c.arch = ModelArch::kQwen3Moe;
     c.qk_norm = true;
   } else if (*arch_name == "qwen2moe") {
-    return absl::UnimplementedError(
-        absl::StrCat(g.path(),
-                     ": general.architecture 'qwen2moe' is not supported: its shared "
-                     "experts (shared_expert + shared_expert_gate) are not implemented"));
+    c.arch = ModelArch::kQwen2Moe;
+    c.qkv_bias = true;
   } else {
-    return absl::UnimplementedError(
-        absl::StrCat(g.path(), ": general.architecture '", *arch_name,
-                     "' is not supported (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3)"));
+    return absl::UnimplementedError(absl::StrCat(
+        g.path(), ": general.architecture '", *arch_name,
+        "' is not supported (llama, qwen2, qwen3, qwen3moe, qwen2moe, gemma2, gemma3, phi3)"));
   }
   const bool gemma = c.arch == ModelArch::kGemma2 || c.arch == ModelArch::kGemma3;
   const std::string p = *arch_name + ".";
@@ -377,13 +466,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   if (g.Find(p + "attention.head_count_kv")) {
     PS_RETURN_IF_ERROR(GetIntField(g, p + "attention.head_count_kv", &c.num_kv_heads));
   }
-  c.head_size = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
-  if (g.Find(p + "rope.dimension_count")) {
-    PS_RETURN_IF_ERROR(GetIntField(g, p + "rope.dimension_count", &c.head_size));
-  }
-  if (g.Find(p + "attention.key_length")) {
-    PS_RETURN_IF_ERROR(GetIntField(g, p + "attention.key_length", &c.head_size));
-  }
+  PS_RETURN_IF_ERROR(ReadGgufHeadSize(g, p, &c));
   PS_ASSIGN_OR_RETURN(c.rms_norm_eps, g.GetFloat(p + "attention.layer_norm_rms_epsilon"));
   if (g.Find(p + "rope.freq_base")) {
     PS_ASSIGN_OR_RETURN(c.rope_theta, g.GetFloat(p + "rope.freq_base"));
@@ -422,12 +505,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   if (gemma) PS_RETURN_IF_ERROR(ReadGgufGemma(g, p, &c));
   if (c.arch == ModelArch::kPhi3) PS_RETURN_IF_ERROR(ReadGgufPhi3(g, p, &c));
   PS_RETURN_IF_ERROR(ReadGgufMoe(g, p, &c));
-  if (c.arch == ModelArch::kQwen3Moe && !c.moe.enabled()) {
+  if ((c.arch == ModelArch::kQwen3Moe || c.arch == ModelArch::kQwen2Moe) && !c.moe.enabled()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(g.path(), ": a qwen3moe file needs qwen3moe.expert_count > 0"));
+        absl::StrCat(g.path(), ": a ", *arch_name, " file needs ", p, "expert_count > 0"));
   }
   if (const GgufTensorInfo* t = g.FindTensor("rope_freqs.weight"); t != nullptr) {
-    PS_ASSIGN_OR_RETURN(c.rope_scaling.freq_factors, ReadRopeFreqFactors(g, *t, c.head_size));
+    PS_ASSIGN_OR_RETURN(c.rope_scaling.freq_factors, ReadRopeFactorTensor(g, *t, c.RotaryDim()));
   }
   c.tie_word_embeddings = g.FindTensor("output.weight") == nullptr;
   // Token ids must fit int32 (a plain cast would wrap them silently).
@@ -527,10 +610,67 @@ absl::Status ReadHfRopeScaling(const json& rs, absl::string_view source, absl::s
         ReadNumber(rs, source, "high_freq_factor", true, &out->high_freq_factor, prefix));
     PS_RETURN_IF_ERROR(ReadNumber(rs, source, "original_max_position_embeddings", true,
                                   &out->original_max_position_embeddings, prefix));
+  } else if (type == "longrope" || type == "su") {  // "su": Phi-3's first name for it
+    out->type = RopeScaling::Type::kLongRope;
+    for (auto [key, set] : {std::pair{"short_factor", &out->short_factor},
+                            std::pair{"long_factor", &out->long_factor}}) {
+      auto it = rs.find(key);
+      if (it == rs.end() || !it->is_array()) {
+        return FieldError(source, absl::StrCat(prefix, key), "must be a list of numbers");
+      }
+      set->clear();
+      for (const json& e : *it) {
+        if (!e.is_number()) {
+          return FieldError(source, absl::StrCat(prefix, key), "must be a list of numbers");
+        }
+        set->push_back(e.get<double>());
+      }
+    }
+    // factor, attention_factor and original_max_position_embeddings are
+    // optional here: FinishHfLongRope fills them as transformers does.
+    out->factor = 0;
+    out->attention_factor = 0;
+    out->original_max_position_embeddings = 0;
+    PS_RETURN_IF_ERROR(ReadNumber(rs, source, "factor", false, &out->factor, prefix));
+    PS_RETURN_IF_ERROR(
+        ReadNumber(rs, source, "attention_factor", false, &out->attention_factor, prefix));
+    PS_RETURN_IF_ERROR(ReadNumber(rs, source, "original_max_position_embeddings", false,
+                                  &out->original_max_position_embeddings, prefix));
   } else if (type != "default") {
-    return absl::UnimplementedError(
-        absl::StrCat(source, ": ", field, " type '", type, "' is not supported (linear, llama3)"));
+    return absl::UnimplementedError(absl::StrCat(source, ": ", field, " type '", type,
+                                                 "' is not supported (linear, llama3, longrope)"));
   }
+  return absl::OkStatus();
+}
+
+// LongRoPE's defaults as transformers' _compute_longrope_parameters: the
+// original context from the rope parameters, else the config's
+// original_max_position_embeddings (Phi-3); factor = max_position_embeddings
+// / original unless given; attention factor sqrt(1 + ln(factor) /
+// ln(original)) for factor > 1 (else 1) unless given. The factor set follows
+// max_position_embeddings (SelectLongRopeFactors).
+absl::Status FinishHfLongRope(const json& j, absl::string_view source, ModelConfig* c) {
+  RopeScaling& rs = c->rope_scaling;
+  if (rs.type != RopeScaling::Type::kLongRope) return absl::OkStatus();
+  if (rs.original_max_position_embeddings <= 0) {
+    PS_RETURN_IF_ERROR(ReadNumber(j, source, "original_max_position_embeddings", true,
+                                  &rs.original_max_position_embeddings));
+  }
+  if (rs.original_max_position_embeddings <= 0) {
+    return FieldError(source, "original_max_position_embeddings", "must be positive");
+  }
+  if (!(rs.factor > 0)) {
+    rs.factor = static_cast<double>(c->max_position_embeddings) /
+                static_cast<double>(rs.original_max_position_embeddings);
+  }
+  if (!(rs.attention_factor > 0)) {
+    rs.attention_factor =
+        rs.factor <= 1.0
+            ? 1.0
+            : std::sqrt(1.0 + std::log(rs.factor) / std::log(static_cast<double>(
+                                                        rs.original_max_position_embeddings)));
+  }
+  SelectLongRopeFactors(c->max_position_embeddings, c);
   return absl::OkStatus();
 }
 
@@ -561,16 +701,27 @@ absl::Status ReadHfRopeParameters(const json& j, absl::string_view source, Model
 }
 
 // partial_rotary_factor (Phi-4-mini; also inside transformers 5's
-// rope_parameters) below 1 rotates part of each head: not supported.
-absl::Status CheckFullRotary(const json& j, absl::string_view source) {
+// rope_parameters, which wins) below 1 rotates the first int(head_dim *
+// factor) dimensions of each head, as transformers' Phi3 attention; other
+// architectures: Unimplemented.
+absl::Status ReadHfPartialRotary(const json& j, absl::string_view source, ModelConfig* c) {
+  double f = 1.0;
   for (const json* o : {&j, j.contains("rope_parameters") ? &j["rope_parameters"] : nullptr}) {
     if (o == nullptr || !o->is_object()) continue;
-    double f = 1.0;
     PS_RETURN_IF_ERROR(ReadNumber(*o, source, "partial_rotary_factor", false, &f));
-    if (f != 1.0) {
-      return absl::UnimplementedError(absl::StrCat(
-          source, ": partial_rotary_factor ", f, " (partial rotary embeddings) is not supported"));
-    }
+  }
+  if (f == 1.0) return absl::OkStatus();
+  if (c->arch != ModelArch::kPhi3) {
+    return absl::UnimplementedError(absl::StrCat(source, ": partial_rotary_factor ", f,
+                                                 " (partial rotary embeddings) is supported for "
+                                                 "Phi3ForCausalLM only"));
+  }
+  if (!(f > 0 && f < 1)) return FieldError(source, "partial_rotary_factor", "must be in (0, 1]");
+  c->rotary_dim = static_cast<int>(c->head_size * f);
+  if (c->rotary_dim < 2 || c->rotary_dim % 2 != 0) {
+    return FieldError(source, "partial_rotary_factor",
+                      absl::StrCat("gives ", c->rotary_dim, " rotary dimensions of head_dim ",
+                                   c->head_size, " (need an even number >= 2)"));
   }
   return absl::OkStatus();
 }
@@ -659,7 +810,7 @@ absl::Status ReadHfSlidingWindow(const json& j, absl::string_view source, ModelC
              c->arch == ModelArch::kMixtral) {
     c->sliding_window = window;
   } else if ((c->arch == ModelArch::kQwen2 || c->arch == ModelArch::kQwen3 ||
-              c->arch == ModelArch::kQwen3Moe) &&
+              c->arch == ModelArch::kQwen3Moe || c->arch == ModelArch::kQwen2Moe) &&
              HfFlag(j, "use_sliding_window") && window > 0) {
     int first = c->num_layers;  // transformers' default max_window_layers is model-specific
     PS_RETURN_IF_ERROR(ReadNumber(j, source, "max_window_layers", true, &first));
@@ -705,6 +856,12 @@ absl::Status ReadHfMoe(const json& j, absl::string_view source, ModelConfig* c) 
     PS_RETURN_IF_ERROR(
         ReadNumber(j, source, "moe_intermediate_size", true, &m.expert_intermediate_size));
     m.norm_topk_prob = HfFlag(j, "norm_topk_prob");
+    if (c->arch == ModelArch::kQwen2Moe) {
+      PS_RETURN_IF_ERROR(ReadNumber(j, source, "shared_expert_intermediate_size", true,
+                                    &m.shared_expert_intermediate_size));
+      if (m.shared_expert_intermediate_size <= 0)
+        return FieldError(source, "shared_expert_intermediate_size", "must be positive");
+    }
     int step = 1;
     PS_RETURN_IF_ERROR(ReadNumber(j, source, "decoder_sparse_step", false, &step));
     auto dense = j.find("mlp_only_layers");
@@ -752,16 +909,14 @@ absl::Status ReadHfArchitecture(const json& j, absl::string_view source, ModelCo
     c.arch = ModelArch::kQwen3Moe;
     c.qk_norm = true;
   } else if (arch == "Qwen2MoeForCausalLM") {
-    return absl::UnimplementedError(
-        absl::StrCat(source,
-                     ": architecture 'Qwen2MoeForCausalLM' is not supported: its shared "
-                     "experts (shared_expert + shared_expert_gate) are not implemented"));
+    c.arch = ModelArch::kQwen2Moe;
+    c.qkv_bias = true;  // Qwen2MoeConfig.qkv_bias (default true), read below
   } else {
     return absl::UnimplementedError(
         absl::StrCat(source, ": architecture '", arch,
                      "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
                      "Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, "
-                     "MixtralForCausalLM, Qwen3MoeForCausalLM)"));
+                     "MixtralForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM)"));
   }
   return absl::OkStatus();
 }
@@ -838,11 +993,15 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
   }
   PS_RETURN_IF_ERROR(ReadHfSlidingWindow(j, source, &c));
   if (gemma) PS_RETURN_IF_ERROR(ReadHfGemma(j, source, &c));
-  if (c.arch == ModelArch::kMixtral || c.arch == ModelArch::kQwen3Moe) {
+  if (c.arch == ModelArch::kQwen2Moe && j.contains("qkv_bias") && j["qkv_bias"].is_boolean())
+    c.qkv_bias = j["qkv_bias"].get<bool>();
+  if (c.arch == ModelArch::kMixtral || c.arch == ModelArch::kQwen3Moe ||
+      c.arch == ModelArch::kQwen2Moe) {
     PS_RETURN_IF_ERROR(ReadHfMoe(j, source, &c));
   }
   PS_RETURN_IF_ERROR(ReadHfRopeParameters(j, source, &c));  // last: it overrides
-  PS_RETURN_IF_ERROR(CheckFullRotary(j, source));
+  PS_RETURN_IF_ERROR(ReadHfPartialRotary(j, source, &c));
+  PS_RETURN_IF_ERROR(FinishHfLongRope(j, source, &c));
   if (auto v = c.Validate(); !v.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", v.message()));
   }
@@ -894,13 +1053,17 @@ absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& dir) {
 }
 
 std::vector<double> RopeInverseFrequencies(const ModelConfig& c) {
-  const int half = c.head_size / 2;
+  const int dim = c.RotaryDim();
+  const int half = dim / 2;
   std::vector<double> inv(half);
   for (int i = 0; i < half; ++i) {
-    inv[i] = 1.0 / std::pow(c.rope_theta, (2.0 * i) / c.head_size);
+    inv[i] = 1.0 / std::pow(c.rope_theta, (2.0 * i) / dim);
   }
   const RopeScaling& rs = c.rope_scaling;
-  if (rs.type == RopeScaling::Type::kLinear) {
+  if (rs.type == RopeScaling::Type::kLongRope) {
+    const std::vector<double>& ext = rs.use_long_factor ? rs.long_factor : rs.short_factor;
+    for (size_t i = 0; i < inv.size() && i < ext.size(); ++i) inv[i] /= ext[i];
+  } else if (rs.type == RopeScaling::Type::kLinear) {
     for (double& f : inv) f /= rs.factor;
   } else if (rs.type == RopeScaling::Type::kLlama3) {
     const double old_ctx = static_cast<double>(rs.original_max_position_embeddings);
@@ -928,8 +1091,15 @@ std::vector<double> RopeLocalInverseFrequencies(const ModelConfig& c) {
   if (!(c.rope_local_theta > 0)) return {};
   ModelConfig local;
   local.head_size = c.head_size;
+  local.rotary_dim = c.rotary_dim;
   local.rope_theta = c.rope_local_theta;  // rope_scaling kNone, no frequency factors
   return RopeInverseFrequencies(local);
+}
+
+void SelectLongRopeFactors(int64_t max_model_len, ModelConfig* c) {
+  RopeScaling& rs = c->rope_scaling;
+  if (rs.type != RopeScaling::Type::kLongRope || max_model_len <= 0) return;
+  rs.use_long_factor = max_model_len > rs.original_max_position_embeddings;
 }
 
 }  // namespace pagedserve

@@ -6,11 +6,12 @@
 // MistralForCausalLM, Qwen2ForCausalLM (bias on Q/K/V), Qwen3ForCausalLM
 // (per-head RMSNorm of q and k before RoPE, no bias, explicit head_dim),
 // Gemma2ForCausalLM and Gemma3ForCausalLM (model_type gemma3_text; the
-// Gemma fields below), Phi3ForCausalLM (fused projections, full rotary, no
-// LongRoPE yet), the mixture-of-experts MixtralForCausalLM (Mistral
-// attention) and Qwen3MoeForCausalLM (Qwen3 attention), and GGUF
+// Gemma fields below), Phi3ForCausalLM (fused projections; LongRoPE and
+// partial rotary as Phi-3.5 and Phi-4-mini), the mixture-of-experts MixtralForCausalLM (Mistral
+// attention), Qwen3MoeForCausalLM (Qwen3 attention) and Qwen2MoeForCausalLM
+// (Qwen2 attention, a gated shared expert), and GGUF
 // general.architecture "llama" (which llama.cpp also uses for Mistral and
-// Mixtral), "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3" and "phi3". All
+// Mixtral), "qwen2", "qwen3", "qwen3moe", "qwen2moe", "gemma2", "gemma3" and "phi3". All
 // of them: RMSNorm, rotary embeddings (HF rotate_half layout after loading,
 // see weights.h), grouped-query attention, a gated MLP (SwiGLU; Gemma:
 // GeGLU) -- dense, or a mixture of SwiGLU experts (MoeConfig).
@@ -37,19 +38,34 @@ enum class ModelArch {
   kGemma3,
   kPhi3,
   kMixtral,
-  kQwen3Moe
+  kQwen3Moe,
+  kQwen2Moe
 };
-// "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "mixtral", "qwen3_moe".
+// "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "mixtral", "qwen3_moe",
+// "qwen2_moe".
 std::string ModelArchName(ModelArch arch);
 
-// rope_scaling of Hugging Face (transformers' modeling_rope_utils):
-//   kNone:   inv_freq[i] = rope_theta^(-2i/head_size)
+// rope_scaling of Hugging Face (transformers' modeling_rope_utils), over the
+// d = ModelConfig::RotaryDim() rotated dimensions of each head:
+//   kNone:   inv_freq[i] = rope_theta^(-2i/d), i < d/2
 //   kLinear: positions divided by `factor` (equivalently inv_freq / factor)
 //   kLlama3: Llama 3.1 frequency-dependent scaling with factor,
 //            low_freq_factor, high_freq_factor and
 //            original_max_position_embeddings (RopeInverseFrequencies below).
+//   kLongRope: LongRoPE (Ding et al. 2024, "LongRoPE: Extending LLM Context
+//            Window Beyond 2 Million Tokens"; Phi-3 128K, Phi-3.5, Phi-4-mini):
+//            inv_freq[i] = rope_theta^(-2i/d) / ext[i] with ext = long_factor
+//            when use_long_factor, else short_factor (d/2 each), and cos / sin
+//            multiplied by attention_factor (transformers' attention_scaling:
+//            sqrt(1 + ln(s) / ln(original_max_position_embeddings)) for
+//            s = max_position_embeddings / original > 1, unless the config
+//            gives it). transformers picks the set per forward pass from the
+//            current length; a server fixes it once for every sequence so that
+//            cached keys never mix the two: long when its max_model_len exceeds
+//            original_max_position_embeddings (vLLM's rule; llama.cpp's with
+//            n_ctx). SelectLongRopeFactors below.
 // and, independently of the type, llama.cpp's per-frequency factors (GGUF
-// tensor "rope_freqs.weight", head_size / 2 floats): inv_freq[i] is divided by
+// tensor "rope_freqs.weight", d / 2 floats): inv_freq[i] is divided by
 // freq_factors[i] after the type's scaling, as ggml's rope does
 // (ggml-cpu ops.cpp ggml_rope_cache_init: theta_extrap = theta_base / ff[i];
 // then freq_scale multiplies). llama.cpp's convert_hf_to_gguf.py writes them
@@ -57,13 +73,18 @@ std::string ModelArchName(ModelArch arch);
 // 1 / ((1 - smooth) / factor + smooth) in between), so that a Llama 3.x GGUF
 // has the rotary frequencies of its Hugging Face llama3 rope_scaling.
 struct RopeScaling {
-  enum class Type { kNone, kLinear, kLlama3 };
+  enum class Type { kNone, kLinear, kLlama3, kLongRope };
   Type type = Type::kNone;
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
-  std::vector<float> freq_factors;  // empty, or head_size / 2 positive divisors
+  std::vector<float> freq_factors;  // empty, or RotaryDim() / 2 positive divisors
+  // kLongRope only: RotaryDim() / 2 positive factors each, the set in use,
+  // and the multiplier of cos / sin (1 for the other types).
+  std::vector<double> short_factor, long_factor;
+  bool use_long_factor = false;
+  double attention_factor = 1.0;
 };
 
 // The gated MLP's activation: down(act(x gate^T) * (x up^T)).
@@ -80,12 +101,17 @@ enum class MlpActivation { kSilu, kGeluTanh };
 //   sum when norm_topk_prob (Mixtral always: equal to a softmax over the top-k
 //   logits; Qwen3-MoE: config norm_topk_prob);
 //   out = sum over the chosen e of weight_e * down_e(silu(gate_e x) * up_e x),
-// each expert a SwiGLU MLP of width expert_intermediate_size. Shared experts
-// (Qwen2-MoE) are not supported: refused at load.
+// each expert a SwiGLU MLP of width expert_intermediate_size. Qwen2-MoE adds
+// a gated shared expert that every token runs (Qwen team 2024, "Qwen1.5-MoE";
+// transformers' Qwen2MoeSparseMoeBlock):
+//   out += sigmoid(x w_sg^T) * down_s(silu(gate_s x) * up_s x)
+// with w_sg [1, hidden] and a SwiGLU MLP of width
+// shared_expert_intermediate_size (0 = no shared expert).
 struct MoeConfig {
   int num_experts = 0;               // 0 = a dense MLP
   int top_k = 0;                     // num_experts_per_tok / {arch}.expert_used_count
   int expert_intermediate_size = 0;  // Mixtral: intermediate_size; Qwen3-MoE: moe_intermediate_size
+  int shared_expert_intermediate_size = 0;  // Qwen2-MoE / {arch}.expert_shared_feed_forward_length
   bool norm_topk_prob = true;
   bool enabled() const { return num_experts > 0; }
 };
@@ -98,6 +124,13 @@ struct ModelConfig {
   int num_heads = 0;          // query heads
   int num_kv_heads = 0;       // key/value heads (GQA); divides num_heads
   int head_size = 0;          // hidden_size / num_heads unless set (head_dim)
+  // Rotary dimensions per head: the first rotary_dim of each head's
+  // head_size rotate (pairs (i, i + rotary_dim / 2)), the rest pass through
+  // (HF partial_rotary_factor: int(head_size * factor); GGUF
+  // rope.dimension_count). 0 = head_size. Below head_size only for Phi-3
+  // (Phi-4-mini: 96 of 128).
+  int rotary_dim = 0;
+  int RotaryDim() const { return rotary_dim > 0 ? rotary_dim : head_size; }
   int vocab_size = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
@@ -177,12 +210,13 @@ struct ModelConfig {
   absl::Status Validate() const;
 };
 
-// From GGUF metadata: general.architecture ("llama", "qwen2", "qwen3" or
-// "qwen3moe"; "qwen2moe" is Unimplemented naming its shared experts) and the keys
+// From GGUF metadata: general.architecture ("llama", "qwen2", "qwen3",
+// "qwen3moe", "qwen2moe", "gemma2", "gemma3", "phi3") and the keys
 // {arch}.block_count, .embedding_length, .feed_forward_length,
 // .attention.head_count, .attention.head_count_kv (default head_count),
 // .attention.layer_norm_rms_epsilon, .rope.freq_base (default 10000),
-// .context_length, .rope.dimension_count (head size, default hidden/heads),
+// .context_length, .attention.key_length (head size, default hidden/heads),
+// .rope.dimension_count (rotary_dim; below the head size for phi3 only),
 // .vocab_size (else the length of tokenizer.ggml.tokens, else token_embd rows),
 // .rope.scaling.{type,factor,original_context_length},
 // gemma2 / gemma3 (as llama.cpp's loader reads them): .attn_logit_softcapping,
@@ -199,22 +233,34 @@ struct ModelConfig {
 // meaning depends on the architecture, is Unimplemented); tokenizer.ggml.
 // bos_token_id / eos_token_id, and eot_token_id / eom_token_id also into
 // eos_token_ids (each id once). tie_word_embeddings = no "output.weight" tensor.
-// A "rope_freqs.weight" tensor (F32, head_size / 2 elements: llama.cpp's
+// phi3's LongRoPE: tensors rope_factors_long / rope_factors_short.weight
+// (F32, rotary_dim / 2 each) with .rope.scaling.original_context_length and
+// .rope.scaling.attn_factor (default 1), the long set for context_length >
+// the original one (SelectLongRopeFactors).
+// A "rope_freqs.weight" tensor (F32, rotary_dim / 2 elements: llama.cpp's
 // per-frequency factors, written for llama3 rope scaling) fills
 // rope_scaling.freq_factors; another type or size, or a factor that is not
 // finite and positive, is InvalidArgument naming the tensor.
 // Mixture of experts: {arch}.expert_count > 0 with .expert_used_count (top_k)
 // and .expert_feed_forward_length (default feed_forward_length, as llama.cpp's
 // converter writes Mixtral); norm_topk_prob from .expert_weights_norm, else
-// true (llama.cpp renormalises for llama and qwen3moe). A file with shared
-// experts (.expert_shared_count > 0 or ffn_*_shexp tensors) is Unimplemented.
+// true for llama and qwen3moe, false for qwen2moe (as llama.cpp). qwen2moe's
+// shared expert: .expert_shared_feed_forward_length and the tensors
+// ffn_{gate,up,down}_shexp and ffn_gate_inp_shexp (required); shared experts
+// in any other architecture (.expert_shared_count > 0 or ffn_*_shexp
+// tensors) are Unimplemented.
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf);
 
 // From the text of a Hugging Face config.json; `source` names it in errors.
 // Reads architectures[0], num_hidden_layers, hidden_size, intermediate_size,
 // num_attention_heads, num_key_value_heads (default num_attention_heads),
 // head_dim (optional), vocab_size, rms_norm_eps, rope_theta (default 10000),
-// rope_scaling (null, or {"rope_type"|"type": "linear"|"llama3"|"default", ...}),
+// rope_scaling (null, or {"rope_type"|"type": "linear"|"llama3"|"longrope"|"su"|
+// "default", ...}; longrope: short_factor / long_factor lists, optional factor,
+// attention_factor and original_max_position_embeddings (else the config's),
+// defaults as transformers' _compute_longrope_parameters, the long set for
+// max_position_embeddings > the original context), partial_rotary_factor
+// (Phi3ForCausalLM only: rotary_dim = int(head_dim * factor), even),
 // tie_word_embeddings (default false), max_position_embeddings, bos_token_id,
 // eos_token_id (int or list), torch_dtype or dtype (optional string), and
 // the sliding window as transformers builds its masks: layer_types (a list of
@@ -234,7 +280,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& gguf);
 // num_experts_per_tok, moe_intermediate_size, norm_topk_prob (default false,
 // transformers'); decoder_sparse_step other than 1 or a non-empty
 // mlp_only_layers (dense layers among the sparse ones) are Unimplemented,
-// as is Qwen2MoeForCausalLM (shared experts). Unknown architectures, rope types and layer
+// Qwen2-MoE (as Qwen2, qkv_bias default true): Qwen3-MoE's keys plus
+// shared_expert_intermediate_size (required). Unknown architectures, rope types and layer
 // types give Unimplemented; missing or mistyped fields InvalidArgument naming the field.
 absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view json_text,
                                                   std::string_view source);
@@ -249,12 +296,18 @@ absl::Status AddGenerationConfigEos(std::string_view json_text, std::string_view
 // when that file exists (AddGenerationConfigEos).
 absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& dir);
 
-// The head_size / 2 rotary inverse frequencies (radians per position) of the
-// config, with its rope scaling applied exactly as Hugging Face computes them
-// (double precision). Dimension pair i rotates (x[i], x[i + head_size/2]) in
-// the rotate_half layout. These are the global layers' (every layer's unless
-// rope_local_theta > 0).
+// The RotaryDim() / 2 rotary inverse frequencies (radians per position) of
+// the config, with its rope scaling applied exactly as Hugging Face computes
+// them (double precision). Dimension pair i rotates (x[i], x[i + d/2]), d =
+// RotaryDim(), in the rotate_half layout. These are the global layers' (every
+// layer's unless rope_local_theta > 0); their cos / sin are multiplied by
+// rope_scaling.attention_factor.
 std::vector<double> RopeInverseFrequencies(const ModelConfig& config);
+// LongRoPE's factor set for a server whose sequences may reach max_model_len
+// tokens: long when max_model_len > original_max_position_embeddings (see
+// RopeScaling). A no-op for the other rope types and for max_model_len <= 0.
+// The loaders choose for max_model_len = max_position_embeddings.
+void SelectLongRopeFactors(int64_t max_model_len, ModelConfig* config);
 // The local layers' (LayerLocalRope): base rope_local_theta, unscaled. Empty
 // when rope_local_theta is 0.
 std::vector<double> RopeLocalInverseFrequencies(const ModelConfig& config);

@@ -81,6 +81,11 @@ absl::StatusOr<ShardLayout> ComputeShardLayout(const ModelConfig& c, int tp_rank
         "tensor parallel size ", tp_size, " does not divide the experts' intermediate size ",
         c.moe.expert_intermediate_size));
   }
+  if (c.moe.shared_expert_intermediate_size % tp_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor parallel size ", tp_size, " does not divide the shared expert's intermediate size ",
+        c.moe.shared_expert_intermediate_size));
+  }
   ShardLayout s;
   s.tp_rank = tp_rank;
   s.tp_size = tp_size;
@@ -98,6 +103,8 @@ absl::StatusOr<ShardLayout> ComputeShardLayout(const ModelConfig& c, int tp_rank
   if (c.moe.enabled()) {
     s.expert_intermediate_size = c.moe.expert_intermediate_size / tp_size;
     s.first_expert_intermediate = tp_rank * s.expert_intermediate_size;
+    s.shared_expert_intermediate_size = c.moe.shared_expert_intermediate_size / tp_size;
+    s.first_shared_expert_intermediate = tp_rank * s.shared_expert_intermediate_size;
   }
   return s;
 }
@@ -192,6 +199,13 @@ class GgufSource : public TensorSource {
       if (n != hf) return GgufName(n);
     }
     if (auto e = GgufExpert(hf)) return e->tensor;
+    if (hf.find(".mlp.shared_expert") != std::string::npos) {  // Qwen2-MoE
+      return absl::StrReplaceAll(hf, {{"model.layers.", "blk."},
+                                      {".mlp.shared_expert_gate.", ".ffn_gate_inp_shexp."},
+                                      {".mlp.shared_expert.gate_proj.", ".ffn_gate_shexp."},
+                                      {".mlp.shared_expert.up_proj.", ".ffn_up_shexp."},
+                                      {".mlp.shared_expert.down_proj.", ".ffn_down_shexp."}});
+    }
     std::string n = absl::StrReplaceAll(hf, {{"model.layers.", "blk."},
                                              {".self_attn.q_proj.", ".attn_q."},
                                              {".self_attn.k_proj.", ".attn_k."},
@@ -221,6 +235,9 @@ class GgufSource : public TensorSource {
     }
     std::vector<int64_t> s;
     for (auto it = dims.rbegin(); it != dims.rend(); ++it) s.push_back(static_cast<int64_t>(*it));
+    // llama.cpp writes Qwen2-MoE's shared expert gate ([1, h] in HF) as 1-D.
+    if (s.size() == 1 && absl::EndsWith(info->t->name, ".ffn_gate_inp_shexp.weight"))
+      s.insert(s.begin(), 1);
     return s;
   }
   absl::Status ReadRows(const std::string& name, int64_t r0, int64_t r1,
@@ -547,6 +564,16 @@ class Loader {
       L->expert_gate.push_back(std::move(gate));
       L->expert_up.push_back(std::move(up));
       L->expert_down.push_back(std::move(down));
+    }
+    if (const int64_t is = c_.moe.shared_expert_intermediate_size; is > 0) {
+      const int64_t s0 = s_.first_shared_expert_intermediate;
+      const int64_t s1 = s0 + s_.shared_expert_intermediate_size;
+      const std::string x = moe + "shared_expert.";
+      PS_ASSIGN_OR_RETURN(L->shared_gate, Rows(x + "gate_proj.weight", is, h, s0, s1));
+      PS_ASSIGN_OR_RETURN(L->shared_up, Rows(x + "up_proj.weight", is, h, s0, s1));
+      PS_ASSIGN_OR_RETURN(L->shared_down, Cols(x + "down_proj.weight", h, is, s0, s1));
+      PS_ASSIGN_OR_RETURN(L->shared_expert_gate,
+                          Rows(moe + "shared_expert_gate.weight", 1, h, 0, 1));
     }
     return absl::OkStatus();
   }

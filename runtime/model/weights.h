@@ -31,7 +31,9 @@
 //                   expert_intermediate_size, Ie % T == 0), so that every rank
 //                   runs every expert on its slice and one all-reduce sums
 //                   the weighted expert outputs; the router is replicated
-//                   (every rank routes the same tokens the same way).
+//                   (every rank routes the same tokens the same way). A
+//                   shared expert (Qwen2-MoE) is sharded as the dense MLP over
+//                   its width Is (Is % T == 0); its gate vector is replicated.
 //   replicated: embed_tokens, lm_head, all RMSNorm weights. The embedding and the
 //   LM head are replicated (not vocab-parallel) so that every rank can embed
 //   tokens and rank 0 can sample without an extra gather; they are small next to
@@ -113,6 +115,8 @@ struct ShardLayout {
   int first_intermediate = 0;
   int expert_intermediate_size = 0;  // local width of each expert (MoE; else 0)
   int first_expert_intermediate = 0;
+  int shared_expert_intermediate_size = 0;  // local width of the shared expert (else 0)
+  int first_shared_expert_intermediate = 0;
 };
 
 // InvalidArgument (naming the counts) when tp_size does not divide the heads,
@@ -147,6 +151,13 @@ struct LayerWeights {
   Matrix router;                               // [E, h] replicated
   std::vector<Matrix> expert_gate, expert_up;  // E x [Iel, h]
   std::vector<Matrix> expert_down;             // E x [h, Iel] (row-parallel)
+  // Qwen2-MoE's shared expert (config.moe.shared_expert_intermediate_size >
+  // 0; else empty), Isl = its local width: HF mlp.shared_expert.* and
+  // mlp.shared_expert_gate, GGUF ffn_{gate,up,down}_shexp and
+  // ffn_gate_inp_shexp (1-D [h] there).
+  Matrix shared_gate, shared_up;  // [Isl, h]
+  Matrix shared_down;             // [h, Isl] (row-parallel)
+  Matrix shared_expert_gate;      // [1, h] replicated
 };
 
 struct LlamaWeights {

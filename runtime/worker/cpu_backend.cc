@@ -85,9 +85,9 @@ void GeluTanhMul(const float* gate, const float* up, int64_t count, float* out) 
   }
 }
 
-void ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stride,
+void ApplyRope(float* x, int64_t n, int heads, int head_size, int rotary_half, int64_t token_stride,
                const float* cos_t, const float* sin_t) {
-  const int half = head_size / 2;
+  const int half = rotary_half;
 #pragma omp parallel for schedule(static) if (n * heads * head_size >= kMinParallelElems)
   for (int64_t t = 0; t < n; ++t) {
     const float* c = cos_t + t * half;
@@ -220,6 +220,10 @@ class CpuBackend final : public ModelBackend {
         PS_RETURN_IF_ERROR(CheckStored(L.expert_up[e], x + "up"));
         PS_RETURN_IF_ERROR(CheckStored(L.expert_down[e], x + "down"));
       }
+      PS_RETURN_IF_ERROR(CheckStored(L.shared_gate, p + "shared expert gate"));
+      PS_RETURN_IF_ERROR(CheckStored(L.shared_up, p + "shared expert up"));
+      PS_RETURN_IF_ERROR(CheckStored(L.shared_down, p + "shared expert down"));
+      PS_RETURN_IF_ERROR(CheckStored(L.shared_expert_gate, p + "shared_expert_gate"));
     }
     weights_ = std::move(weights);
     BackendWeights h;
@@ -250,6 +254,12 @@ class CpuBackend final : public ModelBackend {
           b.experts.gate.push_back(Handle(L.expert_gate[e]));
           b.experts.up.push_back(Handle(L.expert_up[e]));
           b.experts.down.push_back(Handle(L.expert_down[e]));
+        }
+        if (L.shared_gate.rows > 0) {
+          b.experts.shared_gate = Handle(L.shared_gate);
+          b.experts.shared_up = Handle(L.shared_up);
+          b.experts.shared_down = Handle(L.shared_down);
+          b.experts.shared_expert_gate = Handle(L.shared_expert_gate);
         }
       }
       h.layers.push_back(b);
@@ -410,11 +420,12 @@ class CpuBackend final : public ModelBackend {
                          bool local) override {
     const std::vector<float>& c = local ? plan_->rope_cos_local : plan_->rope_cos;
     const std::vector<float>& s = local ? plan_->rope_sin_local : plan_->rope_sin;
-    if (c.size() < static_cast<size_t>(n) * (head_size / 2))
-      return absl::InvalidArgumentError(absl::StrCat("ApplyRope: the plan has no ",
-                                                     local ? "local " : "", "rotary tables for ", n,
-                                                     " tokens of head size ", head_size));
-    cpu_ops::ApplyRope(x, n, heads, head_size, token_stride, c.data(), s.data());
+    const int half = plan_->rope_half;
+    if (half <= 0 || 2 * half > head_size || c.size() < static_cast<size_t>(n) * half)
+      return absl::InvalidArgumentError(
+          absl::StrCat("ApplyRope: the plan has no ", local ? "local " : "", "rotary tables for ",
+                       n, " tokens of ", half, " pairs within head size ", head_size));
+    cpu_ops::ApplyRope(x, n, heads, head_size, half, token_stride, c.data(), s.data());
     return absl::OkStatus();
   }
 
@@ -526,6 +537,8 @@ class CpuBackend final : public ModelBackend {
     pair_out_.resize(routing_.tokens.size() * static_cast<size_t>(hidden));
     PS_RETURN_IF_ERROR(RunExperts(F(x), hidden, w));
     SumExperts(n, hidden, static_cast<float*>(y_sums.data));
+    if (w.has_shared())
+      PS_RETURN_IF_ERROR(AddSharedExpert(x, n, w, static_cast<float*>(y_sums.data)));
     return absl::OkStatus();
   }
 
@@ -589,6 +602,32 @@ class CpuBackend final : public ModelBackend {
                   pair_out_.data() + begin * hidden);
   }
 
+  // Qwen2-MoE's shared expert over all n rows of x, added to y [n, hidden]:
+  // y[t] += sigmoid(x[t] . shared_expert_gate) * down_s(silu(gate_s x[t]) *
+  // up_s x[t]) (the sum as transformers' expert_output + shared_output).
+  absl::Status AddSharedExpert(GemmInput x, int64_t n, const BackendExperts& w, float* y) {
+    const int64_t hidden = w.shared_down.rows, inter = w.shared_gate.rows;
+    shared_gate_.resize(static_cast<size_t>(n) * inter);
+    shared_up_.resize(shared_gate_.size());
+    shared_out_.resize(static_cast<size_t>(n) * hidden);
+    shared_weight_.resize(static_cast<size_t>(n));
+    const LinearOut gate_up[3] = {{w.shared_gate, BackendVector{}, shared_gate_.data()},
+                                  {w.shared_up, BackendVector{}, shared_up_.data()},
+                                  {w.shared_expert_gate, BackendVector{}, shared_weight_.data()}};
+    PS_RETURN_IF_ERROR(LinearGroup(x, n, gate_up));
+    cpu_ops::SiluMul(shared_gate_.data(), shared_up_.data(), n * inter, shared_gate_.data());
+    PS_RETURN_IF_ERROR(Linear(GemmInput{shared_gate_.data()}, n, w.shared_down, BackendVector{},
+                              shared_out_.data()));
+#pragma omp parallel for schedule(static) if (n * hidden >= (1 << 16))
+    for (int64_t t = 0; t < n; ++t) {
+      const float g = 1.0f / (1.0f + std::exp(-shared_weight_[t]));
+      const float* src = shared_out_.data() + t * hidden;
+      float* dst = y + t * hidden;
+      for (int64_t c = 0; c < hidden; ++c) dst[c] += g * src[c];
+    }
+    return absl::OkStatus();
+  }
+
   // y[t] = sum over t's experts in ascending expert order (transformers'
   // index_add_ order) of weight * the expert's row; the same sums whatever
   // the thread split.
@@ -627,6 +666,8 @@ class CpuBackend final : public ModelBackend {
   // routing, the experts with tokens, every (token, expert) pair's output
   // row in grouped order, each token's pairs, and per-thread expert scratch.
   std::vector<float> router_logits_, pair_out_;
+  // AddSharedExpert's gate / up (then the activation), output rows and gates.
+  std::vector<float> shared_gate_, shared_up_, shared_out_, shared_weight_;
   MoeRouting routing_;
   std::vector<int> active_experts_;
   std::vector<int64_t> token_pairs_;

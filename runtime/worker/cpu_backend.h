@@ -50,8 +50,10 @@ void AddPostRmsNorm(float* residual, const float* add, int64_t n, int dim, const
 // ModelBackend::GeluTanhMul on host arrays (fp32, std::tanh); out may be gate.
 void GeluTanhMul(const float* gate, const float* up, int64_t count, float* out);
 
-// ModelBackend::ApplyRope on host arrays; cos_t/sin_t are [n, head_size/2].
-void ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stride,
+// ModelBackend::ApplyRope on host arrays: the pairs (i, i + rotary_half),
+// i < rotary_half, of each head rotate (2 * rotary_half <= head_size; the
+// dimensions past 2 * rotary_half pass through); cos_t/sin_t are [n, rotary_half].
+void ApplyRope(float* x, int64_t n, int heads, int head_size, int rotary_half, int64_t token_stride,
                const float* cos_t, const float* sin_t);
 
 // out[i] = gate[i] / (1 + exp(-gate[i])) * up[i], i < count, by

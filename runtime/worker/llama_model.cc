@@ -30,10 +30,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
   if (weights.config.moe.enabled())
     for (const LayerWeights& L : weights.layers)
       if (static_cast<int>(L.expert_gate.size()) != weights.config.moe.num_experts ||
-          L.router.rows != weights.config.moe.num_experts)
+          L.router.rows != weights.config.moe.num_experts ||
+          (weights.config.moe.shared_expert_intermediate_size > 0) !=
+              (L.shared_gate.rows > 0 && L.shared_expert_gate.rows == 1))
         return absl::InvalidArgumentError(
             "LlamaModel: a mixture-of-experts layer does not hold num_experts experts and router "
-            "rows");
+            "rows (and the shared expert the config declares)");
   if (!kernels::IsSupportedHeadSize(weights.config.head_size))
     return absl::UnimplementedError(absl::StrCat("LlamaModel: head size ", weights.config.head_size,
                                                  " is not supported by the attention kernels"));
@@ -134,9 +136,9 @@ void LlamaModel::BuildPlan(const ForwardBatch& b, const std::optional<DecodeGrap
 
   // Rotary tables for this batch's positions (angles in double): the global
   // ones, and the local layers' when the config has them.
-  const int half = config_.head_size / 2;
+  const int half = config_.RotaryDim() / 2;
   p.rope_half = half;
-  auto tables = [&](const std::vector<double>& inv, std::vector<float>* cos_t,
+  auto tables = [&](const std::vector<double>& inv, double scale, std::vector<float>* cos_t,
                     std::vector<float>* sin_t) {
     cos_t->resize(inv.empty() ? 0 : static_cast<size_t>(p.num_tokens) * half);
     sin_t->resize(cos_t->size());
@@ -144,12 +146,12 @@ void LlamaModel::BuildPlan(const ForwardBatch& b, const std::optional<DecodeGrap
     for (int64_t t = 0; t < p.num_tokens; ++t)
       for (int i = 0; i < half; ++i) {
         const double angle = static_cast<double>(b.positions[t]) * inv[i];
-        (*cos_t)[t * half + i] = static_cast<float>(std::cos(angle));
-        (*sin_t)[t * half + i] = static_cast<float>(std::sin(angle));
+        (*cos_t)[t * half + i] = static_cast<float>(scale * std::cos(angle));
+        (*sin_t)[t * half + i] = static_cast<float>(scale * std::sin(angle));
       }
   };
-  tables(inv_freq_, &p.rope_cos, &p.rope_sin);
-  tables(inv_freq_local_, &p.rope_cos_local, &p.rope_sin_local);
+  tables(inv_freq_, config_.rope_scaling.attention_factor, &p.rope_cos, &p.rope_sin);
+  tables(inv_freq_local_, 1.0, &p.rope_cos_local, &p.rope_sin_local);
   p.attention_scale = config_.AttentionScale();
   p.graph = graph;
   if (graph) {

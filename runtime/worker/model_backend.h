@@ -97,8 +97,10 @@ struct ForwardPlan {
   // [num_prefill + 1] query_start_loc of the prefill part, relative to
   // prefill_row0; empty when num_prefill == 0.
   std::vector<int32_t> prefill_query_start_loc;
-  // Rotary tables [num_tokens, rope_half]: (float)cos/sin(position *
-  // inv_freq[i]), angle in double (RopeInverseFrequencies).
+  // Rotary tables [num_tokens, rope_half]: (float)(a * cos/sin(position *
+  // inv_freq[i])), angle in double (RopeInverseFrequencies), a the config's
+  // rope_scaling.attention_factor (1 but for LongRoPE). rope_half =
+  // ModelConfig::RotaryDim() / 2.
   int rope_half = 0;
   std::vector<float> rope_cos, rope_sin;
   // The same for the local layers (LayerAttention::local_rope; Gemma 3's
@@ -143,10 +145,15 @@ struct LayerAttention {
 // One layer's experts (LayerWeights::router / expert_*): the replicated
 // router [num_experts, hidden] and per expert this rank's slice of its gate
 // and up [Iel, hidden] and down [hidden, Iel]. Empty for a dense layer.
+// Qwen2-MoE's shared expert (LayerWeights::shared_*): this rank's slice of
+// its gate / up [Isl, hidden] and down [hidden, Isl], and the replicated
+// gate vector shared_expert_gate [1, hidden]; null handles without one.
 struct BackendExperts {
   BackendMatrix router;
   std::vector<BackendMatrix> gate, up, down;
+  BackendMatrix shared_gate, shared_up, shared_down, shared_expert_gate;
   bool empty() const { return gate.empty(); }
+  bool has_shared() const { return shared_gate.handle != nullptr; }
 };
 
 struct BackendLayer {
@@ -379,6 +386,8 @@ class ModelBackend {
   // (runtime/worker/moe_routing.h: softmax, top_k, norm_topk_prob), then
   //   y[t] = sum over t's chosen experts e, in expert order, of
   //          weight(t, e) * (silu(x[t] gate_e^T) * (x[t] up_e^T)) down_e^T
+  //          (+ sigmoid(x[t] shared_expert_gate^T) * the shared expert's
+  //          SwiGLU of x[t], when w.has_shared(): MoeConfig)
   // x a GEMM input [n, hidden]; y [n, hidden] this rank's partial sums (its
   // slice of every expert's width) in partial_sum_type(), for AllReduceSum.
   // Tokens are grouped by expert: each expert's weights are read once per
@@ -446,10 +455,11 @@ class ModelBackend {
 
   // Rotary embedding in the rotate_half layout (Su et al. 2021; HF
   // LlamaRotaryEmbedding), in place: for token t, head h < heads and i <
-  // head_size/2 the pair (i, i + head_size/2) of x[t * token_stride + h *
+  // r = plan.rope_half the pair (i, i + r) of x[t * token_stride + h *
   // head_size + ...] rotates by the plan's (rope_cos, rope_sin)[t, i], or
   // with `local` by (rope_cos_local, rope_sin_local) (InvalidArgument when the
-  // plan has none).
+  // plan has none); dimensions 2r..head_size-1 are left as they are (partial
+  // rotary; r = head_size / 2 unless ModelConfig::rotary_dim says).
   virtual absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size,
                                  int64_t token_stride, bool local) = 0;
 

@@ -100,6 +100,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
       LlamaWeights weights,
       LoadLlamaWeights(options.model_path, comm->rank(), comm->size(), load_dtype,
                        comm->rank() == 0 ? options.load_progress : LoadProgressFn()));
+  SelectLongRopeFactors(options.max_model_len, &weights.config);
   auto w = std::unique_ptr<Worker>(new Worker());
   w->comm_ = comm;
   w->device_ = options.device;

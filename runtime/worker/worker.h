@@ -69,6 +69,12 @@ struct WorkerOptions {
   // sampling worker the first time a sequence has a constraint
   // (runtime/worker/constraint_rows.h). Empty: constrained sequences fail.
   ConstraintVocabularyLoader constraint_vocabulary;
+  // The longest sequence the server admits (--max-model-len, or the model's
+  // context when that flag is 0), as requested before the engine fits it to
+  // the KV pool. Picks LongRoPE's factor set (SelectLongRopeFactors: long
+  // when above the model's original_max_position_embeddings). 0: the
+  // model's max_position_embeddings.
+  int64_t max_model_len = 0;
   // Weight-load progress (LoadLlamaWeights), called on the loading thread by
   // the worker of tensor-parallel rank 0 only (one report per model, not one
   // per shard). Empty: none.

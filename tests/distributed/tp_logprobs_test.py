@@ -3,7 +3,9 @@
 
 A real `pagedserve serve` in-process (TP = 1, no mpirun) and under mpirun at
 TP = 2 (random-weight Llama: 8 heads, 2 KV heads; the qwen3_moe fixture: 8
-experts of width 128 sharded 64 + 64) and TP = 3 (SmolLM2: 9
+experts of width 128 sharded 64 + 64; the qwen2_moe fixture: the same plus a
+shared expert of width 256 sharded 128 + 128 behind a replicated sigmoid gate)
+and TP = 3 (SmolLM2: 9
 heads, 3 KV heads) answer the same greedy requests with logprobs = 5 over
 ZeroMQ, at --dtype float32 (the exact path: tensor parallelism changes only the
 order of fp32 sums, in the row-parallel all-reduce and the sharded GEMMs). On
@@ -20,6 +22,7 @@ from the float32 run by more than BOUND on SmolLM2: the comparison sees a change
 of that size (measured: 0.13).
 
     tp_logprobs_test.py --pagedserve BIN --random-model DIR --smollm2 GGUF [--moe-model DIR]
+                        [--shared-moe-model DIR]
 """
 
 import argparse
@@ -135,6 +138,13 @@ class TpLogprobsTest(unittest.TestCase):
             self.skipTest("no --moe-model")
         self.check(ARGS.moe_model, 2)
 
+    def test_qwen2_moe_tp2(self):
+        # The shared expert is sharded as a dense MLP; each rank scales its
+        # partial sums by the same sigmoid gate before the one all-reduce.
+        if not ARGS.shared_moe_model:
+            self.skipTest("no --shared-moe-model")
+        self.check(ARGS.shared_moe_model, 2)
+
     def test_smollm2_tp3_and_the_control(self):
         reference = self.check(ARGS.smollm2, 3)
         quantized = run_server(ARGS.smollm2, 0, "auto")
@@ -153,5 +163,7 @@ if __name__ == "__main__":
     ap.add_argument("--random-model", required=True)
     ap.add_argument("--smollm2", required=True)
     ap.add_argument("--moe-model", default="", help="the qwen3_moe fixture folder (8 experts, top-2)")
+    ap.add_argument("--shared-moe-model", default="",
+                    help="the qwen2_moe fixture folder (8 experts, top-2, a gated shared expert)")
     ARGS, rest = ap.parse_known_args()
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)

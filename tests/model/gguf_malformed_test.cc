@@ -525,18 +525,19 @@ TEST(GgufMalformedTest, ModelConfigGemma) {
 
 // phi3 (llama.cpp's converter): fused projections, <|end|> found by its text
 // as an end id, and rope.dimension_count below the head size (Phi-4-mini's
-// partial rotary) refused by name.
+// partial rotary) as the rotated part of each head; for another architecture
+// that is refused by name.
 TEST(GgufMalformedTest, ModelConfigPhi3) {
-  auto header = [](uint32_t rope_dims) {
+  auto header = [](uint32_t rope_dims, const std::string& arch = "phi3") {
     Builder b;
     b.Raw("GGUF", 4).U32(3).U64(0).U64(9);
-    b.Str("general.architecture").U32(8).Str("phi3");
-    b.Str("phi3.block_count").U32(4).U32(2);
-    b.Str("phi3.embedding_length").U32(4).U32(128);
-    b.Str("phi3.feed_forward_length").U32(4).U32(256);
-    b.Str("phi3.attention.head_count").U32(4).U32(2);
-    b.Str("phi3.rope.dimension_count").U32(4).U32(rope_dims);
-    b.Str("phi3.attention.layer_norm_rms_epsilon").U32(6);
+    b.Str("general.architecture").U32(8).Str(arch);
+    b.Str(arch + ".block_count").U32(4).U32(2);
+    b.Str(arch + ".embedding_length").U32(4).U32(128);
+    b.Str(arch + ".feed_forward_length").U32(4).U32(256);
+    b.Str(arch + ".attention.head_count").U32(4).U32(2);
+    b.Str(arch + ".rope.dimension_count").U32(4).U32(rope_dims);
+    b.Str(arch + ".attention.layer_norm_rms_epsilon").U32(6);
     float eps = 1e-5f;
     b.Raw(&eps, 4);
     b.Str("tokenizer.ggml.eos_token_id").U32(4).U32(1);
@@ -552,10 +553,18 @@ TEST(GgufMalformedTest, ModelConfigPhi3) {
   EXPECT_EQ(c->arch, ModelArch::kPhi3);
   EXPECT_TRUE(c->fused_projections);
   EXPECT_EQ(c->head_size, 64);
+  EXPECT_EQ(c->RotaryDim(), 64);
   EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{2, 1}));
-  auto partial = GgufFile::FromBytes("bad.gguf", header(48));
+  auto partial = GgufFile::FromBytes("partial.gguf", header(48));
   ASSERT_TRUE(partial.ok()) << partial.status();
-  auto refused = ModelConfigFromGguf(**partial);
+  auto p48 = ModelConfigFromGguf(**partial);
+  ASSERT_TRUE(p48.ok()) << p48.status();
+  EXPECT_EQ(p48->head_size, 64);
+  EXPECT_EQ(p48->RotaryDim(), 48);
+  EXPECT_EQ(RopeInverseFrequencies(*p48).size(), 24u);
+  auto llama = GgufFile::FromBytes("bad.gguf", header(48, "llama"));
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  auto refused = ModelConfigFromGguf(**llama);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
   ExpectError(refused.status(), "partial rotary");
 }

@@ -349,10 +349,31 @@ TEST(HfConfigTest, MixtureOfExperts) {
   EXPECT_EQ(dense.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(dense.status().message().find("mlp_only_layers"), std::string::npos);
 
-  auto shared = parse(Config("Qwen2MoeForCausalLM", false));
-  ASSERT_FALSE(shared.ok());
-  EXPECT_EQ(shared.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(shared.status().message().find("shared experts"), std::string::npos);
+  // Qwen2-MoE: a gated shared expert of shared_expert_intermediate_size
+  // (required), Q/K/V biases unless qkv_bias false, sharded like the dense MLP.
+  json q2 = qm;
+  q2["architectures"] = {"Qwen2MoeForCausalLM"};
+  q2.erase("mlp_only_layers");
+  auto no_shared = parse(q2);
+  ASSERT_FALSE(no_shared.ok());
+  EXPECT_NE(no_shared.status().message().find("shared_expert_intermediate_size"), std::string::npos)
+      << no_shared.status();
+  q2["shared_expert_intermediate_size"] = 24;
+  auto q2c = parse(q2);
+  ASSERT_TRUE(q2c.ok()) << q2c.status();
+  EXPECT_EQ(q2c->arch, ModelArch::kQwen2Moe);
+  EXPECT_TRUE(q2c->qkv_bias);
+  EXPECT_EQ(q2c->moe.shared_expert_intermediate_size, 24);
+  EXPECT_EQ(ComputeShardLayout(*q2c, 1, 2)->first_shared_expert_intermediate, 12);
+  q2["shared_expert_intermediate_size"] = 25;
+  auto odd_shared = ComputeShardLayout(*parse(q2), 0, 2);
+  ASSERT_FALSE(odd_shared.ok());
+  EXPECT_NE(odd_shared.status().message().find("shared expert"), std::string::npos);
+  q2["shared_expert_intermediate_size"] = 0;
+  EXPECT_FALSE(parse(q2).ok());
+  q2["shared_expert_intermediate_size"] = 24;
+  q2["qkv_bias"] = false;
+  EXPECT_FALSE(parse(q2)->qkv_bias);
 }
 
 // Sliding windows as transformers builds its masks: Mistral on every layer,
@@ -531,7 +552,10 @@ TEST(HfConfigTest, RopeInverseFrequencies) {
   for (size_t i = 0; i < base.size(); ++i) EXPECT_DOUBLE_EQ(lin[i], base[i] / 4);
   // Llama 3.1: wavelengths below 8192/4 keep their frequency, above 8192/1 are
   // divided by 8, in between are blended (monotone, strictly between).
-  c.rope_scaling = {RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 8192, {}};
+  c.rope_scaling = RopeScaling{};
+  c.rope_scaling.type = RopeScaling::Type::kLlama3;
+  c.rope_scaling.factor = 8.0;
+  c.rope_scaling.original_max_position_embeddings = 8192;
   std::vector<double> l3 = RopeInverseFrequencies(c);
   int high = 0, low = 0, mid = 0;
   for (size_t i = 0; i < base.size(); ++i) {
@@ -633,7 +657,8 @@ TEST(HfWeightsTest, SingleAndShardedLoadExactly) {
 
 // Phi-3's fused qkv_proj ([q | k | v] rows) and gate_up_proj ([gate | up])
 // load, whole and per tensor-parallel shard, as the separate matrices they
-// stack; Phi-3's partial rotary and LongRoPE configs are refused by name.
+// stack; Phi-3's partial rotary and LongRoPE configs load as transformers
+// reads them (PartialRotaryAndLongRope).
 TEST(HfWeightsTest, FusedProjectionsSplitLikeSeparateOnes) {
   TensorMap m = MakeModel(/*qkv_bias=*/false, /*tied=*/false, 13);
   auto stack = [](std::initializer_list<const Tensor*> parts) {
@@ -680,17 +705,74 @@ TEST(HfWeightsTest, FusedProjectionsSplitLikeSeparateOnes) {
       }
     }
   }
+}
+
+// Phi-4-mini's partial rotary: int(head_dim * partial_rotary_factor) even
+// dimensions rotate, Phi-3 only. LongRoPE (type "longrope" or its first name
+// "su"): head_dim / 2 factors per set, the original context from the config,
+// transformers' attention factor sqrt(1 + ln(max / original) / ln(original))
+// unless given, the long set for a context past the original one.
+TEST(HfConfigTest, PartialRotaryAndLongRope) {
   json partial = Config("Phi3ForCausalLM", false);
-  partial["partial_rotary_factor"] = 0.75;
+  partial["partial_rotary_factor"] = 0.5;
+  auto pc = ModelConfigFromHfJson(partial.dump(), "config.json");
+  ASSERT_TRUE(pc.ok()) << pc.status();
+  EXPECT_EQ(pc->head_size, kHead);
+  EXPECT_EQ(pc->RotaryDim(), kHead / 2);
+  EXPECT_EQ(RopeInverseFrequencies(*pc).size(), 1u);
+  partial["partial_rotary_factor"] = 0.75;  // 3 of 4 dimensions: odd
   auto s = ModelConfigFromHfJson(partial.dump(), "config.json").status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("partial_rotary_factor"), std::string::npos) << s;
-  json longrope = Config("Phi3ForCausalLM", false);
+  json mistral = Config("MistralForCausalLM", false);
+  mistral["partial_rotary_factor"] = 0.5;
+  s = ModelConfigFromHfJson(mistral.dump(), "config.json").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(s.message().find("partial_rotary_factor"), std::string::npos) << s;
+
+  json longrope = Config("Phi3ForCausalLM", false);  // max_position_embeddings 256
+  longrope["original_max_position_embeddings"] = 64;
   longrope["rope_scaling"] = {
-      {"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {2.0}}};
-  s = ModelConfigFromHfJson(longrope.dump(), "config.json").status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(s.message().find("longrope"), std::string::npos) << s;
+      {"type", "su"}, {"short_factor", {1.0, 1.5}}, {"long_factor", {2.0, 8.0}}};
+  auto lc = ModelConfigFromHfJson(longrope.dump(), "config.json");
+  ASSERT_TRUE(lc.ok()) << lc.status();
+  ASSERT_EQ(lc->rope_scaling.type, RopeScaling::Type::kLongRope);
+  EXPECT_EQ(lc->rope_scaling.original_max_position_embeddings, 64);
+  EXPECT_NEAR(lc->rope_scaling.attention_factor, std::sqrt(1 + std::log(4.0) / std::log(64.0)),
+              1e-15);
+  EXPECT_TRUE(lc->rope_scaling.use_long_factor);
+  std::vector<double> inv = RopeInverseFrequencies(*lc);
+  ASSERT_EQ(inv.size(), 2u);
+  EXPECT_DOUBLE_EQ(inv[0], 1.0 / 2.0);
+  EXPECT_DOUBLE_EQ(inv[1], std::pow(10000.0, -0.5) / 8.0);
+  SelectLongRopeFactors(64, &*lc);  // a server within the original context
+  inv = RopeInverseFrequencies(*lc);
+  EXPECT_DOUBLE_EQ(inv[1], std::pow(10000.0, -0.5) / 1.5);
+  SelectLongRopeFactors(65, &*lc);
+  EXPECT_TRUE(lc->rope_scaling.use_long_factor);
+
+  json given = longrope;
+  given["rope_scaling"]["attention_factor"] = 1.25;
+  given["rope_scaling"]["type"] = "longrope";
+  lc = ModelConfigFromHfJson(given.dump(), "config.json");
+  ASSERT_TRUE(lc.ok()) << lc.status();
+  EXPECT_EQ(lc->rope_scaling.attention_factor, 1.25);
+
+  json short_set = longrope;
+  short_set["rope_scaling"]["short_factor"] = {1.0};
+  s = ModelConfigFromHfJson(short_set.dump(), "config.json").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("short_factor"), std::string::npos) << s;
+  json no_original = longrope;
+  no_original.erase("original_max_position_embeddings");
+  s = ModelConfigFromHfJson(no_original.dump(), "config.json").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("original_max_position_embeddings"), std::string::npos) << s;
+  json not_numbers = longrope;
+  not_numbers["rope_scaling"]["long_factor"] = {"a", "b"};
+  s = ModelConfigFromHfJson(not_numbers.dump(), "config.json").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("long_factor"), std::string::npos) << s;
 }
 
 TEST(HfWeightsTest, TensorParallelShardsConcatenateToFull) {

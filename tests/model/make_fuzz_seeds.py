@@ -224,6 +224,36 @@ def gguf_seeds():
                                         ("qwen3moe.expert_feed_forward_length", U32, 32)] +
                gpt2_tokenizer_kvs(), dense + qk_norms + moe))
 
+    # The same experts as a Qwen2-MoE file (qwen2moe): Q/K/V biases and a gated
+    # shared expert of width 32 (ffn_*_shexp; the gate ffn_gate_inp_shexp 1-D).
+    biases = [("blk.0.attn_q.bias", [32], "F32", ones), ("blk.0.attn_k.bias", [16], "F32", half),
+              ("blk.0.attn_v.bias", [16], "F32", half)]
+    shexp = [mat("blk.0.ffn_gate_shexp.weight", 32, 32, "Q8_0"),
+             mat("blk.0.ffn_up_shexp.weight", 32, 32, "Q4_0"),
+             mat("blk.0.ffn_down_shexp.weight", 32, 32, "F16"),
+             ("blk.0.ffn_gate_inp_shexp.weight", [32], "F32",
+              struct.pack("<32f", *[(i % 5 - 2) / 8 for i in range(32)]))]
+    write("gguf", "seed-qwen2moe-shared.gguf",
+          gguf(llama_kvs("qwen2moe") + [("qwen2moe.expert_count", U32, 4),
+                                        ("qwen2moe.expert_used_count", U32, 2),
+                                        ("qwen2moe.expert_feed_forward_length", U32, 32),
+                                        ("qwen2moe.expert_shared_feed_forward_length", U32, 32)] +
+               gpt2_tokenizer_kvs(), dense + biases + moe + shexp))
+    # A Phi-4-mini-style file (phi3): fused attn_qkv / ffn_up, LongRoPE factor
+    # tensors (rotary_dim / 2 = 6 each) with the original context and the
+    # attention factor, 12 of each head's 16 dimensions rotated.
+    fused = ("blk.0.attn_q.", "blk.0.attn_k.", "blk.0.attn_v.", "blk.0.ffn_gate.", "blk.0.ffn_up.")
+    phi3 = [t for t in tensors_llama if not t[0].startswith(fused)]
+    phi3 += [mat("blk.0.attn_qkv.weight", 32, 64, "Q8_0"), mat("blk.0.ffn_up.weight", 32, 64, "F16"),
+             ("rope_factors_short.weight", [6], "F32", struct.pack("<6f", 1, 1, 1.1, 1.2, 1.3, 1.5)),
+             ("rope_factors_long.weight", [6], "F32", struct.pack("<6f", 1, 2, 4, 8, 16, 32))]
+    write("gguf", "seed-phi3-longrope.gguf",
+          gguf(llama_kvs("phi3") + [("phi3.rope.dimension_count", U32, 12),
+                                    ("phi3.rope.scaling.original_context_length", U32, 16),
+                                    ("phi3.rope.scaling.attn_factor", F32, 1.19),
+                                    ("phi3.attention.sliding_window", U32, 0)] +
+               gpt2_tokenizer_kvs(), phi3))
+
 
 def safetensors(tensors, metadata=None):
     """tensors: [(name, dtype, shape, data bytes)]."""
@@ -301,6 +331,17 @@ def config_seeds():
                      num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
                      decoder_sparse_step=1, mlp_only_layers=[])
     write("hf_config", "seed-qwen3-moe.json", json.dumps(qwen3_moe).encode())
+    phi4_mini = dict(base, architectures=["Phi3ForCausalLM"], partial_rotary_factor=0.75,
+                     original_max_position_embeddings=512, sliding_window=None,
+                     rope_scaling={"type": "longrope",
+                                   "short_factor": [1.0 + 0.05 * i for i in range(6)],
+                                   "long_factor": [1.0 + 2.0 * i for i in range(6)]})
+    write("hf_config", "seed-phi4-mini-longrope.json", json.dumps(phi4_mini).encode())
+    qwen2_moe = dict(qwen, architectures=["Qwen2MoeForCausalLM"], num_experts=4,
+                     num_experts_per_tok=2, moe_intermediate_size=32,
+                     shared_expert_intermediate_size=64, norm_topk_prob=False,
+                     decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=True)
+    write("hf_config", "seed-qwen2-moe-shared.json", json.dumps(qwen2_moe).encode())
 
 
 def tokenizer_seeds():

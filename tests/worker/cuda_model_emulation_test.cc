@@ -357,7 +357,7 @@ void RopeConvertCase(kernels::DType dt, bool stacked) {
   RopeTables(n, half, rng, &cos_t, &sin_t);
   for (float v : sin_t) neg_sin.push_back(-v);
   std::vector<float> rotated = q;  // the reference: (bias,) ApplyRope, then the CPU conversion
-  cpu_ops::ApplyRope(rotated.data(), n, heads, D, stride, cos_t.data(), sin_t.data());
+  cpu_ops::ApplyRope(rotated.data(), n, heads, D, D / 2, stride, cos_t.data(), sin_t.data());
   auto run = [&](const std::vector<float>& sin_used, bool with_bias) {
     std::vector<T> out(q.size());
     std::vector<float> in = stacked ? st.y : q;  // in place for fp32 unless stacked
@@ -433,7 +433,7 @@ void RopeCacheCase(kernels::DType dt, bool stacked) {
   // operands for fp32 / fp8).
   std::vector<uint8_t> want_k(bytes, 0x5a), want_v(bytes, 0x5a);
   std::vector<float> k_rot = k;
-  cpu_ops::ApplyRope(k_rot.data(), n, kv_heads, D, kv_dim, cos_t.data(), sin_t.data());
+  cpu_ops::ApplyRope(k_rot.data(), n, kv_heads, D, D / 2, kv_dim, cos_t.data(), sin_t.data());
   const bool is16 = dt == kernels::DType::kFloat16 || dt == kernels::DType::kBFloat16;
   const std::vector<uint16_t> k16 = is16 ? To16(k_rot, dt) : std::vector<uint16_t>();
   const std::vector<uint16_t> v16 = is16 ? To16(v, dt) : std::vector<uint16_t>();
@@ -740,7 +740,8 @@ TEST(CudaModelEmulationTest, ApplyRopeMatchesCpu) {
       sin_t[i] = static_cast<float>(std::sin(angle));
     }
     std::vector<float> want = x0, broken = x0;
-    cpu_ops::ApplyRope(want.data(), n, s.heads, s.head_size, s.stride, cos_t.data(), sin_t.data());
+    cpu_ops::ApplyRope(want.data(), n, s.heads, s.head_size, s.head_size / 2, s.stride,
+                       cos_t.data(), sin_t.data());
     ForEachPack([&](auto vec) {
       std::vector<float> got = x0;
       kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {

@@ -700,7 +700,8 @@ TEST(CudaModelKernelsTest, PackedAndScalarLaunchesMatchCpuOperations) {
   cpu_ops::AddRmsNorm(want_x.data(), add.data(), nullptr, n, dim, weight.data(), 1e-5,
                       want_norm.data());
   cpu_ops::SiluMul(x0.data(), up.data(), count, want_silu.data());
-  cpu_ops::ApplyRope(want_rope.data(), n, heads, head_size, dim, cos_t.data(), sin_t.data());
+  cpu_ops::ApplyRope(want_rope.data(), n, heads, head_size, head_size / 2, dim, cos_t.data(),
+                     sin_t.data());
 
   for (size_t offset : {size_t{0}, size_t{1}}) {
     SCOPED_TRACE(offset == 0 ? "aligned (packed)" : "one element off (scalar)");

@@ -12,7 +12,8 @@
 // qwen3_qk_norm: Qwen3's per-head q/k RMSNorm, head_dim 128 != hidden / heads;
 // gemma2 and gemma3: Gemma's (1 + w) and sandwich norms, GeGLU, scaled
 // embeddings, soft-capping, alternating windows, local RoPE, q/k norms;
-// phi3: Phi-3's fused projections)
+// phi3: Phi-3's fused projections; phi3_longrope: Phi-4-mini's LongRoPE and
+// partial rotary)
 // run the same checks, plus the FeatureControl* tests: the config and weights
 // are what transformers built (rotary frequencies, biases, q/k norms), and the
 // model with the feature removed (biases zeroed, rope_scaling replaced, q/k
@@ -93,11 +94,21 @@ std::string Env(const char* name) {
 // norms dropped 1.9.
 // Phi-3 (fused qkv_proj / gate_up_proj, window 28): 9.3e-6, HF and GGUF;
 // controls: qkv split as [q | v | k] 3.7, gate_up as [up | gate] 1.5, window
-// ignored 2.8.
+// ignored 2.8. phi3_longrope (LongRoPE long set, attention factor 1.48, 48 of
+// 64 dimensions rotated): 4.2e-6 (HF) and 3.6e-6 (GGUF); controls: short
+// factors 1.35, attention factor dropped 1.17, every dimension rotated 1.45.
 // Mixtures of experts (8 experts, top-2): 2.2e-6 (mixtral_moe) and 4.3e-6
 // (qwen3_moe), from the HF folders and from llama.cpp's GGUF conversions
 // alike, alone and batched; with the top-k weights not renormalised 0.29 to
 // 0.92, top-1 routing 0.52 to 1.17, experts 0 and 1 swapped 0.23 to 1.52.
+// qwen2_moe (the same plus Q/K/V biases and a gated shared expert of width
+// 256; top-k not renormalised): 1.9e-6 (HF) and 1.9e-6 (GGUF), batched
+// 2.1e-6; controls: norm_topk_prob flipped 0.38, top-1 0.40, experts swapped
+// 0.14, shared expert dropped 1.45, its gate constant 0.62; bf16 0.014.
+bool IsMoeModel(const std::string& model_name) {
+  return model_name == "mixtral_moe" || model_name == "qwen3_moe" || model_name == "qwen2_moe";
+}
+
 struct LogitBounds {
   double abs;        // |logit - reference| (top-64, full vectors)
   double logsumexp;  // |logsumexp - reference| and mean / std of the vector
@@ -108,7 +119,7 @@ LogitBounds BoundsFor(const std::string& model_name) {
   if (model_name == "qwen2_bias" || model_name == "rope_linear" || model_name == "rope_llama3" ||
       model_name == "qwen3_qk_norm" || model_name == "mistral_sliding_window" ||
       model_name == "qwen2_sliding_window" || model_name == "gemma2" || model_name == "gemma3" ||
-      model_name == "phi3" || model_name == "mixtral_moe" || model_name == "qwen3_moe")
+      model_name == "phi3" || model_name == "phi3_longrope" || IsMoeModel(model_name))
     return {1e-4, 1e-4};
   ADD_FAILURE() << "no logit bounds measured for model " << model_name;
   return {0.0, 0.0};
@@ -602,6 +613,33 @@ void CheckGemmaConfig(const LlamaWeights& w, const nlohmann::json& tg) {
   }
 }
 
+// phi3_longrope: the rotated part of each head, both factor sets'
+// frequencies and the attention factor equal transformers' (the loaders pick
+// the long set: max_position_embeddings 2048 > 32), and SelectLongRopeFactors
+// switches to the short set for a max_model_len within the original context.
+void CheckLongRopeConfig(ModelConfig c, const nlohmann::json& tl) {
+  EXPECT_EQ(c.arch, ModelArch::kPhi3);
+  EXPECT_EQ(c.head_size, tl.at("head_dim").get<int>());
+  EXPECT_EQ(c.RotaryDim(), tl.at("rotary_dim").get<int>());
+  ASSERT_EQ(c.rope_scaling.type, RopeScaling::Type::kLongRope);
+  const int64_t original = tl.at("original_max_position_embeddings").get<int64_t>();
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, original);
+  EXPECT_NEAR(c.rope_scaling.attention_factor, tl.at("attention_scaling").get<double>(), 1e-7);
+  EXPECT_TRUE(c.rope_scaling.use_long_factor);
+  for (const bool use_long : {true, false}) {
+    SelectLongRopeFactors(use_long ? original + 1 : original, &c);
+    EXPECT_EQ(c.rope_scaling.use_long_factor, use_long);
+    const auto want =
+        tl.at(use_long ? "long_inv_freq" : "short_inv_freq").get<std::vector<double>>();
+    const std::vector<double> got = RopeInverseFrequencies(c);
+    ASSERT_EQ(got.size(), want.size());
+    // transformers computes them in float32 (GGUF factors are float32 too).
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 3e-7 * want[i])
+          << (use_long ? "long" : "short") << " pair " << i;
+  }
+}
+
 TEST_F(LlamaReferenceTest, FeatureControlConfigMatchesTransformers) {
   const nlohmann::json info =
       testing::ReadJson(testing::SourceDir() + "/" + Env("PAGEDSERVE_TEST_REFERENCE")).at("model");
@@ -651,12 +689,20 @@ TEST_F(LlamaReferenceTest, FeatureControlConfigMatchesTransformers) {
     }
     return;
   }
-  if (model_name_ == "mixtral_moe" || model_name_ == "qwen3_moe") {
+  if (model_name_ == "phi3_longrope") {
+    CheckLongRopeConfig(c, info.at("transformers_longrope"));
+    return;
+  }
+  if (IsMoeModel(model_name_)) {
     const nlohmann::json& tm = info.at("transformers_moe");
     // llama.cpp writes Mixtral as arch llama (with expert keys).
-    EXPECT_EQ(c.arch, model_name_ == "qwen3_moe" ? ModelArch::kQwen3Moe
-                      : IsGguf(model_path_)      ? ModelArch::kLlama
-                                                 : ModelArch::kMixtral);
+    EXPECT_EQ(c.arch, model_name_ == "qwen3_moe"   ? ModelArch::kQwen3Moe
+                      : model_name_ == "qwen2_moe" ? ModelArch::kQwen2Moe
+                      : IsGguf(model_path_)        ? ModelArch::kLlama
+                                                   : ModelArch::kMixtral);
+    EXPECT_EQ(c.qkv_bias, model_name_ == "qwen2_moe");
+    EXPECT_EQ(c.moe.shared_expert_intermediate_size,
+              tm.value("shared_expert_intermediate_size", 0));
     EXPECT_EQ(c.moe.num_experts, tm.at("num_experts").get<int>());
     EXPECT_EQ(c.moe.top_k, tm.at("top_k").get<int>());
     EXPECT_EQ(c.moe.norm_topk_prob, tm.at("norm_topk_prob").get<bool>());
@@ -670,6 +716,8 @@ TEST_F(LlamaReferenceTest, FeatureControlConfigMatchesTransformers) {
         EXPECT_EQ(m.rows, c.hidden_size);
         EXPECT_EQ(m.cols, c.moe.expert_intermediate_size);
       }
+      EXPECT_EQ(l.shared_gate.rows, c.moe.shared_expert_intermediate_size);
+      EXPECT_EQ(l.shared_expert_gate.rows, c.moe.shared_expert_intermediate_size > 0 ? 1 : 0);
     }
     return;
   }
@@ -791,9 +839,11 @@ TEST_F(LlamaReferenceTest, FeatureControlWithoutTheFeatureFailsTheBound) {
                         for (LayerWeights& l : w->layers)
                           std::fill(l.k_norm.begin(), l.k_norm.end(), 1.0f);
                       }});
-  } else if (model_name_ == "mixtral_moe" || model_name_ == "qwen3_moe") {
-    broken.push_back({"top-k weights not renormalised (norm_topk_prob false)",
-                      [](LlamaWeights* w) { w->config.moe.norm_topk_prob = false; }});
+  } else if (IsMoeModel(model_name_)) {
+    // Mixtral and Qwen3-MoE renormalise the top-k weights, Qwen2-MoE does not.
+    broken.push_back({"norm_topk_prob flipped", [](LlamaWeights* w) {
+                        w->config.moe.norm_topk_prob = !w->config.moe.norm_topk_prob;
+                      }});
     broken.push_back({"top-1 routing", [](LlamaWeights* w) { w->config.moe.top_k = 1; }});
     broken.push_back({"experts 0 and 1 swapped", [](LlamaWeights* w) {
                         for (LayerWeights& l : w->layers) {
@@ -802,6 +852,21 @@ TEST_F(LlamaReferenceTest, FeatureControlWithoutTheFeatureFailsTheBound) {
                           std::swap(l.expert_down[0], l.expert_down[1]);
                         }
                       }});
+    if (model_name_ == "qwen2_moe") {
+      broken.push_back({"shared expert dropped", [](LlamaWeights* w) {
+                          w->config.moe.shared_expert_intermediate_size = 0;
+                          for (LayerWeights& l : w->layers)
+                            l.shared_gate = l.shared_up = l.shared_down = l.shared_expert_gate =
+                                Matrix{};
+                        }});
+      broken.push_back({"shared expert gate constant (sigmoid(0) = 0.5)", [](LlamaWeights* w) {
+                          for (LayerWeights& l : w->layers) {
+                            ASSERT_TRUE(l.shared_expert_gate.is_fp32());
+                            std::fill(l.shared_expert_gate.data.begin(),
+                                      l.shared_expert_gate.data.end(), 0.0f);
+                          }
+                        }});
+    }
   } else if (model_name_ == "mistral_sliding_window" || model_name_ == "qwen2_sliding_window") {
     broken.push_back({"sliding window ignored", [](LlamaWeights* w) {
                         w->config.sliding_window = 0;
@@ -826,6 +891,18 @@ TEST_F(LlamaReferenceTest, FeatureControlWithoutTheFeatureFailsTheBound) {
     broken.push_back({"sliding window ignored", [](LlamaWeights* w) {
                         w->config.sliding_window = 0;
                         w->config.sliding_layers.clear();
+                      }});
+  } else if (model_name_ == "phi3_longrope") {
+    broken.push_back({"short factors where transformers uses the long ones",
+                      [](LlamaWeights* w) { SelectLongRopeFactors(32, &w->config); }});
+    broken.push_back({"attention factor dropped",
+                      [](LlamaWeights* w) { w->config.rope_scaling.attention_factor = 1.0; }});
+    broken.push_back({"every dimension rotated", [](LlamaWeights* w) {
+                        ModelConfig& c = w->config;
+                        const size_t extra = static_cast<size_t>(c.head_size - c.RotaryDim()) / 2;
+                        for (auto* f : {&c.rope_scaling.short_factor, &c.rope_scaling.long_factor})
+                          f->insert(f->end(), extra, f->back());
+                        c.rotary_dim = 0;
                       }});
   } else if (model_name_ == "rope_llama3" && IsGguf(model_path_)) {
     broken.push_back({"rope_freqs.weight ignored",
@@ -890,7 +967,7 @@ TEST_F(LlamaReferenceTest, FeatureControlWithoutTheFeatureFailsTheBound) {
 // The CTest entries of models without experts filter it out.
 TEST_F(LlamaReferenceTest, MoeOnlyRouterChoosesTransformersExperts) {
   // (CMake runs it on the MoE models only; elsewhere it fails rather than skip.)
-  ASSERT_TRUE(model_name_ == "mixtral_moe" || model_name_ == "qwen3_moe") << model_name_;
+  ASSERT_TRUE(IsMoeModel(model_name_)) << model_name_;
   const nlohmann::json ref =
       testing::ReadJson(testing::SourceDir() + "/" + Env("PAGEDSERVE_TEST_REFERENCE"));
   std::vector<std::vector<int32_t>> seen;  // per layer: [tokens * top_k]
@@ -938,7 +1015,7 @@ TEST_F(LlamaReferenceTest, MoeOnlyRouterChoosesTransformersExperts) {
 // weights on the random Llama (measured 0.052 there). And the diff is above
 // the fp32 bound, so the bf16 kernels did run.
 TEST_F(LlamaReferenceTest, MoeOnlyBf16ExpertsTrackTransformers) {
-  ASSERT_TRUE(model_name_ == "mixtral_moe" || model_name_ == "qwen3_moe") << model_name_;
+  ASSERT_TRUE(IsMoeModel(model_name_)) << model_name_;
   ModelUnderTest m;
   const int per_seq = BlocksPerSeq(reference_, 64);
   MakeModel(

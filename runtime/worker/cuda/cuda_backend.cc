@@ -237,6 +237,10 @@ class CudaBackend final : public ModelBackend {
           absl::StrCat("the CUDA backend does not run ", ModelArchName(mc.arch),
                        " yet (post-norms, GeGLU, embedding scale, logit soft-capping, local "
                        "RoPE): use the CPU worker"));
+    if (mc.RotaryDim() != mc.head_size)
+      return absl::UnimplementedError(
+          absl::StrCat("the CUDA backend does not run partial rotary embeddings yet (rotary_dim ",
+                       mc.RotaryDim(), " of head size ", mc.head_size, "): use the CPU worker"));
     if (w.config.moe.enabled())
       return absl::UnimplementedError(
           "the CUDA backend does not run mixture-of-experts models yet (MoeMlp is CPU-only); "
