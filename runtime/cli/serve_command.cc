@@ -619,9 +619,14 @@ class CoordinatorRank {
     if (const RopeScaling& rs = setup_.model.rope_scaling;
         rs.type == RopeScaling::Type::kLongRope) {
       const bool use_long = setup_.worker.max_model_len > rs.original_max_position_embeddings;
-      rope = absl::StrCat(", LongRoPE ", use_long ? "long" : "short", " factors: max_model_len ",
-                          setup_.worker.max_model_len,
+      rope = absl::StrCat(", LongRoPE ", use_long ? "long" : "short",
+                          " factors: requested max_model_len ", setup_.worker.max_model_len,
                           use_long ? " > " : " <= ", rs.original_max_position_embeddings);
+      // The set is fixed before the KV pool is sized; say when the fit made
+      // the short one the better choice.
+      if (use_long && sc.max_model_len <= rs.original_max_position_embeddings)
+        absl::StrAppend(&rope, "; the pool holds only ", sc.max_model_len,
+                        " tokens: --max-model-len ", sc.max_model_len, " gives the short set");
     }
     std::fprintf(stderr,
                  "pagedserve serve: serving %s on %s (ranks %d, KV blocks %d x %d tokens, "

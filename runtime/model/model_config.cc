@@ -54,17 +54,20 @@ absl::Status ValidateLongRope(const RopeScaling& rs, int rotary_dim) {
                                                      rotary_dim, " (need rotary_dim / 2)"));
     }
     for (size_t i = 0; i < set->size(); ++i) {
-      if (!std::isfinite((*set)[i]) || !((*set)[i] > 0)) {
-        return absl::InvalidArgumentError(absl::StrCat("model config: longrope ", name, "[", i,
-                                                       "] is ", (*set)[i], ", not positive"));
+      if (!((*set)[i] >= 1e-3 && (*set)[i] <= 1e6)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model config: longrope ", name, "[", i, "] is ", (*set)[i], ", outside [1e-3, 1e6]"));
       }
     }
   }
-  if (!std::isfinite(rs.attention_factor) || !(rs.attention_factor > 0) ||
+  // Sanity ranges (real checkpoints: attention factors 1-1.3, factors 1-100):
+  // outside them the rotary tables overflow or vanish.
+  if (!(rs.attention_factor > 0 && rs.attention_factor <= 16) ||
       rs.original_max_position_embeddings <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model config: longrope needs a positive attention factor (got ", rs.attention_factor,
-        ") and original_max_position_embeddings (got ", rs.original_max_position_embeddings, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: longrope needs an attention factor in (0, 16] (got ",
+                     rs.attention_factor, ") and a positive original_max_position_embeddings (got ",
+                     rs.original_max_position_embeddings, ")"));
   }
   return absl::OkStatus();
 }
@@ -175,6 +178,13 @@ absl::Status ModelConfig::Validate() const {
         return absl::InvalidArgumentError(
             absl::StrCat("model config: rope frequency factor ", f, " is not positive"));
       }
+    }
+  }
+  for (double f : RopeInverseFrequencies(*this)) {
+    if (!std::isnormal(f) || f < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: the rope scaling gives a rotary frequency of ", f,
+                       " (not finite and positive)"));
     }
   }
   return absl::OkStatus();
@@ -330,6 +340,11 @@ absl::Status ReadGgufPhi3(const GgufFile& g, const std::string& p, ModelConfig* 
     return absl::InvalidArgumentError(absl::StrCat(
         g.path(), ": LongRoPE needs both rope_factors_long.weight and rope_factors_short.weight"));
   }
+  if (lt != nullptr && g.FindTensor("rope_freqs.weight") != nullptr) {
+    // llama.cpp would use rope_freqs alone; no converter writes both.
+    return absl::InvalidArgumentError(absl::StrCat(
+        g.path(), ": rope_freqs.weight together with LongRoPE's rope_factors_* tensors"));
+  }
   if (lt != nullptr) {
     RopeScaling& rs = c->rope_scaling;
     rs.type = RopeScaling::Type::kLongRope;
@@ -337,8 +352,11 @@ absl::Status ReadGgufPhi3(const GgufFile& g, const std::string& p, ModelConfig* 
       PS_ASSIGN_OR_RETURN(std::vector<float> f, ReadRopeFactorTensor(g, *t, c->RotaryDim()));
       out->assign(f.begin(), f.end());
     }
-    PS_ASSIGN_OR_RETURN(rs.original_max_position_embeddings,
-                        g.GetInt(p + "rope.scaling.original_context_length"));
+    rs.original_max_position_embeddings = c->max_position_embeddings;  // llama.cpp's default
+    if (g.Find(p + "rope.scaling.original_context_length")) {
+      PS_ASSIGN_OR_RETURN(rs.original_max_position_embeddings,
+                          g.GetInt(p + "rope.scaling.original_context_length"));
+    }
     if (g.Find(p + "rope.scaling.attn_factor")) {
       PS_ASSIGN_OR_RETURN(rs.attention_factor, g.GetFloat(p + "rope.scaling.attn_factor"));
     }
@@ -400,8 +418,11 @@ absl::Status ReadGgufMoe(const GgufFile& g, const std::string& p, ModelConfig* c
       return absl::InvalidArgumentError(
           absl::StrCat(g.path(), ": a qwen2moe file needs blk.N.ffn_gate_inp_shexp.weight"));
     }
-    PS_RETURN_IF_ERROR(GetIntField(g, p + "expert_shared_feed_forward_length",
-                                   &c->moe.shared_expert_intermediate_size));
+    c->moe.shared_expert_intermediate_size = c->intermediate_size;  // llama.cpp's default
+    if (g.Find(p + "expert_shared_feed_forward_length")) {
+      PS_RETURN_IF_ERROR(GetIntField(g, p + "expert_shared_feed_forward_length",
+                                     &c->moe.shared_expert_intermediate_size));
+    }
   }
   if (!g.Find(p + "expert_count")) return absl::OkStatus();
   auto count = g.GetInt(p + "expert_count");
@@ -628,6 +649,7 @@ absl::Status ReadHfRopeScaling(const json& rs, absl::string_view source, absl::s
     }
     // factor, attention_factor and original_max_position_embeddings are
     // optional here: FinishHfLongRope fills them as transformers does.
+    // (0 = absent; a value given must be positive.)
     out->factor = 0;
     out->attention_factor = 0;
     out->original_max_position_embeddings = 0;
@@ -636,6 +658,10 @@ absl::Status ReadHfRopeScaling(const json& rs, absl::string_view source, absl::s
         ReadNumber(rs, source, "attention_factor", false, &out->attention_factor, prefix));
     PS_RETURN_IF_ERROR(ReadNumber(rs, source, "original_max_position_embeddings", false,
                                   &out->original_max_position_embeddings, prefix));
+    for (const char* key : {"factor", "attention_factor", "original_max_position_embeddings"}) {
+      if (auto it = rs.find(key); it != rs.end() && !it->is_null() && !(it->get<double>() > 0))
+        return FieldError(source, absl::StrCat(prefix, key), "must be positive");
+    }
   } else if (type != "default") {
     return absl::UnimplementedError(absl::StrCat(source, ": ", field, " type '", type,
                                                  "' is not supported (linear, llama3, longrope)"));
@@ -644,18 +670,19 @@ absl::Status ReadHfRopeScaling(const json& rs, absl::string_view source, absl::s
 }
 
 // LongRoPE's defaults as transformers' _compute_longrope_parameters: the
-// original context from the rope parameters, else the config's
-// original_max_position_embeddings (Phi-3); factor = max_position_embeddings
-// / original unless given; attention factor sqrt(1 + ln(factor) /
-// ln(original)) for factor > 1 (else 1) unless given. The factor set follows
+// original context is the config's original_max_position_embeddings (Phi-3's
+// top-level field, which transformers' standardize_rope_params puts first),
+// else the rope parameters' (vLLM's reading; transformers would take
+// Phi3Config's default 4096 there); factor = max_position_embeddings /
+// original unless given; attention factor sqrt(1 + ln(factor) / ln(original))
+// for factor > 1 (else 1) unless given. The factor set follows
 // max_position_embeddings (SelectLongRopeFactors).
 absl::Status FinishHfLongRope(const json& j, absl::string_view source, ModelConfig* c) {
   RopeScaling& rs = c->rope_scaling;
   if (rs.type != RopeScaling::Type::kLongRope) return absl::OkStatus();
-  if (rs.original_max_position_embeddings <= 0) {
-    PS_RETURN_IF_ERROR(ReadNumber(j, source, "original_max_position_embeddings", true,
-                                  &rs.original_max_position_embeddings));
-  }
+  const bool nested = rs.original_max_position_embeddings > 0;
+  PS_RETURN_IF_ERROR(ReadNumber(j, source, "original_max_position_embeddings", !nested,
+                                &rs.original_max_position_embeddings));
   if (rs.original_max_position_embeddings <= 0) {
     return FieldError(source, "original_max_position_embeddings", "must be positive");
   }
@@ -700,13 +727,14 @@ absl::Status ReadHfRopeParameters(const json& j, absl::string_view source, Model
   return absl::OkStatus();
 }
 
-// partial_rotary_factor (Phi-4-mini; also inside transformers 5's
-// rope_parameters, which wins) below 1 rotates the first int(head_dim *
+// partial_rotary_factor (Phi-4-mini; also inside rope_scaling or transformers
+// 5's rope_parameters, which win) below 1 rotates the first int(head_dim *
 // factor) dimensions of each head, as transformers' Phi3 attention; other
 // architectures: Unimplemented.
 absl::Status ReadHfPartialRotary(const json& j, absl::string_view source, ModelConfig* c) {
   double f = 1.0;
-  for (const json* o : {&j, j.contains("rope_parameters") ? &j["rope_parameters"] : nullptr}) {
+  for (const char* nested : {"", "rope_scaling", "rope_parameters"}) {  // later ones win
+    const json* o = *nested == '\0' ? &j : (j.contains(nested) ? &j[nested] : nullptr);
     if (o == nullptr || !o->is_object()) continue;
     PS_RETURN_IF_ERROR(ReadNumber(*o, source, "partial_rotary_factor", false, &f));
   }
@@ -809,8 +837,14 @@ absl::Status ReadHfSlidingWindow(const json& j, absl::string_view source, ModelC
   } else if (c->arch == ModelArch::kMistral || c->arch == ModelArch::kPhi3 ||
              c->arch == ModelArch::kMixtral) {
     c->sliding_window = window;
+  } else if (c->arch == ModelArch::kQwen2Moe && HfFlag(j, "use_sliding_window") && window > 0) {
+    // transformers' Qwen2MoeConfig: the even layers below max_window_layers.
+    int below = c->num_layers;
+    PS_RETURN_IF_ERROR(ReadNumber(j, source, "max_window_layers", true, &below));
+    c->sliding_window = window;
+    for (int l = 0; l < c->num_layers; ++l) c->sliding_layers.push_back(l % 2 == 0 && l < below);
   } else if ((c->arch == ModelArch::kQwen2 || c->arch == ModelArch::kQwen3 ||
-              c->arch == ModelArch::kQwen3Moe || c->arch == ModelArch::kQwen2Moe) &&
+              c->arch == ModelArch::kQwen3Moe) &&
              HfFlag(j, "use_sliding_window") && window > 0) {
     int first = c->num_layers;  // transformers' default max_window_layers is model-specific
     PS_RETURN_IF_ERROR(ReadNumber(j, source, "max_window_layers", true, &first));
@@ -993,8 +1027,10 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
   }
   PS_RETURN_IF_ERROR(ReadHfSlidingWindow(j, source, &c));
   if (gemma) PS_RETURN_IF_ERROR(ReadHfGemma(j, source, &c));
-  if (c.arch == ModelArch::kQwen2Moe && j.contains("qkv_bias") && j["qkv_bias"].is_boolean())
-    c.qkv_bias = j["qkv_bias"].get<bool>();
+  if (auto it = j.find("qkv_bias"); c.arch == ModelArch::kQwen2Moe && it != j.end()) {
+    if (!it->is_boolean()) return FieldError(source, "qkv_bias", "must be a boolean");
+    c.qkv_bias = it->get<bool>();
+  }
   if (c.arch == ModelArch::kMixtral || c.arch == ModelArch::kQwen3Moe ||
       c.arch == ModelArch::kQwen2Moe) {
     PS_RETURN_IF_ERROR(ReadHfMoe(j, source, &c));

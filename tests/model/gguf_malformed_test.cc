@@ -379,6 +379,80 @@ TEST(GgufMalformedTest, ModelConfigRopeFreqFactors) {
   }
 }
 
+// A phi3 config (hidden 8, 2 heads of 4: two rotary pairs, context 64) with
+// LongRoPE's tensors rope_factors_long / _short.weight (F32 [2]) holding
+// `long_f` / `short_f` (an empty one is left out), rope_freqs.weight too when
+// `freqs`, and rope.scaling.original_context_length 16 / attn_factor 1.25
+// when `keys`.
+std::vector<uint8_t> WithLongRope(const std::vector<float>& long_f,
+                                  const std::vector<float>& short_f, bool freqs, bool keys) {
+  std::vector<std::pair<std::string, std::vector<float>>> tensors;
+  if (!long_f.empty()) tensors.push_back({"rope_factors_long.weight", long_f});
+  if (!short_f.empty()) tensors.push_back({"rope_factors_short.weight", short_f});
+  if (freqs) tensors.push_back({"rope_freqs.weight", {1.0f, 2.0f}});
+  Builder b;
+  b.Raw("GGUF", 4).U32(3).U64(tensors.size()).U64(keys ? 10 : 8);
+  b.Str("general.architecture").U32(8).Str("phi3");
+  b.Str("phi3.block_count").U32(4).U32(1);
+  b.Str("phi3.embedding_length").U32(4).U32(8);
+  b.Str("phi3.feed_forward_length").U32(4).U32(16);
+  b.Str("phi3.attention.head_count").U32(4).U32(2);
+  b.Str("phi3.attention.layer_norm_rms_epsilon").U32(6);
+  float eps = 1e-5f;
+  b.Raw(&eps, 4);
+  b.Str("phi3.context_length").U32(4).U32(64);
+  b.Str("phi3.vocab_size").U32(4).U32(10);
+  if (keys) {
+    b.Str("phi3.rope.scaling.original_context_length").U32(4).U32(16);
+    float attn = 1.25f;
+    b.Str("phi3.rope.scaling.attn_factor").U32(6).Raw(&attn, 4);
+  }
+  for (size_t i = 0; i < tensors.size(); ++i)
+    b.Str(tensors[i].first).U32(1).U64(tensors[i].second.size()).U32(0).U64(32 * i);
+  b.PadTo(32);
+  for (const auto& t : tensors) b.Raw(t.second.data(), t.second.size() * sizeof(float)).PadTo(32);
+  return b.bytes;
+}
+
+// phi3's LongRoPE from llama.cpp's converter: both factor sets (the long one
+// for a context past the original), the attention factor, the original
+// context defaulting to context_length (as llama.cpp); one set alone,
+// rope_freqs.weight beside them, or a factor that is not positive: errors.
+TEST(GgufMalformedTest, ModelConfigLongRope) {
+  auto f = GgufFile::FromBytes("ok.gguf", WithLongRope({2.0f, 8.0f}, {1.0f, 1.5f}, false, true));
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto c = ModelConfigFromGguf(**f);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLongRope);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 16);
+  EXPECT_EQ(c->rope_scaling.attention_factor, 1.25);
+  EXPECT_TRUE(c->rope_scaling.use_long_factor);  // 64 > 16
+  std::vector<double> inv = RopeInverseFrequencies(*c);
+  ASSERT_EQ(inv.size(), 2u);
+  EXPECT_DOUBLE_EQ(inv[1], 1.0 / 100.0 / 8.0);
+  SelectLongRopeFactors(16, &*c);
+  EXPECT_DOUBLE_EQ(RopeInverseFrequencies(*c)[1], 1.0 / 100.0 / 1.5);
+
+  auto d = GgufFile::FromBytes("ok.gguf", WithLongRope({2.0f, 8.0f}, {1.0f, 1.5f}, false, false));
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto dc = ModelConfigFromGguf(**d);
+  ASSERT_TRUE(dc.ok()) << dc.status();
+  EXPECT_EQ(dc->rope_scaling.original_max_position_embeddings, 64);
+  EXPECT_FALSE(dc->rope_scaling.use_long_factor);
+  EXPECT_EQ(dc->rope_scaling.attention_factor, 1.0);
+
+  for (auto [bytes, needle] :
+       {std::pair{WithLongRope({2.0f, 8.0f}, {}, false, true), "needs both"},
+        std::pair{WithLongRope({2.0f, 8.0f}, {1.0f, 1.5f}, true, true), "rope_freqs.weight"},
+        std::pair{WithLongRope({2.0f, 0.0f}, {1.0f, 1.5f}, false, true),
+                  "tensor 'rope_factors_long.weight': factor 1 is 0"}}) {
+    auto g = GgufFile::FromBytes("bad.gguf", bytes);
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto bad = ModelConfigFromGguf(**g);
+    ExpectError(bad.status(), needle);
+  }
+}
+
 // A two-layer llama config with {arch}.attention.sliding_window = `window`
 // and, unless `pattern` is 0, a sliding_window_pattern: 1 = the bool array
 // {false, true}, 2 = llama.cpp's integer form (2), 3 = a bool array of 3.

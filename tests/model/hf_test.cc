@@ -374,6 +374,18 @@ TEST(HfConfigTest, MixtureOfExperts) {
   q2["shared_expert_intermediate_size"] = 24;
   q2["qkv_bias"] = false;
   EXPECT_FALSE(parse(q2)->qkv_bias);
+  q2["qkv_bias"] = "false";
+  EXPECT_FALSE(parse(q2).ok());
+  q2["qkv_bias"] = true;
+  // transformers' Qwen2MoeConfig windows the even layers below
+  // max_window_layers (not Qwen2's layers from it on).
+  q2["num_hidden_layers"] = 6;
+  q2["use_sliding_window"] = true;
+  q2["sliding_window"] = 32;
+  q2["max_window_layers"] = 4;
+  auto windowed = parse(q2);
+  ASSERT_TRUE(windowed.ok()) << windowed.status();
+  EXPECT_EQ(windowed->sliding_layers, (std::vector<bool>{true, false, true, false, false, false}));
 }
 
 // Sliding windows as transformers builds its masks: Mistral on every layer,
@@ -773,6 +785,56 @@ TEST(HfConfigTest, PartialRotaryAndLongRope) {
   s = ModelConfigFromHfJson(not_numbers.dump(), "config.json").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("long_factor"), std::string::npos) << s;
+
+  // Values given must be positive and within the sanity ranges; a tiny
+  // factor would make an infinite frequency.
+  for (auto [key, value] : {std::pair<const char*, double>{"attention_factor", 0.0},
+                            {"attention_factor", -1.0},
+                            {"attention_factor", 1e300},
+                            {"factor", -5.0},
+                            {"original_max_position_embeddings", -5.0}}) {
+    json bad = longrope;
+    bad["rope_scaling"][key] = value;
+    s = ModelConfigFromHfJson(bad.dump(), "config.json").status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << key << " " << value << ": " << s;
+  }
+  json tiny = longrope;
+  tiny["rope_scaling"]["long_factor"] = {2.0, 1e-320};
+  s = ModelConfigFromHfJson(tiny.dump(), "config.json").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("long_factor"), std::string::npos) << s;
+
+  // The config's top-level original_max_position_embeddings comes first (as
+  // transformers' standardize_rope_params); the nested one is used without it.
+  json both = longrope;
+  both["rope_scaling"]["original_max_position_embeddings"] = 128;
+  EXPECT_EQ(ModelConfigFromHfJson(both.dump(), "config.json")
+                ->rope_scaling.original_max_position_embeddings,
+            64);
+  both.erase("original_max_position_embeddings");
+  EXPECT_EQ(ModelConfigFromHfJson(both.dump(), "config.json")
+                ->rope_scaling.original_max_position_embeddings,
+            128);
+
+  // transformers 5's rope_parameters (a re-saved Phi-4-mini): longrope and
+  // partial_rotary_factor inside it; partial_rotary_factor inside rope_scaling.
+  json saved = Config("Phi3ForCausalLM", false);
+  saved["original_max_position_embeddings"] = 64;
+  saved["rope_parameters"] = {
+      {"rope_type", "longrope"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5},
+      {"short_factor", {1.5}},   {"long_factor", {8.0}},  {"original_max_position_embeddings", 64}};
+  auto sc = ModelConfigFromHfJson(saved.dump(), "config.json");
+  ASSERT_TRUE(sc.ok()) << sc.status();
+  EXPECT_EQ(sc->RotaryDim(), 2);
+  EXPECT_EQ(sc->rope_scaling.type, RopeScaling::Type::kLongRope);
+  EXPECT_DOUBLE_EQ(RopeInverseFrequencies(*sc)[0], 1.0 / 8.0);
+  json in_scaling = longrope;
+  in_scaling["rope_scaling"]["partial_rotary_factor"] = 0.5;
+  in_scaling["rope_scaling"]["short_factor"] = {1.5};
+  in_scaling["rope_scaling"]["long_factor"] = {8.0};
+  auto ic = ModelConfigFromHfJson(in_scaling.dump(), "config.json");
+  ASSERT_TRUE(ic.ok()) << ic.status();
+  EXPECT_EQ(ic->RotaryDim(), 2);
 }
 
 TEST(HfWeightsTest, TensorParallelShardsConcatenateToFull) {

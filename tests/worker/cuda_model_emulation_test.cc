@@ -344,11 +344,13 @@ Stacked MakeStacked(std::vector<float>* split, int n, int64_t width, int64_t col
   return st;
 }
 
+// rot_half: D / 2, or less for partial rotary (the tail converted unrotated).
 template <typename T, int VEC>
-void RopeConvertCase(kernels::DType dt, bool stacked) {
-  SCOPED_TRACE(::testing::Message() << kernels::DTypeName(dt) << (stacked ? ", stacked" : ""));
+void RopeConvertCase(kernels::DType dt, bool stacked, int rot_half) {
+  SCOPED_TRACE(::testing::Message() << kernels::DTypeName(dt) << (stacked ? ", stacked" : "")
+                                    << ", rot_half " << rot_half);
   std::mt19937 rng(15);
-  const int n = 5, heads = 6, D = 64, half = D / 2;
+  const int n = 5, heads = 6, D = 64, half = rot_half;
   const int64_t stride = heads * D;
   std::vector<float> q = Random(static_cast<size_t>(n) * stride, rng);
   // Stacked: q first in rows of q + 2 KV heads x 2 (k and v), as the fused GEMM writes them.
@@ -357,13 +359,13 @@ void RopeConvertCase(kernels::DType dt, bool stacked) {
   RopeTables(n, half, rng, &cos_t, &sin_t);
   for (float v : sin_t) neg_sin.push_back(-v);
   std::vector<float> rotated = q;  // the reference: (bias,) ApplyRope, then the CPU conversion
-  cpu_ops::ApplyRope(rotated.data(), n, heads, D, D / 2, stride, cos_t.data(), sin_t.data());
+  cpu_ops::ApplyRope(rotated.data(), n, heads, D, half, stride, cos_t.data(), sin_t.data());
   auto run = [&](const std::vector<float>& sin_used, bool with_bias) {
     std::vector<T> out(q.size());
     std::vector<float> in = stacked ? st.y : q;  // in place for fp32 unless stacked
     T* dst = std::is_same_v<T, float> && !stacked ? reinterpret_cast<T*>(in.data()) : out.data();
     kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
-      RopeConvertBody<T, VEC>(in.data(), heads, D, stacked ? st.total : stride,
+      RopeConvertBody<T, VEC>(in.data(), heads, D, half, stacked ? st.total : stride,
                               with_bias ? st.bias.data() : nullptr, cos_t.data(), sin_used.data(),
                               dst);
     });
@@ -390,18 +392,21 @@ TEST(CudaModelEmulationTest, RopeConvertMatchesCpuRopeAndConversion) {
   ForEachPack([](auto vec) {
     constexpr int V = decltype(vec)::value;
     for (bool stacked : {false, true}) {
-      RopeConvertCase<float, V>(kernels::DType::kFloat32, stacked);
-      RopeConvertCase<__half, V>(kernels::DType::kFloat16, stacked);
-      RopeConvertCase<__nv_bfloat16, V>(kernels::DType::kBFloat16, stacked);
+      for (int rot_half : {32, 12}) {  // full, and 24 of 64 dimensions rotated
+        RopeConvertCase<float, V>(kernels::DType::kFloat32, stacked, rot_half);
+        RopeConvertCase<__half, V>(kernels::DType::kFloat16, stacked, rot_half);
+        RopeConvertCase<__nv_bfloat16, V>(kernels::DType::kBFloat16, stacked, rot_half);
+      }
     }
   });
 }
 
 template <typename C, int VEC>
-void RopeCacheCase(kernels::DType dt, bool stacked) {
-  SCOPED_TRACE(::testing::Message() << kernels::DTypeName(dt) << (stacked ? ", stacked" : ""));
+void RopeCacheCase(kernels::DType dt, bool stacked, int rot_half) {
+  SCOPED_TRACE(::testing::Message() << kernels::DTypeName(dt) << (stacked ? ", stacked" : "")
+                                    << ", rot_half " << rot_half);
   std::mt19937 rng(16);
-  const int n = 6, kv_heads = 2, D = 64, half = D / 2, block_size = 16, num_blocks = 5;
+  const int n = 6, kv_heads = 2, D = 64, half = rot_half, block_size = 16, num_blocks = 5;
   const int64_t kv_dim = kv_heads * D;
   std::vector<float> k = Random(static_cast<size_t>(n) * kv_dim, rng, -3.0f, 3.0f);
   std::vector<float> v = Random(k.size(), rng, -3.0f, 3.0f);
@@ -433,7 +438,7 @@ void RopeCacheCase(kernels::DType dt, bool stacked) {
   // operands for fp32 / fp8).
   std::vector<uint8_t> want_k(bytes, 0x5a), want_v(bytes, 0x5a);
   std::vector<float> k_rot = k;
-  cpu_ops::ApplyRope(k_rot.data(), n, kv_heads, D, D / 2, kv_dim, cos_t.data(), sin_t.data());
+  cpu_ops::ApplyRope(k_rot.data(), n, kv_heads, D, half, kv_dim, cos_t.data(), sin_t.data());
   const bool is16 = dt == kernels::DType::kFloat16 || dt == kernels::DType::kBFloat16;
   const std::vector<uint16_t> k16 = is16 ? To16(k_rot, dt) : std::vector<uint16_t>();
   const std::vector<uint16_t> v16 = is16 ? To16(v, dt) : std::vector<uint16_t>();
@@ -456,9 +461,9 @@ void RopeCacheCase(kernels::DType dt, bool stacked) {
     const float* k_bias = with_bias ? sk.bias.data() : nullptr;
     const float* v_bias = with_bias ? sv.bias.data() : nullptr;
     kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
-      RopeReshapeAndCacheBody<C, VEC>(key, value, stacked ? total : kv_dim, k_bias, v_bias,
-                                      kv_heads, D, cos_t.data(), sin_used.data(), slots.data(),
-                                      num_blocks, block_size, kc_ptr, vc_ptr, scale, scale);
+      RopeReshapeAndCacheBody<C, VEC>(
+          key, value, stacked ? total : kv_dim, k_bias, v_bias, kv_heads, D, half, cos_t.data(),
+          sin_used.data(), slots.data(), num_blocks, block_size, kc_ptr, vc_ptr, scale, scale);
     });
     int bad = 0;
     for (size_t i = 0; i < bytes; ++i) bad += (got_k[i] != want_k[i]) + (got_v[i] != want_v[i]);
@@ -478,11 +483,13 @@ TEST(CudaModelEmulationTest, RopeReshapeAndCacheMatchesCpuRopeAndReshapeAndCache
   ForEachPack([](auto vec) {
     constexpr int V = decltype(vec)::value;
     for (bool stacked : {false, true}) {
-      RopeCacheCase<float, V>(kernels::DType::kFloat32, stacked);
-      RopeCacheCase<__half, V>(kernels::DType::kFloat16, stacked);
-      RopeCacheCase<__nv_bfloat16, V>(kernels::DType::kBFloat16, stacked);
-      RopeCacheCase<__nv_fp8_e4m3, V>(kernels::DType::kFloat8E4M3, stacked);
-      RopeCacheCase<__nv_fp8_e5m2, V>(kernels::DType::kFloat8E5M2, stacked);
+      for (int rot_half : {32, 12}) {  // full, and 24 of 64 dimensions rotated
+        RopeCacheCase<float, V>(kernels::DType::kFloat32, stacked, rot_half);
+        RopeCacheCase<__half, V>(kernels::DType::kFloat16, stacked, rot_half);
+        RopeCacheCase<__nv_bfloat16, V>(kernels::DType::kBFloat16, stacked, rot_half);
+        RopeCacheCase<__nv_fp8_e4m3, V>(kernels::DType::kFloat8E4M3, stacked, rot_half);
+        RopeCacheCase<__nv_fp8_e5m2, V>(kernels::DType::kFloat8E5M2, stacked, rot_half);
+      }
     }
   });
 }
@@ -706,10 +713,10 @@ TEST(CudaModelEmulationTest, HeadRmsNormMatchesCpu) {
 // ---- RoPE ------------------------------------------------------------------
 
 // Broken: rotates by -angle (sin sign flipped).
-void BrokenApplyRopeBody(float* x, int heads, int head_size, int64_t token_stride,
+void BrokenApplyRopeBody(float* x, int heads, int head_size, int rot_half, int64_t token_stride,
                          const float* cos_t, const float* sin_t) {
   const int t = blockIdx.x;
-  const int half = head_size / 2;
+  const int half = rot_half;
   float* row = x + static_cast<int64_t>(t) * token_stride;
   for (int k = threadIdx.x; k < heads * half; k += blockDim.x) {
     const int h = k / half, i = k % half;
@@ -723,15 +730,19 @@ void BrokenApplyRopeBody(float* x, int heads, int head_size, int64_t token_strid
 
 TEST(CudaModelEmulationTest, ApplyRopeMatchesCpu) {
   std::mt19937 rng(3);
-  // 7 query heads of 64 in a row of 7 * 64 (q), and 3 KV heads of 128 in a
-  // wider row (a stride larger than heads * head_size).
+  // 7 query heads of 64 in a row of 7 * 64 (q), 3 KV heads of 128 in a
+  // wider row (a stride larger than heads * head_size), and partial rotary
+  // (96 of 128 dimensions, Phi-4-mini's split).
   struct Shape {
     int heads, head_size;
     int64_t stride;
+    int rot_half;
   };
-  for (const Shape& s : {Shape{7, 64, 7 * 64}, Shape{3, 128, 3 * 128 + 32}}) {
-    SCOPED_TRACE(::testing::Message() << s.heads << " heads of " << s.head_size);
-    const int n = 5, half = s.head_size / 2;
+  for (const Shape& s :
+       {Shape{7, 64, 7 * 64, 32}, Shape{3, 128, 3 * 128 + 32, 64}, Shape{3, 128, 3 * 128, 48}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << s.heads << " heads of " << s.head_size << ", rot_half " << s.rot_half);
+    const int n = 5, half = s.rot_half;
     const std::vector<float> x0 = Random(static_cast<size_t>(n) * s.stride, rng);
     std::vector<float> cos_t(static_cast<size_t>(n) * half), sin_t(cos_t.size());
     for (size_t i = 0; i < cos_t.size(); ++i) {
@@ -740,18 +751,18 @@ TEST(CudaModelEmulationTest, ApplyRopeMatchesCpu) {
       sin_t[i] = static_cast<float>(std::sin(angle));
     }
     std::vector<float> want = x0, broken = x0;
-    cpu_ops::ApplyRope(want.data(), n, s.heads, s.head_size, s.head_size / 2, s.stride,
-                       cos_t.data(), sin_t.data());
+    cpu_ops::ApplyRope(want.data(), n, s.heads, s.head_size, half, s.stride, cos_t.data(),
+                       sin_t.data());
     ForEachPack([&](auto vec) {
       std::vector<float> got = x0;
       kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
-        ApplyRopeBody<decltype(vec)::value>(got.data(), s.heads, s.head_size, s.stride,
+        ApplyRopeBody<decltype(vec)::value>(got.data(), s.heads, s.head_size, half, s.stride,
                                             cos_t.data(), sin_t.data());
       });
       EXPECT_EQ(Mismatches(got, want, kRel, kAbs), 0);
     });
     kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
-      BrokenApplyRopeBody(broken.data(), s.heads, s.head_size, s.stride, cos_t.data(),
+      BrokenApplyRopeBody(broken.data(), s.heads, s.head_size, half, s.stride, cos_t.data(),
                           sin_t.data());
     });
     EXPECT_GT(Mismatches(broken, want, kRel, kAbs), 0) << "negative control passed the check";

@@ -386,6 +386,22 @@ TEST_F(CudaWorkerModelTest, QkNormLogitsMatchCpuModel) {
   CompareLogits(model, prompts, WeightDType::kBFloat16, kernels::DType::kBFloat16);
 }
 
+// LongRoPE's scaled tables and partial rotary (48 of 64 dimensions: the
+// kernels' rot_half) on the tiny random phi3_longrope model
+// (PAGEDSERVE_PHI3_LONGROPE_MODEL and _REFERENCE) against the CPU model, in
+// fp32 and bf16.
+TEST_F(CudaWorkerModelTest, PartialRotaryLongRopeLogitsMatchCpuModel) {
+  // Set by CTest and scripts/gpu-check; missing is a setup error, not a skip.
+  const std::string model = Env("PAGEDSERVE_PHI3_LONGROPE_MODEL");
+  const std::string reference = Env("PAGEDSERVE_PHI3_LONGROPE_REFERENCE");
+  ASSERT_FALSE(model.empty()) << "PAGEDSERVE_PHI3_LONGROPE_MODEL is not set";
+  ASSERT_FALSE(reference.empty()) << "PAGEDSERVE_PHI3_LONGROPE_REFERENCE is not set";
+  const auto prompts = testing::LoadReference(reference);
+  ASSERT_FALSE(prompts.empty());
+  CompareLogits(model, prompts, WeightDType::kFloat32, kernels::DType::kFloat32);
+  CompareLogits(model, prompts, WeightDType::kBFloat16, kernels::DType::kBFloat16);
+}
+
 // fp8 KV caches (scales 1.0) under fp32 and bf16 weights.
 TEST_F(CudaWorkerModelTest, Fp8KvLogitsMatchCpuModel) {
   CompareLogits(model_path_, prompts_, WeightDType::kFloat32, kernels::DType::kFloat8E4M3);
@@ -725,8 +741,8 @@ TEST(CudaModelKernelsTest, PackedAndScalarLaunchesMatchCpuOperations) {
                                 nullptr),
               cudaSuccess);
     EXPECT_EQ(Mismatches(out.Download(count, offset), want_silu, kRel, kAbs), 0);
-    ASSERT_EQ(cm::LaunchApplyRope(x.at(offset), n, heads, head_size, dim, c.at(offset),
-                                  sn.at(offset), nullptr),
+    ASSERT_EQ(cm::LaunchApplyRope(x.at(offset), n, heads, head_size, head_size / 2, dim,
+                                  c.at(offset), sn.at(offset), nullptr),
               cudaSuccess);
     EXPECT_EQ(Mismatches(x.Download(count, offset), want_rope, kRel, kAbs), 0);
   }

@@ -691,6 +691,19 @@ TEST_F(LlamaReferenceTest, FeatureControlConfigMatchesTransformers) {
   }
   if (model_name_ == "phi3_longrope") {
     CheckLongRopeConfig(c, info.at("transformers_longrope"));
+    // The worker picks the set from WorkerOptions::max_model_len (the
+    // server's requested length; 0 = the model's context).
+    for (const int64_t len : {int64_t{0}, int64_t{32}, int64_t{33}}) {
+      auto comm = MakeSingleRankCommunicator();
+      WorkerOptions o = ReferenceWorkerOptions(model_path_);
+      o.kv_cache_memory = 16 << 20;
+      o.swap_space = 0;
+      o.max_model_len = len;
+      auto w = Worker::Create(o, comm.get());
+      ASSERT_TRUE(w.ok()) << w.status();
+      EXPECT_EQ((*w)->model_config().rope_scaling.use_long_factor, len != 32)
+          << "max_model_len " << len;
+    }
     return;
   }
   if (IsMoeModel(model_name_)) {

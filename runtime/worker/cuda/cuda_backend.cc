@@ -237,10 +237,6 @@ class CudaBackend final : public ModelBackend {
           absl::StrCat("the CUDA backend does not run ", ModelArchName(mc.arch),
                        " yet (post-norms, GeGLU, embedding scale, logit soft-capping, local "
                        "RoPE): use the CPU worker"));
-    if (mc.RotaryDim() != mc.head_size)
-      return absl::UnimplementedError(
-          absl::StrCat("the CUDA backend does not run partial rotary embeddings yet (rotary_dim ",
-                       mc.RotaryDim(), " of head size ", mc.head_size, "): use the CPU worker"));
     if (w.config.moe.enabled())
       return absl::UnimplementedError(
           "the CUDA backend does not run mixture-of-experts models yet (MoeMlp is CPU-only); "
@@ -560,10 +556,10 @@ class CudaBackend final : public ModelBackend {
   absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stride,
                          bool local) override {
     if (local) return absl::UnimplementedError("CUDA backend: no local RoPE tables (Gemma 3)");
-    return CudaStatus(
-        cuda_model::LaunchApplyRope(x, static_cast<int>(n), heads, head_size, token_stride,
-                                    In<float>(kRopeCos), In<float>(kRopeSin), stream_),
-        "rope launch");
+    return CudaStatus(cuda_model::LaunchApplyRope(x, static_cast<int>(n), heads, head_size,
+                                                  RotHalf(), token_stride, In<float>(kRopeCos),
+                                                  In<float>(kRopeSin), stream_),
+                      "rope launch");
   }
 
   absl::Status SiluMul(const float* gate, const float* up, int64_t count, GemmInput out) override {
@@ -1194,17 +1190,17 @@ class CudaBackend final : public ModelBackend {
       qa = attn_q_.get();
     }
     PS_RETURN_IF_ERROR(
-        CudaStatus(cuda_model::LaunchRopeConvert(in.q, static_cast<int>(n), num_heads, D,
+        CudaStatus(cuda_model::LaunchRopeConvert(in.q, static_cast<int>(n), num_heads, D, RotHalf(),
                                                  in.q_stride, in.q_bias, In<float>(kRopeCos),
                                                  In<float>(kRopeSin), qa, io, stream_),
                    "rope + query conversion launch"));
     PS_RETURN_IF_ERROR(
         CudaStatus(cuda_model::LaunchRopeReshapeAndCache(
                        in.k, in.v, in.kv_stride, in.k_bias, in.v_bias, static_cast<int>(n),
-                       cache.shape.num_kv_heads, D, In<float>(kRopeCos), In<float>(kRopeSin),
-                       In<int64_t>(kSlots), cache.shape.num_blocks, cache.shape.block_size,
-                       cache.key_cache, cache.value_cache, CacheTypeOf(cache.shape.dtype),
-                       cache.k_scale, cache.v_scale, stream_),
+                       cache.shape.num_kv_heads, D, RotHalf(), In<float>(kRopeCos),
+                       In<float>(kRopeSin), In<int64_t>(kSlots), cache.shape.num_blocks,
+                       cache.shape.block_size, cache.key_cache, cache.value_cache,
+                       CacheTypeOf(cache.shape.dtype), cache.k_scale, cache.v_scale, stream_),
                    "rope + reshape_and_cache launch"));
     return RunAttention(cache, layer, num_heads, qa, out);
   }
@@ -1639,6 +1635,9 @@ class CudaBackend final : public ModelBackend {
   std::vector<kernels::KVCacheView> device_views_, cpu_views_;
   // Per-step state: the plan, its device copy, buffers grown as needed.
   const ForwardPlan* plan_ = nullptr;
+  // The rotary pairs per head of this step's tables (ForwardPlan::rope_half:
+  // head_size / 2, or less for partial rotary).
+  int RotHalf() const { return plan_ != nullptr ? plan_->rope_half : 0; }
   std::array<const void*, kInputCount> d_in_{};
   std::array<DeviceBuffer, static_cast<size_t>(BufferId::kCount)> buffers_;
   DeviceBuffer inputs_, workspace_, logits_;

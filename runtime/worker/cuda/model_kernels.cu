@@ -47,22 +47,23 @@ __global__ void __launch_bounds__(kSampleThreads)
 }
 
 template <typename T, int VEC>
-__global__ void RopeConvertKernel(const float* x, int heads, int head_size, int64_t token_stride,
-                                  const float* __restrict__ bias, const float* __restrict__ cos_t,
-                                  const float* __restrict__ sin_t, T* out) {
-  RopeConvertBody<T, VEC>(x, heads, head_size, token_stride, bias, cos_t, sin_t, out);
+__global__ void RopeConvertKernel(const float* x, int heads, int head_size, int rot_half,
+                                  int64_t token_stride, const float* __restrict__ bias,
+                                  const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                  T* out) {
+  RopeConvertBody<T, VEC>(x, heads, head_size, rot_half, token_stride, bias, cos_t, sin_t, out);
 }
 
 template <typename C, int VEC>
 __global__ void RopeReshapeAndCacheKernel(
     const float* __restrict__ key, const float* __restrict__ value, int64_t token_stride,
     const float* __restrict__ k_bias, const float* __restrict__ v_bias, int num_kv_heads,
-    int head_size, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+    int head_size, int rot_half, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
     const int64_t* __restrict__ slot_mapping, int64_t num_blocks, int block_size,
     C* __restrict__ key_cache, C* __restrict__ value_cache, float k_scale, float v_scale) {
   RopeReshapeAndCacheBody<C, VEC>(key, value, token_stride, k_bias, v_bias, num_kv_heads, head_size,
-                                  cos_t, sin_t, slot_mapping, num_blocks, block_size, key_cache,
-                                  value_cache, k_scale, v_scale);
+                                  rot_half, cos_t, sin_t, slot_mapping, num_blocks, block_size,
+                                  key_cache, value_cache, k_scale, v_scale);
 }
 
 template <typename From, typename To, int VEC>
@@ -90,10 +91,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int VEC>
-__global__ void ApplyRopeKernel(float* __restrict__ x, int heads, int head_size,
+__global__ void ApplyRopeKernel(float* __restrict__ x, int heads, int head_size, int rot_half,
                                 int64_t token_stride, const float* __restrict__ cos_t,
                                 const float* __restrict__ sin_t) {
-  ApplyRopeBody<VEC>(x, heads, head_size, token_stride, cos_t, sin_t);
+  ApplyRopeBody<VEC>(x, heads, head_size, rot_half, token_stride, cos_t, sin_t);
 }
 
 __global__ void AddBiasKernel(float* __restrict__ y, const float* __restrict__ bias, int64_t total,
@@ -169,14 +170,16 @@ cudaError_t LaunchAddRmsNorm(float* residual, const void* add, Elem add_type, co
   });
 }
 
-cudaError_t LaunchApplyRope(float* x, int n, int heads, int head_size, int64_t token_stride,
-                            const float* cos_t, const float* sin_t, cudaStream_t stream) {
+cudaError_t LaunchApplyRope(float* x, int n, int heads, int head_size, int rot_half,
+                            int64_t token_stride, const float* cos_t, const float* sin_t,
+                            cudaStream_t stream) {
   if (n <= 0 || heads <= 0 || head_size < 2) return cudaSuccess;
+  if (rot_half < 1 || 2 * rot_half > head_size) return cudaErrorInvalidValue;
   const int pack =
-      PackWidth({head_size / 2, token_stride}, {Packable(x), Packable(cos_t), Packable(sin_t)});
+      PackWidth({rot_half, token_stride}, {Packable(x), Packable(cos_t), Packable(sin_t)});
   return WithPack(pack, [&](auto vec) {
     ApplyRopeKernel<decltype(vec)::value>
-        <<<n, kThreads, 0, stream>>>(x, heads, head_size, token_stride, cos_t, sin_t);
+        <<<n, kThreads, 0, stream>>>(x, heads, head_size, rot_half, token_stride, cos_t, sin_t);
     return cudaGetLastError();
   });
 }
@@ -217,19 +220,20 @@ cudaError_t LaunchSiluMulStacked(const float* y, int64_t n, int inter, void* out
   });
 }
 
-cudaError_t LaunchRopeConvert(const float* x, int n, int heads, int head_size, int64_t token_stride,
-                              const float* bias, const float* cos_t, const float* sin_t, void* out,
-                              Elem out_type, cudaStream_t stream) {
+cudaError_t LaunchRopeConvert(const float* x, int n, int heads, int head_size, int rot_half,
+                              int64_t token_stride, const float* bias, const float* cos_t,
+                              const float* sin_t, void* out, Elem out_type, cudaStream_t stream) {
   if (n <= 0 || heads <= 0 || head_size < 2) return cudaSuccess;
+  if (rot_half < 1 || 2 * rot_half > head_size) return cudaErrorInvalidValue;
   return WithElem(out_type, [&](auto t) {
     using T = decltype(t);
     T* o = static_cast<T*>(out);
     const int pack =
-        PackWidth({head_size / 2, token_stride},
+        PackWidth({rot_half, token_stride},
                   {Packable(x), Packable(bias), Packable(cos_t), Packable(sin_t), Packable(o)});
     return WithPack(pack, [&](auto vec) {
-      RopeConvertKernel<T, decltype(vec)::value>
-          <<<n, kThreads, 0, stream>>>(x, heads, head_size, token_stride, bias, cos_t, sin_t, o);
+      RopeConvertKernel<T, decltype(vec)::value><<<n, kThreads, 0, stream>>>(
+          x, heads, head_size, rot_half, token_stride, bias, cos_t, sin_t, o);
       return cudaGetLastError();
     });
   });
@@ -237,25 +241,26 @@ cudaError_t LaunchRopeConvert(const float* x, int n, int heads, int head_size, i
 
 cudaError_t LaunchRopeReshapeAndCache(const float* key, const float* value, int64_t token_stride,
                                       const float* k_bias, const float* v_bias, int n,
-                                      int num_kv_heads, int head_size, const float* cos_t,
-                                      const float* sin_t, const int64_t* slot_mapping,
-                                      int64_t num_blocks, int block_size, void* key_cache,
-                                      void* value_cache, CacheType type, float k_scale,
-                                      float v_scale, cudaStream_t stream) {
+                                      int num_kv_heads, int head_size, int rot_half,
+                                      const float* cos_t, const float* sin_t,
+                                      const int64_t* slot_mapping, int64_t num_blocks,
+                                      int block_size, void* key_cache, void* value_cache,
+                                      CacheType type, float k_scale, float v_scale,
+                                      cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  if (num_kv_heads <= 0 || head_size < 2 || block_size <= 0 ||
-      token_stride < static_cast<int64_t>(num_kv_heads) * head_size)
+  if (num_kv_heads <= 0 || head_size < 2 || block_size <= 0 || rot_half < 1 ||
+      2 * rot_half > head_size || token_stride < static_cast<int64_t>(num_kv_heads) * head_size)
     return cudaErrorInvalidValue;
   auto launch = [&](auto tag) {
     using C = decltype(tag);
     C* kc = static_cast<C*>(key_cache);
     C* vc = static_cast<C*>(value_cache);
-    const int pack = PackWidth({head_size / 2, token_stride},
+    const int pack = PackWidth({rot_half, token_stride},
                                {Packable(key), Packable(value), Packable(k_bias), Packable(v_bias),
                                 Packable(cos_t), Packable(sin_t), Packable(kc)});
     return WithPack(pack, [&](auto vec) {
       RopeReshapeAndCacheKernel<C, decltype(vec)::value><<<n, kThreads, 0, stream>>>(
-          key, value, token_stride, k_bias, v_bias, num_kv_heads, head_size, cos_t, sin_t,
+          key, value, token_stride, k_bias, v_bias, num_kv_heads, head_size, rot_half, cos_t, sin_t,
           slot_mapping, num_blocks, block_size, kc, vc, k_scale, v_scale);
       return cudaGetLastError();
     });

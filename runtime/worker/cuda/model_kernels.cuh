@@ -186,17 +186,19 @@ __device__ __forceinline__ void RotatePairs(::pagedserve::kernels::cuda::Packed<
 }
 
 // Grid (n): rotary embedding in the rotate_half layout (HF
-// LlamaRotaryEmbedding) of token t: for head h < heads and i < head_size/2
-// the pair (i, i + half) of x[t * token_stride + h * head_size + ...] rotates
-// by (cos_t, sin_t)[t, i]; tables [n, head_size/2]. Packs: head_size / 2,
-// token_stride.
+// LlamaRotaryEmbedding) of token t: for head h < heads and i < half =
+// rot_half the pair (i, i + half) of x[t * token_stride + h * head_size +
+// ...] rotates by (cos_t, sin_t)[t, i]; tables [n, rot_half]. rot_half is
+// head_size / 2, or less for partial rotary (the dimensions from 2 *
+// rot_half on are left as they are). Packs: rot_half, token_stride.
 template <int VEC = 1>
 __device__ __forceinline__ void ApplyRopeBody(float* __restrict__ x, int heads, int head_size,
-                                              int64_t token_stride, const float* __restrict__ cos_t,
+                                              int rot_half, int64_t token_stride,
+                                              const float* __restrict__ cos_t,
                                               const float* __restrict__ sin_t) {
   namespace kc = ::pagedserve::kernels::cuda;
   const int t = blockIdx.x;
-  const int half = head_size / 2;
+  const int half = rot_half;
   const int packs = half / VEC;  // per head and half
   const float* c = cos_t + static_cast<int64_t>(t) * half;
   const float* s = sin_t + static_cast<int64_t>(t) * half;
@@ -282,21 +284,22 @@ __device__ __forceinline__ __nv_fp8_e5m2 ToCacheElem<__nv_fp8_e5m2>(float v, flo
 }
 
 // Grid (n): the query side of RoPE fused with the conversion to the
-// attention's operand type T: out[t, h * D + i] for the pair (i, i + D/2) of
-// head h < heads is x[t * token_stride + ...] (+ bias[h * D + ...] when bias
-// is not null, an fp32 add first, as the split of a fused GEMM adds it)
-// rotated by (cos_t, sin_t)[t, i] (ApplyRopeBody's arithmetic) and converted
-// to T. out [n, heads * D]; may be x itself when T is float. Packs:
-// head_size / 2, token_stride.
+// attention's operand type T: out[t, h * D + i] for the pair (i, i + r) of
+// head h < heads, r = rot_half, is x[t * token_stride + ...] (+ bias[h * D +
+// ...] when bias is not null, an fp32 add first, as the split of a fused
+// GEMM adds it) rotated by (cos_t, sin_t)[t, i] (ApplyRopeBody's arithmetic)
+// and converted to T; the dimensions from 2r on (partial rotary) are
+// converted unrotated. out [n, heads * D]; may be x itself when T is float.
+// Packs: rot_half, token_stride.
 template <typename T, int VEC = 1>
 __device__ __forceinline__ void RopeConvertBody(const float* x, int heads, int head_size,
-                                                int64_t token_stride,
+                                                int rot_half, int64_t token_stride,
                                                 const float* __restrict__ bias,
                                                 const float* __restrict__ cos_t,
                                                 const float* __restrict__ sin_t, T* out) {
   namespace kc = ::pagedserve::kernels::cuda;
   const int t = blockIdx.x;
-  const int half = head_size / 2;
+  const int half = rot_half;
   const int packs = half / VEC;
   const float* c = cos_t + static_cast<int64_t>(t) * half;
   const float* s = sin_t + static_cast<int64_t>(t) * half;
@@ -319,24 +322,30 @@ __device__ __forceinline__ void RopeConvertBody(const float* x, int heads, int h
     kc::StorePacked<VEC>(dst + e, ra);
     kc::StorePacked<VEC>(dst + e + half, rb);
   }
+  const int pass = head_size - 2 * half;  // partial rotary: the unrotated tail
+  for (int k = threadIdx.x; k < heads * pass; k += blockDim.x) {
+    const int64_t e = static_cast<int64_t>(k / pass) * head_size + 2 * half + k % pass;
+    dst[e] = kc::FromFloat<T>(bias != nullptr ? row[e] + bias[e] : row[e]);
+  }
 }
 
 // Grid (n): the key/value side, fused: token t's keys (fp32 rows
 // key[t * token_stride + ...] of kv_heads * D, + k_bias when not null, RoPE
-// applied here as in ApplyRopeBody) and values (value[t * token_stride +
+// applied here as in ApplyRopeBody over the first 2 * rot_half dimensions of
+// each head) and values (value[t * token_stride +
 // ...], + v_bias when not null) written into a paged cache of element type C
 // (float, __half, __nv_bfloat16, __nv_fp8_e4m3, __nv_fp8_e5m2) at
 // slot_mapping[t], in vLLM's layout (kernels/cuda/cache_kernels.cuh): what a
 // fused GEMM's split (bias add), ApplyRope, the conversion to C and
 // reshape_and_cache do one after the other. Slots < 0 or >= num_blocks *
-// block_size are skipped (reshape_and_cache's rule). Packs: head_size / 2,
+// block_size are skipped (reshape_and_cache's rule). Packs: rot_half,
 // token_stride (a key pack lands in one x-group of the key layout; values are
 // read in packs and stored one by one, their layout strides by block_size).
 template <typename C, int VEC = 1>
 __device__ __forceinline__ void RopeReshapeAndCacheBody(
     const float* __restrict__ key, const float* __restrict__ value, int64_t token_stride,
     const float* __restrict__ k_bias, const float* __restrict__ v_bias, int num_kv_heads,
-    int head_size, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+    int head_size, int rot_half, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
     const int64_t* __restrict__ slot_mapping, int64_t num_blocks, int block_size,
     C* __restrict__ key_cache, C* __restrict__ value_cache, float k_scale, float v_scale) {
   namespace kc = ::pagedserve::kernels::cuda;
@@ -347,7 +356,7 @@ __device__ __forceinline__ void RopeReshapeAndCacheBody(
   if (slot < 0 || slot >= num_blocks * block_size) return;
   const int64_t block = slot / block_size;
   const int offset = static_cast<int>(slot % block_size);
-  const int half = head_size / 2;
+  const int half = rot_half;
   const int kv_dim = num_kv_heads * head_size;
   const float* c = cos_t + static_cast<int64_t>(t) * half;
   const float* s = sin_t + static_cast<int64_t>(t) * half;
@@ -373,6 +382,14 @@ __device__ __forceinline__ void RopeReshapeAndCacheBody(
     kc::StorePacked<VEC>(key_cache + kc::KeyCacheOffset(block, offset, h, i + half, num_kv_heads,
                                                         head_size, block_size, X),
                          cb);
+  }
+  const int pass = head_size - 2 * half;  // partial rotary: keys stored unrotated
+  for (int p = threadIdx.x; p < num_kv_heads * pass; p += blockDim.x) {
+    const int h = p / pass;
+    const int d = 2 * half + p % pass;
+    const int e = h * head_size + d;
+    key_cache[kc::KeyCacheOffset(block, offset, h, d, num_kv_heads, head_size, block_size, X)] =
+        ToCacheElem<C>(k_bias != nullptr ? k[e] + k_bias[e] : k[e], k_scale);
   }
   for (int e = threadIdx.x * VEC; e < kv_dim; e += blockDim.x * VEC) {
     const int h = e / head_size;

@@ -42,9 +42,13 @@ cudaError_t LaunchAddRmsNorm(float* residual, const void* add, Elem add_type, co
                              const float* weight, int n, int dim, double eps, void* out,
                              Elem out_type, cudaStream_t stream);
 
-// Rotary embedding of n tokens in place (rotate_half layout).
-cudaError_t LaunchApplyRope(float* x, int n, int heads, int head_size, int64_t token_stride,
-                            const float* cos_t, const float* sin_t, cudaStream_t stream);
+// Rotary embedding of n tokens in place (rotate_half layout): the pairs (i, i
+// + rot_half), i < rot_half, of each head; tables [n, rot_half]. rot_half is
+// head_size / 2, or less for partial rotary (the rest of each head stays).
+// cudaErrorInvalidValue unless 1 <= rot_half <= head_size / 2.
+cudaError_t LaunchApplyRope(float* x, int n, int heads, int head_size, int rot_half,
+                            int64_t token_stride, const float* cos_t, const float* sin_t,
+                            cudaStream_t stream);
 
 // y[t, j] += bias[j] for t < n, j < cols.
 cudaError_t LaunchAddBias(float* y, const float* bias, int n, int cols, cudaStream_t stream);
@@ -66,25 +70,28 @@ enum class CacheType : int { kF32, kF16, kBF16, kFp8E4M3, kFp8E5M2 };
 // RoPE (rotate_half) of the queries fused with their conversion to the
 // attention operand type: out [n, heads * head_size] of `out_type` =
 // rope(x[t * token_stride + ...] (+ bias[heads * head_size] when not null))
-// with the tables [n, head_size / 2]. out may be x when out_type is kF32
-// (in place).
-cudaError_t LaunchRopeConvert(const float* x, int n, int heads, int head_size, int64_t token_stride,
-                              const float* bias, const float* cos_t, const float* sin_t, void* out,
-                              Elem out_type, cudaStream_t stream);
+// with the tables [n, rot_half] (LaunchApplyRope's pairs; the unrotated
+// tail converted as is). out may be x when out_type is kF32 (in place).
+cudaError_t LaunchRopeConvert(const float* x, int n, int heads, int head_size, int rot_half,
+                              int64_t token_stride, const float* bias, const float* cos_t,
+                              const float* sin_t, void* out, Elem out_type, cudaStream_t stream);
 
 // RoPE of the keys fused with reshape_and_cache: keys (rotated here) and
 // values (fp32 rows key / value[t * token_stride + ...] of num_kv_heads *
 // head_size, + k_bias / v_bias when not null) written into the paged cache
 // (vLLM's layout, `type` elements; fp8 stores fp8(x / scale)) at
 // slot_mapping[t]; slots < 0 or >= num_blocks * block_size are skipped.
-// cudaErrorInvalidValue when token_stride < num_kv_heads * head_size.
+// The keys rotate as LaunchApplyRope's pairs (i, i + rot_half); the rest of
+// each head is stored unrotated. cudaErrorInvalidValue when token_stride <
+// num_kv_heads * head_size or rot_half is outside [1, head_size / 2].
 cudaError_t LaunchRopeReshapeAndCache(const float* key, const float* value, int64_t token_stride,
                                       const float* k_bias, const float* v_bias, int n,
-                                      int num_kv_heads, int head_size, const float* cos_t,
-                                      const float* sin_t, const int64_t* slot_mapping,
-                                      int64_t num_blocks, int block_size, void* key_cache,
-                                      void* value_cache, CacheType type, float k_scale,
-                                      float v_scale, cudaStream_t stream);
+                                      int num_kv_heads, int head_size, int rot_half,
+                                      const float* cos_t, const float* sin_t,
+                                      const int64_t* slot_mapping, int64_t num_blocks,
+                                      int block_size, void* key_cache, void* value_cache,
+                                      CacheType type, float k_scale, float v_scale,
+                                      cudaStream_t stream);
 
 // out[t] = the greedy token of logits row t < n ([n, vocab] fp32): the
 // largest logit's index, ties to the lowest, or -1 for a row with a NaN or
