@@ -34,9 +34,9 @@ std::string ModelArchName(ModelArch arch) {
 
 namespace {
 
-// kLongRope's fields (model_config.h): RotaryDim() / 2 finite positive
-// factors in each set, a finite positive attention factor and original
-// context.
+// kLongRope's fields (model_config.h): RotaryDim() / 2 factors in [1e-3,
+// 1e6] in each set, an attention factor in (0, 16] and a positive original
+// context; no factors or attention factor for the other types.
 absl::Status ValidateLongRope(const RopeScaling& rs, int rotary_dim) {
   if (rs.type != RopeScaling::Type::kLongRope) {
     if (!rs.short_factor.empty() || !rs.long_factor.empty() || rs.attention_factor != 1.0) {
