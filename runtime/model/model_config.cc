@@ -328,6 +328,28 @@ absl::Status ReadGgufHeadSize(const GgufFile& g, const std::string& p, ModelConf
   return absl::OkStatus();
 }
 
+// Keys llama.cpp applies that this loader does not implement, refused rather
+// than ignored: rope.scaling.attn_factor outside phi3's LongRoPE, and a value
+// head size (attention.value_length) other than the key head size.
+absl::Status RefuseUnsupportedGgufKeys(const GgufFile& g, const std::string& p,
+                                       const ModelConfig& c) {
+  if (g.Find(p + "rope.scaling.attn_factor") &&
+      c.rope_scaling.type != RopeScaling::Type::kLongRope) {
+    return absl::UnimplementedError(absl::StrCat(
+        g.path(), ": '", p, "rope.scaling.attn_factor' is supported with phi3's LongRoPE only"));
+  }
+  if (g.Find(p + "attention.value_length")) {
+    int v = 0;
+    PS_RETURN_IF_ERROR(GetIntField(g, p + "attention.value_length", &v));
+    if (v != c.head_size) {
+      return absl::UnimplementedError(absl::StrCat(g.path(), ": '", p, "attention.value_length' ",
+                                                   v, " differs from the key head size ",
+                                                   c.head_size));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // phi3 (llama.cpp's converter, conversion/phi.py): LongRoPE as the tensors
 // rope_factors_long / rope_factors_short (F32, rotary_dim / 2 each, both or
 // neither) with rope.scaling.original_context_length and
@@ -344,6 +366,10 @@ absl::Status ReadGgufPhi3(const GgufFile& g, const std::string& p, ModelConfig* 
     // llama.cpp would use rope_freqs alone; no converter writes both.
     return absl::InvalidArgumentError(absl::StrCat(
         g.path(), ": rope_freqs.weight together with LongRoPE's rope_factors_* tensors"));
+  }
+  if (lt != nullptr && c->rope_scaling.type != RopeScaling::Type::kNone) {
+    return absl::UnimplementedError(absl::StrCat(
+        g.path(), ": ", p, "rope.scaling.type together with LongRoPE's rope_factors_* tensors"));
   }
   if (lt != nullptr) {
     RopeScaling& rs = c->rope_scaling;
@@ -430,7 +456,11 @@ absl::Status ReadGgufMoe(const GgufFile& g, const std::string& p, ModelConfig* c
   if (*count == 0) return absl::OkStatus();
   PS_RETURN_IF_ERROR(GetIntField(g, p + "expert_count", &c->moe.num_experts));
   PS_RETURN_IF_ERROR(GetIntField(g, p + "expert_used_count", &c->moe.top_k));
-  c->moe.expert_intermediate_size = c->intermediate_size;
+  // Default: feed_forward_length (Mixtral's converter); qwen2moe: divided by
+  // the experts used per token (llama.cpp's qwen2moe loader).
+  c->moe.expert_intermediate_size = c->arch == ModelArch::kQwen2Moe && c->moe.top_k > 0
+                                        ? c->intermediate_size / c->moe.top_k
+                                        : c->intermediate_size;
   if (g.Find(p + "expert_feed_forward_length")) {
     PS_RETURN_IF_ERROR(
         GetIntField(g, p + "expert_feed_forward_length", &c->moe.expert_intermediate_size));
@@ -525,6 +555,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   PS_RETURN_IF_ERROR(ReadGgufSlidingWindow(g, p, default_pattern, &c));
   if (gemma) PS_RETURN_IF_ERROR(ReadGgufGemma(g, p, &c));
   if (c.arch == ModelArch::kPhi3) PS_RETURN_IF_ERROR(ReadGgufPhi3(g, p, &c));
+  PS_RETURN_IF_ERROR(RefuseUnsupportedGgufKeys(g, p, c));
   PS_RETURN_IF_ERROR(ReadGgufMoe(g, p, &c));
   if ((c.arch == ModelArch::kQwen3Moe || c.arch == ModelArch::kQwen2Moe) && !c.moe.enabled()) {
     return absl::InvalidArgumentError(
@@ -600,9 +631,14 @@ absl::Status ReadNumber(const json& j, absl::string_view source, const char* fie
   return absl::OkStatus();
 }
 
-bool HfFlag(const json& j, const char* field) {
+// A boolean field: absent or null leaves *out; any other type is an error
+// naming the field (transformers refuses those too).
+absl::Status ReadFlag(const json& j, absl::string_view source, const char* field, bool* out) {
   auto it = j.find(field);
-  return it != j.end() && it->is_boolean() && it->get<bool>();
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_boolean()) return FieldError(source, field, "must be a boolean");
+  *out = it->get<bool>();
+  return absl::OkStatus();
 }
 
 // rope_scaling (or one entry of transformers 5's rope_parameters) into *rs;
@@ -797,6 +833,8 @@ absl::Status ReadHfGemma(const json& j, absl::string_view source, ModelConfig* c
 // masks (model_config.h, ModelConfigFromHfJson). Reads num_layers from *c.
 absl::Status ReadHfSlidingWindow(const json& j, absl::string_view source, ModelConfig* c) {
   const bool gemma = c->arch == ModelArch::kGemma2 || c->arch == ModelArch::kGemma3;
+  bool use_sliding_window = false;  // Qwen2/3 (-MoE)
+  PS_RETURN_IF_ERROR(ReadFlag(j, source, "use_sliding_window", &use_sliding_window));
   int window = gemma ? 4096 : 0;  // Gemma2Config / Gemma3TextConfig default
   PS_RETURN_IF_ERROR(ReadNumber(j, source, "sliding_window", false, &window));
   if (window < 0) return FieldError(source, "sliding_window", "must be >= 0 or null");
@@ -837,7 +875,7 @@ absl::Status ReadHfSlidingWindow(const json& j, absl::string_view source, ModelC
   } else if (c->arch == ModelArch::kMistral || c->arch == ModelArch::kPhi3 ||
              c->arch == ModelArch::kMixtral) {
     c->sliding_window = window;
-  } else if (c->arch == ModelArch::kQwen2Moe && HfFlag(j, "use_sliding_window") && window > 0) {
+  } else if (c->arch == ModelArch::kQwen2Moe && use_sliding_window && window > 0) {
     // transformers' Qwen2MoeConfig: the even layers below max_window_layers.
     int below = c->num_layers;
     PS_RETURN_IF_ERROR(ReadNumber(j, source, "max_window_layers", true, &below));
@@ -845,7 +883,7 @@ absl::Status ReadHfSlidingWindow(const json& j, absl::string_view source, ModelC
     for (int l = 0; l < c->num_layers; ++l) c->sliding_layers.push_back(l % 2 == 0 && l < below);
   } else if ((c->arch == ModelArch::kQwen2 || c->arch == ModelArch::kQwen3 ||
               c->arch == ModelArch::kQwen3Moe) &&
-             HfFlag(j, "use_sliding_window") && window > 0) {
+             use_sliding_window && window > 0) {
     int first = c->num_layers;  // transformers' default max_window_layers is model-specific
     PS_RETURN_IF_ERROR(ReadNumber(j, source, "max_window_layers", true, &first));
     c->sliding_window = window;
@@ -889,7 +927,8 @@ absl::Status ReadHfMoe(const json& j, absl::string_view source, ModelConfig* c) 
     PS_RETURN_IF_ERROR(ReadNumber(j, source, experts, true, &m.num_experts));
     PS_RETURN_IF_ERROR(
         ReadNumber(j, source, "moe_intermediate_size", true, &m.expert_intermediate_size));
-    m.norm_topk_prob = HfFlag(j, "norm_topk_prob");
+    m.norm_topk_prob = false;  // transformers' default
+    PS_RETURN_IF_ERROR(ReadFlag(j, source, "norm_topk_prob", &m.norm_topk_prob));
     if (c->arch == ModelArch::kQwen2Moe) {
       PS_RETURN_IF_ERROR(ReadNumber(j, source, "shared_expert_intermediate_size", true,
                                     &m.shared_expert_intermediate_size));
@@ -899,6 +938,8 @@ absl::Status ReadHfMoe(const json& j, absl::string_view source, ModelConfig* c) 
     int step = 1;
     PS_RETURN_IF_ERROR(ReadNumber(j, source, "decoder_sparse_step", false, &step));
     auto dense = j.find("mlp_only_layers");
+    if (dense != j.end() && !dense->is_null() && !dense->is_array())
+      return FieldError(source, "mlp_only_layers", "must be a list of layer indices");
     if (step != 1 || (dense != j.end() && dense->is_array() && !dense->empty())) {
       return absl::UnimplementedError(
           absl::StrCat(source, ": dense MLP layers among the expert layers (decoder_sparse_step ",

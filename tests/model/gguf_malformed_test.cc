@@ -385,13 +385,14 @@ TEST(GgufMalformedTest, ModelConfigRopeFreqFactors) {
 // `freqs`, and rope.scaling.original_context_length 16 / attn_factor 1.25
 // when `keys`.
 std::vector<uint8_t> WithLongRope(const std::vector<float>& long_f,
-                                  const std::vector<float>& short_f, bool freqs, bool keys) {
+                                  const std::vector<float>& short_f, bool freqs, bool keys,
+                                  bool linear = false) {
   std::vector<std::pair<std::string, std::vector<float>>> tensors;
   if (!long_f.empty()) tensors.push_back({"rope_factors_long.weight", long_f});
   if (!short_f.empty()) tensors.push_back({"rope_factors_short.weight", short_f});
   if (freqs) tensors.push_back({"rope_freqs.weight", {1.0f, 2.0f}});
   Builder b;
-  b.Raw("GGUF", 4).U32(3).U64(tensors.size()).U64(keys ? 10 : 8);
+  b.Raw("GGUF", 4).U32(3).U64(tensors.size()).U64((keys ? 10 : 8) + (linear ? 2 : 0));
   b.Str("general.architecture").U32(8).Str("phi3");
   b.Str("phi3.block_count").U32(4).U32(1);
   b.Str("phi3.embedding_length").U32(4).U32(8);
@@ -402,6 +403,11 @@ std::vector<uint8_t> WithLongRope(const std::vector<float>& long_f,
   b.Raw(&eps, 4);
   b.Str("phi3.context_length").U32(4).U32(64);
   b.Str("phi3.vocab_size").U32(4).U32(10);
+  if (linear) {
+    float factor = 4.0f;
+    b.Str("phi3.rope.scaling.type").U32(8).Str("linear");
+    b.Str("phi3.rope.scaling.factor").U32(6).Raw(&factor, 4);
+  }
   if (keys) {
     b.Str("phi3.rope.scaling.original_context_length").U32(4).U32(16);
     float attn = 1.25f;
@@ -445,7 +451,12 @@ TEST(GgufMalformedTest, ModelConfigLongRope) {
        {std::pair{WithLongRope({2.0f, 8.0f}, {}, false, true), "needs both"},
         std::pair{WithLongRope({2.0f, 8.0f}, {1.0f, 1.5f}, true, true), "rope_freqs.weight"},
         std::pair{WithLongRope({2.0f, 0.0f}, {1.0f, 1.5f}, false, true),
-                  "tensor 'rope_factors_long.weight': factor 1 is 0"}}) {
+                  "tensor 'rope_factors_long.weight': factor 1 is 0"},
+        // llama.cpp would apply both; refused rather than dropping one.
+        std::pair{WithLongRope({2.0f, 8.0f}, {1.0f, 1.5f}, false, true, true),
+                  "rope.scaling.type together with LongRoPE"},
+        // attn_factor without the factor tensors: nothing here would apply it.
+        std::pair{WithLongRope({}, {}, false, true), "rope.scaling.attn_factor"}}) {
     auto g = GgufFile::FromBytes("bad.gguf", bytes);
     ASSERT_TRUE(g.ok()) << g.status();
     auto bad = ModelConfigFromGguf(**g);

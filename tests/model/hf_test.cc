@@ -377,6 +377,20 @@ TEST(HfConfigTest, MixtureOfExperts) {
   q2["qkv_bias"] = "false";
   EXPECT_FALSE(parse(q2).ok());
   q2["qkv_bias"] = true;
+  // Typed like transformers: a boolean given as a string or number is an
+  // error naming the field, never read as false.
+  for (const char* key : {"norm_topk_prob", "use_sliding_window"}) {
+    for (const json& v : {json("true"), json(1)}) {
+      json typed = q2;
+      typed[key] = v;
+      auto t = parse(typed);
+      ASSERT_FALSE(t.ok()) << key << " = " << v.dump();
+      EXPECT_NE(t.status().message().find(key), std::string::npos) << t.status();
+    }
+  }
+  json dense_str = q2;
+  dense_str["mlp_only_layers"] = "0";
+  EXPECT_NE(parse(dense_str).status().message().find("mlp_only_layers"), std::string::npos);
   // transformers' Qwen2MoeConfig windows the even layers below
   // max_window_layers (not Qwen2's layers from it on).
   q2["num_hidden_layers"] = 6;

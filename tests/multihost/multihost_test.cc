@@ -41,6 +41,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -448,7 +449,15 @@ TEST_F(MultiHostTest, ServeUnderDelayAndLossCompletesRequestsAndFreesKv) {
   ASSERT_EQ(kill(job.pids[2], SIGTERM), 0);
   Result m = job.mpirun->Wait(120 * TimeScale());
   EXPECT_FALSE(m.timed_out) << m.out;
-  EXPECT_EQ(m.exit_code, 0) << m.out;
+  // Our ranks stop cleanly; mpirun itself may exit 205 when its own daemons'
+  // out-of-band link (orted to orted, not our traffic) misses a heartbeat
+  // under the 5% loss while the job winds down ("ORTE has lost communication
+  // with a remote daemon": once in a CI run on 2026-12-06, after every request
+  // had completed; docs/distributed.md saw 205 after link faults too).
+  const bool orte_lost =
+      m.exit_code == 205 && absl::StrContains(m.out, "ORTE has lost communication");
+  EXPECT_TRUE(m.exit_code == 0 || orte_lost) << m.out;
+  EXPECT_TRUE(absl::StrContains(m.out, "pagedserve serve: stopped")) << m.out;
   EXPECT_TRUE(StillAlive(job.pids, 10).empty());
 }
 
