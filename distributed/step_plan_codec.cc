@@ -11,7 +11,7 @@ namespace {
 // 2: incremental sequence entries; 3: structured output, logit_bias,
 // min_tokens, bad words; 4: prompt logprobs. Result 2: prompt logprobs.
 constexpr char kPlanMagic[4] = {'P', 'S', 'P', '4'};
-constexpr char kResultMagic[4] = {'P', 'S', 'R', '2'};
+constexpr char kResultMagic[4] = {'P', 'S', 'R', '3'};
 
 void PutSampling(wire::Writer& w, const SamplingParams& s) {
   w.Put<int32_t>(s.n);
@@ -240,6 +240,11 @@ std::string EncodeStepResult(const StepResult& res) {
     w.PutVector(p.top_token_ids);
     w.PutVector(p.top_logprobs);
   }
+  w.Put<uint64_t>(res.failed.size());
+  for (const SequenceFailure& f : res.failed) {
+    w.Put<uint64_t>(f.seq_id);
+    w.PutString(f.message);
+  }
   w.Put<double>(res.forward_seconds);
   w.Put<double>(res.collective_seconds);
   return std::move(w.buffer());
@@ -272,6 +277,13 @@ absl::StatusOr<StepResult> DecodeStepResult(std::string_view bytes) {
     PS_RETURN_IF_ERROR(r.Get(&p.rank, "prompt_logprobs.rank"));
     PS_RETURN_IF_ERROR(r.GetVector(&p.top_token_ids, "prompt_logprobs.top_token_ids"));
     PS_RETURN_IF_ERROR(r.GetVector(&p.top_logprobs, "prompt_logprobs.top_logprobs"));
+  }
+  PS_RETURN_IF_ERROR(r.Get(&n, "failed.size"));
+  PS_RETURN_IF_ERROR(r.CheckCount(n, 16, "failed"));  // seq_id + an empty message
+  res.failed.resize(n);
+  for (SequenceFailure& f : res.failed) {
+    PS_RETURN_IF_ERROR(r.Get(&f.seq_id, "failed.seq_id"));
+    PS_RETURN_IF_ERROR(r.GetString(&f.message, "failed.message"));
   }
   PS_RETURN_IF_ERROR(r.Get(&res.forward_seconds, "forward_seconds"));
   PS_RETURN_IF_ERROR(r.Get(&res.collective_seconds, "collective_seconds"));

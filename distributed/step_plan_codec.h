@@ -1,6 +1,6 @@
 // Serialization of StepPlan and StepResult (runtime/common/step_plan.h) for the
 // coordinator -> worker broadcast and the TP-rank-0 -> coordinator reply.
-// Format: a 4-byte magic ("PSP4" / "PSR2") then the fields (see wire.h for the
+// Format: a 4-byte magic ("PSP4" / "PSR3") then the fields (see wire.h for the
 // encoding). A plan's sequence entry is incremental (step_plan.h): seq_id, a
 // flags byte (sample, new_state, fork, draft, prompt logprobs), fork_from when forked,
 // num_draft_tokens when it has draft tokens, next_prompt_token with prompt

@@ -221,6 +221,7 @@ case "$cmd" in
     leader_host=${LWS_LEADER_ADDRESS%%.*}
     domain=${LWS_LEADER_ADDRESS#*.}
     hostfile=$(mktemp /tmp/pagedserve-hostfile.XXXXXX)
+    trap 'rm -f "$hostfile"' EXIT
     # The leader runs rank 0 (coordinator) plus `gpus` workers; OpenMPI knows
     # its own short host name as the local node, so no sshd is needed here.
     echo "$(hostname) slots=$((gpus + 1))" > "$hostfile"

@@ -6,6 +6,7 @@
 #define PAGEDSERVE_RUNTIME_COMMON_STEP_PLAN_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/common/sampling_params.h"
@@ -154,6 +155,23 @@ struct PromptLogprob {
   bool operator==(const PromptLogprob&) const = default;
 };
 
+// token_id of the SampledToken entries of a sequence that could not be
+// sampled this step (StepResult::failed).
+inline constexpr int32_t kNoToken = -1;
+
+// A sequence whose logits could not be sampled this step: a row holding NaN
+// or +inf, every logit -inf, or every token masked (min_tokens / bad_words,
+// or the structured-output mask over tokens with a finite logit). That is
+// the model's output for this one request, not a fault of the step: its
+// entries in StepResult::tokens carry kNoToken, and the coordinator fails its
+// request alone with `message` (its K/V is never registered in the prefix
+// cache) and keeps serving the others.
+struct SequenceFailure {
+  SeqId seq_id = 0;
+  std::string message;
+  bool operator==(const SequenceFailure&) const = default;
+};
+
 // What TP rank 0 returns to the coordinator for a plan. For a sequence with
 // num_samples = n there are n entries with the same seq_id, in sample order;
 // for one with num_draft_tokens = d, d + 1 entries in position order.
@@ -164,6 +182,8 @@ struct StepResult {
   double collective_seconds = 0.0;
   // The prompt tokens scored this step, per sequence in position order.
   std::vector<PromptLogprob> prompt_logprobs;
+  // Sampled sequences that could not be sampled (at most one entry each).
+  std::vector<SequenceFailure> failed;
 };
 
 }  // namespace pagedserve

@@ -739,8 +739,16 @@ absl::Status Scheduler::IndexResult(const StepResult& result) {
           expected, " (tokens for sequences not sampled this step)"));
     }
   }
+  for (const SequenceFailure& f : result.failed) {
+    const bool sampled = std::any_of(scheduled_.begin(), scheduled_.end(), [&](const Scheduled& e) {
+      return e.num_samples > 0 && e.seq->id == f.seq_id;
+    });
+    if (!sampled)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", step_id_, ": failure reported for sequence ", f.seq_id, ", not sampled"));
+  }
   for (const SampledToken& t : result.tokens) {
-    if (t.token_id < 0) {
+    if (t.token_id < 0 && (t.token_id != kNoToken || FailureOf(result, t.seq_id) == nullptr)) {
       return absl::InvalidArgumentError(absl::StrCat("step ", step_id_, ": negative token id ",
                                                      t.token_id, " for sequence ", t.seq_id));
     }
@@ -768,6 +776,35 @@ SequenceGroup* Scheduler::PromptGroup(SeqId seq_id) const {
   return nullptr;
 }
 
+const SequenceFailure* Scheduler::FailureOf(const StepResult& result, SeqId seq_id) {
+  for (const SequenceFailure& f : result.failed) {
+    if (f.seq_id == seq_id) return &f;
+  }
+  return nullptr;
+}
+
+void Scheduler::FailGroup(SequenceGroup* g, const Scheduled& e, const SequenceFailure& f,
+                          std::vector<RequestOutput>* outputs) {
+  // The failed sequence's K/V is not marked computed (never cached); the
+  // group's blocks go at the next Schedule(), as for FinishRequest.
+  if (g->pending_finish == FinishReason::kNone) {
+    g->pending_finish = FinishReason::kError;
+    ++num_pending_finishes_;
+  }
+  int32_t& slot = output_slots_[e.group_ordinal];
+  if (slot < 0) {
+    slot = static_cast<int32_t>(outputs->size());
+    output_groups_.push_back(g);
+    RequestOutput& o = outputs->emplace_back();
+    o.request_id = g->request_id;
+    o.num_prompt_tokens = e.seq->num_prompt_tokens;
+    o.num_cached_tokens = std::max(g->num_cached_tokens, 0);
+  }
+  RequestOutput& out = (*outputs)[slot];
+  out.finished = true;
+  if (out.error.empty()) out.error = f.message;
+}
+
 const SampledToken& Scheduler::TokenOf(const StepResult& result, size_t i, int32_t k) const {
   const ResultIndex& ix = result_index_;
   if (ix.in_order) return result.tokens[ix.first[i] + k];
@@ -792,6 +829,12 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
     const Scheduled& e = scheduled_[i];
     Sequence* s = e.seq;
     SequenceGroup* g = e.group;
+    if (e.num_samples > 0 && !result.failed.empty()) {
+      if (const SequenceFailure* f = FailureOf(result, s->id); f != nullptr) {
+        FailGroup(g, e, *f, outputs);
+        continue;
+      }
+    }
     if (e.num_draft > 0) {
       // Only the fed token and the accepted drafts are verified K/V
       // (SettleVerified once they are in s->tokens).
@@ -845,7 +888,8 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
     if (finished) finishing_outputs_.push_back(slot);
   }
   for (size_t o = 0; o < beam_samples_.size() && o < output_groups_.size(); ++o) {
-    if (beam_samples_[o].empty()) continue;
+    if (beam_samples_[o].empty() || output_groups_[o]->pending_finish != FinishReason::kNone)
+      continue;
     BeamStep(output_groups_[o], beam_samples_[o], &(*outputs)[o]);
     if (output_groups_[o]->beam->done()) finishing_outputs_.push_back(static_cast<int32_t>(o));
   }

@@ -198,6 +198,10 @@ struct RequestOutput {
   // first sampled token), the prompt tokens at positions 1 .. num_prompt_tokens
   // - 1 scored (PromptLogprob), in position order. Empty otherwise.
   std::vector<PromptLogprob> prompt_logprobs;
+  // Not empty: the request failed this step (StepResult::failed: its logits
+  // could not be sampled); finished is true and seqs holds no tokens of the
+  // failed sequence. Its blocks are released at the next Schedule().
+  std::string error;
 };
 
 struct SchedulerStats {
@@ -370,6 +374,12 @@ class Scheduler {
   // the tokens (forking siblings after an n > 1 prefill), release finished.
   absl::Status IndexResult(const StepResult& result);
   const SampledToken& TokenOf(const StepResult& result, size_t i, int32_t k) const;
+  // The entry of result.failed for seq_id; nullptr when it sampled.
+  static const SequenceFailure* FailureOf(const StepResult& result, SeqId seq_id);
+  // Fails scheduled entry e's group (a sequence of it could not be sampled):
+  // its output is finished with the failure's message, its finish pending.
+  void FailGroup(SequenceGroup* g, const Scheduled& e, const SequenceFailure& f,
+                 std::vector<RequestOutput>* outputs);
   // The group of a sequence scheduled this step that scores its prompt
   // (prompt logprobs not yet delivered); nullptr otherwise.
   SequenceGroup* PromptGroup(SeqId seq_id) const;

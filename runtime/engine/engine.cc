@@ -8,6 +8,7 @@
 #include "runtime/common/cache_salt.h"
 #include "runtime/common/field_error.h"
 #include "runtime/engine/engine_metrics.h"
+#include "spdlog/spdlog.h"
 
 namespace pagedserve {
 namespace {
@@ -415,8 +416,14 @@ void Engine::ApplyRequestOutput(const RequestOutput& ro, Clock::time_point now,
   EngineOutput& out = outputs->emplace_back();
   out.request_id = ro.request_id;
   out.prompt_logprobs = ro.prompt_logprobs;
-  if (absl::Status failure = ApplySampleOutputs(ro, r, now, &out); !failure.ok()) {
-    // A bad token id from the model: fail this request alone.
+  absl::Status failure = ro.error.empty()
+                             ? ApplySampleOutputs(ro, r, now, &out)
+                             : absl::InternalError(absl::StrCat(
+                                   "the model's output could not be sampled: ", ro.error));
+  if (!failure.ok()) {
+    // Logits that cannot be sampled, or a bad token id from the model: fail
+    // this request alone.
+    spdlog::warn("engine: request {} failed: {}", ro.request_id, std::string(failure.message()));
     out.error = failure;
     FinishOpenSamples(r, FinishReason::kError, /*flush_text=*/false, &out);
     if (!ro.finished) scheduler_->FinishRequest(ro.request_id, FinishReason::kAbort).IgnoreError();

@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/status_macros.h"
+#include "runtime/model/json_object.h"
 
 namespace pagedserve {
 
@@ -18,11 +20,7 @@ absl::StatusOr<GenerationDefaults> GenerationDefaultsFromJson(std::string_view j
   using nlohmann::json;
   // Debian's absl::string_view is not std::string_view.
   const absl::string_view source(source_sv.data(), source_sv.size());
-  const json j =
-      json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": not a valid JSON object"));
-  }
+  PS_ASSIGN_OR_RETURN(const json j, ParseJsonObject(json_text, source_sv));
   auto field_error = [&](const char* field, const char* what) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": field '", field, "': ", what));
   };

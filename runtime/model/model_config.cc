@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/gguf.h"
+#include "runtime/model/json_object.h"
 
 namespace pagedserve {
 
@@ -468,8 +469,8 @@ absl::Status ReadGgufMoe(const GgufFile& g, const std::string& p, ModelConfig* c
   // llama.cpp renormalises the top-k weights for llama and qwen3moe, not for
   // qwen2moe (transformers' Qwen2-MoE default norm_topk_prob false).
   c->moe.norm_topk_prob = c->arch != ModelArch::kQwen2Moe;
-  if (const GgufValue* v = g.Find(p + "expert_weights_norm"); v != nullptr) {
-    PS_ASSIGN_OR_RETURN(c->moe.norm_topk_prob, v->AsBool());
+  if (g.Find(p + "expert_weights_norm") != nullptr) {
+    PS_ASSIGN_OR_RETURN(c->moe.norm_topk_prob, g.GetBool(p + "expert_weights_norm"));
   }
   return absl::OkStatus();
 }
@@ -647,13 +648,13 @@ absl::Status ReadHfRopeScaling(const json& rs, absl::string_view source, absl::s
                                RopeScaling* out) {
   if (!rs.is_object()) return FieldError(source, field, "must be an object or null");
   std::string type;
-  if (rs.contains("rope_type") && rs["rope_type"].is_string()) {
-    type = rs["rope_type"].get<std::string>();
-  } else if (rs.contains("type") && rs["type"].is_string()) {
-    type = rs["type"].get<std::string>();
-  } else {
-    return FieldError(source, absl::StrCat(field, ".rope_type"), "missing");
-  }
+  // rope_type first (transformers' name), else the older `type`.
+  const char* key = rs.contains("rope_type") ? "rope_type" : "type";
+  if (!rs.contains(key)) return FieldError(source, absl::StrCat(field, ".rope_type"), "missing");
+  if (!rs[key].is_string())
+    return FieldError(source, absl::StrCat(field, ".", key),
+                      absl::StrCat("must be a string, got ", rs[key].type_name()));
+  type = rs[key].get<std::string>();
   const std::string prefix = absl::StrCat(field, ".");
   if (type == "linear") {
     out->type = RopeScaling::Type::kLinear;
@@ -1001,10 +1002,7 @@ absl::Status ReadHfArchitecture(const json& j, absl::string_view source, ModelCo
 absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
                                                   std::string_view source_sv) {
   absl::string_view source(source_sv.data(), source_sv.size());
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": not a valid JSON object"));
-  }
+  PS_ASSIGN_OR_RETURN(const json j, ParseJsonObject(text, source_sv));
   ModelConfig c;
   PS_RETURN_IF_ERROR(RefuseHfQuantization(j, source));
   PS_RETURN_IF_ERROR(ReadHfArchitecture(j, source, &c));
@@ -1088,10 +1086,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
 absl::Status AddGenerationConfigEos(std::string_view json_text, std::string_view source_sv,
                                     ModelConfig* c) {
   absl::string_view source(source_sv.data(), source_sv.size());
-  json j = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": not a valid JSON object"));
-  }
+  PS_ASSIGN_OR_RETURN(const json j, ParseJsonObject(json_text, source_sv));
   auto it = j.find("eos_token_id");
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   std::vector<json> ids;

@@ -32,8 +32,8 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-absl::Status CheckRow(std::span<const float> logits_row, const SamplerRow& row, int32_t vocab_size,
-                      size_t row_index) {
+// The row's structure (what the step plan and the worker's mirror give it).
+absl::Status CheckRow(const SamplerRow& row, int32_t vocab_size, size_t row_index) {
   auto where = [&] { return absl::StrCat("sampler row ", row_index, " (seq ", row.seq_id, "): "); };
   if (row.params == nullptr)
     return absl::InvalidArgumentError(absl::StrCat(where(), "params is null"));
@@ -63,6 +63,14 @@ absl::Status CheckRow(std::span<const float> logits_row, const SamplerRow& row, 
           absl::StrCat(where(), "token_history[", i, "] = ", t, " outside [0, ", vocab_size, ")"));
     }
   }
+  return absl::OkStatus();
+}
+
+// The row's logits (the model's output, not the step's structure): no NaN or
+// +inf, at least one finite logit, and one the structured-output mask allows.
+absl::Status CheckLogits(std::span<const float> logits_row, const SamplerRow& row,
+                         size_t row_index) {
+  auto where = [&] { return absl::StrCat("sampler row ", row_index, " (seq ", row.seq_id, "): "); };
   // Branch-free scan first (vectorizes); locate the culprit only when there is one.
   constexpr float kMax = std::numeric_limits<float>::max();
   bool bad = false, any_finite = false;
@@ -415,7 +423,8 @@ absl::StatusOr<ProcessedDistribution> Sampler::Process(std::span<const float> lo
     return absl::InvalidArgumentError(absl::StrCat("logits row has ", logits_row.size(),
                                                    " entries, vocab_size is ", vocab_size_));
   }
-  if (absl::Status s = CheckRow(logits_row, row, vocab_size_, 0); !s.ok()) return s;
+  if (absl::Status s = CheckRow(row, vocab_size_, 0); !s.ok()) return s;
+  if (absl::Status s = CheckLogits(logits_row, row, 0); !s.ok()) return s;
   std::vector<float> buf;
   const std::span<const float> w = ApplyPenalties(logits_row, row, buf);
   if (w.data() != logits_row.data() && AllMasked(w)) return AllMaskedError(row);
@@ -439,7 +448,8 @@ absl::StatusOr<ProcessedDistribution> Sampler::Process(std::span<const float> lo
 }
 
 absl::StatusOr<std::vector<SampledToken>> Sampler::Sample(std::span<const float> logits,
-                                                          std::span<const SamplerRow> rows) {
+                                                          std::span<const SamplerRow> rows,
+                                                          std::vector<RowFailure>* failures) {
   const size_t v = static_cast<size_t>(vocab_size_);
   if (logits.size() != rows.size() * v) {
     return absl::InvalidArgumentError(absl::StrCat("logits have ", logits.size(),
@@ -449,16 +459,25 @@ absl::StatusOr<std::vector<SampledToken>> Sampler::Sample(std::span<const float>
   // Validation and every random draw happen up front, sequentially, so that the
   // parallel part below is deterministic and touches no shared generator.
   std::vector<size_t> first_out(rows.size() + 1, 0);
+  // failed[r] = 1: the row's logits cannot be sampled (reported, not drawn).
+  std::vector<uint8_t> failed(rows.size(), 0);
   for (size_t r = 0; r < rows.size(); ++r) {
-    if (absl::Status s = CheckRow(logits.subspan(r * v, v), rows[r], vocab_size_, r); !s.ok()) {
+    if (absl::Status s = CheckRow(rows[r], vocab_size_, r); !s.ok()) {
       return s;
     }
     first_out[r + 1] = first_out[r] + static_cast<size_t>(rows[r].num_samples);
   }
+  for (size_t r = 0; r < rows.size(); ++r) {
+    absl::Status s = CheckLogits(logits.subspan(r * v, v), rows[r], r);
+    if (s.ok()) continue;
+    if (failures == nullptr) return s;
+    failed[r] = 1;
+    failures->push_back({r, std::move(s)});
+  }
   std::vector<double> uniforms(first_out.back(), 0.0);
   for (size_t r = 0; r < rows.size(); ++r) {
     const SamplerRow& row = rows[r];
-    if (row.params->greedy()) continue;
+    if (row.params->greedy() || failed[r] != 0) continue;
     for (int32_t j = 0; j < row.num_samples; ++j) {
       uniforms[first_out[r] + j] =
           row.params->seed.has_value()
@@ -473,6 +492,13 @@ absl::StatusOr<std::vector<SampledToken>> Sampler::Sample(std::span<const float>
 #pragma omp parallel for schedule(dynamic, 1) if (num_rows > 1)
   for (int64_t r = 0; r < num_rows; ++r) {
     const SamplerRow& row = rows[r];
+    if (failed[r] != 0) {
+      for (int32_t j = 0; j < row.num_samples; ++j) {
+        out[first_out[r] + j].seq_id = row.seq_id;
+        out[first_out[r] + j].token_id = kNoToken;
+      }
+      continue;
+    }
     const SamplingParams& p = *row.params;
     const auto raw = logits.subspan(static_cast<size_t>(r) * v, v);
     std::vector<float> buf;
@@ -503,7 +529,13 @@ absl::StatusOr<std::vector<SampledToken>> Sampler::Sample(std::span<const float>
     }
   }
   for (size_t r = 0; r < rows.size(); ++r) {
-    if (all_masked[r] != 0) return AllMaskedError(rows[r]);
+    if (all_masked[r] == 0) continue;
+    if (failures == nullptr) return AllMaskedError(rows[r]);
+    for (int32_t j = 0; j < rows[r].num_samples; ++j) {
+      out[first_out[r] + j].seq_id = rows[r].seq_id;
+      out[first_out[r] + j].token_id = kNoToken;
+    }
+    failures->push_back({r, AllMaskedError(rows[r])});
   }
   return out;
 }

@@ -114,11 +114,26 @@ class Sampler {
 
   int32_t vocab_size() const { return vocab_size_; }
 
+  // A row whose logits cannot be sampled (Sample's `failures`).
+  struct RowFailure {
+    size_t row = 0;       // index into rows
+    absl::Status status;  // InvalidArgument, naming the row and the cause
+  };
+
   // logits: row-major fp32 [rows.size(), vocab_size]. Returns, per row in order,
   // num_samples SampledTokens (seq_id from the row). logprob and the top lists are
   // filled only when params->logprobs >= 0 (top lists when >= 1).
+  //
+  // failures: null = any error fails the call (the list below). Not null = a
+  // row whose logits cannot be sampled (a NaN or +inf logit, all -inf, no
+  // finite logit the structured-output mask allows, or all -inf after the
+  // min_tokens / bad_words masks) does not: its num_samples entries get
+  // token_id kNoToken and {row, error} is appended (a row at most once); the
+  // other rows are sampled as usual (what they draw does not depend on the failed
+  // row). Malformed rows (the other errors) fail the call either way.
   absl::StatusOr<std::vector<SampledToken>> Sample(std::span<const float> logits,
-                                                   std::span<const SamplerRow> rows);
+                                                   std::span<const SamplerRow> rows,
+                                                   std::vector<RowFailure>* failures = nullptr);
 
   // Steps 1-6 for one row (no randomness involved).
   absl::StatusOr<ProcessedDistribution> Process(std::span<const float> logits_row,

@@ -356,9 +356,17 @@ absl::Status Worker::CollectTokens(const StepPlan& plan,
       return absl::InternalError(absl::StrCat("LmHeadSample left ", logits_.size() / v,
                                               " logits rows for ", sampler_rows.size(),
                                               " rows to sample"));
+    std::vector<Sampler::RowFailure> failures;
     PS_ASSIGN_OR_RETURN(
         sampled, sampler_->Sample(std::span<const float>(logits_).first(sampler_rows.size() * v),
-                                  sampler_rows));
+                                  sampler_rows, &failures));
+    // One entry per sequence (a verification entry samples several rows).
+    for (const Sampler::RowFailure& f : failures) {
+      const SeqId id = sampler_rows[f.row].seq_id;
+      const bool listed = std::any_of(result->failed.begin(), result->failed.end(),
+                                      [id](const SequenceFailure& e) { return e.seq_id == id; });
+      if (!listed) result->failed.push_back({id, std::string(f.status.message())});
+    }
   }
   // Merged in row order: a reduced greedy row gives num_samples copies of
   // its argmax (what the sampler returns for a greedy row), a reduced

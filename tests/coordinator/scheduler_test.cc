@@ -355,7 +355,7 @@ TEST(SchedulerTest, AbortInTheMiddleOfAPrefillChunkFreesEverything) {
   // Only the 16 computed tokens' full blocks (4) were offered to the cache.
   EXPECT_EQ(d.sched->block_manager().device().num_evictable(), 4);
   EXPECT_EQ(d.sched->Abort("x").code(), absl::StatusCode::kNotFound);
-  ASSERT_TRUE(d.sched->ProcessResult({next->step_id, {}, 0, 0, {}}).ok());
+  ASSERT_TRUE(d.sched->ProcessResult({next->step_id, {}, 0, 0, {}, {}}).ok());
   EXPECT_TRUE(d.sched->CheckInvariants().ok());
 }
 
@@ -730,15 +730,15 @@ TEST(SchedulerTest, BadResultsAreRejectedWithoutChangingState) {
   auto plan = d.sched->Schedule();
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(d.sched->Schedule().status().code(), absl::StatusCode::kFailedPrecondition);
-  StepResult wrong_step{plan->step_id + 1, {}, 0, 0, {}};
+  StepResult wrong_step{plan->step_id + 1, {}, 0, 0, {}, {}};
   EXPECT_EQ(d.sched->ProcessResult(wrong_step).status().code(), absl::StatusCode::kInvalidArgument);
-  StepResult missing{plan->step_id, {}, 0, 0, {}};
+  StepResult missing{plan->step_id, {}, 0, 0, {}, {}};
   EXPECT_EQ(d.sched->ProcessResult(missing).status().code(), absl::StatusCode::kInvalidArgument);
-  StepResult extra{plan->step_id, {}, 0, 0, {}};
+  StepResult extra{plan->step_id, {}, 0, 0, {}, {}};
   extra.tokens.push_back(Tok(plan->seqs[0].seq_id, 3));
   extra.tokens.push_back(Tok(12345, 3));
   EXPECT_EQ(d.sched->ProcessResult(extra).status().code(), absl::StatusCode::kInvalidArgument);
-  StepResult ok{plan->step_id, {}, 0, 0, {}};
+  StepResult ok{plan->step_id, {}, 0, 0, {}, {}};
   ok.tokens.push_back(Tok(plan->seqs[0].seq_id, 3));
   EXPECT_TRUE(d.sched->ProcessResult(ok).ok());
   EXPECT_EQ(d.sched->AddRequest(Req("a", 4, 3)).code(), absl::StatusCode::kAlreadyExists);

@@ -71,6 +71,7 @@ class FaultTest : public ::testing::Test {
     pid_file_ = ::testing::TempDir() + "fault_test_" + std::to_string(getpid()) + ".pid";
     std::remove(pid_file_.c_str());
   }
+  void TearDown() override { std::remove(pid_file_.c_str()); }
 
   // mpirun -np 2 pagedserve serve with a step timeout of `step_timeout_s`.
   std::vector<std::string> Serve(double step_timeout_s) const {

@@ -102,6 +102,8 @@ StepResult FullResult() {
     if (i == 1) p.top_token_ids.clear(), p.top_logprobs.clear();  // prompt_logprobs 0
     r.prompt_logprobs.push_back(p);
   }
+  r.failed.push_back({501, "sampler row 1 (seq 501): logit of token 3 is nan"});
+  r.failed.push_back({502, ""});
   r.forward_seconds = 0.0123;
   r.collective_seconds = 0.00456;
   return r;
@@ -240,6 +242,7 @@ TEST(StepResultCodec, RoundTripEveryField) {
     EXPECT_EQ(back->tokens[i].top_logprobs, r.tokens[i].top_logprobs);
   }
   EXPECT_EQ(back->prompt_logprobs, r.prompt_logprobs);
+  EXPECT_EQ(back->failed, r.failed);
   EXPECT_EQ(back->forward_seconds, r.forward_seconds);
   EXPECT_EQ(back->collective_seconds, r.collective_seconds);
 }

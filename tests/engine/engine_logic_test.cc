@@ -471,6 +471,52 @@ TEST(EngineLogicTest, ExecutorFailureFailsEveryRequestAndStopsTheEngine) {
   EXPECT_EQ(e->AddRequest(Req("c", Ids("A"), 1)).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(EngineLogicTest, LogitsThatCannotBeSampledFailThatRequestAloneAndTheEngineRunsOn) {
+  ScriptedExecutor* exec = nullptr;
+  EngineSetup setup;
+  setup.prefix_caching = true;
+  auto e = MakeEngine({{Key("A"), {Ids(" one two three four five six")}},
+                       {Key("B"), {Ids(" red green blue"), Ids(" cat dog cow")}}},
+                      setup, &exec);
+  exec->UnsampleableAt(Key("B"), 2);  // b's third token: both of its samples
+  const std::vector<int32_t> long_prompt = Ids("B b c d e f g h i j k l m n o p q r s t u v w");
+  ASSERT_TRUE(e->AddRequest(Req("a", Ids("A b c"), 6)).ok());
+  ASSERT_TRUE(e->AddRequest(Req("b", long_prompt, 6, {}, 2)).ok());
+  std::map<std::string, Collected> all;
+  for (int i = 0; i < 12 && e->HasUnfinishedRequests(); ++i) {
+    auto outs = e->Step();
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    Collect(*outs, &all);
+  }
+  ASSERT_TRUE(all["b"].finished);
+  EXPECT_EQ(all["b"].error.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(all["b"].error.message().find("could not be sampled: sampler row 0 (seq 1): logit"),
+            std::string::npos)
+      << all["b"].error;
+  ASSERT_EQ(all["b"].reason.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(all["b"].reason[i], "error");
+    EXPECT_EQ(all["b"].tokens[i].size(), 2u);  // the two tokens before the failure
+  }
+  ASSERT_TRUE(all["a"].finished);
+  EXPECT_TRUE(all["a"].error.ok()) << all["a"].error;
+  EXPECT_EQ(all["a"].text[0], " one two three four five six");
+  ExpectAllFreed(*e);
+  // The engine serves the next request with the same prompt (its prompt
+  // blocks, computed before the failure, may come from the prefix cache).
+  exec->UnsampleableAt(-1, -1);
+  ASSERT_TRUE(e->AddRequest(Req("c", long_prompt, 3)).ok());
+  for (int i = 0; i < 6 && e->HasUnfinishedRequests(); ++i) {
+    auto outs = e->Step();
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    Collect(*outs, &all);
+  }
+  ASSERT_TRUE(all["c"].finished);
+  EXPECT_TRUE(all["c"].error.ok()) << all["c"].error;
+  EXPECT_EQ(all["c"].text[0], " red green blue");
+  ExpectAllFreed(*e);
+}
+
 TEST(EngineLogicTest, LogprobsAndMetricsAreReported) {
   std::shared_ptr<Metrics> metrics = testing::MakeProbeMetrics();
   ASSERT_NE(metrics, nullptr);

@@ -59,6 +59,13 @@ class ScriptedExecutor : public Executor {
       if (!st.sample) continue;
       const StepPlanMirror::Sequence& m = *mirror_.Find(st.seq_id);
       const int32_t generated = st.context_len() - m.num_prompt_tokens;
+      if (it->second.key == unsampleable_key_ && generated == unsampleable_at_) {
+        // As a worker whose logits row for this sequence held a NaN.
+        for (int32_t k = 0; k < st.num_samples; ++k)
+          r.tokens.push_back(SampledToken{st.seq_id, kNoToken, 0.0f, {}, {}});
+        r.failed.push_back({st.seq_id, "sampler row 0 (seq 1): logit of token 7 is nan"});
+        continue;
+      }
       for (int32_t k = 0; k < st.num_samples; ++k) {
         SampledToken t;
         t.seq_id = st.seq_id;
@@ -80,6 +87,12 @@ class ScriptedExecutor : public Executor {
   int64_t num_cpu_blocks() const override { return cpu_blocks_; }
 
   void FailAt(int step) { fail_at_ = step; }
+  // Sequences whose script key is `key` cannot be sampled at output position
+  // `generated` (StepResult::failed), the others run on.
+  void UnsampleableAt(int32_t key, int32_t generated) {
+    unsampleable_key_ = key;
+    unsampleable_at_ = generated;
+  }
   size_t live_sequences() const { return seqs_.size(); }
 
  private:
@@ -100,6 +113,7 @@ class ScriptedExecutor : public Executor {
   StepPlanMirror mirror_;
   int executed_ = 0;
   int fail_at_ = 0;
+  int32_t unsampleable_key_ = -1, unsampleable_at_ = -1;
   int64_t max_step_tokens_ = 0;
 };
 

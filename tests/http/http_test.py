@@ -16,7 +16,9 @@ import http.client as httpclient
 import json
 import os
 import re
+import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -47,10 +49,12 @@ def free_port():
 class ServerProcess:
     """`pagedserve serve` with the HTTP API on a free port; stop() sends SIGTERM."""
 
-    def __init__(self, extra=(), env_extra=None, ssl_context=None):
-        """ssl_context: the server runs with --ssl-certfile; health checks trust this context."""
+    def __init__(self, extra=(), env_extra=None, ssl_context=None, model=None):
+        """ssl_context: the server runs with --ssl-certfile; health checks trust this context.
+        model: a model path other than --model."""
+        model = model or ARGS.model
         self.zmq = f"tcp://127.0.0.1:{free_port()}"
-        cmd = [ARGS.pagedserve, "serve", f"--model={ARGS.model}", f"--zmq-endpoint={self.zmq}", "--port=0",
+        cmd = [ARGS.pagedserve, "serve", f"--model={model}", f"--zmq-endpoint={self.zmq}", "--port=0",
                f"--max-model-len={MAX_MODEL_LEN}", "--kv-cache-memory=134217728",
                "--max-num-batched-tokens=512"] + list(extra)
         env = dict(os.environ)
@@ -77,7 +81,7 @@ class ServerProcess:
         else:
             self.stop()
             raise RuntimeError(f"server not healthy in time:\n{self.logs()}")
-        self.model = os.path.basename(ARGS.model.rstrip("/"))
+        self.model = os.path.basename(model.rstrip("/"))
 
     def logs(self):
         self.log.seek(0)
@@ -708,6 +712,67 @@ class SecondServerTest(unittest.TestCase):
             srv.client(api_key="nope").models.list()
         r = srv.client(api_key="s3cret").completions.create(model=srv.model, prompt="Hi", max_tokens=2)
         self.assertEqual(len(r.choices), 1)
+
+
+def nan_model_copy(src, dst):
+    """Copies the HF model directory `src` to `dst` with model.norm.weight (F32) all NaN,
+    patched in the safetensors bytes (8-byte header length, JSON header, data)."""
+    shutil.copytree(src, dst)
+    path = os.path.join(dst, "model.safetensors")
+    with open(path, "r+b") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        t = header["model.norm.weight"]
+        assert t["dtype"] == "F32", t
+        begin, end = t["data_offsets"]
+        f.seek(8 + n + begin)
+        f.write(struct.pack("<f", float("nan")) * ((end - begin) // 4))
+
+
+@unittest.skipUnless(os.environ.get("PAGEDSERVE_TEST_MODEL"), "PAGEDSERVE_TEST_MODEL (the random Llama) not set")
+class NonFiniteLogitsTest(unittest.TestCase):
+    """A model whose logits are NaN: each request fails alone with a 500 / an SSE error
+    event, and the server keeps serving (health, tokenize, the next requests)."""
+
+    def test_requests_fail_alone_and_the_server_serves_on(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            model = os.path.join(tmp, "nan_llama")
+            nan_model_copy(os.environ["PAGEDSERVE_TEST_MODEL"], model)
+            srv = ServerProcess(extra=["--max-model-len=256"], model=model)
+            try:
+                self.check(srv)
+            finally:
+                self.assertEqual(srv.stop(), 0, srv.logs())
+            self.assertIn("could not be sampled", srv.logs())
+
+    def check(self, srv):
+        u = srv.url
+        results = [None] * 4
+
+        def one(i):
+            body = {"model": srv.model, "prompt": f"request {i}", "max_tokens": 4}
+            results[i] = http("POST", u + "/v1/completions", body)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for status, body in results:
+            self.assertEqual(status, 500, body)
+            self.assertEqual(body["error"]["type"], "server_error", body)
+            self.assertIn("could not be sampled", body["error"]["message"])
+            self.assertIn("is nan", body["error"]["message"])
+        out = curl("-N", "-H", "Content-Type: application/json", "-d",
+                   json.dumps({"model": srv.model, "messages": [{"role": "user", "content": "hi"}],
+                               "max_tokens": 4, "stream": True}), u + "/v1/chat/completions")
+        self.assertIn('"finish_reason":"error"', out)
+        self.assertIn("could not be sampled", out)
+        self.assertTrue(out.rstrip().endswith("data: [DONE]"), out)
+        self.assertEqual(http("GET", u + "/health")[0], 200)
+        self.assertEqual(http("POST", u + "/tokenize", {"prompt": "still here"})[0], 200)
+        self.assertTrue(wait_blocks_free(u))
+        self.assertEqual(srv.proc.poll(), None, srv.logs())
 
 
 def require_model(test, path):

@@ -518,6 +518,41 @@ TEST(GgufMalformedTest, ModelConfigSlidingWindow) {
   ExpectError(wrong.status(), "3 flags for 2 layers");
 }
 
+// Mixtral-style experts in a llama GGUF: expert_weights_norm read as a bool,
+// and a value of another type named by its key.
+TEST(GgufMalformedTest, ModelConfigExpertWeightsNorm) {
+  auto config = [](int norm) {  // 0: absent, 1: bool false, 2: a string
+    Builder b;
+    b.Raw("GGUF", 4).U32(3).U64(0).U64(norm == 0 ? 9 : 10);
+    b.Str("general.architecture").U32(8).Str("llama");
+    b.Str("llama.block_count").U32(4).U32(1);
+    b.Str("llama.embedding_length").U32(4).U32(8);
+    b.Str("llama.feed_forward_length").U32(4).U32(16);
+    b.Str("llama.attention.head_count").U32(4).U32(2);
+    b.Str("llama.attention.layer_norm_rms_epsilon").U32(6);
+    float eps = 1e-5f;
+    b.Raw(&eps, 4);
+    b.Str("llama.vocab_size").U32(4).U32(10);
+    b.Str("llama.expert_count").U32(4).U32(4);
+    b.Str("llama.expert_used_count").U32(4).U32(2);
+    const uint8_t no = 0;
+    if (norm == 1) b.Str("llama.expert_weights_norm").U32(7).Raw(&no, 1);
+    if (norm == 2) b.Str("llama.expert_weights_norm").U32(8).Str("true");
+    b.PadTo(32);
+    auto f = GgufFile::FromBytes("bad.gguf", b.bytes);
+    EXPECT_TRUE(f.ok()) << f.status();
+    return ModelConfigFromGguf(**f);
+  };
+  auto absent = config(0);
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_EQ(absent->moe.num_experts, 4);
+  EXPECT_TRUE(absent->moe.norm_topk_prob);  // llama.cpp's default for llama
+  auto off = config(1);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->moe.norm_topk_prob);
+  ExpectError(config(2).status(), "llama.expert_weights_norm");
+}
+
 // Every end-of-generation id a GGUF declares ends generation: eos, eot
 // (Llama 3's <|eot_id|>) and eom, each once.
 TEST(GgufMalformedTest, ModelConfigEndOfGenerationIds) {

@@ -650,6 +650,34 @@ TEST(HfConfigTest, Errors) {
   EXPECT_FALSE(ModelConfigFromHfJson(j.dump(), "c.json").ok());
   EXPECT_FALSE(ModelConfigFromHfJson("{not json", "c.json").ok());
   EXPECT_EQ(LoadHfConfig("/nonexistent").status().code(), absl::StatusCode::kNotFound);
+
+  // Text that is not one JSON object says where and why, NaN named as such
+  // (Python's json.dump writes it), in config.json and generation_config.json.
+  auto expect = [](const absl::Status& st, const std::string& want) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find(want), std::string::npos) << st << "\nwant: " << want;
+  };
+  std::string text = Config("LlamaForCausalLM", true).dump();
+  text.insert(1, R"("initializer_range": NaN, )");
+  expect(ModelConfigFromHfJson(text, "c.json").status(), "c.json: not valid JSON: NaN near byte");
+  expect(ModelConfigFromHfJson(R"({"a": -Infinity})", "c.json").status(), "-Infinity near byte");
+  expect(GenerationDefaultsFromJson(R"({"temperature": NaN})", "g.json").status(),
+         "g.json: not valid JSON: NaN near byte");
+  expect(ModelConfigFromHfJson(R"({"a": 1,})", "c.json").status(), "c.json: not valid JSON: ");
+  expect(ModelConfigFromHfJson("[1, 2]", "c.json").status(),
+         "c.json: the top level must be a JSON object, got array");
+  expect(GenerationDefaultsFromJson("3", "g.json").status(),
+         "g.json: the top level must be a JSON object, got number");
+  // A rope_scaling type of the wrong JSON type is named, not "missing".
+  j = Config("LlamaForCausalLM", true);
+  j["rope_scaling"] = {{"type", 5}, {"factor", 2.0}};
+  expect(ModelConfigFromHfJson(j.dump(), "c.json").status(),
+         "'rope_scaling.type': must be a string, got number");
+  j["rope_scaling"] = {{"rope_type", nullptr}, {"type", "linear"}, {"factor", 2.0}};
+  expect(ModelConfigFromHfJson(j.dump(), "c.json").status(),
+         "'rope_scaling.rope_type': must be a string, got null");
+  j["rope_scaling"] = {{"factor", 2.0}};
+  expect(ModelConfigFromHfJson(j.dump(), "c.json").status(), "'rope_scaling.rope_type': missing");
 }
 
 TEST(HfWeightsTest, SingleAndShardedLoadExactly) {

@@ -2,6 +2,11 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -18,6 +23,34 @@ std::string ModelPath() {
   return m ? m : "";
 }
 
+namespace {
+
+// The directories MakeTempDir made, removed with their contents at exit.
+class TempDirs {
+ public:
+  ~TempDirs() {
+    for (const std::string& d : dirs_) {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
+  }
+  void Add(std::string d) {
+    std::lock_guard<std::mutex> lock(mu_);
+    dirs_.push_back(std::move(d));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> dirs_;
+};
+
+TempDirs& Registry() {
+  static TempDirs dirs;
+  return dirs;
+}
+
+}  // namespace
+
 std::string MakeTempDir() {
   const char* t = std::getenv("TMPDIR");
   std::string tmpl = std::string(t && *t ? t : "/tmp") + "/pagedserve_model_XXXXXX";
@@ -25,7 +58,9 @@ std::string MakeTempDir() {
   buf.push_back('\0');
   char* d = mkdtemp(buf.data());
   EXPECT_NE(d, nullptr) << "mkdtemp failed";
-  return d ? std::string(d) : std::string();
+  if (d == nullptr) return std::string();
+  Registry().Add(d);
+  return std::string(d);
 }
 
 std::vector<float> F32Tensor(const GgufFile& file, const std::string& name) {

@@ -13,7 +13,8 @@ namespace pagedserve::testing {
 std::string FixturePath();
 // $PAGEDSERVE_MODEL, or "" when the variable is unset.
 std::string ModelPath();
-// A fresh empty directory under $TMPDIR (or /tmp).
+// A fresh empty directory under $TMPDIR (or /tmp), removed with its contents
+// when the test process exits.
 std::string MakeTempDir();
 // fp32 contents of an F32 tensor of `file` (fails the test if absent).
 std::vector<float> F32Tensor(const GgufFile& file, const std::string& name);

@@ -101,6 +101,7 @@ class MultiHostTest : public ::testing::Test {
 
   // Restores links a test took down, so that the next test starts whole.
   void TearDown() override {
+    std::remove((::testing::TempDir() + prefix_ + "-hostfile").c_str());
     KillHostProcesses();
     RunChild({script_, "unimpair", prefix_}, 30);
     for (int i = 0; i < hosts_; ++i)

@@ -759,6 +759,56 @@ TEST(SamplerTest, BadInputIsAnErrorNotACrash) {
   EXPECT_EQ((*r)[0].token_id, 1);
 }
 
+TEST(SamplerTest, RowsThatCannotBeSampledAreReportedAloneWithFailures) {
+  Sampler s(4);
+  SamplingParams seeded;
+  seeded.temperature = 1.0f;
+  seeded.seed = 7;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  SamplingParams banned = greedy;  // bad_words masking every finite logit
+  banned.bad_words_token_ids = {{1}, {2}};
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const float nan = std::nanf("");
+  std::vector<float> logits = {0.5f, 1.0f, 0.25f, 2.0f,   // row 0: fine (seeded, n = 3)
+                               0.0f, nan,  1.0f,  1.0f,   // row 1: NaN
+                               ninf, ninf, ninf,  ninf,   // row 2: all -inf
+                               ninf, 3.0f, 1.0f,  ninf,   // row 3: masked by bad_words
+                               1.0f, 2.0f, 3.0f,  0.0f};  // row 4: fine (greedy)
+  std::vector<SamplerRow> rows = {
+      MakeRow(&seeded, {}, 0, 5, 0, 3, 10), MakeRow(&greedy, {}, 0, 5, 0, 2, 11),
+      MakeRow(&greedy, {}, 0, 5, 0, 1, 12), MakeRow(&banned, {}, 0, 5, 0, 1, 13),
+      MakeRow(&greedy, {}, 0, 5, 0, 1, 14)};
+  std::vector<Sampler::RowFailure> failures;
+  auto r = s.Sample(logits, rows, &failures);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 8u);
+  // The good rows draw what they draw alone.
+  auto alone = s.Sample(std::span<const float>(logits).first(4), std::span(rows).first(1));
+  ASSERT_TRUE(alone.ok());
+  for (int j = 0; j < 3; ++j) EXPECT_EQ((*r)[j].token_id, (*alone)[j].token_id);
+  EXPECT_EQ((*r)[7].token_id, 2);
+  EXPECT_EQ((*r)[7].seq_id, 14u);
+  for (int j : {3, 4, 5, 6}) EXPECT_EQ((*r)[j].token_id, kNoToken) << j;
+  EXPECT_EQ((*r)[4].seq_id, 11u);
+  EXPECT_EQ((*r)[6].seq_id, 13u);
+  ASSERT_EQ(failures.size(), 3u);
+  std::map<size_t, std::string> why;
+  for (const auto& f : failures) why[f.row] = std::string(f.status.message());
+  EXPECT_NE(why[1].find("logit of token 1 is nan"), std::string::npos) << why[1];
+  EXPECT_NE(why[2].find("every logit is -inf"), std::string::npos) << why[2];
+  EXPECT_NE(why[3].find("bad_words mask every token"), std::string::npos) << why[3];
+  // Without the list (and for malformed rows always) the call fails.
+  EXPECT_FALSE(s.Sample(logits, rows).ok());
+  SamplingParams bad;
+  bad.top_p = 2;
+  rows[4].params = &bad;
+  failures.clear();
+  auto broken = s.Sample(logits, rows, &failures);
+  EXPECT_NE(broken.status().message().find("top_p must be in (0, 1]"), std::string::npos)
+      << broken.status();
+}
+
 }  // namespace
 }  // namespace pagedserve
 
