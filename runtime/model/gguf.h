@@ -212,6 +212,8 @@ class GgufFile {
   // The tensor's bytes inside the mapping (size_bytes long; validated at Open).
   // `info` must come from this file's tensors() / FindTensor().
   std::span<const uint8_t> TensorData(const GgufTensorInfo& info) const;
+  // MappedFile::DropResident on this file's bytes.
+  void DropResident(const uint8_t* p, uint64_t bytes) const { file_.DropResident(p, bytes); }
 
  private:
   friend class GgufParser;

@@ -68,6 +68,19 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
 
 MappedFile::~MappedFile() { Release(); }
 
+void MappedFile::DropResident(const uint8_t* p, uint64_t bytes) const {
+  if (mapping_ == nullptr || p < data_ || bytes > size_ ||
+      static_cast<uint64_t>(p - data_) > size_ - bytes)
+    return;
+  // Page-aligned inward, as offsets from the (page-aligned) mapping.
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const auto offset = static_cast<uint64_t>(p - data_);
+  const uint64_t first = (offset + page - 1) / page * page;
+  const uint64_t end = (offset + bytes) / page * page;
+  if (end <= first) return;
+  madvise(static_cast<uint8_t*>(mapping_) + first, end - first, MADV_DONTNEED);
+}
+
 void MappedFile::Release() {
   if (mapping_ != nullptr) munmap(mapping_, size_);
   mapping_ = nullptr;

@@ -33,6 +33,16 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }  // bytes
 
+  // Drops the pages wholly inside [p, p + bytes) from this process's
+  // resident set (madvise MADV_DONTNEED on the read-only private mapping):
+  // for bytes the loader copied elsewhere (e.g. Q/K rows unpermuted into
+  // their own memory), so that the model is not resident twice. The mapping
+  // stays valid: a later read faults the pages back in from the file. A
+  // no-op for FromBytes files (heap bytes would be zeroed), for ranges not
+  // wholly inside this file, and where madvise fails (it only saves memory).
+  // Thread-safe (no state changes).
+  void DropResident(const uint8_t* p, uint64_t bytes) const;
+
  private:
   void Release();
 

@@ -57,6 +57,8 @@ class SafetensorsFile {
   // shape[1..]). dtypes F32, F16, BF16; Unimplemented for others.
   absl::Status ReadRows(const SafetensorsTensorInfo& info, uint64_t row_begin, uint64_t row_end,
                         float* dst) const;
+  // MappedFile::DropResident on this file's bytes.
+  void DropResident(const uint8_t* p, uint64_t bytes) const { file_.DropResident(p, bytes); }
 
  private:
   SafetensorsFile() = default;

@@ -141,6 +141,10 @@ class TensorSource {
   virtual absl::StatusOr<Stored> StoredRows(const std::string& name) const = 0;
   // True when Q/K rows are stored in llama.cpp's permuted order.
   virtual bool qk_permuted() const { return false; }
+  // Bytes [p, p + bytes) of tensor `name`'s stored data were copied (or
+  // converted) into memory of their own: their pages leave the resident
+  // set (MappedFile::DropResident), so the model is not held twice.
+  virtual void DropResident(const std::string& name, const uint8_t* p, uint64_t bytes) const = 0;
   // Stored bytes of tensor `name` (0 when absent), and of all tensors.
   virtual uint64_t TensorBytes(const std::string& name) const = 0;
   virtual uint64_t TotalBytes() const = 0;
@@ -269,6 +273,9 @@ class GgufSource : public TensorSource {
     return st;
   }
   bool qk_permuted() const override { return permuted_; }
+  void DropResident(const std::string& name, const uint8_t* p, uint64_t bytes) const override {
+    f_->DropResident(p, bytes);
+  }
   uint64_t TensorBytes(const std::string& name) const override {
     auto info = Info(name);
     if (!info.ok()) return 0;
@@ -331,6 +338,9 @@ class SafetensorsSource : public TensorSource {
     auto t = ck_->Find(name);
     if (!t.ok()) return t.status();
     return t->first->ReadRows(*t->second, r0, r1, dst);
+  }
+  void DropResident(const std::string& name, const uint8_t* p, uint64_t bytes) const override {
+    if (auto t = ck_->Find(name); t.ok()) t->first->DropResident(p, bytes);
   }
   absl::StatusOr<Stored> StoredRows(const std::string& name) const override {
     auto t = ck_->Find(name);
@@ -400,6 +410,7 @@ class Loader {
       const uint8_t* base = st->data + r0 * st->row_bytes;
       if ((qk_heads > 0 && src_.qk_permuted()) || !Aligned(base, st->block)) {
         m.owned.assign(base, base + m.rows * m.row_bytes);
+        src_.DropResident(name, base, m.rows * m.row_bytes);
         if (qk_heads > 0) Unpermute(m.owned.data(), qk_heads, m.row_bytes);
       } else {
         m.mapped = base;
@@ -412,6 +423,7 @@ class Loader {
     m.cols = cols;
     m.data.resize(m.rows * m.cols);
     PS_RETURN_IF_ERROR(src_.ReadRows(name, r0, r1, m.data.data()));
+    DropConverted(name, r0, r1);
     if (qk_heads > 0) Unpermute(m.data.data(), qk_heads, cols * sizeof(float));
     return ToHalfIfAsked(std::move(m));
   }
@@ -432,6 +444,8 @@ class Loader {
         std::memcpy(m.owned.data() + r * m.row_bytes, st->data + r * st->row_bytes + skip,
                     m.row_bytes);
       }
+      // The other columns are other ranks' (never read here).
+      src_.DropResident(name, st->data, rows * st->row_bytes);
       return m;
     }
     Matrix m;
@@ -447,7 +461,16 @@ class Loader {
         std::memcpy(m.row(r + i), tmp.data() + i * cols + c0, m.cols * sizeof(float));
       }
     }
+    DropConverted(name, 0, rows);
     return ToHalfIfAsked(std::move(m));
+  }
+
+  // Rows [r0, r1) of `name` were converted to fp32: their stored bytes leave
+  // the resident set (a type without a row layout keeps them).
+  void DropConverted(const std::string& name, int64_t r0, int64_t r1) {
+    absl::StatusOr<TensorSource::Stored> st = src_.StoredRows(name);
+    if (st.ok() && st->data != nullptr)
+      src_.DropResident(name, st->data + r0 * st->row_bytes, (r1 - r0) * st->row_bytes);
   }
 
   absl::StatusOr<std::vector<float>> Vector(const std::string& name, int64_t n, int64_t r0,
