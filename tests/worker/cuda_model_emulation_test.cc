@@ -3,7 +3,8 @@
 // residual add + RMSNorm (also as the per-head q/k norm of Qwen3) and
 // SiLU-and-mul with fp32 and 16-bit outputs, Gemma's operations (the
 // residual add of a normed output, the embedding scale, GeGLU with fp32 and
-// 16-bit outputs, RoPE with the local layers' tables),
+// 16-bit outputs, RoPE with the local layers' tables, the final logit soft
+// cap),
 // RoPE, bias add, the fp32 <-> fp16 /
 // bf16 conversions of GEMM and attention operands, SiLU-and-mul over a
 // stacked gate/up GEMM output, the greedy argmax of logits rows, RoPE fused
@@ -1149,6 +1150,39 @@ TEST(CudaModelEmulationTest, GeluTanhMulMatchesCpu) {
                   [&] { BrokenGeluTanhMulBody(gate.data(), up.data(), count, broken.data()); });
     EXPECT_GT(Mismatches(broken, want, kRel, kAbs), 0) << "negative control passed the check";
   });
+}
+
+// The final logit soft cap on the device (Gemma 2; what LmHead and
+// LmHeadSample run before the download, the argmax and the sampling kernel)
+// against SoftcapLogit, the host rule every backend follows: the same bits
+// (both in double), NaN kept, +-inf to +-cap. Broken: tanh(z) * cap without
+// the division.
+TEST(CudaModelEmulationTest, FinalSoftcapMatchesHostRule) {
+  std::mt19937 rng(36);
+  std::vector<float> x0 = Random(3 * 1536 + 7, rng, -200.0f, 200.0f);
+  x0.insert(x0.end(), {0.0f, -0.0f, 1e-30f, 3.0f, -3.0f, 1e30f, INFINITY, -INFINITY, NAN});
+  const int64_t count = static_cast<int64_t>(x0.size());
+  for (double cap : {30.0, 3.0}) {
+    SCOPED_TRACE(::testing::Message() << "cap " << cap);
+    std::vector<float> got = x0, want(x0.size()), broken(x0.size());
+    for (size_t i = 0; i < x0.size(); ++i) {
+      want[i] = SoftcapLogit(x0[i], cap);
+      broken[i] = static_cast<float>(std::tanh(static_cast<double>(x0[i])) * cap);
+    }
+    kc::EmuLaunch(dim3(3), dim3(kThreads), 0, [&] { SoftcapBody(got.data(), count, cap); });
+    int bad = 0, control_bad = 0;
+    for (size_t i = 0; i < x0.size(); ++i) {
+      auto same = [&](float a, float b) {
+        return std::isnan(b) ? std::isnan(a) : kernels::FloatBits(a) == kernels::FloatBits(b);
+      };
+      bad += same(got[i], want[i]) ? 0 : 1;
+      control_bad += same(broken[i], want[i]) ? 0 : 1;
+    }
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(got[x0.size() - 3], static_cast<float>(cap));
+    EXPECT_EQ(got[x0.size() - 2], -static_cast<float>(cap));
+    EXPECT_GT(control_bad, 0) << "negative control passed the check";
+  }
 }
 
 // Gemma 3's local layers rotate by their own tables (rope_local_base_freq,

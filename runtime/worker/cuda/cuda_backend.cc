@@ -784,7 +784,7 @@ class CudaBackend final : public ModelBackend {
       PS_RETURN_IF_ERROR(logits_.Reserve(bytes, "logits allocation"));
       PS_RETURN_IF_ERROR(pinned_logits_.Reserve(bytes, "pinned logits allocation"));
       float* d_logits = static_cast<float*>(logits_.get());
-      PS_RETURN_IF_ERROR(Linear(x, n, w, BackendVector{}, d_logits));
+      PS_RETURN_IF_ERROR(LogitsOnDevice(x, n, w, d_logits));
       // Into pinned memory: asynchronous, so that WaitForStep (not the copy)
       // is where the host waits.
       PS_RETURN_IF_ERROR(CudaStatus(
@@ -838,7 +838,7 @@ class CudaBackend final : public ModelBackend {
     float* d_logits = static_cast<float*>(logits_.get());
     // 4-byte words: [n argmax | draws | their logprobs | top ids | top logprobs].
     int32_t* d_ids = static_cast<int32_t*>(argmax_.get());
-    PS_RETURN_IF_ERROR(Linear(x, n, w, BackendVector{}, d_logits));
+    PS_RETURN_IF_ERROR(LogitsOnDevice(x, n, w, d_logits));
     if (any_greedy)
       PS_RETURN_IF_ERROR(CudaStatus(
           cuda_model::LaunchGreedyArgmax(d_logits, static_cast<int>(n), w.rows, d_ids, stream_),
@@ -859,6 +859,17 @@ class CudaBackend final : public ModelBackend {
     *out = std::move(sampled);  // nothing written on error
     logits->swap(kept);
     return absl::OkStatus();
+  }
+
+  // d_logits [n, w.rows] = x w^T, soft-capped on the device when the plan
+  // says (Gemma 2), so that the argmax and sampling kernels and the
+  // downloaded rows all see the capped values.
+  absl::Status LogitsOnDevice(GemmInput x, int64_t n, const BackendMatrix& w, float* d_logits) {
+    PS_RETURN_IF_ERROR(Linear(x, n, w, BackendVector{}, d_logits));
+    const double cap = plan_ != nullptr ? plan_->final_logit_softcap : 0.0;
+    if (!(cap > 0)) return absl::OkStatus();
+    return CudaStatus(cuda_model::LaunchSoftcap(d_logits, n * w.rows, cap, stream_),
+                      "final logit soft cap launch");
   }
 
   // The sampling kernel's inputs for one LmHeadSample: per-row args (with

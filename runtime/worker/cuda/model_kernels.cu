@@ -102,6 +102,10 @@ __global__ void ScaleKernel(float* __restrict__ x, int64_t count, float factor) 
   ScaleBody<VEC>(x, count, factor);
 }
 
+__global__ void SoftcapKernel(float* __restrict__ x, int64_t count, double cap) {
+  SoftcapBody(x, count, cap);
+}
+
 template <typename OutT, int VEC>
 __global__ void GeluTanhMulKernel(const float* gate, const float* __restrict__ up, int64_t count,
                                   OutT* out) {
@@ -212,6 +216,13 @@ cudaError_t LaunchScale(float* x, int64_t count, float factor, cudaStream_t stre
         <<<BlocksFor(count / decltype(vec)::value), kThreads, 0, stream>>>(x, count, factor);
     return cudaGetLastError();
   });
+}
+
+cudaError_t LaunchSoftcap(float* x, int64_t count, double cap, cudaStream_t stream) {
+  if (!(cap > 0)) return cudaErrorInvalidValue;
+  if (count <= 0) return cudaSuccess;
+  SoftcapKernel<<<BlocksFor(count), kThreads, 0, stream>>>(x, count, cap);
+  return cudaGetLastError();
 }
 
 cudaError_t LaunchGeluTanhMul(const float* gate, const float* up, int64_t count, void* out,

@@ -307,6 +307,16 @@ __device__ __forceinline__ void SiluMulBody(const float* gate, const float* __re
     SiluMulPack<OutT, VEC>(gate + k, up + k, out + k);
 }
 
+// Grid-stride: the final logit soft cap (Gemma 2; SoftcapLogit in
+// runtime/worker/model_backend.h): x[k] = float(cap * tanh(double(x[k]) /
+// cap)) for k < count, cap > 0, the division and tanh in double as on the
+// host (a NaN stays NaN, +-inf becomes +-cap).
+__device__ __forceinline__ void SoftcapBody(float* __restrict__ x, int64_t count, double cap) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < count;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[k] = static_cast<float>(cap * tanh(static_cast<double>(x[k]) / cap));
+}
+
 // Grid-stride: the GeGLU activation with GELU's tanh approximation
 // (cpu_ops::GeluTanhMul): out[k] = OutT(0.5 g (1 + tanh(sqrt(2/pi) (g +
 // 0.044715 g^3))) u), g = gate[k], u = up[k], for k < count, in fp32 (tanhf)

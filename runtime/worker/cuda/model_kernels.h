@@ -70,6 +70,10 @@ cudaError_t LaunchAddBias(float* y, const float* bias, int n, int cols, cudaStre
 cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, void* out,
                           Elem out_type, cudaStream_t stream);
 
+// x[k] = SoftcapLogit(x[k], cap) for k < count (the final logit soft cap,
+// in double as on the host); cudaErrorInvalidValue unless cap > 0.
+cudaError_t LaunchSoftcap(float* x, int64_t count, double cap, cudaStream_t stream);
+
 // out[i] = gelu_tanh(gate[i]) * up[i] for i < count (GeGLU with GELU's tanh
 // approximation, ModelBackend::GeluTanhMul), fp32 rounded once to
 // `out_type`; out may be gate when out_type is kF32.
