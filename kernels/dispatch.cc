@@ -95,9 +95,6 @@ absl::Status CheckAttentionCommon(absl::string_view op, const Params& p) {
     return Invalid(op, "sliding_window must be >= 0 (0 = none), got ", p.sliding_window);
   if (!(p.logit_softcap >= 0) || !std::isfinite(p.logit_softcap))
     return Invalid(op, "logit_softcap must be finite and >= 0 (0 = none), got ", p.logit_softcap);
-  if (p.logit_softcap > 0 && p.cache.device != Device::kCPU)
-    return absl::UnimplementedError(
-        absl::StrCat(op, ": logit_softcap (Gemma 2's attention soft-capping) runs on kCPU only"));
   return absl::OkStatus();
 }
 
@@ -267,6 +264,8 @@ absl::Status PagedAttentionGqaMma(const PagedAttentionParams& p) {
   if (absl::Status st = ValidateDecode(op, p); !st.ok()) return st;
   if (p.sliding_window > 0)
     return Invalid(op, "takes no sliding window (v1/v2 do); got sliding_window ", p.sliding_window);
+  if (p.logit_softcap > 0)
+    return Invalid(op, "takes no logit soft cap (v1/v2 do); got logit_softcap ", p.logit_softcap);
   if (p.num_seqs == 0) return absl::OkStatus();
   const KVCacheShape& cs = p.cache.shape;
   const int group = p.num_heads / cs.num_kv_heads;
@@ -291,6 +290,8 @@ absl::Status PagedAttentionGqa(const PagedAttentionParams& p) {
   if (absl::Status st = ValidateDecode(op, p); !st.ok()) return st;
   if (p.sliding_window > 0)
     return Invalid(op, "takes no sliding window (v1/v2 do); got sliding_window ", p.sliding_window);
+  if (p.logit_softcap > 0)
+    return Invalid(op, "takes no logit soft cap (v1/v2 do); got logit_softcap ", p.logit_softcap);
   if (p.num_seqs == 0) return absl::OkStatus();
   if (IsFp8(p.cache.shape.dtype) ||
       ResolveIoDType(p.io_dtype, p.cache.shape.dtype) != p.cache.shape.dtype)
@@ -363,15 +364,18 @@ DecodeKernelChoice ChooseDecodeKernelImpl(const PagedAttentionParams& p, DecodeK
                                           bool explain) {
   const DType cache = p.cache.shape.dtype;
   const bool converts = IsFp8(cache) || ResolveIoDType(p.io_dtype, cache) != cache;
-  if (converts || p.sliding_window > 0) {
+  if (converts || p.sliding_window > 0 || p.logit_softcap > 0) {
     const bool v1 = ShouldUsePagedAttentionV1(p.num_seqs, p.num_heads, p.max_seq_len);
     const DecodeKernel k = requested == DecodeKernel::kV1 || requested == DecodeKernel::kV2
                                ? requested
                                : (v1 ? DecodeKernel::kV1 : DecodeKernel::kV2);
     if (!explain) return {k, std::string()};
-    if (!converts)
+    if (!converts && p.sliding_window > 0)
       return {k, absl::StrCat("sliding window of ", p.sliding_window,
                               " tokens: only v1/v2 take a window; ", DecodeKernelName(k))};
+    if (!converts)
+      return {k, absl::StrCat("logit soft cap of ", p.logit_softcap,
+                              ": only v1/v2 take a soft cap; ", DecodeKernelName(k))};
     return {k, absl::StrCat(DTypeName(cache), " cache with ",
                             DTypeName(ResolveIoDType(p.io_dtype, cache)),
                             " operands: only v1/v2 convert in registers; ", DecodeKernelName(k))};
@@ -511,7 +515,7 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p) {
                      " is not one of auto, simt, mma");
   }
   const bool mma =
-      k == PrefillKernel::kMma && p.sliding_window == 0 &&
+      k == PrefillKernel::kMma && p.sliding_window == 0 && p.logit_softcap == 0 &&
       PrefillMmaFits(p.cache.shape.dtype, ResolveIoDType(p.io_dtype, p.cache.shape.dtype),
                      p.cache.shape.head_size);
   return cuda::PrefillAttention(p, mma);

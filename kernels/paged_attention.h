@@ -69,7 +69,8 @@ struct PagedAttentionParams {
   // Soft-capping of the scores (Gemma 2's attn_logit_softcapping): > 0
   // replaces each scaled score s by logit_softcap * tanh(s / logit_softcap)
   // before the window mask and the softmax (HF eager_attention_forward). 0 =
-  // none. kCPU only (kCUDA: Unimplemented).
+  // none. On kCUDA a soft-capped call runs v1/v2 (ChooseDecodeKernel), not
+  // the GQA kernels (which refuse it with InvalidArgument).
   float logit_softcap = 0.0f;
   // Host-readable copies used only for validation on kCUDA (optional there; on
   // CPU the device arrays are host-readable and are checked directly).
@@ -119,8 +120,9 @@ bool ShouldUsePagedAttentionV1(int num_seqs, int num_heads, int max_seq_len);
 // group (FlashInfer's decode approach), online softmax in fp32 across tiles,
 // then the v2 log-sum-exp reduce across splits. The number of splits comes
 // from the device's occupancy (kernels/cuda/gqa_decode_plan.h). Same result as
-// v1; any group size >= 1 whose shared memory fits (GqaDecodeFits). On kCPU:
-// FailedPrecondition (the CPU backend has no separate GQA kernel).
+// v1; any group size >= 1 whose shared memory fits (GqaDecodeFits).
+// InvalidArgument for a sliding window or a soft cap (v1/v2 take them). On
+// kCPU: FailedPrecondition (the CPU backend has no separate GQA kernel).
 absl::Status PagedAttentionGqa(const PagedAttentionParams& p);
 
 // The same decode with the GQA kernel's two dot products (Q K^T and P V) on
@@ -129,7 +131,7 @@ absl::Status PagedAttentionGqa(const PagedAttentionParams& p);
 // kernels/cuda/gqa_decode_mma_kernels.cuh. Takes fp16/bf16 caches with
 // operands of the same type, head sizes 64 and 128 (the instantiations the
 // build carries; the kernel itself takes any multiple of 16) and groups of at
-// most 16 heads (GqaMmaFits); InvalidArgument otherwise,
+// most 16 heads (GqaMmaFits), without a window or soft cap; InvalidArgument otherwise,
 // FailedPrecondition on kCPU. Verified through the CPU emulator only.
 absl::Status PagedAttentionGqaMma(const PagedAttentionParams& p);
 
@@ -175,7 +177,8 @@ DecodeKernelChoice ChooseDecodeKernel(Device device, int num_seqs, int num_heads
 // cache, or operands in another type than the cache (io_dtype), stays on v1/v2
 // whatever was requested, because only they convert in registers; the GQA
 // kernel reads fp32/fp16/bf16 caches with operands of the same type. A
-// sliding window (sliding_window > 0) also stays on v1/v2: only they take it.
+// sliding window (sliding_window > 0) or a soft cap (logit_softcap > 0) also
+// stays on v1/v2: only they take them.
 DecodeKernelChoice ChooseDecodeKernel(const PagedAttentionParams& p, DecodeKernel requested);
 
 // The kernel the environment variable PAGEDSERVE_DECODE_KERNEL names

@@ -60,7 +60,7 @@ struct PrefillAttentionParams {
   // Soft-capping of the scores (Gemma 2's attn_logit_softcapping): > 0
   // replaces each scaled score s by logit_softcap * tanh(s / logit_softcap)
   // before the window mask and the softmax (HF eager_attention_forward). 0 =
-  // none. kCPU only (kCUDA: Unimplemented).
+  // none. On kCUDA a soft-capped call runs kSimt.
   float logit_softcap = 0.0f;
   const int32_t* host_query_start_loc = nullptr;  // validation copies for kCUDA
   const int32_t* host_seq_lens = nullptr;
@@ -68,7 +68,8 @@ struct PrefillAttentionParams {
   void* stream = nullptr;
   // Which kernel runs on kCUDA: kAuto = the environment variable
   // PAGEDSERVE_PREFILL_KERNEL (auto|simt|mma, read once) or else kSimt. A
-  // kMma request that does not fit (PrefillMmaFits), or a windowed call, runs kSimt.
+  // kMma request that does not fit (PrefillMmaFits), or a windowed or
+  // soft-capped call, runs kSimt.
   PrefillKernel kernel = PrefillKernel::kAuto;
 };
 

@@ -77,6 +77,7 @@ DecodeArgs MakeDecodeArgs(const PagedAttentionParams& p) {
   a.scale = p.scale;
   a.alibi_slopes = p.alibi_slopes;
   a.sliding_window = p.sliding_window;
+  a.logit_softcap = p.logit_softcap;
   a.stream = AsStream(p.stream);
   return a;
 }
@@ -237,6 +238,7 @@ absl::Status PrefillAttention(const PrefillAttentionParams& p, bool tensor_cores
   a.scale = p.scale;
   a.alibi_slopes = p.alibi_slopes;
   a.sliding_window = p.sliding_window;
+  a.logit_softcap = p.logit_softcap;
   a.stream = AsStream(p.stream);
   if (tensor_cores)
     return CudaStatus(LaunchPrefillAttentionMma(a), "prefill_attention (tensor cores) launch");

@@ -109,6 +109,8 @@ cudaError_t LaunchGqaDecode(const DecodeArgs& a, const GqaSplitPlan& plan, float
                             float* exp_sums, float* tmp_out, bool tensor_cores) {
   if (!ValidPlan(plan) || a.cache.num_kv_heads <= 0 || a.num_heads % a.cache.num_kv_heads != 0)
     return cudaErrorInvalidValue;
+  // Only v1/v2 take a window or a soft cap.
+  if (a.sliding_window > 0 || a.logit_softcap > 0.0f) return cudaErrorInvalidValue;
   if (plan.num_splits > 1 && (max_logits == nullptr || exp_sums == nullptr || tmp_out == nullptr))
     return cudaErrorInvalidValue;
   return DispatchElemHead(a.cache.elem, a.cache.head_size, [&](auto t, auto hs) -> cudaError_t {

@@ -52,7 +52,8 @@ struct DecodeArgs {
   int max_seq_len = 0;
   float scale = 1.0f;
   const float* alibi_slopes = nullptr;  // [num_heads] device, or null
-  int sliding_window = 0;               // PagedAttentionParams::sliding_window
+  int sliding_window = 0;               // PagedAttentionParams::sliding_window (v1/v2 only)
+  float logit_softcap = 0.0f;           // PagedAttentionParams::logit_softcap (v1/v2 only)
   cudaStream_t stream = nullptr;
 };
 
@@ -85,7 +86,8 @@ cudaError_t LaunchPagedAttentionV2(const DecodeArgs& a, float* max_logits, float
 // [num_seqs, num_heads, num_splits] and tmp_out [num_seqs, num_heads,
 // num_splits, head_size] (fp32) are written and the v2 reduce kernel merges
 // them into out. Fails with cudaErrorInvalidValue for an unsupported head size
-// or a plan that is not a valid PlanGqaSplits result. tensor_cores: the WMMA
+// or a plan that is not a valid PlanGqaSplits result, or for a sliding window
+// or a soft cap (v1/v2 take those). tensor_cores: the WMMA
 // variant (gqa_decode_mma_kernels.cuh; same arguments and outputs), which
 // also fails with cudaErrorInvalidValue outside GqaMmaSupports or for fp32.
 cudaError_t LaunchGqaDecode(const DecodeArgs& a, const GqaSplitPlan& plan, float* max_logits,
@@ -117,7 +119,8 @@ struct PrefillArgs {
   int max_query_len = 0;
   float scale = 1.0f;
   const float* alibi_slopes = nullptr;
-  int sliding_window = 0;  // PrefillAttentionParams::sliding_window (kSimt only)
+  int sliding_window = 0;      // PrefillAttentionParams::sliding_window (kSimt only)
+  float logit_softcap = 0.0f;  // PrefillAttentionParams::logit_softcap (kSimt only)
   cudaStream_t stream = nullptr;
 };
 
@@ -128,7 +131,8 @@ cudaError_t LaunchPrefillAttention(const PrefillArgs& a);
 // The tensor-core variant (prefill_attention_mma_kernels.cuh): grid
 // (num_heads, num_seqs, ceil(max_query_len / 64)), WMMA over 32-key tiles.
 // io must equal the cache's element type, fp16 or bf16, and the head size be
-// 64 or 128 (PrefillMmaBuiltFor): cudaErrorInvalidValue otherwise.
+// 64 or 128 (PrefillMmaBuiltFor), without a sliding window or a soft cap
+// (LaunchPrefillAttention takes those): cudaErrorInvalidValue otherwise.
 cudaError_t LaunchPrefillAttentionMma(const PrefillArgs& a);
 
 // reshape_and_cache: one thread block per token; negative slots (padding) and

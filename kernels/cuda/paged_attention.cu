@@ -31,7 +31,8 @@ cudaError_t LaunchDecode(const DecodeArgs& a, int partition_size, int num_partit
       static_cast<T*>(a.out), max_logits, exp_sums, tmp_out, static_cast<const T*>(a.query),
       static_cast<const C*>(a.cache.key_cache), static_cast<const C*>(a.cache.value_cache),
       a.cache.num_kv_heads, a.cache.block_size, scale, a.block_tables, a.max_blocks_per_seq,
-      a.seq_lens, a.alibi_slopes, partition_size, a.cache.v_scale, a.sliding_window);
+      a.seq_lens, a.alibi_slopes, partition_size, a.cache.v_scale, a.sliding_window,
+      a.logit_softcap);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || partition_size == 0) return e;
   const dim3 rgrid(a.num_heads, a.num_seqs);

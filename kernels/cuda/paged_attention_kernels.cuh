@@ -42,7 +42,9 @@ constexpr int kTokensPerStep = kWarpSize / kThreadGroupSize;  // 8
 // partition = the whole context; writes `out`), otherwise v2 (writes
 // max_logits, exp_sums and tmp_out for partition blockIdx.z). sliding_window
 // > 0 limits the query to the last sliding_window tokens (v2: a partition
-// wholly before them writes max -inf, exp-sum 0, zeros).
+// wholly before them writes max -inf, exp-sum 0, zeros). logit_softcap > 0
+// replaces each score s (scaled, ALiBi added) by logit_softcap *
+// tanh(s / logit_softcap) before the window mask and the softmax (Gemma 2).
 // Dynamic shared memory: fp32 logits of round_up(tokens of the partition, 8).
 template <typename T, int HEAD_SIZE, int NUM_THREADS, typename CACHE_T = T>
 __global__ void __launch_bounds__(NUM_THREADS)
@@ -57,8 +59,9 @@ __global__ void __launch_bounds__(NUM_THREADS)
                          const int32_t* __restrict__ block_tables, int max_blocks_per_seq,
                          const int32_t* __restrict__ seq_lens,
                          const float* __restrict__ alibi_slopes, int partition_size,
-                         float v_scale,         // fp8 caches only; ignored otherwise
-                         int sliding_window) {  // > 0: keys (seq_len - 1 - window, seq_len - 1]
+                         float v_scale,          // fp8 caches only; ignored otherwise
+                         int sliding_window,     // > 0: keys (seq_len - 1 - window, seq_len - 1]
+                         float logit_softcap) {  // > 0: s -> cap * tanh(s / cap)
   constexpr int NUM_WARPS = NUM_THREADS / kWarpSize;
   constexpr int X = CacheElem<CACHE_T>::kKeyVec;  // elements per 16-byte vector
   constexpr int NUM_CHUNKS = HEAD_SIZE / X;       // 16-byte chunks per key vector
@@ -157,7 +160,8 @@ __global__ void __launch_bounds__(NUM_THREADS)
       for (int m = kThreadGroupSize / 2; m >= 1; m /= 2) dot += __shfl_xor_sync(kFullMask, dot, m);
       if (group_lane == 0) {
         const bool valid = token < end_token;
-        const float qk = scale * dot + alibi_slope * static_cast<float>(token - seq_len + 1);
+        float qk = scale * dot + alibi_slope * static_cast<float>(token - seq_len + 1);
+        if (logit_softcap > 0.0f) qk = logit_softcap * tanhf(qk / logit_softcap);
         // Slots past the context hold garbage: store 0 so no NaN can leak.
         // Tokens before the window: -inf, weight exp(-inf) = 0.
         *PAGEDSERVE_SHARED(&logits[token - start_token]) =

@@ -27,7 +27,7 @@ cudaError_t LaunchPrefillAttention(const PrefillArgs& a) {
         a.query_start_loc, a.seq_lens, static_cast<const C*>(a.cache.key_cache),
         static_cast<const C*>(a.cache.value_cache), a.cache.num_kv_heads, a.cache.block_size,
         a.block_tables, a.max_blocks_per_seq, scale, a.alibi_slopes, a.cache.v_scale,
-        a.sliding_window);
+        a.sliding_window, a.logit_softcap);
     return cudaGetLastError();
   });
 }
@@ -85,6 +85,8 @@ cudaError_t LaunchMmaHead(const PrefillArgs& a) {
 cudaError_t LaunchPrefillAttentionMma(const PrefillArgs& a) {
   if (a.num_seqs <= 0 || a.max_query_len <= 0) return cudaSuccess;
   if (a.io != a.cache.elem || !PrefillMmaBuiltFor(a.cache.head_size)) return cudaErrorInvalidValue;
+  // Only the SIMT kernel takes a window or a soft cap.
+  if (a.sliding_window > 0 || a.logit_softcap > 0.0f) return cudaErrorInvalidValue;
   switch (a.io) {
     case Elem::kF16: return LaunchMmaHead<__half>(a);
     case Elem::kBF16: return LaunchMmaHead<__nv_bfloat16>(a);

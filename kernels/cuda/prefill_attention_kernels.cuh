@@ -13,7 +13,10 @@
 // the cache, = T except for an fp8 cache) and HEAD_SIZE. An fp8 cache is
 // gathered with 16-byte key loads (x = 16) and 8-byte value loads (8 tokens),
 // converted in registers; the caller folds k_scale into `scale` and the kernel
-// multiplies the output by v_scale.
+// multiplies the output by v_scale. sliding_window > 0 limits each row to
+// the keys (pos - window, pos]; logit_softcap > 0 replaces each score s
+// (scaled, ALiBi added) by logit_softcap * tanh(s / logit_softcap) before the
+// mask and the softmax (Gemma 2's attention soft-capping).
 #ifndef PAGEDSERVE_KERNELS_CUDA_PREFILL_ATTENTION_KERNELS_CUH_
 #define PAGEDSERVE_KERNELS_CUDA_PREFILL_ATTENTION_KERNELS_CUH_
 
@@ -39,8 +42,9 @@ __global__ void __launch_bounds__(kPrefillThreads)
                            int num_kv_heads, int block_size,
                            const int32_t* __restrict__ block_tables, int max_blocks_per_seq,
                            float scale, const float* __restrict__ alibi_slopes,
-                           float v_scale,         // fp8 caches only; ignored otherwise
-                           int sliding_window) {  // > 0: row at pos sees (pos - window, pos]
+                           float v_scale,          // fp8 caches only; ignored otherwise
+                           int sliding_window,     // > 0: row at pos sees (pos - window, pos]
+                           float logit_softcap) {  // > 0: s -> cap * tanh(s / cap)
   constexpr int X = CacheElem<CACHE_T>::kKeyVec;
   constexpr int VX = CacheElem<CACHE_T>::kValueVec;  // tokens per V vector
   constexpr int NUM_CHUNKS = HEAD_SIZE / X;          // 16-byte key chunks per token
@@ -153,6 +157,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
     const bool valid = row_valid && k_pos <= q_pos &&  // causal; q_pos < seq_len
                        (sliding_window <= 0 || k_pos > q_pos - sliding_window);
     s += alibi_slope * static_cast<float>(k_pos - q_pos);
+    if (logit_softcap > 0.0f) s = logit_softcap * tanhf(s / logit_softcap);  // Gemma 2
     float tile_max = valid ? s : -INFINITY;
 #pragma unroll
     for (int msk = kLanesPerRow / 2; msk >= 1; msk /= 2)

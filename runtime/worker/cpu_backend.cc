@@ -549,7 +549,11 @@ class CpuBackend final : public ModelBackend {
   absl::Status LmHead(GemmInput x, int64_t n, const BackendMatrix& w,
                       std::vector<float>* logits) override {
     logits->resize(static_cast<size_t>(n) * w.rows);
-    return Linear(x, n, w, BackendVector{}, logits->data());
+    PS_RETURN_IF_ERROR(Linear(x, n, w, BackendVector{}, logits->data()));
+    const double cap = plan_ != nullptr ? plan_->final_logit_softcap : 0.0;
+    if (cap > 0)
+      for (float& z : *logits) z = SoftcapLogit(z, cap);
+    return absl::OkStatus();
   }
 
  private:

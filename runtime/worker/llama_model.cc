@@ -153,6 +153,7 @@ void LlamaModel::BuildPlan(const ForwardBatch& b, const std::optional<DecodeGrap
   tables(inv_freq_, config_.rope_scaling.attention_factor, &p.rope_cos, &p.rope_sin);
   tables(inv_freq_local_, 1.0, &p.rope_cos_local, &p.rope_sin_local);
   p.attention_scale = config_.AttentionScale();
+  p.final_logit_softcap = config_.final_logit_softcapping;
   p.graph = graph;
   if (graph) {
     // Padded sequences (seq_len 1) run decode attention like the real ones.
@@ -169,16 +170,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
                                  std::vector<float>* logits) {
   GemmInput normed;
   PS_RETURN_IF_ERROR(RunLayers(b, kv_layers, &normed));
-  PS_RETURN_IF_ERROR(
-      backend_->LmHead(normed, static_cast<int64_t>(b.logits_rows.size()), w_.lm_head, logits));
-  SoftcapLogits(logits);
-  return absl::OkStatus();
-}
-
-void LlamaModel::SoftcapLogits(std::vector<float>* logits) const {
-  const double cap = config_.final_logit_softcapping;
-  if (!(cap > 0)) return;
-  for (float& x : *logits) x = static_cast<float>(cap * std::tanh(x / cap));
+  return backend_->LmHead(normed, static_cast<int64_t>(b.logits_rows.size()), w_.lm_head, logits);
 }
 
 absl::Status LlamaModel::Forward(const ForwardBatch& b,
@@ -191,15 +183,6 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b,
   GemmInput normed;
   PS_RETURN_IF_ERROR(RunLayers(b, kv_layers, &normed));
   const int64_t n = static_cast<int64_t>(b.logits_rows.size());
-  if (config_.final_logit_softcapping > 0) {
-    // The soft cap runs on the host logits: every row comes back (the
-    // backend reduces none where the logits are), the greedy rows are
-    // reduced here as the default LmHeadSample does.
-    PS_RETURN_IF_ERROR(backend_->LmHead(normed, n, w_.lm_head, &capped_));
-    SoftcapLogits(&capped_);
-    SplitSampledRows(capped_, n, config_.vocab_size, rows, out, logits);
-    return absl::OkStatus();
-  }
   return backend_->LmHeadSample(normed, n, w_.lm_head, rows, out, logits);
 }
 

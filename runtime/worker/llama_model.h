@@ -24,7 +24,8 @@
 //                  experts' weighted sum (ModelBackend::MoeMlp); all-reduce(o)
 //              h = norm_next(x += o)  (Gemma: x += post_norm(o); the last
 //              layer: final norm of the logits rows only, gathered)
-//   logits = h W_lm_head (Gemma 2: soft-capped on the host)
+//   logits = h W_lm_head (Gemma 2: soft-capped by the backend's LmHead,
+//            ForwardPlan::final_logit_softcap)
 //
 // Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): Q/K/V, gate and up are
 // column-parallel (this rank holds num_heads/tp query heads, its KV heads and
@@ -139,9 +140,6 @@ class LlamaModel {
   absl::Status AddResidualAndNorm(float* x, PartialSums o, int64_t n,
                                   const BackendVector& post_norm, const BackendVector& next_norm,
                                   GemmInput h);
-  // config.final_logit_softcapping > 0: each logit x becomes cap * tanh(x /
-  // cap) (in double, rounded to fp32), on the host.
-  void SoftcapLogits(std::vector<float>* logits) const;
 
   ModelConfig config_;
   ShardLayout shard_;
@@ -149,7 +147,6 @@ class LlamaModel {
   BackendWeights w_;
   std::vector<double> inv_freq_;
   std::vector<double> inv_freq_local_;  // empty unless config.rope_local_theta > 0
-  std::vector<float> capped_;           // the soft-capped logits of a sampled step (reused)
   ForwardPlan plan_;                    // this step's (reused: its vectors keep their capacity)
   DecodeGraphOptions graph_options_;
   PaddedDecodeBatch padded_;  // this step's batch padded to its graph key

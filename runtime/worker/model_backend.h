@@ -36,6 +36,7 @@
 #ifndef PAGEDSERVE_RUNTIME_WORKER_MODEL_BACKEND_H_
 #define PAGEDSERVE_RUNTIME_WORKER_MODEL_BACKEND_H_
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -108,6 +109,10 @@ struct ForwardPlan {
   // has no local RoPE.
   std::vector<float> rope_cos_local, rope_sin_local;
   float attention_scale = 0.0f;  // ModelConfig::AttentionScale (1 / sqrt(head_size))
+  // The soft cap of the logits LmHead and LmHeadSample return
+  // (ModelConfig::final_logit_softcapping, Gemma 2; 0 = none): see
+  // SoftcapLogit.
+  double final_logit_softcap = 0.0;
   // Set for a decode step padded to a captured shape (only when the backend
   // SupportsBodyGraphs): the batch is padded to graph->batch sequences, all
   // decode (num_decode == num_seqs, padded ones with seq_len 1), and
@@ -551,13 +556,15 @@ class ModelBackend {
   virtual absl::Status AllReduceSum(PartialSums data, int64_t count) = 0;
 
   // logits (host, fp32, resized to [n, w.rows]) = x[n, w.cols] w^T (x a GEMM
-  // input); waits for the step. Ends the step. Nothing is written to
-  // `logits` on error.
+  // input), each soft-capped by SoftcapLogit when the plan's
+  // final_logit_softcap > 0; waits for the step. Ends the step. Nothing is
+  // written to `logits` on error.
   virtual absl::Status LmHead(GemmInput x, int64_t n, const BackendMatrix& w,
                               std::vector<float>* logits) = 0;
 
   // LmHead for a step whose rows may be reduced to tokens where the logits
-  // are (`rows` has n entries, RowSampling). out->tokens is resized to the
+  // are (`rows` has n entries, RowSampling); the rows are reduced from
+  // LmHead's logits (soft-capped when the plan says). out->tokens is resized to the
   // sum of rows[t].draws(); row t's draws follow those of the rows before it:
   //   kGreedy: its one entry is the id of its largest logit, ties to the
   //            lowest id (GreedyArgmax, the sampler's greedy rule);
@@ -581,6 +588,15 @@ class ModelBackend {
  private:
   std::vector<float> lm_head_rows_;  // the default LmHeadSample's full logits (reused)
 };
+
+// The final logit soft cap (ForwardPlan::final_logit_softcap, Gemma 2's
+// final_logit_softcapping; HF `logits = tanh(logits / cap) * cap`): for cap
+// > 0, (float)(cap * tanh(z / cap)) with the division and tanh in double (a
+// NaN stays NaN, +-inf becomes +-cap); z itself for cap <= 0. Every backend
+// caps this way (CUDA: the same double arithmetic on the device).
+inline float SoftcapLogit(float z, double cap) {
+  return cap > 0 ? static_cast<float>(cap * std::tanh(static_cast<double>(z) / cap)) : z;
+}
 
 // The greedy reduction of one row of `vocab` logits (LmHeadSample's rule):
 // the index of the largest value, ties to the lowest index, or -1 when the row

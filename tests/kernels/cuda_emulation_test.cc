@@ -162,7 +162,8 @@ void PoisonBeforeWindow(HostCase& c, int s, int first) {
 // k_scale for fp8 (as the launcher folds it), v_scale is applied by the kernel.
 template <typename T, int HS, typename C = T>
 void EmuDecode(const HostCase& c, const std::vector<uint8_t>& q, const float* alibi, float scale,
-               bool v2, std::vector<uint8_t>& out, float v_scale = 1.0f, int window = 0) {
+               bool v2, std::vector<uint8_t>& out, float v_scale = 1.0f, int window = 0,
+               float softcap = 0.0f) {
   const int S = c.num_seqs(), H = c.num_heads;
   const int max_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
   std::vector<int32_t> lens(c.seq_lens.begin(), c.seq_lens.end());
@@ -176,7 +177,8 @@ void EmuDecode(const HostCase& c, const std::vector<uint8_t>& q, const float* al
         reinterpret_cast<T*>(out.data()), ml.data(), es.data(), tmp.data(),
         reinterpret_cast<const T*>(q.data()), reinterpret_cast<const C*>(c.key_cache.data()),
         reinterpret_cast<const C*>(c.value_cache.data()), c.num_kv_heads, c.block_size, scale,
-        c.block_tables.data(), c.max_blocks_per_seq, lens.data(), alibi, psize, v_scale, window);
+        c.block_tables.data(), c.max_blocks_per_seq, lens.data(), alibi, psize, v_scale, window,
+        softcap);
   });
   if (!v2) return;
   kc::EmuLaunch(dim3(H, S), dim3(kc::kDecodeThreads), P * sizeof(float), [&] {
@@ -300,11 +302,64 @@ TEST(CudaEmulationTest, SlidingWindowDecodeMatchesReference) {
   CheckWindowDecode<__nv_bfloat16, 80>(DType::kBFloat16, 32, 2, 2, 700, lens, rng);
 }
 
+// Soft-capped scores (Gemma 2's attn_logit_softcapping), v1 and v2, with
+// and without a sliding window and ALiBi: queries scaled so that the scores
+// run to several units and the cap bends them. Negative control: the same
+// kernel without the cap misses the capped reference on every sequence of
+// more than one key.
+template <typename T, int HS>
+void CheckSoftcapDecode(DType dt, int block_size, int heads, int kv_heads, float softcap,
+                        int window, bool use_alibi, std::vector<int> lens, std::mt19937& rng) {
+  SCOPED_TRACE(::testing::Message() << DTypeName(dt) << " head " << HS << " softcap " << softcap
+                                    << " window " << window << (use_alibi ? " alibi" : ""));
+  HostCase c{dt, heads, kv_heads, HS, block_size, std::move(lens)};
+  Build(c, rng);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  for (int s = 0; window > 0 && s < c.num_seqs(); ++s)
+    PoisonBeforeWindow(c, s, testing::WindowFirstKey(c.seq_lens[s] - 1, window));
+  const int S = c.num_seqs();
+  std::vector<float> q = Quantize(RandomVector(static_cast<size_t>(S) * heads * HS, rng), dt);
+  std::vector<uint8_t> eq = Encode(q, dt);
+  std::vector<float> slopes = AlibiSlopes(heads);
+  const float* alibi = use_alibi ? slopes.data() : nullptr;
+  const float scale = 8.0f / std::sqrt(static_cast<float>(HS));
+  const size_t per_seq = static_cast<size_t>(heads) * HS;
+  for (bool v2 : {false, true}) {
+    std::vector<uint8_t> out(S * per_seq * DTypeSize(dt), 0xFF), plain(out.size(), 0xFF);
+    EmuDecode<T, HS>(c, eq, alibi, scale, v2, out, 1.0f, window, softcap);
+    EmuDecode<T, HS>(c, eq, alibi, scale, v2, plain, 1.0f, window, 0.0f);
+    const std::vector<float> got = Decode(out.data(), S * per_seq, dt);
+    const std::vector<float> uncapped = Decode(plain.data(), S * per_seq, dt);
+    for (int s = 0; s < S; ++s) {
+      const std::vector<double> ref =
+          testing::ReferenceDecode(q.data() + s * per_seq, heads, c.K(s), c.V(s), c.seq_lens[s],
+                                   scale, alibi, window, softcap);
+      EXPECT_TRUE(
+          testing::AttentionOutputMatches(got.data() + s * per_seq, ref.data(), per_seq, dt))
+          << (v2 ? "v2" : "v1") << " seq " << s << " (len " << c.seq_lens[s] << ")";
+      if (c.seq_lens[s] < 2) continue;
+      testing::AttentionControlScope control;
+      EXPECT_FALSE(
+          testing::AttentionOutputMatches(uncapped.data() + s * per_seq, ref.data(), per_seq, dt))
+          << "the kernel without its soft cap passes, " << (v2 ? "v2" : "v1") << " seq " << s;
+    }
+  }
+}
+
+TEST(CudaEmulationTest, SoftCappedDecodeMatchesReference) {
+  std::mt19937 rng(26);
+  const std::vector<int> lens = {1, 2, 17, 40, 41, 600, 1100};
+  CheckSoftcapDecode<float, 64>(DType::kFloat32, 16, 4, 2, 1.0f, 0, false, lens, rng);
+  CheckSoftcapDecode<float, 128>(DType::kFloat32, 8, 2, 1, 50.0f / 16, 40, true, lens, rng);
+  CheckSoftcapDecode<__half, 128>(DType::kFloat16, 16, 4, 2, 1.0f, 40, false, lens, rng);
+  CheckSoftcapDecode<__nv_bfloat16, 256>(DType::kBFloat16, 32, 2, 1, 2.0f, 0, true, lens, rng);
+}
+
 // mma: the tensor-core kernel (prefill_attention_mma_kernels.cuh; fp16/bf16
 // only), over more rows than one of its 64-row blocks and 32-key tiles.
 template <typename T, int HS>
 void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_alibi,
-                  std::mt19937& rng, bool mma = false, int window = 0) {
+                  std::mt19937& rng, bool mma = false, int window = 0, float softcap = 0.0f) {
   struct Seq {
     int cached, q_len;
   };
@@ -332,7 +387,19 @@ void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_al
   std::vector<float> slopes = AlibiSlopes(heads);
   std::vector<int32_t> lens32(lens.begin(), lens.end());
   std::vector<uint8_t> out(static_cast<size_t>(T_) * heads * HS * DTypeSize(dt), 0xFF);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  // Soft-capped: scores large against the cap (several units), so that the
+  // cap bends them.
+  const float scale = (softcap > 0 ? 8.0f : 1.0f) / std::sqrt(static_cast<float>(HS));
+  auto run_simt = [&](float cap, std::vector<uint8_t>* o) {
+    kc::EmuLaunch(dim3(heads, S, (max_q + 7) / 8), dim3(128), 0, [&] {
+      kc::PrefillAttentionKernel<T, HS>(
+          reinterpret_cast<T*>(o->data()), reinterpret_cast<const T*>(eq.data()), qstride,
+          qsl.data(), lens32.data(), reinterpret_cast<const T*>(c.key_cache.data()),
+          reinterpret_cast<const T*>(c.value_cache.data()), kv_heads, block_size,
+          c.block_tables.data(), c.max_blocks_per_seq, scale, use_alibi ? slopes.data() : nullptr,
+          1.0f, window, cap);
+    });
+  };
   if constexpr (sizeof(T) == 2) {
     if (mma) {
       kc::EmuLaunch(dim3(heads, S, (max_q + kc::kPrefillMmaRows - 1) / kc::kPrefillMmaRows),
@@ -347,17 +414,14 @@ void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_al
                     });
     }
   }
-  if (!mma) {
-    kc::EmuLaunch(dim3(heads, S, (max_q + 7) / 8), dim3(128), 0, [&] {
-      kc::PrefillAttentionKernel<T, HS>(
-          reinterpret_cast<T*>(out.data()), reinterpret_cast<const T*>(eq.data()), qstride,
-          qsl.data(), lens32.data(), reinterpret_cast<const T*>(c.key_cache.data()),
-          reinterpret_cast<const T*>(c.value_cache.data()), kv_heads, block_size,
-          c.block_tables.data(), c.max_blocks_per_seq, scale, use_alibi ? slopes.data() : nullptr,
-          1.0f, window);
-    });
-  }
+  if (!mma) run_simt(softcap, &out);
   std::vector<float> got = Decode(out.data(), static_cast<size_t>(T_) * heads * HS, dt);
+  // Negative control for the cap: the same kernel without it.
+  std::vector<uint8_t> uncapped_out(out.size(), 0xFF);
+  if (softcap > 0) run_simt(0.0f, &uncapped_out);
+  const std::vector<float> uncapped =
+      Decode(uncapped_out.data(), static_cast<size_t>(T_) * heads * HS, dt);
+  int multi_key_rows = 0, uncapped_passes = 0;
   // Each query row (all heads) under the attention standard.
   std::vector<double> ref(static_cast<size_t>(heads) * HS);
   for (int s = 0; s < S; ++s) {
@@ -367,13 +431,27 @@ void CheckPrefill(DType dt, int block_size, int heads, int kv_heads, bool use_al
         testing::ReferenceAttendRange(q.data() + row * qstride + static_cast<int64_t>(h) * HS, h,
                                       heads, c.K(s), c.V(s), testing::WindowFirstKey(qpos, window),
                                       qpos + 1, qpos, scale, use_alibi ? slopes[h] : 0.0,
-                                      ref.data() + h * HS);
+                                      ref.data() + h * HS, softcap);
       ASSERT_TRUE(testing::AttentionOutputMatches(
           got.data() + static_cast<size_t>(row) * ref.size(), ref.data(), ref.size(), dt))
           << DTypeName(dt) << " head " << HS << " block " << block_size
           << (use_alibi ? " alibi" : "") << (mma ? " tensor cores" : "") << " window " << window
-          << " seq " << s << " row " << i;
+          << " softcap " << softcap << " seq " << s << " row " << i;
+      if (softcap > 0 && qpos + 1 - testing::WindowFirstKey(qpos, window) >= 2) {
+        ++multi_key_rows;
+        testing::AttentionControlScope control;
+        uncapped_passes +=
+            testing::AttentionOutputMatches(uncapped.data() + static_cast<size_t>(row) * ref.size(),
+                                            ref.data(), ref.size(), dt)
+                ? 1
+                : 0;
+      }
     }
+  }
+  if (softcap > 0) {
+    EXPECT_GT(multi_key_rows, 20);
+    EXPECT_EQ(uncapped_passes, 0) << "the kernel without its soft cap passes " << uncapped_passes
+                                  << " of " << multi_key_rows << " rows";
   }
   EXPECT_FALSE(testing::AttentionOutputMatches(std::vector<float>(ref.size(), 0.0f), ref, dt))
       << "a zeroed prefill row passes";
@@ -393,6 +471,15 @@ TEST(CudaEmulationTest, SlidingWindowPrefillMatchesReference) {
   std::mt19937 rng(25);
   CheckPrefill<float, 64>(DType::kFloat32, 16, 4, 2, false, rng, false, 9);
   CheckPrefill<__half, 80>(DType::kFloat16, 8, 2, 1, false, rng, false, 17);
+}
+
+// Soft-capped scores (Gemma 2), alone and with a sliding window and ALiBi;
+// the kernel without the cap is the negative control (CheckPrefill).
+TEST(CudaEmulationTest, SoftCappedPrefillMatchesReference) {
+  std::mt19937 rng(27);
+  CheckPrefill<float, 64>(DType::kFloat32, 16, 4, 2, false, rng, false, 0, 1.0f);
+  CheckPrefill<__half, 128>(DType::kFloat16, 8, 2, 1, true, rng, false, 17, 1.0f);
+  CheckPrefill<__nv_bfloat16, 256>(DType::kBFloat16, 32, 2, 2, false, rng, false, 9, 2.0f);
 }
 
 // The tensor-core prefill kernel under the same standard: both 16-bit types,
@@ -584,7 +671,7 @@ void CheckPrefillFp8(DType cache_dt, DType io, int block_size, int heads, int kv
           qsl.data(), lens32.data(), reinterpret_cast<const C*>(c.key_cache.data()),
           reinterpret_cast<const C*>(c.value_cache.data()), kv_heads, block_size,
           c.block_tables.data(), c.max_blocks_per_seq, scale * k_s,
-          use_alibi ? slopes.data() : nullptr, v_s, 0);
+          use_alibi ? slopes.data() : nullptr, v_s, 0, 0.0f);
     });
     return Decode(out.data(), static_cast<size_t>(T_) * heads * HS, io);
   };

@@ -625,6 +625,130 @@ TEST_F(CudaKernelsTest, PrefillMatchesReference) {
       for (int hs : {64, 128}) ASSERT_NO_FATAL_FAILURE(CheckPrefillCase(dt, alibi, hs, seqs, rng));
 }
 
+// Gemma 2's attention soft-capping through the dispatchers on the device: a
+// grouped bf16 case (32 query / 8 KV heads of 128, which would run the GQA
+// kernels without the cap) with a cap of 1 on scores of several units.
+// Decode under every request (auto, gqa, gqa_mma: all run v1/v2) and
+// prefill under a tensor-core request (runs SIMT), against the capped
+// reference; the uncapped call is the negative control.
+TEST_F(CudaKernelsTest, SoftCappedAttentionMatchesReference) {
+  std::mt19937 rng(17);
+  const DType dt = DType::kBFloat16;
+  PagedCase c;
+  c.dtype = dt;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_size = 128;
+  c.block_size = 16;
+  c.seq_lens = {2, 17, 600, 1100};
+  BuildPagedCase(c, rng);
+  ASSERT_FALSE(HasFatalFailure());
+  const int S = c.num_seqs(), H = c.num_heads, D = c.head_size;
+  const float cap = 1.0f, scale = 8.0f / std::sqrt(static_cast<float>(D));
+  const int max_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
+  std::vector<float> q = Quantize(RandomVector(static_cast<size_t>(S) * H * D, rng), dt);
+  std::vector<int32_t> lens(c.seq_lens.begin(), c.seq_lens.end());
+  DeviceBuffer dq = Upload(Encode(q, dt)), dbt = Upload(c.block_tables), dlens = Upload(lens);
+  DeviceBuffer ws(PagedAttentionV2WorkspaceBytes(S, H, D, max_len));
+  const size_t n = static_cast<size_t>(H) * D, out_bytes = S * n * DTypeSize(dt);
+  DeviceBuffer dout(out_bytes);
+  auto decode = [&](DecodeKernel kernel, float softcap, std::vector<float>* out) {
+    CUDA_OK(cudaMemset(dout.get(), 0xFF, out_bytes));
+    PagedAttentionParams p;
+    p.kernel = kernel;
+    p.out = dout.get();
+    p.query = dq.get();
+    p.num_seqs = S;
+    p.num_heads = H;
+    p.cache = c.view;
+    p.block_tables = static_cast<const int32_t*>(dbt.get());
+    p.max_blocks_per_seq = c.max_blocks_per_seq;
+    p.seq_lens = static_cast<const int32_t*>(dlens.get());
+    p.max_seq_len = max_len;
+    p.scale = scale;
+    p.logit_softcap = softcap;
+    p.host_block_tables = c.block_tables.data();
+    p.host_seq_lens = lens.data();
+    p.workspace = ws.get();
+    p.workspace_bytes = ws.bytes();
+    const absl::Status st = PagedAttention(p);
+    ASSERT_TRUE(st.ok()) << st;
+    CUDA_OK(cudaDeviceSynchronize());
+    *out = Decode(Download(dout.get(), out_bytes), dt);
+  };
+  std::vector<float> uncapped;
+  ASSERT_NO_FATAL_FAILURE(decode(DecodeKernel::kAuto, 0.0f, &uncapped));
+  for (DecodeKernel kernel : {DecodeKernel::kAuto, DecodeKernel::kGqa, DecodeKernel::kGqaMma}) {
+    std::vector<float> got;
+    ASSERT_NO_FATAL_FAILURE(decode(kernel, cap, &got));
+    for (int s = 0; s < S; ++s) {
+      const std::vector<double> ref = testing::ReferenceDecode(
+          q.data() + s * n, H, c.K(s), c.V(s), c.seq_lens[s], scale, nullptr, 0, cap);
+      EXPECT_TRUE(testing::AttentionOutputMatches(got.data() + s * n, ref.data(), n, dt))
+          << DecodeKernelName(kernel) << " request, seq " << s;
+      testing::AttentionControlScope control;
+      EXPECT_FALSE(testing::AttentionOutputMatches(uncapped.data() + s * n, ref.data(), n, dt))
+          << "the uncapped decode passes, seq " << s;
+    }
+  }
+
+  // Prefill: the last 40 tokens of each sequence as this step's queries.
+  std::vector<int32_t> qsl = {0};
+  for (int len : c.seq_lens) qsl.push_back(qsl.back() + std::min(len, 40));
+  const int T = qsl.back(), max_q = 40;
+  std::vector<float> pq = Quantize(RandomVector(static_cast<size_t>(T) * n, rng), dt);
+  DeviceBuffer dpq = Upload(Encode(pq, dt)), dqsl = Upload(qsl);
+  const size_t pout_bytes = T * n * DTypeSize(dt);
+  DeviceBuffer dpout(pout_bytes);
+  auto prefill = [&](float softcap, std::vector<float>* out) {
+    CUDA_OK(cudaMemset(dpout.get(), 0xFF, pout_bytes));
+    PrefillAttentionParams p;
+    p.kernel = PrefillKernel::kMma;
+    p.out = dpout.get();
+    p.query = dpq.get();
+    p.num_seqs = S;
+    p.num_heads = H;
+    p.query_start_loc = static_cast<const int32_t*>(dqsl.get());
+    p.seq_lens = static_cast<const int32_t*>(dlens.get());
+    p.cache = c.view;
+    p.block_tables = static_cast<const int32_t*>(dbt.get());
+    p.max_blocks_per_seq = c.max_blocks_per_seq;
+    p.max_query_len = max_q;
+    p.max_seq_len = max_len;
+    p.scale = scale;
+    p.logit_softcap = softcap;
+    p.host_query_start_loc = qsl.data();
+    p.host_seq_lens = lens.data();
+    p.host_block_tables = c.block_tables.data();
+    const absl::Status st = PrefillAttention(p);
+    ASSERT_TRUE(st.ok()) << st;
+    CUDA_OK(cudaDeviceSynchronize());
+    *out = Decode(Download(dpout.get(), pout_bytes), dt);
+  };
+  std::vector<float> got, plain;
+  ASSERT_NO_FATAL_FAILURE(prefill(cap, &got));
+  ASSERT_NO_FATAL_FAILURE(prefill(0.0f, &plain));
+  std::vector<double> ref(n);
+  int uncapped_passes = 0;
+  for (int s = 0; s < S; ++s) {
+    const int q_len = qsl[s + 1] - qsl[s];
+    for (int i = 0; i < q_len; ++i) {
+      const int row = qsl[s] + i, qpos = c.seq_lens[s] - q_len + i;
+      for (int h = 0; h < H; ++h)
+        testing::ReferenceAttendRange(pq.data() + row * n + static_cast<size_t>(h) * D, h, H,
+                                      c.K(s), c.V(s), 0, qpos + 1, qpos, scale, 0.0,
+                                      ref.data() + static_cast<size_t>(h) * D, cap);
+      ASSERT_TRUE(testing::AttentionOutputMatches(got.data() + row * n, ref.data(), n, dt))
+          << "prefill seq " << s << " row " << i;
+      if (qpos == 0) continue;  // one key: the cap changes nothing
+      testing::AttentionControlScope control;
+      uncapped_passes +=
+          testing::AttentionOutputMatches(plain.data() + row * n, ref.data(), n, dt) ? 1 : 0;
+    }
+  }
+  EXPECT_EQ(uncapped_passes, 0) << "the uncapped prefill passes";
+}
+
 // copy_blocks over 3 layers: destination blocks become byte copies of their
 // sources in K and V; every other block is untouched.
 TEST_F(CudaKernelsTest, CopyBlocksIsByteExact) {

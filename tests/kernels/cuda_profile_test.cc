@@ -303,7 +303,7 @@ void ProfileDecodeV1V2(bool v2) {
     kc::PagedAttentionKernel<T, kHead, kc::kDecodeThreads, T>(
         reinterpret_cast<T*>(out.data()), ml.data(), es.data(), tmp.data(), c.Q(), c.K(), c.V(),
         kKvHeads, kBlock, 0.1f, c.tables.data(), c.max_blocks, c.lens.data(), nullptr, psize, 1.0f,
-        0);
+        0, 0.0f);
   });
   if (v2) {
     kc::EmuLaunch(dim3(kHeads, S), dim3(kc::kDecodeThreads), P * sizeof(float), [&] {
@@ -377,7 +377,7 @@ void ProfilePrefill(bool mma) {
     kc::EmuLaunch(dim3(kHeads, 1, (kPrompt + 7) / 8), dim3(kc::kPrefillThreads), 0, [&] {
       kc::PrefillAttentionKernel<T, kHead>(
           reinterpret_cast<T*>(out.data()), c.Q(), qstride, qsl.data(), c.lens.data(), c.K(), c.V(),
-          kKvHeads, kBlock, c.tables.data(), c.max_blocks, 0.1f, nullptr, 1.0f, 0);
+          kKvHeads, kBlock, c.tables.data(), c.max_blocks, 0.1f, nullptr, 1.0f, 0, 0.0f);
     });
   }
   Report(mma ? "prefill tensor-core" : "prefill SIMT", kPrefillShape, emu::ProfileEnd(),

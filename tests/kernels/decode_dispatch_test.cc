@@ -75,6 +75,43 @@ TEST(ChooseDecodeKernelTest, Fp8CachesStayOnV1V2) {
   }
 }
 
+// A soft cap (Gemma 2's attn_logit_softcapping) keeps a grouped CUDA call
+// on v1/v2, even on a gqa / gqa_mma request: only they apply the cap. The
+// GQA entry points refuse a soft-capped call by name.
+TEST(ChooseDecodeKernelTest, SoftCappedCallsStayOnV1V2) {
+  PagedAttentionParams p;
+  p.num_seqs = 4;
+  p.num_heads = 32;
+  p.max_seq_len = 1000;
+  p.cache.device = Device::kCUDA;
+  p.cache.shape = KVCacheShape{64, 8, 128, 16, DType::kBFloat16};
+  EXPECT_EQ(ChooseDecodeKernel(p, DecodeKernel::kAuto).kernel, DecodeKernel::kGqa);
+  p.logit_softcap = 50.0f;
+  for (DecodeKernel req : {DecodeKernel::kAuto, DecodeKernel::kGqa, DecodeKernel::kGqaMma}) {
+    const DecodeKernelChoice c = ChooseDecodeKernel(p, req);
+    EXPECT_EQ(c.kernel,
+              ShouldUsePagedAttentionV1(4, 32, 1000) ? DecodeKernel::kV1 : DecodeKernel::kV2)
+        << c.reason;
+    EXPECT_TRUE(Contains(c.reason, "soft cap")) << c.reason;
+  }
+  EXPECT_EQ(ChooseDecodeKernel(p, DecodeKernel::kV2).kernel, DecodeKernel::kV2);
+  // The GQA entry points: InvalidArgument naming the soft cap (before any
+  // device work; the pointers are only checked for being set).
+  int dummy = 0;
+  const std::vector<int32_t> table(4, 0), lens(4, 10);
+  p.out = &dummy;
+  p.query = &dummy;
+  p.cache.key_cache = &dummy;
+  p.cache.value_cache = &dummy;
+  p.block_tables = table.data();
+  p.max_blocks_per_seq = 1;
+  p.seq_lens = lens.data();
+  for (const absl::Status& st : {PagedAttentionGqa(p), PagedAttentionGqaMma(p)}) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_TRUE(Contains(std::string(st.message()), "soft cap")) << st;
+  }
+}
+
 TEST(ChooseDecodeKernelTest, RequestsOverrideTheRule) {
   DecodeKernelChoice c = ChooseDecodeKernel(Device::kCUDA, 4, 32, 8, 128, 1000, DecodeKernel::kV1);
   EXPECT_EQ(c.kernel, DecodeKernel::kV1);

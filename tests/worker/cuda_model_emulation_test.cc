@@ -1,7 +1,10 @@
 // Runs the CUDA backend's small model kernels (runtime/worker/cuda/
 // model_kernels.cuh: embedding gather from fp32 and 16-bit tables, fused
 // residual add + RMSNorm (also as the per-head q/k norm of Qwen3) and
-// SiLU-and-mul with fp32 and 16-bit outputs,
+// SiLU-and-mul with fp32 and 16-bit outputs, Gemma's operations (the
+// residual add of a normed output, the embedding scale, GeGLU with fp32 and
+// 16-bit outputs, RoPE with the local layers' tables, the final logit soft
+// cap),
 // RoPE, bias add, the fp32 <-> fp16 /
 // bf16 conversions of GEMM and attention operands, SiLU-and-mul over a
 // stacked gate/up GEMM output, the greedy argmax of logits rows, RoPE fused
@@ -16,12 +19,12 @@
 // kernels/cpu/half.h converters; NaN inputs only need a NaN out, the
 // payloads differ), the argmax (against GreedyArgmax, the host rule the
 // sampler is checked with in greedy_rows_test.cc) and the residual sums are
-// exact; RoPE and
+// exact; RoPE, the scale, GeGLU and
 // SiLU-and-mul use the same fp32 operations as the CPU loop (tolerance
 // 2e-6 relative + 1e-7 for a contraction into FMA by either compiler);
-// RMSNorm sums squares in double in a different order (a block tree vs a
-// sequential loop), so its outputs agree within a few float ulps (2e-6
-// relative + 1e-7).
+// RMSNorm (and the post-norm add) sums squares in double in a different
+// order (a block tree vs a sequential loop), so its outputs agree within a
+// few float ulps (2e-6 relative + 1e-7).
 //
 // Every body runs in its scalar (VEC = 1) and its packed (VEC = kPack,
 // vectorized loads and stores) variant against the same references, on
@@ -984,6 +987,279 @@ TEST(CudaModelEmulationTest, AddBiasMatchesReference) {
   kc::EmuLaunch(dim3(2), dim3(kThreads), 0,
                 [&] { AddBiasBody(broken.data(), bias.data(), int64_t{n} * cols, cols - 1); });
   EXPECT_GT(Mismatches(broken, want, 0, 0), 0) << "negative control passed the check";
+}
+
+// ---- Gemma: post-norm residual add, embedding scale, GeGLU, local RoPE ------------
+
+// Broken: the norm taken over the residual instead of the added output
+// (the pre-norm of a plain block, not Gemma's post-norm).
+template <int NUM_THREADS>
+void BrokenAddPostRmsNormBody(float* residual, const float* add, const float* weight, int dim,
+                              double eps) {
+  __shared__ double partial[NUM_THREADS];
+  const int64_t t = blockIdx.x;
+  float* xr = residual + t * dim;
+  const float* ar = add + t * dim;
+  double ss = 0.0;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
+  partial[threadIdx.x] = ss;
+  __syncthreads();
+  for (int stride = NUM_THREADS / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride)
+      partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const float inv = static_cast<float>(1.0 / sqrt(partial[0] / dim + eps));
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] += ar[i] * inv * weight[i];
+}
+
+TEST(CudaModelEmulationTest, AddPostRmsNormMatchesCpu) {
+  std::mt19937 rng(31);
+  const double eps = 1e-6;
+  const int n = 5;
+  // Below, at a multiple of and above the block width (with packs, 2056
+  // takes a thread two rounds).
+  for (int dim : {96, 576, 1000, 2056}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << dim);
+    const std::vector<float> x0 = Random(static_cast<size_t>(n) * dim, rng);
+    // The added rows at another scale than the residual, so that a norm of
+    // the wrong one shows.
+    const std::vector<float> add = Random(x0.size(), rng, -9.0f, 9.0f);
+    const std::vector<float> weight = Random(dim, rng, 0.5f, 1.5f);
+    std::vector<float> want = x0;
+    cpu_ops::AddPostRmsNorm(want.data(), add.data(), n, dim, weight.data(), eps);
+    ForEachPack([&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      std::vector<float> got = x0;
+      kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+        AddPostRmsNormBody<kThreads, float, V>(got.data(), add.data(), weight.data(), dim, eps);
+      });
+      EXPECT_EQ(Mismatches(got, want, kRel, kAbs), 0);
+      got = x0;
+      kc::EmuLaunch(dim3(n), dim3(64), 0, [&] {  // another block width
+        AddPostRmsNormBody<64, float, V>(got.data(), add.data(), weight.data(), dim, eps);
+      });
+      EXPECT_EQ(Mismatches(got, want, kRel, kAbs), 0);
+    });
+    std::vector<float> broken = x0;
+    kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+      BrokenAddPostRmsNormBody<kThreads>(broken.data(), add.data(), weight.data(), dim, eps);
+    });
+    EXPECT_GT(Mismatches(broken, want, kRel, kAbs), 0) << "negative control passed the check";
+  }
+}
+
+// 16-bit partial sums (tensor parallelism): the same as the fp32 body fed
+// the sums widened exactly; fed the unrounded fp32 sums, the check fails.
+template <typename T, int VEC>
+void PostNorm16Case(kernels::DType dt) {
+  SCOPED_TRACE(kernels::DTypeName(dt));
+  std::mt19937 rng(32);
+  const int n = 4, dim = 1000;
+  const std::vector<float> x0 = Random(static_cast<size_t>(n) * dim, rng);
+  const std::vector<float> add = Random(x0.size(), rng);
+  const std::vector<float> weight = Random(dim, rng, 0.5f, 1.5f);
+  const std::vector<uint16_t> bits = To16(add, dt);
+  std::vector<T> add16(bits.size());
+  std::memcpy(static_cast<void*>(add16.data()), bits.data(), bits.size() * 2);
+  std::vector<float> widened(add.size());
+  for (size_t i = 0; i < add.size(); ++i)
+    widened[i] = dt == kernels::DType::kBFloat16 ? kernels::BFloat16BitsToFloat(bits[i])
+                                                 : kernels::HalfBitsToFloat(bits[i]);
+  auto run = [&](const auto* a) {
+    using AddT = std::remove_cv_t<std::remove_pointer_t<decltype(a)>>;
+    std::vector<float> x = x0;
+    kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+      AddPostRmsNormBody<kThreads, AddT, VEC>(x.data(), a, weight.data(), dim, 1e-6);
+    });
+    return x;
+  };
+  const std::vector<float> got = run(add16.data()), want = run(widened.data());
+  EXPECT_EQ(Mismatches(got, want, 0, 0), 0);
+  EXPECT_GT(Mismatches(run(add.data()), want, 0, 0), 0) << "negative control passed the check";
+}
+
+TEST(CudaModelEmulationTest, AddPostRmsNormReads16BitPartialSums) {
+  ForEachPack([](auto vec) {
+    PostNorm16Case<__half, decltype(vec)::value>(kernels::DType::kFloat16);
+    PostNorm16Case<__nv_bfloat16, decltype(vec)::value>(kernels::DType::kBFloat16);
+  });
+}
+
+TEST(CudaModelEmulationTest, ScaleMatchesCpu) {
+  ForEachPack([](auto vec) {
+    constexpr int V = decltype(vec)::value;
+    std::mt19937 rng(33);
+    // Several grid-stride rounds of 3 blocks; with packs, a multiple of the pack.
+    const int64_t count = V == 1 ? 3 * 1536 + 7 : 4 * 1536 + 8;
+    const float factor = std::sqrt(256.0f);  // Gemma: sqrt(hidden)
+    const std::vector<float> x0 = Random(count, rng);
+    std::vector<float> want = x0, got = x0, broken = x0;
+    for (float& v : want) v *= factor;  // the CPU backend's Scale loop
+    kc::EmuLaunch(dim3(3), dim3(kThreads), 0, [&] { ScaleBody<V>(got.data(), count, factor); });
+    EXPECT_EQ(Mismatches(got, want, 0, 0), 0);
+    // Broken: the grid-stride loop run over count - 1 elements (the last
+    // one, or the last pack, left unscaled).
+    kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
+                  [&] { ScaleBody<V>(broken.data(), count - V, factor); });
+    EXPECT_GT(Mismatches(broken, want, 0, 0), 0) << "negative control passed the check";
+  });
+}
+
+// Broken: the exact erf GELU in place of the tanh approximation.
+void BrokenGeluTanhMulBody(const float* gate, const float* up, int64_t count, float* out) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < count;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[k];
+    out[k] = 0.5f * g * (1.0f + std::erf(g * 0.70710678f)) * up[k];
+  }
+}
+
+TEST(CudaModelEmulationTest, GeluTanhMulMatchesCpu) {
+  ForEachPack([](auto vec) {
+    constexpr int V = decltype(vec)::value;
+    std::mt19937 rng(34);
+    const int64_t count = V == 1 ? 3 * 1536 + 7 : 4 * 1536 + 8;
+    const std::vector<float> gate = Random(count, rng, -8.0f, 8.0f);
+    const std::vector<float> up = Random(count, rng);
+    std::vector<float> want(count), got(count, NAN), broken(count, NAN);
+    cpu_ops::GeluTanhMul(gate.data(), up.data(), count, want.data());
+    kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
+                  [&] { GeluTanhMulBody<float, V>(gate.data(), up.data(), count, got.data()); });
+    EXPECT_EQ(Mismatches(got, want, kRel, kAbs), 0);
+    // In place (out = gate), as the fp32 path may run it.
+    std::vector<float> in_place = gate;
+    kc::EmuLaunch(dim3(3), dim3(kThreads), 0, [&] {
+      GeluTanhMulBody<float, V>(in_place.data(), up.data(), count, in_place.data());
+    });
+    EXPECT_EQ(Mismatches(in_place, want, kRel, kAbs), 0);
+    // A 16-bit GEMM input: the fp32 result rounded to nearest even once.
+    std::vector<__nv_bfloat16> got16(count);
+    kc::EmuLaunch(dim3(3), dim3(kThreads), 0, [&] {
+      GeluTanhMulBody<__nv_bfloat16, V>(gate.data(), up.data(), count, got16.data());
+    });
+    std::vector<uint16_t> bits(count);
+    std::memcpy(bits.data(), got16.data(), bits.size() * 2);
+    EXPECT_EQ(bits, To16(got, kernels::DType::kBFloat16));
+    std::vector<__half> got_h(count);
+    kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
+                  [&] { GeluTanhMulBody<__half, V>(gate.data(), up.data(), count, got_h.data()); });
+    std::memcpy(bits.data(), got_h.data(), bits.size() * 2);
+    EXPECT_EQ(bits, To16(got, kernels::DType::kFloat16));
+    kc::EmuLaunch(dim3(3), dim3(kThreads), 0,
+                  [&] { BrokenGeluTanhMulBody(gate.data(), up.data(), count, broken.data()); });
+    EXPECT_GT(Mismatches(broken, want, kRel, kAbs), 0) << "negative control passed the check";
+  });
+}
+
+// The final logit soft cap on the device (Gemma 2; what LmHead and
+// LmHeadSample run before the download, the argmax and the sampling kernel)
+// against SoftcapLogit, the host rule every backend follows: the same bits
+// (both in double), NaN kept, +-inf to +-cap. Broken: tanh(z) * cap without
+// the division.
+TEST(CudaModelEmulationTest, FinalSoftcapMatchesHostRule) {
+  std::mt19937 rng(36);
+  std::vector<float> x0 = Random(3 * 1536 + 7, rng, -200.0f, 200.0f);
+  x0.insert(x0.end(), {0.0f, -0.0f, 1e-30f, 3.0f, -3.0f, 1e30f, INFINITY, -INFINITY, NAN});
+  const int64_t count = static_cast<int64_t>(x0.size());
+  for (double cap : {30.0, 3.0}) {
+    SCOPED_TRACE(::testing::Message() << "cap " << cap);
+    std::vector<float> got = x0, want(x0.size()), broken(x0.size());
+    for (size_t i = 0; i < x0.size(); ++i) {
+      want[i] = SoftcapLogit(x0[i], cap);
+      broken[i] = static_cast<float>(std::tanh(static_cast<double>(x0[i])) * cap);
+    }
+    kc::EmuLaunch(dim3(3), dim3(kThreads), 0, [&] { SoftcapBody(got.data(), count, cap); });
+    int bad = 0, control_bad = 0;
+    for (size_t i = 0; i < x0.size(); ++i) {
+      auto same = [&](float a, float b) {
+        return std::isnan(b) ? std::isnan(a) : kernels::FloatBits(a) == kernels::FloatBits(b);
+      };
+      bad += same(got[i], want[i]) ? 0 : 1;
+      control_bad += same(broken[i], want[i]) ? 0 : 1;
+    }
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(got[x0.size() - 3], static_cast<float>(cap));
+    EXPECT_EQ(got[x0.size() - 2], -static_cast<float>(cap));
+    EXPECT_GT(control_bad, 0) << "negative control passed the check";
+  }
+}
+
+// Gemma 3's local layers rotate by their own tables (rope_local_base_freq,
+// unscaled; RopeLocalInverseFrequencies) while the global ones use
+// rope_theta with linear scaling: the RoPE bodies the backend runs on the
+// local tables (ApplyRopeBody, RopeConvertBody for the queries,
+// RopeReshapeAndCacheBody for the keys) against cpu_ops::ApplyRope on the
+// same tables, as the forward pass builds them (angles in double). Negative
+// control: the global tables miss the local reference.
+TEST(CudaModelEmulationTest, LocalRopeTablesMatchCpu) {
+  ModelConfig cfg;
+  cfg.head_size = 64;
+  cfg.rope_theta = 1e6;
+  cfg.rope_local_theta = 1e4;
+  cfg.rope_scaling.type = RopeScaling::Type::kLinear;
+  cfg.rope_scaling.factor = 8.0;
+  const std::vector<double> local_inv = RopeLocalInverseFrequencies(cfg);
+  const std::vector<double> global_inv = RopeInverseFrequencies(cfg);
+  const int half = cfg.head_size / 2;
+  ASSERT_EQ(local_inv.size(), static_cast<size_t>(half));
+  ASSERT_EQ(global_inv.size(), static_cast<size_t>(half));
+  const std::vector<int32_t> positions = {0, 1, 17, 300, 4095, 9};
+  const int n = static_cast<int>(positions.size()), heads = 3, D = cfg.head_size;
+  auto tables = [&](const std::vector<double>& inv, std::vector<float>* c, std::vector<float>* s) {
+    for (int32_t p : positions)
+      for (int i = 0; i < half; ++i) {
+        c->push_back(static_cast<float>(std::cos(p * inv[i])));
+        s->push_back(static_cast<float>(std::sin(p * inv[i])));
+      }
+  };
+  std::vector<float> lc, ls, gc, gs;
+  tables(local_inv, &lc, &ls);
+  tables(global_inv, &gc, &gs);
+  std::mt19937 rng(35);
+  const int64_t stride = static_cast<int64_t>(heads) * D;
+  const std::vector<float> x0 = Random(static_cast<size_t>(n) * stride, rng);
+  std::vector<float> want = x0;
+  cpu_ops::ApplyRope(want.data(), n, heads, D, half, stride, lc.data(), ls.data());
+  ForEachPack([&](auto vec) {
+    constexpr int V = decltype(vec)::value;
+    auto apply = [&](const std::vector<float>& c, const std::vector<float>& s) {
+      std::vector<float> x = x0;
+      kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+        ApplyRopeBody<V>(x.data(), heads, D, half, stride, c.data(), s.data());
+      });
+      return x;
+    };
+    EXPECT_EQ(Mismatches(apply(lc, ls), want, kRel, kAbs), 0);
+    EXPECT_GT(Mismatches(apply(gc, gs), want, kRel, kAbs), 0)
+        << "negative control (global tables) passed the check";
+    std::vector<float> q(x0.size(), NAN);
+    kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+      RopeConvertBody<float, V>(x0.data(), heads, D, half, stride, nullptr, lc.data(), ls.data(),
+                                q.data());
+    });
+    EXPECT_EQ(Mismatches(q, want, kRel, kAbs), 0);
+    // Keys: heads KV heads written by the fused kernel into an fp32 cache
+    // (block size 8, token t at slot t), read back in vLLM's layout.
+    const int block_size = 8, X = 4;  // x = 16 bytes of fp32
+    const int64_t num_blocks = 1;
+    std::vector<int64_t> slots(n);
+    for (int t = 0; t < n; ++t) slots[t] = t;
+    std::vector<float> kcache(static_cast<size_t>(num_blocks) * block_size * stride, NAN);
+    std::vector<float> vcache(kcache.size(), NAN);
+    kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+      RopeReshapeAndCacheBody<float, V>(x0.data(), x0.data(), stride, nullptr, nullptr, heads, D,
+                                        half, lc.data(), ls.data(), slots.data(), num_blocks,
+                                        block_size, kcache.data(), vcache.data(), 1.0f, 1.0f);
+    });
+    std::vector<float> k(x0.size());
+    for (int t = 0; t < n; ++t)
+      for (int h = 0; h < heads; ++h)
+        for (int d = 0; d < D; ++d)
+          k[t * stride + h * D + d] =
+              kcache[kc::KeyCacheOffset(0, t, h, d, heads, D, block_size, X)];
+    EXPECT_EQ(Mismatches(k, want, kRel, kAbs), 0);
+  });
 }
 
 }  // namespace

@@ -402,6 +402,41 @@ TEST_F(CudaWorkerModelTest, PartialRotaryLongRopeLogitsMatchCpuModel) {
   CompareLogits(model, prompts, WeightDType::kBFloat16, kernels::DType::kBFloat16);
 }
 
+// Gemma 2 on the tiny random gemma2 model (PAGEDSERVE_GEMMA2_MODEL and
+// _REFERENCE): the sandwich norms (AddPostRmsNorm), the embedding scale,
+// GeGLU, attention soft-capping (cap 1.0: the decode v1/v2 and SIMT prefill
+// kernels, with layer 0's window of 20) and the final soft cap (3.0) against
+// the CPU model, in fp32 and bf16 (with a bf16 cache, whose decode would
+// otherwise run the GQA kernel).
+TEST_F(CudaWorkerModelTest, Gemma2LogitsMatchCpuModel) {
+  // Set by CTest and scripts/gpu-check; missing is a setup error, not a skip.
+  const std::string model = Env("PAGEDSERVE_GEMMA2_MODEL");
+  const std::string reference = Env("PAGEDSERVE_GEMMA2_REFERENCE");
+  ASSERT_FALSE(model.empty()) << "PAGEDSERVE_GEMMA2_MODEL is not set";
+  ASSERT_FALSE(reference.empty()) << "PAGEDSERVE_GEMMA2_REFERENCE is not set";
+  const auto prompts = testing::LoadReference(reference);
+  ASSERT_FALSE(prompts.empty());
+  CompareLogits(model, prompts, WeightDType::kFloat32, kernels::DType::kFloat32);
+  CompareLogits(model, prompts, WeightDType::kBFloat16, kernels::DType::kBFloat16);
+}
+
+// Gemma 3 on the tiny random gemma3 model (PAGEDSERVE_GEMMA3_MODEL and
+// _REFERENCE): Gemma 2's layout with per-head q/k norms and no soft caps, 5
+// windowed layers rotating by the local RoPE tables (rope_local_base_freq)
+// and one global layer (rope_theta, linear scaling 8), against the CPU
+// model, in fp32 and bf16.
+TEST_F(CudaWorkerModelTest, Gemma3LogitsMatchCpuModel) {
+  // Set by CTest and scripts/gpu-check; missing is a setup error, not a skip.
+  const std::string model = Env("PAGEDSERVE_GEMMA3_MODEL");
+  const std::string reference = Env("PAGEDSERVE_GEMMA3_REFERENCE");
+  ASSERT_FALSE(model.empty()) << "PAGEDSERVE_GEMMA3_MODEL is not set";
+  ASSERT_FALSE(reference.empty()) << "PAGEDSERVE_GEMMA3_REFERENCE is not set";
+  const auto prompts = testing::LoadReference(reference);
+  ASSERT_FALSE(prompts.empty());
+  CompareLogits(model, prompts, WeightDType::kFloat32, kernels::DType::kFloat32);
+  CompareLogits(model, prompts, WeightDType::kBFloat16, kernels::DType::kBFloat16);
+}
+
 // fp8 KV caches (scales 1.0) under fp32 and bf16 weights.
 TEST_F(CudaWorkerModelTest, Fp8KvLogitsMatchCpuModel) {
   CompareLogits(model_path_, prompts_, WeightDType::kFloat32, kernels::DType::kFloat8E4M3);

@@ -228,15 +228,6 @@ class CudaBackend final : public ModelBackend {
   const char* name() const override { return "cuda"; }
 
   absl::StatusOr<BackendWeights> LoadWeights(LlamaWeights w) override {
-    // Gemma 2/3's operations (post-norms, GeGLU, embedding scale, soft
-    // caps, local RoPE) run on the CPU backend only so far.
-    const ModelConfig& mc = w.config;
-    if (mc.post_norms || mc.mlp_activation != MlpActivation::kSilu || mc.embedding_scale > 0 ||
-        mc.attn_logit_softcapping > 0 || mc.final_logit_softcapping > 0 || mc.rope_local_theta > 0)
-      return absl::UnimplementedError(
-          absl::StrCat("the CUDA backend does not run ", ModelArchName(mc.arch),
-                       " yet (post-norms, GeGLU, embedding scale, logit soft-capping, local "
-                       "RoPE): use the CPU worker"));
     if (w.config.moe.enabled())
       return absl::UnimplementedError(
           "the CUDA backend does not run mixture-of-experts models yet (MoeMlp is CPU-only); "
@@ -280,6 +271,11 @@ class CudaBackend final : public ModelBackend {
       PS_ASSIGN_OR_RETURN(d.o_proj, UploadMatrix(src.o_proj, p + "o_proj"));
       PS_ASSIGN_OR_RETURN(d.post_attention_layernorm, UploadVector(src.post_attention_layernorm,
                                                                    p + "post_attention_layernorm"));
+      if (w.config.post_norms) {  // Gemma's sandwich norms ((1 + w) folded at load)
+        PS_ASSIGN_OR_RETURN(d.attn_post_norm,
+                            UploadVector(src.attn_post_norm, p + "attn_post_norm"));
+        PS_ASSIGN_OR_RETURN(d.mlp_post_norm, UploadVector(src.mlp_post_norm, p + "mlp_post_norm"));
+      }
       {
         BackendMatrix* gate_up[2] = {&d.gate_proj, &d.up_proj};
         PS_RETURN_IF_ERROR(UploadStacked({&src.gate_proj, &src.up_proj},
@@ -396,6 +392,8 @@ class CudaBackend final : public ModelBackend {
         {b.logits_rows.data(), b.logits_rows.size() * sizeof(int32_t)},
         {plan.rope_cos.data(), plan.rope_cos.size() * sizeof(float)},
         {plan.rope_sin.data(), plan.rope_sin.size() * sizeof(float)},
+        {plan.rope_cos_local.data(), plan.rope_cos_local.size() * sizeof(float)},
+        {plan.rope_sin_local.data(), plan.rope_sin_local.size() * sizeof(float)},
     }};
     size_t total = 0;
     std::array<size_t, kInputCount> offsets{};
@@ -555,11 +553,34 @@ class CudaBackend final : public ModelBackend {
 
   absl::Status ApplyRope(float* x, int64_t n, int heads, int head_size, int64_t token_stride,
                          bool local) override {
-    if (local) return absl::UnimplementedError("CUDA backend: no local RoPE tables (Gemma 3)");
-    return CudaStatus(cuda_model::LaunchApplyRope(x, static_cast<int>(n), heads, head_size,
-                                                  RotHalf(), token_stride, In<float>(kRopeCos),
-                                                  In<float>(kRopeSin), stream_),
-                      "rope launch");
+    PS_ASSIGN_OR_RETURN(const RopeTables tables, Rope(local, n));
+    return CudaStatus(
+        cuda_model::LaunchApplyRope(x, static_cast<int>(n), heads, head_size, RotHalf(),
+                                    token_stride, tables.cos, tables.sin, stream_),
+        "rope launch");
+  }
+
+  // The residual add of the normed o_proj / MLP output (Gemma), one kernel.
+  absl::Status AddPostRmsNorm(float* residual, PartialSums add, int64_t n, int dim,
+                              const BackendVector& weight, double eps) override {
+    if (weight.size != dim)
+      return absl::InvalidArgumentError(
+          absl::StrCat("AddPostRmsNorm: weight of ", weight.size, " values for dim ", dim));
+    if (add.data == nullptr && n > 0)
+      return absl::InvalidArgumentError("AddPostRmsNorm: no output to add");
+    return CudaStatus(cuda_model::LaunchAddPostRmsNorm(residual, add.data, sum_elem_, weight.data,
+                                                       static_cast<int>(n), dim, eps, stream_),
+                      "add_post_rms_norm launch");
+  }
+
+  absl::Status Scale(float* x, int64_t count, float factor) override {
+    return CudaStatus(cuda_model::LaunchScale(x, count, factor, stream_), "scale launch");
+  }
+
+  absl::Status GeluTanhMul(const float* gate, const float* up, int64_t count,
+                           GemmInput out) override {
+    return CudaStatus(cuda_model::LaunchGeluTanhMul(gate, up, count, out.data, gemm_elem_, stream_),
+                      "gelu_tanh_mul launch");
   }
 
   absl::Status SiluMul(const float* gate, const float* up, int64_t count, GemmInput out) override {
@@ -763,7 +784,7 @@ class CudaBackend final : public ModelBackend {
       PS_RETURN_IF_ERROR(logits_.Reserve(bytes, "logits allocation"));
       PS_RETURN_IF_ERROR(pinned_logits_.Reserve(bytes, "pinned logits allocation"));
       float* d_logits = static_cast<float*>(logits_.get());
-      PS_RETURN_IF_ERROR(Linear(x, n, w, BackendVector{}, d_logits));
+      PS_RETURN_IF_ERROR(LogitsOnDevice(x, n, w, d_logits));
       // Into pinned memory: asynchronous, so that WaitForStep (not the copy)
       // is where the host waits.
       PS_RETURN_IF_ERROR(CudaStatus(
@@ -817,7 +838,7 @@ class CudaBackend final : public ModelBackend {
     float* d_logits = static_cast<float*>(logits_.get());
     // 4-byte words: [n argmax | draws | their logprobs | top ids | top logprobs].
     int32_t* d_ids = static_cast<int32_t*>(argmax_.get());
-    PS_RETURN_IF_ERROR(Linear(x, n, w, BackendVector{}, d_logits));
+    PS_RETURN_IF_ERROR(LogitsOnDevice(x, n, w, d_logits));
     if (any_greedy)
       PS_RETURN_IF_ERROR(CudaStatus(
           cuda_model::LaunchGreedyArgmax(d_logits, static_cast<int>(n), w.rows, d_ids, stream_),
@@ -838,6 +859,17 @@ class CudaBackend final : public ModelBackend {
     *out = std::move(sampled);  // nothing written on error
     logits->swap(kept);
     return absl::OkStatus();
+  }
+
+  // d_logits [n, w.rows] = x w^T, soft-capped on the device when the plan
+  // says (Gemma 2), so that the argmax and sampling kernels and the
+  // downloaded rows all see the capped values.
+  absl::Status LogitsOnDevice(GemmInput x, int64_t n, const BackendMatrix& w, float* d_logits) {
+    PS_RETURN_IF_ERROR(Linear(x, n, w, BackendVector{}, d_logits));
+    const double cap = plan_ != nullptr ? plan_->final_logit_softcap : 0.0;
+    if (!(cap > 0)) return absl::OkStatus();
+    return CudaStatus(cuda_model::LaunchSoftcap(d_logits, n * w.rows, cap, stream_),
+                      "final logit soft cap launch");
   }
 
   // The sampling kernel's inputs for one LmHeadSample: per-row args (with
@@ -995,6 +1027,8 @@ class CudaBackend final : public ModelBackend {
     kLogitsRows,
     kRopeCos,
     kRopeSin,
+    kRopeCosLocal,  // the local layers' tables (Gemma 3); empty without local RoPE
+    kRopeSinLocal,
     kInputCount
   };
   template <typename T>
@@ -1165,6 +1199,23 @@ class CudaBackend final : public ModelBackend {
                                              : std::nullopt;
   }
 
+  // The step's rotary tables on the device ([n, rope_half] each): the
+  // global ones, or with `local` the local layers' (Gemma 3).
+  struct RopeTables {
+    const float* cos;
+    const float* sin;
+  };
+  // InvalidArgument when the plan has no tables of that kind for its n tokens.
+  absl::StatusOr<RopeTables> Rope(bool local, int64_t n) const {
+    const std::vector<float>& c = local ? plan_->rope_cos_local : plan_->rope_cos;
+    if (n > 0 && (plan_->rope_half <= 0 || c.size() < static_cast<size_t>(n) * plan_->rope_half))
+      return absl::InvalidArgumentError(absl::StrCat("ApplyRope: the plan has no ",
+                                                     local ? "local " : "", "rotary tables for ", n,
+                                                     " tokens"));
+    if (local) return RopeTables{In<float>(kRopeCosLocal), In<float>(kRopeSinLocal)};
+    return RopeTables{In<float>(kRopeCos), In<float>(kRopeSin)};
+  }
+
   // Where RopeAttentionFrom reads token t's projections: q[t * q_stride],
   // k / v[t * kv_stride], each + its bias when not null (fp32).
   struct QkvRows {
@@ -1189,19 +1240,19 @@ class CudaBackend final : public ModelBackend {
           "query conversion allocation"));
       qa = attn_q_.get();
     }
+    PS_ASSIGN_OR_RETURN(const RopeTables tables, Rope(layer.local_rope, n));
     PS_RETURN_IF_ERROR(
         CudaStatus(cuda_model::LaunchRopeConvert(in.q, static_cast<int>(n), num_heads, D, RotHalf(),
-                                                 in.q_stride, in.q_bias, In<float>(kRopeCos),
-                                                 In<float>(kRopeSin), qa, io, stream_),
+                                                 in.q_stride, in.q_bias, tables.cos, tables.sin, qa,
+                                                 io, stream_),
                    "rope + query conversion launch"));
-    PS_RETURN_IF_ERROR(
-        CudaStatus(cuda_model::LaunchRopeReshapeAndCache(
-                       in.k, in.v, in.kv_stride, in.k_bias, in.v_bias, static_cast<int>(n),
-                       cache.shape.num_kv_heads, D, RotHalf(), In<float>(kRopeCos),
-                       In<float>(kRopeSin), In<int64_t>(kSlots), cache.shape.num_blocks,
-                       cache.shape.block_size, cache.key_cache, cache.value_cache,
-                       CacheTypeOf(cache.shape.dtype), cache.k_scale, cache.v_scale, stream_),
-                   "rope + reshape_and_cache launch"));
+    PS_RETURN_IF_ERROR(CudaStatus(
+        cuda_model::LaunchRopeReshapeAndCache(
+            in.k, in.v, in.kv_stride, in.k_bias, in.v_bias, static_cast<int>(n),
+            cache.shape.num_kv_heads, D, RotHalf(), tables.cos, tables.sin, In<int64_t>(kSlots),
+            cache.shape.num_blocks, cache.shape.block_size, cache.key_cache, cache.value_cache,
+            CacheTypeOf(cache.shape.dtype), cache.k_scale, cache.v_scale, stream_),
+        "rope + reshape_and_cache launch"));
     return RunAttention(cache, layer, num_heads, qa, out);
   }
 
@@ -1257,6 +1308,7 @@ class CudaBackend final : public ModelBackend {
       pf.max_seq_len = plan.max_prefill_len;
       pf.scale = plan.attention_scale;
       pf.sliding_window = layer.sliding_window;
+      pf.logit_softcap = layer.logit_softcap;
       if (validate) {
         pf.host_query_start_loc = plan.prefill_query_start_loc.data();
         pf.host_seq_lens = b.seq_lens.data() + plan.num_decode;
@@ -1291,6 +1343,7 @@ class CudaBackend final : public ModelBackend {
     pa.max_seq_len = plan.max_decode_len;
     pa.scale = plan.attention_scale;
     pa.sliding_window = layer.sliding_window;
+    pa.logit_softcap = layer.logit_softcap;
     if (validate) {
       pa.host_block_tables = b.block_tables.data();
       pa.host_seq_lens = b.seq_lens.data();

@@ -32,6 +32,12 @@
 // rotates q and converts it to the attention operand type, one rotates k and
 // writes k and v into the cache (reshape_and_cache's layout and rounding).
 // Attention kernels are kernels/cuda's.
+// Gemma 2/3: the post-norm residual add, the embedding scale, GeGLU and the
+// final logit soft cap are model_kernels.cuh kernels (the cap runs after the
+// LM-head GEMM, before the argmax / sampling kernels and the download); the
+// local layers' rotary tables go up with the global ones; attention
+// soft-capping is the v1/v2 and SIMT prefill kernels' logit_softcap.
+// Mixture-of-experts models are refused at LoadWeights (Unimplemented).
 //
 // Per step, BeginStep uploads the plan once (slot mapping, token ids,
 // seq_lens, prefill query_start_loc, logits rows and the rotary tables in

@@ -90,6 +90,28 @@ __global__ void __launch_bounds__(kThreads)
   AddRmsNormBody<kThreads, OutT, AddT, VEC>(residual, add, rows, weight, dim, eps, out);
 }
 
+template <typename AddT, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    AddPostRmsNormKernel(float* __restrict__ residual, const AddT* __restrict__ add,
+                         const float* __restrict__ weight, int dim, double eps) {
+  AddPostRmsNormBody<kThreads, AddT, VEC>(residual, add, weight, dim, eps);
+}
+
+template <int VEC>
+__global__ void ScaleKernel(float* __restrict__ x, int64_t count, float factor) {
+  ScaleBody<VEC>(x, count, factor);
+}
+
+__global__ void SoftcapKernel(float* __restrict__ x, int64_t count, double cap) {
+  SoftcapBody(x, count, cap);
+}
+
+template <typename OutT, int VEC>
+__global__ void GeluTanhMulKernel(const float* gate, const float* __restrict__ up, int64_t count,
+                                  OutT* out) {
+  GeluTanhMulBody<OutT, VEC>(gate, up, count, out);
+}
+
 template <int VEC>
 __global__ void ApplyRopeKernel(float* __restrict__ x, int heads, int head_size, int rot_half,
                                 int64_t token_stride, const float* __restrict__ cos_t,
@@ -166,6 +188,54 @@ cudaError_t LaunchAddRmsNorm(float* residual, const void* add, Elem add_type, co
             <<<n, kThreads, 0, stream>>>(residual, a, rows, weight, dim, eps, o);
         return cudaGetLastError();
       });
+    });
+  });
+}
+
+cudaError_t LaunchAddPostRmsNorm(float* residual, const void* add, Elem add_type,
+                                 const float* weight, int n, int dim, double eps,
+                                 cudaStream_t stream) {
+  if (n <= 0 || dim <= 0) return cudaSuccess;
+  if (add == nullptr) return cudaErrorInvalidValue;
+  return WithElem(add_type, [&](auto add_tag) {
+    using AddT = decltype(add_tag);
+    const AddT* a = static_cast<const AddT*>(add);
+    const int pack = PackWidth({dim}, {Packable(residual), Packable(a), Packable(weight)});
+    return WithPack(pack, [&](auto vec) {
+      AddPostRmsNormKernel<AddT, decltype(vec)::value>
+          <<<n, kThreads, 0, stream>>>(residual, a, weight, dim, eps);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t LaunchScale(float* x, int64_t count, float factor, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  return WithPack(PackWidth({count}, {Packable(x)}), [&](auto vec) {
+    ScaleKernel<decltype(vec)::value>
+        <<<BlocksFor(count / decltype(vec)::value), kThreads, 0, stream>>>(x, count, factor);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t LaunchSoftcap(float* x, int64_t count, double cap, cudaStream_t stream) {
+  if (!(cap > 0)) return cudaErrorInvalidValue;
+  if (count <= 0) return cudaSuccess;
+  SoftcapKernel<<<BlocksFor(count), kThreads, 0, stream>>>(x, count, cap);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGeluTanhMul(const float* gate, const float* up, int64_t count, void* out,
+                              Elem out_type, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  return WithElem(out_type, [&](auto tag) {
+    using OutT = decltype(tag);
+    OutT* o = static_cast<OutT*>(out);
+    const int pack = PackWidth({count}, {Packable(gate), Packable(up), Packable(o)});
+    return WithPack(pack, [&](auto vec) {
+      GeluTanhMulKernel<OutT, decltype(vec)::value>
+          <<<BlocksFor(count / decltype(vec)::value), kThreads, 0, stream>>>(gate, up, count, o);
+      return cudaGetLastError();
     });
   });
 }

@@ -6,7 +6,7 @@
 // (runtime/worker/cpu_backend.h, cpu_ops). Each body mirrors one cpu_ops
 // function with the same arithmetic where it matters (double sums in RMSNorm,
 // fp32 elsewhere). Activations are fp32, except the GEMM inputs the norm and
-// SiLU-and-mul write, which may be fp16 or bf16 (rounded once, from the fp32
+// SiLU-and-mul (GeGLU) write, which may be fp16 or bf16 (rounded once, from the fp32
 // result); weights (the embedding table) and the attention operands may be
 // fp16 or bf16, converted with the
 // round-to-nearest-even conversions of cuda_fp16.h / cuda_bf16.h (the CPU's
@@ -158,6 +158,67 @@ __device__ __forceinline__ void AddRmsNormBody(float* residual, const AddT* __re
   }
 }
 
+// Grid (n), block (NUM_THREADS, a power of two): the residual add of a
+// normed output (Gemma's sandwich norms; cpu_ops::AddPostRmsNorm) for row t:
+// a = add[t] (AddT float, __half or __nv_bfloat16: the partial-sum type,
+// widened exactly), residual[t] += a / sqrt(sum(a^2) / dim + eps) * weight,
+// the sum of squares in double (a block tree, as AddRmsNormBody), the
+// product and the sum in fp32. Packs: dim.
+template <int NUM_THREADS, typename AddT = float, int VEC = 1>
+__device__ __forceinline__ void AddPostRmsNormBody(float* __restrict__ residual,
+                                                   const AddT* __restrict__ add,
+                                                   const float* __restrict__ weight, int dim,
+                                                   double eps) {
+  namespace kc = ::pagedserve::kernels::cuda;
+  __shared__ double partial[NUM_THREADS];
+  const int64_t t = blockIdx.x;
+  float* xr = residual + t * dim;
+  const AddT* ar = add + t * dim;
+  auto load_add = [&](int i) {
+    const kc::Packed<AddT, VEC> a = kc::LoadPacked<VEC>(ar + i);
+    kc::Packed<float, VEC> v;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v.v[j] = kc::ToFloat(a.v[j]);
+    return v;
+  };
+  double ss = 0.0;
+  for (int i = threadIdx.x * VEC; i < dim; i += blockDim.x * VEC) {
+    const kc::Packed<float, VEC> v = load_add(i);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) ss += static_cast<double>(v.v[j]) * v.v[j];
+  }
+  partial[threadIdx.x] = ss;
+  __syncthreads();
+  for (int stride = NUM_THREADS / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride)
+      partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const float inv = static_cast<float>(1.0 / sqrt(partial[0] / dim + eps));
+  for (int i = threadIdx.x * VEC; i < dim; i += blockDim.x * VEC) {
+    const kc::Packed<float, VEC> a = load_add(i);
+    const kc::Packed<float, VEC> w = kc::LoadPacked<VEC>(weight + i);
+    kc::Packed<float, VEC> x = kc::LoadPacked<VEC>(xr + i);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) x.v[j] += a.v[j] * inv * w.v[j];
+    kc::StorePacked<VEC>(xr + i, x);
+  }
+}
+
+// Grid-stride: x[k] *= factor in fp32 for k < count (Gemma's embedding
+// scale). Packs: count.
+template <int VEC = 1>
+__device__ __forceinline__ void ScaleBody(float* __restrict__ x, int64_t count, float factor) {
+  namespace kc = ::pagedserve::kernels::cuda;
+  for (int64_t k = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * VEC; k < count;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x * VEC) {
+    kc::Packed<float, VEC> v = kc::LoadPacked<VEC>(x + k);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v.v[j] *= factor;
+    kc::StorePacked<VEC>(x + k, v);
+  }
+}
+
 // Rotates the VEC pairs (a[j], b[j]) by the angles whose cosines and sines
 // are c[0..VEC) and s[0..VEC): a' = a c - b s, b' = b c + a s in fp32 (HF's
 // rotate_half arithmetic, as cpu_ops::ApplyRope). Optionally adds the bias
@@ -244,6 +305,40 @@ __device__ __forceinline__ void SiluMulBody(const float* gate, const float* __re
   for (int64_t k = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * VEC; k < count;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x * VEC)
     SiluMulPack<OutT, VEC>(gate + k, up + k, out + k);
+}
+
+// Grid-stride: the final logit soft cap (Gemma 2; SoftcapLogit in
+// runtime/worker/model_backend.h): x[k] = float(cap * tanh(double(x[k]) /
+// cap)) for k < count, cap > 0, the division and tanh in double as on the
+// host (a NaN stays NaN, +-inf becomes +-cap).
+__device__ __forceinline__ void SoftcapBody(float* __restrict__ x, int64_t count, double cap) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < count;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[k] = static_cast<float>(cap * tanh(static_cast<double>(x[k]) / cap));
+}
+
+// Grid-stride: the GeGLU activation with GELU's tanh approximation
+// (cpu_ops::GeluTanhMul): out[k] = OutT(0.5 g (1 + tanh(sqrt(2/pi) (g +
+// 0.044715 g^3))) u), g = gate[k], u = up[k], for k < count, in fp32 (tanhf)
+// rounded once to OutT (float, __half or __nv_bfloat16). out may be gate when
+// OutT is float (in place). Packs: count.
+template <typename OutT, int VEC = 1>
+__device__ __forceinline__ void GeluTanhMulBody(const float* gate, const float* __restrict__ up,
+                                                int64_t count, OutT* out) {
+  namespace kc = ::pagedserve::kernels::cuda;
+  const float k0 = 0.7978845608028654f;  // sqrt(2 / pi)
+  const float k1 = 0.044715f;
+  for (int64_t k = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * VEC; k < count;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x * VEC) {
+    const kc::Packed<float, VEC> g = kc::LoadPacked<VEC>(gate + k), u = kc::LoadPacked<VEC>(up + k);
+    kc::Packed<OutT, VEC> y;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float x = g.v[j];
+      y.v[j] = kc::FromFloat<OutT>(0.5f * x * (1.0f + tanhf(k0 * (x + k1 * x * x * x))) * u.v[j]);
+    }
+    kc::StorePacked<VEC>(out + k, y);
+  }
 }
 
 // Grid-stride: SiluMulBody over the output of one GEMM over the stacked

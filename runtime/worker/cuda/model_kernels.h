@@ -42,6 +42,18 @@ cudaError_t LaunchAddRmsNorm(float* residual, const void* add, Elem add_type, co
                              const float* weight, int n, int dim, double eps, void* out,
                              Elem out_type, cudaStream_t stream);
 
+// The residual add of a normed output (ModelBackend::AddPostRmsNorm,
+// Gemma's post-attention / post-feedforward norms) over n rows:
+// residual[t] += add[t] / sqrt(mean(add[t]^2) + eps) * weight, add [n, dim]
+// of `add_type` (the partial sums), the sum of squares in double, the
+// product and the sum in fp32. add must not be null.
+cudaError_t LaunchAddPostRmsNorm(float* residual, const void* add, Elem add_type,
+                                 const float* weight, int n, int dim, double eps,
+                                 cudaStream_t stream);
+
+// x[k] *= factor in fp32 for k < count (Gemma's embedding scale).
+cudaError_t LaunchScale(float* x, int64_t count, float factor, cudaStream_t stream);
+
 // Rotary embedding of n tokens in place (rotate_half layout): the pairs (i, i
 // + rot_half), i < rot_half, of each head; tables [n, rot_half]. rot_half is
 // head_size / 2, or less for partial rotary (the rest of each head stays).
@@ -57,6 +69,16 @@ cudaError_t LaunchAddBias(float* y, const float* bias, int n, int cols, cudaStre
 // `out_type`; out may be gate when out_type is kF32.
 cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, void* out,
                           Elem out_type, cudaStream_t stream);
+
+// x[k] = SoftcapLogit(x[k], cap) for k < count (the final logit soft cap,
+// in double as on the host); cudaErrorInvalidValue unless cap > 0.
+cudaError_t LaunchSoftcap(float* x, int64_t count, double cap, cudaStream_t stream);
+
+// out[i] = gelu_tanh(gate[i]) * up[i] for i < count (GeGLU with GELU's tanh
+// approximation, ModelBackend::GeluTanhMul), fp32 rounded once to
+// `out_type`; out may be gate when out_type is kF32.
+cudaError_t LaunchGeluTanhMul(const float* gate, const float* up, int64_t count, void* out,
+                              Elem out_type, cudaStream_t stream);
 
 // out[t, i] = silu(y[t, i]) * y[t, inter + i] for t < n, i < inter: SiluMul
 // over the output y [n, 2 * inter] (fp32) of one GEMM over stacked gate/up
