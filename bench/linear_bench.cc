@@ -233,6 +233,11 @@ void PanelArgs(benchmark::internal::Benchmark* b) {
       for (int64_t m : {2, 3, 4}) b->Args({f, rows, cols, t, m});
   for (int64_t t : {4, 8, 16, 32})
     for (int64_t m : {0, 2, 4}) b->Args({11, 2048, 8192, t, m});
+  // One token (decode at batch 1) on Q4_0 / Q8_0 at the 1B shapes: the row
+  // dots against the row-block tiles (docs/benchmarks.md, "Llama-3.2-1B
+  // shape, idle, three formats").
+  for (int64_t f : {2, 8})
+    for (int64_t m : {0, 2, 3}) b->Args({f, 8192, 2048, 1, m}), b->Args({f, 2048, 8192, 1, m});
 }
 // Speculative verification (issue 33) at SmolLM2-135M's shapes: 2..9 tokens
 // (k + 1 for k = 1..8), kPanel16 against the row dots and the 2x4 tiles, for
