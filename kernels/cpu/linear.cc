@@ -161,7 +161,11 @@ constexpr int64_t kSgemmMinTokensHalf = 128;
 //    faster); the limit is placed between the two measured sizes, for all
 //    formats, not tuned further;
 //  - Q4_1 at 3 tokens and Q8_0 at 2 (1536x1536: 10-20%).
-// Everywhere else the tiles measured 1.0-3x faster.
+// Everywhere else the tiles measured 1.0-3x faster. Q4_0 keeps the tiles at
+// every size: faster at 4096x4096 in that measurement, and at Llama-3.2-1B's
+// 8192x2048 / 2048x8192 (9.4 MB) with one token 1.15-1.2x faster than the
+// row dots on AVX-512, one and two threads (BM_LinearPanel1B/2/.../1/{0,2};
+// docs/benchmarks.md "Llama-3.2-1B shape, idle, three formats").
 constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
 // kRowBlock8 (8 rows in the vector lanes) on the AVX2 path, for the formats
 // with its tile (HasRowBlock8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), from one tile of
@@ -195,7 +199,9 @@ bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t co
   const int64_t blocks_per_row = cols / be;
   const double bytes = static_cast<double>(rows) * static_cast<double>(blocks_per_row) *
                        static_cast<double>(BlockBytes(type));
-  if (num_tokens < kBlockTokens && bytes > static_cast<double>(kDecodeTileMaxBytes)) return true;
+  if (num_tokens < kBlockTokens && bytes > static_cast<double>(kDecodeTileMaxBytes) &&
+      type != WeightType::kQ4_0)
+    return true;
   return (type == WeightType::kQ4_1 && num_tokens == 3) ||
          (type == WeightType::kQ8_0 && num_tokens == 2);
 }
