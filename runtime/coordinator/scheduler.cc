@@ -393,7 +393,11 @@ int32_t Scheduler::CommitLoneDecode(SequenceGroup* g, int32_t spare, StepPlan* p
 }
 
 bool Scheduler::MaySpeculate(const SequenceGroup* g) const {
-  return spec_step_ && !g->params.use_beam_search && (g->forked || g->params.n == 1);
+  // Not with structured output: the worker's grammar mask for each
+  // verification row would have to follow that row's own prefix of the
+  // drafts (it masks with the whole history, drafts included).
+  return spec_step_ && !g->params.use_beam_search && !g->params.structured_output.active() &&
+         (g->forked || g->params.n == 1);
 }
 
 int32_t Scheduler::ProposeDraft(const SequenceGroup* g, Sequence* s, int32_t spare) {
@@ -785,8 +789,11 @@ const SequenceFailure* Scheduler::FailureOf(const StepResult& result, SeqId seq_
 
 void Scheduler::FailGroup(SequenceGroup* g, const Scheduled& e, const SequenceFailure& f,
                           std::vector<RequestOutput>* outputs) {
-  // The failed sequence's K/V is not marked computed (never cached); the
-  // group's blocks go at the next Schedule(), as for FinishRequest.
+  // The failed sequence's K/V is not marked computed (never cached) and the
+  // blocks this step appended for it go now (the table matches its computed
+  // tokens again); the group's other blocks go at the next Schedule(), as
+  // for FinishRequest.
+  bm_->TrimToComputed(*e.seq);
   if (g->pending_finish == FinishReason::kNone) {
     g->pending_finish = FinishReason::kError;
     ++num_pending_finishes_;
@@ -829,7 +836,10 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
     const Scheduled& e = scheduled_[i];
     Sequence* s = e.seq;
     SequenceGroup* g = e.group;
-    if (e.num_samples > 0 && !result.failed.empty()) {
+    // A verification entry fails only when the row whose token it emits
+    // (row `accepted`) could not be sampled: rows past the first rejected
+    // draft are discarded, as without speculation they never exist.
+    if (e.num_samples > 0 && e.num_draft == 0 && !result.failed.empty()) {
       if (const SequenceFailure* f = FailureOf(result, s->id); f != nullptr) {
         FailGroup(g, e, *f, outputs);
         continue;
@@ -840,6 +850,10 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
       // (SettleVerified once they are in s->tokens).
       const bool live = g->pending_finish == FinishReason::kNone;
       const int32_t accepted = live ? VerifyDraft(result, i, s) : 0;
+      if (live && TokenOf(result, i, accepted).token_id == kNoToken) {
+        FailGroup(g, e, *FailureOf(result, s->id), outputs);  // IndexResult: listed
+        continue;
+      }
       s->num_computed_tokens += 1 + accepted;
       if (!live) {
         SettleVerified(s);

@@ -404,7 +404,7 @@ void Engine::ApplyRequestOutput(const RequestOutput& ro, Clock::time_point now,
   auto it = requests_.find(ro.request_id);
   if (it == requests_.end()) return;
   RequestState& r = *it->second;
-  if (!r.has_token) {
+  if (!r.has_token && ro.error.empty()) {  // a failure is not a first token
     r.has_token = true;
     r.first_token = now;
     r.cached_tokens = ro.num_cached_tokens;

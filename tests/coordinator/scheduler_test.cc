@@ -359,6 +359,83 @@ TEST(SchedulerTest, AbortInTheMiddleOfAPrefillChunkFreesEverything) {
   EXPECT_TRUE(d.sched->CheckInvariants().ok());
 }
 
+// A verification entry (draft tokens) whose rows after the first rejected
+// draft could not be sampled runs on: those rows are discarded. Only a
+// failure of the emitted row fails the request, and it frees the blocks the
+// step appended at once (the table matches the computed tokens).
+TEST(SchedulerTest, UnsampleableRowsOfRejectedDraftsAreDiscarded) {
+  for (const bool emitted_row_fails : {false, true}) {
+    SCOPED_TRACE(emitted_row_fails ? "the emitted row fails" : "a discarded row fails");
+    SchedulerConfig c = Config(64);
+    c.speculative.method = "ngram";
+    c.speculative.num_speculative_tokens = 2;
+    c.speculative.prompt_lookup_min = 1;
+    c.speculative.prompt_lookup_max = 2;
+    auto sched = *Scheduler::Create(c, {});
+    Request r = Req("r", 0, 10);
+    r.prompt_token_ids = {5, 6, 5, 6, 5};
+    ASSERT_TRUE(sched->AddRequest(r).ok());
+    auto plan = sched->Schedule();  // the prompt
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const SeqId id = plan->seqs[0].seq_id;
+    StepResult first{plan->step_id, {Tok(id, 6)}, 0, 0, {}, {}};
+    ASSERT_TRUE(sched->ProcessResult(first).ok());
+    plan = sched->Schedule();  // 6 fed, drafts 5, 6 (what followed "5 6" before)
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_EQ(plan->seqs.size(), 1u);
+    ASSERT_EQ(plan->seqs[0].num_draft_tokens, 2);
+    StepResult verify{plan->step_id, {}, 0, 0, {}, {}};
+    // Row 0 rejects the first draft (7, not 5); rows 1-2 are past it.
+    verify.tokens = {Tok(id, emitted_row_fails ? kNoToken : 7), Tok(id, kNoToken),
+                     Tok(id, kNoToken)};
+    verify.failed = {{id, "sampler row 1 (seq 0): logit of token 3 is nan"}};
+    auto outs = sched->ProcessResult(verify);
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    ASSERT_EQ(outs->size(), 1u);
+    const RequestOutput& o = (*outs)[0];
+    EXPECT_TRUE(sched->CheckInvariants().ok()) << sched->CheckInvariants();
+    if (emitted_row_fails) {
+      EXPECT_TRUE(o.finished);
+      EXPECT_NE(o.error.find("is nan"), std::string::npos) << o.error;
+      auto next = sched->Schedule();  // releases it
+      ASSERT_TRUE(next.ok());
+      EXPECT_EQ(next->finished, std::vector<SeqId>{id});
+      EXPECT_EQ(sched->block_manager().device().num_in_use(), 0);
+    } else {
+      EXPECT_TRUE(o.error.empty()) << o.error;
+      EXPECT_FALSE(o.finished);
+      ASSERT_EQ(o.seqs.size(), 1u);
+      ASSERT_EQ(o.seqs[0].new_tokens.size(), 1u);
+      EXPECT_EQ(o.seqs[0].new_tokens[0].token_id, 7);
+      EXPECT_TRUE(sched->HasUnfinishedRequests());
+    }
+  }
+}
+
+// Structured output is not speculated: the worker's grammar mask for a
+// verification row would follow the whole history, drafts included.
+TEST(SchedulerTest, StructuredOutputRequestsGetNoDrafts) {
+  for (const bool constrained : {false, true}) {
+    SchedulerConfig c = Config(64);
+    c.speculative.method = "ngram";
+    c.speculative.num_speculative_tokens = 2;
+    c.speculative.prompt_lookup_min = 1;
+    c.speculative.prompt_lookup_max = 2;
+    auto sched = *Scheduler::Create(c, {});
+    Request r = Req("r", 0, 10);
+    r.prompt_token_ids = {5, 6, 5, 6, 5};
+    if (constrained) r.params.structured_output.kind = StructuredOutput::Kind::kJsonObject;
+    ASSERT_TRUE(sched->AddRequest(r).ok());
+    auto plan = sched->Schedule();
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    StepResult first{plan->step_id, {Tok(plan->seqs[0].seq_id, 6)}, 0, 0, {}, {}};
+    ASSERT_TRUE(sched->ProcessResult(first).ok());
+    plan = sched->Schedule();
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->seqs[0].num_draft_tokens, constrained ? 0 : 2) << constrained;
+  }
+}
+
 TEST(SchedulerTest, FinishRequestForAStopStringEndsItNextStep) {
   Driver d(Config(64));
   ASSERT_TRUE(d.sched->AddRequest(Req("s", 4, 50)).ok());
