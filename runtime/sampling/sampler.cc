@@ -343,6 +343,15 @@ struct RawLogprobs {
   std::vector<float> top_logprobs;
 };
 
+// Before with NaN ordered after every number (by id among NaNs): a strict
+// weak order even on a raw row holding NaN (prompt logprobs score rows the
+// sampler's checks never saw; std::sort and the heap need a valid order).
+inline bool BeforeNanLast(const Cand& a, const Cand& b) {
+  const bool a_nan = std::isnan(a.s), b_nan = std::isnan(b.s);
+  if (a_nan || b_nan) return a_nan == b_nan ? a.id < b.id : b_nan;
+  return Before(a, b);
+}
+
 RawLogprobs ComputeRawLogprobs(std::span<const float> raw, int n) {
   RawLogprobs out;
   const float max = *std::max_element(raw.begin(), raw.end());
@@ -358,14 +367,14 @@ RawLogprobs ComputeRawLogprobs(std::span<const float> raw, int n) {
     const Cand c{raw[i], static_cast<int32_t>(i), 0.0f};
     if (heap.size() < static_cast<size_t>(n)) {
       heap.push_back(c);
-      std::push_heap(heap.begin(), heap.end(), Before);
-    } else if (Before(c, heap.front())) {
-      std::pop_heap(heap.begin(), heap.end(), Before);
+      std::push_heap(heap.begin(), heap.end(), BeforeNanLast);
+    } else if (BeforeNanLast(c, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), BeforeNanLast);
       heap.back() = c;
-      std::push_heap(heap.begin(), heap.end(), Before);
+      std::push_heap(heap.begin(), heap.end(), BeforeNanLast);
     }
   }
-  std::sort(heap.begin(), heap.end(), Before);
+  std::sort(heap.begin(), heap.end(), BeforeNanLast);
   for (const Cand& c : heap) {
     out.top_ids.push_back(c.id);
     out.top_logprobs.push_back(static_cast<float>(static_cast<double>(c.s) - out.log_z));

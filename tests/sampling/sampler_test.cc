@@ -759,6 +759,29 @@ TEST(SamplerTest, BadInputIsAnErrorNotACrash) {
   EXPECT_EQ((*r)[0].token_id, 1);
 }
 
+// Prompt logprobs score raw rows the sampler's checks never saw: NaN in
+// them sorts after every number (a valid order for the heap and the sort,
+// whatever the row), and the finite top entries come first in their order.
+TEST(SamplerTest, ScoreTokenOrdersNanLast) {
+  const float nan = std::nanf("");
+  std::vector<float> row(64);
+  for (size_t i = 0; i < row.size(); ++i) row[i] = (i % 3 == 0) ? nan : static_cast<float>(i % 7);
+  const PromptLogprob p = Sampler::ScoreToken(row, 1, 20);
+  ASSERT_EQ(p.top_token_ids.size(), 20u);
+  // The finite values, largest first, ties to the lower id: 6 at ids 20, 34,
+  // 41, 55, 62 (not multiples of 3), then 5s, ...; no NaN id among them.
+  std::vector<int32_t> want;
+  for (int v = 6; v >= 0 && want.size() < 20; --v)
+    for (int32_t i = 0; i < 64 && want.size() < 20; ++i)
+      if (i % 3 != 0 && i % 7 == v) want.push_back(i);
+  EXPECT_EQ(p.top_token_ids, want);
+  // All NaN: every entry a NaN id, in id order.
+  std::vector<float> all(40, nan);
+  const PromptLogprob q = Sampler::ScoreToken(all, 0, 20);
+  ASSERT_EQ(q.top_token_ids.size(), 20u);
+  for (int32_t i = 0; i < 20; ++i) EXPECT_EQ(q.top_token_ids[i], i);
+}
+
 TEST(SamplerTest, RowsThatCannotBeSampledAreReportedAloneWithFailures) {
   Sampler s(4);
   SamplingParams seeded;
