@@ -90,6 +90,10 @@ PAGEDSERVE_FLAG("generate,serve", bool, prefill_first, false,
                 "a step with requests waiting runs only their prefills (running decodes wait a "
                 "step, as in vLLM V0 without chunked prefill and SGLang): lower TTFT for arrivals "
                 "while others generate, higher TPOT for those (docs/coordinator.md)");
+PAGEDSERVE_FLAG("generate,serve", std::string, scheduling_policy, "fcfs",
+                "the order requests are admitted and kept in: fcfs (arrival) or priority (a "
+                "request's `priority`, lower first, then arrival; the newest of the lowest "
+                "priority is preempted first), as vLLM's flag");
 PAGEDSERVE_FLAG("generate,serve", bool, enable_prefix_caching, true,
                 "reuse the KV blocks of identical prompt prefixes (on by default, as in vLLM's V1 "
                 "engine; --no-enable-prefix-caching turns it off)");
@@ -284,6 +288,11 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
                   : (c.enable_chunked_prefill ? std::max(128, c.max_num_seqs) : c.max_model_len);
   c.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   c.prefill_first = absl::GetFlag(FLAGS_prefill_first);
+  const std::string policy = absl::GetFlag(FLAGS_scheduling_policy);
+  if (policy != "fcfs" && policy != "priority") {
+    return BadFlag("scheduling-policy", "must be fcfs or priority", policy);
+  }
+  c.enable_priority = policy == "priority";
   absl::StatusOr<PreemptionMode> mode = ParsePreemptionMode(absl::GetFlag(FLAGS_preemption_mode));
   if (!mode.ok()) return mode.status();  // names --preemption-mode
   c.preemption_mode = *mode;

@@ -91,6 +91,7 @@ ABSL_DECLARE_FLAG(int32_t, max_num_batched_tokens);
 ABSL_DECLARE_FLAG(bool, enable_chunked_prefill);
 ABSL_DECLARE_FLAG(bool, enable_prefix_caching);
 ABSL_DECLARE_FLAG(std::string, preemption_mode);
+ABSL_DECLARE_FLAG(std::string, scheduling_policy);
 ABSL_DECLARE_FLAG(double, worker_startup_timeout);
 ABSL_DECLARE_FLAG(double, worker_step_timeout);
 

@@ -545,16 +545,13 @@ void Engine::RecordStepMetrics(const StepPlan& plan, const StepResult& result) {
         st.spec_accepted_per_pos[j] -
         (j < last_stats_.spec_accepted_per_pos.size() ? last_stats_.spec_accepted_per_pos[j] : 0);
   }
+  fig.generation_tokens = st.generation_tokens - last_stats_.generation_tokens;
   last_stats_ = st;
   for (const SequenceStep& s : plan.seqs) {
     // A verification (draft tokens) is a decode, not a prompt chunk.
     if (s.is_prefill() && s.num_draft_tokens == 0)
       fig.prompt_tokens += static_cast<int64_t>(s.token_ids.size());
   }
-  // A verification entry returns d + 1 samples and emits the accepted ones
-  // and the next (stop conditions aside, as for plain decodes).
-  fig.generation_tokens =
-      static_cast<int64_t>(result.tokens.size()) - fig.spec_draft_tokens + fig.spec_accepted_tokens;
   fig.first_token_prompt_tokens = std::exchange(first_token_prompt_tokens_, 0);
   token_counters_.prompt_tokens += fig.prompt_tokens;
   token_counters_.generation_tokens += fig.generation_tokens;

@@ -188,13 +188,14 @@ absl::Status ReadChatMessages(const json& messages, bool strict, std::vector<Cha
 absl::StatusOr<std::vector<int32_t>> EncodeChat(const ChatTemplate* chat_template,
                                                 const Tokenizer& tokenizer,
                                                 std::span<const ChatMessage> messages,
-                                                std::string_view tools_json) {
+                                                std::string_view tools_json,
+                                                std::string_view kwargs_json) {
   if (chat_template == nullptr) {
     return FieldError("messages",
                       "this model has no chat template: send a prompt (text or token ids) instead");
   }
   absl::StatusOr<std::string> rendered =
-      chat_template->Render(messages, /*add_generation_prompt=*/true, tools_json);
+      chat_template->Render(messages, /*add_generation_prompt=*/true, tools_json, kwargs_json);
   if (!rendered.ok()) {
     return FieldError("messages", absl::StrCat("messages: ", rendered.status().message()));
   }

@@ -40,7 +40,8 @@ absl::Status ReadChatMessages(const nlohmann::json& messages, bool strict,
                               std::vector<ChatMessage>* out);
 
 // Renders `messages` (and `tools_json`, the OpenAI `tools` array as JSON text,
-// "" for none: ChatTemplate::Render) through the model's chat template with the generation
+// "" for none) and `kwargs_json` (more template variables, a JSON object as
+// text, "" for none: ChatTemplate::Render) through the model's chat template with the generation
 // prompt and encodes the text without adding special tokens (the template
 // holds them, as Hugging Face's apply_chat_template does; special-token text
 // in the template is parsed as special). Errors: InvalidArgument naming
@@ -49,7 +50,8 @@ absl::Status ReadChatMessages(const nlohmann::json& messages, bool strict,
 absl::StatusOr<std::vector<int32_t>> EncodeChat(const ChatTemplate* chat_template,
                                                 const Tokenizer& tokenizer,
                                                 std::span<const ChatMessage> messages,
-                                                std::string_view tools_json = {});
+                                                std::string_view tools_json = {},
+                                                std::string_view kwargs_json = {});
 
 }  // namespace pagedserve
 

@@ -329,6 +329,7 @@ openai::ServedModel HttpCore::Model(const HttpBackend& b) const {
   m.max_model_len = b.loop->engine().scheduler_config().max_model_len;
   m.vocab_size = b.loop->tokenizer().vocab_size();
   m.defaults = options_.sampling_defaults;
+  m.priority_scheduling = b.loop->engine().scheduler_config().enable_priority;
   if (b.tool_call_parser.has_value()) {
     m.tool_call_format = *b.tool_call_parser;
   } else if (b.chat_template.has_value()) {
@@ -473,8 +474,11 @@ std::shared_ptr<Job> HttpCore::NewJob(openai::Endpoint endpoint, openai::Validat
   }
   job->created = UnixNow();
   const uint64_t seq = next_id_.fetch_add(1);
-  job->id = absl::StrCat(endpoint == openai::Endpoint::kChat ? "chatcmpl-" : "cmpl-",
-                         absl::Hex(id_salt_ ^ (seq * 0x9E3779B97F4A7C15ull), absl::kZeroPad16));
+  const char* prefix = endpoint == openai::Endpoint::kChat ? "chatcmpl-" : "cmpl-";
+  job->id = job->request.request_id.empty()
+                ? absl::StrCat(
+                      prefix, absl::Hex(id_salt_ ^ (seq * 0x9E3779B97F4A7C15ull), absl::kZeroPad16))
+                : absl::StrCat(prefix, job->request.request_id);
   std::vector<std::string> engine_ids;
   for (size_t p = 0; p < job->request.prompts.size(); ++p) {
     engine_ids.push_back(absl::StrCat("http-", seq, "-", p));
@@ -518,6 +522,7 @@ HttpCore::Started HttpCore::StartGeneration(openai::Endpoint endpoint, const std
     er.request_id = job->output->engine_ids()[p];
     er.prompt_token_ids = job->request.prompts[p];
     er.params = job->request.params;
+    er.priority = job->request.priority;
     er.cache_salt = job->request.cache_salt;
     if (absl::Status s = b->loop->Submit(std::move(er), job->channel); !s.ok()) {
       job->output->KeepSubmitted(p);

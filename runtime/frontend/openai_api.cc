@@ -67,6 +67,69 @@ bool ReadBool(const json& body, const char* key, bool* out, ApiError* err) {
   return true;
 }
 
+// Chat: vLLM's `chat_template_kwargs` (an object: more variables for the chat
+// template, e.g. Qwen3's enable_thinking) and OpenAI's `reasoning_effort`
+// ("low", "medium" or "high": the template variable of that name, as
+// transformers' apply_chat_template passes its keyword arguments; it wins
+// over a kwargs member of the same name) as one JSON object in *out, "" when
+// there are none. Members named like the variables the server sets
+// (messages, tools, ...) are refused.
+bool ReadTemplateKwargs(const json& body, std::string* out, ApiError* err) {
+  json kwargs = json::object();
+  if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      *err = BadRequest("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+      return false;
+    }
+    for (const auto& [key, value] : it->items()) {
+      if (IsReservedTemplateVariable(key)) {
+        *err = BadRequest(absl::StrCat("'chat_template_kwargs' may not set '", key,
+                                       "': the server sets it from the request"),
+                          "chat_template_kwargs");
+        return false;
+      }
+    }
+    kwargs = *it;
+  }
+  if (auto it = body.find("reasoning_effort"); it != body.end() && !it->is_null()) {
+    if (!it->is_string() || (*it != "low" && *it != "medium" && *it != "high")) {
+      *err = BadRequest("'reasoning_effort' must be one of \"low\", \"medium\", \"high\"",
+                        "reasoning_effort");
+      return false;
+    }
+    kwargs["reasoning_effort"] = *it;
+  }
+  if (!kwargs.empty()) *out = kwargs.dump();
+  return true;
+}
+
+// vLLM's `request_id`: the response's id becomes "cmpl-" / "chatcmpl-" and
+// it; 1 to 256 visible ASCII bytes (it is echoed and logged).
+bool ReadRequestId(const json& body, std::string* out, ApiError* err) {
+  auto it = body.find("request_id");
+  if (it == body.end() || it->is_null()) return true;
+  const std::string* id = it->is_string() ? &it->get_ref<const std::string&>() : nullptr;
+  if (id == nullptr || id->empty() || id->size() > 256 ||
+      !std::all_of(id->begin(), id->end(), [](char c) { return c > 0x20 && c < 0x7f; })) {
+    *err = BadRequest("'request_id' must be a string of 1 to 256 visible ASCII characters",
+                      "request_id");
+    return false;
+  }
+  *out = *id;
+  return true;
+}
+
+// vLLM's `priority` (request_fields.h PriorityFromJson).
+bool ReadPriority(const json& body, const ServedModel& model, int32_t* out, ApiError* err) {
+  auto it = body.find("priority");
+  if (it == body.end()) return true;
+  if (absl::Status s = PriorityFromJson(*it, model.priority_scheduling, out); !s.ok()) {
+    *err = BadRequest(std::string(s.message()), "priority");
+    return false;
+  }
+  return true;
+}
+
 // A list of token ids, each in [0, vocab).
 bool ReadIds(const json& v, const char* key, int32_t vocab, std::vector<int32_t>* out,
              ApiError* err) {
@@ -541,7 +604,6 @@ constexpr NotImplemented kNotImplemented[] = {
     {"truncate_prompt_tokens", nullptr},
     {"logits_processors", nullptr},
     {"chat_template", nullptr},
-    {"chat_template_kwargs", "{}"},
     {"documents", nullptr},
     {"add_generation_prompt", "true"},
     {"continue_final_message", "false"},
@@ -550,6 +612,9 @@ constexpr NotImplemented kNotImplemented[] = {
     {"modalities", R"(["text"])"},
     {"audio", nullptr},
     {"prediction", nullptr},
+    {"web_search_options", nullptr},
+    // vLLM V1 refuses a per-request backend other than the server's too.
+    {"guided_decoding_backend", "\"auto\""},
 };
 
 bool CheckNotImplemented(const json& body, ApiError* err) {
@@ -561,6 +626,56 @@ bool CheckNotImplemented(const json& body, ApiError* err) {
     *err = BadRequest(absl::StrCat("'", field, "' is not supported by this server"), field);
     return false;
   }
+  return true;
+}
+
+// The request's options besides its prompt and sampling: stream and
+// stream_options, cache_salt, echo (completions only), the known fields this
+// server refuses, the chat-only fields on completions, request_id and priority.
+bool ReadRequestOptions(Endpoint endpoint, const json& body, const ServedModel& model,
+                        ValidatedRequest* r, bool* echo, ApiError* err) {
+  if (!ReadBool(body, "stream", &r->stream, err)) return false;
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      *err = BadRequest("'stream_options' must be an object", "stream_options");
+      return false;
+    }
+    if (!ReadBool(*it, "include_usage", &r->include_usage, err)) return false;
+    // As vLLM: stream options without a stream are a client's mistake, not a no-op.
+    if (!r->stream) {
+      *err = BadRequest("'stream_options' needs 'stream': true", "stream_options");
+      return false;
+    }
+  }
+  if (auto it = body.find("cache_salt"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) {
+      *err = BadRequest("'cache_salt' must be a string", "cache_salt");
+      return false;
+    }
+    // Never echoes the salt (the message names its length or a byte offset).
+    if (absl::Status s = ValidateCacheSalt(it->get_ref<const std::string&>()); !s.ok()) {
+      *err = BadRequest(std::string(s.message()), "cache_salt");
+      return false;
+    }
+    r->cache_salt = it->get<std::string>();
+  }
+  if (!ReadBool(body, "echo", echo, err)) return false;
+  if (*echo && endpoint == Endpoint::kChat) {
+    *err = BadRequest("'echo' is supported on /v1/completions only", "echo");
+    return false;
+  }
+  if (!CheckNotImplemented(body, err)) return false;
+  if (endpoint != Endpoint::kChat) {
+    for (const char* chat_only : {"chat_template_kwargs", "reasoning_effort"}) {
+      if (auto it = body.find(chat_only); it != body.end() && !it->is_null()) {
+        *err = BadRequest(
+            absl::StrCat("'", chat_only, "' is supported on /v1/chat/completions only"), chat_only);
+        return false;
+      }
+    }
+  }
+  if (!ReadRequestId(body, &r->request_id, err)) return false;
+  if (!ReadPriority(body, model, &r->priority, err)) return false;
   return true;
 }
 
@@ -588,46 +703,18 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
       return out;
     }
   }
-  if (!ReadBool(body, "stream", &r.stream, &out.error)) return out;
-  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) {
-      out.error = BadRequest("'stream_options' must be an object", "stream_options");
-      return out;
-    }
-    if (!ReadBool(*it, "include_usage", &r.include_usage, &out.error)) return out;
-    // As vLLM: stream options without a stream are a client's mistake, not a no-op.
-    if (!r.stream) {
-      out.error = BadRequest("'stream_options' needs 'stream': true", "stream_options");
-      return out;
-    }
-  }
-  if (auto it = body.find("cache_salt"); it != body.end() && !it->is_null()) {
-    if (!it->is_string()) {
-      out.error = BadRequest("'cache_salt' must be a string", "cache_salt");
-      return out;
-    }
-    // Never echoes the salt (the message names its length or a byte offset).
-    if (absl::Status s = ValidateCacheSalt(it->get_ref<const std::string&>()); !s.ok()) {
-      out.error = BadRequest(std::string(s.message()), "cache_salt");
-      return out;
-    }
-    r.cache_salt = it->get<std::string>();
-  }
   bool echo = false;
-  if (!ReadBool(body, "echo", &echo, &out.error)) return out;
-  if (echo && endpoint == Endpoint::kChat) {
-    out.error = BadRequest("'echo' is supported on /v1/completions only", "echo");
-    return out;
-  }
-  if (!CheckNotImplemented(body, &out.error)) return out;
+  if (!ReadRequestOptions(endpoint, body, model, &r, &echo, &out.error)) return out;
   StructuredOutput tool_constraint;  // tool_choice "required" / a named function
   out.ignored_fields = UnknownFields(body, KnownFields(endpoint));
   if (endpoint == Endpoint::kChat) {
     std::vector<ChatMessage> messages;
     if (!ReadMessages(body, &messages, &out.error)) return out;
     if (!ReadTools(body, text, model, &r, &tool_constraint, &out.error)) return out;
+    std::string kwargs;
+    if (!ReadTemplateKwargs(body, &kwargs, &out.error)) return out;
     absl::StatusOr<std::vector<int32_t>> ids =
-        EncodeChat(chat_template, tok, messages, r.tools_json);
+        EncodeChat(chat_template, tok, messages, r.tools_json, kwargs);
     if (!ids.ok()) {
       out.error = BadRequest(std::string(ids.status().message()), "messages");
       return out;
@@ -885,7 +972,10 @@ std::string TokenizeResponse(std::string_view text, const ServedModel& model, co
   if (body.contains("messages")) {
     std::vector<ChatMessage> messages;
     if (!ReadMessages(body, &messages, err)) return "";
-    absl::StatusOr<std::vector<int32_t>> encoded = EncodeChat(chat_template, tok, messages);
+    std::string kwargs;
+    if (!ReadTemplateKwargs(body, &kwargs, err)) return "";
+    absl::StatusOr<std::vector<int32_t>> encoded =
+        EncodeChat(chat_template, tok, messages, /*tools_json=*/{}, kwargs);
     if (!encoded.ok()) {
       *err = BadRequest(std::string(encoded.status().message()), "messages");
       return "";

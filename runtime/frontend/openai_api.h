@@ -74,6 +74,11 @@ struct ValidatedRequest {
   // field: empty = none; else 1..256 visible ASCII bytes (ValidateCacheSalt).
   // Goes to every EngineRequest of the request.
   std::string cache_salt;
+  // vLLM's `request_id` (1..256 visible ASCII bytes), "" when absent: the
+  // response id is then "cmpl-"/"chatcmpl-" and it, not a generated one.
+  std::string request_id;
+  // vLLM's `priority` (lower first; 0 unless ServedModel::priority_scheduling).
+  int32_t priority = 0;
   // max_tokens (or max_completion_tokens) was in the request; otherwise it is
   // the endpoint's default (16; chat: the rest of the context).
   bool max_tokens_given = false;
@@ -113,6 +118,7 @@ struct ServedModel {
   int64_t max_model_len = 0;
   int32_t vocab_size = 0;
   SamplingDefaults defaults;
+  bool priority_scheduling = false;  // --scheduling-policy priority: `priority` may be non-zero
   // --tool-call-parser, or the format the chat template's markers imply.
   ToolCallFormat tool_call_format = ToolCallFormat::kHermes;
 };

@@ -181,7 +181,7 @@ Check ReadTools(const json& obj, std::string_view text, GenerateRequest& req) {
 
 // A generate request's members, checked in this order (the first error wins):
 // unknown members, the prompt, sampling numbers, stop and output options,
-// beam search, stream, cache_salt, then SamplingParams::Validate.
+// beam search, stream, cache_salt, priority, then SamplingParams::Validate.
 // `text`: the message's JSON text (a JSON Schema keeps its key order).
 Check ParseGenerate(const json& obj, std::string_view text, const ParseOptions& opt,
                     GenerateRequest& req) {
@@ -207,6 +207,7 @@ Check ParseGenerate(const json& obj, std::string_view text, const ParseOptions& 
                                                      "ignore_eos",
                                                      "logprobs",
                                                      "cache_salt",
+                                                     "priority",
                                                      "use_beam_search",
                                                      "best_of",
                                                      "length_penalty",
@@ -249,6 +250,10 @@ Check ParseGenerate(const json& obj, std::string_view text, const ParseOptions& 
     const std::string& salt = j->get_ref<const std::string&>();
     if (absl::Status s = ValidateCacheSalt(salt); !s.ok()) return Invalid(std::string(s.message()));
     req.cache_salt = salt;
+  }
+  if (const json* j = Member(obj, "priority")) {
+    if (absl::Status s = PriorityFromJson(*j, opt.priority_scheduling, &req.priority); !s.ok())
+      return Invalid(std::string(s.message()));
   }
   if (absl::Status s = sp.Validate(); !s.ok()) return Invalid(std::string(s.message()));
   return std::nullopt;
@@ -453,6 +458,7 @@ json ToJson(const GenerateRequest& r) {
   if (s.include_stop_str_in_output) j["include_stop_str_in_output"] = true;
   j["stream"] = r.stream;
   if (!r.cache_salt.empty()) j["cache_salt"] = r.cache_salt;
+  if (r.priority != 0) j["priority"] = r.priority;
   return j;
 }
 

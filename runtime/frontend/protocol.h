@@ -72,6 +72,8 @@ struct GenerateRequest {
   // Prefix-cache isolation (runtime/common/cache_salt.h): empty = none; else
   // 1..256 visible ASCII bytes (ValidateCacheSalt). Goes to EngineRequest.
   std::string cache_salt;
+  // vLLM's "priority" (lower first): 0 unless ParseOptions::priority_scheduling.
+  int32_t priority = 0;
   // Chat tool calling (`messages` prompts only): `tools`, `tool_choice`,
   // `parallel_tool_calls` by the rules the HTTP API shares
   // (request_fields.h). The server renders the tools through the chat
@@ -228,6 +230,7 @@ struct ParseOptions {
   size_t max_message_bytes = 1 << 20;  // larger messages: message_too_large, not parsed
   int max_json_depth = 32;             // deeper nesting: invalid_json (bounded recursion)
   int32_t vocab_size = 0;              // > 0: prompt_token_ids / stop_token_ids must be < it
+  bool priority_scheduling = false;    // --scheduling-policy priority: "priority" may be non-zero
 };
 
 struct ParseResult {

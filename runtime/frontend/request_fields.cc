@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/field_error.h"
+#include "runtime/common/status_macros.h"
 
 namespace pagedserve {
 namespace {
@@ -50,6 +51,18 @@ absl::Status WrongTypeError(absl::string_view field, absl::string_view expected,
       field,
       absl::StrCat("field '", field, "' must be ", expected, ", got ", JsonKindName(got),
                    got.is_primitive() && !got.is_null() ? absl::StrCat(" ", ShowJson(got)) : ""));
+}
+
+absl::Status PriorityFromJson(const json& v, bool priority_scheduling, int32_t* out) {
+  int priority = 0;
+  if (!v.is_null()) PS_RETURN_IF_ERROR(IntFromJson(v, "priority", &priority));
+  if (priority != 0 && !priority_scheduling) {
+    return FieldError("priority",
+                      "field 'priority' must be 0: priority scheduling is not enabled (start the "
+                      "server with --scheduling-policy priority)");
+  }
+  *out = priority;
+  return absl::OkStatus();
 }
 
 absl::Status IntFromJson(const json& v, absl::string_view field, int* out) {

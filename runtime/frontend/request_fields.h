@@ -51,6 +51,11 @@ absl::Status BoolFromJson(const nlohmann::json& v, absl::string_view field, bool
 absl::Status StringFromJson(const nlohmann::json& v, absl::string_view field, std::string* out);
 absl::Status TokenIdsFromJson(const nlohmann::json& v, absl::string_view field, int32_t vocab_size,
                               std::vector<int32_t>* out);
+// vLLM's "priority": an integer within int32 (IntFromJson), lower = more
+// important. Anything but 0 is InvalidArgument naming "priority" unless
+// `priority_scheduling` (the server runs --scheduling-policy priority; vLLM's
+// rule). Null is 0.
+absl::Status PriorityFromJson(const nlohmann::json& v, bool priority_scheduling, int32_t* out);
 // s cut to at most n (>= 4) bytes without splitting a UTF-8 sequence, "..." marking a cut.
 std::string TruncateUtf8(std::string s, size_t n);
 // A JSON value as error messages quote it: compact, cut at 40 bytes without

@@ -279,6 +279,7 @@ struct Server::Impl {
     protocol::ParseOptions po;
     po.max_message_bytes = options.max_message_bytes;
     po.vocab_size = loop->tokenizer().vocab_size();
+    po.priority_scheduling = loop->engine().scheduler_config().enable_priority;
     protocol::ParseResult parsed = protocol::ParseRequest(bytes, po);
     if (!parsed.ok()) {
       ++counters.errors_sent;
@@ -373,6 +374,7 @@ struct Server::Impl {
     er.prompt_token_ids = *std::move(ids);
     er.params = g.sampling;
     er.cache_salt = g.cache_salt;
+    er.priority = g.priority;
     if (g.tools.parse_tool_calls()) {
       absl::StatusOr<StructuredOutput> c = ToolFieldsConstraint(g.tools, ToolFormat());
       if (!c.ok()) {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/half.h"
@@ -34,6 +35,28 @@ std::string ModelArchName(ModelArch arch) {
 }
 
 namespace {
+
+// Upper bounds on the dimensions, far above every released checkpoint (at
+// most 126 layers, head size 256, 128 heads, 64K hidden) and low enough
+// that the per-layer and per-dimension work a config implies (sliding-window
+// flags, rotary tables) is instant: a crafted file must not stall a load.
+// Zero (not yet read) passes; Validate() checks positivity.
+absl::Status CheckDimensionBounds(const ModelConfig& c) {
+  for (auto [name, v, most] :
+       {std::tuple<const char*, int64_t, int64_t>{"num_layers", c.num_layers, 4096},
+        {"hidden_size", c.hidden_size, 1 << 20},
+        {"intermediate_size", c.intermediate_size, 1 << 22},
+        {"num_heads", c.num_heads, 1 << 14},
+        {"num_kv_heads", c.num_kv_heads, 1 << 14},
+        {"head_size", c.head_size, 4096},
+        {"num_experts", c.moe.num_experts, 4096}}) {
+    if (v > most) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: ", name, " ", v, " is above the bound ", most));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // kLongRope's fields (model_config.h): RotaryDim() / 2 factors in [1e-3,
 // 1e6] in each set, an attention factor in (0, 16] and a positive original
@@ -98,6 +121,7 @@ absl::Status ModelConfig::Validate() const {
                          {"max_position_embeddings", max_position_embeddings}}) {
     if (auto s = positive(name, v); !s.ok()) return s;
   }
+  PS_RETURN_IF_ERROR(CheckDimensionBounds(*this));
   if (num_heads % num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("model config: num_heads ", num_heads,
                                                    " is not a multiple of num_kv_heads ",
@@ -519,6 +543,9 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
     PS_RETURN_IF_ERROR(GetIntField(g, p + "attention.head_count_kv", &c.num_kv_heads));
   }
   PS_RETURN_IF_ERROR(ReadGgufHeadSize(g, p, &c));
+  if (auto s = CheckDimensionBounds(c); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(g.path(), ": ", s.message()));
+  }
   PS_ASSIGN_OR_RETURN(c.rms_norm_eps, g.GetFloat(p + "attention.layer_norm_rms_epsilon"));
   if (g.Find(p + "rope.freq_base")) {
     PS_ASSIGN_OR_RETURN(c.rope_theta, g.GetFloat(p + "rope.freq_base"));
@@ -615,6 +642,20 @@ absl::Status ReadNumber(const json& j, absl::string_view source, const char* fie
     return absl::OkStatus();
   }
   if constexpr (std::is_integral_v<T>) {
+    // A float holding a whole number (4096.0; Python writes 1e20 as a float)
+    // is that integer, so range errors name it as such.
+    if (it->is_number_float()) {
+      const double d = it->get<double>();
+      if (!std::isfinite(d) || d != std::floor(d)) {
+        return FieldError(source, name, absl::StrCat("must be an integer, got ", d));
+      }
+      if (d < static_cast<double>(std::numeric_limits<T>::min()) ||
+          d >= std::ldexp(1.0, std::numeric_limits<T>::digits)) {
+        return FieldError(source, name, absl::StrCat("value ", d, " out of range"));
+      }
+      *out = static_cast<T>(d);
+      return absl::OkStatus();
+    }
     if (!it->is_number_integer()) return FieldError(source, name, "must be an integer");
     if (it->is_number_unsigned() &&
         it->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -1024,6 +1065,9 @@ absl::StatusOr<ModelConfig> ModelConfigFromHfJson(std::string_view text,
   PS_RETURN_IF_ERROR(ReadNumber(j, source, "num_key_value_heads", false, &c.num_kv_heads));
   c.head_size = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
   PS_RETURN_IF_ERROR(ReadNumber(j, source, "head_dim", false, &c.head_size));
+  if (auto s = CheckDimensionBounds(c); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
+  }
   PS_RETURN_IF_ERROR(ReadNumber(j, source, "vocab_size", true, &c.vocab_size));
   PS_RETURN_IF_ERROR(ReadNumber(j, source, "rms_norm_eps", false, &c.rms_norm_eps));
   PS_RETURN_IF_ERROR(ReadNumber(j, source, "rope_theta", false, &c.rope_theta));

@@ -203,8 +203,9 @@ struct ModelConfig {
   // files and when absent. Picks the CUDA worker's --dtype auto.
   std::string checkpoint_dtype;
 
-  // Checks positivity and divisibility (num_heads % num_kv_heads, even
-  // head_size, ...), sliding_window >= 0 and sliding_layers of num_layers
+  // Checks positivity, upper bounds far above any real checkpoint (4096
+  // layers, head size 4096, ...) and divisibility (num_heads % num_kv_heads,
+  // even head_size, ...), sliding_window >= 0 and sliding_layers of num_layers
   // entries (or empty), and for a MoE 1 <= top_k <= num_experts and a
   // positive expert width. InvalidArgument naming the field otherwise.
   absl::Status Validate() const;

@@ -1,9 +1,13 @@
 #include "runtime/tokenizer/chat_template.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/chat/json_value.h"
+#include "runtime/common/status_macros.h"
 
 namespace pagedserve {
 namespace {
@@ -62,11 +66,43 @@ absl::StatusOr<chat::Value> OrderedJsonValue(std::string_view text, std::string_
   }
 }
 
+// The variables Render() sets itself, which a request's kwargs may not replace.
+constexpr std::string_view kReservedVariables[] = {
+    "messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"};
+
+// Adds the members of the JSON object `kwargs_json` to `vars`, in the
+// client's order. InvalidArgument for text that is not a JSON object or a
+// member named like a reserved variable.
+absl::Status AddTemplateKwargs(std::string_view kwargs_json, chat::Dict* vars) {
+  nlohmann::ordered_json kwargs;
+  try {
+    kwargs = nlohmann::ordered_json::parse(kwargs_json.begin(), kwargs_json.end());
+  } catch (const nlohmann::ordered_json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("chat template: kwargs: ", e.what()));
+  }
+  if (!kwargs.is_object()) {
+    return absl::InvalidArgumentError("chat template: kwargs must be a JSON object");
+  }
+  for (const auto& [key, value] : kwargs.items()) {
+    if (IsReservedTemplateVariable(key)) {
+      return absl::InvalidArgumentError(absl::StrCat("chat template: kwargs may not set '", key,
+                                                     "' (the server sets it from the request)"));
+    }
+    vars->Set(chat::Value(key), chat::FromJson(value));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Prefixed(const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("chat template: ", status.message()));
 }
 
 }  // namespace
+
+bool IsReservedTemplateVariable(std::string_view name) {
+  return std::find(std::begin(kReservedVariables), std::end(kReservedVariables), name) !=
+         std::end(kReservedVariables);
+}
 
 absl::StatusOr<ChatTemplate> ChatTemplate::Create(std::string_view source, std::string bos_token,
                                                   std::string eos_token) {
@@ -86,7 +122,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Create(std::string_view source, std::
 
 absl::StatusOr<std::string> ChatTemplate::Render(std::span<const ChatMessage> messages,
                                                  bool add_generation_prompt,
-                                                 std::string_view tools_json) const {
+                                                 std::string_view tools_json,
+                                                 std::string_view kwargs_json) const {
   std::vector<chat::Value> list;
   list.reserve(messages.size());
   for (const ChatMessage& m : messages) {
@@ -115,6 +152,9 @@ absl::StatusOr<std::string> ChatTemplate::Render(std::span<const ChatMessage> me
   vars.Set("add_generation_prompt", chat::Value(add_generation_prompt));
   vars.Set("bos_token", chat::Value(bos_));
   vars.Set("eos_token", chat::Value(eos_));
+  if (!kwargs_json.empty()) {
+    PS_RETURN_IF_ERROR(AddTemplateKwargs(kwargs_json, &vars));
+  }
   absl::StatusOr<std::string> text = engine_.Render(vars);
   if (!text.ok()) return Prefixed(text.status());
   return text;

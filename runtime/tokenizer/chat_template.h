@@ -42,6 +42,11 @@ struct ChatMessage {
 // "[INST]" Mistral; kOther for any other template (it renders all the same).
 enum class ChatTemplateFamily { kChatMl, kLlama2, kLlama3, kMistral, kOther };
 
+// Whether `name` is a variable ChatTemplate::Render sets itself (messages,
+// tools, documents, add_generation_prompt, bos_token, eos_token), which
+// kwargs may not replace.
+bool IsReservedTemplateVariable(std::string_view name);
+
 class ChatTemplate {
  public:
   // FailedPrecondition for an empty source (the model has no template);
@@ -62,9 +67,13 @@ class ChatTemplate {
   // tools_json: the OpenAI `tools` array as JSON text ("" = None). A
   // ChatMessage::tool_calls or tools_json that is not valid JSON is
   // InvalidArgument.
+  // kwargs_json: a JSON object whose members become more template variables
+  // (vLLM's chat_template_kwargs, e.g. Qwen3's {"enable_thinking": false}, and
+  // reasoning_effort), "" for none; InvalidArgument for text that is not an
+  // object or a member named like a variable above (messages, tools, ...).
   absl::StatusOr<std::string> Render(std::span<const ChatMessage> messages,
-                                     bool add_generation_prompt,
-                                     std::string_view tools_json = {}) const;
+                                     bool add_generation_prompt, std::string_view tools_json = {},
+                                     std::string_view kwargs_json = {}) const;
   // The template's text (the tool-call format is chosen from its markers).
   const std::string& source() const { return source_; }
 

@@ -321,6 +321,26 @@ TEST(ProtocolTest, CacheSaltIsValidatedAndRoundTrips) {
   EXPECT_EQ(SerializeRequest(g).find("cache_salt"), std::string::npos) << "absent when empty";
 }
 
+// vLLM's priority: as on HTTP (request_fields.h PriorityFromJson), non-zero
+// only on a server with --scheduling-policy priority; it round-trips.
+TEST(ProtocolTest, PriorityNeedsPrioritySchedulingAndRoundTrips) {
+  ExpectError(Gen(R"(,"priority":3)"), ErrorCode::kInvalidRequest,
+              "field 'priority' must be 0: priority scheduling is not enabled", "r7");
+  ParseResult zero = ParseRequest(Gen(R"(,"priority":0)"));
+  ASSERT_TRUE(zero.ok()) << zero.error.message;
+  ParseOptions opt;
+  opt.priority_scheduling = true;
+  ParseResult ok = ParseRequest(Gen(R"(,"priority":-3)"), opt);
+  ASSERT_TRUE(ok.ok()) << ok.error.message;
+  GenerateRequest g = std::get<GenerateRequest>(*ok.request);
+  EXPECT_EQ(g.priority, -3);
+  EXPECT_TRUE(*ParseRequest(SerializeRequest(g), opt).request == Request{g});
+  ParseResult text = ParseRequest(Gen(R"(,"priority":"high")"), opt);
+  ASSERT_FALSE(text.ok());
+  EXPECT_NE(text.error.message.find("field 'priority' must be an integer"), std::string::npos)
+      << text.error.message;
+}
+
 TEST(ProtocolTest, RepliesSerializeAsDocumented) {
   DeltaReply d{"r1",
                {{0, "Hel", {9, 10}, {}, std::nullopt}, {1, "Wo", {11}, {}, FinishReason::kLength}}};

@@ -338,6 +338,14 @@ TEST(HttpServerTest, CompletesARequest) {
   json j = json::parse(r.body);
   EXPECT_EQ(j["choices"][0]["text"], " one two three");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u) << j["id"];
+  // vLLM's request_id names the response; two requests may share one.
+  for (int i = 0; i < 2; ++i) {
+    Response named = Request(s.port(), "POST", "/v1/completions",
+                             R"({"prompt": "A", "max_tokens": 1, "request_id": "trace-7"})");
+    ASSERT_EQ(named.status, 200) << named.head << named.body;
+    EXPECT_EQ(json::parse(named.body)["id"], "cmpl-trace-7");
+  }
 }
 
 // One crafted request used to end the process: a chat message whose content

@@ -655,6 +655,46 @@ class SecondServerTest(unittest.TestCase):
         finally:
             self.assertEqual(srv.stop(), 0, srv.logs())
 
+    def test_priority_scheduling(self):
+        # The default server (fcfs) refuses a non-zero priority, as vLLM does.
+        status, body = http("POST", SERVER.url + "/v1/completions",
+                            {"prompt": "x", "max_tokens": 1, "priority": 1})
+        self.assertEqual((status, body["error"]["param"]), (400, "priority"), body)
+        srv = ServerProcess(extra=["--max-model-len=256", "--max-num-seqs=1",
+                                   "--scheduling-policy=priority"])
+        try:
+            c = srv.client()
+            running = c.completions.create(model=srv.model, prompt="Count: 1, 2, 3,", max_tokens=200,
+                                           stream=True, extra_body={"ignore_eos": True})
+            next(iter(running))  # it holds the one sequence slot
+            done = []
+            lock = threading.Lock()
+
+            def send(name, priority):
+                r = c.completions.create(model=srv.model, prompt="Hi", max_tokens=2,
+                                         extra_body={"priority": priority, "request_id": name})
+                with lock:
+                    done.append(r.id)
+
+            low = threading.Thread(target=send, args=("low", 10))
+            low.start()
+            deadline = time.time() + 60
+            while metric(srv.url, "pagedserve_requests_waiting") < 1:
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.02)
+            high = threading.Thread(target=send, args=("high", -10))
+            high.start()
+            while metric(srv.url, "pagedserve_requests_waiting") < 2:
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.02)
+            running.close()  # frees the slot: the later, more important request goes first
+            low.join(60)
+            high.join(60)
+            self.assertEqual(done, ["cmpl-high", "cmpl-low"])
+            self.assertTrue(wait_blocks_free(srv.url))
+        finally:
+            self.assertEqual(srv.stop(), 0, srv.logs())
+
     def check_queue_full(self, srv):
         c = srv.client(api_key="s3cret")
         kw = dict(model=srv.model, prompt="Count: 1, 2, 3,", max_tokens=200, stream=True,

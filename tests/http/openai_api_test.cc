@@ -613,6 +613,91 @@ TEST(OpenAiApiTest, LogitProcessorAndOutputFields) {
   EXPECT_TRUE(Completions(R"({"prompt": "x", "user": "u"})").ignored_fields.empty());
 }
 
+// Fields a break test found accepted and silently ignored (issue 31): each is
+// now applied or refused. request_id names the response; chat_template_kwargs
+// and reasoning_effort reach the chat template; priority, web_search_options and
+// guided_decoding_backend are refused unless "off".
+TEST(OpenAiApiTest, RequestIdAndTemplateVariablesAppliedUnsupportedFieldsRefused) {
+  absl::StatusOr<ChatTemplate> tmpl = ChatTemplate::Create(
+      "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+      "{% if enable_thinking is defined and not enable_thinking %}[no think]{% endif %}"
+      "{% if reasoning_effort is defined %}[effort {{ reasoning_effort }}]{% endif %}",
+      "", "");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  const auto chat = [&](const std::string& fields) {
+    return ParseRequest(Endpoint::kChat,
+                        R"({"messages": [{"role": "user", "content": "hi"}])" + fields + "}",
+                        kModel, Tok(), &*tmpl);
+  };
+  const auto prompt_text = [&](const ParseOutcome& o) {
+    EXPECT_TRUE(o.request.has_value()) << o.error.message;
+    return o.request.has_value() ? Tok().Decode(o.request->prompts[0]).value_or("?")
+                                 : std::string();
+  };
+  EXPECT_EQ(prompt_text(chat("")), "user: hi\n");
+  EXPECT_EQ(prompt_text(chat(R"(, "chat_template_kwargs": {"enable_thinking": false})")),
+            "user: hi\n[no think]");
+  EXPECT_EQ(prompt_text(chat(R"(, "reasoning_effort": "low")")), "user: hi\n[effort low]");
+  EXPECT_EQ(prompt_text(chat(R"(, "chat_template_kwargs": {"reasoning_effort": "high"},
+      "reasoning_effort": "medium")")),
+            "user: hi\n[effort medium]");
+  EXPECT_EQ(prompt_text(chat(R"(, "chat_template_kwargs": null, "reasoning_effort": null)")),
+            "user: hi\n");
+  ParseOutcome named = chat(R"(, "request_id": "trace-42")");
+  ASSERT_TRUE(named.request.has_value()) << named.error.message;
+  EXPECT_EQ(named.request->request_id, "trace-42");
+  EXPECT_TRUE(chat("").request->request_id.empty());
+  const std::pair<std::string, std::string> refused[] = {
+      {R"("chat_template_kwargs": {"messages": []})", "chat_template_kwargs"},
+      {R"("chat_template_kwargs": {"bos_token": "x"})", "chat_template_kwargs"},
+      {R"("chat_template_kwargs": [1])", "chat_template_kwargs"},
+      {R"("reasoning_effort": "extreme")", "reasoning_effort"},
+      {R"("reasoning_effort": 1)", "reasoning_effort"},
+      {R"("request_id": "")", "request_id"},
+      {R"("request_id": "a b")", "request_id"},
+      {R"("request_id": 7)", "request_id"},
+      {R"("request_id": ")" + std::string(257, 'x') + "\"", "request_id"},
+      {R"("priority": 1)", "priority"},
+      {R"("priority": "high")", "priority"},
+      {R"("web_search_options": {})", "web_search_options"},
+      {R"("guided_decoding_backend": "xgrammar")", "guided_decoding_backend"},
+  };
+  for (const auto& [fields, param] : refused) {
+    ParseOutcome o = chat(", " + fields);
+    EXPECT_FALSE(o.request.has_value()) << fields;
+    EXPECT_EQ(std::make_pair(o.error.status, o.error.param), std::make_pair(400, param)) << fields;
+  }
+  // Chat-only fields on completions; the off values are accepted.
+  EXPECT_EQ(Refused(R"({"prompt": "x", "chat_template_kwargs": {}})"),
+            std::make_pair(400, std::string("chat_template_kwargs")));
+  EXPECT_EQ(Refused(R"({"prompt": "x", "reasoning_effort": "low"})"),
+            std::make_pair(400, std::string("reasoning_effort")));
+  ParseOutcome off = Completions(
+      R"({"prompt": "x", "priority": 0, "guided_decoding_backend": "auto", "request_id": "r1"})");
+  ASSERT_TRUE(off.request.has_value()) << off.error.message;
+  EXPECT_EQ(off.request->request_id, "r1");
+  EXPECT_TRUE(off.ignored_fields.empty());
+  // With --scheduling-policy priority a request's priority reaches the engine.
+  ServedModel prioritized = kModel;
+  prioritized.priority_scheduling = true;
+  ParseOutcome urgent = ParseRequest(Endpoint::kCompletions, R"({"prompt": "x", "priority": -5})",
+                                     prioritized, Tok(), nullptr);
+  ASSERT_TRUE(urgent.request.has_value()) << urgent.error.message;
+  EXPECT_EQ(urgent.request->priority, -5);
+  EXPECT_EQ(ParseRequest(Endpoint::kCompletions, R"({"prompt": "x", "priority": 1.5})", prioritized,
+                         Tok(), nullptr)
+                .error.param,
+            "priority");
+  // /tokenize renders the kwargs the same way.
+  ApiError err;
+  const json tokens = json::parse(TokenizeResponse(
+      R"({"messages": [{"role": "user", "content": "hi"}],
+          "chat_template_kwargs": {"enable_thinking": false}})",
+      kModel, Tok(), &*tmpl, &err));
+  EXPECT_EQ(Tok().Decode(tokens["tokens"].get<std::vector<int32_t>>()).value_or("?"),
+            "user: hi\n[no think]");
+}
+
 // Completions echo: the prompt's text before the choice's (the first chunk of
 // a stream); the string as given, or token ids decoded.
 TEST(OpenAiApiTest, EchoPutsThePromptFirst) {

@@ -324,6 +324,35 @@ TEST(GgufMalformedTest, ModelConfigTokenIdOutOfRange) {
   }
 }
 
+// Dimensions far above any checkpoint are refused before any work scales with
+// them: a fuzzed head size of tens of millions made Validate() compute that many
+// rotary frequencies (a 12 s stall under ASan, found by fuzz_gguf in CI), and a
+// block count of 2^31 - 1 would fill as many sliding-window flags.
+TEST(GgufMalformedTest, ModelConfigDimensionsAboveTheBounds) {
+  auto config = [](const char* key, uint32_t v) {
+    Builder b;
+    b.Raw("GGUF", 4).U32(3).U64(0).U64(8);
+    b.Str("general.architecture").U32(8).Str("gemma2");
+    const bool layers = std::string(key) == "gemma2.block_count";
+    b.Str("gemma2.block_count").U32(4).U32(layers ? v : 2);
+    b.Str("gemma2.embedding_length").U32(4).U32(8);
+    b.Str("gemma2.feed_forward_length").U32(4).U32(16);
+    b.Str("gemma2.attention.head_count").U32(4).U32(2);
+    b.Str("gemma2.attention.key_length").U32(4).U32(layers ? 4 : v);
+    b.Str("gemma2.attention.layer_norm_rms_epsilon").U32(6);
+    float eps = 1e-5f;
+    b.Raw(&eps, 4);
+    b.Str("gemma2.attention.sliding_window").U32(4).U32(512);
+    auto f = GgufFile::FromBytes("bad.gguf", b.bytes);
+    EXPECT_TRUE(f.ok()) << f.status();
+    return ModelConfigFromGguf(**f);
+  };
+  ExpectError(config("gemma2.attention.key_length", 50'000'000).status(),
+              "head_size 50000000 is above the bound 4096");
+  ExpectError(config("gemma2.block_count", 0x7fffffff).status(),
+              "num_layers 2147483647 is above the bound 4096");
+}
+
 // A llama config (hidden 8, 2 heads of 4: two rotary pairs) with one tensor
 // "rope_freqs.weight" of `type` (0 F32, 1 F16) and `count` elements `f`.
 std::vector<uint8_t> WithRopeFreqs(uint32_t type, std::vector<float> f) {

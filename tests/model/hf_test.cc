@@ -558,10 +558,46 @@ TEST(HfConfigTest, OutOfRangeIntegersAreRejected) {
   EXPECT_EQ(ModelConfigFromHfJson(j.dump(), "c.json").status().code(),
             absl::StatusCode::kInvalidArgument);
   j["eos_token_id"] = 2;
+  // A float: a whole number in range is that integer, else the error says why.
+  j["max_position_embeddings"] = 1e20;
+  auto huge = ModelConfigFromHfJson(j.dump(), "c.json");
+  EXPECT_NE(huge.status().message().find("'max_position_embeddings': value 1e+20 out of range"),
+            std::string::npos)
+      << huge.status();
+  j["max_position_embeddings"] = 9223372036854775808.0;  // 2^63: just past int64
+  EXPECT_NE(ModelConfigFromHfJson(j.dump(), "c.json").status().message().find("out of range"),
+            std::string::npos);
+  j["max_position_embeddings"] = 4096.5;
+  auto fraction = ModelConfigFromHfJson(j.dump(), "c.json");
+  EXPECT_NE(fraction.status().message().find("must be an integer, got 4096.5"), std::string::npos)
+      << fraction.status();
+  j["max_position_embeddings"] = 4096.0;
+  auto whole = ModelConfigFromHfJson(j.dump(), "c.json");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->max_position_embeddings, 4096);
+  j.erase("max_position_embeddings");
   j["bos_token_id"] = 18446744073709551615ULL;  // wrapped to -1 before
   auto bos = ModelConfigFromHfJson(j.dump(), "c.json");
   EXPECT_EQ(bos.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bos.status().message().find("'bos_token_id'"), std::string::npos) << bos.status();
+}
+
+// Dimensions far above any checkpoint are refused before work scales with
+// them (layer_types flags, rotary tables), naming the field.
+TEST(HfConfigTest, DimensionsAboveTheBoundsAreRejected) {
+  json j = Config("LlamaForCausalLM", true);
+  j["head_dim"] = 50000000;
+  auto head = ModelConfigFromHfJson(j.dump(), "c.json");
+  EXPECT_EQ(head.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(head.status().message().find("c.json: model config: head_size 50000000 is above"),
+            std::string::npos)
+      << head.status();
+  j = Config("LlamaForCausalLM", true);
+  j["num_hidden_layers"] = 2147483647;
+  auto layers = ModelConfigFromHfJson(j.dump(), "c.json");
+  EXPECT_NE(layers.status().message().find("num_layers 2147483647 is above the bound 4096"),
+            std::string::npos)
+      << layers.status();
 }
 
 TEST(HfConfigTest, RopeInverseFrequencies) {

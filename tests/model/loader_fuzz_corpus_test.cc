@@ -11,8 +11,10 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "runtime/model/gguf.h"
 #include "runtime/model/model_config.h"
@@ -183,22 +185,29 @@ TEST(LoaderFuzzCorpusTest, SeedsAreValidFiles) {
 }
 
 // A block_count far beyond the layers in the file used to resize the layer
-// vector first (2^31 - 1 layers: bad_alloc, a crash); now the load fails on the
-// first missing tensor, naming the file and the layer.
+// vector first (2^31 - 1 layers: bad_alloc, a crash). Now a count above the
+// config's bound (4096) is refused as such, and one within it fails on the
+// first missing tensor; both name the file.
 TEST(LoaderFuzzCorpusTest, HugeBlockCountFailsOnTheMissingLayer) {
-  std::string bytes = ReadAll(SourceDir() / "tests/model/corpus/gguf/seed-llama-gpt2.gguf");
+  const std::string seed = ReadAll(SourceDir() / "tests/model/corpus/gguf/seed-llama-gpt2.gguf");
   const std::string key = "llama.block_count";
-  const size_t at = bytes.find(key);
+  const size_t at = seed.find(key);
   ASSERT_NE(at, std::string::npos);
   const size_t value = at + key.size() + 4;  // after the uint32 value type
-  ASSERT_EQ(bytes[value], 1);
-  const uint32_t huge = 0x7fffffff;
-  std::memcpy(bytes.data() + value, &huge, 4);
-  const std::string path = ::pagedserve::testing::MakeTempDir() + "/huge_block_count.gguf";
-  std::ofstream(path, std::ios::binary) << bytes;
-  auto w = LoadLlamaWeights(path);
-  ASSERT_FALSE(w.ok());
-  EXPECT_NE(w.status().message().find(path + ": layer 1: "), std::string::npos) << w.status();
+  ASSERT_EQ(seed[value], 1);
+  const std::string dir = ::pagedserve::testing::MakeTempDir();
+  for (const auto& [count, needle] : {std::pair<uint32_t, std::string>{4096, ": layer 1: "},
+                                      {0x7fffffff,
+                                       ": model config: num_layers 2147483647 is "
+                                       "above the bound 4096"}}) {
+    std::string bytes = seed;
+    std::memcpy(bytes.data() + value, &count, 4);
+    const std::string path = absl::StrCat(dir, "/block_count_", count, ".gguf");
+    std::ofstream(path, std::ios::binary) << bytes;
+    auto w = LoadLlamaWeights(path);
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.status().message().find(path + needle), std::string::npos) << w.status();
+  }
 }
 
 // Found by fuzz_gguf: a shape mismatch of embed_tokens / norm / lm_head (and a

@@ -106,10 +106,25 @@ __global__ void SoftcapKernel(float* __restrict__ x, int64_t count, double cap) 
   SoftcapBody(x, count, cap);
 }
 
-template <typename OutT, int VEC>
-__global__ void GeluTanhMulKernel(const float* gate, const float* __restrict__ up, int64_t count,
-                                  OutT* out) {
-  GeluTanhMulBody<OutT, VEC>(gate, up, count, out);
+// The gated activations act(gate) * up: one kernel and one launcher over the
+// activation's body.
+struct SiluAct {
+  template <typename OutT, int VEC>
+  __device__ static void Body(const float* gate, const float* up, int64_t count, OutT* out) {
+    SiluMulBody<OutT, VEC>(gate, up, count, out);
+  }
+};
+struct GeluTanhAct {
+  template <typename OutT, int VEC>
+  __device__ static void Body(const float* gate, const float* up, int64_t count, OutT* out) {
+    GeluTanhMulBody<OutT, VEC>(gate, up, count, out);
+  }
+};
+
+template <typename Act, typename OutT, int VEC>
+__global__ void GatedMulKernel(const float* gate, const float* __restrict__ up, int64_t count,
+                               OutT* out) {
+  Act::template Body<OutT, VEC>(gate, up, count, out);
 }
 
 template <int VEC>
@@ -125,15 +140,25 @@ __global__ void AddBiasKernel(float* __restrict__ y, const float* __restrict__ b
 }
 
 template <typename OutT, int VEC>
-__global__ void SiluMulKernel(const float* gate, const float* __restrict__ up, int64_t count,
-                              OutT* out) {
-  SiluMulBody<OutT, VEC>(gate, up, count, out);
-}
-
-template <typename OutT, int VEC>
 __global__ void SiluMulStackedKernel(const float* __restrict__ y, int64_t n, int inter,
                                      OutT* __restrict__ out) {
   SiluMulStackedBody<OutT, VEC>(y, n, inter, out);
+}
+
+template <typename Act>
+cudaError_t LaunchGatedMul(const float* gate, const float* up, int64_t count, void* out,
+                           Elem out_type, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  return WithElem(out_type, [&](auto tag) {
+    using OutT = decltype(tag);
+    OutT* o = static_cast<OutT*>(out);
+    const int pack = PackWidth({count}, {Packable(gate), Packable(up), Packable(o)});
+    return WithPack(pack, [&](auto vec) {
+      GatedMulKernel<Act, OutT, decltype(vec)::value>
+          <<<BlocksFor(count / decltype(vec)::value), kThreads, 0, stream>>>(gate, up, count, o);
+      return cudaGetLastError();
+    });
+  });
 }
 
 }  // namespace
@@ -227,17 +252,7 @@ cudaError_t LaunchSoftcap(float* x, int64_t count, double cap, cudaStream_t stre
 
 cudaError_t LaunchGeluTanhMul(const float* gate, const float* up, int64_t count, void* out,
                               Elem out_type, cudaStream_t stream) {
-  if (count <= 0) return cudaSuccess;
-  return WithElem(out_type, [&](auto tag) {
-    using OutT = decltype(tag);
-    OutT* o = static_cast<OutT*>(out);
-    const int pack = PackWidth({count}, {Packable(gate), Packable(up), Packable(o)});
-    return WithPack(pack, [&](auto vec) {
-      GeluTanhMulKernel<OutT, decltype(vec)::value>
-          <<<BlocksFor(count / decltype(vec)::value), kThreads, 0, stream>>>(gate, up, count, o);
-      return cudaGetLastError();
-    });
-  });
+  return LaunchGatedMul<GeluTanhAct>(gate, up, count, out, out_type, stream);
 }
 
 cudaError_t LaunchApplyRope(float* x, int n, int heads, int head_size, int rot_half,
@@ -263,17 +278,7 @@ cudaError_t LaunchAddBias(float* y, const float* bias, int n, int cols, cudaStre
 
 cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, void* out,
                           Elem out_type, cudaStream_t stream) {
-  if (count <= 0) return cudaSuccess;
-  return WithElem(out_type, [&](auto tag) {
-    using OutT = decltype(tag);
-    OutT* o = static_cast<OutT*>(out);
-    const int pack = PackWidth({count}, {Packable(gate), Packable(up), Packable(o)});
-    return WithPack(pack, [&](auto vec) {
-      SiluMulKernel<OutT, decltype(vec)::value>
-          <<<BlocksFor(count / decltype(vec)::value), kThreads, 0, stream>>>(gate, up, count, o);
-      return cudaGetLastError();
-    });
-  });
+  return LaunchGatedMul<SiluAct>(gate, up, count, out, out_type, stream);
 }
 
 cudaError_t LaunchSiluMulStacked(const float* y, int64_t n, int inter, void* out, Elem out_type,

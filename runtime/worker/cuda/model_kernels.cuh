@@ -101,6 +101,22 @@ __device__ __forceinline__ void ConvertBody(const From* __restrict__ in, int64_t
   }
 }
 
+// The sum of every thread's `v` over a block of NUM_THREADS threads (a power
+// of two) in a fixed tree order (the same bits on every run); `partial`:
+// NUM_THREADS shared doubles, free again when it returns. Every thread of the
+// block calls it.
+template <int NUM_THREADS>
+__device__ __forceinline__ double BlockTreeSum(double* partial, double v) {
+  partial[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = NUM_THREADS / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride)
+      partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  return partial[0];
+}
+
 // Grid (n), block (kThreads): fused residual add + RMSNorm of one row
 // (cpu_ops::AddRmsNorm): r = rows ? rows[t] : t; v = residual[r] (+ add[r],
 // AddT float, __half or __nv_bfloat16: the partial-sum type, widened exactly);
@@ -140,14 +156,8 @@ __device__ __forceinline__ void AddRmsNormBody(float* residual, const AddT* __re
 #pragma unroll
     for (int j = 0; j < VEC; ++j) ss += static_cast<double>(v.v[j]) * v.v[j];
   }
-  partial[threadIdx.x] = ss;
-  __syncthreads();
-  for (int stride = NUM_THREADS / 2; stride > 0; stride /= 2) {
-    if (static_cast<int>(threadIdx.x) < stride)
-      partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
-  }
-  const float inv = static_cast<float>(1.0 / sqrt(partial[0] / dim + eps));
+  const float inv =
+      static_cast<float>(1.0 / sqrt(BlockTreeSum<NUM_THREADS>(partial, ss) / dim + eps));
   for (int i = threadIdx.x * VEC; i < dim; i += blockDim.x * VEC) {
     const kc::Packed<float, VEC> v = load_sum(i, !write_back && ar != nullptr);
     const kc::Packed<float, VEC> w = kc::LoadPacked<VEC>(weight + i);
@@ -187,14 +197,8 @@ __device__ __forceinline__ void AddPostRmsNormBody(float* __restrict__ residual,
 #pragma unroll
     for (int j = 0; j < VEC; ++j) ss += static_cast<double>(v.v[j]) * v.v[j];
   }
-  partial[threadIdx.x] = ss;
-  __syncthreads();
-  for (int stride = NUM_THREADS / 2; stride > 0; stride /= 2) {
-    if (static_cast<int>(threadIdx.x) < stride)
-      partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
-  }
-  const float inv = static_cast<float>(1.0 / sqrt(partial[0] / dim + eps));
+  const float inv =
+      static_cast<float>(1.0 / sqrt(BlockTreeSum<NUM_THREADS>(partial, ss) / dim + eps));
   for (int i = threadIdx.x * VEC; i < dim; i += blockDim.x * VEC) {
     const kc::Packed<float, VEC> a = load_add(i);
     const kc::Packed<float, VEC> w = kc::LoadPacked<VEC>(weight + i);
