@@ -18,6 +18,9 @@ tokenizer source, embeddings tied as in Llama-3.2-1B):
   135m: SmolLM2-135M's own shape (576, 30, 9, 3, 1536)
   1b:   Llama-3.2-1B's shape with a 49152 vocabulary (2048, 16, 32, 8, 8192), ~1.07e9
   3b:   Llama-3.2-3B's shape with a 49152 vocabulary (3072, 28, 24, 8, 8192), ~3.0e9
+  8b:   Llama-3.1-8B's shape with a 49152 vocabulary (4096, 32, 32, 8, 14336), ~7.2e9
+        (Llama-3.1-8B has 128256 tokens and an untied LM head: 0.5e9 more
+        parameters read per token than here); the F16 file is ~14.5 GB
   qwen3moe-2l: 2 of Qwen3-30B-A3B's 48 layers (GGUF arch qwen3moe: hidden 2048,
         32 heads and 4 KV heads of 128 with q/k norms, 128 experts of width 768,
         top-8), a 49152 vocabulary, untied LM head; ~1.4e9 parameters of which
@@ -29,7 +32,8 @@ is copied from --tokenizer-from (default: the model scripts/fetch-model
 fetches), so both engines can load the file and tokenize prompts. Weights are
 N(0, 0.02) from numpy's PCG64 with the given seed (reproducible), norms are 1,
 written as llama.cpp's converter lays Llama tensors out (blk.N.attn_q.weight
-etc.; no output.weight: tied). The logits are meaningless; the file exists to
+etc.; no output.weight: tied). Tensors are generated and written one at a time
+(memory: the largest tensor, not the file). The logits are meaningless; the file exists to
 measure speed and memory, never correctness.
 
 Needs numpy and gguf-py (PyPI `gguf`).
@@ -47,6 +51,7 @@ SHAPES = {
     "135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, ffn=1536, rope_base=100000.0),
     "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, rope_base=500000.0),
     "3b": dict(hidden=3072, layers=28, heads=24, kv_heads=8, ffn=8192, rope_base=500000.0),
+    "8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, rope_base=500000.0),
     "qwen3moe-2l": dict(hidden=2048, layers=2, heads=32, kv_heads=4, ffn=6144, rope_base=1e6,
                         head_dim=128, experts=128, experts_used=8, expert_ffn=768),
 }
@@ -138,40 +143,55 @@ def main():
 
     rng = np.random.Generator(np.random.PCG64(args.seed))
 
-    def dense(rows, cols):  # numpy (rows, cols) = GGUF ne (cols, rows), as the converter writes
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+    # (name, numpy shape, dtype, maker): the tensor infos go first, then each
+    # tensor is made and written in turn, in this order (same seed, same bytes).
+    specs = []
 
-    ones = lambda n: np.ones(n, dtype=np.float32)  # noqa: E731
-    def experts(rows, cols):  # numpy (E, rows, cols) = GGUF ne (cols, rows, E)
-        return np.stack([dense(rows, cols) for _ in range(s["experts"])])
+    def dense(name, rows, cols, dtype=np.float16):  # numpy (rows, cols) = GGUF ne (cols, rows)
+        specs.append((name, (rows, cols), dtype,
+                      lambda: (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02)
+                      .astype(np.float16).astype(dtype)))  # F16 values, also in an F32 tensor
+
+    def ones(name, n):
+        specs.append((name, (n,), np.float32, lambda: np.ones(n, dtype=np.float32)))
+
+    def experts(name, rows, cols):  # numpy (E, rows, cols) = GGUF ne (cols, rows, E)
+        e = s["experts"]
+        specs.append((name, (e, rows, cols), np.float16, lambda: np.stack(
+            [(rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+             for _ in range(e)])))
 
     h, kv, q = s["hidden"], s["kv_heads"] * head_dim, s["heads"] * head_dim
-    writer.add_tensor("token_embd.weight", dense(vocab, h))
-    writer.add_tensor("output_norm.weight", ones(h))
+    dense("token_embd.weight", vocab, h)
+    ones("output_norm.weight", h)
     if moe:
-        writer.add_tensor("output.weight", dense(vocab, h))
+        dense("output.weight", vocab, h)
     for i in range(s["layers"]):
         p = f"blk.{i}."
-        writer.add_tensor(p + "attn_norm.weight", ones(h))
-        writer.add_tensor(p + "attn_q.weight", dense(q, h))
-        writer.add_tensor(p + "attn_k.weight", dense(kv, h))
-        writer.add_tensor(p + "attn_v.weight", dense(kv, h))
-        writer.add_tensor(p + "attn_output.weight", dense(h, q))
-        writer.add_tensor(p + "ffn_norm.weight", ones(h))
+        ones(p + "attn_norm.weight", h)
+        dense(p + "attn_q.weight", q, h)
+        dense(p + "attn_k.weight", kv, h)
+        dense(p + "attn_v.weight", kv, h)
+        dense(p + "attn_output.weight", h, q)
+        ones(p + "ffn_norm.weight", h)
         if moe:
-            writer.add_tensor(p + "attn_q_norm.weight", ones(head_dim))
-            writer.add_tensor(p + "attn_k_norm.weight", ones(head_dim))
-            writer.add_tensor(p + "ffn_gate_inp.weight", dense(s["experts"], h).astype(np.float32))
-            writer.add_tensor(p + "ffn_gate_exps.weight", experts(s["expert_ffn"], h))
-            writer.add_tensor(p + "ffn_up_exps.weight", experts(s["expert_ffn"], h))
-            writer.add_tensor(p + "ffn_down_exps.weight", experts(h, s["expert_ffn"]))
+            ones(p + "attn_q_norm.weight", head_dim)
+            ones(p + "attn_k_norm.weight", head_dim)
+            dense(p + "ffn_gate_inp.weight", s["experts"], h, np.float32)
+            experts(p + "ffn_gate_exps.weight", s["expert_ffn"], h)
+            experts(p + "ffn_up_exps.weight", s["expert_ffn"], h)
+            experts(p + "ffn_down_exps.weight", h, s["expert_ffn"])
             continue
-        writer.add_tensor(p + "ffn_gate.weight", dense(s["ffn"], h))
-        writer.add_tensor(p + "ffn_up.weight", dense(s["ffn"], h))
-        writer.add_tensor(p + "ffn_down.weight", dense(h, s["ffn"]))
+        dense(p + "ffn_gate.weight", s["ffn"], h)
+        dense(p + "ffn_up.weight", s["ffn"], h)
+        dense(p + "ffn_down.weight", h, s["ffn"])
+    for name, shape, dtype, _ in specs:
+        writer.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    for _, _, _, make in specs:
+        writer.write_tensor_data(make())
     writer.close()
     print(args.out)
 

@@ -10,7 +10,7 @@
 //   [--prompt_len=128] [--decode_steps=32]
 //       [--batches=1,8,32] [--repeats=3] [--max_batched_tokens=512]
 //       [--dtype=auto|float32|float16|bfloat16] [--kv_cache_dtype=auto|float32|float16|bfloat16]
-//       [--verify_tokens=K] [benchmark flags]
+//       [--verify_tokens=K] [--read_bandwidth_mib=N] [benchmark flags]
 // --dtype float32 (with --kv_cache_dtype auto, i.e. fp32) is the dequantize-at-load
 // OpenBLAS path; the default auto runs the GGUF's stored formats with an fp16 cache.
 //
@@ -30,6 +30,10 @@
 //    speculative verification: K + 1 tokens per sequence, all K + 1 sampled
 //    (see BM_Verify). steps_per_s of verify against decode is what one
 //    verification step costs in decode steps.
+//  * read_bandwidth  (--read_bandwidth_mib=N) the machine's read bandwidth over an
+//    N MiB buffer with the same threads (BM_ReadBandwidth); with the context's
+//    model_file_bytes it gives decode/batch:1's fraction of the bandwidth limit
+//    (tokens/s * file bytes / bytes_per_s: every weight read once per token).
 //  * each benchmark runs --repeats iterations on a fresh KV state (the finished
 //    plan drops the sequences; their blocks are reused); counters: tokens_per_s
 //    (over all iterations) and tokens_per_s_best (best iteration).
@@ -75,6 +79,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -121,6 +126,7 @@ struct Config {
   int random_layers = 0;                           // --random-layers (0: 4 on CPU, 32 on CUDA)
   bool enforce_eager = false;  // --enforce-eager: no CUDA graphs for decode steps
   int verify_tokens = 0;       // --verify_tokens=K: also time speculative verification steps
+  int read_bandwidth_mib = 0;  // --read_bandwidth_mib=N: also time reading N MiB (0 = off)
 };
 
 Config& config() {
@@ -612,6 +618,38 @@ void TimeSteps(benchmark::State& state, int batch, void (*step)(std::vector<Seq>
 
 void BM_Decode(benchmark::State& state, int batch) { TimeSteps(state, batch, DecodeStep, 1); }
 
+// The memory read bandwidth the decode figures are set against (issue 34: batch-1
+// decode reads every weight once per token): OMP_NUM_THREADS threads sum the
+// 64-bit words of a --read_bandwidth_mib buffer (far larger than the last-level
+// cache), each its static share, four words an iteration. Counter
+// bytes_per_s (read bytes; best iteration: bytes_per_s_best). The buffer is
+// written once before timing (every page resident).
+void BM_ReadBandwidth(benchmark::State& state) {
+  const size_t words = static_cast<size_t>(config().read_bandwidth_mib) << 17;  // MiB / 8 bytes
+  std::vector<uint64_t> buf(words);
+  for (size_t i = 0; i < words; ++i) buf[i] = i;
+  uint64_t sink = 0;
+  double best = 0.0;
+  double total_s = 0.0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    uint64_t sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (size_t i = 0; i < words; i += 4) {
+      sum += buf[i] + buf[i + 1] + buf[i + 2] + buf[i + 3];
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    sink += sum;
+    state.SetIterationTime(s);
+    total_s += s;
+    best = std::max(best, static_cast<double>(words * sizeof(uint64_t)) / s);
+  }
+  benchmark::DoNotOptimize(sink);
+  state.counters["bytes_per_s"] = static_cast<double>(words * sizeof(uint64_t)) *
+                                  static_cast<double>(state.iterations()) / total_s;
+  state.counters["bytes_per_s_best"] = best;
+}
+
 // verify/batch:B (--verify_tokens=K): --decode_steps verification steps of
 // K + 1 tokens per sequence after an untimed prefill. tokens_per_s counts
 // every fed token (B * (K + 1) per step), so the cost of one verification
@@ -686,6 +724,7 @@ int main(int argc, char** argv) {
                !ParseInt(a, "decode_steps", &c.decode_steps) &&
                !ParseInt(a, "repeats", &c.repeats) &&
                !ParseInt(a, "verify_tokens", &c.verify_tokens) &&
+               !ParseInt(a, "read_bandwidth_mib", &c.read_bandwidth_mib) &&
                !ParseInt(a, "max_batched_tokens", &c.max_batched_tokens)) {
       Die(absl::StrCat("unknown argument '", a, "'"));
     }
@@ -716,6 +755,17 @@ int main(int argc, char** argv) {
     Prefill(seqs);
     DecodeStep(seqs);
     Finish(seqs);
+  }
+  if (!c.model.empty()) {
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(c.model, ec);
+    if (!ec) benchmark::AddCustomContext("model_file_bytes", std::to_string(bytes));
+  }
+  if (c.read_bandwidth_mib > 0) {
+    benchmark::RegisterBenchmark("read_bandwidth", BM_ReadBandwidth)
+        ->Iterations(c.repeats)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
   }
   for (int b : c.batches) {
     benchmark::RegisterBenchmark(absl::StrCat("prefill/batch:", b).c_str(), BM_Prefill, b)

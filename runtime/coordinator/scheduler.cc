@@ -968,7 +968,6 @@ void Scheduler::BeamStep(SequenceGroup* g,
   }
   for (auto& [s, c] : extend) {
     s->tokens.push_back(c->token_id);
-    ++counters_.generation_tokens;
     s->output_logprobs.push_back(c->logprob);
     s->cumulative_logprob = c->cumulative_logprob;
   }
@@ -1074,7 +1073,6 @@ bool Scheduler::EmitRun(SequenceGroup* g, Sequence* s, const StepResult& result,
   }
   const auto emitted = static_cast<int64_t>(so.new_tokens.size());
   counters_.spec_emitted_tokens += emitted;
-  counters_.generation_tokens += emitted;
   // A run cut by a stop condition verified only the tokens before its last.
   s->num_computed_tokens = std::min(s->num_computed_tokens, s->len() - 1);
   so.finished = s->finished();
@@ -1086,7 +1084,6 @@ bool Scheduler::EmitRun(SequenceGroup* g, Sequence* s, const StepResult& result,
 
 bool Scheduler::Emit(SequenceGroup* g, Sequence* s, const SampledToken& t, RequestOutput* out) {
   s->tokens.push_back(t.token_id);
-  ++counters_.generation_tokens;
   CheckStop(s, g->params);
   SequenceOutput& so = out->seqs.emplace_back();
   so.index = s->sample_index;

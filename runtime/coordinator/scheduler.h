@@ -220,10 +220,6 @@ struct SchedulerStats {
   int64_t num_steps = 0;
   int32_t last_step_tokens = 0;
   int32_t last_step_seqs = 0;
-  // Sampled tokens appended to sequences (beam candidates kept included):
-  // vLLM's generation_tokens_total. Not rows that failed, rows of rejected
-  // drafts or tokens a stop condition cut from a verified run.
-  int64_t generation_tokens = 0;
   // Speculative decoding (vLLM's spec-decode counters): verification
   // entries (a sequence with >= 1 draft token in a step), draft tokens
   // proposed, draft tokens accepted, tokens emitted by those entries

@@ -466,6 +466,7 @@ absl::Status Engine::AppendTokens(const RequestState& r, SeqState& s, const Sequ
       engine_metrics::ObserveInterTokenLatency(metrics_, Seconds(now - s.last_token));
     s.last_token = now;
     d->token_ids.push_back(t.token_id);
+    ++step_generation_tokens_;
     if (r.params.logprobs >= 0) d->logprobs.push_back(t.logprob);
     if (r.params.logprobs > 0) {
       d->top_token_ids.push_back(t.top_token_ids);
@@ -545,7 +546,7 @@ void Engine::RecordStepMetrics(const StepPlan& plan, const StepResult& result) {
         st.spec_accepted_per_pos[j] -
         (j < last_stats_.spec_accepted_per_pos.size() ? last_stats_.spec_accepted_per_pos[j] : 0);
   }
-  fig.generation_tokens = st.generation_tokens - last_stats_.generation_tokens;
+  fig.generation_tokens = std::exchange(step_generation_tokens_, 0);
   last_stats_ = st;
   for (const SequenceStep& s : plan.seqs) {
     // A verification (draft tokens) is a decode, not a prompt chunk.

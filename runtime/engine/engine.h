@@ -83,7 +83,7 @@ std::vector<std::vector<int32_t>> BadWordTokenIds(std::string_view word, const T
 // Metrics): the stats log line's throughputs are their differences.
 struct EngineTokenCounters {
   int64_t prompt_tokens = 0;      // prompt tokens prefilled (cached ones excluded)
-  int64_t generation_tokens = 0;  // tokens sampled
+  int64_t generation_tokens = 0;  // output tokens given to requests (their completion tokens)
 };
 
 struct EngineRequest {
@@ -280,6 +280,11 @@ class Engine {
   absl::Status broken_;                   // the fatal error that stopped the engine
   SchedulerStats last_stats_;
   EngineTokenCounters token_counters_;
+  // Output tokens given to requests this step (AppendTokens): the generation
+  // tokens of the step's metrics, so the counter equals the completion tokens
+  // reported (not rows that failed, drafts rejected or tokens past a stop
+  // string in a speculative run).
+  int64_t step_generation_tokens_ = 0;
   // Prompt lengths of the requests whose first token came in this step
   // (vllm:prompt_tokens_total); taken by RecordStepMetrics.
   int64_t first_token_prompt_tokens_ = 0;

@@ -67,39 +67,14 @@ bool ReadBool(const json& body, const char* key, bool* out, ApiError* err) {
   return true;
 }
 
-// Chat: vLLM's `chat_template_kwargs` (an object: more variables for the chat
-// template, e.g. Qwen3's enable_thinking) and OpenAI's `reasoning_effort`
-// ("low", "medium" or "high": the template variable of that name, as
-// transformers' apply_chat_template passes its keyword arguments; it wins
-// over a kwargs member of the same name) as one JSON object in *out, "" when
-// there are none. Members named like the variables the server sets
-// (messages, tools, ...) are refused.
-bool ReadTemplateKwargs(const json& body, std::string* out, ApiError* err) {
-  json kwargs = json::object();
-  if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) {
-      *err = BadRequest("'chat_template_kwargs' must be an object", "chat_template_kwargs");
-      return false;
-    }
-    for (const auto& [key, value] : it->items()) {
-      if (IsReservedTemplateVariable(key)) {
-        *err = BadRequest(absl::StrCat("'chat_template_kwargs' may not set '", key,
-                                       "': the server sets it from the request"),
-                          "chat_template_kwargs");
-        return false;
-      }
-    }
-    kwargs = *it;
+// Chat: the template's extra variables (request_fields.h TemplateKwargsFromJson).
+bool ReadTemplateKwargs(const json& body, std::string_view text, std::string* out, ApiError* err) {
+  absl::StatusOr<std::string> kwargs = TemplateKwargsFromJson(body, text);
+  if (!kwargs.ok()) {
+    *err = BadRequest(std::string(kwargs.status().message()), FieldOf(kwargs.status()));
+    return false;
   }
-  if (auto it = body.find("reasoning_effort"); it != body.end() && !it->is_null()) {
-    if (!it->is_string() || (*it != "low" && *it != "medium" && *it != "high")) {
-      *err = BadRequest("'reasoning_effort' must be one of \"low\", \"medium\", \"high\"",
-                        "reasoning_effort");
-      return false;
-    }
-    kwargs["reasoning_effort"] = *it;
-  }
-  if (!kwargs.empty()) *out = kwargs.dump();
+  *out = *std::move(kwargs);
   return true;
 }
 
@@ -712,7 +687,7 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
     if (!ReadMessages(body, &messages, &out.error)) return out;
     if (!ReadTools(body, text, model, &r, &tool_constraint, &out.error)) return out;
     std::string kwargs;
-    if (!ReadTemplateKwargs(body, &kwargs, &out.error)) return out;
+    if (!ReadTemplateKwargs(body, text, &kwargs, &out.error)) return out;
     absl::StatusOr<std::vector<int32_t>> ids =
         EncodeChat(chat_template, tok, messages, r.tools_json, kwargs);
     if (!ids.ok()) {
@@ -973,7 +948,7 @@ std::string TokenizeResponse(std::string_view text, const ServedModel& model, co
     std::vector<ChatMessage> messages;
     if (!ReadMessages(body, &messages, err)) return "";
     std::string kwargs;
-    if (!ReadTemplateKwargs(body, &kwargs, err)) return "";
+    if (!ReadTemplateKwargs(body, text, &kwargs, err)) return "";
     absl::StatusOr<std::vector<int32_t>> encoded =
         EncodeChat(chat_template, tok, messages, /*tools_json=*/{}, kwargs);
     if (!encoded.ok()) {

@@ -162,7 +162,8 @@ Check ReadSampling(const json& obj, const ParseOptions& opt, SamplingParams& sp)
   return Checked(ReadSamplingFields(obj, opt.vocab_size, &sp));
 }
 
-// tools / tool_choice / parallel_tool_calls (request_fields.h's rules): only
+// tools / tool_choice / parallel_tool_calls and the chat template's
+// chat_template_kwargs / reasoning_effort (request_fields.h's rules): only
 // with `messages`; "required" / named exclude another constraint.
 Check ReadTools(const json& obj, std::string_view text, GenerateRequest& req) {
   absl::StatusOr<ToolFields> t = ToolFieldsFromJson(obj, text);
@@ -176,6 +177,12 @@ Check ReadTools(const json& obj, std::string_view text, GenerateRequest& req) {
         "calls; it cannot be combined with another constraint");
   }
   req.tools = *std::move(t);
+  absl::StatusOr<std::string> kwargs = TemplateKwargsFromJson(obj, text);
+  if (!kwargs.ok()) return Invalid(std::string(kwargs.status().message()));
+  if (!kwargs->empty() && !chat) {
+    return Invalid("fields 'chat_template_kwargs' and 'reasoning_effort' need a 'messages' prompt");
+  }
+  req.chat_template_kwargs = *std::move(kwargs);
   return std::nullopt;
 }
 
@@ -208,6 +215,8 @@ Check ParseGenerate(const json& obj, std::string_view text, const ParseOptions& 
                                                      "logprobs",
                                                      "cache_salt",
                                                      "priority",
+                                                     "chat_template_kwargs",
+                                                     "reasoning_effort",
                                                      "use_beam_search",
                                                      "best_of",
                                                      "length_penalty",
@@ -401,6 +410,9 @@ json ToJson(const GenerateRequest& r) {
       m.push_back(std::move(message));
     }
     j["messages"] = std::move(m);
+    if (!r.chat_template_kwargs.empty()) {
+      j["chat_template_kwargs"] = json::parse(r.chat_template_kwargs);
+    }
   }
   const SamplingParams& s = r.sampling;
   j["n"] = s.n;

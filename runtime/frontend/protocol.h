@@ -80,6 +80,10 @@ struct GenerateRequest {
   // template, constrains "required" / named choices to calls of the tools
   // (its tool-call format) and parses each output into tool calls.
   ToolFields tools;
+  // `messages` prompts only: "chat_template_kwargs" and "reasoning_effort" as
+  // the chat template's extra variables (request_fields.h
+  // TemplateKwargsFromJson: one JSON object text, "" for none).
+  std::string chat_template_kwargs;
   bool operator==(const GenerateRequest&) const = default;
 };
 

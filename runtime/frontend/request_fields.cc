@@ -12,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/common/field_error.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/tokenizer/chat_template.h"
 
 namespace pagedserve {
 namespace {
@@ -424,6 +425,40 @@ absl::StatusOr<StructuredOutputField> StructuredOutputFromJson(const nlohmann::j
       nlohmann::ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (ordered.is_discarded()) return r;
   return StructuredOutputFromJsonT(ordered);
+}
+
+absl::StatusOr<std::string> TemplateKwargsFromJson(const json& body, std::string_view body_text) {
+  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
+  if (const json* j = Member(body, "chat_template_kwargs")) {
+    if (!j->is_object()) return WrongTypeError("chat_template_kwargs", "an object", *j);
+    for (const auto& [key, value] : j->items()) {
+      if (IsReservedTemplateVariable(key)) {
+        return FieldError(
+            "chat_template_kwargs",
+            absl::StrCat("field 'chat_template_kwargs' may not set '", TruncateUtf8(key, 64),
+                         "': the server sets it from the request"));
+      }
+    }
+    kwargs = nlohmann::ordered_json(*j);  // sorted; the client's order below when it parses
+    if (!body_text.empty()) {
+      const nlohmann::ordered_json ordered =
+          nlohmann::ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+      if (ordered.is_object() && ordered.contains("chat_template_kwargs")) {
+        kwargs = ordered["chat_template_kwargs"];
+      }
+    }
+  }
+  if (const json* j = Member(body, "reasoning_effort")) {
+    if (!j->is_string() || (*j != "low" && *j != "medium" && *j != "high")) {
+      return FieldError("reasoning_effort",
+                        absl::StrCat("field 'reasoning_effort' must be one of \"low\", "
+                                     "\"medium\", \"high\", got ",
+                                     ShowJson(*j)));
+    }
+    kwargs["reasoning_effort"] = j->get<std::string>();
+  }
+  if (kwargs.empty()) return std::string();
+  return kwargs.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 absl::Status ReadLogitProcessorFields(const json& body, int32_t vocab_size, SamplingParams* p) {

@@ -150,6 +150,17 @@ struct ToolFields {
 };
 absl::StatusOr<ToolFields> ToolFieldsFromJson(const nlohmann::json& body,
                                               std::string_view body_text);
+// The chat template's extra variables of a chat request, as one JSON object
+// text ("" when there are none): vLLM's "chat_template_kwargs" (an object,
+// e.g. Qwen3's {"enable_thinking": false}; members in the client's order,
+// read from `body_text` when given, as `body` has them sorted) and OpenAI's
+// "reasoning_effort" ("low", "medium" or "high": the variable of that name,
+// as transformers' apply_chat_template passes keyword arguments; it wins over
+// a kwargs member of the same name). Errors: InvalidArgument naming the field
+// (field_error.h): not an object, a member named like a variable the server
+// sets (IsReservedTemplateVariable: messages, tools, ...), another effort.
+absl::StatusOr<std::string> TemplateKwargsFromJson(const nlohmann::json& body,
+                                                   std::string_view body_text);
 // The constraint of choice "required" / "function" (ToolChoiceConstraint in
 // tool_calls.h) in `format`; none (kNone) for "none" / "auto". Errors:
 // InvalidArgument naming "tool_choice" for a function that is not a tool.

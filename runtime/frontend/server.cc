@@ -335,7 +335,8 @@ struct Server::Impl {
     for (const auto& m : messages)
       chat.push_back(ChatMessage{m.role, m.content, m.tool_calls, m.tool_call_id, m.name});
     absl::StatusOr<std::vector<int32_t>> ids =
-        EncodeChat(chat_template ? &*chat_template : nullptr, tok, chat, g.tools.tools_json);
+        EncodeChat(chat_template ? &*chat_template : nullptr, tok, chat, g.tools.tools_json,
+                   g.chat_template_kwargs);
     if (!ids.ok()) {
       SendError(identity, g.id, ErrorCode::kInvalidRequest, std::string(ids.status().message()));
       return std::nullopt;

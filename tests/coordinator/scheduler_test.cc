@@ -394,9 +394,6 @@ TEST(SchedulerTest, UnsampleableRowsOfRejectedDraftsAreDiscarded) {
     ASSERT_EQ(outs->size(), 1u);
     const RequestOutput& o = (*outs)[0];
     EXPECT_TRUE(sched->CheckInvariants().ok()) << sched->CheckInvariants();
-    // Generated tokens: the first, and 7 when its row could be sampled; never
-    // the rows that failed or were discarded.
-    EXPECT_EQ(sched->stats().generation_tokens, emitted_row_fails ? 1 : 2);
     if (emitted_row_fails) {
       EXPECT_TRUE(o.finished);
       EXPECT_NE(o.error.find("is nan"), std::string::npos) << o.error;

@@ -501,6 +501,8 @@ TEST(EngineLogicTest, LogitsThatCannotBeSampledFailThatRequestAloneAndTheEngineR
   ASSERT_TRUE(all["a"].finished);
   EXPECT_TRUE(all["a"].error.ok()) << all["a"].error;
   EXPECT_EQ(all["a"].text[0], " one two three four five six");
+  // Generation tokens: what the requests got (6 + 2 x 2), not the failed rows.
+  EXPECT_EQ(e->token_counters().generation_tokens, 6 + 2 * 2);
   ExpectAllFreed(*e);
   // The engine serves the next request with the same prompt (its prompt
   // blocks, computed before the failure, may come from the prefix cache).

@@ -856,6 +856,22 @@ TEST_F(EngineModelTest, SpeculativeGreedyEqualsPlainGreedyForEveryK) {
     // Fewer forward passes than tokens: the point of it.
     EXPECT_LT(st.num_steps, plain_stats.num_steps) << "k = " << k;
   }
+  // A stop string inside a speculative run: the tokens after it are dropped,
+  // and the generation-token counter counts what the client got.
+  {
+    Config c;
+    c.spec = Ngram(8);
+    auto e = MakeEngine(c);
+    const ReferencePrompt& p = Ref("numbers");
+    EngineRequest r = Greedy("stopped", p.prompt_ids, kTokens);
+    r.params.stop = {Decode({p.greedy_ids[12]})};
+    ASSERT_TRUE(e->AddRequest(r).ok());
+    auto all = RunAll(*e);
+    EXPECT_EQ(all["stopped"].reason[0], "stop");
+    EXPECT_GT(e->stats().spec_accepted_tokens, 0);
+    EXPECT_EQ(e->token_counters().generation_tokens, all["stopped"].usage.completion_tokens);
+    ExpectAllFreed(*e);
+  }
   // Batch 1.
   Config c;
   c.spec = Ngram(5, 2, 4);

@@ -341,6 +341,34 @@ TEST(ProtocolTest, PriorityNeedsPrioritySchedulingAndRoundTrips) {
       << text.error.message;
 }
 
+// The chat template's extra variables, by the rules HTTP shares
+// (request_fields.h TemplateKwargsFromJson): messages prompts only, members in
+// the client's order, reasoning_effort one of three, reserved names refused.
+TEST(ProtocolTest, ChatTemplateKwargsAndReasoningEffort) {
+  const std::string chat = R"({"version":1,"type":"generate","id":"c1",)"
+                           R"("messages":[{"role":"user","content":"hi"}])";
+  ParseResult ok = ParseRequest(
+      chat +
+      R"(,"chat_template_kwargs":{"zeta":1,"alpha":{"b":1,"a":2}},"reasoning_effort":"low"})");
+  ASSERT_TRUE(ok.ok()) << ok.error.message;
+  const GenerateRequest& g = std::get<GenerateRequest>(*ok.request);
+  EXPECT_EQ(g.chat_template_kwargs, R"({"zeta":1,"alpha":{"b":1,"a":2},"reasoning_effort":"low"})");
+  const json wire = json::parse(SerializeRequest(g));
+  EXPECT_EQ(wire["chat_template_kwargs"]["alpha"]["a"], 2) << wire;
+  EXPECT_TRUE(
+      std::get<GenerateRequest>(*ParseRequest(chat + "}").request).chat_template_kwargs.empty());
+  ExpectError(Gen(R"(,"chat_template_kwargs":{"a":1})"), ErrorCode::kInvalidRequest,
+              "need a 'messages' prompt", "r7");
+  ExpectError(chat + R"(,"chat_template_kwargs":{"messages":[]}})", ErrorCode::kInvalidRequest,
+              "field 'chat_template_kwargs' may not set 'messages'", "c1");
+  ExpectError(chat + R"(,"chat_template_kwargs":[1]})", ErrorCode::kInvalidRequest,
+              "field 'chat_template_kwargs' must be an object", "c1");
+  ExpectError(chat + R"(,"reasoning_effort":"max"})", ErrorCode::kInvalidRequest,
+              "field 'reasoning_effort' must be one of", "c1");
+  // request_id is HTTP's (the response id); a ZeroMQ request is named by "id".
+  ExpectError(chat + R"(,"request_id":"x"})", ErrorCode::kInvalidRequest, "request_id", "c1");
+}
+
 TEST(ProtocolTest, RepliesSerializeAsDocumented) {
   DeltaReply d{"r1",
                {{0, "Hel", {9, 10}, {}, std::nullopt}, {1, "Wo", {11}, {}, FinishReason::kLength}}};
