@@ -90,7 +90,7 @@ PAGEDSERVE_FLAG("generate,serve", bool, prefill_first, false,
                 "a step with requests waiting runs only their prefills (running decodes wait a "
                 "step, as in vLLM V0 without chunked prefill and SGLang): lower TTFT for arrivals "
                 "while others generate, higher TPOT for those (docs/coordinator.md)");
-PAGEDSERVE_FLAG("generate,serve", std::string, scheduling_policy, "fcfs",
+PAGEDSERVE_FLAG("serve", std::string, scheduling_policy, "fcfs",
                 "the order requests are admitted and kept in: fcfs (arrival) or priority (a "
                 "request's `priority`, lower first, then arrival; the newest of the lowest "
                 "priority is preempted first), as vLLM's flag");

@@ -314,6 +314,35 @@ TEST(SchedulerTest, PrefillFirstRunsArrivalsAloneAndFallsBackToDecodes) {
   }
 }
 
+// A short request arriving while a long prompt is chunk-prefilled: by default
+// the long prompt's chunks take the budget first and the short one waits for
+// the whole prefill; with prefill_first it is admitted in the next step.
+TEST(SchedulerTest, ShortArrivalBehindALongPrefillWaitsUnlessPrefillFirst) {
+  for (bool prefill_first : {false, true}) {
+    SchedulerConfig c = Config(64);
+    c.max_model_len = 256;
+    c.max_num_batched_tokens = 16;
+    c.prefill_first = prefill_first;
+    Driver d(c);
+    ASSERT_TRUE(d.sched->AddRequest(Req("long", 160, 2)).ok());
+    ASSERT_TRUE(d.Step());  // the first of 10 chunks
+    ASSERT_TRUE(d.sched->AddRequest(Req("short", 5, 2)).ok());
+    int steps_until_admitted = 0;
+    bool admitted = false;
+    while (!admitted && steps_until_admitted < 20) {
+      ASSERT_TRUE(d.Step());
+      ++steps_until_admitted;
+      for (const SequenceStep& st : d.plans.back().seqs)
+        admitted |= st.is_prefill() && st.token_ids.size() == 5u;
+    }
+    ASSERT_TRUE(admitted);
+    EXPECT_EQ(steps_until_admitted, prefill_first ? 1 : 10) << "prefill_first " << prefill_first;
+    ASSERT_TRUE(d.RunToCompletion());
+    EXPECT_EQ(d.tokens["short"][0].size(), 2u);
+    EXPECT_EQ(d.tokens["long"][0].size(), 2u);
+  }
+}
+
 TEST(SchedulerTest, NoChunkingAdmitsWholePromptsOnly) {
   SchedulerConfig c = Config(64);
   c.enable_chunked_prefill = false;
