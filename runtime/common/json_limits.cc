@@ -5,15 +5,17 @@
 namespace pagedserve {
 
 absl::Status CheckJsonText(std::string_view text, const JsonLimits& limits) {
-  // One element counter per open level (used by arrays only), in a fixed-size
-  // stack: the depth is checked before a level is pushed.
+  // One element (array) or member (object) counter per open level, in a
+  // fixed-size stack: the depth is checked before a level is pushed.
   constexpr int kMaxTrackedDepth = 256;
   const int max_depth = limits.max_depth < kMaxTrackedDepth ? limits.max_depth : kMaxTrackedDepth;
   size_t elements[kMaxTrackedDepth];
   bool is_array[kMaxTrackedDepth];
   int depth = 0;
   bool in_string = false, escape = false;
-  bool value_pending = false;  // the next value starts an element of the innermost array
+  // The next value starts an element of the innermost array, or (a key) a
+  // member of the innermost object.
+  bool value_pending = false;
   size_t string_start = 0;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
@@ -38,16 +40,18 @@ absl::Status CheckJsonText(std::string_view text, const JsonLimits& limits) {
       continue;
     }
     if (c == ',') {
-      value_pending = depth > 0 && is_array[depth - 1];
+      value_pending = depth > 0;
       continue;
     }
     // `c` starts a value (or continues a number or literal, when nothing is pending).
     if (value_pending) {
       value_pending = false;
-      if (++elements[depth - 1] > limits.max_array_elements) {
-        return absl::InvalidArgumentError(absl::StrCat("a JSON array has more than ",
-                                                       limits.max_array_elements,
-                                                       " elements (at byte ", i, ")"));
+      const bool array = is_array[depth - 1];
+      const size_t most = array ? limits.max_array_elements : limits.max_object_members;
+      if (++elements[depth - 1] > most) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(array ? "a JSON array has more than " : "a JSON object has more than ",
+                         most, array ? " elements (at byte " : " members (at byte ", i, ")"));
       }
     }
     if (c == '"') {
@@ -61,7 +65,7 @@ absl::Status CheckJsonText(std::string_view text, const JsonLimits& limits) {
       is_array[depth] = c == '[';
       elements[depth] = 0;
       ++depth;
-      value_pending = c == '[';
+      value_pending = true;
     }
   }
   return absl::OkStatus();

@@ -27,6 +27,11 @@ struct JsonLimits {
   size_t max_string_bytes = size_t{1} << 20;
   // Elements of one array (a prompt of token ids, a batch of prompts, messages).
   size_t max_array_elements = size_t{1} << 18;
+  // Members of one object. Readers that keep the client's key order
+  // (nlohmann::ordered_json: tool schemas, chat_template_kwargs) insert each
+  // key by a linear scan, quadratic in an object's size; 4096 is far above
+  // what requests hold (logit_bias: at most 1,024 entries) and bounds that.
+  size_t max_object_members = 4096;
 };
 
 // Scans `text` once (no recursion, no allocation) and checks it against

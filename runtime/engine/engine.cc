@@ -254,7 +254,7 @@ bool Engine::EmitText(RequestState& r, SeqState& s, bool final, SequenceDelta* d
     // start would have been held back.
     size_t best = std::string::npos, best_len = 0;
     for (const std::string& stop : stops) {
-      const size_t pos = s.text.find(stop, s.sent);
+      const size_t pos = s.text.find(stop, std::max(s.sent, s.stop_from));
       if (pos < best) {
         best = pos;
         best_len = stop.size();
@@ -266,7 +266,8 @@ bool Engine::EmitText(RequestState& r, SeqState& s, bool final, SequenceDelta* d
     }
   }
   size_t end = s.text.size();
-  if (!found && !final && !stops.empty()) end -= StopPrefixHold(s.text, s.sent, stops);
+  if (!found && !final && !stops.empty())
+    end -= StopPrefixHold(s.text, std::max(s.sent, s.stop_from), stops);
   if (end > s.sent) {
     d->text.append(s.text, s.sent, end - s.sent);
     s.sent = end;
@@ -482,11 +483,14 @@ absl::Status Engine::AppendTokens(const RequestState& r, SeqState& s, const Sequ
       return absl::InternalError(absl::StrCat("sample ", so.index, ": ", piece.status().message()));
     }
     s.text += *piece;
+    if (s.num_tokens < r.params.min_tokens) s.stop_from = s.text.size();
     // Several tokens in one step (speculative decoding): a stop string
     // completed by this token ends the sample here, as it would have one
     // token per step; the tokens after it are dropped (the scheduler's copy
     // ends with the sequence, ApplyStopConditions).
-    if (k + 1 < so.new_tokens.size() && HasStopString(r.params.stop, s.text, s.sent)) break;
+    if (k + 1 < so.new_tokens.size() &&
+        HasStopString(r.params.stop, s.text, std::max(s.sent, s.stop_from)))
+      break;
   }
   return absl::OkStatus();
 }

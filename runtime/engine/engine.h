@@ -201,6 +201,10 @@ class Engine {
     IncrementalDetokenizer detok;
     std::string text;  // text so far (stop token text excluded), truncated at a stop string
     size_t sent = 0;   // bytes of `text` already emitted
+    // Stop strings are matched in `text` from max(sent, stop_from): the text
+    // of the tokens before min_tokens is never matched (vLLM), also when a
+    // speculative run brings several tokens in one step.
+    size_t stop_from = 0;
     int32_t num_tokens = 0;
     bool finished = false;
     FinishReason finish_reason = FinishReason::kNone;

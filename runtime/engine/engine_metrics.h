@@ -26,7 +26,7 @@ struct StepFigures {
   int64_t preemptions_swap = 0, preemptions_recompute = 0;  // increments
   int64_t prompt_tokens = 0;              // prefilled this step (including recomputation)
   int64_t first_token_prompt_tokens = 0;  // prompt lengths of requests whose first token came
-  int64_t generation_tokens = 0;          // sampled this step
+  int64_t generation_tokens = 0;          // output tokens given to requests this step
   int64_t step_tokens = 0;                // fed to the model this step
   bool executed = false;                  // a forward pass ran (rank figures valid)
   // Speculative decoding increments (SchedulerStats' spec_* counters).

@@ -187,8 +187,9 @@ Check ReadTools(const json& obj, std::string_view text, GenerateRequest& req) {
 }
 
 // A generate request's members, checked in this order (the first error wins):
-// unknown members, the prompt, sampling numbers, stop and output options,
-// beam search, stream, cache_salt, priority, then SamplingParams::Validate.
+// unknown members, the prompt, sampling numbers, structured output, tools and
+// the chat template's kwargs, stop and output options, stream, cache_salt,
+// priority, then SamplingParams::Validate.
 // `text`: the message's JSON text (a JSON Schema keeps its key order).
 Check ParseGenerate(const json& obj, std::string_view text, const ParseOptions& opt,
                     GenerateRequest& req) {
@@ -819,7 +820,21 @@ absl::StatusOr<Reply> ParseReply(std::string_view message) {
 }
 
 std::string SerializeRequest(const Request& request) {
-  return Dump(std::visit(RequestToJson{}, request));
+  const json j = std::visit(RequestToJson{}, request);
+  const auto* g = std::get_if<GenerateRequest>(&request);
+  if (g == nullptr || (g->chat_template_kwargs.empty() && g->tools.tools_json.empty())) {
+    return Dump(j);
+  }
+  // `tools` and `chat_template_kwargs` keep the client's key order (the chat
+  // template renders them in it), which `json` would sort: the message as
+  // ordered JSON with those two members as given.
+  using ordered_json = nlohmann::ordered_json;
+  ordered_json o = ordered_json::parse(Dump(j));
+  if (!g->tools.tools_json.empty()) o["tools"] = ordered_json::parse(g->tools.tools_json);
+  if (!g->chat_template_kwargs.empty()) {
+    o["chat_template_kwargs"] = ordered_json::parse(g->chat_template_kwargs);
+  }
+  return o.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
 }
 
 std::string SerializeReply(const Reply& reply) { return Dump(std::visit(ReplyToJson{}, reply)); }

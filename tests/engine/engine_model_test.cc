@@ -12,11 +12,13 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "distributed/communicator.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -856,21 +858,39 @@ TEST_F(EngineModelTest, SpeculativeGreedyEqualsPlainGreedyForEveryK) {
     // Fewer forward passes than tokens: the point of it.
     EXPECT_LT(st.num_steps, plain_stats.num_steps) << "k = " << k;
   }
-  // A stop string inside a speculative run: the tokens after it are dropped,
-  // and the generation-token counter counts what the client got.
+  // Stop strings inside speculative runs: the tokens after one are dropped and
+  // the generation-token counter counts what the client got; one in the text
+  // of the tokens before min_tokens never matches, as one token per step. Both
+  // give what the same request gives without speculation.
   {
-    Config c;
-    c.spec = Ngram(8);
-    auto e = MakeEngine(c);
     const ReferencePrompt& p = Ref("numbers");
-    EngineRequest r = Greedy("stopped", p.prompt_ids, kTokens);
-    r.params.stop = {Decode({p.greedy_ids[12]})};
-    ASSERT_TRUE(e->AddRequest(r).ok());
-    auto all = RunAll(*e);
-    EXPECT_EQ(all["stopped"].reason[0], "stop");
-    EXPECT_GT(e->stats().spec_accepted_tokens, 0);
-    EXPECT_EQ(e->token_counters().generation_tokens, all["stopped"].usage.completion_tokens);
-    ExpectAllFreed(*e);
+    const std::string late = Decode({p.greedy_ids[14], p.greedy_ids[15], p.greedy_ids[16]});
+    const std::string early = Decode({p.greedy_ids[2]});
+    auto run = [&](std::optional<SpeculativeConfig> spec, int min_tokens) {
+      Config c;
+      if (spec) c.spec = *spec;
+      auto e = MakeEngine(c);
+      EngineRequest r = Greedy("stopped", p.prompt_ids, kTokens);
+      r.params.stop = {min_tokens > 0 ? early : late};
+      r.params.min_tokens = min_tokens;
+      EXPECT_TRUE(e->AddRequest(r).ok());
+      Collected got = RunAll(*e)["stopped"];
+      EXPECT_EQ(e->token_counters().generation_tokens, got.usage.completion_tokens);
+      if (spec) {
+        EXPECT_GT(e->stats().spec_accepted_tokens, 0);
+      }
+      ExpectAllFreed(*e);
+      return got;
+    };
+    for (int min_tokens : {0, 6}) {
+      SCOPED_TRACE(absl::StrCat("min_tokens ", min_tokens));
+      const Collected plain = run(std::nullopt, min_tokens);
+      const Collected spec = run(Ngram(8), min_tokens);
+      EXPECT_EQ(spec.tokens[0], plain.tokens[0]);
+      EXPECT_EQ(spec.text[0], plain.text[0]);
+      EXPECT_EQ(spec.reason[0], plain.reason[0]);
+      EXPECT_EQ(spec.usage.completion_tokens, plain.usage.completion_tokens);
+    }
   }
   // Batch 1.
   Config c;

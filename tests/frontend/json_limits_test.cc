@@ -53,6 +53,23 @@ TEST(JsonLimitsTest, ArrayElementsAreCountedPerArray) {
   EXPECT_TRUE(CheckJsonText("[12345, -6.5e3, false]", l).ok());
 }
 
+// Object members are counted per object (keys; values are not members), so a
+// body cannot hold an object whose key-ordered parse is quadratic in its size.
+TEST(JsonLimitsTest, ObjectMembersAreCountedPerObject) {
+  JsonLimits l;
+  l.max_object_members = 3;
+  EXPECT_TRUE(
+      CheckJsonText(R"({"a": 1, "b": [1, 2, 3, 4], "c": {"x": 1, "y": 2, "z": 3}})", l).ok());
+  EXPECT_TRUE(CheckJsonText("{}", l).ok());
+  EXPECT_TRUE(CheckJsonText(R"({"a,b": "c,d", "e": ",", "f": "{"})", l).ok());
+  EXPECT_EQ(CheckJsonText(R"({"a": 1, "b": 2, "c": 3, "d": 4})", l).message(),
+            "a JSON object has more than 3 members (at byte 25)");
+  EXPECT_FALSE(CheckJsonText(R"([{"a": 1, "b": 2, "c": 3, "d": 4}])", l).ok());
+  // The array limit still applies to arrays alone.
+  l.max_array_elements = 2;
+  EXPECT_TRUE(CheckJsonText(R"({"a": 1, "b": 2, "c": 3})", l).ok());
+}
+
 TEST(JsonLimitsTest, LongStringsFailAtTheirOpeningQuote) {
   JsonLimits l;
   l.max_string_bytes = 8;
