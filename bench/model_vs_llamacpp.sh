@@ -10,6 +10,10 @@
 #       [--llamacpp-bin DIR] [--out-dir DIR] [--omp-wait-policy default|passive|active]
 #       [--llamacpp-no-repack] [-- extra bench_model flags]
 #
+# With -- --read_bandwidth_mib=N, bench_model also measures the machine's read
+# bandwidth (an N MiB buffer, same threads) and the table ends with batch-1
+# decode's fraction of the bandwidth limit (file bytes per token; issue 34).
+#
 # --llamacpp-no-repack runs llama.cpp without its repacked / AMX weight buffers
 # (llama-bench --repack 0, llama-batched-bench --no-repack): on a CPU that exposes
 # AMX, llama.cpp's AMX path crashed on a Q4_K_M file (issue 34, 2026-12-05).
@@ -93,6 +97,7 @@ for r in range(1, rounds + 1):
     for b in json.load(open(f"{out}/pagedserve_{r}.json"))["benchmarks"]:
         m = re.match(r"(prefill|decode)/batch:(\d+)", b["name"])
         if m: add(ours, (m.group(1), int(m.group(2))), b["tokens_per_s_best"])
+        if b["name"].startswith("read_bandwidth"): add(ours, ("read_bandwidth", 0), b["bytes_per_s_best"])
     for t in json.load(open(f"{out}/llama_bench_{r}.json")):
         if t["n_prompt"] > 0 and t["n_gen"] == 0: add(theirs, ("llama-bench pp", 1), t["avg_ts"])
         if t["n_gen"] > 0 and t["n_prompt"] == 0: add(theirs, ("llama-bench tg", 1), t["avg_ts"])
@@ -123,6 +128,19 @@ for phase in ("prefill", "decode"):
                          "llamacpp": b, "ratio_best": round(ratio, 3)})
             print(f"{phase:8}{batch:>6}{max(a):>12.1f}{max(b):>11.1f}  {name:22}{ratio:>6.2f}x   "
                   f"{', '.join(f'{x:.1f}' for x in a)} | {', '.join(f'{x:.1f}' for x in b)}")
+# Batch-1 decode reads every weight once per token: tokens/s x file bytes over
+# the read bandwidth bench_model measured (-- --read_bandwidth_mib=N).
+bw = max(ours.get(("read_bandwidth", 0), [0]))
+if bw > 0:
+    size = os.path.getsize(gguf)
+    print(f"read bandwidth {bw / 1e9:.2f} GB/s (best of {len(ours[('read_bandwidth', 0)])}); "
+          f"file {size / 1e9:.3f} GB: bandwidth limit {bw / size:.2f} tokens/s")
+    for name, key in (("pagedserve decode b1", ("decode", 1)),
+                      ("llama-bench tg", ("llama-bench tg", 1)),
+                      ("llama-batched-bench b1", ("decode", 1))):
+        src = ours if name.startswith("pagedserve") else theirs
+        if src.get(key):
+            print(f"  {name:24} {max(src[key]):7.2f} tokens/s = {max(src[key]) * size / bw:.1%} of it")
 json.dump({"rows": rows, "loads": loads, "threads": int(threads)},
           open(f"{out}/side_by_side.json", "w"), indent=1)
 print(f"(JSON: {out}/side_by_side.json)")
