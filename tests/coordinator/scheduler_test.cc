@@ -388,6 +388,16 @@ TEST(SchedulerTest, AbortInTheMiddleOfAPrefillChunkFreesEverything) {
   EXPECT_TRUE(d.sched->CheckInvariants().ok());
 }
 
+// Config(64) with n-gram speculation: up to 2 drafts from 1- or 2-token matches.
+SchedulerConfig NgramConfig() {
+  SchedulerConfig c = Config(64);
+  c.speculative.method = "ngram";
+  c.speculative.num_speculative_tokens = 2;
+  c.speculative.prompt_lookup_min = 1;
+  c.speculative.prompt_lookup_max = 2;
+  return c;
+}
+
 // A verification entry (draft tokens) whose rows after the first rejected
 // draft could not be sampled runs on: those rows are discarded. Only a
 // failure of the emitted row fails the request, and it frees the blocks the
@@ -395,11 +405,7 @@ TEST(SchedulerTest, AbortInTheMiddleOfAPrefillChunkFreesEverything) {
 TEST(SchedulerTest, UnsampleableRowsOfRejectedDraftsAreDiscarded) {
   for (const bool emitted_row_fails : {false, true}) {
     SCOPED_TRACE(emitted_row_fails ? "the emitted row fails" : "a discarded row fails");
-    SchedulerConfig c = Config(64);
-    c.speculative.method = "ngram";
-    c.speculative.num_speculative_tokens = 2;
-    c.speculative.prompt_lookup_min = 1;
-    c.speculative.prompt_lookup_max = 2;
+    const SchedulerConfig c = NgramConfig();
     auto sched = *Scheduler::Create(c, {});
     Request r = Req("r", 0, 10);
     r.prompt_token_ids = {5, 6, 5, 6, 5};
@@ -445,11 +451,7 @@ TEST(SchedulerTest, UnsampleableRowsOfRejectedDraftsAreDiscarded) {
 // verification row would follow the whole history, drafts included.
 TEST(SchedulerTest, StructuredOutputRequestsGetNoDrafts) {
   for (const bool constrained : {false, true}) {
-    SchedulerConfig c = Config(64);
-    c.speculative.method = "ngram";
-    c.speculative.num_speculative_tokens = 2;
-    c.speculative.prompt_lookup_min = 1;
-    c.speculative.prompt_lookup_max = 2;
+    const SchedulerConfig c = NgramConfig();
     auto sched = *Scheduler::Create(c, {});
     Request r = Req("r", 0, 10);
     r.prompt_token_ids = {5, 6, 5, 6, 5};
