@@ -14,6 +14,8 @@
 //   on Llama-3.2-1B's K-quant shapes, kPanel16 against the other methods (issue 34).
 // BM_LinearVerify135M/<format>/<rows>/<cols>/<tokens>/<method>: BM_LinearMethod on
 //   SmolLM2-135M's shapes at speculative verification's 2..9 tokens (issue 33).
+// BM_LinearMethodCold/<format>/<rows>/<cols>/<tokens>/<method>: BM_LinearMethod with
+//   the weight evicted from the caches before each call (a model's decode).
 // BM_QuantizeActs/<isa 0 portable, 1 avx2, 2 avx512>/<block 32 or 256>/<n>: the
 //   activation quantizer of one ISA path on n activations.
 // BM_OpenBlasF32/<rows>/<cols>/<tokens>: cblas_sgemm on fp32 weights,
@@ -122,6 +124,29 @@ void BM_LinearMethod(benchmark::State& state) {
                                        : cpu::LinearMethod::kPanel16;
   for (auto _ : state) {
     if (!cpu::LinearWith(s.p, ActiveLinearIsa(), m).ok()) state.SkipWithError("Linear failed");
+    benchmark::DoNotOptimize(s.y.data());
+  }
+  s.Count(state, cpu::LinearMethodName(m));
+}
+
+// BM_LinearMethod with the weight read from memory, as in a model's decode
+// (every weight read once per token, the model far larger than the last-level
+// cache): the call cycles over copies of the weight that together take
+// kColdBytes, so each call finds its copy evicted.
+constexpr size_t kColdBytes = size_t{512} << 20;
+void BM_LinearMethodCold(benchmark::State& state) {
+  Setup s(static_cast<WeightType>(state.range(0)), state.range(1), state.range(2), state.range(3));
+  const auto m = static_cast<cpu::LinearMethod>(state.range(4));
+  const size_t copies = std::max<size_t>(2, kColdBytes / s.w.size());
+  std::vector<uint8_t> cold(copies * s.w.size());
+  for (size_t c = 0; c < copies; ++c)
+    std::memcpy(cold.data() + c * s.w.size(), s.w.data(), s.w.size());
+  size_t next = 0;
+  for (auto _ : state) {
+    LinearParams p = s.p;
+    p.w.data = cold.data() + next * s.w.size();
+    next = (next + 1) % copies;
+    if (!cpu::LinearWith(p, ActiveLinearIsa(), m).ok()) state.SkipWithError("Linear failed");
     benchmark::DoNotOptimize(s.y.data());
   }
   s.Count(state, cpu::LinearMethodName(m));
@@ -239,6 +264,29 @@ void PanelArgs(benchmark::internal::Benchmark* b) {
   for (int64_t f : {2, 8})
     for (int64_t m : {0, 2, 3}) b->Args({f, 8192, 2048, 1, m}), b->Args({f, 2048, 8192, 1, m});
 }
+// One to three tokens (decode at batch 1..3) with the weight read from memory:
+// the row dots against the row-block tiles (and the 8-row tiles of the
+// 32-element formats), at Llama-3.2-1B's shapes (q/o, k/v, gate/up, down) and
+// SmolLM2-135M's (q/o, gate/up, down) for its Q4_1 / Q8_0 file; the K-quants
+// also at 4 and 6 tokens.
+void ColdArgs(benchmark::internal::Benchmark* b) {
+  for (int64_t f : {12, 14, 2, 3, 8})
+    for (const auto& [rows, cols] :
+         {std::pair<int64_t, int64_t>{2048, 2048}, {512, 2048}, {8192, 2048}, {2048, 8192}})
+      for (int64_t t : {1, 2, 3})
+        for (int64_t m : {0, 2, 3})
+          if (m != 3 || f == 2 || f == 3 || f == 8) b->Args({f, rows, cols, t, m});
+  // the K-quants up to their panels' kPanelMinTokens (8): row dots vs 2x4 tiles
+  for (int64_t f : {12, 14})
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{2048, 2048}, {8192, 2048}})
+      for (int64_t t : {4, 6})
+        for (int64_t m : {0, 2}) b->Args({f, rows, cols, t, m});
+  for (int64_t f : {3, 8})
+    for (const auto& [rows, cols] :
+         {std::pair<int64_t, int64_t>{576, 576}, {1536, 576}, {576, 1536}})
+      for (int64_t t : {1, 2, 3})
+        for (int64_t m : {0, 2, 3}) b->Args({f, rows, cols, t, m});
+}
 // Speculative verification (issue 33) at SmolLM2-135M's shapes: 2..9 tokens
 // (k + 1 for k = 1..8), kPanel16 against the row dots and the 2x4 tiles, for
 // the formats of its files (Q4_0, Q4_1, Q8_0: the Q8_0 49152x576 LM head).
@@ -279,6 +327,7 @@ BENCHMARK(BM_LinearMethod)
     ->Apply(VerifyArgs)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LinearMethodCold)->Apply(ColdArgs)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_QuantizeActs)
     ->ArgsProduct({{0, 1, 2}, {32, 256}, {1536}})
     ->Unit(benchmark::kMicrosecond);

@@ -160,12 +160,22 @@ constexpr int64_t kSgemmMinTokensHalf = 128;
 //    and smaller (<= 1.6 MB) 0.95-1.7x as fast (Q4_1 even, the others
 //    faster); the limit is placed between the two measured sizes, for all
 //    formats, not tuned further;
-//  - Q4_1 at 3 tokens and Q8_0 at 2 (1536x1536: 10-20%).
+//  - Q4_1 at 3 tokens (1536x1536: 10-20%);
+//  - Q8_0 below 4 tokens at every size (on the paths with its panels, the
+//    panels take 3 tokens): with the weight read from memory, as a model's
+//    decode reads it (BM_LinearMethodCold, two threads, AMD EPYC Zen 4;
+//    docs/benchmarks.md "Decode methods with the weight read from memory"),
+//    the row dots were 1.3-2.4x faster than the 4x1 tiles at 1-2 tokens on
+//    both x86 paths, at 576x576 .. 8192x2048.
 // Everywhere else the tiles measured 1.0-3x faster. Q4_0 keeps the tiles at
 // every size: faster at 4096x4096 in that measurement, and at Llama-3.2-1B's
 // 8192x2048 / 2048x8192 (9.4 MB) with one token 1.15-1.2x faster than the
 // row dots on AVX-512, one and two threads (BM_LinearPanel1B/2/.../1/{0,2};
-// docs/benchmarks.md "Llama-3.2-1B shape, idle, three formats").
+// docs/benchmarks.md "Llama-3.2-1B shape, idle, three formats"; bench_model
+// decode at batch 1 on an Intel Xeon 1.13x faster with the tiles). On the AMD
+// Zen 4 the same Q4_0 one-token row dots were 1.35-1.5x faster than the tiles
+// with the weight read from memory on AVX-512, and mixed on AVX2: kept, as
+// the two CPUs disagree and only the Xeon's figure is a whole model's.
 constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
 // kRowBlock8 (8 rows in the vector lanes) on the AVX2 path, for the formats
 // with its tile (HasRowBlock8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), from one tile of
@@ -180,17 +190,24 @@ constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
 // row dots were 1.4x faster than sgemm at 128-256 tokens), and the 8-row
 // tiles were not measured on such a CPU.
 constexpr int64_t kRow8MinTokensAvx2 = kRow8Tokens;
-// The K-quants (Q4_K, Q5_K, Q6_K) on the AVX2 path use the row dots below
-// kPanelMinTokens (1 row x up to 4 tokens per call): since the row dots unpack
-// scales and mins in vectors, they measured as fast as or faster than both
-// tiles (BM_LinearMethod, one thread; docs/benchmarks-history.md "K-quant row dots
+// The K-quants (Q2_K .. Q6_K, and IQ4_XS, which has no tiles) on both x86
+// paths use the row dots below kPanelMinTokens (1 row x up to 4 tokens per
+// call). On AVX2, since the row dots unpack scales and mins in vectors, they
+// measured as fast as or faster than both tiles with the weight in cache
+// (BM_LinearMethod, one thread; docs/benchmarks-history.md "K-quant row dots
 // (CPU, issue 10)"): 1536x1536 1-3 tokens 0.95-2.3x vs the 4x1 tiles, 4-128
 // tokens 1.0-1.5x vs the 2x4 tiles (whose 8 integer and 8 fp32 accumulators
 // spill from AVX2's 16 vector registers; the row dot's memory operands fold
-// into pmaddubsw). The AVX-512 path (32 vector registers; not measured here)
-// keeps the tiles.
-bool KQuantRowDotsAvx2(WeightType type, CpuIsa isa) {
-  return isa == CpuIsa::kAvx2 && UsesActBlock256(type);
+// into pmaddubsw). On AVX-512 the tiles were up to 1.15x faster with the
+// weight in cache, but a model's decode reads every weight from memory, and
+// there (BM_LinearMethodCold, two threads, AMD EPYC Zen 4, Llama-3.2-1B's
+// Q4_K / Q6_K shapes 512x2048 .. 8192x2048; docs/benchmarks.md "Decode
+// methods with the weight read from memory") the row dots were 2.0-3.1x
+// faster than the 4x1 tiles at 1-3 tokens and 1.2-3.7x faster than the 2x4
+// tiles at 4-6, on AVX-512 as on AVX2 (the tiles' four rows are read as four
+// streams; the row dot streams one). Not measured on an Intel CPU that way.
+bool KQuantRowDots(WeightType type, CpuIsa isa) {
+  return isa != CpuIsa::kPortable && UsesActBlock256(type);
 }
 // Called before Linear validates the shape: any type, rows or cols is safe here.
 bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
@@ -203,7 +220,7 @@ bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t co
       type != WeightType::kQ4_0)
     return true;
   return (type == WeightType::kQ4_1 && num_tokens == 3) ||
-         (type == WeightType::kQ8_0 && num_tokens == 2);
+         (type == WeightType::kQ8_0 && num_tokens < kBlockTokens);
 }
 // kPanel16 (the K-quants' many-token GEMM) from this many tokens on, on both
 // x86 paths and for Q4_K, Q5_K and Q6_K alike. Measured with
@@ -498,7 +515,7 @@ LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int
     }
     if (isa != CpuIsa::kPortable && HasPanel16(type) && num_tokens >= PanelMinTokens(type))
       return LinearMethod::kPanel16;
-    if (KQuantRowDotsAvx2(type, isa) || !HasRowBlockTiles(type)) return LinearMethod::kRowDot;
+    if (KQuantRowDots(type, isa) || !HasRowBlockTiles(type)) return LinearMethod::kRowDot;
     return RowDotsFaster(type, num_tokens, rows, cols) ? LinearMethod::kRowDot
                                                        : LinearMethod::kRowBlock;
   }
