@@ -67,6 +67,17 @@ absl::Status PriorityFromJson(const json& v, bool priority_scheduling, int32_t* 
 }
 
 absl::Status IntFromJson(const json& v, absl::string_view field, int* out) {
+  if (v.is_number_float()) {
+    // A whole number written with a fraction or exponent (16.0, 1e3) is that
+    // integer, as vLLM's request models read it (pydantic's lax mode).
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || d != std::trunc(d)) return WrongTypeError(field, "an integer", v);
+    if (d > std::numeric_limits<int>::max() || d < std::numeric_limits<int>::min()) {
+      return OutOfRange(field, v);
+    }
+    *out = static_cast<int>(d);
+    return absl::OkStatus();
+  }
   if (!v.is_number_integer()) return WrongTypeError(field, "an integer", v);
   if (v.is_number_unsigned()) {
     if (v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
@@ -467,11 +478,12 @@ absl::Status ReadLogitProcessorFields(const json& body, int32_t vocab_size, Samp
     if (absl::Status s = ReadLogitBias(*j, vocab, p); !s.ok()) return s;
   }
   if (const json* j = Member(body, "min_tokens")) {
-    if (!j->is_number_integer() || (j->is_number_unsigned() && j->get<uint64_t>() > INT32_MAX) ||
-        j->get<int64_t>() < 0 || j->get<int64_t>() > INT32_MAX) {
+    int min_tokens = 0;
+    PS_RETURN_IF_ERROR(IntFromJson(*j, "min_tokens", &min_tokens));
+    if (min_tokens < 0) {
       return FieldError("min_tokens", "'min_tokens' must be an integer in [0, 2^31)");
     }
-    p->min_tokens = static_cast<int>(j->get<int64_t>());
+    p->min_tokens = min_tokens;
   }
   if (const json* j = Member(body, "bad_words")) {
     if (absl::Status s = ReadBadWords(*j, p); !s.ok()) return s;

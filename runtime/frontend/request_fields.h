@@ -39,7 +39,8 @@ absl::StatusOr<std::optional<uint64_t>> SeedFromJson(const nlohmann::json& seed)
 // InvalidArgument naming `field` (field_error.h): "field 'F' must be <what>,
 // got <JSON kind> <the value, cut at 40 bytes>", or "field 'F' is out of
 // range, got V" for a number beyond the type's range.
-//   IntFromJson      a JSON integer within int32;
+//   IntFromJson      a JSON integer within int32, or a number without a fractional
+//                    part (16.0, 1e3: that integer; vLLM's lax reading);
 //   NumberFromJson   any JSON number, finite, of magnitude <= kMaxSamplingMagnitude;
 //   BoolFromJson     true or false;
 //   StringFromJson   a string;

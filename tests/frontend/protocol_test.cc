@@ -335,6 +335,15 @@ TEST(ProtocolTest, PriorityNeedsPrioritySchedulingAndRoundTrips) {
   GenerateRequest g = std::get<GenerateRequest>(*ok.request);
   EXPECT_EQ(g.priority, -3);
   EXPECT_TRUE(*ParseRequest(SerializeRequest(g), opt).request == Request{g});
+  // A whole number written as a float is that integer (vLLM's lax reading).
+  ParseResult whole = ParseRequest(Gen(R"(,"priority":1.0)"), opt);
+  ASSERT_TRUE(whole.ok()) << whole.error.message;
+  EXPECT_EQ(std::get<GenerateRequest>(*whole.request).priority, 1);
+  ParseResult fraction = ParseRequest(Gen(R"(,"priority":1.5)"), opt);
+  ASSERT_FALSE(fraction.ok());
+  EXPECT_NE(fraction.error.message.find("field 'priority' must be an integer, got number 1.5"),
+            std::string::npos)
+      << fraction.error.message;
   ParseResult text = ParseRequest(Gen(R"(,"priority":"high")"), opt);
   ASSERT_FALSE(text.ok());
   EXPECT_NE(text.error.message.find("field 'priority' must be an integer"), std::string::npos)
