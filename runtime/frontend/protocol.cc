@@ -177,11 +177,14 @@ Check ReadTools(const json& obj, std::string_view text, GenerateRequest& req) {
         "calls; it cannot be combined with another constraint");
   }
   req.tools = *std::move(t);
+  // Given at all (even {}), the template's variables need a template to run:
+  // refused on a text or token prompt, as HTTP refuses them on completions.
+  for (const char* chat_only : {"chat_template_kwargs", "reasoning_effort"}) {
+    if (auto it = obj.find(chat_only); it != obj.end() && !it->is_null() && !chat)
+      return Invalid(absl::StrCat("field '", chat_only, "' needs a 'messages' prompt"));
+  }
   absl::StatusOr<std::string> kwargs = TemplateKwargsFromJson(obj, text);
   if (!kwargs.ok()) return Invalid(std::string(kwargs.status().message()));
-  if (!kwargs->empty() && !chat) {
-    return Invalid("fields 'chat_template_kwargs' and 'reasoning_effort' need a 'messages' prompt");
-  }
   req.chat_template_kwargs = *std::move(kwargs);
   return std::nullopt;
 }

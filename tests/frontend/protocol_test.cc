@@ -369,8 +369,15 @@ TEST(ProtocolTest, ChatTemplateKwargsAndReasoningEffort) {
   EXPECT_TRUE(*ParseRequest(wire).request == Request{g}) << wire;
   EXPECT_TRUE(
       std::get<GenerateRequest>(*ParseRequest(chat + "}").request).chat_template_kwargs.empty());
+  // Given at all on a text prompt, even empty: refused, as HTTP refuses them on
+  // /v1/completions.
   ExpectError(Gen(R"(,"chat_template_kwargs":{"a":1})"), ErrorCode::kInvalidRequest,
-              "need a 'messages' prompt", "r7");
+              "field 'chat_template_kwargs' needs a 'messages' prompt", "r7");
+  ExpectError(Gen(R"(,"chat_template_kwargs":{})"), ErrorCode::kInvalidRequest,
+              "field 'chat_template_kwargs' needs a 'messages' prompt", "r7");
+  ExpectError(Gen(R"(,"reasoning_effort":"low")"), ErrorCode::kInvalidRequest,
+              "field 'reasoning_effort' needs a 'messages' prompt", "r7");
+  EXPECT_TRUE(ParseRequest(Gen(R"(,"chat_template_kwargs":null)")).ok());
   ExpectError(chat + R"(,"chat_template_kwargs":{"messages":[]}})", ErrorCode::kInvalidRequest,
               "field 'chat_template_kwargs' may not set 'messages'", "c1");
   ExpectError(chat + R"(,"chat_template_kwargs":[1]})", ErrorCode::kInvalidRequest,
