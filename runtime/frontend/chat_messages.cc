@@ -197,7 +197,12 @@ absl::StatusOr<std::vector<int32_t>> EncodeChat(const ChatTemplate* chat_templat
   absl::StatusOr<std::string> rendered =
       chat_template->Render(messages, /*add_generation_prompt=*/true, tools_json, kwargs_json);
   if (!rendered.ok()) {
-    return FieldError("messages", absl::StrCat("messages: ", rendered.status().message()));
+    // The kwargs are to blame when the same conversation renders without them.
+    const bool kwargs_fault =
+        !kwargs_json.empty() &&
+        chat_template->Render(messages, /*add_generation_prompt=*/true, tools_json, "").ok();
+    const char* field = kwargs_fault ? "chat_template_kwargs" : "messages";
+    return FieldError(field, absl::StrCat(field, ": ", rendered.status().message()));
   }
   EncodeOptions eo;
   eo.add_special_tokens = false;  // the template holds them

@@ -46,7 +46,10 @@ absl::Status ReadChatMessages(const nlohmann::json& messages, bool strict,
 // holds them, as Hugging Face's apply_chat_template does; special-token text
 // in the template is parsed as special). Errors: InvalidArgument naming
 // "messages" when the template refuses the conversation (its message), or
-// when `chat_template` is null (the model ships none). Thread-safe.
+// when `chat_template` is null (the model ships none); naming
+// "chat_template_kwargs" instead when the conversation renders without the
+// kwargs (they caused the refusal; reasoning_effort is one of them; found by a
+// second render on this error path only). Thread-safe.
 absl::StatusOr<std::vector<int32_t>> EncodeChat(const ChatTemplate* chat_template,
                                                 const Tokenizer& tokenizer,
                                                 std::span<const ChatMessage> messages,

@@ -67,6 +67,13 @@ bool ReadBool(const json& body, const char* key, bool* out, ApiError* err) {
   return true;
 }
 
+// The param of an EncodeChat error: the field it names ("messages" or
+// "chat_template_kwargs"), "messages" when it names none.
+std::string ChatErrorField(const absl::Status& s) {
+  std::string field = FieldOf(s);
+  return field.empty() ? "messages" : field;
+}
+
 // Chat: the template's extra variables (request_fields.h TemplateKwargsFromJson).
 bool ReadTemplateKwargs(const json& body, std::string_view text, std::string* out, ApiError* err) {
   absl::StatusOr<std::string> kwargs = TemplateKwargsFromJson(body, text);
@@ -691,7 +698,7 @@ ParseOutcome ParseRequestOrThrow(Endpoint endpoint, std::string_view text, const
     absl::StatusOr<std::vector<int32_t>> ids =
         EncodeChat(chat_template, tok, messages, r.tools_json, kwargs);
     if (!ids.ok()) {
-      out.error = BadRequest(std::string(ids.status().message()), "messages");
+      out.error = BadRequest(std::string(ids.status().message()), ChatErrorField(ids.status()));
       return out;
     }
     r.prompts.push_back(*std::move(ids));
@@ -952,7 +959,7 @@ std::string TokenizeResponse(std::string_view text, const ServedModel& model, co
     absl::StatusOr<std::vector<int32_t>> encoded =
         EncodeChat(chat_template, tok, messages, /*tools_json=*/{}, kwargs);
     if (!encoded.ok()) {
-      *err = BadRequest(std::string(encoded.status().message()), "messages");
+      *err = BadRequest(std::string(encoded.status().message()), ChatErrorField(encoded.status()));
       return "";
     }
     ids = *std::move(encoded);

@@ -688,6 +688,30 @@ TEST(OpenAiApiTest, RequestIdAndTemplateVariablesAppliedUnsupportedFieldsRefused
                          Tok(), nullptr)
                 .error.param,
             "priority");
+  // A template refusal names the kwargs when the conversation renders without
+  // them, the messages otherwise.
+  absl::StatusOr<ChatTemplate> strict = ChatTemplate::Create(
+      "{% if mode is defined and mode == 'broken' %}{{ raise_exception('unknown mode') }}"
+      "{% endif %}{% for m in messages %}{% if m.role == 'system' %}"
+      "{{ raise_exception('no system role') }}{% endif %}{{ m.content }}{% endfor %}",
+      "", "");
+  ASSERT_TRUE(strict.ok()) << strict.status();
+  const auto strict_error = [&](const std::string& body) {
+    ParseOutcome o = ParseRequest(Endpoint::kChat, body, kModel, Tok(), &*strict);
+    EXPECT_FALSE(o.request.has_value()) << body;
+    return std::make_pair(o.error.param, o.error.message);
+  };
+  EXPECT_EQ(
+      strict_error(R"({"messages": [{"role": "user", "content": "hi"}],
+                             "chat_template_kwargs": {"mode": "broken"}})"),
+      std::make_pair(std::string("chat_template_kwargs"),
+                     std::string("chat_template_kwargs: chat template: line 1: unknown mode")));
+  EXPECT_EQ(strict_error(R"({"messages": [{"role": "system", "content": "hi"}],
+                             "chat_template_kwargs": {"mode": "fine"}})"),
+            std::make_pair(std::string("messages"),
+                           std::string("messages: chat template: line 1: no system role")));
+  EXPECT_EQ(strict_error(R"({"messages": [{"role": "system", "content": "hi"}]})").first,
+            "messages");
   // /tokenize renders the kwargs the same way.
   ApiError err;
   const json tokens = json::parse(TokenizeResponse(
