@@ -29,12 +29,12 @@ namespace pagedserve {
 inline constexpr size_t kMaxCacheSaltBytes = 256;
 
 // A salt is 1..kMaxCacheSaltBytes bytes, each a visible ASCII character
-// 0x21..0x7E (base64, base64url, hex, UUIDs and tenant names all fit; no
-// spaces, control bytes or non-ASCII, so a salt is safe to show in an error).
-// Absent (empty) means "no salt" and is not checked here: callers treat an
-// explicitly empty string in a request as an error before calling this.
-// Returns InvalidArgument naming `cache_salt`, the length or the first bad byte
-// (by offset and hex value, never echoing the salt).
+// 0x21..0x7E (ValidateVisibleAscii, field_error.h: base64, hex, UUIDs and
+// tenant names fit; safe to show in an error). Absent (empty) means "no salt"
+// and is not checked here: callers treat an explicitly empty string in a
+// request as an error before calling this. Returns InvalidArgument naming
+// `cache_salt`, the length or the first bad byte (by offset and hex value,
+// never echoing the salt).
 absl::Status ValidateCacheSalt(std::string_view salt);
 
 // Prefix-cache extra keys of a salt: {} for an empty salt; otherwise

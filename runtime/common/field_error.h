@@ -30,6 +30,15 @@ absl::Status FieldError(absl::string_view field, absl::string_view message,
 // The field a status names; "" when it names none (also for OK).
 std::string FieldOf(const absl::Status& status);
 
+// A request string echoed into logs, responses or cache keys (cache_salt,
+// request_id): 1..max_bytes bytes, each visible ASCII 0x21..0x7E (base64,
+// base64url, hex, UUIDs and names fit; no spaces, control bytes or
+// non-ASCII, so the value is safe to show). Errors: InvalidArgument naming
+// `field`: empty, the length, or the first bad byte by offset and hex value
+// (never echoing the value).
+absl::Status ValidateVisibleAscii(absl::string_view field, std::string_view value,
+                                  size_t max_bytes);
+
 }  // namespace pagedserve
 
 #endif  // PAGEDSERVE_RUNTIME_COMMON_FIELD_ERROR_H_

@@ -86,18 +86,22 @@ bool ReadTemplateKwargs(const json& body, std::string_view text, std::string* ou
 }
 
 // vLLM's `request_id`: the response's id becomes "cmpl-" / "chatcmpl-" and
-// it; 1 to 256 visible ASCII bytes (it is echoed and logged).
+// it; 1 to kMaxRequestIdBytes visible ASCII bytes (it is echoed and logged).
+constexpr size_t kMaxRequestIdBytes = 256;
 bool ReadRequestId(const json& body, std::string* out, ApiError* err) {
   auto it = body.find("request_id");
   if (it == body.end() || it->is_null()) return true;
-  const std::string* id = it->is_string() ? &it->get_ref<const std::string&>() : nullptr;
-  if (id == nullptr || id->empty() || id->size() > 256 ||
-      !std::all_of(id->begin(), id->end(), [](char c) { return c > 0x20 && c < 0x7f; })) {
-    *err = BadRequest("'request_id' must be a string of 1 to 256 visible ASCII characters",
+  if (!it->is_string()) {
+    *err = BadRequest(std::string(WrongTypeError("request_id", "a string", *it).message()),
                       "request_id");
     return false;
   }
-  *out = *id;
+  const std::string& id = it->get_ref<const std::string&>();
+  if (absl::Status s = ValidateVisibleAscii("request_id", id, kMaxRequestIdBytes); !s.ok()) {
+    *err = BadRequest(std::string(s.message()), "request_id");
+    return false;
+  }
+  *out = id;
   return true;
 }
 
