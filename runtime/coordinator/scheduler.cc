@@ -798,18 +798,22 @@ void Scheduler::FailGroup(SequenceGroup* g, const Scheduled& e, const SequenceFa
     g->pending_finish = FinishReason::kError;
     ++num_pending_finishes_;
   }
+  RequestOutput& out = (*outputs)[OutputSlot(e, outputs)];
+  out.finished = true;
+  if (out.error.empty()) out.error = f.message;
+}
+
+int32_t Scheduler::OutputSlot(const Scheduled& e, std::vector<RequestOutput>* outputs) {
   int32_t& slot = output_slots_[e.group_ordinal];
   if (slot < 0) {
     slot = static_cast<int32_t>(outputs->size());
-    output_groups_.push_back(g);
+    output_groups_.push_back(e.group);
     RequestOutput& o = outputs->emplace_back();
-    o.request_id = g->request_id;
-    o.num_prompt_tokens = e.seq->num_prompt_tokens;
-    o.num_cached_tokens = std::max(g->num_cached_tokens, 0);
+    o.request_id = e.group->request_id;
+    o.num_prompt_tokens = e.seq->num_prompt_tokens;  // every sequence of a group has its prompt
+    o.num_cached_tokens = std::max(e.group->num_cached_tokens, 0);
   }
-  RequestOutput& out = (*outputs)[slot];
-  out.finished = true;
-  if (out.error.empty()) out.error = f.message;
+  return slot;
 }
 
 const SampledToken& Scheduler::TokenOf(const StepResult& result, size_t i, int32_t k) const {
@@ -864,17 +868,7 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
       bm_->MarkComputed(*s);
     }
     if (e.num_samples == 0 || g->pending_finish != FinishReason::kNone) continue;
-    // A group whose siblings are split between decodes and prefills shows up
-    // twice in scheduled_; it gets one output.
-    int32_t& slot = output_slots_[e.group_ordinal];
-    if (slot < 0) {
-      slot = static_cast<int32_t>(outputs->size());
-      output_groups_.push_back(g);
-      RequestOutput& o = outputs->emplace_back();
-      o.request_id = g->request_id;
-      o.num_prompt_tokens = s->num_prompt_tokens;  // every sequence of g has its prompt
-      o.num_cached_tokens = std::max(g->num_cached_tokens, 0);
-    }
+    const int32_t slot = OutputSlot(e, outputs);
     RequestOutput& out = (*outputs)[slot];
     if (g->params.prompt_logprobs >= 0 && !g->prompt_logprobs_done) {
       out.prompt_logprobs = std::move(g->prompt_logprobs);

@@ -380,6 +380,10 @@ class Scheduler {
   // its output is finished with the failure's message, its finish pending.
   void FailGroup(SequenceGroup* g, const Scheduled& e, const SequenceFailure& f,
                  std::vector<RequestOutput>* outputs);
+  // The index in *outputs of scheduled entry e's group output, appended on
+  // first use this step (a group split between decodes and prefills shows
+  // up twice in scheduled_ and gets one output).
+  int32_t OutputSlot(const Scheduled& e, std::vector<RequestOutput>* outputs);
   // The group of a sequence scheduled this step that scores its prompt
   // (prompt logprobs not yet delivered); nullptr otherwise.
   SequenceGroup* PromptGroup(SeqId seq_id) const;
