@@ -26,6 +26,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <tuple>

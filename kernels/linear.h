@@ -22,7 +22,8 @@
 //    offset/min terms in vectors); below 4 tokens, 4 rows x 1 token per token
 //    on weights up to 4 MiB. Tokens and rows left over, and the shapes where
 //    they measured faster (kernels/cpu/linear.cc RowDotsFaster: below 4 tokens
-//    on larger weights, which stream faster one row at a time), use row dots
+//    on larger weights, which stream faster one row at a time, and for Q8_0 on
+//    the x86 paths at any size), use row dots
 //    (each weight row unpacked once for up to 4 tokens). On the AVX2 path,
 //    Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 from 8 tokens use row-interleaved tiles of 8 rows x
 //    8 tokens instead (kernels/cpu/linear_cpu.h kRowBlock8; the idea of
@@ -34,8 +35,9 @@
 //    same activation blocks and exact integer block sums as the other
 //    methods, only the order of the fp32 sums differs (the bound below holds
 //    unchanged). Rows and tokens left over use the 2 x 4 tiles. Q4_K/Q5_K/Q6_K
-//    below 8 tokens use the row dots on AVX2 (measured as fast as or faster than
-//    both tiles there; the K-quant row dots unpack the sub-block scales and
+//    below 8 tokens use the row dots on both x86 paths (measured as fast as or
+//    faster than both tiles there, with the weight read from memory as in a
+//    model's decode; the K-quant row dots unpack the sub-block scales and
 //    mins in vectors, apply the mins and Q6_K's -32 offset with one pmaddwd
 //    over the activation sub-block sums and convert the integer sums to fp32
 //    once per super-block and token). From 8 tokens, on both x86 paths, the

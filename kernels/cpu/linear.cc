@@ -160,13 +160,14 @@ constexpr int64_t kSgemmMinTokensHalf = 128;
 //    and smaller (<= 1.6 MB) 0.95-1.7x as fast (Q4_1 even, the others
 //    faster); the limit is placed between the two measured sizes, for all
 //    formats, not tuned further;
-//  - Q4_1 at 3 tokens (1536x1536: 10-20%);
-//  - Q8_0 below 4 tokens at every size (on the paths with its panels, the
-//    panels take 3 tokens): with the weight read from memory, as a model's
-//    decode reads it (BM_LinearMethodCold, two threads, AMD EPYC Zen 4;
-//    docs/benchmarks.md "Decode methods with the weight read from memory"),
-//    the row dots were 1.3-2.4x faster than the 4x1 tiles at 1-2 tokens on
-//    both x86 paths, at 576x576 .. 8192x2048.
+//  - Q4_1 at 3 tokens and Q8_0 at 2, on every path (1536x1536: 10-20%);
+//  - Q8_0 on the x86 paths below 4 tokens at every size (there the panels
+//    take 3 tokens, so this is 1-2): with the weight read from memory, as a
+//    model's decode reads it (BM_LinearMethodCold, two threads, AMD EPYC Zen
+//    4; docs/benchmarks.md "Decode methods with the weight read from memory"),
+//    the row dots were 1.9-2.4x faster than the 4x1 tiles at 1-2 tokens on
+//    both x86 paths, at 576x576 .. 8192x2048. The portable path keeps the
+//    tiles (not measured).
 // Everywhere else the tiles measured 1.0-3x faster. Q4_0 keeps the tiles at
 // every size: faster at 4096x4096 in that measurement, and at Llama-3.2-1B's
 // 8192x2048 / 2048x8192 (9.4 MB) with one token 1.15-1.2x faster than the
@@ -202,7 +203,7 @@ constexpr int64_t kRow8MinTokensAvx2 = kRow8Tokens;
 // weight in cache, but a model's decode reads every weight from memory, and
 // there (BM_LinearMethodCold, two threads, AMD EPYC Zen 4, Llama-3.2-1B's
 // Q4_K / Q6_K shapes 512x2048 .. 8192x2048; docs/benchmarks.md "Decode
-// methods with the weight read from memory") the row dots were 2.0-3.1x
+// methods with the weight read from memory") the row dots were 1.8-4.3x
 // faster than the 4x1 tiles at 1-3 tokens and 1.2-3.7x faster than the 2x4
 // tiles at 4-6, on AVX-512 as on AVX2 (the tiles' four rows are read as four
 // streams; the row dot streams one). Not measured on an Intel CPU that way.
@@ -210,7 +211,7 @@ bool KQuantRowDots(WeightType type, CpuIsa isa) {
   return isa != CpuIsa::kPortable && UsesActBlock256(type);
 }
 // Called before Linear validates the shape: any type, rows or cols is safe here.
-bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols) {
+bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols, CpuIsa isa) {
   const int64_t be = BlockElems(type);
   if (be <= 0) return false;
   const int64_t blocks_per_row = cols / be;
@@ -220,7 +221,8 @@ bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t co
       type != WeightType::kQ4_0)
     return true;
   return (type == WeightType::kQ4_1 && num_tokens == 3) ||
-         (type == WeightType::kQ8_0 && num_tokens < kBlockTokens);
+         (type == WeightType::kQ8_0 && num_tokens < kBlockTokens && isa != CpuIsa::kPortable) ||
+         (type == WeightType::kQ8_0 && num_tokens == 2);
 }
 // kPanel16 (the K-quants' many-token GEMM) from this many tokens on, on both
 // x86 paths and for Q4_K, Q5_K and Q6_K alike. Measured with
@@ -516,8 +518,8 @@ LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int
     if (isa != CpuIsa::kPortable && HasPanel16(type) && num_tokens >= PanelMinTokens(type))
       return LinearMethod::kPanel16;
     if (KQuantRowDots(type, isa) || !HasRowBlockTiles(type)) return LinearMethod::kRowDot;
-    return RowDotsFaster(type, num_tokens, rows, cols) ? LinearMethod::kRowDot
-                                                       : LinearMethod::kRowBlock;
+    return RowDotsFaster(type, num_tokens, rows, cols, isa) ? LinearMethod::kRowDot
+                                                            : LinearMethod::kRowBlock;
   }
   const int64_t min_tokens = type == WeightType::kF32 ? kSgemmMinTokensF32 : kSgemmMinTokensHalf;
   return num_tokens >= min_tokens ? LinearMethod::kTileSgemm : LinearMethod::kRowDot;

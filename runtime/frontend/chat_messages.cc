@@ -197,9 +197,11 @@ absl::StatusOr<std::vector<int32_t>> EncodeChat(const ChatTemplate* chat_templat
   absl::StatusOr<std::string> rendered =
       chat_template->Render(messages, /*add_generation_prompt=*/true, tools_json, kwargs_json);
   if (!rendered.ok()) {
-    // The kwargs are to blame when the same conversation renders without them.
+    // The kwargs are to blame when the same conversation renders without them
+    // (a template's own error only: a render that ran into the interpreter's
+    // limits, ResourceExhausted, is not run twice).
     const bool kwargs_fault =
-        !kwargs_json.empty() &&
+        !kwargs_json.empty() && absl::IsInvalidArgument(rendered.status()) &&
         chat_template->Render(messages, /*add_generation_prompt=*/true, tools_json, "").ok();
     const char* field = kwargs_fault ? "chat_template_kwargs" : "messages";
     return FieldError(field, absl::StrCat(field, ": ", rendered.status().message()));
