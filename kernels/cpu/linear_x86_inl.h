@@ -484,10 +484,39 @@ void TileQ8_0(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
 }
 
 // Distance of the software prefetch of the K-quant row dots (kR == 1), which
-// stream one weight row: ~7 Q4_K / 5 Q6_K blocks ahead. Measured at 1-2
-// tokens on 9-14 MB Llama-3.2-1B shapes (BM_LinearKQuant1B, best of 14): Q6_K
-// 1.1-1.25x, Q4_K 1.0-1.06x faster than without; 2048 bytes about the same.
-constexpr int kPrefetchKBytes = 1024;
+// stream weight rows from DRAM once per step. Measured with
+// the weight read from memory, AMD EPYC Zen 4 VM, 2 threads, idle (issue 34,
+// 2026-12-07): whole-model decode at batch 1 on Llama-3.2-1B / 3.1-8B shapes in
+// Q4_K_M (bench_model, two interleaved rounds) 46.0 / 8.3 tokens/s at 4096
+// bytes, 47.7-48.7 / 8.6 at 6144, 45.5 / 8.1 at 8192, 7.4 (8B) at 12288; at the
+// earlier 1024 bytes (tuned in cache) 44.3 (1B). One thread alone streams
+// 15.5 GB/s at 1024 and 19.1-19.4 at 6144 (BM_LinearMethodCold Q4_K 8192x2048):
+// a core's own misses in flight bound it, and the far prefetch adds more.
+constexpr int kPrefetchKBytes = 6144;
+
+// The eight 6-bit scales and eight 6-bit mins of a Q4_K / Q5_K super-block
+// (the 12 bytes at p, ScaleMinK4 in quant_blocks.h) as bytes: scales 0..7, then
+// mins 0..7. Decoded in vector registers: the scalar decode's general-register
+// round trip put ~20 cycles of latency before the first pmaddwd of each
+// super-block (measured: the Q4_K row dot in L2 ran 1.25x faster with the scales
+// taken as constants; with this decode, one iteration ahead, and vpdpwssd it
+// runs 1.17x faster than before on AVX-512, 1.04x on AVX2). Reads 16 bytes at p (the 4 past the
+// fields are inside the block's code array and ignored).
+inline __m128i ScaleMinBytesK4(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  // a: low 6 bits of scales 0-3 | nibbles of 4-7 | low 6 bits of mins 0-3 | nibbles of 4-7
+  const __m128i a =
+      _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  // t: the bytes whose top 2 bits are the high bits of scales 4-7 / mins 4-7
+  const __m128i t =
+      _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  const __m128i lo =
+      _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+  const __m128i nib_hi = _mm_and_si128(
+      _mm_srli_epi16(a, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
+  const __m128i top = _mm_and_si128(_mm_srli_epi16(t, 2), _mm_set1_epi8(0x30));
+  return _mm_or_si128(_mm_or_si128(lo, nib_hi), top);
+}
 
 // Q4_K (kFive = false) and Q5_K.
 template <int kR, int kT, bool kFive>
@@ -498,10 +527,16 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
   PS_UNROLL
   for (auto& row : acc) PS_UNROLL
   for (auto& a : row) a = _mm256_setzero_ps();
+  // Each super-block's scales and mins are decoded one iteration ahead, so that
+  // its pmaddwd never wait for them (the clamp re-reads the last block).
+  __m128i next_bytes[kR];
+  PS_UNROLL
+  for (int r = 0; r < kR; ++r) next_bytes[r] = ScaleMinBytesK4(w + r * wb + 4);
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* b[kR];
     __m256i sc256[kR], mins16[kR], hbits[kR];
     __m256 dm[kR];  // d, d, -dmin, -dmin in each 128-bit lane
+    const int64_t ahead = std::min<int64_t>(i + 1, nb - 1) * kBytes;
     PS_UNROLL
     for (int r = 0; r < kR; ++r) {
       b[r] = w + r * wb + i * kBytes;
@@ -511,17 +546,8 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
         for (int l = 0; l < kBytes; l += 64)
           _mm_prefetch(reinterpret_cast<const char*>(b[r]) + kPrefetchKBytes + l, _MM_HINT_T0);
       }
-      // The eight 6-bit scales and mins (ScaleMinK4) rearranged into scale
-      // bytes 0..7 (u[0], u[1]) and min bytes 0..7 (u[2], u[3]), 32 bits at a time.
-      uint32_t u[4];
-      std::memcpy(u, b[r] + 4, 12);
-      constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
-      u[3] = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);
-      const uint32_t mins_lo = u[1] & k6;
-      u[1] = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);
-      u[2] = mins_lo;
-      u[0] &= k6;
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+      const __m128i bytes = next_bytes[r];
+      next_bytes[r] = ScaleMinBytesK4(w + r * wb + ahead + 4);
       // scales as int16 in both 128-bit lanes (for a per-sub-block pshufb broadcast)
       sc256[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(bytes));
       // mins as int16, each twice: the activation sums are per 16 elements
@@ -538,6 +564,12 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
     PS_UNROLL
     for (auto& row : sumi) PS_UNROLL
     for (auto& s : row) s = _mm256_setzero_si256();
+#if PS_LINEAR_VNNI
+    __m256i sumo[kR][kT];
+    PS_UNROLL
+    for (auto& row : sumo) PS_UNROLL
+    for (auto& s : row) s = _mm256_setzero_si256();
+#endif
     // Sub-block 2k (low nibbles) and 2k + 1 (high nibbles) one after the other,
     // so that only kR unpacked vectors and kR scales are live next to the
     // kR x kT integer sums (16 vector registers on AVX2).
@@ -562,14 +594,26 @@ void TileQ45K(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
         const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
         const __m256i xv = Load256(a.qs + 32 * sub);
         PS_UNROLL
-        for (int r = 0; r < kR; ++r)
+        for (int r = 0; r < kR; ++r) {
+#if PS_LINEAR_VNNI
+          // vpdpwssd: the scale multiply and the accumulation in one
+          // instruction; even and odd sub-blocks in two chains
+          __m256i& acc_i = (sub & 1) ? sumo[r][t] : sumi[r][t];
+          acc_i = _mm256_dpwssd_epi32(acc_i, _mm256_maddubs_epi16(q[r], xv), sc16[r]);
+#else
           sumi[r][t] = _mm256_add_epi32(sumi[r][t], DotU8I8Scaled(q[r], xv, sc16[r]));
+#endif
+        }
       }
     }
     PS_UNROLL
     for (int t = 0; t < kT; ++t) {
       const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
       const __m256i bs = Load256(a.bsums);
+#if PS_LINEAR_VNNI
+      PS_UNROLL
+      for (int r = 0; r < kR; ++r) sumi[r][t] = _mm256_add_epi32(sumi[r][t], sumo[r][t]);
+#endif
       PS_UNROLL
       for (int r = 0; r < kR; ++r) {
         const __m256i mins = _mm256_madd_epi16(bs, mins16[r]);  // sum_j min_j * bsum_j
@@ -627,8 +671,12 @@ inline __m256i K16Codes(const uint8_t* b, int h, int k) {
     const __m256i qh = Load256(b + 128 + 32 * h);
     const __m256i low =
         k < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
-    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
-    return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+    // bits 2k, 2k + 1 of each qh byte moved to bits 4, 5 in one shift (the
+    // 16-bit shifts carry bits across bytes only outside the 0x30 mask)
+    const __m256i qh_at4 = k < 2    ? _mm256_slli_epi16(qh, 4 - 2 * k)
+                           : k == 2 ? qh
+                                    : _mm256_srli_epi16(qh, 2);
+    return _mm256_or_si256(low, _mm256_and_si256(qh_at4, _mm256_set1_epi8(0x30)));
   } else {
     const __m256i low =
         _mm256_and_si256(_mm256_srli_epi16(Load256(b + K16Fmt<kBits>::kQs + 32 * h), 2 * k), m2);
@@ -665,6 +713,12 @@ void TileK16(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
     PS_UNROLL
     for (auto& row : sumi) PS_UNROLL
     for (auto& s : row) s = _mm256_setzero_si256();
+#if PS_LINEAR_VNNI
+    __m256i sumo[kR][kT];
+    PS_UNROLL
+    for (auto& row : sumo) PS_UNROLL
+    for (auto& s : row) s = _mm256_setzero_si256();
+#endif
     PS_UNROLL
     for (int h = 0; h < 2; ++h) {
       __m256i scales_h[kR];  // int16 scales 8h..8h+7 in both 128-bit lanes
@@ -691,8 +745,15 @@ void TileK16(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
           const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
           const __m256i xv = Load256(a.qs + 128 * h + 32 * k);
           PS_UNROLL
-          for (int r = 0; r < kR; ++r)
+          for (int r = 0; r < kR; ++r) {
+#if PS_LINEAR_VNNI
+            // as in TileQ45K: vpdpwssd, two chains
+            __m256i& acc_i = (k & 1) ? sumo[r][t] : sumi[r][t];
+            acc_i = _mm256_dpwssd_epi32(acc_i, _mm256_maddubs_epi16(q[r], xv), scale[r]);
+#else
             sumi[r][t] = _mm256_add_epi32(sumi[r][t], DotU8I8Scaled(q[r], xv, scale[r]));
+#endif
+          }
         }
       }
     }
@@ -700,6 +761,10 @@ void TileK16(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
     for (int t = 0; t < kT; ++t) {
       const ActBlock256& a = reinterpret_cast<const ActBlock256*>(x + t * xb)[i];
       const __m256i bs = Load256(a.bsums);
+#if PS_LINEAR_VNNI
+      PS_UNROLL
+      for (int r = 0; r < kR; ++r) sumi[r][t] = _mm256_add_epi32(sumi[r][t], sumo[r][t]);
+#endif
       PS_UNROLL
       for (int r = 0; r < kR; ++r) {
         if constexpr (kBits == 2) {
