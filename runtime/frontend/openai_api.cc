@@ -116,24 +116,14 @@ bool ReadPriority(const json& body, const ServedModel& model, int32_t* out, ApiE
   return true;
 }
 
-// A list of token ids, each in [0, vocab).
-bool ReadIds(const json& v, const char* key, int32_t vocab, std::vector<int32_t>* out,
-             ApiError* err) {
-  out->clear();
-  for (const json& e : v) {
-    if (!e.is_number_integer()) {
-      *err = BadRequest(absl::StrCat("'", key, "' must hold integer token ids; element ",
-                                     out->size(), " is ", e.type_name()),
-                        key);
-      return false;
-    }
-    if (e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab) {
-      *err = BadRequest(absl::StrCat("'", key, "' must hold token ids in [0, ", vocab,
-                                     "); element ", out->size(), " is ", e.get<int64_t>()),
-                        key);
-      return false;
-    }
-    out->push_back(static_cast<int32_t>(e.get<int64_t>()));
+// A list of token ids, each in [0, vocab): the rule of every front end
+// (request_fields.h TokenIdsFromJson; its message names the element, e.g.
+// "prompt[1]"), reported under `param`.
+bool ReadIds(const json& v, const std::string& field, const char* param, int32_t vocab,
+             std::vector<int32_t>* out, ApiError* err) {
+  if (absl::Status s = TokenIdsFromJson(v, field, vocab, out); !s.ok()) {
+    *err = BadRequest(std::string(s.message()), param);
+    return false;
   }
   return true;
 }
@@ -229,7 +219,7 @@ bool ReadPrompts(const json& body, const Tokenizer& tok, std::vector<std::vector
   if (texts == nullptr) return true;
   const json& prompt = body["prompt"];
   for (size_t i = 0; i < out->size(); ++i) {
-    const json& e = prompt.is_array() && !prompt[0].is_number_integer() ? prompt[i] : prompt;
+    const json& e = prompt.is_array() && !prompt[0].is_number() ? prompt[i] : prompt;
     if (e.is_string()) {
       texts->push_back(e.get<std::string>());
       continue;
@@ -264,9 +254,11 @@ bool ReadPromptIds(const json& body, const Tokenizer& tok, std::vector<std::vect
     *err = BadRequest(kMsg, "prompt");
     return false;
   }
-  if ((*it)[0].is_number_integer()) {
+  // A list starting with a number is one prompt of token ids (each a whole
+  // number: 3 or 3.0, as every integer field reads).
+  if ((*it)[0].is_number()) {
     out->emplace_back();
-    return ReadIds(*it, "prompt", tok.vocab_size(), &out->back(), err);
+    return ReadIds(*it, "prompt", "prompt", tok.vocab_size(), &out->back(), err);
   }
   if (it->size() > 64) {  // before any encoding
     *err = BadRequest("at most 64 prompts per request", "prompt");
@@ -275,12 +267,15 @@ bool ReadPromptIds(const json& body, const Tokenizer& tok, std::vector<std::vect
   // A list holds prompts of one form: all strings or all arrays of ids (the
   // OpenAI schema's string[] | int[][], never a mix).
   const bool strings = (*it)[0].is_string();
-  for (const json& e : *it) {
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& e = (*it)[i];
     if (strings && e.is_string()) {
       out->push_back(tok.Encode(e.get<std::string>()));
     } else if (!strings && e.is_array() && !e.empty()) {
       out->emplace_back();
-      if (!ReadIds(e, "prompt", tok.vocab_size(), &out->back(), err)) return false;
+      if (!ReadIds(e, absl::StrCat("prompt[", i, "]"), "prompt", tok.vocab_size(), &out->back(),
+                   err))
+        return false;
     } else {
       *err = BadRequest(kMsg, "prompt");
       return false;
@@ -988,7 +983,7 @@ std::string DetokenizeResponse(std::string_view text, const Tokenizer& tok, ApiE
     return "";
   }
   std::vector<int32_t> ids;
-  if (!ReadIds(body["tokens"], "tokens", tok.vocab_size(), &ids, err)) return "";
+  if (!ReadIds(body["tokens"], "tokens", "tokens", tok.vocab_size(), &ids, err)) return "";
   absl::StatusOr<std::string> s = tok.Decode(ids);
   if (!s.ok()) {
     *err = BadRequest(std::string(s.status().message()), "tokens");

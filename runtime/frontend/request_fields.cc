@@ -28,6 +28,38 @@ const json* Member(const json& body, const char* key) {
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
+// The one reading of an integer request field: a JSON integer, or a finite
+// number without a fractional part (16.0, 1e3) as that integer, as vLLM's
+// request models read it (pydantic's lax mode). Integers beyond both 64-bit
+// ranges arrive from nlohmann as floating point, and land in kBeyond64.
+struct WholeNumber {
+  enum Kind {
+    kNotWhole,  // not a number, a fraction, or not finite
+    kBeyond64,  // whole, outside [-2^63, 2^64)
+    kSigned,    // negative: `s`
+    kUnsigned,  // >= 0: `u`
+  };
+  Kind kind = kNotWhole;
+  int64_t s = 0;
+  uint64_t u = 0;
+};
+
+WholeNumber ReadWholeNumber(const json& v) {
+  if (v.is_number_unsigned()) return {WholeNumber::kUnsigned, 0, v.get<uint64_t>()};
+  if (v.is_number_integer()) {
+    const int64_t x = v.get<int64_t>();
+    if (x >= 0) return {WholeNumber::kUnsigned, 0, static_cast<uint64_t>(x)};
+    return {WholeNumber::kSigned, x, 0};
+  }
+  if (!v.is_number_float()) return {};
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || d != std::trunc(d)) return {};
+  if (d >= 0x1p64 || d < -0x1p63) return {WholeNumber::kBeyond64};
+  // Exact: d is whole and within the target type.
+  if (d >= 0) return {WholeNumber::kUnsigned, 0, static_cast<uint64_t>(d)};
+  return {WholeNumber::kSigned, static_cast<int64_t>(d), 0};
+}
+
 }  // namespace
 
 std::string TruncateUtf8(std::string s, size_t n) {
@@ -67,31 +99,21 @@ absl::Status PriorityFromJson(const json& v, bool priority_scheduling, int32_t* 
 }
 
 absl::Status IntFromJson(const json& v, absl::string_view field, int* out) {
-  if (v.is_number_float()) {
-    // A whole number written with a fraction or exponent (16.0, 1e3) is that
-    // integer, as vLLM's request models read it (pydantic's lax mode).
-    const double d = v.get<double>();
-    if (!std::isfinite(d) || d != std::trunc(d)) return WrongTypeError(field, "an integer", v);
-    if (d > std::numeric_limits<int>::max() || d < std::numeric_limits<int>::min()) {
-      return OutOfRange(field, v);
-    }
-    *out = static_cast<int>(d);
-    return absl::OkStatus();
+  const WholeNumber w = ReadWholeNumber(v);
+  constexpr int kMin = std::numeric_limits<int>::min(), kMax = std::numeric_limits<int>::max();
+  switch (w.kind) {
+    case WholeNumber::kNotWhole: return WrongTypeError(field, "an integer", v);
+    case WholeNumber::kBeyond64: return OutOfRange(field, v);
+    case WholeNumber::kSigned:
+      if (w.s < kMin) return OutOfRange(field, v);
+      *out = static_cast<int>(w.s);
+      return absl::OkStatus();
+    case WholeNumber::kUnsigned:
+      if (w.u > static_cast<uint64_t>(kMax)) return OutOfRange(field, v);
+      *out = static_cast<int>(w.u);
+      return absl::OkStatus();
   }
-  if (!v.is_number_integer()) return WrongTypeError(field, "an integer", v);
-  if (v.is_number_unsigned()) {
-    if (v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
-      return OutOfRange(field, v);
-    }
-    *out = static_cast<int>(v.get<uint64_t>());
-    return absl::OkStatus();
-  }
-  const int64_t x = v.get<int64_t>();
-  if (x > std::numeric_limits<int>::max() || x < std::numeric_limits<int>::min()) {
-    return OutOfRange(field, v);
-  }
-  *out = static_cast<int>(x);
-  return absl::OkStatus();
+  return WrongTypeError(field, "an integer", v);
 }
 
 absl::Status NumberFromJson(const json& v, absl::string_view field, float* out) {
@@ -125,14 +147,13 @@ absl::Status TokenIdsFromJson(const json& v, absl::string_view field, int32_t vo
   for (size_t i = 0; i < v.size(); ++i) {
     const json& t = v[i];
     const std::string name = absl::StrCat(field, "[", i, "]");
-    if (!t.is_number_integer()) return WrongTypeError(name, "an integer token id", t);
-    const bool negative = !t.is_number_unsigned() && t.get<int64_t>() < 0;
-    if (negative || (t.is_number_unsigned() ? t.get<uint64_t>() >= static_cast<uint64_t>(limit)
-                                            : t.get<int64_t>() >= limit)) {
+    const WholeNumber w = ReadWholeNumber(t);
+    if (w.kind == WholeNumber::kNotWhole) return WrongTypeError(name, "an integer token id", t);
+    if (w.kind != WholeNumber::kUnsigned || w.u >= static_cast<uint64_t>(limit)) {
       return FieldError(name, absl::StrCat("field '", name, "' must be a token id in [0, ", limit,
                                            "), got ", ShowJson(t)));
     }
-    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    ids.push_back(static_cast<int32_t>(w.u));
   }
   *out = std::move(ids);
   return absl::OkStatus();
@@ -208,15 +229,17 @@ absl::Status ReadSamplingFields(const json& body, int32_t vocab_size, SamplingPa
 }
 
 absl::StatusOr<std::optional<uint64_t>> SeedFromJson(const nlohmann::json& seed) {
-  // nlohmann keeps integers beyond both 64-bit ranges as floating point.
-  if (!seed.is_number_integer()) {
-    return FieldError("seed", "field 'seed' must be an integer in [-2^63, 2^64) (-1: none), got " +
-                                  ShowJson(seed));
+  const WholeNumber w = ReadWholeNumber(seed);
+  switch (w.kind) {
+    case WholeNumber::kUnsigned: return std::optional<uint64_t>(w.u);
+    case WholeNumber::kSigned:
+      if (w.s == -1) return std::optional<uint64_t>();
+      return std::optional<uint64_t>(static_cast<uint64_t>(w.s));
+    case WholeNumber::kNotWhole:
+    case WholeNumber::kBeyond64: break;
   }
-  if (seed.is_number_unsigned()) return std::optional<uint64_t>(seed.get<uint64_t>());
-  const int64_t v = seed.get<int64_t>();
-  if (v == -1) return std::optional<uint64_t>();
-  return std::optional<uint64_t>(static_cast<uint64_t>(v));
+  return FieldError(
+      "seed", "field 'seed' must be an integer in [-2^63, 2^64) (-1: none), got " + ShowJson(seed));
 }
 
 namespace {

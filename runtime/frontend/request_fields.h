@@ -27,11 +27,12 @@ namespace pagedserve {
 // range before it is rounded to float.
 inline constexpr double kMaxSamplingMagnitude = 1e6;
 
-// "seed": any JSON integer in [-2^63, 2^64). -1 means no seed (vLLM's
+// "seed": any integer in [-2^63, 2^64), written as a JSON integer or as a
+// whole number (42.0, 1e3; IntFromJson's rule). -1 means no seed (vLLM's
 // convention: sampling is then not reproducible), giving nullopt; another
 // negative value is taken modulo 2^64 (OpenAI accepts any integer). Errors:
 // InvalidArgument naming the field "seed" (field_error.h) for a non-integer
-// or an integer out of that range.
+// (a fraction, a non-number) or an integer out of that range.
 absl::StatusOr<std::optional<uint64_t>> SeedFromJson(const nlohmann::json& seed);
 
 // Typed readers of one JSON value of a request, the same on every front end.
@@ -45,7 +46,10 @@ absl::StatusOr<std::optional<uint64_t>> SeedFromJson(const nlohmann::json& seed)
 //   BoolFromJson     true or false;
 //   StringFromJson   a string;
 //   TokenIdsFromJson an array of integers in [0, vocab_size) (vocab_size <= 0:
-//                    [0, 2^31 - 1)); the element is named "F[i]".
+//                    [0, 2^31 - 1)), each read as IntFromJson reads one (3.0 is
+//                    token 3); the element is named "F[i]". Every list of token
+//                    ids a request holds goes through it (prompt token ids on
+//                    both front ends, stop_token_ids, /detokenize's tokens).
 absl::Status IntFromJson(const nlohmann::json& v, absl::string_view field, int* out);
 absl::Status NumberFromJson(const nlohmann::json& v, absl::string_view field, float* out);
 absl::Status BoolFromJson(const nlohmann::json& v, absl::string_view field, bool* out);

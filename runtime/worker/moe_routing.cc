@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -12,19 +13,25 @@ namespace {
 
 // One token's softmax, top-k and weights (moe_routing.h) into experts[top_k]
 // and weights[top_k]; `p` is scratch of num_experts floats, `order` of
-// num_experts indices. False when the row holds a NaN.
-bool RouteOne(const float* logits, const MoeConfig& moe, float* p, int32_t* order, int32_t* experts,
+// num_experts indices. A row whose softmax is not a distribution (a NaN or
+// +inf logit, or every logit -inf) routes the token to experts 0..top_k-1
+// with NaN weights (moe_routing.h).
+void RouteOne(const float* logits, const MoeConfig& moe, float* p, int32_t* order, int32_t* experts,
               float* weights) {
   const int e_count = moe.num_experts;
   float mx = -INFINITY;
-  for (int e = 0; e < e_count; ++e) {
-    if (std::isnan(logits[e])) return false;
-    mx = std::max(mx, logits[e]);
-  }
+  for (int e = 0; e < e_count; ++e) mx = std::max(mx, logits[e]);
   float sum = 0.0f;
   for (int e = 0; e < e_count; ++e) {
-    p[e] = std::exp(logits[e] - mx);
+    p[e] = std::exp(logits[e] - mx);  // NaN for a NaN logit, and for all when mx is +-inf
     sum += p[e];
+  }
+  if (!(sum >= 1.0f)) {  // a finite row's maximum alone gives exp(0) = 1
+    for (int j = 0; j < moe.top_k; ++j) {
+      experts[j] = j;
+      weights[j] = std::numeric_limits<float>::quiet_NaN();
+    }
+    return;
   }
   for (int e = 0; e < e_count; ++e) p[e] /= sum;
   std::iota(order, order + e_count, 0);
@@ -36,7 +43,6 @@ bool RouteOne(const float* logits, const MoeConfig& moe, float* p, int32_t* orde
     experts[j] = order[j];
     weights[j] = moe.norm_topk_prob ? p[order[j]] / top_sum : p[order[j]];
   }
-  return true;
 }
 
 }  // namespace
@@ -54,10 +60,8 @@ absl::Status RouteTokens(const float* logits, int64_t n, const MoeConfig& moe, M
   std::vector<float> p(e_count);
   std::vector<int32_t> order(e_count);
   for (int64_t t = 0; t < n; ++t) {
-    if (!RouteOne(logits + t * e_count, moe, p.data(), order.data(), out->experts.data() + t * k,
-                  out->weights.data() + t * k))
-      return absl::InvalidArgumentError(
-          absl::StrCat("RouteTokens: router logits of token ", t, " hold a NaN"));
+    RouteOne(logits + t * e_count, moe, p.data(), order.data(), out->experts.data() + t * k,
+             out->weights.data() + t * k);
   }
   // Counting sort by expert (tokens stay ascending within an expert).
   out->offsets.assign(static_cast<size_t>(e_count) + 1, 0);

@@ -38,8 +38,15 @@ struct MoeRouting {
 
 // Routes `n` tokens from their router logits (host fp32 [n, moe.num_experts],
 // row-major) into *out (its vectors are reused: capacity kept). InvalidArgument
-// unless moe.enabled() and 1 <= top_k <= num_experts, or when a row holds a
-// NaN (a routing decision cannot be made on it).
+// unless moe.enabled() and 1 <= top_k <= num_experts.
+//
+// A row whose softmax is no distribution (a NaN or +inf logit, or every logit
+// -inf: what non-finite weights or activations give) routes its token to
+// experts 0..top_k-1 with NaN weights. Its MoE output is then NaN, as a dense
+// MLP's is on such input (and transformers' on such logits), and reaches only
+// its own sequence: the sampler finds the NaN in that sequence's logits and
+// fails its request alone (StepResult::failed). An error here would fail the
+// whole step: every request in the batch, and the engine with it.
 absl::Status RouteTokens(const float* logits, int64_t n, const MoeConfig& moe, MoeRouting* out);
 
 }  // namespace pagedserve

@@ -3,11 +3,15 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -165,6 +169,64 @@ TEST(ProtocolTest, SizeDepthAndVocabularyLimits) {
   ExpectError(R"({"version":1,"type":"generate","id":"v","prompt":"x","stop_token_ids":[1000]})",
               ErrorCode::kInvalidRequest,
               "field 'stop_token_ids[0]' must be a token id in [0, 100)", "v", vocab);
+}
+
+// seed and prompt_token_ids follow the rule of every integer field
+// (request_fields.h IntFromJson): a whole number written as a float (42.0,
+// 1e3) is that integer; a fraction, a value out of range or a non-number is
+// refused naming the field (the element, for a token id).
+TEST(ProtocolTest, SeedAndTokenIdsTakeWholeNumbersWrittenAsFloats) {
+  ParseOptions vocab;
+  vocab.vocab_size = 100;
+  auto seed_of = [](const std::string& v) -> std::optional<uint64_t> {
+    ParseResult r = ParseRequest(Gen(R"(,"seed":)" + v));
+    EXPECT_TRUE(r.ok()) << v << ": " << r.error.message;
+    return r.ok() ? std::get<GenerateRequest>(*r.request).sampling.seed : std::nullopt;
+  };
+  EXPECT_EQ(seed_of("42.0"), std::optional<uint64_t>(42));
+  EXPECT_EQ(seed_of("1e3"), std::optional<uint64_t>(1000));
+  EXPECT_EQ(seed_of("-1.0"), std::nullopt);  // -1: no seed, as the integer
+  EXPECT_EQ(seed_of("-7.0"), std::optional<uint64_t>(static_cast<uint64_t>(-7)));
+  EXPECT_EQ(seed_of("1e19"), std::optional<uint64_t>(10000000000000000000ull));
+  EXPECT_EQ(seed_of("-9.223372036854775808e18"),
+            std::optional<uint64_t>(static_cast<uint64_t>(std::numeric_limits<int64_t>::min())));
+  ExpectError(Gen(R"(,"seed":42.5)"), ErrorCode::kInvalidRequest,
+              "field 'seed' must be an integer in [-2^63, 2^64) (-1: none), got 42.5", "r7");
+  ExpectError(
+      Gen(R"(,"seed":1.8446744073709552e19)"), ErrorCode::kInvalidRequest,
+      "field 'seed' must be an integer in [-2^63, 2^64) (-1: none), got 1.8446744073709552e+19",
+      "r7");
+  ExpectError(Gen(R"(,"seed":-1e300)"), ErrorCode::kInvalidRequest,
+              "field 'seed' must be an integer in [-2^63, 2^64) (-1: none), got -1e+300", "r7");
+  ExpectError(Gen(R"(,"seed":"42")"), ErrorCode::kInvalidRequest,
+              "field 'seed' must be an integer in [-2^63, 2^64) (-1: none), got \"42\"", "r7");
+
+  ParseResult ids = ParseRequest(
+      R"({"version":1,"type":"generate","id":"v","prompt_token_ids":[5.0,1e1,99,0.0]})", vocab);
+  ASSERT_TRUE(ids.ok()) << ids.error.message;
+  EXPECT_EQ(std::get<std::vector<int32_t>>(std::get<GenerateRequest>(*ids.request).prompt),
+            (std::vector<int32_t>{5, 10, 99, 0}));
+  ParseResult stop = ParseRequest(
+      R"({"version":1,"type":"generate","id":"v","prompt":"x","stop_token_ids":[2.0]})", vocab);
+  ASSERT_TRUE(stop.ok()) << stop.error.message;
+  EXPECT_EQ(std::get<GenerateRequest>(*stop.request).sampling.stop_token_ids,
+            (std::vector<int32_t>{2}));
+  ExpectError(R"({"version":1,"type":"generate","id":"v","prompt_token_ids":[5,2.5]})",
+              ErrorCode::kInvalidRequest,
+              "field 'prompt_token_ids[1]' must be an integer token id, got number 2.5", "v",
+              vocab);
+  ExpectError(R"({"version":1,"type":"generate","id":"v","prompt_token_ids":[100.0]})",
+              ErrorCode::kInvalidRequest,
+              "field 'prompt_token_ids[0]' must be a token id in [0, 100), got 100.0", "v", vocab);
+  ExpectError(R"({"version":1,"type":"generate","id":"v","prompt_token_ids":[-1.0]})",
+              ErrorCode::kInvalidRequest,
+              "field 'prompt_token_ids[0]' must be a token id in [0, 100), got -1.0", "v", vocab);
+  ExpectError(R"({"version":1,"type":"generate","id":"v","prompt_token_ids":[1e300]})",
+              ErrorCode::kInvalidRequest,
+              "field 'prompt_token_ids[0]' must be a token id in [0, 100), got 1e+300", "v", vocab);
+  // Without a vocabulary the bound is int32's.
+  ExpectError(R"({"version":1,"type":"generate","id":"v","prompt_token_ids":[2147483647.0]})",
+              ErrorCode::kInvalidRequest, "must be a token id in [0, 2147483647)", "v");
 }
 
 TEST(ProtocolTest, BracketsInsideStringsDoNotCountAsNesting) {

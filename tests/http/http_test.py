@@ -754,19 +754,23 @@ class SecondServerTest(unittest.TestCase):
         self.assertEqual(len(r.choices), 1)
 
 
-def nan_model_copy(src, dst):
-    """Copies the HF model directory `src` to `dst` with model.norm.weight (F32) all NaN,
-    patched in the safetensors bytes (8-byte header length, JSON header, data)."""
+def nan_model_copy(src, dst, tensor="model.norm.weight", rows=None):
+    """Copies the HF model directory `src` to `dst` with `tensor` (F32) all NaN, or only its
+    rows `rows` (of a 2-D tensor), patched in the safetensors bytes (8-byte header length,
+    JSON header, data)."""
     shutil.copytree(src, dst)
     path = os.path.join(dst, "model.safetensors")
     with open(path, "r+b") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
-        t = header["model.norm.weight"]
+        t = header[tensor]
         assert t["dtype"] == "F32", t
         begin, end = t["data_offsets"]
-        f.seek(8 + n + begin)
-        f.write(struct.pack("<f", float("nan")) * ((end - begin) // 4))
+        row_bytes = 4 * t["shape"][-1]
+        for first, last in ([(begin, end)] if rows is None else
+                            [(begin + r * row_bytes, begin + (r + 1) * row_bytes) for r in rows]):
+            f.seek(8 + n + first)
+            f.write(struct.pack("<f", float("nan")) * ((last - first) // 4))
 
 
 @unittest.skipUnless(os.environ.get("PAGEDSERVE_TEST_MODEL"), "PAGEDSERVE_TEST_MODEL (the random Llama) not set")
@@ -811,6 +815,59 @@ class NonFiniteLogitsTest(unittest.TestCase):
         self.assertTrue(out.rstrip().endswith("data: [DONE]"), out)
         self.assertEqual(http("GET", u + "/health")[0], 200)
         self.assertEqual(http("POST", u + "/tokenize", {"prompt": "still here"})[0], 200)
+        self.assertTrue(wait_blocks_free(u))
+        self.assertEqual(srv.proc.poll(), None, srv.logs())
+
+
+@unittest.skipUnless(os.environ.get("PAGEDSERVE_TEST_MOE_MODEL"), "PAGEDSERVE_TEST_MOE_MODEL not set")
+class NonFiniteMoeTokenTest(unittest.TestCase):
+    """A mixture of experts whose token 599 has a NaN embedding: a request with that token
+    fails alone (500, the sampler's message) while another runs beside it, and the server
+    serves on with its KV blocks freed. The NaN reaches the router of that request's tokens;
+    a router that refused the step stopped the engine (every request failed, the server exited)."""
+
+    BAD = 599  # the highest id of the 600-token vocabulary
+
+    def test_request_with_the_token_fails_alone(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            model = os.path.join(tmp, "nan_mixtral")
+            nan_model_copy(os.environ["PAGEDSERVE_TEST_MOE_MODEL"], model,
+                           tensor="model.embed_tokens.weight", rows=[self.BAD])
+            srv = ServerProcess(extra=["--max-model-len=256"], model=model)
+            try:
+                self.check(srv)
+            finally:
+                self.assertEqual(srv.stop(), 0, srv.logs())
+            self.assertIn("could not be sampled", srv.logs())
+
+    def check(self, srv):
+        u = srv.url
+        # Greedy, never the poisoned token (its embedding would fail the request too).
+        good = {"model": srv.model, "prompt": [10, 20, 30, 40], "max_tokens": 48, "temperature": 0,
+                "ignore_eos": True, "logit_bias": {str(self.BAD): -100}}
+        results = {}
+
+        def run(name, body):
+            results[name] = http("POST", u + "/v1/completions", body)
+
+        clean = threading.Thread(target=run, args=("clean", good))
+        clean.start()
+        for body in ({"model": srv.model, "prompt": [10, self.BAD, 30, 40], "max_tokens": 4,
+                      "temperature": 0},
+                     {"model": srv.model, "prompt": [10, self.BAD, 30], "max_tokens": 4,
+                      "temperature": 0.8, "logprobs": 2}):
+            status, reply = http("POST", u + "/v1/completions", body)
+            self.assertEqual(status, 500, reply)
+            self.assertEqual(reply["error"]["type"], "server_error", reply)
+            self.assertIn("could not be sampled", reply["error"]["message"])
+            self.assertIn("is nan", reply["error"]["message"])
+        clean.join(120)
+        status, reply = results["clean"]
+        self.assertEqual(status, 200, reply)
+        self.assertEqual(reply["usage"]["completion_tokens"], 48, reply)
+        self.assertEqual(http("POST", u + "/v1/completions", good)[1]["choices"][0]["text"],
+                         reply["choices"][0]["text"])
+        self.assertEqual(http("GET", u + "/health")[0], 200)
         self.assertTrue(wait_blocks_free(u))
         self.assertEqual(srv.proc.poll(), None, srv.logs())
 

@@ -210,11 +210,18 @@ TEST(OpenAiApiTest, WrongTypesAndValuesName) {
   EXPECT_EQ(Completions(R"({"prompt": "x", "echo": true, "logprobs": 2})")
                 .request->params.prompt_logprobs,
             2);
-  // Token-id prompts: the message says what is wrong with which element.
+  // Token-id prompts: the message (the reader of every front end,
+  // TokenIdsFromJson) says what is wrong with which element; param "prompt".
   ParseOutcome nested = Completions(R"({"prompt": [[[1, 2]]]})");
-  EXPECT_EQ(nested.error.message, "'prompt' must hold integer token ids; element 0 is array");
+  EXPECT_EQ(nested.error.message, "field 'prompt[0][0]' must be an integer token id, got array");
+  EXPECT_EQ(nested.error.param, "prompt");
   ParseOutcome range = Completions(R"({"prompt": [1, 49152]})");
-  EXPECT_EQ(range.error.message, "'prompt' must hold token ids in [0, 49152); element 1 is 49152");
+  EXPECT_EQ(range.error.message, "field 'prompt[1]' must be a token id in [0, 49152), got 49152");
+  EXPECT_EQ(range.error.param, "prompt");
+  ParseOutcome fraction = Completions(R"({"prompt": [[1], [2, 3.5]]})");
+  EXPECT_EQ(fraction.error.message,
+            "field 'prompt[1][1]' must be an integer token id, got number 3.5");
+  EXPECT_EQ(fraction.error.param, "prompt");
   // Ranges of SamplingParams::Validate: the message names the field.
   ParseOutcome o = Completions(R"({"prompt": "x", "top_p": 1.5})");
   ASSERT_FALSE(o.request.has_value());
@@ -946,6 +953,17 @@ TEST(FrontEndAgreementTest, HttpAndZeroMqAcceptAndRefuseAlike) {
       {R"("messages": )" + user + R"(, "seed": -7)", true},
       {R"("messages": )" + user + R"(, "seed": 18446744073709551615)", true},
       {R"("messages": )" + user + R"(, "seed": 1.5)", false},
+      // seed follows the integer rule: a whole number written as a float is
+      // that integer; a fraction or a value outside [-2^63, 2^64) is refused.
+      {R"("messages": )" + user + R"(, "seed": 42.0)", true},
+      {R"("messages": )" + user + R"(, "seed": 1e3)", true},
+      {R"("messages": )" + user + R"(, "seed": -1.0)", true},
+      {R"("messages": )" + user + R"(, "seed": 1e19)", true},
+      {R"("messages": )" + user + R"(, "seed": 1.8446744073709552e19)", false},
+      {R"("messages": )" + user + R"(, "seed": -1e300)", false},
+      {R"("messages": )" + user + R"(, "seed": "42")", false},
+      {R"("messages": )" + user + R"(, "stop_token_ids": [2.0, 3])", true},
+      {R"("messages": )" + user + R"(, "stop_token_ids": [2.5])", false},
       {R"("messages": )" + user + stop_of(257), false},
       {R"("messages": )" + user + stop_of(256), true},
       {R"("messages": )" + user + seventeen_stops, false},
@@ -1008,6 +1026,8 @@ TEST(FrontEndAgreementTest, HttpAndZeroMqAcceptAndRefuseAlike) {
       EXPECT_EQ(h.max_tokens, z.max_tokens) << fields;
     }
     EXPECT_EQ(h.top_k, z.top_k) << fields;
+    EXPECT_EQ(h.seed, z.seed) << fields;
+    EXPECT_EQ(h.stop_token_ids, z.stop_token_ids) << fields;
     EXPECT_EQ(h.logit_bias, z.logit_bias) << fields;
     EXPECT_EQ(h.min_tokens, z.min_tokens) << fields;
     EXPECT_EQ(h.bad_words, z.bad_words) << fields;
@@ -1024,6 +1044,69 @@ TEST(FrontEndAgreementTest, HttpAndZeroMqAcceptAndRefuseAlike) {
   ASSERT_TRUE(wrapped.ok()) << wrapped.error.message;
   EXPECT_EQ(std::get<protocol::GenerateRequest>(*wrapped.request).sampling.seed,
             std::optional<uint64_t>(static_cast<uint64_t>(-7)));
+}
+
+// A prompt of token ids (HTTP completions' "prompt" array, ZeroMQ's
+// "prompt_token_ids") is read by one rule on both (TokenIdsFromJson): each id
+// an integer, or a whole number written as a float (as every integer field),
+// in the vocabulary. Same verdict, same ids, and the same message naming the
+// element.
+TEST(FrontEndAgreementTest, PromptTokenIdsAcceptAndRefuseAlike) {
+  const std::vector<std::pair<std::string, bool>> rows = {
+      {"[1, 2, 3]", true},
+      {"[1.0, 2e0, 3]", true},
+      {"[0.0, 49151.0]", true},
+      {"[-0.0]", true},
+      {"[1.5]", false},
+      {"[1, 2.5]", false},
+      {"[49152.0]", false},
+      {"[-1.0]", false},
+      {"[1e300]", false},
+      {"[-1e300]", false},
+      {"[1e19]", false},
+      // (A list starting with a string is a list of text prompts on HTTP.)
+      {R"([1, "2"])", false},
+      {"[1, true]", false},
+      {"[1, [2]]", false},
+  };
+  protocol::ParseOptions zmq_options;
+  zmq_options.vocab_size = Tok().vocab_size();
+  for (const auto& [ids, ok] : rows) {
+    ParseOutcome http = Completions(R"({"prompt": )" + ids + R"(, "max_tokens": 4})");
+    protocol::ParseResult zmq = protocol::ParseRequest(
+        R"({"version": 1, "type": "generate", "id": "a", "prompt_token_ids": )" + ids + "}",
+        zmq_options);
+    EXPECT_EQ(http.request.has_value(), ok) << ids << "\nHTTP: " << http.error.message;
+    EXPECT_EQ(zmq.ok(), ok) << ids << "\nZeroMQ: " << zmq.error.message;
+    if (!ok) {
+      EXPECT_EQ(http.error.status, 400) << ids;
+      EXPECT_EQ(http.error.param, "prompt") << ids;
+      // The same message, naming the element ("prompt[1]" / "prompt_token_ids[1]").
+      std::string want = zmq.error.message;
+      const size_t at = want.find("prompt_token_ids");
+      ASSERT_NE(at, std::string::npos) << want;
+      want.replace(at, std::string("prompt_token_ids").size(), "prompt");
+      EXPECT_EQ(http.error.message, want) << ids;
+      continue;
+    }
+    if (!http.request.has_value() || !zmq.ok()) continue;
+    ASSERT_EQ(http.request->prompts.size(), 1u) << ids;
+    EXPECT_EQ(
+        http.request->prompts[0],
+        std::get<std::vector<int32_t>>(std::get<protocol::GenerateRequest>(*zmq.request).prompt))
+        << ids;
+  }
+  // HTTP's other forms of token ids: a list of prompts, /detokenize's tokens.
+  ParseOutcome lists = Completions(R"({"prompt": [[1.0, 2], [3e0]], "max_tokens": 4})");
+  ASSERT_TRUE(lists.request.has_value()) << lists.error.message;
+  EXPECT_EQ(lists.request->prompts, (std::vector<std::vector<int32_t>>{{1, 2}, {3}}));
+  ApiError err;
+  EXPECT_EQ(DetokenizeResponse(R"({"tokens": [28120.0, 905]})", Tok(), &err),
+            DetokenizeResponse(R"({"tokens": [28120, 905]})", Tok(), &err));
+  EXPECT_EQ(err.message, "");
+  EXPECT_EQ(DetokenizeResponse(R"({"tokens": [28120.5]})", Tok(), &err), "");
+  EXPECT_EQ(err.message, "field 'tokens[0]' must be an integer token id, got number 28120.5");
+  EXPECT_EQ(err.param, "tokens");
 }
 
 TEST(BearerTokenTest, TheSchemeIsCaseInsensitive) {

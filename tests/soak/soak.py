@@ -56,6 +56,17 @@ WORDS = ("paged attention keeps the cache in blocks the scheduler hands out one 
          "while the workers only move bytes and the coordinator decides where each token lives").split()
 
 
+# What a read of the server's HTTP pages may meet while the server is busy or
+# starting: a refused or reset connection, a timeout (OSError: URLError,
+# socket.timeout, ConnectionResetError), a truncated response or status line
+# (http.client.HTTPException: IncompleteRead, RemoteDisconnected's siblings) or
+# a page that does not parse (ValueError). Every read treats them alike: it is
+# retried (or, for a periodic sample, that sample goes without the page).
+TRANSIENT = (OSError, ValueError, http.client.HTTPException)
+# How long a new server's first /metrics read is retried.
+METRICS_READ_TIMEOUT = 60.0
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,10 +113,14 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env,
                                      start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}"
-        self.pid = self.wait_ready()
-        # The readiness polls above get 503 "loading" until the model is in
-        # (intended, and counted by the server): 5xx are judged from here on.
-        self.ready_5xx = metric_sum(metrics(self.url), "pagedserve_http_responses_total", 'status="5')
+        try:
+            self.pid = self.wait_ready()
+            # The readiness polls above get 503 "loading" until the model is in
+            # (intended, and counted by the server): 5xx are judged from here on.
+            self.ready_5xx = metric_sum(self.read_metrics(), "pagedserve_http_responses_total", 'status="5')
+        except BaseException:
+            self.stop()  # a server that never became ready is not left running
+            raise
 
     def logs(self):
         self.log.seek(0)
@@ -120,10 +135,27 @@ class Server:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200 and os.path.exists(self.pid_file):
                         return int(open(self.pid_file).read())
-            except (OSError, ValueError):
+            except TRANSIENT:
                 pass
             time.sleep(0.2)
-        raise RuntimeError("server not healthy within {timeout} s")
+        raise RuntimeError(f"server not healthy within {timeout} s")
+
+    def read_metrics(self, timeout=None):
+        """The /metrics page, retried as wait_ready retries /health while a read fails
+        transiently (TRANSIENT); RuntimeError when the server exits or `timeout` (default
+        METRICS_READ_TIMEOUT) passes without one good read."""
+        timeout = METRICS_READ_TIMEOUT if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.logs()[-3000:]}")
+            try:
+                return metrics(self.url)
+            except TRANSIENT as e:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"/metrics not readable within {timeout} s: "
+                                       f"{type(e).__name__}: {e}") from e
+            time.sleep(0.2)
 
     def worker_pids(self):
         """pids of the worker ranks: pagedserve processes of the job but the coordinator."""
@@ -179,7 +211,7 @@ def snapshot(server):
         sample.update(rss=p[0], fds=p[1], threads=p[2])
     try:
         m = metrics(server.url)
-    except OSError:
+    except TRANSIENT:
         return sample
     sample.update(kv=metric_sum(m, "pagedserve_kv_cache_usage_ratio", 'pool="device"'),
                   running=metric_sum(m, "pagedserve_requests_running"),

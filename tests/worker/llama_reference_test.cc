@@ -39,6 +39,7 @@
 #include <nlohmann/json.hpp>
 #include "gtest/gtest.h"
 #include "runtime/model/weights.h"
+#include "runtime/sampling/sampler.h"
 #include "runtime/worker/cpu_backend.h"
 #include "runtime/worker/llama_model.h"
 #include "runtime/worker/worker.h"
@@ -1016,6 +1017,68 @@ TEST_F(LlamaReferenceTest, MoeOnlyRouterChoosesTransformersExperts) {
       model_name_.c_str(), static_cast<long long>(compared),
       static_cast<long long>(other_layer_mismatches));
   EXPECT_GT(other_layer_mismatches, compared / 2) << "the control cannot tell layers apart";
+}
+
+// Mixture-of-experts models only: one sequence whose token embedding is NaN
+// (a NaN in the model's weights that one request touches) in a batch with a
+// clean one. The NaN reaches the router of that sequence's tokens; the
+// forward pass still succeeds (an error would fail the whole step: every
+// request in the batch, and the engine), the poisoned sequence's logits are
+// NaN and the sampler fails that row alone, and the clean sequence's logits
+// and token are the reference's, as when it runs alone. Before RouteTokens
+// routed such a token it refused the step ("router logits ... hold a NaN").
+TEST_F(LlamaReferenceTest, MoeOnlyNonFiniteTokenFailsOnlyItsSequence) {
+  ASSERT_TRUE(IsMoeModel(model_name_)) << model_name_;
+  const ReferencePrompt& clean = reference_[0];
+  ModelUnderTest m;
+  const int per_seq = BlocksPerSeq(reference_, 64);
+  // The highest token id the clean prompt does not use gets a NaN embedding.
+  int32_t bad_token = -1;
+  MakeModel(model_path_, 2 * per_seq, &m, [&](LlamaWeights* w) {
+    ASSERT_TRUE(w->embed_tokens.is_fp32());
+    // Tied, the LM head's row would make every sequence's logit of it NaN.
+    ASSERT_FALSE(w->config.tie_word_embeddings);
+    for (int32_t t = static_cast<int32_t>(w->embed_tokens.rows) - 1; t >= 0 && bad_token < 0; --t)
+      if (std::find(clean.prompt_ids.begin(), clean.prompt_ids.end(), t) == clean.prompt_ids.end())
+        bad_token = t;
+    std::fill_n(w->embed_tokens.row(bad_token), w->embed_tokens.cols, NAN);
+  });
+  ASSERT_FALSE(HasFatalFailure());
+  std::vector<int32_t> poisoned = clean.prompt_ids;
+  poisoned.insert(poisoned.begin() + 1, bad_token);  // mid-prompt: later tokens attend to it
+  FlatBatch fb({poisoned, clean.prompt_ids}, {0, 0}, per_seq);
+  std::vector<float> logits;
+  const absl::Status forward = m.model->Forward(fb.view(), m.views, &logits);
+  ASSERT_TRUE(forward.ok()) << forward;
+  ASSERT_EQ(logits.size(), 2 * static_cast<size_t>(m.vocab));
+  const std::span<const float> poisoned_row(logits.data(), m.vocab);
+  EXPECT_TRUE(
+      std::any_of(poisoned_row.begin(), poisoned_row.end(), [](float v) { return std::isnan(v); }));
+  CheckLogits(logits.data() + m.vocab, m.vocab, clean.steps[0], BoundsFor(model_name_),
+              clean.name + " batched with a NaN sequence");
+
+  Sampler sampler(m.vocab);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  auto row = [&greedy](SeqId id, const std::vector<int32_t>& prompt) {
+    SamplerRow r;
+    r.seq_id = id;
+    r.params = &greedy;
+    r.token_history = prompt;
+    r.prompt_len = static_cast<int32_t>(prompt.size());
+    r.position = static_cast<int64_t>(prompt.size());
+    return r;
+  };
+  const std::vector<SamplerRow> rows = {row(1, poisoned), row(2, clean.prompt_ids)};
+  std::vector<Sampler::RowFailure> failures;
+  auto sampled = sampler.Sample(logits, rows, &failures);
+  ASSERT_TRUE(sampled.ok()) << sampled.status();
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0].row, 0u);
+  EXPECT_NE(failures[0].status.message().find("is nan"), std::string::npos) << failures[0].status;
+  ASSERT_EQ(sampled->size(), 2u);
+  EXPECT_EQ((*sampled)[0].token_id, kNoToken);
+  EXPECT_EQ((*sampled)[1].token_id, clean.greedy_ids[0]);
 }
 
 // Mixture-of-experts models only: the experts in a stored format (--dtype

@@ -1,6 +1,7 @@
 // RouteTokens (runtime/worker/moe_routing.h) against a double-precision naive
 // routing: softmax over all experts, top-k by probability (ties to the lower
-// index), weights renormalised or not; the grouping by expert; bad input.
+// index), weights renormalised or not; the grouping by expert; non-finite
+// rows (their token alone poisoned) and a bad configuration.
 #include "runtime/worker/moe_routing.h"
 
 #include <algorithm>
@@ -100,12 +101,54 @@ TEST(MoeRoutingTest, TiesGoToTheLowerIndex) {
   EXPECT_FLOAT_EQ(r.weights[0], 0.5f);
 }
 
-TEST(MoeRoutingTest, BadInputIsRefused) {
+// A row whose softmax is no distribution (NaN, +inf, every logit -inf) is
+// not an error of the step: its token alone gets experts 0..k-1 with NaN
+// weights (its output NaN, for the sampler to fail its sequence), the other
+// tokens route as they would alone, and the grouping stays whole.
+TEST(MoeRoutingTest, NonFiniteRowPoisonsOnlyItsToken) {
+  const MoeConfig moe = Moe(4, 2, true);
+  const float kInf = INFINITY;
+  const std::vector<float> logits = {
+      0.5f,  3.0f,  -1.0f, 2.0f,   // token 0: finite
+      0.0f,  NAN,   1.0f,  2.0f,   // token 1: a NaN
+      1.0f,  2.0f,  kInf,  0.0f,   // token 2: +inf
+      -kInf, -kInf, -kInf, -kInf,  // token 3: every logit -inf
+      2.0f,  -kInf, 4.0f,  1.0f,   // token 4: finite with a -inf (a valid distribution)
+  };
   MoeRouting r;
-  const std::vector<float> nan_row = {0.0f, NAN, 1.0f};
-  auto s = RouteTokens(nan_row.data(), 1, Moe(3, 1, true), &r);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("NaN"), std::string::npos) << s;
+  ASSERT_TRUE(RouteTokens(logits.data(), 5, moe, &r).ok());
+  for (int64_t t : {0, 4}) {
+    MoeRouting alone;
+    ASSERT_TRUE(RouteTokens(logits.data() + t * 4, 1, moe, &alone).ok());
+    for (int j = 0; j < 2; ++j) {
+      EXPECT_EQ(r.experts[t * 2 + j], alone.experts[j]) << "token " << t;
+      EXPECT_EQ(r.weights[t * 2 + j], alone.weights[j]) << "token " << t;
+      EXPECT_TRUE(std::isfinite(r.weights[t * 2 + j])) << "token " << t;
+    }
+  }
+  EXPECT_EQ(r.experts[0], 1);
+  EXPECT_EQ(r.experts[8], 2);
+  for (int64_t t : {1, 2, 3}) {
+    for (int j = 0; j < 2; ++j) {
+      EXPECT_EQ(r.experts[t * 2 + j], j) << "token " << t;
+      EXPECT_TRUE(std::isnan(r.weights[t * 2 + j])) << "token " << t;
+    }
+  }
+  ASSERT_EQ(r.offsets.size(), 5u);
+  EXPECT_EQ(r.offsets.back(), 10);
+  ASSERT_EQ(r.tokens.size(), 10u);
+  for (int e = 0; e < 4; ++e) {
+    for (int64_t i = r.offsets[e]; i < r.offsets[e + 1]; ++i) {
+      const int32_t t = r.tokens[i];
+      const bool chose = r.experts[t * 2] == e || r.experts[t * 2 + 1] == e;
+      EXPECT_TRUE(chose) << "token " << t << " grouped under expert " << e;
+      EXPECT_EQ(std::isnan(r.token_weights[i]), t >= 1 && t <= 3) << "token " << t;
+    }
+  }
+}
+
+TEST(MoeRoutingTest, BadConfigIsRefused) {
+  MoeRouting r;
   const std::vector<float> ok = {0.0f, 1.0f, 2.0f};
   EXPECT_EQ(RouteTokens(ok.data(), 1, Moe(3, 4, true), &r).code(),
             absl::StatusCode::kInvalidArgument);
