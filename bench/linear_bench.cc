@@ -222,13 +222,13 @@ void MethodArgs(benchmark::internal::Benchmark* b) {
   for (int64_t f : {3, 8})
     for (int64_t t : {1, 2})
       for (int64_t m : {0, 2}) b->Args({f, 49152, 576, t, m});
-  // decode on Llama-3.2-1B's K-quant shapes (2.4-14 MB; issue 10)
   // the K-quant row dots on a weight that stays in L2 (295-430 KB): their compute
   // rate with no memory traffic (the bound of decode once the prefetch keeps up)
   for (int64_t f : {12, 14}) {
     b->Args({f, 256, 2048, 1, 0});
     b->Args({f, 64, 8192, 1, 0});
   }
+  // decode on Llama-3.2-1B's K-quant shapes (2.4-14 MB; issue 10)
   for (int64_t f : {12, 14})
     for (int64_t rows : {2048, 8192})
       for (int64_t t : {1, 2})

@@ -106,17 +106,9 @@ inline void UnpackRowScales(const uint8_t* b, int i, PanelRowTmp* tmp, PanelBloc
     _mm_store_si128(mins + 0, mlo);
     _mm_store_si128(mins + 1, mhi);
   } else {
-    // the eight 6-bit scales and mins (ScaleMinK4) as scale bytes 0..7
-    // (u[0], u[1]) and min bytes 0..7 (u[2], u[3]), as in TileQ45K
-    uint32_t u[4];
-    std::memcpy(u, b + 4, 12);
-    constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
-    u[3] = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);
-    const uint32_t mins_lo = u[1] & k6;
-    u[1] = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);
-    u[2] = mins_lo;
-    u[0] &= k6;
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+    // the eight 6-bit scales and mins (ScaleMinK4) as scale bytes 0..7, then
+    // min bytes 0..7, as in TileQ45K
+    const __m128i bytes = ScaleMinBytesK4(b + 4);
     const __m128i sc = _mm_cvtepu8_epi16(bytes), mn = _mm_cvtepu8_epi16(_mm_srli_si128(bytes, 8));
     const __m128i p0 = _mm_unpacklo_epi16(sc, sc), p1 = _mm_unpackhi_epi16(sc, sc);
     auto* out = reinterpret_cast<__m128i*>(tmp->scales[i]);  // sub-block j -> groups 2j, 2j+1

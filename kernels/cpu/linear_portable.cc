@@ -13,7 +13,15 @@ namespace {
 // input free of undefined behaviour (its result is then unspecified).
 float QuantizeBlock(const float* x, int n, int8_t* q) {
   float amax = 0.0f;
-  for (int i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  // A NaN input makes amax (and so d and the dot) NaN where std::fmax would
+  // drop it: a row of NaN activations (what a NaN before a norm gives) then
+  // reaches the logits as NaN and the sampler refuses the request, as on the
+  // x86 paths (whose max_ps of an all-NaN row is NaN). Same result as fmax for
+  // finite input.
+  for (int i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    if (!(a <= amax)) amax = a;
+  }
   const float d = amax / 127.0f;
   const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
   for (int i = 0; i < n; ++i) {

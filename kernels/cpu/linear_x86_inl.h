@@ -487,11 +487,12 @@ void TileQ8_0(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t 
 // stream weight rows from DRAM once per step. Measured with
 // the weight read from memory, AMD EPYC Zen 4 VM, 2 threads, idle (issue 34,
 // 2026-12-07): whole-model decode at batch 1 on Llama-3.2-1B / 3.1-8B shapes in
-// Q4_K_M (bench_model, two interleaved rounds) 46.0 / 8.3 tokens/s at 4096
-// bytes, 47.7-48.7 / 8.6 at 6144, 45.5 / 8.1 at 8192, 7.4 (8B) at 12288; at the
-// earlier 1024 bytes (tuned in cache) 44.3 (1B). One thread alone streams
-// 15.5 GB/s at 1024 and 19.1-19.4 at 6144 (BM_LinearMethodCold Q4_K 8192x2048):
-// a core's own misses in flight bound it, and the far prefetch adds more.
+// Q4_K_M (bench_model, interleaved rounds) 45.7-48.3 / 8.1-8.3 tokens/s at
+// 4096 bytes, 47.7-48.7 / 7.8-8.7 at 6144, 45.5 / 8.1 at 8192, 7.4 (8B) at
+// 12288; at the earlier 1024 bytes (tuned in cache) 43.7-44.3 (1B). 4096 and
+// 6144 are level within the noise on the 1B file; 6144 was ahead on the 8B. One thread alone
+// streams 15.5 GB/s at 1024 and 19.1-19.4 at 6144 (BM_LinearMethodCold Q4_K 8192x2048): a core's
+// own misses in flight bound it, and the far prefetch adds more.
 constexpr int kPrefetchKBytes = 6144;
 
 // The eight 6-bit scales and eight 6-bit mins of a Q4_K / Q5_K super-block

@@ -23,7 +23,8 @@ void RouteOne(const float* logits, const MoeConfig& moe, float* p, int32_t* orde
   for (int e = 0; e < e_count; ++e) mx = std::max(mx, logits[e]);
   float sum = 0.0f;
   for (int e = 0; e < e_count; ++e) {
-    p[e] = std::exp(logits[e] - mx);  // NaN for a NaN logit, and for all when mx is +-inf
+    p[e] = std::exp(logits[e] -
+                    mx);  // NaN for a NaN logit; with mx = +inf, NaN at the +inf logits (sum NaN)
     sum += p[e];
   }
   if (!(sum >= 1.0f)) {  // a finite row's maximum alone gives exp(0) = 1

@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <span>
 #include <string>
@@ -509,6 +510,33 @@ TEST_P(LinearIsaTest, ActivationQuantizerMatchesPortableBitForBit) {
               0);
     for (size_t b = 0; b < want256.size(); ++b) {
       for (int i = 0; i < 256; ++i) ASSERT_EQ(want256[b].qs[i], got256[b].qs[i]) << b << " " << i;
+    }
+  }
+}
+
+// A row of NaN activations (what a NaN weight upstream of a norm gives) comes
+// out NaN on every path, method and quantized format, at decode and batched
+// token counts: the sampler then refuses the request (docs/worker.md) instead of
+// sampling from logits the quantizer made finite. The finite row beside it
+// stays finite, so the check can fail both ways.
+TEST_P(LinearIsaTest, NanActivationRowGivesNanOutputs) {
+  if (absent()) return;  // said so in SetUp
+  std::mt19937 rng(23);
+  for (WeightType type : {WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ8_0,
+                          WeightType::kQ4_K, WeightType::kQ6_K, WeightType::kQ2_K}) {
+    Weight w = RandomWeight(rng, type, 20, 512, 0);
+    for (int64_t tokens : {1, 2, 9}) {
+      for (LinearMethod m : {LinearMethod::kRowDot, LinearMethod::kRowBlock,
+                             LinearMethod::kRowBlock8, LinearMethod::kPanel16}) {
+        SCOPED_TRACE(testing::Message() << WeightTypeName(type) << " tokens " << tokens
+                                        << " method " << cpu::LinearMethodName(m));
+        std::vector<float> x = RandomActs(rng, tokens * 512), y(tokens * 20);
+        std::fill(x.begin(), x.begin() + 512, std::numeric_limits<float>::quiet_NaN());
+        LinearParams p{x.data(), tokens, 512, w.view(), nullptr, y.data(), 20};
+        ASSERT_TRUE(cpu::LinearWith(p, GetParam(), m).ok());
+        for (int64_t r = 0; r < 20; ++r) EXPECT_TRUE(std::isnan(y[r])) << "row " << r;
+        for (int64_t i = 20; i < tokens * 20; ++i) ASSERT_TRUE(std::isfinite(y[i])) << i;
+      }
     }
   }
 }
