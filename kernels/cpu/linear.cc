@@ -168,15 +168,16 @@ constexpr int64_t kSgemmMinTokensHalf = 128;
 //    the row dots were 1.9-2.4x faster than the 4x1 tiles at 1-2 tokens on
 //    both x86 paths, at 576x576 .. 8192x2048. The portable path keeps the
 //    tiles (not measured).
-// Everywhere else the tiles measured 1.0-3x faster. Q4_0 keeps the tiles at
-// every size: faster at 4096x4096 in that measurement, and at Llama-3.2-1B's
-// 8192x2048 / 2048x8192 (9.4 MB) with one token 1.15-1.2x faster than the
-// row dots on AVX-512, one and two threads (BM_LinearPanel1B/2/.../1/{0,2};
-// docs/benchmarks.md "Llama-3.2-1B shape, idle, three formats"; bench_model
-// decode at batch 1 on an Intel Xeon 1.13x faster with the tiles). On the AMD
-// Zen 4 the same Q4_0 one-token row dots were 1.35-1.5x faster than the tiles
-// with the weight read from memory on AVX-512, and mixed on AVX2: kept, as
-// the two CPUs disagree and only the Xeon's figure is a whole model's.
+//  - Q4_0 at one token on the x86 paths on a weight larger than
+//    kDecodeTileMaxBytes, since the one-token row dots prefetch
+//    (kPrefetchLegacyBytes): whole-model batch-1 decode on a
+//    Llama-3.1-8B-shaped Q4_0 file, AMD EPYC Zen 4, two interleaved rounds,
+//    6.69, 6.24 tokens/s against 5.55, 5.62 with the 4x1 tiles (both with the
+//    6144-byte prefetch; row dots without a prefetch 6.03, 6.05). Earlier an
+//    Intel Xeon had measured the tiles 1.13x faster than the row dots, which
+//    then had no prefetch (docs/benchmarks.md "Llama-3.2-1B shape, idle, three
+//    formats"): not measured there since. Q4_0 keeps the tiles at 2-3 tokens.
+// Everywhere else the tiles measured 1.0-3x faster.
 constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
 // kRowBlock8 (8 rows in the vector lanes) on the AVX2 path, for the formats
 // with its tile (HasRowBlock8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), from one tile of
@@ -218,7 +219,7 @@ bool RowDotsFaster(WeightType type, int64_t num_tokens, int64_t rows, int64_t co
   const double bytes = static_cast<double>(rows) * static_cast<double>(blocks_per_row) *
                        static_cast<double>(BlockBytes(type));
   if (num_tokens < kBlockTokens && bytes > static_cast<double>(kDecodeTileMaxBytes) &&
-      type != WeightType::kQ4_0)
+      (type != WeightType::kQ4_0 || (num_tokens == 1 && isa != CpuIsa::kPortable)))
     return true;
   return (type == WeightType::kQ4_1 && num_tokens == 3) ||
          (type == WeightType::kQ8_0 && num_tokens < kBlockTokens && isa != CpuIsa::kPortable) ||

@@ -72,13 +72,17 @@ inline __m256i HighBits32(uint32_t qh) {
 // fp16 scalar by F16C (the portable LoadF16 is a software conversion).
 inline float F16(const uint8_t* p) { return _cvtsh_ss(pagedserve::kernels::cpu::LoadU16(p)); }
 
-// Distance of the software prefetch of the decode tiles (TileLegacy<kR, 1>) and
-// the Q8_0 row dots (the LM head of most legacy-quantized files), which stream
-// weight rows from DRAM once per step. Measured on SmolLM2-135M Q4_1 decode at
-// batch 1 (bench_model, 1 thread, 3 interleaved runs, AMD EPYC VM): 58 tokens/s
-// without, 61 at 1024 bytes, 66 at 2048; with 2 threads the spread of the
-// shared machine hid the difference between 1024 and 2048.
-constexpr int kPrefetchLegacyBytes = 2048;
+// Distance of the software prefetch of the legacy formats' one-token row dots
+// (DotLegacyN<1>, DotQ8_0N<1>) and decode tiles (TileLegacy<kR, 1>), which
+// stream weight rows from DRAM once per step. Measured on random-weight
+// Llama-3.1-8B-shaped files, batch-1 decode (bench_model, two interleaved
+// rounds, AMD EPYC Zen 4, 2 threads; issue 34, 2026-12-07): Q4_0 with its 4x1
+// tiles 4.90, 4.68 tokens/s at 2048 bytes, 5.82, 5.88 at 6144; Q8_0 row dots
+// 5.35, 4.51 at 2048, 5.65, 4.58 at 6144 (the machine's bandwidth moved
+// between the rounds); the default SmolLM2 Q4_1 file level (153-155 vs
+// 155-158). 2048 had been chosen on SmolLM2 at one thread (58 tokens/s
+// without, 61 at 1024, 66 at 2048). Same reason as kPrefetchKBytes below.
+constexpr int kPrefetchLegacyBytes = 6144;
 
 // The kernels below compute one weight row against N = 1..4 tokens at once, so
 // that a weight block is loaded and unpacked once for N tokens; token j's
@@ -86,28 +90,50 @@ constexpr int kPrefetchLegacyBytes = 2048;
 
 // Legacy 32-blocks. kQs: offset of the nibbles; kQh: offset of the 5th bits
 // (-1: none); kMin: offset of the fp16 min (-1: none); kOffset: subtracted code.
+// Even and odd blocks go to two accumulator chains per token: with one, the
+// FMA's latency (4 cycles per 18-24 byte block) bounded a one-token row at
+// ~16 GB/s per core. The offset (Q4_0 8, Q5_0 16) is subtracted from the
+// integer sum (exact in int32); the min term (Q4_1, Q5_1) is a scalar per block.
+template <int N, int kBytes, int kQs, int kQh, int kMin, int kOffset>
+inline void LegacyBlock(const uint8_t* b, const uint8_t* x, size_t xb, int64_t i, __m256* acc,
+                        float* extra) {
+  // one token: the row is streamed from DRAM (a prefetch per block: 18-24
+  // byte blocks, so a few per cache line; cheaper than a branch)
+  if constexpr (N == 1)
+    _mm_prefetch(reinterpret_cast<const char*>(b) + kPrefetchLegacyBytes, _MM_HINT_T0);
+  __m256i q = Nibbles32(b + kQs);
+  if constexpr (kQh >= 0) q = _mm256_or_si256(q, HighBits32(LoadU32(b + kQh)));
+  const float dw = F16(b);
+  for (int j = 0; j < N; ++j) {
+    const ActBlock32& a = reinterpret_cast<const ActBlock32*>(x + j * xb)[i];
+    __m256i s = DotU8I8(q, Load256(a.qs));
+    if constexpr (kMin >= 0) {
+      extra[j] += F16(b + kMin) * a.d * static_cast<float>(a.sum);
+    } else {
+      s = _mm256_sub_epi32(s, _mm256_setr_epi32(kOffset * a.sum, 0, 0, 0, 0, 0, 0, 0));
+    }
+    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * a.d), acc[j]);
+  }
+}
+
 template <int N, int kBytes, int kQs, int kQh, int kMin, int kOffset>
 void DotLegacyN(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* out) {
-  __m256 acc[N];
-  float extra[N];
-  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps(), extra[j] = 0.0f;
-  for (int64_t i = 0; i < nb; ++i, w += kBytes) {
-    __m256i q = Nibbles32(w + kQs);
-    if constexpr (kQh >= 0) q = _mm256_or_si256(q, HighBits32(LoadU32(w + kQh)));
-    const float dw = F16(w);
-    const float mw = kMin >= 0 ? F16(w + kMin) : 0.0f;
-    for (int j = 0; j < N; ++j) {
-      const ActBlock32& a = reinterpret_cast<const ActBlock32*>(x + j * xb)[i];
-      const __m256i s = DotU8I8(q, Load256(a.qs));
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * a.d), acc[j]);
-      if constexpr (kMin >= 0) {
-        extra[j] += mw * a.d * static_cast<float>(a.sum);
-      } else {
-        extra[j] -= dw * a.d * static_cast<float>(kOffset * a.sum);
-      }
-    }
+  __m256 acc0[N], acc1[N];
+  float extra0[N], extra1[N];
+  for (int j = 0; j < N; ++j) {
+    acc0[j] = acc1[j] = _mm256_setzero_ps();
+    extra0[j] = extra1[j] = 0.0f;
   }
-  for (int j = 0; j < N; ++j) out[j] = HSum(acc[j]) + extra[j];
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    LegacyBlock<N, kBytes, kQs, kQh, kMin, kOffset>(w + i * kBytes, x, xb, i, acc0, extra0);
+    LegacyBlock<N, kBytes, kQs, kQh, kMin, kOffset>(w + (i + 1) * kBytes, x, xb, i + 1, acc1,
+                                                    extra1);
+  }
+  if (i < nb)
+    LegacyBlock<N, kBytes, kQs, kQh, kMin, kOffset>(w + i * kBytes, x, xb, i, acc0, extra0);
+  for (int j = 0; j < N; ++j)
+    out[j] = HSum(_mm256_add_ps(acc0[j], acc1[j])) + (extra0[j] + extra1[j]);
 }
 
 template <int N>
