@@ -158,8 +158,8 @@ constexpr int64_t kSgemmMinTokensHalf = 128;
 //    (9-14 MB) the 4-row tiles were 1.3-1.6x slower for Q4_1 and Q6_K than
 //    streaming one row at a time (Q8_0 even, Q4_0/Q4_K faster), at 1536x1536
 //    and smaller (<= 1.6 MB) 0.95-1.7x as fast (Q4_1 even, the others
-//    faster); the limit is placed between the two measured sizes, for all
-//    formats, not tuned further;
+//    faster); the limit is placed between the two measured sizes, for every
+//    format but Q4_0 (next rules), not tuned further;
 //  - Q4_1 at 3 tokens and Q8_0 at 2, on every path (1536x1536: 10-20%);
 //  - Q8_0 on the x86 paths below 4 tokens at every size (there the panels
 //    take 3 tokens, so this is 1-2): with the weight read from memory, as a
@@ -176,7 +176,8 @@ constexpr int64_t kSgemmMinTokensHalf = 128;
 //    6144-byte prefetch; row dots without a prefetch 6.03, 6.05). Earlier an
 //    Intel Xeon had measured the tiles 1.13x faster than the row dots, which
 //    then had no prefetch (docs/benchmarks.md "Llama-3.2-1B shape, idle, three
-//    formats"): not measured there since. Q4_0 keeps the tiles at 2-3 tokens.
+//    formats"): not measured there since. (From 2 tokens the x86 paths give
+//    Q4_0 the panels, PanelMinTokens; the portable path keeps the tiles.)
 // Everywhere else the tiles measured 1.0-3x faster.
 constexpr int64_t kDecodeTileMaxBytes = int64_t{4} << 20;
 // kRowBlock8 (8 rows in the vector lanes) on the AVX2 path, for the formats
@@ -251,8 +252,9 @@ constexpr int64_t kPanelMinTokens = 8;
 // decoding"): on AVX-512 Q4_0/Q4_1 panels 1.2-1.9x faster than the 2x4
 // tiles at 2 tokens and 2.3-5.7x at 3-9 tokens (AVX2 kernels 1.5-2.5x from 2);
 // Q8_0 panels 0.7-1.2x the best other method at 2 tokens, 1.7-2.5x faster
-// from 3 on AVX-512 and 1.1-1.2x on AVX2; at 1 token the 4x1 decode tiles and
-// the Q8_0 row dots stay (Q4_0/Q4_1 panels even there, Q8_0's 1.2-2x slower).
+// from 3 on AVX-512 and 1.1-1.2x on AVX2; at 1 token the 4x1 decode tiles
+// (Q4_0 over kDecodeTileMaxBytes: the row dots, above) and the Q8_0 row dots
+// stay (Q4_0/Q4_1 panels even there, Q8_0's 1.2-2x slower).
 // The AVX2 figures are the AVX2 kernels on the AVX-512 machine
 // (PAGEDSERVE_CPU_ISA=avx2), not an AVX2-only CPU.
 bool IsPanel32(WeightType t) {

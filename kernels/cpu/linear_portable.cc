@@ -13,14 +13,14 @@ namespace {
 // input free of undefined behaviour (its result is then unspecified).
 float QuantizeBlock(const float* x, int n, int8_t* q) {
   float amax = 0.0f;
-  // A NaN input makes amax (and so d and the dot) NaN where std::fmax would
-  // drop it: a row of NaN activations (what a NaN before a norm gives) then
-  // reaches the logits as NaN and the sampler refuses the request, as on the
-  // x86 paths (whose max_ps of an all-NaN row is NaN). Same result as fmax for
-  // finite input.
+  // A NaN anywhere in the block makes amax (and so d and the dot) NaN, where
+  // std::fmax would drop it: a row of NaN activations (what a NaN before a
+  // norm gives) then reaches the logits as NaN and the sampler refuses the
+  // request, as on the x86 paths (whose max_ps of an all-NaN block is NaN; a
+  // lone NaN there may be dropped). Same result as fmax for finite input.
   for (int i = 0; i < n; ++i) {
     const float a = std::fabs(x[i]);
-    if (!(a <= amax)) amax = a;
+    if (a > amax || std::isnan(a)) amax = a;
   }
   const float d = amax / 127.0f;
   const float id = amax > 0.0f ? 127.0f / amax : 0.0f;

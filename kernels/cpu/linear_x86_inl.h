@@ -9,8 +9,9 @@
 // codes are expanded to one unsigned byte per element (0..15, 0..31 or 0..63), the
 // 8-bit activations multiplied with them into int32 sums per 8 elements, and the
 // sums scaled in fp32 per block. The constant offsets (-8, -16, -32) and the mins
-// are applied through the activation block sums (in scalar fp32 in the legacy
-// row dots; in vectors in the tiles and the K-quant row dots, which are 1-row tiles).
+// are applied through the activation block sums (the Q4_1/Q5_1 mins in scalar
+// fp32 in the legacy row dots, their offsets in the int32 sum; in vectors in the
+// tiles and the K-quant row dots, which are 1-row tiles).
 #ifndef PAGEDSERVE_KERNELS_CPU_LINEAR_X86_INL_H_
 #define PAGEDSERVE_KERNELS_CPU_LINEAR_X86_INL_H_
 
@@ -73,15 +74,16 @@ inline __m256i HighBits32(uint32_t qh) {
 inline float F16(const uint8_t* p) { return _cvtsh_ss(pagedserve::kernels::cpu::LoadU16(p)); }
 
 // Distance of the software prefetch of the legacy formats' one-token row dots
-// (DotLegacyN<1>, DotQ8_0N<1>) and decode tiles (TileLegacy<kR, 1>), which
+// (DotLegacyN<1>), the Q8_0 / IQ4_NL / IQ4_XS row dots (at every token count)
+// and the decode tiles (TileLegacy<kR, 1>), which
 // stream weight rows from DRAM once per step. Measured on random-weight
 // Llama-3.1-8B-shaped files, batch-1 decode (bench_model, two interleaved
 // rounds, AMD EPYC Zen 4, 2 threads; issue 34, 2026-12-07): Q4_0 with its 4x1
 // tiles 4.90, 4.68 tokens/s at 2048 bytes, 5.82, 5.88 at 6144; Q8_0 row dots
 // 5.35, 4.51 at 2048, 5.65, 4.58 at 6144 (the machine's bandwidth moved
 // between the rounds); the default SmolLM2 Q4_1 file level (153-155 vs
-// 155-158). 2048 had been chosen on SmolLM2 at one thread (58 tokens/s
-// without, 61 at 1024, 66 at 2048). Same reason as kPrefetchKBytes below.
+// 155-158); IQ4_NL / IQ4_XS not measured at either distance. 2048 had been chosen on SmolLM2 at one
+// thread (58 tokens/s without, 61 at 1024, 66 at 2048). Same reason as kPrefetchKBytes below.
 constexpr int kPrefetchLegacyBytes = 6144;
 
 // The kernels below compute one weight row against N = 1..4 tokens at once, so
@@ -396,8 +398,8 @@ void QuantActs256X86(const float* x, int64_t n, ActBlock256* out) {
 // kR weight rows x kT tokens: one fp32 accumulator vector per (row, token) for
 // the whole row. Per block, each row's codes are unpacked once for kT tokens and
 // each token's per-block terms (scale broadcast, offset/min sums) are formed
-// once for kR rows. The scalar per-(row, token) work of the row kernels above
-// (the offset, min and sub-block-min terms) is done in vectors: the Q4_0/Q5_0
+// once for kR rows. The per-(row, token) terms (offset, min, sub-block mins)
+// are done in vectors: the Q4_0/Q5_0
 // offset is subtracted from the integer sum, the Q4_1/Q5_1 min term is an FMA
 // into lane 0 of the accumulator, and the K-quant mins / Q6_K offsets are a
 // pmaddwd of the 16 activation sub-block sums with the 16 weight sub-block
