@@ -5,7 +5,8 @@ variable, fix typos, quote-heavy summaries, copy code), greedy, with and
 without --speculative-config, sides interleaved per prompt and round.
 
     bench/specdec_bench.py [--bin build/runtime/cli/pagedserve] [--model GGUF]
-        [--spec '{"method": "ngram", "num_speculative_tokens": 4, ...}']
+        [--spec '{"method": "ngram", "num_speculative_tokens": 4, ...}'
+                | '{"model": DRAFT, "num_speculative_tokens": 4}']
         [--max-tokens 128] [--rounds 2] [--threads 2] [--limit N] [--json-out FILE]
 
 Per side it reports output tokens / generation seconds summed over the
@@ -27,6 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 LINE = re.compile(r"completion_tokens=(\d+) .*time=([0-9.]+)s")
+SPEC = re.compile(r"draft_tokens=(\d+) accepted=(\d+)")
 
 
 def run(binary, model, prompt, max_tokens, spec, threads):
@@ -41,7 +43,9 @@ def run(binary, model, prompt, max_tokens, spec, threads):
     m = LINE.search(p.stderr)
     if not m:
         sys.exit(f"no timing line in:\n{p.stderr}")
-    return p.stdout, int(m.group(1)), float(m.group(2))
+    sm = SPEC.search(p.stderr)
+    drafted, accepted = (int(sm.group(1)), int(sm.group(2))) if sm else (0, 0)
+    return p.stdout, int(m.group(1)), float(m.group(2)), drafted, accepted
 
 
 def main():
@@ -62,8 +66,9 @@ def main():
     prompts = json.load(open(a.prompts))["prompts"]
     if a.limit:
         prompts = prompts[:a.limit]
-    sides = {"plain": "", "ngram": a.spec}
+    sides = {"plain": "", "spec": a.spec}
     totals = {s: [0, 0.0] for s in sides}
+    drafted = accepted = 0
     same = 0
     loads = []
     for r in range(a.rounds):
@@ -72,16 +77,20 @@ def main():
             order = list(sides) if (r + i) % 2 == 0 else list(reversed(list(sides)))
             for side in order:
                 loads.append(os.getloadavg()[0])
-                text, toks, secs = run(a.bin, model, p["prompt"], a.max_tokens, sides[side], a.threads)
+                text, toks, secs, d, acc = run(a.bin, model, p["prompt"], a.max_tokens, sides[side],
+                                               a.threads)
+                drafted += d
+                accepted += acc
                 texts[side] = text
                 totals[side][0] += toks
                 totals[side][1] += secs
-            same += texts["plain"] == texts["ngram"]
-            print(f"round {r} prompt {i:2d} ({p['kind']}): same text {texts['plain'] == texts['ngram']}",
+            same += texts["plain"] == texts["spec"]
+            print(f"round {r} prompt {i:2d} ({p['kind']}): same text {texts['plain'] == texts['spec']}",
                   flush=True)
     res = {s: {"tokens": t, "seconds": round(sec, 3), "tokens_per_s": round(t / sec, 2)}
            for s, (t, sec) in totals.items()}
-    res["speedup"] = round(res["ngram"]["tokens_per_s"] / res["plain"]["tokens_per_s"], 3)
+    res["speedup"] = round(res["spec"]["tokens_per_s"] / res["plain"]["tokens_per_s"], 3)
+    res["acceptance"] = f"{accepted}/{drafted}"
     res["same_text"] = f"{same}/{a.rounds * len(prompts)}"
     res["spec"] = a.spec
     res["load_avg_1m"] = {"min": min(loads), "max": max(loads)}

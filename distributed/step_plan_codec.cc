@@ -245,6 +245,11 @@ std::string EncodeStepResult(const StepResult& res) {
     w.Put<uint64_t>(f.seq_id);
     w.PutString(f.message);
   }
+  w.Put<uint64_t>(res.drafts.size());
+  for (const ProposedDraft& d : res.drafts) {
+    w.Put<uint64_t>(d.seq_id);
+    w.PutVector(d.token_ids);
+  }
   w.Put<double>(res.forward_seconds);
   w.Put<double>(res.collective_seconds);
   return std::move(w.buffer());
@@ -284,6 +289,13 @@ absl::StatusOr<StepResult> DecodeStepResult(std::string_view bytes) {
   for (SequenceFailure& f : res.failed) {
     PS_RETURN_IF_ERROR(r.Get(&f.seq_id, "failed.seq_id"));
     PS_RETURN_IF_ERROR(r.GetString(&f.message, "failed.message"));
+  }
+  PS_RETURN_IF_ERROR(r.Get(&n, "drafts.size"));
+  PS_RETURN_IF_ERROR(r.CheckCount(n, 16, "drafts"));  // seq_id + an empty vector
+  res.drafts.resize(n);
+  for (ProposedDraft& d : res.drafts) {
+    PS_RETURN_IF_ERROR(r.Get(&d.seq_id, "drafts.seq_id"));
+    PS_RETURN_IF_ERROR(r.GetVector(&d.token_ids, "drafts.token_ids"));
   }
   PS_RETURN_IF_ERROR(r.Get(&res.forward_seconds, "forward_seconds"));
   PS_RETURN_IF_ERROR(r.Get(&res.collective_seconds, "collective_seconds"));

@@ -102,7 +102,9 @@ PAGEDSERVE_FLAG("generate,serve", std::string, preemption_mode, "recompute",
 PAGEDSERVE_FLAG("generate,serve", std::string, speculative_config, "",
                 "speculative decoding, as vLLM's JSON: '{\"method\": \"ngram\", "
                 "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": "
-                "2}' (optional \"disable_by_batch_size\"); empty = off. Exact: the output "
+                "2}', or a draft model of the same vocabulary: '{\"model\": PATH, "
+                "\"num_speculative_tokens\": 4}' (CPU workers); optional "
+                "\"disable_by_batch_size\"; empty = off. Exact: the output "
                 "distribution is the model's (docs/coordinator.md, \"Speculative decoding\")");
 PAGEDSERVE_FLAG("generate,serve", double, worker_startup_timeout, 600,
                 "seconds to wait for the worker ranks to load the model (mpirun)");
@@ -184,6 +186,26 @@ namespace {
 
 absl::Status BadFlag(const std::string& flag, const std::string& what, auto value) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", what, ", got ", value));
+}
+
+// --speculative-config into the scheduler's config and, for a draft model,
+// the workers' (after the sliding window is known).
+absl::Status SpeculativeFromFlags(ModelSetup* s) {
+  SchedulerConfig& c = s->scheduler;
+  absl::StatusOr<SpeculativeConfig> spec =
+      ParseSpeculativeConfig(absl::GetFlag(FLAGS_speculative_config));
+  if (!spec.ok()) return spec.status();  // names --speculative-config and the key
+  c.speculative = *std::move(spec);
+  s->worker.draft_model_path = c.speculative.model;
+  // The draft's K/V shares the target's blocks (runtime/worker/draft_model.h):
+  // a block freed behind the target's window would be read by the draft.
+  if (!c.speculative.model.empty() && c.sliding_window > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative-config: a draft model is not supported with a model whose every layer "
+        "attends within a sliding window (",
+        c.sliding_window, " tokens): its out-of-window KV blocks are freed"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -296,10 +318,7 @@ absl::StatusOr<ModelSetup> ModelSetupFromFlags() {
   absl::StatusOr<PreemptionMode> mode = ParsePreemptionMode(absl::GetFlag(FLAGS_preemption_mode));
   if (!mode.ok()) return mode.status();  // names --preemption-mode
   c.preemption_mode = *mode;
-  absl::StatusOr<SpeculativeConfig> spec =
-      ParseSpeculativeConfig(absl::GetFlag(FLAGS_speculative_config));
-  if (!spec.ok()) return spec.status();  // names --speculative-config and the key
-  c.speculative = *std::move(spec);
+  PS_RETURN_IF_ERROR(SpeculativeFromFlags(&s));
 
   const double startup = absl::GetFlag(FLAGS_worker_startup_timeout);
   const double step = absl::GetFlag(FLAGS_worker_step_timeout);

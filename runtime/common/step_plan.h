@@ -69,6 +69,10 @@ struct SequenceStep {
   // drawn from the history up to that position, with that position's seeded
   // uniform) and returns num_draft_tokens + 1 SampledTokens for the sequence,
   // in position order. Requires sample and num_samples == 1; 0 otherwise.
+  // Draft tokens are either all given (a coordinator-side proposer: n-gram
+  // lookup) or all kNoToken: then the worker's draft model proposes them
+  // (runtime/worker/draft_model.h) before the verification, feeds them in
+  // their places and returns them in StepResult::drafts.
   int32_t num_draft_tokens = 0;
   // Prompt logprobs (SamplingParams::prompt_logprobs >= 0): the worker
   // scores, at each fed position p with p + 1 < num_prompt_tokens, the prompt
@@ -172,6 +176,14 @@ struct SequenceFailure {
   bool operator==(const SequenceFailure&) const = default;
 };
 
+// The tokens a worker's draft model proposed for an entry whose draft tokens
+// were kNoToken (SequenceStep::num_draft_tokens), in position order.
+struct ProposedDraft {
+  SeqId seq_id = 0;
+  std::vector<int32_t> token_ids;
+  bool operator==(const ProposedDraft&) const = default;
+};
+
 // What TP rank 0 returns to the coordinator for a plan. For a sequence with
 // num_samples = n there are n entries with the same seq_id, in sample order;
 // for one with num_draft_tokens = d, d + 1 entries in position order.
@@ -184,6 +196,9 @@ struct StepResult {
   std::vector<PromptLogprob> prompt_logprobs;
   // Sampled sequences that could not be sampled (at most one entry each).
   std::vector<SequenceFailure> failed;
+  // One entry per plan entry whose draft tokens the worker proposed, in plan
+  // order.
+  std::vector<ProposedDraft> drafts;
 };
 
 }  // namespace pagedserve

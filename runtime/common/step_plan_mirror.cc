@@ -88,6 +88,20 @@ absl::Status StepPlanMirror::ApplyOne(uint64_t step_id, const SequenceStep& s,
   return absl::OkStatus();
 }
 
+absl::Status StepPlanMirror::SetProposedTokens(SeqId id, int32_t first_pos,
+                                               std::span<const int32_t> tokens) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end())
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", id, " has no state"));
+  std::vector<int32_t>& h = it->second.history;
+  if (first_pos < 0 || static_cast<size_t>(first_pos) + tokens.size() > h.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", id, ": proposed tokens at ",
+                                                   first_pos, " past its history of ", h.size()));
+  }
+  std::copy(tokens.begin(), tokens.end(), h.begin() + first_pos);
+  return absl::OkStatus();
+}
+
 void StepPlanMirror::AppendSlotMapping(const StepPlan& plan, std::vector<int64_t>* slots) const {
   const int64_t bs = block_size_;
   for (const SequenceStep& s : plan.seqs) {

@@ -17,6 +17,7 @@
 #define PAGEDSERVE_RUNTIME_COMMON_STEP_PLAN_MIRROR_H_
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -50,6 +51,12 @@ class StepPlanMirror {
   // plan's sequences is unspecified (the coordinator fails them); other
   // sequences are untouched.
   absl::Status Apply(const StepPlan& plan);
+
+  // Writes a draft model's proposed tokens over the history of sequence `id`
+  // at positions [first_pos, first_pos + tokens.size()) (placeholders of the
+  // plan just applied: SequenceStep::num_draft_tokens). InvalidArgument for an
+  // unknown sequence or positions outside its history.
+  absl::Status SetProposedTokens(SeqId id, int32_t first_pos, std::span<const int32_t> tokens);
 
   // The state of a sequence, nullptr when unknown. Valid until the next Apply.
   const Sequence* Find(SeqId id) const;

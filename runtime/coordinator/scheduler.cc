@@ -757,6 +757,28 @@ absl::Status Scheduler::IndexResult(const StepResult& result) {
                                                      t.token_id, " for sequence ", t.seq_id));
     }
   }
+  // A draft model's proposals: one per entry of placeholders, in plan order.
+  ix.draft_of.assign(scheduled_.size(), -1);
+  size_t next_draft = 0;
+  for (size_t i = 0; i < scheduled_.size(); ++i) {
+    const Scheduled& e = scheduled_[i];
+    if (e.num_samples == 0 || e.num_draft == 0 || e.seq->draft.front() != kNoToken) continue;
+    const ProposedDraft* d =
+        next_draft < result.drafts.size() ? &result.drafts[next_draft] : nullptr;
+    if (d == nullptr || d->seq_id != e.seq->id ||
+        d->token_ids.size() != static_cast<size_t>(e.num_draft) ||
+        std::any_of(d->token_ids.begin(), d->token_ids.end(), [](int32_t t) { return t < 0; })) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", step_id_, ": sequence ", e.seq->id, " expects ", e.num_draft,
+          " proposed draft tokens (result entry ", next_draft, " of ", result.drafts.size(), ")"));
+    }
+    ix.draft_of[i] = static_cast<int32_t>(next_draft++);
+  }
+  if (next_draft != result.drafts.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", step_id_, ": result has ", result.drafts.size(),
+                     " proposed drafts, the plan asks for ", next_draft));
+  }
   // Entries come grouped by sequence: look each sequence up once.
   SeqId last = kNoSeq;
   for (const PromptLogprob& p : result.prompt_logprobs) {
@@ -840,6 +862,7 @@ void Scheduler::ApplyTokens(const StepResult& result, std::vector<RequestOutput>
     const Scheduled& e = scheduled_[i];
     Sequence* s = e.seq;
     SequenceGroup* g = e.group;
+    if (const int32_t d = result_index_.draft_of[i]; d >= 0) s->draft = result.drafts[d].token_ids;
     // A verification entry fails only when the row whose token it emits
     // (row `accepted`) could not be sampled: rows past the first rejected
     // draft are discarded, as without speculation they never exist.

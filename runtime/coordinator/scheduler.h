@@ -321,6 +321,9 @@ class Scheduler {
     bool in_order = true;                                     // tokens in plan order: first[i] + k
     std::vector<int32_t> first;                               // per scheduled_ entry
     absl::flat_hash_map<SeqId, std::vector<int32_t>> by_seq;  // otherwise
+    // Per scheduled_ entry: its StepResult::drafts entry (a draft model's
+    // proposal for its placeholders), -1 for none.
+    std::vector<int32_t> draft_of;
   };
 
   Scheduler(const SchedulerConfig& config, std::vector<int32_t> eos_token_ids);

@@ -28,16 +28,20 @@ absl::StatusOr<int32_t> GetInt(const nlohmann::json& j, const char* key) {
 
 absl::Status SpeculativeConfig::Validate() const {
   if (method.empty()) return absl::OkStatus();
-  if (method != "ngram") {
+  if (method != "ngram" && method != "draft_model") {
     return Bad("method",
-               absl::StrCat("must be \"ngram\" (the only proposer built), got \"", method, "\""));
+               absl::StrCat("must be \"ngram\" or \"draft_model\", got \"", method, "\""));
+  }
+  if ((method == "draft_model") != !model.empty()) {
+    return Bad("model", method == "ngram" ? "is for \"method\": \"draft_model\", not \"ngram\""
+                                          : "(the draft model's path) is required");
   }
   if (num_speculative_tokens < 1 || num_speculative_tokens > kMaxSpeculativeTokens) {
     return Bad("num_speculative_tokens", absl::StrCat("must be in [1, ", kMaxSpeculativeTokens,
                                                       "], got ", num_speculative_tokens));
   }
-  if (prompt_lookup_min < 1 || prompt_lookup_max > kMaxLookup ||
-      prompt_lookup_min > prompt_lookup_max) {
+  if (method == "ngram" && (prompt_lookup_min < 1 || prompt_lookup_max > kMaxLookup ||
+                            prompt_lookup_min > prompt_lookup_max)) {
     return Bad("prompt_lookup_min",
                absl::StrCat("and prompt_lookup_max must satisfy 1 <= min <= max <= ", kMaxLookup,
                             ", got min ", prompt_lookup_min, " max ", prompt_lookup_max));
@@ -59,19 +63,27 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view json) 
   }
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
-    if (k == "model")
-      return Bad(k, "(a draft model) is not supported yet: use \"method\": \"ngram\"");
-    if (k != "method" && k != "num_speculative_tokens" && k != "prompt_lookup_max" &&
-        k != "prompt_lookup_min" && k != "disable_by_batch_size") {
+    if (k != "method" && k != "model" && k != "num_speculative_tokens" &&
+        k != "prompt_lookup_max" && k != "prompt_lookup_min" && k != "disable_by_batch_size") {
       return Bad(k,
-                 "is not a known key (method, num_speculative_tokens, prompt_lookup_max, "
+                 "is not a known key (method, model, num_speculative_tokens, prompt_lookup_max, "
                  "prompt_lookup_min, disable_by_batch_size)");
     }
   }
-  if (!j.contains("method") || !j["method"].is_string())
-    return Bad("method", "is required and must be a string (\"ngram\")");
-  c.method = j["method"].get<std::string>();
+  if (j.contains("model")) {
+    if (!j["model"].is_string() || j["model"].get<std::string>().empty())
+      return Bad("model", "must be a non-empty string (the draft model's path)");
+    c.model = j["model"].get<std::string>();
+  }
+  if (j.contains("method") && !j["method"].is_string())
+    return Bad("method", "must be a string (\"ngram\" or \"draft_model\")");
+  if (!j.contains("method") && c.model.empty())
+    return Bad("method", "is required unless \"model\" names a draft model");
+  c.method = j.contains("method") ? j["method"].get<std::string>() : "draft_model";
   if (c.method == "[ngram]") c.method = "ngram";
+  if (c.method == "draft_model" &&
+      (j.contains("prompt_lookup_max") || j.contains("prompt_lookup_min")))
+    return Bad("prompt_lookup_max", "and prompt_lookup_min are for \"method\": \"ngram\"");
   if (!j.contains("num_speculative_tokens")) return Bad("num_speculative_tokens", "is required");
   absl::StatusOr<int32_t> v = GetInt(j, "num_speculative_tokens");
   if (!v.ok()) return v.status();
@@ -88,7 +100,8 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(std::string_view json) 
   }
   // Defaults (speculative.h): neither given: [1, 4]; only min: max = min;
   // only max: min = 1.
-  if (!has_max && !has_min) {
+  if (c.method != "ngram") {
+  } else if (!has_max && !has_min) {
     c.prompt_lookup_min = 1;
     c.prompt_lookup_max = 4;
   } else if (!has_max) {
@@ -124,8 +137,15 @@ void NgramProposer::Propose(std::span<const int32_t> tokens, int32_t max_tokens,
   }
 }
 
+void DraftModelProposer::Propose(std::span<const int32_t> tokens, int32_t max_tokens,
+                                 std::vector<int32_t>* draft) {
+  (void)tokens;
+  draft->assign(static_cast<size_t>(std::max(max_tokens, 0)), kNoToken);
+}
+
 std::unique_ptr<Proposer> MakeProposer(const SpeculativeConfig& config) {
   if (!config.enabled()) return nullptr;
+  if (config.method == "draft_model") return std::make_unique<DraftModelProposer>();
   return std::make_unique<NgramProposer>(config.prompt_lookup_min, config.prompt_lookup_max);
 }
 

@@ -120,6 +120,15 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   shape.block_size = options.block_size;
   shape.dtype = w->kv_dtype_;
   w->bytes_per_block_ = static_cast<int64_t>(shape.block_bytes()) * 2 * num_layers;
+  if (!options.draft_model_path.empty()) {
+    if (cuda)
+      return absl::UnimplementedError(
+          "a draft model (--speculative-config \"model\") runs on the CPU worker only");
+    PS_ASSIGN_OR_RETURN(
+        w->draft_, DraftModel::Create(options.draft_model_path, load_dtype, w->model_->config(),
+                                      options.max_model_len, comm));
+    w->bytes_per_block_ += w->draft_->BytesPerBlock(options.block_size, w->kv_dtype_);
+  }
   ModelBackend& be = w->model_->backend();
   PS_ASSIGN_OR_RETURN(const int64_t budget, be.KvCacheBudgetBytes(options.kv_cache_memory,
                                                                   options.gpu_memory_utilization));
@@ -139,6 +148,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
                      w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
   }
   PS_RETURN_IF_ERROR(be.AllocateCaches(shape, w->num_device_blocks_, w->num_cpu_blocks_));
+  if (w->draft_ != nullptr) {
+    PS_RETURN_IF_ERROR(w->draft_->AllocateCaches(options.block_size, w->kv_dtype_,
+                                                 w->num_device_blocks_, w->num_cpu_blocks_));
+  }
   w->mirror_ = std::make_unique<StepPlanMirror>(options.block_size, w->num_device_blocks_);
   const auto dev = be.device_cache();
   const auto cpu = be.cpu_cache();
@@ -171,6 +184,12 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
   // The plan's deltas bring the mirrored block tables and histories up to date.
   PS_RETURN_IF_ERROR(mirror_->Apply(plan));
   constraints_->Drop(plan.finished);
+  // The draft model writes its K/V and fills the placeholder draft tokens
+  // into the histories, which the target then reads.
+  if (draft_ != nullptr) {
+    PS_RETURN_IF_ERROR(draft_->ApplyBlockOps(plan));
+    PS_RETURN_IF_ERROR(draft_->Propose(plan, mirror_.get(), &result.drafts));
+  }
 
   if (!plan.seqs.empty()) {
     // Flatten the batch.
@@ -195,7 +214,9 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
     for (int i = 0; i < num_seqs; ++i) {
       const SequenceStep& s = plan.seqs[i];
       for (size_t j = 0; j < s.token_ids.size(); ++j) {
-        token_ids.push_back(s.token_ids[j]);
+        // The history: the plan's tokens with the draft model's in place of
+        // placeholders (a placeholder left is refused by the forward pass).
+        token_ids.push_back(rows[i]->history[s.start_pos + j]);
         positions.push_back(s.start_pos + static_cast<int32_t>(j));
       }
       qsl[i + 1] = static_cast<int32_t>(token_ids.size());

@@ -22,6 +22,7 @@
 #include "runtime/model/weights.h"
 #include "runtime/sampling/sampler.h"
 #include "runtime/worker/constraint_rows.h"
+#include "runtime/worker/draft_model.h"
 #include "runtime/worker/llama_model.h"
 
 namespace pagedserve {
@@ -75,6 +76,13 @@ struct WorkerOptions {
   // when above the model's original_max_position_embeddings). 0: the
   // model's max_position_embeddings.
   int64_t max_model_len = 0;
+  // Speculative decoding with a draft model (--speculative-config's "model";
+  // runtime/worker/draft_model.h): its path, loaded beside the target with
+  // the same weight dtype, sharding and KV element type, or empty for none.
+  // CPU worker only. The KV budget then holds both pools: bytes_per_block()
+  // is the target's block plus the draft's, and both pools have
+  // num_device_blocks() blocks.
+  std::string draft_model_path;
   // Weight-load progress (LoadLlamaWeights), called on the loading thread by
   // the worker of tensor-parallel rank 0 only (one report per model, not one
   // per shard). Empty: none.
@@ -114,7 +122,8 @@ class Worker {
   kernels::Device device() const { return device_; }
   int64_t num_device_blocks() const { return num_device_blocks_; }
   int64_t num_cpu_blocks() const { return num_cpu_blocks_; }
-  // Bytes of one block across all layers, K and V (this rank's KV heads).
+  // Bytes of one block across all layers, K and V (this rank's KV heads),
+  // the draft model's included.
   int64_t bytes_per_block() const { return bytes_per_block_; }
   // Element type of the KV and swap pools.
   kernels::DType kv_cache_dtype() const { return kv_dtype_; }
@@ -122,7 +131,10 @@ class Worker {
   // Runs one plan: applies swap_out, swap_in and copy, brings its mirror of
   // every sequence up to date from the plan's incremental entries (dropping
   // plan.finished), derives the slot mapping from the mirrored block tables,
-  // runs the forward pass, and (TP rank 0 only) samples. Other ranks
+  // runs the draft model when there is one (proposing the placeholder draft
+  // tokens; StepResult::drafts), runs the forward pass, and (TP rank 0
+  // only) samples. Placeholder draft tokens without a draft model are an
+  // InvalidArgument error. Other ranks
   // return a result without tokens. Errors leave the worker usable: the plan's
   // sequences should be failed by the coordinator.
   absl::StatusOr<StepResult> Execute(const StepPlan& plan);
@@ -175,6 +187,7 @@ class Worker {
                                      const SampledRows& reduced, StepResult* result) const;
 
   std::unique_ptr<LlamaModel> model_;  // its backend owns the pools
+  std::unique_ptr<DraftModel> draft_;  // speculative decoding's draft model, or null
   const ModelConfig* config_ = nullptr;
   kernels::Device device_ = kernels::Device::kCPU;
   Communicator* comm_ = nullptr;

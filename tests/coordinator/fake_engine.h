@@ -48,6 +48,7 @@ class FakeEngine {
   absl::Status Run(const StepPlan& plan, StepResult* result) {
     result->step_id = plan.step_id;
     result->tokens.clear();
+    result->drafts.clear();
     for (const BlockPair& p : plan.swap_out) PS_CHECK_OK(CopyBlock(dev_, p.src, cpu_, p.dst));
     for (const BlockPair& p : plan.swap_in) PS_CHECK_OK(CopyBlock(cpu_, p.src, dev_, p.dst));
     for (const BlockPair& p : plan.copy) PS_CHECK_OK(CopyBlock(dev_, p.src, dev_, p.dst));
@@ -76,15 +77,17 @@ class FakeEngine {
     }
     PS_CHECK_OK(mirror_.Apply(plan));
     for (const SequenceStep& s : plan.seqs) last_draft_[s.seq_id] = s.num_draft_tokens;
+    PS_CHECK_OK(ProposeDrafts(plan, result));
     std::vector<int64_t> slots;
     mirror_.AppendSlotMapping(plan, &slots);
     size_t t = 0;
     for (const SequenceStep& s : plan.seqs) {
+      const std::vector<int32_t>& history = mirror_.Find(s.seq_id)->history;
       for (size_t i = 0; i < s.token_ids.size(); ++i, ++t) {
         if (slots[t] < 0 || slots[t] >= static_cast<int64_t>(dev_.size())) {
           return absl::InternalError("slot out of range");
         }
-        dev_[slots[t]] = s.token_ids[i];
+        dev_[slots[t]] = history[s.start_pos + i];  // placeholders filled
       }
     }
     for (const SequenceStep& s : plan.seqs) {
@@ -141,6 +144,26 @@ class FakeEngine {
     std::copy(from.begin() + static_cast<size_t>(src) * bs_,
               from.begin() + static_cast<size_t>(src + 1) * bs_,
               to.begin() + static_cast<size_t>(dst) * bs_);
+    return absl::OkStatus();
+  }
+
+  // A fake draft model (SequenceStep::num_draft_tokens placeholders): each
+  // draft token is a function of the context before it, independent of the
+  // fake target's (so with a small vocabulary drafts match often, not always).
+  absl::Status ProposeDrafts(const StepPlan& plan, StepResult* result) {
+    for (const SequenceStep& s : plan.seqs) {
+      const int32_t d = s.num_draft_tokens;
+      if (d <= 0 || s.token_ids.back() != kNoToken) continue;
+      const StepPlanMirror::Sequence& m = *mirror_.Find(s.seq_id);
+      std::vector<int32_t> ctx(m.history.begin(), m.history.end() - d);
+      ProposedDraft pd{s.seq_id, {}};
+      for (int32_t j = 0; j < d; ++j) {
+        pd.token_ids.push_back(NextToken(ctx, 1000 + m.sample_index));
+        ctx.push_back(pd.token_ids.back());
+      }
+      PS_CHECK_OK(mirror_.SetProposedTokens(s.seq_id, s.context_len() - d, pd.token_ids));
+      result->drafts.push_back(std::move(pd));
+    }
     return absl::OkStatus();
   }
 

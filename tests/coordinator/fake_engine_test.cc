@@ -317,7 +317,8 @@ INSTANTIATE_TEST_SUITE_P(Seeds, RandomWorkloadTest,
                                                               PreemptionMode::kSwap),
                                             ::testing::Bool()));
 
-// Speculative decoding (n-gram drafts) on the fake model: with random
+// Speculative decoding (n-gram drafts, and a fake draft model's on the
+// worker side) on the fake model: with random
 // acceptance patterns (a 2-token vocabulary: drafts often match, often not),
 // preemption by swap and recompute, n > 1 siblings sharing blocks (copy on
 // write), prefix caching and every k from 1 to 8, the fake worker reads every
@@ -337,11 +338,15 @@ TEST_P(SpecWorkloadTest, SameTokensAsWithoutSpeculationUnderPreemption) {
   const RunResult ref = RunWorkload(Base(4000, 0), w, /*eos=*/5, opt);
   ASSERT_EQ(ref.stats.num_preemptions_recompute + ref.stats.num_preemptions_swap, 0);
   for (int32_t k = 1; k <= 8; ++k) {
-    SCOPED_TRACE(::testing::Message() << "k = " << k);
+    // The fake draft model on odd k, prompt lookup on even k.
+    const bool draft_model = k % 2 == 1;
+    SCOPED_TRACE(::testing::Message()
+                 << "k = " << k << (draft_model ? ", draft model" : ", ngram"));
     SchedulerConfig tight = Base(76, seed % 2 ? 40 : 12);
     tight.preemption_mode = mode;
     tight.enable_prefix_caching = caching;
-    tight.speculative.method = "ngram";
+    tight.speculative.method = draft_model ? "draft_model" : "ngram";
+    tight.speculative.model = draft_model ? "fake" : "";
     tight.speculative.num_speculative_tokens = k;
     tight.speculative.prompt_lookup_min = 1 + static_cast<int32_t>(seed % 2);
     tight.speculative.prompt_lookup_max = 3;

@@ -384,7 +384,7 @@ TEST(SchedulerTest, AbortInTheMiddleOfAPrefillChunkFreesEverything) {
   // Only the 16 computed tokens' full blocks (4) were offered to the cache.
   EXPECT_EQ(d.sched->block_manager().device().num_evictable(), 4);
   EXPECT_EQ(d.sched->Abort("x").code(), absl::StatusCode::kNotFound);
-  ASSERT_TRUE(d.sched->ProcessResult({next->step_id, {}, 0, 0, {}, {}}).ok());
+  ASSERT_TRUE(d.sched->ProcessResult({next->step_id, {}, 0, 0, {}, {}, {}}).ok());
   EXPECT_TRUE(d.sched->CheckInvariants().ok());
 }
 
@@ -413,13 +413,13 @@ TEST(SchedulerTest, UnsampleableRowsOfRejectedDraftsAreDiscarded) {
     auto plan = sched->Schedule();  // the prompt
     ASSERT_TRUE(plan.ok()) << plan.status();
     const SeqId id = plan->seqs[0].seq_id;
-    StepResult first{plan->step_id, {Tok(id, 6)}, 0, 0, {}, {}};
+    StepResult first{plan->step_id, {Tok(id, 6)}, 0, 0, {}, {}, {}};
     ASSERT_TRUE(sched->ProcessResult(first).ok());
     plan = sched->Schedule();  // 6 fed, drafts 5, 6 (what followed "5 6" before)
     ASSERT_TRUE(plan.ok()) << plan.status();
     ASSERT_EQ(plan->seqs.size(), 1u);
     ASSERT_EQ(plan->seqs[0].num_draft_tokens, 2);
-    StepResult verify{plan->step_id, {}, 0, 0, {}, {}};
+    StepResult verify{plan->step_id, {}, 0, 0, {}, {}, {}};
     // Row 0 rejects the first draft (7, not 5); rows 1-2 are past it.
     verify.tokens = {Tok(id, emitted_row_fails ? kNoToken : 7), Tok(id, kNoToken),
                      Tok(id, kNoToken)};
@@ -447,6 +447,51 @@ TEST(SchedulerTest, UnsampleableRowsOfRejectedDraftsAreDiscarded) {
   }
 }
 
+// A draft model's placeholders: the plan feeds the last token and k
+// kNoToken drafts; the result must bring the worker's proposal for them
+// (StepResult::drafts), which acceptance then reads. A result without it, or
+// with the wrong count, is refused with the scheduler's state unchanged.
+TEST(SchedulerTest, DraftModelProposalsComeBackInTheResult) {
+  SchedulerConfig c = Config(64);
+  c.speculative.method = "draft_model";
+  c.speculative.model = "draft.gguf";
+  c.speculative.num_speculative_tokens = 3;
+  auto sched = *Scheduler::Create(c, {});
+  Request r = Req("r", 0, 10);
+  r.prompt_token_ids = {5, 6, 7};
+  ASSERT_TRUE(sched->AddRequest(r).ok());
+  auto plan = sched->Schedule();  // the prompt: no drafts
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->seqs[0].num_draft_tokens, 0);
+  const SeqId id = plan->seqs[0].seq_id;
+  ASSERT_TRUE(sched->ProcessResult({plan->step_id, {Tok(id, 8)}, 0, 0, {}, {}, {}}).ok());
+  plan = sched->Schedule();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->seqs[0].num_draft_tokens, 3);
+  EXPECT_EQ(plan->seqs[0].token_ids, (std::vector<int32_t>{8, kNoToken, kNoToken, kNoToken}));
+  StepResult verify{
+      plan->step_id, {Tok(id, 9), Tok(id, 10), Tok(id, 4), Tok(id, 2)}, 0, 0, {}, {}, {}};
+  // No proposal, a short one, another sequence's: refused.
+  for (const std::vector<ProposedDraft>& bad : std::vector<std::vector<ProposedDraft>>{
+           {}, {{id, {9, 10}}}, {{id + 1, {9, 10, 11}}}, {{id, {9, 10, 11}}, {id, {1, 1, 1}}}}) {
+    verify.drafts = bad;
+    auto outs = sched->ProcessResult(verify);
+    EXPECT_EQ(outs.status().code(), absl::StatusCode::kInvalidArgument) << outs.status();
+    EXPECT_TRUE(sched->CheckInvariants().ok());
+  }
+  // Drafts 9, 10, 11; the target drew 9, 10, 4: two accepted, then 4.
+  verify.drafts = {{id, {9, 10, 11}}};
+  auto outs = sched->ProcessResult(verify);
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  ASSERT_EQ(outs->size(), 1u);
+  std::vector<int32_t> emitted;
+  for (const SampledToken& t : (*outs)[0].seqs[0].new_tokens) emitted.push_back(t.token_id);
+  EXPECT_EQ(emitted, (std::vector<int32_t>{9, 10, 4}));
+  EXPECT_EQ(sched->stats().spec_draft_tokens, 3);
+  EXPECT_EQ(sched->stats().spec_accepted_tokens, 2);
+  EXPECT_TRUE(sched->CheckInvariants().ok()) << sched->CheckInvariants();
+}
+
 // Structured output is not speculated: the worker's grammar mask for a
 // verification row would follow the whole history, drafts included.
 TEST(SchedulerTest, StructuredOutputRequestsGetNoDrafts) {
@@ -459,7 +504,7 @@ TEST(SchedulerTest, StructuredOutputRequestsGetNoDrafts) {
     ASSERT_TRUE(sched->AddRequest(r).ok());
     auto plan = sched->Schedule();
     ASSERT_TRUE(plan.ok()) << plan.status();
-    StepResult first{plan->step_id, {Tok(plan->seqs[0].seq_id, 6)}, 0, 0, {}, {}};
+    StepResult first{plan->step_id, {Tok(plan->seqs[0].seq_id, 6)}, 0, 0, {}, {}, {}};
     ASSERT_TRUE(sched->ProcessResult(first).ok());
     plan = sched->Schedule();
     ASSERT_TRUE(plan.ok()) << plan.status();
@@ -838,15 +883,15 @@ TEST(SchedulerTest, BadResultsAreRejectedWithoutChangingState) {
   auto plan = d.sched->Schedule();
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(d.sched->Schedule().status().code(), absl::StatusCode::kFailedPrecondition);
-  StepResult wrong_step{plan->step_id + 1, {}, 0, 0, {}, {}};
+  StepResult wrong_step{plan->step_id + 1, {}, 0, 0, {}, {}, {}};
   EXPECT_EQ(d.sched->ProcessResult(wrong_step).status().code(), absl::StatusCode::kInvalidArgument);
-  StepResult missing{plan->step_id, {}, 0, 0, {}, {}};
+  StepResult missing{plan->step_id, {}, 0, 0, {}, {}, {}};
   EXPECT_EQ(d.sched->ProcessResult(missing).status().code(), absl::StatusCode::kInvalidArgument);
-  StepResult extra{plan->step_id, {}, 0, 0, {}, {}};
+  StepResult extra{plan->step_id, {}, 0, 0, {}, {}, {}};
   extra.tokens.push_back(Tok(plan->seqs[0].seq_id, 3));
   extra.tokens.push_back(Tok(12345, 3));
   EXPECT_EQ(d.sched->ProcessResult(extra).status().code(), absl::StatusCode::kInvalidArgument);
-  StepResult ok{plan->step_id, {}, 0, 0, {}, {}};
+  StepResult ok{plan->step_id, {}, 0, 0, {}, {}, {}};
   ok.tokens.push_back(Tok(plan->seqs[0].seq_id, 3));
   EXPECT_TRUE(d.sched->ProcessResult(ok).ok());
   EXPECT_EQ(d.sched->AddRequest(Req("a", 4, 3)).code(), absl::StatusCode::kAlreadyExists);

@@ -27,6 +27,26 @@ TEST(SpeculativeConfigTest, ParsesVllmJson) {
   EXPECT_EQ(defaults->prompt_lookup_max, 4);
 }
 
+// vLLM's draft-model form: "model" implies "method": "draft_model"; the
+// proposer leaves placeholders for the workers' draft model.
+TEST(SpeculativeConfigTest, ParsesDraftModel) {
+  auto c =
+      ParseSpeculativeConfig(R"({"model": "/models/draft.gguf", "num_speculative_tokens": 5})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->enabled());
+  EXPECT_EQ(c->method, "draft_model");
+  EXPECT_EQ(c->model, "/models/draft.gguf");
+  EXPECT_EQ(c->num_speculative_tokens, 5);
+  auto explicit_method = ParseSpeculativeConfig(
+      R"({"method": "draft_model", "model": "/d", "num_speculative_tokens": 1})");
+  ASSERT_TRUE(explicit_method.ok()) << explicit_method.status();
+  std::unique_ptr<Proposer> p = MakeProposer(*c);
+  ASSERT_NE(p, nullptr);
+  std::vector<int32_t> draft = {9};
+  p->Propose(std::vector<int32_t>{1, 2, 3}, 3, &draft);
+  EXPECT_EQ(draft, (std::vector<int32_t>{kNoToken, kNoToken, kNoToken}));
+}
+
 TEST(SpeculativeConfigTest, BadInputNamesTheKey) {
   struct Case {
     const char* json;
@@ -45,7 +65,12 @@ TEST(SpeculativeConfigTest, BadInputNamesTheKey) {
                "prompt_lookup_max": 3})",
             "\"prompt_lookup_min\""},
            {R"({"method": "ngram", "num_speculative_tokens": 2, "typo": 1})", "\"typo\""},
-           {R"({"model": "/m", "num_speculative_tokens": 2})", "\"model\""},
+           {R"({"model": "", "num_speculative_tokens": 2})", "\"model\""},
+           {R"({"model": 3, "num_speculative_tokens": 2})", "\"model\""},
+           {R"({"method": "ngram", "model": "/m", "num_speculative_tokens": 2})", "\"model\""},
+           {R"({"method": "draft_model", "num_speculative_tokens": 2})", "\"model\""},
+           {R"({"model": "/m", "num_speculative_tokens": 2, "prompt_lookup_max": 2})",
+            "\"prompt_lookup_max\""},
            {R"({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": -1})",
             "\"disable_by_batch_size\""},
        }) {

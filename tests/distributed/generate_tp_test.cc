@@ -5,8 +5,10 @@
 // runs one request, and the engine admits a request only when all of its
 // samples fit, so one request never preempts.)
 // Environment: PAGEDSERVE_BIN, PAGEDSERVE_MPIEXEC, PAGEDSERVE_TEST_MODEL.
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -101,6 +103,37 @@ TEST_F(GenerateTpTest, DtypeFlagsReachTheWorkerRanks) {
   Out bad = Generate(1, "--max-tokens 2 --kv-cache-dtype fp4", 60);
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("kv-cache-dtype"), std::string::npos) << bad.err;
+}
+
+// Speculative decoding with a draft model across ranks: every worker rank
+// runs its shard of the draft (the target cut to 3 of its 4 layers: drafts
+// accepted and rejected) and all feed rank 0's proposals; the greedy text is
+// the in-process text without speculation.
+TEST_F(GenerateTpTest, DraftModelAtTp2GivesThePlainGreedyText) {
+  const std::string draft = ::testing::TempDir() + "generate_tp_draft";
+  std::filesystem::create_directories(draft);
+  for (const auto& f : std::filesystem::directory_iterator(model_)) {
+    const std::filesystem::path link = draft / f.path().filename();
+    if (f.path().filename() == "config.json" || std::filesystem::exists(link)) continue;
+    std::filesystem::create_symlink(std::filesystem::absolute(f.path()), link);
+  }
+  std::ifstream in(model_ + "/config.json");
+  std::stringstream config;
+  config << in.rdbuf();
+  const std::regex layers(R"("num_hidden_layers"\s*:\s*\d+)");
+  std::ofstream(draft + "/config.json")
+      << std::regex_replace(config.str(), layers, "\"num_hidden_layers\": 3");
+  Out plain = Generate(0, "--max-tokens 24 --dtype float32");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  Out spec = Generate(2, "--max-tokens 24 --dtype float32 --speculative-config '{\"model\": \"" +
+                             draft + "\", \"num_speculative_tokens\": 4}'");
+  ASSERT_EQ(spec.code, 0) << spec.err;
+  EXPECT_EQ(spec.out, plain.out);
+  std::smatch m;
+  const std::string& err = spec.err;
+  ASSERT_TRUE(std::regex_search(err, m, std::regex(R"(draft_tokens=(\d+) accepted=(\d+))"))) << err;
+  EXPECT_GT(std::stoi(m[2]), 0) << err;
+  EXPECT_GT(std::stoi(m[1]), std::stoi(m[2])) << err;
 }
 
 TEST_F(GenerateTpTest, WrongRankCountIsAClearErrorNotAHang) {

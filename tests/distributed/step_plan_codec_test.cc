@@ -104,6 +104,8 @@ StepResult FullResult() {
   }
   r.failed.push_back({501, "sampler row 1 (seq 501): logit of token 3 is nan"});
   r.failed.push_back({502, ""});
+  r.drafts.push_back({501, {7, 8, 9}});
+  r.drafts.push_back({503, {}});
   r.forward_seconds = 0.0123;
   r.collective_seconds = 0.00456;
   return r;
@@ -243,6 +245,7 @@ TEST(StepResultCodec, RoundTripEveryField) {
   }
   EXPECT_EQ(back->prompt_logprobs, r.prompt_logprobs);
   EXPECT_EQ(back->failed, r.failed);
+  EXPECT_EQ(back->drafts, r.drafts);
   EXPECT_EQ(back->forward_seconds, r.forward_seconds);
   EXPECT_EQ(back->collective_seconds, r.collective_seconds);
 }

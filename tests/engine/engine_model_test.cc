@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -88,6 +89,8 @@ class EngineModelTest : public ::testing::Test {
     worker_ = w->release();
   }
   static void TearDownTestSuite() {
+    for (auto& [layers, w] : draft_workers_) delete w;
+    draft_workers_.clear();
     delete worker_;
     delete comm_;
     delete tokenizer_;
@@ -108,7 +111,8 @@ class EngineModelTest : public ::testing::Test {
     int32_t max_model_len = 512;
     bool prefix_caching = false;
     PreemptionMode mode = PreemptionMode::kRecompute;
-    SpeculativeConfig spec;  // off unless set
+    SpeculativeConfig spec;    // off unless set
+    Worker* worker = nullptr;  // null: the suite's worker (no draft model)
     int32_t sliding_window = 0;
     int32_t max_num_batched_tokens = 2048;
     int32_t max_num_seqs = 256;
@@ -117,7 +121,8 @@ class EngineModelTest : public ::testing::Test {
   static std::unique_ptr<Engine> MakeEngine(const Config& c,
                                             std::unique_ptr<Executor> exec = nullptr) {
     if (!exec)
-      exec = std::make_unique<SharedWorkerExecutor>(worker_, c.device_blocks, c.cpu_blocks);
+      exec = std::make_unique<SharedWorkerExecutor>(c.worker != nullptr ? c.worker : worker_,
+                                                    c.device_blocks, c.cpu_blocks);
     EngineOptions o;
     o.scheduler.block_size = kBlockSize;
     o.scheduler.max_model_len = c.max_model_len;
@@ -194,12 +199,44 @@ class EngineModelTest : public ::testing::Test {
     return r.ok() ? *r : "";
   }
 
+  // A worker of the suite's model with a draft model (speculative decoding):
+  // the same checkpoint cut to its first `layers` layers (a config that says
+  // fewer layers; the loader reads only theirs), or all of them (the target
+  // itself: acceptance near 1). Created once per layer count.
+  static Worker* DraftWorker(int layers) {
+    Worker*& w = draft_workers_[layers];
+    if (w != nullptr) return w;
+    const std::string dir = absl::StrCat(::testing::TempDir(), "/draft_", layers, "_layers");
+    std::filesystem::create_directories(dir);
+    for (const auto& f : std::filesystem::directory_iterator(model_)) {
+      const std::filesystem::path link = dir / f.path().filename();
+      if (f.path().filename() == "config.json" || std::filesystem::exists(link)) continue;
+      std::filesystem::create_symlink(std::filesystem::absolute(f.path()), link);
+    }
+    nlohmann::json config = nlohmann::json::parse(std::ifstream(model_ + "/config.json"));
+    if (layers > 0) config["num_hidden_layers"] = layers;
+    std::ofstream(dir + "/config.json") << config.dump();
+    WorkerOptions o;
+    o.model_path = model_;
+    o.draft_model_path = dir;
+    o.dtype = WeightDType::kFloat32;
+    o.block_size = kBlockSize;
+    o.kv_cache_memory = 64LL << 20;
+    o.swap_space = 8LL << 20;
+    auto made = Worker::Create(o, comm_);
+    EXPECT_TRUE(made.ok()) << made.status();
+    w = made.ok() ? made->release() : nullptr;
+    return w;
+  }
+
   static std::string model_;
   static std::vector<ReferencePrompt>* reference_;
   static Tokenizer* tokenizer_;
   static Communicator* comm_;
   static Worker* worker_;
+  static std::map<int, Worker*> draft_workers_;
 };
+std::map<int, Worker*> EngineModelTest::draft_workers_;
 std::string EngineModelTest::model_;
 std::vector<ReferencePrompt>* EngineModelTest::reference_ = nullptr;
 Tokenizer* EngineModelTest::tokenizer_ = nullptr;
@@ -801,12 +838,112 @@ TEST_F(EngineModelTest, BeamSearchNegativeControlGreedyDiffers) {
   EXPECT_GE(differs, 3);
 }
 
+// A draft model must share the target's vocabulary (its token ids are fed
+// to the target as they are): another one is refused when the worker loads,
+// naming the file and both sizes.
+TEST_F(EngineModelTest, DraftModelOfAnotherVocabularyIsRefused) {
+  const std::string other = Env("PAGEDSERVE_OTHER_VOCAB_MODEL");  // 600 tokens
+  ASSERT_FALSE(other.empty());
+  WorkerOptions o;
+  o.model_path = model_;
+  o.draft_model_path = other;
+  o.dtype = WeightDType::kFloat32;
+  o.block_size = kBlockSize;
+  o.kv_cache_memory = 16LL << 20;
+  auto w = Worker::Create(o, comm_);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status();
+  EXPECT_NE(w.status().message().find("vocabulary of 600 tokens, the target 49152"),
+            std::string::npos)
+      << w.status();
+  EXPECT_NE(w.status().message().find(other), std::string::npos) << w.status();
+}
+
+SpeculativeConfig DraftModelSpec(int32_t k) {
+  SpeculativeConfig c;
+  c.method = "draft_model";
+  c.model = "(the worker's)";  // the worker was created with it
+  c.num_speculative_tokens = k;
+  return c;
+}
+
+// Speculative decoding with a draft model, greedy: a batch of reference
+// prompts, then batch 1, gives token for token what they give without
+// speculation and the transformers reference (near-tie rule). Two drafts of
+// the one vocabulary: the target cut to 3 of its 4 layers (drafts accepted
+// and rejected: a rejected run's draft K/V is fed again from the history)
+// and the target itself (every draft accepted but near-ties: fewer steps).
+TEST_F(EngineModelTest, DraftModelGreedyEqualsPlainGreedy) {
+  const std::vector<std::string> names = {"story",     "numbers",     "code",
+                                          "one_token", "chat_system", "plain_english"};
+  constexpr int kTokens = 24;
+  auto run = [&](const Config& c, const std::vector<std::string>& batch, SchedulerStats* st) {
+    auto e = MakeEngine(c);
+    for (const std::string& n : batch)
+      EXPECT_TRUE(e->AddRequest(Greedy(n, Ref(n).prompt_ids, kTokens)).ok());
+    auto all = RunAll(*e);
+    *st = e->stats();
+    ExpectAllFreed(*e);
+    return all;
+  };
+  SchedulerStats plain_stats;
+  const auto plain = run(Config{}, names, &plain_stats);
+  struct Case {
+    int layers;  // of the draft; 0 = all
+    int32_t k;
+    bool batch_one;
+  };
+  for (const Case& cs :
+       std::vector<Case>{{3, 1, false}, {3, 4, false}, {3, 8, true}, {0, 4, false}}) {
+    SCOPED_TRACE(::testing::Message() << "draft layers " << cs.layers << ", k = " << cs.k);
+    Config c;
+    c.spec = DraftModelSpec(cs.k);
+    c.worker = DraftWorker(cs.layers);
+    ASSERT_NE(c.worker, nullptr);
+    SchedulerStats st;
+    const std::vector<std::string> batch = cs.batch_one ? std::vector<std::string>{"story"} : names;
+    const auto got = run(c, batch, &st);
+    for (const std::string& n : batch) {
+      EXPECT_EQ(got.at(n).tokens[0], plain.at(n).tokens[0]) << n;
+      ExpectSameGreedy(Ref(n), got.at(n).tokens[0]);
+      EXPECT_EQ(got.at(n).usage.completion_tokens, kTokens) << n;
+    }
+    EXPECT_GT(st.spec_accepted_tokens, 0);
+    if (cs.layers == 0) {
+      // The target as its own draft: all but near-ties accepted.
+      EXPECT_GE(st.spec_accepted_tokens * 10, st.spec_draft_tokens * 9)
+          << st.spec_accepted_tokens << " of " << st.spec_draft_tokens;
+      EXPECT_LT(st.num_steps * 2, plain_stats.num_steps);
+    } else {
+      EXPECT_GT(st.spec_draft_tokens, st.spec_accepted_tokens);
+    }
+  }
+  // Prefix caching: a second request of a finished one's prompt starts from
+  // its cached blocks, whose draft K/V the draft model reads as well.
+  Config c;
+  c.prefix_caching = true;
+  c.spec = DraftModelSpec(4);
+  c.worker = DraftWorker(3);
+  auto e = MakeEngine(c);
+  const ReferencePrompt& p = Ref("long");
+  for (const char* id : {"first", "second"}) {
+    EXPECT_TRUE(e->AddRequest(Greedy(id, p.prompt_ids, kTokens)).ok());
+    const auto all = RunAll(*e);
+    ExpectSameGreedy(p, all.at(id).tokens[0]);
+    if (std::string(id) == "second") {
+      EXPECT_GT(all.at(id).usage.cached_prompt_tokens, 0);
+    }
+  }
+  ExpectAllFreed(*e);
+}
+
 class EnginePreemptionTest : public EngineModelTest,
                              public ::testing::WithParamInterface<PreemptionMode> {
  protected:
   // The body of PenaltiesAndSeedsMatchNumpyWithAndWithoutPreemption, with spec_.
   void CheckPenaltiesAndSeeds();
-  SpeculativeConfig spec_;  // the speculative variants below set it
+  SpeculativeConfig spec_;         // the speculative variants below set it
+  Worker* spec_worker_ = nullptr;  // with a draft model: DraftWorker's
 };
 
 SpeculativeConfig Ngram(int32_t k, int32_t min_n = 1, int32_t max_n = 3) {
@@ -973,6 +1110,7 @@ void EnginePreemptionTest::CheckPenaltiesAndSeeds() {
   };
   auto run = [&](Config c, SchedulerStats* st) {
     c.spec = spec_;
+    c.worker = spec_worker_;
     auto e = MakeEngine(c);
     for (const EngineRequest& r : requests()) EXPECT_TRUE(e->AddRequest(r).ok());
     auto all = RunAll(*e);
@@ -1029,6 +1167,42 @@ void EnginePreemptionTest::CheckPenaltiesAndSeeds() {
 TEST_P(EnginePreemptionTest, SpeculativePenaltiesAndSeedsMatchNumpy) {
   spec_ = GetParam() == PreemptionMode::kSwap ? Ngram(4) : Ngram(6, 1, 2);
   CheckPenaltiesAndSeeds();
+}
+
+// The same with a draft model (the target cut to 3 layers, k = 3): every
+// token the target drew, at every position, with its penalties and seeded
+// uniform, as the numpy reference, with and without preemption (whose swaps
+// and recomputes move or rebuild the draft's K/V too).
+TEST_P(EnginePreemptionTest, DraftModelPenaltiesAndSeedsMatchNumpy) {
+  spec_ = DraftModelSpec(3);
+  spec_worker_ = DraftWorker(3);
+  ASSERT_NE(spec_worker_, nullptr);
+  CheckPenaltiesAndSeeds();
+}
+
+// Greedy tokens with a draft model under a pool that forces preemption.
+TEST_P(EnginePreemptionTest, DraftModelPreemptedRequestsGiveTheSameGreedyTokens) {
+  Config c;
+  c.device_blocks = 8;
+  c.cpu_blocks = 16;
+  c.max_model_len = 64;
+  c.mode = GetParam();
+  c.spec = DraftModelSpec(5);
+  c.worker = DraftWorker(3);
+  ASSERT_NE(c.worker, nullptr);
+  auto e = MakeEngine(c);
+  const std::vector<std::string> names = {"plain_english", "story", "code", "numbers"};
+  for (const std::string& n : names)
+    ASSERT_TRUE(e->AddRequest(Greedy(n, Ref(n).prompt_ids, 16)).ok());
+  auto all = RunAll(*e);
+  const SchedulerStats st = e->stats();
+  EXPECT_GT(st.num_preemptions_swap + st.num_preemptions_recompute, 0);
+  EXPECT_GT(st.spec_accepted_tokens, 0);
+  for (const std::string& n : names) {
+    EXPECT_EQ(all[n].tokens[0].size(), 16u) << n;
+    ExpectSameGreedy(Ref(n), all[n].tokens[0]);
+  }
+  ExpectAllFreed(*e);
 }
 
 // Greedy tokens with speculation under a pool that forces preemption.
