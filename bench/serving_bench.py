@@ -9,7 +9,7 @@ p99) per level in one table with ratios, and everything as JSON.
         [--concurrency 1,8,32,64] [--rounds 2] [--min-prompts 8]
         [--poisson-rate 0.5] [--poisson-prompts 32] [--poisson-max-concurrency 64]
         [--input-len 128] [--output-len 64] [--range-ratio 0.0]
-        [--dataset random|shared-prefix] [--prefix-len 256] [--seed 0]
+        [--dataset random|shared-prefix|specdec] [--prefix-len 256] [--seed 0]
         [--repeats 2] [--threads 2] [--omp-wait-policy default|passive|active]
         [--json-out FILE]
         [--pagedserve-bin PATH] [--serve-arg=--max-num-batched-tokens=256 ...]
@@ -63,6 +63,12 @@ run with --poisson-rate 0).
     output length likewise from output_len (vLLM's "random" dataset).
   * shared-prefix: every prompt starts with the same --prefix-len tokens
     followed by a random part drawn as above.
+  * specdec: the committed input-grounded prompts of bench/specdec_prompts.json
+    (speculative decoding, issue 33), in order, cycled, each sent as one user
+    message to streaming POST /v1/chat/completions (the model's own chat
+    template on both servers; text from `delta.content`), output length
+    --output-len; --input-len only sizes llama-server's slots (set it to the
+    longest templated prompt, ~200 tokens on the default file).
   Prompt text is made of random common English words trimmed to the exact
   token count with the model's tokenizer (llama.cpp's, through llama-cpp-python's
   vocab-only loading). Every request is the same JSON on both servers:
@@ -215,6 +221,7 @@ class Request:
     prompt_len: int
     output_len: int
     arrival: float  # seconds after the start of the run
+    chat: bool = False  # prompt is one user message for /v1/chat/completions
 
 
 def uniform_len(rng: random.Random, mean: int, ratio: float) -> int:
@@ -230,6 +237,14 @@ def make_workload(args, maker: PromptMaker, num_prompts: int, request_rate: floa
         prefix = maker.text(random.Random(args.seed), args.prefix_len - 1) + "."
     reqs = []
     t = 0.0
+    if args.dataset == "specdec":
+        texts = [p["prompt"] for p in json.load(open(os.path.join(ROOT, "bench", "specdec_prompts.json")))["prompts"]]
+        for i in range(num_prompts):
+            if request_rate != math.inf and i > 0:
+                t += rng.expovariate(request_rate)
+            text = texts[i % len(texts)]
+            reqs.append(Request(i, text, len(maker.tokenize(text)), args.output_len, t, chat=True))
+        return reqs
     for i in range(num_prompts):
         in_len = uniform_len(rng, args.input_len, args.range_ratio)
         out_len = uniform_len(rng, args.output_len, args.range_ratio)
@@ -300,13 +315,15 @@ class OpenAIBackend:
             return None
 
     def send(self, req: Request, rec: Record) -> None:
-        body = json.dumps({"prompt": req.prompt, "max_tokens": req.output_len, "temperature": 0.0,
+        prompt = {"messages": [{"role": "user", "content": req.prompt}]} if req.chat else {"prompt": req.prompt}
+        body = json.dumps({**prompt, "max_tokens": req.output_len, "temperature": 0.0,
                            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
                            **self.extra_body})
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         try:
             rec.send = time.perf_counter()
-            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            path = "/v1/chat/completions" if req.chat else "/v1/completions"
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
             resp = conn.getresponse()
             if resp.status != 200:
                 rec.error = f"HTTP {resp.status}: {resp.read(300)!r}"
@@ -326,7 +343,7 @@ class OpenAIBackend:
                     rec.error = f"stream error: {msg['error']}"
                     return
                 for choice in msg.get("choices") or []:
-                    if choice.get("text"):
+                    if choice.get("text") or (choice.get("delta") or {}).get("content"):
                         now = time.perf_counter()
                         if not rec.chunk_times:
                             rec.ttft = now - rec.send
@@ -636,7 +653,7 @@ def main() -> int:
     ap.add_argument("--poisson-rate", type=float, default=0.5, help="requests/s of the Poisson run (0 = no run)")
     ap.add_argument("--poisson-prompts", type=int, default=32)
     ap.add_argument("--poisson-max-concurrency", type=int, default=64, help="0 = no cap")
-    ap.add_argument("--dataset", choices=("random", "shared-prefix"), default="random")
+    ap.add_argument("--dataset", choices=("random", "shared-prefix", "specdec"), default="random")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--range-ratio", type=float, default=0.0)

@@ -92,7 +92,7 @@ def main():
     res["speedup"] = round(res["spec"]["tokens_per_s"] / res["plain"]["tokens_per_s"], 3)
     res["acceptance"] = f"{accepted}/{drafted}"
     res["same_text"] = f"{same}/{a.rounds * len(prompts)}"
-    res["spec"] = a.spec
+    res["spec_config"] = a.spec
     res["load_avg_1m"] = {"min": min(loads), "max": max(loads)}
     print(json.dumps(res, indent=1))
     if a.json_out:

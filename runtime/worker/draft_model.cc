@@ -167,8 +167,8 @@ absl::Status DraftModel::Propose(const StepPlan& plan, StepPlanMirror* mirror,
     const SequenceStep& s = plan.seqs[i];
     const auto n = static_cast<int32_t>(s.token_ids.size());
     const int32_t d = s.num_draft_tokens;
-    const auto holes = std::count(s.token_ids.end() - std::clamp(d, 0, n), s.token_ids.end(),
-                                  kNoToken);
+    const auto holes =
+        std::count(s.token_ids.end() - std::clamp(d, 0, n), s.token_ids.end(), kNoToken);
     if (holes > 0 && (holes != d || !s.sample || d >= n)) {
       return absl::InvalidArgumentError(
           absl::StrCat("step ", plan.step_id, ": sequence ", s.seq_id, " has ", holes,
