@@ -189,22 +189,14 @@ absl::Status BadFlag(const std::string& flag, const std::string& what, auto valu
 }
 
 // --speculative-config into the scheduler's config and, for a draft model,
-// the workers' (after the sliding window is known).
+// the workers'.
 absl::Status SpeculativeFromFlags(ModelSetup* s) {
   SchedulerConfig& c = s->scheduler;
   absl::StatusOr<SpeculativeConfig> spec =
       ParseSpeculativeConfig(absl::GetFlag(FLAGS_speculative_config));
   if (!spec.ok()) return spec.status();  // names --speculative-config and the key
   c.speculative = *std::move(spec);
-  s->worker.draft_model_path = c.speculative.model;
-  // The draft's K/V shares the target's blocks (runtime/worker/draft_model.h):
-  // a block freed behind the target's window would be read by the draft.
-  if (!c.speculative.model.empty() && c.sliding_window > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--speculative-config: a draft model is not supported with a model whose every layer "
-        "attends within a sliding window (",
-        c.sliding_window, " tokens): its out-of-window KV blocks are freed"));
-  }
+  s->worker.draft_model_path = c.speculative.model;  // checked by Worker::Create
   return absl::OkStatus();
 }
 

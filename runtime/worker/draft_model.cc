@@ -158,6 +158,14 @@ absl::Status DraftModel::AgreeOnRankZero(std::vector<int32_t>* tokens) {
 
 absl::Status DraftModel::Propose(const StepPlan& plan, StepPlanMirror* mirror,
                                  std::vector<ProposedDraft>* drafts) {
+  absl::Status status = ProposeSteps(plan, mirror, drafts);
+  // Also after an error: the coordinator fails the plan's sequences.
+  for (SeqId id : plan.finished) computed_.erase(id);
+  return status;
+}
+
+absl::Status DraftModel::ProposeSteps(const StepPlan& plan, StepPlanMirror* mirror,
+                                      std::vector<ProposedDraft>* drafts) {
   const int num_seqs = static_cast<int>(plan.seqs.size());
   // Drafts to propose per entry (0: the draft only writes its K/V).
   std::vector<int32_t> k(num_seqs, 0);
@@ -228,7 +236,6 @@ absl::Status DraftModel::Propose(const StepPlan& plan, StepPlanMirror* mirror,
         mirror->SetProposedTokens(s.seq_id, s.context_len() - 1, {&proposed[i].back(), 1}));
     drafts->push_back({s.seq_id, std::move(proposed[i])});
   }
-  for (SeqId id : plan.finished) computed_.erase(id);
   return absl::OkStatus();
 }
 

@@ -62,7 +62,10 @@ class DraftModel {
   // target. Errors: the loader's (naming the file, prefixed "draft model: ");
   // InvalidArgument when the
   // draft's vocabulary size differs from the target's (a draft must share
-  // the vocabulary: its token ids are fed to the target as they are).
+  // the vocabulary: its token ids are fed to the target as they are; only
+  // the size is compared, so pairs whose tokenizers agree but whose
+  // embedding tables are padded differently, such as Qwen2.5 0.5B and 7B,
+  // are refused).
   static absl::StatusOr<std::unique_ptr<DraftModel>> Create(const std::string& path,
                                                             WeightDType dtype,
                                                             const ModelConfig& target,
@@ -80,8 +83,8 @@ class DraftModel {
   absl::Status AllocateCaches(int block_size, kernels::DType dtype, int64_t num_device_blocks,
                               int64_t num_cpu_blocks);
 
-  // The plan's swap_out, swap_in and copy, on the draft's pools (call in
-  // the same order as on the target's, before the forward passes).
+  // The plan's swap_out, swap_in and copy, on the draft's pools (call right
+  // after the target's, before the mirror applies the plan).
   absl::Status ApplyBlockOps(const StepPlan& plan);
 
   // Runs the draft over `plan` after `mirror` applied it (the histories hold
@@ -113,6 +116,9 @@ class DraftModel {
              bool want_logits, int32_t block_size);
   };
   absl::StatusOr<std::vector<int32_t>> Run(const Batch& b);
+  // Propose without forgetting plan.finished.
+  absl::Status ProposeSteps(const StepPlan& plan, StepPlanMirror* mirror,
+                            std::vector<ProposedDraft>* drafts);
   // Rank 0's values on every rank (the ranks' argmaxes could differ in the
   // last bit of a logit).
   absl::Status AgreeOnRankZero(std::vector<int32_t>* tokens);

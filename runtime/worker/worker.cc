@@ -124,6 +124,18 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
     if (cuda)
       return absl::UnimplementedError(
           "a draft model (--speculative-config \"model\") runs on the CPU worker only");
+    // The draft's K/V shares the target's blocks (draft_model.h): the blocks
+    // the coordinator frees behind a window every layer has
+    // (SchedulerConfig::sliding_window) would be read by the draft.
+    const ModelConfig& target = w->model_->config();
+    bool all_windowed = target.sliding_window > 0;
+    for (int l = 0; l < target.num_layers && all_windowed; ++l)
+      all_windowed = target.LayerSlidingWindow(l) == target.sliding_window;
+    if (all_windowed)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a draft model (--speculative-config \"model\") is not supported with a model whose "
+          "every layer attends within a sliding window (",
+          target.sliding_window, " tokens): its out-of-window KV blocks are freed"));
     PS_ASSIGN_OR_RETURN(
         w->draft_, DraftModel::Create(options.draft_model_path, load_dtype, w->model_->config(),
                                       options.max_model_len, comm));
@@ -143,9 +155,11 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
           options.gpu_memory_utilization, " of the device's memory, minus what it holds after ",
           be.weight_bytes(), " bytes of weights and the activation reserve) ",
           "is below one block (", w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
+    // (A draft model is refused on CUDA above.)
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache budget of ", options.kv_cache_memory, " bytes is below one block (",
-                     w->bytes_per_block_, " bytes across ", num_layers, " layers)"));
+                     w->bytes_per_block_, " bytes across ", num_layers, " layers",
+                     w->draft_ != nullptr ? " and the draft model's" : "", ")"));
   }
   PS_RETURN_IF_ERROR(be.AllocateCaches(shape, w->num_device_blocks_, w->num_cpu_blocks_));
   if (w->draft_ != nullptr) {
@@ -181,15 +195,13 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
     auto pairs = ToCopies(plan.copy);
     PS_RETURN_IF_ERROR(kernels::CopyBlocks(device_layers_, pairs));
   }
+  if (draft_ != nullptr) PS_RETURN_IF_ERROR(draft_->ApplyBlockOps(plan));  // the same on its pools
   // The plan's deltas bring the mirrored block tables and histories up to date.
   PS_RETURN_IF_ERROR(mirror_->Apply(plan));
   constraints_->Drop(plan.finished);
   // The draft model writes its K/V and fills the placeholder draft tokens
   // into the histories, which the target then reads.
-  if (draft_ != nullptr) {
-    PS_RETURN_IF_ERROR(draft_->ApplyBlockOps(plan));
-    PS_RETURN_IF_ERROR(draft_->Propose(plan, mirror_.get(), &result.drafts));
-  }
+  if (draft_ != nullptr) PS_RETURN_IF_ERROR(draft_->Propose(plan, mirror_.get(), &result.drafts));
 
   if (!plan.seqs.empty()) {
     // Flatten the batch.

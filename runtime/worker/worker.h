@@ -79,7 +79,9 @@ struct WorkerOptions {
   // Speculative decoding with a draft model (--speculative-config's "model";
   // runtime/worker/draft_model.h): its path, loaded beside the target with
   // the same weight dtype, sharding and KV element type, or empty for none.
-  // CPU worker only. The KV budget then holds both pools: bytes_per_block()
+  // CPU worker only, and not for a model whose every layer has a sliding
+  // window (whose out-of-window blocks the coordinator frees: the draft's
+  // K/V lives in them too). The KV budget then holds both pools: bytes_per_block()
   // is the target's block plus the draft's, and both pools have
   // num_device_blocks() blocks.
   std::string draft_model_path;
@@ -109,7 +111,8 @@ class Worker {
   // Loads this rank's shard (rank/size from `comm`, not owned, must outlive the
   // worker) and allocates the KV and swap pools: blocks = budget / (bytes of one
   // block across all layers, K and V). Errors: model loading errors (naming the
-  // file), InvalidArgument for a bad block size or a budget below one block;
+  // file), InvalidArgument for a bad block size or a budget below one block,
+  // and DraftModel::Create's errors and the refusals of draft_model_path;
   // with device kCUDA also FailedPrecondition in builds without CUDA,
   // Unimplemented for a weight the CUDA backend does not
   // run, and the errors of MakeCudaBackend / LlamaModel::Create /

@@ -838,6 +838,23 @@ TEST_F(EngineModelTest, BeamSearchNegativeControlGreedyDiffers) {
   EXPECT_GE(differs, 3);
 }
 
+// The sliding-window fixture (every layer windowed: the scheduler frees the
+// blocks behind the window) refuses a draft model, whose K/V lives in the
+// same blocks. Runs in engine_sliding_window_test.
+TEST_F(EngineModelTest, SlidingWindowTargetRefusesADraftModel) {
+  WorkerOptions o;
+  o.model_path = model_;
+  o.draft_model_path = model_;
+  o.dtype = WeightDType::kFloat32;
+  o.block_size = kBlockSize;
+  o.kv_cache_memory = 16LL << 20;
+  auto w = Worker::Create(o, comm_);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status();
+  EXPECT_NE(w.status().message().find("sliding window (24 tokens)"), std::string::npos)
+      << w.status();
+}
+
 // A draft model must share the target's vocabulary (its token ids are fed
 // to the target as they are): another one is refused when the worker loads,
 // naming the file and both sizes.
@@ -1192,28 +1209,38 @@ TEST_P(EnginePreemptionTest, DraftModelPenaltiesAndSeedsMatchNumpy) {
 }
 
 // Greedy tokens with a draft model under a pool that forces preemption.
+// With the target as its own draft, acceptance stays near 1 across swaps and
+// recomputes: the draft's K/V moved with the target's blocks (swap) or was
+// rebuilt (recompute); a draft pool left behind would feed it stale K/V.
 TEST_P(EnginePreemptionTest, DraftModelPreemptedRequestsGiveTheSameGreedyTokens) {
-  Config c;
-  c.device_blocks = 8;
-  c.cpu_blocks = 16;
-  c.max_model_len = 64;
-  c.mode = GetParam();
-  c.spec = DraftModelSpec(5);
-  c.worker = DraftWorker(3);
-  ASSERT_NE(c.worker, nullptr);
-  auto e = MakeEngine(c);
-  const std::vector<std::string> names = {"plain_english", "story", "code", "numbers"};
-  for (const std::string& n : names)
-    ASSERT_TRUE(e->AddRequest(Greedy(n, Ref(n).prompt_ids, 16)).ok());
-  auto all = RunAll(*e);
-  const SchedulerStats st = e->stats();
-  EXPECT_GT(st.num_preemptions_swap + st.num_preemptions_recompute, 0);
-  EXPECT_GT(st.spec_accepted_tokens, 0);
-  for (const std::string& n : names) {
-    EXPECT_EQ(all[n].tokens[0].size(), 16u) << n;
-    ExpectSameGreedy(Ref(n), all[n].tokens[0]);
+  for (const int layers : {3, 0}) {
+    SCOPED_TRACE(::testing::Message() << "draft layers " << layers);
+    Config c;
+    c.device_blocks = 8;
+    c.cpu_blocks = 16;
+    c.max_model_len = 64;
+    c.mode = GetParam();
+    c.spec = DraftModelSpec(5);
+    c.worker = DraftWorker(layers);
+    ASSERT_NE(c.worker, nullptr);
+    auto e = MakeEngine(c);
+    const std::vector<std::string> names = {"plain_english", "story", "code", "numbers"};
+    for (const std::string& n : names)
+      ASSERT_TRUE(e->AddRequest(Greedy(n, Ref(n).prompt_ids, 16)).ok());
+    auto all = RunAll(*e);
+    const SchedulerStats st = e->stats();
+    EXPECT_GT(st.num_preemptions_swap + st.num_preemptions_recompute, 0);
+    EXPECT_GT(st.spec_accepted_tokens, 0);
+    if (layers == 0) {
+      EXPECT_GE(st.spec_accepted_tokens * 10, st.spec_draft_tokens * 9)
+          << st.spec_accepted_tokens << " of " << st.spec_draft_tokens;
+    }
+    for (const std::string& n : names) {
+      EXPECT_EQ(all[n].tokens[0].size(), 16u) << n;
+      ExpectSameGreedy(Ref(n), all[n].tokens[0]);
+    }
+    ExpectAllFreed(*e);
   }
-  ExpectAllFreed(*e);
 }
 
 // Greedy tokens with speculation under a pool that forces preemption.
