@@ -20,6 +20,10 @@ std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
 // Block-table widths are rounded up to this (as Worker::Execute does).
 constexpr int kBlockTableWidthQuantum = 16;
 
+// Most tokens one catch-up pass feeds (bounds the draft's activations when a
+// sequence's first speculation feeds its whole prompt).
+constexpr int64_t kMaxPassTokens = 512;
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DraftModel>> DraftModel::Create(const std::string& path,
@@ -167,10 +171,12 @@ absl::Status DraftModel::Propose(const StepPlan& plan, StepPlanMirror* mirror,
 absl::Status DraftModel::ProposeSteps(const StepPlan& plan, StepPlanMirror* mirror,
                                       std::vector<ProposedDraft>* drafts) {
   const int num_seqs = static_cast<int>(plan.seqs.size());
-  // Drafts to propose per entry (0: the draft only writes its K/V).
+  // Drafts to propose per entry (0: the draft does nothing for it).
   std::vector<int32_t> k(num_seqs, 0);
+  // Per speculating entry: the first position whose draft K/V is missing.
+  std::vector<int32_t> from(num_seqs, 0);
   int32_t k_max = 0;
-  batch_.Clear();
+  int64_t catch_up = 0;  // tokens before the entries' last verified ones
   for (int i = 0; i < num_seqs; ++i) {
     const SequenceStep& s = plan.seqs[i];
     const auto n = static_cast<int32_t>(s.token_ids.size());
@@ -182,33 +188,66 @@ absl::Status DraftModel::ProposeSteps(const StepPlan& plan, StepPlanMirror* mirr
           absl::StrCat("step ", plan.step_id, ": sequence ", s.seq_id, " has ", holes,
                        " placeholder draft tokens of ", d, " (all or none, on a sampled entry)"));
     }
-    if (n == 0) continue;
-    k[i] = holes > 0 ? d : 0;
-    k_max = std::max(k_max, k[i]);
-    // The draft K/V valid before this step (the pre-plan state: a fork
-    // reads its parent's; a prefix-cache hit trusts the cached blocks').
+    // The draft K/V valid before this step (the pre-plan state; a fork
+    // reads its parent's), up to the step's start: later positions are
+    // rewritten. A (re)started sequence has none of its own: its cached
+    // blocks may come from steps the draft did not run.
     int32_t valid = 0;
-    if (s.new_state) {
-      valid = s.start_pos;
-    } else {
+    if (!s.new_state) {
       const auto it = computed_.find(s.fork_from != kNoSeq ? s.fork_from : s.seq_id);
       valid = it == computed_.end() ? 0 : it->second;
     }
-    valid = std::min(valid, s.start_pos);
-    const StepPlanMirror::Sequence* st = mirror->Find(s.seq_id);
-    if (st == nullptr) return absl::InternalError("draft model: a plan sequence has no state");
-    // Catch-up tokens, then the step's fed tokens up to the last verified one.
-    const int32_t end = k[i] > 0 ? s.start_pos + n - d : s.context_len();
-    batch_.Add(i, *st, valid, end, k[i] > 0, block_size_);
+    from[i] = std::min(valid, s.start_pos);
+    if (holes == 0) continue;
+    k[i] = d;
+    k_max = std::max(k_max, d);
+    catch_up += s.start_pos - from[i];
+    if (mirror->Find(s.seq_id) == nullptr)
+      return absl::InternalError("draft model: a plan sequence has no state");
+  }
+  // Entries that do not speculate keep what is still valid.
+  for (int i = 0; i < num_seqs; ++i) {
+    if (k[i] > 0) continue;
+    if (from[i] > 0) {
+      computed_[plan.seqs[i].seq_id] = from[i];
+    } else {
+      computed_.erase(plan.seqs[i].seq_id);
+    }
+  }
+  if (k_max == 0) return absl::OkStatus();
+  // Catch-up passes of at most kMaxPassTokens tokens while there are more
+  // (a sequence's first speculation feeds its whole prompt), then one pass
+  // that feeds the rest and each entry's last verified token t.
+  while (catch_up > kMaxPassTokens) {
+    batch_.Clear();
+    int64_t budget = kMaxPassTokens;
+    for (int i = 0; i < num_seqs && budget > 0; ++i) {
+      const int32_t t_pos = plan.seqs[i].start_pos;
+      if (k[i] == 0 || from[i] >= t_pos) continue;
+      const auto take = static_cast<int32_t>(std::min<int64_t>(budget, t_pos - from[i]));
+      batch_.Add(i, *mirror->Find(plan.seqs[i].seq_id), from[i], from[i] + take, false,
+                 block_size_);
+      from[i] += take;
+      budget -= take;
+      catch_up -= take;
+    }
+    PS_RETURN_IF_ERROR(Run(batch_).status());
+    for (size_t r = 0; r < batch_.seq.size(); ++r)
+      computed_[plan.seqs[batch_.seq[r]].seq_id] = batch_.seq_lens[r];
+  }
+  batch_.Clear();
+  for (int i = 0; i < num_seqs; ++i) {
+    if (k[i] == 0) continue;
+    const SequenceStep& s = plan.seqs[i];
+    batch_.Add(i, *mirror->Find(s.seq_id), from[i], s.start_pos + 1, true, block_size_);
   }
   std::vector<std::vector<int32_t>> proposed(num_seqs);
-  if (!batch_.seq.empty()) {
+  {
     PS_ASSIGN_OR_RETURN(std::vector<int32_t> first, Run(batch_));
-    size_t next = 0;
     for (size_t r = 0; r < batch_.seq.size(); ++r) {
       const int i = batch_.seq[r];
       computed_[plan.seqs[i].seq_id] = batch_.seq_lens[r];
-      if (k[i] > 0) proposed[i].push_back(first[next++]);
+      proposed[i].push_back(first[r]);
     }
   }
   // Draft steps 2..k: each speculating entry feeds its previous draft token.

@@ -11,22 +11,24 @@
 // rejected tokens (slots simply rewritten later) cover both pools with one
 // set of decisions; workers apply every block operation to both.
 //
-// What the draft's K/V holds. The draft runs over every token the target
-// computes, in the same step (prompt chunks, decodes, verifications), so for a
-// sequence its pool is valid over the positions the target's is, except
-// where a verification accepted all k drafts: the draft never fed d_k; that
-// position (and the verified tokens after any rejection, whose slots held
-// rejected drafts) are fed again first in the sequence's next step, from the
-// worker's token history. The draft's state per sequence is one number, the
-// count of positions whose draft K/V is valid (`computed_`), clamped to the
-// step's start position. A prefix-cache hit trusts the cached blocks' draft
-// K/V. Nothing here affects correctness: the target verifies every token
-// (acceptance is exact for any draft), so a stale draft entry can only lower
-// the acceptance rate.
+// What the draft's K/V holds. The draft runs only for sequences that
+// speculate in a step, and first catches up: it feeds, from the worker's
+// token history, every position since the last one whose draft K/V is valid
+// (a new sequence's whole prompt at its first speculation, in passes of at
+// most 512 tokens; after a fully accepted run d_k, which the draft never fed;
+// after a rejection the verified tokens whose slots held rejected drafts;
+// after steps without speculation, e.g. under disable_by_batch_size, the
+// tokens of those steps). So a step where nothing speculates costs the draft
+// nothing. Its state per sequence is one number, the count of positions whose
+// draft K/V is valid (`computed_`), clamped to each step's start position;
+// a (re)started sequence has none (its cached blocks may come from steps the
+// draft did not run). Nothing here affects correctness: the target verifies
+// every token (acceptance is exact for any draft), so a stale draft entry
+// could only lower the acceptance rate.
 //
 // Proposing: for every plan entry whose draft tokens are placeholders
 // (kNoToken; SequenceStep::num_draft_tokens = k), the draft feeds the
-// sequence's last verified token t (with any catch-up tokens before it) and
+// sequence's last verified token t (after its catch-up tokens) and
 // then its own argmax k - 1 times, batched over all such entries; the k
 // argmaxes are the draft tokens (greedy: a point mass, which the
 // coordinator's acceptance rule needs). Every rank feeds the same tokens:
@@ -88,13 +90,13 @@ class DraftModel {
   absl::Status ApplyBlockOps(const StepPlan& plan);
 
   // Runs the draft over `plan` after `mirror` applied it (the histories hold
-  // this step's fed tokens, placeholders included): writes the draft K/V of
-  // every fed token, proposes the placeholder entries' tokens, writes them
-  // into their places in the mirror's histories and appends one
-  // ProposedDraft per such entry to *drafts, in plan order (the same on every
-  // rank). Then forgets plan.finished. InvalidArgument for an entry with some
-  // but not all draft tokens kNoToken, or placeholders on an entry that does
-  // not sample; the forward pass's errors pass through (the step fails).
+  // this step's fed tokens, placeholders included): for each entry with
+  // placeholder drafts, catches its draft K/V up to the last verified token
+  // and proposes its tokens, writes them into their places in the mirror's
+  // histories and appends one ProposedDraft per such entry to *drafts, in
+  // plan order (the same on every rank). Then forgets plan.finished. InvalidArgument for an entry
+  // with some but not all draft tokens kNoToken, or placeholders on an entry that does not sample;
+  // the forward pass's errors pass through (the step fails).
   absl::Status Propose(const StepPlan& plan, StepPlanMirror* mirror,
                        std::vector<ProposedDraft>* drafts);
 

@@ -946,6 +946,34 @@ TEST_F(EngineModelTest, DraftModelGreedyEqualsPlainGreedy) {
       EXPECT_GT(st.spec_draft_tokens, st.spec_accepted_tokens);
     }
   }
+  // Back-off (disable_by_batch_size 3): no drafts while 3 or more run, so the
+  // draft sees nothing of those steps; as requests finish (max_tokens 4..24)
+  // the rest speculate, and the draft first catches up on every token it
+  // missed. With the target as its own draft that keeps acceptance near 1.
+  {
+    Config c;
+    c.spec = DraftModelSpec(4);
+    c.spec.disable_by_batch_size = 3;
+    c.worker = DraftWorker(0);
+    auto e = MakeEngine(c);
+    for (int i = 0; i < 6; ++i) {
+      const std::string& name = all_names[i];
+      EXPECT_TRUE(
+          e->AddRequest(Greedy(absl::StrCat(name, "#", i), Ref(name).prompt_ids, 4 + 4 * i)).ok());
+    }
+    const auto got = RunAll(*e);
+    const SchedulerStats st = e->stats();
+    for (int i = 0; i < 6; ++i) {
+      const std::string id = absl::StrCat(all_names[i], "#", i);
+      const std::vector<int32_t>& want = plain.at(id).tokens[0];
+      EXPECT_EQ(got.at(id).tokens[0], std::vector<int32_t>(want.begin(), want.begin() + 4 + 4 * i))
+          << id;
+    }
+    EXPECT_GT(st.spec_num_drafts, 0);
+    EXPECT_GE(st.spec_accepted_tokens * 10, st.spec_draft_tokens * 9)
+        << st.spec_accepted_tokens << " of " << st.spec_draft_tokens;
+    ExpectAllFreed(*e);
+  }
   // Prefix caching: a second request of a finished one's prompt starts from
   // its cached blocks, whose draft K/V the draft model reads as well.
   Config c;
