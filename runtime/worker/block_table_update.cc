@@ -26,4 +26,20 @@ std::vector<RowRange> ChangedRowRanges(std::span<const int32_t> held, std::span<
   return ranges;
 }
 
+std::vector<int32_t> BuildBlockTable(std::span<const StepPlanMirror::Sequence* const> rows,
+                                     int* width) {
+  constexpr int kQuantum = 16;
+  int longest = 1;
+  for (const StepPlanMirror::Sequence* r : rows)
+    longest = std::max(longest, static_cast<int>(r->block_table.size()));
+  *width = (longest + kQuantum - 1) / kQuantum * kQuantum;
+  std::vector<int32_t> table(rows.size() * static_cast<size_t>(*width), 0);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::replace_copy(rows[i]->block_table.begin(), rows[i]->block_table.end(),
+                      table.begin() + static_cast<std::ptrdiff_t>(i * static_cast<size_t>(*width)),
+                      kDroppedBlock, 0);
+  }
+  return table;
+}
+
 }  // namespace pagedserve

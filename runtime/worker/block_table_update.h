@@ -9,6 +9,8 @@
 #include <span>
 #include <vector>
 
+#include "runtime/common/step_plan_mirror.h"
+
 namespace pagedserve {
 
 // Rows [begin, end) of a block table.
@@ -28,6 +30,17 @@ struct RowRange {
 // held.size() % width == 0, max_ranges >= 1.
 std::vector<RowRange> ChangedRowRanges(std::span<const int32_t> held, std::span<const int32_t> next,
                                        int rows, int width, int max_ranges);
+
+// A step's block table, [rows.size(), *width] row-major, from the mirrored
+// rows (StepPlanMirror::Sequence::block_table, non-null). The width (the row
+// stride, ForwardBatch::max_blocks_per_seq) is the longest row rounded up to
+// a multiple of 16, so that it changes once per 16 blocks of the longest
+// sequence rather than at each block: a device backend keeps its copy of the
+// table and uploads only the rows that changed while the width stays.
+// Padding and entries dropped out of a sliding window (kDroppedBlock) are
+// block 0: the kernels never read them (they start at the window).
+std::vector<int32_t> BuildBlockTable(std::span<const StepPlanMirror::Sequence* const> rows,
+                                     int* width);
 
 }  // namespace pagedserve
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cache_ops.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/worker/block_table_update.h"
 #include "runtime/worker/cpu_backend.h"
 
 namespace pagedserve {
@@ -16,9 +17,6 @@ std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
   for (const BlockPair& p : pairs) out.push_back({p.src, p.dst});
   return out;
 }
-
-// Block-table widths are rounded up to this (as Worker::Execute does).
-constexpr int kBlockTableWidthQuantum = 16;
 
 // Most tokens one catch-up pass feeds (bounds the draft's activations when a
 // sequence's first speculation feeds its whole prompt).
@@ -116,16 +114,8 @@ void DraftModel::Batch::Add(int i, const StepPlanMirror::Sequence& st, int32_t b
 }
 
 absl::StatusOr<std::vector<int32_t>> DraftModel::Run(const Batch& b) {
-  const int num_seqs = static_cast<int>(b.seq.size());
-  int max_blocks = 1;
-  for (const StepPlanMirror::Sequence* st : b.rows)
-    max_blocks = std::max(max_blocks, static_cast<int>(st->block_table.size()));
-  max_blocks = (max_blocks + kBlockTableWidthQuantum - 1) / kBlockTableWidthQuantum *
-               kBlockTableWidthQuantum;
-  std::vector<int32_t> block_tables(static_cast<size_t>(num_seqs) * max_blocks, 0);
-  for (int r = 0; r < num_seqs; ++r)
-    std::copy(b.rows[r]->block_table.begin(), b.rows[r]->block_table.end(),
-              block_tables.begin() + static_cast<size_t>(r) * max_blocks);
+  int max_blocks = 0;
+  const std::vector<int32_t> block_tables = BuildBlockTable(b.rows, &max_blocks);
   ForwardBatch batch;
   batch.token_ids = b.token_ids;
   batch.positions = b.positions;

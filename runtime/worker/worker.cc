@@ -8,14 +8,12 @@
 #include "kernels/cache_ops.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/weights.h"
+#include "runtime/worker/block_table_update.h"
 #include "runtime/worker/cpu_backend.h"
 #include "runtime/worker/cuda/cuda_backend.h"
 
 namespace pagedserve {
 namespace {
-
-// Block-table widths (entries per row) are multiples of this (Execute).
-constexpr int kBlockTableWidthQuantum = 16;
 
 std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
   std::vector<kernels::BlockCopy> out;
@@ -211,18 +209,9 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
     std::vector<int> sampled_seq;  // index into plan.seqs per logits row
     std::vector<int> row_back;     // per logits row: fed tokens after its token (drafts)
     std::vector<const StepPlanMirror::Sequence*> rows(num_seqs);
-    int max_blocks = 1;
-    for (int i = 0; i < num_seqs; ++i) {
-      rows[i] = mirror_->Find(plan.seqs[i].seq_id);
-      max_blocks = std::max(max_blocks, static_cast<int>(rows[i]->block_table.size()));
-    }
-    // The table's width (its row stride) rounded up, so that it changes once
-    // per kBlockTableWidthQuantum blocks of the longest sequence rather than
-    // at each of its blocks: a device backend keeps its copy of the table
-    // and uploads only the rows that changed while the width stays.
-    max_blocks = (max_blocks + kBlockTableWidthQuantum - 1) / kBlockTableWidthQuantum *
-                 kBlockTableWidthQuantum;
-    std::vector<int32_t> block_tables(static_cast<size_t>(num_seqs) * max_blocks, 0);
+    for (int i = 0; i < num_seqs; ++i) rows[i] = mirror_->Find(plan.seqs[i].seq_id);
+    int max_blocks = 0;
+    const std::vector<int32_t> block_tables = BuildBlockTable(rows, &max_blocks);
     for (int i = 0; i < num_seqs; ++i) {
       const SequenceStep& s = plan.seqs[i];
       for (size_t j = 0; j < s.token_ids.size(); ++j) {
@@ -233,11 +222,6 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
       }
       qsl[i + 1] = static_cast<int32_t>(token_ids.size());
       seq_lens[i] = s.context_len();
-      // Entries dropped out of the sliding window become block 0, like the
-      // padding: the kernels never read them (they start at the window).
-      std::replace_copy(rows[i]->block_table.begin(), rows[i]->block_table.end(),
-                        block_tables.begin() + static_cast<size_t>(i) * max_blocks, kDroppedBlock,
-                        0);
       if (s.sample && !s.token_ids.empty()) {
         const int d = s.num_draft_tokens;
         if (d < 0 || d >= static_cast<int>(s.token_ids.size()) || (d > 0 && s.num_samples != 1))

@@ -67,5 +67,26 @@ TEST(BlockTableUpdateTest, RandomTablesAreRebuiltByTheRanges) {
   }
 }
 
+// The step's table: the longest row rounded up to 16 entries; padding and
+// blocks dropped out of a sliding window are block 0.
+TEST(BuildBlockTableTest, WidthRoundedUpPaddingAndDroppedBlocksAreZero) {
+  StepPlanMirror::Sequence a, b;
+  a.block_table = {7, 8, 9};
+  b.block_table.assign(17, 5);
+  b.block_table[0] = b.block_table[1] = kDroppedBlock;
+  const std::vector<const StepPlanMirror::Sequence*> rows = {&a, &b};
+  int width = 0;
+  const std::vector<int32_t> t = BuildBlockTable(rows, &width);
+  ASSERT_EQ(width, 32);
+  ASSERT_EQ(t.size(), 64u);
+  std::vector<int32_t> want(64, 0);
+  want[0] = 7, want[1] = 8, want[2] = 9;
+  for (int j = 2; j < 17; ++j) want[32 + j] = 5;
+  EXPECT_EQ(t, want);
+  const std::vector<const StepPlanMirror::Sequence*> none;
+  EXPECT_TRUE(BuildBlockTable(none, &width).empty());
+  EXPECT_EQ(width, 16);
+}
+
 }  // namespace
 }  // namespace pagedserve
