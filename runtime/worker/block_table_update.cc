@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "kernels/cache_ops.h"
+#include "runtime/common/status_macros.h"
+
 namespace pagedserve {
 
 std::vector<RowRange> ChangedRowRanges(std::span<const int32_t> held, std::span<const int32_t> next,
@@ -40,6 +43,26 @@ std::vector<int32_t> BuildBlockTable(std::span<const StepPlanMirror::Sequence* c
                       kDroppedBlock, 0);
   }
   return table;
+}
+
+namespace {
+std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
+  std::vector<kernels::BlockCopy> out;
+  out.reserve(pairs.size());
+  for (const BlockPair& p : pairs) out.push_back({p.src, p.dst});
+  return out;
+}
+}  // namespace
+
+absl::Status ApplyBlockOperations(const StepPlan& plan,
+                                  std::span<const kernels::KVCacheView> device,
+                                  std::span<const kernels::KVCacheView> cpu) {
+  if (!plan.swap_out.empty())
+    PS_RETURN_IF_ERROR(kernels::SwapBlocks(device, cpu, ToCopies(plan.swap_out)));
+  if (!plan.swap_in.empty())
+    PS_RETURN_IF_ERROR(kernels::SwapBlocks(cpu, device, ToCopies(plan.swap_in)));
+  if (!plan.copy.empty()) PS_RETURN_IF_ERROR(kernels::CopyBlocks(device, ToCopies(plan.copy)));
+  return absl::OkStatus();
 }
 
 }  // namespace pagedserve

@@ -9,6 +9,9 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "kernels/types.h"
+#include "runtime/common/step_plan.h"
 #include "runtime/common/step_plan_mirror.h"
 
 namespace pagedserve {
@@ -30,6 +33,16 @@ struct RowRange {
 // held.size() % width == 0, max_ranges >= 1.
 std::vector<RowRange> ChangedRowRanges(std::span<const int32_t> held, std::span<const int32_t> next,
                                        int rows, int width, int max_ranges);
+
+// A plan's block operations on one model's pools, in the plan's order:
+// swap_out (device -> CPU), swap_in (CPU -> device), copy (device ->
+// device, copy-on-write). The worker applies them to the target's pools and
+// to a draft model's (draft_model.h), which share block ids. Errors: those
+// of kernels::SwapBlocks / CopyBlocks (a block id out of a pool, mismatched
+// shapes); operations before the failing one have been applied.
+absl::Status ApplyBlockOperations(const StepPlan& plan,
+                                  std::span<const kernels::KVCacheView> device,
+                                  std::span<const kernels::KVCacheView> cpu);
 
 // A step's block table, [rows.size(), *width] row-major, from the mirrored
 // rows (StepPlanMirror::Sequence::block_table, non-null). The width (the row

@@ -3,20 +3,12 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cache_ops.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/worker/block_table_update.h"
 #include "runtime/worker/cpu_backend.h"
 
 namespace pagedserve {
 namespace {
-
-std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
-  std::vector<kernels::BlockCopy> out;
-  out.reserve(pairs.size());
-  for (const BlockPair& p : pairs) out.push_back({p.src, p.dst});
-  return out;
-}
 
 // Most tokens one catch-up pass feeds (bounds the draft's activations when a
 // sequence's first speculation feeds its whole prompt).
@@ -72,16 +64,6 @@ absl::Status DraftModel::AllocateCaches(int block_size, kernels::DType dtype,
   const auto cpu = model_->cpu_cache();
   device_layers_.assign(dev.begin(), dev.end());
   cpu_layers_.assign(cpu.begin(), cpu.end());
-  return absl::OkStatus();
-}
-
-absl::Status DraftModel::ApplyBlockOps(const StepPlan& plan) {
-  if (!plan.swap_out.empty())
-    PS_RETURN_IF_ERROR(kernels::SwapBlocks(device_layers_, cpu_layers_, ToCopies(plan.swap_out)));
-  if (!plan.swap_in.empty())
-    PS_RETURN_IF_ERROR(kernels::SwapBlocks(cpu_layers_, device_layers_, ToCopies(plan.swap_in)));
-  if (!plan.copy.empty())
-    PS_RETURN_IF_ERROR(kernels::CopyBlocks(device_layers_, ToCopies(plan.copy)));
   return absl::OkStatus();
 }
 

@@ -85,9 +85,10 @@ class DraftModel {
   absl::Status AllocateCaches(int block_size, kernels::DType dtype, int64_t num_device_blocks,
                               int64_t num_cpu_blocks);
 
-  // The plan's swap_out, swap_in and copy, on the draft's pools (call right
-  // after the target's, before the mirror applies the plan).
-  absl::Status ApplyBlockOps(const StepPlan& plan);
+  // The draft's pools (the worker applies each plan's block operations to
+  // them right after the target's: ApplyBlockOperations).
+  std::span<const kernels::KVCacheView> device_cache() const { return device_layers_; }
+  std::span<const kernels::KVCacheView> cpu_cache() const { return cpu_layers_; }
 
   // Runs the draft over `plan` after `mirror` applied it (the histories hold
   // this step's fed tokens, placeholders included): for each entry with

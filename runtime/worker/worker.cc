@@ -5,7 +5,6 @@
 
 #include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/cache_ops.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/weights.h"
 #include "runtime/worker/block_table_update.h"
@@ -14,13 +13,6 @@
 
 namespace pagedserve {
 namespace {
-
-std::vector<kernels::BlockCopy> ToCopies(const std::vector<BlockPair>& pairs) {
-  std::vector<kernels::BlockCopy> out;
-  out.reserve(pairs.size());
-  for (const BlockPair& p : pairs) out.push_back({p.src, p.dst});
-  return out;
-}
 
 // How the backend may reduce a sampled row (ModelBackend::LmHeadSample):
 // valid params without beams (whose scores need every logprob), and
@@ -180,20 +172,12 @@ absl::StatusOr<StepResult> Worker::Execute(const StepPlan& plan) {
   StepResult result;
   result.step_id = plan.step_id;
 
-  // Block operations, in the order the plan defines.
-  if (!plan.swap_out.empty()) {
-    auto pairs = ToCopies(plan.swap_out);
-    PS_RETURN_IF_ERROR(kernels::SwapBlocks(device_layers_, cpu_layers_, pairs));
+  // Block operations, in the order the plan defines, on the target's pools
+  // and the draft model's (which share the block ids).
+  PS_RETURN_IF_ERROR(ApplyBlockOperations(plan, device_layers_, cpu_layers_));
+  if (draft_ != nullptr) {
+    PS_RETURN_IF_ERROR(ApplyBlockOperations(plan, draft_->device_cache(), draft_->cpu_cache()));
   }
-  if (!plan.swap_in.empty()) {
-    auto pairs = ToCopies(plan.swap_in);
-    PS_RETURN_IF_ERROR(kernels::SwapBlocks(cpu_layers_, device_layers_, pairs));
-  }
-  if (!plan.copy.empty()) {
-    auto pairs = ToCopies(plan.copy);
-    PS_RETURN_IF_ERROR(kernels::CopyBlocks(device_layers_, pairs));
-  }
-  if (draft_ != nullptr) PS_RETURN_IF_ERROR(draft_->ApplyBlockOps(plan));  // the same on its pools
   // The plan's deltas bring the mirrored block tables and histories up to date.
   PS_RETURN_IF_ERROR(mirror_->Apply(plan));
   constraints_->Drop(plan.finished);
