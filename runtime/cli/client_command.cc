@@ -196,6 +196,7 @@ int Generate(Connection& conn, const std::string& text) {
     g.prompt = text;
   }
   g.sampling = *params;
+  g.max_tokens_given = MaxTokensFlagGiven();
   g.stream = absl::GetFlag(FLAGS_stream);
   g.cache_salt = absl::GetFlag(FLAGS_cache_salt);
   const int n = params->n;

@@ -114,7 +114,9 @@ PAGEDSERVE_FLAG("generate,serve", double, worker_step_timeout, 120,
                 "must exceed the longest step. A worker that dies on the coordinator's host is "
                 "noticed at once");
 
-PAGEDSERVE_FLAG("generate,client", int32_t, max_tokens, 16, "tokens to generate per sample");
+PAGEDSERVE_FLAG("generate,client", std::optional<int32_t>, max_tokens, std::nullopt,
+                "tokens to generate per sample; unset: 16, lowered to what the context has room "
+                "for (a value given beyond --max-model-len minus the prompt is refused)");
 PAGEDSERVE_FLAG("generate,client", double, temperature, 1.0, "sampling temperature; 0 = greedy");
 PAGEDSERVE_FLAG("generate,client", double, top_p, 1.0,
                 "nucleus sampling: smallest set of tokens with this probability mass, in (0, 1]");
@@ -377,10 +379,12 @@ std::vector<int32_t> EosTokenIds(const ModelConfig& model, const Tokenizer& toke
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   return ids;
 }
+bool MaxTokensFlagGiven() { return absl::GetFlag(FLAGS_max_tokens).has_value(); }
+
 absl::StatusOr<SamplingParams> SamplingParamsFromFlags() {
   SamplingParams p;
   p.n = absl::GetFlag(FLAGS_n);
-  p.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  p.max_tokens = absl::GetFlag(FLAGS_max_tokens).value_or(kDefaultMaxTokens);
   p.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
   p.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
   p.top_k = absl::GetFlag(FLAGS_top_k);

@@ -99,7 +99,7 @@ ABSL_DECLARE_FLAG(std::string, log_color);
 ABSL_DECLARE_FLAG(std::string, log_level);
 ABSL_DECLARE_FLAG(std::string, log_format);
 
-ABSL_DECLARE_FLAG(int32_t, max_tokens);
+ABSL_DECLARE_FLAG(std::optional<int32_t>, max_tokens);
 ABSL_DECLARE_FLAG(double, temperature);
 ABSL_DECLARE_FLAG(double, top_p);
 ABSL_DECLARE_FLAG(int32_t, top_k);
@@ -167,7 +167,13 @@ std::vector<int32_t> EosTokenIds(const ModelConfig& model, const Tokenizer& toke
 // SamplingParams from the sampling flags, checked with SamplingParams::Validate
 // (its message, prefixed by the flag syntax, on error). Stop strings: every
 // --stop occurrence, each split at commas.
+// --max-tokens unset: 16 (SamplingParams' default), which the engine lowers to
+// the context's room (EngineRequest::max_tokens_is_default).
 absl::StatusOr<SamplingParams> SamplingParamsFromFlags();
+inline constexpr int32_t kDefaultMaxTokens = 16;
+// Whether --max-tokens was given (a value the engine refuses, not lowers,
+// when the context has no room for it).
+bool MaxTokensFlagGiven();
 
 // The prompt text: --prompt, or all of stdin when the flag was not given.
 // InvalidArgument when it is empty.

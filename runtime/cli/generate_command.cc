@@ -137,6 +137,7 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
   request.request_id = "generate-0";
   request.prompt_token_ids = *std::move(ids);
   request.params = *params;
+  request.max_tokens_is_default = !MaxTokensFlagGiven();
   const int n = params->n;
   if (absl::Status s = (*engine)->AddRequest(std::move(request)); !s.ok()) {
     PrintError(s);

@@ -106,6 +106,13 @@ absl::Status Scheduler::CheckAdmissible(int64_t prompt_len, const SamplingParams
         p.n < 1 ? "n" : "max_tokens",
         absl::StrCat("n and max_tokens must be >= 1, got n=", p.n, " max_tokens=", p.max_tokens));
   }
+  if (prompt_len + p.max_tokens > m) {
+    return FieldError(
+        "max_tokens",
+        absl::StrCat("max_tokens (", p.max_tokens, ") is too large: max_model_len is ", m,
+                     " and the prompt has ", prompt_len, " tokens, so at most ", m - prompt_len,
+                     " tokens can be generated; lower max_tokens or shorten the prompt"));
+  }
   const int32_t seqs = p.max_seqs();
   const char* what = p.use_beam_search ? "the beam width" : "n";
   const char* field = p.use_beam_search ? "best_of" : "n";
@@ -113,7 +120,7 @@ absl::Status Scheduler::CheckAdmissible(int64_t prompt_len, const SamplingParams
     return FieldError(field, absl::StrCat(what, " (", seqs, ") exceeds --max-num-seqs (",
                                           config_.max_num_seqs, ")"));
   }
-  const int64_t total = std::min<int64_t>(prompt_len + p.max_tokens, m);
+  const int64_t total = prompt_len + p.max_tokens;
   // Every sequence counted with its own copy of the prompt, although forked
   // siblings share the prompt's full blocks: a group preempted by recompute
   // (also swap's fallback) prefills each sequence again on its own, and
@@ -126,9 +133,9 @@ absl::Status Scheduler::CheckAdmissible(int64_t prompt_len, const SamplingParams
         "max_tokens",
         absl::StrCat("request needs ", needed, " KV blocks (", what, " ", seqs, " x ", total,
                      " tokens: prompt ", prompt_len, " + max_tokens ", p.max_tokens,
-                     ", capped at max_model_len ", m, ", in blocks of ", config_.block_size,
-                     ") but the KV cache admits at most ", limit, " (", config_.num_device_blocks,
-                     " blocks - watermark ", bm_->watermark_blocks(), "); lower max_tokens or n"));
+                     ", in blocks of ", config_.block_size, ") but the KV cache admits at most ",
+                     limit, " (", config_.num_device_blocks, " blocks - watermark ",
+                     bm_->watermark_blocks(), "); lower max_tokens or n"));
   }
   return absl::OkStatus();
 }

@@ -30,16 +30,18 @@
 //      block tables and sampling parameters.
 //
 // Admission bound (AddRequest, and CheckAdmissible for the front end): a
-// request is accepted when prompt_len < max_model_len and
-//   n * ceil(min(prompt_len + max_tokens, max_model_len) / block_size)
+// request is accepted when prompt_len + max_tokens <= max_model_len (vLLM's
+// rule; a front end lowers a max_tokens the client did not send to the room
+// first, Engine::CapDefaultMaxTokens) and
+//   n * ceil((prompt_len + max_tokens) / block_size)
 //     <= num_device_blocks - watermark_blocks,
 // and n <= max_num_seqs (n = the beam width for beam search). The same bound makes every accepted
 // request schedulable alone, so the queue always moves.
 //
 // Stop conditions (ProcessResult): EOS (unless ignore_eos) and
-// stop_token_ids -> "stop"; max_tokens or max_model_len -> "length". A
-// request gets exactly max_tokens tokens whenever prompt + max_tokens <=
-// max_model_len and no stop condition fires. Stop strings are checked by the
+// stop_token_ids -> "stop"; max_tokens (or max_model_len, a guard the
+// admission bound leaves unreachable) -> "length". A request gets exactly
+// max_tokens tokens unless a stop condition fires. Stop strings are checked by the
 // caller after detokenizing, which then calls FinishRequest(id, kStop).
 //
 // Beam search (SamplingParams::use_beam_search; runtime/coordinator/beam_search.h):

@@ -89,6 +89,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options,
                                             *std::move(scheduler), metrics));
 }
 
+void Engine::CapDefaultMaxTokens(EngineRequest* request) const {
+  if (!request->max_tokens_is_default) return;
+  request->max_tokens_is_default = false;
+  const int64_t room = static_cast<int64_t>(scheduler_->config().max_model_len) -
+                       static_cast<int64_t>(request->prompt_token_ids.size());
+  int& max_tokens = request->params.max_tokens;
+  max_tokens = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(max_tokens, room)));
+}
+
 absl::Status Engine::CheckRequest(const std::vector<int32_t>& prompt_token_ids,
                                   const SamplingParams& params) const {
   if (absl::Status s = params.Validate(); !s.ok()) return s;
@@ -167,6 +176,7 @@ absl::Status Engine::AddRequest(EngineRequest request) {
     return absl::FailedPreconditionError(
         absl::StrCat("the engine stopped after a fatal error: ", broken_.message()));
   }
+  CapDefaultMaxTokens(&request);
   if (absl::Status s = CheckRequest(request.prompt_token_ids, request.params); !s.ok()) return s;
   if (absl::Status s = CheckCacheSalt(request.cache_salt); !s.ok()) return s;
 

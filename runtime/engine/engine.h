@@ -95,6 +95,12 @@ struct EngineRequest {
   // different salts never share cached KV blocks. Empty = no salt. Checked by
   // AddRequest with CheckCacheSalt; a front end parses it and passes it here.
   std::string cache_salt;
+  // True when params.max_tokens is the front end's default, not the client's
+  // value: AddRequest (and EngineLoop::Submit) then lower it to the context's
+  // room, max_model_len - prompt length (CapDefaultMaxTokens). A client's own
+  // max_tokens beyond that room is refused (InvalidArgument naming
+  // max_tokens), as vLLM refuses it.
+  bool max_tokens_is_default = false;
 };
 
 // New output of one sequence (sample index) of a request since the last Step.
@@ -145,14 +151,21 @@ class Engine {
                                                         std::vector<int32_t> eos_token_ids,
                                                         Metrics* metrics = nullptr);
 
-  // Validates the parameters and admission bound (prompt + max_tokens vs the
-  // pool and max_model_len) and queues the request. Errors: those of
+  // Caps a default max_tokens (CapDefaultMaxTokens), validates the parameters
+  // and admission bound (prompt + max_tokens vs the pool and max_model_len)
+  // and queues the request. Errors: those of
   // CheckRequest, AlreadyExists (duplicate id), FailedPrecondition (the engine
   // stopped after a fatal error).
   absl::Status AddRequest(EngineRequest request);
   // Aborts a request: its blocks are freed in the next step and a final output
   // with finish_reason "abort" is produced by the next Step. NotFound if unknown.
   absl::Status Abort(const std::string& request_id);
+
+  // When request->max_tokens_is_default: lowers params.max_tokens to
+  // max(1, max_model_len - prompt length), so that a default never makes a
+  // request inadmissible; the flag is cleared. No-op otherwise. Thread-safe
+  // like CheckRequest.
+  void CapDefaultMaxTokens(EngineRequest* request) const;
 
   // The checks of AddRequest without queueing anything (parameters, token ids,
   // admission bound), for a front end that answers before queueing. Errors:

@@ -48,6 +48,7 @@ EngineLoop::EngineLoop(Engine* engine, EngineLoopOptions options)
 // NOLINTNEXTLINE(performance-unnecessary-value-param)
 absl::Status EngineLoop::Submit(EngineRequest request, std::shared_ptr<RequestChannel> channel) {
   // Thread-safe: reads only what is fixed at Engine::Create.
+  engine_->CapDefaultMaxTokens(&request);
   if (absl::Status s = engine_->CheckRequest(request.prompt_token_ids, request.params); !s.ok())
     return s;
   if (absl::Status s = engine_->CheckCacheSalt(request.cache_salt); !s.ok()) return s;

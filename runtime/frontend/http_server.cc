@@ -522,6 +522,7 @@ HttpCore::Started HttpCore::StartGeneration(openai::Endpoint endpoint, const std
     er.request_id = job->output->engine_ids()[p];
     er.prompt_token_ids = job->request.prompts[p];
     er.params = job->request.params;
+    er.max_tokens_is_default = !job->request.max_tokens_given;
     er.priority = job->request.priority;
     er.cache_salt = job->request.cache_salt;
     if (absl::Status s = b->loop->Submit(std::move(er), job->channel); !s.ok()) {

@@ -244,6 +244,7 @@ Check ParseGenerate(const json& obj, std::string_view text, const ParseOptions& 
   if (Check c = ReadPrompt(obj, opt, req)) return c;
   SamplingParams& sp = req.sampling;
   if (Check c = ReadSampling(obj, opt, sp)) return c;
+  req.max_tokens_given = Member(obj, "max_tokens") != nullptr;
   if (absl::StatusOr<StructuredOutputField> so = StructuredOutputFromJson(obj, text); !so.ok()) {
     return Invalid(std::string(so.status().message()));
   } else {
@@ -420,7 +421,7 @@ json ToJson(const GenerateRequest& r) {
   }
   const SamplingParams& s = r.sampling;
   j["n"] = s.n;
-  j["max_tokens"] = s.max_tokens;
+  if (r.max_tokens_given) j["max_tokens"] = s.max_tokens;
   j["temperature"] = WireFloat(s.temperature);
   j["top_p"] = WireFloat(s.top_p);
   j["top_k"] = s.top_k;

@@ -68,7 +68,12 @@ struct GenerateRequest {
   std::string id;  // non-empty, <= kMaxIdBytes; unique among the client's in-flight requests
   Prompt prompt;
   SamplingParams sampling;  // validated with SamplingParams::Validate()
-  bool stream = false;      // true: delta messages, then a final message
+  // "max_tokens" was sent. Unset: sampling.max_tokens is the default (16),
+  // which the server lowers to the context's room; a value sent beyond the
+  // room is refused (EngineRequest::max_tokens_is_default). The encoder
+  // writes max_tokens only when this is set.
+  bool max_tokens_given = false;
+  bool stream = false;  // true: delta messages, then a final message
   // Prefix-cache isolation (runtime/common/cache_salt.h): empty = none; else
   // 1..256 visible ASCII bytes (ValidateCacheSalt). Goes to EngineRequest.
   std::string cache_salt;

@@ -374,6 +374,7 @@ struct Server::Impl {
     er.request_id = eid;
     er.prompt_token_ids = *std::move(ids);
     er.params = g.sampling;
+    er.max_tokens_is_default = !g.max_tokens_given;
     er.cache_salt = g.cache_salt;
     er.priority = g.priority;
     if (g.tools.parse_tool_calls()) {

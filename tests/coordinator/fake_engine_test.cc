@@ -22,6 +22,9 @@
 namespace pagedserve {
 namespace {
 
+// Every configuration's max_model_len; workloads stay within it.
+constexpr int kMaxModelLen = 96;
+
 using testing::FakeEngine;
 using Outputs = std::map<std::string, std::map<int32_t, std::vector<int32_t>>>;
 
@@ -54,7 +57,9 @@ Workload MakeWorkload(uint64_t seed, int n, bool with_aborts, bool with_beams = 
     const int len = rand(1, 40);
     for (int k = 0; k < len; ++k)
       r.prompt_token_ids.push_back(rand(1, 6));  // tiny vocab: shared blocks
-    r.params.max_tokens = rand(1, 60);
+    // Within the context (prompt + max_tokens <= max_model_len: the admission bound).
+    r.params.max_tokens =
+        std::min(rand(1, 60), kMaxModelLen - static_cast<int>(r.prompt_token_ids.size()));
     r.params.n = rand(0, 4) == 0 ? rand(2, 3) : 1;
     r.params.temperature = r.params.n > 1 ? 1.0f : 0.0f;
     r.params.ignore_eos = rand(0, 1) == 0;
@@ -279,7 +284,7 @@ SchedulerConfig Base(int32_t blocks, int32_t cpu_blocks) {
   c.num_cpu_blocks = cpu_blocks;
   c.max_num_seqs = 12;
   c.max_num_batched_tokens = 24;
-  c.max_model_len = 96;
+  c.max_model_len = kMaxModelLen;
   c.watermark = 0.02;
   return c;
 }
@@ -471,7 +476,7 @@ TEST(PrefixCacheTest, WarmRunEqualsColdRunEvenAfterAbortedWarmup) {
   for (size_t i = 0; i < w.items.size(); ++i) {
     Request r = w.items[i].req;
     r.request_id = "warm" + std::to_string(i);
-    r.params.max_tokens = 60;
+    r.params.max_tokens = std::min(60, kMaxModelLen - static_cast<int>(r.prompt_token_ids.size()));
     ASSERT_TRUE(sched->AddRequest(r).ok());
   }
   step();

@@ -147,7 +147,15 @@ TEST(SchedulerTest, RequestLargerThanPoolIsRejectedAndTheNextRuns) {
   SchedulerConfig c = Config(20);  // 80 tokens
   c.max_model_len = 64;
   Driver d(c);
-  Request big = Req("big", 60, 30);  // min(90, 64) = 64 tokens = 16 blocks: fits
+  // prompt + max_tokens over max_model_len: refused naming max_tokens and the
+  // room (vLLM's rule), not cut short with "length" later.
+  Request over = Req("big", 60, 30);
+  const absl::Status too_long = d.sched->AddRequest(over);
+  EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FieldOf(too_long), "max_tokens");
+  EXPECT_NE(too_long.message().find("at most 4 tokens can be generated"), std::string::npos)
+      << too_long;
+  Request big = Req("big", 60, 4);  // 64 tokens = 16 blocks: fits, exactly max_model_len
   EXPECT_TRUE(d.sched->AddRequest(big).ok());
   Request huge = Req("huge", 30, 20);
   huge.params.n = 2;  // 2 x 50 tokens = 26 blocks > 20
@@ -170,7 +178,7 @@ TEST(SchedulerTest, RequestLargerThanPoolIsRejectedAndTheNextRuns) {
   EXPECT_TRUE(d.sched->AddRequest(Req("next", 5, 3)).ok());
   ASSERT_TRUE(d.RunToCompletion());
   EXPECT_EQ(d.tokens["next"][0].size(), 3u);
-  EXPECT_EQ(d.tokens["big"][0].size(), 4u);  // stopped by max_model_len: 60 + 4 = 64
+  EXPECT_EQ(d.tokens["big"][0].size(), 4u);  // max_tokens, ending at max_model_len: 60 + 4 = 64
   EXPECT_EQ(d.reasons["big"][0], FinishReason::kLength);
   EXPECT_EQ(d.tokens.count("huge"), 0u);
 }
@@ -741,7 +749,9 @@ TEST(SchedulerTest, SwapPreemptionRestoresIdenticalBlocks) {
     c.max_model_len = 40;
     Driver d(c);
     for (int i = 0; i < 6; ++i)
-      EXPECT_TRUE(d.sched->AddRequest(Req("r" + std::to_string(i), 6 + i, 30, 50 * i)).ok());
+      EXPECT_TRUE(
+          d.sched->AddRequest(Req("r" + std::to_string(i), 6 + i, std::min(30, 34 - i), 50 * i))
+              .ok());
     EXPECT_TRUE(d.RunToCompletion());
     *st = d.sched->stats();
     return d.tokens;
@@ -762,9 +772,9 @@ TEST(SchedulerTest, VictimIsTheMostRecentlyArrivedRunningRequest) {
   SchedulerConfig c = Config(16);
   c.max_model_len = 48;
   Driver d(c);
-  Request a = Req("old", 20, 40);
+  Request a = Req("old", 20, 28);  // 48 tokens: max_model_len
   a.arrival_time = 1.0;
-  Request b = Req("new", 20, 40, 100);
+  Request b = Req("new", 20, 28, 100);
   b.arrival_time = 2.0;
   ASSERT_TRUE(d.sched->AddRequest(a).ok());
   ASSERT_TRUE(d.sched->AddRequest(b).ok());

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/common/field_error.h"
 #include "runtime/engine/engine.h"
 #include "runtime/tokenizer/loaders.h"
 #include "tests/common/fixture_tokenizer.h"
@@ -408,6 +409,38 @@ TEST(EngineLogicTest, InvalidRequestsAreRejectedWithClearErrorsAndTheNextRuns) {
   EXPECT_EQ(all.size(), 1u);
   EXPECT_EQ(all["ok"].text[0], " fine");
   EXPECT_EQ(all["ok"].reason[0], "length");
+}
+
+// vLLM's rule: a max_tokens the client gave that the context has no room for
+// (prompt + max_tokens > max_model_len) is refused naming max_tokens; a front
+// end's default (max_tokens_is_default) is lowered to the room instead.
+TEST(EngineLogicTest, MaxTokensBeyondTheContextIsRefusedUnlessItIsADefault) {
+  EngineSetup s;
+  s.max_model_len = 64;
+  auto e = MakeEngine({}, s);
+  const std::vector<int32_t> prompt(60, Key("A"));
+  absl::Status st = e->AddRequest(Req("over", prompt, 5));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_EQ(FieldOf(st), "max_tokens");
+  EXPECT_NE(st.message().find("at most 4 tokens can be generated"), std::string::npos) << st;
+  EXPECT_EQ(e->CheckRequest(prompt, Req("x", {}, 5).params).message(), st.message());
+  EngineRequest defaulted = Req("default", prompt, 16, {}, 2);
+  defaulted.max_tokens_is_default = true;
+  ASSERT_TRUE(e->AddRequest(defaulted).ok());
+  ASSERT_TRUE(e->AddRequest(Req("exact", prompt, 4)).ok());
+  // A default under the room stays as it is.
+  EngineRequest small = Req("small", Ids("A"), 3);
+  small.max_tokens_is_default = true;
+  ASSERT_TRUE(e->AddRequest(small).ok());
+  auto all = RunAll(*e);
+  ASSERT_EQ(all["default"].tokens.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(all["default"].tokens[i].size(), 4u) << i;
+    EXPECT_EQ(all["default"].reason[i], "length") << i;
+  }
+  EXPECT_EQ(all["exact"].tokens[0].size(), 4u);
+  EXPECT_EQ(all["small"].tokens[0].size(), 3u);
+  ExpectAllFreed(*e);
 }
 
 // vLLM's default max_model_len: the model's context, lowered to the longest

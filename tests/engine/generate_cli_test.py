@@ -11,6 +11,7 @@ naming the problem.
 """
 
 import json
+import re
 import subprocess
 import sys
 
@@ -75,6 +76,18 @@ def main():
     rc, out, err = run(binary, ["--model", model, "--prompt", ref["long"]["text"], "--max-model-len", "64",
                                 "--kv-cache-memory", str(32 << 20)])
     check(rc == 2 and "max_model_len" in err, f"prompt over --max-model-len rejected: rc={rc}, stderr={err.strip()!r}")
+    # prompt + max_tokens over --max-model-len: a given --max-tokens is refused naming it; the
+    # default (16) is lowered to the room, so prompt + completion fill the 8-token context.
+    tiny = ["--model", model, "--prompt", "x", "--max-model-len", "8", "--kv-cache-memory", str(32 << 20),
+            "--temperature", "0", "--ignore-eos"]
+    rc, out, err = run(binary, tiny + ["--max-tokens", "16"])
+    check(rc == 2 and "max_tokens (16) is too large" in err,
+          f"--max-tokens beyond the context refused: rc={rc}, stderr={err.strip()!r}")
+    rc, out, err = run(binary, tiny)
+    counts = dict(re.findall(r"\b(prompt_tokens|completion_tokens)=(\d+)", err))
+    check(rc == 0 and "finish_reason=length" in err and
+          int(counts.get("prompt_tokens", 0)) + int(counts.get("completion_tokens", 0)) == 8,
+          f"default --max-tokens lowered to the room: rc={rc}, stderr={err.strip()!r}")
     rc, out, err = run(binary, ["--model", model, "--prompt", "x", "--block-size", "7"])
     check(rc == 2 and "--block-size" in err, f"--block-size 7: rc={rc}, stderr={err.strip()!r}")
     rc, out, err = run(binary, ["--model", model, "stray"])

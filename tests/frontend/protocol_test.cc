@@ -258,6 +258,7 @@ TEST(ProtocolTest, ParsesEveryFieldOfAGenerateRequest) {
   const SamplingParams& s = g.sampling;
   EXPECT_EQ(s.n, 2);
   EXPECT_EQ(s.max_tokens, 32);
+  EXPECT_TRUE(g.max_tokens_given);  // refused, not lowered, beyond the context's room
   EXPECT_FLOAT_EQ(s.temperature, 0.7f);
   EXPECT_FLOAT_EQ(s.top_p, 0.9f);
   EXPECT_EQ(s.top_k, 40);
@@ -285,6 +286,7 @@ TEST(ProtocolTest, ParsesEveryFieldOfAGenerateRequest) {
   EXPECT_FALSE(c.sampling.seed.has_value());
   EXPECT_EQ(c.sampling.temperature, SamplingParams{}.temperature);
   EXPECT_EQ(c.sampling.max_tokens, SamplingParams{}.max_tokens);
+  EXPECT_FALSE(c.max_tokens_given);  // the default: the server lowers it to the room
   EXPECT_FALSE(c.stream);
 
   r = ParseRequest(R"({"version":1,"type":"abort","id":"abc"})");
@@ -344,6 +346,13 @@ TEST(ProtocolTest, ValidRequestsRoundTrip) {
   g.prompt = std::string("plain text");
   EXPECT_TRUE(*ParseRequest(SerializeRequest(g)).request == Request{g});
   g.prompt = std::vector<int32_t>{5, 6, 7};
+  EXPECT_TRUE(*ParseRequest(SerializeRequest(g)).request == Request{g});
+  // max_tokens travels only when given: a default stays a default (lowered to
+  // the context's room by the server), a given value stays given.
+  EXPECT_EQ(json::parse(SerializeRequest(g)).count("max_tokens"), 0u);
+  g.sampling.max_tokens = 40;
+  g.max_tokens_given = true;
+  EXPECT_EQ(json::parse(SerializeRequest(g))["max_tokens"], 40);
   EXPECT_TRUE(*ParseRequest(SerializeRequest(g)).request == Request{g});
 }
 

@@ -531,8 +531,19 @@ class ClientsTest(unittest.TestCase):
         self.assertIn(b"finish_reason=", r.stderr)
         r = subprocess.run(base + ["--top-p=1.5", "x"], capture_output=True, timeout=30)
         self.assertEqual(r.returncode, 2, r.stderr)
-        r = subprocess.run(base + ["--max-tokens=300", "x"], capture_output=True, timeout=30)
-        self.assertEqual(r.returncode, 0, r.stderr)  # capped at max_model_len: length
+        # A given --max-tokens beyond the context's room is refused naming it (vLLM's 400);
+        # the default is lowered to the room instead (a prompt that leaves room for fewer than 16).
+        r = subprocess.run(base + [f"--max-tokens={MAX_MODEL_LEN}", "x"], capture_output=True, timeout=30)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn(b"invalid_request: max_tokens (256) is too large", r.stderr)
+        near_full = "x" + " x" * (MAX_MODEL_LEN - 12)
+        with pagedserve_client.Client(SERVER.endpoint, timeout=REPLY_TIMEOUT) as c:
+            room = MAX_MODEL_LEN - c.generate(near_full, max_tokens=1).usage["prompt_tokens"]
+        self.assertTrue(0 < room < 16, room)
+        r = subprocess.run(base + ["--temperature=0", "--ignore-eos", near_full], capture_output=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(b"finish_reason=length", r.stderr)
+        self.assertIn(f"completion_tokens={room} ".encode(), r.stderr)
         dead = [ARGS.pagedserve, "client", f"--zmq-endpoint=tcp://127.0.0.1:{free_port()}", "--health",
                 "--client-timeout=0.5"]
         r = subprocess.run(dead, capture_output=True, timeout=30)

@@ -381,6 +381,44 @@ TEST(HttpServerTest, DeeplyNestedBodiesAre400AndTheServerKeepsServing) {
   EXPECT_EQ(s.WaitStatusCount(404, 1), 1);
 }
 
+// prompt + max_tokens over --max-model-len: 400 naming max_tokens when the
+// client sent it (vLLM's answer), not a reply cut short with "length"; the
+// completions default (16) is lowered to the room instead, per prompt.
+TEST(HttpServerTest, MaxTokensBeyondTheContextIs400UnlessItIsTheDefault) {
+  Server::Config c;
+  c.max_model_len = 20;
+  Server s(c);
+  std::string prompt = "A";
+  for (int i = 0; i < 14; ++i) prompt += " A";
+  // As the server encodes a completions prompt (special tokens added).
+  const int room = 20 - static_cast<int>(Tok().Encode(prompt).size());
+  ASSERT_GE(room, 2);
+  ASSERT_LT(room, 16);
+  auto body = [&](const std::string& extra) {
+    return absl::StrCat(R"({"prompt": ")", prompt, R"(")", extra, "}");
+  };
+  Response over = Request(s.port(), "POST", "/v1/completions",
+                          body(absl::StrCat(R"(, "max_tokens": )", room + 1)));
+  ASSERT_EQ(over.status, 400) << over.head << over.body;
+  EXPECT_EQ(ErrorOf(over)["param"], "max_tokens");
+  EXPECT_NE(ErrorOf(over).value("message", "").find(absl::StrCat("at most ", room, " tokens")),
+            std::string::npos)
+      << over.body;
+  Response fits =
+      Request(s.port(), "POST", "/v1/completions", body(absl::StrCat(R"(, "max_tokens": )", room)));
+  ASSERT_EQ(fits.status, 200) << fits.head << fits.body;
+  EXPECT_EQ(json::parse(fits.body)["usage"]["completion_tokens"], room);
+  // No max_tokens: the default 16 becomes the room for the long prompt and
+  // stays 16 for "A" (the room is below 16).
+  Response defaulted = Request(s.port(), "POST", "/v1/completions",
+                               absl::StrCat(R"({"prompt": [")", prompt, R"(", "A"]})"));
+  ASSERT_EQ(defaulted.status, 200) << defaulted.head << defaulted.body;
+  const json d = json::parse(defaulted.body);
+  EXPECT_EQ(d["usage"]["completion_tokens"], room + 16) << d.dump();
+  for (const json& choice : d["choices"]) EXPECT_EQ(choice["finish_reason"], "length");
+  EXPECT_TRUE(s.WaitIdle());
+}
+
 // A request whose prompts outnumber the waiting queue (--max-queue-len) can
 // never be admitted: 400 naming the prompt, not 429 "retry later" (each prompt
 // is one engine request); one that fits is served.
