@@ -198,7 +198,26 @@ absl::Status SpeculativeFromFlags(ModelSetup* s) {
       ParseSpeculativeConfig(absl::GetFlag(FLAGS_speculative_config));
   if (!spec.ok()) return spec.status();  // names --speculative-config and the key
   c.speculative = *std::move(spec);
-  s->worker.draft_model_path = c.speculative.model;  // checked by Worker::Create
+  s->worker.draft_model_path = c.speculative.model;
+  if (c.speculative.model.empty()) return absl::OkStatus();
+  // Before the target loads (minutes for a large one): the path names a model
+  // of the target's vocabulary size. Worker::Create checks the loaded draft
+  // again (every front end).
+  const std::string& draft = c.speculative.model;
+  std::error_code ec;
+  if (!std::filesystem::exists(draft, ec))
+    return absl::NotFoundError(
+        absl::StrCat("--speculative-config: draft model '", draft, "' does not exist"));
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(draft);
+  if (!config.ok())
+    return absl::Status(
+        config.status().code(),
+        absl::StrCat("--speculative-config: draft model ", draft, ": ", config.status().message()));
+  if (config->vocab_size != s->model.vocab_size)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--speculative-config: draft model '", draft, "' has a vocabulary of ",
+                     config->vocab_size, " tokens, the target ", s->model.vocab_size,
+                     ": a draft model must share the target's vocabulary"));
   return absl::OkStatus();
 }
 

@@ -20,7 +20,9 @@ absl::StatusOr<int32_t> GetInt(const nlohmann::json& j, const char* key) {
   const nlohmann::json& v = j.at(key);
   if (!v.is_number_integer()) return Bad(key, absl::StrCat("must be an integer, got ", v.dump()));
   const int64_t x = v.get<int64_t>();
-  if (x < 0 || x > 1 << 20) return Bad(key, absl::StrCat("is out of range: ", x));
+  // Far beyond any valid value (int32 safety); the ranges are Validate's, so
+  // that -1 and 17 get the same "must be in [...]" message.
+  if (x < -(1 << 20) || x > 1 << 20) return Bad(key, absl::StrCat("is out of range: ", x));
   return static_cast<int32_t>(x);
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -1152,7 +1153,16 @@ absl::Status AddGenerationConfigEos(std::string_view json_text, std::string_view
 absl::StatusOr<ModelConfig> LoadHfConfig(const std::string& dir) {
   std::string path = dir + "/config.json";
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  if (!in) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) {
+      return absl::NotFoundError(
+          absl::StrCat("'", dir,
+                       "' is not a model: a model is a .gguf file or a Hugging Face folder with "
+                       "config.json, and it has no config.json"));
+    }
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  }
   std::stringstream ss;
   ss << in.rdbuf();
   PS_ASSIGN_OR_RETURN(ModelConfig c, ModelConfigFromHfJson(ss.str(), path));

@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 
 
 def run(binary, args, stdin=None):
@@ -88,6 +89,14 @@ def main():
     check(rc == 0 and "finish_reason=length" in err and
           int(counts.get("prompt_tokens", 0)) + int(counts.get("completion_tokens", 0)) == 8,
           f"default --max-tokens lowered to the room: rc={rc}, stderr={err.strip()!r}")
+    # A bad draft model is refused before the target loads (no "Loading weights" line).
+    with tempfile.TemporaryDirectory() as empty:
+        for draft, says in (("/nonexistent/draft.gguf", "does not exist"), (empty, "is not a model")):
+            spec = json.dumps({"model": draft, "num_speculative_tokens": 2})
+            rc, out, err = run(binary, ["--model", model, "--prompt", "x", "--speculative-config", spec])
+            check(rc != 0 and "--speculative-config: draft model" in err and says in err
+                  and "Loading weights" not in err,
+                  f"draft model {draft!r} refused before the target loads: rc={rc}, stderr={err.strip()!r}")
     rc, out, err = run(binary, ["--model", model, "--prompt", "x", "--block-size", "7"])
     check(rc == 2 and "--block-size" in err, f"--block-size 7: rc={rc}, stderr={err.strip()!r}")
     rc, out, err = run(binary, ["--model", model, "stray"])
