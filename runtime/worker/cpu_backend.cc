@@ -103,6 +103,27 @@ void ApplyRope(float* x, int64_t n, int heads, int head_size, int rotary_half, i
   }
 }
 
+void MoeCombine(const float* pair_out, const int32_t* token_pairs, const float* pair_weights,
+                int64_t n, int top_k, int64_t hidden, const float* shared_out,
+                const float* shared_logit, float* y) {
+#pragma omp parallel for schedule(static) if (n * hidden * top_k >= (1 << 16))
+  for (int64_t t = 0; t < n; ++t) {
+    float* dst = y + t * hidden;
+    std::fill_n(dst, hidden, 0.0f);
+    for (int j = 0; j < top_k; ++j) {
+      const int64_t i = token_pairs[t * top_k + j];
+      const float wt = pair_weights[i];
+      const float* src = pair_out + i * hidden;
+      for (int64_t c = 0; c < hidden; ++c) dst[c] += wt * src[c];
+    }
+    if (shared_out != nullptr) {
+      const float g = 1.0f / (1.0f + std::exp(-shared_logit[t]));
+      const float* src = shared_out + t * hidden;
+      for (int64_t c = 0; c < hidden; ++c) dst[c] += g * src[c];
+    }
+  }
+}
+
 void SiluMul(const float* gate, const float* up, int64_t count, float* out) {
   // Chunks of whole vectors (kernels::cpu::SiluAndMul), so that each element is
   // computed the same way whatever the split.
@@ -536,9 +557,18 @@ class CpuBackend final : public ModelBackend {
       if (routing_.offsets[e + 1] > routing_.offsets[e]) active_experts_.push_back(e);
     pair_out_.resize(routing_.tokens.size() * static_cast<size_t>(hidden));
     PS_RETURN_IF_ERROR(RunExperts(F(x), hidden, w));
-    SumExperts(n, hidden, static_cast<float*>(y_sums.data));
-    if (w.has_shared())
-      PS_RETURN_IF_ERROR(AddSharedExpert(x, n, w, static_cast<float*>(y_sums.data)));
+    const float* shared_out = nullptr;
+    const float* shared_logit = nullptr;
+    if (w.has_shared()) {
+      PS_RETURN_IF_ERROR(RunSharedExpert(x, n, w));
+      shared_out = shared_out_.data();
+      shared_logit = shared_weight_.data();
+    }
+    token_pairs_.resize(routing_.tokens.size());
+    TokenPairPositions(routing_, token_pairs_.data());
+    cpu_ops::MoeCombine(pair_out_.data(), token_pairs_.data(), routing_.token_weights.data(), n,
+                        routing_.top_k, hidden, shared_out, shared_logit,
+                        static_cast<float*>(y_sums.data));
     return absl::OkStatus();
   }
 
@@ -606,10 +636,11 @@ class CpuBackend final : public ModelBackend {
                   pair_out_.data() + begin * hidden);
   }
 
-  // Qwen2-MoE's shared expert over all n rows of x, added to y [n, hidden]:
-  // y[t] += sigmoid(x[t] . shared_expert_gate) * down_s(silu(gate_s x[t]) *
-  // up_s x[t]) (the sum as transformers' expert_output + shared_output).
-  absl::Status AddSharedExpert(GemmInput x, int64_t n, const BackendExperts& w, float* y) {
+  // Qwen2-MoE's shared expert over all n rows of x: shared_out_ [n, hidden]
+  // = down_s(silu(gate_s x[t]) * up_s x[t]) and shared_weight_ [n] = x[t] .
+  // shared_expert_gate (its gate's logit; MoeCombine adds sigmoid of it
+  // times the row, as transformers' expert_output + shared_output).
+  absl::Status RunSharedExpert(GemmInput x, int64_t n, const BackendExperts& w) {
     const int64_t hidden = w.shared_down.rows, inter = w.shared_gate.rows;
     shared_gate_.resize(static_cast<size_t>(n) * inter);
     shared_up_.resize(shared_gate_.size());
@@ -620,42 +651,8 @@ class CpuBackend final : public ModelBackend {
                                   {w.shared_expert_gate, BackendVector{}, shared_weight_.data()}};
     PS_RETURN_IF_ERROR(LinearGroup(x, n, gate_up));
     cpu_ops::SiluMul(shared_gate_.data(), shared_up_.data(), n * inter, shared_gate_.data());
-    PS_RETURN_IF_ERROR(Linear(GemmInput{shared_gate_.data()}, n, w.shared_down, BackendVector{},
-                              shared_out_.data()));
-#pragma omp parallel for schedule(static) if (n * hidden >= (1 << 16))
-    for (int64_t t = 0; t < n; ++t) {
-      const float g = 1.0f / (1.0f + std::exp(-shared_weight_[t]));
-      const float* src = shared_out_.data() + t * hidden;
-      float* dst = y + t * hidden;
-      for (int64_t c = 0; c < hidden; ++c) dst[c] += g * src[c];
-    }
-    return absl::OkStatus();
-  }
-
-  // y[t] = sum over t's experts in ascending expert order (transformers'
-  // index_add_ order) of weight * the expert's row; the same sums whatever
-  // the thread split.
-  void SumExperts(int64_t n, int64_t hidden, float* y) {
-    // Each token's grouped positions, in expert order (the grouping is by
-    // expert, so a scan over it visits them in that order).
-    const int k = routing_.top_k;
-    token_pairs_.resize(routing_.tokens.size());
-    token_fill_.assign(static_cast<size_t>(n), 0);
-    for (size_t i = 0; i < routing_.tokens.size(); ++i) {
-      const int32_t t = routing_.tokens[i];
-      token_pairs_[static_cast<size_t>(t) * k + token_fill_[t]++] = static_cast<int64_t>(i);
-    }
-#pragma omp parallel for schedule(static) if (n * hidden * k >= (1 << 16))
-    for (int64_t t = 0; t < n; ++t) {
-      float* dst = y + t * hidden;
-      std::fill_n(dst, hidden, 0.0f);
-      for (int j = 0; j < k; ++j) {
-        const int64_t i = token_pairs_[t * k + j];
-        const float wt = routing_.token_weights[i];
-        const float* src = pair_out_.data() + i * hidden;
-        for (int64_t c = 0; c < hidden; ++c) dst[c] += wt * src[c];
-      }
-    }
+    return Linear(GemmInput{shared_gate_.data()}, n, w.shared_down, BackendVector{},
+                  shared_out_.data());
   }
   static float* F(GemmInput x) { return static_cast<float*>(x.data); }  // fp32 here
   float* Grow(BufferId id, int64_t elems) {
@@ -674,8 +671,7 @@ class CpuBackend final : public ModelBackend {
   std::vector<float> shared_gate_, shared_up_, shared_out_, shared_weight_;
   MoeRouting routing_;
   std::vector<int> active_experts_;
-  std::vector<int64_t> token_pairs_;
-  std::vector<int> token_fill_;
+  std::vector<int32_t> token_pairs_;
   std::vector<ExpertScratch> expert_scratch_;
   LlamaWeights weights_;
   const ForwardPlan* plan_ = nullptr;

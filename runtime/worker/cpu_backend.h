@@ -56,6 +56,17 @@ void GeluTanhMul(const float* gate, const float* up, int64_t count, float* out);
 void ApplyRope(float* x, int64_t n, int heads, int head_size, int rotary_half, int64_t token_stride,
                const float* cos_t, const float* sin_t);
 
+// The sum of ModelBackend::MoeMlp on host arrays (fp32): y[t, c] = the sum
+// over j < top_k, in j order, of pair_weights[i] * pair_out[i, c] with i =
+// token_pairs[t * top_k + j] (TokenPairPositions: the token's pairs in
+// ascending expert order, transformers' index_add_ order), then + 1 / (1 +
+// exp(-shared_logit[t])) * shared_out[t, c] when shared_out is not null (the
+// shared expert, Qwen2-MoE). pair_out [pairs, hidden], shared_out [n,
+// hidden]; the same values whatever the thread split.
+void MoeCombine(const float* pair_out, const int32_t* token_pairs, const float* pair_weights,
+                int64_t n, int top_k, int64_t hidden, const float* shared_out,
+                const float* shared_logit, float* y);
+
 // out[i] = gate[i] / (1 + exp(-gate[i])) * up[i], i < count, by
 // kernels::cpu::SiluAndMul (fp32; on AVX2 an exp within 1.2e-7 relative), in
 // chunks over the OpenMP team from 16384 elements (the same values either

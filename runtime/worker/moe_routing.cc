@@ -81,4 +81,15 @@ absl::Status RouteTokens(const float* logits, int64_t n, const MoeConfig& moe, M
   return absl::OkStatus();
 }
 
+void TokenPairPositions(const MoeRouting& r, int32_t* out) {
+  // The grouping is by expert, tokens ascending within one: a scan visits
+  // each token's pairs in ascending expert order.
+  std::vector<int> fill(static_cast<size_t>(r.num_tokens), 0);
+  for (size_t i = 0; i < r.tokens.size(); ++i) {
+    const int32_t t = r.tokens[i];
+    out[static_cast<int64_t>(t) * r.top_k + fill[static_cast<size_t>(t)]++] =
+        static_cast<int32_t>(i);
+  }
+}
+
 }  // namespace pagedserve

@@ -49,6 +49,12 @@ struct MoeRouting {
 // whole step: every request in the batch, and the engine with it.
 absl::Status RouteTokens(const float* logits, int64_t n, const MoeConfig& moe, MoeRouting* out);
 
+// Each token's grouped positions in ascending expert order: out[t * top_k +
+// j], for t < r.num_tokens and j < r.top_k, is the index into r.tokens /
+// r.token_weights of token t's j-th pair (the order a combine sums them in).
+// out holds r.num_tokens * r.top_k values.
+void TokenPairPositions(const MoeRouting& r, int32_t* out);
+
 }  // namespace pagedserve
 
 #endif  // PAGEDSERVE_RUNTIME_WORKER_MOE_ROUTING_H_

@@ -8,7 +8,8 @@
 // RoPE, bias add, the fp32 <-> fp16 /
 // bf16 conversions of GEMM and attention operands, SiLU-and-mul over a
 // stacked gate/up GEMM output, the greedy argmax of logits rows, RoPE fused
-// with the query conversion and with reshape_and_cache) on the CPU through
+// with the query conversion and with reshape_and_cache, the mixture-of-experts
+// row gather and combine) on the CPU through
 // tests/kernels/simt_emulator.h and compares them with the CPU backend's operations (cpu_ops in
 // runtime/worker/cpu_backend.h, the arithmetic the transformers and llama.cpp fixtures check), on
 // odd shapes (rows not a multiple of the block, a grid smaller than the work for the grid-stride
@@ -54,6 +55,7 @@ using namespace ::pagedserve::kernels::cuda;  // NOLINT
 #include "runtime/worker/cpu_backend.h"
 #include "runtime/worker/cuda/model_kernels.cuh"
 #include "runtime/worker/model_backend.h"
+#include "runtime/worker/moe_routing.h"
 #include "tests/worker/mismatches.h"
 
 namespace pagedserve::cuda_model {
@@ -1260,6 +1262,119 @@ TEST(CudaModelEmulationTest, LocalRopeTablesMatchCpu) {
               kcache[kc::KeyCacheOffset(0, t, h, d, heads, D, block_size, X)];
     EXPECT_EQ(Mismatches(k, want, kRel, kAbs), 0);
   });
+}
+
+// ---- Mixture of experts ------------------------------------------------------
+
+// Broken combine: every token sums its first pair top_k times (the wrong
+// experts' rows).
+void BrokenMoeCombineBody(const float* pair_out, const int32_t* token_pairs,
+                          const float* pair_weights, int top_k, int hidden, const float* shared_out,
+                          const float* shared_logit, float* y) {
+  const int64_t t = blockIdx.x;
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
+    float acc = 0.0f;
+    const int64_t i = token_pairs[t * top_k];
+    for (int j = 0; j < top_k; ++j) acc += pair_weights[i] * pair_out[i * hidden + c];
+    if (shared_out != nullptr)
+      acc += 1.0f / (1.0f + expf(-shared_logit[t])) * shared_out[t * hidden + c];
+    y[t * hidden + c] = acc;
+  }
+}
+
+// MoeMlp's device side around the expert GEMMs: the rows gathered by expert
+// (RouteTokens' grouping) are x's rows exactly, in fp32 and fp16, and the
+// combine equals cpu_ops::MoeCombine (the CPU backend's sum, checked against
+// transformers by the MoE model tests) with and without a shared expert, in
+// fp32 and rounded once to fp16 / bf16 partial sums; each with a broken
+// variant that must fail.
+TEST(CudaModelEmulationTest, MoeGatherRowsAndCombineMatchCpu) {
+  std::mt19937 rng(31);
+  MoeConfig moe;
+  moe.num_experts = 6;
+  moe.top_k = 3;
+  moe.norm_topk_prob = true;
+  const int n = 7, hidden = 20;
+  const std::vector<float> logits = Random(static_cast<size_t>(n) * moe.num_experts, rng);
+  MoeRouting r;
+  ASSERT_TRUE(RouteTokens(logits.data(), n, moe, &r).ok());
+  const int64_t pairs = static_cast<int64_t>(r.tokens.size());
+  ASSERT_EQ(pairs, n * moe.top_k);
+  std::vector<int32_t> token_pairs(static_cast<size_t>(pairs));
+  TokenPairPositions(r, token_pairs.data());
+  for (int t = 0; t < n; ++t) {
+    for (int j = 0; j < moe.top_k; ++j) {  // token t's pairs, ascending experts
+      const int32_t i = token_pairs[t * moe.top_k + j];
+      EXPECT_EQ(r.tokens[i], t);
+      if (j > 0) {
+        EXPECT_LT(token_pairs[t * moe.top_k + j - 1], i);
+      }
+    }
+  }
+
+  const std::vector<float> x = Random(static_cast<size_t>(n) * hidden, rng);
+  ForEachPack([&](auto vec) {
+    constexpr int V = decltype(vec)::value;
+    std::vector<float> got(static_cast<size_t>(pairs) * hidden, NAN), want(got.size());
+    for (int64_t i = 0; i < pairs; ++i)
+      std::copy_n(x.data() + r.tokens[i] * hidden, hidden, want.data() + i * hidden);
+    kc::EmuLaunch(dim3(pairs), dim3(kThreads), 0, [&] {
+      MoeGatherRowsBody<float, V>(x.data(), r.tokens.data(), hidden, got.data());
+    });
+    EXPECT_EQ(Mismatches(got, want, 0, 0), 0);
+    std::vector<__half> x16(x.size()), got16(got.size());
+    for (size_t i = 0; i < x.size(); ++i) x16[i] = __float2half(x[i]);
+    kc::EmuLaunch(dim3(pairs), dim3(kThreads), 0, [&] {
+      MoeGatherRowsBody<__half, V>(x16.data(), r.tokens.data(), hidden, got16.data());
+    });
+    int bad16 = 0;
+    for (int64_t i = 0; i < pairs; ++i)
+      for (int c = 0; c < hidden; ++c)
+        bad16 += __half2float(got16[i * hidden + c]) !=
+                 __half2float(x16[static_cast<size_t>(r.tokens[i]) * hidden + c]);
+    EXPECT_EQ(bad16, 0);
+  });
+
+  const std::vector<float> pair_out = Random(static_cast<size_t>(pairs) * hidden, rng);
+  const std::vector<float> shared_out = Random(static_cast<size_t>(n) * hidden, rng);
+  const std::vector<float> shared_logit = Random(static_cast<size_t>(n), rng, -4.0f, 4.0f);
+  for (const bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "with a shared expert" : "without a shared expert");
+    const float* so = shared ? shared_out.data() : nullptr;
+    const float* sl = shared ? shared_logit.data() : nullptr;
+    std::vector<float> want(static_cast<size_t>(n) * hidden, NAN);
+    cpu_ops::MoeCombine(pair_out.data(), token_pairs.data(), r.token_weights.data(), n, moe.top_k,
+                        hidden, so, sl, want.data());
+    ForEachPack([&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      std::vector<float> got(want.size(), NAN);
+      kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+        MoeCombineBody<float, V>(pair_out.data(), token_pairs.data(), r.token_weights.data(),
+                                 moe.top_k, hidden, so, sl, got.data());
+      });
+      EXPECT_EQ(Mismatches(got, want, kRel, kAbs), 0);
+      // 16-bit partial sums (tensor parallelism): the fp32 sum rounded once.
+      std::vector<__nv_bfloat16> got_bf16(want.size());
+      kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+        MoeCombineBody<__nv_bfloat16, V>(pair_out.data(), token_pairs.data(),
+                                         r.token_weights.data(), moe.top_k, hidden, so, sl,
+                                         got_bf16.data());
+      });
+      std::vector<float> wide(want.size()), rounded(want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        wide[i] = __bfloat162float(got_bf16[i]);
+        rounded[i] = kernels::BFloat16BitsToFloat(kernels::FloatToBFloat16Bits(want[i]));
+      }
+      // Equal unless an fp32 sum differing in its last bits rounds the other way.
+      EXPECT_EQ(Mismatches(wide, rounded, 1.0 / 128, 0), 0);
+    });
+    std::vector<float> broken(want.size(), NAN);
+    kc::EmuLaunch(dim3(n), dim3(kThreads), 0, [&] {
+      BrokenMoeCombineBody(pair_out.data(), token_pairs.data(), r.token_weights.data(), moe.top_k,
+                           hidden, so, sl, broken.data());
+    });
+    EXPECT_GT(Mismatches(broken, want, kRel, kAbs), 0) << "negative control passed the check";
+  }
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 // test model, PAGEDSERVE_TEST_MODEL, prompts from PAGEDSERVE_TEST_REFERENCE):
 //   - forward-pass logits of a mixed prefill + decode batch, a long prompt
 //     (decode through paged_attention_v2 with the device workspace) and a
-//     chunked prefill agree within fp32 summation-order tolerance with fp32
+//     chunked prefill (and the variant models: Q/K/V biases, q/k norms,
+//     LongRoPE, Gemma 2/3, mixtures of experts) agree within fp32
+//     summation-order tolerance with fp32
 //     weights and KV, and within a bound relative to the precision's own
 //     effect with bf16/fp16 weights and 16-bit or fp8 KV (CompareLogits);
 //   - greedy tokens through Worker::Execute are identical, including a swap
@@ -24,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda_device.h"
 #include "kernels/paged_attention.h"
@@ -435,6 +438,26 @@ TEST_F(CudaWorkerModelTest, Gemma3LogitsMatchCpuModel) {
   ASSERT_FALSE(prompts.empty());
   CompareLogits(model, prompts, WeightDType::kFloat32, kernels::DType::kFloat32);
   CompareLogits(model, prompts, WeightDType::kBFloat16, kernels::DType::kBFloat16);
+}
+
+// Mixture of experts (CudaBackend::MoeMlp) on the tiny random Mixtral
+// (PAGEDSERVE_MIXTRAL_MOE_MODEL: 8 experts, top-2, renormalised) and
+// Qwen2-MoE (PAGEDSERVE_QWEN2_MOE_MODEL: routed experts plus the
+// sigmoid-gated shared expert) against the CPU model, in fp32 and bf16
+// (the routing is the CPU's RouteTokens on the device's router logits).
+TEST_F(CudaWorkerModelTest, MoeLogitsMatchCpuModel) {
+  for (const char* name : {"MIXTRAL_MOE", "QWEN2_MOE"}) {
+    SCOPED_TRACE(name);
+    // Set by CTest and scripts/gpu-check; missing is a setup error, not a skip.
+    const std::string model = Env(absl::StrCat("PAGEDSERVE_", name, "_MODEL").c_str());
+    const std::string reference = Env(absl::StrCat("PAGEDSERVE_", name, "_REFERENCE").c_str());
+    ASSERT_FALSE(model.empty()) << "PAGEDSERVE_" << name << "_MODEL is not set";
+    ASSERT_FALSE(reference.empty()) << "PAGEDSERVE_" << name << "_REFERENCE is not set";
+    const auto prompts = testing::LoadReference(reference);
+    ASSERT_FALSE(prompts.empty());
+    CompareLogits(model, prompts, WeightDType::kFloat32, kernels::DType::kFloat32);
+    CompareLogits(model, prompts, WeightDType::kBFloat16, kernels::DType::kBFloat16);
+  }
 }
 
 // fp8 KV caches (scales 1.0) under fp32 and bf16 weights.

@@ -31,6 +31,7 @@
 #include "runtime/worker/cuda/cublas_loader.h"
 #include "runtime/worker/cuda/model_kernels.h"
 #include "runtime/worker/cuda/sample_penalties.h"
+#include "runtime/worker/moe_routing.h"
 #include "spdlog/spdlog.h"
 
 namespace pagedserve {
@@ -136,6 +137,12 @@ struct DeviceMatrix {
 // [n, stacked rows] fp32 scratch in large prefill steps.
 constexpr int64_t kFusedGemmMaxTokens = 256;
 
+// MoeMlp runs the experts over chunks of at most this many tokens: its
+// scratch (the gathered rows and every pair's output, top_k rows per token)
+// stays bounded for long prefills, and an expert's weights are read once per
+// chunk.
+constexpr int64_t kMoeChunkTokens = 512;
+
 cudaDataType CudaType(Elem e) {
   switch (e) {
     case Elem::kF16: return CUDA_R_16F;
@@ -228,10 +235,6 @@ class CudaBackend final : public ModelBackend {
   const char* name() const override { return "cuda"; }
 
   absl::StatusOr<BackendWeights> LoadWeights(LlamaWeights w) override {
-    if (w.config.moe.enabled())
-      return absl::UnimplementedError(
-          "the CUDA backend does not run mixture-of-experts models yet (MoeMlp is CPU-only); "
-          "set PAGEDSERVE_WORKER_DEVICE=cpu to run it on the CPU worker");
     config_ = w.config;
     shard_ = w.shard;
     PS_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
@@ -275,6 +278,10 @@ class CudaBackend final : public ModelBackend {
         PS_ASSIGN_OR_RETURN(d.attn_post_norm,
                             UploadVector(src.attn_post_norm, p + "attn_post_norm"));
         PS_ASSIGN_OR_RETURN(d.mlp_post_norm, UploadVector(src.mlp_post_norm, p + "mlp_post_norm"));
+      }
+      if (!src.expert_gate.empty()) {
+        PS_RETURN_IF_ERROR(UploadExperts(src, p, &d.experts));
+        continue;
       }
       {
         BackendMatrix* gate_up[2] = {&d.gate_proj, &d.up_proj};
@@ -682,6 +689,8 @@ class CudaBackend final : public ModelBackend {
   absl::StatusOr<bool> BeginBody(std::span<const kernels::KVCacheView> kv_layers) override {
     const DecodeGraphKey key = *plan_->graph;
     warming_up_.reset();
+    // MoeMlp waits for the router's logits on the host: not capturable.
+    if (config_.moe.enabled()) return false;
     std::vector<uintptr_t> addresses = BodyAddresses(kv_layers);
     for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
       if (!(it->key == key)) continue;
@@ -760,6 +769,84 @@ class CudaBackend final : public ModelBackend {
     // Capturing ran nothing: this step's body runs as the graph's first replay.
     PS_RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(exec, stream_), "CUDA graph launch"));
     return true;
+  }
+
+  // The mixture-of-experts MLP (ModelBackend::MoeMlp's contract). The router
+  // GEMM's logits go to the host (the stream is waited for: a MoE body is
+  // never captured in a graph) and are routed there by RouteTokens, as on
+  // the CPU backend; the routing tables go up in one copy. Then, per chunk
+  // of at most kMoeChunkTokens tokens: the chunk's rows gathered by expert
+  // (LaunchMoeGatherRows), per expert with tokens one gate/up GEMM
+  // (GateUpSiluMul: stacked at load) and one down GEMM into its rows of the
+  // pair output, the shared expert over the chunk when the model has one,
+  // and one kernel summing each token's expert rows in expert order
+  // (LaunchMoeCombine) into y in partial_sum_type().
+  absl::Status MoeMlp(GemmInput x, int64_t n, const MoeConfig& moe, const BackendExperts& w,
+                      PartialSums y) override {
+    if (w.empty() || static_cast<int>(w.gate.size()) != moe.num_experts ||
+        w.router.rows != moe.num_experts)
+      return absl::InvalidArgumentError(absl::StrCat("MoeMlp: ", w.gate.size(), " experts and a ",
+                                                     w.router.rows, "-row router for a config of ",
+                                                     moe.num_experts));
+    if (n == 0) return absl::OkStatus();
+    PS_RETURN_IF_ERROR(ReserveMoeScratch(n));
+    const int64_t experts = moe.num_experts, hidden = w.router.cols, k = moe.top_k;
+    float* logits = static_cast<float*>(moe_.logits.get());
+    PS_RETURN_IF_ERROR(Linear(x, n, w.router, BackendVector{}, logits));
+    float* host_logits = static_cast<float*>(moe_.host_logits.get());
+    PS_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(host_logits, logits, static_cast<size_t>(n * experts) * sizeof(float),
+                        cudaMemcpyDeviceToHost, stream_),
+        "router logits download"));
+    PS_RETURN_IF_ERROR(WaitForStream("router logits download"));
+    // Tables for every chunk, each at its tokens' pair offset t0 * k:
+    // tokens (chunk-local rows of x, grouped by expert), token_pairs (each
+    // token's grouped positions in expert order) and the pairs' weights.
+    const int64_t chunks = (n + kMoeChunkTokens - 1) / kMoeChunkTokens;
+    moe_routing_.resize(static_cast<size_t>(chunks));
+    int32_t* tokens = static_cast<int32_t*>(moe_.host_tables.get());
+    int32_t* token_pairs = tokens + n * k;
+    float* weights = reinterpret_cast<float*>(token_pairs + n * k);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t t0 = c * kMoeChunkTokens, m = std::min(kMoeChunkTokens, n - t0);
+      MoeRouting& r = moe_routing_[static_cast<size_t>(c)];
+      PS_RETURN_IF_ERROR(RouteTokens(host_logits + t0 * experts, m, moe, &r));
+      if (static_cast<int64_t>(r.tokens.size()) != m * k)
+        return absl::InternalError("MoeMlp: routing gave an unexpected number of pairs");
+      std::copy(r.tokens.begin(), r.tokens.end(), tokens + t0 * k);
+      std::copy(r.token_weights.begin(), r.token_weights.end(), weights + t0 * k);
+      TokenPairPositions(r, token_pairs + t0 * k);
+    }
+    PS_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(moe_.tables.get(), tokens, static_cast<size_t>(3 * n * k) * 4,
+                                   cudaMemcpyHostToDevice, stream_),
+                   "routing tables upload"));
+    const int32_t* d_tokens = static_cast<const int32_t*>(moe_.tables.get());
+    const int32_t* d_token_pairs = d_tokens + n * k;
+    const float* d_weights = reinterpret_cast<const float*>(d_token_pairs + n * k);
+    const int64_t eb = cuda_model::ElemBytes(gemm_elem_);
+    const int64_t sum_bytes = cuda_model::ElemBytes(sum_elem_);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t t0 = c * kMoeChunkTokens, m = std::min(kMoeChunkTokens, n - t0);
+      const GemmInput xc{static_cast<char*>(x.data) + t0 * hidden * eb};
+      PS_RETURN_IF_ERROR(
+          RunExperts(xc, hidden, w, moe_routing_[static_cast<size_t>(c)], d_tokens + t0 * k));
+      const float* shared_out = nullptr;
+      const float* shared_logit = nullptr;
+      if (w.has_shared()) {
+        PS_RETURN_IF_ERROR(RunSharedExpert(xc, m, w));
+        shared_out = static_cast<const float*>(moe_.shared_out.get());
+        shared_logit = static_cast<const float*>(moe_.shared_logit.get());
+      }
+      PS_RETURN_IF_ERROR(
+          CudaStatus(cuda_model::LaunchMoeCombine(
+                         static_cast<const float*>(moe_.pair_out.get()), d_token_pairs + t0 * k,
+                         d_weights + t0 * k, m, static_cast<int>(k), static_cast<int>(hidden),
+                         shared_out, shared_logit,
+                         static_cast<char*>(y.data) + t0 * hidden * sum_bytes, sum_elem_, stream_),
+                     "moe_combine launch"));
+    }
+    return absl::OkStatus();
   }
 
   // Enqueued on the compute stream (NCCL): no host synchronisation; a
@@ -1057,7 +1144,8 @@ class CudaBackend final : public ModelBackend {
     const int64_t fused = kFusedGemmMaxTokens * std::max(q_dim + 2 * kv_dim, 2 * inter);
     return static_cast<int64_t>((n * per_token + r * (hidden + config_.vocab_size) + fused) *
                                     sizeof(float) +
-                                (kInputCount + static_cast<int>(BufferId::kCount) + 1) * kAlign);
+                                (kInputCount + static_cast<int>(BufferId::kCount) + 1) * kAlign) +
+           MoeScratchFor(n).total();
   }
 
   absl::StatusOr<BackendVector> UploadVector(const std::vector<float>& v, const std::string& name) {
@@ -1071,6 +1159,129 @@ class CudaBackend final : public ModelBackend {
     const float* p = static_cast<const float*>(buf.get());
     weights_.push_back(std::move(buf));
     return BackendVector{p, static_cast<int64_t>(v.size())};
+  }
+
+  // A MoE layer's router, experts (each one's gate/up stacked for one GEMM)
+  // and shared expert.
+  absl::Status UploadExperts(const LayerWeights& src, const std::string& p, BackendExperts* d) {
+    PS_ASSIGN_OR_RETURN(d->router, UploadMatrix(src.router, p + "router"));
+    const size_t experts = src.expert_gate.size();
+    if (src.expert_up.size() != experts || src.expert_down.size() != experts)
+      return absl::InvalidArgumentError(absl::StrCat(p, "experts: ", experts, " gate, ",
+                                                     src.expert_up.size(), " up and ",
+                                                     src.expert_down.size(), " down matrices"));
+    d->gate.resize(experts);
+    d->up.resize(experts);
+    d->down.resize(experts);
+    for (size_t e = 0; e < experts; ++e) {
+      const std::string q = absl::StrCat(p, "experts.", e, ".");
+      BackendMatrix* gate_up[2] = {&d->gate[e], &d->up[e]};
+      PS_RETURN_IF_ERROR(UploadStacked({&src.expert_gate[e], &src.expert_up[e]},
+                                       {q + "gate_proj", q + "up_proj"}, gate_up));
+      PS_ASSIGN_OR_RETURN(d->down[e], UploadMatrix(src.expert_down[e], q + "down_proj"));
+    }
+    if (src.shared_gate.rows > 0) {
+      BackendMatrix* gate_up[2] = {&d->shared_gate, &d->shared_up};
+      PS_RETURN_IF_ERROR(UploadStacked({&src.shared_gate, &src.shared_up},
+                                       {p + "shared_expert.gate_proj", p + "shared_expert.up_proj"},
+                                       gate_up));
+      PS_ASSIGN_OR_RETURN(d->shared_down, UploadMatrix(src.shared_down, p + "shared_expert.down"));
+      PS_ASSIGN_OR_RETURN(d->shared_expert_gate,
+                          UploadMatrix(src.shared_expert_gate, p + "shared_expert_gate"));
+    }
+    return absl::OkStatus();
+  }
+
+  // MoeMlp's scratch for a step of n tokens, in bytes (chunks of at most
+  // kMoeChunkTokens tokens, top_k pairs per token; zero for a dense model).
+  struct MoeScratchBytes {
+    int64_t logits = 0, tables = 0, rows = 0, act = 0, gate_up = 0, pair_out = 0, shared_act = 0,
+            shared_out = 0, shared_logit = 0;
+    int64_t total() const {
+      return 2 * logits + 2 * tables + rows + act + 2 * gate_up + pair_out + shared_act +
+             shared_out + shared_logit;  // logits and tables: device + pinned host
+    }
+  };
+  MoeScratchBytes MoeScratchFor(int64_t n) const {
+    MoeScratchBytes b;
+    if (!config_.moe.enabled() || n <= 0) return b;
+    const int64_t k = config_.moe.top_k, hidden = config_.hidden_size;
+    const int64_t inter = shard_.expert_intermediate_size;
+    const int64_t shared = shard_.shared_expert_intermediate_size;
+    const int64_t c = std::min(n, kMoeChunkTokens), pairs = c * k;
+    const int64_t eb = cuda_model::ElemBytes(gemm_elem_);
+    b.logits = n * config_.moe.num_experts * 4;
+    b.tables = 3 * n * k * 4;
+    b.rows = pairs * hidden * eb;
+    b.act = pairs * inter * eb;
+    b.gate_up = pairs * std::max(inter, shared) * 4;  // GateUpSiluMul's unfused path
+    b.pair_out = pairs * hidden * 4;
+    b.shared_act = c * shared * eb;
+    b.shared_out = shared > 0 ? c * hidden * 4 : 0;
+    b.shared_logit = shared > 0 ? c * 4 : 0;
+    return b;
+  }
+  absl::Status ReserveMoeScratch(int64_t n) {
+    const MoeScratchBytes b = MoeScratchFor(n);
+    if (b.total() == 0) return absl::OkStatus();
+    auto grow = [](auto& buf, int64_t bytes, absl::string_view what) {
+      return buf.Reserve(std::max<size_t>(static_cast<size_t>(bytes), 4),
+                         absl::StrCat("mixture-of-experts ", what, " allocation"));
+    };
+    PS_RETURN_IF_ERROR(grow(moe_.logits, b.logits, "router logits"));
+    PS_RETURN_IF_ERROR(grow(moe_.host_logits, b.logits, "pinned router logits"));
+    PS_RETURN_IF_ERROR(grow(moe_.tables, b.tables, "routing tables"));
+    PS_RETURN_IF_ERROR(grow(moe_.host_tables, b.tables, "pinned routing tables"));
+    PS_RETURN_IF_ERROR(grow(moe_.rows, b.rows, "gathered rows"));
+    PS_RETURN_IF_ERROR(grow(moe_.act, b.act, "expert activations"));
+    PS_RETURN_IF_ERROR(grow(moe_.gate, b.gate_up, "expert gate"));
+    PS_RETURN_IF_ERROR(grow(moe_.up, b.gate_up, "expert up"));
+    PS_RETURN_IF_ERROR(grow(moe_.pair_out, b.pair_out, "expert outputs"));
+    PS_RETURN_IF_ERROR(grow(moe_.shared_act, b.shared_act, "shared expert activations"));
+    PS_RETURN_IF_ERROR(grow(moe_.shared_out, b.shared_out, "shared expert output"));
+    return grow(moe_.shared_logit, b.shared_logit, "shared expert gate");
+  }
+
+  // The experts of one chunk (xc: its rows of the GEMM input; r: its
+  // routing; d_tokens: its grouped chunk-local rows on the device): the rows
+  // gathered, then per expert with tokens gate/up + SiLU-and-mul and down
+  // into its rows of moe_.pair_out (fp32).
+  absl::Status RunExperts(GemmInput xc, int64_t hidden, const BackendExperts& w,
+                          const MoeRouting& r, const int32_t* d_tokens) {
+    const int64_t pairs = static_cast<int64_t>(r.tokens.size());
+    const int64_t eb = cuda_model::ElemBytes(gemm_elem_);
+    char* rows = static_cast<char*>(moe_.rows.get());
+    char* act = static_cast<char*>(moe_.act.get());
+    float* pair_out = static_cast<float*>(moe_.pair_out.get());
+    PS_RETURN_IF_ERROR(
+        CudaStatus(cuda_model::LaunchMoeGatherRows(xc.data, gemm_elem_, d_tokens, pairs,
+                                                   static_cast<int>(hidden), rows, stream_),
+                   "moe_gather_rows launch"));
+    for (int e = 0; e < r.num_experts; ++e) {
+      const int64_t begin = r.offsets[e], count = r.offsets[e + 1] - begin;
+      if (count == 0) continue;
+      const int64_t inter = w.gate[e].rows;
+      const GemmInput in{rows + begin * hidden * eb};
+      const GemmInput out{act + begin * inter * eb};
+      PS_RETURN_IF_ERROR(GateUpSiluMul(in, count, w.gate[e], w.up[e],
+                                       static_cast<float*>(moe_.gate.get()),
+                                       static_cast<float*>(moe_.up.get()), out));
+      PS_RETURN_IF_ERROR(Linear(out, count, w.down[e], BackendVector{}, pair_out + begin * hidden));
+    }
+    return absl::OkStatus();
+  }
+
+  // The shared expert of one chunk of m tokens into moe_.shared_out (fp32
+  // [m, hidden]) and its gate's logits into moe_.shared_logit ([m]).
+  absl::Status RunSharedExpert(GemmInput xc, int64_t m, const BackendExperts& w) {
+    const GemmInput act{moe_.shared_act.get()};
+    PS_RETURN_IF_ERROR(GateUpSiluMul(xc, m, w.shared_gate, w.shared_up,
+                                     static_cast<float*>(moe_.gate.get()),
+                                     static_cast<float*>(moe_.up.get()), act));
+    PS_RETURN_IF_ERROR(
+        Linear(act, m, w.shared_down, BackendVector{}, static_cast<float*>(moe_.shared_out.get())));
+    return Linear(xc, m, w.shared_expert_gate, BackendVector{},
+                  static_cast<float*>(moe_.shared_logit.get()));
   }
 
   // fp32 matrices upload as they are; F16 / BF16 stored rows (LoadLlamaWeights
@@ -1136,6 +1347,7 @@ class CudaBackend final : public ModelBackend {
         PS_RETURN_IF_ERROR(attn_out_.Reserve(bytes(n * q_dim, cuda_model::ElemBytes(io)),
                                              "attention output allocation"));
     }
+    PS_RETURN_IF_ERROR(ReserveMoeScratch(n));
     if (config_.qk_norm && n > 0)
       PS_RETURN_IF_ERROR(head_norm_.Reserve(bytes(n * std::max(q_dim, kv_dim), sizeof(float)),
                                             "q/k norm scratch allocation"));
@@ -1650,18 +1862,19 @@ class CudaBackend final : public ModelBackend {
   // a peer that died mid-collective makes this step fail (the communicator
   // is aborted) instead of blocking forever.
   absl::Status WaitForStep() {
-    if (comm_->size() <= 1) {
-      PS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "forward pass"));
-      step_pending_ = false;
-      return absl::OkStatus();
-    }
+    PS_RETURN_IF_ERROR(WaitForStream("forward pass"));
+    step_pending_ = false;
+    return absl::OkStatus();
+  }
+
+  // Waits for the work queued on the stream so far (WaitForStep's rule:
+  // with a multi-rank group, polling the communicator's asynchronous error).
+  absl::Status WaitForStream(absl::string_view what) {
+    if (comm_->size() <= 1) return CudaStatus(cudaStreamSynchronize(stream_), what);
     for (int spin = 0;; ++spin) {
       const cudaError_t e = cudaStreamQuery(stream_);
-      if (e == cudaSuccess) {
-        step_pending_ = false;
-        return absl::OkStatus();
-      }
-      if (e != cudaErrorNotReady) return CudaStatus(e, "forward pass");
+      if (e == cudaSuccess) return absl::OkStatus();
+      if (e != cudaErrorNotReady) return CudaStatus(e, what);
       PS_RETURN_IF_ERROR(CheckCommunicator());
       // Spin (yielding) for the first few milliseconds, about a decode
       // step, then poll every 20 us.
@@ -1696,7 +1909,14 @@ class CudaBackend final : public ModelBackend {
   DeviceBuffer inputs_, workspace_, logits_;
   // 16-bit copies of activations: the GEMM input, attention operands.
   DeviceBuffer gemm_input_, attn_q_, attn_k_, attn_v_, attn_out_, fused_out_;
-  DeviceBuffer head_norm_;           // HeadRmsNorm's fp32 output before the copy back
+  DeviceBuffer head_norm_;  // HeadRmsNorm's fp32 output before the copy back
+  // MoeMlp's scratch (ReserveMoeScratch) and each chunk's routing.
+  struct MoeBuffers {
+    DeviceBuffer logits, tables, rows, act, gate, up, pair_out, shared_act, shared_out,
+        shared_logit;
+    PinnedBuffer host_logits, host_tables;
+  } moe_;
+  std::vector<MoeRouting> moe_routing_;
   DeviceBuffer argmax_, sample_in_;  // LmHeadSample's ids and sampling inputs
   PinnedBuffer host_inputs_, pinned_logits_, pinned_argmax_, pinned_sample_in_;
   DeviceBuffer cublas_workspace_;

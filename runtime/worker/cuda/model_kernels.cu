@@ -145,6 +145,22 @@ __global__ void SiluMulStackedKernel(const float* __restrict__ y, int64_t n, int
   SiluMulStackedBody<OutT, VEC>(y, n, inter, out);
 }
 
+template <typename T, int VEC>
+__global__ void MoeGatherRowsKernel(const T* __restrict__ x, const int32_t* __restrict__ tokens,
+                                    int hidden, T* __restrict__ out) {
+  MoeGatherRowsBody<T, VEC>(x, tokens, hidden, out);
+}
+
+template <typename OutT, int VEC>
+__global__ void MoeCombineKernel(const float* __restrict__ pair_out,
+                                 const int32_t* __restrict__ token_pairs,
+                                 const float* __restrict__ pair_weights, int top_k, int hidden,
+                                 const float* __restrict__ shared_out,
+                                 const float* __restrict__ shared_logit, OutT* __restrict__ y) {
+  MoeCombineBody<OutT, VEC>(pair_out, token_pairs, pair_weights, top_k, hidden, shared_out,
+                            shared_logit, y);
+}
+
 template <typename Act>
 cudaError_t LaunchGatedMul(const float* gate, const float* up, int64_t count, void* out,
                            Elem out_type, cudaStream_t stream) {
@@ -290,6 +306,42 @@ cudaError_t LaunchSiluMulStacked(const float* y, int64_t n, int inter, void* out
     return WithPack(PackWidth({inter}, {Packable(y), Packable(o)}), [&](auto vec) {
       SiluMulStackedKernel<OutT, decltype(vec)::value>
           <<<BlocksFor(n * inter / decltype(vec)::value), kThreads, 0, stream>>>(y, n, inter, o);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t LaunchMoeGatherRows(const void* x, Elem type, const int32_t* tokens, int64_t pairs,
+                                int hidden, void* out, cudaStream_t stream) {
+  if (pairs <= 0 || hidden <= 0) return cudaSuccess;
+  if (pairs > 0x7fffffff) return cudaErrorInvalidValue;  // one block per pair
+  return WithElem(type, [&](auto tag) {
+    using T = decltype(tag);
+    const T* src = static_cast<const T*>(x);
+    T* dst = static_cast<T*>(out);
+    return WithPack(PackWidth({hidden}, {Packable(src), Packable(dst)}), [&](auto vec) {
+      MoeGatherRowsKernel<T, decltype(vec)::value>
+          <<<static_cast<unsigned int>(pairs), kThreads, 0, stream>>>(src, tokens, hidden, dst);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t LaunchMoeCombine(const float* pair_out, const int32_t* token_pairs,
+                             const float* pair_weights, int64_t n, int top_k, int hidden,
+                             const float* shared_out, const float* shared_logit, void* y,
+                             Elem y_type, cudaStream_t stream) {
+  if (n <= 0 || hidden <= 0) return cudaSuccess;
+  if (top_k < 1 || n > 0x7fffffff || (shared_out != nullptr && shared_logit == nullptr))
+    return cudaErrorInvalidValue;
+  return WithElem(y_type, [&](auto tag) {
+    using OutT = decltype(tag);
+    OutT* o = static_cast<OutT*>(y);
+    const int pack = PackWidth({hidden}, {Packable(pair_out), Packable(shared_out), Packable(o)});
+    return WithPack(pack, [&](auto vec) {
+      MoeCombineKernel<OutT, decltype(vec)::value>
+          <<<static_cast<unsigned int>(n), kThreads, 0, stream>>>(
+              pair_out, token_pairs, pair_weights, top_k, hidden, shared_out, shared_logit, o);
       return cudaGetLastError();
     });
   });

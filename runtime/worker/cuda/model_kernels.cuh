@@ -311,6 +311,62 @@ __device__ __forceinline__ void SiluMulBody(const float* gate, const float* __re
     SiluMulPack<OutT, VEC>(gate + k, up + k, out + k);
 }
 
+// Mixture of experts (CudaBackend::MoeMlp; runtime/worker/moe_routing.h).
+// Grid (pairs): out[i, :] = x[tokens[i], :], T the GEMM-input type (float,
+// __half or __nv_bfloat16): each expert's tokens become one contiguous GEMM
+// input. tokens are checked on the host (0 <= token < n). Packs: hidden.
+template <typename T, int VEC = 1>
+__device__ __forceinline__ void MoeGatherRowsBody(const T* __restrict__ x,
+                                                  const int32_t* __restrict__ tokens, int hidden,
+                                                  T* __restrict__ out) {
+  namespace kc = ::pagedserve::kernels::cuda;
+  const T* src = x + static_cast<int64_t>(tokens[blockIdx.x]) * hidden;
+  T* dst = out + static_cast<int64_t>(blockIdx.x) * hidden;
+  for (int c = threadIdx.x * VEC; c < hidden; c += blockDim.x * VEC)
+    kc::StorePacked<VEC>(dst + c, kc::LoadPacked<VEC>(src + c));
+}
+
+// Grid (n): token t's MoE output, the CPU backend's sums (SumExperts, then
+// AddSharedExpert) in the same order and precision:
+//   acc = 0; for j < top_k: i = token_pairs[t * top_k + j] (t's grouped
+//   positions in ascending expert order), acc += pair_weights[i] *
+//   pair_out[i, c]; then, when shared_out is not null,
+//   acc += 1 / (1 + exp(-shared_logit[t])) * shared_out[t, c];
+//   y[t, c] = OutT(acc) (rounded once: the partial sums' type).
+// pair_out [pairs, hidden] and shared_out [n, hidden] fp32. Packs: hidden.
+template <typename OutT, int VEC = 1>
+__device__ __forceinline__ void MoeCombineBody(const float* __restrict__ pair_out,
+                                               const int32_t* __restrict__ token_pairs,
+                                               const float* __restrict__ pair_weights, int top_k,
+                                               int hidden, const float* __restrict__ shared_out,
+                                               const float* __restrict__ shared_logit,
+                                               OutT* __restrict__ y) {
+  namespace kc = ::pagedserve::kernels::cuda;
+  const int64_t t = blockIdx.x;
+  const float g = shared_out != nullptr ? 1.0f / (1.0f + expf(-shared_logit[t])) : 0.0f;
+  for (int c = threadIdx.x * VEC; c < hidden; c += blockDim.x * VEC) {
+    kc::Packed<float, VEC> acc;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) acc.v[v] = 0.0f;
+    for (int j = 0; j < top_k; ++j) {
+      const int64_t i = token_pairs[t * top_k + j];
+      const float w = pair_weights[i];
+      const kc::Packed<float, VEC> r = kc::LoadPacked<VEC>(pair_out + i * hidden + c);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) acc.v[v] += w * r.v[v];
+    }
+    if (shared_out != nullptr) {
+      const kc::Packed<float, VEC> r = kc::LoadPacked<VEC>(shared_out + t * hidden + c);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) acc.v[v] += g * r.v[v];
+    }
+    kc::Packed<OutT, VEC> out;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) out.v[v] = kc::FromFloat<OutT>(acc.v[v]);
+    kc::StorePacked<VEC>(y + t * hidden + c, out);
+  }
+}
+
 // Grid-stride: the final logit soft cap (Gemma 2; SoftcapLogit in
 // runtime/worker/model_backend.h): x[k] = float(cap * tanh(double(x[k]) /
 // cap)) for k < count, cap > 0, the division and tanh in double as on the

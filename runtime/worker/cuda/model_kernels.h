@@ -86,6 +86,22 @@ cudaError_t LaunchGeluTanhMul(const float* gate, const float* up, int64_t count,
 cudaError_t LaunchSiluMulStacked(const float* y, int64_t n, int inter, void* out, Elem out_type,
                                  cudaStream_t stream);
 
+// Mixture of experts (CudaBackend::MoeMlp): out [pairs, hidden] =
+// x[tokens[i], :] for i < pairs, x and out of `type` (the GEMM input's).
+// tokens must lie in [0, rows of x) (checked on the host).
+cudaError_t LaunchMoeGatherRows(const void* x, Elem type, const int32_t* tokens, int64_t pairs,
+                                int hidden, void* out, cudaStream_t stream);
+
+// Mixture of experts: y [n, hidden] of `y_type` = for each token t, the
+// weighted sum of its top_k expert rows of pair_out [pairs, hidden] (fp32)
+// at token_pairs[t * top_k + j] with pair_weights, in that order, plus
+// sigmoid(shared_logit[t]) * shared_out[t, :] when shared_out is not null
+// (model_kernels.cuh MoeCombineBody: the CPU backend's order and precision).
+cudaError_t LaunchMoeCombine(const float* pair_out, const int32_t* token_pairs,
+                             const float* pair_weights, int64_t n, int top_k, int hidden,
+                             const float* shared_out, const float* shared_logit, void* y,
+                             Elem y_type, cudaStream_t stream);
+
 // Element type of a paged KV cache.
 enum class CacheType : int { kF32, kF16, kBF16, kFp8E4M3, kFp8E5M2 };
 
