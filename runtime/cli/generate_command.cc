@@ -139,9 +139,10 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
   request.params = *params;
   request.max_tokens_is_default = !MaxTokensFlagGiven();
   const int n = params->n;
-  if (absl::Status s = (*engine)->AddRequest(std::move(request)); !s.ok()) {
-    PrintError(s);
-    rc = ExitCodeFor(s);
+  const absl::Status added = (*engine)->AddRequest(std::move(request));
+  if (!added.ok()) {
+    PrintError(added);
+    rc = ExitCodeFor(added);
   }
 
   while (rc == 0 && (*engine)->HasUnfinishedRequests()) {
@@ -168,7 +169,7 @@ int RunCoordinator(const LaunchInfo& info, const ModelSetup& setup, bool* worker
       }
     }
   }
-  PrintOutput(output, n, rc == 0, **engine);
+  if (added.ok()) PrintOutput(output, n, rc == 0, **engine);  // nothing ran otherwise
   if (!executor_failed) {
     if (absl::Status s = exec->Shutdown(); !s.ok()) {
       PrintError(s);

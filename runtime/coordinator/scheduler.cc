@@ -111,7 +111,8 @@ absl::Status Scheduler::CheckAdmissible(int64_t prompt_len, const SamplingParams
         "max_tokens",
         absl::StrCat("max_tokens (", p.max_tokens, ") is too large: max_model_len is ", m,
                      " and the prompt has ", prompt_len, " tokens, so at most ", m - prompt_len,
-                     " tokens can be generated; lower max_tokens or shorten the prompt"));
+                     m - prompt_len == 1 ? " token" : " tokens",
+                     " can be generated; lower max_tokens or shorten the prompt"));
   }
   const int32_t seqs = p.max_seqs();
   const char* what = p.use_beam_search ? "the beam width" : "n";

@@ -495,12 +495,20 @@ ApiError SubmitError(const absl::Status& status, const ValidatedRequest& request
     case SubmitErrorKind::kInvalidRequest:
     case SubmitErrorKind::kPromptTooLong:
       e.param = ParamOf(status, request.endpoint);
+      // The client sent no max_tokens: the KV bound is n's doing (chat: each
+      // sample may use the rest of the context; completions: 16 each).
       if (e.param == "max_tokens" && !request.max_tokens_given && request.params.n > 1) {
         e.param = "n";
-        absl::StrAppend(&e.message,
-                        " (max_tokens was not given, so each of the n = ", request.params.n,
-                        " samples may use the rest of the context: lower n or set "
-                        "max_tokens)");
+        if (request.endpoint == Endpoint::kChat) {
+          absl::StrAppend(&e.message,
+                          " (max_tokens was not given, so each of the n = ", request.params.n,
+                          " samples may use the rest of the context: lower n or set "
+                          "max_tokens)");
+        } else {
+          absl::StrAppend(&e.message, " (max_tokens was not given: ", request.params.n,
+                          " samples of the default ", request.params.max_tokens,
+                          " tokens each; lower n)");
+        }
       }
       return e;
     case SubmitErrorKind::kBusy:

@@ -15,7 +15,9 @@
 namespace pagedserve {
 
 absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO (or a device) given as a model must not block the
+  // open waiting for a writer; it is refused below. No effect on a regular file.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int e = errno;
     std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(e));

@@ -542,11 +542,7 @@ class CpuBackend final : public ModelBackend {
 
   absl::Status MoeMlp(GemmInput x, int64_t n, const MoeConfig& moe, const BackendExperts& w,
                       PartialSums y_sums) override {
-    if (w.empty() || static_cast<int>(w.gate.size()) != moe.num_experts ||
-        w.router.rows != moe.num_experts)
-      return absl::InvalidArgumentError(absl::StrCat("MoeMlp: ", w.gate.size(), " experts and a ",
-                                                     w.router.rows, "-row router for a config of ",
-                                                     moe.num_experts));
+    PS_RETURN_IF_ERROR(w.CheckAgainst(moe));
     router_logits_.resize(static_cast<size_t>(n) * moe.num_experts);
     PS_RETURN_IF_ERROR(Linear(x, n, w.router, BackendVector{}, router_logits_.data()));
     PS_RETURN_IF_ERROR(RouteTokens(router_logits_.data(), n, moe, &routing_));

@@ -92,6 +92,15 @@ absl::Status ModelBackend::GeluTanhMul(const float* gate, const float* up, int64
       absl::StrCat("the ", name(), " backend has no GeGLU (tanh GELU) activation (Gemma)"));
 }
 
+absl::Status BackendExperts::CheckAgainst(const MoeConfig& moe) const {
+  if (!empty() && static_cast<int>(gate.size()) == moe.num_experts &&
+      router.rows == moe.num_experts)
+    return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("MoeMlp: ", gate.size(), " experts and a ",
+                                                 router.rows, "-row router for a config of ",
+                                                 moe.num_experts));
+}
+
 absl::Status ModelBackend::MoeMlp(GemmInput x, int64_t n, const MoeConfig& moe,
                                   const BackendExperts& w, PartialSums y) {
   (void)x, (void)n, (void)moe, (void)w, (void)y;

@@ -159,6 +159,9 @@ struct BackendExperts {
   BackendMatrix shared_gate, shared_up, shared_down, shared_expert_gate;
   bool empty() const { return gate.empty(); }
   bool has_shared() const { return shared_gate.handle != nullptr; }
+  // InvalidArgument (naming the counts) unless there are moe.num_experts
+  // experts and a router of that many rows: what every MoeMlp checks first.
+  absl::Status CheckAgainst(const MoeConfig& moe) const;
 };
 
 struct BackendLayer {

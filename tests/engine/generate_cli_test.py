@@ -84,6 +84,10 @@ def main():
     rc, out, err = run(binary, tiny + ["--max-tokens", "16"])
     check(rc == 2 and "max_tokens (16) is too large" in err,
           f"--max-tokens beyond the context refused: rc={rc}, stderr={err.strip()!r}")
+    rc, out, err = run(binary, ["--model", model, "--prompt", "x", "--max-model-len", "8", "--kv-cache-memory",
+                                str(32 << 20), "--n", "2", "--max-tokens", "16"])
+    check(rc == 2 and out == "" and "max_tokens (16) is too large" in err,
+          f"a refused n = 2 request prints no sample headers: rc={rc}, stdout={out!r}, stderr={err.strip()!r}")
     rc, out, err = run(binary, tiny)
     counts = dict(re.findall(r"\b(prompt_tokens|completion_tokens)=(\d+)", err))
     check(rc == 0 and "finish_reason=length" in err and

@@ -416,6 +416,14 @@ TEST(HttpServerTest, MaxTokensBeyondTheContextIs400UnlessItIsTheDefault) {
   const json d = json::parse(defaulted.body);
   EXPECT_EQ(d["usage"]["completion_tokens"], room + 16) << d.dump();
   for (const json& choice : d["choices"]) EXPECT_EQ(choice["finish_reason"], "length");
+  // n samples of the completions default over the KV cache: the client sent
+  // n, not max_tokens, so n is named (and no "rest of the context": that is chat's).
+  Response wide = Request(s.port(), "POST", "/v1/completions", R"({"prompt": "A", "n": 64})");
+  ASSERT_EQ(wide.status, 400) << wide.head << wide.body;
+  EXPECT_EQ(ErrorOf(wide)["param"], "n");
+  const std::string why = ErrorOf(wide).value("message", "");
+  EXPECT_NE(why.find("the default 16 tokens each"), std::string::npos) << why;
+  EXPECT_EQ(why.find("rest of the context"), std::string::npos) << why;
   EXPECT_TRUE(s.WaitIdle());
 }
 

@@ -2,8 +2,10 @@
 // readers (errors by kind, empty files, ownership across moves).
 #include "runtime/model/mapped_file.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -52,6 +54,14 @@ TEST(MappedFileTest, ErrorsNameThePathAndKind) {
   absl::StatusOr<MappedFile> directory = MappedFile::Open(dir);
   EXPECT_EQ(directory.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(directory.status().message().find("not a regular file"), std::string::npos);
+
+  // A FIFO with no writer: refused at once, not an open that waits for ever
+  // (the test's timeout catches a regression).
+  const std::string fifo = dir + "/model.gguf";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  absl::StatusOr<MappedFile> pipe = MappedFile::Open(fifo);
+  EXPECT_EQ(pipe.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(pipe.status().message().find("not a regular file"), std::string::npos);
 }
 
 // Resident pages of this process (/proc/self/statm, second field).

@@ -783,11 +783,7 @@ class CudaBackend final : public ModelBackend {
   // (LaunchMoeCombine) into y in partial_sum_type().
   absl::Status MoeMlp(GemmInput x, int64_t n, const MoeConfig& moe, const BackendExperts& w,
                       PartialSums y) override {
-    if (w.empty() || static_cast<int>(w.gate.size()) != moe.num_experts ||
-        w.router.rows != moe.num_experts)
-      return absl::InvalidArgumentError(absl::StrCat("MoeMlp: ", w.gate.size(), " experts and a ",
-                                                     w.router.rows, "-row router for a config of ",
-                                                     moe.num_experts));
+    PS_RETURN_IF_ERROR(w.CheckAgainst(moe));
     if (n == 0) return absl::OkStatus();
     PS_RETURN_IF_ERROR(ReserveMoeScratch(n));
     const int64_t experts = moe.num_experts, hidden = w.router.cols, k = moe.top_k;
