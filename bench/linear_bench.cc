@@ -8,8 +8,8 @@
 // BM_LinearKQuant1B/<format>/<rows>/<cols>/<tokens>: BM_Linear on the K-quant
 //   matrices of Llama-3.2-1B in Q4_K_M (issue 10).
 // BM_LinearMethod/<format>/<rows>/<cols>/<tokens>/<method 0 row_dot, 1 tile_sgemm,
-//   2 row_block, 3 row_block8, 4 panel16>: one method forced, to place the crossovers in
-//   ChooseMethod.
+//   2 row_block, 3 row_block8, 4 panel16, 5 interleaved8>: one method forced, to place the
+//   crossovers in ChooseMethod.
 // BM_LinearPanel1B/<format>/<rows>/<cols>/<tokens>/<method>: BM_LinearMethod
 //   on Llama-3.2-1B's K-quant shapes, kPanel16 against the other methods (issue 34).
 // BM_LinearVerify135M/<format>/<rows>/<cols>/<tokens>/<method>: BM_LinearMethod on
@@ -22,7 +22,8 @@
 //   openblas_set_num_threads(omp_get_max_threads()) during the run.
 // Counter weight_GBps = bytes of the stored weight / time (decode is bound by it).
 // Format ids: the WeightType values (0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1,
-// 8 Q8_0, 10 Q2_K, 11 Q3_K, 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS, 30 BF16).
+// 8 Q8_0, 10 Q2_K, 11 Q3_K, 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS, 30 BF16,
+// 200 Q4_0x8: random Q4_0 interleaved by InterleaveRows8; its method id is 5).
 #include <cblas.h>
 #include <omp.h>
 
@@ -82,6 +83,16 @@ std::vector<uint8_t> RandomWeightBytes(WeightType type, int64_t rows, int64_t co
   return w;
 }
 
+// Q4_0x8 (issue 34): random Q4_0 rows interleaved as the CPU backend does at load.
+std::vector<uint8_t> WeightBytes(WeightType type, int64_t rows, int64_t cols) {
+  if (type != WeightType::kQ4_0x8) return RandomWeightBytes(type, rows, cols);
+  const std::vector<uint8_t> q = RandomWeightBytes(WeightType::kQ4_0, rows, cols);
+  std::vector<uint8_t> w(q.size());
+  const WeightView v{WeightType::kQ4_0, rows, cols, q.data(), *RowBytes(WeightType::kQ4_0, cols)};
+  if (!InterleaveRows8(v, w.data()).ok()) w.clear();
+  return w;
+}
+
 struct Setup {
   WeightType type;
   int64_t rows, cols, tokens;
@@ -89,7 +100,7 @@ struct Setup {
   std::vector<float> x, y;
   LinearParams p;
   Setup(WeightType t, int64_t r, int64_t c, int64_t n)
-      : type(t), rows(r), cols(c), tokens(n), w(RandomWeightBytes(t, r, c)), x(n * c), y(n * r) {
+      : type(t), rows(r), cols(c), tokens(n), w(WeightBytes(t, r, c)), x(n * c), y(n * r) {
     std::mt19937 rng(2);
     std::normal_distribution<float> g;
     for (float& v : x) v = g(rng);
@@ -122,7 +133,8 @@ void BM_LinearMethod(benchmark::State& state) {
                  : state.range(4) == 1 ? cpu::LinearMethod::kTileSgemm
                  : state.range(4) == 2 ? cpu::LinearMethod::kRowBlock
                  : state.range(4) == 3 ? cpu::LinearMethod::kRowBlock8
-                                       : cpu::LinearMethod::kPanel16;
+                 : state.range(4) == 4 ? cpu::LinearMethod::kPanel16
+                                       : cpu::LinearMethod::kInterleaved8;
   for (auto _ : state) {
     if (!cpu::LinearWith(s.p, ActiveLinearIsa(), m).ok()) state.SkipWithError("Linear failed");
     benchmark::DoNotOptimize(s.y.data());
@@ -270,6 +282,9 @@ void PanelArgs(benchmark::internal::Benchmark* b) {
   // shape, idle, three formats").
   for (int64_t f : {2, 8})
     for (int64_t m : {0, 2, 3}) b->Args({f, 8192, 2048, 1, m}), b->Args({f, 2048, 8192, 1, m});
+  // Q4_0x8 (rows interleaved at load) against the Q4_0 methods above, 1..128 tokens
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{2048, 8192}, {2048, 2048}})
+    for (int64_t t : {1, 2, 4, 8, 16, 32, 128}) b->Args({200, rows, cols, t, 5});
 }
 // One to three tokens (decode at batch 1..3) with the weight read from memory:
 // the row dots against the row-block tiles (and the 8-row tiles of the
@@ -277,12 +292,13 @@ void PanelArgs(benchmark::internal::Benchmark* b) {
 // SmolLM2-135M's (q/o, gate/up, down) for its Q4_1 / Q8_0 file; the K-quants
 // also at 4 and 6 tokens.
 void ColdArgs(benchmark::internal::Benchmark* b) {
-  for (int64_t f : {12, 14, 2, 3, 8})
+  for (int64_t f : {12, 14, 2, 3, 8, 200})
     for (const auto& [rows, cols] :
          {std::pair<int64_t, int64_t>{2048, 2048}, {512, 2048}, {8192, 2048}, {2048, 8192}})
       for (int64_t t : {1, 2, 3})
-        for (int64_t m : {0, 2, 3})
-          if (m != 3 || f == 2 || f == 3 || f == 8) b->Args({f, rows, cols, t, m});
+        for (int64_t m : {0, 2, 3, 5})
+          if ((f == 200) == (m == 5) && (m != 3 || f == 2 || f == 3 || f == 8))
+            b->Args({f, rows, cols, t, m});
   // the K-quants up to their panels' kPanelMinTokens (8): row dots vs 2x4 tiles
   for (int64_t f : {12, 14})
     for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{2048, 2048}, {8192, 2048}})

@@ -43,6 +43,7 @@ const char* WeightTypeName(WeightType type) {
     case WeightType::kIQ4_NL: return "IQ4_NL";
     case WeightType::kIQ4_XS: return "IQ4_XS";
     case WeightType::kBF16: return "BF16";
+    case WeightType::kQ4_0x8: return "Q4_0x8";
   }
   return "?";
 }
@@ -57,6 +58,7 @@ int64_t BlockElems(WeightType type) {
     case WeightType::kQ5_0:
     case WeightType::kQ5_1:
     case WeightType::kQ8_0:
+    case WeightType::kQ4_0x8:
     case WeightType::kIQ4_NL: return 32;
     case WeightType::kQ2_K:
     case WeightType::kQ3_K:
@@ -73,7 +75,8 @@ size_t BlockBytes(WeightType type) {
     case WeightType::kF32: return 4;
     case WeightType::kF16:
     case WeightType::kBF16: return 2;  // both 16-bit
-    case WeightType::kQ4_0: return 18;
+    case WeightType::kQ4_0:
+    case WeightType::kQ4_0x8: return 18;
     case WeightType::kQ4_1: return 20;
     case WeightType::kQ5_0: return 22;
     case WeightType::kQ5_1: return 24;
@@ -122,6 +125,12 @@ absl::Status ValidateWeightView(const WeightView& w) {
         absl::StrCat("w.row_stride_bytes ", w.row_stride_bytes, " is less than the ", *row_bytes,
                      " bytes of one ", WeightTypeName(w.type), " row of ", w.cols, " columns"));
   }
+  if (w.type == WeightType::kQ4_0x8 && (w.rows % 8 != 0 || w.row_stride_bytes != *row_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Q4_0x8 interleaves 8 contiguous rows: w.rows (", w.rows,
+                     ") must be a multiple of 8 and w.row_stride_bytes (", w.row_stride_bytes,
+                     ") the row's ", *row_bytes, " bytes"));
+  }
   if (w.type == WeightType::kF32 &&
       (reinterpret_cast<uintptr_t>(w.data) % 4 != 0 || w.row_stride_bytes % 4 != 0)) {
     return absl::InvalidArgumentError(
@@ -142,6 +151,8 @@ absl::Status DequantizeRowToFloat(WeightType type, const void* row, int64_t cols
   }
   if (row == nullptr) return absl::InvalidArgumentError("row is null");
   if (dst == nullptr) return absl::InvalidArgumentError("dst is null");
+  if (type == WeightType::kQ4_0x8)
+    return absl::InvalidArgumentError("type: Q4_0x8 rows are interleaved, not one row's bytes");
   cpu::DequantizeWeightRow(type, static_cast<const uint8_t*>(row), cols, dst);
   return absl::OkStatus();
 }

@@ -412,6 +412,38 @@ void RowBlock8Range(const LinearParams& p, const IsaKernels& k, const uint8_t* x
   if (r < r1) RowBlockRange(p, k, xq, r, r1);
 }
 
+// Q4_0x8 on the AVX-512 path: 16 rows per zmm (IsaKernels::i16q4_0) from this
+// many tokens on; 8 rows per ymm below. EXPERIMENT: to be measured.
+constexpr int64_t kInterleaved16MinTokens = 3;
+// kInterleaved8 (Q4_0x8): per group of 8 rows (r0 and r1 are multiples of 8:
+// the row units of ClaimRows are 16 rows and the weight's rows a multiple of
+// 8), the tokens kRow8Tokens at a time while the group (8 rows' bytes) stays
+// in L1.
+void Interleaved8Range(const LinearParams& p, const IsaKernels& k, const uint8_t* xq, int64_t r0,
+                       int64_t r1) {
+  const int64_t T = p.num_tokens;
+  const int64_t nb = p.w.cols / BlockElems(p.w.type);
+  const size_t tok_bytes = static_cast<size_t>(nb) * sizeof(ActBlock32);
+  int64_t r = r0;
+  if (k.i16q4_0 != nullptr && T >= kInterleaved16MinTokens) {
+    for (; r + kPanelRows <= r1; r += kPanelRows)
+      k.i16q4_0(Row(p.w, r), p.w.row_stride_bytes, kPanelRows, nb, xq, tok_bytes, T, nullptr,
+                p.y + r, p.y_stride, p.bias != nullptr ? p.bias + r : nullptr);
+  }
+  float out[kRow8Rows * kRow8Tokens];
+  for (; r < r1; r += kRow8Rows) {
+    for (int64_t t = 0; t < T; t += kRow8Tokens) {
+      const int n = static_cast<int>(std::min<int64_t>(kRow8Tokens, T - t));
+      k.i8q4_0(Row(p.w, r), xq + t * tok_bytes, tok_bytes, nb, n, out);
+      for (int j = 0; j < n; ++j) {
+        float* y = p.y + (t + j) * p.y_stride + r;
+        for (int i = 0; i < kRow8Rows; ++i)
+          y[i] = out[j * kRow8Rows + i] + (p.bias ? p.bias[r + i] : 0.0f);
+      }
+    }
+  }
+}
+
 // kPanel16: panels of kPanelRows rows (r0 is a multiple of kPanelRows: the
 // row units of ClaimRows are), each repacked into this thread's scratch and
 // multiplied with every token; formats or paths without the kernel use kRowBlock.
@@ -503,6 +535,7 @@ const char* LinearMethodName(LinearMethod m) {
     case LinearMethod::kRowBlock: return "row_block";
     case LinearMethod::kRowBlock8: return "row_block8";
     case LinearMethod::kPanel16: return "panel16";
+    case LinearMethod::kInterleaved8: return "interleaved8";
   }
   return "?";
 }
@@ -513,6 +546,7 @@ bool IsQuantized(WeightType t) {
 
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols,
                           CpuIsa isa) {
+  if (type == WeightType::kQ4_0x8) return LinearMethod::kInterleaved8;
   if (IsQuantized(type)) {
     if (isa == CpuIsa::kAvx2 && HasRowBlock8(type) && num_tokens >= kRow8MinTokensAvx2 &&
         rows >= kRow8Rows) {
@@ -679,6 +713,8 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
           RowBlockRange(*m.p, k, acts, r0, r1);
         } else if (m.method == LinearMethod::kPanel16) {
           PanelRange(*m.p, k, acts, r0, r1);
+        } else if (m.method == LinearMethod::kInterleaved8) {
+          Interleaved8Range(*m.p, k, acts, r0, r1);
         } else {
           RowBlock8Range(*m.p, k, acts, r0, r1);
         }
@@ -688,8 +724,13 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
 }
 
 Member MakeMember(const LinearParams& p, LinearMethod method) {
-  // kRowBlock8 on a format without its tile is kRowBlock; kRowBlock on a
-  // format without activation quantization is the row dots.
+  // Q4_0x8 has one method, and no other format has it; kRowBlock8 on a
+  // format without its tile is kRowBlock; kRowBlock on a format without
+  // activation quantization is the row dots.
+  if (p.w.type == WeightType::kQ4_0x8) {
+    return Member{&p, LinearMethod::kInterleaved8, true, false};
+  }
+  if (method == LinearMethod::kInterleaved8) method = LinearMethod::kRowBlock;
   if (method == LinearMethod::kRowBlock8 && !HasRowBlock8(p.w.type))
     method = LinearMethod::kRowBlock;
   if (method == LinearMethod::kPanel16 && !HasPanel16(p.w.type)) method = LinearMethod::kRowBlock;
@@ -707,12 +748,23 @@ absl::Status CheckIsa(CpuIsa isa) {
   return absl::OkStatus();
 }
 
+// A Q4_0x8 weight needs a path with its kernel (the x86 paths).
+absl::Status CheckLayout(const LinearParams& p, CpuIsa isa) {
+  if (p.w.type == WeightType::kQ4_0x8 && KernelsFor(isa).i8q4_0 == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Q4_0x8 weights (rows interleaved at load) have no kernel on the ",
+                     CpuIsaName(isa), " path of Linear"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method) {
   absl::Status s = ValidateLinear(p);
   if (!s.ok() || p.num_tokens == 0) return s;
   if (s = CheckIsa(isa); !s.ok()) return s;
+  if (s = CheckLayout(p, isa); !s.ok()) return s;
   const Member m = MakeMember(p, method);
   RunGroup(std::span<const Member>(&m, 1), KernelsFor(isa));
   return absl::OkStatus();
@@ -747,6 +799,10 @@ absl::Status LinearGroupWith(std::span<const LinearParams> ps, CpuIsa isa) {
             absl::StrCat("group member ", i, ": y overlaps member ", j, "'s bias"));
     }
   if (absl::Status s = CheckIsa(isa); !s.ok()) return s;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (absl::Status s = CheckLayout(ps[i], isa); !s.ok())
+      return absl::Status(s.code(), absl::StrCat("group member ", i, ": ", s.message()));
+  }
   std::vector<Member> ms;
   ms.reserve(ps.size());
   for (const LinearParams& p : ps)
@@ -759,6 +815,43 @@ absl::Status LinearGroupWith(std::span<const LinearParams> ps, CpuIsa isa) {
 
 absl::Status LinearGroup(std::span<const LinearParams> ps) {
   return cpu::LinearGroupWith(ps, ActiveLinearIsa());
+}
+
+bool PrefersInterleavedRows8(const WeightView& w) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("PAGEDSERVE_CPU_REPACK");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return enabled && w.type == WeightType::kQ4_0 && w.rows % cpu::kRow8Rows == 0 &&
+         cpu::KernelsFor(ActiveLinearIsa()).i8q4_0 != nullptr && ValidateWeightView(w).ok();
+}
+
+absl::Status InterleaveRows8(const WeightView& w, uint8_t* dst) {
+  if (w.type != WeightType::kQ4_0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("w.type: InterleaveRows8 takes Q4_0, got ", WeightTypeName(w.type)));
+  if (absl::Status s = ValidateWeightView(w); !s.ok()) return s;
+  if (w.rows % cpu::kRow8Rows != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("w.rows must be a multiple of 8 to interleave, got ", w.rows));
+  if (dst == nullptr) return absl::InvalidArgumentError("dst is null");
+  constexpr int64_t kBlock = 18, kGroupBlock = 8 * kBlock;
+  const int64_t nb = w.cols / 32;
+  const size_t row_bytes = static_cast<size_t>(nb * kBlock);
+  const int64_t groups = w.rows / 8;
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    uint8_t* out = dst + static_cast<size_t>(g) * 8 * row_bytes;
+    for (int64_t b = 0; b < nb; ++b, out += kGroupBlock) {
+      for (int i = 0; i < 8; ++i) {
+        const uint8_t* src = static_cast<const uint8_t*>(w.data) +
+                             static_cast<size_t>(8 * g + i) * w.row_stride_bytes + b * kBlock;
+        std::memcpy(out + 2 * i, src, 2);  // fp16 d
+        for (int c = 0; c < 4; ++c) std::memcpy(out + 16 + 32 * c + 4 * i, src + 2 + 4 * c, 4);
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Linear(const LinearParams& p) {

@@ -298,7 +298,9 @@ const IsaKernels& Avx2Kernels() {
                                PS_X86_NEW_DOTS_AND_TILES,
                                PS_X86_PANELS_Q23,
                                PS_X86_PANELS_32,
-                               PS_X86_PANEL_Q4_1};
+                               PS_X86_PANEL_Q4_1,
+                               DotQ4_0x8,
+                               nullptr};
   return k;
 }
 

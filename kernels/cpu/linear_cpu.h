@@ -16,17 +16,20 @@ namespace pagedserve::kernels::cpu {
 
 // How Linear computes one call (chosen by ChooseMethod, the one dispatch place).
 enum class LinearMethod : uint8_t {
-  kRowDot,     // per weight row, a dot product with every token (GEMV and small GEMM)
-  kTileSgemm,  // tiles of rows converted to fp32 (F32: used in place), OpenBLAS sgemm
-  kRowBlock,   // quantized formats: register-blocked kBlockRows x kBlockTokens tiles
-               // (IsaKernels::QTileFn); remainders use the row dots
-  kRowBlock8,  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: kRow8Rows rows x kRow8Tokens tokens with the rows
-               // in the vector lanes (IsaKernels::t8r*); rows left over use kRowBlock,
-               // tokens left over the row dots; other formats use kRowBlock
-  kPanel16,    // Q2_K .. Q6_K on the x86 paths: panels of kPanelRows weight rows repacked
-               // into a PanelBlock layout (rows in the vector lanes), then a register-tiled
-               // GEMM over all tokens (IsaKernels::p*); other formats and the portable path
-               // use kRowBlock
+  kRowDot,        // per weight row, a dot product with every token (GEMV and small GEMM)
+  kTileSgemm,     // tiles of rows converted to fp32 (F32: used in place), OpenBLAS sgemm
+  kRowBlock,      // quantized formats: register-blocked kBlockRows x kBlockTokens tiles
+                  // (IsaKernels::QTileFn); remainders use the row dots
+  kRowBlock8,     // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: kRow8Rows rows x kRow8Tokens tokens with the rows
+                  // in the vector lanes (IsaKernels::t8r*); rows left over use kRowBlock,
+                  // tokens left over the row dots; other formats use kRowBlock
+  kPanel16,       // Q2_K .. Q6_K on the x86 paths: panels of kPanelRows weight rows repacked
+                  // into a PanelBlock layout (rows in the vector lanes), then a register-tiled
+                  // GEMM over all tokens (IsaKernels::p*); other formats and the portable path
+                  // use kRowBlock
+  kInterleaved8,  // Q4_0x8 (kernels/weight_format.h), the only method of that layout:
+                  // each group of 8 interleaved rows against kRow8Tokens tokens at a
+                  // time (IsaKernels::i8q4_0); x86 paths only
 };
 const char* LinearMethodName(LinearMethod m);
 
@@ -219,6 +222,16 @@ struct IsaKernels {
   PanelFn p2_k, p3_k;
   PanelFn p4_0, p8_0;  // issue 34; nullptr in the portable table
   PanelFn p4_1;        // issue 33; nullptr in the portable table
+  // Q4_0x8 (issue 34): the QDotFn contract with w one group of kRow8Rows
+  // interleaved rows (nb blocks of 144 bytes) and ntok 1..kRow8Tokens tokens;
+  // out[j * kRow8Rows + i] = dot of row i with token j. nullptr in the
+  // portable table (Linear refuses Q4_0x8 there).
+  QDotFn i8q4_0;
+  // Q4_0x8 on the AVX-512 path, 16 rows at a time (two groups in one zmm):
+  // the PanelFn contract with w the first group's start, wb the row bytes,
+  // nrows = kPanelRows (both groups valid) and the scratch unused. nullptr
+  // in the AVX2 and portable tables.
+  PanelFn i16q4_0;
 };
 const IsaKernels& PortableKernels();
 #if defined(__x86_64__)

@@ -507,6 +507,8 @@ const IsaKernels& PortableKernels() {
                                nullptr,
                                nullptr,
                                nullptr,
+                               nullptr,
+                               nullptr,
                                nullptr};
   return k;
 }

@@ -145,6 +145,8 @@ class TensorSource {
   // converted) into memory of their own: their pages leave the resident
   // set (MappedFile::DropResident), so the model is not held twice.
   virtual void DropResident(const std::string& name, const uint8_t* p, uint64_t bytes) const = 0;
+  // The same for bytes of any tensor (LlamaWeights::drop_resident).
+  virtual void DropResidentBytes(const uint8_t* p, uint64_t bytes) const = 0;
   // Stored bytes of tensor `name` (0 when absent), and of all tensors.
   virtual uint64_t TensorBytes(const std::string& name) const = 0;
   virtual uint64_t TotalBytes() const = 0;
@@ -276,6 +278,9 @@ class GgufSource : public TensorSource {
   void DropResident(const std::string& name, const uint8_t* p, uint64_t bytes) const override {
     f_->DropResident(p, bytes);
   }
+  void DropResidentBytes(const uint8_t* p, uint64_t bytes) const override {
+    f_->DropResident(p, bytes);
+  }
   uint64_t TensorBytes(const std::string& name) const override {
     auto info = Info(name);
     if (!info.ok()) return 0;
@@ -342,6 +347,9 @@ class SafetensorsSource : public TensorSource {
   void DropResident(const std::string& name, const uint8_t* p, uint64_t bytes) const override {
     if (auto t = ck_->Find(name); t.ok()) t->first->DropResident(p, bytes);
   }
+  // No backend copies safetensors bytes (F32/F16/BF16 are used in place or
+  // converted by the loader, which drops them by name).
+  void DropResidentBytes(const uint8_t* p, uint64_t bytes) const override {}
   absl::StatusOr<Stored> StoredRows(const std::string& name) const override {
     auto t = ck_->Find(name);
     if (!t.ok()) return t.status();
@@ -726,7 +734,13 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const std::string& path, int tp_ra
     w.layers.push_back(std::move(layer));
     report(loader.bytes_read());
   }
-  if (loader.uses_mapping()) w.mapping = std::shared_ptr<const TensorSource>(std::move(*src));
+  if (loader.uses_mapping()) {
+    auto source = std::shared_ptr<const TensorSource>(std::move(*src));
+    w.drop_resident = [raw = source.get()](const uint8_t* p, uint64_t bytes) {
+      raw->DropResidentBytes(p, bytes);
+    };
+    w.mapping = std::move(source);
+  }
   report(total);
   return w;
 }

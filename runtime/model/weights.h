@@ -165,6 +165,14 @@ struct LlamaWeights {
   // Keeps the model file(s) mapped while matrices point into them
   // (Matrix::mapped); null when none does.
   std::shared_ptr<const void> mapping;
+  // Drops the resident pages of bytes [p, p + bytes) of the mapping once a
+  // backend holds a copy of its own (e.g. the CPU backend's interleaved Q4_0,
+  // kernels/linear.h InterleaveRows8), so that the model is not resident
+  // twice (MappedFile::DropResident: whole pages inside the range only, and a
+  // no-op outside the mapping or for heap-backed files). Null when nothing is
+  // mapped; the bytes must not be read through `mapped` afterwards (they
+  // would be read from the file again). Thread-safe.
+  std::function<void(const uint8_t* p, uint64_t bytes)> drop_resident;
   ModelConfig config;  // full-model description (global head counts)
   ShardLayout shard;
   Matrix embed_tokens;            // [vocab, h], replicated

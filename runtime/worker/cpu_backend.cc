@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/vec_ops.h"
 #include "kernels/linear.h"
@@ -247,6 +248,7 @@ class CpuBackend final : public ModelBackend {
       PS_RETURN_IF_ERROR(CheckStored(L.shared_expert_gate, p + "shared_expert_gate"));
     }
     weights_ = std::move(weights);
+    PS_RETURN_IF_ERROR(InterleaveQ4_0());
     BackendWeights h;
     h.embed_tokens = Handle(weights_.embed_tokens);
     h.lm_head = Handle(weights_.output_embeddings());
@@ -286,6 +288,44 @@ class CpuBackend final : public ModelBackend {
       h.layers.push_back(b);
     }
     return h;
+  }
+
+  // Q4_0 matrices with rows % 8 == 0 become Q4_0x8 when the active Linear
+  // path runs that layout (kernels/linear.h PrefersInterleavedRows8): the
+  // interleaved bytes go to `owned` and the mapped source pages are dropped,
+  // so one copy stays in memory (issue 34). Every matrix but the embedding
+  // table is read by Linear only here; the table (row lookups) stays as
+  // stored, and so does a tied LM head, which is the table.
+  absl::Status InterleaveQ4_0() {
+    std::vector<Matrix*> ms = {&weights_.lm_head};
+    for (LayerWeights& L : weights_.layers) {
+      for (Matrix* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj,
+                        &L.down_proj, &L.router, &L.shared_gate, &L.shared_up, &L.shared_down})
+        ms.push_back(m);
+      for (auto* experts : {&L.expert_gate, &L.expert_up, &L.expert_down})
+        for (Matrix& m : *experts) ms.push_back(&m);
+    }
+    for (Matrix* m : ms) {
+      if (m->empty() || m->is_fp32()) continue;
+      const kernels::WeightView v = StoredView(*m);
+      if (!kernels::PrefersInterleavedRows8(v)) continue;
+      const uint64_t bytes = static_cast<uint64_t>(v.rows) * *kernels::RowBytes(v.type, v.cols);
+      std::vector<uint8_t> packed(bytes);
+      PS_RETURN_IF_ERROR(kernels::InterleaveRows8(v, packed.data()));
+      if (m->owned.empty() && weights_.drop_resident)
+        weights_.drop_resident(m->mapped, static_cast<uint64_t>(v.rows) * v.row_stride_bytes);
+      m->owned = std::move(packed);
+      m->row_bytes = bytes / static_cast<uint64_t>(v.rows);
+      interleaved_.insert(m);
+    }
+    return absl::OkStatus();
+  }
+
+  // The kernels' view of a matrix this backend holds (Q4_0x8 where interleaved).
+  kernels::WeightView View(const Matrix& w) const {
+    kernels::WeightView v = StoredView(w);
+    if (interleaved_.contains(&w)) v.type = kernels::WeightType::kQ4_0x8;
+    return v;
   }
 
   int64_t weight_bytes() const override {
@@ -372,7 +412,7 @@ class CpuBackend final : public ModelBackend {
     p.x = F(x);
     p.num_tokens = n;
     p.x_stride = w.cols;
-    p.w = StoredView(w);
+    p.w = View(w);
     p.bias = bias.data;
     p.y = y;
     p.y_stride = w.rows;
@@ -390,7 +430,7 @@ class CpuBackend final : public ModelBackend {
       p.x = F(x);
       p.num_tokens = n;
       p.x_stride = w.cols;
-      p.w = StoredView(w);
+      p.w = View(w);
       p.bias = outs[i].bias.data;
       p.y = outs[i].y;
       p.y_stride = w.rows;
@@ -670,6 +710,7 @@ class CpuBackend final : public ModelBackend {
   std::vector<int32_t> token_pairs_;
   std::vector<ExpertScratch> expert_scratch_;
   LlamaWeights weights_;
+  absl::flat_hash_set<const Matrix*> interleaved_;  // Q4_0x8 matrices (InterleaveQ4_0)
   const ForwardPlan* plan_ = nullptr;
   std::array<std::vector<float>, static_cast<size_t>(BufferId::kCount)> buffers_;
   std::vector<uint16_t> q16_, k16_, v16_, out16_;  // attention operands for a 16-bit cache

@@ -342,6 +342,71 @@ TEST_P(LinearIsaTest, RowBlock8WithinBoundOnOddShapes) {
   CheckCase(rng, WeightType::kQ4_1, GetParam(), LinearMethod::kRowBlock8, 24, 64, 3, true);
 }
 
+// Q4_0x8 (Q4_0 rows interleaved at load by InterleaveRows8, issue 34): within
+// the bound of the Q4_0 weight it came from, at every token count the kernels
+// split differently (8-row groups x 1..8 tokens; on AVX-512 16-row pairs of
+// groups from 3 tokens, 16 tokens per pass, and an 8-row group left over:
+// rows 40), with padded source rows and a bias; the portable path refuses the
+// layout. Negative controls: four rows' scales zeroed and four pairs of rows'
+// codes swapped in the interleaved bytes exceed the bound.
+TEST_P(LinearIsaTest, InterleavedQ4_0WithinBoundOfItsSource) {
+  if (absent()) return;  // said so in SetUp
+  std::mt19937 rng(17);
+  auto interleave = [](const Weight& w) {
+    Weight x{WeightType::kQ4_0x8, w.rows, w.cols, *RowBytes(WeightType::kQ4_0, w.cols), {}};
+    x.bytes.resize(x.stride * w.rows);
+    EXPECT_TRUE(InterleaveRows8(w.view(), x.bytes.data()).ok());
+    return x;
+  };
+  for (int64_t cols : {32, 96, 576}) {
+    for (int64_t rows : {8, 24, 40}) {
+      for (int64_t tokens : {1, 2, 3, 5, 8, 9, 16, 17, 37}) {
+        if (kLight && cols == 576 && tokens > 9) continue;
+        SCOPED_TRACE(Describe(WeightType::kQ4_0x8, GetParam(), LinearMethod::kInterleaved8, rows,
+                              cols, tokens));
+        const Weight w = RandomWeight(rng, WeightType::kQ4_0, rows, cols, /*pad=*/5);
+        const Weight x8 = interleave(w);
+        const int64_t x_stride = cols + 3, y_stride = rows + 2;
+        std::vector<float> x = RandomActs(rng, tokens * x_stride);
+        std::vector<float> bias = RandomActs(rng, rows);
+        std::vector<float> y(tokens * y_stride, 7.5f);
+        LinearParams p{x.data(), tokens,  x_stride, x8.view(), rows == 24 ? bias.data() : nullptr,
+                       y.data(), y_stride};
+        const absl::Status s = cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot);
+        if (GetParam() == CpuIsa::kPortable) {
+          EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+          EXPECT_EQ(y[0], 7.5f);
+          continue;
+        }
+        ASSERT_TRUE(s.ok()) << s;
+        const Reference ref = Compute(w, Dequantized(w), x, tokens, x_stride, p.bias, true);
+        EXPECT_LE(WorstRatio(y, y_stride, ref, tokens, rows), 1.0);
+        for (int64_t t = 0; t < tokens; ++t)
+          for (int64_t r = rows; r < y_stride; ++r) ASSERT_EQ(y[t * y_stride + r], 7.5f);
+        if (tokens != 3 && tokens != 17) continue;
+        // Negative controls on the interleaved bytes.
+        const int64_t nb = cols / 32;
+        Weight broken = x8;
+        for (int64_t b = 0; b < nb; ++b)  // the scales of group 0's odd rows
+          for (int i = 1; i < 8; i += 2) PutHalf(&broken.bytes[144 * b + 2 * i], 0.0f);
+        p.w = broken.view();
+        ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
+        EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, rows), 1.0) << "a zeroed scale passed";
+        broken = x8;
+        for (int64_t b = 0; b < nb; ++b)  // group 0's rows 2i and 2i + 1 exchange codes
+          for (int c = 0; c < 4; ++c)
+            for (int i = 0; i < 4; ++i)
+              for (int k = 0; k < 4; ++k)
+                std::swap(broken.bytes[144 * b + 16 + 32 * c + 8 * i + k],
+                          broken.bytes[144 * b + 16 + 32 * c + 8 * i + 4 + k]);
+        p.w = broken.view();
+        ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
+        EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, rows), 1.0) << "swapped rows passed";
+      }
+    }
+  }
+}
+
 // kPanel16 (the K-quants' many-token GEMM, 16-row panels repacked on the fly):
 // whole and partial panels (rows 1..45, not multiples of 16), whole and
 // partial token tiles (8 on AVX-512, 4 on AVX2), one and several super-blocks
@@ -722,6 +787,50 @@ TEST(LinearTest, ActivationQuantizationBounds) {
       }
       EXPECT_EQ(sum, b256[b].bsums[k]);
     }
+}
+
+TEST(WeightFormatTest, InterleavedQ4_0ViewsAndRepackValidate) {
+  std::vector<uint8_t> bytes(18 * 16 * 2), dst(bytes.size());
+  WeightView v{WeightType::kQ4_0x8, 16, 64, bytes.data(), 36};
+  EXPECT_TRUE(ValidateWeightView(v).ok());
+  EXPECT_STREQ(WeightTypeName(WeightType::kQ4_0x8), "Q4_0x8");
+  EXPECT_FALSE(IsWeightType(static_cast<uint32_t>(WeightType::kQ4_0x8)))
+      << "no file may name the in-memory layout";
+  v.rows = 12;
+  EXPECT_NE(std::string(ValidateWeightView(v).message()).find("multiple of 8"), std::string::npos);
+  v.rows = 16;
+  v.row_stride_bytes = 40;
+  EXPECT_EQ(ValidateWeightView(v).code(), absl::StatusCode::kInvalidArgument);
+  float row[64];
+  EXPECT_EQ(DequantizeRowToFloat(WeightType::kQ4_0x8, bytes.data(), 64, row).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  WeightView q{WeightType::kQ4_0, 16, 64, bytes.data(), 36};
+  EXPECT_TRUE(InterleaveRows8(q, dst.data()).ok());
+  EXPECT_EQ(InterleaveRows8(q, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  q.rows = 12;
+  EXPECT_NE(std::string(InterleaveRows8(q, dst.data()).message()).find("multiple of 8"),
+            std::string::npos);
+  q.rows = 16;
+  q.type = WeightType::kQ4_1;
+  q.row_stride_bytes = 40;
+  EXPECT_NE(std::string(InterleaveRows8(q, dst.data()).message()).find("takes Q4_0"),
+            std::string::npos);
+  // PrefersInterleavedRows8: Q4_0 with rows % 8 == 0 on a path that runs it.
+  q = WeightView{WeightType::kQ4_0, 16, 64, bytes.data(), 36};
+  const bool x86 = cpu::KernelsFor(ActiveLinearIsa()).i8q4_0 != nullptr;
+  const char* env = std::getenv("PAGEDSERVE_CPU_REPACK");
+  if (env == nullptr || std::string(env) != "0") {
+    EXPECT_EQ(PrefersInterleavedRows8(q), x86);
+  } else {
+    EXPECT_FALSE(PrefersInterleavedRows8(q));
+  }
+  q.rows = 12;
+  EXPECT_FALSE(PrefersInterleavedRows8(q));
+  q.rows = 16;
+  q.type = WeightType::kQ8_0;
+  q.row_stride_bytes = 68;
+  EXPECT_FALSE(PrefersInterleavedRows8(q));
 }
 
 TEST(WeightFormatTest, BlockGeometryMatchesGgml) {
