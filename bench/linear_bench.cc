@@ -23,7 +23,8 @@
 // Counter weight_GBps = bytes of the stored weight / time (decode is bound by it).
 // Format ids: the WeightType values (0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1,
 // 8 Q8_0, 10 Q2_K, 11 Q3_K, 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS, 30 BF16,
-// 200 Q4_0x8: random Q4_0 interleaved by InterleaveRows8; its method id is 5).
+// 200 Q4_0x8 and 201 Q4_1x8: random Q4_0 / Q4_1 interleaved by InterleaveRows8;
+// their method id is 5).
 #include <cblas.h>
 #include <omp.h>
 
@@ -83,12 +84,14 @@ std::vector<uint8_t> RandomWeightBytes(WeightType type, int64_t rows, int64_t co
   return w;
 }
 
-// Q4_0x8 (issue 34): random Q4_0 rows interleaved as the CPU backend does at load.
+// Q4_0x8 / Q4_1x8 (issue 34): random Q4_0 / Q4_1 rows interleaved as the CPU
+// backend does at load.
 std::vector<uint8_t> WeightBytes(WeightType type, int64_t rows, int64_t cols) {
-  if (type != WeightType::kQ4_0x8) return RandomWeightBytes(type, rows, cols);
-  const std::vector<uint8_t> q = RandomWeightBytes(WeightType::kQ4_0, rows, cols);
+  if (!IsInterleavedRows8(type)) return RandomWeightBytes(type, rows, cols);
+  const WeightType src = type == WeightType::kQ4_0x8 ? WeightType::kQ4_0 : WeightType::kQ4_1;
+  const std::vector<uint8_t> q = RandomWeightBytes(src, rows, cols);
   std::vector<uint8_t> w(q.size());
-  const WeightView v{WeightType::kQ4_0, rows, cols, q.data(), *RowBytes(WeightType::kQ4_0, cols)};
+  const WeightView v{src, rows, cols, q.data(), *RowBytes(src, cols)};
   if (!InterleaveRows8(v, w.data()).ok()) w.clear();
   return w;
 }
@@ -282,9 +285,11 @@ void PanelArgs(benchmark::internal::Benchmark* b) {
   // shape, idle, three formats").
   for (int64_t f : {2, 8})
     for (int64_t m : {0, 2, 3}) b->Args({f, 8192, 2048, 1, m}), b->Args({f, 2048, 8192, 1, m});
-  // Q4_0x8 (rows interleaved at load) against the Q4_0 methods above, 1..128 tokens
-  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{2048, 8192}, {2048, 2048}})
-    for (int64_t t : {1, 2, 4, 8, 16, 32, 128}) b->Args({200, rows, cols, t, 5});
+  // Q4_0x8 / Q4_1x8 (rows interleaved at load) against the Q4_0 methods above,
+  // 1..128 tokens
+  for (int64_t f : {200, 201})
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{2048, 8192}, {2048, 2048}})
+      for (int64_t t : {1, 2, 4, 8, 16, 32, 128}) b->Args({f, rows, cols, t, 5});
 }
 // One to three tokens (decode at batch 1..3) with the weight read from memory:
 // the row dots against the row-block tiles (and the 8-row tiles of the
@@ -292,12 +297,12 @@ void PanelArgs(benchmark::internal::Benchmark* b) {
 // SmolLM2-135M's (q/o, gate/up, down) for its Q4_1 / Q8_0 file; the K-quants
 // also at 4 and 6 tokens.
 void ColdArgs(benchmark::internal::Benchmark* b) {
-  for (int64_t f : {12, 14, 2, 3, 8, 200})
+  for (int64_t f : {12, 14, 2, 3, 8, 200, 201})
     for (const auto& [rows, cols] :
          {std::pair<int64_t, int64_t>{2048, 2048}, {512, 2048}, {8192, 2048}, {2048, 8192}})
       for (int64_t t : {1, 2, 3})
         for (int64_t m : {0, 2, 3, 5})
-          if ((f == 200) == (m == 5) && (m != 3 || f == 2 || f == 3 || f == 8))
+          if ((f >= 200) == (m == 5) && (m != 3 || f == 2 || f == 3 || f == 8))
             b->Args({f, rows, cols, t, m});
   // the K-quants up to their panels' kPanelMinTokens (8): row dots vs 2x4 tiles
   for (int64_t f : {12, 14})

@@ -61,9 +61,11 @@
 //    8 tokens, where the 8-row tiles take over (measured faster there).
 //    The activation quantizer is vectorized on the x86
 //    paths and writes blocks bit-identical to the portable one.
-//  - Q4_0x8 (Q4_0 with 8 rows interleaved at load, InterleaveRows8 below):
-//    groups of 8 rows x up to 8 tokens with the rows in the vector lanes, at
-//    every token count (x86 paths only; the portable path refuses it).
+//  - Q4_0x8 / Q4_1x8 (Q4_0 / Q4_1 with 8 rows interleaved at load,
+//    InterleaveRows8 below): groups of 8 rows x up to 8 tokens with the rows
+//    in the vector lanes, on AVX-512 from 3 tokens 16 rows (two groups in one
+//    zmm) x up to 16 tokens, at every token count (x86 paths only; the
+//    portable path refuses them).
 //    kernels/cpu/linear.cc chooses the method per shape in one place.
 // Accuracy: F32/F16/BF16 weights are exact up to fp32 rounding of the sums. For
 // the quantized formats (whose activations are quantized by every method that
@@ -146,26 +148,27 @@ absl::Status Linear(const LinearParams& p);
 // otherwise; writes nothing on error. An empty span is a no-op.
 absl::Status LinearGroup(std::span<const LinearParams> ps);
 
-// Load-time repack of Q4_0 weights into the interleaved layout Q4_0x8
-// (kernels/weight_format.h), which the x86 paths run with one 256-bit load per
-// 4 codes of 8 rows, one sequential stream per 8 rows and no per-call
-// transposition (issue 34: batch-1 decode of Q4_0 was bound by the row dots'
-// per-block work, not by memory). The repacked bytes replace the stored ones:
-// same size, one copy of the weight in memory.
+// Load-time repack of Q4_0 and Q4_1 weights into the interleaved layouts
+// Q4_0x8 / Q4_1x8 (kernels/weight_format.h), which the x86 paths run with one
+// 256-bit load per 4 codes of 8 rows, one sequential stream per 8 rows and no
+// per-call transposition (issue 34: batch-1 decode of these formats was bound
+// by the row dots' per-block work, not by memory). The repacked bytes replace
+// the stored ones: same size, one copy of the weight in memory.
 //
-// True when Linear on the active path runs Q4_0x8 (the x86 paths) and `w` is
-// a valid Q4_0 view with rows % 8 == 0, i.e. when a caller that owns the
-// weight for good should repack it; always false when the environment
-// variable PAGEDSERVE_CPU_REPACK is "0" (read once: keeps the weights as the
-// file stores them, in the shared page cache; llama.cpp's --no-repack).
-// Reads no weight bytes.
+// True when Linear on the active path runs the interleaved layout of w.type
+// (Q4_0 and Q4_1 on the x86 paths) and `w` is a valid view with rows % 8 == 0,
+// i.e. when a caller that owns the weight for good should repack it; always
+// false when the environment variable PAGEDSERVE_CPU_REPACK is "0" (read
+// once: keeps the weights as the file stores them, in the shared page cache;
+// llama.cpp's --no-repack). Reads no weight bytes.
 bool PrefersInterleavedRows8(const WeightView& w);
-// Writes `w` (a valid Q4_0 view, rows % 8 == 0) as Q4_0x8 into dst[0,
-// rows * RowBytes(kQ4_0, cols)); the result's view is {kQ4_0x8, rows, cols,
-// dst, RowBytes}. Values and Linear's results are unchanged (the same integer
-// block sums; only the order of fp32 sums differs). InvalidArgument naming
-// the field for another type, rows % 8 != 0, an invalid view or a null dst;
-// dst must not overlap w. Runs on the OpenMP team (a parallel region of its own).
+// Writes `w` (a valid Q4_0 or Q4_1 view, rows % 8 == 0) in its interleaved
+// layout into dst[0, rows * RowBytes(w.type, cols)); the result's view is
+// {InterleavedRows8Of(w.type), rows, cols, dst, RowBytes}. Values and
+// Linear's results are unchanged (the same integer block sums; only the order
+// of fp32 sums differs). InvalidArgument naming the field for another type,
+// rows % 8 != 0, an invalid view or a null dst; dst must not overlap w. Runs on
+// the OpenMP team (a parallel region of its own).
 absl::Status InterleaveRows8(const WeightView& w, uint8_t* dst);
 
 // CPU instruction-set paths of Linear.

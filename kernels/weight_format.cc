@@ -44,6 +44,7 @@ const char* WeightTypeName(WeightType type) {
     case WeightType::kIQ4_XS: return "IQ4_XS";
     case WeightType::kBF16: return "BF16";
     case WeightType::kQ4_0x8: return "Q4_0x8";
+    case WeightType::kQ4_1x8: return "Q4_1x8";
   }
   return "?";
 }
@@ -59,6 +60,7 @@ int64_t BlockElems(WeightType type) {
     case WeightType::kQ5_1:
     case WeightType::kQ8_0:
     case WeightType::kQ4_0x8:
+    case WeightType::kQ4_1x8:
     case WeightType::kIQ4_NL: return 32;
     case WeightType::kQ2_K:
     case WeightType::kQ3_K:
@@ -77,7 +79,8 @@ size_t BlockBytes(WeightType type) {
     case WeightType::kBF16: return 2;  // both 16-bit
     case WeightType::kQ4_0:
     case WeightType::kQ4_0x8: return 18;
-    case WeightType::kQ4_1: return 20;
+    case WeightType::kQ4_1:
+    case WeightType::kQ4_1x8: return 20;
     case WeightType::kQ5_0: return 22;
     case WeightType::kQ5_1: return 24;
     case WeightType::kQ8_0: return 34;
@@ -125,9 +128,9 @@ absl::Status ValidateWeightView(const WeightView& w) {
         absl::StrCat("w.row_stride_bytes ", w.row_stride_bytes, " is less than the ", *row_bytes,
                      " bytes of one ", WeightTypeName(w.type), " row of ", w.cols, " columns"));
   }
-  if (w.type == WeightType::kQ4_0x8 && (w.rows % 8 != 0 || w.row_stride_bytes != *row_bytes)) {
+  if (IsInterleavedRows8(w.type) && (w.rows % 8 != 0 || w.row_stride_bytes != *row_bytes)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Q4_0x8 interleaves 8 contiguous rows: w.rows (", w.rows,
+        absl::StrCat(WeightTypeName(w.type), " interleaves 8 contiguous rows: w.rows (", w.rows,
                      ") must be a multiple of 8 and w.row_stride_bytes (", w.row_stride_bytes,
                      ") the row's ", *row_bytes, " bytes"));
   }
@@ -151,8 +154,9 @@ absl::Status DequantizeRowToFloat(WeightType type, const void* row, int64_t cols
   }
   if (row == nullptr) return absl::InvalidArgumentError("row is null");
   if (dst == nullptr) return absl::InvalidArgumentError("dst is null");
-  if (type == WeightType::kQ4_0x8)
-    return absl::InvalidArgumentError("type: Q4_0x8 rows are interleaved, not one row's bytes");
+  if (IsInterleavedRows8(type))
+    return absl::InvalidArgumentError(
+        absl::StrCat("type: ", WeightTypeName(type), " rows are interleaved, not one row's bytes"));
   cpu::DequantizeWeightRow(type, static_cast<const uint8_t*>(row), cols, dst);
   return absl::OkStatus();
 }

@@ -39,33 +39,49 @@ enum class WeightType : uint8_t {
   kIQ4_NL = 20,
   kIQ4_XS = 23,
   kBF16 = 30,
-  // Not a ggml type (no file holds it): Q4_0 blocks of 8 consecutive rows
-  // interleaved in memory, made at load by InterleaveRows8 (kernels/linear.h)
-  // for the x86 paths of Linear. Rows [8g, 8g + 8) occupy the 8 * RowBytes
-  // bytes at data + 8g * row_stride_bytes; there, block b of the 8 rows is 144
-  // bytes at offset 144 b: the 8 rows' fp16 scales d (row 0 first), then 4
-  // chunks of 32 bytes, chunk c holding bytes [4c, 4c + 4) of the 16 code bytes
-  // of rows 0..7 in turn (so that each 32-bit lane of a 256-bit load is one
-  // row: its low nibbles are elements 4c..4c+3, its high nibbles 16+4c..).
-  // Values as Q4_0: d * (code - 8). A view of it needs rows % 8 == 0 and
+  // Not ggml types (no file holds them): Q4_0 / Q4_1 blocks of 8 consecutive
+  // rows interleaved in memory, made at load by InterleaveRows8
+  // (kernels/linear.h) for the x86 paths of Linear. Rows [8g, 8g + 8) occupy
+  // the 8 * RowBytes bytes at data + 8g * row_stride_bytes; there, block b of
+  // the 8 rows is 8 * BlockBytes bytes (144, Q4_1x8 160) at offset
+  // 8 * BlockBytes * b: the 8 rows' fp16 scales d (row 0 first), for Q4_1x8
+  // then their fp16 minimums m, then 4 chunks of 32 bytes, chunk c holding
+  // bytes [4c, 4c + 4) of the 16 code bytes of rows 0..7 in turn (so that each
+  // 32-bit lane of a 256-bit load is one row: its low nibbles are elements
+  // 4c..4c+3, its high nibbles 16+4c..). Values as Q4_0 (d * (code - 8)) and
+  // Q4_1 (d * code + m). A view of them needs rows % 8 == 0 and
   // row_stride_bytes == RowBytes (ValidateWeightView).
   kQ4_0x8 = 200,
+  kQ4_1x8 = 201,
 };
+
+// True for kQ4_0x8 and kQ4_1x8.
+inline bool IsInterleavedRows8(WeightType t) {
+  return t == WeightType::kQ4_0x8 || t == WeightType::kQ4_1x8;
+}
+// The interleaved layout of `t`: kQ4_0x8 for kQ4_0, kQ4_1x8 for kQ4_1, `t` itself
+// for every other type.
+inline WeightType InterleavedRows8Of(WeightType t) {
+  return t == WeightType::kQ4_0   ? WeightType::kQ4_0x8
+         : t == WeightType::kQ4_1 ? WeightType::kQ4_1x8
+                                  : t;
+}
 
 // True when `ggml_type_id` is one of the WeightType values above.
 bool IsWeightType(uint32_t ggml_type_id);
 
 // "F32", "F16", "BF16", "Q4_0", ..., "Q6_K", "IQ4_NL", "IQ4_XS" (ggml's names),
-// "Q4_0x8"; "?" for other values.
+// "Q4_0x8", "Q4_1x8"; "?" for other values.
 const char* WeightTypeName(WeightType type);
 
-// Elements per block: 1 for F32/F16/BF16, 32 for Q4_0..Q8_0, Q4_0x8 and IQ4_NL, 256 for
+// Elements per block: 1 for F32/F16/BF16, 32 for Q4_0..Q8_0, Q4_0x8, Q4_1x8 and IQ4_NL, 256 for
 // the K-quants and IQ4_XS; 0 for a value that is not a WeightType.
 int64_t BlockElems(WeightType type);
 
 // Bytes per block (ggml's type_size): 4, 2, 2, 18 (Q4_0), 20 (Q4_1), 22 (Q5_0),
 // 24 (Q5_1), 34 (Q8_0), 84 (Q2_K), 110 (Q3_K), 144 (Q4_K), 176 (Q5_K), 210 (Q6_K),
-// 18 (IQ4_NL), 136 (IQ4_XS), 18 (Q4_0x8: per row, as Q4_0); 0 for a non-WeightType.
+// 18 (IQ4_NL), 136 (IQ4_XS), 18 / 20 (Q4_0x8 / Q4_1x8: per row, as Q4_0 / Q4_1); 0 for a
+// non-WeightType.
 size_t BlockBytes(WeightType type);
 
 // Bytes of one row of `cols` elements. InvalidArgument when cols is negative or
@@ -88,7 +104,7 @@ struct WeightView {
 
 // OK when: type is a WeightType, rows > 0, cols > 0 and a multiple of the block,
 // data non-null, row_stride_bytes >= RowBytes(type, cols), for kF32 data and
-// row_stride_bytes 4-byte aligned, and for kQ4_0x8 rows % 8 == 0 and
+// row_stride_bytes 4-byte aligned, and for kQ4_0x8 / kQ4_1x8 rows % 8 == 0 and
 // row_stride_bytes == RowBytes(type, cols). Otherwise InvalidArgument naming the field
 // ("w.cols", "w.row_stride_bytes", ...). Reads no weight bytes.
 absl::Status ValidateWeightView(const WeightView& w);
@@ -98,7 +114,7 @@ absl::Status ValidateWeightView(const WeightView& w);
 // exact; a block format gives scale * code (- or + min) in fp32, element for
 // element what ggml's dequantize_row_* computes (checked against gguf-py by
 // tests/model/dequant_test.cc through runtime/model/dequant.h, which calls this).
-// InvalidArgument naming the argument for a non-WeightType, Q4_0x8 (whose rows
+// InvalidArgument naming the argument for a non-WeightType, Q4_0x8 / Q4_1x8 (whose rows
 // are not contiguous), cols <= 0 or not a multiple of the block, or a null pointer. Thread-safe
 // (reads and writes only its arguments).
 absl::Status DequantizeRowToFloat(WeightType type, const void* row, int64_t cols, float* dst);

@@ -412,10 +412,15 @@ void RowBlock8Range(const LinearParams& p, const IsaKernels& k, const uint8_t* x
   if (r < r1) RowBlockRange(p, k, xq, r, r1);
 }
 
-// Q4_0x8 on the AVX-512 path: 16 rows per zmm (IsaKernels::i16q4_0) from this
-// many tokens on; 8 rows per ymm below. EXPERIMENT: to be measured.
+// Q4_0x8 / Q4_1x8 on the AVX-512 path: 16 rows per zmm (IsaKernels::i16q4_*)
+// from this many tokens on, 8 rows per ymm below. Measured on Q4_0x8
+// (bench/linear_bench.cc, one thread, AMD EPYC Zen 4; docs/benchmarks.md "Q4_0
+// interleaved at load"): with the weight in cache (2048x2048) the zmm kernel
+// gave 35.3k / 37.2k / 37.9k tokens/s at 4 / 8 / 32 tokens against the ymm
+// kernel's 25.0k / 26.6k / 26.8k; with the weight read from memory at one
+// token the zmm kernel (two streams) read 13.2 GB/s and the ymm kernel 24.6.
 constexpr int64_t kInterleaved16MinTokens = 3;
-// kInterleaved8 (Q4_0x8): per group of 8 rows (r0 and r1 are multiples of 8:
+// kInterleaved8 (Q4_0x8, Q4_1x8): per group of 8 rows (r0 and r1 are multiples of 8:
 // the row units of ClaimRows are 16 rows and the weight's rows a multiple of
 // 8), the tokens kRow8Tokens at a time while the group (8 rows' bytes) stays
 // in L1.
@@ -424,17 +429,20 @@ void Interleaved8Range(const LinearParams& p, const IsaKernels& k, const uint8_t
   const int64_t T = p.num_tokens;
   const int64_t nb = p.w.cols / BlockElems(p.w.type);
   const size_t tok_bytes = static_cast<size_t>(nb) * sizeof(ActBlock32);
+  const bool q4_1 = p.w.type == WeightType::kQ4_1x8;
+  const IsaKernels::QDotFn dot8 = q4_1 ? k.i8q4_1 : k.i8q4_0;
+  const IsaKernels::PanelFn gemm16 = q4_1 ? k.i16q4_1 : k.i16q4_0;
   int64_t r = r0;
-  if (k.i16q4_0 != nullptr && T >= kInterleaved16MinTokens) {
+  if (gemm16 != nullptr && T >= kInterleaved16MinTokens) {
     for (; r + kPanelRows <= r1; r += kPanelRows)
-      k.i16q4_0(Row(p.w, r), p.w.row_stride_bytes, kPanelRows, nb, xq, tok_bytes, T, nullptr,
-                p.y + r, p.y_stride, p.bias != nullptr ? p.bias + r : nullptr);
+      gemm16(Row(p.w, r), p.w.row_stride_bytes, kPanelRows, nb, xq, tok_bytes, T, nullptr, p.y + r,
+             p.y_stride, p.bias != nullptr ? p.bias + r : nullptr);
   }
   float out[kRow8Rows * kRow8Tokens];
   for (; r < r1; r += kRow8Rows) {
     for (int64_t t = 0; t < T; t += kRow8Tokens) {
       const int n = static_cast<int>(std::min<int64_t>(kRow8Tokens, T - t));
-      k.i8q4_0(Row(p.w, r), xq + t * tok_bytes, tok_bytes, nb, n, out);
+      dot8(Row(p.w, r), xq + t * tok_bytes, tok_bytes, nb, n, out);
       for (int j = 0; j < n; ++j) {
         float* y = p.y + (t + j) * p.y_stride + r;
         for (int i = 0; i < kRow8Rows; ++i)
@@ -546,7 +554,7 @@ bool IsQuantized(WeightType t) {
 
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols,
                           CpuIsa isa) {
-  if (type == WeightType::kQ4_0x8) return LinearMethod::kInterleaved8;
+  if (IsInterleavedRows8(type)) return LinearMethod::kInterleaved8;
   if (IsQuantized(type)) {
     if (isa == CpuIsa::kAvx2 && HasRowBlock8(type) && num_tokens >= kRow8MinTokensAvx2 &&
         rows >= kRow8Rows) {
@@ -724,10 +732,10 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
 }
 
 Member MakeMember(const LinearParams& p, LinearMethod method) {
-  // Q4_0x8 has one method, and no other format has it; kRowBlock8 on a
+  // Q4_0x8 / Q4_1x8 have one method, and no other format has it; kRowBlock8 on a
   // format without its tile is kRowBlock; kRowBlock on a format without
   // activation quantization is the row dots.
-  if (p.w.type == WeightType::kQ4_0x8) {
+  if (IsInterleavedRows8(p.w.type)) {
     return Member{&p, LinearMethod::kInterleaved8, true, false};
   }
   if (method == LinearMethod::kInterleaved8) method = LinearMethod::kRowBlock;
@@ -748,12 +756,14 @@ absl::Status CheckIsa(CpuIsa isa) {
   return absl::OkStatus();
 }
 
-// A Q4_0x8 weight needs a path with its kernel (the x86 paths).
+// A Q4_0x8 / Q4_1x8 weight needs a path with its kernel (the x86 paths).
 absl::Status CheckLayout(const LinearParams& p, CpuIsa isa) {
-  if (p.w.type == WeightType::kQ4_0x8 && KernelsFor(isa).i8q4_0 == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("Q4_0x8 weights (rows interleaved at load) have no kernel on the ",
-                     CpuIsaName(isa), " path of Linear"));
+  const IsaKernels& k = KernelsFor(isa);
+  if ((p.w.type == WeightType::kQ4_0x8 && k.i8q4_0 == nullptr) ||
+      (p.w.type == WeightType::kQ4_1x8 && k.i8q4_1 == nullptr)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        WeightTypeName(p.w.type), " weights (rows interleaved at load) have no kernel on the ",
+        CpuIsaName(isa), " path of Linear"));
   }
   return absl::OkStatus();
 }
@@ -822,20 +832,26 @@ bool PrefersInterleavedRows8(const WeightView& w) {
     const char* e = std::getenv("PAGEDSERVE_CPU_REPACK");
     return e == nullptr || std::strcmp(e, "0") != 0;
   }();
-  return enabled && w.type == WeightType::kQ4_0 && w.rows % cpu::kRow8Rows == 0 &&
-         cpu::KernelsFor(ActiveLinearIsa()).i8q4_0 != nullptr && ValidateWeightView(w).ok();
+  if (!enabled || w.rows % cpu::kRow8Rows != 0) return false;
+  const cpu::IsaKernels& k = cpu::KernelsFor(ActiveLinearIsa());
+  return ((w.type == WeightType::kQ4_0 && k.i8q4_0 != nullptr) ||
+          (w.type == WeightType::kQ4_1 && k.i8q4_1 != nullptr)) &&
+         ValidateWeightView(w).ok();
 }
 
 absl::Status InterleaveRows8(const WeightView& w, uint8_t* dst) {
-  if (w.type != WeightType::kQ4_0)
+  if (w.type != WeightType::kQ4_0 && w.type != WeightType::kQ4_1)
     return absl::InvalidArgumentError(
-        absl::StrCat("w.type: InterleaveRows8 takes Q4_0, got ", WeightTypeName(w.type)));
+        absl::StrCat("w.type: InterleaveRows8 takes Q4_0 or Q4_1, got ", WeightTypeName(w.type)));
   if (absl::Status s = ValidateWeightView(w); !s.ok()) return s;
   if (w.rows % cpu::kRow8Rows != 0)
     return absl::InvalidArgumentError(
         absl::StrCat("w.rows must be a multiple of 8 to interleave, got ", w.rows));
   if (dst == nullptr) return absl::InvalidArgumentError("dst is null");
-  constexpr int64_t kBlock = 18, kGroupBlock = 8 * kBlock;
+  // Q4_1: d and m (4 bytes) before the 16 code bytes; the group block puts
+  // the 8 rows' d, then their m, then the codes (kernels/weight_format.h).
+  const bool q4_1 = w.type == WeightType::kQ4_1;
+  const int64_t kBlock = q4_1 ? 20 : 18, kGroupBlock = 8 * kBlock, kHead = kBlock - 16;
   const int64_t nb = w.cols / 32;
   const size_t row_bytes = static_cast<size_t>(nb * kBlock);
   const int64_t groups = w.rows / 8;
@@ -846,8 +862,10 @@ absl::Status InterleaveRows8(const WeightView& w, uint8_t* dst) {
       for (int i = 0; i < 8; ++i) {
         const uint8_t* src = static_cast<const uint8_t*>(w.data) +
                              static_cast<size_t>(8 * g + i) * w.row_stride_bytes + b * kBlock;
-        std::memcpy(out + 2 * i, src, 2);  // fp16 d
-        for (int c = 0; c < 4; ++c) std::memcpy(out + 16 + 32 * c + 4 * i, src + 2 + 4 * c, 4);
+        std::memcpy(out + 2 * i, src, 2);                     // fp16 d
+        if (q4_1) std::memcpy(out + 16 + 2 * i, src + 2, 2);  // fp16 m
+        for (int c = 0; c < 4; ++c)
+          std::memcpy(out + 8 * kHead + 32 * c + 4 * i, src + kHead + 4 * c, 4);
       }
     }
   }

@@ -299,7 +299,9 @@ const IsaKernels& Avx2Kernels() {
                                PS_X86_PANELS_Q23,
                                PS_X86_PANELS_32,
                                PS_X86_PANEL_Q4_1,
-                               DotQ4_0x8,
+                               DotQ4x8<false>,
+                               nullptr,
+                               DotQ4x8<true>,
                                nullptr};
   return k;
 }

@@ -112,18 +112,18 @@ void FDot(const uint8_t* w, const float* x, int64_t xs, int64_t n, int ntok, flo
 namespace pagedserve::kernels::cpu {
 
 const IsaKernels& Avx512Kernels() {
-  static const IsaKernels k = {MultiToken<KQ4_0>, MultiToken<KQ4_1>, MultiToken<KQ5_0>,
-                               MultiToken<KQ5_1>, MultiToken<KQ8_0>, MultiToken<KQ4_K>,
-                               MultiToken<KQ5_K>, MultiToken<KQ6_K>, FDot<F32Loader>,
-                               FDot<F16Loader>, FDot<BF16Loader>, PS_X86_TILES,
-                               // kRowBlock8: the AVX2 kernels (not measured with VNNI;
-                               // ChooseMethod uses the method on the AVX2 path only)
-                               Avx2Kernels().t8r4_0, Avx2Kernels().t8r4_1, Avx2Kernels().t8r5_0,
-                               Avx2Kernels().t8r5_1, Avx2Kernels().t8r8_0, PS_X86_PANELS,
-                               // Q2_K, Q3_K, IQ4_NL, IQ4_XS: the row dots and tiles use
-                               // pmaddubsw + pmaddwd (the scale multiply), as on AVX2
-                               PS_X86_NEW_DOTS_AND_TILES, PS_X86_PANELS_Q23, PS_X86_PANELS_32,
-                               PS_X86_PANEL_Q4_1, DotQ4_0x8, Q4_0x8Gemm};
+  static const IsaKernels k = {
+      MultiToken<KQ4_0>, MultiToken<KQ4_1>, MultiToken<KQ5_0>, MultiToken<KQ5_1>, MultiToken<KQ8_0>,
+      MultiToken<KQ4_K>, MultiToken<KQ5_K>, MultiToken<KQ6_K>, FDot<F32Loader>, FDot<F16Loader>,
+      FDot<BF16Loader>, PS_X86_TILES,
+      // kRowBlock8: the AVX2 kernels (not measured with VNNI;
+      // ChooseMethod uses the method on the AVX2 path only)
+      Avx2Kernels().t8r4_0, Avx2Kernels().t8r4_1, Avx2Kernels().t8r5_0, Avx2Kernels().t8r5_1,
+      Avx2Kernels().t8r8_0, PS_X86_PANELS,
+      // Q2_K, Q3_K, IQ4_NL, IQ4_XS: the row dots and tiles use
+      // pmaddubsw + pmaddwd (the scale multiply), as on AVX2
+      PS_X86_NEW_DOTS_AND_TILES, PS_X86_PANELS_Q23, PS_X86_PANELS_32, PS_X86_PANEL_Q4_1,
+      DotQ4x8<false>, Q4x8Gemm<false>, DotQ4x8<true>, Q4x8Gemm<true>};
   return k;
 }
 

@@ -27,9 +27,10 @@ enum class LinearMethod : uint8_t {
                   // into a PanelBlock layout (rows in the vector lanes), then a register-tiled
                   // GEMM over all tokens (IsaKernels::p*); other formats and the portable path
                   // use kRowBlock
-  kInterleaved8,  // Q4_0x8 (kernels/weight_format.h), the only method of that layout:
-                  // each group of 8 interleaved rows against kRow8Tokens tokens at a
-                  // time (IsaKernels::i8q4_0); x86 paths only
+  kInterleaved8,  // Q4_0x8 / Q4_1x8 (kernels/weight_format.h), the only method of
+                  // those layouts: each group of 8 interleaved rows against kRow8Tokens
+                  // tokens at a time (IsaKernels::i8q4_*; on AVX-512 16 rows x 16
+                  // tokens, i16q4_*); x86 paths only
 };
 const char* LinearMethodName(LinearMethod m);
 
@@ -223,7 +224,7 @@ struct IsaKernels {
   PanelFn p4_0, p8_0;  // issue 34; nullptr in the portable table
   PanelFn p4_1;        // issue 33; nullptr in the portable table
   // Q4_0x8 (issue 34): the QDotFn contract with w one group of kRow8Rows
-  // interleaved rows (nb blocks of 144 bytes) and ntok 1..kRow8Tokens tokens;
+  // interleaved rows (nb blocks of 8 * 18 bytes) and ntok 1..kRow8Tokens tokens;
   // out[j * kRow8Rows + i] = dot of row i with token j. nullptr in the
   // portable table (Linear refuses Q4_0x8 there).
   QDotFn i8q4_0;
@@ -232,6 +233,9 @@ struct IsaKernels {
   // nrows = kPanelRows (both groups valid) and the scratch unused. nullptr
   // in the AVX2 and portable tables.
   PanelFn i16q4_0;
+  // The same two for Q4_1x8 (issue 34).
+  QDotFn i8q4_1;
+  PanelFn i16q4_1;
 };
 const IsaKernels& PortableKernels();
 #if defined(__x86_64__)

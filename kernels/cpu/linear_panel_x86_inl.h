@@ -536,23 +536,31 @@ void Panel32Gemm(const uint8_t* w, size_t wb, int nrows, int64_t nb, const uint8
   }
 }
 
-// Q4_0x8 (kernels/weight_format.h), two groups of 8 interleaved rows (16 rows)
-// x kT tokens with the 16 rows in one zmm: chunk c of the two groups' blocks
-// (two 256-bit loads, one per group) gives the 16 rows' 4 codes per lane,
-// then as Panel32TileZ (8 vpdpbusd per block and token) with no repack: the
-// layout is already the panel's. out[16 * t + i].
-template <int kT>
-void Q4_0x8TileZ(const uint8_t* w, size_t group_bytes, int64_t nb, const uint8_t* x, size_t xb,
-                 float* out) {
+// Q4_0x8 / Q4_1x8 (kernels/weight_format.h), two groups of 8 interleaved rows
+// (16 rows) x kT tokens with the 16 rows in one zmm: chunk c of the two
+// groups' blocks (two 256-bit loads, one per group) gives the 16 rows' 4 codes
+// per lane, then as Panel32TileZ (8 vpdpbusd per block and token) with no
+// repack: the layout is already the panel's. out[16 * t + i].
+// 8 fp16 at lo and 8 at hi -> 16 fp32.
+inline __m512 Halves16(const uint8_t* lo, const uint8_t* hi) {
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)), 1));
+}
+
+template <int kT, bool kMin>
+void Q4x8TileZ(const uint8_t* w, size_t group_bytes, int64_t nb, const uint8_t* x, size_t xb,
+               float* out) {
+  constexpr int kCodes = kMin ? 32 : 16;
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   __m512 acc[kT];
   PS_UNROLL
   for (auto& a : acc) a = _mm512_setzero_ps();
   const uint8_t* g0 = w;
   const uint8_t* g1 = w + group_bytes;
-  for (int64_t b = 0; b < nb; ++b, g0 += 144, g1 += 144) {
+  for (int64_t b = 0; b < nb; ++b, g0 += Q4x8GroupBlock<kMin>(), g1 += Q4x8GroupBlock<kMin>()) {
     if constexpr (kT <= 4) {
-      // few tokens: both groups stream from DRAM (as DotQ4_0x8T)
+      // few tokens: both groups stream from DRAM (as DotQ4x8T)
       PS_UNROLL
       for (int o = 0; o < 192; o += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(g0) + kPrefetchLegacyBytes + o, _MM_HINT_T0);
@@ -562,54 +570,59 @@ void Q4_0x8TileZ(const uint8_t* w, size_t group_bytes, int64_t nb, const uint8_t
     __m512i t[8];
     PS_UNROLL
     for (int c = 0; c < 4; ++c) {
-      const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(Load256(g0 + 16 + 32 * c)),
-                                           Load256(g1 + 16 + 32 * c), 1);
+      const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(Load256(g0 + kCodes + 32 * c)),
+                                           Load256(g1 + kCodes + 32 * c), 1);
       t[c] = _mm512_and_si512(v, m4);
       t[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g0))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(g1)), 1));
+    const __m512 d = Halves16(g0, g1);
+    __m512 m = _mm512_setzero_ps();
+    if constexpr (kMin) m = Halves16(g0 + 16, g1 + 16);
     PS_UNROLL
     for (int j = 0; j < kT; ++j) {
       const ActBlock32& a = reinterpret_cast<const ActBlock32*>(x + j * xb)[b];
       const uint8_t* xq = reinterpret_cast<const uint8_t*>(a.qs);
-      __m512i st = _mm512_set1_epi32(-8 * a.sum);
+      __m512i st = _mm512_set1_epi32(kMin ? 0 : -8 * a.sum);
       PS_UNROLL
       for (int c = 0; c < 8; ++c)
         st =
             _mm512_dpbusd_epi32(st, t[c], _mm512_set1_epi32(static_cast<int>(LoadU32(xq + 4 * c))));
       acc[j] =
           _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(d, _mm512_set1_ps(a.d)), acc[j]);
+      if constexpr (kMin)
+        acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.d * static_cast<float>(a.sum)), acc[j]);
     }
   }
   PS_UNROLL
   for (int j = 0; j < kT; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
 }
 
-// IsaKernels::i16q4_0 (a PanelFn over Q4_0x8: nrows 16, the scratch unused).
-void Q4_0x8Gemm(const uint8_t* w, size_t wb, int nrows, int64_t nb, const uint8_t* x, size_t xb,
-                int64_t ntok, PanelBlock* /*scratch*/, float* y, int64_t ys, const float* bias) {
+// IsaKernels::i16q4_0 (kMin false) and i16q4_1: a PanelFn over Q4_0x8 /
+// Q4_1x8 (nrows 16, the scratch unused), 16 tokens per pass (16 zmm
+// accumulators beside the 8 code vectors), then up to 8.
+template <bool kMin>
+void Q4x8Gemm(const uint8_t* w, size_t wb, int nrows, int64_t nb, const uint8_t* x, size_t xb,
+              int64_t ntok, PanelBlock* /*scratch*/, float* y, int64_t ys, const float* bias) {
   alignas(64) float out[16 * 16];
   const size_t group_bytes = 8 * wb;
   for (int64_t t = 0; t < ntok;) {
     const uint8_t* xt = x + t * xb;
     if (ntok - t >= 16) {
-      Q4_0x8TileZ<16>(w, group_bytes, nb, xt, xb, out);
+      Q4x8TileZ<16, kMin>(w, group_bytes, nb, xt, xb, out);
       StorePanelOut(out, 16, nrows, y + t * ys, ys, bias);
       t += 16;
       continue;
     }
     const int n = static_cast<int>(std::min<int64_t>(kPanelTokensZ, ntok - t));
     switch (n) {
-      case 1: Q4_0x8TileZ<1>(w, group_bytes, nb, xt, xb, out); break;
-      case 2: Q4_0x8TileZ<2>(w, group_bytes, nb, xt, xb, out); break;
-      case 3: Q4_0x8TileZ<3>(w, group_bytes, nb, xt, xb, out); break;
-      case 4: Q4_0x8TileZ<4>(w, group_bytes, nb, xt, xb, out); break;
-      case 5: Q4_0x8TileZ<5>(w, group_bytes, nb, xt, xb, out); break;
-      case 6: Q4_0x8TileZ<6>(w, group_bytes, nb, xt, xb, out); break;
-      case 7: Q4_0x8TileZ<7>(w, group_bytes, nb, xt, xb, out); break;
-      default: Q4_0x8TileZ<8>(w, group_bytes, nb, xt, xb, out); break;
+      case 1: Q4x8TileZ<1, kMin>(w, group_bytes, nb, xt, xb, out); break;
+      case 2: Q4x8TileZ<2, kMin>(w, group_bytes, nb, xt, xb, out); break;
+      case 3: Q4x8TileZ<3, kMin>(w, group_bytes, nb, xt, xb, out); break;
+      case 4: Q4x8TileZ<4, kMin>(w, group_bytes, nb, xt, xb, out); break;
+      case 5: Q4x8TileZ<5, kMin>(w, group_bytes, nb, xt, xb, out); break;
+      case 6: Q4x8TileZ<6, kMin>(w, group_bytes, nb, xt, xb, out); break;
+      case 7: Q4x8TileZ<7, kMin>(w, group_bytes, nb, xt, xb, out); break;
+      default: Q4x8TileZ<8, kMin>(w, group_bytes, nb, xt, xb, out); break;
     }
     StorePanelOut(out, n, nrows, y + t * ys, ys, bias);
     t += n;

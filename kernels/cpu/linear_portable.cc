@@ -509,6 +509,8 @@ const IsaKernels& PortableKernels() {
                                nullptr,
                                nullptr,
                                nullptr,
+                               nullptr,
+                               nullptr,
                                nullptr};
   return k;
 }

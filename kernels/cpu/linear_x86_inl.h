@@ -832,31 +832,38 @@ void TileK16(const uint8_t* w, size_t wb, const uint8_t* x, size_t xb, int64_t n
       TileK16<pagedserve::kernels::cpu::kDecodeRows, 1, 2>,                                     \
       TileK16<pagedserve::kernels::cpu::kDecodeRows, 1, 3>
 
-// ---- Q4_0x8 (kernels/weight_format.h): 8 interleaved rows x kT tokens ----
+// ---- Q4_0x8 / Q4_1x8 (kernels/weight_format.h): 8 interleaved rows x kT tokens ----
 //
 // The load-time layout puts each row in one 32-bit lane: chunk c of a block is
 // one 256-bit load whose low nibbles are elements 4c..4c+3 and high nibbles
 // 16+4c..16+4c+3 of the 8 rows, so the 8 rows' codes need two ANDs and a
 // shift per chunk (no transposition, as kRowBlock8 does per call), a token's 4
 // activation codes are one broadcast, the 8 rows' integer block sums come out
-// in the 8 lanes, and the 8 fp16 scales are one vcvtph2ps. One sequential
-// stream per group (the 4x1 tiles and the on-the-fly 8-row tiles read 4 or 8
-// row streams and measured slower than the row dots from memory). The idea of
-// llama.cpp's block_q4_0x8 repack (ggml-cpu/repack.cpp), written independently
-// with its own layout. AVX2: pmaddubsw sums of 8 chunks stay within int16
-// (each lane <= 2 * 15 * 127, 8 of them <= 30480); VNNI: vpdpbusd from the
-// block's -8 * sum(x codes) offset. Same integer block sums as every other
-// Q4_0 method, fp32 scaling per block.
-template <int kT>
-void DotQ4_0x8T(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+// in the 8 lanes, and the 8 fp16 scales (and Q4_1's minimums) are one
+// vcvtph2ps each. One sequential stream per group (the 4x1 tiles and the
+// on-the-fly 8-row tiles read 4 or 8 row streams and measured slower than the
+// row dots from memory). The idea of llama.cpp's block_q4_0x8 repack
+// (ggml-cpu/repack.cpp), written independently with its own layout. AVX2:
+// pmaddubsw sums of 8 chunks stay within int16 (each lane <= 2 * 15 * 127, 8
+// of them <= 30480); VNNI: vpdpbusd, Q4_0 from the block's -8 * sum(x codes)
+// offset. Same integer block sums as every other Q4_0 / Q4_1 method, fp32
+// scaling per block (Q4_1: plus m * d_x * sum(x codes)).
+template <bool kMin>
+constexpr int Q4x8GroupBlock() {
+  return kMin ? 160 : 144;  // 8 rows' d (and m), then 128 code bytes
+}
+
+template <int kT, bool kMin>
+void DotQ4x8T(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float* out) {
+  constexpr int kCodes = kMin ? 32 : 16;
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   __m256 acc[kT];
   PS_UNROLL
   for (auto& a : acc) a = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i, w += 144) {
+  for (int64_t i = 0; i < nb; ++i, w += Q4x8GroupBlock<kMin>()) {
     if constexpr (kT <= 2) {
       // one token or two: the group streams from DRAM; a prefetch per line
-      // (144-byte blocks: three points leave no 64-byte line out)
+      // (144/160-byte blocks: three points 64 bytes apart leave no line out)
       const char* p = reinterpret_cast<const char*>(w) + kPrefetchLegacyBytes;
       _mm_prefetch(p, _MM_HINT_T0);
       _mm_prefetch(p + 64, _MM_HINT_T0);
@@ -865,17 +872,20 @@ void DotQ4_0x8T(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float
     __m256i t[8];
     PS_UNROLL
     for (int c = 0; c < 4; ++c) {
-      const __m256i v = Load256(w + 16 + 32 * c);
+      const __m256i v = Load256(w + kCodes + 32 * c);
       t[c] = _mm256_and_si256(v, m4);
       t[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
     }
     const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    __m256 m8 = _mm256_setzero_ps();
+    if constexpr (kMin)
+      m8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
     PS_UNROLL
     for (int j = 0; j < kT; ++j) {
       const ActBlock32& a = reinterpret_cast<const ActBlock32*>(x + j * xb)[i];
       const uint8_t* xq = reinterpret_cast<const uint8_t*>(a.qs);
 #if PS_LINEAR_VNNI
-      __m256i s = _mm256_set1_epi32(-8 * a.sum);
+      __m256i s = _mm256_set1_epi32(kMin ? 0 : -8 * a.sum);
       PS_UNROLL
       for (int c = 0; c < 8; ++c)
         s = _mm256_dpbusd_epi32(s, t[c], _mm256_set1_epi32(static_cast<int>(LoadU32(xq + 4 * c))));
@@ -886,29 +896,31 @@ void DotQ4_0x8T(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, float
         s16 = _mm256_add_epi16(
             s16,
             _mm256_maddubs_epi16(t[c], _mm256_set1_epi32(static_cast<int>(LoadU32(xq + 4 * c)))));
-      const __m256i s = _mm256_sub_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)),
-                                         _mm256_set1_epi32(8 * a.sum));
+      __m256i s = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+      if constexpr (!kMin) s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * a.sum));
 #endif
       acc[j] =
           _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d8, _mm256_set1_ps(a.d)), acc[j]);
+      if constexpr (kMin)
+        acc[j] = _mm256_fmadd_ps(m8, _mm256_set1_ps(a.d * static_cast<float>(a.sum)), acc[j]);
     }
   }
   PS_UNROLL
   for (int j = 0; j < kT; ++j) _mm256_storeu_ps(out + 8 * j, acc[j]);
 }
 
-// IsaKernels::i8q4_0: ntok (1..kRow8Tokens) tokens.
-inline void DotQ4_0x8(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, int ntok,
-                      float* out) {
+// IsaKernels::i8q4_0 (kMin false) and i8q4_1: ntok (1..kRow8Tokens) tokens.
+template <bool kMin>
+void DotQ4x8(const uint8_t* w, const uint8_t* x, size_t xb, int64_t nb, int ntok, float* out) {
   switch (ntok) {
-    case 1: DotQ4_0x8T<1>(w, x, xb, nb, out); return;
-    case 2: DotQ4_0x8T<2>(w, x, xb, nb, out); return;
-    case 3: DotQ4_0x8T<3>(w, x, xb, nb, out); return;
-    case 4: DotQ4_0x8T<4>(w, x, xb, nb, out); return;
-    case 5: DotQ4_0x8T<5>(w, x, xb, nb, out); return;
-    case 6: DotQ4_0x8T<6>(w, x, xb, nb, out); return;
-    case 7: DotQ4_0x8T<7>(w, x, xb, nb, out); return;
-    default: DotQ4_0x8T<8>(w, x, xb, nb, out); return;
+    case 1: DotQ4x8T<1, kMin>(w, x, xb, nb, out); return;
+    case 2: DotQ4x8T<2, kMin>(w, x, xb, nb, out); return;
+    case 3: DotQ4x8T<3, kMin>(w, x, xb, nb, out); return;
+    case 4: DotQ4x8T<4, kMin>(w, x, xb, nb, out); return;
+    case 5: DotQ4x8T<5, kMin>(w, x, xb, nb, out); return;
+    case 6: DotQ4x8T<6, kMin>(w, x, xb, nb, out); return;
+    case 7: DotQ4x8T<7, kMin>(w, x, xb, nb, out); return;
+    default: DotQ4x8T<8, kMin>(w, x, xb, nb, out); return;
   }
 }
 

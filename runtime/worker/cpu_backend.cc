@@ -11,7 +11,7 @@
 #include <string>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/vec_ops.h"
 #include "kernels/linear.h"
@@ -248,7 +248,7 @@ class CpuBackend final : public ModelBackend {
       PS_RETURN_IF_ERROR(CheckStored(L.shared_expert_gate, p + "shared_expert_gate"));
     }
     weights_ = std::move(weights);
-    PS_RETURN_IF_ERROR(InterleaveQ4_0());
+    PS_RETURN_IF_ERROR(InterleaveRows());
     BackendWeights h;
     h.embed_tokens = Handle(weights_.embed_tokens);
     h.lm_head = Handle(weights_.output_embeddings());
@@ -290,13 +290,13 @@ class CpuBackend final : public ModelBackend {
     return h;
   }
 
-  // Q4_0 matrices with rows % 8 == 0 become Q4_0x8 when the active Linear
-  // path runs that layout (kernels/linear.h PrefersInterleavedRows8): the
+  // Q4_0 / Q4_1 matrices with rows % 8 == 0 become Q4_0x8 / Q4_1x8 when the
+  // active Linear path runs that layout (kernels/linear.h PrefersInterleavedRows8): the
   // interleaved bytes go to `owned` and the mapped source pages are dropped,
   // so one copy stays in memory (issue 34). Every matrix but the embedding
   // table is read by Linear only here; the table (row lookups) stays as
   // stored, and so does a tied LM head, which is the table.
-  absl::Status InterleaveQ4_0() {
+  absl::Status InterleaveRows() {
     std::vector<Matrix*> ms = {&weights_.lm_head};
     for (LayerWeights& L : weights_.layers) {
       for (Matrix* m : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj,
@@ -316,15 +316,16 @@ class CpuBackend final : public ModelBackend {
         weights_.drop_resident(m->mapped, static_cast<uint64_t>(v.rows) * v.row_stride_bytes);
       m->owned = std::move(packed);
       m->row_bytes = bytes / static_cast<uint64_t>(v.rows);
-      interleaved_.insert(m);
+      interleaved_[m] = kernels::InterleavedRows8Of(v.type);
     }
     return absl::OkStatus();
   }
 
-  // The kernels' view of a matrix this backend holds (Q4_0x8 where interleaved).
+  // The kernels' view of a matrix this backend holds (its interleaved type
+  // where InterleaveRows repacked it).
   kernels::WeightView View(const Matrix& w) const {
     kernels::WeightView v = StoredView(w);
-    if (interleaved_.contains(&w)) v.type = kernels::WeightType::kQ4_0x8;
+    if (auto it = interleaved_.find(&w); it != interleaved_.end()) v.type = it->second;
     return v;
   }
 
@@ -710,7 +711,8 @@ class CpuBackend final : public ModelBackend {
   std::vector<int32_t> token_pairs_;
   std::vector<ExpertScratch> expert_scratch_;
   LlamaWeights weights_;
-  absl::flat_hash_set<const Matrix*> interleaved_;  // Q4_0x8 matrices (InterleaveQ4_0)
+  // Matrices InterleaveRows repacked, and their layout (Q4_0x8, Q4_1x8).
+  absl::flat_hash_map<const Matrix*, kernels::WeightType> interleaved_;
   const ForwardPlan* plan_ = nullptr;
   std::array<std::vector<float>, static_cast<size_t>(BufferId::kCount)> buffers_;
   std::vector<uint16_t> q16_, k16_, v16_, out16_;  // attention operands for a 16-bit cache

@@ -342,66 +342,69 @@ TEST_P(LinearIsaTest, RowBlock8WithinBoundOnOddShapes) {
   CheckCase(rng, WeightType::kQ4_1, GetParam(), LinearMethod::kRowBlock8, 24, 64, 3, true);
 }
 
-// Q4_0x8 (Q4_0 rows interleaved at load by InterleaveRows8, issue 34): within
-// the bound of the Q4_0 weight it came from, at every token count the kernels
-// split differently (8-row groups x 1..8 tokens; on AVX-512 16-row pairs of
-// groups from 3 tokens, 16 tokens per pass, and an 8-row group left over:
-// rows 40), with padded source rows and a bias; the portable path refuses the
-// layout. Negative controls: four rows' scales zeroed and four pairs of rows'
-// codes swapped in the interleaved bytes exceed the bound.
-TEST_P(LinearIsaTest, InterleavedQ4_0WithinBoundOfItsSource) {
+// Q4_0x8 / Q4_1x8 (Q4_0 / Q4_1 rows interleaved at load by InterleaveRows8,
+// issue 34): within the bound of the weight they came from, at every token
+// count the kernels split differently (8-row groups x 1..8 tokens; on AVX-512
+// 16-row pairs of groups from 3 tokens, 16 tokens per pass, and an 8-row group
+// left over: rows 40), with padded source rows and a bias; the portable path
+// refuses the layouts. Negative controls: four rows' scales zeroed and four
+// pairs of rows' codes swapped in the interleaved bytes exceed the bound.
+TEST_P(LinearIsaTest, InterleavedRowsWithinBoundOfTheirSource) {
   if (absent()) return;  // said so in SetUp
   std::mt19937 rng(17);
-  auto interleave = [](const Weight& w) {
-    Weight x{WeightType::kQ4_0x8, w.rows, w.cols, *RowBytes(WeightType::kQ4_0, w.cols), {}};
-    x.bytes.resize(x.stride * w.rows);
-    EXPECT_TRUE(InterleaveRows8(w.view(), x.bytes.data()).ok());
-    return x;
-  };
-  for (int64_t cols : {32, 96, 576}) {
-    for (int64_t rows : {8, 24, 40}) {
-      for (int64_t tokens : {1, 2, 3, 5, 8, 9, 16, 17, 37}) {
-        if (kLight && cols == 576 && tokens > 9) continue;
-        SCOPED_TRACE(Describe(WeightType::kQ4_0x8, GetParam(), LinearMethod::kInterleaved8, rows,
-                              cols, tokens));
-        const Weight w = RandomWeight(rng, WeightType::kQ4_0, rows, cols, /*pad=*/5);
-        const Weight x8 = interleave(w);
-        const int64_t x_stride = cols + 3, y_stride = rows + 2;
-        std::vector<float> x = RandomActs(rng, tokens * x_stride);
-        std::vector<float> bias = RandomActs(rng, rows);
-        std::vector<float> y(tokens * y_stride, 7.5f);
-        LinearParams p{x.data(), tokens,  x_stride, x8.view(), rows == 24 ? bias.data() : nullptr,
-                       y.data(), y_stride};
-        const absl::Status s = cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot);
-        if (GetParam() == CpuIsa::kPortable) {
-          EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-          EXPECT_EQ(y[0], 7.5f);
-          continue;
+  for (WeightType src : {WeightType::kQ4_0, WeightType::kQ4_1}) {
+    const WeightType type = InterleavedRows8Of(src);
+    const size_t group_block = 8 * BlockBytes(src), codes = src == WeightType::kQ4_1 ? 32 : 16;
+    auto interleave = [&](const Weight& w) {
+      Weight x{type, w.rows, w.cols, *RowBytes(src, w.cols), {}};
+      x.bytes.resize(x.stride * w.rows);
+      EXPECT_TRUE(InterleaveRows8(w.view(), x.bytes.data()).ok());
+      return x;
+    };
+    for (int64_t cols : {32, 96, 576}) {
+      for (int64_t rows : {8, 24, 40}) {
+        for (int64_t tokens : {1, 2, 3, 5, 8, 9, 16, 17, 37}) {
+          if (kLight && cols == 576 && tokens > 9) continue;
+          SCOPED_TRACE(Describe(type, GetParam(), LinearMethod::kInterleaved8, rows, cols, tokens));
+          const Weight w = RandomWeight(rng, src, rows, cols, /*pad=*/5);
+          const Weight x8 = interleave(w);
+          const int64_t x_stride = cols + 3, y_stride = rows + 2;
+          std::vector<float> x = RandomActs(rng, tokens * x_stride);
+          std::vector<float> bias = RandomActs(rng, rows);
+          std::vector<float> y(tokens * y_stride, 7.5f);
+          LinearParams p{x.data(), tokens,  x_stride, x8.view(), rows == 24 ? bias.data() : nullptr,
+                         y.data(), y_stride};
+          const absl::Status s = cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot);
+          if (GetParam() == CpuIsa::kPortable) {
+            EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+            EXPECT_EQ(y[0], 7.5f);
+            continue;
+          }
+          ASSERT_TRUE(s.ok()) << s;
+          const Reference ref = Compute(w, Dequantized(w), x, tokens, x_stride, p.bias, true);
+          EXPECT_LE(WorstRatio(y, y_stride, ref, tokens, rows), 1.0);
+          for (int64_t t = 0; t < tokens; ++t)
+            for (int64_t r = rows; r < y_stride; ++r) ASSERT_EQ(y[t * y_stride + r], 7.5f);
+          if (tokens != 3 && tokens != 17) continue;
+          // Negative controls on the interleaved bytes.
+          const int64_t nb = cols / 32;
+          Weight broken = x8;
+          for (int64_t b = 0; b < nb; ++b)  // the scales of group 0's odd rows
+            for (int i = 1; i < 8; i += 2) PutHalf(&broken.bytes[group_block * b + 2 * i], 0.0f);
+          p.w = broken.view();
+          ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
+          EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, rows), 1.0) << "zeroed scales passed";
+          broken = x8;
+          for (int64_t b = 0; b < nb; ++b)  // group 0's rows 2i and 2i + 1 exchange codes
+            for (int c = 0; c < 4; ++c)
+              for (int i = 0; i < 4; ++i)
+                for (int k = 0; k < 4; ++k)
+                  std::swap(broken.bytes[group_block * b + codes + 32 * c + 8 * i + k],
+                            broken.bytes[group_block * b + codes + 32 * c + 8 * i + 4 + k]);
+          p.w = broken.view();
+          ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
+          EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, rows), 1.0) << "swapped rows passed";
         }
-        ASSERT_TRUE(s.ok()) << s;
-        const Reference ref = Compute(w, Dequantized(w), x, tokens, x_stride, p.bias, true);
-        EXPECT_LE(WorstRatio(y, y_stride, ref, tokens, rows), 1.0);
-        for (int64_t t = 0; t < tokens; ++t)
-          for (int64_t r = rows; r < y_stride; ++r) ASSERT_EQ(y[t * y_stride + r], 7.5f);
-        if (tokens != 3 && tokens != 17) continue;
-        // Negative controls on the interleaved bytes.
-        const int64_t nb = cols / 32;
-        Weight broken = x8;
-        for (int64_t b = 0; b < nb; ++b)  // the scales of group 0's odd rows
-          for (int i = 1; i < 8; i += 2) PutHalf(&broken.bytes[144 * b + 2 * i], 0.0f);
-        p.w = broken.view();
-        ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
-        EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, rows), 1.0) << "a zeroed scale passed";
-        broken = x8;
-        for (int64_t b = 0; b < nb; ++b)  // group 0's rows 2i and 2i + 1 exchange codes
-          for (int c = 0; c < 4; ++c)
-            for (int i = 0; i < 4; ++i)
-              for (int k = 0; k < 4; ++k)
-                std::swap(broken.bytes[144 * b + 16 + 32 * c + 8 * i + k],
-                          broken.bytes[144 * b + 16 + 32 * c + 8 * i + 4 + k]);
-        p.w = broken.view();
-        ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
-        EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, rows), 1.0) << "swapped rows passed";
       }
     }
   }
@@ -790,12 +793,15 @@ TEST(LinearTest, ActivationQuantizationBounds) {
 }
 
 TEST(WeightFormatTest, InterleavedQ4_0ViewsAndRepackValidate) {
-  std::vector<uint8_t> bytes(18 * 16 * 2), dst(bytes.size());
+  std::vector<uint8_t> bytes(68 * 16), dst(bytes.size());  // room for Q8_0 rows of 64
   WeightView v{WeightType::kQ4_0x8, 16, 64, bytes.data(), 36};
   EXPECT_TRUE(ValidateWeightView(v).ok());
   EXPECT_STREQ(WeightTypeName(WeightType::kQ4_0x8), "Q4_0x8");
+  EXPECT_STREQ(WeightTypeName(WeightType::kQ4_1x8), "Q4_1x8");
+  EXPECT_EQ(BlockBytes(WeightType::kQ4_1x8), 20u);
   EXPECT_FALSE(IsWeightType(static_cast<uint32_t>(WeightType::kQ4_0x8)))
       << "no file may name the in-memory layout";
+  EXPECT_FALSE(IsWeightType(static_cast<uint32_t>(WeightType::kQ4_1x8)));
   v.rows = 12;
   EXPECT_NE(std::string(ValidateWeightView(v).message()).find("multiple of 8"), std::string::npos);
   v.rows = 16;
@@ -814,7 +820,10 @@ TEST(WeightFormatTest, InterleavedQ4_0ViewsAndRepackValidate) {
   q.rows = 16;
   q.type = WeightType::kQ4_1;
   q.row_stride_bytes = 40;
-  EXPECT_NE(std::string(InterleaveRows8(q, dst.data()).message()).find("takes Q4_0"),
+  EXPECT_TRUE(InterleaveRows8(q, dst.data()).ok()) << "Q4_1 interleaves too";
+  q.type = WeightType::kQ8_0;
+  q.row_stride_bytes = 68;
+  EXPECT_NE(std::string(InterleaveRows8(q, dst.data()).message()).find("takes Q4_0 or Q4_1"),
             std::string::npos);
   // PrefersInterleavedRows8: Q4_0 with rows % 8 == 0 on a path that runs it.
   q = WeightView{WeightType::kQ4_0, 16, 64, bytes.data(), 36};

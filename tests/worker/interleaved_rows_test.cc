@@ -1,18 +1,19 @@
-// The CPU backend's load-time interleave of Q4_0 matrices (issue 34;
+// The CPU backend's load-time interleave of Q4_0 and Q4_1 matrices (issue 34;
 // kernels/linear.h InterleaveRows8, runtime/worker/cpu_backend.cc) end to end.
-// SmolLM2 (the default file, dequantized at load) is requantized to Q4_0 in
-// memory by ggml's reference rule (quantize_row_q4_0_ref: d = the block's
-// signed absolute maximum / -8, codes min(15, trunc(x / d + 8.5))) and run by
-// two LlamaModels: one created while Linear's active path is the portable one
-// (nothing interleaved: the portable path has no Q4_0x8 kernel), one created on
-// the best x86 path (every layer matrix interleaved). Both then run on the
-// x86 path over the same prompts (a 3-sequence prefill, then decode steps of
-// 3 tokens and of 1): the same 8-bit activation blocks and exact integer block
-// sums, so the logits may differ only by the order of the fp32 block sums,
-// which later layers amplify (bounds from measurement below, with a negative
-// control). The interleaved model
-// refuses the portable path with a FailedPrecondition naming Q4_0x8, which
-// shows that it holds the interleaved layout.
+// SmolLM2 (the default file, dequantized at load) is requantized to Q4_0 or
+// Q4_1 in memory by ggml's reference rules (quantize_row_q4_0_ref: d = the
+// block's signed absolute maximum / -8, codes min(15, trunc(x / d + 8.5));
+// quantize_row_q4_1_ref: d = (max - min) / 15, m = min, codes
+// min(15, trunc((x - m) / d + 0.5))) and run by two LlamaModels: one created
+// while Linear's active path is the portable one (nothing interleaved: the
+// portable path has no kernel for the layouts), one created on the best x86
+// path (every layer matrix interleaved). Both then run on the x86 path over
+// the same prompts (a 3-sequence prefill, then decode steps of 3 tokens and
+// of 1): the same 8-bit activation blocks and exact integer block sums, so the
+// logits may differ only by the order of the fp32 block sums, which later
+// layers amplify (bounds from measurement below, with a negative control).
+// The interleaved model refuses the portable path with a FailedPrecondition
+// naming Q4_0x8 / Q4_1x8, which shows that it holds the interleaved layout.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -33,52 +34,70 @@
 namespace pagedserve {
 namespace {
 
-// One fp32 matrix as ggml Q4_0 blocks (quantize_row_q4_0_ref's rule).
-void ToQ4_0(Matrix* m) {
-  const int64_t nb = m->cols / 32;
-  std::vector<uint8_t> bytes(static_cast<size_t>(m->rows * nb * 18));
+// One fp32 matrix as ggml Q4_0 or Q4_1 blocks (the rules of
+// quantize_row_q4_0_ref / quantize_row_q4_1_ref).
+void Quantize(GgmlType type, Matrix* m) {
+  const bool q4_1 = type == GgmlType::kQ4_1;
+  const int64_t nb = m->cols / 32, bb = q4_1 ? 20 : 18, head = bb - 16;
+  std::vector<uint8_t> bytes(static_cast<size_t>(m->rows * nb * bb));
+  auto put = [](uint8_t* p, float v) {
+    const uint16_t h = kernels::FloatToHalfBits(v);
+    std::memcpy(p, &h, 2);
+  };
   for (int64_t r = 0; r < m->rows; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* x = m->row(r) + 32 * b;
-      uint8_t* out = bytes.data() + (r * nb + b) * 18;
-      float amax = 0.0f, max = 0.0f;
-      for (int j = 0; j < 32; ++j) {
-        if (amax < std::fabs(x[j])) {
-          amax = std::fabs(x[j]);
-          max = x[j];
+      uint8_t* out = bytes.data() + (r * nb + b) * bb;
+      float d, offset, bias;  // code = min(15, trunc((x - offset) / d + bias))
+      if (q4_1) {
+        float lo = x[0], hi = x[0];
+        for (int j = 1; j < 32; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
+        d = (hi - lo) / 15.0f;
+        offset = lo;
+        bias = 0.5f;
+        put(out + 2, lo);
+      } else {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; ++j) {
+          if (amax < std::fabs(x[j])) {
+            amax = std::fabs(x[j]);
+            max = x[j];
+          }
         }
+        d = max / -8.0f;
+        offset = 0.0f;
+        bias = 8.5f;
       }
-      const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-      const uint16_t h = kernels::FloatToHalfBits(d);
-      std::memcpy(out, &h, 2);
-      for (int j = 0; j < 16; ++j) {
-        const int q0 = std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * id + 8.5f)));
-        const int q1 = std::min(15, static_cast<int>(static_cast<int8_t>(x[16 + j] * id + 8.5f)));
-        out[2 + j] = static_cast<uint8_t>(q0 | (q1 << 4));
-      }
+      put(out, d);
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      auto code = [&](float v) {
+        return std::min(15, static_cast<int>(static_cast<int8_t>((v - offset) * id + bias)));
+      };
+      for (int j = 0; j < 16; ++j)
+        out[head + j] = static_cast<uint8_t>(code(x[j]) | (code(x[16 + j]) << 4));
     }
   }
   m->data.clear();
   m->data.shrink_to_fit();
-  m->type = GgmlType::kQ4_0;
-  m->row_bytes = static_cast<uint64_t>(nb * 18);
+  m->type = type;
+  m->row_bytes = static_cast<uint64_t>(nb * bb);
   m->mapped = nullptr;
   m->owned = std::move(bytes);
 }
 
-LlamaWeights Q4_0Copy(const LlamaWeights& src) {
+LlamaWeights QuantizedCopy(const LlamaWeights& src, GgmlType type) {
   LlamaWeights w = src;
   w.dtype = WeightDType::kAuto;
   for (LayerWeights& L : w.layers)
     for (Matrix* m :
          {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj})
-      ToQ4_0(m);
+      Quantize(type, m);
   return w;
 }
 
 struct Outputs {
   std::vector<float> logits;  // every step's rows, in order
-  std::vector<int> greedy;  // not compared: the rows' argmax is (Agreement::top1)
+  std::vector<int> greedy;    // not compared: the rows' argmax is (Agreement::top1)
 };
 
 // A prefill of three sequences (prompt lengths 37, 20, 5), then two decode
@@ -112,7 +131,8 @@ Outputs Execute(LlamaModel& m) {
       if (k < 2 || s == 0) next[s] = {g};
     }
     step = next;
-    for (int s = 0; s < 3; ++s) rows[s] = step[s].empty() ? std::vector<int>{} : std::vector<int>{0};
+    for (int s = 0; s < 3; ++s)
+      rows[s] = step[s].empty() ? std::vector<int>{} : std::vector<int>{0};
   }
   return run;
 }
@@ -153,11 +173,14 @@ std::unique_ptr<LlamaModel> Create(LlamaWeights w, Communicator* comm) {
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-TEST(InterleavedQ4_0Test, SameLogitsAsRowMajorQ4_0) {
+class InterleavedRowsTest : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(InterleavedRowsTest, SameLogitsAsRowMajor) {
+  const GgmlType type = GetParam();
   // The path Linear runs (the best this CPU has, or PAGEDSERVE_CPU_ISA's).
   const kernels::CpuIsa best = kernels::ActiveLinearIsa();
   if (best == kernels::CpuIsa::kPortable) {
-    std::printf("[ NOT TESTED ] the interleaved Q4_0 layout: Linear runs the portable path\n");
+    std::printf("[ NOT TESTED ] the interleaved layouts: Linear runs the portable path\n");
     return;
   }
   const char* path = std::getenv("PAGEDSERVE_TEST_MODEL");
@@ -167,9 +190,9 @@ TEST(InterleavedQ4_0Test, SameLogitsAsRowMajorQ4_0) {
   auto comm = MakeSingleRankCommunicator();
 
   ASSERT_TRUE(kernels::SetLinearIsa(kernels::CpuIsa::kPortable).ok());
-  std::unique_ptr<LlamaModel> row_major = Create(Q4_0Copy(*f32), comm.get());
+  std::unique_ptr<LlamaModel> row_major = Create(QuantizedCopy(*f32, type), comm.get());
   ASSERT_TRUE(kernels::SetLinearIsa(best).ok());
-  std::unique_ptr<LlamaModel> interleaved = Create(Q4_0Copy(*f32), comm.get());
+  std::unique_ptr<LlamaModel> interleaved = Create(QuantizedCopy(*f32, type), comm.get());
   ASSERT_TRUE(row_major && interleaved);
 
   const Outputs a = Execute(*row_major), b = Execute(*interleaved);
@@ -177,13 +200,14 @@ TEST(InterleavedQ4_0Test, SameLogitsAsRowMajorQ4_0) {
   ASSERT_EQ(a.logits.size(), b.logits.size());
   ASSERT_FALSE(a.logits.empty());
   // Bounds from measurement (SmolLM2, AMD EPYC Zen 4, 2026-12-07): RMS
-  // difference 0.0046 (avx512 path) and 0.0217 (avx2) of the logits' spread,
-  // top-1 agreement 69 of 69 rows on both. The fp32 order of one layer's block
-  // sums changes a few activation codes of the next layer, which 30 layers
-  // amplify: the same row-major model on the portable path against the
-  // avx512 one differs by 0.052 and agrees on 65 of 69 rows. The control
-  // below (the first block of every row of layer 0's down_proj zeroed)
-  // measured 0.150-0.155 and 58 of 69, and must fall outside the bounds.
+  // difference of the logits' spread, Q4_0 0.0046 (avx512 path) and 0.0217
+  // (avx2), Q4_1 0.0071 and 0.0184; top-1 agreement 69 of 69 rows in all four.
+  // The fp32 order of one layer's block sums changes a few activation codes of
+  // the next layer, which 30 layers amplify: the same row-major Q4_0 model on
+  // the portable path against the avx512 one differs by 0.052 and agrees on 65
+  // of 69 rows. The control below (the first block of every row of layer 0's
+  // down_proj with its scale zeroed) measured 0.150-0.155 and 58 of 69 (Q4_0),
+  // 0.686-0.688 and 51 of 69 (Q4_1), and must fall outside the bounds.
   constexpr double kMaxRms = 0.06, kMinTop1 = 0.97;
   const Agreement same = Compare(a, b, vocab);
   std::printf("row-major vs interleaved: RMS %.4f of the spread, top-1 %.4f (%zu rows)\n", same.rms,
@@ -191,7 +215,7 @@ TEST(InterleavedQ4_0Test, SameLogitsAsRowMajorQ4_0) {
   EXPECT_LE(same.rms, kMaxRms);
   EXPECT_GE(same.top1, kMinTop1);
 
-  LlamaWeights broken = Q4_0Copy(*f32);
+  LlamaWeights broken = QuantizedCopy(*f32, type);
   Matrix& down = broken.layers[0].down_proj;
   for (int64_t r = 0; r < down.rows; ++r) std::memset(&down.owned[r * down.row_bytes], 0, 2);
   std::unique_ptr<LlamaModel> control = Create(std::move(broken), comm.get());
@@ -215,10 +239,18 @@ TEST(InterleavedQ4_0Test, SameLogitsAsRowMajorQ4_0) {
   std::vector<float> logits;
   const absl::Status s = interleaved->Forward(bv.view(), pool.views, &logits);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(std::string(s.message()).find("Q4_0x8"), std::string::npos) << s;
+  EXPECT_NE(std::string(s.message()).find(type == GgmlType::kQ4_0 ? "Q4_0x8" : "Q4_1x8"),
+            std::string::npos)
+      << s;
   EXPECT_TRUE(row_major->Forward(bv.view(), pool.views, &logits).ok());
   ASSERT_TRUE(kernels::SetLinearIsa(best).ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(Formats, InterleavedRowsTest,
+                         ::testing::Values(GgmlType::kQ4_0, GgmlType::kQ4_1),
+                         [](const ::testing::TestParamInfo<GgmlType>& i) {
+                           return std::string(i.param == GgmlType::kQ4_0 ? "Q4_0" : "Q4_1");
+                         });
 
 }  // namespace
 }  // namespace pagedserve
