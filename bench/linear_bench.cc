@@ -8,8 +8,8 @@
 // BM_LinearKQuant1B/<format>/<rows>/<cols>/<tokens>: BM_Linear on the K-quant
 //   matrices of Llama-3.2-1B in Q4_K_M (issue 10).
 // BM_LinearMethod/<format>/<rows>/<cols>/<tokens>/<method 0 row_dot, 1 tile_sgemm,
-//   2 row_block, 3 row_block8, 4 panel16, 5 interleaved8>: one method forced, to place the
-//   crossovers in ChooseMethod.
+//   2 row_block, 3 row_block8, 4 panel16, 5 interleaved8, 6 amx_bf16>: one method forced,
+//   to place the crossovers in ChooseMethod (amx_bf16 needs a CPU with AMX).
 // BM_LinearPanel1B/<format>/<rows>/<cols>/<tokens>/<method>: BM_LinearMethod
 //   on Llama-3.2-1B's K-quant shapes, kPanel16 against the other methods (issue 34).
 // BM_LinearVerify135M/<format>/<rows>/<cols>/<tokens>/<method>: BM_LinearMethod on
@@ -24,7 +24,7 @@
 // Format ids: the WeightType values (0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1,
 // 8 Q8_0, 10 Q2_K, 11 Q3_K, 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS, 30 BF16,
 // 200 Q4_0x8 and 201 Q4_1x8: random Q4_0 / Q4_1 interleaved by InterleaveRows8;
-// their method id is 5).
+// their method ids are 5 and, on a CPU with AMX, 6).
 #include <cblas.h>
 #include <omp.h>
 
@@ -137,7 +137,8 @@ void BM_LinearMethod(benchmark::State& state) {
                  : state.range(4) == 2 ? cpu::LinearMethod::kRowBlock
                  : state.range(4) == 3 ? cpu::LinearMethod::kRowBlock8
                  : state.range(4) == 4 ? cpu::LinearMethod::kPanel16
-                                       : cpu::LinearMethod::kInterleaved8;
+                 : state.range(4) == 5 ? cpu::LinearMethod::kInterleaved8
+                                       : cpu::LinearMethod::kAmxBf16;
   for (auto _ : state) {
     if (!cpu::LinearWith(s.p, ActiveLinearIsa(), m).ok()) state.SkipWithError("Linear failed");
     benchmark::DoNotOptimize(s.y.data());
@@ -290,6 +291,11 @@ void PanelArgs(benchmark::internal::Benchmark* b) {
   for (int64_t f : {200, 201})
     for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{2048, 8192}, {2048, 2048}})
       for (int64_t t : {1, 2, 4, 8, 16, 32, 128}) b->Args({f, rows, cols, t, 5});
+  // The AMX tiles (issue 34) against the interleaved kernels where the CPU has AMX.
+  if (cpu::AmxBf16Supported())
+    for (int64_t f : {200, 201})
+      for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{2048, 8192}, {2048, 2048}})
+        for (int64_t t : {8, 16, 32, 128, 512}) b->Args({f, rows, cols, t, 6});
 }
 // One to three tokens (decode at batch 1..3) with the weight read from memory:
 // the row dots against the row-block tiles (and the 8-row tiles of the

@@ -65,7 +65,14 @@
 //    InterleaveRows8 below): groups of 8 rows x up to 8 tokens with the rows
 //    in the vector lanes, on AVX-512 from 3 tokens 16 rows (two groups in one
 //    zmm) x up to 16 tokens, at every token count (x86 paths only; the
-//    portable path refuses them).
+//    portable path refuses them). On a CPU with Intel AMX (AMX-TILE,
+//    AMX-BF16, AVX512-BF16; detected at run time, the tile state requested
+//    from Linux once), the AVX-512 path multiplies Q4_0x8 / Q4_1x8 weights
+//    with 16 or more tokens on the AMX tiles instead (issue 34; kernels/cpu/
+//    linear_cpu.h "AMX"): 32 weight rows at a time dequantized to bf16 in
+//    per-thread scratch, the activations rounded to bf16 once per call,
+//    TDPBF16PS with fp32 accumulation. PAGEDSERVE_CPU_AMX=0 (false, off,
+//    no) turns the tiles off.
 //    kernels/cpu/linear.cc chooses the method per shape in one place.
 // Accuracy: F32/F16/BF16 weights are exact up to fp32 rounding of the sums. For
 // the quantized formats (whose activations are quantized by every method that
@@ -74,19 +81,23 @@
 // max|x over its block| / 127, so |x - x'| <= d / 2 and
 //   |y - y_exact| <= sum_blocks (d_b / 2) * sum_{c in b} |W[r, c]| + fp32 rounding,
 // where y_exact uses the dequantized weights (tests/kernels/linear_test.cc checks
-// exactly this bound).
+// exactly this bound). The AMX method rounds each activation and each
+// dequantized weight to bf16 instead: |y - y_exact| <= (2^-8 + 2^-9 + cols
+// 2^-24) sum_c |W[r, c] x_c| (checked too); a token's outputs do not depend
+// on the other tokens of the call on any method, but a call of 16 or more
+// tokens on AMX and one of fewer tokens on the integer kernels round
+// differently.
 //
 // Instruction sets: a portable C++ path, an AVX2 path (AVX2+FMA+F16C:
 // pmaddubsw/pmaddwd integer dots, 256-bit FMA) and an AVX-512 path
 // (AVX512F/BW/VL + VNNI: vpdpbusd on 256-bit vectors for the quantized formats,
 // 512-bit FMA for F32/F16/BF16), chosen at run time from CPUID; -march is never
-// raised. AVX512-BF16 (vdpbf16ps) is not used: it would also round the
-// activations to bf16, the shift conversion is exact, and decode is bound by
-// memory bandwidth (and the development machine lacks AVX512-BF16, so such a
-// path could not have been tested). The environment variable PAGEDSERVE_CPU_ISA
-// (portable | avx2 | avx512), read once at the first call, or SetLinearIsa
-// forces a path; an unknown value, or one this CPU cannot run, is ignored. The
-// integer dot products use x86 intrinsics in files compiled with
+// raised. AVX512-BF16 (vdpbf16ps) is not used for F16/BF16 weights: it would
+// also round the activations to bf16, the shift conversion is exact, and
+// decode is bound by memory bandwidth; its conversions serve the AMX method. The environment
+// variable PAGEDSERVE_CPU_ISA (portable | avx2 | avx512), read once at the first call, or
+// SetLinearIsa forces a path; an unknown value, or one this CPU cannot run, is ignored. The integer
+// dot products use x86 intrinsics in files compiled with
 // `#pragma GCC target` (kernels/cpu/linear_avx2.cc, linear_avx512.cc) rather than
 // Highway: Debian's Highway 1.0.3 has no u8 x i8 multiply-add
 // (SatWidenMulPairwiseAdd came in 1.1, SumOfMulQuadAccumulate in 1.2), which is
@@ -158,9 +169,10 @@ absl::Status LinearGroup(std::span<const LinearParams> ps);
 // True when Linear on the active path runs the interleaved layout of w.type
 // (Q4_0 and Q4_1 on the x86 paths) and `w` is a valid view with rows % 8 == 0,
 // i.e. when a caller that owns the weight for good should repack it; always
-// false when the environment variable PAGEDSERVE_CPU_REPACK is "0" (read
-// once: keeps the weights as the file stores them, in the shared page cache;
-// llama.cpp's --no-repack). Reads no weight bytes.
+// false when the environment variable PAGEDSERVE_CPU_REPACK is 0, false, off
+// or no (any case; read once: keeps the weights as the file stores them, in
+// the shared page cache; llama.cpp's --no-repack; any other value leaves the
+// repack on). Reads no weight bytes.
 bool PrefersInterleavedRows8(const WeightView& w);
 // Writes `w` (a valid Q4_0 or Q4_1 view, rows % 8 == 0) in its interleaved
 // layout into dst[0, rows * RowBytes(w.type, cols)); the result's view is
@@ -178,6 +190,15 @@ const char* CpuIsaName(CpuIsa isa);  // "portable", "avx2", "avx512"
 bool CpuSupportsIsa(CpuIsa isa);
 // The path Linear uses now.
 CpuIsa ActiveLinearIsa();
+// True when Linear runs the many-token products of Q4_0x8 / Q4_1x8 weights on
+// the AMX tiles: the active path is avx512, the CPU and OS offer AMX-BF16
+// tiles, and neither PAGEDSERVE_CPU_AMX nor SetLinearAmx turned them off.
+// Thread-safe.
+bool LinearUsesAmx();
+// Turns the AMX tiles on or off for Linear from now on (tests, benchmarks);
+// FailedPrecondition when asked to turn them on and the CPU or OS lacks them.
+// Thread-safe; calls already running keep their method.
+absl::Status SetLinearAmx(bool on);
 // Makes Linear use `isa` from now on (tests, benchmarks). FailedPrecondition,
 // naming the missing features, when the CPU cannot run it. Thread-safe, but
 // calls of Linear already running keep the path they started with.

@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <strings.h>
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -88,6 +89,17 @@ bool CpuSupportsIsa(CpuIsa isa) {
 }
 
 CpuIsa ActiveLinearIsa() { return static_cast<CpuIsa>(ActiveIsaSlot().load()); }
+
+bool LinearUsesAmx() { return ActiveLinearIsa() == CpuIsa::kAvx512 && cpu::AmxBf16Usable(); }
+
+absl::Status SetLinearAmx(bool on) {
+  if (on && !cpu::AmxBf16Supported())
+    return absl::FailedPreconditionError(
+        "the AMX tiles of Linear need AMX-TILE, AMX-BF16 and AVX512-BF16 and the OS's leave to "
+        "use them, which this CPU or process lacks");
+  cpu::SetAmxBf16Enabled(on);
+  return absl::OkStatus();
+}
 
 absl::Status SetLinearIsa(CpuIsa isa) {
   if (!CpuSupportsIsa(isa)) {
@@ -283,6 +295,16 @@ T* Scratch(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
+// Scratch(v, n) starting at a 64-byte boundary (AMX tile loads of one cache
+// line per row).
+template <typename T>
+T* Scratch64(std::vector<T>& v, size_t n) {
+  const size_t slack = 64 / sizeof(T);
+  T* p = Scratch(v, n + slack);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  return p + ((64 - a % 64) % 64) / sizeof(T);
+}
+
 const uint8_t* Row(const WeightView& w, int64_t r) {
   return static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride_bytes;
 }
@@ -452,6 +474,19 @@ void Interleaved8Range(const LinearParams& p, const IsaKernels& k, const uint8_t
   }
 }
 
+// kAmxBf16 from this many tokens on (AVX-512 path, AmxBf16Usable, AmxHasPanel);
+// measured in docs/benchmarks.md, "AMX".
+constexpr int64_t kAmxMinTokens = 16;
+
+// kAmxBf16's k-chunk (AmxLinearRows); measured in docs/benchmarks.md, "AMX".
+constexpr int64_t kAmxChunkK = 1024;
+
+// kAmxBf16 over rows [r0, r1) (multiples of 8) with the tokens' bf16 tiles xa.
+void AmxRange(const LinearParams& p, const uint16_t* xa, int64_t r0, int64_t r1) {
+  AmxLinearRows(p.w.type, Row(p.w, r0), p.w.row_stride_bytes, r1 - r0, p.w.cols, xa, p.num_tokens,
+                p.y + r0, p.y_stride, p.bias != nullptr ? p.bias + r0 : nullptr, kAmxChunkK);
+}
+
 // kPanel16: panels of kPanelRows rows (r0 is a multiple of kPanelRows: the
 // row units of ClaimRows are), each repacked into this thread's scratch and
 // multiplied with every token; formats or paths without the kernel use kRowBlock.
@@ -544,6 +579,7 @@ const char* LinearMethodName(LinearMethod m) {
     case LinearMethod::kRowBlock8: return "row_block8";
     case LinearMethod::kPanel16: return "panel16";
     case LinearMethod::kInterleaved8: return "interleaved8";
+    case LinearMethod::kAmxBf16: return "amx_bf16";
   }
   return "?";
 }
@@ -554,6 +590,9 @@ bool IsQuantized(WeightType t) {
 
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols,
                           CpuIsa isa) {
+  if (isa == CpuIsa::kAvx512 && num_tokens >= kAmxMinTokens && cols % 32 == 0 &&
+      AmxHasPanel(type) && AmxBf16Usable())
+    return LinearMethod::kAmxBf16;
   if (IsInterleavedRows8(type)) return LinearMethod::kInterleaved8;
   if (IsQuantized(type)) {
     if (isa == CpuIsa::kAvx2 && HasRowBlock8(type) && num_tokens >= kRow8MinTokensAvx2 &&
@@ -653,7 +692,8 @@ struct Member {
   const LinearParams* p;
   LinearMethod method;
   bool quant_acts;
-  bool act256;  // ActBlock256 blocks (else ActBlock32)
+  bool act256;     // ActBlock256 blocks (else ActBlock32)
+  bool bf16_acts;  // kAmxBf16: the tokens in bf16 tiles (AmxActsToBf16)
 };
 
 // Runs every member in one parallel region (validated by the caller). The
@@ -667,11 +707,12 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
   const LinearParams* rep[2] = {nullptr, nullptr};
   uint8_t* xq[2] = {nullptr, nullptr};
   int64_t nb[2] = {0, 0};
-  bool uses_sgemm = false;
+  bool uses_sgemm = false, any_bf16 = false;
   int64_t work = 0;
   for (const Member& m : ms) {
     work += m.p->w.rows * m.p->w.cols * T;
     uses_sgemm |= m.method == LinearMethod::kTileSgemm;
+    any_bf16 |= m.bf16_acts;
     if (!m.quant_acts) continue;
     const int kind = m.act256 ? 1 : 0;
     if (rep[kind] != nullptr) continue;
@@ -680,6 +721,11 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
     const size_t block = m.act256 ? sizeof(ActBlock256) : sizeof(ActBlock32);
     xq[kind] = Scratch(xq_scratch[kind], static_cast<size_t>(T * nb[kind]) * block);
   }
+  // The bf16 tiles of the tokens, rows padded to a multiple of 16 (one shape:
+  // every member has p0's cols).
+  static thread_local std::vector<uint16_t> xa_scratch;
+  const int64_t t_pad = (T + 15) / 16 * 16;
+  uint16_t* xa = any_bf16 ? Scratch64(xa_scratch, static_cast<size_t>(t_pad * p0.w.cols)) : nullptr;
   if (uses_sgemm) UseOpenBlasSingleThreaded();
   const int threads = (omp_in_parallel() || work < kMinParallelWork) ? 1 : omp_get_max_threads();
   // A few tokens are quantized before the parallel region (microseconds), which
@@ -703,6 +749,11 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
         if (rep[kind] != nullptr) QuantizeToken(*rep[kind], k, nb[kind], i % T, xq[kind]);
       }
     }
+    if (any_bf16) {
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < t_pad; ++t)
+        AmxActsToBf16(p0.x, p0.x_stride, T, t, t + 1, p0.w.cols, xa);
+    }
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
     for (size_t i = 0; i < ms.size(); ++i) {
       const Member& m = ms[i];
@@ -723,6 +774,8 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
           PanelRange(*m.p, k, acts, r0, r1);
         } else if (m.method == LinearMethod::kInterleaved8) {
           Interleaved8Range(*m.p, k, acts, r0, r1);
+        } else if (m.method == LinearMethod::kAmxBf16) {
+          AmxRange(*m.p, xa, r0, r1);
         } else {
           RowBlock8Range(*m.p, k, acts, r0, r1);
         }
@@ -735,8 +788,11 @@ Member MakeMember(const LinearParams& p, LinearMethod method) {
   // Q4_0x8 / Q4_1x8 have one method, and no other format has it; kRowBlock8 on a
   // format without its tile is kRowBlock; kRowBlock on a format without
   // activation quantization is the row dots.
+  if (method == LinearMethod::kAmxBf16) {  // checked by CheckMethod
+    return Member{&p, method, false, false, true};
+  }
   if (IsInterleavedRows8(p.w.type)) {
-    return Member{&p, LinearMethod::kInterleaved8, true, false};
+    return Member{&p, LinearMethod::kInterleaved8, true, false, false};
   }
   if (method == LinearMethod::kInterleaved8) method = LinearMethod::kRowBlock;
   if (method == LinearMethod::kRowBlock8 && !HasRowBlock8(p.w.type))
@@ -745,7 +801,7 @@ Member MakeMember(const LinearParams& p, LinearMethod method) {
   if (method == LinearMethod::kRowBlock && (!IsQuantized(p.w.type) || !HasRowBlockTiles(p.w.type)))
     method = LinearMethod::kRowDot;
   return Member{&p, method, method != LinearMethod::kTileSgemm && IsQuantized(p.w.type),
-                UsesActBlock256(p.w.type)};
+                UsesActBlock256(p.w.type), false};
 }
 
 absl::Status CheckIsa(CpuIsa isa) {
@@ -768,6 +824,23 @@ absl::Status CheckLayout(const LinearParams& p, CpuIsa isa) {
   return absl::OkStatus();
 }
 
+// kAmxBf16 asked of LinearWith: the AVX-512 path on a CPU with AMX, a format
+// with an AMX panel (every other method falls back to one the format has).
+absl::Status CheckMethod(const LinearParams& p, CpuIsa isa, LinearMethod method) {
+  if (method != LinearMethod::kAmxBf16) return absl::OkStatus();
+  if (isa != CpuIsa::kAvx512 || !AmxBf16Supported())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the amx_bf16 method of Linear needs the avx512 path on a CPU with AMX-TILE, AMX-BF16 and "
+        "AVX512-BF16 that the OS lets this process use; asked on the ",
+        CpuIsaName(isa), " path, AMX ", AmxBf16Supported() ? "present" : "absent"));
+  if (!AmxHasPanel(p.w.type) || p.w.cols % 32 != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("the amx_bf16 method of Linear takes Q4_0x8 or "
+                     "Q4_1x8 weights with cols % 32 == 0, got ",
+                     WeightTypeName(p.w.type), " cols ", p.w.cols));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method) {
@@ -775,6 +848,7 @@ absl::Status LinearWith(const LinearParams& p, CpuIsa isa, LinearMethod method) 
   if (!s.ok() || p.num_tokens == 0) return s;
   if (s = CheckIsa(isa); !s.ok()) return s;
   if (s = CheckLayout(p, isa); !s.ok()) return s;
+  if (s = CheckMethod(p, isa, method); !s.ok()) return s;
   const Member m = MakeMember(p, method);
   RunGroup(std::span<const Member>(&m, 1), KernelsFor(isa));
   return absl::OkStatus();
@@ -830,7 +904,10 @@ absl::Status LinearGroup(std::span<const LinearParams> ps) {
 bool PrefersInterleavedRows8(const WeightView& w) {
   static const bool enabled = [] {
     const char* e = std::getenv("PAGEDSERVE_CPU_REPACK");
-    return e == nullptr || std::strcmp(e, "0") != 0;
+    if (e == nullptr) return true;
+    for (const char* off : {"0", "false", "off", "no"})
+      if (strcasecmp(e, off) == 0) return false;
+    return true;
   }();
   if (!enabled || w.rows % cpu::kRow8Rows != 0) return false;
   const cpu::IsaKernels& k = cpu::KernelsFor(ActiveLinearIsa());

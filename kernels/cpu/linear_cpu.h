@@ -31,6 +31,8 @@ enum class LinearMethod : uint8_t {
                   // those layouts: each group of 8 interleaved rows against kRow8Tokens
                   // tokens at a time (IsaKernels::i8q4_*; on AVX-512 16 rows x 16
                   // tokens, i16q4_*); x86 paths only
+  kAmxBf16,       // AMX tiles over bf16 panels (AmxBf16Usable, AmxHasPanel; "AMX" below):
+                  // the AVX-512 path's many-token GEMM where the CPU has AMX
 };
 const char* LinearMethodName(LinearMethod m);
 
@@ -237,6 +239,62 @@ struct IsaKernels {
   QDotFn i8q4_1;
   PanelFn i16q4_1;
 };
+// ---- AMX (issue 34): kAmxBf16 ----
+// On CPUs with Intel AMX (AMX-TILE, AMX-BF16) and AVX512-BF16, the many-token
+// GEMM of the formats with an AMX panel (AmxHasPanel) runs on the tile unit: a
+// thread dequantizes kAmxPanelRows weight rows at a time to bf16 in its own
+// scratch (the stored weight is never copied as a whole), in the order TDPBF16PS
+// takes them, and multiplies the panel with every token's bf16 activations,
+// accumulating in fp32 tiles. Arithmetic contract: each weight element and each
+// activation is rounded once to bf16 (round to nearest even; relative error
+// <= 2^-9 each), the products are summed in fp32 in 32-element steps; so
+// |y - exact| <= (2^-8 + 2^-9 + cols 2^-24) sum_k |x_k w_k|, and a token's outputs do
+// not depend on the tokens beside it (each output is the same function of its
+// token's activations at every token count). The weight tiles follow Intel's
+// AMX programming model (Intel 64 and IA-32 Architectures Optimization
+// Reference Manual, "Intel AMX"); the bf16 weight-only dequantization is what
+// Intel's IPEX/xFasterTransformer do for int4 weights.
+inline constexpr int kAmxPanelRows = 32;
+// True when this CPU and OS can run the AMX kernels: CPUID says AMX-TILE,
+// AMX-BF16 and AVX512-BF16, XCR0 enables the tile state, and Linux granted
+// the process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked once here).
+// Thread-safe; computed once.
+bool AmxBf16Supported();
+// AmxBf16Supported() unless the environment variable PAGEDSERVE_CPU_AMX is 0,
+// false, off or no (any case; read once) or SetAmxBf16Enabled(false) was
+// called last: whether ChooseMethod picks kAmxBf16. Thread-safe.
+bool AmxBf16Usable();
+void SetAmxBf16Enabled(bool on);
+// True for the formats with an AMX panel: Q4_0x8 and Q4_1x8 (kernels/weight_format.h).
+bool AmxHasPanel(WeightType type);
+// Tokens [t0, t1) of x (fp32, token t at x + t * x_stride, cols % 32 == 0;
+// t1 <= RoundUp(T, 16)) to AMX activation tiles in xa (bf16, round to nearest
+// even): token t's elements 32 s .. 32 s + 31 at xa + (t / 16) * cols * 16 +
+// s * 512 + (t % 16) * 32, i.e. per 16 tokens one 16 x 32 tile per step s;
+// tokens t >= T are written as zeros. Threads may write disjoint token ranges
+// at once. Needs AmxBf16Supported().
+void AmxActsToBf16(const float* x, int64_t x_stride, int64_t T, int64_t t0, int64_t t1,
+                   int64_t cols, uint16_t* xa);
+// Panels of kAmxPanelRows rows dequantized together (one group), whose
+// accumulators persist across the k-chunks of AmxLinearRows.
+inline constexpr int kAmxGroupPanels = 4;
+// y[t * y_stride + i] = row i of w . token t (+ bias[i] when bias is non-null)
+// for t < T and i < nrows (nothing else of y is written), with `w` an
+// AmxHasPanel format (row i at w + i * w_row_bytes, nrows % 8 == 0, cols % 32
+// == 0) and xa the tokens as AmxActsToBf16 writes them for [0, RoundUp(T, 16))
+// (rows past T are read and do not affect the result). Blocking: per group of
+// kAmxGroupPanels x kAmxPanelRows rows, per chunk of `chunk_k` elements (a
+// multiple of 32; the weights' and tokens' chunks stay in L2), each panel's
+// chunk is dequantized once into per-thread scratch (AMX weight tiles: per
+// 32-element step two tiles of 512 bf16, rows 0..15 and 16..31, row kk of a
+// tile holding the pairs (2 kk, 2 kk + 1) of its 16 rows) and multiplied with
+// every 32 tokens, fp32 accumulators kept per thread between chunks (T x 128
+// floats). Configures the calling thread's tiles and releases them before
+// returning. Needs AmxBf16Supported().
+void AmxLinearRows(WeightType type, const uint8_t* w, size_t w_row_bytes, int64_t nrows,
+                   int64_t cols, const uint16_t* xa, int64_t T, float* y, int64_t y_stride,
+                   const float* bias, int64_t chunk_k);
+
 const IsaKernels& PortableKernels();
 #if defined(__x86_64__)
 const IsaKernels& Avx2Kernels();    // kernels/cpu/linear_avx2.cc

@@ -19,6 +19,7 @@
 #include "kernels/prefill_attention.h"
 #include "kernels/reshape_and_cache.h"
 #include "runtime/common/status_macros.h"
+#include "spdlog/spdlog.h"
 
 namespace pagedserve {
 
@@ -305,6 +306,7 @@ class CpuBackend final : public ModelBackend {
       for (auto* experts : {&L.expert_gate, &L.expert_up, &L.expert_down})
         for (Matrix& m : *experts) ms.push_back(&m);
     }
+    uint64_t interleaved_bytes = 0;
     for (Matrix* m : ms) {
       if (m->empty() || m->is_fp32()) continue;
       const kernels::WeightView v = StoredView(*m);
@@ -317,7 +319,19 @@ class CpuBackend final : public ModelBackend {
       m->owned = std::move(packed);
       m->row_bytes = bytes / static_cast<uint64_t>(v.rows);
       interleaved_[m] = kernels::InterleavedRows8Of(v.type);
+      interleaved_bytes += bytes;
     }
+    // On the front ends' stderr logger, beside the load progress (stdout may
+    // carry generated text); library users without it get no line.
+    if (std::shared_ptr<spdlog::logger> log = spdlog::get("launch"); log && !interleaved_.empty())
+      log->info(
+          "CPU weights: {} Q4_0/Q4_1 matrices ({:.1f} MiB) interleaved 8 rows at a time for the "
+          "{} kernels (PAGEDSERVE_CPU_REPACK=0 keeps the file's layout){}",
+          interleaved_.size(), static_cast<double>(interleaved_bytes) / (1 << 20),
+          kernels::CpuIsaName(kernels::ActiveLinearIsa()),
+          kernels::LinearUsesAmx()
+              ? "; steps of 16+ tokens on the AMX tiles in bf16 (PAGEDSERVE_CPU_AMX=0: off)"
+              : "");
     return absl::OkStatus();
   }
 

@@ -201,6 +201,14 @@ double WorstRatio(const std::vector<float>& y, int64_t y_stride, const Reference
   return worst;
 }
 
+// A Q4_0 / Q4_1 weight with its rows interleaved as at load (InterleaveRows8).
+Weight Interleaved(const Weight& w) {
+  Weight x{InterleavedRows8Of(w.type), w.rows, w.cols, *RowBytes(w.type, w.cols), {}};
+  x.bytes.resize(x.stride * w.rows);
+  EXPECT_TRUE(InterleaveRows8(w.view(), x.bytes.data()).ok());
+  return x;
+}
+
 std::string Describe(WeightType type, CpuIsa isa, LinearMethod m, int64_t rows, int64_t cols,
                      int64_t tokens) {
   return absl::StrCat(WeightTypeName(type), " ", CpuIsaName(isa), " ", cpu::LinearMethodName(m),
@@ -347,27 +355,22 @@ TEST_P(LinearIsaTest, RowBlock8WithinBoundOnOddShapes) {
 // count the kernels split differently (8-row groups x 1..8 tokens; on AVX-512
 // 16-row pairs of groups from 3 tokens, 16 tokens per pass, and an 8-row group
 // left over: rows 40), with padded source rows and a bias; the portable path
-// refuses the layouts. Negative controls: four rows' scales zeroed and four
-// pairs of rows' codes swapped in the interleaved bytes exceed the bound.
+// refuses the layouts; each token's outputs equal those of a one-token call bit
+// for bit. Negative controls: four rows' scales zeroed and four pairs of rows'
+// codes swapped in the interleaved bytes exceed the bound.
 TEST_P(LinearIsaTest, InterleavedRowsWithinBoundOfTheirSource) {
   if (absent()) return;  // said so in SetUp
   std::mt19937 rng(17);
   for (WeightType src : {WeightType::kQ4_0, WeightType::kQ4_1}) {
     const WeightType type = InterleavedRows8Of(src);
     const size_t group_block = 8 * BlockBytes(src), codes = src == WeightType::kQ4_1 ? 32 : 16;
-    auto interleave = [&](const Weight& w) {
-      Weight x{type, w.rows, w.cols, *RowBytes(src, w.cols), {}};
-      x.bytes.resize(x.stride * w.rows);
-      EXPECT_TRUE(InterleaveRows8(w.view(), x.bytes.data()).ok());
-      return x;
-    };
     for (int64_t cols : {32, 96, 576}) {
       for (int64_t rows : {8, 24, 40}) {
         for (int64_t tokens : {1, 2, 3, 5, 8, 9, 16, 17, 37}) {
           if (kLight && cols == 576 && tokens > 9) continue;
           SCOPED_TRACE(Describe(type, GetParam(), LinearMethod::kInterleaved8, rows, cols, tokens));
           const Weight w = RandomWeight(rng, src, rows, cols, /*pad=*/5);
-          const Weight x8 = interleave(w);
+          const Weight x8 = Interleaved(w);
           const int64_t x_stride = cols + 3, y_stride = rows + 2;
           std::vector<float> x = RandomActs(rng, tokens * x_stride);
           std::vector<float> bias = RandomActs(rng, rows);
@@ -383,6 +386,18 @@ TEST_P(LinearIsaTest, InterleavedRowsWithinBoundOfTheirSource) {
           ASSERT_TRUE(s.ok()) << s;
           const Reference ref = Compute(w, Dequantized(w), x, tokens, x_stride, p.bias, true);
           EXPECT_LE(WorstRatio(y, y_stride, ref, tokens, rows), 1.0);
+          // A token's outputs do not depend on the tokens beside it (speculative
+          // verification of k + 1 tokens equals k + 1 one-token steps): bit for bit.
+          for (int64_t t = 0; t < tokens; t += 4) {
+            std::vector<float> one(y_stride, 7.5f);
+            LinearParams p1 = p;
+            p1.x = x.data() + t * x_stride;
+            p1.num_tokens = 1;
+            p1.y = one.data();
+            ASSERT_TRUE(cpu::LinearWith(p1, GetParam(), LinearMethod::kRowDot).ok());
+            for (int64_t r = 0; r < rows; ++r)
+              ASSERT_EQ(one[r], y[t * y_stride + r]) << "token " << t << " row " << r;
+          }
           for (int64_t t = 0; t < tokens; ++t)
             for (int64_t r = rows; r < y_stride; ++r) ASSERT_EQ(y[t * y_stride + r], 7.5f);
           if (tokens != 3 && tokens != 17) continue;
@@ -711,6 +726,115 @@ TEST(LinearTest, IsaPathsOfThisHost) {
     EXPECT_TRUE(CpuSupportsIsa(isa) || !RequiredIsa(isa))
         << "PAGEDSERVE_REQUIRE_CPU_ISAS names " << CpuIsaName(isa) << ", which this CPU lacks";
   }
+}
+
+// kAmxBf16 (AMX tiles over bf16 panels; kernels/cpu/linear_cpu.h, "AMX"): the
+// bound of its contract, (2^-8 + 2^-9 + cols 2^-24) sum |x W| (+ 2^-23 |y| for
+// the bias add), against the double-precision reference of the source rows;
+// whole and partial 32-row panels (claims of 16 rows give 8..24-row panels
+// too), whole and partial token tiles, with and without bias, one thread and
+// the team; a token's outputs equal a one-token call's bit for bit; negative
+// controls (zeroed scales, swapped rows) exceed the bound. On a CPU without
+// AMX the method is refused (FailedPrecondition) and the output says the
+// kernels were NOT tested; PAGEDSERVE_REQUIRE_CPU_ISAS naming "amx" makes that
+// a failure.
+TEST(LinearAmxTest, WithinBoundOfTheirSource) {
+  std::mt19937 rng(29);
+  if (!cpu::AmxBf16Supported()) {
+    std::printf("AMX kernels NOT tested: this CPU or OS offers no AMX-BF16 tiles\n");
+    const char* req = std::getenv("PAGEDSERVE_REQUIRE_CPU_ISAS");
+    EXPECT_TRUE(req == nullptr || std::string(req).find("amx") == std::string::npos)
+        << "PAGEDSERVE_REQUIRE_CPU_ISAS names amx, which this CPU lacks";
+    Weight w = RandomWeight(rng, WeightType::kQ4_0, 16, 64, 0);
+    Weight x8 = Interleaved(w);
+    std::vector<float> x(32 * 64, 1.0f), y(32 * 16, 7.5f);
+    LinearParams p{x.data(), 32, 64, x8.view(), nullptr, y.data(), 16};
+    EXPECT_EQ(cpu::LinearWith(p, BestIsaOfThisCpu(), LinearMethod::kAmxBf16).code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(y[0], 7.5f);
+    EXPECT_NE(cpu::ChooseMethod(WeightType::kQ4_0x8, 128, 2048, 2048, BestIsaOfThisCpu()),
+              LinearMethod::kAmxBf16);
+    return;
+  }
+  std::printf("AMX kernels tested (AMX-TILE, AMX-BF16 present)\n");
+  EXPECT_EQ(cpu::ChooseMethod(WeightType::kQ4_0x8, 128, 2048, 2048, CpuIsa::kAvx512),
+            cpu::AmxBf16Usable() ? LinearMethod::kAmxBf16 : LinearMethod::kInterleaved8);
+  EXPECT_EQ(cpu::ChooseMethod(WeightType::kQ4_0x8, 4, 2048, 2048, CpuIsa::kAvx512),
+            LinearMethod::kInterleaved8);
+  EXPECT_EQ(cpu::ChooseMethod(WeightType::kQ4_0x8, 128, 2048, 2048, CpuIsa::kAvx2),
+            LinearMethod::kInterleaved8);
+  for (WeightType src : {WeightType::kQ4_0, WeightType::kQ4_1}) {
+    const size_t group_block = 8 * BlockBytes(src), codes = src == WeightType::kQ4_1 ? 32 : 16;
+    struct Shape {
+      int64_t rows, cols;
+    };
+    for (const Shape sh : {Shape{8, 32}, Shape{24, 96}, Shape{40, 576}, Shape{64, 64},
+                           Shape{72, 160}, Shape{1024, 512}}) {
+      for (int64_t tokens : {1, 5, 16, 17, 33, 48}) {
+        if (kLight && sh.rows == 1024 && tokens != 48) continue;
+        SCOPED_TRACE(Describe(InterleavedRows8Of(src), CpuIsa::kAvx512, LinearMethod::kAmxBf16,
+                              sh.rows, sh.cols, tokens));
+        const Weight w = RandomWeight(rng, src, sh.rows, sh.cols, /*pad=*/5);
+        const Weight x8 = Interleaved(w);
+        const int64_t x_stride = sh.cols + 3, y_stride = sh.rows + 2;
+        std::vector<float> x = RandomActs(rng, tokens * x_stride);
+        std::vector<float> bias = RandomActs(rng, sh.rows);
+        std::vector<float> y(tokens * y_stride, 7.5f);
+        LinearParams p{
+            x.data(), tokens,  x_stride, x8.view(), sh.rows % 16 == 8 ? bias.data() : nullptr,
+            y.data(), y_stride};
+        ASSERT_TRUE(cpu::LinearWith(p, CpuIsa::kAvx512, LinearMethod::kAmxBf16).ok());
+        Reference ref = Compute(w, Dequantized(w), x, tokens, x_stride, p.bias, false);
+        // The reference's fp32-summation bound is (cols + 8) 2^-24 sum|x W|:
+        // rescale it to the AMX bound.
+        const double scale =
+            (std::ldexp(1.0, -8) + std::ldexp(1.0, -9) + sh.cols * std::ldexp(1.0, -24)) /
+            ((sh.cols + 8) * std::ldexp(1.0, -24));
+        for (size_t i = 0; i < ref.bound.size(); ++i)
+          ref.bound[i] = ref.bound[i] * scale + std::ldexp(1.0, -23) * std::fabs(ref.y[i]);
+        EXPECT_LE(WorstRatio(y, y_stride, ref, tokens, sh.rows), 1.0);
+        for (int64_t t = 0; t < tokens; ++t)
+          for (int64_t r = sh.rows; r < y_stride; ++r) ASSERT_EQ(y[t * y_stride + r], 7.5f);
+        for (int64_t t = 0; t < tokens; t += 7) {
+          std::vector<float> one(y_stride, 7.5f);
+          LinearParams p1 = p;
+          p1.x = x.data() + t * x_stride;
+          p1.num_tokens = 1;
+          p1.y = one.data();
+          ASSERT_TRUE(cpu::LinearWith(p1, CpuIsa::kAvx512, LinearMethod::kAmxBf16).ok());
+          for (int64_t r = 0; r < sh.rows; ++r)
+            ASSERT_EQ(one[r], y[t * y_stride + r]) << "token " << t << " row " << r;
+        }
+        if (tokens != 17 || sh.rows > 72) continue;
+        const int64_t nb = sh.cols / 32;
+        Weight broken = x8;
+        for (int64_t b = 0; b < nb; ++b)  // the scales of group 0's odd rows
+          for (int i = 1; i < 8; i += 2) PutHalf(&broken.bytes[group_block * b + 2 * i], 0.0f);
+        p.w = broken.view();
+        ASSERT_TRUE(cpu::LinearWith(p, CpuIsa::kAvx512, LinearMethod::kAmxBf16).ok());
+        EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, sh.rows), 1.0) << "zeroed scales passed";
+        broken = x8;
+        for (int64_t b = 0; b < nb; ++b)  // group 0's rows 2i and 2i + 1 exchange codes
+          for (int c = 0; c < 4; ++c)
+            for (int i = 0; i < 4; ++i)
+              for (int k = 0; k < 4; ++k)
+                std::swap(broken.bytes[group_block * b + codes + 32 * c + 8 * i + k],
+                          broken.bytes[group_block * b + codes + 32 * c + 8 * i + 4 + k]);
+        p.w = broken.view();
+        ASSERT_TRUE(cpu::LinearWith(p, CpuIsa::kAvx512, LinearMethod::kAmxBf16).ok());
+        EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, sh.rows), 1.0) << "swapped rows passed";
+      }
+    }
+  }
+  // Formats without an AMX panel and the other paths are refused.
+  Weight w = RandomWeight(rng, WeightType::kQ8_0, 16, 64, 0);
+  std::vector<float> x(32 * 64, 1.0f), y(32 * 16, 7.5f);
+  LinearParams p{x.data(), 32, 64, w.view(), nullptr, y.data(), 16};
+  EXPECT_EQ(cpu::LinearWith(p, CpuIsa::kAvx512, LinearMethod::kAmxBf16).code(),
+            absl::StatusCode::kInvalidArgument);
+  p.w = Interleaved(RandomWeight(rng, WeightType::kQ4_0, 16, 64, 0)).view();
+  EXPECT_EQ(cpu::LinearWith(p, CpuIsa::kAvx2, LinearMethod::kAmxBf16).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(LinearTest, UnsupportedIsaIsRefused) {

@@ -1,0 +1,373 @@
+// AMX path of the CPU Linear (kernels/cpu/linear_cpu.h, "AMX"): weight panels
+// dequantized to bf16 on the fly, activations in bf16, Intel AMX tiles
+// (TDPBF16PS) with fp32 accumulation. Selected at run time (AmxBf16Usable); the
+// ISA applies to the functions of this file only, as in linear_avx512.cc.
+#include <strings.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/linear_cpu.h"
+
+#if defined(PAGEDSERVE_LINEAR_X86_PATHS)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace pagedserve::kernels::cpu {
+
+namespace {
+
+#if defined(PAGEDSERVE_LINEAR_X86_PATHS)
+
+// Linux's arch_prctl request for a dynamically enabled XSAVE feature
+// (arch/x86/include/uapi/asm/prctl.h) and AMX's tile data feature number.
+constexpr int kArchReqXcompPerm = 0x1023;
+constexpr int kXfeatureXtiledata = 18;
+
+bool AmxHardware() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  const bool amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1;
+  const bool osxsave = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) != 0 && ((c >> 27) & 1) != 0;
+  }();
+  if (!amx_bf16 || !amx_tile || !osxsave) return false;
+  unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+  const bool avx512_bf16 = __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) != 0 && ((a1 >> 5) & 1);
+  if (!avx512_bf16) return false;
+  // XCR0 bits 17 (XTILECFG) and 18 (XTILEDATA): the OS manages the tile state.
+  uint32_t xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if (((xcr0_lo >> 17) & 3) != 3) return false;
+  // Linux (5.16+) hands the tile data state to a process only on request; the
+  // permission covers every thread of the process, present and future.
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+#endif
+
+bool AmxEnabledByEnv() {
+  const char* e = std::getenv("PAGEDSERVE_CPU_AMX");
+  if (e == nullptr) return true;
+  for (const char* off : {"0", "false", "off", "no"})
+    if (strcasecmp(e, off) == 0) return false;
+  return true;
+}
+
+}  // namespace
+
+bool AmxBf16Supported() {
+  static const bool has = [] {
+#if defined(PAGEDSERVE_LINEAR_X86_PATHS)
+    return AmxHardware();
+#else
+    return false;
+#endif
+  }();
+  return has;
+}
+
+namespace {
+std::atomic<bool>& AmxSwitch() {
+  static std::atomic<bool> on{AmxEnabledByEnv()};
+  return on;
+}
+}  // namespace
+
+bool AmxBf16Usable() { return AmxSwitch().load(std::memory_order_relaxed) && AmxBf16Supported(); }
+
+void SetAmxBf16Enabled(bool on) { AmxSwitch().store(on, std::memory_order_relaxed); }
+
+}  // namespace pagedserve::kernels::cpu
+
+#if defined(PAGEDSERVE_LINEAR_X86_PATHS)
+
+#if defined(__clang__)
+#pragma clang attribute push(                                                                 \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16"))), \
+    apply_to = function)
+#else
+#pragma GCC push_options
+// GCC 12's avx512fintrin.h trips -Wuninitialized on its own _mm512_undefined_*
+// (GCC bug 105593); the intrinsics are correct.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
+#endif
+
+namespace pagedserve::kernels::cpu {
+
+namespace {
+
+// The tile configuration of every kernel here (LDTILECFG's 64-byte format,
+// palette 1): tiles 0-3 the fp32 accumulators (16 tokens x 16 rows), 4-5 the
+// activation tiles (16 tokens x 32 bf16), 6-7 the weight tiles (16 pairs of
+// elements x 16 rows, VNNI order); all 16 rows x 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+// Constant-initialized (read-only data): GCC 12 does not treat LDTILECFG as a
+// read of its operand and dropped the stores of a configuration built on the
+// stack.
+alignas(64) constexpr TileConfig kTileConfig = {
+    1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+
+void ConfigureTiles() { _tile_loadconfig(&kTileConfig); }
+
+// Word 2n of the result is word n of `even`'s bf16, word 2n + 1 word n of `odd`'s.
+alignas(64) constexpr uint16_t kPairIndex[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                                  21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
+                                                  11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+inline __m512i PairBf16(__m512 even, __m512 odd) {
+  const __m512i idx = _mm512_load_si512(kPairIndex);
+  return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(odd, even));
+}
+
+// d * code + off per lane for the 4-bit codes at bit `shift` of each dword of q.
+inline __m512 CodeValues(__m512i q, unsigned shift, __m512 d, __m512 off) {
+  const __m512i code = _mm512_and_si512(_mm512_srl_epi32(q, _mm_cvtsi32_si128(static_cast<int>(shift))),
+                                        _mm512_set1_epi32(0xF));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(code), d, off);
+}
+
+// One weight tile (16 rows, 32 elements of block b) of Q4_0x8 / Q4_1x8 from
+// two 8-row groups' block starts (g1 null: rows 8..15 are zero): row kk of the
+// tile holds the bf16 pairs of elements (2kk, 2kk + 1) of rows 0..15.
+template <bool kMin>
+inline void InterleavedBlockToTile(const uint8_t* g0, const uint8_t* g1, uint16_t* tile) {
+  constexpr int kCodes = kMin ? 32 : 16;
+  const __m128i zero = _mm_setzero_si128();
+  const __m512 d = _mm512_cvtph_ps(_mm256_set_m128i(
+      g1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(g1)) : zero,
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(g0))));
+  __m512 off;
+  if constexpr (kMin) {
+    off = _mm512_cvtph_ps(_mm256_set_m128i(
+        g1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(g1 + 16)) : zero,
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(g0 + 16))));
+  } else {
+    off = _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+  }
+  const __m256i zero256 = _mm256_setzero_si256();
+  for (int c = 0; c < 4; ++c) {
+    const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g0 + kCodes + 32 * c));
+    const __m256i q1 =
+        g1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g1 + kCodes + 32 * c)) : zero256;
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+    // Dword n of q: bytes 4c..4c+3 of row n; byte j holds element 4c + j (low
+    // nibble) and 4c + j + 16 (high nibble).
+    for (int h = 0; h < 2; ++h) {
+      for (int j = 0; j < 4; j += 2) {
+        const int kk = 2 * c + j / 2 + 8 * h;  // elements 4c + j + 16h and the next
+        const __m512i pair = PairBf16(CodeValues(q, 8 * j + 4 * h, d, off),
+                                      CodeValues(q, 8 * j + 8 + 4 * h, d, off));
+        _mm512_storeu_si512(tile + 32 * kk, pair);
+      }
+    }
+  }
+}
+
+// C tiles (tokens t0.., rows 0..31 of the panel) to y with bias; tokens >= T
+// and rows >= nrows are not written.
+inline void StoreTile(const float* c, int64_t t0, int64_t T, int r0, int nrows, float* y,
+                      int64_t y_stride, const float* bias) {
+  const int n = std::min(16, nrows - r0);
+  if (n <= 0) return;
+  const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+  const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + r0) : _mm512_setzero_ps();
+  const int64_t tn = std::min<int64_t>(16, T - t0);
+  for (int64_t t = 0; t < tn; ++t)
+    _mm512_mask_storeu_ps(y + (t0 + t) * y_stride + r0, m,
+                          _mm512_add_ps(_mm512_loadu_ps(c + 16 * t), b));
+}
+
+// One pass over the 32-element steps of a k-chunk for up to 32 tokens x 32
+// rows: C tiles 0-3 hold (tokens 0-15 | 16-31) x (rows 0-15 | 16-31), loaded
+// from c[0..1024) (zero on the first chunk) and stored back. The tile
+// registers are not renamed, so a load waits for the products that read the
+// register before; each load is placed right before its first use.
+template <bool kTwoA, bool kTwoB>
+void GemmPass(const uint16_t* panel, int64_t nks, const uint16_t* a0, int64_t a_tile_stride,
+              bool first, float* c) {
+  if (first) {
+    _tile_zero(0);
+    if constexpr (kTwoB) _tile_zero(1);
+    if constexpr (kTwoA) _tile_zero(2);
+    if constexpr (kTwoA && kTwoB) _tile_zero(3);
+  } else {
+    _tile_loadd(0, c, 64);
+    if constexpr (kTwoB) _tile_loadd(1, c + 256, 64);
+    if constexpr (kTwoA) _tile_loadd(2, c + 512, 64);
+    if constexpr (kTwoA && kTwoB) _tile_loadd(3, c + 768, 64);
+  }
+  const uint16_t* a1 = a0 + a_tile_stride;
+  for (int64_t s = 0; s < nks; ++s) {
+    const uint16_t* b = panel + s * 1024;
+    _tile_loadd(4, a0 + 512 * s, 64);
+    _tile_loadd(6, b, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (kTwoB) {
+      _tile_loadd(7, b + 512, 64);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if constexpr (kTwoA) {
+      _tile_loadd(5, a1 + 512 * s, 64);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (kTwoB) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, 64);
+  if constexpr (kTwoB) _tile_stored(1, c + 256, 64);
+  if constexpr (kTwoA) _tile_stored(2, c + 512, 64);
+  if constexpr (kTwoA && kTwoB) _tile_stored(3, c + 768, 64);
+}
+
+void RunPass(bool two_a, bool two_b, const uint16_t* panel, int64_t nks, const uint16_t* a0,
+             int64_t a_tile_stride, bool first, float* c) {
+  if (two_a && two_b) {
+    GemmPass<true, true>(panel, nks, a0, a_tile_stride, first, c);
+  } else if (two_a) {
+    GemmPass<true, false>(panel, nks, a0, a_tile_stride, first, c);
+  } else if (two_b) {
+    GemmPass<false, true>(panel, nks, a0, a_tile_stride, first, c);
+  } else {
+    GemmPass<false, false>(panel, nks, a0, a_tile_stride, first, c);
+  }
+}
+
+// Blocks [b0, b0 + nbk) of rows [0, nrows) (nrows <= 32, a multiple of 8) to
+// weight tiles at panel + 1024 (b - b0): rows 0..15, then 16..31 (zero past
+// nrows).
+void DequantPanel(WeightType type, const uint8_t* w, size_t w_row_bytes, int nrows, int64_t b0,
+                  int64_t nbk, uint16_t* panel) {
+  const bool q4_1 = type == WeightType::kQ4_1x8;
+  const size_t group_block = q4_1 ? 160 : 144;
+  const uint8_t* g[4];
+  for (int i = 0; i < 4; ++i) g[i] = 8 * i < nrows ? w + 8 * i * w_row_bytes : nullptr;
+  for (int64_t b = 0; b < nbk; ++b) {
+    const size_t off = (b0 + b) * group_block;
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* lo = g[2 * half];
+      const uint8_t* hi = g[2 * half + 1];
+      uint16_t* t = panel + b * 1024 + 512 * half;
+      if (lo == nullptr) {
+        std::memset(t, 0, 1024);
+      } else if (q4_1) {
+        InterleavedBlockToTile<true>(lo + off, hi ? hi + off : nullptr, t);
+      } else {
+        InterleavedBlockToTile<false>(lo + off, hi ? hi + off : nullptr, t);
+      }
+    }
+  }
+}
+
+// Scratch of `n` elements at a 64-byte boundary, per thread.
+template <typename T>
+T* Aligned64(std::vector<T>& v, size_t n) {
+  const size_t slack = 64 / sizeof(T);
+  if (v.size() < n + slack) v.resize(n + slack);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(v.data());
+  return v.data() + ((64 - a % 64) % 64) / sizeof(T);
+}
+
+}  // namespace
+
+void AmxActsToBf16(const float* x, int64_t x_stride, int64_t T, int64_t t0, int64_t t1,
+                   int64_t cols, uint16_t* xa) {
+  const int64_t nk = cols / 32;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* src = x + t * x_stride;
+    uint16_t* dst = xa + (t / 16) * nk * 512 + (t % 16) * 32;
+    for (int64_t s = 0; s < nk; ++s, dst += 512) {
+      __m512i v = _mm512_setzero_si512();
+      if (t < T)
+        v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 32 * s + 16),
+                                         _mm512_loadu_ps(src + 32 * s));
+      _mm512_storeu_si512(dst, v);
+    }
+  }
+}
+
+bool AmxHasPanel(WeightType type) {
+  return type == WeightType::kQ4_0x8 || type == WeightType::kQ4_1x8;
+}
+
+void AmxLinearRows(WeightType type, const uint8_t* w, size_t w_row_bytes, int64_t nrows,
+                   int64_t cols, const uint16_t* xa, int64_t T, float* y, int64_t y_stride,
+                   const float* bias, int64_t chunk_k) {
+  static thread_local std::vector<uint16_t> panel_scratch;
+  static thread_local std::vector<float> c_scratch;
+  const int64_t nk = cols / 32;
+  const int64_t kc = std::min(nk, std::max<int64_t>(1, chunk_k / 32));  // steps per chunk
+  const int64_t t_pairs = (T + 31) / 32;
+  uint16_t* panels = Aligned64(panel_scratch, static_cast<size_t>(kAmxGroupPanels * kc * 1024));
+  float* cbuf = Aligned64(c_scratch, static_cast<size_t>(t_pairs * kAmxGroupPanels * 1024));
+  const int64_t a_tile_stride = nk * 512;  // elements between 16-token tiles of xa
+  ConfigureTiles();
+  for (int64_t g0 = 0; g0 < nrows; g0 += kAmxGroupPanels * kAmxPanelRows) {
+    const int64_t gn = std::min<int64_t>(kAmxGroupPanels * kAmxPanelRows, nrows - g0);
+    const int np = static_cast<int>((gn + kAmxPanelRows - 1) / kAmxPanelRows);
+    for (int64_t k0 = 0; k0 < nk; k0 += kc) {
+      const int64_t nks = std::min(kc, nk - k0);
+      const bool first = k0 == 0;
+      for (int p = 0; p < np; ++p) {
+        const int n = static_cast<int>(std::min<int64_t>(kAmxPanelRows, gn - p * kAmxPanelRows));
+        DequantPanel(type, w + (g0 + p * kAmxPanelRows) * w_row_bytes, w_row_bytes, n, k0, nks,
+                     panels + p * kc * 1024);
+      }
+      for (int64_t tp = 0; tp < t_pairs; ++tp) {
+        const bool two_a = T - 32 * tp > 16;
+        const uint16_t* a0 = xa + 2 * tp * a_tile_stride + k0 * 512;
+        for (int p = 0; p < np; ++p) {
+          const bool two_b = gn - p * kAmxPanelRows > 16;
+          RunPass(two_a, two_b, panels + p * kc * 1024, nks, a0, a_tile_stride, first,
+                  cbuf + (tp * kAmxGroupPanels + p) * 1024);
+        }
+      }
+    }
+    for (int64_t tp = 0; tp < t_pairs; ++tp)
+      for (int p = 0; p < np; ++p) {
+        const float* c = cbuf + (tp * kAmxGroupPanels + p) * 1024;
+        const int64_t r = g0 + p * kAmxPanelRows;
+        const int n = static_cast<int>(std::min<int64_t>(kAmxPanelRows, gn - p * kAmxPanelRows));
+        const float* b = bias != nullptr ? bias + r : nullptr;
+        for (int half = 0; half < 2; ++half) {
+          StoreTile(c + 512 * half, 32 * tp + 16 * half, T, 0, n, y + r, y_stride, b);
+          StoreTile(c + 512 * half + 256, 32 * tp + 16 * half, T, 16, n, y + r, y_stride, b);
+        }
+      }
+  }
+  _tile_release();
+}
+
+}  // namespace pagedserve::kernels::cpu
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+#else  // !PAGEDSERVE_LINEAR_X86_PATHS: no AMX; AmxBf16Usable() is false.
+
+namespace pagedserve::kernels::cpu {
+void AmxActsToBf16(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, uint16_t*) {}
+bool AmxHasPanel(WeightType) { return false; }
+void AmxLinearRows(WeightType, const uint8_t*, size_t, int64_t, int64_t, const uint16_t*, int64_t,
+                   float*, int64_t, const float*, int64_t) {}
+}  // namespace pagedserve::kernels::cpu
+
+#endif
