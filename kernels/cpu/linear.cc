@@ -476,7 +476,7 @@ void Interleaved8Range(const LinearParams& p, const IsaKernels& k, const uint8_t
 
 // kAmxBf16 from this many tokens on (AVX-512 path, AmxBf16Usable, AmxHasPanel);
 // measured in docs/benchmarks.md, "AMX".
-constexpr int64_t kAmxMinTokens = 16;
+constexpr int64_t kAmxMinTokens = 32;
 
 // kAmxBf16's k-chunk (AmxLinearRows); measured in docs/benchmarks.md, "AMX".
 constexpr int64_t kAmxChunkK = 1024;

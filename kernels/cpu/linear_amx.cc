@@ -90,8 +90,9 @@ void SetAmxBf16Enabled(bool on) { AmxSwitch().store(on, std::memory_order_relaxe
 #if defined(PAGEDSERVE_LINEAR_X86_PATHS)
 
 #if defined(__clang__)
-#pragma clang attribute push(                                                                 \
-    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16"))), \
+#pragma clang attribute push(                                                             \
+    __attribute__((                                                                       \
+        target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16"))), \
     apply_to = function)
 #else
 #pragma GCC push_options
@@ -126,54 +127,68 @@ alignas(64) constexpr TileConfig kTileConfig = {
 
 void ConfigureTiles() { _tile_loadconfig(&kTileConfig); }
 
-// Word 2n of the result is word n of `even`'s bf16, word 2n + 1 word n of `odd`'s.
-alignas(64) constexpr uint16_t kPairIndex[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
-                                                  21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
-                                                  11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-inline __m512i PairBf16(__m512 even, __m512 odd) {
-  const __m512i idx = _mm512_load_si512(kPairIndex);
-  return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(odd, even));
-}
-
-// d * code + off per lane for the 4-bit codes at bit `shift` of each dword of q.
-inline __m512 CodeValues(__m512i q, unsigned shift, __m512 d, __m512 off) {
-  const __m512i code = _mm512_and_si512(_mm512_srl_epi32(q, _mm_cvtsi32_si128(static_cast<int>(shift))),
-                                        _mm512_set1_epi32(0xF));
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(code), d, off);
-}
+// Lanes 2i and 2i + 1 of the result: lane i (rows 0..7) or 8 + i (rows 8..15).
+alignas(64) constexpr int32_t kPairLo[16] = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7};
+alignas(64) constexpr int32_t kPairHi[16] = {8,  8,  9,  9,  10, 10, 11, 11,
+                                             12, 12, 13, 13, 14, 14, 15, 15};
+// The values of the 4-bit codes 0..15: Q4_0 q - 8, Q4_1 q (times d, plus m).
+alignas(64) constexpr float kQ4_0Values[16] = {-8, -7, -6, -5, -4, -3, -2, -1,
+                                               0,  1,  2,  3,  4,  5,  6,  7};
+alignas(64) constexpr float kQ4_1Values[16] = {0, 1, 2,  3,  4,  5,  6,  7,
+                                               8, 9, 10, 11, 12, 13, 14, 15};
 
 // One weight tile (16 rows, 32 elements of block b) of Q4_0x8 / Q4_1x8 from
 // two 8-row groups' block starts (g1 null: rows 8..15 are zero): row kk of the
-// tile holds the bf16 pairs of elements (2kk, 2kk + 1) of rows 0..15.
+// tile holds the bf16 pairs of elements (2kk, 2kk + 1) of rows 0..15. Per
+// tile row: the codes of rows 0..7 (then 8..15) with each row's dword in two
+// lanes, shifted per lane (element 2kk in the even lane, 2kk + 1 in the odd
+// one), looked up as floats by vpermps (its index is the low 4 bits), scaled,
+// and the two halves rounded to bf16 by one vcvtne2ps2bf16, already in pair
+// order.
 template <bool kMin>
 inline void InterleavedBlockToTile(const uint8_t* g0, const uint8_t* g1, uint16_t* tile) {
   constexpr int kCodes = kMin ? 32 : 16;
   const __m128i zero = _mm_setzero_si128();
-  const __m512 d = _mm512_cvtph_ps(_mm256_set_m128i(
-      g1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(g1)) : zero,
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(g0))));
-  __m512 off;
+  const __m512i pair_lo = _mm512_load_si512(kPairLo), pair_hi = _mm512_load_si512(kPairHi);
+  const __m512 d = _mm512_cvtph_ps(
+      _mm256_set_m128i(g1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(g1)) : zero,
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(g0))));
+  const __m512 d_lo = _mm512_permutexvar_ps(pair_lo, d), d_hi = _mm512_permutexvar_ps(pair_hi, d);
+  __m512 m_lo = _mm512_setzero_ps(), m_hi = _mm512_setzero_ps();
   if constexpr (kMin) {
-    off = _mm512_cvtph_ps(_mm256_set_m128i(
-        g1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(g1 + 16)) : zero,
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(g0 + 16))));
-  } else {
-    off = _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+    const __m512 m = _mm512_cvtph_ps(
+        _mm256_set_m128i(g1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(g1 + 16)) : zero,
+                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(g0 + 16))));
+    m_lo = _mm512_permutexvar_ps(pair_lo, m);
+    m_hi = _mm512_permutexvar_ps(pair_hi, m);
   }
+  const __m512 values = _mm512_load_ps(kMin ? kQ4_1Values : kQ4_0Values);
   const __m256i zero256 = _mm256_setzero_si256();
   for (int c = 0; c < 4; ++c) {
     const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g0 + kCodes + 32 * c));
     const __m256i q1 =
         g1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g1 + kCodes + 32 * c)) : zero256;
-    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
     // Dword n of q: bytes 4c..4c+3 of row n; byte j holds element 4c + j (low
     // nibble) and 4c + j + 16 (high nibble).
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+    const __m512i q_lo = _mm512_permutexvar_epi32(pair_lo, q);
+    const __m512i q_hi = _mm512_permutexvar_epi32(pair_hi, q);
     for (int h = 0; h < 2; ++h) {
       for (int j = 0; j < 4; j += 2) {
         const int kk = 2 * c + j / 2 + 8 * h;  // elements 4c + j + 16h and the next
-        const __m512i pair = PairBf16(CodeValues(q, 8 * j + 4 * h, d, off),
-                                      CodeValues(q, 8 * j + 8 + 4 * h, d, off));
-        _mm512_storeu_si512(tile + 32 * kk, pair);
+        const int s0 = 8 * j + 4 * h, s1 = s0 + 8;
+        const __m512i shift =
+            _mm512_setr_epi32(s0, s1, s0, s1, s0, s1, s0, s1, s0, s1, s0, s1, s0, s1, s0, s1);
+        __m512 lo = _mm512_permutexvar_ps(_mm512_srlv_epi32(q_lo, shift), values);
+        __m512 hi = _mm512_permutexvar_ps(_mm512_srlv_epi32(q_hi, shift), values);
+        if constexpr (kMin) {
+          lo = _mm512_fmadd_ps(lo, d_lo, m_lo);
+          hi = _mm512_fmadd_ps(hi, d_hi, m_hi);
+        } else {
+          lo = _mm512_mul_ps(lo, d_lo);
+          hi = _mm512_mul_ps(hi, d_hi);
+        }
+        _mm512_storeu_si512(tile + 32 * kk, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
       }
     }
   }

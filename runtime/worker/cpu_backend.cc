@@ -330,7 +330,7 @@ class CpuBackend final : public ModelBackend {
           interleaved_.size(), static_cast<double>(interleaved_bytes) / (1 << 20),
           kernels::CpuIsaName(kernels::ActiveLinearIsa()),
           kernels::LinearUsesAmx()
-              ? "; steps of 16+ tokens on the AMX tiles in bf16 (PAGEDSERVE_CPU_AMX=0: off)"
+              ? "; steps of 32+ tokens on the AMX tiles in bf16 (PAGEDSERVE_CPU_AMX=0: off)"
               : "");
     return absl::OkStatus();
   }

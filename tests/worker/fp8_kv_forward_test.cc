@@ -241,7 +241,7 @@ TEST(Fp8KvForwardTest, GreedyTop1AgreesWithFloat32Cache) {
   ASSERT_NE(ref_path, nullptr);
   const std::vector<testing::ReferencePrompt> prompts = testing::LoadReference(ref_path);
   ASSERT_FALSE(prompts.empty());
-  // Every step on the integer kernels: on a CPU with AMX, steps of 16+ tokens
+  // Every step on the integer kernels: on a CPU with AMX, steps of 32+ tokens
   // (the teacher-forced prefills here) would run on the tiles in bf16 while
   // the greedy decode steps run in 8-bit blocks, and the self-agreement below
   // would measure the two kernels' near-ties (309 / 320 measured), not the

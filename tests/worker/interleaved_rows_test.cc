@@ -270,7 +270,7 @@ TEST_P(InterleavedRowsTest, SameLogitsAsRowMajor) {
   ASSERT_TRUE(kernels::SetLinearAmx(amx).ok());
 }
 
-// The AMX tiles (steps of 16+ tokens in bf16, kernels/linear.h) are as
+// The AMX tiles (steps of 32+ tokens in bf16, kernels/linear.h) are as
 // accurate as the integer kernels (8-bit activation blocks) they replace:
 // against the exact model (the same Q4 weights dequantized to fp32, fp32
 // activations), the interleaved model with the tiles on differs by no more
