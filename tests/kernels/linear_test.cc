@@ -209,6 +209,25 @@ Weight Interleaved(const Weight& w) {
   return x;
 }
 
+// The negative controls of an interleaved weight: group 0's odd rows with
+// their scales zeroed, and group 0's rows 2i and 2i + 1 with their codes
+// exchanged (each must break the bound of its source).
+std::vector<std::pair<Weight, const char*>> BrokenInterleaved(const Weight& x8) {
+  const WeightType src = x8.type == WeightType::kQ4_1x8 ? WeightType::kQ4_1 : WeightType::kQ4_0;
+  const size_t group_block = 8 * BlockBytes(src), codes = src == WeightType::kQ4_1 ? 32 : 16;
+  const int64_t nb = x8.cols / 32;
+  Weight zeroed = x8, swapped = x8;
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 1; i < 8; i += 2) PutHalf(&zeroed.bytes[group_block * b + 2 * i], 0.0f);
+    for (int c = 0; c < 4; ++c)
+      for (int i = 0; i < 4; ++i)
+        for (int k = 0; k < 4; ++k)
+          std::swap(swapped.bytes[group_block * b + codes + 32 * c + 8 * i + k],
+                    swapped.bytes[group_block * b + codes + 32 * c + 8 * i + 4 + k]);
+  }
+  return {{std::move(zeroed), "zeroed scales"}, {std::move(swapped), "swapped rows"}};
+}
+
 std::string Describe(WeightType type, CpuIsa isa, LinearMethod m, int64_t rows, int64_t cols,
                      int64_t tokens) {
   return absl::StrCat(WeightTypeName(type), " ", CpuIsaName(isa), " ", cpu::LinearMethodName(m),
@@ -363,7 +382,6 @@ TEST_P(LinearIsaTest, InterleavedRowsWithinBoundOfTheirSource) {
   std::mt19937 rng(17);
   for (WeightType src : {WeightType::kQ4_0, WeightType::kQ4_1}) {
     const WeightType type = InterleavedRows8Of(src);
-    const size_t group_block = 8 * BlockBytes(src), codes = src == WeightType::kQ4_1 ? 32 : 16;
     for (int64_t cols : {32, 96, 576}) {
       for (int64_t rows : {8, 24, 40}) {
         for (int64_t tokens : {1, 2, 3, 5, 8, 9, 16, 17, 37}) {
@@ -402,23 +420,11 @@ TEST_P(LinearIsaTest, InterleavedRowsWithinBoundOfTheirSource) {
             for (int64_t r = rows; r < y_stride; ++r) ASSERT_EQ(y[t * y_stride + r], 7.5f);
           if (tokens != 3 && tokens != 17) continue;
           // Negative controls on the interleaved bytes.
-          const int64_t nb = cols / 32;
-          Weight broken = x8;
-          for (int64_t b = 0; b < nb; ++b)  // the scales of group 0's odd rows
-            for (int i = 1; i < 8; i += 2) PutHalf(&broken.bytes[group_block * b + 2 * i], 0.0f);
-          p.w = broken.view();
-          ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
-          EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, rows), 1.0) << "zeroed scales passed";
-          broken = x8;
-          for (int64_t b = 0; b < nb; ++b)  // group 0's rows 2i and 2i + 1 exchange codes
-            for (int c = 0; c < 4; ++c)
-              for (int i = 0; i < 4; ++i)
-                for (int k = 0; k < 4; ++k)
-                  std::swap(broken.bytes[group_block * b + codes + 32 * c + 8 * i + k],
-                            broken.bytes[group_block * b + codes + 32 * c + 8 * i + 4 + k]);
-          p.w = broken.view();
-          ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
-          EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, rows), 1.0) << "swapped rows passed";
+          for (const auto& [broken, what] : BrokenInterleaved(x8)) {
+            p.w = broken.view();
+            ASSERT_TRUE(cpu::LinearWith(p, GetParam(), LinearMethod::kRowDot).ok());
+            EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, rows), 1.0) << what << " passed";
+          }
         }
       }
     }
@@ -764,7 +770,6 @@ TEST(LinearAmxTest, WithinBoundOfTheirSource) {
   EXPECT_EQ(cpu::ChooseMethod(WeightType::kQ4_0x8, 128, 2048, 2048, CpuIsa::kAvx2),
             LinearMethod::kInterleaved8);
   for (WeightType src : {WeightType::kQ4_0, WeightType::kQ4_1}) {
-    const size_t group_block = 8 * BlockBytes(src), codes = src == WeightType::kQ4_1 ? 32 : 16;
     struct Shape {
       int64_t rows, cols;
     };
@@ -806,23 +811,11 @@ TEST(LinearAmxTest, WithinBoundOfTheirSource) {
             ASSERT_EQ(one[r], y[t * y_stride + r]) << "token " << t << " row " << r;
         }
         if (tokens != 17 || sh.rows > 72) continue;
-        const int64_t nb = sh.cols / 32;
-        Weight broken = x8;
-        for (int64_t b = 0; b < nb; ++b)  // the scales of group 0's odd rows
-          for (int i = 1; i < 8; i += 2) PutHalf(&broken.bytes[group_block * b + 2 * i], 0.0f);
-        p.w = broken.view();
-        ASSERT_TRUE(cpu::LinearWith(p, CpuIsa::kAvx512, LinearMethod::kAmxBf16).ok());
-        EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, sh.rows), 1.0) << "zeroed scales passed";
-        broken = x8;
-        for (int64_t b = 0; b < nb; ++b)  // group 0's rows 2i and 2i + 1 exchange codes
-          for (int c = 0; c < 4; ++c)
-            for (int i = 0; i < 4; ++i)
-              for (int k = 0; k < 4; ++k)
-                std::swap(broken.bytes[group_block * b + codes + 32 * c + 8 * i + k],
-                          broken.bytes[group_block * b + codes + 32 * c + 8 * i + 4 + k]);
-        p.w = broken.view();
-        ASSERT_TRUE(cpu::LinearWith(p, CpuIsa::kAvx512, LinearMethod::kAmxBf16).ok());
-        EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, sh.rows), 1.0) << "swapped rows passed";
+        for (const auto& [broken, what] : BrokenInterleaved(x8)) {
+          p.w = broken.view();
+          ASSERT_TRUE(cpu::LinearWith(p, CpuIsa::kAvx512, LinearMethod::kAmxBf16).ok());
+          EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, sh.rows), 1.0) << what << " passed";
+        }
       }
     }
   }

@@ -192,6 +192,16 @@ std::unique_ptr<LlamaModel> Create(LlamaWeights w, Communicator* comm) {
   return m.ok() ? std::move(*m) : nullptr;
 }
 
+// The negative control: the quantized model with the scale of the first block
+// of every row of layer 0's down_proj zeroed.
+std::unique_ptr<LlamaModel> ZeroedBlockModel(const LlamaWeights& f32, GgmlType type,
+                                             Communicator* comm) {
+  LlamaWeights broken = QuantizedCopy(f32, type);
+  Matrix& down = broken.layers[0].down_proj;
+  for (int64_t r = 0; r < down.rows; ++r) std::memset(&down.owned[r * down.row_bytes], 0, 2);
+  return Create(std::move(broken), comm);
+}
+
 class InterleavedRowsTest : public ::testing::TestWithParam<GgmlType> {};
 
 TEST_P(InterleavedRowsTest, SameLogitsAsRowMajor) {
@@ -238,10 +248,7 @@ TEST_P(InterleavedRowsTest, SameLogitsAsRowMajor) {
   EXPECT_LE(same.rms, kMaxRms);
   EXPECT_GE(same.top1, kMinTop1);
 
-  LlamaWeights broken = QuantizedCopy(*f32, type);
-  Matrix& down = broken.layers[0].down_proj;
-  for (int64_t r = 0; r < down.rows; ++r) std::memset(&down.owned[r * down.row_bytes], 0, 2);
-  std::unique_ptr<LlamaModel> control = Create(std::move(broken), comm.get());
+  std::unique_ptr<LlamaModel> control = ZeroedBlockModel(*f32, type, comm.get());
   ASSERT_TRUE(control);
   const Agreement off = Compare(a, Execute(*control), vocab);
   std::printf("control (a zeroed block): RMS %.4f, top-1 %.4f\n", off.rms, off.top1);
@@ -316,10 +323,7 @@ TEST_P(InterleavedRowsTest, AmxAsAccurateAsTheIntegerKernels) {
   EXPECT_LE(tiles.rms, max_rms);
   EXPECT_GE(tiles.top1, min_top1);
 
-  LlamaWeights broken = QuantizedCopy(*f32, type);
-  Matrix& down = broken.layers[0].down_proj;
-  for (int64_t r = 0; r < down.rows; ++r) std::memset(&down.owned[r * down.row_bytes], 0, 2);
-  std::unique_ptr<LlamaModel> control = Create(std::move(broken), comm.get());
+  std::unique_ptr<LlamaModel> control = ZeroedBlockModel(*f32, type, comm.get());
   ASSERT_TRUE(control);
   const Agreement ctl = Compare(e, Execute(*control), vocab);
   std::printf("control (a zeroed block) on the tiles: RMS %.4f, top-1 %.4f\n", ctl.rms, ctl.top1);
