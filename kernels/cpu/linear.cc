@@ -295,16 +295,6 @@ T* Scratch(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
-// Scratch(v, n) starting at a 64-byte boundary (AMX tile loads of one cache
-// line per row).
-template <typename T>
-T* Scratch64(std::vector<T>& v, size_t n) {
-  const size_t slack = 64 / sizeof(T);
-  T* p = Scratch(v, n + slack);
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  return p + ((64 - a % 64) % 64) / sizeof(T);
-}
-
 const uint8_t* Row(const WeightView& w, int64_t r) {
   return static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride_bytes;
 }

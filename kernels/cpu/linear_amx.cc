@@ -288,15 +288,6 @@ void DequantPanel(WeightType type, const uint8_t* w, size_t w_row_bytes, int nro
   }
 }
 
-// Scratch of `n` elements at a 64-byte boundary, per thread.
-template <typename T>
-T* Aligned64(std::vector<T>& v, size_t n) {
-  const size_t slack = 64 / sizeof(T);
-  if (v.size() < n + slack) v.resize(n + slack);
-  const uintptr_t a = reinterpret_cast<uintptr_t>(v.data());
-  return v.data() + ((64 - a % 64) % 64) / sizeof(T);
-}
-
 }  // namespace
 
 void AmxActsToBf16(const float* x, int64_t x_stride, int64_t T, int64_t t0, int64_t t1,
@@ -327,8 +318,8 @@ void AmxLinearRows(WeightType type, const uint8_t* w, size_t w_row_bytes, int64_
   const int64_t nk = cols / 32;
   const int64_t kc = std::min(nk, std::max<int64_t>(1, chunk_k / 32));  // steps per chunk
   const int64_t t_pairs = (T + 31) / 32;
-  uint16_t* panels = Aligned64(panel_scratch, static_cast<size_t>(kAmxGroupPanels * kc * 1024));
-  float* cbuf = Aligned64(c_scratch, static_cast<size_t>(t_pairs * kAmxGroupPanels * 1024));
+  uint16_t* panels = Scratch64(panel_scratch, static_cast<size_t>(kAmxGroupPanels * kc * 1024));
+  float* cbuf = Scratch64(c_scratch, static_cast<size_t>(t_pairs * kAmxGroupPanels * 1024));
   const int64_t a_tile_stride = nk * 512;  // elements between 16-token tiles of xa
   ConfigureTiles();
   for (int64_t g0 = 0; g0 < nrows; g0 += kAmxGroupPanels * kAmxPanelRows) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/cpu/quant_blocks.h"
@@ -239,6 +240,17 @@ struct IsaKernels {
   QDotFn i8q4_1;
   PanelFn i16q4_1;
 };
+// Per-caller scratch: v grown to hold n elements after a 64-byte boundary (AMX
+// tile loads and stores of one cache line per row); returns that boundary.
+// Pointers from earlier calls are invalid once v grows.
+template <typename T>
+T* Scratch64(std::vector<T>& v, size_t n) {
+  const size_t slack = 64 / sizeof(T);
+  if (v.size() < n + slack) v.resize(n + slack);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(v.data());
+  return v.data() + ((64 - a % 64) % 64) / sizeof(T);
+}
+
 // ---- AMX (issue 34): kAmxBf16 ----
 // On CPUs with Intel AMX (AMX-TILE, AMX-BF16) and AVX512-BF16, the many-token
 // GEMM of the formats with an AMX panel (AmxHasPanel) runs on the tile unit: a

@@ -228,6 +228,23 @@ std::vector<std::pair<Weight, const char*>> BrokenInterleaved(const Weight& x8) 
   return {{std::move(zeroed), "zeroed scales"}, {std::move(swapped), "swapped rows"}};
 }
 
+// Every `step`-th token of p (already computed into p.y) gives, as a
+// one-token call, the same outputs bit for bit: a token's outputs do not
+// depend on the tokens beside it (speculative verification of k + 1 tokens
+// equals k + 1 one-token steps).
+void ExpectTokensIndependent(const LinearParams& p, CpuIsa isa, LinearMethod method, int64_t step) {
+  for (int64_t t = 0; t < p.num_tokens; t += step) {
+    std::vector<float> one(p.y_stride, 7.5f);
+    LinearParams p1 = p;
+    p1.x = p.x + t * p.x_stride;
+    p1.num_tokens = 1;
+    p1.y = one.data();
+    ASSERT_TRUE(cpu::LinearWith(p1, isa, method).ok());
+    for (int64_t r = 0; r < p.w.rows; ++r)
+      ASSERT_EQ(one[r], p.y[t * p.y_stride + r]) << "token " << t << " row " << r;
+  }
+}
+
 std::string Describe(WeightType type, CpuIsa isa, LinearMethod m, int64_t rows, int64_t cols,
                      int64_t tokens) {
   return absl::StrCat(WeightTypeName(type), " ", CpuIsaName(isa), " ", cpu::LinearMethodName(m),
@@ -404,18 +421,7 @@ TEST_P(LinearIsaTest, InterleavedRowsWithinBoundOfTheirSource) {
           ASSERT_TRUE(s.ok()) << s;
           const Reference ref = Compute(w, Dequantized(w), x, tokens, x_stride, p.bias, true);
           EXPECT_LE(WorstRatio(y, y_stride, ref, tokens, rows), 1.0);
-          // A token's outputs do not depend on the tokens beside it (speculative
-          // verification of k + 1 tokens equals k + 1 one-token steps): bit for bit.
-          for (int64_t t = 0; t < tokens; t += 4) {
-            std::vector<float> one(y_stride, 7.5f);
-            LinearParams p1 = p;
-            p1.x = x.data() + t * x_stride;
-            p1.num_tokens = 1;
-            p1.y = one.data();
-            ASSERT_TRUE(cpu::LinearWith(p1, GetParam(), LinearMethod::kRowDot).ok());
-            for (int64_t r = 0; r < rows; ++r)
-              ASSERT_EQ(one[r], y[t * y_stride + r]) << "token " << t << " row " << r;
-          }
+          ExpectTokensIndependent(p, GetParam(), LinearMethod::kRowDot, 4);
           for (int64_t t = 0; t < tokens; ++t)
             for (int64_t r = rows; r < y_stride; ++r) ASSERT_EQ(y[t * y_stride + r], 7.5f);
           if (tokens != 3 && tokens != 17) continue;
@@ -800,16 +806,7 @@ TEST(LinearAmxTest, WithinBoundOfTheirSource) {
         EXPECT_LE(WorstRatio(y, y_stride, ref, tokens, sh.rows), 1.0);
         for (int64_t t = 0; t < tokens; ++t)
           for (int64_t r = sh.rows; r < y_stride; ++r) ASSERT_EQ(y[t * y_stride + r], 7.5f);
-        for (int64_t t = 0; t < tokens; t += 7) {
-          std::vector<float> one(y_stride, 7.5f);
-          LinearParams p1 = p;
-          p1.x = x.data() + t * x_stride;
-          p1.num_tokens = 1;
-          p1.y = one.data();
-          ASSERT_TRUE(cpu::LinearWith(p1, CpuIsa::kAvx512, LinearMethod::kAmxBf16).ok());
-          for (int64_t r = 0; r < sh.rows; ++r)
-            ASSERT_EQ(one[r], y[t * y_stride + r]) << "token " << t << " row " << r;
-        }
+        ExpectTokensIndependent(p, CpuIsa::kAvx512, LinearMethod::kAmxBf16, 7);
         if (tokens != 17 || sh.rows > 72) continue;
         for (const auto& [broken, what] : BrokenInterleaved(x8)) {
           p.w = broken.view();
