@@ -296,6 +296,14 @@ void PanelArgs(benchmark::internal::Benchmark* b) {
     for (int64_t f : {200, 201})
       for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{2048, 8192}, {2048, 2048}})
         for (int64_t t : {8, 16, 32, 128, 512}) b->Args({f, rows, cols, t, 6});
+  // The row-major formats' AMX tiles against their panels (Q8_0, Q4_K, Q5_K, Q6_K);
+  // at one token the tiles' time is mostly the weights' dequantization.
+  if (cpu::AmxBf16Supported())
+    for (int64_t f : {8, 12, 13, 14})
+      for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{2048, 8192}, {8192, 2048}})
+        for (int64_t t : {1, 8, 16, 24, 32, 128})
+          for (int64_t m : {4, 6})
+            if (t > 1 || m == 6) b->Args({f, rows, cols, t, m});
 }
 // One to three tokens (decode at batch 1..3) with the weight read from memory:
 // the row dots against the row-block tiles (and the 8-row tiles of the

@@ -464,14 +464,16 @@ void Interleaved8Range(const LinearParams& p, const IsaKernels& k, const uint8_t
   }
 }
 
-// kAmxBf16 from this many tokens on (AVX-512 path, AmxBf16Usable, AmxHasPanel);
-// measured in docs/benchmarks.md, "AMX".
-constexpr int64_t kAmxMinTokens = 32;
+// kAmxBf16 from this many tokens on (AVX-512 path, AmxBf16Usable, AmxHasPanel):
+// Q4_0x8 / Q4_1x8 against the interleaved integer kernels, the row-major
+// formats against their kPanel16 panels; measured in docs/benchmarks.md, "AMX".
+int64_t AmxMinTokens(WeightType type) { return IsInterleavedRows8(type) ? 32 : 16; }
 
 // kAmxBf16's k-chunk (AmxLinearRows); measured in docs/benchmarks.md, "AMX".
 constexpr int64_t kAmxChunkK = 1024;
 
-// kAmxBf16 over rows [r0, r1) (multiples of 8) with the tokens' bf16 tiles xa.
+// kAmxBf16 over rows [r0, r1) (Q4_0x8 / Q4_1x8: multiples of 8) with the tokens' bf16
+// tiles xa in the layout of the format.
 void AmxRange(const LinearParams& p, const uint16_t* xa, int64_t r0, int64_t r1) {
   AmxLinearRows(p.w.type, Row(p.w, r0), p.w.row_stride_bytes, r1 - r0, p.w.cols, xa, p.num_tokens,
                 p.y + r0, p.y_stride, p.bias != nullptr ? p.bias + r0 : nullptr, kAmxChunkK);
@@ -580,8 +582,8 @@ bool IsQuantized(WeightType t) {
 
 LinearMethod ChooseMethod(WeightType type, int64_t num_tokens, int64_t rows, int64_t cols,
                           CpuIsa isa) {
-  if (isa == CpuIsa::kAvx512 && num_tokens >= kAmxMinTokens && cols % 32 == 0 &&
-      AmxHasPanel(type) && AmxBf16Usable())
+  if (isa == CpuIsa::kAvx512 && AmxHasPanel(type) && num_tokens >= AmxMinTokens(type) &&
+      cols % 32 == 0 && AmxBf16Usable())
     return LinearMethod::kAmxBf16;
   if (IsInterleavedRows8(type)) return LinearMethod::kInterleaved8;
   if (IsQuantized(type)) {
@@ -682,8 +684,9 @@ struct Member {
   const LinearParams* p;
   LinearMethod method;
   bool quant_acts;
-  bool act256;     // ActBlock256 blocks (else ActBlock32)
-  bool bf16_acts;  // kAmxBf16: the tokens in bf16 tiles (AmxActsToBf16)
+  bool act256;       // ActBlock256 blocks (else ActBlock32)
+  bool bf16_acts;    // kAmxBf16: the tokens in bf16 tiles (AmxActsToBf16)
+  AmxActs amx_acts;  // their layout (AmxActsOf)
 };
 
 // Runs every member in one parallel region (validated by the caller). The
@@ -697,12 +700,12 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
   const LinearParams* rep[2] = {nullptr, nullptr};
   uint8_t* xq[2] = {nullptr, nullptr};
   int64_t nb[2] = {0, 0};
-  bool uses_sgemm = false, any_bf16 = false;
+  bool uses_sgemm = false, bf16[2] = {false, false};  // per AmxActs layout
   int64_t work = 0;
   for (const Member& m : ms) {
     work += m.p->w.rows * m.p->w.cols * T;
     uses_sgemm |= m.method == LinearMethod::kTileSgemm;
-    any_bf16 |= m.bf16_acts;
+    if (m.bf16_acts) bf16[static_cast<int>(m.amx_acts)] = true;
     if (!m.quant_acts) continue;
     const int kind = m.act256 ? 1 : 0;
     if (rep[kind] != nullptr) continue;
@@ -711,11 +714,14 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
     const size_t block = m.act256 ? sizeof(ActBlock256) : sizeof(ActBlock32);
     xq[kind] = Scratch(xq_scratch[kind], static_cast<size_t>(T * nb[kind]) * block);
   }
-  // The bf16 tiles of the tokens, rows padded to a multiple of 16 (one shape:
-  // every member has p0's cols).
-  static thread_local std::vector<uint16_t> xa_scratch;
-  const int64_t t_pad = (T + 15) / 16 * 16;
-  uint16_t* xa = any_bf16 ? Scratch64(xa_scratch, static_cast<size_t>(t_pad * p0.w.cols)) : nullptr;
+  // The bf16 tiles of the tokens per layout, tokens padded to a multiple of 32
+  // (one shape: every member has p0's cols).
+  static thread_local std::vector<uint16_t> xa_scratch[2];
+  const int64_t t_tiles = (T + 15) / 16;
+  uint16_t* xa[2] = {nullptr, nullptr};
+  for (int l = 0; l < 2; ++l)
+    if (bf16[l])
+      xa[l] = Scratch64(xa_scratch[l], static_cast<size_t>((T + 31) / 32 * 32 * p0.w.cols));
   if (uses_sgemm) UseOpenBlasSingleThreaded();
   const int threads = (omp_in_parallel() || work < kMinParallelWork) ? 1 : omp_get_max_threads();
   // A few tokens are quantized before the parallel region (microseconds), which
@@ -739,10 +745,14 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
         if (rep[kind] != nullptr) QuantizeToken(*rep[kind], k, nb[kind], i % T, xq[kind]);
       }
     }
-    if (any_bf16) {
+    if (bf16[0] || bf16[1]) {
 #pragma omp for schedule(static)
-      for (int64_t t = 0; t < t_pad; ++t)
-        AmxActsToBf16(p0.x, p0.x_stride, T, t, t + 1, p0.w.cols, xa);
+      for (int64_t i = 0; i < 2 * t_tiles; ++i) {
+        const int l = static_cast<int>(i / t_tiles);
+        if (bf16[l])
+          AmxActsToBf16(static_cast<AmxActs>(l), p0.x, p0.x_stride, T, i % t_tiles, p0.w.cols,
+                        xa[l]);
+      }
     }
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
     for (size_t i = 0; i < ms.size(); ++i) {
@@ -765,7 +775,7 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
         } else if (m.method == LinearMethod::kInterleaved8) {
           Interleaved8Range(*m.p, k, acts, r0, r1);
         } else if (m.method == LinearMethod::kAmxBf16) {
-          AmxRange(*m.p, xa, r0, r1);
+          AmxRange(*m.p, xa[static_cast<int>(m.amx_acts)], r0, r1);
         } else {
           RowBlock8Range(*m.p, k, acts, r0, r1);
         }
@@ -779,10 +789,10 @@ Member MakeMember(const LinearParams& p, LinearMethod method) {
   // format without its tile is kRowBlock; kRowBlock on a format without
   // activation quantization is the row dots.
   if (method == LinearMethod::kAmxBf16) {  // checked by CheckMethod
-    return Member{&p, method, false, false, true};
+    return Member{&p, method, false, false, true, AmxActsOf(p.w.type)};
   }
   if (IsInterleavedRows8(p.w.type)) {
-    return Member{&p, LinearMethod::kInterleaved8, true, false, false};
+    return Member{&p, LinearMethod::kInterleaved8, true, false, false, AmxActs::kTokenRows};
   }
   if (method == LinearMethod::kInterleaved8) method = LinearMethod::kRowBlock;
   if (method == LinearMethod::kRowBlock8 && !HasRowBlock8(p.w.type))
@@ -790,8 +800,12 @@ Member MakeMember(const LinearParams& p, LinearMethod method) {
   if (method == LinearMethod::kPanel16 && !HasPanel16(p.w.type)) method = LinearMethod::kRowBlock;
   if (method == LinearMethod::kRowBlock && (!IsQuantized(p.w.type) || !HasRowBlockTiles(p.w.type)))
     method = LinearMethod::kRowDot;
-  return Member{&p, method, method != LinearMethod::kTileSgemm && IsQuantized(p.w.type),
-                UsesActBlock256(p.w.type), false};
+  return Member{&p,
+                method,
+                method != LinearMethod::kTileSgemm && IsQuantized(p.w.type),
+                UsesActBlock256(p.w.type),
+                false,
+                AmxActs::kTokenRows};
 }
 
 absl::Status CheckIsa(CpuIsa isa) {
@@ -825,8 +839,8 @@ absl::Status CheckMethod(const LinearParams& p, CpuIsa isa, LinearMethod method)
         CpuIsaName(isa), " path, AMX ", AmxBf16Supported() ? "present" : "absent"));
   if (!AmxHasPanel(p.w.type) || p.w.cols % 32 != 0)
     return absl::InvalidArgumentError(
-        absl::StrCat("the amx_bf16 method of Linear takes Q4_0x8 or "
-                     "Q4_1x8 weights with cols % 32 == 0, got ",
+        absl::StrCat("the amx_bf16 method of Linear takes Q4_0x8, Q4_1x8, Q8_0, Q4_K, Q5_K or "
+                     "Q6_K weights with cols % 32 == 0, got ",
                      WeightTypeName(p.w.type), " cols ", p.w.cols));
   return absl::OkStatus();
 }

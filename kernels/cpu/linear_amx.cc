@@ -208,11 +208,15 @@ inline void StoreTile(const float* c, int64_t t0, int64_t T, int r0, int nrows, 
                           _mm512_add_ps(_mm512_loadu_ps(c + 16 * t), b));
 }
 
-// One pass over the 32-element steps of a k-chunk for up to 32 tokens x 32
-// rows: C tiles 0-3 hold (tokens 0-15 | 16-31) x (rows 0-15 | 16-31), loaded
-// from c[0..1024) (zero on the first chunk) and stored back. The tile
-// registers are not renamed, so a load waits for the products that read the
-// register before; each load is placed right before its first use.
+// One pass over the 32-element steps of a k-chunk, C (up to 32 x 32) += A B:
+// A tiles (16 rows x 32 bf16 each; step s at a0 + 512 s, the second 16 rows
+// at a0 + a_tile_stride + 512 s) times B tiles (16 pairs x 16 columns, VNNI
+// order; step s at b + 1024 s, the second 16 columns 512 further). C tiles
+// 0-3 hold (A rows 0-15 | 16-31) x (B columns 0-15 | 16-31) in the order
+// A0B0, A0B1, A1B0, A1B1, loaded from c[0..1024) (zero on the first chunk) and
+// stored back. kTwoA / kTwoB: the second A rows / B columns take part. The
+// tile registers are not renamed, so a load waits for the products that read
+// the register before; each load is placed right before its first use.
 template <bool kTwoA, bool kTwoB>
 void GemmPass(const uint16_t* panel, int64_t nks, const uint16_t* a0, int64_t a_tile_stride,
               bool first, float* c) {
@@ -288,26 +292,232 @@ void DequantPanel(WeightType type, const uint8_t* w, size_t w_row_bytes, int nro
   }
 }
 
+// C tiles of kTokenColumns (rows 0..15 of the panel from r0 x tokens t0..)
+// to y with bias: column n of the tile is token t0 + n. Tokens >= T and rows
+// >= nrows are not written.
+inline void StoreTileColumns(const float* c, int64_t t0, int64_t T, int r0, int nrows, float* y,
+                             int64_t y_stride, const float* bias) {
+  const int n = std::min(16, nrows - r0);
+  if (n <= 0) return;
+  const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+  const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + r0) : _mm512_setzero_ps();
+  const __m512i rows =
+      _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+  const int64_t tn = std::min<int64_t>(16, T - t0);
+  for (int64_t t = 0; t < tn; ++t) {
+    const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, rows, c + t, 4);
+    _mm512_mask_storeu_ps(y + (t0 + t) * y_stride + r0, m, _mm512_add_ps(v, b));
+  }
+}
+
+// ---- Row-major formats to A tiles: one weight row's 32-element step s is row
+// (row % 16) of the step's tile, its elements in order, each the value the
+// format's reference dequantizer gives (DequantizeWeightRow) rounded to bf16.
+
+inline __m512i U8x16(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline void StoreBf16Row(__m512 lo, __m512 hi, uint16_t* dst) {
+  _mm512_store_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+inline float F16At(const uint8_t* p) { return _cvtsh_ss(LoadU16(p)); }
+
+// Steps [s0, s0 + n) of a Q8_0 row to dst + 512 (s - s0).
+void Q8_0ToTileRows(const uint8_t* row, int64_t s0, int64_t n, uint16_t* dst) {
+  for (int64_t s = 0; s < n; ++s) {
+    const uint8_t* b = row + 34 * (s0 + s);
+    const __m512 d = _mm512_set1_ps(F16At(b));
+    const __m512 lo = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2))));
+    const __m512 hi = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18))));
+    StoreBf16Row(_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d), dst + 512 * s);
+  }
+}
+
+// The eight 6-bit scales and mins of a Q4_K / Q5_K super-block times d and dmin:
+// dl[j] = d * scale_j, ml[j] = dmin * min_j (ScaleMinK4's unpacking done on the
+// 12 bytes at once: bytes 0..7 of the result are the scales, 8..15 the mins).
+inline void KScalesMins(const uint8_t* b, float* dl, float* ml) {
+  uint32_t u[4];
+  std::memcpy(u, b + 4, 12);
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  u[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
+  const uint32_t mins_lo = u[1] & kLow6;
+  u[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
+  u[2] = mins_lo;
+  u[0] &= kLow6;
+  const __m512 v = _mm512_cvtepi32_ps(
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u))));
+  const __m512 dd =
+      _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(F16At(b)), _mm512_set1_ps(F16At(b + 2)));
+  alignas(64) float out[16];
+  _mm512_store_ps(out, _mm512_mul_ps(v, dd));
+  std::memcpy(dl, out, 32);
+  std::memcpy(ml, out + 8, 32);
+}
+
+// One Q4_K / Q5_K (kFive) super-block to its 8 steps at dst + 512 j: step j is
+// sub-block j, value dl_j q - ml_j.
+template <bool kFive>
+void Q45KSuperBlockToTileRows(const uint8_t* b, uint16_t* dst) {
+  float dl[8], ml[8];
+  KScalesMins(b, dl, ml);
+  const __m512i low4 = _mm512_set1_epi32(15), sixteen = _mm512_set1_epi32(16);
+  const uint8_t* qs = b + (kFive ? 48 : 16);
+  __m512i qh[2];
+  if constexpr (kFive) qh[0] = U8x16(b + 16), qh[1] = U8x16(b + 32);
+  for (int p = 0; p < 4; ++p) {
+    const __m512i raw[2] = {U8x16(qs + 32 * p), U8x16(qs + 32 * p + 16)};
+    for (int odd = 0; odd < 2; ++odd) {
+      const int j = 2 * p + odd;
+      const __m512 d = _mm512_set1_ps(dl[j]), m = _mm512_set1_ps(ml[j]);
+      __m512 v[2];
+      for (int h = 0; h < 2; ++h) {
+        __m512i q = odd ? _mm512_srli_epi32(raw[h], 4) : _mm512_and_si512(raw[h], low4);
+        if constexpr (kFive) {
+          const __mmask16 bit = _mm512_test_epi32_mask(qh[h], _mm512_set1_epi32(1 << j));
+          q = _mm512_mask_or_epi32(q, bit, q, sixteen);
+        }
+        v[h] = _mm512_fmsub_ps(d, _mm512_cvtepi32_ps(q), m);
+      }
+      StoreBf16Row(v[0], v[1], dst + 512 * j);
+    }
+  }
+}
+
+// One Q6_K super-block to its 8 steps at dst + 512 (4 h + k): elements 128 h +
+// 32 k .. of the layout in quant_blocks.h, halves scaled by scales 8 h + 2 k
+// and 8 h + 2 k + 1; value (d s) q - 32 (d s).
+void Q6KSuperBlockToTileRows(const uint8_t* b, uint16_t* dst) {
+  alignas(64) float ds[16], ds32[16];
+  const __m512 dsv = _mm512_mul_ps(_mm512_set1_ps(F16At(b + 208)),
+                                   _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                       reinterpret_cast<const __m128i*>(b + 192)))));
+  _mm512_store_ps(ds, dsv);
+  _mm512_store_ps(ds32, _mm512_mul_ps(dsv, _mm512_set1_ps(32.0f)));
+  // The 6-bit codes are assembled as bytes (32 per step), then widened.
+  const __m256i low4 = _mm256_set1_epi8(15), bits45 = _mm256_set1_epi8(0x30);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+    // Bits 2k, 2k + 1 of qh moved to bits 4, 5 (k = 0..3).
+    const __m256i hi[4] = {_mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45),
+                           _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45),
+                           _mm256_and_si256(qh, bits45),
+                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45)};
+    for (int k = 0; k < 4; ++k) {
+      const __m256i ql =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32 * (k & 1)));
+      const __m256i lo = _mm256_and_si256(k < 2 ? ql : _mm256_srli_epi16(ql, 4), low4);
+      const __m256i q = _mm256_or_si256(lo, hi[k]);
+      __m512 v[2];
+      for (int half = 0; half < 2; ++half) {
+        const __m128i q16 = half ? _mm256_extracti128_si256(q, 1) : _mm256_castsi256_si128(q);
+        const int g = 8 * h + 2 * k + half;
+        v[half] =
+            _mm512_fmsub_ps(_mm512_set1_ps(ds[g]), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q16)),
+                            _mm512_set1_ps(ds32[g]));
+      }
+      StoreBf16Row(v[0], v[1], dst + 512 * (4 * h + k));
+    }
+  }
+}
+
+// Steps [s0, s0 + n) of a K-quant row (s0 and n multiples of 8: whole super-blocks).
+template <void (*kSuperBlock)(const uint8_t*, uint16_t*), size_t kBytes>
+void KQuantToTileRows(const uint8_t* row, int64_t s0, int64_t n, uint16_t* dst) {
+  for (int64_t s = 0; s < n; s += 8) kSuperBlock(row + kBytes * ((s0 + s) / 8), dst + 512 * s);
+}
+
+// Steps [k0, k0 + nks) of rows [0, nrows) (nrows <= 32; K-quants: k0 and nks
+// multiples of 8) of a row-major format to
+// A tiles at panel: row r's step k0 + s at panel + (r / 16) * kc * 512 + s * 512 +
+// (r % 16) * 32; rows past nrows are zero.
+void DequantRowsPanel(WeightType type, const uint8_t* w, size_t w_row_bytes, int nrows, int64_t k0,
+                      int64_t nks, int64_t kc, uint16_t* panel) {
+  // Each row's chunk is its own stream through memory (the weights are read
+  // once per call): the chunk kAhead rows on is asked for ahead of its use.
+  constexpr int kAhead = 2;
+  const size_t begin = static_cast<size_t>(k0 * 32 / BlockElems(type)) * BlockBytes(type);
+  const size_t end = static_cast<size_t>((k0 + nks) * 32 / BlockElems(type)) * BlockBytes(type);
+  for (int r = 0; r < kAmxPanelRows; ++r) {
+    uint16_t* dst = panel + (r / 16) * kc * 512 + (r % 16) * 32;
+    const uint8_t* row = w + r * w_row_bytes;
+    if (r >= nrows) {
+      for (int64_t s = 0; s < nks; ++s) _mm512_store_si512(dst + 512 * s, _mm512_setzero_si512());
+      continue;
+    }
+    if (r + kAhead < nrows) {
+      const uint8_t* next = row + kAhead * w_row_bytes;
+      for (size_t off = begin; off < end; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+    }
+    switch (type) {
+      case WeightType::kQ8_0: Q8_0ToTileRows(row, k0, nks, dst); break;
+      case WeightType::kQ4_K:
+        KQuantToTileRows<Q45KSuperBlockToTileRows<false>, 144>(row, k0, nks, dst);
+        break;
+      case WeightType::kQ5_K:
+        KQuantToTileRows<Q45KSuperBlockToTileRows<true>, 176>(row, k0, nks, dst);
+        break;
+      case WeightType::kQ6_K:
+        KQuantToTileRows<Q6KSuperBlockToTileRows, 210>(row, k0, nks, dst);
+        break;
+      default: break;
+    }
+  }
+}
+
 }  // namespace
 
-void AmxActsToBf16(const float* x, int64_t x_stride, int64_t T, int64_t t0, int64_t t1,
+void AmxActsToBf16(AmxActs layout, const float* x, int64_t x_stride, int64_t T, int64_t tile,
                    int64_t cols, uint16_t* xa) {
   const int64_t nk = cols / 32;
-  for (int64_t t = t0; t < t1; ++t) {
+  if (layout == AmxActs::kTokenRows) {
+    for (int64_t t = 16 * tile; t < 16 * tile + 16; ++t) {
+      const float* src = x + t * x_stride;
+      uint16_t* dst = xa + tile * nk * 512 + (t % 16) * 32;
+      for (int64_t s = 0; s < nk; ++s, dst += 512) {
+        __m512i v = _mm512_setzero_si512();
+        if (t < T)
+          v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 32 * s + 16),
+                                           _mm512_loadu_ps(src + 32 * s));
+        _mm512_storeu_si512(dst, v);
+      }
+    }
+    return;
+  }
+  // kTokenColumns: dword (pair) kk of token n goes to dword 16 kk + n of the tile.
+  const __m512i pairs =
+      _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+  uint16_t* base = xa + (tile / 2) * nk * 1024 + (tile % 2) * 512;
+  for (int n = 0; n < 16; ++n) {
+    const int64_t t = 16 * tile + n;
     const float* src = x + t * x_stride;
-    uint16_t* dst = xa + (t / 16) * nk * 512 + (t % 16) * 32;
-    for (int64_t s = 0; s < nk; ++s, dst += 512) {
+    for (int64_t s = 0; s < nk; ++s) {
       __m512i v = _mm512_setzero_si512();
       if (t < T)
         v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 32 * s + 16),
                                          _mm512_loadu_ps(src + 32 * s));
-      _mm512_storeu_si512(dst, v);
+      _mm512_i32scatter_epi32(base + s * 1024 + 2 * n, pairs, v, 4);
     }
   }
 }
 
 bool AmxHasPanel(WeightType type) {
-  return type == WeightType::kQ4_0x8 || type == WeightType::kQ4_1x8;
+  switch (type) {
+    case WeightType::kQ4_0x8:
+    case WeightType::kQ4_1x8:
+    case WeightType::kQ8_0:
+    case WeightType::kQ4_K:
+    case WeightType::kQ5_K:
+    case WeightType::kQ6_K: return true;
+    default: return false;
+  }
+}
+
+AmxActs AmxActsOf(WeightType type) {
+  return IsInterleavedRows8(type) ? AmxActs::kTokenRows : AmxActs::kTokenColumns;
 }
 
 void AmxLinearRows(WeightType type, const uint8_t* w, size_t w_row_bytes, int64_t nrows,
@@ -316,11 +526,14 @@ void AmxLinearRows(WeightType type, const uint8_t* w, size_t w_row_bytes, int64_
   static thread_local std::vector<uint16_t> panel_scratch;
   static thread_local std::vector<float> c_scratch;
   const int64_t nk = cols / 32;
-  const int64_t kc = std::min(nk, std::max<int64_t>(1, chunk_k / 32));  // steps per chunk
+  // Steps per chunk; the K-quants' chunks are whole super-blocks (nk % 8 == 0).
+  int64_t kc = std::min(nk, std::max<int64_t>(1, chunk_k / 32));
+  if (UsesActBlock256(type)) kc = std::min(nk, (kc + 7) / 8 * 8);
   const int64_t t_pairs = (T + 31) / 32;
   uint16_t* panels = Scratch64(panel_scratch, static_cast<size_t>(kAmxGroupPanels * kc * 1024));
   float* cbuf = Scratch64(c_scratch, static_cast<size_t>(t_pairs * kAmxGroupPanels * 1024));
   const int64_t a_tile_stride = nk * 512;  // elements between 16-token tiles of xa
+  const bool rows_in_a = AmxActsOf(type) == AmxActs::kTokenColumns;
   ConfigureTiles();
   for (int64_t g0 = 0; g0 < nrows; g0 += kAmxGroupPanels * kAmxPanelRows) {
     const int64_t gn = std::min<int64_t>(kAmxGroupPanels * kAmxPanelRows, nrows - g0);
@@ -330,16 +543,26 @@ void AmxLinearRows(WeightType type, const uint8_t* w, size_t w_row_bytes, int64_
       const bool first = k0 == 0;
       for (int p = 0; p < np; ++p) {
         const int n = static_cast<int>(std::min<int64_t>(kAmxPanelRows, gn - p * kAmxPanelRows));
-        DequantPanel(type, w + (g0 + p * kAmxPanelRows) * w_row_bytes, w_row_bytes, n, k0, nks,
-                     panels + p * kc * 1024);
+        const uint8_t* pw = w + (g0 + p * kAmxPanelRows) * w_row_bytes;
+        if (rows_in_a) {
+          DequantRowsPanel(type, pw, w_row_bytes, n, k0, nks, kc, panels + p * kc * 1024);
+        } else {
+          DequantPanel(type, pw, w_row_bytes, n, k0, nks, panels + p * kc * 1024);
+        }
       }
       for (int64_t tp = 0; tp < t_pairs; ++tp) {
-        const bool two_a = T - 32 * tp > 16;
-        const uint16_t* a0 = xa + 2 * tp * a_tile_stride + k0 * 512;
+        const bool two_tok = T - 32 * tp > 16;
         for (int p = 0; p < np; ++p) {
-          const bool two_b = gn - p * kAmxPanelRows > 16;
-          RunPass(two_a, two_b, panels + p * kc * 1024, nks, a0, a_tile_stride, first,
-                  cbuf + (tp * kAmxGroupPanels + p) * 1024);
+          const bool two_rows = gn - p * kAmxPanelRows > 16;
+          const uint16_t* panel = panels + p * kc * 1024;
+          float* c = cbuf + (tp * kAmxGroupPanels + p) * 1024;
+          if (rows_in_a) {
+            RunPass(two_rows, two_tok, xa + tp * nk * 1024 + k0 * 1024, nks, panel, kc * 512, first,
+                    c);
+          } else {
+            RunPass(two_tok, two_rows, panel, nks, xa + 2 * tp * a_tile_stride + k0 * 512,
+                    a_tile_stride, first, c);
+          }
         }
       }
     }
@@ -350,8 +573,14 @@ void AmxLinearRows(WeightType type, const uint8_t* w, size_t w_row_bytes, int64_
         const int n = static_cast<int>(std::min<int64_t>(kAmxPanelRows, gn - p * kAmxPanelRows));
         const float* b = bias != nullptr ? bias + r : nullptr;
         for (int half = 0; half < 2; ++half) {
-          StoreTile(c + 512 * half, 32 * tp + 16 * half, T, 0, n, y + r, y_stride, b);
-          StoreTile(c + 512 * half + 256, 32 * tp + 16 * half, T, 16, n, y + r, y_stride, b);
+          if (rows_in_a) {  // C tiles rows (half) x tokens (0-15, 16-31)
+            StoreTileColumns(c + 512 * half, 32 * tp, T, 16 * half, n, y + r, y_stride, b);
+            StoreTileColumns(c + 512 * half + 256, 32 * tp + 16, T, 16 * half, n, y + r, y_stride,
+                             b);
+          } else {  // C tiles tokens (half) x rows (0-15, 16-31)
+            StoreTile(c + 512 * half, 32 * tp + 16 * half, T, 0, n, y + r, y_stride, b);
+            StoreTile(c + 512 * half + 256, 32 * tp + 16 * half, T, 16, n, y + r, y_stride, b);
+          }
         }
       }
   }
@@ -370,8 +599,9 @@ void AmxLinearRows(WeightType type, const uint8_t* w, size_t w_row_bytes, int64_
 #else  // !PAGEDSERVE_LINEAR_X86_PATHS: no AMX; AmxBf16Usable() is false.
 
 namespace pagedserve::kernels::cpu {
-void AmxActsToBf16(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, uint16_t*) {}
+void AmxActsToBf16(AmxActs, const float*, int64_t, int64_t, int64_t, int64_t, uint16_t*) {}
 bool AmxHasPanel(WeightType) { return false; }
+AmxActs AmxActsOf(WeightType) { return AmxActs::kTokenRows; }
 void AmxLinearRows(WeightType, const uint8_t*, size_t, int64_t, int64_t, const uint16_t*, int64_t,
                    float*, int64_t, const float*, int64_t) {}
 }  // namespace pagedserve::kernels::cpu

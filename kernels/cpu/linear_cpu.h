@@ -277,32 +277,48 @@ bool AmxBf16Supported();
 // called last: whether ChooseMethod picks kAmxBf16. Thread-safe.
 bool AmxBf16Usable();
 void SetAmxBf16Enabled(bool on);
-// True for the formats with an AMX panel: Q4_0x8 and Q4_1x8 (kernels/weight_format.h).
+// True for the formats with an AMX panel: Q4_0x8 and Q4_1x8 (kernels/weight_format.h),
+// and the row-major Q8_0, Q4_K, Q5_K and Q6_K.
 bool AmxHasPanel(WeightType type);
-// Tokens [t0, t1) of x (fp32, token t at x + t * x_stride, cols % 32 == 0;
-// t1 <= RoundUp(T, 16)) to AMX activation tiles in xa (bf16, round to nearest
-// even): token t's elements 32 s .. 32 s + 31 at xa + (t / 16) * cols * 16 +
-// s * 512 + (t % 16) * 32, i.e. per 16 tokens one 16 x 32 tile per step s;
-// tokens t >= T are written as zeros. Threads may write disjoint token ranges
-// at once. Needs AmxBf16Supported().
-void AmxActsToBf16(const float* x, int64_t x_stride, int64_t T, int64_t t0, int64_t t1,
+// Which operand of TDPBF16PS holds the tokens (AmxActsOf):
+//  kTokenRows (Q4_0x8, Q4_1x8): the tokens are the rows of the A tiles, the
+//    weights the B tiles, dequantized from the 8-row interleaved blocks
+//    straight into the pair (VNNI) order;
+//  kTokenColumns (the row-major formats): each weight row's dequantized step is
+//    one row of an A tile (no transposition of the weights); the tokens are
+//    the columns of the B tiles, and the output tiles are transposed when
+//    stored.
+enum class AmxActs : uint8_t { kTokenRows, kTokenColumns };
+AmxActs AmxActsOf(WeightType type);
+// The 16 tokens [16 tile, 16 tile + 16) of x (fp32, token t at x + t * x_stride,
+// cols % 32 == 0) to AMX activation tiles in xa (bf16, round to nearest even;
+// tokens t >= T written as zeros), per `layout`:
+//  kTokenRows: token t's elements 32 s .. 32 s + 31 at xa + (t / 16) * cols * 16
+//    + s * 512 + (t % 16) * 32 (per 16 tokens one 16 x 32 tile per step s);
+//    xa holds RoundUp(T, 16) * cols elements;
+//  kTokenColumns: token t's elements 32 s + 2 kk and 32 s + 2 kk + 1 at xa +
+//    (t / 32) * cols * 32 + s * 1024 + ((t / 16) % 2) * 512 + kk * 32 + (t % 16) * 2
+//    (per 32 tokens and step two B tiles of 16 pairs x 16 tokens); xa holds
+//    RoundUp(T, 32) * cols elements.
+// Threads may convert different tiles at once. Needs AmxBf16Supported().
+void AmxActsToBf16(AmxActs layout, const float* x, int64_t x_stride, int64_t T, int64_t tile,
                    int64_t cols, uint16_t* xa);
 // Panels of kAmxPanelRows rows dequantized together (one group), whose
 // accumulators persist across the k-chunks of AmxLinearRows.
 inline constexpr int kAmxGroupPanels = 4;
 // y[t * y_stride + i] = row i of w . token t (+ bias[i] when bias is non-null)
 // for t < T and i < nrows (nothing else of y is written), with `w` an
-// AmxHasPanel format (row i at w + i * w_row_bytes, nrows % 8 == 0, cols % 32
-// == 0) and xa the tokens as AmxActsToBf16 writes them for [0, RoundUp(T, 16))
-// (rows past T are read and do not affect the result). Blocking: per group of
+// AmxHasPanel format (row i at w + i * w_row_bytes; Q4_0x8 / Q4_1x8 nrows % 8
+// == 0; cols % 32 == 0) and xa the tokens as AmxActsToBf16 writes them in the
+// layout AmxActsOf(type) for every tile of [0, RoundUp(T, 16)) (tokens past T
+// are read and do not affect the result). Blocking: per group of
 // kAmxGroupPanels x kAmxPanelRows rows, per chunk of `chunk_k` elements (a
-// multiple of 32; the weights' and tokens' chunks stay in L2), each panel's
-// chunk is dequantized once into per-thread scratch (AMX weight tiles: per
-// 32-element step two tiles of 512 bf16, rows 0..15 and 16..31, row kk of a
-// tile holding the pairs (2 kk, 2 kk + 1) of its 16 rows) and multiplied with
-// every 32 tokens, fp32 accumulators kept per thread between chunks (T x 128
-// floats). Configures the calling thread's tiles and releases them before
-// returning. Needs AmxBf16Supported().
+// multiple of 32; the weights' and tokens' chunks stay in L2), each panel's chunk is dequantized
+// once into per-thread scratch (two tiles of 512 bf16 per 32-element step, rows 0..15 and 16..31:
+// kTokenRows B tiles, row kk holding the pairs (2 kk, 2 kk + 1) of its 16 rows; kTokenColumns A
+// tiles, row r holding the step's 32 elements of weight row r) and multiplied with every 32 tokens,
+// fp32 accumulators kept per thread between chunks (T x 128 floats). Configures the calling
+// thread's tiles and releases them before returning. Needs AmxBf16Supported().
 void AmxLinearRows(WeightType type, const uint8_t* w, size_t w_row_bytes, int64_t nrows,
                    int64_t cols, const uint16_t* xa, int64_t T, float* y, int64_t y_stride,
                    const float* bias, int64_t chunk_k);

@@ -228,6 +228,34 @@ std::vector<std::pair<Weight, const char*>> BrokenInterleaved(const Weight& x8) 
   return {{std::move(zeroed), "zeroed scales"}, {std::move(swapped), "swapped rows"}};
 }
 
+// Negative controls for a row-major weight (its first 8 rows): rows 0 and 1
+// swapped; row 1's block scales d zeroed; and, where the format has them, the
+// high bits (Q5_K qh, Q6_K qh) or the mins (Q4_K dmin) dropped in row 2.
+std::vector<std::pair<Weight, const char*>> BrokenRows(const Weight& w) {
+  std::vector<std::pair<Weight, const char*>> out;
+  Weight swapped = w, zeroed = w;
+  std::swap_ranges(swapped.bytes.begin(), swapped.bytes.begin() + w.stride,
+                   swapped.bytes.begin() + w.stride);
+  out.emplace_back(std::move(swapped), "swapped rows");
+  const size_t bb = BlockBytes(w.type);
+  const size_t d_at = w.type == WeightType::kQ6_K ? 208 : 0;
+  for (int64_t b = 0; b < w.cols / BlockElems(w.type); ++b)
+    PutHalf(&zeroed.bytes[w.stride + bb * b + d_at], 0.0f);
+  out.emplace_back(std::move(zeroed), "zeroed scales");
+  if (w.type == WeightType::kQ4_K || w.type == WeightType::kQ5_K || w.type == WeightType::kQ6_K) {
+    Weight dropped = w;
+    for (int64_t b = 0; b < w.cols / 256; ++b) {
+      uint8_t* sb = &dropped.bytes[2 * w.stride + bb * b];
+      if (w.type == WeightType::kQ4_K) PutHalf(sb + 2, 0.0f);
+      if (w.type == WeightType::kQ5_K) std::memset(sb + 16, 0, 32);
+      if (w.type == WeightType::kQ6_K) std::memset(sb + 128, 0, 64);
+    }
+    out.emplace_back(std::move(dropped),
+                     w.type == WeightType::kQ4_K ? "mins dropped" : "high bits dropped");
+  }
+  return out;
+}
+
 // Every `step`-th token of p (already computed into p.y) gives, as a
 // one-token call, the same outputs bit for bit: a token's outputs do not
 // depend on the tokens beside it (speculative verification of k + 1 tokens
@@ -670,18 +698,31 @@ TEST_P(LinearIsaTest, GroupMatchesLinearBitForBit) {
   const std::vector<std::vector<WeightType>> groups = {
       {WeightType::kQ4_1, WeightType::kQ4_1, WeightType::kQ4_1},
       {WeightType::kQ4_K, WeightType::kQ6_K, WeightType::kQ8_0},
-      {WeightType::kQ5_0, WeightType::kF16}};
+      {WeightType::kQ5_0, WeightType::kF16},
+      // Rows interleaved at load beside row-major K-quants: with AMX, two
+      // activation tile layouts in one group (kernels/cpu/linear_cpu.h).
+      {WeightType::kQ4_0x8, WeightType::kQ6_K, WeightType::kQ4_K}};
   const int64_t cols = 768;  // a multiple of 256
   for (const auto& types : groups)
     for (int64_t tokens : {1, 3, 5, 130}) {
+      if (types[0] == WeightType::kQ4_0x8 && isa == CpuIsa::kPortable) continue;  // no kernel
       SCOPED_TRACE(absl::StrCat("tokens=", tokens, " first=", WeightTypeName(types[0])));
-      std::vector<Weight> ws;
+      std::vector<Weight> ws, srcs;  // srcs: the row-major source of each member
       std::vector<std::vector<float>> ys, want, biases;
       std::vector<float> x = RandomActs(rng, tokens * cols);
       std::vector<LinearParams> ps;
       for (size_t i = 0; i < types.size(); ++i) {
-        const int64_t rows = 97 + 64 * static_cast<int64_t>(i);
-        ws.push_back(RandomWeight(rng, types[i], rows, cols, 0));
+        // Odd rows; interleaved rows come in groups of 8.
+        const int64_t rows = (97 + 64 * static_cast<int64_t>(i)) /
+                             (IsInterleavedRows8(types[i]) ? 8 : 1) *
+                             (IsInterleavedRows8(types[i]) ? 8 : 1);
+        if (IsInterleavedRows8(types[i])) {
+          srcs.push_back(RandomWeight(rng, WeightType::kQ4_0, rows, cols, 0));
+          ws.push_back(Interleaved(srcs.back()));
+        } else {
+          ws.push_back(RandomWeight(rng, types[i], rows, cols, 0));
+          srcs.push_back(ws.back());
+        }
         biases.push_back(RandomActs(rng, rows));
         ys.emplace_back(tokens * rows, 7.5f);
         want.emplace_back(tokens * rows);
@@ -702,7 +743,7 @@ TEST_P(LinearIsaTest, GroupMatchesLinearBitForBit) {
         const bool quant =
             cpu::IsQuantized(types[i]) &&
             cpu::ChooseMethod(types[i], tokens, ws[i].rows, cols, isa) != LinearMethod::kTileSgemm;
-        Reference ref = Compute(ws[i], Dequantized(ws[i]), x, tokens, cols, ps[i].bias, quant);
+        Reference ref = Compute(srcs[i], Dequantized(srcs[i]), x, tokens, cols, ps[i].bias, quant);
         EXPECT_LE(WorstRatio(ys[i], ws[i].rows, ref, tokens, ws[i].rows), 1.0);
       }
       // Teeth: one changed weight byte in the last member shows up.
@@ -742,11 +783,13 @@ TEST(LinearTest, IsaPathsOfThisHost) {
 
 // kAmxBf16 (AMX tiles over bf16 panels; kernels/cpu/linear_cpu.h, "AMX"): the
 // bound of its contract, (2^-8 + 2^-9 + cols 2^-24) sum |x W| (+ 2^-23 |y| for
-// the bias add), against the double-precision reference of the source rows;
+// the bias add), against the double-precision reference of the source rows,
+// for Q4_0 / Q4_1 interleaved at load and the row-major Q8_0, Q4_K, Q5_K, Q6_K;
 // whole and partial 32-row panels (claims of 16 rows give 8..24-row panels
-// too), whole and partial token tiles, with and without bias, one thread and
-// the team; a token's outputs equal a one-token call's bit for bit; negative
-// controls (zeroed scales, swapped rows) exceed the bound. On a CPU without
+// too; row-major: 9 and 45 rows), whole and partial token tiles, a partial
+// k-chunk, with and without bias, one thread and the team; a token's outputs
+// equal a one-token call's bit for bit; negative controls (zeroed scales,
+// swapped rows, K-quant mins or high bits dropped) exceed the bound. On a CPU without
 // AMX the method is refused (FailedPrecondition) and the output says the
 // kernels were NOT tested; PAGEDSERVE_REQUIRE_CPU_ISAS naming "amx" makes that
 // a failure.
@@ -775,18 +818,28 @@ TEST(LinearAmxTest, WithinBoundOfTheirSource) {
             LinearMethod::kInterleaved8);
   EXPECT_EQ(cpu::ChooseMethod(WeightType::kQ4_0x8, 128, 2048, 2048, CpuIsa::kAvx2),
             LinearMethod::kInterleaved8);
-  for (WeightType src : {WeightType::kQ4_0, WeightType::kQ4_1}) {
-    struct Shape {
-      int64_t rows, cols;
-    };
-    for (const Shape sh : {Shape{8, 32}, Shape{24, 96}, Shape{40, 576}, Shape{64, 64},
-                           Shape{72, 160}, Shape{1024, 512}}) {
+  EXPECT_EQ(cpu::ChooseMethod(WeightType::kQ4_K, 128, 2048, 2048, CpuIsa::kAvx512),
+            cpu::AmxBf16Usable() ? LinearMethod::kAmxBf16 : LinearMethod::kPanel16);
+  struct Shape {
+    int64_t rows, cols;
+  };
+  const std::vector<Shape> legacy = {Shape{8, 32},  Shape{24, 96},  Shape{40, 576},
+                                     Shape{64, 64}, Shape{72, 160}, Shape{1024, 512}};
+  // K-quants: partial panels (9, 45 rows) and a partial k-chunk (1280 = 1024 + 256).
+  const std::vector<Shape> kquant = {Shape{8, 256}, Shape{9, 256}, Shape{45, 512}, Shape{72, 1280},
+                                     Shape{1024, 512}};
+  for (WeightType src : {WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ8_0, WeightType::kQ4_K,
+                         WeightType::kQ5_K, WeightType::kQ6_K}) {
+    const bool interleave = InterleavedRows8Of(src) != src;
+    std::vector<Shape> shapes = cpu::UsesActBlock256(src) ? kquant : legacy;
+    if (src == WeightType::kQ8_0) shapes.insert(shapes.end(), {Shape{9, 96}, Shape{45, 160}});
+    for (const Shape sh : shapes) {
       for (int64_t tokens : {1, 5, 16, 17, 33, 48}) {
         if (kLight && sh.rows == 1024 && tokens != 48) continue;
         SCOPED_TRACE(Describe(InterleavedRows8Of(src), CpuIsa::kAvx512, LinearMethod::kAmxBf16,
                               sh.rows, sh.cols, tokens));
         const Weight w = RandomWeight(rng, src, sh.rows, sh.cols, /*pad=*/5);
-        const Weight x8 = Interleaved(w);
+        const Weight x8 = interleave ? Interleaved(w) : w;
         const int64_t x_stride = sh.cols + 3, y_stride = sh.rows + 2;
         std::vector<float> x = RandomActs(rng, tokens * x_stride);
         std::vector<float> bias = RandomActs(rng, sh.rows);
@@ -808,7 +861,7 @@ TEST(LinearAmxTest, WithinBoundOfTheirSource) {
           for (int64_t r = sh.rows; r < y_stride; ++r) ASSERT_EQ(y[t * y_stride + r], 7.5f);
         ExpectTokensIndependent(p, CpuIsa::kAvx512, LinearMethod::kAmxBf16, 7);
         if (tokens != 17 || sh.rows > 72) continue;
-        for (const auto& [broken, what] : BrokenInterleaved(x8)) {
+        for (const auto& [broken, what] : interleave ? BrokenInterleaved(x8) : BrokenRows(x8)) {
           p.w = broken.view();
           ASSERT_TRUE(cpu::LinearWith(p, CpuIsa::kAvx512, LinearMethod::kAmxBf16).ok());
           EXPECT_GT(WorstRatio(y, y_stride, ref, tokens, sh.rows), 1.0) << what << " passed";
@@ -817,11 +870,12 @@ TEST(LinearAmxTest, WithinBoundOfTheirSource) {
     }
   }
   // Formats without an AMX panel and the other paths are refused.
-  Weight w = RandomWeight(rng, WeightType::kQ8_0, 16, 64, 0);
-  std::vector<float> x(32 * 64, 1.0f), y(32 * 16, 7.5f);
-  LinearParams p{x.data(), 32, 64, w.view(), nullptr, y.data(), 16};
+  Weight w = RandomWeight(rng, WeightType::kQ3_K, 16, 256, 0);
+  std::vector<float> x(32 * 256, 1.0f), y(32 * 16, 7.5f);
+  LinearParams p{x.data(), 32, 256, w.view(), nullptr, y.data(), 16};
   EXPECT_EQ(cpu::LinearWith(p, CpuIsa::kAvx512, LinearMethod::kAmxBf16).code(),
             absl::StatusCode::kInvalidArgument);
+  p.x_stride = 64;
   p.w = Interleaved(RandomWeight(rng, WeightType::kQ4_0, 16, 64, 0)).view();
   EXPECT_EQ(cpu::LinearWith(p, CpuIsa::kAvx2, LinearMethod::kAmxBf16).code(),
             absl::StatusCode::kFailedPrecondition);

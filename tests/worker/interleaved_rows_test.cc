@@ -35,11 +35,12 @@
 namespace pagedserve {
 namespace {
 
-// One fp32 matrix as ggml Q4_0 or Q4_1 blocks (the rules of
-// quantize_row_q4_0_ref / quantize_row_q4_1_ref).
+// One fp32 matrix as ggml Q4_0, Q4_1 or Q8_0 blocks (the rules of
+// quantize_row_q4_0_ref / quantize_row_q4_1_ref / quantize_row_q8_0_ref: d =
+// the block's absolute maximum / 127, codes roundf(x / d)).
 void Quantize(GgmlType type, Matrix* m) {
-  const bool q4_1 = type == GgmlType::kQ4_1;
-  const int64_t nb = m->cols / 32, bb = q4_1 ? 20 : 18, head = bb - 16;
+  const bool q4_1 = type == GgmlType::kQ4_1, q8_0 = type == GgmlType::kQ8_0;
+  const int64_t nb = m->cols / 32, bb = q8_0 ? 34 : q4_1 ? 20 : 18, head = bb - 16;
   std::vector<uint8_t> bytes(static_cast<size_t>(m->rows * nb * bb));
   auto put = [](uint8_t* p, float v) {
     const uint16_t h = kernels::FloatToHalfBits(v);
@@ -49,6 +50,15 @@ void Quantize(GgmlType type, Matrix* m) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* x = m->row(r) + 32 * b;
       uint8_t* out = bytes.data() + (r * nb + b) * bb;
+      if (q8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        put(out, d);
+        for (int j = 0; j < 32; ++j)
+          out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(x[j] * id)));
+        continue;
+      }
       float d, offset, bias;  // code = min(15, trunc((x - offset) / d + bias))
       if (q4_1) {
         float lo = x[0], hi = x[0];
@@ -281,8 +291,9 @@ TEST_P(InterleavedRowsTest, SameLogitsAsRowMajor) {
 // accurate as the integer kernels (8-bit activation blocks) they replace:
 // against the exact model (the same Q4 weights dequantized to fp32, fp32
 // activations), the interleaved model with the tiles on differs by no more
-// than 1.25x (RMS of the logits' spread) what it differs with them off, and
-// agrees on the top-1 token of as many rows less two. The prefill step (62
+// than 1.25x (RMS of the logits' spread) what it differs with them off and
+// by no more than 0.1, and agrees on the top-1 token of as many rows less two
+// and of at least 95% of the rows. The prefill step (62
 // tokens) runs on the tiles, the decode steps (3 and 1 tokens) on the
 // integer kernels. Measured (SmolLM2, Intel Xeon with AMX, 2026-12-07): the
 // tiles are the more accurate, RMS 0.026 / 0.023 and top-1 68 / 69 of 69 rows
@@ -291,8 +302,7 @@ TEST_P(InterleavedRowsTest, SameLogitsAsRowMajor) {
 // fewer of the small ones). Control: layer 0's down_proj with a zeroed block
 // (as above) on the tiles, 0.130 / 0.537, falls outside the bound. On a CPU
 // without AMX the output says NOT TESTED.
-TEST_P(InterleavedRowsTest, AmxAsAccurateAsTheIntegerKernels) {
-  const GgmlType type = GetParam();
+void ExpectAmxAsAccurateAsTheIntegerKernels(GgmlType type) {
   if (kernels::ActiveLinearIsa() != kernels::CpuIsa::kAvx512 || !kernels::SetLinearAmx(true).ok()) {
     std::printf("[ NOT TESTED ] the AMX tiles: Linear runs %s and this CPU %s AMX\n",
                 kernels::CpuIsaName(kernels::ActiveLinearIsa()),
@@ -319,7 +329,10 @@ TEST_P(InterleavedRowsTest, AmxAsAccurateAsTheIntegerKernels) {
       "against the exact model: AMX tiles RMS %.4f top-1 %.4f; integer kernels RMS %.4f "
       "top-1 %.4f (%zu rows)\n",
       tiles.rms, tiles.top1, ints.rms, ints.top1, e.logits.size() / vocab);
-  const double max_rms = 1.25 * ints.rms, min_top1 = ints.top1 - 2.0 * vocab / e.logits.size();
+  // Relative to the integer kernels, and at most 0.1 of the spread / at least
+  // 95% of the rows (the integer kernels alone are a loose bound on Q8_0).
+  const double max_rms = std::min(1.25 * ints.rms, 0.1),
+               min_top1 = std::max(ints.top1 - 2.0 * vocab / e.logits.size(), 0.95);
   EXPECT_LE(tiles.rms, max_rms);
   EXPECT_GE(tiles.top1, min_top1);
 
@@ -328,6 +341,19 @@ TEST_P(InterleavedRowsTest, AmxAsAccurateAsTheIntegerKernels) {
   const Agreement ctl = Compare(e, Execute(*control), vocab);
   std::printf("control (a zeroed block) on the tiles: RMS %.4f, top-1 %.4f\n", ctl.rms, ctl.top1);
   EXPECT_TRUE(ctl.rms > max_rms || ctl.top1 < min_top1) << "the bounds cannot fail";
+}
+
+TEST_P(InterleavedRowsTest, AmxAsAccurateAsTheIntegerKernels) {
+  ExpectAmxAsAccurateAsTheIntegerKernels(GetParam());
+}
+
+// The same for a row-major format (Q8_0: weights in the A tiles, tokens in the
+// B tiles' columns; kernels/cpu/linear_cpu.h, AmxActs), against its kPanel16
+// integer kernels. Measured (SmolLM2, 2026-12-07): tiles RMS 0.054, top-1 68 of
+// 69 rows; integer kernels 0.31, 59 of 69 (8-bit activation blocks; as on the
+// AVX2 path); the zeroed-block control on the tiles 0.34, 57 of 69.
+TEST(AmxRowMajorTest, Q8_0AsAccurateAsTheIntegerKernels) {
+  ExpectAmxAsAccurateAsTheIntegerKernels(GgmlType::kQ8_0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, InterleavedRowsTest,
