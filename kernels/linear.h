@@ -68,7 +68,8 @@
 //    portable path refuses them). On a CPU with Intel AMX (AMX-TILE,
 //    AMX-BF16, AVX512-BF16; detected at run time, the tile state requested
 //    from Linux once), the AVX-512 path multiplies Q4_0x8 / Q4_1x8 weights
-//    with 32 or more tokens on the AMX tiles instead (issue 34; kernels/cpu/
+//    with 32 or more tokens, and every other quantized format but Q2_K and
+//    Q3_K with 16 or more, on the AMX tiles instead (issue 34; kernels/cpu/
 //    linear_cpu.h "AMX"): 32 weight rows at a time dequantized to bf16 in
 //    per-thread scratch, the activations rounded to bf16 once per call,
 //    TDPBF16PS with fp32 accumulation. PAGEDSERVE_CPU_AMX=0 (false, off,
@@ -84,9 +85,9 @@
 // exactly this bound). The AMX method rounds each activation and each
 // dequantized weight to bf16 instead: |y - y_exact| <= (2^-8 + 2^-9 + cols
 // 2^-24) sum_c |W[r, c] x_c| (checked too); a token's outputs do not depend
-// on the other tokens of the call on any method, but a call of 32 or more
-// tokens on AMX and one of fewer tokens on the integer kernels round
-// differently.
+// on the other tokens of the call on any method, but a call on AMX (16 or 32
+// tokens and more, per format) and one of fewer tokens on the integer kernels
+// round differently.
 //
 // Instruction sets: a portable C++ path, an AVX2 path (AVX2+FMA+F16C:
 // pmaddubsw/pmaddwd integer dots, 256-bit FMA) and an AVX-512 path

@@ -839,8 +839,8 @@ absl::Status CheckMethod(const LinearParams& p, CpuIsa isa, LinearMethod method)
         CpuIsaName(isa), " path, AMX ", AmxBf16Supported() ? "present" : "absent"));
   if (!AmxHasPanel(p.w.type) || p.w.cols % 32 != 0)
     return absl::InvalidArgumentError(
-        absl::StrCat("the amx_bf16 method of Linear takes Q4_0x8, Q4_1x8, Q8_0, Q4_K, Q5_K or "
-                     "Q6_K weights with cols % 32 == 0, got ",
+        absl::StrCat("the amx_bf16 method of Linear takes quantized weights other than Q2_K "
+                     "and Q3_K with cols % 32 == 0, got ",
                      WeightTypeName(p.w.type), " cols ", p.w.cols));
   return absl::OkStatus();
 }

@@ -336,6 +336,70 @@ void Q8_0ToTileRows(const uint8_t* row, int64_t s0, int64_t n, uint16_t* dst) {
   }
 }
 
+// The IQ4_NL / IQ4_XS codebook as floats (kIq4nlValues).
+alignas(64) constexpr float kIq4nlFloats[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                1,    13,   25,  38,  53,  69,  89,  113};
+
+// A 16-byte block of 4-bit codes (element j the low nibble of byte j, element
+// j + 16 its high nibble) looked up in a 16-float table: vpermps reads only
+// the index's low 4 bits.
+inline void NibbleLookup(const uint8_t* qs, __m512 table, __m512* lo, __m512* hi) {
+  const __m512i raw = U8x16(qs);
+  *lo = _mm512_permutexvar_ps(raw, table);
+  *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(raw, 4), table);
+}
+
+// Steps [s0, s0 + n) of a row of a 32-element format (Q4_0, Q4_1, Q5_0, Q5_1,
+// IQ4_NL; block layouts in quant_blocks.h): step s is block s.
+template <WeightType kType>
+void Block32ToTileRows(const uint8_t* row, int64_t s0, int64_t n, uint16_t* dst) {
+  constexpr bool kMin = kType == WeightType::kQ4_1 || kType == WeightType::kQ5_1;
+  constexpr bool kFive = kType == WeightType::kQ5_0 || kType == WeightType::kQ5_1;
+  constexpr size_t kBytes = kType == WeightType::kQ4_1   ? 20
+                            : kType == WeightType::kQ5_0 ? 22
+                            : kType == WeightType::kQ5_1 ? 24
+                                                         : 18;  // Q4_0, IQ4_NL
+  // The values of the low 4 bits (Q5: 0..15, the fifth bit adds 16).
+  const __m512 table = _mm512_load_ps(kType == WeightType::kIQ4_NL ? kIq4nlFloats
+                                      : kType == WeightType::kQ4_0 ? kQ4_0Values
+                                                                   : kQ4_1Values);
+  const __m512 sixteen = _mm512_set1_ps(16.0f);
+  for (int64_t s = 0; s < n; ++s) {
+    const uint8_t* b = row + kBytes * (s0 + s);
+    const __m512 d = _mm512_set1_ps(F16At(b));
+    __m512 lo, hi;
+    NibbleLookup(b + kBytes - 16, table, &lo, &hi);
+    if constexpr (kFive) {
+      const uint32_t qh = LoadU32(b + (kMin ? 4 : 2));
+      lo = _mm512_mask_add_ps(lo, static_cast<__mmask16>(qh), lo, sixteen);
+      hi = _mm512_mask_add_ps(hi, static_cast<__mmask16>(qh >> 16), hi, sixteen);
+      if constexpr (!kMin) {  // Q5_0: value d (q - 16)
+        lo = _mm512_sub_ps(lo, sixteen);
+        hi = _mm512_sub_ps(hi, sixteen);
+      }
+    }
+    if constexpr (kMin) {
+      const __m512 m = _mm512_set1_ps(F16At(b + 2));
+      StoreBf16Row(_mm512_fmadd_ps(d, lo, m), _mm512_fmadd_ps(d, hi, m), dst + 512 * s);
+    } else {
+      StoreBf16Row(_mm512_mul_ps(d, lo), _mm512_mul_ps(d, hi), dst + 512 * s);
+    }
+  }
+}
+
+// One IQ4_XS super-block to its 8 steps: step j is sub-block j, nibbles as
+// Q4_0, value d (ls_j - 32) kIq4nlValues[code].
+void Iq4XsSuperBlockToTileRows(const uint8_t* b, uint16_t* dst) {
+  const float d = F16At(b);
+  const __m512 table = _mm512_load_ps(kIq4nlFloats);
+  for (int j = 0; j < 8; ++j) {
+    const __m512 dl = _mm512_set1_ps(d * static_cast<float>(ScaleIq4Xs(b, j)));
+    __m512 lo, hi;
+    NibbleLookup(b + 8 + 16 * j, table, &lo, &hi);
+    StoreBf16Row(_mm512_mul_ps(dl, lo), _mm512_mul_ps(dl, hi), dst + 512 * j);
+  }
+}
+
 // The eight 6-bit scales and mins of a Q4_K / Q5_K super-block times d and dmin:
 // dl[j] = d * scale_j, ml[j] = dmin * min_j (ScaleMinK4's unpacking done on the
 // 12 bytes at once: bytes 0..7 of the result are the scales, 8..15 the mins).
@@ -463,6 +527,14 @@ void DequantRowsPanel(WeightType type, const uint8_t* w, size_t w_row_bytes, int
       case WeightType::kQ6_K:
         KQuantToTileRows<Q6KSuperBlockToTileRows, 210>(row, k0, nks, dst);
         break;
+      case WeightType::kIQ4_XS:
+        KQuantToTileRows<Iq4XsSuperBlockToTileRows, 136>(row, k0, nks, dst);
+        break;
+      case WeightType::kQ4_0: Block32ToTileRows<WeightType::kQ4_0>(row, k0, nks, dst); break;
+      case WeightType::kQ4_1: Block32ToTileRows<WeightType::kQ4_1>(row, k0, nks, dst); break;
+      case WeightType::kQ5_0: Block32ToTileRows<WeightType::kQ5_0>(row, k0, nks, dst); break;
+      case WeightType::kQ5_1: Block32ToTileRows<WeightType::kQ5_1>(row, k0, nks, dst); break;
+      case WeightType::kIQ4_NL: Block32ToTileRows<WeightType::kIQ4_NL>(row, k0, nks, dst); break;
       default: break;
     }
   }
@@ -508,10 +580,16 @@ bool AmxHasPanel(WeightType type) {
   switch (type) {
     case WeightType::kQ4_0x8:
     case WeightType::kQ4_1x8:
+    case WeightType::kQ4_0:
+    case WeightType::kQ4_1:
+    case WeightType::kQ5_0:
+    case WeightType::kQ5_1:
     case WeightType::kQ8_0:
+    case WeightType::kIQ4_NL:
     case WeightType::kQ4_K:
     case WeightType::kQ5_K:
-    case WeightType::kQ6_K: return true;
+    case WeightType::kQ6_K:
+    case WeightType::kIQ4_XS: return true;
     default: return false;
   }
 }

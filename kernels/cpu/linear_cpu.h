@@ -278,7 +278,8 @@ bool AmxBf16Supported();
 bool AmxBf16Usable();
 void SetAmxBf16Enabled(bool on);
 // True for the formats with an AMX panel: Q4_0x8 and Q4_1x8 (kernels/weight_format.h),
-// and the row-major Q8_0, Q4_K, Q5_K and Q6_K.
+// and the row-major Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K and
+// IQ4_XS (every quantized format but Q2_K and Q3_K).
 bool AmxHasPanel(WeightType type);
 // Which operand of TDPBF16PS holds the tokens (AmxActsOf):
 //  kTokenRows (Q4_0x8, Q4_1x8): the tokens are the rows of the A tiles, the

@@ -323,15 +323,17 @@ class CpuBackend final : public ModelBackend {
     }
     // On the front ends' stderr logger, beside the load progress (stdout may
     // carry generated text); library users without it get no line.
-    if (std::shared_ptr<spdlog::logger> log = spdlog::get("launch"); log && !interleaved_.empty())
+    std::shared_ptr<spdlog::logger> log = spdlog::get("launch");
+    if (log && !interleaved_.empty())
       log->info(
           "CPU weights: {} Q4_0/Q4_1 matrices ({:.1f} MiB) interleaved 8 rows at a time for the "
-          "{} kernels (PAGEDSERVE_CPU_REPACK=0 keeps the file's layout){}",
+          "{} kernels (PAGEDSERVE_CPU_REPACK=0 keeps the file's layout)",
           interleaved_.size(), static_cast<double>(interleaved_bytes) / (1 << 20),
-          kernels::CpuIsaName(kernels::ActiveLinearIsa()),
-          kernels::LinearUsesAmx()
-              ? "; steps of 32+ tokens on the AMX tiles in bf16 (PAGEDSERVE_CPU_AMX=0: off)"
-              : "");
+          kernels::CpuIsaName(kernels::ActiveLinearIsa()));
+    if (log && kernels::LinearUsesAmx())
+      log->info(
+          "CPU weights: quantized steps of 16+ tokens (32+ on interleaved Q4_0/Q4_1; not Q2_K, "
+          "Q3_K) on the AMX tiles in bf16 (PAGEDSERVE_CPU_AMX=0: off)");
     return absl::OkStatus();
   }
 

@@ -228,9 +228,10 @@ std::vector<std::pair<Weight, const char*>> BrokenInterleaved(const Weight& x8) 
   return {{std::move(zeroed), "zeroed scales"}, {std::move(swapped), "swapped rows"}};
 }
 
-// Negative controls for a row-major weight (its first 8 rows): rows 0 and 1
-// swapped; row 1's block scales d zeroed; and, where the format has them, the
-// high bits (Q5_K qh, Q6_K qh) or the mins (Q4_K dmin) dropped in row 2.
+// Negative controls for a row-major weight (at least 3 rows): rows 0 and 1
+// swapped; row 1's block scales d zeroed; and, where the format has them, row
+// 2's mins (Q4_1, Q5_1 m; Q4_K dmin), high bits (Q5_0, Q5_1, Q5_K, Q6_K qh) or
+// high scale bits (IQ4_XS) dropped.
 std::vector<std::pair<Weight, const char*>> BrokenRows(const Weight& w) {
   std::vector<std::pair<Weight, const char*>> out;
   Weight swapped = w, zeroed = w;
@@ -242,16 +243,33 @@ std::vector<std::pair<Weight, const char*>> BrokenRows(const Weight& w) {
   for (int64_t b = 0; b < w.cols / BlockElems(w.type); ++b)
     PutHalf(&zeroed.bytes[w.stride + bb * b + d_at], 0.0f);
   out.emplace_back(std::move(zeroed), "zeroed scales");
-  if (w.type == WeightType::kQ4_K || w.type == WeightType::kQ5_K || w.type == WeightType::kQ6_K) {
+  // The field whose loss the third control shows: offset and bytes in a block.
+  struct Field {
+    size_t at, bytes;
+    const char* what;
+  };
+  Field f{0, 0, nullptr};
+  switch (w.type) {
+    case WeightType::kQ4_1:
+    case WeightType::kQ5_1:
+    case WeightType::kQ4_K: f = {2, 2, "mins dropped"}; break;
+    case WeightType::kQ5_0: f = {2, 4, "high bits dropped"}; break;
+    case WeightType::kQ5_K: f = {16, 32, "high bits dropped"}; break;
+    case WeightType::kQ6_K: f = {128, 64, "high bits dropped"}; break;
+    case WeightType::kIQ4_XS: f = {2, 2, "high scale bits dropped"}; break;
+    default: break;
+  }
+  if (f.what != nullptr) {
     Weight dropped = w;
-    for (int64_t b = 0; b < w.cols / 256; ++b) {
-      uint8_t* sb = &dropped.bytes[2 * w.stride + bb * b];
-      if (w.type == WeightType::kQ4_K) PutHalf(sb + 2, 0.0f);
-      if (w.type == WeightType::kQ5_K) std::memset(sb + 16, 0, 32);
-      if (w.type == WeightType::kQ6_K) std::memset(sb + 128, 0, 64);
+    for (int64_t b = 0; b < w.cols / BlockElems(w.type); ++b)
+      std::memset(&dropped.bytes[2 * w.stride + bb * b + f.at], 0, f.bytes);
+    out.emplace_back(std::move(dropped), f.what);
+    if (w.type == WeightType::kQ5_1) {  // its high bits too
+      Weight high = w;
+      for (int64_t b = 0; b < w.cols / 32; ++b)
+        std::memset(&high.bytes[2 * w.stride + bb * b + 4], 0, 4);
+      out.emplace_back(std::move(high), "high bits dropped");
     }
-    out.emplace_back(std::move(dropped),
-                     w.type == WeightType::kQ4_K ? "mins dropped" : "high bits dropped");
   }
   return out;
 }
@@ -784,12 +802,12 @@ TEST(LinearTest, IsaPathsOfThisHost) {
 // kAmxBf16 (AMX tiles over bf16 panels; kernels/cpu/linear_cpu.h, "AMX"): the
 // bound of its contract, (2^-8 + 2^-9 + cols 2^-24) sum |x W| (+ 2^-23 |y| for
 // the bias add), against the double-precision reference of the source rows,
-// for Q4_0 / Q4_1 interleaved at load and the row-major Q8_0, Q4_K, Q5_K, Q6_K;
+// for Q4_0 / Q4_1 interleaved at load and every row-major format with a panel;
 // whole and partial 32-row panels (claims of 16 rows give 8..24-row panels
 // too; row-major: 9 and 45 rows), whole and partial token tiles, a partial
 // k-chunk, with and without bias, one thread and the team; a token's outputs
 // equal a one-token call's bit for bit; negative controls (zeroed scales,
-// swapped rows, K-quant mins or high bits dropped) exceed the bound. On a CPU without
+// swapped rows, mins or high bits dropped) exceed the bound. On a CPU without
 // AMX the method is refused (FailedPrecondition) and the output says the
 // kernels were NOT tested; PAGEDSERVE_REQUIRE_CPU_ISAS naming "amx" makes that
 // a failure.
@@ -828,16 +846,24 @@ TEST(LinearAmxTest, WithinBoundOfTheirSource) {
   // K-quants: partial panels (9, 45 rows) and a partial k-chunk (1280 = 1024 + 256).
   const std::vector<Shape> kquant = {Shape{8, 256}, Shape{9, 256}, Shape{45, 512}, Shape{72, 1280},
                                      Shape{1024, 512}};
-  for (WeightType src : {WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ8_0, WeightType::kQ4_K,
-                         WeightType::kQ5_K, WeightType::kQ6_K}) {
-    const bool interleave = InterleavedRows8Of(src) != src;
+  // Q4_0 / Q4_1 interleaved at load (kTokenRows), then every row-major format
+  // with a panel (kTokenColumns; Q4_0 / Q4_1 stay row-major where not
+  // interleaved: PAGEDSERVE_CPU_REPACK=0).
+  const std::vector<std::pair<WeightType, bool>> formats = {
+      {WeightType::kQ4_0, true},  {WeightType::kQ4_1, true},    {WeightType::kQ4_0, false},
+      {WeightType::kQ4_1, false}, {WeightType::kQ5_0, false},   {WeightType::kQ5_1, false},
+      {WeightType::kQ8_0, false}, {WeightType::kIQ4_NL, false}, {WeightType::kQ4_K, false},
+      {WeightType::kQ5_K, false}, {WeightType::kQ6_K, false},   {WeightType::kIQ4_XS, false}};
+  for (const auto& [src, interleave] : formats) {
+    EXPECT_TRUE(cpu::AmxHasPanel(interleave ? InterleavedRows8Of(src) : src));
     std::vector<Shape> shapes = cpu::UsesActBlock256(src) ? kquant : legacy;
-    if (src == WeightType::kQ8_0) shapes.insert(shapes.end(), {Shape{9, 96}, Shape{45, 160}});
+    if (!interleave && !cpu::UsesActBlock256(src))
+      shapes.insert(shapes.end(), {Shape{9, 96}, Shape{45, 160}});
     for (const Shape sh : shapes) {
       for (int64_t tokens : {1, 5, 16, 17, 33, 48}) {
         if (kLight && sh.rows == 1024 && tokens != 48) continue;
-        SCOPED_TRACE(Describe(InterleavedRows8Of(src), CpuIsa::kAvx512, LinearMethod::kAmxBf16,
-                              sh.rows, sh.cols, tokens));
+        SCOPED_TRACE(Describe(interleave ? InterleavedRows8Of(src) : src, CpuIsa::kAvx512,
+                              LinearMethod::kAmxBf16, sh.rows, sh.cols, tokens));
         const Weight w = RandomWeight(rng, src, sh.rows, sh.cols, /*pad=*/5);
         const Weight x8 = interleave ? Interleaved(w) : w;
         const int64_t x_stride = sh.cols + 3, y_stride = sh.rows + 2;
