@@ -312,7 +312,8 @@ inline void StoreTileColumns(const float* c, int64_t t0, int64_t T, int r0, int 
 
 // ---- Row-major formats to A tiles: one weight row's 32-element step s is row
 // (row % 16) of the step's tile, its elements in order, each the value the
-// format's reference dequantizer gives (DequantizeWeightRow) rounded to bf16.
+// format's reference dequantizer gives (DequantizeWeightRow; up to one fp32
+// rounding where an FMA replaces its multiply and add) rounded to bf16.
 
 inline __m512i U8x16(const uint8_t* p) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));

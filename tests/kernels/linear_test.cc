@@ -229,9 +229,10 @@ std::vector<std::pair<Weight, const char*>> BrokenInterleaved(const Weight& x8) 
 }
 
 // Negative controls for a row-major weight (at least 3 rows): rows 0 and 1
-// swapped; row 1's block scales d zeroed; and, where the format has them, row
-// 2's mins (Q4_1, Q5_1 m; Q4_K dmin), high bits (Q5_0, Q5_1, Q5_K, Q6_K qh) or
-// high scale bits (IQ4_XS) dropped.
+// swapped; row 1's block scales d zeroed; and, where the format has them, the
+// mins (Q4_1, Q5_1 m; Q4_K dmin), high bits (Q5_0, Q5_1, Q5_K, Q6_K qh) or high
+// scale bits (IQ4_XS) of rows 2.. dropped (one row's mins over one super-block
+// can stay inside the bound).
 std::vector<std::pair<Weight, const char*>> BrokenRows(const Weight& w) {
   std::vector<std::pair<Weight, const char*>> out;
   Weight swapped = w, zeroed = w;
@@ -260,16 +261,14 @@ std::vector<std::pair<Weight, const char*>> BrokenRows(const Weight& w) {
     default: break;
   }
   if (f.what != nullptr) {
-    Weight dropped = w;
-    for (int64_t b = 0; b < w.cols / BlockElems(w.type); ++b)
-      std::memset(&dropped.bytes[2 * w.stride + bb * b + f.at], 0, f.bytes);
+    Weight dropped = w, high = w;
+    for (int64_t r = 2; r < w.rows; ++r)
+      for (int64_t b = 0; b < w.cols / BlockElems(w.type); ++b) {
+        std::memset(&dropped.bytes[r * w.stride + bb * b + f.at], 0, f.bytes);
+        if (w.type == WeightType::kQ5_1) std::memset(&high.bytes[r * w.stride + bb * b + 4], 0, 4);
+      }
     out.emplace_back(std::move(dropped), f.what);
-    if (w.type == WeightType::kQ5_1) {  // its high bits too
-      Weight high = w;
-      for (int64_t b = 0; b < w.cols / 32; ++b)
-        std::memset(&high.bytes[2 * w.stride + bb * b + 4], 0, 4);
-      out.emplace_back(std::move(high), "high bits dropped");
-    }
+    if (w.type == WeightType::kQ5_1) out.emplace_back(std::move(high), "high bits dropped");
   }
   return out;
 }
