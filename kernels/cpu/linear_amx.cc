@@ -194,18 +194,26 @@ inline void InterleavedBlockToTile(const uint8_t* g0, const uint8_t* g1, uint16_
   }
 }
 
-// C tiles (tokens t0.., rows 0..31 of the panel) to y with bias; tokens >= T
-// and rows >= nrows are not written.
+// One 16 x 16 fp32 C tile at c to y with bias, for the panel's rows r0 ..
+// r0 + 15 (those < nrows) and tokens t0 .. t0 + 15 (those < T); nothing else
+// of y is written. kColumns (kTokenColumns): tile row i is panel row r0 + i and
+// column j token t0 + j (a column is gathered per token); otherwise (kTokenRows)
+// tile row j is token t0 + j and column i panel row r0 + i.
+template <bool kColumns>
 inline void StoreTile(const float* c, int64_t t0, int64_t T, int r0, int nrows, float* y,
                       int64_t y_stride, const float* bias) {
   const int n = std::min(16, nrows - r0);
   if (n <= 0) return;
   const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
   const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + r0) : _mm512_setzero_ps();
+  const __m512i rows =
+      _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
   const int64_t tn = std::min<int64_t>(16, T - t0);
-  for (int64_t t = 0; t < tn; ++t)
-    _mm512_mask_storeu_ps(y + (t0 + t) * y_stride + r0, m,
-                          _mm512_add_ps(_mm512_loadu_ps(c + 16 * t), b));
+  for (int64_t t = 0; t < tn; ++t) {
+    const __m512 v = kColumns ? _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, rows, c + t, 4)
+                              : _mm512_loadu_ps(c + 16 * t);
+    _mm512_mask_storeu_ps(y + (t0 + t) * y_stride + r0, m, _mm512_add_ps(v, b));
+  }
 }
 
 // One pass over the 32-element steps of a k-chunk, C (up to 32 x 32) += A B:
@@ -289,24 +297,6 @@ void DequantPanel(WeightType type, const uint8_t* w, size_t w_row_bytes, int nro
         InterleavedBlockToTile<false>(lo + off, hi ? hi + off : nullptr, t);
       }
     }
-  }
-}
-
-// C tiles of kTokenColumns (rows 0..15 of the panel from r0 x tokens t0..)
-// to y with bias: column n of the tile is token t0 + n. Tokens >= T and rows
-// >= nrows are not written.
-inline void StoreTileColumns(const float* c, int64_t t0, int64_t T, int r0, int nrows, float* y,
-                             int64_t y_stride, const float* bias) {
-  const int n = std::min(16, nrows - r0);
-  if (n <= 0) return;
-  const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
-  const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + r0) : _mm512_setzero_ps();
-  const __m512i rows =
-      _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
-  const int64_t tn = std::min<int64_t>(16, T - t0);
-  for (int64_t t = 0; t < tn; ++t) {
-    const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, rows, c + t, 4);
-    _mm512_mask_storeu_ps(y + (t0 + t) * y_stride + r0, m, _mm512_add_ps(v, b));
   }
 }
 
@@ -653,12 +643,13 @@ void AmxLinearRows(WeightType type, const uint8_t* w, size_t w_row_bytes, int64_
         const float* b = bias != nullptr ? bias + r : nullptr;
         for (int half = 0; half < 2; ++half) {
           if (rows_in_a) {  // C tiles rows (half) x tokens (0-15, 16-31)
-            StoreTileColumns(c + 512 * half, 32 * tp, T, 16 * half, n, y + r, y_stride, b);
-            StoreTileColumns(c + 512 * half + 256, 32 * tp + 16, T, 16 * half, n, y + r, y_stride,
-                             b);
+            StoreTile<true>(c + 512 * half, 32 * tp, T, 16 * half, n, y + r, y_stride, b);
+            StoreTile<true>(c + 512 * half + 256, 32 * tp + 16, T, 16 * half, n, y + r, y_stride,
+                            b);
           } else {  // C tiles tokens (half) x rows (0-15, 16-31)
-            StoreTile(c + 512 * half, 32 * tp + 16 * half, T, 0, n, y + r, y_stride, b);
-            StoreTile(c + 512 * half + 256, 32 * tp + 16 * half, T, 16, n, y + r, y_stride, b);
+            StoreTile<false>(c + 512 * half, 32 * tp + 16 * half, T, 0, n, y + r, y_stride, b);
+            StoreTile<false>(c + 512 * half + 256, 32 * tp + 16 * half, T, 16, n, y + r, y_stride,
+                             b);
           }
         }
       }

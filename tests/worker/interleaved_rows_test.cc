@@ -212,6 +212,18 @@ std::unique_ptr<LlamaModel> ZeroedBlockModel(const LlamaWeights& f32, GgmlType t
   return Create(std::move(broken), comm);
 }
 
+// The negative control (ZeroedBlockModel) compared with `reference` falls
+// outside the bounds a test holds its model to: the bounds can fail.
+void ExpectControlOutside(const LlamaWeights& f32, GgmlType type, Communicator* comm,
+                          const Outputs& reference, double max_rms, double min_top1,
+                          const char* where) {
+  std::unique_ptr<LlamaModel> control = ZeroedBlockModel(f32, type, comm);
+  ASSERT_TRUE(control);
+  const Agreement ctl = Compare(reference, Execute(*control), control->config().vocab_size);
+  std::printf("control (a zeroed block)%s: RMS %.4f, top-1 %.4f\n", where, ctl.rms, ctl.top1);
+  EXPECT_TRUE(ctl.rms > max_rms || ctl.top1 < min_top1) << "the bounds cannot fail";
+}
+
 class InterleavedRowsTest : public ::testing::TestWithParam<GgmlType> {};
 
 TEST_P(InterleavedRowsTest, SameLogitsAsRowMajor) {
@@ -258,11 +270,7 @@ TEST_P(InterleavedRowsTest, SameLogitsAsRowMajor) {
   EXPECT_LE(same.rms, kMaxRms);
   EXPECT_GE(same.top1, kMinTop1);
 
-  std::unique_ptr<LlamaModel> control = ZeroedBlockModel(*f32, type, comm.get());
-  ASSERT_TRUE(control);
-  const Agreement off = Compare(a, Execute(*control), vocab);
-  std::printf("control (a zeroed block): RMS %.4f, top-1 %.4f\n", off.rms, off.top1);
-  EXPECT_TRUE(off.rms > kMaxRms || off.top1 < kMinTop1) << "the bounds cannot fail";
+  ExpectControlOutside(*f32, type, comm.get(), a, kMaxRms, kMinTop1, "");
 
   // The interleaved model holds Q4_0x8: the portable path has no kernel for it.
   ASSERT_TRUE(kernels::SetLinearIsa(kernels::CpuIsa::kPortable).ok());
@@ -336,11 +344,7 @@ void ExpectAmxAsAccurateAsTheIntegerKernels(GgmlType type) {
   EXPECT_LE(tiles.rms, max_rms);
   EXPECT_GE(tiles.top1, min_top1);
 
-  std::unique_ptr<LlamaModel> control = ZeroedBlockModel(*f32, type, comm.get());
-  ASSERT_TRUE(control);
-  const Agreement ctl = Compare(e, Execute(*control), vocab);
-  std::printf("control (a zeroed block) on the tiles: RMS %.4f, top-1 %.4f\n", ctl.rms, ctl.top1);
-  EXPECT_TRUE(ctl.rms > max_rms || ctl.top1 < min_top1) << "the bounds cannot fail";
+  ExpectControlOutside(*f32, type, comm.get(), e, max_rms, min_top1, " on the tiles");
 }
 
 TEST_P(InterleavedRowsTest, AmxAsAccurateAsTheIntegerKernels) {
