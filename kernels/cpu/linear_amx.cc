@@ -479,16 +479,16 @@ void Q6KSuperBlockToTileRows(const uint8_t* b, uint16_t* dst) {
   }
 }
 
-// Steps [s0, s0 + n) of a K-quant row (s0 and n multiples of 8: whole super-blocks).
+// Steps [s0, s0 + n) of a row of a 256-element format (s0 and n multiples of 8:
+// whole super-blocks).
 template <void (*kSuperBlock)(const uint8_t*, uint16_t*), size_t kBytes>
 void KQuantToTileRows(const uint8_t* row, int64_t s0, int64_t n, uint16_t* dst) {
   for (int64_t s = 0; s < n; s += 8) kSuperBlock(row + kBytes * ((s0 + s) / 8), dst + 512 * s);
 }
 
-// Steps [k0, k0 + nks) of rows [0, nrows) (nrows <= 32; K-quants: k0 and nks
-// multiples of 8) of a row-major format to
-// A tiles at panel: row r's step k0 + s at panel + (r / 16) * kc * 512 + s * 512 +
-// (r % 16) * 32; rows past nrows are zero.
+// Steps [k0, k0 + nks) of rows [0, nrows) (nrows <= 32; the 256-element formats:
+// k0 and nks multiples of 8) of a row-major format to A tiles at panel: row r's step k0 + s at
+// panel + (r / 16) * kc * 512 + s * 512 + (r % 16) * 32; rows past nrows are zero.
 void DequantRowsPanel(WeightType type, const uint8_t* w, size_t w_row_bytes, int nrows, int64_t k0,
                       int64_t nks, int64_t kc, uint16_t* panel) {
   // Each row's chunk is its own stream through memory (the weights are read
