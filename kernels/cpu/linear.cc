@@ -685,8 +685,7 @@ struct Member {
   LinearMethod method;
   bool quant_acts;
   bool act256;       // ActBlock256 blocks (else ActBlock32)
-  bool bf16_acts;    // kAmxBf16: the tokens in bf16 tiles (AmxActsToBf16)
-  AmxActs amx_acts;  // their layout (AmxActsOf)
+  AmxActs amx_acts;  // kAmxBf16: the layout of the tokens' bf16 tiles (AmxActsOf)
 };
 
 // Runs every member in one parallel region (validated by the caller). The
@@ -705,7 +704,7 @@ void RunGroup(std::span<const Member> ms, const IsaKernels& k) {
   for (const Member& m : ms) {
     work += m.p->w.rows * m.p->w.cols * T;
     uses_sgemm |= m.method == LinearMethod::kTileSgemm;
-    if (m.bf16_acts) bf16[static_cast<int>(m.amx_acts)] = true;
+    if (m.method == LinearMethod::kAmxBf16) bf16[static_cast<int>(m.amx_acts)] = true;
     if (!m.quant_acts) continue;
     const int kind = m.act256 ? 1 : 0;
     if (rep[kind] != nullptr) continue;
@@ -789,10 +788,10 @@ Member MakeMember(const LinearParams& p, LinearMethod method) {
   // format without its tile is kRowBlock; kRowBlock on a format without
   // activation quantization is the row dots.
   if (method == LinearMethod::kAmxBf16) {  // checked by CheckMethod
-    return Member{&p, method, false, false, true, AmxActsOf(p.w.type)};
+    return Member{&p, method, false, false, AmxActsOf(p.w.type)};
   }
   if (IsInterleavedRows8(p.w.type)) {
-    return Member{&p, LinearMethod::kInterleaved8, true, false, false, AmxActs::kTokenRows};
+    return Member{&p, LinearMethod::kInterleaved8, true, false, AmxActs::kTokenRows};
   }
   if (method == LinearMethod::kInterleaved8) method = LinearMethod::kRowBlock;
   if (method == LinearMethod::kRowBlock8 && !HasRowBlock8(p.w.type))
@@ -800,12 +799,8 @@ Member MakeMember(const LinearParams& p, LinearMethod method) {
   if (method == LinearMethod::kPanel16 && !HasPanel16(p.w.type)) method = LinearMethod::kRowBlock;
   if (method == LinearMethod::kRowBlock && (!IsQuantized(p.w.type) || !HasRowBlockTiles(p.w.type)))
     method = LinearMethod::kRowDot;
-  return Member{&p,
-                method,
-                method != LinearMethod::kTileSgemm && IsQuantized(p.w.type),
-                UsesActBlock256(p.w.type),
-                false,
-                AmxActs::kTokenRows};
+  return Member{&p, method, method != LinearMethod::kTileSgemm && IsQuantized(p.w.type),
+                UsesActBlock256(p.w.type), AmxActs::kTokenRows};
 }
 
 absl::Status CheckIsa(CpuIsa isa) {

@@ -127,6 +127,12 @@ alignas(64) constexpr TileConfig kTileConfig = {
 
 void ConfigureTiles() { _tile_loadconfig(&kTileConfig); }
 
+// Lane i = 16 i: the dword offsets of the 16 rows of a 64-byte-row tile, for
+// gathers and scatters down one of its columns.
+inline __m512i TileRowOffsets() {
+  return _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+}
+
 // Lanes 2i and 2i + 1 of the result: lane i (rows 0..7) or 8 + i (rows 8..15).
 alignas(64) constexpr int32_t kPairLo[16] = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7};
 alignas(64) constexpr int32_t kPairHi[16] = {8,  8,  9,  9,  10, 10, 11, 11,
@@ -206,8 +212,7 @@ inline void StoreTile(const float* c, int64_t t0, int64_t T, int r0, int nrows, 
   if (n <= 0) return;
   const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
   const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + r0) : _mm512_setzero_ps();
-  const __m512i rows =
-      _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+  const __m512i rows = TileRowOffsets();
   const int64_t tn = std::min<int64_t>(16, T - t0);
   for (int64_t t = 0; t < tn; ++t) {
     const __m512 v = kColumns ? _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, rows, c + t, 4)
@@ -551,8 +556,7 @@ void AmxActsToBf16(AmxActs layout, const float* x, int64_t x_stride, int64_t T, 
     return;
   }
   // kTokenColumns: dword (pair) kk of token n goes to dword 16 kk + n of the tile.
-  const __m512i pairs =
-      _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+  const __m512i pairs = TileRowOffsets();
   uint16_t* base = xa + (tile / 2) * nk * 1024 + (tile % 2) * 512;
   for (int n = 0; n < 16; ++n) {
     const int64_t t = 16 * tile + n;
