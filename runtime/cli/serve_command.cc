@@ -227,7 +227,8 @@ absl::StatusOr<openai::SamplingDefaults> SamplingDefaultsFromFlags(const std::st
         "--generation-config must be auto, vllm or a folder holding generation_config.json, got '",
         flag, "'"));
   }
-  absl::StatusOr<GenerationDefaults> g = LoadGenerationDefaults(flag == "auto" ? model_path : flag);
+  const std::string folder = flag == "auto" ? model_path : flag;
+  absl::StatusOr<GenerationDefaults> g = LoadGenerationDefaults(folder);
   if (!g.ok()) return g.status();
   openai::SamplingDefaults d;
   std::string applied;
@@ -241,9 +242,9 @@ absl::StatusOr<openai::SamplingDefaults> SamplingDefaultsFromFlags(const std::st
          *(d.repetition_penalty = static_cast<float>(*g->repetition_penalty)));
   if (!applied.empty()) {
     std::fprintf(stderr,
-                 "pagedserve serve: default sampling parameters from the model's "
-                 "generation_config.json (--generation-config vllm turns them off):%s\n",
-                 applied.c_str());
+                 "pagedserve serve: default sampling parameters from %s/generation_config.json "
+                 "(--generation-config vllm turns them off):%s\n",
+                 folder.c_str(), applied.c_str());
   }
   return d;
 }

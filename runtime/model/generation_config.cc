@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/sampling_params.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/json_object.h"
 
@@ -44,6 +45,17 @@ absl::StatusOr<GenerationDefaults> GenerationDefaultsFromJson(std::string_view j
                                 it->get<int64_t>() <= std::numeric_limits<int32_t>::max();
     if (!fits) return field_error("top_k", "out of range");
     d.top_k = static_cast<int32_t>(it->get<int64_t>());
+    if (*d.top_k == 0) d.top_k = -1;
+  }
+  // The ranges a request's values must meet (one rule for both).
+  SamplingParams p;
+  if (d.temperature) p.temperature = static_cast<float>(*d.temperature);
+  if (d.top_p) p.top_p = static_cast<float>(*d.top_p);
+  if (d.top_k) p.top_k = *d.top_k;
+  if (d.min_p) p.min_p = static_cast<float>(*d.min_p);
+  if (d.repetition_penalty) p.repetition_penalty = static_cast<float>(*d.repetition_penalty);
+  if (absl::Status s = p.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
   }
   return d;
 }

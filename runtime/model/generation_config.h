@@ -15,8 +15,11 @@
 
 namespace pagedserve {
 
-// Absent (or null) fields stay unset. Values are not range-checked here: a
-// request's SamplingParams::Validate checks what it ends up with.
+// Absent (or null) fields stay unset. top_k 0 is read as -1 (off: 0 disables
+// top-k in transformers and vLLM, as in a request). The values are checked
+// here against SamplingParams::Validate's ranges, so that a model folder
+// whose defaults no request could send is refused at load, naming the file,
+// instead of failing every request that leaves the field out.
 struct GenerationDefaults {
   std::optional<double> temperature, top_p, min_p, repetition_penalty;
   std::optional<int32_t> top_k;
@@ -24,7 +27,8 @@ struct GenerationDefaults {
 };
 
 // From the text of a generation_config.json; `source` names it in errors.
-// InvalidArgument for malformed JSON or a field of the wrong type.
+// InvalidArgument for malformed JSON, a field of the wrong type or a value out
+// of its range (e.g. temperature < 0, top_p outside (0, 1]).
 absl::StatusOr<GenerationDefaults> GenerationDefaultsFromJson(std::string_view json_text,
                                                               std::string_view source);
 

@@ -655,6 +655,19 @@ class SecondServerTest(unittest.TestCase):
         finally:
             self.assertEqual(srv.stop(), 0, srv.logs())
 
+    def test_generation_config_out_of_range_is_refused_at_startup(self):
+        # A default no request could send would fail every request that leaves
+        # the field out; the server refuses to start, naming the file and field.
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "generation_config.json"), "w") as f:
+                f.write('{"top_p": 5}')
+            out = subprocess.run([ARGS.pagedserve, "serve", f"--model={ARGS.model}", "--port=0",
+                                  f"--generation-config={d}"], capture_output=True, text=True,
+                                 timeout=300)
+            self.assertNotEqual(out.returncode, 0, out.stderr)
+            self.assertIn(os.path.join(d, "generation_config.json"), out.stderr)
+            self.assertIn("top_p must be in (0, 1], got 5", out.stderr)
+
     def test_priority_scheduling(self):
         # The default server (fcfs) refuses a non-zero priority, as vLLM does.
         status, body = http("POST", SERVER.url + "/v1/completions",

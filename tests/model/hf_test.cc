@@ -494,6 +494,21 @@ TEST(HfConfigTest, GenerationDefaults) {
   auto none = GenerationDefaultsFromJson(R"({"bos_token_id": 1})", "g.json");
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->empty());
+  // top_k 0 is off, as in a request (transformers and vLLM).
+  auto zero = GenerationDefaultsFromJson(R"({"top_k": 0})", "g.json");
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(*zero->top_k, -1);
+  // Values no request could send are refused here, naming the file and the
+  // field (a server would otherwise fail every request that omits them).
+  for (const char* bad :
+       {R"({"temperature": -1})", R"({"top_p": 5})", R"({"top_p": 0})", R"({"top_k": -7})",
+        R"({"min_p": 1.5})", R"({"repetition_penalty": 0})"}) {
+    auto s = GenerationDefaultsFromJson(bad, "g.json");
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.status().message().find("g.json"), std::string::npos) << s.status();
+    const std::string field = json::parse(bad).begin().key();
+    EXPECT_NE(s.status().message().find(field), std::string::npos) << s.status();
+  }
   for (const char* bad :
        {R"({"temperature": "hot"})", R"({"top_k": 0.5})", R"({"top_k": 99999999999})", "[]", "{"}) {
     auto s = GenerationDefaultsFromJson(bad, "g.json");
