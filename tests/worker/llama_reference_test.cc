@@ -1000,6 +1000,8 @@ TEST_F(LlamaReferenceTest, FeatureControlWithoutTheFeatureFailsTheBound) {
   ASSERT_FALSE(broken.empty()) << "no negative control for model " << model_name_;
   const LogitBounds bounds = BoundsFor(model_name_);
   const std::vector<ReferencePrompt> lcpp = LoadLlamaCppReference();
+  // (indexed by prompt below: the same prompts as the transformers fixture)
+  ASSERT_TRUE(lcpp.empty() || lcpp.size() == reference_.size()) << "llamacpp_reference.json";
   const int per_seq = BlocksPerSeq(reference_, 64);
   for (const Broken& b : broken) {
     ModelUnderTest m;
